@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Builds the migration test guest: Debian's kernel plus a busybox-static initramfs whose
+# /init dirties memory and prints "rdmig-counter N" on the serial console once per interval.
+#   tools/guest/build-guest.sh [OUT_DIR]
+# OUT_DIR defaults to $RDMIG_CACHE/guest or ./.cache/guest. Produces OUT_DIR/vmlinuz and
+# OUT_DIR/initramfs.cpio.gz, prints OUT_DIR on stdout. Re-runs are no-ops while both outputs
+# are newer than this script.
+# Guest kernel command line knobs:
+#   rdmig.dirty_mib=N   MiB of /dev/urandom written to tmpfs per iteration (0 = idle guest)
+#   rdmig.interval=S    seconds to sleep between iterations (busybox sleep; fractions work)
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+self="$here/$(basename "${BASH_SOURCE[0]}")"
+if [ -n "${1:-}" ]; then out="$1"
+elif [ -n "${RDMIG_CACHE:-}" ]; then out="$RDMIG_CACHE/guest"
+else out="$(pwd)/.cache/guest"; fi
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+
+if [ "$out/vmlinuz" -nt "$self" ] && [ "$out/initramfs.cpio.gz" -nt "$self" ]; then
+  echo "$out"; exit 0
+fi
+
+busybox=""
+for b in /bin/busybox /usr/bin/busybox; do
+  [ -x "$b" ] || continue
+  if command -v file >/dev/null && ! file -L "$b" | grep -q 'statically linked'; then continue; fi
+  busybox="$b"; break
+done
+if [ -z "$busybox" ]; then
+  echo "build-guest: installing busybox-static" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y busybox-static >&2 \
+    || { apt-get update >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y busybox-static >&2; }
+  busybox=/bin/busybox
+fi
+command -v cpio >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y cpio >&2
+
+# The kernel cache lives next to the guest dir when RDMIG_CACHE is set, else under ./.cache.
+kroot="$("$here/fetch-kernel.sh" ${RDMIG_CACHE:+"$RDMIG_CACHE"})"
+vmlinuz="$(ls "$kroot"/boot/vmlinuz-* 2>/dev/null | head -n1)"
+[ -n "$vmlinuz" ] || { echo "build-guest: no vmlinuz under $kroot/boot" >&2; exit 1; }
+
+stage="$(mktemp -d "$out/.stage.XXXXXX")"
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage"/{bin,sbin,dev,proc,sys,tmp,run,etc,root}
+cp "$busybox" "$stage/bin/busybox"
+chmod 755 "$stage/bin/busybox"
+for a in sh mount mkdir cat dd sleep echo rm sync poweroff reboot ls ps free; do
+  ln -s busybox "$stage/bin/$a"
+done
+cat > "$stage/init" <<'EOF'
+#!/bin/sh
+export PATH=/bin:/sbin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev 2>/dev/null
+mkdir -p /run/dirty
+mount -t tmpfs -o size=90% tmpfs /run/dirty
+dirty=0
+interval=1
+for w in $(cat /proc/cmdline); do
+  case "$w" in
+    rdmig.dirty_mib=*) dirty="${w#rdmig.dirty_mib=}" ;;
+    rdmig.interval=*) interval="${w#rdmig.interval=}" ;;
+  esac
+done
+con=/dev/ttyS0
+[ -c "$con" ] || con=/dev/console
+echo "rdmig-guest dirty_mib=$dirty interval=$interval" > "$con"
+n=0
+while :; do
+  if [ "$dirty" != 0 ]; then
+    dd if=/dev/urandom of=/run/dirty/buf bs=1M count="$dirty" conv=notrunc 2>/dev/null
+  fi
+  n=$((n + 1))
+  echo "rdmig-counter $n" > "$con"
+  sleep "$interval"
+done
+EOF
+chmod 755 "$stage/init"
+
+( cd "$stage" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --owner=0:0 --quiet ) \
+  | gzip -n -6 > "$out/.initramfs.cpio.gz.tmp"
+cp "$vmlinuz" "$out/.vmlinuz.tmp"
+mv -f "$out/.vmlinuz.tmp" "$out/vmlinuz"
+mv -f "$out/.initramfs.cpio.gz.tmp" "$out/initramfs.cpio.gz"
+echo "$out"

@@ -1,0 +1,12 @@
+"""rdmiglab: helpers for integration tests, demos and benchmarks of rdmig.
+
+Add the repository's tools/ directory to sys.path, then:
+    from rdmiglab import QemuVm, migrate_direct, ensure_guest
+"""
+from .qmp import QmpClient, QmpError, event_time
+from .guest import ensure_guest
+from .qemu import QemuVm
+from .direct import migrate_direct, switchover_ms
+
+__all__ = ["QmpClient", "QmpError", "event_time", "ensure_guest", "QemuVm",
+           "migrate_direct", "switchover_ms"]

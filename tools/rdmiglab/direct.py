@@ -1,0 +1,149 @@
+"""Baseline: QEMU-to-QEMU migration over a unix socket, without rdmig in between."""
+import os
+import time
+
+from .qmp import event_time
+
+GiB = 1 << 30
+
+
+def _events_since(vm, start, name, pred=None):
+    return [e for e in vm.events[start:]
+            if e.get("event") == name and (pred is None or pred(e))]
+
+
+def switchover_ms(stop_event, resume_event):
+    """Milliseconds between two QMP events' timestamps (source STOP -> target RESUME)."""
+    if stop_event is None or resume_event is None:
+        return None
+    return (event_time(resume_event) - event_time(stop_event)) * 1000.0
+
+
+def _set_caps(vm, multifd):
+    vm.qmp_raw("migrate-set-capabilities", {"capabilities": [
+        {"capability": "events", "state": True},
+        {"capability": "multifd", "state": bool(multifd)},
+    ]})
+
+
+def migrate_direct(src, dst, multifd_channels=0, max_bandwidth=10 * GiB,
+                   downtime_limit_ms=None, socket_path=None, timeout=300.0,
+                   target_timeout=60.0, poll_interval=0.05):
+    """Migrates ``src`` (a running QemuVm) into ``dst`` (a QemuVm started with
+    incoming_defer=True) over a unix socket.
+
+    multifd_channels > 0 enables the multifd capability on both sides with that many
+    channels. max_bandwidth is bytes/s (QEMU 7.2 defaults to 128 MiB/s). Waits for the
+    source to reach completed/failed/cancelled (raises TimeoutError after ``timeout`` s,
+    having issued migrate_cancel), then for the target to leave "inmigrate" and, when
+    it runs (no -S), for its RESUME event.
+
+    Returns a dict:
+      status                       source's final status (completed, failed, cancelled)
+      error                        error-desc on failure, else None
+      total_time_ms, downtime_ms, setup_time_ms   as reported by the source
+      transferred_bytes            ram.transferred on the source
+      ram                          the source's whole query-migrate "ram" dict
+      switchover_ms                source STOP event -> target RESUME event (QMP
+                                   timestamps); None if the target stays paused (-S)
+      stop_to_target_completed_ms  source STOP -> target MIGRATION{completed} event
+      target_status                target's query-status after the migration
+      wall_time_ms                 host time from issuing "migrate" to source completion
+      multifd_channels, max_bandwidth, downtime_limit_ms
+      source_info                  the source's final query-migrate reply
+    """
+    channels = int(multifd_channels or 0)
+    if socket_path is None:
+        socket_path = os.path.join(dst.workdir, "%s.migrate.sock" % dst.name)
+    if os.path.exists(socket_path):
+        os.unlink(socket_path)
+    uri = "unix:" + socket_path
+
+    src_ev0 = len(src.events)
+    dst_ev0 = len(dst.events)
+
+    # Target side: capabilities must match the source's (multifd in particular).
+    _set_caps(dst, channels > 0)
+    if channels > 0:
+        dst.qmp_raw("migrate-set-parameters", {"multifd-channels": channels})
+    dst.qmp_raw("migrate-incoming", {"uri": uri})
+    deadline = time.monotonic() + 10.0
+    while not os.path.exists(socket_path):
+        if time.monotonic() > deadline:
+            raise TimeoutError("target did not listen on %s" % socket_path)
+        time.sleep(0.01)
+
+    # Source side.
+    _set_caps(src, channels > 0)
+    params = {"max-bandwidth": int(max_bandwidth)}
+    if downtime_limit_ms is not None:
+        params["downtime-limit"] = int(downtime_limit_ms)
+    if channels > 0:
+        params["multifd-channels"] = channels
+    src.qmp_raw("migrate-set-parameters", params)
+
+    t0 = time.monotonic()
+    src.qmp_raw("migrate", {"uri": uri})
+    deadline = t0 + timeout
+    while True:
+        info = src.qmp_raw("query-migrate")
+        status = info.get("status")
+        if status in ("completed", "failed", "cancelled"):
+            break
+        if time.monotonic() > deadline:
+            try:
+                src.qmp_raw("migrate_cancel")
+            except Exception:
+                pass
+            raise TimeoutError("migration still %s after %.0fs: %r" % (status, timeout, info))
+        time.sleep(poll_interval)
+    wall_ms = (time.monotonic() - t0) * 1000.0
+
+    result = {
+        "status": status,
+        "error": info.get("error-desc"),
+        "total_time_ms": info.get("total-time"),
+        "downtime_ms": info.get("downtime"),
+        "setup_time_ms": info.get("setup-time"),
+        "transferred_bytes": info.get("ram", {}).get("transferred"),
+        "ram": info.get("ram", {}),
+        "switchover_ms": None,
+        "stop_to_target_completed_ms": None,
+        "target_status": None,
+        "wall_time_ms": wall_ms,
+        "multifd_channels": channels,
+        "max_bandwidth": int(max_bandwidth),
+        "downtime_limit_ms": downtime_limit_ms,
+        "source_info": info,
+    }
+    if status != "completed":
+        return result
+
+    # Target: wait until it has loaded the final state.
+    tdeadline = time.monotonic() + target_timeout
+    while True:
+        tst = dst.status()
+        if tst != "inmigrate":
+            break
+        if time.monotonic() > tdeadline:
+            raise TimeoutError("target still inmigrate %.0fs after source completed"
+                               % target_timeout)
+        time.sleep(poll_interval)
+    result["target_status"] = tst
+
+    src.poll_events(0)
+    stops = _events_since(src, src_ev0, "STOP")
+    stop = stops[-1] if stops else None
+    try:
+        done = dst.wait_event(
+            "MIGRATION", max(0.5, tdeadline - time.monotonic()),
+            pred=lambda e: e.get("data", {}).get("status") == "completed"
+            and e in dst.events[dst_ev0:])
+    except TimeoutError:
+        done = None
+    result["stop_to_target_completed_ms"] = switchover_ms(stop, done)
+    if tst == "running":
+        resume = dst.wait_event("RESUME", max(0.5, tdeadline - time.monotonic()),
+                                pred=lambda e: e in dst.events[dst_ev0:])
+        result["switchover_ms"] = switchover_ms(stop, resume)
+    return result

@@ -1,0 +1,248 @@
+"""Starts and drives a QEMU (TCG) test guest built by tools/guest/build-guest.sh."""
+import hashlib
+import os
+import re
+import signal
+import subprocess
+import time
+
+from .qmp import QmpClient, QmpError
+
+COUNTER_RE = re.compile(rb"^rdmig-counter (\d+)\r?$", re.M)
+
+
+class QemuVm:
+    """One qemu-system-x86_64 process.
+
+    Files live in ``workdir``: ``<name>.qmp`` (QMP socket), ``<name>.serial.log``,
+    ``<name>.stderr.log``. ``kernel``/``initrd`` default to ``guest.ensure_guest()``.
+    """
+
+    def __init__(self, workdir, name="vm", mem_mib=512, dirty_mib=64, interval=1,
+                 kernel=None, initrd=None, incoming_defer=False, paused=False,
+                 extra_args=(), extra_append="", qemu_binary="qemu-system-x86_64",
+                 start=True, start_timeout=30.0):
+        if kernel is None or initrd is None:
+            from .guest import ensure_guest
+            kernel, initrd = ensure_guest()
+        self.workdir = os.path.abspath(workdir)
+        os.makedirs(self.workdir, exist_ok=True)
+        self.name = name
+        self.mem_mib = int(mem_mib)
+        self.mem_bytes = self.mem_mib * 1024 * 1024
+        self.dirty_mib = dirty_mib
+        self.interval = interval
+        self.kernel = kernel
+        self.initrd = initrd
+        self.incoming_defer = incoming_defer
+        self.paused = paused
+        self.qmp_path = os.path.join(self.workdir, name + ".qmp")
+        self.serial_log = os.path.join(self.workdir, name + ".serial.log")
+        self.stderr_log = os.path.join(self.workdir, name + ".stderr.log")
+        append = "console=ttyS0 quiet panic=-1 rdmig.dirty_mib=%s rdmig.interval=%s" % (
+            dirty_mib, interval)
+        if extra_append:
+            append += " " + extra_append
+        self.argv = [
+            qemu_binary, "-accel", "tcg", "-nodefaults", "-display", "none",
+            "-no-reboot", "-m", str(self.mem_mib), "-smp", "1",
+            "-kernel", kernel, "-initrd", initrd, "-append", append,
+            "-chardev", "file,id=ser0,path=%s" % self.serial_log,
+            "-serial", "chardev:ser0",
+            "-qmp", "unix:%s,server=on,wait=off" % self.qmp_path,
+            "-nic", "none",
+        ]
+        if incoming_defer:
+            self.argv += ["-incoming", "defer"]
+        if paused:
+            self.argv += ["-S"]
+        self.argv += list(extra_args)
+        self.proc = None
+        self._qmp = None
+        if start:
+            self.start(start_timeout)
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self, timeout=30.0):
+        for p in (self.qmp_path, self.serial_log):
+            if os.path.exists(p):
+                os.unlink(p)
+        with open(self.stderr_log, "wb") as err:
+            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL,
+                                         stdout=err, stderr=subprocess.STDOUT,
+                                         cwd=self.workdir, start_new_session=True)
+        try:
+            self._qmp = QmpClient(self.qmp_path, timeout=timeout, alive=self.alive)
+        except Exception as e:
+            self.kill()
+            raise RuntimeError("%s: QEMU did not come up: %s; stderr: %s"
+                               % (self.name, e, self.stderr_text())) from e
+        return self
+
+    @property
+    def pid(self):
+        return self.proc.pid if self.proc else None
+
+    @property
+    def qmp_client(self):
+        return self._qmp
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def stderr_text(self):
+        try:
+            with open(self.stderr_log, "rb") as f:
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, timeout=10.0):
+        """Asks QEMU to quit, waits up to ``timeout`` s, then SIGKILLs. Returns exit code."""
+        if self.proc is None:
+            return None
+        if self.alive() and self._qmp is not None:
+            try:
+                self._qmp.command("quit", timeout=min(timeout, 5.0))
+            except (QmpError, OSError, TimeoutError, ConnectionError, ValueError):
+                pass
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self._close_qmp()
+        return self.proc.returncode
+
+    def kill(self):
+        """SIGKILLs QEMU and reaps it."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self._close_qmp()
+
+    def _close_qmp(self):
+        if self._qmp is not None:
+            self._qmp.close()
+            self._qmp = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # -- QMP ---------------------------------------------------------------------------
+    def qmp(self, cmd, timeout=60.0, **args):
+        """Runs a QMP command; keyword names use '_' for '-' (max_bandwidth -> max-bandwidth)."""
+        if self._qmp is None:
+            raise RuntimeError("%s: no QMP connection" % self.name)
+        args = {k.replace("_", "-"): v for k, v in args.items()}
+        return self._qmp.command(cmd, args, timeout=timeout)
+
+    def qmp_raw(self, cmd, args=None, timeout=60.0):
+        """Runs a QMP command with an argument dict passed through unchanged."""
+        return self._qmp.command(cmd, args, timeout=timeout)
+
+    @property
+    def events(self):
+        """Buffered QMP events (dicts with event, data, timestamp) in arrival order."""
+        return self._qmp.events if self._qmp else []
+
+    def poll_events(self, timeout=0.0):
+        self._qmp.poll_events(timeout)
+        return self._qmp.events
+
+    def wait_event(self, name, timeout, pred=None):
+        return self._qmp.wait_event(name, timeout, pred)
+
+    def status(self):
+        """query-status's "status" string (running, paused, inmigrate, postmigrate, ...)."""
+        return self.qmp("query-status")["status"]
+
+    def wait_for_status(self, wanted, timeout=30.0):
+        wanted = (wanted,) if isinstance(wanted, str) else tuple(wanted)
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.status()
+            if st in wanted:
+                return st
+            if time.monotonic() > deadline:
+                raise TimeoutError("%s: status %s, wanted %s within %.0fs"
+                                   % (self.name, st, wanted, timeout))
+            time.sleep(0.05)
+
+    def cont(self):
+        return self.qmp("cont")
+
+    # -- serial counter ----------------------------------------------------------------
+    def serial_text(self):
+        try:
+            with open(self.serial_log, "rb") as f:
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def last_counter(self):
+        """Highest complete "rdmig-counter N" line on the serial log, or None."""
+        try:
+            with open(self.serial_log, "rb") as f:
+                data = f.read()
+        except OSError:
+            return None
+        # Only complete lines: the last one may still be being written.
+        data = data[:data.rfind(b"\n") + 1]
+        values = [int(m) for m in COUNTER_RE.findall(data)]
+        return max(values) if values else None
+
+    def wait_for_counter(self, min_value, timeout=60.0):
+        """Waits until the serial log shows a counter >= min_value; returns it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            v = self.last_counter()
+            if v is not None and v >= min_value:
+                return v
+            if not self.alive():
+                raise RuntimeError("%s: QEMU exited (rc %s) waiting for counter %d; stderr: %s"
+                                   % (self.name, self.proc.returncode, min_value,
+                                      self.stderr_text()))
+            if time.monotonic() > deadline:
+                raise TimeoutError("%s: counter %s, wanted >= %d within %.0fs"
+                                   % (self.name, v, min_value, timeout))
+            time.sleep(0.1)
+
+    # -- memory ------------------------------------------------------------------------
+    def memory_digest(self, path=None, keep=False, timeout=300.0):
+        """pmemsave of guest-physical [0, mem_bytes) to ``path``; returns its sha256 hex.
+
+        Only meaningful while the guest is stopped (paused, postmigrate, ...)."""
+        if path is None:
+            path = os.path.join(self.workdir, self.name + ".mem")
+        path = os.path.abspath(path)
+        if os.path.exists(path):
+            os.unlink(path)
+        self.qmp_raw("pmemsave", {"val": 0, "size": self.mem_bytes, "filename": path},
+                     timeout=timeout)
+        # pmemsave is synchronous, so the file is complete when the reply arrives; the
+        # size check guards against a short write.
+        deadline = time.monotonic() + 10.0
+        while os.path.getsize(path) < self.mem_bytes:
+            if time.monotonic() > deadline:
+                raise RuntimeError("%s: pmemsave wrote %d of %d bytes"
+                                   % (self.name, os.path.getsize(path), self.mem_bytes))
+            time.sleep(0.05)
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while True:
+                chunk = f.read(8 << 20)
+                if not chunk:
+                    break
+                h.update(chunk)
+        if not keep:
+            os.unlink(path)
+        return h.hexdigest()
