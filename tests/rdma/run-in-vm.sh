@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# Runs SCRIPT inside a throw-away VM (Debian's kernel under qemu-system-x86_64, TCG)
+# that has a Soft-RoCE device rxe0 on veth va (10.99.0.1/24; peer vb 10.99.0.2/24).
+#
+#   tests/rdma/run-in-vm.sh [--mem MiB] [--smp N] [--timeout S] [--with-qemu]
+#                           [--add PATH]... [--out DIR] [--verbose] [--qemu-arg ARG]...
+#                           -- SCRIPT [ARGS]...
+#
+#   --mem MiB     VM memory (default 1024; use 2048 with --with-qemu)
+#   --smp N       VM CPUs (default 2)
+#   --timeout S   whole run, boot included (default 600); on expiry QEMU is killed
+#   --with-qemu   include qemu-system-x86_64 for nested guests (see build-initramfs.sh)
+#   --add PATH    file or directory to include at its absolute path (repeatable)
+#   --out DIR     host folder shared read-write into the VM at /out (9p); the script
+#                 finds it in $RDMIG_OUT. The way to pass files out of the VM.
+#   --verbose     show the kernel's boot messages
+#   --qemu-arg A  extra argument for QEMU (repeatable), e.g. --qemu-arg -cpu --qemu-arg max
+#
+# SCRIPT (any executable with a shebang the VM can run: /bin/sh, bash) is copied to
+# its absolute path; ARGS are passed as given. The console is streamed to stdout.
+# The exit status is the script's; 124 on timeout; 125 when the VM's setup failed;
+# 126 when the VM ended without reporting (kernel panic, QEMU error).
+# Inside the VM: PATH has the rdma tools, $RDMIG_RDMA_DEV=rxe0, $RDMIG_RDMA_NETDEV=va,
+# $RDMIG_VM_ADDR=10.99.0.1, $RDMIG_VM_PEER_ADDR=10.99.0.2, $QEMU_MODULE_DIR with
+# --with-qemu; / (and /tmp) is a tmpfs that may use 90% of the memory. The one rxe device serves both
+# ends of a connection (two rxe devices on a veth pair in one namespace do not reach
+# each other).
+# The base initramfs is cached under $RDMIG_CACHE (default <repo>/.cache)/rdma-vm,
+# keyed by these scripts, the options and the added paths' names, sizes and mtimes.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+die() { echo "run-in-vm: $*" >&2; exit 2; }
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
+
+mem=1024 smp=2 timeout_s=600 with_qemu=0 verbose=0 outdir="" adds=() qargs=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --mem) mem="${2:?--mem needs MiB}"; shift 2 ;;
+    --smp) smp="${2:?--smp needs a count}"; shift 2 ;;
+    --timeout) timeout_s="${2:?--timeout needs seconds}"; shift 2 ;;
+    --with-qemu) with_qemu=1; shift ;;
+    --add) adds+=("${2:?--add needs a path}"); shift 2 ;;
+    --out) outdir="${2:?--out needs a folder}"; shift 2 ;;
+    --verbose) verbose=1; shift ;;
+    --qemu-arg) qargs+=("${2:?--qemu-arg needs an argument}"); shift 2 ;;
+    -h|--help) usage ;;
+    --) shift; break ;;
+    -*) die "unknown option $1 (see --help)" ;;
+    *) break ;;
+  esac
+done
+[ $# -ge 1 ] || usage
+script="$1"; shift
+[ -f "$script" ] || die "SCRIPT $script: no such file"
+script="$(realpath -s "$script")"
+[[ "$mem" =~ ^[0-9]+$ && "$smp" =~ ^[0-9]+$ && "$timeout_s" =~ ^[0-9]+$ ]] ||
+  die "--mem, --smp and --timeout take whole numbers"
+for p in ${adds[@]+"${adds[@]}"}; do [ -e "$p" ] || die "--add $p: no such file or directory"; done
+
+if ! command -v qemu-system-x86_64 >/dev/null || ! command -v cpio >/dev/null; then
+  [ "$(id -u)" = 0 ] || die "qemu-system-x86_64 and cpio are needed (apt-get install qemu-system-x86 cpio)"
+  echo "run-in-vm: installing qemu-system-x86 cpio" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends qemu-system-x86 cpio >&2 ||
+    { apt-get update >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends qemu-system-x86 cpio >&2; } ||
+    die "apt-get install qemu-system-x86 cpio failed"
+fi
+
+# --- base initramfs, cached ---------------------------------------------------------
+cache="${RDMIG_CACHE:-$repo/.cache}"
+mkdir -p "$cache/rdma-vm"
+cache="$(cd "$cache" && pwd)"
+kpkg="$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}')" || true
+build_args=()
+[ "$with_qemu" = 1 ] && build_args+=(--with-qemu)
+for p in ${adds[@]+"${adds[@]}"}; do build_args+=(--add "$(realpath -s "$p")"); done
+key="$({
+  echo "kernel ${kpkg:-unknown} ${RDMIG_KERNEL_ROOT:-}"
+  printf '%s\n' ${build_args[@]+"${build_args[@]}"}
+  cat "$here/build-initramfs.sh" "$here/vm-init.sh"
+  for p in ${adds[@]+"${adds[@]}"}; do find "$(realpath -s "$p")" -printf '%p %s %T@ %l\n' | LC_ALL=C sort; done
+} | sha256sum | cut -c1-16)"
+base_dir="$cache/rdma-vm/$key"
+t_start=$(date +%s.%N)
+if [ ! -e "$base_dir/initramfs.cpio" ] || [ ! -e "$base_dir/vmlinuz" ]; then
+  echo "run-in-vm: building the initramfs (cache $base_dir)" >&2
+  rm -rf "$base_dir.tmp"
+  RDMIG_CACHE="$cache" "$here/build-initramfs.sh" "$base_dir.tmp" ${build_args[@]+"${build_args[@]}"} >/dev/null
+  rm -rf "$base_dir"; mv "$base_dir.tmp" "$base_dir"
+  # keep the cache from growing without bound: the 4 newest builds stay
+  ls -1dt "$cache"/rdma-vm/*/ 2>/dev/null | tail -n +5 | xargs -r rm -rf
+else
+  touch "$base_dir"
+  echo "run-in-vm: initramfs from cache $base_dir" >&2
+fi
+t_built=$(date +%s.%N)
+
+# --- per-run part: SCRIPT and its command line, appended as a second cpio archive ----
+run="$(mktemp -d "${TMPDIR:-/tmp}/rdmig-vm.XXXXXX")"
+cleanup() { rm -rf "$run"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+mkdir -p "$run/extra/etc/rdmig-vm" "$run/extra$(dirname "$script")"
+cp -L --preserve=mode "$script" "$run/extra$script"
+quote() { printf "'%s'" "$(printf '%s' "$1" | sed "s/'/'\\\\''/g")"; }
+{
+  printf 'exec'
+  if [ -x "$script" ]; then printf ' %s' "$(quote "$script")"; else printf ' /bin/sh %s' "$(quote "$script")"; fi
+  for a in "$@"; do printf ' %s' "$(quote "$a")"; done
+  printf '\n'
+} >"$run/extra/etc/rdmig-vm/run"
+(cd "$run/extra" && find . -mindepth 1 -print0 | LC_ALL=C sort -z | cpio --null -o -H newc -R 0:0 --quiet) >"$run/extra.cpio"
+cat "$base_dir/initramfs.cpio" "$run/extra.cpio" >"$run/initramfs.cpio"
+
+append="console=ttyS0 panic=-1 rdinit=/init"
+[ "$verbose" = 1 ] || append+=" quiet"
+[ -n "$outdir" ] && append+=" rdmig.share=rdmigout"
+qemu=(qemu-system-x86_64 -accel tcg -m "$mem" -smp "$smp" -nographic -nic none -no-reboot
+      -kernel "$base_dir/vmlinuz" -initrd "$run/initramfs.cpio" -append "$append")
+if [ -n "$outdir" ]; then
+  mkdir -p "$outdir"
+  qemu+=(-virtfs "local,path=$(cd "$outdir" && pwd),mount_tag=rdmigout,security_model=none,id=rdmigout")
+fi
+qemu+=(${qargs[@]+"${qargs[@]}"})
+
+# --- boot, stream the console, collect the exit marker ---------------------------------
+log="$run/console.log"
+echo "run-in-vm: booting (mem ${mem} MiB, smp $smp, timeout ${timeout_s}s): $(basename "$script") $*" >&2
+set +e
+timeout --kill-after=10 "$timeout_s" "${qemu[@]}" </dev/null 2>&1 | tee "$log"
+rc=(${PIPESTATUS[@]})
+set -e
+t_end=$(date +%s.%N)
+times="$(awk -v a="$t_start" -v b="$t_built" -v c="$t_end" 'BEGIN{printf "initramfs %.1fs, VM %.1fs, total %.1fs", b-a, c-b, c-a}')"
+marker="$(tr -d '\r' <"$log" | grep -a -o '^RDMIG-VM-EXIT [0-9]*$' | tail -n1 || true)"
+if [ "${rc[0]}" = 124 ] || [ "${rc[0]}" = 137 ]; then
+  echo "run-in-vm: FAILED: timed out after ${timeout_s}s ($times); the console is above" >&2
+  exit 124
+fi
+if [ -z "$marker" ]; then
+  echo "run-in-vm: FAILED: the VM ended without reporting an exit status (QEMU status ${rc[0]}; kernel panic, out of memory or QEMU error?) ($times). Last console lines:" >&2
+  tr -d '\r' <"$log" | tail -n 15 | sed 's/^/  | /' >&2
+  exit 126
+fi
+code="${marker#RDMIG-VM-EXIT }"
+if [ "$code" = 0 ]; then
+  echo "run-in-vm: OK: $(basename "$script") exited with 0 ($times)" >&2
+elif [ "$code" = 125 ]; then
+  echo "run-in-vm: FAILED: the VM's setup failed before the script ran ($times); see 'setup failed' above" >&2
+else
+  echo "run-in-vm: FAILED: $(basename "$script") exited with $code ($times)" >&2
+fi
+exit "$code"

@@ -1,0 +1,72 @@
+#!/bin/sh
+# /init of the Soft-RoCE test VM (busybox sh, PID 1). Installed by build-initramfs.sh.
+# Sets the VM up (modules, file systems, veth pair va/vb, rxe0 on va), runs
+# /etc/rdmig-vm/run (written by run-in-vm.sh), prints "RDMIG-VM-EXIT <code>" and
+# powers off. Setup failures end with "RDMIG-VM-EXIT 125".
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export HOME=/root TMPDIR=/tmp LANG=C.UTF-8
+export LD_LIBRARY_PATH=/usr/local/lib:/usr/lib/x86_64-linux-gnu
+export RDMIG_VM=1 RDMIG_RDMA_DEV=rxe0 RDMIG_RDMA_NETDEV=va
+export RDMIG_VM_ADDR=10.99.0.1 RDMIG_VM_PEER_ADDR=10.99.0.2
+
+finish() {
+  code=$1
+  sync
+  [ -n "${RDMIG_OUT:-}" ] && umount "$RDMIG_OUT" 2>/dev/null
+  printf '\nRDMIG-VM-EXIT %s\n' "$code"
+  poweroff -f
+  sleep 5; echo o >/proc/sysrq-trigger   # should not get here
+}
+fail() { echo "rdmig-vm: setup failed: $*"; finish 125; }
+mount -t proc proc /proc || fail "mount /proc"
+t0=$(cut -d' ' -f1 /proc/uptime)
+mount -t sysfs sysfs /sys || fail "mount /sys"
+mount -t devtmpfs devtmpfs /dev || fail "mount /dev"
+mkdir -p /dev/pts /dev/shm
+mount -t devpts devpts /dev/pts
+mount -t tmpfs -o mode=1777 tmpfs /dev/shm
+# The root is the initramfs' tmpfs (files added at /tmp/... must stay visible, so no
+# separate /tmp); let it grow to 90% of the memory instead of the default 50%.
+mount -o remount,size=90% / || fail "remount / with size=90%"
+mount -t tmpfs -o mode=0755 tmpfs /run
+hostname rdmig-vm
+ulimit -l unlimited 2>/dev/null
+ulimit -c 0 2>/dev/null
+
+while read -r ko; do
+  insmod "$ko" || fail "insmod $ko"
+done </etc/rdmig-vm/modules
+mount -t configfs configfs /sys/kernel/config 2>/dev/null
+
+ip=/usr/sbin/iproute2-ip
+$ip link set lo up || fail "lo up"
+$ip link add va type veth peer name vb || fail "veth pair"
+$ip addr add 10.99.0.1/24 dev va && $ip addr add 10.99.0.2/24 dev vb || fail "veth addresses"
+$ip link set va up && $ip link set vb up || fail "veth up"
+rdma link add rxe0 type rxe netdev va || fail "rdma link add rxe0 type rxe netdev va"
+# Wait for the device to show up (sysfs and /dev/infiniband), with a deadline.
+i=0
+until [ -e /sys/class/infiniband/rxe0 ] && [ -e /dev/infiniband/uverbs0 ]; do
+  i=$((i + 1)); [ $i -le 100 ] || fail "rxe0 or /dev/infiniband/uverbs0 did not appear"
+  sleep 0.1
+done
+
+for arg in $(cat /proc/cmdline); do
+  case "$arg" in
+    rdmig.share=*)
+      mkdir -p /out
+      mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 "${arg#rdmig.share=}" /out ||
+        fail "mount of the shared folder (9p tag ${arg#rdmig.share=}) on /out"
+      export RDMIG_OUT=/out ;;
+  esac
+done
+if [ -e /etc/rdmig-vm/with-qemu ]; then export QEMU_MODULE_DIR=/usr/lib/x86_64-linux-gnu/qemu; fi
+
+t1=$(cut -d' ' -f1 /proc/uptime)
+echo "rdmig-vm: ready after ${t1}s of uptime (setup ${t0:-?}s..${t1}s): rxe0 on va 10.99.0.1/24, vb 10.99.0.2/24${RDMIG_OUT:+, shared folder on /out}"
+[ -e /etc/rdmig-vm/run ] || fail "no /etc/rdmig-vm/run (build the VM with run-in-vm.sh)"
+cd /tmp
+/bin/sh /etc/rdmig-vm/run </dev/null
+code=$?
+echo "rdmig-vm: script exited with $code after $(cut -d' ' -f1 /proc/uptime)s of uptime"
+finish $code
