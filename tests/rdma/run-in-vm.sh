@@ -129,7 +129,7 @@ log="$run/console.log"
 echo "run-in-vm: booting (mem ${mem} MiB, smp $smp, timeout ${timeout_s}s): $(basename "$script") $*" >&2
 set +e
 timeout --kill-after=10 "$timeout_s" "${qemu[@]}" </dev/null 2>&1 | tee "$log"
-rc=(${PIPESTATUS[@]})
+rc=("${PIPESTATUS[@]}")
 set -e
 t_end=$(date +%s.%N)
 times="$(awk -v a="$t_start" -v b="$t_built" -v c="$t_end" 'BEGIN{printf "initramfs %.1fs, VM %.1fs, total %.1fs", b-a, c-b, c-a}')"

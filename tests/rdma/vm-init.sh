@@ -30,7 +30,7 @@ mount -t tmpfs -o mode=1777 tmpfs /dev/shm
 mount -o remount,size=90% / || fail "remount / with size=90%"
 mount -t tmpfs -o mode=0755 tmpfs /run
 hostname rdmig-vm
-ulimit -l unlimited 2>/dev/null
+ulimit -l unlimited 2>/dev/null  # busybox ash has -l and -c  # shellcheck disable=SC3045
 ulimit -c 0 2>/dev/null
 
 while read -r ko; do
@@ -65,7 +65,7 @@ if [ -e /etc/rdmig-vm/with-qemu ]; then export QEMU_MODULE_DIR=/usr/lib/x86_64-l
 t1=$(cut -d' ' -f1 /proc/uptime)
 echo "rdmig-vm: ready after ${t1}s of uptime (setup ${t0:-?}s..${t1}s): rxe0 on va 10.99.0.1/24, vb 10.99.0.2/24${RDMIG_OUT:+, shared folder on /out}"
 [ -e /etc/rdmig-vm/run ] || fail "no /etc/rdmig-vm/run (build the VM with run-in-vm.sh)"
-cd /tmp
+cd /tmp || fail "cd /tmp"
 /bin/sh /etc/rdmig-vm/run </dev/null
 code=$?
 echo "rdmig-vm: script exited with $code after $(cut -d' ' -f1 /proc/uptime)s of uptime"
