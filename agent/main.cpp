@@ -1,0 +1,154 @@
+// rdmig-agent: per-node migration agent. Loads and validates its config, serves the REST API,
+// /metrics and probes, and carries migrations between QEMU and peer agents.
+//
+// Threads: main serves HTTP; a signal thread waits for SIGTERM/SIGINT, cancels migrations
+// (the VM stays on the source) within a grace period and stops the server; the migration
+// manager owns the data-plane listener and one worker per migration.
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "api/rest_server.h"
+#include "common/log.h"
+#include "config/agent_config.h"
+#include "metrics/metrics.h"
+#include "migration/manager.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: rdmig-agent [--config PATH] [--ports-file PATH]\n"
+    "  --config PATH      agent configuration (YAML); default /etc/rdmig/agent.yaml\n"
+    "  --ports-file PATH  write {\"api\":port,\"dataPlane\":port} once listening (for port 0)\n";
+
+std::string trim(std::string s) {
+  const auto b = s.find_first_not_of(" \t\r\n");
+  const auto e = s.find_last_not_of(" \t\r\n");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+// Locked memory for RDMA registrations: raise the soft limit to the hard limit.
+void raise_memlock() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0) return;
+  if (rl.rlim_cur == rl.rlim_max) return;
+  rlimit want{rl.rlim_max, rl.rlim_max};
+  if (setrlimit(RLIMIT_MEMLOCK, &want) != 0) {
+    LOG_WARN("agent") << "could not raise RLIMIT_MEMLOCK: " << std::strerror(errno);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string config_path = "/etc/rdmig/agent.yaml";
+  std::string ports_file;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if ((a == "--config" || a == "-c") && i + 1 < argc) {
+      config_path = argv[++i];
+    } else if (a == "--ports-file" && i + 1 < argc) {
+      ports_file = argv[++i];
+    } else if (a == "--help" || a == "-h") {
+      std::cout << kUsage;
+      return 0;
+    } else {
+      std::cerr << "rdmig-agent: unknown argument '" << a << "'\n" << kUsage;
+      return 2;
+    }
+  }
+
+  auto loaded = rdmig::load_agent_config_file(config_path);
+  if (!loaded) {
+    std::cerr << "rdmig-agent: " << loaded.error().message << "\n";
+    return 2;
+  }
+  const rdmig::AgentConfig config = std::move(loaded.value());
+  rdmig::log::set_level(*rdmig::log::parse_level(config.log_level));
+
+  if (config.transport == rdmig::TransportKind::kRdma) {
+    std::cerr << "rdmig-agent: config key 'transport': rdma is not available in this build "
+                 "(no RDMA transport yet); use 'tcp' or 'auto'\n";
+    return 2;
+  }
+
+  std::ifstream token_in(config.api.token_file);
+  if (!token_in) {
+    std::cerr << "rdmig-agent: config key 'api.tokenFile': cannot read '" << config.api.token_file << "'\n";
+    return 2;
+  }
+  std::stringstream ss;
+  ss << token_in.rdbuf();
+  const std::string token = trim(ss.str());
+  if (token.size() < 16) {
+    std::cerr << "rdmig-agent: config key 'api.tokenFile': the token in '" << config.api.token_file
+              << "' must be at least 16 characters\n";
+    return 2;
+  }
+  if (::mkdir(config.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    std::cerr << "rdmig-agent: config key 'stateDir': cannot create '" << config.state_dir
+              << "': " << std::strerror(errno) << "\n";
+    return 2;
+  }
+
+  // Signals go to the signal thread only: block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+  raise_memlock();
+
+  rdmig::Metrics metrics("agent");
+  metrics.set_rdma_devices(0);
+  rdmig::migration::MigrationManager manager(config, metrics);
+  if (auto st = manager.start_data_plane(); !st) {
+    std::cerr << "rdmig-agent: " << st.error().message << "\n";
+    return 1;
+  }
+  rdmig::api::RestServer server(config, token, manager, metrics);
+  if (auto st = server.bind(); !st) {
+    std::cerr << "rdmig-agent: " << st.error().message << "\n";
+    return 1;
+  }
+  std::atomic<bool> shutting_down{false};
+  server.set_ready([&] { return !shutting_down.load(); });
+
+  if (!ports_file.empty()) {
+    const std::string tmp = ports_file + ".tmp";
+    std::ofstream out(tmp);
+    out << "{\"api\":" << server.port() << ",\"dataPlane\":" << manager.data_port() << "}\n";
+    out.close();
+    std::rename(tmp.c_str(), ports_file.c_str());
+  }
+  LOG_INFO("agent") << "rdmig-agent ready api=" << config.api.address << ":" << server.port()
+                    << " dataPlane=" << manager.advertise_host() << ":" << manager.data_port()
+                    << " transport=" << rdmig::transport_name(config.transport);
+
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    LOG_INFO("agent") << "signal " << sig << ": cancelling migrations and stopping";
+    shutting_down = true;
+    manager.shutdown(std::chrono::seconds(20));
+    server.stop();
+  });
+
+  server.serve();
+  if (!shutting_down.load()) {
+    // serve() returned on its own (listener failure): stop like on a signal.
+    kill(getpid(), SIGTERM);
+  }
+  signal_thread.join();
+  LOG_INFO("agent") << "stopped";
+  return 0;
+}

@@ -1,0 +1,202 @@
+#include "api/models.h"
+
+#include <set>
+
+#include "common/net.h"
+#include "common/units.h"
+
+namespace rdmig::api {
+
+using nlohmann::json;
+using migration::MigrationSpec;
+using migration::Role;
+
+namespace {
+
+Error bad(const std::string& field, const std::string& what) {
+  return Error{Errc::kInvalidArgument, field + ": " + what};
+}
+
+Status check_fields(const json& obj, const std::string& prefix, const std::set<std::string>& allowed) {
+  for (const auto& [key, value] : obj.items()) {
+    if (!allowed.contains(key)) return bad(prefix + key, "unknown field");
+  }
+  return ok_status();
+}
+
+Result<std::string> string_field(const json& obj, const std::string& prefix, const char* key,
+                                 bool required, size_t max_len) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) {
+    if (required) return bad(prefix + key, "required");
+    return std::string();
+  }
+  if (!it->is_string()) return bad(prefix + key, "must be a string");
+  auto s = it->get<std::string>();
+  if (required && s.empty()) return bad(prefix + key, "must not be empty");
+  if (s.size() > max_len) return bad(prefix + key, "longer than " + std::to_string(max_len) + " characters");
+  return s;
+}
+
+Result<uint64_t> uint_field(const json& obj, const std::string& prefix, const char* key, uint64_t def,
+                            uint64_t min, uint64_t max) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return def;
+  if (!it->is_number_integer() || (it->is_number_integer() && !it->is_number_unsigned() && it->get<int64_t>() < 0)) {
+    return bad(prefix + key, "must be a non-negative integer");
+  }
+  const auto v = it->get<uint64_t>();
+  if (v < min || v > max) {
+    return bad(prefix + key, "must be between " + std::to_string(min) + " and " + std::to_string(max) +
+                                 ", got " + std::to_string(v));
+  }
+  return v;
+}
+
+bool is_dns_label(const std::string& s) {
+  if (s.empty() || s.size() > 63) return false;
+  for (char c : s) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-')) return false;
+  }
+  return s.front() != '-' && s.back() != '-';
+}
+
+bool is_safe_name(const std::string& s) {
+  for (char c : s) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '-' || c == '_' || c == '.' || c == '/';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Result<MigrationSpec> parse_create_request(const json& body, const AgentConfig& defaults) {
+  if (!body.is_object()) return bad("body", "must be a JSON object");
+  MigrationSpec spec;
+  auto role = string_field(body, "", "role", true, 16);
+  if (!role) return role.error();
+  if (role.value() == "source") spec.role = Role::kSource;
+  else if (role.value() == "target") spec.role = Role::kTarget;
+  else return bad("role", "must be 'source' or 'target', got '" + role.value() + "'");
+
+  const std::set<std::string> common{"role", "id", "vm", "qmpSocket", "multifdChannels", "chunkSize",
+                                     "ringDepth", "transport"};
+  std::set<std::string> allowed = common;
+  if (spec.role == Role::kSource) {
+    allowed.insert({"target", "maxDowntimeMs", "maxBandwidthBytesPerSecond", "completionTimeoutSeconds",
+                    "noProgressTimeoutSeconds"});
+  } else {
+    allowed.insert("completionTimeoutSeconds");
+  }
+  if (auto st = check_fields(body, "", allowed); !st) {
+    // Say why a known field of the other role is refused.
+    for (const auto& [key, v] : body.items()) {
+      if (!allowed.contains(key) && key == "target") return bad("target", "only for role 'source'");
+    }
+    return st.error();
+  }
+
+  auto id = string_field(body, "", "id", false, 63);
+  if (!id) return id.error();
+  if (!id->empty() && !is_dns_label(id.value())) {
+    return bad("id", "must be a DNS label (lower-case letters, digits, '-'; at most 63)");
+  }
+  spec.id = id.value();
+  auto vm = string_field(body, "", "vm", false, 253);
+  if (!vm) return vm.error();
+  if (!is_safe_name(vm.value())) return bad("vm", "may hold only letters, digits and - _ . /");
+  spec.vm = vm.value();
+
+  auto qmp = string_field(body, "", "qmpSocket", true, 107);
+  if (!qmp) return qmp.error();
+  if (qmp->front() != '/') return bad("qmpSocket", "must be an absolute path");
+  spec.qmp_socket = qmp.value();
+
+  auto mf = uint_field(body, "", "multifdChannels", 0, 0, 64);
+  if (!mf) return mf.error();
+  spec.multifd_channels = static_cast<uint32_t>(mf.value());
+
+  spec.chunk_size = defaults.migration.chunk_size;
+  if (auto it = body.find("chunkSize"); it != body.end() && !it->is_null()) {
+    Result<uint64_t> v = uint64_t{0};
+    if (it->is_string()) v = parse_bytes(it->get<std::string>(), "chunkSize");
+    else if (it->is_number_unsigned()) v = it->get<uint64_t>();
+    else return bad("chunkSize", "must be a size like \"4Mi\" or a byte count");
+    if (!v) return v.error();
+    RDMIG_TRY(validate_chunk_size(v.value(), "chunkSize"));
+    spec.chunk_size = v.value();
+  }
+  auto depth = uint_field(body, "", "ringDepth", defaults.migration.ring_depth, 2, 1024);
+  if (!depth) return depth.error();
+  spec.ring_depth = static_cast<uint32_t>(depth.value());
+
+  spec.transport = defaults.transport;
+  auto tr = string_field(body, "", "transport", false, 16);
+  if (!tr) return tr.error();
+  if (!tr->empty()) {
+    auto kind = parse_transport(tr.value(), "transport");
+    if (!kind) return kind.error();
+    spec.transport = kind.value();
+  }
+  auto ct = uint_field(body, "", "completionTimeoutSeconds", defaults.migration.completion_timeout_seconds,
+                       10, 7 * 86400);
+  if (!ct) return ct.error();
+  spec.completion_timeout_seconds = static_cast<uint32_t>(ct.value());
+  spec.no_progress_timeout_seconds = defaults.migration.no_progress_timeout_seconds;
+
+  if (spec.role == Role::kSource) {
+    auto it = body.find("target");
+    if (it == body.end() || it->is_null()) return bad("target", "required for role 'source'");
+    if (!it->is_object()) return bad("target", "must be an object with endpoint, migrationId and token");
+    const json& t = *it;
+    RDMIG_TRY(check_fields(t, "target.", {"endpoint", "migrationId", "token"}));
+    auto ep_text = string_field(t, "target.", "endpoint", true, 300);
+    if (!ep_text) return ep_text.error();
+    auto ep = net::parse_endpoint(ep_text.value(), "target.endpoint");
+    if (!ep) return ep.error();
+    spec.target.host = ep->host;
+    spec.target.port = ep->port;
+    auto mid = string_field(t, "target.", "migrationId", true, 63);
+    if (!mid) return mid.error();
+    if (!is_dns_label(mid.value())) return bad("target.migrationId", "must be a DNS label");
+    spec.target.migration_id = mid.value();
+    auto token = string_field(t, "target.", "token", true, 128);
+    if (!token) return token.error();
+    spec.target.token = token.value();
+
+    auto dl = uint_field(body, "", "maxDowntimeMs", 300, 1, 2000000);
+    if (!dl) return dl.error();
+    spec.max_downtime_ms = dl.value();
+    auto bw = uint_field(body, "", "maxBandwidthBytesPerSecond", 0, 0, uint64_t{1} << 50);
+    if (!bw) return bw.error();
+    spec.max_bandwidth_bytes_per_second = bw.value();
+    auto np = uint_field(body, "", "noProgressTimeoutSeconds", defaults.migration.no_progress_timeout_seconds,
+                         5, 86400);
+    if (!np) return np.error();
+    spec.no_progress_timeout_seconds = static_cast<uint32_t>(np.value());
+  }
+  return spec;
+}
+
+json error_body(const Error& error) {
+  return json{{"error", {{"code", errc_name(error.code)}, {"message", error.message}}}};
+}
+
+int http_status(Errc code) {
+  switch (code) {
+    case Errc::kInvalidArgument: return 400;
+    case Errc::kUnauthenticated: return 401;
+    case Errc::kPermissionDenied: return 403;
+    case Errc::kNotFound: return 404;
+    case Errc::kAlreadyExists: return 409;
+    case Errc::kFailedPrecondition: return 409;
+    case Errc::kResourceExhausted: return 429;
+    case Errc::kUnavailable: return 503;
+    case Errc::kTimeout: return 504;
+    default: return 500;
+  }
+}
+
+}  // namespace rdmig::api

@@ -1,0 +1,21 @@
+// REST request bodies: parsed and validated at the boundary into a MigrationSpec. Every
+// error names the field ("target.token", "chunkSize") so the caller can fix the request.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "common/result.h"
+#include "config/agent_config.h"
+#include "migration/types.h"
+
+namespace rdmig::api {
+
+// Body of POST /v1/migrations. Missing tunables take the agent's configured defaults.
+Result<migration::MigrationSpec> parse_create_request(const nlohmann::json& body,
+                                                      const AgentConfig& defaults);
+
+// {"error": {"code": ..., "message": ...}} and the HTTP status for an Error.
+nlohmann::json error_body(const Error& error);
+int http_status(Errc code);
+
+}  // namespace rdmig::api

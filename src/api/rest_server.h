@@ -1,0 +1,50 @@
+// The agent's HTTP endpoint (cpp-httplib): REST API v1 under /v1 (bearer token), probes
+// (/healthz, /readyz) and Prometheus metrics (/metrics), all on one port. One HTTP stack per
+// port keeps one thread model and lets probes and scrapes share the REST port that the
+// DaemonSet already exposes; /metrics and the probes need no token.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "common/result.h"
+#include "config/agent_config.h"
+#include "metrics/metrics.h"
+#include "migration/manager.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace rdmig::api {
+
+class RestServer {
+ public:
+  RestServer(const AgentConfig& config, std::string token, migration::MigrationManager& manager,
+             Metrics& metrics);
+  ~RestServer();
+  RestServer(const RestServer&) = delete;
+  RestServer& operator=(const RestServer&) = delete;
+
+  // Binds address:port (port 0 = any free port).
+  Status bind();
+  uint16_t port() const { return port_; }
+  // Serves until stop(); call from the thread that owns the server.
+  void serve();
+  void stop();
+  void set_ready(std::function<bool()> ready) { ready_ = std::move(ready); }
+
+ private:
+  void routes();
+
+  const AgentConfig& config_;
+  std::string token_;
+  migration::MigrationManager& manager_;
+  Metrics& metrics_;
+  std::function<bool()> ready_;
+  std::unique_ptr<httplib::Server> server_;
+  uint16_t port_ = 0;
+};
+
+}  // namespace rdmig::api

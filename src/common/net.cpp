@@ -1,0 +1,238 @@
+#include "common/net.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace rdmig::net {
+namespace {
+
+Result<addrinfo*> resolve(const std::string& host, uint16_t port, bool passive) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = passive ? AI_PASSIVE : 0;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(port);
+  const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res);
+  if (rc != 0) {
+    return Error{Errc::kUnavailable, "resolving '" + host + "': " + gai_strerror(rc)};
+  }
+  return res;
+}
+
+Status wait_fd(int fd, short events, std::chrono::milliseconds timeout) {
+  pollfd p{fd, events, 0};
+  for (;;) {
+    const int rc = ::poll(&p, 1, static_cast<int>(timeout.count()));
+    if (rc > 0) return ok_status();
+    if (rc == 0) return Error{Errc::kTimeout, "timed out after " + std::to_string(timeout.count()) + " ms"};
+    if (errno != EINTR) return errno_error("poll", errno);
+  }
+}
+
+}  // namespace
+
+Result<UniqueFd> tcp_listen(const std::string& host, uint16_t port, int backlog) {
+  auto res = resolve(host, port, true);
+  if (!res) return res.error();
+  addrinfo* ai = res.value();
+  UniqueFd fd(::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) {
+    ::freeaddrinfo(ai);
+    return errno_error("socket", errno);
+  }
+  int one = 1;
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  const int brc = ::bind(fd.get(), ai->ai_addr, ai->ai_addrlen);
+  const int err = errno;
+  ::freeaddrinfo(ai);
+  if (brc != 0) return errno_error("bind " + host + ":" + std::to_string(port), err);
+  if (::listen(fd.get(), backlog) != 0) return errno_error("listen", errno);
+  return fd;
+}
+
+Result<UniqueFd> tcp_connect(const Endpoint& ep, std::chrono::milliseconds timeout) {
+  auto res = resolve(ep.host, ep.port, false);
+  if (!res) return res.error();
+  addrinfo* ai = res.value();
+  UniqueFd fd(::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) {
+    ::freeaddrinfo(ai);
+    return errno_error("socket", errno);
+  }
+  int rc = ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen);
+  const int err = errno;
+  ::freeaddrinfo(ai);
+  if (rc != 0 && err != EINPROGRESS) return errno_error("connect " + ep.to_string(), err);
+  if (rc != 0) {
+    if (auto w = wait_fd(fd.get(), POLLOUT, timeout); !w) {
+      return w.error().with_context("connect " + ep.to_string());
+    }
+    int soerr = 0;
+    socklen_t len = sizeof soerr;
+    ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &soerr, &len);
+    if (soerr != 0) {
+      auto e = errno_error("connect " + ep.to_string(), soerr);
+      e.code = Errc::kUnavailable;
+      return e;
+    }
+  }
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
+Result<uint16_t> local_port(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
+    return errno_error("getsockname", errno);
+  }
+  if (ss.ss_family == AF_INET) return ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  if (ss.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
+  return Error{Errc::kInternal, "not an IP socket"};
+}
+
+void tune_tcp_for_bulk(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+Result<UniqueFd> unix_listen(const std::string& path, int backlog) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof addr.sun_path) {
+    return Error{Errc::kInvalidArgument, "unix socket path too long: " + path};
+  }
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return errno_error("socket", errno);
+  ::unlink(path.c_str());
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    return errno_error("bind " + path, errno);
+  }
+  if (::listen(fd.get(), backlog) != 0) return errno_error("listen " + path, errno);
+  return fd;
+}
+
+Result<UniqueFd> unix_connect(const std::string& path, std::chrono::milliseconds timeout) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof addr.sun_path) {
+    return Error{Errc::kInvalidArgument, "unix socket path too long: " + path};
+  }
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) return errno_error("socket", errno);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    if (errno != EINPROGRESS && errno != EAGAIN) {
+      auto e = errno_error("connect " + path, errno);
+      e.code = Errc::kUnavailable;
+      return e;
+    }
+    if (auto w = wait_fd(fd.get(), POLLOUT, timeout); !w) {
+      return w.error().with_context("connect " + path);
+    }
+  }
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
+Result<UniqueFd> accept_for(int listen_fd, std::chrono::milliseconds timeout) {
+  if (auto w = wait_fd(listen_fd, POLLIN, timeout); !w) return w.error();
+  UniqueFd fd(::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC));
+  if (!fd.valid()) return errno_error("accept", errno);
+  return fd;
+}
+
+Result<bool> read_exact(int fd, std::span<std::byte> buf, bool eof_ok) {
+  size_t got = 0;
+  while (got < buf.size()) {
+    const ssize_t n = ::recv(fd, buf.data() + got, buf.size() - got, 0);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) {
+      if (got == 0 && eof_ok) return false;
+      return Error{Errc::kUnavailable, "peer closed the connection"};
+    }
+    if (errno == EINTR) continue;
+    auto e = errno_error("recv", errno);
+    if (errno == ECONNRESET || errno == EPIPE) e.code = Errc::kUnavailable;
+    return e;
+  }
+  return true;
+}
+
+Status write_all(int fd, std::span<const std::byte> buf) {
+  iovec iov{const_cast<std::byte*>(buf.data()), buf.size()};
+  return writev_all(fd, &iov, 1);
+}
+
+Status writev_all(int fd, iovec* iov, int iovcnt) {
+  msghdr msg{};
+  while (iovcnt > 0) {
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(iovcnt);
+    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      auto e = errno_error("send", errno);
+      if (errno == ECONNRESET || errno == EPIPE) e.code = Errc::kUnavailable;
+      return e;
+    }
+    auto left = static_cast<size_t>(n);
+    while (iovcnt > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --iovcnt;
+    }
+    if (iovcnt > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+  return ok_status();
+}
+
+Result<Endpoint> parse_endpoint(const std::string& text, const std::string& field) {
+  std::string host;
+  std::string port_text;
+  if (!text.empty() && text.front() == '[') {
+    const auto close = text.find(']');
+    if (close == std::string::npos || close + 1 >= text.size() || text[close + 1] != ':') {
+      return Error{Errc::kInvalidArgument, field + ": expected [ipv6]:port, got '" + text + "'"};
+    }
+    host = text.substr(1, close - 1);
+    port_text = text.substr(close + 2);
+  } else {
+    const auto colon = text.rfind(':');
+    if (colon == std::string::npos || colon == 0) {
+      return Error{Errc::kInvalidArgument, field + ": expected host:port, got '" + text + "'"};
+    }
+    host = text.substr(0, colon);
+    port_text = text.substr(colon + 1);
+  }
+  if (port_text.empty() || port_text.size() > 5 ||
+      port_text.find_first_not_of("0123456789") != std::string::npos) {
+    return Error{Errc::kInvalidArgument, field + ": bad port in '" + text + "'"};
+  }
+  const long port = std::stol(port_text);
+  if (port < 1 || port > 65535) {
+    return Error{Errc::kInvalidArgument, field + ": port out of range in '" + text + "'"};
+  }
+  return Endpoint{host, static_cast<uint16_t>(port)};
+}
+
+}  // namespace rdmig::net

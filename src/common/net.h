@@ -1,0 +1,46 @@
+// Socket helpers: TCP and unix listeners/connectors and exact reads/writes. Blocking calls
+// are cancelled by shutdown(2) on the socket from another thread (wakes read/accept with
+// EOF or an error); connects and accepts also take a timeout.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "common/fd.h"
+#include "common/result.h"
+
+namespace rdmig::net {
+
+struct Endpoint {
+  std::string host;
+  uint16_t port = 0;
+  std::string to_string() const { return host + ":" + std::to_string(port); }
+};
+
+Result<UniqueFd> tcp_listen(const std::string& host, uint16_t port, int backlog = 64);
+Result<UniqueFd> tcp_connect(const Endpoint& ep, std::chrono::milliseconds timeout);
+Result<uint16_t> local_port(int fd);
+// Sets TCP_NODELAY and large socket buffers for bulk data.
+void tune_tcp_for_bulk(int fd);
+
+Result<UniqueFd> unix_listen(const std::string& path, int backlog = 16);
+Result<UniqueFd> unix_connect(const std::string& path, std::chrono::milliseconds timeout);
+
+// Waits up to `timeout` for a connection. kTimeout when none came.
+Result<UniqueFd> accept_for(int listen_fd, std::chrono::milliseconds timeout);
+
+// Reads exactly buf.size() bytes. kUnavailable "peer closed" on EOF before any byte when
+// `eof_ok` is false; returns false (clean EOF at a message boundary) when `eof_ok`.
+Result<bool> read_exact(int fd, std::span<std::byte> buf, bool eof_ok = false);
+Status write_all(int fd, std::span<const std::byte> buf);
+Status writev_all(int fd, iovec* iov, int iovcnt);
+
+// Parses "host:port" (IPv4 literal or name; [v6]:port). Names the field in errors.
+Result<Endpoint> parse_endpoint(const std::string& text, const std::string& field);
+
+}  // namespace rdmig::net

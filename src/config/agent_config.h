@@ -1,0 +1,63 @@
+// The agent's configuration: loaded once from YAML, validated, then passed by const ref.
+// Defaults here are the documented defaults; agent/agent.yaml spells them out.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/result.h"
+
+namespace rdmig {
+
+enum class TransportKind { kAuto, kRdma, kTcp };
+const char* transport_name(TransportKind kind);
+// Parses "auto" | "rdma" | "tcp"; names `field` in the error.
+Result<TransportKind> parse_transport(const std::string& text, const std::string& field);
+
+struct ApiConfig {
+  std::string address = "0.0.0.0";
+  uint16_t port = 7470;
+  std::string token_file = "/etc/rdmig/token";
+  uint64_t max_body_bytes = 64 * 1024;
+};
+
+struct DataPlaneConfig {
+  std::string address = "0.0.0.0";
+  uint16_t port = 7471;
+  // Address peers should dial; empty = the NODE_IP environment variable, else `address`
+  // (when that is not a wildcard).
+  std::string advertise_address;
+};
+
+struct MigrationDefaults {
+  uint64_t chunk_size = 4 * 1024 * 1024;
+  uint32_t ring_depth = 16;
+  uint32_t progress_interval_ms = 250;
+  uint32_t no_progress_timeout_seconds = 120;
+  uint32_t completion_timeout_seconds = 1800;
+  uint32_t max_concurrent = 4;
+  // Finished migrations kept for GET before being forgotten.
+  uint32_t history_size = 64;
+};
+
+struct RdmaConfig {
+  std::string device;        // e.g. mlx5_0
+  std::string netdev;        // e.g. ens1f0v0
+  std::string resource_env;  // e.g. PCIDEVICE_NVIDIA_COM_MLNX_SRIOV_RDMA
+};
+
+struct AgentConfig {
+  ApiConfig api;
+  DataPlaneConfig data_plane;
+  TransportKind transport = TransportKind::kAuto;
+  MigrationDefaults migration;
+  RdmaConfig rdma;
+  std::string state_dir = "/var/run/rdmig";
+  std::string log_level = "info";
+};
+
+// Parses and validates YAML text. Errors name the offending key ("migration.chunkSize").
+Result<AgentConfig> parse_agent_config(const std::string& yaml_text);
+Result<AgentConfig> load_agent_config_file(const std::string& path);
+
+}  // namespace rdmig

@@ -1,0 +1,174 @@
+#include "metrics/metrics.h"
+
+#include <prometheus/text_serializer.h>
+
+#include <sstream>
+
+namespace rdmig {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+
+namespace {
+prometheus::Histogram::BucketBoundaries downtime_buckets() {
+  return {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+}
+prometheus::Histogram::BucketBoundaries duration_buckets() {
+  return {1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600};
+}
+prometheus::Histogram::BucketBoundaries chunk_size_buckets() {
+  prometheus::Histogram::BucketBoundaries b;
+  for (double v = 4096; v <= 1024.0 * 1024 * 1024; v *= 4) b.push_back(v);
+  return b;
+}
+prometheus::Histogram::BucketBoundaries latency_buckets() {
+  return {1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.5, 1};
+}
+}  // namespace
+
+Metrics::Metrics(std::string component)
+    : registry_(std::make_shared<prometheus::Registry>()),
+      started_(BuildCounter().Name("rdmig_migrations_started_total")
+                   .Help("Migrations started on this " + component + ", by role")
+                   .Register(*registry_)),
+      finished_(BuildCounter().Name("rdmig_migrations_finished_total")
+                    .Help("Migrations finished, by role and result (succeeded, failed, cancelled)")
+                    .Register(*registry_)),
+      active_(BuildGauge().Name("rdmig_migrations_active")
+                  .Help("Migrations in progress, by role").Register(*registry_)),
+      duration_(BuildHistogram().Name("rdmig_migration_duration_seconds")
+                    .Help("Total migration time from start to result, by role and result")
+                    .Register(*registry_)),
+      downtime_(BuildHistogram().Name("rdmig_downtime_seconds")
+                    .Help("Guest downtime as reported by QEMU on the source, by transport")
+                    .Register(*registry_)),
+      last_downtime_(BuildGauge().Name("rdmig_last_downtime_seconds")
+                         .Help("QEMU-reported downtime of the last migration of each VM")
+                         .Register(*registry_)),
+      switchover_(BuildHistogram().Name("rdmig_switchover_seconds")
+                      .Help("True switchover: source STOP event to target RESUME event")
+                      .Register(*registry_)),
+      last_switchover_(BuildGauge().Name("rdmig_last_switchover_seconds")
+                           .Help("True switchover time of the last migration of each VM")
+                           .Register(*registry_)),
+      bytes_(BuildCounter().Name("rdmig_transferred_bytes_total")
+                 .Help("Migration stream bytes carried by the data plane, by transport and direction")
+                 .Register(*registry_)),
+      chunks_(BuildCounter().Name("rdmig_chunks_total")
+                  .Help("Chunks carried by the data plane, by transport and direction (sent, received)")
+                  .Register(*registry_)),
+      credit_stalls_(BuildCounter().Name("rdmig_credit_stalls_total")
+                         .Help("Times a sender waited because the receiver's ring had no free slot")
+                         .Register(*registry_)),
+      in_flight_(BuildGauge().Name("rdmig_chunks_in_flight")
+                     .Help("Chunks written but not yet acknowledged, by transport")
+                     .Register(*registry_)),
+      chunk_size_(BuildHistogram().Name("rdmig_chunk_size_bytes")
+                      .Help("Payload size of each chunk sent (early flush makes chunks smaller than the configured size)")
+                      .Register(*registry_)),
+      chunk_latency_(BuildHistogram().Name("rdmig_chunk_write_latency_seconds")
+                         .Help("Time from posting a chunk to its completion, by transport")
+                         .Register(*registry_)),
+      transport_errors_(BuildCounter().Name("rdmig_transport_errors_total")
+                            .Help("Data-plane errors, by transport and kind")
+                            .Register(*registry_)),
+      transport_selected_(BuildCounter().Name("rdmig_transport_selected_total")
+                              .Help("Transport chosen for a migration, by transport and reason")
+                              .Register(*registry_)),
+      rdma_devices_(BuildGauge().Name("rdmig_rdma_devices")
+                        .Help("Usable RDMA devices seen by this agent").Register(*registry_)),
+      throughput_(BuildGauge().Name("rdmig_migration_throughput_bytes_per_second")
+                      .Help("Current throughput of each migration (QEMU's figure on the source)")
+                      .Register(*registry_)),
+      transferred_(BuildGauge().Name("rdmig_migration_transferred_bytes")
+                       .Help("Bytes transferred so far by each migration").Register(*registry_)),
+      remaining_(BuildGauge().Name("rdmig_migration_remaining_bytes")
+                     .Help("Bytes QEMU still has to send for each migration").Register(*registry_)),
+      total_(BuildGauge().Name("rdmig_migration_total_bytes")
+                 .Help("Guest RAM size of each migration").Register(*registry_)),
+      dirty_rate_(BuildGauge().Name("rdmig_migration_dirty_rate_bytes_per_second")
+                      .Help("Guest memory dirty rate seen by QEMU for each migration")
+                      .Register(*registry_)) {
+  for (const char* role : {"source", "target"}) {
+    started_.Add({{"role", role}});
+    active_.Add({{"role", role}});
+    for (const char* result : {"succeeded", "failed", "cancelled"}) {
+      finished_.Add({{"role", role}, {"result", result}});
+    }
+  }
+  transport("tcp");
+  rdma_devices_.Add({});
+}
+
+std::string Metrics::serialize() const {
+  prometheus::TextSerializer serializer;
+  std::ostringstream out;
+  serializer.Serialize(out, registry_->Collect());
+  return out.str();
+}
+
+void Metrics::migration_started(const std::string& role) {
+  started_.Add({{"role", role}}).Increment();
+  active_.Add({{"role", role}}).Increment();
+}
+
+void Metrics::migration_finished(const std::string& role, const std::string& result,
+                                 double duration_seconds) {
+  finished_.Add({{"role", role}, {"result", result}}).Increment();
+  active_.Add({{"role", role}}).Decrement();
+  duration_.Add({{"role", role}, {"result", result}}, duration_buckets()).Observe(duration_seconds);
+}
+
+void Metrics::set_downtime(const std::string& vm, const std::string& transport, double qemu_seconds) {
+  downtime_.Add({{"transport", transport}}, downtime_buckets()).Observe(qemu_seconds);
+  last_downtime_.Add({{"vm", vm}}).Set(qemu_seconds);
+}
+
+void Metrics::set_switchover(const std::string& vm, const std::string& transport, double seconds) {
+  switchover_.Add({{"transport", transport}}, downtime_buckets()).Observe(seconds);
+  last_switchover_.Add({{"vm", vm}}).Set(seconds);
+}
+
+TransportMetrics& Metrics::transport(const std::string& kind) {
+  std::lock_guard lock(mu_);
+  auto it = transports_.find(kind);
+  if (it != transports_.end()) return it->second;
+  TransportMetrics t;
+  t.bytes_sent = &bytes_.Add({{"transport", kind}, {"direction", "sent"}});
+  t.bytes_received = &bytes_.Add({{"transport", kind}, {"direction", "received"}});
+  t.chunks_sent = &chunks_.Add({{"transport", kind}, {"direction", "sent"}});
+  t.chunks_received = &chunks_.Add({{"transport", kind}, {"direction", "received"}});
+  t.credit_stalls = &credit_stalls_.Add({{"transport", kind}});
+  t.chunks_in_flight = &in_flight_.Add({{"transport", kind}});
+  t.chunk_size = &chunk_size_.Add({{"transport", kind}}, chunk_size_buckets());
+  t.chunk_write_latency = &chunk_latency_.Add({{"transport", kind}}, latency_buckets());
+  return transports_.emplace(kind, t).first->second;
+}
+
+void Metrics::transport_error(const std::string& transport, const std::string& kind) {
+  transport_errors_.Add({{"transport", transport}, {"kind", kind}}).Increment();
+}
+
+void Metrics::transport_selected(const std::string& transport, const std::string& reason) {
+  transport_selected_.Add({{"transport", transport}, {"reason", reason}}).Increment();
+}
+
+void Metrics::set_rdma_devices(double count) { rdma_devices_.Add({}).Set(count); }
+
+MigrationGauges Metrics::migration_gauges(const std::string& id, const std::string& role,
+                                          const std::string& vm) {
+  const std::map<std::string, std::string> labels{{"migration", id}, {"role", role}, {"vm", vm}};
+  return MigrationGauges{&throughput_.Add(labels), &transferred_.Add(labels),
+                         &remaining_.Add(labels), &total_.Add(labels), &dirty_rate_.Add(labels)};
+}
+
+void Metrics::remove_migration_gauges(const MigrationGauges& g) {
+  if (g.throughput) throughput_.Remove(g.throughput);
+  if (g.transferred) transferred_.Remove(g.transferred);
+  if (g.remaining) remaining_.Remove(g.remaining);
+  if (g.total) total_.Remove(g.total);
+  if (g.dirty_rate) dirty_rate_.Remove(g.dirty_rate);
+}
+
+}  // namespace rdmig

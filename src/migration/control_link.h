@@ -1,0 +1,45 @@
+// The control connection between the two agents of one migration, after the hello:
+// JSON messages (start, ready, result, abort) in both directions. A reader thread queues
+// what arrives; the job's worker thread takes it with next(). Closed by the destructor.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
+
+#include "common/fd.h"
+#include "common/result.h"
+
+namespace rdmig::migration {
+
+class ControlLink {
+ public:
+  explicit ControlLink(UniqueFd fd);
+  ~ControlLink();
+  ControlLink(const ControlLink&) = delete;
+  ControlLink& operator=(const ControlLink&) = delete;
+
+  Status send(const nlohmann::json& message);
+  // Next message, waiting up to `timeout`: nullopt on timeout, an error once the peer is gone.
+  Result<std::optional<nlohmann::json>> next(std::chrono::milliseconds timeout);
+  // Waits for a message of `type` (other messages: an "abort" fails, the rest are skipped).
+  Result<nlohmann::json> expect(const std::string& type, std::chrono::milliseconds timeout);
+  void close();
+
+ private:
+  void reader_loop();
+
+  UniqueFd fd_;
+  std::mutex write_mu_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<nlohmann::json> queue_;
+  std::optional<Error> closed_;
+  std::thread reader_;
+};
+
+}  // namespace rdmig::migration

@@ -1,0 +1,133 @@
+#include "migration/job.h"
+
+#include "common/log.h"
+
+namespace rdmig::migration {
+
+Job::Job(MigrationSpec spec, JobContext ctx)
+    : spec_(std::move(spec)), ctx_(ctx), created_(std::chrono::steady_clock::now()) {
+  status_.id = spec_.id;
+  status_.role = spec_.role;
+  status_.vm = spec_.vm;
+  status_.channels = spec_.channels();
+  status_.chunk_size = spec_.chunk_size;
+  status_.ring_depth = spec_.ring_depth;
+  status_.created_at_ms = wall_clock_ms();
+  gauges_ = ctx_.metrics.migration_gauges(spec_.id, role_name(spec_.role), spec_.vm);
+  ctx_.metrics.migration_started(role_name(spec_.role));
+}
+
+Job::~Job() {
+  stop_worker();
+  ctx_.metrics.remove_migration_gauges(gauges_);
+}
+
+void Job::stop_worker() {
+  request_cancel("agent shutting down");
+  if (worker_.joinable()) worker_.join();
+}
+
+MigrationStatus Job::status() const {
+  std::lock_guard lock(status_mu_);
+  return status_;
+}
+
+bool Job::finished() const {
+  std::lock_guard lock(status_mu_);
+  return phase_terminal(status_.phase);
+}
+
+bool Job::wait_finished(std::chrono::milliseconds timeout) const {
+  std::unique_lock lock(status_mu_);
+  return status_cv_.wait_for(lock, timeout, [&] { return phase_terminal(status_.phase); });
+}
+
+void Job::request_cancel(const std::string& reason) {
+  {
+    std::lock_guard lock(status_mu_);
+    if (cancel_requested_.load() || phase_terminal(status_.phase)) return;
+    cancel_reason_ = reason;
+  }
+  cancel_requested_.store(true);
+  LOG_INFO("migration") << log_prefix() << " cancel requested: " << reason;
+}
+
+std::string Job::cancel_reason() const {
+  std::lock_guard lock(status_mu_);
+  return cancel_reason_;
+}
+
+void Job::set_phase(Phase phase) {
+  {
+    std::lock_guard lock(status_mu_);
+    if (phase_terminal(status_.phase)) return;
+    if (status_.phase == phase) return;
+    status_.phase = phase;
+    if (phase == Phase::kMigrating && status_.started_at_ms == 0) status_.started_at_ms = wall_clock_ms();
+  }
+  status_cv_.notify_all();
+  LOG_INFO("migration") << log_prefix() << " phase=" << phase_name(phase);
+}
+
+void Job::update(const std::function<void(MigrationStatus&)>& fn) {
+  std::lock_guard lock(status_mu_);
+  fn(status_);
+}
+
+void Job::refresh_data_counters() {
+  uint64_t sent = 0, received = 0, chunks_sent = 0, chunks_received = 0;
+  {
+    std::lock_guard lock(data_mu_);
+    for (const auto& p : pumps_) {
+      sent += p->bytes_up();
+      received += p->bytes_down();
+      chunks_sent += p->chunks_up();
+      chunks_received += p->chunks_down();
+    }
+  }
+  std::lock_guard lock(status_mu_);
+  status_.progress.data_bytes_sent = sent;
+  status_.progress.data_bytes_received = received;
+  status_.progress.chunks_sent = chunks_sent;
+  status_.progress.chunks_received = chunks_received;
+}
+
+void Job::abort_data_plane(const Error& reason) {
+  std::lock_guard lock(data_mu_);
+  for (auto& p : pumps_) p->abort(reason);
+  for (auto& c : channels_) c->abort(reason);
+  if (link_) link_->close();
+}
+
+void Job::finish(Phase phase, const std::string& reason) {
+  refresh_data_counters();
+  std::string result;
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - created_).count();
+  {
+    std::lock_guard lock(status_mu_);
+    if (metrics_finished_) return;
+    metrics_finished_ = true;
+    status_.phase = phase;
+    if (!reason.empty()) status_.reason = reason;
+    status_.finished_at_ms = wall_clock_ms();
+    if (!status_.total_time_ms && status_.started_at_ms) {
+      status_.total_time_ms = status_.finished_at_ms - status_.started_at_ms;
+    }
+    result = phase == Phase::kSucceeded ? "succeeded" : phase == Phase::kCancelled ? "cancelled" : "failed";
+  }
+  status_cv_.notify_all();
+  ctx_.metrics.migration_finished(role_name(spec_.role), result, seconds);
+  gauges_.throughput->Set(0);
+  if (phase == Phase::kSucceeded) {
+    LOG_INFO("migration") << log_prefix() << " phase=" << phase_name(phase);
+  } else {
+    LOG_WARN("migration") << log_prefix() << " phase=" << phase_name(phase) << " reason=\"" << reason << "\"";
+  }
+  if (qmp_) qmp_->close();  // free the monitor for other clients
+}
+
+std::string Job::log_prefix() const {
+  return std::string("migration=") + spec_.id + " role=" + role_name(spec_.role) + " vm=" + spec_.vm;
+}
+
+}  // namespace rdmig::migration

@@ -1,0 +1,89 @@
+// One migration on this agent: its spec, its status, and the worker thread that drives it.
+// The status is guarded by a mutex that REST handlers share; the data path never takes it
+// (pumps keep their own atomic counters, which the worker copies into the status).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "config/agent_config.h"
+#include "metrics/metrics.h"
+#include "migration/control_link.h"
+#include "migration/pump.h"
+#include "migration/types.h"
+#include "qemu/qmp_client.h"
+#include "transport/channel.h"
+
+namespace rdmig::migration {
+
+// What a job needs from the agent around it.
+struct JobContext {
+  const AgentConfig& config;
+  Metrics& metrics;
+  std::string advertise_host;  // this agent's data-plane address for peers
+  uint16_t data_port = 0;
+};
+
+class Job {
+ public:
+  Job(MigrationSpec spec, JobContext ctx);
+  virtual ~Job();
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+  const std::string& id() const { return spec_.id; }
+  Role role() const { return spec_.role; }
+  const MigrationSpec& spec() const { return spec_; }
+  MigrationStatus status() const;
+  bool finished() const;
+  bool wait_finished(std::chrono::milliseconds timeout) const;
+
+  // Asks the job to stop. The worker reacts within one progress interval: the VM stays on
+  // the source (migrate_cancel) unless the source had already handed it over.
+  void request_cancel(const std::string& reason);
+
+ protected:
+  void set_phase(Phase phase);
+  void update(const std::function<void(MigrationStatus&)>& fn);
+  // Ends the job once; records metrics; closes QMP so others may use the monitor.
+  void finish(Phase phase, const std::string& reason);
+  bool cancel_requested() const { return cancel_requested_.load(); }
+  std::string cancel_reason() const;
+  // Copies the pumps' counters into the status.
+  void refresh_data_counters();
+  void abort_data_plane(const Error& reason);
+  std::string log_prefix() const;
+  // Cancels and joins the worker; derived destructors call it first, while they still exist.
+  void stop_worker();
+
+  MigrationSpec spec_;
+  JobContext ctx_;
+  const std::chrono::steady_clock::time_point created_;
+  MigrationGauges gauges_;
+
+  // Owned by the worker thread (and torn down in this order: pumps, channels, link, qmp).
+  std::unique_ptr<qemu::QmpClient> qmp_;
+  std::unique_ptr<ControlLink> link_;
+  std::vector<std::unique_ptr<transport::Channel>> channels_;
+  std::vector<std::unique_ptr<ChannelPump>> pumps_;
+  std::mutex data_mu_;  // guards channels_/pumps_ growth against abort from other threads
+
+  std::thread worker_;
+
+ private:
+  mutable std::mutex status_mu_;
+  mutable std::condition_variable status_cv_;
+  MigrationStatus status_;
+  std::atomic<bool> cancel_requested_{false};
+  std::string cancel_reason_;
+  bool metrics_finished_ = false;
+};
+
+}  // namespace rdmig::migration

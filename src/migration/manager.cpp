@@ -1,0 +1,236 @@
+#include "migration/manager.h"
+
+#include <sys/socket.h>
+
+#include <cstdlib>
+
+#include "common/log.h"
+#include "common/net.h"
+#include "common/units.h"
+#include "migration/source_job.h"
+#include "migration/target_job.h"
+#include "transport/wire.h"
+
+namespace rdmig::migration {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+std::string choose_advertise_host(const AgentConfig& config) {
+  if (!config.data_plane.advertise_address.empty()) return config.data_plane.advertise_address;
+  if (const char* node_ip = std::getenv("NODE_IP"); node_ip && *node_ip) return node_ip;
+  const auto& a = config.data_plane.address;
+  if (a.empty() || a == "0.0.0.0" || a == "::") return "127.0.0.1";
+  return a;
+}
+
+MigrationManager::MigrationManager(const AgentConfig& config, Metrics& metrics)
+    : config_(config), metrics_(metrics), advertise_host_(choose_advertise_host(config)) {}
+
+MigrationManager::~MigrationManager() {
+  stopping_ = true;
+  if (listener_.valid()) ::shutdown(listener_.get(), SHUT_RDWR);
+  if (acceptor_.joinable()) acceptor_.join();
+  std::map<std::string, std::shared_ptr<Job>> jobs;
+  {
+    std::lock_guard lock(mu_);
+    jobs.swap(jobs_);
+  }
+  jobs.clear();  // joins each worker
+}
+
+Status MigrationManager::start_data_plane() {
+  auto fd = net::tcp_listen(config_.data_plane.address, config_.data_plane.port);
+  if (!fd) return fd.error().with_context("dataPlane listener");
+  auto port = net::local_port(fd->get());
+  if (!port) return port.error();
+  data_port_ = port.value();
+  listener_ = std::move(fd.value());
+  acceptor_ = std::thread([this] { accept_loop(); });
+  LOG_INFO("dataplane") << "listening on " << config_.data_plane.address << ":" << data_port_
+                        << " advertise=" << advertise_host_;
+  return ok_status();
+}
+
+void MigrationManager::accept_loop() {
+  while (!stopping_.load()) {
+    auto fd = net::accept_for(listener_.get(), 500ms);
+    if (!fd) {
+      if (fd.error().code == Errc::kTimeout) continue;
+      if (!stopping_.load()) {
+        LOG_WARN("dataplane") << "accept: " << fd.error().message;
+      }
+      if (stopping_.load()) return;
+      std::this_thread::sleep_for(100ms);  // e.g. EMFILE: do not spin
+      continue;
+    }
+    handle_connection(std::move(fd.value()));
+  }
+}
+
+void MigrationManager::handle_connection(UniqueFd fd) {
+  // Each connection says hello first; bounded in size and time by recv_message.
+  auto msg = transport::recv_message(fd.get(), 5s);
+  if (!msg) {
+    LOG_WARN("dataplane") << "dropped a connection without a valid hello: " << msg.error().message;
+    return;
+  }
+  auto hello = transport::Hello::parse(msg.value());
+  if (!hello) {
+    (void)transport::send_message(fd.get(), json{{"type", "reject"}, {"code", "invalid_argument"},
+                                                 {"message", hello.error().message}});
+    LOG_WARN("dataplane") << "refused a hello: " << hello.error().message;
+    return;
+  }
+  auto job = find(hello->migration_id);
+  auto* target = dynamic_cast<TargetJob*>(job.get());
+  if (!target) {
+    (void)transport::send_message(fd.get(), json{{"type", "reject"}, {"code", "not_found"},
+                                                 {"message", "no target migration '" + hello->migration_id + "' on this agent"}});
+    return;
+  }
+  if (hello->kind == "control") {
+    target->on_control(std::move(fd), hello.value());
+  } else {
+    target->on_data(std::move(fd), hello.value());
+  }
+}
+
+std::shared_ptr<Job> MigrationManager::find(const std::string& id) const {
+  std::lock_guard lock(mu_);
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : it->second;
+}
+
+size_t MigrationManager::active_count() const {
+  std::lock_guard lock(mu_);
+  size_t n = 0;
+  for (const auto& [id, job] : jobs_) n += job->finished() ? 0 : 1;
+  return n;
+}
+
+void MigrationManager::evict_finished_locked() {
+  size_t finished = 0;
+  for (const auto& [id, job] : jobs_) finished += job->finished() ? 1 : 0;
+  for (auto it = order_.begin(); it != order_.end() && finished > config_.migration.history_size;) {
+    auto j = jobs_.find(*it);
+    if (j != jobs_.end() && j->second->finished()) {
+      jobs_.erase(j);  // joins the finished worker
+      it = order_.erase(it);
+      --finished;
+    } else {
+      ++it;
+    }
+  }
+}
+
+Result<json> MigrationManager::create(MigrationSpec spec) {
+  if (stopping_.load()) return Error{Errc::kUnavailable, "agent is shutting down"};
+  std::unique_lock lock(mu_);
+  evict_finished_locked();
+  size_t active = 0;
+  for (const auto& [id, job] : jobs_) {
+    if (job->finished()) continue;
+    ++active;
+    if (job->spec().qmp_socket == spec.qmp_socket) {
+      return Error{Errc::kAlreadyExists, "qmpSocket: '" + spec.qmp_socket +
+                                             "' is already used by migration " + id};
+    }
+  }
+  if (active >= config_.migration.max_concurrent) {
+    return Error{Errc::kResourceExhausted, "this agent already runs " + std::to_string(active) +
+                                               " migrations (migration.maxConcurrent)"};
+  }
+  if (spec.id.empty() && spec.role == Role::kSource && !jobs_.contains(spec.target.migration_id)) {
+    spec.id = spec.target.migration_id;
+  }
+  if (spec.id.empty()) {
+    do spec.id = "m-" + random_hex(6);
+    while (jobs_.contains(spec.id));
+  }
+  if (jobs_.contains(spec.id)) return Error{Errc::kAlreadyExists, "id: migration '" + spec.id + "' exists"};
+  if (spec.vm.empty()) spec.vm = spec.id;
+  lock.unlock();  // QMP checks below can take seconds; do not block GETs
+
+  JobContext ctx{config_, metrics_, advertise_host_, data_port_};
+  json body;
+  std::shared_ptr<Job> job;
+  if (spec.role == Role::kTarget) {
+    auto t = TargetJob::create(spec, ctx);
+    if (!t) return t.error();
+    body = json{{"id", spec.id},
+                {"role", "target"},
+                {"endpoint", advertise_host_ + ":" + std::to_string(data_port_)},
+                {"dataPlane", {{"host", advertise_host_}, {"port", data_port_}}},
+                {"migrationId", spec.id},
+                {"token", t.value()->token()}};
+    job = std::shared_ptr<Job>(std::move(t.value()));
+  } else {
+    auto s = SourceJob::create(spec, ctx);
+    if (!s) return s.error();
+    body = json{{"id", spec.id}, {"role", "source"}};
+    job = std::shared_ptr<Job>(std::move(s.value()));
+  }
+  lock.lock();
+  if (jobs_.contains(spec.id)) return Error{Errc::kAlreadyExists, "id: migration '" + spec.id + "' exists"};
+  jobs_.emplace(spec.id, job);
+  order_.push_back(spec.id);
+  lock.unlock();
+  if (auto* t = dynamic_cast<TargetJob*>(job.get())) t->start();
+  if (auto* s = dynamic_cast<SourceJob*>(job.get())) s->start();
+  body["phase"] = phase_name(job->status().phase);
+  LOG_INFO("migration") << "migration=" << spec.id << " role=" << role_name(spec.role) << " vm=" << spec.vm
+                        << " created channels=" << spec.channels() << " chunkSize=" << format_quantity(spec.chunk_size)
+                        << " ringDepth=" << spec.ring_depth;
+  return body;
+}
+
+std::vector<MigrationStatus> MigrationManager::list() const {
+  std::vector<std::shared_ptr<Job>> jobs;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& id : order_) {
+      if (auto it = jobs_.find(id); it != jobs_.end()) jobs.push_back(it->second);
+    }
+  }
+  std::vector<MigrationStatus> out;
+  out.reserve(jobs.size());
+  for (const auto& j : jobs) out.push_back(j->status());
+  return out;
+}
+
+Result<MigrationStatus> MigrationManager::get(const std::string& id) const {
+  auto job = find(id);
+  if (!job) return Error{Errc::kNotFound, "no migration '" + id + "'"};
+  return job->status();
+}
+
+Result<MigrationStatus> MigrationManager::cancel(const std::string& id) {
+  auto job = find(id);
+  if (!job) return Error{Errc::kNotFound, "no migration '" + id + "'"};
+  job->request_cancel("cancelled through the API");
+  return job->status();
+}
+
+void MigrationManager::shutdown(std::chrono::milliseconds grace) {
+  stopping_ = true;
+  std::vector<std::shared_ptr<Job>> jobs;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [id, job] : jobs_) jobs.push_back(job);
+  }
+  for (auto& j : jobs) {
+    if (!j->finished()) j->request_cancel("agent shutting down");
+  }
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  for (auto& j : jobs) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (!j->wait_finished(std::max(left, 0ms))) {
+      LOG_WARN("agent") << "migration=" << j->id() << " still running at shutdown";
+    }
+  }
+  if (listener_.valid()) ::shutdown(listener_.get(), SHUT_RDWR);
+  if (acceptor_.joinable()) acceptor_.join();
+}
+
+}  // namespace rdmig::migration

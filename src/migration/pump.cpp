@@ -1,0 +1,195 @@
+#include "migration/pump.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include "common/log.h"
+#include "common/net.h"
+
+namespace rdmig::migration {
+
+ChannelPump::ChannelPump(transport::Channel& channel, UniqueFd qemu_fd)
+    : channel_(channel), qemu_fd_(std::move(qemu_fd)), qemu_ready_(true) {}
+
+ChannelPump::ChannelPump(transport::Channel& channel, Opener open_qemu)
+    : channel_(channel), opener_(std::move(open_qemu)) {}
+
+ChannelPump::~ChannelPump() {
+  if (!finished()) abort(Error{Errc::kCancelled, "pump stopped"});
+  if (up_.joinable()) up_.join();
+  if (down_.joinable()) down_.join();
+}
+
+void ChannelPump::start() {
+  up_ = std::thread([this] { up_loop(); });
+  down_ = std::thread([this] { down_loop(); });
+}
+
+bool ChannelPump::finished() const {
+  std::lock_guard lock(mu_);
+  return directions_done_ == 2;
+}
+
+std::optional<Error> ChannelPump::error() const {
+  std::lock_guard lock(mu_);
+  return error_;
+}
+
+bool ChannelPump::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return directions_done_ == 2; });
+}
+
+void ChannelPump::record_error(const Error& e) {
+  bool first = false;
+  {
+    std::lock_guard lock(mu_);
+    if (!error_) {
+      error_ = e;
+      first = true;
+    }
+  }
+  if (first) abort(e);
+}
+
+void ChannelPump::abort(const Error& reason) {
+  {
+    std::lock_guard lock(mu_);
+    aborted_ = true;
+    if (qemu_fd_.valid()) ::shutdown(qemu_fd_.get(), SHUT_RDWR);
+  }
+  cv_.notify_all();
+  channel_.abort(reason);
+}
+
+void ChannelPump::direction_done() {
+  std::lock_guard lock(mu_);
+  ++directions_done_;
+  cv_.notify_all();
+}
+
+int ChannelPump::qemu_fd_wait() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return qemu_ready_ || aborted_; });
+  return qemu_ready_ && !aborted_ ? qemu_fd_.get() : -1;
+}
+
+void ChannelPump::up_loop() {
+  const int fd = qemu_fd_wait();
+  if (fd < 0) {
+    direction_done();
+    return;
+  }
+  const std::string where = "channel " + std::to_string(channel_.index()) + " (QEMU to peer)";
+  for (;;) {
+    // Wait for QEMU to have something before taking a credit.
+    pollfd p{fd, POLLIN, 0};
+    const int rc = ::poll(&p, 1, -1);
+    if (rc < 0) {
+      if (errno == EINTR) continue;
+      record_error(errno_error(where + ": poll", errno));
+      break;
+    }
+    auto buf = channel_.acquire();
+    if (!buf) {
+      record_error(buf.error());
+      break;
+    }
+    auto span = buf.value();
+    size_t filled = 0;
+    bool eof = false;
+    std::optional<Error> read_error;
+    int flags = 0;  // first read may block briefly (poll said readable); the rest must not
+    while (filled < span.size()) {
+      const ssize_t n = ::recv(fd, span.data() + filled, span.size() - filled, flags);
+      if (n > 0) {
+        filled += static_cast<size_t>(n);
+        flags = MSG_DONTWAIT;
+        continue;
+      }
+      if (n == 0) {
+        eof = true;
+        break;
+      }
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;  // nothing more ready: flush now
+      read_error = errno_error(where + ": read from QEMU", errno);
+      break;
+    }
+    if (read_error) {
+      channel_.unacquire();
+      record_error(*read_error);
+      break;
+    }
+    if (filled > 0) {
+      if (auto st = channel_.send(filled); !st) {
+        record_error(st.error());
+        break;
+      }
+      bytes_up_.fetch_add(filled, std::memory_order_relaxed);
+      chunks_up_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      channel_.unacquire();
+    }
+    if (eof) {
+      {
+        std::lock_guard lock(mu_);
+        if (error_ || aborted_) break;
+      }
+      if (auto st = channel_.send_eof(); !st) {
+        record_error(st.error());
+        break;
+      }
+      if (auto st = channel_.drain(); !st) record_error(st.error());
+      break;
+    }
+  }
+  direction_done();
+}
+
+void ChannelPump::down_loop() {
+  const std::string where = "channel " + std::to_string(channel_.index()) + " (peer to QEMU)";
+  int fd = -1;
+  for (;;) {
+    auto chunk = channel_.receive();
+    if (!chunk) {
+      record_error(chunk.error());
+      break;
+    }
+    if (fd < 0) {
+      std::unique_lock lock(mu_);
+      if (!qemu_ready_) {
+        lock.unlock();
+        auto opened = opener_();
+        lock.lock();
+        if (!opened) {
+          lock.unlock();
+          record_error(opened.error());
+          break;
+        }
+        qemu_fd_ = std::move(opened.value());
+        qemu_ready_ = true;
+        cv_.notify_all();
+      }
+      fd = qemu_fd_.get();
+    }
+    if (chunk->eof) {
+      ::shutdown(fd, SHUT_WR);  // the peer's QEMU closed its side: pass the eof on
+      (void)channel_.release();
+      break;
+    }
+    if (auto st = net::write_all(fd, chunk->data); !st) {
+      record_error(st.error().with_context(where + ": write to QEMU"));
+      break;
+    }
+    bytes_down_.fetch_add(chunk->data.size(), std::memory_order_relaxed);
+    chunks_down_.fetch_add(1, std::memory_order_relaxed);
+    if (auto st = channel_.release(); !st) {
+      record_error(st.error());
+      break;
+    }
+  }
+  direction_done();
+}
+
+}  // namespace rdmig::migration

@@ -1,0 +1,79 @@
+// Moves bytes between one QEMU connection (a unix socket) and one data-plane channel, in
+// both directions, with two threads:
+//   up:   QEMU -> channel. Waits for QEMU to have bytes, takes a credit, reads straight
+//         into the channel's send buffer everything QEMU has ready (up to a chunk), sends.
+//         It never waits to fill a chunk: a short read is sent at once (early flush).
+//   down: channel -> QEMU. Writes each received chunk to QEMU, then releases its slot.
+// The QEMU socket is given up front (source) or opened lazily by `open_qemu` when the
+// first chunk arrives (target: connections must reach QEMU in channel order).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "common/fd.h"
+#include "common/result.h"
+#include "transport/channel.h"
+
+namespace rdmig::migration {
+
+class ChannelPump {
+ public:
+  using Opener = std::function<Result<UniqueFd>()>;
+
+  // Source side: QEMU's connection is already there.
+  ChannelPump(transport::Channel& channel, UniqueFd qemu_fd);
+  // Target side: `open_qemu` connects to QEMU when the first chunk (or eof) arrives.
+  ChannelPump(transport::Channel& channel, Opener open_qemu);
+  ~ChannelPump();
+  ChannelPump(const ChannelPump&) = delete;
+  ChannelPump& operator=(const ChannelPump&) = delete;
+
+  void start();
+  // Both directions finished cleanly, or one failed.
+  bool finished() const;
+  // The first error of either direction, if any.
+  std::optional<Error> error() const;
+  // Fails both directions (shuts the QEMU socket down, aborts the channel).
+  void abort(const Error& reason);
+  // Waits up to `timeout` for both directions to end. True when they did.
+  bool wait(std::chrono::milliseconds timeout);
+
+  uint64_t bytes_up() const { return bytes_up_.load(std::memory_order_relaxed); }
+  uint64_t bytes_down() const { return bytes_down_.load(std::memory_order_relaxed); }
+  uint64_t chunks_up() const { return chunks_up_.load(std::memory_order_relaxed); }
+  uint64_t chunks_down() const { return chunks_down_.load(std::memory_order_relaxed); }
+
+ private:
+  void up_loop();
+  void down_loop();
+  void record_error(const Error& e);
+  void direction_done();
+  int qemu_fd_wait();  // blocks until the QEMU socket is open; -1 when aborted
+
+  transport::Channel& channel_;
+  Opener opener_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  UniqueFd qemu_fd_;
+  bool qemu_ready_ = false;
+  bool aborted_ = false;
+  int directions_done_ = 0;
+  std::optional<Error> error_;
+
+  std::atomic<uint64_t> bytes_up_{0};
+  std::atomic<uint64_t> bytes_down_{0};
+  std::atomic<uint64_t> chunks_up_{0};
+  std::atomic<uint64_t> chunks_down_{0};
+
+  std::thread up_;
+  std::thread down_;
+};
+
+}  // namespace rdmig::migration

@@ -1,0 +1,400 @@
+#include "migration/source_job.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+
+#include "common/log.h"
+#include "common/net.h"
+#include "transport/tcp/tcp_channel.h"
+#include "transport/wire.h"
+
+namespace rdmig::migration {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+namespace {
+constexpr auto kQmpTimeout = 10s;
+constexpr auto kHandshakeTimeout = 30s;
+constexpr auto kVerdictTimeout = 120s;
+constexpr uint64_t kUnlimitedBandwidth = uint64_t{1} << 40;  // 1 TiB/s: QEMU has no "off"
+
+Result<std::string> run_state(qemu::QmpClient& qmp) {
+  auto st = qmp.execute("query-status", {}, kQmpTimeout);
+  if (!st) return st.error();
+  if (!st->is_object() || !st->contains("status")) return Error{Errc::kProtocol, "query-status: no status"};
+  return (*st)["status"].get<std::string>();
+}
+}  // namespace
+
+Result<std::unique_ptr<SourceJob>> SourceJob::create(MigrationSpec spec, JobContext ctx) {
+  auto qmp = qemu::QmpClient::connect(spec.qmp_socket, 5s);
+  if (!qmp) {
+    return Error{Errc::kFailedPrecondition,
+                 "qmpSocket: cannot talk to QEMU at '" + spec.qmp_socket + "': " + qmp.error().message};
+  }
+  auto state = run_state(*qmp.value());
+  if (!state) return state.error().with_context("qmpSocket: query-status");
+  if (state.value() != "running" && state.value() != "paused") {
+    return Error{Errc::kFailedPrecondition, "qmpSocket: QEMU at '" + spec.qmp_socket + "' is '" +
+                                                state.value() + "', not running or paused: nothing to migrate"};
+  }
+  auto mig = qmp.value()->execute("query-migrate", {}, kQmpTimeout);
+  if (!mig) return mig.error().with_context("qmpSocket: query-migrate");
+  auto info = qemu::parse_migration_info(mig.value());
+  if (!info) return info.error();
+  if (info->status != "none" && !qemu::migration_status_terminal(info->status)) {
+    return Error{Errc::kFailedPrecondition,
+                 "qmpSocket: QEMU already has a migration in state '" + info->status + "'"};
+  }
+  const bool running = state.value() == "running";
+  return std::unique_ptr<SourceJob>(
+      new SourceJob(std::move(spec), ctx, std::move(qmp.value()), running));
+}
+
+SourceJob::SourceJob(MigrationSpec spec, JobContext ctx, std::unique_ptr<qemu::QmpClient> qmp,
+                     bool was_running)
+    : Job(std::move(spec), ctx), was_running_(was_running) {
+  qmp_ = std::move(qmp);
+  socket_path_ = ctx_.config.state_dir + "/" + spec_.id + ".src.sock";
+  update([&](MigrationStatus& s) { s.peer = spec_.target.host + ":" + std::to_string(spec_.target.port); });
+}
+
+SourceJob::~SourceJob() {
+  stop_worker();
+  accepting_ = false;
+  if (listener_.valid()) ::shutdown(listener_.get(), SHUT_RDWR);
+  if (acceptor_.joinable()) acceptor_.join();
+}
+
+void SourceJob::start() {
+  worker_ = std::thread([this] { run(); });
+}
+
+Status SourceJob::connect_data_plane() {
+  // Transport choice. Only TCP exists in this build; `rdma` must not silently become TCP.
+  if (spec_.transport == TransportKind::kRdma) {
+    return Error{Errc::kFailedPrecondition,
+                 "transport: rdma was requested but this agent has no RDMA transport; use tcp or auto"};
+  }
+  transport_ = "tcp";
+  const std::string reason = spec_.transport == TransportKind::kTcp ? "requested" : "no-rdma-transport";
+  ctx_.metrics.transport_selected(transport_, reason);
+  update([&](MigrationStatus& s) {
+    s.transport = transport_;
+    s.transport_reason = reason;
+  });
+
+  const net::Endpoint ep{spec_.target.host, spec_.target.port};
+  auto fd = net::tcp_connect(ep, 10s);
+  if (!fd) return fd.error().with_context("target agent data plane " + ep.to_string());
+  transport::Hello hello;
+  hello.kind = "control";
+  hello.migration_id = spec_.target.migration_id;
+  hello.token = spec_.target.token;
+  hello.channels = spec_.channels();
+  hello.chunk_size = spec_.chunk_size;
+  hello.ring_depth = spec_.ring_depth;
+  hello.transport = transport_;
+  RDMIG_TRY(transport::send_message(fd->get(), hello.to_json()));
+  auto reply = transport::recv_message(fd->get(), kHandshakeTimeout);
+  if (!reply) return reply.error().with_context("hello to target agent " + ep.to_string());
+  const std::string type = reply->value("type", "");
+  if (type == "reject") {
+    ctx_.metrics.transport_error(transport_, "handshake_rejected");
+    return Error{Errc::kPermissionDenied,
+                 "target agent " + ep.to_string() + " refused the migration: " + reply->value("message", std::string("?"))};
+  }
+  auto session = transport::get_string(reply.value(), "session", "welcome", 128);
+  if (type != "welcome" || !session) return Error{Errc::kProtocol, "target agent sent no welcome"};
+  session_ = session.value();
+
+  auto& tm = ctx_.metrics.transport(transport_);
+  for (uint32_t i = 0; i < spec_.channels(); ++i) {
+    auto dfd = net::tcp_connect(ep, 10s);
+    if (!dfd) return dfd.error().with_context("data channel " + std::to_string(i));
+    transport::Hello dh;
+    dh.kind = "data";
+    dh.migration_id = spec_.target.migration_id;
+    dh.session = session_;
+    dh.index = i;
+    RDMIG_TRY(transport::send_message(dfd->get(), dh.to_json()));
+    auto r = transport::recv_message(dfd->get(), kHandshakeTimeout);
+    if (!r) return r.error().with_context("data channel " + std::to_string(i));
+    if (r->value("type", "") != "welcome") {
+      return Error{Errc::kProtocol, "data channel " + std::to_string(i) + " refused: " +
+                                        r->value("message", std::string("?"))};
+    }
+    std::lock_guard lock(data_mu_);
+    channels_.push_back(transport::TcpChannel::create(std::move(dfd.value()), i,
+                                                      static_cast<uint32_t>(spec_.chunk_size),
+                                                      spec_.ring_depth, tm));
+  }
+  {
+    std::lock_guard lock(data_mu_);
+    link_ = std::make_unique<ControlLink>(std::move(fd.value()));
+  }
+  RDMIG_TRY(link_->send(json{{"type", "start"}}));
+  auto ready = link_->expect("ready", kHandshakeTimeout);
+  if (!ready) return ready.error().with_context("waiting for the target QEMU to listen");
+  return ok_status();
+}
+
+Status SourceJob::configure_qemu() {
+  const bool multifd = spec_.multifd_channels > 0;
+  json caps = json::array({json{{"capability", "events"}, {"state", true}},
+                           json{{"capability", "multifd"}, {"state", multifd}}});
+  auto r = qmp_->execute("migrate-set-capabilities", json{{"capabilities", caps}}, kQmpTimeout);
+  if (!r) return r.error();
+  json params{{"downtime-limit", spec_.max_downtime_ms},
+              {"max-bandwidth", spec_.max_bandwidth_bytes_per_second ? spec_.max_bandwidth_bytes_per_second
+                                                                     : kUnlimitedBandwidth}};
+  if (multifd) params["multifd-channels"] = spec_.multifd_channels;
+  r = qmp_->execute("migrate-set-parameters", params, kQmpTimeout);
+  if (!r) return r.error();
+  return ok_status();
+}
+
+void SourceJob::accept_loop() {
+  for (uint32_t i = 0; i < spec_.channels() && accepting_.load(); ) {
+    auto fd = net::accept_for(listener_.get(), 200ms);
+    if (!fd) {
+      if (fd.error().code == Errc::kTimeout) continue;
+      if (accepting_.load()) {
+        LOG_WARN("migration") << log_prefix() << " accept: " << fd.error().message;
+      }
+      return;
+    }
+    std::lock_guard lock(data_mu_);
+    auto pump = std::make_unique<ChannelPump>(*channels_[i], std::move(fd.value()));
+    pump->start();
+    pumps_.push_back(std::move(pump));
+    LOG_DEBUG("migration") << log_prefix() << " QEMU connection " << i << " accepted";
+    ++i;
+  }
+}
+
+Status SourceJob::start_migration() {
+  auto listener = net::unix_listen(socket_path_);
+  if (!listener) return listener.error();
+  ::chmod(socket_path_.c_str(), 0600);
+  listener_ = std::move(listener.value());
+  accepting_ = true;
+  acceptor_ = std::thread([this] { accept_loop(); });
+  events_before_migrate_ = qmp_->last_event_seq();
+  auto r = qmp_->execute("migrate", json{{"uri", "unix:" + socket_path_}}, kQmpTimeout);
+  if (!r) return r.error();
+  return ok_status();
+}
+
+void SourceJob::apply_progress(const qemu::MigrationInfo& info) {
+  refresh_data_counters();
+  const double dirty = static_cast<double>(info.dirty_pages_rate) * static_cast<double>(info.page_size);
+  update([&](MigrationStatus& s) {
+    s.progress.qemu_status = info.status;
+    s.progress.transferred_bytes = info.transferred_bytes;
+    s.progress.remaining_bytes = info.remaining_bytes;
+    s.progress.total_bytes = info.total_bytes;
+    s.progress.throughput_bytes_per_second = info.throughput_bytes_per_second;
+    s.progress.dirty_rate_bytes_per_second = dirty;
+    s.progress.passes = info.dirty_sync_count;
+  });
+  gauges_.throughput->Set(info.throughput_bytes_per_second);
+  gauges_.transferred->Set(static_cast<double>(info.transferred_bytes));
+  gauges_.remaining->Set(static_cast<double>(info.remaining_bytes));
+  gauges_.total->Set(static_cast<double>(info.total_bytes));
+  gauges_.dirty_rate->Set(dirty);
+}
+
+Result<qemu::MigrationInfo> SourceJob::monitor() {
+  const auto started = std::chrono::steady_clock::now();
+  const auto completion_deadline = started + std::chrono::seconds(spec_.completion_timeout_seconds);
+  const auto no_progress = std::chrono::seconds(spec_.no_progress_timeout_seconds);
+  auto last_progress = started;
+  uint64_t last_transferred = 0;
+  const auto interval = std::chrono::milliseconds(ctx_.config.migration.progress_interval_ms);
+  for (;;) {
+    auto raw = qmp_->execute("query-migrate", {}, kQmpTimeout);
+    if (!raw) return raw.error().with_context("source QEMU");
+    auto info = qemu::parse_migration_info(raw.value());
+    if (!info) return info.error();
+    apply_progress(info.value());
+    if (info->status == "completed") return info;
+    if (info->status == "failed") {
+      return Error{Errc::kQemu, "source QEMU: migration failed: " +
+                                    (info->error_desc.empty() ? std::string("no reason given") : info->error_desc)};
+    }
+    if (info->status == "cancelled") return Error{Errc::kCancelled, "source QEMU cancelled the migration"};
+    if (cancel_requested()) return Error{Errc::kCancelled, cancel_reason()};
+    {
+      std::lock_guard lock(data_mu_);
+      for (const auto& p : pumps_) {
+        if (auto e = p->error()) return e->with_context("data plane");
+      }
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (info->transferred_bytes > last_transferred) {
+      last_transferred = info->transferred_bytes;
+      last_progress = now;
+    } else if (now - last_progress > no_progress) {
+      return Error{Errc::kTimeout, "no progress for " + std::to_string(spec_.no_progress_timeout_seconds) +
+                                       " s (noProgressTimeoutSeconds)"};
+    }
+    if (now > completion_deadline) {
+      return Error{Errc::kTimeout, "not completed within " + std::to_string(spec_.completion_timeout_seconds) +
+                                       " s (completionTimeoutSeconds)"};
+    }
+    // Wait one interval, or less if the target agent says something.
+    auto m = link_->next(interval);
+    if (!m) return m.error().with_context("target agent");
+    if (m->has_value()) {
+      const auto& msg = **m;
+      const std::string type = msg.value("type", "");
+      if (type == "abort") {
+        return Error{Errc::kUnavailable, "target agent aborted: " + msg.value("reason", std::string("?"))};
+      }
+      if (type == "result" && !msg.value("ok", false)) {
+        return Error{Errc::kUnavailable, "target failed: " + msg.value("reason", std::string("?"))};
+      }
+    }
+  }
+}
+
+void SourceJob::complete(const qemu::MigrationInfo& info) {
+  set_phase(Phase::kCompleting);
+  update([&](MigrationStatus& s) {
+    if (info.downtime_ms >= 0) s.downtime_ms = info.downtime_ms;
+    if (info.total_time_ms >= 0) s.total_time_ms = info.total_time_ms;
+    if (info.setup_time_ms >= 0) s.setup_time_ms = info.setup_time_ms;
+  });
+  if (info.downtime_ms >= 0) {
+    ctx_.metrics.set_downtime(spec_.vm, transport_, static_cast<double>(info.downtime_ms) / 1000.0);
+  }
+  // The source has handed the VM over. From here only the target's verdict decides: resuming
+  // the source while the target might run the VM would run it twice.
+  auto verdict = link_->expect("result", kVerdictTimeout);
+  {
+    std::lock_guard lock(data_mu_);
+    for (auto& p : pumps_) p->wait(5s);
+  }
+  refresh_data_counters();
+  if (!verdict) {
+    finish(Phase::kFailed,
+           "source QEMU completed but the target agent did not confirm (" + verdict.error().message +
+               "); the source VM is left paused (postmigrate) so the VM cannot run twice: check the target "
+               "and 'cont' the source only if the target does not run the VM");
+    return;
+  }
+  const auto& v = verdict.value();
+  if (!v.value("ok", false)) {
+    const std::string why = v.value("reason", std::string("?"));
+    std::string resumed = "source VM left paused";
+    if (was_running_) {
+      auto c = qmp_->execute("cont", {}, kQmpTimeout);
+      resumed = c ? "VM resumed on the source" : "could not resume the source: " + c.error().message;
+    }
+    finish(Phase::kFailed, "target failed to take the VM: " + why + "; " + resumed);
+    return;
+  }
+  const std::string state = v.value("state", std::string("running"));
+  std::optional<int64_t> switchover;
+  const int64_t resume_us = v.value("resumeTimestampUs", int64_t{0});
+  if (resume_us > 0) {
+    for (const auto& e : qmp_->events()) {
+      if (e.seq > events_before_migrate_ && e.name == "STOP") {
+        switchover = (resume_us - e.timestamp_us) / 1000;
+        break;
+      }
+    }
+  }
+  if (switchover) ctx_.metrics.set_switchover(spec_.vm, transport_, static_cast<double>(*switchover) / 1000.0);
+  update([&](MigrationStatus& s) {
+    s.target_state = state;
+    s.switchover_ms = switchover;
+    s.progress.remaining_bytes = 0;
+  });
+  (void)link_->send(json{{"type", "goodbye"}});
+  finish(Phase::kSucceeded, "");
+}
+
+void SourceJob::fail_and_protect_vm(const Error& error, bool cancelled) {
+  LOG_WARN("migration") << log_prefix() << " stopping: " << error.message;
+  std::string notes;
+  auto raw = qmp_->execute("query-migrate", {}, kQmpTimeout);
+  if (raw) {
+    auto info = qemu::parse_migration_info(raw.value());
+    if (info && info->status == "completed") {
+      // Too late to cancel: QEMU handed the VM over; the target decides.
+      complete(info.value());
+      return;
+    }
+    if (info && info->status != "none" && !qemu::migration_status_terminal(info->status)) {
+      auto c = qmp_->execute("migrate_cancel", {}, kQmpTimeout);
+      if (!c) notes += "; migrate_cancel failed: " + c.error().message;
+      // Wait until QEMU has left the migration (it resumes the guest itself when it stopped it).
+      const auto deadline = std::chrono::steady_clock::now() + 30s;
+      while (std::chrono::steady_clock::now() < deadline) {
+        auto q = qmp_->execute("query-migrate", {}, kQmpTimeout);
+        if (!q) break;
+        auto qi = qemu::parse_migration_info(q.value());
+        if (!qi || qemu::migration_status_terminal(qi->status)) {
+          if (qi && qi->status == "completed") {
+            complete(qi.value());
+            return;
+          }
+          break;
+        }
+        std::this_thread::sleep_for(50ms);
+      }
+    }
+  }
+  if (link_) (void)link_->send(json{{"type", "abort"}, {"reason", error.message}});
+  abort_data_plane(error);
+  if (was_running_ && qmp_->connected()) {
+    auto state = run_state(*qmp_);
+    if (state && (state.value() == "paused" || state.value() == "postmigrate")) {
+      auto c = qmp_->execute("cont", {}, kQmpTimeout);
+      notes += c ? "; resumed the source VM" : "; could not resume the source VM: " + c.error().message;
+    }
+    if (state) notes += "; source VM is " + (state.value() == "running" ? std::string("running") : state.value());
+  } else if (!qmp_->connected()) {
+    notes += "; source QEMU's monitor is gone";
+  }
+  finish(cancelled ? Phase::kCancelled : Phase::kFailed, error.message + notes);
+}
+
+void SourceJob::run() {
+  set_phase(Phase::kConnecting);
+  auto st = connect_data_plane();
+  if (!st) {
+    if (link_) (void)link_->send(json{{"type", "abort"}, {"reason", st.error().message}});
+    abort_data_plane(st.error());
+    // QEMU has not been touched: nothing to undo.
+    finish(cancel_requested() ? Phase::kCancelled : Phase::kFailed, st.error().message);
+    return;
+  }
+  if (cancel_requested()) {
+    fail_and_protect_vm(Error{Errc::kCancelled, cancel_reason()}, true);
+    return;
+  }
+  st = configure_qemu();
+  if (st) st = start_migration();
+  if (!st) {
+    fail_and_protect_vm(st.error().with_context("starting the migration"), false);
+  } else {
+    set_phase(Phase::kMigrating);
+    auto info = monitor();
+    if (info) {
+      complete(info.value());
+    } else {
+      fail_and_protect_vm(info.error(), info.error().code == Errc::kCancelled && cancel_requested());
+    }
+  }
+  accepting_ = false;
+  if (listener_.valid()) ::shutdown(listener_.get(), SHUT_RDWR);
+  if (acceptor_.joinable()) acceptor_.join();
+  ::unlink(socket_path_.c_str());
+  abort_data_plane(Error{Errc::kCancelled, "migration finished"});
+}
+
+}  // namespace rdmig::migration

@@ -1,0 +1,43 @@
+// The source side of a migration: drives the running QEMU (capabilities, parameters,
+// migrate, query-migrate), accepts QEMU's connections on a unix socket and pumps each into
+// a data-plane channel to the target agent. Keeps the VM safe: any failure before the
+// target confirms it has the VM ends in migrate_cancel (or cont) here.
+#pragma once
+
+#include "common/fd.h"
+#include "migration/job.h"
+
+namespace rdmig::migration {
+
+class SourceJob final : public Job {
+ public:
+  // Connects to QMP and checks the VM can be migrated; errors are the caller's (REST 4xx).
+  static Result<std::unique_ptr<SourceJob>> create(MigrationSpec spec, JobContext ctx);
+  ~SourceJob() override;
+  void start();
+
+ private:
+  SourceJob(MigrationSpec spec, JobContext ctx, std::unique_ptr<qemu::QmpClient> qmp,
+            bool was_running);
+  void run();
+  Status connect_data_plane();
+  Status configure_qemu();
+  Status start_migration();
+  void accept_loop();
+  // Polls QEMU until completed/failed/cancelled/timeout; returns the final info or an error.
+  Result<qemu::MigrationInfo> monitor();
+  void complete(const qemu::MigrationInfo& info);
+  void fail_and_protect_vm(const Error& error, bool cancelled);
+  void apply_progress(const qemu::MigrationInfo& info);
+
+  const bool was_running_;
+  std::string session_;
+  std::string transport_;
+  std::string socket_path_;
+  UniqueFd listener_;
+  std::thread acceptor_;
+  std::atomic<bool> accepting_{false};
+  uint64_t events_before_migrate_ = 0;
+};
+
+}  // namespace rdmig::migration

@@ -1,0 +1,286 @@
+#include "migration/target_job.h"
+
+#include "common/log.h"
+#include "common/net.h"
+#include "common/units.h"
+#include "transport/tcp/tcp_channel.h"
+
+namespace rdmig::migration {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+namespace {
+constexpr auto kQmpTimeout = 10s;
+constexpr auto kHandshakeTimeout = 30s;
+
+void reply(int fd, const json& j) { (void)transport::send_message(fd, j); }
+void reject(int fd, const std::string& code, const std::string& message) {
+  reply(fd, json{{"type", "reject"}, {"code", code}, {"message", message}});
+}
+}  // namespace
+
+Result<std::unique_ptr<TargetJob>> TargetJob::create(MigrationSpec spec, JobContext ctx) {
+  auto qmp = qemu::QmpClient::connect(spec.qmp_socket, 5s);
+  if (!qmp) {
+    return Error{Errc::kFailedPrecondition,
+                 "qmpSocket: cannot talk to QEMU at '" + spec.qmp_socket + "': " + qmp.error().message};
+  }
+  auto st = qmp.value()->execute("query-status", {}, kQmpTimeout);
+  if (!st) return st.error().with_context("qmpSocket: query-status");
+  const std::string state = st->value("status", std::string("?"));
+  if (state != "inmigrate") {
+    return Error{Errc::kFailedPrecondition,
+                 "qmpSocket: QEMU at '" + spec.qmp_socket + "' is '" + state +
+                     "', not waiting for an incoming migration (start it with -incoming defer)"};
+  }
+  auto mig = qmp.value()->execute("query-migrate", {}, kQmpTimeout);
+  if (!mig) return mig.error().with_context("qmpSocket: query-migrate");
+  auto info = qemu::parse_migration_info(mig.value());
+  if (!info) return info.error();
+  if (info->status != "none") {
+    return Error{Errc::kFailedPrecondition, "qmpSocket: QEMU at '" + spec.qmp_socket +
+                                                "' has already started an incoming migration (" + info->status + ")"};
+  }
+  return std::unique_ptr<TargetJob>(new TargetJob(std::move(spec), ctx, std::move(qmp.value())));
+}
+
+TargetJob::TargetJob(MigrationSpec spec, JobContext ctx, std::unique_ptr<qemu::QmpClient> qmp)
+    : Job(std::move(spec), ctx), token_(random_hex(16)) {
+  qmp_ = std::move(qmp);
+  socket_path_ = ctx_.config.state_dir + "/" + spec_.id + ".dst.sock";
+  data_fds_.resize(spec_.channels());
+}
+
+TargetJob::~TargetJob() {
+  {
+    std::lock_guard lock(order_mu_);
+    order_aborted_ = true;
+  }
+  order_cv_.notify_all();
+  stop_worker();
+}
+
+void TargetJob::start() {
+  worker_ = std::thread([this] { run(); });
+}
+
+void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello) {
+  std::lock_guard lock(conn_mu_);
+  if (finished() || cancel_requested()) {
+    reject(fd.get(), "not_found", "migration " + spec_.id + " is over");
+    return;
+  }
+  if (token_used_) {
+    reject(fd.get(), "already_exists", "migration " + spec_.id + " already has a source (tokens are one-time)");
+    return;
+  }
+  if (!constant_time_equal(hello.token, token_)) {
+    ctx_.metrics.transport_error(hello.transport, "auth");
+    LOG_WARN("migration") << log_prefix() << " refused a source: token does not match";
+    reject(fd.get(), "permission_denied", "token does not match migration " + spec_.id);
+    return;
+  }
+  std::string mismatch;
+  if (hello.channels != spec_.channels()) {
+    mismatch = "hello.channels: source has " + std::to_string(hello.channels) + " QEMU channels, target expects " +
+               std::to_string(spec_.channels()) + " (multifdChannels must match)";
+  } else if (hello.chunk_size != spec_.chunk_size) {
+    mismatch = "hello.chunkSize: source " + format_quantity(hello.chunk_size) + ", target " +
+               format_quantity(spec_.chunk_size);
+  } else if (hello.ring_depth != spec_.ring_depth) {
+    mismatch = "hello.ringDepth: source " + std::to_string(hello.ring_depth) + ", target " +
+               std::to_string(spec_.ring_depth);
+  } else if (hello.transport != "tcp") {
+    mismatch = "hello.transport: this agent has no '" + hello.transport + "' transport";
+  } else if (spec_.transport == TransportKind::kRdma) {
+    mismatch = "hello.transport: target requires rdma, source offered " + hello.transport;
+  }
+  if (!mismatch.empty()) {
+    reject(fd.get(), "invalid_argument", mismatch);
+    return;
+  }
+  token_used_ = true;
+  session_ = random_hex(16);
+  transport_ = hello.transport;
+  reply(fd.get(), json{{"type", "welcome"}, {"session", session_}, {"transport", transport_}});
+  control_fd_ = std::move(fd);
+  conn_cv_.notify_all();
+}
+
+void TargetJob::on_data(UniqueFd fd, const transport::Hello& hello) {
+  std::lock_guard lock(conn_mu_);
+  if (!token_used_ || !constant_time_equal(hello.session, session_)) {
+    reject(fd.get(), "permission_denied", "unknown data-plane session for migration " + spec_.id);
+    return;
+  }
+  if (hello.index >= data_fds_.size() || data_fds_[hello.index].valid()) {
+    reject(fd.get(), "invalid_argument", "hello.index: channel " + std::to_string(hello.index) +
+                                             " is out of range or already connected");
+    return;
+  }
+  reply(fd.get(), json{{"type", "welcome"}});
+  data_fds_[hello.index] = std::move(fd);
+  ++data_received_;
+  conn_cv_.notify_all();
+}
+
+Status TargetJob::wait_for_source() {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::seconds(spec_.completion_timeout_seconds);
+  std::unique_lock lock(conn_mu_);
+  for (;;) {
+    if (control_fd_.valid() && data_received_ == spec_.channels()) break;
+    if (cancel_requested()) return Error{Errc::kCancelled, cancel_reason()};
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Error{Errc::kTimeout, "no source agent connected within " +
+                                       std::to_string(spec_.completion_timeout_seconds) + " s"};
+    }
+    if (control_fd_.valid()) set_phase(Phase::kConnecting);
+    conn_cv_.wait_for(lock, 200ms);
+  }
+  update([&](MigrationStatus& s) { s.transport = transport_; s.transport_reason = "chosen by source"; });
+  auto& tm = ctx_.metrics.transport(transport_);
+  std::lock_guard dlock(data_mu_);
+  for (uint32_t i = 0; i < spec_.channels(); ++i) {
+    channels_.push_back(transport::TcpChannel::create(std::move(data_fds_[i]), i,
+                                                      static_cast<uint32_t>(spec_.chunk_size),
+                                                      spec_.ring_depth, tm));
+  }
+  link_ = std::make_unique<ControlLink>(std::move(control_fd_));
+  return ok_status();
+}
+
+Status TargetJob::start_incoming() {
+  auto start = link_->expect("start", kHandshakeTimeout);
+  if (!start) return start.error();
+  const bool multifd = spec_.multifd_channels > 0;
+  json caps = json::array({json{{"capability", "events"}, {"state", true}},
+                           json{{"capability", "multifd"}, {"state", multifd}}});
+  auto r = qmp_->execute("migrate-set-capabilities", json{{"capabilities", caps}}, kQmpTimeout);
+  if (!r) return r.error().with_context("target QEMU");
+  if (multifd) {
+    r = qmp_->execute("migrate-set-parameters", json{{"multifd-channels", spec_.multifd_channels}}, kQmpTimeout);
+    if (!r) return r.error().with_context("target QEMU");
+  }
+  ::unlink(socket_path_.c_str());
+  events_before_incoming_ = qmp_->last_event_seq();
+  r = qmp_->execute("migrate-incoming", json{{"uri", "unix:" + socket_path_}}, kQmpTimeout);
+  if (!r) return r.error().with_context("target QEMU");
+  return link_->send(json{{"type", "ready"}});
+}
+
+Result<UniqueFd> TargetJob::open_qemu_connection(uint32_t index) {
+  std::unique_lock lock(order_mu_);
+  order_cv_.wait(lock, [&] { return next_qemu_index_ == index || order_aborted_; });
+  if (order_aborted_) return Error{Errc::kCancelled, "migration stopped"};
+  auto fd = net::unix_connect(socket_path_, 10s);
+  if (!fd) return fd.error().with_context("connecting channel " + std::to_string(index) + " to the target QEMU");
+  ++next_qemu_index_;
+  order_cv_.notify_all();
+  return fd;
+}
+
+Status TargetJob::monitor() {
+  const auto interval = std::chrono::milliseconds(ctx_.config.migration.progress_interval_ms);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(spec_.completion_timeout_seconds);
+  for (;;) {
+    if (cancel_requested()) return Error{Errc::kCancelled, cancel_reason()};
+    auto raw = qmp_->execute("query-migrate", {}, kQmpTimeout);
+    if (!raw) return raw.error().with_context("target QEMU");
+    auto info = qemu::parse_migration_info(raw.value());
+    if (!info) return info.error();
+    refresh_data_counters();
+    update([&](MigrationStatus& s) {
+      s.progress.qemu_status = info->status;
+      s.progress.transferred_bytes = s.progress.data_bytes_received;
+    });
+    gauges_.transferred->Set(static_cast<double>(status().progress.data_bytes_received));
+    if (info->status == "completed") return ok_status();
+    if (info->status == "failed") {
+      return Error{Errc::kQemu, "target QEMU: incoming migration failed: " +
+                                    (info->error_desc.empty() ? std::string("no reason given") : info->error_desc)};
+    }
+    {
+      std::lock_guard lock(data_mu_);
+      for (const auto& p : pumps_) {
+        if (auto e = p->error()) return e->with_context("data plane");
+      }
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Error{Errc::kTimeout, "incoming migration not completed within " +
+                                       std::to_string(spec_.completion_timeout_seconds) + " s"};
+    }
+    auto m = link_->next(interval);
+    if (!m) {
+      // The source agent closed the control connection; QEMU may still finish loading.
+      continue;
+    }
+    if (m->has_value() && (**m).value("type", "") == "abort") {
+      return Error{Errc::kUnavailable, "source agent aborted: " + (**m).value("reason", std::string("?"))};
+    }
+  }
+}
+
+void TargetJob::report_failure(const Error& error, bool cancelled) {
+  if (link_) (void)link_->send(json{{"type", "result"}, {"ok", false}, {"reason", error.message}});
+  {
+    std::lock_guard lock(order_mu_);
+    order_aborted_ = true;
+  }
+  order_cv_.notify_all();
+  abort_data_plane(error);
+  finish(cancelled ? Phase::kCancelled : Phase::kFailed, error.message);
+}
+
+void TargetJob::run() {
+  auto st = wait_for_source();
+  if (!st) {
+    report_failure(st.error(), st.error().code == Errc::kCancelled);
+    return;
+  }
+  set_phase(Phase::kConnecting);
+  st = start_incoming();
+  if (!st) {
+    report_failure(st.error(), cancel_requested());
+    return;
+  }
+  {
+    std::lock_guard lock(data_mu_);
+    for (uint32_t i = 0; i < channels_.size(); ++i) {
+      auto pump = std::make_unique<ChannelPump>(*channels_[i], [this, i] { return open_qemu_connection(i); });
+      pump->start();
+      pumps_.push_back(std::move(pump));
+    }
+  }
+  set_phase(Phase::kMigrating);
+  st = monitor();
+  if (!st) {
+    report_failure(st.error(), st.error().code == Errc::kCancelled && cancel_requested());
+    return;
+  }
+  set_phase(Phase::kCompleting);
+  // QEMU has the VM. Running (RESUME event) or paused (started with -S)?
+  std::string state = "running";
+  int64_t resume_us = 0;
+  auto resume = qmp_->wait_event([](const qemu::QmpEvent& e) { return e.name == "RESUME"; },
+                                 events_before_incoming_, 0ms);
+  auto qs = qmp_->execute("query-status", {}, kQmpTimeout);
+  if (qs) state = qs->value("status", std::string("running"));
+  if (state == "running" && !resume) {
+    resume = qmp_->wait_event([](const qemu::QmpEvent& e) { return e.name == "RESUME"; },
+                              events_before_incoming_, 2s);
+  }
+  if (resume) resume_us = resume->timestamp_us;
+  if (state == "prelaunch") state = "paused";
+  update([&](MigrationStatus& s) { s.target_state = state; });
+  (void)link_->send(json{{"type", "result"}, {"ok", true}, {"state", state}, {"resumeTimestampUs", resume_us}});
+  {
+    std::lock_guard lock(data_mu_);
+    for (auto& p : pumps_) p->wait(5s);
+  }
+  finish(Phase::kSucceeded, "");
+  abort_data_plane(Error{Errc::kCancelled, "migration finished"});
+}
+
+}  // namespace rdmig::migration

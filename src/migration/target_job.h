@@ -1,0 +1,55 @@
+// The target side of a migration: holds the QEMU waiting with `-incoming defer`, accepts the
+// source agent's control and data connections (token checked once), starts QEMU's incoming
+// migration when the source says so, connects to QEMU in channel order, and reports the
+// verdict (running, paused or failed) back to the source.
+#pragma once
+
+#include <condition_variable>
+
+#include "common/fd.h"
+#include "migration/job.h"
+#include "transport/wire.h"
+
+namespace rdmig::migration {
+
+class TargetJob final : public Job {
+ public:
+  static Result<std::unique_ptr<TargetJob>> create(MigrationSpec spec, JobContext ctx);
+  ~TargetJob() override;
+  void start();
+
+  const std::string& token() const { return token_; }
+  // Called by the data-plane server's thread with a connection that said hello. Replies
+  // (welcome or reject) on the connection; takes it over on success.
+  void on_control(UniqueFd fd, const transport::Hello& hello);
+  void on_data(UniqueFd fd, const transport::Hello& hello);
+
+ private:
+  TargetJob(MigrationSpec spec, JobContext ctx, std::unique_ptr<qemu::QmpClient> qmp);
+  void run();
+  Status wait_for_source();
+  Status start_incoming();
+  Result<UniqueFd> open_qemu_connection(uint32_t index);
+  Status monitor();
+  void report_failure(const Error& error, bool cancelled);
+
+  std::string token_;
+  std::string session_;
+  std::string socket_path_;
+  std::string transport_;
+
+  std::mutex conn_mu_;  // guards the fields the data-plane server hands over
+  std::condition_variable conn_cv_;
+  bool token_used_ = false;
+  UniqueFd control_fd_;
+  std::vector<UniqueFd> data_fds_;
+  uint32_t data_received_ = 0;
+
+  std::mutex order_mu_;  // QEMU connections in channel order
+  std::condition_variable order_cv_;
+  uint32_t next_qemu_index_ = 0;
+  bool order_aborted_ = false;
+  uint64_t events_before_incoming_ = 0;
+};
+
+}  // namespace rdmig::migration

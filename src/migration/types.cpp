@@ -1,0 +1,77 @@
+#include "migration/types.h"
+
+#include <chrono>
+
+namespace rdmig::migration {
+
+const char* role_name(Role role) { return role == Role::kSource ? "source" : "target"; }
+
+const char* phase_name(Phase phase) {
+  switch (phase) {
+    case Phase::kPending: return "Pending";
+    case Phase::kConnecting: return "Connecting";
+    case Phase::kMigrating: return "Migrating";
+    case Phase::kCompleting: return "Completing";
+    case Phase::kSucceeded: return "Succeeded";
+    case Phase::kFailed: return "Failed";
+    case Phase::kCancelled: return "Cancelled";
+  }
+  return "?";
+}
+
+bool phase_terminal(Phase phase) {
+  return phase == Phase::kSucceeded || phase == Phase::kFailed || phase == Phase::kCancelled;
+}
+
+int64_t wall_clock_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+nlohmann::json to_json(const MigrationStatus& s) {
+  using nlohmann::json;
+  const auto& p = s.progress;
+  double percent = 0;
+  if (s.phase == Phase::kSucceeded) {
+    percent = 100;
+  } else if (p.total_bytes > 0) {
+    percent = 100.0 * static_cast<double>(p.total_bytes - std::min(p.remaining_bytes, p.total_bytes)) /
+              static_cast<double>(p.total_bytes);
+  }
+  json progress{{"qemuStatus", p.qemu_status},
+                {"transferredBytes", p.transferred_bytes},
+                {"remainingBytes", p.remaining_bytes},
+                {"totalBytes", p.total_bytes},
+                {"percent", percent},
+                {"throughputBytesPerSecond", p.throughput_bytes_per_second},
+                {"dirtyRateBytesPerSecond", p.dirty_rate_bytes_per_second},
+                {"passes", p.passes},
+                {"chunksSent", p.chunks_sent},
+                {"chunksReceived", p.chunks_received},
+                {"dataBytesSent", p.data_bytes_sent},
+                {"dataBytesReceived", p.data_bytes_received}};
+  auto opt = [](const std::optional<int64_t>& v) { return v ? json(*v) : json(nullptr); };
+  json result{{"downtimeMs", opt(s.downtime_ms)},
+              {"switchoverMs", opt(s.switchover_ms)},
+              {"totalTimeMs", opt(s.total_time_ms)},
+              {"setupTimeMs", opt(s.setup_time_ms)},
+              {"targetState", s.target_state.empty() ? json(nullptr) : json(s.target_state)},
+              {"reason", s.reason.empty() ? json(nullptr) : json(s.reason)}};
+  return json{{"id", s.id},
+              {"role", role_name(s.role)},
+              {"vm", s.vm},
+              {"phase", phase_name(s.phase)},
+              {"transport", s.transport.empty() ? json(nullptr) : json(s.transport)},
+              {"transportReason", s.transport_reason.empty() ? json(nullptr) : json(s.transport_reason)},
+              {"channels", s.channels},
+              {"chunkSize", s.chunk_size},
+              {"ringDepth", s.ring_depth},
+              {"peer", s.peer.empty() ? json(nullptr) : json(s.peer)},
+              {"progress", progress},
+              {"result", result},
+              {"createdAtMs", s.created_at_ms},
+              {"startedAtMs", s.started_at_ms ? json(s.started_at_ms) : json(nullptr)},
+              {"finishedAtMs", s.finished_at_ms ? json(s.finished_at_ms) : json(nullptr)}};
+}
+
+}  // namespace rdmig::migration

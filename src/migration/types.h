@@ -1,0 +1,88 @@
+// What a migration is (its validated spec) and what the agent reports about it (its status).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "config/agent_config.h"
+
+namespace rdmig::migration {
+
+enum class Role { kSource, kTarget };
+const char* role_name(Role role);
+
+// Agent-side phases. Terminal: Succeeded, Failed, Cancelled.
+enum class Phase { kPending, kConnecting, kMigrating, kCompleting, kSucceeded, kFailed, kCancelled };
+const char* phase_name(Phase phase);
+bool phase_terminal(Phase phase);
+
+struct TargetRef {
+  std::string host;
+  uint16_t port = 0;
+  std::string migration_id;
+  std::string token;
+};
+
+struct MigrationSpec {
+  Role role = Role::kSource;
+  std::string id;  // empty: the agent picks one (source: the target's migration id)
+  std::string vm;  // display name for metrics and logs; defaults to the id
+  std::string qmp_socket;
+  uint32_t multifd_channels = 0;  // 0: no multifd (one channel)
+  uint64_t chunk_size = 0;
+  uint32_t ring_depth = 0;
+  TransportKind transport = TransportKind::kAuto;
+  // Source only.
+  TargetRef target;
+  uint64_t max_downtime_ms = 300;
+  uint64_t max_bandwidth_bytes_per_second = 0;  // 0: unlimited
+  uint32_t completion_timeout_seconds = 0;
+  uint32_t no_progress_timeout_seconds = 0;
+
+  uint32_t channels() const { return 1 + multifd_channels; }
+};
+
+struct Progress {
+  std::string qemu_status = "none";
+  uint64_t transferred_bytes = 0;
+  uint64_t remaining_bytes = 0;
+  uint64_t total_bytes = 0;
+  double throughput_bytes_per_second = 0;
+  double dirty_rate_bytes_per_second = 0;
+  uint64_t passes = 0;
+  uint64_t chunks_sent = 0;
+  uint64_t chunks_received = 0;
+  uint64_t data_bytes_sent = 0;
+  uint64_t data_bytes_received = 0;
+};
+
+struct MigrationStatus {
+  std::string id;
+  Role role = Role::kSource;
+  std::string vm;
+  Phase phase = Phase::kPending;
+  std::string transport;  // chosen transport, once known
+  std::string transport_reason;
+  uint32_t channels = 1;
+  uint64_t chunk_size = 0;
+  uint32_t ring_depth = 0;
+  Progress progress;
+  std::optional<int64_t> downtime_ms;     // QEMU's figure (source)
+  std::optional<int64_t> switchover_ms;   // source STOP event to target RESUME event
+  std::optional<int64_t> total_time_ms;   // QEMU's total-time (source) or agent-measured
+  std::optional<int64_t> setup_time_ms;
+  std::string target_state;  // target after success: running or paused
+  std::string reason;        // why it failed or was cancelled
+  std::string peer;          // the other agent's data-plane endpoint
+  int64_t created_at_ms = 0;
+  int64_t started_at_ms = 0;
+  int64_t finished_at_ms = 0;
+};
+
+nlohmann::json to_json(const MigrationStatus& s);
+
+int64_t wall_clock_ms();
+
+}  // namespace rdmig::migration

@@ -1,0 +1,52 @@
+// QMP wire messages (one JSON object per line): greeting, command replies, events.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+
+#include "common/result.h"
+
+namespace rdmig::qemu {
+
+enum class QmpMessageKind { kGreeting, kReturn, kError, kEvent };
+
+struct QmpMessage {
+  QmpMessageKind kind = QmpMessageKind::kReturn;
+  nlohmann::json id;              // kReturn/kError: the id we sent
+  nlohmann::json value;           // kReturn: "return"; kEvent: "data"; kGreeting: "QMP"
+  std::string error_class;        // kError
+  std::string error_desc;         // kError
+  std::string event;              // kEvent
+  int64_t timestamp_us = 0;       // kEvent: QEMU's wall-clock timestamp in microseconds
+};
+
+Result<QmpMessage> parse_qmp_message(std::string_view line);
+
+// {"execute": command, "arguments": args, "id": id} as one line (with the newline).
+std::string encode_qmp_command(const std::string& command, const nlohmann::json& args, uint64_t id);
+
+// The parts of query-migrate rdmig uses. Absent fields stay 0 (QEMU omits "ram" early on).
+struct MigrationInfo {
+  std::string status;               // none, setup, active, device, completed, failed, cancelling, cancelled, ...
+  uint64_t transferred_bytes = 0;   // ram.transferred
+  uint64_t remaining_bytes = 0;     // ram.remaining
+  uint64_t total_bytes = 0;         // ram.total
+  double throughput_bytes_per_second = 0;  // ram.mbps (megabits) converted to bytes/s
+  uint64_t dirty_pages_rate = 0;    // ram.dirty-pages-rate (pages/s)
+  uint64_t page_size = 4096;        // ram.page-size
+  uint64_t dirty_sync_count = 0;    // ram.dirty-sync-count: QEMU's passes over memory
+  int64_t total_time_ms = -1;       // total-time
+  int64_t downtime_ms = -1;         // downtime (completed only)
+  int64_t expected_downtime_ms = -1;
+  int64_t setup_time_ms = -1;
+  std::string error_desc;           // error-desc when failed
+};
+
+// Validates types; unknown statuses are kept as text (QEMU adds states over time).
+Result<MigrationInfo> parse_migration_info(const nlohmann::json& value);
+
+bool migration_status_terminal(const std::string& status);
+
+}  // namespace rdmig::qemu

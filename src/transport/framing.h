@@ -1,0 +1,62 @@
+// Wire framing of data channels and the credit gate both transports share.
+//
+// TCP data channels carry frames: an 8-byte header (type u32 LE, length u32 LE) then, for
+// DATA, `length` payload bytes; for CREDIT, `length` is the number of slots freed; for
+// ABORT, `length` bytes of UTF-8 reason follow; EOF has no payload.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+
+#include "common/result.h"
+
+namespace rdmig::transport {
+
+enum class FrameType : uint32_t { kData = 1, kCredit = 2, kEof = 3, kAbort = 4 };
+
+inline constexpr size_t kFrameHeaderSize = 8;
+inline constexpr uint32_t kMaxAbortReason = 4096;
+
+struct FrameHeader {
+  FrameType type = FrameType::kData;
+  uint32_t length = 0;
+};
+
+std::array<std::byte, kFrameHeaderSize> encode_frame_header(FrameHeader h);
+// Validates the type and the length against the channel's chunk size (DATA: 1..chunk_size,
+// CREDIT: 1..depth, EOF: 0, ABORT: <= kMaxAbortReason).
+Result<FrameHeader> decode_frame_header(const std::array<std::byte, kFrameHeaderSize>& raw,
+                                        uint32_t chunk_size, uint32_t depth);
+
+// Counts the sender's credits (free slots on the receiver). Starts at `depth`.
+class CreditGate {
+ public:
+  explicit CreditGate(uint32_t depth) : depth_(depth), credits_(depth) {}
+
+  // Takes one credit, waiting while none is free. Returns true if it had to wait (a credit
+  // stall). Fails with the abort reason once aborted.
+  Result<bool> take();
+  // Returns `n` credits. A peer returning more than it was given is a protocol error.
+  Status give(uint32_t n);
+  void untake();
+  // Waits until every credit is back.
+  Status wait_all();
+  void abort(const Error& reason);
+  uint32_t available() const;
+  uint32_t in_flight() const { return depth_ - available(); }
+  uint32_t depth() const { return depth_; }
+
+ private:
+  const uint32_t depth_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  uint32_t credits_;
+  std::optional<Error> aborted_;
+};
+
+}  // namespace rdmig::transport

@@ -1,0 +1,151 @@
+#include "transport/wire.h"
+
+#include <poll.h>
+
+#include <array>
+
+#include "common/net.h"
+#include "common/units.h"
+
+namespace rdmig::transport {
+
+using nlohmann::json;
+
+Status send_message(int fd, const json& message) {
+  const std::string body = message.dump();
+  if (body.size() > kMaxMessageBytes) return Error{Errc::kInternal, "control message too large"};
+  std::array<std::byte, 4> len{};
+  const auto n = static_cast<uint32_t>(body.size());
+  for (int i = 0; i < 4; ++i) len[static_cast<size_t>(i)] = static_cast<std::byte>((n >> (8 * i)) & 0xff);
+  iovec iov[2] = {{len.data(), len.size()}, {const_cast<char*>(body.data()), body.size()}};
+  return net::writev_all(fd, iov, 2);
+}
+
+Result<json> recv_message(int fd, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto wait = [&]() -> Status {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    pollfd p{fd, POLLIN, 0};
+    const int rc = ::poll(&p, 1, static_cast<int>(std::max<long>(0, left.count())));
+    if (rc == 0) return Error{Errc::kTimeout, "no control message within " + std::to_string(timeout.count()) + " ms"};
+    if (rc < 0 && errno != EINTR) return errno_error("poll", errno);
+    return ok_status();
+  };
+  RDMIG_TRY(wait());
+  std::array<std::byte, 4> len{};
+  auto r = net::read_exact(fd, len);
+  if (!r) return r.error();
+  uint32_t n = 0;
+  for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(len[static_cast<size_t>(i)]) << (8 * i);
+  if (n == 0 || n > kMaxMessageBytes) {
+    return Error{Errc::kProtocol, "control message length " + std::to_string(n) + " out of range"};
+  }
+  std::string body(n, '\0');
+  RDMIG_TRY(wait());
+  auto b = net::read_exact(fd, std::as_writable_bytes(std::span(body.data(), body.size())));
+  if (!b) return b.error();
+  json j = json::parse(body, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return Error{Errc::kProtocol, "control message is not a JSON object"};
+  }
+  return j;
+}
+
+Result<std::string> get_string(const json& j, const char* key, const std::string& where,
+                               size_t max_len) {
+  const std::string field = where + "." + key;
+  auto it = j.find(key);
+  if (it == j.end()) return Error{Errc::kInvalidArgument, field + ": required"};
+  if (!it->is_string()) return Error{Errc::kInvalidArgument, field + ": must be a string"};
+  auto s = it->get<std::string>();
+  if (s.size() > max_len) {
+    return Error{Errc::kInvalidArgument, field + ": longer than " + std::to_string(max_len)};
+  }
+  return s;
+}
+
+Result<uint64_t> get_uint(const json& j, const char* key, const std::string& where, uint64_t min,
+                          uint64_t max) {
+  const std::string field = where + "." + key;
+  auto it = j.find(key);
+  if (it == j.end()) return Error{Errc::kInvalidArgument, field + ": required"};
+  if (!it->is_number_unsigned() && !(it->is_number_integer() && it->get<int64_t>() >= 0)) {
+    return Error{Errc::kInvalidArgument, field + ": must be a non-negative integer"};
+  }
+  const auto v = it->get<uint64_t>();
+  if (v < min || v > max) {
+    return Error{Errc::kInvalidArgument, field + ": must be between " + std::to_string(min) +
+                                             " and " + std::to_string(max) + ", got " +
+                                             std::to_string(v)};
+  }
+  return v;
+}
+
+json Hello::to_json() const {
+  json j{{"type", "hello"}, {"protocol", protocol}, {"kind", kind}, {"migrationId", migration_id}};
+  if (kind == "control") {
+    j["token"] = token;
+    j["channels"] = channels;
+    j["chunkSize"] = chunk_size;
+    j["ringDepth"] = ring_depth;
+    j["transport"] = transport;
+  } else {
+    j["session"] = session;
+    j["index"] = index;
+  }
+  return j;
+}
+
+Result<Hello> Hello::parse(const json& j) {
+  Hello h;
+  auto type = get_string(j, "type", "hello");
+  if (!type) return type.error();
+  if (type.value() != "hello") return Error{Errc::kProtocol, "expected a hello, got '" + type.value() + "'"};
+  auto protocol = get_uint(j, "protocol", "hello", 1, 1000);
+  if (!protocol) return protocol.error();
+  if (protocol.value() != kProtocolVersion) {
+    return Error{Errc::kProtocol, "hello.protocol: peer speaks version " +
+                                      std::to_string(protocol.value()) + ", this agent " +
+                                      std::to_string(kProtocolVersion)};
+  }
+  auto kind = get_string(j, "kind", "hello");
+  if (!kind) return kind.error();
+  h.kind = kind.value();
+  auto id = get_string(j, "migrationId", "hello", 63);
+  if (!id) return id.error();
+  h.migration_id = id.value();
+  if (h.kind == "control") {
+    auto token = get_string(j, "token", "hello", 128);
+    if (!token) return token.error();
+    h.token = token.value();
+    auto ch = get_uint(j, "channels", "hello", 1, kMaxChannels);
+    if (!ch) return ch.error();
+    h.channels = static_cast<uint32_t>(ch.value());
+    auto cs = get_uint(j, "chunkSize", "hello", kMinChunkSize, kMaxChunkSize);
+    if (!cs) return cs.error();
+    RDMIG_TRY(validate_chunk_size(cs.value(), "hello.chunkSize"));
+    h.chunk_size = cs.value();
+    auto depth = get_uint(j, "ringDepth", "hello", 2, 1024);
+    if (!depth) return depth.error();
+    h.ring_depth = static_cast<uint32_t>(depth.value());
+    auto tr = get_string(j, "transport", "hello", 16);
+    if (!tr) return tr.error();
+    if (tr.value() != "tcp" && tr.value() != "rdma") {
+      return Error{Errc::kInvalidArgument, "hello.transport: unknown transport '" + tr.value() + "'"};
+    }
+    h.transport = tr.value();
+  } else if (h.kind == "data") {
+    auto session = get_string(j, "session", "hello", 128);
+    if (!session) return session.error();
+    h.session = session.value();
+    auto index = get_uint(j, "index", "hello", 0, kMaxChannels - 1);
+    if (!index) return index.error();
+    h.index = static_cast<uint32_t>(index.value());
+  } else {
+    return Error{Errc::kInvalidArgument, "hello.kind: expected control or data, got '" + h.kind + "'"};
+  }
+  return h;
+}
+
+}  // namespace rdmig::transport

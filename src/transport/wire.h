@@ -1,0 +1,46 @@
+// Control messages between agents: a u32 little-endian length then a JSON object, at most
+// kMaxMessageBytes. Used on the control connection and to open each TCP data channel.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/result.h"
+
+namespace rdmig::transport {
+
+inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kMaxMessageBytes = 64 * 1024;
+inline constexpr uint32_t kMaxChannels = 65;  // main + 64 multifd
+
+Status send_message(int fd, const nlohmann::json& message);
+// Waits up to `timeout` for a whole message. kUnavailable when the peer closed.
+Result<nlohmann::json> recv_message(int fd, std::chrono::milliseconds timeout);
+
+// First message on every connection to an agent's data-plane port.
+struct Hello {
+  uint32_t protocol = kProtocolVersion;
+  std::string kind;          // "control" or "data"
+  std::string migration_id;  // the target agent's migration id
+  std::string token;         // control: one-time migration token
+  std::string session;       // data: session key from the welcome
+  uint32_t index = 0;        // data: channel index (0 = QEMU's main channel)
+  uint32_t channels = 0;     // control: QEMU connections (1 + multifd channels)
+  uint64_t chunk_size = 0;   // control
+  uint32_t ring_depth = 0;   // control
+  std::string transport;     // control: "tcp" or "rdma"
+
+  nlohmann::json to_json() const;
+  // Validates every field; errors name the field ("hello.chunkSize").
+  static Result<Hello> parse(const nlohmann::json& j);
+};
+
+// Reads a required field of a given JSON type; the error names `where.key`.
+Result<std::string> get_string(const nlohmann::json& j, const char* key, const std::string& where,
+                               size_t max_len = 256);
+Result<uint64_t> get_uint(const nlohmann::json& j, const char* key, const std::string& where,
+                          uint64_t min, uint64_t max);
+
+}  // namespace rdmig::transport

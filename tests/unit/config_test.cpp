@@ -1,0 +1,84 @@
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "config/agent_config.h"
+
+using rdmig::parse_agent_config;
+
+TEST(AgentConfig, EmptyDocumentGivesDocumentedDefaults) {
+  auto c = parse_agent_config("");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->api.port, 7470);
+  EXPECT_EQ(c->data_plane.port, 7471);
+  EXPECT_EQ(c->migration.chunk_size, 4u * 1024 * 1024);
+  EXPECT_EQ(c->migration.ring_depth, 16u);
+  EXPECT_EQ(c->transport, rdmig::TransportKind::kAuto);
+}
+
+TEST(AgentConfig, ShippedAgentYamlLoadsAndEqualsDefaults) {
+  auto c = rdmig::load_agent_config_file(RDMIG_SOURCE_DIR "/agent/agent.yaml");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  const rdmig::AgentConfig d;
+  EXPECT_EQ(c->migration.chunk_size, d.migration.chunk_size);
+  EXPECT_EQ(c->migration.ring_depth, d.migration.ring_depth);
+  EXPECT_EQ(c->api.token_file, d.api.token_file);
+  EXPECT_EQ(c->state_dir, d.state_dir);
+}
+
+TEST(AgentConfig, ParsesQuantityChunkSize) {
+  auto c = parse_agent_config("migration:\n  chunkSize: 64Ki\n");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->migration.chunk_size, 65536u);
+}
+
+TEST(AgentConfig, RejectsChunkSizeThatIsNotPowerOfTwo) {
+  auto c = parse_agent_config("migration:\n  chunkSize: 3Mi\n");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.error().message.find("migration.chunkSize"), std::string::npos) << c.error().message;
+  EXPECT_NE(c.error().message.find("power of two"), std::string::npos);
+}
+
+TEST(AgentConfig, RejectsChunkSizeOutOfRange) {
+  for (const char* v : {"32Ki", "2Gi"}) {
+    auto c = parse_agent_config(std::string("migration:\n  chunkSize: ") + v + "\n");
+    ASSERT_FALSE(c.ok()) << v;
+    EXPECT_NE(c.error().message.find("migration.chunkSize"), std::string::npos);
+  }
+}
+
+TEST(AgentConfig, RejectsUnknownKeyNamingIt) {
+  auto c = parse_agent_config("migration:\n  chunksize: 4Mi\n");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.error().message.find("migration.chunksize"), std::string::npos) << c.error().message;
+  auto top = parse_agent_config("trasnport: tcp\n");
+  ASSERT_FALSE(top.ok());
+  EXPECT_NE(top.error().message.find("trasnport"), std::string::npos);
+}
+
+TEST(AgentConfig, RejectsUnknownTransport) {
+  auto c = parse_agent_config("transport: infiniband\n");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.error().message.find("transport"), std::string::npos);
+  EXPECT_NE(c.error().message.find("infiniband"), std::string::npos);
+}
+
+TEST(AgentConfig, RejectsBadPortAndDepthNamingTheKey) {
+  auto p = parse_agent_config("api:\n  port: 70000\n");
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.error().message.find("api.port"), std::string::npos);
+  auto d = parse_agent_config("migration:\n  ringDepth: -1\n");
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.error().message.find("migration.ringDepth"), std::string::npos);
+  auto l = parse_agent_config("logLevel: loud\n");
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(l.error().message.find("logLevel"), std::string::npos);
+}
+
+TEST(AgentConfig, RejectsRelativeStateDirAndMalformedYaml) {
+  EXPECT_FALSE(parse_agent_config("stateDir: run/rdmig\n").ok());
+  auto bad = parse_agent_config("api: [1, 2\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("YAML"), std::string::npos);
+}

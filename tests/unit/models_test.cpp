@@ -1,0 +1,95 @@
+#include <gtest/gtest.h>
+
+#include "api/models.h"
+
+using namespace rdmig;
+using nlohmann::json;
+
+namespace {
+json source_body() {
+  return json{{"role", "source"},
+              {"qmpSocket", "/run/vm/qmp.sock"},
+              {"multifdChannels", 4},
+              {"chunkSize", "1Mi"},
+              {"maxDowntimeMs", 200},
+              {"target", {{"endpoint", "10.0.0.2:7471"}, {"migrationId", "m-abc"}, {"token", "t0k"}}}};
+}
+std::string error_of(const json& body) {
+  auto r = api::parse_create_request(body, AgentConfig{});
+  return r.ok() ? "" : r.error().message;
+}
+}  // namespace
+
+TEST(CreateRequest, ParsesSourceWithDefaults) {
+  AgentConfig cfg;
+  auto r = api::parse_create_request(source_body(), cfg);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->role, migration::Role::kSource);
+  EXPECT_EQ(r->channels(), 5u);
+  EXPECT_EQ(r->chunk_size, 1u << 20);
+  EXPECT_EQ(r->ring_depth, cfg.migration.ring_depth);
+  EXPECT_EQ(r->target.host, "10.0.0.2");
+  EXPECT_EQ(r->target.port, 7471);
+  EXPECT_EQ(r->max_downtime_ms, 200u);
+  EXPECT_EQ(r->completion_timeout_seconds, cfg.migration.completion_timeout_seconds);
+}
+
+TEST(CreateRequest, TargetNeedsNoPeer) {
+  auto r = api::parse_create_request(json{{"role", "target"}, {"qmpSocket", "/q"}}, AgentConfig{});
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->channels(), 1u);
+  auto bad = source_body();
+  bad["role"] = "target";
+  EXPECT_NE(error_of(bad).find("target"), std::string::npos);
+}
+
+TEST(CreateRequest, ErrorsNameTheField) {
+  auto b = source_body();
+  b["chunkSize"] = "3Mi";
+  EXPECT_NE(error_of(b).find("chunkSize"), std::string::npos);
+  b = source_body();
+  b["transport"] = "udp";
+  EXPECT_NE(error_of(b).find("transport"), std::string::npos);
+  b = source_body();
+  b.erase("qmpSocket");
+  EXPECT_NE(error_of(b).find("qmpSocket: required"), std::string::npos);
+  b = source_body();
+  b["qmpSocket"] = "relative.sock";
+  EXPECT_NE(error_of(b).find("qmpSocket"), std::string::npos);
+  b = source_body();
+  b["target"].erase("token");
+  EXPECT_NE(error_of(b).find("target.token"), std::string::npos);
+  b = source_body();
+  b["target"]["endpoint"] = "nohost";
+  EXPECT_NE(error_of(b).find("target.endpoint"), std::string::npos);
+  b = source_body();
+  b["multifdChannels"] = 65;
+  EXPECT_NE(error_of(b).find("multifdChannels"), std::string::npos);
+  b = source_body();
+  b["multifdChannels"] = -1;
+  EXPECT_NE(error_of(b).find("multifdChannels"), std::string::npos);
+  b = source_body();
+  b["ringDepth"] = "deep";
+  EXPECT_NE(error_of(b).find("ringDepth"), std::string::npos);
+  b = source_body();
+  b["bogus"] = 1;
+  EXPECT_NE(error_of(b).find("bogus: unknown field"), std::string::npos);
+  b = source_body();
+  b["id"] = "Not_A_Label";
+  EXPECT_NE(error_of(b).find("id"), std::string::npos);
+  b = source_body();
+  b["role"] = "middle";
+  EXPECT_NE(error_of(b).find("role"), std::string::npos);
+  EXPECT_NE(error_of(json::array()).find("body"), std::string::npos);
+}
+
+TEST(CreateRequest, ErrorStatusMapping) {
+  EXPECT_EQ(api::http_status(Errc::kInvalidArgument), 400);
+  EXPECT_EQ(api::http_status(Errc::kUnauthenticated), 401);
+  EXPECT_EQ(api::http_status(Errc::kPermissionDenied), 403);
+  EXPECT_EQ(api::http_status(Errc::kNotFound), 404);
+  EXPECT_EQ(api::http_status(Errc::kResourceExhausted), 429);
+  const auto body = api::error_body(Error{Errc::kNotFound, "no migration 'x'"});
+  EXPECT_EQ(body["error"]["code"], "not_found");
+  EXPECT_EQ(body["error"]["message"], "no migration 'x'");
+}

@@ -1,0 +1,142 @@
+// TcpChannel over real loopback TCP connections.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "common/net.h"
+#include "metrics/metrics.h"
+#include "transport/tcp/tcp_channel.h"
+
+using namespace rdmig;
+using namespace rdmig::transport;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Pair {
+  std::unique_ptr<TcpChannel> a, b;
+};
+
+Pair connect_pair(Metrics& m, uint32_t chunk, uint32_t depth) {
+  auto l = net::tcp_listen("127.0.0.1", 0);
+  EXPECT_TRUE(l.ok());
+  const uint16_t port = net::local_port(l->get()).value();
+  auto c = net::tcp_connect({"127.0.0.1", port}, 2s);
+  EXPECT_TRUE(c.ok());
+  auto s = net::accept_for(l->get(), 2s);
+  EXPECT_TRUE(s.ok());
+  auto& tm = m.transport("tcp");
+  return Pair{TcpChannel::create(std::move(c.value()), 0, chunk, depth, tm),
+              TcpChannel::create(std::move(s.value()), 0, chunk, depth, tm)};
+}
+
+// Sends `total` bytes from a seeded generator in chunks of random sizes (early flushes).
+void send_stream(Channel& ch, uint64_t total, uint32_t seed) {
+  std::mt19937_64 gen(seed);
+  std::mt19937 sizes(seed + 1);
+  uint64_t sent = 0;
+  while (sent < total) {
+    auto buf = ch.acquire();
+    ASSERT_TRUE(buf.ok()) << buf.error().message;
+    size_t n = std::min<uint64_t>(1 + sizes() % buf->size(), total - sent);
+    for (size_t i = 0; i < n; ++i) (*buf)[i] = static_cast<std::byte>(gen() & 0xff);
+    ASSERT_TRUE(ch.send(n).ok());
+    sent += n;
+  }
+  ASSERT_TRUE(ch.send_eof().ok());
+  ASSERT_TRUE(ch.drain().ok());
+}
+
+// Receives until eof, checking every byte against the same generator.
+uint64_t receive_stream(Channel& ch, uint32_t seed, bool* mismatch) {
+  std::mt19937_64 gen(seed);
+  uint64_t got = 0;
+  for (;;) {
+    auto c = ch.receive();
+    if (!c.ok()) {
+      ADD_FAILURE() << c.error().message;
+      return got;
+    }
+    if (c->eof) {
+      EXPECT_TRUE(ch.release().ok());
+      return got;
+    }
+    for (auto b : c->data) {
+      if (b != static_cast<std::byte>(gen() & 0xff)) *mismatch = true;
+    }
+    got += c->data.size();
+    EXPECT_TRUE(ch.release().ok());
+  }
+}
+
+}  // namespace
+
+TEST(TcpChannel, CarriesStreamsBothWaysInOrderWithEarlyFlushedChunks) {
+  Metrics m;
+  auto p = connect_pair(m, 64 * 1024, 4);
+  constexpr uint64_t kUp = 32ull << 20, kDown = 8ull << 20;
+  bool bad_a = false, bad_b = false;
+  uint64_t got_b = 0, got_a = 0;
+  std::thread s1([&] { send_stream(*p.a, kUp, 7); });
+  std::thread s2([&] { send_stream(*p.b, kDown, 9); });
+  std::thread r1([&] { got_b = receive_stream(*p.b, 7, &bad_b); });
+  std::thread r2([&] { got_a = receive_stream(*p.a, 9, &bad_a); });
+  s1.join(); s2.join(); r1.join(); r2.join();
+  EXPECT_EQ(got_b, kUp);
+  EXPECT_EQ(got_a, kDown);
+  EXPECT_FALSE(bad_a);
+  EXPECT_FALSE(bad_b);
+}
+
+TEST(TcpChannel, SenderStallsWhenReceiverHoldsEverySlot) {
+  Metrics m;
+  auto p = connect_pair(m, 64 * 1024, 2);
+  auto& tm = m.transport("tcp");
+  const double stalls_before = tm.credit_stalls->Value();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(p.a->acquire().ok());
+    ASSERT_TRUE(p.a->send(100).ok());
+  }
+  std::atomic<bool> third_sent{false};
+  std::thread sender([&] {
+    auto b = p.a->acquire();  // no credit until the receiver releases
+    ASSERT_TRUE(b.ok());
+    third_sent = true;
+    ASSERT_TRUE(p.a->send(1).ok());
+  });
+  auto first = p.b->receive();
+  ASSERT_TRUE(first.ok());
+  std::this_thread::sleep_for(50ms);  // give the sender a chance to (wrongly) proceed
+  EXPECT_FALSE(third_sent.load());
+  ASSERT_TRUE(p.b->release().ok());
+  sender.join();
+  EXPECT_TRUE(third_sent.load());
+  EXPECT_EQ(tm.credit_stalls->Value(), stalls_before + 1);
+}
+
+TEST(TcpChannel, PeerAbortEndsWithItsReason) {
+  Metrics m;
+  auto p = connect_pair(m, 64 * 1024, 4);
+  p.a->abort(Error{Errc::kQemu, "target QEMU died"});
+  auto r = p.b->receive();
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("target QEMU died"), std::string::npos) << r.error().message;
+  EXPECT_FALSE(p.b->acquire().ok() && p.b->send(1).ok() && p.b->drain().ok());
+}
+
+TEST(TcpChannel, PeerVanishingMidStreamIsAnErrorNotEof) {
+  Metrics m;
+  auto p = connect_pair(m, 64 * 1024, 4);
+  ASSERT_TRUE(p.a->acquire().ok());
+  ASSERT_TRUE(p.a->send(10).ok());
+  p.a.reset();  // closes the socket without an eof frame
+  auto first = p.b->receive();
+  ASSERT_TRUE(first.ok());  // data that arrived is still delivered
+  EXPECT_FALSE(first->eof);
+  ASSERT_TRUE(p.b->release().ok() || true);
+  auto r = p.b->receive();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, Errc::kUnavailable) << r.error().message;
+}

@@ -1,0 +1,75 @@
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+
+#include "common/fd.h"
+#include "transport/wire.h"
+
+using namespace rdmig;
+using namespace rdmig::transport;
+using nlohmann::json;
+
+namespace {
+Hello control_hello() {
+  Hello h;
+  h.kind = "control";
+  h.migration_id = "m-1";
+  h.token = "secret";
+  h.channels = 5;
+  h.chunk_size = 4 << 20;
+  h.ring_depth = 16;
+  h.transport = "tcp";
+  return h;
+}
+}  // namespace
+
+TEST(Wire, ControlHelloRoundTrips) {
+  auto parsed = Hello::parse(control_hello().to_json());
+  ASSERT_TRUE(parsed.ok()) << parsed.error().message;
+  EXPECT_EQ(parsed->channels, 5u);
+  EXPECT_EQ(parsed->chunk_size, 4u << 20);
+  EXPECT_EQ(parsed->token, "secret");
+}
+
+TEST(Wire, HelloErrorsNameTheField) {
+  auto j = control_hello().to_json();
+  j["chunkSize"] = 3 << 20;
+  auto r = Hello::parse(j);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("hello.chunkSize"), std::string::npos) << r.error().message;
+  j = control_hello().to_json();
+  j["channels"] = 0;
+  EXPECT_NE(Hello::parse(j).error().message.find("hello.channels"), std::string::npos);
+  j = control_hello().to_json();
+  j["transport"] = "carrier-pigeon";
+  EXPECT_NE(Hello::parse(j).error().message.find("hello.transport"), std::string::npos);
+  j = control_hello().to_json();
+  j.erase("token");
+  EXPECT_NE(Hello::parse(j).error().message.find("hello.token"), std::string::npos);
+  j = control_hello().to_json();
+  j["protocol"] = 2;
+  EXPECT_EQ(Hello::parse(j).error().code, Errc::kProtocol);
+}
+
+TEST(Wire, MessagesCrossASocketAndOversizedLengthIsRefused) {
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  UniqueFd a(sv[0]), b(sv[1]);
+  ASSERT_TRUE(send_message(a.get(), json{{"type", "ready"}}).ok());
+  auto m = recv_message(b.get(), std::chrono::seconds(1));
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ((*m)["type"], "ready");
+  const unsigned char huge[4] = {0xff, 0xff, 0xff, 0x7f};
+  ASSERT_EQ(::send(a.get(), huge, 4, 0), 4);
+  auto r = recv_message(b.get(), std::chrono::seconds(1));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, Errc::kProtocol);
+}
+
+TEST(Wire, ReceiveTimesOutWhenPeerIsSilent) {
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  UniqueFd a(sv[0]), b(sv[1]);
+  auto r = recv_message(b.get(), std::chrono::milliseconds(50));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, Errc::kTimeout);
+}
