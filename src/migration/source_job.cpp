@@ -244,8 +244,13 @@ Result<qemu::MigrationInfo> SourceJob::monitor() {
       return Error{Errc::kTimeout, "not completed within " + std::to_string(spec_.completion_timeout_seconds) +
                                        " s (completionTimeoutSeconds)"};
     }
-    // Wait one interval, or less if the target agent says something.
-    auto m = link_->next(interval);
+    // Wait one interval, or less when QEMU reports the end of the migration.
+    qmp_->wait_event(
+        [](const qemu::QmpEvent& e) {
+          return e.name == "MIGRATION" && qemu::migration_status_terminal(e.data.value("status", ""));
+        },
+        events_before_migrate_, interval);
+    auto m = link_->next(0ms);
     if (!m) return m.error().with_context("target agent");
     if (m->has_value()) {
       const auto& msg = **m;

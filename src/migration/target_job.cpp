@@ -211,7 +211,12 @@ Status TargetJob::monitor() {
       return Error{Errc::kTimeout, "incoming migration not completed within " +
                                        std::to_string(spec_.completion_timeout_seconds) + " s"};
     }
-    auto m = link_->next(interval);
+    qmp_->wait_event(
+        [](const qemu::QmpEvent& e) {
+          return e.name == "MIGRATION" && qemu::migration_status_terminal(e.data.value("status", ""));
+        },
+        events_before_incoming_, interval);
+    auto m = link_->next(0ms);
     if (!m) {
       // The source agent closed the control connection; QEMU may still finish loading.
       continue;

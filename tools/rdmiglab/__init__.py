@@ -7,6 +7,8 @@ from .qmp import QmpClient, QmpError, event_time
 from .guest import ensure_guest
 from .qemu import QemuVm
 from .direct import migrate_direct, switchover_ms
+from .agent import Agent, ApiError, start_migration, migrate_via_agents, parse_prometheus
 
 __all__ = ["QmpClient", "QmpError", "event_time", "ensure_guest", "QemuVm",
-           "migrate_direct", "switchover_ms"]
+           "migrate_direct", "switchover_ms", "Agent", "ApiError", "start_migration",
+           "migrate_via_agents", "parse_prometheus"]

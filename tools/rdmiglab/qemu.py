@@ -37,6 +37,9 @@ class QemuVm:
         self.incoming_defer = incoming_defer
         self.paused = paused
         self.qmp_path = os.path.join(self.workdir, name + ".qmp")
+        # A second monitor for rdmig-agent: QEMU serves one client per QMP socket, and the
+        # tests keep their own connection on qmp_path.
+        self.agent_qmp_path = os.path.join(self.workdir, name + ".agent.qmp")
         self.serial_log = os.path.join(self.workdir, name + ".serial.log")
         self.stderr_log = os.path.join(self.workdir, name + ".stderr.log")
         append = "console=ttyS0 quiet panic=-1 rdmig.dirty_mib=%s rdmig.interval=%s" % (
@@ -50,6 +53,7 @@ class QemuVm:
             "-chardev", "file,id=ser0,path=%s" % self.serial_log,
             "-serial", "chardev:ser0",
             "-qmp", "unix:%s,server=on,wait=off" % self.qmp_path,
+            "-qmp", "unix:%s,server=on,wait=off" % self.agent_qmp_path,
             "-nic", "none",
         ]
         if incoming_defer:
@@ -64,7 +68,7 @@ class QemuVm:
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self, timeout=30.0):
-        for p in (self.qmp_path, self.serial_log):
+        for p in (self.qmp_path, self.agent_qmp_path, self.serial_log):
             if os.path.exists(p):
                 os.unlink(p)
         with open(self.stderr_log, "wb") as err:

@@ -1,0 +1,242 @@
+"""Real QEMU guests migrated through two real rdmig-agent processes over TCP on loopback.
+
+Run from the repository root after building: python3 tests/integration/test_agent_migration.py -v
+(ctest runs it with label 'integration').
+"""
+import os
+import shutil
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+from rdmiglab import Agent, QemuVm, ensure_guest, migrate_via_agents, parse_prometheus, start_migration  # noqa: E402
+
+MEM_MIB = 512
+DIRTY_MIB = 64
+
+
+class AgentMigrationTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        ensure_guest()
+        cls.tmp = tempfile.mkdtemp(prefix="rdmig-it-")
+        cls.src_agent = Agent(cls.tmp, "agent-a", log_level="debug")
+        cls.dst_agent = Agent(cls.tmp, "agent-b", log_level="debug")
+
+    @classmethod
+    def tearDownClass(cls):
+        for a in (cls.src_agent, cls.dst_agent):
+            a.stop()
+        if os.environ.get("RDMIG_KEEP_TMP"):
+            print("kept", cls.tmp)
+        else:
+            shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def setUp(self):
+        self.vms = []
+
+    def tearDown(self):
+        for vm in self.vms:
+            vm.kill()
+        failed = any(e for _, e in (self._outcome.result.errors + self._outcome.result.failures)
+                     if _ is self) if hasattr(self._outcome, "result") else False
+        if failed:
+            for a in (self.src_agent, self.dst_agent):
+                print("---- %s log (tail) ----\n%s" % (a.name, a.log_text()[-4000:]))
+
+    def vm(self, name, **kw):
+        kw.setdefault("mem_mib", MEM_MIB)
+        kw.setdefault("dirty_mib", DIRTY_MIB)
+        vm = QemuVm(self.tmp, "%s-%s" % (self._testMethodName[-20:], name), **kw)
+        self.vms.append(vm)
+        return vm
+
+    def pair(self, target_paused=True, dirty_mib=DIRTY_MIB):
+        src = self.vm("src", dirty_mib=dirty_mib)
+        dst = self.vm("dst", incoming_defer=True, paused=target_paused)
+        src.wait_for_counter(2, timeout=90)
+        return src, dst
+
+    def assert_byte_exact_and_continues(self, src, dst):
+        self.assertEqual(src.status(), "postmigrate")
+        self.assertEqual(dst.status(), "paused")
+        self.assertEqual(src.memory_digest(), dst.memory_digest(),
+                         "guest memory differs between source and target")
+        last = src.last_counter()
+        dst.cont()
+        self.assertEqual(dst.status(), "running")
+        self.assertGreater(dst.wait_for_counter(last + 1, timeout=90), last)
+
+    def check_migration(self, multifd):
+        src, dst = self.pair()
+        s, t = migrate_via_agents(self.src_agent, self.dst_agent, src.agent_qmp_path, dst.agent_qmp_path,
+                                  multifd_channels=multifd, vm="vm-mf%d" % multifd)
+        self.assertEqual(s["phase"], "Succeeded", s["result"]["reason"])
+        self.assertEqual(t["phase"], "Succeeded", t["result"]["reason"])
+        self.assertEqual(s["transport"], "tcp")
+        self.assertEqual(s["channels"], multifd + 1)
+        self.assertEqual(s["result"]["targetState"], "paused")
+        self.assertIsNotNone(s["result"]["downtimeMs"])
+        self.assertGreater(s["progress"]["transferredBytes"], 0)
+        # Every byte QEMU wrote on the source reached the target QEMU.
+        self.assertEqual(s["progress"]["dataBytesSent"], t["progress"]["dataBytesReceived"])
+        self.assertGreater(s["progress"]["chunksSent"], 0)
+        self.assert_byte_exact_and_continues(src, dst)
+        return s
+
+    def test_migrates_dirtying_guest_byte_exact_without_multifd(self):
+        self.check_migration(0)
+
+    def test_migrates_dirtying_guest_byte_exact_with_4_multifd_channels(self):
+        self.check_migration(4)
+
+    def test_running_target_reports_true_switchover_and_metrics(self):
+        src, dst = self.pair(target_paused=False)
+        s, t = migrate_via_agents(self.src_agent, self.dst_agent, src.agent_qmp_path, dst.agent_qmp_path,
+                                  multifd_channels=2, vm="vm-switchover", chunk_size="1Mi")
+        self.assertEqual(s["phase"], "Succeeded", s["result"]["reason"])
+        self.assertEqual(s["result"]["targetState"], "running")
+        self.assertEqual(dst.status(), "running")
+        sw = s["result"]["switchoverMs"]
+        self.assertIsNotNone(sw)
+        self.assertGreaterEqual(sw, 0)
+        self.assertLess(sw, 30000)
+        last = src.last_counter()
+        dst.wait_for_counter(last + 1, timeout=90)
+
+        samples, types = parse_prometheus(self.src_agent.metrics())
+        def value(name, **labels):
+            return samples.get((name, frozenset(labels.items())))
+        self.assertGreaterEqual(value("rdmig_migrations_started_total", role="source"), 1)
+        self.assertGreaterEqual(value("rdmig_migrations_finished_total", role="source", result="succeeded"), 1)
+        self.assertEqual(value("rdmig_migrations_active", role="source"), 0)
+        self.assertGreater(value("rdmig_transferred_bytes_total", transport="tcp", direction="sent"), 100e6)
+        self.assertGreater(value("rdmig_chunks_total", transport="tcp", direction="sent"), 0)
+        self.assertGreaterEqual(value("rdmig_downtime_seconds_count", transport="tcp"), 1)
+        self.assertGreaterEqual(value("rdmig_switchover_seconds_count", transport="tcp"), 1)
+        self.assertAlmostEqual(value("rdmig_last_switchover_seconds", vm="vm-switchover"), sw / 1000.0, places=2)
+        self.assertIsNotNone(value("rdmig_last_downtime_seconds", vm="vm-switchover"))
+        self.assertGreaterEqual(value("rdmig_migration_duration_seconds_count", role="source", result="succeeded"), 1)
+        self.assertGreater(value("rdmig_chunk_size_bytes_count", transport="tcp"), 0)
+        self.assertGreater(value("rdmig_chunk_write_latency_seconds_count", transport="tcp"), 0)
+        self.assertEqual(value("rdmig_chunks_in_flight", transport="tcp"), 0)
+        self.assertIsNotNone(value("rdmig_credit_stalls_total", transport="tcp"))
+        self.assertIsNotNone(value("rdmig_rdma_devices"))
+        self.assertGreaterEqual(value("rdmig_transport_selected_total", transport="tcp", reason="requested"), 1)
+        self.assertEqual(types["rdmig_downtime_seconds"], "histogram")
+        self.assertEqual(types["rdmig_transferred_bytes_total"], "counter")
+        dst_samples, _ = parse_prometheus(self.dst_agent.metrics())
+        self.assertGreater(dst_samples[("rdmig_transferred_bytes_total",
+                                        frozenset({"transport": "tcp", "direction": "received"}.items()))], 100e6)
+        self.assertGreaterEqual(dst_samples[("rdmig_migrations_finished_total",
+                                             frozenset({"role": "target", "result": "succeeded"}.items()))], 1)
+
+    def slow_migration(self, vm_name):
+        """Starts a migration throttled to 8 MiB/s so that it is still running when we act."""
+        src, dst = self.pair()
+        target, source = start_migration(self.src_agent, self.dst_agent, src.agent_qmp_path, dst.agent_qmp_path,
+                                          vm=vm_name, maxBandwidthBytesPerSecond=8 << 20)
+        self.src_agent.wait(source["id"], phases=("Migrating",) + ("Succeeded", "Failed", "Cancelled"), timeout=60)
+        deadline = time.monotonic() + 60
+        while self.src_agent.get(source["id"])["progress"]["transferredBytes"] < (4 << 20):
+            self.assertLess(time.monotonic(), deadline, "migration made no progress")
+            time.sleep(0.1)
+        self.assertEqual(self.src_agent.get(source["id"])["phase"], "Migrating")
+        return src, dst, target, source
+
+    def test_cancel_mid_migration_keeps_vm_running_on_source(self):
+        src, dst, target, source = self.slow_migration("vm-cancel")
+        before = src.last_counter()
+        reply = self.src_agent.cancel(source["id"])
+        self.assertEqual(reply["id"], source["id"])
+        s = self.src_agent.wait(source["id"], timeout=60)
+        self.assertEqual(s["phase"], "Cancelled", s["result"]["reason"])
+        self.assertIn("cancelled through the API", s["result"]["reason"])
+        self.assertEqual(src.status(), "running")
+        src.wait_for_counter(before + 1, timeout=60)
+        t = self.dst_agent.wait(target["id"], timeout=60)
+        self.assertIn(t["phase"], ("Failed", "Cancelled"))
+        self.assertNotEqual(dst.alive() and dst.status(), "running", "the VM must not run in two places")
+
+    def test_target_qemu_killed_mid_migration_fails_and_source_keeps_running(self):
+        src, dst, target, source = self.slow_migration("vm-kill")
+        before = src.last_counter()
+        dst.kill()
+        s = self.src_agent.wait(source["id"], timeout=60)
+        self.assertEqual(s["phase"], "Failed")
+        self.assertTrue(s["result"]["reason"])
+        self.assertEqual(src.status(), "running", s["result"]["reason"])
+        src.wait_for_counter(before + 1, timeout=60)
+        t = self.dst_agent.wait(target["id"], timeout=60)
+        self.assertEqual(t["phase"], "Failed")
+        self.assertTrue(t["result"]["reason"])
+        # The agents keep serving.
+        self.assertEqual(self.src_agent.request("GET", "/healthz", token=None)[0], 200)
+        self.assertEqual(self.dst_agent.request("GET", "/healthz", token=None)[0], 200)
+
+    def test_wrong_data_plane_token_is_refused_and_touches_neither_vm(self):
+        src, dst = self.pair()
+        target, source = start_migration(self.src_agent, self.dst_agent, src.agent_qmp_path, dst.agent_qmp_path,
+                                          vm="vm-badtoken", token="0" * 32)
+        s = self.src_agent.wait(source["id"], timeout=60)
+        self.assertEqual(s["phase"], "Failed")
+        self.assertIn("token does not match", s["result"]["reason"])
+        self.assertEqual(src.status(), "running")
+        self.assertNotIn("status", src.qmp("query-migrate"), "the source QEMU must not have been asked to migrate")
+        self.assertEqual(dst.status(), "inmigrate")
+        self.assertNotIn("status", dst.qmp("query-migrate"))
+        t = self.dst_agent.get(target["id"])
+        self.assertEqual(t["phase"], "Pending", "the target keeps waiting for its real source")
+        self.dst_agent.cancel(target["id"])
+        self.assertEqual(self.dst_agent.wait(target["id"], timeout=30)["phase"], "Cancelled")
+
+    def test_bad_rest_input_gets_4xx_naming_the_field_and_agent_keeps_serving(self):
+        a = self.src_agent
+        status, body = a.request("POST", "/v1/migrations", {"role": "target", "qmpSocket": "/x"}, token=None)
+        self.assertEqual(status, 401)
+        status, body = a.request("POST", "/v1/migrations", {"role": "target"}, token="wrong-token-123456")
+        self.assertEqual(status, 403)
+        self.assertEqual(body["error"]["code"], "permission_denied")
+        cases = [
+            ({"role": "source", "qmpSocket": "/x"}, "target"),
+            ({"role": "target", "qmpSocket": "/x", "chunkSize": "3Mi"}, "chunkSize"),
+            ({"role": "target", "qmpSocket": "/x", "chunkSize": "2Gi"}, "chunkSize"),
+            ({"role": "target", "qmpSocket": "/x", "transport": "smoke-signals"}, "transport"),
+            ({"role": "target"}, "qmpSocket"),
+            ({"role": "target", "qmpSocket": "/x", "multifdChannels": "four"}, "multifdChannels"),
+            ({"role": "sideways", "qmpSocket": "/x"}, "role"),
+            ({"role": "target", "qmpSocket": "/x", "surprise": True}, "surprise"),
+            ({"role": "source", "qmpSocket": "/x", "target": {"endpoint": "nohost", "migrationId": "a",
+                                                              "token": "t"}}, "target.endpoint"),
+        ]
+        for body_in, field in cases:
+            status, body = a.request("POST", "/v1/migrations", body_in)
+            self.assertEqual(status, 400, (body_in, body))
+            self.assertEqual(body["error"]["code"], "invalid_argument")
+            self.assertIn(field, body["error"]["message"], body_in)
+        status, body = a.request("POST", "/v1/migrations", raw=b"{not json")
+        self.assertEqual(status, 400)
+        self.assertIn("JSON", body["error"]["message"])
+        status, body = a.request("POST", "/v1/migrations", raw=b"[" + b"1," * 40000 + b"1]")
+        self.assertEqual(status, 413)
+        status, body = a.request("POST", "/v1/migrations", {"role": "target", "qmpSocket": "/nonexistent.qmp"})
+        self.assertEqual(status, 409)
+        self.assertIn("qmpSocket", body["error"]["message"])
+        status, body = a.request("GET", "/v1/migrations/no-such-id")
+        self.assertEqual(status, 404)
+        status, body = a.request("DELETE", "/v1/migrations/no-such-id")
+        self.assertEqual(status, 404)
+        status, body = a.request("GET", "/v1/nothing-here")
+        self.assertEqual(status, 404)
+        self.assertTrue(a.alive())
+        self.assertEqual(a.request("GET", "/healthz", token=None)[0], 200)
+        self.assertEqual(a.request("GET", "/readyz", token=None)[0], 200)
+        status, listing = a.request("GET", "/v1/migrations")
+        self.assertEqual(status, 200)
+        self.assertIsInstance(listing["items"], list)
+
+
+if __name__ == "__main__":
+    unittest.main()
