@@ -219,7 +219,19 @@ Result<qemu::MigrationInfo> SourceJob::monitor() {
     auto info = qemu::parse_migration_info(raw.value());
     if (!info) return info.error();
     apply_progress(info.value());
-    if (info->status == "completed") return info;
+    if (info->status == "completed") {
+      // QEMU 7.2 sets "completed" (and sends the event) just before it computes total-time
+      // and downtime: ask again until they are filled in.
+      for (int i = 0; i < 100 && info->total_time_ms <= 0; ++i) {
+        std::this_thread::sleep_for(10ms);
+        auto again = qmp_->execute("query-migrate", {}, kQmpTimeout);
+        if (!again) break;
+        auto parsed = qemu::parse_migration_info(again.value());
+        if (!parsed) break;
+        info = std::move(parsed);
+      }
+      return info;
+    }
     if (info->status == "failed") {
       return Error{Errc::kQemu, "source QEMU: migration failed: " +
                                     (info->error_desc.empty() ? std::string("no reason given") : info->error_desc)};

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages rdmig needs to build, run its demo and run its tests.
+# Only what is missing is installed. Run as root.
+#   scripts/install-deps.sh [--test]   (--test adds what only the tests need)
+set -euo pipefail
+
+build_pkgs=(cmake g++ make pkg-config libibverbs-dev librdmacm-dev libcpp-httplib-dev
+  nlohmann-json3-dev prometheus-cpp-dev libyaml-cpp-dev libssl-dev libgtest-dev libgmock-dev)
+run_pkgs=(qemu-system-x86 qemu-utils busybox-static python3 rdma-core ibverbs-providers
+  ibverbs-utils rdmacm-utils iproute2 socat cpio gzip)
+test_pkgs=(perftest iperf3 seabios openssl nodejs npm unzip)
+
+want=("${build_pkgs[@]}" "${run_pkgs[@]}")
+if [ "${1:-}" = "--test" ]; then want+=("${test_pkgs[@]}"); fi
+
+missing=()
+for p in "${want[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ "${#missing[@]}" -eq 0 ]; then
+  echo "install-deps: all ${#want[@]} packages present"
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: missing packages (${missing[*]}); run as root to install them" >&2
+  exit 1
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"
