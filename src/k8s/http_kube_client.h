@@ -1,0 +1,52 @@
+// KubeClient over HTTPS (cpp-httplib with OpenSSL). One connection per call (calls come from
+// a few threads at a low rate; a stuck call never blocks another thread), one per watch.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <set>
+
+#include "k8s/cluster_config.h"
+#include "k8s/kube_client.h"
+
+namespace httplib {
+class ClientImpl;
+}
+
+namespace rdmig::k8s {
+
+struct HttpOptions {
+  int request_timeout_seconds = 15;
+  int watch_timeout_seconds = 300;  // asked of the server (timeoutSeconds); the read timeout is larger
+  std::string user_agent = "rdmig-controller";
+};
+
+class HttpKubeClient final : public KubeClient {
+ public:
+  // Checks the config (server URL, CA and client certificate readable and parseable).
+  static Result<std::unique_ptr<HttpKubeClient>> create(ClusterConfig config, HttpOptions options);
+  ~HttpKubeClient() override;
+
+  Result<nlohmann::json> get(const std::string& path) override;
+  Result<nlohmann::json> create(const std::string& path, const nlohmann::json& body) override;
+  Result<nlohmann::json> replace(const std::string& path, const nlohmann::json& body) override;
+  Result<nlohmann::json> remove(const std::string& path) override;
+  Result<WatchEnd> watch(const std::string& path,
+                         const std::function<bool(const WatchEvent&)>& on_event) override;
+  void stop_watches() override;
+
+ private:
+  HttpKubeClient(ClusterConfig config, ServerAddress address, HttpOptions options);
+  Result<std::unique_ptr<httplib::ClientImpl>> make_client(int read_timeout_seconds) const;
+  Result<std::string> bearer_token() const;
+  Result<nlohmann::json> call(const char* method, const std::string& path, const nlohmann::json* body);
+
+  ClusterConfig config_;
+  ServerAddress address_;
+  HttpOptions options_;
+  std::mutex watches_mu_;
+  std::set<httplib::ClientImpl*> watches_;
+  bool stopping_ = false;
+};
+
+}  // namespace rdmig::k8s

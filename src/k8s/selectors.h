@@ -1,0 +1,19 @@
+// Label and field selectors and query strings for list/watch calls.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "common/result.h"
+
+namespace rdmig::k8s {
+
+// "app.kubernetes.io/name=rdmig-agent,tier=node" from a map (sorted, so stable).
+std::string label_selector(const std::map<std::string, std::string>& labels);
+// Parses an equality-based selector "k=v,k2==v2" into a map; errors name `field`.
+Result<std::map<std::string, std::string>> parse_label_selector(const std::string& text,
+                                                                 const std::string& field);
+// Percent-encodes a query value (RFC 3986 unreserved characters pass).
+std::string url_encode(const std::string& value);
+
+}  // namespace rdmig::k8s
