@@ -1,0 +1,117 @@
+#include "controller/agent_client.h"
+
+#include <httplib.h>
+
+namespace rdmig::controller {
+
+using nlohmann::json;
+
+std::string AgentAddress::address() const {
+  const bool v6 = host.find(':') != std::string::npos;
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+json AgentAddress::to_json() const { return json{{"node", node}, {"pod", pod}, {"address", address()}}; }
+
+AgentAddress AgentAddress::from_json(const json& j) {
+  AgentAddress a;
+  a.node = j.value("node", "");
+  a.pod = j.value("pod", "");
+  const std::string addr = j.value("address", "");
+  const auto colon = addr.rfind(':');
+  if (colon != std::string::npos) {
+    a.host = addr.substr(0, colon);
+    if (a.host.size() >= 2 && a.host.front() == '[') a.host = a.host.substr(1, a.host.size() - 2);
+    a.port = static_cast<uint16_t>(std::atoi(addr.substr(colon + 1).c_str()));
+  }
+  return a;
+}
+
+Result<AgentAddress> select_agent_pod(const json& pod_list, const std::string& node, const std::string& port_name,
+                                      uint16_t default_port) {
+  std::string seen;
+  if (pod_list.contains("items") && pod_list["items"].is_array()) {
+    for (const auto& pod : pod_list["items"]) {
+      const auto& md = pod.value("metadata", json::object());
+      const auto& spec = pod.value("spec", json::object());
+      const auto& st = pod.value("status", json::object());
+      if (spec.value("nodeName", "") != node) continue;
+      const std::string name = md.value("name", "");
+      bool ready = false;
+      for (const auto& c : st.value("conditions", json::array())) {
+        if (c.value("type", "") == "Ready" && c.value("status", "") == "True") ready = true;
+      }
+      const std::string ip = st.value("podIP", "");
+      if (md.contains("deletionTimestamp") || st.value("phase", "") != "Running" || !ready || ip.empty()) {
+        seen += (seen.empty() ? "" : ", ") + name + " (" + st.value("phase", "?") + (ready ? "" : ", not ready") + ")";
+        continue;
+      }
+      AgentAddress a{node, name, ip, default_port};
+      for (const auto& c : spec.value("containers", json::array())) {
+        for (const auto& p : c.value("ports", json::array())) {
+          if (p.value("name", "") == port_name && p.contains("containerPort") && p["containerPort"].is_number_integer()) {
+            a.port = static_cast<uint16_t>(p["containerPort"].get<int>());
+          }
+        }
+      }
+      return a;
+    }
+  }
+  return Error{Errc::kNotFound, "no Running and Ready rdmig-agent pod on node '" + node + "'" +
+                                    (seen.empty() ? "" : " (found: " + seen + ")")};
+}
+
+AgentClient::AgentClient(std::string token, int timeout_seconds, std::function<void(const std::string&)> on_response)
+    : token_(std::move(token)), timeout_seconds_(timeout_seconds), on_response_(std::move(on_response)) {}
+
+Result<json> AgentClient::call(const AgentAddress& agent, const std::string& method, const std::string& path,
+                               const json* body) {
+  httplib::Client client(agent.host, agent.port);
+  client.set_connection_timeout(std::chrono::seconds(std::min(timeout_seconds_, 5)));
+  client.set_read_timeout(std::chrono::seconds(timeout_seconds_));
+  client.set_write_timeout(std::chrono::seconds(timeout_seconds_));
+  httplib::Headers headers{{"Authorization", "Bearer " + token_}, {"Accept", "application/json"}};
+  const std::string what = method + " " + path + " on agent " + agent.pod + " (" + agent.address() + ", node " +
+                           agent.node + ")";
+  httplib::Result res = method == "POST"  ? client.Post(path, headers, body->dump(), "application/json")
+                        : method == "GET" ? client.Get(path, headers)
+                                          : client.Delete(path, headers);
+  if (!res) {
+    on_response_("error");
+    return Error{Errc::kUnavailable, what + ": " + httplib::to_string(res.error())};
+  }
+  on_response_(std::to_string(res->status));
+  json parsed = json::parse(res->body, nullptr, false);
+  if (res->status >= 200 && res->status < 300) {
+    if (parsed.is_discarded()) return Error{Errc::kProtocol, what + ": reply is not JSON"};
+    return parsed;
+  }
+  std::string message = "HTTP " + std::to_string(res->status);
+  if (!parsed.is_discarded() && parsed.contains("error") && parsed["error"].is_object()) {
+    message += ": " + parsed["error"].value("message", "");
+  }
+  Errc code = Errc::kInternal;
+  switch (res->status) {
+    case 400: code = Errc::kInvalidArgument; break;
+    case 401: code = Errc::kUnauthenticated; break;
+    case 403: code = Errc::kPermissionDenied; break;
+    case 404: code = Errc::kNotFound; break;
+    case 409: code = Errc::kAlreadyExists; break;
+    case 429: code = Errc::kResourceExhausted; break;
+    case 503: code = Errc::kUnavailable; break;
+    default: break;
+  }
+  return Error{code, what + ": " + message};
+}
+
+Result<json> AgentClient::create(const AgentAddress& agent, const json& body) {
+  return call(agent, "POST", "/v1/migrations", &body);
+}
+Result<json> AgentClient::get(const AgentAddress& agent, const std::string& id) {
+  return call(agent, "GET", "/v1/migrations/" + id, nullptr);
+}
+Result<json> AgentClient::cancel(const AgentAddress& agent, const std::string& id) {
+  return call(agent, "DELETE", "/v1/migrations/" + id, nullptr);
+}
+
+}  // namespace rdmig::controller

@@ -1,0 +1,46 @@
+// rdmig-controller configuration: loaded once from YAML, validated (errors name the key),
+// then passed by const reference. controller/controller.yaml documents every key.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "common/result.h"
+
+namespace rdmig::controller {
+
+struct ControllerConfig {
+  std::string namespace_;       // agent pods and the Lease; resolved at start when empty
+  std::string watch_namespace;  // "" = all namespaces
+  struct Agents {
+    std::string label_selector = "app.kubernetes.io/name=rdmig-agent";
+    std::map<std::string, std::string> labels;  // parsed label_selector
+    uint16_t port = 7470;
+    std::string port_name = "api";
+    std::string token_file = "/etc/rdmig/token";
+    uint32_t request_timeout_seconds = 10;
+    uint32_t unreachable_timeout_seconds = 30;
+  } agents;
+  uint32_t max_concurrent_per_node = 2;
+  uint32_t poll_interval_ms = 1000;
+  struct LeaderElection {
+    bool enabled = true;
+    std::string lease_name = "rdmig-controller";
+    std::string identity;
+    double lease_duration_seconds = 15;
+    double renew_deadline_seconds = 10;
+    double retry_period_seconds = 2;
+  } leader_election;
+  struct MetricsServer {
+    std::string address = "0.0.0.0";
+    uint16_t port = 8080;
+  } metrics;
+  std::string log_level = "info";
+};
+
+Result<ControllerConfig> parse_controller_config(const std::string& yaml_text);
+Result<ControllerConfig> load_controller_config_file(const std::string& path);
+
+}  // namespace rdmig::controller

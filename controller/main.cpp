@@ -1,0 +1,203 @@
+// rdmig-controller: turns RdmaMigration objects into calls on the rdmig agents and mirrors
+// their progress into .status. See docs/controller.md.
+//
+// Threads, all started and joined here: the informer (list+watch of RdmaMigration objects),
+// the leader elector (Lease renewals), the worker (every reconcile), the metrics/probe HTTP
+// server, and main, which waits for SIGTERM/SIGINT and then stops them in that order: worker
+// (no new agent calls), informer, elector (releases the lease), server.
+#include <httplib.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "common/log.h"
+#include "common/units.h"
+#include "controller/agent_client.h"
+#include "controller/config.h"
+#include "controller/controller_metrics.h"
+#include "controller/reconciler.h"
+#include "controller/worker.h"
+#include "k8s/cluster_config.h"
+#include "k8s/events.h"
+#include "k8s/http_kube_client.h"
+#include "k8s/informer.h"
+#include "k8s/leader_election.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: rdmig-controller [--config PATH] [--kubeconfig PATH] [--context NAME] [--ports-file PATH]\n"
+    "  --config PATH      controller configuration (YAML); without it every key takes its default\n"
+    "  --kubeconfig PATH  API server access from a kubeconfig (else $KUBECONFIG, else in-cluster)\n"
+    "  --context NAME     kubeconfig context (default: current-context)\n"
+    "  --ports-file PATH  write {\"metrics\":port} once listening (for metrics.port 0)\n";
+
+std::string trim(std::string s) {
+  const auto b = s.find_first_not_of(" \t\r\n");
+  const auto e = s.find_last_not_of(" \t\r\n");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+int fail(const std::string& message, int code = 2) {
+  std::cerr << "rdmig-controller: " << message << "\n";
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace rdmig;
+  std::string config_path, kubeconfig_path = env("KUBECONFIG"), context, ports_file;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--config" && i + 1 < argc) config_path = argv[++i];
+    else if (a == "--kubeconfig" && i + 1 < argc) kubeconfig_path = argv[++i];
+    else if (a == "--context" && i + 1 < argc) context = argv[++i];
+    else if (a == "--ports-file" && i + 1 < argc) ports_file = argv[++i];
+    else if (a == "--help" || a == "-h") {
+      std::cout << kUsage;
+      return 0;
+    } else {
+      std::cerr << "rdmig-controller: unknown argument '" << a << "'\n" << kUsage;
+      return 2;
+    }
+  }
+  auto loaded = config_path.empty() ? controller::parse_controller_config("")
+                                    : controller::load_controller_config_file(config_path);
+  if (!loaded) return fail(loaded.error().message);
+  controller::ControllerConfig config = std::move(loaded.value());
+  log::set_level(*log::parse_level(config.log_level));
+
+  std::ifstream token_in(config.agents.token_file);
+  if (!token_in) return fail("config key 'agents.tokenFile': cannot read '" + config.agents.token_file + "'");
+  std::stringstream token_text;
+  token_text << token_in.rdbuf();
+  const std::string agent_token = trim(token_text.str());
+  if (agent_token.empty()) return fail("config key 'agents.tokenFile': '" + config.agents.token_file + "' is empty");
+
+  std::map<std::string, std::string> environment;
+  for (const char* k : {"KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"}) environment[k] = env(k);
+  auto cluster = kubeconfig_path.empty()
+                     ? k8s::in_cluster_config(environment, "/var/run/secrets/kubernetes.io/serviceaccount")
+                     : k8s::load_kubeconfig_file(kubeconfig_path, context);
+  if (!cluster) return fail(cluster.error().message);
+  if (config.namespace_.empty()) config.namespace_ = env("POD_NAMESPACE");
+  if (config.namespace_.empty()) config.namespace_ = cluster->namespace_;
+  if (config.namespace_.empty()) config.namespace_ = "rdmig-system";
+  std::string identity = config.leader_election.identity;
+  if (identity.empty()) identity = env("POD_NAME");
+  if (identity.empty()) {
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    identity = host;
+  }
+  identity += "_" + random_hex(4);
+
+  k8s::HttpOptions http_options;
+  http_options.user_agent = "rdmig-controller/" + identity;
+  auto kube_made = k8s::HttpKubeClient::create(cluster.value(), http_options);
+  if (!kube_made) return fail(kube_made.error().message);
+  k8s::HttpKubeClient& kube = *kube_made.value();
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  controller::ControllerMetrics metrics;
+  controller::AgentClient agents(agent_token, static_cast<int>(config.agents.request_timeout_seconds),
+                                 [&metrics](const std::string& code) { metrics.agent_request(code); });
+  k8s::EventRecorder events(kube, "rdmig-controller", identity);
+
+  controller::Worker* worker_ptr = nullptr;
+  const std::string collection = config.watch_namespace.empty()
+                                     ? "/apis/rdmig.io/v1alpha1/rdmamigrations"
+                                     : "/apis/rdmig.io/v1alpha1/namespaces/" + config.watch_namespace + "/rdmamigrations";
+  k8s::Informer informer(kube, collection, "", [&worker_ptr](const std::string&, const std::string& key) {
+    if (worker_ptr) worker_ptr->enqueue(key);
+  });
+  controller::Reconciler reconciler(config, config.namespace_, kube, informer, agents, events);
+
+  using ms = std::chrono::milliseconds;
+  auto secs = [](double s) { return ms(static_cast<long long>(s * 1000)); };
+  k8s::LeaderElectionConfig le{config.namespace_, config.leader_election.lease_name, identity,
+                               secs(config.leader_election.lease_duration_seconds),
+                               secs(config.leader_election.renew_deadline_seconds),
+                               secs(config.leader_election.retry_period_seconds)};
+  controller::Worker* wake = nullptr;
+  k8s::LeaderElector elector(kube, le, [&metrics, &wake](bool leading) {
+    metrics.set_leader(leading);
+    if (leading && wake) wake->enqueue("");  // reconcile everything now, not at the next poll
+  });
+  const bool elect = config.leader_election.enabled;
+  metrics.set_leader(!elect);
+  controller::Worker worker(reconciler, informer, metrics, ms(config.poll_interval_ms),
+                            [&] { return !elect || elector.leading(); });
+  worker_ptr = &worker;
+  wake = &worker;
+
+  httplib::Server server;
+  server.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics.serialize(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("{\"status\":\"ok\"}\n", "application/json");
+  });
+  server.Get("/readyz", [&](const httplib::Request&, httplib::Response& res) {
+    const bool ready = informer.synced();
+    res.status = ready ? 200 : 503;
+    res.set_content(ready ? "{\"status\":\"ready\"}\n" : "{\"status\":\"not synced\"}\n", "application/json");
+  });
+  const int port = config.metrics.port == 0
+                       ? server.bind_to_any_port(config.metrics.address)
+                       : (server.bind_to_port(config.metrics.address, config.metrics.port) ? config.metrics.port : -1);
+  if (port <= 0) {
+    return fail("config key 'metrics.port': cannot listen on " + config.metrics.address + ":" +
+                    std::to_string(config.metrics.port), 1);
+  }
+  if (!ports_file.empty()) {
+    const std::string tmp = ports_file + ".tmp";
+    std::ofstream(tmp) << "{\"metrics\":" << port << "}\n";
+    std::rename(tmp.c_str(), ports_file.c_str());
+  }
+  LOG_INFO("controller") << "rdmig-controller " << identity << " starting: server=" << cluster->server
+                         << " namespace=" << config.namespace_ << " watch="
+                         << (config.watch_namespace.empty() ? "<all>" : config.watch_namespace)
+                         << " metrics=" << config.metrics.address << ":" << port
+                         << " leaderElection=" << (elect ? "on" : "off");
+
+  std::thread server_thread([&] { server.listen_after_bind(); });
+  std::thread informer_thread([&] { informer.run(); });
+  std::thread elector_thread;
+  if (elect) elector_thread = std::thread([&] { elector.run(); });
+  std::thread worker_thread([&] { worker.run(); });
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  LOG_INFO("controller") << "signal " << sig << ": stopping";
+  worker.stop();
+  worker_thread.join();
+  informer.stop();
+  kube.stop_watches();
+  informer_thread.join();
+  if (elect) {
+    elector.stop();
+    elector_thread.join();
+  }
+  server.stop();
+  server_thread.join();
+  LOG_INFO("controller") << "stopped";
+  return 0;
+}

@@ -1,0 +1,158 @@
+#include "controller/migration_spec.h"
+
+#include "common/units.h"
+
+namespace rdmig::controller {
+
+using nlohmann::json;
+
+namespace {
+
+Error bad(const std::string& field, const std::string& what) {
+  return Error{Errc::kInvalidArgument, field + ": " + what};
+}
+
+Result<QemuEndpoint> parse_endpoint(const json& spec, const char* side) {
+  const std::string f = std::string("spec.") + side;
+  auto it = spec.find(side);
+  if (it == spec.end() || !it->is_object()) return bad(f, "required");
+  if (it->size() != 1 || !it->contains("qemu")) {
+    return bad(f, "must name exactly one kind of endpoint; supported: qemu");
+  }
+  const json& q = (*it)["qemu"];
+  if (!q.is_object()) return bad(f + ".qemu", "must be an object with node and qmpSocket");
+  QemuEndpoint e;
+  if (!q.contains("node") || !q["node"].is_string() || q["node"].get<std::string>().empty()) {
+    return bad(f + ".qemu.node", "required");
+  }
+  e.node = q["node"].get<std::string>();
+  if (!q.contains("qmpSocket") || !q["qmpSocket"].is_string()) return bad(f + ".qemu.qmpSocket", "required");
+  e.qmp_socket = q["qmpSocket"].get<std::string>();
+  if (e.qmp_socket.empty() || e.qmp_socket.front() != '/') return bad(f + ".qemu.qmpSocket", "must be an absolute path");
+  if (e.qmp_socket.size() > 107) return bad(f + ".qemu.qmpSocket", "longer than 107 characters");
+  return e;
+}
+
+Result<std::optional<uint64_t>> uint_field(const json& spec, const char* key, uint64_t min, uint64_t max) {
+  auto it = spec.find(key);
+  if (it == spec.end() || it->is_null()) return std::optional<uint64_t>();
+  if (!it->is_number_integer() || (!it->is_number_unsigned() && it->get<int64_t>() < 0)) {
+    return bad(std::string("spec.") + key, "must be a non-negative integer");
+  }
+  const auto v = it->get<uint64_t>();
+  if (v < min || v > max) {
+    return bad(std::string("spec.") + key,
+               "must be between " + std::to_string(min) + " and " + std::to_string(max) + ", got " + std::to_string(v));
+  }
+  return std::optional<uint64_t>(v);
+}
+
+}  // namespace
+
+Result<MigrationRequest> parse_spec(const json& spec) {
+  if (!spec.is_object()) return bad("spec", "required");
+  MigrationRequest r;
+  auto src = parse_endpoint(spec, "source");
+  if (!src) return src.error();
+  r.source = src.value();
+  auto dst = parse_endpoint(spec, "target");
+  if (!dst) return dst.error();
+  r.target = dst.value();
+  if (r.source.node == r.target.node) {
+    return bad("spec.target.qemu.node", "must differ from spec.source.qemu.node ('" + r.source.node +
+                                            "'): rdmig migrates between nodes");
+  }
+  if (auto it = spec.find("transport"); it != spec.end() && !it->is_null()) {
+    if (!it->is_string()) return bad("spec.transport", "must be a string");
+    r.transport = it->get<std::string>();
+    if (r.transport != "auto" && r.transport != "rdma" && r.transport != "tcp") {
+      return bad("spec.transport", "unknown transport '" + r.transport + "' (expected auto, rdma or tcp)");
+    }
+  }
+  if (auto it = spec.find("chunkSize"); it != spec.end() && !it->is_null()) {
+    if (!it->is_string()) return bad("spec.chunkSize", "must be a quantity like \"4Mi\"");
+    auto bytes = parse_bytes(it->get<std::string>(), "spec.chunkSize");
+    if (!bytes) return bytes.error();
+    RDMIG_TRY(validate_chunk_size(bytes.value(), "spec.chunkSize"));
+    r.chunk_size = bytes.value();
+  }
+  auto mf = uint_field(spec, "multifdChannels", 0, 64);
+  if (!mf) return mf.error();
+  r.multifd_channels = static_cast<uint32_t>(mf->value_or(0));
+  auto depth = uint_field(spec, "ringDepth", 2, 1024);
+  if (!depth) return depth.error();
+  if (depth.value()) r.ring_depth = static_cast<uint32_t>(**depth);
+  auto dl = uint_field(spec, "maxDowntimeMs", 1, 2000000);
+  if (!dl) return dl.error();
+  r.max_downtime_ms = dl->value_or(300);
+  auto ct = uint_field(spec, "completionTimeoutSeconds", 10, 7 * 86400);
+  if (!ct) return ct.error();
+  if (ct.value()) r.completion_timeout_seconds = static_cast<uint32_t>(**ct);
+  if (auto it = spec.find("maxBandwidth"); it != spec.end() && !it->is_null()) {
+    Result<uint64_t> bw = uint64_t{0};
+    if (it->is_string()) bw = parse_bytes(it->get<std::string>(), "spec.maxBandwidth");
+    else if (it->is_number_unsigned()) bw = it->get<uint64_t>();
+    else return bad("spec.maxBandwidth", "must be a quantity like \"10Gi\" (bytes per second)");
+    if (!bw) return bw.error();
+    if (bw.value() > (uint64_t{1} << 50)) return bad("spec.maxBandwidth", "larger than 1Pi bytes per second");
+    r.max_bandwidth_bytes_per_second = bw.value();
+  }
+  if (auto it = spec.find("cancel"); it != spec.end() && !it->is_null()) {
+    if (!it->is_boolean()) return bad("spec.cancel", "must be true or false");
+    r.cancel = it->get<bool>();
+  }
+  return r;
+}
+
+Result<std::string> agent_migration_id(const json& object) {
+  const std::string uid = object.value("metadata", json::object()).value("uid", "");
+  if (uid.empty()) return Error{Errc::kInvalidArgument, "metadata.uid: missing"};
+  std::string id = "m-";
+  for (char c : uid) {
+    if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-') id.push_back(c);
+    else if (c >= 'A' && c <= 'Z') id.push_back(static_cast<char>(c - 'A' + 'a'));
+  }
+  if (id.size() > 63) id.resize(63);
+  while (id.back() == '-') id.pop_back();
+  return id;
+}
+
+std::string vm_name(const json& object) {
+  const auto& md = object.value("metadata", json::object());
+  return md.value("namespace", "") + "/" + md.value("name", "");
+}
+
+json target_request_body(const MigrationRequest& r, const std::string& id, const std::string& vm) {
+  json b{{"role", "target"},
+         {"id", id},
+         {"vm", vm},
+         {"qmpSocket", r.target.qmp_socket},
+         {"multifdChannels", r.multifd_channels},
+         {"transport", r.transport}};
+  if (r.chunk_size) b["chunkSize"] = *r.chunk_size;
+  if (r.ring_depth) b["ringDepth"] = *r.ring_depth;
+  if (r.completion_timeout_seconds) b["completionTimeoutSeconds"] = *r.completion_timeout_seconds;
+  return b;
+}
+
+json source_request_body(const MigrationRequest& r, const std::string& id, const std::string& vm,
+                         const json& target_reply) {
+  json b{{"role", "source"},
+         {"id", id},
+         {"vm", vm},
+         {"qmpSocket", r.source.qmp_socket},
+         {"multifdChannels", r.multifd_channels},
+         {"transport", r.transport},
+         {"maxDowntimeMs", r.max_downtime_ms},
+         {"maxBandwidthBytesPerSecond", r.max_bandwidth_bytes_per_second},
+         {"target",
+          {{"endpoint", target_reply.value("endpoint", "")},
+           {"migrationId", target_reply.value("migrationId", id)},
+           {"token", target_reply.value("token", "")}}}};
+  if (r.chunk_size) b["chunkSize"] = *r.chunk_size;
+  if (r.ring_depth) b["ringDepth"] = *r.ring_depth;
+  if (r.completion_timeout_seconds) b["completionTimeoutSeconds"] = *r.completion_timeout_seconds;
+  return b;
+}
+
+}  // namespace rdmig::controller

@@ -1,0 +1,47 @@
+// The RdmaMigration spec, validated at the boundary (errors name the field, "spec.chunkSize"),
+// and the agent REST bodies built from it. Checks the CRD schema cannot express live here:
+// the two nodes differ, the chunk size is a power of two in [64Ki, 1Gi].
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "common/result.h"
+
+namespace rdmig::controller {
+
+struct QemuEndpoint {
+  std::string node;
+  std::string qmp_socket;
+};
+
+struct MigrationRequest {
+  QemuEndpoint source;
+  QemuEndpoint target;
+  std::string transport = "auto";
+  std::optional<uint64_t> chunk_size;  // unset: the agents' default
+  uint32_t multifd_channels = 0;
+  std::optional<uint32_t> ring_depth;
+  uint64_t max_downtime_ms = 300;
+  uint64_t max_bandwidth_bytes_per_second = 0;  // 0: unlimited
+  std::optional<uint32_t> completion_timeout_seconds;
+  bool cancel = false;
+};
+
+Result<MigrationRequest> parse_spec(const nlohmann::json& spec);
+
+// The id both agents use for this object's migration: "m-" + metadata.uid (a DNS label).
+// Deterministic, so a restarted controller finds the migration it started.
+Result<std::string> agent_migration_id(const nlohmann::json& object);
+
+// "namespace/name" of the object, used as the agents' VM display name.
+std::string vm_name(const nlohmann::json& object);
+
+// POST /v1/migrations bodies.
+nlohmann::json target_request_body(const MigrationRequest& r, const std::string& id, const std::string& vm);
+nlohmann::json source_request_body(const MigrationRequest& r, const std::string& id, const std::string& vm,
+                                   const nlohmann::json& target_reply);
+
+}  // namespace rdmig::controller

@@ -1,0 +1,79 @@
+// Reconciler: drives one RdmaMigration object one step towards its end, from what the API
+// cache and the agents say. Steps (status.phase):
+//   ""/Pending       validate the spec, wait for a free slot on both nodes, find the agent pods
+//   PreparingTarget  POST role=target to the target agent, then role=source to the source agent
+//   Migrating        poll both agents, mirror progress; end in Succeeded/Failed/Cancelled
+// spec.cancel and deletion (finalizer rdmig.io/cancel-on-delete) cancel on the agents first:
+// the source before the target, and never the target once the source has completed (then the
+// VM already lives on the target). Each status change goes through the status subresource
+// with the object's resourceVersion (409: re-read, retry) and records an Event.
+//
+// Called from the controller's single worker thread only; holds no locks of its own.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <string>
+
+#include "controller/agent_client.h"
+#include "controller/config.h"
+#include "controller/controller_metrics.h"
+#include "controller/migration_spec.h"
+#include "k8s/events.h"
+#include "k8s/informer.h"
+#include "k8s/kube_client.h"
+
+namespace rdmig::controller {
+
+inline constexpr const char* kFinalizer = "rdmig.io/cancel-on-delete";
+inline constexpr const char* kGroupVersion = "rdmig.io/v1alpha1";
+
+enum class Next { kDone, kRequeueNow, kPoll };
+
+class Reconciler {
+ public:
+  Reconciler(const ControllerConfig& config, std::string agent_namespace, k8s::KubeClient& kube,
+             k8s::Informer& informer, AgentClient& agents, k8s::EventRecorder& events);
+
+  Result<Next> reconcile(const std::string& key);
+
+ private:
+  struct StopState {
+    bool stopped = false;
+    bool source_succeeded = false;
+    nlohmann::json source, target;  // last agent views (may be null)
+  };
+
+  Result<Next> finalize(nlohmann::json obj);
+  Result<Next> admit(nlohmann::json obj, const MigrationRequest& req);
+  Result<Next> prepare(nlohmann::json obj, const MigrationRequest& req);
+  Result<Next> poll(nlohmann::json obj);
+  Result<Next> cancel(nlohmann::json obj);
+
+  // Asks the agents to stop (source first) and says whether both have.
+  StopState stop_on_agents(const nlohmann::json& obj);
+  // Records that `side` of `key` could not be reached; true once that lasted past the limit.
+  bool unreachable_too_long(const std::string& key, const std::string& side);
+  void reachable(const std::string& key, const std::string& side);
+
+  Result<nlohmann::json> write_status(const nlohmann::json& obj, nlohmann::json status);
+  Result<nlohmann::json> set_finalizer(const nlohmann::json& obj, bool present);
+  // Phase change with an Event; terminal phases also set completionTime and the Succeeded condition.
+  Result<Next> transition(const nlohmann::json& obj, nlohmann::json status, const std::string& phase,
+                          const std::string& reason, const std::string& message);
+  Result<AgentAddress> find_agent(const std::string& node);
+  int active_on_node(const std::string& node, const std::string& except_key) const;
+
+  const ControllerConfig& config_;
+  const std::string agent_namespace_;
+  k8s::KubeClient& kube_;
+  k8s::Informer& informer_;
+  AgentClient& agents_;
+  k8s::EventRecorder& events_;
+  std::map<std::string, std::chrono::steady_clock::time_point> unreachable_since_;
+};
+
+std::string object_path(const nlohmann::json& obj);
+bool is_terminal_phase(const std::string& phase);
+
+}  // namespace rdmig::controller

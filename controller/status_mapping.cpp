@@ -1,0 +1,101 @@
+#include "controller/status_mapping.h"
+
+#include <cmath>
+
+#include "common/units.h"
+
+namespace rdmig::controller {
+
+using nlohmann::json;
+
+bool agent_phase_terminal(const std::string& phase) {
+  return phase == "Succeeded" || phase == "Failed" || phase == "Cancelled";
+}
+
+namespace {
+std::string reason_of(const json& s) {
+  const auto& r = s.value("result", json::object());
+  if (r.contains("reason") && r["reason"].is_string()) return r["reason"].get<std::string>();
+  return "";
+}
+std::string with_reason(const std::string& side, const std::string& phase, const std::string& reason) {
+  return side + " agent: migration " + phase + (reason.empty() ? "" : ": " + reason);
+}
+}  // namespace
+
+Verdict judge(const json& source, const json& target) {
+  const std::string sp = source.value("phase", "");
+  const std::string tp = target.value("phase", "");
+  if (sp == "Succeeded" && tp == "Succeeded") return {Outcome::kSucceeded, ""};
+  if (sp == "Cancelled") return {Outcome::kCancelled, with_reason("source", "cancelled", reason_of(source))};
+  if (sp == "Failed") {
+    // The source's reason usually says "peer closed"; the target's may say why.
+    std::string reason = with_reason("source", "failed", reason_of(source));
+    if (tp == "Failed" && !reason_of(target).empty()) reason += "; " + with_reason("target", "failed", reason_of(target));
+    return {Outcome::kFailed, reason};
+  }
+  if (tp == "Failed" || tp == "Cancelled") {
+    return {Outcome::kFailed, with_reason("target", tp == "Failed" ? "failed" : "cancelled", reason_of(target))};
+  }
+  return {Outcome::kRunning, ""};
+}
+
+void copy_agent_status(json& status, const json& source, const json& target) {
+  const json& p = source.value("progress", json::object());
+  json progress = status.value("progress", json::object());
+  auto copy_int = [&](const char* from, const char* to) {
+    if (p.contains(from) && p[from].is_number()) progress[to] = static_cast<int64_t>(std::llround(p[from].get<double>()));
+  };
+  copy_int("transferredBytes", "transferredBytes");
+  copy_int("remainingBytes", "remainingBytes");
+  copy_int("totalBytes", "totalBytes");
+  copy_int("throughputBytesPerSecond", "throughputBytesPerSecond");
+  copy_int("dirtyRateBytesPerSecond", "dirtyRateBytesPerSecond");
+  copy_int("passes", "passes");
+  copy_int("chunksSent", "chunksSent");
+  if (p.contains("percent") && p["percent"].is_number()) {
+    progress["percent"] = std::clamp<int64_t>(static_cast<int64_t>(std::floor(p["percent"].get<double>())), 0, 100);
+  }
+  const json& tprog = target.value("progress", json::object());
+  if (tprog.contains("chunksReceived") && tprog["chunksReceived"].is_number()) {
+    progress["chunksReceived"] = tprog["chunksReceived"].get<int64_t>();
+  }
+  if (!progress.empty()) status["progress"] = progress;
+
+  if (source.contains("transport") && source["transport"].is_string()) status["transport"] = source["transport"];
+  if (source.contains("channels") && source["channels"].is_number()) status["channels"] = source["channels"];
+  if (source.contains("chunkSize") && source["chunkSize"].is_number_unsigned() && source["chunkSize"].get<uint64_t>() > 0) {
+    status["chunkSize"] = format_quantity(source["chunkSize"].get<uint64_t>());
+  }
+  const json& r = source.value("result", json::object());
+  auto copy_ms = [&](const char* key) {
+    if (r.contains(key) && r[key].is_number()) status[key] = r[key].get<int64_t>();
+  };
+  copy_ms("downtimeMs");
+  copy_ms("switchoverMs");
+  copy_ms("totalTimeMs");
+  if (r.contains("targetState") && r["targetState"].is_string()) status["targetState"] = r["targetState"];
+}
+
+void set_condition(json& status, const std::string& type, const std::string& status_value, const std::string& reason,
+                   const std::string& message, int64_t generation, const std::string& now) {
+  json& conds = status["conditions"];
+  if (!conds.is_array()) conds = json::array();
+  for (auto& c : conds) {
+    if (c.value("type", "") != type) continue;
+    if (c.value("status", "") != status_value) c["lastTransitionTime"] = now;
+    c["status"] = status_value;
+    c["reason"] = reason;
+    c["message"] = message;
+    c["observedGeneration"] = generation;
+    return;
+  }
+  conds.push_back(json{{"type", type},
+                       {"status", status_value},
+                       {"reason", reason},
+                       {"message", message},
+                       {"observedGeneration", generation},
+                       {"lastTransitionTime", now}});
+}
+
+}  // namespace rdmig::controller

@@ -1,0 +1,34 @@
+// From the agents' view of one migration (GET /v1/migrations/{id} on source and target) to
+// the RdmaMigration .status: progress, transport, results, and the combined outcome. Pure.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace rdmig::controller {
+
+enum class Outcome { kRunning, kSucceeded, kFailed, kCancelled };
+
+struct Verdict {
+  Outcome outcome = Outcome::kRunning;
+  std::string reason;  // why it failed or was cancelled, naming the side
+};
+
+bool agent_phase_terminal(const std::string& phase);
+
+// Source and target together: Succeeded only when both say so; any failure on one side fails
+// the whole; a source cancelled (by us or by its agent shutting down) is Cancelled.
+Verdict judge(const nlohmann::json& source, const nlohmann::json& target);
+
+// Copies progress (transferred/remaining/total bytes, percent, throughput, dirty rate,
+// passes, chunks), transport, channels, chunk size and results (downtimeMs, switchoverMs,
+// totalTimeMs, targetState) from the agents' status JSON into `status`. Null or missing
+// figures are left out, never written as 0.
+void copy_agent_status(nlohmann::json& status, const nlohmann::json& source, const nlohmann::json& target);
+
+// Sets condition `type` in status.conditions; lastTransitionTime changes only when `status_value` changes.
+void set_condition(nlohmann::json& status, const std::string& type, const std::string& status_value,
+                   const std::string& reason, const std::string& message, int64_t generation,
+                   const std::string& now);
+
+}  // namespace rdmig::controller

@@ -1,0 +1,39 @@
+// Worker: the controller's one reconcile thread. Wakes on cache changes (from the informer)
+// and every poll interval; while this replica leads, reconciles the changed objects and
+// every object that is still running or being deleted. Stops when stop() is called.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "controller/controller_metrics.h"
+#include "controller/reconciler.h"
+
+namespace rdmig::controller {
+
+class Worker {
+ public:
+  Worker(Reconciler& reconciler, k8s::Informer& informer, ControllerMetrics& metrics,
+         std::chrono::milliseconds poll_interval, std::function<bool()> leading);
+
+  void enqueue(const std::string& key);
+  void run();
+  void stop();
+
+ private:
+  Reconciler& reconciler_;
+  k8s::Informer& informer_;
+  ControllerMetrics& metrics_;
+  std::chrono::milliseconds poll_interval_;
+  std::function<bool()> leading_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::set<std::string> dirty_;
+  bool stopping_ = false;
+};
+
+}  // namespace rdmig::controller
