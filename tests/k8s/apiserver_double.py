@@ -1,0 +1,499 @@
+"""A Kubernetes API server double for testing rdmig-controller (Python stdlib only).
+
+It is a test double, not an API server. It keeps the semantics the controller relies on:
+  * one global resourceVersion counter, bumped on every write (like etcd's revision);
+    list responses carry it in metadata.resourceVersion;
+  * list + watch (?watch=1&resourceVersion=N) as a chunked stream of JSON lines with
+    ADDED / MODIFIED / DELETED / BOOKMARK / ERROR events, from the history after N;
+    resourceVersion unset or "0" starts with synthetic ADDED events for what exists;
+    timeoutSeconds ends the stream (after a BOOKMARK);
+  * watch expiry: expire_watches() ends open streams with an ERROR event (code 410,
+    reason Expired) and compacts history so watches from older versions get 410 too;
+  * the status subresource (PUT .../status changes only .status; PUT on the object keeps
+    the stored .status), metadata.generation bumped on spec changes;
+  * 409 Conflict on a write with a stale metadata.resourceVersion, 409 AlreadyExists on
+    create of an existing name, 404 NotFound;
+  * finalizers and deletionTimestamp: DELETE of an object with finalizers only sets
+    deletionTimestamp; a PUT that removes the last finalizer deletes it; new finalizers
+    cannot be added once deletion started;
+  * labelSelector (equality terms) and fieldSelector (spec.nodeName, metadata.name,
+    metadata.namespace) on lists and watches;
+  * bearer-token authentication (401 otherwise) and TLS with a CA made by the openssl CLI;
+  * RdmaMigration writes are checked against the CRD's openAPIV3Schema (422 Invalid).
+It does not keep: RBAC, admission webhooks, server-side apply/patch, field managers,
+defaulting from the schema, garbage collection/ownerReferences, pagination (limit/continue),
+set-based selectors, watch caches per resource, protobuf, or API discovery.
+"""
+import bisect
+import copy
+import datetime
+import http.server
+import json
+import os
+import ssl
+import subprocess
+import threading
+import time
+import urllib.parse
+import uuid
+
+import schema_validator
+
+STATUS_SUBRESOURCE = {"rdmamigrations"}
+CLUSTER_WIDE_LISTS = {"rdmamigrations", "pods", "leases", "events"}
+
+
+def now_rfc3339():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def status_body(code, reason, message):
+    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+            "reason": reason, "message": message}
+
+
+def make_tls_material(workdir):
+    """CA + server certificate for 127.0.0.1, made with the openssl CLI. Returns paths."""
+    ca_key, ca_crt = os.path.join(workdir, "ca.key"), os.path.join(workdir, "ca.crt")
+    key, csr, crt = (os.path.join(workdir, n) for n in ("server.key", "server.csr", "server.crt"))
+    ext = os.path.join(workdir, "server.ext")
+    with open(ext, "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+
+    def run(*args):
+        subprocess.run(["openssl"] + list(args), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", ca_key, "-out", ca_crt, "-days", "2", "-subj", "/CN=rdmig-test-ca")
+    run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", key, "-out", csr, "-subj", "/CN=127.0.0.1")
+    run("x509", "-req", "-in", csr, "-CA", ca_crt, "-CAkey", ca_key, "-CAcreateserial",
+        "-out", crt, "-days", "2", "-extfile", ext)
+    return ca_crt, crt, key
+
+
+def parse_selector(text):
+    terms = {}
+    for term in filter(None, (t.strip() for t in (text or "").split(","))):
+        if "!=" in term:
+            raise ValueError("unsupported selector term " + term)
+        k, _, v = term.partition("=")
+        terms[k.strip()] = v.lstrip("=").strip()
+    return terms
+
+
+def field_value(obj, path):
+    cur = obj
+    for part in path.split("."):
+        if not isinstance(cur, dict):
+            return None
+        cur = cur.get(part)
+    return cur
+
+
+class Store:
+    """Objects, history and resourceVersions. All methods take the condition's lock."""
+
+    def __init__(self, crd_schema=None):
+        self.cond = threading.Condition()
+        self.rv = 100
+        self.objects = {}    # (plural, ns, name) -> object
+        self.history = []    # (rv, plural, ns, type, object)
+        self.compacted = 0   # watches from a resourceVersion below this get 410
+        self.epoch = 0       # bumped by expire_watches(): open watches end with 410
+        self.crd_schema = crd_schema
+        self.on_finalizers_removed = None  # hook(obj) called before the object goes away
+        self.counters = {"list": {}, "watch": {}, "gone": 0}
+
+    # -- internals -----------------------------------------------------------------------
+    def _bump(self, plural, ns, etype, obj):
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        self.history.append((self.rv, plural, ns, etype, copy.deepcopy(obj)))
+        self.cond.notify_all()
+
+    def _validate(self, plural, obj):
+        if plural != "rdmamigrations" or self.crd_schema is None:
+            return None
+        errors = schema_validator.validate(obj, self.crd_schema)
+        if errors:
+            return 422, status_body(422, "Invalid", "RdmaMigration is invalid: " + "; ".join(errors))
+        return None
+
+    # -- operations (each returns (http_status, body)) -----------------------------------
+    def create(self, plural, ns, obj):
+        obj = copy.deepcopy(obj)
+        md = obj.setdefault("metadata", {})
+        if not md.get("name") and md.get("generateName"):
+            md["name"] = md["generateName"] + uuid.uuid4().hex[:5]
+        if not md.get("name"):
+            return 422, status_body(422, "Invalid", "metadata.name: Required value")
+        if ns is not None:
+            md["namespace"] = ns
+        bad = self._validate(plural, obj)
+        if bad:
+            return bad
+        with self.cond:
+            key = (plural, md.get("namespace"), md["name"])
+            if key in self.objects:
+                return 409, status_body(409, "AlreadyExists", '%s "%s" already exists' % (plural, md["name"]))
+            md["uid"] = str(uuid.uuid4())
+            md["creationTimestamp"] = now_rfc3339()
+            md["generation"] = 1
+            md.pop("deletionTimestamp", None)
+            if plural in STATUS_SUBRESOURCE:
+                obj.pop("status", None)
+            self.objects[key] = obj
+            self._bump(plural, key[1], "ADDED", obj)
+            return 201, copy.deepcopy(obj)
+
+    def get(self, plural, ns, name):
+        with self.cond:
+            obj = self.objects.get((plural, ns, name))
+            if obj is None:
+                return 404, status_body(404, "NotFound", '%s "%s" not found' % (plural, name))
+            return 200, copy.deepcopy(obj)
+
+    def _check_rv(self, stored, body, plural, name):
+        want = body.get("metadata", {}).get("resourceVersion")
+        if want and want != stored["metadata"]["resourceVersion"]:
+            return 409, status_body(409, "Conflict", 'Operation cannot be fulfilled on %s "%s": the object has '
+                                    "been modified; please apply your changes to the latest version and try again"
+                                    % (plural, name))
+        return None
+
+    def replace(self, plural, ns, name, body, subresource=None):
+        with self.cond:
+            key = (plural, ns, name)
+            stored = self.objects.get(key)
+            if stored is None:
+                return 404, status_body(404, "NotFound", '%s "%s" not found' % (plural, name))
+            conflict = self._check_rv(stored, body, plural, name)
+            if conflict:
+                return conflict
+            new = copy.deepcopy(stored)
+            if subresource == "status":
+                new["status"] = copy.deepcopy(body.get("status", {}))
+            else:
+                for k, v in body.items():
+                    if k not in ("metadata", "status") or plural not in STATUS_SUBRESOURCE and k == "status":
+                        new[k] = copy.deepcopy(v)
+                md_in = body.get("metadata", {})
+                for k in ("labels", "annotations"):
+                    if k in md_in:
+                        new["metadata"][k] = copy.deepcopy(md_in[k])
+                old_fin = stored["metadata"].get("finalizers", [])
+                new_fin = list(md_in.get("finalizers", []))
+                if stored["metadata"].get("deletionTimestamp") and [f for f in new_fin if f not in old_fin]:
+                    return 422, status_body(422, "Forbidden", "no new finalizers can be added if the object is "
+                                            "being deleted")
+                new["metadata"]["finalizers"] = new_fin
+                if not new_fin:
+                    new["metadata"].pop("finalizers", None)
+                if plural in STATUS_SUBRESOURCE and new.get("spec") != stored.get("spec"):
+                    new["metadata"]["generation"] = stored["metadata"].get("generation", 1) + 1
+            bad = self._validate(plural, new)
+            if bad:
+                return bad
+            if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+                if self.on_finalizers_removed:
+                    self.on_finalizers_removed(copy.deepcopy(new))
+                del self.objects[key]
+                self._bump(plural, ns, "DELETED", new)
+                return 200, copy.deepcopy(new)
+            self.objects[key] = new
+            self._bump(plural, ns, "MODIFIED", new)
+            return 200, copy.deepcopy(new)
+
+    def delete(self, plural, ns, name):
+        with self.cond:
+            key = (plural, ns, name)
+            stored = self.objects.get(key)
+            if stored is None:
+                return 404, status_body(404, "NotFound", '%s "%s" not found' % (plural, name))
+            if stored["metadata"].get("finalizers"):
+                if not stored["metadata"].get("deletionTimestamp"):
+                    stored["metadata"]["deletionTimestamp"] = now_rfc3339()
+                    stored["metadata"]["deletionGracePeriodSeconds"] = 0
+                    self._bump(plural, ns, "MODIFIED", stored)
+                return 200, copy.deepcopy(stored)
+            del self.objects[key]
+            self._bump(plural, ns, "DELETED", stored)
+            return 200, copy.deepcopy(stored)
+
+    def matches(self, obj, plural, ns, labels, fields):
+        md = obj.get("metadata", {})
+        if ns is not None and md.get("namespace") != ns:
+            return False
+        for k, v in labels.items():
+            if (md.get("labels") or {}).get(k) != v:
+                return False
+        for k, v in fields.items():
+            if str(field_value(obj, k) or "") != v:
+                return False
+        return True
+
+    def list(self, plural, ns, labels, fields):
+        with self.cond:
+            self.counters["list"][plural] = self.counters["list"].get(plural, 0) + 1
+            items = [copy.deepcopy(o) for (p, _, _), o in sorted(self.objects.items())
+                     if p == plural and self.matches(o, plural, ns, labels, fields)]
+            return 200, {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": str(self.rv)},
+                         "items": items}
+
+    def expire_watches(self):
+        """Ends every open watch with 410 and compacts history to now (after one unrelated
+        write, as happens in a busy cluster), so resuming from any version seen so far fails."""
+        with self.cond:
+            self.rv += 1
+            self.compacted = self.rv
+            self.history = [h for h in self.history if h[0] >= self.compacted]
+            self.epoch += 1
+            self.cond.notify_all()
+
+    def objects_of(self, plural):
+        with self.cond:
+            return [copy.deepcopy(o) for (p, _, _), o in self.objects.items() if p == plural]
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "rdmig-apiserver-double"
+
+    def log_message(self, fmt, *args):
+        pass
+
+    @property
+    def api(self):
+        return self.server.api
+
+    def _send(self, code, body):
+        data = (json.dumps(body) + "\n").encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        self.api.log(self.command, self.path, self.headers.get("User-Agent", ""), code)
+
+    def _route(self):
+        url = urllib.parse.urlsplit(self.path)
+        query = dict(urllib.parse.parse_qsl(url.query, keep_blank_values=True))
+        parts = [p for p in url.path.split("/") if p]
+        if parts[:2] == ["api", "v1"]:
+            rest = parts[2:]
+        elif len(parts) >= 3 and parts[0] == "apis":
+            rest = parts[3:]
+        else:
+            return None
+        ns = None
+        if rest[:1] == ["namespaces"] and len(rest) >= 3:
+            ns, rest = rest[1], rest[2:]
+        if not rest:
+            return None
+        plural = rest[0]
+        name = rest[1] if len(rest) > 1 else None
+        sub = rest[2] if len(rest) > 2 else None
+        return plural, ns, name, sub, query
+
+    def _auth(self):
+        if self.headers.get("Authorization") != "Bearer " + self.api.token:
+            self._send(401, status_body(401, "Unauthorized", "Unauthorized"))
+            return False
+        return True
+
+    def _body(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        try:
+            return json.loads(self.rfile.read(n) or b"{}")
+        except ValueError:
+            return None
+
+    def do_GET(self):
+        if not self._auth():
+            return
+        r = self._route()
+        if r is None:
+            return self._send(404, status_body(404, "NotFound", "no route " + self.path))
+        plural, ns, name, sub, q = r
+        store = self.api.store
+        if name:
+            return self._send(*store.get(plural, ns, name))
+        try:
+            labels, fields = parse_selector(q.get("labelSelector")), parse_selector(q.get("fieldSelector"))
+        except ValueError as e:
+            return self._send(400, status_body(400, "BadRequest", str(e)))
+        if q.get("watch") in ("1", "true"):
+            return self._watch(plural, ns, labels, fields, q)
+        return self._send(*store.list(plural, ns, labels, fields))
+
+    def _chunk(self, obj):
+        data = (json.dumps(obj) + "\n").encode()
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _watch(self, plural, ns, labels, fields, q):
+        store = self.api.store
+        rv_text = q.get("resourceVersion", "")
+        timeout = float(q.get("timeoutSeconds") or 1800)
+        deadline = time.monotonic() + timeout
+        self.api.log("WATCH", self.path, self.headers.get("User-Agent", ""), 200)
+        with store.cond:
+            store.counters["watch"][plural] = store.counters["watch"].get(plural, 0) + 1
+            epoch = store.epoch
+            start_rv = int(rv_text) if rv_text not in ("", "0") else store.rv
+            initial = []
+            if rv_text in ("", "0"):
+                initial = [copy.deepcopy(o) for (p, _, _), o in sorted(store.objects.items())
+                           if p == plural and store.matches(o, plural, ns, labels, fields)]
+            too_old = rv_text not in ("", "0") and start_rv < store.compacted
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            if too_old:
+                with store.cond:
+                    store.counters["gone"] += 1
+                self._chunk({"type": "ERROR", "object": status_body(
+                    410, "Expired", "too old resource version: %s (%s)" % (start_rv, store.compacted))})
+                return self._end_chunks()
+            for o in initial:
+                self._chunk({"type": "ADDED", "object": o})
+            cursor = start_rv
+            while not self.api.stopping:
+                with store.cond:
+                    pending = []
+                    while True:
+                        if store.epoch != epoch:
+                            store.counters["gone"] += 1
+                            pending = None
+                            break
+                        i = bisect.bisect_right([h[0] for h in store.history], cursor)
+                        pending = [h for h in store.history[i:] if h[1] == plural]
+                        if store.history[i:]:
+                            cursor = store.history[-1][0]
+                        if pending or time.monotonic() >= deadline or self.api.stopping:
+                            break
+                        store.cond.wait(0.25)
+                if pending is None:
+                    self._chunk({"type": "ERROR", "object": status_body(410, "Expired", "watch expired (compacted)")})
+                    break
+                for (_, _, _, etype, obj) in pending:
+                    if store.matches(obj, plural, ns, labels, fields):
+                        self._chunk({"type": etype, "object": obj})
+                if time.monotonic() >= deadline:
+                    self._chunk({"type": "BOOKMARK", "object": {"kind": "", "apiVersion": "",
+                                                                "metadata": {"resourceVersion": str(cursor)}}})
+                    break
+            self._end_chunks()
+        except (BrokenPipeError, ConnectionResetError, ssl.SSLError, OSError):
+            pass
+        self.close_connection = True
+
+    def _end_chunks(self):
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def do_POST(self):
+        if not self._auth():
+            return
+        r = self._route()
+        body = self._body()
+        if r is None or body is None:
+            return self._send(400, status_body(400, "BadRequest", "bad request"))
+        plural, ns, name, sub, q = r
+        self._send(*self.api.store.create(plural, ns, body))
+
+    def do_PUT(self):
+        if not self._auth():
+            return
+        r = self._route()
+        body = self._body()
+        if r is None or body is None or not r[2]:
+            return self._send(400, status_body(400, "BadRequest", "bad request"))
+        plural, ns, name, sub, q = r
+        if sub not in (None, "status") or (sub == "status" and plural not in STATUS_SUBRESOURCE):
+            return self._send(404, status_body(404, "NotFound", "no subresource " + str(sub)))
+        self._send(*self.api.store.replace(plural, ns, name, body, sub))
+
+    def do_DELETE(self):
+        if not self._auth():
+            return
+        r = self._route()
+        if r is None or not r[2]:
+            return self._send(405, status_body(405, "MethodNotAllowed", "collection delete not supported"))
+        plural, ns, name, sub, q = r
+        self._send(*self.api.store.delete(plural, ns, name))
+
+
+class ApiServerDouble:
+    """Runs the double on 127.0.0.1:<free port> in a background thread (TLS by default)."""
+
+    def __init__(self, workdir, tls=True, crd_path=None):
+        self.workdir = workdir
+        os.makedirs(workdir, exist_ok=True)
+        self.token = "test-" + uuid.uuid4().hex
+        schema = schema_validator.load_crd_schema(crd_path) if crd_path else None
+        self.store = Store(schema)
+        self.stopping = False
+        self.requests = []  # (method, path, user_agent, status)
+        self._log_lock = threading.Lock()
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.httpd.api = self
+        self.tls = tls
+        self.ca_file = None
+        if tls:
+            self.ca_file, crt, key = make_tls_material(workdir)
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(crt, key)
+            self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self):
+        return "%s://127.0.0.1:%d" % ("https" if self.tls else "http", self.port)
+
+    def log(self, method, path, user_agent, status):
+        with self._log_lock:
+            self.requests.append((method, path, user_agent, status))
+
+    def write_kubeconfig(self, path, namespace="rdmig-system"):
+        cluster = {"server": self.url}
+        if self.ca_file:
+            cluster["certificate-authority"] = self.ca_file
+        cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "test",
+               "clusters": [{"name": "double", "cluster": cluster}],
+               "users": [{"name": "controller", "user": {"token": self.token}}],
+               "contexts": [{"name": "test", "context": {"cluster": "double", "user": "controller",
+                                                         "namespace": namespace}}]}
+        with open(path, "w") as f:
+            json.dump(cfg, f, indent=2)  # JSON is YAML
+        return path
+
+    def stop(self):
+        self.stopping = True
+        with self.store.cond:
+            self.store.cond.notify_all()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    # -- conveniences for tests (same code paths as the HTTP API) -------------------------
+    def add_agent_pod(self, namespace, name, node, port, ready=True, ip="127.0.0.1",
+                      labels=None):
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": namespace,
+                            "labels": labels or {"app.kubernetes.io/name": "rdmig-agent"}},
+               "spec": {"nodeName": node, "hostNetwork": True,
+                        "containers": [{"name": "agent", "ports": [{"name": "api", "containerPort": port}]}]},
+               "status": {"phase": "Running", "podIP": ip,
+                          "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+        code, body = self.store.create("pods", namespace, pod)
+        assert code == 201, body
+        return body
+
+    def events(self, name=None):
+        return [e for e in self.store.objects_of("events")
+                if name is None or e.get("involvedObject", {}).get("name") == name]

@@ -1,0 +1,148 @@
+"""The RdmaMigration CRD: its openAPIV3Schema accepts the samples and refuses bad objects.
+
+Run: python3 tests/k8s/test_crd_schema.py -v (ctest label k8s).
+"""
+import copy
+import glob
+import os
+import sys
+import unittest
+
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import schema_validator  # noqa: E402
+
+CRD = os.path.join(REPO, "operator-manifests", "crd-rdmamigrations.yaml")
+SAMPLES = sorted(glob.glob(os.path.join(REPO, "operator-manifests", "samples", "rdmamigration*.yaml")))
+
+
+class CrdSchemaTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        with open(CRD) as f:
+            cls.crd = yaml.safe_load(f)
+        cls.schema = schema_validator.load_crd_schema(CRD)
+        with open(SAMPLES[0]) as f:
+            cls.good = yaml.safe_load(f)
+
+    def errors(self, obj):
+        return schema_validator.validate(obj, self.schema)
+
+    def mutated(self, fn):
+        obj = copy.deepcopy(self.good)
+        fn(obj)
+        return obj
+
+    def test_crd_names_scope_and_version(self):
+        spec = self.crd["spec"]
+        self.assertEqual(self.crd["metadata"]["name"], "rdmamigrations.rdmig.io")
+        self.assertEqual(spec["group"], "rdmig.io")
+        self.assertEqual(spec["scope"], "Namespaced")
+        self.assertEqual(spec["names"]["plural"], "rdmamigrations")
+        self.assertEqual(spec["names"]["kind"], "RdmaMigration")
+        self.assertIn("rdmig", spec["names"]["shortNames"])
+        (version,) = spec["versions"]
+        self.assertEqual(version["name"], "v1alpha1")
+        self.assertTrue(version["served"] and version["storage"])
+        self.assertEqual(version["subresources"], {"status": {}})
+        columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+        for name in ("Phase", "Source", "Target", "Transport", "Progress", "Downtime", "Age"):
+            self.assertIn(name, columns)
+        self.assertEqual(columns["Phase"], ".status.phase")
+
+    def test_status_phase_enum_matches_the_controller(self):
+        status = self.schema["properties"]["status"]["properties"]
+        self.assertEqual(status["phase"]["enum"],
+                         ["Pending", "PreparingTarget", "Migrating", "Succeeded", "Failed", "Cancelled"])
+        cond = status["conditions"]["items"]
+        self.assertEqual(set(cond["required"]), {"type", "status", "lastTransitionTime", "reason", "message"})
+
+    def test_schema_uses_only_keywords_the_validator_checks(self):
+        # validate() reports unknown keywords; walk every sub-schema through an empty object.
+        def walk(s, path):
+            self.assertEqual([k for k in s if k not in schema_validator.KNOWN], [], path)
+            for k, sub in (s.get("properties") or {}).items():
+                walk(sub, path + "." + k)
+            if "items" in s:
+                walk(s["items"], path + "[]")
+        walk(self.schema, "<root>")
+
+    def test_samples_validate(self):
+        self.assertGreaterEqual(len(SAMPLES), 2)
+        for path in SAMPLES:
+            with open(path) as f:
+                obj = yaml.safe_load(f)
+            self.assertEqual(self.errors(obj), [], path)
+
+    def test_status_written_by_controller_validates(self):
+        obj = self.mutated(lambda o: o.update(status={
+            "phase": "Succeeded", "observedGeneration": 1, "migrationId": "m-1",
+            "sourceAgent": {"node": "a", "pod": "p", "address": "10.0.0.1:7470"},
+            "targetAgent": {"node": "b", "pod": "q", "address": "10.0.0.2:7470"},
+            "transport": "tcp", "channels": 1, "chunkSize": "4Mi",
+            "progress": {"transferredBytes": 5, "remainingBytes": 0, "totalBytes": 5, "percent": 100,
+                         "throughputBytesPerSecond": 1, "dirtyRateBytesPerSecond": 0, "passes": 2,
+                         "chunksSent": 3, "chunksReceived": 3},
+            "downtimeMs": 17, "switchoverMs": 40, "totalTimeMs": 2400, "targetState": "running",
+            "startTime": "2024-05-01T12:00:00Z", "completionTime": "2024-05-01T12:00:03Z",
+            "conditions": [{"type": "Succeeded", "status": "True", "reason": "Succeeded", "message": "ok",
+                            "observedGeneration": 1, "lastTransitionTime": "2024-05-01T12:00:03Z"}]}))
+        self.assertEqual(self.errors(obj), [])
+
+    def test_rejects_chunk_size_without_binary_unit(self):
+        for bad in ("4M", "4", "4MB", "0Mi", "-4Mi", "4 Mi", "4mi"):
+            errs = self.errors(self.mutated(lambda o: o["spec"].update(chunkSize=bad)))
+            self.assertTrue(any("chunkSize" in e for e in errs), (bad, errs))
+
+    def test_rejects_unknown_transport(self):
+        errs = self.errors(self.mutated(lambda o: o["spec"].update(transport="infiniband")))
+        self.assertTrue(any("spec.transport" in e and "not one of" in e for e in errs), errs)
+
+    def test_rejects_missing_target(self):
+        errs = self.errors(self.mutated(lambda o: o["spec"].pop("target")))
+        self.assertTrue(any("'target' is missing" in e for e in errs), errs)
+
+    def test_rejects_target_without_a_kind_or_with_two(self):
+        errs = self.errors(self.mutated(lambda o: o["spec"].update(target={})))
+        self.assertTrue(any("spec.target" in e and "at least 1" in e for e in errs), errs)
+        two = {"qemu": {"node": "b", "qmpSocket": "/q"}, "vmi": {"name": "x"}}
+        errs = self.errors(self.mutated(lambda o: o["spec"].update(target=two)))
+        self.assertTrue(any("spec.target" in e for e in errs), errs)
+
+    def test_rejects_out_of_range_tunables_and_wrong_types(self):
+        cases = {"multifdChannels": 65, "ringDepth": 1, "maxDowntimeMs": 0, "completionTimeoutSeconds": 5}
+        for key, value in cases.items():
+            errs = self.errors(self.mutated(lambda o: o["spec"].update({key: value})))
+            self.assertTrue(any("spec." + key in e for e in errs), (key, errs))
+        errs = self.errors(self.mutated(lambda o: o["spec"].update(cancel="yes")))
+        self.assertTrue(any("spec.cancel" in e for e in errs), errs)
+        errs = self.errors(self.mutated(lambda o: o["spec"]["source"]["qemu"].update(qmpSocket="relative.sock")))
+        self.assertTrue(any("qmpSocket" in e for e in errs), errs)
+        errs = self.errors(self.mutated(lambda o: o["spec"]["source"]["qemu"].pop("node")))
+        self.assertTrue(any("'node' is missing" in e for e in errs), errs)
+
+    def test_rejects_unknown_spec_field_and_bad_status_phase(self):
+        errs = self.errors(self.mutated(lambda o: o["spec"].update(chunksize="4Mi")))
+        self.assertTrue(any("spec.chunksize: unknown field" in e for e in errs), errs)
+        errs = self.errors(self.mutated(lambda o: o.update(status={"phase": "Done"})))
+        self.assertTrue(any("status.phase" in e for e in errs), errs)
+
+    def test_validator_catches_what_it_claims(self):
+        # The validator itself: each keyword can fail.
+        v = schema_validator.validate
+        self.assertTrue(v(5, {"type": "string"}))
+        self.assertTrue(v("x", {"type": "string", "enum": ["a"]}))
+        self.assertTrue(v(5, {"type": "integer", "maximum": 4}))
+        self.assertTrue(v({}, {"type": "object", "required": ["a"]}))
+        self.assertTrue(v([1, "a"], {"type": "array", "items": {"type": "integer"}}))
+        self.assertTrue(v("1x", {"type": "string", "pattern": "^[0-9]+$"}))
+        self.assertTrue(v(True, {"type": "integer"}))
+        self.assertFalse(v("4Mi", {"x-kubernetes-int-or-string": True}))
+        self.assertTrue(v({}, {"type": "object", "oneOf": []}))  # unsupported keyword is reported
+
+
+if __name__ == "__main__":
+    unittest.main()
