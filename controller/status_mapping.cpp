@@ -41,6 +41,7 @@ Verdict judge(const json& source, const json& target) {
 }
 
 void copy_agent_status(json& status, const json& source, const json& target) {
+  if (!status.is_object()) status = json::object();
   const json& p = source.value("progress", json::object());
   json progress = status.value("progress", json::object());
   auto copy_int = [&](const char* from, const char* to) {
@@ -64,7 +65,7 @@ void copy_agent_status(json& status, const json& source, const json& target) {
 
   if (source.contains("transport") && source["transport"].is_string()) status["transport"] = source["transport"];
   if (source.contains("channels") && source["channels"].is_number()) status["channels"] = source["channels"];
-  if (source.contains("chunkSize") && source["chunkSize"].is_number_unsigned() && source["chunkSize"].get<uint64_t>() > 0) {
+  if (source.contains("chunkSize") && source["chunkSize"].is_number_integer() && source["chunkSize"].get<int64_t>() > 0) {
     status["chunkSize"] = format_quantity(source["chunkSize"].get<uint64_t>());
   }
   const json& r = source.value("result", json::object());
@@ -75,10 +76,17 @@ void copy_agent_status(json& status, const json& source, const json& target) {
   copy_ms("switchoverMs");
   copy_ms("totalTimeMs");
   if (r.contains("targetState") && r["targetState"].is_string()) status["targetState"] = r["targetState"];
+  // After the end QEMU may report no current rate: show the average over the whole run.
+  if (agent_phase_terminal(source.value("phase", "")) && progress.value("throughputBytesPerSecond", int64_t{0}) == 0 &&
+      status.value("totalTimeMs", int64_t{0}) > 0 && progress.value("transferredBytes", int64_t{0}) > 0) {
+    status["progress"]["throughputBytesPerSecond"] =
+        progress["transferredBytes"].get<int64_t>() * 1000 / status["totalTimeMs"].get<int64_t>();
+  }
 }
 
 void set_condition(json& status, const std::string& type, const std::string& status_value, const std::string& reason,
                    const std::string& message, int64_t generation, const std::string& now) {
+  if (!status.is_object()) status = json::object();
   json& conds = status["conditions"];
   if (!conds.is_array()) conds = json::array();
   for (auto& c : conds) {

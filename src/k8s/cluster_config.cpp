@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 namespace rdmig::k8s {
@@ -33,12 +34,12 @@ std::string resolve(const std::string& base_dir, const std::string& path) {
 }
 
 // Finds the entry named `name` in a kubeconfig list (clusters, users, contexts).
-YAML::Node find_named(const YAML::Node& list, const std::string& name) {
-  if (!list || !list.IsSequence()) return YAML::Node();
+std::optional<YAML::Node> find_named(const YAML::Node& list, const std::string& name) {
+  if (!list || !list.IsSequence()) return std::nullopt;
   for (const auto& item : list) {
-    if (item["name"] && item["name"].as<std::string>() == name) return item;
+    if (item.IsMap() && item["name"] && item["name"].as<std::string>() == name) return item;
   }
-  return YAML::Node();
+  return std::nullopt;
 }
 
 std::string str(const YAML::Node& n, const char* key) {
@@ -139,15 +140,15 @@ Result<ClusterConfig> parse_kubeconfig(const std::string& yaml_text, const std::
     if (ctx_name.empty()) return bad("current-context", "not set and no context given");
     const auto ctx_entry = find_named(root["contexts"], ctx_name);
     if (!ctx_entry) return bad("contexts", "no context named '" + ctx_name + "'");
-    const auto ctx = ctx_entry["context"];
+    const auto ctx = (*ctx_entry)["context"];
     if (!ctx || !ctx.IsMap()) return bad("contexts[" + ctx_name + "].context", "missing");
     const std::string cluster_name = str(ctx, "cluster");
     const std::string user_name = str(ctx, "user");
     const auto cluster_entry = find_named(root["clusters"], cluster_name);
-    if (!cluster_entry || !cluster_entry["cluster"]) {
+    if (!cluster_entry || !(*cluster_entry)["cluster"] || !(*cluster_entry)["cluster"].IsMap()) {
       return bad("clusters", "no cluster named '" + cluster_name + "' (context '" + ctx_name + "')");
     }
-    const auto cluster = cluster_entry["cluster"];
+    const auto cluster = (*cluster_entry)["cluster"];
     ClusterConfig c;
     c.namespace_ = str(ctx, "namespace");
     c.server = str(cluster, "server");
@@ -164,7 +165,7 @@ Result<ClusterConfig> parse_kubeconfig(const std::string& yaml_text, const std::
     if (!user_name.empty()) {
       const auto user_entry = find_named(root["users"], user_name);
       if (!user_entry) return bad("users", "no user named '" + user_name + "' (context '" + ctx_name + "')");
-      const auto user = user_entry["user"];
+      const auto user = (*user_entry)["user"];
       if (user && user.IsMap()) {
         const std::string up = "users[" + user_name + "].user.";
         if (user["exec"] || user["auth-provider"]) {

@@ -1,0 +1,116 @@
+"""Starts rdmig-controller processes against the API server double, for tests."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(REPO, "tools"))
+from rdmiglab import parse_prometheus  # noqa: E402
+
+
+def controller_binary():
+    path = os.environ.get("RDMIG_CONTROLLER") or os.path.join(REPO, "build-k8s", "controller", "rdmig-controller")
+    if not os.access(path, os.X_OK):
+        raise RuntimeError("rdmig-controller not found at %s (build it, or set RDMIG_CONTROLLER)" % path)
+    return path
+
+
+def wait_for(predicate, timeout, what, interval=0.05):
+    """Polls predicate() until it returns a truthy value; raises TimeoutError naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError("timed out after %ss waiting for %s" % (timeout, what))
+        time.sleep(interval)
+
+
+class Controller:
+    """One rdmig-controller process; config merged over test defaults (short lease, fast polls)."""
+
+    def __init__(self, workdir, name, kubeconfig, agent_token_file, config=None, start=True):
+        self.workdir, self.name = workdir, name
+        self.config_file = os.path.join(workdir, name + ".yaml")
+        self.ports_file = os.path.join(workdir, name + ".ports.json")
+        self.log_file = os.path.join(workdir, name + ".log")
+        cfg = {"namespace": "rdmig-system",
+               "agents": {"tokenFile": agent_token_file, "unreachableTimeoutSeconds": 3,
+                          "requestTimeoutSeconds": 5},
+               "pollIntervalMs": 250,
+               "leaderElection": {"identity": name, "leaseDurationSeconds": 3, "renewDeadlineSeconds": 2,
+                                  "retryPeriodSeconds": 0.5},
+               "metrics": {"address": "127.0.0.1", "port": 0},
+               "logLevel": "debug"}
+        for k, v in (config or {}).items():
+            if isinstance(v, dict) and isinstance(cfg.get(k), dict):
+                cfg[k].update(v)
+            else:
+                cfg[k] = v
+        with open(self.config_file, "w") as f:
+            json.dump(cfg, f)
+        self.kubeconfig = kubeconfig
+        self.proc = None
+        self.port = None
+        if start:
+            self.start()
+
+    def start(self, timeout=20.0):
+        if os.path.exists(self.ports_file):
+            os.unlink(self.ports_file)
+        with open(self.log_file, "ab") as log:
+            self.proc = subprocess.Popen([controller_binary(), "--config", self.config_file,
+                                          "--kubeconfig", self.kubeconfig, "--ports-file", self.ports_file],
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+
+        def ready():
+            if self.proc.poll() is not None:
+                raise RuntimeError("%s exited with %s: %s" % (self.name, self.proc.returncode, self.log_text()))
+            return os.path.exists(self.ports_file)
+        wait_for(ready, timeout, self.name + " to listen")
+        with open(self.ports_file) as f:
+            self.port = json.load(f)["metrics"]
+        return self
+
+    def log_text(self):
+        try:
+            with open(self.log_file, "rb") as f:
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def http_get(self, path):
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.port, path), timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def metrics(self):
+        samples, _ = parse_prometheus(self.http_get("/metrics")[1])
+        return samples
+
+    def metric(self, name, **labels):
+        return self.metrics().get((name, frozenset(labels.items())))
+
+    def stop(self, sig=signal.SIGTERM, timeout=20.0):
+        if not self.alive():
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        return self.proc.returncode
