@@ -135,6 +135,8 @@ TransportMetrics& Metrics::transport(const std::string& kind) {
   auto it = transports_.find(kind);
   if (it != transports_.end()) return it->second;
   TransportMetrics t;
+  t.owner = this;
+  t.kind = kind;
   t.bytes_sent = &bytes_.Add({{"transport", kind}, {"direction", "sent"}});
   t.bytes_received = &bytes_.Add({{"transport", kind}, {"direction", "received"}});
   t.chunks_sent = &chunks_.Add({{"transport", kind}, {"direction", "sent"}});

@@ -18,7 +18,11 @@
 namespace rdmig {
 
 // Counters the data path updates for one transport kind ("tcp" or "rdma").
+class Metrics;
+
 struct TransportMetrics {
+  Metrics* owner = nullptr;  // for error counters by kind
+  std::string kind;
   prometheus::Counter* bytes_sent = nullptr;
   prometheus::Counter* bytes_received = nullptr;
   prometheus::Counter* chunks_sent = nullptr;

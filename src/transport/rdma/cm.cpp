@@ -1,0 +1,118 @@
+#include "transport/rdma/cm.h"
+
+#include <poll.h>
+
+#include <cstring>
+
+namespace rdmig::transport::rdma {
+
+namespace {
+template <typename T>
+void put(std::vector<uint8_t>& out, T v) {
+  for (size_t i = 0; i < sizeof(T); ++i) out.push_back(static_cast<uint8_t>((static_cast<uint64_t>(v) >> (8 * i)) & 0xff));
+}
+template <typename T>
+T get(const std::vector<uint8_t>& in, size_t& pos) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) v |= static_cast<uint64_t>(in[pos + i]) << (8 * i);
+  pos += sizeof(T);
+  return static_cast<T>(v);
+}
+}  // namespace
+
+Result<CmEvent> next_cm_event(rdma_event_channel* channel, std::chrono::milliseconds timeout) {
+  pollfd p{channel->fd, POLLIN, 0};
+  const int rc = ::poll(&p, 1, static_cast<int>(timeout.count()));
+  if (rc == 0) return Error{Errc::kTimeout, "no rdma_cm event within " + std::to_string(timeout.count()) + " ms"};
+  if (rc < 0) return errno_error("poll(rdma_cm)", errno);
+  rdma_cm_event* ev = nullptr;
+  if (rdma_get_cm_event(channel, &ev) != 0) return errno_error("rdma_get_cm_event", errno);
+  CmEvent out;
+  out.type = ev->event;
+  out.status = ev->status;
+  out.id = ev->id;
+  if (ev->param.conn.private_data && ev->param.conn.private_data_len > 0) {
+    const auto* p8 = static_cast<const uint8_t*>(ev->param.conn.private_data);
+    out.private_data.assign(p8, p8 + ev->param.conn.private_data_len);
+  }
+  rdma_ack_cm_event(ev);
+  return out;
+}
+
+Result<CmEvent> expect_cm_event(rdma_event_channel* channel, rdma_cm_event_type want,
+                                std::chrono::milliseconds timeout, const std::string& what) {
+  auto ev = next_cm_event(channel, timeout);
+  if (!ev) return ev.error().with_context(what);
+  if (ev->type != want) {
+    return Error{Errc::kUnavailable, what + ": expected " + rdma_event_str(want) + ", got " +
+                                         rdma_event_str(ev->type) + " (status " + std::to_string(ev->status) +
+                                         (ev->status < 0 ? std::string(": ") + std::strerror(-ev->status) : "") + ")"};
+  }
+  return ev;
+}
+
+std::vector<uint8_t> ConnectRequest::encode() const {
+  std::vector<uint8_t> out;
+  put(out, kPrivateMagic);
+  put(out, kPrivateVersion);
+  put(out, index);
+  out.insert(out.end(), session.begin(), session.end());
+  put(out, ring_addr);
+  put(out, ring_rkey);
+  return out;
+}
+
+Result<ConnectRequest> ConnectRequest::decode(const std::vector<uint8_t>& raw) {
+  // rdma_cm may pad private data with zeros: require at least our size.
+  if (raw.size() < 36) return Error{Errc::kProtocol, "rdma connect request: private data too short"};
+  size_t pos = 0;
+  if (get<uint32_t>(raw, pos) != kPrivateMagic) return Error{Errc::kProtocol, "rdma connect request: not from rdmig"};
+  if (get<uint16_t>(raw, pos) != kPrivateVersion) return Error{Errc::kProtocol, "rdma connect request: version mismatch"};
+  ConnectRequest r;
+  r.index = get<uint16_t>(raw, pos);
+  std::memcpy(r.session.data(), raw.data() + pos, 16);
+  pos += 16;
+  r.ring_addr = get<uint64_t>(raw, pos);
+  r.ring_rkey = get<uint32_t>(raw, pos);
+  return r;
+}
+
+std::vector<uint8_t> ConnectReply::encode() const {
+  std::vector<uint8_t> out;
+  put(out, kPrivateMagic);
+  put(out, kPrivateVersion);
+  put(out, uint16_t{0});
+  put(out, ring_addr);
+  put(out, ring_rkey);
+  return out;
+}
+
+Result<ConnectReply> ConnectReply::decode(const std::vector<uint8_t>& raw) {
+  if (raw.size() < 20) return Error{Errc::kProtocol, "rdma connect reply: private data too short"};
+  size_t pos = 0;
+  if (get<uint32_t>(raw, pos) != kPrivateMagic) return Error{Errc::kProtocol, "rdma connect reply: not from rdmig"};
+  if (get<uint16_t>(raw, pos) != kPrivateVersion) return Error{Errc::kProtocol, "rdma connect reply: version mismatch"};
+  pos += 2;
+  ConnectReply r;
+  r.ring_addr = get<uint64_t>(raw, pos);
+  r.ring_rkey = get<uint32_t>(raw, pos);
+  return r;
+}
+
+Result<std::array<uint8_t, 16>> session_from_hex(const std::string& hex) {
+  if (hex.size() != 32) return Error{Errc::kInvalidArgument, "session: expected 32 hex characters"};
+  std::array<uint8_t, 16> out{};
+  for (size_t i = 0; i < 16; ++i) {
+    auto nib = [](char c) -> int {
+      if (c >= '0' && c <= '9') return c - '0';
+      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+      return -1;
+    };
+    const int hi = nib(hex[2 * i]), lo = nib(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return Error{Errc::kInvalidArgument, "session: not lower-case hex"};
+    out[i] = static_cast<uint8_t>(hi * 16 + lo);
+  }
+  return out;
+}
+
+}  // namespace rdmig::transport::rdma

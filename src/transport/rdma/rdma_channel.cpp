@@ -1,0 +1,511 @@
+#include "transport/rdma/rdma_channel.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/resource.h>
+
+#include <cstring>
+
+#include "common/log.h"
+#include "transport/rdma/imm.h"
+
+namespace rdmig::transport::rdma {
+
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr uint64_t kDataFlag = uint64_t{1} << 63;
+constexpr uint64_t kTimeMask = (uint64_t{1} << 48) - 1;
+
+uint64_t now_us() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch()).count());
+}
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+std::string memlock_limit_text() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0) return "unknown";
+  if (rl.rlim_cur == RLIM_INFINITY) return "unlimited";
+  return std::to_string(rl.rlim_cur / 1024) + " KiB";
+}
+
+Error verbs_error(const std::string& what, int err) {
+  auto e = errno_error(what, err);
+  e.code = Errc::kUnavailable;
+  return e;
+}
+
+}  // namespace
+
+RdmaChannel::RdmaChannel(EventChannelPtr events, CmIdPtr id, const RdmaChannelParams& params,
+                         TransportMetrics& metrics)
+    : params_(params),
+      metrics_(metrics),
+      events_(std::move(events)),
+      id_(std::move(id)),
+      credits_(params.send_depth) {}
+
+RdmaChannel::~RdmaChannel() {
+  stopping_ = true;
+  {
+    std::lock_guard lock(state_mu_);
+    if (established_) rdma_disconnect(id_.get());
+  }
+  credits_.abort(Error{Errc::kCancelled, "channel closed"});
+  rx_cv_.notify_all();
+  sq_cv_.notify_all();
+  if (poller_.joinable()) poller_.join();
+  metrics_.chunks_in_flight->Decrement(credits_.in_flight());
+}
+
+Status RdmaChannel::setup_resources() {
+  ibv_context* ctx = id_->verbs;
+  if (!ctx) return Error{Errc::kUnavailable, "rdma_cm id has no device"};
+  pd_.reset(ibv_alloc_pd(ctx));
+  if (!pd_) return verbs_error("ibv_alloc_pd", errno);
+  comp_.reset(ibv_create_comp_channel(ctx));
+  if (!comp_) return verbs_error("ibv_create_comp_channel", errno);
+  ::fcntl(comp_->fd, F_SETFL, ::fcntl(comp_->fd, F_GETFL) | O_NONBLOCK);
+  sq_cap_ = params_.send_depth + params_.recv_depth + 8;
+  const uint32_t rq = params_.recv_depth + params_.send_depth + 8;
+  cq_.reset(ibv_create_cq(ctx, static_cast<int>(sq_cap_ + rq), nullptr, comp_.get(), 0));
+  if (!cq_) return verbs_error("ibv_create_cq", errno);
+
+  const size_t ring_bytes = round_up(size_t{params_.recv_depth} * params_.recv_chunk, 4096);
+  const size_t staging_bytes = round_up(size_t{params_.send_depth} * params_.send_chunk, 4096);
+  recv_ring_.reset(static_cast<std::byte*>(std::aligned_alloc(4096, ring_bytes)));
+  staging_.reset(static_cast<std::byte*>(std::aligned_alloc(4096, staging_bytes)));
+  if (!recv_ring_ || !staging_) return Error{Errc::kUnavailable, "out of memory for the RDMA ring"};
+  auto reg = [&](MrPtr& mr, std::byte* buf, size_t len, int access, const char* what) -> Status {
+    mr.reset(ibv_reg_mr(pd_.get(), buf, len, access));
+    if (mr) return ok_status();
+    const int err = errno;
+    auto e = verbs_error(std::string("ibv_reg_mr (") + what + ", " + std::to_string(len >> 20) + " MiB)", err);
+    if (err == ENOMEM || err == EPERM || err == EAGAIN) {
+      e.message += "; locked-memory limit (RLIMIT_MEMLOCK) is " + memlock_limit_text() +
+                   ": give the agent the IPC_LOCK capability or 'ulimit -l unlimited', or lower "
+                   "chunkSize x ringDepth";
+    }
+    return e;
+  };
+  RDMIG_TRY(reg(recv_mr_, recv_ring_.get(), ring_bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "receive ring"));
+  RDMIG_TRY(reg(staging_mr_, staging_.get(), staging_bytes, IBV_ACCESS_LOCAL_WRITE, "send staging"));
+
+  ibv_qp_init_attr qa{};
+  qa.send_cq = cq_.get();
+  qa.recv_cq = cq_.get();
+  qa.qp_type = IBV_QPT_RC;
+  qa.cap.max_send_wr = sq_cap_;
+  qa.cap.max_recv_wr = rq;
+  qa.cap.max_send_sge = 1;
+  qa.cap.max_recv_sge = 1;
+  qa.sq_sig_all = 0;
+  if (rdma_create_qp(id_.get(), pd_.get(), &qa) != 0) return verbs_error("rdma_create_qp", errno);
+  qp_.reset(id_.get());
+  for (uint32_t i = 0; i < rq; ++i) RDMIG_TRY(post_recv());
+  if (ibv_req_notify_cq(cq_.get(), 0) != 0) return verbs_error("ibv_req_notify_cq", errno);
+  signal_every_ = std::max<uint32_t>(1, params_.send_depth / 4);
+  credit_batch_ = std::max<uint32_t>(1, params_.recv_depth / 4);
+  return ok_status();
+}
+
+Status RdmaChannel::post_recv() {
+  ibv_recv_wr wr{};
+  ibv_recv_wr* bad = nullptr;
+  wr.wr_id = 0;
+  wr.sg_list = nullptr;
+  wr.num_sge = 0;  // write-with-immediate lands in the ring; the receive only takes the immediate
+  if (ibv_post_recv(id_->qp, &wr, &bad) != 0) return verbs_error("ibv_post_recv", errno);
+  return ok_status();
+}
+
+Status RdmaChannel::post_write(uint32_t imm, const std::byte* local, uint32_t len, uint64_t remote_offset) {
+  std::unique_lock lock(sq_mu_);
+  sq_cv_.wait(lock, [&] { return sq_outstanding_ + 1 < sq_cap_ || failed_.load(); });
+  if (failed_.load()) {
+    std::lock_guard s(state_mu_);
+    return error_.value_or(Error{Errc::kCancelled, "channel failed"});
+  }
+  ibv_sge sge{};
+  ibv_send_wr wr{};
+  ibv_send_wr* bad = nullptr;
+  wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  wr.imm_data = htonl(imm);
+  wr.wr.rdma.remote_addr = peer_ring_addr_ + remote_offset;
+  wr.wr.rdma.rkey = peer_ring_rkey_;
+  if (len > 0) {
+    sge.addr = reinterpret_cast<uintptr_t>(local);
+    sge.length = len;
+    sge.lkey = staging_mr_->lkey;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+  }
+  ++unsignaled_;
+  // Signal every Nth write, and always before the send queue could fill with unsignalled work.
+  if (unsignaled_ >= signal_every_ || sq_outstanding_ + 2 >= sq_cap_ / 2) {
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr_id = (len > 0 ? kDataFlag : 0) | (uint64_t{unsignaled_} << 48) | (now_us() & kTimeMask);
+    unsignaled_ = 0;
+  }
+  if (ibv_post_send(id_->qp, &wr, &bad) != 0) {
+    const int err = errno;
+    --unsignaled_;
+    return verbs_error("ibv_post_send", err);
+  }
+  ++sq_outstanding_;
+  return ok_status();
+}
+
+Status RdmaChannel::post_control(uint32_t imm) { return post_write(imm, nullptr, 0, 0); }
+
+Status RdmaChannel::wait_established() {
+  std::unique_lock lock(state_mu_);
+  state_cv_.wait_for(lock, 30s, [&] { return established_ || error_.has_value(); });
+  if (error_) return *error_;
+  if (!established_) return Error{Errc::kTimeout, "rdma connection not established within 30 s"};
+  return ok_status();
+}
+
+Result<std::span<std::byte>> RdmaChannel::acquire() {
+  RDMIG_TRY(wait_established());
+  auto waited = credits_.take();
+  if (!waited) return waited.error();
+  if (waited.value()) metrics_.credit_stalls->Increment();
+  metrics_.chunks_in_flight->Increment();
+  const size_t slot = send_seq_ % params_.send_depth;
+  return std::span<std::byte>(staging_.get() + slot * params_.send_chunk, params_.send_chunk);
+}
+
+void RdmaChannel::unacquire() {
+  credits_.untake();
+  metrics_.chunks_in_flight->Decrement();
+}
+
+Status RdmaChannel::send(size_t n) {
+  if (n == 0 || n > params_.send_chunk) return Error{Errc::kInternal, "send of " + std::to_string(n) + " bytes"};
+  const size_t slot = send_seq_ % params_.send_depth;
+  auto imm = encode_imm({ImmKind::kData, static_cast<uint32_t>(n)});
+  auto st = post_write(*imm, staging_.get() + slot * params_.send_chunk, static_cast<uint32_t>(n),
+                       uint64_t{slot} * params_.send_chunk);
+  if (!st) {
+    fail(st.error(), "post_send");
+    return st;
+  }
+  ++send_seq_;
+  metrics_.chunks_sent->Increment();
+  metrics_.bytes_sent->Increment(static_cast<double>(n));
+  metrics_.chunk_size->Observe(static_cast<double>(n));
+  return ok_status();
+}
+
+Status RdmaChannel::send_eof() {
+  RDMIG_TRY(wait_established());
+  auto st = post_control(*encode_imm({ImmKind::kEof, 0}));
+  if (!st) fail(st.error(), "post_send");
+  return st;
+}
+
+Status RdmaChannel::drain() { return credits_.wait_all(); }
+
+Result<ChunkView> RdmaChannel::receive() {
+  std::unique_lock lock(rx_mu_);
+  rx_cv_.wait(lock, [&] { return !arrivals_.empty() || failed_.load(); });
+  if (!arrivals_.empty()) {
+    const Arrival& a = arrivals_.front();
+    holding_ = true;
+    if (a.eof) return ChunkView{{}, true};
+    return ChunkView{std::span<const std::byte>(recv_ring_.get() + size_t{a.slot} * params_.recv_chunk, a.size), false};
+  }
+  std::lock_guard s(state_mu_);
+  return error_.value_or(Error{Errc::kCancelled, "channel closed"});
+}
+
+Status RdmaChannel::release() {
+  bool eof = false;
+  bool queue_empty = false;
+  {
+    std::lock_guard lock(rx_mu_);
+    if (!holding_ || arrivals_.empty()) return Error{Errc::kInternal, "release without a received chunk"};
+    eof = arrivals_.front().eof;
+    arrivals_.pop_front();
+    holding_ = false;
+    queue_empty = arrivals_.empty();
+  }
+  // Batch credits, but never sit on them while the sender may be waiting: flush when the
+  // batch is full, when nothing else is queued, and at the peer's eof.
+  if (!eof) ++pending_credits_;
+  if (pending_credits_ == 0) return ok_status();
+  if (!eof && pending_credits_ < credit_batch_ && !queue_empty) return ok_status();
+  auto st = post_control(*encode_imm({ImmKind::kCredit, pending_credits_}));
+  pending_credits_ = 0;
+  if (!st) fail(st.error(), "post_send");
+  return st;
+}
+
+void RdmaChannel::abort(const Error& reason) {
+  bool established = false;
+  {
+    std::lock_guard lock(state_mu_);
+    established = established_ && !error_;
+  }
+  if (established && reason.code != Errc::kCancelled) (void)post_control(*encode_imm({ImmKind::kAbort, 0}));
+  fail(reason, nullptr);
+}
+
+void RdmaChannel::fail(const Error& e, const char* kind) {
+  {
+    std::lock_guard lock(state_mu_);
+    if (error_) return;
+    error_ = e;
+    if (established_) rdma_disconnect(id_.get());
+  }
+  failed_ = true;
+  if (kind && metrics_.owner) metrics_.owner->transport_error("rdma", kind);
+  if (e.code != Errc::kCancelled) {
+    LOG_WARN("rdma") << "channel " << params_.index << ": " << e.message;
+  }
+  credits_.abort(e);
+  rx_cv_.notify_all();
+  sq_cv_.notify_all();
+  state_cv_.notify_all();
+}
+
+bool RdmaChannel::handle_completion(const ibv_wc& wc) {
+  const std::string where = "channel " + std::to_string(params_.index);
+  if (wc.status != IBV_WC_SUCCESS) {
+    if (!failed_.load()) {
+      fail(Error{Errc::kUnavailable, where + ": work completion failed: " + ibv_wc_status_str(wc.status) +
+                                         " (vendor error " + std::to_string(wc.vendor_err) + ")"},
+           (std::string("wc_") + ibv_wc_status_str(wc.status)).c_str());
+    }
+    return false;
+  }
+  if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+    if (auto st = post_recv(); !st) {
+      fail(st.error().with_context(where), "post_recv");
+      return false;
+    }
+    const Imm imm = decode_imm(ntohl(wc.imm_data));
+    LOG_DEBUG("rdma") << where << ": imm kind=" << static_cast<int>(imm.kind) << " value=" << imm.value;
+    switch (imm.kind) {
+      case ImmKind::kData: {
+        if (imm.value > params_.recv_chunk) {
+          fail(Error{Errc::kProtocol, where + ": chunk of " + std::to_string(imm.value) + " bytes exceeds the slot"}, "protocol");
+          return false;
+        }
+        std::lock_guard lock(rx_mu_);
+        if (peer_eof_ || arrivals_.size() >= params_.recv_depth) {
+          fail(Error{Errc::kProtocol, where + ": peer wrote beyond its credits"}, "protocol");
+          return false;
+        }
+        arrivals_.push_back(Arrival{static_cast<uint32_t>(rx_seq_ % params_.recv_depth), imm.value, false});
+        ++rx_seq_;
+        metrics_.chunks_received->Increment();
+        metrics_.bytes_received->Increment(imm.value);
+        rx_cv_.notify_all();
+        return true;
+      }
+      case ImmKind::kCredit:
+        if (auto st = credits_.give(imm.value); !st) {
+          fail(st.error().with_context(where), "protocol");
+          return false;
+        }
+        metrics_.chunks_in_flight->Decrement(imm.value);
+        return true;
+      case ImmKind::kEof: {
+        std::lock_guard lock(rx_mu_);
+        peer_eof_ = true;
+        arrivals_.push_back(Arrival{0, 0, true});
+        rx_cv_.notify_all();
+        return true;
+      }
+      case ImmKind::kAbort:
+        fail(Error{Errc::kUnavailable, where + ": peer aborted"}, nullptr);
+        return false;
+    }
+    return true;
+  }
+  if (wc.opcode == IBV_WC_RDMA_WRITE) {
+    const uint32_t covered = static_cast<uint32_t>((wc.wr_id >> 48) & 0x7fff);
+    if (wc.wr_id & kDataFlag) {
+      const uint64_t posted = wc.wr_id & kTimeMask;
+      const uint64_t now = now_us() & kTimeMask;
+      if (now >= posted) metrics_.chunk_write_latency->Observe(static_cast<double>(now - posted) / 1e6);
+    }
+    std::lock_guard lock(sq_mu_);
+    sq_outstanding_ -= std::min(covered, sq_outstanding_);
+    sq_cv_.notify_all();
+  }
+  return true;
+}
+
+void RdmaChannel::handle_cm_event(const CmEvent& ev) {
+  const std::string where = "channel " + std::to_string(params_.index);
+  switch (ev.type) {
+    case RDMA_CM_EVENT_ESTABLISHED: {
+      LOG_DEBUG("rdma") << where << ": established";
+      std::lock_guard lock(state_mu_);
+      established_ = true;
+      state_cv_.notify_all();
+      return;
+    }
+    case RDMA_CM_EVENT_DISCONNECTED:
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+    case RDMA_CM_EVENT_TIMEWAIT_EXIT: {
+      bool clean = false;
+      {
+        std::lock_guard lock(rx_mu_);
+        clean = peer_eof_ && credits_.in_flight() == 0;
+      }
+      if (clean) {
+        fail(Error{Errc::kCancelled, where + ": closed"}, nullptr);
+      } else if (!failed_.load()) {
+        fail(Error{Errc::kUnavailable, where + ": peer disconnected (" + rdma_event_str(ev.type) + ")"},
+             ev.type == RDMA_CM_EVENT_DEVICE_REMOVAL ? "device_removal" : "disconnected");
+      }
+      return;
+    }
+    case RDMA_CM_EVENT_REJECTED:
+    case RDMA_CM_EVENT_CONNECT_ERROR:
+    case RDMA_CM_EVENT_UNREACHABLE:
+      fail(Error{Errc::kUnavailable, where + ": " + rdma_event_str(ev.type)}, "connect_error");
+      return;
+    default:
+      return;
+  }
+}
+
+void RdmaChannel::start_poller() {
+  poller_ = std::thread([this] { poller_loop(); });
+}
+
+void RdmaChannel::poller_loop() {
+  ibv_wc wcs[32];
+  while (!stopping_.load()) {
+    int n = ibv_poll_cq(cq_.get(), 32, wcs);
+    if (n < 0) {
+      fail(Error{Errc::kUnavailable, "ibv_poll_cq failed"}, "poll_cq");
+      n = 0;
+    }
+    for (int i = 0; i < n; ++i) handle_completion(wcs[i]);
+    if (n > 0) continue;
+    // Nothing to do: arm the completion channel, check once more, then sleep on it.
+    ibv_req_notify_cq(cq_.get(), 0);
+    n = ibv_poll_cq(cq_.get(), 32, wcs);
+    for (int i = 0; i < n; ++i) handle_completion(wcs[i]);
+    if (n > 0) continue;
+    pollfd fds[2] = {{comp_->fd, POLLIN, 0}, {events_->fd, POLLIN, 0}};
+    const int rc = ::poll(fds, 2, 100);
+    if (rc <= 0) continue;
+    if (fds[0].revents & POLLIN) {
+      ibv_cq* ev_cq = nullptr;
+      void* ev_ctx = nullptr;
+      if (ibv_get_cq_event(comp_.get(), &ev_cq, &ev_ctx) == 0) ibv_ack_cq_events(ev_cq, 1);
+    }
+    if (fds[1].revents & POLLIN) {
+      auto ev = next_cm_event(events_.get(), 0ms);
+      if (ev) handle_cm_event(ev.value());
+    }
+  }
+}
+
+Result<std::unique_ptr<RdmaChannel>> RdmaChannel::connect(const net::Endpoint& ep,
+                                                           const std::array<uint8_t, 16>& session,
+                                                           const RdmaChannelParams& params,
+                                                           TransportMetrics& metrics,
+                                                           std::chrono::milliseconds timeout) {
+  const std::string what = "rdma connect to " + ep.to_string() + " (channel " + std::to_string(params.index) + ")";
+  EventChannelPtr events(rdma_create_event_channel());
+  if (!events) return verbs_error(what + ": rdma_create_event_channel", errno);
+  rdma_cm_id* raw = nullptr;
+  if (rdma_create_id(events.get(), &raw, nullptr, RDMA_PS_TCP) != 0) return verbs_error(what + ": rdma_create_id", errno);
+  CmIdPtr id(raw);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* ai = nullptr;
+  const std::string port = std::to_string(ep.port);
+  if (getaddrinfo(ep.host.c_str(), port.c_str(), &hints, &ai) != 0 || !ai) {
+    return Error{Errc::kUnavailable, what + ": cannot resolve " + ep.host};
+  }
+  const int rc = rdma_resolve_addr(id.get(), nullptr, ai->ai_addr, static_cast<int>(timeout.count()));
+  const int err = errno;
+  freeaddrinfo(ai);
+  if (rc != 0) return verbs_error(what + ": rdma_resolve_addr", err);
+  RDMIG_TRY(expect_cm_event(events.get(), RDMA_CM_EVENT_ADDR_RESOLVED, timeout, what));
+  LOG_DEBUG("rdma") << what << ": address resolved";
+  if (rdma_resolve_route(id.get(), static_cast<int>(timeout.count())) != 0) return verbs_error(what + ": rdma_resolve_route", errno);
+  RDMIG_TRY(expect_cm_event(events.get(), RDMA_CM_EVENT_ROUTE_RESOLVED, timeout, what));
+
+  LOG_DEBUG("rdma") << what << ": route resolved";
+  std::unique_ptr<RdmaChannel> ch(new RdmaChannel(std::move(events), std::move(id), params, metrics));
+  if (auto st = ch->setup_resources(); !st) return st.error().with_context(what);
+  LOG_DEBUG("rdma") << what << ": resources ready, connecting";
+  ConnectRequest req;
+  req.session = session;
+  req.index = static_cast<uint16_t>(params.index);
+  req.ring_addr = reinterpret_cast<uintptr_t>(ch->recv_ring_.get());
+  req.ring_rkey = ch->recv_mr_->rkey;
+  const auto pd = req.encode();
+  rdma_conn_param cp{};
+  cp.private_data = pd.data();
+  cp.private_data_len = static_cast<uint8_t>(pd.size());
+  cp.responder_resources = 1;
+  cp.initiator_depth = 1;
+  cp.retry_count = 7;
+  cp.rnr_retry_count = 7;
+  if (rdma_connect(ch->id_.get(), &cp) != 0) return verbs_error(what + ": rdma_connect", errno);
+  auto ev = next_cm_event(ch->events_.get(), timeout);
+  if (!ev) return ev.error().with_context(what);
+  if (ev->type == RDMA_CM_EVENT_REJECTED) {
+    std::string why(ev->private_data.begin(), ev->private_data.end());
+    why = why.c_str();  // stop at the first NUL of the padded private data
+    return Error{Errc::kPermissionDenied, what + ": target agent rejected the connection" + (why.empty() ? "" : ": " + why)};
+  }
+  if (ev->type != RDMA_CM_EVENT_ESTABLISHED) {
+    return Error{Errc::kUnavailable, what + ": " + rdma_event_str(ev->type)};
+  }
+  auto reply = ConnectReply::decode(ev->private_data);
+  if (!reply) return reply.error().with_context(what);
+  ch->peer_ring_addr_ = reply->ring_addr;
+  ch->peer_ring_rkey_ = reply->ring_rkey;
+  ch->established_ = true;
+  ch->start_poller();
+  LOG_DEBUG("rdma") << what << ": established";
+  return ch;
+}
+
+Result<std::unique_ptr<RdmaChannel>> RdmaChannel::accept(EventChannelPtr events, CmIdPtr id,
+                                                         const ConnectRequest& request,
+                                                         const RdmaChannelParams& params,
+                                                         TransportMetrics& metrics) {
+  const std::string what = "rdma accept (channel " + std::to_string(params.index) + ")";
+  std::unique_ptr<RdmaChannel> ch(new RdmaChannel(std::move(events), std::move(id), params, metrics));
+  if (auto st = ch->setup_resources(); !st) {
+    rdma_reject(ch->id_.get(), nullptr, 0);
+    return st.error().with_context(what);
+  }
+  ch->peer_ring_addr_ = request.ring_addr;
+  ch->peer_ring_rkey_ = request.ring_rkey;
+  ConnectReply rep;
+  rep.ring_addr = reinterpret_cast<uintptr_t>(ch->recv_ring_.get());
+  rep.ring_rkey = ch->recv_mr_->rkey;
+  const auto pd = rep.encode();
+  rdma_conn_param cp{};
+  cp.private_data = pd.data();
+  cp.private_data_len = static_cast<uint8_t>(pd.size());
+  cp.responder_resources = 1;
+  cp.initiator_depth = 1;
+  cp.retry_count = 7;
+  cp.rnr_retry_count = 7;
+  if (rdma_accept(ch->id_.get(), &cp) != 0) return verbs_error(what + ": rdma_accept", errno);
+  LOG_DEBUG("rdma") << what << ": accepted";
+  ch->start_poller();
+  return ch;
+}
+
+}  // namespace rdmig::transport::rdma

@@ -1,0 +1,139 @@
+// A channel over one RC queue pair.
+//
+// Each side registers a receive ring (recv_depth slots of recv_chunk bytes) that the peer
+// writes into, and staging slots (send_depth x send_chunk) that QEMU's bytes are read into
+// directly. A chunk is one RDMA WRITE WITH IMMEDIATE from staging slot k into the peer's
+// ring slot k (k = sequence mod depth; RC keeps order, so the receiver needs no header).
+// Credits come back as zero-length writes with a credit immediate; a staging slot is reused
+// only when its credit is back, which also proves the write left our memory. Only every Nth
+// write asks for a completion; the send queue is sized so it never fills with unsignalled work.
+//
+// Threads: the sender thread posts writes, the receiver thread releases slots (posts credit
+// messages), and a poller thread owned by the channel drains the completion queue and the
+// connection's rdma_cm events; it is joined by the destructor.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "common/net.h"
+#include "metrics/metrics.h"
+#include "transport/channel.h"
+#include "transport/framing.h"
+#include "transport/rdma/cm.h"
+#include "transport/rdma/verbs.h"
+
+namespace rdmig::transport::rdma {
+
+struct RdmaChannelParams {
+  uint32_t index = 0;
+  uint32_t send_chunk = 0;  // slot size of the peer's ring
+  uint32_t send_depth = 0;  // slots of the peer's ring = our credits
+  uint32_t recv_chunk = 0;  // slot size of our ring
+  uint32_t recv_depth = 0;
+};
+
+class RdmaChannel final : public Channel {
+ public:
+  // Source side: resolves `ep`, connects, returns once the connection is established.
+  static Result<std::unique_ptr<RdmaChannel>> connect(const net::Endpoint& ep,
+                                                       const std::array<uint8_t, 16>& session,
+                                                       const RdmaChannelParams& params,
+                                                       TransportMetrics& metrics,
+                                                       std::chrono::milliseconds timeout);
+  // Target side: `id` came in a CONNECT_REQUEST carrying `request`; `events` is the channel
+  // the id was migrated to. Accepts; the poller sees the connection established.
+  static Result<std::unique_ptr<RdmaChannel>> accept(EventChannelPtr events, CmIdPtr id,
+                                                     const ConnectRequest& request,
+                                                     const RdmaChannelParams& params,
+                                                     TransportMetrics& metrics);
+  ~RdmaChannel() override;
+
+  Result<std::span<std::byte>> acquire() override;
+  Status send(size_t n) override;
+  void unacquire() override;
+  Status send_eof() override;
+  Status drain() override;
+  Result<ChunkView> receive() override;
+  Status release() override;
+  void abort(const Error& reason) override;
+  uint32_t index() const override { return params_.index; }
+  size_t chunk_size() const override { return params_.send_chunk; }
+  const char* transport() const override { return "rdma"; }
+
+ private:
+  RdmaChannel(EventChannelPtr events, CmIdPtr id, const RdmaChannelParams& params, TransportMetrics& metrics);
+  Status setup_resources();
+  Status post_recv();
+  Status post_write(uint32_t imm, const std::byte* local, uint32_t len, uint64_t remote_offset);
+  Status post_control(uint32_t imm);
+  void start_poller();
+  void poller_loop();
+  bool handle_completion(const ibv_wc& wc);
+  void handle_cm_event(const CmEvent& ev);
+  void fail(const Error& e, const char* kind);
+  Status wait_established();
+
+  const RdmaChannelParams params_;
+  TransportMetrics& metrics_;
+
+  // Resources in dependency order: destroyed bottom-up.
+  EventChannelPtr events_;
+  CmIdPtr id_;
+  PdPtr pd_;
+  CompChannelPtr comp_;
+  CqPtr cq_;
+  AlignedBuffer recv_ring_;
+  AlignedBuffer staging_;
+  MrPtr recv_mr_;
+  MrPtr staging_mr_;
+  struct QpDestroyer {
+    void operator()(rdma_cm_id* id) const { if (id && id->qp) rdma_destroy_qp(id); }
+  };
+  std::unique_ptr<rdma_cm_id, QpDestroyer> qp_;  // the QP of id_, destroyed before the CQ
+
+  uint64_t peer_ring_addr_ = 0;
+  uint32_t peer_ring_rkey_ = 0;
+
+  // Send side.
+  CreditGate credits_;
+  uint64_t send_seq_ = 0;  // sender thread only
+  std::mutex sq_mu_;
+  std::condition_variable sq_cv_;
+  uint32_t sq_outstanding_ = 0;
+  uint32_t unsignaled_ = 0;
+  uint32_t sq_cap_ = 0;
+  uint32_t signal_every_ = 1;
+
+  // Receive side.
+  struct Arrival {
+    uint32_t slot = 0;
+    uint32_t size = 0;
+    bool eof = false;
+  };
+  std::mutex rx_mu_;
+  std::condition_variable rx_cv_;
+  std::deque<Arrival> arrivals_;
+  uint64_t rx_seq_ = 0;  // poller thread only
+  bool holding_ = false;
+  bool peer_eof_ = false;
+  uint32_t pending_credits_ = 0;  // receiver thread only
+  uint32_t credit_batch_ = 1;
+
+  std::mutex state_mu_;
+  std::condition_variable state_cv_;
+  bool established_ = false;
+  std::optional<Error> error_;
+  std::atomic<bool> failed_{false};
+  std::atomic<bool> stopping_{false};
+  std::thread poller_;
+};
+
+}  // namespace rdmig::transport::rdma

@@ -1,0 +1,50 @@
+// The target agent's rdma_cm listener: one per agent, bound to the RDMA device's address.
+// A connect request names a session and a channel index in its private data; `lookup`
+// finds the migration that owns the session and says how to build the channel and where
+// to deliver it. Unknown sessions are rejected with a reason. One thread, stopped by the
+// destructor (it polls with a short timeout).
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <thread>
+
+#include "common/result.h"
+#include "metrics/metrics.h"
+#include "transport/channel.h"
+#include "transport/rdma/rdma_channel.h"
+
+namespace rdmig::transport::rdma {
+
+struct AcceptPlan {
+  RdmaChannelParams params;
+  TransportMetrics* metrics = nullptr;
+  std::function<void(Result<std::unique_ptr<Channel>>)> deliver;
+};
+
+class RdmaListener {
+ public:
+  using Lookup = std::function<Result<AcceptPlan>(const std::array<uint8_t, 16>& session, uint32_t index)>;
+
+  static Result<std::unique_ptr<RdmaListener>> create(const std::string& ip, uint16_t port, Lookup lookup);
+  ~RdmaListener();
+  RdmaListener(const RdmaListener&) = delete;
+  RdmaListener& operator=(const RdmaListener&) = delete;
+
+  uint16_t port() const { return port_; }
+
+ private:
+  RdmaListener(EventChannelPtr events, CmIdPtr id, Lookup lookup);
+  void loop();
+  void on_connect_request(const CmEvent& ev);
+
+  EventChannelPtr events_;
+  CmIdPtr listen_id_;
+  Lookup lookup_;
+  uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace rdmig::transport::rdma
