@@ -82,7 +82,12 @@ Result<json> Reconciler::set_finalizer(const json& obj, bool present) {
     current["metadata"]["finalizers"] = finalizers;
     auto written = kube_.replace(object_path(current), current);
     if (written) {
-      informer_.observe(written.value());
+      const auto& md = written.value()["metadata"];
+      if (md.contains("deletionTimestamp") && md.value("finalizers", json::array()).empty()) {
+        informer_.forget(informer_.key_of(current));  // that write deleted it
+      } else {
+        informer_.observe(written.value());
+      }
       return written.value();
     }
     if (written.error().code == Errc::kNotFound && !present) return json();  // already gone

@@ -44,13 +44,14 @@ void Informer::observe(const json& object) {
   const std::string key = key_of(object);
   {
     std::lock_guard lock(mu_);
+    // Only refresh what the cache holds: an object the watch has already reported deleted
+    // must not come back from a reply that raced with the DELETED event.
     auto it = cache_.find(key);
-    if (it != cache_.end()) {
-      const std::string have = it->second["metadata"].value("resourceVersion", "");
-      const std::string got = object["metadata"].value("resourceVersion", "");
-      if (resource_version_newer(have, got)) return;
-    }
-    cache_[key] = object;
+    if (it == cache_.end()) return;
+    const std::string have = it->second["metadata"].value("resourceVersion", "");
+    const std::string got = object["metadata"].value("resourceVersion", "");
+    if (resource_version_newer(have, got)) return;
+    it->second = object;
   }
 }
 

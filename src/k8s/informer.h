@@ -35,7 +35,8 @@ class Informer {
   bool synced() const { return synced_.load(); }
   std::optional<nlohmann::json> get(const std::string& key) const;
   std::vector<nlohmann::json> list() const;
-  // Puts an object we just wrote into the cache unless the cache already holds a newer one.
+  // Refreshes a cached object with one we just wrote, unless the cache holds a newer version
+  // or no longer holds the object (deleted meanwhile).
   void observe(const nlohmann::json& object);
   void forget(const std::string& key);
 

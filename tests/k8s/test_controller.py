@@ -74,6 +74,12 @@ class Cluster:
             assert code == 409, body
         raise AssertionError("could not update " + name)
 
+    def wait_event(self, name, type_reason, timeout=10.0):
+        """Events are recorded right after the status write: wait for one rather than race it."""
+        wait_for(lambda: type_reason in self.event_reasons(name), timeout,
+                 "event %s on %s (have %s)" % (type_reason, name, self.event_reasons(name)))
+        return self.event_reasons(name)
+
     def event_reasons(self, name):
         return [(e["type"], e["reason"]) for e in sorted(self.api.events(name), key=lambda e: e["metadata"]["resourceVersion"])]
 
@@ -193,7 +199,7 @@ class ControllerEndToEndTest(unittest.TestCase):
         last = src.last_counter()
         dst.wait_for_counter(last + 1, timeout=90)
         # Events on every phase change, in order.
-        reasons = self.cluster.event_reasons("web-1")
+        reasons = self.cluster.wait_event("web-1", ("Normal", "Succeeded"))
         self.assertEqual([r for _, r in reasons], ["Pending", "PreparingTarget", "Migrating", "Succeeded"], reasons)
         self.assertTrue(all(t == "Normal" for t, _ in reasons))
         # The agents agree.
@@ -238,13 +244,13 @@ class ControllerEndToEndTest(unittest.TestCase):
         mid = obj["status"]["migrationId"]
         self.assertEqual(self.agent_a.get(mid)["phase"], "Cancelled")
         wait_for(lambda: self.agent_b.get(mid)["phase"] in TERMINAL, 30, "target agent to stop")
-        self.assertEqual([r for _, r in self.cluster.event_reasons("cancel-me")][-1], "Cancelled")
+        self.assertEqual([r for _, r in self.cluster.wait_event("cancel-me", ("Normal", "Cancelled"))][-1], "Cancelled")
         # The slot is free: the queued one is admitted and fails on its bogus QMP socket.
         q = self.cluster.wait_phase("queued", TERMINAL, timeout=60)
         self.assertEqual(q["status"]["phase"], "Failed")
         self.assertIn("preparing the target", q["status"]["failureReason"])
         self.assertIn("/nonexistent/dst.qmp", q["status"]["failureReason"])
-        self.assertIn(("Warning", "TargetRefused"), self.cluster.event_reasons("queued"))
+        self.cluster.wait_event("queued", ("Warning", "TargetRefused"))
         self.assert_no_migration_running_on_agents(q["status"]["migrationId"])
 
     def test_delete_cancels_on_agents_before_the_finalizer_goes(self):
@@ -265,7 +271,7 @@ class ControllerEndToEndTest(unittest.TestCase):
         self.assertEqual(seen_at_removal.get("agent-a"), "Cancelled", seen_at_removal)
         self.assertIn(seen_at_removal.get("agent-b"), ("Cancelled", "Failed"), seen_at_removal)
         self.assertEqual(src.status(), "running")
-        self.assertIn(("Normal", "Cancelled"), self.cluster.event_reasons("delete-me"))
+        self.cluster.wait_event("delete-me", ("Normal", "Cancelled"))
 
     # -- failures --------------------------------------------------------------------------
     def test_missing_agent_fails_with_reason(self):
@@ -274,7 +280,7 @@ class ControllerEndToEndTest(unittest.TestCase):
         self.assertEqual(st["phase"], "Failed")
         self.assertIn("no Running and Ready rdmig-agent pod on node 'node-z'", st["failureReason"])
         self.assertNotIn("migrationId", st, "nothing was started")
-        self.assertIn(("Warning", "AgentNotFound"), self.cluster.event_reasons("no-agent"))
+        self.cluster.wait_event("no-agent", ("Warning", "AgentNotFound"))
         cond = [c for c in st["conditions"] if c["type"] == "Succeeded"][0]
         self.assertEqual((cond["status"], cond["reason"]), ("False", "AgentNotFound"))
         # A pod that exists but is not Ready does not count either.
@@ -289,7 +295,7 @@ class ControllerEndToEndTest(unittest.TestCase):
         self.assertGreaterEqual(time.monotonic() - t0, 3.0, "unreachableTimeoutSeconds is 3")
         self.assertEqual(st["phase"], "Failed")
         self.assertIn("rdmig-agent-dead", st["failureReason"])
-        self.assertIn(("Warning", "AgentUnreachable"), self.cluster.event_reasons("dead-agent"))
+        self.cluster.wait_event("dead-agent", ("Warning", "AgentUnreachable"))
         self.assert_no_migration_running_on_agents(st["migrationId"])
 
     def test_invalid_specs_the_schema_cannot_catch_fail_with_reason(self):
@@ -303,7 +309,7 @@ class ControllerEndToEndTest(unittest.TestCase):
             st = self.cluster.wait_phase(name, TERMINAL, timeout=30)["status"]
             self.assertEqual(st["phase"], "Failed")
             self.assertIn(text, st["failureReason"])
-            self.assertIn(("Warning", "InvalidSpec"), self.cluster.event_reasons(name))
+            self.cluster.wait_event(name, ("Warning", "InvalidSpec"))
         # The schema itself still refuses what it can express (the double validates writes).
         code, body = self.cluster.store.create("rdmamigrations", NS, migration(
             "bad-transport", "node-a", "node-b", "/a", "/b", transport="ib"))
