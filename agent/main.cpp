@@ -74,12 +74,6 @@ int main(int argc, char** argv) {
   const rdmig::AgentConfig config = std::move(loaded.value());
   rdmig::log::set_level(*rdmig::log::parse_level(config.log_level));
 
-  if (config.transport == rdmig::TransportKind::kRdma) {
-    std::cerr << "rdmig-agent: config key 'transport': rdma is not available in this build "
-                 "(no RDMA transport yet); use 'tcp' or 'auto'\n";
-    return 2;
-  }
-
   std::ifstream token_in(config.api.token_file);
   if (!token_in) {
     std::cerr << "rdmig-agent: config key 'api.tokenFile': cannot read '" << config.api.token_file << "'\n";
@@ -109,11 +103,10 @@ int main(int argc, char** argv) {
   raise_memlock();
 
   rdmig::Metrics metrics("agent");
-  metrics.set_rdma_devices(0);
   rdmig::migration::MigrationManager manager(config, metrics);
   if (auto st = manager.start_data_plane(); !st) {
     std::cerr << "rdmig-agent: " << st.error().message << "\n";
-    return 1;
+    return st.error().code == rdmig::Errc::kFailedPrecondition ? 2 : 1;
   }
   rdmig::api::RestServer server(config, token, manager, metrics);
   if (auto st = server.bind(); !st) {
@@ -132,7 +125,10 @@ int main(int argc, char** argv) {
   }
   LOG_INFO("agent") << "rdmig-agent ready api=" << config.api.address << ":" << server.port()
                     << " dataPlane=" << manager.advertise_host() << ":" << manager.data_port()
-                    << " transport=" << rdmig::transport_name(config.transport);
+                    << " transport=" << rdmig::transport_name(config.transport)
+                    << (manager.rdma().available ? " rdma=" + manager.rdma().device + "@" + manager.rdma().ip + ":" +
+                                                       std::to_string(manager.rdma().port)
+                                                 : " rdma=unavailable (" + manager.rdma().reason + ")");
 
   std::thread signal_thread([&] {
     int sig = 0;

@@ -100,7 +100,8 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
     if (c.api.token_file.empty()) return bad("api.tokenFile", "must name the file holding the API token");
   }
   if (const auto dp = root["dataPlane"]) {
-    RDMIG_TRY(check_keys(dp, "dataPlane", {"address", "port", "advertiseAddress"}));
+    RDMIG_TRY(check_keys(dp, "dataPlane", {"address", "port", "rdmaPort", "advertiseAddress"}));
+    RDMIG_TRY(read_uint(dp, "dataPlane", "rdmaPort", c.data_plane.rdma_port, 0, 65535));
     RDMIG_TRY(read_string(dp, "dataPlane", "address", c.data_plane.address));
     RDMIG_TRY(read_uint(dp, "dataPlane", "port", c.data_plane.port, 0, 65535));
     RDMIG_TRY(read_string(dp, "dataPlane", "advertiseAddress", c.data_plane.advertise_address));

@@ -24,6 +24,7 @@ struct ApiConfig {
 struct DataPlaneConfig {
   std::string address = "0.0.0.0";
   uint16_t port = 7471;
+  uint16_t rdma_port = 7472;  // rdma_cm listener on the RDMA device's address
   // Address peers should dial; empty = the NODE_IP environment variable, else `address`
   // (when that is not a wildcard).
   std::string advertise_address;

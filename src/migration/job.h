@@ -3,6 +3,7 @@
 // (pumps keep their own atomic counters, which the worker copies into the status).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -23,13 +24,27 @@
 
 namespace rdmig::migration {
 
+// This agent's RDMA capability, found once at start-up.
+struct RdmaSupport {
+  bool available = false;
+  std::string reason;  // why not, when unavailable
+  std::string device;
+  std::string ip;      // rdma_cm listener address (the device's netdev)
+  uint16_t port = 0;
+};
+
 // What a job needs from the agent around it.
 struct JobContext {
   const AgentConfig& config;
   Metrics& metrics;
   std::string advertise_host;  // this agent's data-plane address for peers
   uint16_t data_port = 0;
+  const RdmaSupport* rdma = nullptr;
 };
+
+// Receive-direction geometry for QEMU's return path: it carries little, so its ring is small.
+inline uint32_t return_path_chunk(uint64_t chunk) { return static_cast<uint32_t>(std::min<uint64_t>(chunk, 256 * 1024)); }
+inline uint32_t return_path_depth(uint32_t depth) { return std::min<uint32_t>(depth, 8); }
 
 class Job {
  public:

@@ -9,6 +9,7 @@
 #include "common/units.h"
 #include "migration/source_job.h"
 #include "migration/target_job.h"
+#include "transport/rdma/device.h"
 #include "transport/wire.h"
 
 namespace rdmig::migration {
@@ -29,6 +30,7 @@ MigrationManager::MigrationManager(const AgentConfig& config, Metrics& metrics)
 
 MigrationManager::~MigrationManager() {
   stopping_ = true;
+  rdma_listener_.reset();
   if (listener_.valid()) ::shutdown(listener_.get(), SHUT_RDWR);
   if (acceptor_.joinable()) acceptor_.join();
   std::map<std::string, std::shared_ptr<Job>> jobs;
@@ -49,7 +51,70 @@ Status MigrationManager::start_data_plane() {
   acceptor_ = std::thread([this] { accept_loop(); });
   LOG_INFO("dataplane") << "listening on " << config_.data_plane.address << ":" << data_port_
                         << " advertise=" << advertise_host_;
+  init_rdma();
+  if (config_.transport == TransportKind::kRdma && !rdma_.available) {
+    return Error{Errc::kFailedPrecondition, "config key 'transport': rdma is required but RDMA cannot be used: " + rdma_.reason};
+  }
   return ok_status();
+}
+
+void MigrationManager::init_rdma() {
+  metrics_.set_rdma_devices(transport::rdma::count_usable_devices());
+  if (config_.transport == TransportKind::kTcp) {
+    rdma_.reason = "transport is tcp in the agent config";
+    return;
+  }
+  auto dev = transport::rdma::select_device(config_.rdma, transport::rdma::process_environment(),
+                                            transport::rdma::SysfsView{});
+  if (!dev) {
+    rdma_.reason = dev.error().message;
+    LOG_INFO("dataplane") << "RDMA not used: " << rdma_.reason;
+    return;
+  }
+  auto listener = transport::rdma::RdmaListener::create(
+      dev->ip, config_.data_plane.rdma_port,
+      [this](const std::array<uint8_t, 16>& session, uint32_t index) { return rdma_lookup(session, index); });
+  if (!listener) {
+    rdma_.reason = "rdma_cm listener on " + dev->ip + ": " + listener.error().message;
+    LOG_WARN("dataplane") << "RDMA not used: " << rdma_.reason;
+    return;
+  }
+  rdma_listener_ = std::move(listener.value());
+  rdma_.available = true;
+  rdma_.device = dev->name;
+  rdma_.ip = dev->ip;
+  rdma_.port = rdma_listener_->port();
+  LOG_INFO("dataplane") << "RDMA device " << dev->name << " (" << dev->netdev << ", chosen by " << dev->how
+                        << ") rdma_cm listening on " << rdma_.ip << ":" << rdma_.port;
+}
+
+Result<transport::rdma::AcceptPlan> MigrationManager::rdma_lookup(const std::array<uint8_t, 16>& session,
+                                                                   uint32_t index) {
+  static const char* hex = "0123456789abcdef";
+  std::string text;
+  for (uint8_t b : session) {
+    text.push_back(hex[b >> 4]);
+    text.push_back(hex[b & 15]);
+  }
+  std::vector<std::shared_ptr<Job>> jobs;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [id, job] : jobs_) {
+      if (!job->finished() && job->role() == Role::kTarget) jobs.push_back(job);
+    }
+  }
+  for (auto& job : jobs) {
+    auto plan = static_cast<TargetJob*>(job.get())->rdma_plan(text, index);
+    if (plan) {
+      // Keep the job alive until its channel is delivered.
+      plan->deliver = [job, inner = std::move(plan->deliver)](Result<std::unique_ptr<transport::Channel>> ch) {
+        inner(std::move(ch));
+      };
+      return plan;
+    }
+    if (plan.error().code != Errc::kPermissionDenied) return plan.error();
+  }
+  return Error{Errc::kPermissionDenied, "no migration has this session"};
 }
 
 void MigrationManager::accept_loop() {
@@ -152,7 +217,7 @@ Result<json> MigrationManager::create(MigrationSpec spec) {
   if (spec.vm.empty()) spec.vm = spec.id;
   lock.unlock();  // QMP checks below can take seconds; do not block GETs
 
-  JobContext ctx{config_, metrics_, advertise_host_, data_port_};
+  JobContext ctx{config_, metrics_, advertise_host_, data_port_, &rdma_};
   json body;
   std::shared_ptr<Job> job;
   if (spec.role == Role::kTarget) {

@@ -13,6 +13,7 @@
 
 #include "common/fd.h"
 #include "migration/job.h"
+#include "transport/rdma/rdma_listener.h"
 
 namespace rdmig::migration {
 
@@ -23,9 +24,11 @@ class MigrationManager {
   MigrationManager(const MigrationManager&) = delete;
   MigrationManager& operator=(const MigrationManager&) = delete;
 
-  // Binds the data-plane port (0 = any) and starts accepting.
+  // Binds the data-plane port (0 = any) and starts accepting; finds the RDMA device and
+  // starts the rdma_cm listener unless the transport is tcp.
   Status start_data_plane();
   uint16_t data_port() const { return data_port_; }
+  const RdmaSupport& rdma() const { return rdma_; }
   const std::string& advertise_host() const { return advertise_host_; }
 
   // Starts a migration; answers the REST body for 201 (target: endpoint and token).
@@ -43,6 +46,8 @@ class MigrationManager {
   void handle_connection(UniqueFd fd);
   std::shared_ptr<Job> find(const std::string& id) const;
   void evict_finished_locked();
+  void init_rdma();
+  Result<transport::rdma::AcceptPlan> rdma_lookup(const std::array<uint8_t, 16>& session, uint32_t index);
 
   const AgentConfig& config_;
   Metrics& metrics_;
@@ -53,9 +58,12 @@ class MigrationManager {
   std::map<std::string, std::shared_ptr<Job>> jobs_;
   std::deque<std::string> order_;  // creation order, for history eviction
 
+  RdmaSupport rdma_;
+
   UniqueFd listener_;
   std::atomic<bool> stopping_{false};
   std::thread acceptor_;
+  std::unique_ptr<transport::rdma::RdmaListener> rdma_listener_;  // stopped first
 };
 
 // Chooses the address peers should dial: config, then $NODE_IP, then the listen address.

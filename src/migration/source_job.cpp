@@ -5,6 +5,7 @@
 
 #include "common/log.h"
 #include "common/net.h"
+#include "transport/rdma/rdma_channel.h"
 #include "transport/tcp/tcp_channel.h"
 #include "transport/wire.h"
 
@@ -72,63 +73,93 @@ void SourceJob::start() {
 }
 
 Status SourceJob::connect_data_plane() {
-  // Transport choice. Only TCP exists in this build; `rdma` must not silently become TCP.
-  if (spec_.transport == TransportKind::kRdma) {
-    return Error{Errc::kFailedPrecondition,
-                 "transport: rdma was requested but this agent has no RDMA transport; use tcp or auto"};
+  // What to offer: RDMA when this agent has a device (required when the spec says rdma).
+  const RdmaSupport* rdma = ctx_.rdma;
+  const bool local_rdma = rdma && rdma->available;
+  transport::Hello hello;
+  if (spec_.transport == TransportKind::kRdma && !local_rdma) {
+    return Error{Errc::kFailedPrecondition, "transport: rdma was requested but this agent has no usable RDMA device (" +
+                                                (rdma ? rdma->reason : std::string("RDMA disabled")) + ")"};
   }
-  transport_ = "tcp";
-  const std::string reason = spec_.transport == TransportKind::kTcp ? "requested" : "no-rdma-transport";
-  ctx_.metrics.transport_selected(transport_, reason);
-  update([&](MigrationStatus& s) {
-    s.transport = transport_;
-    s.transport_reason = reason;
-  });
+  hello.transport = (spec_.transport != TransportKind::kTcp && local_rdma) ? "rdma" : "tcp";
+  hello.transport_required = spec_.transport != TransportKind::kAuto;
 
   const net::Endpoint ep{spec_.target.host, spec_.target.port};
   auto fd = net::tcp_connect(ep, 10s);
   if (!fd) return fd.error().with_context("target agent data plane " + ep.to_string());
-  transport::Hello hello;
   hello.kind = "control";
   hello.migration_id = spec_.target.migration_id;
   hello.token = spec_.target.token;
   hello.channels = spec_.channels();
   hello.chunk_size = spec_.chunk_size;
   hello.ring_depth = spec_.ring_depth;
-  hello.transport = transport_;
   RDMIG_TRY(transport::send_message(fd->get(), hello.to_json()));
   auto reply = transport::recv_message(fd->get(), kHandshakeTimeout);
   if (!reply) return reply.error().with_context("hello to target agent " + ep.to_string());
   const std::string type = reply->value("type", "");
   if (type == "reject") {
-    ctx_.metrics.transport_error(transport_, "handshake_rejected");
+    ctx_.metrics.transport_error(hello.transport, "handshake_rejected");
     return Error{Errc::kPermissionDenied,
                  "target agent " + ep.to_string() + " refused the migration: " + reply->value("message", std::string("?"))};
   }
   auto session = transport::get_string(reply.value(), "session", "welcome", 128);
-  if (type != "welcome" || !session) return Error{Errc::kProtocol, "target agent sent no welcome"};
+  auto chosen = transport::get_string(reply.value(), "transport", "welcome", 16);
+  if (type != "welcome" || !session || !chosen || (chosen.value() != "tcp" && chosen.value() != "rdma")) {
+    return Error{Errc::kProtocol, "target agent sent no valid welcome"};
+  }
   session_ = session.value();
+  transport_ = chosen.value();
+  std::string reason = reply->value("transportReason", std::string());
+  if (reason.empty()) {
+    reason = spec_.transport == TransportKind::kAuto ? (local_rdma ? "auto" : "auto-no-local-rdma") : "requested";
+  }
+  ctx_.metrics.transport_selected(transport_, reason);
+  LOG_INFO("migration") << log_prefix() << " transport=" << transport_ << " reason=" << reason;
+  update([&](MigrationStatus& s) {
+    s.transport = transport_;
+    s.transport_reason = reason;
+  });
 
   auto& tm = ctx_.metrics.transport(transport_);
-  for (uint32_t i = 0; i < spec_.channels(); ++i) {
-    auto dfd = net::tcp_connect(ep, 10s);
-    if (!dfd) return dfd.error().with_context("data channel " + std::to_string(i));
-    transport::Hello dh;
-    dh.kind = "data";
-    dh.migration_id = spec_.target.migration_id;
-    dh.session = session_;
-    dh.index = i;
-    RDMIG_TRY(transport::send_message(dfd->get(), dh.to_json()));
-    auto r = transport::recv_message(dfd->get(), kHandshakeTimeout);
-    if (!r) return r.error().with_context("data channel " + std::to_string(i));
-    if (r->value("type", "") != "welcome") {
-      return Error{Errc::kProtocol, "data channel " + std::to_string(i) + " refused: " +
-                                        r->value("message", std::string("?"))};
+  if (transport_ == "rdma") {
+    auto rdma_ep_text = transport::get_string(reply.value(), "rdmaEndpoint", "welcome", 300);
+    if (!rdma_ep_text) return rdma_ep_text.error();
+    auto rdma_ep = net::parse_endpoint(rdma_ep_text.value(), "welcome.rdmaEndpoint");
+    if (!rdma_ep) return rdma_ep.error();
+    auto key = transport::rdma::session_from_hex(session_);
+    if (!key) return key.error();
+    for (uint32_t i = 0; i < spec_.channels(); ++i) {
+      transport::rdma::RdmaChannelParams p{i, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
+                                           return_path_chunk(spec_.chunk_size), return_path_depth(spec_.ring_depth)};
+      auto ch = transport::rdma::RdmaChannel::connect(rdma_ep.value(), key.value(), p, tm, 15s);
+      if (!ch) {
+        ctx_.metrics.transport_error("rdma", "connect");
+        return ch.error();
+      }
+      std::lock_guard lock(data_mu_);
+      channels_.push_back(std::move(ch.value()));
     }
-    std::lock_guard lock(data_mu_);
-    channels_.push_back(transport::TcpChannel::create(std::move(dfd.value()), i,
-                                                      static_cast<uint32_t>(spec_.chunk_size),
-                                                      spec_.ring_depth, tm));
+  } else {
+    for (uint32_t i = 0; i < spec_.channels(); ++i) {
+      auto dfd = net::tcp_connect(ep, 10s);
+      if (!dfd) return dfd.error().with_context("data channel " + std::to_string(i));
+      transport::Hello dh;
+      dh.kind = "data";
+      dh.migration_id = spec_.target.migration_id;
+      dh.session = session_;
+      dh.index = i;
+      RDMIG_TRY(transport::send_message(dfd->get(), dh.to_json()));
+      auto r = transport::recv_message(dfd->get(), kHandshakeTimeout);
+      if (!r) return r.error().with_context("data channel " + std::to_string(i));
+      if (r->value("type", "") != "welcome") {
+        return Error{Errc::kProtocol, "data channel " + std::to_string(i) + " refused: " +
+                                          r->value("message", std::string("?"))};
+      }
+      std::lock_guard lock(data_mu_);
+      channels_.push_back(transport::TcpChannel::create(std::move(dfd.value()), i,
+                                                        static_cast<uint32_t>(spec_.chunk_size),
+                                                        spec_.ring_depth, tm));
+    }
   }
   {
     std::lock_guard lock(data_mu_);

@@ -50,6 +50,7 @@ TargetJob::TargetJob(MigrationSpec spec, JobContext ctx, std::unique_ptr<qemu::Q
   qmp_ = std::move(qmp);
   socket_path_ = ctx_.config.state_dir + "/" + spec_.id + ".dst.sock";
   data_fds_.resize(spec_.channels());
+  rdma_channels_.resize(spec_.channels());
 }
 
 TargetJob::~TargetJob() {
@@ -91,10 +92,32 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello) {
   } else if (hello.ring_depth != spec_.ring_depth) {
     mismatch = "hello.ringDepth: source " + std::to_string(hello.ring_depth) + ", target " +
                std::to_string(spec_.ring_depth);
-  } else if (hello.transport != "tcp") {
-    mismatch = "hello.transport: this agent has no '" + hello.transport + "' transport";
-  } else if (spec_.transport == TransportKind::kRdma) {
-    mismatch = "hello.transport: target requires rdma, source offered " + hello.transport;
+  }
+  // Transport: RDMA when both ends can and neither insists on TCP.
+  const bool local_rdma = ctx_.rdma && ctx_.rdma->available;
+  std::string chosen, reason;
+  if (mismatch.empty()) {
+    if (hello.transport == "rdma") {
+      if (local_rdma && spec_.transport != TransportKind::kTcp) {
+        chosen = "rdma";
+        reason = hello.transport_required || spec_.transport == TransportKind::kRdma ? "requested" : "auto-both-rdma";
+      } else if (hello.transport_required) {
+        mismatch = "hello.transport: the source requires rdma but " +
+                   (local_rdma ? std::string("this target was asked for tcp")
+                               : "the target agent has no usable RDMA device (" +
+                                     (ctx_.rdma ? ctx_.rdma->reason : std::string("disabled")) + ")");
+      } else {
+        chosen = "tcp";
+        reason = local_rdma ? "target-requested-tcp" : "auto-no-peer-rdma";
+      }
+    } else {
+      if (spec_.transport == TransportKind::kRdma) {
+        mismatch = "hello.transport: the target requires rdma, the source offered tcp";
+      } else {
+        chosen = "tcp";
+        reason = hello.transport_required ? "requested" : "auto-no-source-rdma";
+      }
+    }
   }
   if (!mismatch.empty()) {
     reject(fd.get(), "invalid_argument", mismatch);
@@ -102,15 +125,18 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello) {
   }
   token_used_ = true;
   session_ = random_hex(16);
-  transport_ = hello.transport;
-  reply(fd.get(), json{{"type", "welcome"}, {"session", session_}, {"transport", transport_}});
+  transport_ = chosen;
+  transport_reason_ = reason;
+  json welcome{{"type", "welcome"}, {"session", session_}, {"transport", transport_}, {"transportReason", reason}};
+  if (transport_ == "rdma") welcome["rdmaEndpoint"] = ctx_.rdma->ip + ":" + std::to_string(ctx_.rdma->port);
+  reply(fd.get(), welcome);
   control_fd_ = std::move(fd);
   conn_cv_.notify_all();
 }
 
 void TargetJob::on_data(UniqueFd fd, const transport::Hello& hello) {
   std::lock_guard lock(conn_mu_);
-  if (!token_used_ || !constant_time_equal(hello.session, session_)) {
+  if (!token_used_ || transport_ != "tcp" || !constant_time_equal(hello.session, session_)) {
     reject(fd.get(), "permission_denied", "unknown data-plane session for migration " + spec_.id);
     return;
   }
@@ -125,6 +151,32 @@ void TargetJob::on_data(UniqueFd fd, const transport::Hello& hello) {
   conn_cv_.notify_all();
 }
 
+Result<transport::rdma::AcceptPlan> TargetJob::rdma_plan(const std::string& session, uint32_t index) {
+  std::lock_guard lock(conn_mu_);
+  if (!token_used_ || transport_ != "rdma" || !constant_time_equal(session, session_)) {
+    return Error{Errc::kPermissionDenied, "unknown session"};
+  }
+  if (index >= rdma_channels_.size() || rdma_channels_[index]) {
+    return Error{Errc::kInvalidArgument, "channel " + std::to_string(index) + " out of range or already connected"};
+  }
+  transport::rdma::AcceptPlan plan;
+  plan.params = transport::rdma::RdmaChannelParams{index, return_path_chunk(spec_.chunk_size),
+                                                   return_path_depth(spec_.ring_depth),
+                                                   static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth};
+  plan.metrics = &ctx_.metrics.transport("rdma");
+  plan.deliver = [this, index](Result<std::unique_ptr<transport::Channel>> ch) {
+    std::lock_guard l(conn_mu_);
+    if (ch) {
+      rdma_channels_[index] = std::move(ch.value());
+      ++data_received_;
+    } else if (!rdma_error_) {
+      rdma_error_ = ch.error();
+    }
+    conn_cv_.notify_all();
+  };
+  return plan;
+}
+
 Status TargetJob::wait_for_source() {
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::seconds(spec_.completion_timeout_seconds);
@@ -132,6 +184,7 @@ Status TargetJob::wait_for_source() {
   for (;;) {
     if (control_fd_.valid() && data_received_ == spec_.channels()) break;
     if (cancel_requested()) return Error{Errc::kCancelled, cancel_reason()};
+    if (rdma_error_) return *rdma_error_;
     if (std::chrono::steady_clock::now() > deadline) {
       return Error{Errc::kTimeout, "no source agent connected within " +
                                        std::to_string(spec_.completion_timeout_seconds) + " s"};
@@ -139,13 +192,17 @@ Status TargetJob::wait_for_source() {
     if (control_fd_.valid()) set_phase(Phase::kConnecting);
     conn_cv_.wait_for(lock, 200ms);
   }
-  update([&](MigrationStatus& s) { s.transport = transport_; s.transport_reason = "chosen by source"; });
+  update([&](MigrationStatus& s) { s.transport = transport_; s.transport_reason = transport_reason_; });
   auto& tm = ctx_.metrics.transport(transport_);
   std::lock_guard dlock(data_mu_);
   for (uint32_t i = 0; i < spec_.channels(); ++i) {
-    channels_.push_back(transport::TcpChannel::create(std::move(data_fds_[i]), i,
-                                                      static_cast<uint32_t>(spec_.chunk_size),
-                                                      spec_.ring_depth, tm));
+    if (transport_ == "rdma") {
+      channels_.push_back(std::move(rdma_channels_[i]));
+    } else {
+      channels_.push_back(transport::TcpChannel::create(std::move(data_fds_[i]), i,
+                                                        static_cast<uint32_t>(spec_.chunk_size),
+                                                        spec_.ring_depth, tm));
+    }
   }
   link_ = std::make_unique<ControlLink>(std::move(control_fd_));
   return ok_status();

@@ -8,6 +8,7 @@
 
 #include "common/fd.h"
 #include "migration/job.h"
+#include "transport/rdma/rdma_listener.h"
 #include "transport/wire.h"
 
 namespace rdmig::migration {
@@ -23,6 +24,8 @@ class TargetJob final : public Job {
   // (welcome or reject) on the connection; takes it over on success.
   void on_control(UniqueFd fd, const transport::Hello& hello);
   void on_data(UniqueFd fd, const transport::Hello& hello);
+  // For the agent's RDMA listener: how to build channel `index` of `session` and where it goes.
+  Result<transport::rdma::AcceptPlan> rdma_plan(const std::string& session, uint32_t index);
 
  private:
   TargetJob(MigrationSpec spec, JobContext ctx, std::unique_ptr<qemu::QmpClient> qmp);
@@ -37,12 +40,15 @@ class TargetJob final : public Job {
   std::string session_;
   std::string socket_path_;
   std::string transport_;
+  std::string transport_reason_;
 
   std::mutex conn_mu_;  // guards the fields the data-plane server hands over
   std::condition_variable conn_cv_;
   bool token_used_ = false;
   UniqueFd control_fd_;
   std::vector<UniqueFd> data_fds_;
+  std::vector<std::unique_ptr<transport::Channel>> rdma_channels_;
+  std::optional<Error> rdma_error_;
   uint32_t data_received_ = 0;
 
   std::mutex order_mu_;  // QEMU connections in channel order

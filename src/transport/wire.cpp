@@ -90,6 +90,7 @@ json Hello::to_json() const {
     j["chunkSize"] = chunk_size;
     j["ringDepth"] = ring_depth;
     j["transport"] = transport;
+    j["transportRequired"] = transport_required;
   } else {
     j["session"] = session;
     j["index"] = index;
@@ -135,6 +136,10 @@ Result<Hello> Hello::parse(const json& j) {
       return Error{Errc::kInvalidArgument, "hello.transport: unknown transport '" + tr.value() + "'"};
     }
     h.transport = tr.value();
+    if (auto req = j.find("transportRequired"); req != j.end()) {
+      if (!req->is_boolean()) return Error{Errc::kInvalidArgument, "hello.transportRequired: must be a boolean"};
+      h.transport_required = req->get<bool>();
+    }
   } else if (h.kind == "data") {
     auto session = get_string(j, "session", "hello", 128);
     if (!session) return session.error();

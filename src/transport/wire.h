@@ -30,7 +30,8 @@ struct Hello {
   uint32_t channels = 0;     // control: QEMU connections (1 + multifd channels)
   uint64_t chunk_size = 0;   // control
   uint32_t ring_depth = 0;   // control
-  std::string transport;     // control: "tcp" or "rdma"
+  std::string transport;     // control: preferred transport, "tcp" or "rdma"
+  bool transport_required = false;  // control: fail rather than fall back to TCP
 
   nlohmann::json to_json() const;
   // Validates every field; errors name the field ("hello.chunkSize").
