@@ -21,8 +21,12 @@ class QemuVm:
     def __init__(self, workdir, name="vm", mem_mib=512, dirty_mib=64, interval=1,
                  kernel=None, initrd=None, incoming_defer=False, paused=False,
                  extra_args=(), extra_append="", qemu_binary="qemu-system-x86_64",
-                 start=True, start_timeout=30.0):
-        if kernel is None or initrd is None:
+                 start=True, start_timeout=30.0, firmware_only=False, blob=None):
+        """``firmware_only``: no kernel, the guest runs only its firmware (fast under nested
+        TCG); ``blob``: a file loaded into guest RAM at 16 MiB so memory has content."""
+        if firmware_only:
+            kernel = initrd = None
+        elif kernel is None or initrd is None:
             from .guest import ensure_guest
             kernel, initrd = ensure_guest()
         self.workdir = os.path.abspath(workdir)
@@ -48,8 +52,15 @@ class QemuVm:
             append += " " + extra_append
         self.argv = [
             qemu_binary, "-accel", "tcg", "-nodefaults", "-display", "none",
-            "-no-reboot", "-m", str(self.mem_mib), "-smp", "1",
-            "-kernel", kernel, "-initrd", initrd, "-append", append,
+            "-m", str(self.mem_mib), "-smp", "1",
+        ]
+        if not firmware_only:
+            self.argv.append("-no-reboot")  # SeaBIOS alone reboots to retry booting
+        if not firmware_only:
+            self.argv += ["-kernel", kernel, "-initrd", initrd, "-append", append]
+        if blob:
+            self.argv += ["-device", "loader,file=%s,addr=0x1000000,force-raw=on" % blob]
+        self.argv += [
             "-chardev", "file,id=ser0,path=%s" % self.serial_log,
             "-serial", "chardev:ser0",
             "-qmp", "unix:%s,server=on,wait=off" % self.qmp_path,
