@@ -1,0 +1,361 @@
+#!/usr/bin/env python3
+"""rdmig benchmarks: rdmig against what a user would otherwise use, side by side in one run.
+
+  python3 bench/run.py [--quick] [--runs N] [--sections whole,defaults,dataplane,sweep,concurrent]
+                       [--out DIR]
+
+Sections (all measured here, on this machine, in this run):
+  whole       real QEMU guests migrated directly QEMU->QEMU over a unix socket and through two
+              rdmig agents over TCP, interleaved, for guest sizes x dirty rates x multifd
+              channels: medians of QEMU total time, QEMU downtime and the true switchover
+              (source STOP -> target RESUME), and the agent/direct ratios; agent CPU per GiB.
+  defaults    the same dirtying guest through the agents at several chunk sizes and ring
+              depths: what the defaults are chosen from.
+  dataplane   rdmig's TCP transport (rdmig-stream) against iperf3 on loopback.
+  sweep       chunk-size sweep of the TCP transport, 64Ki..64Mi.
+  concurrent  two migrations at once through the same two agents, against one alone.
+Writes DIR/results.json, DIR/results.md and DIR/bench.png. Never fails on speed.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tools"))
+from rdmiglab import Agent, QemuVm, ensure_guest, migrate_direct, start_migration  # noqa: E402
+from rdmiglab.qmp import event_time  # noqa: E402
+
+STREAM = os.path.join(REPO, "build", "bench", "stream", "rdmig-stream")
+BW = 10 << 30  # the same max-bandwidth on both paths (QEMU 7.2's default is 128 MiB/s)
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def ratio(a, b):
+    return (a / b) if (a is not None and b not in (None, 0)) else None
+
+
+def cpu_seconds(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Chain:
+    """One guest migrated again and again: each migration starts a fresh target QEMU, which
+    becomes the next source. Only the first QEMU boots a kernel."""
+
+    def __init__(self, work, name, mem, dirty):
+        self.work, self.name, self.mem, self.dirty, self.n = work, name, mem, dirty, 0
+        # interval 0: the guest dirties continuously (a pass of `dirty` MiB, then the next).
+        self.src = QemuVm(work, "%s-0" % name, mem_mib=mem, dirty_mib=dirty, interval=0 if dirty else 1)
+        self.src.wait_for_counter(2, timeout=180)
+
+    def next_target(self):
+        self.n += 1
+        return QemuVm(self.work, "%s-%d" % (self.name, self.n), mem_mib=self.mem, incoming_defer=True,
+                      dirty_mib=self.dirty)
+
+    def advance(self, dst):
+        self.src.kill()
+        self.src = dst
+
+    def close(self):
+        self.src.kill()
+
+
+def resume_of(vm, start, timeout=30):
+    ev = vm.wait_event("RESUME", timeout)
+    return ev
+
+
+def run_direct(chain, multifd):
+    dst = chain.next_target()
+    t0 = time.time()
+    r = migrate_direct(chain.src, dst, multifd_channels=multifd, max_bandwidth=BW)
+    if r["status"] != "completed":
+        dst.kill()
+        raise RuntimeError("direct migration failed: %s" % r["error"])
+    resume = dst.wait_event("RESUME", 30)
+    e2e = (event_time(resume) - t0) * 1000 if resume else None
+    chain.advance(dst)
+    return {"total_ms": r["total_time_ms"], "downtime_ms": r["downtime_ms"], "switchover_ms": r["switchover_ms"],
+            "e2e_ms": e2e, "bytes": r["transferred_bytes"]}
+
+
+def run_agents(chain, agents, multifd, chunk=None, depth=None, vm="bench"):
+    a, b = agents
+    dst = chain.next_target()
+    t0 = time.time()
+    target, source = start_migration(a, b, chain.src.agent_qmp_path, dst.agent_qmp_path, multifd_channels=multifd,
+                                     chunk_size=chunk, ring_depth=depth, vm=vm, maxBandwidthBytesPerSecond=BW)
+    s = a.wait(source["id"], timeout=600, interval=0.05)
+    if s["phase"] != "Succeeded":
+        dst.kill()
+        raise RuntimeError("agent migration failed: %s" % s["result"]["reason"])
+    resume = dst.wait_event("RESUME", 30)
+    e2e = (event_time(resume) - t0) * 1000 if resume else None
+    chain.advance(dst)
+    r = s["result"]
+    return {"total_ms": r["totalTimeMs"], "downtime_ms": r["downtimeMs"], "switchover_ms": r["switchoverMs"],
+            "e2e_ms": e2e, "bytes": s["progress"]["dataBytesSent"]}
+
+
+def summarize(runs):
+    return {k: med([r[k] for r in runs]) for k in ("total_ms", "downtime_ms", "switchover_ms", "e2e_ms", "bytes")}
+
+
+def section_whole(work, agents, args, results):
+    sizes = [512] if args.quick else [256, 512, 1024, 2048]
+    dirties = [0, 32]
+    multifds = [0, 4] if args.quick else [0, 4, 8]
+    rows = []
+    cpu0 = sum(cpu_seconds(a.proc.pid) for a in agents)
+    agent_bytes = 0
+    for mem in sizes:
+        for dirty in dirties:
+            chain = Chain(work, "w%d-%d" % (mem, dirty), mem, dirty)
+            try:
+                for mf in multifds:
+                    direct, via = [], []
+                    for _ in range(args.runs):  # interleaved, so drift hits both paths alike
+                        direct.append(run_direct(chain, mf))
+                        via.append(run_agents(chain, agents, mf))
+                        agent_bytes += via[-1]["bytes"] or 0
+                    d, v = summarize(direct), summarize(via)
+                    row = {"mem_mib": mem, "dirty_mib_s": "idle" if dirty == 0 else "continuous %d MiB passes" % dirty,
+                           "multifd": mf, "direct": d, "agents": v, "runs": args.runs,
+                           "total_ratio": ratio(v["total_ms"], d["total_ms"]),
+                           "downtime_ratio": ratio(v["downtime_ms"], d["downtime_ms"]),
+                           "switchover_ratio": ratio(v["switchover_ms"], d["switchover_ms"]),
+                           "e2e_ratio": ratio(v["e2e_ms"], d["e2e_ms"])}
+                    rows.append(row)
+                    print("whole %4d MiB %-5s mf=%d  total %6.0f/%6.0f ms (x%.2f)  downtime %4.0f/%4.0f ms  "
+                          "switchover %5.1f/%5.1f ms  e2e %6.0f/%6.0f ms (x%.2f)" % (
+                              mem, "idle" if not dirty else "dirty", mf, v["total_ms"], d["total_ms"],
+                              row["total_ratio"] or 0, v["downtime_ms"], d["downtime_ms"],
+                              v["switchover_ms"] or 0, d["switchover_ms"] or 0, v["e2e_ms"] or 0,
+                              d["e2e_ms"] or 0, row["e2e_ratio"] or 0), flush=True)
+            finally:
+                chain.close()
+    cpu1 = sum(cpu_seconds(a.proc.pid) for a in agents)
+    results["whole"] = rows
+    results["agent_cpu_seconds_per_gib_tcp"] = (cpu1 - cpu0) / (agent_bytes / (1 << 30)) if agent_bytes else None
+    print("agent CPU: %.2f s per GiB moved over TCP (both agents together)" % (results["agent_cpu_seconds_per_gib_tcp"] or 0))
+
+
+def section_defaults(work, agents, args, results):
+    combos = [("256Ki", 8), ("1Mi", 4), ("1Mi", 16), ("4Mi", 4), ("4Mi", 16), ("16Mi", 4)]
+    rows = []
+    chain = Chain(work, "defaults", 512, 32)
+    try:
+        for chunk, depth in combos:
+            runs = [run_agents(chain, agents, 4, chunk=chunk, depth=depth) for _ in range(args.runs)]
+            s = summarize(runs)
+            rows.append({"chunk": chunk, "depth": depth, **s})
+            print("defaults chunk %-5s depth %2d: total %6.0f ms downtime %4.0f ms switchover %5.1f ms e2e %6.0f ms"
+                  % (chunk, depth, s["total_ms"], s["downtime_ms"], s["switchover_ms"] or 0, s["e2e_ms"] or 0), flush=True)
+    finally:
+        chain.close()
+    results["defaults"] = rows
+
+
+def stream(args_list):
+    out = subprocess.run([STREAM, "--json"] + args_list, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError("rdmig-stream failed: %s" % out.stderr)
+    for line in out.stdout.splitlines():
+        j = json.loads(line)
+        if j["side"] == "client":
+            return j["bytesPerSecond"]
+    raise RuntimeError("no client line")
+
+
+def iperf3(parallel, seconds=5):
+    port = 5201 + parallel
+    server = subprocess.Popen(["iperf3", "-s", "-1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            if subprocess.run(["sh", "-c", "ss -ltn | grep -q ':%d '" % port]).returncode == 0:
+                break
+            time.sleep(0.05)
+        out = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(port), "-t", str(seconds), "-P", str(parallel), "-J"],
+                             capture_output=True, text=True, timeout=120)
+        return json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"] / 8
+    finally:
+        server.wait(timeout=30)
+
+
+def section_dataplane(args, results):
+    rows = []
+    for ch in (1, 4):
+        ours, theirs = [], []
+        for _ in range(args.runs):
+            ours.append(stream(["--transport", "tcp", "--ip", "127.0.0.1", "--bytes", "8Gi", "--channels", str(ch),
+                                "--chunk", "1Mi", "--depth", "16", "--no-verify"]))
+            theirs.append(iperf3(ch))
+        o, t = med(ours), med(theirs)
+        rows.append({"channels": ch, "rdmig_Bps": o, "iperf3_Bps": t, "ratio": ratio(o, t)})
+        print("dataplane %d stream(s): rdmig %.0f MiB/s, iperf3 %.0f MiB/s, ratio %.2f" % (ch, o / 2**20, t / 2**20, o / t), flush=True)
+    results["dataplane"] = rows
+
+
+def section_sweep(args, results):
+    rows = []
+    for chunk in ["64Ki", "128Ki", "256Ki", "512Ki", "1Mi", "2Mi", "4Mi", "8Mi", "16Mi", "32Mi", "64Mi"]:
+        n = int(chunk[:-2]) * (1024 if chunk.endswith("Ki") else 1 << 20)
+        depth = max(2, min(16, (64 << 20) // n))
+        runs = [stream(["--transport", "tcp", "--ip", "127.0.0.1", "--bytes", "4Gi", "--channels", "1", "--chunk", chunk,
+                        "--depth", str(depth), "--no-verify"]) for _ in range(max(1, args.runs // 2))]
+        rows.append({"chunk": chunk, "depth": depth, "Bps": med(runs)})
+        print("sweep tcp chunk %-5s depth %2d: %.0f MiB/s" % (chunk, depth, med(runs) / 2**20), flush=True)
+    best = max(r["Bps"] for r in rows)
+    for r in rows:
+        r["of_best"] = r["Bps"] / best
+    results["sweep_tcp"] = rows
+    results["sweep_tcp_1mi_of_best"] = next(r["of_best"] for r in rows if r["chunk"] == "1Mi")
+
+
+def section_concurrent(work, agents, args, results):
+    alone, together = [], []
+    c1 = Chain(work, "conc-a", 512, 32)
+    c2 = Chain(work, "conc-b", 512, 32)
+    try:
+        for _ in range(args.runs):
+            alone.append(run_agents(c1, agents, 0, vm="conc-a"))
+            out = {}
+            t1 = threading.Thread(target=lambda: out.__setitem__("a", run_agents(c1, agents, 0, vm="conc-a")))
+            t2 = threading.Thread(target=lambda: out.__setitem__("b", run_agents(c2, agents, 0, vm="conc-b")))
+            t1.start(); t2.start(); t1.join(); t2.join()
+            together += [out["a"], out["b"]]
+    finally:
+        c1.close(); c2.close()
+    a, t = summarize(alone), summarize(together)
+    results["concurrent"] = {"alone": a, "two_at_once": t, "total_ratio": ratio(t["total_ms"], a["total_ms"]),
+                             "downtime_ratio": ratio(t["downtime_ms"], a["downtime_ms"])}
+    print("concurrent: alone total %.0f ms downtime %.0f ms; two at once total %.0f ms downtime %.0f ms"
+          % (a["total_ms"], a["downtime_ms"], t["total_ms"], t["downtime_ms"]), flush=True)
+
+
+def machine():
+    cpu = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    qemu = subprocess.run(["qemu-system-x86_64", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+    return {"cpus": os.cpu_count(), "cpu": cpu, "mem_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+            "kernel": os.uname().release, "qemu": qemu, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def fmt(v, spec="%.0f"):
+    return "-" if v is None else spec % v
+
+
+def write_markdown(results, path):
+    L = ["# rdmig benchmark results", "",
+         "Machine: %(cpus)d vCPUs (%(cpu)s), %(mem_gib)s GiB, kernel %(kernel)s, %(qemu)s, guests under TCG. %(date)s." % results["machine"],
+         "Command: `%s`" % results["command"], ""]
+    if "whole" in results:
+        L += ["## Whole migrations: direct QEMU-to-QEMU (unix socket) vs through two rdmig agents (TCP)", "",
+              "Medians of %d interleaved runs each. total = QEMU's total-time; downtime = QEMU's figure; switchover = "
+              "source STOP to target RESUME; e2e = from the first command to the target's RESUME." % results["whole"][0]["runs"], "",
+              "| guest | dirtying | multifd | total direct / agents (ms) | ratio | downtime direct / agents (ms) | ratio | switchover direct / agents (ms) | e2e ratio |",
+              "|---|---|---|---|---|---|---|---|---|"]
+        for r in results["whole"]:
+            d, v = r["direct"], r["agents"]
+            L.append("| %d MiB | %s | %d | %s / %s | %s | %s / %s | %s | %s / %s | %s |" % (
+                r["mem_mib"], r["dirty_mib_s"], r["multifd"], fmt(d["total_ms"]), fmt(v["total_ms"]), fmt(r["total_ratio"], "%.2f"),
+                fmt(d["downtime_ms"]), fmt(v["downtime_ms"]), fmt(r["downtime_ratio"], "%.2f"),
+                fmt(d["switchover_ms"], "%.1f"), fmt(v["switchover_ms"], "%.1f"), fmt(r["e2e_ratio"], "%.2f")))
+        tr = [r["total_ratio"] for r in results["whole"] if r["total_ratio"]]
+        dr = [r["downtime_ratio"] for r in results["whole"] if r["downtime_ratio"]]
+        L += ["", "Median ratio over all rows: total %.2f (goal <= 1.10), downtime %.2f (goal <= 1.2)." % (
+            statistics.median(tr), statistics.median(dr)) if tr and dr else "",
+              "Agent CPU: %s CPU-seconds per GiB moved over TCP (both agents)." % fmt(results.get("agent_cpu_seconds_per_gib_tcp"), "%.2f"), ""]
+    if "defaults" in results:
+        L += ["## Chunk size and ring depth through the agents (512 MiB dirtying guest, 4 multifd)", "",
+              "| chunk | depth | total (ms) | downtime (ms) | switchover (ms) | e2e (ms) |", "|---|---|---|---|---|---|"]
+        for r in results["defaults"]:
+            L.append("| %s | %d | %s | %s | %s | %s |" % (r["chunk"], r["depth"], fmt(r["total_ms"]), fmt(r["downtime_ms"]),
+                                                       fmt(r["switchover_ms"], "%.1f"), fmt(r["e2e_ms"])))
+        L.append("")
+    if "dataplane" in results:
+        L += ["## Data plane alone: rdmig-stream (TCP transport) vs iperf3 on loopback", "",
+              "| streams | rdmig MiB/s | iperf3 MiB/s | ratio (goal >= 0.8) |", "|---|---|---|---|"]
+        for r in results["dataplane"]:
+            L.append("| %d | %.0f | %.0f | %.2f |" % (r["channels"], r["rdmig_Bps"] / 2**20, r["iperf3_Bps"] / 2**20, r["ratio"]))
+        L.append("")
+    if "sweep_tcp" in results:
+        L += ["## Chunk-size sweep, TCP transport (1 channel, ring <= 64 MiB)", "", "| chunk | depth | MiB/s | of best |", "|---|---|---|---|"]
+        for r in results["sweep_tcp"]:
+            L.append("| %s | %d | %.0f | %.2f |" % (r["chunk"], r["depth"], r["Bps"] / 2**20, r["of_best"]))
+        L += ["", "1 MiB / best: **%.2f** (goal >= 0.9)." % results["sweep_tcp_1mi_of_best"], ""]
+    if "concurrent" in results:
+        c = results["concurrent"]
+        L += ["## Two migrations at once (512 MiB dirtying guests, same two agents)", "",
+              "| | total (ms) | downtime (ms) |", "|---|---|---|",
+              "| one alone | %s | %s |" % (fmt(c["alone"]["total_ms"]), fmt(c["alone"]["downtime_ms"])),
+              "| two at once (each) | %s | %s |" % (fmt(c["two_at_once"]["total_ms"]), fmt(c["two_at_once"]["downtime_ms"])), ""]
+    with open(path, "w") as f:
+        f.write("\n".join(L) + "\n")
+
+
+def plot(results, path):
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plot.py")
+    py = "/usr/bin/python3"  # Debian's python3-matplotlib
+    r = subprocess.run([py, script, os.path.join(os.path.dirname(path), "results.json"), path], capture_output=True, text=True)
+    if r.returncode != 0:
+        print("plot skipped: %s" % (r.stderr.strip().splitlines() or ["?"])[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="512 MiB guests, multifd 0/4 only")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--sections", default="whole,defaults,dataplane,sweep,concurrent")
+    ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "latest"))
+    args = ap.parse_args()
+    sections = args.sections.split(",")
+    ensure_guest()
+    os.makedirs(args.out, exist_ok=True)
+    results = {"machine": machine(), "command": "python3 bench/run.py " + " ".join(sys.argv[1:])}
+    work = tempfile.mkdtemp(prefix="rdmig-bench-")
+    agents = []
+    try:
+        if {"whole", "defaults", "concurrent"} & set(sections):
+            agents = [Agent(work, "bench-a", log_level="warn"), Agent(work, "bench-b", log_level="warn")]
+        if "whole" in sections:
+            section_whole(work, agents, args, results)
+        if "defaults" in sections:
+            section_defaults(work, agents, args, results)
+        if "dataplane" in sections:
+            section_dataplane(args, results)
+        if "sweep" in sections:
+            section_sweep(args, results)
+        if "concurrent" in sections:
+            section_concurrent(work, agents, args, results)
+    finally:
+        for a in agents:
+            a.stop()
+        shutil.rmtree(work, ignore_errors=True)
+        with open(os.path.join(args.out, "results.json"), "w") as f:
+            json.dump(results, f, indent=1)
+        write_markdown(results, os.path.join(args.out, "results.md"))
+        plot(results, os.path.join(args.out, "bench.png"))
+    print("wrote %s/results.md" % args.out)
+
+
+if __name__ == "__main__":
+    main()
