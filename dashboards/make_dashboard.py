@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""Writes dashboards/rdmig.json, the Grafana dashboard for rdmig's agents and controller.
+
+The dashboard is generated so that every panel follows the same selectors and units; edit this
+file, then run `python3 tests/deploy/sync_copies.py` (it runs this and refreshes the copies in
+charts/rdmig/ and operator-manifests/monitoring/). Metric names are the agent's
+(src/metrics/metrics.cpp) and the controller's (controller/controller_metrics.cpp); the ctest
+deploy_dashboard_metrics scrapes both after a real migration and fails on a name nobody exports.
+
+Labels: `namespace` (added by the Prometheus Operator) and `node` (the ServiceMonitors relabel
+__meta_kubernetes_pod_node_name to it) back the two variables.
+"""
+import json
+import os
+import sys
+
+AGENT = 'namespace=~"$namespace", node=~"$node"'
+CTRL = 'namespace=~"$namespace"'
+DS = {"type": "prometheus", "uid": "${datasource}"}
+
+
+class Layout:
+    """Places panels left to right on Grafana's 24-column grid."""
+
+    def __init__(self):
+        self.panels, self.x, self.y, self.row_h, self.next_id = [], 0, 0, 0, 1
+
+    def row(self, title):
+        self.newline()
+        self.panels.append({"type": "row", "title": title, "collapsed": False, "id": self._id(),
+                            "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y}, "panels": []})
+        self.y += 1
+
+    def newline(self):
+        self.y += self.row_h
+        self.x, self.row_h = 0, 0
+
+    def add(self, panel, w, h):
+        if self.x + w > 24:
+            self.newline()
+        panel["id"] = self._id()
+        panel["gridPos"] = {"h": h, "w": w, "x": self.x, "y": self.y}
+        self.panels.append(panel)
+        self.x += w
+        self.row_h = max(self.row_h, h)
+
+    def _id(self):
+        self.next_id += 1
+        return self.next_id - 1
+
+
+def target(expr, legend="", ref="A", fmt=None, instant=False):
+    t = {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref, "range": not instant,
+         "instant": instant}
+    if fmt:
+        t["format"] = fmt
+    return t
+
+
+def panel(kind, title, description, targets, unit="short", **extra):
+    p = {"type": kind, "title": title, "description": description, "datasource": DS,
+         "targets": [dict(t, refId=chr(ord("A") + i)) for i, t in enumerate(targets)],
+         "fieldConfig": {"defaults": {"unit": unit}, "overrides": []}, "options": {}}
+    if kind == "timeseries":
+        p["fieldConfig"]["defaults"]["custom"] = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10,
+                                                  "showPoints": "never", "spanNulls": False}
+        p["options"] = {"legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]},
+                        "tooltip": {"mode": "multi", "sort": "desc"}}
+    elif kind == "stat":
+        p["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                        "colorMode": "value", "graphMode": "none", "textMode": "value_and_name"}
+    elif kind == "bargauge":
+        p["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                        "orientation": "horizontal", "displayMode": "gradient"}
+    elif kind == "piechart":
+        p["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                        "pieType": "donut", "legend": {"displayMode": "table", "placement": "right",
+                                                       "values": ["value", "percent"]}}
+    elif kind == "heatmap":
+        p["options"] = {"calculate": False, "yAxis": {"unit": unit}, "cellGap": 1,
+                        "color": {"mode": "scheme", "scheme": "Oranges", "steps": 64}}
+    p.update(extra)
+    return p
+
+
+def quantiles(metric, sel, by, window, qs=(0.5, 0.99)):
+    return [target('histogram_quantile(%s, sum by (le, %s) (rate(%s_bucket{%s}[%s])))' % (q, by, metric, sel, window),
+                   "p%d {{%s}}" % (round(q * 100), by)) for q in qs]
+
+
+def build():
+    L = Layout()
+    L.row("Overview")
+    L.add(panel("stat", "Active migrations", "Migrations in progress on the selected agents, by role "
+                "(a migration counts once on its source and once on its target).",
+                [target("sum by (role) (rdmig_migrations_active{%s})" % AGENT, "{{role}}")]), 5, 5)
+    L.add(panel("stat", "Migrations by result", "Migrations finished in the time range, counted on the source "
+                "agent, by result (succeeded, failed, cancelled).",
+                [target('sum by (result) (increase(rdmig_migrations_finished_total{%s, role="source"}[$__range]))'
+                        % AGENT, "{{result}}", instant=True)]), 7, 5)
+    L.add(panel("piechart", "RDMA versus TCP", "Transport chosen for the migrations started in the time range.",
+                [target("sum by (transport) (increase(rdmig_transport_selected_total{%s}[$__range]))" % AGENT,
+                        "{{transport}}", instant=True)]), 6, 5)
+    L.add(panel("stat", "RDMA devices per node", "Usable RDMA devices each agent sees (0: TCP only on that node).",
+                [target("rdmig_rdma_devices{%s}" % AGENT, "{{node}}")]), 6, 5)
+    L.add(panel("timeseries", "Migrations started and finished", "Per source agent, in each interval.",
+                [target('sum by (result) (increase(rdmig_migrations_finished_total{%s, role="source"}[$__rate_interval]))'
+                        % AGENT, "finished {{result}}"),
+                 target('sum (increase(rdmig_migrations_started_total{%s, role="source"}[$__rate_interval]))' % AGENT,
+                        "started")]), 12, 7)
+    L.add(panel("timeseries", "RdmaMigration objects by phase (controller)", "As the controller replicas see "
+                "them; both replicas keep the same cache, so the maximum is shown.",
+                [target("max by (phase) (rdmig_controller_migrations{%s})" % CTRL, "{{phase}}")]), 8, 7)
+    L.add(panel("stat", "Controller leader", "Replicas that hold the leader Lease (1 expected).",
+                [target("sum (rdmig_controller_leader{%s})" % CTRL, "leaders")]), 4, 7)
+
+    L.row("Throughput and progress")
+    L.add(panel("timeseries", "Throughput per migration", "QEMU's current throughput of each running migration "
+                "(source side).",
+                [target('rdmig_migration_throughput_bytes_per_second{%s, role="source"}' % AGENT,
+                        "{{vm}} {{migration}}")], unit="Bps"), 12, 8)
+    L.add(panel("timeseries", "Data-plane throughput by transport", "Migration stream bytes carried by the agents, "
+                "per node, transport and direction.",
+                [target("sum by (node, transport, direction) (rate(rdmig_transferred_bytes_total{%s}[$__rate_interval]))"
+                        % AGENT, "{{node}} {{transport}} {{direction}}")], unit="Bps"), 12, 8)
+    L.add(panel("timeseries", "Migration progress", "Bytes transferred and remaining, and guest RAM size, "
+                "per migration (source side).",
+                [target('rdmig_migration_transferred_bytes{%s, role="source"}' % AGENT, "transferred {{vm}}"),
+                 target('rdmig_migration_remaining_bytes{%s, role="source"}' % AGENT, "remaining {{vm}}"),
+                 target('rdmig_migration_total_bytes{%s, role="source"}' % AGENT, "total {{vm}}")],
+                unit="bytes"), 12, 8)
+    L.add(panel("timeseries", "Guest dirty rate", "Memory the guest dirties per second, as QEMU sees it; a dirty "
+                "rate near the throughput keeps a migration from converging.",
+                [target('rdmig_migration_dirty_rate_bytes_per_second{%s, role="source"}' % AGENT, "{{vm}}")],
+                unit="Bps"), 6, 8)
+    L.add(panel("stat", "Transferred bytes", "Bytes sent by the data plane in the time range, by transport.",
+                [target('sum by (transport) (increase(rdmig_transferred_bytes_total{%s, direction="sent"}[$__range]))'
+                        % AGENT, "{{transport}}", instant=True)], unit="bytes"), 6, 8)
+
+    L.row("Downtime and duration")
+    L.add(panel("bargauge", "Last downtime per VM", "Guest downtime of each VM's last migration, as QEMU reports it.",
+                [target("max by (vm) (rdmig_last_downtime_seconds{%s})" % AGENT, "{{vm}}", instant=True)],
+                unit="s"), 6, 8)
+    L.add(panel("bargauge", "Last switchover per VM", "Source STOP to target RESUME of each VM's last migration "
+                "(only when the target runs afterwards).",
+                [target("max by (vm) (rdmig_last_switchover_seconds{%s})" % AGENT, "{{vm}}", instant=True)],
+                unit="s"), 6, 8)
+    L.add(panel("heatmap", "Downtime distribution", "Migrations per downtime bucket in each interval.",
+                [target("sum by (le) (increase(rdmig_downtime_seconds_bucket{%s}[$__rate_interval]))" % AGENT,
+                        "{{le}}", fmt="heatmap")], unit="s"), 6, 8)
+    L.add(panel("stat", "Downtime and switchover over the range", "Quantiles over every migration in the time "
+                "range, by transport.",
+                [target('histogram_quantile(0.5, sum by (le, transport) (increase(rdmig_downtime_seconds_bucket{%s}[$__range])))'
+                        % AGENT, "downtime p50 {{transport}}", instant=True),
+                 target('histogram_quantile(0.95, sum by (le, transport) (increase(rdmig_downtime_seconds_bucket{%s}[$__range])))'
+                        % AGENT, "downtime p95 {{transport}}", instant=True),
+                 target('histogram_quantile(0.95, sum by (le, transport) (increase(rdmig_switchover_seconds_bucket{%s}[$__range])))'
+                        % AGENT, "switchover p95 {{transport}}", instant=True)], unit="s"), 6, 8)
+    L.add(panel("timeseries", "Total migration duration", "Start to result on the source, mean and p95 over "
+                "the migrations that finished in each interval, by result.",
+                [target('sum by (result) (increase(rdmig_migration_duration_seconds_sum{%s, role="source"}[$__rate_interval]))'
+                        ' / sum by (result) (increase(rdmig_migration_duration_seconds_count{%s, role="source"}[$__rate_interval]))'
+                        % (AGENT, AGENT), "mean {{result}}"),
+                 target('histogram_quantile(0.95, sum by (le, result) (increase(rdmig_migration_duration_seconds_bucket{%s, role="source"}[$__rate_interval])))'
+                        % AGENT, "p95 {{result}}")], unit="s"), 24, 7)
+
+    L.row("Data plane")
+    L.add(panel("timeseries", "Chunk size", "Payload of each chunk sent: mean and median. Chunks go out early "
+                "when QEMU has nothing more ready, so they can be smaller than the configured size.",
+                [target("sum by (transport) (rate(rdmig_chunk_size_bytes_sum{%s}[$__rate_interval])) / "
+                        "sum by (transport) (rate(rdmig_chunk_size_bytes_count{%s}[$__rate_interval]))" % (AGENT, AGENT),
+                        "mean {{transport}}")] + quantiles("rdmig_chunk_size_bytes", AGENT, "transport",
+                                                         "$__rate_interval", (0.5,)), unit="bytes"), 8, 8)
+    L.add(panel("timeseries", "Chunk write latency", "Post to completion of each chunk write, p50 and p99.",
+                quantiles("rdmig_chunk_write_latency_seconds", AGENT, "transport", "$__rate_interval"),
+                unit="s"), 8, 8)
+    L.add(panel("timeseries", "Chunks in flight", "Chunks written but not yet acknowledged, per node and transport.",
+                [target("sum by (node, transport) (rdmig_chunks_in_flight{%s})" % AGENT, "{{node}} {{transport}}")]),
+          8, 8)
+    L.add(panel("timeseries", "Chunks per second", "Chunks carried, per node, transport and direction.",
+                [target("sum by (node, transport, direction) (rate(rdmig_chunks_total{%s}[$__rate_interval]))" % AGENT,
+                        "{{node}} {{transport}} {{direction}}")], unit="cps"), 8, 8)
+    L.add(panel("timeseries", "Credit stalls", "Times per second a sender waited for a free slot in the "
+                "receiver's ring (raise ringDepth when this is high).",
+                [target("sum by (node, transport) (rate(rdmig_credit_stalls_total{%s}[$__rate_interval]))" % AGENT,
+                        "{{node}} {{transport}}")], unit="ops"), 8, 8)
+    L.add(panel("timeseries", "Transport errors by kind", "Data-plane errors in each interval.",
+                [target("sum by (transport, kind) (increase(rdmig_transport_errors_total{%s}[$__rate_interval]))"
+                        % AGENT, "{{transport}} {{kind}}")]), 8, 8)
+    L.add(panel("bargauge", "Transport selection by reason", "Why each transport was chosen, in the time range.",
+                [target("sum by (transport, reason) (increase(rdmig_transport_selected_total{%s}[$__range]))" % AGENT,
+                        "{{transport}} ({{reason}})", instant=True)]), 24, 6)
+
+    L.row("Controller")
+    L.add(panel("timeseries", "Reconciles by result", "Reconciles of RdmaMigration objects per second.",
+                [target("sum by (result) (rate(rdmig_controller_reconciles_total{%s}[$__rate_interval]))" % CTRL,
+                        "{{result}}")], unit="ops"), 12, 7)
+    L.add(panel("timeseries", "Agent requests by HTTP code", "Controller calls on the agents' REST API per "
+                "second (error: no response).",
+                [target("sum by (code) (rate(rdmig_controller_agent_requests_total{%s}[$__rate_interval]))" % CTRL,
+                        "{{code}}")], unit="reqps"), 12, 7)
+
+    def query_var(name, label, query):
+        return {"name": name, "label": label, "type": "query", "datasource": DS,
+                "query": {"query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+                "definition": query, "refresh": 2, "includeAll": True, "multi": True, "allValue": ".*",
+                "current": {"selected": True, "text": ["All"], "value": ["$__all"]}, "sort": 1}
+
+    return {
+        "title": "rdmig: RDMA live migration",
+        "uid": "rdmig-overview",
+        "description": "rdmig agents and controller: migrations, throughput, downtime, data plane.",
+        "tags": ["rdmig", "migration", "rdma", "kubevirt"],
+        "editable": True,
+        "graphTooltip": 1,
+        "refresh": "10s",
+        "schemaVersion": 39,
+        "version": 1,
+        "time": {"from": "now-1h", "to": "now"},
+        "timezone": "",
+        "annotations": {"list": []},
+        "links": [],
+        "templating": {"list": [
+            {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+             "current": {}, "hide": 0, "refresh": 1, "regex": ""},
+            query_var("namespace", "Namespace", "label_values(rdmig_rdma_devices, namespace)"),
+            query_var("node", "Node", 'label_values(rdmig_rdma_devices{namespace=~"$namespace"}, node)'),
+        ]},
+        "panels": L.panels,
+    }
+
+
+def render():
+    return json.dumps(build(), indent=2, sort_keys=False) + "\n"
+
+
+if __name__ == "__main__":
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "rdmig.json")
+    with open(out, "w") as f:
+        f.write(render())
+    print("wrote", out)
