@@ -1,0 +1,71 @@
+"""rdmig-agent start-up: configuration errors stop it with a message naming the key, and the
+transport choice when this machine has no RDMA (the case on these test machines)."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+from rdmiglab import Agent  # noqa: E402
+from rdmiglab.agent import agent_binary  # noqa: E402
+
+
+def rdma_present():
+    return os.path.isdir("/sys/class/infiniband") and bool(os.listdir("/sys/class/infiniband"))
+
+
+class AgentStartupTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="rdmig-start-")
+        self.token = os.path.join(self.tmp, "token")
+        with open(self.token, "w") as f:
+            f.write("0123456789abcdef0123\n")
+
+    def run_agent(self, text, timeout=20):
+        path = os.path.join(self.tmp, "agent.yaml")
+        with open(path, "w") as f:
+            f.write(text)
+        return subprocess.run([agent_binary(), "--config", path], capture_output=True, text=True, timeout=timeout)
+
+    def base(self, extra=""):
+        return ("api: {address: 127.0.0.1, port: 0, tokenFile: %s}\n"
+                "dataPlane: {address: 127.0.0.1, port: 0}\nstateDir: %s\n%s" % (self.token, self.tmp, extra))
+
+    def test_unknown_key_stops_agent_naming_it(self):
+        r = self.run_agent(self.base("migration: {chunksize: 4Mi}\n"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("migration.chunksize", r.stderr)
+
+    def test_bad_chunk_size_stops_agent_naming_it(self):
+        r = self.run_agent(self.base("migration: {chunkSize: 3Mi}\n"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("migration.chunkSize", r.stderr)
+        self.assertIn("power of two", r.stderr)
+
+    def test_missing_token_file_names_the_key(self):
+        r = self.run_agent(self.base().replace(self.token, "/nonexistent/token"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("api.tokenFile", r.stderr)
+
+    @unittest.skipIf(rdma_present(), "this machine has an RDMA device")
+    def test_required_rdma_without_a_device_stops_agent_with_the_reason(self):
+        r = self.run_agent(self.base("transport: rdma\n"))
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("'transport'", r.stderr)
+        self.assertIn("RDMA cannot be used", r.stderr)
+
+    @unittest.skipIf(rdma_present(), "this machine has an RDMA device")
+    def test_auto_without_a_device_serves_and_reports_why(self):
+        a = Agent(self.tmp, "auto", config={"transport": "auto"})
+        try:
+            self.assertEqual(a.request("GET", "/readyz", token=None)[0], 200)
+            self.assertIn("rdma=unavailable", a.log_text())
+            self.assertIn("rdmig_rdma_devices 0", a.metrics())
+        finally:
+            a.stop()
+
+
+if __name__ == "__main__":
+    unittest.main()
