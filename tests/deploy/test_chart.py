@@ -1,0 +1,398 @@
+"""The Helm chart and the plain manifests: helm lint, helm template with the defaults and with a
+values file that changes every toggle, well-formed and self-consistent objects, the chart's CRD
+and dashboard copies, and agreement between operator-manifests/ and the rendered chart.
+
+kubectl cannot validate objects here: `kubectl apply/create --dry-run=client` needs an API
+server for discovery and OpenAPI, and none can run on these machines. So every object is parsed
+and checked for its identity (apiVersion, kind, name, namespace) and for the references between
+objects that a cluster would otherwise reject or leave broken (selectors, named ports, volumes,
+ConfigMap keys, Secrets, ServiceAccounts, role bindings). The rendered agent and controller
+configurations are loaded by the real programs in test_dashboard_metrics.py.
+
+Run: python3 tests/deploy/test_chart.py -v   (ctest -L deploy)
+"""
+import base64
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from deploylib import (CHART, HELM_LABELS, MANIFESTS, NAMESPACE, REPO, TOGGLES, by_key, dashboard_metric_names,  # noqa: E402
+                       diff, embedded_config, find, helm, key, one, plain_manifests, pod_spec, render)
+
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+WORKLOADS = ("DaemonSet", "Deployment")
+
+
+def check_objects(test, docs, external_secrets=()):
+    """Identity and cross-references of a set of objects, as a cluster would need them."""
+    seen = set()
+    for d in docs:
+        where = "%s %s" % (d.get("kind"), d.get("metadata", {}).get("name"))
+        test.assertTrue(d.get("apiVersion"), where + ": apiVersion")
+        test.assertTrue(d.get("kind"), where + ": kind")
+        md = d.get("metadata") or {}
+        name = md.get("name")
+        test.assertTrue(name and len(name) <= 253 and DNS_SUBDOMAIN.match(name), where + ": metadata.name")
+        if d["kind"] in CLUSTER_SCOPED:
+            test.assertNotIn("namespace", md, where + " is cluster-scoped")
+        else:
+            test.assertTrue(md.get("namespace"), where + ": namespaced object without metadata.namespace")
+        for k, v in (md.get("labels") or {}).items():
+            test.assertRegex(k, LABEL_KEY, where + ": label key")
+            test.assertTrue(isinstance(v, str) and len(v) <= 63 and LABEL_VALUE.match(v), "%s: label %s=%r" % (where, k, v))
+        test.assertNotIn(key(d), seen, where + ": defined twice")
+        seen.add(key(d))
+
+    objs = by_key(docs)
+
+    def exists(kind, ns, name):
+        return (kind, ns, name) in objs
+
+    for w in [d for d in docs if d["kind"] in WORKLOADS]:
+        ns, where = w["metadata"]["namespace"], "%s %s" % (w["kind"], w["metadata"]["name"])
+        tmpl_labels = w["spec"]["template"]["metadata"]["labels"]
+        for k, v in w["spec"]["selector"]["matchLabels"].items():
+            test.assertEqual(tmpl_labels.get(k), v, where + ": selector label %s not on the pod template" % k)
+        spec = pod_spec(w)
+        sa = spec.get("serviceAccountName")
+        test.assertTrue(exists("ServiceAccount", ns, sa), where + ": ServiceAccount %s missing" % sa)
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        for c in spec["containers"]:
+            test.assertRegex(c["image"], r"^[^\s:]+(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})$", where + ": image")
+            ports = {}
+            for p in c.get("ports", []):
+                test.assertTrue(1 <= p["containerPort"] <= 65535, where + ": port")
+                test.assertTrue(len(p["name"]) <= 15 and DNS_LABEL.match(p["name"]), where + ": port name")
+                test.assertNotIn(p["name"], ports, where + ": port name twice")
+                ports[p["name"]] = p["containerPort"]
+            for probe in ("readinessProbe", "livenessProbe"):
+                port = c[probe]["httpGet"]["port"]
+                test.assertIn(port, ports, "%s: %s port %s is not a container port" % (where, probe, port))
+            for m in c.get("volumeMounts", []):
+                test.assertIn(m["name"], volumes, where + ": volumeMount without a volume")
+        for v in volumes.values():
+            sources = v.get("projected", {}).get("sources", [])
+            for s in sources + [v]:
+                if "configMap" in s:
+                    cm = objs.get(("ConfigMap", ns, s["configMap"]["name"]))
+                    test.assertIsNotNone(cm, where + ": ConfigMap %s missing" % s["configMap"]["name"])
+                    for item in s["configMap"].get("items", []):
+                        test.assertIn(item["key"], cm["data"], where + ": ConfigMap key missing")
+                if "secret" in s:
+                    sname = s["secret"].get("name") or s["secret"].get("secretName")
+                    if sname not in external_secrets:
+                        sec = objs.get(("Secret", ns, sname))
+                        test.assertIsNotNone(sec, where + ": Secret %s missing" % sname)
+                        keys = set((sec.get("data") or {}).keys()) | set((sec.get("stringData") or {}).keys())
+                        for item in s["secret"].get("items", []):
+                            test.assertIn(item["key"], keys, where + ": Secret key missing")
+
+    for s in find(docs, "Service"):
+        ns, where = s["metadata"]["namespace"], "Service " + s["metadata"]["name"]
+        pods = [w for w in docs if w["kind"] in WORKLOADS and w["metadata"]["namespace"] == ns
+                and all(w["spec"]["template"]["metadata"]["labels"].get(k) == v
+                        for k, v in s["spec"]["selector"].items())]
+        test.assertEqual(len(pods), 1, where + ": selects %d workloads" % len(pods))
+        names = {p["name"] for c in pod_spec(pods[0])["containers"] for p in c.get("ports", [])}
+        for p in s["spec"]["ports"]:
+            test.assertIn(p["targetPort"], names, where + ": targetPort")
+
+    for sm in find(docs, "ServiceMonitor"):
+        where = "ServiceMonitor " + sm["metadata"]["name"]
+        svcs = [s for s in find(docs, "Service") if s["metadata"]["namespace"] in sm["spec"]["namespaceSelector"]["matchNames"]
+                and all(s["metadata"]["labels"].get(k) == v for k, v in sm["spec"]["selector"]["matchLabels"].items())]
+        test.assertEqual(len(svcs), 1, where + ": selects %d Services" % len(svcs))
+        for ep in sm["spec"]["endpoints"]:
+            test.assertIn(ep["port"], [p["name"] for p in svcs[0]["spec"]["ports"]], where + ": port")
+
+    for b in find(docs, "RoleBinding") + find(docs, "ClusterRoleBinding"):
+        where = "%s %s" % (b["kind"], b["metadata"]["name"])
+        ref = b["roleRef"]
+        ns = "" if ref["kind"] == "ClusterRole" else b["metadata"]["namespace"]
+        test.assertTrue(exists(ref["kind"], ns, ref["name"]), where + ": roleRef %s missing" % ref["name"])
+        for s in b["subjects"]:
+            test.assertTrue(exists("ServiceAccount", s["namespace"], s["name"]), where + ": subject missing")
+
+
+def strip_helm(obj):
+    """The rendered object without what only Helm adds (its labels, checksum annotations)."""
+    obj = copy.deepcopy(obj)
+    for md in (obj.get("metadata", {}), obj.get("spec", {}).get("template", {}).get("metadata", {})):
+        for k in HELM_LABELS:
+            md.get("labels", {}).pop(k, None)
+        ann = md.get("annotations")
+        if ann is not None:
+            for k in [k for k in ann if k.startswith("checksum/")]:
+                del ann[k]
+            if not ann:
+                del md["annotations"]
+    return obj
+
+
+class ChartTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.defaults = render()
+        cls.toggled = render("-f", TOGGLES)
+        cls.plain = plain_manifests()
+
+    def test_helm_lint_passes_with_defaults_and_with_every_toggle(self):
+        for extra in ([], ["-f", TOGGLES]):
+            r = helm("lint", "--strict", CHART, "-n", NAMESPACE, *extra)
+            self.assertIn("0 chart(s) failed", r.stdout)
+
+    def test_default_render_holds_every_object_and_each_is_well_formed(self):
+        kinds = sorted(key(d) for d in self.defaults)
+        expected = [("ClusterRole", "", "rdmig-controller"), ("ClusterRoleBinding", "", "rdmig-controller"),
+                    ("ConfigMap", NAMESPACE, "rdmig-agent-config"), ("ConfigMap", NAMESPACE, "rdmig-controller-config"),
+                    ("ConfigMap", NAMESPACE, "rdmig-grafana-dashboard"), ("DaemonSet", NAMESPACE, "rdmig-agent"),
+                    ("Deployment", NAMESPACE, "rdmig-controller"), ("Role", NAMESPACE, "rdmig-controller"),
+                    ("RoleBinding", NAMESPACE, "rdmig-controller"), ("Secret", NAMESPACE, "rdmig-token"),
+                    ("Service", NAMESPACE, "rdmig-agent-metrics"), ("Service", NAMESPACE, "rdmig-controller-metrics"),
+                    ("ServiceAccount", NAMESPACE, "rdmig-agent"), ("ServiceAccount", NAMESPACE, "rdmig-controller")]
+        self.assertEqual(kinds, sorted(expected))
+        check_objects(self, self.defaults)
+        token = base64.b64decode(one(self.defaults, "Secret")["data"]["token"]).decode()
+        self.assertRegex(token, r"^[A-Za-z0-9]{48}$")
+
+    def test_toggled_render_is_well_formed(self):
+        check_objects(self, self.toggled, external_secrets=("my-rdmig-token",))
+
+    def test_plain_manifests_are_well_formed(self):
+        check_objects(self, self.plain)
+
+    def crd_docs(self):
+        with open(os.path.join(MANIFESTS, "crd-rdmamigrations.yaml")) as f:
+            return [yaml.safe_load(f)]
+
+    def test_chart_crd_equals_operator_manifests_crd_byte_for_byte(self):
+        crds = os.listdir(os.path.join(CHART, "crds"))
+        self.assertEqual(crds, ["crd-rdmamigrations.yaml"])
+        with open(os.path.join(MANIFESTS, "crd-rdmamigrations.yaml"), "rb") as a, \
+                open(os.path.join(CHART, "crds", "crd-rdmamigrations.yaml"), "rb") as b:
+            self.assertEqual(a.read(), b.read(), "charts/rdmig/crds/ differs from operator-manifests/: "
+                             "run python3 tests/deploy/sync_copies.py")
+        with_crds = render("--include-crds")
+        self.assertEqual(one(with_crds, "CustomResourceDefinition"), self.crd_docs()[0])
+
+    def test_generated_copies_match_their_sources(self):
+        r = subprocess.run([sys.executable, os.path.join(REPO, "tests", "deploy", "sync_copies.py"), "--check"],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+    def test_plain_manifests_and_default_chart_agree_object_for_object(self):
+        chart = {key(d): strip_helm(d) for d in render("--set", "serviceMonitor.enabled=true")}
+        plain = {key(d): d for d in self.plain}
+        only_plain = sorted(set(plain) - set(chart))
+        only_chart = sorted(set(chart) - set(plain))
+        # The chart creates no Namespace (helm install --create-namespace; docs/deploy.md labels it)
+        # and carries the CRD in crds/ (compared byte for byte above).
+        self.assertEqual(only_plain, [("CustomResourceDefinition", "", "rdmamigrations.rdmig.io"),
+                                      ("Namespace", "", NAMESPACE)])
+        self.assertEqual(only_chart, [])
+        for k in sorted(set(plain) & set(chart)):
+            p, c = dict(plain[k]), chart[k]
+            p.pop("__file__")
+            if k[0] == "ConfigMap":
+                self.assertEqual(embedded_config(p), embedded_config(c), "%s: embedded files differ" % (k,))
+                p, c = dict(p, data=None), dict(c, data=None)
+            if k[0] == "Secret":
+                self.assertEqual(set(p.pop("stringData")), set(c.pop("data")), "%s: keys differ" % (k,))
+            problems = diff(p, c)
+            self.assertEqual(problems, [], "%s (%s) differs from the chart:\n  %s"
+                             % (k, plain[k]["__file__"], "\n  ".join(problems)))
+
+    def test_images_ports_labels_and_rbac_rules_agree_by_name(self):
+        """The same comparison, spelled out for the four things operators look for."""
+        chart, plain = self.defaults, self.plain
+        for kind in WORKLOADS:
+            c, p = one(chart, kind), one(plain, kind)
+            self.assertEqual([x["image"] for x in pod_spec(c)["containers"]],
+                             [x["image"] for x in pod_spec(p)["containers"]])
+            self.assertEqual([x.get("ports") for x in pod_spec(c)["containers"]],
+                             [x.get("ports") for x in pod_spec(p)["containers"]])
+            self.assertEqual(strip_helm(c)["spec"]["template"]["metadata"]["labels"],
+                             p["spec"]["template"]["metadata"]["labels"])
+            self.assertEqual(c["spec"]["selector"], p["spec"]["selector"])
+        for s in find(plain, "Service"):
+            self.assertEqual(one(chart, "Service", s["metadata"]["name"])["spec"]["ports"], s["spec"]["ports"])
+        for kind in ("ClusterRole", "Role"):
+            for r in find(plain, kind):
+                self.assertEqual(one(chart, kind, r["metadata"]["name"])["rules"], r["rules"])
+        with open(os.path.join(CHART, "Chart.yaml")) as f:
+            image = "rdmig/rdmig:" + yaml.safe_load(f)["appVersion"]
+        self.assertEqual({c["image"] for w in find(plain, "DaemonSet") + find(plain, "Deployment")
+                          for c in pod_spec(w)["containers"]}, {image})
+
+    def test_every_toggle_takes_effect(self):
+        t = self.toggled
+        with open(TOGGLES) as f:
+            toggles = yaml.safe_load(f)
+        with open(os.path.join(CHART, "values.yaml")) as f:
+            defaults = yaml.safe_load(f)
+
+        def booleans(node, path=""):
+            if isinstance(node, dict):
+                for k, v in node.items():
+                    yield from booleans(v, path + "." + k)
+            elif isinstance(node, bool):
+                yield path
+
+        def get(node, path):
+            for part in path.strip(".").split("."):
+                node = node[part]
+            return node
+        for path in booleans(defaults):
+            self.assertEqual(get(toggles, path), not get(defaults, path), "values-all-toggles.yaml must flip " + path)
+
+        self.assertEqual(find(t, "Secret"), [], "existingSecret: the chart creates no Secret")
+        self.assertEqual(find(t, "ConfigMap", "rdmig-grafana-dashboard"), [])
+        self.assertEqual(len(find(t, "ServiceMonitor")), 2)
+        for sm in find(t, "ServiceMonitor"):
+            self.assertEqual(sm["metadata"]["labels"]["release"], "kube-prometheus-stack")
+            self.assertEqual(sm["spec"]["endpoints"][0]["interval"], "30s")
+
+        ds = one(t, "DaemonSet")
+        spec, c = pod_spec(ds), pod_spec(ds)["containers"][0]
+        self.assertEqual(c["image"], "registry.test/rdmig/agent:9.9.9-agent")
+        self.assertEqual(c["imagePullPolicy"], "Always")
+        self.assertEqual(spec["imagePullSecrets"], [{"name": "registry-test"}])
+        self.assertNotIn("sriov", json.dumps(ds), "resourceName '' requests no RDMA resource")
+        self.assertEqual(c["resources"], {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "8Gi"}})
+        self.assertEqual(spec["nodeSelector"], {"rdmig.test/vm-node": "true"})
+        self.assertEqual(spec["tolerations"][0]["key"], "rdmig.test/dedicated")
+        self.assertIn("nodeAffinity", spec["affinity"])
+        self.assertEqual(spec["priorityClassName"], "system-node-critical")
+        self.assertEqual(ds["spec"]["template"]["metadata"]["annotations"]["rdmig.test/agent"], "yes")
+        self.assertEqual([p["containerPort"] for p in c["ports"]], [17470, 17471, 17472])
+        mounts = {m["mountPath"] for m in c["volumeMounts"]}
+        self.assertTrue({"/var/lib/vms", "/srv/qmp", "/run/other", "/var/run/rdmig-test"} <= mounts)
+        self.assertNotIn("/run/vms", mounts)
+        secret = [s["secret"] for s in spec["volumes"][0]["projected"]["sources"] if "secret" in s][0]
+        self.assertEqual(secret, {"name": "my-rdmig-token", "items": [{"key": "api-token", "path": "token"}]})
+        agent_cfg = embedded_config(one(t, "ConfigMap", "rdmig-agent-config"))["agent.yaml"]
+        self.assertEqual(agent_cfg["api"], {"address": "0.0.0.0", "port": 17470, "maxBodyBytes": 131072,
+                                            "tokenFile": "/etc/rdmig/token"})
+        self.assertEqual(agent_cfg["rdma"], {"device": "mlx5_0", "netdev": "ens1f0", "resourceEnv": "PCIDEVICE_TEST"})
+        self.assertEqual((agent_cfg["transport"], agent_cfg["stateDir"], agent_cfg["logLevel"]),
+                         ("tcp", "/var/run/rdmig-test", "debug"))
+        self.assertEqual(one(t, "Service", "rdmig-agent-metrics")["spec"]["ports"][0]["port"], 17470)
+
+        dep = one(t, "Deployment")
+        spec, c = pod_spec(dep), pod_spec(dep)["containers"][0]
+        self.assertEqual(c["image"], "registry.test/rdmig/controller:9.9.9-controller")
+        self.assertEqual(dep["spec"]["replicas"], 1)
+        self.assertEqual(spec["priorityClassName"], "system-cluster-critical")
+        self.assertEqual(spec["affinity"], toggles["controller"]["affinity"])
+        self.assertEqual(c["ports"][0]["containerPort"], 18080)
+        self.assertEqual(one(t, "Service", "rdmig-controller-metrics")["spec"]["ports"][0]["port"], 18080)
+        ctl_cfg = embedded_config(one(t, "ConfigMap", "rdmig-controller-config"))["controller.yaml"]
+        self.assertEqual(ctl_cfg["agents"]["port"], 17470, "the controller dials the agents' API port")
+        self.assertEqual((ctl_cfg["watchNamespace"], ctl_cfg["leaderElection"]["enabled"]), ("vms", False))
+        self.assertEqual(find(t, "ClusterRole"), [], "watchNamespace: no cluster-wide rights")
+        watch_role = one(t, "Role", "rdmig-controller-rdmamigrations")
+        self.assertEqual(watch_role["metadata"]["namespace"], "vms")
+        own_role = one(t, "Role", "rdmig-controller")
+        self.assertEqual(own_role["rules"], [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}],
+                         "no Lease rights without leader election")
+
+    def test_token_value_rdma_count_and_dashboard_namespace(self):
+        docs = render("--set", "token.value=0123456789abcdef0123", "--set", "agent.rdma.resourceName=rdma/hca",
+                      "--set", "agent.rdma.resourceCount=2", "--set", "dashboard.namespace=monitoring")
+        self.assertEqual(base64.b64decode(one(docs, "Secret")["data"]["token"]).decode(), "0123456789abcdef0123")
+        res = pod_spec(one(docs, "DaemonSet"))["containers"][0]["resources"]
+        self.assertEqual((res["requests"]["rdma/hca"], res["limits"]["rdma/hca"]), ("2", "2"))
+        self.assertEqual(embedded_config(one(docs, "ConfigMap", "rdmig-agent-config"))["agent.yaml"]["rdma"]["resourceEnv"],
+                         "rdma/hca")
+        self.assertEqual(one(docs, "ConfigMap", "rdmig-grafana-dashboard")["metadata"]["namespace"], "monitoring")
+
+    def test_bad_values_fail_with_a_message(self):
+        r = helm("template", "rdmig", CHART, "--set", "token.value=short", check=False)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("at least 16 characters", r.stderr)
+        r = helm("template", "rdmig", CHART, "--set", "controller.config.leaderElection.enabled=false", check=False)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("leaderElection", r.stderr)
+
+    def test_other_release_names_prefix_every_object(self):
+        docs = render(release="vmmove", namespace="infra")
+        self.assertTrue(all(d["metadata"]["name"].startswith("vmmove-rdmig-") for d in docs), [key(d) for d in docs])
+        check_objects(self, docs)
+
+    def test_dashboard_configmap_carries_the_dashboard_for_the_grafana_sidecar(self):
+        with open(os.path.join(REPO, "dashboards", "rdmig.json")) as f:
+            dashboard = json.load(f)
+        for docs in (self.defaults, self.plain):
+            cm = one(docs, "ConfigMap", "rdmig-grafana-dashboard")
+            self.assertEqual(cm["metadata"]["labels"]["grafana_dashboard"], "1")
+            self.assertEqual(embedded_config(cm)["rdmig.json"], dashboard)
+
+    def test_dashboard_has_the_issue_panels_and_variables(self):
+        with open(os.path.join(REPO, "dashboards", "rdmig.json")) as f:
+            d = json.load(f)
+        self.assertEqual([v["name"] for v in d["templating"]["list"]], ["datasource", "namespace", "node"])
+        titles = {p["title"] for p in d["panels"]}
+        for t in ("Active migrations", "Throughput per migration", "Last downtime per VM", "Downtime distribution",
+                  "Total migration duration", "Transferred bytes", "Chunk size", "Chunk write latency",
+                  "Chunks in flight", "Credit stalls", "Transport errors by kind", "Migrations by result",
+                  "RDMA versus TCP"):
+            self.assertIn(t, titles)
+        ids = [p["id"] for p in d["panels"]]
+        self.assertEqual(len(ids), len(set(ids)))
+        for p in d["panels"]:
+            if p["type"] == "row":
+                continue
+            self.assertEqual(p["datasource"]["uid"], "${datasource}", p["title"])
+            for t in p["targets"]:
+                if "rdmig_controller_" not in t["expr"]:
+                    self.assertIn('node=~"$node"', t["expr"], p["title"])
+                self.assertIn('namespace=~"$namespace"', t["expr"], p["title"])
+
+    def test_dashboard_metric_names_are_registered_in_the_sources(self):
+        """Static half of the metric check (the live half scrapes real processes)."""
+        with open(os.path.join(REPO, "dashboards", "rdmig.json")) as f:
+            names, _ = dashboard_metric_names(json.load(f))
+        sources = ""
+        for rel in ("src/metrics/metrics.cpp", "controller/controller_metrics.cpp"):
+            with open(os.path.join(REPO, rel)) as f:
+                sources += f.read()
+        registered = set(re.findall(r'Name\("(rdmig_[A-Za-z0-9_]+)"\)', sources))
+        for n in sorted(names):
+            base = re.sub(r"_(bucket|sum|count)$", "", n)
+            self.assertTrue(n in registered or base in registered, "dashboard uses %s; no source registers it" % n)
+
+    def test_notes_tell_how_to_start_and_watch_a_migration(self):
+        tmp = tempfile.mkdtemp(prefix="rdmig-notes-")
+        try:
+            chart = os.path.join(tmp, "rdmig")
+            shutil.copytree(CHART, chart)
+            shutil.copy(os.path.join(chart, "templates", "NOTES.txt"), os.path.join(chart, "notes.txt"))
+            with open(os.path.join(chart, "templates", "zz-notes.yaml"), "w") as f:
+                f.write('apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n'
+                        'data:\n  notes: {{ tpl (.Files.Get "notes.txt") . | quote }}\n')
+            for extra in ([], ["-f", TOGGLES]):
+                r = helm("template", "rdmig", chart, "-n", NAMESPACE, "--show-only", "templates/zz-notes.yaml", *extra)
+                notes = yaml.safe_load(r.stdout)["data"]["notes"]
+                for needle in ("kind: RdmaMigration", "kubectl apply -f -", "kubectl get rdmig -A -w",
+                               "kubectl describe rdmig", '"cancel":true'):
+                    self.assertIn(needle, notes)
+                self.assertNotIn("<no value>", notes)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    unittest.main()
