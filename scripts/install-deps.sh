@@ -8,7 +8,7 @@ build_pkgs=(cmake g++ make pkg-config libibverbs-dev librdmacm-dev libcpp-httpli
   nlohmann-json3-dev prometheus-cpp-dev libyaml-cpp-dev libssl-dev libgtest-dev libgmock-dev)
 run_pkgs=(qemu-system-x86 qemu-utils busybox-static python3 rdma-core ibverbs-providers
   ibverbs-utils rdmacm-utils iproute2 socat cpio gzip)
-test_pkgs=(perftest iperf3 seabios openssl nodejs npm unzip)
+test_pkgs=(perftest iperf3 seabios openssl nodejs npm unzip python3-yaml binutils)
 
 want=("${build_pkgs[@]}" "${run_pkgs[@]}")
 if [ "${1:-}" = "--test" ]; then want+=("${test_pkgs[@]}"); fi

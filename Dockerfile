@@ -1,0 +1,38 @@
+# rdmig: one image with both programs, rdmig-agent and rdmig-controller.
+#   docker build -t REGISTRY/rdmig:0.1.0 .
+#   docker push REGISTRY/rdmig:0.1.0
+# (docs/deploy.md; tests/deploy/test_dockerfile.py checks the packages and the build steps.)
+
+# ---- build: the project's CMake, Debian 12's compiler and libraries ----------------------
+FROM debian:12 AS build
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      cmake g++ make pkg-config libibverbs-dev librdmacm-dev libcpp-httplib-dev \
+      nlohmann-json3-dev prometheus-cpp-dev libyaml-cpp-dev libssl-dev \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY . .
+RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DRDMIG_BUILD_TESTS=OFF
+RUN cmake --build build -j "$(nproc)" --target rdmig-agent rdmig-controller
+RUN install -D -m 0755 build/agent/rdmig-agent /out/usr/local/bin/rdmig-agent \
+ && install -D -m 0755 build/controller/rdmig-controller /out/usr/local/bin/rdmig-controller \
+ && strip --strip-unneeded /out/usr/local/bin/rdmig-agent /out/usr/local/bin/rdmig-controller
+
+# ---- runtime: the shared libraries the programs link, rdma-core's user-space providers ----
+FROM debian:12-slim
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      libibverbs1 librdmacm1 ibverbs-providers libcpp-httplib0.11 libyaml-cpp0.7 \
+      libprometheus-cpp-core1.0 libssl3 \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --system --gid 65532 rdmig \
+ && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin rdmig
+COPY --from=build /out/ /
+COPY agent/agent.yaml /etc/rdmig/agent.yaml
+COPY controller/controller.yaml /etc/rdmig/controller.yaml
+# The controller runs as this user; the agent DaemonSet runs as root (privileged, RDMA, QMP).
+USER 65532:65532
+EXPOSE 7470 7471 7472 8080
+ENTRYPOINT []
+CMD ["/usr/local/bin/rdmig-controller", "--config", "/etc/rdmig/controller.yaml"]
