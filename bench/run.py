@@ -116,9 +116,9 @@ def summarize(runs):
 
 
 def section_whole(work, agents, args, results):
-    sizes = [512] if args.quick else [256, 512, 1024, 2048]
-    dirties = [0, 32]
-    multifds = [0, 4] if args.quick else [0, 4, 8]
+    sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else ([512] if args.quick else [256, 512, 1024, 2048])
+    dirties = [int(x) for x in args.dirty.split(",")]
+    multifds = [int(x) for x in args.multifd.split(",")] if args.multifd else ([0, 4] if args.quick else [0, 4, 8])
     rows = []
     cpu0 = sum(cpu_seconds(a.proc.pid) for a in agents)
     agent_bytes = 0
@@ -324,6 +324,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="512 MiB guests, multifd 0/4 only")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--sizes", help="guest sizes in MiB for 'whole', e.g. 256,512")
+    ap.add_argument("--dirty", default="0,32", help="MiB per dirtying pass (0 = idle), e.g. 0,32")
+    ap.add_argument("--multifd", help="multifd channel counts for 'whole', e.g. 0,4,8")
     ap.add_argument("--sections", default="whole,defaults,dataplane,sweep,concurrent")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "latest"))
     args = ap.parse_args()

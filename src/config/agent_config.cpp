@@ -9,6 +9,7 @@
 
 #include "common/log.h"
 #include "common/units.h"
+#include "config/yaml_reader.h"
 
 namespace rdmig {
 
@@ -31,62 +32,7 @@ Result<TransportKind> parse_transport(const std::string& text, const std::string
 
 namespace {
 
-Error bad(const std::string& key, const std::string& what) {
-  return Error{Errc::kInvalidArgument, "config key '" + key + "': " + what};
-}
-
-std::string join(const std::string& prefix, const std::string& key) {
-  return prefix.empty() ? key : prefix + "." + key;
-}
-
-// Rejects keys that are not in `allowed`, so a typo never silently falls back to a default.
-Status check_keys(const YAML::Node& node, const std::string& prefix,
-                  const std::set<std::string>& allowed) {
-  if (!node.IsMap()) return bad(prefix.empty() ? "<root>" : prefix, "expected a mapping");
-  for (const auto& kv : node) {
-    const auto key = kv.first.as<std::string>();
-    if (!allowed.contains(key)) {
-      std::string list;
-      for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
-      return bad(join(prefix, key), "unknown key (known here: " + list + ")");
-    }
-  }
-  return ok_status();
-}
-
-Status read_string(const YAML::Node& parent, const std::string& prefix, const char* key,
-                   std::string& out) {
-  const auto n = parent[key];
-  if (!n) return ok_status();
-  if (!n.IsScalar()) return bad(join(prefix, key), "expected a string");
-  out = n.as<std::string>();
-  return ok_status();
-}
-
-template <typename T>
-Status read_uint(const YAML::Node& parent, const std::string& prefix, const char* key, T& out,
-                 uint64_t min, uint64_t max) {
-  const auto n = parent[key];
-  if (!n) return ok_status();
-  const std::string k = join(prefix, key);
-  if (!n.IsScalar()) return bad(k, "expected a number");
-  const auto text = n.as<std::string>();
-  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) {
-    return bad(k, "expected a non-negative integer, got '" + text + "'");
-  }
-  uint64_t v = 0;
-  try {
-    v = std::stoull(text);
-  } catch (const std::exception&) {
-    return bad(k, "number out of range: '" + text + "'");
-  }
-  if (v < min || v > max) {
-    return bad(k, "must be between " + std::to_string(min) + " and " + std::to_string(max) +
-                      ", got " + text);
-  }
-  out = static_cast<T>(v);
-  return ok_status();
-}
+using namespace yaml_reader;
 
 Status parse_into(const YAML::Node& root, AgentConfig& c) {
   RDMIG_TRY(check_keys(root, "", {"api", "dataPlane", "transport", "migration", "rdma",

@@ -82,14 +82,8 @@ void ChannelPump::up_loop() {
   }
   const std::string where = "channel " + std::to_string(channel_.index()) + " (QEMU to peer)";
   for (;;) {
-    // Wait for QEMU to have something before taking a credit.
-    pollfd p{fd, POLLIN, 0};
-    const int rc = ::poll(&p, 1, -1);
-    if (rc < 0) {
-      if (errno == EINTR) continue;
-      record_error(errno_error(where + ": poll", errno));
-      break;
-    }
+    // Take a credit first, then read QEMU's bytes straight into the slot it buys. Holding one
+    // credit while QEMU is quiet costs nothing; an abort wakes the read (shutdown).
     auto buf = channel_.acquire();
     if (!buf) {
       record_error(buf.error());
@@ -99,21 +93,24 @@ void ChannelPump::up_loop() {
     size_t filled = 0;
     bool eof = false;
     std::optional<Error> read_error;
-    int flags = 0;  // first read may block briefly (poll said readable); the rest must not
-    while (filled < span.size()) {
-      const ssize_t n = ::recv(fd, span.data() + filled, span.size() - filled, flags);
+    // One recv: on a unix stream socket it returns everything QEMU has queued, up to the
+    // slot's size. Whatever it returns is sent at once (early flush: never wait to fill).
+    for (;;) {
+      const ssize_t n = ::recv(fd, span.data(), span.size(), 0);
       if (n > 0) {
-        filled += static_cast<size_t>(n);
-        flags = MSG_DONTWAIT;
-        continue;
-      }
-      if (n == 0) {
+        filled = static_cast<size_t>(n);
+      } else if (n == 0) {
         eof = true;
-        break;
+      } else if (errno == EINTR) {
+        continue;
+      } else {
+        std::lock_guard lock(mu_);
+        if (aborted_) {
+          eof = true;  // the abort path reports the reason
+        } else {
+          read_error = errno_error(where + ": read from QEMU", errno);
+        }
       }
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) break;  // nothing more ready: flush now
-      read_error = errno_error(where + ": read from QEMU", errno);
       break;
     }
     if (read_error) {

@@ -34,6 +34,19 @@ std::string memlock_limit_text() {
   return std::to_string(rl.rlim_cur / 1024) + " KiB";
 }
 
+// Connection parameters both sides use: rdmig posts only RDMA WRITEs (no READs), and retries
+// RNR and transport errors as long as RC allows.
+rdma_conn_param conn_param(const std::vector<uint8_t>& private_data) {
+  rdma_conn_param cp{};
+  cp.private_data = private_data.data();
+  cp.private_data_len = static_cast<uint8_t>(private_data.size());
+  cp.responder_resources = 1;
+  cp.initiator_depth = 1;
+  cp.retry_count = 7;
+  cp.rnr_retry_count = 7;
+  return cp;
+}
+
 Error verbs_error(const std::string& what, int err) {
   auto e = errno_error(what, err);
   e.code = Errc::kUnavailable;
@@ -60,7 +73,7 @@ RdmaChannel::~RdmaChannel() {
   rx_cv_.notify_all();
   sq_cv_.notify_all();
   if (poller_.joinable()) poller_.join();
-  metrics_.chunks_in_flight->Decrement(credits_.in_flight());
+  metrics_.chunks_in_flight->Decrement(static_cast<double>(outstanding_.load()));
 }
 
 Status RdmaChannel::setup_resources() {
@@ -176,15 +189,11 @@ Result<std::span<std::byte>> RdmaChannel::acquire() {
   auto waited = credits_.take();
   if (!waited) return waited.error();
   if (waited.value()) metrics_.credit_stalls->Increment();
-  metrics_.chunks_in_flight->Increment();
   const size_t slot = send_seq_ % params_.send_depth;
   return std::span<std::byte>(staging_.get() + slot * params_.send_chunk, params_.send_chunk);
 }
 
-void RdmaChannel::unacquire() {
-  credits_.untake();
-  metrics_.chunks_in_flight->Decrement();
-}
+void RdmaChannel::unacquire() { credits_.untake(); }
 
 Status RdmaChannel::send(size_t n) {
   if (n == 0 || n > params_.send_chunk) return Error{Errc::kInternal, "send of " + std::to_string(n) + " bytes"};
@@ -197,6 +206,8 @@ Status RdmaChannel::send(size_t n) {
     return st;
   }
   ++send_seq_;
+  outstanding_.fetch_add(1);
+  metrics_.chunks_in_flight->Increment();
   metrics_.chunks_sent->Increment();
   metrics_.bytes_sent->Increment(static_cast<double>(n));
   metrics_.chunk_size->Observe(static_cast<double>(n));
@@ -315,6 +326,7 @@ bool RdmaChannel::handle_completion(const ibv_wc& wc) {
           fail(st.error().with_context(where), "protocol");
           return false;
         }
+        outstanding_.fetch_sub(imm.value);
         metrics_.chunks_in_flight->Decrement(imm.value);
         return true;
       case ImmKind::kEof: {
@@ -451,13 +463,7 @@ Result<std::unique_ptr<RdmaChannel>> RdmaChannel::connect(const net::Endpoint& e
   req.ring_addr = reinterpret_cast<uintptr_t>(ch->recv_ring_.get());
   req.ring_rkey = ch->recv_mr_->rkey;
   const auto pd = req.encode();
-  rdma_conn_param cp{};
-  cp.private_data = pd.data();
-  cp.private_data_len = static_cast<uint8_t>(pd.size());
-  cp.responder_resources = 1;
-  cp.initiator_depth = 1;
-  cp.retry_count = 7;
-  cp.rnr_retry_count = 7;
+  rdma_conn_param cp = conn_param(pd);
   if (rdma_connect(ch->id_.get(), &cp) != 0) return verbs_error(what + ": rdma_connect", errno);
   auto ev = next_cm_event(ch->events_.get(), timeout);
   if (!ev) return ev.error().with_context(what);
@@ -495,13 +501,7 @@ Result<std::unique_ptr<RdmaChannel>> RdmaChannel::accept(EventChannelPtr events,
   rep.ring_addr = reinterpret_cast<uintptr_t>(ch->recv_ring_.get());
   rep.ring_rkey = ch->recv_mr_->rkey;
   const auto pd = rep.encode();
-  rdma_conn_param cp{};
-  cp.private_data = pd.data();
-  cp.private_data_len = static_cast<uint8_t>(pd.size());
-  cp.responder_resources = 1;
-  cp.initiator_depth = 1;
-  cp.retry_count = 7;
-  cp.rnr_retry_count = 7;
+  rdma_conn_param cp = conn_param(pd);
   if (rdma_accept(ch->id_.get(), &cp) != 0) return verbs_error(what + ": rdma_accept", errno);
   LOG_DEBUG("rdma") << what << ": accepted";
   ch->start_poller();

@@ -111,6 +111,7 @@ class RdmaChannel final : public Channel {
   uint32_t unsignaled_ = 0;
   uint32_t sq_cap_ = 0;
   uint32_t signal_every_ = 1;
+  std::atomic<int64_t> outstanding_{0};  // chunks sent, credit not yet back (for the gauge)
 
   // Receive side.
   struct Arrival {

@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "common/log.h"
@@ -24,14 +25,15 @@ TcpChannel::TcpChannel(UniqueFd fd, uint32_t index, uint32_t chunk_size, uint32_
       chunk_size_(chunk_size),
       depth_(depth),
       metrics_(metrics),
-      staging_(chunk_size),
+      staging_(std::make_unique_for_overwrite<std::byte[]>(chunk_size)),
       credits_(depth),
-      ring_(depth + 1) {}
+      ring_(depth + 1),
+      credit_batch_(std::max<uint32_t>(1, depth / 4)) {}
 
 TcpChannel::~TcpChannel() {
   abort(Error{Errc::kCancelled, "channel closed"});
   if (reader_.joinable()) reader_.join();
-  metrics_.chunks_in_flight->Decrement(credits_.in_flight());
+  metrics_.chunks_in_flight->Decrement(static_cast<double>(outstanding_.load()));
 }
 
 Status TcpChannel::write_frame(FrameHeader h, const void* payload) {
@@ -45,14 +47,13 @@ Result<std::span<std::byte>> TcpChannel::acquire() {
   auto waited = credits_.take();
   if (!waited) return waited.error();
   if (waited.value()) metrics_.credit_stalls->Increment();
-  metrics_.chunks_in_flight->Increment();
-  return std::span<std::byte>(staging_);
+  return std::span<std::byte>(staging_.get(), chunk_size_);
 }
 
 Status TcpChannel::send(size_t n) {
   if (n == 0 || n > chunk_size_) return Error{Errc::kInternal, "send of a chunk of " + std::to_string(n) + " bytes"};
   const auto t0 = std::chrono::steady_clock::now();
-  auto st = write_frame(FrameHeader{FrameType::kData, static_cast<uint32_t>(n)}, staging_.data());
+  auto st = write_frame(FrameHeader{FrameType::kData, static_cast<uint32_t>(n)}, staging_.get());
   if (!st) {
     fail(st.error());
     return st;
@@ -60,16 +61,15 @@ Status TcpChannel::send(size_t n) {
   // On TCP a chunk is "complete" when the kernel has taken all of it.
   metrics_.chunk_write_latency->Observe(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  outstanding_.fetch_add(1);
+  metrics_.chunks_in_flight->Increment();
   metrics_.chunks_sent->Increment();
   metrics_.bytes_sent->Increment(static_cast<double>(n));
   metrics_.chunk_size->Observe(static_cast<double>(n));
   return ok_status();
 }
 
-void TcpChannel::unacquire() {
-  credits_.untake();
-  metrics_.chunks_in_flight->Decrement();
-}
+void TcpChannel::unacquire() { credits_.untake(); }
 
 Status TcpChannel::drain() { return credits_.wait_all(); }
 
@@ -87,7 +87,7 @@ Result<ChunkView> TcpChannel::receive() {
   if (rx_head_ < rx_tail_) {
     Slot& s = ring_[rx_head_ % ring_.size()];
     rx_holding_ = true;
-    return ChunkView{std::span<const std::byte>(s.data.data(), s.size), s.eof};
+    return ChunkView{std::span<const std::byte>(s.data.get(), s.size), s.eof};
   }
   std::lock_guard a(abort_mu_);
   return abort_reason_.value_or(Error{Errc::kCancelled, "channel aborted"});
@@ -95,16 +95,23 @@ Result<ChunkView> TcpChannel::receive() {
 
 Status TcpChannel::release() {
   bool was_eof = false;
+  bool queue_empty = false;
   {
     std::lock_guard lock(rx_mu_);
     if (!rx_holding_) return Error{Errc::kInternal, "release without a received chunk"};
     was_eof = ring_[rx_head_ % ring_.size()].eof;
     ++rx_head_;
     rx_holding_ = false;
+    queue_empty = rx_head_ == rx_tail_;
   }
   rx_cv_.notify_all();
-  if (was_eof) return ok_status();  // an eof marker used no credit
-  auto st = write_frame(FrameHeader{FrameType::kCredit, 1}, nullptr);
+  // Batch credits (one frame per quarter ring), but never sit on them while the sender may
+  // be waiting: flush when nothing else is queued and at the peer's eof.
+  if (!was_eof) ++pending_credits_;
+  if (pending_credits_ == 0) return ok_status();
+  if (!was_eof && pending_credits_ < credit_batch_ && !queue_empty) return ok_status();
+  auto st = write_frame(FrameHeader{FrameType::kCredit, pending_credits_}, nullptr);
+  pending_credits_ = 0;
   if (!st) fail(st.error());
   return st;
 }
@@ -179,6 +186,7 @@ void TcpChannel::reader_loop() {
           fail(st.error().with_context(where));
           return;
         }
+        outstanding_.fetch_sub(h->length);
         metrics_.chunks_in_flight->Decrement(h->length);
         break;
       case FrameType::kData:
@@ -198,8 +206,8 @@ void TcpChannel::reader_loop() {
         slot->eof = h->type == FrameType::kEof;
         slot->size = h->length;
         if (!slot->eof) {
-          if (slot->data.size() < h->length) slot->data.resize(chunk_size_);
-          auto r = net::read_exact(fd_.get(), std::span(slot->data.data(), h->length));
+          if (!slot->data) slot->data = std::make_unique_for_overwrite<std::byte[]>(chunk_size_);
+          auto r = net::read_exact(fd_.get(), std::span(slot->data.get(), h->length));
           if (!r) {
             fail(r.error().with_context(where));
             return;
