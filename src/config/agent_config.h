@@ -31,7 +31,7 @@ struct DataPlaneConfig {
 };
 
 struct MigrationDefaults {
-  uint64_t chunk_size = 4 * 1024 * 1024;
+  uint64_t chunk_size = 1024 * 1024;  // chosen by bench/run.py: see README "Benchmarks"
   uint32_t ring_depth = 16;
   uint32_t progress_interval_ms = 250;
   uint32_t no_progress_timeout_seconds = 120;

@@ -301,8 +301,13 @@ Result<qemu::MigrationInfo> SourceJob::monitor() {
       if (type == "abort") {
         return Error{Errc::kUnavailable, "target agent aborted: " + msg.value("reason", std::string("?"))};
       }
-      if (type == "result" && !msg.value("ok", false)) {
-        return Error{Errc::kUnavailable, "target failed: " + msg.value("reason", std::string("?"))};
+      if (type == "result") {
+        // Kept for complete(): the target can have the VM running before our next
+        // query-migrate sees "completed", or fail just as the source completes.
+        verdict_ = msg;
+        if (!msg.value("ok", false)) {
+          return Error{Errc::kUnavailable, "target failed: " + msg.value("reason", std::string("?"))};
+        }
       }
     }
   }
@@ -320,7 +325,7 @@ void SourceJob::complete(const qemu::MigrationInfo& info) {
   }
   // The source has handed the VM over. From here only the target's verdict decides: resuming
   // the source while the target might run the VM would run it twice.
-  auto verdict = link_->expect("result", kVerdictTimeout);
+  Result<json> verdict = verdict_ ? Result<json>(*verdict_) : link_->expect("result", kVerdictTimeout);
   {
     std::lock_guard lock(data_mu_);
     for (auto& p : pumps_) p->wait(5s);
@@ -336,6 +341,13 @@ void SourceJob::complete(const qemu::MigrationInfo& info) {
   const auto& v = verdict.value();
   if (!v.value("ok", false)) {
     const std::string why = v.value("reason", std::string("?"));
+    if (!v.value("safeToResumeSource", false)) {
+      finish(Phase::kFailed, "target failed after the source handed the VM over (" + why +
+                                 ") and cannot rule out that it started the VM; the source VM is left paused "
+                                 "(postmigrate) so the VM cannot run twice: check the target and 'cont' the source "
+                                 "only if the target does not run the VM");
+      return;
+    }
     std::string resumed = "source VM left paused";
     if (was_running_) {
       auto c = qmp_->execute("cont", {}, kQmpTimeout);

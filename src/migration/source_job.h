@@ -4,6 +4,8 @@
 // target confirms it has the VM ends in migrate_cancel (or cont) here.
 #pragma once
 
+#include <optional>
+
 #include "common/fd.h"
 #include "migration/job.h"
 
@@ -38,6 +40,7 @@ class SourceJob final : public Job {
   std::thread acceptor_;
   std::atomic<bool> accepting_{false};
   uint64_t events_before_migrate_ = 0;
+  std::optional<nlohmann::json> verdict_;  // the target's result, when it came early
 };
 
 }  // namespace rdmig::migration

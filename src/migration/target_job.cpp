@@ -222,6 +222,7 @@ Status TargetJob::start_incoming() {
   }
   ::unlink(socket_path_.c_str());
   events_before_incoming_ = qmp_->last_event_seq();
+  incoming_started_ = true;  // from here on, QEMU may end up with the VM
   r = qmp_->execute("migrate-incoming", json{{"uri", "unix:" + socket_path_}}, kQmpTimeout);
   if (!r) return r.error().with_context("target QEMU");
   return link_->send(json{{"type", "ready"}});
@@ -284,43 +285,50 @@ Status TargetJob::monitor() {
   }
 }
 
-void TargetJob::report_failure(const Error& error, bool cancelled) {
-  if (link_) (void)link_->send(json{{"type", "result"}, {"ok", false}, {"reason", error.message}});
+void TargetJob::report_failure(const Error& error, bool cancelled, bool incoming_started) {
   {
     std::lock_guard lock(order_mu_);
     order_aborted_ = true;
   }
   order_cv_.notify_all();
+  // Cut QEMU's input first: an incomplete stream makes its load fail.
   abort_data_plane(error);
-  finish(cancelled ? Phase::kCancelled : Phase::kFailed, error.message);
-}
-
-void TargetJob::run() {
-  auto st = wait_for_source();
-  if (!st) {
-    report_failure(st.error(), st.error().code == Errc::kCancelled);
-    return;
-  }
-  set_phase(Phase::kConnecting);
-  st = start_incoming();
-  if (!st) {
-    report_failure(st.error(), cancel_requested());
-    return;
-  }
-  {
-    std::lock_guard lock(data_mu_);
-    for (uint32_t i = 0; i < channels_.size(); ++i) {
-      auto pump = std::make_unique<ChannelPump>(*channels_[i], [this, i] { return open_qemu_connection(i); });
-      pump->start();
-      pumps_.push_back(std::move(pump));
+  // The source may resume its VM only if this QEMU certainly never ran it: the incoming
+  // migration never started, or QEMU itself reported it failed (and no RESUME was seen).
+  bool safe = !incoming_started;
+  std::string known = incoming_started ? "unknown" : "never started";
+  if (incoming_started && qmp_->connected()) {
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto raw = qmp_->execute("query-migrate", {}, kQmpTimeout);
+      if (!raw) break;
+      auto info = qemu::parse_migration_info(raw.value());
+      if (!info) break;
+      if (info->status == "completed") {
+        // Everything had arrived: QEMU has the VM after all.
+        report_success();
+        return;
+      }
+      if (info->status == "failed" || info->status == "none") {
+        known = "QEMU's incoming migration " + info->status;
+        safe = true;
+        break;
+      }
+      std::this_thread::sleep_for(50ms);
     }
   }
-  set_phase(Phase::kMigrating);
-  st = monitor();
-  if (!st) {
-    report_failure(st.error(), st.error().code == Errc::kCancelled && cancel_requested());
-    return;
+  const bool resumed = qmp_->wait_event([](const qemu::QmpEvent& e) { return e.name == "RESUME"; },
+                                        events_before_incoming_, 0ms).has_value();
+  if (resumed) safe = false;
+  if (link_) {
+    (void)link_->send(json{{"type", "result"}, {"ok", false}, {"reason", error.message},
+                           {"safeToResumeSource", safe}, {"targetQemu", known}});
   }
+  finish(cancelled ? Phase::kCancelled : Phase::kFailed,
+         error.message + (incoming_started ? " (target QEMU: " + known + ")" : ""));
+}
+
+void TargetJob::report_success() {
   set_phase(Phase::kCompleting);
   // QEMU has the VM. Running (RESUME event) or paused (started with -S)?
   std::string state = "running";
@@ -343,6 +351,35 @@ void TargetJob::run() {
   }
   finish(Phase::kSucceeded, "");
   abort_data_plane(Error{Errc::kCancelled, "migration finished"});
+}
+
+void TargetJob::run() {
+  auto st = wait_for_source();
+  if (!st) {
+    report_failure(st.error(), st.error().code == Errc::kCancelled, false);
+    return;
+  }
+  set_phase(Phase::kConnecting);
+  st = start_incoming();
+  if (!st) {
+    report_failure(st.error(), cancel_requested(), incoming_started_);
+    return;
+  }
+  {
+    std::lock_guard lock(data_mu_);
+    for (uint32_t i = 0; i < channels_.size(); ++i) {
+      auto pump = std::make_unique<ChannelPump>(*channels_[i], [this, i] { return open_qemu_connection(i); });
+      pump->start();
+      pumps_.push_back(std::move(pump));
+    }
+  }
+  set_phase(Phase::kMigrating);
+  st = monitor();
+  if (!st) {
+    report_failure(st.error(), st.error().code == Errc::kCancelled && cancel_requested(), true);
+    return;
+  }
+  report_success();
 }
 
 }  // namespace rdmig::migration

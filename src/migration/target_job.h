@@ -34,7 +34,9 @@ class TargetJob final : public Job {
   Status start_incoming();
   Result<UniqueFd> open_qemu_connection(uint32_t index);
   Status monitor();
-  void report_failure(const Error& error, bool cancelled);
+  // Tells the source the verdict; on failure whether resuming the source is safe.
+  void report_failure(const Error& error, bool cancelled, bool incoming_started);
+  void report_success();
 
   std::string token_;
   std::string session_;
@@ -56,6 +58,7 @@ class TargetJob final : public Job {
   uint32_t next_qemu_index_ = 0;
   bool order_aborted_ = false;
   uint64_t events_before_incoming_ = 0;
+  bool incoming_started_ = false;
 };
 
 }  // namespace rdmig::migration
