@@ -34,11 +34,4 @@ for chunk in 64Ki 128Ki 256Ki 512Ki 1Mi 2Mi 4Mi 8Mi 16Mi 32Mi 64Mi; do
   echo "RDMIG-SWEEP $chunk $depth $(median </tmp/ours) $(median </tmp/one) $(median </tmp/many)"
 done
 
-# CPU cost per GiB moved, same tool, same VM: TCP over loopback against RDMA over rxe0
-# (1 MiB chunks, depth 16; sender and receiver in one process, user + system time).
-for t in tcp rdma; do
-  addr="$ip"; [ "$t" = tcp ] && addr=127.0.0.1
-  "$stream" --transport $t --ip "$addr" --bytes 512Mi --channels 1 --chunk 1Mi --depth 16 --no-verify --json --timeout 300 \
-    | awk -v t=$t -F'[:,}]' '/"side":"client"/ { for (i = 1; i <= NF; i++) { if ($i ~ /bytesPerSecond/) b = $(i+1); if ($i ~ /cpuSeconds/) c = $(i+1) }
-        printf "RDMIG-CPU %s %.1f %.2f\n", t, b / 1e6, c / 0.5 }'
-done
+"$(dirname "$0")/transport-cpu-vm.sh" "$1"
