@@ -33,5 +33,4 @@ for chunk in 64Ki 128Ki 256Ki 512Ki 1Mi 2Mi 4Mi 8Mi 16Mi 32Mi 64Mi; do
   done
   echo "RDMIG-SWEEP $chunk $depth $(median </tmp/ours) $(median </tmp/one) $(median </tmp/many)"
 done
-
-"$(dirname "$0")/transport-cpu-vm.sh" "$1"
+# CPU per GiB: bench/transport-cpu.sh (a separate VM run).

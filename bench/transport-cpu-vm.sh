@@ -13,8 +13,8 @@ for t in tcp rdma; do
   r=0
   while [ $r -lt "$reps" ]; do
     r=$((r + 1))
-    "$stream" --transport $t --ip "$addr" --bytes 512Mi --channels 1 --chunk 1Mi --depth 16 --no-verify --json --timeout 300 \\
+    "$stream" --transport $t --ip "$addr" --bytes 512Mi --channels 1 --chunk 1Mi --depth 16 --no-verify --json --timeout 300 \
       | awk -v t=$t -F'[:,}]' '/"side":"client"/ { for (i = 1; i <= NF; i++) { if ($i ~ /bytesPerSecond/) b = $(i+1); if ($i ~ /cpuSeconds/) c = $(i+1) }
-          printf "RDMIG-CPU %s %.1f %.2f\\n", t, b / 1e6, c / 0.5 }'
+          printf "RDMIG-CPU %s %.1f %.2f\n", t, b / 1e6, c / 0.5 }'
   done
 done
