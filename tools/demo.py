@@ -36,7 +36,7 @@ def main():
     ap.add_argument("--mem", type=int, default=512, help="guest RAM in MiB (default 512)")
     ap.add_argument("--dirty", type=int, default=64, help="MiB the guest dirties per second (default 64)")
     ap.add_argument("--multifd", type=int, default=0, help="multifd channels (default 0)")
-    ap.add_argument("--chunk-size", default="4Mi", help="chunk size (default 4Mi)")
+    ap.add_argument("--chunk-size", default="1Mi", help="chunk size (default 1Mi, the agent default)")
     ap.add_argument("--transport", default="auto", choices=("auto", "rdma", "tcp"))
     ap.add_argument("--bandwidth", type=int, default=0, help="max bandwidth in MiB/s (0 = unlimited)")
     ap.add_argument("--keep", action="store_true", help="keep agents and the target VM running until Ctrl-C")

@@ -12,7 +12,7 @@ TEST(AgentConfig, EmptyDocumentGivesDocumentedDefaults) {
   ASSERT_TRUE(c.ok()) << c.error().message;
   EXPECT_EQ(c->api.port, 7470);
   EXPECT_EQ(c->data_plane.port, 7471);
-  EXPECT_EQ(c->migration.chunk_size, 4u * 1024 * 1024);
+  EXPECT_EQ(c->migration.chunk_size, 1u * 1024 * 1024);
   EXPECT_EQ(c->migration.ring_depth, 16u);
   EXPECT_EQ(c->transport, rdmig::TransportKind::kAuto);
 }
