@@ -160,6 +160,19 @@ class AgentMigrationTest(unittest.TestCase):
         self.assertIn(t["phase"], ("Failed", "Cancelled"))
         self.assertNotEqual(dst.alive() and dst.status(), "running", "the VM must not run in two places")
 
+    def test_completion_timeout_fails_and_keeps_vm_on_source(self):
+        src, dst = self.pair()
+        target, source = start_migration(self.src_agent, self.dst_agent, src.agent_qmp_path, dst.agent_qmp_path,
+                                          vm="vm-timeout", maxBandwidthBytesPerSecond=2 << 20,
+                                          completionTimeoutSeconds=10)
+        before = src.last_counter()
+        s = self.src_agent.wait(source["id"], timeout=60)
+        self.assertEqual(s["phase"], "Failed")
+        self.assertIn("completionTimeoutSeconds", s["result"]["reason"])
+        self.assertEqual(src.status(), "running")
+        src.wait_for_counter(before + 1, timeout=60)
+        self.assertIn(self.dst_agent.wait(target["id"], timeout=60)["phase"], ("Failed", "Cancelled"))
+
     def test_target_qemu_killed_mid_migration_fails_and_source_keeps_running(self):
         src, dst, target, source = self.slow_migration("vm-kill")
         before = src.last_counter()
