@@ -20,6 +20,12 @@ T get(const std::vector<uint8_t>& in, size_t& pos) {
 }
 }  // namespace
 
+Error verbs_error(const std::string& what, int err) {
+  auto e = errno_error(what, err);
+  e.code = Errc::kUnavailable;
+  return e;
+}
+
 Result<CmEvent> next_cm_event(rdma_event_channel* channel, std::chrono::milliseconds timeout) {
   pollfd p{channel->fd, POLLIN, 0};
   const int rc = ::poll(&p, 1, static_cast<int>(timeout.count()));

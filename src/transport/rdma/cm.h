@@ -22,6 +22,9 @@ struct CmEvent {
   std::vector<uint8_t> private_data;
 };
 
+// A verbs or rdma_cm call failed: errno text, code kUnavailable (fails one migration).
+Error verbs_error(const std::string& what, int err);
+
 // Waits up to `timeout` for the next event on `channel`. kTimeout when none came.
 Result<CmEvent> next_cm_event(rdma_event_channel* channel, std::chrono::milliseconds timeout);
 // Waits for `want`; any other event is an error that names both.

@@ -1,10 +1,7 @@
 #include "transport/rdma/rdma_channel.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
-#include <netdb.h>
 #include <poll.h>
-#include <sys/resource.h>
 
 #include <cstring>
 
@@ -23,34 +20,6 @@ constexpr uint64_t kTimeMask = (uint64_t{1} << 48) - 1;
 uint64_t now_us() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
                                    std::chrono::steady_clock::now().time_since_epoch()).count());
-}
-
-size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
-
-std::string memlock_limit_text() {
-  rlimit rl{};
-  if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0) return "unknown";
-  if (rl.rlim_cur == RLIM_INFINITY) return "unlimited";
-  return std::to_string(rl.rlim_cur / 1024) + " KiB";
-}
-
-// Connection parameters both sides use: rdmig posts only RDMA WRITEs (no READs), and retries
-// RNR and transport errors as long as RC allows.
-rdma_conn_param conn_param(const std::vector<uint8_t>& private_data) {
-  rdma_conn_param cp{};
-  cp.private_data = private_data.data();
-  cp.private_data_len = static_cast<uint8_t>(private_data.size());
-  cp.responder_resources = 1;
-  cp.initiator_depth = 1;
-  cp.retry_count = 7;
-  cp.rnr_retry_count = 7;
-  return cp;
-}
-
-Error verbs_error(const std::string& what, int err) {
-  auto e = errno_error(what, err);
-  e.code = Errc::kUnavailable;
-  return e;
 }
 
 }  // namespace
@@ -74,57 +43,6 @@ RdmaChannel::~RdmaChannel() {
   sq_cv_.notify_all();
   if (poller_.joinable()) poller_.join();
   metrics_.chunks_in_flight->Decrement(static_cast<double>(outstanding_.load()));
-}
-
-Status RdmaChannel::setup_resources() {
-  ibv_context* ctx = id_->verbs;
-  if (!ctx) return Error{Errc::kUnavailable, "rdma_cm id has no device"};
-  pd_.reset(ibv_alloc_pd(ctx));
-  if (!pd_) return verbs_error("ibv_alloc_pd", errno);
-  comp_.reset(ibv_create_comp_channel(ctx));
-  if (!comp_) return verbs_error("ibv_create_comp_channel", errno);
-  ::fcntl(comp_->fd, F_SETFL, ::fcntl(comp_->fd, F_GETFL) | O_NONBLOCK);
-  sq_cap_ = params_.send_depth + params_.recv_depth + 8;
-  const uint32_t rq = params_.recv_depth + params_.send_depth + 8;
-  cq_.reset(ibv_create_cq(ctx, static_cast<int>(sq_cap_ + rq), nullptr, comp_.get(), 0));
-  if (!cq_) return verbs_error("ibv_create_cq", errno);
-
-  const size_t ring_bytes = round_up(size_t{params_.recv_depth} * params_.recv_chunk, 4096);
-  const size_t staging_bytes = round_up(size_t{params_.send_depth} * params_.send_chunk, 4096);
-  recv_ring_.reset(static_cast<std::byte*>(std::aligned_alloc(4096, ring_bytes)));
-  staging_.reset(static_cast<std::byte*>(std::aligned_alloc(4096, staging_bytes)));
-  if (!recv_ring_ || !staging_) return Error{Errc::kUnavailable, "out of memory for the RDMA ring"};
-  auto reg = [&](MrPtr& mr, std::byte* buf, size_t len, int access, const char* what) -> Status {
-    mr.reset(ibv_reg_mr(pd_.get(), buf, len, access));
-    if (mr) return ok_status();
-    const int err = errno;
-    auto e = verbs_error(std::string("ibv_reg_mr (") + what + ", " + std::to_string(len >> 20) + " MiB)", err);
-    if (err == ENOMEM || err == EPERM || err == EAGAIN) {
-      e.message += "; locked-memory limit (RLIMIT_MEMLOCK) is " + memlock_limit_text() +
-                   ": give the agent the IPC_LOCK capability or 'ulimit -l unlimited', or lower "
-                   "chunkSize x ringDepth";
-    }
-    return e;
-  };
-  RDMIG_TRY(reg(recv_mr_, recv_ring_.get(), ring_bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "receive ring"));
-  RDMIG_TRY(reg(staging_mr_, staging_.get(), staging_bytes, IBV_ACCESS_LOCAL_WRITE, "send staging"));
-
-  ibv_qp_init_attr qa{};
-  qa.send_cq = cq_.get();
-  qa.recv_cq = cq_.get();
-  qa.qp_type = IBV_QPT_RC;
-  qa.cap.max_send_wr = sq_cap_;
-  qa.cap.max_recv_wr = rq;
-  qa.cap.max_send_sge = 1;
-  qa.cap.max_recv_sge = 1;
-  qa.sq_sig_all = 0;
-  if (rdma_create_qp(id_.get(), pd_.get(), &qa) != 0) return verbs_error("rdma_create_qp", errno);
-  qp_.reset(id_.get());
-  for (uint32_t i = 0; i < rq; ++i) RDMIG_TRY(post_recv());
-  if (ibv_req_notify_cq(cq_.get(), 0) != 0) return verbs_error("ibv_req_notify_cq", errno);
-  signal_every_ = std::max<uint32_t>(1, params_.send_depth / 4);
-  credit_batch_ = std::max<uint32_t>(1, params_.recv_depth / 4);
-  return ok_status();
 }
 
 Status RdmaChannel::post_recv() {
@@ -424,88 +342,6 @@ void RdmaChannel::poller_loop() {
       if (ev) handle_cm_event(ev.value());
     }
   }
-}
-
-Result<std::unique_ptr<RdmaChannel>> RdmaChannel::connect(const net::Endpoint& ep,
-                                                           const std::array<uint8_t, 16>& session,
-                                                           const RdmaChannelParams& params,
-                                                           TransportMetrics& metrics,
-                                                           std::chrono::milliseconds timeout) {
-  const std::string what = "rdma connect to " + ep.to_string() + " (channel " + std::to_string(params.index) + ")";
-  EventChannelPtr events(rdma_create_event_channel());
-  if (!events) return verbs_error(what + ": rdma_create_event_channel", errno);
-  rdma_cm_id* raw = nullptr;
-  if (rdma_create_id(events.get(), &raw, nullptr, RDMA_PS_TCP) != 0) return verbs_error(what + ": rdma_create_id", errno);
-  CmIdPtr id(raw);
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* ai = nullptr;
-  const std::string port = std::to_string(ep.port);
-  if (getaddrinfo(ep.host.c_str(), port.c_str(), &hints, &ai) != 0 || !ai) {
-    return Error{Errc::kUnavailable, what + ": cannot resolve " + ep.host};
-  }
-  const int rc = rdma_resolve_addr(id.get(), nullptr, ai->ai_addr, static_cast<int>(timeout.count()));
-  const int err = errno;
-  freeaddrinfo(ai);
-  if (rc != 0) return verbs_error(what + ": rdma_resolve_addr", err);
-  RDMIG_TRY(expect_cm_event(events.get(), RDMA_CM_EVENT_ADDR_RESOLVED, timeout, what));
-  LOG_DEBUG("rdma") << what << ": address resolved";
-  if (rdma_resolve_route(id.get(), static_cast<int>(timeout.count())) != 0) return verbs_error(what + ": rdma_resolve_route", errno);
-  RDMIG_TRY(expect_cm_event(events.get(), RDMA_CM_EVENT_ROUTE_RESOLVED, timeout, what));
-
-  LOG_DEBUG("rdma") << what << ": route resolved";
-  std::unique_ptr<RdmaChannel> ch(new RdmaChannel(std::move(events), std::move(id), params, metrics));
-  if (auto st = ch->setup_resources(); !st) return st.error().with_context(what);
-  LOG_DEBUG("rdma") << what << ": resources ready, connecting";
-  ConnectRequest req;
-  req.session = session;
-  req.index = static_cast<uint16_t>(params.index);
-  req.ring_addr = reinterpret_cast<uintptr_t>(ch->recv_ring_.get());
-  req.ring_rkey = ch->recv_mr_->rkey;
-  const auto pd = req.encode();
-  rdma_conn_param cp = conn_param(pd);
-  if (rdma_connect(ch->id_.get(), &cp) != 0) return verbs_error(what + ": rdma_connect", errno);
-  auto ev = next_cm_event(ch->events_.get(), timeout);
-  if (!ev) return ev.error().with_context(what);
-  if (ev->type == RDMA_CM_EVENT_REJECTED) {
-    std::string why(ev->private_data.begin(), ev->private_data.end());
-    why = why.c_str();  // stop at the first NUL of the padded private data
-    return Error{Errc::kPermissionDenied, what + ": target agent rejected the connection" + (why.empty() ? "" : ": " + why)};
-  }
-  if (ev->type != RDMA_CM_EVENT_ESTABLISHED) {
-    return Error{Errc::kUnavailable, what + ": " + rdma_event_str(ev->type)};
-  }
-  auto reply = ConnectReply::decode(ev->private_data);
-  if (!reply) return reply.error().with_context(what);
-  ch->peer_ring_addr_ = reply->ring_addr;
-  ch->peer_ring_rkey_ = reply->ring_rkey;
-  ch->established_ = true;
-  ch->start_poller();
-  LOG_DEBUG("rdma") << what << ": established";
-  return ch;
-}
-
-Result<std::unique_ptr<RdmaChannel>> RdmaChannel::accept(EventChannelPtr events, CmIdPtr id,
-                                                         const ConnectRequest& request,
-                                                         const RdmaChannelParams& params,
-                                                         TransportMetrics& metrics) {
-  const std::string what = "rdma accept (channel " + std::to_string(params.index) + ")";
-  std::unique_ptr<RdmaChannel> ch(new RdmaChannel(std::move(events), std::move(id), params, metrics));
-  if (auto st = ch->setup_resources(); !st) {
-    rdma_reject(ch->id_.get(), nullptr, 0);
-    return st.error().with_context(what);
-  }
-  ch->peer_ring_addr_ = request.ring_addr;
-  ch->peer_ring_rkey_ = request.ring_rkey;
-  ConnectReply rep;
-  rep.ring_addr = reinterpret_cast<uintptr_t>(ch->recv_ring_.get());
-  rep.ring_rkey = ch->recv_mr_->rkey;
-  const auto pd = rep.encode();
-  rdma_conn_param cp = conn_param(pd);
-  if (rdma_accept(ch->id_.get(), &cp) != 0) return verbs_error(what + ": rdma_accept", errno);
-  LOG_DEBUG("rdma") << what << ": accepted";
-  ch->start_poller();
-  return ch;
 }
 
 }  // namespace rdmig::transport::rdma
