@@ -59,4 +59,26 @@ class CreditGate {
   std::optional<Error> aborted_;
 };
 
+// The receiver's side of credits: one credit message per quarter ring rather than per chunk,
+// but never held while the sender may be waiting. Receiver thread only.
+class CreditBatcher {
+ public:
+  explicit CreditBatcher(uint32_t depth) : batch_(depth / 4 > 0 ? depth / 4 : 1) {}
+  // Called for each released chunk (or eof marker). Returns how many credits to send now
+  // (0: keep them): when a batch is full, when nothing else is queued, and at the eof.
+  uint32_t on_release(bool eof, bool queue_empty) {
+    if (!eof) ++pending_;
+    if (pending_ == 0) return 0;
+    if (!eof && pending_ < batch_ && !queue_empty) return 0;
+    const uint32_t n = pending_;
+    pending_ = 0;
+    return n;
+  }
+  uint32_t batch() const { return batch_; }
+
+ private:
+  const uint32_t batch_;
+  uint32_t pending_ = 0;
+};
+
 }  // namespace rdmig::transport

@@ -74,3 +74,18 @@ TEST(CreditGate, WaitAllReturnsWhenEveryCreditIsBack) {
   giver.join();
   EXPECT_EQ(g.available(), 3u);
 }
+
+TEST(CreditBatcher, SendsAQuarterRingAtOnceButNeverHoldsWhenIdleOrAtEof) {
+  CreditBatcher b(16);  // batch of 4
+  EXPECT_EQ(b.on_release(false, false), 0u);
+  EXPECT_EQ(b.on_release(false, false), 0u);
+  EXPECT_EQ(b.on_release(false, false), 0u);
+  EXPECT_EQ(b.on_release(false, false), 4u) << "a full batch goes out";
+  EXPECT_EQ(b.on_release(false, false), 0u);
+  EXPECT_EQ(b.on_release(false, true), 2u) << "nothing else queued: the sender may be waiting";
+  EXPECT_EQ(b.on_release(false, false), 0u);
+  EXPECT_EQ(b.on_release(true, false), 1u) << "the peer's eof flushes what is held";
+  EXPECT_EQ(b.on_release(true, true), 0u) << "an eof alone frees no slot";
+  CreditBatcher tiny(2);
+  EXPECT_EQ(tiny.on_release(false, false), 1u);
+}

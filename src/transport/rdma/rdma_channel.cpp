@@ -30,7 +30,8 @@ RdmaChannel::RdmaChannel(EventChannelPtr events, CmIdPtr id, const RdmaChannelPa
       metrics_(metrics),
       events_(std::move(events)),
       id_(std::move(id)),
-      credits_(params.send_depth) {}
+      credits_(params.send_depth),
+      batcher_(params.recv_depth) {}
 
 RdmaChannel::~RdmaChannel() {
   stopping_ = true;
@@ -165,13 +166,9 @@ Status RdmaChannel::release() {
     holding_ = false;
     queue_empty = arrivals_.empty();
   }
-  // Batch credits, but never sit on them while the sender may be waiting: flush when the
-  // batch is full, when nothing else is queued, and at the peer's eof.
-  if (!eof) ++pending_credits_;
-  if (pending_credits_ == 0) return ok_status();
-  if (!eof && pending_credits_ < credit_batch_ && !queue_empty) return ok_status();
-  auto st = post_control(*encode_imm({ImmKind::kCredit, pending_credits_}));
-  pending_credits_ = 0;
+  const uint32_t credits = batcher_.on_release(eof, queue_empty);
+  if (credits == 0) return ok_status();
+  auto st = post_control(*encode_imm({ImmKind::kCredit, credits}));
   if (!st) fail(st.error(), "post_send");
   return st;
 }

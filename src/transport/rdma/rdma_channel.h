@@ -125,8 +125,7 @@ class RdmaChannel final : public Channel {
   uint64_t rx_seq_ = 0;  // poller thread only
   bool holding_ = false;
   bool peer_eof_ = false;
-  uint32_t pending_credits_ = 0;  // receiver thread only
-  uint32_t credit_batch_ = 1;
+  CreditBatcher batcher_;  // receiver thread only
 
   std::mutex state_mu_;
   std::condition_variable state_cv_;

@@ -86,7 +86,6 @@ Status RdmaChannel::setup_resources() {
   for (uint32_t i = 0; i < rq; ++i) RDMIG_TRY(post_recv());
   if (ibv_req_notify_cq(cq_.get(), 0) != 0) return verbs_error("ibv_req_notify_cq", errno);
   signal_every_ = std::max<uint32_t>(1, params_.send_depth / 4);
-  credit_batch_ = std::max<uint32_t>(1, params_.recv_depth / 4);
   return ok_status();
 }
 

@@ -28,7 +28,7 @@ TcpChannel::TcpChannel(UniqueFd fd, uint32_t index, uint32_t chunk_size, uint32_
       staging_(std::make_unique_for_overwrite<std::byte[]>(chunk_size)),
       credits_(depth),
       ring_(depth + 1),
-      credit_batch_(std::max<uint32_t>(1, depth / 4)) {}
+      batcher_(depth) {}
 
 TcpChannel::~TcpChannel() {
   abort(Error{Errc::kCancelled, "channel closed"});
@@ -105,13 +105,9 @@ Status TcpChannel::release() {
     queue_empty = rx_head_ == rx_tail_;
   }
   rx_cv_.notify_all();
-  // Batch credits (one frame per quarter ring), but never sit on them while the sender may
-  // be waiting: flush when nothing else is queued and at the peer's eof.
-  if (!was_eof) ++pending_credits_;
-  if (pending_credits_ == 0) return ok_status();
-  if (!was_eof && pending_credits_ < credit_batch_ && !queue_empty) return ok_status();
-  auto st = write_frame(FrameHeader{FrameType::kCredit, pending_credits_}, nullptr);
-  pending_credits_ = 0;
+  const uint32_t credits = batcher_.on_release(was_eof, queue_empty);
+  if (credits == 0) return ok_status();
+  auto st = write_frame(FrameHeader{FrameType::kCredit, credits}, nullptr);
   if (!st) fail(st.error());
   return st;
 }

@@ -71,8 +71,7 @@ class TcpChannel final : public Channel {
   uint64_t rx_tail_ = 0;  // next slot the reader fills
   bool rx_holding_ = false;
   bool peer_eof_ = false;
-  const uint32_t credit_batch_;
-  uint32_t pending_credits_ = 0;       // receiver thread only
+  CreditBatcher batcher_;               // receiver thread only
   std::atomic<int64_t> outstanding_{0};  // chunks sent, credit not yet back (for the gauge)
 
   std::atomic<bool> aborted_{false};
