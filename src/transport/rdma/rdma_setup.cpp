@@ -2,6 +2,7 @@
 // and the rdma_cm handshake on both sides (connect on the source, accept on the target).
 #include <fcntl.h>
 #include <netdb.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 
 #include <cstring>
@@ -52,10 +53,15 @@ Status RdmaChannel::setup_resources() {
   cq_.reset(ibv_create_cq(ctx, static_cast<int>(sq_cap_ + rq), nullptr, comp_.get(), 0));
   if (!cq_) return verbs_error("ibv_create_cq", errno);
 
-  const size_t ring_bytes = round_up(size_t{params_.recv_depth} * params_.recv_chunk, 4096);
-  const size_t staging_bytes = round_up(size_t{params_.send_depth} * params_.send_chunk, 4096);
-  recv_ring_.reset(static_cast<std::byte*>(std::aligned_alloc(4096, ring_bytes)));
-  staging_.reset(static_cast<std::byte*>(std::aligned_alloc(4096, staging_bytes)));
+  // 2 MiB-aligned so the kernel can back the buffers with huge pages: fewer pages to pin
+  // and translate at registration (and fewer MTT entries on a real RNIC).
+  constexpr size_t kHuge = 2 * 1024 * 1024;
+  const size_t ring_bytes = round_up(size_t{params_.recv_depth} * params_.recv_chunk, kHuge);
+  const size_t staging_bytes = round_up(size_t{params_.send_depth} * params_.send_chunk, kHuge);
+  recv_ring_.reset(static_cast<std::byte*>(std::aligned_alloc(kHuge, ring_bytes)));
+  staging_.reset(static_cast<std::byte*>(std::aligned_alloc(kHuge, staging_bytes)));
+  if (recv_ring_) ::madvise(recv_ring_.get(), ring_bytes, MADV_HUGEPAGE);
+  if (staging_) ::madvise(staging_.get(), staging_bytes, MADV_HUGEPAGE);
   if (!recv_ring_ || !staging_) return Error{Errc::kUnavailable, "out of memory for the RDMA ring"};
   auto reg = [&](MrPtr& mr, std::byte* buf, size_t len, int access, const char* what) -> Status {
     mr.reset(ibv_reg_mr(pd_.get(), buf, len, access));
