@@ -12,12 +12,12 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
-#include <sstream>
 #include <string>
 #include <thread>
 
 #include "api/rest_server.h"
 #include "common/log.h"
+#include "common/text.h"
 #include "config/agent_config.h"
 #include "metrics/metrics.h"
 #include "migration/manager.h"
@@ -28,12 +28,6 @@ constexpr const char* kUsage =
     "usage: rdmig-agent [--config PATH] [--ports-file PATH]\n"
     "  --config PATH      agent configuration (YAML); default /etc/rdmig/agent.yaml\n"
     "  --ports-file PATH  write {\"api\":port,\"dataPlane\":port} once listening (for port 0)\n";
-
-std::string trim(std::string s) {
-  const auto b = s.find_first_not_of(" \t\r\n");
-  const auto e = s.find_last_not_of(" \t\r\n");
-  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
-}
 
 // Locked memory for RDMA registrations: raise the soft limit to the hard limit.
 void raise_memlock() {
@@ -74,14 +68,12 @@ int main(int argc, char** argv) {
   const rdmig::AgentConfig config = std::move(loaded.value());
   rdmig::log::set_level(*rdmig::log::parse_level(config.log_level));
 
-  std::ifstream token_in(config.api.token_file);
-  if (!token_in) {
-    std::cerr << "rdmig-agent: config key 'api.tokenFile': cannot read '" << config.api.token_file << "'\n";
+  auto token_text = rdmig::read_text_file(config.api.token_file, "config key 'api.tokenFile'");
+  if (!token_text) {
+    std::cerr << "rdmig-agent: " << token_text.error().message << "\n";
     return 2;
   }
-  std::stringstream ss;
-  ss << token_in.rdbuf();
-  const std::string token = trim(ss.str());
+  const std::string token = rdmig::trim(token_text.value());
   if (token.size() < 16) {
     std::cerr << "rdmig-agent: config key 'api.tokenFile': the token in '" << config.api.token_file
               << "' must be at least 16 characters\n";

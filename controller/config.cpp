@@ -2,11 +2,10 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "common/log.h"
+#include "common/text.h"
 #include "config/yaml_reader.h"
 #include "k8s/selectors.h"
 
@@ -81,11 +80,9 @@ Result<ControllerConfig> parse_controller_config(const std::string& yaml_text) {
 }
 
 Result<ControllerConfig> load_controller_config_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Error{Errc::kNotFound, "config: cannot read '" + path + "'"};
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_controller_config(ss.str());
+  auto text = read_text_file(path, "config");
+  if (!text) return text.error();
+  return parse_controller_config(text.value());
 }
 
 }  // namespace rdmig::controller

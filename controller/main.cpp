@@ -12,10 +12,10 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
-#include <sstream>
 #include <thread>
 
 #include "common/log.h"
+#include "common/text.h"
 #include "common/units.h"
 #include "controller/agent_client.h"
 #include "controller/config.h"
@@ -36,12 +36,6 @@ constexpr const char* kUsage =
     "  --kubeconfig PATH  API server access from a kubeconfig (else $KUBECONFIG, else in-cluster)\n"
     "  --context NAME     kubeconfig context (default: current-context)\n"
     "  --ports-file PATH  write {\"metrics\":port} once listening (for metrics.port 0)\n";
-
-std::string trim(std::string s) {
-  const auto b = s.find_first_not_of(" \t\r\n");
-  const auto e = s.find_last_not_of(" \t\r\n");
-  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
-}
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);
@@ -78,11 +72,9 @@ int main(int argc, char** argv) {
   controller::ControllerConfig config = std::move(loaded.value());
   log::set_level(*log::parse_level(config.log_level));
 
-  std::ifstream token_in(config.agents.token_file);
-  if (!token_in) return fail("config key 'agents.tokenFile': cannot read '" + config.agents.token_file + "'");
-  std::stringstream token_text;
-  token_text << token_in.rdbuf();
-  const std::string agent_token = trim(token_text.str());
+  auto token_text = read_text_file(config.agents.token_file, "config key 'agents.tokenFile'");
+  if (!token_text) return fail(token_text.error().message);
+  const std::string agent_token = trim(token_text.value());
   if (agent_token.empty()) return fail("config key 'agents.tokenFile': '" + config.agents.token_file + "' is empty");
 
   std::map<std::string, std::string> environment;

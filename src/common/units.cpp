@@ -83,12 +83,16 @@ std::string random_hex(size_t bytes) {
     const ssize_t n = ::getrandom(raw.data() + got, bytes - got, 0);
     if (n > 0) got += static_cast<size_t>(n);
   }
+  return to_hex(raw.data(), raw.size());
+}
+
+std::string to_hex(const unsigned char* data, size_t n) {
   static const char* hex = "0123456789abcdef";
   std::string out;
-  out.reserve(bytes * 2);
-  for (unsigned char c : raw) {
-    out.push_back(hex[c >> 4]);
-    out.push_back(hex[c & 15]);
+  out.reserve(n * 2);
+  for (size_t i = 0; i < n; ++i) {
+    out.push_back(hex[data[i] >> 4]);
+    out.push_back(hex[data[i] & 15]);
   }
   return out;
 }

@@ -31,6 +31,8 @@ std::string format_quantity(uint64_t bytes);
 // Human form for logs and the demo: "1.50 GiB".
 std::string format_bytes_human(double bytes);
 
+// Lower-case hex of `n` bytes.
+std::string to_hex(const unsigned char* data, size_t n);
 // 32 hex characters from the kernel's CSPRNG (getrandom).
 std::string random_hex(size_t bytes = 16);
 // Compares without early exit (tokens).

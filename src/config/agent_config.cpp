@@ -2,12 +2,11 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include <fstream>
 #include <limits>
 #include <set>
-#include <sstream>
 
 #include "common/log.h"
+#include "common/text.h"
 #include "common/units.h"
 #include "config/yaml_reader.h"
 
@@ -117,11 +116,9 @@ Result<AgentConfig> parse_agent_config(const std::string& yaml_text) {
 }
 
 Result<AgentConfig> load_agent_config_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Error{Errc::kNotFound, "cannot read config file '" + path + "'"};
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto r = parse_agent_config(ss.str());
+  auto text = read_text_file(path, "config");
+  if (!text) return text.error();
+  auto r = parse_agent_config(text.value());
   if (!r) return r.error().with_context(path);
   return r;
 }

@@ -1,10 +1,9 @@
 #include "k8s/cluster_config.h"
+#include "common/text.h"
 
 #include <yaml-cpp/yaml.h>
 
-#include <fstream>
 #include <optional>
-#include <sstream>
 
 namespace rdmig::k8s {
 
@@ -12,20 +11,6 @@ namespace {
 
 Error bad(const std::string& key, const std::string& what) {
   return Error{Errc::kInvalidArgument, "kubeconfig: " + key + ": " + what};
-}
-
-Result<std::string> read_file(const std::string& path, const std::string& what) {
-  std::ifstream in(path);
-  if (!in) return Error{Errc::kNotFound, what + ": cannot read '" + path + "'"};
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string trim(std::string s) {
-  const auto b = s.find_first_not_of(" \t\r\n");
-  const auto e = s.find_last_not_of(" \t\r\n");
-  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
 }
 
 std::string resolve(const std::string& base_dir, const std::string& path) {
@@ -198,7 +183,7 @@ Result<ClusterConfig> parse_kubeconfig(const std::string& yaml_text, const std::
 }
 
 Result<ClusterConfig> load_kubeconfig_file(const std::string& path, const std::string& context) {
-  auto text = read_file(path, "kubeconfig");
+  auto text = read_text_file(path, "kubeconfig");
   if (!text) return text.error();
   const auto slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
@@ -224,14 +209,14 @@ Result<ClusterConfig> in_cluster_config(const std::map<std::string, std::string>
   RDMIG_TRY(parse_server_url(c.server));
   c.token_file = sa_dir + "/token";
   c.ca_file = sa_dir + "/ca.crt";
-  auto token = read_file(c.token_file, "in-cluster config: service-account token");
+  auto token = read_text_file(c.token_file, "in-cluster config: service-account token");
   if (!token) return token.error();
   if (trim(token.value()).empty()) {
     return Error{Errc::kInvalidArgument, "in-cluster config: service-account token '" + c.token_file + "' is empty"};
   }
-  auto ca = read_file(c.ca_file, "in-cluster config: CA bundle");
+  auto ca = read_text_file(c.ca_file, "in-cluster config: CA bundle");
   if (!ca) return ca.error();
-  if (auto ns = read_file(sa_dir + "/namespace", "namespace"); ns) c.namespace_ = trim(ns.value());
+  if (auto ns = read_text_file(sa_dir + "/namespace", "namespace"); ns) c.namespace_ = trim(ns.value());
   return c;
 }
 

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "common/log.h"
+#include "common/text.h"
 
 namespace rdmig::k8s {
 
@@ -45,12 +46,6 @@ std::string read_all(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-std::string trim(std::string s) {
-  const auto b = s.find_first_not_of(" \t\r\n");
-  const auto e = s.find_last_not_of(" \t\r\n");
-  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
 }
 
 // A fresh X509_STORE holding every certificate of a PEM bundle; the SSL context takes it.
@@ -102,11 +97,9 @@ Result<std::unique_ptr<HttpKubeClient>> HttpKubeClient::create(ClusterConfig con
 
 Result<std::string> HttpKubeClient::bearer_token() const {
   if (!config_.token_file.empty()) {
-    std::ifstream in(config_.token_file);
-    if (!in) return Error{Errc::kUnauthenticated, "cannot read token file '" + config_.token_file + "'"};
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return trim(ss.str());
+    auto text = read_text_file(config_.token_file, "token file");
+    if (!text) return Error{Errc::kUnauthenticated, text.error().message};
+    return trim(text.value());
   }
   return config_.token;
 }

@@ -33,6 +33,10 @@ struct RdmaSupport {
   uint16_t port = 0;
 };
 
+// Bounds on the waits both sides of a migration share.
+inline constexpr std::chrono::seconds kQmpTimeout{10};        // one QMP command
+inline constexpr std::chrono::seconds kHandshakeTimeout{30};  // one step of the agents' handshake
+
 // What a job needs from the agent around it.
 struct JobContext {
   const AgentConfig& config;

@@ -90,12 +90,7 @@ void MigrationManager::init_rdma() {
 
 Result<transport::rdma::AcceptPlan> MigrationManager::rdma_lookup(const std::array<uint8_t, 16>& session,
                                                                    uint32_t index) {
-  static const char* hex = "0123456789abcdef";
-  std::string text;
-  for (uint8_t b : session) {
-    text.push_back(hex[b >> 4]);
-    text.push_back(hex[b & 15]);
-  }
+  const std::string text = to_hex(session.data(), session.size());
   std::vector<std::shared_ptr<Job>> jobs;
   {
     std::lock_guard lock(mu_);

@@ -15,8 +15,6 @@ using nlohmann::json;
 using namespace std::chrono_literals;
 
 namespace {
-constexpr auto kQmpTimeout = 10s;
-constexpr auto kHandshakeTimeout = 30s;
 constexpr auto kVerdictTimeout = 120s;
 constexpr uint64_t kUnlimitedBandwidth = uint64_t{1} << 40;  // 1 TiB/s: QEMU has no "off"
 

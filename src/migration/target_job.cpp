@@ -11,9 +11,6 @@ using nlohmann::json;
 using namespace std::chrono_literals;
 
 namespace {
-constexpr auto kQmpTimeout = 10s;
-constexpr auto kHandshakeTimeout = 30s;
-
 void reply(int fd, const json& j) { (void)transport::send_message(fd, j); }
 void reject(int fd, const std::string& code, const std::string& message) {
   reply(fd, json{{"type", "reject"}, {"code", code}, {"message", message}});
