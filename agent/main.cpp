@@ -95,8 +95,9 @@ int main(int argc, char** argv) {
   raise_memlock();
 
   rdmig::Metrics metrics("agent");
-  rdmig::migration::MigrationManager manager(config, metrics);
-  if (auto st = manager.start_data_plane(); !st) {
+  rdmig::migration::DataPlaneServer data_plane(config, metrics);
+  rdmig::migration::MigrationManager manager(config, metrics, data_plane);
+  if (auto st = data_plane.start(); !st) {
     std::cerr << "rdmig-agent: " << st.error().message << "\n";
     return st.error().code == rdmig::Errc::kFailedPrecondition ? 2 : 1;
   }
@@ -111,16 +112,16 @@ int main(int argc, char** argv) {
   if (!ports_file.empty()) {
     const std::string tmp = ports_file + ".tmp";
     std::ofstream out(tmp);
-    out << "{\"api\":" << server.port() << ",\"dataPlane\":" << manager.data_port() << "}\n";
+    out << "{\"api\":" << server.port() << ",\"dataPlane\":" << data_plane.port() << "}\n";
     out.close();
     std::rename(tmp.c_str(), ports_file.c_str());
   }
   LOG_INFO("agent") << "rdmig-agent ready api=" << config.api.address << ":" << server.port()
-                    << " dataPlane=" << manager.advertise_host() << ":" << manager.data_port()
+                    << " dataPlane=" << data_plane.advertise_host() << ":" << data_plane.port()
                     << " transport=" << rdmig::transport_name(config.transport)
-                    << (manager.rdma().available ? " rdma=" + manager.rdma().device + "@" + manager.rdma().ip + ":" +
-                                                       std::to_string(manager.rdma().port)
-                                                 : " rdma=unavailable (" + manager.rdma().reason + ")");
+                    << (data_plane.rdma().available ? " rdma=" + data_plane.rdma().device + "@" + data_plane.rdma().ip + ":" +
+                                                       std::to_string(data_plane.rdma().port)
+                                                 : " rdma=unavailable (" + data_plane.rdma().reason + ")");
 
   std::thread signal_thread([&] {
     int sig = 0;
@@ -128,6 +129,7 @@ int main(int argc, char** argv) {
     LOG_INFO("agent") << "signal " << sig << ": cancelling migrations and stopping";
     shutting_down = true;
     manager.shutdown(std::chrono::seconds(20));
+    data_plane.stop();
     server.stop();
   });
 

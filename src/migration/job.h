@@ -17,21 +17,13 @@
 #include "config/agent_config.h"
 #include "metrics/metrics.h"
 #include "migration/control_link.h"
+#include "migration/data_plane_server.h"
 #include "migration/pump.h"
 #include "migration/types.h"
 #include "qemu/qmp_client.h"
 #include "transport/channel.h"
 
 namespace rdmig::migration {
-
-// This agent's RDMA capability, found once at start-up.
-struct RdmaSupport {
-  bool available = false;
-  std::string reason;  // why not, when unavailable
-  std::string device;
-  std::string ip;      // rdma_cm listener address (the device's netdev)
-  uint16_t port = 0;
-};
 
 // Bounds on the waits both sides of a migration share.
 inline constexpr std::chrono::seconds kQmpTimeout{10};        // one QMP command
@@ -43,7 +35,7 @@ struct JobContext {
   Metrics& metrics;
   std::string advertise_host;  // this agent's data-plane address for peers
   uint16_t data_port = 0;
-  const RdmaSupport* rdma = nullptr;
+  const RdmaSupport& rdma;
 };
 
 // Receive-direction geometry for QEMU's return path: it carries little, so its ring is small.

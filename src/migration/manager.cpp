@@ -9,7 +9,6 @@
 #include "common/units.h"
 #include "migration/source_job.h"
 #include "migration/target_job.h"
-#include "transport/rdma/device.h"
 #include "transport/wire.h"
 
 namespace rdmig::migration {
@@ -17,75 +16,23 @@ namespace rdmig::migration {
 using nlohmann::json;
 using namespace std::chrono_literals;
 
-std::string choose_advertise_host(const AgentConfig& config) {
-  if (!config.data_plane.advertise_address.empty()) return config.data_plane.advertise_address;
-  if (const char* node_ip = std::getenv("NODE_IP"); node_ip && *node_ip) return node_ip;
-  const auto& a = config.data_plane.address;
-  if (a.empty() || a == "0.0.0.0" || a == "::") return "127.0.0.1";
-  return a;
+MigrationManager::MigrationManager(const AgentConfig& config, Metrics& metrics, DataPlaneServer& server)
+    : config_(config), metrics_(metrics), server_(server) {
+  server_.add_handler("control", [this](UniqueFd fd, const json& hello) { handle_hello(std::move(fd), hello); });
+  server_.add_handler("data", [this](UniqueFd fd, const json& hello) { handle_hello(std::move(fd), hello); });
+  server_.add_rdma_resolver([this](const std::array<uint8_t, 16>& session, uint32_t index) {
+    return rdma_lookup(session, index);
+  });
 }
-
-MigrationManager::MigrationManager(const AgentConfig& config, Metrics& metrics)
-    : config_(config), metrics_(metrics), advertise_host_(choose_advertise_host(config)) {}
 
 MigrationManager::~MigrationManager() {
   stopping_ = true;
-  rdma_listener_.reset();
-  if (listener_.valid()) ::shutdown(listener_.get(), SHUT_RDWR);
-  if (acceptor_.joinable()) acceptor_.join();
   std::map<std::string, std::shared_ptr<Job>> jobs;
   {
     std::lock_guard lock(mu_);
     jobs.swap(jobs_);
   }
   jobs.clear();  // joins each worker
-}
-
-Status MigrationManager::start_data_plane() {
-  auto fd = net::tcp_listen(config_.data_plane.address, config_.data_plane.port);
-  if (!fd) return fd.error().with_context("dataPlane listener");
-  auto port = net::local_port(fd->get());
-  if (!port) return port.error();
-  data_port_ = port.value();
-  listener_ = std::move(fd.value());
-  acceptor_ = std::thread([this] { accept_loop(); });
-  LOG_INFO("dataplane") << "listening on " << config_.data_plane.address << ":" << data_port_
-                        << " advertise=" << advertise_host_;
-  init_rdma();
-  if (config_.transport == TransportKind::kRdma && !rdma_.available) {
-    return Error{Errc::kFailedPrecondition, "config key 'transport': rdma is required but RDMA cannot be used: " + rdma_.reason};
-  }
-  return ok_status();
-}
-
-void MigrationManager::init_rdma() {
-  metrics_.set_rdma_devices(transport::rdma::count_usable_devices());
-  if (config_.transport == TransportKind::kTcp) {
-    rdma_.reason = "transport is tcp in the agent config";
-    return;
-  }
-  auto dev = transport::rdma::select_device(config_.rdma, transport::rdma::process_environment(),
-                                            transport::rdma::SysfsView{});
-  if (!dev) {
-    rdma_.reason = dev.error().message;
-    LOG_INFO("dataplane") << "RDMA not used: " << rdma_.reason;
-    return;
-  }
-  auto listener = transport::rdma::RdmaListener::create(
-      dev->ip, config_.data_plane.rdma_port,
-      [this](const std::array<uint8_t, 16>& session, uint32_t index) { return rdma_lookup(session, index); });
-  if (!listener) {
-    rdma_.reason = "rdma_cm listener on " + dev->ip + ": " + listener.error().message;
-    LOG_WARN("dataplane") << "RDMA not used: " << rdma_.reason;
-    return;
-  }
-  rdma_listener_ = std::move(listener.value());
-  rdma_.available = true;
-  rdma_.device = dev->name;
-  rdma_.ip = dev->ip;
-  rdma_.port = rdma_listener_->port();
-  LOG_INFO("dataplane") << "RDMA device " << dev->name << " (" << dev->netdev << ", chosen by " << dev->how
-                        << ") rdma_cm listening on " << rdma_.ip << ":" << rdma_.port;
 }
 
 Result<transport::rdma::AcceptPlan> MigrationManager::rdma_lookup(const std::array<uint8_t, 16>& session,
@@ -112,30 +59,8 @@ Result<transport::rdma::AcceptPlan> MigrationManager::rdma_lookup(const std::arr
   return Error{Errc::kPermissionDenied, "no migration has this session"};
 }
 
-void MigrationManager::accept_loop() {
-  while (!stopping_.load()) {
-    auto fd = net::accept_for(listener_.get(), 500ms);
-    if (!fd) {
-      if (fd.error().code == Errc::kTimeout) continue;
-      if (!stopping_.load()) {
-        LOG_WARN("dataplane") << "accept: " << fd.error().message;
-      }
-      if (stopping_.load()) return;
-      std::this_thread::sleep_for(100ms);  // e.g. EMFILE: do not spin
-      continue;
-    }
-    handle_connection(std::move(fd.value()));
-  }
-}
-
-void MigrationManager::handle_connection(UniqueFd fd) {
-  // Each connection says hello first; bounded in size and time by recv_message.
-  auto msg = transport::recv_message(fd.get(), 5s);
-  if (!msg) {
-    LOG_WARN("dataplane") << "dropped a connection without a valid hello: " << msg.error().message;
-    return;
-  }
-  auto hello = transport::Hello::parse(msg.value());
+void MigrationManager::handle_hello(UniqueFd fd, const json& raw) {
+  auto hello = transport::Hello::parse(raw);
   if (!hello) {
     (void)transport::send_message(fd.get(), json{{"type", "reject"}, {"code", "invalid_argument"},
                                                  {"message", hello.error().message}});
@@ -212,7 +137,7 @@ Result<json> MigrationManager::create(MigrationSpec spec) {
   if (spec.vm.empty()) spec.vm = spec.id;
   lock.unlock();  // QMP checks below can take seconds; do not block GETs
 
-  JobContext ctx{config_, metrics_, advertise_host_, data_port_, &rdma_};
+  JobContext ctx{config_, metrics_, server_.advertise_host(), server_.port(), server_.rdma()};
   json body;
   std::shared_ptr<Job> job;
   if (spec.role == Role::kTarget) {
@@ -220,8 +145,8 @@ Result<json> MigrationManager::create(MigrationSpec spec) {
     if (!t) return t.error();
     body = json{{"id", spec.id},
                 {"role", "target"},
-                {"endpoint", advertise_host_ + ":" + std::to_string(data_port_)},
-                {"dataPlane", {{"host", advertise_host_}, {"port", data_port_}}},
+                {"endpoint", server_.advertise_host() + ":" + std::to_string(server_.port())},
+                {"dataPlane", {{"host", server_.advertise_host()}, {"port", server_.port()}}},
                 {"migrationId", spec.id},
                 {"token", t.value()->token()}};
     job = std::shared_ptr<Job>(std::move(t.value()));
@@ -289,8 +214,6 @@ void MigrationManager::shutdown(std::chrono::milliseconds grace) {
       LOG_WARN("agent") << "migration=" << j->id() << " still running at shutdown";
     }
   }
-  if (listener_.valid()) ::shutdown(listener_.get(), SHUT_RDWR);
-  if (acceptor_.joinable()) acceptor_.join();
 }
 
 }  // namespace rdmig::migration

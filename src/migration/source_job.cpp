@@ -5,6 +5,7 @@
 
 #include "common/log.h"
 #include "common/net.h"
+#include "migration/handshake.h"
 #include "transport/rdma/rdma_channel.h"
 #include "transport/tcp/tcp_channel.h"
 #include "transport/wire.h"
@@ -72,15 +73,12 @@ void SourceJob::start() {
 
 Status SourceJob::connect_data_plane() {
   // What to offer: RDMA when this agent has a device (required when the spec says rdma).
-  const RdmaSupport* rdma = ctx_.rdma;
-  const bool local_rdma = rdma && rdma->available;
+  auto offer = offer_transport(spec_.transport, ctx_.rdma);
+  if (!offer) return offer.error();
+  const bool local_rdma = ctx_.rdma.available;
   transport::Hello hello;
-  if (spec_.transport == TransportKind::kRdma && !local_rdma) {
-    return Error{Errc::kFailedPrecondition, "transport: rdma was requested but this agent has no usable RDMA device (" +
-                                                (rdma ? rdma->reason : std::string("RDMA disabled")) + ")"};
-  }
-  hello.transport = (spec_.transport != TransportKind::kTcp && local_rdma) ? "rdma" : "tcp";
-  hello.transport_required = spec_.transport != TransportKind::kAuto;
+  hello.transport = wire_name(offer->transport);
+  hello.transport_required = offer->required;
 
   const net::Endpoint ep{spec_.target.host, spec_.target.port};
   auto fd = net::tcp_connect(ep, 10s);

@@ -3,6 +3,7 @@
 #include "common/log.h"
 #include "common/net.h"
 #include "common/units.h"
+#include "migration/handshake.h"
 #include "transport/tcp/tcp_channel.h"
 
 namespace rdmig::migration {
@@ -90,30 +91,17 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello) {
     mismatch = "hello.ringDepth: source " + std::to_string(hello.ring_depth) + ", target " +
                std::to_string(spec_.ring_depth);
   }
-  // Transport: RDMA when both ends can and neither insists on TCP.
-  const bool local_rdma = ctx_.rdma && ctx_.rdma->available;
   std::string chosen, reason;
   if (mismatch.empty()) {
-    if (hello.transport == "rdma") {
-      if (local_rdma && spec_.transport != TransportKind::kTcp) {
-        chosen = "rdma";
-        reason = hello.transport_required || spec_.transport == TransportKind::kRdma ? "requested" : "auto-both-rdma";
-      } else if (hello.transport_required) {
-        mismatch = "hello.transport: the source requires rdma but " +
-                   (local_rdma ? std::string("this target was asked for tcp")
-                               : "the target agent has no usable RDMA device (" +
-                                     (ctx_.rdma ? ctx_.rdma->reason : std::string("disabled")) + ")");
-      } else {
-        chosen = "tcp";
-        reason = local_rdma ? "target-requested-tcp" : "auto-no-peer-rdma";
-      }
+    auto offered = parse_wire_transport(hello.transport, "hello.transport");
+    auto choice = offered ? choose_transport(TransportOffer{offered.value(), hello.transport_required},
+                                             spec_.transport, ctx_.rdma)
+                          : Result<TransportChoice>(offered.error());
+    if (choice) {
+      chosen = wire_name(choice->transport);
+      reason = choice->reason;
     } else {
-      if (spec_.transport == TransportKind::kRdma) {
-        mismatch = "hello.transport: the target requires rdma, the source offered tcp";
-      } else {
-        chosen = "tcp";
-        reason = hello.transport_required ? "requested" : "auto-no-source-rdma";
-      }
+      mismatch = choice.error().message;
     }
   }
   if (!mismatch.empty()) {
@@ -125,7 +113,7 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello) {
   transport_ = chosen;
   transport_reason_ = reason;
   json welcome{{"type", "welcome"}, {"session", session_}, {"transport", transport_}, {"transportReason", reason}};
-  if (transport_ == "rdma") welcome["rdmaEndpoint"] = ctx_.rdma->ip + ":" + std::to_string(ctx_.rdma->port);
+  if (transport_ == "rdma") welcome["rdmaEndpoint"] = ctx_.rdma.ip + ":" + std::to_string(ctx_.rdma.port);
   reply(fd.get(), welcome);
   control_fd_ = std::move(fd);
   conn_cv_.notify_all();

@@ -1,0 +1,96 @@
+// The agent's data-plane server: one TCP listener for every agent-to-agent connection and
+// the RDMA (rdma_cm) listener. It knows nothing about jobs: each connection says hello
+// first, and the server hands it to the handler registered for the hello's `kind` (a
+// bare-QEMU job registry, the KubeVirt flow relay, ...). RDMA connect requests go to the
+// registered resolvers, which recognise their own sessions.
+//
+// Threads: one acceptor; each accepted connection reads its hello on a short-lived thread
+// of its own (at most kMaxPendingHellos at once), so silent, slow or garbage clients delay
+// nobody else. A connection without a valid hello within kHelloTimeout is closed. stop()
+// (or the destructor) stops accepting and joins everything.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/fd.h"
+#include "config/agent_config.h"
+#include "metrics/metrics.h"
+#include "transport/rdma/rdma_listener.h"
+
+namespace rdmig::migration {
+
+// This agent's RDMA capability, found once at start-up.
+struct RdmaSupport {
+  bool available = false;
+  std::string reason;  // why not, when unavailable
+  std::string device;
+  std::string ip;      // rdma_cm listener address (the device's netdev)
+  uint16_t port = 0;
+};
+
+inline constexpr std::chrono::seconds kHelloTimeout{5};
+inline constexpr size_t kMaxPendingHellos = 64;
+
+class DataPlaneServer {
+ public:
+  // Takes over a connection whose hello (already read, a JSON object with a string `kind`)
+  // is `hello`; replies on it (welcome or reject) itself. Runs on the hello's thread.
+  using HelloHandler = std::function<void(UniqueFd fd, const nlohmann::json& hello)>;
+  // Recognises an RDMA session or answers kPermissionDenied ("not mine").
+  using RdmaResolver =
+      std::function<Result<transport::rdma::AcceptPlan>(const std::array<uint8_t, 16>& session, uint32_t index)>;
+
+  DataPlaneServer(const AgentConfig& config, Metrics& metrics);
+  ~DataPlaneServer();
+  DataPlaneServer(const DataPlaneServer&) = delete;
+  DataPlaneServer& operator=(const DataPlaneServer&) = delete;
+
+  // Register before start().
+  void add_handler(const std::string& kind, HelloHandler handler);
+  void add_rdma_resolver(RdmaResolver resolver);
+
+  // Binds the data-plane port (0 = any) and starts accepting; finds the RDMA device and
+  // starts the rdma_cm listener unless the transport is tcp.
+  Status start();
+  void stop();
+
+  uint16_t port() const { return port_; }
+  const RdmaSupport& rdma() const { return rdma_; }
+  const std::string& advertise_host() const { return advertise_host_; }
+
+ private:
+  void accept_loop();
+  void handle(UniqueFd fd);
+  void init_rdma();
+  Result<transport::rdma::AcceptPlan> resolve_rdma(const std::array<uint8_t, 16>& session, uint32_t index);
+
+  const AgentConfig& config_;
+  Metrics& metrics_;
+  std::string advertise_host_;
+  uint16_t port_ = 0;
+  RdmaSupport rdma_;
+  std::map<std::string, HelloHandler> handlers_;
+  std::vector<RdmaResolver> resolvers_;
+
+  UniqueFd listener_;
+  std::atomic<bool> stopping_{false};
+  std::mutex pending_mu_;
+  std::condition_variable pending_cv_;
+  size_t pending_ = 0;  // hello threads running (detached; counted so stop() can wait)
+  std::thread acceptor_;
+  std::unique_ptr<transport::rdma::RdmaListener> rdma_listener_;  // stopped first
+};
+
+// Chooses the address peers should dial: config, then $NODE_IP, then the listen address.
+std::string choose_advertise_host(const AgentConfig& config);
+
+}  // namespace rdmig::migration

@@ -1,0 +1,49 @@
+#include "migration/handshake.h"
+
+namespace rdmig::migration {
+
+const char* wire_name(TransportKind kind) { return kind == TransportKind::kRdma ? "rdma" : "tcp"; }
+
+Result<TransportKind> parse_wire_transport(const std::string& text, const std::string& field) {
+  if (text == "rdma") return TransportKind::kRdma;
+  if (text == "tcp") return TransportKind::kTcp;
+  return Error{Errc::kInvalidArgument, field + ": must be tcp or rdma, got '" + text + "'"};
+}
+
+Result<TransportOffer> offer_transport(TransportKind requested, const RdmaSupport& rdma) {
+  if (requested == TransportKind::kRdma && !rdma.available) {
+    return Error{Errc::kFailedPrecondition,
+                 "transport: rdma was requested but this agent has no usable RDMA device (" + rdma.reason + ")"};
+  }
+  TransportOffer offer;
+  offer.transport = (requested != TransportKind::kTcp && rdma.available) ? TransportKind::kRdma : TransportKind::kTcp;
+  offer.required = requested != TransportKind::kAuto;
+  return offer;
+}
+
+Result<TransportChoice> choose_transport(const TransportOffer& offer, TransportKind requested,
+                                         const RdmaSupport& rdma) {
+  TransportChoice choice;
+  if (offer.transport == TransportKind::kRdma) {
+    if (rdma.available && requested != TransportKind::kTcp) {
+      choice.transport = TransportKind::kRdma;
+      choice.reason = offer.required || requested == TransportKind::kRdma ? "requested" : "auto-both-rdma";
+      return choice;
+    }
+    if (offer.required) {
+      return Error{Errc::kInvalidArgument,
+                   "hello.transport: the source requires rdma but " +
+                       (rdma.available ? std::string("this target was asked for tcp")
+                                       : "the target agent has no usable RDMA device (" + rdma.reason + ")")};
+    }
+    choice.reason = rdma.available ? "target-requested-tcp" : "auto-no-peer-rdma";
+    return choice;
+  }
+  if (requested == TransportKind::kRdma) {
+    return Error{Errc::kInvalidArgument, "hello.transport: the target requires rdma, the source offered tcp"};
+  }
+  choice.reason = offer.required ? "requested" : "auto-no-source-rdma";
+  return choice;
+}
+
+}  // namespace rdmig::migration
