@@ -20,6 +20,8 @@
 #include "common/text.h"
 #include "config/agent_config.h"
 #include "metrics/metrics.h"
+#include "kubevirt/hook_server.h"
+#include "kubevirt/relay.h"
 #include "migration/manager.h"
 
 namespace {
@@ -97,11 +99,31 @@ int main(int argc, char** argv) {
   rdmig::Metrics metrics("agent");
   rdmig::migration::DataPlaneServer data_plane(config, metrics);
   rdmig::migration::MigrationManager manager(config, metrics, data_plane);
+  // KubeVirt mode: carries KubeVirt's own migration connections (docs/kubevirt.md).
+  std::unique_ptr<rdmig::kubevirt::KubevirtRelay> kubevirt;
+  std::unique_ptr<rdmig::kubevirt::HookServer> hook;
+  if (config.kubevirt.enabled) {
+    kubevirt = std::make_unique<rdmig::kubevirt::KubevirtRelay>(config, metrics, data_plane, token);
+  }
   if (auto st = data_plane.start(); !st) {
     std::cerr << "rdmig-agent: " << st.error().message << "\n";
     return st.error().code == rdmig::Errc::kFailedPrecondition ? 2 : 1;
   }
-  rdmig::api::RestServer server(config, token, manager, metrics);
+  if (kubevirt) {
+    if (auto st = kubevirt->start(); !st) {
+      std::cerr << "rdmig-agent: " << st.error().message << "\n";
+      return 2;
+    }
+    if (!config.kubevirt.hook_socket.empty()) {
+      auto h = rdmig::kubevirt::start_hook_server(config.kubevirt.hook_socket, *kubevirt);
+      if (!h) {
+        std::cerr << "rdmig-agent: config key 'kubevirt.hookSocket': " << h.error().message << "\n";
+        return 2;
+      }
+      hook = std::move(h.value());
+    }
+  }
+  rdmig::api::RestServer server(config, token, manager, kubevirt.get(), metrics);
   if (auto st = server.bind(); !st) {
     std::cerr << "rdmig-agent: " << st.error().message << "\n";
     return 1;
@@ -129,6 +151,8 @@ int main(int argc, char** argv) {
     LOG_INFO("agent") << "signal " << sig << ": cancelling migrations and stopping";
     shutting_down = true;
     manager.shutdown(std::chrono::seconds(20));
+    hook.reset();
+    if (kubevirt) kubevirt->stop();  // removes the redirects: KubeVirt's own path from now on
     data_plane.stop();
     server.stop();
   });

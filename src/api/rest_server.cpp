@@ -24,10 +24,11 @@ void send_error(httplib::Response& res, const Error& e) {
 }  // namespace
 
 RestServer::RestServer(const AgentConfig& config, std::string token, migration::MigrationManager& manager,
-                       Metrics& metrics)
+                       kubevirt::KubevirtRelay* kubevirt, Metrics& metrics)
     : config_(config),
       token_(std::move(token)),
       manager_(manager),
+      kubevirt_(kubevirt),
       metrics_(metrics),
       server_(std::make_unique<httplib::Server>()) {
   routes();
@@ -113,6 +114,23 @@ void RestServer::routes() {
     auto st = manager_.cancel(req.matches[1]);
     if (!st) return send_error(res, st.error());
     send_json(res, 202, migration::to_json(st.value()));
+  });
+
+  // KubeVirt migrations this agent saw (carried or not), filtered by KubeVirt migration UID
+  // or VMI. 404 when KubeVirt mode is off.
+  s.Get("/v1/kubevirt/migrations", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!kubevirt_) return send_error(res, Error{Errc::kNotFound, "KubeVirt mode is off on this agent (kubevirt.enabled)"});
+    kubevirt::RecordFilter f;
+    for (const auto& [name, target] : {std::pair<const char*, std::string*>{"migrationUid", &f.migration_uid},
+                                       {"namespace", &f.namespace_},
+                                       {"name", &f.name}}) {
+      const std::string v = req.get_param_value(name);
+      if (v.size() > 253) return send_error(res, Error{Errc::kInvalidArgument, std::string(name) + ": longer than 253"});
+      *target = v;
+    }
+    json items = json::array();
+    for (const auto& r : kubevirt_->list(f)) items.push_back(kubevirt::to_json(r));
+    send_json(res, 200, json{{"items", items}});
   });
 
   s.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {

@@ -11,6 +11,7 @@
 #include "common/result.h"
 #include "config/agent_config.h"
 #include "metrics/metrics.h"
+#include "kubevirt/relay.h"
 #include "migration/manager.h"
 
 namespace httplib {
@@ -21,8 +22,9 @@ namespace rdmig::api {
 
 class RestServer {
  public:
+  // `kubevirt` is null when KubeVirt mode is off.
   RestServer(const AgentConfig& config, std::string token, migration::MigrationManager& manager,
-             Metrics& metrics);
+             kubevirt::KubevirtRelay* kubevirt, Metrics& metrics);
   ~RestServer();
   RestServer(const RestServer&) = delete;
   RestServer& operator=(const RestServer&) = delete;
@@ -41,6 +43,7 @@ class RestServer {
   const AgentConfig& config_;
   std::string token_;
   migration::MigrationManager& manager_;
+  kubevirt::KubevirtRelay* kubevirt_;
   Metrics& metrics_;
   std::function<bool()> ready_;
   std::unique_ptr<httplib::Server> server_;

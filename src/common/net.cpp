@@ -61,6 +61,11 @@ Result<UniqueFd> tcp_listen(const std::string& host, uint16_t port, int backlog)
 }
 
 Result<UniqueFd> tcp_connect(const Endpoint& ep, std::chrono::milliseconds timeout) {
+  return tcp_connect(ep, timeout, nullptr);
+}
+
+Result<UniqueFd> tcp_connect(const Endpoint& ep, std::chrono::milliseconds timeout,
+                             const std::function<Status(int fd)>& prepare) {
   auto res = resolve(ep.host, ep.port, false);
   if (!res) return res.error();
   addrinfo* ai = res.value();
@@ -68,6 +73,12 @@ Result<UniqueFd> tcp_connect(const Endpoint& ep, std::chrono::milliseconds timeo
   if (!fd.valid()) {
     ::freeaddrinfo(ai);
     return errno_error("socket", errno);
+  }
+  if (prepare) {
+    if (auto st = prepare(fd.get()); !st) {
+      ::freeaddrinfo(ai);
+      return st.error();
+    }
   }
   int rc = ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen);
   const int err = errno;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 
@@ -24,6 +25,9 @@ struct Endpoint {
 
 Result<UniqueFd> tcp_listen(const std::string& host, uint16_t port, int backlog = 64);
 Result<UniqueFd> tcp_connect(const Endpoint& ep, std::chrono::milliseconds timeout);
+// The same, calling `prepare` on the socket before connect (marks, bind to a device...).
+Result<UniqueFd> tcp_connect(const Endpoint& ep, std::chrono::milliseconds timeout,
+                             const std::function<Status(int fd)>& prepare);
 Result<uint16_t> local_port(int fd);
 // Sets TCP_NODELAY and large socket buffers for bulk data.
 void tune_tcp_for_bulk(int fd);

@@ -33,9 +33,70 @@ namespace {
 
 using namespace yaml_reader;
 
+Status read_string_list(const YAML::Node& parent, const std::string& prefix, const char* key,
+                        std::vector<std::string>& out, size_t max_items) {
+  const auto n = parent[key];
+  if (!n) return ok_status();
+  const std::string name = join(prefix, key);
+  if (!n.IsSequence()) return bad(name, "expected a list");
+  if (n.size() > max_items) return bad(name, "at most " + std::to_string(max_items) + " entries");
+  out.clear();
+  for (const auto& item : n) {
+    if (!item.IsScalar()) return bad(name, "expected a list of strings");
+    out.push_back(item.as<std::string>());
+  }
+  return ok_status();
+}
+
+Status parse_kubevirt(const YAML::Node& k, KubevirtConfig& c) {
+  RDMIG_TRY(check_keys(k, "kubevirt",
+                       {"enabled", "hookSocket", "nodeName", "handlerProcess", "launcherProgram", "libvirtSockets",
+                        "ruleTimeoutSeconds", "sessionIdleSeconds", "probeIntervalSeconds", "staticMode", "peers"}));
+  RDMIG_TRY(read_bool(k, "kubevirt", "enabled", c.enabled));
+  RDMIG_TRY(read_string(k, "kubevirt", "hookSocket", c.hook_socket));
+  if (!c.hook_socket.empty() && (c.hook_socket.front() != '/' || c.hook_socket.size() > 100)) {
+    return bad("kubevirt.hookSocket", "must be an absolute path of at most 100 characters (or empty: no hook)");
+  }
+  RDMIG_TRY(read_string(k, "kubevirt", "nodeName", c.node_name));
+  RDMIG_TRY(read_string(k, "kubevirt", "handlerProcess", c.handler_process));
+  if (c.handler_process.empty() || c.handler_process.size() > 15) {
+    return bad("kubevirt.handlerProcess", "must be a process name of 1..15 characters (/proc/<pid>/comm)");
+  }
+  RDMIG_TRY(read_string(k, "kubevirt", "launcherProgram", c.launcher_program));
+  RDMIG_TRY(read_string_list(k, "kubevirt", "libvirtSockets", c.libvirt_sockets, 8));
+  for (const auto& s : c.libvirt_sockets) {
+    if (s.empty() || s.front() != '/' || s.size() > 80) {
+      return bad("kubevirt.libvirtSockets", "entries must be absolute paths of at most 80 characters");
+    }
+  }
+  RDMIG_TRY(read_uint(k, "kubevirt", "ruleTimeoutSeconds", c.rule_timeout_seconds, 3, 3600));
+  RDMIG_TRY(read_uint(k, "kubevirt", "sessionIdleSeconds", c.session_idle_seconds, 1, 600));
+  RDMIG_TRY(read_uint(k, "kubevirt", "probeIntervalSeconds", c.probe_interval_seconds, 1, 3600));
+  RDMIG_TRY(read_bool(k, "kubevirt", "staticMode", c.static_mode));
+  if (const auto peers = k["peers"]) {
+    if (!peers.IsSequence()) return bad("kubevirt.peers", "expected a list of {node, agent, handlerAddresses}");
+    if (peers.size() > 4096) return bad("kubevirt.peers", "at most 4096 peers");
+    c.peers.clear();
+    for (size_t i = 0; i < peers.size(); ++i) {
+      const std::string prefix = "kubevirt.peers[" + std::to_string(i) + "]";
+      const auto p = peers[i];
+      if (!p.IsMap()) return bad(prefix, "expected {node, agent, handlerAddresses}");
+      RDMIG_TRY(check_keys(p, prefix, {"node", "agent", "handlerAddresses"}));
+      KubevirtPeer peer;
+      RDMIG_TRY(read_string(p, prefix, "node", peer.node));
+      RDMIG_TRY(read_string(p, prefix, "agent", peer.agent));
+      RDMIG_TRY(read_string_list(p, prefix, "handlerAddresses", peer.handler_addresses, 16));
+      if (peer.node.empty()) return bad(prefix + ".node", "required");
+      if (peer.agent.empty()) return bad(prefix + ".agent", "required (host:port of the peer's data plane)");
+      c.peers.push_back(std::move(peer));
+    }
+  }
+  return ok_status();
+}
+
 Status parse_into(const YAML::Node& root, AgentConfig& c) {
   RDMIG_TRY(check_keys(root, "", {"api", "dataPlane", "transport", "migration", "rdma",
-                                  "stateDir", "logLevel"}));
+                                  "stateDir", "logLevel", "kubevirt"}));
   if (const auto api = root["api"]) {
     RDMIG_TRY(check_keys(api, "api", {"address", "port", "tokenFile", "maxBodyBytes"}));
     RDMIG_TRY(read_string(api, "api", "address", c.api.address));
@@ -83,6 +144,7 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
     RDMIG_TRY(read_string(r, "rdma", "netdev", c.rdma.netdev));
     RDMIG_TRY(read_string(r, "rdma", "resourceEnv", c.rdma.resource_env));
   }
+  if (const auto k = root["kubevirt"]) RDMIG_TRY(parse_kubevirt(k, c.kubevirt));
   RDMIG_TRY(read_string(root, "", "stateDir", c.state_dir));
   if (c.state_dir.empty() || c.state_dir.front() != '/') {
     return bad("stateDir", "must be an absolute path, got '" + c.state_dir + "'");

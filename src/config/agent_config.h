@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/result.h"
 
@@ -47,12 +48,37 @@ struct RdmaConfig {
   std::string resource_env;  // e.g. PCIDEVICE_NVIDIA_COM_MLNX_SRIOV_RDMA
 };
 
+// A peer agent for KubeVirt mode: which node it runs on, where its data plane listens, and
+// (static mode) the addresses of that node's virt-handler pod.
+struct KubevirtPeer {
+  std::string node;
+  std::string agent;                          // host:port of its data plane
+  std::vector<std::string> handler_addresses;  // static mode: redirect connections to these
+};
+
+// KubeVirt mode: rdmig carries KubeVirt's own migration connections (docs/kubevirt.md).
+struct KubevirtConfig {
+  bool enabled = false;
+  std::string hook_socket = "/var/run/rdmig/hooks/rdmig.sock";  // gRPC node hook (Plugin)
+  std::string node_name;                       // empty: $NODE_NAME
+  std::string handler_process = "virt-handler";  // /proc/<pid>/comm of KubeVirt's node agent
+  std::string launcher_program = "virt-launcher";  // argv[0] prefix of the launcher (--uid <vmi uid>)
+  // libvirt sockets inside the launcher's root, tried in order (virtqemud, then libvirtd).
+  std::vector<std::string> libvirt_sockets = {"/var/run/libvirt/virtqemud-sock", "/var/run/libvirt/libvirt-sock"};
+  uint32_t rule_timeout_seconds = 30;   // redirect elements expire this long after the agent stops refreshing
+  uint32_t session_idle_seconds = 2;    // a carried migration ends this long after its last connection closed
+  uint32_t probe_interval_seconds = 5;  // unhealthy peers are probed this often
+  bool static_mode = false;             // redirect to peers' handler addresses without the hook
+  std::vector<KubevirtPeer> peers;
+};
+
 struct AgentConfig {
   ApiConfig api;
   DataPlaneConfig data_plane;
   TransportKind transport = TransportKind::kAuto;
   MigrationDefaults migration;
   RdmaConfig rdma;
+  KubevirtConfig kubevirt;
   std::string state_dir = "/var/run/rdmig";
   std::string log_level = "info";
 };

@@ -11,8 +11,8 @@ namespace rdmig::migration {
 ChannelPump::ChannelPump(transport::Channel& channel, UniqueFd qemu_fd)
     : channel_(channel), qemu_fd_(std::move(qemu_fd)), qemu_ready_(true) {}
 
-ChannelPump::ChannelPump(transport::Channel& channel, Opener open_qemu)
-    : channel_(channel), opener_(std::move(open_qemu)) {}
+ChannelPump::ChannelPump(transport::Channel& channel, Opener open_qemu, bool open_first)
+    : channel_(channel), opener_(std::move(open_qemu)), open_first_(open_first) {}
 
 ChannelPump::~ChannelPump() {
   if (!finished()) abort(Error{Errc::kCancelled, "pump stopped"});
@@ -52,10 +52,14 @@ void ChannelPump::record_error(const Error& e) {
   if (first) abort(e);
 }
 
-void ChannelPump::abort(const Error& reason) {
+void ChannelPump::abort(const Error& reason, bool reset) {
   {
     std::lock_guard lock(mu_);
     aborted_ = true;
+    if (qemu_fd_.valid() && reset) {
+      linger l{1, 0};
+      (void)::setsockopt(qemu_fd_.get(), SOL_SOCKET, SO_LINGER, &l, sizeof l);
+    }
     if (qemu_fd_.valid()) ::shutdown(qemu_fd_.get(), SHUT_RDWR);
   }
   cv_.notify_all();
@@ -144,32 +148,38 @@ void ChannelPump::up_loop() {
   direction_done();
 }
 
+int ChannelPump::open_local() {
+  std::unique_lock lock(mu_);
+  if (!qemu_ready_) {
+    lock.unlock();
+    auto opened = opener_();
+    lock.lock();
+    if (!opened) {
+      lock.unlock();
+      record_error(opened.error());
+      return -1;
+    }
+    qemu_fd_ = std::move(opened.value());
+    qemu_ready_ = true;
+    cv_.notify_all();
+  }
+  return qemu_fd_.get();
+}
+
 void ChannelPump::down_loop() {
   const std::string where = "channel " + std::to_string(channel_.index()) + " (peer to QEMU)";
   int fd = -1;
+  if (open_first_ && (fd = open_local()) < 0) {
+    direction_done();
+    return;
+  }
   for (;;) {
     auto chunk = channel_.receive();
     if (!chunk) {
       record_error(chunk.error());
       break;
     }
-    if (fd < 0) {
-      std::unique_lock lock(mu_);
-      if (!qemu_ready_) {
-        lock.unlock();
-        auto opened = opener_();
-        lock.lock();
-        if (!opened) {
-          lock.unlock();
-          record_error(opened.error());
-          break;
-        }
-        qemu_fd_ = std::move(opened.value());
-        qemu_ready_ = true;
-        cv_.notify_all();
-      }
-      fd = qemu_fd_.get();
-    }
+    if (fd < 0 && (fd = open_local()) < 0) break;
     if (chunk->eof) {
       ::shutdown(fd, SHUT_WR);  // the peer's QEMU closed its side: pass the eof on
       (void)channel_.release();

@@ -28,8 +28,10 @@ class ChannelPump {
 
   // Source side: QEMU's connection is already there.
   ChannelPump(transport::Channel& channel, UniqueFd qemu_fd);
-  // Target side: `open_qemu` connects to QEMU when the first chunk (or eof) arrives.
-  ChannelPump(transport::Channel& channel, Opener open_qemu);
+  // Target side: `open_qemu` connects to QEMU when the first chunk (or eof) arrives, or at
+  // once when `open_first` (an intercepted flow must reach its destination in order even
+  // if the other side speaks first).
+  ChannelPump(transport::Channel& channel, Opener open_qemu, bool open_first = false);
   ~ChannelPump();
   ChannelPump(const ChannelPump&) = delete;
   ChannelPump& operator=(const ChannelPump&) = delete;
@@ -39,8 +41,9 @@ class ChannelPump {
   bool finished() const;
   // The first error of either direction, if any.
   std::optional<Error> error() const;
-  // Fails both directions (shuts the QEMU socket down, aborts the channel).
-  void abort(const Error& reason);
+  // Fails both directions (shuts the QEMU socket down, aborts the channel). With `reset`,
+  // the local connection is closed with a RST (SO_LINGER 0) so its peer fails at once.
+  void abort(const Error& reason, bool reset = false);
   // Waits up to `timeout` for both directions to end. True when they did.
   bool wait(std::chrono::milliseconds timeout);
 
@@ -55,9 +58,11 @@ class ChannelPump {
   void record_error(const Error& e);
   void direction_done();
   int qemu_fd_wait();  // blocks until the QEMU socket is open; -1 when aborted
+  int open_local();    // runs the opener once; -1 (error recorded) when it fails
 
   transport::Channel& channel_;
   Opener opener_;
+  bool open_first_ = false;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -1,0 +1,53 @@
+// What the agent reports about one KubeVirt migration it saw (GET /v1/kubevirt/migrations):
+// whether it carried it and why (not), and its figures. Both agents keep one; the source's
+// is complete at the end (the target sends it libvirt's figures).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "kubevirt/vmi.h"
+
+namespace rdmig::kubevirt {
+
+// libvirt's completed-job statistics of the incoming domain (virDomainGetJobStats).
+struct LibvirtJobStats {
+  int64_t downtime_ms = -1;
+  int64_t total_time_ms = -1;
+  uint64_t data_total_bytes = 0;
+  std::string domain;
+};
+nlohmann::json to_json(const LibvirtJobStats& s);
+LibvirtJobStats libvirt_stats_from_json(const nlohmann::json& j);
+
+struct FlowRecord {
+  std::string migration_uid;  // KubeVirt's (VMIM uid); static mode: the session id
+  VmiRef vmi;                 // empty in static mode (no hook tells which VMI)
+  std::string role;           // source | target
+  std::string source_node;
+  std::string target_node;
+  std::string mode;           // hook | static
+  bool carried = false;
+  std::string reason;         // why not carried, or why it failed
+  std::string phase;          // Armed | Carrying | Succeeded | Failed | NotCarried
+  std::string transport;
+  std::string transport_reason;
+  std::string peer;           // the other agent
+  uint32_t connections = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  uint64_t chunks_sent = 0;
+  uint64_t chunks_received = 0;
+  double throughput_bytes_per_second = 0;
+  std::optional<LibvirtJobStats> libvirt;
+  int64_t started_at_ms = 0;
+  int64_t finished_at_ms = 0;
+
+  bool terminal() const { return phase == "Succeeded" || phase == "Failed" || phase == "NotCarried"; }
+};
+
+nlohmann::json to_json(const FlowRecord& r);
+
+}  // namespace rdmig::kubevirt

@@ -1,0 +1,133 @@
+#include "kubevirt/flow_session.h"
+
+#include "common/log.h"
+#include "migration/types.h"
+
+namespace rdmig::kubevirt {
+
+using nlohmann::json;
+
+FlowSession::FlowSession(std::string id, FlowRecord record, Metrics& metrics)
+    : id_(std::move(id)), metrics_(metrics), record_(std::move(record)), started_(std::chrono::steady_clock::now()),
+      last_change_(started_) {
+  record_.started_at_ms = migration::wall_clock_ms();
+}
+
+FlowSession::~FlowSession() {
+  close_legs();
+  if (link_) link_->close();
+}
+
+void FlowSession::close_legs() {
+  std::vector<Leg> legs;
+  {
+    std::lock_guard lock(legs_mu_);
+    legs.swap(legs_);
+  }
+  for (auto& l : legs) {
+    if (!l.pump->finished()) l.pump->abort(Error{Errc::kCancelled, "session closed"}, true);
+  }
+  legs.clear();  // joins the pumps' threads, then frees the channels
+}
+
+void FlowSession::add_leg(std::unique_ptr<transport::Channel> channel, std::unique_ptr<migration::ChannelPump> pump) {
+  // Lock order: mu_ before legs_mu_ (record() holds mu_ while it reads the legs).
+  std::lock_guard rlock(mu_);
+  std::lock_guard lock(legs_mu_);
+  legs_.push_back(Leg{std::move(channel), std::move(pump)});
+  last_change_ = std::chrono::steady_clock::now();
+  record_.connections = static_cast<uint32_t>(legs_.size());
+  if (record_.phase == "Armed") record_.phase = "Carrying";
+}
+
+size_t FlowSession::leg_count() const {
+  std::lock_guard lock(legs_mu_);
+  return legs_.size();
+}
+
+void FlowSession::refresh_counters_locked(FlowRecord& r) const {
+  std::lock_guard lock(legs_mu_);
+  uint64_t up = 0, down = 0, cu = 0, cd = 0;
+  for (const auto& l : legs_) {
+    up += l.pump->bytes_up();
+    down += l.pump->bytes_down();
+    cu += l.pump->chunks_up();
+    cd += l.pump->chunks_down();
+  }
+  if (legs_.empty()) return;  // keep the final figures once the legs are gone
+  r.bytes_sent = up;
+  r.bytes_received = down;
+  r.chunks_sent = cu;
+  r.chunks_received = cd;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  if (secs > 0) r.throughput_bytes_per_second = static_cast<double>(up + down) / secs;
+}
+
+FlowRecord FlowSession::record() const {
+  std::lock_guard lock(mu_);
+  FlowRecord r = record_;
+  if (!ended_) refresh_counters_locked(r);
+  return r;
+}
+
+bool FlowSession::ended() const {
+  std::lock_guard lock(mu_);
+  return ended_;
+}
+
+std::optional<Error> FlowSession::leg_error() const {
+  std::lock_guard lock(legs_mu_);
+  for (const auto& l : legs_) {
+    if (auto e = l.pump->error()) return e;
+  }
+  return std::nullopt;
+}
+
+bool FlowSession::idle_for(std::chrono::steady_clock::duration idle) const {
+  std::lock_guard lock(legs_mu_);
+  size_t finished = 0;
+  for (const auto& l : legs_) finished += l.pump->finished() ? 1 : 0;
+  const auto now = std::chrono::steady_clock::now();
+  if (finished != finished_seen_) {
+    finished_seen_ = finished;
+    last_change_ = now;
+  }
+  return !legs_.empty() && finished == legs_.size() && now - last_change_ >= idle;
+}
+
+void FlowSession::fail(const Error& error, bool from_peer) {
+  {
+    std::lock_guard lock(mu_);
+    if (ended_) return;
+    ended_ = true;
+    refresh_counters_locked(record_);
+    record_.phase = "Failed";
+    record_.reason = error.message;
+    record_.finished_at_ms = migration::wall_clock_ms();
+  }
+  LOG_WARN("kubevirt") << "session=" << id_ << " migration=" << record_.migration_uid << " failed: " << error.message;
+  // Reset the local connections first: the proxies and QEMU see the failure at once.
+  {
+    std::lock_guard lock(legs_mu_);
+    for (auto& l : legs_) l.pump->abort(error, true);
+  }
+  if (link_ && !from_peer) (void)link_->send(json{{"type", "abort"}, {"reason", error.message}});
+  wake();
+  close_legs();
+  if (link_) link_->close();
+}
+
+void FlowSession::succeed() {
+  {
+    std::lock_guard lock(mu_);
+    if (ended_) return;
+    refresh_counters_locked(record_);
+    ended_ = true;
+    record_.phase = "Succeeded";
+    record_.finished_at_ms = migration::wall_clock_ms();
+  }
+  wake();
+  close_legs();
+}
+
+}  // namespace rdmig::kubevirt

@@ -1,0 +1,71 @@
+// The part of a carried KubeVirt migration that both agents share: its connections ("legs":
+// one channel and one pump each, in the source's accept order), its control link, its record,
+// and failure. A failure resets every leg at once (RST, SO_LINGER 0) and tells the peer, so
+// libvirt/QEMU fail within seconds and the source keeps the VM.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "kubevirt/flow_record.h"
+#include "metrics/metrics.h"
+#include "migration/control_link.h"
+#include "migration/pump.h"
+#include "transport/channel.h"
+
+namespace rdmig::kubevirt {
+
+class FlowSession {
+ public:
+  virtual ~FlowSession();
+  FlowSession(const FlowSession&) = delete;
+  FlowSession& operator=(const FlowSession&) = delete;
+
+  const std::string& id() const { return id_; }
+  // A snapshot with the counters brought up to date.
+  FlowRecord record() const;
+  bool ended() const;
+  // Idempotent: resets every leg, tells the peer unless `from_peer`, records the reason.
+  void fail(const Error& error, bool from_peer = false);
+  // The first error of any leg, if one failed.
+  std::optional<Error> leg_error() const;
+  // True when every leg has finished and the last one finished more than `idle` ago.
+  bool idle_for(std::chrono::steady_clock::duration idle) const;
+  size_t leg_count() const;
+
+ protected:
+  FlowSession(std::string id, FlowRecord record, Metrics& metrics);
+  void add_leg(std::unique_ptr<transport::Channel> channel, std::unique_ptr<migration::ChannelPump> pump);
+  // Ends the session as Succeeded (counters final); closes the legs.
+  void succeed();
+  void refresh_counters_locked(FlowRecord& r) const;
+  void close_legs();
+  // Wakes whatever of the derived class waits outside the legs (called once the session ended,
+  // before the legs are joined).
+  virtual void wake() {}
+
+  const std::string id_;
+  Metrics& metrics_;
+  std::unique_ptr<migration::ControlLink> link_;  // set by the derived class, closed last
+
+  mutable std::mutex mu_;
+  FlowRecord record_;
+  bool ended_ = false;
+  std::chrono::steady_clock::time_point started_;
+
+ private:
+  struct Leg {
+    std::unique_ptr<transport::Channel> channel;  // declared first: destroyed after its pump
+    std::unique_ptr<migration::ChannelPump> pump;
+  };
+  mutable std::mutex legs_mu_;
+  std::vector<Leg> legs_;
+  mutable size_t finished_seen_ = 0;
+  mutable std::chrono::steady_clock::time_point last_change_;
+};
+
+}  // namespace rdmig::kubevirt

@@ -1,0 +1,43 @@
+// Interception inside one virt-handler network namespace: a listener on 127.0.0.1 (and
+// [::1]) that only that namespace can reach, and rdmig's nftables table redirecting the
+// proxy's connections to it. One thread accepts and hands each connection, with its original
+// destination, to `on_connection` in accept order (the order the proxy dialled).
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <thread>
+
+#include "kubevirt/netns.h"
+#include "kubevirt/nft_rules.h"
+
+namespace rdmig::kubevirt {
+
+class InterceptPoint {
+ public:
+  using OnConnection = std::function<void(UniqueFd fd, const net::Endpoint& original_destination, const NetNs& ns)>;
+
+  static Result<std::unique_ptr<InterceptPoint>> create(std::shared_ptr<NetNs> ns, OnConnection on_connection);
+  ~InterceptPoint();  // stops accepting and removes the table
+  InterceptPoint(const InterceptPoint&) = delete;
+  InterceptPoint& operator=(const InterceptPoint&) = delete;
+
+  const NetNs& ns() const { return *ns_; }
+  std::shared_ptr<NetNs> ns_ptr() const { return ns_; }
+  const NftRules& rules() const { return rules_; }
+
+ private:
+  InterceptPoint(std::shared_ptr<NetNs> ns, UniqueFd l4, UniqueFd l6, NftRules rules, OnConnection cb);
+  void loop();
+
+  std::shared_ptr<NetNs> ns_;
+  UniqueFd listen4_;
+  UniqueFd listen6_;
+  NftRules rules_;
+  OnConnection on_connection_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace rdmig::kubevirt

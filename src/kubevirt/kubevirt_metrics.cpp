@@ -1,0 +1,87 @@
+#include "kubevirt/kubevirt_metrics.h"
+
+namespace rdmig::kubevirt {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+
+KubevirtMetrics::KubevirtMetrics(Metrics& m)
+    : hook_calls_(BuildCounter().Name("rdmig_kubevirt_hook_calls_total")
+                      .Help("PreMigrationSource node-hook calls, by decision (carried, skipped, error)")
+                      .Register(*m.registry())),
+      migrations_(BuildCounter().Name("rdmig_kubevirt_migrations_total")
+                      .Help("KubeVirt migrations seen by this agent, by role and result (Succeeded, Failed, NotCarried)")
+                      .Register(*m.registry())),
+      active_(BuildGauge().Name("rdmig_kubevirt_migrations_active")
+                  .Help("KubeVirt migrations this agent is carrying now").Register(*m.registry())),
+      downtime_(BuildHistogram().Name("rdmig_kubevirt_downtime_seconds")
+                    .Help("libvirt's downtime of carried KubeVirt migrations (read on the target), by transport")
+                    .Register(*m.registry())),
+      vm_bytes_(BuildGauge().Name("rdmig_kubevirt_migration_bytes")
+                    .Help("Bytes carried for the last migration of each VMI, by direction")
+                    .Register(*m.registry())),
+      vm_throughput_(BuildGauge().Name("rdmig_kubevirt_migration_throughput_bytes_per_second")
+                         .Help("Average throughput of the last carried migration of each VMI")
+                         .Register(*m.registry())),
+      vm_downtime_(BuildGauge().Name("rdmig_kubevirt_migration_downtime_seconds")
+                       .Help("libvirt's downtime of the last carried migration of each VMI")
+                       .Register(*m.registry())),
+      vm_total_time_(BuildGauge().Name("rdmig_kubevirt_migration_total_time_seconds")
+                         .Help("libvirt's total time of the last carried migration of each VMI")
+                         .Register(*m.registry())),
+      vm_carried_(BuildGauge().Name("rdmig_kubevirt_migration_carried")
+                      .Help("1 when rdmig carried the last migration of each VMI, 0 when KubeVirt's own path did")
+                      .Register(*m.registry())) {}
+
+void KubevirtMetrics::hook_call(const std::string& decision) { hook_calls_.Add({{"decision", decision}}).Increment(); }
+
+void KubevirtMetrics::set_active(double n) { active_.Add({}).Set(n); }
+
+void KubevirtMetrics::finished(const FlowRecord& r) {
+  std::lock_guard lock(mu_);
+  migrations_.Add({{"role", r.role}, {"result", r.phase}}).Increment();
+  if (r.vmi.name.empty()) return;
+  const std::map<std::string, std::string> vm{{"namespace", r.vmi.namespace_}, {"name", r.vmi.name}, {"role", r.role}};
+  vm_carried_.Add(vm).Set(r.carried && r.phase == "Succeeded" ? 1 : 0);
+  if (!r.carried) return;
+  auto sent = vm;
+  sent["direction"] = "sent";
+  auto received = vm;
+  received["direction"] = "received";
+  vm_bytes_.Add(sent).Set(static_cast<double>(r.bytes_sent));
+  vm_bytes_.Add(received).Set(static_cast<double>(r.bytes_received));
+  vm_throughput_.Add(vm).Set(r.throughput_bytes_per_second);
+  if (r.libvirt && r.libvirt->downtime_ms >= 0) {
+    vm_downtime_.Add(vm).Set(static_cast<double>(r.libvirt->downtime_ms) / 1000.0);
+    if (r.role == "target") {
+      downtime_.Add({{"transport", r.transport}}, prometheus::Histogram::BucketBoundaries{
+                                                      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5})
+          .Observe(static_cast<double>(r.libvirt->downtime_ms) / 1000.0);
+    }
+  }
+  if (r.libvirt && r.libvirt->total_time_ms >= 0) {
+    vm_total_time_.Add(vm).Set(static_cast<double>(r.libvirt->total_time_ms) / 1000.0);
+  }
+}
+
+void KubevirtMetrics::forget(const FlowRecord& r) {
+  if (r.vmi.name.empty()) return;
+  std::lock_guard lock(mu_);
+  const std::map<std::string, std::string> vm{{"namespace", r.vmi.namespace_}, {"name", r.vmi.name}, {"role", r.role}};
+  auto drop = [&](prometheus::Family<prometheus::Gauge>& f, const std::map<std::string, std::string>& labels) {
+    if (f.Has(labels)) f.Remove(&f.Add(labels));
+  };
+  auto sent = vm;
+  sent["direction"] = "sent";
+  auto received = vm;
+  received["direction"] = "received";
+  drop(vm_bytes_, sent);
+  drop(vm_bytes_, received);
+  drop(vm_throughput_, vm);
+  drop(vm_downtime_, vm);
+  drop(vm_total_time_, vm);
+  drop(vm_carried_, vm);
+}
+
+}  // namespace rdmig::kubevirt

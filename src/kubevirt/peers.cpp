@@ -1,0 +1,100 @@
+#include "kubevirt/peers.h"
+
+#include "kubevirt/nft_rules.h"
+#include "transport/wire.h"
+
+namespace rdmig::kubevirt {
+
+Result<PeerDirectory> PeerDirectory::from_config(const KubevirtConfig& config) {
+  PeerDirectory d;
+  for (size_t i = 0; i < config.peers.size(); ++i) {
+    const auto& p = config.peers[i];
+    const std::string where = "config key 'kubevirt.peers[" + std::to_string(i) + "]";
+    auto ep = net::parse_endpoint(p.agent, where + ".agent'");
+    if (!ep) return ep.error();
+    for (const auto& a : p.handler_addresses) {
+      auto fam = ip_family(a, where + ".handlerAddresses'");
+      if (!fam) return fam.error();
+    }
+    d.peers_.push_back(Entry{PeerInfo{p.node, ep.value(), true, ""}, p.handler_addresses});
+  }
+  return d;
+}
+
+PeerDirectory::PeerDirectory(const PeerDirectory& other) {
+  std::lock_guard lock(other.mu_);
+  peers_ = other.peers_;
+}
+
+PeerDirectory& PeerDirectory::operator=(const PeerDirectory& other) {
+  if (this == &other) return *this;
+  std::scoped_lock lock(mu_, other.mu_);
+  peers_ = other.peers_;
+  return *this;
+}
+
+std::optional<PeerInfo> PeerDirectory::by_node(const std::string& node) const {
+  std::lock_guard lock(mu_);
+  for (const auto& e : peers_) {
+    if (e.info.node == node) return e.info;
+  }
+  return std::nullopt;
+}
+
+std::optional<PeerInfo> PeerDirectory::by_handler_address(const std::string& ip) const {
+  std::lock_guard lock(mu_);
+  for (const auto& e : peers_) {
+    for (const auto& a : e.handler_addresses) {
+      if (a == ip) return e.info;
+    }
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> PeerDirectory::handler_addresses() const {
+  std::lock_guard lock(mu_);
+  std::vector<std::string> out;
+  for (const auto& e : peers_) out.insert(out.end(), e.handler_addresses.begin(), e.handler_addresses.end());
+  return out;
+}
+
+void PeerDirectory::mark_unhealthy(const std::string& node, const std::string& reason) {
+  std::lock_guard lock(mu_);
+  for (auto& e : peers_) {
+    if (e.info.node == node) {
+      e.info.healthy = false;
+      e.info.unhealthy_reason = reason;
+    }
+  }
+}
+
+void PeerDirectory::mark_healthy(const std::string& node) {
+  std::lock_guard lock(mu_);
+  for (auto& e : peers_) {
+    if (e.info.node == node) {
+      e.info.healthy = true;
+      e.info.unhealthy_reason.clear();
+    }
+  }
+}
+
+std::vector<PeerInfo> PeerDirectory::unhealthy() const {
+  std::lock_guard lock(mu_);
+  std::vector<PeerInfo> out;
+  for (const auto& e : peers_) {
+    if (!e.info.healthy) out.push_back(e.info);
+  }
+  return out;
+}
+
+Status probe_peer(const net::Endpoint& agent, std::chrono::milliseconds timeout) {
+  auto fd = net::tcp_connect(agent, timeout);
+  if (!fd) return fd.error();
+  RDMIG_TRY(transport::send_message(fd->get(), nlohmann::json{{"kind", "probe"}, {"protocol", transport::kProtocolVersion}}));
+  auto reply = transport::recv_message(fd->get(), timeout);
+  if (!reply) return reply.error();
+  if (reply->value("type", "") != "pong") return Error{Errc::kProtocol, "peer answered the probe with no pong"};
+  return ok_status();
+}
+
+}  // namespace rdmig::kubevirt

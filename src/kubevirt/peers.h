@@ -1,0 +1,54 @@
+// The other nodes' agents, as KubeVirt mode needs them: by node name (hook mode: the VMI's
+// targetNode) and by virt-handler address (static mode: the connection's destination), and
+// whether the path to each is healthy. A transport failure marks a peer unhealthy; no new
+// migration is intercepted towards it until a probe (a "probe" hello answered by the peer's
+// data plane) succeeds. Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/net.h"
+#include "config/agent_config.h"
+
+namespace rdmig::kubevirt {
+
+struct PeerInfo {
+  std::string node;
+  net::Endpoint agent;
+  bool healthy = true;
+  std::string unhealthy_reason;
+};
+
+class PeerDirectory {
+ public:
+  static Result<PeerDirectory> from_config(const KubevirtConfig& config);
+
+  std::optional<PeerInfo> by_node(const std::string& node) const;
+  std::optional<PeerInfo> by_handler_address(const std::string& ip) const;
+  std::vector<std::string> handler_addresses() const;  // static mode redirect set
+
+  void mark_unhealthy(const std::string& node, const std::string& reason);
+  void mark_healthy(const std::string& node);
+  std::vector<PeerInfo> unhealthy() const;
+
+  PeerDirectory(const PeerDirectory& other);
+  PeerDirectory& operator=(const PeerDirectory& other);
+  PeerDirectory() = default;
+
+ private:
+  struct Entry {
+    PeerInfo info;
+    std::vector<std::string> handler_addresses;
+  };
+  mutable std::mutex mu_;
+  std::vector<Entry> peers_;
+};
+
+// Asks a peer's data plane whether it serves (hello kind "probe"), within `timeout`.
+Status probe_peer(const net::Endpoint& agent, std::chrono::milliseconds timeout);
+
+}  // namespace rdmig::kubevirt

@@ -1,0 +1,117 @@
+// KubeVirt mode of the agent: rdmig as the transport under KubeVirt's own migration.
+//   Source node: the node hook (PreMigrationSource) arms interception for one migration —
+//     redirect rules in the source virt-handler's network namespace, a session with the
+//     target node's agent — and each connection the proxy makes for it is carried as one
+//     channel. In static mode (no hook) connections to peer virt-handlers are carried too.
+//   Target node: sessions from peer agents dial the original destinations from inside the
+//     target virt-handler's namespace, in the source's order, and read libvirt's figures.
+// Owns: the interception points (one per virt-handler namespace), the sessions, the records
+// (REST, metrics), and one maintenance thread that refreshes rule timeouts, ends idle
+// sessions, fails broken ones and probes unhealthy peers. stop() tears everything down.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "kubevirt/intercept.h"
+#include "kubevirt/kubevirt_metrics.h"
+#include "kubevirt/peers.h"
+#include "kubevirt/sessions.h"
+#include "migration/data_plane_server.h"
+
+namespace rdmig::kubevirt {
+
+struct HookDecision {
+  bool carried = false;
+  std::string reason;  // why not, when not carried
+};
+
+struct RecordFilter {
+  std::string migration_uid;
+  std::string namespace_;
+  std::string name;
+};
+
+class KubevirtRelay {
+ public:
+  // Registers the "flow", "flow-data" and "probe" hellos and the RDMA resolver with `server`.
+  KubevirtRelay(const AgentConfig& config, Metrics& metrics, migration::DataPlaneServer& server, std::string token);
+  ~KubevirtRelay();
+  KubevirtRelay(const KubevirtRelay&) = delete;
+  KubevirtRelay& operator=(const KubevirtRelay&) = delete;
+
+  // Peers from the config, static-mode interception, the maintenance thread. Call after the
+  // data-plane server started (sessions need its RDMA support).
+  Status start();
+  void stop();
+
+  // The hook's decision for one VMI; arms interception when it carries. `caller_pid` is the
+  // hook caller's pid (SO_PEERCRED), whose network namespace is intercepted; 0 = unknown.
+  HookDecision pre_migration_source(const nlohmann::json& vmi, const std::string& node, pid_t caller_pid);
+
+  std::vector<FlowRecord> list(const RecordFilter& filter) const;
+  const std::string& node_name() const { return node_; }
+
+ private:
+  void on_connection(UniqueFd fd, const net::Endpoint& dst, const NetNs& ns);
+  void on_flow_hello(UniqueFd fd, const nlohmann::json& hello);
+  void on_flow_data(UniqueFd fd, const nlohmann::json& hello);
+  Result<transport::rdma::AcceptPlan> resolve_rdma(const std::array<uint8_t, 16>& session, uint32_t index);
+  Result<InterceptPoint*> point_for(std::shared_ptr<NetNs> ns);
+  std::shared_ptr<NetNs> handler_netns_owning(const std::string& ip);
+  void pass_through(UniqueFd fd, const net::Endpoint& dst, const NetNs& ns);
+  void record_not_carried(FlowRecord record, const std::string& reason);
+  void remember_locked(const FlowRecord& record);
+  void maintenance_loop();
+  void maintain();
+  void refresh_rules();
+  void setup_static_mode();
+  void run_worker(std::function<void()> fn);
+  void reap_workers();
+
+  const AgentConfig& config_;
+  Metrics& metrics_;
+  migration::DataPlaneServer& server_;
+  SessionContext ctx_;
+  KubevirtMetrics kmetrics_;
+  std::string node_;
+  PeerDirectory peers_;
+
+  mutable std::mutex mu_;
+  std::map<uint64_t, std::unique_ptr<InterceptPoint>> points_;  // by netns inode
+  struct Armed {
+    std::string ip;
+    uint16_t port = 0;
+    std::shared_ptr<SourceSession> session;
+    InterceptPoint* point = nullptr;
+  };
+  std::map<std::string, Armed> armed_;  // "ip|port"
+  std::map<std::string, std::shared_ptr<SourceSession>> static_sessions_;  // by destination ip
+  struct Active {
+    std::shared_ptr<SourceSession> session;
+    std::chrono::steady_clock::time_point armed_at;
+    bool finishing = false;
+  };
+  std::map<std::string, Active> sources_;  // by session id
+  std::map<std::string, std::shared_ptr<TargetSession>> targets_;
+  std::map<std::string, std::shared_ptr<NetNs>> handler_ns_cache_;  // target side, by address
+  std::deque<FlowRecord> history_;
+  struct Worker {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<Worker> workers_;  // finishing sessions, pass-through relays; reaped when done
+  std::chrono::steady_clock::time_point last_refresh_{};
+  std::chrono::steady_clock::time_point last_probe_{};
+
+  std::atomic<bool> stopping_{false};
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  std::thread maintenance_;
+};
+
+}  // namespace rdmig::kubevirt

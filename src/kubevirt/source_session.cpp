@@ -1,0 +1,163 @@
+#include "common/log.h"
+#include "common/units.h"
+#include "kubevirt/sessions.h"
+#include "migration/handshake.h"
+#include "migration/job.h"
+#include "transport/rdma/rdma_channel.h"
+#include "transport/tcp/tcp_channel.h"
+#include "transport/wire.h"
+
+namespace rdmig::kubevirt {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+SourceSession::SourceSession(std::string id, FlowRecord record, const SessionContext& ctx, PeerInfo peer)
+    : FlowSession(std::move(id), std::move(record), ctx.metrics), ctx_(ctx), peer_(std::move(peer)) {}
+
+Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext& ctx, const PeerInfo& peer,
+                                                           FlowRecord record, std::chrono::milliseconds timeout) {
+  auto offer = migration::offer_transport(ctx.config.transport, ctx.rdma);
+  if (!offer) return offer.error();
+  FlowHello hello;
+  hello.session = random_hex(16);
+  hello.mode = record.mode;
+  hello.vmi = record.vmi;
+  hello.migration_uid = record.migration_uid;
+  hello.source_node = record.source_node;
+  hello.target_node = record.target_node;
+  hello.chunk_size = ctx.config.migration.chunk_size;
+  hello.ring_depth = ctx.config.migration.ring_depth;
+  hello.transport = migration::wire_name(offer->transport);
+  hello.transport_required = offer->required;
+
+  const std::string where = "peer agent " + peer.node + " (" + peer.agent.to_string() + ")";
+  auto fd = net::tcp_connect(peer.agent, timeout);
+  if (!fd) return fd.error().with_context(where);
+  RDMIG_TRY(transport::send_message(fd->get(), hello.to_json()));
+  auto challenge = transport::recv_message(fd->get(), timeout);
+  if (!challenge) return challenge.error().with_context(where);
+  if (challenge->value("type", "") != "challenge") {
+    return Error{Errc::kPermissionDenied, where + " refused the session: " + challenge->value("message", std::string("?"))};
+  }
+  auto nonce = transport::get_string(challenge.value(), "nonce", "challenge", 64);
+  if (!nonce) return nonce.error().with_context(where);
+  RDMIG_TRY(transport::send_message(fd->get(), json{{"type", "auth"}, {"mac", flow_mac(ctx.token, nonce.value(), hello.session)}}));
+  auto welcome = transport::recv_message(fd->get(), timeout);
+  if (!welcome) return welcome.error().with_context(where);
+  if (welcome->value("type", "") != "welcome") {
+    ctx.metrics.transport_error(hello.transport, "handshake_rejected");
+    return Error{Errc::kPermissionDenied, where + " refused the session: " + welcome->value("message", std::string("?"))};
+  }
+  auto chosen = transport::get_string(welcome.value(), "transport", "welcome", 16);
+  if (!chosen) return chosen.error().with_context(where);
+  auto kind = migration::parse_wire_transport(chosen.value(), "welcome.transport");
+  if (!kind) return kind.error().with_context(where);
+
+  record.transport = chosen.value();
+  record.transport_reason = welcome->value("transportReason", std::string());
+  record.peer = peer.agent.to_string();
+  record.phase = "Armed";
+  record.carried = true;
+  std::unique_ptr<SourceSession> s(new SourceSession(hello.session, std::move(record), ctx, peer));
+  s->transport_ = chosen.value();
+  if (s->transport_ == "rdma") {
+    auto ep_text = transport::get_string(welcome.value(), "rdmaEndpoint", "welcome", 300);
+    if (!ep_text) return ep_text.error().with_context(where);
+    auto ep = net::parse_endpoint(ep_text.value(), "welcome.rdmaEndpoint");
+    if (!ep) return ep.error();
+    s->rdma_endpoint_ = ep.value();
+  }
+  ctx.metrics.transport_selected(s->transport_, s->record_.transport_reason);
+  s->link_ = std::make_unique<migration::ControlLink>(std::move(fd.value()));
+  return s;
+}
+
+Result<std::unique_ptr<transport::Channel>> SourceSession::connect_channel(uint32_t index) {
+  auto& tm = ctx_.metrics.transport(transport_);
+  const auto chunk = static_cast<uint32_t>(ctx_.config.migration.chunk_size);
+  const uint32_t depth = ctx_.config.migration.ring_depth;
+  if (transport_ == "rdma") {
+    auto key = transport::rdma::session_from_hex(id_);
+    if (!key) return key.error();
+    transport::rdma::RdmaChannelParams p{index, chunk, depth, migration::return_path_chunk(chunk),
+                                         migration::return_path_depth(depth)};
+    auto ch = transport::rdma::RdmaChannel::connect(rdma_endpoint_, key.value(), p, tm, 10s);
+    if (!ch) {
+      ctx_.metrics.transport_error("rdma", "connect");
+      return ch.error();
+    }
+    return std::unique_ptr<transport::Channel>(std::move(ch.value()));
+  }
+  auto fd = net::tcp_connect(peer_.agent, 5s);
+  if (!fd) return fd.error();
+  RDMIG_TRY(transport::send_message(fd->get(), json{{"kind", "flow-data"},
+                                                   {"protocol", transport::kProtocolVersion},
+                                                   {"session", id_},
+                                                   {"index", index}}));
+  auto r = transport::recv_message(fd->get(), 5s);
+  if (!r) return r.error();
+  if (r->value("type", "") != "welcome") {
+    return Error{Errc::kProtocol, "channel " + std::to_string(index) + " refused: " + r->value("message", std::string("?"))};
+  }
+  return std::unique_ptr<transport::Channel>(transport::TcpChannel::create(std::move(fd.value()), index, chunk, depth, tm));
+}
+
+Status SourceSession::add_connection(UniqueFd fd, const net::Endpoint& destination) {
+  // Whatever fails before the pump owns the connection: the proxy sees a RST, not a clean close.
+  auto refuse = [&](Error e) {
+    arm_reset(fd.get());
+    return e;
+  };
+  if (ended()) return refuse(Error{Errc::kFailedPrecondition, "session " + id_ + " has ended"});
+  const uint32_t index = next_index_++;
+  if (index >= transport::kMaxChannels) {
+    return refuse(Error{Errc::kResourceExhausted, "more than " + std::to_string(transport::kMaxChannels) + " connections"});
+  }
+  if (auto st = link_->send(json{{"type", "open"}, {"index", index}, {"host", destination.host}, {"port", destination.port}});
+      !st) {
+    return refuse(st.error().with_context("session " + id_));
+  }
+  auto ch = connect_channel(index);
+  if (!ch) return refuse(ch.error().with_context("channel " + std::to_string(index) + " to " + peer_.node));
+  auto pump = std::make_unique<migration::ChannelPump>(*ch.value(), std::move(fd));
+  pump->start();
+  add_leg(std::move(ch.value()), std::move(pump));
+  LOG_DEBUG("kubevirt") << "session=" << id_ << " connection " << index << " to " << destination.to_string()
+                        << " carried over " << transport_;
+  return ok_status();
+}
+
+void SourceSession::poll() {
+  if (ended()) return;
+  auto m = link_->next(0ms);
+  if (!m) {
+    fail(Error{Errc::kUnavailable, "target agent on " + peer_.node + " is gone: " + m.error().message}, true);
+    return;
+  }
+  if (m->has_value() && (**m).value("type", "") == "abort") {
+    fail(Error{Errc::kUnavailable, "target agent aborted: " + (**m).value("reason", std::string("?"))}, true);
+  }
+}
+
+void SourceSession::finish() {
+  if (ended()) return;
+  const auto r = record();
+  (void)link_->send(json{{"type", "end"}, {"bytesSent", r.bytes_sent}, {"bytesReceived", r.bytes_received}});
+  auto stats = link_->expect("stats", 20s);
+  if (stats) {
+    auto it = stats->find("libvirt");
+    if (it != stats->end() && it->is_object()) {
+      std::lock_guard lock(mu_);
+      record_.libvirt = libvirt_stats_from_json(*it);
+    } else if (auto why = stats->find("libvirtError"); why != stats->end() && why->is_string()) {
+      LOG_INFO("kubevirt") << "session=" << id_ << " no libvirt figures from the target: " << why->get<std::string>();
+    }
+  } else {
+    LOG_WARN("kubevirt") << "session=" << id_ << " no figures from the target: " << stats.error().message;
+  }
+  succeed();
+  link_->close();
+}
+
+}  // namespace rdmig::kubevirt

@@ -1,0 +1,231 @@
+#include "common/log.h"
+#include "common/units.h"
+#include "kubevirt/sessions.h"
+#include "migration/handshake.h"
+#include "migration/job.h"
+#include "transport/tcp/tcp_channel.h"
+#include "transport/wire.h"
+
+namespace rdmig::kubevirt {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+namespace {
+void reject(int fd, const std::string& code, const std::string& message) {
+  (void)transport::send_message(fd, json{{"type", "reject"}, {"code", code}, {"message", message}});
+}
+}  // namespace
+
+TargetSession::TargetSession(std::string id, FlowRecord record, const SessionContext& ctx, FlowHello hello,
+                             NetnsLocator locate, StatsReader stats)
+    : FlowSession(std::move(id), std::move(record), ctx.metrics), ctx_(ctx), hello_(std::move(hello)),
+      locate_(std::move(locate)), stats_(std::move(stats)) {}
+
+TargetSession::~TargetSession() {
+  {
+    std::lock_guard lock(conn_mu_);
+    stopping_ = true;
+  }
+  conn_cv_.notify_all();
+  if (link_) link_->close();
+  if (reader_.joinable()) reader_.join();
+}
+
+Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContext& ctx, UniqueFd fd,
+                                                             const FlowHello& hello, NetnsLocator locate,
+                                                             StatsReader stats) {
+  const std::string nonce = random_hex(16);
+  RDMIG_TRY(transport::send_message(fd.get(), json{{"type", "challenge"}, {"nonce", nonce}}));
+  auto auth = transport::recv_message(fd.get(), migration::kHelloTimeout);
+  if (!auth) return auth.error().with_context("waiting for the session's auth");
+  auto mac = transport::get_string(auth.value(), "mac", "auth", 64);
+  if (auth->value("type", "") != "auth" || !mac ||
+      !constant_time_equal(mac.value(), flow_mac(ctx.token, nonce, hello.session))) {
+    ctx.metrics.transport_error(hello.transport, "auth");
+    reject(fd.get(), "permission_denied", "the session's proof of the agents' token does not match");
+    return Error{Errc::kPermissionDenied, "a flow session failed the token challenge"};
+  }
+  auto offered = migration::parse_wire_transport(hello.transport, "hello.transport");
+  if (!offered) return offered.error();
+  auto choice = migration::choose_transport(migration::TransportOffer{offered.value(), hello.transport_required},
+                                            ctx.config.transport, ctx.rdma);
+  if (!choice) {
+    reject(fd.get(), "invalid_argument", choice.error().message);
+    return choice.error();
+  }
+  FlowRecord rec;
+  rec.migration_uid = hello.migration_uid;
+  rec.vmi = hello.vmi;
+  rec.role = "target";
+  rec.source_node = hello.source_node;
+  rec.target_node = hello.target_node;
+  rec.mode = hello.mode;
+  rec.carried = true;
+  rec.phase = "Armed";
+  rec.transport = migration::wire_name(choice->transport);
+  rec.transport_reason = choice->reason;
+  std::shared_ptr<TargetSession> s(new TargetSession(hello.session, std::move(rec), ctx, hello, std::move(locate), std::move(stats)));
+  s->transport_ = migration::wire_name(choice->transport);
+  json welcome{{"type", "welcome"}, {"transport", s->transport_}, {"transportReason", choice->reason}};
+  if (s->transport_ == "rdma") welcome["rdmaEndpoint"] = ctx.rdma.ip + ":" + std::to_string(ctx.rdma.port);
+  RDMIG_TRY(transport::send_message(fd.get(), welcome));
+  ctx.metrics.transport_selected(s->transport_, choice->reason);
+  s->link_ = std::make_unique<migration::ControlLink>(std::move(fd));
+  return s;
+}
+
+void TargetSession::wake() {
+  {
+    std::lock_guard lock(conn_mu_);
+    stopping_ = true;
+  }
+  conn_cv_.notify_all();
+}
+
+void TargetSession::start() {
+  reader_ = std::thread([this] { reader_loop(); });
+}
+
+void TargetSession::reader_loop() {
+  while (!ended()) {
+    auto m = link_->next(500ms);
+    if (!m) {
+      fail(Error{Errc::kUnavailable, "source agent on " + hello_.source_node + " is gone: " + m.error().message}, true);
+      return;
+    }
+    if (!m->has_value()) continue;
+    const json& msg = **m;
+    const std::string type = msg.value("type", "");
+    if (type == "open") {
+      auto index = transport::get_uint(msg, "index", "open", 0, transport::kMaxChannels - 1);
+      auto host = transport::get_string(msg, "host", "open", 64);
+      auto port = transport::get_uint(msg, "port", "open", 1, 65535);
+      if (!index || !host || !port) {
+        fail(Error{Errc::kProtocol, "bad open message from the source agent"});
+        return;
+      }
+      std::lock_guard lock(conn_mu_);
+      const auto i = static_cast<uint32_t>(index.value());
+      if (destinations_.size() <= i) {
+        destinations_.resize(i + 1);
+        channels_.resize(i + 1);
+        started_.resize(i + 1, false);
+      }
+      destinations_[i] = net::Endpoint{host.value(), static_cast<uint16_t>(port.value())};
+      try_start_locked(i);
+    } else if (type == "end") {
+      report_and_succeed();
+      return;
+    } else if (type == "abort") {
+      fail(Error{Errc::kUnavailable, "source agent aborted: " + msg.value("reason", std::string("?"))}, true);
+      return;
+    }
+  }
+}
+
+void TargetSession::try_start_locked(uint32_t i) {
+  if (i >= destinations_.size() || !destinations_[i] || !channels_[i] || started_[i]) return;
+  started_[i] = true;
+  auto channel = std::move(channels_[i]);
+  auto pump = std::make_unique<migration::ChannelPump>(*channel, [this, i] { return dial_in_order(i); }, true);
+  pump->start();
+  add_leg(std::move(channel), std::move(pump));
+}
+
+Status TargetSession::add_tcp_channel(UniqueFd fd, uint32_t index) {
+  std::lock_guard lock(conn_mu_);
+  if (transport_ != "tcp" || index >= transport::kMaxChannels || ended()) {
+    reject(fd.get(), "invalid_argument", "channel index out of range or session not on tcp");
+    return Error{Errc::kInvalidArgument, "bad flow-data channel"};
+  }
+  if (channels_.size() <= index) {
+    destinations_.resize(index + 1);
+    channels_.resize(index + 1);
+    started_.resize(index + 1, false);
+  }
+  if (channels_[index] || started_[index]) {
+    reject(fd.get(), "already_exists", "channel " + std::to_string(index) + " is already connected");
+    return Error{Errc::kAlreadyExists, "duplicate flow-data channel"};
+  }
+  RDMIG_TRY(transport::send_message(fd.get(), json{{"type", "welcome"}}));
+  channels_[index] = transport::TcpChannel::create(std::move(fd), index, static_cast<uint32_t>(hello_.chunk_size),
+                                                   hello_.ring_depth, ctx_.metrics.transport("tcp"));
+  try_start_locked(index);
+  return ok_status();
+}
+
+Result<transport::rdma::AcceptPlan> TargetSession::rdma_plan(uint32_t index) {
+  std::lock_guard lock(conn_mu_);
+  if (transport_ != "rdma" || index >= transport::kMaxChannels || ended()) {
+    return Error{Errc::kInvalidArgument, "channel index out of range or session not on rdma"};
+  }
+  if (index < channels_.size() && (channels_[index] || started_[index])) {
+    return Error{Errc::kAlreadyExists, "channel " + std::to_string(index) + " is already connected"};
+  }
+  const auto chunk = static_cast<uint32_t>(hello_.chunk_size);
+  transport::rdma::AcceptPlan plan;
+  plan.params = transport::rdma::RdmaChannelParams{index, migration::return_path_chunk(chunk),
+                                                   migration::return_path_depth(hello_.ring_depth), chunk,
+                                                   hello_.ring_depth};
+  plan.metrics = &ctx_.metrics.transport("rdma");
+  plan.deliver = [this, index](Result<std::unique_ptr<transport::Channel>> ch) {
+    if (!ch) {
+      fail(ch.error().with_context("RDMA channel " + std::to_string(index)));
+      return;
+    }
+    std::lock_guard l(conn_mu_);
+    if (channels_.size() <= index) {
+      destinations_.resize(index + 1);
+      channels_.resize(index + 1);
+      started_.resize(index + 1, false);
+    }
+    channels_[index] = std::move(ch.value());
+    try_start_locked(index);
+  };
+  return plan;
+}
+
+Result<UniqueFd> TargetSession::dial_in_order(uint32_t index) {
+  net::Endpoint dst;
+  {
+    std::unique_lock lock(conn_mu_);
+    // QEMU takes the first memory connection as its main channel: dial in the source's order.
+    conn_cv_.wait(lock, [&] { return next_dial_ == index || stopping_; });
+    if (stopping_) return Error{Errc::kCancelled, "session stopped"};
+    dst = *destinations_[index];
+  }
+  auto ns = locate_(dst.host);
+  auto connect = [&]() -> Result<UniqueFd> {
+    return net::tcp_connect(dst, 10s, [](int fd) { return set_pass_mark(fd); });
+  };
+  auto fd = ns ? ns->make_socket(connect) : connect();
+  if (!fd) {
+    return fd.error().with_context("dialling " + dst.to_string() + (ns ? " in " + ns->describe() : std::string()));
+  }
+  {
+    std::lock_guard lock(conn_mu_);
+    ++next_dial_;
+  }
+  conn_cv_.notify_all();
+  return fd;
+}
+
+void TargetSession::report_and_succeed() {
+  json reply{{"type", "stats"}};
+  if (!hello_.vmi.uid.empty() && stats_) {
+    auto stats = stats_(hello_.vmi);
+    if (stats) {
+      std::lock_guard lock(mu_);
+      record_.libvirt = stats.value();
+      reply["libvirt"] = to_json(stats.value());
+    } else {
+      reply["libvirtError"] = stats.error().message;
+      LOG_INFO("kubevirt") << "session=" << id_ << " libvirt figures unavailable: " << stats.error().message;
+    }
+  }
+  (void)link_->send(reply);
+  succeed();
+}
+
+}  // namespace rdmig::kubevirt
