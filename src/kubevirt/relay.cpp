@@ -484,6 +484,8 @@ void KubevirtRelay::maintain() {
         }
       }
       if (s.ended()) {
+        const FlowRecord r = s.record();
+        if (r.phase == "Failed" && !stopping_.load()) peers_.mark_unhealthy(s.peer_node(), r.reason);
         for (auto ar = armed_.begin(); ar != armed_.end();) {
           if (ar->second.session == a.session) {
             (void)ar->second.point->rules().uncarry(ar->second.ip, ar->second.port);
@@ -495,7 +497,7 @@ void KubevirtRelay::maintain() {
         for (auto st = static_sessions_.begin(); st != static_sessions_.end();) {
           st = st->second == a.session ? static_sessions_.erase(st) : std::next(st);
         }
-        remember_locked(s.record());
+        remember_locked(r);
         it = sources_.erase(it);
       } else {
         ++it;

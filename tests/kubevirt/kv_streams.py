@@ -1,0 +1,152 @@
+"""Stand-ins for the two ends of virt-handler's migration proxy, for the relay tests, each run
+inside a "virt-handler" network namespace (ip netns exec) and named virt-handler (comm), as
+rdmig finds KubeVirt's node agent:
+
+  sink   (target side): listens on [::]:0, writes {"port": p} to --ready, then for every
+         connection in accept order reads "<index>\\n" and the payload until EOF, answers the
+         SHA-256 of what it read and closes. Logs one JSON line per connection to --log.
+  dial   (source side): optionally calls the node hook (real gRPC, like virt-handler), then
+         opens --count connections to --dest one after the other (like the proxy's dials for
+         QEMU's main and multifd connections), sends "<index>\\n" + --bytes random bytes on
+         each, half-closes, and checks the answer. Prints a JSON summary.
+"""
+import argparse
+import ctypes
+import hashlib
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+
+
+def name_process(name):
+    libc = ctypes.CDLL(None)
+    libc.prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME
+
+
+def sink(args):
+    srv = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    srv.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("::", 0))
+    srv.listen(64)
+    with open(args.ready + ".tmp", "w") as f:
+        json.dump({"port": srv.getsockname()[1], "pid": os.getpid()}, f)
+    os.rename(args.ready + ".tmp", args.ready)
+    order = [0]
+    lock = threading.Lock()
+
+    def serve(conn, accepted):
+        h = hashlib.sha256()
+        head = b""
+        total = 0
+        try:
+            while True:
+                b = conn.recv(1 << 20)
+                if not b:
+                    break
+                if b"\n" not in head:
+                    head += b[:64]
+                h.update(b)
+                total += len(b)
+            digest = h.hexdigest()
+            conn.sendall(digest.encode() + b"\n")
+            conn.close()
+            err = None
+        except OSError as e:
+            digest, err = None, str(e)
+        line = {"accepted": accepted, "index": head.split(b"\n")[0].decode(errors="replace"),
+                "bytes": total, "sha256": digest, "error": err, "t": time.time()}
+        with lock, open(args.log, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    while True:
+        conn, _ = srv.accept()
+        with lock:
+            accepted = order[0]
+            order[0] += 1
+        threading.Thread(target=serve, args=(conn, accepted), daemon=True).start()
+
+
+def dial(args):
+    out = {"hook": None, "connections": []}
+    if args.hook_socket:
+        from rdmiglab import kvhook
+        with open(args.vmi) as f:
+            vmi = f.read()
+        out["hook"] = kvhook.call_node_hook(args.hook_socket, "PreMigrationSource", vmi, args.node,
+                                           timeout=args.hook_timeout)
+    host, port = args.dest.rsplit(":", 1)
+    host = host.strip("[]")
+    socks = []
+    for i in range(args.count):
+        payload = os.urandom(args.bytes)
+        s = socket.create_connection((host, int(port)), timeout=args.timeout)
+        s.sendall(("%d\n" % i).encode())
+        socks.append((i, s, hashlib.sha256(("%d\n" % i).encode() + payload).hexdigest(), payload))
+    t0 = time.monotonic()
+    for i, s, want, payload in socks:
+        rec = {"index": i, "ok": False, "error": None}
+        try:
+            s.sendall(payload)
+            if args.hold:
+                # Keep the connection open (a migration in progress) until the far side ends it.
+                s.settimeout(args.hold)
+                try:
+                    b = s.recv(128)
+                    rec["error"] = "ended by the far side (%s)" % ("EOF" if not b else "data")
+                except ConnectionResetError:
+                    rec["error"] = "reset"
+                except socket.timeout:
+                    rec["error"] = "still open after %.0fs" % args.hold
+                rec["ended_at"] = time.time()
+                s.close()
+                out["connections"].append(rec)
+                continue
+            s.shutdown(socket.SHUT_WR)
+            got = b""
+            while not got.endswith(b"\n"):
+                b = s.recv(128)
+                if not b:
+                    break
+                got += b
+            rec["ok"] = got.strip().decode() == want
+            if not rec["ok"]:
+                rec["error"] = "digest mismatch or no answer: %r" % got[:80]
+        except OSError as e:
+            rec["error"] = "%s: %s" % (type(e).__name__, e)
+            if args.hold:
+                rec["ended_at"] = time.time()
+        rec["seconds"] = round(time.monotonic() - t0, 3)
+        s.close()
+        out["connections"].append(rec)
+    print(json.dumps(out), flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("sink")
+    s.add_argument("--ready", required=True)
+    s.add_argument("--log", required=True)
+    d = sub.add_parser("dial")
+    d.add_argument("--dest", required=True)
+    d.add_argument("--count", type=int, default=1)
+    d.add_argument("--bytes", type=int, default=1 << 20)
+    d.add_argument("--hook-socket")
+    d.add_argument("--hook-timeout", type=float, default=5.0)
+    d.add_argument("--vmi")
+    d.add_argument("--node", default="node-a")
+    d.add_argument("--timeout", type=float, default=30.0)
+    d.add_argument("--hold", type=float, default=0, help="keep each connection open up to this long")
+    args = p.parse_args()
+    name_process("virt-handler")
+    sink(args) if args.cmd == "sink" else dial(args)
+
+
+if __name__ == "__main__":
+    main()
