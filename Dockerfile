@@ -9,6 +9,7 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       cmake g++ make pkg-config libibverbs-dev librdmacm-dev libcpp-httplib-dev \
       nlohmann-json3-dev prometheus-cpp-dev libyaml-cpp-dev libssl-dev \
+      libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libnftables-dev libvirt-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -23,7 +24,7 @@ FROM debian:12-slim
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       libibverbs1 librdmacm1 ibverbs-providers libcpp-httplib0.11 libyaml-cpp0.7 \
-      libprometheus-cpp-core1.0 libssl3 \
+      libprometheus-cpp-core1.0 libssl3 libgrpc++1.51 libprotobuf32 libnftables1 libvirt0 \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 65532 rdmig \
  && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \

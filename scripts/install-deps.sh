@@ -5,10 +5,11 @@
 set -euo pipefail
 
 build_pkgs=(cmake g++ make pkg-config libibverbs-dev librdmacm-dev libcpp-httplib-dev
-  nlohmann-json3-dev prometheus-cpp-dev libyaml-cpp-dev libssl-dev libgtest-dev libgmock-dev)
+  nlohmann-json3-dev prometheus-cpp-dev libyaml-cpp-dev libssl-dev libgtest-dev libgmock-dev
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libnftables-dev libvirt-dev)
 run_pkgs=(qemu-system-x86 busybox-static python3 rdma-core ibverbs-providers
   ibverbs-utils rdmacm-utils iproute2 socat cpio gzip)
-test_pkgs=(perftest iperf3 seabios openssl nodejs npm unzip python3-yaml binutils)
+test_pkgs=(perftest iperf3 seabios openssl nodejs npm unzip python3-yaml binutils nftables python3-grpcio)
 
 want=("${build_pkgs[@]}" "${run_pkgs[@]}")
 if [ "${1:-}" = "--test" ]; then want+=("${test_pkgs[@]}"); fi
