@@ -230,6 +230,119 @@ class KubevirtRelayTest(unittest.TestCase):
         res = self.dial(1, 65536, hook=False)
         self.assertTrue(res["connections"][0]["ok"], "KubeVirt's own path works again")
 
+    # ---- hostile and broken clients ----
+
+    def call_hook(self, vmi_bytes, timeout=5):
+        code = ("import sys,json; sys.path.insert(0,%r); from rdmiglab import kvhook; "
+                "data=open(%r,'rb').read(); "
+                "print(json.dumps(kvhook.call_node_hook(%r,'PreMigrationSource',data,'node-a',timeout=%r)))")
+        path = os.path.join(self.tmp, "hostile-vmi.bin")
+        with open(path, "wb") as f:
+            f.write(vmi_bytes)
+        p = subprocess.run(["ip", "netns", "exec", self.net.netns["node-a"], sys.executable, "-c",
+                            code % (os.path.join(HERE, "..", "..", "tools"), path, self.hook_socket, timeout)],
+                           capture_output=True, text=True, timeout=60)
+        return json.loads(p.stdout)
+
+    def rss_kib(self, agent):
+        with open("/proc/%d/status" % agent.proc.pid) as f:
+            return int([l for l in f if l.startswith("VmRSS:")][0].split()[1])
+
+    def test_hostile_hook_calls_never_fail_kubevirt_or_the_agent(self):
+        import socket
+        before = self.rss_kib(self.src)
+        good = vmi_json("vmi-uid-h", "mig-h", self.net.ip4["node-b"], self.sink_port)
+        cases = {
+            "not JSON": b"\xff\xfe{not json",
+            "no migrationState": json.dumps({"metadata": {"name": "a", "namespace": "b", "uid": "c"}}).encode(),
+            "injection in the address": json.dumps(vmi_json("u", "m1", "10.0.0.1 } ; flush ruleset ;", 1)).encode(),
+            "port out of range": json.dumps(vmi_json("u", "m2", self.net.ip4["node-b"], 70000)).encode(),
+            "too many ports": json.dumps(dict(good, status={"migrationState": dict(
+                good["status"]["migrationState"], targetDirectMigrationNodePorts={str(i): 49152 for i in range(1, 400)})}
+            )).encode(),
+            "deeply nested": b"[" * 100000 + b"]" * 100000,
+        }
+        # A client that connects to the hook socket and says nothing must not hold others up.
+        silent = socket.socket(socket.AF_UNIX)
+        silent.connect(self.hook_socket)
+        try:
+            for name, body in cases.items():
+                res = self.call_hook(body)
+                self.assertTrue(res["ok"], "%s: %s" % (name, res))
+                self.assertLess(res["duration_s"], 2.0, name)
+            big = self.call_hook(b"x" * (5 << 20))
+            self.assertFalse(big["ok"], "a request over 4 MiB is refused by gRPC")
+            self.assertEqual(big["code"], "RESOURCE_EXHAUSTED")
+        finally:
+            silent.close()
+        self.assertNotIn("flush", self.nft("node-a"))
+        self.assertEqual(self.src.request("GET", "/healthz", token=False)[0], 200)
+        m, _ = parse_prometheus(self.src.metrics())
+        # "not JSON" never reaches the relay (the hook server drops it); the five others are
+        # refused by the VMI reader ("deeply nested" parses, but is no object), each counted.
+        self.assertEqual(m.get(("rdmig_kubevirt_hook_calls_total", frozenset({("decision", "error")}))), 5.0)
+        self.assertEqual(self.records(self.src), [], "nothing was armed")
+        after = self.rss_kib(self.src)
+        print("hostile hook calls: agent RSS %d KiB before, %d KiB after" % (before, after))
+        self.assertLess(after - before, 64 * 1024, "memory stays bounded")
+        # And the hook still works for a real migration.
+        res = self.dial(2, 65536, vmi=good)
+        self.assertTrue(res["hook"]["ok"])
+        self.assertTrue(all(c["ok"] for c in res["connections"]))
+        wait_for(lambda: any(r["carried"] for r in self.records(self.src, migrationUid="mig-h")), 10, "carried")
+
+    def test_hostile_flow_hellos_are_refused_and_leak_nothing(self):
+        import socket
+        import struct
+
+        def send(sock, obj):
+            body = json.dumps(obj).encode() if not isinstance(obj, bytes) else obj
+            sock.sendall(struct.pack("<I", len(body)) + body)
+
+        def recv(sock):
+            sock.settimeout(10)
+            n = struct.unpack("<I", sock.recv(4, socket.MSG_WAITALL))[0]
+            return json.loads(sock.recv(n, socket.MSG_WAITALL))
+
+        def conn():
+            return socket.create_connection(("127.0.0.1", self.dst.data_port), timeout=10)
+
+        hello = {"kind": "flow", "protocol": 1, "session": "ab" * 16, "mode": "hook", "migrationUid": "x",
+                 "sourceNode": "node-a", "targetNode": "node-b", "chunkSize": 1 << 20, "ringDepth": 16,
+                 "transport": "tcp"}
+        silent = [conn() for _ in range(8)]  # say nothing: must delay nobody
+        try:
+            for bad, field in [(dict(hello, chunkSize=3), "hello.chunkSize"), (dict(hello, session="zz"), "hello.session"),
+                               (dict(hello, mode="evil"), "hello.mode"), (dict(hello, protocol=9), "hello.protocol"),
+                               ({"kind": "flow-data", "session": "cd" * 16, "index": 0}, "unknown data-plane session")]:
+                with conn() as c:
+                    send(c, bad)
+                    r = recv(c)
+                    self.assertEqual(r["type"], "reject")
+                    self.assertIn(field, r["message"])
+            with conn() as c:  # a wrong proof of the token
+                send(c, hello)
+                self.assertEqual(recv(c)["type"], "challenge")
+                send(c, {"type": "auth", "mac": "00" * 32})
+                r = recv(c)
+                self.assertEqual(r["type"], "reject")
+                self.assertIn("token", r["message"])
+            with conn() as c:  # garbage length prefix
+                c.sendall(b"\xff\xff\xff\xffgarbage")
+                c.settimeout(10)
+                try:
+                    self.assertEqual(c.recv(16), b"")
+                except ConnectionResetError:
+                    pass  # closed with our garbage unread: a reset is the same refusal
+            # Meanwhile a real carried migration goes through.
+            res = self.dial(2, 1 << 20, vmi=vmi_json("vmi-uid-f", "mig-f", self.net.ip4["node-b"], self.sink_port))
+            self.assertTrue(all(c["ok"] for c in res["connections"]), res)
+        finally:
+            for s in silent:
+                s.close()
+        self.assertEqual([r for r in self.records(self.dst) if r["migrationUid"] == "x"], [],
+                         "a refused session leaves no record and no session behind")
+
 
 if __name__ == "__main__":
     unittest.main()
