@@ -21,6 +21,8 @@ from rdmiglab import kvnet  # noqa: E402
 from rdmiglab.agent import parse_prometheus  # noqa: E402
 
 STREAMS = os.path.join(HERE, "kv_streams.py")
+# tcp here; rdma in the Soft-RoCE VM (tests/rdma/kubevirt-tests.sh), over its rxe device.
+TRANSPORT = os.environ.get("RDMIG_KV_TRANSPORT", "tcp")
 
 
 def wait_for(pred, timeout, what, interval=0.05):
@@ -72,7 +74,7 @@ class KubevirtRelayTest(unittest.TestCase):
                               hook=self.hook_socket)
         self.sink_log = os.path.join(self.tmp, "sink-%s.log" % self._testMethodName)
         ready = os.path.join(self.tmp, "sink-%s.json" % self._testMethodName)
-        self.spawn(["ip", "netns", "exec", self.net.netns["node-b"], sys.executable, STREAMS, "sink",
+        self.spawn([kvnet.IP, "netns", "exec", self.net.netns["node-b"], sys.executable, STREAMS, "sink",
                     "--ready", ready, "--log", self.sink_log])
         self.sink_port = wait_for(lambda: os.path.exists(ready) and read_json(ready)["port"], 10, "the sink")
 
@@ -89,9 +91,12 @@ class KubevirtRelayTest(unittest.TestCase):
                 print("---- %s log ----\n%s" % (a.name, a.log_text()[-3000:]))
 
     def agent(self, node, token, peers, hook="", rule_timeout=3):
-        a = Agent(self.tmp, name="%s-%s" % (node, self._testMethodName[-12:]), token=token, config={
-            "kubevirt": {"enabled": True, "nodeName": node, "hookSocket": hook, "peers": peers,
-                         "ruleTimeoutSeconds": rule_timeout, "sessionIdleSeconds": 1}})
+        config = {"kubevirt": {"enabled": True, "nodeName": node, "hookSocket": hook, "peers": peers,
+                               "ruleTimeoutSeconds": rule_timeout, "sessionIdleSeconds": 1}}
+        if TRANSPORT == "rdma":
+            config.update({"transport": "rdma", "rdma": {"device": os.environ.get("RDMIG_RDMA_DEV", "rxe0")},
+                           "dataPlane": {"rdmaPort": 0}})
+        a = Agent(self.tmp, name="%s-%s" % (node, self._testMethodName[-12:]), token=token, config=config)
         self.agents.append(a)
         return a
 
@@ -101,7 +106,7 @@ class KubevirtRelayTest(unittest.TestCase):
         return p
 
     def dial(self, count, nbytes, vmi=None, hook=True, hold=0, wait=True):
-        argv = ["ip", "netns", "exec", self.net.netns["node-a"], sys.executable, STREAMS, "dial",
+        argv = [kvnet.IP, "netns", "exec", self.net.netns["node-a"], sys.executable, STREAMS, "dial",
                 "--dest", "%s:%d" % (self.net.ip4["node-b"], self.sink_port), "--count", str(count),
                 "--bytes", str(nbytes)]
         if hook:
@@ -123,7 +128,7 @@ class KubevirtRelayTest(unittest.TestCase):
         return agent.call("GET", "/v1/kubevirt/migrations" + ("?" + q if q else ""))["items"]
 
     def nft(self, node):
-        return subprocess.run(["ip", "netns", "exec", self.net.netns[node], "nft", "list", "table", "inet", "rdmig"],
+        return subprocess.run([kvnet.IP, "netns", "exec", self.net.netns[node], "nft", "list", "table", "inet", "rdmig"],
                               capture_output=True, text=True).stdout
 
     def sink_lines(self):
@@ -150,7 +155,8 @@ class KubevirtRelayTest(unittest.TestCase):
         src = wait_for(lambda: [r for r in self.records(self.src, migrationUid=mig) if r["phase"] == "Succeeded"],
                        20, "the source record to end")[0]
         self.assertTrue(src["carried"])
-        self.assertEqual(src["transport"], "tcp")
+        self.assertEqual(src["transport"], TRANSPORT)
+        self.assertEqual(src["transportReason"], "requested" if TRANSPORT == "rdma" else "auto-no-source-rdma")
         self.assertEqual(src["connections"], 9)
         self.assertEqual(src["vmi"], {"namespace": "prod", "name": "web-1", "uid": "vmi-uid-1"})
         self.assertGreaterEqual(src["bytesSent"], 9 * (2 << 20))
@@ -216,7 +222,7 @@ class KubevirtRelayTest(unittest.TestCase):
         vmi = vmi_json("vmi-uid-4", mig, self.net.ip4["node-b"], self.sink_port)
         # Arm, but do not dial yet: the element is in place.
         from rdmiglab import kvhook
-        p = subprocess.run(["ip", "netns", "exec", self.net.netns["node-a"], sys.executable, "-c",
+        p = subprocess.run([kvnet.IP, "netns", "exec", self.net.netns["node-a"], sys.executable, "-c",
                             "import sys,json; sys.path.insert(0,%r); from rdmiglab import kvhook; "
                             "print(json.dumps(kvhook.call_node_hook(%r,'PreMigrationSource',%r,'node-a')))"
                             % (os.path.join(HERE, "..", "..", "tools"), self.hook_socket, json.dumps(vmi))],
@@ -239,7 +245,7 @@ class KubevirtRelayTest(unittest.TestCase):
         path = os.path.join(self.tmp, "hostile-vmi.bin")
         with open(path, "wb") as f:
             f.write(vmi_bytes)
-        p = subprocess.run(["ip", "netns", "exec", self.net.netns["node-a"], sys.executable, "-c",
+        p = subprocess.run([kvnet.IP, "netns", "exec", self.net.netns["node-a"], sys.executable, "-c",
                             code % (os.path.join(HERE, "..", "..", "tools"), path, self.hook_socket, timeout)],
                            capture_output=True, text=True, timeout=60)
         return json.loads(p.stdout)

@@ -97,7 +97,9 @@ moddir="$kroot/lib/modules/$kver/kernel"
 modules=(crc32_generic configfs ib_core ib_uverbs udp_tunnel ip6_udp_tunnel rdma_rxe
          iw_cm ib_cm rdma_cm rdma_ucm veth
          virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci
-         9pnet 9pnet_virtio netfs fscache 9p)
+         9pnet 9pnet_virtio netfs fscache 9p
+         nfnetlink crc32c_generic libcrc32c nf_defrag_ipv4 nf_defrag_ipv6 nf_conntrack nf_nat
+         nf_tables nft_chain_nat nft_redir)
 
 # --- staging tree -----------------------------------------------------------------
 mkdir -p "$out"

@@ -11,12 +11,16 @@ import os
 import random
 import subprocess
 
+# iproute2's ip; the Soft-RoCE VM has it as iproute2-ip (busybox's applet shadows "ip").
+IP = os.environ.get("RDMIG_IP", "ip")
 V6_PREFIX = "fd52:4d49:4b56"  # ULA; kept clear of anything the host uses (checked below)
 
 
 def sh(*argv, check=True, ns=None, input=None):
+    if argv and argv[0] == "ip":
+        argv = (IP,) + argv[1:]
     if ns:
-        argv = ("ip", "netns", "exec", ns) + argv
+        argv = (IP, "netns", "exec", ns) + argv
     res = subprocess.run(argv, input=input, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, check=False)
     if check and res.returncode != 0:
