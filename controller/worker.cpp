@@ -7,12 +7,14 @@ namespace rdmig::controller {
 using nlohmann::json;
 
 Worker::Worker(Reconciler& reconciler, k8s::Informer& informer, ControllerMetrics& metrics,
-               std::chrono::milliseconds poll_interval, std::function<bool()> leading)
+               std::chrono::milliseconds poll_interval, std::function<bool()> leading,
+               KubevirtObserver* observer)
     : reconciler_(reconciler),
       informer_(informer),
       metrics_(metrics),
       poll_interval_(poll_interval),
-      leading_(std::move(leading)) {}
+      leading_(std::move(leading)),
+      observer_(observer) {}
 
 void Worker::enqueue(const std::string& key) {
   {
@@ -61,6 +63,7 @@ void Worker::run() {
     }
     if (!leading_() || !informer_.synced()) continue;
     for (const auto& key : keys) {
+      if (key.empty()) continue;
       auto r = reconciler_.reconcile(key);
       if (!r) {
         metrics_.reconciled("error");
@@ -70,6 +73,7 @@ void Worker::run() {
       metrics_.reconciled("success");
       if (r.value() == Next::kRequeueNow) enqueue(key);
     }
+    if (observer_) observer_->observe_all();
   }
 }
 
