@@ -25,6 +25,7 @@ CRD = os.path.join(REPO, "operator-manifests", "crd-rdmamigrations.yaml")
 NS = "vms"
 AGENT_NS = "rdmig-system"
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
+QEMU_OK = {"qemu": {"allowedNamespaces": [NS]}}  # the bare-QEMU kind is an opt-in per namespace
 
 
 def migration(name, src_node, dst_node, src_qmp, dst_qmp, **spec):
@@ -103,7 +104,7 @@ class ControllerEndToEndTest(unittest.TestCase):
         # Something else on node-a that matches no selector.
         api.add_agent_pod(AGENT_NS, "other", "node-c", 7470, labels={"app": "other"})
         cls.controller = Controller(cls.tmp, "ctl", cls.cluster.kubeconfig, cls.agent_a.token_file,
-                                    config={"maxConcurrentPerNode": 1})
+                                    config={"maxConcurrentPerNode": 1, "qemu": {"allowedNamespaces": [NS]}})
         wait_for(lambda: cls.controller.metric("rdmig_controller_leader") == 1, 30, "the controller to lead")
 
     @classmethod
@@ -363,10 +364,10 @@ class LeaderElectionTest(unittest.TestCase):
                 if method == "PUT" and path.endswith("/rdmamigrations/%s/status" % name) and code == 200}
 
     def test_only_the_leader_acts_and_the_other_takes_over(self):
-        one = Controller(self.tmp, "one", self.cluster.kubeconfig, self.token_file)
+        one = Controller(self.tmp, "one", self.cluster.kubeconfig, self.token_file, config=QEMU_OK)
         self.addCleanup(one.stop, signal.SIGKILL)
         holder = wait_for(lambda: (self.lease_holder() or "").startswith("one_") and self.lease_holder(), 20, "one to lead")
-        two = Controller(self.tmp, "two", self.cluster.kubeconfig, self.token_file)
+        two = Controller(self.tmp, "two", self.cluster.kubeconfig, self.token_file, config=QEMU_OK)
         self.addCleanup(two.stop, signal.SIGKILL)
         wait_for(lambda: two.http_get("/readyz")[0] == 200, 20, "two to sync")
         self.assertEqual(one.metric("rdmig_controller_leader"), 1)
