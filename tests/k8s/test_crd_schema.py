@@ -29,6 +29,7 @@ class CrdSchemaTest(unittest.TestCase):
             cls.good = yaml.safe_load(f)  # the bare-QEMU kind
         with open(os.path.join(REPO, "operator-manifests", "samples", "rdmamigration-vmi.yaml")) as f:
             cls.vmi = yaml.safe_load(f)
+        cls.vmi["spec"]["target"] = {"nodeSelector": {"feature.node.kubernetes.io/rdma.capable": "true"}}
 
     def errors(self, obj):
         return schema_validator.validate(obj, self.schema)
@@ -79,6 +80,10 @@ class CrdSchemaTest(unittest.TestCase):
             if "items" in s:
                 walk(s["items"], path + "[]")
         walk(self.schema, "<root>")
+
+    def test_vmi_sample_is_the_minimal_object(self):
+        with open(os.path.join(REPO, "operator-manifests", "samples", "rdmamigration-vmi.yaml")) as f:
+            self.assertEqual(yaml.safe_load(f)["spec"], {"source": {"vmi": {"name": "web-1"}}})
 
     def test_samples_validate(self):
         self.assertGreaterEqual(len(SAMPLES), 3)
