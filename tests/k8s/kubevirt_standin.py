@@ -11,24 +11,29 @@ success, status.nodeName. Deleting a running VMIM aborts it (KubeVirt's abort): 
 stopped, migrationState says failed with abortStatus Succeeded, the VMI stays on its node, and
 the finalizer goes only then.
 
-The migration itself is done by a pluggable performer (see FakePerformer here and
-AgentPairPerformer in test_kubevirt.py): today two real QEMU guests through two real rdmig agents
+The migration itself is done by a pluggable performer (FakePerformer and AgentPairPerformer
+below): today two real QEMU guests through two real rdmig agents
 over their bare-QEMU REST API; a KubeVirt-shaped harness with real libvirt will replace it.
 rdmig's own figures (GET /v1/kubevirt/migrations) come from FigureServer, a stand-in HTTP server
 per node that answers the agents' contract from what the performer observed. The agent side of
 that contract is tested in the agent's own tests, not here.
 """
-import copy
 import datetime
 import http.server
 import json
+import os
+import sys
 import threading
 import time
 import urllib.parse
 import uuid
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools"))
+from rdmiglab import start_migration  # noqa: E402
+
 FINALIZER = "kubevirt.io/migrationJobFinalize"
 VMI, VMIM = "virtualmachineinstances", "virtualmachineinstancemigrations"
+AGENT_TERMINAL = ("Succeeded", "Failed", "Cancelled")
 PHASES_BEFORE_RUNNING = ("Pending", "Scheduling", "Scheduled", "PreparingTarget", "TargetReady")
 
 
@@ -65,6 +70,50 @@ class FakePerformer:
             if item:
                 figures.publish(m.source_node, item)
         return self.ok, self.reason
+
+
+class AgentPairPerformer:
+    """Moves a real guest: POSTs target then source on two real agents (as the bare-QEMU path
+    does) and publishes rdmig's record for the source node on FigureServer as it goes."""
+
+    def __init__(self, agents, src_qmp, dst_qmp, target, **source_options):
+        self.agents, self.src_qmp, self.dst_qmp, self.target = agents, src_qmp, dst_qmp, target
+        self.options = dict(source_options)
+        self.started = threading.Event()
+
+    def target_node(self, source_node, vmim):
+        return self.target
+
+    def record(self, m, s, t, phase):
+        p, r = s.get("progress", {}), s.get("result") or {}
+        return {"migrationUid": m.uid, "vmi": {"namespace": m.namespace, "name": m.vmi, "uid": ""},
+                "role": "source", "sourceNode": m.source_node, "targetNode": m.target_node, "mode": "hook",
+                "carried": True, "reason": None, "phase": phase, "transport": s.get("transport"),
+                "transportReason": "test-agents-tcp", "connections": s.get("channels"),
+                "bytesSent": p.get("transferredBytes"), "bytesReceived": 0, "chunksSent": p.get("chunksSent"),
+                "chunksReceived": (t or {}).get("progress", {}).get("chunksReceived"),
+                "throughputBytesPerSecond": p.get("throughputBytesPerSecond"),
+                "libvirt": ({"downtimeMs": r["downtimeMs"], "totalTimeMs": r.get("totalTimeMs"),
+                             "dataTotalBytes": p.get("totalBytes")} if "downtimeMs" in r else None),
+                "switchoverMs": r.get("switchoverMs"), "startedAtMs": int(time.time() * 1000), "finishedAtMs": None}
+
+    def perform(self, m, figures):
+        src, dst = self.agents[m.source_node], self.agents[m.target_node]
+        target, source = start_migration(src, dst, self.src_qmp, self.dst_qmp, vm=m.namespace + "/" + m.vmi,
+                                         **self.options)
+        self.started.set()
+        while True:
+            s = src.get(source["id"])
+            figures.publish(m.source_node, self.record(m, s, None, "Carrying"))
+            if s["phase"] in AGENT_TERMINAL:
+                break
+            if m.abort.is_set():
+                src.cancel(source["id"])
+            time.sleep(0.2)
+        t = dst.wait(target["id"], timeout=60)
+        ok = s["phase"] == "Succeeded" and t["phase"] == "Succeeded"
+        figures.publish(m.source_node, self.record(m, s, t, "Succeeded" if ok else "Failed"))
+        return ok, None if ok else "rdmig: " + str((s.get("result") or {}).get("reason"))
 
 
 class FigureServer:

@@ -13,8 +13,6 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
-import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -23,10 +21,10 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "tools"))
 if not os.environ.get("RDMIG_AGENT"):
     os.environ["RDMIG_AGENT"] = os.path.join(REPO, "build-k8s", "agent", "rdmig-agent")
-from rdmiglab import Agent, QemuVm, ensure_guest, start_migration  # noqa: E402
+from rdmiglab import Agent, QemuVm, ensure_guest  # noqa: E402
 from apiserver_double import ApiServerDouble  # noqa: E402
 from controllerlab import Controller, wait_for  # noqa: E402
-from kubevirt_standin import VMI, VMIM, FakePerformer, FigureServer, KubevirtStandin  # noqa: E402
+from kubevirt_standin import VMIM, AgentPairPerformer, FakePerformer, FigureServer, KubevirtStandin  # noqa: E402
 import rbac_check  # noqa: E402  (tests/k8s)
 
 CRD = os.path.join(REPO, "operator-manifests", "crd-rdmamigrations.yaml")
@@ -39,50 +37,6 @@ def vmi_migration(name, vmi, **spec):
             "metadata": {"name": name, "namespace": NS}, "spec": {"source": {"vmi": {"name": vmi}}}}
     body["spec"].update(spec)
     return body
-
-
-class AgentPairPerformer:
-    """Moves a real guest: POSTs target then source on two real agents (as the bare-QEMU path
-    does) and publishes rdmig's record for the source node on FigureServer as it goes."""
-
-    def __init__(self, agents, src_qmp, dst_qmp, target, **source_options):
-        self.agents, self.src_qmp, self.dst_qmp, self.target = agents, src_qmp, dst_qmp, target
-        self.options = dict(source_options)
-        self.started = threading.Event()
-
-    def target_node(self, source_node, vmim):
-        return self.target
-
-    def record(self, m, s, t, phase):
-        p, r = s.get("progress", {}), s.get("result") or {}
-        return {"migrationUid": m.uid, "vmi": {"namespace": m.namespace, "name": m.vmi, "uid": ""},
-                "role": "source", "sourceNode": m.source_node, "targetNode": m.target_node, "mode": "hook",
-                "carried": True, "reason": None, "phase": phase, "transport": s.get("transport"),
-                "transportReason": "test-agents-tcp", "connections": s.get("channels"),
-                "bytesSent": p.get("transferredBytes"), "bytesReceived": 0, "chunksSent": p.get("chunksSent"),
-                "chunksReceived": (t or {}).get("progress", {}).get("chunksReceived"),
-                "throughputBytesPerSecond": p.get("throughputBytesPerSecond"),
-                "libvirt": ({"downtimeMs": r["downtimeMs"], "totalTimeMs": r.get("totalTimeMs"),
-                             "dataTotalBytes": p.get("totalBytes")} if "downtimeMs" in r else None),
-                "switchoverMs": r.get("switchoverMs"), "startedAtMs": int(time.time() * 1000), "finishedAtMs": None}
-
-    def perform(self, m, figures):
-        src, dst = self.agents[m.source_node], self.agents[m.target_node]
-        target, source = start_migration(src, dst, self.src_qmp, self.dst_qmp, vm=m.namespace + "/" + m.vmi,
-                                         **self.options)
-        self.started.set()
-        while True:
-            s = src.get(source["id"])
-            figures.publish(m.source_node, self.record(m, s, None, "Carrying"))
-            if s["phase"] in TERMINAL:
-                break
-            if m.abort.is_set():
-                src.cancel(source["id"])
-            time.sleep(0.2)
-        t = dst.wait(target["id"], timeout=60)
-        ok = s["phase"] == "Succeeded" and t["phase"] == "Succeeded"
-        figures.publish(m.source_node, self.record(m, s, t, "Succeeded" if ok else "Failed"))
-        return ok, None if ok else "rdmig: " + str((s.get("result") or {}).get("reason"))
 
 
 class KubevirtPathTest(unittest.TestCase):
