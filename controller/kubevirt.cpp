@@ -6,6 +6,22 @@ namespace rdmig::controller {
 
 using nlohmann::json;
 
+json without_nulls(const json& j) {
+  if (j.is_object()) {
+    json out = json::object();
+    for (const auto& [k, v] : j.items()) {
+      if (!v.is_null()) out[k] = without_nulls(v);
+    }
+    return out;
+  }
+  if (j.is_array()) {
+    json out = json::array();
+    for (const auto& v : j) out.push_back(without_nulls(v));
+    return out;
+  }
+  return j;
+}
+
 std::string vmi_path(const std::string& ns, const std::string& name) {
   return std::string(kKubevirtApi) + "/namespaces/" + ns + "/virtualmachineinstances/" + name;
 }
@@ -60,12 +76,13 @@ bool owned_by_rdma_migration(const json& vmim, const std::string& uid) {
 bool vmim_phase_terminal(const std::string& phase) { return phase == "Succeeded" || phase == "Failed"; }
 
 json migration_state_for(const json& vmi, const std::string& migration_uid) {
-  const json& ms = vmi.value("status", json::object()).value("migrationState", json());
+  const json ms = without_nulls(vmi.value("status", json::object()).value("migrationState", json()));
   if (!ms.is_object() || migration_uid.empty() || ms.value("migrationUid", "") != migration_uid) return json();
   return ms;
 }
 
-std::string vmi_refusal(const json& vmi, std::string& reason_code) {
+std::string vmi_refusal(const json& raw, std::string& reason_code) {
+  const json vmi = without_nulls(raw);
   const auto& md = vmi.value("metadata", json::object());
   const std::string who = "VirtualMachineInstance " + md.value("namespace", "") + "/" + md.value("name", "");
   const json& st = vmi.value("status", json::object());
@@ -124,7 +141,8 @@ KubevirtRecord lookup_kubevirt_record(k8s::KubeClient& kube, AgentClient& agents
       continue;
     }
     out.reachable = true;
-    for (const auto& item : items.value()) {
+    for (const auto& raw : items.value()) {
+      const json item = without_nulls(raw);
       if (item.is_object() && item.value("migrationUid", "") == migration_uid) {
         out.item = item;
         out.where = "agent " + agent->pod + " on node " + node;

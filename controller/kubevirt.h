@@ -16,6 +16,10 @@ namespace rdmig::controller {
 
 inline constexpr const char* kKubevirtApi = "/apis/kubevirt.io/v1";
 
+// `j` without null members, recursively: what KubeVirt and the agents send may carry nulls
+// ("reason": null, "libvirt": null), which read as absent from here on.
+nlohmann::json without_nulls(const nlohmann::json& j);
+
 std::string vmi_path(const std::string& ns, const std::string& name);
 std::string vmim_path(const std::string& ns, const std::string& name);
 std::string vmim_collection(const std::string& watch_namespace);  // "" = all namespaces

@@ -25,7 +25,7 @@ KubevirtObserver::KubevirtObserver(const ControllerConfig& config, std::string a
 
 json KubevirtObserver::vmi_or_stub(const std::string& ns, const std::string& name) {
   auto vmi = kube_.get(vmi_path(ns, name));
-  if (vmi) return vmi.value();
+  if (vmi) return without_nulls(vmi.value());
   return json{{"apiVersion", "kubevirt.io/v1"},
               {"kind", "VirtualMachineInstance"},
               {"metadata", {{"namespace", ns}, {"name", name}}}};
@@ -35,7 +35,8 @@ void KubevirtObserver::observe_all() {
   if (!vmims_.synced()) return;
   std::set<std::string> present;
   std::set<std::pair<std::string, std::string>> vmis_present;
-  for (const auto& vmim : vmims_.list()) {
+  for (const auto& raw : vmims_.list()) {
+    const json vmim = without_nulls(raw);
     const auto& md = vmim.value("metadata", json::object());
     const std::string uid = md.value("uid", "");
     if (uid.empty()) continue;

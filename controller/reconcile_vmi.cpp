@@ -173,8 +173,9 @@ Result<Next> Reconciler::follow_vmi(json obj) {
     return transition(obj, status, "Failed", "MigrationDeleted",
                       "VirtualMachineInstanceMigration " + ns + "/" + name + " was deleted before it finished");
   }
-  copy_kubevirt_state(status, vmim.value(), ms);
-  const std::string vmim_phase = vmim->value("status", json::object()).value("phase", "");
+  const json vmim_obj = without_nulls(vmim.value());
+  copy_kubevirt_state(status, vmim_obj, ms);
+  const std::string vmim_phase = vmim_obj.value("status", json::object()).value("phase", "");
   const std::string phase = phase_for_vmim_phase(vmim_phase);
   const bool ended = phase == "Succeeded" || phase == "Failed";
   mirror_record(obj, status, ended);
@@ -201,7 +202,7 @@ Result<Next> Reconciler::follow_vmi(json obj) {
   }
   if (phase == "Failed") {
     ended_since_.erase(key);
-    return transition(obj, status, "Failed", "MigrationFailed", "KubeVirt: " + vmim_failure(vmim.value(), ms));
+    return transition(obj, status, "Failed", "MigrationFailed", "KubeVirt: " + vmim_failure(vmim_obj, ms));
   }
   if (phase.empty()) {
     return transition(obj, status, "Failed", "UnknownMigrationPhase",

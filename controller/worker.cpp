@@ -64,7 +64,13 @@ void Worker::run() {
     if (!leading_() || !informer_.synced()) continue;
     for (const auto& key : keys) {
       if (key.empty()) continue;
-      auto r = reconciler_.reconcile(key);
+      Result<Next> r = Next::kDone;
+      try {
+        r = reconciler_.reconcile(key);
+      } catch (const std::exception& e) {
+        // Input of an unexpected shape that slipped past the checks: fail this pass, not the controller.
+        r = Error{Errc::kInternal, std::string("unexpected: ") + e.what()};
+      }
       if (!r) {
         metrics_.reconciled("error");
         LOG_WARN("reconcile") << key << ": " << r.error().message << " (retrying)";
@@ -73,7 +79,13 @@ void Worker::run() {
       metrics_.reconciled("success");
       if (r.value() == Next::kRequeueNow) enqueue(key);
     }
-    if (observer_) observer_->observe_all();
+    if (observer_) {
+      try {
+        observer_->observe_all();
+      } catch (const std::exception& e) {
+        LOG_WARN("kubevirt") << "observing VirtualMachineInstanceMigrations: unexpected: " << e.what();
+      }
+    }
   }
 }
 

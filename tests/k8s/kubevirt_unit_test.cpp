@@ -193,3 +193,16 @@ TEST(ControllerMetricsKubevirt, PerVmiSeriesAreBoundedAndRemovedWhenForgotten) {
   text = m.serialize();
   EXPECT_EQ(text.find("name=\"b\""), std::string::npos) << text;
 }
+
+TEST(VmiStatus, NullsFromAgentsAndKubevirtReadAsAbsent) {
+  json item{{"migrationUid", "u"}, {"transport", nullptr}, {"reason", nullptr}, {"libvirt", nullptr},
+            {"nested", {{"a", nullptr}, {"b", 1}}}, {"list", json::array({{{"x", nullptr}}})}};
+  json clean = controller::without_nulls(item);
+  EXPECT_EQ(clean.value("transport", std::string("?")), "?");  // would throw with the null kept
+  EXPECT_FALSE(clean.contains("libvirt"));
+  EXPECT_EQ(clean["nested"], (json{{"b", 1}}));
+  EXPECT_EQ(clean["list"][0], json::object());
+  json vmi = running_vmi();
+  vmi["status"]["migrationState"] = {{"migrationUid", "m1"}, {"failureReason", nullptr}};
+  EXPECT_EQ(controller::migration_state_for(vmi, "m1").value("failureReason", std::string("none")), "none");
+}
