@@ -352,6 +352,14 @@ class ChartTest(unittest.TestCase):
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("kubevirt.plugin.enabled needs kubevirt.enabled", r.stderr)
 
+    def test_plain_plugin_manifest_equals_the_charts_plugin(self):
+        with open(os.path.join(MANIFESTS, "kubevirt", "plugin.yaml")) as f:
+            plain = yaml.safe_load(f)
+        chart = one(render("--set", "kubevirt.enabled=true", "--set", "kubevirt.plugin.enabled=true"), "Plugin")
+        chart = strip_helm(chart)
+        chart["metadata"]["name"] = "rdmig"  # the release-prefixed name
+        self.assertEqual(diff(plain, chart), [])
+
     def test_bad_values_fail_with_a_message(self):
         r = helm("template", "rdmig", CHART, "--set", "token.value=short", check=False)
         self.assertNotEqual(r.returncode, 0)
