@@ -42,7 +42,7 @@ ControllerMetrics::ControllerMetrics()
                         .Register(*registry_)),
       vmi_duration_(prometheus::BuildGauge()
                         .Name("rdmig_controller_vmi_migration_duration_seconds")
-                        .Help("Duration of the VMI's last migration (KubeVirt's start to end timestamps)")
+                        .Help("Duration of the VMI's last migration (libvirt's total time, else KubeVirt's timestamps)")
                         .Register(*registry_)),
       vmi_bytes_(prometheus::BuildGauge()
                      .Name("rdmig_controller_vmi_migration_transferred_bytes")

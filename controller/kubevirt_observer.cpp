@@ -119,12 +119,12 @@ void KubevirtObserver::observe(const json& vmim, Seen& s) {
     f.downtime_seconds = lv["downtimeMs"].get<double>() / 1000.0;
     downtime = "; downtime " + std::to_string(lv["downtimeMs"].get<int64_t>()) + " ms";
   }
-  if (ms.is_object()) {
+  // libvirt's total time (ms) when rdmig has it, else KubeVirt's timestamps (whole seconds).
+  if (lv.is_object() && lv.contains("totalTimeMs") && lv["totalTimeMs"].is_number()) {
+    f.duration_seconds = lv["totalTimeMs"].get<double>() / 1000.0;
+  } else if (ms.is_object()) {
     auto start = k8s::parse_time(ms.value("startTimestamp", "")), end = k8s::parse_time(ms.value("endTimestamp", ""));
     if (start && end && *end >= *start) f.duration_seconds = std::chrono::duration<double>(*end - *start).count();
-  }
-  if (!f.duration_seconds && lv.is_object() && lv.contains("totalTimeMs") && lv["totalTimeMs"].is_number()) {
-    f.duration_seconds = lv["totalTimeMs"].get<double>() / 1000.0;
   }
   metrics_.set_vmi(s.ns, s.vmi, f);
   metrics_.kubevirt_migration_ended(phase, carried_label);

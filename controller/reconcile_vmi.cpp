@@ -158,12 +158,14 @@ Result<Next> Reconciler::follow_vmi(json obj) {
   const std::string name = status["kubevirt"].value("migrationName", "");
   const std::string uid = status["kubevirt"].value("migrationUid", "");
   const std::string vmi_name = obj["spec"]["source"]["vmi"].value("name", "");
+  // The VMIM first: KubeVirt ends the VMI's migrationState before the VMIM's phase, so a VMI
+  // read after a finished VMIM shows the end too.
+  auto vmim = kube_.get(vmim_path(ns, name));
+  if (!vmim && vmim.error().code != Errc::kNotFound) return vmim.error();
   auto vmi = kube_.get(vmi_path(ns, vmi_name));
   if (!vmi && vmi.error().code != Errc::kNotFound) return vmi.error();
   const json ms = vmi ? migration_state_for(vmi.value(), uid) : json();
-  auto vmim = kube_.get(vmim_path(ns, name));
   if (!vmim) {
-    if (vmim.error().code != Errc::kNotFound) return vmim.error();
     copy_kubevirt_state(status, json::object(), ms);
     if (ms.is_object() && ms.value("completed", false) && !ms.value("failed", false)) {
       mirror_record(obj, status, true);
