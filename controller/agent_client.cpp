@@ -114,4 +114,19 @@ Result<json> AgentClient::cancel(const AgentAddress& agent, const std::string& i
   return call(agent, "DELETE", "/v1/migrations/" + id, nullptr);
 }
 
+Result<json> AgentClient::kubevirt_migrations(const AgentAddress& agent, const std::string& migration_uid) {
+  std::string q;
+  for (char c : migration_uid) {  // a UID is [0-9a-f-]; keep anything else out of the URL
+    if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '-') q.push_back(c);
+  }
+  auto r = call(agent, "GET", "/v1/kubevirt/migrations?migrationUid=" + q, nullptr);
+  if (!r) {
+    if (r.error().code == Errc::kNotFound) return json::array();  // an agent older than the endpoint
+    return r.error();
+  }
+  const json& items = r.value().value("items", json());
+  if (!items.is_array()) return Error{Errc::kProtocol, "agent " + agent.pod + ": /v1/kubevirt/migrations: no items array"};
+  return items;
+}
+
 }  // namespace rdmig::controller

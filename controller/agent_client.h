@@ -35,6 +35,9 @@ class AgentClient {
   Result<nlohmann::json> create(const AgentAddress& agent, const nlohmann::json& body);
   Result<nlohmann::json> get(const AgentAddress& agent, const std::string& id);
   Result<nlohmann::json> cancel(const AgentAddress& agent, const std::string& id);
+  // GET /v1/kubevirt/migrations?migrationUid=<uid>: the agent's records of one KubeVirt
+  // migration (the "items" array). An agent without the endpoint (404) has none: empty array.
+  Result<nlohmann::json> kubevirt_migrations(const AgentAddress& agent, const std::string& migration_uid);
 
  private:
   Result<nlohmann::json> call(const AgentAddress& agent, const std::string& method, const std::string& path,

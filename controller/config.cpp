@@ -24,7 +24,7 @@ Result<ControllerConfig> parse_controller_config(const std::string& yaml_text) {
   if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   try {
     RDMIG_TRY(check_keys(root, "", {"namespace", "watchNamespace", "agents", "maxConcurrentPerNode",
-                                    "pollIntervalMs", "leaderElection", "metrics", "logLevel"}));
+                                    "pollIntervalMs", "leaderElection", "metrics", "logLevel", "qemu", "kubevirt"}));
     RDMIG_TRY(read_string(root, "", "namespace", c.namespace_));
     RDMIG_TRY(read_string(root, "", "watchNamespace", c.watch_namespace));
     if (const auto a = root["agents"]) {
@@ -45,6 +45,25 @@ Result<ControllerConfig> parse_controller_config(const std::string& yaml_text) {
     if (c.agents.token_file.empty()) return bad("agents.tokenFile", "must not be empty");
     RDMIG_TRY(read_uint(root, "", "maxConcurrentPerNode", c.max_concurrent_per_node, 1, 1000));
     RDMIG_TRY(read_uint(root, "", "pollIntervalMs", c.poll_interval_ms, 50, 60000));
+    if (const auto q = root["qemu"]) {
+      RDMIG_TRY(check_keys(q, "qemu", {"allowedNamespaces"}));
+      if (const auto list = q["allowedNamespaces"]) {
+        if (!list.IsSequence()) return bad("qemu.allowedNamespaces", "must be a list of namespaces (or [\"*\"])");
+        for (const auto& item : list) {
+          if (!item.IsScalar() || item.as<std::string>().empty()) {
+            return bad("qemu.allowedNamespaces", "every entry must be a non-empty namespace name or \"*\"");
+          }
+          c.qemu.allowed_namespaces.push_back(item.as<std::string>());
+        }
+      }
+    }
+    if (const auto k = root["kubevirt"]) {
+      const std::string p = "kubevirt";
+      RDMIG_TRY(check_keys(k, p, {"enabled", "maxReportedVmis", "figuresWaitSeconds"}));
+      RDMIG_TRY(read_bool(k, p, "enabled", c.kubevirt.enabled));
+      RDMIG_TRY(read_uint(k, p, "maxReportedVmis", c.kubevirt.max_reported_vmis, 1, 100000));
+      RDMIG_TRY(read_uint(k, p, "figuresWaitSeconds", c.kubevirt.figures_wait_seconds, 0, 600));
+    }
     if (const auto l = root["leaderElection"]) {
       const std::string p = "leaderElection";
       RDMIG_TRY(check_keys(l, p, {"enabled", "leaseName", "identity", "leaseDurationSeconds",
@@ -77,6 +96,13 @@ Result<ControllerConfig> parse_controller_config(const std::string& yaml_text) {
     return Error{Errc::kInvalidArgument, std::string("config: ") + e.what()};
   }
   return c;
+}
+
+bool ControllerConfig::Qemu::allowed(const std::string& ns) const {
+  for (const auto& a : allowed_namespaces) {
+    if (a == "*" || a == ns) return true;
+  }
+  return false;
 }
 
 Result<ControllerConfig> load_controller_config_file(const std::string& path) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "common/result.h"
 
@@ -24,6 +25,18 @@ struct ControllerConfig {
     uint32_t unreachable_timeout_seconds = 30;
   } agents;
   uint32_t max_concurrent_per_node = 2;
+  // The bare-QEMU kind (spec.source.qemu) lets its author drive any QEMU on any node, so it
+  // is an opt-in: namespaces whose RdmaMigration objects may use it ("*" = every namespace).
+  struct Qemu {
+    std::vector<std::string> allowed_namespaces;
+    bool allowed(const std::string& ns) const;
+  } qemu;
+  // KubeVirt: the vmi kind, and reporting of every VirtualMachineInstanceMigration.
+  struct Kubevirt {
+    bool enabled = true;                  // false: no VMIM watch, the vmi kind is refused
+    uint32_t max_reported_vmis = 256;     // VMIs with rdmig_controller_vmi_* series at once
+    uint32_t figures_wait_seconds = 10;   // after KubeVirt's end, wait this long for rdmig's figures
+  } kubevirt;
   uint32_t poll_interval_ms = 1000;
   struct LeaderElection {
     bool enabled = true;

@@ -22,7 +22,32 @@ ControllerMetrics::ControllerMetrics()
       agent_requests_(prometheus::BuildCounter()
                           .Name("rdmig_controller_agent_requests_total")
                           .Help("Requests to agents' REST API by HTTP status code (error: no response)")
-                          .Register(*registry_)) {
+                          .Register(*registry_)),
+      kv_ended_(prometheus::BuildCounter()
+                    .Name("rdmig_controller_kubevirt_migrations_total")
+                    .Help("KubeVirt migrations (VirtualMachineInstanceMigrations) seen to end, by result and whether "
+                          "rdmig carried them (true, false, unknown)")
+                    .Register(*registry_)),
+      vmi_active_(prometheus::BuildGauge()
+                      .Name("rdmig_controller_vmi_migration_active")
+                      .Help("1 while a KubeVirt migration of this VMI runs, else 0")
+                      .Register(*registry_)),
+      vmi_carried_(prometheus::BuildGauge()
+                       .Name("rdmig_controller_vmi_migration_carried")
+                       .Help("1 when rdmig carried the VMI's last migration, 0 when KubeVirt's own transport did")
+                       .Register(*registry_)),
+      vmi_downtime_(prometheus::BuildGauge()
+                        .Name("rdmig_controller_vmi_migration_downtime_seconds")
+                        .Help("Downtime of the VMI's last migration as libvirt reports it")
+                        .Register(*registry_)),
+      vmi_duration_(prometheus::BuildGauge()
+                        .Name("rdmig_controller_vmi_migration_duration_seconds")
+                        .Help("Duration of the VMI's last migration (libvirt's total time, else KubeVirt's timestamps)")
+                        .Register(*registry_)),
+      vmi_bytes_(prometheus::BuildGauge()
+                     .Name("rdmig_controller_vmi_migration_transferred_bytes")
+                     .Help("Bytes rdmig carried in the VMI's last migration")
+                     .Register(*registry_)) {
   reconciles_.Add({{"result", "success"}});
   reconciles_.Add({{"result", "error"}});
   set_phase_counts({});
@@ -37,6 +62,41 @@ void ControllerMetrics::set_phase_counts(const std::map<std::string, int>& count
     auto it = counts.find(phase);
     migrations_.Add({{"phase", phase}}).Set(it == counts.end() ? 0 : it->second);
   }
+}
+
+void ControllerMetrics::kubevirt_migration_ended(const std::string& result, const std::string& carried) {
+  kv_ended_.Add({{"result", result}, {"carried", carried}}).Increment();
+}
+
+void ControllerMetrics::remove_series(const std::string& ns, const std::string& name) {
+  const std::map<std::string, std::string> labels{{"namespace", ns}, {"name", name}};
+  for (auto* family : {&vmi_active_, &vmi_carried_, &vmi_downtime_, &vmi_duration_, &vmi_bytes_}) {
+    if (family->Has(labels)) family->Remove(&family->Add(labels));
+  }
+}
+
+void ControllerMetrics::set_vmi(const std::string& ns, const std::string& name, const VmiFigures& f) {
+  vmi_order_.remove({ns, name});
+  vmi_order_.emplace_back(ns, name);
+  while (vmi_order_.size() > max_vmis_) {
+    remove_series(vmi_order_.front().first, vmi_order_.front().second);
+    vmi_order_.pop_front();
+  }
+  const std::map<std::string, std::string> labels{{"namespace", ns}, {"name", name}};
+  vmi_active_.Add(labels).Set(f.active ? 1 : 0);
+  auto set_or_remove = [&](prometheus::Family<prometheus::Gauge>& family, const std::optional<double>& v) {
+    if (v) family.Add(labels).Set(*v);
+    else if (family.Has(labels)) family.Remove(&family.Add(labels));
+  };
+  set_or_remove(vmi_carried_, f.carried ? std::optional<double>(*f.carried ? 1 : 0) : std::nullopt);
+  set_or_remove(vmi_downtime_, f.downtime_seconds);
+  set_or_remove(vmi_duration_, f.duration_seconds);
+  set_or_remove(vmi_bytes_, f.transferred_bytes);
+}
+
+void ControllerMetrics::forget_vmi(const std::string& ns, const std::string& name) {
+  vmi_order_.remove({ns, name});
+  remove_series(ns, name);
 }
 
 std::string ControllerMetrics::serialize() const {

@@ -6,9 +6,12 @@
 #include <prometheus/gauge.h>
 #include <prometheus/registry.h>
 
+#include <list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 
 namespace rdmig::controller {
 
@@ -23,12 +26,34 @@ class ControllerMetrics {
   void set_phase_counts(const std::map<std::string, int>& counts);
   std::string serialize() const;
 
+  // Every KubeVirt migration (rdmig's CR or not), by VMI. Series exist for at most
+  // `max_vmis` VMIs (the least recently updated are dropped) and are removed by forget_vmi.
+  struct VmiFigures {
+    bool active = false;
+    std::optional<bool> carried;          // unknown while running without a record
+    std::optional<double> downtime_seconds, duration_seconds, transferred_bytes;
+  };
+  void set_max_vmis(size_t max_vmis) { max_vmis_ = max_vmis; }
+  void set_vmi(const std::string& ns, const std::string& name, const VmiFigures& figures);
+  void forget_vmi(const std::string& ns, const std::string& name);
+  // result: Succeeded, Failed; carried: true, false, unknown.
+  void kubevirt_migration_ended(const std::string& result, const std::string& carried);
+
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>& reconciles_;
   prometheus::Family<prometheus::Gauge>& migrations_;
   prometheus::Gauge& leader_;
   prometheus::Family<prometheus::Counter>& agent_requests_;
+  prometheus::Family<prometheus::Counter>& kv_ended_;
+  prometheus::Family<prometheus::Gauge>& vmi_active_;
+  prometheus::Family<prometheus::Gauge>& vmi_carried_;
+  prometheus::Family<prometheus::Gauge>& vmi_downtime_;
+  prometheus::Family<prometheus::Gauge>& vmi_duration_;
+  prometheus::Family<prometheus::Gauge>& vmi_bytes_;
+  size_t max_vmis_ = 256;
+  std::list<std::pair<std::string, std::string>> vmi_order_;  // least recently updated first
+  void remove_series(const std::string& ns, const std::string& name);
 };
 
 }  // namespace rdmig::controller

@@ -1,7 +1,8 @@
 // rdmig-controller: turns RdmaMigration objects into calls on the rdmig agents and mirrors
 // their progress into .status. See docs/controller.md.
 //
-// Threads, all started and joined here: the informer (list+watch of RdmaMigration objects),
+// Threads, all started and joined here: the informers (list+watch of RdmaMigration objects and,
+// with kubevirt.enabled, of VirtualMachineInstanceMigrations),
 // the leader elector (Lease renewals), the worker (every reconcile), the metrics/probe HTTP
 // server, and main, which waits for SIGTERM/SIGINT and then stops them in that order: worker
 // (no new agent calls), informer, elector (releases the lease), server.
@@ -20,6 +21,8 @@
 #include "controller/agent_client.h"
 #include "controller/config.h"
 #include "controller/controller_metrics.h"
+#include "controller/kubevirt.h"
+#include "controller/kubevirt_observer.h"
 #include "controller/reconciler.h"
 #include "controller/worker.h"
 #include "k8s/cluster_config.h"
@@ -120,7 +123,32 @@ int main(int argc, char** argv) {
   k8s::Informer informer(kube, collection, "", [&worker_ptr](const std::string&, const std::string& key) {
     if (worker_ptr) worker_ptr->enqueue(key);
   });
-  controller::Reconciler reconciler(config, config.namespace_, kube, informer, agents, events);
+  // KubeVirt: every VirtualMachineInstanceMigration (ours wake their RdmaMigration; the
+  // others are reported by the observer).
+  std::unique_ptr<k8s::Informer> vmims;
+  if (config.kubevirt.enabled) {
+    vmims = std::make_unique<k8s::Informer>(
+        kube, controller::vmim_collection(config.watch_namespace), "",
+        [&worker_ptr, &vmims](const std::string&, const std::string& key) {
+          if (!worker_ptr) return;
+          std::string owner;
+          if (auto o = vmims->get(key)) {
+            for (const auto& ref : o->value("metadata", nlohmann::json::object()).value("ownerReferences",
+                                                                                       nlohmann::json::array())) {
+              if (ref.value("kind", "") == "RdmaMigration") {
+                owner = o->value("metadata", nlohmann::json::object()).value("namespace", "") + "/" + ref.value("name", "");
+              }
+            }
+          }
+          worker_ptr->enqueue(owner);  // "" only wakes the worker for the observer
+        });
+  }
+  controller::Reconciler reconciler(config, config.namespace_, kube, informer, agents, events, vmims.get());
+  std::unique_ptr<controller::KubevirtObserver> observer;
+  if (vmims) {
+    observer = std::make_unique<controller::KubevirtObserver>(config, config.namespace_, kube, *vmims, agents, events,
+                                                               metrics);
+  }
 
   using ms = std::chrono::milliseconds;
   auto secs = [](double s) { return ms(static_cast<long long>(s * 1000)); };
@@ -136,7 +164,7 @@ int main(int argc, char** argv) {
   const bool elect = config.leader_election.enabled;
   metrics.set_leader(!elect);
   controller::Worker worker(reconciler, informer, metrics, ms(config.poll_interval_ms),
-                            [&] { return !elect || elector.leading(); });
+                            [&] { return !elect || elector.leading(); }, observer.get());
   worker_ptr = &worker;
   wake = &worker;
 
@@ -168,10 +196,13 @@ int main(int argc, char** argv) {
                          << " namespace=" << config.namespace_ << " watch="
                          << (config.watch_namespace.empty() ? "<all>" : config.watch_namespace)
                          << " metrics=" << config.metrics.address << ":" << port
+                         << " kubevirt=" << (config.kubevirt.enabled ? "on" : "off")
                          << " leaderElection=" << (elect ? "on" : "off");
 
   std::thread server_thread([&] { server.listen_after_bind(); });
   std::thread informer_thread([&] { informer.run(); });
+  std::thread vmim_thread;
+  if (vmims) vmim_thread = std::thread([&] { vmims->run(); });
   std::thread elector_thread;
   if (elect) elector_thread = std::thread([&] { elector.run(); });
   std::thread worker_thread([&] { worker.run(); });
@@ -182,8 +213,10 @@ int main(int argc, char** argv) {
   worker.stop();
   worker_thread.join();
   informer.stop();
+  if (vmims) vmims->stop();
   kube.stop_watches();
   informer_thread.join();
+  if (vmims) vmim_thread.join();
   if (elect) {
     elector.stop();
     elector_thread.join();

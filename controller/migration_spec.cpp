@@ -17,7 +17,8 @@ Result<QemuEndpoint> parse_endpoint(const json& spec, const char* side) {
   auto it = spec.find(side);
   if (it == spec.end() || !it->is_object()) return bad(f, "required");
   if (it->size() != 1 || !it->contains("qemu")) {
-    return bad(f, "must name exactly one kind of endpoint; supported: qemu");
+    return bad(f, std::string("must name exactly one kind of endpoint; supported: ") +
+                      (std::string(side) == "source" ? "qemu, vmi" : "qemu (with a qemu source)"));
   }
   const json& q = (*it)["qemu"];
   if (!q.is_object()) return bad(f + ".qemu", "must be an object with node and qmpSocket");
@@ -48,6 +49,55 @@ Result<std::optional<uint64_t>> uint_field(const json& spec, const char* key, ui
 }
 
 }  // namespace
+
+Result<SourceKind> source_kind(const json& spec) {
+  if (!spec.is_object()) return bad("spec", "required");
+  auto it = spec.find("source");
+  if (it == spec.end() || !it->is_object()) return bad("spec.source", "required");
+  if (it->size() == 1 && it->contains("qemu")) return SourceKind::kQemu;
+  if (it->size() == 1 && it->contains("vmi")) return SourceKind::kVmi;
+  return bad("spec.source", "must name exactly one kind of endpoint; supported: qemu, vmi");
+}
+
+Result<VmiRequest> parse_vmi_spec(const json& spec) {
+  if (!spec.is_object()) return bad("spec", "required");
+  VmiRequest r;
+  const json& v = spec.value("source", json::object()).value("vmi", json());
+  if (!v.is_object()) return bad("spec.source.vmi", "must be an object with name");
+  for (const auto& [k, _] : v.items()) {
+    if (k != "name") return bad("spec.source.vmi." + k, "unknown field (supported: name)");
+  }
+  if (!v.contains("name") || !v["name"].is_string() || v["name"].get<std::string>().empty()) {
+    return bad("spec.source.vmi.name", "required");
+  }
+  r.name = v["name"].get<std::string>();
+  if (r.name.size() > 253) return bad("spec.source.vmi.name", "longer than 253 characters");
+  if (auto t = spec.find("target"); t != spec.end() && !t->is_null()) {
+    if (!t->is_object()) return bad("spec.target", "must be an object");
+    for (const auto& [k, val] : t->items()) {
+      if (k == "qemu") return bad("spec.target.qemu", "not allowed with spec.source.vmi (use spec.target.nodeSelector)");
+      if (k != "nodeSelector") return bad("spec.target." + k, "unknown field (supported with a vmi source: nodeSelector)");
+      if (!val.is_object()) return bad("spec.target.nodeSelector", "must be a map of label keys to values");
+      for (const auto& [lk, lv] : val.items()) {
+        if (!lv.is_string()) return bad("spec.target.nodeSelector." + lk, "must be a string");
+        r.node_selector[lk] = lv.get<std::string>();
+      }
+    }
+  }
+  for (const char* tunable : {"transport", "chunkSize", "multifdChannels", "ringDepth", "maxDowntimeMs", "maxBandwidth",
+                              "completionTimeoutSeconds"}) {
+    if (spec.contains(tunable) && !spec[tunable].is_null()) {
+      return bad(std::string("spec.") + tunable,
+                 "only for spec.source.qemu; under KubeVirt the agents' kubevirt config and KubeVirt's migration "
+                 "policy decide it");
+    }
+  }
+  if (auto it = spec.find("cancel"); it != spec.end() && !it->is_null()) {
+    if (!it->is_boolean()) return bad("spec.cancel", "must be true or false");
+    r.cancel = it->get<bool>();
+  }
+  return r;
+}
 
 Result<MigrationRequest> parse_spec(const json& spec) {
   if (!spec.is_object()) return bad("spec", "required");

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -30,7 +31,22 @@ struct MigrationRequest {
   bool cancel = false;
 };
 
+// spec.source names exactly one kind of endpoint.
+enum class SourceKind { kQemu, kVmi };
+Result<SourceKind> source_kind(const nlohmann::json& spec);
+
+// spec.source.qemu (bare QEMU): both endpoints, the tunables.
 Result<MigrationRequest> parse_spec(const nlohmann::json& spec);
+
+// spec.source.vmi (KubeVirt): the VMI in the object's namespace, optional
+// spec.target.nodeSelector (KubeVirt's addedNodeSelector). The bare-QEMU tunables are refused:
+// under KubeVirt the agents' `kubevirt:` config and KubeVirt's migration policy decide them.
+struct VmiRequest {
+  std::string name;
+  std::map<std::string, std::string> node_selector;
+  bool cancel = false;
+};
+Result<VmiRequest> parse_vmi_spec(const nlohmann::json& spec);
 
 // The id both agents use for this object's migration: "m-" + metadata.uid (a DNS label).
 // Deterministic, so a restarted controller finds the migration it started.

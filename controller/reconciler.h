@@ -1,12 +1,23 @@
 // Reconciler: drives one RdmaMigration object one step towards its end, from what the API
-// cache and the agents say. Steps (status.phase):
+// cache, KubeVirt and the agents say. One reconcile path per source kind:
+//
+// qemu (reconcile_qemu.cpp; opt-in per namespace, config qemu.allowedNamespaces):
 //   ""/Pending       validate the spec, wait for a free slot on both nodes, find the agent pods
 //   PreparingTarget  POST role=target to the target agent, then role=source to the source agent
 //   Migrating        poll both agents, mirror progress; end in Succeeded/Failed/Cancelled
-// spec.cancel and deletion (finalizer rdmig.io/cancel-on-delete) cancel on the agents first:
-// the source before the target, and never the target once the source has completed (then the
-// VM already lives on the target). Each status change goes through the status subresource
-// with the object's resourceVersion (409: re-read, retry) and records an Event.
+//   spec.cancel and deletion cancel on the agents first: the source before the target, and
+//   never the target once the source has completed (then the VM already lives on the target).
+//
+// vmi (reconcile_vmi.cpp; KubeVirt orchestrates, rdmig carries and measures):
+//   ""/Pending       check the VMI (exists, Running, LiveMigratable, not migrating), create a
+//                    VirtualMachineInstanceMigration owned by the object
+//   PreparingTarget  VMIM Pending..TargetReady;  Migrating: VMIM Running
+//   Succeeded/Failed as KubeVirt ends it, with rdmig's figures from the agents' records
+//   spec.cancel and deletion delete the VMIM (KubeVirt's abort) and wait until it is gone.
+//
+// Deletion is held by the finalizer rdmig.io/cancel-on-delete until the migration stopped.
+// Each status change goes through the status subresource with the object's resourceVersion
+// (409: re-read, retry) and records an Event.
 //
 // Called from the controller's single worker thread only; holds no locks of its own.
 #pragma once
@@ -32,8 +43,9 @@ enum class Next { kDone, kRequeueNow, kPoll };
 
 class Reconciler {
  public:
+  // `vmims`: the VirtualMachineInstanceMigration cache, null when KubeVirt support is off.
   Reconciler(const ControllerConfig& config, std::string agent_namespace, k8s::KubeClient& kube,
-             k8s::Informer& informer, AgentClient& agents, k8s::EventRecorder& events);
+             k8s::Informer& informer, AgentClient& agents, k8s::EventRecorder& events, k8s::Informer* vmims);
 
   Result<Next> reconcile(const std::string& key);
 
@@ -45,10 +57,25 @@ class Reconciler {
   };
 
   Result<Next> finalize(nlohmann::json obj);
+
+  // qemu kind (reconcile_qemu.cpp)
+  Result<Next> reconcile_qemu(nlohmann::json obj);
+  Result<bool> finalize_qemu(const nlohmann::json& obj);  // true once stopped
   Result<Next> admit(nlohmann::json obj, const MigrationRequest& req);
   Result<Next> prepare(nlohmann::json obj, const MigrationRequest& req);
   Result<Next> poll(nlohmann::json obj);
   Result<Next> cancel(nlohmann::json obj);
+
+  // vmi kind (reconcile_vmi.cpp)
+  Result<Next> reconcile_vmi(nlohmann::json obj);
+  Result<Next> admit_vmi(nlohmann::json obj, const VmiRequest& req);
+  Result<Next> follow_vmi(nlohmann::json obj);
+  // Deletes the VMIM (KubeVirt's abort); true once it is gone or finished.
+  Result<bool> stop_vmim(const nlohmann::json& obj);
+  Result<Next> cancel_vmi(nlohmann::json obj);
+  Result<bool> finalize_vmi(const nlohmann::json& obj);
+  // rdmig's record from the agents into status and the CarriedByRdmig condition.
+  void mirror_record(const nlohmann::json& obj, nlohmann::json& status, bool ended);
 
   // Asks the agents to stop (source first) and says whether both have.
   StopState stop_on_agents(const nlohmann::json& obj);
@@ -70,7 +97,9 @@ class Reconciler {
   k8s::Informer& informer_;
   AgentClient& agents_;
   k8s::EventRecorder& events_;
+  k8s::Informer* vmims_;
   std::map<std::string, std::chrono::steady_clock::time_point> unreachable_since_;
+  std::map<std::string, std::chrono::steady_clock::time_point> ended_since_;  // vmi: waiting for figures
 };
 
 std::string object_path(const nlohmann::json& obj);

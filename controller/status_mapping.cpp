@@ -1,6 +1,7 @@
 #include "controller/status_mapping.h"
 
 #include <cmath>
+#include <cstdio>
 
 #include "common/units.h"
 
@@ -82,6 +83,109 @@ void copy_agent_status(json& status, const json& source, const json& target) {
     status["progress"]["throughputBytesPerSecond"] =
         progress["transferredBytes"].get<int64_t>() * 1000 / status["totalTimeMs"].get<int64_t>();
   }
+}
+
+namespace {
+std::string decimal_si(double v, const char* unit) {
+  const char* prefixes[] = {"", "k", "M", "G", "T", "P"};
+  int i = 0;
+  while (v >= 1000.0 && i < 5) {
+    v /= 1000.0;
+    ++i;
+  }
+  char buf[48];
+  if (i == 0 || v >= 100.0) std::snprintf(buf, sizeof buf, "%.0f%s%s", v, prefixes[i], unit);
+  else std::snprintf(buf, sizeof buf, "%.1f%s%s", v, prefixes[i], unit);
+  return buf;
+}
+bool number(const json& j, const char* key) { return j.is_object() && j.contains(key) && j[key].is_number(); }
+}  // namespace
+
+void update_display(json& status) {
+  if (!status.is_object()) return;
+  json display = json::object();
+  const json& p = status.value("progress", json::object());
+  if (number(p, "percent")) display["progress"] = std::to_string(p["percent"].get<int64_t>()) + "%";
+  else if (number(p, "transferredBytes")) display["progress"] = decimal_si(p["transferredBytes"].get<double>(), "B") + " sent";
+  if (number(status, "downtimeMs")) display["downtime"] = std::to_string(status["downtimeMs"].get<int64_t>()) + "ms";
+  if (number(status, "switchoverMs")) display["switchover"] = std::to_string(status["switchoverMs"].get<int64_t>()) + "ms";
+  if (number(p, "throughputBytesPerSecond") && p["throughputBytesPerSecond"].get<double>() > 0) {
+    display["throughput"] = decimal_si(p["throughputBytesPerSecond"].get<double>(), "B/s");
+  }
+  if (number(p, "transferredBytes")) display["bytes"] = decimal_si(p["transferredBytes"].get<double>(), "B");
+  if (display.empty()) status.erase("display");
+  else status["display"] = display;
+}
+
+void copy_kubevirt_record(json& status, const json& item) {
+  if (!status.is_object()) status = json::object();
+  if (!item.is_object()) return;
+  auto str = [&](const char* from, const char* to) {
+    if (item.contains(from) && item[from].is_string()) status[to] = item[from];
+  };
+  str("transport", "transport");
+  str("transportReason", "transportReason");
+  if (number(item, "connections")) status["channels"] = item["connections"].get<int64_t>();
+  json progress = status.value("progress", json::object());
+  auto num = [&](const json& from, const char* key, const char* to) {
+    if (number(from, key)) progress[to] = static_cast<int64_t>(std::llround(from[key].get<double>()));
+  };
+  num(item, "bytesSent", "transferredBytes");
+  num(item, "chunksSent", "chunksSent");
+  num(item, "chunksReceived", "chunksReceived");
+  num(item, "throughputBytesPerSecond", "throughputBytesPerSecond");
+  if (number(item, "progressPercent")) {  // optional: libvirt's dataProcessed/dataTotal, when the agent knows it
+    progress["percent"] = std::clamp<int64_t>(static_cast<int64_t>(item["progressPercent"].get<double>()), 0, 100);
+  }
+  const json& lv = item.value("libvirt", json::object());
+  if (lv.is_object()) {
+    num(lv, "dataTotalBytes", "totalBytes");
+    if (number(lv, "downtimeMs")) status["downtimeMs"] = lv["downtimeMs"].get<int64_t>();
+    if (number(lv, "totalTimeMs")) status["totalTimeMs"] = lv["totalTimeMs"].get<int64_t>();
+  }
+  if (number(item, "switchoverMs")) status["switchoverMs"] = item["switchoverMs"].get<int64_t>();
+  if (!progress.empty()) status["progress"] = progress;
+}
+
+void copy_kubevirt_state(json& status, const json& vmim, const json& ms) {
+  json kv = status.value("kubevirt", json::object());
+  const auto& md = vmim.value("metadata", json::object());
+  const auto& st = vmim.value("status", json::object());
+  if (md.contains("name")) kv["migrationName"] = md["name"];
+  if (md.contains("uid")) kv["migrationUid"] = md["uid"];
+  if (st.contains("phase") && st["phase"].is_string()) kv["migrationPhase"] = st["phase"];
+  if (st.contains("phaseTransitionTimestamps") && st["phaseTransitionTimestamps"].is_array()) {
+    json stamps = json::array();
+    for (const auto& t : st["phaseTransitionTimestamps"]) {
+      if (t.is_object() && t.contains("phase") && t.contains("phaseTransitionTimestamp")) {
+        stamps.push_back(json{{"phase", t["phase"]}, {"phaseTransitionTimestamp", t["phaseTransitionTimestamp"]}});
+      }
+    }
+    kv["phaseTransitionTimestamps"] = stamps;
+  }
+  if (ms.is_object()) {
+    for (const char* k : {"targetPod", "mode", "startTimestamp", "endTimestamp", "failureReason", "abortStatus"}) {
+      if (ms.contains(k) && ms[k].is_string() && !ms[k].get<std::string>().empty()) kv[k] = ms[k];
+    }
+    for (const char* k : {"completed", "failed"}) {
+      if (ms.contains(k) && ms[k].is_boolean()) kv[k] = ms[k];
+    }
+    if (ms.contains("sourceNode") && ms["sourceNode"].is_string()) status["sourceNode"] = ms["sourceNode"];
+    if (ms.contains("targetNode") && ms["targetNode"].is_string() && !ms["targetNode"].get<std::string>().empty()) {
+      status["targetNode"] = ms["targetNode"];
+    }
+  }
+  status["kubevirt"] = kv;
+}
+
+std::string phase_for_vmim_phase(const std::string& p) {
+  if (p == "Pending" || p == "Scheduling" || p == "Scheduled" || p == "PreparingTarget" || p == "TargetReady" ||
+      p.empty()) {
+    return "PreparingTarget";
+  }
+  if (p == "Running") return "Migrating";
+  if (p == "Succeeded" || p == "Failed") return p;
+  return "";
 }
 
 void set_condition(json& status, const std::string& type, const std::string& status_value, const std::string& reason,

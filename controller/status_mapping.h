@@ -26,6 +26,24 @@ Verdict judge(const nlohmann::json& source, const nlohmann::json& target);
 // figures are left out, never written as 0.
 void copy_agent_status(nlohmann::json& status, const nlohmann::json& source, const nlohmann::json& target);
 
+// Preformatted strings for the printer columns, from the numeric fields (both kinds):
+// status.display.{progress "57%", downtime "31ms", switchover "40ms", throughput "2.1GB/s",
+// bytes "537MB"}. Fields whose figure is unknown are left out.
+void update_display(nlohmann::json& status);
+
+// rdmig's own record of a KubeVirt migration (an item of GET /v1/kubevirt/migrations) into
+// status: transport and why, channels (connections), progress bytes/chunks/throughput,
+// libvirt's downtime and total time, switchover. Null figures are left out.
+void copy_kubevirt_record(nlohmann::json& status, const nlohmann::json& item);
+
+// KubeVirt's view (the VMIM and the VMI's status.migrationState, when it is about that VMIM)
+// into status.kubevirt and status.sourceNode/targetNode.
+void copy_kubevirt_state(nlohmann::json& status, const nlohmann::json& vmim, const nlohmann::json& migration_state);
+
+// The RdmaMigration phase for a VMIM phase: Pending..TargetReady -> PreparingTarget,
+// Running -> Migrating, Succeeded/Failed as they are; "" for an unknown phase.
+std::string phase_for_vmim_phase(const std::string& vmim_phase);
+
 // Sets condition `type` in status.conditions; lastTransitionTime changes only when `status_value` changes.
 void set_condition(nlohmann::json& status, const std::string& type, const std::string& status_value,
                    const std::string& reason, const std::string& message, int64_t generation,

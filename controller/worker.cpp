@@ -7,12 +7,14 @@ namespace rdmig::controller {
 using nlohmann::json;
 
 Worker::Worker(Reconciler& reconciler, k8s::Informer& informer, ControllerMetrics& metrics,
-               std::chrono::milliseconds poll_interval, std::function<bool()> leading)
+               std::chrono::milliseconds poll_interval, std::function<bool()> leading,
+               KubevirtObserver* observer)
     : reconciler_(reconciler),
       informer_(informer),
       metrics_(metrics),
       poll_interval_(poll_interval),
-      leading_(std::move(leading)) {}
+      leading_(std::move(leading)),
+      observer_(observer) {}
 
 void Worker::enqueue(const std::string& key) {
   {
@@ -61,7 +63,14 @@ void Worker::run() {
     }
     if (!leading_() || !informer_.synced()) continue;
     for (const auto& key : keys) {
-      auto r = reconciler_.reconcile(key);
+      if (key.empty()) continue;
+      Result<Next> r = Next::kDone;
+      try {
+        r = reconciler_.reconcile(key);
+      } catch (const std::exception& e) {
+        // Input of an unexpected shape that slipped past the checks: fail this pass, not the controller.
+        r = Error{Errc::kInternal, std::string("unexpected: ") + e.what()};
+      }
       if (!r) {
         metrics_.reconciled("error");
         LOG_WARN("reconcile") << key << ": " << r.error().message << " (retrying)";
@@ -69,6 +78,13 @@ void Worker::run() {
       }
       metrics_.reconciled("success");
       if (r.value() == Next::kRequeueNow) enqueue(key);
+    }
+    if (observer_) {
+      try {
+        observer_->observe_all();
+      } catch (const std::exception& e) {
+        LOG_WARN("kubevirt") << "observing VirtualMachineInstanceMigrations: unexpected: " << e.what();
+      }
     }
   }
 }

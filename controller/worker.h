@@ -1,6 +1,7 @@
 // Worker: the controller's one reconcile thread. Wakes on cache changes (from the informer)
 // and every poll interval; while this replica leads, reconciles the changed objects and
-// every object that is still running or being deleted. Stops when stop() is called.
+// every object that is still running or being deleted, then lets the KubeVirt observer look
+// at the VirtualMachineInstanceMigrations. Stops when stop() is called. enqueue("") only wakes it.
 #pragma once
 
 #include <atomic>
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "controller/controller_metrics.h"
+#include "controller/kubevirt_observer.h"
 #include "controller/reconciler.h"
 
 namespace rdmig::controller {
@@ -18,7 +20,8 @@ namespace rdmig::controller {
 class Worker {
  public:
   Worker(Reconciler& reconciler, k8s::Informer& informer, ControllerMetrics& metrics,
-         std::chrono::milliseconds poll_interval, std::function<bool()> leading);
+         std::chrono::milliseconds poll_interval, std::function<bool()> leading,
+         KubevirtObserver* observer = nullptr);
 
   void enqueue(const std::string& key);
   void run();
@@ -30,6 +33,7 @@ class Worker {
   ControllerMetrics& metrics_;
   std::chrono::milliseconds poll_interval_;
   std::function<bool()> leading_;
+  KubevirtObserver* observer_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::set<std::string> dirty_;

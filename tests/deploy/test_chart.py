@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from deploylib import (CHART, HELM_LABELS, MANIFESTS, NAMESPACE, REPO, TOGGLES, by_key, dashboard_metric_names,  # noqa: E402
                        diff, embedded_config, find, helm, key, one, plain_manifests, pod_spec, render)
 
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Plugin"}
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -308,6 +308,24 @@ class ChartTest(unittest.TestCase):
         own_role = one(t, "Role", "rdmig-controller")
         self.assertEqual(own_role["rules"], [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}],
                          "no Lease rights without leader election")
+        self.assertNotIn("kubevirt.io", json.dumps(watch_role["rules"]), "controller kubevirt.enabled=false: no KubeVirt rights")
+        self.assertEqual((ctl_cfg["qemu"], ctl_cfg["kubevirt"]),
+                         ({"allowedNamespaces": ["vms"]}, {"enabled": False, "maxReportedVmis": 16, "figuresWaitSeconds": 10}))
+
+        # KubeVirt mode: the Plugin, the hook socket's hostPath, the capabilities, agent.config.kubevirt verbatim.
+        plugin = one(t, "Plugin")
+        self.assertEqual(plugin["apiVersion"], "plugin.kubevirt.io/v1alpha1")
+        self.assertEqual(plugin["spec"]["nodeHooks"], [{"socket": "/var/run/rdmig-test/hooks/agent.sock",
+                                                        "permittedHooks": ["PreMigrationSource"],
+                                                        "failureStrategy": "Ignore", "timeout": "3s"}])
+        ds_spec = pod_spec(ds)
+        agent_c = ds_spec["containers"][0]
+        self.assertEqual(agent_c["securityContext"]["capabilities"]["add"], ["IPC_LOCK", "NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"])
+        self.assertTrue(ds_spec["hostPID"])
+        hooks = {v["name"]: v for v in ds_spec["volumes"]}["kubevirt-hooks"]
+        self.assertEqual(hooks["hostPath"]["path"], "/var/run/rdmig-test/hooks")
+        self.assertIn({"name": "kubevirt-hooks", "mountPath": "/var/run/rdmig-test/hooks"}, agent_c["volumeMounts"])
+        self.assertEqual(agent_cfg["kubevirt"], {"hookSocket": "/var/run/rdmig-test/hooks/agent.sock"})
 
     def test_token_value_rdma_count_and_dashboard_namespace(self):
         docs = render("--set", "token.value=0123456789abcdef0123", "--set", "agent.rdma.resourceName=rdma/hca",
@@ -318,6 +336,29 @@ class ChartTest(unittest.TestCase):
         self.assertEqual(embedded_config(one(docs, "ConfigMap", "rdmig-agent-config"))["agent.yaml"]["rdma"]["resourceEnv"],
                          "rdma/hca")
         self.assertEqual(one(docs, "ConfigMap", "rdmig-grafana-dashboard")["metadata"]["namespace"], "monitoring")
+
+    def test_kubevirt_defaults_controller_rights_and_no_agent_privileges(self):
+        rules = one(self.defaults, "ClusterRole")["rules"]
+        self.assertIn({"apiGroups": ["kubevirt.io"], "resources": ["virtualmachineinstances"], "verbs": ["get"]}, rules)
+        self.assertIn({"apiGroups": ["kubevirt.io"], "resources": ["virtualmachineinstancemigrations"],
+                       "verbs": ["create", "get", "list", "watch", "delete"]}, rules)
+        self.assertEqual(find(self.defaults, "Plugin"), [])
+        c = pod_spec(one(self.defaults, "DaemonSet"))["containers"][0]
+        self.assertEqual(c["securityContext"]["capabilities"]["add"], ["IPC_LOCK"])
+        self.assertNotIn("kubevirt-hooks", json.dumps(c))
+        cfg = embedded_config(one(self.defaults, "ConfigMap", "rdmig-controller-config"))["controller.yaml"]
+        self.assertEqual(cfg["qemu"], {"allowedNamespaces": []}, "the bare-QEMU kind is an opt-in")
+        r = helm("template", "rdmig", CHART, "--set", "kubevirt.plugin.enabled=true", check=False)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("kubevirt.plugin.enabled needs kubevirt.enabled", r.stderr)
+
+    def test_plain_plugin_manifest_equals_the_charts_plugin(self):
+        with open(os.path.join(MANIFESTS, "kubevirt", "plugin.yaml")) as f:
+            plain = yaml.safe_load(f)
+        chart = one(render("--set", "kubevirt.enabled=true", "--set", "kubevirt.plugin.enabled=true"), "Plugin")
+        chart = strip_helm(chart)
+        chart["metadata"]["name"] = "rdmig"  # the release-prefixed name
+        self.assertEqual(diff(plain, chart), [])
 
     def test_bad_values_fail_with_a_message(self):
         r = helm("template", "rdmig", CHART, "--set", "token.value=short", check=False)
@@ -387,9 +428,12 @@ class ChartTest(unittest.TestCase):
                 r = helm("template", "rdmig", chart, "-n", NAMESPACE, "--show-only", "templates/zz-notes.yaml", *extra)
                 notes = yaml.safe_load(r.stdout)["data"]["notes"]
                 for needle in ("kind: RdmaMigration", "kubectl apply -f -", "kubectl get rdmig -A -w",
-                               "kubectl describe rdmig", '"cancel":true'):
+                               "kubectl describe rdmig", '"cancel":true', "source: {vmi: {name: web-1}}",
+                               "CarriedByRdmig", "involvedObject.kind=VirtualMachineInstance"):
                     self.assertIn(needle, notes)
                 self.assertNotIn("<no value>", notes)
+                self.assertEqual('feature gate "Plugins"' in notes, bool(extra), "the gate is named when the Plugin is made")
+                self.assertEqual("A bare QEMU (namespaces vms only)" in notes, bool(extra))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 

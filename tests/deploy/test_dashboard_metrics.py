@@ -62,6 +62,7 @@ class DashboardMetricsTest(unittest.TestCase):
         cfg = json.loads(json.dumps(cls.controller_yaml))
         cfg["agents"]["tokenFile"] = cls.agents[0].token_file
         cfg["metrics"].update(address="127.0.0.1", port=0)
+        cfg["qemu"] = {"allowedNamespaces": [VM_NS]}  # this check runs a bare-QEMU migration: opt in
         cls.controller = Controller(cls.tmp, "controller", kubeconfig, cls.agents[0].token_file, config=cfg)
 
     @classmethod

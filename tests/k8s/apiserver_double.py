@@ -19,10 +19,16 @@ It is a test double, not an API server. It keeps the semantics the controller re
   * labelSelector (equality terms) and fieldSelector (spec.nodeName, metadata.name,
     metadata.namespace) on lists and watches;
   * bearer-token authentication (401 otherwise) and TLS with a CA made by the openssl CLI;
-  * RdmaMigration writes are checked against the CRD's openAPIV3Schema (422 Invalid).
+  * RdmaMigration writes are checked against the CRD's openAPIV3Schema, CEL rules included
+    (transition rules against the stored object on updates) (422 Invalid);
+  * kubevirt.io/v1 VirtualMachineInstance and VirtualMachineInstanceMigration like any other
+    resource (list, watch, create, get, PUT, DELETE), both with the status subresource as
+    KubeVirt's CRDs declare it; metadata.ownerReferences kept as written, and background
+    garbage collection: when an owner is gone, its dependents are deleted (finalizers honoured).
+Every request is logged (method, path, user agent, status; watches as WATCH) for the RBAC check.
 It does not keep: RBAC, admission webhooks, server-side apply/patch, field managers,
-defaulting from the schema, garbage collection/ownerReferences, pagination (limit/continue),
-set-based selectors, watch caches per resource, protobuf, or API discovery.
+defaulting from the schema, foreground deletion/blockOwnerDeletion, pagination
+(limit/continue), set-based selectors, watch caches per resource, protobuf, or API discovery.
 """
 import bisect
 import copy
@@ -39,8 +45,7 @@ import uuid
 
 import schema_validator
 
-STATUS_SUBRESOURCE = {"rdmamigrations"}
-CLUSTER_WIDE_LISTS = {"rdmamigrations", "pods", "leases", "events"}
+STATUS_SUBRESOURCE = {"rdmamigrations", "virtualmachineinstances", "virtualmachineinstancemigrations"}
 
 
 def now_rfc3339():
@@ -102,6 +107,7 @@ class Store:
         self.epoch = 0       # bumped by expire_watches(): open watches end with 410
         self.crd_schema = crd_schema
         self.on_finalizers_removed = None  # hook(obj) called before the object goes away
+        self.conflict_once = set()  # (plural, ns, name): the next PUT on it answers 409 (fault injection)
         self.counters = {"list": {}, "watch": {}, "gone": 0}
 
     # -- internals -----------------------------------------------------------------------
@@ -111,10 +117,10 @@ class Store:
         self.history.append((self.rv, plural, ns, etype, copy.deepcopy(obj)))
         self.cond.notify_all()
 
-    def _validate(self, plural, obj):
+    def _validate(self, plural, obj, old=None):
         if plural != "rdmamigrations" or self.crd_schema is None:
             return None
-        errors = schema_validator.validate(obj, self.crd_schema)
+        errors = schema_validator.validate(obj, self.crd_schema, old=old)
         if errors:
             return 422, status_body(422, "Invalid", "RdmaMigration is invalid: " + "; ".join(errors))
         return None
@@ -168,6 +174,10 @@ class Store:
             if stored is None:
                 return 404, status_body(404, "NotFound", '%s "%s" not found' % (plural, name))
             conflict = self._check_rv(stored, body, plural, name)
+            if not conflict and key in self.conflict_once:
+                self.conflict_once.discard(key)
+                body = dict(body, metadata=dict(body.get("metadata", {}), resourceVersion="0"))
+                conflict = self._check_rv(stored, body, plural, name)
             if conflict:
                 return conflict
             new = copy.deepcopy(stored)
@@ -191,7 +201,7 @@ class Store:
                     new["metadata"].pop("finalizers", None)
                 if plural in STATUS_SUBRESOURCE and new.get("spec") != stored.get("spec"):
                     new["metadata"]["generation"] = stored["metadata"].get("generation", 1) + 1
-            bad = self._validate(plural, new)
+            bad = self._validate(plural, new, old=stored)
             if bad:
                 return bad
             if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
@@ -199,6 +209,7 @@ class Store:
                     self.on_finalizers_removed(copy.deepcopy(new))
                 del self.objects[key]
                 self._bump(plural, ns, "DELETED", new)
+                self._collect_garbage(new["metadata"]["uid"])
                 return 200, copy.deepcopy(new)
             self.objects[key] = new
             self._bump(plural, ns, "MODIFIED", new)
@@ -218,7 +229,14 @@ class Store:
                 return 200, copy.deepcopy(stored)
             del self.objects[key]
             self._bump(plural, ns, "DELETED", stored)
+            self._collect_garbage(stored["metadata"]["uid"])
             return 200, copy.deepcopy(stored)
+
+    def _collect_garbage(self, owner_uid):
+        """Background cascading deletion: dependents of a vanished owner are deleted."""
+        for (plural, ns, name), obj in list(self.objects.items()):
+            if any(r.get("uid") == owner_uid for r in obj["metadata"].get("ownerReferences", [])):
+                self.delete(plural, ns, name)
 
     def matches(self, obj, plural, ns, labels, fields):
         md = obj.get("metadata", {})

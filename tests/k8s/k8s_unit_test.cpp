@@ -202,7 +202,7 @@ TEST(MigrationSpec, RejectsSameNodeUnknownKindAndUnknownTransport) {
   EXPECT_NE(controller::parse_spec(same).error().message.find("must differ"), std::string::npos);
   json vmi = base_spec();
   vmi["source"] = {{"vmi", {{"name", "x"}}}};
-  EXPECT_NE(controller::parse_spec(vmi).error().message.find("supported: qemu"), std::string::npos);
+  EXPECT_NE(controller::parse_spec(vmi).error().message.find("supported: qemu, vmi"), std::string::npos);
   json tr = base_spec();
   tr["transport"] = "ib";
   EXPECT_NE(controller::parse_spec(tr).error().message.find("spec.transport"), std::string::npos);

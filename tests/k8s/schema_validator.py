@@ -2,10 +2,14 @@
 
 Keywords: type (object, array, string, integer, number, boolean), properties, required,
 items, enum, minimum, maximum, minLength, maxLength, pattern, minProperties, maxProperties,
-format (date-time, int64: checked loosely), x-kubernetes-int-or-string,
-x-kubernetes-preserve-unknown-fields, default and description (ignored). Unknown fields are
-errors (the API server prunes them; a sample carrying one is wrong). Any other keyword is
-reported as unsupported, so the validator never silently passes what it does not check.
+format (date-time, int64: checked loosely), additionalProperties (a schema for map values),
+x-kubernetes-int-or-string, x-kubernetes-preserve-unknown-fields, default and description
+(ignored), and x-kubernetes-validations (CEL rules) in the subset the CRD uses: field selection
+on self/oldSelf, has(), ==, !=, &&, ||, !, parentheses, string/number/bool literals. A rule that
+uses anything else is reported, never skipped. Rules naming oldSelf (transition rules) run only
+on updates (validate(..., old=stored)), as the API server runs them. Unknown fields are errors
+(the API server prunes them; a sample carrying one is wrong). Any other keyword is reported as
+unsupported, so the validator never silently passes what it does not check.
 """
 import re
 
@@ -13,7 +17,8 @@ import yaml
 
 KNOWN = {"type", "properties", "required", "items", "enum", "minimum", "maximum", "minLength",
          "maxLength", "pattern", "minProperties", "maxProperties", "format", "default",
-         "description", "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields"}
+         "description", "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields",
+         "additionalProperties", "x-kubernetes-validations"}
 RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
 
 
@@ -47,8 +52,93 @@ def _type_ok(value, schema):
     raise ValueError("unsupported type %r" % t)
 
 
-def validate(value, schema, path="", top=True):
-    """Returns a list of error strings (empty when valid)."""
+class _Missing(Exception):
+    pass
+
+
+class _Obj(dict):
+    """A JSON object whose fields are read as attributes (CEL field selection)."""
+
+    def __getattr__(self, name):
+        if name not in self:
+            raise _Missing(name)
+        return _wrap(self[name])
+
+
+def _wrap(v):
+    return _Obj(v) if isinstance(v, dict) and not isinstance(v, _Obj) else v
+
+
+def _has(thunk):
+    try:
+        thunk()
+        return True
+    except _Missing:
+        return False
+
+
+_CEL_TOKEN = re.compile(r"\s*(?:(has\()|(&&)|(\|\|)|(==)|(!=)|(!)|([()])|('[^']*'|\"[^\"]*\")|(true|false)"
+                        r"|([0-9]+)|((?:self|oldSelf)(?:\.[A-Za-z_][A-Za-z0-9_]*)*))")
+
+
+def cel_to_python(rule):
+    """Translates a rule of the supported CEL subset to a Python expression; ValueError otherwise."""
+    out, pos, depth_has = [], 0, []
+    depth = 0
+    rule = rule.strip()
+    while pos < len(rule):
+        m = _CEL_TOKEN.match(rule, pos)
+        if not m or m.end() == pos:
+            raise ValueError("unsupported CEL at %r" % rule[pos:pos + 20])
+        pos = m.end()
+        has_, and_, or_, eq, ne, not_, paren, lit, boolean, num, ident = m.groups()
+        if has_:
+            out.append("_has(lambda: ")
+            depth += 1
+            depth_has.append(depth)
+        elif and_:
+            out.append(" and ")
+        elif or_:
+            out.append(" or ")
+        elif eq:
+            out.append(" == ")
+        elif ne:
+            out.append(" != ")
+        elif not_:
+            out.append(" not ")
+        elif paren == "(":
+            depth += 1
+            out.append("(")
+        elif paren == ")":
+            if depth_has and depth_has[-1] == depth:
+                depth_has.pop()
+            depth -= 1
+            out.append(")")
+        elif lit:
+            out.append(repr(lit[1:-1]))
+        elif boolean:
+            out.append("True" if boolean == "true" else "False")
+        elif num:
+            out.append(num)
+        else:
+            out.append(ident)
+    return "".join(out)
+
+
+def eval_rule(rule, value, old=None):
+    """Evaluates one CEL rule. Returns True/False, or None for a transition rule without `old`."""
+    if "oldSelf" in rule and old is None:
+        return None
+    code = cel_to_python(rule)
+    env = {"_has": _has, "self": _wrap(value), "oldSelf": _wrap(old), "__builtins__": {}}
+    try:
+        return bool(eval(code, env))  # noqa: S307 - our own translation of the CRD's rules
+    except _Missing:
+        return False  # CEL: selecting an absent field is an error, which fails the rule
+
+
+def validate(value, schema, path="", top=True, old=None):
+    """Returns a list of error strings (empty when valid). `old`: the stored value (updates)."""
     errors = []
     for key in schema:
         if key not in KNOWN:
@@ -81,13 +171,25 @@ def validate(value, schema, path="", top=True):
             if req not in value:
                 errors.append("%s: required field %r is missing" % (where, req))
         props = schema.get("properties")
-        preserve = schema.get("x-kubernetes-preserve-unknown-fields") or props is None
+        addl = schema.get("additionalProperties")
+        preserve = schema.get("x-kubernetes-preserve-unknown-fields") or (props is None and addl is None)
         for k, v in value.items():
             sub = "%s.%s" % (path, k) if path else k
+            sub_old = old.get(k) if isinstance(old, dict) else None
             if props is not None and k in props:
-                errors += validate(v, props[k], sub, False)
+                errors += validate(v, props[k], sub, False, sub_old)
+            elif isinstance(addl, dict):
+                errors += validate(v, addl, sub, False, sub_old)
             elif not preserve:
                 errors.append("%s: unknown field" % sub)
+    for r in schema.get("x-kubernetes-validations", []):
+        try:
+            ok = eval_rule(r["rule"], value, old)
+        except ValueError as e:
+            errors.append("%s: rule %r: %s" % (where, r["rule"], e))
+            continue
+        if ok is False:
+            errors.append("%s: %s" % (where, r.get("message", "failed rule " + r["rule"])))
     if isinstance(value, list) and "items" in schema:
         for i, item in enumerate(value):
             errors += validate(item, schema["items"], "%s[%d]" % (path, i), False)

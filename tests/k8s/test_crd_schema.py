@@ -25,8 +25,11 @@ class CrdSchemaTest(unittest.TestCase):
         with open(CRD) as f:
             cls.crd = yaml.safe_load(f)
         cls.schema = schema_validator.load_crd_schema(CRD)
-        with open(SAMPLES[0]) as f:
-            cls.good = yaml.safe_load(f)
+        with open(os.path.join(REPO, "operator-manifests", "samples", "rdmamigration-basic.yaml")) as f:
+            cls.good = yaml.safe_load(f)  # the bare-QEMU kind
+        with open(os.path.join(REPO, "operator-manifests", "samples", "rdmamigration-vmi.yaml")) as f:
+            cls.vmi = yaml.safe_load(f)
+        cls.vmi["spec"]["target"] = {"nodeSelector": {"feature.node.kubernetes.io/rdma.capable": "true"}}
 
     def errors(self, obj):
         return schema_validator.validate(obj, self.schema)
@@ -48,10 +51,18 @@ class CrdSchemaTest(unittest.TestCase):
         self.assertEqual(version["name"], "v1alpha1")
         self.assertTrue(version["served"] and version["storage"])
         self.assertEqual(version["subresources"], {"status": {}})
-        columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
-        for name in ("Phase", "Source", "Target", "Transport", "Progress", "Downtime", "Age"):
-            self.assertIn(name, columns)
-        self.assertEqual(columns["Phase"], ".status.phase")
+        cols = version["additionalPrinterColumns"]
+        self.assertEqual([c["name"] for c in cols if not c.get("priority")],
+                         ["Phase", "Source", "Target", "Reason", "Transport", "Progress", "Downtime", "Age"])
+        self.assertEqual([c["name"] for c in cols if c.get("priority") == 1], ["Switchover", "Throughput", "Bytes"])
+        status = self.schema["properties"]["status"]
+        for c in cols:
+            # Every column reads status (or metadata), so it is right for both kinds.
+            self.assertRegex(c["jsonPath"], r"^\.(status|metadata)\.", c["name"])
+            node = {"properties": {"status": status, "metadata": {"properties": {"creationTimestamp": {}}}}}
+            for part in c["jsonPath"].strip(".").split("."):
+                self.assertIn(part, node.get("properties", {}), "%s: %s is not in the schema" % (c["name"], c["jsonPath"]))
+                node = node["properties"][part]
 
     def test_status_phase_enum_matches_the_controller(self):
         status = self.schema["properties"]["status"]["properties"]
@@ -70,12 +81,33 @@ class CrdSchemaTest(unittest.TestCase):
                 walk(s["items"], path + "[]")
         walk(self.schema, "<root>")
 
+    def test_vmi_sample_is_the_minimal_object(self):
+        with open(os.path.join(REPO, "operator-manifests", "samples", "rdmamigration-vmi.yaml")) as f:
+            self.assertEqual(yaml.safe_load(f)["spec"], {"source": {"vmi": {"name": "web-1"}}})
+
     def test_samples_validate(self):
-        self.assertGreaterEqual(len(SAMPLES), 2)
+        self.assertGreaterEqual(len(SAMPLES), 3)
         for path in SAMPLES:
             with open(path) as f:
                 obj = yaml.safe_load(f)
             self.assertEqual(self.errors(obj), [], path)
+
+    def test_vmi_status_written_by_controller_validates(self):
+        obj = copy.deepcopy(self.vmi)
+        obj["status"] = {
+            "phase": "Succeeded", "reason": "NotCarriedByRdmig", "sourceNode": "node-a", "targetNode": "node-b",
+            "transport": "rdma", "transportReason": "auto-both-rdma", "channels": 9, "downtimeMs": 17,
+            "display": {"progress": "100%", "downtime": "17ms", "switchover": "40ms", "throughput": "2.1GB/s",
+                        "bytes": "537MB"},
+            "kubevirt": {"migrationName": "rdmig-move-web-1", "migrationUid": "u", "vmiUid": "v",
+                         "migrationPhase": "Succeeded", "targetPod": "virt-launcher-web-1-abcde", "mode": "PreCopy",
+                         "phaseTransitionTimestamps": [{"phase": "Pending",
+                                                        "phaseTransitionTimestamp": "2024-05-01T12:00:00Z"}],
+                         "startTimestamp": "2024-05-01T12:00:01Z", "endTimestamp": "2024-05-01T12:00:03Z",
+                         "completed": True, "failed": False},
+            "conditions": [{"type": "CarriedByRdmig", "status": "False", "reason": "NotCarried", "message": "post-copy",
+                            "observedGeneration": 1, "lastTransitionTime": "2024-05-01T12:00:03Z"}]}
+        self.assertEqual(self.errors(obj), [])
 
     def test_status_written_by_controller_validates(self):
         obj = self.mutated(lambda o: o.update(status={
@@ -101,9 +133,47 @@ class CrdSchemaTest(unittest.TestCase):
         errs = self.errors(self.mutated(lambda o: o["spec"].update(transport="infiniband")))
         self.assertTrue(any("spec.transport" in e and "not one of" in e for e in errs), errs)
 
-    def test_rejects_missing_target(self):
+    def test_rejects_qemu_source_without_target_or_on_the_same_node(self):
         errs = self.errors(self.mutated(lambda o: o["spec"].pop("target")))
-        self.assertTrue(any("'target' is missing" in e for e in errs), errs)
+        self.assertTrue(any("a qemu source needs a qemu target on another node" in e for e in errs), errs)
+        errs = self.errors(self.mutated(lambda o: o["spec"]["target"]["qemu"].update(node="node-a")))
+        self.assertTrue(any("a qemu source needs a qemu target on another node" in e for e in errs), errs)
+
+    def test_minimal_vmi_object_validates_and_cel_rules_refuse_mixed_kinds(self):
+        minimal = {"apiVersion": "rdmig.io/v1alpha1", "kind": "RdmaMigration",
+                   "metadata": {"name": "move-web-1", "namespace": "prod"}, "spec": {"source": {"vmi": {"name": "web-1"}}}}
+        self.assertEqual(self.errors(minimal), [])
+        both = copy.deepcopy(minimal)
+        both["spec"]["source"]["qemu"] = {"node": "a", "qmpSocket": "/q"}
+        self.assertTrue(any("name exactly one kind" in e for e in self.errors(both)))
+        qemu_target = copy.deepcopy(self.vmi)
+        qemu_target["spec"]["target"] = {"qemu": {"node": "b", "qmpSocket": "/q"}}
+        self.assertTrue(any("not allowed with a vmi source" in e for e in self.errors(qemu_target)))
+        tuned = copy.deepcopy(minimal)
+        tuned["spec"]["chunkSize"] = "4Mi"
+        self.assertTrue(any("only for a qemu source" in e for e in self.errors(tuned)))
+        selector_on_qemu = self.mutated(lambda o: o["spec"]["target"].update(nodeSelector={"a": "b"}))
+        self.assertTrue(self.errors(selector_on_qemu))
+        bad_selector = copy.deepcopy(self.vmi)
+        bad_selector["spec"]["target"]["nodeSelector"]["x"] = 5
+        self.assertTrue(any("nodeSelector.x" in e for e in self.errors(bad_selector)))
+
+    def test_spec_is_immutable_except_cancel(self):
+        old = self.vmi
+        cancelled = copy.deepcopy(old)
+        cancelled["spec"]["cancel"] = True
+        self.assertEqual(schema_validator.validate(cancelled, self.schema, old=old), [])
+        for change in (lambda s: s["source"]["vmi"].update(name="other"), lambda s: s.pop("target"),
+                       lambda s: s["target"]["nodeSelector"].update(x="y")):
+            new = copy.deepcopy(old)
+            change(new["spec"])
+            errs = schema_validator.validate(new, self.schema, old=old)
+            self.assertTrue(any("spec is immutable except spec.cancel" in e for e in errs), errs)
+        tuned = self.mutated(lambda o: o["spec"].update(chunkSize="8Mi"))
+        errs = schema_validator.validate(tuned, self.schema, old=self.good)
+        self.assertTrue(any("immutable" in e for e in errs), errs)
+        # On create (no old object) the transition rule does not apply.
+        self.assertEqual(self.errors(tuned), [])
 
     def test_rejects_target_without_a_kind_or_with_two(self):
         errs = self.errors(self.mutated(lambda o: o["spec"].update(target={})))
@@ -142,6 +212,13 @@ class CrdSchemaTest(unittest.TestCase):
         self.assertTrue(v(True, {"type": "integer"}))
         self.assertFalse(v("4Mi", {"x-kubernetes-int-or-string": True}))
         self.assertTrue(v({}, {"type": "object", "oneOf": []}))  # unsupported keyword is reported
+        rule = {"type": "object", "x-kubernetes-validations": [{"rule": "self.a == 'x' && !has(self.b)", "message": "m"}]}
+        self.assertEqual(v({"a": "x"}, rule), [])
+        self.assertEqual(v({"a": "x", "b": 1}, rule), ["<root>: m"])
+        self.assertEqual(v({"a": "y"}, rule), ["<root>: m"])
+        self.assertTrue(v({}, {"type": "object", "x-kubernetes-validations": [{"rule": "self.size() > 1"}]}),
+                        "CEL outside the supported subset is reported, not skipped")
+        self.assertTrue(v({"m": 1}, {"type": "object", "additionalProperties": {"type": "string"}}))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,289 @@
+// The qemu kind: a QEMU process on each node, driven through the agents' bare-QEMU REST API.
+#include "common/log.h"
+#include "common/units.h"
+#include "controller/reconcile_util.h"
+#include "controller/reconciler.h"
+#include "controller/status_mapping.h"
+
+namespace rdmig::controller {
+
+using nlohmann::json;
+using namespace detail;
+
+namespace {
+
+std::string node_of(const json& obj, const char* side) {
+  const auto& spec = obj.value("spec", json::object());
+  if (!spec.contains(side) || !spec[side].is_object()) return "";
+  const auto& q = spec[side].value("qemu", json::object());
+  return q.is_object() ? q.value("node", "") : "";
+}
+
+}  // namespace
+
+int Reconciler::active_on_node(const std::string& node, const std::string& except_key) const {
+  int n = 0;
+  for (const auto& o : informer_.list()) {
+    if (k8s::Informer::key_of(o) == except_key) continue;
+    const std::string phase = o.value("status", json::object()).value("phase", "");
+    if (phase != "PreparingTarget" && phase != "Migrating") continue;
+    if (node_of(o, "source") == node || node_of(o, "target") == node) ++n;
+  }
+  return n;
+}
+
+
+Result<Next> Reconciler::reconcile_qemu(json obj) {
+  json status = obj.value("status", json::object());
+  const std::string phase = status.value("phase", "");
+  auto req = parse_spec(obj.value("spec", json()));
+  if (!req) {
+    if (!phase.empty() && phase != "Pending") {
+      // Spec edited into something invalid mid-run: stop what runs before failing.
+      const auto st = stop_on_agents(obj);
+      if (!st.stopped) return Next::kPoll;
+    }
+    return transition(obj, status, "Failed", "InvalidSpec", req.error().message);
+  }
+  if (req->cancel) return cancel(obj);
+  if (phase.empty() || phase == "Pending") {
+    const std::string ns = obj["metadata"].value("namespace", "");
+    if (!config_.qemu.allowed(ns)) {
+      return transition(obj, status, "Failed", "QemuKindNotAllowed",
+                        "spec.source.qemu: the bare-QEMU kind is not enabled for namespace '" + ns +
+                            "' (controller config qemu.allowedNamespaces); use spec.source.vmi for KubeVirt VMs");
+    }
+    status["sourceNode"] = req->source.node;
+    status["targetNode"] = req->target.node;
+    obj["status"] = status;
+    return admit(obj, req.value());
+  }
+  if (phase == "PreparingTarget") return prepare(obj, req.value());
+  if (phase == "Migrating") return poll(obj);
+  return transition(obj, status, "Failed", "UnknownPhase", "status.phase '" + phase + "' is not one rdmig knows");
+}
+
+Result<Next> Reconciler::admit(json obj, const MigrationRequest& req) {
+  const std::string key = informer_.key_of(obj);
+  json status = obj.value("status", json::object());
+  const int64_t gen = generation_of(obj);
+  if (status.value("phase", "").empty()) {
+    set_condition(status, "Admitted", "Unknown", "Waiting", "waiting for a slot on both nodes", gen, now_text());
+    return transition(obj, status, "Pending", "Pending", "accepted; waiting to start");
+  }
+  for (const auto& node : {req.source.node, req.target.node}) {
+    const int active = active_on_node(node, key);
+    if (active >= static_cast<int>(config_.max_concurrent_per_node)) {
+      const std::string msg = "node '" + node + "' already takes part in " + std::to_string(active) +
+                              " migrations (maxConcurrentPerNode=" + std::to_string(config_.max_concurrent_per_node) + ")";
+      const json before = status;
+      set_condition(status, "Admitted", "False", "NodeBusy", msg, gen, now_text());
+      if (status != before) {
+        auto w = write_status(obj, status);
+        if (!w) return w.error();
+      }
+      return Next::kPoll;
+    }
+  }
+  auto source = find_agent(req.source.node);
+  if (!source) {
+    if (source.error().code != Errc::kNotFound) return source.error();
+    return transition(obj, status, "Failed", "AgentNotFound", "source: " + source.error().message);
+  }
+  auto target = find_agent(req.target.node);
+  if (!target) {
+    if (target.error().code != Errc::kNotFound) return target.error();
+    return transition(obj, status, "Failed", "AgentNotFound", "target: " + target.error().message);
+  }
+  auto id = agent_migration_id(obj);
+  if (!id) return transition(obj, status, "Failed", "InvalidObject", id.error().message);
+  // Record the agents and the id before calling them: whatever happens next, the status says
+  // where a migration may run, so cancel and deletion can always reach it.
+  status["migrationId"] = id.value();
+  status["sourceAgent"] = source->to_json();
+  status["targetAgent"] = target->to_json();
+  status["startTime"] = now_text();
+  set_condition(status, "Admitted", "True", "Admitted", "agents " + source->pod + " and " + target->pod + " chosen",
+                gen, now_text());
+  return transition(obj, status, "PreparingTarget", "PreparingTarget",
+                    "preparing the target on node " + req.target.node + " (agent " + target->pod + ")");
+}
+
+Result<Next> Reconciler::prepare(json obj, const MigrationRequest& req) {
+  const std::string key = informer_.key_of(obj);
+  json status = obj.value("status", json::object());
+  const std::string id = status.value("migrationId", "");
+  const auto src = AgentAddress::from_json(status.value("sourceAgent", json::object()));
+  const auto dst = AgentAddress::from_json(status.value("targetAgent", json::object()));
+  const int64_t gen = generation_of(obj);
+
+  // A restarted controller may find the migration already started: adopt it.
+  auto existing = agents_.get(src, id);
+  if (existing) {
+    set_condition(status, "TargetPrepared", "True", "Prepared", "found running on the agents", gen, now_text());
+    return transition(obj, status, "Migrating", "Migrating", "migration " + id + " found running; adopted");
+  }
+  if (existing.error().code != Errc::kNotFound) {
+    if (!unreachable_too_long(key, "source")) return Next::kPoll;
+    return transition(obj, status, "Failed", "AgentUnreachable", existing.error().message);
+  }
+  reachable(key, "source");
+  auto stale = agents_.get(dst, id);
+  if (stale) {
+    // Prepared by an earlier run of the controller that stopped before starting the source;
+    // its one-time token is gone, so this preparation cannot be used.
+    (void)agents_.cancel(dst, id);
+    return transition(obj, status, "Failed", "Interrupted",
+                       "the controller stopped while preparing the target; the prepared target was cancelled");
+  }
+  if (stale.error().code != Errc::kNotFound) {
+    if (!unreachable_too_long(key, "target")) return Next::kPoll;
+    return transition(obj, status, "Failed", "AgentUnreachable", stale.error().message);
+  }
+  reachable(key, "target");
+  const std::string vm = vm_name(obj);
+  auto prepared = agents_.create(dst, target_request_body(req, id, vm));
+  if (!prepared) {
+    return transition(obj, status, "Failed", "TargetRefused", "preparing the target: " + prepared.error().message);
+  }
+  auto started = agents_.create(src, source_request_body(req, id, vm, prepared.value()));
+  if (!started) {
+    (void)agents_.cancel(dst, id);
+    return transition(obj, status, "Failed", "SourceRefused", "starting the source: " + started.error().message);
+  }
+  set_condition(status, "TargetPrepared", "True", "Prepared",
+                "target listening at " + prepared->value("endpoint", std::string("?")), gen, now_text());
+  return transition(obj, status, "Migrating", "Migrating",
+                    "migrating from node " + req.source.node + " to node " + req.target.node);
+}
+
+Result<Next> Reconciler::poll(json obj) {
+  const std::string key = informer_.key_of(obj);
+  json status = obj.value("status", json::object());
+  const std::string id = status.value("migrationId", "");
+  const auto src = AgentAddress::from_json(status.value("sourceAgent", json::object()));
+  const auto dst = AgentAddress::from_json(status.value("targetAgent", json::object()));
+
+  auto s = agents_.get(src, id);
+  auto t = agents_.get(dst, id);
+  const std::pair<const char*, Result<json>*> sides[] = {{"source", &s}, {"target", &t}};
+  for (const auto& [side, r] : sides) {
+    if (r->ok()) {
+      reachable(key, side);
+      continue;
+    }
+    const Error& e = r->error();
+    if (e.code == Errc::kNotFound) {
+      // The agent lost the migration (it restarted): the other side cannot finish alone.
+      (void)stop_on_agents(obj);
+      return transition(obj, status, "Failed", "AgentLostMigration",
+                        std::string(side) + " agent no longer knows migration " + id + " (agent restarted?)");
+    }
+    if (!unreachable_too_long(key, side)) return Next::kPoll;
+    (void)stop_on_agents(obj);
+    return transition(obj, status, "Failed", "AgentUnreachable",
+                      std::string(side) + " agent unreachable for " +
+                          std::to_string(config_.agents.unreachable_timeout_seconds) + "s: " + e.message);
+  }
+  copy_agent_status(status, s.value(), t.value());
+  const Verdict v = judge(s.value(), t.value());
+  switch (v.outcome) {
+    case Outcome::kRunning: {
+      if (status != obj.value("status", json::object())) {
+        auto w = write_status(obj, status);
+        if (!w) return w.error();
+      }
+      return Next::kPoll;
+    }
+    case Outcome::kSucceeded: {
+      std::string msg = "migrated";
+      if (status.contains("downtimeMs")) msg += "; downtime " + std::to_string(status["downtimeMs"].get<int64_t>()) + " ms";
+      if (status.contains("totalTimeMs")) msg += "; total " + std::to_string(status["totalTimeMs"].get<int64_t>()) + " ms";
+      return transition(obj, status, "Succeeded", "Succeeded", msg);
+    }
+    case Outcome::kFailed:
+    case Outcome::kCancelled: {
+      const auto st = stop_on_agents(obj);  // cancels whichever side still runs
+      if (!st.stopped) return Next::kPoll;
+      const bool cancelled = v.outcome == Outcome::kCancelled;
+      return transition(obj, status, cancelled ? "Cancelled" : "Failed", cancelled ? "Cancelled" : "MigrationFailed",
+                        v.reason);
+    }
+  }
+  return Next::kPoll;
+}
+
+Reconciler::StopState Reconciler::stop_on_agents(const json& obj) {
+  StopState out;
+  const std::string key = informer_.key_of(obj);
+  const json status = obj.value("status", json::object());
+  const std::string id = status.value("migrationId", "");
+  if (id.empty()) {
+    out.stopped = true;
+    return out;
+  }
+  // One side: true when it is not running (terminal, unknown to its agent, or unreachable
+  // past the limit); asks it to cancel otherwise.
+  auto side_stopped = [&](const char* side, const char* field, json& view) {
+    if (!status.contains(field)) return true;
+    const auto agent = AgentAddress::from_json(status[field]);
+    auto r = agents_.get(agent, id);
+    if (!r) {
+      if (r.error().code == Errc::kNotFound) return true;
+      if (unreachable_too_long(key, side)) {
+        LOG_WARN("reconcile") << key << ": giving up on the " << side << " agent: " << r.error().message;
+        return true;
+      }
+      return false;
+    }
+    reachable(key, side);
+    view = r.value();
+    if (agent_phase_terminal(view.value("phase", ""))) return true;
+    if (auto c = agents_.cancel(agent, id); !c) {
+      LOG_WARN("reconcile") << key << ": cancel on the " << side << " agent: " << c.error().message;
+    }
+    return false;
+  };
+  if (!side_stopped("source", "sourceAgent", out.source)) return out;
+  out.source_succeeded = out.source.value("phase", "") == "Succeeded";
+  if (out.source_succeeded) {
+    // The VM now lives on the target: never cancel it there; wait for the target to finish.
+    const auto agent = AgentAddress::from_json(status.value("targetAgent", json::object()));
+    auto r = agents_.get(agent, id);
+    if (r) out.target = r.value();
+    out.stopped = !r || agent_phase_terminal(out.target.value("phase", ""));
+    return out;
+  }
+  out.stopped = side_stopped("target", "targetAgent", out.target);
+  return out;
+}
+
+Result<Next> Reconciler::cancel(json obj) {
+  json status = obj.value("status", json::object());
+  const std::string phase = status.value("phase", "");
+  if (phase == "PreparingTarget" || phase == "Migrating") {
+    const auto st = stop_on_agents(obj);
+    if (!st.stopped) return Next::kPoll;
+    if (!st.source.is_null() && !st.target.is_null()) copy_agent_status(status, st.source, st.target);
+    if (st.source_succeeded) {
+      return transition(obj, status, "Succeeded", "Succeeded", "migrated; spec.cancel came after the source had completed");
+    }
+  }
+  return transition(obj, status, "Cancelled", "Cancelled",
+                    phase == "PreparingTarget" || phase == "Migrating"
+                        ? "cancelled through spec.cancel; the VM keeps running on the source"
+                        : "cancelled through spec.cancel before it started");
+}
+
+
+Result<bool> Reconciler::finalize_qemu(const json& obj) {
+  const std::string phase = obj.value("status", json::object()).value("phase", "");
+  if (phase == "PreparingTarget" || phase == "Migrating") {
+    const auto st = stop_on_agents(obj);
+    if (!st.stopped) return false;
+    events_.record(obj, "Normal", "Cancelled", "object deleted: migration stopped on the agents");
+  }
+  return true;
+}
+
+}  // namespace rdmig::controller

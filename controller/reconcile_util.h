@@ -1,0 +1,30 @@
+// Small helpers shared by the reconcile paths (reconciler.cpp, reconcile_qemu.cpp,
+// reconcile_vmi.cpp). Internal to controller/.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "controller/reconciler.h"
+#include "k8s/time_format.h"
+
+namespace rdmig::controller::detail {
+
+inline std::string now_text() { return k8s::format_time(k8s::Clock::now()); }
+
+inline int64_t generation_of(const nlohmann::json& obj) { return obj["metadata"].value("generation", int64_t{0}); }
+
+inline bool has_finalizer(const nlohmann::json& obj) {
+  for (const auto& f : obj["metadata"].value("finalizers", nlohmann::json::array())) {
+    if (f == kFinalizer) return true;
+  }
+  return false;
+}
+
+// A migration of the vmi kind has been started when status.kubevirt names its VMIM.
+inline bool vmi_started(const nlohmann::json& status) {
+  return status.is_object() && status.contains("kubevirt") && status["kubevirt"].is_object() &&
+         status["kubevirt"].contains("migrationName");
+}
+
+}  // namespace rdmig::controller::detail
