@@ -9,10 +9,14 @@ build_pkgs=(cmake g++ make pkg-config libibverbs-dev librdmacm-dev libcpp-httpli
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libnftables-dev libvirt-dev)
 run_pkgs=(qemu-system-x86 busybox-static python3 rdma-core ibverbs-providers
   ibverbs-utils rdmacm-utils iproute2 socat cpio gzip)
-test_pkgs=(perftest iperf3 seabios openssl nodejs npm unzip python3-yaml binutils nftables python3-grpcio)
+test_pkgs=(perftest iperf3 seabios openssl nodejs npm unzip python3-yaml binutils)
+# tests/kubevirt: KubeVirt's migration path with real libvirt (libvirtd 9.0) in namespaces.
+kubevirt_test_pkgs=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients python3-libvirt
+  python3-grpcio nftables util-linux passwd)
 
 want=("${build_pkgs[@]}" "${run_pkgs[@]}")
 if [ "${1:-}" = "--test" ]; then want+=("${test_pkgs[@]}"); fi
+if [ "${1:-}" = "--test" ]; then want+=("${kubevirt_test_pkgs[@]}"); fi
 
 missing=()
 for p in "${want[@]}"; do

@@ -1,0 +1,550 @@
+"""KubeVirt-shaped live migration on one machine, without Kubernetes and without rdmig.
+
+Two "nodes", each with
+  - a virt-handler pod network namespace (kvnet.HandlerNetwork) where the migration proxy
+    stand-in (kvproxy, process name "virt-handler") runs, one process per role and migration;
+  - a virt-launcher pod (kvpod.LauncherPod): libvirtd in private mount/UTS/PID namespaces and,
+    per VMI, a virt-launcher-monitor stand-in whose /proc/<pid>/root reaches the pod's files.
+A migration follows KubeVirt's data path: target proxy listens on [::]:0 per class and
+publishes targetNodeAddress/targetDirectMigrationNodePorts; the source proxy creates
+<uid>-source.sock and <uid>-49152-source.sock in the source launcher, calls the
+PreMigrationSource node hook (optional), then libvirt migrates peer to peer through them
+(LIVE|PEER2PEER|PERSIST_DEST [|PARALLEL] [|PAUSED], dconnuri and migrate URI on unix sockets).
+The VMI goes back and forth: each migration moves it to the node it is not on.
+"""
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+from .kvnet import HandlerNetwork
+from .kvpki import make_test_pki
+from .kvpod import LauncherPod, wait_for, _stop
+from .qmp import QmpClient
+
+TOOLS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARE_DIR = "/var/run/kubevirt"  # virtShareDir inside the launcher
+COUNTER_RE = re.compile(rb"^rdmig-counter (\d+)\r?$", re.M)
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def libvirt_module():
+    import libvirt  # python3-libvirt
+    return libvirt
+
+
+def proc_cpu_seconds(pid):
+    """utime+stime of a process from /proc/<pid>/stat, or None once it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def file_sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(8 << 20)
+            if not chunk:
+                return h.hexdigest()
+            h.update(chunk)
+
+
+def domain_xml(name, dom_uuid, mem_mib, kernel, initrd, cmdline, serial_path, qmp_path):
+    """A TCG domain booting the test guest directly. ``qmp_path``: a second QMP monitor for
+    the harness (libvirt keeps its own), used to read the source's memory mid-migration."""
+    return """<domain type='qemu' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>
+  <name>{name}</name>
+  <uuid>{uuid}</uuid>
+  <memory unit='MiB'>{mem}</memory>
+  <vcpu>1</vcpu>
+  <os><type arch='x86_64' machine='pc'>hvm</type>
+    <kernel>{kernel}</kernel><initrd>{initrd}</initrd><cmdline>{cmdline}</cmdline></os>
+  <clock offset='utc'/>
+  <on_poweroff>destroy</on_poweroff><on_reboot>destroy</on_reboot><on_crash>destroy</on_crash>
+  <devices>
+    <emulator>/usr/bin/qemu-system-x86_64</emulator>
+    <controller type='usb' model='none'/>
+    <serial type='file'><source path='{serial}'/><target port='0'/></serial>
+    <memballoon model='none'/>
+  </devices>
+  <qemu:commandline>
+    <qemu:arg value='-qmp'/><qemu:arg value='unix:{qmp},server=on,wait=off'/>
+  </qemu:commandline>
+</domain>""".format(name=name, uuid=dom_uuid, mem=int(mem_mib), kernel=kernel, initrd=initrd,
+                    cmdline=cmdline, serial=serial_path, qmp=qmp_path)
+
+
+class Vmi:
+    """The VMI as the harness tracks it; ``node`` is where it runs now."""
+
+    def __init__(self, name, namespace, uid, mem_mib, node):
+        self.name, self.namespace, self.uid = name, namespace, uid
+        self.mem_mib = mem_mib
+        self.node = node
+        self.domain = "%s_%s" % (namespace, name)  # util.DomainFromNamespaceName
+        self.serial_in_pod = "/var/log/libvirt/qemu/%s.serial.log" % self.domain
+        self.qmp_in_pod = "/run/kubevirt/%s.qmp" % self.domain  # the harness's own monitor
+
+
+class MigrationResult:
+    """What one migration produced. Attributes:
+    success (bool), error (libvirt's error text or a hook/proxy failure, else None),
+    migration_uid, vmi_uid, source_node, target_node, parallel, tls,
+    wall_ms (migrateToURI3 call), job (target's completed job stats dict from libvirt:
+    time_elapsed, downtime, data_total/processed, memory_bps, ... ; None on failure),
+    source_job (the source's, when libvirt kept it), downtime_ms, total_time_ms,
+    data_bytes, throughput_bps (data_processed / time_elapsed, bytes/s),
+    proxy_logs {"source": doc, "target": doc} (kvproxy's JSON log),
+    hook (the source proxy's hook report or None), handler_pids {"source","target"},
+    handler_cpu_s {"source","target"} (/proc/<pid>/stat utime+stime at the end),
+    handler_netns {"source","target"}, launcher_pids {"source","target"},
+    target_address, ports (targetDirectMigrationNodePorts), vmi_json (as sent to the hook),
+    memory (dict, with target_paused: source_sha256, target_sha256, equal, bytes),
+    counter_before (source's last serial counter) and counter_after (target's, after resume).
+    """
+
+    def __init__(self, **kw):
+        self.success = False
+        self.error = None
+        self.job = self.source_job = None
+        self.downtime_ms = self.total_time_ms = self.data_bytes = self.throughput_bps = None
+        self.proxy_logs = {}
+        self.hook = None
+        self.memory = None
+        self.counter_before = self.counter_after = None
+        self.__dict__.update(kw)
+
+    def summary(self):
+        keys = ("success", "error", "parallel", "tls", "wall_ms", "downtime_ms", "total_time_ms",
+                "data_bytes", "throughput_bps", "handler_cpu_s", "counter_before", "counter_after")
+        out = {k: getattr(self, k, None) for k in keys}
+        out["memory_equal"] = self.memory and self.memory.get("equal")
+        out["hook"] = self.hook and {k: self.hook.get(k) for k in ("ok", "error", "duration_s")}
+        return out
+
+
+class MigrationFailed(AssertionError):
+    def __init__(self, result):
+        super().__init__("migration %s failed: %s" % (result.migration_uid, result.error))
+        self.result = result
+
+
+class KubevirtCluster:
+    """Context manager. ``workdir``: where pods, logs and certificates go (a temp dir by
+    default, removed on close unless ``keep``). ``nodes``: the two node names."""
+
+    def __init__(self, workdir=None, nodes=("node-a", "node-b"), keep=False, libvirt_log_level=3,
+                 kernel=None, initrd=None):
+        self.keep = keep or bool(os.environ.get("RDMIG_KEEP_TMP"))
+        self._own_workdir = workdir is None
+        self.workdir = os.path.abspath(workdir or tempfile.mkdtemp(prefix="rdmig-kv-"))
+        self.nodes = list(nodes)
+        self.kernel, self.initrd = kernel, initrd
+        self.net = HandlerNetwork(self.nodes)
+        self.pods = {n: LauncherPod(n, os.path.join(self.workdir, n), libvirt_log_level)
+                     for n in self.nodes}
+        self.pki_dir = os.path.join(self.workdir, "pki")
+        self.vmi = None
+        self.migrations = 0
+        self._procs = []
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def __enter__(self):
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def start(self):
+        if self.kernel is None or self.initrd is None:
+            from .guest import ensure_guest
+            self.kernel, self.initrd = ensure_guest()
+        self.net.setup()
+        make_test_pki(self.pki_dir)
+        for pod in self.pods.values():
+            os.makedirs(pod.dir, exist_ok=True)
+            pod.start()
+        return self
+
+    def close(self):
+        for p in self._procs:
+            _stop(p)
+        self._procs = []
+        for pod in self.pods.values():
+            pod.close()
+        self.net.close()
+        if self.keep:
+            print("kept %s" % self.workdir, file=sys.stderr)
+        elif self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # -- accessors for tests and for rdmig's agents --------------------------------------
+    def other(self, node):
+        return [n for n in self.nodes if n != node][0]
+
+    def netns(self, node):
+        """Name of the node's virt-handler network namespace (/run/netns/<name>)."""
+        return self.net.netns[node]
+
+    def pod_ip(self, node, family="ipv4"):
+        return self.net.ip4[node] if family == "ipv4" else self.net.ip6[node]
+
+    def launcher_pid(self, node, vmi=None):
+        """Host pid of the virt-launcher-monitor stand-in of the VMI on that node."""
+        return self.pods[node].monitor_pid((vmi or self.vmi).uid)
+
+    def launcher_root(self, node, vmi=None):
+        return "/proc/%d/root" % self.launcher_pid(node, vmi)
+
+    def libvirt_uri(self, node):
+        """libvirt as KubeVirt's handler reaches it: through the launcher's /proc root."""
+        return self.pods[node].libvirt_uri(self.launcher_pid(node))
+
+    def connect(self, node):
+        return libvirt_module().open(self.libvirt_uri(node))
+
+    def domain(self, node):
+        return self.connect(node).lookupByName(self.vmi.domain)
+
+    def serial_counter(self, node):
+        try:
+            with open(self.pods[node].path(self.vmi.serial_in_pod), "rb") as f:
+                data = f.read()
+        except OSError:
+            return None
+        data = data[:data.rfind(b"\n") + 1]
+        values = [int(m) for m in COUNTER_RE.findall(data)]
+        return max(values) if values else None
+
+    def wait_for_counter(self, node, minimum, timeout=60.0):
+        return wait_for(lambda: (self.serial_counter(node) or -1) >= minimum and self.serial_counter(node),
+                        timeout, "%s: guest counter >= %d" % (node, minimum))
+
+    # -- VMI ----------------------------------------------------------------------------
+    def define_and_start_vmi(self, name="testvm", namespace="default", mem_mib=256, dirty_mib=16,
+                             interval=1, uid=None, boot_counter=1, boot_timeout=90.0):
+        """Defines and starts the VMI's domain on the first node (persistent, like
+        virt-launcher) and starts virt-launcher-monitor for it in both launcher pods.
+        Waits until the guest printed ``boot_counter``. Returns the Vmi."""
+        if self.vmi is not None:
+            raise RuntimeError("this harness runs one VMI")
+        node = self.nodes[0]
+        vmi = Vmi(name, namespace, uid or str(uuid.uuid4()), mem_mib, node)
+        for pod in self.pods.values():
+            pod.start_monitor(name, vmi.uid, namespace)
+        self.vmi = vmi
+        cmdline = "console=ttyS0 quiet panic=-1 rdmig.dirty_mib=%s rdmig.interval=%s" % (
+            dirty_mib, interval)
+        xml = domain_xml(vmi.domain, vmi.uid, mem_mib, self.kernel, self.initrd, cmdline,
+                         vmi.serial_in_pod, vmi.qmp_in_pod)
+        conn = self.connect(node)
+        try:
+            dom = conn.defineXML(xml)
+            dom.create()
+        finally:
+            conn.close()
+        self.wait_for_counter(node, boot_counter, boot_timeout)
+        return vmi
+
+    def vmi_document(self, source, target, migration_uid, address, ports, tls, pod_names):
+        """The VMI as KubeVirt would marshal it for the node hook (status.migrationState)."""
+        v = self.vmi
+        return {
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": v.name, "namespace": v.namespace, "uid": v.uid},
+            "spec": {"domain": {"memory": {"guest": "%dMi" % v.mem_mib}}},
+            "status": {
+                "nodeName": source, "phase": "Running", "migrationTransport": "Unix",
+                "migrationState": {
+                    "sourceNode": source, "targetNode": target, "targetNodeAddress": address,
+                    "targetDirectMigrationNodePorts": ports, "migrationUid": migration_uid,
+                    "sourcePod": pod_names[0], "targetPod": pod_names[1], "mode": "PreCopy",
+                    "migrationConfiguration": {
+                        "allowAutoConverge": False, "allowPostCopy": False,
+                        "allowWorkloadDisruption": False, "bandwidthPerMigration": "0Mi",
+                        "completionTimeoutPerGiB": 150, "progressTimeout": 150,
+                        "unsafeMigrationOverride": False, "disableTLS": not tls,
+                        "parallelMigrationThreads": None, "network": None}}},
+        }
+
+    # -- migration ----------------------------------------------------------------------
+    def _spawn_handler(self, node, argv, log_path):
+        env = dict(os.environ, PYTHONPATH=TOOLS_DIR, PYTHONDONTWRITEBYTECODE="1")
+        with open(log_path, "ab") as log:
+            p = subprocess.Popen(["nsenter", "--net=" + self.net.netns_path(node), "--",
+                                  sys.executable, "-m", "rdmiglab.kvproxy"] + argv,
+                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                                 start_new_session=True)
+        self._procs.append(p)
+        return p
+
+    def migrate(self, parallel=8, tls=True, hook_socket=None, hook_timeout=30.0,
+                hook_failure="Ignore", expect_success=True, target_paused=False, timeout=120.0,
+                family="ipv4", after_ports=None, before_dial=None, check_memory=None,
+                check_counter=True):
+        """Migrates the VMI to the other node the way KubeVirt does. See MigrationResult.
+
+        hook_socket/hook_timeout/hook_failure: the source proxy calls PreMigrationSource there
+        after its unix listeners are up; with "Fail" a failed hook stops the migration.
+        target_paused: VIR_MIGRATE_PAUSED, then the RAM of both sides is compared and the
+        target resumed (check_memory defaults to target_paused): the source proxy holds
+        libvirt's control bytes once memory flows, so the source QEMU is still there (paused,
+        migration completed) for a pmemsave over the harness's QMP monitor; the target is
+        read with qemu-monitor-command through libvirt. libvirt's times and downtime then
+        include that hold: measure with target_paused=False. after_ports(ctx) runs once
+        the target published its ports; before_dial(ctx) right before libvirt is called
+        (ctx: the MigrationResult filled so far). Raises MigrationFailed when the migration
+        fails and expect_success is set."""
+        lv = libvirt_module()
+        v = self.vmi
+        source, target = v.node, self.other(v.node)
+        mig_uid = str(uuid.uuid4())
+        self.migrations += 1
+        mdir = os.path.join(self.workdir, "migration-%d" % self.migrations)
+        os.makedirs(mdir)
+        r = MigrationResult(
+            migration_uid=mig_uid, vmi_uid=v.uid, source_node=source, target_node=target,
+            parallel=parallel, tls=tls, workdir=mdir,
+            handler_netns={"source": self.netns(source), "target": self.netns(target)},
+            launcher_pids={"source": self.launcher_pid(source), "target": self.launcher_pid(target)},
+            handler_pids={}, handler_cpu_s={})
+        check_memory = target_paused if check_memory is None else check_memory
+        if check_memory and not target_paused:
+            raise ValueError("check_memory needs target_paused (a running target changes its RAM)")
+        tls_args = ["--tls-dir", self.pki_dir] if tls else ["--disable-tls"]
+        procs = {}
+        try:
+            # 1. Target handler: listeners, then ports published.
+            ports_file = os.path.join(mdir, "target-ports.json")
+            troot = self.launcher_root(target)
+            procs["target"] = self._spawn_handler(target, [
+                "target", "--uid", v.uid, "--base-dir", troot + "/run/kubevirt",
+                "--libvirt-sock", troot + "/run/libvirt/libvirt-sock",
+                "--ports-file", ports_file, "--log", os.path.join(mdir, "target-proxy.json"),
+            ] + tls_args, os.path.join(mdir, "target-proxy.stderr"))
+            r.handler_pids["target"] = procs["target"].pid
+            wait_for(lambda: os.path.exists(ports_file), 20, "target proxy ports",
+                     alive=lambda: procs["target"].poll() is None)
+            with open(ports_file) as f:
+                r.ports = json.load(f)["ports"]
+            r.target_address = self.pod_ip(target, family)
+            if after_ports:
+                after_ports(r)
+            # 2. Source handler: unix listeners in the source launcher, the hook, ready.
+            doc = self.vmi_document(source, target, mig_uid, r.target_address, r.ports, tls,
+                                    ("virt-launcher-%s-%s" % (v.name, source),
+                                     "virt-launcher-%s-%s" % (v.name, target)))
+            r.vmi_json = json.dumps(doc)
+            vmi_file = os.path.join(mdir, "vmi.json")
+            with open(vmi_file, "w") as f:
+                f.write(r.vmi_json)
+            ready = os.path.join(mdir, "source-ready.json")
+            argv = ["source", "--uid", v.uid, "--base-dir", self.launcher_root(source) + "/run/kubevirt",
+                    "--target-address", r.target_address, "--ports", json.dumps(r.ports),
+                    "--ready-file", ready, "--log", os.path.join(mdir, "source-proxy.json"),
+                    "--vmi-json", vmi_file, "--node-name", source] + tls_args
+            if check_memory:
+                argv += ["--hold-control"]
+            if hook_socket:
+                argv += ["--hook-socket", hook_socket, "--hook-timeout", str(hook_timeout),
+                         "--hook-failure", hook_failure]
+            procs["source"] = self._spawn_handler(source, argv, os.path.join(mdir, "source-proxy.stderr"))
+            r.handler_pids["source"] = procs["source"].pid
+            wait_for(lambda: os.path.exists(ready), hook_timeout + 20, "source proxy ready",
+                     alive=lambda: procs["source"].poll() is None)
+            with open(ready) as f:
+                rd = json.load(f)
+            r.hook = rd["hook"]
+            if not rd["proceed"]:
+                r.error = "node hook PreMigrationSource failed: %s" % r.hook.get("error")
+            else:
+                self._libvirt_migrate(lv, r, parallel, target_paused, timeout, before_dial,
+                                      check_memory, procs["source"])
+        finally:
+            self._stop_handlers(r, procs)
+        if r.success and target_paused:
+            self.domain(target).resume()
+        if r.success and check_counter:
+            r.counter_after = self.wait_for_counter(target, (r.counter_before or 0) + 1, 60)
+        if not r.success and expect_success:
+            raise MigrationFailed(r)
+        return r
+
+    def _pmemsave(self, node, qmp_command, keep_as):
+        """pmemsave of the guest's RAM into the node's /run/kubevirt, moved to ``keep_as``;
+        returns its SHA-256."""
+        in_pod = "/run/kubevirt/%s.mem" % self.vmi.domain
+        host = self.pods[node].path(in_pod)
+        if os.path.exists(host):
+            os.unlink(host)
+        qmp_command("pmemsave", {"val": 0, "size": self.vmi.mem_mib << 20, "filename": in_pod})
+        os.replace(host, keep_as)
+        if os.path.getsize(keep_as) != self.vmi.mem_mib << 20:
+            raise RuntimeError("%s: pmemsave wrote %d bytes" % (node, os.path.getsize(keep_as)))
+        return file_sha256(keep_as)
+
+    def _source_memory_while_held(self, r, th, source_proc, deadline):
+        """With the control connection held, waits for the source QEMU to finish its part
+        (run state "postmigrate"), digests its RAM over the harness's own QMP
+        monitor, then releases the hold. Returns the digest or None."""
+        qmp = None
+        try:
+            qmp = QmpClient(self.launcher_root(r.source_node) + self.vmi.qmp_in_pod, timeout=10)
+            while th.is_alive() and time.monotonic() < deadline:
+                # Not query-migrate: a QEMU that came in by migration reports "completed"
+                # from the start. "postmigrate" is reached only once it sent everything.
+                if qmp.command("query-status").get("status") == "postmigrate":
+                    return self._pmemsave(r.source_node, lambda c, a: qmp.command(c, a, timeout=120),
+                                          os.path.join(r.workdir, "source.mem"))
+                time.sleep(0.02)
+            return None
+        finally:
+            if qmp is not None:
+                qmp.close()
+            os.kill(source_proc.pid, signal.SIGUSR1)  # release the hold in every case
+
+    def _libvirt_migrate(self, lv, r, parallel, target_paused, timeout, before_dial,
+                         check_memory, source_proc):
+        v = self.vmi
+        source, target = r.source_node, r.target_node
+        sconn = self.connect(source)
+        try:
+            dom = sconn.lookupByName(v.domain)
+            xml = dom.XMLDesc(lv.VIR_DOMAIN_XML_MIGRATABLE)
+            params = {
+                lv.VIR_MIGRATE_PARAM_URI: "unix://%s/migrationproxy/%s-49152-source.sock" % (SHARE_DIR, v.uid),
+                lv.VIR_MIGRATE_PARAM_DEST_XML: xml,
+                lv.VIR_MIGRATE_PARAM_PERSIST_XML: xml,
+                lv.VIR_MIGRATE_PARAM_DEST_NAME: v.domain,
+            }
+            flags = lv.VIR_MIGRATE_LIVE | lv.VIR_MIGRATE_PEER2PEER | lv.VIR_MIGRATE_PERSIST_DEST
+            if parallel:
+                flags |= lv.VIR_MIGRATE_PARALLEL
+                params[lv.VIR_MIGRATE_PARAM_PARALLEL_CONNECTIONS] = int(parallel)
+            if target_paused:
+                flags |= lv.VIR_MIGRATE_PAUSED
+            dconnuri = "qemu+unix:///system?socket=%s/migrationproxy/%s-source.sock" % (SHARE_DIR, v.uid)
+            if before_dial:
+                before_dial(r)
+            outcome = {}
+
+            def run():
+                try:
+                    dom.migrateToURI3(dconnuri, params, flags)
+                    outcome["ok"] = True
+                except lv.libvirtError as e:
+                    outcome["error"] = str(e)
+
+            t0 = time.monotonic()
+            th = threading.Thread(target=run, daemon=True)
+            th.start()
+            source_digest = None
+            if check_memory:
+                source_digest = self._source_memory_while_held(r, th, source_proc, t0 + timeout)
+            th.join(max(0.0, t0 + timeout - time.monotonic()))
+            if th.is_alive():
+                try:
+                    dom.abortJob()
+                except lv.libvirtError:
+                    pass
+                th.join(30)
+                outcome.setdefault("error", "migration did not finish within %.0fs (aborted)" % timeout)
+            r.wall_ms = round((time.monotonic() - t0) * 1000, 1)
+            r.error = outcome.get("error")
+            r.success = bool(outcome.get("ok"))
+            try:
+                r.source_job = dom.jobStats(lv.VIR_DOMAIN_JOB_STATS_COMPLETED
+                                            | lv.VIR_DOMAIN_JOB_STATS_KEEP_COMPLETED)
+            except lv.libvirtError:
+                pass
+        finally:
+            sconn.close()
+        r.counter_before = self.serial_counter(source)
+        if not r.success:
+            return
+        v.node = target
+        tconn = self.connect(target)
+        try:
+            tdom = tconn.lookupByName(v.domain)
+            r.job = tdom.jobStats(lv.VIR_DOMAIN_JOB_STATS_COMPLETED
+                                  | lv.VIR_DOMAIN_JOB_STATS_KEEP_COMPLETED)
+            r.target_state = tdom.state()[0]
+            if check_memory:
+                import libvirt_qemu
+
+                def via_libvirt(cmd, args):  # what `virsh qemu-monitor-command` does
+                    reply = json.loads(libvirt_qemu.qemuMonitorCommand(
+                        tdom, json.dumps({"execute": cmd, "arguments": args}), 0))
+                    if "error" in reply:
+                        raise RuntimeError("%s: %s" % (cmd, reply["error"]))
+                    return reply.get("return")
+                r.memory = {"source_sha256": source_digest,
+                            "target_sha256": self._pmemsave(target, via_libvirt,
+                                                            os.path.join(r.workdir, "target.mem")),
+                            "bytes": v.mem_mib << 20}
+                r.memory["equal"] = r.memory["source_sha256"] == r.memory["target_sha256"]
+                if r.memory["equal"] or not self.keep:  # unequal dumps stay for cmp -l
+                    for role in ("source", "target"):
+                        os.unlink(os.path.join(r.workdir, role + ".mem"))
+        finally:
+            tconn.close()
+        r.downtime_ms = r.job.get("downtime")
+        r.total_time_ms = r.job.get("time_elapsed")
+        r.data_bytes = r.job.get("data_processed", r.job.get("data_total"))
+        if r.total_time_ms and r.data_bytes is not None:
+            r.throughput_bps = round(r.data_bytes / (r.total_time_ms / 1000.0))
+
+    def _stop_handlers(self, r, procs, drain_timeout=10.0):
+        """Lets forwarded connections end by themselves (bounded), then SIGTERMs the
+        handlers and reads their logs."""
+        def open_count(role):
+            try:
+                with open(os.path.join(r.workdir, "%s-proxy.json" % role)) as f:
+                    return json.load(f).get("open", 0)
+            except (OSError, ValueError):
+                return 0
+        if r.success:
+            try:
+                wait_for(lambda: all(open_count(x) == 0 for x in procs), drain_timeout,
+                         "proxied connections to close")
+            except TimeoutError:
+                pass
+        for role, p in procs.items():
+            r.handler_cpu_s[role] = proc_cpu_seconds(p.pid)
+            _stop(p, timeout=15)
+            self._procs.remove(p)
+            try:
+                with open(os.path.join(r.workdir, "%s-proxy.json" % role)) as f:
+                    r.proxy_logs[role] = json.load(f)
+            except (OSError, ValueError):
+                r.proxy_logs[role] = None
+
+
+def benchmark(cluster, runs=3, **migrate_kwargs):
+    """Runs ``runs`` migrations (back and forth) and returns one dict per run: wall_ms,
+    total_time_ms, downtime_ms, data_bytes, throughput_bps (libvirt's figures) and
+    handler_cpu_s {"source","target"} (CPU seconds of the proxy processes)."""
+    out = []
+    for _ in range(runs):
+        r = cluster.migrate(**migrate_kwargs)
+        out.append({"wall_ms": r.wall_ms, "total_time_ms": r.total_time_ms,
+                    "downtime_ms": r.downtime_ms, "data_bytes": r.data_bytes,
+                    "throughput_bps": r.throughput_bps, "handler_cpu_s": r.handler_cpu_s,
+                    "parallel": r.parallel, "tls": r.tls})
+    return out

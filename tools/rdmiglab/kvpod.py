@@ -1,0 +1,202 @@
+"""Stand-in virt-launcher pods: libvirtd 9.0 in private mount+UTS+PID namespaces.
+
+Each pod has its own /etc/libvirt (libvirtd.conf with its own host_uuid, qemu.conf for an
+unconfined TCG QEMU), /run/libvirt, /var/lib/libvirt, /var/log/libvirt, /var/cache/libvirt
+and /run/kubevirt, bind-mounted from <pod_dir> inside the pod's mount namespace, so two
+libvirtd run on one host and migrate to each other.
+
+From the host the pod is reached as KubeVirt's virt-handler does, through the launcher's
+root: /proc/<monitor pid>/root/run/libvirt/libvirt-sock and .../run/kubevirt. The monitor
+is a long-running ``<pod_dir>/virt-launcher-monitor --name N --uid U --namespace NS``
+started inside the pod's mount namespace per VMI.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+from . import kvpodinit
+
+LIBVIRT_SOCK = "run/libvirt/libvirt-sock"  # libvirtd 9.0 (KubeVirt's virtqemud-sock)
+
+LIBVIRTD_CONF = """\
+# rdmig KubeVirt harness: one libvirtd per stand-in launcher pod
+unix_sock_rw_perms = "0770"
+auth_unix_ro = "none"
+auth_unix_rw = "none"
+host_uuid = "{host_uuid}"
+log_outputs = "{log_level}:file:/var/log/libvirt/libvirtd.log"
+"""
+QEMU_CONF = """\
+user = "root"
+group = "root"
+security_driver = "none"
+dynamic_ownership = 0
+remember_owner = 0
+cgroup_controllers = [ ]
+namespaces = [ ]
+stdio_handler = "file"
+"""
+MONITOR = """\
+#!/bin/sh
+# Stand-in for KubeVirt's virt-launcher-monitor: only its command line matters
+# (--name, --uid, --namespace), and that it lives in the launcher's mount namespace.
+trap 'exit 0' TERM INT
+while :; do sleep 3600 & wait $!; done
+"""
+
+
+def ensure_libvirt_qemu_user():
+    """libvirt's QEMU driver wants a libvirt-qemu user even when it runs QEMU as root."""
+    if subprocess.run(["getent", "passwd", "libvirt-qemu"], stdout=subprocess.DEVNULL).returncode == 0:
+        return False
+    subprocess.run(["useradd", "--system", "--user-group", "--no-create-home",
+                    "--home-dir", "/var/lib/libvirt", "--shell", "/usr/sbin/nologin",
+                    "libvirt-qemu"], check=True)
+    return True
+
+
+def wait_for(pred, timeout, what, alive=None, interval=0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if alive is not None and not alive():
+            raise RuntimeError("%s: process exited while waiting" % what)
+        if time.monotonic() > deadline:
+            raise TimeoutError("%s: not within %.0fs" % (what, timeout))
+        time.sleep(interval)
+
+
+class LauncherPod:
+    def __init__(self, name, pod_dir, log_level=3):
+        self.name = name
+        self.dir = os.path.abspath(pod_dir)
+        self.host_uuid = str(uuid.uuid4())
+        self.log_level = log_level
+        self.init = None
+        self._pid1 = None
+        self.monitors = {}  # vmi uid -> Popen
+
+    # -- paths --------------------------------------------------------------------------
+    def path(self, in_pod):
+        """Host path of a path inside the pod's bind-mounted dirs (e.g. /var/log/libvirt/x)."""
+        for m in kvpodinit.MOUNTS:
+            if in_pod == "/" + m or in_pod.startswith("/" + m + "/"):
+                return os.path.join(self.dir, m.replace("/", "-")) + in_pod[len(m) + 1:]
+        raise ValueError("%s is not in a pod-private dir" % in_pod)
+
+    def root(self, pid=None):
+        """/proc/<pid>/root of a process in the pod (default: its PID 1)."""
+        return "/proc/%d/root" % (pid or self._pid1)
+
+    def libvirt_uri(self, pid=None):
+        return "qemu+unix:///system?socket=%s/%s" % (self.root(pid), LIBVIRT_SOCK)
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def start(self, timeout=30.0):
+        ensure_libvirt_qemu_user()
+        for m in kvpodinit.MOUNTS:
+            os.makedirs("/" + m, exist_ok=True)  # mount points (empty dirs on the host)
+            os.makedirs(os.path.join(self.dir, m.replace("/", "-")), exist_ok=True)
+        os.makedirs(self.path("/run/kubevirt/migrationproxy"), exist_ok=True)
+        os.makedirs(self.path("/var/log/libvirt/qemu"), exist_ok=True)
+        with open(self.path("/etc/libvirt/libvirtd.conf"), "w") as f:
+            f.write(LIBVIRTD_CONF.format(host_uuid=self.host_uuid, log_level=self.log_level))
+        with open(self.path("/etc/libvirt/qemu.conf"), "w") as f:
+            f.write(QEMU_CONF)
+        self.monitor_path = os.path.join(self.dir, "virt-launcher-monitor")
+        with open(self.monitor_path, "w") as f:
+            f.write(MONITOR)
+        os.chmod(self.monitor_path, 0o755)
+        ready = os.path.join(self.dir, "init.ready")
+        if os.path.exists(ready):
+            os.unlink(ready)
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        with open(os.path.join(self.dir, "init.log"), "ab") as log:
+            self.init = subprocess.Popen(
+                ["unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc",
+                 "--propagation", "private", "--", sys.executable, "-m", "rdmiglab.kvpodinit",
+                 self.dir, self.name],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True)
+        # self.init is unshare; its child (PID 1 of the pod) has the pod's mount namespace.
+        wait_for(lambda: os.path.exists(ready), timeout, "%s: pod init" % self.name,
+                 alive=lambda: self.init.poll() is None)
+        self._pid1 = self._child_of(self.init.pid)
+        sock = "/proc/%d/root/%s" % (self._pid1, LIBVIRT_SOCK)
+        wait_for(lambda: os.path.exists(sock), timeout, "%s: libvirtd socket %s" % (self.name, sock),
+                 alive=lambda: self.init.poll() is None)
+        return self
+
+    @staticmethod
+    def _child_of(pid):
+        with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+            kids = f.read().split()
+        if not kids:
+            raise RuntimeError("process %d has no child" % pid)
+        return int(kids[0])
+
+    @property
+    def pid1(self):
+        """Host pid of the pod's PID 1 (kvpodinit): in the pod's mount namespace."""
+        return self._pid1
+
+    def start_monitor(self, vmi_name, vmi_uid, namespace):
+        """Starts virt-launcher-monitor for a VMI inside the pod's mount+UTS namespaces;
+        returns its host pid (exec'd by nsenter, so the Popen pid is the monitor)."""
+        p = subprocess.Popen(["nsenter", "-t", str(self._pid1), "-m", "-u", "--",
+                              self.monitor_path, "--name", vmi_name, "--uid", vmi_uid,
+                              "--namespace", namespace],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+        self.monitors[vmi_uid] = p
+        own_mnt = os.readlink("/proc/%d/ns/mnt" % self._pid1)
+        wait_for(lambda: _readlink("/proc/%d/ns/mnt" % p.pid) == own_mnt, 10,
+                 "%s: monitor in the pod's mount namespace" % self.name,
+                 alive=lambda: p.poll() is None)
+        return p.pid
+
+    def monitor_pid(self, vmi_uid):
+        p = self.monitors.get(vmi_uid)
+        return p.pid if p and p.poll() is None else None
+
+    def stop_monitor(self, vmi_uid):
+        p = self.monitors.pop(vmi_uid, None)
+        if p is not None:
+            _stop(p)
+
+    def close(self):
+        for uid in list(self.monitors):
+            self.stop_monitor(uid)
+        if self.init is not None:
+            try:  # PID 1 of the pod: when it dies the kernel kills libvirtd and QEMU
+                os.kill(self._pid1, signal.SIGKILL)
+            except (ProcessLookupError, TypeError):
+                pass
+            _stop(self.init)
+            self.init = None
+
+
+def _readlink(p):
+    try:
+        return os.readlink(p)
+    except OSError:
+        return None
+
+
+def _stop(p, timeout=5.0):
+    if p.poll() is None:
+        p.terminate()
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout)
+
+
+def remove_tree(path):
+    shutil.rmtree(path, ignore_errors=True)
