@@ -58,27 +58,64 @@ Result<std::optional<LibvirtJobStats>> try_daemon(const std::string& socket, con
 }
 }  // namespace
 
+namespace {
+// Calls fn(socket path) for each libvirt socket of each launcher of `vmi` on this node.
+template <typename Fn>
+void for_each_daemon(const KubevirtConfig& config, const VmiRef& vmi, Fn fn) {
+  for (pid_t pid : processes_with_arg(config.launcher_program, "--uid", vmi.uid)) {
+    for (const auto& sock : config.libvirt_sockets) {
+      auto path = path_in_process_root(pid, sock);
+      struct stat st {};
+      if (path && ::stat(path->c_str(), &st) == 0) fn(path.value());
+    }
+  }
+}
+}  // namespace
+
+Result<std::string> abort_outgoing_job(const KubevirtConfig& config, const VmiRef& vmi) {
+  virSetErrorFunc(nullptr, quiet);
+  const std::string domain = vmi.namespace_ + "_" + vmi.name;
+  std::string done;
+  for_each_daemon(config, vmi, [&](const std::string& path) {
+    const std::string uri = "qemu+unix:///system?socket=" + path;
+    std::unique_ptr<virConnect, ConnCloser> conn(virConnectOpen(uri.c_str()));
+    if (!conn) return;
+    std::unique_ptr<virDomain, DomFree> dom(virDomainLookupByName(conn.get(), domain.c_str()));
+    if (!dom || virDomainIsActive(dom.get()) != 1) return;
+    // On a node the launcher of the VMI is the source (or, when it is being migrated to this
+    // node, the target, whose incoming job libvirt refuses to abort: harmless).
+    virDomainJobInfo info{};
+    if (virDomainGetJobInfo(dom.get(), &info) != 0 || info.type == VIR_DOMAIN_JOB_NONE) return;
+    if (virDomainAbortJob(dom.get()) == 0) {
+      done += (done.empty() ? "" : "; ") + std::string("aborted the migration job of ") + domain + " via " + path;
+    } else {
+      done += (done.empty() ? "" : "; ") + std::string("abort of ") + domain + " via " + path + ": " + last_error();
+    }
+  });
+  if (done.empty()) return Error{Errc::kNotFound, "no migration job of " + domain + " to abort on this node"};
+  return done;
+}
+
 Result<LibvirtJobStats> read_completed_job(const KubevirtConfig& config, const VmiRef& vmi,
                                            std::chrono::milliseconds wait) {
   virSetErrorFunc(nullptr, quiet);
   const std::string domain = vmi.namespace_ + "_" + vmi.name;
   const auto deadline = std::chrono::steady_clock::now() + wait;
-  std::string why = "no " + config.launcher_program + " process with --uid " + vmi.uid + " on this node";
+  std::string why = "no " + config.launcher_program + " process with --uid " + vmi.uid + " and a libvirt socket";
   for (;;) {
-    for (pid_t pid : processes_with_arg(config.launcher_program, "--uid", vmi.uid)) {
-      for (const auto& sock : config.libvirt_sockets) {
-        const std::string path = "/proc/" + std::to_string(pid) + "/root" + sock;
-        struct stat st {};
-        if (::stat(path.c_str(), &st) != 0) continue;
-        auto r = try_daemon(path, domain);
-        if (!r) {
-          why = r.error().message;
-          continue;
-        }
-        if (r.value()) return *r.value();
+    std::optional<LibvirtJobStats> found;
+    for_each_daemon(config, vmi, [&](const std::string& path) {
+      if (found) return;
+      auto r = try_daemon(path, domain);
+      if (!r) {
+        why = r.error().message;
+      } else if (r.value()) {
+        found = *r.value();
+      } else {
         why = "domain " + domain + " has no completed migration job in " + path + " yet";
       }
-    }
+    });
+    if (found) return *found;
     if (std::chrono::steady_clock::now() >= deadline) return Error{Errc::kNotFound, why};
     std::this_thread::sleep_for(200ms);
   }

@@ -15,4 +15,11 @@ namespace rdmig::kubevirt {
 Result<LibvirtJobStats> read_completed_job(const KubevirtConfig& config, const VmiRef& vmi,
                                            std::chrono::milliseconds wait);
 
+// Aborts the outgoing migration job of the VMI's domain on this node (virDomainAbortJob on
+// the launcher's libvirt): QEMU cancels and the VM keeps running here. Used when the carrier
+// failed, so libvirt fails within seconds instead of waiting for KubeVirt's progress timeout
+// (QEMU 7.2 can hang when a multifd connection fails while it is being set up). Precopy only:
+// rdmig never carries post-copy. Returns what it did, for the log.
+Result<std::string> abort_outgoing_job(const KubevirtConfig& config, const VmiRef& vmi);
+
 }  // namespace rdmig::kubevirt

@@ -117,6 +117,45 @@ std::vector<pid_t> processes_with_arg(const std::string& program, const std::str
   return out;
 }
 
+Result<std::string> path_in_process_root(pid_t pid, const std::string& path) {
+  const std::string root = "/proc/" + std::to_string(pid) + "/root";
+  std::vector<std::string> todo;  // components still to walk, last first
+  auto push_path = [&](const std::string& p) {
+    std::vector<std::string> parts;
+    std::stringstream ss(p);
+    for (std::string c; std::getline(ss, c, '/');) {
+      if (!c.empty() && c != ".") parts.push_back(c);
+    }
+    for (auto it = parts.rbegin(); it != parts.rend(); ++it) todo.push_back(*it);
+  };
+  push_path(path);
+  std::vector<std::string> done;  // resolved components under the root
+  for (int hops = 0; !todo.empty();) {
+    const std::string c = todo.back();
+    todo.pop_back();
+    if (c == "..") {
+      if (!done.empty()) done.pop_back();
+      continue;
+    }
+    std::string here = root;
+    for (const auto& d : done) here += "/" + d;
+    here += "/" + c;
+    char target[4096];
+    const ssize_t n = ::readlink(here.c_str(), target, sizeof target - 1);
+    if (n < 0) {
+      done.push_back(c);  // not a link (or absent: stat decides later)
+      continue;
+    }
+    if (++hops > 40) return Error{Errc::kInvalidArgument, "too many symbolic links in " + path};
+    const std::string t(target, static_cast<size_t>(n));
+    if (!t.empty() && t.front() == '/') done.clear();
+    push_path(t);
+  }
+  std::string out = root;
+  for (const auto& d : done) out += "/" + d;
+  return out;
+}
+
 bool address_is_local(const NetNs& ns, const std::string& ip) {
   bool local = false;
   (void)ns.run([&]() -> Status {

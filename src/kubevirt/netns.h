@@ -47,6 +47,11 @@ std::vector<pid_t> processes_named(const std::string& comm);
 // pair `flag value` (virt-launcher-monitor ... --uid <vmiUID>).
 std::vector<pid_t> processes_with_arg(const std::string& program, const std::string& flag, const std::string& value);
 
+// `path` as seen inside the root of process `pid`, following symbolic links inside that root
+// (an absolute link such as /var/run -> /run must not escape to the agent's own root, as it
+// does through /proc/<pid>/root). The result starts with /proc/<pid>/root.
+Result<std::string> path_in_process_root(pid_t pid, const std::string& path);
+
 // True when `ip` is an address of an interface in `ns` (bind() succeeds there).
 bool address_is_local(const NetNs& ns, const std::string& ip);
 

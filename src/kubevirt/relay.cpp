@@ -465,6 +465,7 @@ void KubevirtRelay::maintain() {
   const auto now = std::chrono::steady_clock::now();
   const auto idle = std::chrono::seconds(config_.kubevirt.session_idle_seconds);
   std::vector<std::shared_ptr<SourceSession>> to_finish;
+  std::vector<VmiRef> aborts;  // carried migrations that failed: make libvirt fail now
   {
     std::lock_guard lock(mu_);
     for (auto it = sources_.begin(); it != sources_.end();) {
@@ -485,7 +486,10 @@ void KubevirtRelay::maintain() {
       }
       if (s.ended()) {
         const FlowRecord r = s.record();
-        if (r.phase == "Failed" && !stopping_.load()) peers_.mark_unhealthy(s.peer_node(), r.reason);
+        if (r.phase == "Failed" && !stopping_.load()) {
+          peers_.mark_unhealthy(s.peer_node(), r.reason);
+          if (!r.vmi.uid.empty()) aborts.push_back(r.vmi);
+        }
         for (auto ar = armed_.begin(); ar != armed_.end();) {
           if (ar->second.session == a.session) {
             (void)ar->second.point->rules().uncarry(ar->second.ip, ar->second.port);
@@ -516,6 +520,13 @@ void KubevirtRelay::maintain() {
     kmetrics_.set_active(static_cast<double>(sources_.size() + targets_.size()));
   }
   for (auto& s : to_finish) run_worker([s] { s->finish(); });
+  for (auto& vmi : aborts) {
+    run_worker([this, vmi] {
+      auto done = abort_outgoing_job(config_.kubevirt, vmi);
+      LOG_INFO("kubevirt") << "carrying " << vmi.key() << " failed: "
+                           << (done ? done.value() : "nothing aborted: " + done.error().message);
+    });
+  }
   reap_workers();
   if (now - last_refresh_ >= std::chrono::seconds(std::max<uint32_t>(1, config_.kubevirt.rule_timeout_seconds / 3))) {
     last_refresh_ = now;

@@ -116,7 +116,7 @@ Status SourceSession::add_connection(UniqueFd fd, const net::Endpoint& destinati
   }
   if (auto st = link_->send(json{{"type", "open"}, {"index", index}, {"host", destination.host}, {"port", destination.port}});
       !st) {
-    return refuse(st.error().with_context("session " + id_));
+    return refuse(st.error().with_context("carrying to the agent on " + peer_.node));
   }
   auto ch = connect_channel(index);
   if (!ch) return refuse(ch.error().with_context("channel " + std::to_string(index) + " to " + peer_.node));

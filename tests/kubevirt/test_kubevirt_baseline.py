@@ -62,54 +62,38 @@ def missing_prereq():
     return None
 
 
-class KubevirtBaselineTest(unittest.TestCase):
-    cluster = None
+class KubevirtChecks:
+    """What KubeVirt's path must look like after a migration (shared with the rdmig tests)."""
 
-    @classmethod
-    def setUpClass(cls):
-        reason = missing_prereq()
-        if reason:
-            raise unittest.SkipTest(reason)
-        from rdmiglab.kubevirt import KubevirtCluster
-        cls.cluster = KubevirtCluster().__enter__()
-        try:
-            t0 = time.monotonic()
-            cls.cluster.define_and_start_vmi("testvm", "default", mem_mib=MEM_MIB,
-                                             dirty_mib=DIRTY_MIB, boot_counter=2)
-            print("\n[kubevirt] pods up and guest booted in %.1fs" % (time.monotonic() - t0),
-                  file=sys.stderr)
-        except BaseException:
-            cls.cluster.close()
-            raise
-
-    @classmethod
-    def tearDownClass(cls):
-        if cls.cluster is not None:
-            cls.cluster.close()
-
-    # -- helpers -------------------------------------------------------------------------
     def _report(self, name, r):
         print("\n[kubevirt %s] %s" % (name, json.dumps(r.summary(), sort_keys=True)),
               file=sys.stderr)
 
-    def _pairs(self, r):
-        """(source record, target record) per forwarded connection, joined on the TCP
-        4-tuple (the source's dialed local address is the target's accepted peer)."""
+    def _pairs(self, r, carried=False):
+        """(source record, target record) per forwarded connection. Direct: joined on the TCP
+        4-tuple (the source's dialed local address is the target's accepted peer). Carried by
+        rdmig: the target proxy's peer is the target agent, so join on the class and the order
+        within it, which the carrier must keep."""
         src, dst = r.proxy_logs["source"], r.proxy_logs["target"]
         self.assertIsNotNone(src)
         self.assertIsNotNone(dst)
-        by_peer = {c["accepted"]["peer"]: c for c in dst["connections"]}
+        if carried:
+            by_key = {(c["class"], c["class_index"]): c for c in dst["connections"]}
+            key = lambda c: (c["class"], c["class_index"])  # noqa: E731
+        else:
+            by_key = {c["accepted"]["peer"]: c for c in dst["connections"]}
+            key = lambda c: c["dialed"]["local"]  # noqa: E731
         pairs = []
         for c in src["connections"]:
             self.assertIsNone(c["error"], c)
             self.assertIsNotNone(c["dialed"], c)
-            self.assertIn(c["dialed"]["local"], by_peer, "target never saw %s" % c["dialed"]["local"])
-            pairs.append((c, by_peer[c["dialed"]["local"]]))
+            self.assertIn(key(c), by_key, "target never saw %s" % (key(c),))
+            pairs.append((c, by_key[key(c)]))
         self.assertEqual(len(pairs), len(dst["connections"]))
         return pairs
 
-    def assertConnectionsAsKubevirtMakesThem(self, r, parallel, tls):
-        pairs = self._pairs(r)
+    def assertConnectionsAsKubevirtMakesThem(self, r, parallel, tls, carried=False):
+        pairs = self._pairs(r, carried)
         memory = 1 + parallel
         for role in ("source", "target"):
             conns = sorted(r.proxy_logs[role]["connections"], key=lambda c: c["index"])
@@ -162,6 +146,33 @@ class KubevirtBaselineTest(unittest.TestCase):
         if require_equal_memory:
             self.assertTrue(r.memory["equal"], "guest memory differs: %s" % r.memory)
         return r
+
+
+
+class KubevirtBaselineTest(KubevirtChecks, unittest.TestCase):
+    cluster = None
+
+    @classmethod
+    def setUpClass(cls):
+        reason = missing_prereq()
+        if reason:
+            raise unittest.SkipTest(reason)
+        from rdmiglab.kubevirt import KubevirtCluster
+        cls.cluster = KubevirtCluster().__enter__()
+        try:
+            t0 = time.monotonic()
+            cls.cluster.define_and_start_vmi("testvm", "default", mem_mib=MEM_MIB,
+                                             dirty_mib=DIRTY_MIB, boot_counter=2)
+            print("\n[kubevirt] pods up and guest booted in %.1fs" % (time.monotonic() - t0),
+                  file=sys.stderr)
+        except BaseException:
+            cls.cluster.close()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.cluster is not None:
+            cls.cluster.close()
 
     # -- tests ---------------------------------------------------------------------------
     def test_tls_single_connection_keeps_memory_byte_exact(self):

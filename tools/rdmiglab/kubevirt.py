@@ -161,6 +161,9 @@ class KubevirtCluster:
         self._procs = []
 
     # -- lifecycle ----------------------------------------------------------------------
+    # Fields merged into status.migrationState.migrationConfiguration (e.g. allowPostCopy).
+    migration_config_overrides = {}
+
     def __enter__(self):
         try:
             return self.start()
@@ -280,7 +283,8 @@ class KubevirtCluster:
                         "allowWorkloadDisruption": False, "bandwidthPerMigration": "0Mi",
                         "completionTimeoutPerGiB": 150, "progressTimeout": 150,
                         "unsafeMigrationOverride": False, "disableTLS": not tls,
-                        "parallelMigrationThreads": None, "network": None}}},
+                        "parallelMigrationThreads": None, "network": None,
+                        **self.migration_config_overrides}}},
         }
 
     # -- migration ----------------------------------------------------------------------
