@@ -59,7 +59,7 @@ struct KubevirtPeer {
 // KubeVirt mode: rdmig carries KubeVirt's own migration connections (docs/kubevirt.md).
 struct KubevirtConfig {
   bool enabled = false;
-  std::string hook_socket = "/var/run/rdmig/hooks/rdmig.sock";  // gRPC node hook (Plugin)
+  std::string hook_socket = "/var/run/kubevirt/plugins/rdmig.sock";  // gRPC node hook (Plugin)
   std::string node_name;                       // empty: $NODE_NAME
   std::string handler_process = "virt-handler";  // /proc/<pid>/comm of KubeVirt's node agent
   std::string launcher_program = "virt-launcher";  // argv[0] prefix of the launcher (--uid <vmi uid>)

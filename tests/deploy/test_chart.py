@@ -325,7 +325,10 @@ class ChartTest(unittest.TestCase):
         hooks = {v["name"]: v for v in ds_spec["volumes"]}["kubevirt-hooks"]
         self.assertEqual(hooks["hostPath"]["path"], "/var/run/rdmig-test/hooks")
         self.assertIn({"name": "kubevirt-hooks", "mountPath": "/var/run/rdmig-test/hooks"}, agent_c["volumeMounts"])
-        self.assertEqual(agent_cfg["kubevirt"], {"hookSocket": "/var/run/rdmig-test/hooks/agent.sock"})
+        # kubevirt.enabled turns the agent's mode on with the socket the Plugin names; the rest of
+        # agent.config.kubevirt passes through.
+        self.assertEqual(agent_cfg["kubevirt"], {"enabled": True, "hookSocket": "/var/run/rdmig-test/hooks/agent.sock",
+                                                 "sessionIdleSeconds": 3})
 
     def test_token_value_rdma_count_and_dashboard_namespace(self):
         docs = render("--set", "token.value=0123456789abcdef0123", "--set", "agent.rdma.resourceName=rdma/hca",

@@ -60,6 +60,13 @@ app.kubernetes.io/component: controller
 {{- if and (not $cfg.rdma.resourceEnv) .Values.agent.rdma.resourceName -}}
 {{- $_ := set $cfg.rdma "resourceEnv" .Values.agent.rdma.resourceName -}}
 {{- end -}}
+{{- if .Values.kubevirt.enabled -}}
+{{- /* KubeVirt mode: on, with the hook socket the Plugin names (the rest of agent.config.kubevirt as given) */ -}}
+{{- $kv := deepCopy (default dict $cfg.kubevirt) -}}
+{{- $_ := set $kv "enabled" true -}}
+{{- $_ := set $kv "hookSocket" .Values.kubevirt.hookSocket -}}
+{{- $_ := set $cfg "kubevirt" $kv -}}
+{{- end -}}
 {{- toYaml $cfg -}}
 {{- end -}}
 
