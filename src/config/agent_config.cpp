@@ -51,7 +51,19 @@ Status read_string_list(const YAML::Node& parent, const std::string& prefix, con
 Status parse_kubevirt(const YAML::Node& k, KubevirtConfig& c) {
   RDMIG_TRY(check_keys(k, "kubevirt",
                        {"enabled", "hookSocket", "nodeName", "handlerProcess", "launcherProgram", "libvirtSockets",
-                        "ruleTimeoutSeconds", "sessionIdleSeconds", "probeIntervalSeconds", "staticMode", "peers"}));
+                        "ruleTimeoutSeconds", "sessionIdleSeconds", "probeIntervalSeconds", "staticMode", "peers",
+                        "discovery", "kubeconfig", "agentNamespace", "agentSelector", "handlerNamespace",
+                        "handlerSelector", "discoveryIntervalSeconds"}));
+  RDMIG_TRY(read_string(k, "kubevirt", "discovery", c.discovery));
+  if (c.discovery != "static" && c.discovery != "kubernetes") {
+    return bad("kubevirt.discovery", "expected static or kubernetes, got '" + c.discovery + "'");
+  }
+  RDMIG_TRY(read_string(k, "kubevirt", "kubeconfig", c.kubeconfig));
+  RDMIG_TRY(read_string(k, "kubevirt", "agentNamespace", c.agent_namespace));
+  RDMIG_TRY(read_string(k, "kubevirt", "agentSelector", c.agent_selector));
+  RDMIG_TRY(read_string(k, "kubevirt", "handlerNamespace", c.handler_namespace));
+  RDMIG_TRY(read_string(k, "kubevirt", "handlerSelector", c.handler_selector));
+  RDMIG_TRY(read_uint(k, "kubevirt", "discoveryIntervalSeconds", c.discovery_interval_seconds, 5, 3600));
   RDMIG_TRY(read_bool(k, "kubevirt", "enabled", c.enabled));
   RDMIG_TRY(read_string(k, "kubevirt", "hookSocket", c.hook_socket));
   if (!c.hook_socket.empty() && (c.hook_socket.front() != '/' || c.hook_socket.size() > 100)) {

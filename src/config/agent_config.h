@@ -69,7 +69,16 @@ struct KubevirtConfig {
   uint32_t session_idle_seconds = 2;    // a carried migration ends this long after its last connection closed
   uint32_t probe_interval_seconds = 5;  // unhealthy peers are probed this often
   bool static_mode = false;             // redirect to peers' handler addresses without the hook
-  std::vector<KubevirtPeer> peers;
+  std::vector<KubevirtPeer> peers;      // discovery "static": the peers, by hand
+  // "kubernetes": peers from the API server: the rdmig agent pods (node, host IP; the agents use
+  // hostNetwork and the same dataPlane.port) and, for static mode, the virt-handler pods' IPs.
+  std::string discovery = "static";
+  std::string kubeconfig;                // empty: in-cluster service account
+  std::string agent_namespace;           // empty: $POD_NAMESPACE, else the service account's
+  std::string agent_selector = "app.kubernetes.io/name=rdmig-agent";
+  std::string handler_namespace = "kubevirt";
+  std::string handler_selector = "kubevirt.io=virt-handler";
+  uint32_t discovery_interval_seconds = 30;
 };
 
 struct AgentConfig {

@@ -6,10 +6,14 @@
 namespace rdmig::kubevirt {
 
 Result<PeerDirectory> PeerDirectory::from_config(const KubevirtConfig& config) {
+  return from_peers(config.peers, "config key 'kubevirt.peers");
+}
+
+Result<PeerDirectory> PeerDirectory::from_peers(const std::vector<KubevirtPeer>& peers, const std::string& prefix) {
   PeerDirectory d;
-  for (size_t i = 0; i < config.peers.size(); ++i) {
-    const auto& p = config.peers[i];
-    const std::string where = "config key 'kubevirt.peers[" + std::to_string(i) + "]";
+  for (size_t i = 0; i < peers.size(); ++i) {
+    const auto& p = peers[i];
+    const std::string where = prefix + "[" + std::to_string(i) + "]";
     auto ep = net::parse_endpoint(p.agent, where + ".agent'");
     if (!ep) return ep.error();
     for (const auto& a : p.handler_addresses) {
@@ -19,6 +23,22 @@ Result<PeerDirectory> PeerDirectory::from_config(const KubevirtConfig& config) {
     d.peers_.push_back(Entry{PeerInfo{p.node, ep.value(), true, ""}, p.handler_addresses});
   }
   return d;
+}
+
+Status PeerDirectory::replace(const std::vector<KubevirtPeer>& peers) {
+  auto fresh = from_peers(peers, "discovered peer");
+  if (!fresh) return fresh.error();
+  std::lock_guard lock(mu_);
+  for (auto& e : fresh->peers_) {
+    for (const auto& old : peers_) {
+      if (old.info.node == e.info.node) {
+        e.info.healthy = old.info.healthy;
+        e.info.unhealthy_reason = old.info.unhealthy_reason;
+      }
+    }
+  }
+  peers_ = std::move(fresh->peers_);
+  return ok_status();
 }
 
 PeerDirectory::PeerDirectory(const PeerDirectory& other) {

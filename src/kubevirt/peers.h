@@ -26,11 +26,14 @@ struct PeerInfo {
 class PeerDirectory {
  public:
   static Result<PeerDirectory> from_config(const KubevirtConfig& config);
+  static Result<PeerDirectory> from_peers(const std::vector<KubevirtPeer>& peers, const std::string& where);
 
   std::optional<PeerInfo> by_node(const std::string& node) const;
   std::optional<PeerInfo> by_handler_address(const std::string& ip) const;
   std::vector<std::string> handler_addresses() const;  // static mode redirect set
 
+  // Replaces the peers (discovery), keeping the health of nodes already known.
+  Status replace(const std::vector<KubevirtPeer>& peers);
   void mark_unhealthy(const std::string& node, const std::string& reason);
   void mark_healthy(const std::string& node);
   std::vector<PeerInfo> unhealthy() const;

@@ -57,16 +57,21 @@ Status KubevirtRelay::start() {
   auto peers = PeerDirectory::from_config(config_.kubevirt);
   if (!peers) return peers.error();
   peers_ = peers.value();
+  if (config_.kubevirt.discovery == "kubernetes") {
+    auto d = PeerDiscovery::start(config_, node_, peers_);
+    if (!d) return d.error();
+    discovery_ = std::move(d.value());
+  }
   if (config_.kubevirt.static_mode) setup_static_mode();
   maintenance_ = std::thread([this] { maintenance_loop(); });
-  LOG_INFO("kubevirt") << "KubeVirt mode on node '" << node_ << "' with " << config_.kubevirt.peers.size()
-                       << " peer(s)" << (config_.kubevirt.static_mode ? ", static interception" : "");
+  LOG_INFO("kubevirt") << "KubeVirt mode on node '" << node_ << "', peers from " << config_.kubevirt.discovery << (config_.kubevirt.static_mode ? ", static interception" : "");
   return ok_status();
 }
 
 void KubevirtRelay::stop() {
   if (stopping_.exchange(true)) return;
   stop_cv_.notify_all();
+  discovery_.reset();
   if (maintenance_.joinable()) maintenance_.join();
   std::map<std::string, Active> sources;
   std::map<std::string, std::shared_ptr<TargetSession>> targets;

@@ -19,6 +19,7 @@
 
 #include "kubevirt/intercept.h"
 #include "kubevirt/kubevirt_metrics.h"
+#include "kubevirt/peer_discovery.h"
 #include "kubevirt/peers.h"
 #include "kubevirt/sessions.h"
 #include "migration/data_plane_server.h"
@@ -108,6 +109,7 @@ class KubevirtRelay {
   std::chrono::steady_clock::time_point last_refresh_{};
   std::chrono::steady_clock::time_point last_probe_{};
 
+  std::unique_ptr<PeerDiscovery> discovery_;
   std::atomic<bool> stopping_{false};
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;

@@ -328,7 +328,12 @@ class ChartTest(unittest.TestCase):
         # kubevirt.enabled turns the agent's mode on with the socket the Plugin names; the rest of
         # agent.config.kubevirt passes through.
         self.assertEqual(agent_cfg["kubevirt"], {"enabled": True, "hookSocket": "/var/run/rdmig-test/hooks/agent.sock",
-                                                 "sessionIdleSeconds": 3})
+                                                 "sessionIdleSeconds": 3, "discovery": "kubernetes",
+                                                 "handlerNamespace": "kubevirt"})
+        # Peers come from the API: the agent may list pods of its namespace, nothing else.
+        self.assertTrue(ds_spec["automountServiceAccountToken"])
+        role = [d for d in t if d["kind"] == "Role" and d["metadata"]["name"].endswith("-agent-peers")]
+        self.assertEqual([r["rules"] for r in role], [[{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]])
 
     def test_token_value_rdma_count_and_dashboard_namespace(self):
         docs = render("--set", "token.value=0123456789abcdef0123", "--set", "agent.rdma.resourceName=rdma/hca",

@@ -90,13 +90,16 @@ class KubevirtRelayTest(unittest.TestCase):
             for a in self.agents:
                 print("---- %s log ----\n%s" % (a.name, a.log_text()[-3000:]))
 
-    def agent(self, node, token, peers, hook="", rule_timeout=3):
-        config = {"kubevirt": {"enabled": True, "nodeName": node, "hookSocket": hook, "peers": peers,
-                               "ruleTimeoutSeconds": rule_timeout, "sessionIdleSeconds": 1}}
+    def agent(self, node, token, peers, hook="", rule_timeout=3, extra=None, data_plane=None):
+        config = {"kubevirt": dict({"enabled": True, "nodeName": node, "hookSocket": hook, "peers": peers,
+                                    "ruleTimeoutSeconds": rule_timeout, "sessionIdleSeconds": 1}, **(extra or {}))}
+        if data_plane:
+            config["dataPlane"] = data_plane
         if TRANSPORT == "rdma":
             config.update({"transport": "rdma", "rdma": {"device": os.environ.get("RDMIG_RDMA_DEV", "rxe0")},
                            "dataPlane": {"rdmaPort": 0}})
-        a = Agent(self.tmp, name="%s-%s" % (node, self._testMethodName[-12:]), token=token, config=config)
+        a = Agent(self.tmp, name="%s-%s-%s" % (node, self._testMethodName[-12:], len(self.agents)), token=token,
+                  config=config)
         self.agents.append(a)
         return a
 
@@ -235,6 +238,42 @@ class KubevirtRelayTest(unittest.TestCase):
                  "the redirect element to expire")
         res = self.dial(1, 65536, hook=False)
         self.assertTrue(res["connections"][0]["ok"], "KubeVirt's own path works again")
+
+    def test_peers_discovered_from_the_kubernetes_api(self):
+        sys.path.insert(0, os.path.join(HERE, "..", "k8s"))
+        from apiserver_double import ApiServerDouble
+        import socket
+        for a in self.agents:
+            a.stop()
+        api = ApiServerDouble(os.path.join(self.tmp, "api-" + self._testMethodName))
+        try:
+            with socket.socket() as s:  # one data-plane port for both, as in a DaemonSet
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            for node, ip in (("node-a", "127.0.0.1"), ("node-b", "127.0.0.2")):
+                code, body = api.store.create("pods", "rdmig-system", {
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": "rdmig-agent-" + node, "namespace": "rdmig-system",
+                                 "labels": {"app.kubernetes.io/name": "rdmig-agent"}},
+                    "spec": {"nodeName": node, "hostNetwork": True},
+                    "status": {"phase": "Running", "hostIP": ip, "podIP": ip}})
+                self.assertEqual(code, 201, body)
+            token = self.src.token
+            self.src = self.agent("node-a", token, peers=[], hook=self.hook_socket, extra={
+                "discovery": "kubernetes", "kubeconfig": api.write_kubeconfig(os.path.join(self.tmp, "kc.json")),
+                "agentNamespace": "rdmig-system"}, data_plane={"address": "127.0.0.1", "port": port})
+            self.dst = self.agent("node-b", token, peers=[], data_plane={"address": "127.0.0.2", "port": port})
+            mig = "mig-discovered"
+            res = self.dial(2, 1 << 20, vmi=vmi_json("vmi-uid-d", mig, self.net.ip4["node-b"], self.sink_port))
+            self.assertTrue(all(c["ok"] for c in res["connections"]), res)
+            rec = wait_for(lambda: [r for r in self.records(self.src, migrationUid=mig) if r["phase"] == "Succeeded"],
+                           20, "the carried migration")[0]
+            self.assertTrue(rec["carried"], rec)
+            self.assertEqual(rec["peer"], "127.0.0.2:%d" % port)
+            self.assertTrue(any(m == "GET" and "/api/v1/namespaces/rdmig-system/pods?labelSelector=" in p
+                                for m, p, _, _ in api.requests), api.requests)
+        finally:
+            api.stop()
 
     # ---- hostile and broken clients ----
 

@@ -65,6 +65,8 @@ app.kubernetes.io/component: controller
 {{- $kv := deepCopy (default dict $cfg.kubevirt) -}}
 {{- $_ := set $kv "enabled" true -}}
 {{- $_ := set $kv "hookSocket" .Values.kubevirt.hookSocket -}}
+{{- if not $kv.discovery -}}{{- $_ := set $kv "discovery" "kubernetes" -}}{{- end -}}
+{{- if not $kv.handlerNamespace -}}{{- $_ := set $kv "handlerNamespace" .Values.kubevirt.namespace -}}{{- end -}}
 {{- $_ := set $cfg "kubevirt" $kv -}}
 {{- end -}}
 {{- toYaml $cfg -}}

@@ -1,0 +1,140 @@
+#include "kubevirt/peer_discovery.h"
+
+#include <cstdlib>
+#include <map>
+
+#include "common/log.h"
+#include "k8s/cluster_config.h"
+#include "k8s/http_kube_client.h"
+#include "k8s/selectors.h"
+
+namespace rdmig::kubevirt {
+
+using nlohmann::json;
+
+namespace {
+std::string str_at(const json& obj, const char* a, const char* b) {
+  auto i = obj.find(a);
+  if (i == obj.end() || !i->is_object()) return "";
+  auto j = i->find(b);
+  return j != i->end() && j->is_string() ? j->get<std::string>() : "";
+}
+const json& items_of(const json& list) {
+  static const json empty = json::array();
+  auto it = list.find("items");
+  return it != list.end() && it->is_array() ? *it : empty;
+}
+std::string env(const char* k) {
+  const char* v = std::getenv(k);
+  return v ? v : "";
+}
+}  // namespace
+
+std::vector<KubevirtPeer> peers_from_pods(const json& agent_pods, const json& handler_pods, uint16_t data_port,
+                                          const std::string& self_node) {
+  std::map<std::string, KubevirtPeer> by_node;
+  for (const auto& pod : items_of(agent_pods)) {
+    const std::string node = str_at(pod, "spec", "nodeName");
+    // The agents use hostNetwork: the pod's host IP (its pod IP is the same address).
+    std::string ip = str_at(pod, "status", "hostIP");
+    if (ip.empty()) ip = str_at(pod, "status", "podIP");
+    if (node.empty() || ip.empty() || node == self_node || str_at(pod, "status", "phase") != "Running") continue;
+    const std::string host = ip.find(':') != std::string::npos ? "[" + ip + "]" : ip;
+    by_node[node] = KubevirtPeer{node, host + ":" + std::to_string(data_port), {}};
+  }
+  for (const auto& pod : items_of(handler_pods)) {
+    const std::string node = str_at(pod, "spec", "nodeName");
+    auto it = by_node.find(node);
+    if (it == by_node.end() || str_at(pod, "status", "phase") != "Running") continue;
+    // status.podIPs (dual stack) when present, else status.podIP.
+    const json status = pod.value("status", json::object());
+    const json ips = status.is_object() ? status.value("podIPs", json::array()) : json::array();
+    bool any = false;
+    for (const auto& e : ips.is_array() ? ips : json::array()) {
+      if (e.is_object() && e.contains("ip") && e["ip"].is_string()) {
+        it->second.handler_addresses.push_back(e["ip"].get<std::string>());
+        any = true;
+      }
+    }
+    if (!any) {
+      if (auto ip = str_at(pod, "status", "podIP"); !ip.empty()) it->second.handler_addresses.push_back(ip);
+    }
+  }
+  std::vector<KubevirtPeer> out;
+  for (auto& [node, p] : by_node) out.push_back(std::move(p));
+  return out;
+}
+
+PeerDiscovery::PeerDiscovery(const AgentConfig& config, std::string self_node, PeerDirectory& peers,
+                             std::unique_ptr<k8s::KubeClient> kube, std::string ns)
+    : config_(config), self_node_(std::move(self_node)), peers_(peers), kube_(std::move(kube)),
+      namespace_(std::move(ns)) {}
+
+Result<std::unique_ptr<PeerDiscovery>> PeerDiscovery::start(const AgentConfig& config, const std::string& self_node,
+                                                            PeerDirectory& peers) {
+  const auto& kv = config.kubevirt;
+  for (const auto* sel : {&kv.agent_selector, &kv.handler_selector}) {
+    auto parsed = k8s::parse_label_selector(*sel, "config key 'kubevirt.agentSelector/handlerSelector'");
+    if (!parsed) return parsed.error();
+  }
+  std::map<std::string, std::string> environment;
+  for (const char* k : {"KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"}) environment[k] = env(k);
+  auto cluster = kv.kubeconfig.empty()
+                     ? k8s::in_cluster_config(environment, "/var/run/secrets/kubernetes.io/serviceaccount")
+                     : k8s::load_kubeconfig_file(kv.kubeconfig);
+  if (!cluster) return cluster.error().with_context("config key 'kubevirt.discovery' kubernetes");
+  std::string ns = kv.agent_namespace;
+  if (ns.empty()) ns = env("POD_NAMESPACE");
+  if (ns.empty()) ns = cluster->namespace_;
+  if (ns.empty()) return Error{Errc::kInvalidArgument, "config key 'kubevirt.agentNamespace': unknown namespace"};
+  k8s::HttpOptions opts;
+  opts.user_agent = "rdmig-agent/" + self_node;
+  auto kube = k8s::HttpKubeClient::create(cluster.value(), opts);
+  if (!kube) return kube.error();
+  std::unique_ptr<PeerDiscovery> d(new PeerDiscovery(config, self_node, peers, std::move(kube.value()), ns));
+  if (auto st = d->refresh(); !st) {
+    LOG_WARN("kubevirt") << "peer discovery: " << st.error().message << " (retrying every "
+                         << kv.discovery_interval_seconds << " s)";
+  }
+  d->thread_ = std::thread([p = d.get()] { p->loop(); });
+  return d;
+}
+
+PeerDiscovery::~PeerDiscovery() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Status PeerDiscovery::refresh() {
+  const auto& kv = config_.kubevirt;
+  auto agents = kube_->get("/api/v1/namespaces/" + k8s::url_encode(namespace_) +
+                           "/pods?labelSelector=" + k8s::url_encode(kv.agent_selector));
+  if (!agents) return agents.error().with_context("listing the rdmig agent pods");
+  json handlers = json::object();
+  if (kv.static_mode) {
+    auto h = kube_->get("/api/v1/namespaces/" + k8s::url_encode(kv.handler_namespace) +
+                        "/pods?labelSelector=" + k8s::url_encode(kv.handler_selector));
+    if (!h) return h.error().with_context("listing the virt-handler pods");
+    handlers = h.value();
+  }
+  auto found = peers_from_pods(agents.value(), handlers, config_.data_plane.port, self_node_);
+  LOG_DEBUG("kubevirt") << "peer discovery: " << found.size() << " peer agent(s)";
+  return peers_.replace(found);
+}
+
+void PeerDiscovery::loop() {
+  std::unique_lock lock(mu_);
+  while (!cv_.wait_for(lock, std::chrono::seconds(config_.kubevirt.discovery_interval_seconds), [&] { return stop_; })) {
+    lock.unlock();
+    if (auto st = refresh(); !st) {
+      LOG_WARN("kubevirt") << "peer discovery: " << st.error().message;
+    }
+    lock.lock();
+  }
+}
+
+}  // namespace rdmig::kubevirt

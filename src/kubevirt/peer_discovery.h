@@ -1,0 +1,52 @@
+// Peers from the Kubernetes API (kubevirt.discovery: kubernetes): the rdmig agent pods give
+// node -> agent data plane (hostNetwork: the pod's host IP, the DaemonSet's dataPlane.port);
+// the virt-handler pods give node -> handler pod IPs (static mode's redirect set). A thread
+// lists both every discoveryIntervalSeconds and replaces the directory's peers (health kept).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "config/agent_config.h"
+#include "kubevirt/peers.h"
+
+namespace rdmig::k8s {
+class KubeClient;
+}
+
+namespace rdmig::kubevirt {
+
+// Pure: peers from the two pod lists (PodList JSON). Pods not Running, without a node or an
+// IP, and this agent's own node are left out.
+std::vector<KubevirtPeer> peers_from_pods(const nlohmann::json& agent_pods, const nlohmann::json& handler_pods,
+                                          uint16_t data_port, const std::string& self_node);
+
+class PeerDiscovery {
+ public:
+  static Result<std::unique_ptr<PeerDiscovery>> start(const AgentConfig& config, const std::string& self_node,
+                                                      PeerDirectory& peers);
+  ~PeerDiscovery();
+  // One listing now (also what the thread does each interval).
+  Status refresh();
+
+ private:
+  PeerDiscovery(const AgentConfig& config, std::string self_node, PeerDirectory& peers,
+                std::unique_ptr<k8s::KubeClient> kube, std::string ns);
+  void loop();
+
+  const AgentConfig& config_;
+  std::string self_node_;
+  PeerDirectory& peers_;
+  std::unique_ptr<k8s::KubeClient> kube_;
+  std::string namespace_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace rdmig::kubevirt
