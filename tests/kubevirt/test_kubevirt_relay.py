@@ -239,6 +239,33 @@ class KubevirtRelayTest(unittest.TestCase):
         res = self.dial(1, 65536, hook=False)
         self.assertTrue(res["connections"][0]["ok"], "KubeVirt's own path works again")
 
+    @unittest.skipUnless(TRANSPORT == "rdma", "needs an RDMA device (runs in the Soft-RoCE VM)")
+    def test_falls_back_to_tcp_when_the_target_agent_has_no_rdma(self):
+        for a in self.agents:
+            a.stop()
+        token = self.src.token
+        dst = self.agent("node-b", token, peers=[])
+        dst.stop()
+        # The target: transport auto, but no RDMA device it can use.
+        dst = Agent(self.tmp, name="node-b-nordma", token=token, config={
+            "transport": "auto", "rdma": {"device": "no-such-device"},
+            "kubevirt": {"enabled": True, "nodeName": "node-b", "hookSocket": "", "sessionIdleSeconds": 1}})
+        self.agents.append(dst)
+        src = Agent(self.tmp, name="node-a-auto", token=token, config={
+            "transport": "auto", "rdma": {"device": os.environ.get("RDMIG_RDMA_DEV", "rxe0")},
+            "dataPlane": {"rdmaPort": 0},
+            "kubevirt": {"enabled": True, "nodeName": "node-a", "hookSocket": self.hook_socket, "sessionIdleSeconds": 1,
+                         "peers": [{"node": "node-b", "agent": "127.0.0.1:%d" % dst.data_port}]}})
+        self.agents.append(src)
+        self.src = src
+        mig = "mig-fallback"
+        res = self.dial(2, 1 << 20, vmi=vmi_json("vmi-uid-t", mig, self.net.ip4["node-b"], self.sink_port))
+        self.assertTrue(all(c["ok"] for c in res["connections"]), res)
+        rec = wait_for(lambda: [r for r in self.records(src, migrationUid=mig) if r["phase"] == "Succeeded"], 30,
+                       "the carried migration")[0]
+        self.assertEqual((rec["transport"], rec["transportReason"]), ("tcp", "auto-no-peer-rdma"))
+
+    @unittest.skipIf(TRANSPORT == "rdma", "discovery does not depend on the transport (the VM lacks the API double)")
     def test_peers_discovered_from_the_kubernetes_api(self):
         sys.path.insert(0, os.path.join(HERE, "..", "k8s"))
         from apiserver_double import ApiServerDouble
