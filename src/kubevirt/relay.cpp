@@ -62,7 +62,6 @@ Status KubevirtRelay::start() {
     if (!d) return d.error();
     discovery_ = std::move(d.value());
   }
-  if (config_.kubevirt.static_mode) setup_static_mode();
   maintenance_ = std::thread([this] { maintenance_loop(); });
   LOG_INFO("kubevirt") << "KubeVirt mode on node '" << node_ << "', peers from " << config_.kubevirt.discovery << (config_.kubevirt.static_mode ? ", static interception" : "");
   return ok_status();
@@ -287,8 +286,14 @@ void KubevirtRelay::pass_through(UniqueFd fd, const net::Endpoint& dst, const Ne
 
 void KubevirtRelay::setup_static_mode() {
   // Our own virt-handler: a handler process whose namespace holds none of the peers' addresses.
+  // Run on every refresh, so a restarted virt-handler (a new namespace) is intercepted too.
   const auto peer_addresses = peers_.handler_addresses();
   for (pid_t pid : processes_named(config_.kubevirt.handler_process)) {
+    const uint64_t inode = netns_inode(pid);
+    {
+      std::lock_guard lock(mu_);
+      if (inode == 0 || points_.contains(inode)) continue;
+    }
     auto n = NetNs::of_pid(pid);
     if (!n) continue;
     auto ns = std::make_shared<NetNs>(std::move(n.value()));
@@ -300,11 +305,11 @@ void KubevirtRelay::setup_static_mode() {
       LOG_WARN("kubevirt") << "static mode: " << p.error().message;
     }
   }
-  refresh_rules();
 }
 
 void KubevirtRelay::refresh_rules() {
   const std::chrono::seconds ttl(config_.kubevirt.rule_timeout_seconds);
+  if (config_.kubevirt.static_mode) setup_static_mode();
   std::lock_guard lock(mu_);
   for (auto& [k, a] : armed_) {
     if (auto st = a.point->rules().carry(a.ip, a.port, ttl); !st) {

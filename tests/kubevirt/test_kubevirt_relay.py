@@ -239,6 +239,38 @@ class KubevirtRelayTest(unittest.TestCase):
         res = self.dial(1, 65536, hook=False)
         self.assertTrue(res["connections"][0]["ok"], "KubeVirt's own path works again")
 
+    def test_static_mode_carries_without_the_hook_and_passes_unknown_destinations_through(self):
+        for a in self.agents:
+            a.stop()
+        token = self.src.token
+        # A long-running "virt-handler" in the source namespace (the agent intercepts in its netns).
+        ready = os.path.join(self.tmp, "handler-a.json")
+        self.spawn([kvnet.IP, "netns", "exec", self.net.netns["node-a"], sys.executable, STREAMS, "sink",
+                    "--ready", ready, "--log", os.path.join(self.tmp, "handler-a.log")])
+        wait_for(lambda: os.path.exists(ready), 10, "the source handler")
+        self.dst = self.agent("node-b", token, peers=[])
+        self.src = self.agent("node-a", token, hook="", extra={"staticMode": True}, peers=[
+            {"node": "node-b", "agent": "127.0.0.1:%d" % self.dst.data_port,
+             "handlerAddresses": [self.net.ip4["node-b"]]}])
+        wait_for(lambda: self.net.ip4["node-b"] in self.nft("node-a"), 20, "the static redirect")
+        res = self.dial(3, 1 << 20, hook=False)
+        self.assertTrue(all(c["ok"] for c in res["connections"]), res)
+        rec = wait_for(lambda: [r for r in self.records(self.src) if r["phase"] == "Succeeded"], 20, "a record")[0]
+        self.assertEqual((rec["mode"], rec["carried"], rec["connections"], rec["targetNode"]),
+                         ("static", True, 3, "node-b"))
+        self.assertIsNone(rec["vmi"])
+        # The peer's agent goes away (its last session had ended): the next connection cannot be
+        # placed and is passed through unchanged, the peer is marked unhealthy, its element is no
+        # longer refreshed and expires, and connections go KubeVirt's own way.
+        self.dst.proc.send_signal(signal.SIGKILL)
+        self.dst.proc.wait()
+        res = self.dial(1, 65536, hook=False)
+        self.assertTrue(all(c["ok"] for c in res["connections"]), res)
+        self.assertIn("through unchanged", self.src.log_text())
+        wait_for(lambda: self.net.ip4["node-b"] not in self.nft("node-a"), 20, "the static redirect to expire")
+        res = self.dial(2, 65536, hook=False)
+        self.assertTrue(all(c["ok"] for c in res["connections"]), res)
+
     @unittest.skipUnless(TRANSPORT == "rdma", "needs an RDMA device (runs in the Soft-RoCE VM)")
     def test_falls_back_to_tcp_when_the_target_agent_has_no_rdma(self):
         for a in self.agents:
