@@ -74,23 +74,12 @@ Result<FlowHello> FlowHello::parse(const json& j) {
     if (!vuid) return vuid.error();
     h.vmi = VmiRef{ns.value(), name.value(), vuid.value()};
   }
-  auto chunk = get_uint(j, "chunkSize", "hello", 64 * 1024, uint64_t{1} << 30);
-  if (!chunk) return chunk.error();
-  RDMIG_TRY(validate_chunk_size(chunk.value(), "hello.chunkSize"));
-  h.chunk_size = chunk.value();
-  auto depth = get_uint(j, "ringDepth", "hello", 2, 1024);
-  if (!depth) return depth.error();
-  h.ring_depth = static_cast<uint32_t>(depth.value());
-  auto tr = get_string(j, "transport", "hello", 16);
-  if (!tr) return tr.error();
-  if (tr.value() != "tcp" && tr.value() != "rdma") {
-    return Error{Errc::kInvalidArgument, "hello.transport: unknown transport '" + tr.value() + "'"};
-  }
-  h.transport = tr.value();
-  if (auto req = j.find("transportRequired"); req != j.end()) {
-    if (!req->is_boolean()) return Error{Errc::kInvalidArgument, "hello.transportRequired: must be a boolean"};
-    h.transport_required = req->get<bool>();
-  }
+  auto terms = transport::parse_session_terms(j, "hello");
+  if (!terms) return terms.error();
+  h.chunk_size = terms->chunk_size;
+  h.ring_depth = terms->ring_depth;
+  h.transport = terms->transport;
+  h.transport_required = terms->transport_required;
   return h;
 }
 

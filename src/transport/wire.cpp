@@ -52,6 +52,28 @@ Result<json> recv_message(int fd, std::chrono::milliseconds timeout) {
   return j;
 }
 
+Result<SessionTerms> parse_session_terms(const json& j, const std::string& where) {
+  SessionTerms t;
+  auto cs = get_uint(j, "chunkSize", where, kMinChunkSize, kMaxChunkSize);
+  if (!cs) return cs.error();
+  RDMIG_TRY(validate_chunk_size(cs.value(), where + ".chunkSize"));
+  t.chunk_size = cs.value();
+  auto depth = get_uint(j, "ringDepth", where, 2, 1024);
+  if (!depth) return depth.error();
+  t.ring_depth = static_cast<uint32_t>(depth.value());
+  auto tr = get_string(j, "transport", where, 16);
+  if (!tr) return tr.error();
+  if (tr.value() != "tcp" && tr.value() != "rdma") {
+    return Error{Errc::kInvalidArgument, where + ".transport: unknown transport '" + tr.value() + "'"};
+  }
+  t.transport = tr.value();
+  if (auto req = j.find("transportRequired"); req != j.end()) {
+    if (!req->is_boolean()) return Error{Errc::kInvalidArgument, where + ".transportRequired: must be a boolean"};
+    t.transport_required = req->get<bool>();
+  }
+  return t;
+}
+
 Result<std::string> get_string(const json& j, const char* key, const std::string& where,
                                size_t max_len) {
   const std::string field = where + "." + key;
@@ -123,23 +145,12 @@ Result<Hello> Hello::parse(const json& j) {
     auto ch = get_uint(j, "channels", "hello", 1, kMaxChannels);
     if (!ch) return ch.error();
     h.channels = static_cast<uint32_t>(ch.value());
-    auto cs = get_uint(j, "chunkSize", "hello", kMinChunkSize, kMaxChunkSize);
-    if (!cs) return cs.error();
-    RDMIG_TRY(validate_chunk_size(cs.value(), "hello.chunkSize"));
-    h.chunk_size = cs.value();
-    auto depth = get_uint(j, "ringDepth", "hello", 2, 1024);
-    if (!depth) return depth.error();
-    h.ring_depth = static_cast<uint32_t>(depth.value());
-    auto tr = get_string(j, "transport", "hello", 16);
-    if (!tr) return tr.error();
-    if (tr.value() != "tcp" && tr.value() != "rdma") {
-      return Error{Errc::kInvalidArgument, "hello.transport: unknown transport '" + tr.value() + "'"};
-    }
-    h.transport = tr.value();
-    if (auto req = j.find("transportRequired"); req != j.end()) {
-      if (!req->is_boolean()) return Error{Errc::kInvalidArgument, "hello.transportRequired: must be a boolean"};
-      h.transport_required = req->get<bool>();
-    }
+    auto terms = parse_session_terms(j, "hello");
+    if (!terms) return terms.error();
+    h.chunk_size = terms->chunk_size;
+    h.ring_depth = terms->ring_depth;
+    h.transport = terms->transport;
+    h.transport_required = terms->transport_required;
   } else if (h.kind == "data") {
     auto session = get_string(j, "session", "hello", 128);
     if (!session) return session.error();

@@ -38,6 +38,17 @@ struct Hello {
   static Result<Hello> parse(const nlohmann::json& j);
 };
 
+// What both ends of a session must agree on, as every kind of hello offers it:
+// chunkSize, ringDepth, transport (tcp|rdma), transportRequired (optional). Errors name
+// `where.field`.
+struct SessionTerms {
+  uint64_t chunk_size = 0;
+  uint32_t ring_depth = 0;
+  std::string transport;
+  bool transport_required = false;
+};
+Result<SessionTerms> parse_session_terms(const nlohmann::json& j, const std::string& where);
+
 // Reads a required field of a given JSON type; the error names `where.key`.
 Result<std::string> get_string(const nlohmann::json& j, const char* key, const std::string& where,
                                size_t max_len = 256);

@@ -28,6 +28,7 @@ sys.path.insert(0, HERE)
 
 import test_kubevirt_baseline as base  # noqa: E402  (its checks of KubeVirt's connections)
 from rdmiglab.agent import Agent  # noqa: E402
+from rdmiglab.kvpod import wait_for  # noqa: E402
 
 NODES = ("node-a", "node-b")
 
@@ -38,15 +39,6 @@ def free_port():
         return s.getsockname()[1]
 
 
-def wait_for(pred, timeout, what, interval=0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise TimeoutError("timed out after %ss waiting for %s" % (timeout, what))
-        time.sleep(interval)
 
 
 class KubevirtMigrationTest(base.KubevirtChecks, unittest.TestCase):

@@ -17,6 +17,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
 from rdmiglab.agent import Agent  # noqa: E402
+from rdmiglab.kvpod import wait_for  # noqa: E402
 from rdmiglab import kvnet  # noqa: E402
 from rdmiglab.agent import parse_prometheus  # noqa: E402
 
@@ -25,15 +26,6 @@ STREAMS = os.path.join(HERE, "kv_streams.py")
 TRANSPORT = os.environ.get("RDMIG_KV_TRANSPORT", "tcp")
 
 
-def wait_for(pred, timeout, what, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise TimeoutError("timed out after %ss waiting for %s" % (timeout, what))
-        time.sleep(interval)
 
 
 def read_json(path):
