@@ -8,6 +8,8 @@
 // Owns: the interception points (one per virt-handler namespace), the sessions, the records
 // (REST, metrics), and one maintenance thread that refreshes rule timeouts, ends idle
 // sessions, fails broken ones and probes unhealthy peers. stop() tears everything down.
+// Code: relay.cpp (life cycle, records, maintenance), relay_source.cpp (hook, interception,
+// static mode), relay_target.cpp (sessions from peer agents).
 #pragma once
 
 #include <deque>

@@ -1,0 +1,227 @@
+#include "kubevirt/relay.h"
+
+#include <sys/socket.h>
+
+#include "common/log.h"
+#include "common/units.h"
+#include "kubevirt/libvirt_stats.h"
+#include "kubevirt/relay_internal.h"
+#include "migration/types.h"
+#include "transport/wire.h"
+
+namespace rdmig::kubevirt {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+using namespace relay_internal;
+
+// ---- source side: the hook and intercepted connections ----
+
+HookDecision KubevirtRelay::pre_migration_source(const json& vmi, const std::string& node, pid_t caller_pid) {
+  auto intent = parse_vmi(vmi);
+  if (!intent) {
+    kmetrics_.hook_call("error");
+    LOG_WARN("kubevirt") << "hook: not carried: " << intent.error().message;
+    return HookDecision{false, intent.error().message};
+  }
+  FlowRecord rec;
+  rec.migration_uid = intent->migration_uid;
+  rec.vmi = intent->vmi;
+  rec.role = "source";
+  rec.source_node = intent->source_node;
+  rec.target_node = intent->target_node;
+  rec.mode = "hook";
+  const std::string here = node.empty() ? node_ : node;
+  auto skip = skip_reason(intent.value(), here);
+  std::optional<PeerInfo> peer;
+  if (!skip) {
+    peer = peers_.by_node(intent->target_node);
+    if (!peer) {
+      skip = "no rdmig agent known for node " + intent->target_node;
+    } else if (!peer->healthy) {
+      skip = "the path to the agent on " + peer->node + " is unhealthy (" + peer->unhealthy_reason +
+             "): KubeVirt's own path until a probe succeeds";
+    }
+  }
+  {
+    // Idempotent: KubeVirt may call again for the same migration (retries of the same attempt).
+    std::lock_guard lock(mu_);
+    for (auto& [k, a] : armed_) {
+      if (a.session->record().migration_uid == rec.migration_uid && !a.session->ended()) {
+        kmetrics_.hook_call("carried");
+        return HookDecision{true, ""};
+      }
+    }
+  }
+  if (skip) {
+    record_not_carried(rec, *skip);
+    return HookDecision{false, *skip};
+  }
+  // The namespace to intercept in: the hook caller's (virt-handler), else the only virt-handler.
+  std::shared_ptr<NetNs> ns;
+  if (caller_pid > 0) {
+    auto n = NetNs::of_pid(caller_pid);
+    if (n) ns = std::make_shared<NetNs>(std::move(n.value()));
+  }
+  if (!ns) {
+    auto pids = processes_named(config_.kubevirt.handler_process);
+    if (pids.size() == 1) {
+      auto n = NetNs::of_pid(pids.front());
+      if (n) ns = std::make_shared<NetNs>(std::move(n.value()));
+    }
+  }
+  if (!ns) {
+    const std::string why = "cannot find the network namespace of " + config_.kubevirt.handler_process +
+                            " (hook caller pid " + std::to_string(caller_pid) + ")";
+    record_not_carried(rec, why);
+    return HookDecision{false, why};
+  }
+  auto session = SourceSession::open(ctx_, *peer, rec, kSessionOpenTimeout);
+  if (!session) {
+    peers_.mark_unhealthy(peer->node, session.error().message);
+    const std::string why = "cannot reach the agent on " + peer->node + ": " + session.error().message;
+    record_not_carried(rec, why);
+    return HookDecision{false, why};
+  }
+  std::shared_ptr<SourceSession> s = std::move(session.value());
+  std::lock_guard lock(mu_);
+  auto point = point_for(ns);
+  if (!point) {
+    s->fail(point.error());
+    record_not_carried(rec, point.error().message);
+    return HookDecision{false, point.error().message};
+  }
+  const std::chrono::seconds ttl(config_.kubevirt.rule_timeout_seconds);
+  for (uint16_t port : carried_ports(intent.value())) {
+    if (auto st = point.value()->rules().carry(intent->target_address, port, ttl); !st) {
+      s->fail(st.error());
+      for (auto it = armed_.begin(); it != armed_.end();) it = it->second.session == s ? armed_.erase(it) : std::next(it);
+      record_not_carried(rec, st.error().message);
+      return HookDecision{false, st.error().message};
+    }
+    armed_[key(intent->target_address, port)] = Armed{intent->target_address, port, s, point.value()};
+  }
+  sources_[s->id()] = Active{s, std::chrono::steady_clock::now(), false};
+  kmetrics_.hook_call("carried");
+  LOG_INFO("kubevirt") << "hook: carrying migration " << rec.migration_uid << " of " << rec.vmi.key() << " to "
+                       << rec.target_node << " (" << intent->target_address << ") over " << s->record().transport
+                       << " session=" << s->id();
+  return HookDecision{true, ""};
+}
+
+Result<InterceptPoint*> KubevirtRelay::point_for(std::shared_ptr<NetNs> ns) {
+  auto it = points_.find(ns->inode());
+  if (it != points_.end()) return it->second.get();
+  auto p = InterceptPoint::create(ns, [this](UniqueFd fd, const net::Endpoint& dst, const NetNs& n) {
+    on_connection(std::move(fd), dst, n);
+  });
+  if (!p) return p.error();
+  auto* raw = p.value().get();
+  points_[ns->inode()] = std::move(p.value());
+  return raw;
+}
+
+void KubevirtRelay::on_connection(UniqueFd fd, const net::Endpoint& dst, const NetNs& ns) {
+  std::shared_ptr<SourceSession> session;
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = armed_.find(key(dst.host, dst.port)); it != armed_.end() && !it->second.session->ended()) {
+      session = it->second.session;
+    } else if (auto st = static_sessions_.find(dst.host); st != static_sessions_.end() && !st->second->ended()) {
+      session = st->second;
+    }
+  }
+  if (!session && config_.kubevirt.static_mode) {
+    auto peer = peers_.by_handler_address(dst.host);
+    if (peer && peer->healthy) {
+      FlowRecord rec;
+      rec.role = "source";
+      rec.mode = "static";
+      rec.source_node = node_;
+      rec.target_node = peer->node;
+      rec.migration_uid = "static-" + random_hex(6);
+      auto s = SourceSession::open(ctx_, *peer, rec, 2s);
+      if (s) {
+        session = std::move(s.value());
+        std::lock_guard lock(mu_);
+        static_sessions_[dst.host] = session;
+        sources_[session->id()] = Active{session, std::chrono::steady_clock::now(), false};
+      } else {
+        peers_.mark_unhealthy(peer->node, s.error().message);
+        LOG_WARN("kubevirt") << "static mode: agent on " << peer->node << " unreachable, passing through: "
+                             << s.error().message;
+      }
+    }
+  }
+  if (!session) {
+    pass_through(std::move(fd), dst, ns);
+    return;
+  }
+  if (auto st = session->add_connection(std::move(fd), dst); !st) {
+    peers_.mark_unhealthy(session->peer_node(), st.error().message);
+    session->fail(st.error());
+  }
+}
+
+void KubevirtRelay::pass_through(UniqueFd fd, const net::Endpoint& dst, const NetNs& ns) {
+  auto out = ns.make_socket([&] { return net::tcp_connect(dst, 5s, [](int s) { return set_pass_mark(s); }); });
+  if (!out) {
+    LOG_WARN("kubevirt") << "pass-through to " << dst.to_string() << " failed: " << out.error().message;
+    arm_reset(fd.get());
+    return;
+  }
+  LOG_INFO("kubevirt") << "passing a connection to " << dst.to_string() << " through unchanged";
+  auto a = std::make_shared<UniqueFd>(std::move(fd));
+  auto b = std::make_shared<UniqueFd>(std::move(out.value()));
+  run_worker([a, b] {
+    std::thread back([a, b] { copy_stream(b->get(), a->get()); });
+    copy_stream(a->get(), b->get());
+    back.join();
+  });
+}
+
+void KubevirtRelay::setup_static_mode() {
+  // Our own virt-handler: a handler process whose namespace holds none of the peers' addresses.
+  // Run on every refresh, so a restarted virt-handler (a new namespace) is intercepted too.
+  const auto peer_addresses = peers_.handler_addresses();
+  for (pid_t pid : processes_named(config_.kubevirt.handler_process)) {
+    const uint64_t inode = netns_inode(pid);
+    {
+      std::lock_guard lock(mu_);
+      if (inode == 0 || points_.contains(inode)) continue;
+    }
+    auto n = NetNs::of_pid(pid);
+    if (!n) continue;
+    auto ns = std::make_shared<NetNs>(std::move(n.value()));
+    bool is_peer = false;
+    for (const auto& a : peer_addresses) is_peer = is_peer || address_is_local(*ns, a);
+    if (is_peer) continue;
+    std::lock_guard lock(mu_);
+    if (auto p = point_for(ns); !p) {
+      LOG_WARN("kubevirt") << "static mode: " << p.error().message;
+    }
+  }
+}
+
+void KubevirtRelay::refresh_rules() {
+  const std::chrono::seconds ttl(config_.kubevirt.rule_timeout_seconds);
+  if (config_.kubevirt.static_mode) setup_static_mode();
+  std::lock_guard lock(mu_);
+  for (auto& [k, a] : armed_) {
+    if (auto st = a.point->rules().carry(a.ip, a.port, ttl); !st) {
+      LOG_WARN("kubevirt") << st.error().message;
+    }
+  }
+  if (!config_.kubevirt.static_mode) return;
+  for (const auto& peer_ip : peers_.handler_addresses()) {
+    auto peer = peers_.by_handler_address(peer_ip);
+    if (!peer || !peer->healthy) continue;  // unhealthy: let the element expire, KubeVirt's path resumes
+    for (auto& [inode, p] : points_) {
+      if (auto st = p->rules().peer(peer_ip, ttl); !st) {
+        LOG_WARN("kubevirt") << st.error().message;
+      }
+    }
+  }
+}
+
+}  // namespace rdmig::kubevirt

@@ -1,0 +1,108 @@
+#include "kubevirt/relay.h"
+
+#include <sys/socket.h>
+
+#include "common/log.h"
+#include "common/units.h"
+#include "kubevirt/libvirt_stats.h"
+#include "kubevirt/relay_internal.h"
+#include "migration/types.h"
+#include "transport/wire.h"
+
+namespace rdmig::kubevirt {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+using namespace relay_internal;
+
+// ---- target side ----
+
+void KubevirtRelay::on_flow_hello(UniqueFd fd, const json& raw) {
+  auto reject = [&](const std::string& code, const std::string& msg) {
+    (void)transport::send_message(fd.get(), json{{"type", "reject"}, {"code", code}, {"message", msg}});
+  };
+  if (!config_.kubevirt.enabled) return reject("failed_precondition", "KubeVirt mode is off on this agent");
+  auto hello = FlowHello::parse(raw);
+  if (!hello) return reject("invalid_argument", hello.error().message);
+  {
+    std::lock_guard lock(mu_);
+    if (targets_.size() >= kMaxTargetSessions) return reject("resource_exhausted", "too many KubeVirt sessions");
+    if (targets_.contains(hello->session)) return reject("already_exists", "session exists");
+  }
+  auto session = TargetSession::accept(
+      ctx_, std::move(fd), hello.value(), [this](const std::string& ip) { return handler_netns_owning(ip); },
+      [this](const VmiRef& vmi) { return read_completed_job(config_.kubevirt, vmi, 10s); });
+  if (!session) {
+    LOG_WARN("kubevirt") << "refused a session from a peer agent: " << session.error().message;
+    return;
+  }
+  std::shared_ptr<TargetSession> s = session.value();
+  {
+    std::lock_guard lock(mu_);
+    targets_[s->id()] = s;
+  }
+  s->start();
+  LOG_INFO("kubevirt") << "target: session=" << s->id() << " migration " << hello->migration_uid << " of "
+                       << (hello->vmi.name.empty() ? std::string("(static)") : hello->vmi.key()) << " from "
+                       << hello->source_node << " over " << s->record().transport;
+}
+
+void KubevirtRelay::on_flow_data(UniqueFd fd, const json& raw) {
+  auto session = transport::get_string(raw, "session", "hello", 32);
+  auto index = transport::get_uint(raw, "index", "hello", 0, transport::kMaxChannels - 1);
+  std::shared_ptr<TargetSession> s;
+  if (session && index) {
+    std::lock_guard lock(mu_);
+    auto it = targets_.find(session.value());
+    if (it != targets_.end()) s = it->second;
+  }
+  if (!s) {
+    (void)transport::send_message(fd.get(), json{{"type", "reject"}, {"code", "permission_denied"},
+                                                 {"message", "unknown data-plane session"}});
+    return;
+  }
+  (void)s->add_tcp_channel(std::move(fd), static_cast<uint32_t>(index.value()));
+}
+
+Result<transport::rdma::AcceptPlan> KubevirtRelay::resolve_rdma(const std::array<uint8_t, 16>& session, uint32_t index) {
+  const std::string id = to_hex(session.data(), session.size());
+  std::shared_ptr<TargetSession> s;
+  {
+    std::lock_guard lock(mu_);
+    auto it = targets_.find(id);
+    if (it == targets_.end()) return Error{Errc::kPermissionDenied, "not a KubeVirt session"};
+    s = it->second;
+  }
+  auto plan = s->rdma_plan(index);
+  if (plan) {
+    plan->deliver = [s, inner = std::move(plan->deliver)](Result<std::unique_ptr<transport::Channel>> ch) {
+      inner(std::move(ch));
+    };
+  }
+  return plan;
+}
+
+std::shared_ptr<NetNs> KubevirtRelay::handler_netns_owning(const std::string& ip) {
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = handler_ns_cache_.find(ip); it != handler_ns_cache_.end()) {
+      if (netns_inode(it->second->pid()) == it->second->inode()) return it->second;
+      handler_ns_cache_.erase(it);  // that virt-handler is gone
+    }
+  }
+  for (pid_t pid : processes_named(config_.kubevirt.handler_process)) {
+    auto n = NetNs::of_pid(pid);
+    if (!n) continue;
+    auto ns = std::make_shared<NetNs>(std::move(n.value()));
+    if (address_is_local(*ns, ip)) {
+      std::lock_guard lock(mu_);
+      handler_ns_cache_[ip] = ns;
+      return ns;
+    }
+  }
+  LOG_INFO("kubevirt") << "no " << config_.kubevirt.handler_process << " owns " << ip
+                       << ": dialling it from the agent's own network namespace";
+  return nullptr;
+}
+
+}  // namespace rdmig::kubevirt
