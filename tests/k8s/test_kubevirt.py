@@ -3,10 +3,12 @@ API server double, the KubeVirt stand-in (kubevirt_standin.py) and, for the migr
 really move a guest, two real rdmig agents carrying two real QEMU guests.
 
 What is real and what stands in: the controller binary and its calls are real; KubeVirt is the
-stand-in; the migration is two QEMU guests through two real agents' bare-QEMU REST API (until the
-KubeVirt-shaped harness with real libvirt replaces it); rdmig's figures per KubeVirt migration
-(GET /v1/kubevirt/migrations) come from FigureServer, which answers the agents' contract from
-what the performer observed. The agent side of that contract is tested in the agent's own tests.
+stand-in; the migration is two QEMU guests through two real agents' bare-QEMU REST API; rdmig's
+figures per KubeVirt migration (GET /v1/kubevirt/migrations) come from FigureServer, which
+answers the agents' contract from what the performer observed, so every outcome (not carried,
+no record, KubeVirt failing) can be set up. The same controller path with the real KubeVirt-
+shaped migration (real libvirt, agents carrying it, real agent records) is
+tests/kubevirt/test_kubevirt_controller.py.
 Run: python3 tests/k8s/test_kubevirt.py -v   (ctest -L k8s)
 """
 import os

@@ -301,7 +301,7 @@ class KubevirtCluster:
     def migrate(self, parallel=8, tls=True, hook_socket=None, hook_timeout=30.0,
                 hook_failure="Ignore", expect_success=True, target_paused=False, timeout=120.0,
                 family="ipv4", after_ports=None, before_dial=None, check_memory=None,
-                check_counter=True):
+                check_counter=True, migration_uid=None):
         """Migrates the VMI to the other node the way KubeVirt does. See MigrationResult.
 
         hook_socket/hook_timeout/hook_failure: the source proxy calls PreMigrationSource there
@@ -318,7 +318,7 @@ class KubevirtCluster:
         lv = libvirt_module()
         v = self.vmi
         source, target = v.node, self.other(v.node)
-        mig_uid = str(uuid.uuid4())
+        mig_uid = migration_uid or str(uuid.uuid4())  # KubeVirt's VMIM uid when a stand-in drives it
         self.migrations += 1
         mdir = os.path.join(self.workdir, "migration-%d" % self.migrations)
         os.makedirs(mdir)
