@@ -12,9 +12,15 @@ using nlohmann::json;
 
 namespace {
 
+// Never throws: text from outside (a path with %ff, a field cut inside a UTF-8 character)
+// is written with U+FFFD in place of invalid bytes instead of aborting the agent.
+std::string safe_dump(const json& body) {
+  return body.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
 void send_json(httplib::Response& res, int status, const json& body) {
   res.status = status;
-  res.set_content(body.dump() + "\n", "application/json");
+  res.set_content(safe_dump(body), "application/json");
 }
 
 void send_error(httplib::Response& res, const Error& e) {
@@ -174,7 +180,7 @@ void RestServer::routes() {
       msg = "bad request";
     }
     const int status = res.status;
-    res.set_content(error_body(Error{code, msg}).dump() + "\n", "application/json");
+    res.set_content(safe_dump(error_body(Error{code, msg})), "application/json");
     res.status = status;
   });
 }

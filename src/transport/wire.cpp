@@ -12,7 +12,8 @@ namespace rdmig::transport {
 using nlohmann::json;
 
 Status send_message(int fd, const json& message) {
-  const std::string body = message.dump();
+  // Invalid UTF-8 (a peer's field echoed in a reject) is replaced, never thrown.
+  const std::string body = message.dump(-1, ' ', false, json::error_handler_t::replace);
   if (body.size() > kMaxMessageBytes) return Error{Errc::kInternal, "control message too large"};
   std::array<std::byte, 4> len{};
   const auto n = static_cast<uint32_t>(body.size());

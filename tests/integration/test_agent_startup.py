@@ -66,6 +66,26 @@ class AgentStartupTest(unittest.TestCase):
         finally:
             a.stop()
 
+    def test_invalid_percent_encoding_and_utf8_in_paths_are_answered_not_fatal(self):
+        # These aborted the agent (a JSON exception while writing the error), token or not.
+        import http.client
+        a = Agent(self.tmp, "paths")
+        try:
+            for path, token in (("/%ff", False), ("/v1/migrations/%ff%fe", True), ("/v1/%c3%28", True),
+                                ("/v1/kubevirt/migrations?name=%ff", True)):
+                conn = http.client.HTTPConnection("127.0.0.1", a.api_port, timeout=10)
+                headers = {"Authorization": "Bearer " + a.token} if token else {}
+                conn.request("GET", path, headers=headers)
+                resp = conn.getresponse()
+                body = json.loads(resp.read())  # valid JSON whatever the path held
+                conn.close()
+                self.assertIn(resp.status, (400, 401, 404), (path, resp.status, body))
+                self.assertIn("error", body)
+            self.assertTrue(a.alive(), "the agent is still running")
+            self.assertEqual(a.request("GET", "/healthz", token=None)[0], 200)
+        finally:
+            a.stop()
+
 
 if __name__ == "__main__":
     unittest.main()
