@@ -53,9 +53,16 @@ class QmpClient:
                 raise TimeoutError("QMP socket %s not connectable within %.0fs (%s)"
                                    % (path, timeout, last_err))
             time.sleep(0.02)
-        self.greeting = self._read_message(deadline)
-        if "QMP" not in self.greeting:
-            raise ConnectionError("unexpected QMP greeting: %r" % (self.greeting,))
+        # QEMU 7.2 can queue an event (a RESUME seen in a test run) on a fresh connection ahead
+        # of the greeting: keep such events, in order, and wait for the greeting itself.
+        while True:
+            msg = self._read_message(deadline)
+            if "QMP" in msg:
+                self.greeting = msg
+                break
+            if "event" not in msg:
+                raise ConnectionError("unexpected QMP greeting: %r" % (msg,))
+            self.events.append(msg)
         self.command("qmp_capabilities", timeout=max(1.0, deadline - time.monotonic()))
 
     # -- low level ---------------------------------------------------------------------
