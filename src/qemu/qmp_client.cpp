@@ -53,17 +53,35 @@ Result<std::unique_ptr<QmpClient>> QmpClient::connect(const std::string& socket_
   auto fd = net::unix_connect(socket_path, timeout);
   if (!fd) return fd.error().with_context("QMP " + socket_path);
   std::unique_ptr<QmpClient> c(new QmpClient(std::move(fd.value()), socket_path));
-  // Greeting, then leave capabilities negotiation mode; both synchronous, before the reader.
-  auto greeting_line = c->read_line_blocking(timeout);
-  if (!greeting_line) return greeting_line.error().with_context("QMP " + socket_path + " greeting");
-  auto greeting = parse_qmp_message(greeting_line.value());
-  if (!greeting || greeting->kind != QmpMessageKind::kGreeting) {
-    return Error{Errc::kProtocol, "QMP " + socket_path + ": expected a greeting (is another client connected?)"};
+  // Greeting, then leave capabilities negotiation mode; both synchronous, before the reader,
+  // within one deadline however many events QEMU sends meanwhile (it can queue one ahead of
+  // the greeting; a peer that only sends events must not hold the caller forever).
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto left = [&] {
+    return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                       deadline - std::chrono::steady_clock::now()));
+  };
+  for (;;) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Error{Errc::kTimeout, "QMP " + socket_path + ": no greeting within " + std::to_string(timeout.count()) + " ms"};
+    }
+    auto greeting_line = c->read_line_blocking(left());
+    if (!greeting_line) return greeting_line.error().with_context("QMP " + socket_path + " greeting");
+    auto greeting = parse_qmp_message(greeting_line.value());
+    if (greeting && greeting->kind == QmpMessageKind::kEvent) continue;
+    if (!greeting || greeting->kind != QmpMessageKind::kGreeting) {
+      return Error{Errc::kProtocol, "QMP " + socket_path + ": expected a greeting (is another client connected?)"};
+    }
+    break;
   }
   const std::string cmd = encode_qmp_command("qmp_capabilities", {}, 0);
   RDMIG_TRY(net::write_all(c->fd_.get(), std::as_bytes(std::span(cmd.data(), cmd.size()))));
   for (;;) {
-    auto line = c->read_line_blocking(timeout);
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Error{Errc::kTimeout, "QMP " + socket_path + ": qmp_capabilities not answered within " +
+                                       std::to_string(timeout.count()) + " ms"};
+    }
+    auto line = c->read_line_blocking(left());
     if (!line) return line.error().with_context("QMP " + socket_path + " qmp_capabilities");
     auto m = parse_qmp_message(line.value());
     if (!m) return m.error();

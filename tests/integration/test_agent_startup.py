@@ -86,6 +86,61 @@ class AgentStartupTest(unittest.TestCase):
         finally:
             a.stop()
 
+    def fake_qmp(self, name, before_greeting=1, greet=True):
+        """A QMP peer on a unix socket: `before_greeting` events, then (if `greet`) a greeting and
+        answers for an incoming QEMU; without a greeting it sends an event every 0.2 s forever."""
+        import socket
+        import threading
+        path = os.path.join(self.tmp, name + ".qmp")
+        srv = socket.socket(socket.AF_UNIX)
+        srv.bind(path)
+        srv.listen(4)
+        event = b'{"event": "RESUME", "timestamp": {"seconds": 1, "microseconds": 0}}\n'
+        answers = {"qmp_capabilities": {}, "query-status": {"status": "inmigrate", "running": False},
+                   "query-migrate": {}}
+
+        def serve():
+            while True:
+                try:
+                    c, _ = srv.accept()
+                except OSError:
+                    return
+                try:
+                    for _ in range(before_greeting):
+                        c.sendall(event)
+                    if not greet:
+                        while True:
+                            c.sendall(event)
+                            threading.Event().wait(0.2)
+                    c.sendall(b'{"QMP": {"version": {}, "capabilities": []}}\n')
+                    f = c.makefile("rb")
+                    for line in f:
+                        cmd = json.loads(line)
+                        c.sendall(json.dumps({"return": answers.get(cmd["execute"], {}), "id": cmd.get("id")}).encode()
+                                  + b"\n")
+                except OSError:
+                    pass
+        threading.Thread(target=serve, daemon=True).start()
+        self.addCleanup(srv.close)
+        return path
+
+    def test_qmp_events_before_the_greeting_and_event_floods_are_handled(self):
+        import time
+        a = Agent(self.tmp, "qmp")
+        try:
+            # An event queued ahead of the greeting (QEMU 7.2 does this) is skipped.
+            ok = a.request("POST", "/v1/migrations", {"role": "target", "qmpSocket": self.fake_qmp("early", 2)})
+            self.assertEqual(ok[0], 201, ok)
+            # A peer that only ever sends events: refused within the connect timeout, naming the field.
+            t0 = time.monotonic()
+            bad = a.request("POST", "/v1/migrations", {"role": "target", "qmpSocket": self.fake_qmp("flood", 1, False)})
+            self.assertLess(time.monotonic() - t0, 10.0, "each event must not restart the deadline")
+            self.assertEqual(bad[0], 409, bad)
+            self.assertIn("qmpSocket", json.dumps(bad[1]))
+            self.assertTrue(a.alive())
+        finally:
+            a.stop()
+
 
 if __name__ == "__main__":
     unittest.main()
