@@ -60,7 +60,12 @@ def machine():
     return {"nproc": os.cpu_count(), "cpu": cpu, "kernel": os.uname().release,
             "mem_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
             "qemu": first(["qemu-system-x86_64", "--version"]), "libvirt": first(["/usr/sbin/libvirtd", "--version"]),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "loadavg_at_start": loadavg()}
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
 
 
 def run_once(cluster, kv, path, tls, parallel):
@@ -71,7 +76,8 @@ def run_once(cluster, kv, path, tls, parallel):
     pids = {n: kv[n].proc.pid for n in kv.nodes}
     cpu0 = {n: proc_cpu_seconds(p) for n, p in pids.items()}
     hook = {"hook_socket": kv.hook_socket(source), "hook_timeout": 5} if path == "rdmig" else {}
-    out = {"path": path, "tls": tls, "parallel": parallel, "source_node": source, "valid": False}
+    out = {"path": path, "tls": tls, "parallel": parallel, "source_node": source, "valid": False,
+           "loadavg_before": loadavg()}
     try:
         r = cluster.migrate(parallel=parallel, tls=tls, target_paused=False, expect_success=False, **hook)
         out.update(migration_uid=r.migration_uid, success=r.success, error=r.error, wall_ms=r.wall_ms,
@@ -144,7 +150,8 @@ def write_markdown(res, path):
     m = res["machine"]
     L = ["# KubeVirt path: direct vs carried by rdmig", "",
          "Machine: nproc %(nproc)d (%(cpu)s), %(mem_gib)s GiB, kernel %(kernel)s, %(qemu)s, %(libvirt)s. %(date)s." % m,
-         "Command: `%s`" % res["command"], "",
+         "Command: `%s`. 1-minute load average before it started: %s (the benchmark wants an otherwise idle "
+         "machine)." % (res["command"], m.get("loadavg_at_start", "?")), "",
          "Guest: %(mem_mib)d MiB under TCG, dirtying %(dirty_mib_s)d MiB/s; running target (not paused); "
          "medians of %(runs)d interleaved runs per path (order alternating). Agents' transport: %(transport)s "
          "(no RDMA device here), data plane on 127.0.0.1." % res["setup"], "",
@@ -204,7 +211,10 @@ def main():
                         else os.path.join(REPO, "bench", "results", "kubevirt", "latest"))
     os.makedirs(os.path.dirname(os.path.abspath(base)), exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started in the background
 
+    if loadavg() > 0.7:
+        print("warning: load average %.2f before starting: something else is running" % loadavg(), flush=True)
     res = {"machine": machine(), "command": " ".join(["/usr/bin/python3", "bench/kubevirt.py"] + sys.argv[1:]),
            "setup": {"mem_mib": args.mem, "dirty_mib_s": args.dirty, "runs": runs, "transport": "tcp",
                      "target_paused": False}, "runs": [], "rows": []}
