@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.join(REPO, "tools"))
 from rdmiglab.kvagents import KubevirtAgents  # noqa: E402
 
 PATHS = ("direct", "rdmig")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 FIGURES = ("total_time_ms", "downtime_ms", "throughput_bps", "proxy_cpu_s", "agent_cpu_s", "cpu_s")
 
 
@@ -68,6 +69,42 @@ def loadavg():
         return float(f.read().split()[0])
 
 
+def cpu_busy(seconds):
+    """Fraction of all CPUs busy over ``seconds`` (from /proc/stat)."""
+    def sample():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + v[4]  # total, idle + iowait
+    t0, i0 = sample()
+    time.sleep(seconds)
+    t1, i1 = sample()
+    return 1.0 - (i1 - i0) / max(t1 - t0, 1)
+
+
+def foreign_cpu():
+    """CPU seconds so far of every process outside this benchmark's process tree (kernel
+    threads aside), reaped children included, keyed by (pid, start time)."""
+    procs = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/stat" % pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        procs[int(pid)] = (int(fields[1]), fields[19], sum(int(x) for x in fields[11:15]) / CLK_TCK)
+    ours = {os.getpid()}
+    for _ in range(64):  # descendants, to a fixed depth
+        more = {p for p, v in procs.items() if v[0] in ours} - ours
+        if not more:
+            break
+        ours |= more
+    return {(p, v[1]): v[2] for p, v in procs.items() if p not in ours and p != 2 and v[0] != 2}
+
+
+def foreign_delta(before, after):
+    return round(sum(cpu - before.get(key, 0.0) for key, cpu in after.items()), 2)
+
+
 def run_once(cluster, kv, path, tls, parallel):
     """One migration on ``path``; returns its raw record (valid=False with a reason if it
     does not count)."""
@@ -78,6 +115,7 @@ def run_once(cluster, kv, path, tls, parallel):
     hook = {"hook_socket": kv.hook_socket(source), "hook_timeout": 5} if path == "rdmig" else {}
     out = {"path": path, "tls": tls, "parallel": parallel, "source_node": source, "valid": False,
            "loadavg_before": loadavg()}
+    other0 = foreign_cpu()
     try:
         r = cluster.migrate(parallel=parallel, tls=tls, target_paused=False, expect_success=False, **hook)
         out.update(migration_uid=r.migration_uid, success=r.success, error=r.error, wall_ms=r.wall_ms,
@@ -103,6 +141,7 @@ def run_once(cluster, kv, path, tls, parallel):
         out["invalid"] = "%s: %s" % (type(e).__name__, e)
         return out
     cpu1 = {n: proc_cpu_seconds(p) for n, p in pids.items()}
+    out["other_cpu_s"] = foreign_delta(other0, foreign_cpu())
     out["agent_cpu_s_each"] = {n: round(cpu1[n] - cpu0[n], 3) for n in pids
                                if cpu0[n] is not None and cpu1[n] is not None}
     out["agent_cpu_s"] = round(sum(out["agent_cpu_s_each"].values()), 3)
@@ -114,7 +153,9 @@ def run_once(cluster, kv, path, tls, parallel):
 
 def summarize(runs):
     ok = [r for r in runs if r["valid"]]
-    return dict({k: med([r.get(k) for r in ok]) for k in FIGURES}, n=len(ok), invalid=len(runs) - len(ok))
+    other = [r["other_cpu_s"] for r in ok if r.get("other_cpu_s") is not None]
+    return dict({k: med([r.get(k) for r in ok]) for k in FIGURES}, n=len(ok), invalid=len(runs) - len(ok),
+                other_cpu_max=max(other) if other else None)
 
 
 def cpu_per_gib(runs):
@@ -131,18 +172,19 @@ def table(rows):
     mib = lambda v: None if v is None else v / 2**20  # noqa: E731
     L = ["| TLS | parallel | runs direct / rdmig | total ms direct / rdmig | ratio | downtime ms direct / rdmig | ratio "
          "| throughput MiB/s direct / rdmig | ratio | proxy CPU s direct / rdmig | agent CPU s direct / rdmig "
-         "| proxies+agents CPU s | ratio |",
-         "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+         "| proxies+agents CPU s | ratio | other processes' CPU s, max |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         d, v, q = row["direct"], row["rdmig"], row["ratios"]
-        L.append("| %s | %d | %d / %d | %s / %s | %s | %s / %s | %s | %s / %s | %s | %s / %s | %s / %s | %s / %s | %s |" % (
+        L.append("| %s | %d | %d / %d | %s / %s | %s | %s / %s | %s | %s / %s | %s | %s / %s | %s / %s | %s / %s | %s | %s |" % (
             "on" if row["tls"] else "off", row["parallel"], d["n"], v["n"],
             fmt(d["total_time_ms"]), fmt(v["total_time_ms"]), fmt(q["total_time_ms"], "%.2f"),
             fmt(d["downtime_ms"]), fmt(v["downtime_ms"]), fmt(q["downtime_ms"], "%.2f"),
             fmt(mib(d["throughput_bps"]), "%.1f"), fmt(mib(v["throughput_bps"]), "%.1f"), fmt(q["throughput_bps"], "%.2f"),
             fmt(d["proxy_cpu_s"], "%.2f"), fmt(v["proxy_cpu_s"], "%.2f"),
             fmt(d["agent_cpu_s"], "%.2f"), fmt(v["agent_cpu_s"], "%.2f"),
-            fmt(d["cpu_s"], "%.2f"), fmt(v["cpu_s"], "%.2f"), fmt(q["cpu_s"], "%.2f")))
+            fmt(d["cpu_s"], "%.2f"), fmt(v["cpu_s"], "%.2f"), fmt(q["cpu_s"], "%.2f"),
+            fmt(max([d.get("other_cpu_max") or 0, v.get("other_cpu_max") or 0]), "%.1f")))
     return L
 
 
@@ -150,15 +192,16 @@ def write_markdown(res, path):
     m = res["machine"]
     L = ["# KubeVirt path: direct vs carried by rdmig", "",
          "Machine: nproc %(nproc)d (%(cpu)s), %(mem_gib)s GiB, kernel %(kernel)s, %(qemu)s, %(libvirt)s. %(date)s." % m,
-         "Command: `%s`. 1-minute load average before it started: %s (the benchmark wants an otherwise idle "
-         "machine)." % (res["command"], m.get("loadavg_at_start", "?")), "",
+         "Command: `%s`. CPUs %s%% busy in the 2 s before it started (it wants an otherwise "
+         "idle machine)." % (res["command"], fmt(100 * m["cpu_busy_before_start"] if "cpu_busy_before_start" in m else None)), "",
          "Guest: %(mem_mib)d MiB under TCG, dirtying %(dirty_mib_s)d MiB/s; running target (not paused); "
          "medians of %(runs)d interleaved runs per path (order alternating). Agents' transport: %(transport)s "
          "(no RDMA device here), data plane on 127.0.0.1." % res["setup"], "",
          "total / downtime = libvirt's completed job on the target (time_elapsed, downtime); throughput = "
          "data bytes / total time; proxy CPU = the two migration-proxy stand-in processes (Python, hashing "
          "every byte for the harness's checks: not virt-handler's cost); agent CPU = both rdmig agents, "
-         "utime+stime over the migration. Ratios are rdmig / direct of the medians.", ""]
+         "utime+stime over the migration. Ratios are rdmig / direct of the medians. Other processes' CPU: what "
+         "processes outside the benchmark used during a run (a check that the machine was otherwise idle).", ""]
     L += table(res["rows"])
     pg = res.get("cpu_per_gib") or {}
     L += ["", "CPU seconds per GiB of libvirt data, all valid runs: proxies %s (direct) / %s (rdmig); agents %s "
@@ -213,9 +256,10 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started in the background
 
-    if loadavg() > 0.7:
-        print("warning: load average %.2f before starting: something else is running" % loadavg(), flush=True)
-    res = {"machine": machine(), "command": " ".join(["/usr/bin/python3", "bench/kubevirt.py"] + sys.argv[1:]),
+    busy = cpu_busy(2.0)
+    if busy > 0.2:
+        print("warning: the CPUs were %.0f%% busy before starting: something else is running" % (busy * 100), flush=True)
+    res = {"machine": dict(machine(), cpu_busy_before_start=round(busy, 3)), "command": " ".join(["/usr/bin/python3", "bench/kubevirt.py"] + sys.argv[1:]),
            "setup": {"mem_mib": args.mem, "dirty_mib_s": args.dirty, "runs": runs, "transport": "tcp",
                      "target_paused": False}, "runs": [], "rows": []}
     work = tempfile.mkdtemp(prefix="rdmig-kvbench-work-")
@@ -260,9 +304,9 @@ def measure(args, res, configs, runs, work):
                     per[path].append(r)
                     print("TLS %-3s parallel %d run %d %-6s %s" % (
                         "on" if tls else "off", parallel, i + 1, path,
-                        ("total %5.0f ms  downtime %4.0f ms  %5.1f MiB/s  proxy CPU %.2f s  agent CPU %.2f s" % (
-                            r["total_time_ms"], r["downtime_ms"], r["throughput_bps"] / 2**20, r["proxy_cpu_s"],
-                            r["agent_cpu_s"])) if r["valid"] else "INVALID: " + r["invalid"]), flush=True)
+                        ("total %5.0f ms  downtime %4.0f ms  %5.1f MiB/s  proxy CPU %.2f s  agent CPU %.2f s  "
+                         "other processes %.2f s" % (r["total_time_ms"], r["downtime_ms"], r["throughput_bps"] / 2**20,
+                                                      r["proxy_cpu_s"], r["agent_cpu_s"], r["other_cpu_s"])) if r["valid"] else "INVALID: " + r["invalid"]), flush=True)
                     if not guest_running(cluster):
                         raise RuntimeError("the guest is not running on %s any more" % cluster.vmi.node)
             d, v = summarize(per["direct"]), summarize(per["rdmig"])
