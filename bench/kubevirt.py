@@ -81,9 +81,13 @@ def cpu_busy(seconds):
     return 1.0 - (i1 - i0) / max(t1 - t0, 1)
 
 
-def foreign_cpu():
-    """CPU seconds so far of every process outside this benchmark's process tree (kernel
-    threads aside), reaped children included, keyed by (pid, start time)."""
+def other_cpu_probe():
+    """(CPU seconds all CPUs were busy so far, CPU seconds of this benchmark's process tree so
+    far): the difference of their deltas over a run is what everything else used (other
+    processes, and kernel work not charged to a process)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:8]]
+    busy = (sum(v) - v[3] - v[4]) / CLK_TCK
     procs = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -91,18 +95,19 @@ def foreign_cpu():
                 fields = f.read().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        procs[int(pid)] = (int(fields[1]), fields[19], sum(int(x) for x in fields[11:15]) / CLK_TCK)
+        # utime+stime+cutime+cstime: a reaped child's time moves into its parent's.
+        procs[int(pid)] = (int(fields[1]), sum(int(x) for x in fields[11:15]) / CLK_TCK)
     ours = {os.getpid()}
     for _ in range(64):  # descendants, to a fixed depth
         more = {p for p, v in procs.items() if v[0] in ours} - ours
         if not more:
             break
         ours |= more
-    return {(p, v[1]): v[2] for p, v in procs.items() if p not in ours and p != 2 and v[0] != 2}
+    return busy, sum(procs[p][1] for p in ours if p in procs)
 
 
-def foreign_delta(before, after):
-    return round(sum(cpu - before.get(key, 0.0) for key, cpu in after.items()), 2)
+def other_cpu(before, after):
+    return round((after[0] - before[0]) - (after[1] - before[1]), 2)
 
 
 def run_once(cluster, kv, path, tls, parallel):
@@ -115,7 +120,7 @@ def run_once(cluster, kv, path, tls, parallel):
     hook = {"hook_socket": kv.hook_socket(source), "hook_timeout": 5} if path == "rdmig" else {}
     out = {"path": path, "tls": tls, "parallel": parallel, "source_node": source, "valid": False,
            "loadavg_before": loadavg()}
-    other0 = foreign_cpu()
+    other0 = other_cpu_probe()
     try:
         r = cluster.migrate(parallel=parallel, tls=tls, target_paused=False, expect_success=False, **hook)
         out.update(migration_uid=r.migration_uid, success=r.success, error=r.error, wall_ms=r.wall_ms,
@@ -141,7 +146,7 @@ def run_once(cluster, kv, path, tls, parallel):
         out["invalid"] = "%s: %s" % (type(e).__name__, e)
         return out
     cpu1 = {n: proc_cpu_seconds(p) for n, p in pids.items()}
-    out["other_cpu_s"] = foreign_delta(other0, foreign_cpu())
+    out["other_cpu_s"] = other_cpu(other0, other_cpu_probe())
     out["agent_cpu_s_each"] = {n: round(cpu1[n] - cpu0[n], 3) for n in pids
                                if cpu0[n] is not None and cpu1[n] is not None}
     out["agent_cpu_s"] = round(sum(out["agent_cpu_s_each"].values()), 3)
@@ -172,7 +177,7 @@ def table(rows):
     mib = lambda v: None if v is None else v / 2**20  # noqa: E731
     L = ["| TLS | parallel | runs direct / rdmig | total ms direct / rdmig | ratio | downtime ms direct / rdmig | ratio "
          "| throughput MiB/s direct / rdmig | ratio | proxy CPU s direct / rdmig | agent CPU s direct / rdmig "
-         "| proxies+agents CPU s | ratio | other processes' CPU s, max |",
+         "| proxies+agents CPU s | ratio | other CPU s, max |",
          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         d, v, q = row["direct"], row["rdmig"], row["ratios"]
@@ -200,8 +205,9 @@ def write_markdown(res, path):
          "total / downtime = libvirt's completed job on the target (time_elapsed, downtime); throughput = "
          "data bytes / total time; proxy CPU = the two migration-proxy stand-in processes (Python, hashing "
          "every byte for the harness's checks: not virt-handler's cost); agent CPU = both rdmig agents, "
-         "utime+stime over the migration. Ratios are rdmig / direct of the medians. Other processes' CPU: what "
-         "processes outside the benchmark used during a run (a check that the machine was otherwise idle).", ""]
+         "utime+stime over the migration. Ratios are rdmig / direct of the medians. Other CPU: CPU time all cores were busy during "
+         "a run minus what the benchmark's own processes used (other processes, plus kernel work not charged to "
+         "a process): a check that the machine was otherwise idle.", ""]
     L += table(res["rows"])
     pg = res.get("cpu_per_gib") or {}
     L += ["", "CPU seconds per GiB of libvirt data, all valid runs: proxies %s (direct) / %s (rdmig); agents %s "
@@ -305,7 +311,7 @@ def measure(args, res, configs, runs, work):
                     print("TLS %-3s parallel %d run %d %-6s %s" % (
                         "on" if tls else "off", parallel, i + 1, path,
                         ("total %5.0f ms  downtime %4.0f ms  %5.1f MiB/s  proxy CPU %.2f s  agent CPU %.2f s  "
-                         "other processes %.2f s" % (r["total_time_ms"], r["downtime_ms"], r["throughput_bps"] / 2**20,
+                         "other CPU %.2f s" % (r["total_time_ms"], r["downtime_ms"], r["throughput_bps"] / 2**20,
                                                       r["proxy_cpu_s"], r["agent_cpu_s"], r["other_cpu_s"])) if r["valid"] else "INVALID: " + r["invalid"]), flush=True)
                     if not guest_running(cluster):
                         raise RuntimeError("the guest is not running on %s any more" % cluster.vmi.node)
