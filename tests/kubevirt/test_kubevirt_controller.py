@@ -9,7 +9,6 @@ real agents' GET /v1/kubevirt/migrations.
 """
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import unittest
@@ -51,30 +50,19 @@ class KubevirtControllerTest(unittest.TestCase):
         from apiserver_double import ApiServerDouble
         from controllerlab import Controller, wait_for
         from kubevirt_standin import KubevirtStandin
-        from rdmiglab.agent import Agent
         from rdmiglab.kubevirt import KubevirtCluster
+        from rdmiglab.kvagents import KubevirtAgents
         cls.wait_for = staticmethod(wait_for)
         cls.tmp = tempfile.mkdtemp(prefix="rdmig-kvctl-")
-        cls.cluster, cls.agents, cls.controller, cls.standin, cls.api = None, {}, None, None, None
+        cls.cluster, cls.kv, cls.agents, cls.controller, cls.standin, cls.api = None, None, {}, None, None, None
         try:
             cls.api = ApiServerDouble(os.path.join(cls.tmp, "apiserver"), tls=True,
                                       crd_path=os.path.join(REPO, "operator-manifests", "crd-rdmamigrations.yaml"))
-            token = "agent-token-" + os.urandom(12).hex()
-            ports = {}
+            cls.kv = KubevirtAgents(cls.tmp, NODES)
+            cls.agents = cls.kv.agents
+            token = cls.kv.token
             for n in NODES:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", 0))
-                    ports[n] = s.getsockname()[1]
-            for n in NODES:
-                other = NODES[1 - NODES.index(n)]
-                hook = "/tmp/rdmig-kvctl-%d-%s/hook.sock" % (os.getpid(), n)
-                a = Agent(cls.tmp, name=n, token=token, config={
-                    "dataPlane": {"address": "127.0.0.1", "port": ports[n]},
-                    "kubevirt": {"enabled": True, "nodeName": n, "hookSocket": hook, "sessionIdleSeconds": 1,
-                                 "peers": [{"node": other, "agent": "127.0.0.1:%d" % ports[other]}]}})
-                a.hook_socket = hook
-                cls.agents[n] = a
-                cls.api.add_agent_pod(AGENT_NS, "rdmig-agent-" + n, n, a.api_port)
+                cls.api.add_agent_pod(AGENT_NS, "rdmig-agent-" + n, n, cls.agents[n].api_port)
             cls.cluster = KubevirtCluster().__enter__()
             cls.cluster.define_and_start_vmi("web-1", NS, mem_mib=base.MEM_MIB, dirty_mib=base.DIRTY_MIB)
             cls.performer = HarnessPerformer(cls.cluster, cls.agents)
@@ -95,8 +83,8 @@ class KubevirtControllerTest(unittest.TestCase):
         for x in (cls.controller, cls.standin):
             if x is not None:
                 x.stop()
-        for a in cls.agents.values():
-            a.stop()
+        if cls.kv is not None:
+            cls.kv.close()
         if cls.cluster is not None:
             cls.cluster.close()
         if cls.api is not None:

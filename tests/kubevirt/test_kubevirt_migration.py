@@ -13,7 +13,6 @@ Soft-RoCE VM, tests/rdma/kubevirt-tests.sh).
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,16 +26,10 @@ sys.path.insert(0, os.path.join(REPO, "tools"))
 sys.path.insert(0, HERE)
 
 import test_kubevirt_baseline as base  # noqa: E402  (its checks of KubeVirt's connections)
-from rdmiglab.agent import Agent  # noqa: E402
+from rdmiglab.kvagents import FINAL_PHASES, KubevirtAgents  # noqa: E402
 from rdmiglab.kvpod import wait_for  # noqa: E402
 
 NODES = ("node-a", "node-b")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 
@@ -51,13 +44,11 @@ class KubevirtMigrationTest(base.KubevirtChecks, unittest.TestCase):
             raise unittest.SkipTest(reason)
         from rdmiglab.kubevirt import KubevirtCluster
         cls.tmp = tempfile.mkdtemp(prefix="rdmig-kvmig-")
-        cls.token = "tok-" + os.urandom(16).hex()
-        cls.ports = {n: free_port() for n in NODES}
-        cls.agents = {}
+        cls.kv = None
         cls.cluster = KubevirtCluster().__enter__()
         try:
-            for n in NODES:
-                cls.start_agent(n)
+            cls.kv = KubevirtAgents(cls.tmp, NODES)
+            cls.agents = cls.kv.agents
             cls.cluster.define_and_start_vmi("testvm", "default", mem_mib=base.MEM_MIB,
                                              dirty_mib=base.DIRTY_MIB, boot_counter=2)
         except BaseException:
@@ -66,23 +57,10 @@ class KubevirtMigrationTest(base.KubevirtChecks, unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        for a in cls.agents.values():
-            a.stop()
+        if cls.kv is not None:
+            cls.kv.close()
         if cls.cluster is not None:
             cls.cluster.close()
-
-    @classmethod
-    def start_agent(cls, node):
-        other = NODES[1 - NODES.index(node)]
-        hook = "/tmp/rdmig-kvmig-%s-%s/hook.sock" % (os.getpid(), node)
-        a = Agent(cls.tmp, name=node, token=cls.token, config={
-            "dataPlane": {"address": "127.0.0.1", "port": cls.ports[node]},
-            "kubevirt": {"enabled": True, "nodeName": node, "hookSocket": hook, "ruleTimeoutSeconds": 3,
-                         "sessionIdleSeconds": 1, "probeIntervalSeconds": 1,
-                         "peers": [{"node": other, "agent": "127.0.0.1:%d" % cls.ports[other]}]}})
-        a.hook_socket = hook
-        cls.agents[node] = a
-        return a
 
     def tearDown(self):
         failed = any(e for t, e in self._outcome.result.errors + self._outcome.result.failures if t is self) \
@@ -95,13 +73,10 @@ class KubevirtMigrationTest(base.KubevirtChecks, unittest.TestCase):
         self.cluster.migration_config_overrides = {}
         for n in NODES:
             if not self.agents[n].alive():
-                self.start_agent(n)
+                self.kv.start(n)
 
-    def record(self, node, mig_uid, phases=("Succeeded", "Failed", "NotCarried"), timeout=30):
-        def find():
-            items = self.agents[node].call("GET", "/v1/kubevirt/migrations?migrationUid=" + mig_uid)["items"]
-            return [i for i in items if i["phase"] in phases]
-        return wait_for(find, timeout, "%s's record of %s in %s" % (node, mig_uid, phases))[0]
+    def record(self, node, mig_uid, phases=FINAL_PHASES, timeout=30):
+        return self.kv.record(node, mig_uid, phases, timeout)
 
     def migrate(self, **kw):
         src = self.cluster.vmi.node
