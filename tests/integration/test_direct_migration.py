@@ -18,7 +18,10 @@ sys.path.insert(0, os.path.join(REPO, "tools"))
 from rdmiglab import QemuVm, ensure_guest, migrate_direct  # noqa: E402
 
 MEM_MIB = 512
-DIRTY_MIB = 64
+# 16 MiB/s: at 64 MiB/s, QEMU 7.2 (Debian 1:7.2+dfsg-7+deb12u18) under TCG missed a few dirty
+# pages (5 of 131072 in a 512 MiB guest) on the direct QEMU-to-QEMU path too, so byte-exact
+# checks failed without rdmig in the path; at 16 MiB/s every measured run was exact.
+DIRTY_MIB = 16
 
 
 class DirectMigrationTest(unittest.TestCase):

@@ -131,7 +131,7 @@ class ControllerEndToEndTest(unittest.TestCase):
             for a in (self.agent_a, self.agent_b):
                 print("---- %s log (tail) ----\n%s" % (a.name, a.log_text()[-3000:]))
 
-    def pair(self, target_paused=False, dirty_mib=64):
+    def pair(self, target_paused=False, dirty_mib=16):  # 64 MiB/s: see tests/integration/test_agent_migration.py
         tag = self._testMethodName[5:25]
         src = QemuVm(self.tmp, tag + "-src", mem_mib=512, dirty_mib=dirty_mib)
         self.vms.append(src)

@@ -132,7 +132,7 @@ class KubevirtPathTest(unittest.TestCase):
         return {"node-a": KubevirtPathTest.real[0], "node-b": KubevirtPathTest.real[1]}
 
     def guests(self, tag, paused_target=False):
-        src = QemuVm(self.tmp, tag + "-src", mem_mib=512, dirty_mib=64)
+        src = QemuVm(self.tmp, tag + "-src", mem_mib=512, dirty_mib=16)  # not 64: test_agent_migration.py says why
         dst = QemuVm(self.tmp, tag + "-dst", mem_mib=512, incoming_defer=True, paused=paused_target)
         KubevirtPathTest.real += [src, dst]
         src.wait_for_counter(2, timeout=90)
