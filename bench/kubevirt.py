@@ -31,6 +31,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tools"))
 from rdmiglab.kvagents import KubevirtAgents  # noqa: E402
+from rdmiglab.system_python import reexec_with_system_python  # noqa: E402
 
 PATHS = ("direct", "rdmig")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -343,10 +344,5 @@ def measure(args, res, configs, runs, work):
 
 
 if __name__ == "__main__":
-    try:
-        import libvirt  # noqa: F401  (python3-libvirt lives in Debian's interpreter only)
-    except ImportError:
-        if os.path.realpath(sys.executable) != os.path.realpath("/usr/bin/python3"):
-            os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
-        raise
+    reexec_with_system_python()
     sys.exit(main())

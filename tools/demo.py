@@ -16,14 +16,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from rdmiglab import Agent, QemuVm, ensure_guest, parse_prometheus, start_migration  # noqa: E402
 from rdmiglab.agent import TERMINAL  # noqa: E402
+from rdmiglab.system_python import human  # noqa: E402
 
-
-def human(n):
-    n = float(n or 0)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return "%.1f %s" % (n, unit)
-        n /= 1024
 
 
 def bar(percent, width=30):

@@ -22,14 +22,8 @@ import threading
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from rdmiglab.kvagents import KubevirtAgents  # noqa: E402
+from rdmiglab.system_python import human, reexec_with_system_python  # noqa: E402
 
-
-def human(n):
-    n = float(n or 0)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return "%.1f %s" % (n, unit)
-        n /= 1024
 
 
 def redirect_rules(netns):
@@ -151,10 +145,5 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        import libvirt  # noqa: F401  (python3-libvirt: Debian's interpreter only)
-    except ImportError:
-        if os.path.realpath(sys.executable) != os.path.realpath("/usr/bin/python3"):
-            os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
-        raise
+    reexec_with_system_python()
     sys.exit(main())

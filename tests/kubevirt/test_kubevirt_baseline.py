@@ -19,19 +19,7 @@ import unittest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tools"))
-
-
-def _reexec_with_system_python():
-    """python3-libvirt and python3-grpcio are Debian packages: they live in the system
-    interpreter's dist-packages, which a pyenv or venv python3 does not see."""
-    try:
-        import grpc  # noqa: F401
-        import libvirt  # noqa: F401
-        return
-    except ImportError:
-        system = "/usr/bin/python3"
-        if os.path.realpath(sys.executable) != os.path.realpath(system) and os.access(system, os.X_OK):
-            os.execv(system, [system] + sys.argv)
+from rdmiglab.system_python import reexec_with_system_python as _reexec_with_system_python  # noqa: E402
 
 
 if __name__ == "__main__":
