@@ -109,13 +109,14 @@ class KubevirtMigrationTest(base.KubevirtChecks, unittest.TestCase):
     # ---- behaviours ----
 
     def test_eight_parallel_tls_connections_carried_in_order(self):
-        r = self.migrate(parallel=8, tls=True, target_paused=True)
+        # A running target: memory-checked (paused) runs with 8 connections left a guest that
+        # died after resume on KubeVirt's path without rdmig too (QEMU 7.2 multifd started by
+        # libvirt 9.0; tests/kubevirt/README.md). Bytes are proven on the wire instead: the
+        # ciphertext hashes of every connection are equal on both proxies' legs.
+        r = self.migrate(parallel=8, tls=True)
         self.assertGuestContinuedOnTarget(r)
         self.assertConnectionsAsKubevirtMakesThem(r, 8, True, carried=True)
         self.assertCarried(r, 8)
-        # Reported, not required: QEMU 7.2 + libvirt 9.0 multifd differs in a few bytes on the
-        # direct path too (tests/kubevirt/README.md).
-        print("[kubevirt+rdmig] 8 connections, memory equal: %s" % r.memory["equal"], file=sys.stderr)
 
     def test_single_plain_connection_carried_byte_exact(self):
         r = self.migrate(parallel=0, tls=False, target_paused=True)
