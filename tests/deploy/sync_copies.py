@@ -5,7 +5,7 @@
   dashboards/make_dashboard.py          -> dashboards/rdmig.json
   dashboards/rdmig.json                 -> charts/rdmig/dashboards/rdmig.json (byte copy)
                                         -> operator-manifests/monitoring/grafana-dashboard.yaml
-  operator-manifests/crd-rdmamigrations.yaml -> charts/rdmig/crds/crd-rdmamigrations.yaml (byte copy)
+  operator-manifests/crd-rdmamigrations.yaml -> charts/rdmig/files/crd-rdmamigrations.yaml (byte copy)
 
 Helm reads only files inside the chart, so the chart carries copies rather than symlinks.
   python3 tests/deploy/sync_copies.py          rewrite every copy
@@ -51,7 +51,7 @@ def wanted():
         "dashboards/rdmig.json": dashboard,
         "charts/rdmig/dashboards/rdmig.json": dashboard,
         "operator-manifests/monitoring/grafana-dashboard.yaml": configmap.encode(),
-        "charts/rdmig/crds/crd-rdmamigrations.yaml": read("operator-manifests/crd-rdmamigrations.yaml"),
+        "charts/rdmig/files/crd-rdmamigrations.yaml": read("operator-manifests/crd-rdmamigrations.yaml"),
     }
 
 

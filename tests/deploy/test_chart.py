@@ -36,7 +36,7 @@ LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z
 WORKLOADS = ("DaemonSet", "Deployment")
 
 
-def check_objects(test, docs, external_secrets=()):
+def check_objects(test, docs, external_secrets=(), external_service_accounts=()):
     """Identity and cross-references of a set of objects, as a cluster would need them."""
     seen = set()
     for d in docs:
@@ -68,10 +68,12 @@ def check_objects(test, docs, external_secrets=()):
             test.assertEqual(tmpl_labels.get(k), v, where + ": selector label %s not on the pod template" % k)
         spec = pod_spec(w)
         sa = spec.get("serviceAccountName")
-        test.assertTrue(exists("ServiceAccount", ns, sa), where + ": ServiceAccount %s missing" % sa)
+        test.assertTrue(exists("ServiceAccount", ns, sa) or sa in external_service_accounts,
+                        where + ": ServiceAccount %s missing" % sa)
         volumes = {v["name"]: v for v in spec["volumes"]}
         for c in spec["containers"]:
-            test.assertRegex(c["image"], r"^[^\s:]+(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})$", where + ": image")
+            test.assertRegex(c["image"], r"^[^\s:@]+(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[a-f0-9]{64})$",
+                             where + ": image")
             ports = {}
             for p in c.get("ports", []):
                 test.assertTrue(1 <= p["containerPort"] <= 65535, where + ": port")
@@ -124,7 +126,8 @@ def check_objects(test, docs, external_secrets=()):
         ns = "" if ref["kind"] == "ClusterRole" else b["metadata"]["namespace"]
         test.assertTrue(exists(ref["kind"], ns, ref["name"]), where + ": roleRef %s missing" % ref["name"])
         for s in b["subjects"]:
-            test.assertTrue(exists("ServiceAccount", s["namespace"], s["name"]), where + ": subject missing")
+            test.assertTrue(exists("ServiceAccount", s["namespace"], s["name"]) or s["name"] in external_service_accounts,
+                            where + ": subject missing")
 
 
 def strip_helm(obj):
@@ -157,6 +160,12 @@ class ChartTest(unittest.TestCase):
     def test_default_render_holds_every_object_and_each_is_well_formed(self):
         kinds = sorted(key(d) for d in self.defaults)
         expected = [("ClusterRole", "", "rdmig-controller"), ("ClusterRoleBinding", "", "rdmig-controller"),
+                    ("ClusterRole", "", "rdmig-view"), ("ClusterRole", "", "rdmig-edit"),
+                    ("CustomResourceDefinition", "", "rdmamigrations.rdmig.io"),
+                    ("PodDisruptionBudget", NAMESPACE, "rdmig-controller"),
+                    # helm test hook: its Pod and the rights to read the agents, controller and Lease
+                    ("Pod", NAMESPACE, "rdmig-test"), ("ServiceAccount", NAMESPACE, "rdmig-test"),
+                    ("Role", NAMESPACE, "rdmig-test"), ("RoleBinding", NAMESPACE, "rdmig-test"),
                     ("ConfigMap", NAMESPACE, "rdmig-agent-config"), ("ConfigMap", NAMESPACE, "rdmig-controller-config"),
                     ("ConfigMap", NAMESPACE, "rdmig-grafana-dashboard"), ("DaemonSet", NAMESPACE, "rdmig-agent"),
                     ("Deployment", NAMESPACE, "rdmig-controller"), ("Role", NAMESPACE, "rdmig-controller"),
@@ -169,7 +178,8 @@ class ChartTest(unittest.TestCase):
         self.assertRegex(token, r"^[A-Za-z0-9]{48}$")
 
     def test_toggled_render_is_well_formed(self):
-        check_objects(self, self.toggled, external_secrets=("my-rdmig-token",))
+        check_objects(self, self.toggled, external_secrets=("my-rdmig-token",),
+                      external_service_accounts=("vm-agents", "vm-controller"))
 
     def test_plain_manifests_are_well_formed(self):
         check_objects(self, self.plain)
@@ -179,14 +189,15 @@ class ChartTest(unittest.TestCase):
             return [yaml.safe_load(f)]
 
     def test_chart_crd_equals_operator_manifests_crd_byte_for_byte(self):
-        crds = os.listdir(os.path.join(CHART, "crds"))
-        self.assertEqual(crds, ["crd-rdmamigrations.yaml"])
+        self.assertFalse(os.path.exists(os.path.join(CHART, "crds")),
+                         "the CRD is a template (files/ + templates/): crds/ would be installed once, never upgraded")
         with open(os.path.join(MANIFESTS, "crd-rdmamigrations.yaml"), "rb") as a, \
-                open(os.path.join(CHART, "crds", "crd-rdmamigrations.yaml"), "rb") as b:
-            self.assertEqual(a.read(), b.read(), "charts/rdmig/crds/ differs from operator-manifests/: "
+                open(os.path.join(CHART, "files", "crd-rdmamigrations.yaml"), "rb") as b:
+            self.assertEqual(a.read(), b.read(), "charts/rdmig/files/ differs from operator-manifests/: "
                              "run python3 tests/deploy/sync_copies.py")
-        with_crds = render("--include-crds")
-        self.assertEqual(one(with_crds, "CustomResourceDefinition"), self.crd_docs()[0])
+        rendered = copy.deepcopy(one(self.defaults, "CustomResourceDefinition"))
+        self.assertEqual(rendered["metadata"].pop("annotations"), {"helm.sh/resource-policy": "keep"})
+        self.assertEqual(rendered, self.crd_docs()[0])
 
     def test_generated_copies_match_their_sources(self):
         r = subprocess.run([sys.executable, os.path.join(REPO, "tests", "deploy", "sync_copies.py"), "--check"],
@@ -194,14 +205,15 @@ class ChartTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
 
     def test_plain_manifests_and_default_chart_agree_object_for_object(self):
-        chart = {key(d): strip_helm(d) for d in render("--set", "serviceMonitor.enabled=true")}
+        chart = {key(d): strip_helm(d) for d in render("--set", "serviceMonitor.enabled=true",
+                                                       "--set", "prometheusRule.enabled=true", "--skip-tests")}
+        crd = chart[("CustomResourceDefinition", "", "rdmamigrations.rdmig.io")]
+        del crd["metadata"]["annotations"]  # helm.sh/resource-policy: keep (crds.keep), Helm's own
         plain = {key(d): d for d in self.plain}
         only_plain = sorted(set(plain) - set(chart))
         only_chart = sorted(set(chart) - set(plain))
-        # The chart creates no Namespace (helm install --create-namespace; docs/deploy.md labels it)
-        # and carries the CRD in crds/ (compared byte for byte above).
-        self.assertEqual(only_plain, [("CustomResourceDefinition", "", "rdmamigrations.rdmig.io"),
-                                      ("Namespace", "", NAMESPACE)])
+        # The chart creates no Namespace (helm install --create-namespace; docs/deploy.md labels it).
+        self.assertEqual(only_plain, [("Namespace", "", NAMESPACE)])
         self.assertEqual(only_chart, [])
         for k in sorted(set(plain) & set(chart)):
             p, c = dict(plain[k]), chart[k]
@@ -247,6 +259,8 @@ class ChartTest(unittest.TestCase):
         def booleans(node, path=""):
             if isinstance(node, dict):
                 for k, v in node.items():
+                    if k.endswith(("securityContext", "SecurityContext")):
+                        continue  # Kubernetes' own fields, passed through: not the chart's toggles
                     yield from booleans(v, path + "." + k)
             elif isinstance(node, bool):
                 yield path
@@ -267,16 +281,26 @@ class ChartTest(unittest.TestCase):
 
         ds = one(t, "DaemonSet")
         spec, c = pod_spec(ds), pod_spec(ds)["containers"][0]
-        self.assertEqual(c["image"], "registry.test/rdmig/agent:9.9.9-agent")
+        self.assertEqual(c["image"], "registry.test/rdmig/agent@sha256:" + "2" * 64, "a digest wins over the tag")
         self.assertEqual(c["imagePullPolicy"], "Always")
         self.assertEqual(spec["imagePullSecrets"], [{"name": "registry-test"}])
-        self.assertNotIn("sriov", json.dumps(ds), "resourceName '' requests no RDMA resource")
-        self.assertEqual(c["resources"], {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "8Gi"}})
-        self.assertEqual(spec["nodeSelector"], {"rdmig.test/vm-node": "true"})
+        self.assertEqual(c["resources"], {"requests": {"cpu": "500m", "memory": "1Gi", "example.com/rdma_vf": "2"},
+                                          "limits": {"memory": "8Gi", "example.com/rdma_vf": "2"}})
+        self.assertEqual(spec["nodeSelector"], {"rdmig.test/vm-node": "true"}, "null drops the default label")
         self.assertEqual(spec["tolerations"][0]["key"], "rdmig.test/dedicated")
         self.assertIn("nodeAffinity", spec["affinity"])
         self.assertEqual(spec["priorityClassName"], "system-node-critical")
         self.assertEqual(ds["spec"]["template"]["metadata"]["annotations"]["rdmig.test/agent"], "yes")
+        self.assertEqual(ds["spec"]["template"]["metadata"]["labels"]["rdmig.test/agent-label"], "yes")
+        self.assertEqual(ds["spec"]["updateStrategy"], {"type": "OnDelete"}, "no rollingUpdate beside OnDelete")
+        self.assertEqual(spec["serviceAccountName"], "vm-agents")
+        self.assertEqual(spec["securityContext"], {"fsGroup": 1234})
+        self.assertEqual(c["securityContext"]["seLinuxOptions"], {"type": "spc_t"})
+        self.assertTrue(c["securityContext"]["privileged"], "merged over the chart's securityContext")
+        self.assertEqual(c["args"], ["--config", "/etc/rdmig/agent.yaml", "--test-agent-arg"])
+        self.assertEqual(c["env"][-1], {"name": "RDMIG_TEST", "value": "agent"})
+        self.assertIn({"name": "agent-extra", "mountPath": "/var/lib/agent-extra"}, c["volumeMounts"])
+        self.assertIn({"name": "agent-extra", "emptyDir": {}}, spec["volumes"])
         self.assertEqual([p["containerPort"] for p in c["ports"]], [17470, 17471, 17472])
         mounts = {m["mountPath"] for m in c["volumeMounts"]}
         self.assertTrue({"/var/lib/vms", "/srv/qmp", "/run/other", "/var/run/rdmig-test"} <= mounts)
@@ -286,15 +310,42 @@ class ChartTest(unittest.TestCase):
         agent_cfg = embedded_config(one(t, "ConfigMap", "rdmig-agent-config"))["agent.yaml"]
         self.assertEqual(agent_cfg["api"], {"address": "0.0.0.0", "port": 17470, "maxBodyBytes": 131072,
                                             "tokenFile": "/etc/rdmig/token"})
-        self.assertEqual(agent_cfg["rdma"], {"device": "mlx5_0", "netdev": "ens1f0", "resourceEnv": "PCIDEVICE_TEST"})
+        self.assertEqual(agent_cfg["rdma"], {"device": "mlx5_0", "netdev": "ens1f0", "resourceEnv": "PCIDEVICE_TEST"},
+                         "an explicit resourceEnv wins over agent.rdma.resourceName")
         self.assertEqual((agent_cfg["transport"], agent_cfg["stateDir"], agent_cfg["logLevel"]),
                          ("tcp", "/var/run/rdmig-test", "debug"))
         self.assertEqual(one(t, "Service", "rdmig-agent-metrics")["spec"]["ports"][0]["port"], 17470)
 
         dep = one(t, "Deployment")
         spec, c = pod_spec(dep), pod_spec(dep)["containers"][0]
-        self.assertEqual(c["image"], "registry.test/rdmig/controller:9.9.9-controller")
+        self.assertEqual(c["image"], "registry.test/rdmig/controller@sha256:" + "1" * 64, "image.digest is the fallback")
         self.assertEqual(dep["spec"]["replicas"], 1)
+        tmd = dep["spec"]["template"]["metadata"]
+        self.assertEqual((tmd["labels"]["rdmig.test/controller-label"], tmd["annotations"]["rdmig.test/controller"]),
+                         ("yes", "yes"))
+        self.assertEqual(dep["spec"]["strategy"], {"type": "Recreate"})
+        self.assertEqual(spec["serviceAccountName"], "vm-controller")
+        self.assertEqual(spec["securityContext"]["runAsUser"], 1001)
+        self.assertEqual(spec["topologySpreadConstraints"], [{
+            "maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "rdmig-controller",
+                                              "app.kubernetes.io/instance": "rdmig"}}}])
+        self.assertEqual(c["args"], ["--config", "/etc/rdmig/controller.yaml", "--test-controller-arg"])
+        self.assertEqual(c["env"][-1], {"name": "RDMIG_TEST", "value": "controller"})
+        self.assertIn({"name": "controller-extra", "mountPath": "/var/lib/controller-extra"}, c["volumeMounts"])
+        self.assertIn({"name": "controller-extra", "emptyDir": {}}, spec["volumes"])
+        # serviceAccount.create=false: the named accounts are used, none is made; the bindings name them
+        self.assertEqual(find(t, "ServiceAccount"), [])
+        self.assertEqual({s["name"] for b in find(t, "RoleBinding") for s in b["subjects"]}, {"vm-agents", "vm-controller"})
+        # crds.install, rbac.aggregateTo*, podDisruptionBudget.enabled, tests.enabled off
+        for kind in ("CustomResourceDefinition", "PodDisruptionBudget", "Pod", "ClusterRole"):
+            self.assertEqual(find(t, kind), [], kind)
+        rule = one(t, "PrometheusRule")
+        self.assertEqual(rule["metadata"]["labels"]["release"], "kube-prometheus-stack")
+        exprs = {r["alert"]: r for r in rule["spec"]["groups"][0]["rules"]}
+        self.assertIn('le="0.1"', exprs["RdmigDowntimeOverSlo"]["expr"])
+        self.assertTrue(exprs["RdmigRdmaFallback"]["expr"].rstrip().endswith("> 0.25"))
+        self.assertEqual(exprs["RdmigAgentDown"]["annotations"]["runbook_url"], "https://runbooks.test/rdmig/RdmigAgentDown.md")
         self.assertEqual(spec["priorityClassName"], "system-cluster-critical")
         self.assertEqual(spec["affinity"], toggles["controller"]["affinity"])
         self.assertEqual(c["ports"][0]["containerPort"], 18080)
@@ -346,7 +397,7 @@ class ChartTest(unittest.TestCase):
         self.assertEqual(one(docs, "ConfigMap", "rdmig-grafana-dashboard")["metadata"]["namespace"], "monitoring")
 
     def test_kubevirt_defaults_controller_rights_and_no_agent_privileges(self):
-        rules = one(self.defaults, "ClusterRole")["rules"]
+        rules = one(self.defaults, "ClusterRole", "rdmig-controller")["rules"]
         self.assertIn({"apiGroups": ["kubevirt.io"], "resources": ["virtualmachineinstances"], "verbs": ["get"]}, rules)
         self.assertIn({"apiGroups": ["kubevirt.io"], "resources": ["virtualmachineinstancemigrations"],
                        "verbs": ["create", "get", "list", "watch", "delete"]}, rules)
@@ -378,7 +429,8 @@ class ChartTest(unittest.TestCase):
 
     def test_other_release_names_prefix_every_object(self):
         docs = render(release="vmmove", namespace="infra")
-        self.assertTrue(all(d["metadata"]["name"].startswith("vmmove-rdmig-") for d in docs), [key(d) for d in docs])
+        self.assertTrue(all(d["metadata"]["name"].startswith("vmmove-rdmig-") for d in docs
+                            if d["kind"] != "CustomResourceDefinition"), [key(d) for d in docs])
         check_objects(self, docs)
 
     def test_dashboard_configmap_carries_the_dashboard_for_the_grafana_sidecar(self):

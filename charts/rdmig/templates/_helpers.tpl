@@ -1,9 +1,20 @@
-{{/* Object name prefix: the release name when it contains "rdmig", else "<release>-rdmig". */}}
+{{/* The chart's name: "rdmig", or nameOverride. */}}
+{{- define "rdmig.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Object name prefix: fullnameOverride; else the release name when it contains the chart's
+name, else "<release>-<name>". */}}
 {{- define "rdmig.fullname" -}}
-{{- if contains "rdmig" .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "rdmig.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 50 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-rdmig" .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -37,12 +48,26 @@ app.kubernetes.io/component: controller
 {{ include "rdmig.commonLabels" . }}
 {{- end -}}
 
+{{/* repository:tag, or repository@digest; (list $root $own) where $own has repository/tag/digest. */}}
 {{- define "rdmig.image" -}}
 {{- $root := index . 0 -}}
 {{- $own := index . 1 -}}
 {{- $repo := $own.repository | default $root.Values.image.repository -}}
+{{- $digest := $own.digest | default $root.Values.image.digest -}}
+{{- if $digest -}}
+{{- printf "%s@%s" $repo $digest -}}
+{{- else -}}
 {{- $tag := $own.tag | default $root.Values.image.tag | default $root.Chart.AppVersion -}}
 {{- printf "%s:%s" $repo $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "rdmig.agent.serviceAccountName" -}}
+{{- .Values.agent.serviceAccount.name | default (printf "%s-agent" (include "rdmig.fullname" .)) -}}
+{{- end -}}
+
+{{- define "rdmig.controller.serviceAccountName" -}}
+{{- .Values.controller.serviceAccount.name | default (printf "%s-controller" (include "rdmig.fullname" .)) -}}
 {{- end -}}
 
 {{- define "rdmig.tokenSecretName" -}}
@@ -51,6 +76,39 @@ app.kubernetes.io/component: controller
 
 {{- define "rdmig.tokenSecretKey" -}}
 {{- if .Values.token.existingSecret -}}{{ .Values.token.existingSecretKey }}{{- else -}}token{{- end -}}
+{{- end -}}
+
+{{/* The token the chart's Secret holds (token.value, else the one in the cluster's Secret, else a
+new random one), resolved once per render: the Secret and the checksum annotations must agree. */}}
+{{- define "rdmig.token" -}}
+{{- if not (hasKey .Values.token "_resolved") -}}
+{{- $token := .Values.token.value -}}
+{{- if not $token -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "rdmig.tokenSecretName" .) -}}
+{{- if and $existing $existing.data (index $existing.data "token") -}}
+{{- $token = index $existing.data "token" | b64dec -}}
+{{- else -}}
+{{- $token = randAlphaNum 48 -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set .Values.token "_resolved" $token -}}
+{{- end -}}
+{{- index .Values.token "_resolved" -}}
+{{- end -}}
+
+{{/* checksum/token for both pod templates: the chart's token, or the existing Secret's value when
+the cluster can be asked (helm install/upgrade); under `helm template` only its name and key. */}}
+{{- define "rdmig.tokenChecksum" -}}
+{{- if .Values.token.existingSecret -}}
+{{- $value := "" -}}
+{{- $secret := lookup "v1" "Secret" .Release.Namespace .Values.token.existingSecret -}}
+{{- if and $secret $secret.data -}}
+{{- $value = index $secret.data .Values.token.existingSecretKey | default "" -}}
+{{- end -}}
+{{- printf "%s/%s/%s" .Values.token.existingSecret .Values.token.existingSecretKey $value | sha256sum -}}
+{{- else -}}
+{{- include "rdmig.token" . | sha256sum -}}
+{{- end -}}
 {{- end -}}
 
 {{/* agent.yaml as the agent reads it: values' config plus what the chart owns. */}}

@@ -1,0 +1,293 @@
+"""The chart's operator-facing values (issue 12): values.schema.json refusing mistakes at install
+time, the conventional values, scheduling, tokens under GitOps, the CRD upgrade path, the
+`helm test` hook, Chart.yaml metadata, NOTES without repository paths, the generated chart README
+and the aggregated ClusterRoles.
+
+The schema must accept exactly what the programs accept (src/config/agent_config.cpp,
+controller/config.cpp): the chunk-size enum is checked here against the agent's own rules
+(common/units.cpp parse_bytes + validate_chunk_size).
+
+Run: python3 tests/deploy/test_chart_values.py -v   (ctest -L deploy)
+"""
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+import unittest
+
+import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from deploylib import CHART, NAMESPACE, REPO, TOGGLES, embedded_config, find, helm, one, pod_spec, render  # noqa: E402
+
+SCHEMA = os.path.join(CHART, "values.schema.json")
+
+
+def template(*args):
+    return helm("template", "rdmig", CHART, "-n", NAMESPACE, *args, check=False)
+
+
+def agent_accepts_chunk_size(text):
+    """The agent's rule for migration.chunkSize: parse_bytes (digits, then "", Ki, Mi, Gi, Ti, k,
+    M or G) and validate_chunk_size (a power of two in [64Ki, 1Gi])."""
+    m = re.fullmatch(r"([0-9]+)(|Ki|Mi|Gi|Ti|k|M|G)", text)
+    if not m:
+        return False
+    mult = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "k": 1000, "M": 10 ** 6, "G": 10 ** 9}
+    v = int(m.group(1)) * mult[m.group(2)]
+    return v & (v - 1) == 0 and (64 << 10) <= v <= (1 << 30)
+
+
+class SchemaTest(unittest.TestCase):
+    def assert_refused(self, *sets, needle=None):
+        args = [a for s in sets for a in ("--set", s)]
+        r = template(*args)
+        self.assertNotEqual(r.returncode, 0, "helm template %s must fail" % " ".join(sets))
+        self.assertIn("values don't meet the specifications of the schema", r.stderr, r.stderr)
+        if needle:
+            self.assertIn(needle, r.stderr)
+        return r.stderr
+
+    def test_defaults_and_every_toggle_pass_the_schema(self):
+        for extra in ([], ["-f", TOGGLES]):
+            r = template(*extra)
+            self.assertEqual(r.returncode, 0, r.stderr)
+
+    def test_typo_in_a_config_key_fails_at_install_time(self):
+        err = self.assert_refused("agent.config.migration.chunksize=2Mi", needle="chunksize")
+        self.assertIn("Additional property chunksize is not allowed", err)
+        self.assert_refused("controller.config.leaderelection.enabled=false", needle="leaderelection")
+        self.assert_refused("agent.config.kubevirt.sessionIdle=3", needle="sessionIdle")
+        self.assert_refused("agent.nodeselector.a=b", needle="nodeselector")
+        self.assert_refused("prometheusrule.enabled=true", needle="prometheusrule")
+
+    def test_wrong_types_fail(self):
+        self.assert_refused("agent.config.api.port=abc", needle="agent.config.api.port")
+        self.assert_refused("controller.replicas=two", needle="controller.replicas")
+        self.assert_refused("kubevirt.enabled=yes", needle="kubevirt.enabled")
+        self.assert_refused("agent.config.migration.ringDepth=1", needle="ringDepth")  # below the agent's 2
+        self.assert_refused("agent.config.stateDir=relative/dir", needle="stateDir")
+        self.assert_refused("agent.config.stateDir=/" + "x" * 40, needle="stateDir")  # unix socket paths
+        self.assert_refused("image.digest=latest", needle="image.digest")
+
+    def test_bad_enums_fail(self):
+        self.assert_refused("agent.config.migration.chunkSize=3Mi", needle="chunkSize")
+        self.assert_refused("agent.config.migration.chunkSize=2Gi", needle="chunkSize")
+        self.assert_refused("agent.config.migration.chunkSize=32Ki", needle="chunkSize")
+        self.assert_refused("agent.config.transport=infiniband", needle="transport")
+        self.assert_refused("agent.config.logLevel=verbose", needle="logLevel")
+        self.assert_refused("controller.config.logLevel=trace", needle="logLevel")
+        self.assert_refused("agent.config.kubevirt.discovery=dns", needle="discovery")
+        self.assert_refused("prometheusRule.downtimeSloSeconds=0.3", needle="downtimeSloSeconds")
+
+    def test_keys_the_chart_sets_are_not_values(self):
+        """api.tokenFile, agents.port/tokenFile, namespace and kubevirt.enabled/hookSocket in the
+        configs come from the chart; a value there would be overwritten or break the RBAC."""
+        for s in ("agent.config.api.tokenFile=/x", "controller.config.agents.port=1",
+                  "controller.config.agents.tokenFile=/x", "controller.config.namespace=other",
+                  "agent.config.kubevirt.enabled=true", "agent.config.kubevirt.hookSocket=/x.sock"):
+            self.assert_refused(s)
+
+    def test_chunk_size_enum_is_exactly_what_the_agent_accepts(self):
+        with open(SCHEMA) as f:
+            schema = json.load(f)
+        cs = schema["properties"]["agent"]["properties"]["config"]["properties"]["migration"]["properties"]["chunkSize"]
+        strings = next(o["enum"] for o in cs["oneOf"] if o["type"] == "string")
+        ints = next(o["enum"] for o in cs["oneOf"] if o["type"] == "integer")
+        # Every spelling without leading zeros the agent accepts, up to its largest (1048576Ki).
+        candidates = ["%d%s" % (n, u) for u in ("", "Ki", "Mi", "Gi", "Ti", "k", "M", "G")
+                      for n in [1 << p for p in range(0, 31)] + [10 ** p for p in range(0, 10)]]
+        accepted = sorted({c for c in candidates if agent_accepts_chunk_size(c)})
+        self.assertEqual(sorted(strings), accepted)
+        self.assertEqual(sorted(ints), [1 << p for p in range(16, 31)])
+        for v in ("1Mi", "1024Ki", "1048576", "64Ki", "1Gi"):
+            r = template("--set-string", "agent.config.migration.chunkSize=" + v)
+            self.assertEqual(r.returncode, 0, r.stderr)
+        r = template("--set", "agent.config.migration.chunkSize=2097152")  # a number, as YAML would give it
+        self.assertEqual(r.returncode, 0, r.stderr)
+        cfg = embedded_config(one(render("--set", "agent.config.migration.chunkSize=2097152"), "ConfigMap",
+                                  "rdmig-agent-config"))["agent.yaml"]
+        self.assertEqual(cfg["migration"]["chunkSize"], 2097152, "rendered as a plain integer, not 2.097152e+06")
+
+    def test_enums_match_the_parsers(self):
+        with open(os.path.join(REPO, "src", "config", "agent_config.cpp")) as f:
+            agent_src = f.read()
+        with open(os.path.join(REPO, "src", "common", "log.cpp")) as f:
+            log_src = f.read()
+        with open(SCHEMA) as f:
+            schema = json.load(f)
+        agent_cfg = schema["properties"]["agent"]["properties"]["config"]["properties"]
+        self.assertEqual(sorted(agent_cfg["transport"]["enum"]),
+                         sorted(re.findall(r'if \(text == "(\w+)"\) return TransportKind', agent_src)))
+        self.assertEqual(sorted(schema["definitions"]["logLevel"]["enum"]),
+                         sorted(re.findall(r'name == "(\w+)"', log_src)))
+        self.assertEqual(set(agent_cfg), set(re.search(r'check_keys\(root, "", \{([^}]*)\}', agent_src).group(1)
+                                             .replace('"', "").replace(" ", "").replace("\n", "").split(",")))
+
+
+class ValuesTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.defaults = render()
+
+    def test_agent_schedules_only_on_labelled_rdma_nodes_and_requests_nothing_by_default(self):
+        spec = pod_spec(one(self.defaults, "DaemonSet"))
+        self.assertEqual(spec["nodeSelector"], {"feature.node.kubernetes.io/rdma.available": "true"})
+        self.assertNotIn("tolerations", spec, "no blanket toleration of every taint")
+        res = spec["containers"][0]["resources"]
+        self.assertEqual(res, {"requests": {"cpu": "200m", "memory": "256Mi"}}, "no RDMA resource unless configured")
+        cfg = embedded_config(one(self.defaults, "ConfigMap", "rdmig-agent-config"))["agent.yaml"]
+        self.assertEqual(cfg["rdma"]["resourceEnv"], "")
+
+    def test_name_overrides(self):
+        docs = render("--set", "nameOverride=vmmove")
+        self.assertIn(("DaemonSet", "rdmig-vmmove-agent"), [(d["kind"], d["metadata"]["name"]) for d in docs])
+        docs = render("--set", "fullnameOverride=mig")
+        names = {d["metadata"]["name"] for d in docs if d["kind"] != "CustomResourceDefinition"}
+        self.assertTrue(all(n.startswith("mig-") for n in names), names)
+        self.assertEqual(pod_spec(one(docs, "DaemonSet"))["serviceAccountName"], "mig-agent")
+        # The selector labels stay: the controller finds the agents by app.kubernetes.io/name.
+        self.assertEqual(one(docs, "DaemonSet")["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"], "rdmig-agent")
+
+    def test_service_account_annotations(self):
+        docs = render("--set", "agent.serviceAccount.annotations.a=b", "--set", "controller.serviceAccount.name=ctl")
+        self.assertEqual(one(docs, "ServiceAccount", "rdmig-agent")["metadata"]["annotations"], {"a": "b"})
+        self.assertEqual(pod_spec(one(docs, "Deployment"))["serviceAccountName"], "ctl")
+        one(docs, "ServiceAccount", "ctl")
+
+    def test_controller_pod_disruption_budget(self):
+        pdb = one(self.defaults, "PodDisruptionBudget")
+        self.assertEqual(pdb["spec"], {"maxUnavailable": 1, "selector": one(self.defaults, "Deployment")["spec"]["selector"]})
+        self.assertEqual(find(render("--set", "controller.replicas=1"), "PodDisruptionBudget"), [],
+                         "one replica: no budget that could only block drains")
+
+    def test_token_checksum_is_on_both_pod_templates_and_follows_the_token(self):
+        def checksums(docs):
+            return [w["spec"]["template"]["metadata"]["annotations"]["checksum/token"]
+                    for w in (one(docs, "DaemonSet"), one(docs, "Deployment"))]
+        a = render("--set", "token.value=0123456789abcdef0123")
+        b = render("--set", "token.value=0123456789abcdef0124")
+        self.assertEqual(len(set(checksums(a))), 1, "agents and controller restart together")
+        self.assertNotEqual(checksums(a), checksums(b))
+        # The generated token is made once per render: the Secret and the annotation agree.
+        d = self.defaults
+        import hashlib
+        token = base64.b64decode(one(d, "Secret")["data"]["token"])
+        self.assertEqual(checksums(d)[0], hashlib.sha256(token).hexdigest())
+
+    def test_existing_secret_renders_identically_twice(self):
+        args = ["--set", "token.existingSecret=gitops-token", "--set", "token.existingSecretKey=t"]
+        first, second = template(*args), template(*args)
+        self.assertEqual(first.returncode, 0, first.stderr)
+        self.assertEqual(first.stdout, second.stdout, "a GitOps tool must see no change between renders")
+        docs = render(*args)
+        self.assertEqual(find(docs, "Secret"), [])
+        self.assertNotEqual(one(docs, "DaemonSet")["spec"]["template"]["metadata"]["annotations"]["checksum/token"],
+                            one(render("--set", "token.existingSecret=other"), "DaemonSet")
+                            ["spec"]["template"]["metadata"]["annotations"]["checksum/token"])
+        # Without existingSecret or a value, helm template has no cluster to look up: a new token.
+        self.assertNotEqual(template().stdout, template().stdout)
+
+    def test_crds_install_and_keep(self):
+        crd = one(self.defaults, "CustomResourceDefinition")
+        self.assertEqual(crd["metadata"]["annotations"], {"helm.sh/resource-policy": "keep"})
+        crd = one(render("--set", "crds.keep=false"), "CustomResourceDefinition")
+        self.assertNotIn("annotations", crd["metadata"])
+        self.assertEqual(find(render("--set", "crds.install=false"), "CustomResourceDefinition"), [])
+
+    def test_helm_test_hook_checks_agents_controller_and_leader(self):
+        pod = one(self.defaults, "Pod")
+        self.assertEqual(pod["metadata"]["annotations"]["helm.sh/hook"], "test")
+        spec = pod["spec"]
+        self.assertEqual(spec["restartPolicy"], "Never")
+        cmds = {c["name"]: c["command"] for c in spec["containers"]}
+        self.assertEqual(cmds["agents-ready"], ["kubectl", "rollout", "status", "daemonset/rdmig-agent",
+                                                "--namespace=rdmig-system", "--timeout=120s"])
+        self.assertEqual(cmds["controller-available"][:4], ["kubectl", "rollout", "status", "deployment/rdmig-controller"])
+        self.assertEqual(cmds["controller-leads"][:4], ["kubectl", "wait", "--for=jsonpath={.spec.holderIdentity}",
+                                                        "lease/rdmig-controller"])
+        for c in spec["containers"]:
+            self.assertEqual(c["image"], "registry.k8s.io/kubectl:v1.32.3")
+            self.assertFalse(c["securityContext"]["allowPrivilegeEscalation"])
+        for kind in ("ServiceAccount", "Role", "RoleBinding"):
+            obj = one(self.defaults, kind, "rdmig-test")
+            self.assertEqual(obj["metadata"]["annotations"]["helm.sh/hook"], "test")
+        self.assertEqual(spec["serviceAccountName"], "rdmig-test")
+        rules = one(self.defaults, "Role", "rdmig-test")["rules"]
+        self.assertTrue(all(set(r["verbs"]) <= {"get", "list", "watch"} for r in rules), "read only")
+        # Without leader election there is no Lease to check.
+        docs = render("--set", "controller.config.leaderElection.enabled=false", "--set", "controller.replicas=1")
+        self.assertEqual(sorted(c["name"] for c in one(docs, "Pod")["spec"]["containers"]),
+                         ["agents-ready", "controller-available"])
+        # kubectl accepts the flags (it parses them before it needs a cluster)
+        kubectl = os.path.join(os.path.dirname(helm("version").args[0]), "kubectl")
+        for args in cmds.values():
+            r = subprocess.run([kubectl] + args[1:] + ["--help"], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+
+    def test_aggregated_cluster_roles(self):
+        view, edit = one(self.defaults, "ClusterRole", "rdmig-view"), one(self.defaults, "ClusterRole", "rdmig-edit")
+        self.assertEqual(view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"], "true")
+        self.assertEqual(edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"], "true")
+        self.assertEqual(view["rules"], [{"apiGroups": ["rdmig.io"], "resources": ["rdmamigrations", "rdmamigrations/status"],
+                                          "verbs": ["get", "list", "watch"]}])
+        self.assertNotIn("rdmamigrations/status", json.dumps(edit["rules"]), "people do not write status")
+        self.assertIn("create", edit["rules"][0]["verbs"])
+
+    def test_prometheus_rule_auto_follows_the_cluster(self):
+        self.assertEqual(find(self.defaults, "PrometheusRule"), [])
+        docs = render("--api-versions", "monitoring.coreos.com/v1/PrometheusRule")
+        one(docs, "PrometheusRule")
+        self.assertEqual(find(render("--set", "prometheusRule.enabled=false", "--api-versions",
+                                     "monitoring.coreos.com/v1/PrometheusRule"), "PrometheusRule"), [])
+
+    def test_leader_election_timing_is_checked_at_install(self):
+        r = template("--set", "controller.config.leaderElection.renewDeadlineSeconds=20")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("renewDeadlineSeconds must be less than leaseDurationSeconds", r.stderr)
+
+
+class ChartDocsTest(unittest.TestCase):
+    def test_chart_metadata(self):
+        with open(os.path.join(CHART, "Chart.yaml")) as f:
+            chart = yaml.safe_load(f)
+        for k in ("home", "sources", "icon", "maintainers"):
+            self.assertTrue(chart.get(k), k)
+        self.assertTrue(chart["icon"].startswith("https://"))
+        icon = chart["icon"].rsplit("/main/", 1)[1]
+        self.assertTrue(os.path.exists(os.path.join(REPO, icon)), "the icon is a file of the repository: " + icon)
+
+    def test_notes_never_point_at_repository_paths(self):
+        with open(os.path.join(CHART, "templates", "NOTES.txt")) as f:
+            notes = f.read()
+        for bad in re.findall(r"(?:docs|operator-manifests|charts|tests|agent|controller|dashboards)/[\w./-]+|\w+\.md\b", notes):
+            self.fail("NOTES.txt names %s, which a chart user does not have" % bad)
+
+    def test_chart_readme_is_generated_from_values(self):
+        gen = os.path.join(REPO, "scripts", "chart-readme.py")
+        r = subprocess.run([sys.executable, gen, "--check"], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(os.path.join(CHART, "README.md")) as f:
+            readme = f.read()
+        with open(os.path.join(CHART, "values.yaml")) as f:
+            values = yaml.safe_load(f)
+
+        def leaves(node, path=""):
+            if isinstance(node, dict) and node:
+                for k, v in node.items():
+                    yield from leaves(v, path + "." + k if path else k)
+            else:
+                yield path
+        rows = set(re.findall(r"^\| `([^`]+)` \|", readme, re.M))
+        for path in leaves(values):
+            self.assertTrue(any(path == r or path.startswith(r + ".") for r in rows),
+                            "the README lists every value: %s is missing" % path)
+        self.assertIn("`agent.config.kubevirt.sessionIdleSeconds`", readme, "and the KubeVirt keys from the schema")
+        for bad in re.findall(r"\]\((?!https?://|#)[^)]+\)", readme):
+            self.fail("README links to %s, a path a chart user does not have" % bad)
+
+
+if __name__ == "__main__":
+    unittest.main()
