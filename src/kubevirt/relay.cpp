@@ -158,7 +158,7 @@ void KubevirtRelay::maintain() {
   const auto now = std::chrono::steady_clock::now();
   const auto idle = std::chrono::seconds(config_.kubevirt.session_idle_seconds);
   std::vector<std::shared_ptr<SourceSession>> to_finish;
-  std::vector<VmiRef> aborts;  // carried migrations that failed: make libvirt fail now
+  std::vector<VmiRef> aborts;  // carried migrations that failed: make sure libvirt fails
   {
     std::lock_guard lock(mu_);
     for (auto it = sources_.begin(); it != sources_.end();) {
@@ -215,6 +215,10 @@ void KubevirtRelay::maintain() {
   for (auto& s : to_finish) run_worker([s] { s->finish(); });
   for (auto& vmi : aborts) {
     run_worker([this, vmi] {
+      {
+        std::unique_lock lock(stop_mu_);
+        if (stop_cv_.wait_for(lock, kAbortGrace, [&] { return stopping_.load(); })) return;
+      }
       auto done = abort_outgoing_job(config_.kubevirt, vmi);
       LOG_INFO("kubevirt") << "carrying " << vmi.key() << " failed: "
                            << (done ? done.value() : "nothing aborted: " + done.error().message);

@@ -16,6 +16,11 @@ namespace rdmig::kubevirt::relay_internal {
 using namespace std::chrono_literals;
 
 inline constexpr auto kSessionOpenTimeout = 800ms;  // the hook must answer within a second
+// After a carried migration failed and its legs were reset, QEMU sees the resets and libvirt
+// fails the job by itself (0.1-0.4 s measured). Only a job still running after this grace is
+// aborted: an abortJob that lands first turns libvirt's clean failure into a cancel racing its
+// own error handling (seen: the source guest stopped advancing afterwards).
+inline constexpr auto kAbortGrace = 5s;
 inline constexpr auto kArmedTtl = 10min;            // armed but never dialled: KubeVirt gave up or retried
 inline constexpr size_t kMaxTargetSessions = 64;
 

@@ -161,20 +161,34 @@ class KubevirtMigrationTest(base.KubevirtChecks, unittest.TestCase):
                          check_counter=False)
         self.assertIn("at", killed, "the migration was never carried")
         self.assertFalse(r.success, "the migration should fail when its carrier dies")
-        failed_after = time.monotonic() - killed["at"]
-        print("\n[kubevirt+rdmig] target agent killed: libvirt failed %.1fs later (%s)"
-              % (failed_after, r.error), file=sys.stderr)
-        self.assertLess(failed_after, 15.0, "libvirt must fail fast, not after a 150 s progress timeout")
+        returned_after = time.monotonic() - killed["at"]
+        # rdmig's part: the source QEMU's migration fails at once (the source agent resets its
+        # legs), not after KubeVirt's 150 s progress timeout. libvirt's call itself can then
+        # wait on the target's Finish: a target QEMU 7.2 blocked in a multifd sync on a
+        # connection KubeVirt's proxy keeps open never answers it, without rdmig too, until
+        # KubeVirt deletes the target pod (the harness does that 5 s after the source failed).
+        self.assertIsNotNone(r.source_failed_at, "the source QEMU's migration never failed")
+        failed_after = r.source_failed_at - killed["at"]
+        print("\n[kubevirt+rdmig] target agent killed: the source QEMU's migration failed %.1fs later; "
+              "libvirt returned %.1fs later%s (%s)"
+              % (failed_after, returned_after,
+                 ", after the harness deleted the target pod" if r.target_pod_deleted_at else "", r.error),
+              file=sys.stderr)
+        self.assertLess(failed_after, 15.0, "the source must fail fast, not after a 150 s progress timeout")
+        self.assertLess(returned_after, 30.0)
         # The VM runs in exactly one place: the source.
         self.assertEqual(self.cluster.vmi.node, source)
         self.assertEqual(self.cluster.domain(source).isActive(), 1)
         before = self.cluster.serial_counter(source)
-        self.cluster.wait_for_counter(source, (before or 0) + 1, 60)
         try:
-            tdom = self.cluster.domain(target)
-            self.assertNotEqual(tdom.isActive(), 1, "the VM must not run on the target too")
-        except Exception:
-            pass  # no domain on the target: fine
+            self.cluster.wait_for_counter(source, (before or 0) + 1, 60)
+        except TimeoutError:
+            dom = self.cluster.domain(source)
+            raise AssertionError("the source guest stopped advancing: libvirt state %s, job %s"
+                                 % (dom.state(), dom.jobInfo()))
+        # What libvirt left on the target (the harness then deletes it, as KubeVirt deletes the
+        # target pod): at most an incoming domain that never ran.
+        self.assertNotEqual(r.target_cleanup, "running", "the VM must not run on the target too")
         rec = self.record(source, r.migration_uid, phases=("Failed",))
         self.assertIn(target, rec["reason"])
         # The next migration goes KubeVirt's own way (the target agent is still down) and works.

@@ -112,7 +112,13 @@ class MigrationResult:
     handler_netns {"source","target"}, launcher_pids {"source","target"},
     target_address, ports (targetDirectMigrationNodePorts), vmi_json (as sent to the hook),
     memory (dict, with target_paused: source_sha256, target_sha256, equal, bytes),
-    counter_before (source's last serial counter) and counter_after (target's, after resume).
+    counter_before (source's last serial counter) and counter_after (target's, after resume),
+    target_cleanup (after a failed migration: the state of the domain libvirt left on the
+    target, which the harness then destroyed as KubeVirt deletes the target pod; None when
+    libvirt left none), source_failed_at (time.monotonic() when the harness saw the source
+    QEMU's migration failed or cancelled, else None), target_pod_deleted_at (when the harness
+    destroyed the target domain because libvirt's call outlived the source's failure by
+    TARGET_POD_DELETE_AFTER_S, else None).
     """
 
     def __init__(self, **kw):
@@ -124,6 +130,8 @@ class MigrationResult:
         self.hook = None
         self.memory = None
         self.counter_before = self.counter_after = None
+        self.target_cleanup = None
+        self.source_failed_at = self.target_pod_deleted_at = None
         self.__dict__.update(kw)
 
     def summary(self):
@@ -148,6 +156,8 @@ class KubevirtCluster:
     def __init__(self, workdir=None, nodes=("node-a", "node-b"), keep=False, libvirt_log_level=3,
                  kernel=None, initrd=None):
         self.keep = keep or bool(os.environ.get("RDMIG_KEEP_TMP"))
+        if os.environ.get("RDMIG_LIBVIRT_LOG_FILTERS"):
+            libvirt_log_level = 1  # the filters decide what is logged
         self._own_workdir = workdir is None
         self.workdir = os.path.abspath(workdir or tempfile.mkdtemp(prefix="rdmig-kv-"))
         self.nodes = list(nodes)
@@ -461,6 +471,8 @@ class KubevirtCluster:
             source_digest = None
             if check_memory:
                 source_digest = self._source_memory_while_held(r, th, source_proc, t0 + timeout)
+            else:
+                self._watch_source_failure(r, th, t0 + timeout)
             th.join(max(0.0, t0 + timeout - time.monotonic()))
             if th.is_alive():
                 try:
@@ -481,6 +493,8 @@ class KubevirtCluster:
             sconn.close()
         r.counter_before = self.serial_counter(source)
         if not r.success:
+            left = self._delete_target_pod_domain(lv, target)
+            r.target_cleanup = r.target_cleanup or left
             return
         v.node = target
         tconn = self.connect(target)
@@ -513,6 +527,76 @@ class KubevirtCluster:
         r.data_bytes = r.job.get("data_processed", r.job.get("data_total"))
         if r.total_time_ms and r.data_bytes is not None:
             r.throughput_bps = round(r.data_bytes / (r.total_time_ms / 1000.0))
+
+    # After the source QEMU's outgoing migration failed, how long libvirt's call may take to
+    # return before the harness deletes the target pod as KubeVirt does for a failed migration.
+    TARGET_POD_DELETE_AFTER_S = 5.0
+
+    def _watch_source_failure(self, r, th, deadline):
+        """While libvirt's call runs, watches the source QEMU's own migration state over the
+        harness's QMP monitor. r.source_failed_at (time.monotonic()) is when it was first
+        seen failed or cancelled. If libvirt's call is still running TARGET_POD_DELETE_AFTER_S
+        later, the target domain is destroyed (r.target_pod_deleted_at): a target QEMU 7.2
+        blocked in a multifd sync on a connection that KubeVirt's proxy keeps open (its
+        handleConnection closes only the accepted leg) never answers libvirt's Finish, so
+        the call would hang until KubeVirt deletes the target pod."""
+        r.source_failed_at = r.target_pod_deleted_at = None
+        qmp = None
+        try:
+            while th.is_alive() and time.monotonic() < deadline:
+                th.join(0.25)
+                if not th.is_alive():
+                    break
+                if r.source_failed_at is None:
+                    try:
+                        if qmp is None:
+                            qmp = QmpClient(self.launcher_root(r.source_node) + self.vmi.qmp_in_pod, timeout=5)
+                        status = qmp.command("query-migrate", timeout=5).get("status")
+                    except Exception:  # noqa: BLE001 - the monitor is an observer; retry next turn
+                        if qmp is not None:
+                            qmp.close()
+                        qmp = None
+                        continue
+                    if status in ("failed", "cancelled"):
+                        r.source_failed_at = time.monotonic()
+                elif time.monotonic() - r.source_failed_at >= self.TARGET_POD_DELETE_AFTER_S:
+                    r.target_pod_deleted_at = time.monotonic()
+                    r.target_cleanup = self._delete_target_pod_domain(libvirt_module(), r.target_node)
+                    break
+            if r.source_failed_at is None and not th.is_alive():
+                # libvirt returned first: the failure is at most this old.
+                try:
+                    if qmp is None:
+                        qmp = QmpClient(self.launcher_root(r.source_node) + self.vmi.qmp_in_pod, timeout=5)
+                    if qmp.command("query-migrate", timeout=5).get("status") in ("failed", "cancelled"):
+                        r.source_failed_at = time.monotonic()
+                except Exception:  # noqa: BLE001 - observer only
+                    pass
+        finally:
+            if qmp is not None:
+                qmp.close()
+
+    def _delete_target_pod_domain(self, lv, target):
+        """A failed migration's target pod is deleted by KubeVirt (virt-controller), which
+        takes any domain libvirt left there with it. The stand-in launcher pods live on, so
+        the harness destroys such a domain instead. Returns its state name, or None."""
+        conn = self.connect(target)
+        try:
+            try:
+                dom = conn.lookupByName(self.vmi.domain)
+            except lv.libvirtError:
+                return None
+            if dom.isActive() != 1:
+                return None
+            state = {lv.VIR_DOMAIN_RUNNING: "running", lv.VIR_DOMAIN_PAUSED: "paused"}.get(
+                dom.state()[0], str(dom.state()[0]))
+            try:
+                dom.destroy()
+            except lv.libvirtError:
+                pass
+            return state
+        finally:
+            conn.close()
 
     def _stop_handlers(self, r, procs, drain_timeout=10.0):
         """Lets forwarded connections end by themselves (bounded), then SIGTERMs the

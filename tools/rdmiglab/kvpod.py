@@ -107,6 +107,10 @@ class LauncherPod:
         os.makedirs(self.path("/var/log/libvirt/qemu"), exist_ok=True)
         with open(self.path("/etc/libvirt/libvirtd.conf"), "w") as f:
             f.write(LIBVIRTD_CONF.format(host_uuid=self.host_uuid, log_level=self.log_level))
+            # Debugging aid: e.g. RDMIG_LIBVIRT_LOG_FILTERS="1:qemu.qemu_migration 1:qemu.qemu_monitor"
+            # with libvirt_log_level=1 logs what the named modules do.
+            if os.environ.get("RDMIG_LIBVIRT_LOG_FILTERS"):
+                f.write('log_filters = "%s"\n' % os.environ["RDMIG_LIBVIRT_LOG_FILTERS"].replace('"', ""))
         with open(self.path("/etc/libvirt/qemu.conf"), "w") as f:
             f.write(QEMU_CONF)
         self.monitor_path = os.path.join(self.dir, "virt-launcher-monitor")
