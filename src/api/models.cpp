@@ -193,6 +193,7 @@ int http_status(Errc code) {
     case Errc::kAlreadyExists: return 409;
     case Errc::kFailedPrecondition: return 409;
     case Errc::kResourceExhausted: return 429;
+    case Errc::kUnprocessable: return 422;
     case Errc::kUnavailable: return 503;
     case Errc::kTimeout: return 504;
     default: return 500;

@@ -2,7 +2,12 @@
 
 #include <httplib.h>
 
+#include <charconv>
+#include <optional>
+#include <string_view>
+
 #include "api/models.h"
+#include "common/json_limits.h"
 #include "common/log.h"
 #include "common/units.h"
 
@@ -25,6 +30,62 @@ void send_json(httplib::Response& res, int status, const json& body) {
 
 void send_error(httplib::Response& res, const Error& e) {
   send_json(res, http_status(e.code), error_body(e));
+}
+
+// Strict UTF-8 (no overlongs, no surrogates, nothing past U+10FFFF).
+bool valid_utf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      n = 1, cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      n = 2, cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      n = 3, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    for (size_t k = 1; k <= n; ++k) {
+      if (i + k >= s.size()) return false;
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n + 1;
+  }
+  return true;
+}
+
+// Text from the request line and headers that the handlers and the logs will read: it must be
+// UTF-8 without control characters (a NUL cannot hide the rest of a header from a comparison).
+std::optional<Error> check_request_text(const httplib::Request& req) {
+  auto bad = [](std::string_view v) {
+    if (!valid_utf8(v)) return "not valid UTF-8";
+    for (const char c : v) {
+      if (static_cast<unsigned char>(c) < 0x20 && c != '\t') return "contains a control character";
+    }
+    return static_cast<const char*>(nullptr);
+  };
+  if (const char* why = bad(req.path)) return Error{Errc::kInvalidArgument, std::string("path: ") + why};
+  for (const auto& [name, value] : req.params) {
+    if (const char* why = bad(name); why || (why = bad(value))) {
+      return Error{Errc::kInvalidArgument, std::string("query parameter: ") + why};
+    }
+  }
+  for (const auto& [name, value] : req.headers) {
+    if (const char* why = bad(value)) {
+      return Error{Errc::kInvalidArgument, "header " + (valid_utf8(name) ? name : std::string("?")) + ": " + why};
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -66,9 +127,17 @@ void RestServer::routes() {
   s.set_payload_max_length(config_.api.max_body_bytes);
   s.set_read_timeout(10, 0);
   s.set_write_timeout(10, 0);
+  // One request per connection: after a refused body (413) the rest of it must never be read
+  // as further requests, and no client can hold a worker by keeping a connection alive.
+  s.set_keep_alive_max_count(1);
 
   // Authentication for /v1: 401 without a bearer token, 403 with a wrong one.
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    // Runs before any body is read: bad text and missing credentials cost the agent nothing.
+    if (auto e = check_request_text(req)) {
+      send_error(res, *e);
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (req.path.rfind("/v1/", 0) != 0 && req.path != "/v1") return httplib::Server::HandlerResponse::Unhandled;
     const auto auth = req.get_header_value("Authorization");
     const std::string prefix = "Bearer ";
@@ -84,10 +153,46 @@ void RestServer::routes() {
     return httplib::Server::HandlerResponse::Unhandled;
   });
 
-  s.Post("/v1/migrations", [this](const httplib::Request& req, httplib::Response& res) {
-    json body = json::parse(req.body, nullptr, false);
+  // The body is read here, bounded whatever its framing: httplib's own limit covers only a
+  // Content-Length, and a chunked body would otherwise be read whole before any check.
+  s.Post("/v1/migrations", [this](const httplib::Request& req, httplib::Response& res,
+                                  const httplib::ContentReader& content_reader) {
+    const size_t limit = config_.api.max_body_bytes;
+    std::string text;
+    bool too_large = false;
+    const bool read = content_reader([&](const char* data, size_t len) {
+      if (text.size() + len > limit) {
+        too_large = true;
+        return false;  // stop reading; the connection is closed after the answer
+      }
+      text.append(data, len);
+      return true;
+    });
+    if (!read && !too_large) {
+      // httplib refuses a Content-Length over the limit before reading (its status 413).
+      const std::string cl = req.get_header_value("Content-Length");
+      uint64_t n = 0;
+      const auto [end, ec] = std::from_chars(cl.data(), cl.data() + cl.size(), n);
+      too_large = ec == std::errc() && end == cl.data() + cl.size() && n > limit;
+    }
+    if (too_large) {
+      send_json(res, 413, error_body(Error{Errc::kInvalidArgument, "body: larger than api.maxBodyBytes (" +
+                                                                       std::to_string(limit) + " bytes)"}));
+      return;
+    }
+    if (!read) {
+      send_error(res, Error{Errc::kInvalidArgument, "body: could not be read (bad chunked framing?)"});
+      return;
+    }
+    if (json_nesting_depth(text) > kMaxJsonDepth) {
+      send_error(res, Error{Errc::kInvalidArgument,
+                            "body: nested deeper than " + std::to_string(kMaxJsonDepth) + " levels"});
+      return;
+    }
+    json body = json::parse(text, nullptr, false);
     if (body.is_discarded()) {
-      send_error(res, Error{Errc::kInvalidArgument, "body: not valid JSON"});
+      send_error(res, Error{Errc::kInvalidArgument,
+                            valid_utf8(text) ? "body: not valid JSON" : "body: not valid UTF-8"});
       return;
     }
     auto spec = parse_create_request(body, config_);
@@ -177,7 +282,13 @@ void RestServer::routes() {
       msg = "method " + req.method + " not allowed on " + req.path;
     } else if (res.status == 400) {
       code = Errc::kInvalidArgument;
-      msg = "bad request";
+      msg = "bad request: the request line or headers could not be parsed";
+    } else if (res.status == 414) {
+      code = Errc::kInvalidArgument;
+      msg = "URI too long";
+    } else if (res.status == 431) {
+      code = Errc::kInvalidArgument;
+      msg = "request headers too large";
     }
     const int status = res.status;
     res.set_content(safe_dump(error_body(Error{code, msg})), "application/json");

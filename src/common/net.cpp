@@ -116,6 +116,17 @@ Result<uint16_t> local_port(int fd) {
 void tune_tcp_for_bulk(int fd) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  detect_dead_peer(fd);
+}
+
+void detect_dead_peer(int fd) {
+  int one = 1, idle = kKeepaliveIdleSeconds, interval = kKeepaliveIntervalSeconds, probes = kKeepaliveProbes;
+  unsigned int user_timeout = kUserTimeoutMs;
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
 }
 
 Result<UniqueFd> unix_listen(const std::string& path, int backlog) {

@@ -32,6 +32,14 @@ Result<uint16_t> local_port(int fd);
 // Sets TCP_NODELAY and large socket buffers for bulk data.
 void tune_tcp_for_bulk(int fd);
 
+// A peer that vanished without a FIN or RST (node lost, cable pulled) is noticed in about
+// kPeerDeadAfter instead of never: keepalive probes on an idle connection, TCP_USER_TIMEOUT on
+// data that stays unacknowledged. Applied to every connection between agents (data channels
+// via tune_tcp_for_bulk, control links). No effect on non-TCP sockets.
+inline constexpr int kKeepaliveIdleSeconds = 10, kKeepaliveIntervalSeconds = 5, kKeepaliveProbes = 3;
+inline constexpr int kUserTimeoutMs = 30000;
+void detect_dead_peer(int fd);
+
 Result<UniqueFd> unix_listen(const std::string& path, int backlog = 16);
 Result<UniqueFd> unix_connect(const std::string& path, std::chrono::milliseconds timeout);
 

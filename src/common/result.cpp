@@ -13,6 +13,7 @@ const char* errc_name(Errc code) {
     case Errc::kUnauthenticated: return "unauthenticated";
     case Errc::kFailedPrecondition: return "failed_precondition";
     case Errc::kResourceExhausted: return "resource_exhausted";
+    case Errc::kUnprocessable: return "unprocessable";
     case Errc::kTimeout: return "timeout";
     case Errc::kCancelled: return "cancelled";
     case Errc::kUnavailable: return "unavailable";

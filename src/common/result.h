@@ -16,7 +16,8 @@ enum class Errc {
   kPermissionDenied,  // wrong token
   kUnauthenticated,   // no token
   kFailedPrecondition,
-  kResourceExhausted,  // too many migrations at once
+  kResourceExhausted,  // too many migrations at once, or buffers in use by others: retry later
+  kUnprocessable,      // a valid request this agent can never run as asked (e.g. over its buffer budget)
   kTimeout,
   kCancelled,
   kUnavailable,       // peer gone, connection refused, device missing

@@ -133,7 +133,7 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
   if (const auto m = root["migration"]) {
     RDMIG_TRY(check_keys(m, "migration",
                          {"chunkSize", "ringDepth", "progressIntervalMs", "noProgressTimeoutSeconds",
-                          "completionTimeoutSeconds", "maxConcurrent", "historySize"}));
+                          "completionTimeoutSeconds", "maxConcurrent", "historySize", "bufferBudget"}));
     if (const auto cs = m["chunkSize"]) {
       if (!cs.IsScalar()) return bad("migration.chunkSize", "expected a size like 4Mi");
       auto v = parse_bytes(cs.as<std::string>(), "config key 'migration.chunkSize'");
@@ -149,6 +149,13 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
                         c.migration.completion_timeout_seconds, 10, 7 * 86400));
     RDMIG_TRY(read_uint(m, "migration", "maxConcurrent", c.migration.max_concurrent, 1, 64));
     RDMIG_TRY(read_uint(m, "migration", "historySize", c.migration.history_size, 1, 10000));
+    if (const auto bb = m["bufferBudget"]) {
+      if (!bb.IsScalar()) return bad("migration.bufferBudget", "expected a size like 2Gi");
+      auto v = parse_bytes(bb.as<std::string>(), "config key 'migration.bufferBudget'");
+      if (!v) return v.error();
+      if (v.value() < (uint64_t{64} << 20)) return bad("migration.bufferBudget", "must be at least 64Mi");
+      c.migration.buffer_budget = v.value();
+    }
   }
   if (const auto r = root["rdma"]) {
     RDMIG_TRY(check_keys(r, "rdma", {"device", "netdev", "resourceEnv"}));

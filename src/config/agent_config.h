@@ -40,6 +40,9 @@ struct MigrationDefaults {
   uint32_t max_concurrent = 4;
   // Finished migrations kept for GET before being forgotten.
   uint32_t history_size = 64;
+  // Chunk buffers all running migrations may hold at once: chunkSize x ringDepth x channels x 2
+  // per migration (both directions), reserved when a migration is created.
+  uint64_t buffer_budget = uint64_t{2} << 30;
 };
 
 struct RdmaConfig {

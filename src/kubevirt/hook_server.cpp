@@ -10,6 +10,7 @@
 #include "common/net.h"
 #include "kubevirt/relay.h"
 #include "node_hook.grpc.pb.h"
+#include "common/json_limits.h"
 
 namespace rdmig::kubevirt {
 
@@ -108,7 +109,7 @@ Result<std::unique_ptr<HookServer>> start_hook_server(const std::string& socket_
       LOG_DEBUG("kubevirt") << "hook point " << point << ": nothing to do";
       return;
     }
-    auto vmi = nlohmann::json::parse(vmi_text, nullptr, false);
+    auto vmi = parse_json_bounded(vmi_text);
     if (vmi.is_discarded()) {
       LOG_WARN("kubevirt") << "hook: the VMI is not valid JSON; not carried";
       return;

@@ -2,11 +2,13 @@
 
 #include <sys/socket.h>
 
+#include "common/net.h"
 #include "transport/wire.h"
 
 namespace rdmig::migration {
 
 ControlLink::ControlLink(UniqueFd fd) : fd_(std::move(fd)) {
+  net::detect_dead_peer(fd_.get());
   reader_ = std::thread([this] { reader_loop(); });
 }
 

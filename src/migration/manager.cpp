@@ -109,14 +109,45 @@ void MigrationManager::evict_finished_locked() {
   }
 }
 
+namespace {
+// Chunk buffers a migration holds on this agent: every channel has a ring each way.
+uint64_t buffer_bytes(const MigrationSpec& spec) {
+  uint64_t n = spec.chunk_size;
+  for (const uint64_t f : {uint64_t{spec.ring_depth}, uint64_t{spec.channels()}, uint64_t{2}}) {
+    if (__builtin_mul_overflow(n, f, &n)) return UINT64_MAX;
+  }
+  return n;
+}
+}  // namespace
+
 Result<json> MigrationManager::create(MigrationSpec spec) {
   if (stopping_.load()) return Error{Errc::kUnavailable, "agent is shutting down"};
+  const uint64_t need = buffer_bytes(spec);
+  const uint64_t budget = config_.migration.buffer_budget;
+  auto figures = [&](uint64_t in_use) {
+    return "chunkSize " + format_quantity(spec.chunk_size) + " x ringDepth " + std::to_string(spec.ring_depth) +
+           " x " + std::to_string(spec.channels()) + " channels x 2 = " + format_quantity(need) +
+           (in_use ? " with " + format_quantity(in_use) + " held by running migrations" : std::string()) +
+           ", budget " + format_quantity(budget) + " (migration.bufferBudget)";
+  };
+  if (need > budget) return Error{Errc::kUnprocessable, "buffers: " + figures(0)};
+
+  // Admission: every check and the reservation under one lock, so concurrent requests cannot
+  // all pass the same checks.
   std::unique_lock lock(mu_);
   evict_finished_locked();
-  size_t active = 0;
+  size_t active = reserved_.size();
+  uint64_t in_use = 0;
+  for (const auto& [id, r] : reserved_) {
+    in_use += r.buffer_bytes;
+    if (r.qmp_socket == spec.qmp_socket) {
+      return Error{Errc::kAlreadyExists, "qmpSocket: '" + spec.qmp_socket + "' is already used by migration " + id};
+    }
+  }
   for (const auto& [id, job] : jobs_) {
     if (job->finished()) continue;
     ++active;
+    in_use += buffer_bytes(job->spec());
     if (job->spec().qmp_socket == spec.qmp_socket) {
       return Error{Errc::kAlreadyExists, "qmpSocket: '" + spec.qmp_socket +
                                              "' is already used by migration " + id};
@@ -126,23 +157,33 @@ Result<json> MigrationManager::create(MigrationSpec spec) {
     return Error{Errc::kResourceExhausted, "this agent already runs " + std::to_string(active) +
                                                " migrations (migration.maxConcurrent)"};
   }
-  if (spec.id.empty() && spec.role == Role::kSource && !jobs_.contains(spec.target.migration_id)) {
+  if (in_use + need > budget) return Error{Errc::kResourceExhausted, "buffers: " + figures(in_use)};
+  auto taken = [&](const std::string& id) { return jobs_.contains(id) || reserved_.contains(id); };
+  if (spec.id.empty() && spec.role == Role::kSource && !taken(spec.target.migration_id)) {
     spec.id = spec.target.migration_id;
   }
   if (spec.id.empty()) {
     do spec.id = "m-" + random_hex(6);
-    while (jobs_.contains(spec.id));
+    while (taken(spec.id));
   }
-  if (jobs_.contains(spec.id)) return Error{Errc::kAlreadyExists, "id: migration '" + spec.id + "' exists"};
+  if (taken(spec.id)) return Error{Errc::kAlreadyExists, "id: migration '" + spec.id + "' exists"};
   if (spec.vm.empty()) spec.vm = spec.id;
+  reserved_.emplace(spec.id, Reservation{spec.qmp_socket, need});
   lock.unlock();  // QMP checks below can take seconds; do not block GETs
+  auto release = [&] {
+    std::lock_guard relock(mu_);
+    reserved_.erase(spec.id);
+  };
 
   JobContext ctx{config_, metrics_, server_.advertise_host(), server_.port(), server_.rdma()};
   json body;
   std::shared_ptr<Job> job;
   if (spec.role == Role::kTarget) {
     auto t = TargetJob::create(spec, ctx);
-    if (!t) return t.error();
+    if (!t) {
+      release();
+      return t.error();
+    }
     body = json{{"id", spec.id},
                 {"role", "target"},
                 {"endpoint", server_.advertise_host() + ":" + std::to_string(server_.port())},
@@ -152,12 +193,15 @@ Result<json> MigrationManager::create(MigrationSpec spec) {
     job = std::shared_ptr<Job>(std::move(t.value()));
   } else {
     auto s = SourceJob::create(spec, ctx);
-    if (!s) return s.error();
+    if (!s) {
+      release();
+      return s.error();
+    }
     body = json{{"id", spec.id}, {"role", "source"}};
     job = std::shared_ptr<Job>(std::move(s.value()));
   }
   lock.lock();
-  if (jobs_.contains(spec.id)) return Error{Errc::kAlreadyExists, "id: migration '" + spec.id + "' exists"};
+  reserved_.erase(spec.id);
   jobs_.emplace(spec.id, job);
   order_.push_back(spec.id);
   lock.unlock();
@@ -166,7 +210,7 @@ Result<json> MigrationManager::create(MigrationSpec spec) {
   body["phase"] = phase_name(job->status().phase);
   LOG_INFO("migration") << "migration=" << spec.id << " role=" << role_name(spec.role) << " vm=" << spec.vm
                         << " created channels=" << spec.channels() << " chunkSize=" << format_quantity(spec.chunk_size)
-                        << " ringDepth=" << spec.ring_depth;
+                        << " ringDepth=" << spec.ring_depth << " buffers=" << format_quantity(need);
   return body;
 }
 

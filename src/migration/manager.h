@@ -49,6 +49,13 @@ class MigrationManager {
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_;
   std::deque<std::string> order_;  // creation order, for history eviction
+  // Admitted migrations whose job is still being set up (QMP checks, outside the lock): they
+  // count against maxConcurrent, the buffer budget, ids and QMP sockets like running ones.
+  struct Reservation {
+    std::string qmp_socket;
+    uint64_t buffer_bytes = 0;
+  };
+  std::map<std::string, Reservation> reserved_;
   std::atomic<bool> stopping_{false};
 };
 

@@ -1,11 +1,12 @@
 #include "qemu/qmp_protocol.h"
+#include "common/json_limits.h"
 
 namespace rdmig::qemu {
 
 using nlohmann::json;
 
 Result<QmpMessage> parse_qmp_message(std::string_view line) {
-  json j = json::parse(line, nullptr, false);
+  json j = parse_json_bounded(line);
   if (j.is_discarded() || !j.is_object()) {
     return Error{Errc::kProtocol, "QMP: not a JSON object: " + std::string(line.substr(0, 200))};
   }

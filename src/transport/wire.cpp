@@ -6,6 +6,7 @@
 
 #include "common/net.h"
 #include "common/units.h"
+#include "common/json_limits.h"
 
 namespace rdmig::transport {
 
@@ -46,7 +47,7 @@ Result<json> recv_message(int fd, std::chrono::milliseconds timeout) {
   RDMIG_TRY(wait());
   auto b = net::read_exact(fd, std::as_writable_bytes(std::span(body.data(), body.size())));
   if (!b) return b.error();
-  json j = json::parse(body, nullptr, false);
+  json j = parse_json_bounded(body);
   if (j.is_discarded() || !j.is_object()) {
     return Error{Errc::kProtocol, "control message is not a JSON object"};
   }

@@ -1,0 +1,285 @@
+"""The agent's REST surface tried as an attacker and an unlucky client would (issue 11): bodies
+over the limit in every framing, deep nesting, bad UTF-8 in body, path, query and headers,
+Authorization tricks, over-long request lines, wrong types for every create field, buffer
+budgets, and concurrent creates racing for the last slot. Every case must end with a JSON error
+that names its cause, the agent serving, and its memory bounded (RSS before/after printed).
+
+Real agent, raw sockets (so the bytes on the wire are exactly the hostile ones) and small QMP
+stand-ins on unix sockets where a create needs a QEMU to answer (no guest boots here).
+
+Run: RDMIG_AGENT=build/agent/rdmig-agent python3 tests/integration/test_agent_hostile_http.py -v
+"""
+import json
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+from rdmiglab import Agent  # noqa: E402
+
+
+def rss_kib(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def raw_request(port, data, timeout=10.0, read_all=True):
+    """Sends `data` (bytes) as is; returns (status, parsed JSON body or None, raw reply)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        try:
+            s.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the agent answered and closed before taking everything: read the answer
+        reply = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            reply += chunk
+            if not read_all and b"\r\n\r\n" in reply:
+                head, _, body = reply.partition(b"\r\n\r\n")
+                length = [int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length:")]
+                if length and len(body) >= length[0]:
+                    break
+    finally:
+        s.close()
+    if not reply.startswith(b"HTTP/1.1 "):
+        return None, None, reply
+    status = int(reply[9:12])
+    body = reply.partition(b"\r\n\r\n")[2]
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    return status, parsed, reply
+
+
+class FakeIncomingQemu:
+    """A QMP peer that looks like `qemu -incoming defer`: greeting (after `delay` s), then {} or
+    the status an incoming QEMU gives for every command."""
+
+    def __init__(self, path, delay=0.0):
+        self.path, self.delay = path, delay
+        self.srv = socket.socket(socket.AF_UNIX)
+        self.srv.bind(path)
+        self.srv.listen(8)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                c, _ = self.srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._client, args=(c,), daemon=True).start()
+
+    def _client(self, c):
+        answers = {"query-status": {"status": "inmigrate", "running": False}, "query-migrate": {}}
+        try:
+            time.sleep(self.delay)
+            c.sendall(b'{"QMP": {"version": {}, "capabilities": []}}\n')
+            for line in c.makefile("rb"):
+                cmd = json.loads(line)
+                c.sendall(json.dumps({"return": answers.get(cmd.get("execute"), {}), "id": cmd.get("id")}).encode()
+                          + b"\n")
+        except (OSError, ValueError):
+            pass
+        finally:
+            c.close()
+
+    def close(self):
+        self.srv.close()
+
+
+class HostileHttpTest(unittest.TestCase):
+    agent = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="rdmig-hostile-")
+        cls.agent = Agent(cls.tmp, "hostile", config={"migration": {"maxConcurrent": 2, "bufferBudget": "256Mi"}})
+        cls.rss_start = rss_kib(cls.agent.proc.pid)
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.agent:
+            print("\n[hostile-http] agent RSS %d KiB at start, %d KiB at the end"
+                  % (cls.rss_start, rss_kib(cls.agent.proc.pid)), file=sys.stderr)
+            cls.agent.stop()
+
+    def tearDown(self):
+        # After every case: still serving, probes answer.
+        self.assertTrue(self.agent.alive(), "the agent died")
+        self.assertEqual(self.agent.request("GET", "/healthz", token=None)[0], 200)
+
+    def post(self, body_bytes, headers=None, chunked=False):
+        h = {"Host": "x", "Authorization": "Bearer " + self.agent.token, "Content-Type": "application/json"}
+        h.update(headers or {})
+        if chunked:
+            h["Transfer-Encoding"] = "chunked"
+        else:
+            h["Content-Length"] = str(len(body_bytes))
+        head = "POST /v1/migrations HTTP/1.1\r\n" + "".join("%s: %s\r\n" % kv for kv in h.items()) + "\r\n"
+        return head.encode("latin-1"), body_bytes
+
+    def assertError(self, status, body, want_status, *words):
+        self.assertEqual(status, want_status, body)
+        self.assertIsInstance(body, dict, "a JSON error body")
+        msg = body["error"]["message"]
+        for w in words:
+            self.assertIn(w, msg)
+        return msg
+
+    # ---- bodies ----
+
+    def test_chunked_body_over_the_limit_is_refused_while_reading_and_memory_stays_bounded(self):
+        pid = self.agent.proc.pid
+        before = rss_kib(pid)
+        head, _ = self.post(b"", chunked=True)
+        # 6 MB in 16-byte chunks: read whole, this grew the agent by ~175 MB.
+        chunk = b"10\r\n" + b'{"role":"target"' + b"\r\n"
+        body = chunk * (6 * 1024 * 1024 // 16) + b"0\r\n\r\n"
+        status, parsed, _ = raw_request(self.agent.api_port, head + body, timeout=60)
+        after = rss_kib(pid)
+        print("\n[hostile-http] 6 MB chunked body: %s; RSS %d -> %d KiB" % (status, before, after), file=sys.stderr)
+        self.assertError(status, parsed, 413, "api.maxBodyBytes")
+        self.assertLess(after - before, 16 * 1024, "RSS grew by more than 16 MiB")
+
+    def test_content_length_over_the_limit_is_refused_before_reading(self):
+        head, _ = self.post(b"x" * (65 * 1024))
+        status, parsed, _ = raw_request(self.agent.api_port, head + b"x" * (65 * 1024))
+        self.assertError(status, parsed, 413, "api.maxBodyBytes")
+
+    def test_deeply_nested_body_is_refused_naming_the_depth(self):
+        for depth in (33, 10000):
+            text = ("[" * depth + "]" * depth).encode()
+            head, body = self.post(text)
+            status, parsed, _ = raw_request(self.agent.api_port, head + body)
+            self.assertError(status, parsed, 400, "nested deeper than 32")
+        # Brackets inside strings are not nesting.
+        text = json.dumps({"role": "target", "qmpSocket": "/x/" + "[" * 60}).encode()
+        head, body = self.post(text)
+        status, parsed, _ = raw_request(self.agent.api_port, head + body)
+        self.assertNotIn("nested", parsed["error"]["message"])  # refused later, for the socket
+
+    def test_invalid_utf8_in_body_is_named(self):
+        head, body = self.post(b'{"role": "target", "vm": "\xff\xfe"}')
+        status, parsed, _ = raw_request(self.agent.api_port, head + body)
+        self.assertError(status, parsed, 400, "not valid UTF-8")
+
+    def test_wrong_types_for_every_create_field_name_the_field(self):
+        base = {"role": "source", "qmpSocket": "/tmp/q.sock",
+                "target": {"endpoint": "127.0.0.1:1", "migrationId": "m-1", "token": "t"}}
+        wrong = {"role": 5, "id": ["a"], "vm": {"a": 1}, "qmpSocket": 7, "multifdChannels": "eight",
+                 "chunkSize": [1], "ringDepth": -1, "transport": 3, "maxDowntimeMs": "x",
+                 "maxBandwidthBytesPerSecond": [], "completionTimeoutSeconds": 1.5,
+                 "noProgressTimeoutSeconds": True, "target": "host:1"}
+        for field, value in wrong.items():
+            body = dict(base, **{field: value})
+            status, parsed = self.agent.request("POST", "/v1/migrations", body)
+            self.assertEqual(status, 400, (field, parsed))
+            self.assertIn(field, parsed["error"]["message"], (field, parsed))
+        for field, value in {"endpoint": 1, "migrationId": None, "token": {"x": 1}}.items():
+            body = dict(base, target=dict(base["target"], **{field: value}))
+            status, parsed = self.agent.request("POST", "/v1/migrations", body)
+            self.assertEqual(status, 400, (field, parsed))
+            self.assertIn("target." + field, parsed["error"]["message"])
+
+    # ---- request line and headers ----
+
+    def test_authorization_must_be_exactly_bearer_and_the_token(self):
+        tok = self.agent.token
+        for value, want in (("Bearer " + tok + "x", 403), ("bearer " + tok, 401),
+                            ("Bearer  " + tok, 403), ("Basic " + tok, 401), ("Bearer", 401), ("Bearer " + tok[:-1], 403)):
+            req = ("GET /v1/migrations HTTP/1.1\r\nHost: x\r\nAuthorization: %s\r\n\r\n" % value).encode()
+            status, parsed, _ = raw_request(self.agent.api_port, req, read_all=False)
+            self.assertEqual(status, want, (value, parsed))
+            self.assertIn("Authorization", parsed["error"]["message"])
+        # A NUL after the token, and bytes that are not UTF-8, never reach the comparison.
+        for raw in (b"Bearer " + tok.encode() + b"\x00rest", b"Bearer " + tok.encode() + b"\xff"):
+            req = b"GET /v1/migrations HTTP/1.1\r\nHost: x\r\nAuthorization: " + raw + b"\r\n\r\n"
+            status, parsed, reply = raw_request(self.agent.api_port, req, read_all=False)
+            self.assertIn(status, (400, 403), reply[:200])
+            self.assertIsNotNone(parsed, reply[:200])
+
+    def test_bad_text_in_path_query_and_headers_is_400_naming_where(self):
+        cases = ((b"GET /v1/migrations/%ff HTTP/1.1\r\nHost: x\r\n\r\n", "path"),
+                 (b"GET /healthz/%c3%28 HTTP/1.1\r\nHost: x\r\n\r\n", "path"),
+                 (b"GET /v1/migrations/%01 HTTP/1.1\r\nHost: x\r\n\r\n", "path"),
+                 (b"GET /v1/kubevirt/migrations?name=%ff HTTP/1.1\r\nHost: x\r\n\r\n", "query parameter"),
+                 (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Trace: \xc0\xaf\r\n\r\n", "header X-Trace"))
+        for req, where in cases:
+            status, parsed, reply = raw_request(self.agent.api_port, req, read_all=False)
+            self.assertError(status, parsed, 400, where)
+
+    def test_over_long_request_line_gets_a_json_error(self):
+        req = b"GET /v1/migrations/" + b"a" * 20000 + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+        status, parsed, reply = raw_request(self.agent.api_port, req, read_all=False)
+        self.assertIn(status, (400, 414), reply[:200])
+        self.assertIsNotNone(parsed, reply[:200])
+        self.assertIn("error", parsed)
+
+    # ---- admission ----
+
+    def test_buffer_budget_refuses_what_can_never_fit_with_422_naming_the_figures(self):
+        body = {"role": "target", "qmpSocket": "/tmp/none.sock", "chunkSize": "64Mi", "ringDepth": 16}
+        status, parsed = self.agent.request("POST", "/v1/migrations", body)
+        self.assertError(status, parsed, 422, "chunkSize 64Mi", "ringDepth 16", "budget 256Mi", "migration.bufferBudget")
+
+    def test_concurrent_creates_never_exceed_max_concurrent_or_the_budget(self):
+        # Eight targets at once against maxConcurrent 2, each QEMU slow to greet (0.5 s), so all
+        # eight requests are inside their QMP checks together. Checked outside the lock, every
+        # one of them was admitted.
+        qemus = [FakeIncomingQemu(os.path.join(self.tmp, "race-%d.qmp" % i), delay=0.5) for i in range(8)]
+        results = [None] * 8
+
+        def create(i):
+            results[i] = self.agent.request("POST", "/v1/migrations",
+                                            {"role": "target", "qmpSocket": qemus[i].path, "chunkSize": "1Mi",
+                                             "ringDepth": 16})
+        threads = [threading.Thread(target=create, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        statuses = sorted(r[0] for r in results)
+        print("\n[hostile-http] 8 concurrent creates, maxConcurrent 2: %s" % statuses, file=sys.stderr)
+        created = [r[1]["id"] for r in results if r[0] == 201]
+        try:
+            self.assertEqual(len(created), 2, results)
+            for status, parsed in results:
+                if status != 201:
+                    self.assertError(status, parsed, 429, "maxConcurrent")
+            # One slot freed, one still held (32 MiB): a migration that alone fits the budget
+            # (2Mi x 16 x 4 channels x 2 = 256 MiB) does not fit beside it: 429, retry later.
+            self.agent.cancel(created[0])
+            self.agent.wait(created[0], timeout=30)
+            q = FakeIncomingQemu(os.path.join(self.tmp, "budget.qmp"))
+            status, parsed = self.agent.request("POST", "/v1/migrations",
+                                                {"role": "target", "qmpSocket": q.path, "chunkSize": "2Mi",
+                                                 "ringDepth": 16, "multifdChannels": 3})
+            self.assertError(status, parsed, 429, "held by running migrations", "migration.bufferBudget")
+            q.close()
+        finally:
+            for mid in created:
+                try:
+                    self.agent.cancel(mid)
+                except Exception:  # noqa: BLE001 - best effort
+                    pass
+            for q in qemus:
+                q.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
