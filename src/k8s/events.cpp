@@ -1,12 +1,22 @@
 #include "k8s/events.h"
 
 #include "common/log.h"
+#include "common/text.h"
 #include "common/units.h"
 #include "k8s/time_format.h"
 
 namespace rdmig::k8s {
 
 using nlohmann::json;
+
+namespace {
+// "<object>.<16 hex>", at most 253 characters (a DNS subdomain), whatever the object's name length.
+std::string event_name(const std::string& object_name) {
+  std::string base = object_name.substr(0, 253 - 17);
+  while (!base.empty() && (base.back() == '.' || base.back() == '-')) base.pop_back();
+  return base + "." + random_hex(8);
+}
+}  // namespace
 
 void EventRecorder::record(const json& object, const std::string& type, const std::string& reason,
                            const std::string& message) {
@@ -16,7 +26,7 @@ void EventRecorder::record(const json& object, const std::string& type, const st
   const std::string now = format_time(Clock::now());
   json event{{"apiVersion", "v1"},
              {"kind", "Event"},
-             {"metadata", {{"name", name + "." + random_hex(8)}, {"namespace", ns}}},
+             {"metadata", {{"name", event_name(name)}, {"namespace", ns}}},
              {"involvedObject",
               {{"apiVersion", object.value("apiVersion", "")},
                {"kind", object.value("kind", "")},
@@ -25,7 +35,7 @@ void EventRecorder::record(const json& object, const std::string& type, const st
                {"uid", md.value("uid", "")},
                {"resourceVersion", md.value("resourceVersion", "")}}},
              {"reason", reason},
-             {"message", message.substr(0, 1024)},
+             {"message", utf8_prefix(message, 1024)},
              {"type", type},
              {"source", {{"component", component_}, {"host", host_}}},
              {"reportingComponent", component_},

@@ -148,7 +148,8 @@ Result<json> HttpKubeClient::call(const char* method, const std::string& path, c
   httplib::Headers headers{{"Accept", "application/json"}, {"User-Agent", options_.user_agent}};
   if (!token->empty()) headers.emplace("Authorization", "Bearer " + token.value());
   const std::string full = address_.base_path + path;
-  const std::string payload = body ? body->dump() : std::string();
+  // Replace, never throw: text from outside (node names, agents' messages) may hold invalid UTF-8.
+  const std::string payload = body ? body->dump(-1, ' ', false, json::error_handler_t::replace) : std::string();
   const std::string what = std::string(method) + " " + path;
   const std::string m = method;
   auto& c = *client.value();

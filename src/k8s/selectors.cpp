@@ -58,6 +58,15 @@ Result<std::map<std::string, std::string>> parse_label_selector(const std::strin
   return out;
 }
 
+std::string field_selector_value(const std::string& value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\' || c == ',' || c == '=') out.push_back('\\');
+    out.push_back(c);
+  }
+  return out;
+}
+
 std::string url_encode(const std::string& value) {
   static const char* hex = "0123456789ABCDEF";
   std::string out;
