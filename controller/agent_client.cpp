@@ -2,6 +2,8 @@
 
 #include <httplib.h>
 
+#include "common/text.h"
+
 namespace rdmig::controller {
 
 using nlohmann::json;
@@ -73,22 +75,30 @@ Result<json> AgentClient::call(const AgentAddress& agent, const std::string& met
   httplib::Headers headers{{"Authorization", "Bearer " + token_}, {"Accept", "application/json"}};
   const std::string what = method + " " + path + " on agent " + agent.pod + " (" + agent.address() + ", node " +
                            agent.node + ")";
-  httplib::Result res = method == "POST"  ? client.Post(path, headers, body->dump(), "application/json")
+  httplib::Result res = method == "POST"  ? client.Post(path, headers, body->dump(-1, ' ', false, json::error_handler_t::replace),
+                                                      "application/json")
                         : method == "GET" ? client.Get(path, headers)
                                           : client.Delete(path, headers);
   if (!res) {
     on_response_("error");
-    return Error{Errc::kUnavailable, what + ": " + httplib::to_string(res.error())};
+    // Not connected: nothing reached the agent. Any other failure (read timeout, reset) came
+    // after the request was sent: the agent may have acted on it (kTimeout).
+    const Errc code = res.error() == httplib::Error::Connection ? Errc::kUnavailable : Errc::kTimeout;
+    return Error{code, what + ": " + httplib::to_string(res.error())};
   }
   on_response_(std::to_string(res->status));
   json parsed = json::parse(res->body, nullptr, false);
   if (res->status >= 200 && res->status < 300) {
-    if (parsed.is_discarded()) return Error{Errc::kProtocol, what + ": reply is not JSON"};
+    if (parsed.is_discarded() || !parsed.is_object()) return Error{Errc::kProtocol, what + ": reply is not a JSON object"};
     return parsed;
   }
   std::string message = "HTTP " + std::to_string(res->status);
-  if (!parsed.is_discarded() && parsed.contains("error") && parsed["error"].is_object()) {
-    message += ": " + parsed["error"].value("message", "");
+  // The agent's own words (bounded): {"error":{"message":..}}, else the start of whatever it sent.
+  if (!parsed.is_discarded() && parsed.is_object() && parsed.contains("error") && parsed["error"].is_object() &&
+      parsed["error"].contains("message") && parsed["error"]["message"].is_string()) {
+    message += ": " + utf8_prefix(parsed["error"]["message"].get<std::string>(), 1024);
+  } else if (!trim(res->body).empty()) {
+    message += " (body: " + utf8_prefix(trim(res->body), 256) + ")";
   }
   Errc code = Errc::kInternal;
   switch (res->status) {

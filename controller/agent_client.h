@@ -27,6 +27,10 @@ struct AgentAddress {
 Result<AgentAddress> select_agent_pod(const nlohmann::json& pod_list, const std::string& node,
                                       const std::string& port_name, uint16_t default_port);
 
+// Errors: kUnavailable when no connection was made (nothing reached the agent), kTimeout when
+// the request went out but no answer came (the agent may have acted on it), else by HTTP status
+// (404 kNotFound, ...) with the agent's error message; a 2xx reply that is not a JSON object is
+// kProtocol.
 class AgentClient {
  public:
   // `code` is the HTTP status as text, or "error" when no response came.

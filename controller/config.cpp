@@ -24,7 +24,8 @@ Result<ControllerConfig> parse_controller_config(const std::string& yaml_text) {
   if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   try {
     RDMIG_TRY(check_keys(root, "", {"namespace", "watchNamespace", "agents", "maxConcurrentPerNode",
-                                    "pollIntervalMs", "leaderElection", "metrics", "logLevel", "qemu", "kubevirt"}));
+                                    "pollIntervalMs", "leaderElection", "metrics", "logLevel", "qemu", "kubevirt",
+                                    "ttlSecondsAfterFinished"}));
     RDMIG_TRY(read_string(root, "", "namespace", c.namespace_));
     RDMIG_TRY(read_string(root, "", "watchNamespace", c.watch_namespace));
     if (const auto a = root["agents"]) {
@@ -45,6 +46,7 @@ Result<ControllerConfig> parse_controller_config(const std::string& yaml_text) {
     if (c.agents.token_file.empty()) return bad("agents.tokenFile", "must not be empty");
     RDMIG_TRY(read_uint(root, "", "maxConcurrentPerNode", c.max_concurrent_per_node, 1, 1000));
     RDMIG_TRY(read_uint(root, "", "pollIntervalMs", c.poll_interval_ms, 50, 60000));
+    RDMIG_TRY(read_uint(root, "", "ttlSecondsAfterFinished", c.ttl_seconds_after_finished, 0, kMaxTtlSeconds));
     if (const auto q = root["qemu"]) {
       RDMIG_TRY(check_keys(q, "qemu", {"allowedNamespaces"}));
       if (const auto list = q["allowedNamespaces"]) {

@@ -12,6 +12,9 @@
 
 namespace rdmig::controller {
 
+// The largest ttlSecondsAfterFinished (config and spec): ten years, "keep".
+inline constexpr uint32_t kMaxTtlSeconds = 315360000;
+
 struct ControllerConfig {
   std::string namespace_;       // agent pods and the Lease; resolved at start when empty
   std::string watch_namespace;  // "" = all namespaces
@@ -37,6 +40,9 @@ struct ControllerConfig {
     uint32_t max_reported_vmis = 256;     // VMIs with rdmig_controller_vmi_* series at once
     uint32_t figures_wait_seconds = 10;   // after KubeVirt's end, wait this long for rdmig's figures
   } kubevirt;
+  // A finished RdmaMigration (Succeeded, Failed, Cancelled) is deleted this long after its
+  // status.completionTime unless its spec.ttlSecondsAfterFinished says otherwise (0: at once).
+  uint32_t ttl_seconds_after_finished = 86400;
   uint32_t poll_interval_ms = 1000;
   struct LeaderElection {
     bool enabled = true;

@@ -111,7 +111,7 @@ Result<AgentAddress> locate_agent(k8s::KubeClient& kube, const ControllerConfig&
                                   const std::string& agent_namespace, const std::string& node) {
   const std::string path = "/api/v1/namespaces/" + agent_namespace + "/pods?labelSelector=" +
                            k8s::url_encode(k8s::label_selector(config.agents.labels)) +
-                           "&fieldSelector=" + k8s::url_encode("spec.nodeName=" + node);
+                           "&fieldSelector=" + k8s::url_encode("spec.nodeName=" + k8s::field_selector_value(node));
   auto pods = kube.get(path);
   if (!pods) return pods.error().with_context("listing agent pods");
   auto picked = select_agent_pod(pods.value(), node, config.agents.port_name, config.agents.port);

@@ -169,7 +169,19 @@ Result<std::string> agent_migration_id(const json& object) {
 
 std::string vm_name(const json& object) {
   const auto& md = object.value("metadata", json::object());
-  return md.value("namespace", "") + "/" + md.value("name", "");
+  const std::string full = md.value("namespace", "") + "/" + md.value("name", "");
+  if (full.size() <= kMaxVmName) return full;
+  // Too long for the agents (a namespace of up to 63 and a name of up to 253 characters): keep the
+  // start and a hash of the whole, so that the same object always gets the same, distinct name.
+  uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+  for (unsigned char c : full) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string suffix = "-";
+  for (int i = 7; i >= 0; --i) suffix.push_back(hex[(h >> (i * 4)) & 15]);
+  return full.substr(0, kMaxVmName - suffix.size()) + suffix;
 }
 
 json target_request_body(const MigrationRequest& r, const std::string& id, const std::string& vm) {

@@ -52,7 +52,11 @@ Result<VmiRequest> parse_vmi_spec(const nlohmann::json& spec);
 // Deterministic, so a restarted controller finds the migration it started.
 Result<std::string> agent_migration_id(const nlohmann::json& object);
 
-// "namespace/name" of the object, used as the agents' VM display name.
+// "namespace/name" of the object, used as the agents' VM display name (their `vm` field). The
+// agents take at most kMaxVmName characters; a longer one keeps its first characters and ends
+// in "-" and 8 hex digits of a hash of the whole (deterministic, so a restarted controller sends
+// the same).
+inline constexpr size_t kMaxVmName = 253;
 std::string vm_name(const nlohmann::json& object);
 
 // POST /v1/migrations bodies.

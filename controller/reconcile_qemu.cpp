@@ -1,4 +1,6 @@
 // The qemu kind: a QEMU process on each node, driven through the agents' bare-QEMU REST API.
+#include <algorithm>
+
 #include "common/log.h"
 #include "common/units.h"
 #include "controller/reconcile_util.h"
@@ -12,22 +14,45 @@ using namespace detail;
 
 namespace {
 
-std::string node_of(const json& obj, const char* side) {
-  const auto& spec = obj.value("spec", json::object());
-  if (!spec.contains(side) || !spec[side].is_object()) return "";
-  const auto& q = spec[side].value("qemu", json::object());
-  return q.is_object() ? q.value("node", "") : "";
+// A 4xx from the API server that retrying cannot change (bad request, forbidden, invalid).
+bool api_refusal(const Error& e) {
+  return e.code == Errc::kInvalidArgument || e.code == Errc::kPermissionDenied;
 }
 
+// The reason of condition `type`, "" when absent.
+std::string condition_reason(const json& status, const std::string& type, std::string* since = nullptr) {
+  for (const auto& c : status.value("conditions", json::array())) {
+    if (c.is_object() && c.value("type", "") == type) {
+      if (since) *since = c.value("lastTransitionTime", "");
+      return c.value("reason", "");
+    }
+  }
+  return "";
+}
+
+constexpr const char* kTargetUnanswered = "TargetUnanswered";
+
 }  // namespace
+
+std::vector<std::string> nodes_in_use(const json& obj) {
+  std::vector<std::string> out;
+  const json status = obj.value("status", json::object());
+  if (!status.is_object()) return out;
+  const std::string phase = status.value("phase", "");
+  if (phase != "PreparingTarget" && phase != "Migrating") return out;
+  for (const char* field : {"sourceAgent", "targetAgent"}) {
+    const json& a = status.value(field, json());
+    if (a.is_object() && a.contains("node") && a["node"].is_string()) out.push_back(a["node"].get<std::string>());
+  }
+  return out;
+}
 
 int Reconciler::active_on_node(const std::string& node, const std::string& except_key) const {
   int n = 0;
   for (const auto& o : informer_.list()) {
     if (k8s::Informer::key_of(o) == except_key) continue;
-    const std::string phase = o.value("status", json::object()).value("phase", "");
-    if (phase != "PreparingTarget" && phase != "Migrating") continue;
-    if (node_of(o, "source") == node || node_of(o, "target") == node) ++n;
+    const auto nodes = nodes_in_use(o);
+    if (std::find(nodes.begin(), nodes.end(), node) != nodes.end()) ++n;
   }
   return n;
 }
@@ -87,11 +112,17 @@ Result<Next> Reconciler::admit(json obj, const MigrationRequest& req) {
   }
   auto source = find_agent(req.source.node);
   if (!source) {
+    if (api_refusal(source.error())) {
+      return transition(obj, status, "Failed", "ApiServerRefused", "finding the source agent: " + source.error().message);
+    }
     if (source.error().code != Errc::kNotFound) return source.error();
     return transition(obj, status, "Failed", "AgentNotFound", "source: " + source.error().message);
   }
   auto target = find_agent(req.target.node);
   if (!target) {
+    if (api_refusal(target.error())) {
+      return transition(obj, status, "Failed", "ApiServerRefused", "finding the target agent: " + target.error().message);
+    }
     if (target.error().code != Errc::kNotFound) return target.error();
     return transition(obj, status, "Failed", "AgentNotFound", "target: " + target.error().message);
   }
@@ -128,11 +159,20 @@ Result<Next> Reconciler::prepare(json obj, const MigrationRequest& req) {
     return transition(obj, status, "Failed", "AgentUnreachable", existing.error().message);
   }
   reachable(key, "source");
+  std::string unanswered_since;
+  const bool unanswered = condition_reason(status, "TargetPrepared", &unanswered_since) == kTargetUnanswered;
   auto stale = agents_.get(dst, id);
   if (stale) {
-    // Prepared by an earlier run of the controller that stopped before starting the source;
-    // its one-time token is gone, so this preparation cannot be used.
-    (void)agents_.cancel(dst, id);
+    // Prepared by an earlier pass whose answer never came, or by an earlier run of the controller
+    // that stopped before starting the source: either way its one-time token is not known here,
+    // so this preparation cannot be used. Cancel it so that no target QEMU is held for nothing.
+    if (!agent_phase_terminal(stale->value("phase", ""))) (void)agents_.cancel(dst, id);
+    if (unanswered) {
+      return transition(obj, status, "Failed", "TargetTimeout",
+                        "the target agent answered after the request timeout (" +
+                            std::to_string(config_.agents.request_timeout_seconds) +
+                            "s, config agents.requestTimeoutSeconds); what it prepared was cancelled");
+    }
     return transition(obj, status, "Failed", "Interrupted",
                        "the controller stopped while preparing the target; the prepared target was cancelled");
   }
@@ -141,8 +181,32 @@ Result<Next> Reconciler::prepare(json obj, const MigrationRequest& req) {
     return transition(obj, status, "Failed", "AgentUnreachable", stale.error().message);
   }
   reachable(key, "target");
+  if (unanswered) {
+    // The target never answered; it knows no such migration (yet). Its late answer may still
+    // come: watch for it for a while (and cancel it then), then give up.
+    const auto since = k8s::parse_time(unanswered_since);
+    if (since && k8s::Clock::now() - *since < std::chrono::seconds(config_.agents.unreachable_timeout_seconds)) {
+      return Next::kPoll;
+    }
+    return transition(obj, status, "Failed", "TargetTimeout",
+                      "the target agent did not answer within the request timeout (" +
+                          std::to_string(config_.agents.request_timeout_seconds) +
+                          "s, config agents.requestTimeoutSeconds); it holds nothing for this migration");
+  }
   const std::string vm = vm_name(obj);
   auto prepared = agents_.create(dst, target_request_body(req, id, vm));
+  if (!prepared && prepared.error().code == Errc::kTimeout) {
+    // The request went out and no answer came: the target may have started a job and a QEMU
+    // incoming migration. Cancel it now, and on the next passes cancel whatever shows up late.
+    (void)agents_.cancel(dst, id);
+    set_condition(status, "TargetPrepared", "Unknown", kTargetUnanswered,
+                  "no answer from the target agent: " + prepared.error().message + "; cancelled what it may have started",
+                  gen, now_text());
+    auto w = write_status(obj, status);
+    if (!w) return w.error();
+    LOG_WARN("reconcile") << key << ": " << prepared.error().message << "; cancel sent to the target agent";
+    return Next::kPoll;
+  }
   if (!prepared) {
     return transition(obj, status, "Failed", "TargetRefused", "preparing the target: " + prepared.error().message);
   }
@@ -224,14 +288,21 @@ Reconciler::StopState Reconciler::stop_on_agents(const json& obj) {
   }
   // One side: true when it is not running (terminal, unknown to its agent, or unreachable
   // past the limit); asks it to cancel otherwise.
+  // `view` stays null when no answer came: every reader checks before use.
   auto side_stopped = [&](const char* side, const char* field, json& view) {
     if (!status.contains(field)) return true;
     const auto agent = AgentAddress::from_json(status[field]);
     auto r = agents_.get(agent, id);
     if (!r) {
-      if (r.error().code == Errc::kNotFound) return true;
+      if (r.error().code == Errc::kNotFound) {
+        out.note += std::string(out.note.empty() ? "" : "; ") + side + " agent " + agent.pod + " knows no migration " +
+                    id + " (never started there, or the agent restarted)";
+        return true;
+      }
       if (unreachable_too_long(key, side)) {
         LOG_WARN("reconcile") << key << ": giving up on the " << side << " agent: " << r.error().message;
+        out.note += std::string(out.note.empty() ? "" : "; ") + "gave up on the " + side +
+                    " agent: " + r.error().message;
         return true;
       }
       return false;
@@ -245,12 +316,13 @@ Reconciler::StopState Reconciler::stop_on_agents(const json& obj) {
     return false;
   };
   if (!side_stopped("source", "sourceAgent", out.source)) return out;
-  out.source_succeeded = out.source.value("phase", "") == "Succeeded";
+  out.source_succeeded = out.source.is_object() && out.source.value("phase", "") == "Succeeded";
   if (out.source_succeeded) {
     // The VM now lives on the target: never cancel it there; wait for the target to finish.
     const auto agent = AgentAddress::from_json(status.value("targetAgent", json::object()));
     auto r = agents_.get(agent, id);
     if (r) out.target = r.value();
+    else out.note += std::string(out.note.empty() ? "" : "; ") + "target agent: " + r.error().message;
     out.stopped = !r || agent_phase_terminal(out.target.value("phase", ""));
     return out;
   }
@@ -264,15 +336,15 @@ Result<Next> Reconciler::cancel(json obj) {
   if (phase == "PreparingTarget" || phase == "Migrating") {
     const auto st = stop_on_agents(obj);
     if (!st.stopped) return Next::kPoll;
-    if (!st.source.is_null() && !st.target.is_null()) copy_agent_status(status, st.source, st.target);
+    if (st.source.is_object() && st.target.is_object()) copy_agent_status(status, st.source, st.target);
     if (st.source_succeeded) {
       return transition(obj, status, "Succeeded", "Succeeded", "migrated; spec.cancel came after the source had completed");
     }
+    return transition(obj, status, "Cancelled", "Cancelled",
+                      "cancelled through spec.cancel; the VM keeps running on the source" +
+                          (st.note.empty() ? std::string() : " (" + st.note + ")"));
   }
-  return transition(obj, status, "Cancelled", "Cancelled",
-                    phase == "PreparingTarget" || phase == "Migrating"
-                        ? "cancelled through spec.cancel; the VM keeps running on the source"
-                        : "cancelled through spec.cancel before it started");
+  return transition(obj, status, "Cancelled", "Cancelled", "cancelled through spec.cancel before it started");
 }
 
 
@@ -281,7 +353,8 @@ Result<bool> Reconciler::finalize_qemu(const json& obj) {
   if (phase == "PreparingTarget" || phase == "Migrating") {
     const auto st = stop_on_agents(obj);
     if (!st.stopped) return false;
-    events_.record(obj, "Normal", "Cancelled", "object deleted: migration stopped on the agents");
+    events_.record(obj, "Normal", "Cancelled",
+                   "object deleted: migration stopped on the agents" + (st.note.empty() ? "" : " (" + st.note + ")"));
   }
   return true;
 }

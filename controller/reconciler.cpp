@@ -1,6 +1,7 @@
 #include "controller/reconciler.h"
 
 #include "common/log.h"
+#include "common/text.h"
 #include "controller/kubevirt.h"
 #include "controller/reconcile_util.h"
 #include "controller/status_mapping.h"
@@ -19,6 +20,32 @@ std::string object_path(const json& obj) {
 
 bool is_terminal_phase(const std::string& phase) {
   return phase == "Succeeded" || phase == "Failed" || phase == "Cancelled";
+}
+
+std::optional<k8s::Clock::time_point> deletion_due(const json& obj, uint32_t default_ttl_seconds) {
+  const json status = obj.value("status", json::object());
+  if (!status.is_object() || !is_terminal_phase(status.value("phase", ""))) return std::nullopt;
+  const json& done = status.value("completionTime", json());
+  if (!done.is_string()) return std::nullopt;
+  const auto at = k8s::parse_time(done.get<std::string>());
+  if (!at) return std::nullopt;
+  int64_t ttl = default_ttl_seconds;
+  const json spec = obj.value("spec", json::object());
+  if (spec.is_object() && spec.contains("ttlSecondsAfterFinished")) {
+    const json& t = spec["ttlSecondsAfterFinished"];
+    // The schema says integer >= 0; an API server that did not check gets the default.
+    if (t.is_number_integer() && (t.is_number_unsigned() || t.get<int64_t>() >= 0)) {
+      ttl = std::min<int64_t>(t.get<int64_t>(), kMaxTtlSeconds);
+    }
+  }
+  return *at + std::chrono::seconds(ttl);
+}
+
+bool finished_needs_work(const json& obj, uint32_t default_ttl_seconds, k8s::Clock::time_point now) {
+  if (obj["metadata"].contains("deletionTimestamp")) return false;
+  if (has_finalizer(obj)) return true;
+  const auto due = deletion_due(obj, default_ttl_seconds);
+  return due && now >= *due;
 }
 
 Reconciler::Reconciler(const ControllerConfig& config, std::string agent_namespace, k8s::KubeClient& kube,
@@ -81,9 +108,11 @@ Result<json> Reconciler::set_finalizer(const json& obj, bool present) {
 }
 
 Result<Next> Reconciler::transition(const json& obj, json status, const std::string& phase, const std::string& reason,
-                                    const std::string& message) {
+                                    const std::string& message_in) {
   const std::string before = status.value("phase", "");
   const std::string now = now_text();
+  // Bounded, cut between characters: the status must stay writable whatever the text holds.
+  const std::string message = utf8_prefix(message_in, kMaxMessageBytes);
   status["phase"] = phase;
   if (is_terminal_phase(phase)) status["reason"] = reason;  // the Reason column: how it ended
   else status.erase("reason");
@@ -135,7 +164,7 @@ Result<Next> Reconciler::reconcile(const std::string& key) {
   json obj = *cached;
   if (obj["metadata"].contains("deletionTimestamp")) return finalize(obj);
   const json status = obj.value("status", json::object());
-  if (is_terminal_phase(status.value("phase", ""))) return Next::kDone;
+  if (is_terminal_phase(status.value("phase", ""))) return finished(obj);
   if (!has_finalizer(obj)) {
     auto updated = set_finalizer(obj, true);
     if (!updated) return updated.error();
@@ -147,6 +176,32 @@ Result<Next> Reconciler::reconcile(const std::string& key) {
   auto kind = source_kind(obj.value("spec", json()));
   if (!kind) return transition(obj, status, "Failed", "InvalidSpec", kind.error().message);
   return kind.value() == SourceKind::kVmi ? reconcile_vmi(obj) : reconcile_qemu(obj);
+}
+
+bool Reconciler::needs_poll(const json& obj) const {
+  if (obj["metadata"].contains("deletionTimestamp")) return true;
+  if (!is_terminal_phase(obj.value("status", json::object()).value("phase", ""))) return true;
+  return finished_needs_work(obj, config_.ttl_seconds_after_finished, k8s::Clock::now());
+}
+
+Result<Next> Reconciler::finished(json obj) {
+  const std::string key = informer_.key_of(obj);
+  if (has_finalizer(obj)) {
+    auto removed = set_finalizer(obj, false);
+    if (!removed) return removed.error();
+    if (removed.value().is_null()) return Next::kDone;  // already gone
+    obj = removed.value();
+    reachable(key, "source");
+    reachable(key, "target");
+    ended_since_.erase(key);
+  }
+  const auto due = deletion_due(obj, config_.ttl_seconds_after_finished);
+  if (!due || k8s::Clock::now() < *due) return Next::kDone;
+  auto removed = kube_.remove(object_path(obj));
+  if (!removed && removed.error().code != Errc::kNotFound) return removed.error();
+  LOG_INFO("reconcile") << key << ": deleted " << obj["status"].value("phase", "") << " object: finished at "
+                        << obj["status"].value("completionTime", "") << ", ttlSecondsAfterFinished over";
+  return Next::kDone;
 }
 
 Result<Next> Reconciler::finalize(json obj) {

@@ -15,7 +15,10 @@
 //   Succeeded/Failed as KubeVirt ends it, with rdmig's figures from the agents' records
 //   spec.cancel and deletion delete the VMIM (KubeVirt's abort) and wait until it is gone.
 //
-// Deletion is held by the finalizer rdmig.io/cancel-on-delete until the migration stopped.
+// Deletion is held by the finalizer rdmig.io/cancel-on-delete until the migration stopped; a
+// finished object (Succeeded/Failed/Cancelled) has nothing left to stop, so the finalizer goes
+// when it finishes, and the object itself goes ttlSecondsAfterFinished (spec, else config) after
+// status.completionTime.
 // Each status change goes through the status subresource with the object's resourceVersion
 // (409: re-read, retry) and records an Event.
 //
@@ -24,7 +27,9 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "controller/agent_client.h"
 #include "controller/config.h"
@@ -33,6 +38,7 @@
 #include "k8s/events.h"
 #include "k8s/informer.h"
 #include "k8s/kube_client.h"
+#include "k8s/time_format.h"
 
 namespace rdmig::controller {
 
@@ -48,13 +54,20 @@ class Reconciler {
              k8s::Informer& informer, AgentClient& agents, k8s::EventRecorder& events, k8s::Informer* vmims);
 
   Result<Next> reconcile(const std::string& key);
+  // Whether the worker's periodic pass must reconcile this cached object: it runs or is being
+  // deleted, or it finished and still holds the finalizer or is due for deletion.
+  bool needs_poll(const nlohmann::json& obj) const;
 
  private:
   struct StopState {
     bool stopped = false;
     bool source_succeeded = false;
-    nlohmann::json source, target;  // last agent views (may be null)
+    nlohmann::json source, target;  // last agent views: null when no answer came
+    std::string note;               // why a side counts as stopped without an answer ("" if none)
   };
+
+  // A finished object: drop the finalizer; delete the object once its time-to-live is over.
+  Result<Next> finished(nlohmann::json obj);
 
   Result<Next> finalize(nlohmann::json obj);
 
@@ -104,5 +117,18 @@ class Reconciler {
 
 std::string object_path(const nlohmann::json& obj);
 bool is_terminal_phase(const std::string& phase);
+
+// When a finished object is to be deleted: status.completionTime plus spec.ttlSecondsAfterFinished
+// (a non-negative integer), else plus `default_ttl_seconds`. nullopt when it has not finished
+// (or has no readable completionTime).
+std::optional<k8s::Clock::time_point> deletion_due(const nlohmann::json& obj, uint32_t default_ttl_seconds);
+// A finished object the worker must look at again: it still holds the finalizer, or its
+// deletion is due at `now`.
+bool finished_needs_work(const nlohmann::json& obj, uint32_t default_ttl_seconds, k8s::Clock::time_point now);
+
+// The nodes whose per-node slot a running (PreparingTarget, Migrating) qemu-kind object takes:
+// those of the agents it was started on (status.sourceAgent/targetAgent), never what the spec
+// says now. Empty for other objects.
+std::vector<std::string> nodes_in_use(const nlohmann::json& obj);
 
 }  // namespace rdmig::controller

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "common/text.h"
 #include "common/units.h"
 
 namespace rdmig::controller {
@@ -189,8 +190,9 @@ std::string phase_for_vmim_phase(const std::string& p) {
 }
 
 void set_condition(json& status, const std::string& type, const std::string& status_value, const std::string& reason,
-                   const std::string& message, int64_t generation, const std::string& now) {
+                   const std::string& message_in, int64_t generation, const std::string& now) {
   if (!status.is_object()) status = json::object();
+  const std::string message = utf8_prefix(message_in, kMaxMessageBytes);
   json& conds = status["conditions"];
   if (!conds.is_array()) conds = json::array();
   for (auto& c : conds) {

@@ -44,7 +44,11 @@ void copy_kubevirt_state(nlohmann::json& status, const nlohmann::json& vmim, con
 // Running -> Migrating, Succeeded/Failed as they are; "" for an unknown phase.
 std::string phase_for_vmim_phase(const std::string& vmim_phase);
 
-// Sets condition `type` in status.conditions; lastTransitionTime changes only when `status_value` changes.
+// Longest message (bytes) written into status (conditions, failureReason); longer text is cut
+// between UTF-8 characters.
+inline constexpr size_t kMaxMessageBytes = 4096;
+
+// Sets condition `type` in status.conditions (message cut to kMaxMessageBytes); lastTransitionTime changes only when `status_value` changes.
 void set_condition(nlohmann::json& status, const std::string& type, const std::string& status_value,
                    const std::string& reason, const std::string& message, int64_t generation,
                    const std::string& now);

@@ -55,10 +55,7 @@ void Worker::run() {
     if (poll) {
       next_poll = std::chrono::steady_clock::now() + poll_interval_;
       for (const auto& o : objects) {
-        const std::string phase = o.value("status", json::object()).value("phase", "");
-        if (!is_terminal_phase(phase) || o["metadata"].contains("deletionTimestamp")) {
-          keys.insert(k8s::Informer::key_of(o));
-        }
+        if (reconciler_.needs_poll(o)) keys.insert(k8s::Informer::key_of(o));
       }
     }
     if (!leading_() || !informer_.synced()) continue;

@@ -1,6 +1,7 @@
 // Worker: the controller's one reconcile thread. Wakes on cache changes (from the informer)
 // and every poll interval; while this replica leads, reconciles the changed objects and
-// every object that is still running or being deleted, then lets the KubeVirt observer look
+// every object that Reconciler::needs_poll names (running, being deleted, finished with work
+// left: the finalizer, or deletion after its time-to-live), then lets the KubeVirt observer look
 // at the VirtualMachineInstanceMigrations. Stops when stop() is called. enqueue("") only wakes it.
 #pragma once
 

@@ -16,8 +16,10 @@ It is a test double, not an API server. It keeps the semantics the controller re
   * finalizers and deletionTimestamp: DELETE of an object with finalizers only sets
     deletionTimestamp; a PUT that removes the last finalizer deletes it; new finalizers
     cannot be added once deletion started;
-  * labelSelector (equality terms) and fieldSelector (spec.nodeName, metadata.name,
-    metadata.namespace) on lists and watches;
+  * labelSelector (equality terms) and fieldSelector (equality terms with the API server's
+    backslash escapes; labels it does not support for a resource answer 400, as a real one
+    does: pods take spec.nodeName, status.phase, ..., others metadata.name/namespace) on lists
+    and watches;
   * bearer-token authentication (401 otherwise) and TLS with a CA made by the openssl CLI;
   * RdmaMigration writes are checked against the CRD's openAPIV3Schema, CEL rules included
     (transition rules against the stored object on updates) (422 Invalid);
@@ -86,6 +88,73 @@ def parse_selector(text):
     return terms
 
 
+# Field labels the API server accepts in a fieldSelector, by resource (others: 400 BadRequest).
+POD_FIELDS = {"metadata.name", "metadata.namespace", "spec.nodeName", "spec.restartPolicy", "spec.schedulerName",
+              "spec.serviceAccountName", "spec.hostNetwork", "status.phase", "status.podIP", "status.podIPs",
+              "status.nominatedNodeName"}
+COMMON_FIELDS = {"metadata.name", "metadata.namespace"}
+
+
+def parse_field_selector(text, plural):
+    """Equality terms as k8s.io/apimachinery/pkg/fields parses them: terms split at unescaped
+    ',', key and value at the first unescaped '=' (or '=='), and '\\' escaping '\\', ',' and '='
+    in values. Raises ValueError (the API server's 400) for bad escapes and unsupported labels."""
+    terms, cur, i = [], "", 0
+    text = text or ""
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            if i + 1 >= len(text) or text[i + 1] not in "\\,=":
+                raise ValueError("invalid field selector: invalid escape sequence in %r" % text)
+            cur += text[i:i + 2]
+            i += 2
+            continue
+        if c == ",":
+            terms.append(cur)
+            cur = ""
+        else:
+            cur += c
+        i += 1
+    if cur or terms:
+        terms.append(cur)
+    out = {}
+    allowed = POD_FIELDS if plural == "pods" else COMMON_FIELDS
+    for term in terms:
+        if not term.strip():
+            continue
+        if "!=" in term.split("\\")[0]:
+            raise ValueError("unsupported selector term " + term)
+        key, value, j = "", None, 0
+        while j < len(term):
+            if term[j] == "\\":
+                j += 2
+                continue
+            if term[j] == "=":
+                key, rest = term[:j], term[j + 1:]
+                value = rest[1:] if rest.startswith("=") else rest
+                break
+            j += 1
+        if value is None:
+            raise ValueError("invalid field selector: %r has no operator" % term)
+        key = key.strip()
+        if key not in allowed:
+            raise ValueError('field label not supported: %s' % key)
+        unescaped, k = "", 0
+        while k < len(value):
+            if value[k] == "\\":
+                if k + 1 >= len(value) or value[k + 1] not in "\\,=":
+                    raise ValueError("invalid field selector: invalid escape sequence in %r" % value)
+                unescaped += value[k + 1]
+                k += 2
+                continue
+            if value[k] == "=":
+                raise ValueError("invalid field selector: unescaped '=' in value %r" % value)
+            unescaped += value[k]
+            k += 1
+        out[key] = unescaped
+    return out
+
+
 def field_value(obj, path):
     cur = obj
     for part in path.split("."):
@@ -107,6 +176,9 @@ class Store:
         self.epoch = 0       # bumped by expire_watches(): open watches end with 410
         self.crd_schema = crd_schema
         self.on_finalizers_removed = None  # hook(obj) called before the object goes away
+        # hook(plural, ns, name, new) called on a status write before it is stored; it may change
+        # `new` (a user's delete or edit landing in the same instant, for fault tests)
+        self.on_status_write = None
         self.conflict_once = set()  # (plural, ns, name): the next PUT on it answers 409 (fault injection)
         self.counters = {"list": {}, "watch": {}, "gone": 0}
 
@@ -183,6 +255,8 @@ class Store:
             new = copy.deepcopy(stored)
             if subresource == "status":
                 new["status"] = copy.deepcopy(body.get("status", {}))
+                if self.on_status_write:
+                    self.on_status_write(plural, ns, name, new)
             else:
                 for k, v in body.items():
                     if k not in ("metadata", "status") or plural not in STATUS_SUBRESOURCE and k == "status":
@@ -337,9 +411,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if name:
             return self._send(*store.get(plural, ns, name))
         try:
-            labels, fields = parse_selector(q.get("labelSelector")), parse_selector(q.get("fieldSelector"))
+            labels, fields = parse_selector(q.get("labelSelector")), parse_field_selector(q.get("fieldSelector"), plural)
         except ValueError as e:
             return self._send(400, status_body(400, "BadRequest", str(e)))
+        refused = self.api.refuse_lists.get(plural)
+        if refused:
+            return self._send(refused[0], status_body(*refused))
         if q.get("watch") in ("1", "true"):
             return self._watch(plural, ns, labels, fields, q)
         return self._send(*store.list(plural, ns, labels, fields))
@@ -455,6 +532,7 @@ class ApiServerDouble:
         self.store = Store(schema)
         self.stopping = False
         self.requests = []  # (method, path, user_agent, status)
+        self.refuse_lists = {}  # plural -> (code, reason, message): lists of it answer that (fault injection)
         self._log_lock = threading.Lock()
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True

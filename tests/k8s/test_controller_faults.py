@@ -1,0 +1,268 @@
+"""rdmig-controller against hostile and unlucky RdmaMigration objects and agents (issue 11).
+Most tests use agent stand-ins (agent_standin.py: late answers, migrations that never end) and
+the API server double's fault hooks, so they need no guest; two move real QEMU guests with real
+agents. Run from the repository root after building:
+    python3 tests/k8s/test_controller_faults.py -v        (ctest -R k8s_controller_faults)
+"""
+import os
+import shutil
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from agent_standin import AgentStandin  # noqa: E402
+from controllerlab import Controller, wait_for  # noqa: E402
+from test_controller import AGENT_NS, NS, TERMINAL, Cluster, migration  # noqa: E402
+
+FINALIZER = "rdmig.io/cancel-on-delete"
+
+
+class StandinCluster:
+    """The double, stand-in agents on nodes, and one controller (maxConcurrentPerNode 1)."""
+
+    def __init__(self, tmp, controller_config=None):
+        self.cluster = Cluster(tmp)
+        self.token = "agent-token-" + os.urandom(8).hex()
+        self.token_file = os.path.join(tmp, "agent.token")
+        with open(self.token_file, "w") as f:
+            f.write(self.token + "\n")
+        self.standins = {}
+        cfg = {"maxConcurrentPerNode": 1, "qemu": {"allowedNamespaces": [NS]},
+               "agents": {"requestTimeoutSeconds": 2, "unreachableTimeoutSeconds": 3}}
+        cfg.update(controller_config or {})
+        self.controller = Controller(tmp, "ctl", self.cluster.kubeconfig, self.token_file, config=cfg)
+        wait_for(lambda: self.controller.metric("rdmig_controller_leader") == 1, 30, "the controller to lead")
+
+    def standin(self, node, **kw):
+        s = AgentStandin(self.token, name=node, **kw)
+        self.standins[node] = s
+        pod = "rdmig-agent-%d" % len(self.standins)
+        self.cluster.api.add_agent_pod(AGENT_NS, pod, node, s.port)
+        return s
+
+    def stop(self):
+        self.controller.stop()
+        for s in self.standins.values():
+            s.stop()
+        self.cluster.api.stop()
+
+
+class ControllerFaultsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="rdmig-k8s-faults-")
+        cls.env = StandinCluster(cls.tmp)
+        cls.cluster, cls.store = cls.env.cluster, cls.env.cluster.store
+        for node in ("node-s1", "node-s2", "node-s3", "node-s4", "node=s,5"):
+            cls.env.standin(node)
+        cls.env.standin("node-slow", post_delay=4.0)  # twice requestTimeoutSeconds
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.env.stop()
+        if not os.environ.get("RDMIG_KEEP_TMP"):
+            shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def setUp(self):
+        self.store.on_status_write = None
+        self.cluster.api.refuse_lists.clear()
+
+    def tearDown(self):
+        self.store.on_status_write = None
+        self.cluster.api.refuse_lists.clear()
+        for obj in self.store.objects_of("rdmamigrations"):
+            self.store.delete("rdmamigrations", NS, obj["metadata"]["name"])
+        wait_for(lambda: not self.store.objects_of("rdmamigrations"), 30, "every object to go")
+        result = getattr(self._outcome, "result", None)
+        if result and any(t is self for t, _ in result.errors + result.failures):
+            print("---- controller log (tail) ----\n" + self.env.controller.log_text()[-8000:])
+
+    def create(self, name, src="node-s1", dst="node-s2", **spec):
+        return self.cluster.create(migration(name, src, dst, "/run/src.qmp", "/run/dst.qmp", **spec))
+
+    def assert_nothing_runs_on_standins(self):
+        for node, s in self.env.standins.items():
+            wait_for(lambda: not s.running(), 10, "nothing running on the stand-in of " + node)
+
+    def gone(self, name, timeout=30):
+        wait_for(lambda: self.cluster.get(name) is None, timeout, name + " to be gone")
+
+    def condition(self, name, type_):
+        obj = self.cluster.get(name)
+        for c in (obj or {}).get("status", {}).get("conditions", []):
+            if c["type"] == type_:
+                return c
+        return None
+
+    # -- finalizer and garbage collection ---------------------------------------------------
+    def test_finished_object_drops_its_finalizer(self):
+        self.create("ends", src="node-s1", dst="node-nowhere")
+        obj = self.cluster.wait_phase("ends", TERMINAL, timeout=30)
+        self.assertEqual(obj["status"]["phase"], "Failed")
+        wait_for(lambda: FINALIZER not in self.cluster.get("ends")["metadata"].get("finalizers", []), 20,
+                 "the finalizer to go from a finished object")
+        # With the controller gone (uninstalled), a delete still completes at once.
+        self.env.controller.stop()
+        try:
+            code, body = self.store.delete("rdmamigrations", NS, "ends")
+            self.assertEqual(code, 200, body)
+            self.assertIsNone(self.cluster.get("ends"), "a finished object must not wait for a controller")
+        finally:
+            self.env.controller.start()
+            wait_for(lambda: self.env.controller.metric("rdmig_controller_leader") == 1, 30, "the controller to lead")
+
+    def test_ttl_seconds_after_finished_deletes_finished_objects(self):
+        t0 = time.monotonic()
+        self.create("ttl-2", src="node-s1", dst="node-nowhere", ttlSecondsAfterFinished=2)
+        self.create("ttl-0", src="node-s1", dst="node-nowhere", ttlSecondsAfterFinished=0)
+        self.create("ttl-default", src="node-s1", dst="node-nowhere")
+        self.gone("ttl-0", timeout=20)
+        self.gone("ttl-2", timeout=30)
+        self.assertGreaterEqual(time.monotonic() - t0, 1.0)
+        self.assertEqual(self.cluster.get("ttl-default")["status"]["phase"], "Failed",
+                         "the default (a day) keeps it")
+        self.assertIn("ttlSecondsAfterFinished over", self.env.controller.log_text())
+        # The schema refuses a negative time-to-live.
+        code, body = self.store.create("rdmamigrations", NS, migration(
+            "ttl-neg", "node-s1", "node-s2", "/a", "/b", ttlSecondsAfterFinished=-1))
+        self.assertEqual(code, 422, body)
+
+    # -- deletes and cancels at every phase -------------------------------------------------
+    def test_delete_at_every_phase_ends_with_the_object_gone_and_nothing_running(self):
+        # Migrating (on the stand-ins, which never finish by themselves).
+        self.create("del-migrating")
+        self.cluster.wait_phase("del-migrating", "Migrating", timeout=30)
+        # Pending: node-s1 is taken (maxConcurrentPerNode 1).
+        self.create("del-pending")
+        wait_for(lambda: (self.condition("del-pending", "Admitted") or {}).get("reason") == "NodeBusy", 20, "NodeBusy")
+        self.store.delete("rdmamigrations", NS, "del-pending")
+        self.gone("del-pending")
+        self.store.delete("rdmamigrations", NS, "del-migrating")
+        self.gone("del-migrating")
+        self.assert_nothing_runs_on_standins()
+        # PreparingTarget: the delete lands in the same instant as the phase change.
+        def delete_when_preparing(plural, ns, name, new):
+            if name == "del-preparing" and new["status"].get("phase") == "PreparingTarget":
+                new["metadata"]["deletionTimestamp"] = new["metadata"].get("deletionTimestamp") or "2024-01-01T00:00:00Z"
+        self.store.on_status_write = delete_when_preparing
+        self.create("del-preparing", src="node-s3", dst="node-s4")
+        self.gone("del-preparing")
+        self.assert_nothing_runs_on_standins()
+        # Finished.
+        self.create("del-finished", src="node-s1", dst="node-nowhere")
+        self.cluster.wait_phase("del-finished", "Failed", timeout=30)
+        self.store.delete("rdmamigrations", NS, "del-finished")
+        self.gone("del-finished")
+        self.assertTrue(self.env.controller.alive())
+        self.assertNotIn("unexpected:", self.env.controller.log_text())
+
+    def test_cancel_right_after_preparing_target_ends_cancelled(self):
+        def cancel_when_preparing(plural, ns, name, new):
+            if name == "cancel-early" and new["status"].get("phase") == "PreparingTarget":
+                new["spec"]["cancel"] = True
+                new["metadata"]["generation"] += 1
+        self.store.on_status_write = cancel_when_preparing
+        self.create("cancel-early", src="node-s3", dst="node-s4")
+        obj = self.cluster.wait_phase("cancel-early", TERMINAL, timeout=30)
+        self.assertEqual(obj["status"]["phase"], "Cancelled", obj["status"])
+        self.assertIn("knows no migration", obj["status"]["failureReason"])
+        self.assert_nothing_runs_on_standins()
+        self.assertNotIn("unexpected:", self.env.controller.log_text())
+
+    # -- a target that answers after the request timeout -----------------------------------
+    def test_slow_target_answer_is_cancelled_on_the_target(self):
+        slow = self.env.standins["node-slow"]
+        deletes_before = slow.count("DELETE")
+        self.create("slow-target", src="node-s3", dst="node-slow")
+        obj = self.cluster.wait_phase("slow-target", TERMINAL, timeout=60)
+        self.assertEqual(obj["status"]["phase"], "Failed")
+        self.assertEqual(obj["status"]["reason"], "TargetTimeout", obj["status"])
+        self.assertIn("agents.requestTimeoutSeconds", obj["status"]["failureReason"])
+        self.assertGreater(slow.count("DELETE"), deletes_before, "the controller must cancel on the target")
+        wait_for(lambda: not slow.running(), 10, "the late target job to be cancelled")
+        self.assertEqual(self.env.standins["node-s3"].count("POST"), 0, "the source must never start")
+
+    # -- the per-node slot follows what runs ------------------------------------------------
+    def test_editing_a_running_objects_target_node_keeps_its_slot(self):
+        self.create("slot-holder", src="node-s1", dst="node-s2")
+        self.cluster.wait_phase("slot-holder", "Migrating", timeout=30)
+        # An API server without CEL (before Kubernetes 1.25) lets the spec change.
+        schema, self.store.crd_schema = self.store.crd_schema, None
+        try:
+            self.cluster.update_spec("slot-holder", target={"qemu": {"node": "node-s3", "qmpSocket": "/run/dst.qmp"}})
+        finally:
+            self.store.crd_schema = schema
+        self.create("slot-waiter", src="node-s4", dst="node-s2")
+        wait_for(lambda: (self.condition("slot-waiter", "Admitted") or {}).get("reason") == "NodeBusy", 20,
+                 "slot-waiter to wait for node-s2")
+        time.sleep(1.5)  # several polls (250 ms): it must keep waiting, not just be late
+        self.assertEqual(self.cluster.get("slot-waiter")["status"]["phase"], "Pending")
+        self.store.delete("rdmamigrations", NS, "slot-holder")
+        self.cluster.wait_phase("slot-waiter", "Migrating", timeout=30)
+
+    # -- API server answers -----------------------------------------------------------------
+    def test_node_names_are_escaped_in_field_selectors(self):
+        # The agent pod on node "node=s,5" is found: the selector said exactly that node.
+        self.create("odd-node", src="node=s,5", dst="node-s2")
+        self.cluster.wait_phase("odd-node", "Migrating", timeout=30)
+        self.assertEqual(self.cluster.get("odd-node")["status"]["sourceAgent"]["node"], "node=s,5")
+        self.store.delete("rdmamigrations", NS, "odd-node")
+        self.gone("odd-node")
+        # A node without an agent fails with the reason, instead of 400s retried forever.
+        self.create("odd-missing", src="x,spec.nodeName=y", dst="node-s2")
+        st = self.cluster.wait_phase("odd-missing", TERMINAL, timeout=30)["status"]
+        self.assertEqual(st["reason"], "AgentNotFound", st)
+        self.assertIn("node 'x,spec.nodeName=y'", st["failureReason"])
+
+    def test_api_server_4xx_ends_retries_with_a_reason(self):
+        self.cluster.api.refuse_lists["pods"] = (403, "Forbidden", 'pods is forbidden: User "rdmig" cannot list pods')
+        self.create("forbidden", src="node-s1", dst="node-s2")
+        st = self.cluster.wait_phase("forbidden", TERMINAL, timeout=30)["status"]
+        self.assertEqual((st["phase"], st["reason"]), ("Failed", "ApiServerRefused"), st)
+        self.assertIn("cannot list pods", st["failureReason"])
+
+    # -- text -------------------------------------------------------------------------------
+    def test_long_unicode_node_names_do_not_abort_the_controller(self):
+        src = "\U0001F600" * 253  # schema-valid: maxLength counts characters; 1012 bytes
+        dst = "\u00e9" * 253
+        self.create("unicode", src=src, dst=dst)
+        st = self.cluster.wait_phase("unicode", TERMINAL, timeout=30)["status"]
+        self.assertEqual(st["reason"], "AgentNotFound")
+        self.assertIn(src, st["failureReason"])
+        self.cluster.wait_event("unicode", ("Warning", "AgentNotFound"))
+        self.assertTrue(self.env.controller.alive(), self.env.controller.log_text()[-3000:])
+        self.assertNotIn("unexpected:", self.env.controller.log_text())
+
+    # -- metrics ----------------------------------------------------------------------------
+    def test_vmi_series_go_when_the_owning_object_is_garbage_collected(self):
+        # A vmi-kind object whose VMI does not exist ends Failed; a VMIM it owns (as if it had
+        # started one) gets per-VMI series; TTL deletion of the object takes the VMIM (owner
+        # garbage collection) and the series with it, in a real scrape of /metrics.
+        body = {"apiVersion": "rdmig.io/v1alpha1", "kind": "RdmaMigration",
+                "metadata": {"name": "vmi-owner", "namespace": NS},
+                "spec": {"source": {"vmi": {"name": "vm-gc"}}, "ttlSecondsAfterFinished": 315360000}}
+        owner = self.cluster.create(body)
+        self.cluster.wait_phase("vmi-owner", "Failed", timeout=30)
+        vmim = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstanceMigration",
+                "metadata": {"name": "vmim-gc", "namespace": NS,
+                             "ownerReferences": [{"apiVersion": "rdmig.io/v1alpha1", "kind": "RdmaMigration",
+                                                  "name": "vmi-owner", "uid": owner["metadata"]["uid"],
+                                                  "controller": True}]},
+                "spec": {"vmiName": "vm-gc"}, "status": {"phase": "Running"}}
+        code, created = self.store.create("virtualmachineinstancemigrations", NS, vmim)
+        self.assertEqual(code, 201, created)
+        ctl = self.env.controller
+        active = ("rdmig_controller_vmi_migration_active", frozenset({"namespace": NS, "name": "vm-gc"}.items()))
+        wait_for(lambda: active in ctl.metrics(), 20, "the VMI's series in /metrics")
+        self.cluster.update_spec("vmi-owner", ttlSecondsAfterFinished=0)
+        self.gone("vmi-owner")
+        self.assertEqual(self.store.objects_of("virtualmachineinstancemigrations"), [])
+        wait_for(lambda: not any(k[0].startswith("rdmig_controller_vmi_") and ("name", "vm-gc") in k[1]
+                                 for k in ctl.metrics()), 20, "the VMI's series to go from /metrics")
+
+
+if __name__ == "__main__":
+    unittest.main()
