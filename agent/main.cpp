@@ -18,6 +18,7 @@
 #include "api/rest_server.h"
 #include "common/log.h"
 #include "common/text.h"
+#include "common/version.h"
 #include "config/agent_config.h"
 #include "metrics/metrics.h"
 #include "kubevirt/hook_server.h"
@@ -28,8 +29,17 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: rdmig-agent [--config PATH] [--ports-file PATH]\n"
-    "  --config PATH      agent configuration (YAML); default /etc/rdmig/agent.yaml\n"
-    "  --ports-file PATH  write {\"api\":port,\"dataPlane\":port} once listening (for port 0)\n";
+    "       rdmig-agent --check-config PATH\n"
+    "       rdmig-agent --version\n"
+    "  --config PATH        agent configuration (YAML); default /etc/rdmig/agent.yaml\n"
+    "  --ports-file PATH    write {\"api\":port,\"dataPlane\":port} once listening (for port 0)\n"
+    "  --check-config PATH  validate the configuration and the token file it names, then exit\n"
+    "                       (0: valid; 2: the message names the key)\n"
+    "  --version            print the version and git revision, then exit\n";
+
+std::string version_line() {
+  return std::string("rdmig-agent ") + rdmig::kVersion + " (revision " + rdmig::kRevision + ")";
+}
 
 // Locked memory for RDMA registrations: raise the soft limit to the hard limit.
 void raise_memlock() {
@@ -47,10 +57,17 @@ void raise_memlock() {
 int main(int argc, char** argv) {
   std::string config_path = "/etc/rdmig/agent.yaml";
   std::string ports_file;
+  bool check_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if ((a == "--config" || a == "-c") && i + 1 < argc) {
       config_path = argv[++i];
+    } else if (a == "--check-config" && i + 1 < argc) {
+      config_path = argv[++i];
+      check_only = true;
+    } else if (a == "--version") {
+      std::cout << version_line() << "\n";
+      return 0;
     } else if (a == "--ports-file" && i + 1 < argc) {
       ports_file = argv[++i];
     } else if (a == "--help" || a == "-h") {
@@ -81,6 +98,12 @@ int main(int argc, char** argv) {
               << "' must be at least 16 characters\n";
     return 2;
   }
+  if (check_only) {
+    std::cout << "rdmig-agent: " << config_path << " is valid (token file '" << config.api.token_file
+              << "' read, " << (config.kubevirt.enabled ? "KubeVirt mode on" : "KubeVirt mode off") << ")\n";
+    return 0;
+  }
+  LOG_INFO("agent") << version_line() << " starting, config " << config_path;
   if (::mkdir(config.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
     std::cerr << "rdmig-agent: config key 'stateDir': cannot create '" << config.state_dir
               << "': " << std::strerror(errno) << "\n";
@@ -97,6 +120,7 @@ int main(int argc, char** argv) {
   raise_memlock();
 
   rdmig::Metrics metrics("agent");
+  rdmig::register_build_info(*metrics.registry());
   rdmig::migration::DataPlaneServer data_plane(config, metrics);
   rdmig::migration::MigrationManager manager(config, metrics, data_plane);
   // KubeVirt mode: carries KubeVirt's own migration connections (docs/kubevirt.md).

@@ -2,6 +2,8 @@
 
 #include <prometheus/text_serializer.h>
 
+#include "metrics/metrics.h"
+
 namespace rdmig::controller {
 
 ControllerMetrics::ControllerMetrics()
@@ -51,6 +53,7 @@ ControllerMetrics::ControllerMetrics()
   reconciles_.Add({{"result", "success"}});
   reconciles_.Add({{"result", "error"}});
   set_phase_counts({});
+  register_build_info(*registry_);
 }
 
 void ControllerMetrics::reconciled(const std::string& result) { reconciles_.Add({{"result", result}}).Increment(); }

@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "common/text.h"
 #include "common/units.h"
+#include "common/version.h"
 #include "controller/agent_client.h"
 #include "controller/config.h"
 #include "controller/controller_metrics.h"
@@ -38,7 +39,14 @@ constexpr const char* kUsage =
     "  --config PATH      controller configuration (YAML); without it every key takes its default\n"
     "  --kubeconfig PATH  API server access from a kubeconfig (else $KUBECONFIG, else in-cluster)\n"
     "  --context NAME     kubeconfig context (default: current-context)\n"
-    "  --ports-file PATH  write {\"metrics\":port} once listening (for metrics.port 0)\n";
+    "  --ports-file PATH  write {\"metrics\":port} once listening (for metrics.port 0)\n"
+    "       rdmig-controller --check-config PATH   validate the configuration and the token file it\n"
+    "                                             names, then exit (0: valid; 2: the message names the key)\n"
+    "       rdmig-controller --version             print the version and git revision, then exit\n";
+
+std::string version_line() {
+  return std::string("rdmig-controller ") + rdmig::kVersion + " (revision " + rdmig::kRevision + ")";
+}
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);
@@ -55,9 +63,15 @@ int fail(const std::string& message, int code = 2) {
 int main(int argc, char** argv) {
   using namespace rdmig;
   std::string config_path, kubeconfig_path = env("KUBECONFIG"), context, ports_file;
+  bool check_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--config" && i + 1 < argc) config_path = argv[++i];
+    else if (a == "--check-config" && i + 1 < argc) config_path = argv[++i], check_only = true;
+    else if (a == "--version") {
+      std::cout << version_line() << "\n";
+      return 0;
+    }
     else if (a == "--kubeconfig" && i + 1 < argc) kubeconfig_path = argv[++i];
     else if (a == "--context" && i + 1 < argc) context = argv[++i];
     else if (a == "--ports-file" && i + 1 < argc) ports_file = argv[++i];
@@ -79,6 +93,12 @@ int main(int argc, char** argv) {
   if (!token_text) return fail(token_text.error().message);
   const std::string agent_token = trim(token_text.value());
   if (agent_token.empty()) return fail("config key 'agents.tokenFile': '" + config.agents.token_file + "' is empty");
+  if (check_only) {
+    std::cout << "rdmig-controller: " << config_path << " is valid (token file '" << config.agents.token_file
+              << "' read)\n";
+    return 0;
+  }
+  LOG_INFO("controller") << version_line() << " starting" << (config_path.empty() ? "" : ", config " + config_path);
 
   std::map<std::string, std::string> environment;
   for (const char* k : {"KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"}) environment[k] = env(k);

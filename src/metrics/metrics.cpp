@@ -1,4 +1,5 @@
 #include "metrics/metrics.h"
+#include "common/version.h"
 
 #include <prometheus/text_serializer.h>
 
@@ -26,6 +27,15 @@ prometheus::Histogram::BucketBoundaries latency_buckets() {
   return {1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.5, 1};
 }
 }  // namespace
+
+void register_build_info(prometheus::Registry& registry) {
+  BuildGauge()
+      .Name("rdmig_build_info")
+      .Help("Always 1; the labels name the version and git revision of this program")
+      .Register(registry)
+      .Add({{"version", kVersion}, {"revision", kRevision}})
+      .Set(1);
+}
 
 Metrics::Metrics(std::string component)
     : registry_(std::make_shared<prometheus::Registry>()),

@@ -42,6 +42,9 @@ struct MigrationGauges {
   prometheus::Gauge* dirty_rate = nullptr;
 };
 
+// rdmig_build_info{version,revision} 1: which build a program runs (common/version.h).
+void register_build_info(prometheus::Registry& registry);
+
 class Metrics {
  public:
   explicit Metrics(std::string component = "agent");

@@ -49,6 +49,50 @@ class AgentStartupTest(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("api.tokenFile", r.stderr)
 
+    def test_version_and_check_config_on_both_programs(self):
+        programs = {"rdmig-agent": agent_binary()}
+        controller = os.environ.get("RDMIG_CONTROLLER")
+        if controller:
+            programs["rdmig-controller"] = controller
+        version = {}
+        for name, binary in programs.items():
+            r = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertRegex(r.stdout, r"^%s \d+\.\d+\.\d+ \(revision ([0-9a-f]{7,}|unknown)\)\n$" % name)
+            version[name] = r.stdout.strip()
+        good = os.path.join(self.tmp, "good.yaml")
+        with open(good, "w") as f:
+            f.write(self.base())
+        bad = os.path.join(self.tmp, "bad.yaml")
+        with open(bad, "w") as f:
+            f.write(self.base("migration: {chunksize: 4Mi}\n"))
+        r = subprocess.run([agent_binary(), "--check-config", good], capture_output=True, text=True, timeout=10)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("is valid", r.stdout)
+        r = subprocess.run([agent_binary(), "--check-config", bad], capture_output=True, text=True, timeout=10)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("migration.chunksize", r.stderr)
+        if controller:
+            cgood = os.path.join(self.tmp, "controller.yaml")
+            with open(cgood, "w") as f:
+                f.write("agents: {tokenFile: %s}\n" % self.token)
+            r = subprocess.run([controller, "--check-config", cgood], capture_output=True, text=True, timeout=10)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(cgood, "w") as f:
+                f.write("agents: {tokenFile: %s, colour: blue}\n" % self.token)
+            r = subprocess.run([controller, "--check-config", cgood], capture_output=True, text=True, timeout=10)
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("colour", r.stderr)
+        # A running agent: the version in its first log line and in rdmig_build_info.
+        a = Agent(self.tmp, "version")
+        try:
+            first = a.log_text().splitlines()[0]
+            self.assertIn(version["rdmig-agent"] + " starting", first)
+            number, revision = version["rdmig-agent"].split()[1], version["rdmig-agent"].split()[-1].rstrip(")")
+            self.assertIn('rdmig_build_info{revision="%s",version="%s"} 1' % (revision, number), a.metrics())
+        finally:
+            a.stop()
+
     @unittest.skipIf(rdma_present(), "this machine has an RDMA device")
     def test_required_rdma_without_a_device_stops_agent_with_the_reason(self):
         r = self.run_agent(self.base("transport: rdma\n"))
