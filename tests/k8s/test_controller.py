@@ -3,6 +3,7 @@ and real QEMU guests. Run from the repository root after building:
     python3 tests/k8s/test_controller.py -v        (ctest -L k8s)
 Binaries: $RDMIG_CONTROLLER and $RDMIG_AGENT (else build-k8s/...).
 """
+import json
 import os
 import shutil
 import signal
@@ -277,6 +278,43 @@ class ControllerEndToEndTest(unittest.TestCase):
         self.assertEqual(src.status(), "running")
         self.assertFalse(dst.alive() and dst.status() == "running", "the VM must not run in two places")
         self.cluster.wait_event("delete-me", ("Normal", "Cancelled"))
+
+    def test_maximal_object_name_migrates(self):
+        # metadata.name may be 253 characters; the agents take `vm` up to 253, so the controller
+        # sends a deterministic shortened name rather than namespace/name (257 characters here).
+        name = ("m" * 240 + "-" + os.urandom(6).hex())[:253]
+        src, dst = self.pair(target_paused=False)
+        self.cluster.create(migration(name, "node-a", "node-b", src.agent_qmp_path, dst.agent_qmp_path,
+                                      maxBandwidth="1Gi"))
+        obj = self.cluster.wait_phase(name, TERMINAL, timeout=240)
+        self.assertEqual(obj["status"]["phase"], "Succeeded", obj["status"].get("failureReason"))
+        vm = self.agent_a.get(obj["status"]["migrationId"])["vm"]
+        self.assertEqual(len(vm), 253)
+        self.assertTrue(vm.startswith(NS + "/" + name[:200]), vm)
+        self.assertEqual(dst.status(), "running")
+
+    def test_source_agent_restart_mid_migration_fails_with_reason_and_vm_stays_on_source(self):
+        src, dst = self.slow_migration("agent-restart")
+        mid = self.cluster.get("agent-restart")["status"]["migrationId"]
+        # Restart the source agent on the same API port: it comes back without the migration.
+        port = self.agent_a.api_port
+        self.agent_a.proc.kill()
+        self.agent_a.proc.wait(timeout=10)
+        self.agent_a.config["api"]["port"] = port
+        with open(self.agent_a.config_file, "w") as f:
+            json.dump(self.agent_a.config, f)
+        self.agent_a.start()
+        self.assertEqual(self.agent_a.api_port, port)
+        obj = self.cluster.wait_phase("agent-restart", TERMINAL, timeout=60)
+        self.assertEqual((obj["status"]["phase"], obj["status"]["reason"]), ("Failed", "AgentLostMigration"),
+                         obj["status"])
+        self.assertIn("source agent no longer knows", obj["status"]["failureReason"])
+        wait_for(lambda: self.agent_b.get(mid)["phase"] in TERMINAL, 30, "the target to stop")
+        wait_for(lambda: src.status() == "running", 30, "the VM to run on the source")
+        self.assertFalse(dst.alive() and dst.status() == "running", "the VM must not run in two places")
+        wait_for(lambda: "rdmig.io/cancel-on-delete" not in self.cluster.get("agent-restart")["metadata"].get(
+            "finalizers", []), 20, "the finalizer to go")
+        self.assertNotIn("unexpected:", self.controller.log_text())
 
     # -- failures --------------------------------------------------------------------------
     def test_missing_agent_fails_with_reason(self):
