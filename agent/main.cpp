@@ -174,7 +174,7 @@ int main(int argc, char** argv) {
     sigwait(&signals, &sig);
     LOG_INFO("agent") << "signal " << sig << ": cancelling migrations and stopping";
     shutting_down = true;
-    manager.shutdown(std::chrono::seconds(20));
+    manager.shutdown(std::chrono::seconds(config.shutdown_grace_seconds));
     hook.reset();
     if (kubevirt) kubevirt->stop();  // removes the redirects: KubeVirt's own path from now on
     data_plane.stop();

@@ -108,7 +108,7 @@ Status parse_kubevirt(const YAML::Node& k, KubevirtConfig& c) {
 
 Status parse_into(const YAML::Node& root, AgentConfig& c) {
   RDMIG_TRY(check_keys(root, "", {"api", "dataPlane", "transport", "migration", "rdma",
-                                  "stateDir", "logLevel", "kubevirt"}));
+                                  "stateDir", "logLevel", "kubevirt", "shutdownGraceSeconds"}));
   if (const auto api = root["api"]) {
     RDMIG_TRY(check_keys(api, "api", {"address", "port", "tokenFile", "maxBodyBytes"}));
     RDMIG_TRY(read_string(api, "api", "address", c.api.address));
@@ -170,6 +170,7 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
   }
   // QEMU-side unix socket paths are <stateDir>/<id>.sock; sun_path holds 107 bytes.
   if (c.state_dir.size() > 40) return bad("stateDir", "must be at most 40 characters (unix socket paths)");
+  RDMIG_TRY(read_uint(root, "", "shutdownGraceSeconds", c.shutdown_grace_seconds, 1, 3600));
   RDMIG_TRY(read_string(root, "", "logLevel", c.log_level));
   if (!log::parse_level(c.log_level)) {
     return bad("logLevel", "expected debug, info, warn or error, got '" + c.log_level + "'");

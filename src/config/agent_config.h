@@ -93,6 +93,9 @@ struct AgentConfig {
   KubevirtConfig kubevirt;
   std::string state_dir = "/var/run/rdmig";
   std::string log_level = "info";
+  // On SIGTERM: running migrations are cancelled (the VM stays on the source) and waited for
+  // this long before the agent exits. Keep the pod's terminationGracePeriodSeconds above it.
+  uint32_t shutdown_grace_seconds = 20;
 };
 
 // Parses and validates YAML text. Errors name the offending key ("migration.chunkSize").
