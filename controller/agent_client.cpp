@@ -107,6 +107,7 @@ Result<json> AgentClient::call(const AgentAddress& agent, const std::string& met
     case 403: code = Errc::kPermissionDenied; break;
     case 404: code = Errc::kNotFound; break;
     case 409: code = Errc::kAlreadyExists; break;
+    case 422: code = Errc::kUnprocessable; break;
     case 429: code = Errc::kResourceExhausted; break;
     case 503: code = Errc::kUnavailable; break;
     default: break;
