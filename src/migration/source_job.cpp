@@ -309,7 +309,7 @@ Result<qemu::MigrationInfo> SourceJob::monitor() {
   }
 }
 
-void SourceJob::complete(const qemu::MigrationInfo& info) {
+void SourceJob::complete(const qemu::MigrationInfo& info, const std::string& unsure) {
   set_phase(Phase::kCompleting);
   update([&](MigrationStatus& s) {
     if (info.downtime_ms >= 0) s.downtime_ms = info.downtime_ms;
@@ -327,9 +327,10 @@ void SourceJob::complete(const qemu::MigrationInfo& info) {
     for (auto& p : pumps_) p->wait(5s);
   }
   refresh_data_counters();
+  const std::string handed = unsure.empty() ? "source QEMU completed" : unsure;
   if (!verdict) {
     finish(Phase::kFailed,
-           "source QEMU completed but the target agent did not confirm (" + verdict.error().message +
+           handed + " but the target agent did not confirm (" + verdict.error().message +
                "); the source VM is left paused (postmigrate) so the VM cannot run twice: check the target "
                "and 'cont' the source only if the target does not run the VM");
     return;
@@ -338,8 +339,9 @@ void SourceJob::complete(const qemu::MigrationInfo& info) {
   if (!v.value("ok", false)) {
     const std::string why = v.value("reason", std::string("?"));
     if (!v.value("safeToResumeSource", false)) {
-      finish(Phase::kFailed, "target failed after the source handed the VM over (" + why +
-                                 ") and cannot rule out that it started the VM; the source VM is left paused "
+      finish(Phase::kFailed, "target failed after the source handed the VM over (" + why + ")" +
+                                 (unsure.empty() ? std::string() : " [" + unsure + "]") +
+                                 " and cannot rule out that it started the VM; the source VM is left paused "
                                  "(postmigrate) so the VM cannot run twice: check the target and 'cont' the source "
                                  "only if the target does not run the VM");
       return;
@@ -370,6 +372,9 @@ void SourceJob::complete(const qemu::MigrationInfo& info) {
     s.progress.remaining_bytes = 0;
   });
   (void)link_->send(json{{"type", "goodbye"}});
+  if (!unsure.empty()) {
+    LOG_WARN("migration") << log_prefix() << " " << unsure << "; the target confirmed it runs the VM";
+  }
   finish(Phase::kSucceeded, "");
 }
 
@@ -377,6 +382,20 @@ void SourceJob::fail_and_protect_vm(const Error& error, bool cancelled) {
   LOG_WARN("migration") << log_prefix() << " stopping: " << error.message;
   std::string notes;
   auto raw = qmp_->execute("query-migrate", {}, kQmpTimeout);
+  if (!raw) {
+    // QEMU's monitor can stall during the final stop-and-copy. If the run state says QEMU is in
+    // or past it (or cannot be read), the VM may already be the target's: resuming the source
+    // without the target's verdict could run it twice.
+    auto state = qmp_->connected() ? run_state(*qmp_) : Result<std::string>(Error{Errc::kUnavailable, "monitor gone"});
+    if (!state || state.value() == "postmigrate" || state.value() == "finish-migrate") {
+      const std::string why = "source QEMU's query-migrate failed (" + raw.error().message + ") while its run state was " +
+                              (state ? "'" + state.value() + "'" : "unreadable (" + state.error().message + ")") +
+                              ", so it may have handed the VM over";
+      LOG_WARN("migration") << log_prefix() << " " << why << ": waiting for the target's verdict";
+      complete(qemu::MigrationInfo{}, why);
+      return;
+    }
+  }
   if (raw) {
     auto info = qemu::parse_migration_info(raw.value());
     if (info && info->status == "completed") {
@@ -408,7 +427,15 @@ void SourceJob::fail_and_protect_vm(const Error& error, bool cancelled) {
   abort_data_plane(error);
   if (was_running_ && qmp_->connected()) {
     auto state = run_state(*qmp_);
-    if (state && (state.value() == "paused" || state.value() == "postmigrate")) {
+    if (state && state.value() == "postmigrate") {
+      // QEMU finished sending after all: the target may run the VM; never resume here.
+      finish(Phase::kFailed, error.message + notes +
+                                 "; the source VM is left paused (postmigrate): QEMU handed it over as the "
+                                 "migration failed, so check the target and 'cont' the source only if the "
+                                 "target does not run the VM");
+      return;
+    }
+    if (state && state.value() == "paused") {
       auto c = qmp_->execute("cont", {}, kQmpTimeout);
       notes += c ? "; resumed the source VM" : "; could not resume the source VM: " + c.error().message;
     }

@@ -28,7 +28,9 @@ class SourceJob final : public Job {
   void accept_loop();
   // Polls QEMU until completed/failed/cancelled/timeout; returns the final info or an error.
   Result<qemu::MigrationInfo> monitor();
-  void complete(const qemu::MigrationInfo& info);
+  // The source has (or may have) handed the VM over: only the target's verdict decides.
+  // `unsure` says why the source cannot tell (its failure reasons then carry it).
+  void complete(const qemu::MigrationInfo& info, const std::string& unsure = "");
   void fail_and_protect_vm(const Error& error, bool cancelled);
   void apply_progress(const qemu::MigrationInfo& info);
 

@@ -138,6 +138,35 @@ class AgentMigrationTest(unittest.TestCase):
         self.assertGreaterEqual(dst_samples[("rdmig_migrations_finished_total",
                                              frozenset({"role": "target", "result": "succeeded"}.items()))], 1)
 
+    def test_qmp_stalling_query_migrate_at_completion_never_runs_the_vm_twice(self):
+        # A QMP stand-in in front of the source QEMU holds back every query-migrate reply once
+        # QEMU announced the end of the migration: the agent's query-migrate times out while
+        # the source is in postmigrate and the (running) target may have the VM. Resuming
+        # the source then ran the VM on both sides.
+        from rdmiglab.qmpfault import QmpFaultProxy
+        src, dst = self.pair(target_paused=False)
+        with QmpFaultProxy(os.path.join(self.tmp, "stall.qmp"), src.agent_qmp_path,
+                           stall={"query-migrate"}, trigger={"device", "completed"}) as proxy:
+            target, source = start_migration(self.src_agent, self.dst_agent, proxy.path, dst.agent_qmp_path,
+                                              vm="vm-qmp-stall")
+            s = self.src_agent.wait(source["id"], timeout=240)
+            t = self.dst_agent.wait(target["id"], timeout=60)
+        print("\n[qmp-stall] held back %d query-migrate replies; source %s (%s); target %s; source VM %s, target VM %s"
+              % (len(proxy.swallowed), s["phase"], s["result"]["reason"], t["phase"], src.status(),
+                 dst.status() if dst.alive() else "gone"), file=sys.stderr)
+        self.assertTrue(proxy.triggered and proxy.swallowed, "the stall never happened")
+        running = [name for name, vm in (("source", src), ("target", dst)) if vm.alive() and vm.status() == "running"]
+        self.assertEqual(len(running), 1, "the VM must run in exactly one place, not %s" % running)
+        if t["phase"] == "Succeeded":
+            # The target runs it: the source stays paused and says whether it knew.
+            self.assertEqual(running, ["target"])
+            self.assertEqual(src.status(), "postmigrate")
+            self.assertIn(s["phase"], ("Succeeded", "Failed"))
+            if s["phase"] == "Failed":
+                self.assertIn("paused", s["result"]["reason"])
+        else:
+            self.assertEqual(running, ["source"])
+
     def slow_migration(self, vm_name):
         """Starts a migration throttled to 8 MiB/s so that it is still running when we act."""
         src, dst = self.pair()

@@ -1,0 +1,111 @@
+"""A QMP stand-in in front of a real QEMU monitor, for fault injection.
+
+QmpFaultProxy listens on a unix socket (give its path to the agent as qmpSocket), opens one
+connection to the real QEMU monitor per client and copies lines both ways, except what the
+fault says to hold back. The fault implemented: once QEMU has announced one of ``trigger``
+states in a MIGRATION event (e.g. "device": the final stop-and-copy has begun), replies to the
+commands in ``stall`` (e.g. query-migrate) are never delivered, the way a QEMU whose monitor
+stalls during completion looks to its client. Everything else (other replies, events) flows.
+
+Reusable from any test: ``with QmpFaultProxy(path, upstream, stall={"query-migrate"}) as p``;
+``p.swallowed`` lists the commands whose replies were held back, ``p.triggered`` says whether
+the trigger was seen.
+"""
+import json
+import os
+import socket
+import threading
+
+
+class QmpFaultProxy:
+    def __init__(self, path, upstream, stall=("query-migrate",), trigger=("device", "completed")):
+        self.path, self.upstream = path, upstream
+        self.stall, self.trigger = set(stall), set(trigger)
+        self.swallowed = []
+        self.triggered = False
+        self._lock = threading.Lock()
+        self._socks = []
+        if os.path.exists(path):
+            os.unlink(path)
+        self._srv = socket.socket(socket.AF_UNIX)
+        self._srv.bind(path)
+        self._srv.listen(4)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        for s in [self._srv] + self._socks:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self._srv.accept()
+            except OSError:
+                return
+            up = socket.socket(socket.AF_UNIX)
+            try:
+                up.connect(self.upstream)
+            except OSError:
+                client.close()
+                continue
+            self._socks += [client, up]
+            pending = {}  # command id -> name, for the replies
+            threading.Thread(target=self._down, args=(client, up, pending), daemon=True).start()
+            threading.Thread(target=self._up, args=(up, client, pending), daemon=True).start()
+
+    def _down(self, client, up, pending):
+        """client -> QEMU: remembers which command each id is."""
+        try:
+            for line in client.makefile("rb"):
+                try:
+                    msg = json.loads(line)
+                    if isinstance(msg, dict) and "id" in msg:
+                        with self._lock:
+                            pending[json.dumps(msg["id"])] = msg.get("execute")
+                except ValueError:
+                    pass
+                up.sendall(line)
+        except OSError:
+            pass
+        finally:
+            for s in (up, client):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def _up(self, up, client, pending):
+        """QEMU -> client: holds back replies to stalled commands once triggered."""
+        try:
+            for line in up.makefile("rb"):
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    msg = None
+                if isinstance(msg, dict):
+                    if msg.get("event") == "MIGRATION" and msg.get("data", {}).get("status") in self.trigger:
+                        self.triggered = True
+                    if "id" in msg:
+                        with self._lock:
+                            name = pending.pop(json.dumps(msg["id"]), None)
+                        if self.triggered and name in self.stall:
+                            self.swallowed.append(name)
+                            continue
+                client.sendall(line)
+        except OSError:
+            pass
+        finally:
+            for s in (up, client):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
