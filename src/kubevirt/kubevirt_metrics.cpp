@@ -55,8 +55,7 @@ void KubevirtMetrics::finished(const FlowRecord& r) {
   if (r.libvirt && r.libvirt->downtime_ms >= 0) {
     vm_downtime_.Add(vm).Set(static_cast<double>(r.libvirt->downtime_ms) / 1000.0);
     if (r.role == "target") {
-      downtime_.Add({{"transport", r.transport}}, prometheus::Histogram::BucketBoundaries{
-                                                      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5})
+      downtime_.Add({{"transport", r.transport}}, downtime_buckets())
           .Observe(static_cast<double>(r.libvirt->downtime_ms) / 1000.0);
     }
   }

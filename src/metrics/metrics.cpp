@@ -12,11 +12,9 @@ using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
 
 namespace {
-prometheus::Histogram::BucketBoundaries downtime_buckets() {
-  return {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
-}
 prometheus::Histogram::BucketBoundaries duration_buckets() {
-  return {1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600};
+  // Measured: 50 ms (idle guests on loopback) to tens of minutes (large dirtying guests).
+  return {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600};
 }
 prometheus::Histogram::BucketBoundaries chunk_size_buckets() {
   prometheus::Histogram::BucketBoundaries b;
@@ -27,6 +25,12 @@ prometheus::Histogram::BucketBoundaries latency_buckets() {
   return {1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.5, 1};
 }
 }  // namespace
+
+prometheus::Histogram::BucketBoundaries downtime_buckets() {
+  // Measured downtimes start below a millisecond (idle guests); shared with the KubeVirt
+  // histograms so one alert threshold is a bound of both.
+  return {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+}
 
 void register_build_info(prometheus::Registry& registry) {
   BuildGauge()
@@ -45,6 +49,14 @@ Metrics::Metrics(std::string component)
       finished_(BuildCounter().Name("rdmig_migrations_finished_total")
                     .Help("Migrations finished, by role and result (succeeded, failed, cancelled)")
                     .Register(*registry_)),
+      failures_(BuildCounter().Name("rdmig_migration_failures_total")
+                    .Help("Migrations that failed, by role and reason (timeout, peer_lost, qemu, protocol, io, "
+                          "target_failed, vm_paused_on_source, other)")
+                    .Register(*registry_)),
+      left_paused_(BuildCounter().Name("rdmig_source_vms_left_paused_total")
+                       .Help("Source migrations that ended with the VM paused on the source because the "
+                             "target's verdict was lost or unsure: an operator must find where the VM runs")
+                       .Register(*registry_)),
       active_(BuildGauge().Name("rdmig_migrations_active")
                   .Help("Migrations in progress, by role").Register(*registry_)),
       duration_(BuildHistogram().Name("rdmig_migration_duration_seconds")
@@ -100,6 +112,7 @@ Metrics::Metrics(std::string component)
       dirty_rate_(BuildGauge().Name("rdmig_migration_dirty_rate_bytes_per_second")
                       .Help("Guest memory dirty rate seen by QEMU for each migration")
                       .Register(*registry_)) {
+  left_paused_.Add({});
   for (const char* role : {"source", "target"}) {
     started_.Add({{"role", role}});
     active_.Add({{"role", role}});
@@ -121,6 +134,11 @@ std::string Metrics::serialize() const {
 void Metrics::migration_started(const std::string& role) {
   started_.Add({{"role", role}}).Increment();
   active_.Add({{"role", role}}).Increment();
+}
+
+void Metrics::migration_failed(const std::string& role, const std::string& reason) {
+  failures_.Add({{"role", role}, {"reason", reason}}).Increment();
+  if (reason == "vm_paused_on_source") left_paused_.Add({}).Increment();
 }
 
 void Metrics::migration_finished(const std::string& role, const std::string& result,

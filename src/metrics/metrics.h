@@ -44,6 +44,8 @@ struct MigrationGauges {
 
 // rdmig_build_info{version,revision} 1: which build a program runs (common/version.h).
 void register_build_info(prometheus::Registry& registry);
+// Bucket bounds of every downtime histogram (rdmig_downtime_seconds, rdmig_kubevirt_downtime_seconds).
+prometheus::Histogram::BucketBoundaries downtime_buckets();
 
 class Metrics {
  public:
@@ -58,6 +60,8 @@ class Metrics {
   void migration_started(const std::string& role);
   void migration_finished(const std::string& role, const std::string& result,
                           double duration_seconds);
+  // A failed migration's reason, from a fixed set (see rdmig_migration_failures_total).
+  void migration_failed(const std::string& role, const std::string& reason);
   void set_downtime(const std::string& vm, const std::string& transport, double qemu_seconds);
   void set_switchover(const std::string& vm, const std::string& transport, double seconds);
 
@@ -74,6 +78,8 @@ class Metrics {
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>& started_;
   prometheus::Family<prometheus::Counter>& finished_;
+  prometheus::Family<prometheus::Counter>& failures_;
+  prometheus::Family<prometheus::Counter>& left_paused_;
   prometheus::Family<prometheus::Gauge>& active_;
   prometheus::Family<prometheus::Histogram>& duration_;
   prometheus::Family<prometheus::Histogram>& downtime_;

@@ -99,7 +99,18 @@ void Job::abort_data_plane(const Error& reason) {
   if (link_) link_->close();
 }
 
-void Job::finish(Phase phase, const std::string& reason) {
+const char* Job::failure_of(Errc code) {
+  switch (code) {
+    case Errc::kTimeout: return "timeout";
+    case Errc::kUnavailable: return "peer_lost";
+    case Errc::kQemu: return "qemu";
+    case Errc::kProtocol: return "protocol";
+    case Errc::kIo: return "io";
+    default: return "other";
+  }
+}
+
+void Job::finish(Phase phase, const std::string& reason, const char* failure) {
   refresh_data_counters();
   std::string result;
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - created_).count();
@@ -117,6 +128,7 @@ void Job::finish(Phase phase, const std::string& reason) {
   }
   status_cv_.notify_all();
   ctx_.metrics.migration_finished(role_name(spec_.role), result, seconds);
+  if (phase == Phase::kFailed) ctx_.metrics.migration_failed(role_name(spec_.role), failure ? failure : "other");
   gauges_.throughput->Set(0);
   if (phase == Phase::kSucceeded) {
     LOG_INFO("migration") << log_prefix() << " phase=" << phase_name(phase);

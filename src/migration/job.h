@@ -64,7 +64,10 @@ class Job {
   void set_phase(Phase phase);
   void update(const std::function<void(MigrationStatus&)>& fn);
   // Ends the job once; records metrics; closes QMP so others may use the monitor.
-  void finish(Phase phase, const std::string& reason);
+  // `failure`: the reason label of rdmig_migration_failures_total for a failed phase (one of
+  // timeout, peer_lost, qemu, protocol, io, target_failed, vm_paused_on_source, other).
+  void finish(Phase phase, const std::string& reason, const char* failure = nullptr);
+  static const char* failure_of(Errc code);
   bool cancel_requested() const { return cancel_requested_.load(); }
   std::string cancel_reason() const;
   // Copies the pumps' counters into the status.

@@ -332,7 +332,8 @@ void SourceJob::complete(const qemu::MigrationInfo& info, const std::string& uns
     finish(Phase::kFailed,
            handed + " but the target agent did not confirm (" + verdict.error().message +
                "); the source VM is left paused (postmigrate) so the VM cannot run twice: check the target "
-               "and 'cont' the source only if the target does not run the VM");
+               "and 'cont' the source only if the target does not run the VM",
+           "vm_paused_on_source");
     return;
   }
   const auto& v = verdict.value();
@@ -343,7 +344,8 @@ void SourceJob::complete(const qemu::MigrationInfo& info, const std::string& uns
                                  (unsure.empty() ? std::string() : " [" + unsure + "]") +
                                  " and cannot rule out that it started the VM; the source VM is left paused "
                                  "(postmigrate) so the VM cannot run twice: check the target and 'cont' the source "
-                                 "only if the target does not run the VM");
+                                 "only if the target does not run the VM",
+             "vm_paused_on_source");
       return;
     }
     std::string resumed = "source VM left paused";
@@ -351,7 +353,7 @@ void SourceJob::complete(const qemu::MigrationInfo& info, const std::string& uns
       auto c = qmp_->execute("cont", {}, kQmpTimeout);
       resumed = c ? "VM resumed on the source" : "could not resume the source: " + c.error().message;
     }
-    finish(Phase::kFailed, "target failed to take the VM: " + why + "; " + resumed);
+    finish(Phase::kFailed, "target failed to take the VM: " + why + "; " + resumed, "target_failed");
     return;
   }
   const std::string state = v.value("state", std::string("running"));
@@ -432,7 +434,8 @@ void SourceJob::fail_and_protect_vm(const Error& error, bool cancelled) {
       finish(Phase::kFailed, error.message + notes +
                                  "; the source VM is left paused (postmigrate): QEMU handed it over as the "
                                  "migration failed, so check the target and 'cont' the source only if the "
-                                 "target does not run the VM");
+                                 "target does not run the VM",
+             "vm_paused_on_source");
       return;
     }
     if (state && state.value() == "paused") {
@@ -443,7 +446,7 @@ void SourceJob::fail_and_protect_vm(const Error& error, bool cancelled) {
   } else if (!qmp_->connected()) {
     notes += "; source QEMU's monitor is gone";
   }
-  finish(cancelled ? Phase::kCancelled : Phase::kFailed, error.message + notes);
+  finish(cancelled ? Phase::kCancelled : Phase::kFailed, error.message + notes, failure_of(error.code));
 }
 
 void SourceJob::run() {
@@ -453,7 +456,7 @@ void SourceJob::run() {
     if (link_) (void)link_->send(json{{"type", "abort"}, {"reason", st.error().message}});
     abort_data_plane(st.error());
     // QEMU has not been touched: nothing to undo.
-    finish(cancel_requested() ? Phase::kCancelled : Phase::kFailed, st.error().message);
+    finish(cancel_requested() ? Phase::kCancelled : Phase::kFailed, st.error().message, failure_of(st.error().code));
     return;
   }
   if (cancel_requested()) {

@@ -310,7 +310,7 @@ void TargetJob::report_failure(const Error& error, bool cancelled, bool incoming
                            {"safeToResumeSource", safe}, {"targetQemu", known}});
   }
   finish(cancelled ? Phase::kCancelled : Phase::kFailed,
-         error.message + (incoming_started ? " (target QEMU: " + known + ")" : ""));
+         error.message + (incoming_started ? " (target QEMU: " + known + ")" : ""), failure_of(error.code));
 }
 
 void TargetJob::report_success() {

@@ -219,6 +219,16 @@ class AgentMigrationTest(unittest.TestCase):
         t = self.dst_agent.wait(target["id"], timeout=60)
         self.assertEqual(t["phase"], "Failed")
         self.assertTrue(t["result"]["reason"])
+        # Failures are counted by a reason from a fixed set; no VM was left paused.
+        reasons = {"timeout", "peer_lost", "qemu", "protocol", "io", "target_failed", "vm_paused_on_source", "other"}
+        for agent, role in ((self.src_agent, "source"), (self.dst_agent, "target")):
+            samples, _ = parse_prometheus(agent.metrics())
+            failed = {dict(labels)["reason"]: v for (name, labels), v in samples.items()
+                      if name == "rdmig_migration_failures_total" and dict(labels).get("role") == role}
+            self.assertTrue(failed and set(failed) <= reasons, failed)
+            self.assertGreaterEqual(sum(failed.values()), 1, failed)
+        samples, _ = parse_prometheus(self.src_agent.metrics())
+        self.assertEqual(samples[("rdmig_source_vms_left_paused_total", frozenset())], 0)
         # The agents keep serving.
         self.assertEqual(self.src_agent.request("GET", "/healthz", token=None)[0], 200)
         self.assertEqual(self.dst_agent.request("GET", "/healthz", token=None)[0], 200)
