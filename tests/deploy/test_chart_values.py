@@ -23,6 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from deploylib import CHART, NAMESPACE, REPO, TOGGLES, embedded_config, find, helm, one, pod_spec, render  # noqa: E402
 
 SCHEMA = os.path.join(CHART, "values.schema.json")
+# ctest passes the built programs; run by hand, the default build directory's.
+for var, rel in (("RDMIG_AGENT", "build/agent/rdmig-agent"), ("RDMIG_CONTROLLER", "build/controller/rdmig-controller")):
+    os.environ.setdefault(var, os.path.join(REPO, rel))
 
 
 def template(*args):
@@ -140,6 +143,73 @@ class ValuesTest(unittest.TestCase):
         self.assertEqual(res, {"requests": {"cpu": "200m", "memory": "256Mi"}}, "no RDMA resource unless configured")
         cfg = embedded_config(one(self.defaults, "ConfigMap", "rdmig-agent-config"))["agent.yaml"]
         self.assertEqual(cfg["rdma"]["resourceEnv"], "")
+
+    def test_init_container_checks_the_mounted_config_with_the_program_itself(self):
+        cases = (("DaemonSet", "rdmig-agent-config", "agent.yaml", ("api", "tokenFile")),
+                 ("Deployment", "rdmig-controller-config", "controller.yaml", ("agents", "tokenFile")))
+        for docs in (self.defaults, render("--set", "image.tag=9.9.9", "--set", "kubevirt.enabled=true")):
+            for kind, cm, key, token_key in cases:
+                spec = pod_spec(one(docs, kind))
+                main = spec["containers"][0]
+                [init] = spec["initContainers"]
+                self.assertEqual(init["name"], "check-config")
+                self.assertEqual((init["image"], init["command"]), (main["image"], main["command"]), kind)
+                config_path = main["args"][main["args"].index("--config") + 1]
+                self.assertEqual(init["args"], ["--check-config", config_path])
+                self.assertEqual(init["terminationMessagePolicy"], "FallbackToLogsOnError",
+                                 "the program's message shows in the pod's status")
+                # The config and the token file it names resolve in the init container as in the main one.
+                token_path = embedded_config(one(docs, "ConfigMap", cm))[key][token_key[0]][token_key[1]]
+                for path in (config_path, token_path):
+                    mains = [m for m in main["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+                    inits = [m for m in init["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+                    self.assertTrue(mains, path)
+                    self.assertEqual(inits, mains, "%s: %s mounted differently" % (kind, path))
+                sc = init["securityContext"]
+                self.assertFalse(sc.get("privileged", False))
+                self.assertNotIn("add", sc.get("capabilities", {}))
+                self.assertEqual(sc["capabilities"]["drop"], ["ALL"])
+                self.assertFalse(sc["allowPrivilegeEscalation"])
+                self.assertNotIn("nvidia.com/sriov_rdma", json.dumps(init.get("resources", {})))
+
+    def test_init_container_check_passes_on_the_rendered_config(self):
+        """The agent's and the controller's own --check-config on the chart's rendered files."""
+        import tempfile
+        token = base64.b64decode(one(self.defaults, "Secret")["data"]["token"]).decode()
+        for var, cm, key, section in (("RDMIG_AGENT", "rdmig-agent-config", "agent.yaml", "api"),
+                                      ("RDMIG_CONTROLLER", "rdmig-controller-config", "controller.yaml", "agents")):
+            binary = os.environ.get(var, "")
+            if not os.access(binary, os.X_OK):
+                self.fail("%s not built (%r): ctest sets it" % (var, binary))
+            cfg = embedded_config(one(self.defaults, "ConfigMap", cm))[key]
+            with tempfile.TemporaryDirectory() as tmp:
+                cfg[section]["tokenFile"] = os.path.join(tmp, "token")
+                with open(cfg[section]["tokenFile"], "w") as f:
+                    f.write(token)
+                path = os.path.join(tmp, key)
+                with open(path, "w") as f:
+                    yaml.safe_dump(cfg, f)
+                r = subprocess.run([binary, "--check-config", path], capture_output=True, text=True)
+                self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                cfg["logLevel"] = "verbose"
+                with open(path, "w") as f:
+                    yaml.safe_dump(cfg, f)
+                r = subprocess.run([binary, "--check-config", path], capture_output=True, text=True)
+                self.assertEqual(r.returncode, 2, "a bad config must fail the init container")
+                self.assertIn("logLevel", r.stderr)
+
+    def test_agent_grace_period_follows_shutdown_grace_and_no_pre_stop(self):
+        for sets, grace in (((), 20), (("--set", "agent.config.shutdownGraceSeconds=120"), 120)):
+            docs = render(*sets)
+            cfg = embedded_config(one(docs, "ConfigMap", "rdmig-agent-config"))["agent.yaml"]
+            self.assertEqual(cfg["shutdownGraceSeconds"], grace)
+            spec = pod_spec(one(docs, "DaemonSet"))
+            self.assertEqual(spec["terminationGracePeriodSeconds"], grace + 10,
+                             "the kubelet's SIGKILL must not cut the agent's cancel-and-stop short")
+            # SIGTERM itself cancels cleanly; why there is no preStop: docs/deploy.md.
+            self.assertNotIn("lifecycle", spec["containers"][0])
+        with open(os.path.join(REPO, "docs", "deploy.md")) as f:
+            self.assertIn("### Stopping an agent", f.read())
 
     def test_name_overrides(self):
         docs = render("--set", "nameOverride=vmmove")
