@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "api/probe_server.h"
 #include "api/rest_server.h"
 #include "common/log.h"
 #include "common/text.h"
@@ -32,7 +33,7 @@ constexpr const char* kUsage =
     "       rdmig-agent --check-config PATH\n"
     "       rdmig-agent --version\n"
     "  --config PATH        agent configuration (YAML); default /etc/rdmig/agent.yaml\n"
-    "  --ports-file PATH    write {\"api\":port,\"dataPlane\":port} once listening (for port 0)\n"
+    "  --ports-file PATH    write {\"api\":port,\"dataPlane\":port,\"probe\":port} once listening (for port 0)\n"
     "  --check-config PATH  validate the configuration and the token file it names, then exit\n"
     "                       (0: valid; 2: the message names the key)\n"
     "  --version            print the version and git revision, then exit\n";
@@ -154,15 +155,22 @@ int main(int argc, char** argv) {
   }
   std::atomic<bool> shutting_down{false};
   server.set_ready([&] { return !shutting_down.load(); });
+  rdmig::api::ProbeServer probes([&] { return !shutting_down.load(); });
+  if (auto st = probes.start(config.api.address, config.api.probe_port); !st) {
+    std::cerr << "rdmig-agent: " << st.error().message << "\n";
+    return 1;
+  }
 
   if (!ports_file.empty()) {
     const std::string tmp = ports_file + ".tmp";
     std::ofstream out(tmp);
-    out << "{\"api\":" << server.port() << ",\"dataPlane\":" << data_plane.port() << "}\n";
+    out << "{\"api\":" << server.port() << ",\"dataPlane\":" << data_plane.port() << ",\"probe\":" << probes.port()
+        << "}\n";
     out.close();
     std::rename(tmp.c_str(), ports_file.c_str());
   }
   LOG_INFO("agent") << "rdmig-agent ready api=" << config.api.address << ":" << server.port()
+                    << " probes=" << probes.port()
                     << " dataPlane=" << data_plane.advertise_host() << ":" << data_plane.port()
                     << " transport=" << rdmig::transport_name(config.transport)
                     << (data_plane.rdma().available ? " rdma=" + data_plane.rdma().device + "@" + data_plane.rdma().ip + ":" +
@@ -179,6 +187,7 @@ int main(int argc, char** argv) {
     if (kubevirt) kubevirt->stop();  // removes the redirects: KubeVirt's own path from now on
     data_plane.stop();
     server.stop();
+    probes.stop();
   });
 
   server.serve();

@@ -3,6 +3,11 @@
 #include <httplib.h>
 
 #include <charconv>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
 #include <optional>
 #include <string_view>
 
@@ -31,6 +36,60 @@ void send_json(httplib::Response& res, int status, const json& body) {
 void send_error(httplib::Response& res, const Error& e) {
   send_json(res, http_status(e.code), error_body(e));
 }
+
+// httplib's default pool has 8 workers, so 8 slow clients stall every other request. This one
+// starts a worker whenever none is idle, up to kMaxWorkers; only past that do connections wait.
+class GrowingPool final : public httplib::TaskQueue {
+ public:
+  static constexpr size_t kMaxWorkers = 64;
+
+  ~GrowingPool() override { shutdown(); }
+
+  void enqueue(std::function<void()> fn) override {
+    std::lock_guard lock(mu_);
+    if (stopping_) return;
+    tasks_.push_back(std::move(fn));
+    if (idle_ == 0 && workers_.size() < kMaxWorkers) {
+      workers_.emplace_back([this] { work(); });
+    } else {
+      cv_.notify_one();
+    }
+  }
+
+  void shutdown() override {
+    std::vector<std::thread> workers;
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+      workers.swap(workers_);
+    }
+    cv_.notify_all();
+    for (auto& t : workers) t.join();
+  }
+
+ private:
+  void work() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      ++idle_;
+      cv_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
+      --idle_;
+      if (tasks_.empty()) return;  // stopping, nothing left
+      auto fn = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      fn();
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  std::vector<std::thread> workers_;
+  size_t idle_ = 0;
+  bool stopping_ = false;
+};
 
 // Strict UTF-8 (no overlongs, no surrogates, nothing past U+10FFFF).
 bool valid_utf8(std::string_view s) {
@@ -130,6 +189,7 @@ void RestServer::routes() {
   // One request per connection: after a refused body (413) the rest of it must never be read
   // as further requests, and no client can hold a worker by keeping a connection alive.
   s.set_keep_alive_max_count(1);
+  s.new_task_queue = [] { return new GrowingPool(); };
 
   // Authentication for /v1: 401 without a bearer token, 403 with a wrong one.
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {

@@ -110,7 +110,8 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
   RDMIG_TRY(check_keys(root, "", {"api", "dataPlane", "transport", "migration", "rdma",
                                   "stateDir", "logLevel", "kubevirt", "shutdownGraceSeconds"}));
   if (const auto api = root["api"]) {
-    RDMIG_TRY(check_keys(api, "api", {"address", "port", "tokenFile", "maxBodyBytes"}));
+    RDMIG_TRY(check_keys(api, "api", {"address", "port", "probePort", "tokenFile", "maxBodyBytes"}));
+    RDMIG_TRY(read_uint(api, "api", "probePort", c.api.probe_port, 0, 65535));
     RDMIG_TRY(read_string(api, "api", "address", c.api.address));
     RDMIG_TRY(read_uint(api, "api", "port", c.api.port, 0, 65535));
     RDMIG_TRY(read_string(api, "api", "tokenFile", c.api.token_file));

@@ -18,6 +18,8 @@ Result<TransportKind> parse_transport(const std::string& text, const std::string
 struct ApiConfig {
   std::string address = "0.0.0.0";
   uint16_t port = 7470;
+  // /healthz and /readyz for the kubelet on a port of their own (api/probe_server.h).
+  uint16_t probe_port = 7473;
   std::string token_file = "/etc/rdmig/token";
   uint64_t max_body_bytes = 64 * 1024;
 };

@@ -301,15 +301,15 @@ class ChartTest(unittest.TestCase):
         self.assertEqual(c["env"][-1], {"name": "RDMIG_TEST", "value": "agent"})
         self.assertIn({"name": "agent-extra", "mountPath": "/var/lib/agent-extra"}, c["volumeMounts"])
         self.assertIn({"name": "agent-extra", "emptyDir": {}}, spec["volumes"])
-        self.assertEqual([p["containerPort"] for p in c["ports"]], [17470, 17471, 17472])
+        self.assertEqual([p["containerPort"] for p in c["ports"]], [17470, 17471, 17472, 7473])
         mounts = {m["mountPath"] for m in c["volumeMounts"]}
         self.assertTrue({"/var/lib/vms", "/srv/qmp", "/run/other", "/var/run/rdmig-test"} <= mounts)
         self.assertNotIn("/run/vms", mounts)
         secret = [s["secret"] for s in spec["volumes"][0]["projected"]["sources"] if "secret" in s][0]
         self.assertEqual(secret, {"name": "my-rdmig-token", "items": [{"key": "api-token", "path": "token"}]})
         agent_cfg = embedded_config(one(t, "ConfigMap", "rdmig-agent-config"))["agent.yaml"]
-        self.assertEqual(agent_cfg["api"], {"address": "0.0.0.0", "port": 17470, "maxBodyBytes": 131072,
-                                            "tokenFile": "/etc/rdmig/token"})
+        self.assertEqual(agent_cfg["api"], {"address": "0.0.0.0", "port": 17470, "probePort": 7473,
+                                            "maxBodyBytes": 131072, "tokenFile": "/etc/rdmig/token"})
         self.assertEqual(agent_cfg["rdma"], {"device": "mlx5_0", "netdev": "ens1f0", "resourceEnv": "PCIDEVICE_TEST"},
                          "an explicit resourceEnv wins over agent.rdma.resourceName")
         self.assertEqual((agent_cfg["transport"], agent_cfg["stateDir"], agent_cfg["logLevel"]),

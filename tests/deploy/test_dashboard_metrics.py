@@ -51,7 +51,7 @@ class DashboardMetricsTest(unittest.TestCase):
         token = "deploy-token-" + os.urandom(12).hex()
         for name in ("node-a", "node-b"):
             cfg = json.loads(json.dumps(cls.agent_yaml))
-            cfg["api"].update(address="127.0.0.1", port=0, tokenFile=os.path.join(cls.tmp, name + ".token"))
+            cfg["api"].update(address="127.0.0.1", port=0, probePort=0, tokenFile=os.path.join(cls.tmp, name + ".token"))
             cfg["dataPlane"].update(address="127.0.0.1", port=0, rdmaPort=0)
             del cfg["stateDir"]   # the chart's /var/run/rdmig: Agent picks a short one under /tmp
             cls.agents.append(Agent(cls.tmp, name, token=token, config=cfg))

@@ -230,6 +230,76 @@ class HostileHttpTest(unittest.TestCase):
         self.assertIsNotNone(parsed, reply[:200])
         self.assertIn("error", parsed)
 
+    # ---- slow and idle clients ----
+
+    def slow_clients(self, port, count, stop, first=b"GET /v1/migrations HTTP/1.1\r\n"):
+        """`count` connections that send `first`, then one header byte a second until `stop`."""
+        socks = []
+        for _ in range(count):
+            c = socket.create_connection(("127.0.0.1", port), timeout=5)
+            c.sendall(first)
+            socks.append(c)
+
+        def trickle():
+            while not stop.wait(1.0):
+                for c in socks:
+                    try:
+                        c.sendall(b"X")
+                    except OSError:
+                        pass
+            for c in socks:
+                c.close()
+        t = threading.Thread(target=trickle, daemon=True)
+        t.start()
+        return t
+
+    def timed_get(self, port, path, token=None):
+        t0 = time.monotonic()
+        req = "GET %s HTTP/1.1\r\nHost: x\r\n%s\r\n" % (path, "Authorization: Bearer %s\r\n" % token if token else "")
+        status, parsed, _ = raw_request(port, req.encode(), timeout=10, read_all=False)
+        return status, time.monotonic() - t0
+
+    def test_slow_clients_starve_neither_probes_nor_requests(self):
+        # A dozen-plus clients that send their request a byte a second held all of httplib's
+        # 8 default workers: /healthz on the API port (and every REST call) then waited for them.
+        stop = threading.Event()
+        trickling = [self.slow_clients(self.agent.api_port, 20, stop),
+                     self.slow_clients(self.agent.probe_port, 100, stop, first=b"GET /hea")]
+        try:
+            time.sleep(1.5)
+            worst = {}
+            for label, port, path, token in (("probe /healthz", self.agent.probe_port, "/healthz", None),
+                                             ("probe /readyz", self.agent.probe_port, "/readyz", None),
+                                             ("api /healthz", self.agent.api_port, "/healthz", None),
+                                             ("api GET /v1/migrations", self.agent.api_port, "/v1/migrations",
+                                              self.agent.token)):
+                for _ in range(3):
+                    status, took = self.timed_get(port, path, token)
+                    self.assertEqual(status, 200, label)
+                    worst[label] = max(worst.get(label, 0), took)
+            print("\n[hostile-http] 20 slow API clients + 100 slow probe clients; slowest answers: %s"
+                  % ", ".join("%s %.3fs" % kv for kv in worst.items()), file=sys.stderr)
+            for label, took in worst.items():
+                self.assertLess(took, 1.0, label)
+        finally:
+            stop.set()
+            for t in trickling:
+                t.join(10)
+
+    def test_probe_port_answers_only_probes_and_drops_silent_clients(self):
+        status, parsed, _ = raw_request(self.agent.probe_port, b"GET /v1/migrations HTTP/1.1\r\n\r\n", read_all=False)
+        self.assertEqual(status, 404)
+        status, parsed, _ = raw_request(self.agent.probe_port, b"POST /healthz HTTP/1.1\r\n\r\n", read_all=False)
+        self.assertEqual(status, 405)
+        # A silent client is closed after the 2 s whole-request deadline.
+        c = socket.create_connection(("127.0.0.1", self.agent.probe_port), timeout=10)
+        t0 = time.monotonic()
+        self.assertEqual(c.recv(100), b"")
+        took = time.monotonic() - t0
+        c.close()
+        self.assertLess(took, 4.0)
+        self.assertGreater(took, 1.0)
+
     # ---- admission ----
 
     def test_buffer_budget_refuses_what_can_never_fit_with_422_naming_the_figures(self):

@@ -30,7 +30,7 @@ class AgentStartupTest(unittest.TestCase):
         return subprocess.run([agent_binary(), "--config", path], capture_output=True, text=True, timeout=timeout)
 
     def base(self, extra=""):
-        return ("api: {address: 127.0.0.1, port: 0, tokenFile: %s}\n"
+        return ("api: {address: 127.0.0.1, port: 0, probePort: 0, tokenFile: %s}\n"
                 "dataPlane: {address: 127.0.0.1, port: 0}\nstateDir: %s\n%s" % (self.token, self.tmp, extra))
 
     def test_unknown_key_stops_agent_naming_it(self):

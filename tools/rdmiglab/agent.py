@@ -46,7 +46,7 @@ class Agent:
         # Unix socket paths must stay short: keep the state dir under /tmp.
         self.state_dir = "/tmp/rdmig-%s-%s" % (name, os.urandom(3).hex())
         cfg = {
-            "api": {"address": "127.0.0.1", "port": 0, "tokenFile": self.token_file},
+            "api": {"address": "127.0.0.1", "port": 0, "probePort": 0, "tokenFile": self.token_file},
             "dataPlane": {"address": "127.0.0.1", "port": 0},
             "transport": "tcp",
             "stateDir": self.state_dir,
@@ -65,6 +65,7 @@ class Agent:
         self.proc = None
         self.api_port = None
         self.data_port = None
+        self.probe_port = None
         if start:
             self.start(start_timeout)
 
@@ -85,6 +86,7 @@ class Agent:
                 with open(self.ports_file) as f:
                     ports = json.load(f)
                 self.api_port, self.data_port = ports["api"], ports["dataPlane"]
+                self.probe_port = ports.get("probe")
                 return self
             time.sleep(0.05)
         raise RuntimeError("%s did not report its ports within %ss: %s" % (self.name, timeout, self.log_text()))

@@ -1,0 +1,146 @@
+#include "api/probe_server.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <vector>
+
+#include "common/log.h"
+#include "common/net.h"
+
+namespace rdmig::api {
+
+std::string probe_response(std::string_view head, bool ready) {
+  const auto line_end = head.find("\r\n");
+  const std::string_view line = head.substr(0, line_end);
+  int status = 404;
+  std::string body = R"({"error":{"code":"not_found","message":"the probe port serves GET /healthz and GET /readyz"}})";
+  auto is = [&](std::string_view path) {
+    const std::string want = "GET " + std::string(path) + " ";
+    return line.rfind(want, 0) == 0;
+  };
+  if (is("/healthz")) {
+    status = 200;
+    body = R"({"status":"ok"})";
+  } else if (is("/readyz")) {
+    status = ready ? 200 : 503;
+    body = ready ? R"({"status":"ready"})" : R"({"status":"not ready"})";
+  } else if (line.rfind("GET ", 0) != 0 && line.rfind("HEAD ", 0) != 0) {
+    status = 405;
+    body = R"({"error":{"code":"invalid_argument","message":"the probe port answers GET only"}})";
+  }
+  const char* text = status == 200 ? "OK" : status == 503 ? "Service Unavailable" : status == 405 ? "Method Not Allowed" : "Not Found";
+  body += "\n";
+  return "HTTP/1.1 " + std::to_string(status) + " " + text +
+         "\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " + std::to_string(body.size()) +
+         "\r\n\r\n" + body;
+}
+
+ProbeServer::ProbeServer(std::function<bool()> ready) : ready_(std::move(ready)) {}
+
+ProbeServer::~ProbeServer() { stop(); }
+
+Status ProbeServer::start(const std::string& address, uint16_t port) {
+  auto l = net::tcp_listen(address, port, 128);
+  if (!l) return l.error().with_context("api.probePort");
+  auto p = net::local_port(l->get());
+  if (!p) return p.error();
+  ::fcntl(l->get(), F_SETFL, ::fcntl(l->get(), F_GETFL) | O_NONBLOCK);
+  wake_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake_.valid()) return errno_error("eventfd", errno);
+  listener_ = std::move(l.value());
+  port_ = p.value();
+  thread_ = std::thread([this] { run(); });
+  LOG_INFO("api") << "probes (/healthz, /readyz) on " << address << ":" << port_;
+  return ok_status();
+}
+
+void ProbeServer::stop() {
+  if (!thread_.joinable()) return;
+  stopping_ = true;
+  const uint64_t one = 1;
+  (void)!::write(wake_.get(), &one, sizeof one);
+  thread_.join();
+}
+
+namespace {
+struct Client {
+  UniqueFd fd;
+  std::chrono::steady_clock::time_point deadline;
+  std::string head;
+  std::string reply;  // being written once the head is complete
+  size_t written = 0;
+};
+}  // namespace
+
+void ProbeServer::run() {
+  std::deque<Client> clients;
+  std::vector<pollfd> fds;
+  char buf[1024];
+  while (!stopping_.load()) {
+    fds.clear();
+    fds.push_back({wake_.get(), POLLIN, 0});
+    fds.push_back({listener_.get(), POLLIN, 0});
+    auto now = std::chrono::steady_clock::now();
+    auto next = now + kRequestDeadline;
+    for (auto& c : clients) {
+      fds.push_back({c.fd.get(), static_cast<short>(c.reply.empty() ? POLLIN : POLLOUT), 0});
+      next = std::min(next, c.deadline);
+    }
+    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count();
+    const int rc = ::poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(wait, 0) + 1));
+    if (rc < 0 && errno != EINTR) {
+      LOG_ERROR("api") << "probe server poll: " << std::strerror(errno);
+      return;
+    }
+    now = std::chrono::steady_clock::now();
+    // Serve the clients first (their pollfds follow the two fixed ones, in order).
+    for (size_t i = 0; i < clients.size(); ++i) {
+      auto& c = clients[i];
+      const short ev = fds[i + 2].revents;
+      if (ev == 0) continue;
+      if (c.reply.empty()) {
+        const ssize_t n = ::recv(c.fd.get(), buf, sizeof buf, 0);
+        if (n <= 0) {
+          if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+          c.fd.reset();
+          continue;
+        }
+        c.head.append(buf, static_cast<size_t>(n));
+        if (c.head.find("\r\n\r\n") != std::string::npos || c.head.size() >= kMaxRequestBytes) {
+          c.reply = probe_response(c.head, !ready_ || ready_());
+        }
+      }
+      if (!c.reply.empty() && c.fd.valid()) {
+        const ssize_t n = ::send(c.fd.get(), c.reply.data() + c.written, c.reply.size() - c.written, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) c.written += static_cast<size_t>(n);
+        if (n < 0 && errno != EAGAIN && errno != EINTR) c.fd.reset();
+        if (c.written == c.reply.size()) c.fd.reset();  // answered: close
+      }
+    }
+    // Whole-request deadline, then drop what is done.
+    for (auto& c : clients) {
+      if (c.fd.valid() && now >= c.deadline) c.fd.reset();
+    }
+    std::erase_if(clients, [](const Client& c) { return !c.fd.valid(); });
+    // New connections; the oldest client makes room when full.
+    if (fds[1].revents & POLLIN) {
+      for (;;) {
+        UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+        if (!fd.valid()) break;
+        if (clients.size() >= kMaxClients) clients.pop_front();
+        clients.push_back(Client{std::move(fd), now + kRequestDeadline, {}, {}, 0});
+      }
+    }
+  }
+}
+
+}  // namespace rdmig::api
