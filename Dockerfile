@@ -1,7 +1,8 @@
 # rdmig: one image with both programs, rdmig-agent and rdmig-controller.
-#   docker build -t REGISTRY/rdmig:0.1.0 .
+#   docker build --build-arg RDMIG_REVISION=$(git rev-parse --short=12 HEAD) -t REGISTRY/rdmig:0.1.0 .
 #   docker push REGISTRY/rdmig:0.1.0
-# (docs/deploy.md; tests/deploy/test_dockerfile.py checks the packages and the build steps.)
+# (docs/deploy.md; tests/deploy/test_dockerfile.py checks the packages and the build steps;
+# tests/deploy/test_image_build.py builds this file with podman and runs the programs inside.)
 
 # ---- build: the project's CMake, Debian 12's compiler and libraries ----------------------
 FROM debian:12 AS build
@@ -12,8 +13,16 @@ RUN apt-get update \
       libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libnftables-dev libvirt-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY . .
-RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DRDMIG_BUILD_TESTS=OFF
+# Only the build inputs, so that a change to docs, charts or tests reuses the compiled layers.
+# .git is not in the context (.dockerignore): the revision comes in as a build argument (without
+# one, --version says "unknown"), declared after the copies so that no earlier layer depends on it.
+COPY CMakeLists.txt ./
+COPY bench/stream/ bench/stream/
+COPY src/ src/
+COPY agent/ agent/
+COPY controller/ controller/
+ARG RDMIG_REVISION=unknown
+RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DRDMIG_BUILD_TESTS=OFF -DRDMIG_REVISION="${RDMIG_REVISION}"
 RUN cmake --build build -j "$(nproc)" --target rdmig-agent rdmig-controller
 RUN install -D -m 0755 build/agent/rdmig-agent /out/usr/local/bin/rdmig-agent \
  && install -D -m 0755 build/controller/rdmig-controller /out/usr/local/bin/rdmig-controller \
@@ -29,9 +38,10 @@ RUN apt-get update \
  && groupadd --system --gid 65532 rdmig \
  && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin rdmig
-COPY --from=build /out/ /
+# The config files change less often than the binaries: copied first.
 COPY agent/agent.yaml /etc/rdmig/agent.yaml
 COPY controller/controller.yaml /etc/rdmig/controller.yaml
+COPY --from=build /out/ /
 # The controller runs as this user; the agent DaemonSet runs as root (privileged, RDMA, QMP).
 USER 65532:65532
 EXPOSE 7470 7471 7472 8080

@@ -10,7 +10,10 @@ build_pkgs=(cmake g++ make pkg-config libibverbs-dev librdmacm-dev libcpp-httpli
 run_pkgs=(qemu-system-x86 busybox-static python3 rdma-core ibverbs-providers
   ibverbs-utils rdmacm-utils iproute2 socat cpio gzip)
 # prometheus: promtool for tests/deploy/test_alerts.py (promtool check/test rules)
-test_pkgs=(perftest iperf3 seabios openssl nodejs npm unzip python3-yaml binutils prometheus)
+# podman, debootstrap: tests/deploy/test_image_build.py builds the Dockerfile (chroot isolation,
+# no OCI runtime needed; debootstrap makes the Debian 12 base images)
+test_pkgs=(perftest iperf3 seabios openssl nodejs npm unzip python3-yaml binutils prometheus
+  podman debootstrap)
 # tests/kubevirt: KubeVirt's migration path with real libvirt (libvirtd 9.0) in namespaces.
 kubevirt_test_pkgs=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients python3-libvirt
   python3-grpcio nftables util-linux passwd)

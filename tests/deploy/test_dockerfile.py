@@ -10,8 +10,13 @@ Dockerfile's own flags succeeds on this tree (a configure, not a full build); th
 (cmake configure, cmake build, docker build) are the ones docs/deploy.md gives (and README.md,
 when it shows a docker build); the final image runs as a non-root user, and the binaries land
 where the manifests' `command` expects them; .dockerignore keeps what the build needs.
-Not checked: that `docker build` runs, that the image starts, its size, and the base images'
-current package versions (the packages are resolved against this machine's Debian 12 lists).
+The build stage copies only the build inputs (so a docs or chart change reuses its layers): the
+configure step runs on a tree holding only what its COPY lines copy; the git revision comes in as
+the build argument RDMIG_REVISION (.git is not in the context), declared before the configure
+step that passes it to CMake, and the docs' docker build passes it.
+Not checked here: that the build runs, the image starts and its size: tests/deploy/test_image_build.py
+builds it with podman. Nor the base images' current package versions (the packages are resolved
+against this machine's Debian 12 lists).
 
 Run: python3 tests/deploy/test_dockerfile.py -v   (ctest -L deploy)
 """
@@ -151,21 +156,62 @@ class DockerfileTest(unittest.TestCase):
                 self.assertIn(pkg, available, "%s links %s from %s, which the runtime stage does not install"
                               % (os.path.basename(binary), lib, pkg))
 
+    def build_copies(self):
+        """(source, destination) of the build stage's COPY lines from the context."""
+        out = []
+        for instr, text in self.build["instructions"]:
+            if instr == "COPY":
+                words = text.split()
+                self.assertFalse(words[0].startswith("--from"), text)
+                out += [(src, words[-1]) for src in words[:-1]]
+        return out
+
+    def test_build_stage_copies_only_build_inputs_and_passes_the_revision(self):
+        copies = self.build_copies()
+        self.assertNotIn(".", [src for src, _ in copies], "COPY . . rebuilds on every docs or chart change")
+        for src, _ in copies:
+            self.assertTrue(os.path.exists(os.path.join(REPO, src)), src)
+        instr = [(i, t) for i, t in self.build["instructions"]]
+        arg = [n for n, (i, t) in enumerate(instr) if i == "ARG" and t.startswith("RDMIG_REVISION")]
+        configure = [n for n, (i, t) in enumerate(instr) if i == "RUN" and t.startswith("cmake -S")]
+        self.assertEqual(len(arg), 1, "ARG RDMIG_REVISION in the build stage")
+        self.assertLess(arg[0], configure[0])
+        self.assertIn('-DRDMIG_REVISION="${RDMIG_REVISION}"', instr[configure[0]][1])
+        last_copy = max(n for n, (i, _) in enumerate(instr) if i == "COPY")
+        self.assertGreater(arg[0], last_copy, "declared after the copies: the package layer does not depend on it")
+        with open(os.path.join(REPO, ".dockerignore")) as f:
+            self.assertIn(".git", f.read().split(), "the revision argument is needed because .git is not sent")
+        with open(os.path.join(REPO, "docs", "deploy.md")) as f:
+            deploy = f.read()
+        self.assertIn("docker build --build-arg RDMIG_REVISION=$(git rev-parse --short=12 HEAD)", deploy)
+
     def test_cmake_configure_step_works_with_the_dockerfile_flags(self):
         configure = [c for c in run_commands(self.build) if c.startswith("cmake -S")]
         self.assertEqual(len(configure), 1)
-        words = shlex.split(configure[0])
+        words = shlex.split(configure[0].replace("${RDMIG_REVISION}", "0123456789ab"))
         tmp = tempfile.mkdtemp(prefix="rdmig-docker-configure-")
         try:
-            words[words.index("-S") + 1] = REPO
-            words[words.index("-B") + 1] = tmp
+            # The source tree as the build stage has it: only what its COPY lines copy.
+            src = os.path.join(tmp, "src")
+            for path, dest in self.build_copies():
+                target = os.path.join(src, dest)  # a directory: every destination here ends in /
+                if os.path.isdir(os.path.join(REPO, path)):
+                    shutil.copytree(os.path.join(REPO, path), target, dirs_exist_ok=True,
+                                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+                else:
+                    os.makedirs(target, exist_ok=True)
+                    shutil.copy(os.path.join(REPO, path), target)
+            words[words.index("-S") + 1] = src
+            words[words.index("-B") + 1] = os.path.join(tmp, "build")
             r = subprocess.run(words, capture_output=True, text=True)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-            with open(os.path.join(tmp, "CMakeCache.txt")) as f:
+            with open(os.path.join(tmp, "build", "CMakeCache.txt")) as f:
                 cache = f.read()
             self.assertIn("RDMIG_BUILD_TESTS:BOOL=OFF", cache)
-            targets = subprocess.run(["cmake", "--build", tmp, "--target", "help"], capture_output=True,
-                                     text=True).stdout
+            with open(os.path.join(tmp, "build", "generated", "common", "version.h")) as f:
+                self.assertIn('"0123456789ab"', f.read(), "the build argument names the revision")
+            targets = subprocess.run(["cmake", "--build", os.path.join(tmp, "build"), "--target", "help"],
+                                     capture_output=True, text=True).stdout
             for t in ("rdmig-agent", "rdmig-controller"):
                 self.assertIn(t, targets)
         finally:
