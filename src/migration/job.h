@@ -26,6 +26,9 @@
 namespace rdmig::migration {
 
 // Bounds on the waits both sides of a migration share.
+// The one answer to a data-plane hello with an unknown migration id, a wrong token or an unknown
+// session: refusals do not tell a client which migration ids exist.
+inline constexpr const char* kHelloRefused = "unknown migration, or its token does not match";
 inline constexpr std::chrono::seconds kQmpTimeout{10};        // one QMP command
 inline constexpr std::chrono::seconds kHandshakeTimeout{30};  // one step of the agents' handshake
 

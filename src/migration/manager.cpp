@@ -70,8 +70,8 @@ void MigrationManager::handle_hello(UniqueFd fd, const json& raw) {
   auto job = find(hello->migration_id);
   auto* target = dynamic_cast<TargetJob*>(job.get());
   if (!target) {
-    (void)transport::send_message(fd.get(), json{{"type", "reject"}, {"code", "not_found"},
-                                                 {"message", "no target migration '" + hello->migration_id + "' on this agent"}});
+    (void)transport::send_message(fd.get(), json{{"type", "reject"}, {"code", "permission_denied"},
+                                                 {"message", kHelloRefused}});
     return;
   }
   if (hello->kind == "control") {

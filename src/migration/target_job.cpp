@@ -66,18 +66,19 @@ void TargetJob::start() {
 
 void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello) {
   std::lock_guard lock(conn_mu_);
+  // The token first: only its holder learns anything about this migration.
+  if (!constant_time_equal(hello.token, token_)) {
+    ctx_.metrics.transport_error(hello.transport, "auth");
+    LOG_WARN("migration") << log_prefix() << " refused a source: token does not match";
+    reject(fd.get(), "permission_denied", kHelloRefused);
+    return;
+  }
   if (finished() || cancel_requested()) {
     reject(fd.get(), "not_found", "migration " + spec_.id + " is over");
     return;
   }
   if (token_used_) {
     reject(fd.get(), "already_exists", "migration " + spec_.id + " already has a source (tokens are one-time)");
-    return;
-  }
-  if (!constant_time_equal(hello.token, token_)) {
-    ctx_.metrics.transport_error(hello.transport, "auth");
-    LOG_WARN("migration") << log_prefix() << " refused a source: token does not match";
-    reject(fd.get(), "permission_denied", "token does not match migration " + spec_.id);
     return;
   }
   std::string mismatch;
@@ -122,7 +123,7 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello) {
 void TargetJob::on_data(UniqueFd fd, const transport::Hello& hello) {
   std::lock_guard lock(conn_mu_);
   if (!token_used_ || transport_ != "tcp" || !constant_time_equal(hello.session, session_)) {
-    reject(fd.get(), "permission_denied", "unknown data-plane session for migration " + spec_.id);
+    reject(fd.get(), "permission_denied", kHelloRefused);
     return;
   }
   if (hello.index >= data_fds_.size() || data_fds_[hello.index].valid()) {

@@ -300,6 +300,50 @@ class HostileHttpTest(unittest.TestCase):
         self.assertLess(took, 4.0)
         self.assertGreater(took, 1.0)
 
+    # ---- data-plane hellos ----
+
+    def hello(self, **fields):
+        import struct
+        msg = dict({"type": "hello", "protocol": 1, "kind": "control", "token": "t" * 32, "channels": 1,
+                    "chunkSize": 1 << 20, "ringDepth": 16, "transport": "tcp"}, **fields)
+        body = json.dumps(msg).encode()
+        s = socket.create_connection(("127.0.0.1", self.agent.data_port), timeout=10)
+        try:
+            s.sendall(struct.pack("<I", len(body)) + body)
+            head = s.recv(4)
+            n = struct.unpack("<I", head)[0]
+            data = b""
+            while len(data) < n:
+                chunk = s.recv(n - len(data))
+                if not chunk:
+                    break
+                data += chunk
+            return json.loads(data)
+        finally:
+            s.close()
+
+    def test_hello_refusals_do_not_reveal_which_migrations_exist(self):
+        q = FakeIncomingQemu(os.path.join(self.tmp, "reveal.qmp"))
+        status, target = self.agent.request("POST", "/v1/migrations",
+                                            {"role": "target", "qmpSocket": q.path, "id": "m-exists"})
+        self.assertEqual(status, 201, target)
+        try:
+            unknown = self.hello(migrationId="m-does-not-exist")
+            wrong_token = self.hello(migrationId="m-exists")
+            data_unknown = self.hello(migrationId="m-exists", kind="data", session="ab" * 16, index=0)
+            print("\n[hostile-http] refusals: %s" % json.dumps([unknown, wrong_token, data_unknown]), file=sys.stderr)
+            self.assertEqual(unknown, wrong_token, "an unknown id and a wrong token must read the same")
+            self.assertEqual(unknown, data_unknown)
+            self.assertEqual(unknown["type"], "reject")
+            self.assertNotIn("m-does-not-exist", json.dumps(unknown))
+            self.assertNotIn("m-exists", json.dumps(wrong_token))
+            # The real source can still use the token: a refused hello does not consume it.
+            st = self.agent.get("m-exists")
+            self.assertIn(st["phase"], ("Pending", "Connecting"), st)
+        finally:
+            self.agent.cancel("m-exists")
+            q.close()
+
     # ---- admission ----
 
     def test_buffer_budget_refuses_what_can_never_fit_with_422_naming_the_figures(self):
