@@ -132,11 +132,14 @@ class ControllerEndToEndTest(unittest.TestCase):
             for a in (self.agent_a, self.agent_b):
                 print("---- %s log (tail) ----\n%s" % (a.name, a.log_text()[-3000:]))
 
-    def pair(self, target_paused=False, dirty_mib=16):  # 64 MiB/s: see tests/integration/test_agent_migration.py
+    # 256 MiB dirtying 16 MiB/s, the size the integration tests use: a 512 MiB TCG guest on
+    # QEMU 7.2 panicked on its target after a completed migration in one CI run (QEMU exited
+    # with rc 0 under -no-reboot); tests/integration/test_agent_migration.py has the history.
+    def pair(self, target_paused=False, dirty_mib=16):
         tag = self._testMethodName[5:25]
-        src = QemuVm(self.tmp, tag + "-src", mem_mib=512, dirty_mib=dirty_mib)
+        src = QemuVm(self.tmp, tag + "-src", mem_mib=256, dirty_mib=dirty_mib)
         self.vms.append(src)
-        dst = QemuVm(self.tmp, tag + "-dst", mem_mib=512, incoming_defer=True, paused=target_paused)
+        dst = QemuVm(self.tmp, tag + "-dst", mem_mib=256, incoming_defer=True, paused=target_paused)
         self.vms.append(dst)
         src.wait_for_counter(2, timeout=90)
         return src, dst
@@ -183,7 +186,7 @@ class ControllerEndToEndTest(unittest.TestCase):
         self.assertIsInstance(st["downtimeMs"], int)
         self.assertGreaterEqual(st["downtimeMs"], 0)
         self.assertGreater(st["progress"]["throughputBytesPerSecond"], 0)
-        self.assertGreater(st["progress"]["transferredBytes"], 100 << 20)
+        self.assertGreater(st["progress"]["transferredBytes"], 64 << 20)  # of a 256 MiB guest
         self.assertGreater(st["progress"]["chunksSent"], 0)
         self.assertEqual(st["progress"]["chunksReceived"], st["progress"]["chunksSent"])
         self.assertGreaterEqual(st["switchoverMs"], 0)

@@ -3,7 +3,7 @@
 through the virt-handler migration-proxy stand-in (tools/rdmiglab/kvproxy.py), between two
 launcher pods (mount/UTS/PID namespaces) and two handler network namespaces.
 
-One VMI (256 MiB, dirtying 16 MiB/s) goes back and forth between the two nodes.
+One VMI (256 MiB, dirtying 8 MiB/s) goes back and forth between the two nodes.
 Needs root, libvirt-daemon-driver-qemu, python3-libvirt, python3-grpcio
 (scripts/install-deps.sh --test). Run from the repository root:
     python3 tests/kubevirt/test_kubevirt_baseline.py -v
@@ -28,7 +28,10 @@ if __name__ == "__main__":
 from rdmiglab import kvhook  # noqa: E402
 
 MEM_MIB = 256
-DIRTY_MIB = 16
+# 8 MiB/s: at 16 MiB/s a guest migrated with 8 multifd connections to a running target died
+# after the migration in a full CI run (KubeVirt's path without rdmig: QEMU 7.2 TCG multifd,
+# the machine also busy with builds), failing every later test on this VMI.
+DIRTY_MIB = 8
 QEVM = "5145564d"      # QEMU_VM_FILE_MAGIC: the main migration channel starts with it
 MULTIFD = "11223344"   # MULTIFD_MAGIC: each multifd channel starts with it
 TLS_HANDSHAKE = "16"   # TLS record type handshake: what a TLS wire starts with
