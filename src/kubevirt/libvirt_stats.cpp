@@ -72,7 +72,7 @@ void for_each_daemon(const KubevirtConfig& config, const VmiRef& vmi, Fn fn) {
 }
 }  // namespace
 
-Result<std::string> abort_outgoing_job(const KubevirtConfig& config, const VmiRef& vmi) {
+Result<std::string> abort_outgoing_job(const KubevirtConfig& config, const VmiRef& vmi, int64_t started_by_ms) {
   virSetErrorFunc(nullptr, quiet);
   const std::string domain = vmi.namespace_ + "_" + vmi.name;
   std::string done;
@@ -86,6 +86,14 @@ Result<std::string> abort_outgoing_job(const KubevirtConfig& config, const VmiRe
     // node, the target, whose incoming job libvirt refuses to abort: harmless).
     virDomainJobInfo info{};
     if (virDomainGetJobInfo(dom.get(), &info) != 0 || info.type == VIR_DOMAIN_JOB_NONE) return;
+    const int64_t job_started_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count() -
+        static_cast<int64_t>(info.timeElapsed);
+    if (job_started_ms > started_by_ms + 500) {  // slack for the two clocks' reading
+      done += (done.empty() ? "" : "; ") + std::string("a newer job of ") + domain + " runs (started " +
+              std::to_string(job_started_ms - started_by_ms) + " ms after the failure): not aborted";
+      return;
+    }
     if (virDomainAbortJob(dom.get()) == 0) {
       done += (done.empty() ? "" : "; ") + std::string("aborted the migration job of ") + domain + " via " + path;
     } else {

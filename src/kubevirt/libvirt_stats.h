@@ -20,6 +20,8 @@ Result<LibvirtJobStats> read_completed_job(const KubevirtConfig& config, const V
 // failed, so libvirt fails within seconds instead of waiting for KubeVirt's progress timeout
 // (QEMU 7.2 can hang when a multifd connection fails while it is being set up). Precopy only:
 // rdmig never carries post-copy. Returns what it did, for the log.
-Result<std::string> abort_outgoing_job(const KubevirtConfig& config, const VmiRef& vmi);
+// `started_by_ms` (wall clock): only a job that had started by then is aborted, so a later
+// migration of the same VMI is never hit by the abort meant for a failed one.
+Result<std::string> abort_outgoing_job(const KubevirtConfig& config, const VmiRef& vmi, int64_t started_by_ms);
 
 }  // namespace rdmig::kubevirt

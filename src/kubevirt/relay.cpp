@@ -158,7 +158,7 @@ void KubevirtRelay::maintain() {
   const auto now = std::chrono::steady_clock::now();
   const auto idle = std::chrono::seconds(config_.kubevirt.session_idle_seconds);
   std::vector<std::shared_ptr<SourceSession>> to_finish;
-  std::vector<VmiRef> aborts;  // carried migrations that failed: make sure libvirt fails
+  std::vector<std::pair<VmiRef, int64_t>> aborts;  // carried migrations that failed, and when
   {
     std::lock_guard lock(mu_);
     for (auto it = sources_.begin(); it != sources_.end();) {
@@ -181,7 +181,7 @@ void KubevirtRelay::maintain() {
         const FlowRecord r = s.record();
         if (r.phase == "Failed" && !stopping_.load()) {
           peers_.mark_unhealthy(s.peer_node(), r.reason);
-          if (!r.vmi.uid.empty()) aborts.push_back(r.vmi);
+          if (!r.vmi.uid.empty()) aborts.emplace_back(r.vmi, r.finished_at_ms);
         }
         for (auto ar = armed_.begin(); ar != armed_.end();) {
           if (ar->second.session == a.session) {
@@ -213,13 +213,13 @@ void KubevirtRelay::maintain() {
     kmetrics_.set_active(static_cast<double>(sources_.size() + targets_.size()));
   }
   for (auto& s : to_finish) run_worker([s] { s->finish(); });
-  for (auto& vmi : aborts) {
-    run_worker([this, vmi] {
+  for (auto& [vmi, failed_at_ms] : aborts) {
+    run_worker([this, vmi, failed_at_ms] {
       {
         std::unique_lock lock(stop_mu_);
         if (stop_cv_.wait_for(lock, kAbortGrace, [&] { return stopping_.load(); })) return;
       }
-      auto done = abort_outgoing_job(config_.kubevirt, vmi);
+      auto done = abort_outgoing_job(config_.kubevirt, vmi, failed_at_ms);
       LOG_INFO("kubevirt") << "carrying " << vmi.key() << " failed: "
                            << (done ? done.value() : "nothing aborted: " + done.error().message);
     });

@@ -139,7 +139,11 @@ class KubevirtRelayTest(unittest.TestCase):
         vmi = vmi_json("vmi-uid-1", mig, self.net.ip4["node-b"], self.sink_port)
         res = self.dial(9, 2 << 20, vmi=vmi)
         self.assertTrue(res["hook"]["ok"], res["hook"])
-        self.assertLess(res["hook"]["duration_s"], 1.0, "the hook must decide within a second")
+        # The agent's decision (the call alone): within a second. The whole, dial included,
+        # also carries this Python client's gRPC start-up: it took 1.003 s once in the
+        # TCG-emulated Soft-RoCE VM.
+        self.assertLess(res["hook"]["call_s"], 1.0, "the hook must decide within a second")
+        self.assertLess(res["hook"]["duration_s"], 3.0)
         self.assertTrue(all(c["ok"] for c in res["connections"]), res["connections"])
         rules = self.nft("node-a")
         self.assertIn("%s . %d" % (self.net.ip4["node-b"], self.sink_port), rules)

@@ -94,10 +94,12 @@ def call_node_hook(socket_path, hook_point, vmi_json, node_name, timeout=DEFAULT
                    connect_timeout=CONNECT_TIMEOUT_S):
     """Calls ExecuteNodeHook over gRPC on a unix socket the way virt-handler does: a
     blocking dial bounded by ``connect_timeout``, then the call bounded by ``timeout``.
-    Returns a dict {ok, error, code, duration_s}; never raises for a hook failure."""
+    Returns a dict {ok, error, code, duration_s, call_s}; never raises for a hook failure.
+    duration_s is the whole (dial included: this client's own gRPC start-up is in it);
+    call_s the call alone, from request to answer: the agent's decision time."""
     import grpc  # python3-grpcio
     t0 = time.monotonic()
-    result = {"ok": False, "error": None, "code": None, "duration_s": None}
+    result = {"ok": False, "error": None, "code": None, "duration_s": None, "call_s": None}
     channel = grpc.insecure_channel("unix:" + socket_path,
                                     options=[("grpc.default_authority", "localhost")])
     try:
@@ -109,6 +111,7 @@ def call_node_hook(socket_path, hook_point, vmi_json, node_name, timeout=DEFAULT
             return result
         call = channel.unary_unary(METHOD, request_serializer=lambda b: b,
                                    response_deserializer=lambda b: b)
+        t_call = time.monotonic()
         try:
             call(encode_request(hook_point, vmi_json, node_name), timeout=timeout)
             result["ok"] = True
@@ -116,6 +119,7 @@ def call_node_hook(socket_path, hook_point, vmi_json, node_name, timeout=DEFAULT
             result["code"] = e.code().name if e.code() else None
             result["error"] = "node hook %s failed with %s: %s" % (
                 hook_point, result["code"], e.details())
+        result["call_s"] = round(time.monotonic() - t_call, 3)
         return result
     finally:
         channel.close()
