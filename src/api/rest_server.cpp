@@ -38,7 +38,8 @@ void send_error(httplib::Response& res, const Error& e) {
 }
 
 // httplib's default pool has 8 workers, so 8 slow clients stall every other request. This one
-// starts a worker whenever none is idle, up to kMaxWorkers; only past that do connections wait.
+// starts a worker whenever the queued tasks outnumber the idle workers, up to kMaxWorkers; only
+// past that do connections wait.
 class GrowingPool final : public httplib::TaskQueue {
  public:
   static constexpr size_t kMaxWorkers = 64;
@@ -49,7 +50,9 @@ class GrowingPool final : public httplib::TaskQueue {
     std::lock_guard lock(mu_);
     if (stopping_) return;
     tasks_.push_back(std::move(fn));
-    if (idle_ == 0 && workers_.size() < kMaxWorkers) {
+    // Each idle worker takes one queued task: more tasks than idle workers need a new one
+    // (counting only idle workers left a task queued behind a slow client, seen in CI).
+    if (tasks_.size() > idle_ && workers_.size() < kMaxWorkers) {
       workers_.emplace_back([this] { work(); });
     } else {
       cv_.notify_one();
