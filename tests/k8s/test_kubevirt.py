@@ -132,7 +132,7 @@ class KubevirtPathTest(unittest.TestCase):
         return {"node-a": KubevirtPathTest.real[0], "node-b": KubevirtPathTest.real[1]}
 
     def guests(self, tag, paused_target=False):
-        src = QemuVm(self.tmp, tag + "-src", mem_mib=256, dirty_mib=16)  # test_agent_migration.py: why 256 at 16
+        src = QemuVm(self.tmp, tag + "-src", mem_mib=256, dirty_mib=8)  # see test_controller.py pair()
         dst = QemuVm(self.tmp, tag + "-dst", mem_mib=256, incoming_defer=True, paused=paused_target)
         KubevirtPathTest.real += [src, dst]
         src.wait_for_counter(2, timeout=90)
