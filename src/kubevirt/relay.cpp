@@ -167,8 +167,10 @@ void KubevirtRelay::maintain() {
       if (!s.ended() && !a.finishing) {
         s.poll();
         if (auto e = s.leg_error(); e && !s.ended()) {
-          peers_.mark_unhealthy(s.peer_node(), e->message);
-          s.fail(*e);
+          // Name the peer: over RDMA a dead agent is often seen first as a channel's disconnect.
+          const Error named = e->with_context("carrying to the agent on " + s.peer_node());
+          peers_.mark_unhealthy(s.peer_node(), named.message);
+          s.fail(named);
         } else if (s.idle_for(idle)) {
           a.finishing = true;
           to_finish.push_back(a.session);
@@ -202,7 +204,7 @@ void KubevirtRelay::maintain() {
     }
     for (auto it = targets_.begin(); it != targets_.end();) {
       auto& t = *it->second;
-      if (auto e = t.leg_error(); e && !t.ended()) t.fail(*e);
+      if (auto e = t.leg_error(); e && !t.ended()) t.fail(e->with_context("carrying from the agent on " + t.record().source_node));
       if (t.ended()) {
         remember_locked(t.record());
         it = targets_.erase(it);
