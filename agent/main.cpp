@@ -38,9 +38,6 @@ constexpr const char* kUsage =
     "                       (0: valid; 2: the message names the key)\n"
     "  --version            print the version and git revision, then exit\n";
 
-std::string version_line() {
-  return std::string("rdmig-agent ") + rdmig::kVersion + " (revision " + rdmig::kRevision + ")";
-}
 
 // Locked memory for RDMA registrations: raise the soft limit to the hard limit.
 void raise_memlock() {
@@ -67,7 +64,7 @@ int main(int argc, char** argv) {
       config_path = argv[++i];
       check_only = true;
     } else if (a == "--version") {
-      std::cout << version_line() << "\n";
+      std::cout << rdmig::version_line("rdmig-agent") << "\n";
       return 0;
     } else if (a == "--ports-file" && i + 1 < argc) {
       ports_file = argv[++i];
@@ -104,7 +101,7 @@ int main(int argc, char** argv) {
               << "' read, " << (config.kubevirt.enabled ? "KubeVirt mode on" : "KubeVirt mode off") << ")\n";
     return 0;
   }
-  LOG_INFO("agent") << version_line() << " starting, config " << config_path;
+  LOG_INFO("agent") << rdmig::version_line("rdmig-agent") << " starting, config " << config_path;
   if (::mkdir(config.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
     std::cerr << "rdmig-agent: config key 'stateDir': cannot create '" << config.state_dir
               << "': " << std::strerror(errno) << "\n";

@@ -44,9 +44,6 @@ constexpr const char* kUsage =
     "                                             names, then exit (0: valid; 2: the message names the key)\n"
     "       rdmig-controller --version             print the version and git revision, then exit\n";
 
-std::string version_line() {
-  return std::string("rdmig-controller ") + rdmig::kVersion + " (revision " + rdmig::kRevision + ")";
-}
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);
@@ -69,7 +66,7 @@ int main(int argc, char** argv) {
     if (a == "--config" && i + 1 < argc) config_path = argv[++i];
     else if (a == "--check-config" && i + 1 < argc) config_path = argv[++i], check_only = true;
     else if (a == "--version") {
-      std::cout << version_line() << "\n";
+      std::cout << rdmig::version_line("rdmig-controller") << "\n";
       return 0;
     }
     else if (a == "--kubeconfig" && i + 1 < argc) kubeconfig_path = argv[++i];
@@ -98,7 +95,7 @@ int main(int argc, char** argv) {
               << "' read)\n";
     return 0;
   }
-  LOG_INFO("controller") << version_line() << " starting" << (config_path.empty() ? "" : ", config " + config_path);
+  LOG_INFO("controller") << rdmig::version_line("rdmig-controller") << " starting" << (config_path.empty() ? "" : ", config " + config_path);
 
   std::map<std::string, std::string> environment;
   for (const char* k : {"KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"}) environment[k] = env(k);

@@ -22,14 +22,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from rdmiglab import Agent  # noqa: E402
 
 
-def rss_kib(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
 def raw_request(port, data, timeout=10.0, read_all=True):
     """Sends `data` (bytes) as is; returns (status, parsed JSON body or None, raw reply)."""
     s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
@@ -109,13 +101,13 @@ class HostileHttpTest(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="rdmig-hostile-")
         cls.agent = Agent(cls.tmp, "hostile", config={"migration": {"maxConcurrent": 2, "bufferBudget": "256Mi"}})
-        cls.rss_start = rss_kib(cls.agent.proc.pid)
+        cls.rss_start = cls.agent.rss_kib()
 
     @classmethod
     def tearDownClass(cls):
         if cls.agent:
             print("\n[hostile-http] agent RSS %d KiB at start, %d KiB at the end"
-                  % (cls.rss_start, rss_kib(cls.agent.proc.pid)), file=sys.stderr)
+                  % (cls.rss_start, cls.agent.rss_kib()), file=sys.stderr)
             cls.agent.stop()
 
     def tearDown(self):
@@ -144,14 +136,13 @@ class HostileHttpTest(unittest.TestCase):
     # ---- bodies ----
 
     def test_chunked_body_over_the_limit_is_refused_while_reading_and_memory_stays_bounded(self):
-        pid = self.agent.proc.pid
-        before = rss_kib(pid)
+        before = self.agent.rss_kib()
         head, _ = self.post(b"", chunked=True)
         # 6 MB in 16-byte chunks: read whole, this grew the agent by ~175 MB.
         chunk = b"10\r\n" + b'{"role":"target"' + b"\r\n"
         body = chunk * (6 * 1024 * 1024 // 16) + b"0\r\n\r\n"
         status, parsed, _ = raw_request(self.agent.api_port, head + body, timeout=60)
-        after = rss_kib(pid)
+        after = self.agent.rss_kib()
         print("\n[hostile-http] 6 MB chunked body: %s; RSS %d -> %d KiB" % (status, before, after), file=sys.stderr)
         self.assertError(status, parsed, 413, "api.maxBodyBytes")
         self.assertLess(after - before, 16 * 1024, "RSS grew by more than 16 MiB")

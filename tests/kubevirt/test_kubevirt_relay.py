@@ -344,13 +344,9 @@ class KubevirtRelayTest(unittest.TestCase):
                            capture_output=True, text=True, timeout=60)
         return json.loads(p.stdout)
 
-    def rss_kib(self, agent):
-        with open("/proc/%d/status" % agent.proc.pid) as f:
-            return int([l for l in f if l.startswith("VmRSS:")][0].split()[1])
-
     def test_hostile_hook_calls_never_fail_kubevirt_or_the_agent(self):
         import socket
-        before = self.rss_kib(self.src)
+        before = self.src.rss_kib()
         good = vmi_json("vmi-uid-h", "mig-h", self.net.ip4["node-b"], self.sink_port)
         cases = {
             "not JSON": b"\xff\xfe{not json",
@@ -383,7 +379,7 @@ class KubevirtRelayTest(unittest.TestCase):
         # each counted.
         self.assertEqual(m.get(("rdmig_kubevirt_hook_calls_total", frozenset({("decision", "error")}))), 4.0)
         self.assertEqual(self.records(self.src), [], "nothing was armed")
-        after = self.rss_kib(self.src)
+        after = self.src.rss_kib()
         print("hostile hook calls: agent RSS %d KiB before, %d KiB after" % (before, after))
         self.assertLess(after - before, 64 * 1024, "memory stays bounded")
         # And the hook still works for a real migration.

@@ -105,6 +105,11 @@ class Agent:
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
 
+    def rss_kib(self):
+        """The agent process's resident memory (VmRSS), in KiB."""
+        with open("/proc/%d/status" % self.proc.pid) as f:
+            return int([line for line in f if line.startswith("VmRSS:")][0].split()[1])
+
     def stop(self, timeout=30.0):
         """SIGTERM (the agent cancels its migrations), then SIGKILL after ``timeout``."""
         if self.proc is None or self.proc.poll() is not None:

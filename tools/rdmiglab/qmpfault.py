@@ -17,6 +17,15 @@ import socket
 import threading
 
 
+def _shut_both(*socks):
+    """Ends both directions of a proxied pair: the other copier sees EOF and stops too."""
+    for s in socks:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
 class QmpFaultProxy:
     def __init__(self, path, upstream, stall=("query-migrate",), trigger=("device", "completed")):
         self.path, self.upstream = path, upstream
@@ -77,11 +86,7 @@ class QmpFaultProxy:
         except OSError:
             pass
         finally:
-            for s in (up, client):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            _shut_both(up, client)
 
     def _up(self, up, client, pending):
         """QEMU -> client: holds back replies to stalled commands once triggered."""
@@ -104,8 +109,4 @@ class QmpFaultProxy:
         except OSError:
             pass
         finally:
-            for s in (up, client):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            _shut_both(up, client)
