@@ -8,7 +8,20 @@ charts/rdmig/ and operator-manifests/monitoring/). Metric names are the agent's
 deploy_dashboard_metrics scrapes both after a real migration and fails on a name nobody exports.
 
 Labels: `namespace` (added by the Prometheus Operator) and `node` (the ServiceMonitors relabel
-__meta_kubernetes_pod_node_name to it) back the two variables.
+__meta_kubernetes_pod_node_name to it) back the namespace and node variables; the agents' `vm`
+label (namespace/name: the controller names a bare-QEMU migration after its RdmaMigration) backs
+the VM variable; the hidden agent_job/controller_job variables are the scrape jobs that export
+the agent's and the controller's metrics (so `up` can be shown per agent without knowing the
+release name). The ctest deploy_dashboard_prometheus runs Debian's Prometheus against live agents
+and a live controller during a real migration and evaluates every query here through its API.
+
+Counting events over a window: prometheus-cpp creates a labelled series at its first increment
+(the first failure of each reason, the first RDMA chunk, the first downtime of a transport), and
+increase() cannot see the increment that created a series: the first failure after an agent
+starts would read 0. Every increase() here is therefore written by `events()`:
+`(x unless last_over_time(x[5m] offset W)) or increase(x[W])`, which counts a series that appeared
+within the window with its whole value (a counter created within the window counted every one of
+its events there).
 """
 import json
 import os
@@ -16,6 +29,7 @@ import sys
 
 AGENT = 'namespace=~"$namespace", node=~"$node"'
 CTRL = 'namespace=~"$namespace"'
+MIGRATION = AGENT + ', vm=~"$vm"'  # the per-migration and per-VM series
 DS = {"type": "prometheus", "uid": "${datasource}"}
 
 
@@ -79,13 +93,49 @@ def panel(kind, title, description, targets, unit="short", **extra):
     elif kind == "heatmap":
         p["options"] = {"calculate": False, "yAxis": {"unit": unit}, "cellGap": 1,
                         "color": {"mode": "scheme", "scheme": "Oranges", "steps": 64}}
+    elif kind == "state-timeline":
+        p["fieldConfig"]["defaults"].update(
+            color={"mode": "thresholds"}, thresholds={"mode": "absolute", "steps": [
+                {"color": "red", "value": None}, {"color": "green", "value": 1}]},
+            mappings=[{"type": "value", "options": {"0": {"text": "down", "color": "red"},
+                                                    "1": {"text": "up", "color": "green"}}}])
+        p["options"] = {"mergeValues": True, "showValue": "never", "alignValue": "left", "rowHeight": 0.8,
+                        "legend": {"displayMode": "list", "placement": "bottom", "showLegend": False}}
     p.update(extra)
     return p
+
+
+def events(metric, sel, window):
+    """Increase of the counter `metric{sel}` over `window`, counting series created within it (see above)."""
+    x = "%s{%s}" % (metric, sel)
+    return "((%s unless %s) or increase(%s[%s]))" % (x, existed(x, window), x, window)
+
+
+def existed(x, ago):
+    """The series of `x` that had a sample in the 5 minutes before `ago` ago. A range selector skips
+    the staleness markers that a failed scrape leaves, so a missed scrape does not make an old
+    series look new (`x offset ago` would)."""
+    return "last_over_time(%s[5m] offset %s)" % (x, ago)
 
 
 def quantiles(metric, sel, by, window, qs=(0.5, 0.99)):
     return [target('histogram_quantile(%s, sum by (le, %s) (rate(%s_bucket{%s}[%s])))' % (q, by, metric, sel, window),
                    "p%d {{%s}}" % (round(q * 100), by)) for q in qs]
+
+
+def table_column(ref, name, unit):
+    return {"matcher": {"id": "byName", "options": name}, "properties": [{"id": "unit", "value": unit}]}, \
+        ("Value #%s" % ref, name)
+
+
+def annotation(name, color, expr, title, text, tags):
+    """A Prometheus annotation: an event at each step where `expr` has a series (Grafana merges
+    consecutive steps into a region). `$__interval` is the step, so `x - x offset $__interval`
+    sees each change of a counter, and `x unless existed(x, "$__interval")` each new series,
+    exactly once at any zoom."""
+    return {"name": name, "datasource": DS, "enable": True, "hide": False, "iconColor": color,
+            "expr": expr, "step": "15s", "titleFormat": title, "textFormat": text, "tagKeys": tags,
+            "useValueForTime": False}
 
 
 def build():
@@ -96,28 +146,71 @@ def build():
                 [target("sum by (role) (rdmig_migrations_active{%s})" % AGENT, "{{role}}")]), 5, 5)
     L.add(panel("stat", "Migrations by result", "Migrations finished in the time range, counted on the source "
                 "agent, by result (succeeded, failed, cancelled).",
-                [target('sum by (result) (increase(rdmig_migrations_finished_total{%s, role="source"}[$__range]))'
-                        % AGENT, "{{result}}", instant=True)]), 7, 5)
+                [target("sum by (result) (%s)" % events("rdmig_migrations_finished_total", AGENT + ', role="source"',
+                                                        "$__range"), "{{result}}", instant=True)]), 7, 5)
     L.add(panel("piechart", "RDMA versus TCP", "Transport chosen for the migrations started in the time range.",
-                [target("sum by (transport) (increase(rdmig_transport_selected_total{%s}[$__range]))" % AGENT,
+                [target("sum by (transport) (%s)" % events("rdmig_transport_selected_total", AGENT, "$__range"),
                         "{{transport}}", instant=True)]), 6, 5)
     L.add(panel("stat", "RDMA devices per node", "Usable RDMA devices each agent sees (0: TCP only on that node).",
                 [target("rdmig_rdma_devices{%s}" % AGENT, "{{node}}")]), 6, 5)
     L.add(panel("timeseries", "Migrations started and finished", "Per source agent, in each interval.",
-                [target('sum by (result) (increase(rdmig_migrations_finished_total{%s, role="source"}[$__rate_interval]))'
-                        % AGENT, "finished {{result}}"),
-                 target('sum (increase(rdmig_migrations_started_total{%s, role="source"}[$__rate_interval]))' % AGENT,
-                        "started")]), 12, 7)
+                [target("sum by (result) (%s)" % events("rdmig_migrations_finished_total", AGENT + ', role="source"',
+                                                        "$__rate_interval"), "finished {{result}}"),
+                 target("sum (%s)" % events("rdmig_migrations_started_total", AGENT + ', role="source"',
+                                            "$__rate_interval"), "started")]), 12, 7)
     L.add(panel("timeseries", "RdmaMigration objects by phase (controller)", "As the controller replicas see "
                 "them; both replicas keep the same cache, so the maximum is shown.",
                 [target("max by (phase) (rdmig_controller_migrations{%s})" % CTRL, "{{phase}}")]), 8, 7)
     L.add(panel("stat", "Controller leader", "Replicas that hold the leader Lease (1 expected).",
                 [target("sum (rdmig_controller_leader{%s})" % CTRL, "leaders")]), 4, 7)
+    L.add(panel("state-timeline", "Agents and controller up", "Prometheus' `up` of each agent (per node) and "
+                "each controller replica: down means no scrape, and migrations from or to that node fail.",
+                [target('max by (node) (up{job=~"$agent_job", %s})' % AGENT, "agent {{node}}"),
+                 target('max by (instance) (up{job=~"$controller_job", %s})' % CTRL, "controller {{instance}}")]),
+          24, 5)
+
+    L.row("Migrations")
+    columns = [table_column("A", "Guest RAM", "bytes"), table_column("B", "Transferred", "bytes"),
+               table_column("C", "Remaining", "bytes"), table_column("D", "Throughput now", "Bps"),
+               table_column("E", "Dirty rate", "Bps")]
+    per_migration = ("rdmig_migration_total_bytes", "rdmig_migration_transferred_bytes",
+                     "rdmig_migration_remaining_bytes", "rdmig_migration_throughput_bytes_per_second",
+                     "rdmig_migration_dirty_rate_bytes_per_second")
+    L.add(panel("table", "Running and recent migrations", "Every migration the selected agents held in the time "
+                "range (an agent keeps its last migration.historySize), one row per agent and role, with the "
+                "last value of its figures. Running ones move bytes; a finished one keeps its last figures "
+                "with throughput 0 (the source sets it to 0 at the end).",
+                [target("max by (vm, migration, role, node) (last_over_time(%s{%s}[$__range]))" % (m, MIGRATION),
+                        fmt="table", instant=True) for m in per_migration],
+                fieldConfig={"defaults": {"unit": "short", "custom": {"align": "auto"}},
+                             "overrides": [c[0] for c in columns]},
+                transformations=[{"id": "merge", "options": {}},
+                                 {"id": "organize", "options": {
+                                     "excludeByName": {"Time": True},
+                                     "indexByName": {"vm": 0, "migration": 1, "role": 2, "node": 3},
+                                     "renameByName": dict([("vm", "VM"), ("migration", "Migration"), ("role", "Role"),
+                                                           ("node", "Node")] + [c[1] for c in columns])}}],
+                options={"showHeader": True, "sortBy": [{"displayName": "VM", "desc": False}]}), 24, 8)
+    L.add(panel("bargauge", "Failure reasons", "Failed migrations in the time range by role and reason "
+                "(timeout, peer_lost, qemu, protocol, io, target_failed, vm_paused_on_source, other). A failed "
+                "migration counts once on each agent that saw it fail.",
+                [target("sum by (role, reason) (%s)" % events("rdmig_migration_failures_total", AGENT, "$__range"),
+                        "{{role}}: {{reason}}", instant=True)]), 10, 7)
+    L.add(panel("timeseries", "Failures by reason", "Failed migrations in each interval, by role and reason.",
+                [target("sum by (role, reason) (%s)" % events("rdmig_migration_failures_total", AGENT,
+                                                              "$__rate_interval"), "{{role}}: {{reason}}")]), 10, 7)
+    L.add(panel("stat", "VMs left paused on the source", "Source migrations in the time range that ended with the "
+                "VM paused on the source because the target's verdict was lost: an operator must find where the "
+                "VM runs (alert RdmigVmPausedOnSource).",
+                [target("sum (%s)" % events("rdmig_source_vms_left_paused_total", AGENT, "$__range"), "paused",
+                        instant=True)],
+                fieldConfig={"defaults": {"unit": "short", "thresholds": {"mode": "absolute", "steps": [
+                    {"color": "green", "value": None}, {"color": "red", "value": 1}]}}, "overrides": []}), 4, 7)
 
     L.row("Throughput and progress")
     L.add(panel("timeseries", "Throughput per migration", "QEMU's current throughput of each running migration "
                 "(source side).",
-                [target('rdmig_migration_throughput_bytes_per_second{%s, role="source"}' % AGENT,
+                [target('rdmig_migration_throughput_bytes_per_second{%s, role="source"}' % MIGRATION,
                         "{{vm}} {{migration}}")], unit="Bps"), 12, 8)
     L.add(panel("timeseries", "Data-plane throughput by transport", "Migration stream bytes carried by the agents, "
                 "per node, transport and direction.",
@@ -125,44 +218,45 @@ def build():
                         % AGENT, "{{node}} {{transport}} {{direction}}")], unit="Bps"), 12, 8)
     L.add(panel("timeseries", "Migration progress", "Bytes transferred and remaining, and guest RAM size, "
                 "per migration (source side).",
-                [target('rdmig_migration_transferred_bytes{%s, role="source"}' % AGENT, "transferred {{vm}}"),
-                 target('rdmig_migration_remaining_bytes{%s, role="source"}' % AGENT, "remaining {{vm}}"),
-                 target('rdmig_migration_total_bytes{%s, role="source"}' % AGENT, "total {{vm}}")],
+                [target('rdmig_migration_transferred_bytes{%s, role="source"}' % MIGRATION, "transferred {{vm}}"),
+                 target('rdmig_migration_remaining_bytes{%s, role="source"}' % MIGRATION, "remaining {{vm}}"),
+                 target('rdmig_migration_total_bytes{%s, role="source"}' % MIGRATION, "total {{vm}}")],
                 unit="bytes"), 12, 8)
     L.add(panel("timeseries", "Guest dirty rate", "Memory the guest dirties per second, as QEMU sees it; a dirty "
                 "rate near the throughput keeps a migration from converging.",
-                [target('rdmig_migration_dirty_rate_bytes_per_second{%s, role="source"}' % AGENT, "{{vm}}")],
+                [target('rdmig_migration_dirty_rate_bytes_per_second{%s, role="source"}' % MIGRATION, "{{vm}}")],
                 unit="Bps"), 6, 8)
     L.add(panel("stat", "Transferred bytes", "Bytes sent by the data plane in the time range, by transport.",
-                [target('sum by (transport) (increase(rdmig_transferred_bytes_total{%s, direction="sent"}[$__range]))'
-                        % AGENT, "{{transport}}", instant=True)], unit="bytes"), 6, 8)
+                [target("sum by (transport) (%s)" % events("rdmig_transferred_bytes_total", AGENT + ', direction="sent"',
+                                                           "$__range"), "{{transport}}", instant=True)],
+                unit="bytes"), 6, 8)
 
     L.row("Downtime and duration")
     L.add(panel("bargauge", "Last downtime per VM", "Guest downtime of each VM's last migration, as QEMU reports it.",
-                [target("max by (vm) (rdmig_last_downtime_seconds{%s})" % AGENT, "{{vm}}", instant=True)],
+                [target("max by (vm) (rdmig_last_downtime_seconds{%s})" % MIGRATION, "{{vm}}", instant=True)],
                 unit="s"), 6, 8)
     L.add(panel("bargauge", "Last switchover per VM", "Source STOP to target RESUME of each VM's last migration "
                 "(only when the target runs afterwards).",
-                [target("max by (vm) (rdmig_last_switchover_seconds{%s})" % AGENT, "{{vm}}", instant=True)],
+                [target("max by (vm) (rdmig_last_switchover_seconds{%s})" % MIGRATION, "{{vm}}", instant=True)],
                 unit="s"), 6, 8)
     L.add(panel("heatmap", "Downtime distribution", "Migrations per downtime bucket in each interval.",
-                [target("sum by (le) (increase(rdmig_downtime_seconds_bucket{%s}[$__rate_interval]))" % AGENT,
+                [target("sum by (le) (%s)" % events("rdmig_downtime_seconds_bucket", AGENT, "$__rate_interval"),
                         "{{le}}", fmt="heatmap")], unit="s"), 6, 8)
     L.add(panel("stat", "Downtime and switchover over the range", "Quantiles over every migration in the time "
                 "range, by transport.",
-                [target('histogram_quantile(0.5, sum by (le, transport) (increase(rdmig_downtime_seconds_bucket{%s}[$__range])))'
-                        % AGENT, "downtime p50 {{transport}}", instant=True),
-                 target('histogram_quantile(0.95, sum by (le, transport) (increase(rdmig_downtime_seconds_bucket{%s}[$__range])))'
-                        % AGENT, "downtime p95 {{transport}}", instant=True),
-                 target('histogram_quantile(0.95, sum by (le, transport) (increase(rdmig_switchover_seconds_bucket{%s}[$__range])))'
-                        % AGENT, "switchover p95 {{transport}}", instant=True)], unit="s"), 6, 8)
+                [target("histogram_quantile(%s, sum by (le, transport) (%s))"
+                        % (q, events("rdmig_%s_seconds_bucket" % what, AGENT, "$__range")),
+                        "%s p%d {{transport}}" % (what, round(q * 100)), instant=True)
+                 for what, q in (("downtime", 0.5), ("downtime", 0.95), ("switchover", 0.95))], unit="s"), 6, 8)
     L.add(panel("timeseries", "Total migration duration", "Start to result on the source, mean and p95 over "
                 "the migrations that finished in each interval, by result.",
-                [target('sum by (result) (increase(rdmig_migration_duration_seconds_sum{%s, role="source"}[$__rate_interval]))'
-                        ' / sum by (result) (increase(rdmig_migration_duration_seconds_count{%s, role="source"}[$__rate_interval]))'
-                        % (AGENT, AGENT), "mean {{result}}"),
-                 target('histogram_quantile(0.95, sum by (le, result) (increase(rdmig_migration_duration_seconds_bucket{%s, role="source"}[$__rate_interval])))'
-                        % AGENT, "p95 {{result}}")], unit="s"), 24, 7)
+                [target("sum by (result) (%s) / sum by (result) (%s)"
+                        % (events("rdmig_migration_duration_seconds_sum", AGENT + ', role="source"', "$__rate_interval"),
+                           events("rdmig_migration_duration_seconds_count", AGENT + ', role="source"',
+                                  "$__rate_interval")), "mean {{result}}"),
+                 target("histogram_quantile(0.95, sum by (le, result) (%s))"
+                        % events("rdmig_migration_duration_seconds_bucket", AGENT + ', role="source"', "$__rate_interval"),
+                        "p95 {{result}}")], unit="s"), 24, 7)
 
     L.row("Data plane")
     L.add(panel("timeseries", "Chunk size", "Payload of each chunk sent: mean and median. Chunks go out early "
@@ -185,10 +279,10 @@ def build():
                 [target("sum by (node, transport) (rate(rdmig_credit_stalls_total{%s}[$__rate_interval]))" % AGENT,
                         "{{node}} {{transport}}")], unit="ops"), 8, 8)
     L.add(panel("timeseries", "Transport errors by kind", "Data-plane errors in each interval.",
-                [target("sum by (transport, kind) (increase(rdmig_transport_errors_total{%s}[$__rate_interval]))"
-                        % AGENT, "{{transport}} {{kind}}")]), 8, 8)
+                [target("sum by (transport, kind) (%s)" % events("rdmig_transport_errors_total", AGENT,
+                                                                 "$__rate_interval"), "{{transport}} {{kind}}")]), 8, 8)
     L.add(panel("bargauge", "Transport selection by reason", "Why each transport was chosen, in the time range.",
-                [target("sum by (transport, reason) (increase(rdmig_transport_selected_total{%s}[$__range]))" % AGENT,
+                [target("sum by (transport, reason) (%s)" % events("rdmig_transport_selected_total", AGENT, "$__range"),
                         "{{transport}} ({{reason}})", instant=True)]), 24, 6)
 
     L.row("Controller")
@@ -200,12 +294,15 @@ def build():
                 [target("sum by (code) (rate(rdmig_controller_agent_requests_total{%s}[$__rate_interval]))" % CTRL,
                         "{{code}}")], unit="reqps"), 12, 7)
 
-    def query_var(name, label, query):
+    def query_var(name, label, query, all_value=".*", hide=0):
         return {"name": name, "label": label, "type": "query", "datasource": DS,
                 "query": {"query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
-                "definition": query, "refresh": 2, "includeAll": True, "multi": True, "allValue": ".*",
-                "current": {"selected": True, "text": ["All"], "value": ["$__all"]}, "sort": 1}
+                "definition": query, "refresh": 2, "includeAll": True, "multi": True, "allValue": all_value,
+                "current": {"selected": True, "text": ["All"], "value": ["$__all"]}, "sort": 1, "hide": hide}
 
+    source = 'rdmig_migration_total_bytes{%s, role="source"}' % MIGRATION
+    finished = 'rdmig_migrations_finished_total{%s, role="source", result=~"%%s"}' % AGENT
+    ended = "sum by (node, result) (%s - %s offset $__interval) > 0"
     return {
         "title": "rdmig: RDMA live migration",
         "uid": "rdmig-overview",
@@ -218,13 +315,32 @@ def build():
         "version": 1,
         "time": {"from": "now-1h", "to": "now"},
         "timezone": "",
-        "annotations": {"list": []},
+        "annotations": {"list": [
+            {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True, "hide": True,
+             "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"},
+            # A migration starts when its source agent creates its per-migration series.
+            annotation("Migration started", "blue",
+                       "group by (node, vm, migration) (%s unless %s)" % (source, existed(source, "$__interval")),
+                       "Migration of {{vm}} started", "migration {{migration}} from node {{node}}", "vm,node"),
+            annotation("Migration succeeded", "green", ended % (finished % "succeeded", finished % "succeeded"),
+                       "Migration succeeded", "source node {{node}}", "node,result"),
+            annotation("Migration failed or cancelled", "red",
+                       ended % (finished % "failed|cancelled", finished % "failed|cancelled"),
+                       "Migration {{result}}", "source node {{node}}", "node,result"),
+        ]},
         "links": [],
         "templating": {"list": [
             {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
              "current": {}, "hide": 0, "refresh": 1, "regex": ""},
             query_var("namespace", "Namespace", "label_values(rdmig_rdma_devices, namespace)"),
             query_var("node", "Node", 'label_values(rdmig_rdma_devices{namespace=~"$namespace"}, node)'),
+            query_var("vm", "VM (namespace/name)",
+                      'label_values(rdmig_migration_total_bytes{namespace=~"$namespace", node=~"$node"}, vm)'),
+            # The scrape jobs of the agents and of the controller (for `up`); All = every one found.
+            query_var("agent_job", "Agent scrape job", 'label_values(rdmig_rdma_devices{namespace=~"$namespace"}, job)',
+                      all_value=None, hide=2),
+            query_var("controller_job", "Controller scrape job",
+                      'label_values(rdmig_controller_leader{namespace=~"$namespace"}, job)', all_value=None, hide=2),
         ]},
         "panels": L.panels,
     }

@@ -120,7 +120,7 @@ def diff(a, b, path="", out=None):
 
 
 def dashboard_metric_names(dashboard):
-    """Every rdmig_* name in any panel query or variable query of a Grafana dashboard JSON."""
+    """Every rdmig_* name in any panel, annotation or variable query of a Grafana dashboard JSON."""
     exprs = []
 
     def walk(panels):
@@ -128,6 +128,7 @@ def dashboard_metric_names(dashboard):
             exprs.extend(t.get("expr", "") for t in p.get("targets", []))
             walk(p.get("panels", []))
     walk(dashboard.get("panels", []))
+    exprs.extend(a.get("expr", "") for a in dashboard.get("annotations", {}).get("list", []))
     for v in dashboard.get("templating", {}).get("list", []):
         q = v.get("query")
         exprs.append(q.get("query", "") if isinstance(q, dict) else str(q or ""))

@@ -444,13 +444,20 @@ class ChartTest(unittest.TestCase):
     def test_dashboard_has_the_issue_panels_and_variables(self):
         with open(os.path.join(REPO, "dashboards", "rdmig.json")) as f:
             d = json.load(f)
-        self.assertEqual([v["name"] for v in d["templating"]["list"]], ["datasource", "namespace", "node"])
+        self.assertEqual([v["name"] for v in d["templating"]["list"]],
+                         ["datasource", "namespace", "node", "vm", "agent_job", "controller_job"])
         titles = {p["title"] for p in d["panels"]}
         for t in ("Active migrations", "Throughput per migration", "Last downtime per VM", "Downtime distribution",
                   "Total migration duration", "Transferred bytes", "Chunk size", "Chunk write latency",
                   "Chunks in flight", "Credit stalls", "Transport errors by kind", "Migrations by result",
-                  "RDMA versus TCP"):
+                  "RDMA versus TCP", "Running and recent migrations", "Failure reasons", "Agents and controller up"):
             self.assertIn(t, titles)
+        annotations = {a["name"]: a for a in d["annotations"]["list"] if "expr" in a}
+        self.assertEqual(sorted(annotations), ["Migration failed or cancelled", "Migration started",
+                                               "Migration succeeded"])
+        for a in annotations.values():
+            self.assertEqual(a["datasource"]["uid"], "${datasource}", a["name"])
+            self.assertIn('namespace=~"$namespace", node=~"$node"', a["expr"], a["name"])
         ids = [p["id"] for p in d["panels"]]
         self.assertEqual(len(ids), len(set(ids)))
         for p in d["panels"]:
@@ -458,7 +465,7 @@ class ChartTest(unittest.TestCase):
                 continue
             self.assertEqual(p["datasource"]["uid"], "${datasource}", p["title"])
             for t in p["targets"]:
-                if "rdmig_controller_" not in t["expr"]:
+                if "rdmig_controller_" not in t["expr"] and "$controller_job" not in t["expr"]:
                     self.assertIn('node=~"$node"', t["expr"], p["title"])
                 self.assertIn('namespace=~"$namespace"', t["expr"], p["title"])
 

@@ -1,0 +1,123 @@
+"""Live rdmig for the dashboard checks: two real agents and a real controller loading the configs
+the chart renders, carrying a real QEMU migration (tests/deploy/test_dashboard_metrics.py and
+test_dashboard_prometheus.py).
+
+The agents ("node-a", "node-b") load the agent.yaml that `helm template` puts into the agent
+ConfigMap, with only the listen addresses, ports, token file and state dir changed for this
+machine; the controller loads the chart's controller.yaml against the API server double of
+tests/k8s. `migrate()` runs one RdmaMigration of a real QEMU guest end to end (node-a to node-b),
+then a migration with a wrong data-plane token, so that the agents count a failure and a
+transport error; neither VM is touched by the second.
+"""
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(REPO, "tests", "k8s"))
+sys.path.insert(0, os.path.join(REPO, "tools"))
+for _var, _rel in (("RDMIG_AGENT", "build-deploy/agent/rdmig-agent"),
+                   ("RDMIG_CONTROLLER", "build-deploy/controller/rdmig-controller")):
+    os.environ.setdefault(_var, os.path.join(REPO, _rel))
+from deploylib import embedded_config, one, render  # noqa: E402
+from rdmiglab import Agent, QemuVm, ensure_guest, start_migration  # noqa: E402
+from apiserver_double import ApiServerDouble  # noqa: E402
+from controllerlab import Controller, wait_for  # noqa: E402
+
+CRD = os.path.join(REPO, "operator-manifests", "crd-rdmamigrations.yaml")
+AGENT_NS, VM_NS = "rdmig-system", "vms"
+MIGRATION_NAME = "dashboard-check"
+VM = VM_NS + "/" + MIGRATION_NAME  # the controller names a bare-QEMU migration's VM namespace/name
+BAD_TOKEN_VM = "bad-token"
+
+
+class LiveStack:
+    """Agents, API server double and controller in a temporary directory; stop() ends them all."""
+
+    def __init__(self, docs=None):
+        ensure_guest()
+        self.tmp = tempfile.mkdtemp(prefix="rdmig-deploy-")
+        self.vms, self.agents, self.controller, self.api = [], [], None, None
+        try:
+            self._start(docs if docs is not None else render())
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, docs):
+        agent_yaml = embedded_config(one(docs, "ConfigMap", "rdmig-agent-config"))["agent.yaml"]
+        controller_yaml = embedded_config(one(docs, "ConfigMap", "rdmig-controller-config"))["controller.yaml"]
+        token = "deploy-token-" + os.urandom(12).hex()
+        for name in ("node-a", "node-b"):
+            cfg = json.loads(json.dumps(agent_yaml))
+            cfg["api"].update(address="127.0.0.1", port=0, probePort=0,
+                              tokenFile=os.path.join(self.tmp, name + ".token"))
+            cfg["dataPlane"].update(address="127.0.0.1", port=0, rdmaPort=0)
+            del cfg["stateDir"]   # the chart's /var/run/rdmig: Agent picks a short one under /tmp
+            self.agents.append(Agent(self.tmp, name, token=token, config=cfg))
+        self.api = ApiServerDouble(os.path.join(self.tmp, "apiserver"), tls=True, crd_path=CRD)
+        kubeconfig = self.api.write_kubeconfig(os.path.join(self.tmp, "kubeconfig"))
+        for agent in self.agents:
+            self.api.add_agent_pod(AGENT_NS, "rdmig-agent-" + agent.name, agent.name, agent.api_port)
+        cfg = json.loads(json.dumps(controller_yaml))
+        cfg["agents"]["tokenFile"] = self.agents[0].token_file
+        cfg["metrics"].update(address="127.0.0.1", port=0)
+        cfg["qemu"] = {"allowedNamespaces": [VM_NS]}  # this check runs a bare-QEMU migration: opt in
+        self.controller = Controller(self.tmp, "controller", kubeconfig, self.agents[0].token_file, config=cfg)
+
+    def stop(self):
+        for vm in self.vms:
+            vm.kill()
+        if self.controller:
+            self.controller.stop()
+        for a in self.agents:
+            a.stop()
+        if self.api:
+            self.api.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def vm(self, name, **kw):
+        # 256 MiB dirtying 8 MiB/s, as tests/k8s: a TCG guest dirtying 16 MiB/s sometimes panicked on its
+        # target after a completed migration on a busy machine (its QEMU gone, the next step failed).
+        vm = QemuVm(self.tmp, name, mem_mib=256, dirty_mib=8, **kw)
+        self.vms.append(vm)
+        return vm
+
+    def logs(self):
+        return "\n".join("---- %s ----\n%s" % (p.name, p.log_text()[-3000:]) for p in self.agents + [self.controller])
+
+    def wait_for_leader(self):
+        wait_for(lambda: self.controller.metric("rdmig_controller_leader") == 1, 40, "the controller to lead")
+
+    def migrate(self, test):
+        """The RdmaMigration of a real guest (node-a to node-b, Succeeded over TCP), then the
+        wrong-token migration (Failed on the source). `test` is the unittest.TestCase asserting."""
+        src, dst = self.vm("src"), self.vm("dst", incoming_defer=True)
+        src.wait_for_counter(2, timeout=90)
+        body = {"apiVersion": "rdmig.io/v1alpha1", "kind": "RdmaMigration",
+                "metadata": {"name": MIGRATION_NAME, "namespace": VM_NS},
+                "spec": {"source": {"qemu": {"node": "node-a", "qmpSocket": src.agent_qmp_path}},
+                         "target": {"qemu": {"node": "node-b", "qmpSocket": dst.agent_qmp_path}},
+                         "transport": "auto", "multifdChannels": 2, "maxBandwidth": "1Gi"}}
+        code, obj = self.api.store.create("rdmamigrations", VM_NS, body)
+        test.assertEqual(code, 201, obj)
+
+        def finished():
+            _, o = self.api.store.get("rdmamigrations", VM_NS, MIGRATION_NAME)
+            return o if o.get("status", {}).get("phase") in ("Succeeded", "Failed", "Cancelled") else None
+        obj = wait_for(finished, 240, "the RdmaMigration to finish", interval=0.25)
+        test.assertEqual(obj["status"]["phase"], "Succeeded", "%s\n%s" % (obj["status"], self.logs()))
+        test.assertEqual(obj["status"]["transport"], "tcp", "no RDMA device here: auto falls back to TCP")
+
+        # A wrong data-plane token: the agents count a transport error; neither VM is touched.
+        spare = self.vm("spare", incoming_defer=True)
+        target, source = start_migration(self.agents[0], self.agents[1], dst.agent_qmp_path, spare.agent_qmp_path,
+                                         vm=BAD_TOKEN_VM, token="0" * 32)
+        failed = self.agents[0].wait(source["id"], timeout=60)
+        test.assertEqual(failed["phase"], "Failed")
+        self.agents[1].cancel(target["id"])
+        self.agents[1].wait(target["id"], timeout=30)

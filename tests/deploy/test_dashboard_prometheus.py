@@ -1,0 +1,396 @@
+"""Debian's real Prometheus evaluates every dashboard query and every alert expression against
+live agents and a live controller during a real migration.
+
+The live stack of livestack.py (two agents and a controller loading the chart's configs, the API
+server double) runs; a real `prometheus` scrapes both agents and the controller every second,
+with the target labels the Prometheus Operator gives them through the ServiceMonitors (job = the
+metrics Service, namespace, node), and loads the PrometheusRule of operator-manifests/monitoring/
+and the chart's (helm template, prometheusRule.enabled=true) as rule files. Then one RdmaMigration
+of a real QEMU guest and one migration with a wrong data-plane token (Failed on its source) run.
+After that, through Prometheus' HTTP API:
+
+- every dashboard variable resolves to values (label_values over the run, as Grafana asks the
+  series API), and the panels are evaluated with those values substituted (the multi-value regex
+  Grafana builds), $__interval = 1s (the step), $__rate_interval = 4s (Grafana's rule: four
+  scrape intervals of the data source) and $__range = the run;
+- every panel query parses and returns data: at least one series with a value that is not NaN
+  (range queries over the run, instant ones at its end); the panels that take the VM variable
+  again with the one migrated VM selected, returning only its series;
+- a few figures are checked: one migration succeeded and one failed, a failure reason, both rows
+  (source, target) of the migrated VM in the table of migrations;
+- every annotation query parses; the start annotation marks each of the two migrations once with
+  its VM, the end annotations mark the success and the failure on the source node once each;
+- every alert expression parses, Prometheus evaluates every rule with health ok,
+  RdmigMigrationFailed fires for node-a, and no other alert than the fallback ratio one
+  returns a series; then the agent of node-b is stopped and RdmigAgentDown's expression returns
+  node-b, its alert is pending, and the up panel shows node-b down.
+
+A panel querying a metric that no program exports, or a syntax error anywhere, fails the test.
+RDMIG_DASHBOARD=path checks another dashboard JSON (to see the test fail on a broken one).
+
+prometheus: Debian's `prometheus` package (scripts/install-deps.sh --test).
+Run: python3 tests/deploy/test_dashboard_prometheus.py -v   (ctest -L deploy; needs built binaries:
+$RDMIG_AGENT and $RDMIG_CONTROLLER, else build-deploy/...)
+"""
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import unittest
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from livestack import BAD_TOKEN_VM, REPO, VM, LiveStack, wait_for  # noqa: E402
+from deploylib import MANIFESTS, one, render  # noqa: E402
+
+AGENT_JOB, CONTROLLER_JOB, NAMESPACE = "rdmig-agent-metrics", "rdmig-controller-metrics", "rdmig-system"
+SCRAPE_SECONDS = 1
+# Grafana: $__interval is the step (at least the data source's scrape interval); $__rate_interval
+# is max($__interval + scrape interval, 4 * scrape interval).
+STEP = SCRAPE_SECONDS
+RATE_INTERVAL = max(STEP + SCRAPE_SECONDS, 4 * SCRAPE_SECONDS)
+DASHBOARD = os.environ.get("RDMIG_DASHBOARD") or os.path.join(REPO, "dashboards", "rdmig.json")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def grafana_regex(values):
+    """A multi-value variable as Grafana puts it into a Prometheus regex matcher."""
+    escaped = [re.sub(r"[\\^$*+?.()|[\]{}/]", lambda m: "\\\\" + m.group(0), v) for v in values]
+    return escaped[0] if len(escaped) == 1 else "(" + "|".join(escaped) + ")"
+
+
+class Prometheus:
+    """One `prometheus` process on a free port, its TSDB and log in `workdir`."""
+
+    def __init__(self, workdir, config):
+        binary = shutil.which("prometheus")
+        if not binary:
+            raise AssertionError("prometheus missing: scripts/install-deps.sh --test installs Debian's prometheus")
+        self.workdir = workdir
+        self.config_file = os.path.join(workdir, "prometheus.yml")
+        with open(self.config_file, "w") as f:
+            yaml.safe_dump(config, f, sort_keys=False)
+        self.log_file = os.path.join(workdir, "prometheus.log")
+        for _attempt in range(3):  # a port taken between free_port() and prometheus' bind: try another
+            self.port = free_port()
+            with open(self.log_file, "ab") as log:
+                self.proc = subprocess.Popen(
+                    [binary, "--config.file=" + self.config_file, "--storage.tsdb.path=" + os.path.join(workdir, "tsdb"),
+                     "--web.listen-address=127.0.0.1:%d" % self.port, "--log.level=info"],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                wait_for(self._ready, 60, "prometheus to be ready", interval=0.2)
+                return
+            except RuntimeError:
+                if "address already in use" not in self.log_text():
+                    raise
+        raise AssertionError("prometheus found no free port:\n" + self.log_text()[-3000:])
+
+    def _ready(self):
+        if self.proc.poll() is not None:
+            raise RuntimeError("prometheus exited with %s:\n%s" % (self.proc.returncode, self.log_text()[-3000:]))
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:%d/-/ready" % self.port, timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def log_text(self):
+        with open(self.log_file, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def api(self, path, post=False, **params):
+        """GET (POST: the parameters as a form) on the HTTP API; returns the decoded JSON, errors
+        included."""
+        url = "http://127.0.0.1:%d/api/v1/%s" % (self.port, path)
+        form = urllib.parse.urlencode(params, doseq=True)
+        req = urllib.request.Request(url, data=form.encode()) if post else \
+            urllib.request.Request(url + ("?" + form if form else ""))
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return json.load(r)
+        except urllib.error.HTTPError as e:
+            text = e.read().decode(errors="replace")
+            try:
+                return json.loads(text)
+            except ValueError:
+                return {"status": "error", "errorType": "http %d" % e.code, "error": text}
+
+    def query(self, expr, at=None, start=None, end=None):
+        """An instant query at `at`, or a range query over [start, end] at STEP. Returns
+        (error or None, result list)."""
+        if start is None:
+            body = self.api("query", post=True, query=expr, time="%.3f" % (at or time.time()))
+        else:
+            body = self.api("query_range", post=True, query=expr, start="%.3f" % start, end="%.3f" % end, step=str(STEP))
+        if body.get("status") != "success":
+            return "%s: %s" % (body.get("errorType"), body.get("error")), []
+        return None, body["data"]["result"]
+
+    def value(self, expr):
+        err, result = self.query(expr)
+        if err or not result:
+            return None
+        return float(result[0]["value"][1])
+
+
+def samples(series):
+    """The values of one series of an instant (value) or range (values) result, as floats."""
+    pairs = series["values"] if "values" in series else [series["value"]]
+    return [float(v) for _t, v in pairs]
+
+
+def has_data(result):
+    return any(not math.isnan(v) for s in result for v in samples(s))
+
+
+class DashboardPrometheusTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.stack, cls.prom = None, None
+        with open(DASHBOARD) as f:
+            cls.dashboard = json.load(f)
+        docs = render()
+        chart_rules = one(render("--set", "prometheusRule.enabled=true"), "PrometheusRule")
+        with open(os.path.join(MANIFESTS, "monitoring", "prometheusrule.yaml")) as f:
+            manifest_rules = one([d for d in yaml.safe_load_all(f) if d], "PrometheusRule")
+        cls.stack = LiveStack(docs)
+        try:
+            cls.rule_files, cls.alerts = [], []
+            for where, rule in (("manifest", manifest_rules), ("chart", chart_rules)):
+                path = os.path.join(cls.stack.tmp, "%s.rules.yaml" % where)
+                groups = [dict(g, name="%s-%s" % (g["name"], where)) for g in rule["spec"]["groups"]]
+                with open(path, "w") as f:
+                    yaml.safe_dump({"groups": groups}, f, sort_keys=False)
+                cls.rule_files.append(path)
+                cls.alerts += [(where, r["alert"], r["expr"]) for g in groups for r in g["rules"]]
+            a, b = cls.stack.agents
+            config = {
+                "global": {"scrape_interval": "%ds" % SCRAPE_SECONDS, "scrape_timeout": "%ds" % SCRAPE_SECONDS,
+                           "evaluation_interval": "%ds" % SCRAPE_SECONDS},
+                "rule_files": cls.rule_files,
+                "scrape_configs": [
+                    {"job_name": AGENT_JOB, "static_configs": [
+                        {"targets": ["127.0.0.1:%d" % agent.api_port], "labels": {"namespace": NAMESPACE,
+                                                                                  "node": agent.name}}
+                        for agent in (a, b)]},
+                    {"job_name": CONTROLLER_JOB, "static_configs": [
+                        {"targets": ["127.0.0.1:%d" % cls.stack.controller.port],
+                         "labels": {"namespace": NAMESPACE, "node": "node-a"}}]}]}
+            cls.prom = Prometheus(cls.stack.tmp, config)
+        except BaseException:
+            cls.tearDownClass()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.prom:
+            cls.prom.stop()
+        if cls.stack:
+            cls.stack.stop()
+
+    # -- Grafana's side of a query ------------------------------------------------------------------
+    def substitute(self, expr, variables, interval=STEP):
+        builtin = {"__interval": "%ds" % interval, "__rate_interval": "%ds" % RATE_INTERVAL,
+                   "__range": "%ds" % self.range_seconds}
+
+        def one_var(m):
+            name = m.group(1) or m.group(2)
+            if name in builtin:
+                return builtin[name]
+            if name not in variables:
+                raise AssertionError("query uses an unknown variable $%s: %s" % (name, expr))
+            return grafana_regex(variables[name])
+        return re.sub(r"\$\{(\w+)\}|\$(\w+)", one_var, expr)
+
+    def resolve_variables(self):
+        """Each query variable's values over the run, in dashboard order (later ones use earlier ones)."""
+        variables = {}
+        for v in self.dashboard["templating"]["list"]:
+            if v["type"] != "query":
+                continue
+            q = v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
+            m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", q)
+            self.assertIsNotNone(m, "variable %s: only label_values(selector, label) is evaluated here: %s"
+                                 % (v["name"], q))
+            selector = self.substitute(m.group(1), variables)
+            body = self.prom.api("label/%s/values" % m.group(2), **{"match[]": selector, "start": "%.3f" % self.start,
+                                                                    "end": "%.3f" % self.end})
+            self.assertEqual(body.get("status"), "success", "variable %s: %s" % (v["name"], body))
+            self.assertTrue(body["data"], "variable %s (%s) has no values" % (v["name"], selector))
+            variables[v["name"]] = sorted(body["data"])
+        return variables
+
+    def targets(self):
+        def walk(panels):
+            for p in panels:
+                for t in p.get("targets", []):
+                    yield p, t
+                yield from walk(p.get("panels", []))
+        return list(walk(self.dashboard["panels"]))
+
+    def evaluate(self, expr, variables, instant):
+        q = self.substitute(expr, variables)
+        self.assertNotIn("$", q, "a variable was left in " + q)
+        if instant:
+            return self.prom.query(q, at=self.end)
+        return self.prom.query(q, start=self.start, end=self.end)
+
+    # -- the run -------------------------------------------------------------------------------------
+    def wait_until_scraped(self):
+        """Prometheus holds the final figures, and a few scrapes more (rate windows after the end)."""
+        wait_for(lambda: self.prom.value('sum(up{job=~"%s|%s"})' % (AGENT_JOB, CONTROLLER_JOB)) == 3, 30,
+                 "Prometheus to scrape both agents and the controller")
+        wait_for(lambda: self.prom.value('sum(rdmig_migrations_finished_total{role="source"})') == 2, 30,
+                 "Prometheus to see both source migrations finished")
+        seen = time.time()
+        wait_for(lambda: (self.prom.value('min(timestamp(up{job="%s"}))' % AGENT_JOB) or 0) > seen + RATE_INTERVAL,
+                 30, "%d s more of scrapes" % RATE_INTERVAL, interval=0.2)
+
+    def test_every_dashboard_query_and_alert_evaluates_in_prometheus_after_a_real_migration(self):
+        self.stack.wait_for_leader()
+        wait_for(lambda: self.prom.value('sum(up{job=~"%s|%s"})' % (AGENT_JOB, CONTROLLER_JOB)) == 3, 30,
+                 "Prometheus to scrape both agents and the controller")
+        self.start = time.time() - 1
+        self.stack.migrate(self)
+        self.wait_until_scraped()
+        self.end = time.time()
+        self.range_seconds = int(math.ceil(self.end - self.start))
+        failures, rows = [], []
+
+        variables = self.resolve_variables()
+        print("\n  variables: " + "; ".join("%s = %s" % (k, ", ".join(v)) for k, v in variables.items()))
+        self.assertEqual(variables["namespace"], [NAMESPACE])
+        self.assertEqual(variables["node"], ["node-a", "node-b"])
+        self.assertEqual(variables["vm"], sorted([VM, BAD_TOKEN_VM]))
+        self.assertEqual(variables["agent_job"], [AGENT_JOB])
+        self.assertEqual(variables["controller_job"], [CONTROLLER_JOB])
+
+        # Panels: every query parses and returns data; with only the migrated VM selected too.
+        results = {}
+        for panel, t in self.targets():
+            name = "%s/%s" % (panel["title"], t["refId"])
+            err, result = self.evaluate(t["expr"], variables, t.get("instant", False))
+            rows.append(("panel", name, "error" if err else "%d (%d with data)" % (
+                len(result), sum(1 for s in result if has_data([s])))))
+            results[name] = result
+            if err:
+                failures.append("panel %s: %s\n    %s" % (name, err, t["expr"]))
+            elif not has_data(result):
+                failures.append("panel %s returns no data\n    %s" % (name, t["expr"]))
+            if "$vm" in t["expr"] and not err:
+                err, result = self.evaluate(t["expr"], dict(variables, vm=[VM]), t.get("instant", False))
+                vms = {s["metric"].get("vm") for s in result}
+                if err or not has_data(result) or vms - {VM}:
+                    failures.append("panel %s with vm=%s: %s, VMs %s" % (name, VM, err or "no data", vms))
+
+        # Annotations: parse; each event marked once.
+        annotations = {}
+        for a in self.dashboard["annotations"]["list"]:
+            if "expr" not in a:
+                continue
+            err, result = self.evaluate(a["expr"], variables, instant=False)
+            rows.append(("annotation", a["name"], "error" if err else "%d" % len(result)))
+            if err:
+                failures.append("annotation %s: %s\n    %s" % (a["name"], err, a["expr"]))
+            annotations[a["name"]] = {tuple(sorted(s["metric"].items())): sum(1 for v in samples(s)
+                                                                             if not math.isnan(v)) for s in result}
+
+        # Alerts: parse, evaluate, rules healthy.
+        alert_series = {}
+        for where, alert, expr in self.alerts:
+            err, result = self.prom.query(expr, at=self.end)
+            rows.append(("alert (%s)" % where, alert, "error" if err else "%d" % len(result)))
+            alert_series[(where, alert)] = result
+            if err:
+                failures.append("alert %s (%s): %s" % (alert, where, err))
+        rules = self.prom.api("rules")["data"]["groups"]
+        for g in rules:
+            for r in g["rules"]:
+                if r["health"] != "ok":
+                    failures.append("rule %s in %s: health %s: %s" % (r["name"], g["name"], r["health"],
+                                                                     r.get("lastError")))
+        self.assertEqual(sum(len(g["rules"]) for g in rules), len(self.alerts), "Prometheus loaded every rule")
+
+        print("  %-12s %-62s %s" % ("kind", "query", "series"))
+        for kind, name, count in rows:
+            print("  %-12s %-62s %s" % (kind, name[:62], count))
+        self.assertEqual(failures, [], "\n".join(failures) + "\n" + self.prom.log_text()[-2000:])
+
+        # Figures the panels must show after this run.
+        by_result = {s["metric"]["result"]: round(samples(s)[0]) for s in results["Migrations by result/A"]}
+        self.assertEqual((by_result.get("succeeded"), by_result.get("failed")), (1, 1), by_result)
+        reasons = {(s["metric"]["role"], s["metric"]["reason"]): samples(s)[0] for s in results["Failure reasons/A"]}
+        self.assertGreaterEqual(sum(v for (role, _r), v in reasons.items() if role == "source"), 1, reasons)
+        table = {(s["metric"]["vm"], s["metric"]["role"], s["metric"]["node"]): samples(s)[0]
+                 for s in results["Running and recent migrations/A"]}
+        self.assertGreater(table.get((VM, "source", "node-a"), 0), 0, table)
+        self.assertIn((VM, "target", "node-b"), table)
+        transferred = {(s["metric"]["vm"], s["metric"]["role"]): samples(s)[0]
+                       for s in results["Running and recent migrations/B"]}
+        self.assertGreater(transferred.get((VM, "source"), 0), 0, transferred)
+
+        # Annotations: each migration's start once with its VM; the success and the failure once.
+        starts = {dict(k)["vm"]: n for k, n in annotations["Migration started"].items()}
+        self.assertEqual(starts, {VM: 1, BAD_TOKEN_VM: 1}, annotations["Migration started"])
+        ok = {(dict(k)["node"], dict(k)["result"]): n for k, n in annotations["Migration succeeded"].items()}
+        self.assertEqual(ok, {("node-a", "succeeded"): 1})
+        bad = {(dict(k)["node"], dict(k)["result"]): n for k, n in annotations["Migration failed or cancelled"].items()}
+        self.assertEqual(bad, {("node-a", "failed"): 1})
+
+        # Alerts after the run: the failure fires on its source node; agents and controller fine.
+        for where in ("manifest", "chart"):
+            self.assertEqual([s["metric"].get("node") for s in alert_series[(where, "RdmigMigrationFailed")]],
+                             ["node-a"])
+            for alert in ("RdmigAgentDown", "RdmigControllerNoLeader", "RdmigVmPausedOnSource"):
+                self.assertEqual(alert_series[(where, alert)], [], alert)
+
+        # An agent goes away: RdmigAgentDown's expression names its node, the alert is pending
+        # (for: 5m), and the up panel shows it down.
+        self.stack.agents[1].stop()
+        wait_for(lambda: self.prom.value('up{job="%s", node="node-b"}' % AGENT_JOB) == 0, 30,
+                 "Prometheus to see node-b's agent down")
+        self.end = time.time()
+        for where, alert, expr in self.alerts:
+            if alert == "RdmigAgentDown":
+                err, result = self.prom.query(expr, at=self.end)
+                self.assertEqual([s["metric"]["node"] for s in result], ["node-b"], err)
+
+        def agent_down_alert():
+            alerts = self.prom.api("alerts")["data"]["alerts"]
+            return [a for a in alerts if a["labels"]["alertname"] == "RdmigAgentDown"]
+        down = wait_for(agent_down_alert, 15, "RdmigAgentDown to be pending")
+        self.assertEqual({(a["labels"]["node"], a["state"]) for a in down}, {("node-b", "pending")})
+        firing = {a["labels"]["alertname"] for a in self.prom.api("alerts")["data"]["alerts"] if a["state"] == "firing"}
+        self.assertIn("RdmigMigrationFailed", firing)
+        up_panel = [t for p, t in self.targets() if p["title"] == "Agents and controller up" and t["refId"] == "A"][0]
+        err, result = self.evaluate(up_panel["expr"], variables, instant=True)
+        last = {s["metric"]["node"]: samples(s)[0] for s in result}
+        self.assertEqual(last, {"node-a": 1.0, "node-b": 0.0}, err)
+
+
+if __name__ == "__main__":
+    unittest.main()
