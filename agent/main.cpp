@@ -4,6 +4,7 @@
 // Threads: main serves HTTP; a signal thread waits for SIGTERM/SIGINT, cancels migrations
 // (the VM stays on the source) within a grace period and stops the server; the migration
 // manager owns the data-plane listener and one worker per migration.
+#include <malloc.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 
@@ -53,6 +54,10 @@ void raise_memlock() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Chunk rings (64 KiB and up per slot) are freed when a migration ends. A fixed mmap
+  // threshold keeps every allocation of 64 KiB or more in its own mapping, returned to the
+  // kernel on free; glibc's sliding threshold would move them into heaps that never shrink.
+  ::mallopt(M_MMAP_THRESHOLD, 64 * 1024);
   std::string config_path = "/etc/rdmig/agent.yaml";
   std::string ports_file;
   bool check_only = false;

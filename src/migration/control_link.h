@@ -29,6 +29,7 @@ class ControlLink {
   // Waits for a message of `type` (other messages: an "abort" fails, the rest are skipped).
   Result<nlohmann::json> expect(const std::string& type, std::chrono::milliseconds timeout);
   void close();
+  int fd() const { return fd_.get(); }
 
  private:
   void reader_loop();

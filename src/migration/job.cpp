@@ -1,5 +1,7 @@
 #include "migration/job.h"
 
+#include <sys/socket.h>
+
 #include "common/log.h"
 
 namespace rdmig::migration {
@@ -24,7 +26,59 @@ Job::~Job() {
 
 void Job::stop_worker() {
   request_cancel("agent shutting down");
-  if (worker_.joinable()) worker_.join();
+  join_worker();
+}
+
+void Job::join_worker() {
+  std::lock_guard lock(join_mu_);
+  if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) worker_.join();
+}
+
+void Job::start_worker(std::function<void()> body) {
+  worker_ = std::thread([this, body = std::move(body)] {
+    body();
+    release_resources();
+    if (ctx_.on_worker_done) ctx_.on_worker_done(spec_.id);
+  });
+}
+
+void Job::release_resources() {
+  std::vector<std::unique_ptr<ChannelPump>> pumps;
+  std::vector<std::unique_ptr<transport::Channel>> channels;
+  std::unique_ptr<ControlLink> link;
+  {
+    std::lock_guard lock(data_mu_);
+    pumps.swap(pumps_);
+    channels.swap(channels_);
+    link = std::move(link_);
+  }
+  for (auto& p : pumps) p->abort(Error{Errc::kCancelled, "migration finished"});
+  pumps.clear();  // pumps use the channels: joined first
+  channels.clear();
+  link.reset();
+  qmp_.reset();
+  release_own();
+}
+
+size_t Job::held_resources() const {
+  size_t n = held_own();
+  std::lock_guard lock(data_mu_);
+  return n + pumps_.size() + channels_.size() + (link_ ? 1 : 0);
+}
+
+Job::CancelWatch::CancelWatch(Job& job, int fd) : job_(job), fd_(fd) {
+  bool cancelled = false;
+  {
+    std::lock_guard lock(job_.status_mu_);
+    job_.watched_fds_.push_back(fd_);
+    cancelled = job_.cancel_requested_.load();
+  }
+  if (cancelled) ::shutdown(fd_, SHUT_RDWR);
+}
+
+Job::CancelWatch::~CancelWatch() {
+  std::lock_guard lock(job_.status_mu_);
+  std::erase(job_.watched_fds_, fd_);
 }
 
 MigrationStatus Job::status() const {
@@ -47,8 +101,9 @@ void Job::request_cancel(const std::string& reason) {
     std::lock_guard lock(status_mu_);
     if (cancel_requested_.load() || phase_terminal(status_.phase)) return;
     cancel_reason_ = reason;
+    cancel_requested_.store(true);
+    for (const int fd : watched_fds_) ::shutdown(fd, SHUT_RDWR);
   }
-  cancel_requested_.store(true);
   LOG_INFO("migration") << log_prefix() << " cancel requested: " << reason;
 }
 

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,6 +40,9 @@ struct JobContext {
   std::string advertise_host;  // this agent's data-plane address for peers
   uint16_t data_port = 0;
   const RdmaSupport& rdma;
+  // Called on the job's worker thread as its last act, once the job has finished and released
+  // its sockets, channels and buffers: the owner may join the worker from another thread.
+  std::function<void(const std::string& id)> on_worker_done;
 };
 
 // Receive-direction geometry for QEMU's return path: it carries little, so its ring is small.
@@ -60,8 +64,14 @@ class Job {
   bool wait_finished(std::chrono::milliseconds timeout) const;
 
   // Asks the job to stop. The worker reacts within one progress interval: the VM stays on
-  // the source (migrate_cancel) unless the source had already handed it over.
+  // the source (migrate_cancel) unless the source had already handed it over. Sockets the
+  // handshake is blocked on are shut down at once, so no stage waits out its own timeout.
   void request_cancel(const std::string& reason);
+
+  // Joins the worker once it has ended (after on_worker_done); a no-op when already joined.
+  void join_worker();
+  // How many descriptors, channels and pumps the job still holds (0 once released).
+  size_t held_resources() const;
 
  protected:
   void set_phase(Phase phase);
@@ -73,12 +83,37 @@ class Job {
   static const char* failure_of(Errc code);
   bool cancel_requested() const { return cancel_requested_.load(); }
   std::string cancel_reason() const;
+  // A handshake step's error, or the cancel that caused it (a cancelled step fails with EPIPE-like errors).
+  Error cancel_or(Error e) const {
+    return cancel_requested() ? Error{Errc::kCancelled, cancel_reason()} : std::move(e);
+  }
   // Copies the pumps' counters into the status.
   void refresh_data_counters();
   void abort_data_plane(const Error& reason);
   std::string log_prefix() const;
   // Cancels and joins the worker; derived destructors call it first, while they still exist.
   void stop_worker();
+  // Starts the worker: runs `body`, then releases what the job holds and reports it done.
+  void start_worker(std::function<void()> body);
+  // Frees pumps, channels, the control link and the QMP connection right after the job ends;
+  // the status stays. Derived jobs free their own handshake state in release_own().
+  void release_resources();
+  virtual void release_own() {}
+  virtual size_t held_own() const { return 0; }
+
+  // A socket a blocking handshake step uses: request_cancel() shuts it down, which ends the
+  // step's wait at once with an error. Scoped: unregisters on destruction.
+  class CancelWatch {
+   public:
+    CancelWatch(Job& job, int fd);
+    ~CancelWatch();
+    CancelWatch(const CancelWatch&) = delete;
+    CancelWatch& operator=(const CancelWatch&) = delete;
+
+   private:
+    Job& job_;
+    int fd_;
+  };
 
   MigrationSpec spec_;
   JobContext ctx_;
@@ -90,9 +125,10 @@ class Job {
   std::unique_ptr<ControlLink> link_;
   std::vector<std::unique_ptr<transport::Channel>> channels_;
   std::vector<std::unique_ptr<ChannelPump>> pumps_;
-  std::mutex data_mu_;  // guards channels_/pumps_ growth against abort from other threads
+  mutable std::mutex data_mu_;  // guards channels_/pumps_ growth against abort from other threads
 
   std::thread worker_;
+  std::mutex join_mu_;  // the owner's reaper and the destructor may both join
 
  private:
   mutable std::mutex status_mu_;
@@ -101,6 +137,7 @@ class Job {
   std::atomic<bool> cancel_requested_{false};
   std::string cancel_reason_;
   bool metrics_finished_ = false;
+  std::vector<int> watched_fds_;  // guarded by status_mu_
 };
 
 }  // namespace rdmig::migration

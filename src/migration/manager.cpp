@@ -23,6 +23,7 @@ MigrationManager::MigrationManager(const AgentConfig& config, Metrics& metrics, 
   server_.add_rdma_resolver([this](const std::array<uint8_t, 16>& session, uint32_t index) {
     return rdma_lookup(session, index);
   });
+  reaper_ = std::thread([this] { reaper_loop(); });
 }
 
 MigrationManager::~MigrationManager() {
@@ -33,6 +34,28 @@ MigrationManager::~MigrationManager() {
     jobs.swap(jobs_);
   }
   jobs.clear();  // joins each worker
+  {
+    std::lock_guard lock(mu_);
+    reaper_stop_ = true;
+  }
+  reap_cv_.notify_all();
+  if (reaper_.joinable()) reaper_.join();
+}
+
+void MigrationManager::reaper_loop() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    reap_cv_.wait(lock, [&] { return reaper_stop_ || !reap_queue_.empty(); });
+    if (reaper_stop_) return;
+    const std::string id = std::move(reap_queue_.front());
+    reap_queue_.pop_front();
+    auto it = jobs_.find(id);
+    std::shared_ptr<Job> job = it == jobs_.end() ? nullptr : it->second;
+    lock.unlock();
+    if (job) job->join_worker();
+    job.reset();  // may be the last reference (evicted meanwhile): destroyed here, unlocked
+    lock.lock();
+  }
 }
 
 Result<transport::rdma::AcceptPlan> MigrationManager::rdma_lookup(const std::array<uint8_t, 16>& session,
@@ -94,13 +117,14 @@ size_t MigrationManager::active_count() const {
   return n;
 }
 
-void MigrationManager::evict_finished_locked() {
+void MigrationManager::evict_finished_locked(std::vector<std::shared_ptr<Job>>& graveyard) {
   size_t finished = 0;
   for (const auto& [id, job] : jobs_) finished += job->finished() ? 1 : 0;
   for (auto it = order_.begin(); it != order_.end() && finished > config_.migration.history_size;) {
     auto j = jobs_.find(*it);
     if (j != jobs_.end() && j->second->finished()) {
-      jobs_.erase(j);  // joins the finished worker
+      graveyard.push_back(std::move(j->second));
+      jobs_.erase(j);
       it = order_.erase(it);
       --finished;
     } else {
@@ -134,8 +158,9 @@ Result<json> MigrationManager::create(MigrationSpec spec) {
 
   // Admission: every check and the reservation under one lock, so concurrent requests cannot
   // all pass the same checks.
+  std::vector<std::shared_ptr<Job>> graveyard;  // destroyed after the lock is released
   std::unique_lock lock(mu_);
-  evict_finished_locked();
+  evict_finished_locked(graveyard);
   size_t active = reserved_.size();
   uint64_t in_use = 0;
   for (const auto& [id, r] : reserved_) {
@@ -175,7 +200,14 @@ Result<json> MigrationManager::create(MigrationSpec spec) {
     reserved_.erase(spec.id);
   };
 
-  JobContext ctx{config_, metrics_, server_.advertise_host(), server_.port(), server_.rdma()};
+  JobContext ctx{config_, metrics_, server_.advertise_host(), server_.port(), server_.rdma(),
+                 [this](const std::string& done) {
+                   {
+                     std::lock_guard relock(mu_);
+                     reap_queue_.push_back(done);
+                   }
+                   reap_cv_.notify_one();
+                 }};
   json body;
   std::shared_ptr<Job> job;
   if (spec.role == Role::kTarget) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
@@ -39,7 +40,12 @@ class MigrationManager {
  private:
   void handle_hello(UniqueFd fd, const nlohmann::json& raw);
   std::shared_ptr<Job> find(const std::string& id) const;
-  void evict_finished_locked();
+  // Drops the oldest finished jobs past the history size into `graveyard`, which the caller
+  // destroys after releasing mu_ (destroying a job joins its worker).
+  void evict_finished_locked(std::vector<std::shared_ptr<Job>>& graveyard);
+  // Joins the workers of jobs that ended, as soon as they end (their sockets, channels and
+  // buffers are already released by then): nothing but the status stays behind.
+  void reaper_loop();
   Result<transport::rdma::AcceptPlan> rdma_lookup(const std::array<uint8_t, 16>& session, uint32_t index);
 
   const AgentConfig& config_;
@@ -57,6 +63,11 @@ class MigrationManager {
   };
   std::map<std::string, Reservation> reserved_;
   std::atomic<bool> stopping_{false};
+
+  std::condition_variable reap_cv_;
+  std::deque<std::string> reap_queue_;  // ids whose worker has ended; guarded by mu_
+  bool reaper_stop_ = false;            // guarded by mu_
+  std::thread reaper_;
 };
 
 }  // namespace rdmig::migration

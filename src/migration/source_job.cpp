@@ -62,13 +62,22 @@ SourceJob::SourceJob(MigrationSpec spec, JobContext ctx, std::unique_ptr<qemu::Q
 
 SourceJob::~SourceJob() {
   stop_worker();
+  stop_accepting();
+}
+
+void SourceJob::stop_accepting() {
   accepting_ = false;
   if (listener_.valid()) ::shutdown(listener_.get(), SHUT_RDWR);
   if (acceptor_.joinable()) acceptor_.join();
 }
 
+void SourceJob::release_own() {
+  stop_accepting();
+  listener_.reset();
+}
+
 void SourceJob::start() {
-  worker_ = std::thread([this] { run(); });
+  start_worker([this] { run(); });
 }
 
 Status SourceJob::connect_data_plane() {
@@ -81,8 +90,15 @@ Status SourceJob::connect_data_plane() {
   hello.transport_required = offer->required;
 
   const net::Endpoint ep{spec_.target.host, spec_.target.port};
-  auto fd = net::tcp_connect(ep, 10s);
-  if (!fd) return fd.error().with_context("target agent data plane " + ep.to_string());
+  // Every blocking step below watches its socket: a cancel shuts it down and the step ends.
+  std::optional<CancelWatch> watch;
+  auto watched = [&](int sfd) {
+    watch.reset();
+    watch.emplace(*this, sfd);
+    return ok_status();
+  };
+  auto fd = net::tcp_connect(ep, 10s, watched);
+  if (!fd) return cancel_or(fd.error().with_context("target agent data plane " + ep.to_string()));
   hello.kind = "control";
   hello.migration_id = spec_.target.migration_id;
   hello.token = spec_.target.token;
@@ -91,7 +107,7 @@ Status SourceJob::connect_data_plane() {
   hello.ring_depth = spec_.ring_depth;
   RDMIG_TRY(transport::send_message(fd->get(), hello.to_json()));
   auto reply = transport::recv_message(fd->get(), kHandshakeTimeout);
-  if (!reply) return reply.error().with_context("hello to target agent " + ep.to_string());
+  if (!reply) return cancel_or(reply.error().with_context("hello to target agent " + ep.to_string()));
   const std::string type = reply->value("type", "");
   if (type == "reject") {
     ctx_.metrics.transport_error(hello.transport, "handshake_rejected");
@@ -127,8 +143,10 @@ Status SourceJob::connect_data_plane() {
     for (uint32_t i = 0; i < spec_.channels(); ++i) {
       transport::rdma::RdmaChannelParams p{i, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
                                            return_path_chunk(spec_.chunk_size), return_path_depth(spec_.ring_depth)};
-      auto ch = transport::rdma::RdmaChannel::connect(rdma_ep.value(), key.value(), p, tm, 15s);
+      auto ch = transport::rdma::RdmaChannel::connect(rdma_ep.value(), key.value(), p, tm, 15s,
+                                                      [this] { return cancel_requested(); });
       if (!ch) {
+        if (cancel_requested()) return Error{Errc::kCancelled, cancel_reason()};
         ctx_.metrics.transport_error("rdma", "connect");
         return ch.error();
       }
@@ -136,9 +154,14 @@ Status SourceJob::connect_data_plane() {
       channels_.push_back(std::move(ch.value()));
     }
   } else {
+    std::optional<CancelWatch> dwatch;
     for (uint32_t i = 0; i < spec_.channels(); ++i) {
-      auto dfd = net::tcp_connect(ep, 10s);
-      if (!dfd) return dfd.error().with_context("data channel " + std::to_string(i));
+      auto dfd = net::tcp_connect(ep, 10s, [&](int sfd) {
+        dwatch.reset();
+        dwatch.emplace(*this, sfd);
+        return ok_status();
+      });
+      if (!dfd) return cancel_or(dfd.error().with_context("data channel " + std::to_string(i)));
       transport::Hello dh;
       dh.kind = "data";
       dh.migration_id = spec_.target.migration_id;
@@ -146,11 +169,12 @@ Status SourceJob::connect_data_plane() {
       dh.index = i;
       RDMIG_TRY(transport::send_message(dfd->get(), dh.to_json()));
       auto r = transport::recv_message(dfd->get(), kHandshakeTimeout);
-      if (!r) return r.error().with_context("data channel " + std::to_string(i));
+      if (!r) return cancel_or(r.error().with_context("data channel " + std::to_string(i)));
       if (r->value("type", "") != "welcome") {
         return Error{Errc::kProtocol, "data channel " + std::to_string(i) + " refused: " +
                                           r->value("message", std::string("?"))};
       }
+      dwatch.reset();
       std::lock_guard lock(data_mu_);
       channels_.push_back(transport::TcpChannel::create(std::move(dfd.value()), i,
                                                         static_cast<uint32_t>(spec_.chunk_size),
@@ -163,7 +187,8 @@ Status SourceJob::connect_data_plane() {
   }
   RDMIG_TRY(link_->send(json{{"type", "start"}}));
   auto ready = link_->expect("ready", kHandshakeTimeout);
-  if (!ready) return ready.error().with_context("waiting for the target QEMU to listen");
+  watch.reset();
+  if (!ready) return cancel_or(ready.error().with_context("waiting for the target QEMU to listen"));
   return ok_status();
 }
 
@@ -476,9 +501,7 @@ void SourceJob::run() {
       fail_and_protect_vm(info.error(), info.error().code == Errc::kCancelled && cancel_requested());
     }
   }
-  accepting_ = false;
-  if (listener_.valid()) ::shutdown(listener_.get(), SHUT_RDWR);
-  if (acceptor_.joinable()) acceptor_.join();
+  stop_accepting();
   ::unlink(socket_path_.c_str());
   abort_data_plane(Error{Errc::kCancelled, "migration finished"});
 }

@@ -33,6 +33,9 @@ class SourceJob final : public Job {
   void complete(const qemu::MigrationInfo& info, const std::string& unsure = "");
   void fail_and_protect_vm(const Error& error, bool cancelled);
   void apply_progress(const qemu::MigrationInfo& info);
+  void stop_accepting();
+  void release_own() override;
+  size_t held_own() const override { return listener_.valid() ? 1 : 0; }
 
   const bool was_running_;
   std::string session_;

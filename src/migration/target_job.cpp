@@ -61,7 +61,28 @@ TargetJob::~TargetJob() {
 }
 
 void TargetJob::start() {
-  worker_ = std::thread([this] { run(); });
+  start_worker([this] { run(); });
+}
+
+void TargetJob::release_own() {
+  std::vector<UniqueFd> fds;
+  std::vector<std::unique_ptr<transport::Channel>> rdma;
+  UniqueFd control;
+  {
+    std::lock_guard lock(conn_mu_);
+    fds.swap(data_fds_);
+    rdma.swap(rdma_channels_);
+    control = std::move(control_fd_);
+  }
+  ::unlink(socket_path_.c_str());
+}
+
+size_t TargetJob::held_own() const {
+  std::lock_guard lock(conn_mu_);
+  size_t n = control_fd_.valid() ? 1 : 0;
+  for (const auto& f : data_fds_) n += f.valid() ? 1 : 0;
+  for (const auto& c : rdma_channels_) n += c ? 1 : 0;
+  return n;
 }
 
 void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello) {
@@ -152,6 +173,9 @@ Result<transport::rdma::AcceptPlan> TargetJob::rdma_plan(const std::string& sess
   plan.metrics = &ctx_.metrics.transport("rdma");
   plan.deliver = [this, index](Result<std::unique_ptr<transport::Channel>> ch) {
     std::lock_guard l(conn_mu_);
+    if (ch && index >= rdma_channels_.size()) {
+      return;  // the job ended and released its channels meanwhile: the new one just closes
+    }
     if (ch) {
       rdma_channels_[index] = std::move(ch.value());
       ++data_received_;
@@ -195,8 +219,10 @@ Status TargetJob::wait_for_source() {
 }
 
 Status TargetJob::start_incoming() {
+  std::optional<CancelWatch> watch(std::in_place, *this, link_->fd());  // a cancel ends the wait
   auto start = link_->expect("start", kHandshakeTimeout);
-  if (!start) return start.error();
+  watch.reset();
+  if (!start) return cancel_or(start.error());
   const bool multifd = spec_.multifd_channels > 0;
   json caps = json::array({json{{"capability", "events"}, {"state", true}},
                            json{{"capability", "multifd"}, {"state", multifd}}});

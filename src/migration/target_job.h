@@ -37,6 +37,8 @@ class TargetJob final : public Job {
   // Tells the source the verdict; on failure whether resuming the source is safe.
   void report_failure(const Error& error, bool cancelled, bool incoming_started);
   void report_success();
+  void release_own() override;
+  size_t held_own() const override;
 
   std::string token_;
   std::string session_;
@@ -44,7 +46,7 @@ class TargetJob final : public Job {
   std::string transport_;
   std::string transport_reason_;
 
-  std::mutex conn_mu_;  // guards the fields the data-plane server hands over
+  mutable std::mutex conn_mu_;  // guards the fields the data-plane server hands over
   std::condition_variable conn_cv_;
   bool token_used_ = false;
   UniqueFd control_fd_;

@@ -94,6 +94,87 @@ class FakeIncomingQemu:
         self.srv.close()
 
 
+class FakeRunningQemu(FakeIncomingQemu):
+    """A QMP peer that looks like a running QEMU with no migration: enough for a source create."""
+
+    def _client(self, c):
+        answers = {"query-status": {"status": "running", "running": True}, "query-migrate": {}}
+        try:
+            c.sendall(b'{"QMP": {"version": {}, "capabilities": []}}\n')
+            for line in c.makefile("rb"):
+                cmd = json.loads(line)
+                c.sendall(json.dumps({"return": answers.get(cmd.get("execute"), {}), "id": cmd.get("id")}).encode()
+                          + b"\n")
+        except (OSError, ValueError):
+            pass
+        finally:
+            c.close()
+
+
+def send_frame(sock, msg):
+    import struct
+    body = json.dumps(msg).encode()
+    sock.sendall(struct.pack("<I", len(body)) + body)
+
+
+def recv_frame(sock):
+    import struct
+    head = b""
+    while len(head) < 4:
+        part = sock.recv(4 - len(head))
+        if not part:
+            return None
+        head += part
+    n, data = struct.unpack("<I", head)[0], b""
+    while len(data) < n:
+        part = sock.recv(n - len(data))
+        if not part:
+            return None
+        data += part
+    return json.loads(data)
+
+
+class StallingTargetAgent:
+    """A data-plane peer that plays a target agent up to `stage` and then goes silent:
+    'hello' (never answers the control hello), or 'ready' (welcomes control and data, never
+    sends 'ready')."""
+
+    def __init__(self, stage):
+        self.stage = stage
+        self.srv = socket.socket()
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(8)
+        self.port = self.srv.getsockname()[1]
+        self.conns = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                c, _ = self.srv.accept()
+            except OSError:
+                return
+            self.conns.append(c)
+            threading.Thread(target=self._client, args=(c,), daemon=True).start()
+
+    def _client(self, c):
+        try:
+            hello = recv_frame(c)
+            if hello is None or self.stage == "hello":
+                return
+            if hello.get("kind") == "control":
+                send_frame(c, {"type": "welcome", "session": "ab" * 16, "transport": "tcp"})
+            else:
+                send_frame(c, {"type": "welcome"})
+        except OSError:
+            pass
+
+    def close(self):
+        self.srv.close()
+        for c in self.conns:
+            c.close()
+
+
 class HostileHttpTest(unittest.TestCase):
     agent = None
 
@@ -336,6 +417,77 @@ class HostileHttpTest(unittest.TestCase):
             self.assertIn(st["phase"], ("Pending", "Connecting"), st)
         finally:
             self.agent.cancel("m-exists")
+            q.close()
+
+    # ---- cancel ends every handshake stage at once ----
+
+    def assertCancelsWithinASecond(self, mid, stage):
+        deadline = time.time() + 10
+        while self.agent.get(mid)["phase"] in ("Pending",) and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # inside the stalled step
+        st = self.agent.get(mid)
+        self.assertIn(st["phase"], ("Pending", "Connecting"), st)
+        t0 = time.monotonic()
+        self.agent.cancel(mid)
+        st = self.agent.wait(mid, timeout=60, interval=0.02)
+        took = time.monotonic() - t0
+        print("\n[hostile-http] cancel while %s: %s after %.3f s (%s)" % (stage, st["phase"], took,
+                                                                        st["result"]["reason"]), file=sys.stderr)
+        self.assertEqual(st["phase"], "Cancelled", st)
+        # The stalled step's own timeout is 30 s; a cancel must not wait it out.
+        self.assertLess(took, 1.0, "cancel while %s took %.1f s" % (stage, took))
+
+    def test_cancel_ends_a_source_waiting_for_the_targets_welcome(self):
+        q = FakeRunningQemu(os.path.join(self.tmp, "cancel-src-hello.qmp"))
+        peer = StallingTargetAgent("hello")
+        try:
+            status, src = self.agent.request("POST", "/v1/migrations", {
+                "role": "source", "qmpSocket": q.path,
+                "target": {"endpoint": "127.0.0.1:%d" % peer.port, "migrationId": "m-far", "token": "t" * 32}})
+            self.assertEqual(status, 201, src)
+            self.assertCancelsWithinASecond(src["id"], "the source waits for the target's welcome")
+        finally:
+            peer.close()
+            q.close()
+
+    def test_cancel_ends_a_source_waiting_for_the_target_qemu_to_listen(self):
+        q = FakeRunningQemu(os.path.join(self.tmp, "cancel-src-ready.qmp"))
+        peer = StallingTargetAgent("ready")
+        try:
+            status, src = self.agent.request("POST", "/v1/migrations", {
+                "role": "source", "qmpSocket": q.path,
+                "target": {"endpoint": "127.0.0.1:%d" % peer.port, "migrationId": "m-far", "token": "t" * 32}})
+            self.assertEqual(status, 201, src)
+            deadline = time.time() + 10
+            while len(peer.conns) < 2 and time.time() < deadline:  # control and data connected
+                time.sleep(0.05)
+            self.assertEqual(len(peer.conns), 2)
+            self.assertCancelsWithinASecond(src["id"], "the source waits for 'ready'")
+        finally:
+            peer.close()
+            q.close()
+
+    def test_cancel_ends_a_target_waiting_for_the_sources_start(self):
+        q = FakeIncomingQemu(os.path.join(self.tmp, "cancel-dst-start.qmp"))
+        status, target = self.agent.request("POST", "/v1/migrations", {
+            "role": "target", "qmpSocket": q.path, "chunkSize": "1Mi", "ringDepth": 16})
+        self.assertEqual(status, 201, target)
+        ctl = socket.create_connection(("127.0.0.1", self.agent.data_port), timeout=10)
+        data = socket.create_connection(("127.0.0.1", self.agent.data_port), timeout=10)
+        try:
+            hello = {"type": "hello", "protocol": 1, "migrationId": target["id"], "channels": 1,
+                     "chunkSize": 1 << 20, "ringDepth": 16, "transport": "tcp"}
+            send_frame(ctl, dict(hello, kind="control", token=target["token"]))
+            welcome = recv_frame(ctl)
+            self.assertEqual(welcome["type"], "welcome", welcome)
+            send_frame(data, dict(hello, kind="data", session=welcome["session"], index=0))
+            self.assertEqual(recv_frame(data)["type"], "welcome")
+            # Both connections are in; the target now waits for the source's 'start', which never comes.
+            self.assertCancelsWithinASecond(target["id"], "the target waits for the source's 'start'")
+        finally:
+            ctl.close()
+            data.close()
             q.close()
 
     # ---- admission ----

@@ -110,6 +110,10 @@ class Agent:
         with open("/proc/%d/status" % self.proc.pid) as f:
             return int([line for line in f if line.startswith("VmRSS:")][0].split()[1])
 
+    def fd_count(self):
+        """How many file descriptors the agent process has open."""
+        return len(os.listdir("/proc/%d/fd" % self.proc.pid))
+
     def stop(self, timeout=30.0):
         """SIGTERM (the agent cancels its migrations), then SIGKILL after ``timeout``."""
         if self.proc is None or self.proc.poll() is not None:

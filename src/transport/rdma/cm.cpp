@@ -26,9 +26,19 @@ Error verbs_error(const std::string& what, int err) {
   return e;
 }
 
-Result<CmEvent> next_cm_event(rdma_event_channel* channel, std::chrono::milliseconds timeout) {
+Result<CmEvent> next_cm_event(rdma_event_channel* channel, std::chrono::milliseconds timeout,
+                              const std::function<bool()>& cancelled) {
   pollfd p{channel->fd, POLLIN, 0};
-  const int rc = ::poll(&p, 1, static_cast<int>(timeout.count()));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int rc = 0;
+  for (;;) {
+    if (cancelled && cancelled()) return Error{Errc::kCancelled, "cancelled while waiting for an rdma_cm event"};
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    // With a cancel check, wait in slices of 100 ms so a cancel ends the wait promptly.
+    const auto slice = cancelled ? std::min(left, std::chrono::milliseconds(100)) : left;
+    rc = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(slice.count(), 0)));
+    if (rc != 0 || std::chrono::steady_clock::now() >= deadline) break;
+  }
   if (rc == 0) return Error{Errc::kTimeout, "no rdma_cm event within " + std::to_string(timeout.count()) + " ms"};
   if (rc < 0) return errno_error("poll(rdma_cm)", errno);
   rdma_cm_event* ev = nullptr;
@@ -46,8 +56,9 @@ Result<CmEvent> next_cm_event(rdma_event_channel* channel, std::chrono::millisec
 }
 
 Result<CmEvent> expect_cm_event(rdma_event_channel* channel, rdma_cm_event_type want,
-                                std::chrono::milliseconds timeout, const std::string& what) {
-  auto ev = next_cm_event(channel, timeout);
+                                std::chrono::milliseconds timeout, const std::string& what,
+                                const std::function<bool()>& cancelled) {
+  auto ev = next_cm_event(channel, timeout, cancelled);
   if (!ev) return ev.error().with_context(what);
   if (ev->type != want) {
     return Error{Errc::kUnavailable, what + ": expected " + rdma_event_str(want) + ", got " +

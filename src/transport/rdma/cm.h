@@ -5,6 +5,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,11 +26,14 @@ struct CmEvent {
 // A verbs or rdma_cm call failed: errno text, code kUnavailable (fails one migration).
 Error verbs_error(const std::string& what, int err);
 
-// Waits up to `timeout` for the next event on `channel`. kTimeout when none came.
-Result<CmEvent> next_cm_event(rdma_event_channel* channel, std::chrono::milliseconds timeout);
+// Waits up to `timeout` for the next event on `channel`. kTimeout when none came; kCancelled
+// within 100 ms once `cancelled` (when given) returns true.
+Result<CmEvent> next_cm_event(rdma_event_channel* channel, std::chrono::milliseconds timeout,
+                              const std::function<bool()>& cancelled = {});
 // Waits for `want`; any other event is an error that names both.
 Result<CmEvent> expect_cm_event(rdma_event_channel* channel, rdma_cm_event_type want,
-                                std::chrono::milliseconds timeout, const std::string& what);
+                                std::chrono::milliseconds timeout, const std::string& what,
+                                const std::function<bool()>& cancelled = {});
 
 inline constexpr uint32_t kPrivateMagic = 0x474d4452;  // "RDMG" little-endian
 inline constexpr uint16_t kPrivateVersion = 1;

@@ -56,8 +56,10 @@ Status RdmaChannel::post_recv() {
   return ok_status();
 }
 
-Status RdmaChannel::post_write(uint32_t imm, const std::byte* local, uint32_t len, uint64_t remote_offset) {
+Status RdmaChannel::post_write(uint32_t imm, const std::byte* local, uint32_t len, uint64_t remote_offset,
+                               bool wait) {
   std::unique_lock lock(sq_mu_);
+  if (!wait && sq_outstanding_ + 1 >= sq_cap_) return Error{Errc::kResourceExhausted, "send queue full"};
   sq_cv_.wait(lock, [&] { return sq_outstanding_ + 1 < sq_cap_ || failed_.load(); });
   if (failed_.load()) {
     std::lock_guard s(state_mu_);
@@ -179,7 +181,11 @@ void RdmaChannel::abort(const Error& reason) {
     std::lock_guard lock(state_mu_);
     established = established_ && !error_;
   }
-  if (established && reason.code != Errc::kCancelled) (void)post_control(*encode_imm({ImmKind::kAbort, 0}));
+  // Tell the peer only if the send queue has room: an abort never waits behind writes a dead
+  // or stalled peer will not complete. fail() then disconnects, which ends every waiter.
+  if (established && reason.code != Errc::kCancelled) {
+    (void)post_write(*encode_imm({ImmKind::kAbort, 0}), nullptr, 0, 0, /*wait=*/false);
+  }
   fail(reason, nullptr);
 }
 

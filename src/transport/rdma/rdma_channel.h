@@ -18,6 +18,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -47,7 +48,8 @@ class RdmaChannel final : public Channel {
                                                        const std::array<uint8_t, 16>& session,
                                                        const RdmaChannelParams& params,
                                                        TransportMetrics& metrics,
-                                                       std::chrono::milliseconds timeout);
+                                                       std::chrono::milliseconds timeout,
+                                                       const std::function<bool()>& cancelled = {});
   // Target side: `id` came in a CONNECT_REQUEST carrying `request`; `events` is the channel
   // the id was migrated to. Accepts; the poller sees the connection established.
   static Result<std::unique_ptr<RdmaChannel>> accept(EventChannelPtr events, CmIdPtr id,
@@ -72,7 +74,9 @@ class RdmaChannel final : public Channel {
   RdmaChannel(EventChannelPtr events, CmIdPtr id, const RdmaChannelParams& params, TransportMetrics& metrics);
   Status setup_resources();
   Status post_recv();
-  Status post_write(uint32_t imm, const std::byte* local, uint32_t len, uint64_t remote_offset);
+  // Posts one write; waits for room in the send queue unless `wait` is false (then a full
+  // queue is kResourceExhausted and nothing is posted).
+  Status post_write(uint32_t imm, const std::byte* local, uint32_t len, uint64_t remote_offset, bool wait = true);
   Status post_control(uint32_t imm);
   void start_poller();
   void poller_loop();

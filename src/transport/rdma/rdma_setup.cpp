@@ -25,8 +25,10 @@ std::string memlock_limit_text() {
   return std::to_string(rl.rlim_cur / 1024) + " KiB";
 }
 
-// Connection parameters both sides use: rdmig posts only RDMA WRITEs (no READs), and retries
-// RNR and transport errors as long as RC allows.
+// Connection parameters both sides use: rdmig posts only RDMA WRITEs (no READs). Transport
+// errors are retried 7 times; RNR (a peer with no receive posted) 6 times, which is finite:
+// 7 would mean "retry forever", and a peer that stopped posting receives would then hold a
+// send, and an abort behind it, for ever.
 rdma_conn_param conn_param(const std::vector<uint8_t>& private_data) {
   rdma_conn_param cp{};
   cp.private_data = private_data.data();
@@ -34,7 +36,7 @@ rdma_conn_param conn_param(const std::vector<uint8_t>& private_data) {
   cp.responder_resources = 1;
   cp.initiator_depth = 1;
   cp.retry_count = 7;
-  cp.rnr_retry_count = 7;
+  cp.rnr_retry_count = 6;
   return cp;
 }
 
@@ -99,7 +101,8 @@ Result<std::unique_ptr<RdmaChannel>> RdmaChannel::connect(const net::Endpoint& e
                                                            const std::array<uint8_t, 16>& session,
                                                            const RdmaChannelParams& params,
                                                            TransportMetrics& metrics,
-                                                           std::chrono::milliseconds timeout) {
+                                                           std::chrono::milliseconds timeout,
+                                                           const std::function<bool()>& cancelled) {
   const std::string what = "rdma connect to " + ep.to_string() + " (channel " + std::to_string(params.index) + ")";
   EventChannelPtr events(rdma_create_event_channel());
   if (!events) return verbs_error(what + ": rdma_create_event_channel", errno);
@@ -117,10 +120,10 @@ Result<std::unique_ptr<RdmaChannel>> RdmaChannel::connect(const net::Endpoint& e
   const int err = errno;
   freeaddrinfo(ai);
   if (rc != 0) return verbs_error(what + ": rdma_resolve_addr", err);
-  RDMIG_TRY(expect_cm_event(events.get(), RDMA_CM_EVENT_ADDR_RESOLVED, timeout, what));
+  RDMIG_TRY(expect_cm_event(events.get(), RDMA_CM_EVENT_ADDR_RESOLVED, timeout, what, cancelled));
   LOG_DEBUG("rdma") << what << ": address resolved";
   if (rdma_resolve_route(id.get(), static_cast<int>(timeout.count())) != 0) return verbs_error(what + ": rdma_resolve_route", errno);
-  RDMIG_TRY(expect_cm_event(events.get(), RDMA_CM_EVENT_ROUTE_RESOLVED, timeout, what));
+  RDMIG_TRY(expect_cm_event(events.get(), RDMA_CM_EVENT_ROUTE_RESOLVED, timeout, what, cancelled));
 
   LOG_DEBUG("rdma") << what << ": route resolved";
   std::unique_ptr<RdmaChannel> ch(new RdmaChannel(std::move(events), std::move(id), params, metrics));
@@ -134,7 +137,7 @@ Result<std::unique_ptr<RdmaChannel>> RdmaChannel::connect(const net::Endpoint& e
   const auto pd = req.encode();
   rdma_conn_param cp = conn_param(pd);
   if (rdma_connect(ch->id_.get(), &cp) != 0) return verbs_error(what + ": rdma_connect", errno);
-  auto ev = next_cm_event(ch->events_.get(), timeout);
+  auto ev = next_cm_event(ch->events_.get(), timeout, cancelled);
   if (!ev) return ev.error().with_context(what);
   if (ev->type == RDMA_CM_EVENT_REJECTED) {
     std::string why(ev->private_data.begin(), ev->private_data.end());
