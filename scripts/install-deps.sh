@@ -9,7 +9,8 @@ build_pkgs=(cmake g++ make pkg-config libibverbs-dev librdmacm-dev libcpp-httpli
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libnftables-dev libvirt-dev)
 run_pkgs=(qemu-system-x86 busybox-static python3 rdma-core ibverbs-providers
   ibverbs-utils rdmacm-utils iproute2 socat cpio gzip)
-# prometheus: promtool for tests/deploy/test_alerts.py (promtool check/test rules)
+# prometheus: promtool for tests/deploy/test_alerts.py (promtool check/test rules), and the
+# Prometheus server that tests/deploy/test_dashboard_prometheus.py runs against live programs
 # podman, debootstrap: tests/deploy/test_image_build.py builds the Dockerfile (chroot isolation,
 # no OCI runtime needed; debootstrap makes the Debian 12 base images)
 test_pkgs=(perftest iperf3 seabios openssl nodejs npm unzip python3-yaml binutils prometheus
