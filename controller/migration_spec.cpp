@@ -48,7 +48,61 @@ Result<std::optional<uint64_t>> uint_field(const json& spec, const char* key, ui
   return std::optional<uint64_t>(v);
 }
 
+// One component of a duration: its value in nanoseconds, or 0 with `ok` false on overflow.
+bool add_component(uint64_t& total_ns, uint64_t whole, uint64_t frac, uint64_t frac_scale, uint64_t unit_ns) {
+  uint64_t a = 0, b = frac * unit_ns / frac_scale;  // frac < frac_scale <= 10^6, unit_ns <= 3.6e12: no overflow
+  if (__builtin_mul_overflow(whole, unit_ns, &a)) return false;
+  if (__builtin_add_overflow(a, b, &a)) return false;
+  return !__builtin_add_overflow(total_ns, a, &total_ns);
+}
+
 }  // namespace
+
+Result<uint64_t> parse_duration_ms(const std::string& text, const std::string& field, uint64_t min_ms, uint64_t max_ms) {
+  const std::string expected = "must be a duration like \"300ms\" or \"1.5s\" (units ns, us, ms, s, m, h)";
+  if (text.empty()) return bad(field, expected + ", got an empty string");
+  if (text.size() > 64) return bad(field, expected + ", got " + std::to_string(text.size()) + " characters");
+  uint64_t ns = 0;
+  size_t i = 0;
+  while (i < text.size()) {
+    uint64_t whole = 0, frac = 0, scale = 1;
+    const size_t start = i;
+    for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) {
+      if (whole > 1'000'000'000'000ull) return bad(field, "'" + text + "' is out of range");
+      whole = whole * 10 + static_cast<uint64_t>(text[i] - '0');
+    }
+    if (i == start) return bad(field, expected + ", got '" + text + "'");
+    if (i < text.size() && text[i] == '.') {
+      const size_t frac_start = ++i;
+      for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) {
+        if (scale == 1'000'000) return bad(field, "'" + text + "': at most 6 digits after the decimal point");
+        frac = frac * 10 + static_cast<uint64_t>(text[i] - '0');
+        scale *= 10;
+      }
+      if (i == frac_start) return bad(field, expected + ", got '" + text + "'");
+    }
+    const size_t unit_start = i;
+    while (i < text.size() && !(text[i] >= '0' && text[i] <= '9') && text[i] != '.') ++i;
+    const std::string unit = text.substr(unit_start, i - unit_start);
+    uint64_t unit_ns = 0;
+    if (unit == "ns") unit_ns = 1;
+    else if (unit == "us" || unit == "\xC2\xB5s") unit_ns = 1'000;
+    else if (unit == "ms") unit_ns = 1'000'000;
+    else if (unit == "s") unit_ns = 1'000'000'000;
+    else if (unit == "m") unit_ns = 60'000'000'000;
+    else if (unit == "h") unit_ns = 3'600'000'000'000;
+    else if (unit.empty()) return bad(field, "'" + text + "' needs a unit (ns, us, ms, s, m, h)");
+    else return bad(field, "unknown unit '" + unit + "' in '" + text + "' (units ns, us, ms, s, m, h)");
+    if (!add_component(ns, whole, frac, scale, unit_ns)) return bad(field, "'" + text + "' is out of range");
+  }
+  if (ns % 1'000'000 != 0) return bad(field, "'" + text + "' is not a whole number of milliseconds");
+  const uint64_t ms = ns / 1'000'000;
+  if (ms < min_ms || ms > max_ms) {
+    return bad(field, "must be between " + std::to_string(min_ms) + "ms and " + std::to_string(max_ms) + "ms, got '" +
+                          text + "'");
+  }
+  return ms;
+}
 
 Result<SourceKind> source_kind(const json& spec) {
   if (!spec.is_object()) return bad("spec", "required");
@@ -84,8 +138,8 @@ Result<VmiRequest> parse_vmi_spec(const json& spec) {
       }
     }
   }
-  for (const char* tunable : {"transport", "chunkSize", "multifdChannels", "ringDepth", "maxDowntimeMs", "maxBandwidth",
-                              "completionTimeoutSeconds"}) {
+  for (const char* tunable : {"transport", "chunkSize", "multifdChannels", "ringDepth", "maxDowntime", "maxDowntimeMs",
+                              "maxBandwidth", "completionTimeoutSeconds"}) {
     if (spec.contains(tunable) && !spec[tunable].is_null()) {
       return bad(std::string("spec.") + tunable,
                  "only for spec.source.qemu; under KubeVirt the agents' kubevirt config and KubeVirt's migration "
@@ -132,17 +186,31 @@ Result<MigrationRequest> parse_spec(const json& spec) {
   auto depth = uint_field(spec, "ringDepth", 2, 1024);
   if (!depth) return depth.error();
   if (depth.value()) r.ring_depth = static_cast<uint32_t>(**depth);
-  auto dl = uint_field(spec, "maxDowntimeMs", 1, 2000000);
-  if (!dl) return dl.error();
-  r.max_downtime_ms = dl->value_or(300);
+  // maxDowntime (a duration) replaces maxDowntimeMs (integer milliseconds, still read in v1alpha1);
+  // both at once is refused rather than one silently winning.
+  const bool has_new = spec.contains("maxDowntime") && !spec["maxDowntime"].is_null();
+  const bool has_old = spec.contains("maxDowntimeMs") && !spec["maxDowntimeMs"].is_null();
+  if (has_new && has_old) {
+    return bad("spec.maxDowntime", "set either spec.maxDowntime or the deprecated spec.maxDowntimeMs, not both");
+  }
+  if (has_new) {
+    if (!spec["maxDowntime"].is_string()) return bad("spec.maxDowntime", "must be a duration string like \"300ms\"");
+    auto ms = parse_duration_ms(spec["maxDowntime"].get<std::string>(), "spec.maxDowntime", kMinDowntimeMs, kMaxDowntimeMs);
+    if (!ms) return ms.error();
+    r.max_downtime_ms = ms.value();
+  } else {
+    auto dl = uint_field(spec, "maxDowntimeMs", kMinDowntimeMs, kMaxDowntimeMs);
+    if (!dl) return dl.error();
+    r.max_downtime_ms = dl->value_or(kDefaultDowntimeMs);
+  }
   auto ct = uint_field(spec, "completionTimeoutSeconds", 10, 7 * 86400);
   if (!ct) return ct.error();
   if (ct.value()) r.completion_timeout_seconds = static_cast<uint32_t>(**ct);
   if (auto it = spec.find("maxBandwidth"); it != spec.end() && !it->is_null()) {
     Result<uint64_t> bw = uint64_t{0};
     if (it->is_string()) bw = parse_bytes(it->get<std::string>(), "spec.maxBandwidth");
-    else if (it->is_number_unsigned()) bw = it->get<uint64_t>();
-    else return bad("spec.maxBandwidth", "must be a quantity like \"10Gi\" (bytes per second)");
+    else if (it->is_number_integer() && (it->is_number_unsigned() || it->get<int64_t>() >= 0)) bw = it->get<uint64_t>();
+    else return bad("spec.maxBandwidth", "must be a non-negative integer or a quantity like \"10Gi\" (bytes per second)");
     if (!bw) return bw.error();
     if (bw.value() > (uint64_t{1} << 50)) return bad("spec.maxBandwidth", "larger than 1Pi bytes per second");
     r.max_bandwidth_bytes_per_second = bw.value();

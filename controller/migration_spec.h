@@ -25,11 +25,21 @@ struct MigrationRequest {
   std::optional<uint64_t> chunk_size;  // unset: the agents' default
   uint32_t multifd_channels = 0;
   std::optional<uint32_t> ring_depth;
-  uint64_t max_downtime_ms = 300;
+  uint64_t max_downtime_ms = 300;  // spec.maxDowntime, or the deprecated spec.maxDowntimeMs
   uint64_t max_bandwidth_bytes_per_second = 0;  // 0: unlimited
   std::optional<uint32_t> completion_timeout_seconds;
   bool cancel = false;
 };
+
+// QEMU's downtime-limit bounds, in milliseconds (spec.maxDowntime / spec.maxDowntimeMs).
+inline constexpr uint64_t kMinDowntimeMs = 1;
+inline constexpr uint64_t kMaxDowntimeMs = 2'000'000;
+inline constexpr uint64_t kDefaultDowntimeMs = 300;
+
+// A Kubernetes duration string (Go's time.ParseDuration form without a sign: "300ms", "1.5s",
+// "1m30s"; units ns, us, µs, ms, s, m, h; at most 6 fractional digits) as whole milliseconds in
+// [min_ms, max_ms]. Errors name `field`.
+Result<uint64_t> parse_duration_ms(const std::string& text, const std::string& field, uint64_t min_ms, uint64_t max_ms);
 
 // spec.source names exactly one kind of endpoint.
 enum class SourceKind { kQemu, kVmi };

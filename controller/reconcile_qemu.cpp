@@ -31,6 +31,22 @@ std::string condition_reason(const json& status, const std::string& type, std::s
 }
 
 constexpr const char* kTargetUnanswered = "TargetUnanswered";
+// Held back by maxConcurrentPerNode: the Admitted condition's reason, status.reason and the Event.
+constexpr const char* kWaitingForNodeSlot = "WaitingForNodeSlot";
+
+// What an operator must know first about a VM left paused on the source, then the agents' words.
+std::string paused_on_source_message(const json& status, const json& target_view, const std::string& agents) {
+  std::string target = "the target agent did not answer";
+  if (target_view.is_object() && target_view.contains("phase")) {
+    target = "the target agent reports " + target_view.value("phase", std::string("?"));
+    const json& ts = target_view.value("result", json::object()).value("targetState", json());
+    if (ts.is_string()) target += " (target VM " + ts.get<std::string>() + ")";
+  }
+  return "VM left paused on the source node " + status.value("sourceNode", std::string("?")) +
+         ": the source agent could not learn the target's verdict after QEMU handed the VM over; " + target +
+         " on node " + status.value("targetNode", std::string("?")) +
+         ". Decide where the VM runs before resuming anything (runbook RdmigVmPausedOnSource). " + agents;
+}
 
 }  // namespace
 
@@ -99,13 +115,18 @@ Result<Next> Reconciler::admit(json obj, const MigrationRequest& req) {
   for (const auto& node : {req.source.node, req.target.node}) {
     const int active = active_on_node(node, key);
     if (active >= static_cast<int>(config_.max_concurrent_per_node)) {
-      const std::string msg = "node '" + node + "' already takes part in " + std::to_string(active) +
-                              " migrations (maxConcurrentPerNode=" + std::to_string(config_.max_concurrent_per_node) + ")";
+      const std::string msg = "waiting for a migration slot on node '" + node + "': it already takes part in " +
+                              std::to_string(active) + " migrations (maxConcurrentPerNode=" +
+                              std::to_string(config_.max_concurrent_per_node) + ")";
       const json before = status;
-      set_condition(status, "Admitted", "False", "NodeBusy", msg, gen, now_text());
+      const bool held_before = condition_reason(before, "Admitted") == kWaitingForNodeSlot;
+      set_condition(status, "Admitted", "False", kWaitingForNodeSlot, msg, gen, now_text());
+      status["reason"] = kWaitingForNodeSlot;  // the Reason column: why it is still Pending
       if (status != before) {
         auto w = write_status(obj, status);
         if (!w) return w.error();
+        // One Event per hold: when the hold starts, not on every pass that finds the node busy.
+        if (!held_before) events_.record(w.value(), "Normal", kWaitingForNodeSlot, msg);
       }
       return Next::kPoll;
     }
@@ -250,7 +271,11 @@ Result<Next> Reconciler::poll(json obj) {
                           std::to_string(config_.agents.unreachable_timeout_seconds) + "s: " + e.message);
   }
   copy_agent_status(status, s.value(), t.value());
-  const Verdict v = judge(s.value(), t.value());
+  Verdict v = judge(s.value(), t.value());
+  // While one side stops, the other's end decided the outcome: a side that ends Cancelled now was
+  // cancelled by this controller (stop_on_agents), which must not turn TargetFailed into
+  // CancelledOnAgent. Any other new verdict (a source that says it left the VM paused) stands.
+  if (auto first = stopping_.find(key); first != stopping_.end() && v.code == kReasonCancelledOnAgent) v = first->second;
   switch (v.outcome) {
     case Outcome::kRunning: {
       if (status != obj.value("status", json::object())) {
@@ -263,15 +288,20 @@ Result<Next> Reconciler::poll(json obj) {
       std::string msg = "migrated";
       if (status.contains("downtimeMs")) msg += "; downtime " + std::to_string(status["downtimeMs"].get<int64_t>()) + " ms";
       if (status.contains("totalTimeMs")) msg += "; total " + std::to_string(status["totalTimeMs"].get<int64_t>()) + " ms";
-      return transition(obj, status, "Succeeded", "Succeeded", msg);
+      return transition(obj, status, "Succeeded", v.code, msg);
     }
     case Outcome::kFailed:
     case Outcome::kCancelled: {
       const auto st = stop_on_agents(obj);  // cancels whichever side still runs
-      if (!st.stopped) return Next::kPoll;
+      if (!st.stopped) {
+        stopping_.try_emplace(key, v);
+        return Next::kPoll;
+      }
+      stopping_.erase(key);
       const bool cancelled = v.outcome == Outcome::kCancelled;
-      return transition(obj, status, cancelled ? "Cancelled" : "Failed", cancelled ? "Cancelled" : "MigrationFailed",
-                        v.reason);
+      const std::string msg =
+          v.code == kReasonVmPausedOnSource ? paused_on_source_message(status, st.target, v.reason) : v.reason;
+      return transition(obj, status, cancelled ? "Cancelled" : "Failed", v.code, msg);
     }
   }
   return Next::kPoll;

@@ -68,6 +68,7 @@ Result<json> Reconciler::write_status(const json& obj, json status) {
     auto written = kube_.replace(object_path(current) + "/status", current);
     if (written) {
       informer_.observe(written.value());
+      status_events(written.value(), obj.value("status", json::object()), status);
       return written.value();
     }
     if (!k8s::is_conflict(written.error())) return written.error();
@@ -77,6 +78,14 @@ Result<json> Reconciler::write_status(const json& obj, json status) {
     current = fresh.value();
   }
   return Error{Errc::kFailedPrecondition, "status of " + informer_.key_of(obj) + ": conflicts kept happening"};
+}
+
+void Reconciler::status_events(const json& written, const json& before, const json& after) {
+  // TransportFallback once: on the write that first shows the agents fell back to TCP.
+  if (transport_fell_back(after) && !transport_fell_back(before)) {
+    LOG_WARN("reconcile") << informer_.key_of(written) << ": " << transport_fallback_message(after);
+    events_.record(written, "Warning", "TransportFallback", transport_fallback_message(after));
+  }
 }
 
 Result<json> Reconciler::set_finalizer(const json& obj, bool present) {
@@ -121,19 +130,24 @@ Result<Next> Reconciler::transition(const json& obj, json status, const std::str
     status["completionTime"] = now;
     if (phase == "Succeeded") {
       status.erase("failureReason");
-      set_condition(status, "Succeeded", "True", "Succeeded", message, gen, now);
+      set_condition(status, "Succeeded", "True", reason, message, gen, now);
     } else {
       status["failureReason"] = message;
       set_condition(status, "Succeeded", "False", reason, message, gen, now);
     }
+  } else {
+    // Not decided yet: Unknown, with the phase as the reason (Pending, PreparingTarget, Migrating).
+    set_condition(status, "Succeeded", "Unknown", reason, message, gen, now);
   }
   auto written = write_status(obj, status);
   if (!written) return written.error();
   if (before != phase) {
     LOG_INFO("reconcile") << informer_.key_of(obj) << ": " << (before.empty() ? "new" : before) << " -> " << phase
                           << " (" << reason << ": " << message << ")";
-    events_.record(written.value(), phase == "Failed" ? "Warning" : "Normal", phase == "Failed" ? reason : phase,
-                   message);
+    // Failed and Cancelled Events carry the reason (VMPausedOnSource, CancelledOnAgent, ...).
+    const bool failed = phase == "Failed";
+    events_.record(written.value(), failed ? "Warning" : "Normal",
+                   failed || phase == "Cancelled" ? reason : phase, message);
   }
   return is_terminal_phase(phase) ? Next::kDone : Next::kRequeueNow;
 }
@@ -159,6 +173,7 @@ Result<Next> Reconciler::reconcile(const std::string& key) {
     reachable(key, "source");
     reachable(key, "target");
     ended_since_.erase(key);
+    stopping_.erase(key);
     return Next::kDone;
   }
   json obj = *cached;
@@ -194,6 +209,7 @@ Result<Next> Reconciler::finished(json obj) {
     reachable(key, "source");
     reachable(key, "target");
     ended_since_.erase(key);
+    stopping_.erase(key);
   }
   const auto due = deletion_due(obj, config_.ttl_seconds_after_finished);
   if (!due || k8s::Clock::now() < *due) return Next::kDone;
@@ -216,6 +232,7 @@ Result<Next> Reconciler::finalize(json obj) {
   reachable(key, "source");
   reachable(key, "target");
   ended_since_.erase(key);
+  stopping_.erase(key);
   LOG_INFO("reconcile") << key << ": deleted; migration stopped, finalizer removed";
   return Next::kDone;
 }

@@ -35,6 +35,7 @@
 #include "controller/config.h"
 #include "controller/controller_metrics.h"
 #include "controller/migration_spec.h"
+#include "controller/status_mapping.h"
 #include "k8s/events.h"
 #include "k8s/informer.h"
 #include "k8s/kube_client.h"
@@ -96,7 +97,12 @@ class Reconciler {
   bool unreachable_too_long(const std::string& key, const std::string& side);
   void reachable(const std::string& key, const std::string& side);
 
+  // Writes `status` (409: re-read, retry), then records the Events the change itself implies
+  // (status_events).
   Result<nlohmann::json> write_status(const nlohmann::json& obj, nlohmann::json status);
+  // Events that follow from a status change whatever the path: TransportFallback (Warning) on the
+  // write that first shows a TCP fallback, so once per migration.
+  void status_events(const nlohmann::json& written, const nlohmann::json& before, const nlohmann::json& after);
   Result<nlohmann::json> set_finalizer(const nlohmann::json& obj, bool present);
   // Phase change with an Event; terminal phases also set completionTime and the Succeeded condition.
   Result<Next> transition(const nlohmann::json& obj, nlohmann::json status, const std::string& phase,
@@ -113,6 +119,9 @@ class Reconciler {
   k8s::Informer* vmims_;
   std::map<std::string, std::chrono::steady_clock::time_point> unreachable_since_;
   std::map<std::string, std::chrono::steady_clock::time_point> ended_since_;  // vmi: waiting for figures
+  // qemu: the first failure verdict of a migration whose other side is still being stopped
+  // (kept in memory only: a controller restarted meanwhile judges afresh).
+  std::map<std::string, Verdict> stopping_;
 };
 
 std::string object_path(const nlohmann::json& obj);

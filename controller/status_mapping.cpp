@@ -25,21 +25,47 @@ std::string with_reason(const std::string& side, const std::string& phase, const
 }
 }  // namespace
 
+bool vm_left_paused_on_source(const json& source) {
+  return source.is_object() && source.value("phase", "") == "Failed" &&
+         reason_of(source).find(kPausedOnSourceText) != std::string::npos;
+}
+
 Verdict judge(const json& source, const json& target) {
   const std::string sp = source.value("phase", "");
   const std::string tp = target.value("phase", "");
-  if (sp == "Succeeded" && tp == "Succeeded") return {Outcome::kSucceeded, ""};
-  if (sp == "Cancelled") return {Outcome::kCancelled, with_reason("source", "cancelled", reason_of(source))};
+  if (sp == "Succeeded" && tp == "Succeeded") return {Outcome::kSucceeded, kReasonSucceeded, ""};
+  if (sp == "Cancelled") {
+    return {Outcome::kCancelled, kReasonCancelledOnAgent, with_reason("source", "cancelled", reason_of(source))};
+  }
   if (sp == "Failed") {
     // The source's reason usually says "peer closed"; the target's may say why.
     std::string reason = with_reason("source", "failed", reason_of(source));
     if (tp == "Failed" && !reason_of(target).empty()) reason += "; " + with_reason("target", "failed", reason_of(target));
-    return {Outcome::kFailed, reason};
+    return {Outcome::kFailed, vm_left_paused_on_source(source) ? kReasonVmPausedOnSource : kReasonSourceFailed, reason};
   }
   if (tp == "Failed" || tp == "Cancelled") {
-    return {Outcome::kFailed, with_reason("target", tp == "Failed" ? "failed" : "cancelled", reason_of(target))};
+    return {Outcome::kFailed, kReasonTargetFailed,
+            with_reason("target", tp == "Failed" ? "failed" : "cancelled", reason_of(target))};
   }
-  return {Outcome::kRunning, ""};
+  return {Outcome::kRunning, "", ""};
+}
+
+bool transport_fell_back(const json& status) {
+  if (!status.is_object()) return false;
+  const json& t = status.value("transport", json());
+  const json& r = status.value("transportReason", json());
+  if (!t.is_string() || !r.is_string() || r.get<std::string>().empty()) return false;
+  return t.get<std::string>() == "tcp" && r.get<std::string>() != "requested";
+}
+
+std::string transport_fallback_message(const json& status) {
+  const std::string reason = status.value("transportReason", std::string());
+  std::string why;
+  if (reason == "auto-no-peer-rdma") why = "the target agent has no usable RDMA device";
+  else if (reason == "auto-no-source-rdma" || reason == "auto-no-local-rdma") why = "the source agent has no usable RDMA device";
+  else if (reason == "target-requested-tcp") why = "the target agent was configured for TCP";
+  return "the agents carry this migration over TCP, not RDMA (transportReason " + reason +
+         (why.empty() ? "" : ": " + why) + ")";
 }
 
 void copy_agent_status(json& status, const json& source, const json& target) {
@@ -66,6 +92,14 @@ void copy_agent_status(json& status, const json& source, const json& target) {
   if (!progress.empty()) status["progress"] = progress;
 
   if (source.contains("transport") && source["transport"].is_string()) status["transport"] = source["transport"];
+  // The source learns the reason from the target's welcome; either side's will do before that.
+  for (const json* side : {&source, &target}) {
+    if (side->contains("transportReason") && (*side)["transportReason"].is_string() &&
+        !(*side)["transportReason"].get<std::string>().empty()) {
+      status["transportReason"] = (*side)["transportReason"];
+      break;
+    }
+  }
   if (source.contains("channels") && source["channels"].is_number()) status["channels"] = source["channels"];
   if (source.contains("chunkSize") && source["chunkSize"].is_number_integer() && source["chunkSize"].get<int64_t>() > 0) {
     status["chunkSize"] = format_quantity(source["chunkSize"].get<uint64_t>());

@@ -9,19 +9,45 @@ namespace rdmig::controller {
 
 enum class Outcome { kRunning, kSucceeded, kFailed, kCancelled };
 
+// Condition reasons (status.reason, the Succeeded condition's reason) for how a qemu-kind
+// migration on the agents ended. One per outcome an operator handles differently.
+inline constexpr const char* kReasonSucceeded = "Succeeded";
+inline constexpr const char* kReasonSourceFailed = "SourceFailed";          // the source agent failed it; VM on the source
+inline constexpr const char* kReasonTargetFailed = "TargetFailed";          // the target agent failed or cancelled first
+inline constexpr const char* kReasonVmPausedOnSource = "VMPausedOnSource";  // verdict lost: the VM is paused, act
+inline constexpr const char* kReasonCancelledOnAgent = "CancelledOnAgent";  // cancelled on the agent, not through spec.cancel
+
 struct Verdict {
   Outcome outcome = Outcome::kRunning;
+  std::string code;    // one of the kReason* above ("" while running)
   std::string reason;  // why it failed or was cancelled, naming the side
 };
 
 bool agent_phase_terminal(const std::string& phase);
 
+// The source agent failed the migration and left the VM paused on the source because it could
+// not learn the target's verdict after QEMU had handed the VM over (the agent's failure kind
+// vm_paused_on_source, rdmig_source_vms_left_paused_total). The agent's REST status carries no
+// machine-readable failure kind, so this reads the wording every such failure uses:
+// kPausedOnSourceText in result.reason.
+inline constexpr const char* kPausedOnSourceText = "the source VM is left paused";
+bool vm_left_paused_on_source(const nlohmann::json& source);
+
 // Source and target together: Succeeded only when both say so; any failure on one side fails
-// the whole; a source cancelled (by us or by its agent shutting down) is Cancelled.
+// the whole (VMPausedOnSource when the source says so, else SourceFailed; TargetFailed when the
+// target ended first); a source cancelled without spec.cancel (e.g. by its agent shutting
+// down) is Cancelled/CancelledOnAgent.
 Verdict judge(const nlohmann::json& source, const nlohmann::json& target);
 
+// Whether status.transport/transportReason say the agents fell back to TCP: transport "tcp"
+// with a reason other than "requested" (auto-no-peer-rdma, auto-no-source-rdma,
+// auto-no-local-rdma, target-requested-tcp, ...). False while either is unknown.
+bool transport_fell_back(const nlohmann::json& status);
+// The TransportFallback Event's message: the reason and what it means.
+std::string transport_fallback_message(const nlohmann::json& status);
+
 // Copies progress (transferred/remaining/total bytes, percent, throughput, dirty rate,
-// passes, chunks), transport, channels, chunk size and results (downtimeMs, switchoverMs,
+// passes, chunks), transport and transportReason, channels, chunk size and results (downtimeMs, switchoverMs,
 // totalTimeMs, targetState) from the agents' status JSON into `status`. Null or missing
 // figures are left out, never written as 0.
 void copy_agent_status(nlohmann::json& status, const nlohmann::json& source, const nlohmann::json& target);

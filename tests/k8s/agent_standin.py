@@ -2,8 +2,10 @@
 
 Speaks the part of the agent API the controller uses (POST/GET/DELETE /v1/migrations, bearer
 token) and can misbehave on purpose: answer POST late (`post_delay`, seconds), keep a created
-migration in one phase forever (`phase`). Records every request and what it still holds, so a
-test can ask "is anything left running here?". Binds 127.0.0.1:0 and reports its port.
+migration in one phase forever (`phase`) until the test ends it (`end()`, with the agent's own
+words). Reports `transport`/`transportReason` as the agents do once the data plane is up.
+Records every request and what it still holds, so a test can ask "is anything left running
+here?". Binds 127.0.0.1:0 and reports its port.
 """
 import http.server
 import json
@@ -14,9 +16,11 @@ TERMINAL = ("Succeeded", "Failed", "Cancelled")
 
 
 class AgentStandin:
-    def __init__(self, token, name="standin", post_delay=0.0, phase="Migrating"):
+    def __init__(self, token, name="standin", post_delay=0.0, phase="Migrating", transport=None,
+                 transport_reason=None):
         self.token, self.name = token, name
         self.post_delay, self.phase = post_delay, phase
+        self.transport, self.transport_reason = transport, transport_reason
         self.lock = threading.Lock()
         self.migrations = {}   # id -> agent-shaped status
         self.requests = []     # (method, path)
@@ -57,7 +61,9 @@ class AgentStandin:
                     mid = body.get("id", "m-x")
                     with outer.lock:
                         outer.migrations[mid] = {"id": mid, "role": body.get("role"), "vm": body.get("vm"),
-                                                 "phase": outer.phase, "progress": {}, "result": {}}
+                                                 "phase": outer.phase, "transport": outer.transport,
+                                                 "transportReason": outer.transport_reason,
+                                                 "progress": {}, "result": {}}
                     return self._send(201, {"migrationId": mid, "endpoint": "127.0.0.1:1", "token": "t",
                                             "phase": outer.phase})
                 if len(parts) != 3:
@@ -82,6 +88,14 @@ class AgentStandin:
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
         self.thread.start()
+
+    def end(self, mid, phase, reason=None, **result):
+        """Ends migration `mid` as the agent would: `phase` with result.reason (the agent's text)
+        and any other result fields (targetState, downtimeMs, ...)."""
+        with self.lock:
+            m = self.migrations[mid]
+            m["phase"] = phase
+            m["result"] = dict(result, reason=reason)
 
     def running(self):
         """Ids of migrations this stand-in holds that have not ended."""

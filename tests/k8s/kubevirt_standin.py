@@ -89,7 +89,7 @@ class AgentPairPerformer:
         return {"migrationUid": m.uid, "vmi": {"namespace": m.namespace, "name": m.vmi, "uid": ""},
                 "role": "source", "sourceNode": m.source_node, "targetNode": m.target_node, "mode": "hook",
                 "carried": True, "reason": None, "phase": phase, "transport": s.get("transport"),
-                "transportReason": "test-agents-tcp", "connections": s.get("channels"),
+                "transportReason": s.get("transportReason"), "connections": s.get("channels"),
                 "bytesSent": p.get("transferredBytes"), "bytesReceived": 0, "chunksSent": p.get("chunksSent"),
                 "chunksReceived": (t or {}).get("progress", {}).get("chunksReceived"),
                 "throughputBytesPerSecond": p.get("throughputBytesPerSecond"),

@@ -170,12 +170,16 @@ class ControllerEndToEndTest(unittest.TestCase):
 
         def done():
             obj = self.cluster.get("web-1")
-            seen.add(obj.get("status", {}).get("phase"))
-            return obj if obj.get("status", {}).get("phase") in TERMINAL else None
+            st = obj.get("status", {})
+            succeeded = [c["status"] for c in st.get("conditions", []) if c["type"] == "Succeeded"]
+            seen.add((st.get("phase"), succeeded[0] if succeeded else None))
+            return obj if st.get("phase") in TERMINAL else None
         obj = wait_for(done, 240, "web-1 to finish")
         st = obj["status"]
         self.assertEqual(st["phase"], "Succeeded", st.get("failureReason"))
-        self.assertIn("Migrating", seen)
+        self.assertIn(("Migrating", "Unknown"), seen, "the Succeeded condition is Unknown while it runs")
+        self.assertEqual({c for p, c in seen if p not in (None, "Succeeded")}, {"Unknown"}, seen)
+        self.assertEqual(st["transportReason"], "requested")  # spec.transport tcp: no fallback
         self.assertEqual(st["observedGeneration"], obj["metadata"]["generation"])
         self.assertEqual(st["transport"], "tcp")
         self.assertEqual(st["channels"], 3)
@@ -236,10 +240,11 @@ class ControllerEndToEndTest(unittest.TestCase):
 
         def busy():
             o = self.cluster.get("queued")
-            return any(c["type"] == "Admitted" and c["status"] == "False" and c["reason"] == "NodeBusy"
+            return any(c["type"] == "Admitted" and c["status"] == "False" and c["reason"] == "WaitingForNodeSlot"
                        for c in o["status"].get("conditions", []))
-        wait_for(busy, 20, "NodeBusy condition")
+        wait_for(busy, 20, "WaitingForNodeSlot condition")
         self.assertEqual(self.cluster.get("queued")["status"]["phase"], "Pending")
+        self.cluster.wait_event("queued", ("Normal", "WaitingForNodeSlot"))
         before = src.last_counter()
         self.cluster.update_spec("cancel-me", cancel=True)
         obj = self.cluster.wait_phase("cancel-me", TERMINAL, timeout=60)
@@ -288,10 +293,16 @@ class ControllerEndToEndTest(unittest.TestCase):
         # sends a deterministic shortened name rather than namespace/name (257 characters here).
         name = ("m" * 240 + "-" + os.urandom(6).hex())[:253]
         src, dst = self.pair(target_paused=False)
+        # transport auto between agents without RDMA devices: a real TCP fallback, explained.
         self.cluster.create(migration(name, "node-a", "node-b", src.agent_qmp_path, dst.agent_qmp_path,
-                                      maxBandwidth="1Gi"))
+                                      maxBandwidth=1 << 30, maxDowntime="500ms", transport="auto"))
         obj = self.cluster.wait_phase(name, TERMINAL, timeout=240)
         self.assertEqual(obj["status"]["phase"], "Succeeded", obj["status"].get("failureReason"))
+        self.assertEqual((obj["status"]["transport"], obj["status"]["transportReason"]), ("tcp", "auto-no-source-rdma"))
+        self.cluster.wait_event(name, ("Warning", "TransportFallback"))
+        fallback = [e for e in self.cluster.api.events(name) if e["reason"] == "TransportFallback"]
+        self.assertEqual([(e["type"], e["count"]) for e in fallback], [("Warning", 1)], fallback)
+        self.assertIn("the source agent has no usable RDMA device", fallback[0]["message"])
         vm = self.agent_a.get(obj["status"]["migrationId"])["vm"]
         self.assertEqual(len(vm), 253)
         self.assertTrue(vm.startswith(NS + "/" + name[:200]), vm)

@@ -59,6 +59,13 @@ class ControllerFaultsTest(unittest.TestCase):
         for node in ("node-s1", "node-s2", "node-s3", "node-s4", "node=s,5"):
             cls.env.standin(node)
         cls.env.standin("node-slow", post_delay=4.0)  # twice requestTimeoutSeconds
+        cls.env.standin("node-h1")  # a source of its own for the hold test (others count calls on theirs)
+        # Agents without RDMA devices, as a real pair reports a migration that asked for auto.
+        cls.env.standin("node-tcp1", transport="tcp", transport_reason="auto-no-peer-rdma")
+        cls.env.standin("node-tcp2", transport="tcp", transport_reason="auto-no-peer-rdma")
+        # Agents configured for TCP: no fallback.
+        cls.env.standin("node-req1", transport="tcp", transport_reason="requested")
+        cls.env.standin("node-req2", transport="tcp", transport_reason="requested")
 
     @classmethod
     def tearDownClass(cls):
@@ -137,7 +144,8 @@ class ControllerFaultsTest(unittest.TestCase):
         self.cluster.wait_phase("del-migrating", "Migrating", timeout=30)
         # Pending: node-s1 is taken (maxConcurrentPerNode 1).
         self.create("del-pending")
-        wait_for(lambda: (self.condition("del-pending", "Admitted") or {}).get("reason") == "NodeBusy", 20, "NodeBusy")
+        wait_for(lambda: (self.condition("del-pending", "Admitted") or {}).get("reason") == "WaitingForNodeSlot", 20,
+                 "WaitingForNodeSlot")
         self.store.delete("rdmamigrations", NS, "del-pending")
         self.gone("del-pending")
         self.store.delete("rdmamigrations", NS, "del-migrating")
@@ -196,12 +204,105 @@ class ControllerFaultsTest(unittest.TestCase):
         finally:
             self.store.crd_schema = schema
         self.create("slot-waiter", src="node-s4", dst="node-s2")
-        wait_for(lambda: (self.condition("slot-waiter", "Admitted") or {}).get("reason") == "NodeBusy", 20,
+        wait_for(lambda: (self.condition("slot-waiter", "Admitted") or {}).get("reason") == "WaitingForNodeSlot", 20,
                  "slot-waiter to wait for node-s2")
         time.sleep(1.5)  # several polls (250 ms): it must keep waiting, not just be late
         self.assertEqual(self.cluster.get("slot-waiter")["status"]["phase"], "Pending")
         self.store.delete("rdmamigrations", NS, "slot-holder")
         self.cluster.wait_phase("slot-waiter", "Migrating", timeout=30)
+
+    # -- status and events that explain a migration (issue 12) -------------------------------
+    def events_of(self, name, reason):
+        return [(t, r) for t, r in self.cluster.event_reasons(name) if r == reason]
+
+    def test_a_migration_held_by_the_node_limit_says_so_once(self):
+        self.create("slot-taker", src="node-s1", dst="node-s2")
+        self.cluster.wait_phase("slot-taker", "Migrating", timeout=30)
+        self.create("held", src="node-h1", dst="node-s1")
+        wait_for(lambda: (self.condition("held", "Admitted") or {}).get("reason") == "WaitingForNodeSlot", 20,
+                 "the hold in the Admitted condition")
+        self.cluster.wait_event("held", ("Normal", "WaitingForNodeSlot"))
+        st = self.cluster.get("held")["status"]
+        self.assertEqual((st["phase"], st["reason"]), ("Pending", "WaitingForNodeSlot"), st)
+        self.assertIn("waiting for a migration slot on node 'node-s1'", self.condition("held", "Admitted")["message"])
+        self.assertIn("maxConcurrentPerNode=1", self.condition("held", "Admitted")["message"])
+        self.assertEqual(self.condition("held", "Succeeded")["status"], "Unknown")
+        time.sleep(1.5)  # several polls (250 ms) that find the node busy again
+        self.assertEqual(self.events_of("held", "WaitingForNodeSlot"), [("Normal", "WaitingForNodeSlot")],
+                         "one Event per hold, not one per poll")
+        self.store.delete("rdmamigrations", NS, "slot-taker")
+        obj = self.cluster.wait_phase("held", "Migrating", timeout=30)
+        self.assertNotIn("reason", obj["status"], "admitted: nothing holds it any more")
+        self.assertEqual(self.condition("held", "Admitted")["status"], "True")
+        self.assertEqual(len(self.events_of("held", "WaitingForNodeSlot")), 1)
+
+    def test_succeeded_is_unknown_while_running_and_the_tcp_fallback_is_explained_once(self):
+        self.create("fallback", src="node-tcp1", dst="node-tcp2", transport="auto")
+        wait_for(lambda: self.cluster.get("fallback").get("status", {}).get("transportReason"), 30, "transportReason in status")
+        st = self.cluster.get("fallback")["status"]
+        self.assertEqual((st["phase"], st["transport"], st["transportReason"]), ("Migrating", "tcp", "auto-no-peer-rdma"))
+        c = self.condition("fallback", "Succeeded")
+        self.assertEqual((c["status"], c["reason"]), ("Unknown", "Migrating"))
+        self.cluster.wait_event("fallback", ("Warning", "TransportFallback"))
+        (ev,) = [e for e in self.cluster.api.events("fallback") if e["reason"] == "TransportFallback"]
+        self.assertIn("auto-no-peer-rdma: the target agent has no usable RDMA device", ev["message"])
+        time.sleep(1.5)  # several polls, each copying the same transport again
+        self.assertEqual(len(self.events_of("fallback", "TransportFallback")), 1, "one Event per migration")
+        # Asked for TCP (the agents' config or spec.transport: tcp): not a fallback.
+        self.create("tcp-asked", src="node-req1", dst="node-req2")
+        wait_for(lambda: self.cluster.get("tcp-asked").get("status", {}).get("transportReason"), 30, "transportReason")
+        time.sleep(1.0)
+        self.assertEqual(self.events_of("tcp-asked", "TransportFallback"), [])
+
+    def end_on_standins(self, name, source, target):
+        """Ends `name`'s migration on its two stand-ins: source/target = (phase, reason, extra result)."""
+        st = self.cluster.wait_phase(name, "Migrating", timeout=30)["status"]
+        mid = st["migrationId"]
+        for agent, (phase, reason, extra) in ((st["sourceAgent"], source), (st["targetAgent"], target)):
+            if phase:
+                self.env.standins[agent["node"]].end(mid, phase, reason, **extra)
+        return self.cluster.wait_phase(name, TERMINAL, timeout=30)["status"]
+
+    def test_each_way_a_migration_ends_on_the_agents_has_its_own_reason(self):
+        cases = [
+            ("ends-ok", ("Succeeded", None, {"downtimeMs": 17}), ("Succeeded", None, {"targetState": "running"}),
+             "Succeeded", "Succeeded", "True"),
+            ("ends-source", ("Failed", "QEMU error: migration failed: Unable to write to socket", {}), (None, None, {}),
+             "Failed", "SourceFailed", "False"),
+            ("ends-target", (None, None, {}), ("Failed", "target QEMU: incoming migration failed: load failed", {}),
+             "Failed", "TargetFailed", "False"),
+            ("ends-agent-cancel", ("Cancelled", "agent shutting down", {}), (None, None, {}),
+             "Cancelled", "CancelledOnAgent", "False"),
+        ]
+        for name, source, target, phase, reason, cond in cases:
+            self.create(name)
+            st = self.end_on_standins(name, source, target)
+            self.assertEqual((st["phase"], st["reason"]), (phase, reason), st)
+            c = self.condition(name, "Succeeded")
+            self.assertEqual((c["status"], c["reason"]), (cond, reason), c)
+            if phase == "Failed":
+                self.cluster.wait_event(name, ("Warning", reason))
+            self.store.delete("rdmamigrations", NS, name)
+            self.gone(name)
+
+    def test_a_vm_left_paused_on_the_source_fails_with_its_own_reason_and_a_warning(self):
+        # The source agent's words when the target's verdict was lost after QEMU handed the VM
+        # over (src/migration/source_job.cpp); the target, asked afterwards, runs the VM.
+        words = ("source QEMU completed but the target agent did not confirm (control link: no message within 30 s); "
+                 "the source VM is left paused (postmigrate) so the VM cannot run twice: check the target and "
+                 "'cont' the source only if the target does not run the VM")
+        self.create("paused")
+        st = self.end_on_standins("paused", ("Failed", words, {}), ("Succeeded", None, {"targetState": "running"}))
+        self.assertEqual((st["phase"], st["reason"]), ("Failed", "VMPausedOnSource"), st)
+        c = self.condition("paused", "Succeeded")
+        self.assertEqual((c["status"], c["reason"]), ("False", "VMPausedOnSource"))
+        self.assertTrue(st["failureReason"].startswith(
+            "VM left paused on the source node node-s1: the source agent could not learn the target's verdict"),
+            st["failureReason"])
+        self.assertIn("the target agent reports Succeeded (target VM running) on node node-s2", st["failureReason"])
+        self.assertIn("runbook RdmigVmPausedOnSource", st["failureReason"])
+        self.assertIn(words, st["failureReason"])
+        self.cluster.wait_event("paused", ("Warning", "VMPausedOnSource"))
 
     # -- API server answers -----------------------------------------------------------------
     def test_node_names_are_escaped_in_field_selectors(self):

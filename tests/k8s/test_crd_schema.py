@@ -54,7 +54,8 @@ class CrdSchemaTest(unittest.TestCase):
         cols = version["additionalPrinterColumns"]
         self.assertEqual([c["name"] for c in cols if not c.get("priority")],
                          ["Phase", "Source", "Target", "Reason", "Transport", "Progress", "Downtime", "Age"])
-        self.assertEqual([c["name"] for c in cols if c.get("priority") == 1], ["Switchover", "Throughput", "Bytes"])
+        self.assertEqual([c["name"] for c in cols if c.get("priority") == 1],
+                         ["Switchover", "Throughput", "Bytes", "Transport Reason"])
         status = self.schema["properties"]["status"]
         for c in cols:
             # Every column reads status (or metadata), so it is right for both kinds.
@@ -193,6 +194,35 @@ class CrdSchemaTest(unittest.TestCase):
         self.assertTrue(any("qmpSocket" in e for e in errs), errs)
         errs = self.errors(self.mutated(lambda o: o["spec"]["source"]["qemu"].pop("node")))
         self.assertTrue(any("'node' is missing" in e for e in errs), errs)
+
+    def test_max_downtime_is_a_duration_and_the_old_field_is_still_accepted(self):
+        for good in ("300ms", "1.5s", "1m30s", "2000s", "500us", "1h"):  # the controller checks the range
+            self.assertEqual(self.errors(self.mutated(lambda o: o["spec"].update(maxDowntime=good))), [], good)
+        for bad in (300, "300", "300 ms", "-1s", "1d", "fast", "1.s"):
+            errs = self.errors(self.mutated(lambda o: o["spec"].update(maxDowntime=bad)))
+            self.assertTrue(any("spec.maxDowntime" in e for e in errs), (bad, errs))
+        old = self.mutated(lambda o: o["spec"].update(maxDowntimeMs=100))
+        self.assertEqual(self.errors(old), [], "maxDowntimeMs is still read in v1alpha1")
+        both = self.mutated(lambda o: o["spec"].update(maxDowntime="100ms", maxDowntimeMs=100))
+        self.assertTrue(any("not both" in e for e in self.errors(both)), self.errors(both))
+        vmi = copy.deepcopy(self.vmi)
+        vmi["spec"]["maxDowntime"] = "100ms"
+        self.assertTrue(any("only for a qemu source" in e for e in self.errors(vmi)))
+        # Part of the immutable spec.
+        before = self.mutated(lambda o: o["spec"].update(maxDowntime="100ms"))
+        after = self.mutated(lambda o: o["spec"].update(maxDowntime="200ms"))
+        errs = schema_validator.validate(after, self.schema, old=before)
+        self.assertTrue(any("immutable" in e for e in errs), errs)
+
+    def test_max_bandwidth_is_an_integer_or_a_quantity(self):
+        for good in (10737418240, 0, "10Gi", "500M", "0"):
+            self.assertEqual(self.errors(self.mutated(lambda o: o["spec"].update(maxBandwidth=good))), [], good)
+        for bad in (-1, 1.5, True, "10GB", "fast", "1.5Gi"):
+            errs = self.errors(self.mutated(lambda o: o["spec"].update(maxBandwidth=bad)))
+            self.assertTrue(any("spec.maxBandwidth" in e for e in errs), (bad, errs))
+        prop = self.schema["properties"]["spec"]["properties"]["maxBandwidth"]
+        self.assertTrue(prop.get("x-kubernetes-int-or-string"))
+        self.assertNotIn("type", prop, "an int-or-string field has no type (structural schema rule)")
 
     def test_rejects_unknown_spec_field_and_bad_status_phase(self):
         errs = self.errors(self.mutated(lambda o: o["spec"].update(chunksize="4Mi")))

@@ -158,7 +158,7 @@ class KubevirtPathTest(unittest.TestCase):
         self.assertTrue({"PreparingTarget", "Migrating"} <= seen, seen)
         self.assertEqual((st["sourceNode"], st["targetNode"]), ("node-a", "node-b"))
         self.assertEqual(st["transport"], "tcp")
-        self.assertEqual(st["transportReason"], "test-agents-tcp")
+        self.assertEqual(st["transportReason"], "requested")  # the test agents' config says tcp: no fallback
         self.assertGreater(st["progress"]["transferredBytes"], 64 << 20)  # of a 256 MiB guest
         self.assertIsInstance(st["downtimeMs"], int)
         self.assertIsInstance(st["switchoverMs"], int)
@@ -188,6 +188,7 @@ class KubevirtPathTest(unittest.TestCase):
         self.assertEqual(wide["Switchover"], "%dms" % st["switchoverMs"])
         self.assertRegex(wide["Throughput"], r"^[0-9.]+[kMG]B/s$")
         self.assertRegex(wide["Bytes"], r"^[0-9.]+MB$")
+        self.assertEqual(wide["Transport Reason"], "requested")
         # Events in order, on the RdmaMigration; none on the VMI (its migration has a CR).
         wait_for(lambda: any(r == "Succeeded" for _, r, _ in self.events("RdmaMigration", "move-web-1")), 10, "event")
         self.assertEqual([r for _, r, _ in self.events("RdmaMigration", "move-web-1")],
@@ -310,6 +311,27 @@ class KubevirtPathTest(unittest.TestCase):
         asked = [n for n, p in self.figures.requests if st["kubevirt"]["migrationUid"] in p]
         self.assertEqual(sorted(set(asked)), ["node-a", "node-b"], "source first, then the target")
 
+    def test_a_tcp_fallback_is_in_status_and_one_warning_event(self):
+        def fell_back(m):
+            return {"migrationUid": m.uid, "vmi": {"namespace": m.namespace, "name": m.vmi, "uid": ""},
+                    "role": "source", "sourceNode": m.source_node, "targetNode": m.target_node, "mode": "hook",
+                    "carried": True, "reason": None, "phase": "Succeeded", "transport": "tcp",
+                    "transportReason": "auto-no-peer-rdma", "connections": 9, "bytesSent": 537000000,
+                    "libvirt": {"downtimeMs": 25, "totalTimeMs": 3100, "dataTotalBytes": 540000000}, "switchoverMs": None}
+        self.standin.performer = FakePerformer(seconds=0.3, record=fell_back)
+        self.standin.add_vmi(NS, "web-7", "node-a")
+        self.create(vmi_migration("move-web-7", "web-7"))
+        obj = self.wait_phase("move-web-7", TERMINAL)
+        st = obj["status"]
+        self.assertEqual((st["phase"], st["transport"], st["transportReason"]), ("Succeeded", "tcp", "auto-no-peer-rdma"))
+        self.assertEqual(self.columns(obj, wide=True)["Transport Reason"], "auto-no-peer-rdma")
+        wait_for(lambda: any(r == "TransportFallback" for _, r, _ in self.events("RdmaMigration", "move-web-7")), 10,
+                 "the TransportFallback event")
+        fallback = [e for e in self.events("RdmaMigration", "move-web-7") if e[1] == "TransportFallback"]
+        self.assertEqual(len(fallback), 1, fallback)
+        self.assertEqual(fallback[0][0], "Warning")
+        self.assertIn("auto-no-peer-rdma: the target agent has no usable RDMA device", fallback[0][2])
+
     # -- migrations without an RdmaMigration ------------------------------------------------------
     def test_a_vmim_made_without_a_cr_is_reported_on_the_vmi_and_in_metrics(self):
         def carried(m):
@@ -361,6 +383,8 @@ class KubevirtPathTest(unittest.TestCase):
         self.standin.add_vmi(NS, "web-6", "node-a")
         self.create(vmi_migration("move-web-6", "web-6"))
         obj = self.wait_phase("move-web-6", "Migrating")
+        succeeded = {c["type"]: c for c in obj["status"]["conditions"]}["Succeeded"]
+        self.assertEqual((succeeded["status"], succeeded["reason"]), ("Unknown", "Migrating"))
         obj["spec"]["source"]["vmi"]["name"] = "web-1"
         code, body = self.store.replace("rdmamigrations", NS, "move-web-6", obj)
         self.assertEqual(code, 422)
