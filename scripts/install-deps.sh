@@ -13,8 +13,10 @@ run_pkgs=(qemu-system-x86 busybox-static python3 rdma-core ibverbs-providers
 # Prometheus server that tests/deploy/test_dashboard_prometheus.py runs against live programs
 # podman, debootstrap: tests/deploy/test_image_build.py builds the Dockerfile (chroot isolation,
 # no OCI runtime needed; debootstrap makes the Debian 12 base images)
+# faketime: tests/integration/test_agent_migration.py runs a target agent and QEMU with their
+# wall clock 60 s off, as on a node whose clock disagrees (the switchover must not depend on it)
 test_pkgs=(perftest iperf3 seabios openssl nodejs npm unzip python3-yaml binutils prometheus
-  podman debootstrap)
+  podman debootstrap faketime)
 # tests/kubevirt: KubeVirt's migration path with real libvirt (libvirtd 9.0) in namespaces.
 kubevirt_test_pkgs=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients python3-libvirt
   python3-grpcio nftables util-linux passwd)

@@ -185,10 +185,23 @@ Status SourceJob::connect_data_plane() {
     std::lock_guard lock(data_mu_);
     link_ = std::make_unique<ControlLink>(std::move(fd.value()));
   }
-  RDMIG_TRY(link_->send(json{{"type", "start"}}));
+  // 'start' and 'ready' also measure the two hosts' clock offset (the switchover compares the
+  // source QEMU's STOP with the target QEMU's RESUME, each stamped by its own host).
+  const int64_t t0 = wall_clock_us();
+  RDMIG_TRY(link_->send(json{{"type", "start"}, {"clockUs", t0}}));
   auto ready = link_->expect("ready", kHandshakeTimeout);
+  const int64_t t3 = wall_clock_us();
   watch.reset();
   if (!ready) return cancel_or(ready.error().with_context("waiting for the target QEMU to listen"));
+  const auto stamp = [&](const char* key) {
+    auto it = ready->find(key);
+    return it != ready->end() && it->is_number_integer() ? it->get<int64_t>() : int64_t{0};
+  };
+  clock_ = estimate_clock_offset(t0, stamp("receivedClockUs"), stamp("clockUs"), t3);
+  if (clock_) {
+    LOG_DEBUG("migration") << log_prefix() << " target clock offset " << clock_->offset_us << " us (+/- "
+                           << clock_->uncertainty_us << " us)";
+  }
   return ok_status();
 }
 
@@ -387,7 +400,13 @@ void SourceJob::complete(const qemu::MigrationInfo& info, const std::string& uns
   if (resume_us > 0) {
     for (const auto& e : qmp_->events()) {
       if (e.seq > events_before_migrate_ && e.name == "STOP") {
-        switchover = (resume_us - e.timestamp_us) / 1000;
+        switchover = switchover_ms(e.timestamp_us, resume_us, clock_);
+        if (!switchover) {
+          LOG_WARN("migration") << log_prefix() << " switchover not measured: "
+                                << (clock_ ? "the target's RESUME precedes the source's STOP beyond the clock "
+                                             "estimate's uncertainty"
+                                           : "no clock offset estimate from the target agent");
+        }
         break;
       }
     }

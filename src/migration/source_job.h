@@ -45,6 +45,7 @@ class SourceJob final : public Job {
   std::thread acceptor_;
   std::atomic<bool> accepting_{false};
   uint64_t events_before_migrate_ = 0;
+  std::optional<ClockOffset> clock_;  // the target host's clock minus this one's
   std::optional<nlohmann::json> verdict_;  // the target's result, when it came early
 };
 

@@ -221,6 +221,7 @@ Status TargetJob::wait_for_source() {
 Status TargetJob::start_incoming() {
   std::optional<CancelWatch> watch(std::in_place, *this, link_->fd());  // a cancel ends the wait
   auto start = link_->expect("start", kHandshakeTimeout);
+  const int64_t received_us = wall_clock_us();  // for the source's clock offset estimate
   watch.reset();
   if (!start) return cancel_or(start.error());
   const bool multifd = spec_.multifd_channels > 0;
@@ -237,7 +238,7 @@ Status TargetJob::start_incoming() {
   incoming_started_ = true;  // from here on, QEMU may end up with the VM
   r = qmp_->execute("migrate-incoming", json{{"uri", "unix:" + socket_path_}}, kQmpTimeout);
   if (!r) return r.error().with_context("target QEMU");
-  return link_->send(json{{"type", "ready"}});
+  return link_->send(json{{"type", "ready"}, {"receivedClockUs", received_us}, {"clockUs", wall_clock_us()}});
 }
 
 Result<UniqueFd> TargetJob::open_qemu_connection(uint32_t index) {

@@ -28,6 +28,28 @@ int64_t wall_clock_ms() {
              std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+int64_t wall_clock_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::optional<ClockOffset> estimate_clock_offset(int64_t t0, int64_t t1, int64_t t2, int64_t t3) {
+  if (t0 <= 0 || t1 <= 0 || t2 < t1 || t3 < t0) return std::nullopt;
+  const int64_t round_trip = (t3 - t0) - (t2 - t1);
+  if (round_trip < 0) return std::nullopt;
+  return ClockOffset{((t1 - t0) + (t2 - t3)) / 2, round_trip / 2 + 1};
+}
+
+std::optional<int64_t> switchover_ms(int64_t stop_us, int64_t resume_us, const std::optional<ClockOffset>& offset) {
+  if (!offset || stop_us <= 0 || resume_us <= 0) return std::nullopt;
+  const int64_t us = resume_us - offset->offset_us - stop_us;
+  if (us < 0) {
+    if (-us > offset->uncertainty_us) return std::nullopt;
+    return 0;
+  }
+  return us / 1000;
+}
+
 nlohmann::json to_json(const MigrationStatus& s) {
   using nlohmann::json;
   const auto& p = s.progress;

@@ -84,5 +84,20 @@ struct MigrationStatus {
 nlohmann::json to_json(const MigrationStatus& s);
 
 int64_t wall_clock_ms();
+int64_t wall_clock_us();
+
+// The target host's wall clock minus the source host's, estimated from one exchange over the
+// control link (NTP's four timestamps): t0 source sends, t1 target receives, t2 target sends,
+// t3 source receives. `uncertainty_us` is half the round trip without the target's own time.
+struct ClockOffset {
+  int64_t offset_us = 0;
+  int64_t uncertainty_us = 0;
+};
+std::optional<ClockOffset> estimate_clock_offset(int64_t t0, int64_t t1, int64_t t2, int64_t t3);
+// The true switchover from the source QEMU's STOP (source clock) to the target QEMU's RESUME
+// (target clock), in ms, with the target's timestamp moved onto the source's clock. A result
+// below zero by no more than the uncertainty is 0; further below (the estimate cannot hold)
+// or without an estimate, nullopt: never a figure that subtracts one host's clock from another's.
+std::optional<int64_t> switchover_ms(int64_t stop_us, int64_t resume_us, const std::optional<ClockOffset>& offset);
 
 }  // namespace rdmig::migration

@@ -177,6 +177,31 @@ class AgentMigrationTest(unittest.TestCase):
         self.assertGreaterEqual(dst_samples[("rdmig_migrations_finished_total",
                                              frozenset({"role": "target", "result": "succeeded"}.items()))], 1)
 
+    def test_switchover_is_measured_on_one_clock_when_the_hosts_disagree(self):
+        # The target side (its agent and its QEMU) runs with its wall clock 60 s behind, as on a
+        # node whose clock is off. QMP event timestamps are each host's wall clock; subtracting
+        # the source's STOP from the target's RESUME gave about -60000 ms here.
+        libfaketime = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+        self.assertTrue(os.path.exists(libfaketime), "install Debian's faketime (scripts/install-deps.sh --test)")
+        skew = {"LD_PRELOAD": libfaketime, "FAKETIME": "-60s", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+        skewed = Agent(self.tmp, "agent-skewed", env=skew)
+        try:
+            src = self.vm("src")
+            dst = self.vm("dst", incoming_defer=True, paused=False, env=skew)
+            src.wait_for_counter(2, timeout=90)
+            s, t = migrate_via_agents(self.src_agent, skewed, src.agent_qmp_path, dst.agent_qmp_path,
+                                      vm="vm-skewed")
+            self.assertEqual(s["phase"], "Succeeded", s["result"]["reason"])
+            self.assertEqual(dst.status(), "running")
+            sw = s["result"]["switchoverMs"]
+            print("switchover with the target's clock 60 s behind: %s ms (QEMU downtime %s ms)"
+                  % (sw, s["result"]["downtimeMs"]))
+            self.assertIsNotNone(sw)
+            self.assertGreaterEqual(sw, 0)
+            self.assertLess(sw, 30000)
+        finally:
+            skewed.stop()
+
     def test_qmp_stalling_query_migrate_at_completion_never_runs_the_vm_twice(self):
         # A QMP stand-in in front of the source QEMU holds back every query-migrate reply once
         # QEMU announced the end of the migration: the agent's query-migrate times out while

@@ -93,3 +93,40 @@ TEST(CreateRequest, ErrorStatusMapping) {
   EXPECT_EQ(body["error"]["code"], "not_found");
   EXPECT_EQ(body["error"]["message"], "no migration 'x'");
 }
+
+// ---- switchover across two hosts' clocks (issue 11, item 7) ----
+
+TEST(Switchover, OffsetEstimateRemovesTheTargetClocksSkew) {
+  using rdmig::migration::estimate_clock_offset;
+  using rdmig::migration::switchover_ms;
+  // Target clock 5 s ahead; 200 us each way; the target took 3 ms between receive and send.
+  const int64_t skew = 5'000'000, t0 = 1'000'000'000;
+  const int64_t t1 = t0 + 200 + skew, t2 = t1 + 3000, t3 = t0 + 200 + 3000 + 200;
+  auto off = estimate_clock_offset(t0, t1, t2, t3);
+  ASSERT_TRUE(off.has_value());
+  EXPECT_EQ(off->offset_us, skew);
+  EXPECT_EQ(off->uncertainty_us, 201);
+  // STOP on the source at 2.000 s; RESUME on the target 40 ms later by true time.
+  const int64_t stop = 2'000'000'000, resume = stop + 40'000 + skew;
+  EXPECT_EQ(switchover_ms(stop, resume, off), 40);
+  // The old figure, resume - stop across clocks, was 5040 ms; a target behind gave a negative one.
+  auto behind = estimate_clock_offset(t0, t1 - 2 * skew, t2 - 2 * skew, t3);
+  ASSERT_TRUE(behind.has_value());
+  EXPECT_EQ(switchover_ms(stop, stop + 40'000 - skew, behind), 40);
+}
+
+TEST(Switchover, NeverNegativeAndNotMeasuredWithoutAnEstimate) {
+  using rdmig::migration::ClockOffset;
+  using rdmig::migration::estimate_clock_offset;
+  using rdmig::migration::switchover_ms;
+  const int64_t stop = 2'000'000'000;
+  // Slightly before STOP, within the estimate's uncertainty: 0, not negative.
+  EXPECT_EQ(switchover_ms(stop, stop - 150, ClockOffset{0, 200}), 0);
+  // Far before: the estimate cannot hold; no figure rather than a wrong one.
+  EXPECT_EQ(switchover_ms(stop, stop - 50'000, ClockOffset{0, 200}), std::nullopt);
+  // A peer that sent no timestamps (an older agent) gives no estimate, so no switchover.
+  EXPECT_EQ(estimate_clock_offset(1000, 0, 0, 2000), std::nullopt);
+  EXPECT_EQ(switchover_ms(stop, stop + 40'000, std::nullopt), std::nullopt);
+  // Timestamps that contradict each other (t3 before t0) give no estimate.
+  EXPECT_EQ(estimate_clock_offset(2000, 5000, 5100, 1000), std::nullopt);
+}

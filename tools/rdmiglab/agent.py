@@ -33,10 +33,12 @@ class Agent:
     """
 
     def __init__(self, workdir, name="agent", token=None, config=None, log_level="info",
-                 binary=None, start=True, start_timeout=20.0):
+                 binary=None, start=True, start_timeout=20.0, env=None):
+        """``env``: extra environment for the agent process (e.g. a faked clock)."""
         self.workdir = os.path.abspath(workdir)
         os.makedirs(self.workdir, exist_ok=True)
         self.name = name
+        self.env = dict(os.environ, **(env or {}))
         self.token = token or ("tok-" + os.urandom(16).hex())
         self.binary = binary or agent_binary()
         self.token_file = os.path.join(self.workdir, name + ".token")
@@ -76,7 +78,7 @@ class Agent:
         self.proc = subprocess.Popen([self.binary, "--config", self.config_file,
                                       "--ports-file", self.ports_file],
                                      stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, env=self.env)
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

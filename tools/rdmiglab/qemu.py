@@ -21,9 +21,11 @@ class QemuVm:
     def __init__(self, workdir, name="vm", mem_mib=512, dirty_mib=64, interval=1,
                  kernel=None, initrd=None, incoming_defer=False, paused=False,
                  extra_args=(), extra_append="", qemu_binary="qemu-system-x86_64",
-                 start=True, start_timeout=30.0, firmware_only=False, blob=None):
+                 start=True, start_timeout=30.0, firmware_only=False, blob=None, env=None):
         """``firmware_only``: no kernel, the guest runs only its firmware (fast under nested
-        TCG); ``blob``: a file loaded into guest RAM at 16 MiB so memory has content."""
+        TCG); ``blob``: a file loaded into guest RAM at 16 MiB so memory has content; ``env``:
+        extra environment for the QEMU process (e.g. a faked clock)."""
+        self.env = dict(os.environ, **(env or {}))
         if firmware_only:
             kernel = initrd = None
         elif kernel is None or initrd is None:
@@ -85,7 +87,7 @@ class QemuVm:
         with open(self.stderr_log, "wb") as err:
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL,
                                          stdout=err, stderr=subprocess.STDOUT,
-                                         cwd=self.workdir, start_new_session=True)
+                                         cwd=self.workdir, start_new_session=True, env=self.env)
         try:
             self._qmp = QmpClient(self.qmp_path, timeout=timeout, alive=self.alive)
         except Exception as e:
