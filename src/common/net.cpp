@@ -102,6 +102,13 @@ Result<UniqueFd> tcp_connect(const Endpoint& ep, std::chrono::milliseconds timeo
   return fd;
 }
 
+int peer_pid(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return 0;
+  return cred.pid;
+}
+
 Result<uint16_t> local_port(int fd) {
   sockaddr_storage ss{};
   socklen_t len = sizeof ss;

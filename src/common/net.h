@@ -41,6 +41,9 @@ inline constexpr int kUserTimeoutMs = 30000;
 void detect_dead_peer(int fd);
 
 Result<UniqueFd> unix_listen(const std::string& path, int backlog = 16);
+// The pid of the process at the other end of a unix socket (SO_PEERCRED), as this process's pid
+// namespace sees it: 0 when the peer is outside it (the agent runs with hostPID for that).
+int peer_pid(int fd);
 Result<UniqueFd> unix_connect(const std::string& path, std::chrono::milliseconds timeout);
 
 // Waits up to `timeout` for a connection. kTimeout when none came.

@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 
 #include "common/log.h"
+#include "common/net.h"
 
 namespace rdmig::migration {
 
@@ -58,6 +59,14 @@ void Job::release_resources() {
   link.reset();
   qmp_.reset();
   release_own();
+}
+
+Status Job::check_qemu_peer(int fd, const std::string& what) const {
+  if (qemu_pid_ <= 0) return ok_status();
+  const int pid = net::peer_pid(fd);
+  if (pid == qemu_pid_) return ok_status();
+  return Error{Errc::kPermissionDenied, what + ": the peer is pid " + std::to_string(pid) +
+                                            ", not the QEMU behind qmpSocket (pid " + std::to_string(qemu_pid_) + ")"};
 }
 
 size_t Job::held_resources() const {

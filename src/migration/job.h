@@ -120,6 +120,12 @@ class Job {
   const std::chrono::steady_clock::time_point created_;
   MigrationGauges gauges_;
 
+  // A migration unix socket's peer must be the QEMU behind this job's QMP socket (SO_PEERCRED):
+  // anything else that reached the socket is refused, naming both pids. No check when the
+  // QMP peer's pid is not visible (0: the agent is not in the host's pid namespace).
+  Status check_qemu_peer(int fd, const std::string& what) const;
+  int qemu_pid_ = 0;  // set by derived constructors from the QMP connection
+
   // Owned by the worker thread (and torn down in this order: pumps, channels, link, qmp).
   std::unique_ptr<qemu::QmpClient> qmp_;
   std::unique_ptr<ControlLink> link_;

@@ -56,6 +56,7 @@ SourceJob::SourceJob(MigrationSpec spec, JobContext ctx, std::unique_ptr<qemu::Q
                      bool was_running)
     : Job(std::move(spec), ctx), was_running_(was_running) {
   qmp_ = std::move(qmp);
+  qemu_pid_ = qmp_->peer_pid();
   socket_path_ = ctx_.config.state_dir + "/" + spec_.id + ".src.sock";
   update([&](MigrationStatus& s) { s.peer = spec_.target.host + ":" + std::to_string(spec_.target.port); });
 }
@@ -229,6 +230,12 @@ void SourceJob::accept_loop() {
         LOG_WARN("migration") << log_prefix() << " accept: " << fd.error().message;
       }
       return;
+    }
+    if (auto peer = check_qemu_peer(fd->get(), "migration socket " + socket_path_); !peer) {
+      // Not our QEMU: refuse this connection, keep waiting for QEMU's own.
+      LOG_WARN("migration") << log_prefix() << " refused a connection: " << peer.error().message;
+      ctx_.metrics.transport_error(transport_, "foreign_peer");
+      continue;
     }
     std::lock_guard lock(data_mu_);
     auto pump = std::make_unique<ChannelPump>(*channels_[i], std::move(fd.value()));

@@ -46,6 +46,7 @@ Result<std::unique_ptr<TargetJob>> TargetJob::create(MigrationSpec spec, JobCont
 TargetJob::TargetJob(MigrationSpec spec, JobContext ctx, std::unique_ptr<qemu::QmpClient> qmp)
     : Job(std::move(spec), ctx), token_(random_hex(16)) {
   qmp_ = std::move(qmp);
+  qemu_pid_ = qmp_->peer_pid();
   socket_path_ = ctx_.config.state_dir + "/" + spec_.id + ".dst.sock";
   data_fds_.resize(spec_.channels());
   rdma_channels_.resize(spec_.channels());
@@ -247,6 +248,7 @@ Result<UniqueFd> TargetJob::open_qemu_connection(uint32_t index) {
   if (order_aborted_) return Error{Errc::kCancelled, "migration stopped"};
   auto fd = net::unix_connect(socket_path_, 10s);
   if (!fd) return fd.error().with_context("connecting channel " + std::to_string(index) + " to the target QEMU");
+  RDMIG_TRY(check_qemu_peer(fd->get(), "channel " + std::to_string(index) + ": " + socket_path_));
   ++next_qemu_index_;
   order_cv_.notify_all();
   return fd;

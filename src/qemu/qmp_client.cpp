@@ -52,7 +52,9 @@ Result<std::unique_ptr<QmpClient>> QmpClient::connect(const std::string& socket_
                                                       std::chrono::milliseconds timeout) {
   auto fd = net::unix_connect(socket_path, timeout);
   if (!fd) return fd.error().with_context("QMP " + socket_path);
+  const int pid = net::peer_pid(fd->get());
   std::unique_ptr<QmpClient> c(new QmpClient(std::move(fd.value()), socket_path));
+  c->peer_pid_ = pid;
   // Greeting, then leave capabilities negotiation mode; both synchronous, before the reader,
   // within one deadline however many events QEMU sends meanwhile (it can queue one ahead of
   // the greeting; a peer that only sends events must not hold the caller forever).

@@ -49,6 +49,8 @@ class QmpClient {
   uint64_t last_event_seq() const;
   bool connected() const;
   const std::string& socket_path() const { return path_; }
+  // The QEMU process serving this monitor (SO_PEERCRED at connect; 0 when not visible).
+  int peer_pid() const { return peer_pid_; }
   void close();
 
   static constexpr size_t kMaxEvents = 1024;
@@ -60,6 +62,7 @@ class QmpClient {
 
   UniqueFd fd_;
   std::string path_;
+  int peer_pid_ = 0;
   std::string rx_buffer_;
 
   mutable std::mutex mu_;

@@ -164,6 +164,13 @@ class StallingTargetAgent:
                 return
             if hello.get("kind") == "control":
                 send_frame(c, {"type": "welcome", "session": "ab" * 16, "transport": "tcp"})
+                if self.stage == "full":  # answer 'start' with 'ready'; then carry nothing
+                    while True:
+                        m = recv_frame(c)
+                        if m is None:
+                            return
+                        if m.get("type") == "start":
+                            send_frame(c, {"type": "ready"})
             else:
                 send_frame(c, {"type": "welcome"})
         except OSError:
@@ -489,6 +496,111 @@ class HostileHttpTest(unittest.TestCase):
             ctl.close()
             data.close()
             q.close()
+
+    # ---- only the right QEMU reaches a migration socket ----
+
+    def test_source_migration_socket_refuses_a_process_other_than_the_jobs_qemu(self):
+        # The QMP stand-in runs in this test process, so this process is "the QEMU behind
+        # qmpSocket" (SO_PEERCRED pid); a child process plays another local process that reached
+        # the migration socket first.
+        import subprocess
+        q = FakeRunningQemu(os.path.join(self.tmp, "peercred-src.qmp"))
+        peer = StallingTargetAgent("full")
+        try:
+            status, src = self.agent.request("POST", "/v1/migrations", {
+                "role": "source", "qmpSocket": q.path,
+                "target": {"endpoint": "127.0.0.1:%d" % peer.port, "migrationId": "m-far", "token": "t" * 32}})
+            self.assertEqual(status, 201, src)
+            path = os.path.join(self.agent.state_dir, src["id"] + ".src.sock")
+            deadline = time.time() + 10
+            while not os.path.exists(path) and time.time() < deadline:
+                time.sleep(0.05)
+            self.assertTrue(os.path.exists(path), self.agent.get(src["id"]))
+            self.assertEqual(os.stat(self.agent.state_dir).st_mode & 0o777, 0o700)
+            probe = ("import socket,sys\n"
+                     "s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.settimeout(3)\n"
+                     "s.sendall(b'QEVM' + b'\\0' * 4092)\n"
+                     "try:\n  print('closed' if s.recv(1) == b'' else 'data')\n"
+                     "except socket.timeout:\n  print('open')\n"
+                     "except OSError:\n  print('closed')\n")
+            other = subprocess.run([sys.executable, "-c", probe, path], capture_output=True, text=True, timeout=30)
+            print("\n[hostile-http] another process on the source migration socket: %s" % other.stdout.strip(),
+                  file=sys.stderr)
+            self.assertEqual(other.stdout.strip(), "closed", other.stderr)
+            # The job's own QEMU (this process) is still accepted afterwards.
+            own = socket.socket(socket.AF_UNIX)
+            own.connect(path)
+            own.settimeout(1.0)
+            try:
+                own.recv(1)
+                self.fail("the job's QEMU was refused")
+            except socket.timeout:
+                pass
+            finally:
+                own.close()
+            self.assertIn('kind="foreign_peer"', self.agent.metrics())
+            self.assertIn(self.agent.get(src["id"])["phase"], ("Migrating", "Connecting"))
+        finally:
+            self.agent.cancel(src["id"])
+            self.agent.wait(src["id"], timeout=60)
+            peer.close()
+            q.close()
+
+    def test_target_refuses_a_migration_socket_served_by_another_process(self):
+        # The incoming QEMU's socket is served by a child process, not by the process behind
+        # qmpSocket (this one): the target must not stream the VM into it.
+        import subprocess
+        children = []
+
+        class InterloperIncomingQemu(FakeIncomingQemu):
+            def _client(self, c):
+                try:
+                    c.sendall(b'{"QMP": {"version": {}, "capabilities": []}}\n')
+                    for line in c.makefile("rb"):
+                        cmd = json.loads(line)
+                        ret = {"status": "inmigrate", "running": False} if cmd.get("execute") == "query-status" else {}
+                        if cmd.get("execute") == "migrate-incoming":
+                            path = cmd["arguments"]["uri"][len("unix:"):]
+                            children.append(subprocess.Popen(
+                                [sys.executable, "-c", "import socket,sys,time\n"
+                                 "s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(8)\n"
+                                 "c=[s.accept() for _ in range(8)]", path]))
+                            time.sleep(0.5)  # listening before 'ready'
+                        c.sendall(json.dumps({"return": ret, "id": cmd.get("id")}).encode() + b"\n")
+                except (OSError, ValueError):
+                    pass
+                finally:
+                    c.close()
+
+        q = InterloperIncomingQemu(os.path.join(self.tmp, "peercred-dst.qmp"))
+        status, target = self.agent.request("POST", "/v1/migrations", {
+            "role": "target", "qmpSocket": q.path, "chunkSize": "1Mi", "ringDepth": 16})
+        self.assertEqual(status, 201, target)
+        ctl = socket.create_connection(("127.0.0.1", self.agent.data_port), timeout=10)
+        data = socket.create_connection(("127.0.0.1", self.agent.data_port), timeout=10)
+        try:
+            hello = {"type": "hello", "protocol": 1, "migrationId": target["id"], "channels": 1,
+                     "chunkSize": 1 << 20, "ringDepth": 16, "transport": "tcp"}
+            send_frame(ctl, dict(hello, kind="control", token=target["token"]))
+            welcome = recv_frame(ctl)
+            send_frame(data, dict(hello, kind="data", session=welcome["session"], index=0))
+            self.assertEqual(recv_frame(data)["type"], "welcome")
+            send_frame(ctl, {"type": "start"})
+            self.assertEqual(recv_frame(ctl)["type"], "ready")
+            # The first chunk (a DATA frame: type 1, length) makes the target connect to "QEMU".
+            import struct
+            data.sendall(struct.pack("<II", 1, 4096) + b"\0" * 4096)
+            st = self.agent.wait(target["id"], timeout=30)
+            print("\n[hostile-http] target with a foreign incoming socket: %s (%s)"
+                  % (st["phase"], st["result"]["reason"]), file=sys.stderr)
+            self.assertEqual(st["phase"], "Failed", st)
+            self.assertIn("not the QEMU behind qmpSocket", st["result"]["reason"])
+        finally:
+            ctl.close()
+            data.close()
+            q.close()
+            for ch in children:
+                ch.kill()
 
     # ---- admission ----
 
