@@ -107,7 +107,7 @@ Status parse_kubevirt(const YAML::Node& k, KubevirtConfig& c) {
 }
 
 Status parse_into(const YAML::Node& root, AgentConfig& c) {
-  RDMIG_TRY(check_keys(root, "", {"api", "dataPlane", "transport", "migration", "rdma",
+  RDMIG_TRY(check_keys(root, "", {"api", "dataPlane", "transport", "migration", "tcp", "rdma",
                                   "stateDir", "logLevel", "kubevirt", "shutdownGraceSeconds"}));
   if (const auto api = root["api"]) {
     RDMIG_TRY(check_keys(api, "api", {"address", "port", "probePort", "tokenFile", "maxBodyBytes"}));
@@ -156,6 +156,17 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
       if (!v) return v.error();
       if (v.value() < (uint64_t{64} << 20)) return bad("migration.bufferBudget", "must be at least 64Mi");
       c.migration.buffer_budget = v.value();
+    }
+  }
+  if (const auto t = root["tcp"]) {
+    RDMIG_TRY(check_keys(t, "tcp", {"splice"}));
+    if (const auto sp = t["splice"]) {
+      const auto mode = sp.IsScalar() ? transport::parse_splice_mode(sp.as<std::string>()) : std::nullopt;
+      if (!mode) {
+        return bad("tcp.splice", "expected auto, on or off" +
+                                     (sp.IsScalar() ? ", got '" + sp.as<std::string>() + "'" : std::string()));
+      }
+      c.tcp.splice = *mode;
     }
   }
   if (const auto r = root["rdma"]) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "transport/tcp/splice_mode.h"
 
 namespace rdmig {
 
@@ -45,6 +46,12 @@ struct MigrationDefaults {
   // Chunk buffers all running migrations may hold at once: chunkSize x ringDepth x channels x 2
   // per migration (both directions), reserved when a migration is created.
   uint64_t buffer_budget = uint64_t{2} << 30;
+};
+
+// TCP transport. splice: move payload between QEMU's socket and the peer's with splice(2)
+// (no copy through user space); see transport/tcp/splice_mode.h.
+struct TcpConfig {
+  transport::SpliceMode splice = transport::SpliceMode::kAuto;
 };
 
 struct RdmaConfig {
@@ -91,6 +98,7 @@ struct AgentConfig {
   DataPlaneConfig data_plane;
   TransportKind transport = TransportKind::kAuto;
   MigrationDefaults migration;
+  TcpConfig tcp;
   RdmaConfig rdma;
   KubevirtConfig kubevirt;
   std::string state_dir = "/var/run/rdmig";

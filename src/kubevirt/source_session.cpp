@@ -100,7 +100,8 @@ Result<std::unique_ptr<transport::Channel>> SourceSession::connect_channel(uint3
   if (r->value("type", "") != "welcome") {
     return Error{Errc::kProtocol, "channel " + std::to_string(index) + " refused: " + r->value("message", std::string("?"))};
   }
-  return std::unique_ptr<transport::Channel>(transport::TcpChannel::create(std::move(fd.value()), index, chunk, depth, tm));
+  return std::unique_ptr<transport::Channel>(transport::TcpChannel::create(std::move(fd.value()), index, chunk, depth, tm,
+                                                                                  ctx_.config.tcp.splice));
 }
 
 Status SourceSession::add_connection(UniqueFd fd, const net::Endpoint& destination) {

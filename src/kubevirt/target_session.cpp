@@ -150,7 +150,8 @@ Status TargetSession::add_tcp_channel(UniqueFd fd, uint32_t index) {
   }
   RDMIG_TRY(transport::send_message(fd.get(), json{{"type", "welcome"}}));
   channels_[index] = transport::TcpChannel::create(std::move(fd), index, static_cast<uint32_t>(hello_.chunk_size),
-                                                   hello_.ring_depth, ctx_.metrics.transport("tcp"));
+                                                   hello_.ring_depth, ctx_.metrics.transport("tcp"),
+                                                   ctx_.config.tcp.splice);
   try_start_locked(index);
   return ok_status();
 }

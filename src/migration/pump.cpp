@@ -93,40 +93,50 @@ void ChannelPump::up_loop() {
       record_error(buf.error());
       break;
     }
-    auto span = buf.value();
     size_t filled = 0;
     bool eof = false;
-    std::optional<Error> read_error;
-    // One recv: on a unix stream socket it returns everything QEMU has queued, up to the
-    // slot's size. Whatever it returns is sent at once (early flush: never wait to fill).
-    for (;;) {
-      const ssize_t n = ::recv(fd, span.data(), span.size(), 0);
-      if (n > 0) {
-        filled = static_cast<size_t>(n);
-      } else if (n == 0) {
-        eof = true;
-      } else if (errno == EINTR) {
-        continue;
-      } else {
-        std::lock_guard lock(mu_);
-        if (aborted_) {
-          eof = true;  // the abort path reports the reason
-        } else {
-          read_error = errno_error(where + ": read from QEMU", errno);
-        }
-      }
-      break;
-    }
-    if (read_error) {
-      channel_.unacquire();
-      record_error(*read_error);
-      break;
-    }
-    if (filled > 0) {
-      if (auto st = channel_.send(filled); !st) {
-        record_error(st.error());
+    int read_errno = 0;
+    if (channel_.splices()) {
+      // QEMU's bytes go from its socket to the peer through a pipe (splice), sent in the call.
+      auto moved = channel_.send_from(fd);
+      if (!moved) {
+        record_error(moved.error());
         break;
       }
+      filled = moved->bytes;
+      eof = moved->local_eof;
+      read_errno = moved->local_errno;
+    } else {
+      // One recv: on a unix stream socket it returns everything QEMU has queued, up to the
+      // slot's size. Whatever it returns is sent at once (early flush: never wait to fill).
+      auto span = buf.value();
+      ssize_t n;
+      do n = ::recv(fd, span.data(), span.size(), 0);
+      while (n < 0 && errno == EINTR);
+      if (n > 0) {
+        filled = static_cast<size_t>(n);
+        if (auto st = channel_.send(filled); !st) {
+          record_error(st.error());
+          break;
+        }
+      } else if (n == 0) {
+        eof = true;
+      } else {
+        read_errno = errno;
+      }
+    }
+    if (read_errno != 0) {
+      std::unique_lock lock(mu_);
+      if (aborted_) {
+        eof = true;  // the abort path reports the reason
+      } else {
+        lock.unlock();
+        channel_.unacquire();
+        record_error(errno_error(where + ": read from QEMU", read_errno));
+        break;
+      }
+    }
+    if (filled > 0) {
       bytes_up_.fetch_add(filled, std::memory_order_relaxed);
       chunks_up_.fetch_add(1, std::memory_order_relaxed);
     } else {
@@ -174,7 +184,9 @@ void ChannelPump::down_loop() {
     return;
   }
   for (;;) {
-    auto chunk = channel_.receive();
+    // With splice the payload may still sit in the channel (pending): deliver_to() moves it
+    // into QEMU's socket without a copy through user space.
+    auto chunk = channel_.splices() ? channel_.receive_deferred() : channel_.receive();
     if (!chunk) {
       record_error(chunk.error());
       break;
@@ -185,11 +197,25 @@ void ChannelPump::down_loop() {
       (void)channel_.release();
       break;
     }
-    if (auto st = net::write_all(fd, chunk->data); !st) {
+    size_t written = chunk->data.size();
+    if (chunk->pending > 0) {
+      auto moved = channel_.deliver_to(fd);
+      if (!moved) {
+        record_error(moved.error());
+        break;
+      }
+      if (moved->local_errno != 0) {
+        auto e = errno_error("send", moved->local_errno);
+        if (moved->local_errno == ECONNRESET || moved->local_errno == EPIPE) e.code = Errc::kUnavailable;
+        record_error(e.with_context(where + ": write to QEMU"));
+        break;
+      }
+      written = moved->bytes;
+    } else if (auto st = net::write_all(fd, chunk->data); !st) {
       record_error(st.error().with_context(where + ": write to QEMU"));
       break;
     }
-    bytes_down_.fetch_add(chunk->data.size(), std::memory_order_relaxed);
+    bytes_down_.fetch_add(written, std::memory_order_relaxed);
     chunks_down_.fetch_add(1, std::memory_order_relaxed);
     if (auto st = channel_.release(); !st) {
       record_error(st.error());

@@ -179,7 +179,7 @@ Status SourceJob::connect_data_plane() {
       std::lock_guard lock(data_mu_);
       channels_.push_back(transport::TcpChannel::create(std::move(dfd.value()), i,
                                                         static_cast<uint32_t>(spec_.chunk_size),
-                                                        spec_.ring_depth, tm));
+                                                        spec_.ring_depth, tm, ctx_.config.tcp.splice));
     }
   }
   {

@@ -212,7 +212,7 @@ Status TargetJob::wait_for_source() {
     } else {
       channels_.push_back(transport::TcpChannel::create(std::move(data_fds_[i]), i,
                                                         static_cast<uint32_t>(spec_.chunk_size),
-                                                        spec_.ring_depth, tm));
+                                                        spec_.ring_depth, tm, ctx_.config.tcp.splice));
     }
   }
   link_ = std::make_unique<ControlLink>(std::move(control_fd_));

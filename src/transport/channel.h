@@ -21,6 +21,16 @@ namespace rdmig::transport {
 struct ChunkView {
   std::span<const std::byte> data;  // valid until release()
   bool eof = false;                 // the peer finished sending on this channel
+  // receive_deferred() only: payload bytes still in the channel (data is empty); deliver_to()
+  // moves them.
+  size_t pending = 0;
+};
+
+// What one hop between a channel and a local socket (QEMU's connection) moved.
+struct LocalMove {
+  size_t bytes = 0;        // payload bytes moved
+  bool local_eof = false;  // the local socket is at end of stream (send side)
+  int local_errno = 0;     // the local socket failed with this errno; the channel did not
 };
 
 class Channel {
@@ -43,6 +53,24 @@ class Channel {
   virtual Result<ChunkView> receive() = 0;
   // Frees the slot of the last received chunk and returns its credit to the peer.
   virtual Status release() = 0;
+
+  // Zero-copy hops between the channel and a local socket (splice(2) on TCP), used by the
+  // pump when splices() is true. The copying calls above work on every channel.
+  virtual bool splices() const { return false; }
+  // After acquire(): moves what `fd` has ready (1..chunk_size bytes, never waiting to fill a
+  // chunk) into one chunk and sends it. When nothing was moved (local_eof or local_errno),
+  // the credit is still held: give it back with unacquire().
+  virtual Result<LocalMove> send_from(int /*fd*/) {
+    return Error{Errc::kInternal, std::string(transport()) + " channel cannot send from a socket"};
+  }
+  // Like receive(), but may leave the payload in the channel: ChunkView::pending bytes that
+  // deliver_to() then moves.
+  virtual Result<ChunkView> receive_deferred() { return receive(); }
+  // Moves the pending payload of the chunk receive_deferred() returned into `fd` (all of it,
+  // or fails); release() the chunk after.
+  virtual Result<LocalMove> deliver_to(int /*fd*/) {
+    return Error{Errc::kInternal, std::string(transport()) + " channel cannot deliver to a socket"};
+  }
 
   // Fails all pending and later calls with `reason` and tells the peer when it can.
   // Idempotent and thread-safe.

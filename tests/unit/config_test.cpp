@@ -64,6 +64,29 @@ TEST(AgentConfig, RejectsUnknownTransport) {
   EXPECT_NE(c.error().message.find("infiniband"), std::string::npos);
 }
 
+TEST(AgentConfig, TcpSpliceDefaultsToAutoAndTakesOnAndOff) {
+  auto d = parse_agent_config("");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->tcp.splice, rdmig::transport::SpliceMode::kAuto);
+  for (auto [text, mode] : {std::pair{"on", rdmig::transport::SpliceMode::kOn}, std::pair{"off", rdmig::transport::SpliceMode::kOff},
+                            std::pair{"auto", rdmig::transport::SpliceMode::kAuto}}) {
+    auto c = parse_agent_config(std::string("tcp:\n  splice: ") + text + "\n");
+    ASSERT_TRUE(c.ok()) << text << ": " << c.error().message;
+    EXPECT_EQ(c->tcp.splice, mode) << text;
+  }
+}
+
+TEST(AgentConfig, RejectsBadTcpSpliceNamingTheKey) {
+  for (const char* doc : {"tcp:\n  splice: maybe\n", "tcp:\n  splice: [on]\n", "tcp:\n  zerocopy: on\n", "tcp: on\n"}) {
+    auto c = parse_agent_config(doc);
+    ASSERT_FALSE(c.ok()) << doc;
+    EXPECT_NE(c.error().message.find("tcp"), std::string::npos) << c.error().message;
+  }
+  auto c = parse_agent_config("tcp:\n  splice: maybe\n");
+  EXPECT_NE(c.error().message.find("tcp.splice"), std::string::npos) << c.error().message;
+  EXPECT_NE(c.error().message.find("maybe"), std::string::npos) << c.error().message;
+}
+
 TEST(AgentConfig, RejectsBadPortAndDepthNamingTheKey) {
   auto p = parse_agent_config("api:\n  port: 70000\n");
   ASSERT_FALSE(p.ok());

@@ -1,30 +1,67 @@
 #include "transport/tcp/tcp_channel.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "common/log.h"
 #include "common/net.h"
 
 namespace rdmig::transport {
+namespace {
+
+// A pipe's capacity for splicing: one chunk, at most 1 MiB (the unprivileged default of
+// /proc/sys/fs/pipe-max-size; larger chunks take several splices).
+constexpr size_t kMaxPipeBytes = size_t{1} << 20;
+// How long the reader leaves a payload on the socket for the receiver to splice.
+constexpr auto kDeferWait = std::chrono::milliseconds(200);
+
+ssize_t splice_retry(int in, int out, size_t len) {
+  for (;;) {
+    const ssize_t n = ::splice(in, nullptr, out, nullptr, len, SPLICE_F_MOVE);
+    if (n >= 0 || errno != EINTR) return n;
+  }
+}
+
+// Writes all of buf to a local socket; 0 or the errno.
+int write_local(int fd, const std::byte* p, size_t n) {
+  while (n > 0) {
+    const ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return 0;
+}
+
+}  // namespace
 
 std::unique_ptr<TcpChannel> TcpChannel::create(UniqueFd fd, uint32_t index, uint32_t chunk_size,
-                                               uint32_t depth, TransportMetrics& metrics) {
+                                               uint32_t depth, TransportMetrics& metrics,
+                                               SpliceMode splice) {
   net::tune_tcp_for_bulk(fd.get());
-  std::unique_ptr<TcpChannel> ch(new TcpChannel(std::move(fd), index, chunk_size, depth, metrics));
+  std::unique_ptr<TcpChannel> ch(new TcpChannel(std::move(fd), index, chunk_size, depth, metrics, splice));
   ch->reader_ = std::thread([c = ch.get()] { c->reader_loop(); });
   return ch;
 }
 
 TcpChannel::TcpChannel(UniqueFd fd, uint32_t index, uint32_t chunk_size, uint32_t depth,
-                       TransportMetrics& metrics)
+                       TransportMetrics& metrics, SpliceMode splice)
     : fd_(std::move(fd)),
       index_(index),
       chunk_size_(chunk_size),
       depth_(depth),
       metrics_(metrics),
+      splice_mode_(splice),
+      splice_ok_(splice != SpliceMode::kOff),
       staging_(std::make_unique_for_overwrite<std::byte[]>(chunk_size)),
       credits_(depth),
       ring_(depth + 1),
@@ -33,6 +70,9 @@ TcpChannel::TcpChannel(UniqueFd fd, uint32_t index, uint32_t chunk_size, uint32_
 TcpChannel::~TcpChannel() {
   abort(Error{Errc::kCancelled, "channel closed"});
   if (reader_.joinable()) reader_.join();
+  LOG_DEBUG("transport") << "channel " << index_ << " closed: splice " << splice_mode_name(splice_mode_)
+                         << ", spliced " << spliced_sent() << " bytes sent and " << spliced_received()
+                         << " bytes received";
   metrics_.chunks_in_flight->Decrement(static_cast<double>(outstanding_.load()));
 }
 
@@ -58,6 +98,10 @@ Status TcpChannel::send(size_t n) {
     fail(st.error());
     return st;
   }
+  return count_sent(n, t0);
+}
+
+Status TcpChannel::count_sent(size_t n, std::chrono::steady_clock::time_point t0) {
   // On TCP a chunk is "complete" when the kernel has taken all of it.
   metrics_.chunk_write_latency->Observe(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -67,6 +111,109 @@ Status TcpChannel::send(size_t n) {
   metrics_.bytes_sent->Increment(static_cast<double>(n));
   metrics_.chunk_size->Observe(static_cast<double>(n));
   return ok_status();
+}
+
+bool TcpChannel::splices() const { return splice_ok_.load(std::memory_order_relaxed); }
+
+void TcpChannel::splice_unavailable(const std::string& why) {
+  if (splice_ok_.exchange(false)) {
+    LOG_WARN("transport") << "channel " << index_ << ": splice unavailable (" << why
+                          << "), copying through user space";
+  }
+}
+
+Result<bool> TcpChannel::ensure_pipe(Pipe& p) {
+  if (p.r.valid()) return true;
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    const int err = errno;
+    if (splice_mode_ == SpliceMode::kOn) {
+      return errno_error("channel " + std::to_string(index_) + ": pipe for splice", err);
+    }
+    splice_unavailable(std::string("pipe: ") + std::strerror(err));
+    return false;
+  }
+  p.r = UniqueFd(fds[0]);
+  p.w = UniqueFd(fds[1]);
+  // A larger pipe is an optimisation: keep the default (64 KiB) if the kernel refuses.
+  (void)::fcntl(p.w.get(), F_SETPIPE_SZ, static_cast<int>(std::min<size_t>(chunk_size_, kMaxPipeBytes)));
+  const int cap = ::fcntl(p.w.get(), F_GETPIPE_SZ);
+  p.capacity = cap > 0 ? static_cast<size_t>(cap) : 4096;
+  return true;
+}
+
+Result<LocalMove> TcpChannel::send_from(int fd) {
+  if (splices()) {
+    auto have = ensure_pipe(up_pipe_);
+    if (!have) {
+      fail(have.error());
+      return have.error();
+    }
+  }
+  if (!splices()) {
+    // Copy: one recv takes what QEMU has ready, up to a chunk (early flush).
+    ssize_t n;
+    do n = ::recv(fd, staging_.get(), chunk_size_, 0);
+    while (n < 0 && errno == EINTR);
+    if (n < 0) return LocalMove{0, false, errno};
+    if (n == 0) return LocalMove{0, true, 0};
+    RDMIG_TRY(send(static_cast<size_t>(n)));
+    return LocalMove{static_cast<size_t>(n), false, 0};
+  }
+  // One splice takes what QEMU has ready, up to a chunk and the pipe's capacity.
+  const ssize_t n = splice_retry(fd, up_pipe_.w.get(), std::min<size_t>(chunk_size_, up_pipe_.capacity));
+  if (n < 0) {
+    const int err = errno;
+    if ((err == EINVAL || err == ENOSYS || err == EOPNOTSUPP) && splice_mode_ == SpliceMode::kAuto &&
+        !spliced_once_) {
+      // This kind of socket cannot splice: copy from now on.
+      splice_unavailable(std::string("splice from the local socket: ") + std::strerror(err));
+      return send_from(fd);
+    }
+    return LocalMove{0, false, err};
+  }
+  if (n == 0) return LocalMove{0, true, 0};
+  spliced_once_ = true;
+  const auto len = static_cast<size_t>(n);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string where = "channel " + std::to_string(index_);
+  {
+    std::lock_guard lock(write_mu_);
+    // The header waits (MSG_MORE) for the payload that follows; the last splice pushes.
+    const auto header = encode_frame_header(FrameHeader{FrameType::kData, static_cast<uint32_t>(len)});
+    size_t off = 0;
+    while (off < header.size()) {
+      const ssize_t k = ::send(fd_.get(), header.data() + off, header.size() - off, MSG_NOSIGNAL | MSG_MORE);
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0) {
+        auto e = errno_error(where + ": send", errno);
+        if (errno == ECONNRESET || errno == EPIPE) e.code = Errc::kUnavailable;
+        fail(e);
+        return abort_error();
+      }
+      off += static_cast<size_t>(k);
+    }
+    size_t left = len;
+    while (left > 0) {
+      const ssize_t k = splice_retry(up_pipe_.r.get(), fd_.get(), left);
+      if (k <= 0) {
+        auto e = k < 0 ? errno_error(where + ": splice to peer", errno)
+                       : Error{Errc::kUnavailable, where + ": splice to peer moved nothing"};
+        if (k < 0 && (errno == ECONNRESET || errno == EPIPE)) e.code = Errc::kUnavailable;
+        fail(e);
+        return abort_error();
+      }
+      left -= static_cast<size_t>(k);
+    }
+  }
+  RDMIG_TRY(count_sent(len, t0));
+  spliced_sent_.fetch_add(len, std::memory_order_relaxed);
+  return LocalMove{len, false, 0};
+}
+
+Error TcpChannel::abort_error() {
+  std::lock_guard a(abort_mu_);
+  return abort_reason_.value_or(Error{Errc::kCancelled, "channel aborted"});
 }
 
 void TcpChannel::unacquire() { credits_.untake(); }
@@ -79,7 +226,53 @@ Status TcpChannel::send_eof() {
   return st;
 }
 
-Result<ChunkView> TcpChannel::receive() {
+Result<ChunkView> TcpChannel::receive() { return next_chunk(false); }
+
+Result<ChunkView> TcpChannel::receive_deferred() {
+  if (splices()) {
+    auto have = ensure_pipe(down_pipe_);
+    if (!have) {
+      fail(have.error());
+      return have.error();
+    }
+  }
+  if (!splices()) return next_chunk(false);
+  {
+    std::lock_guard lock(rx_mu_);
+    if (!deferred_) {
+      deferred_ = true;  // from the next DATA frame on, payloads that fit the pipe wait on the socket
+      defer_limit_ = down_pipe_.capacity;
+    }
+  }
+  return next_chunk(true);
+}
+
+bool TcpChannel::claim_payload_locked(const Slot& s) {
+  if (s.pending == 0 || !payload_on_socket_ || pulling_) return false;
+  pulling_ = true;
+  return true;
+}
+
+void TcpChannel::payload_taken_locked(Slot& s) {
+  s.pending = 0;
+  payload_on_socket_ = false;
+  pulling_ = false;
+  rx_cv_.notify_all();
+}
+
+Status TcpChannel::read_payload(Slot& s) {
+  if (!s.data) s.data = std::make_unique_for_overwrite<std::byte[]>(chunk_size_);
+  auto r = net::read_exact(fd_.get(), std::span(s.data.get(), s.size));
+  if (!r) {
+    fail(r.error().with_context("channel " + std::to_string(index_)));
+    return abort_error();
+  }
+  metrics_.chunks_received->Increment();
+  metrics_.bytes_received->Increment(static_cast<double>(s.size));
+  return ok_status();
+}
+
+Result<ChunkView> TcpChannel::next_chunk(bool deferred) {
   std::unique_lock lock(rx_mu_);
   rx_cv_.wait(lock, [&] { return rx_head_ < rx_tail_ || aborted_.load(); });
   // What arrived before an abort is still delivered in order (the eof of a peer that then
@@ -87,10 +280,86 @@ Result<ChunkView> TcpChannel::receive() {
   if (rx_head_ < rx_tail_) {
     Slot& s = ring_[rx_head_ % ring_.size()];
     rx_holding_ = true;
-    return ChunkView{std::span<const std::byte>(s.data.get(), s.size), s.eof};
+    if (!deferred && claim_payload_locked(s)) {
+      // A payload left on the socket for a caller that wants it in memory: read it here.
+      lock.unlock();
+      RDMIG_TRY(read_payload(s));
+      lock.lock();
+      payload_taken_locked(s);
+    }
+    return ChunkView{std::span<const std::byte>(s.data.get(), s.pending > 0 ? 0 : s.size), s.eof, s.pending};
   }
-  std::lock_guard a(abort_mu_);
-  return abort_reason_.value_or(Error{Errc::kCancelled, "channel aborted"});
+  lock.unlock();
+  return abort_error();
+}
+
+Result<LocalMove> TcpChannel::deliver_to(int fd) {
+  Slot* s = nullptr;
+  bool claimed = false;
+  {
+    std::unique_lock lock(rx_mu_);
+    if (rx_holding_) s = &ring_[rx_head_ % ring_.size()];
+    if (s != nullptr && !(claimed = claim_payload_locked(*s))) {
+      // The reader may be taking the payload into memory right now: let it finish.
+      rx_cv_.wait(lock, [&] { return s->pending == 0 || aborted_.load(); });
+      if (s->pending != 0) {
+        lock.unlock();
+        return abort_error();
+      }
+    }
+  }
+  if (s == nullptr || s->eof) return Error{Errc::kInternal, "deliver without a received chunk"};
+  const size_t len = s->size;
+  if (!claimed) {
+    // The reader took the payload into memory meanwhile (the receiver was slow to come).
+    if (const int err = write_local(fd, s->data.get(), len); err != 0) return LocalMove{0, false, err};
+    return LocalMove{len, false, 0};
+  }
+  // Pull the whole payload into the pipe, hand the socket back to the reader, then push the
+  // pipe into QEMU: a slow QEMU then holds up this chunk only, never the connection.
+  const std::string where = "channel " + std::to_string(index_);
+  size_t pulled = 0, written = 0;
+  auto push = [&]() -> int {  // pipe -> QEMU, all of it; 0 or errno
+    while (written < pulled) {
+      const ssize_t k = splice_retry(down_pipe_.r.get(), fd, pulled - written);
+      if (k <= 0) return k < 0 ? errno : EPIPE;
+      written += static_cast<size_t>(k);
+    }
+    return 0;
+  };
+  while (pulled < len) {
+    ssize_t n;
+    do n = ::splice(fd_.get(), nullptr, down_pipe_.w.get(), nullptr, len - pulled, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+    while (n < 0 && errno == EINTR);
+    if (n > 0) {
+      pulled += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EAGAIN) {
+      if (pulled > written) {
+        // The pipe is full (its slots hold page pieces, not bytes): empty it into QEMU.
+        if (const int err = push(); err != 0) return LocalMove{written, false, err};
+      } else {
+        pollfd p{fd_.get(), POLLIN, 0};
+        (void)::poll(&p, 1, 1000);
+      }
+      continue;
+    }
+    if (!aborted_.load()) {
+      fail(n == 0 ? Error{Errc::kUnavailable, where + ": peer closed the connection"}
+                  : errno_error(where + ": splice from peer", errno));
+    }
+    return abort_error();
+  }
+  metrics_.chunks_received->Increment();
+  metrics_.bytes_received->Increment(static_cast<double>(len));
+  spliced_received_.fetch_add(len, std::memory_order_relaxed);
+  {
+    std::lock_guard lock(rx_mu_);
+    payload_taken_locked(*s);
+  }
+  if (const int err = push(); err != 0) return LocalMove{written, false, err};
+  return LocalMove{len, false, 0};
 }
 
 Status TcpChannel::release() {
@@ -121,6 +390,7 @@ void TcpChannel::fail(const Error& e) {
   aborted_.store(true);
   credits_.abort(e);
   ::shutdown(fd_.get(), SHUT_RDWR);
+  { std::lock_guard lock(rx_mu_); }  // a waiter between its check and its wait sees aborted_
   rx_cv_.notify_all();
 }
 
@@ -188,19 +458,45 @@ void TcpChannel::reader_loop() {
       case FrameType::kData:
       case FrameType::kEof: {
         Slot* slot = nullptr;
+        bool defer = false;
         {
           std::lock_guard lock(rx_mu_);
           // An eof marker may sit in the one extra place the ring keeps for it.
           const uint64_t limit = h->type == FrameType::kEof ? depth_ + 1 : depth_;
-          if (peer_eof_ || rx_tail_ - rx_head_ >= limit) {
-            fail(Error{Errc::kProtocol, where + ": peer sent beyond its credits or after eof"});
-            return;
+          if (!(peer_eof_ || rx_tail_ - rx_head_ >= limit)) {
+            slot = &ring_[rx_tail_ % ring_.size()];
+            if (h->type == FrameType::kEof) peer_eof_ = true;
+            defer = deferred_ && h->type == FrameType::kData && h->length <= defer_limit_;
           }
-          slot = &ring_[rx_tail_ % ring_.size()];
-          if (h->type == FrameType::kEof) peer_eof_ = true;
+        }
+        if (slot == nullptr) {
+          fail(Error{Errc::kProtocol, where + ": peer sent beyond its credits or after eof"});
+          return;
         }
         slot->eof = h->type == FrameType::kEof;
         slot->size = h->length;
+        slot->pending = 0;
+        if (defer) {
+          // The payload stays on the socket for the receiver to splice (deliver_to). If the
+          // receiver has not come for it within kDeferWait (QEMU is slow), take it into the
+          // slot as without splice, so the connection never waits on QEMU.
+          std::unique_lock lock(rx_mu_);
+          slot->pending = h->length;
+          payload_on_socket_ = true;
+          ++rx_tail_;
+          rx_cv_.notify_all();
+          while (payload_on_socket_ && !aborted_.load()) {
+            if (rx_cv_.wait_for(lock, kDeferWait, [&] { return !payload_on_socket_ || aborted_.load(); })) break;
+            if (claim_payload_locked(*slot)) {
+              lock.unlock();
+              if (!read_payload(*slot)) return;
+              lock.lock();
+              payload_taken_locked(*slot);
+            }
+          }
+          if (aborted_.load()) return;
+          break;
+        }
         if (!slot->eof) {
           if (!slot->data) slot->data = std::make_unique_for_overwrite<std::byte[]>(chunk_size_);
           auto r = net::read_exact(fd_.get(), std::span(slot->data.get(), h->length));

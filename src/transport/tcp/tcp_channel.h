@@ -1,6 +1,14 @@
 // A channel over one TCP connection: frames (see framing.h) in both directions, vectored
 // writes (header + payload in one sendmsg), a reader thread that receives straight into the
 // receive ring's slots and handles credits coming back.
+//
+// Splice (SpliceMode auto/on): the pump moves payload between QEMU's socket and this one
+// through a pipe with splice(2), so the bytes never pass through user space. Sending: one
+// splice from QEMU into the pipe takes what QEMU has ready (at most a chunk and the pipe's
+// capacity, 1 MiB), that becomes the chunk: header (MSG_MORE), then the pipe into the socket.
+// Receiving (receive_deferred): the reader thread reads a DATA header, hands the chunk to the
+// receiver and waits until deliver_to() has spliced its payload from the socket into QEMU's;
+// the socket's receive buffer is the ring then, credits and their batching are unchanged.
 #pragma once
 
 #include <atomic>
@@ -16,6 +24,7 @@
 #include "metrics/metrics.h"
 #include "transport/channel.h"
 #include "transport/framing.h"
+#include "transport/tcp/splice_mode.h"
 
 namespace rdmig::transport {
 
@@ -23,7 +32,8 @@ class TcpChannel final : public Channel {
  public:
   // Takes a connected socket whose handshake is done. `metrics` outlives the channel.
   static std::unique_ptr<TcpChannel> create(UniqueFd fd, uint32_t index, uint32_t chunk_size,
-                                            uint32_t depth, TransportMetrics& metrics);
+                                            uint32_t depth, TransportMetrics& metrics,
+                                            SpliceMode splice = SpliceMode::kAuto);
   ~TcpChannel() override;
 
   Result<std::span<std::byte>> acquire() override;
@@ -33,23 +43,55 @@ class TcpChannel final : public Channel {
   Status drain() override;
   Result<ChunkView> receive() override;
   Status release() override;
+  bool splices() const override;
+  Result<LocalMove> send_from(int fd) override;
+  Result<ChunkView> receive_deferred() override;
+  Result<LocalMove> deliver_to(int fd) override;
   void abort(const Error& reason) override;
   uint32_t index() const override { return index_; }
   size_t chunk_size() const override { return chunk_size_; }
   const char* transport() const override { return "tcp"; }
+  // Payload bytes that went through a pipe (splice) rather than through user space.
+  uint64_t spliced_sent() const { return spliced_sent_.load(std::memory_order_relaxed); }
+  uint64_t spliced_received() const { return spliced_received_.load(std::memory_order_relaxed); }
 
  private:
+  struct Slot;
   TcpChannel(UniqueFd fd, uint32_t index, uint32_t chunk_size, uint32_t depth,
-             TransportMetrics& metrics);
+             TransportMetrics& metrics, SpliceMode splice);
+  // A pipe for one direction of splicing, made on first use. False (auto: logged once, and
+  // the channel copies from then on) when no pipe can be had.
+  struct Pipe {
+    UniqueFd r, w;
+    size_t capacity = 0;
+  };
+  Result<bool> ensure_pipe(Pipe& p);
+  // Turns splicing off for this channel (auto only): `why` is logged once.
+  void splice_unavailable(const std::string& why);
+  Result<ChunkView> next_chunk(bool deferred);
+  // Deferred payloads: whoever claims one (receiver or reader, under rx_mu_) reads it off the
+  // socket; payload_taken_locked() hands the socket back to the reader.
+  bool claim_payload_locked(const Slot& s);
+  void payload_taken_locked(Slot& s);
+  Status read_payload(Slot& s);  // into the slot's memory; fails the channel on error
+  Status count_sent(size_t n, std::chrono::steady_clock::time_point t0);
   void reader_loop();
   Status write_frame(FrameHeader h, const void* payload);
   void fail(const Error& e);
+  Error abort_error();  // the reason the channel failed
 
   UniqueFd fd_;
   const uint32_t index_;
   const uint32_t chunk_size_;
   const uint32_t depth_;
   TransportMetrics& metrics_;
+  const SpliceMode splice_mode_;
+  std::atomic<bool> splice_ok_;  // mode != off and no socket refused splice (auto)
+  Pipe up_pipe_;    // sender thread only
+  bool spliced_once_ = false;  // sender thread only
+  std::atomic<uint64_t> spliced_sent_{0};
+  std::atomic<uint64_t> spliced_received_{0};
+  Pipe down_pipe_;  // receiver thread only
 
   // Send side (sender thread only, plus the write lock shared with credit returns).
   // Buffers are allocated without zero-filling: a 4 MiB chunk buffer that QEMU fills with
@@ -62,6 +104,7 @@ class TcpChannel final : public Channel {
   struct Slot {
     std::unique_ptr<std::byte[]> data;  // chunk_size bytes, allocated on first use
     size_t size = 0;
+    size_t pending = 0;  // deferred: payload bytes still on the socket
     bool eof = false;
   };
   std::vector<Slot> ring_;  // depth + 1: the eof marker may follow a full ring
@@ -71,6 +114,12 @@ class TcpChannel final : public Channel {
   uint64_t rx_tail_ = 0;  // next slot the reader fills
   bool rx_holding_ = false;
   bool peer_eof_ = false;
+  // Deferred receiving (set by the first receive_deferred()): the reader leaves payloads on
+  // the socket and waits while one is pending.
+  bool deferred_ = false;
+  size_t defer_limit_ = 0;           // payloads up to the receive pipe's capacity are deferred
+  bool payload_on_socket_ = false;  // a published chunk's payload is still on the socket
+  bool pulling_ = false;            // and someone is reading it off
   CreditBatcher batcher_;               // receiver thread only
   std::atomic<int64_t> outstanding_{0};  // chunks sent, credit not yet back (for the gauge)
 
