@@ -298,8 +298,8 @@ TEST(StatusMapping, JudgeCombinesBothSides) {
 
 TEST(StatusMapping, ConditionTransitionTimeChangesOnlyWithStatus) {
   json status;
-  controller::set_condition(status, "Admitted", "False", "NodeBusy", "busy", 1, "T1");
-  controller::set_condition(status, "Admitted", "False", "NodeBusy", "still busy", 1, "T2");
+  controller::set_condition(status, "Admitted", "False", "WaitingForNodeSlot", "busy", 1, "T1");
+  controller::set_condition(status, "Admitted", "False", "WaitingForNodeSlot", "still busy", 1, "T2");
   ASSERT_EQ(status["conditions"].size(), 1u);
   EXPECT_EQ(status["conditions"][0]["lastTransitionTime"], "T1");
   EXPECT_EQ(status["conditions"][0]["message"], "still busy");
