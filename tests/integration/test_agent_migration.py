@@ -105,19 +105,17 @@ class AgentMigrationTest(unittest.TestCase):
         def held():
             return [(a.fd_count(), a.rss_kib()) for a in agents]
 
-        def settle(baseline):
+        def settle(fds_before):
             # A job releases what it holds as its worker ends, just after the phase turns terminal.
-            if baseline is None:
-                time.sleep(2)
-                return held()
             deadline = time.time() + 5
             while time.time() < deadline:
                 now = held()
-                if all(n[0] <= b[0] for n, b in zip(now, baseline)):
+                if all(n[0] <= b for n, b in zip(now, fds_before)):
                     return now
                 time.sleep(0.1)
             return held()
 
+        idle_fds = [a.fd_count() for a in agents]  # no migration running on either agent
         baseline = None
         for run in range(3):
             src, dst = self.pair()
@@ -127,8 +125,10 @@ class AgentMigrationTest(unittest.TestCase):
             self.assertEqual(t["phase"], "Succeeded", t["result"]["reason"])
             for vm in (src, dst):
                 vm.kill()
-            now = settle(baseline)
+            now = settle(idle_fds)
             print("after migration %d: (fds, RSS KiB) source agent %s, target agent %s" % (run, now[0], now[1]))
+            for (fds, _), fds0, a in zip(now, idle_fds, agents):
+                self.assertLessEqual(fds, fds0, "%s still holds descriptors of finished migrations" % a.name)
             if baseline is None:
                 baseline = now  # the first run allocates what an agent keeps (arenas, metric series)
                 continue

@@ -135,7 +135,9 @@ TEST(TcpChannel, PeerVanishingMidStreamIsAnErrorNotEof) {
   auto first = p.b->receive();
   ASSERT_TRUE(first.ok());  // data that arrived is still delivered
   EXPECT_FALSE(first->eof);
-  ASSERT_TRUE(p.b->release().ok() || true);
+  // Returning the slot sends a credit to a peer that is gone: whether that write still succeeds
+  // depends on the socket, so its result is not checked; the next receive must fail.
+  (void)p.b->release();
   auto r = p.b->receive();
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code, Errc::kUnavailable) << r.error().message;
