@@ -32,7 +32,15 @@ KubevirtMetrics::KubevirtMetrics(Metrics& m)
                          .Register(*m.registry())),
       vm_carried_(BuildGauge().Name("rdmig_kubevirt_migration_carried")
                       .Help("1 when rdmig carried the last migration of each VMI, 0 when KubeVirt's own path did")
-                      .Register(*m.registry())) {}
+                      .Register(*m.registry())) {
+  // The label values that alerts and the dashboard take increase() of exist from start-up, at 0:
+  // increase() cannot see the increment that creates a series (see kFailureReasons in metrics.h).
+  for (const char* decision : {"carried", "skipped", "error"}) hook_calls_.Add({{"decision", decision}});
+  for (const char* role : {"source", "target"}) {
+    for (const char* result : {"Succeeded", "Failed", "NotCarried"}) migrations_.Add({{"role", role}, {"result", result}});
+  }
+  for (const char* transport : kTransports) downtime_.Add({{"transport", transport}}, downtime_buckets());
+}
 
 void KubevirtMetrics::hook_call(const std::string& decision) { hook_calls_.Add({{"decision", decision}}).Increment(); }
 

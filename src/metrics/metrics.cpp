@@ -3,6 +3,7 @@
 
 #include <prometheus/text_serializer.h>
 
+#include <chrono>
 #include <sstream>
 
 namespace rdmig {
@@ -23,6 +24,15 @@ prometheus::Histogram::BucketBoundaries chunk_size_buckets() {
 }
 prometheus::Histogram::BucketBoundaries latency_buckets() {
   return {1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.5, 1};
+}
+double unix_seconds_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+std::string failure_label(const std::string& reason) {
+  for (const char* r : kFailureReasons) {
+    if (reason == r) return reason;
+  }
+  return "other";
 }
 }  // namespace
 
@@ -111,16 +121,36 @@ Metrics::Metrics(std::string component)
                  .Help("Guest RAM size of each migration").Register(*registry_)),
       dirty_rate_(BuildGauge().Name("rdmig_migration_dirty_rate_bytes_per_second")
                       .Help("Guest memory dirty rate seen by QEMU for each migration")
-                      .Register(*registry_)) {
+                      .Register(*registry_)),
+      info_(BuildGauge().Name("rdmig_migration_info")
+                .Help("Always 1, one series per migration this agent still holds; labels: migration, role, vm, "
+                      "phase (Pending, Connecting, Migrating, Completing, Succeeded, Failed, Cancelled) and "
+                      "transport (tcp, rdma; empty until chosen)")
+                .Register(*registry_)),
+      start_time_(BuildGauge().Name("rdmig_migration_start_time_seconds")
+                      .Help("Unix time at which this agent took each migration it still holds")
+                      .Register(*registry_)),
+      end_time_(BuildGauge().Name("rdmig_migration_end_time_seconds")
+                    .Help("Unix time at which each migration this agent still holds ended (absent while it runs)")
+                    .Register(*registry_)) {
+  // Every label value an alert or a dashboard takes increase() of exists from start-up, at 0
+  // (see kFailureReasons in metrics.h).
   left_paused_.Add({});
   for (const char* role : {"source", "target"}) {
     started_.Add({{"role", role}});
     active_.Add({{"role", role}});
     for (const char* result : {"succeeded", "failed", "cancelled"}) {
       finished_.Add({{"role", role}, {"result", result}});
+      duration_.Add({{"role", role}, {"result", result}}, duration_buckets());
     }
+    for (const char* reason : kFailureReasons) failures_.Add({{"role", role}, {"reason", reason}});
   }
-  transport("tcp");
+  for (const auto& t : kTransportReasons) transport_selected_.Add({{"transport", t.transport}, {"reason", t.reason}});
+  for (const char* kind : kTransports) {
+    transport(kind);
+    downtime_.Add({{"transport", kind}}, downtime_buckets());
+    switchover_.Add({{"transport", kind}}, downtime_buckets());
+  }
   rdma_devices_.Add({});
 }
 
@@ -137,7 +167,7 @@ void Metrics::migration_started(const std::string& role) {
 }
 
 void Metrics::migration_failed(const std::string& role, const std::string& reason) {
-  failures_.Add({{"role", role}, {"reason", reason}}).Increment();
+  failures_.Add({{"role", role}, {"reason", failure_label(reason)}}).Increment();
   if (reason == "vm_paused_on_source") left_paused_.Add({}).Increment();
 }
 
@@ -181,7 +211,14 @@ void Metrics::transport_error(const std::string& transport, const std::string& k
 }
 
 void Metrics::transport_selected(const std::string& transport, const std::string& reason) {
-  transport_selected_.Add({{"transport", transport}, {"reason", reason}}).Increment();
+  // The reason may come from the peer agent (the source counts the target's): only the fixed
+  // pairs become label values.
+  const std::string kind = transport == "rdma" ? "rdma" : "tcp";
+  std::string label = "other";
+  for (const auto& t : kTransportReasons) {
+    if (kind == t.transport && reason == t.reason) label = reason;
+  }
+  transport_selected_.Add({{"transport", kind}, {"reason", label}}).Increment();
 }
 
 void Metrics::set_rdma_devices(double count) { rdma_devices_.Add({}).Set(count); }
@@ -189,16 +226,56 @@ void Metrics::set_rdma_devices(double count) { rdma_devices_.Add({}).Set(count);
 MigrationGauges Metrics::migration_gauges(const std::string& id, const std::string& role,
                                           const std::string& vm) {
   const std::map<std::string, std::string> labels{{"migration", id}, {"role", role}, {"vm", vm}};
-  return MigrationGauges{&throughput_.Add(labels), &transferred_.Add(labels),
-                         &remaining_.Add(labels), &total_.Add(labels), &dirty_rate_.Add(labels)};
+  MigrationGauges g;
+  g.throughput = &throughput_.Add(labels);
+  g.transferred = &transferred_.Add(labels);
+  g.remaining = &remaining_.Add(labels);
+  g.total = &total_.Add(labels);
+  g.dirty_rate = &dirty_rate_.Add(labels);
+  g.start_time = &start_time_.Add(labels);
+  g.start_time->Set(unix_seconds_now());
+  g.labels = labels;
+  std::lock_guard lock(info_mu_);
+  set_info(g, "Pending", "");
+  return g;
 }
 
-void Metrics::remove_migration_gauges(const MigrationGauges& g) {
+void Metrics::set_info(MigrationGauges& g, const std::string& phase, const std::string& transport) {
+  auto labels = g.labels;
+  labels["phase"] = phase;
+  labels["transport"] = transport;
+  auto* info = &info_.Add(labels);
+  if (info == g.info) return;
+  if (g.info) info_.Remove(g.info);
+  info->Set(1);
+  g.info = info;
+}
+
+void Metrics::migration_phase(MigrationGauges& g, const std::string& phase, const std::string& transport) {
+  std::lock_guard lock(info_mu_);
+  if (!g.ended && !g.labels.empty()) set_info(g, phase, transport);
+}
+
+void Metrics::migration_ended(MigrationGauges& g, const std::string& phase, const std::string& transport) {
+  std::lock_guard lock(info_mu_);
+  if (g.ended || g.labels.empty()) return;
+  set_info(g, phase, transport);
+  g.end_time = &end_time_.Add(g.labels);
+  g.end_time->Set(unix_seconds_now());
+  g.ended = true;
+}
+
+void Metrics::remove_migration_gauges(MigrationGauges& g) {
   if (g.throughput) throughput_.Remove(g.throughput);
   if (g.transferred) transferred_.Remove(g.transferred);
   if (g.remaining) remaining_.Remove(g.remaining);
   if (g.total) total_.Remove(g.total);
   if (g.dirty_rate) dirty_rate_.Remove(g.dirty_rate);
+  if (g.start_time) start_time_.Remove(g.start_time);
+  std::lock_guard lock(info_mu_);
+  if (g.info) info_.Remove(g.info);
+  if (g.end_time) end_time_.Remove(g.end_time);
+  g = MigrationGauges{};
 }
 
 }  // namespace rdmig

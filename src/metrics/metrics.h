@@ -33,14 +33,43 @@ struct TransportMetrics {
   prometheus::Histogram* chunk_write_latency = nullptr;
 };
 
-// Per-migration gauges, removed when the agent forgets the migration.
+// Per-migration gauges, removed when the agent forgets the migration. `info`, `end_time` and
+// `ended` change with the migration's phase (Metrics::migration_phase / migration_ended, under
+// the Metrics' lock); the figures are set by the job's worker alone.
 struct MigrationGauges {
   prometheus::Gauge* throughput = nullptr;
   prometheus::Gauge* transferred = nullptr;
   prometheus::Gauge* remaining = nullptr;
   prometheus::Gauge* total = nullptr;
   prometheus::Gauge* dirty_rate = nullptr;
+  prometheus::Gauge* start_time = nullptr;  // rdmig_migration_start_time_seconds
+  prometheus::Gauge* end_time = nullptr;    // rdmig_migration_end_time_seconds, once ended
+  prometheus::Gauge* info = nullptr;        // rdmig_migration_info{...,phase,transport} 1
+  std::map<std::string, std::string> labels;  // migration, role, vm
+  bool ended = false;
 };
+
+// The fixed label values of the counters that alerts take increase() of. Their series exist
+// from start-up (at 0), because increase() cannot see the increment that creates a series: the
+// first failure or fallback after an agent starts would never alert. A value outside these sets
+// is counted under "other".
+// rdmig_migration_failures_total{reason}: Job::failure_of and Job::finish's explicit reasons.
+inline constexpr const char* kFailureReasons[] = {"timeout", "io", "peer_lost", "qemu", "protocol",
+                                                   "target_failed", "vm_paused_on_source", "other"};
+// rdmig_transport_selected_total{transport,reason}: what migration::choose_transport answers
+// (the target decides, the source counts the target's reason), the source's own names when a
+// target names none (auto, auto-no-local-rdma), and "other" for anything else a peer sends.
+struct TransportReason {
+  const char* transport;
+  const char* reason;
+};
+inline constexpr TransportReason kTransportReasons[] = {
+    {"rdma", "auto-both-rdma"},     {"rdma", "requested"},         {"rdma", "auto"},
+    {"rdma", "other"},              {"tcp", "auto-no-source-rdma"}, {"tcp", "auto-no-peer-rdma"},
+    {"tcp", "auto-no-local-rdma"},  {"tcp", "target-requested-tcp"}, {"tcp", "requested"},
+    {"tcp", "auto"},                {"tcp", "other"}};
+// The two data-plane transports: their per-transport counters and histograms exist from start-up.
+inline constexpr const char* kTransports[] = {"tcp", "rdma"};
 
 // rdmig_build_info{version,revision} 1: which build a program runs (common/version.h).
 void register_build_info(prometheus::Registry& registry);
@@ -70,9 +99,15 @@ class Metrics {
   void transport_selected(const std::string& transport, const std::string& reason);
   void set_rdma_devices(double count);
 
+  // A migration's gauges, its start time (now) and its info series (phase Pending, no transport).
   MigrationGauges migration_gauges(const std::string& id, const std::string& role,
                                    const std::string& vm);
-  void remove_migration_gauges(const MigrationGauges& gauges);
+  // The info series follows the phase and the chosen transport ("" until chosen); ignored once
+  // the migration has ended, so a late phase change never overwrites the result.
+  void migration_phase(MigrationGauges& gauges, const std::string& phase, const std::string& transport);
+  // The terminal phase and the end time (now).
+  void migration_ended(MigrationGauges& gauges, const std::string& phase, const std::string& transport);
+  void remove_migration_gauges(MigrationGauges& gauges);
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
@@ -100,8 +135,14 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& remaining_;
   prometheus::Family<prometheus::Gauge>& total_;
   prometheus::Family<prometheus::Gauge>& dirty_rate_;
+  prometheus::Family<prometheus::Gauge>& info_;
+  prometheus::Family<prometheus::Gauge>& start_time_;
+  prometheus::Family<prometheus::Gauge>& end_time_;
+
+  void set_info(MigrationGauges& gauges, const std::string& phase, const std::string& transport);
 
   std::mutex mu_;  // guards transports_ creation (not the hot path: pointers are cached)
+  std::mutex info_mu_;  // guards the info/end_time pointers of every MigrationGauges
   std::map<std::string, TransportMetrics> transports_;
 };
 

@@ -130,6 +130,7 @@ void Job::set_phase(Phase phase) {
     if (phase == Phase::kMigrating && status_.started_at_ms == 0) status_.started_at_ms = wall_clock_ms();
   }
   status_cv_.notify_all();
+  ctx_.metrics.migration_phase(gauges_, phase_name(phase), status().transport);
   LOG_INFO("migration") << log_prefix() << " phase=" << phase_name(phase);
 }
 
@@ -192,6 +193,7 @@ void Job::finish(Phase phase, const std::string& reason, const char* failure) {
   }
   status_cv_.notify_all();
   ctx_.metrics.migration_finished(role_name(spec_.role), result, seconds);
+  ctx_.metrics.migration_ended(gauges_, phase_name(phase), status().transport);
   if (phase == Phase::kFailed) ctx_.metrics.migration_failed(role_name(spec_.role), failure ? failure : "other");
   gauges_.throughput->Set(0);
   if (phase == Phase::kSucceeded) {
