@@ -22,6 +22,9 @@ struct ApiConfig {
   // /healthz and /readyz for the kubelet on a port of their own (api/probe_server.h).
   uint16_t probe_port = 7473;
   std::string token_file = "/etc/rdmig/token";
+  // After tokenFile changes, the token it replaced is still accepted this long (the
+  // controller and the other agents pick up a rotated Secret at different moments).
+  uint32_t token_grace_seconds = 600;
   uint64_t max_body_bytes = 64 * 1024;
 };
 
@@ -46,12 +49,16 @@ struct MigrationDefaults {
   // Chunk buffers all running migrations may hold at once: chunkSize x ringDepth x channels x 2
   // per migration (both directions), reserved when a migration is created.
   uint64_t buffer_budget = uint64_t{2} << 30;
+  // The bare-QEMU kind connects only to QMP sockets under these directories (each resolved
+  // with realpath, as is the socket path: no symlink leads out of them).
+  std::vector<std::string> qmp_socket_roots{"/run/vms"};
 };
 
 // TCP transport. splice: move payload between QEMU's socket and the peer's with splice(2)
-// (no copy through user space); see transport/tcp/splice_mode.h.
+// (no copy through user space); see transport/tcp/splice_mode.h. Off by default: on the
+// machines measured so far splice cost the agents more CPU than copying (README "Benchmarks").
 struct TcpConfig {
-  transport::SpliceMode splice = transport::SpliceMode::kAuto;
+  transport::SpliceMode splice = transport::SpliceMode::kOff;
 };
 
 struct RdmaConfig {

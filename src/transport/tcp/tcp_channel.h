@@ -33,7 +33,7 @@ class TcpChannel final : public Channel {
   // Takes a connected socket whose handshake is done. `metrics` outlives the channel.
   static std::unique_ptr<TcpChannel> create(UniqueFd fd, uint32_t index, uint32_t chunk_size,
                                             uint32_t depth, TransportMetrics& metrics,
-                                            SpliceMode splice = SpliceMode::kAuto);
+                                            SpliceMode splice = SpliceMode::kOff);
   ~TcpChannel() override;
 
   Result<std::span<std::byte>> acquire() override;
