@@ -14,6 +14,11 @@ Sections (all measured here, on this machine, in this run):
   dataplane   rdmig's TCP transport (rdmig-stream) against iperf3 on loopback.
   sweep       chunk-size sweep of the TCP transport, 64Ki..64Mi.
   concurrent  two migrations at once through the same two agents, against one alone.
+  relay       both agents' relay cost alone (rdmig-relay-cpu: two pumps over loopback TCP, QEMU
+              stand-ins on unix sockets, their CPU taken out), tcp.splice off vs on, interleaved.
+  cpu         agents' CPU per GiB moved over TCP, user and system apart, source and target apart:
+              one dirtying guest migrated again and again through two agent pairs in turn, one
+              with tcp.splice off (copies through user space) and one with it on (splice).
 Writes DIR/results.json, DIR/results.md and DIR/bench.png. Never fails on speed.
 """
 import argparse
@@ -33,6 +38,7 @@ from rdmiglab import Agent, QemuVm, ensure_guest, migrate_direct, start_migratio
 from rdmiglab.qmp import event_time  # noqa: E402
 
 STREAM = os.path.join(REPO, "build", "bench", "stream", "rdmig-stream")
+RELAY_CPU = os.path.join(REPO, "build", "bench", "stream", "rdmig-relay-cpu")
 BW = 10 << 30  # the same max-bandwidth on both paths (QEMU 7.2's default is 128 MiB/s)
 
 
@@ -45,10 +51,16 @@ def ratio(a, b):
     return (a / b) if (a is not None and b not in (None, 0)) else None
 
 
-def cpu_seconds(pid):
+def cpu_times(pid):
+    """(user, system) CPU seconds of a process so far."""
     with open("/proc/%d/stat" % pid) as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tck = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tck, int(fields[12]) / tck
+
+
+def cpu_seconds(pid):
+    return sum(cpu_times(pid))
 
 
 class GuestDied(Exception):
@@ -162,7 +174,7 @@ def section_whole(work, agents, args, results):
     dirties = [int(x) for x in args.dirty.split(",")]
     multifds = [int(x) for x in args.multifd.split(",")] if args.multifd else ([0, 4] if args.quick else [0, 4, 8])
     rows = []
-    cpu0 = sum(cpu_seconds(a.proc.pid) for a in agents)
+    cpu0 = [cpu_times(a.proc.pid) for a in agents]
     agent_bytes = 0
     for mem in sizes:
         for dirty in dirties:
@@ -190,10 +202,96 @@ def section_whole(work, agents, args, results):
                               d["e2e_ms"] or 0, row["e2e_ratio"] or 0), flush=True)
             finally:
                 chain.close()
-    cpu1 = sum(cpu_seconds(a.proc.pid) for a in agents)
+    cpu1 = [cpu_times(a.proc.pid) for a in agents]
     results["whole"] = rows
-    results["agent_cpu_seconds_per_gib_tcp"] = (cpu1 - cpu0) / (agent_bytes / (1 << 30)) if agent_bytes else None
-    print("agent CPU: %.2f s per GiB moved over TCP (both agents together)" % (results["agent_cpu_seconds_per_gib_tcp"] or 0))
+    gib = agent_bytes / (1 << 30)
+    user = sum(c1[0] - c0[0] for c0, c1 in zip(cpu0, cpu1))
+    system = sum(c1[1] - c0[1] for c0, c1 in zip(cpu0, cpu1))
+    results["agent_cpu_seconds_per_gib_tcp"] = (user + system) / gib if gib else None
+    results["agent_cpu_user_seconds_per_gib_tcp"] = user / gib if gib else None
+    results["agent_cpu_system_seconds_per_gib_tcp"] = system / gib if gib else None
+    results["agent_tcp_splice"] = agents[0].config.get("tcp", {}).get("splice", "auto")
+    print("agent CPU: %.2f s per GiB moved over TCP (both agents together; user %.2f, system %.2f)" % (
+        results["agent_cpu_seconds_per_gib_tcp"] or 0, results["agent_cpu_user_seconds_per_gib_tcp"] or 0,
+        results["agent_cpu_system_seconds_per_gib_tcp"] or 0))
+
+
+def section_relay(args, results):
+    """rdmig-relay-cpu with splice off and on (source and target agents alike), interleaved."""
+    runs = {"off": [], "on": []}
+    for _ in range(max(3, args.runs)):
+        for mode in runs:
+            out = subprocess.run([RELAY_CPU, "--bytes", "2Gi", "--splice", mode], capture_output=True, text=True,
+                                 timeout=600)
+            if out.returncode != 0:
+                raise RuntimeError("rdmig-relay-cpu failed: %s" % out.stderr)
+            runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    rows = []
+    for mode, rs in runs.items():
+        row = {"splice": mode, "runs": len(rs), "MBps": med([r["bytesPerSecond"] / 1e6 for r in rs]),
+               "user": med([r["agentsUserPerGiB"] for r in rs]), "system": med([r["agentsSystemPerGiB"] for r in rs]),
+               "both": med([r["agentsCpuSecondsPerGiB"] for r in rs]),
+               "both_min": min(r["agentsCpuSecondsPerGiB"] for r in rs),
+               "both_max": max(r["agentsCpuSecondsPerGiB"] for r in rs)}
+        rows.append(row)
+        print("relay splice %-3s: %.0f MB/s, agents CPU-s/GiB %.3f (user %.3f, system %.3f; range %.3f..%.3f)" % (
+            mode, row["MBps"], row["both"], row["user"], row["system"], row["both_min"], row["both_max"]), flush=True)
+    results["relay"] = rows
+
+
+def section_cpu(work, args, results):
+    """Splice off and on, side by side: the same guest chain, migrations alternating between
+    two agent pairs that differ only in tcp.splice. CPU is read from /proc around each
+    migration (all of the agent: pumps, QMP polling, REST), bytes are the agents' dataBytesSent."""
+    size = int(args.sizes.split(",")[0]) if args.sizes else 1024
+    dirty = int(args.dirty.split(",")[-1])
+    multifds = [int(x) for x in args.multifd.split(",")] if args.multifd else [0, 4]
+    level = os.environ.get("RDMIG_BENCH_LOG", "warn")
+    pairs = {mode: [Agent(work, "cpu-%s-src" % mode, log_level=level, config={"tcp": {"splice": mode}}),
+                    Agent(work, "cpu-%s-dst" % mode, log_level=level, config={"tcp": {"splice": mode}})]
+             for mode in ("off", "on")}
+    rows = []
+    try:
+        for mf in multifds:
+            acc = {mode: {"bytes": 0, "src_user": 0.0, "src_sys": 0.0, "dst_user": 0.0, "dst_sys": 0.0, "runs": []}
+                   for mode in pairs}
+            chain = Chain(work, "cpu-%d" % mf, size, dirty)
+            try:
+                for _ in range(args.runs):
+                    for mode, agents in pairs.items():  # interleaved: drift hits both alike
+                        c0 = [cpu_times(a.proc.pid) for a in agents]
+                        r = chain.run("agents", run_agents, agents, mf, vm="cpu-%s" % mode)
+                        c1 = [cpu_times(a.proc.pid) for a in agents]
+                        a = acc[mode]
+                        a["bytes"] += r["bytes"] or 0
+                        a["src_user"] += c1[0][0] - c0[0][0]
+                        a["src_sys"] += c1[0][1] - c0[0][1]
+                        a["dst_user"] += c1[1][0] - c0[1][0]
+                        a["dst_sys"] += c1[1][1] - c0[1][1]
+                        a["runs"].append(r)
+            finally:
+                chain.close()
+            row = {"mem_mib": size, "dirty_mib": dirty, "multifd": mf, "runs": args.runs}
+            for mode, a in acc.items():
+                gib = a["bytes"] / (1 << 30)
+                per = {k: (a[k] / gib if gib else None) for k in ("src_user", "src_sys", "dst_user", "dst_sys")}
+                per["both"] = sum(per.values()) if gib else None
+                per["gib"] = gib
+                per["total_ms"] = med([r["total_ms"] for r in a["runs"]])
+                per["downtime_ms"] = med([r["downtime_ms"] for r in a["runs"]])
+                row[mode] = per
+                print("cpu %d MiB dirty %d mf=%d splice %-3s: %.2f GiB moved, CPU-s/GiB both %.3f (source user %.3f "
+                      "sys %.3f, target user %.3f sys %.3f), total %s ms, downtime %s ms" % (
+                          size, dirty, mf, mode, gib, per["both"] or 0, per["src_user"] or 0, per["src_sys"] or 0,
+                          per["dst_user"] or 0, per["dst_sys"] or 0, fmt(per["total_ms"]), fmt(per["downtime_ms"])),
+                      flush=True)
+            row["ratio_on_off"] = ratio(row["on"]["both"], row["off"]["both"])
+            rows.append(row)
+    finally:
+        for agents in pairs.values():
+            for a in agents:
+                a.stop()
+    results["cpu"] = rows
 
 
 def section_defaults(work, agents, args, results):
@@ -328,7 +426,11 @@ def write_markdown(results, path):
         dr = [r["downtime_ratio"] for r in results["whole"] if r["downtime_ratio"]]
         L += ["", "Median ratio over all rows: total %.2f (goal <= 1.10), downtime %.2f (goal <= 1.2)." % (
             statistics.median(tr), statistics.median(dr)) if tr and dr else "",
-              "Agent CPU: %s CPU-seconds per GiB moved over TCP (both agents)." % fmt(results.get("agent_cpu_seconds_per_gib_tcp"), "%.2f"), ""]
+              "Agent CPU: %s CPU-seconds per GiB moved over TCP (both agents; user %s, system %s; tcp.splice %s; "
+              "goal <= 0.6)." % (fmt(results.get("agent_cpu_seconds_per_gib_tcp"), "%.2f"),
+                                 fmt(results.get("agent_cpu_user_seconds_per_gib_tcp"), "%.2f"),
+                                 fmt(results.get("agent_cpu_system_seconds_per_gib_tcp"), "%.2f"),
+                                 results.get("agent_tcp_splice", "auto")), ""]
     if "defaults" in results:
         L += ["## Chunk size and ring depth through the agents (512 MiB dirtying guest, 4 multifd)", "",
               "| chunk | depth | total (ms) | downtime (ms) | switchover (ms) | e2e (ms) |", "|---|---|---|---|---|---|"]
@@ -358,6 +460,35 @@ def write_markdown(results, path):
               "| | total (ms) | downtime (ms) |", "|---|---|---|",
               "| one alone | %s | %s |" % (fmt(c["alone"]["total_ms"]), fmt(c["alone"]["downtime_ms"])),
               "| two at once (each) | %s | %s |" % (fmt(c["two_at_once"]["total_ms"]), fmt(c["two_at_once"]["downtime_ms"])), ""]
+    if "relay" in results:
+        L += ["## Relay cost alone: both agents' CPU per GiB, tcp.splice off vs on (rdmig-relay-cpu)", "",
+              "Two ChannelPumps joined by loopback TCP, as the source and target agents run them; QEMU stand-ins "
+              "write and read the unix sockets and their CPU (QEMU's own copies) is taken out per thread. 2 GiB a run, "
+              "runs interleaved, medians. Goal: both agents <= 0.6 CPU-s/GiB.", "",
+              "| tcp.splice | runs | MB/s | user CPU-s/GiB | system CPU-s/GiB | both agents (goal <= 0.6) | range |",
+              "|---|---|---|---|---|---|---|"]
+        for r in results["relay"]:
+            L.append("| %s | %d | %.0f | %.3f | %.3f | **%.3f** | %.3f..%.3f |" % (
+                r["splice"], r["runs"], r["MBps"], r["user"], r["system"], r["both"], r["both_min"], r["both_max"]))
+        L.append("")
+    if "cpu" in results:
+        r0 = results["cpu"][0]
+        L += ["## Agent CPU per GiB moved over TCP: tcp.splice off vs on", "",
+              "%d MiB guest dirtying continuously (%d MiB passes), migrated %d times per row through each agent pair "
+              "in turn (same run, same guest chain); CPU of the whole agent processes from /proc around each "
+              "migration, per GiB of the agents' dataBytesSent. Goal: both agents together <= 0.6 CPU-s/GiB." % (
+                  r0["mem_mib"], r0["dirty_mib"], r0["runs"]), "",
+              "| multifd | splice | GiB moved | source user | source system | target user | target system | "
+              "both agents (goal <= 0.6) | total (ms) | downtime (ms) |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in results["cpu"]:
+            for mode in ("off", "on"):
+                p = r[mode]
+                L.append("| %d | %s | %.2f | %s | %s | %s | %s | **%s** | %s | %s |" % (
+                    r["multifd"], mode, p["gib"], fmt(p["src_user"], "%.3f"), fmt(p["src_sys"], "%.3f"),
+                    fmt(p["dst_user"], "%.3f"), fmt(p["dst_sys"], "%.3f"), fmt(p["both"], "%.3f"),
+                    fmt(p["total_ms"]), fmt(p["downtime_ms"])))
+        L += ["", "on / off: " + ", ".join("%s (multifd %d)" % (fmt(r["ratio_on_off"], "%.2f"), r["multifd"])
+                                          for r in results["cpu"]), ""]
     with open(path, "w") as f:
         f.write("\n".join(L) + "\n")
 
@@ -400,6 +531,10 @@ def main():
             section_sweep(args, results)
         if "concurrent" in sections:
             section_concurrent(work, agents, args, results)
+        if "relay" in sections:
+            section_relay(args, results)
+        if "cpu" in sections:
+            section_cpu(work, args, results)
     except Exception:
         for a in agents:
             print("---- %s log (tail) ----\n%s" % (a.name, a.log_text()[-6000:]))

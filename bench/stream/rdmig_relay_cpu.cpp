@@ -1,0 +1,236 @@
+// rdmig-relay-cpu: what relaying costs the agents, per GiB, without QEMU's own work in the
+// figure. Two ChannelPumps (the source agent's and the target agent's) joined by a loopback
+// TCP channel pair, exactly as in a migration; a "QEMU" writer thread feeds the source pump
+// through a unix socket pair and a "QEMU" reader thread drains the target pump through another.
+// The writer's and reader's CPU (their copies into and out of the unix sockets: QEMU's share)
+// is measured per thread (RUSAGE_THREAD) and taken out; what is left is both agents' CPU.
+//
+//   rdmig-relay-cpu [--bytes 8Gi] [--chunk 1Mi] [--depth 16] [--splice auto|on|off]
+//                   [--splice-source MODE] [--splice-target MODE] [--write 512Ki] [--channels 1]
+//                   [--no-verify]
+// --splice sets both agents; --splice-source/--splice-target one of them.
+// Prints one JSON line: bytes, seconds, agents' user and system CPU seconds, QEMU stand-ins'.
+// Every byte is checked at the reader (8-byte words carry their stream offset) unless
+// --no-verify; a mismatch exits 1.
+#include <sys/resource.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/net.h"
+#include "common/units.h"
+#include "metrics/metrics.h"
+#include "migration/pump.h"
+#include "transport/tcp/tcp_channel.h"
+
+using namespace rdmig;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Cpu {
+  double user = 0, sys = 0;
+};
+
+Cpu usage(int who) {
+  rusage ru{};
+  getrusage(who, &ru);
+  return {static_cast<double>(ru.ru_utime.tv_sec) + static_cast<double>(ru.ru_utime.tv_usec) / 1e6,
+          static_cast<double>(ru.ru_stime.tv_sec) + static_cast<double>(ru.ru_stime.tv_usec) / 1e6};
+}
+
+struct Options {
+  uint64_t bytes = 8ull << 30;
+  uint64_t chunk = kMiB;
+  uint32_t depth = 16;
+  uint64_t write = 512 * kKiB;
+  uint32_t channels = 1;
+  transport::SpliceMode splice = transport::SpliceMode::kAuto;         // source agent's
+  transport::SpliceMode splice_target = transport::SpliceMode::kAuto;  // target agent's
+  bool verify = true;
+};
+
+struct Stream {
+  UniqueFd src_qemu, dst_qemu;
+  std::unique_ptr<transport::TcpChannel> src_ch, dst_ch;
+  std::unique_ptr<migration::ChannelPump> src_pump, dst_pump;
+  Cpu writer, reader;
+  bool mismatch = false;
+  uint64_t received = 0;
+};
+
+// Writes `total` bytes whose 8-byte words hold their offset, in writes of `write` bytes.
+void writer(Stream& s, uint64_t total, uint64_t write, bool verify) {
+  const Cpu c0 = usage(RUSAGE_THREAD);
+  std::vector<uint64_t> buf(write / 8);
+  uint64_t off = 0;
+  while (off < total) {
+    const uint64_t n = std::min<uint64_t>(write, total - off);
+    if (verify) {
+      for (uint64_t i = 0; i < n / 8; ++i) buf[i] = off / 8 + i;
+    }
+    if (!net::write_all(s.src_qemu.get(), std::span(reinterpret_cast<const std::byte*>(buf.data()), n)).ok()) break;
+    off += n;
+  }
+  ::shutdown(s.src_qemu.get(), SHUT_WR);
+  const Cpu c1 = usage(RUSAGE_THREAD);
+  s.writer = {c1.user - c0.user, c1.sys - c0.sys};
+}
+
+void reader(Stream& s, bool verify) {
+  const Cpu c0 = usage(RUSAGE_THREAD);
+  std::vector<uint64_t> buf((1u << 20) / 8);
+  uint64_t off = 0;
+  size_t carry = 0;  // bytes of a partial word at the start of buf
+  for (;;) {
+    const ssize_t n = ::recv(s.dst_qemu.get(), reinterpret_cast<char*>(buf.data()) + carry, (1u << 20) - carry, 0);
+    if (n <= 0) break;
+    const size_t have = carry + static_cast<size_t>(n);
+    if (verify) {
+      for (size_t i = 0; i < have / 8; ++i) {
+        if (buf[i] != off / 8 + i) s.mismatch = true;
+      }
+    }
+    off += have / 8 * 8;
+    carry = have % 8;
+    if (carry) std::memmove(buf.data(), reinterpret_cast<char*>(buf.data()) + have - carry, carry);
+    s.received += static_cast<uint64_t>(n);
+  }
+  ::shutdown(s.dst_qemu.get(), SHUT_WR);  // the return path ends too
+  const Cpu c1 = usage(RUSAGE_THREAD);
+  s.reader = {c1.user - c0.user, c1.sys - c0.sys};
+}
+
+int usage_error(const std::string& m) {
+  std::cerr << "rdmig-relay-cpu: " << m << "\n"
+            << "usage: rdmig-relay-cpu [--bytes 8Gi] [--chunk 1Mi] [--depth 16] [--splice auto|on|off]\n"
+               "                       [--splice-source MODE] [--splice-target MODE] [--write 512Ki]\n"
+               "                       [--channels 1] [--no-verify]\n";
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::signal(SIGPIPE, SIG_IGN);  // as the agent does
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto val = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    auto size = [&](const char* name) {
+      auto v = parse_bytes(val(), name);
+      if (!v) std::exit(usage_error(v.error().message));
+      return v.value();
+    };
+    if (a == "--bytes") o.bytes = size("--bytes");
+    else if (a == "--chunk") o.chunk = size("--chunk");
+    else if (a == "--write") o.write = size("--write");
+    else if (a == "--depth") o.depth = static_cast<uint32_t>(std::stoul(val()));
+    else if (a == "--channels") o.channels = static_cast<uint32_t>(std::stoul(val()));
+    else if (a == "--no-verify") o.verify = false;
+    else if (a == "--splice" || a == "--splice-source" || a == "--splice-target") {
+      auto m = transport::parse_splice_mode(val());
+      if (!m) return usage_error(a + " must be auto, on or off");
+      if (a != "--splice-target") o.splice = *m;
+      if (a != "--splice-source") o.splice_target = *m;
+    } else return usage_error("unknown argument " + a);
+  }
+  if (auto st = validate_chunk_size(o.chunk, "--chunk"); !st) return usage_error(st.error().message);
+  if (o.write < 8 || o.write % 8 != 0 || o.channels < 1 || o.channels > 64 || o.depth < 2) {
+    return usage_error("bad --write, --channels or --depth");
+  }
+
+  Metrics metrics;
+  auto& tm = metrics.transport("tcp");
+  auto listener = net::tcp_listen("127.0.0.1", 0);
+  if (!listener) return usage_error(listener.error().message);
+  const uint16_t port = net::local_port(listener->get()).value();
+  std::vector<std::unique_ptr<Stream>> streams;
+  for (uint32_t i = 0; i < o.channels; ++i) {
+    auto s = std::make_unique<Stream>();
+    auto c = net::tcp_connect({"127.0.0.1", port}, 5s);
+    auto a = c ? net::accept_for(listener->get(), 5s) : Result<UniqueFd>(c.error());
+    if (!c || !a) return usage_error("loopback connect failed");
+    s->src_ch = transport::TcpChannel::create(std::move(c.value()), i, static_cast<uint32_t>(o.chunk), o.depth, tm, o.splice);
+    s->dst_ch = transport::TcpChannel::create(std::move(a.value()), i, static_cast<uint32_t>(o.chunk), o.depth, tm,
+                                              o.splice_target);
+    int sp[2], dp[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0 ||
+        ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, dp) != 0) {
+      return usage_error("socketpair failed");
+    }
+    s->src_qemu = UniqueFd(sp[0]);
+    s->dst_qemu = UniqueFd(dp[0]);
+    s->src_pump = std::make_unique<migration::ChannelPump>(*s->src_ch, UniqueFd(sp[1]));
+    auto dst_agent = std::make_shared<UniqueFd>(dp[1]);
+    s->dst_pump = std::make_unique<migration::ChannelPump>(
+        *s->dst_ch, [dst_agent]() -> Result<UniqueFd> { return std::move(*dst_agent); });
+    streams.push_back(std::move(s));
+  }
+
+  const Cpu p0 = usage(RUSAGE_SELF);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (auto& s : streams) {
+    s->src_pump->start();
+    s->dst_pump->start();
+    threads.emplace_back(writer, std::ref(*s), o.bytes / o.channels, o.write, o.verify);
+    threads.emplace_back(reader, std::ref(*s), o.verify);
+  }
+  for (auto& t : threads) t.join();
+  bool ok = true;
+  for (auto& s : streams) {
+    // Both directions end: the return path closed by the reader, the forward one by eof.
+    ::shutdown(s->src_qemu.get(), SHUT_RD);
+    if (!s->src_pump->wait(30s) || !s->dst_pump->wait(30s)) ok = false;
+    if (s->src_pump->error() || s->dst_pump->error()) {
+      std::cerr << "pump failed: " << (s->src_pump->error() ? s->src_pump->error()->message : s->dst_pump->error()->message) << "\n";
+      ok = false;
+    }
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const Cpu p1 = usage(RUSAGE_SELF);
+  Cpu qemu;
+  uint64_t received = 0;
+  bool mismatch = false;
+  uint64_t spliced_sent = 0, spliced_received = 0;
+  for (auto& s : streams) {
+    qemu.user += s->writer.user + s->reader.user;
+    qemu.sys += s->writer.sys + s->reader.sys;
+    received += s->received;
+    mismatch = mismatch || s->mismatch;
+    spliced_sent += s->src_ch->spliced_sent();
+    spliced_received += s->dst_ch->spliced_received();
+  }
+  const double agents_user = (p1.user - p0.user) - qemu.user;
+  const double agents_sys = (p1.sys - p0.sys) - qemu.sys;
+  const double gib = static_cast<double>(received) / static_cast<double>(1ull << 30);
+  std::printf("{\"splice\":\"%s\",\"spliceTarget\":\"%s\",\"bytes\":%llu,\"seconds\":%.3f,\"bytesPerSecond\":%.1f,"
+              "\"agentsUserSeconds\":%.3f,\"agentsSystemSeconds\":%.3f,"
+              "\"agentsCpuSecondsPerGiB\":%.4f,\"agentsUserPerGiB\":%.4f,\"agentsSystemPerGiB\":%.4f,"
+              "\"qemuUserSeconds\":%.3f,\"qemuSystemSeconds\":%.3f,"
+              "\"splicedSent\":%llu,\"splicedReceived\":%llu,\"verified\":%s}\n",
+              transport::splice_mode_name(o.splice), transport::splice_mode_name(o.splice_target), static_cast<unsigned long long>(received), secs,
+              secs > 0 ? static_cast<double>(received) / secs : 0.0, agents_user, agents_sys,
+              gib > 0 ? (agents_user + agents_sys) / gib : 0.0, gib > 0 ? agents_user / gib : 0.0,
+              gib > 0 ? agents_sys / gib : 0.0, qemu.user, qemu.sys,
+              static_cast<unsigned long long>(spliced_sent), static_cast<unsigned long long>(spliced_received),
+              o.verify ? "true" : "false");
+  if (received != o.bytes / o.channels * o.channels) {
+    std::cerr << "received " << received << " of " << o.bytes << " bytes\n";
+    ok = false;
+  }
+  if (mismatch) {
+    std::cerr << "stream corrupted\n";
+    ok = false;
+  }
+  return ok ? 0 : 1;
+}
