@@ -98,6 +98,13 @@ def migrate_direct(src, dst, multifd_channels=0, max_bandwidth=10 * GiB,
             raise TimeoutError("migration still %s after %.0fs: %r" % (status, timeout, info))
         time.sleep(poll_interval)
     wall_ms = (time.monotonic() - t0) * 1000.0
+    # QEMU 7.2 sets "completed" just before it computes total-time and downtime (a large idle
+    # guest showed total-time 0): ask again until they are filled in, as the agent does.
+    fill_deadline = time.monotonic() + 2.0
+    while (status == "completed" and not (info.get("total-time") or 0) > 0
+           and time.monotonic() < fill_deadline):
+        time.sleep(0.01)
+        info = src.qmp_raw("query-migrate")
 
     result = {
         "status": status,
