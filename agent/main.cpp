@@ -91,17 +91,13 @@ int main(int argc, char** argv) {
   const rdmig::AgentConfig config = std::move(loaded.value());
   rdmig::log::set_level(*rdmig::log::parse_level(config.log_level));
 
-  auto token_text = rdmig::read_text_file(config.api.token_file, "config key 'api.tokenFile'");
-  if (!token_text) {
-    std::cerr << "rdmig-agent: " << token_text.error().message << "\n";
+  auto tokens = rdmig::TokenSource::open(config.api.token_file, "config key 'api.tokenFile'", 16,
+                                         std::chrono::seconds(config.api.token_grace_seconds));
+  if (!tokens) {
+    std::cerr << "rdmig-agent: " << tokens.error().message << "\n";
     return 2;
   }
-  const std::string token = rdmig::trim(token_text.value());
-  if (token.size() < 16) {
-    std::cerr << "rdmig-agent: config key 'api.tokenFile': the token in '" << config.api.token_file
-              << "' must be at least 16 characters\n";
-    return 2;
-  }
+  const auto token = tokens.value();
   if (check_only) {
     std::cout << "rdmig-agent: " << config_path << " is valid (token file '" << config.api.token_file
               << "' read, " << (config.kubevirt.enabled ? "KubeVirt mode on" : "KubeVirt mode off") << ")\n";

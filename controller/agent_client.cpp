@@ -64,6 +64,10 @@ Result<AgentAddress> select_agent_pod(const json& pod_list, const std::string& n
 }
 
 AgentClient::AgentClient(std::string token, int timeout_seconds, std::function<void(const std::string&)> on_response)
+    : AgentClient(TokenSource::fixed(std::move(token)), timeout_seconds, std::move(on_response)) {}
+
+AgentClient::AgentClient(std::shared_ptr<TokenSource> token, int timeout_seconds,
+                         std::function<void(const std::string&)> on_response)
     : token_(std::move(token)), timeout_seconds_(timeout_seconds), on_response_(std::move(on_response)) {}
 
 Result<json> AgentClient::call(const AgentAddress& agent, const std::string& method, const std::string& path,
@@ -72,7 +76,7 @@ Result<json> AgentClient::call(const AgentAddress& agent, const std::string& met
   client.set_connection_timeout(std::chrono::seconds(std::min(timeout_seconds_, 5)));
   client.set_read_timeout(std::chrono::seconds(timeout_seconds_));
   client.set_write_timeout(std::chrono::seconds(timeout_seconds_));
-  httplib::Headers headers{{"Authorization", "Bearer " + token_}, {"Accept", "application/json"}};
+  httplib::Headers headers{{"Authorization", "Bearer " + token_->current()}, {"Accept", "application/json"}};
   const std::string what = method + " " + path + " on agent " + agent.pod + " (" + agent.address() + ", node " +
                            agent.node + ")";
   httplib::Result res = method == "POST"  ? client.Post(path, headers, body->dump(-1, ' ', false, json::error_handler_t::replace),

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/result.h"
+#include "common/token_source.h"
 
 namespace rdmig::controller {
 
@@ -35,6 +36,9 @@ class AgentClient {
  public:
   // `code` is the HTTP status as text, or "error" when no response came.
   AgentClient(std::string token, int timeout_seconds, std::function<void(const std::string& code)> on_response);
+  // The token follows its file (agents.tokenFile): a rotated Secret is used without a restart.
+  AgentClient(std::shared_ptr<TokenSource> token, int timeout_seconds,
+              std::function<void(const std::string& code)> on_response);
 
   Result<nlohmann::json> create(const AgentAddress& agent, const nlohmann::json& body);
   Result<nlohmann::json> get(const AgentAddress& agent, const std::string& id);
@@ -46,7 +50,7 @@ class AgentClient {
  private:
   Result<nlohmann::json> call(const AgentAddress& agent, const std::string& method, const std::string& path,
                               const nlohmann::json* body);
-  std::string token_;
+  std::shared_ptr<TokenSource> token_;
   int timeout_seconds_;
   std::function<void(const std::string&)> on_response_;
 };

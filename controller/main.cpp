@@ -86,10 +86,8 @@ int main(int argc, char** argv) {
   controller::ControllerConfig config = std::move(loaded.value());
   log::set_level(*log::parse_level(config.log_level));
 
-  auto token_text = read_text_file(config.agents.token_file, "config key 'agents.tokenFile'");
-  if (!token_text) return fail(token_text.error().message);
-  const std::string agent_token = trim(token_text.value());
-  if (agent_token.empty()) return fail("config key 'agents.tokenFile': '" + config.agents.token_file + "' is empty");
+  auto agent_token = TokenSource::open(config.agents.token_file, "config key 'agents.tokenFile'", 1, std::chrono::seconds(0));
+  if (!agent_token) return fail(agent_token.error().message);
   if (check_only) {
     std::cout << "rdmig-controller: " << config_path << " is valid (token file '" << config.agents.token_file
               << "' read)\n";
@@ -129,7 +127,7 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
 
   controller::ControllerMetrics metrics;
-  controller::AgentClient agents(agent_token, static_cast<int>(config.agents.request_timeout_seconds),
+  controller::AgentClient agents(agent_token.value(), static_cast<int>(config.agents.request_timeout_seconds),
                                  [&metrics](const std::string& code) { metrics.agent_request(code); });
   k8s::EventRecorder events(kube, "rdmig-controller", identity);
 

@@ -26,8 +26,13 @@ std::string with_reason(const std::string& side, const std::string& phase, const
 }  // namespace
 
 bool vm_left_paused_on_source(const json& source) {
-  return source.is_object() && source.value("phase", "") == "Failed" &&
-         reason_of(source).find(kPausedOnSourceText) != std::string::npos;
+  if (!source.is_object() || source.value("phase", "") != "Failed") return false;
+  // The agent names the kind (result.failureKind); agents from before it said so in words only.
+  if (source.contains("result") && source["result"].is_object() && source["result"].contains("failureKind") &&
+      source["result"]["failureKind"].is_string()) {
+    return source["result"]["failureKind"].get<std::string>() == "vm_paused_on_source";
+  }
+  return reason_of(source).find(kPausedOnSourceText) != std::string::npos;
 }
 
 Verdict judge(const json& source, const json& target) {

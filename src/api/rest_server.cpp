@@ -152,7 +152,7 @@ std::optional<Error> check_request_text(const httplib::Request& req) {
 
 }  // namespace
 
-RestServer::RestServer(const AgentConfig& config, std::string token, migration::MigrationManager& manager,
+RestServer::RestServer(const AgentConfig& config, std::shared_ptr<TokenSource> token, migration::MigrationManager& manager,
                        kubevirt::KubevirtRelay* kubevirt, Metrics& metrics)
     : config_(config),
       token_(std::move(token)),
@@ -209,7 +209,7 @@ void RestServer::routes() {
       send_error(res, Error{Errc::kUnauthenticated, "Authorization: a bearer token is required"});
       return httplib::Server::HandlerResponse::Handled;
     }
-    if (!constant_time_equal(auth.substr(prefix.size()), token_)) {
+    if (!token_->accepts(auth.substr(prefix.size()))) {
       send_error(res, Error{Errc::kPermissionDenied, "Authorization: token is not valid"});
       return httplib::Server::HandlerResponse::Handled;
     }

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/result.h"
+#include "common/token_source.h"
 #include "config/agent_config.h"
 #include "metrics/metrics.h"
 #include "kubevirt/relay.h"
@@ -23,7 +24,7 @@ namespace rdmig::api {
 class RestServer {
  public:
   // `kubevirt` is null when KubeVirt mode is off.
-  RestServer(const AgentConfig& config, std::string token, migration::MigrationManager& manager,
+  RestServer(const AgentConfig& config, std::shared_ptr<TokenSource> token, migration::MigrationManager& manager,
              kubevirt::KubevirtRelay* kubevirt, Metrics& metrics);
   ~RestServer();
   RestServer(const RestServer&) = delete;
@@ -41,7 +42,7 @@ class RestServer {
   void routes();
 
   const AgentConfig& config_;
-  std::string token_;
+  std::shared_ptr<TokenSource> token_;  // follows api.tokenFile
   migration::MigrationManager& manager_;
   kubevirt::KubevirtRelay* kubevirt_;
   Metrics& metrics_;

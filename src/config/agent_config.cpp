@@ -110,7 +110,8 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
   RDMIG_TRY(check_keys(root, "", {"api", "dataPlane", "transport", "migration", "tcp", "rdma",
                                   "stateDir", "logLevel", "kubevirt", "shutdownGraceSeconds"}));
   if (const auto api = root["api"]) {
-    RDMIG_TRY(check_keys(api, "api", {"address", "port", "probePort", "tokenFile", "maxBodyBytes"}));
+    RDMIG_TRY(check_keys(api, "api", {"address", "port", "probePort", "tokenFile", "tokenGraceSeconds", "maxBodyBytes"}));
+    RDMIG_TRY(read_uint(api, "api", "tokenGraceSeconds", c.api.token_grace_seconds, 0, 86400));
     RDMIG_TRY(read_uint(api, "api", "probePort", c.api.probe_port, 0, 65535));
     RDMIG_TRY(read_string(api, "api", "address", c.api.address));
     RDMIG_TRY(read_uint(api, "api", "port", c.api.port, 0, 65535));
@@ -134,7 +135,17 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
   if (const auto m = root["migration"]) {
     RDMIG_TRY(check_keys(m, "migration",
                          {"chunkSize", "ringDepth", "progressIntervalMs", "noProgressTimeoutSeconds",
-                          "completionTimeoutSeconds", "maxConcurrent", "historySize", "bufferBudget"}));
+                          "completionTimeoutSeconds", "maxConcurrent", "historySize", "bufferBudget",
+                          "qmpSocketRoots"}));
+    RDMIG_TRY(read_string_list(m, "migration", "qmpSocketRoots", c.migration.qmp_socket_roots, 32));
+    for (const auto& root_dir : c.migration.qmp_socket_roots) {
+      if (root_dir.empty() || root_dir.front() != '/') {
+        return bad("migration.qmpSocketRoots", "'" + root_dir + "' is not an absolute path");
+      }
+      if (root_dir == "/" || root_dir == "/proc" || root_dir.rfind("/proc/", 0) == 0) {
+        return bad("migration.qmpSocketRoots", "'" + root_dir + "' would open every socket on the node");
+      }
+    }
     if (const auto cs = m["chunkSize"]) {
       if (!cs.IsScalar()) return bad("migration.chunkSize", "expected a size like 4Mi");
       auto v = parse_bytes(cs.as<std::string>(), "config key 'migration.chunkSize'");

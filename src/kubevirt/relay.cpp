@@ -18,7 +18,7 @@ using namespace std::chrono_literals;
 using namespace relay_internal;
 
 KubevirtRelay::KubevirtRelay(const AgentConfig& config, Metrics& metrics, migration::DataPlaneServer& server,
-                             std::string token)
+                             std::shared_ptr<TokenSource> token)
     : config_(config), metrics_(metrics), server_(server),
       ctx_{config, metrics, server.rdma(), std::move(token)}, kmetrics_(metrics) {
   node_ = config.kubevirt.node_name;

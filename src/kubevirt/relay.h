@@ -42,7 +42,8 @@ struct RecordFilter {
 class KubevirtRelay {
  public:
   // Registers the "flow", "flow-data" and "probe" hellos and the RDMA resolver with `server`.
-  KubevirtRelay(const AgentConfig& config, Metrics& metrics, migration::DataPlaneServer& server, std::string token);
+  KubevirtRelay(const AgentConfig& config, Metrics& metrics, migration::DataPlaneServer& server,
+                std::shared_ptr<TokenSource> token);
   ~KubevirtRelay();
   KubevirtRelay(const KubevirtRelay&) = delete;
   KubevirtRelay& operator=(const KubevirtRelay&) = delete;

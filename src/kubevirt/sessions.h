@@ -17,6 +17,7 @@
 #include "kubevirt/flow_session.h"
 #include "kubevirt/netns.h"
 #include "kubevirt/peers.h"
+#include "common/token_source.h"
 #include "migration/data_plane_server.h"
 #include "transport/rdma/rdma_listener.h"
 
@@ -26,7 +27,8 @@ struct SessionContext {
   const AgentConfig& config;
   Metrics& metrics;
   const migration::RdmaSupport& rdma;
-  std::string token;  // the agents' shared API token (HMAC key of the session challenge)
+  // The agents' shared API token (HMAC key of the session challenge); follows its file.
+  std::shared_ptr<TokenSource> token;
 };
 
 class SourceSession final : public FlowSession {

@@ -42,7 +42,7 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
   }
   auto nonce = transport::get_string(challenge.value(), "nonce", "challenge", 64);
   if (!nonce) return nonce.error().with_context(where);
-  RDMIG_TRY(transport::send_message(fd->get(), json{{"type", "auth"}, {"mac", flow_mac(ctx.token, nonce.value(), hello.session)}}));
+  RDMIG_TRY(transport::send_message(fd->get(), json{{"type", "auth"}, {"mac", flow_mac(ctx.token->current(), nonce.value(), hello.session)}}));
   auto welcome = transport::recv_message(fd->get(), timeout);
   if (!welcome) return welcome.error().with_context(where);
   if (welcome->value("type", "") != "welcome") {

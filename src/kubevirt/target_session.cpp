@@ -40,8 +40,14 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
   auto auth = transport::recv_message(fd.get(), migration::kHelloTimeout);
   if (!auth) return auth.error().with_context("waiting for the session's auth");
   auto mac = transport::get_string(auth.value(), "mac", "auth", 64);
-  if (auth->value("type", "") != "auth" || !mac ||
-      !constant_time_equal(mac.value(), flow_mac(ctx.token, nonce, hello.session))) {
+  // Either the current token or, during a rotation, the one before it.
+  bool proven = false;
+  if (auth->value("type", "") == "auth" && mac) {
+    for (const auto& token : ctx.token->accepted()) {
+      proven = constant_time_equal(mac.value(), flow_mac(token, nonce, hello.session)) || proven;
+    }
+  }
+  if (!proven) {
     ctx.metrics.transport_error(hello.transport, "auth");
     reject(fd.get(), "permission_denied", "the session's proof of the agents' token does not match");
     return Error{Errc::kPermissionDenied, "a flow session failed the token challenge"};

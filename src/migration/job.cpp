@@ -186,6 +186,7 @@ void Job::finish(Phase phase, const std::string& reason, const char* failure) {
     status_.phase = phase;
     if (!reason.empty()) status_.reason = reason;
     status_.finished_at_ms = wall_clock_ms();
+    if (phase == Phase::kFailed) status_.failure_kind = failure ? failure : "other";
     if (!status_.total_time_ms && status_.started_at_ms) {
       status_.total_time_ms = status_.finished_at_ms - status_.started_at_ms;
     }

@@ -2,7 +2,9 @@
 
 #include <sys/socket.h>
 
+#include <climits>
 #include <cstdlib>
+#include <cstring>
 
 #include "common/log.h"
 #include "common/net.h"
@@ -134,6 +136,34 @@ void MigrationManager::evict_finished_locked(std::vector<std::shared_ptr<Job>>& 
 }
 
 namespace {
+// The QMP socket a bare-QEMU migration may open: the path with every symlink resolved, under
+// one of migration.qmpSocketRoots (also resolved). The agent then connects to the resolved
+// path, so what was checked is what is opened.
+Result<std::string> resolve_qmp_socket(const std::string& path, const std::vector<std::string>& roots) {
+  std::string allowed;
+  for (const auto& r : roots) allowed += (allowed.empty() ? "" : ", ") + r;
+  const std::string where = " (migration.qmpSocketRoots: " + (allowed.empty() ? std::string("none") : allowed) + ")";
+  if (path == "/proc" || path.rfind("/proc/", 0) == 0) {
+    return Error{Errc::kPermissionDenied, "qmpSocket: '" + path + "' is under /proc, which is never allowed" + where};
+  }
+  char buf[PATH_MAX];
+  if (::realpath(path.c_str(), buf) == nullptr) {
+    const int err = errno;
+    return Error{Errc::kFailedPrecondition, "qmpSocket: cannot talk to QEMU at '" + path + "': " + std::strerror(err)};
+  }
+  const std::string resolved = buf;
+  for (const auto& r : roots) {
+    char rbuf[PATH_MAX];
+    if (::realpath(r.c_str(), rbuf) == nullptr) continue;
+    std::string root = rbuf;
+    if (root.back() != '/') root += '/';
+    if (resolved.size() > root.size() && resolved.compare(0, root.size(), root) == 0) return resolved;
+  }
+  return Error{Errc::kPermissionDenied, "qmpSocket: '" + path + "'" +
+                                            (resolved != path ? " (resolves to '" + resolved + "')" : std::string()) +
+                                            " is not under an allowed directory" + where};
+}
+
 // Chunk buffers a migration holds on this agent: every channel has a ring each way.
 uint64_t buffer_bytes(const MigrationSpec& spec) {
   uint64_t n = spec.chunk_size;
@@ -155,6 +185,9 @@ Result<json> MigrationManager::create(MigrationSpec spec) {
            ", budget " + format_quantity(budget) + " (migration.bufferBudget)";
   };
   if (need > budget) return Error{Errc::kUnprocessable, "buffers: " + figures(0)};
+  auto qmp = resolve_qmp_socket(spec.qmp_socket, config_.migration.qmp_socket_roots);
+  if (!qmp) return qmp.error();
+  spec.qmp_socket = qmp.value();
 
   // Admission: every check and the reservation under one lock, so concurrent requests cannot
   // all pass the same checks.

@@ -78,7 +78,8 @@ nlohmann::json to_json(const MigrationStatus& s) {
               {"totalTimeMs", opt(s.total_time_ms)},
               {"setupTimeMs", opt(s.setup_time_ms)},
               {"targetState", s.target_state.empty() ? json(nullptr) : json(s.target_state)},
-              {"reason", s.reason.empty() ? json(nullptr) : json(s.reason)}};
+              {"reason", s.reason.empty() ? json(nullptr) : json(s.reason)},
+              {"failureKind", s.failure_kind.empty() ? json(nullptr) : json(s.failure_kind)}};
   return json{{"id", s.id},
               {"role", role_name(s.role)},
               {"vm", s.vm},

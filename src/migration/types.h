@@ -75,6 +75,7 @@ struct MigrationStatus {
   std::optional<int64_t> setup_time_ms;
   std::string target_state;  // target after success: running or paused
   std::string reason;        // why it failed or was cancelled
+  std::string failure_kind;  // a failed migration's kind: the reason label of rdmig_migration_failures_total
   std::string peer;          // the other agent's data-plane endpoint
   int64_t created_at_ms = 0;
   int64_t started_at_ms = 0;

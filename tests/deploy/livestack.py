@@ -58,6 +58,7 @@ class LiveStack:
                               tokenFile=os.path.join(self.tmp, name + ".token"))
             cfg["dataPlane"].update(address="127.0.0.1", port=0, rdmaPort=0)
             del cfg["stateDir"]   # the chart's /var/run/rdmig: Agent picks a short one under /tmp
+            cfg["migration"].pop("qmpSocketRoots", None)  # the chart's hostPaths: the harness's QEMUs are under /tmp
             self.agents.append(Agent(self.tmp, name, token=token, config=cfg))
         self.api = ApiServerDouble(os.path.join(self.tmp, "apiserver"), tls=True, crd_path=CRD)
         kubeconfig = self.api.write_kubeconfig(os.path.join(self.tmp, "kubeconfig"))

@@ -11,6 +11,7 @@ Run: RDMIG_AGENT=build/agent/rdmig-agent python3 tests/integration/test_agent_ho
 """
 import json
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -605,6 +606,73 @@ class HostileHttpTest(unittest.TestCase):
             q.close()
             for ch in children:
                 ch.kill()
+
+    # ---- only QMP sockets under the configured roots ----
+
+    def test_qmp_sockets_outside_the_roots_are_refused_after_resolving_symlinks(self):
+        outside_dir = tempfile.mkdtemp(prefix="rdmig-outside-", dir="/run")  # not under /tmp, the harness's root
+        inside_link = os.path.join(self.tmp, "link-out.qmp")
+        try:
+            outside = FakeRunningQemu(os.path.join(outside_dir, "q.sock"))
+            os.symlink(outside.path, inside_link)
+            dir_link = os.path.join(self.tmp, "dir-out")
+            os.symlink(outside_dir, dir_link)
+            cases = [
+                (outside.path, 403, ["not under an allowed directory", "migration.qmpSocketRoots"]),
+                (inside_link, 403, ["resolves to '%s'" % outside.path]),
+                (os.path.join(dir_link, "q.sock"), 403, ["resolves to"]),
+                (self.tmp + "/../.." + outside.path, 403, ["resolves to"]),
+                ("/proc/self/root" + outside.path, 403, ["/proc"]),
+                ("/proc/1/root/tmp/x.sock", 403, ["/proc"]),
+                (os.path.join(self.tmp, "does-not-exist.qmp"), 409, ["cannot talk to QEMU"]),
+            ]
+            for path, want, words in cases:
+                status, body = self.agent.request("POST", "/v1/migrations", {
+                    "role": "source", "qmpSocket": path,
+                    "target": {"endpoint": "127.0.0.1:1", "migrationId": "m-x", "token": "t" * 32}})
+                msg = self.assertError(status, body, want, "qmpSocket", *words)
+                print("\n[hostile-http] qmpSocket %s -> %d %s" % (path, status, msg), file=sys.stderr)
+            outside.close()
+        finally:
+            shutil.rmtree(outside_dir, ignore_errors=True)
+
+    def test_a_rotated_token_is_used_without_a_restart_and_the_old_one_expires(self):
+        tmp = tempfile.mkdtemp(prefix="rdmig-rotate-")
+        agent = Agent(tmp, "rotate", config={"api": {"tokenGraceSeconds": 2}})
+        try:
+            old, new = agent.token, "tok-rotated-" + os.urandom(12).hex()
+
+            def status_with(token):
+                return agent.request("GET", "/v1/migrations", token=token)[0]
+            self.assertEqual(status_with(old), 200)
+            self.assertEqual(status_with(new), 403)
+            # As a Secret volume does: a new file, then an atomic rename over the old one.
+            with open(agent.token_file + ".new", "w") as f:
+                f.write(new + "\n")
+            os.rename(agent.token_file + ".new", agent.token_file)
+            deadline = time.time() + 5
+            while status_with(new) != 200 and time.time() < deadline:
+                time.sleep(0.1)
+            took = 5 - (deadline - time.time())
+            self.assertEqual(status_with(new), 200, "the rotated token was not picked up")
+            self.assertEqual(status_with(old), 200, "the previous token must still work during the grace period")
+            deadline = time.time() + 10
+            while status_with(old) != 403 and time.time() < deadline:
+                time.sleep(0.1)
+            self.assertEqual(status_with(old), 403, "the previous token must expire after tokenGraceSeconds")
+            # A broken replacement (too short) is refused; the agent keeps the token it has.
+            with open(agent.token_file + ".new", "w") as f:
+                f.write("short\n")
+            os.rename(agent.token_file + ".new", agent.token_file)
+            time.sleep(1.5)  # past the once-a-second look at the file
+            self.assertEqual(status_with(new), 200)
+            self.assertEqual(status_with("short"), 403)
+            self.assertIn("must be at least 16 characters", agent.log_text())
+            print("\n[hostile-http] rotated token used after %.1f s; old one refused after the grace" % took,
+                  file=sys.stderr)
+        finally:
+            agent.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
 
     # ---- admission ----
 

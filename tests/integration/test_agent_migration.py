@@ -267,6 +267,7 @@ class AgentMigrationTest(unittest.TestCase):
         s = self.src_agent.wait(source["id"], timeout=60)
         self.assertEqual(s["phase"], "Failed")
         self.assertIn("completionTimeoutSeconds", s["result"]["reason"])
+        self.assertEqual(s["result"]["failureKind"], "timeout")
         self.assertEqual(src.status(), "running")
         src.wait_for_counter(before + 1, timeout=60)
         self.assertIn(self.dst_agent.wait(target["id"], timeout=60)["phase"], ("Failed", "Cancelled"))

@@ -24,6 +24,8 @@ class AgentStandin:
         self.lock = threading.Lock()
         self.migrations = {}   # id -> agent-shaped status
         self.requests = []     # (method, path)
+        self.previous_token = None  # also accepted, as a real agent does within tokenGraceSeconds
+        self.tokens_seen = []  # the bearer token of each request
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -49,7 +51,10 @@ class AgentStandin:
             def _handle(self):
                 with outer.lock:
                     outer.requests.append((self.command, self.path))
-                if self.headers.get("Authorization") != "Bearer " + outer.token:
+                auth = self.headers.get("Authorization") or ""
+                with outer.lock:
+                    outer.tokens_seen.append(auth[len("Bearer "):])
+                if auth not in ["Bearer " + t for t in (outer.token, outer.previous_token) if t]:
                     return self._error(401, "unauthorized")
                 parts = [p for p in self.path.split("?")[0].split("/") if p]
                 if parts[:2] != ["v1", "migrations"]:

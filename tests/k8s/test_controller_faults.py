@@ -305,6 +305,38 @@ class ControllerFaultsTest(unittest.TestCase):
         self.cluster.wait_event("paused", ("Warning", "VMPausedOnSource"))
 
     # -- API server answers -----------------------------------------------------------------
+    def test_a_rotated_agent_token_is_used_without_a_restart(self):
+        # The token Secret changes: kubelet swaps the mounted file; agents take the new token and
+        # still accept the old one for a while. The controller must send the new one without a
+        # restart: after the grace, agents refuse the old token (before: every call got 401).
+        new, old = "agent-token-rotated-" + os.urandom(8).hex(), self.env.token
+        for s in self.env.standins.values():
+            s.previous_token, s.token = old, new
+        with open(self.env.token_file + ".new", "w") as f:
+            f.write(new + "\n")
+        os.rename(self.env.token_file + ".new", self.env.token_file)
+        rotated_at = time.monotonic()
+        self.env.token = new
+        self.create("rot-1", src="node-s3", dst="node-s4")  # within the grace: either token works
+        st = self.end_on_standins("rot-1", ("Succeeded", None, {"downtimeMs": 5}),
+                                  ("Succeeded", None, {"targetState": "running"}))
+        self.assertEqual(st["phase"], "Succeeded", st)
+        # The controller looks at its token file at most once a second; then the grace ends.
+        time.sleep(max(0.0, 1.2 - (time.monotonic() - rotated_at)))
+        src = self.env.standins["node-s3"]
+        seen = len(src.tokens_seen)
+        for s in self.env.standins.values():
+            s.previous_token = None
+        self.create("rot-2", src="node-s3", dst="node-s4")
+        st = self.end_on_standins("rot-2", ("Succeeded", None, {"downtimeMs": 5}),
+                                  ("Succeeded", None, {"targetState": "running"}))
+        self.assertEqual(st["phase"], "Succeeded", st)
+        used = src.tokens_seen[seen:]
+        self.assertTrue(used and all(t == new for t in used), used)
+        for name in ("rot-1", "rot-2"):
+            self.store.delete("rdmamigrations", NS, name)
+            self.gone(name)
+
     def test_node_names_are_escaped_in_field_selectors(self):
         # The agent pod on node "node=s,5" is found: the selector said exactly that node.
         self.create("odd-node", src="node=s,5", dst="node-s2")

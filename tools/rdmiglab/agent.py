@@ -3,6 +3,7 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -53,6 +54,8 @@ class Agent:
             "transport": "tcp",
             "stateDir": self.state_dir,
             "logLevel": log_level,
+            # The harness's QEMUs put their QMP sockets in temporary directories.
+            "migration": {"qmpSocketRoots": [os.path.realpath(tempfile.gettempdir())]},
         }
         for key, value in (config or {}).items():
             if isinstance(value, dict) and isinstance(cfg.get(key), dict):

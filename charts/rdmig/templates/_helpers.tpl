@@ -115,6 +115,12 @@ the cluster can be asked (helm install/upgrade); under `helm template` only its 
 {{- define "rdmig.agent.config" -}}
 {{- $cfg := deepCopy .Values.agent.config -}}
 {{- $_ := set $cfg.api "tokenFile" "/etc/rdmig/token" -}}
+{{- /* QMP sockets only under the directories the chart mounts, unless set explicitly */ -}}
+{{- if not (hasKey (default dict $cfg.migration) "qmpSocketRoots") -}}
+{{- $m := default dict $cfg.migration -}}
+{{- $_ := set $m "qmpSocketRoots" .Values.agent.qmpHostPaths -}}
+{{- $_ := set $cfg "migration" $m -}}
+{{- end -}}
 {{- if and (not $cfg.rdma.resourceEnv) .Values.agent.rdma.resourceName -}}
 {{- $_ := set $cfg.rdma "resourceEnv" .Values.agent.rdma.resourceName -}}
 {{- end -}}
