@@ -37,6 +37,10 @@ void send_error(httplib::Response& res, const Error& e) {
   send_json(res, http_status(e.code), error_body(e));
 }
 
+// The client whose request this worker thread is serving, counted in client_requests_; empty
+// when the request was not counted (refused by the per-client cap, or none).
+thread_local std::string tl_counted_client;
+
 // httplib's default pool has 8 workers, so 8 slow clients stall every other request. This one
 // starts a worker whenever the queued tasks outnumber the idle workers, up to kMaxWorkers; only
 // past that do connections wait.
@@ -195,7 +199,32 @@ void RestServer::routes() {
   s.new_task_queue = [] { return new GrowingPool(); };
 
   // Authentication for /v1: 401 without a bearer token, 403 with a wrong one.
-  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+  // The per-client cap: a request counts from the end of its headers (pre-routing) to the start
+  // of its answer (post-routing). A request that ended without an answer on this worker is
+  // uncounted when the worker takes its next request.
+  auto uncount = [this] {
+    if (tl_counted_client.empty()) return;
+    std::lock_guard lock(clients_mu_);
+    auto it = client_requests_.find(tl_counted_client);
+    if (it != client_requests_.end() && --it->second <= 0) client_requests_.erase(it);
+    tl_counted_client.clear();
+  };
+  s.set_post_routing_handler([uncount](const httplib::Request&, httplib::Response&) { uncount(); });
+  s.set_pre_routing_handler([this, uncount](const httplib::Request& req, httplib::Response& res) {
+    uncount();
+    {
+      std::lock_guard lock(clients_mu_);
+      int& n = client_requests_[req.remote_addr];
+      if (n >= kMaxRequestsPerClient) {
+        if (n == 0) client_requests_.erase(req.remote_addr);
+        send_error(res, Error{Errc::kResourceExhausted, "too many requests at once from " + req.remote_addr +
+                                                            " (at most " + std::to_string(kMaxRequestsPerClient) +
+                                                            " per client): retry later"});
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      ++n;
+      tl_counted_client = req.remote_addr;
+    }
     // Runs before any body is read: bad text and missing credentials cost the agent nothing.
     if (auto e = check_request_text(req)) {
       send_error(res, *e);

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "common/result.h"
@@ -49,6 +51,13 @@ class RestServer {
   std::function<bool()> ready_;
   std::unique_ptr<httplib::Server> server_;
   uint16_t port_ = 0;
+  // Requests of one client address served at once (api: at most kMaxRequestsPerClient).
+  std::mutex clients_mu_;
+  std::map<std::string, int> client_requests_;
 };
+
+// One client address may have this many requests in handling at once (headers read, answer not
+// yet written); more get 429 at once, so one client cannot hold the API's workers.
+inline constexpr int kMaxRequestsPerClient = 16;
 
 }  // namespace rdmig::api

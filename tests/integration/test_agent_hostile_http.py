@@ -373,6 +373,41 @@ class HostileHttpTest(unittest.TestCase):
             for t in trickling:
                 t.join(10)
 
+    def test_one_client_cannot_hold_more_than_its_share_of_the_api(self):
+        # 20 connections from one address send complete headers of a create, then hold back the
+        # body: each holds a worker inside its handler. Past 16 at once, that client gets 429.
+        head = ("POST /v1/migrations HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+                "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n" % self.agent.token).encode()
+        held = []
+        try:
+            for _ in range(20):
+                c = socket.create_connection(("127.0.0.1", self.agent.api_port), timeout=5)
+                c.sendall(head)
+                held.append(c)
+            deadline, status = time.time() + 10, None
+            while time.time() < deadline:
+                status, body = self.agent.request("GET", "/v1/migrations")
+                if status == 429:
+                    break
+                time.sleep(0.05)
+            print("\n[hostile-http] a 21st request from the same client: %s %s" % (status, body), file=sys.stderr)
+            self.assertError(status, body, 429, "at most 16 per client")
+            # Another client address is not held back by it.
+            other = socket.create_connection(("127.0.0.1", self.agent.api_port), timeout=5,
+                                             source_address=("127.0.0.2", 0))
+            other.sendall(("GET /v1/migrations HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n"
+                           % self.agent.token).encode())
+            self.assertIn(b" 200 ", other.recv(4096).split(b"\r\n")[0] + b" ")
+            other.close()
+        finally:
+            for c in held:
+                c.close()
+        # The held requests end with their connections: the client is served again.
+        deadline = time.time() + 15
+        while self.agent.request("GET", "/v1/migrations")[0] != 200 and time.time() < deadline:
+            time.sleep(0.1)
+        self.assertEqual(self.agent.request("GET", "/v1/migrations")[0], 200)
+
     def test_probe_port_answers_only_probes_and_drops_silent_clients(self):
         status, parsed, _ = raw_request(self.agent.probe_port, b"GET /v1/migrations HTTP/1.1\r\n\r\n", read_all=False)
         self.assertEqual(status, 404)
