@@ -239,6 +239,15 @@ def section_relay(args, results):
     results["relay"] = rows
 
 
+def measured_run(chain, agents, multifd, vm):
+    """One migration through `agents` with their CPU times read around it. A run whose guest
+    died raises before returning, so its CPU is not counted against bytes it did not move."""
+    c0 = [cpu_times(a.proc.pid) for a in agents]
+    r = run_agents(chain, agents, multifd, vm=vm)
+    c1 = [cpu_times(a.proc.pid) for a in agents]
+    return r, c0, c1
+
+
 def section_cpu(work, args, results):
     """Splice off and on, side by side: the same guest chain, migrations alternating between
     two agent pairs that differ only in tcp.splice. CPU is read from /proc around each
@@ -259,9 +268,7 @@ def section_cpu(work, args, results):
             try:
                 for _ in range(args.runs):
                     for mode, agents in pairs.items():  # interleaved: drift hits both alike
-                        c0 = [cpu_times(a.proc.pid) for a in agents]
-                        r = chain.run("agents", run_agents, agents, mf, vm="cpu-%s" % mode)
-                        c1 = [cpu_times(a.proc.pid) for a in agents]
+                        r, c0, c1 = chain.run("agents", measured_run, agents, mf, "cpu-%s" % mode)
                         a = acc[mode]
                         a["bytes"] += r["bytes"] or 0
                         a["src_user"] += c1[0][0] - c0[0][0]
