@@ -469,6 +469,38 @@ class ChartTest(unittest.TestCase):
                     self.assertIn('node=~"$node"', t["expr"], p["title"])
                 self.assertIn('namespace=~"$namespace"', t["expr"], p["title"])
 
+    def test_service_monitors_let_the_vm_namespace_label_win(self):
+        """honorLabels: the per-VM series keep their VM's `namespace` (as KubeVirt's own migration
+        metrics are read), not the exported_namespace Prometheus renames it to otherwise. Safe only
+        while no program exports another label a target gets, and while the alerts and the
+        dashboard select rdmig's namespace only on series that carry none of their own."""
+        chart = find(render("--set", "serviceMonitor.enabled=true"), "ServiceMonitor")
+        plain = find(self.plain, "ServiceMonitor")
+        self.assertEqual(len(chart), 2)
+        self.assertEqual(len(plain), 2)
+        for sm in chart + plain:
+            for ep in sm["spec"]["endpoints"]:
+                self.assertIs(ep.get("honorLabels"), True, sm["metadata"]["name"])
+
+        sources = ""
+        for rel in ("src/metrics/metrics.cpp", "src/kubevirt/kubevirt_metrics.cpp", "controller/controller_metrics.cpp"):
+            with open(os.path.join(REPO, rel)) as f:
+                sources += f.read()
+        labels = set(re.findall(r'\{"([a-z_]+)", ', sources)) | set(re.findall(r'\w+\["([a-z_]+)"\] = ', sources))
+        self.assertTrue({"role", "vm", "namespace", "name", "phase"} <= labels, sorted(labels))
+        target_labels = {"job", "instance", "pod", "service", "endpoint", "container", "node"}
+        self.assertEqual(labels & target_labels, set(), "a program label would override a target label")
+
+        # The series that carry their VM's namespace: nothing selects rdmig's namespace on them.
+        vm_namespaced = re.compile(r"\brdmig_(kubevirt_migration|controller_vmi_migration)_\w+\{[^}]*namespace")
+        with open(os.path.join(REPO, "dashboards", "rdmig.json")) as f:
+            _, exprs = dashboard_metric_names(json.load(f))
+        rule = one(render("--set", "prometheusRule.enabled=true"), "PrometheusRule")
+        exprs = list(exprs) + [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
+        self.assertGreater(len(exprs), 20)
+        for expr in exprs:
+            self.assertIsNone(vm_namespaced.search(expr), expr)
+
     def test_dashboard_metric_names_are_registered_in_the_sources(self):
         """Static half of the metric check (the live half scrapes real processes)."""
         with open(os.path.join(REPO, "dashboards", "rdmig.json")) as f:
