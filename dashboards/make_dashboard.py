@@ -15,10 +15,11 @@ the agent's and the controller's metrics (so `up` can be shown per agent without
 release name). The ctest deploy_dashboard_prometheus runs Debian's Prometheus against live agents
 and a live controller during a real migration and evaluates every query here through its API.
 
-Counting events over a window: prometheus-cpp creates a labelled series at its first increment
-(the first failure of each reason, the first RDMA chunk, the first downtime of a transport), and
-increase() cannot see the increment that created a series: the first failure after an agent
-starts would read 0. Every increase() here is therefore written by `events()`:
+Counting events over a window: increase() cannot see the increment that created a series. The
+agent creates the series of its fixed label values at 0 when it starts (reasons, results,
+transports), but not those of open-ended ones (transport error kinds), and a series an agent
+created before Prometheus' first scrape of it still reads as born with its value. Every
+increase() here is therefore written by `events()`:
 `(x unless last_over_time(x[5m] offset W)) or increase(x[W])`, which counts a series that appeared
 within the window with its whole value (a counter created within the window counted every one of
 its events there).
@@ -176,25 +177,39 @@ def build():
     per_migration = ("rdmig_migration_total_bytes", "rdmig_migration_transferred_bytes",
                      "rdmig_migration_remaining_bytes", "rdmig_migration_throughput_bytes_per_second",
                      "rdmig_migration_dirty_rate_bytes_per_second")
+    by_migration = "vm, migration, role, node"
+    # Phase and transport: the labels of each migration's latest rdmig_migration_info series (the
+    # series is replaced at each phase change; topk keeps the one sampled last in the range). Its
+    # value, a timestamp, is hidden. Start and end: unix seconds, in ms for Grafana's date unit; a
+    # running migration has no end.
+    info = ("max by (%s, phase, transport) (topk by (%s) (1, last_over_time(timestamp(rdmig_migration_info{%s})"
+            "[$__range:$__interval])))" % (by_migration, by_migration, MIGRATION))
+    columns += [table_column("G", "Started", "dateTimeAsIso"), table_column("H", "Ended", "dateTimeAsIso")]
+    times = [target("max by (%s) (last_over_time(%s{%s}[$__range])) * 1000" % (by_migration, m, MIGRATION),
+                    fmt="table", instant=True)
+             for m in ("rdmig_migration_start_time_seconds", "rdmig_migration_end_time_seconds")]
     L.add(panel("table", "Running and recent migrations", "Every migration the selected agents held in the time "
-                "range (an agent keeps its last migration.historySize), one row per agent and role, with the "
-                "last value of its figures. Running ones move bytes; a finished one keeps its last figures "
-                "with throughput 0 (the source sets it to 0 at the end).",
-                [target("max by (vm, migration, role, node) (last_over_time(%s{%s}[$__range]))" % (m, MIGRATION),
-                        fmt="table", instant=True) for m in per_migration],
+                "range (an agent keeps its last migration.historySize), one row per agent and role: its phase "
+                "(Pending, Connecting, Migrating, Completing while it runs; Succeeded, Failed or Cancelled), "
+                "transport, start and end (empty while it runs), and the last value of its figures.",
+                [target("max by (%s) (last_over_time(%s{%s}[$__range]))" % (by_migration, m, MIGRATION),
+                        fmt="table", instant=True) for m in per_migration]
+                + [target(info, fmt="table", instant=True)] + times,
                 fieldConfig={"defaults": {"unit": "short", "custom": {"align": "auto"}},
                              "overrides": [c[0] for c in columns]},
                 transformations=[{"id": "merge", "options": {}},
                                  {"id": "organize", "options": {
-                                     "excludeByName": {"Time": True},
-                                     "indexByName": {"vm": 0, "migration": 1, "role": 2, "node": 3},
+                                     "excludeByName": {"Time": True, "Value #F": True},
+                                     "indexByName": {"vm": 0, "migration": 1, "role": 2, "node": 3, "phase": 4,
+                                                     "transport": 5, "Value #G": 6, "Value #H": 7},
                                      "renameByName": dict([("vm", "VM"), ("migration", "Migration"), ("role", "Role"),
-                                                           ("node", "Node")] + [c[1] for c in columns])}}],
-                options={"showHeader": True, "sortBy": [{"displayName": "VM", "desc": False}]}), 24, 8)
+                                                           ("node", "Node"), ("phase", "Phase"),
+                                                           ("transport", "Transport")] + [c[1] for c in columns])}}],
+                options={"showHeader": True, "sortBy": [{"displayName": "Started", "desc": True}]}), 24, 8)
     L.add(panel("bargauge", "Failure reasons", "Failed migrations in the time range by role and reason "
-                "(timeout, peer_lost, qemu, protocol, io, target_failed, vm_paused_on_source, other). A failed "
-                "migration counts once on each agent that saw it fail.",
-                [target("sum by (role, reason) (%s)" % events("rdmig_migration_failures_total", AGENT, "$__range"),
+                "(timeout, peer_lost, qemu, protocol, io, target_failed, vm_paused_on_source, other); reasons "
+                "without a failure are left out. A failed migration counts once on each agent that saw it fail.",
+                [target("sum by (role, reason) (%s) > 0" % events("rdmig_migration_failures_total", AGENT, "$__range"),
                         "{{role}}: {{reason}}", instant=True)]), 10, 7)
     L.add(panel("timeseries", "Failures by reason", "Failed migrations in each interval, by role and reason.",
                 [target("sum by (role, reason) (%s)" % events("rdmig_migration_failures_total", AGENT,

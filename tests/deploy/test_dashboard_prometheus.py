@@ -4,7 +4,7 @@ live agents and a live controller during a real migration.
 The live stack of livestack.py (two agents and a controller loading the chart's configs, the API
 server double) runs; a real `prometheus` scrapes both agents and the controller every second,
 with the target labels the Prometheus Operator gives them through the ServiceMonitors (job = the
-metrics Service, namespace, node), and loads the PrometheusRule of operator-manifests/monitoring/
+metrics Service, namespace, node) and the ServiceMonitors' honorLabels, and loads the PrometheusRule of operator-manifests/monitoring/
 and the chart's (helm template, prometheusRule.enabled=true) as rule files. Then one RdmaMigration
 of a real QEMU guest and one migration with a wrong data-plane token (Failed on its source) run.
 After that, through Prometheus' HTTP API:
@@ -17,12 +17,14 @@ After that, through Prometheus' HTTP API:
   (range queries over the run, instant ones at its end); the panels that take the VM variable
   again with the one migrated VM selected, returning only its series;
 - a few figures are checked: one migration succeeded and one failed, a failure reason, both rows
-  (source, target) of the migrated VM in the table of migrations;
+  (source, target) of the migrated VM in the table of migrations, with their phase, transport,
+  start and end (rdmig_migration_info, rdmig_migration_start/end_time_seconds), and the failed
+  one's; every migration the agents hold has ended;
 - every annotation query parses; the start annotation marks each of the two migrations once with
   its VM, the end annotations mark the success and the failure on the source node once each;
 - every alert expression parses, Prometheus evaluates every rule with health ok,
-  RdmigMigrationFailed fires for node-a, and no other alert than the fallback ratio one
-  returns a series; then the agent of node-b is stopped and RdmigAgentDown's expression returns
+  RdmigMigrationFailed fires for node-a, RdmigRdmaFallback fires (the run's one migration was
+  each agent's first, and fell back to TCP: no RDMA here), and no other alert returns a series; then the agent of node-b is stopped and RdmigAgentDown's expression returns
   node-b, its alert is pending, and the up panel shows node-b down.
 
 A panel querying a metric that no program exports, or a syntax error anywhere, fails the test.
@@ -174,6 +176,9 @@ class DashboardPrometheusTest(unittest.TestCase):
         with open(DASHBOARD) as f:
             cls.dashboard = json.load(f)
         docs = render()
+        # The ServiceMonitors' honorLabels (the agent's and the controller's) become honor_labels.
+        honor = {sm["metadata"]["name"].rsplit("-", 1)[1]: sm["spec"]["endpoints"][0].get("honorLabels", False)
+                 for sm in render("--set", "serviceMonitor.enabled=true") if sm["kind"] == "ServiceMonitor"}
         chart_rules = one(render("--set", "prometheusRule.enabled=true"), "PrometheusRule")
         with open(os.path.join(MANIFESTS, "monitoring", "prometheusrule.yaml")) as f:
             manifest_rules = one([d for d in yaml.safe_load_all(f) if d], "PrometheusRule")
@@ -193,11 +198,11 @@ class DashboardPrometheusTest(unittest.TestCase):
                            "evaluation_interval": "%ds" % SCRAPE_SECONDS},
                 "rule_files": cls.rule_files,
                 "scrape_configs": [
-                    {"job_name": AGENT_JOB, "static_configs": [
+                    {"job_name": AGENT_JOB, "honor_labels": honor["agent"], "static_configs": [
                         {"targets": ["127.0.0.1:%d" % agent.api_port], "labels": {"namespace": NAMESPACE,
                                                                                   "node": agent.name}}
                         for agent in (a, b)]},
-                    {"job_name": CONTROLLER_JOB, "static_configs": [
+                    {"job_name": CONTROLLER_JOB, "honor_labels": honor["controller"], "static_configs": [
                         {"targets": ["127.0.0.1:%d" % cls.stack.controller.port],
                          "labels": {"namespace": NAMESPACE, "node": "node-a"}}]}]}
             cls.prom = Prometheus(cls.stack.tmp, config)
@@ -352,6 +357,27 @@ class DashboardPrometheusTest(unittest.TestCase):
         transferred = {(s["metric"]["vm"], s["metric"]["role"]): samples(s)[0]
                        for s in results["Running and recent migrations/B"]}
         self.assertGreater(transferred.get((VM, "source"), 0), 0, transferred)
+        # Phase and transport (F: the last rdmig_migration_info of each), start and end (G, H: ms).
+        phases = {(s["metric"]["vm"], s["metric"]["role"], s["metric"]["node"]):
+                  (s["metric"]["phase"], s["metric"].get("transport", "")) for s in results["Running and recent migrations/F"]}
+        self.assertEqual(phases, {(VM, "source", "node-a"): ("Succeeded", "tcp"), (VM, "target", "node-b"): ("Succeeded", "tcp"),
+                                  (BAD_TOKEN_VM, "source", "node-a"): ("Failed", ""),
+                                  (BAD_TOKEN_VM, "target", "node-b"): ("Cancelled", "")}, phases)
+        started, ended = [{(s["metric"]["vm"], s["metric"]["role"]): samples(s)[0] / 1000
+                           for s in results["Running and recent migrations/" + ref]} for ref in "GH"]
+        self.assertEqual(set(started), {k[:2] for k in phases}, started)
+        self.assertEqual(set(ended), set(started), ended)
+        for k in started:
+            self.assertLessEqual(self.start - 1, started[k], k)
+            self.assertLessEqual(started[k], ended[k], k)
+            self.assertLessEqual(ended[k], self.end, k)
+        self.assertLess(started[(VM, "target")], started[(VM, "source")], "the controller prepares the target first")
+        self.assertLessEqual(ended[(VM, "source")], started[(BAD_TOKEN_VM, "source")])
+        # Running ones at the end: none (each info series is terminal; a running one has no end time).
+        err, running = self.prom.query('rdmig_migration_info{phase!~"Succeeded|Failed|Cancelled"} or '
+                                       '(rdmig_migration_start_time_seconds unless on (migration, role) '
+                                       'rdmig_migration_end_time_seconds)', at=self.end)
+        self.assertEqual((err, running), (None, []))
 
         # Annotations: each migration's start once with its VM; the success and the failure once.
         starts = {dict(k)["vm"]: n for k, n in annotations["Migration started"].items()}
@@ -361,10 +387,14 @@ class DashboardPrometheusTest(unittest.TestCase):
         bad = {(dict(k)["node"], dict(k)["result"]): n for k, n in annotations["Migration failed or cancelled"].items()}
         self.assertEqual(bad, {("node-a", "failed"): 1})
 
-        # Alerts after the run: the failure fires on its source node; agents and controller fine.
+        # Alerts after the run: the failure fires on its source node; the first fallback of each
+        # agent counts (1 of 1 migrations); agents and controller fine.
         for where in ("manifest", "chart"):
             self.assertEqual([s["metric"].get("node") for s in alert_series[(where, "RdmigMigrationFailed")]],
                              ["node-a"])
+            fallback = alert_series[(where, "RdmigRdmaFallback")]
+            self.assertEqual([(s["metric"], round(samples(s)[0], 3)) for s in fallback],
+                             [({"namespace": NAMESPACE, "job": AGENT_JOB}, 1.0)], where)
             for alert in ("RdmigAgentDown", "RdmigControllerNoLeader", "RdmigVmPausedOnSource"):
                 self.assertEqual(alert_series[(where, alert)], [], alert)
 
@@ -386,6 +416,7 @@ class DashboardPrometheusTest(unittest.TestCase):
         self.assertEqual({(a["labels"]["node"], a["state"]) for a in down}, {("node-b", "pending")})
         firing = {a["labels"]["alertname"] for a in self.prom.api("alerts")["data"]["alerts"] if a["state"] == "firing"}
         self.assertIn("RdmigMigrationFailed", firing)
+        self.assertIn("RdmigRdmaFallback", firing)
         up_panel = [t for p, t in self.targets() if p["title"] == "Agents and controller up" and t["refId"] == "A"][0]
         err, result = self.evaluate(up_panel["expr"], variables, instant=True)
         last = {s["metric"]["node"]: samples(s)[0] for s in result}
