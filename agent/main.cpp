@@ -19,6 +19,7 @@
 
 #include "api/probe_server.h"
 #include "api/rest_server.h"
+#include "tls/server_certificate.h"
 #include "common/log.h"
 #include "common/text.h"
 #include "common/version.h"
@@ -98,9 +99,26 @@ int main(int argc, char** argv) {
     return 2;
   }
   const auto token = tokens.value();
+  // HTTPS on the API port: the certificate and key are checked now (errors name the key), and
+  // re-read when their files change (tls/server_certificate.h).
+  std::shared_ptr<rdmig::tls::ServerCertificate> api_cert;
+  std::string api_scheme = "plain HTTP (api.tls not set)";
+  if (config.api.tls.enabled()) {
+    auto cert = rdmig::tls::ServerCertificate::load(config.api.tls.cert_file, "api.tls.certFile",
+                                                    config.api.tls.key_file, "api.tls.keyFile");
+    if (!cert) {
+      std::cerr << "rdmig-agent: " << cert.error().message << "\n";
+      return 2;
+    }
+    api_cert = cert.value();
+    const auto info = api_cert->info();
+    api_scheme = "HTTPS with " + info.subject + " (" + (info.names.empty() ? "no DNS names" : info.names) +
+                 "), valid until " + info.not_after + (info.expired ? " (EXPIRED)" : "");
+  }
   if (check_only) {
     std::cout << "rdmig-agent: " << config_path << " is valid (token file '" << config.api.token_file
-              << "' read, " << (config.kubevirt.enabled ? "KubeVirt mode on" : "KubeVirt mode off") << ")\n";
+              << "' read, " << (config.kubevirt.enabled ? "KubeVirt mode on" : "KubeVirt mode off") << ", API over "
+              << api_scheme << ")\n";
     return 0;
   }
   LOG_INFO("agent") << rdmig::version_line("rdmig-agent") << " starting, config " << config_path;
@@ -159,7 +177,11 @@ int main(int argc, char** argv) {
       hook = std::move(h.value());
     }
   }
-  rdmig::api::RestServer server(config, token, manager, kubevirt.get(), metrics);
+  rdmig::api::RestServer server(config, token, manager, kubevirt.get(), metrics, api_cert);
+  if (api_cert && api_cert->info().expired) {
+    LOG_WARN("api") << "the API certificate has expired: " << api_scheme;
+  }
+  LOG_INFO("api") << "API over " << api_scheme;
   if (auto st = server.bind(); !st) {
     std::cerr << "rdmig-agent: " << st.error().message << "\n";
     return 1;

@@ -156,20 +156,32 @@ std::optional<Error> check_request_text(const httplib::Request& req) {
 
 }  // namespace
 
+namespace {
+
+// HTTPS only when a certificate is given: httplib's SSLServer answers nothing but TLS.
+std::unique_ptr<httplib::Server> make_server(const std::shared_ptr<tls::ServerCertificate>& cert) {
+  if (!cert) return std::make_unique<httplib::Server>();
+  return std::make_unique<httplib::SSLServer>([cert = cert.get()](SSL_CTX& ctx) { return cert->configure(ctx); });
+}
+
+}  // namespace
+
 RestServer::RestServer(const AgentConfig& config, std::shared_ptr<TokenSource> token, migration::MigrationManager& manager,
-                       kubevirt::KubevirtRelay* kubevirt, Metrics& metrics)
+                       kubevirt::KubevirtRelay* kubevirt, Metrics& metrics, std::shared_ptr<tls::ServerCertificate> cert)
     : config_(config),
       token_(std::move(token)),
       manager_(manager),
       kubevirt_(kubevirt),
       metrics_(metrics),
-      server_(std::make_unique<httplib::Server>()) {
+      cert_(std::move(cert)),
+      server_(make_server(cert_)) {
   routes();
 }
 
 RestServer::~RestServer() { stop(); }
 
 Status RestServer::bind() {
+  if (!server_->is_valid()) return Error{Errc::kInvalidArgument, "config key 'api.tls': cannot set up HTTPS with it"};
   const int port = config_.api.port == 0
                        ? server_->bind_to_any_port(config_.api.address)
                        : (server_->bind_to_port(config_.api.address, config_.api.port) ? config_.api.port : -1);
@@ -178,7 +190,7 @@ Status RestServer::bind() {
                                          std::to_string(config_.api.port)};
   }
   port_ = static_cast<uint16_t>(port);
-  LOG_INFO("api") << "listening on " << config_.api.address << ":" << port_;
+  LOG_INFO("api") << "listening on " << config_.api.address << ":" << port_ << (cert_ ? " (HTTPS only)" : "");
   return ok_status();
 }
 

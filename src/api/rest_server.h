@@ -16,6 +16,7 @@
 #include "metrics/metrics.h"
 #include "kubevirt/relay.h"
 #include "migration/manager.h"
+#include "tls/server_certificate.h"
 
 namespace httplib {
 class Server;
@@ -25,9 +26,11 @@ namespace rdmig::api {
 
 class RestServer {
  public:
-  // `kubevirt` is null when KubeVirt mode is off.
+  // `kubevirt` is null when KubeVirt mode is off. With `cert` the port serves HTTPS only (a
+  // plain-HTTP client gets no answer); null: plain HTTP.
   RestServer(const AgentConfig& config, std::shared_ptr<TokenSource> token, migration::MigrationManager& manager,
-             kubevirt::KubevirtRelay* kubevirt, Metrics& metrics);
+             kubevirt::KubevirtRelay* kubevirt, Metrics& metrics,
+             std::shared_ptr<tls::ServerCertificate> cert = nullptr);
   ~RestServer();
   RestServer(const RestServer&) = delete;
   RestServer& operator=(const RestServer&) = delete;
@@ -49,6 +52,7 @@ class RestServer {
   kubevirt::KubevirtRelay* kubevirt_;
   Metrics& metrics_;
   std::function<bool()> ready_;
+  std::shared_ptr<tls::ServerCertificate> cert_;  // before server_: its SSL context points at it
   std::unique_ptr<httplib::Server> server_;
   uint16_t port_ = 0;
   // Requests of one client address served at once (api: at most kMaxRequestsPerClient).

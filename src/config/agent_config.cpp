@@ -110,7 +110,8 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
   RDMIG_TRY(check_keys(root, "", {"api", "dataPlane", "transport", "migration", "tcp", "rdma",
                                   "stateDir", "logLevel", "kubevirt", "shutdownGraceSeconds"}));
   if (const auto api = root["api"]) {
-    RDMIG_TRY(check_keys(api, "api", {"address", "port", "probePort", "tokenFile", "tokenGraceSeconds", "maxBodyBytes"}));
+    RDMIG_TRY(check_keys(api, "api", {"address", "port", "probePort", "tokenFile", "tokenGraceSeconds", "maxBodyBytes",
+                                      "tls"}));
     RDMIG_TRY(read_uint(api, "api", "tokenGraceSeconds", c.api.token_grace_seconds, 0, 86400));
     RDMIG_TRY(read_uint(api, "api", "probePort", c.api.probe_port, 0, 65535));
     RDMIG_TRY(read_string(api, "api", "address", c.api.address));
@@ -118,6 +119,13 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
     RDMIG_TRY(read_string(api, "api", "tokenFile", c.api.token_file));
     RDMIG_TRY(read_uint(api, "api", "maxBodyBytes", c.api.max_body_bytes, 1024, 16 * kMiB));
     if (c.api.token_file.empty()) return bad("api.tokenFile", "must name the file holding the API token");
+    if (const auto t = api["tls"]; t && !t.IsNull()) {
+      RDMIG_TRY(check_keys(t, "api.tls", {"certFile", "keyFile"}));
+      RDMIG_TRY(read_string(t, "api.tls", "certFile", c.api.tls.cert_file));
+      RDMIG_TRY(read_string(t, "api.tls", "keyFile", c.api.tls.key_file));
+      if (c.api.tls.cert_file.empty()) return bad("api.tls.certFile", "must name the PEM certificate the API serves");
+      if (c.api.tls.key_file.empty()) return bad("api.tls.keyFile", "must name the PEM private key of api.tls.certFile");
+    }
   }
   if (const auto dp = root["dataPlane"]) {
     RDMIG_TRY(check_keys(dp, "dataPlane", {"address", "port", "rdmaPort", "advertiseAddress"}));

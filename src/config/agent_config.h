@@ -26,6 +26,13 @@ struct ApiConfig {
   // controller and the other agents pick up a rotated Secret at different moments).
   uint32_t token_grace_seconds = 600;
   uint64_t max_body_bytes = 64 * 1024;
+  // HTTPS on `port` (and nothing else there): a PEM certificate chain (leaf first) and its PEM
+  // private key, both set or neither (plain HTTP). The probe port stays plain HTTP.
+  struct Tls {
+    std::string cert_file;
+    std::string key_file;
+    bool enabled() const { return !cert_file.empty() || !key_file.empty(); }
+  } tls;
 };
 
 struct DataPlaneConfig {

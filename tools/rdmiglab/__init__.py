@@ -8,7 +8,8 @@ from .guest import ensure_guest
 from .qemu import QemuVm
 from .direct import migrate_direct, switchover_ms
 from .agent import Agent, ApiError, start_migration, migrate_via_agents, parse_prometheus
+from .pki import make_agent_pki
 
 __all__ = ["QmpClient", "QmpError", "event_time", "ensure_guest", "QemuVm",
            "migrate_direct", "switchover_ms", "Agent", "ApiError", "start_migration",
-           "migrate_via_agents", "parse_prometheus"]
+           "migrate_via_agents", "parse_prometheus", "make_agent_pki"]

@@ -2,6 +2,7 @@
 import json
 import os
 import signal
+import ssl
 import subprocess
 import tempfile
 import time
@@ -27,14 +28,34 @@ class ApiError(Exception):
         self.body = body
 
 
+class _NamedTlsContext(ssl.SSLContext):
+    """A client context that checks the server's certificate for ``server_name`` whatever address
+    was dialled (the agents' certificates name "rdmig-agent", not 127.0.0.1), as the controller does."""
+    server_name = None
+
+    def wrap_socket(self, sock, *args, server_hostname=None, **kw):
+        return super().wrap_socket(sock, *args, server_hostname=self.server_name, **kw)
+
+
+def agent_tls_context(ca_file, server_name="rdmig-agent"):
+    """An SSL client context that trusts only ``ca_file`` and wants ``server_name``."""
+    ctx = _NamedTlsContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_verify_locations(ca_file)
+    ctx.server_name = server_name
+    return ctx
+
+
 class Agent:
     """One rdmig-agent on 127.0.0.1 with ports chosen by the kernel (port 0).
 
     ``config`` is merged over a minimal config (JSON is valid YAML, so it is written as JSON).
+    ``tls``: serve the API over HTTPS, a dict with "cert" and "key" (api.tls), "ca" (what this
+    harness's requests trust; e.g. make_agent_pki's paths) and optionally "server_name" (the name
+    they check, default "rdmig-agent"); the harness then speaks https.
     """
 
     def __init__(self, workdir, name="agent", token=None, config=None, log_level="info",
-                 binary=None, start=True, start_timeout=20.0, env=None):
+                 binary=None, start=True, start_timeout=20.0, env=None, tls=None):
         """``env``: extra environment for the agent process (e.g. a faked clock)."""
         self.workdir = os.path.abspath(workdir)
         os.makedirs(self.workdir, exist_ok=True)
@@ -57,6 +78,11 @@ class Agent:
             # The harness's QEMUs put their QMP sockets in temporary directories.
             "migration": {"qmpSocketRoots": [os.path.realpath(tempfile.gettempdir())]},
         }
+        self.tls = tls
+        self.ssl_context = None
+        if tls:
+            cfg["api"]["tls"] = {"certFile": tls["cert"], "keyFile": tls["key"]}
+            self.ssl_context = agent_tls_context(tls["ca"], tls.get("server_name", "rdmig-agent"))
         for key, value in (config or {}).items():
             if isinstance(value, dict) and isinstance(cfg.get(key), dict):
                 cfg[key].update(value)
@@ -98,7 +124,7 @@ class Agent:
 
     @property
     def url(self):
-        return "http://127.0.0.1:%d" % self.api_port
+        return "%s://127.0.0.1:%d" % ("https" if self.tls else "http", self.api_port)
 
     def log_text(self):
         try:
@@ -143,7 +169,7 @@ class Agent:
         elif isinstance(token, str):
             req.add_header("Authorization", "Bearer " + token)
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
+            with urllib.request.urlopen(req, timeout=timeout, context=self.ssl_context) as resp:
                 status, payload, ctype = resp.status, resp.read(), resp.headers.get("Content-Type", "")
         except urllib.error.HTTPError as e:
             status, payload, ctype = e.code, e.read(), e.headers.get("Content-Type", "")
