@@ -1,8 +1,13 @@
 #include "controller/agent_client.h"
 
 #include <httplib.h>
+#include <openssl/ssl.h>
+#include <openssl/x509_vfy.h>
+
+#include <memory>
 
 #include "common/text.h"
+#include "tls/pem_files.h"
 
 namespace rdmig::controller {
 
@@ -67,12 +72,42 @@ AgentClient::AgentClient(std::string token, int timeout_seconds, std::function<v
     : AgentClient(TokenSource::fixed(std::move(token)), timeout_seconds, std::move(on_response)) {}
 
 AgentClient::AgentClient(std::shared_ptr<TokenSource> token, int timeout_seconds,
-                         std::function<void(const std::string&)> on_response)
-    : token_(std::move(token)), timeout_seconds_(timeout_seconds), on_response_(std::move(on_response)) {}
+                         std::function<void(const std::string&)> on_response, AgentTls tls)
+    : token_(std::move(token)), timeout_seconds_(timeout_seconds), tls_(std::move(tls)),
+      on_response_(std::move(on_response)) {}
+
+namespace {
+constexpr const char* kTlsMarker = ": TLS: ";
+}  // namespace
+
+bool AgentClient::is_tls_failure(const Error& e) {
+  return e.code == Errc::kUnavailable && e.message.find(kTlsMarker) != std::string::npos;
+}
 
 Result<json> AgentClient::call(const AgentAddress& agent, const std::string& method, const std::string& path,
                                const json* body) {
-  httplib::Client client(agent.host, agent.port);
+  std::unique_ptr<httplib::ClientImpl> made;
+  httplib::SSLClient* ssl = nullptr;
+  if (tls_.ca_file.empty()) {
+    made = std::make_unique<httplib::ClientImpl>(agent.host, agent.port);
+  } else {
+    // Connect to the pod IP but speak to `server_name`: SNI and httplib's own name check use
+    // the host name, the address map says where it is. OpenSSL checks the name as well
+    // (X509_VERIFY_PARAM_set1_host), so a mismatch shows in the verify result.
+    auto c = std::make_unique<httplib::SSLClient>(tls_.server_name, agent.port);
+    c->set_hostname_addr_map({{tls_.server_name, agent.host}});
+    c->set_ca_cert_path(tls_.ca_file.c_str());
+    c->enable_server_certificate_verification(true);
+    if (SSL_CTX* ctx = c->ssl_context()) {
+      SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+      X509_VERIFY_PARAM* param = SSL_CTX_get0_param(ctx);
+      X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+      X509_VERIFY_PARAM_set1_host(param, tls_.server_name.c_str(), 0);
+    }
+    ssl = c.get();
+    made = std::move(c);
+  }
+  httplib::ClientImpl& client = *made;
   client.set_connection_timeout(std::chrono::seconds(std::min(timeout_seconds_, 5)));
   client.set_read_timeout(std::chrono::seconds(timeout_seconds_));
   client.set_write_timeout(std::chrono::seconds(timeout_seconds_));
@@ -85,10 +120,14 @@ Result<json> AgentClient::call(const AgentAddress& agent, const std::string& met
                                           : client.Delete(path, headers);
   if (!res) {
     on_response_("error");
+    // A failed handshake or certificate check: the request was never sent.
+    if (auto tls_failure = tls_error(res.error(), ssl)) return Error{Errc::kUnavailable, what + kTlsMarker + *tls_failure};
     // Not connected: nothing reached the agent. Any other failure (read timeout, reset) came
     // after the request was sent: the agent may have acted on it (kTimeout).
     const Errc code = res.error() == httplib::Error::Connection ? Errc::kUnavailable : Errc::kTimeout;
-    return Error{code, what + ": " + httplib::to_string(res.error())};
+    const bool maybe_https = ssl == nullptr && res.error() == httplib::Error::Read;
+    return Error{code, what + ": " + httplib::to_string(res.error()) +
+                           (maybe_https ? " (no HTTP answer: an agent serving HTTPS (api.tls) needs agents.tls here)" : "")};
   }
   on_response_(std::to_string(res->status));
   json parsed = json::parse(res->body, nullptr, false);
@@ -117,6 +156,27 @@ Result<json> AgentClient::call(const AgentAddress& agent, const std::string& met
     default: break;
   }
   return Error{code, what + ": " + message};
+}
+
+std::optional<std::string> AgentClient::tls_error(httplib::Error error, const httplib::SSLClient* ssl) const {
+  if (ssl == nullptr) return std::nullopt;
+  const std::string ca = "agents.tls.caFile '" + tls_.ca_file + "'";
+  const std::string name = "agents.tls.serverName '" + tls_.server_name + "'";
+  switch (error) {
+    case httplib::Error::SSLLoadingCerts:
+      return "cannot load the CA bundle " + ca;
+    case httplib::Error::SSLConnection:
+      return "handshake failed (is the agent serving HTTPS? its api.tls must be set when " + ca + " is)";
+    case httplib::Error::SSLServerVerification: {
+      const long v = ssl->get_openssl_verify_result();
+      if (v == 0 || tls::is_hostname_mismatch(v)) {
+        return "the agent's certificate does not carry the name " + name;
+      }
+      return "the agent's certificate is not trusted: " + tls::verify_error_text(v) + " (checked against " + ca + ")";
+    }
+    default:
+      return std::nullopt;
+  }
 }
 
 Result<json> AgentClient::create(const AgentAddress& agent, const json& body) {

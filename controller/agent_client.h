@@ -6,10 +6,16 @@
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "common/result.h"
 #include "common/token_source.h"
+
+namespace httplib {
+class SSLClient;
+enum class Error;
+}  // namespace httplib
 
 namespace rdmig::controller {
 
@@ -28,17 +34,30 @@ struct AgentAddress {
 Result<AgentAddress> select_agent_pod(const nlohmann::json& pod_list, const std::string& node,
                                       const std::string& port_name, uint16_t default_port);
 
-// Errors: kUnavailable when no connection was made (nothing reached the agent), kTimeout when
-// the request went out but no answer came (the agent may have acted on it), else by HTTP status
-// (404 kNotFound, ...) with the agent's error message; a 2xx reply that is not a JSON object is
-// kProtocol.
+// HTTPS to the agents: the chain is checked against the CA bundle in `ca_file` (read on every
+// call, so a renewed bundle is picked up) and the certificate must carry `server_name`; the
+// agent's IP is only where to connect. Empty `ca_file`: plain HTTP.
+struct AgentTls {
+  std::string ca_file;
+  std::string server_name;
+};
+
+// Errors: kUnavailable when no connection was made (nothing reached the agent; this includes a
+// TLS handshake or certificate check that failed, whose message says "TLS: " and names the
+// config key to look at), kTimeout when the request went out but no answer came (the agent may
+// have acted on it), else by HTTP status (404 kNotFound, ...) with the agent's error message; a
+// 2xx reply that is not a JSON object is kProtocol.
 class AgentClient {
  public:
   // `code` is the HTTP status as text, or "error" when no response came.
   AgentClient(std::string token, int timeout_seconds, std::function<void(const std::string& code)> on_response);
   // The token follows its file (agents.tokenFile): a rotated Secret is used without a restart.
   AgentClient(std::shared_ptr<TokenSource> token, int timeout_seconds,
-              std::function<void(const std::string& code)> on_response);
+              std::function<void(const std::string& code)> on_response, AgentTls tls = {});
+
+  // True for the errors of a failed TLS handshake or certificate check (the reconciler names
+  // them AgentTLSFailed rather than AgentUnreachable).
+  static bool is_tls_failure(const Error& e);
 
   Result<nlohmann::json> create(const AgentAddress& agent, const nlohmann::json& body);
   Result<nlohmann::json> get(const AgentAddress& agent, const std::string& id);
@@ -50,8 +69,11 @@ class AgentClient {
  private:
   Result<nlohmann::json> call(const AgentAddress& agent, const std::string& method, const std::string& path,
                               const nlohmann::json* body);
+  // The message of a TLS failure of a call made with `ssl`; nullopt for other failures.
+  std::optional<std::string> tls_error(httplib::Error error, const httplib::SSLClient* ssl) const;
   std::shared_ptr<TokenSource> token_;
   int timeout_seconds_;
+  AgentTls tls_;
   std::function<void(const std::string&)> on_response_;
 };
 

@@ -13,6 +13,32 @@ namespace rdmig::controller {
 
 using namespace yaml_reader;
 
+namespace {
+
+// A DNS name the agents' certificates carry (RFC 1123 labels, lower case; "*." not allowed:
+// it is the name checked, not a pattern).
+Status check_server_name(const std::string& name) {
+  const std::string key = "agents.tls.serverName";
+  if (name.empty() || name.size() > 253) return bad(key, "must be a DNS name of 1 to 253 characters");
+  size_t label = 0;
+  for (size_t i = 0; i <= name.size(); ++i) {
+    const char ch = i < name.size() ? name[i] : '.';
+    if (ch == '.') {
+      if (label == 0 || label > 63 || name[i - 1] == '-' || name[i - label] == '-') {
+        return bad(key, "'" + name + "' is not a DNS name (labels of 1 to 63 of a-z, 0-9 and '-')");
+      }
+      label = 0;
+    } else if ((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-') {
+      ++label;
+    } else {
+      return bad(key, "'" + name + "' is not a DNS name (labels of 1 to 63 of a-z, 0-9 and '-')");
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace
+
 Result<ControllerConfig> parse_controller_config(const std::string& yaml_text) {
   ControllerConfig c;
   YAML::Node root;
@@ -31,13 +57,22 @@ Result<ControllerConfig> parse_controller_config(const std::string& yaml_text) {
     if (const auto a = root["agents"]) {
       const std::string p = "agents";
       RDMIG_TRY(check_keys(a, p, {"labelSelector", "port", "portName", "tokenFile", "requestTimeoutSeconds",
-                                  "unreachableTimeoutSeconds"}));
+                                  "unreachableTimeoutSeconds", "tls"}));
       RDMIG_TRY(read_string(a, p, "labelSelector", c.agents.label_selector));
       RDMIG_TRY(read_uint(a, p, "port", c.agents.port, 1, 65535));
       RDMIG_TRY(read_string(a, p, "portName", c.agents.port_name));
       RDMIG_TRY(read_string(a, p, "tokenFile", c.agents.token_file));
       RDMIG_TRY(read_uint(a, p, "requestTimeoutSeconds", c.agents.request_timeout_seconds, 1, 300));
       RDMIG_TRY(read_uint(a, p, "unreachableTimeoutSeconds", c.agents.unreachable_timeout_seconds, 1, 3600));
+      if (const auto t = a["tls"]; t && !t.IsNull()) {
+        const std::string tp = "agents.tls";
+        if (!t.IsMap()) return bad(tp, "must be a map with caFile and serverName");
+        RDMIG_TRY(check_keys(t, tp, {"caFile", "serverName"}));
+        RDMIG_TRY(read_string(t, tp, "caFile", c.agents.tls.ca_file));
+        RDMIG_TRY(read_string(t, tp, "serverName", c.agents.tls.server_name));
+        if (c.agents.tls.ca_file.empty()) return bad("agents.tls.caFile", "must name the CA bundle that signed the agents' certificates");
+        RDMIG_TRY(check_server_name(c.agents.tls.server_name));
+      }
     }
     auto labels = k8s::parse_label_selector(c.agents.label_selector, "config key 'agents.labelSelector'");
     if (!labels) return labels.error();

@@ -26,6 +26,14 @@ struct ControllerConfig {
     std::string token_file = "/etc/rdmig/token";
     uint32_t request_timeout_seconds = 10;
     uint32_t unreachable_timeout_seconds = 30;
+    // HTTPS to the agents (api.tls on the agents). The controller dials agents by pod IP, so it
+    // checks the certificate's chain against ca_file and its name against server_name, never
+    // against the IP. Empty ca_file: plain HTTP.
+    struct Tls {
+      std::string ca_file;
+      std::string server_name = "rdmig-agent";
+      bool enabled() const { return !ca_file.empty(); }
+    } tls;
   } agents;
   uint32_t max_concurrent_per_node = 2;
   // The bare-QEMU kind (spec.source.qemu) lets its author drive any QEMU on any node, so it

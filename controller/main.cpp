@@ -31,6 +31,7 @@
 #include "k8s/http_kube_client.h"
 #include "k8s/informer.h"
 #include "k8s/leader_election.h"
+#include "tls/pem_files.h"
 
 namespace {
 
@@ -88,9 +89,20 @@ int main(int argc, char** argv) {
 
   auto agent_token = TokenSource::open(config.agents.token_file, "config key 'agents.tokenFile'", 1, std::chrono::seconds(0));
   if (!agent_token) return fail(agent_token.error().message);
+  int agent_cas = 0;
+  if (config.agents.tls.enabled()) {
+    auto cas = tls::check_ca_bundle(config.agents.tls.ca_file, "agents.tls.caFile");
+    if (!cas) return fail(cas.error().message);
+    agent_cas = cas.value();
+  }
+  const std::string agents_over =
+      config.agents.tls.enabled()
+          ? "HTTPS, " + std::to_string(agent_cas) + " CA certificate(s) from '" + config.agents.tls.ca_file +
+                "', server name '" + config.agents.tls.server_name + "'"
+          : "plain HTTP (agents.tls not set)";
   if (check_only) {
     std::cout << "rdmig-controller: " << config_path << " is valid (token file '" << config.agents.token_file
-              << "' read)\n";
+              << "' read; agents over " << agents_over << ")\n";
     return 0;
   }
   LOG_INFO("controller") << rdmig::version_line("rdmig-controller") << " starting" << (config_path.empty() ? "" : ", config " + config_path);
@@ -127,8 +139,10 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
 
   controller::ControllerMetrics metrics;
+  LOG_INFO("controller") << "agents over " << agents_over;
   controller::AgentClient agents(agent_token.value(), static_cast<int>(config.agents.request_timeout_seconds),
-                                 [&metrics](const std::string& code) { metrics.agent_request(code); });
+                                 [&metrics](const std::string& code) { metrics.agent_request(code); },
+                                 controller::AgentTls{config.agents.tls.ca_file, config.agents.tls.server_name});
   k8s::EventRecorder events(kube, "rdmig-controller", identity);
 
   controller::Worker* worker_ptr = nullptr;

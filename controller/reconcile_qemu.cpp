@@ -177,7 +177,7 @@ Result<Next> Reconciler::prepare(json obj, const MigrationRequest& req) {
   }
   if (existing.error().code != Errc::kNotFound) {
     if (!unreachable_too_long(key, "source")) return Next::kPoll;
-    return transition(obj, status, "Failed", "AgentUnreachable", existing.error().message);
+    return transition(obj, status, "Failed", unreachable_reason(existing.error()), existing.error().message);
   }
   reachable(key, "source");
   std::string unanswered_since;
@@ -199,7 +199,7 @@ Result<Next> Reconciler::prepare(json obj, const MigrationRequest& req) {
   }
   if (stale.error().code != Errc::kNotFound) {
     if (!unreachable_too_long(key, "target")) return Next::kPoll;
-    return transition(obj, status, "Failed", "AgentUnreachable", stale.error().message);
+    return transition(obj, status, "Failed", unreachable_reason(stale.error()), stale.error().message);
   }
   reachable(key, "target");
   if (unanswered) {
@@ -266,7 +266,7 @@ Result<Next> Reconciler::poll(json obj) {
     }
     if (!unreachable_too_long(key, side)) return Next::kPoll;
     (void)stop_on_agents(obj);
-    return transition(obj, status, "Failed", "AgentUnreachable",
+    return transition(obj, status, "Failed", unreachable_reason(e),
                       std::string(side) + " agent unreachable for " +
                           std::to_string(config_.agents.unreachable_timeout_seconds) + "s: " + e.message);
   }

@@ -21,6 +21,12 @@ inline bool has_finalizer(const nlohmann::json& obj) {
   return false;
 }
 
+// The reason a migration fails with when an agent stayed out of reach: AgentTLSFailed when the
+// last failure was a TLS handshake or certificate check, AgentUnreachable otherwise.
+inline const char* unreachable_reason(const Error& last) {
+  return AgentClient::is_tls_failure(last) ? "AgentTLSFailed" : "AgentUnreachable";
+}
+
 // A migration of the vmi kind has been started when status.kubevirt names its VMIM.
 inline bool vmi_started(const nlohmann::json& status) {
   return status.is_object() && status.contains("kubevirt") && status["kubevirt"].is_object() &&
