@@ -97,6 +97,35 @@ install`/`upgrade`), so after rotating it under GitOps restart both:
 kubectl -n rdmig-system rollout restart daemonset/rdmig-agent deployment/rdmig-controller
 ```
 
+## HTTPS between the controller and the agents
+
+The agents serve their REST API and `/metrics` (port 7470) over HTTPS only; the kubelet's probe
+port (7473) stays plain HTTP. Their certificate carries one DNS name, `agent.tls.serverName`
+(`rdmig-agent`), and no IPs: the controller dials each agent by its node IP and checks the chain
+against the CA and the certificate against that name. One Secret (`<release>-agent-tls`, type
+`kubernetes.io/tls`) holds `tls.crt` and `tls.key` (mounted only into the agents) and `ca.crt`
+(the only key the controller mounts). `agent.tls.mode` says where it comes from:
+
+- `generate` (default): Helm makes a CA and the certificate on install (`agent.tls.validityDays`,
+  ten years) and keeps them on upgrade (looked up in the cluster). `helm template` has no cluster,
+  so Argo CD and Flux would get a new pair on every render: use `secret` or `certManager` there.
+- `certManager`: a cert-manager `Certificate` signed by the chart's own CA (a self-signed Issuer,
+  a CA Certificate and a CA Issuer), or by `agent.tls.certManager.issuerRef` (an issuer that
+  writes `ca.crt`, such as a CA issuer). Renewed in place: the agents serve the renewed files
+  without a restart, the controller reads `ca.crt` on every call.
+- `secret`: `agent.tls.existingSecret`, a Secret you make with `tls.crt`, `tls.key` (DNS name
+  `agent.tls.serverName`) and `ca.crt`.
+- `off`: plain HTTP. The API token and every migration's one-time token cross the network in
+  clear text.
+
+With `serviceMonitor.enabled`, the agents' ServiceMonitor scrapes with `scheme: https` and the CA
+from the Secret. To call an agent yourself:
+
+```sh
+kubectl -n rdmig-system get secret rdmig-agent-tls -o jsonpath='{.data.ca\\.crt}' | base64 -d > ca.crt
+curl --cacert ca.crt --resolve rdmig-agent:7470:<node IP> https://rdmig-agent:7470/healthz
+```
+
 ## Upgrading the CRD
 
 The `RdmaMigration` CRD is a template (`crds.install`), so `helm upgrade` applies a changed CRD

@@ -5,10 +5,13 @@ test_dashboard_prometheus.py).
 The agents ("node-a", "node-b") load the agent.yaml that `helm template` puts into the agent
 ConfigMap, with only the listen addresses, ports, token file and state dir changed for this
 machine; the controller loads the chart's controller.yaml against the API server double of
-tests/k8s. `migrate()` runs one RdmaMigration of a real QEMU guest end to end (node-a to node-b),
+tests/k8s. With the chart's HTTPS on (agent.tls), the certificate, key and CA of the rendered
+Secret are written here and the configs point at them instead of /etc/rdmig/tls (`self.tls`: the
+CA and name a scraper checks, None for plain HTTP). `migrate()` runs one RdmaMigration of a real QEMU guest end to end (node-a to node-b),
 then a migration with a wrong data-plane token, so that the agents count a failure and a
 transport error; neither VM is touched by the second.
 """
+import base64
 import json
 import os
 import shutil
@@ -52,6 +55,20 @@ class LiveStack:
         agent_yaml = embedded_config(one(docs, "ConfigMap", "rdmig-agent-config"))["agent.yaml"]
         controller_yaml = embedded_config(one(docs, "ConfigMap", "rdmig-controller-config"))["controller.yaml"]
         token = "deploy-token-" + os.urandom(12).hex()
+        self.tls = None
+        agent_tls = None
+        if "tls" in agent_yaml["api"]:
+            # The chart's own certificate (agent.tls.mode generate): the agents serve it, the
+            # controller checks it against the rendered ca.crt and serverName.
+            secret = one(docs, "Secret", "rdmig-agent-tls")
+            tls_dir = os.path.join(self.tmp, "tls")
+            os.makedirs(tls_dir)
+            for key, value in secret["data"].items():
+                with open(os.path.join(tls_dir, key), "wb") as f:
+                    f.write(base64.b64decode(value))
+            self.tls = {"ca": os.path.join(tls_dir, "ca.crt"),
+                        "server_name": controller_yaml["agents"]["tls"]["serverName"]}
+            agent_tls = dict(self.tls, cert=os.path.join(tls_dir, "tls.crt"), key=os.path.join(tls_dir, "tls.key"))
         for name in ("node-a", "node-b"):
             cfg = json.loads(json.dumps(agent_yaml))
             cfg["api"].update(address="127.0.0.1", port=0, probePort=0,
@@ -59,13 +76,16 @@ class LiveStack:
             cfg["dataPlane"].update(address="127.0.0.1", port=0, rdmaPort=0)
             del cfg["stateDir"]   # the chart's /var/run/rdmig: Agent picks a short one under /tmp
             cfg["migration"].pop("qmpSocketRoots", None)  # the chart's hostPaths: the harness's QEMUs are under /tmp
-            self.agents.append(Agent(self.tmp, name, token=token, config=cfg))
+            cfg["api"].pop("tls", None)  # set by Agent from agent_tls, with this machine's paths
+            self.agents.append(Agent(self.tmp, name, token=token, config=cfg, tls=agent_tls))
         self.api = ApiServerDouble(os.path.join(self.tmp, "apiserver"), tls=True, crd_path=CRD)
         kubeconfig = self.api.write_kubeconfig(os.path.join(self.tmp, "kubeconfig"))
         for agent in self.agents:
             self.api.add_agent_pod(AGENT_NS, "rdmig-agent-" + agent.name, agent.name, agent.api_port)
         cfg = json.loads(json.dumps(controller_yaml))
         cfg["agents"]["tokenFile"] = self.agents[0].token_file
+        if self.tls:
+            cfg["agents"]["tls"]["caFile"] = self.tls["ca"]
         cfg["metrics"].update(address="127.0.0.1", port=0)
         cfg["qemu"] = {"allowedNamespaces": [VM_NS]}  # this check runs a bare-QEMU migration: opt in
         self.controller = Controller(self.tmp, "controller", kubeconfig, self.agents[0].token_file, config=cfg)

@@ -170,15 +170,16 @@ class ChartTest(unittest.TestCase):
                     ("ConfigMap", NAMESPACE, "rdmig-grafana-dashboard"), ("DaemonSet", NAMESPACE, "rdmig-agent"),
                     ("Deployment", NAMESPACE, "rdmig-controller"), ("Role", NAMESPACE, "rdmig-controller"),
                     ("RoleBinding", NAMESPACE, "rdmig-controller"), ("Secret", NAMESPACE, "rdmig-token"),
+                    ("Secret", NAMESPACE, "rdmig-agent-tls"),
                     ("Service", NAMESPACE, "rdmig-agent-metrics"), ("Service", NAMESPACE, "rdmig-controller-metrics"),
                     ("ServiceAccount", NAMESPACE, "rdmig-agent"), ("ServiceAccount", NAMESPACE, "rdmig-controller")]
         self.assertEqual(kinds, sorted(expected))
         check_objects(self, self.defaults)
-        token = base64.b64decode(one(self.defaults, "Secret")["data"]["token"]).decode()
+        token = base64.b64decode(one(self.defaults, "Secret", "rdmig-token")["data"]["token"]).decode()
         self.assertRegex(token, r"^[A-Za-z0-9]{48}$")
 
     def test_toggled_render_is_well_formed(self):
-        check_objects(self, self.toggled, external_secrets=("my-rdmig-token",),
+        check_objects(self, self.toggled, external_secrets=("my-rdmig-token", "my-agent-tls"),
                       external_service_accounts=("vm-agents", "vm-controller"))
 
     def test_plain_manifests_are_well_formed(self):
@@ -307,9 +308,21 @@ class ChartTest(unittest.TestCase):
         self.assertNotIn("/run/vms", mounts)
         secret = [s["secret"] for s in spec["volumes"][0]["projected"]["sources"] if "secret" in s][0]
         self.assertEqual(secret, {"name": "my-rdmig-token", "items": [{"key": "api-token", "path": "token"}]})
+        tls_source = [s["secret"] for s in spec["volumes"][0]["projected"]["sources"] if "secret" in s][1]
+        self.assertEqual(tls_source, {"name": "my-agent-tls", "items": [
+            {"key": "tls.crt", "path": "tls/tls.crt"}, {"key": "tls.key", "path": "tls/tls.key", "mode": 0o400}]})
         agent_cfg = embedded_config(one(t, "ConfigMap", "rdmig-agent-config"))["agent.yaml"]
         self.assertEqual(agent_cfg["api"], {"address": "0.0.0.0", "port": 17470, "probePort": 7473,
-                                            "maxBodyBytes": 131072, "tokenFile": "/etc/rdmig/token"})
+                                            "maxBodyBytes": 131072, "tokenFile": "/etc/rdmig/token",
+                                            "tls": {"certFile": "/etc/rdmig/tls/tls.crt",
+                                                    "keyFile": "/etc/rdmig/tls/tls.key"}})
+        controller_cfg = embedded_config(one(t, "ConfigMap", "rdmig-controller-config"))["controller.yaml"]
+        self.assertEqual(controller_cfg["agents"]["tls"], {"caFile": "/etc/rdmig/tls/ca.crt",
+                                                           "serverName": "agents.rdmig.test"})
+        agent_sm = one(t, "ServiceMonitor", "rdmig-agent")["spec"]["endpoints"][0]
+        self.assertEqual((agent_sm["scheme"], agent_sm["tlsConfig"]),
+                         ("https", {"serverName": "agents.rdmig.test", "ca": {"secret": {"name": "my-agent-tls",
+                                                                                          "key": "ca.crt"}}}))
         self.assertEqual(agent_cfg["rdma"], {"device": "mlx5_0", "netdev": "ens1f0", "resourceEnv": "PCIDEVICE_TEST"},
                          "an explicit resourceEnv wins over agent.rdma.resourceName")
         self.assertEqual((agent_cfg["transport"], agent_cfg["stateDir"], agent_cfg["logLevel"]),
@@ -389,7 +402,8 @@ class ChartTest(unittest.TestCase):
     def test_token_value_rdma_count_and_dashboard_namespace(self):
         docs = render("--set", "token.value=0123456789abcdef0123", "--set", "agent.rdma.resourceName=rdma/hca",
                       "--set", "agent.rdma.resourceCount=2", "--set", "dashboard.namespace=monitoring")
-        self.assertEqual(base64.b64decode(one(docs, "Secret")["data"]["token"]).decode(), "0123456789abcdef0123")
+        self.assertEqual(base64.b64decode(one(docs, "Secret", "rdmig-token")["data"]["token"]).decode(),
+                         "0123456789abcdef0123")
         res = pod_spec(one(docs, "DaemonSet"))["containers"][0]["resources"]
         self.assertEqual((res["requests"]["rdma/hca"], res["limits"]["rdma/hca"]), ("2", "2"))
         self.assertEqual(embedded_config(one(docs, "ConfigMap", "rdmig-agent-config"))["agent.yaml"]["rdma"]["resourceEnv"],
@@ -535,6 +549,147 @@ class ChartTest(unittest.TestCase):
                 self.assertEqual("A bare QEMU (namespaces vms only)" in notes, bool(extra))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def render_notes(*extra):
+    """NOTES.txt as `helm install` prints it (rendered through a copy of the chart)."""
+    tmp = tempfile.mkdtemp(prefix="rdmig-notes-")
+    try:
+        chart = os.path.join(tmp, "rdmig")
+        shutil.copytree(CHART, chart)
+        shutil.copy(os.path.join(chart, "templates", "NOTES.txt"), os.path.join(chart, "notes.txt"))
+        with open(os.path.join(chart, "templates", "zz-notes.yaml"), "w") as f:
+            f.write('apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n'
+                    'data:\n  notes: {{ tpl (.Files.Get "notes.txt") . | quote }}\n')
+        r = helm("template", "rdmig", chart, "-n", NAMESPACE, "--show-only", "templates/zz-notes.yaml", *extra)
+        return yaml.safe_load(r.stdout)["data"]["notes"]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class AgentTlsModesTest(unittest.TestCase):
+    """agent.tls.mode: generate (default), certManager, secret and off, each rendered: where the
+    certificate comes from, what each pod mounts, both programs' configs, the ServiceMonitor."""
+
+    def tls_sources(self, docs, kind):
+        """The projected config volume's sources that are not the token's Secret."""
+        sources = pod_spec(one(docs, kind))["volumes"][0]["projected"]["sources"]
+        return [s["secret"] for s in sources if "secret" in s and s["secret"]["name"] != "rdmig-token"]
+
+    def configs(self, docs):
+        return (embedded_config(one(docs, "ConfigMap", "rdmig-agent-config"))["agent.yaml"],
+                embedded_config(one(docs, "ConfigMap", "rdmig-controller-config"))["controller.yaml"])
+
+    def assert_wired(self, docs, secret, server_name):
+        """Agents mount tls.crt/tls.key, the controller only ca.crt, from `secret`; configs and the
+        agents' ServiceMonitor point at them; both pod templates carry the same checksum/tls."""
+        self.assertEqual(self.tls_sources(docs, "DaemonSet"), [{"name": secret, "items": [
+            {"key": "tls.crt", "path": "tls/tls.crt"}, {"key": "tls.key", "path": "tls/tls.key", "mode": 0o400}]}])
+        self.assertEqual(self.tls_sources(docs, "Deployment"),
+                         [{"name": secret, "items": [{"key": "ca.crt", "path": "tls/ca.crt"}]}])
+        agent, controller = self.configs(docs)
+        self.assertEqual(agent["api"]["tls"], {"certFile": "/etc/rdmig/tls/tls.crt", "keyFile": "/etc/rdmig/tls/tls.key"})
+        self.assertEqual(controller["agents"]["tls"], {"caFile": "/etc/rdmig/tls/ca.crt", "serverName": server_name})
+        sm = {m["metadata"]["name"]: m["spec"]["endpoints"][0] for m in find(docs, "ServiceMonitor")}
+        self.assertEqual((sm["rdmig-agent"]["scheme"], sm["rdmig-agent"]["tlsConfig"]),
+                         ("https", {"serverName": server_name, "ca": {"secret": {"name": secret, "key": "ca.crt"}}}))
+        self.assertNotIn("scheme", sm["rdmig-controller"], "the controller's own /metrics stays plain HTTP")
+        sums = {w["spec"]["template"]["metadata"]["annotations"]["checksum/tls"]
+                for w in (one(docs, "DaemonSet"), one(docs, "Deployment"))}
+        self.assertEqual(len(sums), 1, "a new certificate restarts agents and controller together")
+        # The probes stay plain HTTP on their own port (the kubelet has no CA).
+        c = pod_spec(one(docs, "DaemonSet"))["containers"][0]
+        self.assertEqual(c["readinessProbe"]["httpGet"].get("scheme", "HTTP"), "HTTP")
+        self.assertEqual(c["readinessProbe"]["httpGet"]["port"], "probes")
+
+    def test_generate_makes_a_ca_and_a_certificate_for_the_server_name(self):
+        docs = render("--set", "serviceMonitor.enabled=true", "--set", "agent.tls.serverName=agents.example.test")
+        self.assert_wired(docs, "rdmig-agent-tls", "agents.example.test")
+        sec = one(docs, "Secret", "rdmig-agent-tls")
+        self.assertEqual((sec["type"], sorted(sec["data"])), ("kubernetes.io/tls", ["ca.crt", "tls.crt", "tls.key"]))
+        self.assertEqual(find(docs, "Certificate") + find(docs, "Issuer"), [])
+        tmp = tempfile.mkdtemp(prefix="rdmig-tls-")
+        try:
+            for k, v in sec["data"].items():
+                with open(os.path.join(tmp, k), "wb") as f:
+                    f.write(base64.b64decode(v))
+
+            def openssl(*args):
+                r = subprocess.run(("openssl",) + args, capture_output=True, text=True, cwd=tmp)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                return r.stdout
+            self.assertIn("tls.crt: OK", openssl("verify", "-CAfile", "ca.crt", "tls.crt"))
+            ext = openssl("x509", "-in", "tls.crt", "-noout", "-ext", "subjectAltName,extendedKeyUsage")
+            self.assertEqual(re.findall(r"(DNS|IP Address):([^,\s]+)", ext), [("DNS", "agents.example.test")])
+            self.assertIn("TLS Web Server Authentication", ext)
+            # The key is the certificate's: the same public key.
+            self.assertEqual(openssl("x509", "-in", "tls.crt", "-noout", "-pubkey"),
+                             openssl("pkey", "-in", "tls.key", "-pubout"))
+            self.assertIn("CA:TRUE", openssl("x509", "-in", "ca.crt", "-noout", "-ext", "basicConstraints"))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        # Without a cluster to look the Secret up in, every render makes a new one (NOTES say so).
+        self.assertNotEqual(*[one(render(), "Secret", "rdmig-agent-tls")["data"]["tls.crt"] for _ in range(2)])
+
+    def test_cert_manager_makes_its_own_ca_chain_or_uses_the_given_issuer(self):
+        docs = render("--set", "serviceMonitor.enabled=true", "--set", "agent.tls.mode=certManager")
+        self.assert_wired(docs, "rdmig-agent-tls", "rdmig-agent")
+        self.assertEqual(find(docs, "Secret", "rdmig-agent-tls"), [], "cert-manager writes it")
+        issuers = {i["metadata"]["name"]: i["spec"] for i in find(docs, "Issuer")}
+        self.assertEqual(issuers, {"rdmig-selfsigned": {"selfSigned": {}},
+                                   "rdmig-agent-ca": {"ca": {"secretName": "rdmig-agent-ca"}}})
+        certs = {c["metadata"]["name"]: c["spec"] for c in find(docs, "Certificate")}
+        self.assertEqual(set(certs), {"rdmig-agent-ca", "rdmig-agent-tls"})
+        self.assertTrue(certs["rdmig-agent-ca"]["isCA"])
+        self.assertEqual(certs["rdmig-agent-ca"]["issuerRef"]["name"], "rdmig-selfsigned")
+        leaf = certs["rdmig-agent-tls"]
+        self.assertEqual((leaf["secretName"], leaf["dnsNames"], leaf["issuerRef"]),
+                         ("rdmig-agent-tls", ["rdmig-agent"], {"name": "rdmig-agent-ca", "kind": "Issuer",
+                                                               "group": "cert-manager.io"}))
+        self.assertIn("server auth", leaf["usages"])
+        for c in find(docs, "Certificate") + find(docs, "Issuer"):
+            self.assertEqual((c["apiVersion"], c["metadata"]["namespace"]), ("cert-manager.io/v1", NAMESPACE))
+        own = render("--set", "agent.tls.mode=certManager", "--set", "agent.tls.certManager.issuerRef.name=corp-ca",
+                     "--set", "agent.tls.certManager.issuerRef.kind=ClusterIssuer")
+        self.assertEqual(find(own, "Issuer"), [])
+        self.assertEqual([c["spec"]["issuerRef"] for c in find(own, "Certificate")], [{"name": "corp-ca", "kind": "ClusterIssuer"}])
+
+    def test_secret_uses_the_named_secret_and_needs_one(self):
+        docs = render("--set", "serviceMonitor.enabled=true", "--set", "agent.tls.mode=secret",
+                      "--set", "agent.tls.existingSecret=agents-https")
+        self.assert_wired(docs, "agents-https", "rdmig-agent")
+        self.assertEqual([d["metadata"]["name"] for d in find(docs, "Secret")], ["rdmig-token"])
+        r = helm("template", "rdmig", CHART, "-n", NAMESPACE, "--set", "agent.tls.mode=secret", check=False)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("agent.tls.existingSecret", r.stderr)
+
+    def test_off_is_plain_http_everywhere_and_the_notes_warn(self):
+        docs = render("--set", "serviceMonitor.enabled=true", "--set", "agent.tls.mode=off")
+        self.assertEqual([d["metadata"]["name"] for d in find(docs, "Secret")], ["rdmig-token"])
+        self.assertEqual(self.tls_sources(docs, "DaemonSet") + self.tls_sources(docs, "Deployment"), [])
+        agent, controller = self.configs(docs)
+        self.assertNotIn("tls", agent["api"])
+        self.assertNotIn("tls", controller["agents"])
+        for sm in find(docs, "ServiceMonitor"):
+            self.assertNotIn("tlsConfig", sm["spec"]["endpoints"][0])
+            self.assertNotIn("scheme", sm["spec"]["endpoints"][0])
+        for w in (one(docs, "DaemonSet"), one(docs, "Deployment")):
+            self.assertNotIn("checksum/tls", w["spec"]["template"]["metadata"]["annotations"])
+        self.assertIn("WARNING: agent.tls.mode=off", render_notes("--set", "agent.tls.mode=off"))
+
+    def test_notes_say_where_the_certificate_comes_from(self):
+        notes = render_notes()
+        self.assertIn("speak HTTPS only", notes)
+        self.assertIn("every render", notes)
+        self.assertIn("--cacert ca.crt", notes)
+        self.assertNotIn("WARNING", notes)
+        self.assertIn("get certificate rdmig-agent-tls", render_notes("--set", "agent.tls.mode=certManager"))
+
+    def test_an_unknown_mode_or_server_name_is_refused(self):
+        for bad in ("agent.tls.mode=none", "agent.tls.serverName=Not_A_Name", "agent.tls.serverName=10.0.0.1:443"):
+            r = helm("template", "rdmig", CHART, "-n", NAMESPACE, "--set", bad, check=False)
+            self.assertNotEqual(r.returncode, 0, bad)
+            self.assertIn("agent.tls", r.stderr, bad)
 
 
 if __name__ == "__main__":

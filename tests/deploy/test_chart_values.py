@@ -86,11 +86,12 @@ class SchemaTest(unittest.TestCase):
         self.assert_refused("prometheusRule.downtimeSloSeconds=0.3", needle="downtimeSloSeconds")
 
     def test_keys_the_chart_sets_are_not_values(self):
-        """api.tokenFile, agents.port/tokenFile, namespace and kubevirt.enabled/hookSocket in the
-        configs come from the chart; a value there would be overwritten or break the RBAC."""
+        """api.tokenFile, api.tls, agents.port/tokenFile/tls, namespace and kubevirt.enabled/hookSocket
+        in the configs come from the chart; a value there would be overwritten or break the RBAC."""
         for s in ("agent.config.api.tokenFile=/x", "controller.config.agents.port=1",
                   "controller.config.agents.tokenFile=/x", "controller.config.namespace=other",
-                  "agent.config.kubevirt.enabled=true", "agent.config.kubevirt.hookSocket=/x.sock"):
+                  "agent.config.kubevirt.enabled=true", "agent.config.kubevirt.hookSocket=/x.sock",
+                  "agent.config.api.tls.certFile=/x", "controller.config.agents.tls.caFile=/x"):
             self.assert_refused(s)
 
     def test_chunk_size_enum_is_exactly_what_the_agent_accepts(self):
@@ -173,9 +174,11 @@ class ValuesTest(unittest.TestCase):
                 self.assertNotIn("nvidia.com/sriov_rdma", json.dumps(init.get("resources", {})))
 
     def test_init_container_check_passes_on_the_rendered_config(self):
-        """The agent's and the controller's own --check-config on the chart's rendered files."""
+        """The agent's and the controller's own --check-config on the chart's rendered files, with
+        the certificate, key and CA the chart generated (agent.tls.mode generate)."""
         import tempfile
-        token = base64.b64decode(one(self.defaults, "Secret")["data"]["token"]).decode()
+        token = base64.b64decode(one(self.defaults, "Secret", "rdmig-token")["data"]["token"]).decode()
+        tls = {k: base64.b64decode(v) for k, v in one(self.defaults, "Secret", "rdmig-agent-tls")["data"].items()}
         for var, cm, key, section in (("RDMIG_AGENT", "rdmig-agent-config", "agent.yaml", "api"),
                                       ("RDMIG_CONTROLLER", "rdmig-controller-config", "controller.yaml", "agents")):
             binary = os.environ.get(var, "")
@@ -186,6 +189,13 @@ class ValuesTest(unittest.TestCase):
                 cfg[section]["tokenFile"] = os.path.join(tmp, "token")
                 with open(cfg[section]["tokenFile"], "w") as f:
                     f.write(token)
+                for name, data in tls.items():
+                    with open(os.path.join(tmp, name), "wb") as f:
+                        f.write(data)
+                for k in ("certFile", "keyFile", "caFile"):
+                    if k in cfg[section]["tls"]:
+                        self.assertTrue(cfg[section]["tls"][k].startswith("/etc/rdmig/tls/"), cfg[section]["tls"])
+                        cfg[section]["tls"][k] = os.path.join(tmp, os.path.basename(cfg[section]["tls"][k]))
                 path = os.path.join(tmp, key)
                 with open(path, "w") as f:
                     yaml.safe_dump(cfg, f)
@@ -197,6 +207,15 @@ class ValuesTest(unittest.TestCase):
                 r = subprocess.run([binary, "--check-config", path], capture_output=True, text=True)
                 self.assertEqual(r.returncode, 2, "a bad config must fail the init container")
                 self.assertIn("logLevel", r.stderr)
+                # A certificate file that is not there fails the check, naming the key.
+                del cfg["logLevel"]
+                tls_key = "certFile" if section == "api" else "caFile"
+                cfg[section]["tls"][tls_key] = os.path.join(tmp, "missing.crt")
+                with open(path, "w") as f:
+                    yaml.safe_dump(cfg, f)
+                r = subprocess.run([binary, "--check-config", path], capture_output=True, text=True)
+                self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+                self.assertIn("%s.tls.%s" % (section, tls_key), r.stderr)
 
     def test_agent_grace_period_follows_shutdown_grace_and_no_pre_stop(self):
         for sets, grace in (((), 20), (("--set", "agent.config.shutdownGraceSeconds=120"), 120)):
@@ -244,11 +263,13 @@ class ValuesTest(unittest.TestCase):
         # The generated token is made once per render: the Secret and the annotation agree.
         d = self.defaults
         import hashlib
-        token = base64.b64decode(one(d, "Secret")["data"]["token"])
+        token = base64.b64decode(one(d, "Secret", "rdmig-token")["data"]["token"])
         self.assertEqual(checksums(d)[0], hashlib.sha256(token).hexdigest())
 
     def test_existing_secret_renders_identically_twice(self):
-        args = ["--set", "token.existingSecret=gitops-token", "--set", "token.existingSecretKey=t"]
+        # GitOps: the token and the agents' certificate from Secrets made outside the chart.
+        args = ["--set", "token.existingSecret=gitops-token", "--set", "token.existingSecretKey=t",
+                "--set", "agent.tls.mode=secret", "--set", "agent.tls.existingSecret=gitops-tls"]
         first, second = template(*args), template(*args)
         self.assertEqual(first.returncode, 0, first.stderr)
         self.assertEqual(first.stdout, second.stdout, "a GitOps tool must see no change between renders")

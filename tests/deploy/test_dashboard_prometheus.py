@@ -182,8 +182,16 @@ class DashboardPrometheusTest(unittest.TestCase):
         chart_rules = one(render("--set", "prometheusRule.enabled=true"), "PrometheusRule")
         with open(os.path.join(MANIFESTS, "monitoring", "prometheusrule.yaml")) as f:
             manifest_rules = one([d for d in yaml.safe_load_all(f) if d], "PrometheusRule")
+        # The agents' ServiceMonitor: HTTPS with the chart's CA and name (agent.tls) becomes scheme and tls_config.
+        agent_sm = [sm for sm in render("--set", "serviceMonitor.enabled=true")
+                    if sm["kind"] == "ServiceMonitor" and sm["metadata"]["name"].endswith("-agent")][0]["spec"]["endpoints"][0]
         cls.stack = LiveStack(docs)
         try:
+            agent_tls = {}
+            if agent_sm.get("scheme") == "https":
+                assert cls.stack.tls, "the ServiceMonitor scrapes HTTPS but the rendered agents serve plain HTTP"
+                agent_tls = {"scheme": "https", "tls_config": {"ca_file": cls.stack.tls["ca"],
+                                                               "server_name": agent_sm["tlsConfig"]["serverName"]}}
             cls.rule_files, cls.alerts = [], []
             for where, rule in (("manifest", manifest_rules), ("chart", chart_rules)):
                 path = os.path.join(cls.stack.tmp, "%s.rules.yaml" % where)
@@ -198,10 +206,10 @@ class DashboardPrometheusTest(unittest.TestCase):
                            "evaluation_interval": "%ds" % SCRAPE_SECONDS},
                 "rule_files": cls.rule_files,
                 "scrape_configs": [
-                    {"job_name": AGENT_JOB, "honor_labels": honor["agent"], "static_configs": [
+                    dict({"job_name": AGENT_JOB, "honor_labels": honor["agent"], "static_configs": [
                         {"targets": ["127.0.0.1:%d" % agent.api_port], "labels": {"namespace": NAMESPACE,
                                                                                   "node": agent.name}}
-                        for agent in (a, b)]},
+                        for agent in (a, b)]}, **agent_tls),
                     {"job_name": CONTROLLER_JOB, "honor_labels": honor["controller"], "static_configs": [
                         {"targets": ["127.0.0.1:%d" % cls.stack.controller.port],
                          "labels": {"namespace": NAMESPACE, "node": "node-a"}}]}]}

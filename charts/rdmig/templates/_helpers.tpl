@@ -115,6 +115,7 @@ the cluster can be asked (helm install/upgrade); under `helm template` only its 
 {{- define "rdmig.agent.config" -}}
 {{- $cfg := deepCopy .Values.agent.config -}}
 {{- $_ := set $cfg.api "tokenFile" "/etc/rdmig/token" -}}
+{{- include "rdmig.agentTls.agentConfig" (list . $cfg) -}}
 {{- /* QMP sockets only under the directories the chart mounts, unless set explicitly */ -}}
 {{- if not (hasKey (default dict $cfg.migration) "qmpSocketRoots") -}}
 {{- $m := default dict $cfg.migration -}}
@@ -141,5 +142,6 @@ the cluster can be asked (helm install/upgrade); under `helm template` only its 
 {{- $cfg := deepCopy .Values.controller.config -}}
 {{- $_ := set $cfg.agents "port" .Values.agent.config.api.port -}}
 {{- $_ := set $cfg.agents "tokenFile" "/etc/rdmig/token" -}}
+{{- include "rdmig.agentTls.controllerConfig" (list . $cfg) -}}
 {{- toYaml $cfg -}}
 {{- end -}}
