@@ -1,8 +1,6 @@
 #include "kubevirt/flow_protocol.h"
 
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-
+#include "common/hmac.h"
 #include "common/units.h"
 #include "transport/wire.h"
 
@@ -84,12 +82,7 @@ Result<FlowHello> FlowHello::parse(const json& j) {
 }
 
 std::string flow_mac(const std::string& token, const std::string& nonce, const std::string& session) {
-  const std::string msg = nonce + session;
-  unsigned char out[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()), reinterpret_cast<const unsigned char*>(msg.data()),
-       msg.size(), out, &len);
-  return to_hex(out, len);
+  return hmac_sha256_hex(token, nonce + session);
 }
 
 }  // namespace rdmig::kubevirt

@@ -2,6 +2,9 @@
 
 #include <sys/socket.h>
 
+#include <cstdlib>
+#include <fstream>
+
 #include "common/log.h"
 #include "common/net.h"
 
@@ -59,6 +62,24 @@ void Job::release_resources() {
   link.reset();
   qmp_.reset();
   release_own();
+}
+
+int Job::qemu_pid_of(qemu::QmpClient& qmp) {
+  auto cpus = qmp.execute("query-cpus-fast", {}, kQmpTimeout);
+  if (cpus && cpus->is_array() && !cpus->empty() && (*cpus)[0].is_object()) {
+    const auto tid = (*cpus)[0].value("thread-id", int64_t{0});
+    if (tid > 0) {
+      std::ifstream status("/proc/" + std::to_string(tid) + "/status");
+      std::string line;
+      while (std::getline(status, line)) {
+        if (line.rfind("Tgid:", 0) == 0) {
+          const int pid = std::atoi(line.c_str() + 5);
+          if (pid > 0) return pid;
+        }
+      }
+    }
+  }
+  return qmp.peer_pid();
 }
 
 Status Job::check_qemu_peer(int fd, const std::string& what) const {

@@ -124,6 +124,9 @@ class Job {
   // anything else that reached the socket is refused, naming both pids. No check when the
   // QMP peer's pid is not visible (0: the agent is not in the host's pid namespace).
   Status check_qemu_peer(int fd, const std::string& what) const;
+  // The QEMU process behind `qmp`: the thread group of its first vCPU thread (query-cpus-fast
+  // thread-id), which holds through a QMP proxy; else the QMP socket's peer (SO_PEERCRED).
+  static int qemu_pid_of(qemu::QmpClient& qmp);
   int qemu_pid_ = 0;  // set by derived constructors from the QMP connection
 
   // Owned by the worker thread (and torn down in this order: pumps, channels, link, qmp).

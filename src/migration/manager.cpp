@@ -92,6 +92,23 @@ void MigrationManager::handle_hello(UniqueFd fd, const json& raw) {
     LOG_WARN("dataplane") << "refused a hello: " << hello.error().message;
     return;
   }
+  std::string nonce, proof;
+  if (hello->kind == "control") {
+    // Challenge every control hello, whatever its id: the source proves the one-time token
+    // (transport::control_proof) instead of sending it, and a refusal reads the same for an
+    // unknown id and a wrong proof.
+    nonce = random_hex(16);
+    (void)transport::send_message(fd.get(), json{{"type", "challenge"}, {"nonce", nonce}});
+    auto auth = transport::recv_message(fd.get(), kHelloTimeout);
+    auto mac = auth ? transport::get_string(auth.value(), "proof", "auth", 64) : Result<std::string>(auth.error());
+    if (!auth || auth->value("type", "") != "auth" || !mac) {
+      (void)transport::send_message(fd.get(), json{{"type", "reject"}, {"code", "permission_denied"},
+                                                   {"message", kHelloRefused}});
+      LOG_WARN("dataplane") << "refused a control hello: no valid answer to the challenge";
+      return;
+    }
+    proof = mac.value();
+  }
   auto job = find(hello->migration_id);
   auto* target = dynamic_cast<TargetJob*>(job.get());
   if (!target) {
@@ -100,7 +117,7 @@ void MigrationManager::handle_hello(UniqueFd fd, const json& raw) {
     return;
   }
   if (hello->kind == "control") {
-    target->on_control(std::move(fd), hello.value());
+    target->on_control(std::move(fd), hello.value(), nonce, proof);
   } else {
     target->on_data(std::move(fd), hello.value());
   }

@@ -56,7 +56,7 @@ SourceJob::SourceJob(MigrationSpec spec, JobContext ctx, std::unique_ptr<qemu::Q
                      bool was_running)
     : Job(std::move(spec), ctx), was_running_(was_running) {
   qmp_ = std::move(qmp);
-  qemu_pid_ = qmp_->peer_pid();
+  qemu_pid_ = qemu_pid_of(*qmp_);
   socket_path_ = ctx_.config.state_dir + "/" + spec_.id + ".src.sock";
   update([&](MigrationStatus& s) { s.peer = spec_.target.host + ":" + std::to_string(spec_.target.port); });
 }
@@ -102,12 +102,22 @@ Status SourceJob::connect_data_plane() {
   if (!fd) return cancel_or(fd.error().with_context("target agent data plane " + ep.to_string()));
   hello.kind = "control";
   hello.migration_id = spec_.target.migration_id;
-  hello.token = spec_.target.token;
   hello.channels = spec_.channels();
   hello.chunk_size = spec_.chunk_size;
   hello.ring_depth = spec_.ring_depth;
   RDMIG_TRY(transport::send_message(fd->get(), hello.to_json()));
-  auto reply = transport::recv_message(fd->get(), kHandshakeTimeout);
+  // The target challenges; the answer proves the one-time token without sending it.
+  auto challenge = transport::recv_message(fd->get(), kHandshakeTimeout);
+  if (!challenge) return cancel_or(challenge.error().with_context("hello to target agent " + ep.to_string()));
+  if (challenge->value("type", "") == "challenge") {
+    auto nonce = transport::get_string(challenge.value(), "nonce", "challenge", 64);
+    if (!nonce) return nonce.error().with_context("target agent " + ep.to_string());
+    RDMIG_TRY(transport::send_message(
+        fd->get(), json{{"type", "auth"},
+                        {"proof", transport::control_proof(spec_.target.token, nonce.value(), spec_.target.migration_id)}}));
+  }
+  auto reply = challenge->value("type", "") == "challenge" ? transport::recv_message(fd->get(), kHandshakeTimeout)
+                                                           : Result<json>(challenge.value());
   if (!reply) return cancel_or(reply.error().with_context("hello to target agent " + ep.to_string()));
   const std::string type = reply->value("type", "");
   if (type == "reject") {

@@ -46,7 +46,7 @@ Result<std::unique_ptr<TargetJob>> TargetJob::create(MigrationSpec spec, JobCont
 TargetJob::TargetJob(MigrationSpec spec, JobContext ctx, std::unique_ptr<qemu::QmpClient> qmp)
     : Job(std::move(spec), ctx), token_(random_hex(16)) {
   qmp_ = std::move(qmp);
-  qemu_pid_ = qmp_->peer_pid();
+  qemu_pid_ = qemu_pid_of(*qmp_);
   socket_path_ = ctx_.config.state_dir + "/" + spec_.id + ".dst.sock";
   data_fds_.resize(spec_.channels());
   rdma_channels_.resize(spec_.channels());
@@ -86,10 +86,11 @@ size_t TargetJob::held_own() const {
   return n;
 }
 
-void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello) {
+void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello, const std::string& nonce,
+                           const std::string& proof) {
   std::lock_guard lock(conn_mu_);
   // The token first: only its holder learns anything about this migration.
-  if (!constant_time_equal(hello.token, token_)) {
+  if (!constant_time_equal(proof, transport::control_proof(token_, nonce, spec_.id))) {
     ctx_.metrics.transport_error(hello.transport, "auth");
     LOG_WARN("migration") << log_prefix() << " refused a source: token does not match";
     reject(fd.get(), "permission_denied", kHelloRefused);

@@ -22,7 +22,8 @@ class TargetJob final : public Job {
   const std::string& token() const { return token_; }
   // Called by the data-plane server's thread with a connection that said hello. Replies
   // (welcome or reject) on the connection; takes it over on success.
-  void on_control(UniqueFd fd, const transport::Hello& hello);
+  // `proof`: the source's answer to `nonce` (transport::control_proof of this job's token).
+  void on_control(UniqueFd fd, const transport::Hello& hello, const std::string& nonce, const std::string& proof);
   void on_data(UniqueFd fd, const transport::Hello& hello);
   // For the agent's RDMA listener: how to build channel `index` of `session` and where it goes.
   Result<transport::rdma::AcceptPlan> rdma_plan(const std::string& session, uint32_t index);

@@ -4,6 +4,7 @@
 
 #include <array>
 
+#include "common/hmac.h"
 #include "common/net.h"
 #include "common/units.h"
 #include "common/json_limits.h"
@@ -106,10 +107,13 @@ Result<uint64_t> get_uint(const json& j, const char* key, const std::string& whe
   return v;
 }
 
+std::string control_proof(const std::string& token, const std::string& nonce, const std::string& migration_id) {
+  return hmac_sha256_hex(token, "rdmig-control\n" + nonce + "\n" + migration_id);
+}
+
 json Hello::to_json() const {
   json j{{"type", "hello"}, {"protocol", protocol}, {"kind", kind}, {"migrationId", migration_id}};
   if (kind == "control") {
-    j["token"] = token;
     j["channels"] = channels;
     j["chunkSize"] = chunk_size;
     j["ringDepth"] = ring_depth;
@@ -141,9 +145,6 @@ Result<Hello> Hello::parse(const json& j) {
   if (!id) return id.error();
   h.migration_id = id.value();
   if (h.kind == "control") {
-    auto token = get_string(j, "token", "hello", 128);
-    if (!token) return token.error();
-    h.token = token.value();
     auto ch = get_uint(j, "channels", "hello", 1, kMaxChannels);
     if (!ch) return ch.error();
     h.channels = static_cast<uint32_t>(ch.value());

@@ -11,7 +11,9 @@
 
 namespace rdmig::transport {
 
-inline constexpr uint32_t kProtocolVersion = 1;
+// 2: the control hello carries no token; the target challenges and the source proves it
+// (control_proof), so the one-time token never crosses the data-plane network.
+inline constexpr uint32_t kProtocolVersion = 2;
 inline constexpr uint32_t kMaxMessageBytes = 64 * 1024;
 inline constexpr uint32_t kMaxChannels = 65;  // main + 64 multifd
 
@@ -24,7 +26,6 @@ struct Hello {
   uint32_t protocol = kProtocolVersion;
   std::string kind;          // "control" or "data"
   std::string migration_id;  // the target agent's migration id
-  std::string token;         // control: one-time migration token
   std::string session;       // data: session key from the welcome
   uint32_t index = 0;        // data: channel index (0 = QEMU's main channel)
   uint32_t channels = 0;     // control: QEMU connections (1 + multifd channels)
@@ -41,6 +42,10 @@ struct Hello {
 // What both ends of a session must agree on, as every kind of hello offers it:
 // chunkSize, ringDepth, transport (tcp|rdma), transportRequired (optional). Errors name
 // `where.field`.
+// The source's answer to the target's challenge on a control connection: proves the one-time
+// token of `migration_id` without sending it.
+std::string control_proof(const std::string& token, const std::string& nonce, const std::string& migration_id);
+
 struct SessionTerms {
   uint64_t chunk_size = 0;
   uint32_t ring_depth = 0;

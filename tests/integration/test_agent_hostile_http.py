@@ -112,6 +112,24 @@ class FakeRunningQemu(FakeIncomingQemu):
             c.close()
 
 
+def control_proof(token, nonce, migration_id):
+    """What the source agent answers to the target's challenge (transport::control_proof)."""
+    import hashlib
+    import hmac
+    return hmac.new(token.encode(), ("rdmig-control\n%s\n%s" % (nonce, migration_id)).encode(),
+                    hashlib.sha256).hexdigest()
+
+
+def control_hello(sock, hello, token):
+    """Sends a control hello and answers the target's challenge; returns the target's answer."""
+    send_frame(sock, hello)
+    reply = recv_frame(sock)
+    if reply and reply.get("type") == "challenge":
+        send_frame(sock, {"type": "auth", "proof": control_proof(token, reply["nonce"], hello["migrationId"])})
+        reply = recv_frame(sock)
+    return reply
+
+
 def send_frame(sock, msg):
     import struct
     body = json.dumps(msg).encode()
@@ -148,6 +166,7 @@ class StallingTargetAgent:
         self.port = self.srv.getsockname()[1]
         self.conns = []
         self.seen = []  # the types of the messages received, in order
+        self.frames = []  # the hellos and auth answers received, whole
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self):
@@ -164,9 +183,15 @@ class StallingTargetAgent:
             hello = recv_frame(c)
             if hello is not None:
                 self.seen.append(hello.get("kind"))
+                self.frames.append(hello)
             if hello is None or self.stage == "hello":
                 return
             if hello.get("kind") == "control":
+                send_frame(c, {"type": "challenge", "nonce": "cd" * 16})
+                auth = recv_frame(c)
+                if auth is None:
+                    return
+                self.frames.append(auth)
                 send_frame(c, {"type": "welcome", "session": "ab" * 16, "transport": "tcp"})
                 if self.stage in ("full", "ready"):  # answer 'start' with 'ready'; then carry nothing
                     while True:
@@ -424,23 +449,12 @@ class HostileHttpTest(unittest.TestCase):
 
     # ---- data-plane hellos ----
 
-    def hello(self, **fields):
-        import struct
-        msg = dict({"type": "hello", "protocol": 1, "kind": "control", "token": "t" * 32, "channels": 1,
+    def hello(self, token="t" * 32, **fields):
+        msg = dict({"type": "hello", "protocol": 2, "kind": "control", "channels": 1,
                     "chunkSize": 1 << 20, "ringDepth": 16, "transport": "tcp"}, **fields)
-        body = json.dumps(msg).encode()
         s = socket.create_connection(("127.0.0.1", self.agent.data_port), timeout=10)
         try:
-            s.sendall(struct.pack("<I", len(body)) + body)
-            head = s.recv(4)
-            n = struct.unpack("<I", head)[0]
-            data = b""
-            while len(data) < n:
-                chunk = s.recv(n - len(data))
-                if not chunk:
-                    break
-                data += chunk
-            return json.loads(data)
+            return control_hello(s, msg, token)
         finally:
             s.close()
 
@@ -509,6 +523,10 @@ class HostileHttpTest(unittest.TestCase):
                 "target": {"endpoint": "127.0.0.1:%d" % peer.port, "migrationId": "m-far", "token": "t" * 32}})
             self.assertEqual(status, 201, src)
             self.assertCancelsWithinASecond(src["id"], "the source waits for 'ready'", lambda: "start" in peer.seen)
+            # The one-time token never crossed the wire: the source proved it instead.
+            sent = json.dumps(peer.frames)
+            self.assertNotIn("t" * 32, sent)
+            self.assertIn(control_proof("t" * 32, "cd" * 16, "m-far"), sent)
         finally:
             peer.close()
             q.close()
@@ -521,10 +539,9 @@ class HostileHttpTest(unittest.TestCase):
         ctl = socket.create_connection(("127.0.0.1", self.agent.data_port), timeout=10)
         data = socket.create_connection(("127.0.0.1", self.agent.data_port), timeout=10)
         try:
-            hello = {"type": "hello", "protocol": 1, "migrationId": target["id"], "channels": 1,
+            hello = {"type": "hello", "protocol": 2, "migrationId": target["id"], "channels": 1,
                      "chunkSize": 1 << 20, "ringDepth": 16, "transport": "tcp"}
-            send_frame(ctl, dict(hello, kind="control", token=target["token"]))
-            welcome = recv_frame(ctl)
+            welcome = control_hello(ctl, dict(hello, kind="control"), target["token"])
             self.assertEqual(welcome["type"], "welcome", welcome)
             send_frame(data, dict(hello, kind="data", session=welcome["session"], index=0))
             self.assertEqual(recv_frame(data)["type"], "welcome")
@@ -619,10 +636,9 @@ class HostileHttpTest(unittest.TestCase):
         ctl = socket.create_connection(("127.0.0.1", self.agent.data_port), timeout=10)
         data = socket.create_connection(("127.0.0.1", self.agent.data_port), timeout=10)
         try:
-            hello = {"type": "hello", "protocol": 1, "migrationId": target["id"], "channels": 1,
+            hello = {"type": "hello", "protocol": 2, "migrationId": target["id"], "channels": 1,
                      "chunkSize": 1 << 20, "ringDepth": 16, "transport": "tcp"}
-            send_frame(ctl, dict(hello, kind="control", token=target["token"]))
-            welcome = recv_frame(ctl)
+            welcome = control_hello(ctl, dict(hello, kind="control"), target["token"])
             send_frame(data, dict(hello, kind="data", session=welcome["session"], index=0))
             self.assertEqual(recv_frame(data)["type"], "welcome")
             send_frame(ctl, {"type": "start"})

@@ -404,7 +404,7 @@ class KubevirtRelayTest(unittest.TestCase):
         def conn():
             return socket.create_connection(("127.0.0.1", self.dst.data_port), timeout=10)
 
-        hello = {"kind": "flow", "protocol": 1, "session": "ab" * 16, "mode": "hook", "migrationUid": "x",
+        hello = {"kind": "flow", "protocol": 2, "session": "ab" * 16, "mode": "hook", "migrationUid": "x",
                  "sourceNode": "node-a", "targetNode": "node-b", "chunkSize": 1 << 20, "ringDepth": 16,
                  "transport": "tcp"}
         silent = [conn() for _ in range(8)]  # say nothing: must delay nobody

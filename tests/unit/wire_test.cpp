@@ -13,7 +13,6 @@ Hello control_hello() {
   Hello h;
   h.kind = "control";
   h.migration_id = "m-1";
-  h.token = "secret";
   h.channels = 5;
   h.chunk_size = 4 << 20;
   h.ring_depth = 16;
@@ -27,7 +26,18 @@ TEST(Wire, ControlHelloRoundTrips) {
   ASSERT_TRUE(parsed.ok()) << parsed.error().message;
   EXPECT_EQ(parsed->channels, 5u);
   EXPECT_EQ(parsed->chunk_size, 4u << 20);
-  EXPECT_EQ(parsed->token, "secret");
+  // The one-time token is never on the wire: the hello does not carry it.
+  EXPECT_FALSE(control_hello().to_json().contains("token"));
+}
+
+TEST(Wire, ControlProofBindsTokenNonceAndMigration) {
+  const auto p = control_proof("secret-token-123", "nonce-a", "m-1");
+  EXPECT_EQ(p.size(), 64u);
+  EXPECT_EQ(p, control_proof("secret-token-123", "nonce-a", "m-1"));
+  EXPECT_NE(p, control_proof("secret-token-124", "nonce-a", "m-1"));
+  EXPECT_NE(p, control_proof("secret-token-123", "nonce-b", "m-1"));
+  EXPECT_NE(p, control_proof("secret-token-123", "nonce-a", "m-2"));
+  EXPECT_EQ(p.find("secret"), std::string::npos);
 }
 
 TEST(Wire, HelloErrorsNameTheField) {
@@ -43,10 +53,10 @@ TEST(Wire, HelloErrorsNameTheField) {
   j["transport"] = "carrier-pigeon";
   EXPECT_NE(Hello::parse(j).error().message.find("hello.transport"), std::string::npos);
   j = control_hello().to_json();
-  j.erase("token");
-  EXPECT_NE(Hello::parse(j).error().message.find("hello.token"), std::string::npos);
+  j.erase("migrationId");
+  EXPECT_NE(Hello::parse(j).error().message.find("hello.migrationId"), std::string::npos);
   j = control_hello().to_json();
-  j["protocol"] = 2;
+  j["protocol"] = 1;  // an agent that still sends its token in the hello
   EXPECT_EQ(Hello::parse(j).error().code, Errc::kProtocol);
 }
 
