@@ -212,16 +212,68 @@ TEST(PumpOverTcpSplice, AbortEndsPumpsBlockedOnSplice) {
   // a payload pending; the source QEMU's writer blocks too.
   std::thread w([&] { write_stream(src.qemu.get(), 64ull << 20, 3); });
   const auto deadline = std::chrono::steady_clock::now() + 5s;
-  while (source_pump.bytes_up() < (2u << 20) && std::chrono::steady_clock::now() < deadline) {
+  while (source_pump.bytes_up() < (512u << 10) && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(5ms);
   }
-  ASSERT_GE(source_pump.bytes_up(), 2u << 20);
+  ASSERT_GE(source_pump.bytes_up(), 512u << 10);  // more than QEMU's socket holds
   EXPECT_FALSE(target_pump.wait(0ms));
   target_pump.abort(Error{Errc::kCancelled, "cancelled by test"});
   EXPECT_TRUE(target_pump.wait(5s));
   EXPECT_TRUE(source_pump.wait(5s)) << "source pump still blocked after the target aborted";
   ::shutdown(src.qemu.get(), SHUT_RDWR);  // lets the writer finish
   w.join();
+}
+
+// A target QEMU that stops reading must not stall the connection: the target's reader takes
+// payloads left for splicing into its ring after a while, so credits for the other direction
+// still get through and the return path keeps flowing (without that, it stopped after a
+// ring's worth of chunks behind one payload waiting on the socket).
+TEST(PumpOverTcpSplice, StalledTargetQemuDoesNotBlockTheReturnPath) {
+  std::signal(SIGPIPE, SIG_IGN);
+  auto link = connect_link(256 << 10, 4, SpliceMode::kOn, SpliceMode::kOn);
+  auto src = socket_pair();
+  auto dst = socket_pair();
+  migration::ChannelPump source_pump(*link->source, std::move(src.agent));
+  UniqueFd dst_agent = std::move(dst.agent);
+  migration::ChannelPump target_pump(*link->target, [&]() -> Result<UniqueFd> { return std::move(dst_agent); });
+  source_pump.start();
+  target_pump.start();
+  // Forward: more than the ring and the socket buffers hold, towards a QEMU that reads nothing.
+  std::thread w1([&] { write_stream(src.qemu.get(), 256ull << 20, 31); });
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (source_pump.bytes_up() < (512u << 10) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_GE(source_pump.bytes_up(), 512u << 10);
+  // Return path: 16 MiB (many rings' worth of chunks) from the stalled QEMU to the source QEMU.
+  constexpr uint64_t kDown = 16ull << 20;
+  Received at_source;
+  std::thread r2([&] { at_source = read_stream(src.qemu.get(), 37); });
+  std::thread w2([&] {
+    std::mt19937_64 gen(37);
+    std::vector<std::byte> buf(256 << 10);
+    for (uint64_t done = 0; done < kDown; done += buf.size()) {
+      for (auto& b : buf) b = static_cast<std::byte>(gen() & 0xff);
+      if (!net::write_all(dst.qemu.get(), buf).ok()) return;
+    }
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  while (target_pump.bytes_up() < kDown && std::chrono::steady_clock::now() - t0 < 20s) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(target_pump.bytes_up(), kDown) << "return path stalled behind the stalled forward direction";
+  w2.join();
+  ::shutdown(dst.qemu.get(), SHUT_WR);
+  // The payloads the reader took back were copied: not everything forward was spliced in.
+  EXPECT_LT(link->target->spliced_received(), target_pump.bytes_down() + (256u << 10));
+  source_pump.abort(Error{Errc::kCancelled, "test over"});
+  target_pump.abort(Error{Errc::kCancelled, "test over"});
+  ::shutdown(src.qemu.get(), SHUT_RDWR);
+  EXPECT_TRUE(source_pump.wait(5s));
+  EXPECT_TRUE(target_pump.wait(5s));
+  w1.join();
+  r2.join();
+  EXPECT_EQ(at_source.first_mismatch, UINT64_MAX);
 }
 
 }  // namespace

@@ -315,8 +315,9 @@ Result<LocalMove> TcpChannel::deliver_to(int fd) {
     if (const int err = write_local(fd, s->data.get(), len); err != 0) return LocalMove{0, false, err};
     return LocalMove{len, false, 0};
   }
-  // Pull the whole payload into the pipe, hand the socket back to the reader, then push the
-  // pipe into QEMU: a slow QEMU then holds up this chunk only, never the connection.
+  // Pull the whole payload into the pipe (what does not fit: into the slot), hand the socket
+  // back to the reader, then push into QEMU: a slow QEMU holds up this chunk only, never the
+  // connection.
   const std::string where = "channel " + std::to_string(index_);
   size_t pulled = 0, written = 0;
   auto push = [&]() -> int {  // pipe -> QEMU, all of it; 0 or errno
@@ -337,8 +338,9 @@ Result<LocalMove> TcpChannel::deliver_to(int fd) {
     }
     if (n < 0 && errno == EAGAIN) {
       if (pulled > written) {
-        // The pipe is full (its slots hold page pieces, not bytes): empty it into QEMU.
-        if (const int err = push(); err != 0) return LocalMove{written, false, err};
+        // The pipe is full (its slots hold page pieces, not bytes). Emptying it into QEMU
+        // could block on QEMU while holding the socket: read the rest into the slot instead.
+        break;
       } else {
         pollfd p{fd_.get(), POLLIN, 0};
         (void)::poll(&p, 1, 1000);
@@ -351,14 +353,27 @@ Result<LocalMove> TcpChannel::deliver_to(int fd) {
     }
     return abort_error();
   }
+  const size_t rest = len - pulled;  // what did not fit the pipe, read into the slot
+  if (rest > 0) {
+    if (!s->data) s->data = std::make_unique_for_overwrite<std::byte[]>(chunk_size_);
+    auto r = net::read_exact(fd_.get(), std::span(s->data.get(), rest));
+    if (!r) {
+      fail(r.error().with_context(where));
+      return abort_error();
+    }
+  }
   metrics_.chunks_received->Increment();
   metrics_.bytes_received->Increment(static_cast<double>(len));
-  spliced_received_.fetch_add(len, std::memory_order_relaxed);
+  spliced_received_.fetch_add(pulled, std::memory_order_relaxed);
   {
     std::lock_guard lock(rx_mu_);
     payload_taken_locked(*s);
   }
+  // The socket is the reader's again; QEMU gets the pipe, then the rest, in order.
   if (const int err = push(); err != 0) return LocalMove{written, false, err};
+  if (rest > 0) {
+    if (const int err = write_local(fd, s->data.get(), rest); err != 0) return LocalMove{written, false, err};
+  }
   return LocalMove{len, false, 0};
 }
 
