@@ -317,17 +317,22 @@ class ControllerFaultsTest(unittest.TestCase):
         os.rename(self.env.token_file + ".new", self.env.token_file)
         rotated_at = time.monotonic()
         self.env.token = new
-        self.create("rot-1", src="node-s3", dst="node-s4")  # within the grace: either token works
+        for node in ("node-rot1", "node-rot2"):  # stand-ins of its own: others count calls on theirs
+            if node not in self.env.standins:
+                self.env.standin(node)
+        for s in self.env.standins.values():
+            s.previous_token, s.token = old, new
+        self.create("rot-1", src="node-rot1", dst="node-rot2")  # within the grace: either token works
         st = self.end_on_standins("rot-1", ("Succeeded", None, {"downtimeMs": 5}),
                                   ("Succeeded", None, {"targetState": "running"}))
         self.assertEqual(st["phase"], "Succeeded", st)
         # The controller looks at its token file at most once a second; then the grace ends.
         time.sleep(max(0.0, 1.2 - (time.monotonic() - rotated_at)))
-        src = self.env.standins["node-s3"]
+        src = self.env.standins["node-rot1"]
         seen = len(src.tokens_seen)
         for s in self.env.standins.values():
             s.previous_token = None
-        self.create("rot-2", src="node-s3", dst="node-s4")
+        self.create("rot-2", src="node-rot1", dst="node-rot2")
         st = self.end_on_standins("rot-2", ("Succeeded", None, {"downtimeMs": 5}),
                                   ("Succeeded", None, {"targetState": "running"}))
         self.assertEqual(st["phase"], "Succeeded", st)
