@@ -99,7 +99,7 @@ TEST(KubevirtFlowHello, RoundTripsAndValidatesEveryField) {
            {"ringDepth", 1, "hello.ringDepth"},
            {"transport", "ib", "hello.transport"},
            {"mode", "x", "hello.mode"},
-           {"protocol", 2, "hello.protocol"}}) {
+           {"protocol", 1, "hello.protocol"}}) {
     auto j = h.to_json();
     j[key] = value;
     auto r = FlowHello::parse(j);
