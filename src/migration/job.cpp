@@ -40,7 +40,18 @@ void Job::join_worker() {
 
 void Job::start_worker(std::function<void()> body) {
   worker_ = std::thread([this, body = std::move(body)] {
-    body();
+    try {
+      body();
+    } catch (const std::exception& e) {
+      // An allocation failure (or any other escape) fails this migration, never the agent.
+      const Error error{Errc::kResourceExhausted, std::string("internal error: ") + e.what()};
+      LOG_ERROR("migration") << log_prefix() << " " << error.message;
+      try {
+        on_exception(error);
+      } catch (const std::exception&) {
+      }
+      finish(Phase::kFailed, error.message, "other");
+    }
     release_resources();
     if (ctx_.on_worker_done) ctx_.on_worker_done(spec_.id);
   });
@@ -178,11 +189,11 @@ void Job::refresh_data_counters() {
   status_.progress.chunks_received = chunks_received;
 }
 
-void Job::abort_data_plane(const Error& reason) {
+void Job::abort_data_plane(const Error& reason, bool keep_link) {
   std::lock_guard lock(data_mu_);
   for (auto& p : pumps_) p->abort(reason);
   for (auto& c : channels_) c->abort(reason);
-  if (link_) link_->close();
+  if (link_ && !keep_link) link_->close();
 }
 
 const char* Job::failure_of(Errc code) {

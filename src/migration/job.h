@@ -89,7 +89,9 @@ class Job {
   }
   // Copies the pumps' counters into the status.
   void refresh_data_counters();
-  void abort_data_plane(const Error& reason);
+  // Fails pumps and channels; also shuts the control link unless `keep_link` (a verdict still
+  // has to reach the peer).
+  void abort_data_plane(const Error& reason, bool keep_link = false);
   std::string log_prefix() const;
   // Cancels and joins the worker; derived destructors call it first, while they still exist.
   void stop_worker();
@@ -99,6 +101,9 @@ class Job {
   // the status stays. Derived jobs free their own handshake state in release_own().
   void release_resources();
   virtual void release_own() {}
+  // The worker's body threw `error`: leave QEMU as safely as the job can (the caller then
+  // finishes the job Failed if this did not).
+  virtual void on_exception(const Error& error) { (void)error; }
   virtual size_t held_own() const { return 0; }
 
   // A socket a blocking handshake step uses: request_cancel() shuts it down, which ends the

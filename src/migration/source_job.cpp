@@ -383,6 +383,18 @@ void SourceJob::complete(const qemu::MigrationInfo& info, const std::string& uns
   }
   refresh_data_counters();
   const std::string handed = unsure.empty() ? "source QEMU completed" : unsure;
+  // Without its monitor there is no paused source VM to speak of: QEMU exited or dropped QMP.
+  // Nothing can be resumed here either way; the operator must look at the target.
+  const auto source_gone = [&](const std::string& what) {
+    finish(Phase::kFailed,
+           what + "; the source QEMU's monitor is gone (its process exited or closed QMP), so no VM is "
+                  "paused here: check whether the target runs the VM",
+           "qemu");
+  };
+  if (!verdict && !qmp_->connected()) {
+    source_gone(handed + " but the target agent did not confirm (" + verdict.error().message + ")");
+    return;
+  }
   if (!verdict) {
     finish(Phase::kFailed,
            handed + " but the target agent did not confirm (" + verdict.error().message +
@@ -394,6 +406,10 @@ void SourceJob::complete(const qemu::MigrationInfo& info, const std::string& uns
   const auto& v = verdict.value();
   if (!v.value("ok", false)) {
     const std::string why = v.value("reason", std::string("?"));
+    if (!v.value("safeToResumeSource", false) && !qmp_->connected()) {
+      source_gone("target failed after the source may have handed the VM over (" + why + ")");
+      return;
+    }
     if (!v.value("safeToResumeSource", false)) {
       finish(Phase::kFailed, "target failed after the source handed the VM over (" + why + ")" +
                                  (unsure.empty() ? std::string() : " [" + unsure + "]") +

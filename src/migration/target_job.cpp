@@ -261,7 +261,14 @@ Status TargetJob::monitor() {
   for (;;) {
     if (cancel_requested()) return Error{Errc::kCancelled, cancel_reason()};
     auto raw = qmp_->execute("query-migrate", {}, kQmpTimeout);
-    if (!raw) return raw.error().with_context("target QEMU");
+    if (!raw) {
+      // A target QEMU exits when its incoming stream breaks: when the source side went away
+      // first, say so rather than blame the target QEMU.
+      if (auto gone = source_gone(500ms)) {
+        return Error{Errc::kUnavailable, *gone + "; then the target QEMU: " + raw.error().message};
+      }
+      return raw.error().with_context("target QEMU");
+    }
     auto info = qemu::parse_migration_info(raw.value());
     if (!info) return info.error();
     refresh_data_counters();
@@ -301,14 +308,38 @@ Status TargetJob::monitor() {
   }
 }
 
+std::optional<std::string> TargetJob::source_gone(std::chrono::milliseconds wait) {
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  for (;;) {
+    if (link_) {
+      auto m = link_->next(0ms);
+      if (!m) return "the source agent went away (" + m.error().message + ")";
+      if (m->has_value() && (**m).value("type", "") == "abort") {
+        return "source agent aborted: " + (**m).value("reason", std::string("?"));
+      }
+    }
+    {
+      std::lock_guard lock(data_mu_);
+      for (const auto& p : pumps_) {
+        if (auto e = p->error(); e && e->code == Errc::kUnavailable) {
+          return "the source agent went away (data plane: " + e->message + ")";
+        }
+      }
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(50ms);
+  }
+}
+
 void TargetJob::report_failure(const Error& error, bool cancelled, bool incoming_started) {
   {
     std::lock_guard lock(order_mu_);
     order_aborted_ = true;
   }
   order_cv_.notify_all();
-  // Cut QEMU's input first: an incomplete stream makes its load fail.
-  abort_data_plane(error);
+  // Cut QEMU's input first: an incomplete stream makes its load fail. The control link stays
+  // open: the verdict below must reach the source (closing it here lost every failure verdict).
+  abort_data_plane(error, /*keep_link=*/true);
   // The source may resume its VM only if this QEMU certainly never ran it: the incoming
   // migration never started, or QEMU itself reported it failed (and no RESUME was seen).
   bool safe = !incoming_started;

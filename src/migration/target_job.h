@@ -38,7 +38,11 @@ class TargetJob final : public Job {
   // Tells the source the verdict; on failure whether resuming the source is safe.
   void report_failure(const Error& error, bool cancelled, bool incoming_started);
   void report_success();
+  // Why the source side is gone, if it is (control link closed or aborted, a channel's peer
+  // lost), waiting up to `wait` for the news to arrive.
+  std::optional<std::string> source_gone(std::chrono::milliseconds wait);
   void release_own() override;
+  void on_exception(const Error& error) override { report_failure(error, false, incoming_started_); }
   size_t held_own() const override;
 
   std::string token_;

@@ -725,6 +725,79 @@ class HostileHttpTest(unittest.TestCase):
             agent.stop()
             shutil.rmtree(tmp, ignore_errors=True)
 
+    # ---- an allocation failure fails the migration, never the agent ----
+
+    def test_out_of_memory_for_chunk_buffers_fails_the_migration_not_the_agent(self):
+        # An agent whose address space is capped (RLIMIT_AS) takes a target with 1 GiB chunks
+        # (within its bufferBudget): the first chunk's buffer cannot be had. Before, the failed
+        # allocation threw on a channel thread and aborted the whole agent.
+        tmp = tempfile.mkdtemp(prefix="rdmig-oom-")
+        wrapper = os.path.join(tmp, "capped-agent")
+        with open("/proc/%d/status" % self.agent.proc.pid) as f:  # an agent's own address space
+            vm_kib = int([line for line in f if line.startswith("VmSize:")][0].split()[1])
+        cap = (vm_kib << 10) + (1536 << 20)  # room for one 1 GiB buffer, not two
+        with open(wrapper, "w") as f:
+            f.write("#!/bin/sh\nexec prlimit --as=%d -- %s \"$@\"\n" % (cap, self.agent.binary))
+        os.chmod(wrapper, 0o755)
+        agent = Agent(tmp, "oom", binary=wrapper, config={"migration": {"bufferBudget": "8Gi"}})
+        children = []
+
+        class ListeningIncomingQemu(FakeIncomingQemu):
+            """Listens on the migration socket itself (so it is the QEMU behind the QMP socket)
+            and never reads what arrives."""
+            def _client(self, c):
+                try:
+                    c.sendall(b'{"QMP": {"version": {}, "capabilities": []}}\n')
+                    for line in c.makefile("rb"):
+                        cmd = json.loads(line)
+                        ret = {"status": "inmigrate", "running": False} if cmd.get("execute") == "query-status" else {}
+                        if cmd.get("execute") == "migrate-incoming":
+                            srv = socket.socket(socket.AF_UNIX)
+                            srv.bind(cmd["arguments"]["uri"][len("unix:"):])
+                            srv.listen(8)
+                            children.append(srv)
+                        c.sendall(json.dumps({"return": ret, "id": cmd.get("id")}).encode() + b"\n")
+                except (OSError, ValueError):
+                    pass
+                finally:
+                    c.close()
+
+        q = ListeningIncomingQemu(os.path.join(tmp, "oom.qmp"))
+        ctl = data = None
+        try:
+            status, target = agent.request("POST", "/v1/migrations", {
+                "role": "target", "qmpSocket": q.path, "chunkSize": "1Gi", "ringDepth": 2})
+            self.assertEqual(status, 201, target)
+            ctl = socket.create_connection(("127.0.0.1", agent.data_port), timeout=10)
+            data = socket.create_connection(("127.0.0.1", agent.data_port), timeout=10)
+            hello = {"type": "hello", "protocol": 2, "migrationId": target["id"], "channels": 1,
+                     "chunkSize": 1 << 30, "ringDepth": 2, "transport": "tcp"}
+            welcome = control_hello(ctl, dict(hello, kind="control"), target["token"])
+            self.assertEqual(welcome["type"], "welcome", welcome)
+            send_frame(data, dict(hello, kind="data", session=welcome["session"], index=0))
+            self.assertEqual(recv_frame(data)["type"], "welcome")
+            send_frame(ctl, {"type": "start"})
+            self.assertEqual(recv_frame(ctl)["type"], "ready")
+            import struct
+            for _ in range(2):  # each DATA frame takes a chunk buffer (1 GiB) on the target
+                data.sendall(struct.pack("<II", 1, 4096) + b"\0" * 4096)
+            st = agent.wait(target["id"], timeout=30)
+            print("\n[hostile-http] 1 GiB chunks under a %d MiB address-space cap: %s (%s)"
+                  % (cap >> 20, st["phase"], st["result"]["reason"]), file=sys.stderr)
+            self.assertTrue(agent.alive(), "the agent died")
+            self.assertEqual(st["phase"], "Failed", st)
+            self.assertIn("out of memory", st["result"]["reason"])
+            self.assertEqual(agent.request("GET", "/v1/migrations")[0], 200)
+        finally:
+            for sock in (ctl, data):
+                if sock:
+                    sock.close()
+            q.close()
+            for srv in children:
+                srv.close()
+            agent.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
+
     # ---- admission ----
 
     def test_buffer_budget_refuses_what_can_never_fit_with_422_naming_the_figures(self):

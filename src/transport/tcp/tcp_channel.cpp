@@ -62,7 +62,7 @@ TcpChannel::TcpChannel(UniqueFd fd, uint32_t index, uint32_t chunk_size, uint32_
       metrics_(metrics),
       splice_mode_(splice),
       splice_ok_(splice != SpliceMode::kOff),
-      staging_(std::make_unique_for_overwrite<std::byte[]>(chunk_size)),
+      staging_(new (std::nothrow) std::byte[chunk_size]),
       credits_(depth),
       ring_(depth + 1),
       batcher_(depth) {}
@@ -83,7 +83,17 @@ Status TcpChannel::write_frame(FrameHeader h, const void* payload) {
   return net::writev_all(fd_.get(), iov, payload ? 2 : 1);
 }
 
+bool TcpChannel::ensure_buffer(std::unique_ptr<std::byte[]>& buf) {
+  if (!buf) buf.reset(new (std::nothrow) std::byte[chunk_size_]);
+  if (buf) return true;
+  // An allocation failure fails this migration, never the agent.
+  fail(Error{Errc::kResourceExhausted, "channel " + std::to_string(index_) + ": out of memory for a chunk buffer of " +
+                                           std::to_string(chunk_size_) + " bytes"});
+  return false;
+}
+
 Result<std::span<std::byte>> TcpChannel::acquire() {
+  if (!ensure_buffer(staging_)) return abort_error();
   auto waited = credits_.take();
   if (!waited) return waited.error();
   if (waited.value()) metrics_.credit_stalls->Increment();
@@ -152,6 +162,7 @@ Result<LocalMove> TcpChannel::send_from(int fd) {
   }
   if (!splices()) {
     // Copy: one recv takes what QEMU has ready, up to a chunk (early flush).
+    if (!ensure_buffer(staging_)) return abort_error();
     ssize_t n;
     do n = ::recv(fd, staging_.get(), chunk_size_, 0);
     while (n < 0 && errno == EINTR);
@@ -261,7 +272,7 @@ void TcpChannel::payload_taken_locked(Slot& s) {
 }
 
 Status TcpChannel::read_payload(Slot& s) {
-  if (!s.data) s.data = std::make_unique_for_overwrite<std::byte[]>(chunk_size_);
+  if (!ensure_buffer(s.data)) return abort_error();
   auto r = net::read_exact(fd_.get(), std::span(s.data.get(), s.size));
   if (!r) {
     fail(r.error().with_context("channel " + std::to_string(index_)));
@@ -355,7 +366,7 @@ Result<LocalMove> TcpChannel::deliver_to(int fd) {
   }
   const size_t rest = len - pulled;  // what did not fit the pipe, read into the slot
   if (rest > 0) {
-    if (!s->data) s->data = std::make_unique_for_overwrite<std::byte[]>(chunk_size_);
+    if (!ensure_buffer(s->data)) return abort_error();
     auto r = net::read_exact(fd_.get(), std::span(s->data.get(), rest));
     if (!r) {
       fail(r.error().with_context(where));
@@ -513,7 +524,7 @@ void TcpChannel::reader_loop() {
           break;
         }
         if (!slot->eof) {
-          if (!slot->data) slot->data = std::make_unique_for_overwrite<std::byte[]>(chunk_size_);
+          if (!ensure_buffer(slot->data)) return;
           auto r = net::read_exact(fd_.get(), std::span(slot->data.get(), h->length));
           if (!r) {
             fail(r.error().with_context(where));

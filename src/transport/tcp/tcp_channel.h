@@ -79,6 +79,9 @@ class TcpChannel final : public Channel {
   Status write_frame(FrameHeader h, const void* payload);
   void fail(const Error& e);
   Error abort_error();  // the reason the channel failed
+  // Allocates a chunk buffer if `buf` has none; false (and the channel failed, naming the size)
+  // when memory runs out.
+  bool ensure_buffer(std::unique_ptr<std::byte[]>& buf);
 
   UniqueFd fd_;
   const uint32_t index_;
