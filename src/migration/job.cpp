@@ -101,12 +101,6 @@ Status Job::check_qemu_peer(int fd, const std::string& what) const {
                                             ", not the QEMU behind qmpSocket (pid " + std::to_string(qemu_pid_) + ")"};
 }
 
-size_t Job::held_resources() const {
-  size_t n = held_own();
-  std::lock_guard lock(data_mu_);
-  return n + pumps_.size() + channels_.size() + (link_ ? 1 : 0);
-}
-
 Job::CancelWatch::CancelWatch(Job& job, int fd) : job_(job), fd_(fd) {
   bool cancelled = false;
   {

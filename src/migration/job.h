@@ -70,8 +70,6 @@ class Job {
 
   // Joins the worker once it has ended (after on_worker_done); a no-op when already joined.
   void join_worker();
-  // How many descriptors, channels and pumps the job still holds (0 once released).
-  size_t held_resources() const;
 
  protected:
   void set_phase(Phase phase);
@@ -104,7 +102,6 @@ class Job {
   // The worker's body threw `error`: leave QEMU as safely as the job can (the caller then
   // finishes the job Failed if this did not).
   virtual void on_exception(const Error& error) { (void)error; }
-  virtual size_t held_own() const { return 0; }
 
   // A socket a blocking handshake step uses: request_cancel() shuts it down, which ends the
   // step's wait at once with an error. Scoped: unregisters on destruction.

@@ -36,7 +36,6 @@ class SourceJob final : public Job {
   void stop_accepting();
   void release_own() override;
   void on_exception(const Error& error) override { fail_and_protect_vm(error, false); }
-  size_t held_own() const override { return listener_.valid() ? 1 : 0; }
 
   const bool was_running_;
   std::string session_;

@@ -78,14 +78,6 @@ void TargetJob::release_own() {
   ::unlink(socket_path_.c_str());
 }
 
-size_t TargetJob::held_own() const {
-  std::lock_guard lock(conn_mu_);
-  size_t n = control_fd_.valid() ? 1 : 0;
-  for (const auto& f : data_fds_) n += f.valid() ? 1 : 0;
-  for (const auto& c : rdma_channels_) n += c ? 1 : 0;
-  return n;
-}
-
 void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello, const std::string& nonce,
                            const std::string& proof) {
   std::lock_guard lock(conn_mu_);

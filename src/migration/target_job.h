@@ -43,7 +43,6 @@ class TargetJob final : public Job {
   std::optional<std::string> source_gone(std::chrono::milliseconds wait);
   void release_own() override;
   void on_exception(const Error& error) override { report_failure(error, false, incoming_started_); }
-  size_t held_own() const override;
 
   std::string token_;
   std::string session_;

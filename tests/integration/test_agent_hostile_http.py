@@ -130,6 +130,34 @@ def control_hello(sock, hello, token):
     return reply
 
 
+class FakeSource:
+    """Plays a source agent towards a target job on `agent`: a control and a data connection
+    through the challenge, up to `start`/`ready` when `start`. `chunk` and `depth` must match
+    the target's."""
+
+    def __init__(self, agent, target, chunk, depth, start=True):
+        self.ctl = socket.create_connection(("127.0.0.1", agent.data_port), timeout=10)
+        self.data = socket.create_connection(("127.0.0.1", agent.data_port), timeout=10)
+        hello = {"type": "hello", "protocol": 2, "migrationId": target["id"], "channels": 1,
+                 "chunkSize": chunk, "ringDepth": depth, "transport": "tcp"}
+        welcome = control_hello(self.ctl, dict(hello, kind="control"), target["token"])
+        assert welcome["type"] == "welcome", welcome
+        send_frame(self.data, dict(hello, kind="data", session=welcome["session"], index=0))
+        assert recv_frame(self.data)["type"] == "welcome"
+        if start:
+            send_frame(self.ctl, {"type": "start"})
+            assert recv_frame(self.ctl)["type"] == "ready"
+
+    def send_chunk(self, n=4096):
+        """One DATA frame (type 1, length): the target connects to its QEMU on the first."""
+        import struct
+        self.data.sendall(struct.pack("<II", 1, n) + b"\0" * n)
+
+    def close(self):
+        self.ctl.close()
+        self.data.close()
+
+
 def send_frame(sock, msg):
     import struct
     body = json.dumps(msg).encode()
@@ -482,6 +510,14 @@ class HostileHttpTest(unittest.TestCase):
 
     # ---- cancel ends every handshake stage at once ----
 
+    def create_source(self, qmp, peer):
+        """A source job on the agent towards the fake target agent `peer`."""
+        status, src = self.agent.request("POST", "/v1/migrations", {
+            "role": "source", "qmpSocket": qmp.path,
+            "target": {"endpoint": "127.0.0.1:%d" % peer.port, "migrationId": "m-far", "token": "t" * 32}})
+        self.assertEqual(status, 201, src)
+        return src
+
     def assertCancelsWithinASecond(self, mid, stage, reached=lambda: True):
         # `reached`: the job is inside the stalled step (the peer saw the message before it).
         deadline = time.time() + 10
@@ -504,10 +540,7 @@ class HostileHttpTest(unittest.TestCase):
         q = FakeRunningQemu(os.path.join(self.tmp, "cancel-src-hello.qmp"))
         peer = StallingTargetAgent("hello")
         try:
-            status, src = self.agent.request("POST", "/v1/migrations", {
-                "role": "source", "qmpSocket": q.path,
-                "target": {"endpoint": "127.0.0.1:%d" % peer.port, "migrationId": "m-far", "token": "t" * 32}})
-            self.assertEqual(status, 201, src)
+            src = self.create_source(q, peer)
             self.assertCancelsWithinASecond(src["id"], "the source waits for the target's welcome",
                                             lambda: "control" in peer.seen)
         finally:
@@ -518,10 +551,7 @@ class HostileHttpTest(unittest.TestCase):
         q = FakeRunningQemu(os.path.join(self.tmp, "cancel-src-ready.qmp"))
         peer = StallingTargetAgent("ready")
         try:
-            status, src = self.agent.request("POST", "/v1/migrations", {
-                "role": "source", "qmpSocket": q.path,
-                "target": {"endpoint": "127.0.0.1:%d" % peer.port, "migrationId": "m-far", "token": "t" * 32}})
-            self.assertEqual(status, 201, src)
+            src = self.create_source(q, peer)
             self.assertCancelsWithinASecond(src["id"], "the source waits for 'ready'", lambda: "start" in peer.seen)
             # The one-time token never crossed the wire: the source proved it instead.
             sent = json.dumps(peer.frames)
@@ -536,20 +566,12 @@ class HostileHttpTest(unittest.TestCase):
         status, target = self.agent.request("POST", "/v1/migrations", {
             "role": "target", "qmpSocket": q.path, "chunkSize": "1Mi", "ringDepth": 16})
         self.assertEqual(status, 201, target)
-        ctl = socket.create_connection(("127.0.0.1", self.agent.data_port), timeout=10)
-        data = socket.create_connection(("127.0.0.1", self.agent.data_port), timeout=10)
+        source = FakeSource(self.agent, target, 1 << 20, 16, start=False)
         try:
-            hello = {"type": "hello", "protocol": 2, "migrationId": target["id"], "channels": 1,
-                     "chunkSize": 1 << 20, "ringDepth": 16, "transport": "tcp"}
-            welcome = control_hello(ctl, dict(hello, kind="control"), target["token"])
-            self.assertEqual(welcome["type"], "welcome", welcome)
-            send_frame(data, dict(hello, kind="data", session=welcome["session"], index=0))
-            self.assertEqual(recv_frame(data)["type"], "welcome")
             # Both connections are in; the target now waits for the source's 'start', which never comes.
             self.assertCancelsWithinASecond(target["id"], "the target waits for the source's 'start'")
         finally:
-            ctl.close()
-            data.close()
+            source.close()
             q.close()
 
     # ---- only the right QEMU reaches a migration socket ----
@@ -562,10 +584,7 @@ class HostileHttpTest(unittest.TestCase):
         q = FakeRunningQemu(os.path.join(self.tmp, "peercred-src.qmp"))
         peer = StallingTargetAgent("full")
         try:
-            status, src = self.agent.request("POST", "/v1/migrations", {
-                "role": "source", "qmpSocket": q.path,
-                "target": {"endpoint": "127.0.0.1:%d" % peer.port, "migrationId": "m-far", "token": "t" * 32}})
-            self.assertEqual(status, 201, src)
+            src = self.create_source(q, peer)
             path = os.path.join(self.agent.state_dir, src["id"] + ".src.sock")
             deadline = time.time() + 10
             while not os.path.exists(path) and time.time() < deadline:
@@ -633,27 +652,16 @@ class HostileHttpTest(unittest.TestCase):
         status, target = self.agent.request("POST", "/v1/migrations", {
             "role": "target", "qmpSocket": q.path, "chunkSize": "1Mi", "ringDepth": 16})
         self.assertEqual(status, 201, target)
-        ctl = socket.create_connection(("127.0.0.1", self.agent.data_port), timeout=10)
-        data = socket.create_connection(("127.0.0.1", self.agent.data_port), timeout=10)
+        source = FakeSource(self.agent, target, 1 << 20, 16)
         try:
-            hello = {"type": "hello", "protocol": 2, "migrationId": target["id"], "channels": 1,
-                     "chunkSize": 1 << 20, "ringDepth": 16, "transport": "tcp"}
-            welcome = control_hello(ctl, dict(hello, kind="control"), target["token"])
-            send_frame(data, dict(hello, kind="data", session=welcome["session"], index=0))
-            self.assertEqual(recv_frame(data)["type"], "welcome")
-            send_frame(ctl, {"type": "start"})
-            self.assertEqual(recv_frame(ctl)["type"], "ready")
-            # The first chunk (a DATA frame: type 1, length) makes the target connect to "QEMU".
-            import struct
-            data.sendall(struct.pack("<II", 1, 4096) + b"\0" * 4096)
+            source.send_chunk()  # the target connects to "QEMU" on the first chunk
             st = self.agent.wait(target["id"], timeout=30)
             print("\n[hostile-http] target with a foreign incoming socket: %s (%s)"
                   % (st["phase"], st["result"]["reason"]), file=sys.stderr)
             self.assertEqual(st["phase"], "Failed", st)
             self.assertIn("not the QEMU behind qmpSocket", st["result"]["reason"])
         finally:
-            ctl.close()
-            data.close()
+            source.close()
             q.close()
             for ch in children:
                 ch.kill()
@@ -763,24 +771,14 @@ class HostileHttpTest(unittest.TestCase):
                     c.close()
 
         q = ListeningIncomingQemu(os.path.join(tmp, "oom.qmp"))
-        ctl = data = None
+        source = None
         try:
             status, target = agent.request("POST", "/v1/migrations", {
                 "role": "target", "qmpSocket": q.path, "chunkSize": "1Gi", "ringDepth": 2})
             self.assertEqual(status, 201, target)
-            ctl = socket.create_connection(("127.0.0.1", agent.data_port), timeout=10)
-            data = socket.create_connection(("127.0.0.1", agent.data_port), timeout=10)
-            hello = {"type": "hello", "protocol": 2, "migrationId": target["id"], "channels": 1,
-                     "chunkSize": 1 << 30, "ringDepth": 2, "transport": "tcp"}
-            welcome = control_hello(ctl, dict(hello, kind="control"), target["token"])
-            self.assertEqual(welcome["type"], "welcome", welcome)
-            send_frame(data, dict(hello, kind="data", session=welcome["session"], index=0))
-            self.assertEqual(recv_frame(data)["type"], "welcome")
-            send_frame(ctl, {"type": "start"})
-            self.assertEqual(recv_frame(ctl)["type"], "ready")
-            import struct
+            source = FakeSource(agent, target, 1 << 30, 2)
             for _ in range(2):  # each DATA frame takes a chunk buffer (1 GiB) on the target
-                data.sendall(struct.pack("<II", 1, 4096) + b"\0" * 4096)
+                source.send_chunk()
             st = agent.wait(target["id"], timeout=30)
             print("\n[hostile-http] 1 GiB chunks under a %d MiB address-space cap: %s (%s)"
                   % (cap >> 20, st["phase"], st["result"]["reason"]), file=sys.stderr)
@@ -789,9 +787,8 @@ class HostileHttpTest(unittest.TestCase):
             self.assertIn("out of memory", st["result"]["reason"])
             self.assertEqual(agent.request("GET", "/v1/migrations")[0], 200)
         finally:
-            for sock in (ctl, data):
-                if sock:
-                    sock.close()
+            if source:
+                source.close()
             q.close()
             for srv in children:
                 srv.close()
