@@ -77,15 +77,19 @@ class FakeIncomingQemu:
                 return
             threading.Thread(target=self._client, args=(c,), daemon=True).start()
 
+    STATUS = {"status": "inmigrate", "running": False}
+
+    def answer(self, cmd):
+        """The `return` value for one command (subclasses act on commands here)."""
+        return self.STATUS if cmd.get("execute") == "query-status" else {}
+
     def _client(self, c):
-        answers = {"query-status": {"status": "inmigrate", "running": False}, "query-migrate": {}}
         try:
             time.sleep(self.delay)
             c.sendall(b'{"QMP": {"version": {}, "capabilities": []}}\n')
             for line in c.makefile("rb"):
                 cmd = json.loads(line)
-                c.sendall(json.dumps({"return": answers.get(cmd.get("execute"), {}), "id": cmd.get("id")}).encode()
-                          + b"\n")
+                c.sendall(json.dumps({"return": self.answer(cmd), "id": cmd.get("id")}).encode() + b"\n")
         except (OSError, ValueError):
             pass
         finally:
@@ -97,19 +101,7 @@ class FakeIncomingQemu:
 
 class FakeRunningQemu(FakeIncomingQemu):
     """A QMP peer that looks like a running QEMU with no migration: enough for a source create."""
-
-    def _client(self, c):
-        answers = {"query-status": {"status": "running", "running": True}, "query-migrate": {}}
-        try:
-            c.sendall(b'{"QMP": {"version": {}, "capabilities": []}}\n')
-            for line in c.makefile("rb"):
-                cmd = json.loads(line)
-                c.sendall(json.dumps({"return": answers.get(cmd.get("execute"), {}), "id": cmd.get("id")}).encode()
-                          + b"\n")
-        except (OSError, ValueError):
-            pass
-        finally:
-            c.close()
+    STATUS = {"status": "running", "running": True}
 
 
 def control_proof(token, nonce, migration_id):
@@ -627,26 +619,17 @@ class HostileHttpTest(unittest.TestCase):
         children = []
 
         class InterloperIncomingQemu(FakeIncomingQemu):
-            def _client(self, c):
-                try:
-                    c.sendall(b'{"QMP": {"version": {}, "capabilities": []}}\n')
-                    for line in c.makefile("rb"):
-                        cmd = json.loads(line)
-                        ret = {"status": "inmigrate", "running": False} if cmd.get("execute") == "query-status" else {}
-                        if cmd.get("execute") == "migrate-incoming":
-                            path = cmd["arguments"]["uri"][len("unix:"):]
-                            children.append(subprocess.Popen(
-                                [sys.executable, "-c", "import socket,sys,time\n"
-                                 "s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(8)\n"
-                                 "c=[s.accept() for _ in range(8)]", path]))
-                            deadline = time.time() + 10  # listening before 'ready'
-                            while not os.path.exists(path) and time.time() < deadline:
-                                time.sleep(0.02)
-                        c.sendall(json.dumps({"return": ret, "id": cmd.get("id")}).encode() + b"\n")
-                except (OSError, ValueError):
-                    pass
-                finally:
-                    c.close()
+            def answer(self, cmd):
+                if cmd.get("execute") == "migrate-incoming":
+                    path = cmd["arguments"]["uri"][len("unix:"):]
+                    children.append(subprocess.Popen(
+                        [sys.executable, "-c", "import socket,sys,time\n"
+                         "s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(8)\n"
+                         "c=[s.accept() for _ in range(8)]", path]))
+                    deadline = time.time() + 10  # listening before 'ready'
+                    while not os.path.exists(path) and time.time() < deadline:
+                        time.sleep(0.02)
+                return super().answer(cmd)
 
         q = InterloperIncomingQemu(os.path.join(self.tmp, "peercred-dst.qmp"))
         status, target = self.agent.request("POST", "/v1/migrations", {
@@ -753,22 +736,13 @@ class HostileHttpTest(unittest.TestCase):
         class ListeningIncomingQemu(FakeIncomingQemu):
             """Listens on the migration socket itself (so it is the QEMU behind the QMP socket)
             and never reads what arrives."""
-            def _client(self, c):
-                try:
-                    c.sendall(b'{"QMP": {"version": {}, "capabilities": []}}\n')
-                    for line in c.makefile("rb"):
-                        cmd = json.loads(line)
-                        ret = {"status": "inmigrate", "running": False} if cmd.get("execute") == "query-status" else {}
-                        if cmd.get("execute") == "migrate-incoming":
-                            srv = socket.socket(socket.AF_UNIX)
-                            srv.bind(cmd["arguments"]["uri"][len("unix:"):])
-                            srv.listen(8)
-                            children.append(srv)
-                        c.sendall(json.dumps({"return": ret, "id": cmd.get("id")}).encode() + b"\n")
-                except (OSError, ValueError):
-                    pass
-                finally:
-                    c.close()
+            def answer(self, cmd):
+                if cmd.get("execute") == "migrate-incoming":
+                    srv = socket.socket(socket.AF_UNIX)
+                    srv.bind(cmd["arguments"]["uri"][len("unix:"):])
+                    srv.listen(8)
+                    children.append(srv)
+                return super().answer(cmd)
 
         q = ListeningIncomingQemu(os.path.join(tmp, "oom.qmp"))
         source = None
