@@ -18,11 +18,18 @@ FlowSession::~FlowSession() {
   if (link_) link_->close();
 }
 
-void FlowSession::close_legs() {
+void FlowSession::close_legs(bool let_drain) {
   std::vector<Leg> legs;
   {
     std::lock_guard lock(legs_mu_);
-    legs.swap(legs_);
+    for (auto it = legs_.begin(); it != legs_.end();) {
+      if (let_drain && it->pump->draining()) {
+        ++it;
+      } else {
+        legs.push_back(std::move(*it));
+        it = legs_.erase(it);
+      }
+    }
   }
   for (auto& l : legs) {
     if (!l.pump->finished()) l.pump->abort(Error{Errc::kCancelled, "session closed"}, true);
@@ -38,6 +45,14 @@ void FlowSession::add_leg(std::unique_ptr<transport::Channel> channel, std::uniq
   last_change_ = std::chrono::steady_clock::now();
   record_.connections = static_cast<uint32_t>(legs_.size());
   if (record_.phase == "Armed") record_.phase = "Carrying";
+}
+
+bool FlowSession::draining() const {
+  std::lock_guard lock(legs_mu_);
+  for (const auto& l : legs_) {
+    if (l.pump->draining()) return true;
+  }
+  return false;
 }
 
 size_t FlowSession::leg_count() const {
@@ -106,14 +121,15 @@ void FlowSession::fail(const Error& error, bool from_peer) {
     record_.finished_at_ms = migration::wall_clock_ms();
   }
   LOG_WARN("kubevirt") << "session=" << id_ << " migration=" << record_.migration_uid << " failed: " << error.message;
-  // Reset the local connections first: the proxies and QEMU see the failure at once.
+  // Reset the local connections first: the proxies and QEMU see the failure at once. Legs
+  // that drain on failure stay open and are read to nowhere (QEMU fails on its main channel).
   {
     std::lock_guard lock(legs_mu_);
-    for (auto& l : legs_) l.pump->abort(error, true);
+    for (auto& l : legs_) l.pump->abort(error, !l.pump->drains_on_failure());
   }
   if (link_ && !from_peer) (void)link_->send(json{{"type", "abort"}, {"reason", error.message}});
   wake();
-  close_legs();
+  close_legs(true);
   if (link_) link_->close();
 }
 

@@ -1,7 +1,9 @@
 // The part of a carried KubeVirt migration that both agents share: its connections ("legs":
 // one channel and one pump each, in the source's accept order), its control link, its record,
 // and failure. A failure resets every leg at once (RST, SO_LINGER 0) and tells the peer, so
-// libvirt/QEMU fail within seconds and the source keeps the VM.
+// libvirt/QEMU fail within seconds and the source keeps the VM; legs whose pump drains on
+// failure (the source's multifd connections, see ChannelPump::drain_on_failure) are read to
+// nowhere instead, until QEMU closes them or their limit passes.
 #pragma once
 
 #include <chrono>
@@ -36,6 +38,8 @@ class FlowSession {
   // True when every leg has finished and the last one finished more than `idle` ago.
   bool idle_for(std::chrono::steady_clock::duration idle) const;
   size_t leg_count() const;
+  // True while a failed session still drains legs (keep it alive until this turns false).
+  bool draining() const;
 
  protected:
   FlowSession(std::string id, FlowRecord record, Metrics& metrics);
@@ -43,7 +47,8 @@ class FlowSession {
   // Ends the session as Succeeded (counters final); closes the legs.
   void succeed();
   void refresh_counters_locked(FlowRecord& r) const;
-  void close_legs();
+  // Joins the legs; with `let_drain`, legs still draining stay (the destructor ends them).
+  void close_legs(bool let_drain = false);
   // Wakes whatever of the derived class waits outside the legs (called once the session ended,
   // before the legs are joined).
   virtual void wake() {}

@@ -158,6 +158,7 @@ void KubevirtRelay::maintain() {
   const auto now = std::chrono::steady_clock::now();
   const auto idle = std::chrono::seconds(config_.kubevirt.session_idle_seconds);
   std::vector<std::shared_ptr<SourceSession>> to_finish;
+  std::vector<std::shared_ptr<SourceSession>> draining;  // failed, multifd legs still draining
   std::vector<std::pair<VmiRef, int64_t>> aborts;  // carried migrations that failed, and when
   {
     std::lock_guard lock(mu_);
@@ -197,6 +198,7 @@ void KubevirtRelay::maintain() {
           st = st->second == a.session ? static_sessions_.erase(st) : std::next(st);
         }
         remember_locked(r);
+        if (s.draining()) draining.push_back(a.session);
         it = sources_.erase(it);
       } else {
         ++it;
@@ -215,6 +217,17 @@ void KubevirtRelay::maintain() {
     kmetrics_.set_active(static_cast<double>(sources_.size() + targets_.size()));
   }
   for (auto& s : to_finish) run_worker([s] { s->finish(); });
+  for (auto& s : draining) {
+    // Keeps the session (and its draining legs) alive off the maintenance thread; the
+    // session's destructor then resets whatever is left.
+    run_worker([this, s] {
+      const auto until = std::chrono::steady_clock::now() + SourceSession::kMultifdDrainLimit + 1s;
+      std::unique_lock lock(stop_mu_);
+      while (s->draining() && std::chrono::steady_clock::now() < until) {
+        if (stop_cv_.wait_for(lock, 100ms, [&] { return stopping_.load(); })) break;
+      }
+    });
+  }
   for (auto& [vmi, failed_at_ms] : aborts) {
     run_worker([this, vmi, failed_at_ms] {
       {

@@ -33,6 +33,11 @@ struct SessionContext {
 
 class SourceSession final : public FlowSession {
  public:
+  // On a failure every carried connection but the first (QEMU's main channel) is drained for
+  // up to this long instead of reset (ChannelPump::drain_on_failure): QEMU 7.2 fails on its
+  // main channel and ends its multifd threads itself. KubeVirt's proxy never passes QEMU's
+  // close on to this side, so a drain normally lasts the whole limit.
+  static constexpr std::chrono::milliseconds kMultifdDrainLimit = migration::kMultifdDrainLimit;
   // Connects to the peer agent, proves the shared token and agrees on the transport.
   static Result<std::unique_ptr<SourceSession>> open(const SessionContext& ctx, const PeerInfo& peer, FlowRecord record,
                                                      std::chrono::milliseconds timeout);

@@ -122,6 +122,7 @@ Status SourceSession::add_connection(UniqueFd fd, const net::Endpoint& destinati
   auto ch = connect_channel(index);
   if (!ch) return refuse(ch.error().with_context("channel " + std::to_string(index) + " to " + peer_.node));
   auto pump = std::make_unique<migration::ChannelPump>(*ch.value(), std::move(fd));
+  if (index > 0) pump->drain_on_failure(kMultifdDrainLimit);  // 0 is QEMU's main channel
   pump->start();
   add_leg(std::move(ch.value()), std::move(pump));
   LOG_DEBUG("kubevirt") << "session=" << id_ << " connection " << index << " to " << destination.to_string()

@@ -67,7 +67,12 @@ void Job::release_resources() {
     channels.swap(channels_);
     link = std::move(link_);
   }
-  for (auto& p : pumps) p->abort(Error{Errc::kCancelled, "migration finished"});
+  // A failed source's multifd connections drain until QEMU closes them (at once here: QEMU's
+  // cleanup shuts them down and nothing sits between), bounded by the pump's limit.
+  for (auto& p : pumps) {
+    if (p->draining()) p->wait(kMultifdDrainLimit + std::chrono::seconds(1));
+  }
+  for (auto& p : pumps) p->abort(Error{Errc::kCancelled, "migration finished"}, p->draining());
   pumps.clear();  // pumps use the channels: joined first
   channels.clear();
   link.reset();

@@ -15,7 +15,7 @@ ChannelPump::ChannelPump(transport::Channel& channel, Opener open_qemu, bool ope
     : channel_(channel), opener_(std::move(open_qemu)), open_first_(open_first) {}
 
 ChannelPump::~ChannelPump() {
-  if (!finished()) abort(Error{Errc::kCancelled, "pump stopped"});
+  if (!finished()) abort(Error{Errc::kCancelled, "pump stopped"}, drain_);  // a drain ends here
   if (up_.joinable()) up_.join();
   if (down_.joinable()) down_.join();
 }
@@ -52,18 +52,72 @@ void ChannelPump::record_error(const Error& e) {
   if (first) abort(e);
 }
 
+void ChannelPump::drain_on_failure(std::chrono::milliseconds limit) {
+  std::lock_guard lock(mu_);
+  drain_ = true;
+  drain_limit_ = limit;
+}
+
+bool ChannelPump::drains_on_failure() const {
+  std::lock_guard lock(mu_);
+  return drain_;
+}
+
+bool ChannelPump::draining() const {
+  std::lock_guard lock(mu_);
+  return drain_ && aborted_ && !hard_ && directions_done_ < 2;
+}
+
 void ChannelPump::abort(const Error& reason, bool reset) {
   {
     std::lock_guard lock(mu_);
     aborted_ = true;
-    if (qemu_fd_.valid() && reset) {
-      linger l{1, 0};
-      (void)::setsockopt(qemu_fd_.get(), SOL_SOCKET, SO_LINGER, &l, sizeof l);
+    if (reset || !drain_) {
+      hard_ = true;
+      if (qemu_fd_.valid() && reset) {
+        linger l{1, 0};
+        (void)::setsockopt(qemu_fd_.get(), SOL_SOCKET, SO_LINGER, &l, sizeof l);
+      }
+      if (qemu_fd_.valid()) ::shutdown(qemu_fd_.get(), SHUT_RDWR);
     }
-    if (qemu_fd_.valid()) ::shutdown(qemu_fd_.get(), SHUT_RDWR);
   }
   cv_.notify_all();
   channel_.abort(reason);
+}
+
+void ChannelPump::drain_local(int fd) {
+  const auto deadline = std::chrono::steady_clock::now() + drain_limit_;
+  char sink[64 << 10];
+  bool closed_by_qemu = false;
+  for (;;) {
+    {
+      std::lock_guard lock(mu_);
+      if (hard_) return;  // abort(reset) shut the socket down already
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    pollfd p{fd, POLLIN, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 100)));
+    if (r <= 0) continue;  // timeout, EINTR: look at hard_ and the deadline again
+    const ssize_t n = ::recv(fd, sink, sizeof sink, MSG_DONTWAIT);
+    if (n > 0) {
+      bytes_drained_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+    } else if (n == 0) {
+      closed_by_qemu = true;
+      break;
+    } else if (errno != EAGAIN && errno != EINTR) {
+      break;
+    }
+  }
+  if (!closed_by_qemu) {
+    LOG_DEBUG("pump") << "channel " << channel_.index() << ": QEMU did not close its connection within "
+                      << drain_limit_.count() << " ms of the failure; resetting it";
+  }
+  std::lock_guard lock(mu_);
+  hard_ = true;
+  linger l{1, 0};
+  (void)::setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+  ::shutdown(fd, SHUT_RDWR);
 }
 
 void ChannelPump::direction_done() {
@@ -155,6 +209,12 @@ void ChannelPump::up_loop() {
       break;
     }
   }
+  bool drain = false;
+  {
+    std::lock_guard lock(mu_);
+    drain = drain_ && aborted_ && !hard_;
+  }
+  if (drain) drain_local(fd);
   direction_done();
 }
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -21,6 +22,10 @@
 #include "transport/channel.h"
 
 namespace rdmig::migration {
+
+// How long a failed source pump set to drain_on_failure() reads QEMU's connection to nowhere
+// at most (QEMU closes it itself well before, once its migration cleanup has run).
+inline constexpr std::chrono::milliseconds kMultifdDrainLimit{10000};
 
 class ChannelPump {
  public:
@@ -43,7 +48,22 @@ class ChannelPump {
   std::optional<Error> error() const;
   // Fails both directions (shuts the QEMU socket down, aborts the channel). With `reset`,
   // the local connection is closed with a RST (SO_LINGER 0) so its peer fails at once.
+  // A pump set to drain_on_failure() keeps its QEMU socket open on an abort without `reset`.
   void abort(const Error& reason, bool reset = false);
+  // For a source-side QEMU connection that is not the migration's main channel; call before
+  // start(). When this pump fails (its channel breaks, or abort() without reset), the QEMU
+  // socket is not shut down: it is read to nowhere until QEMU closes it or `limit` passes,
+  // and only then reset. Why: QEMU 7.2 can hang its outgoing migration for good when a
+  // multifd channel's write fails while the migration thread waits in a multifd sync (a
+  // channel thread that wakes to find the exit flag set leaves without posting the sync the
+  // migration thread waits for), and its VM can then never migrate again ("duplicate yank
+  // instance"). Failing QEMU through its main channel while the other channels drain lets
+  // QEMU's own cleanup end its multifd threads.
+  void drain_on_failure(std::chrono::milliseconds limit);
+  // True while a failed pump still reads its QEMU socket to nowhere (or is about to).
+  bool draining() const;
+  bool drains_on_failure() const;
+  uint64_t bytes_drained() const { return bytes_drained_.load(std::memory_order_relaxed); }
   // Waits up to `timeout` for both directions to end. True when they did.
   bool wait(std::chrono::milliseconds timeout);
 
@@ -59,6 +79,7 @@ class ChannelPump {
   void direction_done();
   int qemu_fd_wait();  // blocks until the QEMU socket is open; -1 when aborted
   int open_local();    // runs the opener once; -1 (error recorded) when it fails
+  void drain_local(int fd);  // drain_on_failure: reads QEMU's socket to nowhere, then resets it
 
   transport::Channel& channel_;
   Opener opener_;
@@ -69,6 +90,9 @@ class ChannelPump {
   UniqueFd qemu_fd_;
   bool qemu_ready_ = false;
   bool aborted_ = false;
+  bool drain_ = false;  // drain_on_failure() was set
+  bool hard_ = false;   // the QEMU socket was shut down (a drain ends)
+  std::chrono::milliseconds drain_limit_{0};
   int directions_done_ = 0;
   std::optional<Error> error_;
 
@@ -76,6 +100,7 @@ class ChannelPump {
   std::atomic<uint64_t> bytes_down_{0};
   std::atomic<uint64_t> chunks_up_{0};
   std::atomic<uint64_t> chunks_down_{0};
+  std::atomic<uint64_t> bytes_drained_{0};
 
   std::thread up_;
   std::thread down_;

@@ -249,6 +249,9 @@ void SourceJob::accept_loop() {
     }
     std::lock_guard lock(data_mu_);
     auto pump = std::make_unique<ChannelPump>(*channels_[i], std::move(fd.value()));
+    // Connection 0 is QEMU's main channel: a failure reaches QEMU there; its multifd
+    // connections drain (ChannelPump::drain_on_failure) until QEMU's cleanup closes them.
+    if (i > 0) pump->drain_on_failure(kMultifdDrainLimit);
     pump->start();
     pumps_.push_back(std::move(pump));
     LOG_DEBUG("migration") << log_prefix() << " QEMU connection " << i << " accepted";

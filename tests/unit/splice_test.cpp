@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstring>
 #include <random>
@@ -286,6 +287,116 @@ TEST(PumpOverTcpSplice, StalledTargetQemuDoesNotBlockTheReturnPath) {
   w1.join();
   r2.join();
   EXPECT_EQ(at_source.first_mismatch, UINT64_MAX);
+}
+
+// ---- drain_on_failure: a source multifd connection is never what fails QEMU ----
+
+// Writes to `fd` until `stop` or a write fails; returns the errno of the failure (0: none).
+int write_until(int fd, const std::atomic<bool>& stop, std::atomic<uint64_t>& written) {
+  std::vector<char> buf(64 << 10, 'x');
+  while (!stop.load()) {
+    const ssize_t n = ::send(fd, buf.data(), buf.size(), MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    written += static_cast<uint64_t>(n);
+  }
+  return 0;
+}
+
+struct DrainCase {
+  std::unique_ptr<Link> link;
+  SocketPair src, dst;
+  UniqueFd dst_agent;
+  std::unique_ptr<migration::ChannelPump> source_pump, target_pump;
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> written{0};
+  int write_errno = -1;
+  std::thread writer;
+
+  // A source pump (draining on failure when `drain` > 0) carrying a QEMU that writes without
+  // pause; its channel breaks once bytes flow (the peer agent's side is aborted).
+  explicit DrainCase(std::chrono::milliseconds drain) {
+    std::signal(SIGPIPE, SIG_IGN);
+    link = connect_link(256 << 10, 4, SpliceMode::kOff, SpliceMode::kOff);
+    src = socket_pair();
+    dst = socket_pair();
+    source_pump = std::make_unique<migration::ChannelPump>(*link->source, std::move(src.agent));
+    if (drain.count() > 0) source_pump->drain_on_failure(drain);
+    dst_agent = std::move(dst.agent);
+    target_pump = std::make_unique<migration::ChannelPump>(*link->target,
+                                                           [this]() -> Result<UniqueFd> { return std::move(dst_agent); });
+    source_pump->start();
+    target_pump->start();
+    writer = std::thread([this] { write_errno = write_until(src.qemu.get(), stop, written); });
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    // The target QEMU reads nothing: the flow stalls after about a megabyte (socket buffers).
+    while (source_pump->bytes_up() < (256u << 10) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(2ms);
+    }
+    EXPECT_GE(source_pump->bytes_up(), 256u << 10);
+    target_pump->abort(Error{Errc::kUnavailable, "peer agent gone"}, true);
+    target_pump->wait(5s);
+  }
+  ~DrainCase() {
+    stop = true;
+    ::shutdown(src.qemu.get(), SHUT_RDWR);
+    if (writer.joinable()) writer.join();
+  }
+  // Waits until the source pump reports its channel's failure.
+  void wait_failed() {
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (!source_pump->error() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(2ms);
+    ASSERT_TRUE(source_pump->error().has_value());
+  }
+};
+
+// Without drain the channel's failure reaches QEMU as a failed write (what makes a QEMU 7.2
+// multifd thread quit); with drain, QEMU keeps writing into nowhere and sees nothing.
+TEST(PumpDrainOnFailure, QemuKeepsWritingWithoutAnErrorWhileTheFailedPumpDrains) {
+  DrainCase plain(0ms);
+  plain.wait_failed();
+  plain.writer.join();
+  EXPECT_TRUE(plain.write_errno == EPIPE || plain.write_errno == ECONNRESET) << plain.write_errno;
+
+  DrainCase drained(10s);
+  drained.wait_failed();
+  EXPECT_TRUE(drained.source_pump->draining());
+  const uint64_t at_failure = drained.written.load();
+  std::this_thread::sleep_for(300ms);
+  EXPECT_GT(drained.written.load(), at_failure + (1u << 20)) << "QEMU's writes stalled while the pump drained";
+  EXPECT_GT(drained.source_pump->bytes_drained(), 1u << 20);
+  EXPECT_FALSE(drained.source_pump->finished());
+  // QEMU closes its connection (its own cleanup after the main channel failed): the drain
+  // ends at once.
+  drained.stop = true;
+  drained.writer.join();
+  EXPECT_EQ(drained.write_errno, 0);
+  ::shutdown(drained.src.qemu.get(), SHUT_WR);
+  EXPECT_TRUE(drained.source_pump->wait(2s)) << "the drain outlived QEMU's close";
+  EXPECT_FALSE(drained.source_pump->draining());
+}
+
+// A QEMU that never closes is cut off at the limit; an abort with reset ends a drain at once.
+TEST(PumpDrainOnFailure, EndsAtItsLimitOrOnAReset) {
+  DrainCase limited(400ms);
+  limited.wait_failed();
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(limited.source_pump->wait(3s)) << "the drain outlived its limit";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  limited.writer.join();  // its write fails once the pump shut the connection down
+  EXPECT_TRUE(limited.write_errno == EPIPE || limited.write_errno == ECONNRESET) << limited.write_errno;
+
+  DrainCase reset(60s);
+  reset.wait_failed();
+  EXPECT_TRUE(reset.source_pump->draining());
+  const auto t1 = std::chrono::steady_clock::now();
+  reset.source_pump->abort(Error{Errc::kCancelled, "session closed"}, true);
+  EXPECT_TRUE(reset.source_pump->wait(2s));
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, 1s);
+  reset.writer.join();
+  EXPECT_NE(reset.write_errno, 0);
 }
 
 }  // namespace

@@ -246,8 +246,36 @@ class KubevirtCluster:
         return max(values) if values else None
 
     def wait_for_counter(self, node, minimum, timeout=60.0):
-        return wait_for(lambda: (self.serial_counter(node) or -1) >= minimum and self.serial_counter(node),
-                        timeout, "%s: guest counter >= %d" % (node, minimum))
+        try:
+            return wait_for(lambda: (self.serial_counter(node) or -1) >= minimum and self.serial_counter(node),
+                            timeout, "%s: guest counter >= %d" % (node, minimum))
+        except TimeoutError as e:
+            raise TimeoutError("%s; %s" % (e, self.guest_diagnosis(node))) from None
+
+    def guest_diagnosis(self, node):
+        """What a stalled guest counter needs to be read: QEMU's own run and migration state
+        over the harness's QMP monitor, and the end of the guest's serial console (an oops
+        shows there)."""
+        parts = []
+        try:
+            qmp = QmpClient(self.launcher_root(node) + self.vmi.qmp_in_pod, timeout=5)
+            try:
+                status = qmp.command("query-status", timeout=5)
+                mig = qmp.command("query-migrate", timeout=5)
+                parts.append("QEMU status %s, migration %s%s" % (
+                    status.get("status"), mig.get("status"),
+                    (" (%s)" % mig["error-desc"]) if mig.get("error-desc") else ""))
+            finally:
+                qmp.close()
+        except Exception as e:  # noqa: BLE001 - a diagnosis names what it could not read
+            parts.append("QEMU monitor: %s" % e)
+        try:
+            with open(self.pods[node].path(self.vmi.serial_in_pod), "rb") as f:
+                tail = f.read()[-600:]
+            parts.append("serial tail: %r" % tail.decode("utf-8", "replace"))
+        except OSError as e:
+            parts.append("serial: %s" % e)
+        return "; ".join(parts)
 
     # -- VMI ----------------------------------------------------------------------------
     def define_and_start_vmi(self, name="testvm", namespace="default", mem_mib=256, dirty_mib=16,
