@@ -188,7 +188,9 @@ int main(int argc, char** argv) {
   }
   std::atomic<bool> shutting_down{false};
   server.set_ready([&] { return !shutting_down.load(); });
-  rdmig::api::ProbeServer probes([&] { return !shutting_down.load(); });
+  // Liveness follows the KubeVirt relay's watchdog: a wedged relay gets the agent restarted.
+  rdmig::api::ProbeServer probes([&] { return !shutting_down.load(); },
+                                 [&] { return !kubevirt || kubevirt->responsive(); });
   if (auto st = probes.start(config.api.address, config.api.probe_port); !st) {
     std::cerr << "rdmig-agent: " << st.error().message << "\n";
     return 1;

@@ -18,7 +18,7 @@
 
 namespace rdmig::api {
 
-std::string probe_response(std::string_view head, bool ready) {
+std::string probe_response(std::string_view head, bool ready, bool live) {
   const auto line_end = head.find("\r\n");
   const std::string_view line = head.substr(0, line_end);
   int status = 404;
@@ -28,8 +28,8 @@ std::string probe_response(std::string_view head, bool ready) {
     return line.rfind(want, 0) == 0;
   };
   if (is("/healthz")) {
-    status = 200;
-    body = R"({"status":"ok"})";
+    status = live ? 200 : 503;
+    body = live ? R"({"status":"ok"})" : R"({"status":"stalled","message":"a work loop has not turned within its deadline"})";
   } else if (is("/readyz")) {
     status = ready ? 200 : 503;
     body = ready ? R"({"status":"ready"})" : R"({"status":"not ready"})";
@@ -44,7 +44,8 @@ std::string probe_response(std::string_view head, bool ready) {
          "\r\n\r\n" + body;
 }
 
-ProbeServer::ProbeServer(std::function<bool()> ready) : ready_(std::move(ready)) {}
+ProbeServer::ProbeServer(std::function<bool()> ready, std::function<bool()> live)
+    : ready_(std::move(ready)), live_(std::move(live)) {}
 
 ProbeServer::~ProbeServer() { stop(); }
 
@@ -116,7 +117,7 @@ void ProbeServer::run() {
         }
         c.head.append(buf, static_cast<size_t>(n));
         if (c.head.find("\r\n\r\n") != std::string::npos || c.head.size() >= kMaxRequestBytes) {
-          c.reply = probe_response(c.head, !ready_ || ready_());
+          c.reply = probe_response(c.head, !ready_ || ready_(), !live_ || live_());
         }
       }
       if (!c.reply.empty() && c.fd.valid()) {

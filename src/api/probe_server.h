@@ -26,8 +26,9 @@ class ProbeServer {
   static constexpr size_t kMaxRequestBytes = 4096;
   static constexpr size_t kMaxClients = 64;
 
-  // `ready`: the /readyz answer; it must not block (read an atomic).
-  explicit ProbeServer(std::function<bool()> ready);
+  // `ready`: the /readyz answer; `live`: the /healthz answer (none: always live). Neither may
+  // block (read an atomic).
+  explicit ProbeServer(std::function<bool()> ready, std::function<bool()> live = nullptr);
   ~ProbeServer();
   ProbeServer(const ProbeServer&) = delete;
   ProbeServer& operator=(const ProbeServer&) = delete;
@@ -41,6 +42,7 @@ class ProbeServer {
   void run();
 
   std::function<bool()> ready_;
+  std::function<bool()> live_;
   UniqueFd listener_;
   UniqueFd wake_;  // eventfd: stop() wakes the poll loop
   uint16_t port_ = 0;
@@ -50,6 +52,6 @@ class ProbeServer {
 
 // The probe answer for one request head ("GET /healthz HTTP/1.1\r\n..."): a whole HTTP/1.1
 // response with a JSON body and Connection: close. Exposed for the unit tests.
-std::string probe_response(std::string_view request_head, bool ready);
+std::string probe_response(std::string_view request_head, bool ready, bool live = true);
 
 }  // namespace rdmig::api

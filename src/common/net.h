@@ -55,6 +55,11 @@ Result<bool> read_exact(int fd, std::span<std::byte> buf, bool eof_ok = false);
 Status write_all(int fd, std::span<const std::byte> buf);
 Status writev_all(int fd, iovec* iov, int iovcnt);
 
+// Whether `host` may be dialled on someone else's behalf: an IPv4 or IPv6 literal (never a
+// name) for a unicast address that is not loopback, unspecified, link-local, multicast or
+// broadcast (an IPv4-mapped IPv6 address is judged as its IPv4 address). Names the field.
+Status check_unicast_literal(const std::string& host, const std::string& field);
+
 // Parses "host:port" (IPv4 literal or name; [v6]:port). Names the field in errors.
 Result<Endpoint> parse_endpoint(const std::string& text, const std::string& field);
 

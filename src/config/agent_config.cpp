@@ -53,7 +53,7 @@ Status parse_kubevirt(const YAML::Node& k, KubevirtConfig& c) {
                        {"enabled", "hookSocket", "nodeName", "handlerProcess", "launcherProgram", "libvirtSockets",
                         "ruleTimeoutSeconds", "sessionIdleSeconds", "probeIntervalSeconds", "staticMode", "peers",
                         "discovery", "kubeconfig", "agentNamespace", "agentSelector", "handlerNamespace",
-                        "handlerSelector", "discoveryIntervalSeconds"}));
+                        "handlerSelector", "discoveryIntervalSeconds", "socketMark", "socketMarkMask"}));
   RDMIG_TRY(read_string(k, "kubevirt", "discovery", c.discovery));
   if (c.discovery != "static" && c.discovery != "kubernetes") {
     return bad("kubevirt.discovery", "expected static or kubernetes, got '" + c.discovery + "'");
@@ -85,6 +85,14 @@ Status parse_kubevirt(const YAML::Node& k, KubevirtConfig& c) {
   RDMIG_TRY(read_uint(k, "kubevirt", "sessionIdleSeconds", c.session_idle_seconds, 1, 600));
   RDMIG_TRY(read_uint(k, "kubevirt", "probeIntervalSeconds", c.probe_interval_seconds, 1, 3600));
   RDMIG_TRY(read_bool(k, "kubevirt", "staticMode", c.static_mode));
+  RDMIG_TRY(read_uint(k, "kubevirt", "socketMark", c.socket_mark, 1, 0xFFFFFFFFu));
+  RDMIG_TRY(read_uint(k, "kubevirt", "socketMarkMask", c.socket_mark_mask, 1, 0xFFFFFFFFu));
+  if ((c.socket_mark & ~c.socket_mark_mask) != 0) {
+    return bad("kubevirt.socketMark", "has bits outside kubevirt.socketMarkMask");
+  }
+  if ((c.socket_mark_mask & 0xC000u) != 0) {
+    return bad("kubevirt.socketMarkMask", "overlaps kube-proxy's masquerade (0x4000) or drop (0x8000) mark bits");
+  }
   if (const auto peers = k["peers"]) {
     if (!peers.IsSequence()) return bad("kubevirt.peers", "expected a list of {node, agent, handlerAddresses}");
     if (peers.size() > 4096) return bad("kubevirt.peers", "at most 4096 peers");

@@ -95,6 +95,11 @@ struct KubevirtConfig {
   uint32_t session_idle_seconds = 2;    // a carried migration ends this long after its last connection closed
   uint32_t probe_interval_seconds = 5;  // unhealthy peers are probed this often
   bool static_mode = false;             // redirect to peers' handler addresses without the hook
+  // The agent's own dials inside virt-handler's namespace carry this mark (SO_MARK) and its
+  // redirect rules let (mark & mask) == mark through. Bit 13 only: kube-proxy uses 0x4000
+  // (masquerade) and 0x8000 (drop), Calico the upper 16 bits, Cilium 0x0F00 (docs/kubevirt.md).
+  uint32_t socket_mark = 0x2000;
+  uint32_t socket_mark_mask = 0x2000;
   std::vector<KubevirtPeer> peers;      // discovery "static": the peers, by hand
   // "kubernetes": peers from the API server: the rdmig agent pods (node, host IP; the agents use
   // hostNetwork and the same dataPlane.port) and, for static mode, the virt-handler pods' IPs.

@@ -37,10 +37,13 @@ Status read_u64(const YAML::Node& parent, const std::string& prefix, const char*
   if (!n) return ok_status();
   const std::string k = join(prefix, key);
   const std::string text = n.IsScalar() ? n.as<std::string>() : "";
-  if (text.empty() || text.size() > 19 || text.find_first_not_of("0123456789") != std::string::npos) {
-    return bad(k, "expected a non-negative integer, got '" + text + "'");
+  // Decimal, or hexadecimal with 0x (marks and masks read better so).
+  const bool hex = text.size() > 2 && text.size() <= 18 && text[0] == '0' && (text[1] == 'x' || text[1] == 'X') &&
+                   text.find_first_not_of("0123456789abcdefABCDEF", 2) == std::string::npos;
+  if (!hex && (text.empty() || text.size() > 19 || text.find_first_not_of("0123456789") != std::string::npos)) {
+    return bad(k, "expected a non-negative integer, got '" + text.substr(0, 64) + "'");
   }
-  const uint64_t v = std::stoull(text);
+  const uint64_t v = hex ? std::stoull(text.substr(2), nullptr, 16) : std::stoull(text);
   if (v < min || v > max) {
     return bad(k, "must be between " + std::to_string(min) + " and " + std::to_string(max) + ", got " + text);
   }

@@ -43,6 +43,8 @@ json to_json(const FlowRecord& r) {
               {"transportReason", str(r.transport_reason)},
               {"peer", str(r.peer)},
               {"connections", r.connections},
+              {"mainConnection", r.main_connection < 0 ? json(nullptr)
+                                                       : json{{"index", r.main_connection}, {"by", r.main_connection_by}}},
               {"bytesSent", r.bytes_sent},
               {"bytesReceived", r.bytes_received},
               {"chunksSent", r.chunks_sent},

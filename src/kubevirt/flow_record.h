@@ -36,6 +36,12 @@ struct FlowRecord {
   std::string transport_reason;
   std::string peer;           // the other agent
   uint32_t connections = 0;
+  // Source: the carried connection taken for QEMU's main memory channel (reset on a failure;
+  // the other memory connections drain), and how it was told: "magic" (its first bytes were
+  // QEMU's stream header, seen when KubeVirt's TLS is off) or "order" (the first connection
+  // to the memory port; with TLS nothing else can be seen). -1: none yet.
+  int main_connection = -1;
+  std::string main_connection_by;
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   uint64_t chunks_sent = 0;

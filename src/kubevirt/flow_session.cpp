@@ -47,6 +47,17 @@ void FlowSession::add_leg(std::unique_ptr<transport::Channel> channel, std::uniq
   if (record_.phase == "Armed") record_.phase = "Carrying";
 }
 
+bool FlowSession::with_pump(uint32_t index, const std::function<void(migration::ChannelPump&)>& fn) {
+  std::lock_guard lock(legs_mu_);
+  for (auto& l : legs_) {
+    if (l.channel->index() == index) {
+      fn(*l.pump);
+      return true;
+    }
+  }
+  return false;
+}
+
 bool FlowSession::draining() const {
   std::lock_guard lock(legs_mu_);
   for (const auto& l : legs_) {

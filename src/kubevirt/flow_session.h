@@ -7,6 +7,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -44,6 +45,9 @@ class FlowSession {
  protected:
   FlowSession(std::string id, FlowRecord record, Metrics& metrics);
   void add_leg(std::unique_ptr<transport::Channel> channel, std::unique_ptr<migration::ChannelPump> pump);
+  // Runs fn on the pump of the leg whose channel has `index`, under the legs' lock (never
+  // with mu_ held); false when there is no such leg (not added yet, or closed).
+  bool with_pump(uint32_t index, const std::function<void(migration::ChannelPump&)>& fn);
   // Ends the session as Succeeded (counters final); closes the legs.
   void succeed();
   void refresh_counters_locked(FlowRecord& r) const;

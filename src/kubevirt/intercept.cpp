@@ -13,7 +13,8 @@ InterceptPoint::InterceptPoint(std::shared_ptr<NetNs> ns, UniqueFd l4, UniqueFd 
   thread_ = std::thread([this] { loop(); });
 }
 
-Result<std::unique_ptr<InterceptPoint>> InterceptPoint::create(std::shared_ptr<NetNs> ns, OnConnection cb) {
+Result<std::unique_ptr<InterceptPoint>> InterceptPoint::create(std::shared_ptr<NetNs> ns, PassMark mark,
+                                                               OnConnection cb) {
   auto l4 = ns->make_socket([] { return net::tcp_listen("127.0.0.1", 0, 256); });
   if (!l4) return l4.error().with_context("interception listener in " + ns->describe());
   auto p4 = net::local_port(l4->get());
@@ -26,7 +27,7 @@ Result<std::unique_ptr<InterceptPoint>> InterceptPoint::create(std::shared_ptr<N
   } else {
     LOG_INFO("kubevirt") << "no IPv6 loopback in " << ns->describe() << ": IPv6 connections are not intercepted";
   }
-  auto rules = NftRules::install(*ns, p4.value(), p6);
+  auto rules = NftRules::install(*ns, p4.value(), p6, mark);
   if (!rules) return rules.error();
   LOG_INFO("kubevirt") << "intercepting in " << ns->describe() << " via 127.0.0.1:" << p4.value()
                        << (p6 ? " and [::1]:" + std::to_string(p6) : std::string());

@@ -18,7 +18,8 @@ class InterceptPoint {
  public:
   using OnConnection = std::function<void(UniqueFd fd, const net::Endpoint& original_destination, const NetNs& ns)>;
 
-  static Result<std::unique_ptr<InterceptPoint>> create(std::shared_ptr<NetNs> ns, OnConnection on_connection);
+  static Result<std::unique_ptr<InterceptPoint>> create(std::shared_ptr<NetNs> ns, PassMark mark,
+                                                        OnConnection on_connection);
   ~InterceptPoint();  // stops accepting and removes the table
   InterceptPoint(const InterceptPoint&) = delete;
   InterceptPoint& operator=(const InterceptPoint&) = delete;

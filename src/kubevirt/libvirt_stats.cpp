@@ -2,11 +2,17 @@
 
 #include <libvirt/libvirt.h>
 #include <libvirt/virterror.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
+#include <cctype>
+#include <cstring>
 #include <memory>
 #include <thread>
 
+#include "common/fd.h"
 #include "kubevirt/netns.h"
 
 namespace rdmig::kubevirt {
@@ -28,11 +34,24 @@ struct DomFree {
   void operator()(virDomainPtr d) const { virDomainFree(d); }
 };
 
+using Conn = std::unique_ptr<virConnect, ConnCloser>;
+
+// A connection to the launcher's daemon in the mode it runs in: a non-root launcher's daemon
+// refuses /system, a root one /session.
+Result<Conn> open_daemon(const std::string& socket) {
+  auto uid = daemon_uid(socket);
+  if (!uid) return uid.error().with_context("libvirt at " + socket);
+  const std::string uri = libvirt_uri(socket, uid.value() == 0);
+  Conn conn(virConnectOpen(uri.c_str()));
+  if (!conn) return Error{Errc::kUnavailable, "libvirt at " + uri + ": " + last_error()};
+  return conn;
+}
+
 // One attempt on one daemon: the stats when the domain runs here and its job is complete.
 Result<std::optional<LibvirtJobStats>> try_daemon(const std::string& socket, const std::string& domain) {
-  const std::string uri = "qemu+unix:///system?socket=" + socket;
-  std::unique_ptr<virConnect, ConnCloser> conn(virConnectOpen(uri.c_str()));
-  if (!conn) return Error{Errc::kUnavailable, "libvirt at " + socket + ": " + last_error()};
+  auto opened = open_daemon(socket);
+  if (!opened) return opened.error();
+  Conn conn = std::move(opened.value());
   std::unique_ptr<virDomain, DomFree> dom(virDomainLookupByName(conn.get(), domain.c_str()));
   if (!dom) return std::optional<LibvirtJobStats>();
   if (virDomainIsActive(dom.get()) != 1) return std::optional<LibvirtJobStats>();  // the source's, after the move
@@ -58,6 +77,41 @@ Result<std::optional<LibvirtJobStats>> try_daemon(const std::string& socket, con
 }
 }  // namespace
 
+std::string libvirt_uri(const std::string& socket, bool privileged) {
+  // The path is a query value: everything but unreserved characters and '/' is
+  // percent-encoded, so '&', '#', '?', '%' or a space in it can never add or cut a parameter.
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string escaped;
+  for (unsigned char c : socket) {
+    if (std::isalnum(c) || c == '/' || c == '-' || c == '.' || c == '_' || c == '~') {
+      escaped += static_cast<char>(c);
+    } else {
+      escaped += '%';
+      escaped += kHex[c >> 4];
+      escaped += kHex[c & 15];
+    }
+  }
+  return std::string("qemu+unix:///") + (privileged ? "system" : "session") + "?socket=" + escaped;
+}
+
+Result<uid_t> daemon_uid(const std::string& socket) {
+  sockaddr_un addr{};
+  if (socket.size() >= sizeof addr.sun_path) {
+    return Error{Errc::kInvalidArgument, "socket path longer than " + std::to_string(sizeof addr.sun_path - 1) + " bytes"};
+  }
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, socket.data(), socket.size());
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return errno_error("socket(AF_UNIX)", errno);
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+    return errno_error("connect", errno);
+  }
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return errno_error("SO_PEERCRED", errno);
+  return cred.uid;
+}
+
 namespace {
 // Calls fn(socket path) for each libvirt socket of each launcher of `vmi` on this node.
 template <typename Fn>
@@ -72,14 +126,18 @@ void for_each_daemon(const KubevirtConfig& config, const VmiRef& vmi, Fn fn) {
 }
 }  // namespace
 
-Result<std::string> abort_outgoing_job(const KubevirtConfig& config, const VmiRef& vmi, int64_t started_by_ms) {
+Result<std::string> abort_outgoing_job(const KubevirtConfig& config, const VmiRef& vmi, int64_t armed_at_ms,
+                                       int64_t failed_at_ms) {
   virSetErrorFunc(nullptr, quiet);
   const std::string domain = vmi.namespace_ + "_" + vmi.name;
   std::string done;
   for_each_daemon(config, vmi, [&](const std::string& path) {
-    const std::string uri = "qemu+unix:///system?socket=" + path;
-    std::unique_ptr<virConnect, ConnCloser> conn(virConnectOpen(uri.c_str()));
-    if (!conn) return;
+    auto opened = open_daemon(path);
+    if (!opened) {
+      done += (done.empty() ? "" : "; ") + opened.error().message;
+      return;
+    }
+    Conn conn = std::move(opened.value());
     std::unique_ptr<virDomain, DomFree> dom(virDomainLookupByName(conn.get(), domain.c_str()));
     if (!dom || virDomainIsActive(dom.get()) != 1) return;
     // On a node the launcher of the VMI is the source (or, when it is being migrated to this
@@ -89,9 +147,15 @@ Result<std::string> abort_outgoing_job(const KubevirtConfig& config, const VmiRe
     const int64_t job_started_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count() -
         static_cast<int64_t>(info.timeElapsed);
-    if (job_started_ms > started_by_ms + 500) {  // slack for the two clocks' reading
+    // 500 ms of slack for reading the two clocks (libvirt's elapsed time and ours).
+    if (job_started_ms > failed_at_ms + 500) {
       done += (done.empty() ? "" : "; ") + std::string("a newer job of ") + domain + " runs (started " +
-              std::to_string(job_started_ms - started_by_ms) + " ms after the failure): not aborted";
+              std::to_string(job_started_ms - failed_at_ms) + " ms after the failure): not aborted";
+      return;
+    }
+    if (job_started_ms < armed_at_ms - 500) {
+      done += (done.empty() ? "" : "; ") + std::string("the job of ") + domain + " started " +
+              std::to_string(armed_at_ms - job_started_ms) + " ms before the session was armed: not ours, not aborted";
       return;
     }
     if (virDomainAbortJob(dom.get()) == 0) {

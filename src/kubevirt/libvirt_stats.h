@@ -3,12 +3,23 @@
 // (/proc/<launcher pid>/root<libvirt socket>), domain "<namespace>_<name>" as KubeVirt names it.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
+#include <string>
 
 #include "config/agent_config.h"
 #include "kubevirt/flow_record.h"
 
 namespace rdmig::kubevirt {
+
+// The URI of a launcher's libvirt daemon reached through `socket`: qemu+unix:///system for a
+// privileged daemon (KubeVirt's Root feature gate), qemu+unix:///session for an unprivileged
+// one (KubeVirt's default non-root launcher: virtqemud as uid 107). The path is
+// percent-encoded into the query.
+std::string libvirt_uri(const std::string& socket, bool privileged);
+// The uid the daemon listening on `socket` runs as (SO_PEERCRED of a connection to it).
+Result<uid_t> daemon_uid(const std::string& socket);
 
 // Waits up to `wait` for the completed job to appear (libvirt finishes the job on the target
 // shortly after the last byte).
@@ -20,8 +31,10 @@ Result<LibvirtJobStats> read_completed_job(const KubevirtConfig& config, const V
 // failed, so libvirt fails within seconds instead of waiting for KubeVirt's progress timeout
 // (QEMU 7.2 can hang when a multifd connection fails while it is being set up). Precopy only:
 // rdmig never carries post-copy. Returns what it did, for the log.
-// `started_by_ms` (wall clock): only a job that had started by then is aborted, so a later
-// migration of the same VMI is never hit by the abort meant for a failed one.
-Result<std::string> abort_outgoing_job(const KubevirtConfig& config, const VmiRef& vmi, int64_t started_by_ms);
+// Only the job the failed session carried is aborted: one that started between the session's
+// arming (`armed_at_ms`, wall clock; KubeVirt calls the hook before libvirt starts the job) and
+// its failure (`failed_at_ms`). An older job, or a later migration of the same VMI, is left alone.
+Result<std::string> abort_outgoing_job(const KubevirtConfig& config, const VmiRef& vmi, int64_t armed_at_ms,
+                                       int64_t failed_at_ms);
 
 }  // namespace rdmig::kubevirt

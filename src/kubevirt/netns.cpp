@@ -212,8 +212,8 @@ void arm_reset(int fd) {
   (void)::setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
 }
 
-Status set_pass_mark(int fd) {
-  const uint32_t mark = kPassMark;
+Status set_pass_mark(int fd, PassMark pass) {
+  const uint32_t mark = pass.value;
   if (::setsockopt(fd, SOL_SOCKET, SO_MARK, &mark, sizeof mark) != 0) return errno_error("setsockopt(SO_MARK)", errno);
   return ok_status();
 }

@@ -62,8 +62,12 @@ Result<net::Endpoint> original_destination(int fd);
 // Makes the next close() send a RST instead of a FIN (SO_LINGER 0): the peer fails at once.
 void arm_reset(int fd);
 
-// Marks a socket so that rdmig's own nftables rules let it through (SO_MARK, CAP_NET_ADMIN).
-inline constexpr uint32_t kPassMark = 0x52444d47;  // "RDMG"
-Status set_pass_mark(int fd);
+// Marks a socket so that rdmig's own nftables rules let it through (SO_MARK, CAP_NET_ADMIN):
+// kubevirt.socketMark, matched under kubevirt.socketMarkMask.
+struct PassMark {
+  uint32_t value = 0x2000;
+  uint32_t mask = 0x2000;
+};
+Status set_pass_mark(int fd, PassMark mark);
 
 }  // namespace rdmig::kubevirt

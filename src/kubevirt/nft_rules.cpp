@@ -35,9 +35,8 @@ Result<std::string> NftRules::run(const std::string& commands) const {
   return out;
 }
 
-Result<NftRules> NftRules::install(const NetNs& ns, uint16_t port4, uint16_t port6) {
+Result<NftRules> NftRules::install(const NetNs& ns, uint16_t port4, uint16_t port6, PassMark pass) {
   NftRules rules(ns);
-  const std::string mark = std::to_string(kPassMark);
   std::string t = "table inet rdmig\ndelete table inet rdmig\n";
   t += "table inet rdmig {\n";
   t += "  set carry4 { type ipv4_addr . inet_service; flags timeout; }\n";
@@ -45,7 +44,7 @@ Result<NftRules> NftRules::install(const NetNs& ns, uint16_t port4, uint16_t por
   t += "  set peers4 { type ipv4_addr; flags timeout; }\n";
   t += "  set peers6 { type ipv6_addr; flags timeout; }\n";
   t += "  chain output {\n    type nat hook output priority -100; policy accept;\n";
-  t += "    meta mark " + mark + " return\n";
+  t += "    meta mark and " + std::to_string(pass.mask) + " == " + std::to_string(pass.value) + " return\n";
   t += "    meta l4proto tcp ip daddr . tcp dport @carry4 counter redirect to :" + std::to_string(port4) + "\n";
   t += "    meta l4proto tcp ip daddr @peers4 counter redirect to :" + std::to_string(port4) + "\n";
   if (port6 != 0) {
@@ -100,6 +99,18 @@ Status NftRules::remove() const {
   auto r = run("table inet rdmig\ndelete table inet rdmig\n");
   if (!r) return r.error();
   return ok_status();
+}
+
+Result<bool> NftRules::remove_leftover(const NetNs& ns) {
+  NftRules rules(ns);
+  auto tables = rules.run("list tables inet\n");
+  if (!tables) return tables.error();
+  if (tables->find(std::string("table inet ") + kNftTable + "\n") == std::string::npos &&
+      !tables->ends_with(std::string("table inet ") + kNftTable)) {
+    return false;
+  }
+  RDMIG_TRY(rules.remove());
+  return true;
 }
 
 Result<std::string> NftRules::list() const { return run("list table inet rdmig\n"); }

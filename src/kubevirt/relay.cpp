@@ -44,9 +44,28 @@ Status KubevirtRelay::start() {
     if (!d) return d.error();
     discovery_ = std::move(d.value());
   }
+  sweep_leftover_tables();
+  last_turn_.store(std::chrono::steady_clock::now().time_since_epoch().count());
   maintenance_ = std::thread([this] { maintenance_loop(); });
   LOG_INFO("kubevirt") << "KubeVirt mode on node '" << node_ << "', peers from " << config_.kubevirt.discovery << (config_.kubevirt.static_mode ? ", static interception" : "");
   return ok_status();
+}
+
+void KubevirtRelay::sweep_leftover_tables() {
+  // The agent arms only virt-handler namespaces (the hook caller's, or static mode's own
+  // handler). A killed agent's table would redirect KubeVirt's connections to a listener that
+  // is gone until its elements time out: remove it before this agent serves.
+  std::set<uint64_t> seen;
+  for (pid_t pid : processes_named(config_.kubevirt.handler_process)) {
+    auto ns = NetNs::of_pid(pid);
+    if (!ns || !seen.insert(ns->inode()).second) continue;
+    auto removed = NftRules::remove_leftover(ns.value());
+    if (!removed) {
+      LOG_WARN("kubevirt") << "start-up sweep in " << ns->describe() << ": " << removed.error().message;
+    } else if (removed.value()) {
+      LOG_INFO("kubevirt") << "removed the redirect table an earlier agent left in " << ns->describe();
+    }
+  }
 }
 
 void KubevirtRelay::stop() {
@@ -78,6 +97,9 @@ void KubevirtRelay::stop() {
 void KubevirtRelay::run_worker(std::function<void()> fn) {
   auto done = std::make_shared<std::atomic<bool>>(false);
   std::lock_guard lock(mu_);
+  // stop() sets stopping_ before it takes the workers under this lock: a worker started after
+  // that would never be joined (std::terminate at exit). Whatever fn holds is released here.
+  if (stopping_.load()) return;
   workers_.push_back(Worker{std::thread([fn = std::move(fn), done] {
                               fn();
                               done->store(true);
@@ -159,56 +181,81 @@ void KubevirtRelay::maintain() {
   const auto idle = std::chrono::seconds(config_.kubevirt.session_idle_seconds);
   std::vector<std::shared_ptr<SourceSession>> to_finish;
   std::vector<std::shared_ptr<SourceSession>> draining;  // failed, multifd legs still draining
-  std::vector<std::pair<VmiRef, int64_t>> aborts;  // carried migrations that failed, and when
+  struct Abort {
+    VmiRef vmi;
+    int64_t armed_at_ms;
+    int64_t failed_at_ms;
+  };
+  std::vector<Abort> aborts;  // migrations that failed after carrying bytes
+  // 1. Snapshot under the lock, then look at each session without it: failing a session
+  // resets and joins its legs, which must never hold up hook calls, interception or REST.
+  std::vector<Active> sources;
+  std::vector<std::shared_ptr<TargetSession>> targets;
   {
     std::lock_guard lock(mu_);
+    for (const auto& [id, a] : sources_) sources.push_back(a);
+    for (const auto& [id, t] : targets_) targets.push_back(t);
+  }
+  for (auto& a : sources) {
+    auto& s = *a.session;
+    if (s.ended() || a.finishing) continue;
+    s.poll();
+    if (auto e = s.leg_error(); e && !s.ended()) {
+      // Name the peer: over RDMA a dead agent is often seen first as a channel's disconnect.
+      const Error named = e->with_context("carrying to the agent on " + s.peer_node());
+      peers_.mark_unhealthy(s.peer_node(), named.message);
+      s.fail(named);
+    } else if (s.idle_for(idle)) {
+      to_finish.push_back(a.session);
+    } else if (s.leg_count() == 0 && now - a.armed_at > kArmedTtl) {
+      s.fail(Error{Errc::kTimeout, "KubeVirt never connected within " +
+                                       std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kArmedTtl).count()) +
+                                       " s"});
+    }
+  }
+  for (auto& t : targets) {
+    if (auto e = t->leg_error(); e && !t->ended()) t->fail(e->with_context("carrying from the agent on " + t->record().source_node));
+  }
+  // 2. Book-keeping under the lock: nothing here waits for a session.
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& s : to_finish) {
+      if (auto it = sources_.find(s->id()); it != sources_.end()) it->second.finishing = true;
+    }
     for (auto it = sources_.begin(); it != sources_.end();) {
       auto& a = it->second;
       auto& s = *a.session;
-      if (!s.ended() && !a.finishing) {
-        s.poll();
-        if (auto e = s.leg_error(); e && !s.ended()) {
-          // Name the peer: over RDMA a dead agent is often seen first as a channel's disconnect.
-          const Error named = e->with_context("carrying to the agent on " + s.peer_node());
-          peers_.mark_unhealthy(s.peer_node(), named.message);
-          s.fail(named);
-        } else if (s.idle_for(idle)) {
-          a.finishing = true;
-          to_finish.push_back(a.session);
-        } else if (s.leg_count() == 0 && now - a.armed_at > kArmedTtl) {
-          s.fail(Error{Errc::kTimeout, "KubeVirt never connected within " +
-                                           std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kArmedTtl).count()) + " s"});
-        }
-      }
-      if (s.ended()) {
-        const FlowRecord r = s.record();
-        if (r.phase == "Failed" && !stopping_.load()) {
-          peers_.mark_unhealthy(s.peer_node(), r.reason);
-          if (!r.vmi.uid.empty()) aborts.emplace_back(r.vmi, r.finished_at_ms);
-        }
-        for (auto ar = armed_.begin(); ar != armed_.end();) {
-          if (ar->second.session == a.session) {
-            (void)ar->second.point->rules().uncarry(ar->second.ip, ar->second.port);
-            ar = armed_.erase(ar);
-          } else {
-            ++ar;
-          }
-        }
-        for (auto st = static_sessions_.begin(); st != static_sessions_.end();) {
-          st = st->second == a.session ? static_sessions_.erase(st) : std::next(st);
-        }
-        remember_locked(r);
-        if (s.draining()) draining.push_back(a.session);
-        it = sources_.erase(it);
-      } else {
+      if (!s.ended()) {
         ++it;
+        continue;
       }
+      const FlowRecord r = s.record();
+      if (r.phase == "Failed" && !stopping_.load()) {
+        peers_.mark_unhealthy(s.peer_node(), r.reason);
+        // Only a job this session carried bytes for: a session that expired or failed
+        // before KubeVirt dialled broke nothing, and a later job of the VMI is not its own.
+        if (!r.vmi.uid.empty() && r.bytes_sent + r.bytes_received > 0) {
+          aborts.push_back(Abort{r.vmi, r.started_at_ms, r.finished_at_ms});
+        }
+      }
+      for (auto ar = armed_.begin(); ar != armed_.end();) {
+        if (ar->second.session == a.session) {
+          (void)ar->second.point->rules().uncarry(ar->second.ip, ar->second.port);
+          ar = armed_.erase(ar);
+        } else {
+          ++ar;
+        }
+      }
+      for (auto st = static_sessions_.begin(); st != static_sessions_.end();) {
+        st = st->second == a.session ? static_sessions_.erase(st) : std::next(st);
+      }
+      remember_locked(r);
+      if (s.draining()) draining.push_back(a.session);
+      it = sources_.erase(it);
     }
     for (auto it = targets_.begin(); it != targets_.end();) {
-      auto& t = *it->second;
-      if (auto e = t.leg_error(); e && !t.ended()) t.fail(e->with_context("carrying from the agent on " + t.record().source_node));
-      if (t.ended()) {
-        remember_locked(t.record());
+      if (it->second->ended()) {
+        remember_locked(it->second->record());
         it = targets_.erase(it);
       } else {
         ++it;
@@ -216,6 +263,9 @@ void KubevirtRelay::maintain() {
     }
     kmetrics_.set_active(static_cast<double>(sources_.size() + targets_.size()));
   }
+  // The last references of ended sessions go here, outside the lock (their destructors join).
+  sources.clear();
+  targets.clear();
   for (auto& s : to_finish) run_worker([s] { s->finish(); });
   for (auto& s : draining) {
     // Keeps the session (and its draining legs) alive off the maintenance thread; the
@@ -228,14 +278,14 @@ void KubevirtRelay::maintain() {
       }
     });
   }
-  for (auto& [vmi, failed_at_ms] : aborts) {
-    run_worker([this, vmi, failed_at_ms] {
+  for (auto& a : aborts) {
+    run_worker([this, a] {
       {
         std::unique_lock lock(stop_mu_);
         if (stop_cv_.wait_for(lock, kAbortGrace, [&] { return stopping_.load(); })) return;
       }
-      auto done = abort_outgoing_job(config_.kubevirt, vmi, failed_at_ms);
-      LOG_INFO("kubevirt") << "carrying " << vmi.key() << " failed: "
+      auto done = abort_outgoing_job(config_.kubevirt, a.vmi, a.armed_at_ms, a.failed_at_ms);
+      LOG_INFO("kubevirt") << "carrying " << a.vmi.key() << " failed: "
                            << (done ? done.value() : "nothing aborted: " + done.error().message);
     });
   }
@@ -253,6 +303,12 @@ void KubevirtRelay::maintain() {
       }
     }
   }
+  last_turn_.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+}
+
+bool KubevirtRelay::responsive(std::chrono::steady_clock::duration limit) const {
+  const std::chrono::steady_clock::time_point last{std::chrono::steady_clock::duration(last_turn_.load())};
+  return std::chrono::steady_clock::now() - last < limit;
 }
 
 }  // namespace rdmig::kubevirt

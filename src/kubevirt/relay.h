@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -58,6 +59,11 @@ class KubevirtRelay {
   HookDecision pre_migration_source(const nlohmann::json& vmi, const std::string& node, pid_t caller_pid);
 
   std::vector<FlowRecord> list(const RecordFilter& filter) const;
+  // Liveness: false when the maintenance loop has not finished a turn within `limit` (it
+  // refreshes the redirect rules and fails broken sessions, every 200 ms). The probe port's
+  // /healthz says so, and the kubelet restarts a wedged agent instead of calling it healthy.
+  static constexpr std::chrono::seconds kWatchdogLimit{30};
+  bool responsive(std::chrono::steady_clock::duration limit = kWatchdogLimit) const;
   const std::string& node_name() const { return node_; }
 
  private:
@@ -68,12 +74,14 @@ class KubevirtRelay {
   Result<InterceptPoint*> point_for(std::shared_ptr<NetNs> ns);
   std::shared_ptr<NetNs> handler_netns_owning(const std::string& ip);
   void pass_through(UniqueFd fd, const net::Endpoint& dst, const NetNs& ns);
+  PassMark pass_mark() const { return PassMark{config_.kubevirt.socket_mark, config_.kubevirt.socket_mark_mask}; }
   void record_not_carried(FlowRecord record, const std::string& reason);
   void remember_locked(const FlowRecord& record);
   void maintenance_loop();
   void maintain();
   void refresh_rules();
   void setup_static_mode();
+  void sweep_leftover_tables();
   void run_worker(std::function<void()> fn);
   void reap_workers();
 
@@ -94,6 +102,8 @@ class KubevirtRelay {
     InterceptPoint* point = nullptr;
   };
   std::map<std::string, Armed> armed_;  // "ip|port"
+  std::set<std::string> arming_;        // migration uids a hook call is arming now
+  std::condition_variable hook_cv_;     // an arming_ entry went away
   std::map<std::string, std::shared_ptr<SourceSession>> static_sessions_;  // by destination ip
   struct Active {
     std::shared_ptr<SourceSession> session;
@@ -114,6 +124,7 @@ class KubevirtRelay {
 
   std::unique_ptr<PeerDiscovery> discovery_;
   std::atomic<bool> stopping_{false};
+  std::atomic<std::chrono::steady_clock::rep> last_turn_{0};  // end of the last maintain()
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   std::thread maintenance_;

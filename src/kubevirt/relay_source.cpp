@@ -45,18 +45,38 @@ HookDecision KubevirtRelay::pre_migration_source(const json& vmi, const std::str
   }
   {
     // Idempotent: KubeVirt may call again for the same migration (retries of the same attempt).
-    std::lock_guard lock(mu_);
+    // A call that finds another one still arming the same migration waits for its outcome, so
+    // concurrent calls make one session, never two (the check and the claim under one lock).
+    std::unique_lock lock(mu_);
+    hook_cv_.wait_for(lock, kSessionOpenTimeout + 1s, [&] { return !arming_.contains(rec.migration_uid); });
+    if (arming_.contains(rec.migration_uid)) {
+      kmetrics_.hook_call("error");
+      return HookDecision{false, "another hook call is still arming migration " + rec.migration_uid};
+    }
     for (auto& [k, a] : armed_) {
       if (a.session->record().migration_uid == rec.migration_uid && !a.session->ended()) {
         kmetrics_.hook_call("carried");
         return HookDecision{true, ""};
       }
     }
+    if (!skip) arming_.insert(rec.migration_uid);
   }
   if (skip) {
     record_not_carried(rec, *skip);
     return HookDecision{false, *skip};
   }
+  // Whatever this call decides, the claim ends with it.
+  struct Unclaim {
+    KubevirtRelay* relay;
+    std::string uid;
+    ~Unclaim() {
+      {
+        std::lock_guard lock(relay->mu_);
+        relay->arming_.erase(uid);
+      }
+      relay->hook_cv_.notify_all();
+    }
+  } unclaim{this, rec.migration_uid};
   // The namespace to intercept in: the hook caller's (virt-handler), else the only virt-handler.
   std::shared_ptr<NetNs> ns;
   if (caller_pid > 0) {
@@ -84,6 +104,7 @@ HookDecision KubevirtRelay::pre_migration_source(const json& vmi, const std::str
     return HookDecision{false, why};
   }
   std::shared_ptr<SourceSession> s = std::move(session.value());
+  s->set_port_classes(intent->ports);
   std::lock_guard lock(mu_);
   auto point = point_for(ns);
   if (!point) {
@@ -112,7 +133,7 @@ HookDecision KubevirtRelay::pre_migration_source(const json& vmi, const std::str
 Result<InterceptPoint*> KubevirtRelay::point_for(std::shared_ptr<NetNs> ns) {
   auto it = points_.find(ns->inode());
   if (it != points_.end()) return it->second.get();
-  auto p = InterceptPoint::create(ns, [this](UniqueFd fd, const net::Endpoint& dst, const NetNs& n) {
+  auto p = InterceptPoint::create(ns, pass_mark(), [this](UniqueFd fd, const net::Endpoint& dst, const NetNs& n) {
     on_connection(std::move(fd), dst, n);
   });
   if (!p) return p.error();
@@ -164,7 +185,8 @@ void KubevirtRelay::on_connection(UniqueFd fd, const net::Endpoint& dst, const N
 }
 
 void KubevirtRelay::pass_through(UniqueFd fd, const net::Endpoint& dst, const NetNs& ns) {
-  auto out = ns.make_socket([&] { return net::tcp_connect(dst, 5s, [](int s) { return set_pass_mark(s); }); });
+  const PassMark mark = pass_mark();
+  auto out = ns.make_socket([&] { return net::tcp_connect(dst, 5s, [mark](int s) { return set_pass_mark(s, mark); }); });
   if (!out) {
     LOG_WARN("kubevirt") << "pass-through to " << dst.to_string() << " failed: " << out.error().message;
     arm_reset(fd.get());

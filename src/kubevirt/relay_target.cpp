@@ -100,8 +100,7 @@ std::shared_ptr<NetNs> KubevirtRelay::handler_netns_owning(const std::string& ip
       return ns;
     }
   }
-  LOG_INFO("kubevirt") << "no " << config_.kubevirt.handler_process << " owns " << ip
-                       << ": dialling it from the agent's own network namespace";
+  LOG_WARN("kubevirt") << "no " << config_.kubevirt.handler_process << " on this node owns " << ip;
   return nullptr;
 }
 

@@ -1,10 +1,12 @@
 // The two ends of a carried KubeVirt migration.
 //   SourceSession: made when the hook arms a migration (or, in static mode, when the first
 //     connection to a peer handler arrives); each intercepted connection becomes one channel,
-//     in accept order.
+//     in accept order, and is told apart as QEMU's main channel, multifd or block.
 //   TargetSession: made by the data-plane server for a "flow" hello; dials each channel's
-//     original destination from inside the target virt-handler's network namespace, in the
-//     source's order, and reports libvirt's figures at the end.
+//     original destination from inside the target virt-handler's network namespace that owns
+//     it (never from the host's), in the source's order, and reports libvirt's figures.
+//     Nothing depends on that order being QEMU's: KubeVirt's proxies dial in no fixed order,
+//     and QEMU 8+ tells its channels apart by their first bytes.
 #pragma once
 
 #include <condition_variable>
@@ -41,7 +43,16 @@ class SourceSession final : public FlowSession {
   // Connects to the peer agent, proves the shared token and agrees on the transport.
   static Result<std::unique_ptr<SourceSession>> open(const SessionContext& ctx, const PeerInfo& peer, FlowRecord record,
                                                      std::chrono::milliseconds timeout);
-  // Carries one intercepted connection as the next channel.
+  // The classes of the target's published ports (targetDirectMigrationNodePorts). Without
+  // them (static mode) every connection counts as memory. Call before the first connection.
+  void set_port_classes(std::vector<PublishedPort> ports) { port_classes_ = std::move(ports); }
+  // Carries one intercepted connection as the next channel. What a failure does to it
+  // depends on what it carries: QEMU's main memory channel is reset (QEMU fails there at
+  // once), the other memory connections (multifd) drain, block (NBD) connections are reset.
+  // The main channel is the memory connection whose first bytes are QEMU's stream header
+  // ("QEVM", visible when KubeVirt's TLS is off), else the first one to the memory port: in a
+  // block migration the disks' connections come first, and KubeVirt's proxy dials each
+  // connection in its own goroutine, so "connection 0" means nothing.
   Status add_connection(UniqueFd fd, const net::Endpoint& destination);
   // Reads the control link without waiting: an abort from the peer or its loss fails the session.
   void poll();
@@ -52,16 +63,20 @@ class SourceSession final : public FlowSession {
  private:
   SourceSession(std::string id, FlowRecord record, const SessionContext& ctx, PeerInfo peer);
   Result<std::unique_ptr<transport::Channel>> connect_channel(uint32_t index);
+  int port_class(uint16_t port) const;
+  // From a memory connection's pump thread: its first bytes name what it carries.
+  void saw_first_bytes(uint32_t index, migration::ChannelPump& self, std::span<const std::byte> head);
 
   SessionContext ctx_;
+  std::vector<PublishedPort> port_classes_;
   PeerInfo peer_;
   std::string transport_;
   net::Endpoint rdma_endpoint_;
   uint32_t next_index_ = 0;  // the interception thread only
 };
 
-// Finds the network namespace that owns `ip` (the target virt-handler's); null: dial from
-// the agent's own namespace.
+// Finds the network namespace that owns `ip` (the target virt-handler's); null: none does,
+// and nothing is dialled.
 using NetnsLocator = std::function<std::shared_ptr<NetNs>(const std::string& ip)>;
 // Reads libvirt's completed-job figures of the migrated VMI on this node.
 using StatsReader = std::function<Result<LibvirtJobStats>(const VmiRef& vmi)>;

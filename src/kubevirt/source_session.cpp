@@ -122,12 +122,66 @@ Status SourceSession::add_connection(UniqueFd fd, const net::Endpoint& destinati
   auto ch = connect_channel(index);
   if (!ch) return refuse(ch.error().with_context("channel " + std::to_string(index) + " to " + peer_.node));
   auto pump = std::make_unique<migration::ChannelPump>(*ch.value(), std::move(fd));
-  if (index > 0) pump->drain_on_failure(kMultifdDrainLimit);  // 0 is QEMU's main channel
+  const int kind = port_class(destination.port);
+  if (kind != kBlockPort) {
+    bool first_memory = false;
+    {
+      std::lock_guard lock(mu_);
+      if (record_.main_connection < 0 && record_.main_connection_by.empty()) {
+        record_.main_connection = static_cast<int>(index);
+        record_.main_connection_by = "order";
+        first_memory = true;
+      }
+    }
+    if (!first_memory) pump->drain_on_failure(kMultifdDrainLimit);
+    auto* self = pump.get();  // the callback runs on this pump's own thread
+    pump->on_first_bytes([this, index, self](std::span<const std::byte> head) { saw_first_bytes(index, *self, head); });
+  }
   pump->start();
   add_leg(std::move(ch.value()), std::move(pump));
   LOG_DEBUG("kubevirt") << "session=" << id_ << " connection " << index << " to " << destination.to_string()
-                        << " carried over " << transport_;
+                        << (kind == kBlockPort ? " (block)" : " (memory)") << " carried over " << transport_;
   return ok_status();
+}
+
+int SourceSession::port_class(uint16_t port) const {
+  for (const auto& p : port_classes_) {
+    if (p.port == port) return p.kind;
+  }
+  return kMemoryPort;
+}
+
+void SourceSession::saw_first_bytes(uint32_t index, migration::ChannelPump& self, std::span<const std::byte> head) {
+  // QEMU's migration stream starts with QEMU_VM_FILE_MAGIC, a multifd channel with its own.
+  static constexpr std::array<std::byte, 4> kStreamMagic{std::byte{'Q'}, std::byte{'E'}, std::byte{'V'}, std::byte{'M'}};
+  static constexpr std::array<std::byte, 4> kMultifdMagic{std::byte{0x11}, std::byte{0x22}, std::byte{0x33},
+                                                          std::byte{0x44}};
+  if (head.size() < 4) return;
+  const bool is_main = std::equal(kStreamMagic.begin(), kStreamMagic.end(), head.begin());
+  const bool is_multifd = std::equal(kMultifdMagic.begin(), kMultifdMagic.end(), head.begin());
+  if (!is_main && !is_multifd) return;  // TLS (or something else): the order stands
+  int previous = -1;
+  {
+    std::lock_guard lock(mu_);
+    const int me = static_cast<int>(index);
+    if (is_main) {
+      previous = record_.main_connection == me ? -1 : record_.main_connection;
+      record_.main_connection = me;
+      record_.main_connection_by = "magic";
+    } else if (record_.main_connection == me) {
+      record_.main_connection = -1;  // taken by order, but it is a multifd channel
+      record_.main_connection_by = "magic";
+    } else {
+      return;
+    }
+  }
+  self.set_drain_on_failure(!is_main, kMultifdDrainLimit);
+  if (previous >= 0) {
+    with_pump(static_cast<uint32_t>(previous),
+              [](migration::ChannelPump& p) { p.set_drain_on_failure(true, kMultifdDrainLimit); });
+  }
+  LOG_DEBUG("kubevirt") << "session=" << id_ << " connection " << index << " is "
+                        << (is_main ? "QEMU's main channel" : "a multifd channel") << " (by its first bytes)";
 }
 
 void SourceSession::poll() {

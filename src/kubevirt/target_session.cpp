@@ -111,6 +111,11 @@ void TargetSession::reader_loop() {
         fail(Error{Errc::kProtocol, "bad open message from the source agent"});
         return;
       }
+      // Only a pod address (a virt-handler's, checked when dialling) is ever dialled for a peer.
+      if (auto st = net::check_unicast_literal(host.value(), "open.host"); !st) {
+        fail(st.error().with_context("refused an open from the source agent on " + hello_.source_node));
+        return;
+      }
       std::lock_guard lock(conn_mu_);
       const auto i = static_cast<uint32_t>(index.value());
       if (destinations_.size() <= i) {
@@ -202,14 +207,19 @@ Result<UniqueFd> TargetSession::dial_in_order(uint32_t index) {
     if (stopping_) return Error{Errc::kCancelled, "session stopped"};
     dst = *destinations_[index];
   }
+  // Only from inside the virt-handler's network namespace that owns the address, never from
+  // the agent's own (the node's host network): a peer or a token holder must not get a
+  // connection to the node's own services, its metadata address or past NetworkPolicy.
   auto ns = locate_(dst.host);
-  auto connect = [&]() -> Result<UniqueFd> {
-    return net::tcp_connect(dst, 10s, [](int fd) { return set_pass_mark(fd); });
-  };
-  auto fd = ns ? ns->make_socket(connect) : connect();
-  if (!fd) {
-    return fd.error().with_context("dialling " + dst.to_string() + (ns ? " in " + ns->describe() : std::string()));
+  if (!ns) {
+    return Error{Errc::kPermissionDenied, "no " + ctx_.config.kubevirt.handler_process + " on this node owns " +
+                                              dst.host + ": refusing to dial " + dst.to_string()};
   }
+  const PassMark mark{ctx_.config.kubevirt.socket_mark, ctx_.config.kubevirt.socket_mark_mask};
+  auto fd = ns->make_socket([&]() -> Result<UniqueFd> {
+    return net::tcp_connect(dst, 10s, [mark](int fd) { return set_pass_mark(fd, mark); });
+  });
+  if (!fd) return fd.error().with_context("dialling " + dst.to_string() + " in " + ns->describe());
   {
     std::lock_guard lock(conn_mu_);
     ++next_dial_;

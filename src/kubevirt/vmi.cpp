@@ -1,5 +1,6 @@
 #include "kubevirt/vmi.h"
 
+#include "common/net.h"
 #include "kubevirt/nft_rules.h"
 
 namespace rdmig::kubevirt {
@@ -97,6 +98,7 @@ std::optional<std::string> skip_reason(const MigrationIntent& in, const std::str
     return "this agent runs on " + this_node + ", not on the migration's source node " + in.source_node;
   }
   if (in.target_address.empty()) return "no targetNodeAddress published yet";
+  if (auto st = net::check_unicast_literal(in.target_address, "targetNodeAddress"); !st) return st.error().message;
   if (in.target_node.empty()) return "no targetNode in migrationState";
   if (carried_ports(in).empty()) return "no memory or block port published in targetDirectMigrationNodePorts";
   return std::nullopt;

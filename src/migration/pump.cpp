@@ -3,6 +3,8 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <array>
+
 #include "common/log.h"
 #include "common/net.h"
 
@@ -55,6 +57,13 @@ void ChannelPump::record_error(const Error& e) {
 void ChannelPump::drain_on_failure(std::chrono::milliseconds limit) {
   std::lock_guard lock(mu_);
   drain_ = true;
+  drain_limit_ = limit;
+}
+
+void ChannelPump::set_drain_on_failure(bool on, std::chrono::milliseconds limit) {
+  std::lock_guard lock(mu_);
+  if (aborted_) return;  // decided already
+  drain_ = on;
   drain_limit_ = limit;
 }
 
@@ -139,6 +148,14 @@ void ChannelPump::up_loop() {
     return;
   }
   const std::string where = "channel " + std::to_string(channel_.index()) + " (QEMU to peer)";
+  if (first_bytes_) {
+    // One peek, once per connection: blocks exactly as the first read would have.
+    std::array<std::byte, 8> head{};
+    ssize_t n;
+    do n = ::recv(fd, head.data(), head.size(), MSG_PEEK);
+    while (n < 0 && errno == EINTR);
+    if (n > 0) first_bytes_(std::span<const std::byte>(head.data(), static_cast<size_t>(n)));
+  }
   for (;;) {
     // Take a credit first, then read QEMU's bytes straight into the slot it buys. Holding one
     // credit while QEMU is quiet costs nothing; an abort wakes the read (shutdown).

@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <thread>
 
 #include "common/fd.h"
@@ -60,6 +61,13 @@ class ChannelPump {
   // instance"). Failing QEMU through its main channel while the other channels drain lets
   // QEMU's own cleanup end its multifd threads.
   void drain_on_failure(std::chrono::milliseconds limit);
+  // Turns draining on or off again until the pump has failed (a connection found to be QEMU's
+  // main channel after it started stops draining; the one taken for it before starts).
+  void set_drain_on_failure(bool on, std::chrono::milliseconds limit);
+  // Source side: called once, from the pump's QEMU-reading thread, with the first bytes QEMU
+  // sent on this connection (up to 8, peeked before they are carried). Call before start().
+  using FirstBytes = std::function<void(std::span<const std::byte>)>;
+  void on_first_bytes(FirstBytes fn) { first_bytes_ = std::move(fn); }
   // True while a failed pump still reads its QEMU socket to nowhere (or is about to).
   bool draining() const;
   bool drains_on_failure() const;
@@ -84,6 +92,7 @@ class ChannelPump {
   transport::Channel& channel_;
   Opener opener_;
   bool open_first_ = false;
+  FirstBytes first_bytes_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -9,6 +9,10 @@ rdmig finds KubeVirt's node agent:
          opens --count connections to --dest one after the other (like the proxy's dials for
          QEMU's main and multifd connections), sends "<index>\\n" + --bytes random bytes on
          each, half-closes, and checks the answer. Prints a JSON summary.
+         --block-dest/--block-count: the first connections go to a block (NBD) port instead,
+         as libvirt copies disks before memory. --magic: every memory connection starts with
+         QEMU's first bytes (the main one, --main-at, with the stream's "QEVM" header, the others
+         with the multifd magic), as they cross the wire when KubeVirt's TLS is off.
 """
 import argparse
 import ctypes
@@ -21,6 +25,11 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+
+
+QEMU_MAIN_HEAD = b"QEVM\x00\x00\x00\x03"        # QEMU_VM_FILE_MAGIC, version 3
+QEMU_MULTIFD_HEAD = b"\x11\x22\x33\x44\x00\x00\x00\x01"  # MULTIFD_MAGIC, version 1
+MAGICS = (QEMU_MAIN_HEAD[:4], QEMU_MULTIFD_HEAD[:4])
 
 
 def name_process(name):
@@ -51,6 +60,8 @@ def sink(args):
                     break
                 if b"\n" not in head:
                     head += b[:64]
+                    if head[:4] in MAGICS:  # QEMU's first bytes before the index line
+                        head = head[8:]
                 h.update(b)
                 total += len(b)
             digest = h.hexdigest()
@@ -80,16 +91,22 @@ def dial(args):
             vmi = f.read()
         out["hook"] = kvhook.call_node_hook(args.hook_socket, "PreMigrationSource", vmi, args.node,
                                            timeout=args.hook_timeout)
-    host, port = args.dest.rsplit(":", 1)
-    host = host.strip("[]")
+    def split(dest):
+        host, port = dest.rsplit(":", 1)
+        return host.strip("[]"), int(port)
     socks = []
     for i in range(args.count):
         payload = os.urandom(args.bytes)
-        s = socket.create_connection((host, int(port)), timeout=args.timeout)
-        s.sendall(("%d\n" % i).encode())
-        socks.append((i, s, hashlib.sha256(("%d\n" % i).encode() + payload).hexdigest(), payload))
+        block = i < args.block_count
+        s = socket.create_connection(split(args.block_dest if block else args.dest), timeout=args.timeout)
+        head = b""
+        if args.magic and not block:
+            head = QEMU_MAIN_HEAD if i == args.main_at else QEMU_MULTIFD_HEAD
+        s.sendall(head + ("%d\n" % i).encode())
+        socks.append((i, s, hashlib.sha256(head + ("%d\n" % i).encode() + payload).hexdigest(), payload))
     t0 = time.monotonic()
-    for i, s, want, payload in socks:
+
+    def run(i, s, want, payload):
         rec = {"index": i, "ok": False, "error": None}
         try:
             s.sendall(payload)
@@ -105,8 +122,7 @@ def dial(args):
                     rec["error"] = "still open after %.0fs" % args.hold
                 rec["ended_at"] = time.time()
                 s.close()
-                out["connections"].append(rec)
-                continue
+                return rec
             s.shutdown(socket.SHUT_WR)
             got = b""
             while not got.endswith(b"\n"):
@@ -123,7 +139,22 @@ def dial(args):
                 rec["ended_at"] = time.time()
         rec["seconds"] = round(time.monotonic() - t0, 3)
         s.close()
-        out["connections"].append(rec)
+        return rec
+
+    if args.hold:
+        # Every connection is held at once, as QEMU's are: each one's end is seen when it comes.
+        results = [None] * len(socks)
+
+        def held(k, item):
+            results[k] = run(*item)
+        threads = [threading.Thread(target=held, args=(k, item)) for k, item in enumerate(socks)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        out["connections"] = results
+    else:
+        out["connections"] = [run(*item) for item in socks]
     print(json.dumps(out), flush=True)
 
 
@@ -143,6 +174,10 @@ def main():
     d.add_argument("--node", default="node-a")
     d.add_argument("--timeout", type=float, default=30.0)
     d.add_argument("--hold", type=float, default=0, help="keep each connection open up to this long")
+    d.add_argument("--block-dest", help="host:port of the block (NBD) class")
+    d.add_argument("--block-count", type=int, default=0, help="the first N connections go to --block-dest")
+    d.add_argument("--magic", action="store_true", help="memory connections start with QEMU's first bytes")
+    d.add_argument("--main-at", type=int, default=0, help="with --magic: the connection that is QEMU's main channel")
     args = p.parse_args()
     name_process("virt-handler")
     sink(args) if args.cmd == "sink" else dial(args)

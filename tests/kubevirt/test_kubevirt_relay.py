@@ -100,7 +100,7 @@ class KubevirtRelayTest(unittest.TestCase):
         self.procs.append(p)
         return p
 
-    def dial(self, count, nbytes, vmi=None, hook=True, hold=0, wait=True):
+    def dial(self, count, nbytes, vmi=None, hook=True, hold=0, wait=True, extra=()):
         argv = [kvnet.IP, "netns", "exec", self.net.netns["node-a"], sys.executable, STREAMS, "dial",
                 "--dest", "%s:%d" % (self.net.ip4["node-b"], self.sink_port), "--count", str(count),
                 "--bytes", str(nbytes)]
@@ -111,6 +111,7 @@ class KubevirtRelayTest(unittest.TestCase):
             argv += ["--hook-socket", self.hook_socket, "--vmi", path]
         if hold:
             argv += ["--hold", str(hold)]
+        argv += list(extra)
         p = self.spawn(argv)
         if not wait:
             return p
@@ -148,6 +149,8 @@ class KubevirtRelayTest(unittest.TestCase):
         rules = self.nft("node-a")
         self.assertIn("%s . %d" % (self.net.ip4["node-b"], self.sink_port), rules)
         self.assertIn("redirect to :", rules)
+        # The agent's own dials pass by kubevirt.socketMark under its mask, clear of kube-proxy's bits.
+        self.assertIn("meta mark & 0x00002000 == 0x00002000 return", rules)
         # The sink saw the connections in the dialler's order, each byte-exact.
         lines = wait_for(lambda: len(self.sink_lines()) == 9 and self.sink_lines(), 10, "the sink's log")
         self.assertEqual([int(l["index"]) for l in sorted(lines, key=lambda l: l["accepted"])], list(range(9)))
@@ -157,6 +160,8 @@ class KubevirtRelayTest(unittest.TestCase):
         self.assertEqual(src["transport"], TRANSPORT)
         self.assertEqual(src["transportReason"], "requested")  # both agents name their transport in the config
         self.assertEqual(src["connections"], 9)
+        # TLS-like bytes (nothing to read in them): the first connection to the memory port is main.
+        self.assertEqual(src["mainConnection"], {"index": 0, "by": "order"})
         self.assertEqual(src["vmi"], {"namespace": "prod", "name": "web-1", "uid": "vmi-uid-1"})
         self.assertGreaterEqual(src["bytesSent"], 9 * (2 << 20))
         dst = wait_for(lambda: [r for r in self.records(self.dst, migrationUid=mig) if r["phase"] == "Succeeded"],
@@ -227,6 +232,127 @@ class KubevirtRelayTest(unittest.TestCase):
         self.assertEqual(rec2[0]["phase"], "NotCarried")
         self.assertIn("unhealthy", rec2[0]["reason"])
 
+    def test_main_channel_by_its_first_bytes_and_block_connections_reset_not_drained(self):
+        # A block migration, as KubeVirt makes one: libvirt copies the disks (49153, NBD) before it
+        # starts the memory migration, so the first carried connection is a disk's. With KubeVirt's
+        # TLS off the agent sees QEMU's first bytes: here the main channel is the third memory
+        # connection (the proxy dials in no fixed order). On a failure the disk connection and the
+        # main channel are reset at once; the multifd connections drain.
+        drain_s = 10.0  # SourceSession::kMultifdDrainLimit
+        ready = os.path.join(self.tmp, "sink-block-%s.json" % self._testMethodName)
+        self.spawn([kvnet.IP, "netns", "exec", self.net.netns["node-b"], sys.executable, STREAMS, "sink",
+                    "--ready", ready, "--log", self.sink_log + ".block"])
+        block_port = wait_for(lambda: os.path.exists(ready) and read_json(ready)["port"], 10, "the block sink")
+        mig = "mig-block"
+        vmi = vmi_json("vmi-uid-b", mig, self.net.ip4["node-b"], self.sink_port)
+        vmi["status"]["migrationState"]["targetDirectMigrationNodePorts"][str(block_port)] = 49153
+        p = self.dial(5, 1 << 20, vmi=vmi, hold=30, wait=False, extra=[
+            "--block-dest", "%s:%d" % (self.net.ip4["node-b"], block_port), "--block-count", "1",
+            "--magic", "--main-at", "3"])
+        rec = wait_for(lambda: [r for r in self.records(self.src, migrationUid=mig)
+                                if r["connections"] == 5 and (r["mainConnection"] or {}).get("by") == "magic"], 20,
+                       "five carried connections, the main one told by its first bytes")[0]
+        self.assertEqual(rec["mainConnection"], {"index": 3, "by": "magic"}, rec)
+        killed_at = time.time()
+        self.dst.proc.send_signal(signal.SIGKILL)
+        out, err = p.communicate(timeout=60)
+        conns = {c["index"]: c for c in json.loads(out)["connections"]}
+        ended = {i: round(c["ended_at"] - killed_at, 2) for i, c in conns.items()}
+        print("\n[relay] block migration, after the kill: connections ended in %s s" % ended, file=sys.stderr)
+        for i in (0, 3):  # the disk (NBD) connection and QEMU's main channel
+            self.assertIn(conns[i]["error"], ("reset", "ended by the far side (EOF)"), conns[i])
+            self.assertLess(ended[i], 2.0, "connection %d was not reset at once: %s" % (i, conns))
+        for i in (1, 2, 4):  # multifd
+            self.assertGreater(ended[i], drain_s - 1.0, "multifd connection %d was not drained: %s" % (i, conns))
+            self.assertLess(ended[i], drain_s + 3.0, conns[i])
+
+    @unittest.skipIf(TRANSPORT == "rdma", "a hostile peer speaking the flow protocol over TCP; the check is the same")
+    def test_a_token_holder_cannot_make_the_target_dial_anything_but_a_handler_pod(self):
+        # Whoever holds the agents' token (a controller pod, a reader of the Secret, root on a
+        # node) speaks the flow protocol as a source agent would and asks the target agent to
+        # dial a node-local service: loopback, the metadata address, an address no virt-handler
+        # on the node owns. The agent dials none of them, from no namespace.
+        import hmac
+        import hashlib
+        import socket
+        import struct
+
+        def send(sock, obj):
+            body = json.dumps(obj).encode()
+            sock.sendall(struct.pack("<I", len(body)) + body)
+
+        def recv(sock):
+            sock.settimeout(10)
+            n = struct.unpack("<I", sock.recv(4, socket.MSG_WAITALL))[0]
+            return json.loads(sock.recv(n, socket.MSG_WAITALL))
+
+        local = socket.socket()  # a node-local service: must never see a connection
+        local.bind(("0.0.0.0", 0))
+        local.listen(8)
+        local.settimeout(0.2)
+        port = local.getsockname()[1]
+        host_ip = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
+        targets = ["127.0.0.1", "169.254.169.254", "::1", "0.0.0.0", "localhost"] + host_ip[:1]
+        try:
+            for i, host in enumerate(targets):
+                session = os.urandom(16).hex()
+                with socket.create_connection(("127.0.0.1", self.dst.data_port), timeout=10) as c:
+                    send(c, {"kind": "flow", "protocol": 2, "session": session, "mode": "hook",
+                             "migrationUid": "mig-evil-%d" % i, "vmi": {"namespace": "prod", "name": "web-1",
+                                                                      "uid": "u"},
+                             "sourceNode": "node-a", "targetNode": "node-b", "chunkSize": 1 << 20,
+                             "ringDepth": 16, "transport": "tcp"})
+                    ch = recv(c)
+                    self.assertEqual(ch["type"], "challenge", ch)
+                    mac = hmac.new(self.dst.token.encode(), (ch["nonce"] + session).encode(), hashlib.sha256)
+                    send(c, {"type": "auth", "mac": mac.hexdigest()})
+                    self.assertEqual(recv(c)["type"], "welcome", "the token holder is let in")
+                    send(c, {"type": "open", "index": 0, "host": host, "port": port})
+                    with socket.create_connection(("127.0.0.1", self.dst.data_port), timeout=10) as d:
+                        send(d, {"kind": "flow-data", "protocol": 2, "session": session, "index": 0})
+                        try:
+                            recv(d)
+                        except (OSError, ValueError, struct.error):
+                            pass
+                        rec = wait_for(lambda: [r for r in self.records(self.dst, migrationUid="mig-evil-%d" % i)
+                                                if r["phase"] == "Failed"], 15, "the session to fail (%s)" % host)[0]
+                    self.assertTrue(any(w in rec["reason"] for w in ("open.host", "refusing to dial")), rec)
+                try:
+                    conn, peer = local.accept()
+                    conn.close()
+                    self.fail("the target agent dialled %s:%d on a peer's behalf (from %s)" % (host, port, peer))
+                except socket.timeout:
+                    pass
+        finally:
+            local.close()
+        self.assertEqual(self.dst.request("GET", "/healthz", token=False)[0], 200)
+
+    def test_concurrent_hook_calls_for_one_migration_make_one_session(self):
+        # virt-handler may call again while the first call still arms (a retry of the same
+        # attempt): one session to the target agent, never an orphan that outlives the migration.
+        mig = "mig-concurrent"
+        vmi = vmi_json("vmi-uid-c", mig, self.net.ip4["node-b"], self.sink_port)
+        path = os.path.join(self.tmp, "vmi-%s.json" % self._testMethodName)
+        with open(path, "w") as f:
+            json.dump(vmi, f)
+        code = ("import sys,json,threading; sys.path.insert(0,%r); from rdmiglab import kvhook; "
+                "data=open(%r).read(); out=[None]*6\n"
+                "def call(i): out[i]=kvhook.call_node_hook(%r,'PreMigrationSource',data,'node-a',timeout=10)\n"
+                "ts=[threading.Thread(target=call,args=(i,)) for i in range(6)]\n"
+                "[t.start() for t in ts]; [t.join() for t in ts]; print(json.dumps(out))")
+        p = subprocess.run([kvnet.IP, "netns", "exec", self.net.netns["node-a"], sys.executable, "-c",
+                            code % (os.path.join(HERE, "..", "..", "tools"), path, self.hook_socket)],
+                           capture_output=True, text=True, timeout=60)
+        calls = json.loads(p.stdout)
+        self.assertTrue(all(c["ok"] for c in calls), calls)
+        res = self.dial(2, 1 << 20, hook=False)
+        self.assertTrue(all(c["ok"] for c in res["connections"]), res)
+        wait_for(lambda: [r for r in self.records(self.src, migrationUid=mig) if r["phase"] == "Succeeded"], 20,
+                 "the carried migration")
+        self.assertEqual(len(self.records(self.src, migrationUid=mig)), 1, self.records(self.src, migrationUid=mig))
+        self.assertEqual(len(self.records(self.dst, migrationUid=mig)), 1,
+                         "the target agent saw more than one session: %s" % self.records(self.dst, migrationUid=mig))
+
     def test_rules_expire_when_the_source_agent_is_killed(self):
         mig = "mig-expire"
         vmi = vmi_json("vmi-uid-4", mig, self.net.ip4["node-b"], self.sink_port)
@@ -245,6 +371,34 @@ class KubevirtRelayTest(unittest.TestCase):
                  "the redirect element to expire")
         res = self.dial(1, 65536, hook=False)
         self.assertTrue(res["connections"][0]["ok"], "KubeVirt's own path works again")
+
+    def test_a_restarted_agent_removes_what_a_killed_one_left_before_it_serves(self):
+        # SIGKILL (or OOM) leaves the redirect in virt-handler's namespace until its elements
+        # time out (ruleTimeoutSeconds, up to an hour): KubeVirt's connections would hit a dead
+        # listener. The next agent on the node sweeps it away at start.
+        token = self.src.token
+        self.src.stop()
+        self.src = self.agent("node-a", token, hook=self.hook_socket, rule_timeout=300,
+                              peers=[{"node": "node-b", "agent": "127.0.0.1:%d" % self.dst.data_port}])
+        # The hook caller must live on (virt-handler does): the sweep finds namespaces by it.
+        ready = os.path.join(self.tmp, "handler-%s.json" % self._testMethodName)
+        self.spawn([kvnet.IP, "netns", "exec", self.net.netns["node-a"], sys.executable, STREAMS, "sink",
+                    "--ready", ready, "--log", os.path.join(self.tmp, "handler-%s.log" % self._testMethodName)])
+        wait_for(lambda: os.path.exists(ready), 10, "the source handler")
+        vmi = vmi_json("vmi-uid-s", "mig-sweep", self.net.ip4["node-b"], self.sink_port)
+        self.assertTrue(self.call_hook(json.dumps(vmi).encode())["ok"])
+        element = "%s . %d" % (self.net.ip4["node-b"], self.sink_port)
+        self.assertIn(element, self.nft("node-a"))
+        self.src.proc.send_signal(signal.SIGKILL)
+        self.src.proc.wait()
+        time.sleep(1.0)
+        self.assertIn(element, self.nft("node-a"), "the element outlives a killed agent (300 s timeout)")
+        self.src = self.agent("node-a", token, hook=self.hook_socket, rule_timeout=300,
+                              peers=[{"node": "node-b", "agent": "127.0.0.1:%d" % self.dst.data_port}])
+        self.assertEqual(self.src.request("GET", "/readyz", token=False)[0], 200)
+        self.assertNotIn("table inet rdmig", self.nft("node-a"), "the new agent removed the leftover table")
+        res = self.dial(1, 65536, hook=False)
+        self.assertTrue(res["connections"][0]["ok"], "KubeVirt's own path works at once")
 
     def test_static_mode_carries_without_the_hook_and_passes_unknown_destinations_through(self):
         for a in self.agents:

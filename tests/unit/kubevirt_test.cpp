@@ -1,11 +1,16 @@
 // KubeVirt mode's pure parts: the VMI the node hook receives, the skip rules, the flow hello,
-// peers discovered from pod lists, and the kubevirt: config keys.
+// peers discovered from pod lists, the kubevirt: config keys, the launcher's libvirt URI and
+// the addresses a target agent may dial.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
+#include "api/probe_server.h"
 #include "config/agent_config.h"
+#include "common/net.h"
 #include "kubevirt/flow_protocol.h"
+#include "kubevirt/libvirt_stats.h"
 #include "kubevirt/peer_discovery.h"
 #include "kubevirt/vmi.h"
 
@@ -138,14 +143,81 @@ TEST(KubevirtConfig, ReadsTheSectionAndNamesBadKeys) {
   EXPECT_TRUE(c->kubevirt.enabled);
   EXPECT_EQ(c->kubevirt.peers.at(0).handler_addresses.at(0), "10.244.1.7");
   EXPECT_EQ(c->kubevirt.hook_socket, "/var/run/kubevirt/plugins/rdmig.sock");
+  // The default mark stays clear of kube-proxy's (0x4000, 0x8000), Calico's and Cilium's bits.
+  EXPECT_EQ(c->kubevirt.socket_mark, 0x2000u);
+  EXPECT_EQ(c->kubevirt.socket_mark & 0xFFFFCF00u, 0u);
+  auto marked = parse_agent_config("kubevirt: {socketMark: 0x10, socketMarkMask: 0x30}\n");
+  ASSERT_TRUE(marked) << marked.error().message;
+  EXPECT_EQ(marked->kubevirt.socket_mark, 0x10u);
+  EXPECT_EQ(marked->kubevirt.socket_mark_mask, 0x30u);
   for (auto [text, key] : std::vector<std::pair<std::string, std::string>>{
            {"kubevirt: {discovery: dns}", "kubevirt.discovery"},
            {"kubevirt: {ruleTimeoutSeconds: 1}", "kubevirt.ruleTimeoutSeconds"},
            {"kubevirt: {hookSocket: relative.sock}", "kubevirt.hookSocket"},
            {"kubevirt: {peers: [{agent: 'x:1'}]}", "kubevirt.peers[0].node"},
-           {"kubevirt: {peerz: []}", "peerz"}}) {
+           {"kubevirt: {peerz: []}", "peerz"},
+           {"kubevirt: {socketMark: 0x4000, socketMarkMask: 0x4000}", "kubevirt.socketMarkMask"},
+           {"kubevirt: {socketMark: 0x3000}", "kubevirt.socketMark"},
+           {"kubevirt: {socketMark: 0xZZ}", "kubevirt.socketMark"}}) {
     auto r = parse_agent_config(text);
     ASSERT_FALSE(r) << text;
     EXPECT_NE(r.error().message.find(key), std::string::npos) << r.error().message;
   }
+}
+
+TEST(KubevirtLibvirtUri, SessionForAnUnprivilegedDaemonSystemForRootAndThePathEscaped) {
+  // KubeVirt's default non-root launcher: an unprivileged daemon refuses /system.
+  EXPECT_EQ(libvirt_uri("/proc/42/root/var/run/libvirt/virtqemud-sock", false),
+            "qemu+unix:///session?socket=/proc/42/root/var/run/libvirt/virtqemud-sock");
+  EXPECT_EQ(libvirt_uri("/proc/42/root/run/libvirt/libvirt-sock", true),
+            "qemu+unix:///system?socket=/proc/42/root/run/libvirt/libvirt-sock");
+  // A path from another pod's file system can never add or cut a URI parameter.
+  EXPECT_EQ(libvirt_uri("/x/a&no_verify=1#b?c%d e", false),
+            "qemu+unix:///session?socket=/x/a%26no_verify%3D1%23b%3Fc%25d%20e");
+}
+
+TEST(KubevirtLibvirtUri, DaemonUidIsThePeerCredentialOfTheListener) {
+  const std::string path = ::testing::TempDir() + "/rdmig-uid-" + std::to_string(::getpid()) + ".sock";
+  auto l = net::unix_listen(path);
+  ASSERT_TRUE(l) << l.error().message;
+  auto uid = daemon_uid(path);
+  ASSERT_TRUE(uid) << uid.error().message;
+  EXPECT_EQ(uid.value(), ::getuid());
+  ::unlink(path.c_str());
+  EXPECT_FALSE(daemon_uid(path));  // nobody listens
+  EXPECT_FALSE(daemon_uid("/" + std::string(200, 'x')));  // longer than sun_path: refused, not cut
+}
+
+TEST(KubevirtTargetDial, OnlyUnicastAddressLiteralsNeverNamesOrLocalAddresses) {
+  for (const char* ok : {"10.244.1.7", "192.0.2.1", "fd52:4d49:4b56:1::2", "2001:db8::1", "::ffff:10.0.0.1"}) {
+    EXPECT_TRUE(net::check_unicast_literal(ok, "open.host")) << ok;
+  }
+  for (const char* bad : {"127.0.0.1", "127.1.2.3", "0.0.0.0", "169.254.169.254", "224.0.0.1", "255.255.255.255",
+                          "0.1.2.3", "::1", "::", "fe80::1", "ff02::1", "::ffff:127.0.0.1", "::ffff:169.254.169.254",
+                          "localhost", "metadata.google.internal", "10.0.0.1 ", "", "1.2.3"}) {
+    auto st = net::check_unicast_literal(bad, "open.host");
+    EXPECT_FALSE(st) << bad;
+    if (!st) EXPECT_NE(st.error().message.find("open.host"), std::string::npos);
+  }
+}
+
+TEST(KubevirtVmi, ATargetAddressThatIsNotAPodAddressArmsNothing) {
+  for (const char* addr : {"127.0.0.1", "169.254.169.254", "::1", "0.0.0.0"}) {
+    auto s = state();
+    s["targetNodeAddress"] = addr;
+    auto why = skip_reason(intent(s), "a");
+    ASSERT_TRUE(why.has_value()) << addr;
+    EXPECT_NE(why->find("targetNodeAddress"), std::string::npos) << *why;
+  }
+  EXPECT_FALSE(skip_reason(intent(state()), "a").has_value());
+}
+
+TEST(ProbePort, HealthzFailsWhenAWorkLoopStalledSoTheKubeletRestartsTheAgent) {
+  const auto live = api::probe_response("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", true, true);
+  EXPECT_EQ(live.rfind("HTTP/1.1 200 ", 0), 0u) << live;
+  const auto stalled = api::probe_response("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", true, false);
+  EXPECT_EQ(stalled.rfind("HTTP/1.1 503 ", 0), 0u) << stalled;
+  EXPECT_NE(stalled.find("stalled"), std::string::npos);
+  // Readiness is its own answer.
+  EXPECT_EQ(api::probe_response("GET /readyz HTTP/1.1\r\n\r\n", true, false).rfind("HTTP/1.1 200 ", 0), 0u);
 }
