@@ -111,13 +111,24 @@ Result<json> AgentClient::call(const AgentAddress& agent, const std::string& met
   client.set_connection_timeout(std::chrono::seconds(std::min(timeout_seconds_, 5)));
   client.set_read_timeout(std::chrono::seconds(timeout_seconds_));
   client.set_write_timeout(std::chrono::seconds(timeout_seconds_));
-  httplib::Headers headers{{"Authorization", "Bearer " + token_->current()}, {"Accept", "application/json"}};
   const std::string what = method + " " + path + " on agent " + agent.pod + " (" + agent.address() + ", node " +
                            agent.node + ")";
-  httplib::Result res = method == "POST"  ? client.Post(path, headers, body->dump(-1, ' ', false, json::error_handler_t::replace),
-                                                      "application/json")
-                        : method == "GET" ? client.Get(path, headers)
-                                          : client.Delete(path, headers);
+  auto send = [&](const std::string& token) {
+    httplib::Headers headers{{"Authorization", "Bearer " + token}, {"Accept", "application/json"}};
+    return method == "POST"  ? client.Post(path, headers, body->dump(-1, ' ', false, json::error_handler_t::replace),
+                                           "application/json")
+           : method == "GET" ? client.Get(path, headers)
+                             : client.Delete(path, headers);
+  };
+  // Token rotation: this controller may see the new Secret before an agent does. An agent that
+  // refuses the current token (401/403: it acted on nothing) is asked once more with the
+  // previous one while that is within its grace period.
+  const auto tokens = token_->accepted();
+  httplib::Result res = send(tokens.front());
+  if (res && (res->status == 401 || res->status == 403) && tokens.size() > 1) {
+    on_response_(std::to_string(res->status));
+    res = send(tokens[1]);
+  }
   if (!res) {
     on_response_("error");
     // A failed handshake or certificate check: the request was never sent.

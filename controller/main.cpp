@@ -87,7 +87,9 @@ int main(int argc, char** argv) {
   controller::ControllerConfig config = std::move(loaded.value());
   log::set_level(*log::parse_level(config.log_level));
 
-  auto agent_token = TokenSource::open(config.agents.token_file, "config key 'agents.tokenFile'", 1, std::chrono::seconds(0));
+  // After a rotation the previous token is kept for 10 minutes (the agents' default
+  // api.tokenGraceSeconds): an agent that has not seen the new Secret yet is asked with it.
+  auto agent_token = TokenSource::open(config.agents.token_file, "config key 'agents.tokenFile'", 1, std::chrono::seconds(600));
   if (!agent_token) return fail(agent_token.error().message);
   int agent_cas = 0;
   if (config.agents.tls.enabled()) {

@@ -17,6 +17,19 @@ SourceSession::SourceSession(std::string id, FlowRecord record, const SessionCon
 
 Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext& ctx, const PeerInfo& peer,
                                                            FlowRecord record, std::chrono::milliseconds timeout) {
+  // Token rotation: the peer may not have seen the new Secret yet. A refused proof is tried
+  // once more with the previous token while it is within its grace period.
+  const auto tokens = ctx.token->accepted();
+  auto s = open_with(ctx, peer, record, timeout, tokens.front());
+  if (!s && s.error().code == Errc::kPermissionDenied && tokens.size() > 1) {
+    s = open_with(ctx, peer, std::move(record), timeout, tokens[1]);
+  }
+  return s;
+}
+
+Result<std::unique_ptr<SourceSession>> SourceSession::open_with(const SessionContext& ctx, const PeerInfo& peer,
+                                                                FlowRecord record, std::chrono::milliseconds timeout,
+                                                                const std::string& token) {
   auto offer = migration::offer_transport(ctx.config.transport, ctx.rdma);
   if (!offer) return offer.error();
   FlowHello hello;
@@ -42,7 +55,7 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
   }
   auto nonce = transport::get_string(challenge.value(), "nonce", "challenge", 64);
   if (!nonce) return nonce.error().with_context(where);
-  RDMIG_TRY(transport::send_message(fd->get(), json{{"type", "auth"}, {"mac", flow_mac(ctx.token->current(), nonce.value(), hello.session)}}));
+  RDMIG_TRY(transport::send_message(fd->get(), json{{"type", "auth"}, {"mac", flow_mac(token, nonce.value(), hello.session)}}));
   auto welcome = transport::recv_message(fd->get(), timeout);
   if (!welcome) return welcome.error().with_context(where);
   if (welcome->value("type", "") != "welcome") {

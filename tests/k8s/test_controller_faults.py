@@ -342,6 +342,37 @@ class ControllerFaultsTest(unittest.TestCase):
             self.store.delete("rdmamigrations", NS, name)
             self.gone(name)
 
+    def test_a_controller_that_sees_the_new_token_first_asks_again_with_the_previous_one(self):
+        # Secret volumes are synced per node: the controller's may change before an agent's.
+        # The agent refuses the new token (401, nothing done); the controller asks once more
+        # with the previous one (before: the migration failed on the 401).
+        new, old = "agent-token-early-" + os.urandom(8).hex(), self.env.token
+        for node in ("node-early1", "node-early2"):
+            if node not in self.env.standins:
+                self.env.standin(node)
+        for s in self.env.standins.values():
+            s.previous_token, s.token = None, old  # no agent has the new Secret yet
+        with open(self.env.token_file + ".new", "w") as f:
+            f.write(new + "\n")
+        os.rename(self.env.token_file + ".new", self.env.token_file)
+        time.sleep(1.2)  # the controller looks at its token file at most once a second
+        try:
+            src = self.env.standins["node-early1"]
+            seen = len(src.tokens_seen)
+            self.create("early-1", src="node-early1", dst="node-early2")
+            st = self.end_on_standins("early-1", ("Succeeded", None, {"downtimeMs": 5}),
+                                      ("Succeeded", None, {"targetState": "running"}))
+            self.assertEqual(st["phase"], "Succeeded", st)
+            used = src.tokens_seen[seen:]
+            self.assertIn(new, used, "the controller presented the new token first")
+            self.assertIn(old, used, "and the previous one after the refusal")
+        finally:
+            self.env.token = new
+            for s in self.env.standins.values():
+                s.previous_token, s.token = old, new
+        self.store.delete("rdmamigrations", NS, "early-1")
+        self.gone("early-1")
+
     def test_node_names_are_escaped_in_field_selectors(self):
         # The agent pod on node "node=s,5" is found: the selector said exactly that node.
         self.create("odd-node", src="node=s,5", dst="node-s2")

@@ -327,6 +327,23 @@ class KubevirtRelayTest(unittest.TestCase):
             local.close()
         self.assertEqual(self.dst.request("GET", "/healthz", token=False)[0], 200)
 
+    def test_a_source_agent_that_sees_the_new_token_first_proves_the_previous_one(self):
+        # Token rotation: the source agent's Secret volume changed first; the target agent still
+        # has only the old token. The source's proof with the new one is refused, and it proves
+        # the previous one (within api.tokenGraceSeconds) instead of leaving the migration to
+        # KubeVirt's own path (before: NotCarried, "refused the session").
+        new = "tok-new-" + os.urandom(16).hex()
+        with open(self.src.token_file + ".new", "w") as f:
+            f.write(new + "\n")
+        os.rename(self.src.token_file + ".new", self.src.token_file)
+        time.sleep(1.2)  # an agent looks at its token file at most once a second
+        mig = "mig-rotated"
+        res = self.dial(2, 1 << 20, vmi=vmi_json("vmi-uid-r", mig, self.net.ip4["node-b"], self.sink_port))
+        self.assertTrue(all(c["ok"] for c in res["connections"]), res)
+        rec = wait_for(lambda: [r for r in self.records(self.src, migrationUid=mig) if r["phase"] != "Armed"], 20,
+                       "the source record")[0]
+        self.assertTrue(rec["carried"], rec)
+
     def test_concurrent_hook_calls_for_one_migration_make_one_session(self):
         # virt-handler may call again while the first call still arms (a retry of the same
         # attempt): one session to the target agent, never an orphan that outlives the migration.
