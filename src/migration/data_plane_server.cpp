@@ -1,5 +1,7 @@
 #include "migration/data_plane_server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <cstdlib>
@@ -101,6 +103,22 @@ Result<transport::rdma::AcceptPlan> DataPlaneServer::resolve_rdma(const std::arr
   return Error{Errc::kPermissionDenied, "no migration has this session"};
 }
 
+namespace {
+// The peer's address without its port ("" when unknown): what the per-source limit counts by.
+std::string peer_address(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "";
+  char text[INET6_ADDRSTRLEN] = {};
+  if (ss.ss_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, text, sizeof text);
+  } else if (ss.ss_family == AF_INET6) {
+    ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, text, sizeof text);
+  }
+  return text;
+}
+}  // namespace
+
 void DataPlaneServer::accept_loop() {
   while (!stopping_.load()) {
     auto fd = net::accept_for(listener_.get(), 500ms);
@@ -111,18 +129,29 @@ void DataPlaneServer::accept_loop() {
       std::this_thread::sleep_for(100ms);  // e.g. EMFILE: do not spin
       continue;
     }
+    std::string source = peer_address(fd->get());
     {
       std::lock_guard lock(pending_mu_);
       if (pending_ >= kMaxPendingHellos) {
-        LOG_WARN("dataplane") << "dropped a connection: " << pending_ << " hellos already pending";
+        LOG_WARN("dataplane") << "dropped a connection from " << source << ": " << pending_ << " hellos already pending";
         continue;  // closes it
       }
+      size_t& mine = pending_by_source_[source];
+      if (mine >= kMaxPendingHellosPerSource) {
+        LOG_WARN("dataplane") << "dropped a connection from " << source << ": " << mine
+                              << " hellos from that address already pending";
+        continue;
+      }
+      ++mine;
       ++pending_;
     }
-    std::thread([this, conn = std::move(fd.value())]() mutable {
+    std::thread([this, source = std::move(source), conn = std::move(fd.value())]() mutable {
       handle(std::move(conn));
       std::lock_guard lock(pending_mu_);
       --pending_;
+      if (auto it = pending_by_source_.find(source); it != pending_by_source_.end() && --it->second == 0) {
+        pending_by_source_.erase(it);
+      }
       pending_cv_.notify_all();
     }).detach();
   }

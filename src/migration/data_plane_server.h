@@ -39,6 +39,10 @@ struct RdmaSupport {
 
 inline constexpr std::chrono::seconds kHelloTimeout{5};
 inline constexpr size_t kMaxPendingHellos = 64;
+// Of those, at most this many from one source address: a flood from one address (a pod on the
+// node's network, a compromised node) leaves room for every other peer's migrations. A real
+// peer opens its connections one after another and each hello is read in milliseconds.
+inline constexpr size_t kMaxPendingHellosPerSource = 16;
 
 class DataPlaneServer {
  public:
@@ -86,6 +90,7 @@ class DataPlaneServer {
   std::mutex pending_mu_;
   std::condition_variable pending_cv_;
   size_t pending_ = 0;  // hello threads running (detached; counted so stop() can wait)
+  std::map<std::string, size_t> pending_by_source_;  // the same, by the peer's address
   std::thread acceptor_;
   std::unique_ptr<transport::rdma::RdmaListener> rdma_listener_;  // stopped first
 };

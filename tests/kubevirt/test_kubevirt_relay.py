@@ -344,6 +344,29 @@ class KubevirtRelayTest(unittest.TestCase):
                        "the source record")[0]
         self.assertTrue(rec["carried"], rec)
 
+    def test_a_hello_flood_from_one_address_leaves_room_for_real_peers(self):
+        # 64 connections that never say hello, from one address (a pod on the node's network),
+        # used to take every pending-hello slot of the target agent for 5 s at a time, and every
+        # real migration towards it went KubeVirt's own way. Now one address gets 16 at most.
+        import socket
+        flood = []
+        try:
+            for _ in range(64):
+                c = socket.socket()
+                c.bind(("127.0.0.3", 0))
+                c.connect(("127.0.0.1", self.dst.data_port))
+                flood.append(c)
+            time.sleep(0.3)  # the target accepted them all (or dropped those over the limit)
+            mig = "mig-flooded"
+            res = self.dial(2, 1 << 20, vmi=vmi_json("vmi-uid-fl", mig, self.net.ip4["node-b"], self.sink_port))
+            self.assertTrue(all(c["ok"] for c in res["connections"]), res)
+            rec = wait_for(lambda: [r for r in self.records(self.src, migrationUid=mig) if r["phase"] != "Armed"], 20,
+                           "the source record")[0]
+            self.assertTrue(rec["carried"], rec)
+        finally:
+            for c in flood:
+                c.close()
+
     def test_concurrent_hook_calls_for_one_migration_make_one_session(self):
         # virt-handler may call again while the first call still arms (a retry of the same
         # attempt): one session to the target agent, never an orphan that outlives the migration.
