@@ -370,6 +370,48 @@ class KubevirtRelayTest(unittest.TestCase):
     def test_concurrent_hook_calls_for_one_migration_make_one_session(self):
         # virt-handler may call again while the first call still arms (a retry of the same
         # attempt): one session to the target agent, never an orphan that outlives the migration.
+        import socket
+        import threading
+        # The race needs the first call to still be arming when the others come: put the target
+        # agent behind a relay that delays its answers (a peer across a slow or busy link).
+        relay = socket.socket()
+        relay.bind(("127.0.0.1", 0))
+        relay.listen(16)
+        stop = threading.Event()
+
+        def pipe(a, b, delay):
+            try:
+                while True:
+                    data = a.recv(1 << 16)
+                    if not data:
+                        break
+                    time.sleep(delay)
+                    b.sendall(data)
+            except OSError:
+                pass
+            for x in (a, b):
+                try:
+                    x.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        def serve():
+            relay.settimeout(0.2)
+            while not stop.is_set():
+                try:
+                    c, _ = relay.accept()
+                except socket.timeout:
+                    continue
+                d = socket.create_connection(("127.0.0.1", self.dst.data_port))
+                threading.Thread(target=pipe, args=(c, d, 0.0), daemon=True).start()
+                threading.Thread(target=pipe, args=(d, c, 0.15), daemon=True).start()
+        threading.Thread(target=serve, daemon=True).start()
+        self.addCleanup(stop.set)
+        self.addCleanup(relay.close)
+        token = self.src.token
+        self.src.stop()
+        self.src = self.agent("node-a", token, hook=self.hook_socket,
+                              peers=[{"node": "node-b", "agent": "127.0.0.1:%d" % relay.getsockname()[1]}])
         mig = "mig-concurrent"
         vmi = vmi_json("vmi-uid-c", mig, self.net.ip4["node-b"], self.sink_port)
         path = os.path.join(self.tmp, "vmi-%s.json" % self._testMethodName)
