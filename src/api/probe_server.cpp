@@ -1,6 +1,8 @@
 #include "api/probe_server.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -76,16 +78,60 @@ namespace {
 struct Client {
   UniqueFd fd;
   std::chrono::steady_clock::time_point deadline;
+  std::string source;  // the peer's address
   std::string head;
   std::string reply;  // being written once the head is complete
   size_t written = 0;
 };
+
+std::string peer_of(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  char text[INET6_ADDRSTRLEN] = {};
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
+    if (ss.ss_family == AF_INET) ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, text, sizeof text);
+    if (ss.ss_family == AF_INET6) ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, text, sizeof text);
+  }
+  return text;
+}
+
+// Which client makes room for a new one from `source` when the table is full: the oldest of
+// that source's own when it holds its share already (a flood evicts only itself), else the
+// oldest that has not finished its request (a probe that sent its request is answered first).
+std::deque<Client>::iterator victim(std::deque<Client>& clients, const std::string& source, size_t per_source) {
+  size_t mine = 0;
+  for (const auto& c : clients) mine += c.source == source ? 1 : 0;
+  for (auto it = clients.begin(); it != clients.end(); ++it) {
+    if (mine >= per_source ? it->source == source : it->reply.empty()) return it;
+  }
+  return clients.begin();
+}
 }  // namespace
 
 void ProbeServer::run() {
   std::deque<Client> clients;
   std::vector<pollfd> fds;
-  char buf[1024];
+  // Reads what the client sent (never blocks); once its head is complete, answers and closes.
+  auto serve = [this](Client& c) {
+    if (c.reply.empty()) {
+      char buf[1024];
+      const ssize_t n = ::recv(c.fd.get(), buf, sizeof buf, MSG_DONTWAIT);
+      if (n <= 0) {
+        if (n == 0 || (errno != EAGAIN && errno != EINTR)) c.fd.reset();
+        return;
+      }
+      c.head.append(buf, static_cast<size_t>(n));
+      if (c.head.find("\r\n\r\n") != std::string::npos || c.head.size() >= kMaxRequestBytes) {
+        c.reply = probe_response(c.head, !ready_ || ready_(), !live_ || live_());
+      }
+    }
+    if (!c.reply.empty()) {
+      const ssize_t n = ::send(c.fd.get(), c.reply.data() + c.written, c.reply.size() - c.written, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) c.written += static_cast<size_t>(n);
+      if (n < 0 && errno != EAGAIN && errno != EINTR) c.fd.reset();
+      if (c.written == c.reply.size()) c.fd.reset();  // answered: close
+    }
+  };
   while (!stopping_.load()) {
     fds.clear();
     fds.push_back({wake_.get(), POLLIN, 0});
@@ -105,40 +151,25 @@ void ProbeServer::run() {
     now = std::chrono::steady_clock::now();
     // Serve the clients first (their pollfds follow the two fixed ones, in order).
     for (size_t i = 0; i < clients.size(); ++i) {
-      auto& c = clients[i];
-      const short ev = fds[i + 2].revents;
-      if (ev == 0) continue;
-      if (c.reply.empty()) {
-        const ssize_t n = ::recv(c.fd.get(), buf, sizeof buf, 0);
-        if (n <= 0) {
-          if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-          c.fd.reset();
-          continue;
-        }
-        c.head.append(buf, static_cast<size_t>(n));
-        if (c.head.find("\r\n\r\n") != std::string::npos || c.head.size() >= kMaxRequestBytes) {
-          c.reply = probe_response(c.head, !ready_ || ready_(), !live_ || live_());
-        }
-      }
-      if (!c.reply.empty() && c.fd.valid()) {
-        const ssize_t n = ::send(c.fd.get(), c.reply.data() + c.written, c.reply.size() - c.written, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n > 0) c.written += static_cast<size_t>(n);
-        if (n < 0 && errno != EAGAIN && errno != EINTR) c.fd.reset();
-        if (c.written == c.reply.size()) c.fd.reset();  // answered: close
-      }
+      if (fds[i + 2].revents != 0) serve(clients[i]);
     }
     // Whole-request deadline, then drop what is done.
     for (auto& c : clients) {
       if (c.fd.valid() && now >= c.deadline) c.fd.reset();
     }
     std::erase_if(clients, [](const Client& c) { return !c.fd.valid(); });
-    // New connections; the oldest client makes room when full.
+    // New connections: each is read at once (a probe's request is usually there already and is
+    // answered now); a full table makes room as victim() says.
     if (fds[1].revents & POLLIN) {
       for (;;) {
         UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
         if (!fd.valid()) break;
-        if (clients.size() >= kMaxClients) clients.pop_front();
-        clients.push_back(Client{std::move(fd), now + kRequestDeadline, {}, {}, 0});
+        Client c{std::move(fd), now + kRequestDeadline, {}, {}, {}, 0};
+        c.source = peer_of(c.fd.get());
+        serve(c);
+        if (!c.fd.valid()) continue;  // answered already
+        if (clients.size() >= kMaxClients) clients.erase(victim(clients, c.source, kMaxClientsPerSource));
+        clients.push_back(std::move(c));
       }
     }
   }

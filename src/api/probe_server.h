@@ -5,8 +5,11 @@
 // the node) share the REST server's worker threads; a dozen clients that send a request slowly
 // could hold them all, and a kubelet whose probes time out restarts the agent mid-migration.
 // Here every connection has a whole-request deadline (kRequestDeadline from accept to answer),
-// the request is at most kMaxRequestBytes, at most kMaxClients are open at once (the oldest is
-// dropped for a new one) and nothing blocks: one poll loop serves them all.
+// the request is at most kMaxRequestBytes, at most kMaxClients are open at once and nothing
+// blocks: one poll loop serves them all. A new connection is read at once (a probe's request
+// is answered on the spot); when the table is full, an address that holds kMaxClientsPerSource
+// already loses its own oldest connection, otherwise the oldest unfinished request goes, so a
+// flood of silent connections never pushes out the kubelet's probes.
 #pragma once
 
 #include <atomic>
@@ -25,6 +28,7 @@ class ProbeServer {
   static constexpr auto kRequestDeadline = std::chrono::seconds(2);
   static constexpr size_t kMaxRequestBytes = 4096;
   static constexpr size_t kMaxClients = 64;
+  static constexpr size_t kMaxClientsPerSource = 16;
 
   // `ready`: the /readyz answer; `live`: the /healthz answer (none: always live). Neither may
   // block (read an atomic).

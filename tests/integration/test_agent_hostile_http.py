@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -417,6 +418,38 @@ class HostileHttpTest(unittest.TestCase):
             stop.set()
             for t in trickling:
                 t.join(10)
+
+    def test_a_connection_flood_never_pushes_out_the_kubelets_probes(self):
+        # Processes on another address (a pod on the node's network) open silent connections to
+        # the probe port as fast as they can for 3 s. The kubelet's probes, from their own
+        # address, are answered every time (before: a full table dropped its oldest entry, and a
+        # probe accepted just before a burst was dropped unanswered: a kubelet restarting the
+        # agent mid-migration).
+        flood = ("import socket,sys,time\n"
+                 "port=int(sys.argv[1]); end=time.monotonic()+4; held=[]; n=0\n"
+                 "while time.monotonic()<end:\n"
+                 "  try:\n"
+                 "    c=socket.socket(); c.bind(('127.0.0.2',0)); c.settimeout(1); c.connect(('127.0.0.1',port)); held.append(c); n+=1\n"
+                 "  except OSError: pass\n"
+                 "  if n==100: print('up', flush=True)\n"
+                 "  if len(held)>300: held.pop(0).close()\n")
+        procs = [subprocess.Popen([sys.executable, "-c", flood, str(self.agent.probe_port)], stdout=subprocess.PIPE,
+                                  text=True) for _ in range(3)]
+        try:
+            for p in procs:
+                self.assertEqual(p.stdout.readline().strip(), "up")  # the table is full from here on
+            answers = []
+            end = time.monotonic() + 2.0
+            while time.monotonic() < end:
+                answers.append(self.timed_get(self.agent.probe_port, "/healthz")[0])
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+        print("\n[hostile-http] probes under a connection flood: %d asked, %d answered 200"
+              % (len(answers), answers.count(200)), file=sys.stderr)
+        self.assertGreater(len(answers), 10)
+        self.assertEqual([a for a in answers if a != 200], [], "a probe went unanswered under the flood")
 
     def test_one_client_cannot_hold_more_than_its_share_of_the_api(self):
         # 20 connections from one address send complete headers of a create, then hold back the
