@@ -12,12 +12,15 @@ run_pkgs=(qemu-system-x86 busybox-static python3 rdma-core ibverbs-providers
 # prometheus: promtool for tests/deploy/test_alerts.py (promtool check/test rules), and the
 # Prometheus server that tests/deploy/test_dashboard_prometheus.py runs against live programs
 # podman, debootstrap: tests/deploy/test_image_build.py builds the Dockerfile (chroot isolation,
-# no OCI runtime needed; debootstrap makes the Debian 12 base images)
+# no OCI runtime needed; debootstrap makes the Debian 12 base images); debootstrap also builds
+# the cached Debian 13 root of the non-root KubeVirt launcher pods (tools/rdmiglab/launcher_root.py)
 # faketime: tests/integration/test_agent_migration.py runs a target agent and QEMU with their
 # wall clock 60 s off, as on a node whose clock disagrees (the switchover must not depend on it)
 test_pkgs=(perftest iperf3 seabios openssl nodejs npm unzip python3-yaml binutils prometheus
   podman debootstrap faketime)
-# tests/kubevirt: KubeVirt's migration path with real libvirt (libvirtd 9.0) in namespaces.
+# tests/kubevirt: KubeVirt's migration path with real libvirt in namespaces: the host's libvirtd
+# 9.0 for RDMIG_KV_LAUNCHER=bookworm-root; the default non-root launchers bring libvirt 11.3
+# and QEMU 10.0 in their trixie root, and need only python3-libvirt (and util-linux) here.
 kubevirt_test_pkgs=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients python3-libvirt
   python3-grpcio nftables util-linux passwd)
 

@@ -5,6 +5,9 @@ Two "nodes", each with
     stand-in (kvproxy, process name "virt-handler") runs, one process per role and migration;
   - a virt-launcher pod (kvpod.LauncherPod): libvirtd in private mount/UTS/PID namespaces and,
     per VMI, a virt-launcher-monitor stand-in whose /proc/<pid>/root reaches the pod's files.
+    Flavour (``flavor``, default $RDMIG_KV_LAUNCHER or "trixie-nonroot"): KubeVirt 1.9's
+    non-root launcher (Debian 13 root, libvirtd 11.3 as uid 107 in session mode, QEMU 10.0)
+    or "bookworm-root" (the host's root libvirtd 9.0 and QEMU 7.2, KubeVirt's Root gate).
 A migration follows KubeVirt's data path: target proxy listens on [::]:0 per class and
 publishes targetNodeAddress/targetDirectMigrationNodePorts; the source proxy creates
 <uid>-source.sock and <uid>-49152-source.sock in the source launcher, calls the
@@ -27,7 +30,7 @@ import uuid
 
 from .kvnet import HandlerNetwork
 from .kvpki import make_test_pki
-from .kvpod import LauncherPod, wait_for, _stop
+from .kvpod import DEFAULT_FLAVOR, FLAVORS, QEMU_GID, QEMU_UID, LauncherPod, wait_for, _stop
 from .qmp import QmpClient
 
 TOOLS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -101,8 +104,8 @@ class Vmi:
 class MigrationResult:
     """What one migration produced. Attributes:
     success (bool), error (libvirt's error text or a hook/proxy failure, else None),
-    migration_uid, vmi_uid, source_node, target_node, parallel, tls,
-    wall_ms (migrateToURI3 call), job (target's completed job stats dict from libvirt:
+    migration_uid, vmi_uid, source_node, target_node, parallel, tls, dial_order (kvproxy's
+    --dial-order on both proxies), wall_ms (migrateToURI3 call), job (target's completed job stats dict from libvirt:
     time_elapsed, downtime, data_total/processed, memory_bps, ... ; None on failure),
     source_job (the source's, when libvirt kept it), downtime_ms, total_time_ms,
     data_bytes, throughput_bps (data_processed / time_elapsed, bytes/s),
@@ -135,7 +138,7 @@ class MigrationResult:
         self.__dict__.update(kw)
 
     def summary(self):
-        keys = ("success", "error", "parallel", "tls", "wall_ms", "downtime_ms", "total_time_ms",
+        keys = ("success", "error", "parallel", "tls", "dial_order", "wall_ms", "downtime_ms", "total_time_ms",
                 "data_bytes", "throughput_bps", "handler_cpu_s", "counter_before", "counter_after")
         out = {k: getattr(self, k, None) for k in keys}
         out["memory_equal"] = self.memory and self.memory.get("equal")
@@ -151,10 +154,21 @@ class MigrationFailed(AssertionError):
 
 class KubevirtCluster:
     """Context manager. ``workdir``: where pods, logs and certificates go (a temp dir by
-    default, removed on close unless ``keep``). ``nodes``: the two node names."""
+    default, removed on close unless ``keep``). ``nodes``: the two node names. ``flavor``:
+    the launcher pods' flavour (kvpod.FLAVORS; default $RDMIG_KV_LAUNCHER, else
+    "trixie-nonroot")."""
+
+    # kvproxy --dial-order for both proxies when migrate() is not given one: "concurrent"
+    # (KubeVirt's goroutine per connection), "shuffle" (test: never the accept order) or
+    # "accept" (order kept). Default: $RDMIG_KV_DIAL_ORDER, else "concurrent" on the non-root
+    # QEMU 10 row and "accept" on the bookworm-root QEMU 7.2 row: QEMU 7.2 fails when a multifd
+    # channel reaches it before the main one (1 in 17 tries with 8 connections under
+    # "concurrent", 4 in 5 under "shuffle"), with or without rdmig. No KubeVirt 1.9 ships QEMU
+    # 7.2; that row stands for the Root gate's /system daemon, not for its QEMU.
+    dial_order = os.environ.get("RDMIG_KV_DIAL_ORDER")
 
     def __init__(self, workdir=None, nodes=("node-a", "node-b"), keep=False, libvirt_log_level=3,
-                 kernel=None, initrd=None):
+                 kernel=None, initrd=None, flavor=None):
         self.keep = keep or bool(os.environ.get("RDMIG_KEEP_TMP"))
         if os.environ.get("RDMIG_LIBVIRT_LOG_FILTERS"):
             libvirt_log_level = 1  # the filters decide what is logged
@@ -163,8 +177,14 @@ class KubevirtCluster:
         self.nodes = list(nodes)
         self.kernel, self.initrd = kernel, initrd
         self.net = HandlerNetwork(self.nodes)
-        self.pods = {n: LauncherPod(n, os.path.join(self.workdir, n), libvirt_log_level)
+        self.flavor = flavor or os.environ.get("RDMIG_KV_LAUNCHER") or DEFAULT_FLAVOR
+        if self.flavor not in FLAVORS:
+            raise ValueError("unknown launcher flavour %r (RDMIG_KV_LAUNCHER: one of %s)"
+                             % (self.flavor, ", ".join(FLAVORS)))
+        self.nonroot = self.flavor == "trixie-nonroot"
+        self.pods = {n: LauncherPod(n, os.path.join(self.workdir, n), libvirt_log_level, self.flavor)
                      for n in self.nodes}
+        self.guest_paths = None  # (kernel, initrd) as the domain XML names them
         self.pki_dir = os.path.join(self.workdir, "pki")
         self.vmi = None
         self.migrations = 0
@@ -193,6 +213,10 @@ class KubevirtCluster:
         for pod in self.pods.values():
             os.makedirs(pod.dir, exist_ok=True)
             pod.start()
+        staged = {pod.stage_guest(self.kernel, self.initrd) for pod in self.pods.values()}
+        if len(staged) != 1:  # the domain XML migrates as is: same paths in every pod
+            raise RuntimeError("guest paths differ between pods: %s" % staged)
+        self.guest_paths = staged.pop()
         return self
 
     def close(self):
@@ -292,7 +316,7 @@ class KubevirtCluster:
         self.vmi = vmi
         cmdline = "console=ttyS0 quiet panic=-1 rdmig.dirty_mib=%s rdmig.interval=%s" % (
             dirty_mib, interval)
-        xml = domain_xml(vmi.domain, vmi.uid, mem_mib, self.kernel, self.initrd, cmdline,
+        xml = domain_xml(vmi.domain, vmi.uid, mem_mib, self.guest_paths[0], self.guest_paths[1], cmdline,
                          vmi.serial_in_pod, vmi.qmp_in_pod)
         conn = self.connect(node)
         try:
@@ -339,7 +363,7 @@ class KubevirtCluster:
     def migrate(self, parallel=8, tls=True, hook_socket=None, hook_timeout=30.0,
                 hook_failure="Ignore", expect_success=True, target_paused=False, timeout=120.0,
                 family="ipv4", after_ports=None, before_dial=None, check_memory=None,
-                check_counter=True, migration_uid=None):
+                check_counter=True, migration_uid=None, dial_order=None):
         """Migrates the VMI to the other node the way KubeVirt does. See MigrationResult.
 
         hook_socket/hook_timeout/hook_failure: the source proxy calls PreMigrationSource there
@@ -351,8 +375,9 @@ class KubevirtCluster:
         read with qemu-monitor-command through libvirt. libvirt's times and downtime then
         include that hold: measure with target_paused=False. after_ports(ctx) runs once
         the target published its ports; before_dial(ctx) right before libvirt is called
-        (ctx: the MigrationResult filled so far). Raises MigrationFailed when the migration
-        fails and expect_success is set."""
+        (ctx: the MigrationResult filled so far). dial_order: kvproxy's --dial-order for both
+        proxies (default the class attribute, $RDMIG_KV_DIAL_ORDER, else "concurrent").
+        Raises MigrationFailed when the migration fails and expect_success is set."""
         lv = libvirt_module()
         v = self.vmi
         source, target = v.node, self.other(v.node)
@@ -370,6 +395,8 @@ class KubevirtCluster:
         if check_memory and not target_paused:
             raise ValueError("check_memory needs target_paused (a running target changes its RAM)")
         tls_args = ["--tls-dir", self.pki_dir] if tls else ["--disable-tls"]
+        r.dial_order = dial_order or self.dial_order or ("concurrent" if self.nonroot else "accept")
+        tls_args = tls_args + ["--dial-order", r.dial_order]  # both proxies
         procs = {}
         try:
             # 1. Target handler: listeners, then ports published.
@@ -377,7 +404,7 @@ class KubevirtCluster:
             troot = self.launcher_root(target)
             procs["target"] = self._spawn_handler(target, [
                 "target", "--uid", v.uid, "--base-dir", troot + "/run/kubevirt",
-                "--libvirt-sock", troot + "/run/libvirt/libvirt-sock",
+                "--libvirt-sock", troot + "/" + self.pods[target].libvirt_sock,
                 "--ports-file", ports_file, "--log", os.path.join(mdir, "target-proxy.json"),
             ] + tls_args, os.path.join(mdir, "target-proxy.stderr"))
             r.handler_pids["target"] = procs["target"].pid
@@ -401,6 +428,8 @@ class KubevirtCluster:
                     "--target-address", r.target_address, "--ports", json.dumps(r.ports),
                     "--ready-file", ready, "--log", os.path.join(mdir, "source-proxy.json"),
                     "--vmi-json", vmi_file, "--node-name", source] + tls_args
+            if self.pods[source].nonroot:  # virt-handler chowns them for a non-root launcher
+                argv += ["--socket-owner", "%d:%d" % (QEMU_UID, QEMU_GID)]
             if check_memory:
                 argv += ["--hold-control"]
             if hook_socket:
@@ -481,7 +510,9 @@ class KubevirtCluster:
                 params[lv.VIR_MIGRATE_PARAM_PARALLEL_CONNECTIONS] = int(parallel)
             if target_paused:
                 flags |= lv.VIR_MIGRATE_PAUSED
-            dconnuri = "qemu+unix:///system?socket=%s/migrationproxy/%s-source.sock" % (SHARE_DIR, v.uid)
+            # The source daemon reaches the TARGET daemon through the proxy: its mode decides.
+            dconnuri = "qemu+unix://%s?socket=%s/migrationproxy/%s-source.sock" % (
+                self.pods[target].uri_path, SHARE_DIR, v.uid)
             if before_dial:
                 before_dial(r)
             outcome = {}
@@ -578,7 +609,10 @@ class KubevirtCluster:
                 if r.source_failed_at is None:
                     try:
                         if qmp is None:
-                            qmp = QmpClient(self.launcher_root(r.source_node) + self.vmi.qmp_in_pod, timeout=5)
+                            # alive: once libvirt's call returned, stop retrying (after a
+                            # success the source QEMU is gone and its socket refuses for good)
+                            qmp = QmpClient(self.launcher_root(r.source_node) + self.vmi.qmp_in_pod,
+                                            timeout=5, alive=th.is_alive)
                         status = qmp.command("query-migrate", timeout=5).get("status")
                     except Exception:  # noqa: BLE001 - the monitor is an observer; retry next turn
                         if qmp is not None:
@@ -595,7 +629,12 @@ class KubevirtCluster:
                 # libvirt returned first: the failure is at most this old.
                 try:
                     if qmp is None:
-                        qmp = QmpClient(self.launcher_root(r.source_node) + self.vmi.qmp_in_pod, timeout=5)
+                        # One connect attempt: a failed source QEMU still runs and accepts at
+                        # once; a gone one (a success) must not cost the 5 s of retries
+                        # meant for a starting QEMU.
+                        once = iter([True])
+                        qmp = QmpClient(self.launcher_root(r.source_node) + self.vmi.qmp_in_pod,
+                                        timeout=5, alive=lambda: next(once, False))
                     if qmp.command("query-migrate", timeout=5).get("status") in ("failed", "cancelled"):
                         r.source_failed_at = time.monotonic()
                 except Exception:  # noqa: BLE001 - observer only

@@ -1,14 +1,22 @@
-"""Stand-in virt-launcher pods: libvirtd 9.0 in private mount+UTS+PID namespaces.
+"""Stand-in virt-launcher pods: a libvirt daemon in private mount+UTS+PID namespaces.
 
-Each pod has its own /etc/libvirt (libvirtd.conf with its own host_uuid, qemu.conf for an
-unconfined TCG QEMU), /run/libvirt, /var/lib/libvirt, /var/log/libvirt, /var/cache/libvirt
-and /run/kubevirt, bind-mounted from <pod_dir> inside the pod's mount namespace, so two
-libvirtd run on one host and migrate to each other.
+Two flavours (``LauncherPod(flavor=...)``, see kvpodinit):
+  trixie-nonroot (default, KubeVirt 1.9's own default): the cached Debian 13 root
+    (launcher_root.ensure_launcher_root) with QEMU 10.0 and libvirt 11.3, libvirtd as uid/gid
+    107 in session mode, reached as ``qemu+unix:///session?socket=.../virtqemud-sock``;
+  bookworm-root (KubeVirt's ``Root`` feature gate): the host's libvirtd 9.0 and QEMU 7.2
+    as root, reached as ``qemu+unix:///system?socket=.../libvirt-sock``.
+
+Each pod has its own /etc/libvirt (libvirtd.conf with its own host_uuid), qemu.conf for an
+unconfined TCG QEMU, /run/libvirt, /var/lib/libvirt, /var/log/libvirt, /var/cache/libvirt
+and /run/kubevirt (and /run/kubevirt-private for the non-root flavour), bind-mounted from
+<pod_dir> inside the pod's mount namespace, so two daemons run on one host and migrate to
+each other.
 
 From the host the pod is reached as KubeVirt's virt-handler does, through the launcher's
-root: /proc/<monitor pid>/root/run/libvirt/libvirt-sock and .../run/kubevirt. The monitor
-is a long-running ``<pod_dir>/virt-launcher-monitor --name N --uid U --namespace NS``
-started inside the pod's mount namespace per VMI.
+root: /proc/<monitor pid>/root/run/libvirt/... and .../run/kubevirt. The monitor is a
+long-running ``virt-launcher-monitor --name N --uid U --namespace NS`` started inside the
+pod's mount namespace (and, non-root, inside its root, as uid 107) per VMI.
 """
 import os
 import shutil
@@ -20,7 +28,15 @@ import uuid
 
 from . import kvpodinit
 
-LIBVIRT_SOCK = "run/libvirt/libvirt-sock"  # libvirtd 9.0 (KubeVirt's virtqemud-sock)
+FLAVORS = kvpodinit.FLAVORS
+DEFAULT_FLAVOR = "trixie-nonroot"
+QEMU_UID = QEMU_GID = kvpodinit.QEMU_UID
+# The daemon's socket inside the pod, per flavour. libvirtd 9.0 (root) has libvirt-sock only;
+# the non-root libvirtd 11.3 has libvirt-sock and a virtqemud-sock symlink to it (KubeVirt's
+# /var/run/libvirt/virtqemud-sock).
+LIBVIRT_SOCK = {"bookworm-root": "run/libvirt/libvirt-sock",
+                "trixie-nonroot": "run/libvirt/virtqemud-sock"}
+URI_PATH = {"bookworm-root": "/system", "trixie-nonroot": "/session"}
 
 LIBVIRTD_CONF = """\
 # rdmig KubeVirt harness: one libvirtd per stand-in launcher pod
@@ -30,6 +46,10 @@ auth_unix_rw = "none"
 host_uuid = "{host_uuid}"
 log_outputs = "{log_level}:file:/var/log/libvirt/libvirtd.log"
 """
+# Session mode: the socket dir is $XDG_RUNTIME_DIR/libvirt (= /run/libvirt) anyway; set it.
+SESSION_CONF_EXTRA = """\
+unix_sock_dir = "/run/libvirt"
+"""
 QEMU_CONF = """\
 user = "root"
 group = "root"
@@ -38,6 +58,13 @@ dynamic_ownership = 0
 remember_owner = 0
 cgroup_controllers = [ ]
 namespaces = [ ]
+stdio_handler = "file"
+"""
+# What an unprivileged (session) QEMU driver accepts: no user/group, cgroups or namespaces.
+QEMU_CONF_SESSION = """\
+security_driver = "none"
+dynamic_ownership = 0
+remember_owner = 0
 stdio_handler = "file"
 """
 MONITOR = """\
@@ -73,19 +100,27 @@ def wait_for(pred, timeout, what, alive=None, interval=0.05):
 
 
 class LauncherPod:
-    def __init__(self, name, pod_dir, log_level=3):
+    def __init__(self, name, pod_dir, log_level=3, flavor=None):
         self.name = name
         self.dir = os.path.abspath(pod_dir)
+        self.flavor = flavor or DEFAULT_FLAVOR
+        if self.flavor not in FLAVORS:
+            raise ValueError("unknown launcher flavour %r (one of %s)" % (self.flavor, ", ".join(FLAVORS)))
+        self.nonroot = self.flavor == "trixie-nonroot"
+        self.mounts = kvpodinit.MOUNTS_FOR[self.flavor]
         self.host_uuid = str(uuid.uuid4())
         self.log_level = log_level
         self.init = None
         self._pid1 = None
+        self.launcher_root = None  # the cached trixie root (non-root flavour)
         self.monitors = {}  # vmi uid -> Popen
 
     # -- paths --------------------------------------------------------------------------
     def path(self, in_pod):
         """Host path of a path inside the pod's bind-mounted dirs (e.g. /var/log/libvirt/x)."""
-        for m in kvpodinit.MOUNTS:
+        if in_pod.startswith("/var/run/"):
+            in_pod = in_pod[len("/var"):]  # a symlink to /run (in the trixie root)
+        for m in self.mounts:
             if in_pod == "/" + m or in_pod.startswith("/" + m + "/"):
                 return os.path.join(self.dir, m.replace("/", "-")) + in_pod[len(m) + 1:]
         raise ValueError("%s is not in a pod-private dir" % in_pod)
@@ -94,47 +129,113 @@ class LauncherPod:
         """/proc/<pid>/root of a process in the pod (default: its PID 1)."""
         return "/proc/%d/root" % (pid or self._pid1)
 
+    @property
+    def libvirt_sock(self):
+        """The daemon's socket inside the pod, relative to its root."""
+        return LIBVIRT_SOCK[self.flavor]
+
+    @property
+    def uri_path(self):
+        """``/session`` (non-root daemon) or ``/system`` (root daemon)."""
+        return URI_PATH[self.flavor]
+
     def libvirt_uri(self, pid=None):
-        return "qemu+unix:///system?socket=%s/%s" % (self.root(pid), LIBVIRT_SOCK)
+        return "qemu+unix://%s?socket=%s/%s" % (self.uri_path, self.root(pid), self.libvirt_sock)
+
+    def stage_guest(self, kernel, initrd):
+        """Returns the kernel and initrd paths for the domain XML. Non-root: copies them into
+        the pod's /var/lib/libvirt/images (readable by uid 107, the same path in every pod,
+        as the domain XML migrates as is); root: the host paths."""
+        if not self.nonroot:
+            return kernel, initrd
+        out = []
+        for src in (kernel, initrd):
+            in_pod = "/var/lib/libvirt/images/" + os.path.basename(src)
+            dst = self.path(in_pod)
+            shutil.copyfile(src, dst)
+            os.chmod(dst, 0o644)
+            out.append(in_pod)
+        return tuple(out)
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self, timeout=30.0):
-        ensure_libvirt_qemu_user()
-        for m in kvpodinit.MOUNTS:
-            os.makedirs("/" + m, exist_ok=True)  # mount points (empty dirs on the host)
+        if self.nonroot:
+            from .launcher_root import ensure_launcher_root
+            self.launcher_root = ensure_launcher_root()
+        else:
+            ensure_libvirt_qemu_user()
+        for m in self.mounts:
+            if not self.nonroot:
+                os.makedirs("/" + m, exist_ok=True)  # mount points (empty dirs on the host)
             os.makedirs(os.path.join(self.dir, m.replace("/", "-")), exist_ok=True)
         os.makedirs(self.path("/run/kubevirt/migrationproxy"), exist_ok=True)
         os.makedirs(self.path("/var/log/libvirt/qemu"), exist_ok=True)
+        conf = LIBVIRTD_CONF.format(host_uuid=self.host_uuid, log_level=self.log_level)
+        if self.nonroot:
+            conf += SESSION_CONF_EXTRA
+        # Debugging aid: e.g. RDMIG_LIBVIRT_LOG_FILTERS="1:qemu.qemu_migration 1:qemu.qemu_monitor"
+        # with libvirt_log_level=1 logs what the named modules do.
+        if os.environ.get("RDMIG_LIBVIRT_LOG_FILTERS"):
+            conf += 'log_filters = "%s"\n' % os.environ["RDMIG_LIBVIRT_LOG_FILTERS"].replace('"', "")
         with open(self.path("/etc/libvirt/libvirtd.conf"), "w") as f:
-            f.write(LIBVIRTD_CONF.format(host_uuid=self.host_uuid, log_level=self.log_level))
-            # Debugging aid: e.g. RDMIG_LIBVIRT_LOG_FILTERS="1:qemu.qemu_migration 1:qemu.qemu_monitor"
-            # with libvirt_log_level=1 logs what the named modules do.
-            if os.environ.get("RDMIG_LIBVIRT_LOG_FILTERS"):
-                f.write('log_filters = "%s"\n' % os.environ["RDMIG_LIBVIRT_LOG_FILTERS"].replace('"', ""))
+            f.write(conf)
         with open(self.path("/etc/libvirt/qemu.conf"), "w") as f:
-            f.write(QEMU_CONF)
-        self.monitor_path = os.path.join(self.dir, "virt-launcher-monitor")
-        with open(self.monitor_path, "w") as f:
-            f.write(MONITOR)
-        os.chmod(self.monitor_path, 0o755)
+            f.write(QEMU_CONF_SESSION if self.nonroot else QEMU_CONF)
+        if self.nonroot:
+            self._prepare_nonroot()
+        else:
+            self.monitor_path = os.path.join(self.dir, "virt-launcher-monitor")
+            with open(self.monitor_path, "w") as f:
+                f.write(MONITOR)
+            os.chmod(self.monitor_path, 0o755)
         ready = os.path.join(self.dir, "init.ready")
         if os.path.exists(ready):
             os.unlink(ready)
         env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        argv = [sys.executable, "-m", "rdmiglab.kvpodinit", self.dir, self.name, self.flavor]
+        if self.nonroot:
+            argv.append(self.launcher_root)
         with open(os.path.join(self.dir, "init.log"), "ab") as log:
             self.init = subprocess.Popen(
                 ["unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc",
-                 "--propagation", "private", "--", sys.executable, "-m", "rdmiglab.kvpodinit",
-                 self.dir, self.name],
+                 "--propagation", "private", "--"] + argv,
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True)
         # self.init is unshare; its child (PID 1 of the pod) has the pod's mount namespace.
         wait_for(lambda: os.path.exists(ready), timeout, "%s: pod init" % self.name,
                  alive=lambda: self.init.poll() is None)
         self._pid1 = self._child_of(self.init.pid)
-        sock = "/proc/%d/root/%s" % (self._pid1, LIBVIRT_SOCK)
+        sock = "/proc/%d/root/%s" % (self._pid1, self.libvirt_sock)
         wait_for(lambda: os.path.exists(sock), timeout, "%s: libvirtd socket %s" % (self.name, sock),
                  alive=lambda: self.init.poll() is None)
         return self
+
+    def _prepare_nonroot(self):
+        """Pod dirs for the uid-107 daemon: what it and QEMU write is owned by 107
+        (KubeVirt's non-root launcher image does the same); the session daemon's qemu.conf
+        is read from $XDG_CONFIG_HOME/libvirt; the virtqemud-sock symlink; the monitor."""
+        for d in ("/run/kubevirt-private/config/libvirt", "/run/kubevirt-private/cache",
+                  "/var/lib/libvirt/images"):
+            os.makedirs(self.path(d), exist_ok=True)
+        shutil.copyfile(self.path("/etc/libvirt/qemu.conf"),
+                        self.path("/run/kubevirt-private/config/libvirt/qemu.conf"))
+        link = self.path("/run/libvirt/virtqemud-sock")
+        if not os.path.lexists(link):
+            os.symlink("libvirt-sock", link)
+        for m in self.mounts:
+            if m == "etc/libvirt":
+                continue  # configuration: root-owned, readable
+            top = os.path.join(self.dir, m.replace("/", "-"))
+            for dirpath, dirnames, filenames in os.walk(top):
+                for n in [dirpath] + [os.path.join(dirpath, x) for x in dirnames + filenames]:
+                    os.lchown(n, QEMU_UID, QEMU_GID)
+        # The monitor lives in the pod's root (the overlay's upper layer, written before
+        # the overlay is mounted), as /usr/bin/virt-launcher-monitor does in KubeVirt's image.
+        self.monitor_path = "/usr/bin/virt-launcher-monitor"
+        host = os.path.join(self.dir, "upper", self.monitor_path.lstrip("/"))
+        os.makedirs(os.path.dirname(host), exist_ok=True)
+        with open(host, "w") as f:
+            f.write(MONITOR)
+        os.chmod(host, 0o755)
 
     @staticmethod
     def _child_of(pid):
@@ -152,9 +253,12 @@ class LauncherPod:
     def start_monitor(self, vmi_name, vmi_uid, namespace):
         """Starts virt-launcher-monitor for a VMI inside the pod's mount+UTS namespaces;
         returns its host pid (exec'd by nsenter, so the Popen pid is the monitor)."""
-        p = subprocess.Popen(["nsenter", "-t", str(self._pid1), "-m", "-u", "--",
-                              self.monitor_path, "--name", vmi_name, "--uid", vmi_uid,
-                              "--namespace", namespace],
+        argv = ["nsenter", "-t", str(self._pid1), "-m", "-u"]
+        if self.nonroot:  # inside the pod's root, as KubeVirt's non-root user
+            argv += ["-r", "-w", "--", "/usr/bin/setpriv", "--reuid=%d" % QEMU_UID,
+                     "--regid=%d" % QEMU_GID, "--clear-groups"]
+        p = subprocess.Popen(argv + ["--", self.monitor_path, "--name", vmi_name, "--uid", vmi_uid,
+                                     "--namespace", namespace],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)
         self.monitors[vmi_uid] = p

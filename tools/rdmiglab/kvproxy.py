@@ -14,9 +14,20 @@ Written from KubeVirt v1.9's behaviour, not its code:
 Copying is plain both ways; on the first direction to end only the accepted leg is closed
 (a TLS accepted leg sends close_notify first), as handleConnection's `defer fd.Close()`.
 The dialed leg is closed once both directions have ended (Go leaves it to the GC).
-Unlike KubeVirt's goroutine per connection, each listener dials before it accepts the
-next connection, so connection order survives the proxy (QEMU 7.2 takes the first memory
-connection as the main channel).
+Dial order (--dial-order), both roles alike:
+  concurrent  (default) as KubeVirt: migrationProxy.Start's accept loop hands each accepted
+              connection to `go m.handleConnection(fd)`, which dials (source: tls.Dial, TCP
+              connect and handshake; target: net.Dial of the unix socket) and then copies;
+              so dials of connections accepted close together race and their order at the
+              next hop is not the accept order.
+  shuffle     test only, harder than KubeVirt: connections accepted (on any listener) within
+              --shuffle-window-ms (50) of a batch's first accept are connected one after
+              another in a random order that is never the accept order for 2 or more (the
+              source's TLS handshakes then run per connection, concurrently).
+  accept      the old, kinder order: each listener dials before it accepts the next, so
+              order survives the proxy (QEMU 7.2 takes the first memory connection as the
+              main channel and fails "received packet magic 5145564d expected 11223344"
+              when a multifd channel comes first).
 
 Test-only: --hold-control (source) holds libvirt's control bytes towards the target once
 the memory connections have started, until SIGUSR1: the source QEMU then stays paused
@@ -24,7 +35,14 @@ and alive after its part is done, so its memory can be read before libvirt stops
 
 Every forwarded connection is logged on both legs (accept order, class, bytes, SHA-256 and first 16
 bytes each way; on TCP legs of what crossed the wire, ciphertext with TLS) to --log as JSON,
-rewritten whenever a connection ends and at exit. The process names itself
+rewritten whenever a connection ends and at exit. Order fields: per connection "index" =
+"accept_index" (accept order over all listeners), "class_index" (accept order within its
+class), "dial_index" / "class_dial_index" (order in which outbound connects returned; null if
+none; with concurrent, connects that return close together may reach the next hop in another
+order), "accepted_at", "dial_started_at", "dialed_at"; top level "dial_order",
+"dial_sequence" (accept indices in dial order), "reordered" (dial_sequence differs from
+accept order) and, with shuffle, "shuffle": {"window_ms", "seed", "batches": [{"accepted":
+[index...], "dialed": [index...]}]}. The process names itself
 "virt-handler" (/proc/<pid>/comm). SIGTERM/SIGINT stop it.
 
 Run as: python3 -m rdmiglab.kvproxy {target,source} ... (PYTHONPATH=<repo>/tools)
@@ -34,6 +52,7 @@ import ctypes
 import hashlib
 import json
 import os
+import random
 import signal
 import socket
 import ssl
@@ -140,6 +159,7 @@ class TlsLeg(Leg):
         self._in = ssl.MemoryBIO()
         self._out = ssl.MemoryBIO()
         self._obj = ctx.wrap_bio(self._in, self._out, server_side=server_side)
+        self.server_side = server_side
         self._ssl_lock = threading.Lock()  # SSL_read and SSL_write never run at once
         self._peer_cn = peer_cn
         self.peer_cn_seen = None
@@ -223,7 +243,19 @@ class Proxy:
         self.class_counts = {}
         self.live = []  # (record, accepted_leg)
         self.meta = {"role": args.role, "uid": args.uid, "pid": os.getpid(),
-                     "tls": not args.disable_tls, "started_at": time.time()}
+                     "tls": not args.disable_tls, "started_at": time.time(),
+                     "dial_order": args.dial_order}
+        self.next_dial_index = 0
+        self.class_dial_counts = {}
+        self.dial_sequence = []  # accept indices in the order their outbound legs connected
+        # --dial-order shuffle: connections accepted within the window of the batch's first
+        # accept (all listeners) are connected one after another in a random order that is
+        # never the accept order (batches of 2 or more).
+        self.rng = random.Random(args.shuffle_seed)
+        self.batch = None  # [(rec, accepted, connect)] while a shuffle window is open
+        self.batches = []  # {"accepted": [index...], "dialed": [index...]}
+        if args.dial_order == "shuffle":
+            self.meta["shuffle"] = {"window_ms": args.shuffle_window_ms, "seed": args.shuffle_seed}
         self.ctx = None
         # Test-only (--hold-control): once memory connections started, hold what libvirt
         # sends on the control connection (its Finish call) until SIGUSR1, so the source
@@ -254,7 +286,11 @@ class Proxy:
                         r[leg] = r[leg].record()
                 conns.append(r)
             doc = dict(self.meta, connections=conns, hold=self.hold and dict(self.hold),
-                       open=sum(1 for r in self.connections if r["open"]))
+                       open=sum(1 for r in self.connections if r["open"]),
+                       dial_sequence=list(self.dial_sequence),
+                       reordered=self.dial_sequence != sorted(self.dial_sequence))
+            if self.args.dial_order == "shuffle":
+                doc["shuffle"] = dict(self.meta["shuffle"], batches=[dict(b) for b in self.batches])
         times = os.times()
         doc["cpu_seconds"] = round(times.user + times.system, 3)
         write_json_atomic(self.args.log, doc)
@@ -264,8 +300,10 @@ class Proxy:
         with self.lock:
             rec = {"index": self.next_index, "class": cls,
                    "class_index": self.class_counts.get(cls, 0),
+                   "accept_index": self.next_index, "dial_index": None, "class_dial_index": None,
                    "accepted": accepted, "dialed": None, "open": True, "error": None,
-                   "first_end": None, "accepted_at": time.time(), "closed_at": None}
+                   "first_end": None, "accepted_at": time.time(), "dial_started_at": None,
+                   "dialed_at": None, "closed_at": None}
             self.next_index += 1
             self.class_counts[cls] = rec["class_index"] + 1
             self.connections.append(rec)
@@ -359,15 +397,92 @@ class Proxy:
             rec = self._register(cls, accepted)
             if cls != 0:
                 self.hold_armed.set()
+            order = self.args.dial_order
+            if order == "accept":  # dial before the next accept: order is kept
+                dialed = self._dial(rec, accepted, dial)
+                if dialed is not None:
+                    threading.Thread(target=self._serve, args=(rec, accepted, dialed),
+                                     daemon=True).start()
+            elif order == "shuffle":
+                self._shuffle_submit(rec, accepted, dial)
+            else:  # go m.handleConnection(fd): dial and copy in a thread per connection
+                threading.Thread(target=self._dial_and_serve, args=(rec, accepted, dial),
+                                 daemon=True).start()
+
+    # -- dialing -------------------------------------------------------------------------
+    def _connect(self, rec, connect):
+        """The outbound connect (TCP or unix; no TLS yet); numbers it in connect order."""
+        rec["dial_started_at"] = time.time()
+        leg = connect()
+        with self.lock:
+            rec["dialed"] = leg
+            rec["dialed_at"] = time.time()
+            rec["dial_index"] = self.next_dial_index
+            self.next_dial_index += 1
+            rec["class_dial_index"] = self.class_dial_counts.get(rec["class"], 0)
+            self.class_dial_counts[rec["class"]] = rec["class_dial_index"] + 1
+            self.dial_sequence.append(rec["index"])
+        return leg
+
+    def _dial(self, rec, accepted, connect, leg=None):
+        """connect (unless done) and, on a source with TLS, the handshake: tls.Dial returns
+        after it. None when it failed; then the accepted leg is closed, as Go's
+        `defer fd.Close()` on handleConnection's early return."""
+        try:
+            if leg is None:
+                leg = self._connect(rec, connect)
+            if isinstance(leg, TlsLeg) and not leg.server_side:
+                leg.handshake()
+                leg.handshake = lambda: None
+            return leg
+        except (OSError, ssl.SSLError, ConnectionError) as e:
+            accepted.close_like_go()
+            accepted.sock.close()
+            if leg is not None:
+                leg.shutdown()
+                leg.sock.close()
+            self._finish(rec, accepted, "unable to create outbound leg: %s" % e)
+            return None
+
+    def _dial_and_serve(self, rec, accepted, connect, leg=None):
+        dialed = self._dial(rec, accepted, connect, leg)
+        if dialed is not None:
+            self._serve(rec, accepted, dialed)
+
+    def _shuffle_submit(self, rec, accepted, connect):
+        with self.lock:
+            first = self.batch is None
+            if first:
+                self.batch = []
+            self.batch.append((rec, accepted, connect))
+        if first:
+            threading.Thread(target=self._shuffle_batch, daemon=True).start()
+
+    def _shuffle_batch(self):
+        time.sleep(self.args.shuffle_window_ms / 1000.0)
+        with self.lock:
+            batch, self.batch = self.batch, None
+            order = list(range(len(batch)))
+            while len(order) > 1 and order == sorted(order):
+                self.rng.shuffle(order)
+            self.batches.append({"accepted": [b[0]["index"] for b in batch],
+                                 "dialed": [batch[i][0]["index"] for i in order]})
+        for i in order:  # one connect after another, so the next hop accepts in this order
+            rec, accepted, connect = batch[i]
+            if self.stop.is_set():
+                accepted.close_like_go()
+                accepted.sock.close()
+                self._finish(rec, accepted, "stopped before dialing")
+                continue
             try:
-                dialed = dial()  # before the next accept: order is kept
+                leg = self._connect(rec, connect)
             except (OSError, ssl.SSLError, ConnectionError) as e:
                 accepted.close_like_go()
-                conn.close()
+                accepted.sock.close()
                 self._finish(rec, accepted, "unable to create outbound leg: %s" % e)
                 continue
-            rec["dialed"] = dialed
-            threading.Thread(target=self._serve, args=(rec, accepted, dialed), daemon=True).start()
+            threading.Thread(target=self._dial_and_serve, args=(rec, accepted, connect, leg),
+                             daemon=True).start()
 
     def _listen(self, lsock, cls, dial):
         lsock.listen(64)
@@ -408,17 +523,16 @@ class Proxy:
                 os.unlink(path)
             host = a.target_address
 
-            def dial(port=int(port)):
+            def dial(port=int(port)):  # the connect; _dial handshakes (tls.Dial does both)
                 s = socket.create_connection((host, port))
                 if self.ctx is not None:
-                    leg = TlsLeg(s, self.ctx, False, self.peer_cn)
-                    leg.handshake()  # tls.Dial handshakes before returning
-                    leg.handshake = lambda: None
-                    return leg
+                    return TlsLeg(s, self.ctx, False, self.peer_cn)
                 return Leg(s, "tcp")
 
             ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             ls.bind(path)
+            if a.socket_owner:  # virt-handler chowns them for a non-root launcher (uid 107)
+                os.chown(path, *(int(x) for x in a.socket_owner.split(":")))
             sockets[path] = cls
             self._listen(ls, cls, dial)
         self.meta["sockets"] = sockets
@@ -476,6 +590,15 @@ def parse_args(argv):
     p.add_argument("--log", required=True, help="JSON connection log written here")
     p.add_argument("--tls-dir", help="ca.crt, server.{crt,key}, client.{crt,key}")
     p.add_argument("--disable-tls", action="store_true", help="plain TCP (disableTLS: true)")
+    p.add_argument("--dial-order", choices=("concurrent", "shuffle", "accept"),
+                   default="concurrent",
+                   help="concurrent (default, as KubeVirt): each accepted connection dials in "
+                        "its own thread; shuffle (test): connections accepted within "
+                        "--shuffle-window-ms are dialed one by one in a random order other "
+                        "than the accept order; accept: dial before the next accept (order kept)")
+    p.add_argument("--shuffle-window-ms", type=float, default=50.0,
+                   help="shuffle: batch window after a batch's first accept (default 50)")
+    p.add_argument("--shuffle-seed", type=int, default=None, help="shuffle: random seed")
     g = p.add_argument_group("target")
     g.add_argument("--libvirt-sock", help="the target launcher's libvirt socket")
     g.add_argument("--ports-file", help="{\"ports\": {\"<port>\": class}} written here")
@@ -489,6 +612,9 @@ def parse_args(argv):
     g.add_argument("--hook-failure", choices=("Fail", "Ignore"), default="Fail")
     g.add_argument("--vmi-json", help="file with the VMI JSON sent to the hook")
     g.add_argument("--node-name", default="", help="NodeContext.node_name")
+    g.add_argument("--socket-owner", metavar="UID:GID",
+                   help="chown the unix listeners (a non-root launcher's QEMU and libvirt "
+                        "connect to them as 107:107)")
     g.add_argument("--hold-control", action="store_true",
                    help="test only: after memory connections start, hold libvirt's control "
                         "bytes towards the target until SIGUSR1")

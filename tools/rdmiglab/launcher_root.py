@@ -1,0 +1,138 @@
+"""Cached Debian 13 (trixie) root filesystem for non-root stand-in virt-launcher pods.
+
+KubeVirt 1.9's launchers run an unprivileged libvirt daemon (session mode, uid/gid 107)
+with QEMU 10 and libvirt 11. Debian 13 ships QEMU 10.0 and libvirt 11.3, so the
+``trixie-nonroot`` launcher flavour (kvpod.LauncherPod) chroots into this root.
+
+The root is built once per machine, outside the git clone, so that CI runs on the same
+machine reuse it: ``$RDMIG_LAUNCHER_CACHE`` (default /var/cache/rdmig) /launcher-trixie-v<N>.
+A build goes to a temporary dir next to it and is renamed into place when complete; a file
+lock keeps two builders apart. Bump ``VERSION`` whenever the recipe changes.
+
+Usage: PYTHONPATH=tools python3 -m rdmiglab.launcher_root [--rebuild]   (prints the path)
+"""
+import fcntl
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+VERSION = 1
+NAME = "launcher-trixie-v%d" % VERSION
+STAMP = ".rdmig-launcher-root"  # written last, inside the root, before the rename
+MIRROR = os.environ.get("RDMIG_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+QEMU_UID = QEMU_GID = 107  # KubeVirt's qemu user
+PACKAGES = [
+    "qemu-system-x86", "libvirt-daemon", "libvirt-daemon-driver-qemu", "libvirt-clients",
+    # BIOS/option ROMs for qemu-system-x86_64's pc machine (seabios is a Depends already;
+    # spelled out so that a Recommends-only change in Debian does not break TCG starts)
+    "seabios", "ipxe-qemu",
+]
+
+# Runs inside a private mount namespace (unshare -m), so the mounts vanish with it.
+CHROOT_SCRIPT = r"""
+set -eu
+R="$1"; shift
+mount -t proc proc "$R/proc"
+mount --rbind /dev "$R/dev"
+mount --rbind /sys "$R/sys"
+printf '#!/bin/sh\nexit 101\n' > "$R/usr/sbin/policy-rc.d"
+chmod 755 "$R/usr/sbin/policy-rc.d"
+cp /etc/resolv.conf "$R/etc/resolv.conf" 2>/dev/null || true
+export DEBIAN_FRONTEND=noninteractive LC_ALL=C PATH=/usr/sbin:/usr/bin:/sbin:/bin
+# KubeVirt's qemu user: created before libvirt's packages so none of their system
+# users takes uid/gid 107
+chroot "$R" groupadd --system --gid 107 qemu
+chroot "$R" useradd --system --uid 107 --gid 107 --no-create-home --home-dir /var/run/kubevirt-private \
+    --shell /usr/sbin/nologin qemu
+chroot "$R" apt-get update
+chroot "$R" apt-get install -y --no-install-recommends "$@"
+chroot "$R" apt-get clean
+rm -rf "$R"/var/lib/apt/lists/*
+rm -f "$R/usr/sbin/policy-rc.d"
+"""
+
+
+def cache_dir():
+    return os.environ.get("RDMIG_LAUNCHER_CACHE", "/var/cache/rdmig")
+
+
+def root_path():
+    return os.path.join(cache_dir(), NAME)
+
+
+def is_complete(path=None):
+    return os.path.isfile(os.path.join(path or root_path(), STAMP))
+
+
+def _log(msg):
+    sys.stderr.write("launcher_root: %s\n" % msg)
+    sys.stderr.flush()
+
+
+def _remove_stale(base):
+    for d in glob.glob(base + ".tmp-*"):
+        _log("removing stale partial build %s" % d)
+        # A crashed build's mounts lived in its own namespace and are gone; refuse to
+        # rmtree through a mount point anyway.
+        with open("/proc/self/mounts") as f:
+            if any(line.split()[1].startswith(d + "/") for line in f):
+                raise RuntimeError("%s still has mounts; unmount them first" % d)
+        shutil.rmtree(d)
+
+
+def build(dest, timeout=1800):
+    tmp = "%s.tmp-%d" % (dest, os.getpid())
+    t0 = time.monotonic()
+    _log("debootstrap --variant=minbase trixie %s %s" % (tmp, MIRROR))
+    subprocess.run(["debootstrap", "--variant=minbase", "trixie", tmp, MIRROR],
+                   check=True, timeout=timeout, stdout=sys.stderr)
+    t1 = time.monotonic()
+    _log("debootstrap took %.0f s; installing %s" % (t1 - t0, " ".join(PACKAGES)))
+    subprocess.run(["unshare", "--mount", "--propagation", "private", "--",
+                    "sh", "-c", CHROOT_SCRIPT, "sh", tmp] + PACKAGES,
+                   check=True, timeout=timeout, stdout=sys.stderr)
+    t2 = time.monotonic()
+    for p in ("usr/bin/qemu-system-x86_64", "usr/sbin/libvirtd", "usr/bin/setpriv"):
+        if not os.path.exists(os.path.join(tmp, p)):
+            raise RuntimeError("launcher root lacks /%s" % p)
+    with open(os.path.join(tmp, STAMP), "w") as f:
+        f.write("%s built %s: debootstrap %.0f s, packages %.0f s\n"
+                % (NAME, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), t1 - t0, t2 - t1))
+    os.rename(tmp, dest)
+    _log("built %s in %.0f s" % (dest, time.monotonic() - t0))
+
+
+def ensure_launcher_root(rebuild=False):
+    """Returns the path of the cached trixie launcher root; builds it if missing."""
+    dest = root_path()
+    if not rebuild and is_complete(dest):  # fast path: no lock needed for a finished root
+        return dest
+    os.makedirs(cache_dir(), exist_ok=True)
+    with open(dest + ".lock", "w") as lk:
+        fcntl.flock(lk, fcntl.LOCK_EX)  # another builder: wait for it, then reuse its root
+        if rebuild and os.path.isdir(dest):
+            old = "%s.tmp-old-%d" % (dest, os.getpid())
+            os.rename(dest, old)
+            shutil.rmtree(old)
+        if is_complete(dest):
+            return dest
+        _remove_stale(dest)
+        if os.path.exists(dest):  # incomplete root without a stamp (should not happen)
+            shutil.rmtree(dest)
+        build(dest)
+    return dest
+
+
+def main(argv):
+    t0 = time.monotonic()
+    path = ensure_launcher_root(rebuild="--rebuild" in argv)
+    _log("ready in %.3f s" % (time.monotonic() - t0))
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
