@@ -10,8 +10,9 @@ using nlohmann::json;
 
 json FlowHello::to_json() const {
   json j{{"kind", "flow"},
-         {"protocol", transport::kProtocolVersion},
+         {"protocol", kFlowProtocolVersion},
          {"session", session},
+         {"nonce", nonce},
          {"mode", mode},
          {"migrationUid", migration_uid},
          {"sourceNode", source_node},
@@ -36,17 +37,18 @@ Result<FlowHello> FlowHello::parse(const json& j) {
   FlowHello h;
   auto proto = get_uint(j, "protocol", "hello", 0, 1000);
   if (!proto) return proto.error();
-  if (proto.value() != transport::kProtocolVersion) {
-    return Error{Errc::kInvalidArgument, "hello.protocol: this agent speaks " +
-                                             std::to_string(transport::kProtocolVersion) + ", got " +
-                                             std::to_string(proto.value())};
+  if (proto.value() != kFlowProtocolVersion) {
+    return Error{Errc::kInvalidArgument, "hello.protocol: this agent speaks " + std::to_string(kFlowProtocolVersion) +
+                                             ", got " + std::to_string(proto.value())};
   }
-  auto session = get_string(j, "session", "hello", 32);
-  if (!session) return session.error();
-  if (session->size() != 32 || !is_hex(session.value())) {
-    return Error{Errc::kInvalidArgument, "hello.session: must be 32 lowercase hex characters"};
+  for (auto [key, out] : {std::pair{"session", &h.session}, std::pair{"nonce", &h.nonce}}) {
+    auto v = get_string(j, key, "hello", 32);
+    if (!v) return v.error();
+    if (v->size() != 32 || !is_hex(v.value())) {
+      return Error{Errc::kInvalidArgument, std::string("hello.") + key + ": must be 32 lowercase hex characters"};
+    }
+    *out = v.value();
   }
-  h.session = session.value();
   auto mode = get_string(j, "mode", "hello", 16);
   if (!mode) return mode.error();
   if (mode.value() != "hook" && mode.value() != "static") {
@@ -81,8 +83,46 @@ Result<FlowHello> FlowHello::parse(const json& j) {
   return h;
 }
 
-std::string flow_mac(const std::string& token, const std::string& nonce, const std::string& session) {
-  return hmac_sha256_hex(token, nonce + session);
+std::string flow_proof(const std::string& token, const std::string& role, const FlowHello& hello,
+                       const std::string& target_nonce) {
+  return hmac_sha256_hex(token, "rdmig-flow-proof\n" + role + "\n" + hello.nonce + "\n" + target_nonce + "\n" +
+                                    hello.to_json().dump());
+}
+
+std::string flow_session_key(const std::string& token, const FlowHello& hello, const std::string& target_nonce) {
+  return hmac_sha256_hex(token, "rdmig-flow-key\n" + hello.nonce + "\n" + target_nonce + "\n" + hello.session);
+}
+
+FlowSigner::FlowSigner(std::string key, std::string own, std::string peer)
+    : key_(std::move(key)), own_(std::move(own)), peer_(std::move(peer)) {}
+
+std::string FlowSigner::mac_of(const std::string& label, const json& message) const {
+  return hmac_sha256_hex(key_, label + "\n" + message.dump());
+}
+
+json FlowSigner::sign(json message) {
+  message.erase("mac");
+  message["seq"] = sent_++;
+  message["mac"] = mac_of(own_, message);
+  return message;
+}
+
+Result<json> FlowSigner::verify(const json& message) {
+  if (!message.is_object()) return Error{Errc::kProtocol, "control message: not an object"};
+  auto mac = transport::get_string(message, "mac", "control message", 64);
+  if (!mac) return mac.error();
+  json body = message;
+  body.erase("mac");
+  auto seq = body.find("seq");
+  if (seq == body.end() || !seq->is_number_unsigned() || seq->get<uint64_t>() != received_) {
+    return Error{Errc::kPermissionDenied, "control message " + std::to_string(received_) + ": out of sequence"};
+  }
+  if (!constant_time_equal(mac.value(), mac_of(peer_, body))) {
+    return Error{Errc::kPermissionDenied, "control message " + std::to_string(received_) + ": its MAC does not match"};
+  }
+  ++received_;
+  body.erase("seq");
+  return body;
 }
 
 }  // namespace rdmig::kubevirt

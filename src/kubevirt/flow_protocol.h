@@ -1,12 +1,19 @@
 // The agent-to-agent session of one carried KubeVirt migration (hello kind "flow"), on the
-// data-plane port beside the bare-QEMU jobs' "control"/"data" hellos:
-//   source -> target  hello {kind:"flow", protocol, session, mode, vmi, migrationUid, sourceNode,
-//                            targetNode, chunkSize, ringDepth, transport, transportRequired}
-//   target -> source  {type:"challenge", nonce}
-//   source -> target  {type:"auth", mac}        mac = HMAC-SHA256(agent token, nonce || session)
+// data-plane port beside the bare-QEMU jobs' "control"/"data" hellos. Protocol 3:
+//   source -> target  hello {kind:"flow", protocol, session, nonce, mode, vmi, migrationUid,
+//                            sourceNode, targetNode, chunkSize, ringDepth, transport, transportRequired}
+//   target -> source  {type:"challenge", nonce, proofs:[...]}   the target proves the token first:
+//                     one proof per token it accepts (current, and the previous one during a
+//                     rotation), each HMAC(token, "target" role label, both nonces, the hello)
+//   source -> target  {type:"auth", mac}    HMAC(token, "source" role label, both nonces, the hello)
 //   target -> source  {type:"welcome", transport, transportReason, rdmaEndpoint?} | {type:"reject"}
-// then on that connection (a ControlLink):
-//   source -> target  {type:"open", index, destination:"ip:port"}  before channel `index` connects
+// Every proof covers every field of the hello as the target parsed it, so a relay of the
+// exchange cannot change the nodes, the VMI or the migration; the role label keeps a proof of
+// one side from serving as the other's. Both sides then derive a session key from the token
+// and both nonces, and every later message on that connection (a ControlLink) carries
+// {seq, mac}: HMAC(key, direction label, the message) with a sequence number per direction,
+// so nothing can be injected, replayed or reordered, the destinations included:
+//   source -> target  {type:"open", index, host, port}  before channel `index` connects
 //   source -> target  {type:"end", ...counters}  target -> source {type:"stats", libvirt}
 //   either way        {type:"abort", reason}
 // Channels: TCP connections with hello {kind:"flow-data", session, index}, or rdma_cm
@@ -23,8 +30,12 @@
 
 namespace rdmig::kubevirt {
 
+// The flow's own protocol version (the bare-QEMU hellos have transport::kProtocolVersion).
+inline constexpr uint64_t kFlowProtocolVersion = 3;
+
 struct FlowHello {
   std::string session;  // 32 hex characters, chosen by the source
+  std::string nonce;    // 32 hex characters, fresh per hello (the source's half of the exchange)
   std::string mode;     // hook | static
   VmiRef vmi;           // empty in static mode
   std::string migration_uid;
@@ -39,7 +50,26 @@ struct FlowHello {
   static Result<FlowHello> parse(const nlohmann::json& j);
 };
 
-// HMAC-SHA256(token, nonce || session), hex.
-std::string flow_mac(const std::string& token, const std::string& nonce, const std::string& session);
+// The proofs of the shared token (hex HMAC-SHA256), each over the role, both nonces and the
+// whole hello; and the session key both sides derive for the control link.
+std::string flow_proof(const std::string& token, const std::string& role, const FlowHello& hello,
+                       const std::string& target_nonce);
+std::string flow_session_key(const std::string& token, const FlowHello& hello, const std::string& target_nonce);
+
+// Signs what one side sends on the control link and checks what it receives: {seq, mac} on
+// every message, in order per direction. Not thread-safe: the owner serialises.
+class FlowSigner {
+ public:
+  // `own`/`peer`: the direction labels ("source"/"target" or the reverse).
+  FlowSigner(std::string key, std::string own, std::string peer);
+  nlohmann::json sign(nlohmann::json message);
+  // The message with seq and mac removed, or an error naming what is wrong.
+  Result<nlohmann::json> verify(const nlohmann::json& message);
+
+ private:
+  std::string mac_of(const std::string& label, const nlohmann::json& message) const;
+  std::string key_, own_, peer_;
+  uint64_t sent_ = 0, received_ = 0;
+};
 
 }  // namespace rdmig::kubevirt

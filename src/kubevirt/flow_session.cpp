@@ -47,6 +47,28 @@ void FlowSession::add_leg(std::unique_ptr<transport::Channel> channel, std::uniq
   if (record_.phase == "Armed") record_.phase = "Carrying";
 }
 
+void FlowSession::set_link(std::unique_ptr<migration::ControlLink> link, std::unique_ptr<FlowSigner> signer) {
+  std::lock_guard lock(signer_mu_);
+  link_ = std::move(link);
+  signer_ = std::move(signer);
+}
+
+Status FlowSession::send_signed(json message) {
+  std::lock_guard lock(signer_mu_);
+  if (!link_ || !signer_) return Error{Errc::kFailedPrecondition, "no control link"};
+  return link_->send(signer_->sign(std::move(message)));
+}
+
+Result<std::optional<json>> FlowSession::next_verified(std::chrono::milliseconds timeout) {
+  auto m = link_->next(timeout);
+  if (!m) return m.error();
+  if (!m->has_value()) return std::optional<json>();
+  std::lock_guard lock(signer_mu_);
+  auto v = signer_->verify(**m);
+  if (!v) return v.error();
+  return std::optional<json>(std::move(v.value()));
+}
+
 bool FlowSession::with_pump(uint32_t index, const std::function<void(migration::ChannelPump&)>& fn) {
   std::lock_guard lock(legs_mu_);
   for (auto& l : legs_) {
@@ -138,7 +160,7 @@ void FlowSession::fail(const Error& error, bool from_peer) {
     std::lock_guard lock(legs_mu_);
     for (auto& l : legs_) l.pump->abort(error, !l.pump->drains_on_failure());
   }
-  if (link_ && !from_peer) (void)link_->send(json{{"type", "abort"}, {"reason", error.message}});
+  if (link_ && !from_peer) (void)send_signed(json{{"type", "abort"}, {"reason", error.message}});
   wake();
   close_legs(true);
   if (link_) link_->close();

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "kubevirt/flow_protocol.h"
 #include "kubevirt/flow_record.h"
 #include "metrics/metrics.h"
 #include "migration/control_link.h"
@@ -57,9 +58,17 @@ class FlowSession {
   // before the legs are joined).
   virtual void wake() {}
 
+  // The control link with its signer (set together by the derived class after the hello).
+  void set_link(std::unique_ptr<migration::ControlLink> link, std::unique_ptr<FlowSigner> signer);
+  // Signs and sends one control message (any thread).
+  Status send_signed(nlohmann::json message);
+  // The next control message, verified (seq and MAC removed); nullopt on timeout; an error when
+  // the link is gone or the message is not the peer's (a forged, replayed or reordered one).
+  Result<std::optional<nlohmann::json>> next_verified(std::chrono::milliseconds timeout);
+
   const std::string id_;
   Metrics& metrics_;
-  std::unique_ptr<migration::ControlLink> link_;  // set by the derived class, closed last
+  std::unique_ptr<migration::ControlLink> link_;  // closed last
 
   mutable std::mutex mu_;
   FlowRecord record_;
@@ -71,6 +80,8 @@ class FlowSession {
     std::unique_ptr<transport::Channel> channel;  // declared first: destroyed after its pump
     std::unique_ptr<migration::ChannelPump> pump;
   };
+  std::mutex signer_mu_;  // serialises signing with sending, and verifying
+  std::unique_ptr<FlowSigner> signer_;
   mutable std::mutex legs_mu_;
   std::vector<Leg> legs_;
   mutable size_t finished_seen_ = 0;

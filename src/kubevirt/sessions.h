@@ -62,9 +62,6 @@ class SourceSession final : public FlowSession {
 
  private:
   SourceSession(std::string id, FlowRecord record, const SessionContext& ctx, PeerInfo peer);
-  static Result<std::unique_ptr<SourceSession>> open_with(const SessionContext& ctx, const PeerInfo& peer,
-                                                          FlowRecord record, std::chrono::milliseconds timeout,
-                                                          const std::string& token);
   Result<std::unique_ptr<transport::Channel>> connect_channel(uint32_t index);
   int port_class(uint16_t port) const;
   // From a memory connection's pump thread: its first bytes name what it carries.

@@ -17,23 +17,11 @@ SourceSession::SourceSession(std::string id, FlowRecord record, const SessionCon
 
 Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext& ctx, const PeerInfo& peer,
                                                            FlowRecord record, std::chrono::milliseconds timeout) {
-  // Token rotation: the peer may not have seen the new Secret yet. A refused proof is tried
-  // once more with the previous token while it is within its grace period.
-  const auto tokens = ctx.token->accepted();
-  auto s = open_with(ctx, peer, record, timeout, tokens.front());
-  if (!s && s.error().code == Errc::kPermissionDenied && tokens.size() > 1) {
-    s = open_with(ctx, peer, std::move(record), timeout, tokens[1]);
-  }
-  return s;
-}
-
-Result<std::unique_ptr<SourceSession>> SourceSession::open_with(const SessionContext& ctx, const PeerInfo& peer,
-                                                                FlowRecord record, std::chrono::milliseconds timeout,
-                                                                const std::string& token) {
   auto offer = migration::offer_transport(ctx.config.transport, ctx.rdma);
   if (!offer) return offer.error();
   FlowHello hello;
   hello.session = random_hex(16);
+  hello.nonce = random_hex(16);
   hello.mode = record.mode;
   hello.vmi = record.vmi;
   hello.migration_uid = record.migration_uid;
@@ -55,7 +43,24 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open_with(const SessionCon
   }
   auto nonce = transport::get_string(challenge.value(), "nonce", "challenge", 64);
   if (!nonce) return nonce.error().with_context(where);
-  RDMIG_TRY(transport::send_message(fd->get(), json{{"type", "auth"}, {"mac", flow_mac(token, nonce.value(), hello.session)}}));
+  // The target proves the token first, over this hello and both nonces: an agent (or a relay)
+  // without it learns nothing and gets no connection carried. During a rotation each side
+  // may hold the new token before the other: any token both accept will do.
+  std::string token;
+  auto proofs = challenge->find("proofs");
+  if (proofs != challenge->end() && proofs->is_array() && proofs->size() <= 4) {
+    for (const auto& mine : ctx.token->accepted()) {
+      const std::string want = flow_proof(mine, "target", hello, nonce.value());
+      for (const auto& p : *proofs) {
+        if (token.empty() && p.is_string() && constant_time_equal(p.get<std::string>(), want)) token = mine;
+      }
+    }
+  }
+  if (token.empty()) {
+    ctx.metrics.transport_error(hello.transport, "auth");
+    return Error{Errc::kPermissionDenied, where + " did not prove the agents' token: not carried there"};
+  }
+  RDMIG_TRY(transport::send_message(fd->get(), json{{"type", "auth"}, {"mac", flow_proof(token, "source", hello, nonce.value())}}));
   auto welcome = transport::recv_message(fd->get(), timeout);
   if (!welcome) return welcome.error().with_context(where);
   if (welcome->value("type", "") != "welcome") {
@@ -82,7 +87,8 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open_with(const SessionCon
     s->rdma_endpoint_ = ep.value();
   }
   ctx.metrics.transport_selected(s->transport_, s->record_.transport_reason);
-  s->link_ = std::make_unique<migration::ControlLink>(std::move(fd.value()));
+  s->set_link(std::make_unique<migration::ControlLink>(std::move(fd.value())),
+              std::make_unique<FlowSigner>(flow_session_key(token, hello, nonce.value()), "source", "target"));
   return s;
 }
 
@@ -128,7 +134,7 @@ Status SourceSession::add_connection(UniqueFd fd, const net::Endpoint& destinati
   if (index >= transport::kMaxChannels) {
     return refuse(Error{Errc::kResourceExhausted, "more than " + std::to_string(transport::kMaxChannels) + " connections"});
   }
-  if (auto st = link_->send(json{{"type", "open"}, {"index", index}, {"host", destination.host}, {"port", destination.port}});
+  if (auto st = send_signed(json{{"type", "open"}, {"index", index}, {"host", destination.host}, {"port", destination.port}});
       !st) {
     return refuse(st.error().with_context("carrying to the agent on " + peer_.node));
   }
@@ -199,9 +205,13 @@ void SourceSession::saw_first_bytes(uint32_t index, migration::ChannelPump& self
 
 void SourceSession::poll() {
   if (ended()) return;
-  auto m = link_->next(0ms);
+  auto m = next_verified(0ms);
   if (!m) {
-    fail(Error{Errc::kUnavailable, "target agent on " + peer_.node + " is gone: " + m.error().message}, true);
+    const bool forged = m.error().code == Errc::kPermissionDenied;
+    fail(Error{Errc::kUnavailable, (forged ? "control link to the target agent on " + peer_.node + ": "
+                                           : "target agent on " + peer_.node + " is gone: ") +
+                                       m.error().message},
+         !forged);
     return;
   }
   if (m->has_value() && (**m).value("type", "") == "abort") {
@@ -212,8 +222,25 @@ void SourceSession::poll() {
 void SourceSession::finish() {
   if (ended()) return;
   const auto r = record();
-  (void)link_->send(json{{"type", "end"}, {"bytesSent", r.bytes_sent}, {"bytesReceived", r.bytes_received}});
-  auto stats = link_->expect("stats", 20s);
+  (void)send_signed(json{{"type", "end"}, {"bytesSent", r.bytes_sent}, {"bytesReceived", r.bytes_received}});
+  Result<json> stats = Error{Errc::kTimeout, "no stats within 20 s"};
+  for (const auto until = std::chrono::steady_clock::now() + 20s; std::chrono::steady_clock::now() < until;) {
+    auto m = next_verified(200ms);
+    if (!m) {
+      stats = m.error();
+      break;
+    }
+    if (!m->has_value()) continue;
+    const std::string type = (**m).value("type", "");
+    if (type == "stats") {
+      stats = std::move(**m);
+      break;
+    }
+    if (type == "abort") {
+      stats = Error{Errc::kCancelled, "target agent aborted: " + (**m).value("reason", std::string("?"))};
+      break;
+    }
+  }
   if (stats) {
     auto it = stats->find("libvirt");
     if (it != stats->end() && it->is_object()) {

@@ -35,19 +35,23 @@ TargetSession::~TargetSession() {
 Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContext& ctx, UniqueFd fd,
                                                              const FlowHello& hello, NetnsLocator locate,
                                                              StatsReader stats) {
+  // This side proves the token first (one proof per token it accepts: the current one and,
+  // during a rotation, the one before it), over the whole hello and both nonces.
   const std::string nonce = random_hex(16);
-  RDMIG_TRY(transport::send_message(fd.get(), json{{"type", "challenge"}, {"nonce", nonce}}));
+  const auto tokens = ctx.token->accepted();
+  json proofs = json::array();
+  for (const auto& t : tokens) proofs.push_back(flow_proof(t, "target", hello, nonce));
+  RDMIG_TRY(transport::send_message(fd.get(), json{{"type", "challenge"}, {"nonce", nonce}, {"proofs", proofs}}));
   auto auth = transport::recv_message(fd.get(), migration::kHelloTimeout);
   if (!auth) return auth.error().with_context("waiting for the session's auth");
   auto mac = transport::get_string(auth.value(), "mac", "auth", 64);
-  // Either the current token or, during a rotation, the one before it.
-  bool proven = false;
+  std::string token;
   if (auth->value("type", "") == "auth" && mac) {
-    for (const auto& token : ctx.token->accepted()) {
-      proven = constant_time_equal(mac.value(), flow_mac(token, nonce, hello.session)) || proven;
+    for (const auto& t : tokens) {
+      if (constant_time_equal(mac.value(), flow_proof(t, "source", hello, nonce)) && token.empty()) token = t;
     }
   }
-  if (!proven) {
+  if (token.empty()) {
     ctx.metrics.transport_error(hello.transport, "auth");
     reject(fd.get(), "permission_denied", "the session's proof of the agents' token does not match");
     return Error{Errc::kPermissionDenied, "a flow session failed the token challenge"};
@@ -77,7 +81,8 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
   if (s->transport_ == "rdma") welcome["rdmaEndpoint"] = ctx.rdma.ip + ":" + std::to_string(ctx.rdma.port);
   RDMIG_TRY(transport::send_message(fd.get(), welcome));
   ctx.metrics.transport_selected(s->transport_, choice->reason);
-  s->link_ = std::make_unique<migration::ControlLink>(std::move(fd));
+  s->set_link(std::make_unique<migration::ControlLink>(std::move(fd)),
+              std::make_unique<FlowSigner>(flow_session_key(token, hello, nonce), "target", "source"));
   return s;
 }
 
@@ -95,9 +100,13 @@ void TargetSession::start() {
 
 void TargetSession::reader_loop() {
   while (!ended()) {
-    auto m = link_->next(500ms);
+    auto m = next_verified(500ms);
     if (!m) {
-      fail(Error{Errc::kUnavailable, "source agent on " + hello_.source_node + " is gone: " + m.error().message}, true);
+      const bool forged = m.error().code == Errc::kPermissionDenied;
+      fail(Error{Errc::kUnavailable, (forged ? "control link from the source agent on " + hello_.source_node + ": "
+                                             : "source agent on " + hello_.source_node + " is gone: ") +
+                                         m.error().message},
+           !forged);
       return;
     }
     if (!m->has_value()) continue;
@@ -217,7 +226,7 @@ Result<UniqueFd> TargetSession::dial_in_order(uint32_t index) {
   }
   const PassMark mark{ctx_.config.kubevirt.socket_mark, ctx_.config.kubevirt.socket_mark_mask};
   auto fd = ns->make_socket([&]() -> Result<UniqueFd> {
-    return net::tcp_connect(dst, 10s, [mark](int fd) { return set_pass_mark(fd, mark); });
+    return net::tcp_connect(dst, 10s, [mark](int s) { return set_pass_mark(s, mark); });
   });
   if (!fd) return fd.error().with_context("dialling " + dst.to_string() + " in " + ns->describe());
   {
@@ -241,7 +250,7 @@ void TargetSession::report_and_succeed() {
       LOG_INFO("kubevirt") << "session=" << id_ << " libvirt figures unavailable: " << stats.error().message;
     }
   }
-  (void)link_->send(reply);
+  (void)send_signed(reply);
   succeed();
 }
 

@@ -45,6 +45,38 @@ def vmi_json(uid, mig_uid, target_addr, port, source="node-a", target="node-b", 
     }
 
 
+def canonical(obj):
+    """nlohmann::json's dump() of the same object: keys sorted, compact, UTF-8."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def flow_hello(session, nonce, mig, **kw):
+    """A flow hello (protocol 3) with every field the agent reads, as it re-serialises them."""
+    h = {"kind": "flow", "protocol": 3, "session": session, "nonce": nonce, "mode": "hook", "migrationUid": mig,
+         "vmi": {"namespace": "prod", "name": "web-1", "uid": "u"}, "sourceNode": "node-a", "targetNode": "node-b",
+         "chunkSize": 1 << 20, "ringDepth": 16, "transport": "tcp", "transportRequired": False}
+    h.update(kw)
+    return h
+
+
+def flow_proof(token, role, hello, target_nonce):
+    import hmac
+    import hashlib
+    msg = "rdmig-flow-proof\n%s\n%s\n%s\n%s" % (role, hello["nonce"], target_nonce, canonical(hello))
+    return hmac.new(token.encode(), msg.encode(), hashlib.sha256).hexdigest()
+
+
+def flow_sign(token, hello, target_nonce, seq, message):
+    """A control message as the source agent signs it (FlowSigner)."""
+    import hmac
+    import hashlib
+    key = hmac.new(token.encode(), ("rdmig-flow-key\n%s\n%s\n%s" % (hello["nonce"], target_nonce, hello["session"])
+                                    ).encode(), hashlib.sha256).hexdigest()
+    body = dict(message, seq=seq)
+    body["mac"] = hmac.new(key.encode(), ("source\n" + canonical(body)).encode(), hashlib.sha256).hexdigest()
+    return body
+
+
 class KubevirtRelayTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -272,8 +304,6 @@ class KubevirtRelayTest(unittest.TestCase):
         # node) speaks the flow protocol as a source agent would and asks the target agent to
         # dial a node-local service: loopback, the metadata address, an address no virt-handler
         # on the node owns. The agent dials none of them, from no namespace.
-        import hmac
-        import hashlib
         import socket
         import struct
 
@@ -293,21 +323,21 @@ class KubevirtRelayTest(unittest.TestCase):
         port = local.getsockname()[1]
         host_ip = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
         targets = ["127.0.0.1", "169.254.169.254", "::1", "0.0.0.0", "localhost"] + host_ip[:1]
+        token = self.dst.token
         try:
             for i, host in enumerate(targets):
                 session = os.urandom(16).hex()
+                hello = flow_hello(session, os.urandom(16).hex(), "mig-evil-%d" % i)
                 with socket.create_connection(("127.0.0.1", self.dst.data_port), timeout=10) as c:
-                    send(c, {"kind": "flow", "protocol": 2, "session": session, "mode": "hook",
-                             "migrationUid": "mig-evil-%d" % i, "vmi": {"namespace": "prod", "name": "web-1",
-                                                                      "uid": "u"},
-                             "sourceNode": "node-a", "targetNode": "node-b", "chunkSize": 1 << 20,
-                             "ringDepth": 16, "transport": "tcp"})
+                    send(c, hello)
                     ch = recv(c)
                     self.assertEqual(ch["type"], "challenge", ch)
-                    mac = hmac.new(self.dst.token.encode(), (ch["nonce"] + session).encode(), hashlib.sha256)
-                    send(c, {"type": "auth", "mac": mac.hexdigest()})
+                    self.assertIn(flow_proof(token, "target", hello, ch["nonce"]), ch["proofs"],
+                                  "the target proves the token over this hello")
+                    send(c, {"type": "auth", "mac": flow_proof(token, "source", hello, ch["nonce"])})
                     self.assertEqual(recv(c)["type"], "welcome", "the token holder is let in")
-                    send(c, {"type": "open", "index": 0, "host": host, "port": port})
+                    send(c, flow_sign(token, hello, ch["nonce"], 0,
+                                      {"type": "open", "index": 0, "host": host, "port": port}))
                     with socket.create_connection(("127.0.0.1", self.dst.data_port), timeout=10) as d:
                         send(d, {"kind": "flow-data", "protocol": 2, "session": session, "index": 0})
                         try:
@@ -323,6 +353,22 @@ class KubevirtRelayTest(unittest.TestCase):
                     self.fail("the target agent dialled %s:%d on a peer's behalf (from %s)" % (host, port, peer))
                 except socket.timeout:
                     pass
+            # A destination changed in flight (a relay on the path, no token): the signed open no
+            # longer matches and the session fails before anything is dialled.
+            session = os.urandom(16).hex()
+            hello = flow_hello(session, os.urandom(16).hex(), "mig-evil-relay")
+            with socket.create_connection(("127.0.0.1", self.dst.data_port), timeout=10) as c:
+                send(c, hello)
+                ch = recv(c)
+                send(c, {"type": "auth", "mac": flow_proof(token, "source", hello, ch["nonce"])})
+                self.assertEqual(recv(c)["type"], "welcome")
+                forged = flow_sign(token, hello, ch["nonce"], 0,
+                                   {"type": "open", "index": 0, "host": self.net.ip4["node-b"], "port": self.sink_port})
+                forged["port"] = port
+                send(c, forged)
+                rec = wait_for(lambda: [r for r in self.records(self.dst, migrationUid="mig-evil-relay")
+                                        if r["phase"] == "Failed"], 15, "the session to fail (forged open)")[0]
+                self.assertIn("MAC does not match", rec["reason"])
         finally:
             local.close()
         self.assertEqual(self.dst.request("GET", "/healthz", token=False)[0], 200)
@@ -651,13 +697,12 @@ class KubevirtRelayTest(unittest.TestCase):
         def conn():
             return socket.create_connection(("127.0.0.1", self.dst.data_port), timeout=10)
 
-        hello = {"kind": "flow", "protocol": 2, "session": "ab" * 16, "mode": "hook", "migrationUid": "x",
-                 "sourceNode": "node-a", "targetNode": "node-b", "chunkSize": 1 << 20, "ringDepth": 16,
-                 "transport": "tcp"}
+        hello = flow_hello("ab" * 16, "cd" * 16, "x")
         silent = [conn() for _ in range(8)]  # say nothing: must delay nobody
         try:
             for bad, field in [(dict(hello, chunkSize=3), "hello.chunkSize"), (dict(hello, session="zz"), "hello.session"),
                                (dict(hello, mode="evil"), "hello.mode"), (dict(hello, protocol=9), "hello.protocol"),
+                               (dict(hello, protocol=2), "hello.protocol"), (dict(hello, nonce="ab"), "hello.nonce"),
                                ({"kind": "flow-data", "session": "cd" * 16, "index": 0}, "unknown data-plane session")]:
                 with conn() as c:
                     send(c, bad)

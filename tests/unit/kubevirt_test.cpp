@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <functional>
+
 #include <nlohmann/json.hpp>
 
 #include "api/probe_server.h"
@@ -87,6 +89,7 @@ TEST(KubevirtVmi, RejectsHostileFieldsNamingThem) {
 TEST(KubevirtFlowHello, RoundTripsAndValidatesEveryField) {
   FlowHello h;
   h.session = std::string(32, 'a');
+  h.nonce = std::string(32, 'f');
   h.mode = "hook";
   h.vmi = VmiRef{"prod", "web-1", "u-1"};
   h.migration_uid = "m-1";
@@ -104,16 +107,74 @@ TEST(KubevirtFlowHello, RoundTripsAndValidatesEveryField) {
            {"ringDepth", 1, "hello.ringDepth"},
            {"transport", "ib", "hello.transport"},
            {"mode", "x", "hello.mode"},
-           {"protocol", 1, "hello.protocol"}}) {
+           {"nonce", "short", "hello.nonce"},
+           {"protocol", 1, "hello.protocol"},
+           {"protocol", 2, "hello.protocol"}}) {
     auto j = h.to_json();
     j[key] = value;
     auto r = FlowHello::parse(j);
     ASSERT_FALSE(r) << key;
     EXPECT_NE(r.error().message.find(field), std::string::npos) << r.error().message;
   }
-  // The proof of the shared token depends on the nonce and the session.
-  EXPECT_NE(flow_mac("token-0123456789", "n1", h.session), flow_mac("token-0123456789", "n2", h.session));
-  EXPECT_EQ(flow_mac("token-0123456789", "n1", h.session).size(), 64u);
+}
+
+TEST(KubevirtFlowProof, CoversEveryFieldOfTheHelloBothNoncesAndTheRole) {
+  FlowHello h;
+  h.session = std::string(32, 'a');
+  h.nonce = std::string(32, 'b');
+  h.mode = "hook";
+  h.vmi = VmiRef{"prod", "web-1", "u-1"};
+  h.migration_uid = "m-1";
+  h.source_node = "a";
+  h.target_node = "b";
+  h.chunk_size = 1 << 20;
+  h.ring_depth = 16;
+  h.transport = "tcp";
+  const std::string token = "token-0123456789";
+  const std::string proof = flow_proof(token, "source", h, "n1");
+  EXPECT_EQ(proof.size(), 64u);
+  // As the target re-reads it from the wire: the same proof.
+  auto parsed = FlowHello::parse(h.to_json());
+  ASSERT_TRUE(parsed) << parsed.error().message;
+  EXPECT_EQ(flow_proof(token, "source", parsed.value(), "n1"), proof);
+  EXPECT_NE(flow_proof(token, "target", h, "n1"), proof) << "a proof of one role never serves as the other's";
+  EXPECT_NE(flow_proof(token, "source", h, "n2"), proof);
+  EXPECT_NE(flow_proof("token-other-123456", "source", h, "n1"), proof);
+  for (auto change : std::vector<std::function<void(FlowHello&)>>{
+           [](FlowHello& x) { x.target_node = "c"; }, [](FlowHello& x) { x.source_node = "c"; },
+           [](FlowHello& x) { x.vmi.name = "db-1"; }, [](FlowHello& x) { x.migration_uid = "m-2"; },
+           [](FlowHello& x) { x.nonce = std::string(32, 'c'); }, [](FlowHello& x) { x.session = std::string(32, 'd'); },
+           [](FlowHello& x) { x.chunk_size = 1 << 22; }, [](FlowHello& x) { x.transport = "rdma"; }}) {
+    FlowHello other = h;
+    change(other);
+    EXPECT_NE(flow_proof(token, "source", other, "n1"), proof);
+  }
+}
+
+TEST(KubevirtFlowSigner, RefusesForgedReplayedAndReorderedControlMessages) {
+  const std::string key = "k-0123456789abcdef";
+  FlowSigner source(key, "source", "target"), target(key, "target", "source");
+  const json open{{"type", "open"}, {"index", 0}, {"host", "10.244.1.7"}, {"port", 41231}};
+  const json first = source.sign(open);
+  const json second = source.sign(json{{"type", "end"}});
+  auto got = target.verify(first);
+  ASSERT_TRUE(got) << got.error().message;
+  EXPECT_EQ(got.value(), open);
+  EXPECT_FALSE(target.verify(first)) << "replayed";
+  json forged = second;
+  forged["type"] = "abort";
+  EXPECT_FALSE(target.verify(forged)) << "changed";
+  json redirected = source.sign(json{{"type", "open"}, {"index", 1}, {"host", "10.244.1.7"}, {"port", 1}});
+  redirected["host"] = "169.254.169.254";
+  FlowSigner fresh(key, "target", "source");
+  ASSERT_TRUE(fresh.verify(first));
+  EXPECT_FALSE(fresh.verify(redirected)) << "out of order (second skipped)";
+  EXPECT_TRUE(target.verify(second));
+  EXPECT_FALSE(target.verify(redirected)) << "destination changed in flight";
+  // A message signed in the other direction is never taken as the peer's.
+  FlowSigner echo(key, "source", "target");
+  EXPECT_FALSE(echo.verify(source.sign(json{{"type", "abort"}})));
+  EXPECT_FALSE(FlowSigner("other-key-0123456", "target", "source").verify(FlowSigner(key, "source", "target").sign(open)));
 }
 
 TEST(KubevirtDiscovery, PeersFromRunningAgentPodsWithTheirNodesHandlerIps) {
