@@ -11,7 +11,9 @@
 #include <sys/stat.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -154,6 +156,57 @@ Result<std::string> path_in_process_root(pid_t pid, const std::string& path) {
   std::string out = root;
   for (const auto& d : done) out += "/" + d;
   return out;
+}
+
+namespace {
+// Inodes of the TCP sockets listening on `port` in the network namespace of `pid`.
+std::set<uint64_t> listening_inodes(pid_t pid, uint16_t port) {
+  std::set<uint64_t> out;
+  for (const char* table : {"tcp", "tcp6"}) {
+    std::ifstream f("/proc/" + std::to_string(pid) + "/net/" + table);
+    std::string line;
+    std::getline(f, line);  // header
+    while (std::getline(f, line)) {
+      // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...
+      std::istringstream in(line);
+      std::string sl, local, remote, st, txrx, trwhen, retr, uid, timeout;
+      uint64_t inode = 0;
+      if (!(in >> sl >> local >> remote >> st >> txrx >> trwhen >> retr >> uid >> timeout >> inode)) continue;
+      const auto colon = local.rfind(':');
+      if (st != "0A" || colon == std::string::npos) continue;  // 0A: TCP_LISTEN
+      unsigned long p = 0;
+      try {
+        p = std::stoul(local.substr(colon + 1), nullptr, 16);
+      } catch (...) {
+        continue;
+      }
+      if (p == port && inode != 0) out.insert(inode);
+    }
+  }
+  return out;
+}
+}  // namespace
+
+bool handler_listens_on(const NetNs& ns, const std::string& comm, uint16_t port) {
+  for (pid_t pid : processes_named(comm)) {
+    if (netns_inode(pid) != ns.inode()) continue;
+    const auto inodes = listening_inodes(pid, port);
+    if (inodes.empty()) continue;
+    std::error_code ec;
+    for (const auto& fd : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+      std::error_code lec;
+      const std::string target = std::filesystem::read_symlink(fd.path(), lec).string();
+      if (lec || target.rfind("socket:[", 0) != 0) continue;
+      uint64_t inode = 0;
+      try {
+        inode = std::stoull(target.substr(8));
+      } catch (...) {
+        continue;
+      }
+      if (inodes.contains(inode)) return true;
+    }
+  }
+  return false;
 }
 
 bool address_is_local(const NetNs& ns, const std::string& ip) {

@@ -224,6 +224,13 @@ Result<UniqueFd> TargetSession::dial_in_order(uint32_t index) {
     return Error{Errc::kPermissionDenied, "no " + ctx_.config.kubevirt.handler_process + " on this node owns " +
                                               dst.host + ": refusing to dial " + dst.to_string()};
   }
+  // Only a port virt-handler itself listens on there: its migration proxy's published ports
+  // (not a port of another container in the pod, nor a sidecar's).
+  if (!handler_listens_on(*ns, ctx_.config.kubevirt.handler_process, dst.port)) {
+    return Error{Errc::kPermissionDenied, ctx_.config.kubevirt.handler_process + " does not listen on port " +
+                                              std::to_string(dst.port) + " in " + ns->describe() +
+                                              ": refusing to dial " + dst.to_string()};
+  }
   const PassMark mark{ctx_.config.kubevirt.socket_mark, ctx_.config.kubevirt.socket_mark_mask};
   auto fd = ns->make_socket([&]() -> Result<UniqueFd> {
     return net::tcp_connect(dst, 10s, [mark](int s) { return set_pass_mark(s, mark); });

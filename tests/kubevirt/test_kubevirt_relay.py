@@ -322,10 +322,17 @@ class KubevirtRelayTest(unittest.TestCase):
         local.settimeout(0.2)
         port = local.getsockname()[1]
         host_ip = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
-        targets = ["127.0.0.1", "169.254.169.254", "::1", "0.0.0.0", "localhost"] + host_ip[:1]
         token = self.dst.token
+        # Another container of virt-handler's pod (same network namespace, not virt-handler)
+        # listening on a port the migration never published.
+        other = self.spawn([kvnet.IP, "netns", "exec", self.net.netns["node-b"], sys.executable, "-c",
+                            "import socket,time; s=socket.socket(); s.bind(('0.0.0.0',0)); s.listen(8); "
+                            "print(s.getsockname()[1], flush=True); time.sleep(600)"])
+        sidecar_port = int(other.stdout.readline())
+        targets = [(h, port) for h in ["127.0.0.1", "169.254.169.254", "::1", "0.0.0.0", "localhost"] + host_ip[:1]]
+        targets.append((self.net.ip4["node-b"], sidecar_port))
         try:
-            for i, host in enumerate(targets):
+            for i, (host, dport) in enumerate(targets):
                 session = os.urandom(16).hex()
                 hello = flow_hello(session, os.urandom(16).hex(), "mig-evil-%d" % i)
                 with socket.create_connection(("127.0.0.1", self.dst.data_port), timeout=10) as c:
@@ -337,7 +344,7 @@ class KubevirtRelayTest(unittest.TestCase):
                     send(c, {"type": "auth", "mac": flow_proof(token, "source", hello, ch["nonce"])})
                     self.assertEqual(recv(c)["type"], "welcome", "the token holder is let in")
                     send(c, flow_sign(token, hello, ch["nonce"], 0,
-                                      {"type": "open", "index": 0, "host": host, "port": port}))
+                                      {"type": "open", "index": 0, "host": host, "port": dport}))
                     with socket.create_connection(("127.0.0.1", self.dst.data_port), timeout=10) as d:
                         send(d, {"kind": "flow-data", "protocol": 2, "session": session, "index": 0})
                         try:
@@ -350,9 +357,10 @@ class KubevirtRelayTest(unittest.TestCase):
                 try:
                     conn, peer = local.accept()
                     conn.close()
-                    self.fail("the target agent dialled %s:%d on a peer's behalf (from %s)" % (host, port, peer))
+                    self.fail("the target agent dialled %s:%d on a peer's behalf (from %s)" % (host, dport, peer))
                 except socket.timeout:
                     pass
+            self.assertIn("does not listen on port %d" % sidecar_port, rec["reason"])
             # A destination changed in flight (a relay on the path, no token): the signed open no
             # longer matches and the session fails before anything is dialled.
             session = os.urandom(16).hex()
@@ -448,12 +456,14 @@ class KubevirtRelayTest(unittest.TestCase):
                     c, _ = relay.accept()
                 except socket.timeout:
                     continue
+                except OSError:
+                    return  # closed at the end of the test
                 d = socket.create_connection(("127.0.0.1", self.dst.data_port))
                 threading.Thread(target=pipe, args=(c, d, 0.0), daemon=True).start()
                 threading.Thread(target=pipe, args=(d, c, 0.15), daemon=True).start()
         threading.Thread(target=serve, daemon=True).start()
-        self.addCleanup(stop.set)
         self.addCleanup(relay.close)
+        self.addCleanup(stop.set)  # cleanups run last first: stop, then close
         token = self.src.token
         self.src.stop()
         self.src = self.agent("node-a", token, hook=self.hook_socket,
