@@ -187,8 +187,8 @@ std::set<uint64_t> listening_inodes(pid_t pid, uint16_t port) {
 }
 }  // namespace
 
-bool handler_listens_on(const NetNs& ns, const std::string& comm, uint16_t port) {
-  for (pid_t pid : processes_named(comm)) {
+bool listens_on(const std::vector<pid_t>& pids, const NetNs& ns, uint16_t port) {
+  for (pid_t pid : pids) {
     if (netns_inode(pid) != ns.inode()) continue;
     const auto inodes = listening_inodes(pid, port);
     if (inodes.empty()) continue;

@@ -52,10 +52,10 @@ std::vector<pid_t> processes_with_arg(const std::string& program, const std::str
 // does through /proc/<pid>/root). The result starts with /proc/<pid>/root.
 Result<std::string> path_in_process_root(pid_t pid, const std::string& path);
 
-// True when a process named `comm` in network namespace `ns` holds a TCP socket listening on
-// `port` (its /proc/<pid>/net/tcp{,6} LISTEN entries matched to its own fds): what
-// virt-handler's migration proxy does on each port it publishes for a migration.
-bool handler_listens_on(const NetNs& ns, const std::string& comm, uint16_t port);
+// True when one of `pids` in network namespace `ns` holds a TCP socket listening on `port`
+// (its /proc/<pid>/net/tcp{,6} LISTEN entries matched to its own fds): what virt-handler's
+// migration proxy does on each port it publishes for a migration.
+bool listens_on(const std::vector<pid_t>& pids, const NetNs& ns, uint16_t port);
 
 // True when `ip` is an address of an interface in `ns` (bind() succeeds there).
 bool address_is_local(const NetNs& ns, const std::string& ip);

@@ -1,5 +1,7 @@
 #include "kubevirt/peer_discovery.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <map>
 
@@ -65,13 +67,24 @@ std::vector<KubevirtPeer> peers_from_pods(const json& agent_pods, const json& ha
   return out;
 }
 
+std::set<std::string> handler_pod_uids(const json& handler_pods, const std::string& node) {
+  std::set<std::string> out;
+  for (const auto& pod : items_of(handler_pods)) {
+    if (str_at(pod, "spec", "nodeName") != node || str_at(pod, "status", "phase") != "Running") continue;
+    std::string uid = str_at(pod, "metadata", "uid");
+    std::transform(uid.begin(), uid.end(), uid.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (!uid.empty()) out.insert(uid);
+  }
+  return out;
+}
+
 PeerDiscovery::PeerDiscovery(const AgentConfig& config, std::string self_node, PeerDirectory& peers,
-                             std::unique_ptr<k8s::KubeClient> kube, std::string ns)
-    : config_(config), self_node_(std::move(self_node)), peers_(peers), kube_(std::move(kube)),
+                             HandlerIdentity& handlers, std::unique_ptr<k8s::KubeClient> kube, std::string ns)
+    : config_(config), self_node_(std::move(self_node)), peers_(peers), handlers_(handlers), kube_(std::move(kube)),
       namespace_(std::move(ns)) {}
 
 Result<std::unique_ptr<PeerDiscovery>> PeerDiscovery::start(const AgentConfig& config, const std::string& self_node,
-                                                            PeerDirectory& peers) {
+                                                            PeerDirectory& peers, HandlerIdentity& handlers) {
   const auto& kv = config.kubevirt;
   for (const auto* sel : {&kv.agent_selector, &kv.handler_selector}) {
     auto parsed = k8s::parse_label_selector(*sel, "config key 'kubevirt.agentSelector/handlerSelector'");
@@ -91,7 +104,7 @@ Result<std::unique_ptr<PeerDiscovery>> PeerDiscovery::start(const AgentConfig& c
   opts.user_agent = "rdmig-agent/" + self_node;
   auto kube = k8s::HttpKubeClient::create(cluster.value(), opts);
   if (!kube) return kube.error();
-  std::unique_ptr<PeerDiscovery> d(new PeerDiscovery(config, self_node, peers, std::move(kube.value()), ns));
+  std::unique_ptr<PeerDiscovery> d(new PeerDiscovery(config, self_node, peers, handlers, std::move(kube.value()), ns));
   if (auto st = d->refresh(); !st) {
     LOG_WARN("kubevirt") << "peer discovery: " << st.error().message << " (retrying every "
                          << kv.discovery_interval_seconds << " s)";
@@ -114,14 +127,23 @@ Status PeerDiscovery::refresh() {
   auto agents = kube_->get("/api/v1/namespaces/" + k8s::url_encode(namespace_) +
                            "/pods?labelSelector=" + k8s::url_encode(kv.agent_selector));
   if (!agents) return agents.error().with_context("listing the rdmig agent pods");
+  // The virt-handler pods: this node's are the only processes the agent trusts as virt-handler
+  // (HandlerIdentity); static mode also redirects to the others' addresses.
+  auto h = kube_->get("/api/v1/namespaces/" + k8s::url_encode(kv.handler_namespace) +
+                      "/pods?labelSelector=" + k8s::url_encode(kv.handler_selector));
   json handlers = json::object();
-  if (kv.static_mode) {
-    auto h = kube_->get("/api/v1/namespaces/" + k8s::url_encode(kv.handler_namespace) +
-                        "/pods?labelSelector=" + k8s::url_encode(kv.handler_selector));
-    if (!h) return h.error().with_context("listing the virt-handler pods");
+  if (h) {
     handlers = h.value();
+    handlers_.set_pods(handler_pod_uids(handlers, self_node_));
+  } else if (kv.static_mode) {
+    return h.error().with_context("listing the virt-handler pods");
+  } else {
+    // No pods known: no process is trusted as virt-handler (nothing is carried) until a
+    // listing succeeds; the peers are still kept up to date.
+    LOG_WARN("kubevirt") << "listing the virt-handler pods: " << h.error().message;
   }
-  auto found = peers_from_pods(agents.value(), handlers, config_.data_plane.port, self_node_);
+  auto found = peers_from_pods(agents.value(), kv.static_mode ? handlers : json::object(), config_.data_plane.port,
+                               self_node_);
   LOG_DEBUG("kubevirt") << "peer discovery: " << found.size() << " peer agent(s)";
   return peers_.replace(found);
 }

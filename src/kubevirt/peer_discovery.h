@@ -9,9 +9,11 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "config/agent_config.h"
+#include "kubevirt/handler_identity.h"
 #include "kubevirt/peers.h"
 
 namespace rdmig::k8s {
@@ -24,23 +26,27 @@ namespace rdmig::kubevirt {
 // IP, and this agent's own node are left out.
 std::vector<KubevirtPeer> peers_from_pods(const nlohmann::json& agent_pods, const nlohmann::json& handler_pods,
                                           uint16_t data_port, const std::string& self_node);
+// The UIDs of the running virt-handler pods on `node` (what HandlerIdentity trusts).
+std::set<std::string> handler_pod_uids(const nlohmann::json& handler_pods, const std::string& node);
 
 class PeerDiscovery {
  public:
+  // Keeps `peers` and this node's virt-handler pods in `handlers` up to date.
   static Result<std::unique_ptr<PeerDiscovery>> start(const AgentConfig& config, const std::string& self_node,
-                                                      PeerDirectory& peers);
+                                                      PeerDirectory& peers, HandlerIdentity& handlers);
   ~PeerDiscovery();
   // One listing now (also what the thread does each interval).
   Status refresh();
 
  private:
-  PeerDiscovery(const AgentConfig& config, std::string self_node, PeerDirectory& peers,
+  PeerDiscovery(const AgentConfig& config, std::string self_node, PeerDirectory& peers, HandlerIdentity& handlers,
                 std::unique_ptr<k8s::KubeClient> kube, std::string ns);
   void loop();
 
   const AgentConfig& config_;
   std::string self_node_;
   PeerDirectory& peers_;
+  HandlerIdentity& handlers_;
   std::unique_ptr<k8s::KubeClient> kube_;
   std::string namespace_;
   std::mutex mu_;

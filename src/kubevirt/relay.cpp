@@ -20,7 +20,8 @@ using namespace relay_internal;
 KubevirtRelay::KubevirtRelay(const AgentConfig& config, Metrics& metrics, migration::DataPlaneServer& server,
                              std::shared_ptr<TokenSource> token)
     : config_(config), metrics_(metrics), server_(server),
-      ctx_{config, metrics, server.rdma(), std::move(token)}, kmetrics_(metrics) {
+      ctx_{config, metrics, server.rdma(), std::move(token)}, kmetrics_(metrics),
+      handlers_(config.kubevirt.handler_process, config.kubevirt.discovery == "kubernetes") {
   node_ = config.kubevirt.node_name;
   if (node_.empty()) {
     if (const char* n = std::getenv("NODE_NAME"); n && *n) node_ = n;
@@ -40,7 +41,7 @@ Status KubevirtRelay::start() {
   if (!peers) return peers.error();
   peers_ = peers.value();
   if (config_.kubevirt.discovery == "kubernetes") {
-    auto d = PeerDiscovery::start(config_, node_, peers_);
+    auto d = PeerDiscovery::start(config_, node_, peers_, handlers_);
     if (!d) return d.error();
     discovery_ = std::move(d.value());
   }
@@ -56,7 +57,7 @@ void KubevirtRelay::sweep_leftover_tables() {
   // handler). A killed agent's table would redirect KubeVirt's connections to a listener that
   // is gone until its elements time out: remove it before this agent serves.
   std::set<uint64_t> seen;
-  for (pid_t pid : processes_named(config_.kubevirt.handler_process)) {
+  for (pid_t pid : handlers_.pids()) {
     auto ns = NetNs::of_pid(pid);
     if (!ns || !seen.insert(ns->inode()).second) continue;
     auto removed = NftRules::remove_leftover(ns.value());

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "kubevirt/handler_identity.h"
 #include "kubevirt/intercept.h"
 #include "kubevirt/kubevirt_metrics.h"
 #include "kubevirt/peer_discovery.h"
@@ -73,6 +74,7 @@ class KubevirtRelay {
   Result<transport::rdma::AcceptPlan> resolve_rdma(const std::array<uint8_t, 16>& session, uint32_t index);
   Result<InterceptPoint*> point_for(std::shared_ptr<NetNs> ns);
   std::shared_ptr<NetNs> handler_netns_owning(const std::string& ip);
+  Result<std::shared_ptr<NetNs>> dial_namespace(const net::Endpoint& dst);
   void pass_through(UniqueFd fd, const net::Endpoint& dst, const NetNs& ns);
   PassMark pass_mark() const { return PassMark{config_.kubevirt.socket_mark, config_.kubevirt.socket_mark_mask}; }
   void record_not_carried(FlowRecord record, const std::string& reason);
@@ -92,6 +94,7 @@ class KubevirtRelay {
   KubevirtMetrics kmetrics_;
   std::string node_;
   PeerDirectory peers_;
+  HandlerIdentity handlers_;  // which processes are virt-handler (declared before discovery_)
 
   mutable std::mutex mu_;
   std::map<uint64_t, std::unique_ptr<InterceptPoint>> points_;  // by netns inode

@@ -77,14 +77,20 @@ HookDecision KubevirtRelay::pre_migration_source(const json& vmi, const std::str
       relay->hook_cv_.notify_all();
     }
   } unclaim{this, rec.migration_uid};
-  // The namespace to intercept in: the hook caller's (virt-handler), else the only virt-handler.
+  // The namespace to intercept in: the hook caller's, when it is virt-handler (by name, and by
+  // its pod when the agent knows the virt-handler pods), else the only virt-handler.
   std::shared_ptr<NetNs> ns;
   if (caller_pid > 0) {
+    if (auto why = handlers_.refuse(caller_pid)) {
+      const std::string reason = "the hook caller is not " + config_.kubevirt.handler_process + ": " + *why;
+      record_not_carried(rec, reason);
+      return HookDecision{false, reason};
+    }
     auto n = NetNs::of_pid(caller_pid);
     if (n) ns = std::make_shared<NetNs>(std::move(n.value()));
   }
   if (!ns) {
-    auto pids = processes_named(config_.kubevirt.handler_process);
+    auto pids = handlers_.pids();
     if (pids.size() == 1) {
       auto n = NetNs::of_pid(pids.front());
       if (n) ns = std::make_shared<NetNs>(std::move(n.value()));
@@ -206,7 +212,7 @@ void KubevirtRelay::setup_static_mode() {
   // Our own virt-handler: a handler process whose namespace holds none of the peers' addresses.
   // Run on every refresh, so a restarted virt-handler (a new namespace) is intercepted too.
   const auto peer_addresses = peers_.handler_addresses();
-  for (pid_t pid : processes_named(config_.kubevirt.handler_process)) {
+  for (pid_t pid : handlers_.pids()) {
     const uint64_t inode = netns_inode(pid);
     {
       std::lock_guard lock(mu_);

@@ -30,7 +30,7 @@ void KubevirtRelay::on_flow_hello(UniqueFd fd, const json& raw) {
     if (targets_.contains(hello->session)) return reject("already_exists", "session exists");
   }
   auto session = TargetSession::accept(
-      ctx_, std::move(fd), hello.value(), [this](const std::string& ip) { return handler_netns_owning(ip); },
+      ctx_, std::move(fd), hello.value(), [this](const net::Endpoint& dst) { return dial_namespace(dst); },
       [this](const VmiRef& vmi) { return read_completed_job(config_.kubevirt, vmi, 10s); });
   if (!session) {
     LOG_WARN("kubevirt") << "refused a session from a peer agent: " << session.error().message;
@@ -82,6 +82,21 @@ Result<transport::rdma::AcceptPlan> KubevirtRelay::resolve_rdma(const std::array
   return plan;
 }
 
+Result<std::shared_ptr<NetNs>> KubevirtRelay::dial_namespace(const net::Endpoint& dst) {
+  auto ns = handler_netns_owning(dst.host);
+  if (!ns) {
+    return Error{Errc::kPermissionDenied,
+                 "no " + config_.kubevirt.handler_process + " on this node owns " + dst.host};
+  }
+  // Only a port virt-handler itself listens on there: its migration proxy's published ports
+  // (not a port of another container in the pod, nor a sidecar's).
+  if (!listens_on(handlers_.pids(), *ns, dst.port)) {
+    return Error{Errc::kPermissionDenied, config_.kubevirt.handler_process + " does not listen on port " +
+                                              std::to_string(dst.port) + " in " + ns->describe()};
+  }
+  return ns;
+}
+
 std::shared_ptr<NetNs> KubevirtRelay::handler_netns_owning(const std::string& ip) {
   {
     std::lock_guard lock(mu_);
@@ -90,7 +105,7 @@ std::shared_ptr<NetNs> KubevirtRelay::handler_netns_owning(const std::string& ip
       handler_ns_cache_.erase(it);  // that virt-handler is gone
     }
   }
-  for (pid_t pid : processes_named(config_.kubevirt.handler_process)) {
+  for (pid_t pid : handlers_.pids()) {
     auto n = NetNs::of_pid(pid);
     if (!n) continue;
     auto ns = std::make_shared<NetNs>(std::move(n.value()));

@@ -75,9 +75,9 @@ class SourceSession final : public FlowSession {
   uint32_t next_index_ = 0;  // the interception thread only
 };
 
-// Finds the network namespace that owns `ip` (the target virt-handler's); null: none does,
-// and nothing is dialled.
-using NetnsLocator = std::function<std::shared_ptr<NetNs>(const std::string& ip)>;
+// Where a destination may be dialled from: the network namespace of the virt-handler that owns
+// its address and listens on its port; an error (nothing is dialled) otherwise.
+using NetnsLocator = std::function<Result<std::shared_ptr<NetNs>>(const net::Endpoint& destination)>;
 // Reads libvirt's completed-job figures of the migrated VMI on this node.
 using StatsReader = std::function<Result<LibvirtJobStats>(const VmiRef& vmi)>;
 

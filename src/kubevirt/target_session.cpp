@@ -216,21 +216,13 @@ Result<UniqueFd> TargetSession::dial_in_order(uint32_t index) {
     if (stopping_) return Error{Errc::kCancelled, "session stopped"};
     dst = *destinations_[index];
   }
-  // Only from inside the virt-handler's network namespace that owns the address, never from
-  // the agent's own (the node's host network): a peer or a token holder must not get a
-  // connection to the node's own services, its metadata address or past NetworkPolicy.
-  auto ns = locate_(dst.host);
-  if (!ns) {
-    return Error{Errc::kPermissionDenied, "no " + ctx_.config.kubevirt.handler_process + " on this node owns " +
-                                              dst.host + ": refusing to dial " + dst.to_string()};
-  }
-  // Only a port virt-handler itself listens on there: its migration proxy's published ports
-  // (not a port of another container in the pod, nor a sidecar's).
-  if (!handler_listens_on(*ns, ctx_.config.kubevirt.handler_process, dst.port)) {
-    return Error{Errc::kPermissionDenied, ctx_.config.kubevirt.handler_process + " does not listen on port " +
-                                              std::to_string(dst.port) + " in " + ns->describe() +
-                                              ": refusing to dial " + dst.to_string()};
-  }
+  // Only from inside the virt-handler's network namespace that owns the address and only to a
+  // port virt-handler listens on there, never from the agent's own (the node's host network):
+  // a peer or a token holder must not get a connection to the node's own services, its
+  // metadata address, another container of the pod, or past NetworkPolicy.
+  auto located = locate_(dst);
+  if (!located) return located.error().with_context("refusing to dial " + dst.to_string());
+  const std::shared_ptr<NetNs> ns = located.value();
   const PassMark mark{ctx_.config.kubevirt.socket_mark, ctx_.config.kubevirt.socket_mark_mask};
   auto fd = ns->make_socket([&]() -> Result<UniqueFd> {
     return net::tcp_connect(dst, 10s, [mark](int s) { return set_pass_mark(s, mark); });

@@ -394,10 +394,16 @@ class ChartTest(unittest.TestCase):
         self.assertEqual(agent_cfg["kubevirt"], {"enabled": True, "hookSocket": "/var/run/rdmig-test/hooks/agent.sock",
                                                  "sessionIdleSeconds": 3, "discovery": "kubernetes",
                                                  "handlerNamespace": "kubevirt"})
-        # Peers come from the API: the agent may list pods of its namespace, nothing else.
+        # Peers come from the API: the agent may list pods of its namespace and of KubeVirt's (which
+        # processes are virt-handler: those in this node's virt-handler pods), nothing else.
         self.assertTrue(ds_spec["automountServiceAccountToken"])
         role = [d for d in t if d["kind"] == "Role" and d["metadata"]["name"].endswith("-agent-peers")]
         self.assertEqual([r["rules"] for r in role], [[{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]])
+        handlers = [d for d in t if d["kind"] == "Role" and d["metadata"]["name"].endswith("-agent-handlers")]
+        self.assertEqual([(r["metadata"]["namespace"], r["rules"]) for r in handlers],
+                         [("kubevirt", [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}])])
+        self.assertEqual(len([d for d in t if d["kind"] == "RoleBinding"
+                              and d["metadata"]["name"].endswith("-agent-handlers")]), 1)
 
     def test_token_value_rdma_count_and_dashboard_namespace(self):
         docs = render("--set", "token.value=0123456789abcdef0123", "--set", "agent.rdma.resourceName=rdma/hca",

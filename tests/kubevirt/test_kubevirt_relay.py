@@ -22,6 +22,9 @@ from rdmiglab import kvnet  # noqa: E402
 from rdmiglab.agent import parse_prometheus  # noqa: E402
 
 STREAMS = os.path.join(HERE, "kv_streams.py")
+# Prefix of a `python3 -c` hook caller: it names itself as virt-handler does (comm), since the
+# agent takes hook calls only from virt-handler.
+AS_HANDLER = "import ctypes; ctypes.CDLL(None).prctl(15, b'virt-handler', 0, 0, 0); "
 # tcp here; rdma in the Soft-RoCE VM (tests/rdma/kubevirt-tests.sh), over its rxe device.
 TRANSPORT = os.environ.get("RDMIG_KV_TRANSPORT", "tcp")
 
@@ -43,6 +46,25 @@ def vmi_json(uid, mig_uid, target_addr, port, source="node-a", target="node-b", 
             "targetDirectMigrationNodePorts": {str(port): 49152, "1": 0},
             "migrationConfiguration": {"allowPostCopy": post_copy}}},
     }
+
+
+def cgroup2_root():
+    """Where the unified (v2) cgroup hierarchy is mounted (pure v2 or hybrid)."""
+    with open("/proc/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if parts[2] == "cgroup2":
+                return parts[1]
+    raise unittest.SkipTest("no cgroup2 mount")
+
+
+def in_pod(uid, argv):
+    """argv run inside a cgroup named as the kubelet names a pod's (systemd driver), so that
+    /proc/<pid>/cgroup says it runs in pod `uid`, as a container of that pod would."""
+    d = os.path.join(cgroup2_root(), "kubepods.slice", "kubepods-besteffort.slice",
+                     "kubepods-besteffort-pod%s.slice" % uid.replace("-", "_"), "cri-containerd-test.scope")
+    os.makedirs(d, exist_ok=True)
+    return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', d] + argv
 
 
 def canonical(obj):
@@ -107,6 +129,18 @@ class KubevirtRelayTest(unittest.TestCase):
             if p.poll() is None:
                 p.kill()
             p.wait()
+        # in_pod()'s cgroups, deepest first (empty once their processes are gone)
+        top = None
+        try:
+            top = os.path.join(cgroup2_root(), "kubepods.slice")
+        except unittest.SkipTest:
+            pass
+        if top and os.path.isdir(top):
+            for dirpath, _, _ in sorted(os.walk(top), key=lambda w: -w[0].count("/")):
+                try:
+                    os.rmdir(dirpath)
+                except OSError:
+                    pass
         for a in self.agents:
             a.stop()
         if any(e for t, e in self._outcome.result.errors + self._outcome.result.failures if t is self) \
@@ -473,7 +507,7 @@ class KubevirtRelayTest(unittest.TestCase):
         path = os.path.join(self.tmp, "vmi-%s.json" % self._testMethodName)
         with open(path, "w") as f:
             json.dump(vmi, f)
-        code = ("import sys,json,threading; sys.path.insert(0,%r); from rdmiglab import kvhook; "
+        code = (AS_HANDLER + "import sys,json,threading; sys.path.insert(0,%r); from rdmiglab import kvhook; "
                 "data=open(%r).read(); out=[None]*6\n"
                 "def call(i): out[i]=kvhook.call_node_hook(%r,'PreMigrationSource',data,'node-a',timeout=10)\n"
                 "ts=[threading.Thread(target=call,args=(i,)) for i in range(6)]\n"
@@ -497,7 +531,7 @@ class KubevirtRelayTest(unittest.TestCase):
         # Arm, but do not dial yet: the element is in place.
         from rdmiglab import kvhook
         p = subprocess.run([kvnet.IP, "netns", "exec", self.net.netns["node-a"], sys.executable, "-c",
-                            "import sys,json; sys.path.insert(0,%r); from rdmiglab import kvhook; "
+                            AS_HANDLER + "import sys,json; sys.path.insert(0,%r); from rdmiglab import kvhook; "
                             "print(json.dumps(kvhook.call_node_hook(%r,'PreMigrationSource',%r,'node-a')))"
                             % (os.path.join(HERE, "..", "..", "tools"), self.hook_socket, json.dumps(vmi))],
                            capture_output=True, text=True, timeout=30)
@@ -597,7 +631,11 @@ class KubevirtRelayTest(unittest.TestCase):
         self.assertEqual((rec["transport"], rec["transportReason"]), ("tcp", "auto-no-peer-rdma"))
 
     @unittest.skipIf(TRANSPORT == "rdma", "discovery does not depend on the transport (the VM lacks the API double)")
-    def test_peers_discovered_from_the_kubernetes_api(self):
+    def test_peers_and_virt_handler_pods_from_the_kubernetes_api(self):
+        # With discovery from the API the agents know this node's virt-handler pods: a process
+        # is virt-handler only when its cgroup puts it in one of them. Any pod can name a
+        # process virt-handler; before, such a process's hook call armed a redirect in its own
+        # namespace, and a target agent dialled whatever such a process listened on.
         sys.path.insert(0, os.path.join(HERE, "..", "k8s"))
         from apiserver_double import ApiServerDouble
         import socket
@@ -616,27 +654,75 @@ class KubevirtRelayTest(unittest.TestCase):
                     "spec": {"nodeName": node, "hostNetwork": True},
                     "status": {"phase": "Running", "hostIP": ip, "podIP": ip}})
                 self.assertEqual(code, 201, body)
+            handler_uid = {}
+            for node in ("node-a", "node-b"):
+                code, body = api.store.create("pods", "kubevirt", {
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": "virt-handler-" + node, "namespace": "kubevirt",
+                                 "labels": {"kubevirt.io": "virt-handler"}},
+                    "spec": {"nodeName": node},
+                    "status": {"phase": "Running", "podIP": self.net.ip4[node]}})
+                self.assertEqual(code, 201, body)
+                handler_uid[node] = body["metadata"]["uid"]
             token = self.src.token
+            kc = api.write_kubeconfig(os.path.join(self.tmp, "kc.json"))
             self.src = self.agent("node-a", token, peers=[], hook=self.hook_socket, extra={
-                "discovery": "kubernetes", "kubeconfig": api.write_kubeconfig(os.path.join(self.tmp, "kc.json")),
-                "agentNamespace": "rdmig-system"}, data_plane={"address": "127.0.0.1", "port": port})
-            self.dst = self.agent("node-b", token, peers=[], data_plane={"address": "127.0.0.2", "port": port})
-            mig = "mig-discovered"
-            res = self.dial(2, 1 << 20, vmi=vmi_json("vmi-uid-d", mig, self.net.ip4["node-b"], self.sink_port))
-            self.assertTrue(all(c["ok"] for c in res["connections"]), res)
-            rec = wait_for(lambda: [r for r in self.records(self.src, migrationUid=mig) if r["phase"] == "Succeeded"],
-                           20, "the carried migration")[0]
+                "discovery": "kubernetes", "kubeconfig": kc, "agentNamespace": "rdmig-system"},
+                data_plane={"address": "127.0.0.1", "port": port})
+            self.dst = self.agent("node-b", token, peers=[], extra={
+                "discovery": "kubernetes", "kubeconfig": kc, "agentNamespace": "rdmig-system"},
+                data_plane={"address": "127.0.0.2", "port": port})
+            # The real target proxy runs in node-b's virt-handler pod; setUp's sink (named
+            # virt-handler, in the same network namespace) is in no pod.
+            ready = os.path.join(self.tmp, "sink-pod-%s.json" % self._testMethodName)
+            self.spawn(in_pod(handler_uid["node-b"], [kvnet.IP, "netns", "exec", self.net.netns["node-b"],
+                                                      sys.executable, STREAMS, "sink", "--ready", ready,
+                                                      "--log", self.sink_log + ".pod"]))
+            pod_sink = wait_for(lambda: os.path.exists(ready) and read_json(ready)["port"], 10, "the pod's sink")
+
+            def dial_as(pod, mig, sink_port, expect_ok=True):
+                vmi = vmi_json("vmi-uid-d", mig, self.net.ip4["node-b"], sink_port)
+                path = os.path.join(self.tmp, "vmi-%s.json" % mig)
+                with open(path, "w") as f:
+                    json.dump(vmi, f)
+                argv = [kvnet.IP, "netns", "exec", self.net.netns["node-a"], sys.executable, STREAMS, "dial",
+                        "--dest", "%s:%d" % (self.net.ip4["node-b"], sink_port), "--count", "2",
+                        "--bytes", str(1 << 20), "--hook-socket", self.hook_socket, "--vmi", path]
+                p = self.spawn(in_pod(pod, argv) if pod else argv)
+                out, err = p.communicate(timeout=120)
+                self.assertEqual(p.returncode, 0, err)
+                res = json.loads(out)
+                self.assertEqual(all(c["ok"] for c in res["connections"]), expect_ok, res)
+                return wait_for(lambda: [r for r in self.records(self.src, migrationUid=mig)
+                                         if r["phase"] not in ("Armed", "Carrying")], 20, "the record of " + mig)[0]
+
+            # A process that only calls itself virt-handler, outside any pod or in another pod.
+            for pod, mig, why in ((None, "mig-nopod", "runs in no pod"),
+                                  ("0badc0de-0000-4000-8000-000000000001", "mig-otherpod",
+                                   "not one of this node's virt-handler pods")):
+                rec = dial_as(pod, mig, pod_sink)
+                self.assertFalse(rec["carried"], rec)
+                self.assertIn("the hook caller is not virt-handler", rec["reason"])
+                self.assertIn(why, rec["reason"])
+            self.assertNotIn("table inet rdmig", self.nft("node-a"), "nothing armed for them")
+            # virt-handler in its pod: carried, to the proxy in node-b's virt-handler pod.
+            rec = dial_as(handler_uid["node-a"], "mig-discovered", pod_sink)
             self.assertTrue(rec["carried"], rec)
+            self.assertEqual(rec["phase"], "Succeeded", rec)
             self.assertEqual(rec["peer"], "127.0.0.2:%d" % port)
             self.assertTrue(any(m == "GET" and "/api/v1/namespaces/rdmig-system/pods?labelSelector=" in p
                                 for m, p, _, _ in api.requests), api.requests)
+            # A listener of the impostor in node-b's namespace is never dialled for a peer.
+            rec = dial_as(handler_uid["node-a"], "mig-impostor", self.sink_port, expect_ok=False)
+            self.assertEqual(rec["phase"], "Failed", rec)
+            self.assertIn("does not listen on port %d" % self.sink_port, rec["reason"])
         finally:
             api.stop()
 
     # ---- hostile and broken clients ----
 
     def call_hook(self, vmi_bytes, timeout=5):
-        code = ("import sys,json; sys.path.insert(0,%r); from rdmiglab import kvhook; "
+        code = (AS_HANDLER + "import sys,json; sys.path.insert(0,%r); from rdmiglab import kvhook; "
                 "data=open(%r,'rb').read(); "
                 "print(json.dumps(kvhook.call_node_hook(%r,'PreMigrationSource',data,'node-a',timeout=%r)))")
         path = os.path.join(self.tmp, "hostile-vmi.bin")

@@ -12,6 +12,7 @@
 #include "config/agent_config.h"
 #include "common/net.h"
 #include "kubevirt/flow_protocol.h"
+#include "kubevirt/handler_identity.h"
 #include "kubevirt/libvirt_stats.h"
 #include "kubevirt/peer_discovery.h"
 #include "kubevirt/vmi.h"
@@ -281,4 +282,37 @@ TEST(ProbePort, HealthzFailsWhenAWorkLoopStalledSoTheKubeletRestartsTheAgent) {
   EXPECT_NE(stalled.find("stalled"), std::string::npos);
   // Readiness is its own answer.
   EXPECT_EQ(api::probe_response("GET /readyz HTTP/1.1\r\n\r\n", true, false).rfind("HTTP/1.1 200 ", 0), 0u);
+}
+
+TEST(KubevirtHandlerIdentity, PodUidFromCgroupsOfBothKubeletDrivers) {
+  // systemd driver (cgroup v2), cgroupfs driver (v1 lines), and nothing.
+  EXPECT_EQ(pod_uid_in_cgroup("0::/kubepods.slice/kubepods-burstable.slice/"
+                              "kubepods-burstable-pod3F2504E0_4F89_11D3_9A0C_0305E82C3301.slice/cri-containerd-ab.scope\n"),
+            "3f2504e0-4f89-11d3-9a0c-0305e82c3301");
+  EXPECT_EQ(pod_uid_in_cgroup("12:pids:/kubepods/besteffort/pod3f2504e0-4f89-11d3-9a0c-0305e82c3301/0123abc\n"
+                              "0::/\n"),
+            "3f2504e0-4f89-11d3-9a0c-0305e82c3301");
+  EXPECT_EQ(pod_uid_in_cgroup("0::/user.slice/user-0.slice/session-1.scope\n"), "");
+  EXPECT_EQ(pod_uid_in_cgroup("0::/podman/pod-notauid\n"), "");
+}
+
+TEST(KubevirtHandlerIdentity, TrustsOnlyRunningHandlerPodsOfThisNode) {
+  const json pods{{"items",
+                   {{{"metadata", {{"uid", "AAAA0000-0000-4000-8000-000000000001"}}},
+                     {"spec", {{"nodeName", "a"}}},
+                     {"status", {{"phase", "Running"}}}},
+                    {{"metadata", {{"uid", "bbbb0000-0000-4000-8000-000000000002"}}},
+                     {"spec", {{"nodeName", "b"}}},
+                     {"status", {{"phase", "Running"}}}},
+                    {{"metadata", {{"uid", "cccc0000-0000-4000-8000-000000000003"}}},
+                     {"spec", {{"nodeName", "a"}}},
+                     {"status", {{"phase", "Pending"}}}}}}};
+  EXPECT_EQ(handler_pod_uids(pods, "a"), std::set<std::string>{"aaaa0000-0000-4000-8000-000000000001"});
+  EXPECT_TRUE(handler_pod_uids(json::object(), "a").empty());
+  // By pod: before the first listing nobody is virt-handler, whatever its name.
+  HandlerIdentity by_pod("virt-handler", true);
+  EXPECT_TRUE(by_pod.by_pod());
+  EXPECT_TRUE(by_pod.refuse(::getpid()).has_value());
+  HandlerIdentity by_name("rdmig-unit-tes", false);
+  EXPECT_FALSE(by_name.by_pod());
 }

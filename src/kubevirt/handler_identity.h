@@ -1,0 +1,47 @@
+// Which processes on this node are KubeVirt's virt-handler. A process name alone proves
+// nothing (any pod can call itself virt-handler), and the agent enters that process's network
+// namespace, installs rules there and dials from it. With peer discovery from the Kubernetes
+// API the agent knows this node's virt-handler pods (namespace kubevirt.handlerNamespace,
+// selector kubevirt.handlerSelector, spec.nodeName = this node): a process then counts only
+// when its name matches and its cgroup places it in one of those pods (the pod UID in
+// /proc/<pid>/cgroup, as the kubelet names pod cgroups with the cgroupfs or systemd driver).
+// Without the API (discovery static) the name is all there is; docs/security.md says so.
+#pragma once
+
+#include <sys/types.h>
+
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace rdmig::kubevirt {
+
+// The pod UID in a /proc/<pid>/cgroup text ("...pod<uid>..." with dashes, or with
+// underscores under the systemd driver), lower case with dashes; empty when none.
+std::string pod_uid_in_cgroup(const std::string& cgroup_text);
+std::string pod_uid_of(pid_t pid);
+
+class HandlerIdentity {
+ public:
+  // `by_pod`: trust a process only inside a known virt-handler pod (none known until set_pods).
+  HandlerIdentity(std::string comm, bool by_pod) : comm_(std::move(comm)) {
+    if (by_pod) pods_.emplace();
+  }
+  // This node's virt-handler pod UIDs, from the API.
+  void set_pods(std::set<std::string> uids);
+  bool by_pod() const;
+  // The virt-handler processes on this node (by name, and by pod when by_pod()).
+  std::vector<pid_t> pids() const;
+  // Why `pid` is not virt-handler, or nullopt when it is.
+  std::optional<std::string> refuse(pid_t pid) const;
+  const std::string& comm() const { return comm_; }
+
+ private:
+  const std::string comm_;
+  mutable std::mutex mu_;
+  std::optional<std::set<std::string>> pods_;
+};
+
+}  // namespace rdmig::kubevirt
