@@ -10,6 +10,13 @@
 
 namespace rdmig::migration {
 
+Error qmp_check_failed(const std::string& socket, const std::string& what, const Error& e) {
+  if (e.code == Errc::kTimeout) {
+    return Error{Errc::kTimeout, "qmpSocket: QEMU at '" + socket + "' did not answer " + what + ": " + e.message};
+  }
+  return Error{Errc::kFailedPrecondition, "qmpSocket: cannot talk to QEMU at '" + socket + "' (" + what + "): " + e.message};
+}
+
 Job::Job(MigrationSpec spec, JobContext ctx)
     : spec_(std::move(spec)), ctx_(ctx), created_(std::chrono::steady_clock::now()) {
   status_.id = spec_.id;

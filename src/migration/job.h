@@ -31,6 +31,12 @@ namespace rdmig::migration {
 // session: refusals do not tell a client which migration ids exist.
 inline constexpr const char* kHelloRefused = "unknown migration, or its token does not match";
 inline constexpr std::chrono::seconds kQmpTimeout{10};        // one QMP command
+
+// What a create answers when the VM's QEMU (the QMP socket's peer) misbehaves while it is
+// checked: a QEMU that does not answer in time is a gateway timeout (kTimeout, HTTP 504), one
+// that hangs up, speaks no QMP or answers nonsense cannot be migrated (kFailedPrecondition,
+// 409). Never 500 (the agent's own fault) nor 503 (the agent shutting down).
+Error qmp_check_failed(const std::string& socket, const std::string& what, const Error& e);
 inline constexpr std::chrono::seconds kHandshakeTimeout{30};  // one step of the agents' handshake
 
 // What a job needs from the agent around it.

@@ -22,27 +22,26 @@ constexpr uint64_t kUnlimitedBandwidth = uint64_t{1} << 40;  // 1 TiB/s: QEMU ha
 Result<std::string> run_state(qemu::QmpClient& qmp) {
   auto st = qmp.execute("query-status", {}, kQmpTimeout);
   if (!st) return st.error();
-  if (!st->is_object() || !st->contains("status")) return Error{Errc::kProtocol, "query-status: no status"};
+  if (!st->is_object() || !st->contains("status") || !(*st)["status"].is_string()) {
+    return Error{Errc::kProtocol, "query-status: no status"};
+  }
   return (*st)["status"].get<std::string>();
 }
 }  // namespace
 
 Result<std::unique_ptr<SourceJob>> SourceJob::create(MigrationSpec spec, JobContext ctx) {
   auto qmp = qemu::QmpClient::connect(spec.qmp_socket, 5s);
-  if (!qmp) {
-    return Error{Errc::kFailedPrecondition,
-                 "qmpSocket: cannot talk to QEMU at '" + spec.qmp_socket + "': " + qmp.error().message};
-  }
+  if (!qmp) return qmp_check_failed(spec.qmp_socket, "its greeting", qmp.error());
   auto state = run_state(*qmp.value());
-  if (!state) return state.error().with_context("qmpSocket: query-status");
+  if (!state) return qmp_check_failed(spec.qmp_socket, "query-status", state.error());
   if (state.value() != "running" && state.value() != "paused") {
     return Error{Errc::kFailedPrecondition, "qmpSocket: QEMU at '" + spec.qmp_socket + "' is '" +
                                                 state.value() + "', not running or paused: nothing to migrate"};
   }
   auto mig = qmp.value()->execute("query-migrate", {}, kQmpTimeout);
-  if (!mig) return mig.error().with_context("qmpSocket: query-migrate");
+  if (!mig) return qmp_check_failed(spec.qmp_socket, "query-migrate", mig.error());
   auto info = qemu::parse_migration_info(mig.value());
-  if (!info) return info.error();
+  if (!info) return qmp_check_failed(spec.qmp_socket, "query-migrate", info.error());
   if (info->status != "none" && !qemu::migration_status_terminal(info->status)) {
     return Error{Errc::kFailedPrecondition,
                  "qmpSocket: QEMU already has a migration in state '" + info->status + "'"};

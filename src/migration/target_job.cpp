@@ -20,22 +20,20 @@ void reject(int fd, const std::string& code, const std::string& message) {
 
 Result<std::unique_ptr<TargetJob>> TargetJob::create(MigrationSpec spec, JobContext ctx) {
   auto qmp = qemu::QmpClient::connect(spec.qmp_socket, 5s);
-  if (!qmp) {
-    return Error{Errc::kFailedPrecondition,
-                 "qmpSocket: cannot talk to QEMU at '" + spec.qmp_socket + "': " + qmp.error().message};
-  }
+  if (!qmp) return qmp_check_failed(spec.qmp_socket, "its greeting", qmp.error());
   auto st = qmp.value()->execute("query-status", {}, kQmpTimeout);
-  if (!st) return st.error().with_context("qmpSocket: query-status");
-  const std::string state = st->value("status", std::string("?"));
+  if (!st) return qmp_check_failed(spec.qmp_socket, "query-status", st.error());
+  const auto status = st->is_object() ? st->find("status") : st->end();
+  const std::string state = status != st->end() && status->is_string() ? status->get<std::string>() : "?";
   if (state != "inmigrate") {
     return Error{Errc::kFailedPrecondition,
                  "qmpSocket: QEMU at '" + spec.qmp_socket + "' is '" + state +
                      "', not waiting for an incoming migration (start it with -incoming defer)"};
   }
   auto mig = qmp.value()->execute("query-migrate", {}, kQmpTimeout);
-  if (!mig) return mig.error().with_context("qmpSocket: query-migrate");
+  if (!mig) return qmp_check_failed(spec.qmp_socket, "query-migrate", mig.error());
   auto info = qemu::parse_migration_info(mig.value());
-  if (!info) return info.error();
+  if (!info) return qmp_check_failed(spec.qmp_socket, "query-migrate", info.error());
   if (info->status != "none") {
     return Error{Errc::kFailedPrecondition, "qmpSocket: QEMU at '" + spec.qmp_socket +
                                                 "' has already started an incoming migration (" + info->status + ")"};

@@ -804,6 +804,73 @@ class HostileHttpTest(unittest.TestCase):
 
     # ---- admission ----
 
+    def test_a_misbehaving_qmp_peer_at_create_gets_409_or_504_naming_qemu(self):
+        # The QMP socket's peer is the VM's QEMU, not the agent: a QEMU that hangs up, says
+        # garbage or answers nonsense cannot be migrated (409), one that says nothing is a gateway
+        # timeout (504), never 500 (the agent's own fault) nor 503 (documented as "shutting
+        # down"; before, a source whose QEMU answered query-status without a status got 500).
+        class Peer:
+            def __init__(self, path, behaviour):
+                self.path, self.behaviour = path, behaviour
+                self.srv = socket.socket(socket.AF_UNIX)
+                self.srv.bind(path)
+                self.srv.listen(8)
+                self.held = []
+                threading.Thread(target=self.serve, daemon=True).start()
+
+            def serve(self):
+                while True:
+                    try:
+                        c, _ = self.srv.accept()
+                    except OSError:
+                        return
+                    try:
+                        if self.behaviour == "silent":
+                            self.held.append(c)
+                            continue
+                        if self.behaviour == "garbage":
+                            c.sendall(b"\x00\xffnot QMP at all\n")
+                        elif self.behaviour in ("bad-status", "status-not-text", "silent-after-greeting"):
+                            c.sendall(b'{"QMP": {"version": {}, "capabilities": []}}\n')
+                            f = c.makefile("rb")
+                            for line in f:
+                                cmd = json.loads(line)
+                                if cmd.get("execute") == "query-status":
+                                    if self.behaviour == "silent-after-greeting":
+                                        self.held.append(c)
+                                        break
+                                    ret = {"weird": 1} if self.behaviour == "bad-status" else {"status": 7}
+                                else:
+                                    ret = {}
+                                c.sendall(json.dumps({"return": ret, "id": cmd.get("id")}).encode() + b"\n")
+                            if c in self.held:
+                                continue
+                        c.close()
+                    except (OSError, ValueError):
+                        c.close()
+
+            def close(self):
+                self.srv.close()
+                for c in self.held:
+                    c.close()
+
+        seen = {}
+        for behaviour, want in (("closing", 409), ("garbage", 409), ("bad-status", 409), ("status-not-text", 409),
+                                ("silent", 504), ("silent-after-greeting", 504)):
+            for role in ("target", "source"):
+                peer = Peer(os.path.join(self.tmp, "%s-%s.qmp" % (behaviour, role)), behaviour)
+                try:
+                    body = {"role": role, "qmpSocket": peer.path}
+                    if role == "source":
+                        body["target"] = {"endpoint": "127.0.0.1:9", "migrationId": "m-x", "token": "t" * 32}
+                    status, parsed = self.agent.request("POST", "/v1/migrations", body, timeout=60)
+                    seen[(behaviour, role)] = (status, parsed)
+                    self.assertNotIn(status, (500, 503), "%s QEMU, %s: %s" % (behaviour, role, parsed))
+                    msg = self.assertError(status, parsed, want)
+                    self.assertTrue("QMP" in msg or "QEMU" in msg, msg)
+                finally:
+                    peer.close()
+
     def test_buffer_budget_refuses_what_can_never_fit_with_422_naming_the_figures(self):
         body = {"role": "target", "qmpSocket": "/tmp/none.sock", "chunkSize": "64Mi", "ringDepth": 16}
         status, parsed = self.agent.request("POST", "/v1/migrations", body)
