@@ -88,7 +88,7 @@ Result<MigrationSpec> parse_create_request(const json& body, const AgentConfig& 
     allowed.insert({"target", "maxDowntimeMs", "maxBandwidthBytesPerSecond", "completionTimeoutSeconds",
                     "noProgressTimeoutSeconds"});
   } else {
-    allowed.insert("completionTimeoutSeconds");
+    allowed.insert({"completionTimeoutSeconds", "noProgressTimeoutSeconds"});
   }
   if (auto st = check_fields(body, "", allowed); !st) {
     // Say why a known field of the other role is refused.
@@ -144,7 +144,10 @@ Result<MigrationSpec> parse_create_request(const json& body, const AgentConfig& 
                        10, 7 * 86400);
   if (!ct) return ct.error();
   spec.completion_timeout_seconds = static_cast<uint32_t>(ct.value());
-  spec.no_progress_timeout_seconds = defaults.migration.no_progress_timeout_seconds;
+  // Both sides: the source watches QEMU's progress, the target the bytes from the source agent.
+  auto np = uint_field(body, "", "noProgressTimeoutSeconds", defaults.migration.no_progress_timeout_seconds, 5, 86400);
+  if (!np) return np.error();
+  spec.no_progress_timeout_seconds = static_cast<uint32_t>(np.value());
 
   if (spec.role == Role::kSource) {
     auto it = body.find("target");
@@ -172,10 +175,6 @@ Result<MigrationSpec> parse_create_request(const json& body, const AgentConfig& 
     auto bw = uint_field(body, "", "maxBandwidthBytesPerSecond", 0, 0, uint64_t{1} << 50);
     if (!bw) return bw.error();
     spec.max_bandwidth_bytes_per_second = bw.value();
-    auto np = uint_field(body, "", "noProgressTimeoutSeconds", defaults.migration.no_progress_timeout_seconds,
-                         5, 86400);
-    if (!np) return np.error();
-    spec.no_progress_timeout_seconds = static_cast<uint32_t>(np.value());
   }
   return spec;
 }

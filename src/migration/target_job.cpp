@@ -248,6 +248,12 @@ Result<UniqueFd> TargetJob::open_qemu_connection(uint32_t index) {
 Status TargetJob::monitor() {
   const auto interval = std::chrono::milliseconds(ctx_.config.migration.progress_interval_ms);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(spec_.completion_timeout_seconds);
+  // A source agent that stops moving bytes (frozen: SIGSTOP, a stuck node; or its path
+  // stalled) is noticed here too, not only after completionTimeoutSeconds. Failing ends the
+  // incoming side; the source, when it runs again, learns the verdict and keeps its VM.
+  const auto no_progress = std::chrono::seconds(spec_.no_progress_timeout_seconds);
+  uint64_t last_bytes = 0;
+  auto last_progress = std::chrono::steady_clock::now();
   for (;;) {
     if (cancel_requested()) return Error{Errc::kCancelled, cancel_reason()};
     auto raw = qmp_->execute("query-migrate", {}, kQmpTimeout);
@@ -266,8 +272,17 @@ Status TargetJob::monitor() {
       s.progress.qemu_status = info->status;
       s.progress.transferred_bytes = s.progress.data_bytes_received;
     });
-    gauges_.transferred->Set(static_cast<double>(status().progress.data_bytes_received));
+    const uint64_t received = status().progress.data_bytes_received;
+    gauges_.transferred->Set(static_cast<double>(received));
     if (info->status == "completed") return ok_status();
+    if (received != last_bytes) {
+      last_bytes = received;
+      last_progress = std::chrono::steady_clock::now();
+    } else if (no_progress.count() > 0 && std::chrono::steady_clock::now() - last_progress > no_progress) {
+      return Error{Errc::kTimeout, "no bytes from the source agent for " +
+                                       std::to_string(spec_.no_progress_timeout_seconds) +
+                                       " s (noProgressTimeoutSeconds): it is frozen or its path stalled"};
+    }
     if (info->status == "failed") {
       return Error{Errc::kQemu, "target QEMU: incoming migration failed: " +
                                     (info->error_desc.empty() ? std::string("no reason given") : info->error_desc)};

@@ -134,6 +134,27 @@ class AgentFaultsTest(unittest.TestCase):
         self.assert_runs_in_one_place(src, dst, "source")
         self.assert_serving(self.src_agent, self.dst_agent)
 
+    def test_source_agent_frozen_target_fails_on_no_progress_and_the_vm_stays_on_the_source(self):
+        # The target has a no-progress deadline of its own: a frozen source agent no longer holds
+        # the target QEMU and a slot until completionTimeoutSeconds (before: Migrating for 10 min).
+        src, dst, target, source = self.migrating(target_options={"noProgressTimeoutSeconds": 8})
+        before = src.last_counter()
+        self.freeze(self.src_agent.proc.pid)
+        t0 = time.monotonic()
+        t = self.dst_agent.wait(target["id"], timeout=120)
+        took = time.monotonic() - t0
+        self.report("source agent SIGSTOP (%.1f s)" % took, t=t)
+        self.assertEqual(t["phase"], "Failed", t)
+        self.assertIn("noProgressTimeoutSeconds", t["result"]["reason"])
+        self.assertLess(took, 30, "the target must not wait for the completion timeout")
+        self.thaw(self.src_agent.proc.pid)
+        s = self.src_agent.wait(source["id"], timeout=90)
+        self.report("source agent thawed", s)
+        self.assertEqual(s["phase"], "Failed", s)
+        src.wait_for_counter(before + 1, timeout=60)
+        self.assert_runs_in_one_place(src, dst, "source")
+        self.assert_serving(self.src_agent, self.dst_agent)
+
     def test_source_agent_frozen_briefly_the_migration_still_completes(self):
         # A few seconds of a stopped agent (CPU starvation, a debugger) is not a failure.
         src, dst, target, source = self.migrating(bandwidth=48 << 20)  # converges in seconds

@@ -215,14 +215,15 @@ class Agent:
 
 
 def start_migration(src_agent, dst_agent, src_qmp, dst_qmp, multifd_channels=0, chunk_size=None,
-                    ring_depth=None, vm="demo-vm", token=None, **source_options):
-    """POSTs the target then the source, as the controller does. Returns (target, source) replies."""
+                    ring_depth=None, vm="demo-vm", token=None, target_options=None, **source_options):
+    """POSTs the target then the source, as the controller does. Returns (target, source) replies.
+    ``target_options``: extra fields of the target's body only."""
     common = {"qmpSocket": None, "multifdChannels": multifd_channels, "vm": vm}
     if chunk_size is not None:
         common["chunkSize"] = chunk_size
     if ring_depth is not None:
         common["ringDepth"] = ring_depth
-    target = dst_agent.create(dict(common, role="target", qmpSocket=dst_qmp))
+    target = dst_agent.create(dict(common, role="target", qmpSocket=dst_qmp, **(target_options or {})))
     body = dict(common, role="source", qmpSocket=src_qmp,
                 target={"endpoint": target["endpoint"], "migrationId": target["migrationId"],
                         "token": token if token is not None else target["token"]})
