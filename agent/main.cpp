@@ -158,6 +158,9 @@ int main(int argc, char** argv) {
   std::unique_ptr<rdmig::kubevirt::HookServer> hook;
   if (config.kubevirt.enabled) {
     kubevirt = std::make_unique<rdmig::kubevirt::KubevirtRelay>(config, metrics, data_plane, token);
+    // One migration.bufferBudget for both kinds of migration on this agent.
+    kubevirt->count_also([&manager] { return manager.buffer_bytes_in_use(); });
+    manager.count_also([k = kubevirt.get()] { return k->flow_buffer_bytes(); });
   }
   if (auto st = data_plane.start(); !st) {
     std::cerr << "rdmig-agent: " << st.error().message << "\n";

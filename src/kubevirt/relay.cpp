@@ -20,7 +20,9 @@ using namespace relay_internal;
 KubevirtRelay::KubevirtRelay(const AgentConfig& config, Metrics& metrics, migration::DataPlaneServer& server,
                              std::shared_ptr<TokenSource> token)
     : config_(config), metrics_(metrics), server_(server),
-      ctx_{config, metrics, server.rdma(), std::move(token)}, kmetrics_(metrics),
+      ctx_{config, metrics, server.rdma(), std::move(token),
+           [this](uint64_t bytes, const std::string& what) { return take_buffers(bytes, what); }},
+      kmetrics_(metrics),
       handlers_(config.kubevirt.handler_process, config.kubevirt.discovery == "kubernetes") {
   node_ = config.kubevirt.node_name;
   if (node_.empty()) {
@@ -93,6 +95,21 @@ void KubevirtRelay::stop() {
   for (auto& w : workers) {
     if (w.thread.joinable()) w.thread.join();
   }
+}
+
+Result<BufferTicket> KubevirtRelay::take_buffers(uint64_t bytes, const std::string& what) {
+  std::lock_guard lock(budget_mu_);
+  const uint64_t budget = config_.migration.buffer_budget;
+  const uint64_t flows = flow_buffers_.load();
+  const uint64_t others = others_ ? others_() : 0;
+  if (bytes > budget || flows + others + bytes > budget) {
+    return Error{Errc::kResourceExhausted,
+                 "buffers: " + what + " needs " + format_quantity(bytes) + " with " + format_quantity(flows) +
+                     " held by carried KubeVirt migrations and " + format_quantity(others) +
+                     " by bare-QEMU ones, budget " + format_quantity(budget) + " (migration.bufferBudget)"};
+  }
+  flow_buffers_ += bytes;
+  return BufferTicket(static_cast<void*>(this), [this, bytes](void*) { flow_buffers_ -= bytes; });
 }
 
 void KubevirtRelay::run_worker(std::function<void()> fn) {

@@ -60,6 +60,10 @@ class KubevirtRelay {
   HookDecision pre_migration_source(const nlohmann::json& vmi, const std::string& node, pid_t caller_pid);
 
   std::vector<FlowRecord> list(const RecordFilter& filter) const;
+  // Buffers held by others on this agent (the bare-QEMU jobs) that count against the same
+  // migration.bufferBudget as the flows' channels; and the flows' own.
+  void count_also(std::function<uint64_t()> others) { others_ = std::move(others); }
+  uint64_t flow_buffer_bytes() const { return flow_buffers_.load(); }
   // Liveness: false when the maintenance loop has not finished a turn within `limit` (it
   // refreshes the redirect rules and fails broken sessions, every 200 ms). The probe port's
   // /healthz says so, and the kubelet restarts a wedged agent instead of calling it healthy.
@@ -85,6 +89,7 @@ class KubevirtRelay {
   void setup_static_mode();
   void sweep_leftover_tables();
   void run_worker(std::function<void()> fn);
+  Result<BufferTicket> take_buffers(uint64_t bytes, const std::string& what);
   void reap_workers();
 
   const AgentConfig& config_;
@@ -126,6 +131,9 @@ class KubevirtRelay {
   std::chrono::steady_clock::time_point last_probe_{};
 
   std::unique_ptr<PeerDiscovery> discovery_;
+  std::function<uint64_t()> others_;  // set before serving
+  std::mutex budget_mu_;             // serialises take_buffers' check and take
+  std::atomic<uint64_t> flow_buffers_{0};
   std::atomic<bool> stopping_{false};
   std::atomic<std::chrono::steady_clock::rep> last_turn_{0};  // end of the last maintain()
   std::mutex stop_mu_;

@@ -24,6 +24,15 @@ void KubevirtRelay::on_flow_hello(UniqueFd fd, const json& raw) {
   if (!config_.kubevirt.enabled) return reject("failed_precondition", "KubeVirt mode is off on this agent");
   auto hello = FlowHello::parse(raw);
   if (!hello) return reject("invalid_argument", hello.error().message);
+  // The source chooses chunkSize and ringDepth: one channel that can never fit this agent's
+  // budget is refused here (the channels are then admitted one by one as they come).
+  if (const uint64_t one = flow_channel_buffers(hello->chunk_size, hello->ring_depth);
+      one > config_.migration.buffer_budget) {
+    return reject("unprocessable", "buffers: one channel of chunkSize " + format_quantity(hello->chunk_size) +
+                                       " x ringDepth " + std::to_string(hello->ring_depth) + " x 2 = " +
+                                       format_quantity(one) + ", budget " +
+                                       format_quantity(config_.migration.buffer_budget) + " (migration.bufferBudget)");
+  }
   {
     std::lock_guard lock(mu_);
     if (targets_.size() >= kMaxTargetSessions) return reject("resource_exhausted", "too many KubeVirt sessions");

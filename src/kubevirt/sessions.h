@@ -25,13 +25,24 @@
 
 namespace rdmig::kubevirt {
 
+// Chunk buffers held against migration.bufferBudget; released when the last copy goes.
+using BufferTicket = std::shared_ptr<void>;
+
 struct SessionContext {
   const AgentConfig& config;
   Metrics& metrics;
   const migration::RdmaSupport& rdma;
   // The agents' shared API token (HMAC key of the session challenge); follows its file.
   std::shared_ptr<TokenSource> token;
+  // Takes `bytes` of the agent's buffer budget for one channel (`what` names it in the error),
+  // beside the bare-QEMU jobs' buffers; kResourceExhausted when they do not fit.
+  std::function<Result<BufferTicket>(uint64_t bytes, const std::string& what)> take_buffers;
 };
+
+// A flow channel's buffers on one agent: its ring each way (as a bare-QEMU job counts them).
+inline uint64_t flow_channel_buffers(uint64_t chunk_size, uint32_t ring_depth) {
+  return chunk_size * ring_depth * 2;
+}
 
 class SourceSession final : public FlowSession {
  public:
@@ -72,6 +83,7 @@ class SourceSession final : public FlowSession {
   PeerInfo peer_;
   std::string transport_;
   net::Endpoint rdma_endpoint_;
+  std::vector<BufferTicket> buffers_;  // one per channel (the interception thread only)
   uint32_t next_index_ = 0;  // the interception thread only
 };
 
@@ -111,6 +123,7 @@ class TargetSession final : public FlowSession {
   std::vector<std::unique_ptr<transport::Channel>> channels_;  // by index, until started
   std::vector<std::optional<net::Endpoint>> destinations_;
   std::vector<bool> started_;
+  std::vector<BufferTicket> buffers_;  // one per channel, held until the session goes
   uint32_t next_dial_ = 0;
   bool stopping_ = false;
   std::thread reader_;

@@ -138,6 +138,10 @@ Status SourceSession::add_connection(UniqueFd fd, const net::Endpoint& destinati
       !st) {
     return refuse(st.error().with_context("carrying to the agent on " + peer_.node));
   }
+  auto buffers = ctx_.take_buffers(flow_channel_buffers(ctx_.config.migration.chunk_size, ctx_.config.migration.ring_depth),
+                                   "channel " + std::to_string(index) + " to " + peer_.node);
+  if (!buffers) return refuse(buffers.error());
+  buffers_.push_back(std::move(buffers.value()));
   auto ch = connect_channel(index);
   if (!ch) return refuse(ch.error().with_context("channel " + std::to_string(index) + " to " + peer_.node));
   auto pump = std::make_unique<migration::ChannelPump>(*ch.value(), std::move(fd));

@@ -168,6 +168,13 @@ Status TargetSession::add_tcp_channel(UniqueFd fd, uint32_t index) {
     reject(fd.get(), "already_exists", "channel " + std::to_string(index) + " is already connected");
     return Error{Errc::kAlreadyExists, "duplicate flow-data channel"};
   }
+  auto buffers = ctx_.take_buffers(flow_channel_buffers(hello_.chunk_size, hello_.ring_depth),
+                                   "channel " + std::to_string(index) + " of this carried migration");
+  if (!buffers) {
+    reject(fd.get(), "resource_exhausted", buffers.error().message);
+    return buffers.error();
+  }
+  buffers_.push_back(std::move(buffers.value()));
   RDMIG_TRY(transport::send_message(fd.get(), json{{"type", "welcome"}}));
   channels_[index] = transport::TcpChannel::create(std::move(fd), index, static_cast<uint32_t>(hello_.chunk_size),
                                                    hello_.ring_depth, ctx_.metrics.transport("tcp"),
@@ -184,6 +191,10 @@ Result<transport::rdma::AcceptPlan> TargetSession::rdma_plan(uint32_t index) {
   if (index < channels_.size() && (channels_[index] || started_[index])) {
     return Error{Errc::kAlreadyExists, "channel " + std::to_string(index) + " is already connected"};
   }
+  auto buffers = ctx_.take_buffers(flow_channel_buffers(hello_.chunk_size, hello_.ring_depth),
+                                   "channel " + std::to_string(index) + " of this carried migration");
+  if (!buffers) return buffers.error();
+  buffers_.push_back(std::move(buffers.value()));
   const auto chunk = static_cast<uint32_t>(hello_.chunk_size);
   transport::rdma::AcceptPlan plan;
   plan.params = transport::rdma::RdmaChannelParams{index, migration::return_path_chunk(chunk),

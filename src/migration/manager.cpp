@@ -232,6 +232,7 @@ Result<json> MigrationManager::create(MigrationSpec spec) {
     return Error{Errc::kResourceExhausted, "this agent already runs " + std::to_string(active) +
                                                " migrations (migration.maxConcurrent)"};
   }
+  if (others_) in_use += others_();  // carried KubeVirt flows on this agent
   if (in_use + need > budget) return Error{Errc::kResourceExhausted, "buffers: " + figures(in_use)};
   auto taken = [&](const std::string& id) { return jobs_.contains(id) || reserved_.contains(id); };
   if (spec.id.empty() && spec.role == Role::kSource && !taken(spec.target.migration_id)) {
@@ -294,6 +295,16 @@ Result<json> MigrationManager::create(MigrationSpec spec) {
                         << " created channels=" << spec.channels() << " chunkSize=" << format_quantity(spec.chunk_size)
                         << " ringDepth=" << spec.ring_depth << " buffers=" << format_quantity(need);
   return body;
+}
+
+uint64_t MigrationManager::buffer_bytes_in_use() const {
+  std::lock_guard lock(mu_);
+  uint64_t in_use = 0;
+  for (const auto& [id, r] : reserved_) in_use += r.buffer_bytes;
+  for (const auto& [id, job] : jobs_) {
+    if (!job->finished()) in_use += buffer_bytes(job->spec());
+  }
+  return in_use;
 }
 
 std::vector<MigrationStatus> MigrationManager::list() const {

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,6 +33,11 @@ class MigrationManager {
   std::vector<MigrationStatus> list() const;
   Result<MigrationStatus> get(const std::string& id) const;
   Result<MigrationStatus> cancel(const std::string& id);
+
+  // The chunk buffers the bare-QEMU jobs hold or have reserved now (migration.bufferBudget).
+  uint64_t buffer_bytes_in_use() const;
+  // Buffers held by others on this agent (KubeVirt flows) that count against the same budget.
+  void count_also(std::function<uint64_t()> others) { others_ = std::move(others); }
 
   // Cancels every active migration and waits up to `grace` for them to end (SIGTERM).
   void shutdown(std::chrono::milliseconds grace);
@@ -62,6 +68,7 @@ class MigrationManager {
     uint64_t buffer_bytes = 0;
   };
   std::map<std::string, Reservation> reserved_;
+  std::function<uint64_t()> others_;  // set before serving
   std::atomic<bool> stopping_{false};
 
   std::condition_variable reap_cv_;

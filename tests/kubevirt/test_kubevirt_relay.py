@@ -455,6 +455,46 @@ class KubevirtRelayTest(unittest.TestCase):
             for c in flood:
                 c.close()
 
+    def test_flows_are_admitted_against_the_targets_buffer_budget(self):
+        # The source chooses chunkSize and ringDepth for the session; the target admits what it
+        # pins against its own migration.bufferBudget, as a bare-QEMU job is admitted (before:
+        # a source with 64 MiB x 16 chunks made the target allocate 2 GiB per channel).
+        token = self.src.token
+        for a in self.agents:
+            a.stop()
+        self.dst = Agent(self.tmp, name="node-b-budget", token=token, config={
+            "migration": {"bufferBudget": "1Gi"},
+            "kubevirt": {"enabled": True, "nodeName": "node-b", "hookSocket": "", "peers": [],
+                         "ruleTimeoutSeconds": 3, "sessionIdleSeconds": 1}})
+        self.agents.append(self.dst)
+        peers = [{"node": "node-b", "agent": "127.0.0.1:%d" % self.dst.data_port}]
+        # One channel can never fit: the session is refused and KubeVirt's own path carries it.
+        self.src = Agent(self.tmp, name="node-a-huge", token=token, config={
+            "migration": {"chunkSize": "64Mi", "ringDepth": 16, "bufferBudget": "64Gi"},
+            "kubevirt": {"enabled": True, "nodeName": "node-a", "hookSocket": self.hook_socket, "peers": peers,
+                         "ruleTimeoutSeconds": 3, "sessionIdleSeconds": 1}})
+        self.agents.append(self.src)
+        res = self.dial(2, 65536, vmi=vmi_json("vmi-uid-bb", "mig-huge", self.net.ip4["node-b"], self.sink_port))
+        self.assertTrue(all(c["ok"] for c in res["connections"]), res)
+        rec = self.records(self.src, migrationUid="mig-huge")[0]
+        self.assertFalse(rec["carried"], rec)
+        self.assertIn("migration.bufferBudget", rec["reason"])
+        self.assertEqual(self.records(self.dst, migrationUid="mig-huge"), [], "nothing was pinned on the target")
+        # 256 MiB per channel (16 MiB x 16 x 2): four fit in the target's 1 GiB, the fifth is refused
+        # and fails the session (the connections are reset: KubeVirt's migration fails, the VM stays).
+        self.src.stop()
+        self.src = Agent(self.tmp, name="node-a-big", token=token, config={
+            "migration": {"chunkSize": "16Mi", "ringDepth": 16, "bufferBudget": "64Gi"},
+            "kubevirt": {"enabled": True, "nodeName": "node-a", "hookSocket": self.hook_socket, "peers": peers,
+                         "ruleTimeoutSeconds": 3, "sessionIdleSeconds": 1}})
+        self.agents.append(self.src)
+        res = self.dial(5, 65536, vmi=vmi_json("vmi-uid-bb", "mig-big", self.net.ip4["node-b"], self.sink_port))
+        self.assertFalse(all(c["ok"] for c in res["connections"]), res)
+        rec = wait_for(lambda: [r for r in self.records(self.dst, migrationUid="mig-big") if r["phase"] == "Failed"],
+                       20, "the target session to fail")[0]
+        self.assertIn("migration.bufferBudget", rec["reason"])
+        self.assertLessEqual(self.dst.rss_kib(), 1536 * 1024, "the target pinned more than its budget")
+
     def test_concurrent_hook_calls_for_one_migration_make_one_session(self):
         # virt-handler may call again while the first call still arms (a retry of the same
         # attempt): one session to the target agent, never an orphan that outlives the migration.
