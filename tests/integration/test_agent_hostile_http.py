@@ -451,6 +451,35 @@ class HostileHttpTest(unittest.TestCase):
         self.assertGreater(len(answers), 10)
         self.assertEqual([a for a in answers if a != 200], [], "a probe went unanswered under the flood")
 
+    def test_a_thousand_requests_in_a_second_from_one_address_all_get_an_answer(self):
+        # A burst from one address (100 at a time): each gets 200 or 429, never a reset or silence.
+        import collections
+        answers = collections.Counter()
+        lock = threading.Lock()
+
+        def worker():
+            for _ in range(10):
+                try:
+                    status, _, _ = raw_request(self.agent.api_port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+                                               timeout=10, read_all=False)
+                    key = status if status is not None else "no answer"
+                except ConnectionResetError:
+                    key = "reset"
+                except OSError as e:
+                    key = type(e).__name__
+                with lock:
+                    answers[key] += 1
+        t0 = time.monotonic()
+        threads = [threading.Thread(target=worker) for _ in range(100)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        took = time.monotonic() - t0
+        print("\n[hostile-http] 1000 requests from one address in %.2f s: %s" % (took, dict(answers)), file=sys.stderr)
+        self.assertEqual(sum(answers.values()), 1000)
+        self.assertEqual({k: v for k, v in answers.items() if k not in (200, 429)}, {}, answers)
+
     def test_one_client_cannot_hold_more_than_its_share_of_the_api(self):
         # 20 connections from one address send complete headers of a create, then hold back the
         # body: each holds a worker inside its handler. Past 16 at once, that client gets 429.
