@@ -79,10 +79,12 @@ def main():
     from rdmiglab.kubevirt import KubevirtCluster
     tls = not args.no_tls
     work = tempfile.mkdtemp(prefix="rdmig-kvdemo-")
-    print("rdmig KubeVirt demo: two launcher pods (libvirtd 9.0), two virt-handler netns, "
-          "guest %d MiB dirtying %d MiB/s" % (args.mem, args.dirty), flush=True)
     try:
         with KubevirtCluster() as cluster, KubevirtAgents(work, cluster.nodes, transport="auto") as kv:
+            row = ("non-root launchers as KubeVirt 1.9 ships them (libvirt 11.3 as uid 107, QEMU 10.0)"
+                   if cluster.nonroot else "root launchers (libvirt 9.0, QEMU 7.2)")
+            print("rdmig KubeVirt demo: two %s, two virt-handler netns, guest %d MiB dirtying %d MiB/s"
+                  % (row, args.mem, args.dirty), flush=True)
             for n in cluster.nodes:
                 print("  %s: handler netns %s, pod IP %s; agent %s, node hook %s"
                       % (n, cluster.netns(n), cluster.pod_ip(n), kv[n].url, kv.hook_socket(n)))
