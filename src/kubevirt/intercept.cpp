@@ -7,9 +7,10 @@
 
 namespace rdmig::kubevirt {
 
-InterceptPoint::InterceptPoint(std::shared_ptr<NetNs> ns, UniqueFd l4, UniqueFd l6, NftRules rules, OnConnection cb)
+InterceptPoint::InterceptPoint(std::shared_ptr<NetNs> ns, UniqueFd l4, UniqueFd l6, NftRules rules, OnConnection cb,
+                               uint16_t port4, uint16_t port6, PassMark mark)
     : ns_(std::move(ns)), listen4_(std::move(l4)), listen6_(std::move(l6)), rules_(std::move(rules)),
-      on_connection_(std::move(cb)) {
+      on_connection_(std::move(cb)), port4_(port4), port6_(port6), mark_(mark) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -33,7 +34,14 @@ Result<std::unique_ptr<InterceptPoint>> InterceptPoint::create(std::shared_ptr<N
                        << (p6 ? " and [::1]:" + std::to_string(p6) : std::string());
   return std::unique_ptr<InterceptPoint>(new InterceptPoint(ns, std::move(l4.value()),
                                                             l6 ? std::move(l6.value()) : UniqueFd(),
-                                                            std::move(rules.value()), std::move(cb)));
+                                                            std::move(rules.value()), std::move(cb), p4.value(), p6,
+                                                            mark));
+}
+
+Status InterceptPoint::reinstall() {
+  auto rules = NftRules::install(*ns_, port4_, port6_, mark_);
+  if (!rules) return rules.error();
+  return ok_status();
 }
 
 InterceptPoint::~InterceptPoint() {

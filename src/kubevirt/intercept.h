@@ -27,9 +27,13 @@ class InterceptPoint {
   const NetNs& ns() const { return *ns_; }
   std::shared_ptr<NetNs> ns_ptr() const { return ns_; }
   const NftRules& rules() const { return rules_; }
+  // Installs the table again (after it vanished), redirecting to the same listeners; its
+  // elements are added back by their owners' next refresh.
+  Status reinstall();
 
  private:
-  InterceptPoint(std::shared_ptr<NetNs> ns, UniqueFd l4, UniqueFd l6, NftRules rules, OnConnection cb);
+  InterceptPoint(std::shared_ptr<NetNs> ns, UniqueFd l4, UniqueFd l6, NftRules rules, OnConnection cb,
+                 uint16_t port4, uint16_t port6, PassMark mark);
   void loop();
 
   std::shared_ptr<NetNs> ns_;
@@ -37,6 +41,8 @@ class InterceptPoint {
   UniqueFd listen6_;
   NftRules rules_;
   OnConnection on_connection_;
+  uint16_t port4_ = 0, port6_ = 0;
+  PassMark mark_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 
 #include <cstdlib>
+#include <fstream>
 
 #include "common/log.h"
 #include "common/units.h"
@@ -54,14 +55,26 @@ Status KubevirtRelay::start() {
   return ok_status();
 }
 
+namespace {
+std::string armed_record_path(const AgentConfig& config) { return config.state_dir + "/kubevirt-armed-netns"; }
+}  // namespace
+
 void KubevirtRelay::sweep_leftover_tables() {
-  // The agent arms only virt-handler namespaces (the hook caller's, or static mode's own
-  // handler). A killed agent's table would redirect KubeVirt's connections to a listener that
-  // is gone until its elements time out: remove it before this agent serves.
+  // The namespaces an earlier agent on this node armed (stateDir, a hostPath, survives the
+  // pod): a killed agent's table would redirect KubeVirt's connections to a listener that is
+  // gone until its elements time out. Only those, and only while a virt-handler still lives in
+  // them: another agent's namespaces (two nodes' agents on one test host) are never touched.
+  std::set<uint64_t> recorded;
+  {
+    std::ifstream in(armed_record_path(config_));
+    for (uint64_t inode = 0; in >> inode;) recorded.insert(inode);
+  }
   std::set<uint64_t> seen;
   for (pid_t pid : handlers_.pids()) {
+    const uint64_t inode = netns_inode(pid);
+    if (!recorded.contains(inode) || !seen.insert(inode).second) continue;
     auto ns = NetNs::of_pid(pid);
-    if (!ns || !seen.insert(ns->inode()).second) continue;
+    if (!ns) continue;
     auto removed = NftRules::remove_leftover(ns.value());
     if (!removed) {
       LOG_WARN("kubevirt") << "start-up sweep in " << ns->describe() << ": " << removed.error().message;
@@ -69,6 +82,13 @@ void KubevirtRelay::sweep_leftover_tables() {
       LOG_INFO("kubevirt") << "removed the redirect table an earlier agent left in " << ns->describe();
     }
   }
+  std::ofstream(armed_record_path(config_), std::ios::trunc);  // this agent's own record starts empty
+}
+
+void KubevirtRelay::record_armed(uint64_t netns_inode) {
+  std::ofstream out(armed_record_path(config_), std::ios::app);
+  out << netns_inode << "\n";
+  if (!out) LOG_WARN("kubevirt") << "cannot record an armed namespace in " << armed_record_path(config_);
 }
 
 void KubevirtRelay::stop() {

@@ -88,6 +88,7 @@ class KubevirtRelay {
   void refresh_rules();
   void setup_static_mode();
   void sweep_leftover_tables();
+  void record_armed(uint64_t netns_inode);  // stateDir: what the start-up sweep looks at
   void run_worker(std::function<void()> fn);
   Result<BufferTicket> take_buffers(uint64_t bytes, const std::string& what);
   void reap_workers();

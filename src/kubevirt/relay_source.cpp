@@ -145,6 +145,7 @@ Result<InterceptPoint*> KubevirtRelay::point_for(std::shared_ptr<NetNs> ns) {
   if (!p) return p.error();
   auto* raw = p.value().get();
   points_[ns->inode()] = std::move(p.value());
+  record_armed(ns->inode());
   return raw;
 }
 
@@ -234,17 +235,32 @@ void KubevirtRelay::setup_static_mode() {
 void KubevirtRelay::refresh_rules() {
   const std::chrono::seconds ttl(config_.kubevirt.rule_timeout_seconds);
   if (config_.kubevirt.static_mode) setup_static_mode();
-  std::lock_guard lock(mu_);
-  for (auto& [k, a] : armed_) {
-    if (auto st = a.point->rules().carry(a.ip, a.port, ttl); !st) {
-      LOG_WARN("kubevirt") << st.error().message;
+  // Snapshot under the lock, then talk to nftables without it (hook calls, interception and
+  // REST need the lock; points live until stop(), which joins this thread first).
+  std::vector<std::tuple<InterceptPoint*, std::string, uint16_t>> elements;
+  std::vector<InterceptPoint*> points;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [k, a] : armed_) elements.emplace_back(a.point, a.ip, a.port);
+    for (auto& [inode, p] : points_) points.push_back(p.get());
+  }
+  for (auto& [point, ip, port] : elements) {
+    auto st = point->rules().carry(ip, port, ttl);
+    if (!st) {
+      // The table is gone (someone flushed the namespace's ruleset): put it back, then the element.
+      LOG_WARN("kubevirt") << st.error().message << ": reinstalling the redirect table in " << point->ns().describe();
+      if (auto r = point->reinstall(); !r) {
+        LOG_WARN("kubevirt") << r.error().message;
+      } else if (auto again = point->rules().carry(ip, port, ttl); !again) {
+        LOG_WARN("kubevirt") << again.error().message;
+      }
     }
   }
   if (!config_.kubevirt.static_mode) return;
   for (const auto& peer_ip : peers_.handler_addresses()) {
     auto peer = peers_.by_handler_address(peer_ip);
     if (!peer || !peer->healthy) continue;  // unhealthy: let the element expire, KubeVirt's path resumes
-    for (auto& [inode, p] : points_) {
+    for (auto* p : points) {
       if (auto st = p->rules().peer(peer_ip, ttl); !st) {
         LOG_WARN("kubevirt") << st.error().message;
       }

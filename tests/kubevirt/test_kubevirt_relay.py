@@ -148,9 +148,12 @@ class KubevirtRelayTest(unittest.TestCase):
             for a in self.agents:
                 print("---- %s log ----\n%s" % (a.name, a.log_text()[-3000:]))
 
-    def agent(self, node, token, peers, hook="", rule_timeout=3, extra=None, data_plane=None):
+    def agent(self, node, token, peers, hook="", rule_timeout=3, extra=None, data_plane=None, state_dir=None):
         config = {"kubevirt": dict({"enabled": True, "nodeName": node, "hookSocket": hook, "peers": peers,
                                     "ruleTimeoutSeconds": rule_timeout, "sessionIdleSeconds": 1}, **(extra or {}))}
+        if state_dir:
+            os.makedirs(state_dir, exist_ok=True)
+            config["stateDir"] = state_dir
         if data_plane:
             config["dataPlane"] = data_plane
         if TRANSPORT == "rdma":
@@ -590,7 +593,10 @@ class KubevirtRelayTest(unittest.TestCase):
         # listener. The next agent on the node sweeps it away at start.
         token = self.src.token
         self.src.stop()
-        self.src = self.agent("node-a", token, hook=self.hook_socket, rule_timeout=300,
+        # stateDir survives the agent (a hostPath in the DaemonSet): the record of what it armed.
+        state = tempfile.mkdtemp(prefix="rdmig-kvstate-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, state, True)
+        self.src = self.agent("node-a", token, hook=self.hook_socket, rule_timeout=300, state_dir=state,
                               peers=[{"node": "node-b", "agent": "127.0.0.1:%d" % self.dst.data_port}])
         # The hook caller must live on (virt-handler does): the sweep finds namespaces by it.
         ready = os.path.join(self.tmp, "handler-%s.json" % self._testMethodName)
@@ -605,12 +611,34 @@ class KubevirtRelayTest(unittest.TestCase):
         self.src.proc.wait()
         time.sleep(1.0)
         self.assertIn(element, self.nft("node-a"), "the element outlives a killed agent (300 s timeout)")
-        self.src = self.agent("node-a", token, hook=self.hook_socket, rule_timeout=300,
+        # Another node's agent on this host (its own stateDir) never touches this namespace.
+        other = self.agent("node-c", token, peers=[], rule_timeout=300)
+        self.assertIn(element, self.nft("node-a"), "an agent swept a namespace it never armed")
+        other.stop()
+        self.src = self.agent("node-a", token, hook=self.hook_socket, rule_timeout=300, state_dir=state,
                               peers=[{"node": "node-b", "agent": "127.0.0.1:%d" % self.dst.data_port}])
         self.assertEqual(self.src.request("GET", "/readyz", token=False)[0], 200)
         self.assertNotIn("table inet rdmig", self.nft("node-a"), "the new agent removed the leftover table")
         res = self.dial(1, 65536, hook=False)
         self.assertTrue(res["connections"][0]["ok"], "KubeVirt's own path works at once")
+
+    def test_a_table_flushed_under_the_agent_is_put_back_and_the_migration_carried(self):
+        # Someone flushes the namespace's ruleset (a CNI restart, an operator's nft flush) after
+        # the hook armed: the agent puts its table back on its next refresh instead of failing
+        # every refresh with "No such file or directory" and leaving the migration uncarried.
+        mig = "mig-flushed"
+        vmi = vmi_json("vmi-uid-fl2", mig, self.net.ip4["node-b"], self.sink_port)
+        self.assertTrue(self.call_hook(json.dumps(vmi).encode())["ok"])
+        element = "%s . %d" % (self.net.ip4["node-b"], self.sink_port)
+        self.assertIn(element, self.nft("node-a"))
+        subprocess.run([kvnet.IP, "netns", "exec", self.net.netns["node-a"], "nft", "delete", "table", "inet", "rdmig"],
+                       check=True)
+        wait_for(lambda: element in self.nft("node-a"), 10, "the table and element to be back")
+        res = self.dial(2, 1 << 20, hook=False)
+        self.assertTrue(all(c["ok"] for c in res["connections"]), res)
+        rec = wait_for(lambda: [r for r in self.records(self.src, migrationUid=mig) if r["phase"] == "Succeeded"], 20,
+                       "the carried migration")[0]
+        self.assertEqual(rec["connections"], 2)
 
     def test_static_mode_carries_without_the_hook_and_passes_unknown_destinations_through(self):
         for a in self.agents:

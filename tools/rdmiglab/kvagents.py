@@ -39,6 +39,9 @@ class KubevirtAgents:
         self.ports = {n: free_port() for n in self.nodes}
         # Hook sockets under /tmp: unix socket paths must stay short.
         self.hook_dir = tempfile.mkdtemp(prefix="rdmig-kvhook-", dir="/tmp")
+        # One stateDir per node across restarts, as the DaemonSet's hostPath: a restarted agent
+        # finds what its predecessor armed (the start-up sweep).
+        self.state_dirs = {n: os.path.join(self.hook_dir, n, "state") for n in self.nodes}
         self.transport, self.log_level = transport, log_level
         self.kubevirt = dict({"ruleTimeoutSeconds": rule_timeout_s, "sessionIdleSeconds": session_idle_s,
                               "probeIntervalSeconds": probe_interval_s}, **(kubevirt or {}))
@@ -62,8 +65,9 @@ class KubevirtAgents:
         hook = os.path.join(self.hook_dir, node, "hook.sock")
         os.makedirs(os.path.dirname(hook), exist_ok=True)
         peers = [{"node": n, "agent": "127.0.0.1:%d" % self.ports[n]} for n in self.nodes if n != node]
+        os.makedirs(self.state_dirs[node], exist_ok=True)
         a = Agent(self.workdir, name=node, token=self.token, log_level=self.log_level, config={
-            "transport": self.transport,
+            "transport": self.transport, "stateDir": self.state_dirs[node],
             "dataPlane": {"address": "127.0.0.1", "port": self.ports[node]},
             "kubevirt": dict(self.kubevirt, enabled=True, nodeName=node, hookSocket=hook, peers=peers)})
         a.hook_socket = hook
