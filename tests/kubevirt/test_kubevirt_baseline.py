@@ -29,6 +29,7 @@ if __name__ == "__main__":
     _reexec_with_system_python()
 
 from rdmiglab import kvhook  # noqa: E402
+from rdmiglab.kvpod import wait_for  # noqa: E402
 
 MEM_MIB = 256
 # 8 MiB/s: at 16 MiB/s a guest migrated with 8 multifd connections to a running target died
@@ -38,6 +39,8 @@ DIRTY_MIB = 8
 QEVM = "5145564d"      # QEMU_VM_FILE_MAGIC: the main migration channel starts with it
 MULTIFD = "11223344"   # MULTIFD_MAGIC: each multifd channel starts with it
 TLS_HANDSHAKE = "16"   # TLS record type handshake: what a TLS wire starts with
+NBD_MAGIC = "4e42444d41474943"  # "NBDMAGIC": what an NBD server (the target QEMU) sends first
+DISK_MIB = 32          # the block-migration VMI's local disk
 
 
 def launcher_flavor():
@@ -119,7 +122,8 @@ class KubevirtChecks:
         self.assertEqual(len(pairs), len(dst["connections"]))
         return pairs
 
-    def assertConnectionsAsKubevirtMakesThem(self, r, parallel, tls, carried=False):
+    def assertConnectionsAsKubevirtMakesThem(self, r, parallel, tls, carried=False, block=0):
+        """``block``: the number of NBD (49153) connections expected (one per copied disk)."""
         pairs = self._pairs(r, carried)
         memory = 1 + parallel
         for role in ("source", "target"):
@@ -127,7 +131,14 @@ class KubevirtChecks:
             classes = [c["class"] for c in conns]
             self.assertEqual(classes.count(0), 1, "%s: one libvirt control connection" % role)
             self.assertEqual(classes.count(49152), memory, "%s: 1 main + %d multifd" % (role, parallel))
-            self.assertEqual(len(classes), 1 + memory)
+            self.assertEqual(classes.count(49153), block, "%s: NBD connections" % role)
+            self.assertEqual(len(classes), 1 + memory + block)
+            if block:
+                # libvirt mirrors the disks (NBD) until they are in sync, then starts memory.
+                last_block = max(c["accept_index"] for c in conns if c["class"] == 49153)
+                first_memory = min(c["accept_index"] for c in conns if c["class"] == 49152)
+                self.assertLess(last_block, first_memory,
+                                "%s: the NBD connections come before the memory ones" % role)
             self.assertEqual(classes[0], 0, "%s: libvirt's control connection comes first" % role)
             self.assertTrue(all(not c["open"] for c in conns), "%s: connections left open" % role)
         orders = (r.proxy_logs["source"].get("dial_order", "accept"),
@@ -161,6 +172,8 @@ class KubevirtChecks:
                 self.assertTrue(t["dialed"]["tx_head"].startswith(magic),
                                 "memory connection %d should start with %s: %s"
                                 % (s["class_index"], magic, t["dialed"]["tx_head"]))
+            elif s["class"] == 49153:  # the target QEMU's NBD server speaks first
+                self.assertTrue(t["dialed"]["rx_head"].startswith(NBD_MAGIC), t["dialed"])
         self.assertGreater(sum(s["accepted"]["rx_bytes"] for s, _ in pairs), MEM_MIB << 18,
                            "too few bytes for a %d MiB guest" % MEM_MIB)
 
@@ -406,6 +419,61 @@ class KubevirtBaselineTest(KubevirtChecks, unittest.TestCase):
         self.assertEqual(ms["migrationUid"], r.migration_uid)
         self.assertEqual(ms["sourceNode"], r.source_node)
         self.assertEqual(vmi["status"]["nodeName"], r.source_node)
+
+
+class BlockChecks:
+    """KubeVirt's block migration of a VMI with a local disk (shared with the rdmig tests)."""
+
+    def assertBlockMigrated(self, r, require_equal_memory=True):
+        """r: a block migration with target_paused (both images digested while paused)."""
+        self.assertTrue(r.block)
+        self.assertEqual(sorted(r.ports.values()), [0, 49152, 49153], "49153 published")
+        self.assertIsNotNone(r.disk, "disk images not compared")
+        self.assertEqual(r.disk["sizes"], {"source": DISK_MIB << 20, "target": DISK_MIB << 20})
+        self.assertTrue(r.disk["equal"], "disk images differ: %s" % r.disk)
+        self.assertIsNotNone(r.memory["source_sha256"], "source memory not read")
+        if require_equal_memory:
+            self.assertTrue(r.memory["equal"], "guest memory differs: %s" % r.memory)
+        # The guest's disk writer went on on the target (it writes the target's image now).
+        before = r.disk_counter_before
+        self.assertIsNotNone(before, "the guest never wrote its disk on the source")
+        after = wait_for(lambda: (self.cluster.disk_counter(r.target_node) or -1) > before
+                                      and self.cluster.disk_counter(r.target_node), 60,
+                                      "the guest's disk writer to go on on the target")
+        self.assertGreater(after, before)
+
+
+class KubevirtBlockBaselineTest(KubevirtChecks, BlockChecks, unittest.TestCase):
+    """A VMI with a local disk (32 MiB raw, written without end by the guest): KubeVirt's
+    block migration (VIR_MIGRATE_NON_SHARED_INC, NBD over the 49153 proxy class), no rdmig."""
+    cluster = None
+
+    @classmethod
+    def setUpClass(cls):
+        reason = missing_prereq()
+        if reason:
+            raise unittest.SkipTest(reason)
+        from rdmiglab.kubevirt import KubevirtCluster
+        cls.cluster = KubevirtCluster().__enter__()
+        try:
+            cls.cluster.define_and_start_vmi("diskvm", "default", mem_mib=MEM_MIB, dirty_mib=DIRTY_MIB,
+                                             boot_counter=2, disk_mib=DISK_MIB)
+        except BaseException:
+            cls.cluster.close()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.cluster is not None:
+            cls.cluster.close()
+
+    def test_tls_single_connection_block_migration_disk_and_memory_equal(self):
+        r = self.cluster.migrate(parallel=0, tls=True, target_paused=True, timeout=180)
+        self._report("block-tls-0", r)
+        print("[kubevirt block-tls-0] disk %s" % json.dumps(r.disk, sort_keys=True), file=sys.stderr)
+        self.assertGuestContinuedOnTarget(r)
+        self.assertConnectionsAsKubevirtMakesThem(r, 0, True, block=1)
+        self.assertBlockMigrated(r)
 
 
 if __name__ == "__main__":

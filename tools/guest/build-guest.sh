@@ -8,6 +8,12 @@
 # Guest kernel command line knobs:
 #   rdmig.dirty_mib=N   MiB of /dev/urandom written to tmpfs per iteration (0 = idle guest)
 #   rdmig.interval=S    seconds to sleep between iterations (busybox sleep; fractions work)
+#   rdmig.disk=1        load virtio_pci/virtio_blk (packed below) and write /dev/vda without
+#                       end: per turn K a 4 KiB block "rdmig-disk K" (NUL padded) at block
+#                       (16*K mod blocks) and 60 KiB of /dev/urandom after it, each dd with
+#                       conv=fsync (the bytes reach the image); every counter line is then
+#                       followed by "rdmig-disk K" (the writer's last finished turn)
+#   rdmig.disk_interval=S  seconds between the disk writer's turns (default 0.1)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 self="$here/$(basename "${BASH_SOURCE[0]}")"
@@ -42,10 +48,23 @@ vmlinuz="$(ls "$kroot"/boot/vmlinuz-* 2>/dev/null | head -n1)"
 
 stage="$(mktemp -d "$out/.stage.XXXXXX")"
 trap 'rm -rf "$stage"' EXIT
-mkdir -p "$stage"/{bin,sbin,dev,proc,sys,tmp,run,etc,root}
+mkdir -p "$stage"/{bin,sbin,dev,proc,sys,tmp,run,etc,root,lib/modules}
+# virtio PCI and virtio-blk are modules in Debian's kernel (CONFIG_VIRTIO_BLK=m): packed as
+# plain .ko (busybox insmod), loaded in this order (each after what it depends on) only with
+# rdmig.disk=1 (tests/rdma/build-initramfs.sh packs its modules the same way).
+kver="$(basename "$vmlinuz")"; kver="${kver#vmlinuz-}"
+moddir="$kroot/lib/modules/$kver/kernel"
+disk_modules="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_blk"
+for m in $disk_modules; do
+  ko="$(find "$moddir" -name "$m.ko" -o -name "$m.ko.xz" -o -name "$m.ko.zst" | head -n1)"
+  [ -n "$ko" ] || { echo "build-guest: module $m not found under $moddir" >&2; exit 1; }
+  case "$ko" in *.ko) ;; *) echo "build-guest: $ko is compressed; busybox insmod needs plain .ko" >&2; exit 1 ;; esac
+  cp "$ko" "$stage/lib/modules/$m.ko"
+done
+echo "$disk_modules" > "$stage/etc/rdmig-disk-modules"
 cp "$busybox" "$stage/bin/busybox"
 chmod 755 "$stage/bin/busybox"
-for a in sh mount mkdir cat dd sleep echo rm sync poweroff reboot ls ps free; do
+for a in sh mount mkdir cat dd sleep echo rm sync poweroff reboot ls ps free insmod; do
   ln -s busybox "$stage/bin/$a"
 done
 cat > "$stage/init" <<'EOF'
@@ -62,11 +81,37 @@ for w in $(cat /proc/cmdline); do
   case "$w" in
     rdmig.dirty_mib=*) dirty="${w#rdmig.dirty_mib=}" ;;
     rdmig.interval=*) interval="${w#rdmig.interval=}" ;;
+    rdmig.disk=*) disk="${w#rdmig.disk=}" ;;
+    rdmig.disk_interval=*) disk_interval="${w#rdmig.disk_interval=}" ;;
   esac
 done
 con=/dev/ttyS0
 [ -c "$con" ] || con=/dev/console
-echo "rdmig-guest dirty_mib=$dirty interval=$interval" > "$con"
+echo "rdmig-guest dirty_mib=$dirty interval=$interval disk=${disk:-0}" > "$con"
+if [ "${disk:-0}" != 0 ]; then
+  for m in $(cat /etc/rdmig-disk-modules); do
+    insmod "/lib/modules/$m.ko" || echo "rdmig-disk-error insmod $m" > "$con"
+  done
+  t=0
+  while [ ! -b /dev/vda ] && [ "$t" -lt 100 ]; do sleep 0.1; t=$((t + 1)); done
+  if [ -b /dev/vda ]; then
+    blocks=$(( $(cat /sys/block/vda/size) / 8 ))
+    echo "rdmig-disk-ready blocks=$blocks" > "$con"
+    (
+      k=0
+      while :; do
+        k=$((k + 1))
+        b=$(( (k * 16) % blocks ))
+        echo "rdmig-disk $k" | dd of=/dev/vda bs=4096 seek="$b" count=1 conv=notrunc,sync,fsync 2>/dev/null
+        dd if=/dev/urandom of=/dev/vda bs=4096 seek=$((b + 1)) count=15 conv=notrunc,fsync 2>/dev/null
+        echo "$k" > /run/disk-turn
+        sleep "${disk_interval:-0.1}"
+      done
+    ) &
+  else
+    echo "rdmig-disk-error no /dev/vda" > "$con"
+  fi
+fi
 n=0
 while :; do
   if [ "$dirty" != 0 ]; then
@@ -74,6 +119,7 @@ while :; do
   fi
   n=$((n + 1))
   echo "rdmig-counter $n" > "$con"
+  [ -f /run/disk-turn ] && echo "rdmig-disk $(cat /run/disk-turn)" > "$con"
   sleep "$interval"
 done
 EOF

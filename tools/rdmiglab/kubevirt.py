@@ -36,6 +36,7 @@ from .qmp import QmpClient
 TOOLS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARE_DIR = "/var/run/kubevirt"  # virtShareDir inside the launcher
 COUNTER_RE = re.compile(rb"^rdmig-counter (\d+)\r?$", re.M)
+DISK_RE = re.compile(rb"^rdmig-disk (\d+)\r?$", re.M)  # the guest's disk writer (rdmig.disk=1)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -64,9 +65,30 @@ def file_sha256(path):
             h.update(chunk)
 
 
-def domain_xml(name, dom_uuid, mem_mib, kernel, initrd, cmdline, serial_path, qmp_path):
+def disk_xml(path, cache):
+    """A raw virtio disk as KubeVirt's converter writes one for a file-backed volume (alias
+    ua-<volume>, cache "none" where O_DIRECT works, else "writethrough")."""
+    return """<disk type='file' device='disk'>
+      <driver name='qemu' type='raw' cache='{cache}' error_policy='stop' discard='unmap'/>
+      <source file='{path}'/>
+      <target dev='vda' bus='virtio'/>
+      <alias name='ua-disk0'/>
+    </disk>""".format(path=path, cache=cache)
+
+
+def direct_io_works(path):
+    """KubeVirt's directIOChecker: can the file be opened with O_DIRECT?"""
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
+        return True
+    except OSError:
+        return False
+
+
+def domain_xml(name, dom_uuid, mem_mib, kernel, initrd, cmdline, serial_path, qmp_path, disks=""):
     """A TCG domain booting the test guest directly. ``qmp_path``: a second QMP monitor for
-    the harness (libvirt keeps its own), used to read the source's memory mid-migration."""
+    the harness (libvirt keeps its own), used to read the source's memory mid-migration.
+    ``disks``: <disk> elements (disk_xml)."""
     return """<domain type='qemu' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>
   <name>{name}</name>
   <uuid>{uuid}</uuid>
@@ -79,6 +101,7 @@ def domain_xml(name, dom_uuid, mem_mib, kernel, initrd, cmdline, serial_path, qm
   <devices>
     <emulator>/usr/bin/qemu-system-x86_64</emulator>
     <controller type='usb' model='none'/>
+    {disks}
     <serial type='file'><source path='{serial}'/><target port='0'/></serial>
     <memballoon model='none'/>
   </devices>
@@ -86,7 +109,7 @@ def domain_xml(name, dom_uuid, mem_mib, kernel, initrd, cmdline, serial_path, qm
     <qemu:arg value='-qmp'/><qemu:arg value='unix:{qmp},server=on,wait=off'/>
   </qemu:commandline>
 </domain>""".format(name=name, uuid=dom_uuid, mem=int(mem_mib), kernel=kernel, initrd=initrd,
-                    cmdline=cmdline, serial=serial_path, qmp=qmp_path)
+                    cmdline=cmdline, serial=serial_path, qmp=qmp_path, disks=disks)
 
 
 class Vmi:
@@ -99,6 +122,8 @@ class Vmi:
         self.domain = "%s_%s" % (namespace, name)  # util.DomainFromNamespaceName
         self.serial_in_pod = "/var/log/libvirt/qemu/%s.serial.log" % self.domain
         self.qmp_in_pod = "/run/kubevirt/%s.qmp" % self.domain  # the harness's own monitor
+        self.disk_mib = 0  # a local disk (vda) of that size, block-migrated; 0: none
+        self.disk_in_pod = "/var/lib/libvirt/images/%s-disk0.img" % self.domain
 
 
 class MigrationResult:
@@ -115,6 +140,10 @@ class MigrationResult:
     handler_netns {"source","target"}, launcher_pids {"source","target"},
     target_address, ports (targetDirectMigrationNodePorts), vmi_json (as sent to the hook),
     memory (dict, with target_paused: source_sha256, target_sha256, equal, bytes),
+    block (VIR_MIGRATE_NON_SHARED_INC with the VMI's disk and the 49153 class), disk (dict,
+    block with target_paused: SHA-256 of the source's and of the target's disk image once
+    libvirt's call returned, both guests paused: source_sha256, target_sha256, equal, bytes,
+    sizes), disk_counter_before (block: the guest disk writer's last turn on the source),
     counter_before (source's last serial counter) and counter_after (target's, after resume),
     target_cleanup (after a failed migration: the state of the domain libvirt left on the
     target, which the harness then destroyed as KubeVirt deletes the target pod; None when
@@ -132,6 +161,8 @@ class MigrationResult:
         self.proxy_logs = {}
         self.hook = None
         self.memory = None
+        self.block = False
+        self.disk = self.disk_counter_before = None
         self.counter_before = self.counter_after = None
         self.target_cleanup = None
         self.source_failed_at = self.target_pod_deleted_at = None
@@ -142,6 +173,8 @@ class MigrationResult:
                 "data_bytes", "throughput_bps", "handler_cpu_s", "counter_before", "counter_after")
         out = {k: getattr(self, k, None) for k in keys}
         out["memory_equal"] = self.memory and self.memory.get("equal")
+        out["block"] = self.block
+        out["disk_equal"] = self.disk and self.disk.get("equal")
         out["hook"] = self.hook and {k: self.hook.get(k) for k in ("ok", "error", "duration_s")}
         return out
 
@@ -303,10 +336,17 @@ class KubevirtCluster:
 
     # -- VMI ----------------------------------------------------------------------------
     def define_and_start_vmi(self, name="testvm", namespace="default", mem_mib=256, dirty_mib=16,
-                             interval=1, uid=None, boot_counter=1, boot_timeout=90.0):
+                             interval=1, uid=None, boot_counter=1, boot_timeout=90.0,
+                             disk_mib=0, disk_interval=0.1):
         """Defines and starts the VMI's domain on the first node (persistent, like
         virt-launcher) and starts virt-launcher-monitor for it in both launcher pods.
-        Waits until the guest printed ``boot_counter``. Returns the Vmi."""
+        Waits until the guest printed ``boot_counter``. Returns the Vmi.
+
+        disk_mib: a local raw virtio disk (vda) of that size in the first node's
+        /var/lib/libvirt/images (KubeVirt's hostDisk/emptyDisk: a file in the launcher pod,
+        owned by 107 on the non-root row), filled with random bytes; the guest (rdmig.disk=1)
+        then writes it without end (tools/guest/build-guest.sh), every ``disk_interval`` s.
+        Such a VMI migrates with KubeVirt's block migration (migrate(block=...))."""
         if self.vmi is not None:
             raise RuntimeError("this harness runs one VMI")
         node = self.nodes[0]
@@ -316,8 +356,14 @@ class KubevirtCluster:
         self.vmi = vmi
         cmdline = "console=ttyS0 quiet panic=-1 rdmig.dirty_mib=%s rdmig.interval=%s" % (
             dirty_mib, interval)
+        disks = ""
+        if disk_mib:
+            vmi.disk_mib = int(disk_mib)
+            host = self._create_disk_image(node, fill=True)
+            disks = disk_xml(vmi.disk_in_pod, "none" if direct_io_works(host) else "writethrough")
+            cmdline += " rdmig.disk=1 rdmig.disk_interval=%s" % disk_interval
         xml = domain_xml(vmi.domain, vmi.uid, mem_mib, self.guest_paths[0], self.guest_paths[1], cmdline,
-                         vmi.serial_in_pod, vmi.qmp_in_pod)
+                         vmi.serial_in_pod, vmi.qmp_in_pod, disks)
         conn = self.connect(node)
         try:
             dom = conn.defineXML(xml)
@@ -326,6 +372,37 @@ class KubevirtCluster:
             conn.close()
         self.wait_for_counter(node, boot_counter, boot_timeout)
         return vmi
+
+    def _create_disk_image(self, node, fill):
+        """The VMI's disk image in the node's pod: ``fill`` (the VMI's own disk) with random
+        bytes, else empty and sparse of the same size, what KubeVirt's migration target pod
+        has before libvirt copies into it (virt-launcher's preStartHook creates emptyDisk and
+        hostDisk images of the volume's capacity; a migrated PVC is a new blank volume).
+        Owned by 107 on the non-root row. Returns the host path."""
+        v = self.vmi
+        host = self.pods[node].path(v.disk_in_pod)
+        os.makedirs(os.path.dirname(host), exist_ok=True)
+        with open(host, "wb") as f:
+            if fill:
+                for _ in range(v.disk_mib):
+                    f.write(os.urandom(1 << 20))
+            else:
+                f.truncate(v.disk_mib << 20)
+        if self.pods[node].nonroot:
+            os.chown(host, QEMU_UID, QEMU_GID)
+        os.chmod(host, 0o660)
+        return host
+
+    def disk_counter(self, node):
+        """The guest disk writer's last finished turn as printed on the node's serial log."""
+        try:
+            with open(self.pods[node].path(self.vmi.serial_in_pod), "rb") as f:
+                data = f.read()
+        except OSError:
+            return None
+        data = data[:data.rfind(b"\n") + 1]
+        values = [int(m) for m in DISK_RE.findall(data)]
+        return max(values) if values else None
 
     def vmi_document(self, source, target, migration_uid, address, ports, tls, pod_names):
         """The VMI as KubeVirt would marshal it for the node hook (status.migrationState)."""
@@ -363,8 +440,17 @@ class KubevirtCluster:
     def migrate(self, parallel=8, tls=True, hook_socket=None, hook_timeout=30.0,
                 hook_failure="Ignore", expect_success=True, target_paused=False, timeout=120.0,
                 family="ipv4", after_ports=None, before_dial=None, check_memory=None,
-                check_counter=True, migration_uid=None, dial_order=None):
+                check_counter=True, migration_uid=None, dial_order=None, block=None):
         """Migrates the VMI to the other node the way KubeVirt does. See MigrationResult.
+
+        block (default: the VMI has a disk): KubeVirt's block migration
+        (live-migration-source.go generateMigrationFlags/generateMigrationParams):
+        VIR_MIGRATE_NON_SHARED_INC, VIR_MIGRATE_PARAM_MIGRATE_DISKS ["vda"],
+        VIR_MIGRATE_PARAM_DISKS_URI unix://<share>/migrationproxy/<uid>-49153-source.sock
+        (and MIGRATE_DISKS_DETECT_ZEROES ["vda"] where the source's libvirt has it, >= 10.9);
+        the target proxy also listens for the 49153 class (GetMigrationPortsList), the source
+        proxy serves every published class, and the target pod gets an empty image of the
+        disk's size first. With target_paused, r.disk compares both images.
 
         hook_socket/hook_timeout/hook_failure: the source proxy calls PreMigrationSource there
         after its unix listeners are up; with "Fail" a failed hook stops the migration.
@@ -392,12 +478,17 @@ class KubevirtCluster:
             launcher_pids={"source": self.launcher_pid(source), "target": self.launcher_pid(target)},
             handler_pids={}, handler_cpu_s={})
         check_memory = target_paused if check_memory is None else check_memory
+        r.block = bool(v.disk_mib) if block is None else bool(block)
+        if r.block and not v.disk_mib:
+            raise ValueError("block migration needs a VMI with a disk (define_and_start_vmi(disk_mib=...))")
         if check_memory and not target_paused:
             raise ValueError("check_memory needs target_paused (a running target changes its RAM)")
         tls_args = ["--tls-dir", self.pki_dir] if tls else ["--disable-tls"]
         r.dial_order = dial_order or self.dial_order or ("concurrent" if self.nonroot else "accept")
         tls_args = tls_args + ["--dial-order", r.dial_order]  # both proxies
         procs = {}
+        if r.block:  # the new target pod's volume: empty, of the same size
+            self._create_disk_image(target, fill=False)
         try:
             # 1. Target handler: listeners, then ports published.
             ports_file = os.path.join(mdir, "target-ports.json")
@@ -406,7 +497,7 @@ class KubevirtCluster:
                 "target", "--uid", v.uid, "--base-dir", troot + "/run/kubevirt",
                 "--libvirt-sock", troot + "/" + self.pods[target].libvirt_sock,
                 "--ports-file", ports_file, "--log", os.path.join(mdir, "target-proxy.json"),
-            ] + tls_args, os.path.join(mdir, "target-proxy.stderr"))
+            ] + tls_args + (["--block"] if r.block else []), os.path.join(mdir, "target-proxy.stderr"))
             r.handler_pids["target"] = procs["target"].pid
             wait_for(lambda: os.path.exists(ports_file), 20, "target proxy ports",
                      alive=lambda: procs["target"].poll() is None)
@@ -505,6 +596,13 @@ class KubevirtCluster:
                 lv.VIR_MIGRATE_PARAM_DEST_NAME: v.domain,
             }
             flags = lv.VIR_MIGRATE_LIVE | lv.VIR_MIGRATE_PEER2PEER | lv.VIR_MIGRATE_PERSIST_DEST
+            if r.block:
+                flags |= lv.VIR_MIGRATE_NON_SHARED_INC
+                params[lv.VIR_MIGRATE_PARAM_MIGRATE_DISKS] = ["vda"]
+                params[lv.VIR_MIGRATE_PARAM_DISKS_URI] = "unix://%s/migrationproxy/%s-49153-source.sock" % (
+                    SHARE_DIR, v.uid)
+                if sconn.getLibVersion() >= 10009000:  # VIR_MIGRATE_PARAM_MIGRATE_DISKS_DETECT_ZEROES
+                    params["migrate_disks_detect_zeroes"] = ["vda"]
             if parallel:
                 flags |= lv.VIR_MIGRATE_PARALLEL
                 params[lv.VIR_MIGRATE_PARAM_PARALLEL_CONNECTIONS] = int(parallel)
@@ -551,6 +649,8 @@ class KubevirtCluster:
         finally:
             sconn.close()
         r.counter_before = self.serial_counter(source)
+        if r.block:
+            r.disk_counter_before = self.disk_counter(source)
         if not r.success:
             left = self._delete_target_pod_domain(lv, target)
             r.target_cleanup = r.target_cleanup or left
@@ -579,6 +679,16 @@ class KubevirtCluster:
                 if r.memory["equal"] or not self.keep:  # unequal dumps stay for cmp -l
                     for role in ("source", "target"):
                         os.unlink(os.path.join(r.workdir, role + ".mem"))
+            if r.block and target_paused:
+                # Both guests are paused: the source QEMU stopped (vm_stop flushed its writes)
+                # and is gone, libvirt completed the mirror to the target before Finish.
+                paths = {role: self.pods[node].path(v.disk_in_pod)
+                         for role, node in (("source", source), ("target", target))}
+                r.disk = {"source_sha256": file_sha256(paths["source"]),
+                          "target_sha256": file_sha256(paths["target"]),
+                          "bytes": v.disk_mib << 20,
+                          "sizes": {role: os.path.getsize(p) for role, p in paths.items()}}
+                r.disk["equal"] = r.disk["source_sha256"] == r.disk["target_sha256"]
         finally:
             tconn.close()
         r.downtime_ms = r.job.get("downtime")
@@ -653,10 +763,13 @@ class KubevirtCluster:
                 dom = conn.lookupByName(self.vmi.domain)
             except lv.libvirtError:
                 return None
-            if dom.isActive() != 1:
+            try:  # libvirt may remove the failed incoming domain between the lookup and here
+                if dom.isActive() != 1:
+                    return None
+                state = {lv.VIR_DOMAIN_RUNNING: "running", lv.VIR_DOMAIN_PAUSED: "paused"}.get(
+                    dom.state()[0], str(dom.state()[0]))
+            except lv.libvirtError:
                 return None
-            state = {lv.VIR_DOMAIN_RUNNING: "running", lv.VIR_DOMAIN_PAUSED: "paused"}.get(
-                dom.state()[0], str(dom.state()[0]))
             try:
                 dom.destroy()
             except lv.libvirtError:
