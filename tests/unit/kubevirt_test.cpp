@@ -87,7 +87,8 @@ TEST(KubevirtVmi, RejectsHostileFieldsNamingThem) {
   EXPECT_NE(parse_vmi(vmi(json::object())).error().message.find("migrationUid"), std::string::npos);
 }
 
-TEST(KubevirtFlowHello, RoundTripsAndValidatesEveryField) {
+// A flow hello with every field set.
+static FlowHello sample_hello(const std::string& transport) {
   FlowHello h;
   h.session = std::string(32, 'a');
   h.nonce = std::string(32, 'f');
@@ -98,7 +99,12 @@ TEST(KubevirtFlowHello, RoundTripsAndValidatesEveryField) {
   h.target_node = "b";
   h.chunk_size = 1 << 20;
   h.ring_depth = 16;
-  h.transport = "rdma";
+  h.transport = transport;
+  return h;
+}
+
+TEST(KubevirtFlowHello, RoundTripsAndValidatesEveryField) {
+  const FlowHello h = sample_hello("rdma");
   auto back = FlowHello::parse(h.to_json());
   ASSERT_TRUE(back) << back.error().message;
   EXPECT_EQ(back->vmi.key(), "prod/web-1");
@@ -120,17 +126,7 @@ TEST(KubevirtFlowHello, RoundTripsAndValidatesEveryField) {
 }
 
 TEST(KubevirtFlowProof, CoversEveryFieldOfTheHelloBothNoncesAndTheRole) {
-  FlowHello h;
-  h.session = std::string(32, 'a');
-  h.nonce = std::string(32, 'b');
-  h.mode = "hook";
-  h.vmi = VmiRef{"prod", "web-1", "u-1"};
-  h.migration_uid = "m-1";
-  h.source_node = "a";
-  h.target_node = "b";
-  h.chunk_size = 1 << 20;
-  h.ring_depth = 16;
-  h.transport = "tcp";
+  const FlowHello h = sample_hello("tcp");
   const std::string token = "token-0123456789";
   const std::string proof = flow_proof(token, "source", h, "n1");
   EXPECT_EQ(proof.size(), 64u);
