@@ -51,8 +51,12 @@ void KubevirtMetrics::finished(const FlowRecord& r) {
   migrations_.Add({{"role", r.role}, {"result", r.phase}}).Increment();
   if (r.vmi.name.empty()) return;
   const std::map<std::string, std::string> vm{{"namespace", r.vmi.namespace_}, {"name", r.vmi.name}, {"role", r.role}};
-  vm_carried_.Add(vm).Set(r.carried && r.phase == "Succeeded" ? 1 : 0);
-  if (!r.carried) return;
+  // The carried gauge goes last: a scrape that sees it sees the migration's other series too
+  // (the registry is read without this lock; seen in the Soft-RoCE VM: carried, but no bytes).
+  if (!r.carried) {
+    vm_carried_.Add(vm).Set(0);
+    return;
+  }
   auto sent = vm;
   sent["direction"] = "sent";
   auto received = vm;
@@ -70,6 +74,7 @@ void KubevirtMetrics::finished(const FlowRecord& r) {
   if (r.libvirt && r.libvirt->total_time_ms >= 0) {
     vm_total_time_.Add(vm).Set(static_cast<double>(r.libvirt->total_time_ms) / 1000.0);
   }
+  vm_carried_.Add(vm).Set(r.phase == "Succeeded" ? 1 : 0);
 }
 
 void KubevirtMetrics::forget(const FlowRecord& r) {
