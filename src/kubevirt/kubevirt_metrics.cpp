@@ -18,6 +18,9 @@ KubevirtMetrics::KubevirtMetrics(Metrics& m)
       downtime_(BuildHistogram().Name("rdmig_kubevirt_downtime_seconds")
                     .Help("libvirt's downtime of carried KubeVirt migrations (read on the target), by transport")
                     .Register(*m.registry())),
+      vm_carried_(BuildGauge().Name("rdmig_kubevirt_migration_carried")
+                      .Help("1 when rdmig carried the last migration of each VMI, 0 when KubeVirt's own path did")
+                      .Register(*m.registry())),
       vm_bytes_(BuildGauge().Name("rdmig_kubevirt_migration_bytes")
                     .Help("Bytes carried for the last migration of each VMI, by direction")
                     .Register(*m.registry())),
@@ -29,10 +32,7 @@ KubevirtMetrics::KubevirtMetrics(Metrics& m)
                        .Register(*m.registry())),
       vm_total_time_(BuildGauge().Name("rdmig_kubevirt_migration_total_time_seconds")
                          .Help("libvirt's total time of the last carried migration of each VMI")
-                         .Register(*m.registry())),
-      vm_carried_(BuildGauge().Name("rdmig_kubevirt_migration_carried")
-                      .Help("1 when rdmig carried the last migration of each VMI, 0 when KubeVirt's own path did")
-                      .Register(*m.registry())) {
+                         .Register(*m.registry())) {
   // The label values that alerts and the dashboard take increase() of exist from start-up, at 0:
   // increase() cannot see the increment that creates a series (see kFailureReasons in metrics.h).
   for (const char* decision : {"carried", "skipped", "error"}) hook_calls_.Add({{"decision", decision}});

@@ -32,11 +32,13 @@ class KubevirtMetrics {
   prometheus::Family<prometheus::Counter>& migrations_;
   prometheus::Family<prometheus::Gauge>& active_;
   prometheus::Family<prometheus::Histogram>& downtime_;
+  // Registered (and so collected) before the other per-VMI series, and set after them: a scrape
+  // that sees a VMI's carried series sees the rest of that migration's series too.
+  prometheus::Family<prometheus::Gauge>& vm_carried_;
   prometheus::Family<prometheus::Gauge>& vm_bytes_;
   prometheus::Family<prometheus::Gauge>& vm_throughput_;
   prometheus::Family<prometheus::Gauge>& vm_downtime_;
   prometheus::Family<prometheus::Gauge>& vm_total_time_;
-  prometheus::Family<prometheus::Gauge>& vm_carried_;
   std::mutex mu_;
 };
 
