@@ -292,15 +292,19 @@ class KubevirtCluster:
     def domain(self, node):
         return self.connect(node).lookupByName(self.vmi.domain)
 
-    def serial_counter(self, node):
+    def _serial_max(self, node, pattern):
+        """The highest number `pattern` finds on complete lines of the node's serial log."""
         try:
             with open(self.pods[node].path(self.vmi.serial_in_pod), "rb") as f:
                 data = f.read()
         except OSError:
             return None
         data = data[:data.rfind(b"\n") + 1]
-        values = [int(m) for m in COUNTER_RE.findall(data)]
+        values = [int(m) for m in pattern.findall(data)]
         return max(values) if values else None
+
+    def serial_counter(self, node):
+        return self._serial_max(node, COUNTER_RE)
 
     def wait_for_counter(self, node, minimum, timeout=60.0):
         try:
@@ -395,14 +399,7 @@ class KubevirtCluster:
 
     def disk_counter(self, node):
         """The guest disk writer's last finished turn as printed on the node's serial log."""
-        try:
-            with open(self.pods[node].path(self.vmi.serial_in_pod), "rb") as f:
-                data = f.read()
-        except OSError:
-            return None
-        data = data[:data.rfind(b"\n") + 1]
-        values = [int(m) for m in DISK_RE.findall(data)]
-        return max(values) if values else None
+        return self._serial_max(node, DISK_RE)
 
     def vmi_document(self, source, target, migration_uid, address, ports, tls, pod_names):
         """The VMI as KubeVirt would marshal it for the node hook (status.migrationState)."""
