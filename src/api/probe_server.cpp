@@ -1,8 +1,6 @@
 #include "api/probe_server.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -84,17 +82,6 @@ struct Client {
   size_t written = 0;
 };
 
-std::string peer_of(int fd) {
-  sockaddr_storage ss{};
-  socklen_t len = sizeof ss;
-  char text[INET6_ADDRSTRLEN] = {};
-  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
-    if (ss.ss_family == AF_INET) ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, text, sizeof text);
-    if (ss.ss_family == AF_INET6) ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, text, sizeof text);
-  }
-  return text;
-}
-
 // Which client makes room for a new one from `source` when the table is full: the oldest of
 // that source's own when it holds its share already (a flood evicts only itself), else the
 // oldest that has not finished its request (a probe that sent its request is answered first).
@@ -165,7 +152,7 @@ void ProbeServer::run() {
         UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
         if (!fd.valid()) break;
         Client c{std::move(fd), now + kRequestDeadline, {}, {}, {}, 0};
-        c.source = peer_of(c.fd.get());
+        c.source = net::peer_address(c.fd.get());
         serve(c);
         if (!c.fd.valid()) continue;  // answered already
         if (clients.size() >= kMaxClients) clients.erase(victim(clients, c.source, kMaxClientsPerSource));

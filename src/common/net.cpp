@@ -264,6 +264,19 @@ Result<Endpoint> parse_endpoint(const std::string& text, const std::string& fiel
   return Endpoint{host, static_cast<uint16_t>(port)};
 }
 
+std::string peer_address(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "";
+  char text[INET6_ADDRSTRLEN] = {};
+  if (ss.ss_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, text, sizeof text);
+  } else if (ss.ss_family == AF_INET6) {
+    ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, text, sizeof text);
+  }
+  return text;
+}
+
 Status check_unicast_literal(const std::string& host, const std::string& field) {
   auto refuse = [&](const std::string& why) {
     return Error{Errc::kInvalidArgument, field + ": " + host.substr(0, 64) + " " + why};

@@ -55,6 +55,10 @@ Result<bool> read_exact(int fd, std::span<std::byte> buf, bool eof_ok = false);
 Status write_all(int fd, std::span<const std::byte> buf);
 Status writev_all(int fd, iovec* iov, int iovcnt);
 
+// The peer's address of a connected socket, without its port ("" when unknown): what
+// per-source limits count by.
+std::string peer_address(int fd);
+
 // Whether `host` may be dialled on someone else's behalf: an IPv4 or IPv6 literal (never a
 // name) for a unicast address that is not loopback, unspecified, link-local, multicast or
 // broadcast (an IPv4-mapped IPv6 address is judged as its IPv4 address). Names the field.

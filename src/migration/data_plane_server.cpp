@@ -1,7 +1,5 @@
 #include "migration/data_plane_server.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <cstdlib>
@@ -103,22 +101,6 @@ Result<transport::rdma::AcceptPlan> DataPlaneServer::resolve_rdma(const std::arr
   return Error{Errc::kPermissionDenied, "no migration has this session"};
 }
 
-namespace {
-// The peer's address without its port ("" when unknown): what the per-source limit counts by.
-std::string peer_address(int fd) {
-  sockaddr_storage ss{};
-  socklen_t len = sizeof ss;
-  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "";
-  char text[INET6_ADDRSTRLEN] = {};
-  if (ss.ss_family == AF_INET) {
-    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, text, sizeof text);
-  } else if (ss.ss_family == AF_INET6) {
-    ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, text, sizeof text);
-  }
-  return text;
-}
-}  // namespace
-
 void DataPlaneServer::accept_loop() {
   while (!stopping_.load()) {
     auto fd = net::accept_for(listener_.get(), 500ms);
@@ -129,7 +111,7 @@ void DataPlaneServer::accept_loop() {
       std::this_thread::sleep_for(100ms);  // e.g. EMFILE: do not spin
       continue;
     }
-    std::string source = peer_address(fd->get());
+    std::string source = net::peer_address(fd->get());
     {
       std::lock_guard lock(pending_mu_);
       if (pending_ >= kMaxPendingHellos) {
