@@ -11,6 +11,7 @@
 #include <optional>
 #include <string_view>
 
+#include "api/http_front.h"
 #include "api/models.h"
 #include "common/json_limits.h"
 #include "common/log.h"
@@ -40,63 +41,6 @@ void send_error(httplib::Response& res, const Error& e) {
 // The client whose request this worker thread is serving, counted in client_requests_; empty
 // when the request was not counted (refused by the per-client cap, or none).
 thread_local std::string tl_counted_client;
-
-// httplib's default pool has 8 workers, so 8 slow clients stall every other request. This one
-// starts a worker whenever the queued tasks outnumber the idle workers, up to kMaxWorkers; only
-// past that do connections wait.
-class GrowingPool final : public httplib::TaskQueue {
- public:
-  static constexpr size_t kMaxWorkers = 64;
-
-  ~GrowingPool() override { shutdown(); }
-
-  void enqueue(std::function<void()> fn) override {
-    std::lock_guard lock(mu_);
-    if (stopping_) return;
-    tasks_.push_back(std::move(fn));
-    // Each idle worker takes one queued task: more tasks than idle workers need a new one
-    // (counting only idle workers left a task queued behind a slow client, seen in CI).
-    if (tasks_.size() > idle_ && workers_.size() < kMaxWorkers) {
-      workers_.emplace_back([this] { work(); });
-    } else {
-      cv_.notify_one();
-    }
-  }
-
-  void shutdown() override {
-    std::vector<std::thread> workers;
-    {
-      std::lock_guard lock(mu_);
-      stopping_ = true;
-      workers.swap(workers_);
-    }
-    cv_.notify_all();
-    for (auto& t : workers) t.join();
-  }
-
- private:
-  void work() {
-    std::unique_lock lock(mu_);
-    for (;;) {
-      ++idle_;
-      cv_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
-      --idle_;
-      if (tasks_.empty()) return;  // stopping, nothing left
-      auto fn = std::move(tasks_.front());
-      tasks_.pop_front();
-      lock.unlock();
-      fn();
-      lock.lock();
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;
-  std::vector<std::thread> workers_;
-  size_t idle_ = 0;
-  bool stopping_ = false;
-};
 
 // Strict UTF-8 (no overlongs, no surrogates, nothing past U+10FFFF).
 bool valid_utf8(std::string_view s) {
@@ -158,13 +102,30 @@ std::optional<Error> check_request_text(const httplib::Request& req) {
 
 namespace {
 
-// HTTPS only when a certificate is given: httplib's SSLServer answers nothing but TLS.
-std::unique_ptr<httplib::Server> make_server(const std::shared_ptr<tls::ServerCertificate>& cert) {
-  if (!cert) return std::make_unique<httplib::Server>();
-  return std::make_unique<httplib::SSLServer>([cert = cert.get()](SSL_CTX& ctx) { return cert->configure(ctx); });
+// httplib's request handling (parse, route, answer) on a stream the front gives it; the front
+// does the accepting, TLS and the deadlines (api/http_front.h).
+class Router final : public httplib::Server {
+ public:
+  void handle(httplib::Stream& strm) {
+    bool closed = false;
+    process_request(strm, /*close_connection=*/true, closed, nullptr);
+  }
+};
+
+// HTTPS only when a certificate is given: the front then speaks nothing but TLS.
+SSL_CTX* make_tls_context(const std::shared_ptr<tls::ServerCertificate>& cert) {
+  if (!cert) return nullptr;
+  SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
+  if (ctx && !cert->configure(*ctx)) {
+    SSL_CTX_free(ctx);
+    return nullptr;
+  }
+  return ctx;
 }
 
 }  // namespace
+
+void RestServer::TlsContextFree::operator()(SSL_CTX* ctx) const { SSL_CTX_free(ctx); }
 
 RestServer::RestServer(const AgentConfig& config, std::shared_ptr<TokenSource> token, migration::MigrationManager& manager,
                        kubevirt::KubevirtRelay* kubevirt, Metrics& metrics, std::shared_ptr<tls::ServerCertificate> cert)
@@ -174,41 +135,39 @@ RestServer::RestServer(const AgentConfig& config, std::shared_ptr<TokenSource> t
       kubevirt_(kubevirt),
       metrics_(metrics),
       cert_(std::move(cert)),
-      server_(make_server(cert_)) {
+      tls_(make_tls_context(cert_)),
+      server_(std::make_unique<Router>()),
+      front_(std::make_unique<HttpFront>(tls_.get(), [router = static_cast<Router*>(server_.get())](httplib::Stream& s) {
+        router->handle(s);
+      })) {
   routes();
 }
 
 RestServer::~RestServer() { stop(); }
 
 Status RestServer::bind() {
-  if (!server_->is_valid()) return Error{Errc::kInvalidArgument, "config key 'api.tls': cannot set up HTTPS with it"};
-  const int port = config_.api.port == 0
-                       ? server_->bind_to_any_port(config_.api.address)
-                       : (server_->bind_to_port(config_.api.address, config_.api.port) ? config_.api.port : -1);
-  if (port <= 0) {
+  if (cert_ && !tls_) return Error{Errc::kInvalidArgument, "config key 'api.tls': cannot set up HTTPS with it"};
+  if (auto st = front_->bind(config_.api.address, config_.api.port); !st) {
     return Error{Errc::kUnavailable, "api: cannot listen on " + config_.api.address + ":" +
-                                         std::to_string(config_.api.port)};
+                                         std::to_string(config_.api.port) + ": " + st.error().message};
   }
-  port_ = static_cast<uint16_t>(port);
+  port_ = front_->port();
   LOG_INFO("api") << "listening on " << config_.api.address << ":" << port_ << (cert_ ? " (HTTPS only)" : "");
   return ok_status();
 }
 
-void RestServer::serve() { server_->listen_after_bind(); }
+void RestServer::serve() { front_->run(); }
 
 void RestServer::stop() {
-  if (server_) server_->stop();
+  if (front_) front_->stop();
 }
 
 void RestServer::routes() {
   auto& s = *server_;
   s.set_payload_max_length(config_.api.max_body_bytes);
-  s.set_read_timeout(10, 0);
-  s.set_write_timeout(10, 0);
-  // One request per connection: after a refused body (413) the rest of it must never be read
-  // as further requests, and no client can hold a worker by keeping a connection alive.
-  s.set_keep_alive_max_count(1);
-  s.new_task_queue = [] { return new GrowingPool(); };
+  // One request per connection (Router::handle): after a refused body (413) the rest of it is
+  // never read as further requests, and no client holds a worker by keeping a connection alive.
+  // Timeouts and deadlines are the front's (HttpFront::kHeaderDeadline, kRequestDeadline).
 
   // Authentication for /v1: 401 without a bearer token, 403 with a wrong one.
   // The per-client cap: a request counts from the end of its headers (pre-routing) to the start

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 
+#include "api/http_front.h"
 #include "common/result.h"
 #include "common/token_source.h"
 #include "config/agent_config.h"
@@ -52,8 +53,13 @@ class RestServer {
   kubevirt::KubevirtRelay* kubevirt_;
   Metrics& metrics_;
   std::function<bool()> ready_;
-  std::shared_ptr<tls::ServerCertificate> cert_;  // before server_: its SSL context points at it
-  std::unique_ptr<httplib::Server> server_;
+  struct TlsContextFree {
+    void operator()(SSL_CTX* ctx) const;
+  };
+  std::shared_ptr<tls::ServerCertificate> cert_;  // before tls_: the context points at it
+  std::unique_ptr<SSL_CTX, TlsContextFree> tls_;  // null: plain HTTP
+  std::unique_ptr<httplib::Server> server_;       // routes and handlers
+  std::unique_ptr<HttpFront> front_;              // accepts, TLS, deadlines, workers
   uint16_t port_ = 0;
   // Requests of one client address served at once (api: at most kMaxRequestsPerClient).
   std::mutex clients_mu_;

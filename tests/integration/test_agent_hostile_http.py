@@ -362,11 +362,12 @@ class HostileHttpTest(unittest.TestCase):
 
     # ---- slow and idle clients ----
 
-    def slow_clients(self, port, count, stop, first=b"GET /v1/migrations HTTP/1.1\r\n"):
+    def slow_clients(self, port, count, stop, first=b"GET /v1/migrations HTTP/1.1\r\n", source=None):
         """`count` connections that send `first`, then one header byte a second until `stop`."""
         socks = []
         for _ in range(count):
-            c = socket.create_connection(("127.0.0.1", port), timeout=5)
+            c = socket.create_connection(("127.0.0.1", port), timeout=5,
+                                         source_address=(source, 0) if source else None)
             c.sendall(first)
             socks.append(c)
 
@@ -418,6 +419,87 @@ class HostileHttpTest(unittest.TestCase):
             stop.set()
             for t in trickling:
                 t.join(10)
+
+    def test_trickling_heads_from_one_address_hold_no_worker_and_end_at_the_deadline(self):
+        # 100 connections from one address send their request head a byte a second. Before the
+        # front, each held a worker from accept (the per-client cap counted only parsed
+        # requests): 64 of them held every worker, and other clients' requests waited behind.
+        stop = threading.Event()
+        t0 = time.monotonic()
+        socks = []
+        trickler = None
+        try:
+            trickler = self.slow_clients(self.agent.api_port, 100, stop, source="127.0.0.2")
+            time.sleep(2.5)  # two trickle rounds
+            worst = 0.0
+            for path, token in (("/healthz", None), ("/v1/migrations", self.agent.token)) * 3:
+                status, took = self.timed_get(self.agent.api_port, path, token)
+                self.assertEqual(status, 200, path)
+                worst = max(worst, took)
+            print("\n[hostile-http] 100 trickling heads from 127.0.0.2; slowest answer elsewhere %.3f s" % worst,
+                  file=sys.stderr)
+            self.assertLess(worst, 1.0)
+        finally:
+            stop.set()
+            if trickler:
+                trickler.join(10)
+        # The head deadline (10 s from accept): a trickler gets 408 and its connection ends.
+        c = socket.create_connection(("127.0.0.1", self.agent.api_port), timeout=20,
+                                     source_address=("127.0.0.2", 0))
+        started = time.monotonic()
+        c.sendall(b"GET /v1/migrations HTTP/1.1\r\n")
+        reply = b""
+        while True:
+            try:
+                c.sendall(b"X")
+            except OSError:
+                pass
+            c.settimeout(1.0)
+            try:
+                chunk = c.recv(4096)
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+            if not chunk:
+                break
+            reply += chunk
+        c.close()
+        took = time.monotonic() - started
+        print("\n[hostile-http] a trickling head ended after %.1f s: %r" % (took, reply[:40]), file=sys.stderr)
+        self.assertTrue(reply.startswith(b"HTTP/1.1 408 "), reply[:200])
+        self.assertGreater(took, 9.0)
+        self.assertLess(took, 13.0)
+
+    def test_silent_connections_past_an_addresses_share_take_only_its_own(self):
+        # 300 silent connections from one address: it keeps at most 128 open (its newest are
+        # closed at once); another address is served as before.
+        held = []
+        try:
+            for _ in range(300):
+                held.append(socket.create_connection(("127.0.0.1", self.agent.api_port), timeout=5,
+                                                     source_address=("127.0.0.3", 0)))
+            time.sleep(0.5)
+            closed = 0
+            for c in held:
+                c.setblocking(False)
+                try:
+                    if c.recv(1) == b"":
+                        closed += 1
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    closed += 1
+            print("\n[hostile-http] 300 silent connections from one address: %d closed by the agent" % closed,
+                  file=sys.stderr)
+            self.assertEqual(closed, 300 - 128)
+            for _ in range(3):
+                status, took = self.timed_get(self.agent.api_port, "/v1/migrations", self.agent.token)
+                self.assertEqual(status, 200)
+                self.assertLess(took, 1.0)
+        finally:
+            for c in held:
+                c.close()
 
     def test_a_connection_flood_never_pushes_out_the_kubelets_probes(self):
         # Processes on another address (a pod on the node's network) open silent connections to
@@ -647,7 +729,8 @@ class HostileHttpTest(unittest.TestCase):
             self.assertEqual(os.stat(self.agent.state_dir).st_mode & 0o777, 0o700)
             probe = ("import socket,sys\n"
                      "s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.settimeout(3)\n"
-                     "s.sendall(b'QEVM' + b'\\0' * 4092)\n"
+                     "try:\n  s.sendall(b'QEVM' + b'\\0' * 4092)\n"
+                     "except OSError:\n  print('closed'); sys.exit(0)\n"  # refused before it wrote
                      "try:\n  print('closed' if s.recv(1) == b'' else 'data')\n"
                      "except socket.timeout:\n  print('open')\n"
                      "except OSError:\n  print('closed')\n")
