@@ -141,9 +141,41 @@ class ValuesTest(unittest.TestCase):
         self.assertEqual(spec["nodeSelector"], {"feature.node.kubernetes.io/rdma.available": "true"})
         self.assertNotIn("tolerations", spec, "no blanket toleration of every taint")
         res = spec["containers"][0]["resources"]
-        self.assertEqual(res, {"requests": {"cpu": "200m", "memory": "256Mi"}}, "no RDMA resource unless configured")
+        self.assertEqual(res, {"requests": {"cpu": "200m", "memory": "2304Mi"}},
+                         "no RDMA resource unless configured; memory: bufferBudget 2Gi + 256Mi")
         cfg = embedded_config(one(self.defaults, "ConfigMap", "rdmig-agent-config"))["agent.yaml"]
         self.assertEqual(cfg["rdma"]["resourceEnv"], "")
+
+    def test_agent_is_not_evicted_first_and_requests_the_memory_it_can_pin(self):
+        spec = pod_spec(one(self.defaults, "DaemonSet"))
+        self.assertEqual(spec["priorityClassName"], "system-node-critical")
+        # The request follows the budget (locked ring buffers are charged to the pod) ...
+        for budget, overhead, want in (("4Gi", "256Mi", "4352Mi"), ("512Mi", "128Mi", "640Mi"),
+                                       ("1000000000", "256Mi", "1210Mi"), ("3221225472", "1Gi", "4096Mi")):
+            ds = one(render("--set", "agent.config.migration.bufferBudget=" + budget,
+                            "--set", "agent.memoryOverhead=" + overhead), "DaemonSet")
+            self.assertEqual(pod_spec(ds)["containers"][0]["resources"]["requests"]["memory"], want, budget)
+        # ... an explicit request is the operator's, and a limit that cannot hold it is refused.
+        ds = one(render("--set", "agent.resources.requests.memory=1Gi"), "DaemonSet")
+        self.assertEqual(pod_spec(ds)["containers"][0]["resources"]["requests"]["memory"], "1Gi")
+        ds = one(render("--set", "agent.resources.limits.memory=3Gi"), "DaemonSet")
+        self.assertEqual(pod_spec(ds)["containers"][0]["resources"]["limits"]["memory"], "3Gi")
+        r = helm("template", "rdmig", CHART, "--set", "agent.resources.limits.memory=2Gi", check=False)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("agent.resources.limits.memory 2Gi cannot hold agent.config.migration.bufferBudget (2Gi", r.stderr)
+        self.assertIn("at least 2304Mi", r.stderr)
+        r = helm("template", "rdmig", CHART, "--set", "agent.config.migration.bufferBudget=2GB", check=False)
+        self.assertNotEqual(r.returncode, 0)
+        # A budget given as a YAML number (bytes) counts the same.
+        import tempfile
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+            f.write("agent:\n  config:\n    migration:\n      bufferBudget: 4294967296\n")
+            f.flush()
+            ds = one(render("-f", f.name), "DaemonSet")
+        self.assertEqual(pod_spec(ds)["containers"][0]["resources"]["requests"]["memory"], "4352Mi")
+        # Without a priority class, when an operator says so.
+        ds = one(render("--set", "agent.priorityClassName="), "DaemonSet")
+        self.assertNotIn("priorityClassName", pod_spec(ds))
 
     def test_init_container_checks_the_mounted_config_with_the_program_itself(self):
         cases = (("DaemonSet", "rdmig-agent-config", "agent.yaml", ("api", "tokenFile")),

@@ -145,3 +145,43 @@ the cluster can be asked (helm install/upgrade); under `helm template` only its 
 {{- include "rdmig.agentTls.controllerConfig" (list . $cfg) -}}
 {{- toYaml $cfg -}}
 {{- end -}}
+
+{{/* A byte quantity as the agent reads it ("2Gi", "512Mi", "1G", "1048576") in bytes. */}}
+{{- define "rdmig.bytes" -}}
+{{- $q := toString . -}}
+{{- if or (kindIs "float64" .) (kindIs "int64" .) (kindIs "int" .) -}}{{- $q = printf "%.0f" (float64 .) -}}{{- end -}}
+{{- $mult := dict "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 -}}
+{{- $suffix := regexFind "[A-Za-z]+$" $q -}}
+{{- if and $suffix (not (hasKey $mult $suffix)) -}}
+{{- fail (printf "%q: not a byte quantity (use Ki, Mi, Gi, Ti, k, M, G, T or plain bytes)" $q) -}}
+{{- end -}}
+{{- $num := trimSuffix $suffix $q -}}
+{{- if not (regexMatch "^[0-9]+$" $num) -}}
+{{- fail (printf "%q: not a byte quantity (a whole number, then Ki, Mi, Gi, Ti, k, M, G, T or nothing)" $q) -}}
+{{- end -}}
+{{- if $suffix -}}{{- mul (int64 $num) (get $mult $suffix) -}}{{- else -}}{{- int64 $num -}}{{- end -}}
+{{- end -}}
+
+{{/* The agent container's resources: agent.resources, plus the memory the agent can pin. The
+ring buffers of running migrations (up to migration.bufferBudget) are locked pages charged to the
+pod's memory cgroup, on top of the agent's own agent.memoryOverhead. With no memory request in
+agent.resources, the request is the two together (so the scheduler places the agent on a node
+that can hold it); a memory limit that cannot hold them is refused, naming both. */}}
+{{- define "rdmig.agent.resources" -}}
+{{- $res := deepCopy (.Values.agent.resources | default dict) -}}
+{{- $budget := include "rdmig.bytes" (.Values.agent.config.migration.bufferBudget | default "2Gi") | int64 -}}
+{{- $overhead := include "rdmig.bytes" .Values.agent.memoryOverhead | int64 -}}
+{{- $need := add $budget $overhead -}}
+{{- $needMi := div (add $need 1048575) 1048576 -}}
+{{- $requests := $res.requests | default dict -}}
+{{- if not (hasKey $requests "memory") -}}
+{{- $_ := set $requests "memory" (printf "%dMi" $needMi) -}}
+{{- end -}}
+{{- $_ := set $res "requests" $requests -}}
+{{- with ($res.limits | default dict).memory -}}
+{{- if lt (include "rdmig.bytes" . | int64) $need -}}
+{{- fail (printf "agent.resources.limits.memory %s cannot hold agent.config.migration.bufferBudget (%s, locked while migrations run) plus agent.memoryOverhead (%s): set the limit to at least %dMi, or lower the budget" (toString .) (toString $.Values.agent.config.migration.bufferBudget) (toString $.Values.agent.memoryOverhead) $needMi) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $res -}}
+{{- end -}}
