@@ -3,8 +3,10 @@
 Keywords: type (object, array, string, integer, number, boolean), properties, required,
 items, enum, minimum, maximum, minLength, maxLength, pattern, minProperties, maxProperties,
 format (date-time, int64: checked loosely), additionalProperties (a schema for map values),
-x-kubernetes-int-or-string, x-kubernetes-preserve-unknown-fields, default and description
-(ignored), and x-kubernetes-validations (CEL rules) in the subset the CRD uses: field selection
+x-kubernetes-int-or-string, x-kubernetes-preserve-unknown-fields, x-kubernetes-list-type (map:
+every item has the x-kubernetes-list-map-keys, which the schema must require, and no two items
+share them, as the API server's "Duplicate value"; set: no two items equal; atomic), default
+and description (ignored), and x-kubernetes-validations (CEL rules) in the subset the CRD uses: field selection
 on self/oldSelf, has(), ==, !=, &&, ||, !, parentheses, string/number/bool literals. A rule that
 uses anything else is reported, never skipped. Rules naming oldSelf (transition rules) run only
 on updates (validate(..., old=stored)), as the API server runs them. Unknown fields are errors
@@ -18,7 +20,8 @@ import yaml
 KNOWN = {"type", "properties", "required", "items", "enum", "minimum", "maximum", "minLength",
          "maxLength", "pattern", "minProperties", "maxProperties", "format", "default",
          "description", "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields",
-         "additionalProperties", "x-kubernetes-validations"}
+         "additionalProperties", "x-kubernetes-validations", "x-kubernetes-list-type",
+         "x-kubernetes-list-map-keys"}
 RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
 
 
@@ -193,4 +196,28 @@ def validate(value, schema, path="", top=True, old=None):
     if isinstance(value, list) and "items" in schema:
         for i, item in enumerate(value):
             errors += validate(item, schema["items"], "%s[%d]" % (path, i), False)
+    list_type = schema.get("x-kubernetes-list-type")
+    if isinstance(value, list) and list_type is not None:
+        if list_type == "map":
+            keys = schema.get("x-kubernetes-list-map-keys") or []
+            if not keys:
+                errors.append("%s: x-kubernetes-list-type map needs x-kubernetes-list-map-keys" % where)
+            missing = [k for k in keys if k not in schema.get("items", {}).get("required", [])]
+            if missing:
+                errors.append("%s: list map keys %s must be required in the items' schema" % (where, missing))
+            seen = {}
+            for i, item in enumerate(value):
+                if not isinstance(item, dict):
+                    continue
+                k = tuple(repr(item.get(key)) for key in keys)
+                if k in seen:
+                    errors.append("%s[%d]: Duplicate value: %s (as %s[%d])"
+                                  % (where, i, dict(zip(keys, k)), where, seen[k]))
+                seen.setdefault(k, i)
+        elif list_type == "set":
+            for i, item in enumerate(value):
+                if item in value[:i]:
+                    errors.append("%s[%d]: Duplicate value: %r" % (where, i, item))
+        elif list_type != "atomic":
+            errors.append("%s: x-kubernetes-list-type %r is not map, set or atomic" % (where, list_type))
     return errors

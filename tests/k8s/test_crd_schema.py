@@ -230,6 +230,18 @@ class CrdSchemaTest(unittest.TestCase):
         errs = self.errors(self.mutated(lambda o: o.update(status={"phase": "Done"})))
         self.assertTrue(any("status.phase" in e for e in errs), errs)
 
+    def test_conditions_are_a_list_map_by_type_and_a_duplicate_type_is_refused(self):
+        schema = schema_validator.load_crd_schema(CRD)
+        conds = schema["properties"]["status"]["properties"]["conditions"]
+        self.assertEqual(conds["x-kubernetes-list-type"], "map")
+        self.assertEqual(conds["x-kubernetes-list-map-keys"], ["type"])
+        c = {"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-01T00:00:00Z", "reason": "R",
+             "message": ""}
+        self.assertEqual(schema_validator.validate([c, dict(c, type="Carried")], conds), [])
+        errs = schema_validator.validate([c, dict(c, status="False")], conds)
+        self.assertEqual(len(errs), 1, errs)
+        self.assertIn("Duplicate value", errs[0])
+
     def test_validator_catches_what_it_claims(self):
         # The validator itself: each keyword can fail.
         v = schema_validator.validate
