@@ -72,7 +72,8 @@ class AlertsTest(unittest.TestCase):
         self.run_promtool("test", "rules", "alerts-test.yaml")
 
     def test_the_charts_rules_with_other_values_pass_promtool_too(self):
-        docs = render("--set", "prometheusRule.enabled=true", "--set", "prometheusRule.downtimeSloSeconds=0.025",
+        docs = render("--set", "prometheusRule.enabled=true", "--set", "serviceMonitor.enabled=true",
+                      "--set", "prometheusRule.downtimeSloSeconds=0.025",
                       "--set", "prometheusRule.rdmaFallbackRatio=0.5", release="vmmove", namespace="infra")
         rule = one(docs, "PrometheusRule")
         path = os.path.join(self.tmp, "other.rules.yaml")
@@ -80,7 +81,12 @@ class AlertsTest(unittest.TestCase):
             yaml.safe_dump(rule["spec"], f)
         self.run_promtool("check", "rules", "other.rules.yaml")
         text = " ".join(r["expr"] for r in rule["spec"]["groups"][0]["rules"])
-        self.assertIn('job="vmmove-rdmig-agent-metrics", namespace="infra"', text)
+        # The job labels do not follow the release name (the ServiceMonitors' jobLabel is the
+        # Services' app.kubernetes.io/name); the DaemonSet's name does, as its object name.
+        self.assertIn('job="rdmig-agent", namespace="infra"', text)
+        self.assertIn('job="rdmig-controller", namespace="infra"', text)
+        self.assertNotIn("vmmove-rdmig-agent-metrics", text)
+        self.assertIn('daemonset="vmmove-rdmig-agent"', text)
         self.assertIn('le="0.025"', text)
 
     def test_every_metric_an_alert_queries_is_exported(self):

@@ -515,7 +515,7 @@ class ChartTest(unittest.TestCase):
         vm_namespaced = re.compile(r"\brdmig_(kubevirt_migration|controller_vmi_migration)_\w+\{[^}]*namespace")
         with open(os.path.join(REPO, "dashboards", "rdmig.json")) as f:
             _, exprs = dashboard_metric_names(json.load(f))
-        rule = one(render("--set", "prometheusRule.enabled=true"), "PrometheusRule")
+        rule = one(render("--set", "prometheusRule.enabled=true", "--set", "serviceMonitor.enabled=true"), "PrometheusRule")
         exprs = list(exprs) + [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
         self.assertGreater(len(exprs), 20)
         for expr in exprs:

@@ -328,6 +328,13 @@ class ValuesTest(unittest.TestCase):
         cmds = {c["name"]: c["command"] for c in spec["containers"]}
         self.assertEqual(cmds["agents-ready"], ["kubectl", "rollout", "status", "daemonset/rdmig-agent",
                                                 "--namespace=rdmig-system", "--timeout=120s"])
+        # Zero agents scheduled (no node matches agent.nodeSelector) fails the test: kubectl wait
+        # on pods by selector exits 1 with "no matching resources found".
+        self.assertEqual(cmds["agents-scheduled"][:4], ["kubectl", "wait", "--for=condition=Ready", "pod"])
+        self.assertIn("--selector=app.kubernetes.io/name=rdmig-agent,app.kubernetes.io/instance=rdmig",
+                      cmds["agents-scheduled"])
+        self.assertIn({"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+                      one(self.defaults, "Role", "rdmig-test")["rules"])
         self.assertEqual(cmds["controller-available"][:4], ["kubectl", "rollout", "status", "deployment/rdmig-controller"])
         self.assertEqual(cmds["controller-leads"][:4], ["kubectl", "wait", "--for=jsonpath={.spec.holderIdentity}",
                                                         "lease/rdmig-controller"])
@@ -343,7 +350,7 @@ class ValuesTest(unittest.TestCase):
         # Without leader election there is no Lease to check.
         docs = render("--set", "controller.config.leaderElection.enabled=false", "--set", "controller.replicas=1")
         self.assertEqual(sorted(c["name"] for c in one(docs, "Pod")["spec"]["containers"]),
-                         ["agents-ready", "controller-available"])
+                         ["agents-ready", "agents-scheduled", "controller-available"])
         # kubectl accepts the flags (it parses them before it needs a cluster)
         kubectl = os.path.join(os.path.dirname(helm("version").args[0]), "kubectl")
         for args in cmds.values():
@@ -359,12 +366,46 @@ class ValuesTest(unittest.TestCase):
         self.assertNotIn("rdmamigrations/status", json.dumps(edit["rules"]), "people do not write status")
         self.assertIn("create", edit["rules"][0]["verbs"])
 
-    def test_prometheus_rule_auto_follows_the_cluster(self):
+    def test_prometheus_rule_auto_follows_the_cluster_and_comes_only_with_scraping(self):
+        both = ("--api-versions", "monitoring.coreos.com/v1/PrometheusRule",
+                "--api-versions", "monitoring.coreos.com/v1/ServiceMonitor")
         self.assertEqual(find(self.defaults, "PrometheusRule"), [])
-        docs = render("--api-versions", "monitoring.coreos.com/v1/PrometheusRule")
+        self.assertEqual(find(self.defaults, "ServiceMonitor"), [])
+        docs = render(*both)
         one(docs, "PrometheusRule")
-        self.assertEqual(find(render("--set", "prometheusRule.enabled=false", "--api-versions",
-                                     "monitoring.coreos.com/v1/PrometheusRule"), "PrometheusRule"), [])
+        self.assertEqual(len(find(docs, "ServiceMonitor")), 2)
+        self.assertEqual(find(render("--set", "prometheusRule.enabled=false", *both), "PrometheusRule"), [])
+        # Rules without scraping: RdmigControllerNoLeader's absent() would fire for a controller
+        # nobody scrapes. auto leaves them out; true refuses, naming the fix.
+        self.assertEqual(find(render("--api-versions", "monitoring.coreos.com/v1/PrometheusRule"), "PrometheusRule"), [])
+        self.assertEqual(find(render("--set", "serviceMonitor.enabled=false", *both), "PrometheusRule"), [])
+        r = template("--set", "prometheusRule.enabled=true")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("prometheusRule.enabled=true but the chart's ServiceMonitors are off", r.stderr)
+        self.assertIn("serviceMonitor.enabled=true", r.stderr)
+        # Scraped another way: said explicitly.
+        one(render("--set", "prometheusRule.enabled=true", "--set", "prometheusRule.withoutServiceMonitor=true"),
+            "PrometheusRule")
+        # The job label does not follow the release: ServiceMonitors take it from the Services'
+        # app.kubernetes.io/name, which is what the alerts select.
+        docs = render("--set", "serviceMonitor.enabled=true", "--set", "prometheusRule.enabled=true",
+                      release="other")
+        services = {s["metadata"]["name"]: s for s in find(docs, "Service")}
+        for sm in find(docs, "ServiceMonitor"):
+            self.assertEqual(sm["spec"]["jobLabel"], "app.kubernetes.io/name")
+            svc = [s for s in services.values()
+                   if all(s["metadata"]["labels"].get(k) == v for k, v in sm["spec"]["selector"]["matchLabels"].items())
+                   and s["metadata"]["name"].endswith("-metrics")]
+            self.assertEqual(len(svc), 1, sm["metadata"]["name"])
+            self.assertIn(svc[0]["metadata"]["labels"]["app.kubernetes.io/name"], ("rdmig-agent", "rdmig-controller"))
+        rules = one(docs, "PrometheusRule")["spec"]["groups"][0]["rules"]
+        text = " ".join(r["expr"] for r in rules)
+        self.assertIn('job="rdmig-agent", namespace="rdmig-system"', text)
+        self.assertIn('job="rdmig-controller", namespace="rdmig-system"', text)
+        for r in rules:
+            self.assertEqual(r["labels"]["kubernetes_operator_part_of"], "rdmig", r["alert"])
+            self.assertIn(r["labels"]["kubernetes_operator_component"], ("rdmig-agent", "rdmig-controller"))
+            self.assertIn(r["labels"]["operator_health_impact"], ("none", "warning", "critical"))
 
     def test_leader_election_timing_is_checked_at_install(self):
         r = template("--set", "controller.config.leaderElection.renewDeadlineSeconds=20")

@@ -54,7 +54,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from livestack import BAD_TOKEN_VM, REPO, VM, LiveStack, wait_for  # noqa: E402
 from deploylib import MANIFESTS, one, render  # noqa: E402
 
-AGENT_JOB, CONTROLLER_JOB, NAMESPACE = "rdmig-agent-metrics", "rdmig-controller-metrics", "rdmig-system"
+# The job labels the Prometheus Operator gives the chart's targets: the ServiceMonitors' jobLabel
+# (app.kubernetes.io/name) read on the metrics Services (test_chart.py checks both ends).
+AGENT_JOB, CONTROLLER_JOB, NAMESPACE = "rdmig-agent", "rdmig-controller", "rdmig-system"
 SCRAPE_SECONDS = 1
 # Grafana: $__interval is the step (at least the data source's scrape interval); $__rate_interval
 # is max($__interval + scrape interval, 4 * scrape interval).
@@ -179,7 +181,7 @@ class DashboardPrometheusTest(unittest.TestCase):
         # The ServiceMonitors' honorLabels (the agent's and the controller's) become honor_labels.
         honor = {sm["metadata"]["name"].rsplit("-", 1)[1]: sm["spec"]["endpoints"][0].get("honorLabels", False)
                  for sm in render("--set", "serviceMonitor.enabled=true") if sm["kind"] == "ServiceMonitor"}
-        chart_rules = one(render("--set", "prometheusRule.enabled=true"), "PrometheusRule")
+        chart_rules = one(render("--set", "prometheusRule.enabled=true", "--set", "serviceMonitor.enabled=true"), "PrometheusRule")
         with open(os.path.join(MANIFESTS, "monitoring", "prometheusrule.yaml")) as f:
             manifest_rules = one([d for d in yaml.safe_load_all(f) if d], "PrometheusRule")
         # The agents' ServiceMonitor: HTTPS with the chart's CA and name (agent.tls) becomes scheme and tls_config.

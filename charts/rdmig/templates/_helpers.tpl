@@ -185,3 +185,13 @@ that can hold it); a memory limit that cannot hold them is refused, naming both.
 {{- end -}}
 {{- toYaml $res -}}
 {{- end -}}
+
+{{/* "true" when the chart's ServiceMonitors are rendered: serviceMonitor.enabled true, or auto and
+the cluster serves monitoring.coreos.com/v1 ServiceMonitor; "" otherwise. */}}
+{{- define "rdmig.serviceMonitor.enabled" -}}
+{{- $on := .Values.serviceMonitor.enabled -}}
+{{- if eq (toString $on) "auto" -}}
+{{- $on = .Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor" -}}
+{{- end -}}
+{{- if $on }}true{{ end -}}
+{{- end -}}
