@@ -246,7 +246,7 @@ class ChartTest(unittest.TestCase):
             for r in find(plain, kind):
                 self.assertEqual(one(chart, kind, r["metadata"]["name"])["rules"], r["rules"])
         with open(os.path.join(CHART, "Chart.yaml")) as f:
-            image = "rdmig/rdmig:" + yaml.safe_load(f)["appVersion"]
+            image = "registry.invalid/rdmig:" + yaml.safe_load(f)["appVersion"]
         self.assertEqual({c["image"] for w in find(plain, "DaemonSet") + find(plain, "Deployment")
                           for c in pod_spec(w)["containers"]}, {image})
 
@@ -553,8 +553,25 @@ class ChartTest(unittest.TestCase):
                 self.assertNotIn("<no value>", notes)
                 self.assertEqual('feature gate "Plugins"' in notes, bool(extra), "the gate is named when the Plugin is made")
                 self.assertEqual("A bare QEMU (namespaces vms only)" in notes, bool(extra))
+                # Which image each program runs (the toggles file pins the agent by digest).
+                self.assertRegex(notes, r"Images: agent \S+\n\s+controller \S+")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+class ImageRequiredTest(unittest.TestCase):
+    def test_an_install_without_image_repository_fails_naming_what_to_set(self):
+        # No default image: a privileged hostPID agent must not come from a public name anyone
+        # could claim (the old default was rdmig/rdmig on Docker Hub).
+        for args in ([], ["--set", "agent.image.repository=reg.example/agent-only"]):
+            r = helm("template", "rdmig", CHART, "-n", NAMESPACE, "--set", "image.repository=", *args, check=False)
+            self.assertNotEqual(r.returncode, 0, args)
+            self.assertIn("image.repository is required", r.stderr)
+            self.assertIn("--set image.repository=<registry>/rdmig", r.stderr)
+        docs = render("--set", "image.repository=reg.example/infra/rdmig", "--set", "image.digest=sha256:" + "a" * 64)
+        images = {c["image"] for w in find(docs, "DaemonSet") + find(docs, "Deployment")
+                  for c in pod_spec(w)["containers"] + pod_spec(w).get("initContainers", [])}
+        self.assertEqual(images, {"reg.example/infra/rdmig@sha256:" + "a" * 64})
 
 
 def render_notes(*extra):

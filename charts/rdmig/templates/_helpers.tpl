@@ -53,6 +53,9 @@ app.kubernetes.io/component: controller
 {{- $root := index . 0 -}}
 {{- $own := index . 1 -}}
 {{- $repo := $own.repository | default $root.Values.image.repository -}}
+{{- if not $repo -}}
+{{- fail "image.repository is required: build the rdmig image (docs/deploy.md, \"Build and push the image\"), push it to a registry you control and install with --set image.repository=<registry>/rdmig (and image.digest=sha256:... to pin it). No public image is published, and a privileged node agent must not come from a name anyone could claim" -}}
+{{- end -}}
 {{- $digest := $own.digest | default $root.Values.image.digest -}}
 {{- if $digest -}}
 {{- printf "%s@%s" $repo $digest -}}
