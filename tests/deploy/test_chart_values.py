@@ -146,6 +146,17 @@ class ValuesTest(unittest.TestCase):
         cfg = embedded_config(one(self.defaults, "ConfigMap", "rdmig-agent-config"))["agent.yaml"]
         self.assertEqual(cfg["rdma"]["resourceEnv"], "")
 
+    def test_optional_node_feature_rule_labels_what_the_node_selector_selects(self):
+        self.assertEqual(find(self.defaults, "NodeFeatureRule"), [])
+        docs = render("--set", "nodeFeatureRule.enabled=true")
+        rule = one(docs, "NodeFeatureRule")
+        self.assertEqual(rule["apiVersion"], "nfd.k8s-sigs.io/v1alpha1")
+        [r] = rule["spec"]["rules"]
+        selector = pod_spec(one(docs, "DaemonSet"))["nodeSelector"]
+        self.assertEqual(r["labels"], selector, "the rule sets exactly the label the agents select")
+        self.assertEqual(r["matchFeatures"], [{"feature": "kernel.loadedmodule", "matchExpressions": {
+            "ib_uverbs": {"op": "Exists"}, "rdma_ucm": {"op": "Exists"}}}])
+
     def test_agent_is_not_evicted_first_and_requests_the_memory_it_can_pin(self):
         spec = pod_spec(one(self.defaults, "DaemonSet"))
         self.assertEqual(spec["priorityClassName"], "system-node-critical")
