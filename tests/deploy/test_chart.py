@@ -393,7 +393,9 @@ class ChartTest(unittest.TestCase):
         # agent.config.kubevirt passes through.
         self.assertEqual(agent_cfg["kubevirt"], {"enabled": True, "hookSocket": "/var/run/rdmig-test/hooks/agent.sock",
                                                  "sessionIdleSeconds": 3, "discovery": "kubernetes",
-                                                 "handlerNamespace": "kubevirt"})
+                                                 "handlerNamespace": "kubevirt",
+                                                 "agentSelector": "app.kubernetes.io/name=rdmig-agent,"
+                                                                  "app.kubernetes.io/instance=rdmig"})
         # Peers come from the API: the agent may list pods of its namespace and of KubeVirt's (which
         # processes are virt-handler: those in this node's virt-handler pods), nothing else.
         self.assertTrue(ds_spec["automountServiceAccountToken"])

@@ -146,6 +146,30 @@ class ValuesTest(unittest.TestCase):
         cfg = embedded_config(one(self.defaults, "ConfigMap", "rdmig-agent-config"))["agent.yaml"]
         self.assertEqual(cfg["rdma"]["resourceEnv"], "")
 
+    def test_two_releases_in_one_namespace_do_not_collide(self):
+        a = render("--set", "kubevirt.enabled=true", release="rdmig-a")
+        b = render("--set", "kubevirt.enabled=true", "--set", "crds.install=false", release="rdmig-b")
+        names = lambda docs: {(d["kind"], d["metadata"]["name"]) for d in docs}
+        self.assertEqual(names(a) & names(b), set(), "object names derive from the release")
+        for docs, release in ((a, "rdmig-a"), (b, "rdmig-b")):
+            ctl = embedded_config(one(docs, "ConfigMap", release + "-controller-config"))["controller.yaml"]
+            self.assertEqual(ctl["agents"]["labelSelector"],
+                             "app.kubernetes.io/name=rdmig-agent,app.kubernetes.io/instance=" + release)
+            self.assertEqual(ctl["leaderElection"]["leaseName"], release + "-controller")
+            agent = embedded_config(one(docs, "ConfigMap", release + "-agent-config"))["agent.yaml"]
+            self.assertEqual(agent["kubevirt"]["agentSelector"],
+                             "app.kubernetes.io/name=rdmig-agent,app.kubernetes.io/instance=" + release)
+            # Every selector of pods names the release: the agents of one are never the other's.
+            ds = one(docs, "DaemonSet")
+            self.assertEqual(ds["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"], release)
+            lease_rule = [r for r in one(docs, "Role", release + "-controller")["rules"] if "leases" in r["resources"]]
+            self.assertIn([release + "-controller"], [r.get("resourceNames") for r in lease_rule])
+        # An explicit selector or lease is the operator's.
+        docs = render("--set", "controller.config.agents.labelSelector=tier=agents",
+                      "--set", "controller.config.leaderElection.leaseName=my-lease")
+        ctl = embedded_config(one(docs, "ConfigMap", "rdmig-controller-config"))["controller.yaml"]
+        self.assertEqual((ctl["agents"]["labelSelector"], ctl["leaderElection"]["leaseName"]), ("tier=agents", "my-lease"))
+
     def test_optional_node_feature_rule_labels_what_the_node_selector_selects(self):
         self.assertEqual(find(self.defaults, "NodeFeatureRule"), [])
         docs = render("--set", "nodeFeatureRule.enabled=true")

@@ -134,10 +134,16 @@ the cluster can be asked (helm install/upgrade); under `helm template` only its 
 {{- $_ := set $kv "enabled" true -}}
 {{- $_ := set $kv "hookSocket" .Values.kubevirt.hookSocket -}}
 {{- if not $kv.discovery -}}{{- $_ := set $kv "discovery" "kubernetes" -}}{{- end -}}
+{{- if not $kv.agentSelector -}}{{- $_ := set $kv "agentSelector" (printf "app.kubernetes.io/name=rdmig-agent,app.kubernetes.io/instance=%s" .Release.Name) -}}{{- end -}}
 {{- if not $kv.handlerNamespace -}}{{- $_ := set $kv "handlerNamespace" .Values.kubevirt.namespace -}}{{- end -}}
 {{- $_ := set $cfg "kubevirt" $kv -}}
 {{- end -}}
 {{- toYaml $cfg -}}
+{{- end -}}
+
+{{/* The controller's leader Lease: leaderElection.leaseName, or <fullname>-controller. */}}
+{{- define "rdmig.leaseName" -}}
+{{- .Values.controller.config.leaderElection.leaseName | default (printf "%s-controller" (include "rdmig.fullname" .)) -}}
 {{- end -}}
 
 {{/* controller.yaml: values' config plus the agent port and token path (namespace: $POD_NAMESPACE). */}}
@@ -146,6 +152,11 @@ the cluster can be asked (helm install/upgrade); under `helm template` only its 
 {{- $_ := set $cfg.agents "port" .Values.agent.config.api.port -}}
 {{- $_ := set $cfg.agents "tokenFile" "/etc/rdmig/token" -}}
 {{- include "rdmig.agentTls.controllerConfig" (list . $cfg) -}}
+{{- /* Two releases in one namespace: each controller finds only its own agents and holds its own Lease. */ -}}
+{{- if eq (toString $cfg.agents.labelSelector) "app.kubernetes.io/name=rdmig-agent" -}}
+{{- $_ := set $cfg.agents "labelSelector" (printf "app.kubernetes.io/name=rdmig-agent,app.kubernetes.io/instance=%s" .Release.Name) -}}
+{{- end -}}
+{{- $_ := set $cfg.leaderElection "leaseName" (include "rdmig.leaseName" .) -}}
 {{- toYaml $cfg -}}
 {{- end -}}
 
