@@ -80,8 +80,12 @@ class LiveStack:
             self.agents.append(Agent(self.tmp, name, token=token, config=cfg, tls=agent_tls))
         self.api = ApiServerDouble(os.path.join(self.tmp, "apiserver"), tls=True, crd_path=CRD)
         kubeconfig = self.api.write_kubeconfig(os.path.join(self.tmp, "kubeconfig"))
+        # The agent pods carry the labels the chart's DaemonSet gives them (the controller's
+        # rendered selector names the release's instance label too).
+        pod_labels = one(docs, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
         for agent in self.agents:
-            self.api.add_agent_pod(AGENT_NS, "rdmig-agent-" + agent.name, agent.name, agent.api_port)
+            self.api.add_agent_pod(AGENT_NS, "rdmig-agent-" + agent.name, agent.name, agent.api_port,
+                                   labels=dict(pod_labels))
         cfg = json.loads(json.dumps(controller_yaml))
         cfg["agents"]["tokenFile"] = self.agents[0].token_file
         if self.tls:
