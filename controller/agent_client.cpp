@@ -207,7 +207,14 @@ Result<json> AgentClient::kubevirt_migrations(const AgentAddress& agent, const s
   }
   auto r = call(agent, "GET", "/v1/kubevirt/migrations?migrationUid=" + q, nullptr);
   if (!r) {
-    if (r.error().code == Errc::kNotFound) return json::array();  // an agent older than the endpoint
+    if (r.error().code == Errc::kNotFound) {
+      // The agent answers 404 "KubeVirt mode is off on this agent (kubevirt.enabled)" when its
+      // KubeVirt mode is off; any other 404 is an agent older than the endpoint.
+      if (r.error().message.find("KubeVirt mode is off") != std::string::npos) {
+        return Error{Errc::kFailedPrecondition, "agent " + agent.pod + ": KubeVirt mode is off"};
+      }
+      return json::array();
+    }
     return r.error();
   }
   const json& items = r.value().value("items", json());

@@ -1,5 +1,7 @@
 #include "controller/kubevirt.h"
 
+#include <algorithm>
+
 #include "k8s/selectors.h"
 
 namespace rdmig::controller {
@@ -136,6 +138,11 @@ KubevirtRecord lookup_kubevirt_record(k8s::KubeClient& kube, AgentClient& agents
       continue;
     }
     auto items = agents.kubevirt_migrations(agent.value(), migration_uid);
+    if (!items && items.error().code == Errc::kFailedPrecondition) {
+      out.reachable = true;
+      out.mode_off.push_back(node);
+      continue;
+    }
     if (!items) {
       out.problems += (out.problems.empty() ? "" : "; ") + items.error().message;
       continue;
@@ -151,6 +158,73 @@ KubevirtRecord lookup_kubevirt_record(k8s::KubeClient& kube, AgentClient& agents
     }
   }
   return out;
+}
+
+std::pair<std::string, std::string> diagnose_not_carried(k8s::KubeClient& kube, const KubevirtRecord& rec,
+                                                         const std::string& source_node,
+                                                         const std::string& target_node,
+                                                         const std::string& migration_uid) {
+  const std::string nodes = "node " + source_node + (target_node.empty() || target_node == source_node ? "" : " or " + target_node);
+  const std::string own = "; KubeVirt's own transport carried it";
+  if (std::find(rec.mode_off.begin(), rec.mode_off.end(), source_node) != rec.mode_off.end()) {
+    return {"AgentNotInKubevirtMode",
+            "the rdmig agent on source node " + source_node +
+                " runs without KubeVirt mode, so it serves no node hook: install the chart with kubevirt.enabled=true "
+                "(agent config kubevirt.enabled)" + own};
+  }
+  std::string unknown;  // what could not be checked, for the last message
+  auto plugins = kube.get("/apis/plugin.kubevirt.io/v1alpha1/plugins");
+  if (!plugins && plugins.error().code == Errc::kNotFound) {
+    return {"PluginApiMissing",
+            "this cluster serves no plugin.kubevirt.io Plugin API, so nothing can register rdmig's node hook "
+            "(KubeVirt's node-hook Plugins are in KubeVirt 1.9 and newer)" + own};
+  }
+  if (!plugins) {
+    unknown += "; could not read Plugin objects: " + plugins.error().message;
+  } else {
+    bool hooked = false;
+    for (const auto& p : plugins.value().value("items", nlohmann::json::array())) {
+      for (const auto& h : without_nulls(p).value("spec", nlohmann::json::object()).value("nodeHooks", nlohmann::json::array())) {
+        for (const auto& name : h.value("permittedHooks", nlohmann::json::array())) {
+          hooked = hooked || (name.is_string() && name.get<std::string>() == "PreMigrationSource");
+        }
+      }
+    }
+    if (!hooked) {
+      return {"PluginMissing",
+              "no Plugin object registers a PreMigrationSource node hook, so virt-handler never calls rdmig's agent: "
+              "install the chart with kubevirt.plugin.enabled=true" + own};
+    }
+  }
+  auto kubevirts = kube.get(std::string(kKubevirtApi) + "/kubevirts");
+  if (!kubevirts) {
+    unknown += "; could not read the KubeVirt object: " + kubevirts.error().message;
+  } else {
+    for (const auto& kv : kubevirts.value().value("items", nlohmann::json::array())) {
+      const nlohmann::json o = without_nulls(kv);
+      const nlohmann::json gates = o.value("spec", nlohmann::json::object())
+                                       .value("configuration", nlohmann::json::object())
+                                       .value("developerConfiguration", nlohmann::json::object())
+                                       .value("featureGates", nlohmann::json::array());
+      bool on = false;
+      for (const auto& g : gates) on = on || (g.is_string() && g.get<std::string>() == "Plugins");
+      if (!on) {
+        const auto md = o.value("metadata", nlohmann::json::object());
+        const std::string name = md.value("name", "kubevirt"), ns = md.value("namespace", "kubevirt");
+        return {"PluginsGateOff",
+                "KubeVirt's feature gate \"Plugins\" is off in " + ns + "/" + name +
+                    ", so virt-handler ignores rdmig's Plugin: kubectl patch kubevirt " + name + " -n " + ns +
+                    " --type json -p '[{\"op\":\"add\",\"path\":\"/spec/configuration/developerConfiguration/"
+                    "featureGates/-\",\"value\":\"Plugins\"}]'" + own};
+      }
+    }
+  }
+  return {"NoAgentRecord",
+          "no rdmig agent on " + nodes + " has a record of migration " + migration_uid +
+              (unknown.empty() ? ": the Plugin exists and the Plugins gate is on; the agent's log on node " + source_node +
+                                     " says whether virt-handler called its node hook"
+                               : ": KubeVirt's node hook may not be installed (Plugin object, Plugins feature gate)" + unknown) +
+              own};
 }
 
 }  // namespace rdmig::controller

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/result.h"
 #include "controller/agent_client.h"
@@ -46,6 +48,7 @@ Result<AgentAddress> locate_agent(k8s::KubeClient& kube, const ControllerConfig&
 struct KubevirtRecord {
   std::optional<nlohmann::json> item;  // rdmig's record, when an agent has one
   bool reachable = false;              // at least one agent answered
+  std::vector<std::string> mode_off;   // nodes whose agent answered "KubeVirt mode is off"
   std::string where;                   // "agent P on node N" that answered with the record
   std::string problems;                // agents not found or not answering, for messages
 };
@@ -55,5 +58,19 @@ struct KubevirtRecord {
 KubevirtRecord lookup_kubevirt_record(k8s::KubeClient& kube, AgentClient& agents, const ControllerConfig& config,
                                       const std::string& agent_namespace, const std::string& source_node,
                                       const std::string& target_node, const std::string& migration_uid);
+
+}  // namespace rdmig::controller
+
+namespace rdmig::controller {
+
+// Why no agent has a record of a finished KubeVirt migration, as exactly as the cluster tells:
+// the source node's agent runs without KubeVirt mode (AgentNotInKubevirtMode), the cluster
+// serves no Plugin API (PluginApiMissing), no Plugin registers a PreMigrationSource node hook
+// (PluginMissing), KubeVirt's "Plugins" feature gate is off (PluginsGateOff), else
+// NoAgentRecord. Returns {reason, message}; each message says how to turn carrying on.
+std::pair<std::string, std::string> diagnose_not_carried(k8s::KubeClient& kube, const KubevirtRecord& rec,
+                                                         const std::string& source_node,
+                                                         const std::string& target_node,
+                                                         const std::string& migration_uid);
 
 }  // namespace rdmig::controller

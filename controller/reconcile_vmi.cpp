@@ -142,12 +142,8 @@ void Reconciler::mirror_record(const json& obj, json& status, bool ended) {
     return;
   }
   if (ended) {
-    set_condition(status, "CarriedByRdmig", "False", "NoAgentRecord",
-                  "no rdmig agent on node " + src + (dst.empty() || dst == src ? "" : " or " + dst) +
-                      " has a record of migration " + uid +
-                      ": KubeVirt's node hook is not installed (Plugin object, Plugins feature gate) or the agents "
-                      "predate the KubeVirt mode; KubeVirt's own transport carried it",
-                  gen, now_text());
+    const auto [reason, message] = diagnose_not_carried(kube_, rec, src, dst, uid);
+    set_condition(status, "CarriedByRdmig", "False", reason, message, gen, now_text());
   }
 }
 

@@ -160,6 +160,9 @@ class ChartTest(unittest.TestCase):
     def test_default_render_holds_every_object_and_each_is_well_formed(self):
         kinds = sorted(key(d) for d in self.defaults)
         expected = [("ClusterRole", "", "rdmig-controller"), ("ClusterRoleBinding", "", "rdmig-controller"),
+                    # KubeVirt read only: why a migration was not carried (Plugins, the gate)
+                    ("ClusterRole", "", "rdmig-controller-kubevirt-config"),
+                    ("ClusterRoleBinding", "", "rdmig-controller-kubevirt-config"),
                     ("ClusterRole", "", "rdmig-view"), ("ClusterRole", "", "rdmig-edit"),
                     ("CustomResourceDefinition", "", "rdmamigrations.rdmig.io"),
                     ("PodDisruptionBudget", NAMESPACE, "rdmig-controller"),

@@ -124,6 +124,7 @@ class FigureServer:
         self.token = token
         self.items = {}      # node -> [item]
         self.legacy = set()  # nodes whose "agent" predates the endpoint
+        self.mode_off = set()  # nodes whose agent runs without KubeVirt mode (the agent's own 404)
         self.servers = {}
         self.requests = []   # (node, path)
 
@@ -140,6 +141,10 @@ class FigureServer:
                 q = dict(urllib.parse.parse_qsl(url.query))
                 if self.headers.get("Authorization") != "Bearer " + outer.token:
                     return self._send(401, {"error": {"code": "unauthenticated", "message": "bad token"}})
+                if node in outer.mode_off and url.path == "/v1/kubevirt/migrations":
+                    # What rdmig-agent answers with kubevirt.enabled false (src/api/rest_server.cpp).
+                    return self._send(404, {"error": {"code": "not_found", "message":
+                                                      "KubeVirt mode is off on this agent (kubevirt.enabled)"}})
                 if node in outer.legacy or url.path != "/v1/kubevirt/migrations":
                     return self._send(404, {"error": {"code": "not_found", "message": "no route " + url.path}})
                 items = [i for i in outer.items.get(node, [])

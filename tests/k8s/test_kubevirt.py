@@ -306,10 +306,63 @@ class KubevirtPathTest(unittest.TestCase):
             self.figures.legacy.discard("node-a")
         self.assertEqual((st["phase"], st["reason"]), ("Succeeded", "NotCarriedByRdmig"), st)
         c = {c["type"]: c for c in st["conditions"]}["CarriedByRdmig"]
-        self.assertEqual((c["status"], c["reason"]), ("False", "NoAgentRecord"))
-        self.assertIn("node hook is not installed", c["message"])
+        self.assertEqual((c["status"], c["reason"]), ("False", "PluginMissing"))
+        self.assertIn("kubevirt.plugin.enabled=true", c["message"])
         asked = [n for n, p in self.figures.requests if st["kubevirt"]["migrationUid"] in p]
         self.assertEqual(sorted(set(asked)), ["node-a", "node-b"], "source first, then the target")
+
+    def test_a_migration_not_carried_names_exactly_what_is_missing(self):
+        """With no record on the agents, the condition says which piece is missing, read from the
+        cluster: the agent's KubeVirt mode, the Plugin API, a Plugin, KubeVirt's Plugins gate."""
+        plugin = {"apiVersion": "plugin.kubevirt.io/v1alpha1", "kind": "Plugin", "metadata": {"name": "rdmig"},
+                  "spec": {"nodeHooks": [{"socket": "/var/run/rdmig/hooks/agent.sock",
+                                          "permittedHooks": ["PreMigrationSource"], "failureStrategy": "Ignore"}]}}
+        kv = {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt", "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+              "spec": {"configuration": {"developerConfiguration": {"featureGates": ["LiveMigration"]}}}}
+
+        def run(n):
+            self.standin.performer = FakePerformer(seconds=0.2)
+            self.standin.add_vmi(NS, "miss-%d" % n, "node-a")
+            self.create(vmi_migration("move-miss-%d" % n, "miss-%d" % n))
+            st = self.wait_phase("move-miss-%d" % n, TERMINAL)["status"]
+            self.assertEqual((st["phase"], st["reason"]), ("Succeeded", "NotCarriedByRdmig"), st)
+            c = {c["type"]: c for c in st["conditions"]}["CarriedByRdmig"]
+            self.assertEqual(c["status"], "False")
+            return c["reason"], c["message"]
+
+        # 1. The source node's agent runs without KubeVirt mode.
+        self.figures.mode_off.add("node-a")
+        try:
+            reason, msg = run(1)
+        finally:
+            self.figures.mode_off.discard("node-a")
+        self.assertEqual(reason, "AgentNotInKubevirtMode", msg)
+        self.assertIn("kubevirt.enabled=true", msg)
+        # 2. The cluster serves no Plugin API (an older KubeVirt).
+        self.api.refuse_lists["plugins"] = (404, "NotFound", "the server could not find the requested resource")
+        try:
+            reason, msg = run(2)
+        finally:
+            del self.api.refuse_lists["plugins"]
+        self.assertEqual(reason, "PluginApiMissing", msg)
+        # 3. The Plugin exists but KubeVirt's Plugins gate is off: the message holds the command.
+        self.assertEqual(self.store.create("plugins", None, plugin)[0], 201)
+        self.assertEqual(self.store.create("kubevirts", "kubevirt", kv)[0], 201)
+        try:
+            reason, msg = run(3)
+            self.assertEqual(reason, "PluginsGateOff", msg)
+            self.assertIn("kubectl patch kubevirt kubevirt -n kubevirt --type json", msg)
+            self.assertIn('"value":"Plugins"', msg)
+            # 4. Everything is in place and still no record: say so, and where to look.
+            code, stored = self.store.get("kubevirts", "kubevirt", "kubevirt")
+            stored["spec"]["configuration"]["developerConfiguration"]["featureGates"].append("Plugins")
+            self.assertEqual(self.store.replace("kubevirts", "kubevirt", "kubevirt", stored)[0], 200)
+            reason, msg = run(4)
+            self.assertEqual(reason, "NoAgentRecord", msg)
+            self.assertIn("the Plugin exists and the Plugins gate is on", msg)
+        finally:
+            self.store.delete("plugins", None, "rdmig")
+            self.store.delete("kubevirts", "kubevirt", "kubevirt")
 
     def test_a_tcp_fallback_is_in_status_and_one_warning_event(self):
         def fell_back(m):
