@@ -16,6 +16,7 @@ Sections (all measured here, on this machine, in this run):
   concurrent  two migrations at once through the same two agents, against one alone.
   relay       both agents' relay cost alone (rdmig-relay-cpu: two pumps over loopback TCP, QEMU
               stand-ins on unix sockets, their CPU taken out), tcp.splice off vs on, interleaved.
+  (relay against its floor: bench/relay_floor.py, the simplest relay with the same hops, interleaved)
   cpu         agents' CPU per GiB moved over TCP, user and system apart, source and target apart:
               one dirtying guest migrated again and again through two agent pairs in turn, one
               with tcp.splice off (copies through user space) and one with it on (splice).

@@ -7,13 +7,20 @@
 //
 //   rdmig-relay-cpu [--bytes 8Gi] [--chunk 1Mi] [--depth 16] [--splice auto|on|off]
 //                   [--splice-source MODE] [--splice-target MODE] [--write 512Ki] [--channels 1]
-//                   [--no-verify]
+//                   [--relay rdmig|floor|floor-splice] [--no-verify]
+// --relay floor: the same hops (unix socket -> one loopback TCP connection per channel -> unix
+// socket) relayed by the simplest code that can do it, the benchmark's floor and not the
+// product: per connection and direction one thread per "agent" that reads up to --chunk bytes
+// and writes them on (floor-splice: splice through a pipe), no framing, credits or metrics.
+// What rdmig spends above the floor is its own overhead; the floor is the kernel's price.
 // --splice sets both agents; --splice-source/--splice-target one of them.
 // Prints one JSON line: bytes, seconds, agents' user and system CPU seconds, QEMU stand-ins'.
 // Every byte is checked at the reader (8-byte words carry their stream offset) unless
 // --no-verify; a mismatch exits 1.
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -55,11 +62,13 @@ struct Options {
   uint32_t channels = 1;
   transport::SpliceMode splice = transport::SpliceMode::kAuto;         // source agent's
   transport::SpliceMode splice_target = transport::SpliceMode::kAuto;  // target agent's
+  std::string relay = "rdmig";                                         // or floor, floor-splice
   bool verify = true;
 };
 
 struct Stream {
   UniqueFd src_qemu, dst_qemu;
+  UniqueFd src_agent, dst_agent, src_tcp, dst_tcp;  // --relay floor*: the relay's own ends
   std::unique_ptr<transport::TcpChannel> src_ch, dst_ch;
   std::unique_ptr<migration::ChannelPump> src_pump, dst_pump;
   Cpu writer, reader;
@@ -109,11 +118,46 @@ void reader(Stream& s, bool verify) {
   s.reader = {c1.user - c0.user, c1.sys - c0.sys};
 }
 
+// The floor: copies `from` to `to` until end of stream, then ends `to`'s write side. `buf`
+// bytes per read; with `pipe_splice` the bytes go through a pipe with splice(2) instead.
+void floor_copy(int from, int to, size_t buf, bool pipe_splice) {
+  if (pipe_splice) {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) == 0) {
+      ::fcntl(p[1], F_SETPIPE_SZ, static_cast<int>(std::min<size_t>(buf, 1u << 20)));
+      for (;;) {
+        const ssize_t n = ::splice(from, nullptr, p[1], nullptr, buf, SPLICE_F_MOVE);
+        if (n <= 0) break;
+        ssize_t left = n;
+        while (left > 0) {
+          const ssize_t m = ::splice(p[0], nullptr, to, nullptr, static_cast<size_t>(left), SPLICE_F_MOVE);
+          if (m <= 0) {
+            left = -1;
+            break;
+          }
+          left -= m;
+        }
+        if (left < 0) break;
+      }
+      ::close(p[0]);
+      ::close(p[1]);
+    }
+  } else {
+    std::vector<char> b(buf);
+    for (;;) {
+      const ssize_t n = ::read(from, b.data(), b.size());
+      if (n <= 0) break;
+      if (!net::write_all(to, std::span(reinterpret_cast<const std::byte*>(b.data()), static_cast<size_t>(n))).ok()) break;
+    }
+  }
+  ::shutdown(to, SHUT_WR);
+}
+
 int usage_error(const std::string& m) {
   std::cerr << "rdmig-relay-cpu: " << m << "\n"
             << "usage: rdmig-relay-cpu [--bytes 8Gi] [--chunk 1Mi] [--depth 16] [--splice auto|on|off]\n"
                "                       [--splice-source MODE] [--splice-target MODE] [--write 512Ki]\n"
-               "                       [--channels 1] [--no-verify]\n";
+               "                       [--channels 1] [--relay rdmig|floor|floor-splice] [--no-verify]\n";
   return 2;
 }
 
@@ -136,6 +180,7 @@ int main(int argc, char** argv) {
     else if (a == "--depth") o.depth = static_cast<uint32_t>(std::stoul(val()));
     else if (a == "--channels") o.channels = static_cast<uint32_t>(std::stoul(val()));
     else if (a == "--no-verify") o.verify = false;
+    else if (a == "--relay") o.relay = val();
     else if (a == "--splice" || a == "--splice-source" || a == "--splice-target") {
       auto m = transport::parse_splice_mode(val());
       if (!m) return usage_error(a + " must be auto, on or off");
@@ -144,6 +189,8 @@ int main(int argc, char** argv) {
     } else return usage_error("unknown argument " + a);
   }
   if (auto st = validate_chunk_size(o.chunk, "--chunk"); !st) return usage_error(st.error().message);
+  const bool floor = o.relay != "rdmig";
+  if (floor && o.relay != "floor" && o.relay != "floor-splice") return usage_error("--relay must be rdmig, floor or floor-splice");
   if (o.write < 8 || o.write % 8 != 0 || o.channels < 1 || o.channels > 64 || o.depth < 2) {
     return usage_error("bad --write, --channels or --depth");
   }
@@ -159,6 +206,21 @@ int main(int argc, char** argv) {
     auto c = net::tcp_connect({"127.0.0.1", port}, 5s);
     auto a = c ? net::accept_for(listener->get(), 5s) : Result<UniqueFd>(c.error());
     if (!c || !a) return usage_error("loopback connect failed");
+    if (floor) {
+      int sp[2], dp[2];
+      if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0 ||
+          ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, dp) != 0) {
+        return usage_error("socketpair failed");
+      }
+      s->src_qemu = UniqueFd(sp[0]);
+      s->src_agent = UniqueFd(sp[1]);
+      s->dst_qemu = UniqueFd(dp[0]);
+      s->dst_agent = UniqueFd(dp[1]);
+      s->src_tcp = std::move(c.value());
+      s->dst_tcp = std::move(a.value());
+      streams.push_back(std::move(s));
+      continue;
+    }
     s->src_ch = transport::TcpChannel::create(std::move(c.value()), i, static_cast<uint32_t>(o.chunk), o.depth, tm, o.splice);
     s->dst_ch = transport::TcpChannel::create(std::move(a.value()), i, static_cast<uint32_t>(o.chunk), o.depth, tm,
                                               o.splice_target);
@@ -179,15 +241,30 @@ int main(int argc, char** argv) {
   const Cpu p0 = usage(RUSAGE_SELF);
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;
+  std::vector<std::thread> relays;  // --relay floor*: one per connection, direction and agent
   for (auto& s : streams) {
-    s->src_pump->start();
-    s->dst_pump->start();
+    if (floor) {
+      const bool sp = o.relay == "floor-splice";
+      const size_t buf = static_cast<size_t>(o.chunk);
+      relays.emplace_back(floor_copy, s->src_agent.get(), s->src_tcp.get(), buf, sp);  // source agent, forward
+      relays.emplace_back(floor_copy, s->dst_tcp.get(), s->dst_agent.get(), buf, sp);  // target agent, forward
+      relays.emplace_back(floor_copy, s->dst_agent.get(), s->dst_tcp.get(), buf, sp);  // target agent, return
+      relays.emplace_back(floor_copy, s->src_tcp.get(), s->src_agent.get(), buf, sp);  // source agent, return
+    } else {
+      s->src_pump->start();
+      s->dst_pump->start();
+    }
     threads.emplace_back(writer, std::ref(*s), o.bytes / o.channels, o.write, o.verify);
     threads.emplace_back(reader, std::ref(*s), o.verify);
   }
   for (auto& t : threads) t.join();
   bool ok = true;
   for (auto& s : streams) {
+    if (floor) ::shutdown(s->src_qemu.get(), SHUT_RD);
+  }
+  for (auto& t : relays) t.join();
+  for (auto& s : streams) {
+    if (floor) continue;
     // Both directions end: the return path closed by the reader, the forward one by eof.
     ::shutdown(s->src_qemu.get(), SHUT_RD);
     if (!s->src_pump->wait(30s) || !s->dst_pump->wait(30s)) ok = false;
@@ -207,17 +284,19 @@ int main(int argc, char** argv) {
     qemu.sys += s->writer.sys + s->reader.sys;
     received += s->received;
     mismatch = mismatch || s->mismatch;
+    if (floor) continue;
     spliced_sent += s->src_ch->spliced_sent();
     spliced_received += s->dst_ch->spliced_received();
   }
   const double agents_user = (p1.user - p0.user) - qemu.user;
   const double agents_sys = (p1.sys - p0.sys) - qemu.sys;
   const double gib = static_cast<double>(received) / static_cast<double>(1ull << 30);
-  std::printf("{\"splice\":\"%s\",\"spliceTarget\":\"%s\",\"bytes\":%llu,\"seconds\":%.3f,\"bytesPerSecond\":%.1f,"
+  std::printf("{\"relay\":\"%s\",\"chunk\":%llu,\"channels\":%u,\"splice\":\"%s\",\"spliceTarget\":\"%s\",\"bytes\":%llu,\"seconds\":%.3f,\"bytesPerSecond\":%.1f,"
               "\"agentsUserSeconds\":%.3f,\"agentsSystemSeconds\":%.3f,"
               "\"agentsCpuSecondsPerGiB\":%.4f,\"agentsUserPerGiB\":%.4f,\"agentsSystemPerGiB\":%.4f,"
               "\"qemuUserSeconds\":%.3f,\"qemuSystemSeconds\":%.3f,"
               "\"splicedSent\":%llu,\"splicedReceived\":%llu,\"verified\":%s}\n",
+              o.relay.c_str(), static_cast<unsigned long long>(o.chunk), o.channels,
               transport::splice_mode_name(o.splice), transport::splice_mode_name(o.splice_target), static_cast<unsigned long long>(received), secs,
               secs > 0 ? static_cast<double>(received) / secs : 0.0, agents_user, agents_sys,
               gib > 0 ? (agents_user + agents_sys) / gib : 0.0, gib > 0 ? agents_user / gib : 0.0,
