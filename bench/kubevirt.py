@@ -3,6 +3,13 @@
 
   /usr/bin/python3 bench/kubevirt.py [--runs N] [--mem MiB] [--dirty MiB/s] [--quick] [--out BASE]
 
+Launcher row: $RDMIG_KV_LAUNCHER (tests/kubevirt/README.md), by default trixie-nonroot
+(KubeVirt 1.9's non-root launcher: libvirt 11.3 session daemon as uid 107, QEMU 10.0,
+proxies dialling in no fixed order); bookworm-root is the root launcher (libvirt 9.0, QEMU
+7.2, dials in accept order). The results name the row, the machine and the launcher's own
+libvirt and QEMU versions (asked of the pods' daemons), and go by default to
+bench/results/kubevirt/<row>-<nproc>vcpu-tcg.{md,json}.
+
 One VMI in the KubeVirt-shaped harness (tools/rdmiglab/kubevirt.py: two real libvirtd
 launcher pods, two virt-handler network namespaces, the migration-proxy stand-in with mTLS)
 goes back and forth between the two nodes:
@@ -196,8 +203,13 @@ def table(rows):
 
 def write_markdown(res, path):
     m = res["machine"]
-    L = ["# KubeVirt path: direct vs carried by rdmig", "",
-         "Machine: nproc %(nproc)d (%(cpu)s), %(mem_gib)s GiB, kernel %(kernel)s, %(qemu)s, %(libvirt)s. %(date)s." % m,
+    row = res.get("launcher") or {}
+    L = ["# KubeVirt path: direct vs carried by rdmig" + (" (%s row)" % row["flavor"] if row else ""), ""]
+    if row:
+        L += ["Launcher row: `%s` (%s): libvirt %s and QEMU %s in the launcher pods, their daemon as uid %s; "
+              "proxies dial %s." % (row["flavor"], row["stands_for"], row["libvirt"], row["qemu"], row["daemon_uid"],
+                                   row["dial_order"]), ""]
+    L += ["Machine: nproc %(nproc)d (%(cpu)s), %(mem_gib)s GiB, kernel %(kernel)s, host's %(qemu)s, %(libvirt)s. %(date)s." % m,
          "Command: `%s`. CPUs %s%% busy in the 2 s before it started (it wants an otherwise "
          "idle machine)." % (res["command"], fmt(100 * m["cpu_busy_before_start"] if "cpu_busy_before_start" in m else None)), "",
          "Guest: %(mem_mib)d MiB under TCG, dirtying %(dirty_mib_s)d MiB/s; running target (not paused); "
@@ -232,7 +244,7 @@ def write_markdown(res, path):
           "\"Benchmarks\" / \"KubeVirt path\", for what that means for a cluster (reasoning, not measured)."
           % res["machine"]["nproc"]]
     deaths = res.get("guest_deaths") or {}
-    L += ["", "Guest deaths right after a migration (the QEMU 7.2 TCG guest panic also seen by bench/run.py; "
+    L += ["", "Guest deaths right after a migration (a TCG guest panic seen with QEMU 7.2, also by bench/run.py; "
           "the run's figures count, the guest is booted again): direct %s, rdmig %s." % (
               deaths.get("direct", "-"), deaths.get("rdmig", "-"))]
     bad = [r for r in res["runs"] if not r["valid"]]
@@ -251,7 +263,7 @@ def main():
     ap.add_argument("--mem", type=int, default=256, help="guest RAM in MiB (default 256)")
     ap.add_argument("--dirty", type=int, default=16, help="MiB the guest dirties per second (default 16)")
     ap.add_argument("--quick", action="store_true", help="smoke check: 1 run each, TLS with 8 parallel only")
-    ap.add_argument("--out", help="output base name (default bench/results/kubevirt/latest; "
+    ap.add_argument("--out", help="output base name (default bench/results/kubevirt/<row>-<nproc>vcpu-tcg; "
                                   "with --quick a temporary directory)")
     ap.add_argument("--render", metavar="JSON", help="only rewrite the .md next to JSON from its raw runs")
     args = ap.parse_args()
@@ -261,8 +273,10 @@ def main():
         return 0
     runs = 1 if args.quick else args.runs
     configs = [(True, 8)] if args.quick else [(True, 0), (True, 8), (False, 0), (False, 8)]
+    flavor = os.environ.get("RDMIG_KV_LAUNCHER") or "trixie-nonroot"
     base = args.out or (os.path.join(tempfile.mkdtemp(prefix="rdmig-kvbench-"), "quick") if args.quick
-                        else os.path.join(REPO, "bench", "results", "kubevirt", "latest"))
+                        else os.path.join(REPO, "bench", "results", "kubevirt",
+                                          "%s-%dvcpu-tcg" % (flavor, os.cpu_count())))
     os.makedirs(os.path.dirname(os.path.abspath(base)), exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started in the background
@@ -312,10 +326,41 @@ def revive(cluster):
     return True
 
 
+def launcher_row(cluster):
+    """The row this ran on, as the launcher pods' own daemon reports it."""
+    conn = cluster.connect(cluster.vmi.node)
+    try:
+        qv, lv = conn.getVersion(), conn.getLibVersion()
+    finally:
+        conn.close()
+    uid = None  # libvirtd's, a child of the pod's init (setpriv exec'd it)
+    pid1 = cluster.pods[cluster.vmi.node].pid1
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/status" % pid) as f:
+                st = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+        except OSError:
+            continue
+        if st.get("Name") == "libvirtd" and st.get("PPid") == str(pid1):
+            uid = st["Uid"].split()[0]
+    dial = os.environ.get("RDMIG_KV_DIAL_ORDER") or ("concurrent" if cluster.nonroot else "accept")
+    return {"flavor": cluster.flavor,
+            "stands_for": "KubeVirt 1.9's default non-root launcher" if cluster.nonroot
+            else "the root launcher of KubeVirt's Root gate",
+            "qemu": "%d.%d.%d" % (qv // 1000000, qv // 1000 % 1000, qv % 1000),
+            "libvirt": "%d.%d.%d" % (lv // 1000000, lv // 1000 % 1000, lv % 1000),
+            "daemon_uid": uid or "?",
+            "dial_order": {"concurrent": "in no fixed order (a thread per connection, as KubeVirt's proxy)",
+                           "accept": "in accept order (QEMU 7.2 needs its main channel first)",
+                           "shuffle": "shuffled on purpose"}.get(dial, dial)}
+
+
 def measure(args, res, configs, runs, work):
     from rdmiglab.kubevirt import KubevirtCluster
     with KubevirtCluster() as cluster, KubevirtAgents(work, cluster.nodes, transport="tcp") as kv:
         cluster.define_and_start_vmi("benchvm", "default", mem_mib=args.mem, dirty_mib=args.dirty, boot_counter=2)
+        res["launcher"] = launcher_row(cluster)
+        print("launcher row: %s" % res["launcher"], flush=True)
         print("guest up (%d MiB, dirtying %d MiB/s); agents on %s" % (
             args.mem, args.dirty, ", ".join("%s %s" % (n, kv[n].url) for n in kv.nodes)), flush=True)
         last = {"path": "direct"}  # the last migration that completed (nothing yet: boot)

@@ -94,6 +94,10 @@ struct KubevirtConfig {
   uint32_t rule_timeout_seconds = 30;   // redirect elements expire this long after the agent stops refreshing
   uint32_t session_idle_seconds = 2;    // a carried migration ends this long after its last connection closed
   uint32_t probe_interval_seconds = 5;  // unhealthy peers are probed this often
+  // A carried migration fails when nothing came from the peer agent on the session's control
+  // link (its heartbeats come every 0.5 s) for this long: a cut link or a frozen agent is
+  // noticed in seconds, not after TCP's 30 s user timeout.
+  uint32_t heartbeat_timeout_seconds = 3;
   bool static_mode = false;             // redirect to peers' handler addresses without the hook
   // The agent's own dials inside virt-handler's namespace carry this mark (SO_MARK) and its
   // redirect rules let (mark & mask) == mark through. Bit 13 only: kube-proxy uses 0x4000

@@ -1,5 +1,5 @@
 // The agent-to-agent session of one carried KubeVirt migration (hello kind "flow"), on the
-// data-plane port beside the bare-QEMU jobs' "control"/"data" hellos. Protocol 3:
+// data-plane port beside the bare-QEMU jobs' "control"/"data" hellos. Protocol 4:
 //   source -> target  hello {kind:"flow", protocol, session, nonce, mode, vmi, migrationUid,
 //                            sourceNode, targetNode, chunkSize, ringDepth, transport, transportRequired}
 //   target -> source  {type:"challenge", nonce, proofs:[...]}   the target proves the token first:
@@ -16,11 +16,16 @@
 //   source -> target  {type:"open", index, host, port}  before channel `index` connects
 //   source -> target  {type:"end", ...counters}  target -> source {type:"stats", libvirt}
 //   either way        {type:"abort", reason}
+//   either way        {type:"heartbeat"}  every kFlowHeartbeatInterval from the link's own thread,
+//                     until the source sends "end"; a side that verified nothing from its peer
+//                     for kubevirt.heartbeatTimeoutSeconds fails the session (a cut link or a
+//                     frozen agent shows in seconds: TCP alone notices after its 30 s user timeout)
 // Channels: TCP connections with hello {kind:"flow-data", session, index}, or rdma_cm
 // connections carrying (session, index) like the bare-QEMU jobs' channels.
 // The agents share the API token (one Secret); it never crosses the wire.
 #pragma once
 
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -31,7 +36,10 @@
 namespace rdmig::kubevirt {
 
 // The flow's own protocol version (the bare-QEMU hellos have transport::kProtocolVersion).
-inline constexpr uint64_t kFlowProtocolVersion = 3;
+// 4: heartbeats on the control link.
+inline constexpr uint64_t kFlowProtocolVersion = 4;
+// How often each side sends a heartbeat on the control link (the peer's timeout is at least 2 s).
+inline constexpr std::chrono::milliseconds kFlowHeartbeatInterval{500};
 
 struct FlowHello {
   std::string session;  // 32 hex characters, chosen by the source

@@ -1,5 +1,7 @@
 #include "kubevirt/flow_session.h"
 
+#include <algorithm>
+
 #include "common/log.h"
 #include "migration/types.h"
 
@@ -47,10 +49,13 @@ void FlowSession::add_leg(std::unique_ptr<transport::Channel> channel, std::uniq
   if (record_.phase == "Armed") record_.phase = "Carrying";
 }
 
-void FlowSession::set_link(std::unique_ptr<migration::ControlLink> link, std::unique_ptr<FlowSigner> signer) {
+void FlowSession::set_link(std::unique_ptr<migration::ControlLink> link, std::unique_ptr<FlowSigner> signer,
+                           std::chrono::milliseconds peer_timeout) {
   std::lock_guard lock(signer_mu_);
   link_ = std::move(link);
   signer_ = std::move(signer);
+  peer_timeout_ = peer_timeout;
+  last_heard_ = next_heartbeat_ = std::chrono::steady_clock::now();
 }
 
 Status FlowSession::send_signed(json message) {
@@ -67,6 +72,31 @@ Result<std::optional<json>> FlowSession::next_verified(std::chrono::milliseconds
   auto v = signer_->verify(**m);
   if (!v) return v.error();
   return std::optional<json>(std::move(v.value()));
+}
+
+Result<std::optional<json>> FlowSession::control_turn() {
+  using std::chrono::steady_clock;
+  auto now = steady_clock::now();
+  if (now >= next_heartbeat_) {
+    next_heartbeat_ = now + kFlowHeartbeatInterval;
+    // A send that fails shows as the link's loss on the next read.
+    (void)send_signed(json{{"type", "heartbeat"}});
+  }
+  const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_heartbeat_ - now);
+  auto m = next_verified(std::clamp(wait, std::chrono::milliseconds(1), kFlowHeartbeatInterval));
+  if (!m) return m.error();
+  now = steady_clock::now();
+  if (m->has_value()) {
+    last_heard_ = now;
+    if ((**m).value("type", "") == "heartbeat") return std::optional<json>();
+    return m;
+  }
+  if (watching_peer_.load() && now - last_heard_ > peer_timeout_) {
+    const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard_).count();
+    return Error{Errc::kTimeout, "nothing on the control link for " + std::to_string(silent / 1000) + "." +
+                                     std::to_string(silent % 1000 / 100) + " s (no heartbeat)"};
+  }
+  return m;
 }
 
 bool FlowSession::with_pump(uint32_t index, const std::function<void(migration::ChannelPump&)>& fn) {

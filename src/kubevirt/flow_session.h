@@ -6,6 +6,7 @@
 // nowhere instead, until QEMU closes them or their limit passes.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -58,13 +59,25 @@ class FlowSession {
   // before the legs are joined).
   virtual void wake() {}
 
-  // The control link with its signer (set together by the derived class after the hello).
-  void set_link(std::unique_ptr<migration::ControlLink> link, std::unique_ptr<FlowSigner> signer);
+  // The control link with its signer (set together by the derived class after the hello), and
+  // how long the peer may send nothing (kubevirt.heartbeatTimeoutSeconds).
+  void set_link(std::unique_ptr<migration::ControlLink> link, std::unique_ptr<FlowSigner> signer,
+                std::chrono::milliseconds peer_timeout);
   // Signs and sends one control message (any thread).
   Status send_signed(nlohmann::json message);
   // The next control message, verified (seq and MAC removed); nullopt on timeout; an error when
   // the link is gone or the message is not the peer's (a forged, replayed or reordered one).
   Result<std::optional<nlohmann::json>> next_verified(std::chrono::milliseconds timeout);
+  // One turn of the control link's own thread (each side runs one, and only that thread calls
+  // it; no data path ever blocks it): sends a heartbeat when one is due, then waits, at most
+  // until the next is due, for the peer's next message and verifies it. Returns that message
+  // (a heartbeat is taken here: nullopt), nullopt when none came, or an error: the link is gone,
+  // a message is not the peer's (kPermissionDenied: forged, replayed or reordered), or, while
+  // the peer is watched, nothing verified came from it for the timeout (kTimeout).
+  Result<std::optional<nlohmann::json>> control_turn();
+  // Stops the timeout: once the source sent "end", the target reads libvirt's figures and
+  // sends no heartbeats, and the source bounds its wait for them itself.
+  void stop_watching_peer() { watching_peer_.store(false); }
 
   const std::string id_;
   Metrics& metrics_;
@@ -82,6 +95,10 @@ class FlowSession {
   };
   std::mutex signer_mu_;  // serialises signing with sending, and verifying
   std::unique_ptr<FlowSigner> signer_;
+  // Liveness of the peer (the control thread only, after set_link).
+  std::chrono::milliseconds peer_timeout_{0};
+  std::chrono::steady_clock::time_point last_heard_, next_heartbeat_;
+  std::atomic<bool> watching_peer_{true};
   mutable std::mutex legs_mu_;
   std::vector<Leg> legs_;
   mutable size_t finished_seen_ = 0;

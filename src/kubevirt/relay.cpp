@@ -237,7 +237,6 @@ void KubevirtRelay::maintain() {
   for (auto& a : sources) {
     auto& s = *a.session;
     if (s.ended() || a.finishing) continue;
-    s.poll();
     if (auto e = s.leg_error(); e && !s.ended()) {
       // Name the peer: over RDMA a dead agent is often seen first as a channel's disconnect.
       const Error named = e->with_context("carrying to the agent on " + s.peer_node());

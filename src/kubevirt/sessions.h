@@ -65,14 +65,16 @@ class SourceSession final : public FlowSession {
   // block migration the disks' connections come first, and KubeVirt's proxy dials each
   // connection in its own goroutine, so "connection 0" means nothing.
   Status add_connection(UniqueFd fd, const net::Endpoint& destination);
-  // Reads the control link without waiting: an abort from the peer or its loss fails the session.
-  void poll();
   // Tells the target the migration is over; waits (bounded) for libvirt's figures.
   void finish();
   const std::string& peer_node() const { return peer_.node; }
+  ~SourceSession() override;
 
  private:
   SourceSession(std::string id, FlowRecord record, const SessionContext& ctx, PeerInfo peer);
+  // The control link's thread (from open() until the figures came or the session failed):
+  // heartbeats both ways; an abort from the peer, its loss or its silence fails the session.
+  void reader_loop();
   Result<std::unique_ptr<transport::Channel>> connect_channel(uint32_t index);
   int port_class(uint16_t port) const;
   // From a memory connection's pump thread: its first bytes name what it carries.
@@ -85,6 +87,13 @@ class SourceSession final : public FlowSession {
   net::Endpoint rdma_endpoint_;
   std::vector<BufferTicket> buffers_;  // one per channel (the interception thread only)
   uint32_t next_index_ = 0;  // the interception thread only
+  // The target's answer to "end" (its "stats", or why none comes), handed from the reader to finish().
+  std::mutex reply_mu_;
+  std::condition_variable reply_cv_;
+  bool finishing_ = false;
+  bool closing_ = false;
+  std::optional<Result<nlohmann::json>> reply_;
+  std::thread reader_;
 };
 
 // Where a destination may be dialled from: the network namespace of the virt-handler that owns

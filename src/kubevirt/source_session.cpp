@@ -88,8 +88,19 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
   }
   ctx.metrics.transport_selected(s->transport_, s->record_.transport_reason);
   s->set_link(std::make_unique<migration::ControlLink>(std::move(fd.value())),
-              std::make_unique<FlowSigner>(flow_session_key(token, hello, nonce.value()), "source", "target"));
+              std::make_unique<FlowSigner>(flow_session_key(token, hello, nonce.value()), "source", "target"),
+              std::chrono::seconds(ctx.config.kubevirt.heartbeat_timeout_seconds));
+  s->reader_ = std::thread([p = s.get()] { p->reader_loop(); });
   return s;
+}
+
+SourceSession::~SourceSession() {
+  {
+    std::lock_guard lock(reply_mu_);
+    closing_ = true;
+  }
+  if (link_) link_->close();
+  if (reader_.joinable()) reader_.join();
 }
 
 Result<std::unique_ptr<transport::Channel>> SourceSession::connect_channel(uint32_t index) {
@@ -207,43 +218,61 @@ void SourceSession::saw_first_bytes(uint32_t index, migration::ChannelPump& self
                         << (is_main ? "QEMU's main channel" : "a multifd channel") << " (by its first bytes)";
 }
 
-void SourceSession::poll() {
-  if (ended()) return;
-  auto m = next_verified(0ms);
-  if (!m) {
-    const bool forged = m.error().code == Errc::kPermissionDenied;
-    fail(Error{Errc::kUnavailable, (forged ? "control link to the target agent on " + peer_.node + ": "
-                                           : "target agent on " + peer_.node + " is gone: ") +
-                                       m.error().message},
-         !forged);
-    return;
+void SourceSession::reader_loop() {
+  // Until finish() sent "end", an abort, the link's loss or the target's silence fails the
+  // session; after it, they are the answer finish() waits for.
+  auto answer = [this](Result<json> r) {
+    std::lock_guard lock(reply_mu_);
+    if (!finishing_) return false;
+    reply_ = std::move(r);
+    reply_cv_.notify_all();
+    return true;
+  };
+  while (!ended()) {
+    auto m = control_turn();
+    if (!m) {
+      if (answer(m.error())) return;
+      {
+        std::lock_guard lock(reply_mu_);
+        if (closing_) return;
+      }
+      const bool forged = m.error().code == Errc::kPermissionDenied;
+      const bool silent = m.error().code == Errc::kTimeout;
+      fail(Error{Errc::kUnavailable, (forged ? "control link to the target agent on " + peer_.node + ": "
+                                             : "target agent on " + peer_.node + " is gone: ") +
+                                         m.error().message},
+           !forged && !silent);
+      return;
+    }
+    if (!m->has_value()) continue;
+    const std::string type = (**m).value("type", "");
+    if (type == "stats") {
+      answer(std::move(**m));
+      return;
+    }
+    if (type == "abort") {
+      const std::string why = "target agent aborted: " + (**m).value("reason", std::string("?"));
+      if (answer(Error{Errc::kCancelled, why})) return;
+      fail(Error{Errc::kUnavailable, why}, true);
+      return;
+    }
   }
-  if (m->has_value() && (**m).value("type", "") == "abort") {
-    fail(Error{Errc::kUnavailable, "target agent aborted: " + (**m).value("reason", std::string("?"))}, true);
-  }
+  answer(Error{Errc::kCancelled, "the session ended"});
 }
 
 void SourceSession::finish() {
   if (ended()) return;
   const auto r = record();
+  stop_watching_peer();  // the target reads libvirt's figures now, without heartbeats
+  {
+    std::lock_guard lock(reply_mu_);
+    finishing_ = true;
+  }
   (void)send_signed(json{{"type", "end"}, {"bytesSent", r.bytes_sent}, {"bytesReceived", r.bytes_received}});
   Result<json> stats = Error{Errc::kTimeout, "no stats within 20 s"};
-  for (const auto until = std::chrono::steady_clock::now() + 20s; std::chrono::steady_clock::now() < until;) {
-    auto m = next_verified(200ms);
-    if (!m) {
-      stats = m.error();
-      break;
-    }
-    if (!m->has_value()) continue;
-    const std::string type = (**m).value("type", "");
-    if (type == "stats") {
-      stats = std::move(**m);
-      break;
-    }
-    if (type == "abort") {
-      stats = Error{Errc::kCancelled, "target agent aborted: " + (**m).value("reason", std::string("?"))};
-      break;
-    }
+  {
+    std::unique_lock lock(reply_mu_);
+    if (reply_cv_.wait_for(lock, 20s, [&] { return reply_.has_value(); })) stats = std::move(*reply_);
   }
   if (stats) {
     auto it = stats->find("libvirt");

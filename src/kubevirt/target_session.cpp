@@ -82,7 +82,8 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
   RDMIG_TRY(transport::send_message(fd.get(), welcome));
   ctx.metrics.transport_selected(s->transport_, choice->reason);
   s->set_link(std::make_unique<migration::ControlLink>(std::move(fd)),
-              std::make_unique<FlowSigner>(flow_session_key(token, hello, nonce), "target", "source"));
+              std::make_unique<FlowSigner>(flow_session_key(token, hello, nonce), "target", "source"),
+              std::chrono::seconds(ctx.config.kubevirt.heartbeat_timeout_seconds));
   return s;
 }
 
@@ -99,14 +100,17 @@ void TargetSession::start() {
 }
 
 void TargetSession::reader_loop() {
+  // This thread is the control link's: it sends this side's heartbeats and watches the
+  // source's (control_turn); opening a channel never waits on the data path.
   while (!ended()) {
-    auto m = next_verified(500ms);
+    auto m = control_turn();
     if (!m) {
       const bool forged = m.error().code == Errc::kPermissionDenied;
+      const bool silent = m.error().code == Errc::kTimeout;
       fail(Error{Errc::kUnavailable, (forged ? "control link from the source agent on " + hello_.source_node + ": "
                                              : "source agent on " + hello_.source_node + " is gone: ") +
                                          m.error().message},
-           !forged);
+           !forged && !silent);
       return;
     }
     if (!m->has_value()) continue;
@@ -135,6 +139,7 @@ void TargetSession::reader_loop() {
       destinations_[i] = net::Endpoint{host.value(), static_cast<uint16_t>(port.value())};
       try_start_locked(i);
     } else if (type == "end") {
+      stop_watching_peer();
       report_and_succeed();
       return;
     } else if (type == "abort") {

@@ -73,8 +73,8 @@ def canonical(obj):
 
 
 def flow_hello(session, nonce, mig, **kw):
-    """A flow hello (protocol 3) with every field the agent reads, as it re-serialises them."""
-    h = {"kind": "flow", "protocol": 3, "session": session, "nonce": nonce, "mode": "hook", "migrationUid": mig,
+    """A flow hello (protocol 4) with every field the agent reads, as it re-serialises them."""
+    h = {"kind": "flow", "protocol": 4, "session": session, "nonce": nonce, "mode": "hook", "migrationUid": mig,
          "vmi": {"namespace": "prod", "name": "web-1", "uid": "u"}, "sourceNode": "node-a", "targetNode": "node-b",
          "chunkSize": 1 << 20, "ringDepth": 16, "transport": "tcp", "transportRequired": False}
     h.update(kw)
@@ -300,6 +300,45 @@ class KubevirtRelayTest(unittest.TestCase):
         rec2 = self.records(self.src, migrationUid=mig + "-retry")
         self.assertEqual(rec2[0]["phase"], "NotCarried")
         self.assertIn("unhealthy", rec2[0]["reason"])
+
+    @unittest.skipIf(shutil.which("nft") is None, "needs the nft command to cut the agents' link")
+    def test_a_cut_link_fails_both_agents_within_the_heartbeat_timeout(self):
+        # The agents' link black-holed (every packet to or from the target agent's data-plane
+        # port dropped: no FIN, no RST, as a pulled cable or a partition). Only the heartbeats on
+        # the session's control link can tell: both agents fail the session within
+        # kubevirt.heartbeatTimeoutSeconds (3 s) and a heartbeat interval, and the source resets
+        # the main connection (QEMU fails there). Without them, TCP noticed after ~25-30 s
+        # (keepalive on the idle connections, TCP_USER_TIMEOUT on unacknowledged data).
+        mig = "mig-cut"
+        vmi = vmi_json("vmi-uid-cut", mig, self.net.ip4["node-b"], self.sink_port)
+        p = self.dial(3, 1 << 20, vmi=vmi, hold=45, wait=False)
+        wait_for(lambda: any(r["connections"] == 3 for r in self.records(self.src, migrationUid=mig)), 20,
+                 "three carried connections")
+        wait_for(lambda: any(r["connections"] == 3 for r in self.records(self.dst, migrationUid=mig)), 20,
+                 "three connections on the target")
+        table = "rdmig_test_cut_relay"
+        rules = ("table inet %s {\n  chain pre { type filter hook prerouting priority -300; policy accept;\n"
+                 "    tcp dport %d drop\n    tcp sport %d drop\n  }\n}\n") % (table, self.dst.data_port, self.dst.data_port)
+        cut_at = time.time()
+        subprocess.run(["nft", "-f", "-"], input=rules, text=True, check=True)
+        try:
+            out, err = p.communicate(timeout=90)
+            src = wait_for(lambda: [r for r in self.records(self.src, migrationUid=mig) if r["phase"] == "Failed"], 10,
+                           "the source record to fail")[0]
+            dst = wait_for(lambda: [r for r in self.records(self.dst, migrationUid=mig) if r["phase"] == "Failed"], 10,
+                           "the target record to fail")[0]
+        finally:
+            subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True)
+        main = json.loads(out)["connections"][0]
+        print("\n[relay] after the cut: main connection ended in %.2f s; source: %s; target: %s"
+              % (main["ended_at"] - cut_at, src["reason"], dst["reason"]), file=sys.stderr)
+        self.assertIn(main["error"], ("reset", "ended by the far side (EOF)"), main)
+        self.assertLess(main["ended_at"] - cut_at, 5.0, "the source noticed the cut too late: %s" % main)
+        self.assertIn("no heartbeat", src["reason"])
+        self.assertIn("node-b", src["reason"])
+        self.assertIn("no heartbeat", dst["reason"])
+        self.assertLess(src["finishedAtMs"] / 1000.0 - cut_at, 5.0, src)
+        self.assertLess(dst["finishedAtMs"] / 1000.0 - cut_at, 5.0, dst)
 
     def test_main_channel_by_its_first_bytes_and_block_connections_reset_not_drained(self):
         # A block migration, as KubeVirt makes one: libvirt copies the disks (49153, NBD) before it
@@ -866,7 +905,7 @@ class KubevirtRelayTest(unittest.TestCase):
         try:
             for bad, field in [(dict(hello, chunkSize=3), "hello.chunkSize"), (dict(hello, session="zz"), "hello.session"),
                                (dict(hello, mode="evil"), "hello.mode"), (dict(hello, protocol=9), "hello.protocol"),
-                               (dict(hello, protocol=2), "hello.protocol"), (dict(hello, nonce="ab"), "hello.nonce"),
+                               (dict(hello, protocol=3), "hello.protocol"), (dict(hello, nonce="ab"), "hello.nonce"),
                                ({"kind": "flow-data", "session": "cd" * 16, "index": 0}, "unknown data-plane session")]:
                 with conn() as c:
                     send(c, bad)

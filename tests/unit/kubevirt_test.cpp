@@ -201,6 +201,7 @@ TEST(KubevirtConfig, ReadsTheSectionAndNamesBadKeys) {
   EXPECT_TRUE(c->kubevirt.enabled);
   EXPECT_EQ(c->kubevirt.peers.at(0).handler_addresses.at(0), "10.244.1.7");
   EXPECT_EQ(c->kubevirt.hook_socket, "/var/run/kubevirt/plugins/rdmig.sock");
+  EXPECT_EQ(c->kubevirt.heartbeat_timeout_seconds, 3u);  // a cut link is noticed in seconds
   // The default mark stays clear of kube-proxy's (0x4000, 0x8000), Calico's and Cilium's bits.
   EXPECT_EQ(c->kubevirt.socket_mark, 0x2000u);
   EXPECT_EQ(c->kubevirt.socket_mark & 0xFFFFCF00u, 0u);
@@ -211,6 +212,8 @@ TEST(KubevirtConfig, ReadsTheSectionAndNamesBadKeys) {
   for (auto [text, key] : std::vector<std::pair<std::string, std::string>>{
            {"kubevirt: {discovery: dns}", "kubevirt.discovery"},
            {"kubevirt: {ruleTimeoutSeconds: 1}", "kubevirt.ruleTimeoutSeconds"},
+           // Heartbeats come every 0.5 s: under 2 s one late heartbeat would fail a migration.
+           {"kubevirt: {heartbeatTimeoutSeconds: 1}", "kubevirt.heartbeatTimeoutSeconds"},
            {"kubevirt: {hookSocket: relative.sock}", "kubevirt.hookSocket"},
            {"kubevirt: {peers: [{agent: 'x:1'}]}", "kubevirt.peers[0].node"},
            {"kubevirt: {peerz: []}", "peerz"},
