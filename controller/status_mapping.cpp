@@ -78,7 +78,7 @@ std::string transport_fallback_message(const json& status) {
     else if (code == "no-address") why += " (the RDMA device's interface has no IP address)";
     else if (code == "gid-not-found") why += " (no RoCE v2 GID for the interface's address)";
     else if (code == "listener-failed") why += " (its rdma_cm listener could not start)";
-    else if (code == "transport-tcp") why = "that agent is configured with transport: tcp";
+    else if (code == "transport-tcp") why += " (it is configured with transport: tcp)";
     if (code == "mtu-mismatch") {
       why = "the two agents' RDMA ports have different active MTUs (give both RDMA interfaces the same MTU)";
     } else {
