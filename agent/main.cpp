@@ -211,9 +211,7 @@ int main(int argc, char** argv) {
                     << " probes=" << probes.port()
                     << " dataPlane=" << data_plane.advertise_host() << ":" << data_plane.port()
                     << " transport=" << rdmig::transport_name(config.transport)
-                    << (data_plane.rdma().available ? " rdma=" + data_plane.rdma().device + "@" + data_plane.rdma().ip + ":" +
-                                                       std::to_string(data_plane.rdma().port)
-                                                 : " rdma=unavailable (" + data_plane.rdma().reason + ")");
+                    << " " << data_plane.rdma().summary();
 
   std::thread signal_thread([&] {
     int sig = 0;

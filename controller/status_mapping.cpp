@@ -65,10 +65,26 @@ bool transport_fell_back(const json& status) {
 
 std::string transport_fallback_message(const json& status) {
   const std::string reason = status.value("transportReason", std::string());
+  // "auto-no-peer-rdma:no-address": the agents' reason, then the agent's own RDMA reason code.
+  const auto colon = reason.find(':');
+  const std::string base = reason.substr(0, colon);
+  const std::string code = colon == std::string::npos ? "" : reason.substr(colon + 1);
   std::string why;
-  if (reason == "auto-no-peer-rdma") why = "the target agent has no usable RDMA device";
-  else if (reason == "auto-no-source-rdma" || reason == "auto-no-local-rdma") why = "the source agent has no usable RDMA device";
-  else if (reason == "target-requested-tcp") why = "the target agent was configured for TCP";
+  if (base == "auto-no-peer-rdma") why = "the target agent has no usable RDMA device";
+  else if (base == "auto-no-source-rdma" || base == "auto-no-local-rdma") why = "the source agent has no usable RDMA device";
+  else if (base == "target-requested-tcp") why = "the target agent was configured for TCP";
+  if (!why.empty() && !code.empty()) {
+    if (code == "no-device") why += " (no RDMA device matches its rdma config, or its port is down)";
+    else if (code == "no-address") why += " (the RDMA device's interface has no IP address)";
+    else if (code == "gid-not-found") why += " (no RoCE v2 GID for the interface's address)";
+    else if (code == "listener-failed") why += " (its rdma_cm listener could not start)";
+    else if (code == "transport-tcp") why += " (it is configured with transport: tcp)";
+    if (code == "mtu-mismatch") {
+      why = "the two agents' RDMA ports have different active MTUs (give both RDMA interfaces the same MTU)";
+    } else {
+      why += "; its log and rdmig_rdma_selected say which";
+    }
+  }
   return "the agents carry this migration over TCP, not RDMA (transportReason " + reason +
          (why.empty() ? "" : ": " + why) + ")";
 }

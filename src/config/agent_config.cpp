@@ -1,5 +1,6 @@
 #include "config/agent_config.h"
 
+#include <arpa/inet.h>
 #include <yaml-cpp/yaml.h>
 
 #include <limits>
@@ -32,6 +33,11 @@ Result<TransportKind> parse_transport(const std::string& text, const std::string
 namespace {
 
 using namespace yaml_reader;
+
+bool is_ip_address(const std::string& text) {
+  unsigned char buf[16];
+  return inet_pton(AF_INET, text.c_str(), buf) == 1 || inet_pton(AF_INET6, text.c_str(), buf) == 1;
+}
 
 Status read_string_list(const YAML::Node& parent, const std::string& prefix, const char* key,
                         std::vector<std::string>& out, size_t max_items) {
@@ -199,10 +205,23 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
     }
   }
   if (const auto r = root["rdma"]) {
-    RDMIG_TRY(check_keys(r, "rdma", {"device", "netdev", "resourceEnv"}));
+    RDMIG_TRY(check_keys(r, "rdma", {"device", "netdev", "address", "resourceEnv", "trafficClass"}));
     RDMIG_TRY(read_string(r, "rdma", "device", c.rdma.device));
     RDMIG_TRY(read_string(r, "rdma", "netdev", c.rdma.netdev));
+    RDMIG_TRY(read_string(r, "rdma", "address", c.rdma.address));
+    if (!c.rdma.address.empty() && !is_ip_address(c.rdma.address)) {
+      return bad("rdma.address", "expected an IPv4 or IPv6 address, got '" + c.rdma.address + "'");
+    }
     RDMIG_TRY(read_string(r, "rdma", "resourceEnv", c.rdma.resource_env));
+    if (const auto tc = r["trafficClass"]; tc && !tc.IsNull()) {
+      uint32_t v = 0;
+      RDMIG_TRY(read_uint(r, "rdma", "trafficClass", v, 0, 255));
+      if ((v & 3u) != 0) {
+        return bad("rdma.trafficClass", "is the IP ToS byte, DSCP x 4 (e.g. 104 for DSCP 26); its two ECN bits must "
+                                        "be 0, got " + std::to_string(v));
+      }
+      c.rdma.traffic_class = static_cast<int>(v);
+    }
   }
   if (const auto k = root["kubevirt"]) RDMIG_TRY(parse_kubevirt(k, c.kubevirt));
   RDMIG_TRY(read_string(root, "", "stateDir", c.state_dir));

@@ -68,10 +68,15 @@ struct TcpConfig {
   transport::SpliceMode splice = transport::SpliceMode::kOff;
 };
 
+// Key `rdma`; the data plane maps it onto transport::rdma::RdmaOptions (device.h says how the
+// device, netdev, address and GID are chosen).
 struct RdmaConfig {
   std::string device;        // e.g. mlx5_0
-  std::string netdev;        // e.g. ens1f0v0
-  std::string resource_env;  // e.g. PCIDEVICE_NVIDIA_COM_MLNX_SRIOV_RDMA
+  std::string netdev;        // e.g. ens1f0v0, or a VLAN/macvlan on it
+  std::string address;       // one of the netdev's addresses; empty = its first IPv4, else global IPv6
+  std::string resource_env;  // e.g. PCIDEVICE_NVIDIA_COM_MLNX_SRIOV_RDMA or nvidia.com/mlnx_sriov_rdma
+  // IP ToS byte of RoCE v2 packets (DSCP x 4, e.g. 104 = DSCP 26); -1 = the kernel's default.
+  int traffic_class = -1;
 };
 
 // A peer agent for KubeVirt mode: which node it runs on, where its data plane listens, and

@@ -109,7 +109,13 @@ Metrics::Metrics(std::string component)
                               .Help("Transport chosen for a migration, by transport and reason")
                               .Register(*registry_)),
       rdma_devices_(BuildGauge().Name("rdmig_rdma_devices")
-                        .Help("Usable RDMA devices seen by this agent").Register(*registry_)),
+                        .Help("RDMA devices on this node with an active port, seen at start (not necessarily "
+                              "the one the agent uses: see rdmig_rdma_selected)")
+                        .Register(*registry_)),
+      rdma_selected_(BuildGauge().Name("rdmig_rdma_selected")
+                         .Help("1: the RDMA device, port, netdev, address and GID this agent uses (reason ok); "
+                               "0: it uses none, reason says why")
+                         .Register(*registry_)),
       throughput_(BuildGauge().Name("rdmig_migration_throughput_bytes_per_second")
                       .Help("Current throughput of each migration (QEMU's figure on the source)")
                       .Register(*registry_)),
@@ -214,14 +220,28 @@ void Metrics::transport_selected(const std::string& transport, const std::string
   // The reason may come from the peer agent (the source counts the target's): only the fixed
   // pairs become label values.
   const std::string kind = transport == "rdma" ? "rdma" : "tcp";
+  // "auto-no-peer-rdma:no-address" counts as auto-no-peer-rdma (the detail is in status and logs).
+  const std::string base = reason.substr(0, reason.find(':'));
   std::string label = "other";
   for (const auto& t : kTransportReasons) {
-    if (kind == t.transport && reason == t.reason) label = reason;
+    if (kind == t.transport && base == t.reason) label = base;
   }
   transport_selected_.Add({{"transport", kind}, {"reason", label}}).Increment();
 }
 
 void Metrics::set_rdma_devices(double count) { rdma_devices_.Add({}).Set(count); }
+
+void Metrics::set_rdma_selection(const RdmaSelectionInfo& info) {
+  if (rdma_selected_series_) rdma_selected_.Remove(rdma_selected_series_);
+  rdma_selected_series_ = &rdma_selected_.Add({{"reason", info.reason},
+                                               {"device", info.device},
+                                               {"device_port", info.device_port},
+                                               {"netdev", info.netdev},
+                                               {"address", info.address},
+                                               {"gid_index", info.gid_index},
+                                               {"gid_type", info.gid_type}});
+  rdma_selected_series_->Set(info.reason == "ok" ? 1 : 0);
+}
 
 MigrationGauges Metrics::migration_gauges(const std::string& id, const std::string& role,
                                           const std::string& vm) {

@@ -76,6 +76,19 @@ void register_build_info(prometheus::Registry& registry);
 // Bucket bounds of every downtime histogram (rdmig_downtime_seconds, rdmig_kubevirt_downtime_seconds).
 prometheus::Histogram::BucketBoundaries downtime_buckets();
 
+// rdmig_rdma_selected: the RDMA device, port, netdev, address and GID this agent chose (value
+// 1, reason "ok"), or why it chose none (value 0, reason no-device, no-address, gid-not-found,
+// transport-tcp, listener-failed; the other labels empty).
+struct RdmaSelectionInfo {
+  std::string reason;
+  std::string device;
+  std::string device_port;
+  std::string netdev;
+  std::string address;
+  std::string gid_index;
+  std::string gid_type;
+};
+
 class Metrics {
  public:
   explicit Metrics(std::string component = "agent");
@@ -98,6 +111,8 @@ class Metrics {
   void transport_error(const std::string& transport, const std::string& kind);
   void transport_selected(const std::string& transport, const std::string& reason);
   void set_rdma_devices(double count);
+  // Replaces the one rdmig_rdma_selected series.
+  void set_rdma_selection(const RdmaSelectionInfo& info);
 
   // A migration's gauges, its start time (now) and its info series (phase Pending, no transport).
   MigrationGauges migration_gauges(const std::string& id, const std::string& role,
@@ -130,6 +145,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& transport_errors_;
   prometheus::Family<prometheus::Counter>& transport_selected_;
   prometheus::Family<prometheus::Gauge>& rdma_devices_;
+  prometheus::Family<prometheus::Gauge>& rdma_selected_;
+  prometheus::Gauge* rdma_selected_series_ = nullptr;
   prometheus::Family<prometheus::Gauge>& throughput_;
   prometheus::Family<prometheus::Gauge>& transferred_;
   prometheus::Family<prometheus::Gauge>& remaining_;

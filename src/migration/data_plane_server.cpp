@@ -46,7 +46,8 @@ Status DataPlaneServer::start() {
   init_rdma();
   if (config_.transport == TransportKind::kRdma && !rdma_.available) {
     return Error{Errc::kFailedPrecondition,
-                 "config key 'transport': rdma is required but RDMA cannot be used: " + rdma_.reason};
+                 "config key 'transport': rdma is required but RDMA cannot be used (" + rdma_.reason_code + "): " +
+                     rdma_.reason + "; fix the rdma keys (device, netdev, address, resourceEnv) or set transport: auto"};
   }
   return ok_status();
 }
@@ -62,34 +63,63 @@ void DataPlaneServer::stop() {
   pending_cv_.wait(lock, [&] { return pending_ == 0; });
 }
 
+transport::rdma::RdmaOptions rdma_options(const RdmaConfig& config) {
+  transport::rdma::RdmaOptions o;
+  o.device = config.device;
+  o.netdev = config.netdev;
+  o.address = config.address;
+  o.resource_env = config.resource_env;
+  o.traffic_class = config.traffic_class;
+  return o;
+}
+
+std::string RdmaSupport::summary() const {
+  if (!available) return "rdma=unavailable (" + reason_code + ": " + reason + ")";
+  return "rdma=" + device + " port=" + std::to_string(device_port) + " netdev=" + netdev +
+         " gid_index=" + std::to_string(gid_index) + " gid_type=" + gid_type + " mtu=" + std::to_string(mtu) +
+         " address=" + ip + ":" +
+         std::to_string(port) + " traffic_class=" + (traffic_class < 0 ? std::string("default") : std::to_string(traffic_class));
+}
+
 void DataPlaneServer::init_rdma() {
   metrics_.set_rdma_devices(transport::rdma::count_usable_devices());
-  if (config_.transport == TransportKind::kTcp) {
-    rdma_.reason = "transport is tcp in the agent config";
-    return;
-  }
-  auto dev = transport::rdma::select_device(config_.rdma, transport::rdma::process_environment(),
+  const auto options = rdma_options(config_.rdma);
+  rdma_.traffic_class = options.traffic_class;
+  auto unavailable = [&](const std::string& code, const std::string& why) {
+    rdma_.reason_code = code;
+    rdma_.reason = why;
+    RdmaSelectionInfo none;
+    none.reason = code;
+    metrics_.set_rdma_selection(none);
+    LOG_INFO("dataplane") << "RDMA not used: " << code << ": " << why;
+  };
+  if (config_.transport == TransportKind::kTcp) return unavailable("transport-tcp", "transport is tcp in the agent config");
+  auto sel = transport::rdma::select_device(options, transport::rdma::process_environment(),
                                             transport::rdma::SysfsView{});
-  if (!dev) {
-    rdma_.reason = dev.error().message;
-    LOG_INFO("dataplane") << "RDMA not used: " << rdma_.reason;
-    return;
-  }
+  if (!sel.ok()) return unavailable(sel.reason, sel.error.message);
+  const auto& dev = *sel.device;
   auto listener = transport::rdma::RdmaListener::create(
-      dev->ip, config_.data_plane.rdma_port,
-      [this](const std::array<uint8_t, 16>& session, uint32_t index) { return resolve_rdma(session, index); });
+      dev.ip, config_.data_plane.rdma_port,
+      [this](const std::array<uint8_t, 16>& session, uint32_t index) { return resolve_rdma(session, index); },
+      options.traffic_class);
   if (!listener) {
-    rdma_.reason = "rdma_cm listener on " + dev->ip + ": " + listener.error().message;
-    LOG_WARN("dataplane") << "RDMA not used: " << rdma_.reason;
-    return;
+    return unavailable("listener-failed", "rdma_cm listener on " + dev.ip + " (" + dev.name + "): " +
+                                              listener.error().message);
   }
   rdma_listener_ = std::move(listener.value());
   rdma_.available = true;
-  rdma_.device = dev->name;
-  rdma_.ip = dev->ip;
+  rdma_.reason_code.clear();
+  rdma_.device = dev.name;
+  rdma_.device_port = dev.port;
+  rdma_.netdev = dev.netdev;
+  rdma_.ip = dev.ip;
   rdma_.port = rdma_listener_->port();
-  LOG_INFO("dataplane") << "RDMA device " << dev->name << " (" << dev->netdev << ", chosen by " << dev->how
-                        << ") rdma_cm listening on " << rdma_.ip << ":" << rdma_.port;
+  rdma_.gid_index = dev.gid_index;
+  rdma_.gid_type = dev.gid_type;
+  rdma_.mtu = transport::rdma::port_active_mtu(dev.name, dev.port);
+  metrics_.set_rdma_selection(RdmaSelectionInfo{"ok", dev.name, std::to_string(dev.port), dev.netdev, dev.ip,
+                                                std::to_string(dev.gid_index), dev.gid_type});
+  LOG_INFO("dataplane") << rdma_.summary() << " gid=" << dev.gid << " (device chosen by " << dev.how << ")";
 }
 
 Result<transport::rdma::AcceptPlan> DataPlaneServer::resolve_rdma(const std::array<uint8_t, 16>& session,

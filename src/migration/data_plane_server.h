@@ -24,6 +24,7 @@
 #include "common/fd.h"
 #include "config/agent_config.h"
 #include "metrics/metrics.h"
+#include "transport/rdma/options.h"
 #include "transport/rdma/rdma_listener.h"
 
 namespace rdmig::migration {
@@ -31,11 +32,26 @@ namespace rdmig::migration {
 // This agent's RDMA capability, found once at start-up.
 struct RdmaSupport {
   bool available = false;
-  std::string reason;  // why not, when unavailable
+  // Why not, when unavailable: reason_code is one word (transport::rdma::kNoDevice, kNoAddress,
+  // kGidNotFound, or "transport-tcp", "listener-failed"), reason says what to fix.
+  std::string reason_code;
+  std::string reason;
   std::string device;
-  std::string ip;      // rdma_cm listener address (the device's netdev)
-  uint16_t port = 0;
+  int device_port = 0;  // the device's port number
+  std::string netdev;
+  std::string ip;       // rdma_cm listener address (on `netdev`)
+  uint16_t port = 0;    // rdma_cm port
+  int gid_index = -1;
+  std::string gid_type;
+  int traffic_class = -1;  // IP ToS byte set on every rdma_cm id (-1: the kernel's default)
+  uint32_t mtu = 0;        // active MTU of the port in bytes (0: unknown)
+  // One line for logs: "rdma=rxe0 port=1 netdev=veth0 gid_index=3 gid_type=RoCE v2 address=..." or
+  // "rdma=unavailable (no-address: ...)".
+  std::string summary() const;
 };
+
+// The agent's config key `rdma` as the transport's own options.
+transport::rdma::RdmaOptions rdma_options(const RdmaConfig& config);
 
 inline constexpr std::chrono::seconds kHelloTimeout{5};
 inline constexpr size_t kMaxPendingHellos = 64;

@@ -10,10 +10,15 @@ Result<TransportKind> parse_wire_transport(const std::string& text, const std::s
   return Error{Errc::kInvalidArgument, field + ": must be tcp or rdma, got '" + text + "'"};
 }
 
+std::string with_rdma_reason(const std::string& reason, const RdmaSupport& rdma) {
+  return rdma.available || rdma.reason_code.empty() ? reason : reason + ":" + rdma.reason_code;
+}
+
 Result<TransportOffer> offer_transport(TransportKind requested, const RdmaSupport& rdma) {
   if (requested == TransportKind::kRdma && !rdma.available) {
     return Error{Errc::kFailedPrecondition,
-                 "transport: rdma was requested but this agent has no usable RDMA device (" + rdma.reason + ")"};
+                 "transport: rdma was requested but this agent has no usable RDMA device (" + rdma.reason_code + ": " +
+                     rdma.reason + ")"};
   }
   TransportOffer offer;
   offer.transport = (requested != TransportKind::kTcp && rdma.available) ? TransportKind::kRdma : TransportKind::kTcp;
@@ -22,9 +27,19 @@ Result<TransportOffer> offer_transport(TransportKind requested, const RdmaSuppor
 }
 
 Result<TransportChoice> choose_transport(const TransportOffer& offer, TransportKind requested,
-                                         const RdmaSupport& rdma) {
+                                         const RdmaSupport& rdma, uint32_t peer_mtu) {
   TransportChoice choice;
   if (offer.transport == TransportKind::kRdma) {
+    const bool mtu_mismatch = rdma.available && peer_mtu != 0 && rdma.mtu != 0 && peer_mtu != rdma.mtu;
+    if (mtu_mismatch && requested != TransportKind::kTcp) {
+      const std::string what = "the RDMA ports' active MTUs differ (source " + std::to_string(peer_mtu) +
+                               ", target " + std::to_string(rdma.mtu) + " bytes: give both RDMA interfaces the same MTU)";
+      if (offer.required || requested == TransportKind::kRdma) {
+        return Error{Errc::kInvalidArgument, "hello.rdmaMtu: rdma is required but " + what};
+      }
+      choice.reason = "auto-no-peer-rdma:mtu-mismatch";
+      return choice;
+    }
     if (rdma.available && requested != TransportKind::kTcp) {
       choice.transport = TransportKind::kRdma;
       choice.reason = offer.required || requested == TransportKind::kRdma ? "requested" : "auto-both-rdma";
@@ -36,7 +51,8 @@ Result<TransportChoice> choose_transport(const TransportOffer& offer, TransportK
                        (rdma.available ? std::string("this target was asked for tcp")
                                        : "the target agent has no usable RDMA device (" + rdma.reason + ")")};
     }
-    choice.reason = rdma.available ? "target-requested-tcp" : "auto-no-peer-rdma";
+    // The target's own reason code rides along: auto-no-peer-rdma:no-address.
+    choice.reason = rdma.available ? "target-requested-tcp" : with_rdma_reason("auto-no-peer-rdma", rdma);
     return choice;
   }
   if (requested == TransportKind::kRdma) {

@@ -26,9 +26,16 @@ struct TransportChoice {
 Result<TransportOffer> offer_transport(TransportKind requested, const RdmaSupport& rdma);
 
 // Target side: RDMA when both ends can and neither insists on TCP. kInvalidArgument naming
-// `hello.transport` when the two requirements cannot both be met.
+// `hello.transport` when the two requirements cannot both be met. `peer_mtu` (0: unknown) is the
+// source's RDMA port MTU: rdma_cm would run both ends at the connecting side's MTU, so a port
+// with a smaller one would drop the larger packets until the QP fails. Different MTUs are TCP
+// (auto-no-peer-rdma:mtu-mismatch) or, when RDMA is required, an error naming both.
 Result<TransportChoice> choose_transport(const TransportOffer& offer, TransportKind requested,
-                                         const RdmaSupport& rdma);
+                                         const RdmaSupport& rdma, uint32_t peer_mtu = 0);
+
+// `reason` with this agent's RDMA reason code appended when it has no RDMA ("auto-no-peer-rdma"
+// becomes "auto-no-peer-rdma:no-address"); the part before ':' is the metric label.
+std::string with_rdma_reason(const std::string& reason, const RdmaSupport& rdma);
 
 // Wire names ("tcp", "rdma") of the two concrete transports.
 const char* wire_name(TransportKind kind);

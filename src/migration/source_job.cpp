@@ -88,6 +88,7 @@ Status SourceJob::connect_data_plane() {
   transport::Hello hello;
   hello.transport = wire_name(offer->transport);
   hello.transport_required = offer->required;
+  if (offer->transport == TransportKind::kRdma) hello.rdma_mtu = ctx_.rdma.mtu;
 
   const net::Endpoint ep{spec_.target.host, spec_.target.port};
   // Every blocking step below watches its socket: a cancel shuts it down and the step ends.
@@ -135,6 +136,8 @@ Status SourceJob::connect_data_plane() {
   if (reason.empty()) {
     reason = spec_.transport == TransportKind::kAuto ? (local_rdma ? "auto" : "auto-no-local-rdma") : "requested";
   }
+  // The target cannot know why this agent offered TCP: name it (auto-no-source-rdma:no-device).
+  if (reason == "auto-no-source-rdma" || reason == "auto-no-local-rdma") reason = with_rdma_reason(reason, ctx_.rdma);
   ctx_.metrics.transport_selected(transport_, reason);
   LOG_INFO("migration") << log_prefix() << " transport=" << transport_ << " reason=" << reason;
   update([&](MigrationStatus& s) {
@@ -153,8 +156,10 @@ Status SourceJob::connect_data_plane() {
     for (uint32_t i = 0; i < spec_.channels(); ++i) {
       transport::rdma::RdmaChannelParams p{i, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
                                            return_path_chunk(spec_.chunk_size), return_path_depth(spec_.ring_depth)};
+      // Leave through the device this agent chose, with its traffic class.
       auto ch = transport::rdma::RdmaChannel::connect(rdma_ep.value(), key.value(), p, tm, 15s,
-                                                      [this] { return cancel_requested(); });
+                                                      [this] { return cancel_requested(); },
+                                                      {ctx_.rdma.ip, ctx_.rdma.traffic_class});
       if (!ch) {
         if (cancel_requested()) return Error{Errc::kCancelled, cancel_reason()};
         ctx_.metrics.transport_error("rdma", "connect");

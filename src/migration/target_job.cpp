@@ -109,7 +109,7 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello, const std
   if (mismatch.empty()) {
     auto offered = parse_wire_transport(hello.transport, "hello.transport");
     auto choice = offered ? choose_transport(TransportOffer{offered.value(), hello.transport_required},
-                                             spec_.transport, ctx_.rdma)
+                                             spec_.transport, ctx_.rdma, hello.rdma_mtu)
                           : Result<TransportChoice>(offered.error());
     if (choice) {
       chosen = wire_name(choice->transport);

@@ -119,6 +119,7 @@ json Hello::to_json() const {
     j["ringDepth"] = ring_depth;
     j["transport"] = transport;
     j["transportRequired"] = transport_required;
+    if (rdma_mtu != 0) j["rdmaMtu"] = rdma_mtu;
   } else {
     j["session"] = session;
     j["index"] = index;
@@ -154,6 +155,15 @@ Result<Hello> Hello::parse(const json& j) {
     h.ring_depth = terms->ring_depth;
     h.transport = terms->transport;
     h.transport_required = terms->transport_required;
+    if (j.contains("rdmaMtu")) {
+      auto mtu = get_uint(j, "rdmaMtu", "hello", 256, 4096);
+      if (!mtu) return mtu.error();
+      if ((mtu.value() & (mtu.value() - 1)) != 0) {
+        return Error{Errc::kInvalidArgument, "hello.rdmaMtu: must be 256, 512, 1024, 2048 or 4096, got " +
+                                                 std::to_string(mtu.value())};
+      }
+      h.rdma_mtu = static_cast<uint32_t>(mtu.value());
+    }
   } else if (h.kind == "data") {
     auto session = get_string(j, "session", "hello", 128);
     if (!session) return session.error();

@@ -33,6 +33,9 @@ struct Hello {
   uint32_t ring_depth = 0;   // control
   std::string transport;     // control: preferred transport, "tcp" or "rdma"
   bool transport_required = false;  // control: fail rather than fall back to TCP
+  // control, optional: active MTU (bytes) of the source's RDMA port; 0 = not offered. The two
+  // ports must agree: rdma_cm takes the connecting side's MTU for both ends.
+  uint32_t rdma_mtu = 0;
 
   nlohmann::json to_json() const;
   // Validates every field; errors name the field ("hello.chunkSize").

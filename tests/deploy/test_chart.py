@@ -326,7 +326,8 @@ class ChartTest(unittest.TestCase):
         self.assertEqual((agent_sm["scheme"], agent_sm["tlsConfig"]),
                          ("https", {"serverName": "agents.rdmig.test", "ca": {"secret": {"name": "my-agent-tls",
                                                                                           "key": "ca.crt"}}}))
-        self.assertEqual(agent_cfg["rdma"], {"device": "mlx5_0", "netdev": "ens1f0", "resourceEnv": "PCIDEVICE_TEST"},
+        self.assertEqual(agent_cfg["rdma"], {"device": "mlx5_0", "netdev": "ens1f0", "address": "192.0.2.10",
+                                             "resourceEnv": "PCIDEVICE_TEST", "trafficClass": 104},
                          "an explicit resourceEnv wins over agent.rdma.resourceName")
         self.assertEqual((agent_cfg["transport"], agent_cfg["stateDir"], agent_cfg["logLevel"]),
                          ("tcp", "/var/run/rdmig-test", "debug"))

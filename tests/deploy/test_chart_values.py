@@ -74,6 +74,10 @@ class SchemaTest(unittest.TestCase):
         self.assert_refused("agent.config.stateDir=relative/dir", needle="stateDir")
         self.assert_refused("agent.config.stateDir=/" + "x" * 40, needle="stateDir")  # unix socket paths
         self.assert_refused("image.digest=latest", needle="image.digest")
+        # rdma.trafficClass is a ToS byte with the ECN bits 0, as the agent checks it.
+        self.assert_refused("agent.config.rdma.trafficClass=105", needle="trafficClass")
+        self.assert_refused("agent.config.rdma.trafficClass=256", needle="trafficClass")
+        self.assert_refused("agent.config.rdma.serviceLevel=3", needle="serviceLevel")
 
     def test_bad_enums_fail(self):
         self.assert_refused("agent.config.migration.chunkSize=3Mi", needle="chunkSize")

@@ -98,15 +98,18 @@ class AgentStartupTest(unittest.TestCase):
         r = self.run_agent(self.base("transport: rdma\n"))
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("'transport'", r.stderr)
-        self.assertIn("RDMA cannot be used", r.stderr)
+        self.assertIn("RDMA cannot be used (no-device)", r.stderr)
+        self.assertIn("fix the rdma keys", r.stderr)
 
     @unittest.skipIf(rdma_present(), "this machine has an RDMA device")
     def test_auto_without_a_device_serves_and_reports_why(self):
         a = Agent(self.tmp, "auto", config={"transport": "auto"})
         try:
             self.assertEqual(a.request("GET", "/readyz", token=None)[0], 200)
-            self.assertIn("rdma=unavailable", a.log_text())
+            self.assertIn("rdma=unavailable (no-device: ", a.log_text())
             self.assertIn("rdmig_rdma_devices 0", a.metrics())
+            self.assertIn('rdmig_rdma_selected{address="",device="",device_port="",gid_index="",gid_type="",'
+                          'netdev="",reason="no-device"} 0', a.metrics())
         finally:
             a.stop()
 

@@ -134,6 +134,16 @@ TEST(StatusMapping, TcpFallbackIsTcpForAnyReasonButRequested) {
   EXPECT_FALSE(controller::transport_fell_back(st("tcp", "")));
   const std::string msg = controller::transport_fallback_message(st("tcp", "auto-no-peer-rdma"));
   EXPECT_NE(msg.find("auto-no-peer-rdma: the target agent has no usable RDMA device"), std::string::npos) << msg;
+  // The agent's own reason code after ':' is explained too.
+  const std::string detailed = controller::transport_fallback_message(st("tcp", "auto-no-peer-rdma:no-address"));
+  EXPECT_NE(detailed.find("the target agent has no usable RDMA device (the RDMA device's interface has no IP address)"),
+            std::string::npos) << detailed;
+  EXPECT_TRUE(controller::transport_fell_back(st("tcp", "auto-no-source-rdma:gid-not-found")));
+  const std::string cfg = controller::transport_fallback_message(st("tcp", "auto-no-source-rdma:transport-tcp"));
+  EXPECT_NE(cfg.find("the source agent has no usable RDMA device (it is configured with transport: tcp)"),
+            std::string::npos) << cfg;
+  const std::string mtu = controller::transport_fallback_message(st("tcp", "auto-no-peer-rdma:mtu-mismatch"));
+  EXPECT_NE(mtu.find("different active MTUs"), std::string::npos) << mtu;
 }
 
 TEST(StatusMapping, JudgeGivesEachOutcomeItsOwnReason) {

@@ -298,7 +298,9 @@ class ControllerEndToEndTest(unittest.TestCase):
                                       maxBandwidth=1 << 30, maxDowntime="500ms", transport="auto"))
         obj = self.cluster.wait_phase(name, TERMINAL, timeout=240)
         self.assertEqual(obj["status"]["phase"], "Succeeded", obj["status"].get("failureReason"))
-        self.assertEqual((obj["status"]["transport"], obj["status"]["transportReason"]), ("tcp", "auto-no-source-rdma"))
+        # The source agent names its own reason after the colon: its config says transport tcp.
+        self.assertEqual((obj["status"]["transport"], obj["status"]["transportReason"]),
+                         ("tcp", "auto-no-source-rdma:transport-tcp"))
         self.cluster.wait_event(name, ("Warning", "TransportFallback"))
         fallback = [e for e in self.cluster.api.events(name) if e["reason"] == "TransportFallback"]
         self.assertEqual([(e["type"], e["count"]) for e in fallback], [("Warning", 1)], fallback)

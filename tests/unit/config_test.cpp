@@ -105,3 +105,34 @@ TEST(AgentConfig, RejectsRelativeStateDirAndMalformedYaml) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("YAML"), std::string::npos);
 }
+
+TEST(AgentConfig, RdmaTrafficClassIsAToSByteWithoutEcnBits) {
+  auto c = parse_agent_config("");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->rdma.traffic_class, -1) << "unset: the kernel's default";
+  c = parse_agent_config("rdma:\n  trafficClass: 104\n");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->rdma.traffic_class, 104);
+  c = parse_agent_config("rdma:\n  trafficClass: 0\n");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->rdma.traffic_class, 0);
+  for (const char* doc : {"rdma:\n  trafficClass: 256\n", "rdma:\n  trafficClass: -4\n", "rdma:\n  trafficClass: 105\n",
+                          "rdma:\n  trafficClass: af31\n"}) {
+    auto bad = parse_agent_config(doc);
+    ASSERT_FALSE(bad.ok()) << doc;
+    EXPECT_NE(bad.error().message.find("rdma.trafficClass"), std::string::npos) << bad.error().message;
+  }
+  EXPECT_NE(parse_agent_config("rdma:\n  trafficClass: 105\n").error().message.find("ECN"), std::string::npos);
+}
+
+TEST(AgentConfig, RdmaAddressMustBeAnIpAddress) {
+  auto c = parse_agent_config("rdma:\n  netdev: ens1f0v0.100\n  address: 2001:db8::7\n");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->rdma.address, "2001:db8::7");
+  EXPECT_EQ(c->rdma.netdev, "ens1f0v0.100");
+  auto bad = parse_agent_config("rdma:\n  address: node-a.example\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("rdma.address"), std::string::npos) << bad.error().message;
+  bad = parse_agent_config("rdma:\n  serviceLevel: 3\n");
+  ASSERT_FALSE(bad.ok()) << "unknown keys are refused";
+}

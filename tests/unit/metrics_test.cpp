@@ -72,16 +72,63 @@ TEST(Metrics, EveryTransportReasonTheHandshakeGivesIsAFixedLabelValue) {
           migration::RdmaSupport rdma;
           rdma.available = available;
           rdma.reason = available ? "" : "no device";
+          rdma.reason_code = available ? "" : "no-address";
           auto choice = migration::choose_transport(TransportOffer{offered, required}, requested, rdma);
           if (!choice) continue;
           ++choices;
-          EXPECT_TRUE(is_fixed_pair(migration::wire_name(choice->transport), choice->reason))
+          // The target's reason code rides after ':' (auto-no-peer-rdma:no-address); the part before is the label.
+          const std::string base = choice->reason.substr(0, choice->reason.find(':'));
+          EXPECT_TRUE(is_fixed_pair(migration::wire_name(choice->transport), base))
               << migration::wire_name(choice->transport) << " " << choice->reason;
+          if (!available && choice->transport == TransportKind::kTcp && base == "auto-no-peer-rdma") {
+            EXPECT_EQ(choice->reason, "auto-no-peer-rdma:no-address");
+          }
+          Metrics m;
+          m.transport_selected(migration::wire_name(choice->transport), choice->reason);
+          EXPECT_TRUE(has_line(m.serialize(), std::string("rdmig_transport_selected_total{reason=\"") + base +
+                                                  "\",transport=\"" + migration::wire_name(choice->transport) + "\"} 1"))
+              << choice->reason;
         }
       }
     }
   }
   EXPECT_GE(choices, 10);
+}
+
+TEST(Handshake, DifferentRdmaMtusAreTcpWithTheReasonOrAnErrorWhenRdmaIsRequired) {
+  using migration::TransportOffer;
+  migration::RdmaSupport rdma;
+  rdma.available = true;
+  rdma.mtu = 1024;
+  // Same MTU, or the source's unknown (a peer that does not send it): RDMA.
+  for (uint32_t peer : {1024u, 0u}) {
+    auto c = migration::choose_transport(TransportOffer{TransportKind::kRdma, false}, TransportKind::kAuto, rdma, peer);
+    ASSERT_TRUE(c.ok());
+    EXPECT_EQ(c->transport, TransportKind::kRdma) << peer;
+  }
+  auto c = migration::choose_transport(TransportOffer{TransportKind::kRdma, false}, TransportKind::kAuto, rdma, 4096);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->transport, TransportKind::kTcp);
+  EXPECT_EQ(c->reason, "auto-no-peer-rdma:mtu-mismatch");
+  for (auto [required, requested] : {std::pair{true, TransportKind::kAuto}, std::pair{false, TransportKind::kRdma}}) {
+    auto e = migration::choose_transport(TransportOffer{TransportKind::kRdma, required}, requested, rdma, 4096);
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.error().message.find("source 4096, target 1024"), std::string::npos) << e.error().message;
+  }
+}
+
+TEST(Metrics, RdmaSelectedSaysTheChosenDeviceOrWhyNone) {
+  Metrics m;
+  RdmaSelectionInfo none;
+  none.reason = "no-address";
+  m.set_rdma_selection(none);
+  std::string text = m.serialize();
+  ASSERT_EQ(series(text, "rdmig_rdma_selected").size(), 1u) << text;
+  EXPECT_TRUE(has_line(text, R"(rdmig_rdma_selected{address="",device="",device_port="",gid_index="",gid_type="",netdev="",reason="no-address"} 0)")) << text;
+  m.set_rdma_selection(RdmaSelectionInfo{"ok", "mlx5_2", "1", "ens1f0v0.100", "198.51.100.7", "5", "RoCE v2"});
+  text = m.serialize();
+  ASSERT_EQ(series(text, "rdmig_rdma_selected").size(), 1u) << "the old series is replaced: " << text;
+  EXPECT_TRUE(has_line(text, R"(rdmig_rdma_selected{address="198.51.100.7",device="mlx5_2",device_port="1",gid_index="5",gid_type="RoCE v2",netdev="ens1f0v0.100",reason="ok"} 1)")) << text;
 }
 
 TEST(Metrics, LabelValuesOutsideTheFixedSetsCountAsOther) {

@@ -1,4 +1,4 @@
-// RDMA transport: wire encodings and device selection run everywhere; the channel tests
+// RDMA transport: wire encodings run everywhere (device selection: rdma_device_test.cpp); the channel tests
 // need a usable RDMA device (Soft-RoCE in the test VM) and skip elsewhere.
 #include <gtest/gtest.h>
 
@@ -12,7 +12,6 @@
 #include "common/units.h"
 #include "metrics/metrics.h"
 #include "transport/rdma/cm.h"
-#include "transport/rdma/device.h"
 #include "transport/rdma/imm.h"
 #include "transport/rdma/rdma_channel.h"
 #include "transport/rdma/rdma_listener.h"
@@ -62,84 +61,6 @@ TEST(RdmaPrivateData, ConnectRequestAndReplyRoundTripWithinCmLimits) {
   EXPECT_FALSE(session_from_hex("xyz").ok());
 }
 
-namespace {
-// A fake /sys with two devices: mlx5_2 (a VF at 0000:3b:00.2 on ens1f0v0) and rxe0 (on va).
-struct FakeSysfs {
-  fs::path root;
-  FakeSysfs() {
-    root = fs::temp_directory_path() / ("rdmig-sysfs-" + random_hex(4));
-    auto w = [&](const fs::path& p, const std::string& v) {
-      fs::create_directories(p.parent_path());
-      std::ofstream(p) << v << "\n";
-    };
-    w(root / "class/infiniband/mlx5_2/ports/1/gid_attrs/ndevs/0", "ens1f0v0");
-    fs::create_directories(root / "class/infiniband/mlx5_2/device/net/ens1f0v0");
-    fs::create_directories(root / "bus/pci/devices/0000:3b:00.2/infiniband/mlx5_2");
-    w(root / "class/infiniband/rxe0/parent", "va");
-  }
-  ~FakeSysfs() { fs::remove_all(root); }
-  SysfsView view() const { return SysfsView{root.string()}; }
-};
-std::string fake_ip(const std::string& netdev) {
-  if (netdev == "ens1f0v0") return "192.0.2.10";
-  if (netdev == "va") return "10.99.0.1";
-  return "";
-}
-}  // namespace
-
-TEST(RdmaDeviceSelection, ByDeviceNameNetdevAndAuto) {
-  FakeSysfs fake;
-  RdmaConfig c;
-  c.device = "mlx5_2";
-  auto d = select_device(c, {}, fake.view(), &fake_ip);
-  ASSERT_TRUE(d.ok()) << d.error().message;
-  EXPECT_EQ(d->netdev, "ens1f0v0");
-  EXPECT_EQ(d->ip, "192.0.2.10");
-  c = RdmaConfig{};
-  c.netdev = "va";
-  d = select_device(c, {}, fake.view(), &fake_ip);
-  ASSERT_TRUE(d.ok()) << d.error().message;
-  EXPECT_EQ(d->name, "rxe0");
-  d = select_device(RdmaConfig{}, {}, fake.view(), &fake_ip);
-  ASSERT_TRUE(d.ok());
-  EXPECT_EQ(d->name, "mlx5_2");
-}
-
-TEST(RdmaDeviceSelection, FromSriovDevicePluginEnvironment) {
-  FakeSysfs fake;
-  RdmaConfig c;
-  c.resource_env = "PCIDEVICE_NVIDIA_COM_SRIOV_RDMA";
-  auto d = select_device(c, {{"PCIDEVICE_NVIDIA_COM_SRIOV_RDMA", "0000:3b:00.2"}}, fake.view(), &fake_ip);
-  ASSERT_TRUE(d.ok()) << d.error().message;
-  EXPECT_EQ(d->name, "mlx5_2");
-  // The _INFO JSON's rdma_dev wins when present.
-  d = select_device(c, {{"PCIDEVICE_NVIDIA_COM_SRIOV_RDMA", "0000:3b:00.2"},
-                        {"PCIDEVICE_NVIDIA_COM_SRIOV_RDMA_INFO",
-                         R"({"0000:3b:00.2":{"generic":{"deviceID":"0000:3b:00.2"},"rdma":{"rdma_mgmt":"/dev/infiniband/rdma_cm","rdma_dev":"rxe0"}}})"}},
-                    fake.view(), &fake_ip);
-  ASSERT_TRUE(d.ok()) << d.error().message;
-  EXPECT_EQ(d->name, "rxe0");
-  // Resource name form (nvidia.com/sriov_rdma) maps to the variable name.
-  c.resource_env = "nvidia.com/sriov_rdma";
-  d = select_device(c, {{"PCIDEVICE_NVIDIA_COM_SRIOV_RDMA", "0000:3b:00.2"}}, fake.view(), &fake_ip);
-  ASSERT_TRUE(d.ok()) << d.error().message;
-}
-
-TEST(RdmaDeviceSelection, ErrorsNameTheConfigKeyAndWhatIsMissing) {
-  FakeSysfs fake;
-  RdmaConfig c;
-  c.device = "mlx5_9";
-  auto d = select_device(c, {}, fake.view(), &fake_ip);
-  ASSERT_FALSE(d.ok());
-  EXPECT_NE(d.error().message.find("rdma.device"), std::string::npos);
-  c = RdmaConfig{};
-  c.resource_env = "PCIDEVICE_X";
-  d = select_device(c, {}, fake.view(), &fake_ip);
-  ASSERT_FALSE(d.ok());
-  EXPECT_NE(d.error().message.find("PCIDEVICE_X"), std::string::npos);
-  EXPECT_FALSE(select_device(RdmaConfig{}, {}, SysfsView{"/nonexistent"}, &fake_ip).ok());
-}
-
 // ---- Real verbs: need a device (the Soft-RoCE VM sets RDMIG_RDMA_IP). ----
 namespace {
 std::string rdma_ip() {
@@ -149,7 +70,10 @@ std::string rdma_ip() {
 struct Pair {
   std::unique_ptr<transport::Channel> client, server;
 };
-Pair connect_pair(Metrics& m, uint32_t chunk, uint32_t depth, const std::array<uint8_t, 16>& session) {
+// Both ends bound to the device's address with a traffic class (DSCP 26), as the agents run them:
+// rdma_set_option(RDMA_OPTION_ID_TOS) must be accepted on the listening, accepted and connecting ids.
+Pair connect_pair(Metrics& m, uint32_t chunk, uint32_t depth, const std::array<uint8_t, 16>& session,
+                  int tos = 104) {
   std::mutex mu;
   std::condition_variable cv;
   Pair p;
@@ -162,10 +86,10 @@ Pair connect_pair(Metrics& m, uint32_t chunk, uint32_t depth, const std::array<u
                       cv.notify_all();
                     }};
     return plan;
-  });
+  }, tos);
   EXPECT_TRUE(listener.ok());
   auto c = RdmaChannel::connect({rdma_ip(), listener.value()->port()}, session, RdmaChannelParams{0, chunk, depth, chunk, depth}, tm,
-                                std::chrono::seconds(10));
+                                std::chrono::seconds(10), {}, RdmaConnectOptions{rdma_ip(), tos});
   EXPECT_TRUE(c.ok()) << (c.ok() ? "" : c.error().message);
   if (c) p.client = std::move(c.value());
   std::unique_lock l(mu);

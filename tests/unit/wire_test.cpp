@@ -83,3 +83,20 @@ TEST(Wire, ReceiveTimesOutWhenPeerIsSilent) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code, Errc::kTimeout);
 }
+
+TEST(Wire, ControlHelloCarriesTheRdmaMtuWhenOfferedAndChecksIt) {
+  auto h = control_hello();
+  EXPECT_FALSE(h.to_json().contains("rdmaMtu")) << "0 = not offered: not on the wire";
+  EXPECT_EQ(Hello::parse(h.to_json())->rdma_mtu, 0u);
+  h.rdma_mtu = 1024;
+  auto parsed = Hello::parse(h.to_json());
+  ASSERT_TRUE(parsed.ok()) << parsed.error().message;
+  EXPECT_EQ(parsed->rdma_mtu, 1024u);
+  for (int bad : {1500, 128, 8192, 0}) {
+    auto j = h.to_json();
+    j["rdmaMtu"] = bad;
+    auto r = Hello::parse(j);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.error().message.find("hello.rdmaMtu"), std::string::npos) << r.error().message;
+  }
+}

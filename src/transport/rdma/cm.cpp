@@ -116,6 +116,15 @@ Result<ConnectReply> ConnectReply::decode(const std::vector<uint8_t>& raw) {
   return r;
 }
 
+Status set_tos(rdma_cm_id* id, int tos) {
+  if (tos < 0) return ok_status();
+  uint8_t value = static_cast<uint8_t>(tos);
+  if (rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &value, sizeof value) != 0) {
+    return verbs_error("rdma_set_option(RDMA_OPTION_ID_TOS, " + std::to_string(tos) + ")", errno);
+  }
+  return ok_status();
+}
+
 Result<std::array<uint8_t, 16>> session_from_hex(const std::string& hex) {
   if (hex.size() != 32) return Error{Errc::kInvalidArgument, "session: expected 32 hex characters"};
   std::array<uint8_t, 16> out{};

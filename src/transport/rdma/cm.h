@@ -56,6 +56,10 @@ struct ConnectReply {
   static Result<ConnectReply> decode(const std::vector<uint8_t>& raw);
 };
 
+// rdma_set_option(RDMA_OPTION_ID_TOS): the IP ToS byte of RoCE v2 packets (traffic class on IB).
+// Set before rdma_resolve_route (the kernel picks the route's priority from it). tos < 0: no-op.
+Status set_tos(rdma_cm_id* id, int tos);
+
 // Session keys travel as 32 hex characters on the control connection and as 16 bytes here.
 Result<std::array<uint8_t, 16>> session_from_hex(const std::string& hex);
 

@@ -1,13 +1,11 @@
 #include "transport/rdma/device.h"
 
+#include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <infiniband/verbs.h>
-#include <arpa/inet.h>
 #include <net/if.h>
 
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "transport/rdma/verbs.h"
@@ -16,76 +14,77 @@ extern char** environ;
 
 namespace rdmig::transport::rdma {
 
-namespace fs = std::filesystem;
-
 namespace {
 
-std::string read_first_line(const fs::path& p) {
-  std::ifstream in(p);
-  std::string line;
-  if (in) std::getline(in, line);
-  while (!line.empty() && (line.back() == '\n' || line.back() == ' ')) line.pop_back();
-  return line;
-}
-
-std::vector<std::string> list_dir(const fs::path& p) {
-  std::vector<std::string> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(p, ec)) out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-std::string upper_env_name(const std::string& s) {
+std::string join(const std::vector<std::string>& items) {
   std::string out;
-  for (char c : s) out.push_back((c >= 'a' && c <= 'z') ? static_cast<char>(c - 32) : (c == '.' || c == '/' || c == '-') ? '_' : c);
+  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
+  return out.empty() ? "none" : out;
+}
+
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const auto comma = text.find(',', start);
+    auto item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!item.empty()) out.push_back(std::move(item));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
   return out;
 }
+
+// Selection gets as far as it can; the furthest failure is the one reported.
+struct Progress {
+  int stage = 0;  // 0 no device, 1 no address, 2 no GID
+  std::string reason = kNoDevice;
+  std::string message;
+  void at(int s, const char* r, std::string m) {
+    if (s < stage || (s == stage && !message.empty())) return;
+    stage = s;
+    reason = r;
+    message = std::move(m);
+  }
+};
+
+struct Candidates {
+  std::vector<std::string> devices;
+  std::string how;
+  std::string key;  // config key named in errors
+};
 
 }  // namespace
 
-std::vector<std::string> SysfsView::netdevs_of(const std::string& device) const {
-  const fs::path dev = fs::path(root) / "class/infiniband" / device;
-  std::vector<std::string> out;
-  // RoCE ports name their netdev in the GID table (works for rxe and for VFs).
-  for (const auto& port : list_dir(dev / "ports")) {
-    const auto nd = read_first_line(dev / "ports" / port / "gid_attrs/ndevs/0");
-    if (!nd.empty() && std::find(out.begin(), out.end(), nd) == out.end()) out.push_back(nd);
-  }
-  for (const auto& nd : list_dir(dev / "device/net")) {
-    if (std::find(out.begin(), out.end(), nd) == out.end()) out.push_back(nd);
-  }
-  if (const auto parent = read_first_line(dev / "parent"); !parent.empty()) {
-    if (std::find(out.begin(), out.end(), parent) == out.end()) out.push_back(parent);
+std::string device_plugin_variable(const std::string& resource) {
+  if (resource.rfind("PCIDEVICE_", 0) == 0) return resource;
+  std::string out = "PCIDEVICE_";
+  for (char c : resource) {
+    out.push_back((c >= 'a' && c <= 'z') ? static_cast<char>(c - 32) : (c == '.' || c == '/' || c == '-') ? '_' : c);
   }
   return out;
 }
 
-std::vector<std::string> SysfsView::devices_of_pci(const std::string& pci) const {
-  return list_dir(fs::path(root) / "bus/pci/devices" / pci / "infiniband");
-}
-
-std::vector<std::string> SysfsView::devices() const { return list_dir(fs::path(root) / "class/infiniband"); }
-
-std::string netdev_ip(const std::string& netdev) {
+std::vector<std::string> netdev_addresses(const std::string& netdev) {
   ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return "";
-  std::string v4, v6;
+  if (getifaddrs(&list) != 0) return {};
+  std::vector<std::string> v4, v6;
   for (ifaddrs* a = list; a; a = a->ifa_next) {
     if (!a->ifa_addr || netdev != a->ifa_name) continue;
     char buf[INET6_ADDRSTRLEN] = {};
-    if (a->ifa_addr->sa_family == AF_INET && v4.empty()) {
+    if (a->ifa_addr->sa_family == AF_INET) {
       inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, buf, sizeof buf);
-      v4 = buf;
-    } else if (a->ifa_addr->sa_family == AF_INET6 && v6.empty()) {
+      v4.emplace_back(buf);
+    } else if (a->ifa_addr->sa_family == AF_INET6) {
       auto* s6 = reinterpret_cast<sockaddr_in6*>(a->ifa_addr);
-      if (IN6_IS_ADDR_LINKLOCAL(&s6->sin6_addr)) continue;
+      if (IN6_IS_ADDR_LINKLOCAL(&s6->sin6_addr)) continue;  // rdma_cm would need a scope id
       inet_ntop(AF_INET6, &s6->sin6_addr, buf, sizeof buf);
-      v6 = buf;
+      v6.emplace_back(buf);
     }
   }
   freeifaddrs(list);
-  return v4.empty() ? v6 : v4;
+  v4.insert(v4.end(), v6.begin(), v6.end());
+  return v4;
 }
 
 std::map<std::string, std::string> process_environment() {
@@ -98,85 +97,155 @@ std::map<std::string, std::string> process_environment() {
   return env;
 }
 
-Result<RdmaDevice> select_device(const RdmaConfig& config, const std::map<std::string, std::string>& env,
-                                 const SysfsView& sysfs, std::string (*ip_of)(const std::string&)) {
-  auto finish = [&](const std::string& device, std::string netdev, const std::string& how,
-                    const std::string& key) -> Result<RdmaDevice> {
-    if (netdev.empty()) {
-      auto nds = sysfs.netdevs_of(device);
-      if (nds.empty()) {
-        return Error{Errc::kUnavailable, key + ": RDMA device '" + device + "' has no network interface in sysfs"};
-      }
-      netdev = nds.front();
-    }
-    const std::string ip = ip_of(netdev);
-    if (ip.empty()) {
-      return Error{Errc::kUnavailable, key + ": interface '" + netdev + "' of RDMA device '" + device +
-                                           "' has no IP address for rdma_cm"};
-    }
-    return RdmaDevice{device, netdev, ip, how};
+Selection select_device(const RdmaOptions& options, const std::map<std::string, std::string>& env,
+                        const SysfsView& sysfs, const AddressLookup& addresses_of) {
+  Selection out;
+  auto fail = [&](const std::string& reason, const std::string& message) {
+    out.reason = reason;
+    out.error = Error{Errc::kUnavailable, message};
+    return out;
   };
+  const auto all = sysfs.devices();
 
-  if (!config.device.empty()) {
-    const auto all = sysfs.devices();
-    if (std::find(all.begin(), all.end(), config.device) == all.end()) {
-      return Error{Errc::kUnavailable, "config key 'rdma.device': no RDMA device '" + config.device + "'"};
+  // 1. Candidate devices.
+  Candidates c;
+  if (!options.device.empty()) {
+    if (std::find(all.begin(), all.end(), options.device) == all.end()) {
+      return fail(kNoDevice, "config key 'rdma.device': no RDMA device '" + options.device +
+                                 "' on this node (devices: " + join(all) + ")");
     }
-    return finish(config.device, config.netdev, "config rdma.device", "config key 'rdma.device'");
-  }
-  if (!config.netdev.empty()) {
-    for (const auto& dev : sysfs.devices()) {
-      const auto nds = sysfs.netdevs_of(dev);
-      if (std::find(nds.begin(), nds.end(), config.netdev) != nds.end()) {
-        return finish(dev, config.netdev, "config rdma.netdev", "config key 'rdma.netdev'");
-      }
-    }
-    return Error{Errc::kUnavailable, "config key 'rdma.netdev': no RDMA device on interface '" + config.netdev + "'"};
-  }
-  if (!config.resource_env.empty()) {
-    const std::string key = "config key 'rdma.resourceEnv'";
-    std::string var = config.resource_env;
-    if (var.rfind("PCIDEVICE_", 0) != 0) var = "PCIDEVICE_" + upper_env_name(var);
-    auto it = env.find(var);
-    if (it == env.end() || it->second.empty()) {
-      return Error{Errc::kUnavailable, key + ": environment variable " + var +
-                                           " is not set (is the SR-IOV resource requested in the pod spec?)"};
-    }
-    std::vector<std::string> pcis;
-    size_t start = 0;
-    while (start <= it->second.size()) {
-      const auto comma = it->second.find(',', start);
-      const auto item = it->second.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-      if (!item.empty()) pcis.push_back(item);
-      if (comma == std::string::npos) break;
-      start = comma + 1;
-    }
-    // The device plugin's _INFO names the RDMA device per PCI address when it knows it.
+    c = {{options.device}, "rdma.device", "config key 'rdma.device'"};
+  } else if (const std::string var = options.resource_env.empty() ? "" : device_plugin_variable(options.resource_env);
+             !var.empty() && env.count(var) && !env.at(var).empty()) {
+    const auto pcis = split_commas(env.at(var));
+    c.key = "config key 'rdma.resourceEnv' (" + var + "=" + env.at(var) + ")";
+    // The SR-IOV device plugin's _INFO: {"<pci>": {"generic": {...}, "rdma": {"rdma_dev": "mlx5_3", ...}}}.
     if (auto info = env.find(var + "_INFO"); info != env.end()) {
-      auto j = nlohmann::json::parse(info->second, nullptr, false);
-      if (j.is_object()) {
-        for (const auto& pci : pcis) {
-          auto e = j.find(pci);
-          if (e == j.end() || !e->is_object()) continue;
-          auto r = e->find("rdma");
-          if (r != e->end() && r->is_object() && r->contains("rdma_dev") && (*r)["rdma_dev"].is_string()) {
-            return finish((*r)["rdma_dev"].get<std::string>(), "", var + "_INFO rdma_dev of " + pci, key);
+      const auto j = nlohmann::json::parse(info->second, nullptr, false);
+      for (const auto& pci : pcis) {
+        if (!j.is_object() || !j.contains(pci) || !j[pci].is_object()) continue;
+        const auto& e = j[pci];
+        if (!e.contains("rdma") || !e["rdma"].is_object()) continue;
+        const auto& r = e["rdma"];
+        if (r.contains("rdma_dev") && r["rdma_dev"].is_string()) {
+          const auto name = r["rdma_dev"].get<std::string>();
+          if (std::find(all.begin(), all.end(), name) != all.end()) {
+            c.devices.push_back(name);
+            c.how = var + "_INFO rdma_dev of " + pci;
           }
         }
       }
     }
-    for (const auto& pci : pcis) {
-      auto devs = sysfs.devices_of_pci(pci);
-      if (!devs.empty()) return finish(devs.front(), "", var + " PCI " + pci, key);
+    if (c.devices.empty()) {
+      for (const auto& pci : pcis) {
+        for (const auto& d : sysfs.devices_of_pci(pci)) c.devices.push_back(d);
+      }
+      c.how = var + " PCI " + env.at(var);
     }
-    return Error{Errc::kUnavailable, key + ": no RDMA device under the PCI addresses in " + var + " (" + it->second + ")"};
-  }
-  for (const auto& dev : sysfs.devices()) {
-    for (const auto& nd : sysfs.netdevs_of(dev)) {
-      if (!ip_of(nd).empty()) return finish(dev, nd, "first device with an IP address", "rdma");
+    if (c.devices.empty()) {
+      return fail(kNoDevice, c.key + ": no RDMA device under those PCI addresses (is the resource's VF bound "
+                                     "to its RDMA driver, e.g. mlx5_core?)");
+    }
+  } else {
+    c.devices = all;
+    c.key = "config keys 'rdma.netdev' / 'rdma.address'";
+    c.how = options.resource_env.empty()
+                ? "any device"
+                : "any device (" + device_plugin_variable(options.resource_env) +
+                      " not set: the shared-device plugin sets none)";
+    if (all.empty()) {
+      return fail(kNoDevice, options.resource_env.empty()
+                                 ? "no RDMA device on this node (/sys/class/infiniband is empty)"
+                                 : "no RDMA device on this node and " + device_plugin_variable(options.resource_env) +
+                                       " is not set (is the resource requested in the pod spec?)");
     }
   }
-  return Error{Errc::kUnavailable, "no RDMA device with an IP address on this node"};
+
+  // 2./3. Ports, netdevs, addresses, GIDs.
+  Progress p;
+  for (const auto& dev : c.devices) {
+    for (int port : sysfs.ports(dev)) {
+      const std::string where = "RDMA device " + dev + " port " + std::to_string(port);
+      if (!sysfs.port_active(dev, port)) {
+        p.at(0, kNoDevice, c.key + ": " + where + " is not active (link down?)");
+        continue;
+      }
+      const auto gids = sysfs.gids(dev, port);
+      const bool infiniband = sysfs.link_layer(dev, port) == "InfiniBand";
+      std::vector<std::string> netdevs;
+      if (!options.netdev.empty()) {
+        netdevs = sysfs.netdevs_of(dev);
+        if (std::find(netdevs.begin(), netdevs.end(), options.netdev) == netdevs.end()) {
+          p.at(0, kNoDevice, "config key 'rdma.netdev': interface '" + options.netdev + "' is not on " + where +
+                                 " (its interfaces: " + join(netdevs) + ")");
+          continue;
+        }
+        netdevs = {options.netdev};
+      } else {
+        netdevs = sysfs.netdevs_of(dev);
+      }
+      if (netdevs.empty()) {
+        p.at(0, kNoDevice, c.key + ": " + where + " has no network interface in sysfs");
+        continue;
+      }
+      for (const auto& nd : netdevs) {
+        auto addrs = addresses_of(nd);
+        if (!options.address.empty()) {
+          if (std::find(addrs.begin(), addrs.end(), options.address) == addrs.end()) {
+            p.at(1, kNoAddress, "config key 'rdma.address': " + options.address + " is not an address of " + nd +
+                                    " (" + where + "; its addresses: " + join(addrs) + ")");
+            continue;
+          }
+          addrs = {options.address};
+        }
+        if (addrs.empty()) {
+          p.at(1, kNoAddress, c.key + ": interface " + nd + " of " + where +
+                                  " has no IP address for rdma_cm (give it one, or set rdma.netdev to an interface "
+                                  "on it that has one, e.g. a VLAN)");
+          continue;
+        }
+        for (const auto& ip : addrs) {
+          if (infiniband) {
+            RdmaDevice d{dev, port, nd, ip, 0, gids.empty() ? "" : gids.front().text, "IB", c.how};
+            out.device = d;
+            return out;
+          }
+          const auto want = gid_of_address(ip);
+          const GidEntry* v1 = nullptr;
+          for (const auto& g : gids) {
+            if (!want || g.gid != *want || g.ndev != nd) continue;
+            if (is_roce_v2(g.type)) {
+              out.device = RdmaDevice{dev, port, nd, ip, g.index, g.text, g.type, c.how};
+              return out;
+            }
+            v1 = &g;
+          }
+          p.at(2, kGidNotFound, c.key + ": " + where + " has no RoCE v2 GID for " + ip + " on " + nd +
+                                    (v1 ? " (only a " + v1->type + " entry, index " + std::to_string(v1->index) +
+                                              "; is RoCE v2 enabled on the NIC?)"
+                                        : " (is the address new? the kernel adds GIDs as addresses appear)"));
+        }
+      }
+    }
+  }
+  if (p.message.empty()) p.message = c.key + ": no RDMA device port found (" + join(c.devices) + ")";
+  return fail(p.reason, p.message);
+}
+
+uint32_t port_active_mtu(const std::string& device, int port) {
+  int n = 0;
+  DeviceListPtr list(ibv_get_device_list(&n));
+  if (!list) return 0;
+  for (int i = 0; i < n; ++i) {
+    if (device != ibv_get_device_name(list.get()[i])) continue;
+    ContextPtr ctx(ibv_open_device(list.get()[i]));
+    if (!ctx) return 0;
+    ibv_port_attr pa{};
+    if (ibv_query_port(ctx.get(), static_cast<uint8_t>(port), &pa) != 0) return 0;
+    const int m = static_cast<int>(pa.active_mtu);  // IBV_MTU_256 = 1 ... IBV_MTU_4096 = 5
+    return m >= 1 && m <= 5 ? 128u << m : 0;
+  }
+  return 0;
 }
 
 int count_usable_devices() {
@@ -187,8 +256,15 @@ int count_usable_devices() {
   for (int i = 0; i < n; ++i) {
     ContextPtr ctx(ibv_open_device(list.get()[i]));
     if (!ctx) continue;
-    ibv_port_attr port{};
-    if (ibv_query_port(ctx.get(), 1, &port) == 0 && port.state == IBV_PORT_ACTIVE) ++usable;
+    ibv_device_attr attr{};
+    if (ibv_query_device(ctx.get(), &attr) != 0) continue;
+    for (uint8_t port = 1; port <= attr.phys_port_cnt; ++port) {
+      ibv_port_attr pa{};
+      if (ibv_query_port(ctx.get(), port, &pa) == 0 && pa.state == IBV_PORT_ACTIVE) {
+        ++usable;
+        break;
+      }
+    }
   }
   return usable;
 }

@@ -41,6 +41,14 @@ struct RdmaChannelParams {
   uint32_t recv_depth = 0;
 };
 
+// Connecting side: bind rdma_cm to `source_ip` (the chosen device's address; "" = let routing
+// pick the device) and put the IP ToS byte `tos` on the connection's packets (-1 = the kernel's
+// default).
+struct RdmaConnectOptions {
+  std::string source_ip;
+  int tos = -1;
+};
+
 class RdmaChannel final : public Channel {
  public:
   // Source side: resolves `ep`, connects, returns once the connection is established.
@@ -49,7 +57,8 @@ class RdmaChannel final : public Channel {
                                                        const RdmaChannelParams& params,
                                                        TransportMetrics& metrics,
                                                        std::chrono::milliseconds timeout,
-                                                       const std::function<bool()>& cancelled = {});
+                                                       const std::function<bool()>& cancelled = {},
+                                                       const RdmaConnectOptions& options = {});
   // Target side: `id` came in a CONNECT_REQUEST carrying `request`; `events` is the channel
   // the id was migrated to. Accepts; the poller sees the connection established.
   static Result<std::unique_ptr<RdmaChannel>> accept(EventChannelPtr events, CmIdPtr id,

@@ -10,7 +10,8 @@ namespace rdmig::transport::rdma {
 
 using namespace std::chrono_literals;
 
-Result<std::unique_ptr<RdmaListener>> RdmaListener::create(const std::string& ip, uint16_t port, Lookup lookup) {
+Result<std::unique_ptr<RdmaListener>> RdmaListener::create(const std::string& ip, uint16_t port, Lookup lookup,
+                                                           int tos) {
   EventChannelPtr events(rdma_create_event_channel());
   if (!events) {
     auto e = errno_error("rdma_create_event_channel", errno);
@@ -20,6 +21,7 @@ Result<std::unique_ptr<RdmaListener>> RdmaListener::create(const std::string& ip
   rdma_cm_id* raw = nullptr;
   if (rdma_create_id(events.get(), &raw, nullptr, RDMA_PS_TCP) != 0) return errno_error("rdma_create_id", errno);
   CmIdPtr id(raw);
+  RDMIG_TRY(set_tos(id.get(), tos));
   addrinfo hints{};
   hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE;
   hints.ai_socktype = SOCK_STREAM;
@@ -34,6 +36,7 @@ Result<std::unique_ptr<RdmaListener>> RdmaListener::create(const std::string& ip
   if (rc != 0) return errno_error("rdma_bind_addr " + ip + ":" + p, err);
   if (rdma_listen(id.get(), 64) != 0) return errno_error("rdma_listen", errno);
   std::unique_ptr<RdmaListener> l(new RdmaListener(std::move(events), std::move(id), std::move(lookup)));
+  l->tos_ = tos;
   l->port_ = ntohs(rdma_get_src_port(l->listen_id_.get()));
   l->thread_ = std::thread([p2 = l.get()] { p2->loop(); });
   return l;
@@ -72,6 +75,7 @@ void RdmaListener::on_connect_request(const CmEvent& ev) {
     std::string msg = why.substr(0, 140);
     rdma_reject(id.get(), msg.c_str(), static_cast<uint8_t>(msg.size() + 1));
   };
+  if (auto st = set_tos(id.get(), tos_); !st) return reject(st.error().message);
   auto req = ConnectRequest::decode(ev.private_data);
   if (!req) return reject(req.error().message);
   auto plan = lookup_(req->session, req->index);

@@ -27,7 +27,9 @@ class RdmaListener {
  public:
   using Lookup = std::function<Result<AcceptPlan>(const std::array<uint8_t, 16>& session, uint32_t index)>;
 
-  static Result<std::unique_ptr<RdmaListener>> create(const std::string& ip, uint16_t port, Lookup lookup);
+  // `tos` (IP ToS byte, -1 = default) is set on the listening id and on every accepted one.
+  static Result<std::unique_ptr<RdmaListener>> create(const std::string& ip, uint16_t port, Lookup lookup,
+                                                      int tos = -1);
   ~RdmaListener();
   RdmaListener(const RdmaListener&) = delete;
   RdmaListener& operator=(const RdmaListener&) = delete;
@@ -43,6 +45,7 @@ class RdmaListener {
   CmIdPtr listen_id_;
   Lookup lookup_;
   uint16_t port_ = 0;
+  int tos_ = -1;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

@@ -102,7 +102,8 @@ Result<std::unique_ptr<RdmaChannel>> RdmaChannel::connect(const net::Endpoint& e
                                                            const RdmaChannelParams& params,
                                                            TransportMetrics& metrics,
                                                            std::chrono::milliseconds timeout,
-                                                           const std::function<bool()>& cancelled) {
+                                                           const std::function<bool()>& cancelled,
+                                                           const RdmaConnectOptions& options) {
   const std::string what = "rdma connect to " + ep.to_string() + " (channel " + std::to_string(params.index) + ")";
   EventChannelPtr events(rdma_create_event_channel());
   if (!events) return verbs_error(what + ": rdma_create_event_channel", errno);
@@ -116,8 +117,23 @@ Result<std::unique_ptr<RdmaChannel>> RdmaChannel::connect(const net::Endpoint& e
   if (getaddrinfo(ep.host.c_str(), port.c_str(), &hints, &ai) != 0 || !ai) {
     return Error{Errc::kUnavailable, what + ": cannot resolve " + ep.host};
   }
-  const int rc = rdma_resolve_addr(id.get(), nullptr, ai->ai_addr, static_cast<int>(timeout.count()));
+  if (auto st = set_tos(id.get(), options.tos); !st) {
+    freeaddrinfo(ai);
+    return st.error().with_context(what);
+  }
+  // Bind to the chosen device's address when it is of the peer's family, so the connection
+  // leaves through that device even when routing would pick another.
+  addrinfo* src = nullptr;
+  if (!options.source_ip.empty()) {
+    addrinfo shints{};
+    shints.ai_flags = AI_NUMERICHOST;
+    shints.ai_family = ai->ai_family;
+    shints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(options.source_ip.c_str(), nullptr, &shints, &src) != 0) src = nullptr;
+  }
+  const int rc = rdma_resolve_addr(id.get(), src ? src->ai_addr : nullptr, ai->ai_addr, static_cast<int>(timeout.count()));
   const int err = errno;
+  if (src) freeaddrinfo(src);
   freeaddrinfo(ai);
   if (rc != 0) return verbs_error(what + ": rdma_resolve_addr", err);
   RDMIG_TRY(expect_cm_event(events.get(), RDMA_CM_EVENT_ADDR_RESOLVED, timeout, what, cancelled));
