@@ -148,7 +148,8 @@ class KubevirtRelayTest(unittest.TestCase):
             for a in self.agents:
                 print("---- %s log ----\n%s" % (a.name, a.log_text()[-3000:]))
 
-    def agent(self, node, token, peers, hook="", rule_timeout=3, extra=None, data_plane=None, state_dir=None):
+    def agent(self, node, token, peers, hook="", rule_timeout=3, extra=None, data_plane=None, state_dir=None,
+              env=None):
         config = {"kubevirt": dict({"enabled": True, "nodeName": node, "hookSocket": hook, "peers": peers,
                                     "ruleTimeoutSeconds": rule_timeout, "sessionIdleSeconds": 1}, **(extra or {}))}
         if state_dir:
@@ -160,7 +161,7 @@ class KubevirtRelayTest(unittest.TestCase):
             config.update({"transport": "rdma", "rdma": {"device": os.environ.get("RDMIG_RDMA_DEV", "rxe0")},
                            "dataPlane": {"rdmaPort": 0}})
         a = Agent(self.tmp, name="%s-%s-%s" % (node, self._testMethodName[-12:], len(self.agents)), token=token,
-                  config=config)
+                  config=config, env=env)
         self.agents.append(a)
         return a
 
@@ -567,6 +568,93 @@ class KubevirtRelayTest(unittest.TestCase):
         self.assertEqual(len(self.records(self.src, migrationUid=mig)), 1, self.records(self.src, migrationUid=mig))
         self.assertEqual(len(self.records(self.dst, migrationUid=mig)), 1,
                          "the target agent saw more than one session: %s" % self.records(self.dst, migrationUid=mig))
+
+    def slow_nft_env(self, match, seconds):
+        """Environment for an agent whose libnftables calls containing `match` take `seconds`
+        more (tests/kubevirt/nft_delay_shim.cpp, preloaded) while the returned flag file exists."""
+        shim = os.environ.get("RDMIG_KV_NFT_SHIM") or os.path.join(
+            HERE, "..", "..", "build", "tests", "kubevirt", "librdmig_nft_delay_shim.so")
+        if not os.path.exists(shim):
+            self.skipTest("the nftables delay shim is not built (%s)" % shim)
+        flag = os.path.join(self.tmp, "nft-slow-" + self._testMethodName)
+        self.addCleanup(lambda: [os.remove(f) for f in (flag, flag + ".held") if os.path.exists(f)])
+        return flag, {"LD_PRELOAD": os.path.abspath(shim), "RDMIG_TEST_NFT_SLOW_MATCH": match,
+                      "RDMIG_TEST_NFT_SLOW_SECONDS": str(seconds), "RDMIG_TEST_NFT_SLOW_FILE": flag}
+
+    def test_rest_and_scrapes_answer_while_a_hook_call_arms_slowly(self):
+        # Arming enters virt-handler's namespace and talks to nftables (the table, an element
+        # per port), which can take seconds on a busy node. It once ran under the relay's lock,
+        # so GET /v1/kubevirt/migrations (and interception, other hook calls, maintenance)
+        # waited behind it: REST stalled over 10 s behind a hook during a link cut. Here every
+        # nftables call of the agent takes 3 s more while the hook call arms.
+        flag, env = self.slow_nft_env("inet rdmig", 3)
+        token = self.src.token
+        self.src.stop()
+        self.src = self.agent("node-a", token, hook=self.hook_socket, env=env,
+                              peers=[{"node": "node-b", "agent": "127.0.0.1:%d" % self.dst.data_port}])
+        mig = "mig-slow-arm"
+        path = os.path.join(self.tmp, "vmi-%s.json" % self._testMethodName)
+        with open(path, "w") as f:
+            json.dump(vmi_json("vmi-uid-sa", mig, self.net.ip4["node-b"], self.sink_port), f)
+        open(flag, "w").close()
+        code = (AS_HANDLER + "import sys,json; sys.path.insert(0,%r); from rdmiglab import kvhook; "
+                "print(json.dumps(kvhook.call_node_hook(%r,'PreMigrationSource',open(%r).read(),'node-a',timeout=60)))"
+                % (os.path.join(HERE, "..", "..", "tools"), self.hook_socket, path))
+        hook = self.spawn([kvnet.IP, "netns", "exec", self.net.netns["node-a"], sys.executable, "-c", code])
+        wait_for(lambda: os.path.exists(flag + ".held"), 20, "the hook call to be arming in slow nftables")
+        for what, token_ in (("/v1/kubevirt/migrations", True), ("/metrics", None)):
+            t0 = time.monotonic()
+            status, _ = self.src.request("GET", what, token=token_, timeout=60)
+            took = time.monotonic() - t0
+            self.assertEqual(status, 200, what)
+            self.assertLess(took, 1.0, "GET %s waited %.1f s behind a hook call arming" % (what, took))
+        self.assertIsNone(hook.poll(), "the hook call was still arming while REST answered")
+        os.remove(flag)
+        out, err = hook.communicate(timeout=60)
+        self.assertTrue(json.loads(out)["ok"], err)
+        res = self.dial(2, 1 << 20, hook=False)
+        self.assertTrue(all(c["ok"] for c in res["connections"]), res)
+        wait_for(lambda: [r for r in self.records(self.src, migrationUid=mig) if r["phase"] == "Succeeded"], 20,
+                 "the carried migration")
+
+    def holds_netns(self, agent, node):
+        """True when `agent` holds node's network namespace open through a file descriptor."""
+        link = "net:[%d]" % os.stat(self.net.netns_path(node)).st_ino
+        fds = "/proc/%d/fd" % agent.proc.pid
+        held = False
+        for fd in os.listdir(fds):
+            try:
+                held = held or os.readlink(os.path.join(fds, fd)) == link
+            except OSError:
+                pass  # closed meanwhile
+        return held
+
+    def test_an_interception_point_goes_when_its_virt_handler_does(self):
+        # virt-handler restarts into a new pod (a new namespace) or its pod is deleted: the
+        # agent once kept the old interception point for good, its table in that namespace and
+        # the namespace itself open through its fd. Once nothing is armed there, it goes; while
+        # virt-handler lives it stays for the next migration.
+        ready = os.path.join(self.tmp, "handler-%s.json" % self._testMethodName)
+        handler = self.spawn([kvnet.IP, "netns", "exec", self.net.netns["node-a"], sys.executable, STREAMS, "sink",
+                              "--ready", ready, "--log", os.path.join(self.tmp, "handler-%s.log" % self._testMethodName)])
+        wait_for(lambda: os.path.exists(ready), 10, "the source virt-handler")
+        for i, mig in enumerate(("mig-prune-1", "mig-prune-2")):
+            res = self.dial(2, 1 << 20, vmi=vmi_json("vmi-uid-p", mig, self.net.ip4["node-b"], self.sink_port))
+            self.assertTrue(res["hook"]["ok"] and all(c["ok"] for c in res["connections"]), res)
+            wait_for(lambda: [r for r in self.records(self.src, migrationUid=mig) if r["phase"] == "Succeeded"], 20,
+                     "the carried migration " + mig)
+            if i == 0:
+                # Nothing armed any more, virt-handler alive: a few maintenance turns (one a
+                # second) leave the point in place.
+                time.sleep(2.5)
+                self.assertIn("table inet rdmig", self.nft("node-a"))
+                self.assertTrue(self.holds_netns(self.src, "node-a"))
+                handler.kill()
+                handler.wait()
+                wait_for(lambda: "table inet rdmig" not in self.nft("node-a"), 10, "the stale point's table to go")
+                wait_for(lambda: not self.holds_netns(self.src, "node-a"), 10,
+                         "the agent to let go of the old namespace")
+        self.assertIn("no virt-handler lives in", self.src.log_text())
 
     def test_rules_expire_when_the_source_agent_is_killed(self):
         mig = "mig-expire"
