@@ -25,7 +25,8 @@ KubevirtRelay::KubevirtRelay(const AgentConfig& config, Metrics& metrics, migrat
       ctx_{config, metrics, server.rdma(), std::move(token),
            [this](uint64_t bytes, const std::string& what) { return take_buffers(bytes, what); }},
       kmetrics_(metrics),
-      handlers_(config.kubevirt.handler_process, config.kubevirt.discovery == "kubernetes") {
+      handlers_(config.kubevirt.handler_process, config.kubevirt.discovery == "kubernetes"),
+      launchers_(config.kubevirt.discovery == "kubernetes") {
   node_ = config.kubevirt.node_name;
   if (node_.empty()) {
     if (const char* n = std::getenv("NODE_NAME"); n && *n) node_ = n;
@@ -45,7 +46,7 @@ Status KubevirtRelay::start() {
   if (!peers) return peers.error();
   peers_ = peers.value();
   if (config_.kubevirt.discovery == "kubernetes") {
-    auto d = PeerDiscovery::start(config_, node_, peers_, handlers_);
+    auto d = PeerDiscovery::start(config_, node_, peers_, handlers_, launchers_);
     if (!d) return d.error();
     discovery_ = std::move(d.value());
   }
@@ -332,7 +333,7 @@ void KubevirtRelay::maintain() {
         std::unique_lock lock(stop_mu_);
         if (stop_cv_.wait_for(lock, kAbortGrace, [&] { return stopping_.load(); })) return;
       }
-      auto done = abort_outgoing_job(config_.kubevirt, a.vmi, a.armed_at_ms, a.failed_at_ms);
+      auto done = abort_outgoing_job(config_.kubevirt, launchers_, a.vmi, a.armed_at_ms, a.failed_at_ms);
       LOG_INFO("kubevirt") << "carrying " << a.vmi.key() << " failed: "
                            << (done ? done.value() : "nothing aborted: " + done.error().message);
     });

@@ -103,7 +103,8 @@ class KubevirtRelay {
   KubevirtMetrics kmetrics_;
   std::string node_;
   PeerDirectory peers_;
-  HandlerIdentity handlers_;  // which processes are virt-handler (declared before discovery_)
+  HandlerIdentity handlers_;    // which processes are virt-handler (declared before discovery_)
+  LauncherIdentity launchers_;  // which processes are a VMI's launcher (declared before discovery_)
 
   // Creating and pruning interception points, one at a time (a second install in the same
   // namespace would replace the first's table). Taken before mu_, never while holding it.

@@ -875,6 +875,110 @@ class KubevirtRelayTest(unittest.TestCase):
         finally:
             api.stop()
 
+    @unittest.skipIf(TRANSPORT == "rdma", "discovery does not depend on the transport (the VM lacks the API double)")
+    def test_a_launcher_counts_only_inside_the_vmis_launcher_pod(self):
+        # The target agent opens libvirt connections into the root of the VMI's launcher (the
+        # figures it reports; on the source, aborts). Any pod can start a process with
+        # `virt-launcher... --uid <VMI UID>` in its command line; before, such a process got
+        # those connections, into a socket its container chose. With the API the process must
+        # run in a launcher pod of the VMI (kubevirt.io=virt-launcher, created-by the VMI).
+        sys.path.insert(0, os.path.join(HERE, "..", "k8s"))
+        from apiserver_double import ApiServerDouble
+        import socket
+        for a in self.agents:
+            a.stop()
+        api = ApiServerDouble(os.path.join(self.tmp, "api-" + self._testMethodName))
+        self.addCleanup(api.stop)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+
+        def pod(ns, name, node, labels, **status):
+            code, body = api.store.create("pods", ns, {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns, "labels": labels},
+                "spec": {"nodeName": node}, "status": dict({"phase": "Running"}, **status)})
+            self.assertEqual(code, 201, body)
+            return body["metadata"]["uid"]
+        for node, ip in (("node-a", "127.0.0.1"), ("node-b", "127.0.0.2")):
+            pod("rdmig-system", "rdmig-agent-" + node, node, {"app.kubernetes.io/name": "rdmig-agent"},
+                hostIP=ip, podIP=ip)
+        handler = {n: pod("kubevirt", "virt-handler-" + n, n, {"kubevirt.io": "virt-handler"}, podIP=self.net.ip4[n])
+                   for n in ("node-a", "node-b")}
+        vmi_uid = "5e1f0000-0000-4000-8000-00000000000a"
+        launcher = pod("prod", "virt-launcher-web-1-abcde", "node-b",
+                       {"kubevirt.io": "virt-launcher", "kubevirt.io/created-by": vmi_uid})
+        # Another VMI's launcher pod in the same namespace, on the same node.
+        other = pod("prod", "virt-launcher-other-fghij", "node-b",
+                    {"kubevirt.io": "virt-launcher", "kubevirt.io/created-by": "0therv01-0000-4000-8000-00000000000b"})
+        sock = os.path.join(self.tmp, "lv-%s.sock" % os.urandom(3).hex())
+        kc = api.write_kubeconfig(os.path.join(self.tmp, "kc-%s.json" % self._testMethodName))
+        discovery = {"discovery": "kubernetes", "kubeconfig": kc, "agentNamespace": "rdmig-system"}
+        token = self.src.token
+        self.src = self.agent("node-a", token, peers=[], hook=self.hook_socket, extra=discovery,
+                              data_plane={"address": "127.0.0.1", "port": port})
+        self.dst = self.agent("node-b", token, peers=[], extra=dict(discovery, libvirtSockets=[sock]),
+                              data_plane={"address": "127.0.0.2", "port": port})
+        ready = os.path.join(self.tmp, "sink-pod-%s.json" % self._testMethodName)
+        self.spawn(in_pod(handler["node-b"], [kvnet.IP, "netns", "exec", self.net.netns["node-b"], sys.executable,
+                                              STREAMS, "sink", "--ready", ready, "--log", self.sink_log + ".pod"]))
+        pod_sink = wait_for(lambda: os.path.exists(ready) and read_json(ready)["port"], 10, "the pod's sink")
+        # A stand-in launcher: named as virt-launcher's monitor, `--uid <VMI UID>`, listening on
+        # the libvirt socket path the agent looks for in its root; it counts the connections.
+        fake = os.path.join(self.tmp, "virt-launcher-monitor")
+        with open(fake, "w") as f:
+            f.write("import socket, sys\n"
+                    "path, log = sys.argv[3], sys.argv[4]\n"
+                    "s = socket.socket(socket.AF_UNIX); s.bind(path); s.listen(16)\n"
+                    "open(log + '.ready', 'w').close()\n"
+                    "while True:\n"
+                    "    c, _ = s.accept()\n"
+                    "    open(log, 'a').write('accepted\\n'); c.close()\n")
+
+        def launcher_in(pod_uid, tag):
+            log = os.path.join(self.tmp, "launcher-%s.log" % tag)
+            if os.path.exists(sock):
+                os.unlink(sock)
+            argv = [sys.executable, fake, "--uid", vmi_uid, sock, log]
+            p = self.spawn(in_pod(pod_uid, argv) if pod_uid else argv)
+            wait_for(lambda: os.path.exists(log + ".ready"), 10, "the stand-in launcher")
+            return p, log
+
+        def migrate(mig):
+            vmi = vmi_json(vmi_uid, mig, self.net.ip4["node-b"], pod_sink)
+            path = os.path.join(self.tmp, "vmi-%s.json" % mig)
+            with open(path, "w") as f:
+                json.dump(vmi, f)
+            p = self.spawn(in_pod(handler["node-a"], [
+                kvnet.IP, "netns", "exec", self.net.netns["node-a"], sys.executable, STREAMS, "dial", "--dest",
+                "%s:%d" % (self.net.ip4["node-b"], pod_sink), "--count", "2", "--bytes", str(1 << 20),
+                "--hook-socket", self.hook_socket, "--vmi", path]))
+            out, err = p.communicate(timeout=120)
+            self.assertEqual(p.returncode, 0, err)
+            self.assertTrue(all(c["ok"] for c in json.loads(out)["connections"]), out)
+            # The target reports after its libvirt look-up (up to 10 s without figures).
+            return wait_for(lambda: [r for r in self.records(self.dst, migrationUid=mig) if r["phase"] == "Succeeded"],
+                            30, "the target's record of " + mig)[0]
+
+        def accepted(log):
+            return os.path.exists(log) and len(open(log).read().splitlines())
+
+        # In another VMI's launcher pod, then in no pod at all: never connected to.
+        for pod_uid, tag, why in ((other, "other", "not a launcher pod of VMI " + vmi_uid), (None, "nopod", "no pod")):
+            p, log = launcher_in(pod_uid, tag)
+            migrate("mig-launcher-" + tag)
+            self.assertEqual(accepted(log), 0, "the agent opened the impostor's libvirt socket (%s)" % tag)
+            self.assertIn("process %d runs in " % p.pid, self.dst.log_text())
+            self.assertIn(why, self.dst.log_text())
+            p.kill()
+            p.wait()
+        # In the VMI's launcher pod: that one is the launcher (the stand-in speaks no libvirt, so
+        # there are no figures, but the agent connects).
+        p, log = launcher_in(launcher, "own")
+        migrate("mig-launcher-own")
+        self.assertGreater(accepted(log), 0, "the VMI's own launcher was never connected to")
+        self.assertTrue(any(m == "GET" and p_.startswith("/api/v1/pods?") and "virt-launcher" in p_
+                            for m, p_, _, _ in api.requests), api.requests)
+
     # ---- hostile and broken clients ----
 
     def call_hook(self, vmi_bytes, timeout=5):
