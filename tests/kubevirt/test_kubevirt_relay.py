@@ -960,7 +960,10 @@ class KubevirtRelayTest(unittest.TestCase):
                             30, "the target's record of " + mig)[0]
 
         def accepted(log):
-            return os.path.exists(log) and len(open(log).read().splitlines())
+            if not os.path.exists(log):
+                return 0
+            with open(log) as f:
+                return len(f.read().splitlines())
 
         # In another VMI's launcher pod, then in no pod at all: never connected to.
         for pod_uid, tag, why in ((other, "other", "not a launcher pod of VMI " + vmi_uid), (None, "nopod", "no pod")):
