@@ -70,4 +70,24 @@ std::vector<pid_t> HandlerIdentity::pids() const {
   return out;
 }
 
+void LauncherIdentity::set_pods(std::map<std::string, std::set<std::string>> pods) {
+  std::lock_guard lock(mu_);
+  pods_ = std::move(pods);
+}
+
+std::optional<std::string> LauncherIdentity::refuse(pid_t pid, const std::string& vmi_namespace,
+                                                    const std::string& vmi_uid) const {
+  std::lock_guard lock(mu_);
+  if (!pods_) return std::nullopt;
+  const std::string uid = pod_uid_of(pid);
+  const std::string who = "process " + std::to_string(pid);
+  if (uid.empty()) return who + " runs in no pod";
+  auto it = pods_->find(vmi_namespace + "/" + vmi_uid);
+  if (it == pods_->end() || !it->second.contains(uid)) {
+    return who + " runs in pod " + uid + ", which is not a launcher pod of VMI " + vmi_uid + " in " + vmi_namespace +
+           " on this node (" + std::to_string(it == pods_->end() ? 0 : it->second.size()) + " known)";
+  }
+  return std::nullopt;
+}
+
 }  // namespace rdmig::kubevirt

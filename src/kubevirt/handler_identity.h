@@ -10,6 +10,7 @@
 
 #include <sys/types.h>
 
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -42,6 +43,31 @@ class HandlerIdentity {
   const std::string comm_;
   mutable std::mutex mu_;
   std::optional<std::set<std::string>> pods_;
+};
+
+// Which processes are the launcher of a VMI (the agent opens libvirt connections into their
+// root, reads the figures it reports and aborts jobs there). `--uid <vmiUID>` in a command line
+// proves nothing: any pod can start such a process. With the API the agent knows this node's
+// launcher pods, labelled as KubeVirt labels them (kubevirt.io=virt-launcher,
+// kubevirt.io/created-by=<VMI UID>, in the VMI's namespace): a process then counts only when
+// its cgroup places it in one of the VMI's. Without the API (discovery static) the command
+// line is all there is; docs/security.md says so.
+class LauncherIdentity {
+ public:
+  inline static const std::string kPodSelector = "kubevirt.io=virt-launcher";
+  inline static const std::string kCreatedByLabel = "kubevirt.io/created-by";
+  // `by_pod`: trust a process only inside a known launcher pod of the VMI (none until set_pods).
+  explicit LauncherIdentity(bool by_pod) {
+    if (by_pod) pods_.emplace();
+  }
+  // This node's launcher pod UIDs by "<VMI namespace>/<VMI UID>", from the API.
+  void set_pods(std::map<std::string, std::set<std::string>> pods);
+  // Why `pid` is not a launcher of the VMI (namespace, UID), or nullopt when it is.
+  std::optional<std::string> refuse(pid_t pid, const std::string& vmi_namespace, const std::string& vmi_uid) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::optional<std::map<std::string, std::set<std::string>>> pods_;
 };
 
 }  // namespace rdmig::kubevirt

@@ -113,10 +113,17 @@ Result<uid_t> daemon_uid(const std::string& socket) {
 }
 
 namespace {
-// Calls fn(socket path) for each libvirt socket of each launcher of `vmi` on this node.
+// Calls fn(socket path) for each libvirt socket of each launcher of `vmi` on this node; the
+// processes that name the VMI but are not in its launcher pod are skipped, the last reason in
+// `refused`.
 template <typename Fn>
-void for_each_daemon(const KubevirtConfig& config, const VmiRef& vmi, Fn fn) {
+void for_each_daemon(const KubevirtConfig& config, const LauncherIdentity& launchers, const VmiRef& vmi,
+                     std::string& refused, Fn fn) {
   for (pid_t pid : processes_with_arg(config.launcher_program, "--uid", vmi.uid)) {
+    if (auto why = launchers.refuse(pid, vmi.namespace_, vmi.uid)) {
+      refused = *why;
+      continue;
+    }
     for (const auto& sock : config.libvirt_sockets) {
       auto path = path_in_process_root(pid, sock);
       struct stat st {};
@@ -126,12 +133,13 @@ void for_each_daemon(const KubevirtConfig& config, const VmiRef& vmi, Fn fn) {
 }
 }  // namespace
 
-Result<std::string> abort_outgoing_job(const KubevirtConfig& config, const VmiRef& vmi, int64_t armed_at_ms,
-                                       int64_t failed_at_ms) {
+Result<std::string> abort_outgoing_job(const KubevirtConfig& config, const LauncherIdentity& launchers,
+                                       const VmiRef& vmi, int64_t armed_at_ms, int64_t failed_at_ms) {
   virSetErrorFunc(nullptr, quiet);
   const std::string domain = vmi.namespace_ + "_" + vmi.name;
   std::string done;
-  for_each_daemon(config, vmi, [&](const std::string& path) {
+  std::string refused;
+  for_each_daemon(config, launchers, vmi, refused, [&](const std::string& path) {
     auto opened = open_daemon(path);
     if (!opened) {
       done += (done.empty() ? "" : "; ") + opened.error().message;
@@ -164,19 +172,25 @@ Result<std::string> abort_outgoing_job(const KubevirtConfig& config, const VmiRe
       done += (done.empty() ? "" : "; ") + std::string("abort of ") + domain + " via " + path + ": " + last_error();
     }
   });
-  if (done.empty()) return Error{Errc::kNotFound, "no migration job of " + domain + " to abort on this node"};
+  if (done.empty()) {
+    return Error{Errc::kNotFound, "no migration job of " + domain + " to abort on this node" +
+                                      (refused.empty() ? "" : " (" + refused + ")")};
+  }
   return done;
 }
 
-Result<LibvirtJobStats> read_completed_job(const KubevirtConfig& config, const VmiRef& vmi,
-                                           std::chrono::milliseconds wait) {
+Result<LibvirtJobStats> read_completed_job(const KubevirtConfig& config, const LauncherIdentity& launchers,
+                                           const VmiRef& vmi, std::chrono::milliseconds wait) {
   virSetErrorFunc(nullptr, quiet);
   const std::string domain = vmi.namespace_ + "_" + vmi.name;
   const auto deadline = std::chrono::steady_clock::now() + wait;
   std::string why = "no " + config.launcher_program + " process with --uid " + vmi.uid + " and a libvirt socket";
   for (;;) {
     std::optional<LibvirtJobStats> found;
-    for_each_daemon(config, vmi, [&](const std::string& path) {
+    std::string refused;
+    bool tried = false;
+    for_each_daemon(config, launchers, vmi, refused, [&](const std::string& path) {
+      tried = true;
       if (found) return;
       auto r = try_daemon(path, domain);
       if (!r) {
@@ -188,6 +202,10 @@ Result<LibvirtJobStats> read_completed_job(const KubevirtConfig& config, const V
       }
     });
     if (found) return *found;
+    if (!tried && !refused.empty()) {
+      why = "no " + config.launcher_program + " process with --uid " + vmi.uid + " in a launcher pod of the VMI: " +
+            refused;
+    }
     if (std::chrono::steady_clock::now() >= deadline) return Error{Errc::kNotFound, why};
     std::this_thread::sleep_for(200ms);
   }

@@ -10,6 +10,7 @@
 
 #include "config/agent_config.h"
 #include "kubevirt/flow_record.h"
+#include "kubevirt/handler_identity.h"
 
 namespace rdmig::kubevirt {
 
@@ -21,10 +22,13 @@ std::string libvirt_uri(const std::string& socket, bool privileged);
 // The uid the daemon listening on `socket` runs as (SO_PEERCRED of a connection to it).
 Result<uid_t> daemon_uid(const std::string& socket);
 
+// The daemons are those in the root of the VMI's launcher processes: `config.launcherProgram`
+// with `--uid <VMI UID>`, and in a launcher pod of the VMI (`launchers`) when the agent knows
+// the pods from the API.
 // Waits up to `wait` for the completed job to appear (libvirt finishes the job on the target
 // shortly after the last byte).
-Result<LibvirtJobStats> read_completed_job(const KubevirtConfig& config, const VmiRef& vmi,
-                                           std::chrono::milliseconds wait);
+Result<LibvirtJobStats> read_completed_job(const KubevirtConfig& config, const LauncherIdentity& launchers,
+                                           const VmiRef& vmi, std::chrono::milliseconds wait);
 
 // Aborts the outgoing migration job of the VMI's domain on this node (virDomainAbortJob on
 // the launcher's libvirt): QEMU cancels and the VM keeps running here. Used when the carrier
@@ -34,7 +38,7 @@ Result<LibvirtJobStats> read_completed_job(const KubevirtConfig& config, const V
 // Only the job the failed session carried is aborted: one that started between the session's
 // arming (`armed_at_ms`, wall clock; KubeVirt calls the hook before libvirt starts the job) and
 // its failure (`failed_at_ms`). An older job, or a later migration of the same VMI, is left alone.
-Result<std::string> abort_outgoing_job(const KubevirtConfig& config, const VmiRef& vmi, int64_t armed_at_ms,
-                                       int64_t failed_at_ms);
+Result<std::string> abort_outgoing_job(const KubevirtConfig& config, const LauncherIdentity& launchers,
+                                       const VmiRef& vmi, int64_t armed_at_ms, int64_t failed_at_ms);
 
 }  // namespace rdmig::kubevirt

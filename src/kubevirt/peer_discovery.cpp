@@ -78,13 +78,39 @@ std::set<std::string> handler_pod_uids(const json& handler_pods, const std::stri
   return out;
 }
 
+std::map<std::string, std::set<std::string>> launcher_pod_uids(const json& launcher_pods, const std::string& node) {
+  std::map<std::string, std::set<std::string>> out;
+  for (const auto& pod : items_of(launcher_pods)) {
+    if (str_at(pod, "spec", "nodeName") != node || str_at(pod, "status", "phase") != "Running") continue;
+    auto label = [&](const std::string& key) -> std::string {
+      auto m = pod.find("metadata");
+      if (m == pod.end() || !m->is_object()) return "";
+      auto l = m->find("labels");
+      if (l == m->end() || !l->is_object()) return "";
+      auto v = l->find(key);
+      return v != l->end() && v->is_string() ? v->get<std::string>() : "";
+    };
+    if (label("kubevirt.io") != "virt-launcher") continue;
+    const std::string vmi = label(LauncherIdentity::kCreatedByLabel);
+    const std::string ns = str_at(pod, "metadata", "namespace");
+    const std::string uid = str_at(pod, "metadata", "uid");
+    if (vmi.empty() || ns.empty() || uid.empty()) continue;
+    std::string lower = uid;
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+    out[ns + "/" + vmi].insert(lower);
+  }
+  return out;
+}
+
 PeerDiscovery::PeerDiscovery(const AgentConfig& config, std::string self_node, PeerDirectory& peers,
-                             HandlerIdentity& handlers, std::unique_ptr<k8s::KubeClient> kube, std::string ns)
-    : config_(config), self_node_(std::move(self_node)), peers_(peers), handlers_(handlers), kube_(std::move(kube)),
-      namespace_(std::move(ns)) {}
+                             HandlerIdentity& handlers, LauncherIdentity& launchers,
+                             std::unique_ptr<k8s::KubeClient> kube, std::string ns)
+    : config_(config), self_node_(std::move(self_node)), peers_(peers), handlers_(handlers), launchers_(launchers),
+      kube_(std::move(kube)), namespace_(std::move(ns)) {}
 
 Result<std::unique_ptr<PeerDiscovery>> PeerDiscovery::start(const AgentConfig& config, const std::string& self_node,
-                                                            PeerDirectory& peers, HandlerIdentity& handlers) {
+                                                            PeerDirectory& peers, HandlerIdentity& handlers,
+                                                            LauncherIdentity& launchers) {
   const auto& kv = config.kubevirt;
   for (const auto* sel : {&kv.agent_selector, &kv.handler_selector}) {
     auto parsed = k8s::parse_label_selector(*sel, "config key 'kubevirt.agentSelector/handlerSelector'");
@@ -104,7 +130,7 @@ Result<std::unique_ptr<PeerDiscovery>> PeerDiscovery::start(const AgentConfig& c
   opts.user_agent = "rdmig-agent/" + self_node;
   auto kube = k8s::HttpKubeClient::create(cluster.value(), opts);
   if (!kube) return kube.error();
-  std::unique_ptr<PeerDiscovery> d(new PeerDiscovery(config, self_node, peers, handlers, std::move(kube.value()), ns));
+  std::unique_ptr<PeerDiscovery> d(new PeerDiscovery(config, self_node, peers, handlers, launchers, std::move(kube.value()), ns));
   if (auto st = d->refresh(); !st) {
     LOG_WARN("kubevirt") << "peer discovery: " << st.error().message << " (retrying every "
                          << kv.discovery_interval_seconds << " s)";
@@ -141,6 +167,15 @@ Status PeerDiscovery::refresh() {
     // No pods known: no process is trusted as virt-handler (nothing is carried) until a
     // listing succeeds; the peers are still kept up to date.
     LOG_WARN("kubevirt") << "listing the virt-handler pods: " << h.error().message;
+  }
+  // This node's launcher pods, in every namespace (a VMI's launcher runs in the VMI's own): the
+  // only processes whose libvirt the agent opens. On a failed listing the last one stays.
+  auto l = kube_->get("/api/v1/pods?labelSelector=" + k8s::url_encode(LauncherIdentity::kPodSelector) +
+                      "&fieldSelector=" + k8s::url_encode("spec.nodeName=" + self_node_));
+  if (l) {
+    launchers_.set_pods(launcher_pod_uids(l.value(), self_node_));
+  } else {
+    LOG_WARN("kubevirt") << "listing the virt-launcher pods: " << l.error().message;
   }
   auto found = peers_from_pods(agents.value(), kv.static_mode ? handlers : json::object(), config_.data_plane.port,
                                self_node_);

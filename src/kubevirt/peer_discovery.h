@@ -28,25 +28,32 @@ std::vector<KubevirtPeer> peers_from_pods(const nlohmann::json& agent_pods, cons
                                           uint16_t data_port, const std::string& self_node);
 // The UIDs of the running virt-handler pods on `node` (what HandlerIdentity trusts).
 std::set<std::string> handler_pod_uids(const nlohmann::json& handler_pods, const std::string& node);
+// The running launcher pods on `node` (label kubevirt.io=virt-launcher) by "<namespace>/<VMI
+// UID>" (their kubevirt.io/created-by label): what LauncherIdentity trusts.
+std::map<std::string, std::set<std::string>> launcher_pod_uids(const nlohmann::json& launcher_pods,
+                                                               const std::string& node);
 
 class PeerDiscovery {
  public:
-  // Keeps `peers` and this node's virt-handler pods in `handlers` up to date.
+  // Keeps `peers`, this node's virt-handler pods in `handlers` and its launcher pods in
+  // `launchers` up to date.
   static Result<std::unique_ptr<PeerDiscovery>> start(const AgentConfig& config, const std::string& self_node,
-                                                      PeerDirectory& peers, HandlerIdentity& handlers);
+                                                      PeerDirectory& peers, HandlerIdentity& handlers,
+                                                      LauncherIdentity& launchers);
   ~PeerDiscovery();
   // One listing now (also what the thread does each interval).
   Status refresh();
 
  private:
   PeerDiscovery(const AgentConfig& config, std::string self_node, PeerDirectory& peers, HandlerIdentity& handlers,
-                std::unique_ptr<k8s::KubeClient> kube, std::string ns);
+                LauncherIdentity& launchers, std::unique_ptr<k8s::KubeClient> kube, std::string ns);
   void loop();
 
   const AgentConfig& config_;
   std::string self_node_;
   PeerDirectory& peers_;
   HandlerIdentity& handlers_;
+  LauncherIdentity& launchers_;
   std::unique_ptr<k8s::KubeClient> kube_;
   std::string namespace_;
   std::mutex mu_;

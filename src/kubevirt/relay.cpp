@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 
@@ -24,7 +25,8 @@ KubevirtRelay::KubevirtRelay(const AgentConfig& config, Metrics& metrics, migrat
       ctx_{config, metrics, server.rdma(), std::move(token),
            [this](uint64_t bytes, const std::string& what) { return take_buffers(bytes, what); }},
       kmetrics_(metrics),
-      handlers_(config.kubevirt.handler_process, config.kubevirt.discovery == "kubernetes") {
+      handlers_(config.kubevirt.handler_process, config.kubevirt.discovery == "kubernetes"),
+      launchers_(config.kubevirt.discovery == "kubernetes") {
   node_ = config.kubevirt.node_name;
   if (node_.empty()) {
     if (const char* n = std::getenv("NODE_NAME"); n && *n) node_ = n;
@@ -44,7 +46,7 @@ Status KubevirtRelay::start() {
   if (!peers) return peers.error();
   peers_ = peers.value();
   if (config_.kubevirt.discovery == "kubernetes") {
-    auto d = PeerDiscovery::start(config_, node_, peers_, handlers_);
+    auto d = PeerDiscovery::start(config_, node_, peers_, handlers_, launchers_);
     if (!d) return d.error();
     discovery_ = std::move(d.value());
   }
@@ -98,19 +100,24 @@ void KubevirtRelay::stop() {
   if (maintenance_.joinable()) maintenance_.join();
   std::map<std::string, Active> sources;
   std::map<std::string, std::shared_ptr<TargetSession>> targets;
-  std::map<uint64_t, std::unique_ptr<InterceptPoint>> points;
+  std::map<uint64_t, std::shared_ptr<InterceptPoint>> points;
+  std::map<std::string, Armed> armed;
+  std::map<std::string, std::shared_ptr<SourceSession>> static_sessions;
   std::vector<Worker> workers;
   {
+    // A hook call still arming sees stopping_ when it takes this lock and undoes its own work.
     std::lock_guard lock(mu_);
     sources.swap(sources_);
     targets.swap(targets_);
-    armed_.clear();
-    static_sessions_.clear();
+    armed.swap(armed_);
+    static_sessions.swap(static_sessions_);
     points.swap(points_);
     workers.swap(workers_);
   }
   for (auto& [id, a] : sources) a.session->fail(Error{Errc::kCancelled, "agent shutting down"});
   for (auto& [id, t] : targets) t->fail(Error{Errc::kCancelled, "agent shutting down"});
+  armed.clear();
+  static_sessions.clear();
   points.clear();  // removes the redirect tables: KubeVirt's own path from now on
   for (auto& w : workers) {
     if (w.thread.joinable()) w.thread.join();
@@ -225,6 +232,7 @@ void KubevirtRelay::maintain() {
     int64_t failed_at_ms;
   };
   std::vector<Abort> aborts;  // migrations that failed after carrying bytes
+  std::vector<Armed> unarmed;  // elements of ended sessions: removed from nftables without the lock
   // 1. Snapshot under the lock, then look at each session without it: failing a session
   // resets and joins its legs, which must never hold up hook calls, interception or REST.
   std::vector<Active> sources;
@@ -277,7 +285,7 @@ void KubevirtRelay::maintain() {
       }
       for (auto ar = armed_.begin(); ar != armed_.end();) {
         if (ar->second.session == a.session) {
-          (void)ar->second.point->rules().uncarry(ar->second.ip, ar->second.port);
+          unarmed.push_back(std::move(ar->second));
           ar = armed_.erase(ar);
         } else {
           ++ar;
@@ -300,7 +308,10 @@ void KubevirtRelay::maintain() {
     }
     kmetrics_.set_active(static_cast<double>(sources_.size() + targets_.size()));
   }
-  // The last references of ended sessions go here, outside the lock (their destructors join).
+  for (const auto& a : unarmed) (void)a.point->rules().uncarry(a.ip, a.port);
+  // The last references of ended sessions (and of pruned points) go here, outside the lock:
+  // their destructors join threads and remove tables.
+  unarmed.clear();
   sources.clear();
   targets.clear();
   for (auto& s : to_finish) run_worker([s] { s->finish(); });
@@ -321,7 +332,7 @@ void KubevirtRelay::maintain() {
         std::unique_lock lock(stop_mu_);
         if (stop_cv_.wait_for(lock, kAbortGrace, [&] { return stopping_.load(); })) return;
       }
-      auto done = abort_outgoing_job(config_.kubevirt, a.vmi, a.armed_at_ms, a.failed_at_ms);
+      auto done = abort_outgoing_job(config_.kubevirt, launchers_, a.vmi, a.armed_at_ms, a.failed_at_ms);
       LOG_INFO("kubevirt") << "carrying " << a.vmi.key() << " failed: "
                            << (done ? done.value() : "nothing aborted: " + done.error().message);
     });
@@ -330,6 +341,7 @@ void KubevirtRelay::maintain() {
   if (now - last_refresh_ >= std::chrono::seconds(std::max<uint32_t>(1, config_.kubevirt.rule_timeout_seconds / 3))) {
     last_refresh_ = now;
     refresh_rules();
+    prune_points();
   }
   if (now - last_probe_ >= std::chrono::seconds(config_.kubevirt.probe_interval_seconds)) {
     last_probe_ = now;
@@ -341,6 +353,51 @@ void KubevirtRelay::maintain() {
     }
   }
   last_turn_.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+}
+
+void KubevirtRelay::prune_points() {
+  // A point whose namespace no virt-handler lives in any more (its pod was deleted, or
+  // virt-handler restarted into a new pod: the next hook call makes a point there) holds that
+  // namespace open through its fd, and its table and listener stay in it. Once nothing is
+  // armed in it, it goes: its destructor stops the listener and removes the table (harmless
+  // where the namespace has no process left; it is freed when the fd closes). Under
+  // point_create_mu_, so a point made after the scan below is never taken for stale.
+  {
+    std::lock_guard lock(mu_);
+    if (points_.empty() && handler_ns_cache_.empty()) return;  // nothing to scan /proc for
+  }
+  std::lock_guard create(point_create_mu_);  // declared first: the stale points go while it is held
+  std::vector<std::shared_ptr<InterceptPoint>> stale;
+  std::vector<std::shared_ptr<NetNs>> cached;
+  std::set<uint64_t> live;
+  for (pid_t pid : handlers_.pids()) {
+    if (const uint64_t inode = netns_inode(pid); inode != 0) live.insert(inode);
+  }
+  {
+    std::lock_guard lock(mu_);
+    for (auto it = points_.begin(); it != points_.end();) {
+      const bool armed = std::any_of(armed_.begin(), armed_.end(), [&](const auto& a) { return a.second.point == it->second; });
+      if (live.contains(it->first) || armed) {
+        ++it;
+        continue;
+      }
+      stale.push_back(std::move(it->second));
+      it = points_.erase(it);
+    }
+    // The target side's namespaces by address: the same, for the fd it holds.
+    for (auto it = handler_ns_cache_.begin(); it != handler_ns_cache_.end();) {
+      if (live.contains(it->second->inode())) {
+        ++it;
+      } else {
+        cached.push_back(std::move(it->second));
+        it = handler_ns_cache_.erase(it);
+      }
+    }
+  }
+  for (const auto& p : stale) {
+    LOG_INFO("kubevirt") << "no " << config_.kubevirt.handler_process << " lives in " << p->ns().describe()
+                         << " any more: removing its interception point and table";
+  }
 }
 
 bool KubevirtRelay::responsive(std::chrono::steady_clock::duration limit) const {

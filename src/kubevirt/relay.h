@@ -76,7 +76,10 @@ class KubevirtRelay {
   void on_flow_hello(UniqueFd fd, const nlohmann::json& hello);
   void on_flow_data(UniqueFd fd, const nlohmann::json& hello);
   Result<transport::rdma::AcceptPlan> resolve_rdma(const std::array<uint8_t, 16>& session, uint32_t index);
-  Result<InterceptPoint*> point_for(std::shared_ptr<NetNs> ns);
+  // The interception point of `ns`, created when there is none. Slow (a listener and the
+  // nftables table inside the namespace): call it without mu_.
+  Result<std::shared_ptr<InterceptPoint>> point_for(std::shared_ptr<NetNs> ns);
+  void prune_points();
   std::shared_ptr<NetNs> handler_netns_owning(const std::string& ip);
   Result<std::shared_ptr<NetNs>> dial_namespace(const net::Endpoint& dst);
   void pass_through(UniqueFd fd, const net::Endpoint& dst, const NetNs& ns);
@@ -100,15 +103,24 @@ class KubevirtRelay {
   KubevirtMetrics kmetrics_;
   std::string node_;
   PeerDirectory peers_;
-  HandlerIdentity handlers_;  // which processes are virt-handler (declared before discovery_)
+  HandlerIdentity handlers_;    // which processes are virt-handler (declared before discovery_)
+  LauncherIdentity launchers_;  // which processes are a VMI's launcher (declared before discovery_)
 
+  // Creating and pruning interception points, one at a time (a second install in the same
+  // namespace would replace the first's table). Taken before mu_, never while holding it.
+  std::mutex point_create_mu_;
+  // Held only for book-keeping, never across nftables, namespace entry or a session's
+  // teardown: hook calls, interception, REST (records) and the maintenance loop take it.
   mutable std::mutex mu_;
-  std::map<uint64_t, std::unique_ptr<InterceptPoint>> points_;  // by netns inode
+  // By netns inode. A point lives until stop(), or until no virt-handler lives in its
+  // namespace and nothing is armed in it (prune_points); the last reference may be an Armed
+  // entry or a hook call's, so it is never dropped under mu_.
+  std::map<uint64_t, std::shared_ptr<InterceptPoint>> points_;
   struct Armed {
     std::string ip;
     uint16_t port = 0;
     std::shared_ptr<SourceSession> session;
-    InterceptPoint* point = nullptr;
+    std::shared_ptr<InterceptPoint> point;
   };
   std::map<std::string, Armed> armed_;  // "ip|port"
   std::set<std::string> arming_;        // migration uids a hook call is arming now

@@ -111,24 +111,49 @@ HookDecision KubevirtRelay::pre_migration_source(const json& vmi, const std::str
   }
   std::shared_ptr<SourceSession> s = std::move(session.value());
   s->set_port_classes(intent->ports);
-  std::lock_guard lock(mu_);
+  // Arming enters virt-handler's namespace and talks to nftables there (the table when this
+  // is the first migration in it, then one element per port), which can take seconds on a
+  // busy node: none of it under mu_, which REST, interception, other hook calls and the
+  // maintenance loop need. The claim in arming_ keeps other calls for this migration out.
+  auto not_armed = [&](const Error& e) {
+    s->fail(e);
+    record_not_carried(rec, e.message);
+    return HookDecision{false, e.message};
+  };
   auto point = point_for(ns);
-  if (!point) {
-    s->fail(point.error());
-    record_not_carried(rec, point.error().message);
-    return HookDecision{false, point.error().message};
-  }
+  if (!point) return not_armed(point.error());
+  const std::shared_ptr<InterceptPoint> p = point.value();
   const std::chrono::seconds ttl(config_.kubevirt.rule_timeout_seconds);
+  std::vector<uint16_t> carried;
+  auto uncarry_all = [&] {
+    for (uint16_t port : carried) (void)p->rules().uncarry(intent->target_address, port);
+  };
   for (uint16_t port : carried_ports(intent.value())) {
-    if (auto st = point.value()->rules().carry(intent->target_address, port, ttl); !st) {
-      s->fail(st.error());
-      for (auto it = armed_.begin(); it != armed_.end();) it = it->second.session == s ? armed_.erase(it) : std::next(it);
-      record_not_carried(rec, st.error().message);
-      return HookDecision{false, st.error().message};
+    if (auto st = p->rules().carry(intent->target_address, port, ttl); !st) {
+      uncarry_all();
+      return not_armed(st.error());
     }
-    armed_[key(intent->target_address, port)] = Armed{intent->target_address, port, s, point.value()};
+    carried.push_back(port);
   }
-  sources_[s->id()] = Active{s, std::chrono::steady_clock::now(), false};
+  std::optional<Error> refused;
+  {
+    std::lock_guard lock(mu_);
+    // stop() sets stopping_ before it takes what it tears down under this lock; and a point
+    // pruned meanwhile (its virt-handler went away) is not armed in.
+    if (stopping_.load()) {
+      refused = Error{Errc::kCancelled, "agent shutting down"};
+    } else if (auto it = points_.find(p->ns().inode()); it == points_.end() || it->second != p) {
+      refused = Error{Errc::kUnavailable, "the network namespace of " + config_.kubevirt.handler_process +
+                                              " went away while arming (" + p->ns().describe() + ")"};
+    } else {
+      for (uint16_t port : carried) armed_[key(intent->target_address, port)] = Armed{intent->target_address, port, s, p};
+      sources_[s->id()] = Active{s, std::chrono::steady_clock::now(), false};
+    }
+  }
+  if (refused) {
+    uncarry_all();
+    return not_armed(*refused);
+  }
   kmetrics_.hook_call("carried");
   LOG_INFO("kubevirt") << "hook: carrying migration " << rec.migration_uid << " of " << rec.vmi.key() << " to "
                        << rec.target_node << " (" << intent->target_address << ") over " << s->record().transport
@@ -136,17 +161,29 @@ HookDecision KubevirtRelay::pre_migration_source(const json& vmi, const std::str
   return HookDecision{true, ""};
 }
 
-Result<InterceptPoint*> KubevirtRelay::point_for(std::shared_ptr<NetNs> ns) {
-  auto it = points_.find(ns->inode());
-  if (it != points_.end()) return it->second.get();
-  auto p = InterceptPoint::create(ns, pass_mark(), [this](UniqueFd fd, const net::Endpoint& dst, const NetNs& n) {
+Result<std::shared_ptr<InterceptPoint>> KubevirtRelay::point_for(std::shared_ptr<NetNs> ns) {
+  std::lock_guard create(point_create_mu_);
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = points_.find(ns->inode()); it != points_.end()) return it->second;
+  }
+  auto made = InterceptPoint::create(ns, pass_mark(), [this](UniqueFd fd, const net::Endpoint& dst, const NetNs& n) {
     on_connection(std::move(fd), dst, n);
   });
-  if (!p) return p.error();
-  auto* raw = p.value().get();
-  points_[ns->inode()] = std::move(p.value());
+  if (!made) return made.error();
+  std::shared_ptr<InterceptPoint> point = std::move(made.value());
+  bool kept = false;
+  {
+    std::lock_guard lock(mu_);
+    if (!stopping_.load()) {
+      points_[ns->inode()] = point;
+      kept = true;
+    }
+  }
+  // stop() already took the points: this one goes with the call (its table with it).
+  if (!kept) return Error{Errc::kCancelled, "agent shutting down"};
   record_armed(ns->inode());
-  return raw;
+  return point;
 }
 
 void KubevirtRelay::on_connection(UniqueFd fd, const net::Endpoint& dst, const NetNs& ns) {
@@ -225,7 +262,6 @@ void KubevirtRelay::setup_static_mode() {
     bool is_peer = false;
     for (const auto& a : peer_addresses) is_peer = is_peer || address_is_local(*ns, a);
     if (is_peer) continue;
-    std::lock_guard lock(mu_);
     if (auto p = point_for(ns); !p) {
       LOG_WARN("kubevirt") << "static mode: " << p.error().message;
     }
@@ -236,13 +272,13 @@ void KubevirtRelay::refresh_rules() {
   const std::chrono::seconds ttl(config_.kubevirt.rule_timeout_seconds);
   if (config_.kubevirt.static_mode) setup_static_mode();
   // Snapshot under the lock, then talk to nftables without it (hook calls, interception and
-  // REST need the lock; points live until stop(), which joins this thread first).
-  std::vector<std::tuple<InterceptPoint*, std::string, uint16_t>> elements;
-  std::vector<InterceptPoint*> points;
+  // REST need the lock; the snapshot holds the points it names).
+  std::vector<std::tuple<std::shared_ptr<InterceptPoint>, std::string, uint16_t>> elements;
+  std::vector<std::shared_ptr<InterceptPoint>> points;
   {
     std::lock_guard lock(mu_);
     for (auto& [k, a] : armed_) elements.emplace_back(a.point, a.ip, a.port);
-    for (auto& [inode, p] : points_) points.push_back(p.get());
+    for (auto& [inode, p] : points_) points.push_back(p);
   }
   for (auto& [point, ip, port] : elements) {
     auto st = point->rules().carry(ip, port, ttl);
@@ -260,7 +296,7 @@ void KubevirtRelay::refresh_rules() {
   for (const auto& peer_ip : peers_.handler_addresses()) {
     auto peer = peers_.by_handler_address(peer_ip);
     if (!peer || !peer->healthy) continue;  // unhealthy: let the element expire, KubeVirt's path resumes
-    for (auto* p : points) {
+    for (auto& p : points) {
       if (auto st = p->rules().peer(peer_ip, ttl); !st) {
         LOG_WARN("kubevirt") << st.error().message;
       }

@@ -40,7 +40,7 @@ void KubevirtRelay::on_flow_hello(UniqueFd fd, const json& raw) {
   }
   auto session = TargetSession::accept(
       ctx_, std::move(fd), hello.value(), [this](const net::Endpoint& dst) { return dial_namespace(dst); },
-      [this](const VmiRef& vmi) { return read_completed_job(config_.kubevirt, vmi, 10s); });
+      [this](const VmiRef& vmi) { return read_completed_job(config_.kubevirt, launchers_, vmi, 10s); });
   if (!session) {
     LOG_WARN("kubevirt") << "refused a session from a peer agent: " << session.error().message;
     return;

@@ -1,7 +1,10 @@
 #include "migration/source_job.h"
 
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+
+#include <cerrno>
 
 #include "common/log.h"
 #include "common/net.h"
@@ -17,6 +20,9 @@ using namespace std::chrono_literals;
 
 namespace {
 constexpr auto kVerdictTimeout = 120s;
+// Once the source QEMU's monitor is lost while the job completes, the wait for the target's
+// verdict is bounded by this: nothing on the source can be resumed or checked any more.
+constexpr auto kVerdictAfterMonitorLost = 15s;
 constexpr uint64_t kUnlimitedBandwidth = uint64_t{1} << 40;  // 1 TiB/s: QEMU has no "off"
 
 Result<std::string> run_state(qemu::QmpClient& qmp) {
@@ -382,8 +388,9 @@ void SourceJob::complete(const qemu::MigrationInfo& info, const std::string& uns
     ctx_.metrics.set_downtime(spec_.vm, transport_, static_cast<double>(info.downtime_ms) / 1000.0);
   }
   // The source has handed the VM over. From here only the target's verdict decides: resuming
-  // the source while the target might run the VM would run it twice.
-  Result<json> verdict = verdict_ ? Result<json>(*verdict_) : link_->expect("result", kVerdictTimeout);
+  // the source while the target might run the VM would run it twice. Without the source's
+  // monitor (QEMU exited or closed QMP) the wait is short: no VM can be resumed here anyway.
+  Result<json> verdict = verdict_ ? Result<json>(*verdict_) : wait_for_verdict();
   {
     std::lock_guard lock(data_mu_);
     for (auto& p : pumps_) p->wait(5s);
@@ -393,9 +400,16 @@ void SourceJob::complete(const qemu::MigrationInfo& info, const std::string& uns
   // Without its monitor there is no paused source VM to speak of: QEMU exited or dropped QMP.
   // Nothing can be resumed here either way; the operator must look at the target.
   const auto source_gone = [&](const std::string& what) {
+    const int pid = qmp_->peer_pid();
+    const std::string process =
+        pid <= 0 ? std::string("its process exited or closed QMP")
+        : ::kill(pid, 0) == 0 || errno == EPERM
+            ? "its process " + std::to_string(pid) + " still runs without a monitor, state unknown (after a "
+                                                     "completed migration QEMU stays paused, postmigrate)"
+            : "its process " + std::to_string(pid) + " has exited";
     finish(Phase::kFailed,
-           what + "; the source QEMU's monitor is gone (its process exited or closed QMP), so no VM is "
-                  "paused here: check whether the target runs the VM",
+           what + "; the source QEMU's monitor is gone (" + process + "), so no VM can be resumed here: check "
+                  "whether the target runs the VM",
            "qemu");
   };
   if (!verdict && !qmp_->connected()) {
@@ -462,6 +476,26 @@ void SourceJob::complete(const qemu::MigrationInfo& info, const std::string& uns
     LOG_WARN("migration") << log_prefix() << " " << unsure << "; the target confirmed it runs the VM";
   }
   finish(Phase::kSucceeded, "");
+}
+
+Result<json> SourceJob::wait_for_verdict() {
+  const auto start = std::chrono::steady_clock::now();
+  std::optional<std::chrono::steady_clock::time_point> lost_at;
+  for (;;) {
+    const auto now = std::chrono::steady_clock::now();
+    if (!lost_at && !qmp_->connected()) lost_at = now;
+    if (lost_at && now - *lost_at >= kVerdictAfterMonitorLost) {
+      return Error{Errc::kTimeout, "no 'result' from the peer agent within " +
+                                       std::to_string(kVerdictAfterMonitorLost.count()) +
+                                       " s of losing the source QEMU's monitor"};
+    }
+    if (now - start >= kVerdictTimeout) {
+      return Error{Errc::kTimeout, "no 'result' from the peer agent within " +
+                                       std::to_string(kVerdictTimeout.count()) + " s"};
+    }
+    auto v = link_->expect("result", 500ms);
+    if (v || v.error().code != Errc::kTimeout) return v;
+  }
 }
 
 void SourceJob::fail_and_protect_vm(const Error& error, bool cancelled) {

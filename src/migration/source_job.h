@@ -31,6 +31,9 @@ class SourceJob final : public Job {
   // The source has (or may have) handed the VM over: only the target's verdict decides.
   // `unsure` says why the source cannot tell (its failure reasons then carry it).
   void complete(const qemu::MigrationInfo& info, const std::string& unsure = "");
+  // The target's "result", waiting up to kVerdictTimeout, or kVerdictAfterMonitorLost once the
+  // source QEMU's monitor is gone.
+  Result<nlohmann::json> wait_for_verdict();
   void fail_and_protect_vm(const Error& error, bool cancelled);
   void apply_progress(const qemu::MigrationInfo& info);
   void stop_accepting();

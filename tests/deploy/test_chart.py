@@ -355,8 +355,11 @@ class ChartTest(unittest.TestCase):
         self.assertEqual(find(t, "ServiceAccount"), [])
         self.assertEqual({s["name"] for b in find(t, "RoleBinding") for s in b["subjects"]}, {"vm-agents", "vm-controller"})
         # crds.install, rbac.aggregateTo*, podDisruptionBudget.enabled, tests.enabled off
-        for kind in ("CustomResourceDefinition", "PodDisruptionBudget", "Pod", "ClusterRole"):
+        for kind in ("CustomResourceDefinition", "PodDisruptionBudget", "Pod"):
             self.assertEqual(find(t, kind), [], kind)
+        # Only the agent's own (KubeVirt mode: this node's launcher pods), bound to the named account.
+        self.assertEqual([r["metadata"]["name"] for r in find(t, "ClusterRole")], ["rdmig-agent-launchers"])
+        self.assertEqual([s["name"] for b in find(t, "ClusterRoleBinding") for s in b["subjects"]], ["vm-agents"])
         rule = one(t, "PrometheusRule")
         self.assertEqual(rule["metadata"]["labels"]["release"], "kube-prometheus-stack")
         exprs = {r["alert"]: r for r in rule["spec"]["groups"][0]["rules"]}
@@ -370,7 +373,9 @@ class ChartTest(unittest.TestCase):
         ctl_cfg = embedded_config(one(t, "ConfigMap", "rdmig-controller-config"))["controller.yaml"]
         self.assertEqual(ctl_cfg["agents"]["port"], 17470, "the controller dials the agents' API port")
         self.assertEqual((ctl_cfg["watchNamespace"], ctl_cfg["leaderElection"]["enabled"]), ("vms", False))
-        self.assertEqual(find(t, "ClusterRole"), [], "watchNamespace: no cluster-wide rights")
+        # The agent's one (KubeVirt mode: list this node's virt-launcher pods) is not the controller's.
+        self.assertEqual([r["metadata"]["name"] for r in find(t, "ClusterRole")], ["rdmig-agent-launchers"],
+                         "watchNamespace: no cluster-wide rights for the controller")
         watch_role = one(t, "Role", "rdmig-controller-rdmamigrations")
         self.assertEqual(watch_role["metadata"]["namespace"], "vms")
         own_role = one(t, "Role", "rdmig-controller")
@@ -410,6 +415,12 @@ class ChartTest(unittest.TestCase):
                          [("kubevirt", [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}])])
         self.assertEqual(len([d for d in t if d["kind"] == "RoleBinding"
                               and d["metadata"]["name"].endswith("-agent-handlers")]), 1)
+        # This node's virt-launcher pods, in any namespace: which processes are a VMI's launcher.
+        launchers = [d for d in t if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-agent-launchers")]
+        self.assertEqual([r["rules"] for r in launchers],
+                         [[{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]])
+        self.assertEqual(len([d for d in t if d["kind"] == "ClusterRoleBinding"
+                              and d["metadata"]["name"].endswith("-agent-launchers")]), 1)
 
     def test_token_value_rdma_count_and_dashboard_namespace(self):
         docs = render("--set", "token.value=0123456789abcdef0123", "--set", "agent.rdma.resourceName=rdma/hca",

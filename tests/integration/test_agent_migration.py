@@ -231,6 +231,40 @@ class AgentMigrationTest(unittest.TestCase):
         else:
             self.assertEqual(running, ["source"])
 
+    def test_qmp_lost_while_completing_ends_the_job_soon_and_names_the_vm_state(self):
+        # The source QEMU's monitor goes away as the final stop-and-copy begins, and the target
+        # agent says nothing (frozen at that moment). The source job waited 120 s for the
+        # target's verdict although nothing on the source could be checked or resumed; now it
+        # waits 15 s once the monitor is gone, and says what it knows of the source QEMU.
+        import signal
+        from rdmiglab.qmpfault import QmpFaultProxy
+        src, dst = self.pair()
+        frozen = []
+
+        def freeze_target_agent():
+            os.kill(self.dst_agent.proc.pid, signal.SIGSTOP)
+            frozen.append(time.monotonic())
+        try:
+            with QmpFaultProxy(os.path.join(self.tmp, "drop.qmp"), src.agent_qmp_path, stall=(),
+                               trigger={"device", "completed"}, drop=True, on_trigger=freeze_target_agent) as proxy:
+                target, source = start_migration(self.src_agent, self.dst_agent, proxy.path, dst.agent_qmp_path,
+                                                  vm="vm-qmp-lost")
+                s = self.src_agent.wait(source["id"], timeout=240)
+        finally:
+            if frozen:
+                os.kill(self.dst_agent.proc.pid, signal.SIGCONT)
+        self.assertTrue(proxy.triggered and frozen, "the monitor was never dropped")
+        took = time.monotonic() - frozen[0]
+        print("\n[qmp-lost] source %s after %.1f s: %s" % (s["phase"], took, s["result"]["reason"]), file=sys.stderr)
+        self.assertEqual(s["phase"], "Failed", s["result"])
+        self.assertLess(took, 40, "the source job waited %.0f s for a verdict without its monitor" % took)
+        self.assertIn("monitor is gone", s["result"]["reason"])
+        # (Through the stand-in the monitor's peer is the proxy, which lives on, as QEMU does.)
+        self.assertRegex(s["result"]["reason"], r"its process \d+ still runs without a monitor")
+        self.assertIn("check whether the target runs the VM", s["result"]["reason"])
+        t = self.dst_agent.wait(target["id"], timeout=120)
+        self.assertNotEqual(t["phase"], "Succeeded", "the target never had the whole stream")
+
     def slow_migration(self, vm_name):
         """Starts a migration throttled to 8 MiB/s so that it is still running when we act."""
         src, dst = self.pair()

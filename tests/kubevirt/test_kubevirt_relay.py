@@ -148,7 +148,8 @@ class KubevirtRelayTest(unittest.TestCase):
             for a in self.agents:
                 print("---- %s log ----\n%s" % (a.name, a.log_text()[-3000:]))
 
-    def agent(self, node, token, peers, hook="", rule_timeout=3, extra=None, data_plane=None, state_dir=None):
+    def agent(self, node, token, peers, hook="", rule_timeout=3, extra=None, data_plane=None, state_dir=None,
+              env=None):
         config = {"kubevirt": dict({"enabled": True, "nodeName": node, "hookSocket": hook, "peers": peers,
                                     "ruleTimeoutSeconds": rule_timeout, "sessionIdleSeconds": 1}, **(extra or {}))}
         if state_dir:
@@ -160,7 +161,7 @@ class KubevirtRelayTest(unittest.TestCase):
             config.update({"transport": "rdma", "rdma": {"device": os.environ.get("RDMIG_RDMA_DEV", "rxe0")},
                            "dataPlane": {"rdmaPort": 0}})
         a = Agent(self.tmp, name="%s-%s-%s" % (node, self._testMethodName[-12:], len(self.agents)), token=token,
-                  config=config)
+                  config=config, env=env)
         self.agents.append(a)
         return a
 
@@ -607,6 +608,93 @@ class KubevirtRelayTest(unittest.TestCase):
         self.assertEqual(len(self.records(self.dst, migrationUid=mig)), 1,
                          "the target agent saw more than one session: %s" % self.records(self.dst, migrationUid=mig))
 
+    def slow_nft_env(self, match, seconds):
+        """Environment for an agent whose libnftables calls containing `match` take `seconds`
+        more (tests/kubevirt/nft_delay_shim.cpp, preloaded) while the returned flag file exists."""
+        shim = os.environ.get("RDMIG_KV_NFT_SHIM") or os.path.join(
+            HERE, "..", "..", "build", "tests", "kubevirt", "librdmig_nft_delay_shim.so")
+        if not os.path.exists(shim):
+            self.skipTest("the nftables delay shim is not built (%s)" % shim)
+        flag = os.path.join(self.tmp, "nft-slow-" + self._testMethodName)
+        self.addCleanup(lambda: [os.remove(f) for f in (flag, flag + ".held") if os.path.exists(f)])
+        return flag, {"LD_PRELOAD": os.path.abspath(shim), "RDMIG_TEST_NFT_SLOW_MATCH": match,
+                      "RDMIG_TEST_NFT_SLOW_SECONDS": str(seconds), "RDMIG_TEST_NFT_SLOW_FILE": flag}
+
+    def test_rest_and_scrapes_answer_while_a_hook_call_arms_slowly(self):
+        # Arming enters virt-handler's namespace and talks to nftables (the table, an element
+        # per port), which can take seconds on a busy node. It once ran under the relay's lock,
+        # so GET /v1/kubevirt/migrations (and interception, other hook calls, maintenance)
+        # waited behind it: REST stalled over 10 s behind a hook during a link cut. Here every
+        # nftables call of the agent takes 3 s more while the hook call arms.
+        flag, env = self.slow_nft_env("inet rdmig", 3)
+        token = self.src.token
+        self.src.stop()
+        self.src = self.agent("node-a", token, hook=self.hook_socket, env=env,
+                              peers=[{"node": "node-b", "agent": "127.0.0.1:%d" % self.dst.data_port}])
+        mig = "mig-slow-arm"
+        path = os.path.join(self.tmp, "vmi-%s.json" % self._testMethodName)
+        with open(path, "w") as f:
+            json.dump(vmi_json("vmi-uid-sa", mig, self.net.ip4["node-b"], self.sink_port), f)
+        open(flag, "w").close()
+        code = (AS_HANDLER + "import sys,json; sys.path.insert(0,%r); from rdmiglab import kvhook; "
+                "print(json.dumps(kvhook.call_node_hook(%r,'PreMigrationSource',open(%r).read(),'node-a',timeout=60)))"
+                % (os.path.join(HERE, "..", "..", "tools"), self.hook_socket, path))
+        hook = self.spawn([kvnet.IP, "netns", "exec", self.net.netns["node-a"], sys.executable, "-c", code])
+        wait_for(lambda: os.path.exists(flag + ".held"), 20, "the hook call to be arming in slow nftables")
+        for what, token_ in (("/v1/kubevirt/migrations", True), ("/metrics", None)):
+            t0 = time.monotonic()
+            status, _ = self.src.request("GET", what, token=token_, timeout=60)
+            took = time.monotonic() - t0
+            self.assertEqual(status, 200, what)
+            self.assertLess(took, 1.0, "GET %s waited %.1f s behind a hook call arming" % (what, took))
+        self.assertIsNone(hook.poll(), "the hook call was still arming while REST answered")
+        os.remove(flag)
+        out, err = hook.communicate(timeout=60)
+        self.assertTrue(json.loads(out)["ok"], err)
+        res = self.dial(2, 1 << 20, hook=False)
+        self.assertTrue(all(c["ok"] for c in res["connections"]), res)
+        wait_for(lambda: [r for r in self.records(self.src, migrationUid=mig) if r["phase"] == "Succeeded"], 20,
+                 "the carried migration")
+
+    def holds_netns(self, agent, node):
+        """True when `agent` holds node's network namespace open through a file descriptor."""
+        link = "net:[%d]" % os.stat(self.net.netns_path(node)).st_ino
+        fds = "/proc/%d/fd" % agent.proc.pid
+        held = False
+        for fd in os.listdir(fds):
+            try:
+                held = held or os.readlink(os.path.join(fds, fd)) == link
+            except OSError:
+                pass  # closed meanwhile
+        return held
+
+    def test_an_interception_point_goes_when_its_virt_handler_does(self):
+        # virt-handler restarts into a new pod (a new namespace) or its pod is deleted: the
+        # agent once kept the old interception point for good, its table in that namespace and
+        # the namespace itself open through its fd. Once nothing is armed there, it goes; while
+        # virt-handler lives it stays for the next migration.
+        ready = os.path.join(self.tmp, "handler-%s.json" % self._testMethodName)
+        handler = self.spawn([kvnet.IP, "netns", "exec", self.net.netns["node-a"], sys.executable, STREAMS, "sink",
+                              "--ready", ready, "--log", os.path.join(self.tmp, "handler-%s.log" % self._testMethodName)])
+        wait_for(lambda: os.path.exists(ready), 10, "the source virt-handler")
+        for i, mig in enumerate(("mig-prune-1", "mig-prune-2")):
+            res = self.dial(2, 1 << 20, vmi=vmi_json("vmi-uid-p", mig, self.net.ip4["node-b"], self.sink_port))
+            self.assertTrue(res["hook"]["ok"] and all(c["ok"] for c in res["connections"]), res)
+            wait_for(lambda: [r for r in self.records(self.src, migrationUid=mig) if r["phase"] == "Succeeded"], 20,
+                     "the carried migration " + mig)
+            if i == 0:
+                # Nothing armed any more, virt-handler alive: a few maintenance turns (one a
+                # second) leave the point in place.
+                time.sleep(2.5)
+                self.assertIn("table inet rdmig", self.nft("node-a"))
+                self.assertTrue(self.holds_netns(self.src, "node-a"))
+                handler.kill()
+                handler.wait()
+                wait_for(lambda: "table inet rdmig" not in self.nft("node-a"), 10, "the stale point's table to go")
+                wait_for(lambda: not self.holds_netns(self.src, "node-a"), 10,
+                         "the agent to let go of the old namespace")
+        self.assertIn("no virt-handler lives in", self.src.log_text())
+
     def test_rules_expire_when_the_source_agent_is_killed(self):
         mig = "mig-expire"
         vmi = vmi_json("vmi-uid-4", mig, self.net.ip4["node-b"], self.sink_port)
@@ -826,6 +914,113 @@ class KubevirtRelayTest(unittest.TestCase):
             self.assertIn("does not listen on port %d" % self.sink_port, rec["reason"])
         finally:
             api.stop()
+
+    @unittest.skipIf(TRANSPORT == "rdma", "discovery does not depend on the transport (the VM lacks the API double)")
+    def test_a_launcher_counts_only_inside_the_vmis_launcher_pod(self):
+        # The target agent opens libvirt connections into the root of the VMI's launcher (the
+        # figures it reports; on the source, aborts). Any pod can start a process with
+        # `virt-launcher... --uid <VMI UID>` in its command line; before, such a process got
+        # those connections, into a socket its container chose. With the API the process must
+        # run in a launcher pod of the VMI (kubevirt.io=virt-launcher, created-by the VMI).
+        sys.path.insert(0, os.path.join(HERE, "..", "k8s"))
+        from apiserver_double import ApiServerDouble
+        import socket
+        for a in self.agents:
+            a.stop()
+        api = ApiServerDouble(os.path.join(self.tmp, "api-" + self._testMethodName))
+        self.addCleanup(api.stop)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+
+        def pod(ns, name, node, labels, **status):
+            code, body = api.store.create("pods", ns, {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns, "labels": labels},
+                "spec": {"nodeName": node}, "status": dict({"phase": "Running"}, **status)})
+            self.assertEqual(code, 201, body)
+            return body["metadata"]["uid"]
+        for node, ip in (("node-a", "127.0.0.1"), ("node-b", "127.0.0.2")):
+            pod("rdmig-system", "rdmig-agent-" + node, node, {"app.kubernetes.io/name": "rdmig-agent"},
+                hostIP=ip, podIP=ip)
+        handler = {n: pod("kubevirt", "virt-handler-" + n, n, {"kubevirt.io": "virt-handler"}, podIP=self.net.ip4[n])
+                   for n in ("node-a", "node-b")}
+        vmi_uid = "5e1f0000-0000-4000-8000-00000000000a"
+        launcher = pod("prod", "virt-launcher-web-1-abcde", "node-b",
+                       {"kubevirt.io": "virt-launcher", "kubevirt.io/created-by": vmi_uid})
+        # Another VMI's launcher pod in the same namespace, on the same node.
+        other = pod("prod", "virt-launcher-other-fghij", "node-b",
+                    {"kubevirt.io": "virt-launcher", "kubevirt.io/created-by": "0therv01-0000-4000-8000-00000000000b"})
+        sock = os.path.join(self.tmp, "lv-%s.sock" % os.urandom(3).hex())
+        kc = api.write_kubeconfig(os.path.join(self.tmp, "kc-%s.json" % self._testMethodName))
+        discovery = {"discovery": "kubernetes", "kubeconfig": kc, "agentNamespace": "rdmig-system"}
+        token = self.src.token
+        self.src = self.agent("node-a", token, peers=[], hook=self.hook_socket, extra=discovery,
+                              data_plane={"address": "127.0.0.1", "port": port})
+        self.dst = self.agent("node-b", token, peers=[], extra=dict(discovery, libvirtSockets=[sock]),
+                              data_plane={"address": "127.0.0.2", "port": port})
+        ready = os.path.join(self.tmp, "sink-pod-%s.json" % self._testMethodName)
+        self.spawn(in_pod(handler["node-b"], [kvnet.IP, "netns", "exec", self.net.netns["node-b"], sys.executable,
+                                              STREAMS, "sink", "--ready", ready, "--log", self.sink_log + ".pod"]))
+        pod_sink = wait_for(lambda: os.path.exists(ready) and read_json(ready)["port"], 10, "the pod's sink")
+        # A stand-in launcher: named as virt-launcher's monitor, `--uid <VMI UID>`, listening on
+        # the libvirt socket path the agent looks for in its root; it counts the connections.
+        fake = os.path.join(self.tmp, "virt-launcher-monitor")
+        with open(fake, "w") as f:
+            f.write("import socket, sys\n"
+                    "path, log = sys.argv[3], sys.argv[4]\n"
+                    "s = socket.socket(socket.AF_UNIX); s.bind(path); s.listen(16)\n"
+                    "open(log + '.ready', 'w').close()\n"
+                    "while True:\n"
+                    "    c, _ = s.accept()\n"
+                    "    open(log, 'a').write('accepted\\n'); c.close()\n")
+
+        def launcher_in(pod_uid, tag):
+            log = os.path.join(self.tmp, "launcher-%s.log" % tag)
+            if os.path.exists(sock):
+                os.unlink(sock)
+            argv = [sys.executable, fake, "--uid", vmi_uid, sock, log]
+            p = self.spawn(in_pod(pod_uid, argv) if pod_uid else argv)
+            wait_for(lambda: os.path.exists(log + ".ready"), 10, "the stand-in launcher")
+            return p, log
+
+        def migrate(mig):
+            vmi = vmi_json(vmi_uid, mig, self.net.ip4["node-b"], pod_sink)
+            path = os.path.join(self.tmp, "vmi-%s.json" % mig)
+            with open(path, "w") as f:
+                json.dump(vmi, f)
+            p = self.spawn(in_pod(handler["node-a"], [
+                kvnet.IP, "netns", "exec", self.net.netns["node-a"], sys.executable, STREAMS, "dial", "--dest",
+                "%s:%d" % (self.net.ip4["node-b"], pod_sink), "--count", "2", "--bytes", str(1 << 20),
+                "--hook-socket", self.hook_socket, "--vmi", path]))
+            out, err = p.communicate(timeout=120)
+            self.assertEqual(p.returncode, 0, err)
+            self.assertTrue(all(c["ok"] for c in json.loads(out)["connections"]), out)
+            # The target reports after its libvirt look-up (up to 10 s without figures).
+            return wait_for(lambda: [r for r in self.records(self.dst, migrationUid=mig) if r["phase"] == "Succeeded"],
+                            30, "the target's record of " + mig)[0]
+
+        def accepted(log):
+            if not os.path.exists(log):
+                return 0
+            with open(log) as f:
+                return len(f.read().splitlines())
+
+        # In another VMI's launcher pod, then in no pod at all: never connected to.
+        for pod_uid, tag, why in ((other, "other", "not a launcher pod of VMI " + vmi_uid), (None, "nopod", "no pod")):
+            p, log = launcher_in(pod_uid, tag)
+            migrate("mig-launcher-" + tag)
+            self.assertEqual(accepted(log), 0, "the agent opened the impostor's libvirt socket (%s)" % tag)
+            self.assertIn("process %d runs in " % p.pid, self.dst.log_text())
+            self.assertIn(why, self.dst.log_text())
+            p.kill()
+            p.wait()
+        # In the VMI's launcher pod: that one is the launcher (the stand-in speaks no libvirt, so
+        # there are no figures, but the agent connects).
+        p, log = launcher_in(launcher, "own")
+        migrate("mig-launcher-own")
+        self.assertGreater(accepted(log), 0, "the VMI's own launcher was never connected to")
+        self.assertTrue(any(m == "GET" and p_.startswith("/api/v1/pods?") and "virt-launcher" in p_
+                            for m, p_, _, _ in api.requests), api.requests)
 
     # ---- hostile and broken clients ----
 

@@ -315,3 +315,37 @@ TEST(KubevirtHandlerIdentity, TrustsOnlyRunningHandlerPodsOfThisNode) {
   HandlerIdentity by_name("rdmig-unit-tes", false);
   EXPECT_FALSE(by_name.by_pod());
 }
+
+TEST(KubevirtLauncherIdentity, TrustsOnlyTheVmisRunningLauncherPodsOfThisNode) {
+  auto pod = [](const std::string& uid, const std::string& ns, const std::string& node, const std::string& phase,
+                json labels) {
+    return json{{"metadata", {{"uid", uid}, {"namespace", ns}, {"labels", std::move(labels)}}},
+                {"spec", {{"nodeName", node}}},
+                {"status", {{"phase", phase}}}};
+  };
+  const json launcher{{"kubevirt.io", "virt-launcher"}, {"kubevirt.io/created-by", "vmi-1"}};
+  const json pods{{"items",
+                   {pod("AAAA0000-0000-4000-8000-000000000001", "prod", "a", "Running", launcher),
+                    pod("bbbb0000-0000-4000-8000-000000000002", "dev", "a", "Running", launcher),
+                    pod("cccc0000-0000-4000-8000-000000000003", "prod", "b", "Running", launcher),
+                    pod("dddd0000-0000-4000-8000-000000000004", "prod", "a", "Succeeded", launcher),
+                    pod("eeee0000-0000-4000-8000-000000000005", "prod", "a", "Running",
+                        {{"kubevirt.io", "virt-handler"}, {"kubevirt.io/created-by", "vmi-1"}}),
+                    pod("ffff0000-0000-4000-8000-000000000006", "prod", "a", "Running",
+                        {{"kubevirt.io", "virt-launcher"}, {"kubevirt.io/created-by", 7}}),
+                    pod("abab0000-0000-4000-8000-000000000007", "prod", "a", "Running", "not an object")}}};
+  const std::map<std::string, std::set<std::string>> want{{"prod/vmi-1", {"aaaa0000-0000-4000-8000-000000000001"}},
+                                                          {"dev/vmi-1", {"bbbb0000-0000-4000-8000-000000000002"}}};
+  EXPECT_EQ(launcher_pod_uids(pods, "a"), want);
+  EXPECT_TRUE(launcher_pod_uids(json::object(), "a").empty());
+  // By pod: before the first listing no process is a launcher, whatever its command line.
+  LauncherIdentity by_pod(true);
+  EXPECT_TRUE(by_pod.refuse(::getpid(), "prod", "vmi-1").has_value());
+  by_pod.set_pods(launcher_pod_uids(pods, "a"));
+  const auto why = by_pod.refuse(::getpid(), "prod", "vmi-1");  // this test runs in no such pod
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("process " + std::to_string(::getpid())), std::string::npos) << *why;
+  // Static discovery: the command line is all there is.
+  LauncherIdentity by_cmdline(false);
+  EXPECT_FALSE(by_cmdline.refuse(::getpid(), "prod", "vmi-1").has_value());
+}

@@ -7,6 +7,10 @@ states in a MIGRATION event (e.g. "device": the final stop-and-copy has begun), 
 commands in ``stall`` (e.g. query-migrate) are never delivered, the way a QEMU whose monitor
 stalls during completion looks to its client. Everything else (other replies, events) flows.
 
+A second fault, ``drop=True``: once triggered, the connection is closed both ways, the way
+a monitor lost at that moment looks (QEMU itself goes on). ``on_trigger`` is called once, in
+the proxy's thread, as the trigger is seen (e.g. to freeze another process at that moment).
+
 Reusable from any test: ``with QmpFaultProxy(path, upstream, stall={"query-migrate"}) as p``;
 ``p.swallowed`` lists the commands whose replies were held back, ``p.triggered`` says whether
 the trigger was seen.
@@ -27,9 +31,11 @@ def _shut_both(*socks):
 
 
 class QmpFaultProxy:
-    def __init__(self, path, upstream, stall=("query-migrate",), trigger=("device", "completed")):
+    def __init__(self, path, upstream, stall=("query-migrate",), trigger=("device", "completed"), drop=False,
+                 on_trigger=None):
         self.path, self.upstream = path, upstream
         self.stall, self.trigger = set(stall), set(trigger)
+        self.drop, self.on_trigger = drop, on_trigger
         self.swallowed = []
         self.triggered = False
         self._lock = threading.Lock()
@@ -98,7 +104,12 @@ class QmpFaultProxy:
                     msg = None
                 if isinstance(msg, dict):
                     if msg.get("event") == "MIGRATION" and msg.get("data", {}).get("status") in self.trigger:
+                        first = not self.triggered
                         self.triggered = True
+                        if first and self.on_trigger:
+                            self.on_trigger()
+                        if self.drop:
+                            break  # the finally below closes both ends: the monitor is lost
                     if "id" in msg:
                         with self._lock:
                             name = pending.pop(json.dumps(msg["id"]), None)
