@@ -10,7 +10,8 @@
 # and the archive's path is printed on stdout (progress goes to stderr).
 #
 # Contents: busybox-static (applets in /usr/bin, /usr/sbin), bash, the Debian
-# kernel's modules for Soft-RoCE (and virtio/9p for sharing a host folder),
+# kernel's modules for Soft-RoCE (and virtio/9p for sharing a host folder, virtio-net
+# for the two-VM runs),
 # rdma-core's libraries with the rxe provider, ibverbs-utils, rdmacm-utils (rping),
 # perftest, iproute2's `rdma` and `ip` (installed as /usr/sbin/iproute2-ip:
 # busybox's sh runs its own `ip` applet even when /usr/sbin/ip is called by path),
@@ -97,6 +98,7 @@ moddir="$kroot/lib/modules/$kver/kernel"
 modules=(crc32_generic configfs ib_core ib_uverbs udp_tunnel ip6_udp_tunnel rdma_rxe
          iw_cm ib_cm rdma_cm rdma_ucm veth
          virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci
+         failover net_failover virtio_net
          9pnet 9pnet_virtio netfs fscache 9p
          nfnetlink crc32c_generic libcrc32c nf_defrag_ipv4 nf_defrag_ipv6 nf_conntrack nf_nat
          nf_tables nft_chain_nat nft_redir)

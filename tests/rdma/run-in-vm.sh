@@ -4,7 +4,7 @@
 #
 #   tests/rdma/run-in-vm.sh [--mem MiB] [--smp N] [--timeout S] [--with-qemu]
 #                           [--add PATH]... [--out DIR] [--verbose] [--qemu-arg ARG]...
-#                           -- SCRIPT [ARGS]...
+#                           [--node a|b] [--build-only] -- SCRIPT [ARGS]...
 #
 #   --mem MiB     VM memory (default 1024; use 2048 with --with-qemu)
 #   --smp N       VM CPUs (default 2)
@@ -15,6 +15,9 @@
 #                 finds it in $RDMIG_OUT. The way to pass files out of the VM.
 #   --verbose     show the kernel's boot messages
 #   --qemu-arg A  extra argument for QEMU (repeatable), e.g. --qemu-arg -cpu --qemu-arg max
+#   --node a|b    boot as node a or b of a two-VM run (see run-two-vms.sh, which passes the
+#                 virtio-net link with --qemu-arg): rxea/rxeb on eth0 instead of rxe0 on va
+#   --build-only  build (or find in the cache) the initramfs and exit
 #
 # SCRIPT (any executable with a shebang the VM can run: /bin/sh, bash) is copied to
 # its absolute path; ARGS are passed as given. The console is streamed to stdout.
@@ -23,8 +26,7 @@
 # Inside the VM: PATH has the rdma tools, $RDMIG_RDMA_DEV=rxe0, $RDMIG_RDMA_NETDEV=va,
 # $RDMIG_VM_ADDR=10.99.0.1, $RDMIG_VM_PEER_ADDR=10.99.0.2, $QEMU_MODULE_DIR with
 # --with-qemu; / (and /tmp) is a tmpfs that may use 90% of the memory. The one rxe device serves both
-# ends of a connection (two rxe devices on a veth pair in one namespace do not reach
-# each other).
+# ends of a connection (loopback); for two devices in two network stacks use run-two-vms.sh.
 # The base initramfs is cached under $RDMIG_CACHE (default <repo>/.cache)/rdma-vm,
 # keyed by these scripts, the options and the added paths' names, sizes and mtimes.
 set -euo pipefail
@@ -34,7 +36,7 @@ repo="$(cd "$here/../.." && pwd)"
 die() { echo "run-in-vm: $*" >&2; exit 2; }
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
 
-mem=1024 smp=2 timeout_s=600 with_qemu=0 verbose=0 outdir="" adds=() qargs=()
+mem=1024 smp=2 timeout_s=600 with_qemu=0 verbose=0 outdir="" adds=() qargs=() node="" build_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --mem) mem="${2:?--mem needs MiB}"; shift 2 ;;
@@ -45,6 +47,8 @@ while [ $# -gt 0 ]; do
     --out) outdir="${2:?--out needs a folder}"; shift 2 ;;
     --verbose) verbose=1; shift ;;
     --qemu-arg) qargs+=("${2:?--qemu-arg needs an argument}"); shift 2 ;;
+    --node) node="${2:?--node needs a or b}"; shift 2 ;;
+    --build-only) build_only=1; shift ;;
     -h|--help) usage ;;
     --) shift; break ;;
     -*) die "unknown option $1 (see --help)" ;;
@@ -57,6 +61,7 @@ script="$1"; shift
 script="$(realpath -s "$script")"
 [[ "$mem" =~ ^[0-9]+$ && "$smp" =~ ^[0-9]+$ && "$timeout_s" =~ ^[0-9]+$ ]] ||
   die "--mem, --smp and --timeout take whole numbers"
+case "$node" in ""|a|b) ;; *) die "--node takes a or b" ;; esac
 for p in ${adds[@]+"${adds[@]}"}; do [ -e "$p" ] || die "--add $p: no such file or directory"; done
 
 if ! command -v qemu-system-x86_64 >/dev/null || ! command -v cpio >/dev/null; then
@@ -95,6 +100,7 @@ else
   echo "run-in-vm: initramfs from cache $base_dir" >&2
 fi
 t_built=$(date +%s.%N)
+[ "$build_only" = 1 ] && exit 0
 
 # --- per-run part: SCRIPT and its command line, appended as a second cpio archive ----
 run="$(mktemp -d "${TMPDIR:-/tmp}/rdmig-vm.XXXXXX")"
@@ -116,6 +122,7 @@ cat "$base_dir/initramfs.cpio" "$run/extra.cpio" >"$run/initramfs.cpio"
 append="console=ttyS0 panic=-1 rdinit=/init"
 [ "$verbose" = 1 ] || append+=" quiet"
 [ -n "$outdir" ] && append+=" rdmig.share=rdmigout"
+[ -n "$node" ] && append+=" rdmig.node=$node"
 qemu=(qemu-system-x86_64 -accel tcg -m "$mem" -smp "$smp" -nographic -nic none -no-reboot
       -kernel "$base_dir/vmlinuz" -initrd "$run/initramfs.cpio" -append "$append")
 if [ -n "$outdir" ]; then

@@ -3,6 +3,9 @@
 # Sets the VM up (modules, file systems, veth pair va/vb, rxe0 on va), runs
 # /etc/rdmig-vm/run (written by run-in-vm.sh), prints "RDMIG-VM-EXIT <code>" and
 # powers off. Setup failures end with "RDMIG-VM-EXIT 125".
+# With rdmig.node=a or b on the kernel command line (run-two-vms.sh) the VM is one of two
+# "nodes" joined by a virtio-net link instead: no veth pair; eth0 gets 10.99.1.1/24 (a) or
+# 10.99.1.2/24 (b) and the rxe device rxea or rxeb sits on eth0.
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/root TMPDIR=/tmp LANG=C.UTF-8
 export LD_LIBRARY_PATH=/usr/local/lib:/usr/lib/x86_64-linux-gnu
@@ -38,16 +41,32 @@ while read -r ko; do
 done </etc/rdmig-vm/modules
 mount -t configfs configfs /sys/kernel/config 2>/dev/null
 
+node=""
+for arg in $(cat /proc/cmdline); do
+  case "$arg" in rdmig.node=a|rdmig.node=b) node="${arg#rdmig.node=}" ;; esac
+done
 ip=/usr/sbin/iproute2-ip
 $ip link set lo up || fail "lo up"
-$ip link add va type veth peer name vb || fail "veth pair"
-$ip addr add 10.99.0.1/24 dev va && $ip addr add 10.99.0.2/24 dev vb || fail "veth addresses"
-$ip link set va up && $ip link set vb up || fail "veth up"
-rdma link add rxe0 type rxe netdev va || fail "rdma link add rxe0 type rxe netdev va"
+if [ -z "$node" ]; then
+  $ip link add va type veth peer name vb || fail "veth pair"
+  $ip addr add 10.99.0.1/24 dev va && $ip addr add 10.99.0.2/24 dev vb || fail "veth addresses"
+  $ip link set va up && $ip link set vb up || fail "veth up"
+  rdma link add rxe0 type rxe netdev va || fail "rdma link add rxe0 type rxe netdev va"
+  setup="rxe0 on va 10.99.0.1/24, vb 10.99.0.2/24"
+else
+  if [ "$node" = a ]; then RDMIG_VM_ADDR=10.99.1.1 RDMIG_VM_PEER_ADDR=10.99.1.2
+  else RDMIG_VM_ADDR=10.99.1.2 RDMIG_VM_PEER_ADDR=10.99.1.1; fi
+  export RDMIG_NODE="$node" RDMIG_RDMA_DEV="rxe$node" RDMIG_RDMA_NETDEV=eth0 RDMIG_VM_ADDR RDMIG_VM_PEER_ADDR
+  hostname "rdmig-vm-$node"
+  [ -e /sys/class/net/eth0 ] || fail "node $node: no eth0 (no virtio-net device?)"
+  $ip addr add "$RDMIG_VM_ADDR/24" dev eth0 && $ip link set eth0 up || fail "eth0 address/up"
+  rdma link add "$RDMIG_RDMA_DEV" type rxe netdev eth0 || fail "rdma link add $RDMIG_RDMA_DEV type rxe netdev eth0"
+  setup="node $node: $RDMIG_RDMA_DEV on eth0 $RDMIG_VM_ADDR/24, peer $RDMIG_VM_PEER_ADDR"
+fi
 # Wait for the device to show up (sysfs and /dev/infiniband), with a deadline.
 i=0
-until [ -e /sys/class/infiniband/rxe0 ] && [ -e /dev/infiniband/uverbs0 ]; do
-  i=$((i + 1)); [ $i -le 100 ] || fail "rxe0 or /dev/infiniband/uverbs0 did not appear"
+until [ -e "/sys/class/infiniband/$RDMIG_RDMA_DEV" ] && [ -e /dev/infiniband/uverbs0 ]; do
+  i=$((i + 1)); [ $i -le 100 ] || fail "$RDMIG_RDMA_DEV or /dev/infiniband/uverbs0 did not appear"
   sleep 0.1
 done
 
@@ -63,7 +82,7 @@ done
 if [ -e /etc/rdmig-vm/with-qemu ]; then export QEMU_MODULE_DIR=/usr/lib/x86_64-linux-gnu/qemu; fi
 
 t1=$(cut -d' ' -f1 /proc/uptime)
-echo "rdmig-vm: ready after ${t1}s of uptime (setup ${t0:-?}s..${t1}s): rxe0 on va 10.99.0.1/24, vb 10.99.0.2/24${RDMIG_OUT:+, shared folder on /out}"
+echo "rdmig-vm: ready after ${t1}s of uptime (setup ${t0:-?}s..${t1}s): $setup${RDMIG_OUT:+, shared folder on /out}"
 [ -e /etc/rdmig-vm/run ] || fail "no /etc/rdmig-vm/run (build the VM with run-in-vm.sh)"
 cd /tmp || fail "cd /tmp"
 /bin/sh /etc/rdmig-vm/run </dev/null

@@ -341,6 +341,12 @@ void RdmaChannel::poller_loop() {
       if (ibv_get_cq_event(comp_.get(), &ev_cq, &ev_ctx) == 0) ibv_ack_cq_events(ev_cq, 1);
     }
     if (fds[1].revents & POLLIN) {
+      // Completions queued before the event count first: a peer that posts its last credits
+      // and then disconnects closed cleanly, but with both fds ready the credits would still
+      // sit in the CQ when the disconnect is judged (seen between two nodes' rxe devices).
+      while ((n = ibv_poll_cq(cq_.get(), 32, wcs)) > 0) {
+        for (int i = 0; i < n; ++i) handle_completion(wcs[i]);
+      }
       auto ev = next_cm_event(events_.get(), 0ms);
       if (ev) handle_cm_event(ev.value());
     }

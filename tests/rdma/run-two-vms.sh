@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Runs SCRIPT in two throw-away Soft-RoCE VMs, "node a" and "node b": two kernels, two
+# network stacks, two rxe devices, joined by one virtio-net link (a QEMU stream netdev
+# over a unix socket on this host). What two Kubernetes nodes with RoCE NICs are.
+#
+#   tests/rdma/run-two-vms.sh [--mem MiB] [--timeout S] [--with-qemu] [--add PATH]...
+#                             [--out DIR] -- SCRIPT [ARGS]...
+#
+# Both VMs run the same SCRIPT with the same ARGS (see run-in-vm.sh for the options);
+# it tells the nodes apart by $RDMIG_NODE (a or b). Inside node a: rxea on eth0
+# 10.99.1.1/24; node b: rxeb on eth0 10.99.1.2/24 ($RDMIG_RDMA_DEV, $RDMIG_RDMA_NETDEV,
+# $RDMIG_VM_ADDR, $RDMIG_VM_PEER_ADDR). Both share one host folder at /out ($RDMIG_OUT;
+# a temporary one unless --out is given): the way the two scripts meet (two-node-lib.sh).
+# Each console line is prefixed "a| " or "b| ". The exit status is 0 when both scripts
+# exited 0, otherwise node a's status if non-zero, else node b's. When one node fails,
+# the other is stopped after a grace period (it would only wait for its peer).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+die() { echo "run-two-vms: $*" >&2; exit 2; }
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
+
+opts=() outdir="" mem=1024
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --mem) mem="${2:?--mem needs MiB}"; shift 2 ;;
+    --timeout|--add) opts+=("$1" "${2:?$1 needs a value}"); shift 2 ;;
+    --with-qemu) opts+=("$1"); shift ;;
+    --out) outdir="${2:?--out needs a folder}"; shift 2 ;;
+    -h|--help) usage ;;
+    --) shift; break ;;
+    *) die "unknown option $1 (see --help)" ;;
+  esac
+done
+[ $# -ge 1 ] || usage
+opts+=(--mem "$mem")
+
+# One build for both (two concurrent builds would race on the cache).
+"$here/run-in-vm.sh" "${opts[@]}" --build-only -- "$@"
+
+run="$(mktemp -d "${TMPDIR:-/tmp}/rdmig-2vm.XXXXXX")"
+pids=()
+cleanup() {
+  for p in ${pids[@]+"${pids[@]}"}; do kill -TERM -- "-$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$run"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+if [ -z "$outdir" ]; then outdir="$run/out"; fi
+mkdir -p "$outdir"
+outdir="$(cd "$outdir" && pwd)"
+rm -rf "$outdir/rdv"   # rendezvous files of an earlier run would mislead the scripts
+link="$run/link.sock"
+
+boot() { # NODE NETDEV-ARGS
+  local node="$1" netdev="$2" mac
+  mac="52:54:00:99:01:0$([ "$node" = a ] && echo 1 || echo 2)"
+  shift 2
+  # In a session of its own (setsid), so that stopping it reaches QEMU too: kill -- -PID.
+  NODE="$node" RC_FILE="$run/$node.rc" setsid bash -c '
+    "$@" 2>&1 | sed -u "s/^/$NODE| /"
+    echo "${PIPESTATUS[0]}" >"$RC_FILE"' _ \
+    "$here/run-in-vm.sh" "${opts[@]}" --node "$node" --out "$outdir" \
+      --qemu-arg -netdev --qemu-arg "$netdev" \
+      --qemu-arg -device --qemu-arg "virtio-net-pci,netdev=link,mac=$mac" -- "$@" &
+  pids+=($!)
+}
+shift_args=("$@")
+# Node a serves the link; node b connects, so b starts once a's socket exists.
+boot a "stream,id=link,server=on,addr.type=unix,addr.path=$link" "${shift_args[@]}"
+for _ in $(seq 1 600); do
+  [ -S "$link" ] && break
+  [ -e "$run/a.rc" ] && break
+  sleep 0.1
+done
+[ -S "$link" ] || { echo "run-two-vms: node a did not open the link socket $link" >&2; wait; exit 126; }
+boot b "stream,id=link,server=off,addr.type=unix,addr.path=$link" "${shift_args[@]}"
+
+# Wait for both; when one fails, give the other a grace period, then stop it.
+grace=30 failed_at=""
+while [ ! -e "$run/a.rc" ] || [ ! -e "$run/b.rc" ]; do
+  for n in a b; do
+    if [ -e "$run/$n.rc" ] && [ "$(cat "$run/$n.rc")" != 0 ] && [ -z "$failed_at" ]; then
+      failed_at=$(date +%s)
+      echo "run-two-vms: node $n failed; the other node gets ${grace}s" >&2
+    fi
+  done
+  if [ -n "$failed_at" ] && [ $(( $(date +%s) - failed_at )) -gt "$grace" ]; then
+    echo "run-two-vms: stopping the remaining node" >&2
+    for p in "${pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null || true; done
+    break
+  fi
+  sleep 0.5
+done
+wait 2>/dev/null || true
+pids=()
+rc_a="$(cat "$run/a.rc" 2>/dev/null || echo 126)"
+rc_b="$(cat "$run/b.rc" 2>/dev/null || echo 126)"
+echo "run-two-vms: node a exited $rc_a, node b exited $rc_b" >&2
+if [ "$rc_a" != 0 ]; then exit "$rc_a"; fi
+exit "$rc_b"
