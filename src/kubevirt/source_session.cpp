@@ -112,7 +112,9 @@ Result<std::unique_ptr<transport::Channel>> SourceSession::connect_channel(uint3
     if (!key) return key.error();
     transport::rdma::RdmaChannelParams p{index, chunk, depth, migration::return_path_chunk(chunk),
                                          migration::return_path_depth(depth)};
-    auto ch = transport::rdma::RdmaChannel::connect(rdma_endpoint_, key.value(), p, tm, 10s);
+    // Leave through the device this agent chose, with its traffic class (as bare-QEMU jobs do).
+    auto ch = transport::rdma::RdmaChannel::connect(rdma_endpoint_, key.value(), p, tm, 10s, {},
+                                                    {ctx_.rdma.ip, ctx_.rdma.traffic_class});
     if (!ch) {
       ctx_.metrics.transport_error("rdma", "connect");
       return ch.error();
