@@ -178,7 +178,8 @@ class AgentFaultsTest(unittest.TestCase):
         self.assertIn("QEMU", s["result"]["reason"])
         # Not "left paused": the source QEMU is gone, so no operator should look for a paused VM.
         self.assertEqual(s["result"]["failureKind"], "qemu", s["result"]["reason"])
-        self.assertIn("no VM is paused here", s["result"]["reason"])
+        self.assertIn("no VM can be resumed here", s["result"]["reason"])
+        self.assertIn("has exited", s["result"]["reason"], "the reason names the source QEMU's state")
         self.assertEqual(t["phase"], "Failed")
         # The VM's own process is gone: it must not appear on the target either.
         self.assertFalse(dst.alive() and dst.status() == "running", "a half-migrated VM must not run")
