@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -422,6 +423,20 @@ class KubevirtRelayTest(unittest.TestCase):
                     self.assertEqual(recv(c)["type"], "welcome", "the token holder is let in")
                     send(c, flow_sign(token, hello, ch["nonce"], 0,
                                       {"type": "open", "index": 0, "host": host, "port": dport}))
+                    # As a live source agent does (flow protocol 4): signed heartbeats every 0.5 s,
+                    # so the session ends on the refused open, not on a silent link.
+                    beating = threading.Event()
+
+                    def beat(c=c, nonce=ch["nonce"], hello=hello):
+                        seq = 1
+                        while not beating.wait(0.5):
+                            try:
+                                send(c, flow_sign(token, hello, nonce, seq, {"type": "heartbeat"}))
+                            except OSError:
+                                return
+                            seq += 1
+                    beater = threading.Thread(target=beat, daemon=True)
+                    beater.start()
                     with socket.create_connection(("127.0.0.1", self.dst.data_port), timeout=10) as d:
                         send(d, {"kind": "flow-data", "protocol": 2, "session": session, "index": 0})
                         try:
@@ -430,6 +445,8 @@ class KubevirtRelayTest(unittest.TestCase):
                             pass
                         rec = wait_for(lambda: [r for r in self.records(self.dst, migrationUid="mig-evil-%d" % i)
                                                 if r["phase"] == "Failed"], 15, "the session to fail (%s)" % host)[0]
+                    beating.set()
+                    beater.join(5)
                     self.assertTrue(any(w in rec["reason"] for w in ("open.host", "refusing to dial")), rec)
                 try:
                     conn, peer = local.accept()
