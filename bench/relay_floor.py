@@ -20,7 +20,6 @@ Writes OUT/results.json and OUT/results.md. Never fails on speed.
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -29,20 +28,11 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RELAY_CPU = os.path.join(REPO, "build", "bench", "stream", "rdmig-relay-cpu")
+sys.path.insert(0, os.path.join(REPO, "bench"))
+from run import machine  # noqa: E402  (the machine as bench/run.py names it)
 KINDS = {"rdmig": ["--relay", "rdmig", "--splice", "off"], "floor": ["--relay", "floor"],
          "rdmig-splice": ["--relay", "rdmig", "--splice", "on"], "floor-splice": ["--relay", "floor-splice"]}
 PAIRS = (("rdmig", "floor"), ("rdmig-splice", "floor-splice"))
-
-
-def machine():
-    cpu = "?"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
-    return "nproc %d (%s), %.1f GiB, kernel %s" % (os.cpu_count(), cpu, mem, platform.release())
 
 
 def one(kind, channels, chunk, nbytes):
@@ -121,7 +111,9 @@ def main():
         print("channels %d chunk %-5s: %s" % (row[0], row[1], "  ".join(
             "%s %.3f" % (k, entry[k]["cpu"]) for k in kinds)), flush=True)
     sc = {kind: syscalls_per_gib(kind) for kind in kinds}
-    results = {"machine": machine(), "command": "python3 bench/relay_floor.py " + " ".join(sys.argv[1:]),
+    m = machine()
+    results = {"machine": "nproc %d (%s), %.1f GiB, kernel %s, %s" % (m["cpus"], m["cpu"], m["mem_gib"], m["kernel"],
+                                                                     m["date"]), "command": "python3 bench/relay_floor.py " + " ".join(sys.argv[1:]),
                "runs": args.runs, "bytes": args.bytes, "rows": table, "syscalls": sc}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
