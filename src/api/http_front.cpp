@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "api/listener.h"
 #include "common/log.h"
 #include "common/net.h"
 
@@ -271,15 +272,11 @@ HttpFront::~HttpFront() {
 }
 
 Status HttpFront::bind(const std::string& address, uint16_t port) {
-  auto l = net::tcp_listen(address, port, 1024);
+  auto l = open_listener(address, port, 1024);
   if (!l) return l.error();
-  auto p = net::local_port(l->get());
-  if (!p) return p.error();
-  ::fcntl(l->get(), F_SETFL, ::fcntl(l->get(), F_GETFL) | O_NONBLOCK);
-  wake_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!wake_.valid()) return errno_error("eventfd", errno);
-  listener_ = std::move(l.value());
-  port_ = p.value();
+  listener_ = std::move(l->fd);
+  wake_ = std::move(l->wake);
+  port_ = l->port;
   return ok_status();
 }
 

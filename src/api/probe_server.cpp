@@ -13,6 +13,7 @@
 #include <deque>
 #include <vector>
 
+#include "api/listener.h"
 #include "common/log.h"
 #include "common/net.h"
 
@@ -50,15 +51,11 @@ ProbeServer::ProbeServer(std::function<bool()> ready, std::function<bool()> live
 ProbeServer::~ProbeServer() { stop(); }
 
 Status ProbeServer::start(const std::string& address, uint16_t port) {
-  auto l = net::tcp_listen(address, port, 128);
+  auto l = open_listener(address, port, 128);
   if (!l) return l.error().with_context("api.probePort");
-  auto p = net::local_port(l->get());
-  if (!p) return p.error();
-  ::fcntl(l->get(), F_SETFL, ::fcntl(l->get(), F_GETFL) | O_NONBLOCK);
-  wake_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!wake_.valid()) return errno_error("eventfd", errno);
-  listener_ = std::move(l.value());
-  port_ = p.value();
+  listener_ = std::move(l->fd);
+  wake_ = std::move(l->wake);
+  port_ = l->port;
   thread_ = std::thread([this] { run(); });
   LOG_INFO("api") << "probes (/healthz, /readyz) on " << address << ":" << port_;
   return ok_status();
