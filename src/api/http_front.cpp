@@ -1,9 +1,7 @@
 #include "api/http_front.h"
 
-#include <fcntl.h>
 #include <httplib.h>
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 

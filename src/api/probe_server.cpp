@@ -1,8 +1,6 @@
 #include "api/probe_server.h"
 
-#include <fcntl.h>
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 
 #include <unistd.h>

@@ -3,11 +3,7 @@
 #include <httplib.h>
 
 #include <charconv>
-#include <condition_variable>
-#include <deque>
 #include <mutex>
-#include <thread>
-#include <vector>
 #include <optional>
 #include <string_view>
 
