@@ -336,7 +336,15 @@ class KubevirtRelayTest(unittest.TestCase):
               % (main["ended_at"] - cut_at, src["reason"], dst["reason"]), file=sys.stderr)
         self.assertIn(main["error"], ("reset", "ended by the far side (EOF)"), main)
         self.assertLess(main["ended_at"] - cut_at, 5.0, "the source noticed the cut too late: %s" % main)
-        self.assertIn("no heartbeat", src["reason"])
+        if TRANSPORT == "rdma":
+            # Over RDMA the cut drops the control link only: both agents share one rxe device here,
+            # and rxe loops traffic between its own addresses past netfilter, so the channels'
+            # queue pairs stay up. Both heartbeat timers run out together; when the target's fires
+            # first, its abort still crosses the channels and the source fails on that ("peer
+            # aborted") a few milliseconds before its own timer. Either way it names the node.
+            self.assertTrue("no heartbeat" in src["reason"] or "peer aborted" in src["reason"], src)
+        else:
+            self.assertIn("no heartbeat", src["reason"])
         self.assertIn("node-b", src["reason"])
         self.assertIn("no heartbeat", dst["reason"])
         self.assertLess(src["finishedAtMs"] / 1000.0 - cut_at, 5.0, src)
