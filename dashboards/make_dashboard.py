@@ -8,11 +8,13 @@ charts/rdmig/ and operator-manifests/monitoring/). Metric names are the agent's
 deploy_dashboard_metrics scrapes both after a real migration and fails on a name nobody exports.
 
 Labels: `namespace` (added by the Prometheus Operator) and `node` (the ServiceMonitors relabel
-__meta_kubernetes_pod_node_name to it) back the namespace and node variables; the agents' `vm`
-label (namespace/name: the controller names a bare-QEMU migration after its RdmaMigration) backs
-the VM variable; the hidden agent_job/controller_job variables are the scrape jobs that export
-the agent's and the controller's metrics (so `up` can be shown per agent without knowing the
-release name). The ctest deploy_dashboard_prometheus runs Debian's Prometheus against live agents
+__meta_kubernetes_pod_node_name to it) back the namespace and node variables; the hidden
+agent_job/controller_job variables are the scrape jobs that export the agent's and the
+controller's metrics (so `up` can be shown per agent without knowing the release name). The
+per-migration and per-VM series carry their VM's `namespace` and `name`, as KubeVirt's own
+migration metrics do (the controller names a bare-QEMU migration after its RdmaMigration; the
+ServiceMonitors' honorLabels keep that namespace): they are selected by the agents' scrape job and
+node, never by rdmig's namespace, and back the VM namespace and VM variables. The ctest deploy_dashboard_prometheus runs Debian's Prometheus against live agents
 and a live controller during a real migration and evaluates every query here through its API.
 
 Counting events over a window: increase() cannot see the increment that created a series. The
@@ -30,7 +32,8 @@ import sys
 
 AGENT = 'namespace=~"$namespace", node=~"$node"'
 CTRL = 'namespace=~"$namespace"'
-MIGRATION = AGENT + ', vm=~"$vm"'  # the per-migration and per-VM series
+# The per-migration and per-VM series: `namespace` there is the VM's (see above).
+MIGRATION = 'job=~"$agent_job", node=~"$node", namespace=~"$vm_namespace", name=~"$vm"'
 DS = {"type": "prometheus", "uid": "${datasource}"}
 
 
@@ -177,7 +180,7 @@ def build():
     per_migration = ("rdmig_migration_total_bytes", "rdmig_migration_transferred_bytes",
                      "rdmig_migration_remaining_bytes", "rdmig_migration_throughput_bytes_per_second",
                      "rdmig_migration_dirty_rate_bytes_per_second")
-    by_migration = "vm, migration, role, node"
+    by_migration = "namespace, name, migration, role, node"
     # Phase and transport: the labels of each migration's latest rdmig_migration_info series (the
     # series is replaced at each phase change; topk keeps the one sampled last in the range). Its
     # value, a timestamp, is hidden. Start and end: unix seconds, in ms for Grafana's date unit; a
@@ -200,9 +203,10 @@ def build():
                 transformations=[{"id": "merge", "options": {}},
                                  {"id": "organize", "options": {
                                      "excludeByName": {"Time": True, "Value #F": True},
-                                     "indexByName": {"vm": 0, "migration": 1, "role": 2, "node": 3, "phase": 4,
-                                                     "transport": 5, "Value #G": 6, "Value #H": 7},
-                                     "renameByName": dict([("vm", "VM"), ("migration", "Migration"), ("role", "Role"),
+                                     "indexByName": {"namespace": 0, "name": 1, "migration": 2, "role": 3, "node": 4,
+                                                     "phase": 5, "transport": 6, "Value #G": 7, "Value #H": 8},
+                                     "renameByName": dict([("namespace", "Namespace"), ("name", "VM"),
+                                                           ("migration", "Migration"), ("role", "Role"),
                                                            ("node", "Node"), ("phase", "Phase"),
                                                            ("transport", "Transport")] + [c[1] for c in columns])}}],
                 options={"showHeader": True, "sortBy": [{"displayName": "Started", "desc": True}]}), 24, 8)
@@ -226,20 +230,21 @@ def build():
     L.add(panel("timeseries", "Throughput per migration", "QEMU's current throughput of each running migration "
                 "(source side).",
                 [target('rdmig_migration_throughput_bytes_per_second{%s, role="source"}' % MIGRATION,
-                        "{{vm}} {{migration}}")], unit="Bps"), 12, 8)
+                        "{{namespace}}/{{name}} {{migration}}")], unit="Bps"), 12, 8)
     L.add(panel("timeseries", "Data-plane throughput by transport", "Migration stream bytes carried by the agents, "
                 "per node, transport and direction.",
                 [target("sum by (node, transport, direction) (rate(rdmig_transferred_bytes_total{%s}[$__rate_interval]))"
                         % AGENT, "{{node}} {{transport}} {{direction}}")], unit="Bps"), 12, 8)
     L.add(panel("timeseries", "Migration progress", "Bytes transferred and remaining, and guest RAM size, "
                 "per migration (source side).",
-                [target('rdmig_migration_transferred_bytes{%s, role="source"}' % MIGRATION, "transferred {{vm}}"),
-                 target('rdmig_migration_remaining_bytes{%s, role="source"}' % MIGRATION, "remaining {{vm}}"),
-                 target('rdmig_migration_total_bytes{%s, role="source"}' % MIGRATION, "total {{vm}}")],
+                [target('rdmig_migration_transferred_bytes{%s, role="source"}' % MIGRATION, "transferred {{namespace}}/{{name}}"),
+                 target('rdmig_migration_remaining_bytes{%s, role="source"}' % MIGRATION, "remaining {{namespace}}/{{name}}"),
+                 target('rdmig_migration_total_bytes{%s, role="source"}' % MIGRATION, "total {{namespace}}/{{name}}")],
                 unit="bytes"), 12, 8)
     L.add(panel("timeseries", "Guest dirty rate", "Memory the guest dirties per second, as QEMU sees it; a dirty "
                 "rate near the throughput keeps a migration from converging.",
-                [target('rdmig_migration_dirty_rate_bytes_per_second{%s, role="source"}' % MIGRATION, "{{vm}}")],
+                [target('rdmig_migration_dirty_rate_bytes_per_second{%s, role="source"}' % MIGRATION,
+                        "{{namespace}}/{{name}}")],
                 unit="Bps"), 6, 8)
     L.add(panel("stat", "Transferred bytes", "Bytes sent by the data plane in the time range, by transport.",
                 [target("sum by (transport) (%s)" % events("rdmig_transferred_bytes_total", AGENT + ', direction="sent"',
@@ -248,11 +253,13 @@ def build():
 
     L.row("Downtime and duration")
     L.add(panel("bargauge", "Last downtime per VM", "Guest downtime of each VM's last migration, as QEMU reports it.",
-                [target("max by (vm) (rdmig_last_downtime_seconds{%s})" % MIGRATION, "{{vm}}", instant=True)],
+                [target("max by (namespace, name) (rdmig_last_downtime_seconds{%s})" % MIGRATION, "{{namespace}}/{{name}}",
+                        instant=True)],
                 unit="s"), 6, 8)
     L.add(panel("bargauge", "Last switchover per VM", "Source STOP to target RESUME of each VM's last migration "
                 "(only when the target runs afterwards).",
-                [target("max by (vm) (rdmig_last_switchover_seconds{%s})" % MIGRATION, "{{vm}}", instant=True)],
+                [target("max by (namespace, name) (rdmig_last_switchover_seconds{%s})" % MIGRATION, "{{namespace}}/{{name}}",
+                        instant=True)],
                 unit="s"), 6, 8)
     L.add(panel("heatmap", "Downtime distribution", "Migrations per downtime bucket in each interval.",
                 [target("sum by (le) (%s)" % events("rdmig_downtime_seconds_bucket", AGENT, "$__rate_interval"),
@@ -335,8 +342,10 @@ def build():
              "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"},
             # A migration starts when its source agent creates its per-migration series.
             annotation("Migration started", "blue",
-                       "group by (node, vm, migration) (%s unless %s)" % (source, existed(source, "$__interval")),
-                       "Migration of {{vm}} started", "migration {{migration}} from node {{node}}", "vm,node"),
+                       "group by (node, namespace, name, migration) (%s unless %s)"
+                       % (source, existed(source, "$__interval")),
+                       "Migration of {{namespace}}/{{name}} started", "migration {{migration}} from node {{node}}",
+                       "namespace,name,node"),
             annotation("Migration succeeded", "green", ended % (finished % "succeeded", finished % "succeeded"),
                        "Migration succeeded", "source node {{node}}", "node,result"),
             annotation("Migration failed or cancelled", "red",
@@ -349,13 +358,17 @@ def build():
              "current": {}, "hide": 0, "refresh": 1, "regex": ""},
             query_var("namespace", "Namespace", "label_values(rdmig_rdma_devices, namespace)"),
             query_var("node", "Node", 'label_values(rdmig_rdma_devices{namespace=~"$namespace"}, node)'),
-            query_var("vm", "VM (namespace/name)",
-                      'label_values(rdmig_migration_total_bytes{namespace=~"$namespace", node=~"$node"}, vm)'),
             # The scrape jobs of the agents and of the controller (for `up`); All = every one found.
             query_var("agent_job", "Agent scrape job", 'label_values(rdmig_rdma_devices{namespace=~"$namespace"}, job)',
                       all_value=None, hide=2),
             query_var("controller_job", "Controller scrape job",
                       'label_values(rdmig_controller_leader{namespace=~"$namespace"}, job)', all_value=None, hide=2),
+            # The VMs' own namespaces and names (KubeVirt's labels), from the selected agents' series.
+            query_var("vm_namespace", "VM namespace",
+                      'label_values(rdmig_migration_total_bytes{job=~"$agent_job", node=~"$node"}, namespace)'),
+            query_var("vm", "VM",
+                      'label_values(rdmig_migration_total_bytes{job=~"$agent_job", node=~"$node", '
+                      'namespace=~"$vm_namespace"}, name)'),
         ]},
         "panels": L.panels,
     }

@@ -28,6 +28,15 @@ prometheus::Histogram::BucketBoundaries latency_buckets() {
 double unix_seconds_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
+// A VM's labels as KubeVirt's own migration metrics name them, so that one PromQL join relates
+// both: "ns/name" (what the controller sends) gives namespace and name; a bare name (a migration
+// created over REST without one) gives name only, and Prometheus then adds the scraped agent's
+// namespace (honorLabels keeps an exported one).
+std::map<std::string, std::string> vm_labels(const std::string& vm) {
+  const auto slash = vm.find('/');
+  if (slash == std::string::npos || slash == 0) return {{"name", vm}};
+  return {{"namespace", vm.substr(0, slash)}, {"name", vm.substr(slash + 1)}};
+}
 std::string failure_label(const std::string& reason) {
   for (const char* r : kFailureReasons) {
     if (reason == r) return reason;
@@ -186,12 +195,12 @@ void Metrics::migration_finished(const std::string& role, const std::string& res
 
 void Metrics::set_downtime(const std::string& vm, const std::string& transport, double qemu_seconds) {
   downtime_.Add({{"transport", transport}}, downtime_buckets()).Observe(qemu_seconds);
-  last_downtime_.Add({{"vm", vm}}).Set(qemu_seconds);
+  last_downtime_.Add(vm_labels(vm)).Set(qemu_seconds);
 }
 
 void Metrics::set_switchover(const std::string& vm, const std::string& transport, double seconds) {
   switchover_.Add({{"transport", transport}}, downtime_buckets()).Observe(seconds);
-  last_switchover_.Add({{"vm", vm}}).Set(seconds);
+  last_switchover_.Add(vm_labels(vm)).Set(seconds);
 }
 
 TransportMetrics& Metrics::transport(const std::string& kind) {
@@ -245,7 +254,9 @@ void Metrics::set_rdma_selection(const RdmaSelectionInfo& info) {
 
 MigrationGauges Metrics::migration_gauges(const std::string& id, const std::string& role,
                                           const std::string& vm) {
-  const std::map<std::string, std::string> labels{{"migration", id}, {"role", role}, {"vm", vm}};
+  auto labels = vm_labels(vm);
+  labels["migration"] = id;
+  labels["role"] = role;
   MigrationGauges g;
   g.throughput = &throughput_.Add(labels);
   g.transferred = &transferred_.Add(labels);

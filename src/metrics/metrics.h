@@ -45,7 +45,7 @@ struct MigrationGauges {
   prometheus::Gauge* start_time = nullptr;  // rdmig_migration_start_time_seconds
   prometheus::Gauge* end_time = nullptr;    // rdmig_migration_end_time_seconds, once ended
   prometheus::Gauge* info = nullptr;        // rdmig_migration_info{...,phase,transport} 1
-  std::map<std::string, std::string> labels;  // migration, role, vm
+  std::map<std::string, std::string> labels;  // migration, role, namespace (when the VM has one), name
   bool ended = false;
 };
 

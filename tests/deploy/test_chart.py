@@ -482,7 +482,7 @@ class ChartTest(unittest.TestCase):
         with open(os.path.join(REPO, "dashboards", "rdmig.json")) as f:
             d = json.load(f)
         self.assertEqual([v["name"] for v in d["templating"]["list"]],
-                         ["datasource", "namespace", "node", "vm", "agent_job", "controller_job"])
+                         ["datasource", "namespace", "node", "agent_job", "controller_job", "vm_namespace", "vm"])
         titles = {p["title"] for p in d["panels"]}
         for t in ("Active migrations", "Throughput per migration", "Last downtime per VM", "Downtime distribution",
                   "Total migration duration", "Transferred bytes", "Chunk size", "Chunk write latency",
@@ -494,7 +494,10 @@ class ChartTest(unittest.TestCase):
                                                "Migration succeeded"])
         for a in annotations.values():
             self.assertEqual(a["datasource"]["uid"], "${datasource}", a["name"])
-            self.assertIn('namespace=~"$namespace", node=~"$node"', a["expr"], a["name"])
+            # The agents the variables select: by rdmig's namespace, or for a VM's series (whose
+            # namespace is the VM's) by the agents' scrape job.
+            self.assertTrue('namespace=~"$namespace", node=~"$node"' in a["expr"]
+                            or 'job=~"$agent_job", node=~"$node", namespace=~"$vm_namespace"' in a["expr"], a)
         ids = [p["id"] for p in d["panels"]]
         self.assertEqual(len(ids), len(set(ids)))
         for p in d["panels"]:
@@ -504,7 +507,11 @@ class ChartTest(unittest.TestCase):
             for t in p["targets"]:
                 if "rdmig_controller_" not in t["expr"] and "$controller_job" not in t["expr"]:
                     self.assertIn('node=~"$node"', t["expr"], p["title"])
-                self.assertIn('namespace=~"$namespace"', t["expr"], p["title"])
+                # rdmig's namespace, or for a VM's series the agents' scrape job (which the
+                # agent_job variable takes from rdmig's namespace) and the VM's namespace.
+                self.assertTrue('namespace=~"$namespace"' in t["expr"]
+                                or 'job=~"$agent_job", node=~"$node", namespace=~"$vm_namespace"' in t["expr"],
+                                (p["title"], t["expr"]))
 
     def test_service_monitors_let_the_vm_namespace_label_win(self):
         """honorLabels: the per-VM series keep their VM's `namespace` (as KubeVirt's own migration
@@ -524,12 +531,17 @@ class ChartTest(unittest.TestCase):
             with open(os.path.join(REPO, rel)) as f:
                 sources += f.read()
         labels = set(re.findall(r'\{"([a-z_]+)", ', sources)) | set(re.findall(r'\w+\["([a-z_]+)"\] = ', sources))
-        self.assertTrue({"role", "vm", "namespace", "name", "phase"} <= labels, sorted(labels))
+        self.assertTrue({"role", "namespace", "name", "phase"} <= labels, sorted(labels))
+        self.assertNotIn("vm", labels, "per-VM series use KubeVirt's namespace and name labels")
         target_labels = {"job", "instance", "pod", "service", "endpoint", "container", "node"}
         self.assertEqual(labels & target_labels, set(), "a program label would override a target label")
 
-        # The series that carry their VM's namespace: nothing selects rdmig's namespace on them.
-        vm_namespaced = re.compile(r"\brdmig_(kubevirt_migration|controller_vmi_migration)_\w+\{[^}]*namespace")
+        # The series that carry their VM's namespace (KubeVirt's and the bare-QEMU per-migration
+        # and per-VM ones): nothing selects rdmig's namespace on them, only the VM's.
+        vm_namespaced = re.compile(
+            r"\brdmig_(kubevirt_migration_\w+|controller_vmi_migration_\w+|migration_(total_bytes|transferred_bytes|"
+            r"remaining_bytes|throughput_bytes_per_second|dirty_rate_bytes_per_second|info|start_time_seconds|"
+            r"end_time_seconds)|last_(downtime|switchover)_seconds)\{[^}]*\bnamespace=~?\"(?!\$vm_namespace\")")
         with open(os.path.join(REPO, "dashboards", "rdmig.json")) as f:
             _, exprs = dashboard_metric_names(json.load(f))
         rule = one(render("--set", "prometheusRule.enabled=true", "--set", "serviceMonitor.enabled=true"), "PrometheusRule")

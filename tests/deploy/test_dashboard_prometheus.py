@@ -161,6 +161,14 @@ class Prometheus:
         return float(result[0]["value"][1])
 
 
+def vm_of(labels):
+    """A VM as the stack names it: namespace/name (KubeVirt's labels), or the bare name of the
+    hand-made migration, whose namespace Prometheus filled in with the agent's."""
+    if labels.get("name") == BAD_TOKEN_VM and labels.get("namespace") == NAMESPACE:
+        return BAD_TOKEN_VM
+    return "%s/%s" % (labels.get("namespace"), labels.get("name"))
+
+
 def samples(series):
     """The values of one series of an instant (value) or range (values) result, as floats."""
     pairs = series["values"] if "values" in series else [series["value"]]
@@ -300,7 +308,10 @@ class DashboardPrometheusTest(unittest.TestCase):
         print("\n  variables: " + "; ".join("%s = %s" % (k, ", ".join(v)) for k, v in variables.items()))
         self.assertEqual(variables["namespace"], [NAMESPACE])
         self.assertEqual(variables["node"], ["node-a", "node-b"])
-        self.assertEqual(variables["vm"], sorted([VM, BAD_TOKEN_VM]))
+        # The VMs by KubeVirt's labels: the controller's VM is namespace/name; the hand-made one
+        # with a bare name gets the agent's namespace from Prometheus.
+        self.assertEqual(variables["vm_namespace"], sorted({VM.split("/")[0], NAMESPACE}))
+        self.assertEqual(variables["vm"], sorted([VM.split("/")[1], BAD_TOKEN_VM]))
         self.assertEqual(variables["agent_job"], [AGENT_JOB])
         self.assertEqual(variables["controller_job"], [CONTROLLER_JOB])
 
@@ -317,8 +328,9 @@ class DashboardPrometheusTest(unittest.TestCase):
             elif not has_data(result):
                 failures.append("panel %s returns no data\n    %s" % (name, t["expr"]))
             if "$vm" in t["expr"] and not err:
-                err, result = self.evaluate(t["expr"], dict(variables, vm=[VM]), t.get("instant", False))
-                vms = {s["metric"].get("vm") for s in result}
+                err, result = self.evaluate(t["expr"], dict(variables, vm_namespace=[VM.split("/")[0]],
+                                                            vm=[VM.split("/")[1]]), t.get("instant", False))
+                vms = {vm_of(s["metric"]) for s in result}
                 if err or not has_data(result) or vms - {VM}:
                     failures.append("panel %s with vm=%s: %s, VMs %s" % (name, VM, err or "no data", vms))
 
@@ -360,20 +372,20 @@ class DashboardPrometheusTest(unittest.TestCase):
         self.assertEqual((by_result.get("succeeded"), by_result.get("failed")), (1, 1), by_result)
         reasons = {(s["metric"]["role"], s["metric"]["reason"]): samples(s)[0] for s in results["Failure reasons/A"]}
         self.assertGreaterEqual(sum(v for (role, _r), v in reasons.items() if role == "source"), 1, reasons)
-        table = {(s["metric"]["vm"], s["metric"]["role"], s["metric"]["node"]): samples(s)[0]
+        table = {(vm_of(s["metric"]), s["metric"]["role"], s["metric"]["node"]): samples(s)[0]
                  for s in results["Running and recent migrations/A"]}
         self.assertGreater(table.get((VM, "source", "node-a"), 0), 0, table)
         self.assertIn((VM, "target", "node-b"), table)
-        transferred = {(s["metric"]["vm"], s["metric"]["role"]): samples(s)[0]
+        transferred = {(vm_of(s["metric"]), s["metric"]["role"]): samples(s)[0]
                        for s in results["Running and recent migrations/B"]}
         self.assertGreater(transferred.get((VM, "source"), 0), 0, transferred)
         # Phase and transport (F: the last rdmig_migration_info of each), start and end (G, H: ms).
-        phases = {(s["metric"]["vm"], s["metric"]["role"], s["metric"]["node"]):
+        phases = {(vm_of(s["metric"]), s["metric"]["role"], s["metric"]["node"]):
                   (s["metric"]["phase"], s["metric"].get("transport", "")) for s in results["Running and recent migrations/F"]}
         self.assertEqual(phases, {(VM, "source", "node-a"): ("Succeeded", "tcp"), (VM, "target", "node-b"): ("Succeeded", "tcp"),
                                   (BAD_TOKEN_VM, "source", "node-a"): ("Failed", ""),
                                   (BAD_TOKEN_VM, "target", "node-b"): ("Cancelled", "")}, phases)
-        started, ended = [{(s["metric"]["vm"], s["metric"]["role"]): samples(s)[0] / 1000
+        started, ended = [{(vm_of(s["metric"]), s["metric"]["role"]): samples(s)[0] / 1000
                            for s in results["Running and recent migrations/" + ref]} for ref in "GH"]
         self.assertEqual(set(started), {k[:2] for k in phases}, started)
         self.assertEqual(set(ended), set(started), ended)
@@ -390,7 +402,7 @@ class DashboardPrometheusTest(unittest.TestCase):
         self.assertEqual((err, running), (None, []))
 
         # Annotations: each migration's start once with its VM; the success and the failure once.
-        starts = {dict(k)["vm"]: n for k, n in annotations["Migration started"].items()}
+        starts = {vm_of(dict(k)): n for k, n in annotations["Migration started"].items()}
         self.assertEqual(starts, {VM: 1, BAD_TOKEN_VM: 1}, annotations["Migration started"])
         ok = {(dict(k)["node"], dict(k)["result"]): n for k, n in annotations["Migration succeeded"].items()}
         self.assertEqual(ok, {("node-a", "succeeded"): 1})

@@ -151,8 +151,8 @@ class AgentMigrationTest(unittest.TestCase):
         dst.wait_for_counter(last + 1, timeout=90)
 
         samples, types = parse_prometheus(self.src_agent.metrics())
-        def value(name, **labels):
-            return samples.get((name, frozenset(labels.items())))
+        def value(metric, **labels):
+            return samples.get((metric, frozenset(labels.items())))
         self.assertGreaterEqual(value("rdmig_migrations_started_total", role="source"), 1)
         self.assertGreaterEqual(value("rdmig_migrations_finished_total", role="source", result="succeeded"), 1)
         self.assertEqual(value("rdmig_migrations_active", role="source"), 0)
@@ -160,8 +160,8 @@ class AgentMigrationTest(unittest.TestCase):
         self.assertGreater(value("rdmig_chunks_total", transport="tcp", direction="sent"), 0)
         self.assertGreaterEqual(value("rdmig_downtime_seconds_count", transport="tcp"), 1)
         self.assertGreaterEqual(value("rdmig_switchover_seconds_count", transport="tcp"), 1)
-        self.assertAlmostEqual(value("rdmig_last_switchover_seconds", vm="vm-switchover"), sw / 1000.0, places=2)
-        self.assertIsNotNone(value("rdmig_last_downtime_seconds", vm="vm-switchover"))
+        self.assertAlmostEqual(value("rdmig_last_switchover_seconds", name="vm-switchover"), sw / 1000.0, places=2)
+        self.assertIsNotNone(value("rdmig_last_downtime_seconds", name="vm-switchover"))
         self.assertGreaterEqual(value("rdmig_migration_duration_seconds_count", role="source", result="succeeded"), 1)
         self.assertGreater(value("rdmig_chunk_size_bytes_count", transport="tcp"), 0)
         self.assertGreater(value("rdmig_chunk_write_latency_seconds_count", transport="tcp"), 0)
@@ -263,7 +263,13 @@ class AgentMigrationTest(unittest.TestCase):
         self.assertRegex(s["result"]["reason"], r"its process \d+ still runs without a monitor")
         self.assertIn("check whether the target runs the VM", s["result"]["reason"])
         t = self.dst_agent.wait(target["id"], timeout=120)
-        self.assertNotEqual(t["phase"], "Succeeded", "the target never had the whole stream")
+        # The trigger is QEMU's MIGRATION event, sent after its last write: whether the whole
+        # stream had reached the target QEMU before its agent froze depends on the machine's load.
+        # If it had, the target has the VM (its QEMU completed the incoming migration) and says so;
+        # either way the source QEMU must not run it too.
+        self.assertNotEqual(src.status(), "running", "the source resumed a VM it could not check")
+        if t["phase"] == "Succeeded":
+            self.assertIn(dst.status(), ("paused", "running"), "the target agent reported a VM its QEMU lacks")
 
     def slow_migration(self, vm_name):
         """Starts a migration throttled to 8 MiB/s so that it is still running when we act."""

@@ -155,7 +155,7 @@ TEST(Metrics, MigrationInfoFollowsThePhaseAndGoesWithTheMigration) {
   auto other = m.migration_gauges("m-2", "target", "vms/db");
   std::string text = m.serialize();
   ASSERT_EQ(series(text, "rdmig_migration_info").size(), 2u) << text;
-  EXPECT_TRUE(has_line(text, R"(rdmig_migration_info{migration="m-1",phase="Pending",role="source",transport="",vm="vms/web"} 1)"))
+  EXPECT_TRUE(has_line(text, R"(rdmig_migration_info{migration="m-1",name="web",namespace="vms",phase="Pending",role="source",transport=""} 1)"))
       << text;
   const auto start = series(text, "rdmig_migration_start_time_seconds");
   ASSERT_EQ(start.size(), 2u);
@@ -168,12 +168,12 @@ TEST(Metrics, MigrationInfoFollowsThePhaseAndGoesWithTheMigration) {
   m.migration_phase(g, "Migrating", "tcp");
   text = m.serialize();
   EXPECT_EQ(series(text, "rdmig_migration_info").size(), 2u) << "one series per migration: " << text;
-  EXPECT_TRUE(has_line(text, R"(rdmig_migration_info{migration="m-1",phase="Migrating",role="source",transport="tcp",vm="vms/web"} 1)"));
+  EXPECT_TRUE(has_line(text, R"(rdmig_migration_info{migration="m-1",name="web",namespace="vms",phase="Migrating",role="source",transport="tcp"} 1)"));
 
   m.migration_ended(g, "Failed", "tcp");
   m.migration_phase(g, "Completing", "tcp");  // late: the result stays
   text = m.serialize();
-  EXPECT_TRUE(has_line(text, R"(rdmig_migration_info{migration="m-1",phase="Failed",role="source",transport="tcp",vm="vms/web"} 1)"))
+  EXPECT_TRUE(has_line(text, R"(rdmig_migration_info{migration="m-1",name="web",namespace="vms",phase="Failed",role="source",transport="tcp"} 1)"))
       << text;
   EXPECT_EQ(series(text, "rdmig_migration_info").size(), 2u);
   const auto end = series(text, "rdmig_migration_end_time_seconds");
@@ -191,4 +191,23 @@ TEST(Metrics, MigrationInfoFollowsThePhaseAndGoesWithTheMigration) {
   EXPECT_EQ(series(text, "rdmig_migration_start_time_seconds").size(), 1u);
   m.remove_migration_gauges(other);
   EXPECT_TRUE(series(m.serialize(), "rdmig_migration_info").empty());
+}
+
+TEST(Metrics, PerVmSeriesUseKubevirtsNamespaceAndNameLabels) {
+  // KubeVirt's migration metrics label a VM with namespace and name: so do these, so that one
+  // PromQL join relates both. A bare name gets name only (Prometheus adds the agent's namespace).
+  Metrics m;
+  auto g = m.migration_gauges("m-1", "source", "vms/web");
+  auto bare = m.migration_gauges("m-2", "source", "lab-vm");
+  m.set_downtime("vms/web", "tcp", 0.05);
+  m.set_switchover("lab-vm", "tcp", 0.08);
+  const std::string text = m.serialize();
+  EXPECT_TRUE(has_line(text, R"(rdmig_last_downtime_seconds{name="web",namespace="vms"} 0.05)")) << text;
+  EXPECT_TRUE(has_line(text, R"(rdmig_last_switchover_seconds{name="lab-vm"} 0.08)")) << text;
+  EXPECT_TRUE(has_line(text, R"(rdmig_migration_total_bytes{migration="m-1",name="web",namespace="vms",role="source"} 0)"))
+      << text;
+  EXPECT_TRUE(has_line(text, R"(rdmig_migration_total_bytes{migration="m-2",name="lab-vm",role="source"} 0)")) << text;
+  EXPECT_EQ(text.find("vm=\""), std::string::npos) << text;
+  m.remove_migration_gauges(g);
+  m.remove_migration_gauges(bare);
 }
