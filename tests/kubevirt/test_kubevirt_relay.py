@@ -342,11 +342,14 @@ class KubevirtRelayTest(unittest.TestCase):
             # queue pairs stay up. Both heartbeat timers run out together; when the target's fires
             # first, its abort still crosses the channels and the source fails on that ("peer
             # aborted") a few milliseconds before its own timer. Either way it names the node.
+            # The same holds the other way round for the target.
             self.assertTrue("no heartbeat" in src["reason"] or "peer aborted" in src["reason"], src)
+            self.assertTrue("no heartbeat" in dst["reason"] or "peer aborted" in dst["reason"], dst)
+            self.assertIn("no heartbeat", src["reason"] + dst["reason"], "neither agent noticed the silence")
         else:
             self.assertIn("no heartbeat", src["reason"])
+            self.assertIn("no heartbeat", dst["reason"])
         self.assertIn("node-b", src["reason"])
-        self.assertIn("no heartbeat", dst["reason"])
         self.assertLess(src["finishedAtMs"] / 1000.0 - cut_at, 5.0, src)
         self.assertLess(dst["finishedAtMs"] / 1000.0 - cut_at, 5.0, dst)
 
