@@ -140,8 +140,17 @@ Result<std::unique_ptr<httplib::ClientImpl>> HttpKubeClient::make_client(int rea
   return client;
 }
 
-Result<json> HttpKubeClient::call(const char* method, const std::string& path, const json* body) {
+Result<std::unique_ptr<httplib::ClientImpl>> HttpKubeClient::make_call_client() const {
   auto client = make_client(options_.request_timeout_seconds);
+  if (!client || options_.call_timeout.count() <= 0) return client;
+  (*client)->set_connection_timeout(options_.call_timeout);
+  (*client)->set_read_timeout(options_.call_timeout);
+  (*client)->set_write_timeout(options_.call_timeout);
+  return client;
+}
+
+Result<json> HttpKubeClient::call(const char* method, const std::string& path, const json* body) {
+  auto client = make_call_client();
   if (!client) return client.error();
   auto token = bearer_token();
   if (!token) return token.error();

@@ -2,6 +2,7 @@
 // a few threads at a low rate; a stuck call never blocks another thread), one per watch.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -19,6 +20,9 @@ struct HttpOptions {
   int request_timeout_seconds = 15;
   int watch_timeout_seconds = 300;  // asked of the server (timeoutSeconds); the read timeout is larger
   std::string user_agent = "rdmig-controller";
+  // When set: the connect, read and write timeouts of every call (not of watches), for callers
+  // that must decide quickly (the agent's VMI checks); else 5 s connect, request_timeout reads.
+  std::chrono::milliseconds call_timeout{0};
 };
 
 class HttpKubeClient final : public KubeClient {
@@ -38,6 +42,7 @@ class HttpKubeClient final : public KubeClient {
  private:
   HttpKubeClient(ClusterConfig config, ServerAddress address, HttpOptions options);
   Result<std::unique_ptr<httplib::ClientImpl>> make_client(int read_timeout_seconds) const;
+  Result<std::unique_ptr<httplib::ClientImpl>> make_call_client() const;
   Result<std::string> bearer_token() const;
   Result<nlohmann::json> call(const char* method, const std::string& path, const nlohmann::json* body);
 

@@ -102,6 +102,16 @@ std::map<std::string, std::set<std::string>> launcher_pod_uids(const json& launc
   return out;
 }
 
+Result<k8s::ClusterConfig> agent_cluster_config(const KubevirtConfig& kv) {
+  std::map<std::string, std::string> environment;
+  for (const char* k : {"KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"}) environment[k] = env(k);
+  auto cluster = kv.kubeconfig.empty()
+                     ? k8s::in_cluster_config(environment, "/var/run/secrets/kubernetes.io/serviceaccount")
+                     : k8s::load_kubeconfig_file(kv.kubeconfig);
+  if (!cluster) return cluster.error().with_context("config key 'kubevirt.discovery' kubernetes");
+  return cluster;
+}
+
 PeerDiscovery::PeerDiscovery(const AgentConfig& config, std::string self_node, PeerDirectory& peers,
                              HandlerIdentity& handlers, LauncherIdentity& launchers,
                              std::unique_ptr<k8s::KubeClient> kube, std::string ns)
@@ -116,12 +126,8 @@ Result<std::unique_ptr<PeerDiscovery>> PeerDiscovery::start(const AgentConfig& c
     auto parsed = k8s::parse_label_selector(*sel, "config key 'kubevirt.agentSelector/handlerSelector'");
     if (!parsed) return parsed.error();
   }
-  std::map<std::string, std::string> environment;
-  for (const char* k : {"KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"}) environment[k] = env(k);
-  auto cluster = kv.kubeconfig.empty()
-                     ? k8s::in_cluster_config(environment, "/var/run/secrets/kubernetes.io/serviceaccount")
-                     : k8s::load_kubeconfig_file(kv.kubeconfig);
-  if (!cluster) return cluster.error().with_context("config key 'kubevirt.discovery' kubernetes");
+  auto cluster = agent_cluster_config(kv);
+  if (!cluster) return cluster.error();
   std::string ns = kv.agent_namespace;
   if (ns.empty()) ns = env("POD_NAMESPACE");
   if (ns.empty()) ns = cluster->namespace_;

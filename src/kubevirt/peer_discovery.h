@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "config/agent_config.h"
+#include "k8s/cluster_config.h"
 #include "kubevirt/handler_identity.h"
 #include "kubevirt/peers.h"
 
@@ -32,6 +33,9 @@ std::set<std::string> handler_pod_uids(const nlohmann::json& handler_pods, const
 // UID>" (their kubevirt.io/created-by label): what LauncherIdentity trusts.
 std::map<std::string, std::set<std::string>> launcher_pod_uids(const nlohmann::json& launcher_pods,
                                                                const std::string& node);
+
+// How the agent reaches the API server (kubevirt.kubeconfig, else the pod's service account).
+Result<k8s::ClusterConfig> agent_cluster_config(const KubevirtConfig& kv);
 
 class PeerDiscovery {
  public:

@@ -49,6 +49,9 @@ Status KubevirtRelay::start() {
     auto d = PeerDiscovery::start(config_, node_, peers_, handlers_, launchers_);
     if (!d) return d.error();
     discovery_ = std::move(d.value());
+    auto api = VmiApi::create(config_.kubevirt, node_);
+    if (!api) return api.error();
+    vmi_api_ = std::move(api.value());
   }
   sweep_leftover_tables();
   last_turn_.store(std::chrono::steady_clock::now().time_since_epoch().count());

@@ -26,6 +26,7 @@
 #include "kubevirt/peer_discovery.h"
 #include "kubevirt/peers.h"
 #include "kubevirt/sessions.h"
+#include "kubevirt/vmi_api.h"
 #include "migration/data_plane_server.h"
 
 namespace rdmig::kubevirt {
@@ -82,6 +83,11 @@ class KubevirtRelay {
   void prune_points();
   std::shared_ptr<NetNs> handler_netns_owning(const std::string& ip);
   Result<std::shared_ptr<NetNs>> dial_namespace(const net::Endpoint& dst);
+  // Target: where a session for `hello` may dial, checked against the API's VMI when there is
+  // an API (one GET, at the hello); an error refuses the session before anything is dialled.
+  Result<NetnsLocator> admit_session(const FlowHello& hello);
+  // Source: the hook document as the API has it (discovery kubernetes), or why not carried.
+  Result<MigrationIntent> confirm_with_api(const MigrationIntent& caller);
   void pass_through(UniqueFd fd, const net::Endpoint& dst, const NetNs& ns);
   PassMark pass_mark() const { return PassMark{config_.kubevirt.socket_mark, config_.kubevirt.socket_mark_mask}; }
   void record_not_carried(FlowRecord record, const std::string& reason);
@@ -144,6 +150,9 @@ class KubevirtRelay {
   std::chrono::steady_clock::time_point last_probe_{};
 
   std::unique_ptr<PeerDiscovery> discovery_;
+  // discovery kubernetes: the API's VMI, against which hook documents and dialled ports are
+  // checked (relay_source.cpp, relay_target.cpp); null with discovery static.
+  std::unique_ptr<VmiApi> vmi_api_;
   std::function<uint64_t()> others_;  // set before serving
   std::mutex budget_mu_;             // serialises take_buffers' check and take
   std::atomic<uint64_t> flow_buffers_{0};

@@ -31,6 +31,26 @@ HookDecision KubevirtRelay::pre_migration_source(const json& vmi, const std::str
   rec.source_node = intent->source_node;
   rec.target_node = intent->target_node;
   rec.mode = "hook";
+  // Who calls first (local and cheap): a process that is not virt-handler gets nothing, not
+  // even a look-up in the API on its behalf.
+  if (caller_pid > 0) {
+    if (auto why = handlers_.refuse(caller_pid)) {
+      const std::string reason = "the hook caller is not " + config_.kubevirt.handler_process + ": " + *why;
+      record_not_carried(rec, reason);
+      return HookDecision{false, reason};
+    }
+  }
+  if (vmi_api_) {
+    // The document is the caller's claim: with the API, only what KubeVirt published there is
+    // armed (its node, address and ports, not the caller's). No session, no rule otherwise.
+    auto confirmed = confirm_with_api(intent.value());
+    if (!confirmed) {
+      record_not_carried(rec, confirmed.error().message);
+      return HookDecision{false, confirmed.error().message};
+    }
+    intent = std::move(confirmed);
+    rec.source_node = intent->source_node;
+  }
   const std::string here = node.empty() ? node_ : node;
   auto skip = skip_reason(intent.value(), here);
   std::optional<PeerInfo> peer;
@@ -81,11 +101,6 @@ HookDecision KubevirtRelay::pre_migration_source(const json& vmi, const std::str
   // its pod when the agent knows the virt-handler pods), else the only virt-handler.
   std::shared_ptr<NetNs> ns;
   if (caller_pid > 0) {
-    if (auto why = handlers_.refuse(caller_pid)) {
-      const std::string reason = "the hook caller is not " + config_.kubevirt.handler_process + ": " + *why;
-      record_not_carried(rec, reason);
-      return HookDecision{false, reason};
-    }
     auto n = NetNs::of_pid(caller_pid);
     if (n) ns = std::make_shared<NetNs>(std::move(n.value()));
   }
@@ -104,8 +119,12 @@ HookDecision KubevirtRelay::pre_migration_source(const json& vmi, const std::str
   }
   auto session = SourceSession::open(ctx_, *peer, rec, kSessionOpenTimeout);
   if (!session) {
-    peers_.mark_unhealthy(peer->node, session.error().message);
-    const std::string why = "cannot reach the agent on " + peer->node + ": " + session.error().message;
+    // A peer that answered and declined this one migration (its API check) is not unhealthy.
+    const bool declined = session.error().code == Errc::kFailedPrecondition;
+    if (!declined) peers_.mark_unhealthy(peer->node, session.error().message);
+    const std::string why = (declined ? "the agent on " + peer->node + " declined: "
+                                      : "cannot reach the agent on " + peer->node + ": ") +
+                            session.error().message;
     record_not_carried(rec, why);
     return HookDecision{false, why};
   }
@@ -159,6 +178,18 @@ HookDecision KubevirtRelay::pre_migration_source(const json& vmi, const std::str
                        << rec.target_node << " (" << intent->target_address << ") over " << s->record().transport
                        << " session=" << s->id();
   return HookDecision{true, ""};
+}
+
+Result<MigrationIntent> KubevirtRelay::confirm_with_api(const MigrationIntent& caller) {
+  auto api = vmi_api_->get(caller.vmi);
+  if (!api && api.error().code == Errc::kNotFound) {
+    return Error{Errc::kFailedPrecondition, "the API has no VMI " + caller.vmi.key() + " (deleted?): " + api.error().message};
+  }
+  if (!api) {
+    return Error{Errc::kUnavailable, "cannot check the hook's VMI document against the API, KubeVirt's own path carries: " +
+                                         api.error().message};
+  }
+  return confirm_hook_document(caller, api.value());
 }
 
 Result<std::shared_ptr<InterceptPoint>> KubevirtRelay::point_for(std::shared_ptr<NetNs> ns) {

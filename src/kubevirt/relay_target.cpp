@@ -39,7 +39,7 @@ void KubevirtRelay::on_flow_hello(UniqueFd fd, const json& raw) {
     if (targets_.contains(hello->session)) return reject("already_exists", "session exists");
   }
   auto session = TargetSession::accept(
-      ctx_, std::move(fd), hello.value(), [this](const net::Endpoint& dst) { return dial_namespace(dst); },
+      ctx_, std::move(fd), hello.value(), [this](const FlowHello& h) { return admit_session(h); },
       [this](const VmiRef& vmi) { return read_completed_job(config_.kubevirt, launchers_, vmi, 10s); });
   if (!session) {
     LOG_WARN("kubevirt") << "refused a session from a peer agent: " << session.error().message;
@@ -89,6 +89,34 @@ Result<transport::rdma::AcceptPlan> KubevirtRelay::resolve_rdma(const std::array
     };
   }
   return plan;
+}
+
+Result<NetnsLocator> KubevirtRelay::admit_session(const FlowHello& hello) {
+  NetnsLocator local = [this](const net::Endpoint& dst) { return dial_namespace(dst); };
+  if (!vmi_api_) return local;  // discovery static: a virt-handler's address and listening port
+  if (hello.mode != "hook") {
+    // Static interception names no VMI: nothing to check against the API. Carried only where
+    // this agent runs static mode too (then as without the API; docs/security.md).
+    if (config_.kubevirt.static_mode) return local;
+    return Error{Errc::kFailedPrecondition, "a static-mode session, and kubevirt.staticMode is off here: with "
+                                            "discovery kubernetes only a migration the API confirms is carried"};
+  }
+  if (hello.vmi.name.empty() || hello.vmi.namespace_.empty() || hello.vmi.uid.empty()) {
+    return Error{Errc::kFailedPrecondition, "a hook session that names no VMI"};
+  }
+  // One GET per session, at its hello: every channel's dial is checked against this answer.
+  auto api = vmi_api_->get(hello.vmi);
+  if (!api) return Error{Errc::kFailedPrecondition, api.error().message};
+  auto published = published_target(api.value(), hello.vmi, hello.migration_uid, node_);
+  if (!published) return published.error();
+  return NetnsLocator([this, pub = published.value(), mig = hello.migration_uid](
+                          const net::Endpoint& dst) -> Result<std::shared_ptr<NetNs>> {
+    if (!pub.allows(dst.host, dst.port)) {
+      return Error{Errc::kPermissionDenied, dst.to_string() + " is not what the API published for migration " + mig +
+                                                " (" + pub.describe() + ")"};
+    }
+    return dial_namespace(dst);
+  });
 }
 
 Result<std::shared_ptr<NetNs>> KubevirtRelay::dial_namespace(const net::Endpoint& dst) {

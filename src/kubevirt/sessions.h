@@ -102,10 +102,14 @@ using NetnsLocator = std::function<Result<std::shared_ptr<NetNs>>(const net::End
 // Reads libvirt's completed-job figures of the migrated VMI on this node.
 using StatsReader = std::function<Result<LibvirtJobStats>(const VmiRef& vmi)>;
 
+// Decides, once the source proved the token and before the welcome, whether a session may be
+// carried here and where it may dial; an error refuses the session (nothing is dialled).
+using Admission = std::function<Result<NetnsLocator>(const FlowHello& hello)>;
+
 class TargetSession final : public FlowSession {
  public:
   static Result<std::shared_ptr<TargetSession>> accept(const SessionContext& ctx, UniqueFd fd, const FlowHello& hello,
-                                                       NetnsLocator locate, StatsReader stats);
+                                                       const Admission& admit, StatsReader stats);
   ~TargetSession() override;
   void start();
   const std::string& session_key() const { return hello_.session; }

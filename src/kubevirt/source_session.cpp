@@ -65,7 +65,10 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
   if (!welcome) return welcome.error().with_context(where);
   if (welcome->value("type", "") != "welcome") {
     ctx.metrics.transport_error(hello.transport, "handshake_rejected");
-    return Error{Errc::kPermissionDenied, where + " refused the session: " + welcome->value("message", std::string("?"))};
+    // failed_precondition: the peer is healthy but does not carry this migration (its API check).
+    const bool declined = welcome->value("code", "") == "failed_precondition";
+    return Error{declined ? Errc::kFailedPrecondition : Errc::kPermissionDenied,
+                 where + " refused the session: " + welcome->value("message", std::string("?"))};
   }
   auto chosen = transport::get_string(welcome.value(), "transport", "welcome", 16);
   if (!chosen) return chosen.error().with_context(where);

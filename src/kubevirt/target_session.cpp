@@ -33,7 +33,7 @@ TargetSession::~TargetSession() {
 }
 
 Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContext& ctx, UniqueFd fd,
-                                                             const FlowHello& hello, NetnsLocator locate,
+                                                             const FlowHello& hello, const Admission& admit,
                                                              StatsReader stats) {
   // This side proves the token first (one proof per token it accepts: the current one and,
   // during a rotation, the one before it), over the whole hello and both nonces.
@@ -56,6 +56,16 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
     reject(fd.get(), "permission_denied", "the session's proof of the agents' token does not match");
     return Error{Errc::kPermissionDenied, "a flow session failed the token challenge"};
   }
+  // Only now (the source proved the token): an API look-up is no one's for the asking.
+  auto locate = admit(hello);
+  if (!locate) {
+    // The details stay in this agent's log: the peer learns no UID or node from them.
+    LOG_WARN("kubevirt") << "refused session " << hello.session << " (migration " << hello.migration_uid << " of "
+                         << hello.vmi.key() << " from " << hello.source_node << "): " << locate.error().message;
+    reject(fd.get(), "failed_precondition",
+           "the agent on this node does not carry migration " + hello.migration_uid + " (its log says why)");
+    return locate.error();
+  }
   auto offered = migration::parse_wire_transport(hello.transport, "hello.transport");
   if (!offered) return offered.error();
   auto choice = migration::choose_transport(migration::TransportOffer{offered.value(), hello.transport_required},
@@ -75,7 +85,8 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
   rec.phase = "Armed";
   rec.transport = migration::wire_name(choice->transport);
   rec.transport_reason = choice->reason;
-  std::shared_ptr<TargetSession> s(new TargetSession(hello.session, std::move(rec), ctx, hello, std::move(locate), std::move(stats)));
+  std::shared_ptr<TargetSession> s(
+      new TargetSession(hello.session, std::move(rec), ctx, hello, std::move(locate.value()), std::move(stats)));
   s->transport_ = migration::wire_name(choice->transport);
   json welcome{{"type", "welcome"}, {"transport", s->transport_}, {"transportReason", choice->reason}};
   if (s->transport_ == "rdma") welcome["rdmaEndpoint"] = ctx.rdma.ip + ":" + std::to_string(ctx.rdma.port);

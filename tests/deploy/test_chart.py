@@ -358,8 +358,10 @@ class ChartTest(unittest.TestCase):
         for kind in ("CustomResourceDefinition", "PodDisruptionBudget", "Pod"):
             self.assertEqual(find(t, kind), [], kind)
         # Only the agent's own (KubeVirt mode: this node's launcher pods), bound to the named account.
-        self.assertEqual([r["metadata"]["name"] for r in find(t, "ClusterRole")], ["rdmig-agent-launchers"])
-        self.assertEqual([s["name"] for b in find(t, "ClusterRoleBinding") for s in b["subjects"]], ["vm-agents"])
+        self.assertEqual([r["metadata"]["name"] for r in find(t, "ClusterRole")],
+                         ["rdmig-agent-launchers", "rdmig-agent-vmis"])
+        self.assertEqual([s["name"] for b in find(t, "ClusterRoleBinding") for s in b["subjects"]],
+                         ["vm-agents", "vm-agents"])
         rule = one(t, "PrometheusRule")
         self.assertEqual(rule["metadata"]["labels"]["release"], "kube-prometheus-stack")
         exprs = {r["alert"]: r for r in rule["spec"]["groups"][0]["rules"]}
@@ -374,7 +376,8 @@ class ChartTest(unittest.TestCase):
         self.assertEqual(ctl_cfg["agents"]["port"], 17470, "the controller dials the agents' API port")
         self.assertEqual((ctl_cfg["watchNamespace"], ctl_cfg["leaderElection"]["enabled"]), ("vms", False))
         # The agent's one (KubeVirt mode: list this node's virt-launcher pods) is not the controller's.
-        self.assertEqual([r["metadata"]["name"] for r in find(t, "ClusterRole")], ["rdmig-agent-launchers"],
+        self.assertEqual([r["metadata"]["name"] for r in find(t, "ClusterRole")],
+                         ["rdmig-agent-launchers", "rdmig-agent-vmis"],
                          "watchNamespace: no cluster-wide rights for the controller")
         watch_role = one(t, "Role", "rdmig-controller-rdmamigrations")
         self.assertEqual(watch_role["metadata"]["namespace"], "vms")
@@ -421,6 +424,12 @@ class ChartTest(unittest.TestCase):
                          [[{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]])
         self.assertEqual(len([d for d in t if d["kind"] == "ClusterRoleBinding"
                               and d["metadata"]["name"].endswith("-agent-launchers")]), 1)
+        # The VMI a migration names, by name only: what the hook may arm and a target may dial.
+        vmis = [d for d in t if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-agent-vmis")]
+        self.assertEqual([r["rules"] for r in vmis],
+                         [[{"apiGroups": ["kubevirt.io"], "resources": ["virtualmachineinstances"], "verbs": ["get"]}]])
+        self.assertEqual(len([d for d in t if d["kind"] == "ClusterRoleBinding"
+                              and d["metadata"]["name"].endswith("-agent-vmis")]), 1)
 
     def test_token_value_rdma_count_and_dashboard_namespace(self):
         docs = render("--set", "token.value=0123456789abcdef0123", "--set", "agent.rdma.resourceName=rdma/hca",

@@ -23,6 +23,8 @@ It is a test double, not an API server. It keeps the semantics the controller re
   * bearer-token authentication (401 otherwise) and TLS with a CA made by the openssl CLI;
   * RdmaMigration writes are checked against the CRD's openAPIV3Schema, CEL rules included
     (transition rules against the stored object on updates) (422 Invalid);
+  * GETs answered late by delay_get (a slow API server), and publish_migration(): a VMI whose
+    status.migrationState is written through the status subresource, as KubeVirt writes it;
   * kubevirt.io/v1 VirtualMachineInstance and VirtualMachineInstanceMigration like any other
     resource (list, watch, create, get, PUT, DELETE), both with the status subresource as
     KubeVirt's CRDs declare it; metadata.ownerReferences kept as written, and background
@@ -363,8 +365,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
+            self.close_connection = True  # the client gave up (a late answer, delay_get): as a real server
         self.api.log(self.command, self.path, self.headers.get("User-Agent", ""), code)
 
     def _route(self):
@@ -408,6 +413,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self._send(404, status_body(404, "NotFound", "no route " + self.path))
         plural, ns, name, sub, q = r
         store = self.api.store
+        delay = self.api.delay_get(self.path, self.headers.get("User-Agent", "")) if self.api.delay_get else 0
+        if delay:
+            time.sleep(delay)  # a slow API server (fault injection): the answer comes, late
         if name:
             return self._send(*store.get(plural, ns, name))
         try:
@@ -533,6 +541,7 @@ class ApiServerDouble:
         self.stopping = False
         self.requests = []  # (method, path, user_agent, status)
         self.refuse_lists = {}  # plural -> (code, reason, message): lists of it answer that (fault injection)
+        self.delay_get = None  # (path, user_agent) -> seconds a GET waits before it is answered (fault injection)
         self._log_lock = threading.Lock()
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
@@ -588,6 +597,21 @@ class ApiServerDouble:
                           "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
         code, body = self.store.create("pods", namespace, pod)
         assert code == 201, body
+        return body
+
+    def publish_migration(self, namespace, name, migration_state, node="node-a"):
+        """A VMI (created when absent, its UID the server's) whose status.migrationState KubeVirt
+        has just written through the status subresource, as virt-controller and virt-handler do.
+        Returns the stored object."""
+        code, vmi = self.store.get("virtualmachineinstances", namespace, name)
+        if code == 404:
+            code, vmi = self.store.create("virtualmachineinstances", namespace, {
+                "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                "metadata": {"name": name, "namespace": namespace}, "spec": {"domain": {}}})
+            assert code == 201, vmi
+        vmi["status"] = {"phase": "Running", "nodeName": node, "migrationState": migration_state}
+        code, body = self.store.replace("virtualmachineinstances", namespace, name, vmi, "status")
+        assert code == 200, body
         return body
 
     def events(self, name=None):

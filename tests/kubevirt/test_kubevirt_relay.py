@@ -89,6 +89,20 @@ def flow_proof(token, role, hello, target_nonce):
     return hmac.new(token.encode(), msg.encode(), hashlib.sha256).hexdigest()
 
 
+def flow_send(sock, obj):
+    import struct
+    body = json.dumps(obj).encode()
+    sock.sendall(struct.pack("<I", len(body)) + body)
+
+
+def flow_recv(sock):
+    import socket
+    import struct
+    sock.settimeout(10)
+    n = struct.unpack("<I", sock.recv(4, socket.MSG_WAITALL))[0]
+    return json.loads(sock.recv(n, socket.MSG_WAITALL))
+
+
 def flow_sign(token, hello, target_nonce, seq, message):
     """A control message as the source agent signs it (FlowSigner)."""
     import hmac
@@ -905,7 +919,10 @@ class KubevirtRelayTest(unittest.TestCase):
             pod_sink = wait_for(lambda: os.path.exists(ready) and read_json(ready)["port"], 10, "the pod's sink")
 
             def dial_as(pod, mig, sink_port, expect_ok=True):
-                vmi = vmi_json("vmi-uid-d", mig, self.net.ip4["node-b"], sink_port)
+                # KubeVirt publishes the migration in the API first; the hook's document is its copy.
+                published = api.publish_migration("prod", "web-1", vmi_json(
+                    "", mig, self.net.ip4["node-b"], sink_port)["status"]["migrationState"])
+                vmi = vmi_json(published["metadata"]["uid"], mig, self.net.ip4["node-b"], sink_port)
                 path = os.path.join(self.tmp, "vmi-%s.json" % mig)
                 with open(path, "w") as f:
                     json.dump(vmi, f)
@@ -972,7 +989,9 @@ class KubevirtRelayTest(unittest.TestCase):
                 hostIP=ip, podIP=ip)
         handler = {n: pod("kubevirt", "virt-handler-" + n, n, {"kubevirt.io": "virt-handler"}, podIP=self.net.ip4[n])
                    for n in ("node-a", "node-b")}
-        vmi_uid = "5e1f0000-0000-4000-8000-00000000000a"
+        # The VMI as KubeVirt keeps it in the API (its UID is the API server's).
+        vmi_uid = api.publish_migration("prod", "web-1", vmi_json(
+            "", "mig-none", self.net.ip4["node-b"], 1)["status"]["migrationState"])["metadata"]["uid"]
         launcher = pod("prod", "virt-launcher-web-1-abcde", "node-b",
                        {"kubevirt.io": "virt-launcher", "kubevirt.io/created-by": vmi_uid})
         # Another VMI's launcher pod in the same namespace, on the same node.
@@ -1013,6 +1032,7 @@ class KubevirtRelayTest(unittest.TestCase):
 
         def migrate(mig):
             vmi = vmi_json(vmi_uid, mig, self.net.ip4["node-b"], pod_sink)
+            api.publish_migration("prod", "web-1", vmi["status"]["migrationState"])
             path = os.path.join(self.tmp, "vmi-%s.json" % mig)
             with open(path, "w") as f:
                 json.dump(vmi, f)
@@ -1049,6 +1069,239 @@ class KubevirtRelayTest(unittest.TestCase):
         self.assertGreater(accepted(log), 0, "the VMI's own launcher was never connected to")
         self.assertTrue(any(m == "GET" and p_.startswith("/api/v1/pods?") and "virt-launcher" in p_
                             for m, p_, _, _ in api.requests), api.requests)
+
+    # ---- discovery kubernetes: what the API published is all that is armed and dialled ----
+
+    def api_cluster(self):
+        """Both agents with discovery from the API double (peers, virt-handler pods, VMIs) and a
+        sink in node-b's virt-handler pod standing in for the target proxy. Returns the API, the
+        virt-handler pod UIDs by node, and the sink's port."""
+        sys.path.insert(0, os.path.join(HERE, "..", "k8s"))
+        from apiserver_double import ApiServerDouble
+        import socket
+        for a in self.agents:
+            a.stop()
+        api = ApiServerDouble(os.path.join(self.tmp, "api-" + self._testMethodName))
+        self.addCleanup(api.stop)
+        with socket.socket() as s:  # one data-plane port for both, as in a DaemonSet
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        handler = {}
+        for node, ip in (("node-a", "127.0.0.1"), ("node-b", "127.0.0.2")):
+            for ns, name, labels, status, spec in (
+                    ("rdmig-system", "rdmig-agent-" + node, {"app.kubernetes.io/name": "rdmig-agent"},
+                     {"hostIP": ip, "podIP": ip}, {"hostNetwork": True}),
+                    ("kubevirt", "virt-handler-" + node, {"kubevirt.io": "virt-handler"},
+                     {"podIP": self.net.ip4[node]}, {})):
+                code, body = api.store.create("pods", ns, {
+                    "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns, "labels": labels},
+                    "spec": dict(spec, nodeName=node), "status": dict(status, phase="Running")})
+                self.assertEqual(code, 201, body)
+                if ns == "kubevirt":
+                    handler[node] = body["metadata"]["uid"]
+        kc = api.write_kubeconfig(os.path.join(self.tmp, "kc-%s.json" % self._testMethodName))
+        discovery = {"discovery": "kubernetes", "kubeconfig": kc, "agentNamespace": "rdmig-system"}
+        token = self.src.token
+        self.src = self.agent("node-a", token, peers=[], hook=self.hook_socket, extra=discovery,
+                              data_plane={"address": "127.0.0.1", "port": port})
+        self.dst = self.agent("node-b", token, peers=[], extra=discovery,
+                              data_plane={"address": "127.0.0.2", "port": port})
+        self.dst_address = "127.0.0.2"  # node-b's data plane (node-a's is 127.0.0.1, same port)
+        ready = os.path.join(self.tmp, "sink-pod-%s.json" % self._testMethodName)
+        self.spawn(in_pod(handler["node-b"], [kvnet.IP, "netns", "exec", self.net.netns["node-b"], sys.executable,
+                                              STREAMS, "sink", "--ready", ready, "--log", self.sink_log + ".pod"]))
+        pod_sink = wait_for(lambda: os.path.exists(ready) and read_json(ready)["port"], 10, "the pod's sink")
+        return api, handler, pod_sink
+
+    def dial_from_handler(self, handler, vmi, port):
+        """virt-handler on node-a (in its pod) calls the hook with `vmi`, then its proxy dials
+        the target at `port`. Returns the dial's outcome and the source's settled record."""
+        path = os.path.join(self.tmp, "vmi-%s.json" % vmi["status"]["migrationState"]["migrationUid"])
+        with open(path, "w") as f:
+            json.dump(vmi, f)
+        p = self.spawn(in_pod(handler["node-a"], [
+            kvnet.IP, "netns", "exec", self.net.netns["node-a"], sys.executable, STREAMS, "dial", "--dest",
+            "%s:%d" % (self.net.ip4["node-b"], port), "--count", "2", "--bytes", str(1 << 20),
+            "--hook-socket", self.hook_socket, "--vmi", path]))
+        out, err = p.communicate(timeout=120)
+        self.assertEqual(p.returncode, 0, err)
+        res = json.loads(out)
+        mig = vmi["status"]["migrationState"]["migrationUid"]
+        rec = wait_for(lambda: [r for r in self.records(self.src, migrationUid=mig)
+                                if r["phase"] not in ("Armed", "Carrying")], 20, "the record of " + mig)[0]
+        return res, rec
+
+    def assert_not_carried_and_nothing_left(self, res, rec, why):
+        self.assertTrue(res["hook"]["ok"], "the hook never fails KubeVirt's migration")
+        self.assertTrue(all(c["ok"] for c in res["connections"]), "KubeVirt's own path: %s" % res)
+        self.assertFalse(rec["carried"], rec)
+        self.assertEqual(rec["phase"], "NotCarried", rec)
+        self.assertIn(why, rec["reason"])
+        self.assertNotIn("table inet rdmig", self.nft("node-a"), "no rule armed")
+        self.assertEqual([r for r in self.records(self.src) if r["phase"] != "NotCarried"], [], "no session")
+        self.assertEqual(self.records(self.dst), [], "the target agent saw nothing")
+
+    @unittest.skipIf(TRANSPORT == "rdma", "the API checks do not depend on the transport (the VM lacks the API double)")
+    def test_a_hook_document_the_api_does_not_confirm_arms_nothing(self):
+        # The hook caller's VMI document is a claim. Before, the agent armed whatever it named:
+        # another VMI's UID, a migration KubeVirt never started, ports KubeVirt never published.
+        api, handler, pod_sink = self.api_cluster()
+        ip_b = self.net.ip4["node-b"]
+
+        def publish(mig):
+            return api.publish_migration("prod", "web-1", vmi_json("", mig, ip_b, pod_sink)["status"]["migrationState"])
+        uid = publish("mig-api-uid")["metadata"]["uid"]
+        forged = "0badc0de-0000-4000-8000-00000000000f"
+        cases = [("mig-api-uid", vmi_json(forged, "mig-api-uid", ip_b, pod_sink), pod_sink, "metadata.uid"),
+                 ("mig-api-other", vmi_json(uid, "mig-forged", ip_b, pod_sink), pod_sink, "migrationUid"),
+                 ("mig-api-port", vmi_json(uid, "mig-api-port", ip_b, self.sink_port), self.sink_port,
+                  "targetDirectMigrationNodePorts"),
+                 ("mig-api-node", vmi_json(uid, "mig-api-node", ip_b, pod_sink, target="node-c"), pod_sink,
+                  "targetNode")]
+        for published_mig, doc, port, why in cases:
+            publish(published_mig)
+            res, rec = self.dial_from_handler(handler, doc, port)
+            self.assert_not_carried_and_nothing_left(res, rec, why)
+            self.assertIn("does not match the API", rec["reason"])
+        # A VMI deleted meanwhile: the document that was true is refused.
+        publish("mig-api-gone")
+        doc = vmi_json(uid, "mig-api-gone", ip_b, pod_sink)
+        code, _ = api.store.delete("virtualmachineinstances", "prod", "web-1")
+        self.assertEqual(code, 200)
+        res, rec = self.dial_from_handler(handler, doc, pod_sink)
+        self.assert_not_carried_and_nothing_left(res, rec, "the API has no VMI prod/web-1")
+        m, _ = parse_prometheus(self.src.metrics())
+        self.assertEqual(m.get(("rdmig_kubevirt_hook_calls_total", frozenset({("decision", "skipped")}))), 5.0)
+        self.assertTrue(any(m_ == "GET" and p_ == "/apis/kubevirt.io/v1/namespaces/prod/virtualmachineinstances/web-1"
+                            and s_ == 404 for m_, p_, _, s_ in api.requests), api.requests)
+        # The document the API confirms is carried (the API's UID, migration and ports).
+        uid = publish("mig-api-ok")["metadata"]["uid"]
+        res, rec = self.dial_from_handler(handler, vmi_json(uid, "mig-api-ok", ip_b, pod_sink), pod_sink)
+        self.assertTrue(all(c["ok"] for c in res["connections"]), res)
+        self.assertTrue(rec["carried"], rec)
+        self.assertEqual(rec["phase"], "Succeeded", rec)
+
+    def flow_handshake(self, hello, token):
+        """Speaks the flow protocol as a token holder would: hello, challenge, auth. Returns the
+        connection, the target's nonce and its answer to the auth (welcome or reject)."""
+        import socket
+        c = socket.create_connection((self.dst_address, self.dst.data_port), timeout=10)
+        self.addCleanup(c.close)
+        flow_send(c, hello)
+        ch = flow_recv(c)
+        self.assertEqual(ch["type"], "challenge", ch)
+        flow_send(c, {"type": "auth", "mac": flow_proof(token, "source", hello, ch["nonce"])})
+        return c, ch["nonce"], flow_recv(c)
+
+    @unittest.skipIf(TRANSPORT == "rdma", "the API checks do not depend on the transport (the VM lacks the API double)")
+    def test_a_token_holder_cannot_make_the_target_dial_a_port_the_api_did_not_publish(self):
+        # virt-handler listens on more than the migration's ports (its console server on 8443,
+        # ...). Before, a holder of the token who opened a session for a real migration had the
+        # target agent dial any port virt-handler listens on, from inside its pod.
+        import socket
+        api, handler, pod_sink = self.api_cluster()
+        ip_b = self.net.ip4["node-b"]
+        log = os.path.join(self.tmp, "console-%s.log" % os.urandom(3).hex())
+        console = self.spawn(in_pod(handler["node-b"], [
+            kvnet.IP, "netns", "exec", self.net.netns["node-b"], sys.executable, "-c",
+            AS_HANDLER + "import socket,sys; s=socket.socket(); s.bind(('0.0.0.0',0)); s.listen(8); "
+            "print(s.getsockname()[1], flush=True)\nwhile True:\n c,_=s.accept(); open(sys.argv[1],'a').write('x\\n')",
+            log]))
+        console_port = int(console.stdout.readline())
+        vmi = api.publish_migration("prod", "web-1", vmi_json("", "mig-pub", ip_b, pod_sink)["status"]["migrationState"])
+        uid = vmi["metadata"]["uid"]
+        token = self.dst.token
+
+        def hello(mig="mig-pub", name="web-1", vmi_uid=uid):
+            return flow_hello(os.urandom(16).hex(), os.urandom(16).hex(), mig,
+                              vmi={"namespace": "prod", "name": name, "uid": vmi_uid})
+        h = hello()
+        c, nonce, reply = self.flow_handshake(h, token)
+        self.assertEqual(reply["type"], "welcome", "the API confirms this session's migration: %s" % reply)
+        flow_send(c, flow_sign(token, h, nonce, 0, {"type": "open", "index": 0, "host": ip_b, "port": console_port}))
+        # Signed heartbeats, as a live source agent sends them: the session ends on the dial,
+        # not on a silent control link.
+        beating = threading.Event()
+
+        def beat():
+            seq = 1
+            while not beating.wait(0.5):
+                try:
+                    flow_send(c, flow_sign(token, h, nonce, seq, {"type": "heartbeat"}))
+                except OSError:
+                    return
+                seq += 1
+        beater = threading.Thread(target=beat, daemon=True)
+        beater.start()
+        self.addCleanup(beater.join, 5)
+        self.addCleanup(beating.set)
+        with socket.create_connection((self.dst_address, self.dst.data_port), timeout=10) as d:
+            flow_send(d, {"kind": "flow-data", "protocol": 2, "session": h["session"], "index": 0})
+            try:
+                flow_recv(d)
+            except Exception:  # the target closes the channel when the session fails
+                pass
+            rec = wait_for(lambda: [r for r in self.records(self.dst, migrationUid="mig-pub") if r["phase"] == "Failed"],
+                           15, "the session to fail")[0]
+        beating.set()
+        time.sleep(0.5)
+        self.assertFalse(os.path.exists(log), "the target agent dialled virt-handler's unpublished port %d" % console_port)
+        self.assertIn("is not what the API published for migration mig-pub", rec["reason"])
+        self.assertIn("%s:[%d]" % (ip_b, pod_sink), rec["reason"])
+        # Sessions the API does not confirm are refused before the welcome: nothing to dial.
+        for tag, h in (("another migration", hello(mig="mig-forged")), ("another UID", hello(vmi_uid="0badc0de")),
+                       ("no such VMI", hello(name="web-404"))):
+            _, _, reply = self.flow_handshake(h, token)
+            self.assertEqual((reply["type"], reply.get("code")), ("reject", "failed_precondition"), tag)
+        self.assertIn("migrationUid is 'mig-pub', the session names 'mig-forged'", self.dst.log_text())
+        # The VMI deleted: refused.
+        self.assertEqual(api.store.delete("virtualmachineinstances", "prod", "web-1")[0], 200)
+        _, _, reply = self.flow_handshake(hello(), token)
+        self.assertEqual((reply["type"], reply.get("code")), ("reject", "failed_precondition"))
+        self.assertFalse(os.path.exists(log))
+        self.assertEqual(self.dst.request("GET", "/healthz", token=False)[0], 200)
+
+    @unittest.skipIf(TRANSPORT == "rdma", "the API checks do not depend on the transport (the VM lacks the API double)")
+    def test_an_api_slow_or_down_leaves_kubevirts_path_and_the_agent_serving(self):
+        api, handler, pod_sink = self.api_cluster()
+        ip_b = self.net.ip4["node-b"]
+
+        def publish(mig):
+            st = vmi_json("", mig, ip_b, pod_sink)["status"]["migrationState"]
+            return api.publish_migration("prod", "web-1", st)["metadata"]["uid"]
+
+        def slow(node):
+            return lambda path, agent: 3 if "virtualmachineinstances" in path and agent.endswith("/" + node) else 0
+        # The source's look-up is slow: the hook answers within its bound, nothing is armed.
+        uid = publish("mig-slow")
+        api.delay_get = slow("node-a")
+        res, rec = self.dial_from_handler(handler, vmi_json(uid, "mig-slow", ip_b, pod_sink), pod_sink)
+        self.assert_not_carried_and_nothing_left(res, rec, "cannot check the hook's VMI document against the API")
+        self.assertLess(res["hook"]["call_s"], 1.5, "the hook's API call is bounded")
+        # The target's look-up is slow: it declines the session, the source arms nothing and
+        # keeps the peer healthy.
+        uid = publish("mig-slow-target")
+        api.delay_get = slow("node-b")
+        res, rec = self.dial_from_handler(handler, vmi_json(uid, "mig-slow-target", ip_b, pod_sink), pod_sink)
+        self.assert_not_carried_and_nothing_left(res, rec, "the agent on node-b declined")
+        self.assertLess(res["hook"]["call_s"], 2.0)
+        # Answers again: carried.
+        api.delay_get = None
+        uid = publish("mig-again")
+        res, rec = self.dial_from_handler(handler, vmi_json(uid, "mig-again", ip_b, pod_sink), pod_sink)
+        self.assertTrue(rec["carried"], rec)
+        self.assertEqual(rec["phase"], "Succeeded", rec)
+        # Down: KubeVirt's own path, the agents keep serving.
+        uid = publish("mig-down")
+        api.stop()
+        res, rec = self.dial_from_handler(handler, vmi_json(uid, "mig-down", ip_b, pod_sink), pod_sink)
+        self.assertTrue(res["hook"]["ok"])
+        self.assertTrue(all(c["ok"] for c in res["connections"]), res)
+        self.assertFalse(rec["carried"], rec)
+        self.assertIn("cannot check the hook's VMI document against the API", rec["reason"])
+        self.assertEqual([r for r in self.records(self.src, migrationUid="mig-down") if r["carried"]], [])
+        for a in (self.src, self.dst):
+            self.assertEqual(a.request("GET", "/healthz", token=False)[0], 200)
 
     # ---- hostile and broken clients ----
 

@@ -16,6 +16,7 @@
 #include "kubevirt/libvirt_stats.h"
 #include "kubevirt/peer_discovery.h"
 #include "kubevirt/vmi.h"
+#include "kubevirt/vmi_api.h"
 
 using nlohmann::json;
 using namespace rdmig;
@@ -50,6 +51,80 @@ TEST(KubevirtVmi, ParsesMigrationStateAndCarriesMemoryAndBlockPortsOnly) {
   std::sort(ports.begin(), ports.end());
   EXPECT_EQ(ports, (std::vector<uint16_t>{38803, 39000}));
   EXPECT_FALSE(skip_reason(in.value(), "a"));
+}
+
+TEST(KubevirtVmiApi, AHookDocumentArmsOnlyWhatTheApiPublishedAndNamesTheFirstDifference) {
+  const MigrationIntent caller = intent(state());
+  auto same = confirm_hook_document(caller, vmi(state()));
+  ASSERT_TRUE(same) << same.error().message;
+  EXPECT_EQ(same->target_address, "10.244.1.7");
+  // The API's values are the ones used: a post-copy switch the caller left out is the API's.
+  json pc = state();
+  pc["migrationConfiguration"] = {{"allowPostCopy", true}};
+  auto api_pc = confirm_hook_document(caller, vmi(pc));
+  ASSERT_TRUE(api_pc);
+  EXPECT_TRUE(api_pc->allow_post_copy);
+  auto refused = [&](json api, const std::string& field) {
+    auto r = confirm_hook_document(caller, api);
+    ASSERT_FALSE(r) << field;
+    EXPECT_EQ(r.error().code, Errc::kFailedPrecondition);
+    EXPECT_NE(r.error().message.find(field), std::string::npos) << r.error().message;
+  };
+  json other_uid = vmi(state());
+  other_uid["metadata"]["uid"] = "u-2";
+  refused(other_uid, "metadata.uid");
+  json s = state();
+  s["migrationUid"] = "m-2";
+  refused(vmi(s), "migrationUid");
+  s = state();
+  s["targetNode"] = "c";
+  refused(vmi(s), "targetNode");
+  s = state();
+  s["targetNodeAddress"] = "10.244.1.8";
+  refused(vmi(s), "targetNodeAddress");
+  s = state();
+  s["targetDirectMigrationNodePorts"] = {{"41231", 0}, {"38804", 49152}, {"39000", 49153}};
+  refused(vmi(s), "targetDirectMigrationNodePorts");
+  // The libvirt control port (class 0) is not carried: a different one there arms the same.
+  s = state();
+  s["targetDirectMigrationNodePorts"] = {{"41232", 0}, {"38803", 49152}, {"39000", 49153}};
+  EXPECT_TRUE(confirm_hook_document(caller, vmi(s)));
+  json no_state = vmi(state());
+  no_state["status"].erase("migrationState");
+  refused(no_state, "migrationState");
+}
+
+TEST(KubevirtVmiApi, ATargetDialsOnlyThePublishedAddressAndCarriedPortsOfItsOwnMigration) {
+  const VmiRef ref{"prod", "web-1", "u-1"};
+  auto pub = published_target(vmi(state()), ref, "m-1", "b");
+  ASSERT_TRUE(pub) << pub.error().message;
+  EXPECT_TRUE(pub->allows("10.244.1.7", 38803));
+  EXPECT_TRUE(pub->allows("10.244.1.7", 39000));
+  EXPECT_FALSE(pub->allows("10.244.1.7", 41231)) << "libvirt's control port is never carried";
+  EXPECT_FALSE(pub->allows("10.244.1.7", 8443)) << "virt-handler's console server is not published";
+  EXPECT_FALSE(pub->allows("10.244.1.8", 38803));
+  EXPECT_EQ(pub->describe(), "10.244.1.7:[38803,39000]");
+  auto refused = [](Result<PublishedTarget> r, const std::string& field) {
+    ASSERT_FALSE(r) << field;
+    EXPECT_NE(r.error().message.find(field), std::string::npos) << r.error().message;
+  };
+  refused(published_target(vmi(state()), VmiRef{"prod", "web-1", "u-9"}, "m-1", "b"), "metadata.uid");
+  refused(published_target(vmi(state()), ref, "m-9", "b"), "migrationUid");
+  refused(published_target(vmi(state()), ref, "m-1", "a"), "targetNode");
+  refused(published_target(vmi(state()), ref, "m-1", ""), "targetNode");
+  json s = state();
+  s["targetNodeAddress"] = "127.0.0.1";
+  refused(published_target(vmi(s), ref, "m-1", "b"), "targetNodeAddress");
+  s = state();
+  s["targetDirectMigrationNodePorts"] = {{"41231", 0}};
+  refused(published_target(vmi(s), ref, "m-1", "b"), "targetDirectMigrationNodePorts");
+  // IPv6: the same address however it is spelt.
+  s = state();
+  s["targetNodeAddress"] = "fd00::7";
+  auto v6 = published_target(vmi(s), ref, "m-1", "b");
+  ASSERT_TRUE(v6);
+  EXPECT_TRUE(v6->allows("fd00:0::7", 38803));
+  EXPECT_FALSE(v6->allows("fd00::8", 38803));
 }
 
 TEST(KubevirtVmi, SkipsPostCopySameNodeCrossClusterAndOtherNodes) {
