@@ -81,6 +81,10 @@ std::string transport_fallback_message(const json& status) {
     else if (code == "transport-tcp") why += " (it is configured with transport: tcp)";
     if (code == "mtu-mismatch") {
       why = "the two agents' RDMA ports have different active MTUs (give both RDMA interfaces the same MTU)";
+    } else if (code == "unreachable") {
+      why = "both agents have RDMA, but the source's rdma_cm could not reach the target agent's RDMA address "
+            "(address or route resolution failed, the connect timed out or was refused: check routing and that "
+            "RoCE v2, UDP 4791, passes between the nodes; the source agent's log names the failing call)";
     } else {
       why += "; its log and rdmig_rdma_selected say which";
     }

@@ -182,6 +182,8 @@ Set `kubevirt.enabled` to turn on the agent's KubeVirt mode (the chart then sets
 """
 
 KEY = re.compile(r'^(\s*)("[^"]+"|[A-Za-z0-9_./-]+):(?:\s+(.*))?$')
+# A commented-out key with its own comment: "# trafficClass: 104  # IP ToS byte ...".
+OPTIONAL_KEY = re.compile(r"^#\s*([A-Za-z][A-Za-z0-9]*):\s*(\S.*)$")
 
 
 def split_comment(rest):
@@ -235,6 +237,17 @@ def render():
             if indent > skip_below:
                 continue
             skip_below = None
+        optional = OPTIONAL_KEY.match(stripped)
+        if optional and split_comment(optional.group(2))[1]:
+            # "# key: example  # what it does": a key that is unset by default gets a row of its own
+            # (not a line of the next key's description).
+            example, inline = split_comment(optional.group(2))
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            path = [k for _, k in stack] + [optional.group(1)]
+            rows.append((".".join(path), "", "unset by default (e.g. `%s`): %s" % (example, inline)))
+            pending = []
+            continue
         if stripped.startswith("#"):
             pending.append(stripped.lstrip("#").strip())
             continue

@@ -51,6 +51,7 @@ struct Options {
   uint64_t seed = 1;
   bool json = false;
   int timeout_s = 300;
+  int traffic_class = -1;  // IP ToS byte on RDMA connections (the transport's RdmaOptions::traffic_class)
 };
 
 // Deterministic generator of the stream (xorshift64*), 8 bytes at a time.
@@ -182,7 +183,7 @@ Result<std::vector<std::unique_ptr<Channel>>> serve(const Options& o, Metrics& m
       cv.notify_all();
     };
     return plan;
-  });
+  }, o.traffic_class);
   if (!listener) return listener.error();
   ready(listener.value()->port());
   std::unique_lock lock(mu);
@@ -201,7 +202,7 @@ Result<std::vector<std::unique_ptr<Channel>>> dial(const Options& o, uint16_t po
       out.push_back(TcpChannel::create(std::move(fd.value()), i, static_cast<uint32_t>(o.chunk), o.depth, tm));
     } else {
       rdma::RdmaChannelParams p{i, static_cast<uint32_t>(o.chunk), o.depth, static_cast<uint32_t>(o.chunk), o.depth};
-      auto ch = rdma::RdmaChannel::connect({o.ip, port}, kSession, p, tm, 10s);
+      auto ch = rdma::RdmaChannel::connect({o.ip, port}, kSession, p, tm, 10s, {}, {"", o.traffic_class});
       if (!ch) return ch.error();
       out.push_back(std::move(ch.value()));
     }
@@ -212,7 +213,8 @@ Result<std::vector<std::unique_ptr<Channel>>> dial(const Options& o, uint16_t po
 int usage(const std::string& why) {
   std::cerr << "rdmig-stream: " << why << "\n"
             << "usage: rdmig-stream --transport rdma|tcp --ip ADDR [--bytes 256Mi] [--channels 4] [--chunk 1Mi]\n"
-               "                    [--depth 16] [--reverse 0] [--role both|server|client] [--port N] [--json]\n";
+               "                    [--depth 16] [--reverse 0] [--role both|server|client] [--port N] [--json]\n"
+               "                    [--traffic-class TOS]  (rdma: IP ToS byte, DSCP x 4, as the agent's rdma.trafficClass)\n";
   return 2;
 }
 
@@ -245,11 +247,15 @@ int main(int argc, char** argv) {
     else if (a == "--no-verify") g_verify = false;
     else if (a == "--timeout") o.timeout_s = std::stoi(val("--timeout"));
     else if (a == "--debug") log::set_level(log::Level::kDebug);
+    else if (a == "--traffic-class") o.traffic_class = std::stoi(val("--traffic-class"));
     else return usage("unknown argument " + a);
   }
   if (o.transport != "tcp" && o.transport != "rdma") return usage("--transport must be tcp or rdma");
   if (auto st = validate_chunk_size(o.chunk, "--chunk"); !st) return usage(st.error().message);
   if (o.channels < 1 || o.channels > 64 || o.depth < 2 || o.depth > 1024) return usage("bad --channels or --depth");
+  if (o.traffic_class != -1 && (o.traffic_class < 0 || o.traffic_class > 252 || o.traffic_class % 4 != 0)) {
+    return usage("--traffic-class: an IP ToS byte 0..252 whose two ECN bits are 0 (DSCP x 4)");
+  }
   // Never hang a test: give up loudly after --timeout seconds.
   std::thread([t = o.timeout_s] {
     std::this_thread::sleep_for(std::chrono::seconds(t));

@@ -76,6 +76,10 @@ class SourceSession final : public FlowSession {
   // heartbeats both ways; an abort from the peer, its loss or its silence fails the session.
   void reader_loop();
   Result<std::unique_ptr<transport::Channel>> connect_channel(uint32_t index);
+  // rdma_cm could not reach the target before any channel went over RDMA: tells the target
+  // and carries this and every later connection over TCP (kPeerRdmaUnreachable); an error
+  // naming why when that is not allowed (rdma required, or RDMA worked before).
+  Status fall_back_to_tcp(const Error& rdma_error);
   int port_class(uint16_t port) const;
   // From a memory connection's pump thread: its first bytes name what it carries.
   void saw_first_bytes(uint32_t index, migration::ChannelPump& self, std::span<const std::byte> head);
@@ -83,7 +87,8 @@ class SourceSession final : public FlowSession {
   SessionContext ctx_;
   std::vector<PublishedPort> port_classes_;
   PeerInfo peer_;
-  std::string transport_;
+  std::string transport_;  // the interception thread only, after open()
+  bool rdma_settled_ = false;  // a channel went over RDMA (the interception thread only)
   net::Endpoint rdma_endpoint_;
   std::vector<BufferTicket> buffers_;  // one per channel (the interception thread only)
   uint32_t next_index_ = 0;  // the interception thread only
@@ -113,6 +118,8 @@ class TargetSession final : public FlowSession {
   ~TargetSession() override;
   void start();
   const std::string& session_key() const { return hello_.session; }
+  // A TCP channel that arrives before the source's "fallback" waits for it this long.
+  static constexpr std::chrono::seconds kFallbackWait{5};
   Status add_tcp_channel(UniqueFd fd, uint32_t index);
   Result<transport::rdma::AcceptPlan> rdma_plan(uint32_t index);
 
@@ -120,6 +127,8 @@ class TargetSession final : public FlowSession {
   TargetSession(std::string id, FlowRecord record, const SessionContext& ctx, FlowHello hello, NetnsLocator locate,
                 StatsReader stats);
   void reader_loop();
+  // The source's "fallback": rdma_cm could not reach this agent; carry over TCP from now on.
+  Status fall_back_to_tcp(const std::string& why);
   void try_start_locked(uint32_t index);
   Result<UniqueFd> dial_in_order(uint32_t index);
   void report_and_succeed();
@@ -136,6 +145,7 @@ class TargetSession final : public FlowSession {
   std::vector<std::unique_ptr<transport::Channel>> channels_;  // by index, until started
   std::vector<std::optional<net::Endpoint>> destinations_;
   std::vector<bool> started_;
+  bool rdma_settled_ = false;  // an RDMA channel was delivered
   std::vector<BufferTicket> buffers_;  // one per channel, held until the session goes
   uint32_t next_dial_ = 0;
   bool stopping_ = false;

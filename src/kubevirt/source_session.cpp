@@ -89,7 +89,9 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
     if (!ep) return ep.error();
     s->rdma_endpoint_ = ep.value();
   }
-  ctx.metrics.transport_selected(s->transport_, s->record_.transport_reason);
+  // An automatic choice of RDMA is counted once it holds: at the first RDMA channel, or as
+  // the TCP fallback when rdma_cm cannot reach the target (add_connection).
+  if (s->record_.transport_reason != "auto-both-rdma") ctx.metrics.transport_selected(s->transport_, s->record_.transport_reason);
   s->set_link(std::make_unique<migration::ControlLink>(std::move(fd.value())),
               std::make_unique<FlowSigner>(flow_session_key(token, hello, nonce.value()), "source", "target"),
               std::chrono::seconds(ctx.config.kubevirt.heartbeat_timeout_seconds));
@@ -116,7 +118,7 @@ Result<std::unique_ptr<transport::Channel>> SourceSession::connect_channel(uint3
     transport::rdma::RdmaChannelParams p{index, chunk, depth, migration::return_path_chunk(chunk),
                                          migration::return_path_depth(depth)};
     // Leave through the device this agent chose, with its traffic class (as bare-QEMU jobs do).
-    auto ch = transport::rdma::RdmaChannel::connect(rdma_endpoint_, key.value(), p, tm, 10s, {},
+    auto ch = transport::rdma::RdmaChannel::connect(rdma_endpoint_, key.value(), p, tm, migration::kRdmaConnectTimeout, {},
                                                     {ctx_.rdma.ip, ctx_.rdma.traffic_class});
     if (!ch) {
       ctx_.metrics.transport_error("rdma", "connect");
@@ -158,8 +160,19 @@ Status SourceSession::add_connection(UniqueFd fd, const net::Endpoint& destinati
                                    "channel " + std::to_string(index) + " to " + peer_.node);
   if (!buffers) return refuse(buffers.error());
   buffers_.push_back(std::move(buffers.value()));
+  const bool tried_rdma = transport_ == "rdma";
   auto ch = connect_channel(index);
+  if (!ch && tried_rdma) {
+    if (auto st = fall_back_to_tcp(ch.error()); !st) {
+      return refuse(st.error().with_context("channel " + std::to_string(index) + " to " + peer_.node));
+    }
+    ch = connect_channel(index);
+  }
   if (!ch) return refuse(ch.error().with_context("channel " + std::to_string(index) + " to " + peer_.node));
+  if (tried_rdma && !rdma_settled_) {
+    rdma_settled_ = true;
+    if (record().transport_reason == "auto-both-rdma") ctx_.metrics.transport_selected("rdma", "auto-both-rdma");
+  }
   auto pump = std::make_unique<migration::ChannelPump>(*ch.value(), std::move(fd));
   const int kind = port_class(destination.port);
   if (kind != kBlockPort) {
@@ -180,6 +193,30 @@ Status SourceSession::add_connection(UniqueFd fd, const net::Endpoint& destinati
   add_leg(std::move(ch.value()), std::move(pump));
   LOG_DEBUG("kubevirt") << "session=" << id_ << " connection " << index << " to " << destination.to_string()
                         << (kind == kBlockPort ? " (block)" : " (memory)") << " carried over " << transport_;
+  return ok_status();
+}
+
+Status SourceSession::fall_back_to_tcp(const Error& rdma_error) {
+  // Only before any channel went over RDMA (then it is reachable, and this is a failure of its
+  // own), and only a choice made automatically: with rdma required on either side the reason
+  // is "requested" and the session fails naming why.
+  const std::string reason = record().transport_reason;
+  if (rdma_settled_) return rdma_error;
+  if (reason != "auto-both-rdma") {
+    return Error{rdma_error.code, "the target agent's RDMA is unreachable from here (" +
+                                      std::string(migration::kPeerRdmaUnreachable) +
+                                      ") and transport: rdma is required, so no fallback to TCP: " + rdma_error.message};
+  }
+  LOG_WARN("kubevirt") << "session=" << id_ << " " << rdma_error.message << ": falling back to TCP ("
+                       << migration::kPeerRdmaUnreachable << ")";
+  RDMIG_TRY(send_signed(json{{"type", "fallback"}, {"transport", "tcp"}, {"error", rdma_error.message}}));
+  transport_ = "tcp";
+  {
+    std::lock_guard lock(mu_);
+    record_.transport = "tcp";
+    record_.transport_reason = migration::kPeerRdmaUnreachable;
+  }
+  ctx_.metrics.transport_selected("tcp", migration::kPeerRdmaUnreachable);
   return ok_status();
 }
 

@@ -91,7 +91,9 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
   json welcome{{"type", "welcome"}, {"transport", s->transport_}, {"transportReason", choice->reason}};
   if (s->transport_ == "rdma") welcome["rdmaEndpoint"] = ctx.rdma.ip + ":" + std::to_string(ctx.rdma.port);
   RDMIG_TRY(transport::send_message(fd.get(), welcome));
-  ctx.metrics.transport_selected(s->transport_, choice->reason);
+  // An automatic choice of RDMA is counted once it holds: at the first RDMA channel, or as
+  // the TCP fallback the source asks for when rdma_cm cannot reach this agent.
+  if (choice->reason != "auto-both-rdma") ctx.metrics.transport_selected(s->transport_, choice->reason);
   s->set_link(std::make_unique<migration::ControlLink>(std::move(fd)),
               std::make_unique<FlowSigner>(flow_session_key(token, hello, nonce), "target", "source"),
               std::chrono::seconds(ctx.config.kubevirt.heartbeat_timeout_seconds));
@@ -149,6 +151,11 @@ void TargetSession::reader_loop() {
       }
       destinations_[i] = net::Endpoint{host.value(), static_cast<uint16_t>(port.value())};
       try_start_locked(i);
+    } else if (type == "fallback") {
+      if (auto st = fall_back_to_tcp(msg.value("error", std::string("?"))); !st) {
+        fail(st.error());
+        return;
+      }
     } else if (type == "end") {
       stop_watching_peer();
       report_and_succeed();
@@ -169,8 +176,38 @@ void TargetSession::try_start_locked(uint32_t i) {
   add_leg(std::move(channel), std::move(pump));
 }
 
-Status TargetSession::add_tcp_channel(UniqueFd fd, uint32_t index) {
+Status TargetSession::fall_back_to_tcp(const std::string& why) {
   std::lock_guard lock(conn_mu_);
+  const std::string reason = record().transport_reason;
+  bool any_rdma = rdma_settled_;
+  for (const auto& ch : channels_) any_rdma = any_rdma || ch != nullptr;
+  for (bool started : started_) any_rdma = any_rdma || started;
+  if (transport_ != "rdma" || reason != "auto-both-rdma" || any_rdma) {
+    return Error{Errc::kUnavailable, "the source agent on " + hello_.source_node + " cannot reach this agent over RDMA (" +
+                                         why + ") and " +
+                                         (any_rdma ? std::string("RDMA channels of this session are connected already")
+                                                   : std::string("transport: rdma is required")) +
+                                         ", so no fallback to TCP (" + migration::kPeerRdmaUnreachable + ")"};
+  }
+  LOG_WARN("kubevirt") << "session=" << id_ << " the source agent cannot reach this agent over RDMA (" << why
+                       << "): falling back to TCP (" << migration::kPeerRdmaUnreachable << ")";
+  transport_ = "tcp";
+  {
+    std::lock_guard rlock(mu_);
+    record_.transport = "tcp";
+    record_.transport_reason = migration::kPeerRdmaUnreachable;
+  }
+  ctx_.metrics.transport_selected("tcp", migration::kPeerRdmaUnreachable);
+  conn_cv_.notify_all();
+  return ok_status();
+}
+
+Status TargetSession::add_tcp_channel(UniqueFd fd, uint32_t index) {
+  std::unique_lock lock(conn_mu_);
+  // A TCP channel can overtake the source's "fallback" on the control link: wait for it, bounded.
+  if (transport_ == "rdma") {
+    conn_cv_.wait_for(lock, kFallbackWait, [&] { return transport_ != "rdma" || stopping_ || ended(); });
+  }
   if (transport_ != "tcp" || index >= transport::kMaxChannels || ended()) {
     reject(fd.get(), "invalid_argument", "channel index out of range or session not on tcp");
     return Error{Errc::kInvalidArgument, "bad flow-data channel"};
@@ -223,6 +260,11 @@ Result<transport::rdma::AcceptPlan> TargetSession::rdma_plan(uint32_t index) {
       return;
     }
     std::lock_guard l(conn_mu_);
+    if (transport_ != "rdma") return;  // fell back to TCP meanwhile: this channel just closes
+    if (!rdma_settled_) {
+      rdma_settled_ = true;
+      if (record().transport_reason == "auto-both-rdma") ctx_.metrics.transport_selected("rdma", "auto-both-rdma");
+    }
     if (channels_.size() <= index) {
       destinations_.resize(index + 1);
       channels_.resize(index + 1);

@@ -54,6 +54,12 @@ Result<std::optional<nlohmann::json>> ControlLink::next(std::chrono::millisecond
   return std::optional<nlohmann::json>();
 }
 
+void ControlLink::unread(nlohmann::json message) {
+  std::lock_guard lock(mu_);
+  queue_.push_front(std::move(message));
+  cv_.notify_all();
+}
+
 Result<nlohmann::json> ControlLink::expect(const std::string& type, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {

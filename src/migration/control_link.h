@@ -28,6 +28,8 @@ class ControlLink {
   Result<std::optional<nlohmann::json>> next(std::chrono::milliseconds timeout);
   // Waits for a message of `type` (other messages: an "abort" fails, the rest are skipped).
   Result<nlohmann::json> expect(const std::string& type, std::chrono::milliseconds timeout);
+  // Puts a message taken with next() back in front, for a later next() or expect().
+  void unread(nlohmann::json message);
   void close();
   int fd() const { return fd_.get(); }
 

@@ -3,6 +3,7 @@
 // the target chooses, with the reason that ends up in status and metrics.
 #pragma once
 
+#include <chrono>
 #include <string>
 
 #include "common/result.h"
@@ -10,6 +11,15 @@
 #include "migration/data_plane_server.h"
 
 namespace rdmig::migration {
+
+// The reason when both agents chose RDMA but the source's rdma_cm could not reach the target's
+// listener (address or route resolution failed, the connect timed out or was refused): with
+// transport auto the migration falls back to TCP under this reason; with rdma required it
+// fails naming it.
+inline constexpr const char* kPeerRdmaUnreachable = "auto-no-peer-rdma:unreachable";
+// How long the source tries one RDMA channel (resolution and connect together) before that
+// counts as unreachable.
+inline constexpr std::chrono::seconds kRdmaConnectTimeout{15};
 
 struct TransportOffer {
   TransportKind transport = TransportKind::kTcp;  // kRdma or kTcp

@@ -144,6 +144,39 @@ Status SourceJob::connect_data_plane() {
   }
   // The target cannot know why this agent offered TCP: name it (auto-no-source-rdma:no-device).
   if (reason == "auto-no-source-rdma" || reason == "auto-no-local-rdma") reason = with_rdma_reason(reason, ctx_.rdma);
+
+  if (transport_ == "rdma") {
+    auto st = connect_rdma_channels(reply.value());
+    if (!st) {
+      if (cancel_requested()) return Error{Errc::kCancelled, cancel_reason()};
+      ctx_.metrics.transport_error("rdma", "connect");
+      std::lock_guard lock(data_mu_);
+      channels_.clear();
+    }
+    // Only a choice made automatically is undone automatically.
+    if (!st && reason != "auto-both-rdma") {
+      const std::string why = "the target agent's RDMA is unreachable from here (" + std::string(kPeerRdmaUnreachable) +
+                              ") and transport: rdma is required, so no fallback to TCP: " + st.error().message;
+      (void)transport::send_message(fd->get(), json{{"type", "abort"}, {"reason", why}});
+      return Error{st.error().code, why};
+    }
+    if (!st) {
+      // Before QEMU is touched: tell the target, then carry every channel over TCP.
+      LOG_WARN("migration") << log_prefix() << " " << st.error().message << ": falling back to TCP ("
+                            << kPeerRdmaUnreachable << ")";
+      RDMIG_TRY(transport::send_message(
+          fd->get(), json{{"type", "fallback"}, {"transport", "tcp"}, {"error", st.error().message}}));
+      auto ok = transport::recv_message(fd->get(), kHandshakeTimeout);
+      if (!ok) return cancel_or(ok.error().with_context("falling back to TCP with target agent " + ep.to_string()));
+      if (ok->value("type", "") != "fallback-ok") {
+        return Error{Errc::kUnavailable, "the target agent's RDMA is unreachable from here (" + st.error().message +
+                                             ") and the target refused to fall back to TCP: " +
+                                             ok->value("message", std::string("?"))};
+      }
+      transport_ = "tcp";
+      reason = kPeerRdmaUnreachable;
+    }
+  }
   ctx_.metrics.transport_selected(transport_, reason);
   LOG_INFO("migration") << log_prefix() << " transport=" << transport_ << " reason=" << reason;
   update([&](MigrationStatus& s) {
@@ -153,27 +186,7 @@ Status SourceJob::connect_data_plane() {
 
   auto& tm = ctx_.metrics.transport(transport_);
   if (transport_ == "rdma") {
-    auto rdma_ep_text = transport::get_string(reply.value(), "rdmaEndpoint", "welcome", 300);
-    if (!rdma_ep_text) return rdma_ep_text.error();
-    auto rdma_ep = net::parse_endpoint(rdma_ep_text.value(), "welcome.rdmaEndpoint");
-    if (!rdma_ep) return rdma_ep.error();
-    auto key = transport::rdma::session_from_hex(session_);
-    if (!key) return key.error();
-    for (uint32_t i = 0; i < spec_.channels(); ++i) {
-      transport::rdma::RdmaChannelParams p{i, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
-                                           return_path_chunk(spec_.chunk_size), return_path_depth(spec_.ring_depth)};
-      // Leave through the device this agent chose, with its traffic class.
-      auto ch = transport::rdma::RdmaChannel::connect(rdma_ep.value(), key.value(), p, tm, 15s,
-                                                      [this] { return cancel_requested(); },
-                                                      {ctx_.rdma.ip, ctx_.rdma.traffic_class});
-      if (!ch) {
-        if (cancel_requested()) return Error{Errc::kCancelled, cancel_reason()};
-        ctx_.metrics.transport_error("rdma", "connect");
-        return ch.error();
-      }
-      std::lock_guard lock(data_mu_);
-      channels_.push_back(std::move(ch.value()));
-    }
+    // connected above
   } else {
     std::optional<CancelWatch> dwatch;
     for (uint32_t i = 0; i < spec_.channels(); ++i) {
@@ -222,6 +235,28 @@ Status SourceJob::connect_data_plane() {
   if (clock_) {
     LOG_DEBUG("migration") << log_prefix() << " target clock offset " << clock_->offset_us << " us (+/- "
                            << clock_->uncertainty_us << " us)";
+  }
+  return ok_status();
+}
+
+Status SourceJob::connect_rdma_channels(const json& welcome) {
+  auto rdma_ep_text = transport::get_string(welcome, "rdmaEndpoint", "welcome", 300);
+  if (!rdma_ep_text) return rdma_ep_text.error();
+  auto rdma_ep = net::parse_endpoint(rdma_ep_text.value(), "welcome.rdmaEndpoint");
+  if (!rdma_ep) return rdma_ep.error();
+  auto key = transport::rdma::session_from_hex(session_);
+  if (!key) return key.error();
+  auto& tm = ctx_.metrics.transport("rdma");
+  for (uint32_t i = 0; i < spec_.channels(); ++i) {
+    transport::rdma::RdmaChannelParams p{i, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
+                                         return_path_chunk(spec_.chunk_size), return_path_depth(spec_.ring_depth)};
+    // Leave through the device this agent chose, with its traffic class.
+    auto ch = transport::rdma::RdmaChannel::connect(rdma_ep.value(), key.value(), p, tm, kRdmaConnectTimeout,
+                                                    [this] { return cancel_requested(); },
+                                                    {ctx_.rdma.ip, ctx_.rdma.traffic_class});
+    if (!ch) return ch.error();
+    std::lock_guard lock(data_mu_);
+    channels_.push_back(std::move(ch.value()));
   }
   return ok_status();
 }

@@ -66,12 +66,12 @@ void TargetJob::start() {
 void TargetJob::release_own() {
   std::vector<UniqueFd> fds;
   std::vector<std::unique_ptr<transport::Channel>> rdma;
-  UniqueFd control;
+  std::unique_ptr<ControlLink> control;
   {
     std::lock_guard lock(conn_mu_);
     fds.swap(data_fds_);
     rdma.swap(rdma_channels_);
-    control = std::move(control_fd_);
+    control = std::move(control_);
   }
   ::unlink(socket_path_.c_str());
 }
@@ -129,7 +129,8 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello, const std
   json welcome{{"type", "welcome"}, {"session", session_}, {"transport", transport_}, {"transportReason", reason}};
   if (transport_ == "rdma") welcome["rdmaEndpoint"] = ctx_.rdma.ip + ":" + std::to_string(ctx_.rdma.port);
   reply(fd.get(), welcome);
-  control_fd_ = std::move(fd);
+  // Read from now on: before any channel, the source may say RDMA failed (fallback) or abort.
+  control_ = std::make_unique<ControlLink>(std::move(fd));
   conn_cv_.notify_all();
 }
 
@@ -165,8 +166,8 @@ Result<transport::rdma::AcceptPlan> TargetJob::rdma_plan(const std::string& sess
   plan.metrics = &ctx_.metrics.transport("rdma");
   plan.deliver = [this, index](Result<std::unique_ptr<transport::Channel>> ch) {
     std::lock_guard l(conn_mu_);
-    if (ch && index >= rdma_channels_.size()) {
-      return;  // the job ended and released its channels meanwhile: the new one just closes
+    if (index >= rdma_channels_.size() || transport_ != "rdma") {
+      return;  // the job ended, or fell back to TCP, meanwhile: the new channel just closes
     }
     if (ch) {
       rdma_channels_[index] = std::move(ch.value());
@@ -179,19 +180,62 @@ Result<transport::rdma::AcceptPlan> TargetJob::rdma_plan(const std::string& sess
   return plan;
 }
 
+Status TargetJob::on_early_message(const json& message) {
+  const std::string type = message.value("type", "");
+  if (type == "abort") {
+    return Error{Errc::kUnavailable, "source agent aborted: " + message.value("reason", std::string("?"))};
+  }
+  if (type != "fallback") return ok_status();  // nothing else is sent before "start"
+  const std::string why = message.value("error", std::string("?"));
+  // Only a choice made automatically is undone automatically: with rdma required on either
+  // side the reason was "requested", and the migration fails instead.
+  if (transport_ != "rdma" || transport_reason_ != "auto-both-rdma") {
+    (void)control_->send(json{{"type", "reject"}, {"message", "rdma is required here"}});
+    return Error{Errc::kUnavailable, "the source agent could not reach this agent over RDMA (" + why + ") and " +
+                                         "transport: rdma is required, so no fallback to TCP (" +
+                                         std::string(kPeerRdmaUnreachable) + ")"};
+  }
+  LOG_WARN("migration") << log_prefix() << " the source agent cannot reach this agent over RDMA (" << why
+                        << "): falling back to TCP (" << kPeerRdmaUnreachable << ")";
+  // RDMA channels that did connect are dropped; the source connects every channel again over TCP.
+  for (auto& ch : rdma_channels_) ch.reset();
+  rdma_error_.reset();
+  data_received_ = 0;
+  transport_ = "tcp";
+  transport_reason_ = kPeerRdmaUnreachable;
+  return control_->send(json{{"type", "fallback-ok"}});
+}
+
 Status TargetJob::wait_for_source() {
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::seconds(spec_.completion_timeout_seconds);
   std::unique_lock lock(conn_mu_);
+  bool start_seen = false;  // the source's "start" can overtake the last RDMA channel's delivery
   for (;;) {
-    if (control_fd_.valid() && data_received_ == spec_.channels()) break;
+    if (control_ && data_received_ == spec_.channels()) break;
     if (cancel_requested()) return Error{Errc::kCancelled, cancel_reason()};
+    if (control_ && !start_seen) {
+      auto m = control_->next(0ms);
+      if (!m) {
+        return Error{Errc::kUnavailable, "the source agent closed the control connection before its data channels "
+                                         "were connected (" + m.error().message + ")"};
+      }
+      if (m->has_value()) {
+        if ((**m).value("type", "") == "start") {
+          control_->unread(std::move(**m));  // start_incoming() takes it
+          start_seen = true;
+        } else {
+          RDMIG_TRY(on_early_message(**m));
+        }
+        continue;
+      }
+    }
     if (rdma_error_) return *rdma_error_;
     if (std::chrono::steady_clock::now() > deadline) {
       return Error{Errc::kTimeout, "no source agent connected within " +
                                        std::to_string(spec_.completion_timeout_seconds) + " s"};
     }
-    if (control_fd_.valid()) set_phase(Phase::kConnecting);
+    if (control_) set_phase(Phase::kConnecting);
     conn_cv_.wait_for(lock, 200ms);
   }
   update([&](MigrationStatus& s) { s.transport = transport_; s.transport_reason = transport_reason_; });
@@ -206,7 +250,7 @@ Status TargetJob::wait_for_source() {
                                                         spec_.ring_depth, tm, ctx_.config.tcp.splice));
     }
   }
-  link_ = std::make_unique<ControlLink>(std::move(control_fd_));
+  link_ = std::move(control_);
   return ok_status();
 }
 

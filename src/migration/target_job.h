@@ -32,6 +32,9 @@ class TargetJob final : public Job {
   TargetJob(MigrationSpec spec, JobContext ctx, std::unique_ptr<qemu::QmpClient> qmp);
   void run();
   Status wait_for_source();
+  // While waiting for the channels: the source's "fallback" (RDMA to this agent failed: carry
+  // the migration over TCP instead) or "abort". Called with conn_mu_ held.
+  Status on_early_message(const nlohmann::json& message);
   Status start_incoming();
   Result<UniqueFd> open_qemu_connection(uint32_t index);
   Status monitor();
@@ -53,7 +56,7 @@ class TargetJob final : public Job {
   mutable std::mutex conn_mu_;  // guards the fields the data-plane server hands over
   std::condition_variable conn_cv_;
   bool token_used_ = false;
-  UniqueFd control_fd_;
+  std::unique_ptr<ControlLink> control_;  // from the source's hello until the channels are there
   std::vector<UniqueFd> data_fds_;
   std::vector<std::unique_ptr<transport::Channel>> rdma_channels_;
   std::optional<Error> rdma_error_;

@@ -144,6 +144,9 @@ TEST(StatusMapping, TcpFallbackIsTcpForAnyReasonButRequested) {
             std::string::npos) << cfg;
   const std::string mtu = controller::transport_fallback_message(st("tcp", "auto-no-peer-rdma:mtu-mismatch"));
   EXPECT_NE(mtu.find("different active MTUs"), std::string::npos) << mtu;
+  const std::string cut = controller::transport_fallback_message(st("tcp", "auto-no-peer-rdma:unreachable"));
+  EXPECT_NE(cut.find("could not reach the target agent's RDMA address"), std::string::npos) << cut;
+  EXPECT_EQ(cut.find("no usable RDMA device"), std::string::npos) << cut;
 }
 
 TEST(StatusMapping, JudgeGivesEachOutcomeItsOwnReason) {

@@ -10,11 +10,19 @@ source QEMU's memory equals the target's, byte for byte; the target resumes; the
 rdma byte counters agree; and both rxe devices' hw counters rose by at least the packets the
 migrated bytes need (sent on rxea, received on rxeb), so the bytes crossed between the two
 devices over RDMA.
+With RDMA between the nodes cut (node b drops UDP 4791, RoCE v2, with nftables; TCP still
+works): with transport auto the migration falls back to TCP within the RDMA connect bound and
+succeeds, byte-exact, both agents naming the reason auto-no-peer-rdma:unreachable; with
+transport rdma it fails with that reason, both sides end, and the VM keeps running on node a.
+DSCP: node a's agent has rdma.trafficClass 104; during the first migration each node captures
+(tcpdump) the first 20 RoCE v2 packets reaching it: all from the other node, all IP ToS 0x68.
   python3 test_agent_rdma_two_nodes.py  (RDMIG_AGENT, RDMIG_TOOLS, RDMIG_NODE, RDMIG_OUT)
 """
 import json
 import os
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -24,7 +32,10 @@ sys.path.insert(0, os.environ.get("RDMIG_TOOLS", os.path.join(os.path.dirname(os
 from rdmiglab import Agent, QemuVm, migrate_via_agents, parse_prometheus  # noqa: E402
 
 MEM_MIB = 128
-MULTIFD = (0, 4)
+# The migrations node a asks node b for, in the order of the tests (unittest sorts them by name):
+# multifd channels, and whether node b cuts RDMA (drops RoCE v2) for it.
+CASES = 4
+RDMA_CUT_RULE = "udp dport 4791 counter drop"
 NODE = os.environ["RDMIG_NODE"]
 PEER = "b" if NODE == "a" else "a"
 DEV = os.environ["RDMIG_RDMA_DEV"]
@@ -61,10 +72,18 @@ def hw_counters():
         return {"sent": int(s.read()), "rcvd": int(r.read())}
 
 
+# Node a's agent marks its RDMA traffic with rdma.trafficClass 104 (IP ToS 0x68: DSCP 26, AF31);
+# node b's sets none, so its packets carry the class only as the passive side of a's CM request.
+TRAFFIC_CLASS = 104
+
+
 def agent_config():
     # The REST API on every address (node a calls node b's); the data plane on eth0's address,
     # which is also what the target advertises to the source.
-    return {"transport": "rdma", "rdma": {"device": DEV},
+    rdma = {"device": DEV}
+    if NODE == "a":
+        rdma["trafficClass"] = TRAFFIC_CLASS
+    return {"transport": "rdma", "rdma": rdma,
             "api": {"address": "0.0.0.0"},
             "dataPlane": {"address": ADDR, "advertiseAddress": ADDR, "rdmaPort": 0}}
 
@@ -87,10 +106,70 @@ class PeerAgent(Agent):
         return "(node %s's agent log is on its console)" % PEER
 
 
-def rdma_bytes(agent, direction):
+def transferred_bytes(agent, transport, direction):
     samples, _ = parse_prometheus(agent.metrics())
     return samples.get(("rdmig_transferred_bytes_total",
-                        frozenset({"transport": "rdma", "direction": direction}.items())), 0)
+                        frozenset({"transport": transport, "direction": direction}.items())), 0)
+
+
+def rdma_bytes(agent, direction):
+    return transferred_bytes(agent, "rdma", direction)
+
+
+def tcp_bytes(agent, direction):
+    return transferred_bytes(agent, "tcp", direction)
+
+
+def nft(*args):
+    subprocess.run(["nft"] + list(args), check=True)
+
+
+def cut_rdma():
+    """Node b drops every RoCE v2 packet it receives (UDP 4791); TCP keeps working."""
+    nft("add", "table", "ip", "rdmigcut")
+    nft("add", "chain", "ip", "rdmigcut", "in", "{ type filter hook input priority 0; }")
+    nft("add", "rule", "ip", "rdmigcut", "in", *RDMA_CUT_RULE.split())
+
+
+def uncut_rdma():
+    """Removes the cut; answers how many RoCE v2 packets it dropped."""
+    out = subprocess.run(["nft", "list", "table", "ip", "rdmigcut"], check=True, capture_output=True, text=True).stdout
+    nft("delete", "table", "ip", "rdmigcut")
+    m = re.search(r"counter packets (\d+)", out)
+    return int(m.group(1)) if m else -1
+
+
+class Capture:
+    """tcpdump of the first 20 RoCE v2 packets (UDP 4791) that reach this node on eth0."""
+
+    def __init__(self):
+        # -Z root: the VM has no tcpdump user; -t: each header line starts with "IP (tos".
+        self.proc = subprocess.Popen(["tcpdump", "-Z", "root", "-Q", "in", "-t", "-i", os.environ["RDMIG_RDMA_NETDEV"],
+                                      "-n", "-v", "-c", "20", "udp dst port 4791"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.err = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # wait until it listens
+            line = self.proc.stderr.readline()
+            self.err.append(line)
+            if "listening on" in line or not line:
+                break
+
+    def result(self):
+        """{tos value: count} of the captured packets from the peer node, and how many were from it."""
+        try:
+            out, _ = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        tos, from_peer = {}, 0
+        for line in out.splitlines():
+            m = re.match(r"IP \(tos (0x[0-9a-f]+),", line)
+            if m:
+                tos[m.group(1)] = tos.get(m.group(1), 0) + 1
+            if re.match(r"\s*%s\.\d+ > %s\.4791: UDP" % (re.escape(PEER_ADDR), re.escape(ADDR)), line):
+                from_peer += 1
+        return {"tos": tos, "fromPeer": from_peer}
 
 
 def serve_target():
@@ -100,28 +179,41 @@ def serve_target():
     ok = True
     try:
         post("agent-b", {"port": agent.api_port, "token": agent.token})
-        for seq in range(len(MULTIFD)):  # in the order node a's tests ask for them
-            m = await_("want-%d" % seq, 600)
-            dst = QemuVm(tmp, "dst%d" % m, mem_mib=MEM_MIB, firmware_only=True,
+        for seq in range(CASES):  # in the order node a's tests ask for them
+            want = await_("want-%d" % seq, 600)
+            name, m = want["name"], want["multifd"]
+            dst = QemuVm(tmp, "dst-%s" % name, mem_mib=MEM_MIB, firmware_only=True,
                          incoming_defer=True, paused=True)
+            cut = False
             try:
+                if want["cutRdma"]:
+                    cut_rdma()
+                    cut = True
+                capture = Capture() if want.get("capture") else None
                 before = hw_counters()
-                post("dst-%d" % m, dst.agent_qmp_path)
-                outcome = await_("migrated-%d" % m, 600)
+                post("dst-%s" % name, dst.agent_qmp_path)
+                outcome = await_("migrated-%s" % name, 600)
                 after = hw_counters()
                 reply = {"sent": after["sent"] - before["sent"], "rcvd": after["rcvd"] - before["rcvd"],
                          "status": dst.status()}
+                if capture:
+                    reply["capture"] = capture.result()
+                if cut:
+                    cut = False
+                    reply["rdmaDropped"] = uncut_rdma()
                 if outcome == "ok":
                     reply["digest"] = dst.memory_digest()
-                else:
+                elif outcome != "failed-as-expected":
                     ok = False
                     print(agent.log_text()[-4000:])
-                post("dst-state-%d" % m, reply)
+                post("dst-state-%s" % name, reply)
                 if outcome == "ok":
-                    await_("compared-%d" % m, 300)
+                    await_("compared-%s" % name, 300)
                     dst.cont()
-                    post("dst-resumed-%d" % m, dst.status())
+                    post("dst-resumed-%s" % name, dst.status())
             finally:
+                if cut:
+                    uncut_rdma()
                 dst.kill()
         await_("done", 300)
     except Exception as e:  # noqa: BLE001 - report and tell node a
@@ -163,15 +255,24 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
 
     asked = 0
 
-    def migrate(self, m):
-        post("want-%d" % TwoNodeAgentRdmaTest.asked, m)
+    def ask(self, name, m, cut_rdma=False, capture=False):
+        """Tells node b which migration comes next; returns the source QEMU and the target's QMP socket."""
+        post("want-%d" % TwoNodeAgentRdmaTest.asked, {"name": name, "multifd": m, "cutRdma": cut_rdma,
+                                                      "capture": capture})
         TwoNodeAgentRdmaTest.asked += 1
-        src = QemuVm(self.tmp, "src%d" % m, mem_mib=MEM_MIB, firmware_only=True, blob=self.blob)
+        src = QemuVm(self.tmp, "src-%s" % name, mem_mib=MEM_MIB, firmware_only=True, blob=self.blob)
         self.vms.append(src)
+        self.assertEqual(src.status(), "running")
+        return src, await_("dst-%s" % name, 300)
+
+    def migrate(self, m):
+        name = "rdma-%d" % m
         outcome = "failed"
+        capture = None
         try:
-            self.assertEqual(src.status(), "running")
-            dst_qmp = await_("dst-%d" % m, 300)
+            # On the first migration both nodes capture the RoCE v2 packets that reach them.
+            src, dst_qmp = self.ask(name, m, capture=(m == 0))
+            capture = Capture() if m == 0 else None
             before = hw_counters()
             sent_a, recv_b = rdma_bytes(self.a, "sent"), rdma_bytes(self.b, "received")
             metrics_a = self.source_metrics()
@@ -184,7 +285,7 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
             else:
                 outcome = "ok"
         finally:
-            post("migrated-%d" % m, outcome)
+            post("migrated-%s" % name, outcome)
         try:
             self.assertEqual(s["phase"], "Succeeded", s["result"]["reason"])
             self.assertEqual(t["phase"], "Succeeded", t["result"]["reason"])
@@ -201,7 +302,7 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
             self.assertGreater(delta["write_latency_count"], 0)
             self.assertEqual(delta["selected_requested"], 1)
             self.assertEqual(src.status(), "postmigrate")
-            dst = await_("dst-state-%d" % m, 400)
+            dst = await_("dst-state-%s" % name, 400)
             self.assertEqual(dst["status"], "paused")
             self.assertEqual(src.memory_digest(), dst["digest"], "memory differs between the nodes")
             # rxea sent and rxeb received at least one packet per 4096 bytes (the largest RoCE MTU).
@@ -210,11 +311,87 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
                   % (m, moved, sent, after["rcvd"] - before["rcvd"], dst["sent"], dst["rcvd"]))
             self.assertGreaterEqual(sent, moved // 4096, "rxea sent too few packets")
             self.assertGreaterEqual(dst["rcvd"], moved // 4096, "rxeb received too few packets")
+            if capture:
+                # rdma.trafficClass 104 on node a's agent: IP ToS 0x68 (DSCP 26) on every RoCE v2 packet
+                # a sent (captured on b) and on every one b sent back (captured on a: the passive side
+                # takes the class from a's CM request). Without the option both are 0x0.
+                mine = capture.result()
+                print("RoCE v2 packets with rdma.trafficClass %d on node a: reaching b %s, reaching a %s"
+                      % (TRAFFIC_CLASS, dst["capture"], mine))
+                self.assertEqual(dst["capture"], {"tos": {"0x68": 20}, "fromPeer": 20})
+                self.assertEqual(mine, {"tos": {"0x68": 20}, "fromPeer": 20})
         finally:
-            post("compared-%d" % m, True)
-        self.assertEqual(await_("dst-resumed-%d" % m, 120), "running")
+            post("compared-%s" % name, True)
+        self.assertEqual(await_("dst-resumed-%s" % name, 120), "running")
         print("multifd=%d: total %s ms, downtime %s ms, %d bytes, %d chunks"
               % (m, s["result"]["totalTimeMs"], s["result"]["downtimeMs"], moved, s["progress"]["chunksSent"]))
+
+    def test_rdma_cut_auto_falls_back_to_tcp_naming_why(self):
+        name = "cut-auto"
+        outcome = "failed"
+        try:
+            src, dst_qmp = self.ask(name, 0, cut_rdma=True)
+            metrics_a = self.source_metrics()
+            tcp_a = tcp_bytes(self.a, "sent")
+            t0 = time.monotonic()
+            s, t = migrate_via_agents(self.a, self.b, src.agent_qmp_path, dst_qmp, chunk_size="1Mi", ring_depth=8,
+                                      vm="two-node-vm-cut-auto", transport="auto",
+                                      target_options={"transport": "auto"}, timeout=400)
+            took = time.monotonic() - t0
+            if s["phase"] == "Succeeded":
+                outcome = "ok"
+            else:
+                print(self.a.log_text()[-4000:])
+        finally:
+            post("migrated-%s" % name, outcome)
+        try:
+            dst = await_("dst-state-%s" % name, 400)
+            print("rdma cut, transport auto: %s in %.1f s over %s (%s); node b dropped %d RoCE v2 packets"
+                  % (s["phase"], took, s["transport"], s["transportReason"], dst["rdmaDropped"]))
+            self.assertEqual(s["phase"], "Succeeded", s["result"]["reason"])
+            self.assertEqual(t["phase"], "Succeeded", t["result"]["reason"])
+            for side in (s, t):
+                self.assertEqual((side["transport"], side["transportReason"]), ("tcp", "auto-no-peer-rdma:unreachable"))
+            # RDMA was tried and blocked on the wire, not skipped.
+            self.assertGreater(dst["rdmaDropped"], 0)
+            moved = s["progress"]["dataBytesSent"]
+            self.assertGreater(moved, 64 << 20)
+            self.assertEqual(moved, t["progress"]["dataBytesReceived"])
+            self.assertGreaterEqual(tcp_bytes(self.a, "sent") - tcp_a, moved)
+            delta = {k: v - metrics_a[k] for k, v in self.source_metrics().items()}
+            self.assertEqual((delta["selected_fallback"], delta["selected_auto_rdma"]), (1, 0))
+            # The RDMA connect is bounded (15 s); the TCP migration of 128 MiB takes seconds.
+            self.assertLess(took, 120)
+            self.assertEqual(src.memory_digest(), dst["digest"], "memory differs between the nodes")
+        finally:
+            post("compared-%s" % name, True)
+        self.assertEqual(await_("dst-resumed-%s" % name, 120), "running")
+
+    def test_rdma_cut_rdma_required_fails_naming_why_and_vm_stays(self):
+        name = "cut-rdma"
+        outcome = "failed"
+        try:
+            src, dst_qmp = self.ask(name, 0, cut_rdma=True)
+            t0 = time.monotonic()
+            # Only the source asks for rdma; the target would allow auto.
+            s, t = migrate_via_agents(self.a, self.b, src.agent_qmp_path, dst_qmp, chunk_size="1Mi", ring_depth=8,
+                                      vm="two-node-vm-cut-rdma", transport="rdma",
+                                      target_options={"transport": "auto"}, timeout=400)
+            took = time.monotonic() - t0
+            if s["phase"] == "Failed" and t["phase"] == "Failed":
+                outcome = "failed-as-expected"
+        finally:
+            post("migrated-%s" % name, outcome)
+        dst = await_("dst-state-%s" % name, 400)
+        print("rdma cut, transport rdma: source %s in %.1f s (%s), target %s (%s)"
+              % (s["phase"], took, s["result"]["reason"], t["phase"], t["result"]["reason"]))
+        self.assertEqual(s["phase"], "Failed")
+        self.assertIn("auto-no-peer-rdma:unreachable", s["result"]["reason"])
+        self.assertIn("rdma is required", s["result"]["reason"])
+        self.assertEqual(t["phase"], "Failed")
+        self.assertGreater(dst["rdmaDropped"], 0)
+        self.assertLess(took, 120)
+        self.assertEqual(src.status(), "running")
 
     def source_metrics(self):
         samples, _ = parse_prometheus(self.a.metrics())
@@ -222,7 +399,9 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
         def get(name, **labels):
             return samples.get((name, frozenset(labels.items())), 0)
         return {"write_latency_count": get("rdmig_chunk_write_latency_seconds_count", transport="rdma"),
-                "selected_requested": get("rdmig_transport_selected_total", transport="rdma", reason="requested")}
+                "selected_requested": get("rdmig_transport_selected_total", transport="rdma", reason="requested"),
+                "selected_auto_rdma": get("rdmig_transport_selected_total", transport="rdma", reason="auto-both-rdma"),
+                "selected_fallback": get("rdmig_transport_selected_total", transport="tcp", reason="auto-no-peer-rdma")}
 
     def test_migrates_between_two_nodes_without_multifd(self):
         self.migrate(0)

@@ -8,8 +8,9 @@
 #    both directions compared across the nodes; for each, the rxe hw counters of BOTH
 #    devices and eth0's byte counters rise by at least what the stream moved (so the bytes
 #    went over RDMA between the two devices, not over TCP or a loopback);
-# 3. on the 1Mi/1-channel stream, with node b's device default ToS set to 104 (configfs
-#    rdma_cm default_roce_tos), each node captures the first 20 RoCE v2 packets (UDP 4791)
+# 3. on the 1Mi/1-channel stream, with node b's client given the transport's traffic class
+#    104 (rdmig-stream --traffic-class: RdmaOptions::traffic_class, what the agent's
+#    rdma.trafficClass sets), each node captures the first 20 RoCE v2 packets (UDP 4791)
 #    that reach it: all from the peer node's address, all with IP ToS 0x68 (DSCP 26);
 # 4. the server's node kills it mid-stream: the client on the other node ends with an error.
 # Prints "RDMIG-RESULT key value" lines; exits non-zero when anything failed.
@@ -47,14 +48,10 @@ for chunk in 64Ki 1Mi 16Mi; do
     case_="$chunk-$ch"
     step "stream $bytes (+$reverse back) over $ch channel(s), chunk $chunk, depth $depth: node b -> node a"
     s0=$(counter sent_pkts); r0=$(counter rcvd_pkts); tx0=$(netbytes tx_bytes); rx0=$(netbytes rx_bytes)
-    capture=0; [ "$case_" = 1Mi-1 ] && capture=1
-    if [ $capture = 1 ] && [ "$RDMIG_NODE" = b ]; then
-      # Node b's rdma_cm default ToS (configfs; what an operator sets on a RoCE node when the
-      # program sets none): 104 = DSCP 26 (AF31), ECN 0.
-      cfs="/sys/kernel/config/rdma_cm/$RDMIG_RDMA_DEV"
-      mkdir -p "$cfs" && echo 104 >"$cfs/ports/1/default_roce_tos" || fail "cannot set $cfs/ports/1/default_roce_tos"
-      echo "node b: $RDMIG_RDMA_DEV default_roce_tos $(cat "$cfs/ports/1/default_roce_tos")"
-    fi
+    capture=0 tclass=""; [ "$case_" = 1Mi-1 ] && capture=1
+    # Node b's client marks its connections with the transport's traffic class 104 = DSCP 26
+    # (AF31), ECN 0; the devices' default (configfs default_roce_tos) stays 0.
+    [ $capture = 1 ] && [ "$RDMIG_NODE" = b ] && tclass="--traffic-class 104"
     if [ $capture = 1 ]; then
       # The first packets that reach this node's RoCE v2 port: they must come from the peer
       # node's address (-Q in: only what arrives). -Z root: tcpdump would drop to a user the VM
@@ -97,7 +94,7 @@ for chunk in 64Ki 1Mi 16Mi; do
     else
       port="$(await "port-$case_" 120)" || stop "no server port ($case_)"
       # shellcheck disable=SC2086
-      "$stream" --role client --port "$port" $common >/tmp/client.out 2>&1; rc=$?
+      "$stream" --role client --port "$port" $common $tclass >/tmp/client.out 2>&1; rc=$?
       cat /tmp/client.out
       [ $rc = 0 ] || fail "client $case_ exited $rc"
       post "result-b-$case_" "$(fields </tmp/client.out)"
@@ -110,13 +107,11 @@ for chunk in 64Ki 1Mi 16Mi; do
       tos="$(awk '/^IP \(tos / {sub(",", "", $3); print $3}' /tmp/capture.out | sort | uniq -c | tr -s ' ' | tr '\n' ';')"
       echo "captured on $RDMIG_RDMA_NETDEV: $n_peer of 20 RoCE v2 packets from $RDMIG_VM_PEER_ADDR to $RDMIG_VM_ADDR:4791; IP ToS (count value): $tos"
       [ "$n_peer" = 20 ] || { head -n 8 /tmp/capture.out; fail "$case_: the RoCE v2 packets here are not all from node $PEER_NODE"; }
-      # rdmig-stream sets no ToS (no option for it yet), so node b's device default (104) is on
-      # b's packets; node a's accepted connection takes the traffic class from b's CM request,
-      # so a's packets carry it too. FOLLOW-UP (issue 17): the same check with rdmig's own
-      # ToS option (rdma.trafficClass) instead of the device default.
+      # b's packets carry the class its client set; node a's accepted connection takes it from
+      # b's CM request, so a's packets carry it too. Without --traffic-class both are 0x0.
+      # (The agent's rdma.trafficClass end to end: test_agent_rdma_two_nodes.py.)
       [ "$tos" = " 20 0x68;" ] || fail "$case_: IP ToS on the wire is '$tos', expected 0x68 (DSCP 26) on all 20"
       echo "RDMIG-RESULT two-node-roce-v2-tos-$RDMIG_NODE $(echo "$tos" | awk '{print $2}' | tr -d ';')"
-      if [ "$RDMIG_NODE" = b ]; then echo 0 >"$cfs/ports/1/default_roce_tos"; rmdir "$cfs"; fi
     fi
     ds=$(( $(counter sent_pkts) - s0 )); dr=$(( $(counter rcvd_pkts) - r0 ))
     dtx=$(( $(netbytes tx_bytes) - tx0 )); drx=$(( $(netbytes rx_bytes) - rx0 ))

@@ -51,7 +51,8 @@ struct RdmaConnectOptions {
 
 class RdmaChannel final : public Channel {
  public:
-  // Source side: resolves `ep`, connects, returns once the connection is established.
+  // Source side: resolves `ep`, connects, returns once the connection is established; `timeout`
+  // bounds all of it (address and route resolution and the connect together).
   static Result<std::unique_ptr<RdmaChannel>> connect(const net::Endpoint& ep,
                                                        const std::array<uint8_t, 16>& session,
                                                        const RdmaChannelParams& params,

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/log.h"
@@ -105,6 +106,12 @@ Result<std::unique_ptr<RdmaChannel>> RdmaChannel::connect(const net::Endpoint& e
                                                            const std::function<bool()>& cancelled,
                                                            const RdmaConnectOptions& options) {
   const std::string what = "rdma connect to " + ep.to_string() + " (channel " + std::to_string(params.index) + ")";
+  // `timeout` bounds the whole connect (address, route, connection), not each step.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto left = [&] {
+    return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                      deadline - std::chrono::steady_clock::now()));
+  };
   EventChannelPtr events(rdma_create_event_channel());
   if (!events) return verbs_error(what + ": rdma_create_event_channel", errno);
   rdma_cm_id* raw = nullptr;
@@ -131,15 +138,15 @@ Result<std::unique_ptr<RdmaChannel>> RdmaChannel::connect(const net::Endpoint& e
     shints.ai_socktype = SOCK_STREAM;
     if (getaddrinfo(options.source_ip.c_str(), nullptr, &shints, &src) != 0) src = nullptr;
   }
-  const int rc = rdma_resolve_addr(id.get(), src ? src->ai_addr : nullptr, ai->ai_addr, static_cast<int>(timeout.count()));
+  const int rc = rdma_resolve_addr(id.get(), src ? src->ai_addr : nullptr, ai->ai_addr, static_cast<int>(left().count()));
   const int err = errno;
   if (src) freeaddrinfo(src);
   freeaddrinfo(ai);
   if (rc != 0) return verbs_error(what + ": rdma_resolve_addr", err);
-  RDMIG_TRY(expect_cm_event(events.get(), RDMA_CM_EVENT_ADDR_RESOLVED, timeout, what, cancelled));
+  RDMIG_TRY(expect_cm_event(events.get(), RDMA_CM_EVENT_ADDR_RESOLVED, left(), what, cancelled));
   LOG_DEBUG("rdma") << what << ": address resolved";
-  if (rdma_resolve_route(id.get(), static_cast<int>(timeout.count())) != 0) return verbs_error(what + ": rdma_resolve_route", errno);
-  RDMIG_TRY(expect_cm_event(events.get(), RDMA_CM_EVENT_ROUTE_RESOLVED, timeout, what, cancelled));
+  if (rdma_resolve_route(id.get(), static_cast<int>(left().count())) != 0) return verbs_error(what + ": rdma_resolve_route", errno);
+  RDMIG_TRY(expect_cm_event(events.get(), RDMA_CM_EVENT_ROUTE_RESOLVED, left(), what, cancelled));
 
   LOG_DEBUG("rdma") << what << ": route resolved";
   std::unique_ptr<RdmaChannel> ch(new RdmaChannel(std::move(events), std::move(id), params, metrics));
@@ -153,7 +160,7 @@ Result<std::unique_ptr<RdmaChannel>> RdmaChannel::connect(const net::Endpoint& e
   const auto pd = req.encode();
   rdma_conn_param cp = conn_param(pd);
   if (rdma_connect(ch->id_.get(), &cp) != 0) return verbs_error(what + ": rdma_connect", errno);
-  auto ev = next_cm_event(ch->events_.get(), timeout, cancelled);
+  auto ev = next_cm_event(ch->events_.get(), left(), cancelled);
   if (!ev) return ev.error().with_context(what);
   if (ev->type == RDMA_CM_EVENT_REJECTED) {
     std::string why(ev->private_data.begin(), ev->private_data.end());

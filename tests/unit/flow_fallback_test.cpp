@@ -1,0 +1,171 @@
+// A KubeVirt flow session whose agents both chose RDMA, but whose source cannot reach the target
+// over rdma_cm, carries its connections over TCP instead (transport auto), both sides naming why
+// (auto-no-peer-rdma:unreachable); with rdma required the connection is refused naming the same.
+// The target's RDMA endpoint here is 127.0.0.1:1, where no rdma_cm listener is: the connect fails
+// at once without an RDMA device (this machine), or is refused or unroutable with one (the
+// Soft-RoCE VM), always within the connect bound.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+
+#include <thread>
+
+#include "common/net.h"
+#include "common/token_source.h"
+#include "kubevirt/sessions.h"
+#include "migration/handshake.h"
+#include "transport/wire.h"
+
+using nlohmann::json;
+using namespace rdmig;
+using namespace rdmig::kubevirt;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Side {
+  explicit Side(TransportKind transport) {
+    config.transport = transport;
+    rdma.available = true;  // as both agents had found a device
+    rdma.ip = "127.0.0.1";
+    rdma.port = 1;  // no rdma_cm listener there
+  }
+  SessionContext ctx() {
+    return SessionContext{config, metrics, rdma, TokenSource::fixed("fallback-test-token-0123456789"),
+                          [](uint64_t, const std::string&) -> Result<BufferTicket> { return BufferTicket(std::make_shared<int>(0)); }};
+  }
+  AgentConfig config;
+  Metrics metrics;
+  migration::RdmaSupport rdma;
+};
+
+// The target agent's data-plane port in miniature: the flow hello makes a TargetSession, a
+// flow-data hello hands its connection to that session.
+class TargetAgent {
+ public:
+  explicit TargetAgent(Side& side) : side_(side) {
+    auto l = net::tcp_listen("127.0.0.1", 0);
+    EXPECT_TRUE(l.ok());
+    listener_ = std::move(l.value());
+    port_ = net::local_port(listener_.get()).value();
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~TargetAgent() {
+    stop_ = true;
+    ::shutdown(listener_.get(), SHUT_RDWR);
+    thread_.join();
+  }
+  uint16_t port() const { return port_; }
+  std::shared_ptr<TargetSession> session() {
+    std::lock_guard lock(mu_);
+    return session_;
+  }
+
+ private:
+  void serve() {
+    while (!stop_) {
+      auto fd = net::accept_for(listener_.get(), 100ms);
+      if (!fd) continue;
+      auto hello = transport::recv_message(fd->get(), 5s);
+      if (!hello) continue;
+      if (hello->value("kind", "") == "flow") {
+        auto h = FlowHello::parse(hello.value());
+        ASSERT_TRUE(h.ok()) << h.error().message;
+        auto s = TargetSession::accept(
+            side_.ctx(), std::move(fd.value()), h.value(),
+            [](const net::Endpoint& dst) -> Result<std::shared_ptr<NetNs>> {
+              return Error{Errc::kPermissionDenied, "no virt-handler owns " + dst.to_string() + " in this test"};
+            },
+            nullptr);
+        if (!s) continue;  // refused: the source sees why
+        s.value()->start();
+        std::lock_guard lock(mu_);
+        session_ = s.value();
+      } else if (auto s = session()) {
+        (void)s->add_tcp_channel(std::move(fd.value()), hello->value("index", 0u));
+      }
+    }
+  }
+
+  Side& side_;
+  UniqueFd listener_;
+  uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::shared_ptr<TargetSession> session_;
+  std::thread thread_;
+};
+
+PeerInfo peer(const TargetAgent& agent) {
+  PeerInfo p;
+  p.node = "node-b";
+  p.agent = net::Endpoint{"127.0.0.1", agent.port()};
+  return p;
+}
+
+FlowRecord source_record() {
+  FlowRecord r;
+  r.migration_uid = "mig-fallback";
+  r.role = "source";
+  r.source_node = "node-a";
+  r.target_node = "node-b";
+  r.mode = "static";
+  return r;
+}
+
+double selected(Metrics& m, const std::string& transport, const std::string& reason) {
+  const std::string text = m.serialize();
+  const std::string line = "rdmig_transport_selected_total{reason=\"" + reason + "\",transport=\"" + transport + "\"} ";
+  const auto at = text.find(line);
+  return at == std::string::npos ? -1 : std::stod(text.substr(at + line.size()));
+}
+
+std::pair<UniqueFd, UniqueFd> socket_pair() {
+  int fds[2];
+  EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
+  return {UniqueFd(fds[0]), UniqueFd(fds[1])};
+}
+
+}  // namespace
+
+TEST(KubevirtFlowFallback, UnreachableRdmaWithTransportAutoCarriesOverTcpAndBothSidesSayWhy) {
+  Side src(TransportKind::kAuto), dst(TransportKind::kAuto);
+  TargetAgent agent(dst);
+  auto s = SourceSession::open(src.ctx(), peer(agent), source_record(), 5s);
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  EXPECT_EQ(s.value()->record().transport, "rdma");  // both chose RDMA
+  auto [qemu, proxy] = socket_pair();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto st = s.value()->add_connection(std::move(proxy), net::Endpoint{"10.99.2.2", 49152});
+  const auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  EXPECT_LT(took, migration::kRdmaConnectTimeout + 5s);
+  const auto rec = s.value()->record();
+  EXPECT_EQ(rec.transport, "tcp");
+  EXPECT_EQ(rec.transport_reason, migration::kPeerRdmaUnreachable);
+  // The target switched before it took the TCP channel.
+  auto t = agent.session();
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->record().transport, "tcp");
+  EXPECT_EQ(t->record().transport_reason, migration::kPeerRdmaUnreachable);
+  // Counted once each side, as the fallback; the RDMA choice that did not hold is not counted.
+  for (Metrics* m : {&src.metrics, &dst.metrics}) {
+    EXPECT_EQ(selected(*m, "tcp", "auto-no-peer-rdma"), 1);
+    EXPECT_EQ(selected(*m, "rdma", "auto-both-rdma"), 0);
+  }
+  s.value().reset();
+}
+
+TEST(KubevirtFlowFallback, UnreachableRdmaWithRdmaRequiredRefusesTheConnectionNamingWhy) {
+  Side src(TransportKind::kRdma), dst(TransportKind::kAuto);
+  TargetAgent agent(dst);
+  auto s = SourceSession::open(src.ctx(), peer(agent), source_record(), 5s);
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  auto [qemu, proxy] = socket_pair();
+  auto st = s.value()->add_connection(std::move(proxy), net::Endpoint{"10.99.2.2", 49152});
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find(migration::kPeerRdmaUnreachable), std::string::npos) << st.error().message;
+  EXPECT_NE(st.error().message.find("rdma is required"), std::string::npos) << st.error().message;
+  EXPECT_EQ(s.value()->record().transport, "rdma");
+  EXPECT_EQ(selected(src.metrics, "tcp", "auto-no-peer-rdma"), 0);
+  s.value().reset();
+}
