@@ -72,8 +72,10 @@ class TargetAgent {
         ASSERT_TRUE(h.ok()) << h.error().message;
         auto s = TargetSession::accept(
             side_.ctx(), std::move(fd.value()), h.value(),
-            [](const net::Endpoint& dst) -> Result<std::shared_ptr<NetNs>> {
-              return Error{Errc::kPermissionDenied, "no virt-handler owns " + dst.to_string() + " in this test"};
+            [](const FlowHello&) -> Result<NetnsLocator> {
+              return NetnsLocator{[](const net::Endpoint& dst) -> Result<std::shared_ptr<NetNs>> {
+                return Error{Errc::kPermissionDenied, "no virt-handler owns " + dst.to_string() + " in this test"};
+              }};
             },
             nullptr);
         if (!s) continue;  // refused: the source sees why
