@@ -38,6 +38,20 @@ Result<LibvirtJobStats> read_completed_job(const KubevirtConfig& config, const L
 // Only the job the failed session carried is aborted: one that started between the session's
 // arming (`armed_at_ms`, wall clock; KubeVirt calls the hook before libvirt starts the job) and
 // its failure (`failed_at_ms`). An older job, or a later migration of the same VMI, is left alone.
+// The QEMU version of the VMI's launcher on this node, as its libvirt daemon reports it
+// (virConnectGetVersion: major * 1000000 + minor * 1000 + micro).
+// kubevirt.multifdOnFailure "auto": from this QEMU major version on, a failure resets every
+// carried connection at once instead of draining the multifd ones. Measured on QEMU 10.0
+// (bench/results/kubevirt-failures/); QEMU 7.2 needs the drain; 8.x and 9.x were not tried
+// and keep it.
+inline constexpr unsigned long kResetAllFromQemu = 10;
+// Whether a failure drains the multifd connections of a QEMU of `version` (libvirt's number).
+inline bool drain_multifd_for_qemu(unsigned long version) { return version / 1000000 < kResetAllFromQemu; }
+// "10.0.13" for libvirt's 10000013.
+std::string qemu_version_string(unsigned long version);
+Result<unsigned long> launcher_qemu_version(const KubevirtConfig& config, const LauncherIdentity& launchers,
+                                            const VmiRef& vmi);
+
 Result<std::string> abort_outgoing_job(const KubevirtConfig& config, const LauncherIdentity& launchers,
                                        const VmiRef& vmi, int64_t armed_at_ms, int64_t failed_at_ms);
 
