@@ -111,11 +111,6 @@ HookDecision KubevirtRelay::pre_migration_source(const json& vmi, const std::str
   }
   std::shared_ptr<SourceSession> s = std::move(session.value());
   s->set_port_classes(intent->ports);
-  if (config_.kubevirt.multifd_on_failure != "auto") {
-    s->set_multifd_on_failure(config_.kubevirt.multifd_on_failure == "drain", "config");
-  } else {
-    s->set_multifd_on_failure(true, "qemu unknown");  // until decide_multifd_on_failure knows it
-  }
   // Arming enters virt-handler's namespace and talks to nftables there (the table when this
   // is the first migration in it, then one element per port), which can take seconds on a
   // busy node: none of it under mu_, which REST, interception, other hook calls and the

@@ -87,6 +87,10 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
     s->rdma_endpoint_ = ep.value();
   }
   ctx.metrics.transport_selected(s->transport_, s->record_.transport_reason);
+  // kubevirt.multifdOnFailure as configured; "auto" drains until the relay learnt the source
+  // launcher's QEMU (hook mode; static mode knows no VMI, so no launcher: it keeps draining).
+  const std::string& on_failure = ctx.config.kubevirt.multifd_on_failure;
+  s->set_multifd_on_failure(on_failure != "reset", on_failure == "auto" ? "qemu unknown" : "config");
   s->set_link(std::make_unique<migration::ControlLink>(std::move(fd.value())),
               std::make_unique<FlowSigner>(flow_session_key(token, hello, nonce.value()), "source", "target"),
               std::chrono::seconds(ctx.config.kubevirt.heartbeat_timeout_seconds));
@@ -241,6 +245,7 @@ void SourceSession::set_multifd_on_failure(bool drain, const std::string& by) {
   }
   // A pump that failed already keeps what it was doing (set_drain_on_failure decides no more).
   if (!drain) for_each_pump([](migration::ChannelPump& p) { p.set_drain_on_failure(false, kMultifdDrainLimit); });
+  if (by == "qemu unknown") return;  // the placeholder until the launcher's QEMU is known
   LOG_INFO("kubevirt") << "session=" << id_ << " on a failure: " << (drain ? "multifd connections drain (up to "
                                                                              : "every connection is reset (")
                        << (drain ? std::to_string(kMultifdDrainLimit.count() / 1000) + " s" : std::string("no drain"))
