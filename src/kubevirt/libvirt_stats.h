@@ -30,16 +30,6 @@ Result<uid_t> daemon_uid(const std::string& socket);
 Result<LibvirtJobStats> read_completed_job(const KubevirtConfig& config, const LauncherIdentity& launchers,
                                            const VmiRef& vmi, std::chrono::milliseconds wait);
 
-// Aborts the outgoing migration job of the VMI's domain on this node (virDomainAbortJob on
-// the launcher's libvirt): QEMU cancels and the VM keeps running here. Used when the carrier
-// failed, so libvirt fails within seconds instead of waiting for KubeVirt's progress timeout
-// (QEMU 7.2 can hang when a multifd connection fails while it is being set up). Precopy only:
-// rdmig never carries post-copy. Returns what it did, for the log.
-// Only the job the failed session carried is aborted: one that started between the session's
-// arming (`armed_at_ms`, wall clock; KubeVirt calls the hook before libvirt starts the job) and
-// its failure (`failed_at_ms`). An older job, or a later migration of the same VMI, is left alone.
-// The QEMU version of the VMI's launcher on this node, as its libvirt daemon reports it
-// (virConnectGetVersion: major * 1000000 + minor * 1000 + micro).
 // kubevirt.multifdOnFailure "auto": from this QEMU major version on, a failure resets every
 // carried connection at once instead of draining the multifd ones. Measured on QEMU 10.0
 // (bench/results/kubevirt-failures/); QEMU 7.2 needs the drain; 8.x and 9.x were not tried
@@ -49,9 +39,19 @@ inline constexpr unsigned long kResetAllFromQemu = 10;
 inline bool drain_multifd_for_qemu(unsigned long version) { return version / 1000000 < kResetAllFromQemu; }
 // "10.0.13" for libvirt's 10000013.
 std::string qemu_version_string(unsigned long version);
+// The QEMU version of the VMI's launcher on this node, as its libvirt daemon reports it
+// (virConnectGetVersion: major * 1000000 + minor * 1000 + micro).
 Result<unsigned long> launcher_qemu_version(const KubevirtConfig& config, const LauncherIdentity& launchers,
                                             const VmiRef& vmi);
 
+// Aborts the outgoing migration job of the VMI's domain on this node (virDomainAbortJob on
+// the launcher's libvirt): QEMU cancels and the VM keeps running here. Used when the carrier
+// failed, so libvirt fails within seconds instead of waiting for KubeVirt's progress timeout
+// (QEMU 7.2 can hang when a multifd connection fails while it is being set up). Precopy only:
+// rdmig never carries post-copy. Returns what it did, for the log.
+// Only the job the failed session carried is aborted: one that started between the session's
+// arming (`armed_at_ms`, wall clock; KubeVirt calls the hook before libvirt starts the job) and
+// its failure (`failed_at_ms`). An older job, or a later migration of the same VMI, is left alone.
 Result<std::string> abort_outgoing_job(const KubevirtConfig& config, const LauncherIdentity& launchers,
                                        const VmiRef& vmi, int64_t armed_at_ms, int64_t failed_at_ms);
 

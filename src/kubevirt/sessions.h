@@ -46,9 +46,10 @@ inline uint64_t flow_channel_buffers(uint64_t chunk_size, uint32_t ring_depth) {
 
 class SourceSession final : public FlowSession {
  public:
-  // On a failure every carried connection but the first (QEMU's main channel) is drained for
-  // up to this long instead of reset (ChannelPump::drain_on_failure): QEMU 7.2 fails on its
-  // main channel and ends its multifd threads itself. KubeVirt's proxy never passes QEMU's
+  // With multifd connections that drain (set_multifd_on_failure; QEMU before 10), a failure
+  // resets QEMU's main channel and drains the other memory connections for up to this long
+  // (ChannelPump::drain_on_failure): QEMU 7.2 fails on its main channel and ends its multifd
+  // threads itself. KubeVirt's proxy never passes QEMU's
   // close on to this side, so a drain normally lasts the whole limit.
   static constexpr std::chrono::milliseconds kMultifdDrainLimit = migration::kMultifdDrainLimit;
   // Connects to the peer agent, proves the shared token and agrees on the transport.

@@ -239,6 +239,7 @@ void SourceSession::saw_first_bytes(uint32_t index, migration::ChannelPump& self
 void SourceSession::set_multifd_on_failure(bool drain, const std::string& by) {
   {
     std::lock_guard lock(mu_);
+    if (ended_) return;  // decided already (fail() aborted the legs): the record says what was done
     drain_multifd_ = drain;
     record_.on_failure = drain ? "drain" : "reset";
     record_.on_failure_by = by;
