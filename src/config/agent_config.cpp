@@ -58,7 +58,7 @@ Status parse_kubevirt(const YAML::Node& k, KubevirtConfig& c) {
   RDMIG_TRY(check_keys(k, "kubevirt",
                        {"enabled", "hookSocket", "nodeName", "handlerProcess", "launcherProgram", "libvirtSockets",
                         "ruleTimeoutSeconds", "sessionIdleSeconds", "probeIntervalSeconds", "heartbeatTimeoutSeconds",
-                        "staticMode", "peers",
+                        "multifdOnFailure", "staticMode", "peers",
                         "discovery", "kubeconfig", "agentNamespace", "agentSelector", "handlerNamespace",
                         "handlerSelector", "discoveryIntervalSeconds", "socketMark", "socketMarkMask"}));
   RDMIG_TRY(read_string(k, "kubevirt", "discovery", c.discovery));
@@ -92,6 +92,10 @@ Status parse_kubevirt(const YAML::Node& k, KubevirtConfig& c) {
   RDMIG_TRY(read_uint(k, "kubevirt", "sessionIdleSeconds", c.session_idle_seconds, 1, 600));
   RDMIG_TRY(read_uint(k, "kubevirt", "probeIntervalSeconds", c.probe_interval_seconds, 1, 3600));
   RDMIG_TRY(read_uint(k, "kubevirt", "heartbeatTimeoutSeconds", c.heartbeat_timeout_seconds, 2, 300));
+  RDMIG_TRY(read_string(k, "kubevirt", "multifdOnFailure", c.multifd_on_failure));
+  if (c.multifd_on_failure != "auto" && c.multifd_on_failure != "drain" && c.multifd_on_failure != "reset") {
+    return bad("kubevirt.multifdOnFailure", "expected auto, drain or reset, got '" + c.multifd_on_failure + "'");
+  }
   RDMIG_TRY(read_bool(k, "kubevirt", "staticMode", c.static_mode));
   RDMIG_TRY(read_uint(k, "kubevirt", "socketMark", c.socket_mark, 1, 0xFFFFFFFFu));
   RDMIG_TRY(read_uint(k, "kubevirt", "socketMarkMask", c.socket_mark_mask, 1, 0xFFFFFFFFu));

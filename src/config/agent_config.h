@@ -103,6 +103,13 @@ struct KubevirtConfig {
   // link (its heartbeats come every 0.5 s) for this long: a cut link or a frozen agent is
   // noticed in seconds, not after TCP's 30 s user timeout.
   uint32_t heartbeat_timeout_seconds = 3;
+  // What a failed carried migration does to the source's multifd connections: "drain" reads
+  // them to nowhere for up to 10 s and resets only QEMU's main channel (QEMU 7.2 could hang
+  // its migration for good when multifd sockets were reset); "reset" resets every connection
+  // at once; "auto" asks the source launcher's libvirt for its QEMU version
+  // (virConnectGetVersion) and resets on QEMU 10 and later, drains on older or unknown ones
+  // (bench/results/kubevirt-failures/).
+  std::string multifd_on_failure = "auto";
   bool static_mode = false;             // redirect to peers' handler addresses without the hook
   // The agent's own dials inside virt-handler's namespace carry this mark (SO_MARK) and its
   // redirect rules let (mark & mask) == mark through. Bit 13 only: kube-proxy uses 0x4000

@@ -42,6 +42,11 @@ struct FlowRecord {
   // to the memory port; with TLS nothing else can be seen). -1: none yet.
   int main_connection = -1;
   std::string main_connection_by;
+  // Source: what a failure does to the multifd connections ("drain" or "reset", see
+  // kubevirt.multifdOnFailure), why ("config", or "qemu <version>" as the source launcher's
+  // libvirt reports it; "qemu unknown" while or when that is not known).
+  std::string on_failure;
+  std::string on_failure_by;
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   uint64_t chunks_sent = 0;

@@ -110,6 +110,11 @@ bool FlowSession::with_pump(uint32_t index, const std::function<void(migration::
   return false;
 }
 
+void FlowSession::for_each_pump(const std::function<void(migration::ChannelPump&)>& fn) {
+  std::lock_guard lock(legs_mu_);
+  for (auto& l : legs_) fn(*l.pump);
+}
+
 bool FlowSession::draining() const {
   std::lock_guard lock(legs_mu_);
   for (const auto& l : legs_) {

@@ -50,6 +50,8 @@ class FlowSession {
   // Runs fn on the pump of the leg whose channel has `index`, under the legs' lock (never
   // with mu_ held); false when there is no such leg (not added yet, or closed).
   bool with_pump(uint32_t index, const std::function<void(migration::ChannelPump&)>& fn);
+  // Runs fn on every leg's pump, under the legs' lock (never with mu_ held).
+  void for_each_pump(const std::function<void(migration::ChannelPump&)>& fn);
   // Ends the session as Succeeded (counters final); closes the legs.
   void succeed();
   void refresh_counters_locked(FlowRecord& r) const;

@@ -10,6 +10,7 @@
 #include <cctype>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "common/fd.h"
@@ -132,6 +133,39 @@ void for_each_daemon(const KubevirtConfig& config, const LauncherIdentity& launc
   }
 }
 }  // namespace
+
+std::string qemu_version_string(unsigned long version) {
+  return std::to_string(version / 1000000) + "." + std::to_string(version / 1000 % 1000) + "." +
+         std::to_string(version % 1000);
+}
+
+Result<unsigned long> launcher_qemu_version(const KubevirtConfig& config, const LauncherIdentity& launchers,
+                                            const VmiRef& vmi) {
+  virSetErrorFunc(nullptr, quiet);
+  std::optional<unsigned long> version;
+  std::string refused;
+  std::string why;
+  for_each_daemon(config, launchers, vmi, refused, [&](const std::string& path) {
+    if (version) return;
+    auto opened = open_daemon(path);
+    if (!opened) {
+      why = opened.error().message;
+      return;
+    }
+    unsigned long v = 0;
+    if (virConnectGetVersion(opened.value().get(), &v) != 0 || v == 0) {
+      why = "virConnectGetVersion via " + path + ": " + last_error();
+      return;
+    }
+    version = v;
+  });
+  if (version) return *version;
+  if (why.empty()) {
+    why = "no " + config.launcher_program + " process with --uid " + vmi.uid + " and a libvirt socket" +
+          (refused.empty() ? "" : " (" + refused + ")");
+  }
+  return Error{Errc::kNotFound, why};
+}
 
 Result<std::string> abort_outgoing_job(const KubevirtConfig& config, const LauncherIdentity& launchers,
                                        const VmiRef& vmi, int64_t armed_at_ms, int64_t failed_at_ms) {

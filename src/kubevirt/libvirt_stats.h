@@ -30,6 +30,20 @@ Result<uid_t> daemon_uid(const std::string& socket);
 Result<LibvirtJobStats> read_completed_job(const KubevirtConfig& config, const LauncherIdentity& launchers,
                                            const VmiRef& vmi, std::chrono::milliseconds wait);
 
+// kubevirt.multifdOnFailure "auto": from this QEMU major version on, a failure resets every
+// carried connection at once instead of draining the multifd ones. Measured on QEMU 10.0
+// (bench/results/kubevirt-failures/); QEMU 7.2 needs the drain; 8.x and 9.x were not tried
+// and keep it.
+inline constexpr unsigned long kResetAllFromQemu = 10;
+// Whether a failure drains the multifd connections of a QEMU of `version` (libvirt's number).
+inline bool drain_multifd_for_qemu(unsigned long version) { return version / 1000000 < kResetAllFromQemu; }
+// "10.0.13" for libvirt's 10000013.
+std::string qemu_version_string(unsigned long version);
+// The QEMU version of the VMI's launcher on this node, as its libvirt daemon reports it
+// (virConnectGetVersion: major * 1000000 + minor * 1000 + micro).
+Result<unsigned long> launcher_qemu_version(const KubevirtConfig& config, const LauncherIdentity& launchers,
+                                            const VmiRef& vmi);
+
 // Aborts the outgoing migration job of the VMI's domain on this node (virDomainAbortJob on
 // the launcher's libvirt): QEMU cancels and the VM keeps running here. Used when the carrier
 // failed, so libvirt fails within seconds instead of waiting for KubeVirt's progress timeout

@@ -99,6 +99,9 @@ class KubevirtRelay {
   void sweep_leftover_tables();
   void record_armed(uint64_t netns_inode);  // stateDir: what the start-up sweep looks at
   void run_worker(std::function<void()> fn);
+  // kubevirt.multifdOnFailure "auto": asks the source launcher's libvirt for its QEMU version
+  // (a worker) and sets what a failure of `s` does to its multifd connections.
+  void decide_multifd_on_failure(const std::shared_ptr<SourceSession>& s);
   Result<BufferTicket> take_buffers(uint64_t bytes, const std::string& what);
   void reap_workers();
 

@@ -174,6 +174,7 @@ HookDecision KubevirtRelay::pre_migration_source(const json& vmi, const std::str
     return not_armed(*refused);
   }
   kmetrics_.hook_call("carried");
+  decide_multifd_on_failure(s);
   LOG_INFO("kubevirt") << "hook: carrying migration " << rec.migration_uid << " of " << rec.vmi.key() << " to "
                        << rec.target_node << " (" << intent->target_address << ") over " << s->record().transport
                        << " session=" << s->id();
@@ -190,6 +191,21 @@ Result<MigrationIntent> KubevirtRelay::confirm_with_api(const MigrationIntent& c
                                          api.error().message};
   }
   return confirm_hook_document(caller, api.value());
+}
+
+void KubevirtRelay::decide_multifd_on_failure(const std::shared_ptr<SourceSession>& s) {
+  if (config_.kubevirt.multifd_on_failure != "auto") return;
+  // Off the hook's thread (the hook answers within a second): libvirt is asked while KubeVirt
+  // starts the job; the connections carried by then are switched over.
+  run_worker([this, s, vmi = s->record().vmi] {
+    auto v = launcher_qemu_version(config_.kubevirt, launchers_, vmi);
+    if (!v) {
+      LOG_INFO("kubevirt") << "session=" << s->id() << " QEMU version of " << vmi.key()
+                           << "'s launcher unknown, its multifd connections drain on a failure: " << v.error().message;
+      return;
+    }
+    s->set_multifd_on_failure(drain_multifd_for_qemu(v.value()), "qemu " + qemu_version_string(v.value()));
+  });
 }
 
 Result<std::shared_ptr<InterceptPoint>> KubevirtRelay::point_for(std::shared_ptr<NetNs> ns) {

@@ -46,9 +46,10 @@ inline uint64_t flow_channel_buffers(uint64_t chunk_size, uint32_t ring_depth) {
 
 class SourceSession final : public FlowSession {
  public:
-  // On a failure every carried connection but the first (QEMU's main channel) is drained for
-  // up to this long instead of reset (ChannelPump::drain_on_failure): QEMU 7.2 fails on its
-  // main channel and ends its multifd threads itself. KubeVirt's proxy never passes QEMU's
+  // With multifd connections that drain (set_multifd_on_failure; QEMU before 10), a failure
+  // resets QEMU's main channel and drains the other memory connections for up to this long
+  // (ChannelPump::drain_on_failure): QEMU 7.2 fails on its main channel and ends its multifd
+  // threads itself. KubeVirt's proxy never passes QEMU's
   // close on to this side, so a drain normally lasts the whole limit.
   static constexpr std::chrono::milliseconds kMultifdDrainLimit = migration::kMultifdDrainLimit;
   // Connects to the peer agent, proves the shared token and agrees on the transport.
@@ -65,6 +66,11 @@ class SourceSession final : public FlowSession {
   // block migration the disks' connections come first, and KubeVirt's proxy dials each
   // connection in its own goroutine, so "connection 0" means nothing.
   Status add_connection(UniqueFd fd, const net::Endpoint& destination);
+  // What a failure does to the multifd connections (kubevirt.multifdOnFailure; for "auto"
+  // decided once the source launcher's QEMU version is known). Until then they drain. With
+  // `drain` false every connection, those carried already included, is reset on a failure
+  // with the main channel. `by` says why, for the record and the log.
+  void set_multifd_on_failure(bool drain, const std::string& by);
   // Tells the target the migration is over; waits (bounded) for libvirt's figures.
   void finish();
   const std::string& peer_node() const { return peer_.node; }
@@ -92,6 +98,7 @@ class SourceSession final : public FlowSession {
   net::Endpoint rdma_endpoint_;
   std::vector<BufferTicket> buffers_;  // one per channel (the interception thread only)
   uint32_t next_index_ = 0;  // the interception thread only
+  bool drain_multifd_ = true;  // under mu_
   // The target's answer to "end" (its "stats", or why none comes), handed from the reader to finish().
   std::mutex reply_mu_;
   std::condition_variable reply_cv_;

@@ -92,6 +92,10 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
   // An automatic choice of RDMA is counted once it holds: at the first RDMA channel, or as
   // the TCP fallback when rdma_cm cannot reach the target (add_connection).
   if (s->record_.transport_reason != "auto-both-rdma") ctx.metrics.transport_selected(s->transport_, s->record_.transport_reason);
+  // kubevirt.multifdOnFailure as configured; "auto" drains until the relay learnt the source
+  // launcher's QEMU (hook mode; static mode knows no VMI, so no launcher: it keeps draining).
+  const std::string& on_failure = ctx.config.kubevirt.multifd_on_failure;
+  s->set_multifd_on_failure(on_failure != "reset", on_failure == "auto" ? "qemu unknown" : "config");
   s->set_link(std::make_unique<migration::ControlLink>(std::move(fd.value())),
               std::make_unique<FlowSigner>(flow_session_key(token, hello, nonce.value()), "source", "target"),
               std::chrono::seconds(ctx.config.kubevirt.heartbeat_timeout_seconds));
@@ -175,6 +179,7 @@ Status SourceSession::add_connection(UniqueFd fd, const net::Endpoint& destinati
   }
   auto pump = std::make_unique<migration::ChannelPump>(*ch.value(), std::move(fd));
   const int kind = port_class(destination.port);
+  bool drains = false;
   if (kind != kBlockPort) {
     bool first_memory = false;
     {
@@ -184,13 +189,22 @@ Status SourceSession::add_connection(UniqueFd fd, const net::Endpoint& destinati
         record_.main_connection_by = "order";
         first_memory = true;
       }
+      drains = drain_multifd_;
     }
-    if (!first_memory) pump->drain_on_failure(kMultifdDrainLimit);
+    if (!first_memory && drains) pump->drain_on_failure(kMultifdDrainLimit);
     auto* self = pump.get();  // the callback runs on this pump's own thread
     pump->on_first_bytes([this, index, self](std::span<const std::byte> head) { saw_first_bytes(index, *self, head); });
   }
   pump->start();
   add_leg(std::move(ch.value()), std::move(pump));
+  if (drains) {
+    // set_multifd_on_failure(false) may have run between the read above and add_leg.
+    std::unique_lock lock(mu_);
+    if (!drain_multifd_) {
+      lock.unlock();
+      with_pump(index, [](migration::ChannelPump& p) { p.set_drain_on_failure(false, kMultifdDrainLimit); });
+    }
+  }
   LOG_DEBUG("kubevirt") << "session=" << id_ << " connection " << index << " to " << destination.to_string()
                         << (kind == kBlockPort ? " (block)" : " (memory)") << " carried over " << transport_;
   return ok_status();
@@ -237,8 +251,10 @@ void SourceSession::saw_first_bytes(uint32_t index, migration::ChannelPump& self
   const bool is_multifd = std::equal(kMultifdMagic.begin(), kMultifdMagic.end(), head.begin());
   if (!is_main && !is_multifd) return;  // TLS (or something else): the order stands
   int previous = -1;
+  bool drains = true;
   {
     std::lock_guard lock(mu_);
+    drains = drain_multifd_;
     const int me = static_cast<int>(index);
     if (is_main) {
       previous = record_.main_connection == me ? -1 : record_.main_connection;
@@ -251,13 +267,30 @@ void SourceSession::saw_first_bytes(uint32_t index, migration::ChannelPump& self
       return;
     }
   }
-  self.set_drain_on_failure(!is_main, kMultifdDrainLimit);
-  if (previous >= 0) {
+  self.set_drain_on_failure(!is_main && drains, kMultifdDrainLimit);
+  if (previous >= 0 && drains) {
     with_pump(static_cast<uint32_t>(previous),
               [](migration::ChannelPump& p) { p.set_drain_on_failure(true, kMultifdDrainLimit); });
   }
   LOG_DEBUG("kubevirt") << "session=" << id_ << " connection " << index << " is "
                         << (is_main ? "QEMU's main channel" : "a multifd channel") << " (by its first bytes)";
+}
+
+void SourceSession::set_multifd_on_failure(bool drain, const std::string& by) {
+  {
+    std::lock_guard lock(mu_);
+    if (ended_) return;  // decided already (fail() aborted the legs): the record says what was done
+    drain_multifd_ = drain;
+    record_.on_failure = drain ? "drain" : "reset";
+    record_.on_failure_by = by;
+  }
+  // A pump that failed already keeps what it was doing (set_drain_on_failure decides no more).
+  if (!drain) for_each_pump([](migration::ChannelPump& p) { p.set_drain_on_failure(false, kMultifdDrainLimit); });
+  if (by == "qemu unknown") return;  // the placeholder until the launcher's QEMU is known
+  LOG_INFO("kubevirt") << "session=" << id_ << " on a failure: " << (drain ? "multifd connections drain (up to "
+                                                                             : "every connection is reset (")
+                       << (drain ? std::to_string(kMultifdDrainLimit.count() / 1000) + " s" : std::string("no drain"))
+                       << "), by " << by;
 }
 
 void SourceSession::reader_loop() {

@@ -193,8 +193,9 @@ def private_agent_binary():
 class Rig:
     """Cluster + agents + one VMI. rebuild() starts everything afresh (after a wedged VM)."""
 
-    def __init__(self, flavor=None, parallel=8, tls=True):
-        self.flavor, self.parallel, self.tls = flavor, parallel, tls
+    def __init__(self, flavor=None, parallel=8, tls=True, kubevirt=None):
+        """``kubevirt``: extra keys for the agents' kubevirt section (e.g. multifdOnFailure)."""
+        self.flavor, self.parallel, self.tls, self.agent_kubevirt = flavor, parallel, tls, kubevirt
         self.cluster = self.kv = None
         self.tmp = None
         self.builds = 0
@@ -208,7 +209,7 @@ class Rig:
         self.tmp = tempfile.mkdtemp(prefix="rdmig-kvfail-")
         try:
             self.cluster = tolerant_cluster_class()(flavor=self.flavor).__enter__()
-            self.kv = KubevirtAgents(self.tmp, NODES)
+            self.kv = KubevirtAgents(self.tmp, NODES, kubevirt=self.agent_kubevirt)
             self.cluster.define_and_start_vmi("testvm", "default", mem_mib=MEM_MIB, dirty_mib=DIRTY_MIB,
                                               boot_counter=2)
         except BaseException:
@@ -321,7 +322,7 @@ def _slim(rec):
     if not isinstance(rec, dict):
         return rec
     keys = ("role", "phase", "reason", "carried", "connections", "bytesSent", "bytesReceived", "transport",
-            "transportReason", "mainConnection", "peer", "error", "stacks")
+            "transportReason", "mainConnection", "onFailure", "peer", "error", "stacks")
     return {k: rec.get(k) for k in keys if k in rec}
 
 
@@ -550,10 +551,22 @@ def summarize(rows):
             "again_carried": len([r for r in rs if r.get("followup", {}).get("ok")
                                   and r["followup"].get("carried")]),
             "again_first": len([r for r in rs if r.get("followup", {}).get("attempt") == 1]),
+            "on_failure": on_failure_counts(hit),
             "wedges": len([r for r in rs if r.get("wedge")]),
             "exceptions": len([r for r in rs if r.get("exception")]),
             "errors": errors,
         })
+    return out
+
+
+def on_failure_counts(rows):
+    """What the source agent's record says a failure did to the multifd connections, counted:
+    {"reset by qemu 10.0.13": 9, ...} (source records only; a killed source agent keeps none)."""
+    out = {}
+    for r in rows:
+        of = (r.get("source_record") or {}).get("onFailure")
+        k = ("%s by %s" % (of.get("multifd"), of.get("by"))) if of else "-"
+        out[k] = out.get(k, 0) + 1
     return out
 
 
@@ -564,9 +577,10 @@ def fmt(v):
 def markdown(rows, meta):
     lines = ["# rdmig under KubeVirt: failure tries", "",
              "Machine: %s. Launcher row: %s. %d parallel connections, TLS %s, fault after %d MiB "
-             "carried. Run %s. Agent %s, git %s." % (meta["machine"], meta["flavor"], meta["parallel"],
-                                   "on" if meta["tls"] else "off", meta["fault_after_mib"], meta["started"],
-                                   meta.get("agent"), meta.get("git")),
+             "carried. Run %s. Agent %s, git %s, kubevirt.multifdOnFailure: %s." % (
+                 meta["machine"], meta["flavor"], meta["parallel"], "on" if meta["tls"] else "off",
+                 meta["fault_after_mib"], meta["started"], meta.get("agent"), meta.get("git"),
+                 meta.get("multifd_on_failure", "-")),
              "",
              "Times from the fault: `fail` = the source QEMU's migration seen failed/cancelled "
              "(harness QMP poll, 0.25 s steps); `return` = libvirt's migrateToURI3 returned "
@@ -578,15 +592,16 @@ def markdown(rows, meta):
              "progress` on the follow-up.", "",
              "| fault | tries | injected (migration failed) | fail median s | fail max s | return median s "
              "| return max s | pod del | one place | again (1st / carried) | wedges | no fault (not carried "
-             "or done first) | exceptions |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "or done first) | exceptions | multifd on failure (source record) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     summ = summarize(rows)
     for s in summ:
-        lines.append("| %s | %d | %d (%d) | %s | %s%s | %s | %s | %d | %d/%d | %d (%d / %d) | %d | %d | %d |" % (
+        lines.append("| %s | %d | %d (%d) | %s | %s%s | %s | %s | %d | %d/%d | %d (%d / %d) | %d | %d | %d | %s |" % (
             s["fault"], s["tries"], s["injected"], s["failed"], fmt(s["fail_median"]), fmt(s["fail_max"]),
             (" (%d unseen)" % s["fail_unseen"]) if s["fail_unseen"] else "", fmt(s["ret_median"]),
             fmt(s["ret_max"]), s["pod_deleted"], s["one_place"], s["injected"], s["again"], s["again_first"],
-            s["again_carried"], s["wedges"], s["not_carried"], s["exceptions"]))
+            s["again_carried"], s["wedges"], s["not_carried"], s["exceptions"],
+            ", ".join("%s: %d" % kv for kv in sorted(s["on_failure"].items()))))
     lines.append("")
     for s in summ:
         lines.append("libvirt errors, %s: %s" % (s["fault"], "; ".join(
@@ -613,6 +628,8 @@ def main(argv=None):
     ap.add_argument("--fault-after-mib", type=int, default=8)
     ap.add_argument("--out", help="markdown report (the raw JSON lines also go to OUT with .jsonl)")
     ap.add_argument("--logs", default="/tmp/rdmig-failure-tries-logs", help="the agents' logs are copied here")
+    ap.add_argument("--multifd-on-failure", choices=("auto", "drain", "reset"),
+                    help="the agents' kubevirt.multifdOnFailure (default: the agent's own default)")
     ap.add_argument("--lock", help="flock this file per fault kind (e.g. /tmp/rdmig-qemu.lock) instead of "
                                    "holding an outer lock for the whole run")
     args = ap.parse_args(argv)
@@ -633,6 +650,7 @@ def main(argv=None):
     meta = {"machine": machine_desc(), "flavor": os.environ.get("RDMIG_KV_LAUNCHER") or "trixie-nonroot",
             "parallel": args.parallel, "tls": not args.no_tls, "fault_after_mib": args.fault_after_mib, "git": git,
             "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "multifd_on_failure": args.multifd_on_failure or "agent default",
             "agent": "%s (mtime %s)" % (agent_src, time.strftime(
                 "%H:%M:%S UTC", time.gmtime(os.path.getmtime(agent_copy))))}
     rows = []
@@ -658,7 +676,8 @@ def main(argv=None):
             rig = None
             try:
                 Rig.logs_dir = args.logs
-                rig = Rig(parallel=args.parallel, tls=not args.no_tls)
+                rig = Rig(parallel=args.parallel, tls=not args.no_tls,
+                          kubevirt={"multifdOnFailure": args.multifd_on_failure} if args.multifd_on_failure else None)
                 injected = attempts = 0
                 while injected < args.tries and attempts < args.tries + max(2, args.tries // 4):
                     i = attempts

@@ -104,7 +104,18 @@ class KubevirtMigrationTest(base.KubevirtChecks, unittest.TestCase):
         self.assertIsNotNone(src["libvirt"], src)
         self.assertEqual(src["libvirt"]["downtimeMs"], r.downtime_ms)
         self.assertEqual(src["libvirt"]["totalTimeMs"], r.total_time_ms)
+        self.assertFailureActionFitsTheLaunchersQemu(src)
         return src
+
+    def assertFailureActionFitsTheLaunchersQemu(self, src):
+        # kubevirt.multifdOnFailure "auto": the source agent asked the launcher's libvirt for
+        # its QEMU. QEMU 10 (trixie, KubeVirt 1.9) fails on the resets at once, so everything is
+        # reset; QEMU 7.2 (bookworm, the Root row) keeps the multifd drain it needs
+        # (bench/results/kubevirt-failures/).
+        of = src.get("onFailure") or {}
+        want = ("reset", "qemu 10.") if self.cluster.flavor == "trixie-nonroot" else ("drain", "qemu 7.2.")
+        self.assertEqual(of.get("multifd"), want[0], src)
+        self.assertTrue((of.get("by") or "").startswith(want[1]), src)
 
     # ---- behaviours ----
 
@@ -191,6 +202,7 @@ class KubevirtMigrationTest(base.KubevirtChecks, unittest.TestCase):
         self.assertNotEqual(r.target_cleanup, "running", "the VM must not run on the target too")
         rec = self.record(source, r.migration_uid, phases=("Failed",))
         self.assertIn(target, rec["reason"])
+        self.assertFailureActionFitsTheLaunchersQemu(rec)
         # The next migration goes KubeVirt's own way (the target agent is still down) and works.
         # One connection: on KubeVirt's path alone, an 8-connection migration right after a
         # failed one has ended with the guest panicking on the target (a full CI run; QEMU 7.2

@@ -309,6 +309,9 @@ class KubevirtRelayTest(unittest.TestCase):
         rec = wait_for(lambda: [r for r in self.records(self.src, migrationUid=mig) if r["phase"] == "Failed"], 10,
                        "the source record to fail")[0]
         self.assertIn("node-b", rec["reason"])
+        # kubevirt.multifdOnFailure "auto" without a launcher to ask: the QEMU version is
+        # unknown, and an unknown QEMU keeps the drain (QEMU 7.2 needs it).
+        self.assertEqual(rec["onFailure"], {"multifd": "drain", "by": "qemu unknown"}, rec)
         # The path is now unhealthy: the next migration is left to KubeVirt's own path.
         vmi2 = vmi_json("vmi-uid-3", mig + "-retry", self.net.ip4["node-b"], self.sink_port)
         res2 = self.dial(2, 65536, vmi=vmi2)
@@ -316,6 +319,33 @@ class KubevirtRelayTest(unittest.TestCase):
         rec2 = self.records(self.src, migrationUid=mig + "-retry")
         self.assertEqual(rec2[0]["phase"], "NotCarried")
         self.assertIn("unhealthy", rec2[0]["reason"])
+
+    def test_killed_target_agent_resets_every_connection_at_once_when_set_to_reset(self):
+        # kubevirt.multifdOnFailure "reset" (what "auto" picks for a QEMU 10 launcher): no drain,
+        # every carried connection is reset as soon as the session fails, the multifd ones too.
+        self.src.stop()
+        self.src = self.agent("node-a", self.src.token,
+                              peers=[{"node": "node-b", "agent": "127.0.0.1:%d" % self.dst.data_port}],
+                              hook=self.hook_socket, extra={"multifdOnFailure": "reset"})
+        mig = "mig-kill-reset"
+        vmi = vmi_json("vmi-uid-3r", mig, self.net.ip4["node-b"], self.sink_port)
+        p = self.dial(3, 1 << 20, vmi=vmi, hold=30, wait=False)
+        wait_for(lambda: any(r["connections"] == 3 for r in self.records(self.src, migrationUid=mig)), 20,
+                 "three carried connections")
+        killed_at = time.time()
+        self.dst.proc.send_signal(signal.SIGKILL)
+        out, err = p.communicate(timeout=60)
+        res = json.loads(out)
+        ended = [c["ended_at"] - killed_at for c in res["connections"]]
+        print("\n[relay] reset on failure: the connections ended %s s after the kill"
+              % ", ".join("%.2f" % e for e in ended), file=sys.stderr)
+        for c in res["connections"]:
+            self.assertIn(c["error"], ("reset", "ended by the far side (EOF)"), c)
+            # The drain would hold the multifd ones for 10 s (SourceSession::kMultifdDrainLimit).
+            self.assertLess(c["ended_at"] - killed_at, 4.0, "a connection was drained, not reset: %s" % c)
+        rec = wait_for(lambda: [r for r in self.records(self.src, migrationUid=mig) if r["phase"] == "Failed"], 10,
+                       "the source record to fail")[0]
+        self.assertEqual(rec["onFailure"], {"multifd": "reset", "by": "config"}, rec)
 
     @unittest.skipIf(shutil.which("nft") is None, "needs the nft command to cut the agents' link")
     def test_a_cut_link_fails_both_agents_within_the_heartbeat_timeout(self):

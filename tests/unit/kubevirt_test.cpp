@@ -294,11 +294,41 @@ TEST(KubevirtConfig, ReadsTheSectionAndNamesBadKeys) {
            {"kubevirt: {peerz: []}", "peerz"},
            {"kubevirt: {socketMark: 0x4000, socketMarkMask: 0x4000}", "kubevirt.socketMarkMask"},
            {"kubevirt: {socketMark: 0x3000}", "kubevirt.socketMark"},
-           {"kubevirt: {socketMark: 0xZZ}", "kubevirt.socketMark"}}) {
+           {"kubevirt: {socketMark: 0xZZ}", "kubevirt.socketMark"},
+           {"kubevirt: {multifdOnFailure: abort}", "kubevirt.multifdOnFailure"}}) {
     auto r = parse_agent_config(text);
     ASSERT_FALSE(r) << text;
     EXPECT_NE(r.error().message.find(key), std::string::npos) << r.error().message;
   }
+}
+
+TEST(KubevirtConfig, MultifdOnFailureIsAutoByDefaultAndTakesDrainOrReset) {
+  auto c = parse_agent_config("kubevirt: {enabled: true}\n");
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->kubevirt.multifd_on_failure, "auto");
+  for (const std::string v : {"auto", "drain", "reset"}) {
+    auto r = parse_agent_config("kubevirt: {multifdOnFailure: " + v + "}\n");
+    ASSERT_TRUE(r) << r.error().message;
+    EXPECT_EQ(r->kubevirt.multifd_on_failure, v);
+  }
+}
+
+TEST(KubevirtFailureAction, QemuTenResetsEverythingOlderQemuDrainsTheMultifdConnections) {
+  // libvirt's numbers (virConnectGetVersion): major * 1000000 + minor * 1000 + micro.
+  EXPECT_TRUE(drain_multifd_for_qemu(7002000));    // Debian 12, KubeVirt's Root row here
+  EXPECT_TRUE(drain_multifd_for_qemu(9002004));    // not measured: keeps the drain
+  EXPECT_FALSE(drain_multifd_for_qemu(10000013));  // Debian 13, measured
+  EXPECT_FALSE(drain_multifd_for_qemu(10001000));  // KubeVirt 1.9
+  EXPECT_EQ(qemu_version_string(10000013), "10.0.13");
+  EXPECT_EQ(qemu_version_string(7002000), "7.2.0");
+}
+
+TEST(KubevirtFlowRecord, TheFailureActionIsInTheRecord) {
+  FlowRecord r;
+  EXPECT_TRUE(to_json(r)["onFailure"].is_null());
+  r.on_failure = "reset";
+  r.on_failure_by = "qemu 10.0.13";
+  EXPECT_EQ(to_json(r)["onFailure"], (nlohmann::json{{"multifd", "reset"}, {"by", "qemu 10.0.13"}}));
 }
 
 TEST(KubevirtLibvirtUri, SessionForAnUnprivilegedDaemonSystemForRootAndThePathEscaped) {
