@@ -90,7 +90,7 @@ class PeerAgent(Agent):
 def rdma_bytes(agent, direction):
     samples, _ = parse_prometheus(agent.metrics())
     return samples.get(("rdmig_transferred_bytes_total",
-                        frozenset({"transport": "rdma", "direction": direction}.items())), 0)
+                        frozenset({"transport": "rdma", "direction": direction, "traffic": "migration"}.items())), 0)
 
 
 def serve_target():
