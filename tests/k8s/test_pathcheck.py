@@ -198,6 +198,17 @@ class PathCheckControllerTest(unittest.TestCase):
                               ttlSecondsAfterFinished=1))
         wait_for(lambda: self.get("short-lived") is None, 30, "the object to be deleted after its TTL")
 
+    def test_zz_rbac_in_the_chart_covers_the_calls_and_every_pathcheck_grant_is_used(self):
+        import rbac_check
+        # A status write that meets a conflict: the controller re-reads the object (get) and retries.
+        self.store.conflict_once.add(("rdmapathchecks", NS, "conflicted"))
+        self.create(pathcheck("conflicted", "node-a", {"nodes": ["node-b"]}, bytes="4Mi", transport="tcp"))
+        self.wait_phase("conflicted", ("Succeeded", "Failed"))
+        calls = rbac_check.calls_from_log(self.api.requests, "rdmig-controller/")
+        problems = rbac_check.compare(calls, rbac_check.chart_rules(),
+                                      unused_of={"rdmapathchecks", "rdmapathchecks/status"})
+        self.assertEqual(problems, [], "\n".join(problems))
+
     def test_the_schema_refuses_bad_specs(self):
         bad = [
             pathcheck("two-kinds", "node-a", {"nodes": ["node-b"], "all": True}),
