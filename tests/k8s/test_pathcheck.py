@@ -209,6 +209,19 @@ class PathCheckControllerTest(unittest.TestCase):
                                       unused_of={"rdmapathchecks", "rdmapathchecks/status"})
         self.assertEqual(problems, [], "\n".join(problems))
 
+    def test_the_sample_is_valid_and_runs(self):
+        import yaml
+        with open(os.path.join(REPO, "operator-manifests", "samples", "pathcheck-before-drain.yaml")) as f:
+            body = yaml.safe_load(f)
+        body["metadata"]["namespace"] = NS
+        body["spec"].update(bytes="4Mi", timeoutSeconds=10)  # small, and node-dead fails fast
+        self.create(body)
+        st = self.wait_phase(body["metadata"]["name"], ("Succeeded", "Failed"), timeout=40)["status"]
+        # node-a -> every other agent node: node-b and node-c carry it (tcp-only agents: FellBack),
+        # node-dead's agent does not answer.
+        self.assertEqual(sorted(p["target"] for p in st["pairs"]), ["node-b", "node-c", "node-dead"])
+        self.assertEqual((st["summary"]["fellBack"], st["summary"]["failed"]), (2, 1))
+
     def test_the_schema_refuses_bad_specs(self):
         bad = [
             pathcheck("two-kinds", "node-a", {"nodes": ["node-b"], "all": True}),
