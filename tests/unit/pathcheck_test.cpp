@@ -8,6 +8,7 @@
 #include "api/models.h"
 #include "common/net.h"
 #include "metrics/metrics.h"
+#include "pathcheck/check.h"
 #include "pathcheck/pattern.h"
 #include "pathcheck/stream.h"
 #include "transport/tcp/tcp_channel.h"
@@ -177,4 +178,27 @@ TEST(PathCheckRequest, RejectsHostileBodies) {
   ASSERT_TRUE(sized.ok()) << sized.error().message;
   EXPECT_EQ(sized->bytes, 64u << 20);
   EXPECT_EQ(sized->chunk_size, 256u << 10);
+}
+
+TEST(PathCheckRdmaEnd, ReportsDevicePortGidAndMtuOfTheChosenPort) {
+  migration::RdmaSupport rdma;
+  rdma.available = true;
+  rdma.device = "mlx5_2";
+  rdma.device_port = 1;
+  rdma.ip = "192.168.10.7";
+  rdma.gid_index = 3;
+  rdma.mtu = 4096;
+  const auto end = RdmaEnd::of(rdma);
+  EXPECT_EQ(end.device, "mlx5_2");
+  EXPECT_EQ(end.port, 1);
+  EXPECT_EQ(end.gid, "0000:0000:0000:0000:0000:ffff:c0a8:0a07");  // RoCE v2: the IPv4-mapped address
+  EXPECT_EQ(end.gid_index, 3);
+  EXPECT_EQ(end.mtu, 4096u);
+  // What a peer sends back is bounded and typed, whatever it sends.
+  auto parsed = RdmaEnd::parse({{"device", std::string(500, 'x')}, {"mtu", 1 << 30}, {"gidIndex", "3"}});
+  ASSERT_TRUE(parsed.has_value());
+  EXPECT_EQ(parsed->device.size(), 64u);
+  EXPECT_EQ(parsed->mtu, 4096u);
+  EXPECT_EQ(parsed->gid_index, -1);
+  EXPECT_FALSE(RdmaEnd::parse(nlohmann::json::array()).has_value());
 }
