@@ -215,5 +215,62 @@ class PathCheckTest(unittest.TestCase):
         self.a.call("DELETE", "/v1/pathchecks/" + cid)
 
 
+RDMA_DEV = os.environ.get("RDMIG_RDMA_DEV", "")
+
+
+@unittest.skipUnless(os.environ.get("RDMIG_PATHCHECK_TRANSPORT") == "rdma",
+                     "needs an RDMA device: runs in the Soft-RoCE VM (tests/rdma/pathcheck-tests.sh)")
+class PathCheckRdmaTest(unittest.TestCase):
+    """Both agents on the VM's one rxe device (each its own rdma_cm port), a third without RDMA."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="rdmig-pathcheck-rdma-")
+        token = "tok-" + os.urandom(8).hex()
+        rdma = {"transport": "auto", "rdma": {"device": RDMA_DEV}, "dataPlane": {"rdmaPort": 0}}
+        cls.a = Agent(cls.tmp, "agent-a", token=token, config=rdma, log_level="debug")
+        cls.b = Agent(cls.tmp, "agent-b", token=token, config=rdma, log_level="debug")
+        # RDMA broken on this one: transport auto, but rdma.device names no device.
+        cls.n = Agent(cls.tmp, "agent-nordma", token=token, log_level="debug",
+                      config={"transport": "auto", "rdma": {"device": "no-such-device"}})
+
+    @classmethod
+    def tearDownClass(cls):
+        for agent in (cls.a, cls.b, cls.n):
+            agent.stop()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_a_pair_over_rdma_verifies_every_byte_and_names_both_ports(self):
+        before = metric(self.a, "rdmig_transferred_bytes_total", transport="rdma", direction="sent", traffic="pathcheck")
+        sid, tid = start_pair(self.a, self.b, bytes="64Mi", chunkSize="1Mi", channels=2)
+        src, dst = wait_check(self.a, sid, timeout=120), wait_check(self.b, tid, timeout=120)
+        print("\nsource:", src, "\ntarget:", dst)
+        self.assertEqual((src["phase"], dst["phase"]), ("Succeeded", "Succeeded"), (src, dst))
+        self.assertEqual((src["transport"], src["transportReason"]), ("rdma", "auto-both-rdma"))
+        self.assertEqual(dst["bytesVerified"], 64 * MiB)
+        self.assertGreater(src["throughputBytesPerSecond"], 0)
+        for end in (src["localRdma"], src["peerRdma"], dst["localRdma"]):
+            self.assertEqual(end["device"], RDMA_DEV)
+            self.assertIn(end["mtu"], (256, 512, 1024, 2048, 4096))
+            self.assertTrue(end["gid"].startswith("0000:0000:0000:0000:0000:ffff:"), end)
+        self.assertGreaterEqual(metric(self.a, "rdmig_transferred_bytes_total", transport="rdma", direction="sent",
+                                       traffic="pathcheck") - before, 64 * MiB)
+
+    def test_a_pair_whose_target_has_no_rdma_falls_back_with_the_reason_or_fails_when_rdma_is_required(self):
+        sid, _ = start_pair(self.a, self.n, bytes="8Mi")
+        st = wait_check(self.a, sid, timeout=60)
+        self.assertEqual(st["phase"], "Succeeded", st)
+        self.assertEqual((st["transport"], st["transportReason"]), ("tcp", "auto-no-peer-rdma:no-device"))
+        started = time.monotonic()
+        sid, tid = start_pair(self.a, self.n, bytes="8Mi", transport="rdma", timeoutSeconds=20)
+        st = wait_check(self.a, sid, timeout=30)
+        print("\nrdma required:", st, "after %.1f s" % (time.monotonic() - started))
+        self.assertEqual(st["phase"], "Failed")
+        self.assertIn("refused the check", st["error"])
+        self.assertIn("rdma", st["error"].lower())
+        self.assertLess(time.monotonic() - started, 20)
+        self.n.call("DELETE", "/v1/pathchecks/" + tid)
+
+
 if __name__ == "__main__":
     unittest.main()
