@@ -193,6 +193,18 @@ class PathCheckControllerTest(unittest.TestCase):
         self.assertEqual(sorted(p["target"] for p in st["pairs"]), ["node-a", "node-c", "node-dead"])
         self.assertEqual((st["summary"]["passed"], st["summary"]["failed"]), (2, 1))
 
+    def test_targets_by_node_labels(self):
+        for name, labels in (("node-b", {"rack": "r7"}), ("node-c", {"rack": "r7"}), ("node-a", {"rack": "r7"}),
+                             ("node-x", {"rack": "r8"})):
+            code, body = self.store.create("nodes", None, {"apiVersion": "v1", "kind": "Node",
+                                                           "metadata": {"name": name, "labels": labels}})
+            self.assertIn(code, (201, 409), body)
+        self.create(pathcheck("rack-r7", "node-a", {"selector": {"rack": "r7"}}, bytes="4Mi", transport="tcp",
+                              maxConcurrentPairs=2))
+        st = self.wait_phase("rack-r7", ("Succeeded", "Failed"))["status"]
+        self.assertEqual([p["target"] for p in st["pairs"]], ["node-b", "node-c"])  # not the source, not r8
+        self.assertEqual(st["phase"], "Succeeded", st)
+
     def test_a_finished_check_goes_after_its_ttl(self):
         self.create(pathcheck("short-lived", "node-a", {"nodes": ["node-b"]}, bytes="4Mi", transport="tcp",
                               ttlSecondsAfterFinished=1))
@@ -206,7 +218,7 @@ class PathCheckControllerTest(unittest.TestCase):
         self.wait_phase("conflicted", ("Succeeded", "Failed"))
         calls = rbac_check.calls_from_log(self.api.requests, "rdmig-controller/")
         problems = rbac_check.compare(calls, rbac_check.chart_rules(),
-                                      unused_of={"rdmapathchecks", "rdmapathchecks/status"})
+                                      unused_of={"rdmapathchecks", "rdmapathchecks/status", "nodes"})
         self.assertEqual(problems, [], "\n".join(problems))
 
     def test_the_sample_is_valid_and_runs(self):
