@@ -55,6 +55,11 @@ struct CheckSpec {
   migration::TargetRef target;  // source only: the target agent's endpoint, check id and token
 };
 
+// The share of the stream channel `index` carries (channel 0 takes the remainder).
+inline uint64_t channel_bytes(uint64_t bytes, uint32_t channels, uint32_t index) {
+  return bytes / channels + (index == 0 ? bytes % channels : 0);
+}
+
 // Chunk buffers a check holds on this agent (counted against migration.bufferBudget).
 uint64_t buffer_bytes(const CheckSpec& spec);
 
