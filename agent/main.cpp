@@ -28,6 +28,7 @@
 #include "kubevirt/hook_server.h"
 #include "kubevirt/relay.h"
 #include "migration/manager.h"
+#include "pathcheck/manager.h"
 
 namespace {
 
@@ -153,15 +154,23 @@ int main(int argc, char** argv) {
   rdmig::register_build_info(*metrics.registry());
   rdmig::migration::DataPlaneServer data_plane(config, metrics);
   rdmig::migration::MigrationManager manager(config, metrics, data_plane);
+  // Path checks (docs/pathcheck.md) share the data plane and migration.bufferBudget.
+  rdmig::pathcheck::PathCheckManager pathchecks(config, metrics, data_plane);
   // KubeVirt mode: carries KubeVirt's own migration connections (docs/kubevirt.md).
   std::unique_ptr<rdmig::kubevirt::KubevirtRelay> kubevirt;
   std::unique_ptr<rdmig::kubevirt::HookServer> hook;
   if (config.kubevirt.enabled) {
     kubevirt = std::make_unique<rdmig::kubevirt::KubevirtRelay>(config, metrics, data_plane, token);
     // One migration.bufferBudget for both kinds of migration on this agent.
-    kubevirt->count_also([&manager] { return manager.buffer_bytes_in_use(); });
-    manager.count_also([k = kubevirt.get()] { return k->flow_buffer_bytes(); });
+    kubevirt->count_also([&manager, &pathchecks] { return manager.buffer_bytes_in_use() + pathchecks.buffer_bytes_in_use(); });
+    manager.count_also([k = kubevirt.get(), &pathchecks] { return k->flow_buffer_bytes() + pathchecks.buffer_bytes_in_use(); });
+  } else {
+    manager.count_also([&pathchecks] { return pathchecks.buffer_bytes_in_use(); });
   }
+  // A carried KubeVirt flow holds buffers exactly while it runs: it counts as a running migration.
+  pathchecks.set_neighbours(
+      [&manager, k = kubevirt.get()] { return manager.active_count() + (k && k->flow_buffer_bytes() > 0 ? 1 : 0); },
+      [&manager, k = kubevirt.get()] { return manager.buffer_bytes_in_use() + (k ? k->flow_buffer_bytes() : 0); });
   if (auto st = data_plane.start(); !st) {
     std::cerr << "rdmig-agent: " << st.error().message << "\n";
     return st.error().code == rdmig::Errc::kFailedPrecondition ? 2 : 1;
@@ -180,7 +189,7 @@ int main(int argc, char** argv) {
       hook = std::move(h.value());
     }
   }
-  rdmig::api::RestServer server(config, token, manager, kubevirt.get(), metrics, api_cert);
+  rdmig::api::RestServer server(config, token, manager, pathchecks, kubevirt.get(), metrics, api_cert);
   if (api_cert && api_cert->info().expired) {
     LOG_WARN("api") << "the API certificate has expired: " << api_scheme;
   }
@@ -218,6 +227,7 @@ int main(int argc, char** argv) {
     sigwait(&signals, &sig);
     LOG_INFO("agent") << "signal " << sig << ": cancelling migrations and stopping";
     shutting_down = true;
+    pathchecks.shutdown();
     manager.shutdown(std::chrono::seconds(config.shutdown_grace_seconds));
     hook.reset();
     if (kubevirt) kubevirt->stop();  // removes the redirects: KubeVirt's own path from now on

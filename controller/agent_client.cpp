@@ -200,6 +200,16 @@ Result<json> AgentClient::cancel(const AgentAddress& agent, const std::string& i
   return call(agent, "DELETE", "/v1/migrations/" + id, nullptr);
 }
 
+Result<json> AgentClient::create_pathcheck(const AgentAddress& agent, const json& body) {
+  return call(agent, "POST", "/v1/pathchecks", &body);
+}
+Result<json> AgentClient::get_pathcheck(const AgentAddress& agent, const std::string& id) {
+  return call(agent, "GET", "/v1/pathchecks/" + id, nullptr);
+}
+Result<json> AgentClient::cancel_pathcheck(const AgentAddress& agent, const std::string& id) {
+  return call(agent, "DELETE", "/v1/pathchecks/" + id, nullptr);
+}
+
 Result<json> AgentClient::kubevirt_migrations(const AgentAddress& agent, const std::string& migration_uid) {
   std::string q;
   for (char c : migration_uid) {  // a UID is [0-9a-f-]; keep anything else out of the URL

@@ -62,6 +62,10 @@ class AgentClient {
   Result<nlohmann::json> create(const AgentAddress& agent, const nlohmann::json& body);
   Result<nlohmann::json> get(const AgentAddress& agent, const std::string& id);
   Result<nlohmann::json> cancel(const AgentAddress& agent, const std::string& id);
+  // /v1/pathchecks (docs/pathcheck.md): the same agents, token and TLS.
+  Result<nlohmann::json> create_pathcheck(const AgentAddress& agent, const nlohmann::json& body);
+  Result<nlohmann::json> get_pathcheck(const AgentAddress& agent, const std::string& id);
+  Result<nlohmann::json> cancel_pathcheck(const AgentAddress& agent, const std::string& id);
   // GET /v1/kubevirt/migrations?migrationUid=<uid>: the agent's records of one KubeVirt
   // migration (the "items" array). An agent without the endpoint (404) has none: empty array.
   Result<nlohmann::json> kubevirt_migrations(const AgentAddress& agent, const std::string& migration_uid);

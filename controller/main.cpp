@@ -24,6 +24,7 @@
 #include "controller/controller_metrics.h"
 #include "controller/kubevirt.h"
 #include "controller/kubevirt_observer.h"
+#include "controller/pathcheck_reconciler.h"
 #include "controller/reconciler.h"
 #include "controller/worker.h"
 #include "k8s/cluster_config.h"
@@ -175,6 +176,19 @@ int main(int argc, char** argv) {
         });
   }
   controller::Reconciler reconciler(config, config.namespace_, kube, informer, agents, events, vmims.get());
+  // RdmaPathCheck objects (docs/pathcheck.md): their own cache, reconciler and worker thread,
+  // so a long check never delays a migration's reconcile.
+  controller::Worker* pathcheck_worker_ptr = nullptr;
+  const std::string pathcheck_collection =
+      config.watch_namespace.empty()
+          ? "/apis/rdmig.io/v1alpha1/rdmapathchecks"
+          : "/apis/rdmig.io/v1alpha1/namespaces/" + config.watch_namespace + "/rdmapathchecks";
+  k8s::Informer pathcheck_informer(kube, pathcheck_collection, "",
+                                   [&pathcheck_worker_ptr](const std::string&, const std::string& key) {
+                                     if (pathcheck_worker_ptr) pathcheck_worker_ptr->enqueue(key);
+                                   });
+  controller::PathCheckReconciler pathcheck_reconciler(config, config.namespace_, kube, pathcheck_informer, agents,
+                                                       events);
   std::unique_ptr<controller::KubevirtObserver> observer;
   if (vmims) {
     observer = std::make_unique<controller::KubevirtObserver>(config, config.namespace_, kube, *vmims, agents, events,
@@ -188,9 +202,11 @@ int main(int argc, char** argv) {
                                secs(config.leader_election.renew_deadline_seconds),
                                secs(config.leader_election.retry_period_seconds)};
   controller::Worker* wake = nullptr;
-  k8s::LeaderElector elector(kube, le, [&metrics, &wake](bool leading) {
+  controller::Worker* pathcheck_wake = nullptr;
+  k8s::LeaderElector elector(kube, le, [&metrics, &wake, &pathcheck_wake](bool leading) {
     metrics.set_leader(leading);
     if (leading && wake) wake->enqueue("");  // reconcile everything now, not at the next poll
+    if (leading && pathcheck_wake) pathcheck_wake->enqueue("");
   });
   const bool elect = config.leader_election.enabled;
   metrics.set_leader(!elect);
@@ -198,6 +214,10 @@ int main(int argc, char** argv) {
                             [&] { return !elect || elector.leading(); }, observer.get());
   worker_ptr = &worker;
   wake = &worker;
+  controller::Worker pathcheck_worker(pathcheck_reconciler, pathcheck_informer, metrics, ms(config.poll_interval_ms),
+                                      [&] { return !elect || elector.leading(); }, nullptr, /*phase_gauge=*/false);
+  pathcheck_worker_ptr = &pathcheck_worker;
+  pathcheck_wake = &pathcheck_worker;
 
   httplib::Server server;
   server.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
@@ -207,7 +227,7 @@ int main(int argc, char** argv) {
     res.set_content("{\"status\":\"ok\"}\n", "application/json");
   });
   server.Get("/readyz", [&](const httplib::Request&, httplib::Response& res) {
-    const bool ready = informer.synced();
+    const bool ready = informer.synced() && pathcheck_informer.synced();
     res.status = ready ? 200 : 503;
     res.set_content(ready ? "{\"status\":\"ready\"}\n" : "{\"status\":\"not synced\"}\n", "application/json");
   });
@@ -232,21 +252,27 @@ int main(int argc, char** argv) {
 
   std::thread server_thread([&] { server.listen_after_bind(); });
   std::thread informer_thread([&] { informer.run(); });
+  std::thread pathcheck_informer_thread([&] { pathcheck_informer.run(); });
   std::thread vmim_thread;
   if (vmims) vmim_thread = std::thread([&] { vmims->run(); });
   std::thread elector_thread;
   if (elect) elector_thread = std::thread([&] { elector.run(); });
   std::thread worker_thread([&] { worker.run(); });
+  std::thread pathcheck_worker_thread([&] { pathcheck_worker.run(); });
 
   int sig = 0;
   sigwait(&signals, &sig);
   LOG_INFO("controller") << "signal " << sig << ": stopping";
   worker.stop();
   worker_thread.join();
+  pathcheck_worker.stop();
+  pathcheck_worker_thread.join();
   informer.stop();
+  pathcheck_informer.stop();
   if (vmims) vmims->stop();
   kube.stop_watches();
   informer_thread.join();
+  pathcheck_informer_thread.join();
   if (vmims) vmim_thread.join();
   if (elect) {
     elector.stop();

@@ -48,16 +48,25 @@ inline constexpr const char* kGroupVersion = "rdmig.io/v1alpha1";
 
 enum class Next { kDone, kRequeueNow, kPoll };
 
-class Reconciler {
+// What the worker drives: one kind of object, reconciled by key ("ns/name").
+class ObjectReconciler {
+ public:
+  virtual ~ObjectReconciler() = default;
+  virtual Result<Next> reconcile(const std::string& key) = 0;
+  // Whether the worker's periodic pass must reconcile this cached object.
+  virtual bool needs_poll(const nlohmann::json& obj) const = 0;
+};
+
+class Reconciler final : public ObjectReconciler {
  public:
   // `vmims`: the VirtualMachineInstanceMigration cache, null when KubeVirt support is off.
   Reconciler(const ControllerConfig& config, std::string agent_namespace, k8s::KubeClient& kube,
              k8s::Informer& informer, AgentClient& agents, k8s::EventRecorder& events, k8s::Informer* vmims);
 
-  Result<Next> reconcile(const std::string& key);
+  Result<Next> reconcile(const std::string& key) override;
   // Whether the worker's periodic pass must reconcile this cached object: it runs or is being
   // deleted, or it finished and still holds the finalizer or is due for deletion.
-  bool needs_poll(const nlohmann::json& obj) const;
+  bool needs_poll(const nlohmann::json& obj) const override;
 
  private:
   struct StopState {

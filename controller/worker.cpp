@@ -6,15 +6,16 @@ namespace rdmig::controller {
 
 using nlohmann::json;
 
-Worker::Worker(Reconciler& reconciler, k8s::Informer& informer, ControllerMetrics& metrics,
+Worker::Worker(ObjectReconciler& reconciler, k8s::Informer& informer, ControllerMetrics& metrics,
                std::chrono::milliseconds poll_interval, std::function<bool()> leading,
-               KubevirtObserver* observer)
+               KubevirtObserver* observer, bool phase_gauge)
     : reconciler_(reconciler),
       informer_(informer),
       metrics_(metrics),
       poll_interval_(poll_interval),
       leading_(std::move(leading)),
-      observer_(observer) {}
+      observer_(observer),
+      phase_gauge_(phase_gauge) {}
 
 void Worker::enqueue(const std::string& key) {
   {
@@ -51,7 +52,7 @@ void Worker::run() {
       std::string phase = o.value("status", json::object()).value("phase", "");
       counts[phase.empty() ? "Pending" : phase]++;
     }
-    metrics_.set_phase_counts(counts);
+    if (phase_gauge_) metrics_.set_phase_counts(counts);
     if (poll) {
       next_poll = std::chrono::steady_clock::now() + poll_interval_;
       for (const auto& o : objects) {

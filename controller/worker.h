@@ -20,21 +20,24 @@ namespace rdmig::controller {
 
 class Worker {
  public:
-  Worker(Reconciler& reconciler, k8s::Informer& informer, ControllerMetrics& metrics,
+  // `phase_gauge`: this worker's objects are RdmaMigrations, whose phases it counts in
+  // rdmig_controller_migrations (the RdmaPathCheck worker passes false).
+  Worker(ObjectReconciler& reconciler, k8s::Informer& informer, ControllerMetrics& metrics,
          std::chrono::milliseconds poll_interval, std::function<bool()> leading,
-         KubevirtObserver* observer = nullptr);
+         KubevirtObserver* observer = nullptr, bool phase_gauge = true);
 
   void enqueue(const std::string& key);
   void run();
   void stop();
 
  private:
-  Reconciler& reconciler_;
+  ObjectReconciler& reconciler_;
   k8s::Informer& informer_;
   ControllerMetrics& metrics_;
   std::chrono::milliseconds poll_interval_;
   std::function<bool()> leading_;
   KubevirtObserver* observer_;
+  bool phase_gauge_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::set<std::string> dirty_;

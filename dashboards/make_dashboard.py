@@ -232,9 +232,9 @@ def build():
                 [target('rdmig_migration_throughput_bytes_per_second{%s, role="source"}' % MIGRATION,
                         "{{namespace}}/{{name}} {{migration}}")], unit="Bps"), 12, 8)
     L.add(panel("timeseries", "Data-plane throughput by transport", "Migration stream bytes carried by the agents, "
-                "per node, transport and direction.",
-                [target("sum by (node, transport, direction) (rate(rdmig_transferred_bytes_total{%s}[$__rate_interval]))"
-                        % AGENT, "{{node}} {{transport}} {{direction}}")], unit="Bps"), 12, 8)
+                "per node, transport and direction (path checks: the Path checks row).",
+                [target("sum by (node, transport, direction) (rate(rdmig_transferred_bytes_total{%s, traffic=\"migration\"}"
+                        "[$__rate_interval]))" % AGENT, "{{node}} {{transport}} {{direction}}")], unit="Bps"), 12, 8)
     L.add(panel("timeseries", "Migration progress", "Bytes transferred and remaining, and guest RAM size, "
                 "per migration (source side).",
                 [target('rdmig_migration_transferred_bytes{%s, role="source"}' % MIGRATION, "transferred {{namespace}}/{{name}}"),
@@ -246,8 +246,9 @@ def build():
                 [target('rdmig_migration_dirty_rate_bytes_per_second{%s, role="source"}' % MIGRATION,
                         "{{namespace}}/{{name}}")],
                 unit="Bps"), 6, 8)
-    L.add(panel("stat", "Transferred bytes", "Bytes sent by the data plane in the time range, by transport.",
-                [target("sum by (transport) (%s)" % events("rdmig_transferred_bytes_total", AGENT + ', direction="sent"',
+    L.add(panel("stat", "Transferred bytes", "Migration bytes sent by the data plane in the time range, by transport.",
+                [target("sum by (transport) (%s)" % events("rdmig_transferred_bytes_total",
+                                                           AGENT + ', direction="sent", traffic="migration"',
                                                            "$__range"), "{{transport}}", instant=True)],
                 unit="bytes"), 6, 8)
 
@@ -293,9 +294,10 @@ def build():
     L.add(panel("timeseries", "Chunks in flight", "Chunks written but not yet acknowledged, per node and transport.",
                 [target("sum by (node, transport) (rdmig_chunks_in_flight{%s})" % AGENT, "{{node}} {{transport}}")]),
           8, 8)
-    L.add(panel("timeseries", "Chunks per second", "Chunks carried, per node, transport and direction.",
-                [target("sum by (node, transport, direction) (rate(rdmig_chunks_total{%s}[$__rate_interval]))" % AGENT,
-                        "{{node}} {{transport}} {{direction}}")], unit="cps"), 8, 8)
+    L.add(panel("timeseries", "Chunks per second", "Chunks carried, per node, transport, direction and traffic "
+                "(migration, pathcheck).",
+                [target("sum by (node, transport, direction, traffic) (rate(rdmig_chunks_total{%s}[$__rate_interval]))"
+                        % AGENT, "{{node}} {{transport}} {{direction}} {{traffic}}")], unit="cps"), 8, 8)
     L.add(panel("timeseries", "Credit stalls", "Times per second a sender waited for a free slot in the "
                 "receiver's ring (raise ringDepth when this is high).",
                 [target("sum by (node, transport) (rate(rdmig_credit_stalls_total{%s}[$__rate_interval]))" % AGENT,
@@ -306,6 +308,18 @@ def build():
     L.add(panel("bargauge", "Transport selection by reason", "Why each transport was chosen, in the time range.",
                 [target("sum by (transport, reason) (%s)" % events("rdmig_transport_selected_total", AGENT, "$__range"),
                         "{{transport}} ({{reason}})", instant=True)]), 24, 6)
+
+    L.row("Path checks")
+    L.add(panel("bargauge", "Path checks by node and result", "RdmaPathCheck pairs this node's agent took part in, "
+                "in the time range, by role (source, target) and result. The per-pair figures (transport, reason, "
+                "throughput, round trip) are in the objects: kubectl get rdmapathchecks.",
+                [target("sum by (node, role, result) (%s)" % events("rdmig_pathchecks_finished_total", AGENT, "$__range"),
+                        "{{node}} {{role}} {{result}}", instant=True)]), 12, 7)
+    L.add(panel("timeseries", "Path check throughput", "Bytes of path checks carried by the agents, per node, "
+                "transport and direction (not counted in the migration panels).",
+                [target("sum by (node, transport, direction) (rate(rdmig_transferred_bytes_total{%s, "
+                        "traffic=\"pathcheck\"}[$__rate_interval]))" % AGENT, "{{node}} {{transport}} {{direction}}")],
+                unit="Bps"), 12, 7)
 
     L.row("Controller")
     L.add(panel("timeseries", "Reconciles by result", "Reconciles of RdmaMigration objects per second.",

@@ -179,6 +179,94 @@ Result<MigrationSpec> parse_create_request(const json& body, const AgentConfig& 
   return spec;
 }
 
+namespace {
+// A size given as a quantity ("64Mi") or a byte count.
+Result<uint64_t> size_field(const json& obj, const char* key, uint64_t def) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return def;
+  if (it->is_string()) return parse_bytes(it->get<std::string>(), key);
+  if (it->is_number_unsigned()) return it->get<uint64_t>();
+  return bad(key, "must be a size like \"4Mi\" or a byte count");
+}
+}  // namespace
+
+Result<pathcheck::CheckSpec> parse_pathcheck_request(const json& body, const AgentConfig& defaults) {
+  if (!body.is_object()) return bad("body", "must be a JSON object");
+  pathcheck::CheckSpec spec;
+  auto role = string_field(body, "", "role", true, 16);
+  if (!role) return role.error();
+  if (role.value() == "source") spec.role = Role::kSource;
+  else if (role.value() == "target") spec.role = Role::kTarget;
+  else return bad("role", "must be 'source' or 'target', got '" + role.value() + "'");
+  std::set<std::string> allowed{"role", "id", "bytes", "chunkSize", "ringDepth", "channels",
+                                "transport", "allowDuringMigrations", "timeoutSeconds"};
+  if (spec.role == Role::kSource) allowed.insert("target");
+  if (auto st = check_fields(body, "", allowed); !st) {
+    if (body.contains("target")) return bad("target", "only for role 'source'");
+    return st.error();
+  }
+  auto id = string_field(body, "", "id", false, 63);
+  if (!id) return id.error();
+  if (!id->empty() && !is_dns_label(id.value())) {
+    return bad("id", "must be a DNS label (lower-case letters, digits, '-'; at most 63)");
+  }
+  spec.id = id.value();
+  auto bytes = size_field(body, "bytes", pathcheck::kDefaultBytes);
+  if (!bytes) return bytes.error();
+  if (bytes.value() < 1 || bytes.value() > pathcheck::kMaxBytes) {
+    return bad("bytes", "must be between 1 and " + format_quantity(pathcheck::kMaxBytes) + ", got " +
+                            std::to_string(bytes.value()));
+  }
+  spec.bytes = bytes.value();
+  auto chunk = size_field(body, "chunkSize", defaults.migration.chunk_size);
+  if (!chunk) return chunk.error();
+  RDMIG_TRY(validate_chunk_size(chunk.value(), "chunkSize"));
+  spec.chunk_size = chunk.value();
+  auto depth = uint_field(body, "", "ringDepth", defaults.migration.ring_depth, 2, 1024);
+  if (!depth) return depth.error();
+  spec.ring_depth = static_cast<uint32_t>(depth.value());
+  auto channels = uint_field(body, "", "channels", 1, 1, pathcheck::kMaxChannels);
+  if (!channels) return channels.error();
+  spec.channels = static_cast<uint32_t>(channels.value());
+  spec.transport = defaults.transport;
+  auto tr = string_field(body, "", "transport", false, 16);
+  if (!tr) return tr.error();
+  if (!tr->empty()) {
+    auto kind = parse_transport(tr.value(), "transport");
+    if (!kind) return kind.error();
+    spec.transport = kind.value();
+  }
+  if (auto it = body.find("allowDuringMigrations"); it != body.end() && !it->is_null()) {
+    if (!it->is_boolean()) return bad("allowDuringMigrations", "must be true or false");
+    spec.allow_during_migrations = it->get<bool>();
+  }
+  auto timeout = uint_field(body, "", "timeoutSeconds", pathcheck::kDefaultTimeoutSeconds, 5,
+                            pathcheck::kMaxTimeoutSeconds);
+  if (!timeout) return timeout.error();
+  spec.timeout_seconds = static_cast<uint32_t>(timeout.value());
+  if (spec.role == Role::kSource) {
+    auto it = body.find("target");
+    if (it == body.end() || it->is_null()) return bad("target", "required for role 'source'");
+    if (!it->is_object()) return bad("target", "must be an object with endpoint, checkId and token");
+    const json& t = *it;
+    RDMIG_TRY(check_fields(t, "target.", {"endpoint", "checkId", "token"}));
+    auto ep_text = string_field(t, "target.", "endpoint", true, 300);
+    if (!ep_text) return ep_text.error();
+    auto ep = net::parse_endpoint(ep_text.value(), "target.endpoint");
+    if (!ep) return ep.error();
+    spec.target.host = ep->host;
+    spec.target.port = ep->port;
+    auto cid = string_field(t, "target.", "checkId", true, 63);
+    if (!cid) return cid.error();
+    if (!is_dns_label(cid.value())) return bad("target.checkId", "must be a DNS label");
+    spec.target.migration_id = cid.value();
+    auto token = string_field(t, "target.", "token", true, 128);
+    if (!token) return token.error();
+    spec.target.token = token.value();
+  }
+  return spec;
+}
+
 json error_body(const Error& error) {
   return json{{"error", {{"code", errc_name(error.code)}, {"message", error.message}}}};
 }

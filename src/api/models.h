@@ -7,12 +7,16 @@
 #include "common/result.h"
 #include "config/agent_config.h"
 #include "migration/types.h"
+#include "pathcheck/check.h"
 
 namespace rdmig::api {
 
 // Body of POST /v1/migrations. Missing tunables take the agent's configured defaults.
 Result<migration::MigrationSpec> parse_create_request(const nlohmann::json& body,
                                                       const AgentConfig& defaults);
+
+// Body of POST /v1/pathchecks (docs/pathcheck.md); bounded by pathcheck::kMaxBytes and friends.
+Result<pathcheck::CheckSpec> parse_pathcheck_request(const nlohmann::json& body, const AgentConfig& defaults);
 
 // {"error": {"code": ..., "message": ...}} and the HTTP status for an Error.
 nlohmann::json error_body(const Error& error);

@@ -94,6 +94,49 @@ std::optional<Error> check_request_text(const httplib::Request& req) {
   return std::nullopt;
 }
 
+// The request's body as JSON, read here bounded whatever its framing (httplib's own limit
+// covers only a Content-Length, and a chunked body would otherwise be read whole before any
+// check). nullopt: the error answer is already in `res`.
+std::optional<json> read_json_body(const httplib::Request& req, httplib::Response& res,
+                                   const httplib::ContentReader& content_reader, size_t limit) {
+  std::string text;
+  bool too_large = false;
+  const bool read = content_reader([&](const char* data, size_t len) {
+    if (text.size() + len > limit) {
+      too_large = true;
+      return false;  // stop reading; the connection is closed after the answer
+    }
+    text.append(data, len);
+    return true;
+  });
+  if (!read && !too_large) {
+    // httplib refuses a Content-Length over the limit before reading (its status 413).
+    const std::string cl = req.get_header_value("Content-Length");
+    uint64_t n = 0;
+    const auto [end, ec] = std::from_chars(cl.data(), cl.data() + cl.size(), n);
+    too_large = ec == std::errc() && end == cl.data() + cl.size() && n > limit;
+  }
+  if (too_large) {
+    send_json(res, 413, error_body(Error{Errc::kInvalidArgument, "body: larger than api.maxBodyBytes (" +
+                                                                     std::to_string(limit) + " bytes)"}));
+    return std::nullopt;
+  }
+  if (!read) {
+    send_error(res, Error{Errc::kInvalidArgument, "body: could not be read (bad chunked framing?)"});
+    return std::nullopt;
+  }
+  if (json_nesting_depth(text) > kMaxJsonDepth) {
+    send_error(res, Error{Errc::kInvalidArgument, "body: nested deeper than " + std::to_string(kMaxJsonDepth) + " levels"});
+    return std::nullopt;
+  }
+  json body = json::parse(text, nullptr, false);
+  if (body.is_discarded()) {
+    send_error(res, Error{Errc::kInvalidArgument, valid_utf8(text) ? "body: not valid JSON" : "body: not valid UTF-8"});
+    return std::nullopt;
+  }
+  return body;
+}
+
 }  // namespace
 
 namespace {
@@ -124,10 +167,11 @@ SSL_CTX* make_tls_context(const std::shared_ptr<tls::ServerCertificate>& cert) {
 void RestServer::TlsContextFree::operator()(SSL_CTX* ctx) const { SSL_CTX_free(ctx); }
 
 RestServer::RestServer(const AgentConfig& config, std::shared_ptr<TokenSource> token, migration::MigrationManager& manager,
-                       kubevirt::KubevirtRelay* kubevirt, Metrics& metrics, std::shared_ptr<tls::ServerCertificate> cert)
+                       pathcheck::PathCheckManager& pathchecks, kubevirt::KubevirtRelay* kubevirt, Metrics& metrics, std::shared_ptr<tls::ServerCertificate> cert)
     : config_(config),
       token_(std::move(token)),
       manager_(manager),
+      pathchecks_(pathchecks),
       kubevirt_(kubevirt),
       metrics_(metrics),
       cert_(std::move(cert)),
@@ -216,45 +260,9 @@ void RestServer::routes() {
   // Content-Length, and a chunked body would otherwise be read whole before any check.
   s.Post("/v1/migrations", [this](const httplib::Request& req, httplib::Response& res,
                                   const httplib::ContentReader& content_reader) {
-    const size_t limit = config_.api.max_body_bytes;
-    std::string text;
-    bool too_large = false;
-    const bool read = content_reader([&](const char* data, size_t len) {
-      if (text.size() + len > limit) {
-        too_large = true;
-        return false;  // stop reading; the connection is closed after the answer
-      }
-      text.append(data, len);
-      return true;
-    });
-    if (!read && !too_large) {
-      // httplib refuses a Content-Length over the limit before reading (its status 413).
-      const std::string cl = req.get_header_value("Content-Length");
-      uint64_t n = 0;
-      const auto [end, ec] = std::from_chars(cl.data(), cl.data() + cl.size(), n);
-      too_large = ec == std::errc() && end == cl.data() + cl.size() && n > limit;
-    }
-    if (too_large) {
-      send_json(res, 413, error_body(Error{Errc::kInvalidArgument, "body: larger than api.maxBodyBytes (" +
-                                                                       std::to_string(limit) + " bytes)"}));
-      return;
-    }
-    if (!read) {
-      send_error(res, Error{Errc::kInvalidArgument, "body: could not be read (bad chunked framing?)"});
-      return;
-    }
-    if (json_nesting_depth(text) > kMaxJsonDepth) {
-      send_error(res, Error{Errc::kInvalidArgument,
-                            "body: nested deeper than " + std::to_string(kMaxJsonDepth) + " levels"});
-      return;
-    }
-    json body = json::parse(text, nullptr, false);
-    if (body.is_discarded()) {
-      send_error(res, Error{Errc::kInvalidArgument,
-                            valid_utf8(text) ? "body: not valid JSON" : "body: not valid UTF-8"});
-      return;
-    }
-    auto spec = parse_create_request(body, config_);
+    auto body = read_json_body(req, res, content_reader, config_.api.max_body_bytes);
+    if (!body) return;
+    auto spec = parse_create_request(*body, config_);
     if (!spec) {
       send_error(res, spec.error());
       return;
@@ -284,6 +292,34 @@ void RestServer::routes() {
     auto st = manager_.cancel(req.matches[1]);
     if (!st) return send_error(res, st.error());
     send_json(res, 202, migration::to_json(st.value()));
+  });
+
+  // Path checks (docs/pathcheck.md): the same authentication and body limits as migrations.
+  s.Post("/v1/pathchecks", [this](const httplib::Request& req, httplib::Response& res,
+                                  const httplib::ContentReader& content_reader) {
+    auto body = read_json_body(req, res, content_reader, config_.api.max_body_bytes);
+    if (!body) return;
+    auto spec = parse_pathcheck_request(*body, config_);
+    if (!spec) return send_error(res, spec.error());
+    auto created = pathchecks_.create(std::move(spec.value()));
+    if (!created) return send_error(res, created.error());
+    res.set_header("Location", "/v1/pathchecks/" + created.value()["id"].get<std::string>());
+    send_json(res, 201, created.value());
+  });
+  s.Get("/v1/pathchecks", [this](const httplib::Request&, httplib::Response& res) {
+    json items = json::array();
+    for (const auto& c : pathchecks_.list()) items.push_back(pathcheck::to_json(c));
+    send_json(res, 200, json{{"items", items}});
+  });
+  s.Get(R"(/v1/pathchecks/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
+    auto st = pathchecks_.get(req.matches[1]);
+    if (!st) return send_error(res, st.error());
+    send_json(res, 200, pathcheck::to_json(st.value()));
+  });
+  s.Delete(R"(/v1/pathchecks/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
+    auto st = pathchecks_.cancel(req.matches[1]);
+    if (!st) return send_error(res, st.error());
+    send_json(res, 202, pathcheck::to_json(st.value()));
   });
 
   // KubeVirt migrations this agent saw (carried or not), filtered by KubeVirt migration UID

@@ -17,6 +17,7 @@
 #include "metrics/metrics.h"
 #include "kubevirt/relay.h"
 #include "migration/manager.h"
+#include "pathcheck/manager.h"
 #include "tls/server_certificate.h"
 
 namespace httplib {
@@ -30,7 +31,7 @@ class RestServer {
   // `kubevirt` is null when KubeVirt mode is off. With `cert` the port serves HTTPS only (a
   // plain-HTTP client gets no answer); null: plain HTTP.
   RestServer(const AgentConfig& config, std::shared_ptr<TokenSource> token, migration::MigrationManager& manager,
-             kubevirt::KubevirtRelay* kubevirt, Metrics& metrics,
+             pathcheck::PathCheckManager& pathchecks, kubevirt::KubevirtRelay* kubevirt, Metrics& metrics,
              std::shared_ptr<tls::ServerCertificate> cert = nullptr);
   ~RestServer();
   RestServer(const RestServer&) = delete;
@@ -50,6 +51,7 @@ class RestServer {
   const AgentConfig& config_;
   std::shared_ptr<TokenSource> token_;  // follows api.tokenFile
   migration::MigrationManager& manager_;
+  pathcheck::PathCheckManager& pathchecks_;
   kubevirt::KubevirtRelay* kubevirt_;
   Metrics& metrics_;
   std::function<bool()> ready_;

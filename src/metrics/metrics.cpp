@@ -94,10 +94,10 @@ Metrics::Metrics(std::string component)
                            .Help("True switchover time of the last migration of each VM")
                            .Register(*registry_)),
       bytes_(BuildCounter().Name("rdmig_transferred_bytes_total")
-                 .Help("Migration stream bytes carried by the data plane, by transport and direction")
+                 .Help("Bytes carried by the data plane, by transport, direction and traffic (migration, pathcheck)")
                  .Register(*registry_)),
       chunks_(BuildCounter().Name("rdmig_chunks_total")
-                  .Help("Chunks carried by the data plane, by transport and direction (sent, received)")
+                  .Help("Chunks carried by the data plane, by transport, direction (sent, received) and traffic (migration, pathcheck)")
                   .Register(*registry_)),
       credit_stalls_(BuildCounter().Name("rdmig_credit_stalls_total")
                          .Help("Times a sender waited because the receiver's ring had no free slot")
@@ -147,7 +147,13 @@ Metrics::Metrics(std::string component)
                       .Register(*registry_)),
       end_time_(BuildGauge().Name("rdmig_migration_end_time_seconds")
                     .Help("Unix time at which each migration this agent still holds ended (absent while it runs)")
-                    .Register(*registry_)) {
+                    .Register(*registry_)),
+      pathchecks_started_(BuildCounter().Name("rdmig_pathchecks_started_total")
+                              .Help("Path checks this agent started, by role")
+                              .Register(*registry_)),
+      pathchecks_finished_(BuildCounter().Name("rdmig_pathchecks_finished_total")
+                               .Help("Path checks this agent finished, by role and result (succeeded, failed, cancelled)")
+                               .Register(*registry_)) {
   // Every label value an alert or a dashboard takes increase() of exists from start-up, at 0
   // (see kFailureReasons in metrics.h).
   left_paused_.Add({});
@@ -161,8 +167,15 @@ Metrics::Metrics(std::string component)
     for (const char* reason : kFailureReasons) failures_.Add({{"role", role}, {"reason", reason}});
   }
   for (const auto& t : kTransportReasons) transport_selected_.Add({{"transport", t.transport}, {"reason", t.reason}});
+  for (const char* role : {"source", "target"}) {
+    pathchecks_started_.Add({{"role", role}});
+    for (const char* result : {"succeeded", "failed", "cancelled"}) {
+      pathchecks_finished_.Add({{"role", role}, {"result", result}});
+    }
+  }
   for (const char* kind : kTransports) {
     transport(kind);
+    transport(kind, "pathcheck");
     downtime_.Add({{"transport", kind}}, downtime_buckets());
     switchover_.Add({{"transport", kind}}, downtime_buckets());
   }
@@ -203,22 +216,32 @@ void Metrics::set_switchover(const std::string& vm, const std::string& transport
   last_switchover_.Add(vm_labels(vm)).Set(seconds);
 }
 
-TransportMetrics& Metrics::transport(const std::string& kind) {
+TransportMetrics& Metrics::transport(const std::string& kind, const std::string& traffic) {
   std::lock_guard lock(mu_);
-  auto it = transports_.find(kind);
+  const std::string key = kind + "/" + traffic;
+  auto it = transports_.find(key);
   if (it != transports_.end()) return it->second;
   TransportMetrics t;
   t.owner = this;
   t.kind = kind;
-  t.bytes_sent = &bytes_.Add({{"transport", kind}, {"direction", "sent"}});
-  t.bytes_received = &bytes_.Add({{"transport", kind}, {"direction", "received"}});
-  t.chunks_sent = &chunks_.Add({{"transport", kind}, {"direction", "sent"}});
-  t.chunks_received = &chunks_.Add({{"transport", kind}, {"direction", "received"}});
+  // Bytes and chunks tell path checks from migrations; the latency, size and credit figures
+  // describe the transport and are shared.
+  t.bytes_sent = &bytes_.Add({{"transport", kind}, {"direction", "sent"}, {"traffic", traffic}});
+  t.bytes_received = &bytes_.Add({{"transport", kind}, {"direction", "received"}, {"traffic", traffic}});
+  t.chunks_sent = &chunks_.Add({{"transport", kind}, {"direction", "sent"}, {"traffic", traffic}});
+  t.chunks_received = &chunks_.Add({{"transport", kind}, {"direction", "received"}, {"traffic", traffic}});
   t.credit_stalls = &credit_stalls_.Add({{"transport", kind}});
   t.chunks_in_flight = &in_flight_.Add({{"transport", kind}});
   t.chunk_size = &chunk_size_.Add({{"transport", kind}}, chunk_size_buckets());
   t.chunk_write_latency = &chunk_latency_.Add({{"transport", kind}}, latency_buckets());
-  return transports_.emplace(kind, t).first->second;
+  return transports_.emplace(key, t).first->second;
+}
+
+void Metrics::pathcheck_started(const std::string& role) { pathchecks_started_.Add({{"role", role}}).Increment(); }
+
+void Metrics::pathcheck_finished(const std::string& role, const std::string& phase) {
+  std::string result = phase == "Succeeded" ? "succeeded" : phase == "Cancelled" ? "cancelled" : "failed";
+  pathchecks_finished_.Add({{"role", role}, {"result", result}}).Increment();
 }
 
 void Metrics::transport_error(const std::string& transport, const std::string& kind) {

@@ -107,8 +107,12 @@ class Metrics {
   void set_downtime(const std::string& vm, const std::string& transport, double qemu_seconds);
   void set_switchover(const std::string& vm, const std::string& transport, double seconds);
 
-  TransportMetrics& transport(const std::string& kind);
+  // `traffic`: "migration" or "pathcheck" (the label that tells a path check's bytes apart).
+  TransportMetrics& transport(const std::string& kind, const std::string& traffic = "migration");
   void transport_error(const std::string& transport, const std::string& kind);
+  void pathcheck_started(const std::string& role);
+  // `phase`: the check's terminal phase (Succeeded, Failed, Cancelled).
+  void pathcheck_finished(const std::string& role, const std::string& phase);
   void transport_selected(const std::string& transport, const std::string& reason);
   void set_rdma_devices(double count);
   // Replaces the one rdmig_rdma_selected series.
@@ -155,6 +159,8 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& info_;
   prometheus::Family<prometheus::Gauge>& start_time_;
   prometheus::Family<prometheus::Gauge>& end_time_;
+  prometheus::Family<prometheus::Counter>& pathchecks_started_;
+  prometheus::Family<prometheus::Counter>& pathchecks_finished_;
 
   void set_info(MigrationGauges& gauges, const std::string& phase, const std::string& transport);
 

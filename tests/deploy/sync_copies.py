@@ -6,6 +6,7 @@
   dashboards/rdmig.json                 -> charts/rdmig/dashboards/rdmig.json (byte copy)
                                         -> operator-manifests/monitoring/grafana-dashboard.yaml
   operator-manifests/crd-rdmamigrations.yaml -> charts/rdmig/files/crd-rdmamigrations.yaml (byte copy)
+  operator-manifests/crd-rdmapathchecks.yaml -> charts/rdmig/files/crd-rdmapathchecks.yaml (byte copy)
 
 Helm reads only files inside the chart, so the chart carries copies rather than symlinks.
   python3 tests/deploy/sync_copies.py          rewrite every copy
@@ -52,6 +53,7 @@ def wanted():
         "charts/rdmig/dashboards/rdmig.json": dashboard,
         "operator-manifests/monitoring/grafana-dashboard.yaml": configmap.encode(),
         "charts/rdmig/files/crd-rdmamigrations.yaml": read("operator-manifests/crd-rdmamigrations.yaml"),
+        "charts/rdmig/files/crd-rdmapathchecks.yaml": read("operator-manifests/crd-rdmapathchecks.yaml"),
     }
 
 

@@ -165,6 +165,7 @@ class ChartTest(unittest.TestCase):
                     ("ClusterRoleBinding", "", "rdmig-controller-kubevirt-config"),
                     ("ClusterRole", "", "rdmig-view"), ("ClusterRole", "", "rdmig-edit"),
                     ("CustomResourceDefinition", "", "rdmamigrations.rdmig.io"),
+                    ("CustomResourceDefinition", "", "rdmapathchecks.rdmig.io"),
                     ("PodDisruptionBudget", NAMESPACE, "rdmig-controller"),
                     # helm test hook: its Pod and the rights to read the agents, controller and Lease
                     ("Pod", NAMESPACE, "rdmig-test"), ("ServiceAccount", NAMESPACE, "rdmig-test"),
@@ -188,20 +189,26 @@ class ChartTest(unittest.TestCase):
     def test_plain_manifests_are_well_formed(self):
         check_objects(self, self.plain)
 
+    CRD_FILES = ("crd-rdmamigrations.yaml", "crd-rdmapathchecks.yaml")
+
     def crd_docs(self):
-        with open(os.path.join(MANIFESTS, "crd-rdmamigrations.yaml")) as f:
-            return [yaml.safe_load(f)]
+        docs = []
+        for name in self.CRD_FILES:
+            with open(os.path.join(MANIFESTS, name)) as f:
+                docs.append(yaml.safe_load(f))
+        return docs
 
     def test_chart_crd_equals_operator_manifests_crd_byte_for_byte(self):
         self.assertFalse(os.path.exists(os.path.join(CHART, "crds")),
                          "the CRD is a template (files/ + templates/): crds/ would be installed once, never upgraded")
-        with open(os.path.join(MANIFESTS, "crd-rdmamigrations.yaml"), "rb") as a, \
-                open(os.path.join(CHART, "files", "crd-rdmamigrations.yaml"), "rb") as b:
-            self.assertEqual(a.read(), b.read(), "charts/rdmig/files/ differs from operator-manifests/: "
-                             "run python3 tests/deploy/sync_copies.py")
-        rendered = copy.deepcopy(one(self.defaults, "CustomResourceDefinition"))
-        self.assertEqual(rendered["metadata"].pop("annotations"), {"helm.sh/resource-policy": "keep"})
-        self.assertEqual(rendered, self.crd_docs()[0])
+        rendered = {d["metadata"]["name"]: d for d in find(self.defaults, "CustomResourceDefinition")}
+        for name, doc in zip(self.CRD_FILES, self.crd_docs()):
+            with open(os.path.join(MANIFESTS, name), "rb") as a, open(os.path.join(CHART, "files", name), "rb") as b:
+                self.assertEqual(a.read(), b.read(), "charts/rdmig/files/ differs from operator-manifests/: "
+                                 "run python3 tests/deploy/sync_copies.py")
+            crd = copy.deepcopy(rendered[doc["metadata"]["name"]])
+            self.assertEqual(crd["metadata"].pop("annotations"), {"helm.sh/resource-policy": "keep"})
+            self.assertEqual(crd, doc)
 
     def test_generated_copies_match_their_sources(self):
         r = subprocess.run([sys.executable, os.path.join(REPO, "tests", "deploy", "sync_copies.py"), "--check"],
@@ -211,8 +218,9 @@ class ChartTest(unittest.TestCase):
     def test_plain_manifests_and_default_chart_agree_object_for_object(self):
         chart = {key(d): strip_helm(d) for d in render("--set", "serviceMonitor.enabled=true",
                                                        "--set", "prometheusRule.enabled=true", "--skip-tests")}
-        crd = chart[("CustomResourceDefinition", "", "rdmamigrations.rdmig.io")]
-        del crd["metadata"]["annotations"]  # helm.sh/resource-policy: keep (crds.keep), Helm's own
+        for crd_name in ("rdmamigrations.rdmig.io", "rdmapathchecks.rdmig.io"):
+            # helm.sh/resource-policy: keep (crds.keep), Helm's own
+            del chart[("CustomResourceDefinition", "", crd_name)]["metadata"]["annotations"]
         plain = {key(d): d for d in self.plain}
         only_plain = sorted(set(plain) - set(chart))
         only_chart = sorted(set(chart) - set(plain))

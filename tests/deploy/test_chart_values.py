@@ -353,10 +353,12 @@ class ValuesTest(unittest.TestCase):
         self.assertNotEqual(template().stdout, template().stdout)
 
     def test_crds_install_and_keep(self):
-        crd = one(self.defaults, "CustomResourceDefinition")
-        self.assertEqual(crd["metadata"]["annotations"], {"helm.sh/resource-policy": "keep"})
-        crd = one(render("--set", "crds.keep=false"), "CustomResourceDefinition")
-        self.assertNotIn("annotations", crd["metadata"])
+        crds = find(self.defaults, "CustomResourceDefinition")
+        self.assertEqual(sorted(c["metadata"]["name"] for c in crds), ["rdmamigrations.rdmig.io", "rdmapathchecks.rdmig.io"])
+        for crd in crds:
+            self.assertEqual(crd["metadata"]["annotations"], {"helm.sh/resource-policy": "keep"})
+        for crd in find(render("--set", "crds.keep=false"), "CustomResourceDefinition"):
+            self.assertNotIn("annotations", crd["metadata"])
         self.assertEqual(find(render("--set", "crds.install=false"), "CustomResourceDefinition"), [])
 
     def test_helm_test_hook_checks_agents_controller_and_leader(self):
@@ -400,9 +402,13 @@ class ValuesTest(unittest.TestCase):
         view, edit = one(self.defaults, "ClusterRole", "rdmig-view"), one(self.defaults, "ClusterRole", "rdmig-edit")
         self.assertEqual(view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"], "true")
         self.assertEqual(edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"], "true")
-        self.assertEqual(view["rules"], [{"apiGroups": ["rdmig.io"], "resources": ["rdmamigrations", "rdmamigrations/status"],
+        self.assertEqual(view["rules"], [{"apiGroups": ["rdmig.io"],
+                                          "resources": ["rdmamigrations", "rdmamigrations/status", "rdmapathchecks",
+                                                        "rdmapathchecks/status"],
                                           "verbs": ["get", "list", "watch"]}])
         self.assertNotIn("rdmamigrations/status", json.dumps(edit["rules"]), "people do not write status")
+        self.assertNotIn("rdmapathchecks/status", json.dumps(edit["rules"]), "people do not write status")
+        self.assertEqual(edit["rules"][0]["resources"], ["rdmamigrations", "rdmapathchecks"])
         self.assertIn("create", edit["rules"][0]["verbs"])
 
     def test_prometheus_rule_auto_follows_the_cluster_and_comes_only_with_scraping(self):

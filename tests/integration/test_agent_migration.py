@@ -156,8 +156,8 @@ class AgentMigrationTest(unittest.TestCase):
         self.assertGreaterEqual(value("rdmig_migrations_started_total", role="source"), 1)
         self.assertGreaterEqual(value("rdmig_migrations_finished_total", role="source", result="succeeded"), 1)
         self.assertEqual(value("rdmig_migrations_active", role="source"), 0)
-        self.assertGreater(value("rdmig_transferred_bytes_total", transport="tcp", direction="sent"), 100e6)
-        self.assertGreater(value("rdmig_chunks_total", transport="tcp", direction="sent"), 0)
+        self.assertGreater(value("rdmig_transferred_bytes_total", transport="tcp", direction="sent", traffic="migration"), 100e6)
+        self.assertGreater(value("rdmig_chunks_total", transport="tcp", direction="sent", traffic="migration"), 0)
         self.assertGreaterEqual(value("rdmig_downtime_seconds_count", transport="tcp"), 1)
         self.assertGreaterEqual(value("rdmig_switchover_seconds_count", transport="tcp"), 1)
         self.assertAlmostEqual(value("rdmig_last_switchover_seconds", name="vm-switchover"), sw / 1000.0, places=2)
@@ -173,7 +173,7 @@ class AgentMigrationTest(unittest.TestCase):
         self.assertEqual(types["rdmig_transferred_bytes_total"], "counter")
         dst_samples, _ = parse_prometheus(self.dst_agent.metrics())
         self.assertGreater(dst_samples[("rdmig_transferred_bytes_total",
-                                        frozenset({"transport": "tcp", "direction": "received"}.items()))], 100e6)
+                                        frozenset({"transport": "tcp", "direction": "received", "traffic": "migration"}.items()))], 100e6)
         self.assertGreaterEqual(dst_samples[("rdmig_migrations_finished_total",
                                              frozenset({"role": "target", "result": "succeeded"}.items()))], 1)
 

@@ -21,8 +21,8 @@ It is a test double, not an API server. It keeps the semantics the controller re
     does: pods take spec.nodeName, status.phase, ..., others metadata.name/namespace) on lists
     and watches;
   * bearer-token authentication (401 otherwise) and TLS with a CA made by the openssl CLI;
-  * RdmaMigration writes are checked against the CRD's openAPIV3Schema, CEL rules included
-    (transition rules against the stored object on updates) (422 Invalid);
+  * RdmaMigration and RdmaPathCheck writes are checked against their CRDs' openAPIV3Schema, CEL
+    rules included (transition rules against the stored object on updates) (422 Invalid);
   * GETs answered late by delay_get (a slow API server), and publish_migration(): a VMI whose
     status.migrationState is written through the status subresource, as KubeVirt writes it;
   * kubevirt.io/v1 VirtualMachineInstance and VirtualMachineInstanceMigration like any other
@@ -49,7 +49,10 @@ import uuid
 
 import schema_validator
 
-STATUS_SUBRESOURCE = {"rdmamigrations", "virtualmachineinstances", "virtualmachineinstancemigrations"}
+STATUS_SUBRESOURCE = {"rdmamigrations", "rdmapathchecks", "virtualmachineinstances", "virtualmachineinstancemigrations"}
+# The RdmaPathCheck CRD: loaded for every double, so its objects are always checked against it.
+PATHCHECK_CRD = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                             "operator-manifests", "crd-rdmapathchecks.yaml")
 
 
 def now_rfc3339():
@@ -176,7 +179,8 @@ class Store:
         self.history = []    # (rv, plural, ns, type, object)
         self.compacted = 0   # watches from a resourceVersion below this get 410
         self.epoch = 0       # bumped by expire_watches(): open watches end with 410
-        self.crd_schema = crd_schema
+        self.crd_schema = crd_schema  # RdmaMigration's (None: not checked)
+        self.pathcheck_schema = schema_validator.load_crd_schema(PATHCHECK_CRD)
         self.on_finalizers_removed = None  # hook(obj) called before the object goes away
         # hook(plural, ns, name, new) called on a status write before it is stored; it may change
         # `new` (a user's delete or edit landing in the same instant, for fault tests)
@@ -192,11 +196,13 @@ class Store:
         self.cond.notify_all()
 
     def _validate(self, plural, obj, old=None):
-        if plural != "rdmamigrations" or self.crd_schema is None:
+        schema, kind = {"rdmamigrations": (self.crd_schema, "RdmaMigration"),
+                        "rdmapathchecks": (self.pathcheck_schema, "RdmaPathCheck")}.get(plural, (None, None))
+        if schema is None:
             return None
-        errors = schema_validator.validate(obj, self.crd_schema, old=old)
+        errors = schema_validator.validate(obj, schema, old=old)
         if errors:
-            return 422, status_body(422, "Invalid", "RdmaMigration is invalid: " + "; ".join(errors))
+            return 422, status_body(422, "Invalid", "%s is invalid: %s" % (kind, "; ".join(errors)))
         return None
 
     # -- operations (each returns (http_status, body)) -----------------------------------

@@ -1,7 +1,7 @@
 """A small OpenAPI v3 structural-schema validator for the subset rdmig's CRD uses.
 
 Keywords: type (object, array, string, integer, number, boolean), properties, required,
-items, enum, minimum, maximum, minLength, maxLength, pattern, minProperties, maxProperties,
+items, enum, minimum, maximum, minLength, maxLength, pattern, minProperties, maxProperties, minItems, maxItems,
 format (date-time, int64: checked loosely), additionalProperties (a schema for map values),
 x-kubernetes-int-or-string, x-kubernetes-preserve-unknown-fields, x-kubernetes-list-type (map:
 every item has the x-kubernetes-list-map-keys, which the schema must require, and no two items
@@ -18,7 +18,7 @@ import re
 import yaml
 
 KNOWN = {"type", "properties", "required", "items", "enum", "minimum", "maximum", "minLength",
-         "maxLength", "pattern", "minProperties", "maxProperties", "format", "default",
+         "maxLength", "pattern", "minProperties", "maxProperties", "minItems", "maxItems", "format", "default",
          "description", "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields",
          "additionalProperties", "x-kubernetes-validations", "x-kubernetes-list-type",
          "x-kubernetes-list-map-keys"}
@@ -193,6 +193,10 @@ def validate(value, schema, path="", top=True, old=None):
             continue
         if ok is False:
             errors.append("%s: %s" % (where, r.get("message", "failed rule " + r["rule"])))
+    if isinstance(value, list) and "minItems" in schema and len(value) < schema["minItems"]:
+        errors.append("%s: needs at least %d items" % (where, schema["minItems"]))
+    if isinstance(value, list) and "maxItems" in schema and len(value) > schema["maxItems"]:
+        errors.append("%s: Too many: %d: must have at most %d items" % (where, len(value), schema["maxItems"]))
     if isinstance(value, list) and "items" in schema:
         for i, item in enumerate(value):
             errors += validate(item, schema["items"], "%s[%d]" % (path, i), False)

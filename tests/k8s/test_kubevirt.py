@@ -458,7 +458,12 @@ class KubevirtPathTest(unittest.TestCase):
         wait_for(lambda: self.get("gc-after-finish") is None, 60,
                  "the controller to delete the finished object (ttlSecondsAfterFinished 0)")
         calls = rbac_check.calls_from_log(self.api.requests, "rdmig-controller/")
-        problems = rbac_check.compare(calls, rbac_check.chart_rules())
+        granted = rbac_check.chart_rules()
+        # RdmaPathCheck's grants (and nodes: list, for its targets.selector) are exercised by
+        # tests/k8s/test_pathcheck.py (its own RBAC check).
+        others = {res for _, r in granted for res in r["resources"]
+                  if not res.startswith("rdmapathchecks") and res != "nodes"}
+        problems = rbac_check.compare(calls, granted, unused_of=others)
         self.assertEqual(problems, [], "\n".join(problems))
 
 

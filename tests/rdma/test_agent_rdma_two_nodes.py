@@ -109,7 +109,7 @@ class PeerAgent(Agent):
 def transferred_bytes(agent, transport, direction):
     samples, _ = parse_prometheus(agent.metrics())
     return samples.get(("rdmig_transferred_bytes_total",
-                        frozenset({"transport": transport, "direction": direction}.items())), 0)
+                        frozenset({"transport": transport, "direction": direction, "traffic": "migration"}.items())), 0)
 
 
 def rdma_bytes(agent, direction):

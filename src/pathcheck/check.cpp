@@ -1,0 +1,282 @@
+#include "pathcheck/check.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+
+#include "common/log.h"
+#include "common/units.h"
+#include "transport/rdma/sysfs.h"
+
+namespace rdmig::pathcheck {
+
+using nlohmann::json;
+using migration::Phase;
+using migration::Role;
+using namespace std::chrono_literals;
+
+namespace {
+std::string format_gid(const transport::rdma::GidBytes& g) {
+  std::string out;
+  char buf[8];
+  for (size_t i = 0; i < g.size(); i += 2) {
+    std::snprintf(buf, sizeof buf, "%s%02x%02x", i ? ":" : "", g[i], g[i + 1]);
+    out += buf;
+  }
+  return out;
+}
+}  // namespace
+
+uint64_t buffer_bytes(const CheckSpec& spec) {
+  uint64_t n = spec.chunk_size;
+  for (const uint64_t f : {uint64_t{spec.ring_depth}, uint64_t{spec.channels}, uint64_t{2}}) {
+    if (__builtin_mul_overflow(n, f, &n)) return UINT64_MAX;
+  }
+  return n;
+}
+
+json RdmaEnd::to_json() const {
+  return json{{"device", device}, {"port", port}, {"gid", gid}, {"gidIndex", gid_index}, {"mtu", mtu}};
+}
+
+RdmaEnd RdmaEnd::of(const migration::RdmaSupport& rdma) {
+  RdmaEnd e;
+  e.device = rdma.device;
+  e.port = rdma.device_port;
+  if (auto g = transport::rdma::gid_of_address(rdma.ip)) e.gid = format_gid(*g);
+  e.gid_index = rdma.gid_index;
+  e.mtu = rdma.mtu;
+  return e;
+}
+
+std::optional<RdmaEnd> RdmaEnd::parse(const json& j) {
+  if (!j.is_object()) return std::nullopt;
+  RdmaEnd e;
+  auto str = [&](const char* key) {
+    auto it = j.find(key);
+    return it != j.end() && it->is_string() ? it->get<std::string>().substr(0, 64) : std::string();
+  };
+  auto num = [&](const char* key, int64_t lo, int64_t hi) -> int64_t {
+    auto it = j.find(key);
+    if (it == j.end() || !it->is_number_integer()) return lo;
+    return std::clamp<int64_t>(it->get<int64_t>(), lo, hi);
+  };
+  e.device = str("device");
+  e.gid = str("gid");
+  e.port = static_cast<int>(num("port", 0, 255));
+  e.gid_index = static_cast<int>(num("gidIndex", -1, 65535));
+  e.mtu = static_cast<uint32_t>(num("mtu", 0, 4096));
+  return e;
+}
+
+json to_json(const CheckStatus& s) {
+  json j{{"id", s.id},
+         {"role", migration::role_name(s.role)},
+         {"phase", migration::phase_name(s.phase)},
+         {"transport", s.transport},
+         {"transportReason", s.transport_reason},
+         {"bytes", s.bytes},
+         {s.role == Role::kSource ? "bytesSent" : "bytesVerified", s.bytes_done},
+         {"channels", s.channels},
+         {"chunkSize", s.chunk_size},
+         {"throughputBytesPerSecond", s.throughput_bytes_per_second},
+         {"durationMs", s.duration_ms}};
+  if (s.rtt_us) j["rttMicroseconds"] = *s.rtt_us;
+  if (s.local_rdma) j["localRdma"] = s.local_rdma->to_json();
+  if (s.peer_rdma) j["peerRdma"] = s.peer_rdma->to_json();
+  if (!s.peer.empty()) j["peer"] = s.peer;
+  if (!s.error.empty()) j["error"] = s.error;
+  return j;
+}
+
+PathCheck::PathCheck(CheckSpec spec, CheckContext ctx)
+    : spec_(std::move(spec)),
+      ctx_(ctx),
+      token_(random_hex(16)),
+      deadline_(std::chrono::steady_clock::now() + std::chrono::seconds(spec_.timeout_seconds)) {
+  status_.id = spec_.id;
+  status_.role = spec_.role;
+  status_.bytes = spec_.bytes;
+  status_.channels = spec_.channels;
+  status_.chunk_size = spec_.chunk_size;
+  if (spec_.role == Role::kSource) {
+    status_.peer = spec_.target.host + ":" + std::to_string(spec_.target.port);
+    seed_ = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
+  } else {
+    data_fds_.resize(spec_.channels);
+    rdma_channels_.resize(spec_.channels);
+  }
+}
+
+PathCheck::~PathCheck() {
+  cancel("the agent forgets the check");
+  if (worker_.joinable()) worker_.join();
+}
+
+void PathCheck::start() {
+  ctx_.metrics.pathcheck_started(migration::role_name(spec_.role));
+  worker_ = std::thread([this] { run(); });
+}
+
+CheckStatus PathCheck::status() const {
+  std::lock_guard lock(mu_);
+  CheckStatus s = status_;
+  if (!finished_) s.bytes_done = bytes_done_.load(std::memory_order_relaxed);
+  return s;
+}
+
+bool PathCheck::finished() const {
+  std::lock_guard lock(mu_);
+  return finished_;
+}
+
+bool PathCheck::wait_finished(std::chrono::milliseconds timeout) const {
+  std::unique_lock lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return finished_; });
+}
+
+std::string PathCheck::log_prefix() const {
+  return "pathcheck=" + spec_.id + " role=" + migration::role_name(spec_.role);
+}
+
+std::chrono::milliseconds PathCheck::remaining() const {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - std::chrono::steady_clock::now());
+  return std::max(left, 1ms);
+}
+
+Error PathCheck::cancel_or(Error e) const {
+  std::lock_guard lock(mu_);
+  if (cancelled_) return Error{Errc::kCancelled, cancel_reason_};
+  return e;
+}
+
+void PathCheck::cancel(const std::string& reason) {
+  std::lock_guard lock(mu_);
+  if (finished_ || cancelled_) return;
+  cancelled_ = true;
+  cancel_reason_ = reason;
+  const Error why{Errc::kCancelled, reason};
+  // The peer hears why on the control link before its channels break.
+  if (link_) (void)link_->send(json{{"type", "abort"}, {"reason", "the peer agent cancelled the check: " + reason}});
+  for (auto& ch : channels_) ch->abort(why);
+  if (link_) link_->close();
+  if (control_watch_ >= 0) ::shutdown(control_watch_, SHUT_RDWR);
+  cv_.notify_all();
+}
+
+void PathCheck::abort_all(const Error& reason) {
+  std::lock_guard lock(mu_);
+  for (auto& ch : channels_) ch->abort(reason);
+}
+
+void PathCheck::set_phase(Phase phase) {
+  update([&](CheckStatus& s) { s.phase = phase; });
+}
+
+void PathCheck::update(const std::function<void(CheckStatus&)>& fn) {
+  std::lock_guard lock(mu_);
+  fn(status_);
+}
+
+void PathCheck::run() {
+  const auto started = std::chrono::steady_clock::now();
+  Status result = ok_status();
+  try {
+    result = spec_.role == Role::kSource ? run_source() : run_target();
+  } catch (const std::exception& e) {
+    result = Error{Errc::kInternal, std::string("path check worker: ") + e.what()};
+  }
+  update([&](CheckStatus& s) {
+    s.duration_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count();
+  });
+  finish(result);
+}
+
+void PathCheck::finish(const Status& result) {
+  std::vector<std::unique_ptr<transport::Channel>> channels;
+  std::unique_ptr<migration::ControlLink> link;
+  std::string phase;
+  {
+    std::lock_guard lock(mu_);
+    if (result.ok()) {
+      status_.phase = Phase::kSucceeded;
+    } else if (cancelled_ || result.error().code == Errc::kCancelled) {
+      status_.phase = Phase::kCancelled;
+      status_.error = cancelled_ ? cancel_reason_ : result.error().message;
+    } else {
+      status_.phase = Phase::kFailed;
+      status_.error = result.error().message;
+    }
+    status_.bytes_done = bytes_done_.load();
+    phase = migration::phase_name(status_.phase);
+    channels.swap(channels_);
+    link.swap(link_);
+    for (auto& ch : rdma_channels_) ch.reset();
+    data_fds_.clear();
+    control_fd_.reset();
+  }
+  // Released before the check reports itself finished: a finished check holds no buffers.
+  channels.clear();
+  link.reset();
+  ctx_.metrics.pathcheck_finished(migration::role_name(spec_.role), phase);
+  const auto st = status();
+  if (result.ok()) {
+    LOG_INFO("pathcheck") << log_prefix() << " succeeded transport=" << st.transport << " bytes=" << st.bytes_done
+                          << " throughput=" << format_bytes_human(st.throughput_bytes_per_second) << "/s";
+  } else {
+    LOG_WARN("pathcheck") << log_prefix() << " " << phase << ": " << st.error;
+  }
+  {
+    std::lock_guard lock(mu_);
+    finished_ = true;
+  }
+  cv_.notify_all();
+}
+
+Status PathCheck::run_channels(const std::function<Status(transport::Channel&, uint32_t)>& body) {
+  std::vector<transport::Channel*> chans;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& ch : channels_) chans.push_back(ch.get());
+  }
+  std::mutex emu;
+  std::optional<Error> first;
+  std::atomic<size_t> done{0};
+  std::vector<std::thread> threads;
+  for (uint32_t i = 0; i < chans.size(); ++i) {
+    threads.emplace_back([&, i] {
+      auto st = body(*chans[i], i);
+      if (!st) {
+        {
+          std::lock_guard l(emu);
+          if (!first) first = st.error();
+        }
+        abort_all(st.error());
+      }
+      done.fetch_add(1);
+      cv_.notify_all();
+    });
+  }
+  {
+    std::unique_lock lock(mu_);
+    while (done.load() < threads.size()) {
+      if (std::chrono::steady_clock::now() >= deadline_) {
+        const Error late{Errc::kTimeout, "the stream did not finish within the check's deadline (" +
+                                             std::to_string(spec_.timeout_seconds) + " s)"};
+        {
+          std::lock_guard l(emu);
+          if (!first) first = late;
+        }
+        for (auto& ch : channels_) ch->abort(late);
+      }
+      cv_.wait_for(lock, 100ms);
+    }
+  }
+  for (auto& t : threads) t.join();
+  if (first) return cancel_or(*first);
+  return ok_status();
+}
+
+}  // namespace rdmig::pathcheck

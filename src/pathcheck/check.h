@@ -1,0 +1,172 @@
+// One path check on this agent: one end of a synthetic stream between two agents over the
+// migration data plane (the same hello, challenge and one-time token, transport choice,
+// channels, chunking and credits as a migration; no QEMU). The source connects, measures the
+// control link's round trip, sends `bytes` pattern bytes over `channels` channels and reports
+// the throughput; the target checks every byte and sends its verdict back.
+//
+// Threads: a worker per check (owned here, joined by the destructor) and, while the stream
+// runs, one thread per channel that the worker joins. cancel() and the deadline abort the
+// channels and the control link, which ends every blocking wait.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "config/agent_config.h"
+#include "metrics/metrics.h"
+#include "migration/control_link.h"
+#include "migration/data_plane_server.h"
+#include "migration/types.h"
+#include "transport/channel.h"
+#include "transport/rdma/rdma_listener.h"
+#include "transport/wire.h"
+
+namespace rdmig::pathcheck {
+
+// Bounds an agent applies to every check (docs/pathcheck.md).
+inline constexpr uint64_t kDefaultBytes = uint64_t{1} << 30;   // 1Gi
+inline constexpr uint64_t kMaxBytes = uint64_t{64} << 30;      // 64Gi
+inline constexpr uint32_t kDefaultTimeoutSeconds = 120;
+inline constexpr uint32_t kMaxTimeoutSeconds = 3600;
+inline constexpr uint32_t kMaxChannels = 16;
+inline constexpr size_t kMaxConcurrentChecks = 4;  // running on one agent, both roles
+inline constexpr size_t kHistorySize = 32;         // finished checks kept for GET
+inline constexpr int kRttSamples = 5;
+
+struct CheckSpec {
+  migration::Role role = migration::Role::kSource;
+  std::string id;
+  uint64_t bytes = kDefaultBytes;
+  uint64_t chunk_size = 0;
+  uint32_t ring_depth = 0;
+  uint32_t channels = 1;
+  TransportKind transport = TransportKind::kAuto;
+  bool allow_during_migrations = false;
+  uint32_t timeout_seconds = kDefaultTimeoutSeconds;
+  migration::TargetRef target;  // source only: the target agent's endpoint, check id and token
+};
+
+// The share of the stream channel `index` carries (channel 0 takes the remainder).
+inline uint64_t channel_bytes(uint64_t bytes, uint32_t channels, uint32_t index) {
+  return bytes / channels + (index == 0 ? bytes % channels : 0);
+}
+
+// Chunk buffers a check holds on this agent (counted against migration.bufferBudget).
+uint64_t buffer_bytes(const CheckSpec& spec);
+
+// The RDMA port of one end, when the check runs over RDMA.
+struct RdmaEnd {
+  std::string device;
+  int port = 0;
+  std::string gid;
+  int gid_index = -1;
+  uint32_t mtu = 0;
+  nlohmann::json to_json() const;
+  static RdmaEnd of(const migration::RdmaSupport& rdma);
+  static std::optional<RdmaEnd> parse(const nlohmann::json& j);
+};
+
+struct CheckStatus {
+  std::string id;
+  migration::Role role = migration::Role::kSource;
+  migration::Phase phase = migration::Phase::kPending;
+  std::string transport;
+  std::string transport_reason;
+  uint64_t bytes = 0;           // asked for
+  uint64_t bytes_done = 0;      // source: sent; target: verified
+  uint32_t channels = 1;
+  uint64_t chunk_size = 0;
+  double throughput_bytes_per_second = 0;
+  std::optional<int64_t> rtt_us;  // source: the median of kRttSamples control-link round trips
+  std::optional<RdmaEnd> local_rdma;
+  std::optional<RdmaEnd> peer_rdma;
+  std::string peer;
+  std::string error;  // why it failed or was cancelled
+  int64_t duration_ms = 0;
+};
+nlohmann::json to_json(const CheckStatus& s);
+
+struct CheckContext {
+  const AgentConfig& config;
+  Metrics& metrics;
+  const migration::RdmaSupport& rdma;
+};
+
+class PathCheck {
+ public:
+  PathCheck(CheckSpec spec, CheckContext ctx);
+  ~PathCheck();
+  PathCheck(const PathCheck&) = delete;
+  PathCheck& operator=(const PathCheck&) = delete;
+
+  void start();
+  const CheckSpec& spec() const { return spec_; }
+  const std::string& id() const { return spec_.id; }
+  const std::string& token() const { return token_; }
+  CheckStatus status() const;
+  bool finished() const;
+  bool wait_finished(std::chrono::milliseconds timeout) const;
+  void cancel(const std::string& reason);
+
+  // Target side, from the data-plane server's hello threads (see migration::TargetJob).
+  void on_control(UniqueFd fd, const transport::Hello& hello, const std::string& nonce, const std::string& proof);
+  void on_data(UniqueFd fd, const transport::Hello& hello);
+  Result<transport::rdma::AcceptPlan> rdma_plan(const std::string& session, uint32_t index);
+
+ private:
+  void run();
+  Status run_source();
+  Status run_target();
+  Status connect_source();
+  Status wait_for_source();
+  // Runs `body(channel)` on one thread per channel, aborting all channels when one fails, on
+  // cancel and at the deadline. The first error, if any.
+  Status run_channels(const std::function<Status(transport::Channel&, uint32_t)>& body);
+  void abort_all(const Error& reason);
+  void finish(const Status& result);
+  void set_phase(migration::Phase phase);
+  void update(const std::function<void(CheckStatus&)>& fn);
+  std::chrono::milliseconds remaining() const;
+  Error cancel_or(Error e) const;
+  std::string log_prefix() const;
+
+  CheckSpec spec_;
+  CheckContext ctx_;
+  std::string token_;
+  const std::chrono::steady_clock::time_point deadline_;
+  uint64_t seed_ = 0;
+  std::atomic<uint64_t> bytes_done_{0};
+
+  mutable std::mutex mu_;  // status, cancel, connection hand-over
+  mutable std::condition_variable cv_;
+  CheckStatus status_;
+  bool finished_ = false;
+  bool cancelled_ = false;
+  std::string cancel_reason_;
+  int control_watch_ = -1;  // a socket the worker blocks on: shut down by cancel()
+
+  // Target: what the data-plane server hands over (guarded by mu_).
+  bool token_used_ = false;
+  std::string session_;
+  UniqueFd control_fd_;
+  std::vector<UniqueFd> data_fds_;
+  std::vector<std::unique_ptr<transport::Channel>> rdma_channels_;
+  std::optional<Error> rdma_error_;
+  uint32_t data_received_ = 0;
+
+  // The worker's; aborted from other threads under mu_.
+  std::unique_ptr<migration::ControlLink> link_;
+  std::vector<std::unique_ptr<transport::Channel>> channels_;
+  std::thread worker_;
+};
+
+}  // namespace rdmig::pathcheck

@@ -1,0 +1,210 @@
+// The source end of a path check: connect, round trips, the stream, the target's verdict.
+#include "pathcheck/check.h"
+
+#include <algorithm>
+
+#include "common/log.h"
+#include "common/net.h"
+#include "common/units.h"
+#include "migration/handshake.h"
+#include "migration/job.h"
+#include "pathcheck/pattern.h"
+#include "pathcheck/stream.h"
+#include "transport/rdma/rdma_channel.h"
+#include "transport/tcp/tcp_channel.h"
+
+namespace rdmig::pathcheck {
+
+using nlohmann::json;
+using migration::Phase;
+using migration::Role;
+using namespace std::chrono_literals;
+
+Status PathCheck::connect_source() {
+  auto offer = migration::offer_transport(spec_.transport, ctx_.rdma);
+  if (!offer) return offer.error();
+  transport::Hello hello;
+  hello.kind = "control";  // sent as "pathcheck-control": the same fields, another registry
+  hello.migration_id = spec_.target.migration_id;
+  hello.channels = spec_.channels;
+  hello.chunk_size = spec_.chunk_size;
+  hello.ring_depth = spec_.ring_depth;
+  hello.transport = migration::wire_name(offer->transport);
+  hello.transport_required = offer->required;
+  if (offer->transport == TransportKind::kRdma) hello.rdma_mtu = ctx_.rdma.mtu;
+
+  const net::Endpoint ep{spec_.target.host, spec_.target.port};
+  auto watch = [this](int sfd) {
+    std::lock_guard lock(mu_);
+    if (cancelled_) return Status(Error{Errc::kCancelled, cancel_reason_});
+    control_watch_ = sfd;
+    return ok_status();
+  };
+  auto unwatch = [this] {
+    std::lock_guard lock(mu_);
+    control_watch_ = -1;
+  };
+  const auto step = [&] { return std::min<std::chrono::milliseconds>(remaining(), migration::kHandshakeTimeout); };
+  auto fd = net::tcp_connect(ep, std::min<std::chrono::milliseconds>(remaining(), 10s), watch);
+  if (!fd) {
+    unwatch();
+    return cancel_or(fd.error().with_context("target agent data plane " + ep.to_string()));
+  }
+  json hello_json = hello.to_json();
+  hello_json["kind"] = "pathcheck-control";
+  RDMIG_TRY(transport::send_message(fd->get(), hello_json));
+  auto challenge = transport::recv_message(fd->get(), step());
+  if (!challenge || challenge->value("type", "") != "challenge") {
+    unwatch();
+    if (!challenge) return cancel_or(challenge.error().with_context("hello to target agent " + ep.to_string()));
+    return Error{Errc::kProtocol, "target agent " + ep.to_string() + " refused the check: " +
+                                      challenge->value("message", std::string("no challenge"))};
+  }
+  auto nonce = transport::get_string(challenge.value(), "nonce", "challenge", 64);
+  if (!nonce) return nonce.error().with_context("target agent " + ep.to_string());
+  RDMIG_TRY(transport::send_message(
+      fd->get(), json{{"type", "auth"},
+                      {"proof", transport::control_proof(spec_.target.token, nonce.value(), spec_.target.migration_id)}}));
+  auto reply = transport::recv_message(fd->get(), step());
+  unwatch();
+  if (!reply) return cancel_or(reply.error().with_context("hello to target agent " + ep.to_string()));
+  if (reply->value("type", "") == "reject") {
+    ctx_.metrics.transport_error(hello.transport, "handshake_rejected");
+    return Error{Errc::kPermissionDenied, "target agent " + ep.to_string() + " refused the check: " +
+                                              reply->value("message", std::string("?"))};
+  }
+  auto session = transport::get_string(reply.value(), "session", "welcome", 128);
+  auto chosen = transport::get_string(reply.value(), "transport", "welcome", 16);
+  if (reply->value("type", "") != "welcome" || !session || !chosen ||
+      (chosen.value() != "tcp" && chosen.value() != "rdma")) {
+    return Error{Errc::kProtocol, "target agent sent no valid welcome"};
+  }
+  session_ = session.value();
+  const std::string transport = chosen.value();
+  std::string reason = reply->value("transportReason", std::string());
+  if (reason.empty()) reason = spec_.transport == TransportKind::kAuto ? "auto" : "requested";
+  if (reason == "auto-no-source-rdma" || reason == "auto-no-local-rdma") reason = migration::with_rdma_reason(reason, ctx_.rdma);
+  update([&](CheckStatus& s) {
+    s.transport = transport;
+    s.transport_reason = reason;
+    if (transport == "rdma") s.local_rdma = RdmaEnd::of(ctx_.rdma);
+  });
+  LOG_INFO("pathcheck") << log_prefix() << " transport=" << transport << " reason=" << reason;
+
+  auto& tm = ctx_.metrics.transport(transport, "pathcheck");
+  for (uint32_t i = 0; i < spec_.channels; ++i) {
+    std::unique_ptr<transport::Channel> ch;
+    if (transport == "rdma") {
+      auto rdma_ep_text = transport::get_string(reply.value(), "rdmaEndpoint", "welcome", 300);
+      if (!rdma_ep_text) return rdma_ep_text.error();
+      auto rdma_ep = net::parse_endpoint(rdma_ep_text.value(), "welcome.rdmaEndpoint");
+      if (!rdma_ep) return rdma_ep.error();
+      auto key = transport::rdma::session_from_hex(session_);
+      if (!key) return key.error();
+      transport::rdma::RdmaChannelParams p{i, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
+                                           migration::return_path_chunk(spec_.chunk_size),
+                                           migration::return_path_depth(spec_.ring_depth)};
+      auto c = transport::rdma::RdmaChannel::connect(
+          rdma_ep.value(), key.value(), p, tm, std::min<std::chrono::milliseconds>(remaining(), 15s),
+          [this] {
+            std::lock_guard lock(mu_);
+            return cancelled_;
+          },
+          {ctx_.rdma.ip, ctx_.rdma.traffic_class});
+      if (!c) {
+        ctx_.metrics.transport_error("rdma", "connect");
+        return cancel_or(c.error().with_context("RDMA channel " + std::to_string(i) + " to " + rdma_ep_text.value()));
+      }
+      ch = std::move(c.value());
+    } else {
+      auto dfd = net::tcp_connect(ep, std::min<std::chrono::milliseconds>(remaining(), 10s), watch);
+      if (!dfd) {
+        unwatch();
+        return cancel_or(dfd.error().with_context("data channel " + std::to_string(i)));
+      }
+      transport::Hello dh;
+      dh.kind = "data";
+      dh.migration_id = spec_.target.migration_id;
+      dh.session = session_;
+      dh.index = i;
+      json dh_json = dh.to_json();
+      dh_json["kind"] = "pathcheck-data";
+      RDMIG_TRY(transport::send_message(dfd->get(), dh_json));
+      auto r = transport::recv_message(dfd->get(), step());
+      unwatch();
+      if (!r) return cancel_or(r.error().with_context("data channel " + std::to_string(i)));
+      if (r->value("type", "") != "welcome") {
+        return Error{Errc::kProtocol, "data channel " + std::to_string(i) + " refused: " +
+                                          r->value("message", std::string("?"))};
+      }
+      ch = transport::TcpChannel::create(std::move(dfd.value()), i, static_cast<uint32_t>(spec_.chunk_size),
+                                         spec_.ring_depth, tm, ctx_.config.tcp.splice);
+    }
+    std::lock_guard lock(mu_);
+    if (cancelled_) return Error{Errc::kCancelled, cancel_reason_};
+    channels_.push_back(std::move(ch));
+  }
+  std::lock_guard lock(mu_);
+  if (cancelled_) return Error{Errc::kCancelled, cancel_reason_};
+  link_ = std::make_unique<migration::ControlLink>(std::move(fd.value()));
+  return ok_status();
+}
+
+Status PathCheck::run_source() {
+  set_phase(Phase::kConnecting);
+  RDMIG_TRY(connect_source());
+  json start{{"type", "start"}, {"seed", seed_}, {"bytes", spec_.bytes}};
+  RDMIG_TRY(link_->send(start));
+  auto ready = link_->expect("ready", remaining());
+  if (!ready) return cancel_or(ready.error().with_context("waiting for the target agent's ready"));
+  if (auto it = ready->find("rdma"); it != ready->end()) {
+    auto end = RdmaEnd::parse(*it);
+    update([&](CheckStatus& s) { s.peer_rdma = end; });
+  }
+  // Round trips on the control link, before the stream loads the path.
+  std::vector<int64_t> rtts;
+  for (int i = 0; i < kRttSamples; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    RDMIG_TRY(link_->send(json{{"type", "ping"}, {"seq", i}}));
+    auto pong = link_->expect("pong", remaining());
+    if (!pong) return cancel_or(pong.error().with_context("round trip " + std::to_string(i)));
+    rtts.push_back(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(rtts.begin(), rtts.end());
+  update([&](CheckStatus& s) {
+    s.rtt_us = rtts[rtts.size() / 2];
+    s.phase = Phase::kMigrating;
+  });
+  RDMIG_TRY(link_->send(json{{"type", "stream"}}));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto sent = run_channels([this](transport::Channel& ch, uint32_t i) {
+    return send_stream(ch, channel_seed(seed_, i), channel_bytes(spec_.bytes, spec_.channels, i), bytes_done_);
+  });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // The target's verdict names the cause when it stopped the stream (a corrupted byte); after
+  // a local failure it is awaited only briefly.
+  auto verdict = link_->expect("result", sent ? remaining() : std::min<std::chrono::milliseconds>(remaining(), 5s));
+  if (!sent) {
+    if (verdict && !verdict->value("ok", false)) {
+      return Error{Errc::kProtocol, "target agent: " + verdict->value("error", std::string("?"))};
+    }
+    return sent.error();
+  }
+  if (!verdict) return cancel_or(verdict.error().with_context("waiting for the target agent's verdict"));
+  (void)link_->send(json{{"type", "goodbye"}});
+  if (!verdict->value("ok", false)) {
+    return Error{Errc::kProtocol, "target agent: " + verdict->value("error", std::string("?"))};
+  }
+  const uint64_t verified = verdict->value("bytesVerified", uint64_t{0});
+  if (verified != spec_.bytes) {
+    return Error{Errc::kProtocol, "target agent verified " + std::to_string(verified) + " of " +
+                                      std::to_string(spec_.bytes) + " bytes"};
+  }
+  update([&](CheckStatus& s) {
+    s.phase = Phase::kCompleting;
+    s.throughput_bytes_per_second = secs > 0 ? static_cast<double>(spec_.bytes) / secs : 0;
+  });
+  return ok_status();
+}
+
+}  // namespace rdmig::pathcheck

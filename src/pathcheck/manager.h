@@ -1,0 +1,62 @@
+// The registry of this agent's path checks. REST handlers call create/list/get/cancel; the
+// data-plane server hands source agents' connections (hello kinds "pathcheck-control" and
+// "pathcheck-data", and RDMA sessions) to the target checks registered here.
+//
+// Bounds: at most kMaxConcurrentChecks running checks (both roles), buffers counted against
+// migration.bufferBudget together with migrations and KubeVirt flows, and no check beside a
+// running migration unless the request allows it.
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "pathcheck/check.h"
+
+namespace rdmig::pathcheck {
+
+class PathCheckManager {
+ public:
+  // Registers its hello handlers and RDMA resolver with `server` (before server.start()).
+  PathCheckManager(const AgentConfig& config, Metrics& metrics, migration::DataPlaneServer& server);
+  ~PathCheckManager();
+  PathCheckManager(const PathCheckManager&) = delete;
+  PathCheckManager& operator=(const PathCheckManager&) = delete;
+
+  // What else runs on this agent: migrations (bare QEMU and KubeVirt flows) now, and the
+  // buffers they hold. Set before serving.
+  void set_neighbours(std::function<size_t()> running_migrations, std::function<uint64_t()> migration_buffers) {
+    running_migrations_ = std::move(running_migrations);
+    migration_buffers_ = std::move(migration_buffers);
+  }
+
+  // Starts a check; answers the REST body for 201 (target: endpoint, check id and token).
+  Result<nlohmann::json> create(CheckSpec spec);
+  std::vector<CheckStatus> list() const;
+  Result<CheckStatus> get(const std::string& id) const;
+  Result<CheckStatus> cancel(const std::string& id);
+  uint64_t buffer_bytes_in_use() const;
+  size_t active_count() const;
+  void shutdown();
+
+ private:
+  void handle_hello(UniqueFd fd, const nlohmann::json& raw);
+  std::shared_ptr<PathCheck> find(const std::string& id) const;
+  void evict_finished_locked(std::vector<std::shared_ptr<PathCheck>>& graveyard);
+
+  const AgentConfig& config_;
+  Metrics& metrics_;
+  migration::DataPlaneServer& server_;
+  std::function<size_t()> running_migrations_;
+  std::function<uint64_t()> migration_buffers_;
+
+  mutable std::mutex mu_;
+  std::map<std::string, std::shared_ptr<PathCheck>> checks_;
+  std::deque<std::string> order_;
+  bool stopping_ = false;
+};
+
+}  // namespace rdmig::pathcheck

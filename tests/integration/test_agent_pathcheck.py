@@ -1,0 +1,276 @@
+"""Path checks between two real agents over TCP (docs/pathcheck.md): the endpoint pair on both
+roles, every byte verified at the far end, the figures reported, the bounds (hostile bodies,
+oversized bytes, too many at once, a check beside a running migration), a target agent that is
+down, and a check cancelled mid-stream that leaves nothing behind on either agent.
+
+No QEMU boots here: the one running migration is a target-role migration held by a QMP stand-in.
+
+Run: RDMIG_AGENT=build/agent/rdmig-agent python3 tests/integration/test_agent_pathcheck.py -v
+"""
+import os
+import shutil
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
+sys.path.insert(0, HERE)
+from rdmiglab import Agent, parse_prometheus  # noqa: E402
+from test_agent_hostile_http import FakeIncomingQemu  # noqa: E402
+
+MiB = 1 << 20
+TERMINAL = ("Succeeded", "Failed", "Cancelled")
+
+
+def wait_check(agent, cid, phases=TERMINAL, timeout=60.0, pred=None):
+    deadline = time.monotonic() + timeout
+    while True:
+        st = agent.call("GET", "/v1/pathchecks/" + cid)
+        if st["phase"] in phases and (pred is None or pred(st)):
+            return st
+        if time.monotonic() > deadline:
+            raise TimeoutError("%s: path check %s still %s after %ss: %s" % (agent.name, cid, st["phase"], timeout, st))
+        time.sleep(0.05)
+
+
+def start_pair(src, dst, **kw):
+    """Creates the target end on `dst`, then the source end on `src`; returns (source id, target id)."""
+    body = dict(kw)
+    t = dst.call("POST", "/v1/pathchecks", dict(body, role="target"))
+    s = src.call("POST", "/v1/pathchecks",
+                 dict(body, role="source", target={"endpoint": t["endpoint"], "checkId": t["checkId"],
+                                                   "token": t["token"]}))
+    return s["id"], t["id"]
+
+
+def metric(agent, name, **labels):
+    samples, _ = parse_prometheus(agent.metrics())
+    return samples.get((name, frozenset(labels.items())), 0)
+
+
+class PathCheckTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="rdmig-pathcheck-")
+        cls.a = Agent(cls.tmp, "agent-a", log_level="debug")
+        cls.b = Agent(cls.tmp, "agent-b", log_level="debug")
+
+    @classmethod
+    def tearDownClass(cls):
+        for agent in (cls.a, cls.b):
+            agent.stop()
+        if os.environ.get("RDMIG_KEEP_LOGS"):
+            print("logs kept in", cls.tmp)
+        else:
+            shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def tearDown(self):
+        for agent in (self.a, self.b):
+            self.assertTrue(agent.alive(), agent.log_text()[-3000:])
+            # No check is left running after a test.
+            deadline = time.monotonic() + 10
+            while any(c["phase"] not in TERMINAL for c in agent.call("GET", "/v1/pathchecks")["items"]):
+                self.assertLess(time.monotonic(), deadline, agent.call("GET", "/v1/pathchecks"))
+                time.sleep(0.05)
+
+    def test_a_pair_carries_and_verifies_every_byte_and_reports_the_figures(self):
+        before_src = metric(self.a, "rdmig_transferred_bytes_total", transport="tcp", direction="sent", traffic="pathcheck")
+        before_mig = metric(self.a, "rdmig_transferred_bytes_total", transport="tcp", direction="sent", traffic="migration")
+        sid, tid = start_pair(self.a, self.b, bytes="96Mi", chunkSize="256Ki", channels=2, transport="auto")
+        src = wait_check(self.a, sid)
+        dst = wait_check(self.b, tid)
+        print("\nsource:", src, "\ntarget:", dst)
+        self.assertEqual(src["phase"], "Succeeded", src)
+        self.assertEqual(dst["phase"], "Succeeded", dst)
+        self.assertEqual(src["bytesSent"], 96 * MiB)
+        self.assertEqual(dst["bytesVerified"], 96 * MiB)
+        self.assertEqual(src["transport"], "tcp")
+        # These agents run with transport: tcp, so auto falls back, with the migration's reason.
+        self.assertTrue(src["transportReason"].startswith("auto-no-"), src)
+        self.assertGreater(src["throughputBytesPerSecond"], 0)
+        self.assertGreater(src["rttMicroseconds"], 0)
+        self.assertLess(src["rttMicroseconds"], 1000000)
+        self.assertNotIn("localRdma", src)  # TCP: no device to report
+        # Metrics: the check's bytes under traffic="pathcheck", none under migration.
+        sent = metric(self.a, "rdmig_transferred_bytes_total", transport="tcp", direction="sent", traffic="pathcheck")
+        received = metric(self.b, "rdmig_transferred_bytes_total", transport="tcp", direction="received",
+                          traffic="pathcheck")
+        self.assertGreaterEqual(sent - before_src, 96 * MiB)
+        self.assertGreaterEqual(received, 96 * MiB)
+        self.assertEqual(metric(self.a, "rdmig_transferred_bytes_total", transport="tcp", direction="sent",
+                                traffic="migration"), before_mig)
+        self.assertGreaterEqual(metric(self.a, "rdmig_pathchecks_finished_total", role="source", result="succeeded"), 1)
+        self.assertGreaterEqual(metric(self.b, "rdmig_pathchecks_finished_total", role="target", result="succeeded"), 1)
+
+    def test_a_target_agent_that_is_down_fails_the_check_naming_the_cause(self):
+        c = Agent(self.tmp, "agent-c")
+        t = c.call("POST", "/v1/pathchecks", {"role": "target", "bytes": "8Mi"})
+        c.stop()
+        started = time.monotonic()
+        s = self.a.call("POST", "/v1/pathchecks", {"role": "source", "bytes": "8Mi", "timeoutSeconds": 10,
+                                                   "target": {"endpoint": t["endpoint"], "checkId": t["checkId"],
+                                                              "token": t["token"]}})
+        st = wait_check(self.a, s["id"], timeout=15)
+        elapsed = time.monotonic() - started
+        print("\ndown target:", st, "after %.2f s" % elapsed)
+        self.assertEqual(st["phase"], "Failed")
+        self.assertIn("target agent data plane " + t["endpoint"], st["error"])
+        self.assertIn("refused", st["error"].lower())
+        self.assertLess(elapsed, 10)
+
+    def test_a_wrong_token_is_refused_by_the_target_agent(self):
+        t = self.b.call("POST", "/v1/pathchecks", {"role": "target", "bytes": "8Mi", "timeoutSeconds": 5})
+        s = self.a.call("POST", "/v1/pathchecks", {"role": "source", "bytes": "8Mi",
+                                                   "target": {"endpoint": t["endpoint"], "checkId": t["checkId"],
+                                                              "token": "not-the-token"}})
+        st = wait_check(self.a, s["id"], timeout=15)
+        self.assertEqual(st["phase"], "Failed")
+        self.assertIn("refused the check", st["error"])
+        # The target end is still waiting for its real source, then gives up at its deadline.
+        tst = wait_check(self.b, t["id"], timeout=15)
+        self.assertEqual(tst["phase"], "Failed")
+        self.assertIn("no source agent connected within 5 s", tst["error"])
+
+    def test_a_check_cancelled_mid_stream_stops_both_ends_and_frees_everything(self):
+        fds_a, fds_b = self.a.fd_count(), self.b.fd_count()
+        sid, tid = start_pair(self.a, self.b, bytes="48Gi", chunkSize="1Mi", timeoutSeconds=300)
+        wait_check(self.a, sid, phases=("Migrating",), pred=lambda st: st["bytesSent"] > 32 * MiB, timeout=30)
+        started = time.monotonic()
+        st = self.a.call("DELETE", "/v1/pathchecks/" + sid)
+        self.assertEqual(st["phase"], "Cancelled", st)
+        tst = wait_check(self.b, tid, timeout=10)
+        print("\ncancelled:", st, "\ntarget:", tst, "after %.2f s" % (time.monotonic() - started))
+        self.assertIn(tst["phase"], ("Cancelled", "Failed"))
+        self.assertIn("cancelled", tst["error"])
+        self.assertLess(st["bytesSent"], 48 << 30)
+        # Nothing left: the data-plane connections are closed on both agents and the buffers freed.
+        deadline = time.monotonic() + 10
+        while (self.a.fd_count() > fds_a or self.b.fd_count() > fds_b) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertLessEqual(self.a.fd_count(), fds_a)
+        self.assertLessEqual(self.b.fd_count(), fds_b)
+        self.assertGreaterEqual(metric(self.a, "rdmig_pathchecks_finished_total", role="source", result="cancelled"), 1)
+
+    def test_a_check_is_refused_beside_a_running_migration_unless_allowed(self):
+        qmp = os.path.join(tempfile.mkdtemp(prefix="rdmig-pc-qmp-"), "dst.qmp")
+        fake = FakeIncomingQemu(qmp)
+        m = self.b.create({"role": "target", "qmpSocket": qmp, "completionTimeoutSeconds": 60})
+        try:
+            status, body = self.b.request("POST", "/v1/pathchecks", {"role": "target", "bytes": "8Mi"})
+            self.assertEqual(status, 409, body)
+            self.assertIn("runs 1 migration", body["error"]["message"])
+            self.assertIn("allowDuringMigrations", body["error"]["message"])
+            sid, tid = start_pair(self.a, self.b, bytes="8Mi", allowDuringMigrations=True)
+            st = wait_check(self.a, sid)
+            self.assertEqual(st["phase"], "Succeeded", st)
+            self.assertEqual(wait_check(self.b, tid)["phase"], "Succeeded")
+        finally:
+            self.b.cancel(m["id"])
+            self.b.wait(m["id"], timeout=30)
+            fake.close()
+
+    def test_hostile_requests_are_refused_naming_the_cause(self):
+        cases = [
+            ({"role": "target", "bytes": "65Gi"}, 400, "bytes"),
+            ({"role": "target", "bytes": 0}, 400, "bytes"),
+            ({"role": "target", "chunkSize": 12345}, 400, "chunkSize"),
+            ({"role": "target", "channels": 1000}, 400, "channels"),
+            ({"role": "target", "transport": "smoke-signals"}, 400, "transport"),
+            ({"role": "observer"}, 400, "role"),
+            ({"role": "source"}, 400, "target"),
+            ({"role": "target", "extra": 1}, 400, "extra"),
+            # Within the bounds, but never within this agent's buffer budget (2Gi by default).
+            ({"role": "target", "chunkSize": "1Gi", "ringDepth": 16}, 422, "bufferBudget"),
+        ]
+        for body, want, word in cases:
+            status, reply = self.a.request("POST", "/v1/pathchecks", body)
+            self.assertEqual(status, want, (body, reply))
+            self.assertIn(word, reply["error"]["message"], (body, reply))
+        status, reply = self.a.request("POST", "/v1/pathchecks", raw=b"{not json")
+        self.assertEqual(status, 400)
+        self.assertIn("JSON", reply["error"]["message"])
+        status, _ = self.a.request("POST", "/v1/pathchecks", {"role": "target"}, token=None)
+        self.assertEqual(status, 401)
+        status, _ = self.a.request("GET", "/v1/pathchecks", token="wrong")
+        self.assertEqual(status, 403)
+        status, reply = self.a.request("GET", "/v1/pathchecks/nope")
+        self.assertEqual(status, 404)
+        status, reply = self.a.request("DELETE", "/v1/pathchecks/nope")
+        self.assertEqual(status, 404)
+
+    def test_at_most_four_checks_run_at_once_on_an_agent(self):
+        ids = []
+        for _ in range(4):
+            ids.append(self.a.call("POST", "/v1/pathchecks", {"role": "target", "bytes": "8Mi", "timeoutSeconds": 30,
+                                                               "chunkSize": "64Ki"})["id"])
+        status, reply = self.a.request("POST", "/v1/pathchecks", {"role": "target", "bytes": "8Mi", "chunkSize": "64Ki"})
+        self.assertEqual(status, 429, reply)
+        self.assertIn("at most 4", reply["error"]["message"])
+        for cid in ids:
+            self.assertEqual(self.a.call("DELETE", "/v1/pathchecks/" + cid)["phase"], "Cancelled")
+        # Room again once they ended.
+        cid = self.a.call("POST", "/v1/pathchecks", {"role": "target", "bytes": "8Mi", "chunkSize": "64Ki"})["id"]
+        self.a.call("DELETE", "/v1/pathchecks/" + cid)
+
+
+RDMA_DEV = os.environ.get("RDMIG_RDMA_DEV", "")
+
+
+@unittest.skipUnless(os.environ.get("RDMIG_PATHCHECK_TRANSPORT") == "rdma",
+                     "needs an RDMA device: runs in the Soft-RoCE VM (tests/rdma/pathcheck-tests.sh)")
+class PathCheckRdmaTest(unittest.TestCase):
+    """Both agents on the VM's one rxe device (each its own rdma_cm port), a third without RDMA."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="rdmig-pathcheck-rdma-")
+        token = "tok-" + os.urandom(8).hex()
+        rdma = {"transport": "auto", "rdma": {"device": RDMA_DEV}, "dataPlane": {"rdmaPort": 0}}
+        cls.a = Agent(cls.tmp, "agent-a", token=token, config=rdma, log_level="debug")
+        cls.b = Agent(cls.tmp, "agent-b", token=token, config=rdma, log_level="debug")
+        # RDMA broken on this one: transport auto, but rdma.device names no device.
+        cls.n = Agent(cls.tmp, "agent-nordma", token=token, log_level="debug",
+                      config={"transport": "auto", "rdma": {"device": "no-such-device"}})
+
+    @classmethod
+    def tearDownClass(cls):
+        for agent in (cls.a, cls.b, cls.n):
+            agent.stop()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_a_pair_over_rdma_verifies_every_byte_and_names_both_ports(self):
+        before = metric(self.a, "rdmig_transferred_bytes_total", transport="rdma", direction="sent", traffic="pathcheck")
+        sid, tid = start_pair(self.a, self.b, bytes="64Mi", chunkSize="1Mi", channels=2)
+        src, dst = wait_check(self.a, sid, timeout=120), wait_check(self.b, tid, timeout=120)
+        print("\nsource:", src, "\ntarget:", dst)
+        self.assertEqual((src["phase"], dst["phase"]), ("Succeeded", "Succeeded"), (src, dst))
+        self.assertEqual((src["transport"], src["transportReason"]), ("rdma", "auto-both-rdma"))
+        self.assertEqual(dst["bytesVerified"], 64 * MiB)
+        self.assertGreater(src["throughputBytesPerSecond"], 0)
+        for end in (src["localRdma"], src["peerRdma"], dst["localRdma"]):
+            self.assertEqual(end["device"], RDMA_DEV)
+            self.assertIn(end["mtu"], (256, 512, 1024, 2048, 4096))
+            self.assertTrue(end["gid"].startswith("0000:0000:0000:0000:0000:ffff:"), end)
+        self.assertGreaterEqual(metric(self.a, "rdmig_transferred_bytes_total", transport="rdma", direction="sent",
+                                       traffic="pathcheck") - before, 64 * MiB)
+
+    def test_a_pair_whose_target_has_no_rdma_falls_back_with_the_reason_or_fails_when_rdma_is_required(self):
+        sid, _ = start_pair(self.a, self.n, bytes="8Mi")
+        st = wait_check(self.a, sid, timeout=60)
+        self.assertEqual(st["phase"], "Succeeded", st)
+        self.assertEqual((st["transport"], st["transportReason"]), ("tcp", "auto-no-peer-rdma:no-device"))
+        started = time.monotonic()
+        sid, tid = start_pair(self.a, self.n, bytes="8Mi", transport="rdma", timeoutSeconds=20)
+        st = wait_check(self.a, sid, timeout=30)
+        print("\nrdma required:", st, "after %.1f s" % (time.monotonic() - started))
+        self.assertEqual(st["phase"], "Failed")
+        self.assertIn("refused the check", st["error"])
+        self.assertIn("rdma", st["error"].lower())
+        self.assertLess(time.monotonic() - started, 20)
+        self.n.call("DELETE", "/v1/pathchecks/" + tid)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,258 @@
+"""RdmaPathCheck end to end (docs/pathcheck.md): the API server double (the CRD's schema and
+CEL rules enforced, status subresource, finalizers), rdmig-controller, and three real
+rdmig-agents carrying the checks over TCP. No guest boots.
+
+Run from the repository root after building:
+    RDMIG_AGENT=build/agent/rdmig-agent RDMIG_CONTROLLER=build/controller/rdmig-controller \\
+        python3 tests/k8s/test_pathcheck.py -v
+"""
+import os
+import shutil
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(REPO, "tools"))
+sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
+from rdmiglab import Agent  # noqa: E402
+from apiserver_double import ApiServerDouble  # noqa: E402
+from controllerlab import Controller, wait_for  # noqa: E402
+from test_agent_hostile_http import FakeIncomingQemu  # noqa: E402
+
+CRD = os.path.join(REPO, "operator-manifests", "crd-rdmamigrations.yaml")
+NS = "ops"
+AGENT_NS = "rdmig-system"
+MiB = 1 << 20
+
+
+def pathcheck(name, source, targets, **spec):
+    body = {"apiVersion": "rdmig.io/v1alpha1", "kind": "RdmaPathCheck",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"source": source, "targets": targets}}
+    body["spec"].update(spec)
+    return body
+
+
+class PathCheckControllerTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="rdmig-k8s-pc-")
+        cls.api = ApiServerDouble(os.path.join(cls.tmp, "apiserver"), tls=True, crd_path=CRD)
+        cls.store = cls.api.store
+        kubeconfig = cls.api.write_kubeconfig(os.path.join(cls.tmp, "kubeconfig"))
+        token = "agent-token-" + os.urandom(12).hex()
+        cls.agents = {n: Agent(cls.tmp, "agent-" + n, token=token, log_level="debug") for n in ("a", "b", "c")}
+        for n, agent in cls.agents.items():
+            cls.api.add_agent_pod(AGENT_NS, "rdmig-agent-" + n, "node-" + n, agent.api_port)
+        # Running and Ready, but nothing answers on its port: its agent is down.
+        cls.api.add_agent_pod(AGENT_NS, "rdmig-agent-dead", "node-dead", 1)
+        cls.controller = Controller(cls.tmp, "ctl", kubeconfig, cls.agents["a"].token_file)
+        wait_for(lambda: cls.controller.metric("rdmig_controller_leader") == 1, 30, "the controller to lead")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.controller.stop()
+        for a in cls.agents.values():
+            a.stop()
+        cls.api.stop()
+        if os.environ.get("RDMIG_KEEP_TMP"):
+            print("kept", cls.tmp)
+        else:
+            shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def tearDown(self):
+        result = getattr(self._outcome, "result", None)
+        if result and any(t is self for t, _ in result.errors + result.failures):
+            print("---- controller log (tail) ----\n" + self.controller.log_text()[-6000:])
+        for agent in self.agents.values():
+            self.assertTrue(agent.alive(), agent.log_text()[-3000:])
+
+    def create(self, body):
+        code, obj = self.store.create("rdmapathchecks", NS, body)
+        self.assertEqual(code, 201, obj)
+        return obj
+
+    def get(self, name):
+        code, obj = self.store.get("rdmapathchecks", NS, name)
+        return obj if code == 200 else None
+
+    def wait_phase(self, name, phases, timeout=60.0):
+        def reached():
+            obj = self.get(name)
+            return obj if obj and obj.get("status", {}).get("phase") in phases else None
+        try:
+            return wait_for(reached, timeout, "%s to reach %s" % (name, phases))
+        except TimeoutError:
+            raise AssertionError("%s did not reach %s; now: %s" % (name, phases, self.get(name)))
+
+    def reasons(self, name):
+        return [(e["type"], e["reason"]) for e in self.api.events(name)]
+
+    def test_every_pair_carries_its_bytes_and_reports_its_figures(self):
+        self.create(pathcheck("all-pass", "node-a", {"nodes": ["node-b", "node-c"]}, bytes="32Mi",
+                              transport="tcp", maxConcurrentPairs=2, chunkSize="256Ki"))
+        obj = self.wait_phase("all-pass", ("Succeeded", "Failed"))
+        st = obj["status"]
+        print("\nstatus:", st)
+        self.assertEqual(st["phase"], "Succeeded", st)
+        self.assertEqual(st["summary"]["passed"], 2)
+        self.assertEqual(st["summary"]["failed"], 0)
+        self.assertEqual([p["target"] for p in st["pairs"]], ["node-b", "node-c"])
+        for p in st["pairs"]:
+            self.assertEqual(p["phase"], "Passed", p)
+            self.assertEqual(p["transport"], "tcp")
+            self.assertEqual(p["bytesVerified"], 32 * MiB)
+            self.assertGreater(p["throughputBytesPerSecond"], 0)
+            self.assertGreater(p["rttMicroseconds"], 0)
+        self.assertIn("node-a->node-", st["summary"]["worst"])
+        conds = {c["type"]: c for c in st["conditions"]}
+        self.assertEqual(conds["Complete"]["status"], "True")
+        self.assertEqual(conds["RdmaOnEveryPair"]["status"], "False")  # tcp asked for
+        self.assertEqual(st["observedGeneration"], obj["metadata"]["generation"])
+        wait_for(lambda: ("Normal", "Completed") in self.reasons("all-pass"), 10, "the Completed event")
+        self.assertEqual(self.reasons("all-pass").count(("Normal", "PairPassed")), 2)
+        # The finalizer is gone once nothing runs.
+        wait_for(lambda: not self.get("all-pass")["metadata"].get("finalizers"), 10, "the finalizer to go")
+
+    def test_auto_over_tcp_only_agents_counts_as_fell_back_with_the_reason(self):
+        self.create(pathcheck("fallback", "node-a", {"nodes": ["node-b"]}, bytes="8Mi"))
+        st = self.wait_phase("fallback", ("Succeeded", "Failed"))["status"]
+        self.assertEqual(st["phase"], "Succeeded", st)
+        self.assertEqual(st["summary"]["fellBack"], 1)
+        (p,) = st["pairs"]
+        self.assertEqual(p["phase"], "FellBack")
+        self.assertTrue(p["reason"].startswith("auto-no-source-rdma"), p)
+        self.assertIn("tcp (auto-no-source-rdma", st["summary"]["worst"])
+        wait_for(lambda: ("Warning", "PairFellBack") in self.reasons("fallback"), 10, "the PairFellBack event")
+
+    def test_a_pair_whose_target_agent_is_down_fails_naming_the_cause(self):
+        started = time.monotonic()
+        self.create(pathcheck("one-down", "node-a", {"nodes": ["node-b", "node-dead"]}, bytes="8Mi",
+                              transport="tcp", timeoutSeconds=20))
+        st = self.wait_phase("one-down", ("Succeeded", "Failed"), timeout=30)["status"]
+        elapsed = time.monotonic() - started
+        print("\nstatus:", st, "after %.1f s" % elapsed)
+        self.assertEqual(st["phase"], "Failed")
+        self.assertEqual(st["summary"], {"pairs": 2, "passed": 1, "fellBack": 0, "failed": 1,
+                                         "worst": st["summary"]["worst"]})
+        dead = [p for p in st["pairs"] if p["target"] == "node-dead"][0]
+        self.assertEqual(dead["phase"], "Failed")
+        self.assertIn("target agent node-dead (127.0.0.1:1)", dead["error"])
+        self.assertIn("node-dead", st["summary"]["worst"])
+        self.assertLess(elapsed, 20)
+        wait_for(lambda: ("Warning", "PairFailed") in self.reasons("one-down"), 10, "the PairFailed event")
+
+    def test_a_check_deleted_while_it_runs_stops_everything_it_started(self):
+        self.create(pathcheck("deleted", "node-a", {"nodes": ["node-c"]}, bytes="48Gi", transport="tcp",
+                              timeoutSeconds=600, chunkSize="1Mi"))
+        obj = wait_for(lambda: (lambda o: o if o and any(p["phase"] == "Running" for p in o.get("status", {}).get("pairs", []))
+                                else None)(self.get("deleted")), 20, "the pair to run")
+        cid = obj["status"]["pairs"][0]["checkId"]
+        wait_for(lambda: self.agents["a"].call("GET", "/v1/pathchecks/" + cid)["bytesSent"] > 16 * MiB, 20,
+                 "bytes to flow")
+        code, _ = self.store.delete("rdmapathchecks", NS, "deleted")
+        self.assertEqual(code, 200)
+        wait_for(lambda: self.get("deleted") is None, 20, "the object to go")
+        src = self.agents["a"].call("GET", "/v1/pathchecks/" + cid)
+        dst = self.agents["c"].call("GET", "/v1/pathchecks/" + cid)
+        print("\nsource:", src, "\ntarget:", dst)
+        self.assertEqual(src["phase"], "Cancelled", src)
+        self.assertIn(dst["phase"], ("Cancelled", "Failed"))
+        self.assertIn("cancelled", dst["error"])
+        self.assertLess(src["bytesSent"], 48 << 30)
+        for agent in (self.agents["a"], self.agents["c"]):
+            self.assertFalse([c for c in agent.call("GET", "/v1/pathchecks")["items"]
+                              if c["phase"] not in ("Succeeded", "Failed", "Cancelled")])
+
+    def test_a_check_is_refused_beside_a_running_migration(self):
+        qmp = os.path.join(tempfile.mkdtemp(prefix="rdmig-pc-qmp-"), "dst.qmp")
+        fake = FakeIncomingQemu(qmp)
+        m = self.agents["b"].create({"role": "target", "qmpSocket": qmp, "completionTimeoutSeconds": 60})
+        try:
+            self.create(pathcheck("beside", "node-a", {"nodes": ["node-b"]}, bytes="8Mi"))
+            st = self.wait_phase("beside", ("Succeeded", "Failed"))["status"]
+            self.assertEqual(st["phase"], "Failed")
+            self.assertIn("allowDuringMigrations", st["pairs"][0]["error"])
+            self.assertIn("runs 1 migration", st["pairs"][0]["error"])
+            self.create(pathcheck("beside-allowed", "node-a", {"nodes": ["node-b"]}, bytes="8Mi",
+                                  allowDuringMigrations=True))
+            self.assertEqual(self.wait_phase("beside-allowed", ("Succeeded", "Failed"))["status"]["phase"], "Succeeded")
+        finally:
+            self.agents["b"].cancel(m["id"])
+            self.agents["b"].wait(m["id"], timeout=30)
+            fake.close()
+
+    def test_targets_all_takes_every_agent_node_but_the_source(self):
+        self.create(pathcheck("everyone", "node-b", {"all": True}, bytes="4Mi", transport="tcp", timeoutSeconds=20,
+                              maxConcurrentPairs=3))
+        st = self.wait_phase("everyone", ("Succeeded", "Failed"), timeout=40)["status"]
+        self.assertEqual(sorted(p["target"] for p in st["pairs"]), ["node-a", "node-c", "node-dead"])
+        self.assertEqual((st["summary"]["passed"], st["summary"]["failed"]), (2, 1))
+
+    def test_targets_by_node_labels(self):
+        for name, labels in (("node-b", {"rack": "r7"}), ("node-c", {"rack": "r7"}), ("node-a", {"rack": "r7"}),
+                             ("node-x", {"rack": "r8"})):
+            code, body = self.store.create("nodes", None, {"apiVersion": "v1", "kind": "Node",
+                                                           "metadata": {"name": name, "labels": labels}})
+            self.assertIn(code, (201, 409), body)
+        self.create(pathcheck("rack-r7", "node-a", {"selector": {"rack": "r7"}}, bytes="4Mi", transport="tcp",
+                              maxConcurrentPairs=2))
+        st = self.wait_phase("rack-r7", ("Succeeded", "Failed"))["status"]
+        self.assertEqual([p["target"] for p in st["pairs"]], ["node-b", "node-c"])  # not the source, not r8
+        self.assertEqual(st["phase"], "Succeeded", st)
+
+    def test_a_finished_check_goes_after_its_ttl(self):
+        self.create(pathcheck("short-lived", "node-a", {"nodes": ["node-b"]}, bytes="4Mi", transport="tcp",
+                              ttlSecondsAfterFinished=1))
+        wait_for(lambda: self.get("short-lived") is None, 30, "the object to be deleted after its TTL")
+
+    def test_zz_rbac_in_the_chart_covers_the_calls_and_every_pathcheck_grant_is_used(self):
+        import rbac_check
+        # A status write that meets a conflict: the controller re-reads the object (get) and retries.
+        self.store.conflict_once.add(("rdmapathchecks", NS, "conflicted"))
+        self.create(pathcheck("conflicted", "node-a", {"nodes": ["node-b"]}, bytes="4Mi", transport="tcp"))
+        self.wait_phase("conflicted", ("Succeeded", "Failed"))
+        calls = rbac_check.calls_from_log(self.api.requests, "rdmig-controller/")
+        problems = rbac_check.compare(calls, rbac_check.chart_rules(),
+                                      unused_of={"rdmapathchecks", "rdmapathchecks/status", "nodes"})
+        self.assertEqual(problems, [], "\n".join(problems))
+
+    def test_the_sample_is_valid_and_runs(self):
+        import yaml
+        with open(os.path.join(REPO, "operator-manifests", "samples", "pathcheck-before-drain.yaml")) as f:
+            body = yaml.safe_load(f)
+        body["metadata"]["namespace"] = NS
+        body["spec"].update(bytes="4Mi", timeoutSeconds=10)  # small, and node-dead fails fast
+        self.create(body)
+        st = self.wait_phase(body["metadata"]["name"], ("Succeeded", "Failed"), timeout=40)["status"]
+        # node-a -> every other agent node: node-b and node-c carry it (tcp-only agents: FellBack),
+        # node-dead's agent does not answer.
+        self.assertEqual(sorted(p["target"] for p in st["pairs"]), ["node-b", "node-c", "node-dead"])
+        self.assertEqual((st["summary"]["fellBack"], st["summary"]["failed"]), (2, 1))
+
+    def test_the_schema_refuses_bad_specs(self):
+        bad = [
+            pathcheck("two-kinds", "node-a", {"nodes": ["node-b"], "all": True}),
+            pathcheck("no-kind", "node-a", {}),
+            pathcheck("bad-bytes", "node-a", {"nodes": ["node-b"]}, bytes="lots"),
+            pathcheck("bad-transport", "node-a", {"nodes": ["node-b"]}, transport="ib"),
+            pathcheck("too-many", "node-a", {"nodes": ["n%d" % i for i in range(65)]}),
+        ]
+        for body in bad:
+            code, reply = self.store.create("rdmapathchecks", NS, body)
+            self.assertEqual(code, 422, (body["metadata"]["name"], reply))
+        # And the spec cannot change once made.
+        self.create(pathcheck("frozen", "node-a", {"nodes": ["node-b"]}, bytes="4Mi", transport="tcp"))
+        obj = self.get("frozen")
+        obj["spec"]["bytes"] = "8Mi"
+        code, reply = self.store.replace("rdmapathchecks", NS, "frozen", obj)
+        self.assertEqual(code, 422, reply)
+        self.wait_phase("frozen", ("Succeeded", "Failed"))
+
+
+if __name__ == "__main__":
+    unittest.main()

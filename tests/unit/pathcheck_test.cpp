@@ -1,0 +1,204 @@
+// The path check's synthetic stream: the pattern itself, and send/receive over real loopback
+// TcpChannels, with a byte flipped at the receiver by a wrapping channel.
+#include <gtest/gtest.h>
+
+#include <thread>
+#include <vector>
+
+#include "api/models.h"
+#include "common/net.h"
+#include "metrics/metrics.h"
+#include "pathcheck/check.h"
+#include "pathcheck/pattern.h"
+#include "pathcheck/stream.h"
+#include "transport/tcp/tcp_channel.h"
+
+using namespace rdmig;
+using namespace rdmig::pathcheck;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Pair {
+  std::unique_ptr<transport::TcpChannel> a, b;
+};
+
+Pair connect_pair(Metrics& m, uint32_t chunk, uint32_t depth) {
+  auto l = net::tcp_listen("127.0.0.1", 0);
+  EXPECT_TRUE(l.ok());
+  const uint16_t port = net::local_port(l->get()).value();
+  auto c = net::tcp_connect({"127.0.0.1", port}, 2s);
+  EXPECT_TRUE(c.ok());
+  auto s = net::accept_for(l->get(), 2s);
+  EXPECT_TRUE(s.ok());
+  auto& tm = m.transport("tcp", "pathcheck");
+  return Pair{transport::TcpChannel::create(std::move(c.value()), 0, chunk, depth, tm),
+              transport::TcpChannel::create(std::move(s.value()), 0, chunk, depth, tm)};
+}
+
+// A receiving channel whose `nth` received chunk has one byte changed, as a fault on the path
+// would change it: everything else passes through to the real channel.
+class CorruptingChannel final : public transport::Channel {
+ public:
+  CorruptingChannel(transport::Channel& inner, uint64_t nth, size_t at) : inner_(inner), nth_(nth), at_(at) {}
+  Result<std::span<std::byte>> acquire() override { return inner_.acquire(); }
+  Status send(size_t n) override { return inner_.send(n); }
+  void unacquire() override { inner_.unacquire(); }
+  Status send_eof() override { return inner_.send_eof(); }
+  Status drain() override { return inner_.drain(); }
+  Result<transport::ChunkView> receive() override {
+    auto c = inner_.receive();
+    if (c && !c->eof && count_++ == nth_) {
+      copy_.assign(c->data.begin(), c->data.end());
+      copy_[at_ % copy_.size()] ^= std::byte{0x01};
+      c->data = copy_;
+    }
+    return c;
+  }
+  Status release() override { return inner_.release(); }
+  void abort(const Error& reason) override { inner_.abort(reason); }
+  uint32_t index() const override { return inner_.index(); }
+  size_t chunk_size() const override { return inner_.chunk_size(); }
+  const char* transport() const override { return inner_.transport(); }
+
+ private:
+  transport::Channel& inner_;
+  uint64_t nth_;
+  size_t at_;
+  uint64_t count_ = 0;
+  std::vector<std::byte> copy_;
+};
+
+}  // namespace
+
+TEST(PathCheckPattern, VerifiesWhatItFilledAtAnyOffsetAndLength) {
+  for (uint64_t offset : {0ull, 1ull, 7ull, 8ull, 4097ull}) {
+    std::vector<std::byte> buf(1000 + offset % 13);
+    fill_pattern(buf, 42, offset);
+    EXPECT_FALSE(verify_pattern(buf, 42, offset).has_value()) << offset;
+    // The same bytes are not the stream at another offset or under another seed.
+    EXPECT_TRUE(verify_pattern(buf, 43, offset).has_value());
+    EXPECT_TRUE(verify_pattern(buf, 42, offset + 8).has_value());
+  }
+}
+
+TEST(PathCheckPattern, PiecesFilledSeparatelyEqualTheWhole) {
+  std::vector<std::byte> whole(300), parts(300);
+  fill_pattern(whole, 7, 5);
+  fill_pattern(std::span(parts).first(11), 7, 5);
+  fill_pattern(std::span(parts).subspan(11), 7, 16);
+  EXPECT_EQ(whole, parts);
+}
+
+TEST(PathCheckPattern, NamesTheFirstFlippedByte) {
+  std::vector<std::byte> buf(4096);
+  fill_pattern(buf, 9, 1 << 20);
+  buf[1234] ^= std::byte{0x80};
+  auto bad = verify_pattern(buf, 9, 1 << 20);
+  ASSERT_TRUE(bad.has_value());
+  EXPECT_EQ(bad->offset, (1u << 20) + 1234);
+  EXPECT_EQ(bad->got, bad->expected ^ 0x80);
+  EXPECT_NE(bad->describe().find("offset 1049810"), std::string::npos) << bad->describe();
+}
+
+TEST(PathCheckStream, CarriesAndVerifiesEveryByteOverTcp) {
+  Metrics m;
+  auto p = connect_pair(m, 64 * 1024, 4);
+  const uint64_t total = 3 * 1024 * 1024 + 123;  // not a whole number of chunks
+  std::atomic<uint64_t> sent{0}, verified{0};
+  Status rx = ok_status();
+  std::thread receiver([&] { rx = receive_stream(*p.b, 77, total, verified); });
+  auto tx = send_stream(*p.a, 77, total, sent);
+  receiver.join();
+  EXPECT_TRUE(tx.ok()) << tx.error().message;
+  EXPECT_TRUE(rx.ok()) << rx.error().message;
+  EXPECT_EQ(sent.load(), total);
+  EXPECT_EQ(verified.load(), total);
+}
+
+TEST(PathCheckStream, DetectsAByteCorruptedOnThePath) {
+  Metrics m;
+  auto p = connect_pair(m, 64 * 1024, 4);
+  const uint64_t total = 1024 * 1024;
+  CorruptingChannel corrupt(*p.b, /*nth=*/5, /*at=*/321);
+  std::atomic<uint64_t> sent{0}, verified{0};
+  Status rx = ok_status();
+  std::thread receiver([&] {
+    rx = receive_stream(corrupt, 5, total, verified);
+    if (!rx) corrupt.abort(rx.error());  // as PathCheck::run_channels does: the sender stops
+  });
+  auto tx = send_stream(*p.a, 5, total, sent);
+  receiver.join();
+  ASSERT_FALSE(rx.ok());
+  EXPECT_NE(rx.error().message.find("corrupted"), std::string::npos) << rx.error().message;
+  EXPECT_NE(rx.error().message.find("offset " + std::to_string(5 * 64 * 1024 + 321)), std::string::npos)
+      << rx.error().message;
+  EXPECT_EQ(verified.load(), 5u * 64 * 1024);  // the chunks before the bad one
+  EXPECT_FALSE(tx.ok());                       // the sender learnt the stream was stopped
+}
+
+TEST(PathCheckStream, FailsAStreamThatEndsShort) {
+  Metrics m;
+  auto p = connect_pair(m, 64 * 1024, 4);
+  std::atomic<uint64_t> sent{0}, verified{0};
+  Status rx = ok_status();
+  std::thread receiver([&] { rx = receive_stream(*p.b, 1, 200000, verified); });
+  (void)send_stream(*p.a, 1, 100000, sent);
+  receiver.join();
+  ASSERT_FALSE(rx.ok());
+  EXPECT_NE(rx.error().message.find("ended after 100000 of 200000"), std::string::npos) << rx.error().message;
+}
+
+TEST(PathCheckRequest, RejectsHostileBodies) {
+  AgentConfig config;
+  auto err = [&](const nlohmann::json& body) {
+    auto r = api::parse_pathcheck_request(body, config);
+    return r ? std::string() : r.error().message;
+  };
+  EXPECT_NE(err(nlohmann::json::array()).find("body"), std::string::npos);
+  EXPECT_NE(err({{"role", "target"}, {"bytes", "65Gi"}}).find("bytes"), std::string::npos);
+  EXPECT_NE(err({{"role", "target"}, {"bytes", 0}}).find("bytes"), std::string::npos);
+  EXPECT_NE(err({{"role", "target"}, {"bytes", -5}}).find("bytes"), std::string::npos);
+  EXPECT_NE(err({{"role", "target"}, {"bytes", "lots"}}).find("bytes"), std::string::npos);
+  EXPECT_NE(err({{"role", "target"}, {"chunkSize", 1000}}).find("chunkSize"), std::string::npos);
+  EXPECT_NE(err({{"role", "target"}, {"channels", 17}}).find("channels"), std::string::npos);
+  EXPECT_NE(err({{"role", "target"}, {"transport", "carrier-pigeon"}}).find("transport"), std::string::npos);
+  EXPECT_NE(err({{"role", "target"}, {"allowDuringMigrations", "yes"}}).find("allowDuringMigrations"), std::string::npos);
+  EXPECT_NE(err({{"role", "target"}, {"timeoutSeconds", 100000}}).find("timeoutSeconds"), std::string::npos);
+  EXPECT_NE(err({{"role", "target"}, {"qmpSocket", "/x"}}).find("qmpSocket: unknown field"), std::string::npos);
+  EXPECT_NE(err({{"role", "target"}, {"target", nlohmann::json::object()}}).find("only for role 'source'"), std::string::npos);
+  EXPECT_NE(err({{"role", "source"}}).find("target: required"), std::string::npos);
+  EXPECT_NE(err({{"role", "source"}, {"target", {{"endpoint", "h:1"}, {"checkId", "Bad_Id"}, {"token", "t"}}}})
+                .find("target.checkId"), std::string::npos);
+  auto ok = api::parse_pathcheck_request({{"role", "target"}}, config);
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->bytes, kDefaultBytes);
+  EXPECT_EQ(ok->channels, 1u);
+  auto sized = api::parse_pathcheck_request({{"role", "target"}, {"bytes", "64Mi"}, {"chunkSize", "256Ki"}}, config);
+  ASSERT_TRUE(sized.ok()) << sized.error().message;
+  EXPECT_EQ(sized->bytes, 64u << 20);
+  EXPECT_EQ(sized->chunk_size, 256u << 10);
+}
+
+TEST(PathCheckRdmaEnd, ReportsDevicePortGidAndMtuOfTheChosenPort) {
+  migration::RdmaSupport rdma;
+  rdma.available = true;
+  rdma.device = "mlx5_2";
+  rdma.device_port = 1;
+  rdma.ip = "192.168.10.7";
+  rdma.gid_index = 3;
+  rdma.mtu = 4096;
+  const auto end = RdmaEnd::of(rdma);
+  EXPECT_EQ(end.device, "mlx5_2");
+  EXPECT_EQ(end.port, 1);
+  EXPECT_EQ(end.gid, "0000:0000:0000:0000:0000:ffff:c0a8:0a07");  // RoCE v2: the IPv4-mapped address
+  EXPECT_EQ(end.gid_index, 3);
+  EXPECT_EQ(end.mtu, 4096u);
+  // What a peer sends back is bounded and typed, whatever it sends.
+  auto parsed = RdmaEnd::parse({{"device", std::string(500, 'x')}, {"mtu", 1 << 30}, {"gidIndex", "3"}});
+  ASSERT_TRUE(parsed.has_value());
+  EXPECT_EQ(parsed->device.size(), 64u);
+  EXPECT_EQ(parsed->mtu, 4096u);
+  EXPECT_EQ(parsed->gid_index, -1);
+  EXPECT_FALSE(RdmaEnd::parse(nlohmann::json::array()).has_value());
+}
