@@ -70,6 +70,31 @@ bool is_safe_name(const std::string& s) {
   return true;
 }
 
+// The source's "target": the target agent's data-plane endpoint, the id it gave the target end
+// (id_key: migrationId or checkId, a DNS label) and its one-time token.
+Result<migration::TargetRef> parse_target_ref(const json& body, const char* id_key) {
+  auto it = body.find("target");
+  if (it == body.end() || it->is_null()) return bad("target", "required for role 'source'");
+  if (!it->is_object()) return bad("target", std::string("must be an object with endpoint, ") + id_key + " and token");
+  const json& t = *it;
+  RDMIG_TRY(check_fields(t, "target.", {"endpoint", id_key, "token"}));
+  auto ep_text = string_field(t, "target.", "endpoint", true, 300);
+  if (!ep_text) return ep_text.error();
+  auto ep = net::parse_endpoint(ep_text.value(), "target.endpoint");
+  if (!ep) return ep.error();
+  migration::TargetRef ref;
+  ref.host = ep->host;
+  ref.port = ep->port;
+  auto id = string_field(t, "target.", id_key, true, 63);
+  if (!id) return id.error();
+  if (!is_dns_label(id.value())) return bad(std::string("target.") + id_key, "must be a DNS label");
+  ref.migration_id = id.value();
+  auto token = string_field(t, "target.", "token", true, 128);
+  if (!token) return token.error();
+  ref.token = token.value();
+  return ref;
+}
+
 }  // namespace
 
 Result<MigrationSpec> parse_create_request(const json& body, const AgentConfig& defaults) {
@@ -150,24 +175,9 @@ Result<MigrationSpec> parse_create_request(const json& body, const AgentConfig& 
   spec.no_progress_timeout_seconds = static_cast<uint32_t>(np.value());
 
   if (spec.role == Role::kSource) {
-    auto it = body.find("target");
-    if (it == body.end() || it->is_null()) return bad("target", "required for role 'source'");
-    if (!it->is_object()) return bad("target", "must be an object with endpoint, migrationId and token");
-    const json& t = *it;
-    RDMIG_TRY(check_fields(t, "target.", {"endpoint", "migrationId", "token"}));
-    auto ep_text = string_field(t, "target.", "endpoint", true, 300);
-    if (!ep_text) return ep_text.error();
-    auto ep = net::parse_endpoint(ep_text.value(), "target.endpoint");
-    if (!ep) return ep.error();
-    spec.target.host = ep->host;
-    spec.target.port = ep->port;
-    auto mid = string_field(t, "target.", "migrationId", true, 63);
-    if (!mid) return mid.error();
-    if (!is_dns_label(mid.value())) return bad("target.migrationId", "must be a DNS label");
-    spec.target.migration_id = mid.value();
-    auto token = string_field(t, "target.", "token", true, 128);
-    if (!token) return token.error();
-    spec.target.token = token.value();
+    auto target = parse_target_ref(body, "migrationId");
+    if (!target) return target.error();
+    spec.target = std::move(target.value());
 
     auto dl = uint_field(body, "", "maxDowntimeMs", 300, 1, 2000000);
     if (!dl) return dl.error();
@@ -245,24 +255,9 @@ Result<pathcheck::CheckSpec> parse_pathcheck_request(const json& body, const Age
   if (!timeout) return timeout.error();
   spec.timeout_seconds = static_cast<uint32_t>(timeout.value());
   if (spec.role == Role::kSource) {
-    auto it = body.find("target");
-    if (it == body.end() || it->is_null()) return bad("target", "required for role 'source'");
-    if (!it->is_object()) return bad("target", "must be an object with endpoint, checkId and token");
-    const json& t = *it;
-    RDMIG_TRY(check_fields(t, "target.", {"endpoint", "checkId", "token"}));
-    auto ep_text = string_field(t, "target.", "endpoint", true, 300);
-    if (!ep_text) return ep_text.error();
-    auto ep = net::parse_endpoint(ep_text.value(), "target.endpoint");
-    if (!ep) return ep.error();
-    spec.target.host = ep->host;
-    spec.target.port = ep->port;
-    auto cid = string_field(t, "target.", "checkId", true, 63);
-    if (!cid) return cid.error();
-    if (!is_dns_label(cid.value())) return bad("target.checkId", "must be a DNS label");
-    spec.target.migration_id = cid.value();
-    auto token = string_field(t, "target.", "token", true, 128);
-    if (!token) return token.error();
-    spec.target.token = token.value();
+    auto target = parse_target_ref(body, "checkId");
+    if (!target) return target.error();
+    spec.target = std::move(target.value());
   }
   return spec;
 }
