@@ -425,31 +425,7 @@ Result<json> PathCheckReconciler::write_status(const json& obj, json status) {
 }
 
 Result<json> PathCheckReconciler::set_finalizer(const json& obj, bool present) {
-  json current = obj;
-  for (int attempt = 0; attempt < 5; ++attempt) {
-    json finalizers = json::array();
-    for (const auto& f : current["metadata"].value("finalizers", json::array())) {
-      if (f != kFinalizer) finalizers.push_back(f);
-    }
-    if (present) finalizers.push_back(kFinalizer);
-    current["metadata"]["finalizers"] = finalizers;
-    auto written = kube_.replace(pathcheck_path(current), current);
-    if (written) {
-      const auto& md = written.value()["metadata"];
-      if (md.contains("deletionTimestamp") && md.value("finalizers", json::array()).empty()) {
-        informer_.forget(informer_.key_of(current));
-      } else {
-        informer_.observe(written.value());
-      }
-      return written.value();
-    }
-    if (written.error().code == Errc::kNotFound && !present) return json();
-    if (!k8s::is_conflict(written.error())) return written.error();
-    auto fresh = kube_.get(pathcheck_path(current));
-    if (!fresh) return fresh.error();
-    current = fresh.value();
-  }
-  return Error{Errc::kFailedPrecondition, "finalizer of " + informer_.key_of(obj) + ": conflicts kept happening"};
+  return detail::write_finalizer(kube_, informer_, obj, pathcheck_path(obj), present);
 }
 
 }  // namespace rdmig::controller

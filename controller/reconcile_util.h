@@ -21,6 +21,12 @@ inline bool has_finalizer(const nlohmann::json& obj) {
   return false;
 }
 
+// Adds (present) or removes rdmig's finalizer on the object at path, retrying on conflicts with
+// a fresh read; keeps the informer's cache in step (a write that removed the last finalizer of a
+// deleted object deleted it). An object already gone counts as removed (empty json).
+Result<nlohmann::json> write_finalizer(k8s::KubeClient& kube, k8s::Informer& informer, const nlohmann::json& obj,
+                                       const std::string& path, bool present);
+
 // The reason a migration fails with when an agent stayed out of reach: AgentTLSFailed when the
 // last failure was a TLS handshake or certificate check, AgentUnreachable otherwise.
 inline const char* unreachable_reason(const Error& last) {

@@ -88,7 +88,10 @@ void Reconciler::status_events(const json& written, const json& before, const js
   }
 }
 
-Result<json> Reconciler::set_finalizer(const json& obj, bool present) {
+namespace detail {
+
+Result<json> write_finalizer(k8s::KubeClient& kube, k8s::Informer& informer, const json& obj, const std::string& path,
+                             bool present) {
   json current = obj;
   for (int attempt = 0; attempt < 5; ++attempt) {
     json finalizers = json::array();
@@ -97,23 +100,29 @@ Result<json> Reconciler::set_finalizer(const json& obj, bool present) {
     }
     if (present) finalizers.push_back(kFinalizer);
     current["metadata"]["finalizers"] = finalizers;
-    auto written = kube_.replace(object_path(current), current);
+    auto written = kube.replace(path, current);
     if (written) {
       const auto& md = written.value()["metadata"];
       if (md.contains("deletionTimestamp") && md.value("finalizers", json::array()).empty()) {
-        informer_.forget(informer_.key_of(current));  // that write deleted it
+        informer.forget(informer.key_of(current));  // that write deleted it
       } else {
-        informer_.observe(written.value());
+        informer.observe(written.value());
       }
       return written.value();
     }
     if (written.error().code == Errc::kNotFound && !present) return json();  // already gone
     if (!k8s::is_conflict(written.error())) return written.error();
-    auto fresh = kube_.get(object_path(current));
+    auto fresh = kube.get(path);
     if (!fresh) return fresh.error();
     current = fresh.value();
   }
-  return Error{Errc::kFailedPrecondition, "finalizer of " + informer_.key_of(obj) + ": conflicts kept happening"};
+  return Error{Errc::kFailedPrecondition, "finalizer of " + informer.key_of(obj) + ": conflicts kept happening"};
+}
+
+}  // namespace detail
+
+Result<json> Reconciler::set_finalizer(const json& obj, bool present) {
+  return detail::write_finalizer(kube_, informer_, obj, object_path(obj), present);
 }
 
 Result<Next> Reconciler::transition(const json& obj, json status, const std::string& phase, const std::string& reason,
