@@ -19,7 +19,7 @@ using namespace relay_internal;
 
 void KubevirtRelay::on_flow_hello(UniqueFd fd, const json& raw) {
   auto reject = [&](const std::string& code, const std::string& msg) {
-    (void)transport::send_message(fd.get(), json{{"type", "reject"}, {"code", code}, {"message", msg}});
+    transport::send_reject(fd.get(), code, msg);
   };
   if (!config_.kubevirt.enabled) return reject("failed_precondition", "KubeVirt mode is off on this agent");
   auto hello = FlowHello::parse(raw);
@@ -66,8 +66,7 @@ void KubevirtRelay::on_flow_data(UniqueFd fd, const json& raw) {
     if (it != targets_.end()) s = it->second;
   }
   if (!s) {
-    (void)transport::send_message(fd.get(), json{{"type", "reject"}, {"code", "permission_denied"},
-                                                 {"message", "unknown data-plane session"}});
+    transport::send_reject(fd.get(), "permission_denied", "unknown data-plane session");
     return;
   }
   (void)s->add_tcp_channel(std::move(fd), static_cast<uint32_t>(index.value()));

@@ -12,9 +12,7 @@ using nlohmann::json;
 using namespace std::chrono_literals;
 
 namespace {
-void reject(int fd, const std::string& code, const std::string& message) {
-  (void)transport::send_message(fd, json{{"type", "reject"}, {"code", code}, {"message", message}});
-}
+void reject(int fd, const std::string& code, const std::string& message) { transport::send_reject(fd, code, message); }
 }  // namespace
 
 TargetSession::TargetSession(std::string id, FlowRecord record, const SessionContext& ctx, FlowHello hello,

@@ -180,7 +180,7 @@ void DataPlaneServer::handle(UniqueFd fd) {
   auto it = kind ? handlers_.find(kind.value()) : handlers_.end();
   if (it == handlers_.end()) {
     const std::string why = kind ? "hello.kind: unknown kind '" + kind.value() + "'" : kind.error().message;
-    (void)transport::send_message(fd.get(), json{{"type", "reject"}, {"code", "invalid_argument"}, {"message", why}});
+    transport::send_reject(fd.get(), "invalid_argument", why);
     LOG_WARN("dataplane") << "refused a hello: " << why;
     return;
   }

@@ -87,8 +87,7 @@ Result<transport::rdma::AcceptPlan> MigrationManager::rdma_lookup(const std::arr
 void MigrationManager::handle_hello(UniqueFd fd, const json& raw) {
   auto hello = transport::Hello::parse(raw);
   if (!hello) {
-    (void)transport::send_message(fd.get(), json{{"type", "reject"}, {"code", "invalid_argument"},
-                                                 {"message", hello.error().message}});
+    transport::send_reject(fd.get(), "invalid_argument", hello.error().message);
     LOG_WARN("dataplane") << "refused a hello: " << hello.error().message;
     return;
   }
@@ -102,8 +101,7 @@ void MigrationManager::handle_hello(UniqueFd fd, const json& raw) {
     auto auth = transport::recv_message(fd.get(), kHelloTimeout);
     auto mac = auth ? transport::get_string(auth.value(), "proof", "auth", 64) : Result<std::string>(auth.error());
     if (!auth || auth->value("type", "") != "auth" || !mac) {
-      (void)transport::send_message(fd.get(), json{{"type", "reject"}, {"code", "permission_denied"},
-                                                   {"message", kHelloRefused}});
+      transport::send_reject(fd.get(), "permission_denied", kHelloRefused);
       LOG_WARN("dataplane") << "refused a control hello: no valid answer to the challenge";
       return;
     }
@@ -112,8 +110,7 @@ void MigrationManager::handle_hello(UniqueFd fd, const json& raw) {
   auto job = find(hello->migration_id);
   auto* target = dynamic_cast<TargetJob*>(job.get());
   if (!target) {
-    (void)transport::send_message(fd.get(), json{{"type", "reject"}, {"code", "permission_denied"},
-                                                 {"message", kHelloRefused}});
+    transport::send_reject(fd.get(), "permission_denied", kHelloRefused);
     return;
   }
   if (hello->kind == "control") {

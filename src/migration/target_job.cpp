@@ -13,9 +13,7 @@ using namespace std::chrono_literals;
 
 namespace {
 void reply(int fd, const json& j) { (void)transport::send_message(fd, j); }
-void reject(int fd, const std::string& code, const std::string& message) {
-  reply(fd, json{{"type", "reject"}, {"code", code}, {"message", message}});
-}
+void reject(int fd, const std::string& code, const std::string& message) { transport::send_reject(fd, code, message); }
 }  // namespace
 
 Result<std::unique_ptr<TargetJob>> TargetJob::create(MigrationSpec spec, JobContext ctx) {

@@ -58,8 +58,7 @@ void PathCheckManager::handle_hello(UniqueFd fd, const json& raw) {
   as_migration["kind"] = kind == "pathcheck-control" ? "control" : "data";
   auto hello = transport::Hello::parse(as_migration);
   if (!hello) {
-    (void)transport::send_message(fd.get(), json{{"type", "reject"}, {"code", "invalid_argument"},
-                                                 {"message", hello.error().message}});
+    transport::send_reject(fd.get(), "invalid_argument", hello.error().message);
     LOG_WARN("dataplane") << "refused a path check hello: " << hello.error().message;
     return;
   }
@@ -71,16 +70,14 @@ void PathCheckManager::handle_hello(UniqueFd fd, const json& raw) {
     auto auth = transport::recv_message(fd.get(), migration::kHelloTimeout);
     auto mac = auth ? transport::get_string(auth.value(), "proof", "auth", 64) : Result<std::string>(auth.error());
     if (!auth || auth->value("type", "") != "auth" || !mac) {
-      (void)transport::send_message(fd.get(), json{{"type", "reject"}, {"code", "permission_denied"},
-                                                   {"message", migration::kHelloRefused}});
+      transport::send_reject(fd.get(), "permission_denied", migration::kHelloRefused);
       return;
     }
     proof = mac.value();
   }
   auto check = find(hello->migration_id);
   if (!check || check->spec().role != migration::Role::kTarget) {
-    (void)transport::send_message(fd.get(), json{{"type", "reject"}, {"code", "permission_denied"},
-                                                 {"message", migration::kHelloRefused}});
+    transport::send_reject(fd.get(), "permission_denied", migration::kHelloRefused);
     return;
   }
   if (hello->kind == "control") {

@@ -24,6 +24,10 @@ Status send_message(int fd, const json& message) {
   return net::writev_all(fd, iov, 2);
 }
 
+void send_reject(int fd, const std::string& code, const std::string& message) {
+  (void)send_message(fd, json{{"type", "reject"}, {"code", code}, {"message", message}});
+}
+
 Result<json> recv_message(int fd, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto wait = [&]() -> Status {

@@ -18,6 +18,9 @@ inline constexpr uint32_t kMaxMessageBytes = 64 * 1024;
 inline constexpr uint32_t kMaxChannels = 65;  // main + 64 multifd
 
 Status send_message(int fd, const nlohmann::json& message);
+// A refusal on a data-plane or control connection ({"type":"reject","code","message"}), best
+// effort: the peer may already be gone, and the caller closes the connection anyway.
+void send_reject(int fd, const std::string& code, const std::string& message);
 // Waits up to `timeout` for a whole message. kUnavailable when the peer closed.
 Result<nlohmann::json> recv_message(int fd, std::chrono::milliseconds timeout);
 
