@@ -636,6 +636,24 @@ def render_notes(*extra):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+class KubevirtPluginApiNotesTest(unittest.TestCase):
+    def test_notes_say_whether_the_cluster_serves_kubevirts_plugin_api(self):
+        # What `helm install` can check of KubeVirt's side: its discovery (Capabilities, which
+        # --api-versions stands in for here) lists the Plugin API or not. Without it the Plugin
+        # object itself cannot be created, and with only the agents' mode on nothing registers
+        # the hook: the NOTES say which, naming the controller's reason.
+        served = ("--api-versions", "plugin.kubevirt.io/v1alpha1/Plugin")
+        on = ("--set", "kubevirt.enabled=true")
+        notes = render_notes(*on, *served)
+        self.assertIn("this cluster serves KubeVirt's Plugin API (plugin.kubevirt.io/v1alpha1)", notes)
+        self.assertNotIn("WARNING, checked as Helm installed", notes)
+        notes = render_notes(*on)
+        self.assertIn("WARNING, checked as Helm installed: this cluster serves no plugin.kubevirt.io/v1alpha1", notes)
+        self.assertIn("PluginApiMissing", notes)
+        for notes in (render_notes(), render_notes(*served)):  # KubeVirt mode off: nothing to check
+            self.assertNotIn("checked as Helm installed", notes)
+
+
 class AgentTlsModesTest(unittest.TestCase):
     """agent.tls.mode: generate (default), certManager, secret and off, each rendered: where the
     certificate comes from, what each pod mounts, both programs' configs, the ServiceMonitor."""
