@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "common/log.h"
 #include "common/net.h"
@@ -20,6 +21,10 @@ namespace {
 constexpr size_t kMaxPipeBytes = size_t{1} << 20;
 // How long the reader leaves a payload on the socket for the receiver to splice.
 constexpr auto kDeferWait = std::chrono::milliseconds(200);
+// After a failed write, how long the reader may take to read why the peer closed (its abort
+// frame, sent just before it shut the connection): the peer's reason names the cause ("refusing
+// to dial ..."), a broken pipe does not.
+constexpr auto kPeerReasonWait = std::chrono::milliseconds(250);
 
 ssize_t splice_retry(int in, int out, size_t len) {
   for (;;) {
@@ -105,8 +110,8 @@ Status TcpChannel::send(size_t n) {
   const auto t0 = std::chrono::steady_clock::now();
   auto st = write_frame(FrameHeader{FrameType::kData, static_cast<uint32_t>(n)}, staging_.get());
   if (!st) {
-    fail(st.error());
-    return st;
+    fail_after_write_error(st.error());
+    return abort_error();
   }
   return count_sent(n, t0);
 }
@@ -199,7 +204,7 @@ Result<LocalMove> TcpChannel::send_from(int fd) {
       if (k < 0) {
         auto e = errno_error(where + ": send", errno);
         if (errno == ECONNRESET || errno == EPIPE) e.code = Errc::kUnavailable;
-        fail(e);
+        fail_after_write_error(e);
         return abort_error();
       }
       off += static_cast<size_t>(k);
@@ -211,7 +216,7 @@ Result<LocalMove> TcpChannel::send_from(int fd) {
         auto e = k < 0 ? errno_error(where + ": splice to peer", errno)
                        : Error{Errc::kUnavailable, where + ": splice to peer moved nothing"};
         if (k < 0 && (errno == ECONNRESET || errno == EPIPE)) e.code = Errc::kUnavailable;
-        fail(e);
+        fail_after_write_error(e);
         return abort_error();
       }
       left -= static_cast<size_t>(k);
@@ -405,6 +410,14 @@ Status TcpChannel::release() {
   auto st = write_frame(FrameHeader{FrameType::kCredit, credits}, nullptr);
   if (!st) fail(st.error());
   return st;
+}
+
+void TcpChannel::fail_after_write_error(const Error& e) {
+  const auto deadline = std::chrono::steady_clock::now() + kPeerReasonWait;
+  while (!aborted_.load() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  fail(e);  // ignored when the reader recorded the peer's reason first
 }
 
 void TcpChannel::fail(const Error& e) {

@@ -78,6 +78,9 @@ class TcpChannel final : public Channel {
   void reader_loop();
   Status write_frame(FrameHeader h, const void* payload);
   void fail(const Error& e);
+  // A write failed: the peer may have closed after telling why (an abort frame the reader has yet
+  // to read). Waits briefly for the reader to record that reason, then fails with e if it did not.
+  void fail_after_write_error(const Error& e);
   Error abort_error();  // the reason the channel failed
   // Allocates a chunk buffer if `buf` has none; false (and the channel failed, naming the size)
   // when memory runs out.
