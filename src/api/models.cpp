@@ -70,6 +70,23 @@ bool is_safe_name(const std::string& s) {
   return true;
 }
 
+// A size given as a quantity ("64Mi") or a byte count.
+Result<uint64_t> size_field(const json& obj, const char* key, uint64_t def) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return def;
+  if (it->is_string()) return parse_bytes(it->get<std::string>(), key);
+  if (it->is_number_unsigned()) return it->get<uint64_t>();
+  return bad(key, "must be a size like \"4Mi\" or a byte count");
+}
+
+// "transport" (auto, tcp or rdma); absent or empty: the agent's own.
+Result<TransportKind> transport_field(const json& body, TransportKind def) {
+  auto tr = string_field(body, "", "transport", false, 16);
+  if (!tr) return tr.error();
+  if (tr->empty()) return def;
+  return parse_transport(tr.value(), "transport");
+}
+
 // The source's "target": the target agent's data-plane endpoint, the id it gave the target end
 // (id_key: migrationId or checkId, a DNS label) and its one-time token.
 Result<migration::TargetRef> parse_target_ref(const json& body, const char* id_key) {
@@ -143,28 +160,17 @@ Result<MigrationSpec> parse_create_request(const json& body, const AgentConfig& 
   if (!mf) return mf.error();
   spec.multifd_channels = static_cast<uint32_t>(mf.value());
 
-  spec.chunk_size = defaults.migration.chunk_size;
-  if (auto it = body.find("chunkSize"); it != body.end() && !it->is_null()) {
-    Result<uint64_t> v = uint64_t{0};
-    if (it->is_string()) v = parse_bytes(it->get<std::string>(), "chunkSize");
-    else if (it->is_number_unsigned()) v = it->get<uint64_t>();
-    else return bad("chunkSize", "must be a size like \"4Mi\" or a byte count");
-    if (!v) return v.error();
-    RDMIG_TRY(validate_chunk_size(v.value(), "chunkSize"));
-    spec.chunk_size = v.value();
-  }
+  auto chunk = size_field(body, "chunkSize", defaults.migration.chunk_size);
+  if (!chunk) return chunk.error();
+  RDMIG_TRY(validate_chunk_size(chunk.value(), "chunkSize"));
+  spec.chunk_size = chunk.value();
   auto depth = uint_field(body, "", "ringDepth", defaults.migration.ring_depth, 2, 1024);
   if (!depth) return depth.error();
   spec.ring_depth = static_cast<uint32_t>(depth.value());
 
-  spec.transport = defaults.transport;
-  auto tr = string_field(body, "", "transport", false, 16);
-  if (!tr) return tr.error();
-  if (!tr->empty()) {
-    auto kind = parse_transport(tr.value(), "transport");
-    if (!kind) return kind.error();
-    spec.transport = kind.value();
-  }
+  auto kind = transport_field(body, defaults.transport);
+  if (!kind) return kind.error();
+  spec.transport = kind.value();
   auto ct = uint_field(body, "", "completionTimeoutSeconds", defaults.migration.completion_timeout_seconds,
                        10, 7 * 86400);
   if (!ct) return ct.error();
@@ -189,16 +195,6 @@ Result<MigrationSpec> parse_create_request(const json& body, const AgentConfig& 
   return spec;
 }
 
-namespace {
-// A size given as a quantity ("64Mi") or a byte count.
-Result<uint64_t> size_field(const json& obj, const char* key, uint64_t def) {
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return def;
-  if (it->is_string()) return parse_bytes(it->get<std::string>(), key);
-  if (it->is_number_unsigned()) return it->get<uint64_t>();
-  return bad(key, "must be a size like \"4Mi\" or a byte count");
-}
-}  // namespace
 
 Result<pathcheck::CheckSpec> parse_pathcheck_request(const json& body, const AgentConfig& defaults) {
   if (!body.is_object()) return bad("body", "must be a JSON object");
@@ -238,14 +234,9 @@ Result<pathcheck::CheckSpec> parse_pathcheck_request(const json& body, const Age
   auto channels = uint_field(body, "", "channels", 1, 1, pathcheck::kMaxChannels);
   if (!channels) return channels.error();
   spec.channels = static_cast<uint32_t>(channels.value());
-  spec.transport = defaults.transport;
-  auto tr = string_field(body, "", "transport", false, 16);
-  if (!tr) return tr.error();
-  if (!tr->empty()) {
-    auto kind = parse_transport(tr.value(), "transport");
-    if (!kind) return kind.error();
-    spec.transport = kind.value();
-  }
+  auto kind = transport_field(body, defaults.transport);
+  if (!kind) return kind.error();
+  spec.transport = kind.value();
   if (auto it = body.find("allowDuringMigrations"); it != body.end() && !it->is_null()) {
     if (!it->is_boolean()) return bad("allowDuringMigrations", "must be true or false");
     spec.allow_during_migrations = it->get<bool>();
