@@ -440,14 +440,7 @@ class KubevirtRelayTest(unittest.TestCase):
         import socket
         import struct
 
-        def send(sock, obj):
-            body = json.dumps(obj).encode()
-            sock.sendall(struct.pack("<I", len(body)) + body)
-
-        def recv(sock):
-            sock.settimeout(10)
-            n = struct.unpack("<I", sock.recv(4, socket.MSG_WAITALL))[0]
-            return json.loads(sock.recv(n, socket.MSG_WAITALL))
+        send, recv = flow_send, flow_recv  # the flow protocol's framing, as a source agent speaks it
 
         local = socket.socket()  # a node-local service: must never see a connection
         local.bind(("0.0.0.0", 0))
