@@ -1,5 +1,6 @@
-"""RBAC check: the API calls a controller made (from the API server double's request log)
-against the Role/ClusterRole rules the Helm chart renders for its ServiceAccount. Every call must
+"""RBAC check: the API calls a controller or an agent made (from the API server double's request
+log, by User-Agent) against the Role/ClusterRole rules the Helm chart renders for its
+ServiceAccount (tests/k8s for the controller, tests/kubevirt/test_kubevirt_relay.py for the agent). Every call must
 be allowed, and every granted (apiGroup, resource, verb) must have been used: least privilege,
 checked both ways."""
 import os
@@ -34,7 +35,8 @@ def calls_from_log(requests, user_agent_prefix):
 
 
 def chart_rules(*helm_args, sa_suffix="-controller"):
-    """[(namespace or "" for cluster-wide, rule)] bound to the controller's ServiceAccount."""
+    """[(namespace or "" for cluster-wide, rule)] bound to the ServiceAccount whose name ends in
+    `sa_suffix` (the controller's by default)."""
     from deploylib import find, render
     docs = render(*helm_args)
     roles = {(d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]): d

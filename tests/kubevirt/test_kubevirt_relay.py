@@ -21,6 +21,9 @@ from rdmiglab.agent import Agent  # noqa: E402
 from rdmiglab.kvpod import wait_for  # noqa: E402
 from rdmiglab import kvnet  # noqa: E402
 from rdmiglab.agent import parse_prometheus  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "..", "k8s"))
+import rbac_check  # noqa: E402  (tests/k8s)
+from apiserver_double import ApiServerDouble  # noqa: E402
 
 STREAMS = os.path.join(HERE, "kv_streams.py")
 # Prefix of a `python3 -c` hook caller: it names itself as virt-handler does (comm), since the
@@ -138,6 +141,43 @@ class KubevirtRelayTest(unittest.TestCase):
         self.spawn([kvnet.IP, "netns", "exec", self.net.netns["node-b"], sys.executable, STREAMS, "sink",
                     "--ready", ready, "--log", self.sink_log])
         self.sink_port = wait_for(lambda: os.path.exists(ready) and read_json(ready)["port"], 10, "the sink")
+
+    # ---- the agent's API calls against the chart's RBAC for the agent -----------------------
+    API_TESTS = ("test_peers_and_virt_handler_pods_from_the_kubernetes_api",
+                 "test_a_launcher_counts_only_inside_the_vmis_launcher_pod",
+                 "test_a_hook_document_the_api_does_not_confirm_arms_nothing")
+    agent_api_calls = {}  # test name -> the (group, resource, verb, namespace, name) the agents called
+
+    @staticmethod
+    def agent_rbac():
+        return rbac_check.chart_rules("--set", "kubevirt.enabled=true", sa_suffix="-agent")
+
+    def api_double(self):
+        """An API server double for this test, stopped at its end; then every call the agents made
+        to it must be one the chart grants the agent's ServiceAccount."""
+        api = ApiServerDouble(os.path.join(self.tmp, "api-" + self._testMethodName))
+
+        def check():
+            granted = self.agent_rbac()
+            calls = rbac_check.calls_from_log(api.requests, "rdmig-agent/")
+            self.assertNotEqual(calls, [], "the agents made no API call")
+            problems = rbac_check.compare(calls, granted, unused_of=set())
+            self.assertEqual(problems, [], "\n".join(problems))
+            type(self).agent_api_calls[self._testMethodName] = calls
+        self.addCleanup(check)
+        self.addCleanup(api.stop)
+        return api
+
+    @unittest.skipIf(TRANSPORT == "rdma", "the API checks do not depend on the transport (the VM lacks the API double)")
+    def test_zz_the_charts_agent_rbac_grants_only_what_the_agents_used(self):
+        # Least privilege the other way: every (resource, verb, scope) the chart grants the agent,
+        # one of the API tests above used. Runs after them (unittest sorts by name).
+        missing = [t for t in self.API_TESTS if t not in self.agent_api_calls]
+        if missing:
+            self.skipTest("needs the API tests' calls (not run or failed): " + ", ".join(missing))
+        granted = self.agent_rbac()
+        calls = sorted({c for cs in self.agent_api_calls.values() for c in cs})
+        self.assertEqual(rbac_check.compare(calls, granted), [])
 
     def tearDown(self):
         for p in self.procs:
@@ -897,12 +937,10 @@ class KubevirtRelayTest(unittest.TestCase):
         # is virt-handler only when its cgroup puts it in one of them. Any pod can name a
         # process virt-handler; before, such a process's hook call armed a redirect in its own
         # namespace, and a target agent dialled whatever such a process listened on.
-        sys.path.insert(0, os.path.join(HERE, "..", "k8s"))
-        from apiserver_double import ApiServerDouble
         import socket
         for a in self.agents:
             a.stop()
-        api = ApiServerDouble(os.path.join(self.tmp, "api-" + self._testMethodName))
+        api = self.api_double()
         try:
             with socket.socket() as s:  # one data-plane port for both, as in a DaemonSet
                 s.bind(("127.0.0.1", 0))
@@ -990,13 +1028,10 @@ class KubevirtRelayTest(unittest.TestCase):
         # `virt-launcher... --uid <VMI UID>` in its command line; before, such a process got
         # those connections, into a socket its container chose. With the API the process must
         # run in a launcher pod of the VMI (kubevirt.io=virt-launcher, created-by the VMI).
-        sys.path.insert(0, os.path.join(HERE, "..", "k8s"))
-        from apiserver_double import ApiServerDouble
         import socket
         for a in self.agents:
             a.stop()
-        api = ApiServerDouble(os.path.join(self.tmp, "api-" + self._testMethodName))
-        self.addCleanup(api.stop)
+        api = self.api_double()
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -1099,13 +1134,10 @@ class KubevirtRelayTest(unittest.TestCase):
         """Both agents with discovery from the API double (peers, virt-handler pods, VMIs) and a
         sink in node-b's virt-handler pod standing in for the target proxy. Returns the API, the
         virt-handler pod UIDs by node, and the sink's port."""
-        sys.path.insert(0, os.path.join(HERE, "..", "k8s"))
-        from apiserver_double import ApiServerDouble
         import socket
         for a in self.agents:
             a.stop()
-        api = ApiServerDouble(os.path.join(self.tmp, "api-" + self._testMethodName))
-        self.addCleanup(api.stop)
+        api = self.api_double()
         with socket.socket() as s:  # one data-plane port for both, as in a DaemonSet
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
