@@ -363,27 +363,36 @@ void KubevirtRelay::prune_points() {
   // virt-handler restarted into a new pod: the next hook call makes a point there) holds that
   // namespace open through its fd, and its table and listener stay in it. Once nothing is
   // armed in it, it goes: its destructor stops the listener and removes the table (harmless
-  // where the namespace has no process left; it is freed when the fd closes). Under
-  // point_create_mu_, so a point made after the scan below is never taken for stale.
+  // where the namespace has no process left; it is freed when the fd closes). Only points
+  // that existed before the scan below are candidates: one made meanwhile is never taken for
+  // stale.
+  std::map<uint64_t, std::shared_ptr<InterceptPoint>> before;
   {
     std::lock_guard lock(mu_);
     if (points_.empty() && handler_ns_cache_.empty()) return;  // nothing to scan /proc for
+    before = points_;
   }
-  std::lock_guard create(point_create_mu_);  // declared first: the stale points go while it is held
-  std::vector<std::shared_ptr<InterceptPoint>> stale;
-  std::vector<std::shared_ptr<NetNs>> cached;
   std::set<uint64_t> live;
   for (pid_t pid : handlers_.pids()) {
     if (const uint64_t inode = netns_inode(pid); inode != 0) live.insert(inode);
   }
+  std::vector<std::shared_ptr<InterceptPoint>> stale;
+  std::vector<uint64_t> removing;
+  std::vector<std::shared_ptr<NetNs>> cached;
   {
     std::lock_guard lock(mu_);
     for (auto it = points_.begin(); it != points_.end();) {
+      const auto was = before.find(it->first);
       const bool armed = std::any_of(armed_.begin(), armed_.end(), [&](const auto& a) { return a.second.point == it->second; });
-      if (live.contains(it->first) || armed) {
+      if (was == before.end() || was->second != it->second || live.contains(it->first) || armed ||
+          ns_busy_.contains(it->first)) {
         ++it;
         continue;
       }
+      // Busy until its table is gone: a hook call for this namespace waits for that, never
+      // installs a table the removal would take with it.
+      ns_busy_.insert(it->first);
+      removing.push_back(it->first);
       stale.push_back(std::move(it->second));
       it = points_.erase(it);
     }
@@ -397,9 +406,26 @@ void KubevirtRelay::prune_points() {
       }
     }
   }
+  before.clear();
+  if (stale.empty()) return;
   for (const auto& p : stale) {
     LOG_INFO("kubevirt") << "no " << config_.kubevirt.handler_process << " lives in " << p->ns().describe()
                          << " any more: removing its interception point and table";
+  }
+  // Removing a table is nftables work, which can take seconds: on a worker, so neither this
+  // loop nor a hook call for another namespace waits for it.
+  auto remove = [this, stale = std::move(stale), removing]() mutable {
+    stale.clear();
+    {
+      std::lock_guard lock(mu_);
+      for (uint64_t inode : removing) ns_busy_.erase(inode);
+    }
+    ns_cv_.notify_all();
+  };
+  if (stopping_.load()) {
+    remove();
+  } else {
+    run_worker(std::move(remove));
   }
 }
 

@@ -115,12 +115,14 @@ class KubevirtRelay {
   HandlerIdentity handlers_;    // which processes are virt-handler (declared before discovery_)
   LauncherIdentity launchers_;  // which processes are a VMI's launcher (declared before discovery_)
 
-  // Creating and pruning interception points, one at a time (a second install in the same
-  // namespace would replace the first's table). Taken before mu_, never while holding it.
-  std::mutex point_create_mu_;
   // Held only for book-keeping, never across nftables, namespace entry or a session's
   // teardown: hook calls, interception, REST (records) and the maintenance loop take it.
   mutable std::mutex mu_;
+  // Namespaces (netns inodes) where a point is being made or a stale one's table removed, under
+  // mu_: one at a time per namespace (a second install there would replace the first's table),
+  // while work in one namespace never waits for nftables in another.
+  std::set<uint64_t> ns_busy_;
+  std::condition_variable ns_cv_;  // an ns_busy_ entry went away
   // By netns inode. A point lives until stop(), or until no virt-handler lives in its
   // namespace and nothing is armed in it (prune_points); the last reference may be an Armed
   // entry or a hook call's, so it is never dropped under mu_.

@@ -21,6 +21,9 @@ inline constexpr auto kSessionOpenTimeout = 800ms;  // the hook must answer with
 // aborted: an abortJob that lands first turns libvirt's clean failure into a cancel racing its
 // own error handling (seen: the source guest stopped advancing afterwards).
 inline constexpr auto kAbortGrace = 5s;
+// A hook call whose namespace is busy (another call making its point, a stale point's table
+// being removed) waits this long for it; nftables wedged longer: KubeVirt's own path carries.
+inline constexpr auto kNamespaceBusyWait = 10s;
 inline constexpr auto kArmedTtl = 10min;            // armed but never dialled: KubeVirt gave up or retried
 inline constexpr size_t kMaxTargetSessions = 64;
 

@@ -209,11 +209,29 @@ void KubevirtRelay::decide_multifd_on_failure(const std::shared_ptr<SourceSessio
 }
 
 Result<std::shared_ptr<InterceptPoint>> KubevirtRelay::point_for(std::shared_ptr<NetNs> ns) {
-  std::lock_guard create(point_create_mu_);
+  const uint64_t inode = ns->inode();
   {
-    std::lock_guard lock(mu_);
-    if (auto it = points_.find(ns->inode()); it != points_.end()) return it->second;
+    std::unique_lock lock(mu_);
+    // Another call making this namespace's point, or a stale point's table being removed
+    // there: wait for that (bounded: nftables may be wedged), never for other namespaces.
+    if (!ns_cv_.wait_for(lock, kNamespaceBusyWait, [&] { return !ns_busy_.contains(inode); })) {
+      return Error{Errc::kUnavailable, "nftables in " + ns->describe() + " is still busy after " +
+                                           std::to_string(kNamespaceBusyWait.count()) + " s"};
+    }
+    if (auto it = points_.find(inode); it != points_.end()) return it->second;
+    ns_busy_.insert(inode);
   }
+  struct Release {
+    KubevirtRelay* relay;
+    uint64_t inode;
+    ~Release() {
+      {
+        std::lock_guard lock(relay->mu_);
+        relay->ns_busy_.erase(inode);
+      }
+      relay->ns_cv_.notify_all();
+    }
+  } release{this, inode};
   auto made = InterceptPoint::create(ns, pass_mark(), [this](UniqueFd fd, const net::Endpoint& dst, const NetNs& n) {
     on_connection(std::move(fd), dst, n);
   });
@@ -223,13 +241,13 @@ Result<std::shared_ptr<InterceptPoint>> KubevirtRelay::point_for(std::shared_ptr
   {
     std::lock_guard lock(mu_);
     if (!stopping_.load()) {
-      points_[ns->inode()] = point;
+      points_[inode] = point;
       kept = true;
     }
   }
   // stop() already took the points: this one goes with the call (its table with it).
   if (!kept) return Error{Errc::kCancelled, "agent shutting down"};
-  record_armed(ns->inode());
+  record_armed(inode);
   return point;
 }
 

@@ -800,6 +800,53 @@ class KubevirtRelayTest(unittest.TestCase):
                          "the agent to let go of the old namespace")
         self.assertIn("no virt-handler lives in", self.src.log_text())
 
+    def test_a_stale_points_slow_removal_holds_up_no_other_namespace(self):
+        # virt-handler restarts into a new pod: the old namespace's point goes (its table removed
+        # through nftables, which can take seconds), while the first migration after the restart
+        # needs a point in the new namespace. Before, making a point and pruning took one
+        # agent-wide lock: that hook call waited for the removal in the dead namespace.
+        flag, env = self.slow_nft_env("table inet rdmig\ndelete table inet rdmig\n", 6)
+        env["RDMIG_TEST_NFT_SLOW_WHOLE"] = "1"  # the removal only, not the install (which starts with it)
+        token = self.src.token
+        self.src.stop()
+        self.src = self.agent("node-a", token, hook=self.hook_socket, env=env,
+                              peers=[{"node": "node-b", "agent": "127.0.0.1:%d" % self.dst.data_port}])
+        ready = os.path.join(self.tmp, "handler-%s.json" % self._testMethodName)
+        handler = self.spawn([kvnet.IP, "netns", "exec", self.net.netns["node-a"], sys.executable, STREAMS, "sink",
+                              "--ready", ready, "--log", os.path.join(self.tmp, "handler-%s.log" % self._testMethodName)])
+        wait_for(lambda: os.path.exists(ready), 10, "the old virt-handler")
+        res = self.dial(2, 1 << 20, vmi=vmi_json("vmi-uid-sr", "mig-old-ns", self.net.ip4["node-b"], self.sink_port))
+        self.assertTrue(res["hook"]["ok"] and all(c["ok"] for c in res["connections"]), res)
+        wait_for(lambda: [r for r in self.records(self.src, migrationUid="mig-old-ns") if r["phase"] == "Succeeded"],
+                 20, "the carried migration in the old namespace")
+        # The new virt-handler's pod: a namespace of its own on this node.
+        new_pod = kvnet.HandlerNetwork(["node-a-new", "unused"]).setup()
+        self.addCleanup(new_pod.close)
+        open(flag, "w").close()
+        handler.kill()
+        handler.wait()
+        wait_for(lambda: os.path.exists(flag + ".held"), 20, "the old point's table removal to be held in nftables")
+        path = os.path.join(self.tmp, "vmi-%s-new.json" % self._testMethodName)
+        with open(path, "w") as f:
+            json.dump(vmi_json("vmi-uid-sr", "mig-new-ns", self.net.ip4["node-b"], self.sink_port), f)
+        code = (AS_HANDLER + "import sys,json,time; sys.path.insert(0,%r); from rdmiglab import kvhook; t=time.monotonic(); "
+                "r=kvhook.call_node_hook(%r,'PreMigrationSource',open(%r).read(),'node-a',timeout=30); "
+                "r['took']=time.monotonic()-t; print(json.dumps(r))"
+                % (os.path.join(HERE, "..", "..", "tools"), self.hook_socket, path))
+        p = subprocess.run([kvnet.IP, "netns", "exec", new_pod.netns["node-a-new"], sys.executable, "-c", code],
+                           capture_output=True, text=True, timeout=60)
+        call = json.loads(p.stdout)
+        self.assertTrue(call["ok"], (call, p.stderr))
+        self.assertTrue(os.path.exists(flag), "the removal was still held during the call")
+        self.assertLess(call["took"], 3.0, "the hook call in the new namespace waited %.1f s for the removal in the "
+                        "old one" % call["took"])
+        new_rules = subprocess.run([kvnet.IP, "netns", "exec", new_pod.netns["node-a-new"], "nft", "list", "table", "inet",
+                                    "rdmig"], capture_output=True, text=True).stdout
+        self.assertIn("%s . %d" % (self.net.ip4["node-b"], self.sink_port), new_rules, "armed in the new namespace")
+        os.remove(flag)
+        wait_for(lambda: "table inet rdmig" not in self.nft("node-a"), 20, "the old namespace's table to go")
+        self.assertEqual(self.src.request("GET", "/healthz", token=False)[0], 200)
+
     def test_rules_expire_when_the_source_agent_is_killed(self):
         mig = "mig-expire"
         vmi = vmi_json("vmi-uid-4", mig, self.net.ip4["node-b"], self.sink_port)
