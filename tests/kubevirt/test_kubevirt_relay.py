@@ -21,6 +21,7 @@ from rdmiglab.agent import Agent  # noqa: E402
 from rdmiglab.kvpod import wait_for  # noqa: E402
 from rdmiglab import kvnet  # noqa: E402
 from rdmiglab.agent import parse_prometheus  # noqa: E402
+from rdmiglab.kvhook import vmi_json  # noqa: E402
 sys.path.insert(0, os.path.join(HERE, "..", "k8s"))
 import rbac_check  # noqa: E402  (tests/k8s)
 from apiserver_double import ApiServerDouble  # noqa: E402
@@ -38,18 +39,6 @@ TRANSPORT = os.environ.get("RDMIG_KV_TRANSPORT", "tcp")
 def read_json(path):
     with open(path) as f:
         return json.load(f)
-
-
-def vmi_json(uid, mig_uid, target_addr, port, source="node-a", target="node-b", post_copy=False):
-    return {
-        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-        "metadata": {"name": "web-1", "namespace": "prod", "uid": uid},
-        "status": {"nodeName": source, "migrationState": {
-            "migrationUid": mig_uid, "sourceNode": source, "targetNode": target,
-            "targetNodeAddress": target_addr, "mode": "PreCopy",
-            "targetDirectMigrationNodePorts": {str(port): 49152, "1": 0},
-            "migrationConfiguration": {"allowPostCopy": post_copy}}},
-    }
 
 
 def cgroup2_root():

@@ -146,3 +146,17 @@ def serve_node_hook(socket_path, handler, max_workers=4):
     server.add_insecure_port("unix:" + socket_path)
     server.start()
     return server
+
+
+def vmi_json(uid, mig_uid, target_addr, port, source="node-a", target="node-b", post_copy=False):
+    """A VMI (prod/web-1) as virt-handler hands it to the hook before a migration: KubeVirt's
+    status.migrationState with the target proxy's address and the memory port (49152)."""
+    return {
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+        "metadata": {"name": "web-1", "namespace": "prod", "uid": uid},
+        "status": {"nodeName": source, "migrationState": {
+            "migrationUid": mig_uid, "sourceNode": source, "targetNode": target,
+            "targetNodeAddress": target_addr, "mode": "PreCopy",
+            "targetDirectMigrationNodePorts": {str(port): 49152, "1": 0},
+            "migrationConfiguration": {"allowPostCopy": post_copy}}},
+    }
