@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """rdmig's relay against its floor: the simplest relay with the same hops, side by side in one run.
 
-  python3 bench/relay_floor.py [--runs 5] [--bytes 1Gi] [--channels 1,4,9] [--chunks 256Ki,1Mi,4Mi]
-                               [--out bench/results/relay-floor]
+  python3 bench/relay_floor.py [--path bare|kubevirt] [--runs 5] [--bytes 1Gi] [--channels 1,4,9]
+                               [--chunks 256Ki,1Mi,4Mi] [--out bench/results/relay-floor[-kubevirt]]
 
 Both relays run inside rdmig-relay-cpu with the same QEMU stand-ins (a writer and a reader thread
 on unix sockets, every byte checked, their CPU taken out) and the same hops: QEMU's unix socket ->
@@ -11,6 +11,11 @@ one loopback TCP connection per channel -> the peer's unix socket.
   floor          per connection and direction one thread per agent: read up to a chunk, write it on
   rdmig-splice   rdmig with tcp.splice on
   floor-splice   the floor with splice(2) through a pipe
+--path kubevirt: the hops of KubeVirt's path through the agents instead. The stand-ins are the
+migration proxies: loopback TCP connections to the agents (as the source proxy's connections are
+intercepted and the target agent dials the target proxy), the source writing the stream in
+16406-byte pieces, a full TLS 1.3 record each (KubeVirt's proxies carry TLS; rdmig relays the
+records as bytes). The floor relays the same bytes over the same hops.
 Kinds are interleaved (every run of every row takes each kind in turn, the order rotating), rows
 give medians and min-max spreads of CPU seconds per GiB (user and system apart) and the ratios
 rdmig / floor and rdmig-splice / floor-splice. Syscalls per GiB come from `strace -c -f` on a short
@@ -33,10 +38,16 @@ from run import machine  # noqa: E402  (the machine as bench/run.py names it)
 KINDS = {"rdmig": ["--relay", "rdmig", "--splice", "off"], "floor": ["--relay", "floor"],
          "rdmig-splice": ["--relay", "rdmig", "--splice", "on"], "floor-splice": ["--relay", "floor-splice"]}
 PAIRS = (("rdmig", "floor"), ("rdmig-splice", "floor-splice"))
+PATHS = {"bare": [], "kubevirt": ["--ends", "tcp", "--write", "16406"]}
+TITLES = {"bare": "bare-QEMU path: QEMU's unix socket -> one loopback TCP connection per channel -> the peer's "
+                  "unix socket",
+          "kubevirt": "KubeVirt path: the source proxy's TCP connection -> one loopback TCP connection per channel -> "
+                      "the target proxy's TCP connection, written in TLS 1.3 records (16406 bytes)"}
 
 
-def one(kind, channels, chunk, nbytes):
-    out = subprocess.run([RELAY_CPU, "--bytes", nbytes, "--channels", str(channels), "--chunk", chunk] + KINDS[kind],
+def one(kind, channels, chunk, nbytes, path="bare"):
+    out = subprocess.run([RELAY_CPU, "--bytes", nbytes, "--channels", str(channels), "--chunk", chunk] + KINDS[kind]
+                         + PATHS[path],
                          capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise RuntimeError("rdmig-relay-cpu %s failed: %s" % (kind, out.stderr))
@@ -51,14 +62,15 @@ def one(kind, channels, chunk, nbytes):
     return {"user": user, "system": system, "cpu": user + system, "MBps": r["bytesPerSecond"] / 1e6}
 
 
-def syscalls_per_gib(kind, nbytes="256Mi"):
+def syscalls_per_gib(kind, nbytes="256Mi", path="bare"):
     """strace -c -f of a short run: syscalls per GiB, all threads (the stand-ins' included, the
     same for every kind: compare kinds, not absolute figures)."""
     if not shutil.which("strace"):
         return None
     with tempfile.NamedTemporaryFile(suffix=".strace") as f:
         out = subprocess.run(["strace", "-c", "-f", "-o", f.name, RELAY_CPU, "--bytes", nbytes, "--channels", "4",
-                              "--chunk", "1Mi"] + KINDS[kind], capture_output=True, text=True, timeout=600)
+                              "--chunk", "1Mi"] + KINDS[kind] + PATHS[path], capture_output=True, text=True,
+                             timeout=600)
         if out.returncode != 0:
             return None
         text = open(f.name).read()
@@ -81,12 +93,15 @@ def syscalls_per_gib(kind, nbytes="256Mi"):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--path", choices=sorted(PATHS), default="bare")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--bytes", default="1Gi")
     ap.add_argument("--channels", default="1,4,9")
     ap.add_argument("--chunks", default="256Ki,1Mi,4Mi")
-    ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "relay-floor"))
+    ap.add_argument("--out")
     args = ap.parse_args()
+    if not args.out:
+        args.out = os.path.join(REPO, "bench", "results", "relay-floor" + ("" if args.path == "bare" else "-" + args.path))
     rows = [(int(c), k) for c in args.channels.split(",") for k in args.chunks.split(",")]
     kinds = list(KINDS)
     runs = {(row, kind): [] for row in rows for kind in kinds}
@@ -94,7 +109,7 @@ def main():
         for row in rows:
             order = kinds[i % len(kinds):] + kinds[:i % len(kinds)]
             for kind in order:
-                runs[(row, kind)].append(one(kind, row[0], row[1], args.bytes))
+                runs[(row, kind)].append(one(kind, row[0], row[1], args.bytes, args.path))
         print("run %d of %d done" % (i + 1, args.runs), flush=True)
     table = []
     for row in rows:
@@ -110,15 +125,15 @@ def main():
         table.append(entry)
         print("channels %d chunk %-5s: %s" % (row[0], row[1], "  ".join(
             "%s %.3f" % (k, entry[k]["cpu"]) for k in kinds)), flush=True)
-    sc = {kind: syscalls_per_gib(kind) for kind in kinds}
+    sc = {kind: syscalls_per_gib(kind, path=args.path) for kind in kinds}
     m = machine()
     results = {"machine": "nproc %d (%s), %.1f GiB, kernel %s, %s" % (m["cpus"], m["cpu"], m["mem_gib"], m["kernel"],
                                                                      m["date"]), "command": "python3 bench/relay_floor.py " + " ".join(sys.argv[1:]),
-               "runs": args.runs, "bytes": args.bytes, "rows": table, "syscalls": sc}
+               "path": args.path, "runs": args.runs, "bytes": args.bytes, "rows": table, "syscalls": sc}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
-    lines = ["# rdmig's relay against its floor", "",
+    lines = ["# rdmig's relay against its floor", "", "Hops: %s." % TITLES[args.path], "",
              "Machine: %s. Command: `%s`. %d interleaved runs of %s per kind and row; CPU seconds per GiB of "
              "both agents (the QEMU stand-ins' threads taken out), medians with min-max." % (
                  results["machine"], results["command"], args.runs, args.bytes), "",

@@ -7,13 +7,17 @@
 //
 //   rdmig-relay-cpu [--bytes 8Gi] [--chunk 1Mi] [--depth 16] [--splice auto|on|off]
 //                   [--splice-source MODE] [--splice-target MODE] [--write 512Ki] [--channels 1]
-//                   [--relay rdmig|floor|floor-splice] [--no-verify]
+//                   [--relay rdmig|floor|floor-splice] [--ends unix|tcp] [--no-verify]
 // --relay floor: the same hops (unix socket -> one loopback TCP connection per channel -> unix
 // socket) relayed by the simplest code that can do it, the benchmark's floor and not the
 // product: per connection and direction one thread per "agent" that reads up to --chunk bytes
 // and writes them on (floor-splice: splice through a pipe), no framing, credits or metrics.
 // What rdmig spends above the floor is its own overhead; the floor is the kernel's price.
 // --splice sets both agents; --splice-source/--splice-target one of them.
+// --ends tcp: the stand-ins reach the agents over loopback TCP connections instead of unix
+// sockets, as KubeVirt's migration proxies do; with --write 16406 (a full TLS 1.3 record: 16 KiB
+// of data, 5 bytes of header, 1 of content type, a 16-byte tag) the source writes the stream
+// in the pieces KubeVirt's TLS proxy writes. --write may be any size.
 // Prints one JSON line: bytes, seconds, agents' user and system CPU seconds, QEMU stand-ins'.
 // Every byte is checked at the reader (8-byte words carry their stream offset) unless
 // --no-verify; a mismatch exits 1.
@@ -28,6 +32,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -63,6 +68,7 @@ struct Options {
   transport::SpliceMode splice = transport::SpliceMode::kAuto;         // source agent's
   transport::SpliceMode splice_target = transport::SpliceMode::kAuto;  // target agent's
   std::string relay = "rdmig";                                         // or floor, floor-splice
+  bool tcp_ends = false;                                               // --ends tcp
   bool verify = true;
 };
 
@@ -76,17 +82,19 @@ struct Stream {
   uint64_t received = 0;
 };
 
-// Writes `total` bytes whose 8-byte words hold their offset, in writes of `write` bytes.
+// Writes `total` bytes whose 8-byte words hold their offset, in writes of `write` bytes (any
+// size: a write may start and end inside a word).
 void writer(Stream& s, uint64_t total, uint64_t write, bool verify) {
   const Cpu c0 = usage(RUSAGE_THREAD);
-  std::vector<uint64_t> buf(write / 8);
+  std::vector<uint64_t> buf(write / 8 + 2);
   uint64_t off = 0;
   while (off < total) {
     const uint64_t n = std::min<uint64_t>(write, total - off);
     if (verify) {
-      for (uint64_t i = 0; i < n / 8; ++i) buf[i] = off / 8 + i;
+      for (uint64_t i = 0; i < (off % 8 + n + 7) / 8; ++i) buf[i] = off / 8 + i;
     }
-    if (!net::write_all(s.src_qemu.get(), std::span(reinterpret_cast<const std::byte*>(buf.data()), n)).ok()) break;
+    const auto* from = reinterpret_cast<const std::byte*>(buf.data()) + (verify ? off % 8 : 0);
+    if (!net::write_all(s.src_qemu.get(), std::span(from, n)).ok()) break;
     off += n;
   }
   ::shutdown(s.src_qemu.get(), SHUT_WR);
@@ -157,7 +165,8 @@ int usage_error(const std::string& m) {
   std::cerr << "rdmig-relay-cpu: " << m << "\n"
             << "usage: rdmig-relay-cpu [--bytes 8Gi] [--chunk 1Mi] [--depth 16] [--splice auto|on|off]\n"
                "                       [--splice-source MODE] [--splice-target MODE] [--write 512Ki]\n"
-               "                       [--channels 1] [--relay rdmig|floor|floor-splice] [--no-verify]\n";
+               "                       [--channels 1] [--relay rdmig|floor|floor-splice] [--ends unix|tcp]\n"
+               "                       [--no-verify]\n";
   return 2;
 }
 
@@ -181,6 +190,11 @@ int main(int argc, char** argv) {
     else if (a == "--channels") o.channels = static_cast<uint32_t>(std::stoul(val()));
     else if (a == "--no-verify") o.verify = false;
     else if (a == "--relay") o.relay = val();
+    else if (a == "--ends") {
+      const std::string e = val();
+      if (e != "unix" && e != "tcp") return usage_error("--ends must be unix or tcp");
+      o.tcp_ends = e == "tcp";
+    }
     else if (a == "--splice" || a == "--splice-source" || a == "--splice-target") {
       auto m = transport::parse_splice_mode(val());
       if (!m) return usage_error(a + " must be auto, on or off");
@@ -191,7 +205,7 @@ int main(int argc, char** argv) {
   if (auto st = validate_chunk_size(o.chunk, "--chunk"); !st) return usage_error(st.error().message);
   const bool floor = o.relay != "rdmig";
   if (floor && o.relay != "floor" && o.relay != "floor-splice") return usage_error("--relay must be rdmig, floor or floor-splice");
-  if (o.write < 8 || o.write % 8 != 0 || o.channels < 1 || o.channels > 64 || o.depth < 2) {
+  if (o.write < 1 || o.channels < 1 || o.channels > 64 || o.depth < 2) {
     return usage_error("bad --write, --channels or --depth");
   }
 
@@ -200,6 +214,19 @@ int main(int argc, char** argv) {
   auto listener = net::tcp_listen("127.0.0.1", 0);
   if (!listener) return usage_error(listener.error().message);
   const uint16_t port = net::local_port(listener->get()).value();
+  // A stand-in's end and the agent's end of one QEMU (or proxy) connection.
+  auto qemu_end = [&]() -> std::optional<std::pair<UniqueFd, UniqueFd>> {
+    if (o.tcp_ends) {
+      auto c = net::tcp_connect({"127.0.0.1", port}, 5s);
+      auto a = c ? net::accept_for(listener->get(), 5s) : Result<UniqueFd>(c.error());
+      if (!c || !a) return std::nullopt;
+      net::tune_tcp_for_bulk(a->get());  // as the agents tune the connections they intercept and dial
+      return std::pair{std::move(c.value()), std::move(a.value())};
+    }
+    int sp[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0) return std::nullopt;
+    return std::pair{UniqueFd(sp[0]), UniqueFd(sp[1])};
+  };
   std::vector<std::unique_ptr<Stream>> streams;
   for (uint32_t i = 0; i < o.channels; ++i) {
     auto s = std::make_unique<Stream>();
@@ -207,15 +234,12 @@ int main(int argc, char** argv) {
     auto a = c ? net::accept_for(listener->get(), 5s) : Result<UniqueFd>(c.error());
     if (!c || !a) return usage_error("loopback connect failed");
     if (floor) {
-      int sp[2], dp[2];
-      if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0 ||
-          ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, dp) != 0) {
-        return usage_error("socketpair failed");
-      }
-      s->src_qemu = UniqueFd(sp[0]);
-      s->src_agent = UniqueFd(sp[1]);
-      s->dst_qemu = UniqueFd(dp[0]);
-      s->dst_agent = UniqueFd(dp[1]);
+      auto sp = qemu_end(), dp = qemu_end();
+      if (!sp || !dp) return usage_error("connecting a stand-in failed");
+      s->src_qemu = std::move(sp->first);
+      s->src_agent = std::move(sp->second);
+      s->dst_qemu = std::move(dp->first);
+      s->dst_agent = std::move(dp->second);
       s->src_tcp = std::move(c.value());
       s->dst_tcp = std::move(a.value());
       streams.push_back(std::move(s));
@@ -224,15 +248,12 @@ int main(int argc, char** argv) {
     s->src_ch = transport::TcpChannel::create(std::move(c.value()), i, static_cast<uint32_t>(o.chunk), o.depth, tm, o.splice);
     s->dst_ch = transport::TcpChannel::create(std::move(a.value()), i, static_cast<uint32_t>(o.chunk), o.depth, tm,
                                               o.splice_target);
-    int sp[2], dp[2];
-    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0 ||
-        ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, dp) != 0) {
-      return usage_error("socketpair failed");
-    }
-    s->src_qemu = UniqueFd(sp[0]);
-    s->dst_qemu = UniqueFd(dp[0]);
-    s->src_pump = std::make_unique<migration::ChannelPump>(*s->src_ch, UniqueFd(sp[1]));
-    auto dst_agent = std::make_shared<UniqueFd>(dp[1]);
+    auto sp = qemu_end(), dp = qemu_end();
+    if (!sp || !dp) return usage_error("connecting a stand-in failed");
+    s->src_qemu = std::move(sp->first);
+    s->dst_qemu = std::move(dp->first);
+    s->src_pump = std::make_unique<migration::ChannelPump>(*s->src_ch, std::move(sp->second));
+    auto dst_agent = std::make_shared<UniqueFd>(std::move(dp->second));
     s->dst_pump = std::make_unique<migration::ChannelPump>(
         *s->dst_ch, [dst_agent]() -> Result<UniqueFd> { return std::move(*dst_agent); });
     streams.push_back(std::move(s));
@@ -291,12 +312,13 @@ int main(int argc, char** argv) {
   const double agents_user = (p1.user - p0.user) - qemu.user;
   const double agents_sys = (p1.sys - p0.sys) - qemu.sys;
   const double gib = static_cast<double>(received) / static_cast<double>(1ull << 30);
-  std::printf("{\"relay\":\"%s\",\"chunk\":%llu,\"channels\":%u,\"splice\":\"%s\",\"spliceTarget\":\"%s\",\"bytes\":%llu,\"seconds\":%.3f,\"bytesPerSecond\":%.1f,"
+  std::printf("{\"relay\":\"%s\",\"ends\":\"%s\",\"write\":%llu,\"chunk\":%llu,\"channels\":%u,\"splice\":\"%s\",\"spliceTarget\":\"%s\",\"bytes\":%llu,\"seconds\":%.3f,\"bytesPerSecond\":%.1f,"
               "\"agentsUserSeconds\":%.3f,\"agentsSystemSeconds\":%.3f,"
               "\"agentsCpuSecondsPerGiB\":%.4f,\"agentsUserPerGiB\":%.4f,\"agentsSystemPerGiB\":%.4f,"
               "\"qemuUserSeconds\":%.3f,\"qemuSystemSeconds\":%.3f,"
               "\"splicedSent\":%llu,\"splicedReceived\":%llu,\"verified\":%s}\n",
-              o.relay.c_str(), static_cast<unsigned long long>(o.chunk), o.channels,
+              o.relay.c_str(), o.tcp_ends ? "tcp" : "unix", static_cast<unsigned long long>(o.write),
+              static_cast<unsigned long long>(o.chunk), o.channels,
               transport::splice_mode_name(o.splice), transport::splice_mode_name(o.splice_target), static_cast<unsigned long long>(received), secs,
               secs > 0 ? static_cast<double>(received) / secs : 0.0, agents_user, agents_sys,
               gib > 0 ? (agents_user + agents_sys) / gib : 0.0, gib > 0 ? agents_user / gib : 0.0,
