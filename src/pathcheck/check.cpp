@@ -261,15 +261,35 @@ Status PathCheck::run_channels(const std::function<Status(transport::Channel&, u
   }
   {
     std::unique_lock lock(mu_);
+    uint64_t last_bytes = bytes_done_.load();
+    auto last_move = std::chrono::steady_clock::now();
+    bool stopped = false;
     while (done.load() < threads.size()) {
-      if (std::chrono::steady_clock::now() >= deadline_) {
-        const Error late{Errc::kTimeout, "the stream did not finish within the check's deadline (" +
-                                             std::to_string(spec_.timeout_seconds) + " s)"};
+      const auto now = std::chrono::steady_clock::now();
+      if (const uint64_t b = bytes_done_.load(); b != last_bytes) {
+        last_bytes = b;
+        last_move = now;
+      }
+      std::optional<Error> why;
+      if (now >= deadline_) {
+        why = Error{Errc::kTimeout, "the stream did not finish within the check's deadline (" +
+                                        std::to_string(spec_.timeout_seconds) + " s)"};
+      } else if (now - last_move >= kStallLimit) {
+        why = Error{Errc::kTimeout,
+                    "the " + status_.transport + " path " +
+                        (spec_.role == Role::kSource ? "to " + status_.peer : std::string("from the source agent")) +
+                        " stalled: no byte " +
+                        (spec_.role == Role::kSource ? "sent" : "verified") + " for " +
+                        std::to_string(kStallLimit.count()) + " s (" + std::to_string(last_bytes) + " of " +
+                        std::to_string(spec_.bytes) + " bytes done)"};
+      }
+      if (why && !stopped) {
+        stopped = true;
         {
           std::lock_guard l(emu);
-          if (!first) first = late;
+          if (!first) first = *why;
         }
-        for (auto& ch : channels_) ch->abort(late);
+        for (auto& ch : channels_) ch->abort(*why);
       }
       cv_.wait_for(lock, 100ms);
     }

@@ -41,6 +41,9 @@ inline constexpr uint32_t kMaxChannels = 16;
 inline constexpr size_t kMaxConcurrentChecks = 4;  // running on one agent, both roles
 inline constexpr size_t kHistorySize = 32;         // finished checks kept for GET
 inline constexpr int kRttSamples = 5;
+// A running stream that moves no byte for this long has stalled (a path that broke mid-stream:
+// RoCE v2 dropped, a link down): the check fails naming it instead of waiting for its deadline.
+inline constexpr std::chrono::seconds kStallLimit{10};
 
 struct CheckSpec {
   migration::Role role = migration::Role::kSource;
@@ -129,7 +132,7 @@ class PathCheck {
   Status connect_source();
   Status wait_for_source();
   // Runs `body(channel)` on one thread per channel, aborting all channels when one fails, on
-  // cancel and at the deadline. The first error, if any.
+  // cancel, at the deadline and when no byte moved for kStallLimit. The first error, if any.
   Status run_channels(const std::function<Status(transport::Channel&, uint32_t)>& body);
   void abort_all(const Error& reason);
   void finish(const Status& result);

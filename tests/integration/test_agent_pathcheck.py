@@ -1,7 +1,8 @@
 """Path checks between two real agents over TCP (docs/pathcheck.md): the endpoint pair on both
 roles, every byte verified at the far end, the figures reported, the bounds (hostile bodies,
 oversized bytes, too many at once, a check beside a running migration), a target agent that is
-down, and a check cancelled mid-stream that leaves nothing behind on either agent.
+down, a target agent frozen mid-stream (the stall named within seconds), and a check cancelled
+mid-stream that leaves nothing behind on either agent.
 
 No QEMU boots here: the one running migration is a target-role migration held by a QMP stand-in.
 
@@ -152,6 +153,30 @@ class PathCheckTest(unittest.TestCase):
         self.assertLessEqual(self.a.fd_count(), fds_a)
         self.assertLessEqual(self.b.fd_count(), fds_b)
         self.assertGreaterEqual(metric(self.a, "rdmig_pathchecks_finished_total", role="source", result="cancelled"), 1)
+
+    def test_a_stream_that_stalls_fails_naming_the_stall_not_the_deadline(self):
+        # The target agent frozen mid-stream (SIGSTOP: a wedged node, or a path that stops
+        # carrying): before, the source waited out timeoutSeconds and said only "deadline".
+        import signal
+        sid, tid = start_pair(self.a, self.b, bytes="48Gi", chunkSize="1Mi", timeoutSeconds=300)
+        wait_check(self.a, sid, phases=("Migrating",), pred=lambda st: st["bytesSent"] > 32 * MiB, timeout=30)
+        self.b.proc.send_signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            st = wait_check(self.a, sid, timeout=60)
+            took = time.monotonic() - started
+        finally:
+            self.b.proc.send_signal(signal.SIGCONT)
+        print("\nstalled:", st, "after %.1f s" % took)
+        self.assertEqual(st["phase"], "Failed", st)
+        self.assertIn("the tcp path to ", st["error"])
+        self.assertIn("stalled: no byte sent for 10 s", st["error"])
+        self.assertLess(took, 30)
+        self.assertEqual(wait_check(self.b, tid, timeout=30)["phase"], "Failed")
+        # Both serve on.
+        sid, tid = start_pair(self.a, self.b, bytes="8Mi")
+        self.assertEqual(wait_check(self.a, sid)["phase"], "Succeeded")
+        self.assertEqual(wait_check(self.b, tid)["bytesVerified"], 8 * MiB)
 
     def test_a_check_is_refused_beside_a_running_migration_unless_allowed(self):
         qmp = os.path.join(tempfile.mkdtemp(prefix="rdmig-pc-qmp-"), "dst.qmp")

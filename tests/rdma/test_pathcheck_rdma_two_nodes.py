@@ -8,6 +8,9 @@ Checked: the pair passes over RDMA (auto-both-rdma) with every byte verified on 
 reports its own device, port, GID (the RoCE v2 GID of its own address) and MTU; both agents count
 the bytes under traffic="pathcheck"; and rxea sent / rxeb received at least the packets the bytes
 need, so the stream crossed between the two devices.
+Then RDMA between the nodes breaks mid-stream (node b drops RoCE v2 with nftables while a long
+check runs): the check fails within seconds, long before its timeoutSeconds, with an error that
+names the stalled path, both ends end, the agents keep serving, and once the link is back a new check passes.
   python3 test_pathcheck_rdma_two_nodes.py  (RDMIG_AGENT, RDMIG_TOOLS, RDMIG_NODE, RDMIG_OUT)
 """
 import ipaddress
@@ -20,8 +23,8 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from test_agent_rdma_two_nodes import (ADDR, DEV, NODE, PEER_ADDR, PeerAgent, await_, hw_counters,  # noqa: E402
-                                       post)
+from test_agent_rdma_two_nodes import (ADDR, DEV, NODE, PEER_ADDR, PeerAgent, await_, cut_rdma,  # noqa: E402
+                                       hw_counters, post, uncut_rdma)
 from rdmiglab import Agent, parse_prometheus  # noqa: E402
 
 BYTES = 128 << 20
@@ -53,6 +56,12 @@ def serve_target():
         for seq in range(2):
             await_("want-counters-%d" % seq, 600)
             post("counters-%d" % seq, hw_counters())
+        # The link breaks mid-stream, then comes back.
+        await_("want-cut", 600)
+        cut_rdma()
+        post("cut", True)
+        await_("want-uncut", 600)
+        post("uncut", uncut_rdma())
         await_("done", 300)
     except Exception as e:  # noqa: BLE001 - report and tell node a
         print("node b: %s: %s" % (type(e).__name__, e))
@@ -79,22 +88,31 @@ class TwoNodePathCheckTest(unittest.TestCase):
         cls.a.stop()
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
+    def start(self, nbytes, **extra):
+        """Starts a check of `nbytes` from node a to node b, as the controller does; returns the
+        source's and the target's ids."""
+        spec = dict({"bytes": nbytes, "chunkSize": "1Mi", "channels": 2}, **extra)
+        t = self.b.call("POST", "/v1/pathchecks", dict(spec, role="target"))
+        s = self.a.call("POST", "/v1/pathchecks", dict(spec, role="source", target={
+            "endpoint": t["endpoint"], "checkId": t["checkId"], "token": t["token"]}))
+        return s["id"], t["id"]
+
+    def settle(self, agent, check_id, timeout=300):
+        deadline = time.monotonic() + timeout
+        while True:
+            st = agent.call("GET", "/v1/pathchecks/" + check_id)
+            if st["phase"] in ("Succeeded", "Failed", "Cancelled") or time.monotonic() > deadline:
+                return st
+            time.sleep(0.2)
+
     def test_a_pair_between_two_rdma_devices_passes_and_names_each_end(self):
         post("want-counters-0", True)
         b_before = await_("counters-0")
         a_before = hw_counters()
         sent_before = pathcheck_bytes(self.a, "sent")
-        t = self.b.call("POST", "/v1/pathchecks", {"role": "target", "bytes": BYTES, "chunkSize": "1Mi", "channels": 2})
-        s = self.a.call("POST", "/v1/pathchecks", {"role": "source", "bytes": BYTES, "chunkSize": "1Mi", "channels": 2,
-                                                   "target": {"endpoint": t["endpoint"], "checkId": t["checkId"],
-                                                              "token": t["token"]}})
-        deadline = time.monotonic() + 300
-        while True:
-            src = self.a.call("GET", "/v1/pathchecks/" + s["id"])
-            if src["phase"] in ("Succeeded", "Failed", "Cancelled") or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        dst = self.b.call("GET", "/v1/pathchecks/" + t["id"])
+        sid, tid = self.start(BYTES)
+        src = self.settle(self.a, sid)
+        dst = self.b.call("GET", "/v1/pathchecks/" + tid)
         a_after = hw_counters()
         post("want-counters-1", True)
         b_after = await_("counters-1")
@@ -116,6 +134,38 @@ class TwoNodePathCheckTest(unittest.TestCase):
         print("rxea sent_pkts +%d, rxeb rcvd_pkts +%d for %d bytes" % (sent, rcvd, BYTES))
         self.assertGreaterEqual(sent, BYTES // 4096, "rxea sent too few packets")
         self.assertGreaterEqual(rcvd, BYTES // 4096, "rxeb received too few packets")
+
+    def test_b_rdma_broken_mid_stream_fails_the_check_within_its_deadline_naming_why(self):
+        timeout = 60
+        sid, tid = self.start(64 << 30, timeoutSeconds=timeout)  # far more than fits in the time
+        deadline = time.monotonic() + 120
+        while self.a.call("GET", "/v1/pathchecks/" + sid).get("bytesSent", 0) < (8 << 20):
+            self.assertLess(time.monotonic(), deadline, "the check never got going")
+            time.sleep(0.1)
+        post("want-cut", True)
+        await_("cut", 60)
+        t0 = time.monotonic()
+        src = self.settle(self.a, sid, timeout + 30)
+        took = time.monotonic() - t0
+        dst = self.settle(self.b, tid, 30)
+        post("want-uncut", True)
+        dropped = await_("uncut", 60)
+        print("\nRoCE v2 dropped mid-stream (%d packets): source %s after %.1f s (%s), target %s (%s)"
+              % (dropped, src["phase"], took, src.get("error"), dst["phase"], dst.get("error")))
+        self.assertEqual(src["phase"], "Failed", src)
+        # Not the deadline: the stall, named, within seconds (pathcheck::kStallLimit, 10 s).
+        self.assertLess(took, 30, "the check waited for its deadline instead of naming the stall")
+        self.assertIn("stalled", src["error"])
+        self.assertIn("rdma path", src["error"])
+        self.assertIn(dst["phase"], ("Failed", "Cancelled"), dst)
+        self.assertTrue(dst.get("error"), dst)
+        self.assertGreater(dropped, 0)
+        self.assertLess(src["bytesSent"], 64 << 30)
+        # Both agents serve on; with the link back, a new check passes over RDMA.
+        sid, tid = self.start(16 << 20)
+        src = self.settle(self.a, sid)
+        self.assertEqual((src["phase"], src["transport"]), ("Succeeded", "rdma"), src)
+        self.assertEqual(self.settle(self.b, tid)["bytesVerified"], 16 << 20)
 
 
 if __name__ == "__main__":
