@@ -20,6 +20,15 @@ using detail::now_text;
 namespace {
 
 constexpr int64_t kAgentGraceSeconds = 30;  // past a pair's deadline before the controller gives up on it
+// Starting a pair on its agents: a transient refusal (the agent runs its 4 checks or its buffer
+// budget is taken, it does not answer, 503) is tried again this many times in all, 1, 2, 4 s
+// apart; any other refusal, or the last, fails the pair naming it.
+constexpr int kMaxPairStartAttempts = 4;
+
+bool retryable(const Error& e) {
+  return e.code == Errc::kResourceExhausted || e.code == Errc::kTimeout ||
+         (e.code == Errc::kUnavailable && !AgentClient::is_tls_failure(e));
+}
 
 bool terminal(const std::string& phase) { return phase == "Succeeded" || phase == "Failed"; }
 bool pair_done(const std::string& phase) { return phase == "Passed" || phase == "FellBack" || phase == "Failed"; }
@@ -233,9 +242,24 @@ Result<Next> PathCheckReconciler::begin(json obj) {
 bool PathCheckReconciler::start_pair(const json& obj, json& pair) {
   const json spec = obj.value("spec", json::object());
   const std::string id = pair.value("checkId", "");
+  if (auto next = k8s::parse_time(pair.value("nextAttemptTime", "")); next && k8s::Clock::now() < *next) return false;
   auto fail = [&](const std::string& why) {
     pair["phase"] = "Failed";
     pair["error"] = why;
+    pair.erase("nextAttemptTime");
+    return false;
+  };
+  // A transient refusal leaves the pair Pending for another attempt, the refusal in its error.
+  auto refused = [&](const Error& e, const std::string& why) {
+    const auto attempts = int_field(pair, "attempts", 1);
+    if (!retryable(e) || attempts >= kMaxPairStartAttempts) {
+      return fail(attempts > 1 ? why + " (attempt " + std::to_string(attempts) + " of " +
+                                     std::to_string(kMaxPairStartAttempts) + ")"
+                               : why);
+    }
+    pair["error"] = why + " (attempt " + std::to_string(attempts) + " of " + std::to_string(kMaxPairStartAttempts) +
+                    "; trying again)";
+    pair["nextAttemptTime"] = k8s::format_time(k8s::Clock::now() + std::chrono::seconds(int64_t{1} << (attempts - 1)));
     return false;
   };
   auto target_agent = locate_agent(kube_, config_, agent_namespace_, pair.value("target", ""));
@@ -249,10 +273,12 @@ bool PathCheckReconciler::start_pair(const json& obj, json& pair) {
             {"timeoutSeconds", int_field(spec, "timeoutSeconds", 120)},
             {"allowDuringMigrations", spec.value("allowDuringMigrations", false)}};
   if (auto it = spec.find("chunkSize"); it != spec.end()) body["chunkSize"] = *it;
+  pair["attempts"] = int_field(pair, "attempts", 0) + 1;
   json tbody = body;
   tbody["role"] = "target";
   auto t = agents_.create_pathcheck(target_agent.value(), tbody);
-  if (!t) return fail("target agent " + target_agent->node + " (" + target_agent->address() + "): " + t.error().message);
+  if (!t) return refused(t.error(), "target agent " + target_agent->node + " (" + target_agent->address() + "): " +
+                                        t.error().message);
   json sbody = body;
   sbody["role"] = "source";
   sbody["target"] = json{{"endpoint", t->value("endpoint", "")}, {"checkId", t->value("checkId", id)},
@@ -260,9 +286,12 @@ bool PathCheckReconciler::start_pair(const json& obj, json& pair) {
   auto s = agents_.create_pathcheck(source_agent.value(), sbody);
   if (!s) {
     (void)agents_.cancel_pathcheck(target_agent.value(), id);  // leave nothing waiting behind
-    return fail("source agent " + source_agent->node + " (" + source_agent->address() + "): " + s.error().message);
+    return refused(s.error(), "source agent " + source_agent->node + " (" + source_agent->address() + "): " +
+                                  s.error().message);
   }
   pair["phase"] = "Running";
+  pair.erase("error");
+  pair.erase("nextAttemptTime");
   pair["startTime"] = now_text();
   return true;
 }

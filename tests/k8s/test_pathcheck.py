@@ -142,9 +142,46 @@ class PathCheckControllerTest(unittest.TestCase):
         dead = [p for p in st["pairs"] if p["target"] == "node-dead"][0]
         self.assertEqual(dead["phase"], "Failed")
         self.assertIn("target agent node-dead (127.0.0.1:1)", dead["error"])
+        self.assertIn("(attempt 4 of 4)", dead["error"])  # not answering may be a restart: tried again
         self.assertIn("node-dead", st["summary"]["worst"])
         self.assertLess(elapsed, 20)
         wait_for(lambda: ("Warning", "PairFailed") in self.reasons("one-down"), 10, "the PairFailed event")
+
+    def test_a_pair_refused_by_a_busy_agent_is_tried_again_and_passes(self):
+        # The target agent runs its 4 checks already (429). Before, the pair failed at once on
+        # that refusal; it is transient, so the controller tries again (1, 2, 4 s apart).
+        b, c = self.agents["b"], self.agents["c"]
+        busy = []
+        for _ in range(4):
+            t = c.call("POST", "/v1/pathchecks", {"role": "target", "bytes": "48Gi", "transport": "tcp",
+                                                 "timeoutSeconds": 120})
+            s = b.call("POST", "/v1/pathchecks", {"role": "source", "bytes": "48Gi", "transport": "tcp",
+                                                 "timeoutSeconds": 120, "target": {
+                                                     "endpoint": t["endpoint"], "checkId": t["checkId"],
+                                                     "token": t["token"]}})
+            busy.append(s["id"])
+        try:
+            self.create(pathcheck("busy-target", "node-a", {"nodes": ["node-c"]}, bytes="8Mi", transport="tcp"))
+
+            def refused_once():
+                obj = self.get("busy-target")
+                pairs = (obj or {}).get("status", {}).get("pairs", [])
+                return pairs and pairs[0].get("attempts", 0) >= 1 and pairs[0]
+            pair = wait_for(refused_once, 30, "the controller's first attempt")
+            print("\nrefused:", pair)
+            self.assertEqual(pair["phase"], "Pending", pair)
+            self.assertIn("already runs 4 path checks", pair["error"])
+            self.assertIn("trying again", pair["error"])
+        finally:
+            for sid in busy:
+                b.call("DELETE", "/v1/pathchecks/" + sid)
+        st = self.wait_phase("busy-target", ("Succeeded", "Failed"), timeout=60)["status"]
+        (p,) = st["pairs"]
+        print("then:", p)
+        self.assertEqual((st["phase"], p["phase"]), ("Succeeded", "Passed"), st)
+        self.assertGreaterEqual(p["attempts"], 2)
+        self.assertNotIn("error", p)
+        self.assertNotIn("nextAttemptTime", p)
 
     def test_a_check_deleted_while_it_runs_stops_everything_it_started(self):
         self.create(pathcheck("deleted", "node-a", {"nodes": ["node-c"]}, bytes="48Gi", transport="tcp",
