@@ -95,28 +95,6 @@ TEST(Rails, WelcomeAdvertisesEveryRailAndTheFirstForOneDevicePeers) {
   EXPECT_EQ(mirrored[1].peer, "10.99.2.1");
 }
 
-TEST(Rails, HelloRailsRoundTripAndAreValidated) {
-  transport::Hello h;
-  h.kind = "control";
-  h.migration_id = "m1";
-  h.channels = 5;
-  h.chunk_size = 1 << 20;
-  h.ring_depth = 16;
-  h.transport = "rdma";
-  h.rdma_rails = {{0, "10.99.0.1"}, {1, "10.99.2.1"}};
-  auto back = transport::Hello::parse(h.to_json());
-  ASSERT_TRUE(back.ok()) << back.error().message;
-  ASSERT_EQ(back->rdma_rails.size(), 2u);
-  EXPECT_EQ(back->rdma_rails[1].address, "10.99.2.1");
-  auto j = h.to_json();
-  j["rdmaRails"][1]["rail"] = 0;
-  auto dup = transport::Hello::parse(j);
-  ASSERT_FALSE(dup.ok());
-  EXPECT_NE(dup.error().message.find("hello.rdmaRails[1]"), std::string::npos) << dup.error().message;
-  j["rdmaRails"] = "10.99.0.1";
-  EXPECT_FALSE(transport::Hello::parse(j).ok());
-}
-
 TEST(Rails, BytesAreCountedPerRailAndOnlyTheGrowthReachesTheCounter) {
   Metrics metrics;
   const auto local = support({rail(0, "rxea", "10.99.0.1"), rail(1, "rxea2", "10.99.2.1")});
