@@ -1,5 +1,7 @@
 #include "migration/rails.h"
 
+#include <algorithm>
+
 #include "common/log.h"
 #include "common/net.h"
 
@@ -93,6 +95,8 @@ std::vector<RailUsage> rail_usage(const std::vector<RailPair>& rails, uint32_t c
   std::vector<RailUsage> out;
   for (const auto& p : rails) out.push_back(RailUsage{p.rail, p.local.device, p.local.gid, p.local.ip, p.peer, {}, 0, 0});
   for (uint32_t c = 0; c < channels && !out.empty(); ++c) out[rail_of_channel(c, out.size())].channels.push_back(c);
+  // Only the rails that carry a channel (one channel uses rail 0 alone).
+  std::erase_if(out, [](const RailUsage& u) { return u.channels.empty(); });
   return out;
 }
 

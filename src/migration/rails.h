@@ -58,7 +58,7 @@ Result<std::unique_ptr<transport::rdma::RdmaChannel>> connect_on_rail(
     const transport::rdma::RdmaChannelParams& params, TransportMetrics& metrics, std::chrono::milliseconds timeout,
     const std::function<bool()>& cancelled);
 
-// One entry per matched rail with the channels it carries (no bytes yet).
+// One entry per matched rail that carries a channel, with those channels (no bytes yet).
 std::vector<RailUsage> rail_usage(const std::vector<RailPair>& rails, uint32_t channels);
 
 // Sets each rail's byte totals from per-channel totals (channel c at index c) and adds what

@@ -332,8 +332,8 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
             self.assertEqual(src.status(), "postmigrate")
             dst = await_("dst-state-%s" % name, 400)
             self.assertEqual(dst["status"], "paused")
-            self.assertEqual(src.memory_digest(), dst["digest"], "memory differs between the nodes")
             self.check_rails(s, t, m, rails, mine, dst["counters"])
+            self.assertEqual(src.memory_digest(), dst["digest"], "memory differs between the nodes")
             if capture:
                 # rdma.trafficClass 104 on node a's agent: IP ToS 0x68 (DSCP 26) on every RoCE v2 packet
                 # a sent (captured on b) and on every one b sent back (captured on a: the passive side

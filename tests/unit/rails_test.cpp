@@ -41,6 +41,9 @@ TEST(Rails, ChannelsAreStripedRoundRobinOverMatchedRails) {
   EXPECT_EQ(usage[1].device, "rxea2");
   EXPECT_EQ(usage[1].peer_address, "10.99.2.2:7472");
   EXPECT_EQ(rail_of_channel(7, 3), 1u);
+  const auto one_channel = rail_usage(pairs, 1);  // no multifd: the main channel alone
+  ASSERT_EQ(one_channel.size(), 1u) << "a rail without a channel is not reported as used";
+  EXPECT_EQ(one_channel[0].rail, 0u);
 }
 
 TEST(Rails, DifferentRailCountsUseTheRailsBothHave) {
