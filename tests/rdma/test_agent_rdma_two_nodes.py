@@ -75,14 +75,16 @@ def await_(name, timeout=300.0):
         return json.load(f)
 
 
-def hw_counters():
-    """{device: {"sent": sent_pkts, "rcvd": rcvd_pkts}} of every rxe device (rail) on this node."""
-    out = {}
-    for dev in DEVS:
-        base = "/sys/class/infiniband/%s/ports/1/hw_counters/" % dev
-        with open(base + "sent_pkts") as s, open(base + "rcvd_pkts") as r:
-            out[dev] = {"sent": int(s.read()), "rcvd": int(r.read())}
-    return out
+def hw_counters(dev=DEV):
+    """{"sent": sent_pkts, "rcvd": rcvd_pkts} of one rxe device on this node (test_pathcheck_rdma_two_nodes too)."""
+    base = "/sys/class/infiniband/%s/ports/1/hw_counters/" % dev
+    with open(base + "sent_pkts") as s, open(base + "rcvd_pkts") as r:
+        return {"sent": int(s.read()), "rcvd": int(r.read())}
+
+
+def rail_counters():
+    """hw_counters of every rxe device (rail) on this node, by device."""
+    return {dev: hw_counters(dev) for dev in DEVS}
 
 
 def counters_delta(before, after):
@@ -212,10 +214,10 @@ def serve_target():
                     cut_rdma()
                     cut = True
                 capture = Capture() if want.get("capture") else None
-                before = hw_counters()
+                before = rail_counters()
                 post("dst-%s" % name, dst.agent_qmp_path)
                 outcome = await_("migrated-%s" % name, 600)
-                reply = {"counters": counters_delta(before, hw_counters()), "status": dst.status()}
+                reply = {"counters": counters_delta(before, rail_counters()), "status": dst.status()}
                 if capture:
                     reply["capture"] = capture.result()
                 if cut:
@@ -301,13 +303,13 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
             # On the first migration both nodes capture the RoCE v2 packets that reach them.
             src, dst_qmp = self.ask(name, m, capture=(m == 0))
             capture = Capture() if m == 0 else None
-            before = hw_counters()
+            before = rail_counters()
             sent_a, recv_b = rdma_bytes(self.a, "sent"), rdma_bytes(target, "received")
             metrics_a = self.source_metrics()
             s, t = migrate_via_agents(self.a, target, src.agent_qmp_path, dst_qmp,
                                       multifd_channels=m, chunk_size="1Mi", ring_depth=8,
                                       vm="two-node-vm-%s" % name, transport="rdma", timeout=400)
-            mine = counters_delta(before, hw_counters())
+            mine = counters_delta(before, rail_counters())
             if s["phase"] != "Succeeded":
                 print(self.a.log_text()[-4000:])
             else:
