@@ -126,6 +126,27 @@ Status parse_kubevirt(const YAML::Node& k, KubevirtConfig& c) {
   return ok_status();
 }
 
+// The keys of one rail (rdma, or rdma.devices[i]); errors name `prefix.key`.
+Status parse_rdma_rail(const YAML::Node& r, const std::string& prefix, RdmaRailConfig& rail) {
+  RDMIG_TRY(read_string(r, prefix, "device", rail.device));
+  RDMIG_TRY(read_string(r, prefix, "netdev", rail.netdev));
+  RDMIG_TRY(read_string(r, prefix, "address", rail.address));
+  if (!rail.address.empty() && !is_ip_address(rail.address)) {
+    return bad(prefix + ".address", "expected an IPv4 or IPv6 address, got '" + rail.address + "'");
+  }
+  RDMIG_TRY(read_string(r, prefix, "resourceEnv", rail.resource_env));
+  if (const auto tc = r["trafficClass"]; tc && !tc.IsNull()) {
+    uint32_t v = 0;
+    RDMIG_TRY(read_uint(r, prefix, "trafficClass", v, 0, 255));
+    if ((v & 3u) != 0) {
+      return bad(prefix + ".trafficClass", "is the IP ToS byte, DSCP x 4 (e.g. 104 for DSCP 26); its two ECN bits "
+                                           "must be 0, got " + std::to_string(v));
+    }
+    rail.traffic_class = static_cast<int>(v);
+  }
+  return ok_status();
+}
+
 Status parse_into(const YAML::Node& root, AgentConfig& c) {
   RDMIG_TRY(check_keys(root, "", {"api", "dataPlane", "transport", "migration", "tcp", "rdma",
                                   "stateDir", "logLevel", "kubevirt", "shutdownGraceSeconds"}));
@@ -209,22 +230,48 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
     }
   }
   if (const auto r = root["rdma"]) {
-    RDMIG_TRY(check_keys(r, "rdma", {"device", "netdev", "address", "resourceEnv", "trafficClass"}));
-    RDMIG_TRY(read_string(r, "rdma", "device", c.rdma.device));
-    RDMIG_TRY(read_string(r, "rdma", "netdev", c.rdma.netdev));
-    RDMIG_TRY(read_string(r, "rdma", "address", c.rdma.address));
-    if (!c.rdma.address.empty() && !is_ip_address(c.rdma.address)) {
-      return bad("rdma.address", "expected an IPv4 or IPv6 address, got '" + c.rdma.address + "'");
-    }
-    RDMIG_TRY(read_string(r, "rdma", "resourceEnv", c.rdma.resource_env));
-    if (const auto tc = r["trafficClass"]; tc && !tc.IsNull()) {
-      uint32_t v = 0;
-      RDMIG_TRY(read_uint(r, "rdma", "trafficClass", v, 0, 255));
-      if ((v & 3u) != 0) {
-        return bad("rdma.trafficClass", "is the IP ToS byte, DSCP x 4 (e.g. 104 for DSCP 26); its two ECN bits must "
-                                        "be 0, got " + std::to_string(v));
+    RDMIG_TRY(check_keys(r, "rdma", {"device", "netdev", "address", "resourceEnv", "trafficClass", "devices"}));
+    RDMIG_TRY(parse_rdma_rail(r, "rdma", c.rdma));
+    if (const auto list = r["devices"]; list && !list.IsNull()) {
+      if (!list.IsSequence()) return bad("rdma.devices", "expected a list of rails (device, netdev, address, ...)");
+      if (list.size() == 0) return bad("rdma.devices", "must list at least one rail, or be left out");
+      if (list.size() > kMaxRdmaRails) {
+        return bad("rdma.devices", "at most " + std::to_string(kMaxRdmaRails) + " rails, got " +
+                                       std::to_string(list.size()));
       }
-      c.rdma.traffic_class = static_cast<int>(v);
+      for (const auto& [key, value] : {std::pair{"device", &c.rdma.device}, std::pair{"netdev", &c.rdma.netdev},
+                                       std::pair{"address", &c.rdma.address},
+                                       std::pair{"resourceEnv", &c.rdma.resource_env}}) {
+        if (!value->empty()) {
+          return bad(std::string("rdma.") + key, "cannot be set beside rdma.devices: give each rail its own");
+        }
+      }
+      for (size_t i = 0; i < list.size(); ++i) {
+        const std::string prefix = "rdma.devices[" + std::to_string(i) + "]";
+        if (!list[i].IsMap()) return bad(prefix, "expected a map (device, netdev, address, resourceEnv, trafficClass)");
+        RdmaRailConfig rail;
+        rail.traffic_class = c.rdma.traffic_class;
+        RDMIG_TRY(check_keys(list[i], prefix, {"device", "netdev", "address", "resourceEnv", "trafficClass"}));
+        RDMIG_TRY(parse_rdma_rail(list[i], prefix, rail));
+        if (rail.device.empty() && rail.netdev.empty() && rail.address.empty() && rail.resource_env.empty()) {
+          return bad(prefix, "names no device: set device, netdev, address or resourceEnv");
+        }
+        c.rdma.devices.push_back(std::move(rail));
+      }
+      // Two rails on one address would be one NIC twice, and their listeners would collide.
+      for (size_t i = 0; i < c.rdma.devices.size(); ++i) {
+        for (size_t j = 0; j < i; ++j) {
+          const auto& a = c.rdma.devices[j];
+          const auto& b = c.rdma.devices[i];
+          const bool same = (!b.address.empty() && b.address == a.address) ||
+                            (b.address.empty() && a.address.empty() && b.device == a.device &&
+                             b.netdev == a.netdev && b.resource_env == a.resource_env);
+          if (same) {
+            return bad("rdma.devices[" + std::to_string(i) + "]",
+                       "selects the same device as rdma.devices[" + std::to_string(j) + "]");
+          }
+        }
+      }
     }
   }
   if (const auto k = root["kubevirt"]) RDMIG_TRY(parse_kubevirt(k, c.kubevirt));

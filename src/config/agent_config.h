@@ -68,9 +68,9 @@ struct TcpConfig {
   transport::SpliceMode splice = transport::SpliceMode::kOff;
 };
 
-// Key `rdma`; the data plane maps it onto transport::rdma::RdmaOptions (device.h says how the
-// device, netdev, address and GID are chosen).
-struct RdmaConfig {
+// One RDMA device the data plane uses (a "rail"); the data plane maps it onto
+// transport::rdma::RdmaOptions (device.h says how the device, netdev, address and GID are chosen).
+struct RdmaRailConfig {
   std::string device;        // e.g. mlx5_0
   std::string netdev;        // e.g. ens1f0v0, or a VLAN/macvlan on it
   std::string address;       // one of the netdev's addresses; empty = its first IPv4, else global IPv6
@@ -78,6 +78,21 @@ struct RdmaConfig {
   // IP ToS byte of RoCE v2 packets (DSCP x 4, e.g. 104 = DSCP 26); -1 = the kernel's default.
   int traffic_class = -1;
 };
+
+// Key `rdma`: either one rail from the keys device/netdev/address/resourceEnv/trafficClass, or
+// a list of rails under `devices` (each with those keys; a rail's trafficClass defaults to
+// rdma.trafficClass). A migration stripes its channels across the rails (migration/rails.h).
+struct RdmaConfig : RdmaRailConfig {
+  std::vector<RdmaRailConfig> devices;  // empty: the single rail above
+
+  // The rails in configured order: `devices`, or the single rail.
+  std::vector<RdmaRailConfig> rails() const {
+    return devices.empty() ? std::vector<RdmaRailConfig>{static_cast<const RdmaRailConfig&>(*this)} : devices;
+  }
+};
+
+// At most this many rails per agent (nodes carry 2-8 RDMA NICs).
+inline constexpr size_t kMaxRdmaRails = 16;
 
 // A peer agent for KubeVirt mode: which node it runs on, where its data plane listens, and
 // (static mode) the addresses of that node's virt-handler pod.

@@ -125,6 +125,14 @@ Metrics::Metrics(std::string component)
                          .Help("1: the RDMA device, port, netdev, address and GID this agent uses (reason ok); "
                                "0: it uses none, reason says why")
                          .Register(*registry_)),
+      rail_up_(BuildGauge().Name("rdmig_rdma_rail_up")
+                   .Help("1: this configured RDMA rail (rdma.devices[rail]) is used (reason ok); 0: it is left "
+                         "out, reason says why")
+                   .Register(*registry_)),
+      rail_bytes_(BuildCounter().Name("rdmig_rdma_rail_bytes_total")
+                      .Help("Payload bytes carried over each RDMA rail, by rail, device, direction (sent, "
+                            "received) and traffic (migration, pathcheck)")
+                      .Register(*registry_)),
       throughput_(BuildGauge().Name("rdmig_migration_throughput_bytes_per_second")
                       .Help("Current throughput of each migration (QEMU's figure on the source)")
                       .Register(*registry_)),
@@ -273,6 +281,19 @@ void Metrics::set_rdma_selection(const RdmaSelectionInfo& info) {
                                                {"gid_index", info.gid_index},
                                                {"gid_type", info.gid_type}});
   rdma_selected_series_->Set(info.reason == "ok" ? 1 : 0);
+}
+
+void Metrics::set_rdma_rail(const std::string& rail, const RdmaSelectionInfo& info) {
+  rail_up_.Add({{"rail", rail}, {"device", info.device}, {"netdev", info.netdev}, {"address", info.address},
+                {"reason", info.reason}})
+      .Set(info.reason == "ok" ? 1 : 0);
+}
+
+void Metrics::add_rail_bytes(const std::string& rail, const std::string& device, const std::string& direction,
+                             const std::string& traffic, uint64_t bytes) {
+  if (bytes == 0) return;
+  rail_bytes_.Add({{"rail", rail}, {"device", device}, {"direction", direction}, {"traffic", traffic}})
+      .Increment(static_cast<double>(bytes));
 }
 
 MigrationGauges Metrics::migration_gauges(const std::string& id, const std::string& role,

@@ -117,6 +117,13 @@ class Metrics {
   void set_rdma_devices(double count);
   // Replaces the one rdmig_rdma_selected series.
   void set_rdma_selection(const RdmaSelectionInfo& info);
+  // rdmig_rdma_rail_up{rail,device,netdev,address,reason}: one series per configured rail, 1 when
+  // it is used (reason ok), 0 with why not (same reasons as rdmig_rdma_selected).
+  void set_rdma_rail(const std::string& rail, const RdmaSelectionInfo& info);
+  // rdmig_rdma_rail_bytes_total{rail,device,direction,traffic}: payload bytes carried over one
+  // rail (sent or received), added as a migration's or path check's channels move them.
+  void add_rail_bytes(const std::string& rail, const std::string& device, const std::string& direction,
+                      const std::string& traffic, uint64_t bytes);
 
   // A migration's gauges, its start time (now) and its info series (phase Pending, no transport).
   MigrationGauges migration_gauges(const std::string& id, const std::string& role,
@@ -151,6 +158,8 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& rdma_devices_;
   prometheus::Family<prometheus::Gauge>& rdma_selected_;
   prometheus::Gauge* rdma_selected_series_ = nullptr;
+  prometheus::Family<prometheus::Gauge>& rail_up_;
+  prometheus::Family<prometheus::Counter>& rail_bytes_;
   prometheus::Family<prometheus::Gauge>& throughput_;
   prometheus::Family<prometheus::Gauge>& transferred_;
   prometheus::Family<prometheus::Gauge>& remaining_;

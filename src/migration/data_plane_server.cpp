@@ -54,7 +54,7 @@ Status DataPlaneServer::start() {
 
 void DataPlaneServer::stop() {
   if (stopping_.exchange(true)) return;
-  rdma_listener_.reset();
+  rdma_listeners_.clear();
   if (listener_.valid()) ::shutdown(listener_.get(), SHUT_RDWR);
   if (acceptor_.joinable()) acceptor_.join();
   // Hello threads end within kHelloTimeout (their reads have that deadline) and handlers
@@ -63,7 +63,7 @@ void DataPlaneServer::stop() {
   pending_cv_.wait(lock, [&] { return pending_ == 0; });
 }
 
-transport::rdma::RdmaOptions rdma_options(const RdmaConfig& config) {
+transport::rdma::RdmaOptions rdma_options(const RdmaRailConfig& config) {
   transport::rdma::RdmaOptions o;
   o.device = config.device;
   o.netdev = config.netdev;
@@ -73,53 +73,117 @@ transport::rdma::RdmaOptions rdma_options(const RdmaConfig& config) {
   return o;
 }
 
+std::string RdmaRail::endpoint() const { return net::Endpoint{ip, port}.to_string(); }
+
 std::string RdmaSupport::summary() const {
   if (!available) return "rdma=unavailable (" + reason_code + ": " + reason + ")";
-  return "rdma=" + device + " port=" + std::to_string(device_port) + " netdev=" + netdev +
-         " gid_index=" + std::to_string(gid_index) + " gid_type=" + gid_type + " mtu=" + std::to_string(mtu) +
-         " address=" + ip + ":" +
-         std::to_string(port) + " traffic_class=" + (traffic_class < 0 ? std::string("default") : std::to_string(traffic_class));
+  std::string line = "rdma=" + device + " port=" + std::to_string(device_port) + " netdev=" + netdev +
+                     " gid_index=" + std::to_string(gid_index) + " gid_type=" + gid_type + " mtu=" +
+                     std::to_string(mtu) + " address=" + ip + ":" + std::to_string(port) + " traffic_class=" +
+                     (traffic_class < 0 ? std::string("default") : std::to_string(traffic_class));
+  if (rails.size() > 1 || !down.empty()) {
+    line += " rails=" + std::to_string(rails.size()) + " (";
+    for (size_t i = 0; i < rails.size(); ++i) {
+      line += (i ? ", " : "") + std::to_string(rails[i].rail) + ":" + rails[i].device + " " + rails[i].endpoint();
+    }
+    for (const auto& d : down) line += ", " + std::to_string(d.rail) + ":down " + d.reason_code;
+    line += ")";
+  }
+  return line;
+}
+
+Result<RdmaRail> DataPlaneServer::init_rail(uint32_t index, const RdmaRailConfig& config) {
+  const auto options = rdma_options(config);
+  auto sel = transport::rdma::select_device(options, transport::rdma::process_environment(),
+                                            transport::rdma::SysfsView{});
+  if (!sel.ok()) return Error{sel.error.code, sel.reason + ": " + sel.error.message};
+  const auto& dev = *sel.device;
+  // Every rail listens on its own address; with a fixed rdmaPort they share the port number.
+  auto listener = transport::rdma::RdmaListener::create(
+      dev.ip, config_.data_plane.rdma_port,
+      [this](const std::array<uint8_t, 16>& session, uint32_t channel) { return resolve_rdma(session, channel); },
+      options.traffic_class);
+  if (!listener) {
+    return Error{listener.error().code, std::string("listener-failed: rdma_cm listener on ") + dev.ip + " (" +
+                                            dev.name + "): " + listener.error().message};
+  }
+  RdmaRail rail;
+  rail.rail = index;
+  rail.device = dev.name;
+  rail.device_port = dev.port;
+  rail.netdev = dev.netdev;
+  rail.ip = dev.ip;
+  rail.port = listener.value()->port();
+  rail.gid_index = dev.gid_index;
+  rail.gid = dev.gid;
+  rail.gid_type = dev.gid_type;
+  rail.traffic_class = options.traffic_class;
+  rail.mtu = transport::rdma::port_active_mtu(dev.name, dev.port);
+  rdma_listeners_.push_back(std::move(listener.value()));
+  LOG_INFO("dataplane") << "rail " << index << ": " << dev.name << " port=" << dev.port << " netdev=" << dev.netdev
+                        << " gid=" << dev.gid << " address=" << rail.endpoint() << " (device chosen by " << dev.how
+                        << ")";
+  return rail;
 }
 
 void DataPlaneServer::init_rdma() {
   metrics_.set_rdma_devices(transport::rdma::count_usable_devices());
-  const auto options = rdma_options(config_.rdma);
-  rdma_.traffic_class = options.traffic_class;
+  const auto rails = config_.rdma.rails();
+  const auto rail_label = [](uint32_t i) { return std::to_string(i); };
+  const auto reason_only = [](const std::string& code) {
+    RdmaSelectionInfo info;
+    info.reason = code;
+    return info;
+  };
   auto unavailable = [&](const std::string& code, const std::string& why) {
     rdma_.reason_code = code;
     rdma_.reason = why;
-    RdmaSelectionInfo none;
-    none.reason = code;
-    metrics_.set_rdma_selection(none);
+    metrics_.set_rdma_selection(reason_only(code));
     LOG_INFO("dataplane") << "RDMA not used: " << code << ": " << why;
   };
-  if (config_.transport == TransportKind::kTcp) return unavailable("transport-tcp", "transport is tcp in the agent config");
-  auto sel = transport::rdma::select_device(options, transport::rdma::process_environment(),
-                                            transport::rdma::SysfsView{});
-  if (!sel.ok()) return unavailable(sel.reason, sel.error.message);
-  const auto& dev = *sel.device;
-  auto listener = transport::rdma::RdmaListener::create(
-      dev.ip, config_.data_plane.rdma_port,
-      [this](const std::array<uint8_t, 16>& session, uint32_t index) { return resolve_rdma(session, index); },
-      options.traffic_class);
-  if (!listener) {
-    return unavailable("listener-failed", "rdma_cm listener on " + dev.ip + " (" + dev.name + "): " +
-                                              listener.error().message);
+  rdma_.traffic_class = rails.front().traffic_class;
+  if (config_.transport == TransportKind::kTcp) {
+    for (uint32_t i = 0; i < rails.size(); ++i) metrics_.set_rdma_rail(rail_label(i), reason_only("transport-tcp"));
+    return unavailable("transport-tcp", "transport is tcp in the agent config");
   }
-  rdma_listener_ = std::move(listener.value());
+  for (uint32_t i = 0; i < rails.size(); ++i) {
+    auto rail = init_rail(i, rails[i]);
+    if (!rail) {
+      // "<code>: <what to fix>": the code is the metric label.
+      const std::string& msg = rail.error().message;
+      const auto colon = msg.find(": ");
+      RdmaRailDown down{i, msg.substr(0, colon), colon == std::string::npos ? msg : msg.substr(colon + 2)};
+      metrics_.set_rdma_rail(rail_label(i), reason_only(down.reason_code));
+      if (rails.size() > 1) {
+        LOG_WARN("dataplane") << "rail " << i << " (rdma.devices[" << i << "]) left out: " << msg;
+      }
+      rdma_.down.push_back(std::move(down));
+      continue;
+    }
+    metrics_.set_rdma_rail(rail_label(i), RdmaSelectionInfo{"ok", rail->device, std::to_string(rail->device_port),
+                                                            rail->netdev, rail->ip, std::to_string(rail->gid_index),
+                                                            rail->gid_type});
+    rdma_.rails.push_back(std::move(rail.value()));
+  }
+  if (rdma_.rails.empty()) {
+    // As with one device: the first rail's reason (every rail's in the log above).
+    return unavailable(rdma_.down.front().reason_code, rdma_.down.front().reason);
+  }
+  const auto& first = rdma_.rails.front();
   rdma_.available = true;
   rdma_.reason_code.clear();
-  rdma_.device = dev.name;
-  rdma_.device_port = dev.port;
-  rdma_.netdev = dev.netdev;
-  rdma_.ip = dev.ip;
-  rdma_.port = rdma_listener_->port();
-  rdma_.gid_index = dev.gid_index;
-  rdma_.gid_type = dev.gid_type;
-  rdma_.mtu = transport::rdma::port_active_mtu(dev.name, dev.port);
-  metrics_.set_rdma_selection(RdmaSelectionInfo{"ok", dev.name, std::to_string(dev.port), dev.netdev, dev.ip,
-                                                std::to_string(dev.gid_index), dev.gid_type});
-  LOG_INFO("dataplane") << rdma_.summary() << " gid=" << dev.gid << " (device chosen by " << dev.how << ")";
+  rdma_.device = first.device;
+  rdma_.device_port = first.device_port;
+  rdma_.netdev = first.netdev;
+  rdma_.ip = first.ip;
+  rdma_.port = first.port;
+  rdma_.gid_index = first.gid_index;
+  rdma_.gid_type = first.gid_type;
+  rdma_.traffic_class = first.traffic_class;
+  rdma_.mtu = first.mtu;
+  metrics_.set_rdma_selection(RdmaSelectionInfo{"ok", first.device, std::to_string(first.device_port), first.netdev,
+                                                first.ip, std::to_string(first.gid_index), first.gid_type});
+  LOG_INFO("dataplane") << rdma_.summary();
 }
 
 Result<transport::rdma::AcceptPlan> DataPlaneServer::resolve_rdma(const std::array<uint8_t, 16>& session,

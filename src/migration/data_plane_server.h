@@ -29,7 +29,32 @@
 
 namespace rdmig::migration {
 
-// This agent's RDMA capability, found once at start-up.
+// One RDMA device of this agent that works (device chosen, rdma_cm listener up): a "rail".
+struct RdmaRail {
+  uint32_t rail = 0;    // its index in the agent config (rdma.devices[rail]; 0 for the single rdma keys)
+  std::string device;
+  int device_port = 0;  // the device's port number
+  std::string netdev;
+  std::string ip;       // rdma_cm listener address (on `netdev`); the source binds its channels here
+  uint16_t port = 0;    // rdma_cm port
+  int gid_index = -1;
+  std::string gid;
+  std::string gid_type;
+  int traffic_class = -1;  // IP ToS byte set on every rdma_cm id (-1: the kernel's default)
+  uint32_t mtu = 0;        // active MTU of the port in bytes (0: unknown)
+  std::string endpoint() const;  // ip:port, [ip]:port for IPv6
+};
+
+// A configured rail that could not be set up at start: left out of every migration.
+struct RdmaRailDown {
+  uint32_t rail = 0;
+  std::string reason_code;  // as RdmaSupport::reason_code
+  std::string reason;
+};
+
+// This agent's RDMA capability, found once at start-up. The flat fields describe the first
+// working rail (what a single-device peer, a KubeVirt flow or a path check's summary uses);
+// `rails` lists every working rail in configured order.
 struct RdmaSupport {
   bool available = false;
   // Why not, when unavailable: reason_code is one word (transport::rdma::kNoDevice, kNoAddress,
@@ -45,13 +70,15 @@ struct RdmaSupport {
   std::string gid_type;
   int traffic_class = -1;  // IP ToS byte set on every rdma_cm id (-1: the kernel's default)
   uint32_t mtu = 0;        // active MTU of the port in bytes (0: unknown)
+  std::vector<RdmaRail> rails;       // working rails; rails[0] is the rail the flat fields describe
+  std::vector<RdmaRailDown> down;    // configured rails left out, and why
   // One line for logs: "rdma=rxe0 port=1 netdev=veth0 gid_index=3 gid_type=RoCE v2 address=..." or
-  // "rdma=unavailable (no-address: ...)".
+  // "rdma=unavailable (no-address: ...)"; with more than one rail, " rails=2 (rxe0 10.99.0.1, ...)".
   std::string summary() const;
 };
 
-// The agent's config key `rdma` as the transport's own options.
-transport::rdma::RdmaOptions rdma_options(const RdmaConfig& config);
+// One rail's config as the transport's own options.
+transport::rdma::RdmaOptions rdma_options(const RdmaRailConfig& config);
 
 inline constexpr std::chrono::seconds kHelloTimeout{5};
 inline constexpr size_t kMaxPendingHellos = 64;
@@ -78,8 +105,8 @@ class DataPlaneServer {
   void add_handler(const std::string& kind, HelloHandler handler);
   void add_rdma_resolver(RdmaResolver resolver);
 
-  // Binds the data-plane port (0 = any) and starts accepting; finds the RDMA device and
-  // starts the rdma_cm listener unless the transport is tcp.
+  // Binds the data-plane port (0 = any) and starts accepting; finds each rail's RDMA device
+  // and starts its rdma_cm listener unless the transport is tcp.
   Status start();
   void stop();
 
@@ -91,6 +118,8 @@ class DataPlaneServer {
   void accept_loop();
   void handle(UniqueFd fd);
   void init_rdma();
+  // Sets up rail `index`; the reason code and message when it cannot be used.
+  Result<RdmaRail> init_rail(uint32_t index, const RdmaRailConfig& config);
   Result<transport::rdma::AcceptPlan> resolve_rdma(const std::array<uint8_t, 16>& session, uint32_t index);
 
   const AgentConfig& config_;
@@ -108,7 +137,7 @@ class DataPlaneServer {
   size_t pending_ = 0;  // hello threads running (detached; counted so stop() can wait)
   std::map<std::string, size_t> pending_by_source_;  // the same, by the peer's address
   std::thread acceptor_;
-  std::unique_ptr<transport::rdma::RdmaListener> rdma_listener_;  // stopped first
+  std::vector<std::unique_ptr<transport::rdma::RdmaListener>> rdma_listeners_;  // one per rail; stopped first
 };
 
 // Chooses the address peers should dial: config, then $NODE_IP, then the listen address.

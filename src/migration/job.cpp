@@ -179,9 +179,12 @@ void Job::update(const std::function<void(MigrationStatus&)>& fn) {
 
 void Job::refresh_data_counters() {
   uint64_t sent = 0, received = 0, chunks_sent = 0, chunks_received = 0;
+  std::vector<uint64_t> sent_by_channel, received_by_channel;  // pumps_[c] carries channel c
   {
     std::lock_guard lock(data_mu_);
     for (const auto& p : pumps_) {
+      sent_by_channel.push_back(p->bytes_up());
+      received_by_channel.push_back(p->bytes_down());
       sent += p->bytes_up();
       received += p->bytes_down();
       chunks_sent += p->chunks_up();
@@ -193,6 +196,19 @@ void Job::refresh_data_counters() {
   status_.progress.data_bytes_received = received;
   status_.progress.chunks_sent = chunks_sent;
   status_.progress.chunks_received = chunks_received;
+  account_rail_bytes(status_.rails, sent_by_channel, received_by_channel, ctx_.metrics, "migration");
+}
+
+void Job::set_rails(const std::vector<RailPair>& rails) {
+  auto usage = rail_usage(rails, spec_.channels());
+  for (const auto& r : usage) {
+    std::string channels;
+    for (const uint32_t c : r.channels) channels += (channels.empty() ? "" : ",") + std::to_string(c);
+    LOG_INFO("migration") << log_prefix() << " rail " << r.rail << ": " << r.device << " gid=" << r.gid
+                          << " address=" << r.address << " peer=" << (r.peer_address.empty() ? "?" : r.peer_address)
+                          << " channels=" << channels;
+  }
+  update([&](MigrationStatus& s) { s.rails = std::move(usage); });
 }
 
 void Job::abort_data_plane(const Error& reason, bool keep_link) {
@@ -239,6 +255,10 @@ void Job::finish(Phase phase, const std::string& reason, const char* failure) {
     LOG_INFO("migration") << log_prefix() << " phase=" << phase_name(phase);
   } else {
     LOG_WARN("migration") << log_prefix() << " phase=" << phase_name(phase) << " reason=\"" << reason << "\"";
+  }
+  for (const auto& r : status().rails) {
+    LOG_INFO("migration") << log_prefix() << " rail " << r.rail << " (" << r.device << "): sent " << r.bytes_sent
+                          << " B, received " << r.bytes_received << " B";
   }
   if (qmp_) qmp_->close();  // free the monitor for other clients
 }

@@ -20,6 +20,7 @@
 #include "migration/control_link.h"
 #include "migration/data_plane_server.h"
 #include "migration/pump.h"
+#include "migration/rails.h"
 #include "migration/types.h"
 #include "qemu/qmp_client.h"
 #include "transport/channel.h"
@@ -93,6 +94,8 @@ class Job {
   }
   // Copies the pumps' counters into the status.
   void refresh_data_counters();
+  // The rails this job's RDMA channels are striped across: into status (and the log).
+  void set_rails(const std::vector<RailPair>& rails);
   // Fails pumps and channels; also shuts the control link unless `keep_link` (a verdict still
   // has to reach the peer).
   void abort_data_plane(const Error& reason, bool keep_link = false);

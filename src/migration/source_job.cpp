@@ -94,7 +94,10 @@ Status SourceJob::connect_data_plane() {
   transport::Hello hello;
   hello.transport = wire_name(offer->transport);
   hello.transport_required = offer->required;
-  if (offer->transport == TransportKind::kRdma) hello.rdma_mtu = ctx_.rdma.mtu;
+  if (offer->transport == TransportKind::kRdma) {
+    hello.rdma_mtu = ctx_.rdma.mtu;
+    hello.rdma_rails = rail_addresses(ctx_.rdma);
+  }
 
   const net::Endpoint ep{spec_.target.host, spec_.target.port};
   // Every blocking step below watches its socket: a cancel shuts it down and the step ends.
@@ -240,24 +243,20 @@ Status SourceJob::connect_data_plane() {
 }
 
 Status SourceJob::connect_rdma_channels(const json& welcome) {
-  auto rdma_ep_text = transport::get_string(welcome, "rdmaEndpoint", "welcome", 300);
-  if (!rdma_ep_text) return rdma_ep_text.error();
-  auto rdma_ep = net::parse_endpoint(rdma_ep_text.value(), "welcome.rdmaEndpoint");
-  if (!rdma_ep) return rdma_ep.error();
+  auto rails = rails_from_welcome(welcome, ctx_.rdma);
+  if (!rails) return rails.error();
   auto key = transport::rdma::session_from_hex(session_);
   if (!key) return key.error();
   auto& tm = ctx_.metrics.transport("rdma");
   for (uint32_t i = 0; i < spec_.channels(); ++i) {
     transport::rdma::RdmaChannelParams p{i, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
                                          return_path_chunk(spec_.chunk_size), return_path_depth(spec_.ring_depth)};
-    // Leave through the device this agent chose, with its traffic class.
-    auto ch = transport::rdma::RdmaChannel::connect(rdma_ep.value(), key.value(), p, tm, kRdmaConnectTimeout,
-                                                    [this] { return cancel_requested(); },
-                                                    {ctx_.rdma.ip, ctx_.rdma.traffic_class});
+    auto ch = connect_on_rail(rails.value(), key.value(), p, tm, kRdmaConnectTimeout, [this] { return cancel_requested(); });
     if (!ch) return ch.error();
     std::lock_guard lock(data_mu_);
     channels_.push_back(std::move(ch.value()));
   }
+  set_rails(rails.value());
   return ok_status();
 }
 

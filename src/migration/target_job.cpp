@@ -125,7 +125,10 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello, const std
   transport_ = chosen;
   transport_reason_ = reason;
   json welcome{{"type", "welcome"}, {"session", session_}, {"transport", transport_}, {"transportReason", reason}};
-  if (transport_ == "rdma") welcome["rdmaEndpoint"] = ctx_.rdma.ip + ":" + std::to_string(ctx_.rdma.port);
+  if (transport_ == "rdma") {
+    add_rails_to_welcome(welcome, ctx_.rdma);
+    set_rails(rails_from_hello(hello, ctx_.rdma));
+  }
   reply(fd.get(), welcome);
   // Read from now on: before any channel, the source may say RDMA failed (fallback) or abort.
   control_ = std::make_unique<ControlLink>(std::move(fd));
@@ -199,6 +202,7 @@ Status TargetJob::on_early_message(const json& message) {
   for (auto& ch : rdma_channels_) ch.reset();
   rdma_error_.reset();
   data_received_ = 0;
+  update([](MigrationStatus& s) { s.rails.clear(); });
   transport_ = "tcp";
   transport_reason_ = kPeerRdmaUnreachable;
   return control_->send(json{{"type", "fallback-ok"}});

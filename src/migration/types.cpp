@@ -50,6 +50,12 @@ std::optional<int64_t> switchover_ms(int64_t stop_us, int64_t resume_us, const s
   return us / 1000;
 }
 
+nlohmann::json to_json(const RailUsage& u) {
+  return nlohmann::json{{"rail", u.rail},         {"device", u.device},       {"gid", u.gid},
+              {"address", u.address},   {"peerAddress", u.peer_address}, {"channels", u.channels},
+              {"bytesSent", u.bytes_sent}, {"bytesReceived", u.bytes_received}};
+}
+
 nlohmann::json to_json(const MigrationStatus& s) {
   using nlohmann::json;
   const auto& p = s.progress;
@@ -73,6 +79,8 @@ nlohmann::json to_json(const MigrationStatus& s) {
                 {"dataBytesSent", p.data_bytes_sent},
                 {"dataBytesReceived", p.data_bytes_received}};
   auto opt = [](const std::optional<int64_t>& v) { return v ? json(*v) : json(nullptr); };
+  json rails = json::array();
+  for (const auto& r : s.rails) rails.push_back(to_json(r));
   json result{{"downtimeMs", opt(s.downtime_ms)},
               {"switchoverMs", opt(s.switchover_ms)},
               {"totalTimeMs", opt(s.total_time_ms)},
@@ -91,6 +99,7 @@ nlohmann::json to_json(const MigrationStatus& s) {
               {"ringDepth", s.ring_depth},
               {"peer", s.peer.empty() ? json(nullptr) : json(s.peer)},
               {"progress", progress},
+              {"rails", rails},
               {"result", result},
               {"createdAtMs", s.created_at_ms},
               {"startedAtMs", s.started_at_ms ? json(s.started_at_ms) : json(nullptr)},

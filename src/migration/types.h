@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "config/agent_config.h"
 
@@ -58,6 +59,19 @@ struct Progress {
   uint64_t data_bytes_received = 0;
 };
 
+// What one rail carried in a session, for status and records.
+struct RailUsage {
+  uint32_t rail = 0;
+  std::string device;
+  std::string gid;
+  std::string address;       // this agent's address on the rail
+  std::string peer_address;
+  std::vector<uint32_t> channels;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+};
+nlohmann::json to_json(const RailUsage& usage);
+
 struct MigrationStatus {
   std::string id;
   Role role = Role::kSource;
@@ -69,6 +83,8 @@ struct MigrationStatus {
   uint64_t chunk_size = 0;
   uint32_t ring_depth = 0;
   Progress progress;
+  // RDMA only: the rails the channels were striped across (migration/rails.h), with their bytes.
+  std::vector<RailUsage> rails;
   std::optional<int64_t> downtime_ms;     // QEMU's figure (source)
   std::optional<int64_t> switchover_ms;   // source STOP event to target RESUME event
   std::optional<int64_t> total_time_ms;   // QEMU's total-time (source) or agent-measured

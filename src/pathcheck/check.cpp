@@ -86,6 +86,10 @@ json to_json(const CheckStatus& s) {
   if (s.rtt_us) j["rttMicroseconds"] = *s.rtt_us;
   if (s.local_rdma) j["localRdma"] = s.local_rdma->to_json();
   if (s.peer_rdma) j["peerRdma"] = s.peer_rdma->to_json();
+  if (!s.rails.empty()) {
+    j["rails"] = json::array();
+    for (const auto& r : s.rails) j["rails"].push_back(migration::to_json(r));
+  }
   if (!s.peer.empty()) j["peer"] = s.peer;
   if (!s.error.empty()) j["error"] = s.error;
   return j;
@@ -202,6 +206,12 @@ void PathCheck::finish(const Status& result) {
     std::lock_guard lock(mu_);
     if (result.ok()) {
       status_.phase = Phase::kSucceeded;
+      // Every channel carried, and the target verified, its share of the stream.
+      std::vector<uint64_t> carried;
+      for (uint32_t i = 0; i < spec_.channels; ++i) carried.push_back(channel_bytes(spec_.bytes, spec_.channels, i));
+      const bool source = spec_.role == Role::kSource;
+      migration::account_rail_bytes(status_.rails, source ? carried : std::vector<uint64_t>{},
+                                    source ? std::vector<uint64_t>{} : carried, ctx_.metrics, "pathcheck");
     } else if (cancelled_ || result.error().code == Errc::kCancelled) {
       status_.phase = Phase::kCancelled;
       status_.error = cancelled_ ? cancel_reason_ : result.error().message;

@@ -25,6 +25,7 @@
 #include "metrics/metrics.h"
 #include "migration/control_link.h"
 #include "migration/data_plane_server.h"
+#include "migration/rails.h"
 #include "migration/types.h"
 #include "transport/channel.h"
 #include "transport/rdma/rdma_listener.h"
@@ -92,6 +93,8 @@ struct CheckStatus {
   std::optional<int64_t> rtt_us;  // source: the median of kRttSamples control-link round trips
   std::optional<RdmaEnd> local_rdma;
   std::optional<RdmaEnd> peer_rdma;
+  // RDMA only: the rails the channels were striped across (migration/rails.h); bytes once verified.
+  std::vector<migration::RailUsage> rails;
   std::string peer;
   std::string error;  // why it failed or was cancelled
   int64_t duration_ms = 0;

@@ -31,7 +31,10 @@ Status PathCheck::connect_source() {
   hello.ring_depth = spec_.ring_depth;
   hello.transport = migration::wire_name(offer->transport);
   hello.transport_required = offer->required;
-  if (offer->transport == TransportKind::kRdma) hello.rdma_mtu = ctx_.rdma.mtu;
+  if (offer->transport == TransportKind::kRdma) {
+    hello.rdma_mtu = ctx_.rdma.mtu;
+    hello.rdma_rails = migration::rail_addresses(ctx_.rdma);
+  }
 
   const net::Endpoint ep{spec_.target.host, spec_.target.port};
   auto watch = [this](int sfd) {
@@ -91,29 +94,30 @@ Status PathCheck::connect_source() {
   });
   LOG_INFO("pathcheck") << log_prefix() << " transport=" << transport << " reason=" << reason;
 
+  std::vector<migration::RailPair> rails;
+  if (transport == "rdma") {
+    auto matched = migration::rails_from_welcome(reply.value(), ctx_.rdma);
+    if (!matched) return matched.error();
+    rails = std::move(matched.value());
+    update([&](CheckStatus& s) { s.rails = migration::rail_usage(rails, spec_.channels); });
+  }
   auto& tm = ctx_.metrics.transport(transport, "pathcheck");
   for (uint32_t i = 0; i < spec_.channels; ++i) {
     std::unique_ptr<transport::Channel> ch;
     if (transport == "rdma") {
-      auto rdma_ep_text = transport::get_string(reply.value(), "rdmaEndpoint", "welcome", 300);
-      if (!rdma_ep_text) return rdma_ep_text.error();
-      auto rdma_ep = net::parse_endpoint(rdma_ep_text.value(), "welcome.rdmaEndpoint");
-      if (!rdma_ep) return rdma_ep.error();
       auto key = transport::rdma::session_from_hex(session_);
       if (!key) return key.error();
       transport::rdma::RdmaChannelParams p{i, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
                                            migration::return_path_chunk(spec_.chunk_size),
                                            migration::return_path_depth(spec_.ring_depth)};
-      auto c = transport::rdma::RdmaChannel::connect(
-          rdma_ep.value(), key.value(), p, tm, std::min<std::chrono::milliseconds>(remaining(), 15s),
-          [this] {
-            std::lock_guard lock(mu_);
-            return cancelled_;
-          },
-          {ctx_.rdma.ip, ctx_.rdma.traffic_class});
+      auto c = migration::connect_on_rail(rails, key.value(), p, tm,
+                                          std::min<std::chrono::milliseconds>(remaining(), 15s), [this] {
+                                            std::lock_guard lock(mu_);
+                                            return cancelled_;
+                                          });
       if (!c) {
         ctx_.metrics.transport_error("rdma", "connect");
-        return cancel_or(c.error().with_context("RDMA channel " + std::to_string(i) + " to " + rdma_ep_text.value()));
+        return cancel_or(c.error());
       }
       ch = std::move(c.value());
     } else {

@@ -60,7 +60,10 @@ void PathCheck::on_control(UniqueFd fd, const transport::Hello& hello, const std
   status_.transport = chosen;
   status_.transport_reason = reason;
   json welcome{{"type", "welcome"}, {"session", session_}, {"transport", chosen}, {"transportReason", reason}};
-  if (chosen == "rdma") welcome["rdmaEndpoint"] = ctx_.rdma.ip + ":" + std::to_string(ctx_.rdma.port);
+  if (chosen == "rdma") {
+    migration::add_rails_to_welcome(welcome, ctx_.rdma);
+    status_.rails = migration::rail_usage(migration::rails_from_hello(hello, ctx_.rdma), spec_.channels);
+  }
   reply(fd.get(), welcome);
   control_fd_ = std::move(fd);
   cv_.notify_all();

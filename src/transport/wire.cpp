@@ -115,6 +115,36 @@ std::string control_proof(const std::string& token, const std::string& nonce, co
   return hmac_sha256_hex(token, "rdmig-control\n" + nonce + "\n" + migration_id);
 }
 
+json rails_to_json(const std::vector<RailAddress>& rails) {
+  json a = json::array();
+  for (const auto& r : rails) a.push_back(json{{"rail", r.rail}, {"address", r.address}});
+  return a;
+}
+
+Result<std::vector<RailAddress>> parse_rails(const json& j, const char* key, const std::string& where) {
+  std::vector<RailAddress> rails;
+  const auto it = j.find(key);
+  if (it == j.end()) return rails;
+  const std::string field = where + "." + key;
+  if (!it->is_array() || it->size() > kMaxRails) {
+    return Error{Errc::kInvalidArgument, field + ": expected a list of at most " + std::to_string(kMaxRails) + " rails"};
+  }
+  for (size_t i = 0; i < it->size(); ++i) {
+    const std::string item = field + "[" + std::to_string(i) + "]";
+    const auto& r = (*it)[i];
+    if (!r.is_object()) return Error{Errc::kInvalidArgument, item + ": expected an object"};
+    auto rail = get_uint(r, "rail", item, 0, kMaxRails - 1);
+    if (!rail) return rail.error();
+    auto address = get_string(r, "address", item, 300);
+    if (!address) return address.error();
+    for (const auto& seen : rails) {
+      if (seen.rail == rail.value()) return Error{Errc::kInvalidArgument, item + ".rail: rail " + std::to_string(seen.rail) + " listed twice"};
+    }
+    rails.push_back(RailAddress{static_cast<uint32_t>(rail.value()), address.value()});
+  }
+  return rails;
+}
+
 json Hello::to_json() const {
   json j{{"type", "hello"}, {"protocol", protocol}, {"kind", kind}, {"migrationId", migration_id}};
   if (kind == "control") {
@@ -124,6 +154,7 @@ json Hello::to_json() const {
     j["transport"] = transport;
     j["transportRequired"] = transport_required;
     if (rdma_mtu != 0) j["rdmaMtu"] = rdma_mtu;
+    if (!rdma_rails.empty()) j["rdmaRails"] = rails_to_json(rdma_rails);
   } else {
     j["session"] = session;
     j["index"] = index;
@@ -168,6 +199,9 @@ Result<Hello> Hello::parse(const json& j) {
       }
       h.rdma_mtu = static_cast<uint32_t>(mtu.value());
     }
+    auto rails = parse_rails(j, "rdmaRails", "hello");
+    if (!rails) return rails.error();
+    h.rdma_rails = std::move(rails.value());
   } else if (h.kind == "data") {
     auto session = get_string(j, "session", "hello", 128);
     if (!session) return session.error();

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "common/result.h"
 
@@ -24,6 +25,18 @@ void send_reject(int fd, const std::string& code, const std::string& message);
 // Waits up to `timeout` for a whole message. kUnavailable when the peer closed.
 Result<nlohmann::json> recv_message(int fd, std::chrono::milliseconds timeout);
 
+// One RDMA rail of an agent as the other agent sees it: its index in that agent's config
+// (rdma.devices[rail]) and where it is: the source's hello gives the address its channels leave
+// from, the target's welcome the rdma_cm endpoint (ip:port) they connect to.
+struct RailAddress {
+  uint32_t rail = 0;
+  std::string address;
+};
+inline constexpr uint32_t kMaxRails = 16;
+nlohmann::json rails_to_json(const std::vector<RailAddress>& rails);
+// `j[key]` (optional: an empty list when absent) as a list of rails; errors name `where.key[i]`.
+Result<std::vector<RailAddress>> parse_rails(const nlohmann::json& j, const char* key, const std::string& where);
+
 // First message on every connection to an agent's data-plane port.
 struct Hello {
   uint32_t protocol = kProtocolVersion;
@@ -39,6 +52,8 @@ struct Hello {
   // control, optional: active MTU (bytes) of the source's RDMA port; 0 = not offered. The two
   // ports must agree: rdma_cm takes the connecting side's MTU for both ends.
   uint32_t rdma_mtu = 0;
+  // control, optional: the source's working RDMA rails ("rdmaRails"); empty from a one-device peer.
+  std::vector<RailAddress> rdma_rails;
 
   nlohmann::json to_json() const;
   // Validates every field; errors name the field ("hello.chunkSize").

@@ -150,6 +150,23 @@ class ValuesTest(unittest.TestCase):
         cfg = embedded_config(one(self.defaults, "ConfigMap", "rdmig-agent-config"))["agent.yaml"]
         self.assertEqual(cfg["rdma"]["resourceEnv"], "")
 
+    def test_rails_reach_the_agent_config_and_are_checked(self):
+        """rdma.devices (rails) pass through to agent.yaml as given; the SR-IOV resource name is not
+        added as rdma.resourceEnv beside them (the agent refuses the single keys next to the list);
+        a typo in a rail's key fails at install time."""
+        r = template("--set", "agent.config.rdma.devices[0].netdev=ens1f0v0",
+                     "--set", "agent.config.rdma.devices[1].netdev=ens2f0v0",
+                     "--set", "agent.config.rdma.devices[1].trafficClass=104",
+                     "--set", "agent.rdma.resourceName=nvidia.com/sriov_rdma")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        docs = [d for d in yaml.safe_load_all(r.stdout) if d]
+        cfg = embedded_config(one(docs, "ConfigMap", "rdmig-agent-config"))["agent.yaml"]
+        self.assertEqual(cfg["rdma"]["devices"], [{"netdev": "ens1f0v0"}, {"netdev": "ens2f0v0", "trafficClass": 104}])
+        self.assertEqual(cfg["rdma"].get("resourceEnv", ""), "")
+        r = template("--set", "agent.config.rdma.devices[0].netdv=ens1f0v0")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("netdv", r.stderr)
+
     def test_two_releases_in_one_namespace_do_not_collide(self):
         a = render("--set", "kubevirt.enabled=true", release="rdmig-a")
         b = render("--set", "kubevirt.enabled=true", "--set", "crds.install=false", release="rdmig-b")

@@ -4,12 +4,15 @@
 # over a unix socket on this host). What two Kubernetes nodes with RoCE NICs are.
 #
 #   tests/rdma/run-two-vms.sh [--mem MiB] [--timeout S] [--with-qemu] [--add PATH]...
-#                             [--out DIR] -- SCRIPT [ARGS]...
+#                             [--out DIR] [--rails 1|2] -- SCRIPT [ARGS]...
 #
 # Both VMs run the same SCRIPT with the same ARGS (see run-in-vm.sh for the options);
 # it tells the nodes apart by $RDMIG_NODE (a or b). Inside node a: rxea on eth0
 # 10.99.1.1/24; node b: rxeb on eth0 10.99.1.2/24 ($RDMIG_RDMA_DEV, $RDMIG_RDMA_NETDEV,
-# $RDMIG_VM_ADDR, $RDMIG_VM_PEER_ADDR). Both share one host folder at /out ($RDMIG_OUT;
+# $RDMIG_VM_ADDR, $RDMIG_VM_PEER_ADDR). --rails 2: a second link (a second stream socket and
+# virtio-net NIC per VM) with a second rxe device on it, rxea2 on eth1 10.99.2.1/24 and rxeb2
+# on eth1 10.99.2.2/24 ($RDMIG_RDMA_DEV2, $RDMIG_RDMA_NETDEV2, $RDMIG_VM_ADDR2,
+# $RDMIG_VM_PEER_ADDR2; vm-init.sh): two RDMA NICs per node, "rails". Both share one host folder at /out ($RDMIG_OUT;
 # a temporary one unless --out is given): the way the two scripts meet (two-node-lib.sh).
 # Each console line is prefixed "a| " or "b| ". The exit status is 0 when both scripts
 # exited 0, otherwise node a's status if non-zero, else node b's. When one node fails,
@@ -20,19 +23,21 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 die() { echo "run-two-vms: $*" >&2; exit 2; }
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
 
-opts=() outdir="" mem=1024
+opts=() outdir="" mem=1024 rails=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --mem) mem="${2:?--mem needs MiB}"; shift 2 ;;
     --timeout|--add) opts+=("$1" "${2:?$1 needs a value}"); shift 2 ;;
     --with-qemu) opts+=("$1"); shift ;;
     --out) outdir="${2:?--out needs a folder}"; shift 2 ;;
+    --rails) rails="${2:?--rails needs 1 or 2}"; shift 2 ;;
     -h|--help) usage ;;
     --) shift; break ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
 [ $# -ge 1 ] || usage
+case "$rails" in 1|2) ;; *) die "--rails takes 1 or 2" ;; esac
 opts+=(--mem "$mem")
 
 # One build for both (two concurrent builds would race on the cache).
@@ -51,31 +56,36 @@ if [ -z "$outdir" ]; then outdir="$run/out"; fi
 mkdir -p "$outdir"
 outdir="$(cd "$outdir" && pwd)"
 rm -rf "$outdir/rdv"   # rendezvous files of an earlier run would mislead the scripts
-link="$run/link.sock"
+links=()   # link k (1-based) is the unix socket of node a's k-th NIC's stream netdev
+for k in $(seq 1 "$rails"); do links+=("$run/link$k.sock"); done
 
-boot() { # NODE NETDEV-ARGS
-  local node="$1" netdev="$2" mac
-  mac="52:54:00:99:01:0$([ "$node" = a ] && echo 1 || echo 2)"
+boot() { # NODE SERVER(on|off)
+  local node="$1" server="$2" k=0 nics=()
   shift 2
+  for l in "${links[@]}"; do
+    k=$((k + 1))
+    nics+=(--qemu-arg -netdev --qemu-arg "stream,id=link$k,server=$server,addr.type=unix,addr.path=$l"
+           --qemu-arg -device
+           --qemu-arg "virtio-net-pci,netdev=link$k,mac=52:54:00:99:0$k:0$([ "$node" = a ] && echo 1 || echo 2)")
+  done
   # In a session of its own (setsid), so that stopping it reaches QEMU too: kill -- -PID.
   NODE="$node" RC_FILE="$run/$node.rc" setsid bash -c '
     "$@" 2>&1 | sed -u "s/^/$NODE| /"
     echo "${PIPESTATUS[0]}" >"$RC_FILE"' _ \
-    "$here/run-in-vm.sh" "${opts[@]}" --node "$node" --out "$outdir" \
-      --qemu-arg -netdev --qemu-arg "$netdev" \
-      --qemu-arg -device --qemu-arg "virtio-net-pci,netdev=link,mac=$mac" -- "$@" &
+    "$here/run-in-vm.sh" "${opts[@]}" --node "$node" --out "$outdir" "${nics[@]}" -- "$@" &
   pids+=($!)
 }
-shift_args=("$@")
-# Node a serves the link; node b connects, so b starts once a's socket exists.
-boot a "stream,id=link,server=on,addr.type=unix,addr.path=$link" "${shift_args[@]}"
-for _ in $(seq 1 600); do
-  [ -S "$link" ] && break
-  [ -e "$run/a.rc" ] && break
-  sleep 0.1
+# Node a serves the links; node b connects, so b starts once a's sockets exist.
+boot a on "$@"
+for l in "${links[@]}"; do
+  for _ in $(seq 1 600); do
+    [ -S "$l" ] && break
+    [ -e "$run/a.rc" ] && break
+    sleep 0.1
+  done
+  [ -S "$l" ] || { echo "run-two-vms: node a did not open the link socket $l" >&2; wait; exit 126; }
 done
-[ -S "$link" ] || { echo "run-two-vms: node a did not open the link socket $link" >&2; wait; exit 126; }
-boot b "stream,id=link,server=off,addr.type=unix,addr.path=$link" "${shift_args[@]}"
+boot b off "$@"
 
 # Wait for both; when one fails, give the other a grace period, then stop it.
 grace=30 failed_at=""

@@ -14,6 +14,12 @@ With RDMA between the nodes cut (node b drops UDP 4791, RoCE v2, with nftables; 
 works): with transport auto the migration falls back to TCP within the RDMA connect bound and
 succeeds, byte-exact, both agents naming the reason auto-no-peer-rdma:unreachable; with
 transport rdma it fails with that reason, both sides end, and the VM keeps running on node a.
+Rails (run-two-vms.sh --rails 2: rxea/rxeb on eth0 10.99.1.x and rxea2/rxeb2 on eth1 10.99.2.x):
+both agents list both devices under rdma.devices; the 4-channel migration (main + 4 multifd)
+is striped across both rails (channel i on rail i mod 2), and on each rail the source's device
+sent, and the target's received, at least the packets the bytes of that rail need; both rails
+carry bytes. Then the same migration to a second agent on node b with one rail only (2 vs 1):
+it uses rail 0 alone and succeeds, byte-exact.
 DSCP: node a's agent has rdma.trafficClass 104; during the first migration each node captures
 (tcpdump) the first 20 RoCE v2 packets reaching it: all from the other node, all IP ToS 0x68.
   python3 test_agent_rdma_two_nodes.py  (RDMIG_AGENT, RDMIG_TOOLS, RDMIG_NODE, RDMIG_OUT)
@@ -34,11 +40,14 @@ from rdmiglab import Agent, QemuVm, migrate_via_agents, parse_prometheus  # noqa
 MEM_MIB = 128
 # The migrations node a asks node b for, in the order of the tests (unittest sorts them by name):
 # multifd channels, and whether node b cuts RDMA (drops RoCE v2) for it.
-CASES = 4
 RDMA_CUT_RULE = "udp dport 4791 counter drop"
 NODE = os.environ["RDMIG_NODE"]
 PEER = "b" if NODE == "a" else "a"
 DEV = os.environ["RDMIG_RDMA_DEV"]
+# This node's rxe devices, one per rail (rdma.devices[i]); a second one with --rails 2.
+DEVS = [DEV] + ([os.environ["RDMIG_RDMA_DEV2"]] if os.environ.get("RDMIG_RDMA_DEV2") else [])
+# With two rails, a fifth: to a node b agent with one rail.
+CASES = 5 if len(DEVS) > 1 else 4
 ADDR = os.environ["RDMIG_VM_ADDR"]
 PEER_ADDR = os.environ["RDMIG_VM_PEER_ADDR"]
 RDV = os.path.join(os.environ["RDMIG_OUT"], "rdv")
@@ -66,10 +75,20 @@ def await_(name, timeout=300.0):
         return json.load(f)
 
 
-def hw_counters():
-    base = "/sys/class/infiniband/%s/ports/1/hw_counters/" % DEV
+def hw_counters(dev=DEV):
+    """{"sent": sent_pkts, "rcvd": rcvd_pkts} of one rxe device on this node (test_pathcheck_rdma_two_nodes too)."""
+    base = "/sys/class/infiniband/%s/ports/1/hw_counters/" % dev
     with open(base + "sent_pkts") as s, open(base + "rcvd_pkts") as r:
         return {"sent": int(s.read()), "rcvd": int(r.read())}
+
+
+def rail_counters():
+    """hw_counters of every rxe device (rail) on this node, by device."""
+    return {dev: hw_counters(dev) for dev in DEVS}
+
+
+def counters_delta(before, after):
+    return {dev: {k: after[dev][k] - before[dev][k] for k in ("sent", "rcvd")} for dev in after}
 
 
 # Node a's agent marks its RDMA traffic with rdma.trafficClass 104 (IP ToS 0x68: DSCP 26, AF31);
@@ -77,10 +96,11 @@ def hw_counters():
 TRAFFIC_CLASS = 104
 
 
-def agent_config():
+def agent_config(rails=len(DEVS)):
     # The REST API on every address (node a calls node b's); the data plane on eth0's address,
-    # which is also what the target advertises to the source.
-    rdma = {"device": DEV}
+    # which is also what the target advertises to the source. One rail: the single rdma keys;
+    # more: rdma.devices, in the same order on both nodes (rails are matched by index).
+    rdma = {"device": DEV} if rails == 1 else {"devices": [{"device": d} for d in DEVS[:rails]]}
     if NODE == "a":
         rdma["trafficClass"] = TRAFFIC_CLASS
     return {"transport": "rdma", "rdma": rdma,
@@ -176,9 +196,13 @@ def serve_target():
     """Node b: the target side of each migration node a runs. Returns the exit status."""
     tmp = tempfile.mkdtemp(prefix="rdmig-rdma-b-")
     agent = Agent(tmp, "agent-b", config=agent_config(), log_level="debug")
+    # With two rails here: a second agent with rail 0 only, the target of the 2-vs-1 case.
+    one_rail = Agent(tmp, "agent-b1", config=agent_config(rails=1), log_level="debug") if len(DEVS) > 1 else None
     ok = True
     try:
         post("agent-b", {"port": agent.api_port, "token": agent.token})
+        if one_rail:
+            post("agent-b1", {"port": one_rail.api_port, "token": one_rail.token})
         for seq in range(CASES):  # in the order node a's tests ask for them
             want = await_("want-%d" % seq, 600)
             name, m = want["name"], want["multifd"]
@@ -190,12 +214,10 @@ def serve_target():
                     cut_rdma()
                     cut = True
                 capture = Capture() if want.get("capture") else None
-                before = hw_counters()
+                before = rail_counters()
                 post("dst-%s" % name, dst.agent_qmp_path)
                 outcome = await_("migrated-%s" % name, 600)
-                after = hw_counters()
-                reply = {"sent": after["sent"] - before["sent"], "rcvd": after["rcvd"] - before["rcvd"],
-                         "status": dst.status()}
+                reply = {"counters": counters_delta(before, rail_counters()), "status": dst.status()}
                 if capture:
                     reply["capture"] = capture.result()
                 if cut:
@@ -223,6 +245,8 @@ def serve_target():
         ok = False
     finally:
         agent.stop()
+        if one_rail:
+            one_rail.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     return 0 if ok else 1
 
@@ -239,6 +263,10 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
         cls.a = Agent(cls.tmp, "agent-a", config=agent_config(), log_level="debug")
         b = await_("agent-b", 300)
         cls.b = PeerAgent(PEER_ADDR, b["port"], b["token"])
+        cls.b1 = None
+        if len(DEVS) > 1:
+            b1 = await_("agent-b1", 300)
+            cls.b1 = PeerAgent(PEER_ADDR, b1["port"], b1["token"])
 
     def setUp(self):
         self.vms = []
@@ -265,21 +293,23 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
         self.assertEqual(src.status(), "running")
         return src, await_("dst-%s" % name, 300)
 
-    def migrate(self, m):
-        name = "rdma-%d" % m
+    def migrate(self, m, target=None, rails=1, name=None):
+        """Migrates with m multifd channels to `target` (node b's agent) expecting `rails` rails used."""
+        target = target or self.b
+        name = name or "rdma-%d" % m
         outcome = "failed"
         capture = None
         try:
             # On the first migration both nodes capture the RoCE v2 packets that reach them.
             src, dst_qmp = self.ask(name, m, capture=(m == 0))
             capture = Capture() if m == 0 else None
-            before = hw_counters()
-            sent_a, recv_b = rdma_bytes(self.a, "sent"), rdma_bytes(self.b, "received")
+            before = rail_counters()
+            sent_a, recv_b = rdma_bytes(self.a, "sent"), rdma_bytes(target, "received")
             metrics_a = self.source_metrics()
-            s, t = migrate_via_agents(self.a, self.b, src.agent_qmp_path, dst_qmp,
+            s, t = migrate_via_agents(self.a, target, src.agent_qmp_path, dst_qmp,
                                       multifd_channels=m, chunk_size="1Mi", ring_depth=8,
-                                      vm="two-node-vm-%d" % m, transport="rdma", timeout=400)
-            after = hw_counters()
+                                      vm="two-node-vm-%s" % name, transport="rdma", timeout=400)
+            mine = counters_delta(before, rail_counters())
             if s["phase"] != "Succeeded":
                 print(self.a.log_text()[-4000:])
             else:
@@ -297,34 +327,53 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
             self.assertGreater(moved, 64 << 20)
             # Both agents counted these bytes as rdma (deltas: each test stands on its own).
             self.assertGreaterEqual(rdma_bytes(self.a, "sent") - sent_a, moved)
-            self.assertGreaterEqual(rdma_bytes(self.b, "received") - recv_b, moved)
+            self.assertGreaterEqual(rdma_bytes(target, "received") - recv_b, moved)
             delta = {k: v - metrics_a[k] for k, v in self.source_metrics().items()}
             self.assertGreater(delta["write_latency_count"], 0)
             self.assertEqual(delta["selected_requested"], 1)
             self.assertEqual(src.status(), "postmigrate")
             dst = await_("dst-state-%s" % name, 400)
             self.assertEqual(dst["status"], "paused")
+            self.check_rails(s, t, m, rails, mine, dst["counters"])
             self.assertEqual(src.memory_digest(), dst["digest"], "memory differs between the nodes")
-            # rxea sent and rxeb received at least one packet per 4096 bytes (the largest RoCE MTU).
-            sent = after["sent"] - before["sent"]
-            print("multifd=%d: %d bytes over rdma; rxea sent_pkts +%d rcvd_pkts +%d; rxeb sent_pkts +%d rcvd_pkts +%d"
-                  % (m, moved, sent, after["rcvd"] - before["rcvd"], dst["sent"], dst["rcvd"]))
-            self.assertGreaterEqual(sent, moved // 4096, "rxea sent too few packets")
-            self.assertGreaterEqual(dst["rcvd"], moved // 4096, "rxeb received too few packets")
             if capture:
                 # rdma.trafficClass 104 on node a's agent: IP ToS 0x68 (DSCP 26) on every RoCE v2 packet
                 # a sent (captured on b) and on every one b sent back (captured on a: the passive side
                 # takes the class from a's CM request). Without the option both are 0x0.
-                mine = capture.result()
+                caught = capture.result()
                 print("RoCE v2 packets with rdma.trafficClass %d on node a: reaching b %s, reaching a %s"
-                      % (TRAFFIC_CLASS, dst["capture"], mine))
+                      % (TRAFFIC_CLASS, dst["capture"], caught))
                 self.assertEqual(dst["capture"], {"tos": {"0x68": 20}, "fromPeer": 20})
-                self.assertEqual(mine, {"tos": {"0x68": 20}, "fromPeer": 20})
+                self.assertEqual(caught, {"tos": {"0x68": 20}, "fromPeer": 20})
         finally:
             post("compared-%s" % name, True)
         self.assertEqual(await_("dst-resumed-%s" % name, 120), "running")
-        print("multifd=%d: total %s ms, downtime %s ms, %d bytes, %d chunks"
-              % (m, s["result"]["totalTimeMs"], s["result"]["downtimeMs"], moved, s["progress"]["chunksSent"]))
+        print("%s: total %s ms, downtime %s ms, %d bytes, %d chunks"
+              % (name, s["result"]["totalTimeMs"], s["result"]["downtimeMs"], moved, s["progress"]["chunksSent"]))
+
+    def check_rails(self, s, t, m, rails, mine, theirs):
+        """Channel i on rail i mod n on both agents; on every rail a's device sent, and b's received,
+        at least one packet per 4096 bytes (the largest RoCE MTU) of that rail's bytes."""
+        self.assertEqual(len(s["rails"]), rails, s["rails"])
+        self.assertEqual(len(t["rails"]), rails, t["rails"])
+        self.assertEqual(sum(r["bytesSent"] for r in s["rails"]), s["progress"]["dataBytesSent"])
+        samples, _ = parse_prometheus(self.a.metrics())
+        for i, (rs, rt) in enumerate(zip(s["rails"], t["rails"])):
+            self.assertEqual((rs["rail"], rt["rail"]), (i, i))
+            self.assertEqual(rs["channels"], list(range(i, m + 1, rails)))
+            self.assertEqual(rt["channels"], rs["channels"])
+            self.assertEqual(rs["device"], DEVS[i])
+            self.assertEqual(rs["bytesSent"], rt["bytesReceived"])
+            self.assertGreater(rs["bytesSent"], 0, "rail %d carried nothing" % i)
+            sent, rcvd = mine[rs["device"]]["sent"], theirs[rt["device"]]["rcvd"]
+            print("rail %d: %d bytes; %s sent_pkts +%d, %s rcvd_pkts +%d (channels %s, %s -> %s)"
+                  % (i, rs["bytesSent"], rs["device"], sent, rt["device"], rcvd, rs["channels"],
+                     rs["address"], rs["peerAddress"]))
+            self.assertGreaterEqual(sent, rs["bytesSent"] // 4096, "%s sent too few packets" % rs["device"])
+            self.assertGreaterEqual(rcvd, rs["bytesSent"] // 4096, "%s received too few packets" % rt["device"])
+            self.assertGreaterEqual(samples.get(("rdmig_rdma_rail_bytes_total", frozenset(
+                {"rail": str(i), "device": rs["device"], "direction": "sent", "traffic": "migration"}.items())), 0),
+                rs["bytesSent"])
 
     def test_rdma_cut_auto_falls_back_to_tcp_naming_why(self):
         name = "cut-auto"
@@ -407,7 +456,13 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
         self.migrate(0)
 
     def test_migrates_between_two_nodes_with_4_multifd_channels(self):
-        self.migrate(4)
+        # Striped across both rails when the nodes have two.
+        self.migrate(4, rails=len(DEVS))
+
+    def test_migrates_to_a_node_with_fewer_rails_over_the_rails_both_have(self):
+        if self.b1 is None:
+            self.skipTest("one rail per node (run-two-vms.sh without --rails 2)")
+        self.migrate(4, target=self.b1, rails=1, name="rails-2-to-1")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@
 # powers off. Setup failures end with "RDMIG-VM-EXIT 125".
 # With rdmig.node=a or b on the kernel command line (run-two-vms.sh) the VM is one of two
 # "nodes" joined by a virtio-net link instead: no veth pair; eth0 gets 10.99.1.1/24 (a) or
-# 10.99.1.2/24 (b) and the rxe device rxea or rxeb sits on eth0.
+# 10.99.1.2/24 (b) and the rxe device rxea or rxeb sits on eth0. With a second NIC (eth1,
+# run-two-vms.sh --rails 2) a second rail: eth1 10.99.2.1/24 (a) or 10.99.2.2/24 (b) with
+# rxea2 or rxeb2 on it ($RDMIG_RDMA_DEV2, $RDMIG_RDMA_NETDEV2, $RDMIG_VM_ADDR2, $RDMIG_VM_PEER_ADDR2).
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/root TMPDIR=/tmp LANG=C.UTF-8
 export LD_LIBRARY_PATH=/usr/local/lib:/usr/lib/x86_64-linux-gnu
@@ -62,10 +64,19 @@ else
   $ip addr add "$RDMIG_VM_ADDR/24" dev eth0 && $ip link set eth0 up || fail "eth0 address/up"
   rdma link add "$RDMIG_RDMA_DEV" type rxe netdev eth0 || fail "rdma link add $RDMIG_RDMA_DEV type rxe netdev eth0"
   setup="node $node: $RDMIG_RDMA_DEV on eth0 $RDMIG_VM_ADDR/24, peer $RDMIG_VM_PEER_ADDR"
+  if [ -e /sys/class/net/eth1 ]; then
+    if [ "$node" = a ]; then RDMIG_VM_ADDR2=10.99.2.1 RDMIG_VM_PEER_ADDR2=10.99.2.2
+    else RDMIG_VM_ADDR2=10.99.2.2 RDMIG_VM_PEER_ADDR2=10.99.2.1; fi
+    export RDMIG_RDMA_DEV2="rxe${node}2" RDMIG_RDMA_NETDEV2=eth1 RDMIG_VM_ADDR2 RDMIG_VM_PEER_ADDR2
+    $ip addr add "$RDMIG_VM_ADDR2/24" dev eth1 && $ip link set eth1 up || fail "eth1 address/up"
+    rdma link add "$RDMIG_RDMA_DEV2" type rxe netdev eth1 || fail "rdma link add $RDMIG_RDMA_DEV2 type rxe netdev eth1"
+    setup="$setup; $RDMIG_RDMA_DEV2 on eth1 $RDMIG_VM_ADDR2/24, peer $RDMIG_VM_PEER_ADDR2"
+  fi
 fi
 # Wait for the device to show up (sysfs and /dev/infiniband), with a deadline.
 i=0
-until [ -e "/sys/class/infiniband/$RDMIG_RDMA_DEV" ] && [ -e /dev/infiniband/uverbs0 ]; do
+until [ -e "/sys/class/infiniband/$RDMIG_RDMA_DEV" ] && [ -e /dev/infiniband/uverbs0 ] &&
+      { [ -z "${RDMIG_RDMA_DEV2:-}" ] || [ -e "/sys/class/infiniband/$RDMIG_RDMA_DEV2" ]; }; do
   i=$((i + 1)); [ $i -le 100 ] || fail "$RDMIG_RDMA_DEV or /dev/infiniband/uverbs0 did not appear"
   sleep 0.1
 done

@@ -136,3 +136,53 @@ TEST(AgentConfig, RdmaAddressMustBeAnIpAddress) {
   bad = parse_agent_config("rdma:\n  serviceLevel: 3\n");
   ASSERT_FALSE(bad.ok()) << "unknown keys are refused";
 }
+
+TEST(AgentConfig, SingleRdmaKeysAreOneRail) {
+  auto c = parse_agent_config("rdma:\n  device: mlx5_0\n  trafficClass: 104\n");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  const auto rails = c->rdma.rails();
+  ASSERT_EQ(rails.size(), 1u);
+  EXPECT_EQ(rails[0].device, "mlx5_0");
+  EXPECT_EQ(rails[0].traffic_class, 104);
+}
+
+TEST(AgentConfig, RdmaDevicesListsRailsInOrderWithTheirOwnKeys) {
+  auto c = parse_agent_config(
+      "rdma:\n  trafficClass: 104\n  devices:\n"
+      "    - netdev: ens1f0\n"
+      "    - device: mlx5_1\n      address: 10.99.2.1\n      trafficClass: 8\n"
+      "    - resourceEnv: nvidia.com/rail3\n");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  const auto rails = c->rdma.rails();
+  ASSERT_EQ(rails.size(), 3u);
+  EXPECT_EQ(rails[0].netdev, "ens1f0");
+  EXPECT_EQ(rails[0].traffic_class, 104) << "a rail's trafficClass defaults to rdma.trafficClass";
+  EXPECT_EQ(rails[1].device, "mlx5_1");
+  EXPECT_EQ(rails[1].address, "10.99.2.1");
+  EXPECT_EQ(rails[1].traffic_class, 8);
+  EXPECT_EQ(rails[2].resource_env, "nvidia.com/rail3");
+}
+
+TEST(AgentConfig, RdmaDevicesErrorsNameTheRailAndField) {
+  const auto error_of = [](const std::string& doc) {
+    auto c = parse_agent_config(doc);
+    return c.ok() ? std::string("(accepted)") : c.error().message;
+  };
+  EXPECT_NE(error_of("rdma:\n  devices:\n    - netdev: a\n    - netdev: b\n      address: not-an-ip\n")
+                .find("rdma.devices[1].address"),
+            std::string::npos);
+  EXPECT_NE(error_of("rdma:\n  devices:\n    - netdev: a\n    - netdev: b\n      trafficClass: 105\n")
+                .find("rdma.devices[1].trafficClass"),
+            std::string::npos);
+  EXPECT_NE(error_of("rdma:\n  devices:\n    - netdev: a\n    - netdev: b\n      serviceLevel: 3\n")
+                .find("rdma.devices[1]"),
+            std::string::npos);
+  EXPECT_NE(error_of("rdma:\n  devices:\n    - netdev: a\n    - {}\n").find("rdma.devices[1]"), std::string::npos);
+  EXPECT_NE(error_of("rdma:\n  devices:\n    - netdev: a\n    - netdev: a\n").find("rdma.devices[1]"),
+            std::string::npos)
+      << "the same device twice";
+  EXPECT_NE(error_of("rdma:\n  devices: []\n").find("rdma.devices"), std::string::npos);
+  EXPECT_NE(error_of("rdma:\n  devices: mlx5_0\n").find("rdma.devices"), std::string::npos);
+  EXPECT_NE(error_of("rdma:\n  netdev: x\n  devices:\n    - netdev: a\n").find("rdma.netdev"), std::string::npos)
+      << "the single keys and the list exclude each other";
+}

@@ -100,3 +100,26 @@ TEST(Wire, ControlHelloCarriesTheRdmaMtuWhenOfferedAndChecksIt) {
     EXPECT_NE(r.error().message.find("hello.rdmaMtu"), std::string::npos) << r.error().message;
   }
 }
+
+TEST(Wire, ControlHelloCarriesTheSourcesRailsAndValidatesThem) {
+  Hello h = control_hello();
+  h.transport = "rdma";
+  h.rdma_rails = {{0, "10.99.0.1"}, {1, "10.99.2.1"}};
+  auto back = Hello::parse(h.to_json());
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  ASSERT_EQ(back->rdma_rails.size(), 2u);
+  EXPECT_EQ(back->rdma_rails[1].rail, 1u);
+  EXPECT_EQ(back->rdma_rails[1].address, "10.99.2.1");
+  EXPECT_TRUE(Hello::parse(control_hello().to_json())->rdma_rails.empty()) << "a one-device source sends none";
+  auto j = h.to_json();
+  j["rdmaRails"][1]["rail"] = 0;
+  auto dup = Hello::parse(j);
+  ASSERT_FALSE(dup.ok());
+  EXPECT_NE(dup.error().message.find("hello.rdmaRails[1]"), std::string::npos) << dup.error().message;
+  j["rdmaRails"] = "10.99.0.1";
+  EXPECT_FALSE(Hello::parse(j).ok());
+  j["rdmaRails"] = json::array({json{{"rail", 99}, {"address", "10.99.0.1"}}});
+  auto range = Hello::parse(j);
+  ASSERT_FALSE(range.ok());
+  EXPECT_NE(range.error().message.find("hello.rdmaRails[0].rail"), std::string::npos) << range.error().message;
+}

@@ -125,7 +125,7 @@ the cluster can be asked (helm install/upgrade); under `helm template` only its 
 {{- $_ := set $m "qmpSocketRoots" .Values.agent.qmpHostPaths -}}
 {{- $_ := set $cfg "migration" $m -}}
 {{- end -}}
-{{- if and (not $cfg.rdma.resourceEnv) .Values.agent.rdma.resourceName -}}
+{{- if and (not $cfg.rdma.resourceEnv) (not $cfg.rdma.devices) .Values.agent.rdma.resourceName -}}
 {{- $_ := set $cfg.rdma "resourceEnv" .Values.agent.rdma.resourceName -}}
 {{- end -}}
 {{- if .Values.kubevirt.enabled -}}

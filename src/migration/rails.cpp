@@ -1,0 +1,121 @@
+#include "migration/rails.h"
+
+#include <algorithm>
+
+#include "common/log.h"
+#include "common/net.h"
+
+namespace rdmig::migration {
+
+using nlohmann::json;
+
+std::vector<RailPair> match_rails(const std::vector<RdmaRail>& local, const std::vector<transport::RailAddress>& peer) {
+  std::vector<RailPair> pairs;
+  for (const auto& mine : local) {  // local is in configured (index) order
+    for (const auto& theirs : peer) {
+      if (theirs.rail == mine.rail) pairs.push_back(RailPair{mine.rail, mine, theirs.address});
+    }
+  }
+  return pairs;
+}
+
+std::vector<transport::RailAddress> rail_addresses(const RdmaSupport& rdma) {
+  std::vector<transport::RailAddress> out;
+  for (const auto& r : rdma.rails) out.push_back({r.rail, r.ip});
+  return out;
+}
+
+std::vector<transport::RailAddress> rail_endpoints(const RdmaSupport& rdma) {
+  std::vector<transport::RailAddress> out;
+  for (const auto& r : rdma.rails) out.push_back({r.rail, r.endpoint()});
+  return out;
+}
+
+void add_rails_to_welcome(json& welcome, const RdmaSupport& rdma) {
+  welcome["rdmaEndpoint"] = rdma.ip + ":" + std::to_string(rdma.port);
+  welcome["rdmaRails"] = transport::rails_to_json(rail_endpoints(rdma));
+}
+
+// A one-device peer: its one address is this agent's first rail's partner.
+static std::vector<RailPair> legacy_pair(const RdmaSupport& rdma, const std::string& peer) {
+  if (rdma.rails.empty()) return {};
+  return {RailPair{rdma.rails.front().rail, rdma.rails.front(), peer}};
+}
+
+Result<std::vector<RailPair>> rails_from_welcome(const json& welcome, const RdmaSupport& rdma) {
+  auto peer = transport::parse_rails(welcome, "rdmaRails", "welcome");
+  if (!peer) return peer.error();
+  std::vector<RailPair> pairs;
+  if (peer->empty()) {
+    auto ep = transport::get_string(welcome, "rdmaEndpoint", "welcome", 300);
+    if (!ep) return ep.error();
+    pairs = legacy_pair(rdma, ep.value());
+  } else {
+    pairs = match_rails(rdma.rails, peer.value());
+  }
+  for (const auto& p : pairs) {
+    auto ep = net::parse_endpoint(p.peer, "welcome.rdmaRails[rail " + std::to_string(p.rail) + "]");
+    if (!ep) return ep.error();
+  }
+  if (pairs.empty()) {
+    std::string mine, theirs;
+    for (const auto& r : rdma.rails) mine += (mine.empty() ? "" : ",") + std::to_string(r.rail);
+    for (const auto& r : peer.value()) theirs += (theirs.empty() ? "" : ",") + std::to_string(r.rail);
+    return Error{Errc::kUnavailable, "no RDMA rail in common: this agent's working rails are [" + mine +
+                                         "], the target's [" + theirs + "] (rails are matched by index)"};
+  }
+  return pairs;
+}
+
+std::vector<RailPair> rails_from_hello(const transport::Hello& hello, const RdmaSupport& rdma) {
+  if (hello.rdma_rails.empty()) return legacy_pair(rdma, "");
+  return match_rails(rdma.rails, hello.rdma_rails);
+}
+
+Result<std::unique_ptr<transport::rdma::RdmaChannel>> connect_on_rail(
+    const std::vector<RailPair>& rails, const std::array<uint8_t, 16>& session,
+    const transport::rdma::RdmaChannelParams& params, TransportMetrics& metrics, std::chrono::milliseconds timeout,
+    const std::function<bool()>& cancelled) {
+  if (rails.empty()) return Error{Errc::kUnavailable, "no RDMA rail to connect on"};
+  const auto& pair = rails[rail_of_channel(params.index, rails.size())];
+  auto ep = net::parse_endpoint(pair.peer, "rail endpoint");
+  if (!ep) return ep.error();
+  // Leave through this rail's device, with its traffic class.
+  auto ch = transport::rdma::RdmaChannel::connect(ep.value(), session, params, metrics, timeout, cancelled,
+                                                  {pair.local.ip, pair.local.traffic_class});
+  if (!ch) {
+    return ch.error().with_context("RDMA channel " + std::to_string(params.index) + " on rail " +
+                                   std::to_string(pair.rail) + " (" + pair.local.device + " " + pair.local.ip +
+                                   " to " + pair.peer + ")");
+  }
+  return ch;
+}
+
+std::vector<RailUsage> rail_usage(const std::vector<RailPair>& rails, uint32_t channels) {
+  std::vector<RailUsage> out;
+  for (const auto& p : rails) out.push_back(RailUsage{p.rail, p.local.device, p.local.gid, p.local.ip, p.peer, {}, 0, 0});
+  for (uint32_t c = 0; c < channels && !out.empty(); ++c) out[rail_of_channel(c, out.size())].channels.push_back(c);
+  // Only the rails that carry a channel (one channel uses rail 0 alone).
+  std::erase_if(out, [](const RailUsage& u) { return u.channels.empty(); });
+  return out;
+}
+
+void account_rail_bytes(std::vector<RailUsage>& rails, const std::vector<uint64_t>& sent_by_channel,
+                        const std::vector<uint64_t>& received_by_channel, Metrics& metrics, const std::string& traffic) {
+  for (auto& r : rails) {
+    uint64_t sent = 0, received = 0;
+    for (const uint32_t c : r.channels) {
+      if (c < sent_by_channel.size()) sent += sent_by_channel[c];
+      if (c < received_by_channel.size()) received += received_by_channel[c];
+    }
+    const std::string label = std::to_string(r.rail);
+    if (sent > r.bytes_sent) metrics.add_rail_bytes(label, r.device, "sent", traffic, sent - r.bytes_sent);
+    if (received > r.bytes_received) {
+      metrics.add_rail_bytes(label, r.device, "received", traffic, received - r.bytes_received);
+    }
+    r.bytes_sent = std::max(r.bytes_sent, sent);
+    r.bytes_received = std::max(r.bytes_received, received);
+  }
+}
+
+}  // namespace rdmig::migration

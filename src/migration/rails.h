@@ -1,0 +1,69 @@
+// Striping one session's channels across RDMA rails (several RDMA NICs per node).
+//
+// The rule, the same on both agents: the rails both agents have working are matched by index
+// (rdma.devices[i] on the source with rdma.devices[i] on the target), in index order; with n
+// matched rails, channel c (0 = QEMU's main channel, then each multifd channel) uses matched
+// rail c mod n. So with 2 rails on one node and 1 on the other, n = 1; a rail that is down on
+// either node at start is left out of the match. Operators list the rails in the same order
+// (same subnet per index) on every node. A peer that advertises one endpoint only (one device,
+// or an agent that predates rails) is one rail, matched with this agent's first working rail.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "metrics/metrics.h"
+#include "migration/data_plane_server.h"
+#include "migration/types.h"
+#include "transport/rdma/rdma_channel.h"
+#include "transport/wire.h"
+
+namespace rdmig::migration {
+
+struct RailPair {
+  uint32_t rail = 0;   // the index both agents configured it under
+  RdmaRail local;      // this agent's device on it
+  std::string peer;    // the peer's address on it (the target's rdma_cm endpoint, on the source)
+};
+
+// The matched rails (rule above). `peer` empty: nothing to match (the peer has no RDMA).
+std::vector<RailPair> match_rails(const std::vector<RdmaRail>& local, const std::vector<transport::RailAddress>& peer);
+// Index into the matched rails of the rail carrying `channel`; `rails` > 0.
+inline size_t rail_of_channel(uint32_t channel, size_t rails) { return channel % rails; }
+
+// What this agent advertises: its rails' addresses (the source's hello) or rdma_cm endpoints
+// (the target's welcome).
+std::vector<transport::RailAddress> rail_addresses(const RdmaSupport& rdma);
+std::vector<transport::RailAddress> rail_endpoints(const RdmaSupport& rdma);
+// The welcome's RDMA part: "rdmaRails" plus "rdmaEndpoint" (the first rail) for a one-device peer.
+void add_rails_to_welcome(nlohmann::json& welcome, const RdmaSupport& rdma);
+
+// Source side: the rails to use from the target's welcome ("rdmaRails", else "rdmaEndpoint" as
+// one rail). kUnavailable when the two agents have no rail index in common.
+Result<std::vector<RailPair>> rails_from_welcome(const nlohmann::json& welcome, const RdmaSupport& rdma);
+// Target side: the same match from the source's hello (peer = the source's address on each rail).
+std::vector<RailPair> rails_from_hello(const transport::Hello& hello, const RdmaSupport& rdma);
+
+// Source side: connects channel `params.index` from its rail's local address (and traffic class)
+// to the peer's endpoint on that rail; the error names the rail.
+Result<std::unique_ptr<transport::rdma::RdmaChannel>> connect_on_rail(
+    const std::vector<RailPair>& rails, const std::array<uint8_t, 16>& session,
+    const transport::rdma::RdmaChannelParams& params, TransportMetrics& metrics, std::chrono::milliseconds timeout,
+    const std::function<bool()>& cancelled);
+
+// One entry per matched rail that carries a channel, with those channels (no bytes yet).
+std::vector<RailUsage> rail_usage(const std::vector<RailPair>& rails, uint32_t channels);
+
+// Sets each rail's byte totals from per-channel totals (channel c at index c) and adds what
+// grew since `before` to rdmig_rdma_rail_bytes_total{traffic}.
+void account_rail_bytes(std::vector<RailUsage>& rails, const std::vector<uint64_t>& sent_by_channel,
+                        const std::vector<uint64_t>& received_by_channel, Metrics& metrics, const std::string& traffic);
+
+}  // namespace rdmig::migration

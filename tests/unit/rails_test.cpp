@@ -1,0 +1,120 @@
+// Striping a session's channels across RDMA rails (migration/rails.h).
+#include <gtest/gtest.h>
+
+#include "metrics/metrics.h"
+#include "migration/rails.h"
+
+namespace rdmig::migration {
+namespace {
+
+using nlohmann::json;
+
+RdmaRail rail(uint32_t index, const std::string& device, const std::string& ip) {
+  RdmaRail r;
+  r.rail = index;
+  r.device = device;
+  r.ip = ip;
+  r.port = 7472;
+  r.gid = "0000:0000:0000:0000:0000:ffff:" + ip;
+  return r;
+}
+
+RdmaSupport support(std::vector<RdmaRail> rails) {
+  RdmaSupport s;
+  s.available = !rails.empty();
+  if (!rails.empty()) {
+    s.ip = rails.front().ip;
+    s.port = rails.front().port;
+  }
+  s.rails = std::move(rails);
+  return s;
+}
+
+TEST(Rails, ChannelsAreStripedRoundRobinOverMatchedRails) {
+  const auto local = support({rail(0, "rxea", "10.99.0.1"), rail(1, "rxea2", "10.99.2.1")});
+  const auto pairs = match_rails(local.rails, {{0, "10.99.0.2:7472"}, {1, "10.99.2.2:7472"}});
+  ASSERT_EQ(pairs.size(), 2u);
+  const auto usage = rail_usage(pairs, 5);  // main + 4 multifd
+  ASSERT_EQ(usage.size(), 2u);
+  EXPECT_EQ(usage[0].channels, (std::vector<uint32_t>{0, 2, 4}));
+  EXPECT_EQ(usage[1].channels, (std::vector<uint32_t>{1, 3}));
+  EXPECT_EQ(usage[1].device, "rxea2");
+  EXPECT_EQ(usage[1].peer_address, "10.99.2.2:7472");
+  EXPECT_EQ(rail_of_channel(7, 3), 1u);
+  const auto one_channel = rail_usage(pairs, 1);  // no multifd: the main channel alone
+  ASSERT_EQ(one_channel.size(), 1u) << "a rail without a channel is not reported as used";
+  EXPECT_EQ(one_channel[0].rail, 0u);
+}
+
+TEST(Rails, DifferentRailCountsUseTheRailsBothHave) {
+  const auto local = support({rail(0, "rxea", "10.99.0.1"), rail(1, "rxea2", "10.99.2.1")});
+  const auto pairs = match_rails(local.rails, {{0, "10.99.0.2:7472"}});
+  ASSERT_EQ(pairs.size(), 1u);
+  EXPECT_EQ(pairs[0].local.device, "rxea");
+  EXPECT_EQ(rail_usage(pairs, 5)[0].channels.size(), 5u);
+}
+
+TEST(Rails, RailsAreMatchedByIndexNotByPosition) {
+  // Rail 0 is down on this node: its rail 1 pairs with the peer's rail 1, never the peer's rail 0.
+  const auto local = support({rail(1, "rxea2", "10.99.2.1")});
+  const auto pairs = match_rails(local.rails, {{0, "10.99.0.2:7472"}, {1, "10.99.2.2:7472"}});
+  ASSERT_EQ(pairs.size(), 1u);
+  EXPECT_EQ(pairs[0].rail, 1u);
+  EXPECT_EQ(pairs[0].peer, "10.99.2.2:7472");
+  auto none = rails_from_welcome(json{{"rdmaRails", json::array({json{{"rail", 0}, {"address", "10.99.0.2:7472"}}})}},
+                                 local);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.error().message.find("no RDMA rail in common"), std::string::npos) << none.error().message;
+}
+
+TEST(Rails, APeerWithOneEndpointIsOneRail) {
+  const auto local = support({rail(0, "rxea", "10.99.0.1"), rail(1, "rxea2", "10.99.2.1")});
+  auto pairs = rails_from_welcome(json{{"rdmaEndpoint", "10.99.0.2:7472"}}, local);
+  ASSERT_TRUE(pairs.ok()) << pairs.error().message;
+  ASSERT_EQ(pairs->size(), 1u);
+  EXPECT_EQ((*pairs)[0].local.device, "rxea");
+  EXPECT_EQ((*pairs)[0].peer, "10.99.0.2:7472");
+  transport::Hello old_source;  // no rdmaRails
+  EXPECT_EQ(rails_from_hello(old_source, local).size(), 1u);
+}
+
+TEST(Rails, WelcomeAdvertisesEveryRailAndTheFirstForOneDevicePeers) {
+  const auto target = support({rail(0, "rxeb", "10.99.0.2"), rail(1, "rxeb2", "10.99.2.2")});
+  json welcome;
+  add_rails_to_welcome(welcome, target);
+  EXPECT_EQ(welcome["rdmaEndpoint"], "10.99.0.2:7472");
+  const auto source = support({rail(0, "rxea", "10.99.0.1"), rail(1, "rxea2", "10.99.2.1")});
+  auto pairs = rails_from_welcome(welcome, source);
+  ASSERT_TRUE(pairs.ok()) << pairs.error().message;
+  ASSERT_EQ(pairs->size(), 2u);
+  EXPECT_EQ((*pairs)[1].peer, "10.99.2.2:7472");
+  // The target computes the same match from the source's hello.
+  transport::Hello hello;
+  hello.kind = "control";
+  hello.rdma_rails = rail_addresses(source);
+  const auto mirrored = rails_from_hello(hello, target);
+  ASSERT_EQ(mirrored.size(), 2u);
+  EXPECT_EQ(mirrored[1].local.device, "rxeb2");
+  EXPECT_EQ(mirrored[1].peer, "10.99.2.1");
+}
+
+TEST(Rails, BytesAreCountedPerRailAndOnlyTheGrowthReachesTheCounter) {
+  Metrics metrics;
+  const auto local = support({rail(0, "rxea", "10.99.0.1"), rail(1, "rxea2", "10.99.2.1")});
+  auto usage = rail_usage(match_rails(local.rails, {{0, "a:1"}, {1, "b:1"}}), 3);
+  account_rail_bytes(usage, {100, 20, 3}, {}, metrics, "migration");
+  EXPECT_EQ(usage[0].bytes_sent, 103u);
+  EXPECT_EQ(usage[1].bytes_sent, 20u);
+  account_rail_bytes(usage, {200, 20, 3}, {}, metrics, "migration");
+  EXPECT_EQ(usage[0].bytes_sent, 203u);
+  const std::string text = metrics.serialize();
+  EXPECT_NE(text.find(R"(rdmig_rdma_rail_bytes_total{device="rxea",direction="sent",rail="0",traffic="migration"} 203)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find(R"(rdmig_rdma_rail_bytes_total{device="rxea2",direction="sent",rail="1",traffic="migration"} 20)"),
+            std::string::npos)
+      << text;
+}
+
+}  // namespace
+}  // namespace rdmig::migration
