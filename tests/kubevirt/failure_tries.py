@@ -357,6 +357,40 @@ def agent_stacks(agent):
     return "\n".join(keep)[-12000:]
 
 
+def qemu_diagnosis(pid):
+    """Where a wedged QEMU's threads wait: gdb's backtraces of the migration threads, each
+    thread's kernel wait channel, and its unix sockets' queues (ss)."""
+    out = {}
+    try:
+        bt = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 20"],
+                            capture_output=True, text=True, timeout=90).stdout
+        keep, on = [], False
+        for line in bt.splitlines():
+            if line.startswith("Thread "):
+                on = any(m in line for m in MIGRATION_THREADS)
+            if on and line.startswith(("Thread ", "#")):
+                keep.append(line[:240])
+        out["gdb"] = "\n".join(keep)[-16000:]
+    except Exception as e:  # noqa: BLE001
+        out["gdb"] = "gdb: %s" % e
+    wchan = {}
+    for t in os.listdir("/proc/%d/task" % pid) if os.path.isdir("/proc/%d/task" % pid) else []:
+        try:
+            with open("/proc/%d/task/%s/comm" % (pid, t)) as f:
+                name = f.read().strip()
+            with open("/proc/%d/task/%s/wchan" % (pid, t)) as f:
+                wchan["%s/%s" % (name, t)] = f.read().strip()
+        except OSError:
+            pass
+    out["wchan"] = wchan
+    try:
+        ss = subprocess.run(["ss", "-xpn"], capture_output=True, text=True, timeout=20).stdout
+        out["unix_sockets"] = [l for l in ss.splitlines() if "pid=%d," % pid in l][:40]
+    except Exception as e:  # noqa: BLE001
+        out["unix_sockets"] = "ss: %s" % e
+    return out
+
+
 def _slim(rec):
     if not isinstance(rec, dict):
         return rec
@@ -544,6 +578,14 @@ def run_try(rig, fault, index, fault_after_mib=8, followup=True):
                                (c.get("class_index") for c in conns if c.get("class") == 49152), None),
                            "dial_sequence": sp.get("dial_sequence"),
                            "errors": [c.get("error") for c in sp.get("connections") or [] if c.get("error")]}
+    if not r.success and "at_wall" in state:
+        # Each connection's end, seconds from the fault (None: still open when the handler stopped).
+        def rel(t):
+            return round(t - state["at_wall"], 3) if t else None
+        out["source_proxy"]["connections"] = [
+            {"class": c.get("class"), "class_index": c.get("class_index"), "dial_index": c.get("dial_index"),
+             "first_end": c.get("first_end"), "error": c.get("error"), "closed_s": rel(c.get("closed_at"))}
+            for c in sp.get("connections") or []]
     fault_at = state.get("at")
     failed_at = r.source_failed_at
     if fault_at is not None:
@@ -599,6 +641,8 @@ def run_try(rig, fault, index, fault_after_mib=8, followup=True):
         ref = failed_at or (state["dial_at"] + r.wall_ms / 1000.0)
         time.sleep(max(0.0, ref + WEDGE_AFTER_S - time.monotonic()))
         out["source_migration_threads_15s"] = migration_threads(out["source_qemu_pid"])
+        if out["source_migration_threads_15s"]:
+            out["wedge_diagnosis"] = qemu_diagnosis(out["source_qemu_pid"])
     if state.get("job_probe") is not None:
         state["job_probe"].join(30)
         out["source_job_at_grace"] = state.get("job_at_grace")
