@@ -37,7 +37,7 @@ Result<LibvirtJobStats> read_completed_job(const KubevirtConfig& config, const L
 // (`duplicate yank instance`): on QEMU 7.2 a channel that finds the exit flag set leaves
 // without posting the sync; from QEMU 9.0 on the first channel's error sets the exit flag
 // (multifd_send_set_error), and a channel that then takes its sync request leaves the same
-// way. Seen on QEMU 10.0 with every connection reset (1 wedge in 57 tries after a link cut,
+// way. Seen on QEMU 10.0 with every connection reset (1 wedge in 114 tries, after a link cut,
 // the migration thread and 5 of 8 channel threads alive 15 s later;
 // bench/results/kubevirt-failures/). Resetting the main channel only fails QEMU on its
 // migration stream, and QEMU's own cleanup then ends the multifd threads.
