@@ -14,8 +14,13 @@ the source agent's record until every memory connection is carried and bytesSent
                 namespace (`inet rdmig_test_cut`) drops tcp to/from the target agent's data
                 port in prerouting (the agents talk over 127.0.0.1); always deleted after
                 the try, also on errors and signals
-  target-qemu   the target pod deleted mid-stream as virt-controller does: SIGKILL of the
-                target QEMU (the process in the target launcher pod's mount namespace)
+  target-qemu   SIGKILL of the target QEMU only (the process in the target launcher pod's
+                mount namespace); its libvirt daemon lives on
+  target-pod    the target pod deleted mid-stream as virt-controller does, at its most abrupt:
+                SIGKILL of the pod's PID 1 (the kernel kills its libvirt daemon and QEMU with
+                it) and of its virt-launcher-monitor; libvirt's peer-to-peer connection to the
+                target daemon breaks too. After libvirt's call returned the harness starts a
+                fresh pod on that node (KubeVirt schedules a new one for the next migration)
 
 Per try it records: fault time -> the source QEMU's migration seen failed/cancelled
 (MigrationResult.source_failed_at, polled every 0.25 s over the harness's QMP monitor) and
@@ -23,23 +28,30 @@ Per try it records: fault time -> the source QEMU's migration seen failed/cancel
 domain running and its guest counter advancing; no active domain and no QEMU in the target
 pod after the harness's target cleanup); the agents' records; wedges (source QEMU migration
 threads still alive 15 s after the failure, `duplicate yank instance` / `There's a
-migration process in progress` on the follow-up); and whether a follow-up migration
-(killed agents restarted first) succeeds, carried or on KubeVirt's own path.
+migration process in progress` on the follow-up); whether a follow-up migration (killed
+agents restarted first) succeeds, carried or on KubeVirt's own path; and what the source
+agent did when its abort grace ended (its log line: libvirt's job gone by itself, left alone,
+or aborted), with what libvirt itself said about the job at that moment (`source_job_at_grace`).
 
-    RDMIG_AGENT=build/agent/rdmig-agent flock /tmp/rdmig-qemu.lock \
-        /usr/bin/python3 tests/kubevirt/failure_tries.py --tries 20 --faults all --out F.md
+Tries run in batches (--batch, 5 by default), each on a cluster of its own and holding --lock
+(the machine's QEMU lock) only for its own tries, so that others' VM tests run in between; the
+report names each batch's time, lock wait and load average.
+
+    RDMIG_AGENT=build/agent/rdmig-agent /usr/bin/python3 tests/kubevirt/failure_tries.py \
+        --faults source-agent:20,target-pod:20 --lock /tmp/rdmig-qemu.lock --stop-at 01:00 --out F.md
+    /usr/bin/python3 tests/kubevirt/failure_tries.py --summarize A.jsonl B.jsonl   # runs together
 
 Launcher row: $RDMIG_KV_LAUNCHER (default trixie-nonroot). Needs root (as the harness).
 tests/kubevirt/test_kubevirt_failures.py runs 2 tries of each fault with assertions (ctest).
 """
 import argparse
 import atexit
+import calendar
 import json
 import os
 import platform
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,7 +69,8 @@ from rdmiglab.system_python import reexec_with_system_python  # noqa: E402
 if __name__ == "__main__":
     reexec_with_system_python()
 
-FAULTS = ("target-agent", "source-agent", "target-qemu", "link-cut")
+from failure_report import ABORT_GRACE_S, FAULTS, grace_table, markdown, summary_table  # noqa: E402
+
 NODES = ("node-a", "node-b")
 MEM_MIB = 256
 DIRTY_MIB = 8
@@ -165,7 +178,33 @@ def tolerant_cluster_class():
     from rdmiglab.kubevirt import KubevirtCluster
 
     class Cluster(KubevirtCluster):
+        deleted_pods = ()  # nodes whose launcher pod a fault deleted, until recreate_pod()
+
+        def delete_pod(self, node):
+            """Every process of the node's launcher pod SIGKILLed at once (PID 1 first: the
+            kernel kills the rest of its PID namespace). Returns the host pids killed."""
+            pod = self.pods[node]
+            killed = [pod.pid1]
+            os.kill(pod.pid1, signal.SIGKILL)
+            for p in pod.monitors.values():
+                if p.poll() is None:
+                    p.kill()
+                    killed.append(p.pid)
+            self.deleted_pods = set(self.deleted_pods) | {node}
+            return killed
+
+        def recreate_pod(self, node):
+            """A fresh launcher pod on ``node`` (libvirt daemon, monitor for the VMI)."""
+            pod = self.pods[node]
+            pod.close()
+            pod.start()
+            pod.stage_guest(self.kernel, self.initrd)
+            pod.start_monitor(self.vmi.name, self.vmi.uid, self.vmi.namespace)
+            self.deleted_pods = set(self.deleted_pods) - {node}
+
         def _delete_target_pod_domain(self, lv, target):
+            if target in self.deleted_pods:
+                return "pod deleted by the fault"
             for _ in range(3):
                 try:
                     return super()._delete_target_pod_domain(lv, target)
@@ -318,6 +357,40 @@ def agent_stacks(agent):
     return "\n".join(keep)[-12000:]
 
 
+def qemu_diagnosis(pid):
+    """Where a wedged QEMU's threads wait: gdb's backtraces of the migration threads, each
+    thread's kernel wait channel, and its unix sockets' queues (ss)."""
+    out = {}
+    try:
+        bt = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 20"],
+                            capture_output=True, text=True, timeout=90).stdout
+        keep, on = [], False
+        for line in bt.splitlines():
+            if line.startswith("Thread "):
+                on = any(m in line for m in MIGRATION_THREADS)
+            if on and line.startswith(("Thread ", "#")):
+                keep.append(line[:240])
+        out["gdb"] = "\n".join(keep)[-16000:]
+    except Exception as e:  # noqa: BLE001
+        out["gdb"] = "gdb: %s" % e
+    wchan = {}
+    for t in os.listdir("/proc/%d/task" % pid) if os.path.isdir("/proc/%d/task" % pid) else []:
+        try:
+            with open("/proc/%d/task/%s/comm" % (pid, t)) as f:
+                name = f.read().strip()
+            with open("/proc/%d/task/%s/wchan" % (pid, t)) as f:
+                wchan["%s/%s" % (name, t)] = f.read().strip()
+        except OSError:
+            pass
+    out["wchan"] = wchan
+    try:
+        ss = subprocess.run(["ss", "-xpn"], capture_output=True, text=True, timeout=20).stdout
+        out["unix_sockets"] = [l for l in ss.splitlines() if "pid=%d," % pid in l][:40]
+    except Exception as e:  # noqa: BLE001
+        out["unix_sockets"] = "ss: %s" % e
+    return out
+
+
 def _slim(rec):
     if not isinstance(rec, dict):
         return rec
@@ -339,12 +412,91 @@ def inject(rig, fault, source, target):
         port = kv.ports[target]
         cut_link(port)
         return "nft drop tcp port %d (%s agent's data plane)" % (port, target)
+    if fault == "target-pod":
+        qemu = qemu_pids(cluster.pods[target])
+        killed = cluster.delete_pod(target)
+        return "SIGKILL target pod (PID 1 and monitor %s, with QEMU %s)" % (killed, qemu)
     if fault == "target-qemu":
         pids = qemu_pids(cluster.pods[target])
         for p in pids:
             os.kill(p, signal.SIGKILL)
         return "SIGKILL target QEMU pid %s" % pids
     raise ValueError(fault)
+
+
+def log_time(line):
+    """Wall-clock seconds of an agent log line ("2026-12-01T21:39:45.214Z INFO ..."), or None."""
+    try:
+        stamp = line.split(" ", 1)[0]
+        t = time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")
+        return calendar.timegm(t) + float("0" + stamp[19:-1])
+    except (ValueError, IndexError):
+        return None
+
+
+ABORT_OUTCOMES = (  # what the source agent logged at the end of its abort grace
+    ("aborted the migration job", "aborted"),
+    ("no migration job", "no job"),
+    ("a newer job", "newer job"),
+    ("not ours", "older job"),
+    ("abort of ", "abort refused"),
+)
+
+
+def abort_after_grace(rig, source, fault, vmi, mig_uid, fault_wall, dial_wall):
+    """What the source agent did when its abort grace (relay_internal.h kAbortGrace) ended
+    after the carried migration failed: its log line "carrying <ns>/<name> failed: ..." says
+    whether libvirt's job was still there to abort ("aborted", or "abort refused" with
+    libvirt's reason) or libvirt had failed it by itself ("no job"). Times are seconds from
+    the fault (agent log clock against the harness's wall clock, both this host's)."""
+    if fault == "source-agent":
+        return {"outcome": "source agent killed (nobody aborts)"}
+    out = {}
+    failed_line = next((l for l in rig.agent_lines(source, "migration=" + mig_uid, 50) if " failed: " in l), None)
+    if failed_line and log_time(failed_line) is not None:
+        out["session_failed_s"] = round(log_time(failed_line) - fault_wall, 3)
+    needle = "carrying %s/%s failed: " % (vmi.namespace, vmi.name)
+    lines = [l for l in rig.agent_lines(source, needle, 20) if (log_time(l) or 0) >= dial_wall - 0.5]
+    if not lines:
+        out["outcome"] = "no abort line"
+        return out
+    line = lines[0]
+    out["grace_end_s"] = round(log_time(line) - fault_wall, 3)
+    text = line.split(needle, 1)[1]
+    out["outcome"] = next((o for k, o in ABORT_OUTCOMES if k in text), "other")
+    out["text"] = text[:300]
+    return out
+
+
+def probe_job_later(cluster, node, state, after_s):
+    """In a thread: ``after_s`` after the fault, what the node's libvirt says about the VMI's
+    job (virDomainGetJobStats: type, operation, elapsed), as the agent's abort check reads it
+    at the end of its grace; also how long the call took. Stored in state["job_at_grace"]."""
+    lv = __import__("libvirt")
+    at = state["at"]
+
+    def run():
+        time.sleep(max(0.0, at + after_s - time.monotonic()))
+        out = {"asked_s": round(time.monotonic() - at, 2)}
+        try:
+            conn = cluster.connect(node)
+            try:
+                dom = conn.lookupByName(cluster.vmi.domain)
+                st = dom.jobStats()
+                out.update({k: st.get(k) for k in ("type", "operation", "time_elapsed", "time_elapsed_net")
+                            if k in st})
+                out["type_name"] = {lv.VIR_DOMAIN_JOB_NONE: "none", lv.VIR_DOMAIN_JOB_BOUNDED: "bounded",
+                                    lv.VIR_DOMAIN_JOB_UNBOUNDED: "unbounded"}.get(st.get("type"), st.get("type"))
+            finally:
+                conn.close()
+        except Exception as e:  # noqa: BLE001 - an observation
+            out["error"] = str(e)[:200]
+        out["answered_s"] = round(time.monotonic() - at, 2)
+        state["job_at_grace"] = out
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    state["job_probe"] = th
 
 
 def run_try(rig, fault, index, fault_after_mib=8, followup=True):
@@ -354,7 +506,8 @@ def run_try(rig, fault, index, fault_after_mib=8, followup=True):
     source = cluster.vmi.node
     target = cluster.other(source)
     out = {"fault": fault, "try": index, "flavor": cluster.flavor, "parallel": parallel, "tls": tls,
-           "source": source, "target": target, "restarted_before": rig.ensure_agents()}
+           "source": source, "target": target, "restarted_before": rig.ensure_agents(),
+           "loadavg": [round(x, 2) for x in os.getloadavg()]}
     src_qemu = qemu_pids(cluster.pods[source])
     out["source_qemu_pid"] = src_qemu[0] if src_qemu else None
     state = {}
@@ -378,7 +531,12 @@ def run_try(rig, fault, index, fault_after_mib=8, followup=True):
                     if i.get("connections", 0) >= 1 + parallel and i.get("bytesSent", 0) > (fault_after_mib << 20):
                         state["bytes_at_fault"] = i["bytesSent"]
                         state["at"] = time.monotonic()
+                        state["at_wall"] = time.time()
                         state["what"] = inject(rig, fault, source, target)
+                        # The agent's grace starts when its session failed: at once after a
+                        # kill, after the heartbeat timeout (3 s) after a cut.
+                        probe_job_later(rig.cluster, source, state,
+                                        ABORT_GRACE_S + (3.0 if fault == "link-cut" else 0.0))
                         return
                 time.sleep(0.02)
             state.setdefault("missed", "not carried within 90 s")
@@ -387,6 +545,7 @@ def run_try(rig, fault, index, fault_after_mib=8, followup=True):
 
     def before_dial(ctx):
         state["dial_at"] = time.monotonic()
+        state["dial_wall"] = time.time()
         threading.Thread(target=watcher, args=(ctx,), daemon=True).start()
 
     r = None
@@ -399,6 +558,11 @@ def run_try(rig, fault, index, fault_after_mib=8, followup=True):
         if fault == "link-cut":
             uncut_link()
             out["cut_removed_after_s"] = round(returned_at - state["at"], 2) if "at" in state else None
+        if target in cluster.deleted_pods:
+            # Checked before the place: the new pod must hold neither domain nor QEMU.
+            t = time.monotonic()
+            cluster.recreate_pod(target)
+            out["pod_recreated_in_s"] = round(time.monotonic() - t, 2)
     out.update({"migration_uid": r.migration_uid, "success": r.success, "error": r.error, "wall_ms": r.wall_ms,
                 "injected": state.get("what"), "missed": state.get("missed"),
                 "inject_error": state.get("inject_error"), "bytes_at_fault": state.get("bytes_at_fault"),
@@ -414,6 +578,14 @@ def run_try(rig, fault, index, fault_after_mib=8, followup=True):
                                (c.get("class_index") for c in conns if c.get("class") == 49152), None),
                            "dial_sequence": sp.get("dial_sequence"),
                            "errors": [c.get("error") for c in sp.get("connections") or [] if c.get("error")]}
+    if not r.success and "at_wall" in state:
+        # Each connection's end, seconds from the fault (None: still open when the handler stopped).
+        def rel(t):
+            return round(t - state["at_wall"], 3) if t else None
+        out["source_proxy"]["connections"] = [
+            {"class": c.get("class"), "class_index": c.get("class_index"), "dial_index": c.get("dial_index"),
+             "first_end": c.get("first_end"), "error": c.get("error"), "closed_s": rel(c.get("closed_at"))}
+            for c in sp.get("connections") or []]
     fault_at = state.get("at")
     failed_at = r.source_failed_at
     if fault_at is not None:
@@ -469,6 +641,14 @@ def run_try(rig, fault, index, fault_after_mib=8, followup=True):
         ref = failed_at or (state["dial_at"] + r.wall_ms / 1000.0)
         time.sleep(max(0.0, ref + WEDGE_AFTER_S - time.monotonic()))
         out["source_migration_threads_15s"] = migration_threads(out["source_qemu_pid"])
+        if out["source_migration_threads_15s"]:
+            out["wedge_diagnosis"] = qemu_diagnosis(out["source_qemu_pid"])
+    if state.get("job_probe") is not None:
+        state["job_probe"].join(30)
+        out["source_job_at_grace"] = state.get("job_at_grace")
+    if not r.success and "at_wall" in state:
+        out["abort"] = abort_after_grace(rig, source, fault, cluster.vmi, r.migration_uid, state["at_wall"],
+                                         state["dial_wall"])
     # Follow-up.
     if followup:
         out["restarted_after"] = rig.ensure_agents()
@@ -522,107 +702,91 @@ def followup_migration(rig, attempts=2):
     return res
 
 
-# ---- report ------------------------------------------------------------------------------
-def summarize(rows):
-    """One table row per fault kind."""
-    out = []
-    for fault in FAULTS:
-        rs = [r for r in rows if r.get("fault") == fault]
-        if not rs:
-            continue
-        inj = [r for r in rs if r.get("injected")]
-        hit = [r for r in inj if not r.get("success")]
-        fails = [r["fail_s"] for r in hit if r.get("fail_s") is not None]
-        rets = [r["libvirt_return_s"] for r in hit if r.get("libvirt_return_s") is not None]
-        errors = {}
-        for r in hit:
-            e = (r.get("error") or "none")
-            e = e.split(": ", 1)[-1][:110]
-            errors[e] = errors.get(e, 0) + 1
-        out.append({
-            "fault": fault, "tries": len(rs), "injected": len(inj), "failed": len(hit),
-            "fail_median": statistics.median(fails) if fails else None, "fail_max": max(fails) if fails else None,
-            "fail_unseen": len(hit) - len(fails),
-            "ret_median": statistics.median(rets) if rets else None, "ret_max": max(rets) if rets else None,
-            "pod_deleted": len([r for r in hit if r.get("target_pod_deleted_by_harness")]),
-            "one_place": len([r for r in inj if r.get("vm_in_one_place")]),
-            "not_carried": len([r for r in rs if not r.get("injected") and not r.get("exception")]),
-            "again": len([r for r in rs if r.get("followup", {}).get("ok")]),
-            "again_carried": len([r for r in rs if r.get("followup", {}).get("ok")
-                                  and r["followup"].get("carried")]),
-            "again_first": len([r for r in rs if r.get("followup", {}).get("attempt") == 1]),
-            "on_failure": on_failure_counts(hit),
-            "wedges": len([r for r in rs if r.get("wedge")]),
-            "exceptions": len([r for r in rs if r.get("exception")]),
-            "errors": errors,
-        })
-    return out
-
-
-def on_failure_counts(rows):
-    """What the source agent's record says a failure did to the multifd connections, counted:
-    {"reset by qemu 10.0.13": 9, ...} (source records only; a killed source agent keeps none)."""
-    out = {}
-    for r in rows:
-        of = (r.get("source_record") or {}).get("onFailure")
-        k = ("%s by %s" % (of.get("multifd"), of.get("by"))) if of else "-"
-        out[k] = out.get(k, 0) + 1
-    return out
-
-
-def fmt(v):
-    return "-" if v is None else ("%.2f" % v if isinstance(v, float) else str(v))
-
-
-def markdown(rows, meta):
-    lines = ["# rdmig under KubeVirt: failure tries", "",
-             "Machine: %s. Launcher row: %s. %d parallel connections, TLS %s, fault after %d MiB "
-             "carried. Run %s. Agent %s, git %s, kubevirt.multifdOnFailure: %s." % (
-                 meta["machine"], meta["flavor"], meta["parallel"], "on" if meta["tls"] else "off",
-                 meta["fault_after_mib"], meta["started"], meta.get("agent"), meta.get("git"),
-                 meta.get("multifd_on_failure", "-")),
-             "",
-             "Times from the fault: `fail` = the source QEMU's migration seen failed/cancelled "
-             "(harness QMP poll, 0.25 s steps); `return` = libvirt's migrateToURI3 returned "
-             "(the harness destroys the target domain, as KubeVirt deletes the target pod, when the call "
-             "outlives the source's failure by 5 s: `pod del`). `one place`: source domain running, guest "
-             "counter advancing, no active domain and no QEMU in the target pod. `again`: a follow-up "
-             "migration succeeded (first attempt / of which carried by rdmig). `wedge`: source QEMU "
-             "migration threads alive 15 s after the failure, or `duplicate yank`/`migration process in "
-             "progress` on the follow-up.", "",
-             "| fault | tries | injected (migration failed) | fail median s | fail max s | return median s "
-             "| return max s | pod del | one place | again (1st / carried) | wedges | no fault (not carried "
-             "or done first) | exceptions | multifd on failure (source record) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    summ = summarize(rows)
-    for s in summ:
-        lines.append("| %s | %d | %d (%d) | %s | %s%s | %s | %s | %d | %d/%d | %d (%d / %d) | %d | %d | %d | %s |" % (
-            s["fault"], s["tries"], s["injected"], s["failed"], fmt(s["fail_median"]), fmt(s["fail_max"]),
-            (" (%d unseen)" % s["fail_unseen"]) if s["fail_unseen"] else "", fmt(s["ret_median"]),
-            fmt(s["ret_max"]), s["pod_deleted"], s["one_place"], s["injected"], s["again"], s["again_first"],
-            s["again_carried"], s["wedges"], s["not_carried"], s["exceptions"],
-            ", ".join("%s: %d" % kv for kv in sorted(s["on_failure"].items()))))
-    lines.append("")
-    for s in summ:
-        lines.append("libvirt errors, %s: %s" % (s["fault"], "; ".join(
-            "%dx `%s`" % (n, e) for e, n in sorted(s["errors"].items(), key=lambda x: -x[1]))))
-        lines.append("")
-    lines += ["## Raw tries (JSON lines)", "", "```"]
-    lines += [json.dumps(r, sort_keys=True) for r in rows]
-    lines += ["```", ""]
-    return "\n".join(lines)
-
-
 def machine_desc():
     ncpu = os.cpu_count()
     return "%s, %d vCPUs, TCG guests (%d MiB, dirtying %d MiB/s), kernel %s" % (
         platform.node(), ncpu, MEM_MIB, DIRTY_MIB, platform.release())
 
 
+def stop_deadline(hhmm):
+    """Epoch seconds of the next HH:MM UTC (today's, or tomorrow's if that has passed)."""
+    h, m = (int(x) for x in hhmm.split(":"))
+    now = time.time()
+    day = now - now % 86400
+    t = day + h * 3600 + m * 60
+    return t if t > now else t + 86400
+
+
+def past_stop(deadline):
+    return deadline is not None and time.time() >= deadline
+
+
+def run_batch(args, meta, emit, fault, n, injected, attempts, limit):
+    """Up to ``n`` tries of ``fault`` that injected, on a cluster of their own, holding
+    args.lock (so the machine's other QEMU users run between batches). Appends the batch's
+    times and load averages to meta["batches"]; returns (injected, attempts) updated."""
+    lockf = None
+    waited = time.monotonic()
+    if args.lock:
+        import fcntl
+        lockf = open(args.lock, "a")
+        log("waiting for %s" % args.lock)
+        fcntl.flock(lockf, fcntl.LOCK_EX)
+    batch = {"n": len(meta["batches"]) + 1, "fault": fault, "lock_wait_s": round(time.monotonic() - waited, 1),
+             "started": time.strftime("%H:%M:%S", time.gmtime()), "load_start": [round(x, 2) for x in os.getloadavg()],
+             "tries": 0}
+    meta["batches"].append(batch)
+    rig = None
+    done = 0
+    try:
+        Rig.logs_dir = args.logs
+        rig = Rig(parallel=args.parallel, tls=not args.no_tls,
+                  kubevirt={"multifdOnFailure": args.multifd_on_failure} if args.multifd_on_failure else None)
+        while done < n and attempts < limit and not past_stop(args.stop_at):
+            attempts += 1
+            t = time.monotonic()
+            try:
+                row = run_try(rig, fault, attempts, args.fault_after_mib)
+            except Exception as e:  # noqa: BLE001
+                row = {"fault": fault, "try": attempts, "exception": "%s: %s" % (type(e).__name__, e),
+                       "traceback": traceback.format_exc()[-2000:]}
+            row["try_s"] = round(time.monotonic() - t, 1)
+            row["batch"] = batch["n"]
+            batch["tries"] += 1
+            if row.get("injected") and not row.get("success"):
+                injected += 1
+                done += 1
+            emit(row)
+            log("%s #%d: fail %s s, return %s s, one place %s, again %s, wedge %s, abort %s, error %s%s" % (
+                fault, attempts, row.get("fail_s"), row.get("libvirt_return_s"), row.get("vm_in_one_place"),
+                row.get("followup", {}).get("ok"), row.get("wedge"), (row.get("abort") or {}).get("outcome"),
+                (row.get("error") or "")[:120], (" EXCEPTION " + row["exception"]) if row.get("exception") else ""))
+            if row.get("exception") or row.get("wedge") or not row.get("followup", {}).get("ok"):
+                log("rebuilding the cluster (VM may be wedged or lost)")
+                rig.rebuild()
+            elif not row.get("injected"):
+                # Not carried: e.g. the agent's redirect table was removed under it
+                # (another agent's start-up sweep) and it never re-creates it.
+                log("restarting both agents (the migration was not carried: %s)"
+                    % ((row.get("source_record") or {}).get("reason") or row.get("missed")))
+                rig.restart_agents()
+    finally:
+        if rig is not None:
+            rig.close()
+        uncut_link()
+        batch["ended"] = time.strftime("%H:%M:%S", time.gmtime())
+        batch["load_end"] = [round(x, 2) for x in os.getloadavg()]
+        if lockf is not None:
+            lockf.close()
+            time.sleep(3)  # let a waiting user of the lock in before the next batch
+    return injected, attempts
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tries", type=int, default=20)
-    ap.add_argument("--faults", default="all", help="comma list of %s, or all" % ",".join(FAULTS))
+    ap.add_argument("--faults", default="all",
+                    help="comma list of %s (FAULT:N for N tries of that one), or all" % ",".join(FAULTS))
     ap.add_argument("--parallel", type=int, default=8)
     ap.add_argument("--no-tls", action="store_true")
     ap.add_argument("--fault-after-mib", type=int, default=8)
@@ -630,13 +794,29 @@ def main(argv=None):
     ap.add_argument("--logs", default="/tmp/rdmig-failure-tries-logs", help="the agents' logs are copied here")
     ap.add_argument("--multifd-on-failure", choices=("auto", "drain", "reset"),
                     help="the agents' kubevirt.multifdOnFailure (default: the agent's own default)")
-    ap.add_argument("--lock", help="flock this file per fault kind (e.g. /tmp/rdmig-qemu.lock) instead of "
-                                   "holding an outer lock for the whole run")
+    ap.add_argument("--lock", help="flock this file around each batch of tries (e.g. /tmp/rdmig-qemu.lock) "
+                                   "instead of holding an outer lock for the whole run")
+    ap.add_argument("--batch", type=int, default=5,
+                    help="tries per batch: each batch builds its own cluster, holds --lock, and records the "
+                         "load average before and after (0: one batch per fault kind)")
+    ap.add_argument("--summarize", nargs="+", metavar="JSONL",
+                    help="run nothing: print the table of the tries in these .jsonl files together (e.g. two runs "
+                         "with the same setting)")
+    ap.add_argument("--stop-at", metavar="HH:MM",
+                    help="UTC time after which no new try starts (the report holds what ran)")
     args = ap.parse_args(argv)
-    faults = FAULTS if args.faults == "all" else tuple(args.faults.split(","))
-    for f in faults:
-        if f not in FAULTS:
-            ap.error("unknown fault %s" % f)
+    args.stop_at = stop_deadline(args.stop_at) if args.stop_at else None
+    if args.summarize:
+        rows = [json.loads(l) for f in args.summarize for l in open(f) if l.strip()]
+        print(summary_table(rows))
+        print(grace_table(rows))
+        return 0
+    plan = []
+    for item in (FAULTS if args.faults == "all" else args.faults.split(",")):
+        fault, _, count = item.partition(":")
+        if fault not in FAULTS or (count and not count.isdigit()):
+            ap.error("unknown fault %s (FAULT or FAULT:TRIES, FAULT one of %s)" % (item, ", ".join(FAULTS)))
+        plan.append((fault, int(count) if count else args.tries))
     import test_kubevirt_baseline as base
     reason = base.missing_prereq()
     if reason:
@@ -650,7 +830,7 @@ def main(argv=None):
     meta = {"machine": machine_desc(), "flavor": os.environ.get("RDMIG_KV_LAUNCHER") or "trixie-nonroot",
             "parallel": args.parallel, "tls": not args.no_tls, "fault_after_mib": args.fault_after_mib, "git": git,
             "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "multifd_on_failure": args.multifd_on_failure or "agent default",
+            "multifd_on_failure": args.multifd_on_failure or "agent default", "batches": [],
             "agent": "%s (mtime %s)" % (agent_src, time.strftime(
                 "%H:%M:%S UTC", time.gmtime(os.path.getmtime(agent_copy))))}
     rows = []
@@ -666,51 +846,12 @@ def main(argv=None):
                 f.write(markdown(rows, meta))
 
     try:
-        for fault in faults:
-            lockf = None
-            if args.lock:
-                import fcntl
-                lockf = open(args.lock, "a")
-                log("waiting for %s" % args.lock)
-                fcntl.flock(lockf, fcntl.LOCK_EX)
-            rig = None
-            try:
-                Rig.logs_dir = args.logs
-                rig = Rig(parallel=args.parallel, tls=not args.no_tls,
-                          kubevirt={"multifdOnFailure": args.multifd_on_failure} if args.multifd_on_failure else None)
-                injected = attempts = 0
-                while injected < args.tries and attempts < args.tries + max(2, args.tries // 4):
-                    i = attempts
-                    attempts += 1
-                    t = time.monotonic()
-                    try:
-                        row = run_try(rig, fault, i + 1, args.fault_after_mib)
-                    except Exception as e:  # noqa: BLE001
-                        row = {"fault": fault, "try": i + 1, "exception": "%s: %s" % (type(e).__name__, e),
-                               "traceback": traceback.format_exc()[-2000:]}
-                    row["try_s"] = round(time.monotonic() - t, 1)
-                    if row.get("injected") and not row.get("success"):
-                        injected += 1
-                    emit(row)
-                    log("%s #%d: fail %s s, return %s s, one place %s, again %s, wedge %s, error %s%s" % (
-                        fault, i + 1, row.get("fail_s"), row.get("libvirt_return_s"), row.get("vm_in_one_place"),
-                        row.get("followup", {}).get("ok"), row.get("wedge"), (row.get("error") or "")[:120],
-                        (" EXCEPTION " + row["exception"]) if row.get("exception") else ""))
-                    if row.get("exception") or row.get("wedge") or not row.get("followup", {}).get("ok"):
-                        log("rebuilding the cluster (VM may be wedged or lost)")
-                        rig.rebuild()
-                    elif not row.get("injected"):
-                        # Not carried: e.g. the agent's redirect table was removed under it
-                        # (another agent's start-up sweep) and it never re-creates it.
-                        log("restarting both agents (the migration was not carried: %s)"
-                            % ((row.get("source_record") or {}).get("reason") or row.get("missed")))
-                        rig.restart_agents()
-            finally:
-                if rig is not None:
-                    rig.close()
-                uncut_link()
-                if lockf is not None:
-                    lockf.close()
+        for fault, wanted in plan:
+            injected = attempts = 0
+            limit = wanted + max(2, wanted // 4)
+            while injected < wanted and attempts < limit and not past_stop(args.stop_at):
+                n = min(args.batch, wanted - injected) if args.batch else wanted - injected
+                injected, attempts = run_batch(args, meta, emit, fault, n, injected, attempts, limit)
     finally:
         uncut_link()
         text = markdown(rows, meta)

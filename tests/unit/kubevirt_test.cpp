@@ -313,12 +313,12 @@ TEST(KubevirtConfig, MultifdOnFailureIsAutoByDefaultAndTakesDrainOrReset) {
   }
 }
 
-TEST(KubevirtFailureAction, QemuTenResetsEverythingOlderQemuDrainsTheMultifdConnections) {
+TEST(KubevirtFailureAction, EveryQemuDrainsTheMultifdConnections) {
   // libvirt's numbers (virConnectGetVersion): major * 1000000 + minor * 1000 + micro.
-  EXPECT_TRUE(drain_multifd_for_qemu(7002000));    // Debian 12, KubeVirt's Root row here
-  EXPECT_TRUE(drain_multifd_for_qemu(9002004));    // not measured: keeps the drain
-  EXPECT_FALSE(drain_multifd_for_qemu(10000013));  // Debian 13, measured
-  EXPECT_FALSE(drain_multifd_for_qemu(10001000));  // KubeVirt 1.9
+  EXPECT_TRUE(drain_multifd_for_qemu(7002000));   // Debian 12, KubeVirt's Root row here
+  EXPECT_TRUE(drain_multifd_for_qemu(9002004));   // multifd_send_set_error sets the exit flag from 9.0 on
+  EXPECT_TRUE(drain_multifd_for_qemu(10000013));  // Debian 13: wedged once with every connection reset
+  EXPECT_TRUE(drain_multifd_for_qemu(10001000));  // KubeVirt 1.9
   EXPECT_EQ(qemu_version_string(10000013), "10.0.13");
   EXPECT_EQ(qemu_version_string(7002000), "7.2.0");
 }
