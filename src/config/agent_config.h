@@ -122,8 +122,9 @@ struct KubevirtConfig {
   // them to nowhere for up to 10 s and resets only QEMU's main channel (QEMU 7.2 could hang
   // its migration for good when multifd sockets were reset); "reset" resets every connection
   // at once; "auto" asks the source launcher's libvirt for its QEMU version
-  // (virConnectGetVersion) and resets on QEMU 10 and later, drains on older or unknown ones
-  // (bench/results/kubevirt-failures/).
+  // (virConnectGetVersion) for the record and drains on every version so far: QEMU 10.0 wedged
+  // once in 114 link-cut tries with every connection reset (kubevirt/libvirt_stats.h,
+  // bench/results/kubevirt-failures/).
   std::string multifd_on_failure = "auto";
   bool static_mode = false;             // redirect to peers' handler addresses without the hook
   // The agent's own dials inside virt-handler's namespace carry this mark (SO_MARK) and its

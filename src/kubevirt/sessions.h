@@ -46,7 +46,7 @@ inline uint64_t flow_channel_buffers(uint64_t chunk_size, uint32_t ring_depth) {
 
 class SourceSession final : public FlowSession {
  public:
-  // With multifd connections that drain (set_multifd_on_failure; QEMU before 10), a failure
+  // With multifd connections that drain (set_multifd_on_failure: drain, or auto), a failure
   // resets QEMU's main channel and drains the other memory connections for up to this long
   // (ChannelPump::drain_on_failure): QEMU 7.2 fails on its main channel and ends its multifd
   // threads itself. KubeVirt's proxy never passes QEMU's
