@@ -11,7 +11,7 @@
 #
 # Contents: busybox-static (applets in /usr/bin, /usr/sbin), bash, the Debian
 # kernel's modules for Soft-RoCE (and virtio/9p for sharing a host folder, virtio-net
-# for the two-VM runs),
+# for the two-VM runs, 8021q and macvlan for their VLAN/macvlan cases),
 # rdma-core's libraries with the rxe provider, ibverbs-utils, rdmacm-utils (rping),
 # perftest, iproute2's `rdma` and `ip` (installed as /usr/sbin/iproute2-ip:
 # busybox's sh runs its own `ip` applet even when /usr/sbin/ip is called by path),
@@ -101,7 +101,8 @@ modules=(crc32_generic configfs ib_core ib_uverbs udp_tunnel ip6_udp_tunnel rdma
          failover net_failover virtio_net
          9pnet 9pnet_virtio netfs fscache 9p
          nfnetlink crc32c_generic libcrc32c nf_defrag_ipv4 nf_defrag_ipv6 nf_conntrack nf_nat
-         nf_tables nft_chain_nat nft_redir)
+         nf_tables nft_chain_nat nft_redir
+         llc stp garp mrp 8021q macvlan)
 
 # --- staging tree -----------------------------------------------------------------
 mkdir -p "$out"

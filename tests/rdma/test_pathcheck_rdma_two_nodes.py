@@ -1,21 +1,35 @@
-"""Runs in both VMs of run-two-vms.sh: a path check between two nodes, each with its own kernel,
-network stack, rxe device and rdmig-agent (docs/pathcheck.md).
+"""Runs in both VMs of run-two-vms.sh: path checks between two nodes, each with its own kernel,
+network stack, rxe device and rdmig-agent (docs/pathcheck.md), with the agents' RDMA address on
+the port's own netdev and on the interfaces a RoCE node stacks above it (pathcheck-two-nodes.sh
+makes them: eth0.100, VLAN 100, and mv100, a macvlan over it).
 
-Node a: the source agent (rxea, 10.99.1.1); it drives the check through both agents' REST APIs,
-as the controller does. Node b: the target agent (rxeb, 10.99.1.2); it answers node a through the
-shared folder (its agent's port and token, its rxe counters).
-Checked: the pair passes over RDMA (auto-both-rdma) with every byte verified on node b; each end
-reports its own device, port, GID (the RoCE v2 GID of its own address) and MTU; both agents count
-the bytes under traffic="pathcheck"; and rxea sent / rxeb received at least the packets the bytes
-need, so the stream crossed between the two devices.
-Then RDMA between the nodes breaks mid-stream (node b drops RoCE v2 with nftables while a long
-check runs): the check fails within seconds, long before its timeoutSeconds, with an error that
-names the stalled path, both ends end, the agents keep serving, and once the link is back a new check passes.
+Node a: the source agent (rxea); it drives each check through both agents' REST APIs, as the
+controller does. Node b: the target agent (rxeb); it answers node a through the shared folder (its
+agent's port and token, the GID index its sysfs lists for its address, its counters).
+Cases, one pair of agents each:
+  eth0         rdma.device, 10.99.1.N (the GID of eth0's address)
+  vlan-ipv4    rdma.netdev eth0.100 (no device: the shared-device plugin's way), 10.100.0.N
+  vlan-ipv6    rdma.address fd00:100::N (no device, no netdev), data plane on IPv6 too
+  macvlan      rdma.netdev mv100, 10.101.0.N
+Checked for each: both agents chose the GID whose sysfs entry holds their address on that netdev
+with type RoCE v2 (never index 0), and report it (the path check's localRdma/peerRdma gid and
+gidIndex, the rdmig_rdma_selected gauge's labels, the agent's start-up log line). Where RDMA
+carries: the pair passes over RDMA (auto-both-rdma) with every byte verified on node b, and rxea
+sent / rxeb received at least the packets the bytes need. On the macvlan, Debian 12's rxe (6.1)
+drops every RoCE v2 packet for a macvlan's address (it takes a packet only from its netdev or a
+VLAN of it, rxe_udp_encap_recv, and only for a GID of the interface it arrived on, rxe_chk_dgid):
+the check must fail cleanly naming the RDMA channel, every CM packet rxea sent reaching node b's
+IP stack (an nftables counter of UDP 4791) and none counted by rxeb. A kernel whose rxe carries it fails this case on purpose.
+Last, RDMA between the nodes breaks mid-stream (eth0 again; node b drops RoCE v2 with nftables
+while a long check runs): the check fails within seconds, long before its timeoutSeconds, with an
+error that names the stalled path, both ends end, and once the link is back a new check passes.
   python3 test_pathcheck_rdma_two_nodes.py  (RDMIG_AGENT, RDMIG_TOOLS, RDMIG_NODE, RDMIG_OUT)
 """
 import ipaddress
 import os
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,17 +42,98 @@ from test_agent_rdma_two_nodes import (ADDR, DEV, NODE, PEER_ADDR, PeerAgent, aw
 from rdmiglab import Agent, parse_prometheus  # noqa: E402
 
 BYTES = 128 << 20
+SMALL = 32 << 20
+N, PEER_N = (1, 2) if NODE == "a" else (2, 1)
+PORT_DIR = "/sys/class/infiniband/%s/ports/1" % DEV
 
 
-def agent_config():
-    return {"transport": "auto", "rdma": {"device": DEV}, "api": {"address": "0.0.0.0"},
-            "dataPlane": {"address": ADDR, "advertiseAddress": ADDR, "rdmaPort": 0}}
+class Case:
+    """One pair of agents: the rdma keys of node N's agent, the netdev and address it must choose."""
+
+    def __init__(self, name, netdev, addr_fmt, rdma, carries=True, data_plane_on_rdma_address=False):
+        self.name, self.netdev, self.carries = name, netdev, carries
+        self.addr, self.peer_addr = addr_fmt % N, addr_fmt % PEER_N
+        self.rdma = {k: (v % N if "%" in v else v) for k, v in rdma.items()}
+        self.data_plane = self.addr if data_plane_on_rdma_address else ADDR
+
+    def config(self):
+        return {"transport": "auto", "rdma": self.rdma, "api": {"address": "0.0.0.0"},
+                "dataPlane": {"address": self.data_plane, "advertiseAddress": self.data_plane, "rdmaPort": 0}}
+
+
+CASES = [
+    Case("eth0", "eth0", "10.99.1.%d", {"device": DEV}),
+    Case("vlan-ipv4", "eth0.100", "10.100.0.%d", {"netdev": "eth0.100"}),
+    Case("vlan-ipv6", "eth0.100", "fd00:100::%d", {"address": "fd00:100::%d"}, data_plane_on_rdma_address=True),
+    Case("macvlan", "mv100", "10.101.0.%d", {"netdev": "mv100"}, carries=False),
+    Case("break", "eth0", "10.99.1.%d", {"device": DEV}),  # RoCE v2 dropped mid-stream
+]
+
+
+def start_check(a, b, nbytes, **extra):
+    """Starts a check of `nbytes` from agent a to agent b, as the controller does; returns the
+    source's and the target's check ids."""
+    spec = dict({"bytes": nbytes, "chunkSize": "1Mi", "channels": 2}, **extra)
+    t = b.call("POST", "/v1/pathchecks", dict(spec, role="target"))
+    s = a.call("POST", "/v1/pathchecks", dict(spec, role="source", target={
+        "endpoint": t["endpoint"], "checkId": t["checkId"], "token": t["token"]}))
+    return s["id"], t["id"]
+
+
+def settle(agent, check_id, timeout=300):
+    deadline = time.monotonic() + timeout
+    while True:
+        st = agent.call("GET", "/v1/pathchecks/" + check_id)
+        if st["phase"] in ("Succeeded", "Failed", "Cancelled") or time.monotonic() > deadline:
+            return st
+        time.sleep(0.2)
 
 
 def gid_of(ip):
-    """The RoCE v2 GID of an IPv4 address, as sysfs writes GIDs."""
-    raw = b"\0" * 10 + b"\xff\xff" + ipaddress.IPv4Address(ip).packed
+    """The RoCE v2 GID of an address (IPv4-mapped for IPv4), as sysfs writes GIDs."""
+    a = ipaddress.ip_address(ip)
+    raw = (b"\0" * 10 + b"\xff\xff" + a.packed) if a.version == 4 else a.packed
     return ":".join(raw[i:i + 2].hex() for i in range(0, 16, 2))
+
+
+def read(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:  # an unused entry's attributes cannot be read
+        return None
+
+
+def sysfs_gid_index(netdev, ip):
+    """The index of the one GID table entry that holds ip's GID on netdev with type RoCE v2."""
+    want, found, table = gid_of(ip), [], []
+    for name in sorted(os.listdir(PORT_DIR + "/gids"), key=int):
+        value = read("%s/gids/%s" % (PORT_DIR, name))
+        if not value or value == gid_of("::"):
+            continue
+        ndev, kind = read("%s/gid_attrs/ndevs/%s" % (PORT_DIR, name)), read("%s/gid_attrs/types/%s" % (PORT_DIR, name))
+        table.append("%s %s %s %s" % (name, value, kind, ndev))
+        if value == want and ndev == netdev and kind == "RoCE v2":
+            found.append(int(name))
+    if len(found) != 1:
+        raise AssertionError("%s: %d RoCE v2 GIDs for %s on %s; table:\n  %s" %
+                             (DEV, len(found), ip, netdev, "\n  ".join(table)))
+    return found[0]
+
+
+def gid_table():
+    return {int(n): (read("%s/gids/%s" % (PORT_DIR, n)), read("%s/gid_attrs/types/%s" % (PORT_DIR, n)),
+                     read("%s/gid_attrs/ndevs/%s" % (PORT_DIR, n))) for n in os.listdir(PORT_DIR + "/gids")}
+
+
+def counters():
+    """The rxe device's packet counters and the RoCE v2 packets (UDP 4791, IPv4 and IPv6) that
+    reached this node's IP stack on any interface: pathcheck-two-nodes.sh counts them with nftables."""
+    c = hw_counters()
+    out = subprocess.run(["nft", "list", "chain", "inet", "rdmigcount", "in"], check=True, capture_output=True,
+                         text=True).stdout
+    c["roce_in"] = int(re.search(r"udp dport 4791 counter packets (\d+)", out).group(1))
+    return c
 
 
 def pathcheck_bytes(agent, direction):
@@ -47,125 +142,197 @@ def pathcheck_bytes(agent, direction):
                         frozenset({"transport": "rdma", "direction": direction, "traffic": "pathcheck"}.items())), 0)
 
 
+def selection(agent):
+    """The labels of the agent's rdmig_rdma_selected series (one series at a time)."""
+    samples, _ = parse_prometheus(agent.metrics())
+    series = [(dict(labels), v) for (name, labels), v in samples.items() if name == "rdmig_rdma_selected"]
+    if len(series) != 1:
+        raise AssertionError("rdmig_rdma_selected: %r" % series)
+    return series[0]
+
+
 def serve_target():
-    tmp = tempfile.mkdtemp(prefix="rdmig-pc-b-")
-    agent = Agent(tmp, "agent-b", config=agent_config(), log_level="debug")
+    """Node b: one target agent per case, answering node a's counter requests until it is done."""
     ok = True
-    try:
-        post("agent-b", {"port": agent.api_port, "token": agent.token})
-        for seq in range(2):
-            await_("want-counters-%d" % seq, 600)
-            post("counters-%d" % seq, hw_counters())
-        # The link breaks mid-stream, then comes back.
-        await_("want-cut", 600)
-        cut_rdma()
-        post("cut", True)
-        await_("want-uncut", 600)
-        post("uncut", uncut_rdma())
-        await_("done", 300)
-    except Exception as e:  # noqa: BLE001 - report and tell node a
-        print("node b: %s: %s" % (type(e).__name__, e))
-        post("failed-b", str(e))
-        ok = False
-    finally:
-        print(agent.log_text()[-3000:])
-        agent.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+    for case in CASES:
+        tmp = tempfile.mkdtemp(prefix="rdmig-pc-b-")
+        agent = None
+        try:
+            expect = sysfs_gid_index(case.netdev, case.addr)
+            agent = Agent(tmp, "agent-b", config=case.config(), log_level="debug")
+            post("agent-b-" + case.name, {"port": agent.api_port, "token": agent.token, "gidIndex": expect})
+            answered, done = set(), os.path.join(os.environ["RDMIG_OUT"], "rdv", "done-" + case.name)
+            deadline = time.monotonic() + 600
+            cut = False
+            while not os.path.exists(done):
+                for seq in (0, 1):
+                    want = "want-counters-%s-%d" % (case.name, seq)
+                    if seq not in answered and os.path.exists(os.path.join(os.environ["RDMIG_OUT"], "rdv", want)):
+                        post("counters-%s-%d" % (case.name, seq), counters())
+                        answered.add(seq)
+                # The link breaks mid-stream, then comes back.
+                for want, act in (("want-cut", "cut"), ("want-uncut", "uncut")):
+                    if act not in answered and os.path.exists(os.path.join(os.environ["RDMIG_OUT"], "rdv",
+                                                                           "%s-%s" % (want, case.name))):
+                        if act == "cut":
+                            cut_rdma()
+                            cut = True
+                            post("cut-" + case.name, True)
+                        else:
+                            cut = False
+                            post("uncut-" + case.name, uncut_rdma())
+                        answered.add(act)
+                if time.monotonic() > deadline:
+                    raise TimeoutError("node a did not finish case %s" % case.name)
+                time.sleep(0.2)
+        except Exception as e:  # noqa: BLE001 - report and tell node a
+            print("node b, case %s: %s: %s" % (case.name, type(e).__name__, e))
+            post("failed-b", str(e))
+            ok = False
+        finally:
+            if cut:
+                uncut_rdma()
+            if agent:
+                print("node b, case %s, agent log:\n%s" % (case.name, agent.log_text()[-2500:]))
+                agent.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
+        if not ok:
+            break
     return 0 if ok else 1
 
 
 class TwoNodePathCheckTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="rdmig-pc-a-")
-        cls.a = Agent(cls.tmp, "agent-a", config=agent_config(), log_level="debug")
-        b = await_("agent-b", 300)
-        cls.b = PeerAgent(PEER_ADDR, b["port"], b["token"])
+    def run_case(self, case, nbytes):
+        tmp = tempfile.mkdtemp(prefix="rdmig-pc-a-")
+        a = None
+        try:
+            expect_a = sysfs_gid_index(case.netdev, case.addr)
+            self.assertNotEqual(expect_a, 0, "index 0 is eth0's link-local GID")
+            a = Agent(tmp, "agent-a", config=case.config(), log_level="debug")
+            binfo = await_("agent-b-" + case.name, 300)
+            b = PeerAgent(PEER_ADDR, binfo["port"], binfo["token"])
+            print("\n%s: GID table of %s: %s" % (case.name, DEV, sorted(gid_table().items())))
+            print("%s: expected GID index: node a %d, node b %d" % (case.name, expect_a, binfo["gidIndex"]))
 
-    @classmethod
-    def tearDownClass(cls):
-        post("done", True)
-        cls.a.stop()
-        shutil.rmtree(cls.tmp, ignore_errors=True)
+            # Both agents chose (and report) the GID of their address on that netdev, RoCE v2.
+            for agent, dev_is_mine, addr, index in ((a, True, case.addr, expect_a),
+                                                    (b, False, case.peer_addr, binfo["gidIndex"])):
+                labels, value = selection(agent)
+                self.assertEqual(value, 1, labels)
+                self.assertEqual((labels["reason"], labels["netdev"], labels["address"], labels["gid_index"],
+                                  labels["gid_type"]), ("ok", case.netdev, addr, str(index), "RoCE v2"), labels)
+                self.assertEqual(labels["device"] == DEV, dev_is_mine, labels)
+            self.assertRegex(a.log_text(), r"rdma=%s port=1 netdev=%s gid_index=%d gid_type=RoCE v2 .*address=%s:" %
+                             (DEV, case.netdev.replace(".", r"\."), expect_a, case.addr.replace(".", r"\.")))
 
-    def start(self, nbytes, **extra):
-        """Starts a check of `nbytes` from node a to node b, as the controller does; returns the
-        source's and the target's ids."""
-        spec = dict({"bytes": nbytes, "chunkSize": "1Mi", "channels": 2}, **extra)
-        t = self.b.call("POST", "/v1/pathchecks", dict(spec, role="target"))
-        s = self.a.call("POST", "/v1/pathchecks", dict(spec, role="source", target={
-            "endpoint": t["endpoint"], "checkId": t["checkId"], "token": t["token"]}))
-        return s["id"], t["id"]
+            post("want-counters-%s-0" % case.name, True)
+            b_before = await_("counters-%s-0" % case.name)
+            a_before = counters()
+            sent_before = pathcheck_bytes(a, "sent")
+            t = b.call("POST", "/v1/pathchecks", {"role": "target", "bytes": nbytes, "chunkSize": "1Mi", "channels": 2})
+            s = a.call("POST", "/v1/pathchecks", {"role": "source", "bytes": nbytes, "chunkSize": "1Mi", "channels": 2,
+                                                  "target": {"endpoint": t["endpoint"], "checkId": t["checkId"],
+                                                             "token": t["token"]}})
+            deadline = time.monotonic() + 300
+            while True:
+                src = a.call("GET", "/v1/pathchecks/" + s["id"])
+                if src["phase"] in ("Succeeded", "Failed", "Cancelled") or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            dst = b.call("GET", "/v1/pathchecks/" + t["id"])
+            a_after = counters()
+            post("want-counters-%s-1" % case.name, True)
+            b_after = await_("counters-%s-1" % case.name)
+            print("%s: target endpoint %s\nsource: %s\ntarget: %s" % (case.name, t["endpoint"], src, dst))
+            sent, rcvd = a_after["sent"] - a_before["sent"], b_after["rcvd"] - b_before["rcvd"]
+            b_roce_in = b_after["roce_in"] - b_before["roce_in"]
+            print("%s: %s sent_pkts +%d; node b: UDP 4791 packets in +%d, rxeb rcvd_pkts +%d; for %d bytes" %
+                  (case.name, DEV, sent, b_roce_in, rcvd, nbytes))
+            if not case.carries:
+                # The CM requests left rxea and reached node b's IP stack; rxeb took none.
+                self.assertEqual(src["phase"], "Failed", src)
+                self.assertIn("RDMA channel", src.get("error", ""), src)
+                self.assertGreater(sent, 0, "rxea sent no CM packet")
+                self.assertGreaterEqual(b_roce_in, sent, "the CM packets did not all reach node b")
+                self.assertEqual(rcvd, 0, "rxeb received RoCE v2 on a macvlan: this kernel's rxe carries it, "
+                                          "make the macvlan case one that moves bytes")
+                return
+            self.assertEqual(src["phase"], "Succeeded", src)
+            self.assertEqual(dst["phase"], "Succeeded", dst)
+            self.assertEqual((src["transport"], src["transportReason"]), ("rdma", "auto-both-rdma"))
+            self.assertEqual(dst["bytesVerified"], nbytes)
+            self.assertGreater(src["throughputBytesPerSecond"], 0)
+            self.assertGreater(src["rttMicroseconds"], 0)
+            self.assertEqual(src["localRdma"]["device"], DEV)
+            self.assertEqual((src["localRdma"]["gid"], src["localRdma"]["gidIndex"]), (gid_of(case.addr), expect_a))
+            self.assertEqual((src["peerRdma"]["gid"], src["peerRdma"]["gidIndex"]),
+                             (gid_of(case.peer_addr), binfo["gidIndex"]))
+            self.assertNotEqual(src["peerRdma"]["device"], DEV)  # rxeb: the other node's device
+            self.assertEqual(dst["localRdma"], src["peerRdma"])
+            self.assertEqual(src["localRdma"]["mtu"], src["peerRdma"]["mtu"])
+            self.assertGreaterEqual(pathcheck_bytes(a, "sent") - sent_before, nbytes)
+            self.assertGreaterEqual(sent, nbytes // 4096, "rxea sent too few packets")
+            self.assertGreaterEqual(rcvd, nbytes // 4096, "rxeb received too few packets")
+            self.assertGreaterEqual(b_roce_in, rcvd, "rxeb counted packets that node b's IP stack did not see")
+        finally:
+            post("done-" + case.name, True)
+            if a:
+                a.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
 
-    def settle(self, agent, check_id, timeout=300):
-        deadline = time.monotonic() + timeout
-        while True:
-            st = agent.call("GET", "/v1/pathchecks/" + check_id)
-            if st["phase"] in ("Succeeded", "Failed", "Cancelled") or time.monotonic() > deadline:
-                return st
-            time.sleep(0.2)
+    def test_1_eth0_address_of_the_device(self):
+        self.run_case(CASES[0], BYTES)
 
-    def test_a_pair_between_two_rdma_devices_passes_and_names_each_end(self):
-        post("want-counters-0", True)
-        b_before = await_("counters-0")
-        a_before = hw_counters()
-        sent_before = pathcheck_bytes(self.a, "sent")
-        sid, tid = self.start(BYTES)
-        src = self.settle(self.a, sid)
-        dst = self.b.call("GET", "/v1/pathchecks/" + tid)
-        a_after = hw_counters()
-        post("want-counters-1", True)
-        b_after = await_("counters-1")
-        print("\nsource:", src, "\ntarget:", dst)
-        self.assertEqual(src["phase"], "Succeeded", src)
-        self.assertEqual(dst["phase"], "Succeeded", dst)
-        self.assertEqual((src["transport"], src["transportReason"]), ("rdma", "auto-both-rdma"))
-        self.assertEqual(dst["bytesVerified"], BYTES)
-        self.assertGreater(src["throughputBytesPerSecond"], 0)
-        self.assertGreater(src["rttMicroseconds"], 0)
-        self.assertEqual(src["localRdma"]["device"], DEV)
-        self.assertEqual(src["localRdma"]["gid"], gid_of(ADDR))
-        self.assertEqual(src["peerRdma"]["gid"], gid_of(PEER_ADDR))
-        self.assertNotEqual(src["peerRdma"]["device"], DEV)  # rxeb: the other node's device
-        self.assertEqual(dst["localRdma"], src["peerRdma"])
-        self.assertEqual(src["localRdma"]["mtu"], src["peerRdma"]["mtu"])
-        self.assertGreaterEqual(pathcheck_bytes(self.a, "sent") - sent_before, BYTES)
-        sent, rcvd = a_after["sent"] - a_before["sent"], b_after["rcvd"] - b_before["rcvd"]
-        print("rxea sent_pkts +%d, rxeb rcvd_pkts +%d for %d bytes" % (sent, rcvd, BYTES))
-        self.assertGreaterEqual(sent, BYTES // 4096, "rxea sent too few packets")
-        self.assertGreaterEqual(rcvd, BYTES // 4096, "rxeb received too few packets")
+    def test_2_vlan_given_as_rdma_netdev_ipv4(self):
+        self.run_case(CASES[1], SMALL)
 
-    def test_b_rdma_broken_mid_stream_fails_the_check_within_its_deadline_naming_why(self):
-        timeout = 60
-        sid, tid = self.start(64 << 30, timeoutSeconds=timeout)  # far more than fits in the time
-        deadline = time.monotonic() + 120
-        while self.a.call("GET", "/v1/pathchecks/" + sid).get("bytesSent", 0) < (8 << 20):
-            self.assertLess(time.monotonic(), deadline, "the check never got going")
-            time.sleep(0.1)
-        post("want-cut", True)
-        await_("cut", 60)
-        t0 = time.monotonic()
-        src = self.settle(self.a, sid, timeout + 30)
-        took = time.monotonic() - t0
-        dst = self.settle(self.b, tid, 30)
-        post("want-uncut", True)
-        dropped = await_("uncut", 60)
-        print("\nRoCE v2 dropped mid-stream (%d packets): source %s after %.1f s (%s), target %s (%s)"
-              % (dropped, src["phase"], took, src.get("error"), dst["phase"], dst.get("error")))
-        self.assertEqual(src["phase"], "Failed", src)
-        # Not the deadline: the stall, named, within seconds (pathcheck::kStallLimit, 10 s).
-        self.assertLess(took, 30, "the check waited for its deadline instead of naming the stall")
-        self.assertIn("stalled", src["error"])
-        self.assertIn("rdma path", src["error"])
-        self.assertIn(dst["phase"], ("Failed", "Cancelled"), dst)
-        self.assertTrue(dst.get("error"), dst)
-        self.assertGreater(dropped, 0)
-        self.assertLess(src["bytesSent"], 64 << 30)
-        # Both agents serve on; with the link back, a new check passes over RDMA.
-        sid, tid = self.start(16 << 20)
-        src = self.settle(self.a, sid)
-        self.assertEqual((src["phase"], src["transport"]), ("Succeeded", "rdma"), src)
-        self.assertEqual(self.settle(self.b, tid)["bytesVerified"], 16 << 20)
+    def test_3_ipv6_address_on_the_vlan_given_as_rdma_address(self):
+        self.run_case(CASES[2], SMALL)
+
+    def test_4_macvlan_given_as_rdma_netdev(self):
+        self.run_case(CASES[3], 8 << 20)
+
+    def test_5_rdma_broken_mid_stream_fails_the_check_within_seconds_naming_why(self):
+        case = CASES[4]
+        tmp = tempfile.mkdtemp(prefix="rdmig-pc-a-")
+        a = Agent(tmp, "agent-a", config=case.config(), log_level="debug")
+        try:
+            binfo = await_("agent-b-" + case.name, 300)
+            b = PeerAgent(PEER_ADDR, binfo["port"], binfo["token"])
+            timeout = 60
+            sid, tid = start_check(a, b, 64 << 30, timeoutSeconds=timeout)  # far more than fits in the time
+            deadline = time.monotonic() + 120
+            while a.call("GET", "/v1/pathchecks/" + sid).get("bytesSent", 0) < (8 << 20):
+                self.assertLess(time.monotonic(), deadline, "the check never got going")
+                time.sleep(0.1)
+            post("want-cut-" + case.name, True)
+            await_("cut-" + case.name, 60)
+            t0 = time.monotonic()
+            src = settle(a, sid, timeout + 30)
+            took = time.monotonic() - t0
+            dst = settle(b, tid, 30)
+            post("want-uncut-" + case.name, True)
+            dropped = await_("uncut-" + case.name, 60)
+            print("\nRoCE v2 dropped mid-stream (%d packets): source %s after %.1f s (%s), target %s (%s)"
+                  % (dropped, src["phase"], took, src.get("error"), dst["phase"], dst.get("error")))
+            self.assertEqual(src["phase"], "Failed", src)
+            # Not the deadline: the stall, named, within seconds (pathcheck::kStallLimit, 10 s).
+            self.assertLess(took, 30, "the check waited for its deadline instead of naming the stall")
+            self.assertIn("stalled", src["error"])
+            self.assertIn("rdma path", src["error"])
+            self.assertIn(dst["phase"], ("Failed", "Cancelled"), dst)
+            self.assertTrue(dst.get("error"), dst)
+            self.assertGreater(dropped, 0)
+            self.assertLess(src["bytesSent"], 64 << 30)
+            # Both agents serve on; with the link back, a new check passes over RDMA.
+            sid, tid = start_check(a, b, 16 << 20)
+            src = settle(a, sid)
+            self.assertEqual((src["phase"], src["transport"]), ("Succeeded", "rdma"), src)
+            self.assertEqual(settle(b, tid)["bytesVerified"], 16 << 20)
+        finally:
+            post("done-" + case.name, True)
+            a.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

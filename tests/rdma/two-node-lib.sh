@@ -6,6 +6,10 @@
 #                           on time-out or when the peer published "failed"
 #   counter NAME            this node's rxe port counter (hw_counters/NAME: sent_pkts, rcvd_pkts)
 #   gid                     this node's RoCE v2 GID of its own IPv4 address
+#   upper_netdevs           what a RoCE node's interfaces look like above the port: VLAN 100 on
+#                           eth0 (eth0.100: 10.100.0.N/24, fd00:100::N/64) and a macvlan over it
+#                           (mv100: 10.101.0.N/24), N = 1 on node a, 2 on node b; waits until
+#                           rxe's GID table has their RoCE v2 entries (IPv6 without DAD: nodad)
 : "${RDMIG_NODE:?not in a two-node VM (run-two-vms.sh)}" "${RDMIG_OUT:?no shared folder}"
 RDV="$RDMIG_OUT/rdv"
 mkdir -p "$RDV"
@@ -37,5 +41,25 @@ gid() {
     t="$(cat "/sys/class/infiniband/$RDMIG_RDMA_DEV/ports/1/gid_attrs/types/$i" 2>/dev/null)" || continue
     case "$v" in 0000:0000:0000:0000:0000:ffff:*) [ "$t" = "RoCE v2" ] && { echo "$v"; return 0; } ;; esac
   done
+  return 1
+}
+
+upper_netdevs() {
+  _n=1; [ "$RDMIG_NODE" = b ] && _n=2
+  _ip=iproute2-ip   # busybox sh would run its own ip applet even by path
+  $_ip link add link eth0 name eth0.100 type vlan id 100 &&
+    $_ip addr add "10.100.0.$_n/24" dev eth0.100 &&
+    $_ip addr add "fd00:100::$_n/64" dev eth0.100 nodad &&
+    $_ip link set eth0.100 up &&
+    $_ip link add link eth0.100 name mv100 type macvlan mode bridge &&
+    $_ip addr add "10.101.0.$_n/24" dev mv100 &&
+    $_ip link set mv100 up || return 1
+  # rxe adds a GID per address of every upper device of its netdev (6.1: VLANs and macvlans alike).
+  for _ in $(seq 1 100); do
+    _seen="$(cat /sys/class/infiniband/"$RDMIG_RDMA_DEV"/ports/1/gid_attrs/ndevs/* 2>/dev/null | sort | uniq -c | tr -s ' ' | tr '\n' ';')"
+    case "$_seen" in *" 3 eth0.100;"*" 2 mv100;"*) return 0 ;; esac
+    sleep 0.1
+  done
+  echo "upper_netdevs: GIDs per netdev: $_seen" >&2
   return 1
 }

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <tuple>
 
 #include "common/units.h"
 #include "transport/rdma/device.h"
@@ -185,6 +186,67 @@ TEST(RdmaDeviceSelection, AddressAloneFindsItsDeviceAndNetdev) {
   s = c.select(opts("", "", "203.0.113.5"));
   ASSERT_TRUE(s.ok()) << s.error.message;
   EXPECT_EQ(s.device->netdev, "mv0");
+}
+
+// rdma.address is compared by value: an operator's spelling of an IPv6 address (upper case, zero
+// groups) is the interface's address, and the interface's spelling is what is bound and reported.
+TEST(RdmaDeviceSelection, AddressIsComparedByValueNotBySpelling) {
+  Cluster c;
+  auto s = c.select(opts("", "", "2001:DB8:100:0:0::7"));
+  ASSERT_TRUE(s.ok()) << s.reason << ": " << s.error.message;
+  EXPECT_EQ(s.device->netdev, "ens1f0v0.100");
+  EXPECT_EQ(s.device->ip, "2001:db8:100::7");
+  EXPECT_EQ(s.device->gid_index, 7);
+  s = c.select(opts("", "", "2001:db8:100::8"));
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.reason, kNoAddress);
+}
+
+// The GID table of rxea in the two-node Soft-RoCE VMs (Debian 12, 6.1) with eth0 10.99.1.1 and
+// fd00:99::1 (added last), VLAN eth0.100 10.100.0.1 + fd00:100::1 and macvlan mv100 over it
+// 10.101.0.1, copied from /sys: rxe has RoCE v2 entries only; index 0 is eth0's link-local GID,
+// and the VLAN's link-local entry (4) has the same value on eth0.100; an address added later
+// takes the next free index (10). tests/rdma/test_pathcheck_rdma_two_nodes.py checks the same
+// choices between two real devices.
+TEST(RdmaDeviceSelection, RxeTableAsTheKernelFillsItForVlanMacvlanAndIpv6) {
+  FakeSysfs f;
+  f.add_port("rxea");
+  f.write("class/infiniband/rxea/parent", "eth0");
+  const std::vector<std::tuple<int, std::string, std::string>> table = {
+      {0, "fe80:0000:0000:0000:5054:00ff:fe99:0101", "eth0"},
+      {1, "0000:0000:0000:0000:0000:ffff:0a63:0101", "eth0"},
+      {2, "0000:0000:0000:0000:0000:ffff:0a64:0001", "eth0.100"},
+      {3, "fd00:0100:0000:0000:0000:0000:0000:0001", "eth0.100"},
+      {4, "fe80:0000:0000:0000:5054:00ff:fe99:0101", "eth0.100"},
+      {5, "0000:0000:0000:0000:0000:ffff:0a65:0001", "mv100"},
+      {7, "fe80:0000:0000:0000:a817:9bff:fe17:0867", "mv100"},
+      {10, "fd00:0099:0000:0000:0000:0000:0000:0001", "eth0"},
+  };
+  for (const auto& [i, g, nd] : table) f.gid("rxea", i, g, kV2, nd);
+  const std::map<std::string, std::vector<std::string>> addrs = {
+      {"eth0", {"10.99.1.1", "fd00:99::1"}}, {"eth0.100", {"10.100.0.1", "fd00:100::1"}}, {"mv100", {"10.101.0.1"}}};
+  const AddressLookup lookup = [&](const std::string& nd) {
+    auto it = addrs.find(nd);
+    return it == addrs.end() ? std::vector<std::string>{} : it->second;
+  };
+  EXPECT_EQ(f.view().netdevs_of("rxea"), (std::vector<std::string>{"eth0", "eth0.100", "mv100"}));
+  struct Want {
+    RdmaOptions o;
+    std::string netdev, ip;
+    int index;
+  };
+  for (const auto& w : {Want{opts("rxea"), "eth0", "10.99.1.1", 1},
+                        Want{opts("", "eth0.100"), "eth0.100", "10.100.0.1", 2},
+                        Want{opts("", "", "fd00:100::1"), "eth0.100", "fd00:100::1", 3},
+                        Want{opts("", "mv100"), "mv100", "10.101.0.1", 5},
+                        Want{opts("", "", "fd00:99::1"), "eth0", "fd00:99::1", 10}}) {
+    auto s = select_device(w.o, {}, f.view(), lookup);
+    ASSERT_TRUE(s.ok()) << w.netdev << " " << w.ip << ": " << s.error.message;
+    EXPECT_EQ(s.device->netdev, w.netdev);
+    EXPECT_EQ(s.device->ip, w.ip);
+    EXPECT_EQ(s.device->gid_index, w.index) << w.ip;
+    EXPECT_EQ(s.device->gid_type, kV2);
+  }
 }
 
 TEST(RdmaDeviceSelection, OnlyRoceV1GidIsGidNotFound) {

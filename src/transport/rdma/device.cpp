@@ -191,12 +191,17 @@ Selection select_device(const RdmaOptions& options, const std::map<std::string, 
       for (const auto& nd : netdevs) {
         auto addrs = addresses_of(nd);
         if (!options.address.empty()) {
-          if (std::find(addrs.begin(), addrs.end(), options.address) == addrs.end()) {
+          // By value, not by spelling: "FD00:100:0::1" is the interface's fd00:100::1, and the
+          // interface's spelling is the one bound, advertised and reported.
+          const auto want = gid_of_address(options.address);
+          const auto same = std::find_if(addrs.begin(), addrs.end(),
+                                         [&](const std::string& a) { return want && gid_of_address(a) == want; });
+          if (same == addrs.end()) {
             p.at(1, kNoAddress, "config key 'rdma.address': " + options.address + " is not an address of " + nd +
                                     " (" + where + "; its addresses: " + join(addrs) + ")");
             continue;
           }
-          addrs = {options.address};
+          addrs = {*same};
         }
         if (addrs.empty()) {
           p.at(1, kNoAddress, c.key + ": interface " + nd + " of " + where +

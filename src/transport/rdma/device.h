@@ -9,9 +9,9 @@
 //    gid_attrs/ndevs/*, so a VLAN or macvlan on the port is found), device/net and an rxe's
 //    parent; only RdmaOptions::netdev when set.
 // 3. Addresses of those netdevs (IPv4 first, then global IPv6; only RdmaOptions::address when
-//    set), and for each the RoCE v2 GID of that address on that netdev (IPv4-mapped for IPv4).
-//    The first address that has one wins. Never GID index 0 by default: index 0 is the
-//    link-local RoCE v1 entry. InfiniBand ports use their IPoIB address and GID 0.
+//    set, compared by value), and for each the RoCE v2 GID of that address on that netdev
+//    (IPv4-mapped for IPv4). The first address that has one wins. Never GID index 0 by default:
+//    index 0 is the link-local entry (RoCE v1 on a ConnectX, v2 on rxe). InfiniBand ports use their IPoIB address and GID 0.
 // A failure says how far selection got (reason) and what to fix (message, naming the key).
 #pragma once
 
