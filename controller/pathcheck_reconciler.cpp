@@ -252,13 +252,10 @@ bool PathCheckReconciler::start_pair(const json& obj, json& pair) {
   // A transient refusal leaves the pair Pending for another attempt, the refusal in its error.
   auto refused = [&](const Error& e, const std::string& why) {
     const auto attempts = int_field(pair, "attempts", 1);
-    if (!retryable(e) || attempts >= kMaxPairStartAttempts) {
-      return fail(attempts > 1 ? why + " (attempt " + std::to_string(attempts) + " of " +
-                                     std::to_string(kMaxPairStartAttempts) + ")"
-                               : why);
-    }
-    pair["error"] = why + " (attempt " + std::to_string(attempts) + " of " + std::to_string(kMaxPairStartAttempts) +
-                    "; trying again)";
+    const std::string attempt =
+        " (attempt " + std::to_string(attempts) + " of " + std::to_string(kMaxPairStartAttempts);
+    if (!retryable(e) || attempts >= kMaxPairStartAttempts) return fail(attempts > 1 ? why + attempt + ")" : why);
+    pair["error"] = why + attempt + "; trying again)";
     pair["nextAttemptTime"] = k8s::format_time(k8s::Clock::now() + std::chrono::seconds(int64_t{1} << (attempts - 1)));
     return false;
   };

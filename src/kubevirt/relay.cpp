@@ -406,6 +406,8 @@ void KubevirtRelay::prune_points() {
       }
     }
   }
+  // This thread's references go now, so the worker below holds the last ones and the slow
+  // removal runs there, not here.
   before.clear();
   if (stale.empty()) return;
   for (const auto& p : stale) {
