@@ -9,5 +9,11 @@ scripts/install-deps.sh --test
 scripts/build.sh
 cd build
 # Each suite prints its own failures; --output-on-failure shows them in the log.
-ctest --output-on-failure --timeout 1800 "$@"
+rc=0
+ctest --output-on-failure --timeout 1800 "$@" || rc=$?
+if [ "$rc" -ne 0 ]; then
+  # The why of each failure, last in the log (a CI log is often read from its tail).
+  python3 ../scripts/failure-digest.py Testing/Temporary/LastTest.log || true
+fi
 echo "test.sh: finished in $(( $(date +%s) - start )) s"
+exit "$rc"

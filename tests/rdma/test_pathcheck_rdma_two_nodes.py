@@ -29,6 +29,7 @@ import ipaddress
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -126,6 +127,38 @@ def gid_table():
                      read("%s/gid_attrs/ndevs/%s" % (PORT_DIR, n))) for n in os.listdir(PORT_DIR + "/gids")}
 
 
+def neighbour(addr):
+    """This node's neighbour entry for `addr` (ip neigh), for failure messages."""
+    out = subprocess.run(["iproute2-ip", "neigh", "show", "to", addr], capture_output=True, text=True)
+    return (out.stdout + out.stderr).strip() or "no entry"
+
+
+def warm_neighbour(local, peer, limit=30.0):
+    """Resolves `peer`'s link-layer address from `local` before a check: a TCP connect to a closed
+    port (refused: the neighbour answered). rdma_cm resolves it too, but only within the check's
+    connect timeout: in one run of the macvlan case under load no CM packet left rxea at all (no
+    rdma_cm event in 15 s, address resolution being the step before the first packet). Returns
+    the seconds it took; a peer that never answers fails the case naming the neighbour state."""
+    family = socket.AF_INET6 if ":" in peer else socket.AF_INET
+    t0 = time.monotonic()
+    while True:
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.settimeout(2)
+        try:
+            s.bind((local, 0))
+            s.connect((peer, 9))
+            return time.monotonic() - t0
+        except ConnectionRefusedError:
+            return time.monotonic() - t0
+        except OSError as e:
+            if time.monotonic() - t0 > limit:
+                raise AssertionError("%s does not answer from %s within %.0f s (%s; neighbour: %s)"
+                                     % (peer, local, limit, e, neighbour(peer)))
+        finally:
+            s.close()
+        time.sleep(0.5)
+
+
 def counters():
     """The rxe device's packet counters and the RoCE v2 packets (UDP 4791, IPv4 and IPv6) that
     reached this node's IP stack on any interface: pathcheck-two-nodes.sh counts them with nftables."""
@@ -211,7 +244,8 @@ class TwoNodePathCheckTest(unittest.TestCase):
             a = Agent(tmp, "agent-a", config=case.config(), log_level="debug")
             binfo = await_("agent-b-" + case.name, 300)
             b = PeerAgent(PEER_ADDR, binfo["port"], binfo["token"])
-            print("\n%s: GID table of %s: %s" % (case.name, DEV, sorted(gid_table().items())))
+            print("\n%s: GID table of %s: %s" % (case.name, DEV, sorted(
+                (n, g) for n, g in gid_table().items() if g[1] is not None)))
             print("%s: expected GID index: node a %d, node b %d" % (case.name, expect_a, binfo["gidIndex"]))
 
             # Both agents chose (and report) the GID of their address on that netdev, RoCE v2.
@@ -225,6 +259,9 @@ class TwoNodePathCheckTest(unittest.TestCase):
             self.assertRegex(a.log_text(), r"rdma=%s port=1 netdev=%s gid_index=%d gid_type=RoCE v2 .*address=%s:" %
                              (DEV, case.netdev.replace(".", r"\."), expect_a, case.addr.replace(".", r"\.")))
 
+            took = warm_neighbour(case.addr, case.peer_addr)
+            print("%s: %s answered from %s in %.1f s (%s)" % (case.name, case.peer_addr, case.addr, took,
+                                                             neighbour(case.peer_addr)))
             post("want-counters-%s-0" % case.name, True)
             b_before = await_("counters-%s-0" % case.name)
             a_before = counters()
@@ -252,7 +289,7 @@ class TwoNodePathCheckTest(unittest.TestCase):
                 # The CM requests left rxea and reached node b's IP stack; rxeb took none.
                 self.assertEqual(src["phase"], "Failed", src)
                 self.assertIn("RDMA channel", src.get("error", ""), src)
-                self.assertGreater(sent, 0, "rxea sent no CM packet")
+                self.assertGreater(sent, 0, "rxea sent no CM packet (neighbour: %s)" % neighbour(case.peer_addr))
                 self.assertGreaterEqual(b_roce_in, sent, "the CM packets did not all reach node b")
                 self.assertEqual(rcvd, 0, "rxeb received RoCE v2 on a macvlan: this kernel's rxe carries it, "
                                           "make the macvlan case one that moves bytes")
