@@ -127,7 +127,7 @@ Result<MigrationSpec> parse_create_request(const json& body, const AgentConfig& 
                                      "ringDepth", "transport"};
   std::set<std::string> allowed = common;
   if (spec.role == Role::kSource) {
-    allowed.insert({"target", "maxDowntimeMs", "maxBandwidthBytesPerSecond", "completionTimeoutSeconds",
+    allowed.insert({"target", "verifyChunks", "maxDowntimeMs", "maxBandwidthBytesPerSecond", "completionTimeoutSeconds",
                     "noProgressTimeoutSeconds"});
   } else {
     allowed.insert({"completionTimeoutSeconds", "noProgressTimeoutSeconds"});
@@ -191,6 +191,11 @@ Result<MigrationSpec> parse_create_request(const json& body, const AgentConfig& 
     auto bw = uint_field(body, "", "maxBandwidthBytesPerSecond", 0, 0, uint64_t{1} << 50);
     if (!bw) return bw.error();
     spec.max_bandwidth_bytes_per_second = bw.value();
+    spec.verify_chunks = defaults.migration.verify_chunks;
+    if (const auto it = body.find("verifyChunks"); it != body.end()) {
+      if (!it->is_boolean()) return bad("verifyChunks", "must be true or false");
+      spec.verify_chunks = it->get<bool>();
+    }
   }
   return spec;
 }

@@ -185,7 +185,8 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
     RDMIG_TRY(check_keys(m, "migration",
                          {"chunkSize", "ringDepth", "progressIntervalMs", "noProgressTimeoutSeconds",
                           "completionTimeoutSeconds", "maxConcurrent", "historySize", "bufferBudget",
-                          "qmpSocketRoots"}));
+                          "qmpSocketRoots", "verifyChunks"}));
+    RDMIG_TRY(read_bool(m, "migration", "verifyChunks", c.migration.verify_chunks));
     RDMIG_TRY(read_string_list(m, "migration", "qmpSocketRoots", c.migration.qmp_socket_roots, 32));
     for (const auto& root_dir : c.migration.qmp_socket_roots) {
       if (root_dir.empty() || root_dir.front() != '/') {

@@ -47,6 +47,10 @@ struct DataPlaneConfig {
 struct MigrationDefaults {
   uint64_t chunk_size = 1024 * 1024;  // chosen by bench/run.py: see README "Benchmarks"
   uint32_t ring_depth = 16;
+  // Every chunk ends in the CRC32C of its payload, checked before it reaches QEMU: a transport
+  // that corrupts data fails the migration (the VM stays on the source) instead of moving a
+  // damaged VM. Costs one CRC pass per byte on each agent; a request's verifyChunks overrides.
+  bool verify_chunks = false;
   uint32_t progress_interval_ms = 250;
   uint32_t no_progress_timeout_seconds = 120;
   uint32_t completion_timeout_seconds = 1800;

@@ -25,6 +25,7 @@ Job::Job(MigrationSpec spec, JobContext ctx)
   status_.channels = spec_.channels();
   status_.chunk_size = spec_.chunk_size;
   status_.ring_depth = spec_.ring_depth;
+  status_.verify_chunks = spec_.verify_chunks;
   status_.created_at_ms = wall_clock_ms();
   gauges_ = ctx_.metrics.migration_gauges(spec_.id, role_name(spec_.role), spec_.vm);
   ctx_.metrics.migration_started(role_name(spec_.role));

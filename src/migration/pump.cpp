@@ -4,7 +4,9 @@
 #include <sys/socket.h>
 
 #include <array>
+#include <cstdio>
 
+#include "common/crc32c.h"
 #include "common/log.h"
 #include "common/net.h"
 
@@ -167,7 +169,7 @@ void ChannelPump::up_loop() {
     size_t filled = 0;
     bool eof = false;
     int read_errno = 0;
-    if (channel_.splices()) {
+    if (channel_.splices() && !verify_) {
       // QEMU's bytes go from its socket to the peer through a pipe (splice), sent in the call.
       auto moved = channel_.send_from(fd);
       if (!moved) {
@@ -181,12 +183,20 @@ void ChannelPump::up_loop() {
       // One recv: on a unix stream socket it returns everything QEMU has queued, up to the
       // slot's size. Whatever it returns is sent at once (early flush: never wait to fill).
       auto span = buf.value();
+      // With verify_chunks() the slot's last bytes are kept for the payload's CRC32C.
+      const size_t room = verify_ ? span.size() - kVerifyTrailer : span.size();
       ssize_t n;
-      do n = ::recv(fd, span.data(), span.size(), 0);
+      do n = ::recv(fd, span.data(), room, 0);
       while (n < 0 && errno == EINTR);
       if (n > 0) {
         filled = static_cast<size_t>(n);
-        if (auto st = channel_.send(filled); !st) {
+        size_t wire = filled;
+        if (verify_) {
+          const uint32_t crc = crc32c(span.first(filled));
+          for (size_t k = 0; k < kVerifyTrailer; ++k) span[filled + k] = static_cast<std::byte>(crc >> (8 * k));
+          wire += kVerifyTrailer;
+        }
+        if (auto st = channel_.send(wire); !st) {
           record_error(st.error());
           break;
         }
@@ -263,7 +273,7 @@ void ChannelPump::down_loop() {
   for (;;) {
     // With splice the payload may still sit in the channel (pending): deliver_to() moves it
     // into QEMU's socket without a copy through user space.
-    auto chunk = channel_.splices() ? channel_.receive_deferred() : channel_.receive();
+    auto chunk = channel_.splices() && !verify_ ? channel_.receive_deferred() : channel_.receive();
     if (!chunk) {
       record_error(chunk.error());
       break;
@@ -275,7 +285,35 @@ void ChannelPump::down_loop() {
       break;
     }
     size_t written = chunk->data.size();
-    if (chunk->pending > 0) {
+    if (verify_) {
+      // Nothing of a chunk reaches QEMU before its CRC32C matched.
+      const auto data = chunk->data;
+      const uint64_t seq = verify_seq_++;
+      if (data.size() <= kVerifyTrailer) {
+        record_error(Error{Errc::kProtocol, where + ": chunk " + std::to_string(seq) + " of " +
+                                                std::to_string(data.size()) + " bytes has no room for its CRC32C"});
+        break;
+      }
+      const auto payload = data.first(data.size() - kVerifyTrailer);
+      uint32_t carried = 0;
+      for (size_t k = 0; k < kVerifyTrailer; ++k) {
+        carried |= static_cast<uint32_t>(data[payload.size() + k]) << (8 * k);
+      }
+      if (const uint32_t computed = crc32c(payload); computed != carried) {
+        char detail[96];
+        std::snprintf(detail, sizeof detail, "carried 0x%08x, computed 0x%08x", carried, computed);
+        record_error(Error{Errc::kProtocol, where + ": chunk " + std::to_string(seq) + " (" +
+                                                std::to_string(payload.size()) + " bytes) failed its CRC32C check (" +
+                                                detail + "): the transport corrupted it; nothing of it reached QEMU"});
+        break;
+      }
+      if (auto st = net::write_all(fd, payload); !st) {
+        record_error(st.error().with_context(where + ": write to QEMU"));
+        break;
+      }
+      written = payload.size();
+      chunks_verified_.fetch_add(1, std::memory_order_relaxed);
+    } else if (chunk->pending > 0) {
       auto moved = channel_.deliver_to(fd);
       if (!moved) {
         record_error(moved.error());

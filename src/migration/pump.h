@@ -27,6 +27,8 @@ namespace rdmig::migration {
 // How long a failed source pump set to drain_on_failure() reads QEMU's connection to nowhere
 // at most (QEMU closes it itself well before, once its migration cleanup has run).
 inline constexpr std::chrono::milliseconds kMultifdDrainLimit{10000};
+// What verify_chunks() appends to each chunk.
+inline constexpr size_t kVerifyTrailer = 4;
 
 class ChannelPump {
  public:
@@ -67,6 +69,12 @@ class ChannelPump {
   // Source side: called once, from the pump's QEMU-reading thread, with the first bytes QEMU
   // sent on this connection (up to 8, peeked before they are carried). Call before start().
   using FirstBytes = std::function<void(std::span<const std::byte>)>;
+  // Both ends of a channel, before start(): every chunk sent ends in the CRC32C of its payload
+  // (kVerifyTrailer bytes, little-endian), and every chunk received is checked before a byte
+  // of it reaches QEMU; a mismatch fails the channel naming the chunk. No splice then (the
+  // payload has to pass through user space to be summed).
+  void verify_chunks() { verify_ = true; }
+  uint64_t chunks_verified() const { return chunks_verified_.load(std::memory_order_relaxed); }
   void on_first_bytes(FirstBytes fn) { first_bytes_ = std::move(fn); }
   // True while a failed pump still reads its QEMU socket to nowhere (or is about to).
   bool draining() const;
@@ -93,6 +101,9 @@ class ChannelPump {
   Opener opener_;
   bool open_first_ = false;
   FirstBytes first_bytes_;
+  bool verify_ = false;
+  uint64_t verify_seq_ = 0;  // down thread only: chunks received, for the error
+  std::atomic<uint64_t> chunks_verified_{0};
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -114,6 +114,7 @@ Status SourceJob::connect_data_plane() {
   hello.channels = spec_.channels();
   hello.chunk_size = spec_.chunk_size;
   hello.ring_depth = spec_.ring_depth;
+  hello.verify_chunks = spec_.verify_chunks;
   RDMIG_TRY(transport::send_message(fd->get(), hello.to_json()));
   // The target challenges; the answer proves the one-time token without sending it.
   auto challenge = transport::recv_message(fd->get(), kHandshakeTimeout);
@@ -296,6 +297,7 @@ void SourceJob::accept_loop() {
     // Connection 0 is QEMU's main channel: a failure reaches QEMU there; its multifd
     // connections drain (ChannelPump::drain_on_failure) until QEMU's cleanup closes them.
     if (i > 0) pump->drain_on_failure(kMultifdDrainLimit);
+    if (spec_.verify_chunks) pump->verify_chunks();
     pump->start();
     pumps_.push_back(std::move(pump));
     LOG_DEBUG("migration") << log_prefix() << " QEMU connection " << i << " accepted";

@@ -123,6 +123,8 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello, const std
   token_used_ = true;
   session_ = random_hex(16);
   transport_ = chosen;
+  verify_chunks_ = hello.verify_chunks;  // the framing of every chunk: the source decides
+  update([&](MigrationStatus& s) { s.verify_chunks = hello.verify_chunks; });
   transport_reason_ = reason;
   json welcome{{"type", "welcome"}, {"session", session_}, {"transport", transport_}, {"transportReason", reason}};
   if (transport_ == "rdma") {
@@ -467,6 +469,7 @@ void TargetJob::run() {
     std::lock_guard lock(data_mu_);
     for (uint32_t i = 0; i < channels_.size(); ++i) {
       auto pump = std::make_unique<ChannelPump>(*channels_[i], [this, i] { return open_qemu_connection(i); });
+      if (verify_chunks_) pump->verify_chunks();
       pump->start();
       pumps_.push_back(std::move(pump));
     }

@@ -52,6 +52,7 @@ class TargetJob final : public Job {
   std::string socket_path_;
   std::string transport_;
   std::string transport_reason_;
+  bool verify_chunks_ = false;  // from the source's hello, set with transport_
 
   mutable std::mutex conn_mu_;  // guards the fields the data-plane server hands over
   std::condition_variable conn_cv_;

@@ -97,6 +97,7 @@ nlohmann::json to_json(const MigrationStatus& s) {
               {"channels", s.channels},
               {"chunkSize", s.chunk_size},
               {"ringDepth", s.ring_depth},
+              {"verifyChunks", s.verify_chunks},
               {"peer", s.peer.empty() ? json(nullptr) : json(s.peer)},
               {"progress", progress},
               {"rails", rails},

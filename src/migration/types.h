@@ -35,6 +35,9 @@ struct MigrationSpec {
   uint64_t chunk_size = 0;
   uint32_t ring_depth = 0;
   TransportKind transport = TransportKind::kAuto;
+  // Every chunk carries the CRC32C of its payload, checked before it reaches QEMU. The source
+  // asks (request or migration.verifyChunks); the target follows the source's hello.
+  bool verify_chunks = false;
   // Source only.
   TargetRef target;
   uint64_t max_downtime_ms = 300;
@@ -82,6 +85,7 @@ struct MigrationStatus {
   uint32_t channels = 1;
   uint64_t chunk_size = 0;
   uint32_t ring_depth = 0;
+  bool verify_chunks = false;  // every chunk checked against its CRC32C (target: as the source asked)
   Progress progress;
   // RDMA only: the rails the channels were striped across (migration/rails.h), with their bytes.
   std::vector<RailUsage> rails;

@@ -155,6 +155,7 @@ json Hello::to_json() const {
     j["transportRequired"] = transport_required;
     if (rdma_mtu != 0) j["rdmaMtu"] = rdma_mtu;
     if (!rdma_rails.empty()) j["rdmaRails"] = rails_to_json(rdma_rails);
+    if (verify_chunks) j["verifyChunks"] = true;
   } else {
     j["session"] = session;
     j["index"] = index;
@@ -202,6 +203,10 @@ Result<Hello> Hello::parse(const json& j) {
     auto rails = parse_rails(j, "rdmaRails", "hello");
     if (!rails) return rails.error();
     h.rdma_rails = std::move(rails.value());
+    if (const auto v = j.find("verifyChunks"); v != j.end()) {
+      if (!v->is_boolean()) return Error{Errc::kInvalidArgument, "hello.verifyChunks: expected a boolean"};
+      h.verify_chunks = v->get<bool>();
+    }
   } else if (h.kind == "data") {
     auto session = get_string(j, "session", "hello", 128);
     if (!session) return session.error();

@@ -54,6 +54,9 @@ struct Hello {
   uint32_t rdma_mtu = 0;
   // control, optional: the source's working RDMA rails ("rdmaRails"); empty from a one-device peer.
   std::vector<RailAddress> rdma_rails;
+  // control, optional ("verifyChunks"): every chunk of every channel, both ways, ends in the
+  // CRC32C of its payload, checked before a byte reaches QEMU (migration/pump.h).
+  bool verify_chunks = false;
 
   nlohmann::json to_json() const;
   // Validates every field; errors name the field ("hello.chunkSize").

@@ -344,7 +344,8 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
             metrics_a = self.source_metrics()
             s, t = migrate_via_agents(self.a, target, src.agent_qmp_path, dst_qmp,
                                       multifd_channels=m, chunk_size="1Mi", ring_depth=8,
-                                      vm="two-node-vm-%s" % name, transport="rdma", timeout=400)
+                                      vm="two-node-vm-%s" % name, transport="rdma", timeout=400,
+                                      verifyChunks=True)
             mine = counters_delta(before, rail_counters())
             if s["phase"] != "Succeeded":
                 print(self.a.log_text()[-4000:])
@@ -358,6 +359,10 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
             self.assertEqual(s["transport"], "rdma")
             self.assertEqual(t["transport"], "rdma")
             self.assertEqual(s["channels"], m + 1)
+            # Every chunk, both ways, checked against its CRC32C before it reached QEMU: a transport
+            # that corrupts a chunk fails the migration here naming it, instead of the memories
+            # differing below.
+            self.assertEqual((s["verifyChunks"], t["verifyChunks"]), (True, True))
             moved = s["progress"]["dataBytesSent"]
             self.assertEqual(moved, t["progress"]["dataBytesReceived"])
             self.assertGreater(moved, 64 << 20)

@@ -23,8 +23,19 @@ TEST(AgentConfig, ShippedAgentYamlLoadsAndEqualsDefaults) {
   const rdmig::AgentConfig d;
   EXPECT_EQ(c->migration.chunk_size, d.migration.chunk_size);
   EXPECT_EQ(c->migration.ring_depth, d.migration.ring_depth);
+  EXPECT_EQ(c->migration.verify_chunks, d.migration.verify_chunks);
   EXPECT_EQ(c->api.token_file, d.api.token_file);
   EXPECT_EQ(c->state_dir, d.state_dir);
+}
+
+TEST(AgentConfig, VerifyChunksIsOffByDefaultAndABoolean) {
+  EXPECT_FALSE(parse_agent_config("")->migration.verify_chunks);
+  auto c = parse_agent_config("migration:\n  verifyChunks: true\n");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_TRUE(c->migration.verify_chunks);
+  auto bad = parse_agent_config("migration:\n  verifyChunks: sometimes\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("migration.verifyChunks"), std::string::npos) << bad.error().message;
 }
 
 TEST(AgentConfig, ParsesQuantityChunkSize) {

@@ -34,6 +34,28 @@ TEST(CreateRequest, ParsesSourceWithDefaults) {
   EXPECT_EQ(r->completion_timeout_seconds, cfg.migration.completion_timeout_seconds);
 }
 
+// verifyChunks: the source's choice (the target follows the hello); the agent's
+// migration.verifyChunks is the default; only a boolean.
+TEST(CreateRequest, VerifyChunksIsTheSourcesChoiceWithTheAgentsDefault) {
+  AgentConfig cfg;
+  auto r = api::parse_create_request(source_body(), cfg);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->verify_chunks);
+  cfg.migration.verify_chunks = true;
+  r = api::parse_create_request(source_body(), cfg);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->verify_chunks);
+  auto b = source_body();
+  b["verifyChunks"] = false;
+  r = api::parse_create_request(b, cfg);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->verify_chunks);
+  b["verifyChunks"] = "yes";
+  EXPECT_NE(error_of(b).find("verifyChunks: must be true or false"), std::string::npos) << error_of(b);
+  EXPECT_NE(error_of(json{{"role", "target"}, {"qmpSocket", "/q"}, {"verifyChunks", true}}).find("verifyChunks"),
+            std::string::npos);
+}
+
 TEST(CreateRequest, TargetNeedsNoPeer) {
   auto r = api::parse_create_request(json{{"role", "target"}, {"qmpSocket", "/q"}}, AgentConfig{});
   ASSERT_TRUE(r.ok()) << r.error().message;

@@ -123,3 +123,23 @@ TEST(Wire, ControlHelloCarriesTheSourcesRailsAndValidatesThem) {
   ASSERT_FALSE(range.ok());
   EXPECT_NE(range.error().message.find("hello.rdmaRails[0].rail"), std::string::npos) << range.error().message;
 }
+
+// verifyChunks rides in the control hello only when asked for (a hello without it is what every
+// earlier agent of this protocol sends), and only as a boolean.
+TEST(Wire, ControlHelloCarriesVerifyChunksOnlyWhenAsked) {
+  auto h = control_hello();
+  EXPECT_FALSE(h.to_json().contains("verifyChunks"));
+  auto parsed = Hello::parse(h.to_json());
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_FALSE(parsed->verify_chunks);
+  h.verify_chunks = true;
+  auto j = h.to_json();
+  EXPECT_EQ(j["verifyChunks"], true);
+  parsed = Hello::parse(j);
+  ASSERT_TRUE(parsed.ok()) << parsed.error().message;
+  EXPECT_TRUE(parsed->verify_chunks);
+  j["verifyChunks"] = 1;
+  parsed = Hello::parse(j);
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_NE(parsed.error().message.find("hello.verifyChunks"), std::string::npos) << parsed.error().message;
+}
