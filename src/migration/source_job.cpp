@@ -140,6 +140,14 @@ Status SourceJob::connect_data_plane() {
   if (type != "welcome" || !session || !chosen || (chosen.value() != "tcp" && chosen.value() != "rdma")) {
     return Error{Errc::kProtocol, "target agent sent no valid welcome"};
   }
+  // The chunks' framing must be the same on both ends: an agent that does not know
+  // verifyChunks ignores the field and would pass the CRC trailers on to its QEMU as data.
+  const auto confirmed = reply->find("verifyChunks");
+  if (spec_.verify_chunks && (confirmed == reply->end() || !confirmed->is_boolean() || !confirmed->get<bool>())) {
+    return Error{Errc::kFailedPrecondition, "target agent " + ep.to_string() +
+                                                " did not confirm verifyChunks (an rdmig agent from before it?): "
+                                                "upgrade it, or migrate without verifyChunks"};
+  }
   session_ = session.value();
   transport_ = chosen.value();
   std::string reason = reply->value("transportReason", std::string());

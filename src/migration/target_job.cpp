@@ -127,6 +127,7 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello, const std
   update([&](MigrationStatus& s) { s.verify_chunks = hello.verify_chunks; });
   transport_reason_ = reason;
   json welcome{{"type", "welcome"}, {"session", session_}, {"transport", transport_}, {"transportReason", reason}};
+  if (verify_chunks_) welcome["verifyChunks"] = true;  // the source goes on only with this confirmed
   if (transport_ == "rdma") {
     add_rails_to_welcome(welcome, ctx_.rdma);
     set_rails(rails_from_hello(hello, ctx_.rdma));

@@ -646,11 +646,11 @@ class HostileHttpTest(unittest.TestCase):
 
     # ---- cancel ends every handshake stage at once ----
 
-    def create_source(self, qmp, peer):
+    def create_source(self, qmp, peer, **extra):
         """A source job on the agent towards the fake target agent `peer`."""
-        status, src = self.agent.request("POST", "/v1/migrations", {
+        status, src = self.agent.request("POST", "/v1/migrations", dict({
             "role": "source", "qmpSocket": qmp.path,
-            "target": {"endpoint": "127.0.0.1:%d" % peer.port, "migrationId": "m-far", "token": "t" * 32}})
+            "target": {"endpoint": "127.0.0.1:%d" % peer.port, "migrationId": "m-far", "token": "t" * 32}}, **extra))
         self.assertEqual(status, 201, src)
         return src
 
@@ -693,6 +693,24 @@ class HostileHttpTest(unittest.TestCase):
             sent = json.dumps(peer.frames)
             self.assertNotIn("t" * 32, sent)
             self.assertIn(control_proof("t" * 32, "cd" * 16, "m-far"), sent)
+        finally:
+            peer.close()
+            q.close()
+
+    def test_verify_chunks_needs_a_target_that_confirms_it(self):
+        # A target agent from before verifyChunks ignores the hello's field and would hand the CRC
+        # trailers to its QEMU as stream data: the source stops at the welcome, naming why, and
+        # never starts QEMU's migration.
+        q = FakeRunningQemu(os.path.join(self.tmp, "verify-old-target.qmp"))
+        peer = StallingTargetAgent("ready")  # its welcome has no verifyChunks
+        try:
+            src = self.create_source(q, peer, verifyChunks=True)
+            st = self.agent.wait(src["id"], timeout=30)
+            self.assertEqual(st["phase"], "Failed", st)
+            self.assertIn("did not confirm verifyChunks", st["result"]["reason"])
+            self.assertTrue(st["verifyChunks"])
+            self.assertEqual(peer.frames[0].get("verifyChunks"), True, peer.frames[0])
+            self.assertNotIn("start", peer.seen)
         finally:
             peer.close()
             q.close()
