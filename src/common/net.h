@@ -17,10 +17,17 @@
 
 namespace rdmig::net {
 
+// host:port, with an IPv6 address in brackets ([fd00::1]:7471) so that what a peer, the
+// controller or an operator reads back is never ambiguous; parse_endpoint() reads both forms.
+inline std::string format_endpoint(const std::string& host, uint16_t port) {
+  const bool v6 = host.find(':') != std::string::npos && host.front() != '[';
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
 struct Endpoint {
   std::string host;
   uint16_t port = 0;
-  std::string to_string() const { return host + ":" + std::to_string(port); }
+  std::string to_string() const { return format_endpoint(host, port); }
 };
 
 Result<UniqueFd> tcp_listen(const std::string& host, uint16_t port, int backlog = 64);

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "common/log.h"
+#include "common/net.h"
 #include "k8s/cluster_config.h"
 #include "k8s/http_kube_client.h"
 #include "k8s/selectors.h"
@@ -41,8 +42,7 @@ std::vector<KubevirtPeer> peers_from_pods(const json& agent_pods, const json& ha
     std::string ip = str_at(pod, "status", "hostIP");
     if (ip.empty()) ip = str_at(pod, "status", "podIP");
     if (node.empty() || ip.empty() || node == self_node || str_at(pod, "status", "phase") != "Running") continue;
-    const std::string host = ip.find(':') != std::string::npos ? "[" + ip + "]" : ip;
-    by_node[node] = KubevirtPeer{node, host + ":" + std::to_string(data_port), {}};
+    by_node[node] = KubevirtPeer{node, net::format_endpoint(ip, data_port), {}};
   }
   for (const auto& pod : items_of(handler_pods)) {
     const std::string node = str_at(pod, "spec", "nodeName");

@@ -1,4 +1,5 @@
 #include "common/log.h"
+#include "common/net.h"
 #include "common/units.h"
 #include "kubevirt/sessions.h"
 #include "migration/handshake.h"
@@ -87,7 +88,7 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
       new TargetSession(hello.session, std::move(rec), ctx, hello, std::move(locate.value()), std::move(stats)));
   s->transport_ = migration::wire_name(choice->transport);
   json welcome{{"type", "welcome"}, {"transport", s->transport_}, {"transportReason", choice->reason}};
-  if (s->transport_ == "rdma") welcome["rdmaEndpoint"] = ctx.rdma.ip + ":" + std::to_string(ctx.rdma.port);
+  if (s->transport_ == "rdma") welcome["rdmaEndpoint"] = net::format_endpoint(ctx.rdma.ip, ctx.rdma.port);
   RDMIG_TRY(transport::send_message(fd.get(), welcome));
   // An automatic choice of RDMA is counted once it holds: at the first RDMA channel, or as
   // the TCP fallback the source asks for when rdma_cm cannot reach this agent.

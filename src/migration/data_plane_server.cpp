@@ -79,7 +79,7 @@ std::string RdmaSupport::summary() const {
   if (!available) return "rdma=unavailable (" + reason_code + ": " + reason + ")";
   std::string line = "rdma=" + device + " port=" + std::to_string(device_port) + " netdev=" + netdev +
                      " gid_index=" + std::to_string(gid_index) + " gid_type=" + gid_type + " mtu=" +
-                     std::to_string(mtu) + " address=" + ip + ":" + std::to_string(port) + " traffic_class=" +
+                     std::to_string(mtu) + " address=" + net::format_endpoint(ip, port) + " traffic_class=" +
                      (traffic_class < 0 ? std::string("default") : std::to_string(traffic_class));
   if (rails.size() > 1 || !down.empty()) {
     line += " rails=" + std::to_string(rails.size()) + " (";

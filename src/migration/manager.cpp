@@ -266,7 +266,7 @@ Result<json> MigrationManager::create(MigrationSpec spec) {
     }
     body = json{{"id", spec.id},
                 {"role", "target"},
-                {"endpoint", server_.advertise_host() + ":" + std::to_string(server_.port())},
+                {"endpoint", net::format_endpoint(server_.advertise_host(), server_.port())},
                 {"dataPlane", {{"host", server_.advertise_host()}, {"port", server_.port()}}},
                 {"migrationId", spec.id},
                 {"token", t.value()->token()}};

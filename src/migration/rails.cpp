@@ -32,7 +32,7 @@ std::vector<transport::RailAddress> rail_endpoints(const RdmaSupport& rdma) {
 }
 
 void add_rails_to_welcome(json& welcome, const RdmaSupport& rdma) {
-  welcome["rdmaEndpoint"] = rdma.ip + ":" + std::to_string(rdma.port);
+  welcome["rdmaEndpoint"] = net::format_endpoint(rdma.ip, rdma.port);
   welcome["rdmaRails"] = transport::rails_to_json(rail_endpoints(rdma));
 }
 

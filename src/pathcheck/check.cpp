@@ -7,6 +7,7 @@
 #include <random>
 
 #include "common/log.h"
+#include "common/net.h"
 #include "common/units.h"
 #include "transport/rdma/sysfs.h"
 
@@ -106,7 +107,7 @@ PathCheck::PathCheck(CheckSpec spec, CheckContext ctx)
   status_.channels = spec_.channels;
   status_.chunk_size = spec_.chunk_size;
   if (spec_.role == Role::kSource) {
-    status_.peer = spec_.target.host + ":" + std::to_string(spec_.target.port);
+    status_.peer = net::format_endpoint(spec_.target.host, spec_.target.port);
     seed_ = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
   } else {
     data_fds_.resize(spec_.channels);

@@ -1,6 +1,7 @@
 #include "pathcheck/manager.h"
 
 #include "common/log.h"
+#include "common/net.h"
 #include "common/units.h"
 #include "migration/job.h"
 #include "transport/wire.h"
@@ -160,7 +161,7 @@ Result<json> PathCheckManager::create(CheckSpec spec) {
   order_.push_back(spec.id);
   json body{{"id", spec.id}, {"role", migration::role_name(spec.role)}};
   if (spec.role == migration::Role::kTarget) {
-    body["endpoint"] = server_.advertise_host() + ":" + std::to_string(server_.port());
+    body["endpoint"] = net::format_endpoint(server_.advertise_host(), server_.port());
     body["checkId"] = spec.id;
     body["token"] = check->token();
   }

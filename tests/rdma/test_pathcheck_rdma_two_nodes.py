@@ -256,8 +256,10 @@ class TwoNodePathCheckTest(unittest.TestCase):
                 self.assertEqual((labels["reason"], labels["netdev"], labels["address"], labels["gid_index"],
                                   labels["gid_type"]), ("ok", case.netdev, addr, str(index), "RoCE v2"), labels)
                 self.assertEqual(labels["device"] == DEV, dev_is_mine, labels)
-            self.assertRegex(a.log_text(), r"rdma=%s port=1 netdev=%s gid_index=%d gid_type=RoCE v2 .*address=%s:" %
-                             (DEV, case.netdev.replace(".", r"\."), expect_a, case.addr.replace(".", r"\.")))
+            # An IPv6 address in brackets ([fd00:100::1]:port), as every endpoint the agent writes.
+            shown = re.escape("[%s]" % case.addr if ":" in case.addr else case.addr)
+            self.assertRegex(a.log_text(), r"rdma=%s port=1 netdev=%s gid_index=%d gid_type=RoCE v2 .*address=%s:\d+ " %
+                             (DEV, re.escape(case.netdev), expect_a, shown))
 
             took = warm_neighbour(case.addr, case.peer_addr)
             print("%s: %s answered from %s in %.1f s (%s)" % (case.name, case.peer_addr, case.addr, took,
@@ -281,6 +283,8 @@ class TwoNodePathCheckTest(unittest.TestCase):
             post("want-counters-%s-1" % case.name, True)
             b_after = await_("counters-%s-1" % case.name)
             print("%s: target endpoint %s\nsource: %s\ntarget: %s" % (case.name, t["endpoint"], src, dst))
+            if case.data_plane != ADDR and ":" in case.peer_addr:  # node b's data plane on IPv6: bracketed
+                self.assertEqual(t["endpoint"].rsplit(":", 1)[0], "[%s]" % case.peer_addr)
             sent, rcvd = a_after["sent"] - a_before["sent"], b_after["rcvd"] - b_before["rcvd"]
             b_roce_in = b_after["roce_in"] - b_before["roce_in"]
             print("%s: %s sent_pkts +%d; node b: UDP 4791 packets in +%d, rxeb rcvd_pkts +%d; for %d bytes" %

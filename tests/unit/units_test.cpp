@@ -55,3 +55,19 @@ TEST(Net, ParsesEndpoints) {
     EXPECT_NE(r.error().message.find("target.endpoint"), std::string::npos);
   }
 }
+
+// Every endpoint an agent writes (its data-plane endpoint in a create answer, a welcome's
+// rdmaEndpoint and rails, status.peer, logs) puts an IPv6 address in brackets, and reads back.
+TEST(Net, WritesIpv6EndpointsInBracketsAndReadsThemBack) {
+  EXPECT_EQ(net::format_endpoint("10.0.0.2", 7471), "10.0.0.2:7471");
+  EXPECT_EQ(net::format_endpoint("fd00:100::2", 46755), "[fd00:100::2]:46755");
+  EXPECT_EQ(net::format_endpoint("[fd00::1]", 7471), "[fd00::1]:7471");  // already bracketed
+  EXPECT_EQ((net::Endpoint{"fe80::1", 1}.to_string()), "[fe80::1]:1");
+  for (const auto& [host, port] : {std::pair<std::string, uint16_t>{"10.1.2.3", 1}, {"fd00:100::2", 65535},
+                                   {"::1", 7471}, {"node-a.example", 80}}) {
+    auto back = net::parse_endpoint(net::format_endpoint(host, port), "f");
+    ASSERT_TRUE(back.ok()) << host;
+    EXPECT_EQ(back->host, host);
+    EXPECT_EQ(back->port, port);
+  }
+}
