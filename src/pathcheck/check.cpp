@@ -39,7 +39,8 @@ uint64_t buffer_bytes(const CheckSpec& spec) {
 }
 
 json RdmaEnd::to_json() const {
-  return json{{"device", device}, {"port", port}, {"gid", gid}, {"gidIndex", gid_index}, {"mtu", mtu}};
+  return json{{"device", device}, {"port", port},     {"gid", gid},       {"gidIndex", gid_index},
+              {"gidType", gid_type}, {"netdev", netdev}, {"mtu", mtu}};
 }
 
 RdmaEnd RdmaEnd::of(const migration::RdmaSupport& rdma) {
@@ -48,6 +49,8 @@ RdmaEnd RdmaEnd::of(const migration::RdmaSupport& rdma) {
   e.port = rdma.device_port;
   if (auto g = transport::rdma::gid_of_address(rdma.ip)) e.gid = format_gid(*g);
   e.gid_index = rdma.gid_index;
+  e.gid_type = rdma.gid_type;
+  e.netdev = rdma.netdev;
   e.mtu = rdma.mtu;
   return e;
 }
@@ -66,6 +69,8 @@ std::optional<RdmaEnd> RdmaEnd::parse(const json& j) {
   };
   e.device = str("device");
   e.gid = str("gid");
+  e.gid_type = str("gidType");
+  e.netdev = str("netdev");
   e.port = static_cast<int>(num("port", 0, 255));
   e.gid_index = static_cast<int>(num("gidIndex", -1, 65535));
   e.mtu = static_cast<uint32_t>(num("mtu", 0, 4096));

@@ -73,6 +73,8 @@ struct RdmaEnd {
   int port = 0;
   std::string gid;
   int gid_index = -1;
+  std::string gid_type;  // "RoCE v2" (rdma-core's name, as sysfs gives it)
+  std::string netdev;    // the interface the GID belongs to (a VF, a VLAN, a macvlan over them)
   uint32_t mtu = 0;
   nlohmann::json to_json() const;
   static RdmaEnd of(const migration::RdmaSupport& rdma);

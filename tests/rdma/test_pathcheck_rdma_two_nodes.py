@@ -305,6 +305,8 @@ class TwoNodePathCheckTest(unittest.TestCase):
             self.assertGreater(src["throughputBytesPerSecond"], 0)
             self.assertGreater(src["rttMicroseconds"], 0)
             self.assertEqual(src["localRdma"]["device"], DEV)
+            self.assertEqual((src["localRdma"]["gidType"], src["localRdma"]["netdev"]), ("RoCE v2", case.netdev))
+            self.assertEqual((src["peerRdma"]["gidType"], src["peerRdma"]["netdev"]), ("RoCE v2", case.netdev))
             self.assertEqual((src["localRdma"]["gid"], src["localRdma"]["gidIndex"]), (gid_of(case.addr), expect_a))
             self.assertEqual((src["peerRdma"]["gid"], src["peerRdma"]["gidIndex"]),
                              (gid_of(case.peer_addr), binfo["gidIndex"]))

@@ -187,17 +187,27 @@ TEST(PathCheckRdmaEnd, ReportsDevicePortGidAndMtuOfTheChosenPort) {
   rdma.device_port = 1;
   rdma.ip = "192.168.10.7";
   rdma.gid_index = 3;
+  rdma.gid_type = "RoCE v2";
+  rdma.netdev = "ens1f0v3.100";
   rdma.mtu = 4096;
   const auto end = RdmaEnd::of(rdma);
+  EXPECT_EQ(end.gid_type, "RoCE v2");
+  EXPECT_EQ(end.netdev, "ens1f0v3.100");
+  const auto back = RdmaEnd::parse(end.to_json());
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->to_json(), end.to_json());
   EXPECT_EQ(end.device, "mlx5_2");
   EXPECT_EQ(end.port, 1);
   EXPECT_EQ(end.gid, "0000:0000:0000:0000:0000:ffff:c0a8:0a07");  // RoCE v2: the IPv4-mapped address
   EXPECT_EQ(end.gid_index, 3);
   EXPECT_EQ(end.mtu, 4096u);
   // What a peer sends back is bounded and typed, whatever it sends.
-  auto parsed = RdmaEnd::parse({{"device", std::string(500, 'x')}, {"mtu", 1 << 30}, {"gidIndex", "3"}});
+  auto parsed = RdmaEnd::parse({{"device", std::string(500, 'x')}, {"mtu", 1 << 30}, {"gidIndex", "3"},
+                                {"netdev", std::string(100, 'n')}, {"gidType", 2}});
   ASSERT_TRUE(parsed.has_value());
   EXPECT_EQ(parsed->device.size(), 64u);
+  EXPECT_EQ(parsed->netdev.size(), 64u);
+  EXPECT_EQ(parsed->gid_type, "");
   EXPECT_EQ(parsed->mtu, 4096u);
   EXPECT_EQ(parsed->gid_index, -1);
   EXPECT_FALSE(RdmaEnd::parse(nlohmann::json::array()).has_value());
