@@ -172,6 +172,13 @@ def build():
                 [target('max by (node) (up{job=~"$agent_job", %s})' % AGENT, "agent {{node}}"),
                  target('max by (instance) (up{job=~"$controller_job", %s})' % CTRL, "controller {{instance}}")]),
           24, 5)
+    L.add(panel("state-timeline", "RDMA rails up", "Each configured RDMA rail (rdma.devices[rail]) of each agent: "
+                "up when the agent uses it, down with the reason it left the rail out at start (no-device, "
+                "no-address, gid-not-found, listener-failed; transport-tcp on an agent configured for TCP). "
+                "A rail down beside an up rail of the same node: its migrations use fewer rails and are slower "
+                "(alert RdmigRdmaRailDown); no rail up: RDMA is not used there (alert RdmigRdmaUnavailable).",
+                [target("max by (node, rail, device, reason) (rdmig_rdma_rail_up{%s})" % AGENT,
+                        "{{node}} rail {{rail}}: {{reason}} {{device}}")]), 24, 6)
 
     L.row("Migrations")
     columns = [table_column("A", "Guest RAM", "bytes"), table_column("B", "Transferred", "bytes"),

@@ -160,7 +160,7 @@ KubeVirt kind (`spec.source.vmi`) only names a VirtualMachineInstance in the obj
 With the Prometheus Operator (kube-prometheus-stack), `prometheusRule.enabled` (`auto`: when the
 cluster serves the PrometheusRule API) adds alerts: `RdmigAgentDown`, `RdmigControllerNoLeader`,
 `RdmigMigrationFailed`, `RdmigDowntimeOverSlo`, `RdmigVmPausedOnSource`, `RdmigRdmaFallback`,
-`RdmigRdmaUnavailable`.
+`RdmigRdmaUnavailable`, `RdmigRdmaRailDown`.
 Each has a `runbook_url` (`prometheusRule.runbookBaseUrl`) to a page that says what it means and
 what to do. Turn on `serviceMonitor.enabled` too, so Prometheus scrapes the agents and the
 controller.

@@ -505,7 +505,8 @@ class ChartTest(unittest.TestCase):
         for t in ("Active migrations", "Throughput per migration", "Last downtime per VM", "Downtime distribution",
                   "Total migration duration", "Transferred bytes", "Chunk size", "Chunk write latency",
                   "Chunks in flight", "Credit stalls", "Transport errors by kind", "Migrations by result",
-                  "RDMA versus TCP", "Running and recent migrations", "Failure reasons", "Agents and controller up"):
+                  "RDMA versus TCP", "Running and recent migrations", "Failure reasons", "Agents and controller up",
+                  "RDMA rails up"):
             self.assertIn(t, titles)
         annotations = {a["name"]: a for a in d["annotations"]["list"] if "expr" in a}
         self.assertEqual(sorted(annotations), ["Migration failed or cancelled", "Migration started",
