@@ -22,11 +22,18 @@ def digest(log_path, per_test):
     for block in blocks:
         name = block.split("\n", 1)[0].strip()
         m = re.search(r"^Output:\n-+\n(.*?)^<end of output>\n(.*)", block, flags=re.M | re.S)
-        if not m or "Test Passed." in m.group(2) or "Test Skipped" in m.group(2):
+        if not m:
+            continue
+        tail = m.group(2).split("\n\n", 1)[0]  # up to the next test's block
+        # Passed, or skipped ("Test Pass Reason: Skip regular expression found in output").
+        if "Test Passed." in tail or "Test Pass Reason" in tail:
             continue
         failed += 1
         lines = [ln for ln in m.group(1).splitlines() if WHY.search(ln) and not NOISE.search(ln)]
-        print("=== %s: %s" % (name, m.group(2).strip().splitlines()[-1] if m.group(2).strip() else "failed"))
+        reason = re.search(r"Test Fail Reason:\n(.*)", tail)
+        took = re.search(r"Test time = +([0-9.]+ sec)", tail)
+        print("=== %s: failed after %s%s" % (name, took.group(1) if took else "?",
+                                            (" (" + reason.group(1).strip() + ")") if reason else ""))
         for ln in lines[-per_test:]:
             print("  " + ln[:400])
     return failed
