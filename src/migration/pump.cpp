@@ -12,6 +12,18 @@
 
 namespace rdmig::migration {
 
+namespace {
+
+// What verify_chunks() puts in a chunk's trailer: the CRC32C of the chunk's sequence number
+// (8 bytes, little-endian) and then its payload.
+uint32_t chunk_crc(uint64_t seq, std::span<const std::byte> payload) {
+  std::array<std::byte, 8> s{};
+  for (size_t k = 0; k < s.size(); ++k) s[k] = static_cast<std::byte>(seq >> (8 * k));
+  return crc32c(payload, crc32c(s));
+}
+
+}  // namespace
+
 ChannelPump::ChannelPump(transport::Channel& channel, UniqueFd qemu_fd)
     : channel_(channel), qemu_fd_(std::move(qemu_fd)), qemu_ready_(true) {}
 
@@ -192,7 +204,7 @@ void ChannelPump::up_loop() {
         filled = static_cast<size_t>(n);
         size_t wire = filled;
         if (verify_) {
-          const uint32_t crc = crc32c(span.first(filled));
+          const uint32_t crc = chunk_crc(send_seq_, span.first(filled));
           for (size_t k = 0; k < kVerifyTrailer; ++k) span[filled + k] = static_cast<std::byte>(crc >> (8 * k));
           wire += kVerifyTrailer;
         }
@@ -200,6 +212,7 @@ void ChannelPump::up_loop() {
           record_error(st.error());
           break;
         }
+        ++send_seq_;
       } else if (n == 0) {
         eof = true;
       } else {
@@ -299,12 +312,20 @@ void ChannelPump::down_loop() {
       for (size_t k = 0; k < kVerifyTrailer; ++k) {
         carried |= static_cast<uint32_t>(data[payload.size() + k]) << (8 * k);
       }
-      if (const uint32_t computed = crc32c(payload); computed != carried) {
+      if (const uint32_t computed = chunk_crc(seq, payload); computed != carried) {
+        // Say which: a chunk with a valid CRC for another sequence number is out of place.
+        std::string what = "the transport damaged it";
+        for (uint64_t other = seq > 64 ? seq - 64 : 0; other <= seq + 64; ++other) {
+          if (other != seq && chunk_crc(other, payload) == carried) {
+            what = "it is chunk " + std::to_string(other) + ": the transport lost, repeated or reordered chunks";
+            break;
+          }
+        }
         char detail[96];
         std::snprintf(detail, sizeof detail, "carried 0x%08x, computed 0x%08x", carried, computed);
         record_error(Error{Errc::kProtocol, where + ": chunk " + std::to_string(seq) + " (" +
                                                 std::to_string(payload.size()) + " bytes) failed its CRC32C check (" +
-                                                detail + "): the transport corrupted it; nothing of it reached QEMU"});
+                                                detail + "): " + what + "; nothing of it reached QEMU"});
         break;
       }
       if (auto st = net::write_all(fd, payload); !st) {

@@ -69,9 +69,11 @@ class ChannelPump {
   // Source side: called once, from the pump's QEMU-reading thread, with the first bytes QEMU
   // sent on this connection (up to 8, peeked before they are carried). Call before start().
   using FirstBytes = std::function<void(std::span<const std::byte>)>;
-  // Both ends of a channel, before start(): every chunk sent ends in the CRC32C of its payload
-  // (kVerifyTrailer bytes, little-endian), and every chunk received is checked before a byte
-  // of it reaches QEMU; a mismatch fails the channel naming the chunk. No splice then (the
+  // Both ends of a channel, before start(): every chunk sent ends in a CRC32C (kVerifyTrailer
+  // bytes, little-endian) of its sequence number in that direction followed by its payload, and
+  // every chunk received is checked before a byte of it reaches QEMU: a damaged chunk fails the
+  // channel naming it, and so does one that is not the chunk due (lost, repeated, replayed or
+  // reordered), whose own CRC would otherwise still match. No splice then (the
   // payload has to pass through user space to be summed).
   void verify_chunks() { verify_ = true; }
   uint64_t chunks_verified() const { return chunks_verified_.load(std::memory_order_relaxed); }
@@ -102,7 +104,8 @@ class ChannelPump {
   bool open_first_ = false;
   FirstBytes first_bytes_;
   bool verify_ = false;
-  uint64_t verify_seq_ = 0;  // down thread only: chunks received, for the error
+  uint64_t verify_seq_ = 0;  // down thread only: chunks received
+  uint64_t send_seq_ = 0;    // up thread only: chunks sent
   std::atomic<uint64_t> chunks_verified_{0};
 
   mutable std::mutex mu_;

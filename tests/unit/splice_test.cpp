@@ -522,3 +522,94 @@ TEST(PumpVerifyChunks, ACorruptedChunkFailsTheChannelAndNothingOfItReachesQemu) 
   f1.join();
   f2.join();
 }
+
+// A whole chunk lost on the way keeps its own valid CRC32C: what catches it is the sequence
+// number each chunk's CRC covers. A forwarder parses the TCP channel's frames (8-byte header:
+// type, length; DATA = 1) source to target and drops the second DATA frame: the target passes
+// chunk 0 to its QEMU, then fails on the next chunk naming it as chunk 2 arriving where chunk 1
+// was due; its QEMU got exactly chunk 0, nothing after.
+TEST(PumpVerifyChunks, ALostChunkIsNamedAndNothingAfterItReachesQemu) {
+  std::signal(SIGPIPE, SIG_IGN);
+  Metrics metrics;
+  auto& tm = metrics.transport("tcp");
+  auto l1 = net::tcp_listen("127.0.0.1", 0);
+  auto l2 = net::tcp_listen("127.0.0.1", 0);
+  ASSERT_TRUE(l1.ok() && l2.ok());
+  auto src_end = net::tcp_connect({"127.0.0.1", net::local_port(l1->get()).value()}, 2s);
+  auto fwd_a = net::accept_for(l1->get(), 2s);
+  auto fwd_b = net::tcp_connect({"127.0.0.1", net::local_port(l2->get()).value()}, 2s);
+  auto dst_end = net::accept_for(l2->get(), 2s);
+  ASSERT_TRUE(src_end.ok() && fwd_a.ok() && fwd_b.ok() && dst_end.ok());
+  std::atomic<uint32_t> first_payload{0};
+  auto drop_second_data_frame = [&](int from, int to) {
+    auto read_exact = [&](std::byte* p, size_t n) {
+      while (n > 0) {
+        const ssize_t r = ::recv(from, p, n, 0);
+        if (r <= 0) return false;
+        p += r;
+        n -= static_cast<size_t>(r);
+      }
+      return true;
+    };
+    uint32_t data_frames = 0;
+    std::vector<std::byte> payload;
+    for (;;) {
+      std::array<std::byte, kFrameHeaderSize> head{};
+      if (!read_exact(head.data(), head.size())) break;
+      uint32_t type = 0, length = 0;
+      std::memcpy(&type, head.data(), 4);
+      std::memcpy(&length, head.data() + 4, 4);
+      const bool data = type == static_cast<uint32_t>(FrameType::kData);
+      const size_t body = data || type == static_cast<uint32_t>(FrameType::kAbort) ? length : 0;
+      payload.resize(body);
+      if (body > 0 && !read_exact(payload.data(), body)) break;
+      if (data && data_frames++ == 1) continue;  // the second DATA frame never arrives
+      if (data && data_frames == 1) first_payload = length - static_cast<uint32_t>(migration::kVerifyTrailer);
+      if (!net::write_all(to, head).ok() || !net::write_all(to, payload).ok()) break;
+    }
+    ::shutdown(to, SHUT_WR);
+  };
+  auto forward = [](int from, int to) {
+    std::vector<std::byte> buf(64 << 10);
+    for (;;) {
+      const ssize_t n = ::recv(from, buf.data(), buf.size(), 0);
+      if (n <= 0 || !net::write_all(to, std::span(buf.data(), static_cast<size_t>(n))).ok()) break;
+    }
+    ::shutdown(to, SHUT_WR);
+  };
+  std::thread f1(drop_second_data_frame, fwd_a->get(), fwd_b->get());
+  std::thread f2(forward, fwd_b->get(), fwd_a->get());
+
+  auto source = TcpChannel::create(std::move(src_end.value()), 0, 1 << 20, 8, tm, SpliceMode::kOff);
+  auto target = TcpChannel::create(std::move(dst_end.value()), 0, 1 << 20, 8, tm, SpliceMode::kOff);
+  auto src = socket_pair();
+  auto dst = socket_pair();
+  migration::ChannelPump source_pump(*source, std::move(src.agent));
+  UniqueFd dst_agent = std::move(dst.agent);
+  migration::ChannelPump target_pump(*target, [&]() -> Result<UniqueFd> { return std::move(dst_agent); });
+  source_pump.verify_chunks();
+  target_pump.verify_chunks();
+  source_pump.start();
+  target_pump.start();
+  std::thread w([&] { write_stream(src.qemu.get(), 16ull << 20, 9); });
+  Received at_target;
+  std::thread r([&] { at_target = read_stream(dst.qemu.get(), 9); });
+  ASSERT_TRUE(target_pump.wait(10s));
+  ASSERT_TRUE(target_pump.error());
+  const std::string why = target_pump.error()->message;
+  EXPECT_NE(why.find("chunk 1 "), std::string::npos) << why;
+  EXPECT_NE(why.find("it is chunk 2: the transport lost, repeated or reordered chunks"), std::string::npos) << why;
+  EXPECT_EQ(target_pump.chunks_verified(), 1u);
+  ASSERT_TRUE(source_pump.wait(10s));
+  ::shutdown(src.qemu.get(), SHUT_RDWR);
+  w.join();
+  r.join();  // the target pump shut its QEMU socket down
+  EXPECT_EQ(at_target.bytes, first_payload.load());  // chunk 0's payload exactly
+  EXPECT_EQ(at_target.first_mismatch, UINT64_MAX);
+  source.reset();
+  target.reset();
+  ::shutdown(fwd_a->get(), SHUT_RDWR);
+  ::shutdown(fwd_b->get(), SHUT_RDWR);
+  f1.join();
+  f2.join();
+}
