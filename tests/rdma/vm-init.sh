@@ -73,6 +73,19 @@ else
     setup="$setup; $RDMIG_RDMA_DEV2 on eth1 $RDMIG_VM_ADDR2/24, peer $RDMIG_VM_PEER_ADDR2"
   fi
 fi
+# Two nodes: wait until the peer answers on each link (it may boot later), so each node's
+# neighbour entry for the other exists before the first RDMA connect, as between nodes of a
+# cluster that have talked before. Without it, a first rdma_cm connect right after boot has
+# timed out in address resolution (no rdma_cm event in 10 s, no RoCE packet sent) in one full run.
+if [ -n "$node" ]; then
+  for peer in "$RDMIG_VM_PEER_ADDR" ${RDMIG_VM_PEER_ADDR2:-}; do
+    t0=$(date +%s)
+    until ping -c 1 -W 1 "$peer" >/dev/null 2>&1; do
+      [ $(( $(date +%s) - t0 )) -lt 120 ] || { echo "rdmig-vm: node $node: $peer does not answer ping"; break; }
+    done
+    echo "rdmig-vm: node $node: $peer answered after $(( $(date +%s) - t0 )) s"
+  done
+fi
 # Wait for the device to show up (sysfs and /dev/infiniband), with a deadline.
 i=0
 until [ -e "/sys/class/infiniband/$RDMIG_RDMA_DEV" ] && [ -e /dev/infiniband/uverbs0 ] &&
