@@ -9,6 +9,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -443,6 +444,25 @@ TEST(Crc32c, KnownValuesAndTheFastPathMatchesTheTable) {
   EXPECT_EQ(crc32c(all.subspan(1000), crc32c(all.first(1000))), crc32c(all));
 }
 
+// source channel <-> [forwarder: fwd_a <-> fwd_b] <-> target channel: two loopback TCP
+// connections whose middle ends a test's forwarder joins (and may tamper with).
+struct ForwardedPath {
+  UniqueFd source, fwd_a, fwd_b, target;
+};
+
+std::optional<ForwardedPath> forwarded_path() {
+  auto l1 = net::tcp_listen("127.0.0.1", 0);
+  auto l2 = net::tcp_listen("127.0.0.1", 0);
+  if (!l1.ok() || !l2.ok()) return std::nullopt;
+  auto src_end = net::tcp_connect({"127.0.0.1", net::local_port(l1->get()).value()}, 2s);
+  auto fwd_a = net::accept_for(l1->get(), 2s);
+  auto fwd_b = net::tcp_connect({"127.0.0.1", net::local_port(l2->get()).value()}, 2s);
+  auto dst_end = net::accept_for(l2->get(), 2s);
+  if (!src_end.ok() || !fwd_a.ok() || !fwd_b.ok() || !dst_end.ok()) return std::nullopt;
+  return ForwardedPath{std::move(src_end.value()), std::move(fwd_a.value()), std::move(fwd_b.value()),
+                       std::move(dst_end.value())};
+}
+
 // verifyChunks end to end: a forwarder between the two agents' TCP connection flips one bit of
 // the first chunk's payload in the source-to-target direction (the transport corrupting data:
 // an RDMA device's bug, a bad NIC, memory). The target's pump fails naming the chunk's CRC32C,
@@ -452,15 +472,8 @@ TEST(PumpVerifyChunks, ACorruptedChunkFailsTheChannelAndNothingOfItReachesQemu) 
   std::signal(SIGPIPE, SIG_IGN);
   Metrics metrics;
   auto& tm = metrics.transport("tcp");
-  // source channel <-> [forwarder: a <-> b] <-> target channel
-  auto l1 = net::tcp_listen("127.0.0.1", 0);
-  auto l2 = net::tcp_listen("127.0.0.1", 0);
-  ASSERT_TRUE(l1.ok() && l2.ok());
-  auto src_end = net::tcp_connect({"127.0.0.1", net::local_port(l1->get()).value()}, 2s);
-  auto fwd_a = net::accept_for(l1->get(), 2s);
-  auto fwd_b = net::tcp_connect({"127.0.0.1", net::local_port(l2->get()).value()}, 2s);
-  auto dst_end = net::accept_for(l2->get(), 2s);
-  ASSERT_TRUE(src_end.ok() && fwd_a.ok() && fwd_b.ok() && dst_end.ok());
+  auto path = forwarded_path();
+  ASSERT_TRUE(path.has_value());
   constexpr uint64_t kFlipAt = kFrameHeaderSize + 100;  // inside the first DATA frame's payload
   auto forward = [](int from, int to, uint64_t flip_at) {
     std::vector<std::byte> buf(256 << 10);
@@ -474,11 +487,11 @@ TEST(PumpVerifyChunks, ACorruptedChunkFailsTheChannelAndNothingOfItReachesQemu) 
     }
     ::shutdown(to, SHUT_WR);
   };
-  std::thread f1(forward, fwd_a->get(), fwd_b->get(), kFlipAt);
-  std::thread f2(forward, fwd_b->get(), fwd_a->get(), UINT64_MAX);
+  std::thread f1(forward, path->fwd_a.get(), path->fwd_b.get(), kFlipAt);
+  std::thread f2(forward, path->fwd_b.get(), path->fwd_a.get(), UINT64_MAX);
 
-  auto source = TcpChannel::create(std::move(src_end.value()), 0, 1 << 20, 8, tm, SpliceMode::kOff);
-  auto target = TcpChannel::create(std::move(dst_end.value()), 0, 1 << 20, 8, tm, SpliceMode::kOff);
+  auto source = TcpChannel::create(std::move(path->source), 0, 1 << 20, 8, tm, SpliceMode::kOff);
+  auto target = TcpChannel::create(std::move(path->target), 0, 1 << 20, 8, tm, SpliceMode::kOff);
   auto src = socket_pair();
   auto dst = socket_pair();
   migration::ChannelPump source_pump(*source, std::move(src.agent));
@@ -517,8 +530,8 @@ TEST(PumpVerifyChunks, ACorruptedChunkFailsTheChannelAndNothingOfItReachesQemu) 
   w.join();
   source.reset();
   target.reset();
-  ::shutdown(fwd_a->get(), SHUT_RDWR);
-  ::shutdown(fwd_b->get(), SHUT_RDWR);
+  ::shutdown(path->fwd_a.get(), SHUT_RDWR);
+  ::shutdown(path->fwd_b.get(), SHUT_RDWR);
   f1.join();
   f2.join();
 }
@@ -532,14 +545,8 @@ TEST(PumpVerifyChunks, ALostChunkIsNamedAndNothingAfterItReachesQemu) {
   std::signal(SIGPIPE, SIG_IGN);
   Metrics metrics;
   auto& tm = metrics.transport("tcp");
-  auto l1 = net::tcp_listen("127.0.0.1", 0);
-  auto l2 = net::tcp_listen("127.0.0.1", 0);
-  ASSERT_TRUE(l1.ok() && l2.ok());
-  auto src_end = net::tcp_connect({"127.0.0.1", net::local_port(l1->get()).value()}, 2s);
-  auto fwd_a = net::accept_for(l1->get(), 2s);
-  auto fwd_b = net::tcp_connect({"127.0.0.1", net::local_port(l2->get()).value()}, 2s);
-  auto dst_end = net::accept_for(l2->get(), 2s);
-  ASSERT_TRUE(src_end.ok() && fwd_a.ok() && fwd_b.ok() && dst_end.ok());
+  auto path = forwarded_path();
+  ASSERT_TRUE(path.has_value());
   std::atomic<uint32_t> first_payload{0};
   auto drop_second_data_frame = [&](int from, int to) {
     auto read_exact = [&](std::byte* p, size_t n) {
@@ -577,11 +584,11 @@ TEST(PumpVerifyChunks, ALostChunkIsNamedAndNothingAfterItReachesQemu) {
     }
     ::shutdown(to, SHUT_WR);
   };
-  std::thread f1(drop_second_data_frame, fwd_a->get(), fwd_b->get());
-  std::thread f2(forward, fwd_b->get(), fwd_a->get());
+  std::thread f1(drop_second_data_frame, path->fwd_a.get(), path->fwd_b.get());
+  std::thread f2(forward, path->fwd_b.get(), path->fwd_a.get());
 
-  auto source = TcpChannel::create(std::move(src_end.value()), 0, 1 << 20, 8, tm, SpliceMode::kOff);
-  auto target = TcpChannel::create(std::move(dst_end.value()), 0, 1 << 20, 8, tm, SpliceMode::kOff);
+  auto source = TcpChannel::create(std::move(path->source), 0, 1 << 20, 8, tm, SpliceMode::kOff);
+  auto target = TcpChannel::create(std::move(path->target), 0, 1 << 20, 8, tm, SpliceMode::kOff);
   auto src = socket_pair();
   auto dst = socket_pair();
   migration::ChannelPump source_pump(*source, std::move(src.agent));
@@ -608,8 +615,8 @@ TEST(PumpVerifyChunks, ALostChunkIsNamedAndNothingAfterItReachesQemu) {
   EXPECT_EQ(at_target.first_mismatch, UINT64_MAX);
   source.reset();
   target.reset();
-  ::shutdown(fwd_a->get(), SHUT_RDWR);
-  ::shutdown(fwd_b->get(), SHUT_RDWR);
+  ::shutdown(path->fwd_a.get(), SHUT_RDWR);
+  ::shutdown(path->fwd_b.get(), SHUT_RDWR);
   f1.join();
   f2.join();
 }
