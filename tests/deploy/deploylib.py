@@ -144,3 +144,61 @@ def dashboard_metric_names(dashboard):
     for e in exprs:
         names.update(re.findall(r"\brdmig_[A-Za-z0-9_]+", e))
     return names, exprs
+
+
+class PodListApi:
+    """The least of an API server that a real `kubectl get pod --selector=...` needs: discovery of
+    the core group and a PodList (the given pods, whatever the selector). For running the commands
+    of the `helm test` Pod with the real kubectl against a cluster with zero or some agent pods.
+    Use as a context manager; `kubectl(args)` runs kubectl against it."""
+
+    def __init__(self, pods):
+        import http.server
+        import threading
+        items = list(pods)
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def reply(self, obj, code=200):
+                body = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                path = self.path.split("?")[0]
+                if path == "/api":
+                    return self.reply({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
+                if path == "/apis":
+                    return self.reply({"kind": "APIGroupList", "apiVersion": "v1", "groups": []})
+                if path == "/api/v1":
+                    return self.reply({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+                        {"name": "pods", "singularName": "pod", "namespaced": True, "kind": "Pod",
+                         "verbs": ["get", "list", "watch"], "shortNames": ["po"]}]})
+                if re.fullmatch(r"/api/v1/namespaces/[^/]+/pods", path):
+                    return self.reply({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"},
+                                       "items": items})
+                self.reply({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}, 404)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def kubectl(self, args):
+        """kubectl <args> against this server (no kubeconfig); the CompletedProcess."""
+        import tempfile
+        with tempfile.NamedTemporaryFile("w", suffix=".kubeconfig") as empty:
+            return subprocess.run([os.path.join(tools_bin(), "kubectl"), "--server=http://127.0.0.1:%d" % self.server.server_address[1]]
+                                  + list(args), capture_output=True, text=True, timeout=60,
+                                  env=dict(os.environ, KUBECONFIG=empty.name))

@@ -20,7 +20,8 @@ import unittest
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from deploylib import CHART, NAMESPACE, REPO, TOGGLES, embedded_config, find, helm, one, pod_spec, render  # noqa: E402
+from deploylib import (CHART, NAMESPACE, REPO, TOGGLES, PodListApi, embedded_config, find, helm, one, pod_spec,  # noqa: E402
+                       render)
 
 SCHEMA = os.path.join(CHART, "values.schema.json")
 # ctest passes the built programs; run by hand, the default build directory's.
@@ -385,10 +386,10 @@ class ValuesTest(unittest.TestCase):
         self.assertEqual(spec["restartPolicy"], "Never")
         cmds = {c["name"]: c["command"] for c in spec["containers"]}
         self.assertEqual(cmds["agents-ready"], ["kubectl", "rollout", "status", "daemonset/rdmig-agent",
-                                                "--namespace=rdmig-system", "--timeout=120s"])
-        # Zero agents scheduled (no node matches agent.nodeSelector) fails the test: kubectl wait
-        # on pods by selector exits 1 with "no matching resources found".
-        self.assertEqual(cmds["agents-scheduled"][:4], ["kubectl", "wait", "--for=condition=Ready", "pod"])
+                                                "--timeout=120s", "--namespace=rdmig-system"])
+        # Zero agents scheduled (no node matches agent.nodeSelector) fails the test, saying why
+        # (test_helm_test_with_zero_agents_says_why).
+        self.assertEqual(cmds["agents-scheduled"][:3], ["kubectl", "get", "pod"])
         self.assertIn("--selector=app.kubernetes.io/name=rdmig-agent,app.kubernetes.io/instance=rdmig",
                       cmds["agents-scheduled"])
         self.assertIn({"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
@@ -414,6 +415,58 @@ class ValuesTest(unittest.TestCase):
         for args in cmds.values():
             r = subprocess.run([kubectl] + args[1:] + ["--help"], capture_output=True, text=True)
             self.assertEqual(r.returncode, 0, r.stderr)
+
+    def test_helm_test_pod_runs_its_own_image_not_rdmigs_tag_or_digest(self):
+        # A digest-pinned install (what values.yaml recommends) once gave the test pod
+        # registry.k8s.io/kubectl@<rdmig's digest>, an image that does not exist.
+        digest, own = "sha256:" + "ab" * 32, "sha256:" + "cd" * 32
+        docs = render("--set", "image.digest=" + digest, "--set", "image.tag=9.9.9")
+        self.assertEqual({c["image"] for c in one(docs, "Pod")["spec"]["containers"]}, {"registry.k8s.io/kubectl:v1.32.3"})
+        self.assertEqual({c["image"] for c in pod_spec(one(docs, "DaemonSet"))["containers"]},
+                         {"registry.invalid/rdmig@" + digest})
+        docs = render("--set", "image.digest=" + digest, "--set", "tests.image.digest=" + own)
+        self.assertEqual({c["image"] for c in one(docs, "Pod")["spec"]["containers"]}, {"registry.k8s.io/kubectl@" + own})
+        r = template("--set", "tests.image.repository=")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("tests.image.repository", r.stderr)
+
+    def test_helm_test_with_zero_agents_says_why(self):
+        # The agents-scheduled container's own command, run by the real kubectl against an API
+        # that holds zero agent pods (no node matches agent.nodeSelector), then one.
+        def scheduled(docs):
+            return {c["name"]: c["command"] for c in one(docs, "Pod")["spec"]["containers"]}["agents-scheduled"][1:]
+
+        def zero_agents(docs):
+            with PodListApi([]) as api:
+                r = api.kubectl(scheduled(docs))
+            self.assertNotEqual(r.returncode, 0, "zero agent pods fail the test")
+            return r.stdout + r.stderr
+
+        out = zero_agents(self.defaults)
+        self.assertIn("no rdmig agent pod", out.splitlines()[0], "the cause comes first:\n" + out)
+        for needle in ("agent.nodeSelector: feature.node.kubernetes.io/rdma.available=true",
+                       "kubectl get nodes -l feature.node.kubernetes.io/rdma.available=true",
+                       "node-feature-discovery", "nodeFeatureRule.enabled=true",
+                       "kubectl label node <node> feature.node.kubernetes.io/rdma.available=true",
+                       "agent.tolerations"):
+            self.assertIn(needle, out)
+        # With the chart's NodeFeatureRule on, the question is whether NFD runs at all.
+        out = zero_agents(render("--set", "nodeFeatureRule.enabled=true"))
+        self.assertIn("NodeFeatureRule rdmig-rdma-available", out)
+        self.assertIn("is node-feature-discovery running", out)
+        self.assertNotIn("nodeFeatureRule.enabled=true", out)
+        # An operator's own label: no word of NFD.
+        out = zero_agents(render("--set", "agent.nodeSelector.feature\\.node\\.kubernetes\\.io/rdma\\.available=null",
+                                 "--set", "agent.nodeSelector.vms=rdma"))
+        self.assertIn("agent.nodeSelector: vms=rdma", out)
+        self.assertIn("kubectl label node <node> vms=rdma", out)
+        self.assertNotIn("node-feature-discovery", out)
+        # One agent pod: the check passes and says how many.
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "rdmig-agent-x1", "namespace": NAMESPACE}}
+        with PodListApi([pod]) as api:
+            r = api.kubectl(scheduled(self.defaults))
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("1 rdmig agent pod(s)", r.stdout)
 
     def test_aggregated_cluster_roles(self):
         view, edit = one(self.defaults, "ClusterRole", "rdmig-view"), one(self.defaults, "ClusterRole", "rdmig-edit")

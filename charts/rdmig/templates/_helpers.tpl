@@ -65,6 +65,23 @@ app.kubernetes.io/component: controller
 {{- end -}}
 {{- end -}}
 
+{{/* An image that is not rdmig's (the `helm test` pod's kubectl): its own repository and its own
+digest or tag, never image.* (rdmig's digest on kubectl's repository names no image). (list $image $key). */}}
+{{- define "rdmig.otherImage" -}}
+{{- $own := index . 0 -}}
+{{- $key := index . 1 -}}
+{{- if not $own.repository -}}
+{{- fail (printf "%s.repository is required: the image is not rdmig's and takes nothing from image.*" $key) -}}
+{{- end -}}
+{{- if $own.digest -}}
+{{- printf "%s@%s" $own.repository $own.digest -}}
+{{- else if $own.tag -}}
+{{- printf "%s:%s" $own.repository $own.tag -}}
+{{- else -}}
+{{- fail (printf "%s: set tag or digest" $key) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "rdmig.agent.serviceAccountName" -}}
 {{- .Values.agent.serviceAccount.name | default (printf "%s-agent" (include "rdmig.fullname" .)) -}}
 {{- end -}}
