@@ -10,7 +10,8 @@
 
 Helm reads only files inside the chart, so the chart carries copies rather than symlinks.
   python3 tests/deploy/sync_copies.py          rewrite every copy
-  python3 tests/deploy/sync_copies.py --check  exit 1 naming each stale copy (ctest deploy_copies)
+  python3 tests/deploy/sync_copies.py --check  exit 1 naming each stale copy (run by ctest deploy_chart,
+                                               test_generated_copies_match_their_sources)
 """
 import os
 import sys

@@ -60,6 +60,15 @@ class AlertsTest(unittest.TestCase):
             self.assertEqual(r["annotations"]["runbook_url"],
                              "https://github.com/rdmig/rdmig/blob/main/docs/runbooks/%s.md" % r["alert"])
 
+    def test_the_deploy_docs_count_and_name_the_alerts(self):
+        # docs/deploy.md's row for this test once said "six alerts" when there were eight.
+        words = {6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten"}
+        with open(os.path.join(REPO, "docs", "deploy.md")) as f:
+            [row] = [line for line in f if line.startswith("| `deploy_alerts` |")]
+        self.assertIn("%s alerts" % words.get(len(ALERTS), len(ALERTS)), row)
+        for name in ALERTS:
+            self.assertIn("`%s`" % name, row)
+
     def test_promtool_check_rules(self):
         out = self.run_promtool("check", "rules", "rdmig.rules.yaml")
         self.assertIn("SUCCESS: %d rules found" % len(ALERTS), out)
