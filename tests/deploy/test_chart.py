@@ -599,7 +599,8 @@ class ChartTest(unittest.TestCase):
                                "CarriedByRdmig", "involvedObject.kind=VirtualMachineInstance"):
                     self.assertIn(needle, notes)
                 self.assertNotIn("<no value>", notes)
-                self.assertEqual('feature gate "Plugins"' in notes, bool(extra), "the gate is named when the Plugin is made")
+                self.assertIn('feature gate "Plugins"', notes)
+                self.assertEqual("kubectl patch kubevirt" in notes, bool(extra), "the gate's commands once the Plugin is made")
                 self.assertEqual("A bare QEMU (namespaces vms only)" in notes, bool(extra))
                 # Which image each program runs (the toggles file pins the agent by digest).
                 self.assertRegex(notes, r"Images: agent \S+\n\s+controller \S+")
@@ -654,6 +655,80 @@ class KubevirtPluginApiNotesTest(unittest.TestCase):
         self.assertIn("PluginApiMissing", notes)
         for notes in (render_notes(), render_notes(*served)):  # KubeVirt mode off: nothing to check
             self.assertNotIn("checked as Helm installed", notes)
+
+
+def json_patch_add(obj, path, value):
+    """RFC 6902 "add" as an API server applies it (a missing parent fails; "-" appends)."""
+    obj = copy.deepcopy(obj)
+    *parents, last = path.lstrip("/").split("/")
+    where = obj
+    for p in parents:
+        where = where[p]  # KeyError: the patch fails
+    if isinstance(where, list):
+        where.append(value) if last == "-" else where.insert(int(last), value)
+    else:
+        where[last] = value
+    return obj
+
+
+def merge_patch(obj, patch):
+    """RFC 7386 JSON merge patch: objects merge, anything else (a list too) replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(obj) if isinstance(obj, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+class KubevirtModeNotesTest(unittest.TestCase):
+    """What the NOTES tell about the KubeVirt path (issue 19): the three things carrying needs, and
+    a command for KubeVirt's Plugins gate that works whether its featureGates list exists or not."""
+
+    def test_defaults_name_the_three_things_kubevirt_mode_needs(self):
+        notes = render_notes()
+        for needle in ("kubevirt.enabled=true", "kubevirt.plugin.enabled=true", 'feature gate "Plugins"',
+                       "helm upgrade rdmig <chart> -n rdmig-system --reuse-values --set kubevirt.enabled=true "
+                       "--set kubevirt.plugin.enabled=true"):
+            self.assertIn(needle, notes)
+
+    def test_gate_commands_use_kubevirt_namespace_and_fit_a_list_or_none(self):
+        gates = ["spec", "configuration", "developerConfiguration", "featureGates"]
+        with_list = {"spec": {"configuration": {"developerConfiguration": {"featureGates": ["LiveMigration"]}}}}
+        without = {"spec": {"configuration": {}}, "metadata": {"name": "kubevirt"}}
+
+        def gates_of(obj):
+            for k in gates:
+                obj = obj[k]
+            return obj
+
+        for extra in (["--set", "kubevirt.enabled=true"], ["--set", "kubevirt.enabled=true", "--set", "kubevirt.plugin.enabled=true"]):
+            notes = render_notes(*extra, "--set", "kubevirt.namespace=virt")
+            self.assertNotIn("-n kubevirt", notes, "kubevirt.namespace, not a fixed namespace")
+            self.assertIn("kubectl get kubevirt -n virt -o jsonpath=", notes)
+            patches = re.findall(r"kubectl patch kubevirt kubevirt -n virt --type (json|merge) -p '([^']*)'", notes)
+            self.assertEqual([t for t, _ in patches], ["json", "merge"], notes)
+            (_, json_text), (_, merge_text) = patches
+            [op] = json.loads(json_text)
+            self.assertEqual(op["op"], "add")
+            # A list: the JSON patch appends and keeps the other gates; the merge patch would drop them.
+            self.assertEqual(gates_of(json_patch_add(with_list, op["path"], op["value"])), ["LiveMigration", "Plugins"])
+            self.assertEqual(gates_of(merge_patch(with_list, json.loads(merge_text))), ["Plugins"])
+            # No list: the JSON patch fails (as the old NOTES' only command did), the merge patch makes it.
+            with self.assertRaises(KeyError):
+                json_patch_add(without, op["path"], op["value"])
+            self.assertEqual(gates_of(merge_patch(without, json.loads(merge_text))), ["Plugins"])
+        self.assertIn("kubectl get kubevirt -n kubevirt -o jsonpath=",
+                      render_notes("--set", "kubevirt.enabled=true"), "the default kubevirt.namespace")
+
+    def test_notes_say_post_copy_is_never_carried(self):
+        for extra in ([], ["-f", TOGGLES]):
+            notes = " ".join(render_notes(*extra).split())
+            self.assertIn("Never carried, by design: post-copy migrations (a MigrationPolicy or the KubeVirt config "
+                          "with allowPostCopy, or mode PostCopy)", notes)
 
 
 class AgentTlsModesTest(unittest.TestCase):
