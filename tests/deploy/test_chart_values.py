@@ -192,6 +192,95 @@ class ValuesTest(unittest.TestCase):
         ctl = embedded_config(one(docs, "ConfigMap", "rdmig-controller-config"))["controller.yaml"]
         self.assertEqual((ctl["agents"]["labelSelector"], ctl["leaderElection"]["leaseName"]), ("tier=agents", "my-lease"))
 
+    def render_beside(self, found, *args):
+        """helm template of release rdmig as `helm install` would render it where `lookup` finds
+        `found` (dict of lists daemonsets, deployments, configmaps, crds): the chart's
+        rdmig.lookupNamespace is replaced by those objects in a copy. (CompletedProcess, NOTES)."""
+        import shutil
+        import tempfile
+        tmp = tempfile.mkdtemp(prefix="rdmig-beside-")
+        try:
+            chart = os.path.join(tmp, "rdmig")
+            shutil.copytree(CHART, chart)
+            helpers = os.path.join(chart, "templates", "_helpers.tpl")
+            with open(helpers) as f:
+                text = f.read()
+            text, n = re.subn(r'\{\{- define "rdmig.lookupNamespace" -\}\}.*?\{\{- end -\}\}',
+                              '{{- define "rdmig.lookupNamespace" -}}{{ .Files.Get "found.json" }}{{- end -}}', text, flags=re.S)
+            self.assertEqual(n, 1)
+            with open(helpers, "w") as f:
+                f.write(text)
+            with open(os.path.join(chart, "found.json"), "w") as f:
+                json.dump(found, f)
+            shutil.copy(os.path.join(chart, "templates", "NOTES.txt"), os.path.join(chart, "notes.txt"))
+            with open(os.path.join(chart, "templates", "zz-notes.yaml"), "w") as f:
+                f.write('apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n'
+                        'data:\n  notes: {{ tpl (.Files.Get "notes.txt") . | quote }}\n')
+            r = helm("template", "rdmig", chart, "-n", NAMESPACE, *args, check=False)
+            notes = ""
+            if r.returncode == 0:
+                notes = [d for d in yaml.safe_load_all(r.stdout) if d and d["metadata"]["name"] == "notes"][0]["data"]["notes"]
+            return r, notes
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def test_a_second_release_in_the_namespace_is_refused_or_warned_where_it_collides(self):
+        # What `lookup` finds at install: release rdmig-a's own objects, as the chart renders them.
+        other = render("--set", "kubevirt.enabled=true", release="rdmig-a")
+        crds = find(other, "CustomResourceDefinition")
+        for crd in crds:
+            crd["metadata"]["annotations"].update({"meta.helm.sh/release-name": "rdmig-a",
+                                                   "meta.helm.sh/release-namespace": NAMESPACE})
+        found = {"daemonsets": find(other, "DaemonSet"), "deployments": find(other, "Deployment"),
+                 "configmaps": find(other, "ConfigMap"), "crds": crds}
+        # Nothing found (`helm template`, or the first release): no word of it.
+        r, notes = self.render_beside({})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("release rdmig-a", notes)
+        # The CRDs are the first release's: crds.install=false, or Helm would refuse them.
+        r, _ = self.render_beside(found)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("the CRD rdmamigrations.rdmig.io (cluster-wide) belongs to release rdmig-a in namespace "
+                      + NAMESPACE + ": install this release with crds.install=false", r.stderr)
+        # Both controllers watching every namespace would act on the same RdmaMigrations.
+        r, _ = self.render_beside(found, "--set", "crds.install=false")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("release rdmig-a's controller (Deployment rdmig-a-controller) watches every namespace", r.stderr)
+        self.assertIn("controller.config.watchNamespace", r.stderr)
+        self.assertNotIn("CRD", r.stderr)
+        # Own namespaces on both sides: accepted. Same agent ports and stateDir: a warning only (the
+        # releases may run on different nodes).
+        ctl = one(found["configmaps"], "ConfigMap", "rdmig-a-controller-config")
+        cfg = yaml.safe_load(ctl["data"]["controller.yaml"])
+        cfg["watchNamespace"] = "team-a"
+        ctl["data"]["controller.yaml"] = yaml.safe_dump(cfg)
+        r, notes = self.render_beside(found, "--set", "crds.install=false", "--set", "controller.config.watchNamespace=team-a")
+        self.assertNotEqual(r.returncode, 0, "the same namespace is refused too")
+        self.assertIn("watches namespace team-a and this one would watch namespace team-a", r.stderr)
+        ours = ("--set", "crds.install=false", "--set", "controller.config.watchNamespace=team-b", "--set", "kubevirt.enabled=true")
+        r, notes = self.render_beside(found, *ours)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        warning = " ".join(notes.split())
+        self.assertIn("WARNING: release rdmig-a's agents (DaemonSet rdmig-a-agent) use the same host port 7470, host port 7471, "
+                      "host port 7472, host port 7473, stateDir /var/run/rdmig, kubevirt.hookSocket "
+                      "/var/run/kubevirt/plugins/rdmig.sock", warning)
+        self.assertIn("agent.nodeSelector", warning)
+        # Other ports, stateDir and hook socket: no warning.
+        r, notes = self.render_beside(found, *ours, "--set", "agent.config.api.port=7480", "--set", "agent.config.api.probePort=7483",
+                                      "--set", "agent.config.dataPlane.port=7481", "--set", "agent.config.dataPlane.rdmaPort=7482",
+                                      "--set", "agent.config.stateDir=/var/run/rdmig-b",
+                                      "--set", "kubevirt.hookSocket=/var/run/kubevirt/plugins/rdmig-b.sock")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("WARNING: release rdmig-a", notes)
+        # Our own release's objects (an upgrade) are not another release.
+        mine = render()
+        for crd in find(mine, "CustomResourceDefinition"):
+            crd["metadata"]["annotations"].update({"meta.helm.sh/release-name": "rdmig", "meta.helm.sh/release-namespace": NAMESPACE})
+        r, notes = self.render_beside({"daemonsets": find(mine, "DaemonSet"), "deployments": find(mine, "Deployment"),
+                                       "configmaps": find(mine, "ConfigMap"), "crds": find(mine, "CustomResourceDefinition")})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("WARNING: release", notes)
+
     def test_optional_node_feature_rule_labels_what_the_node_selector_selects(self):
         self.assertEqual(find(self.defaults, "NodeFeatureRule"), [])
         docs = render("--set", "nodeFeatureRule.enabled=true")

@@ -226,3 +226,77 @@ the cluster serves monitoring.coreos.com/v1 ServiceMonitor; "" otherwise. */}}
 {{- end -}}
 {{- if $on }}true{{ end -}}
 {{- end -}}
+
+{{/* Other rdmig releases in this namespace, from (list $ $found): $found is a dict of lists
+"daemonsets", "deployments" and "configmaps", what `lookup` finds there at install (nothing under
+`helm template`: "rdmig.lookupNamespace"). Returns JSON {"conflicts": [..], "warnings": [..]}:
+a conflict is a controller that would reconcile the same RdmaMigrations as this release's (either
+watches every namespace, or both the same one), or "crds" (found CRDs) owned by another release
+while crds.install is on (Helm would refuse them less clearly); a warning, agents that collide on a node both
+releases' agents run on (host ports: hostNetwork; stateDir; kubevirt.hookSocket). */}}
+{{- define "rdmig.otherReleases" -}}
+{{- $root := index . 0 -}}
+{{- $found := index . 1 -}}
+{{- $conflicts := list -}}
+{{- $warnings := list -}}
+{{- $configs := dict -}}
+{{- range $cm := $found.configmaps | default list }}{{ $_ := set $configs $cm.metadata.name ($cm.data | default dict) }}{{ end -}}
+{{- $ourWatch := $root.Values.controller.config.watchNamespace | default "" -}}
+{{- range $d := $found.deployments | default list -}}
+{{- $l := $d.metadata.labels | default dict -}}
+{{- if and (eq (get $l "app.kubernetes.io/name") "rdmig-controller") (ne (get $l "app.kubernetes.io/instance") $root.Release.Name) -}}
+{{- $release := get $l "app.kubernetes.io/instance" -}}
+{{- $data := get $configs (printf "%s-config" $d.metadata.name) | default dict -}}
+{{- if not (hasKey $data "controller.yaml") -}}
+{{- $warnings = append $warnings (printf "release %s runs an rdmig controller here (Deployment %s) whose configuration was not found: if it watches the RdmaMigrations this release's controller watches, both act on them" $release $d.metadata.name) -}}
+{{- else -}}
+{{- $watch := (fromYaml (get $data "controller.yaml")).watchNamespace | default "" -}}
+{{- if or (eq $watch "") (eq $ourWatch "") (eq $watch $ourWatch) -}}
+{{- $conflicts = append $conflicts (printf "release %s's controller (Deployment %s) watches %s and this one would watch %s: both would act on the same RdmaMigrations. Give each a namespace of its own (controller.config.watchNamespace) or install one release" $release $d.metadata.name (ternary "every namespace" (printf "namespace %s" $watch) (eq $watch "")) (ternary "every namespace" (printf "namespace %s" $ourWatch) (eq $ourWatch ""))) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- range $crd := $found.crds | default list -}}
+{{- $a := $crd.metadata.annotations | default dict -}}
+{{- if and $root.Values.crds.install (or (ne (get $a "meta.helm.sh/release-name") $root.Release.Name) (ne (get $a "meta.helm.sh/release-namespace") $root.Release.Namespace)) -}}
+{{- $owner := ternary (printf "release %s in namespace %s" (get $a "meta.helm.sh/release-name") (get $a "meta.helm.sh/release-namespace")) "no Helm release (applied by hand)" (hasKey $a "meta.helm.sh/release-name") -}}
+{{- $conflicts = append $conflicts (printf "the CRD %s (cluster-wide) belongs to %s: install this release with crds.install=false" $crd.metadata.name $owner) -}}
+{{- end -}}
+{{- end -}}
+{{- $cfg := $root.Values.agent.config -}}
+{{- $ourPorts := list (int $cfg.api.port) (int $cfg.api.probePort) (int $cfg.dataPlane.port) (int $cfg.dataPlane.rdmaPort) -}}
+{{- range $d := $found.daemonsets | default list -}}
+{{- $l := $d.metadata.labels | default dict -}}
+{{- if and (eq (get $l "app.kubernetes.io/name") "rdmig-agent") (ne (get $l "app.kubernetes.io/instance") $root.Release.Name) -}}
+{{- $release := get $l "app.kubernetes.io/instance" -}}
+{{- $shared := list -}}
+{{- $spec := $d.spec.template.spec -}}
+{{- range $c := $spec.containers -}}
+{{- range $p := $c.ports | default list }}{{ if has (int $p.containerPort) $ourPorts }}{{ $shared = append $shared (printf "host port %d" (int $p.containerPort)) }}{{ end }}{{ end -}}
+{{- end -}}
+{{- range $v := $spec.volumes | default list -}}
+{{- if and (eq $v.name "state") $v.hostPath (eq $v.hostPath.path $cfg.stateDir) }}{{ $shared = append $shared (printf "stateDir %s" $cfg.stateDir) }}{{ end -}}
+{{- end -}}
+{{- $agentData := get $configs (printf "%s-config" $d.metadata.name) | default dict -}}
+{{- if and $root.Values.kubevirt.enabled (hasKey $agentData "agent.yaml") -}}
+{{- $kv := (fromYaml (get $agentData "agent.yaml")).kubevirt | default dict -}}
+{{- if and $kv.enabled (eq ($kv.hookSocket | default "") $root.Values.kubevirt.hookSocket) }}{{ $shared = append $shared (printf "kubevirt.hookSocket %s" $root.Values.kubevirt.hookSocket) }}{{ end -}}
+{{- end -}}
+{{- if $shared -}}
+{{- $warnings = append $warnings (printf "release %s's agents (DaemonSet %s) use the same %s: on a node where both releases run an agent they collide (a host port cannot be bound twice; the paths would be shared). Keep the releases on different nodes (agent.nodeSelector) or change these values" $release $d.metadata.name (join ", " (uniq $shared))) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- dict "conflicts" $conflicts "warnings" $warnings | toJson -}}
+{{- end -}}
+
+{{/* What `lookup` finds of other releases in the release namespace (empty under `helm template`). */}}
+{{- define "rdmig.lookupNamespace" -}}
+{{- $ns := .Release.Namespace -}}
+{{- dict "daemonsets" ((lookup "apps/v1" "DaemonSet" $ns "").items | default list)
+         "deployments" ((lookup "apps/v1" "Deployment" $ns "").items | default list)
+         "configmaps" ((lookup "v1" "ConfigMap" $ns "").items | default list)
+         "crds" (without (list (lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" "rdmamigrations.rdmig.io")
+                               (lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" "rdmapathchecks.rdmig.io")) dict) | toJson -}}
+{{- end -}}
