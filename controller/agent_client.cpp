@@ -85,7 +85,7 @@ bool AgentClient::is_tls_failure(const Error& e) {
 }
 
 Result<json> AgentClient::call(const AgentAddress& agent, const std::string& method, const std::string& path,
-                               const json* body) {
+                               const json* body, std::string* reason) {
   std::unique_ptr<httplib::ClientImpl> made;
   httplib::SSLClient* ssl = nullptr;
   if (tls_.ca_file.empty()) {
@@ -147,6 +147,11 @@ Result<json> AgentClient::call(const AgentAddress& agent, const std::string& met
     return parsed;
   }
   std::string message = "HTTP " + std::to_string(res->status);
+  // A stable word for programs (bounded): {"error":{"reason":..}} (api::error_body).
+  if (reason != nullptr && !parsed.is_discarded() && parsed.is_object() && parsed.contains("error") &&
+      parsed["error"].is_object() && parsed["error"].contains("reason") && parsed["error"]["reason"].is_string()) {
+    *reason = utf8_prefix(parsed["error"]["reason"].get<std::string>(), 64);
+  }
   // The agent's own words (bounded): {"error":{"message":..}}, else the start of whatever it sent.
   if (!parsed.is_discarded() && parsed.is_object() && parsed.contains("error") && parsed["error"].is_object() &&
       parsed["error"].contains("message") && parsed["error"]["message"].is_string()) {
@@ -215,12 +220,15 @@ Result<json> AgentClient::kubevirt_migrations(const AgentAddress& agent, const s
   for (char c : migration_uid) {  // a UID is [0-9a-f-]; keep anything else out of the URL
     if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '-') q.push_back(c);
   }
-  auto r = call(agent, "GET", "/v1/kubevirt/migrations?migrationUid=" + q, nullptr);
+  std::string reason;
+  auto r = call(agent, "GET", "/v1/kubevirt/migrations?migrationUid=" + q, nullptr, &reason);
   if (!r) {
     if (r.error().code == Errc::kNotFound) {
-      // The agent answers 404 "KubeVirt mode is off on this agent (kubevirt.enabled)" when its
-      // KubeVirt mode is off; any other 404 is an agent older than the endpoint.
-      if (r.error().message.find("KubeVirt mode is off") != std::string::npos) {
+      // The agent answers 404 with reason KubevirtModeOff when its KubeVirt mode is off
+      // (src/api/rest_server.cpp); agents from before that field said so only in the message
+      // "KubeVirt mode is off on this agent (kubevirt.enabled)", still read for an upgrade that
+      // replaces agents node by node. Any other 404 is an agent older than the endpoint.
+      if (reason == "KubevirtModeOff" || r.error().message.find("KubeVirt mode is off") != std::string::npos) {
         return Error{Errc::kFailedPrecondition, "agent " + agent.pod + ": KubeVirt mode is off"};
       }
       return json::array();

@@ -71,8 +71,9 @@ class AgentClient {
   Result<nlohmann::json> kubevirt_migrations(const AgentAddress& agent, const std::string& migration_uid);
 
  private:
+  // `reason` (optional) gets the agent's error.reason of a refused call, "" when it sent none.
   Result<nlohmann::json> call(const AgentAddress& agent, const std::string& method, const std::string& path,
-                              const nlohmann::json* body);
+                              const nlohmann::json* body, std::string* reason = nullptr);
   // The message of a TLS failure of a call made with `ssl`; nullopt for other failures.
   std::optional<std::string> tls_error(httplib::Error error, const httplib::SSLClient* ssl) const;
   std::shared_ptr<TokenSource> token_;

@@ -258,8 +258,10 @@ Result<pathcheck::CheckSpec> parse_pathcheck_request(const json& body, const Age
   return spec;
 }
 
-json error_body(const Error& error) {
-  return json{{"error", {{"code", errc_name(error.code)}, {"message", error.message}}}};
+json error_body(const Error& error, std::string_view reason) {
+  json body{{"error", {{"code", errc_name(error.code)}, {"message", error.message}}}};
+  if (!reason.empty()) body["error"]["reason"] = std::string(reason);
+  return body;
 }
 
 int http_status(Errc code) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "common/result.h"
 #include "config/agent_config.h"
@@ -18,8 +19,9 @@ Result<migration::MigrationSpec> parse_create_request(const nlohmann::json& body
 // Body of POST /v1/pathchecks (docs/pathcheck.md); bounded by pathcheck::kMaxBytes and friends.
 Result<pathcheck::CheckSpec> parse_pathcheck_request(const nlohmann::json& body, const AgentConfig& defaults);
 
-// {"error": {"code": ..., "message": ...}} and the HTTP status for an Error.
-nlohmann::json error_body(const Error& error);
+// {"error": {"code": ..., "message": ...}} and the HTTP status for an Error. `reason`, when given,
+// is a stable word a program can match instead of the message ({"error": {..., "reason": ...}}).
+nlohmann::json error_body(const Error& error, std::string_view reason = {});
 int http_status(Errc code);
 
 }  // namespace rdmig::api

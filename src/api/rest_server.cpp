@@ -323,9 +323,13 @@ void RestServer::routes() {
   });
 
   // KubeVirt migrations this agent saw (carried or not), filtered by KubeVirt migration UID
-  // or VMI. 404 when KubeVirt mode is off.
+  // or VMI. 404 with reason KubevirtModeOff when KubeVirt mode is off: the controller reads that
+  // field (controller/agent_client.cpp); controllers before it matched the message, so it stays.
   s.Get("/v1/kubevirt/migrations", [this](const httplib::Request& req, httplib::Response& res) {
-    if (!kubevirt_) return send_error(res, Error{Errc::kNotFound, "KubeVirt mode is off on this agent (kubevirt.enabled)"});
+    if (!kubevirt_) {
+      const Error off{Errc::kNotFound, "KubeVirt mode is off on this agent (kubevirt.enabled)"};
+      return send_json(res, http_status(off.code), error_body(off, "KubevirtModeOff"));
+    }
     kubevirt::RecordFilter f;
     for (const auto& [name, target] : {std::pair<const char*, std::string*>{"migrationUid", &f.migration_uid},
                                        {"namespace", &f.namespace_},

@@ -133,6 +133,23 @@ class AgentStartupTest(unittest.TestCase):
         finally:
             a.stop()
 
+    def test_kubevirt_records_with_kubevirt_mode_off_answer_404_with_reason_kubevirt_mode_off(self):
+        # The controller tells "this agent runs without KubeVirt mode" (AgentNotInKubevirtMode) by the
+        # reason field; the message stays for controllers from before it. The k8s tests' stand-in
+        # (tests/k8s/kubevirt_standin.py, style "current") answers exactly this.
+        a = Agent(self.tmp, "kv-off")
+        try:
+            status, body = a.request("GET", "/v1/kubevirt/migrations?migrationUid=0a1b-2c3d")
+            self.assertEqual(status, 404, body)
+            self.assertEqual(body, {"error": {"code": "not_found", "reason": "KubevirtModeOff",
+                                              "message": "KubeVirt mode is off on this agent (kubevirt.enabled)"}})
+            # Any other 404 carries no reason.
+            status, body = a.request("GET", "/v1/migrations/no-such-migration")
+            self.assertEqual(status, 404, body)
+            self.assertNotIn("reason", body["error"])
+        finally:
+            a.stop()
+
     def fake_qmp(self, name, before_greeting=1, greet=True):
         """A QMP peer on a unix socket: `before_greeting` events, then (if `greet`) a greeting and
         answers for an incoming QEMU; without a greeting it sends an event every 0.2 s forever."""

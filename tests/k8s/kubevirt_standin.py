@@ -124,7 +124,11 @@ class FigureServer:
         self.token = token
         self.items = {}      # node -> [item]
         self.legacy = set()  # nodes whose "agent" predates the endpoint
-        self.mode_off = set()  # nodes whose agent runs without KubeVirt mode (the agent's own 404)
+        # node -> how its agent, running without KubeVirt mode, answers /v1/kubevirt/migrations:
+        # "current" as rdmig-agent does (404, reason KubevirtModeOff and the message; checked against
+        # the real agent in tests/integration/test_agent_startup.py), "text" as agents before the
+        # reason field did (the message only), "reason" with the field and other words.
+        self.mode_off = {}
         self.servers = {}
         self.requests = []   # (node, path)
 
@@ -143,8 +147,13 @@ class FigureServer:
                     return self._send(401, {"error": {"code": "unauthenticated", "message": "bad token"}})
                 if node in outer.mode_off and url.path == "/v1/kubevirt/migrations":
                     # What rdmig-agent answers with kubevirt.enabled false (src/api/rest_server.cpp).
-                    return self._send(404, {"error": {"code": "not_found", "message":
-                                                      "KubeVirt mode is off on this agent (kubevirt.enabled)"}})
+                    style = outer.mode_off[node]
+                    error = {"code": "not_found", "message": "KubeVirt mode is off on this agent (kubevirt.enabled)"}
+                    if style in ("current", "reason"):
+                        error["reason"] = "KubevirtModeOff"
+                    if style == "reason":
+                        error["message"] = "this agent serves no KubeVirt node hook"
+                    return self._send(404, {"error": error})
                 if node in outer.legacy or url.path != "/v1/kubevirt/migrations":
                     return self._send(404, {"error": {"code": "not_found", "message": "no route " + url.path}})
                 items = [i for i in outer.items.get(node, [])

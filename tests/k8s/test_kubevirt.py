@@ -330,14 +330,17 @@ class KubevirtPathTest(unittest.TestCase):
             self.assertEqual(c["status"], "False")
             return c["reason"], c["message"]
 
-        # 1. The source node's agent runs without KubeVirt mode.
-        self.figures.mode_off.add("node-a")
-        try:
-            reason, msg = run(1)
-        finally:
-            self.figures.mode_off.discard("node-a")
-        self.assertEqual(reason, "AgentNotInKubevirtMode", msg)
-        self.assertIn("kubevirt.enabled=true", msg)
+        # 1. The source node's agent runs without KubeVirt mode. The controller reads the agent's
+        # reason field (KubevirtModeOff), and still the words of an agent from before it (an upgrade
+        # replaces the agents node by node).
+        for n, style in ((1, "current"), (11, "text"), (12, "reason")):
+            self.figures.mode_off["node-a"] = style
+            try:
+                reason, msg = run(n)
+            finally:
+                del self.figures.mode_off["node-a"]
+            self.assertEqual(reason, "AgentNotInKubevirtMode", "%s: %s" % (style, msg))
+            self.assertIn("kubevirt.enabled=true", msg)
         # 2. The cluster serves no Plugin API (an older KubeVirt).
         self.api.refuse_lists["plugins"] = (404, "NotFound", "the server could not find the requested resource")
         try:

@@ -114,6 +114,14 @@ TEST(CreateRequest, ErrorStatusMapping) {
   const auto body = api::error_body(Error{Errc::kNotFound, "no migration 'x'"});
   EXPECT_EQ(body["error"]["code"], "not_found");
   EXPECT_EQ(body["error"]["message"], "no migration 'x'");
+  EXPECT_FALSE(body["error"].contains("reason"));
+}
+
+TEST(CreateRequest, ErrorBodyCarriesAReasonOnlyWhenGiven) {
+  const auto body = api::error_body(Error{Errc::kNotFound, "KubeVirt mode is off on this agent (kubevirt.enabled)"},
+                                    "KubevirtModeOff");
+  EXPECT_EQ(body, json::parse(R"j({"error": {"code": "not_found", "reason": "KubevirtModeOff",
+                                            "message": "KubeVirt mode is off on this agent (kubevirt.enabled)"}})j"));
 }
 
 // ---- switchover across two hosts' clocks (issue 11, item 7) ----
