@@ -1,6 +1,7 @@
 #include "controller/kubevirt.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "k8s/selectors.h"
 
@@ -160,26 +161,51 @@ KubevirtRecord lookup_kubevirt_record(k8s::KubeClient& kube, AgentClient& agents
   return out;
 }
 
+namespace {
+
+// The command that turns KubeVirt's "Plugins" gate on in `kv`: a JSON patch that appends to its
+// featureGates list when it has one (a merge patch would replace the list), else a merge patch
+// that makes the list (a JSON patch "add .../featureGates/-" fails on a missing list).
+std::string plugins_gate_command(const nlohmann::json& kv, const std::string& name, const std::string& ns) {
+  const nlohmann::json* gates = &kv;
+  for (const char* key : {"spec", "configuration", "developerConfiguration", "featureGates"}) {
+    gates = gates->is_object() && gates->contains(key) ? &(*gates)[key] : nullptr;
+    if (gates == nullptr) break;
+  }
+  const std::string head = "kubectl patch kubevirt " + name + " -n " + ns;
+  if (gates != nullptr && gates->is_array()) {
+    return head + " --type json -p '[{\"op\":\"add\",\"path\":\"/spec/configuration/developerConfiguration/"
+                  "featureGates/-\",\"value\":\"Plugins\"}]'";
+  }
+  return head + " --type merge -p '{\"spec\":{\"configuration\":{\"developerConfiguration\":{\"featureGates\":"
+                "[\"Plugins\"]}}}}'";
+}
+
+}  // namespace
+
 std::pair<std::string, std::string> diagnose_not_carried(k8s::KubeClient& kube, const KubevirtRecord& rec,
                                                          const std::string& source_node,
                                                          const std::string& target_node,
                                                          const std::string& migration_uid) {
   const std::string nodes = "node " + source_node + (target_node.empty() || target_node == source_node ? "" : " or " + target_node);
   const std::string own = "; KubeVirt's own transport carried it";
+  // Every missing piece the cluster shows, most fundamental first: {reason, what and how to turn it on}.
+  std::vector<std::pair<std::string, std::string>> missing;
   if (std::find(rec.mode_off.begin(), rec.mode_off.end(), source_node) != rec.mode_off.end()) {
-    return {"AgentNotInKubevirtMode",
-            "the rdmig agent on source node " + source_node +
-                " runs without KubeVirt mode, so it serves no node hook: install the chart with kubevirt.enabled=true "
-                "(agent config kubevirt.enabled)" + own};
+    missing.emplace_back("AgentNotInKubevirtMode",
+                         "the rdmig agent on source node " + source_node +
+                             " runs without KubeVirt mode, so it serves no node hook: install the chart with "
+                             "kubevirt.enabled=true (agent config kubevirt.enabled)");
   }
   std::string unknown;  // what could not be checked, for the last message
   auto plugins = kube.get("/apis/plugin.kubevirt.io/v1alpha1/plugins");
-  if (!plugins && plugins.error().code == Errc::kNotFound) {
-    return {"PluginApiMissing",
-            "this cluster serves no plugin.kubevirt.io Plugin API, so nothing can register rdmig's node hook "
-            "(KubeVirt's node-hook Plugins are in KubeVirt 1.9 and newer)" + own};
-  }
-  if (!plugins) {
+  const bool no_plugin_api = !plugins && plugins.error().code == Errc::kNotFound;
+  if (no_plugin_api) {
+    // A KubeVirt without node-hook Plugins has no Plugins gate either: nothing more to name.
+    missing.emplace_back("PluginApiMissing",
+                         "this cluster serves no plugin.kubevirt.io Plugin API, so nothing can register rdmig's node "
+                         "hook (KubeVirt's node-hook Plugins are in KubeVirt 1.9 and newer)");
+  } else if (!plugins) {
     unknown += "; could not read Plugin objects: " + plugins.error().message;
   } else {
     bool hooked = false;
@@ -191,12 +217,13 @@ std::pair<std::string, std::string> diagnose_not_carried(k8s::KubeClient& kube, 
       }
     }
     if (!hooked) {
-      return {"PluginMissing",
-              "no Plugin object registers a PreMigrationSource node hook, so virt-handler never calls rdmig's agent: "
-              "install the chart with kubevirt.plugin.enabled=true" + own};
+      missing.emplace_back("PluginMissing",
+                           "no Plugin object registers a PreMigrationSource node hook, so virt-handler never calls "
+                           "rdmig's agent: install the chart with kubevirt.plugin.enabled=true");
     }
   }
-  auto kubevirts = kube.get(std::string(kKubevirtApi) + "/kubevirts");
+  auto kubevirts = no_plugin_api ? Result<nlohmann::json>(nlohmann::json::object())
+                                 : kube.get(std::string(kKubevirtApi) + "/kubevirts");
   if (!kubevirts) {
     unknown += "; could not read the KubeVirt object: " + kubevirts.error().message;
   } else {
@@ -211,13 +238,21 @@ std::pair<std::string, std::string> diagnose_not_carried(k8s::KubeClient& kube, 
       if (!on) {
         const auto md = o.value("metadata", nlohmann::json::object());
         const std::string name = md.value("name", "kubevirt"), ns = md.value("namespace", "kubevirt");
-        return {"PluginsGateOff",
-                "KubeVirt's feature gate \"Plugins\" is off in " + ns + "/" + name +
-                    ", so virt-handler ignores rdmig's Plugin: kubectl patch kubevirt " + name + " -n " + ns +
-                    " --type json -p '[{\"op\":\"add\",\"path\":\"/spec/configuration/developerConfiguration/"
-                    "featureGates/-\",\"value\":\"Plugins\"}]'" + own};
+        missing.emplace_back("PluginsGateOff", "KubeVirt's feature gate \"Plugins\" is off in " + ns + "/" + name +
+                                                   ", so virt-handler ignores rdmig's Plugin: " +
+                                                   plugins_gate_command(o, name, ns));
+        break;  // one KubeVirt per cluster
       }
     }
+  }
+  if (missing.size() == 1) return {missing[0].first, missing[0].second + unknown + own};
+  if (!missing.empty()) {
+    // All at once, so that turning one on does not merely uncover the next.
+    std::string message = std::to_string(missing.size()) + " things keep rdmig from carrying KubeVirt's migrations:";
+    for (size_t i = 0; i < missing.size(); ++i) {
+      message += (i == 0 ? " (" : "; (") + std::to_string(i + 1) + ") " + missing[i].first + ": " + missing[i].second;
+    }
+    return {missing[0].first, message + unknown + own};
   }
   return {"NoAgentRecord",
           "no rdmig agent on " + nodes + " has a record of migration " + migration_uid +

@@ -67,7 +67,8 @@ namespace rdmig::controller {
 // the source node's agent runs without KubeVirt mode (AgentNotInKubevirtMode), the cluster
 // serves no Plugin API (PluginApiMissing), no Plugin registers a PreMigrationSource node hook
 // (PluginMissing), KubeVirt's "Plugins" feature gate is off (PluginsGateOff), else
-// NoAgentRecord. Returns {reason, message}; each message says how to turn carrying on.
+// NoAgentRecord. Returns {reason, message}: the message names every missing piece it found, each
+// with how to turn it on; the reason is the first of them (the most fundamental, in that order).
 std::pair<std::string, std::string> diagnose_not_carried(k8s::KubeClient& kube, const KubevirtRecord& rec,
                                                          const std::string& source_node,
                                                          const std::string& target_node,

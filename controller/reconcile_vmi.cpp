@@ -194,8 +194,18 @@ Result<Next> Reconciler::follow_vmi(json obj) {
     std::string msg = "migrated by KubeVirt from node " + status.value("sourceNode", std::string("?")) + " to node " +
                       status.value("targetNode", std::string("?"));
     if (status.contains("downtimeMs")) msg += "; downtime " + std::to_string(status["downtimeMs"].get<int64_t>()) + " ms";
-    msg += carried ? "; carried by rdmig over " + status.value("transport", std::string("?"))
-                   : "; not carried by rdmig (see condition CarriedByRdmig)";
+    if (carried) {
+      msg += "; carried by rdmig over " + status.value("transport", std::string("?"));
+    } else {
+      // Why, in this message and so in the Event: the condition's words (every missing piece).
+      std::string why;
+      for (const auto& c : status.value("conditions", json::array())) {
+        if (c.value("type", "") == "CarriedByRdmig" && c.value("status", "") == "False") {
+          why = c.value("reason", "") + ": " + c.value("message", "");
+        }
+      }
+      msg += why.empty() ? "; not carried by rdmig (see condition CarriedByRdmig)" : "; not carried by rdmig: " + why;
+    }
     return transition(obj, status, "Succeeded", carried ? "Succeeded" : "NotCarriedByRdmig", msg);
   }
   if (phase == "Failed") {

@@ -367,6 +367,39 @@ class KubevirtPathTest(unittest.TestCase):
             self.store.delete("plugins", None, "rdmig")
             self.store.delete("kubevirts", "kubevirt", "kubevirt")
 
+    def test_with_the_defaults_every_missing_piece_is_named_at_once(self):
+        """The chart's defaults: agents without KubeVirt mode, no Plugin, and a KubeVirt whose
+        config has no featureGates list yet. One migration names all three, each with how to turn it
+        on, in the condition, the status message and the Event; the reason is the first of them."""
+        kv = {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt", "metadata": {"name": "kv", "namespace": "virt"},
+              "spec": {"configuration": {}}}
+        self.assertEqual(self.store.create("kubevirts", "virt", kv)[0], 201)
+        self.figures.mode_off["node-a"] = "current"
+        try:
+            self.standin.performer = FakePerformer(seconds=0.2)
+            self.standin.add_vmi(NS, "defaults-1", "node-a")
+            self.create(vmi_migration("move-defaults-1", "defaults-1"))
+            st = self.wait_phase("move-defaults-1", TERMINAL)["status"]
+        finally:
+            del self.figures.mode_off["node-a"]
+            self.store.delete("kubevirts", "virt", "kv")
+        self.assertEqual((st["phase"], st["reason"]), ("Succeeded", "NotCarriedByRdmig"), st)
+        conds = {c["type"]: c for c in st["conditions"]}
+        c = conds["CarriedByRdmig"]
+        self.assertEqual((c["status"], c["reason"]), ("False", "AgentNotInKubevirtMode"), c)
+        # No featureGates list to append to: a merge patch makes it (a JSON patch "add .../-" fails there).
+        gate = ("kubectl patch kubevirt kv -n virt --type merge -p "
+                "'{\"spec\":{\"configuration\":{\"developerConfiguration\":{\"featureGates\":[\"Plugins\"]}}}}'")
+        wait_for(lambda: any(r == "Succeeded" for _, r, _ in self.events("RdmaMigration", "move-defaults-1")), 10, "event")
+        events = [m for t, r, m in self.events("RdmaMigration", "move-defaults-1") if r == "Succeeded"]
+        self.assertEqual(len(events), 1, self.events("RdmaMigration", "move-defaults-1"))
+        for where, text in (("condition", c["message"]), ("status", conds["Succeeded"]["message"]), ("Event", events[0])):
+            for needle in ("AgentNotInKubevirtMode", "kubevirt.enabled=true", "PluginMissing", "kubevirt.plugin.enabled=true",
+                           "PluginsGateOff", gate):
+                self.assertIn(needle, text, where)
+            self.assertLess(text.index("kubevirt.enabled=true"), text.index("kubevirt.plugin.enabled=true"), where)
+            self.assertLess(text.index("kubevirt.plugin.enabled=true"), text.index("PluginsGateOff"), where)
+
     def test_a_tcp_fallback_is_in_status_and_one_warning_event(self):
         def fell_back(m):
             return {"migrationUid": m.uid, "vmi": {"namespace": m.namespace, "name": m.vmi, "uid": ""},
