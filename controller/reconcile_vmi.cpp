@@ -201,7 +201,8 @@ Result<Next> Reconciler::follow_vmi(json obj) {
       std::string why;
       for (const auto& c : status.value("conditions", json::array())) {
         if (c.value("type", "") == "CarriedByRdmig" && c.value("status", "") == "False") {
-          why = c.value("reason", "") + ": " + c.value("message", "");
+          const std::string reason = c.value("reason", ""), message = c.value("message", "");
+          why = message.find(reason) == std::string::npos ? reason + ": " + message : message;  // a list names each
         }
       }
       msg += why.empty() ? "; not carried by rdmig (see condition CarriedByRdmig)" : "; not carried by rdmig: " + why;

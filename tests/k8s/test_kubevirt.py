@@ -308,6 +308,10 @@ class KubevirtPathTest(unittest.TestCase):
         c = {c["type"]: c for c in st["conditions"]}["CarriedByRdmig"]
         self.assertEqual((c["status"], c["reason"]), ("False", "PluginMissing"))
         self.assertIn("kubevirt.plugin.enabled=true", c["message"])
+        # One missing piece: the Succeeded condition (and Event) name it by its reason, once.
+        done = {c["type"]: c for c in st["conditions"]}["Succeeded"]["message"]
+        self.assertIn("; not carried by rdmig: PluginMissing: no Plugin object registers", done)
+        self.assertEqual(done.count("PluginMissing"), 1, done)
         asked = [n for n, p in self.figures.requests if st["kubevirt"]["migrationUid"] in p]
         self.assertEqual(sorted(set(asked)), ["node-a", "node-b"], "source first, then the target")
 
@@ -397,6 +401,7 @@ class KubevirtPathTest(unittest.TestCase):
             for needle in ("AgentNotInKubevirtMode", "kubevirt.enabled=true", "PluginMissing", "kubevirt.plugin.enabled=true",
                            "PluginsGateOff", gate):
                 self.assertIn(needle, text, where)
+            self.assertEqual(text.count("AgentNotInKubevirtMode"), 1, where)
             self.assertLess(text.index("kubevirt.enabled=true"), text.index("kubevirt.plugin.enabled=true"), where)
             self.assertLess(text.index("kubevirt.plugin.enabled=true"), text.index("PluginsGateOff"), where)
 
