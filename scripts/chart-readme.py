@@ -38,7 +38,7 @@ No public image is published: build the project's image, push it to your registr
 kubectl create namespace rdmig-system
 kubectl label namespace rdmig-system pod-security.kubernetes.io/enforce=privileged   # the agent is privileged
 helm install rdmig ./rdmig -n rdmig-system --set image.repository=registry.example.com/infra/rdmig
-helm test rdmig -n rdmig-system     # agents ready, controller available, a controller leads
+helm test rdmig -n rdmig-system --logs   # agents scheduled and ready, controller available, a controller leads; on failure the logs say why
 ```
 
 `values.schema.json` refuses unknown keys, wrong types and values the programs would refuse

@@ -596,7 +596,8 @@ class ChartTest(unittest.TestCase):
                 notes = yaml.safe_load(r.stdout)["data"]["notes"]
                 for needle in ("kind: RdmaMigration", "kubectl apply -f -", "kubectl get rdmig -A -w",
                                "kubectl describe rdmig", '"cancel":true', "source: {vmi: {name: web-1}}",
-                               "CarriedByRdmig", "involvedObject.kind=VirtualMachineInstance"):
+                               "CarriedByRdmig", "involvedObject.kind=VirtualMachineInstance",
+                               "helm test rdmig -n rdmig-system --logs"):  # --logs: why a check failed
                     self.assertIn(needle, notes)
                 self.assertNotIn("<no value>", notes)
                 self.assertIn('feature gate "Plugins"', notes)
