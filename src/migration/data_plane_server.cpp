@@ -17,6 +17,8 @@ using namespace std::chrono_literals;
 
 std::string choose_advertise_host(const AgentConfig& config) {
   if (!config.data_plane.advertise_address.empty()) return config.data_plane.advertise_address;
+  // The pod's IP: the node's on the host network, its own on the pod network (Multus mode).
+  if (const char* pod_ip = std::getenv("POD_IP"); pod_ip && *pod_ip) return pod_ip;
   if (const char* node_ip = std::getenv("NODE_IP"); node_ip && *node_ip) return node_ip;
   const auto& a = config.data_plane.address;
   if (a.empty() || a == "0.0.0.0" || a == "::") return "127.0.0.1";

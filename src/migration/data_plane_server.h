@@ -142,7 +142,7 @@ class DataPlaneServer {
   std::vector<std::unique_ptr<transport::rdma::RdmaListener>> rdma_listeners_;  // one per rail; stopped first
 };
 
-// Chooses the address peers should dial: config, then $NODE_IP, then the listen address.
+// Chooses the address peers should dial: config, then $POD_IP, then $NODE_IP, then the listen address.
 std::string choose_advertise_host(const AgentConfig& config);
 
 }  // namespace rdmig::migration
