@@ -117,8 +117,9 @@ Selection select_device(const RdmaOptions& options, const std::map<std::string, 
     if (std::find(all.begin(), all.end(), options.device) == all.end()) {
       return fail(kNoDevice, key("device") + ": no RDMA device '" + options.device + "' on this node (devices: " +
                                  join(all) + ")" +
-                                 (options.origin.empty() ? "" : "; with the rdma CNI in exclusive mode the device is "
-                                                                "moved into the pod's network namespace"));
+                                 (options.origin.empty() ? "" : "; the rdma CNI moves the VF's device into the pod's "
+                                                                "network namespace: is it in the network's plugin chain, "
+                                                                "with 'rdma system' in netns exclusive mode?"));
     }
     c = {{options.device}, options.origin.empty() ? "rdma.device" : options.origin, key("device")};
   } else if (!options.pci_address.empty()) {
