@@ -126,8 +126,41 @@ Status parse_kubevirt(const YAML::Node& k, KubevirtConfig& c) {
   return ok_status();
 }
 
+// A DNS-1123 label (a namespace) or subdomain (a NetworkAttachmentDefinition's name).
+bool is_dns_name(const std::string& s, size_t max, bool dots) {
+  if (s.empty() || s.size() > max) return false;
+  const auto alnum = [](char ch) { return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9'); };
+  if (!alnum(s.front()) || !alnum(s.back())) return false;
+  for (const char ch : s) {
+    if (!alnum(ch) && ch != '-' && !(dots && ch == '.')) return false;
+  }
+  return true;
+}
+
+// rdma.network: "<namespace>/<name>" or "<name>", as the k8s.v1.cni.cncf.io/networks annotation
+// names a NetworkAttachmentDefinition (no "@interface": the agent reads the interface Multus chose).
+bool is_network_name(const std::string& s) {
+  const auto slash = s.find('/');
+  if (slash == std::string::npos) return is_dns_name(s, 253, true);
+  return is_dns_name(s.substr(0, slash), 63, false) && is_dns_name(s.substr(slash + 1), 253, true);
+}
+
 // The keys of one rail (rdma, or rdma.devices[i]); errors name `prefix.key`.
 Status parse_rdma_rail(const YAML::Node& r, const std::string& prefix, RdmaRailConfig& rail) {
+  RDMIG_TRY(read_string(r, prefix, "network", rail.network));
+  if (!rail.network.empty()) {
+    if (!is_network_name(rail.network)) {
+      return bad(prefix + ".network", "expected a NetworkAttachmentDefinition as <namespace>/<name> or <name> "
+                                      "(lower-case DNS names, no @interface), got '" + rail.network + "'");
+    }
+    for (const char* key : {"device", "netdev", "address", "resourceEnv"}) {
+      if (const auto v = r[key]; v && v.IsScalar() && !v.as<std::string>().empty()) {
+        return bad(prefix + "." + key, std::string("cannot be set beside ") + prefix +
+                                           ".network: the network's entry in the pod's network-status gives the "
+                                           "device, interface and address (leave " + key + " empty, or drop network)");
+      }
+    }
+  }
   RDMIG_TRY(read_string(r, prefix, "device", rail.device));
   RDMIG_TRY(read_string(r, prefix, "netdev", rail.netdev));
   RDMIG_TRY(read_string(r, prefix, "address", rail.address));
@@ -231,8 +264,17 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
     }
   }
   if (const auto r = root["rdma"]) {
-    RDMIG_TRY(check_keys(r, "rdma", {"device", "netdev", "address", "resourceEnv", "trafficClass", "devices"}));
+    RDMIG_TRY(check_keys(r, "rdma", {"device", "netdev", "address", "resourceEnv", "network", "trafficClass",
+                                     "devices", "networkStatusFile", "networkWaitSeconds"}));
     RDMIG_TRY(parse_rdma_rail(r, "rdma", c.rdma));
+    RDMIG_TRY(read_string(r, "rdma", "networkStatusFile", c.rdma.network_status_file));
+    if (c.rdma.network_status_file.empty() || c.rdma.network_status_file.front() != '/') {
+      return bad("rdma.networkStatusFile", "must be an absolute path (the downward API file with the pod's "
+                                           "k8s.v1.cni.cncf.io/network-status annotation), got '" +
+                                               c.rdma.network_status_file + "'");
+    }
+    // The liveness probe (first after 5 s, 6 failures 10 s apart) is served only after this wait.
+    RDMIG_TRY(read_uint(r, "rdma", "networkWaitSeconds", c.rdma.network_wait_seconds, 0, 40));
     if (const auto list = r["devices"]; list && !list.IsNull()) {
       if (!list.IsSequence()) return bad("rdma.devices", "expected a list of rails (device, netdev, address, ...)");
       if (list.size() == 0) return bad("rdma.devices", "must list at least one rail, or be left out");
@@ -242,20 +284,24 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
       }
       for (const auto& [key, value] : {std::pair{"device", &c.rdma.device}, std::pair{"netdev", &c.rdma.netdev},
                                        std::pair{"address", &c.rdma.address},
-                                       std::pair{"resourceEnv", &c.rdma.resource_env}}) {
+                                       std::pair{"resourceEnv", &c.rdma.resource_env},
+                                       std::pair{"network", &c.rdma.network}}) {
         if (!value->empty()) {
           return bad(std::string("rdma.") + key, "cannot be set beside rdma.devices: give each rail its own");
         }
       }
       for (size_t i = 0; i < list.size(); ++i) {
         const std::string prefix = "rdma.devices[" + std::to_string(i) + "]";
-        if (!list[i].IsMap()) return bad(prefix, "expected a map (device, netdev, address, resourceEnv, trafficClass)");
+        if (!list[i].IsMap()) {
+          return bad(prefix, "expected a map (device, netdev, address, resourceEnv, network, trafficClass)");
+        }
         RdmaRailConfig rail;
         rail.traffic_class = c.rdma.traffic_class;
-        RDMIG_TRY(check_keys(list[i], prefix, {"device", "netdev", "address", "resourceEnv", "trafficClass"}));
+        RDMIG_TRY(check_keys(list[i], prefix, {"device", "netdev", "address", "resourceEnv", "network", "trafficClass"}));
         RDMIG_TRY(parse_rdma_rail(list[i], prefix, rail));
-        if (rail.device.empty() && rail.netdev.empty() && rail.address.empty() && rail.resource_env.empty()) {
-          return bad(prefix, "names no device: set device, netdev, address or resourceEnv");
+        if (rail.device.empty() && rail.netdev.empty() && rail.address.empty() && rail.resource_env.empty() &&
+            rail.network.empty()) {
+          return bad(prefix, "names no device: set device, netdev, address, resourceEnv or network");
         }
         c.rdma.devices.push_back(std::move(rail));
       }
@@ -266,7 +312,7 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
           const auto& b = c.rdma.devices[i];
           const bool same = (!b.address.empty() && b.address == a.address) ||
                             (b.address.empty() && a.address.empty() && b.device == a.device &&
-                             b.netdev == a.netdev && b.resource_env == a.resource_env);
+                             b.netdev == a.netdev && b.resource_env == a.resource_env && b.network == a.network);
           if (same) {
             return bad("rdma.devices[" + std::to_string(i) + "]",
                        "selects the same device as rdma.devices[" + std::to_string(j) + "]");

@@ -39,8 +39,8 @@ struct DataPlaneConfig {
   std::string address = "0.0.0.0";
   uint16_t port = 7471;
   uint16_t rdma_port = 7472;  // rdma_cm listener on the RDMA device's address
-  // Address peers should dial; empty = the NODE_IP environment variable, else `address`
-  // (when that is not a wildcard).
+  // Address peers should dial; empty = the POD_IP environment variable, else NODE_IP, else
+  // `address` (when that is not a wildcard).
   std::string advertise_address;
 };
 
@@ -79,6 +79,10 @@ struct RdmaRailConfig {
   std::string netdev;        // e.g. ens1f0v0, or a VLAN/macvlan on it
   std::string address;       // one of the netdev's addresses; empty = its first IPv4, else global IPv6
   std::string resource_env;  // e.g. PCIDEVICE_NVIDIA_COM_MLNX_SRIOV_RDMA or nvidia.com/mlnx_sriov_rdma
+  // A Multus secondary network (NetworkAttachmentDefinition, "<namespace>/<name>" or "<name>" in
+  // $POD_NAMESPACE): device, netdev and address come from its entry in the pod's network-status
+  // (transport/rdma/network_status.h), so none of the four keys above may be set beside it.
+  std::string network;
   // IP ToS byte of RoCE v2 packets (DSCP x 4, e.g. 104 = DSCP 26); -1 = the kernel's default.
   int traffic_class = -1;
 };
@@ -88,6 +92,12 @@ struct RdmaRailConfig {
 // rdma.trafficClass). A migration stripes its channels across the rails (migration/rails.h).
 struct RdmaConfig : RdmaRailConfig {
   std::vector<RdmaRailConfig> devices;  // empty: the single rail above
+  // Multus mode (`network` on the rail or rails): the downward API file holding the pod's
+  // k8s.v1.cni.cncf.io/network-status annotation, and how long the agent waits at start for the
+  // network's entry to appear in it (the kubelet may write the file before Multus wrote the
+  // annotation). Kept below the agent's liveness window (the probe server starts after this).
+  std::string network_status_file = "/etc/podinfo/network-status";
+  uint32_t network_wait_seconds = 30;
 
   // The rails in configured order: `devices`, or the single rail.
   std::vector<RdmaRailConfig> rails() const {
@@ -137,8 +147,8 @@ struct KubevirtConfig {
   uint32_t socket_mark = 0x2000;
   uint32_t socket_mark_mask = 0x2000;
   std::vector<KubevirtPeer> peers;      // discovery "static": the peers, by hand
-  // "kubernetes": peers from the API server: the rdmig agent pods (node, host IP; the agents use
-  // hostNetwork and the same dataPlane.port) and, for static mode, the virt-handler pods' IPs.
+  // "kubernetes": peers from the API server: the rdmig agent pods (node, pod IP: the node's on the
+  // host network; the same dataPlane.port) and, for static mode, the virt-handler pods' IPs.
   std::string discovery = "static";
   std::string kubeconfig;                // empty: in-cluster service account
   std::string agent_namespace;           // empty: $POD_NAMESPACE, else the service account's

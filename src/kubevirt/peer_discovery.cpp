@@ -38,9 +38,10 @@ std::vector<KubevirtPeer> peers_from_pods(const json& agent_pods, const json& ha
   std::map<std::string, KubevirtPeer> by_node;
   for (const auto& pod : items_of(agent_pods)) {
     const std::string node = str_at(pod, "spec", "nodeName");
-    // The agents use hostNetwork: the pod's host IP (its pod IP is the same address).
-    std::string ip = str_at(pod, "status", "hostIP");
-    if (ip.empty()) ip = str_at(pod, "status", "podIP");
+    // The pod IP: the node's address for an agent on the host network, the pod's own on the pod
+    // network (Multus mode, docs/deploy.md), where the node's address would reach nothing.
+    std::string ip = str_at(pod, "status", "podIP");
+    if (ip.empty()) ip = str_at(pod, "status", "hostIP");
     if (node.empty() || ip.empty() || node == self_node || str_at(pod, "status", "phase") != "Running") continue;
     by_node[node] = KubevirtPeer{node, net::format_endpoint(ip, data_port), {}};
   }

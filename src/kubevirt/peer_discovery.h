@@ -1,5 +1,5 @@
 // Peers from the Kubernetes API (kubevirt.discovery: kubernetes): the rdmig agent pods give
-// node -> agent data plane (hostNetwork: the pod's host IP, the DaemonSet's dataPlane.port);
+// node -> agent data plane (the pod IP, which is the node's on the host network; the DaemonSet's dataPlane.port);
 // the virt-handler pods give node -> handler pod IPs (static mode's redirect set). A thread
 // lists both every discoveryIntervalSeconds and replaces the directory's peers (health kept).
 #pragma once

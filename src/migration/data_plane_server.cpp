@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "common/net.h"
 #include "transport/rdma/device.h"
+#include "transport/rdma/network_status.h"
 #include "transport/wire.h"
 
 namespace rdmig::migration {
@@ -16,6 +17,8 @@ using namespace std::chrono_literals;
 
 std::string choose_advertise_host(const AgentConfig& config) {
   if (!config.data_plane.advertise_address.empty()) return config.data_plane.advertise_address;
+  // The pod's IP: the node's on the host network, its own on the pod network (Multus mode).
+  if (const char* pod_ip = std::getenv("POD_IP"); pod_ip && *pod_ip) return pod_ip;
   if (const char* node_ip = std::getenv("NODE_IP"); node_ip && *node_ip) return node_ip;
   const auto& a = config.data_plane.address;
   if (a.empty() || a == "0.0.0.0" || a == "::") return "127.0.0.1";
@@ -47,7 +50,7 @@ Status DataPlaneServer::start() {
   if (config_.transport == TransportKind::kRdma && !rdma_.available) {
     return Error{Errc::kFailedPrecondition,
                  "config key 'transport': rdma is required but RDMA cannot be used (" + rdma_.reason_code + "): " +
-                     rdma_.reason + "; fix the rdma keys (device, netdev, address, resourceEnv) or set transport: auto"};
+                     rdma_.reason + "; fix the rdma keys (device, netdev, address, resourceEnv, network) or set transport: auto"};
   }
   return ok_status();
 }
@@ -92,8 +95,34 @@ std::string RdmaSupport::summary() const {
   return line;
 }
 
-Result<RdmaRail> DataPlaneServer::init_rail(uint32_t index, const RdmaRailConfig& config) {
-  const auto options = rdma_options(config);
+Result<RdmaRail> DataPlaneServer::init_rail(uint32_t index, const RdmaRailConfig& config,
+                                            std::chrono::steady_clock::time_point network_deadline) {
+  auto options = rdma_options(config);
+  if (!config.network.empty()) {
+    // Multus mode: the network's entry in the pod's network-status names interface, address and
+    // device (transport/rdma/network_status.h). Not there in time: no device for this rail.
+    const char* ns = std::getenv("POD_NAMESPACE");
+    auto entry = transport::rdma::wait_for_network_attachment(
+        config_.rdma.network_status_file, config.network, ns ? ns : "", network_deadline,
+        [this] { return stopping_.load(); });
+    if (!entry) {
+      // kUnavailable: the entry is there but lists no usable address (no IPAM on the network).
+      const auto& e = entry.error();
+      const bool waited = e.code == Errc::kNotFound;
+      return Error{e.code, std::string(e.code == Errc::kUnavailable ? transport::rdma::kNoAddress
+                                                                     : transport::rdma::kNoDevice) +
+                               ": " + e.message +
+                               (waited ? " (waited " + std::to_string(config_.rdma.network_wait_seconds) +
+                                             " s, rdma.networkWaitSeconds)"
+                                       : "")};
+    }
+    options = transport::rdma::options_for_attachment(options, entry.value(), config_.rdma.network_status_file);
+    LOG_INFO("dataplane") << "rail " << index << ": network " << entry->name << " from "
+                          << config_.rdma.network_status_file << ": interface=" << entry->interface
+                          << " address=" << options.address
+                          << " rdma-device=" << (entry->rdma_device.empty() ? "-" : entry->rdma_device)
+                          << " pci-address=" << (entry->pci_address.empty() ? "-" : entry->pci_address);
+  }
   auto sel = transport::rdma::select_device(options, transport::rdma::process_environment(),
                                             transport::rdma::SysfsView{});
   if (!sel.ok()) return Error{sel.error.code, sel.reason + ": " + sel.error.message};
@@ -146,8 +175,11 @@ void DataPlaneServer::init_rdma() {
     for (uint32_t i = 0; i < rails.size(); ++i) metrics_.set_rdma_rail(rail_label(i), reason_only("transport-tcp"));
     return unavailable("transport-tcp", "transport is tcp in the agent config");
   }
+  // One wait for every rail's network-status entry together (Multus writes them all at once).
+  const auto network_deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(config_.rdma.network_wait_seconds);
   for (uint32_t i = 0; i < rails.size(); ++i) {
-    auto rail = init_rail(i, rails[i]);
+    auto rail = init_rail(i, rails[i], network_deadline);
     if (!rail) {
       // "<code>: <what to fix>": the code is the metric label.
       const std::string& msg = rail.error().message;

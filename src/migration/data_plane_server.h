@@ -119,7 +119,9 @@ class DataPlaneServer {
   void handle(UniqueFd fd);
   void init_rdma();
   // Sets up rail `index`; the reason code and message when it cannot be used.
-  Result<RdmaRail> init_rail(uint32_t index, const RdmaRailConfig& config);
+  // A rail with `network` first waits, until `network_deadline`, for its network-status entry.
+  Result<RdmaRail> init_rail(uint32_t index, const RdmaRailConfig& config,
+                             std::chrono::steady_clock::time_point network_deadline);
   Result<transport::rdma::AcceptPlan> resolve_rdma(const std::array<uint8_t, 16>& session, uint32_t index);
 
   const AgentConfig& config_;
@@ -140,7 +142,7 @@ class DataPlaneServer {
   std::vector<std::unique_ptr<transport::rdma::RdmaListener>> rdma_listeners_;  // one per rail; stopped first
 };
 
-// Chooses the address peers should dial: config, then $NODE_IP, then the listen address.
+// Chooses the address peers should dial: config, then $POD_IP, then $NODE_IP, then the listen address.
 std::string choose_advertise_host(const AgentConfig& config);
 
 }  // namespace rdmig::migration

@@ -657,5 +657,182 @@ class ChartDocsTest(unittest.TestCase):
             self.fail("README links to %s, a path a chart user does not have" % bad)
 
 
+def notes_of(*sets):
+    """NOTES.txt as Helm renders it for these --set values (helm template does not print NOTES)."""
+    import shutil
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="rdmig-notes-")
+    try:
+        chart = os.path.join(tmp, "rdmig")
+        shutil.copytree(CHART, chart)
+        shutil.copy(os.path.join(chart, "templates", "NOTES.txt"), os.path.join(chart, "notes.txt"))
+        with open(os.path.join(chart, "templates", "zz-notes.yaml"), "w") as f:
+            f.write('apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n'
+                    'data:\n  notes: {{ tpl (.Files.Get "notes.txt") . | quote }}\n')
+        args = [a for s in sets for a in ("--set", s)]
+        r = helm("template", "rdmig", chart, "-n", NAMESPACE, "--show-only", "templates/zz-notes.yaml", *args)
+        return yaml.safe_load(r.stdout)["data"]["notes"]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def strategic_merge(base, patch):
+    """kubectl's strategic merge for what operator-manifests/multus/agent-daemonset-patch.yaml uses:
+    maps merge key by key, lists of named objects (containers, env, volumes, volumeMounts) by name."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for k, v in patch.items():
+            out[k] = strategic_merge(base[k], v) if k in base else v
+        return out
+    if isinstance(base, list) and isinstance(patch, list) and all(isinstance(x, dict) and "name" in x for x in base + patch):
+        out = [dict(x) for x in base]
+        for p in patch:
+            i = next((i for i, x in enumerate(out) if x["name"] == p["name"]), None)
+            if i is None:
+                out.append(p)
+            else:
+                out[i] = strategic_merge(out[i], p)
+        return out
+    return patch
+
+
+class RdmaModesTest(unittest.TestCase):
+    """How the agent gets its RDMA device (docs/deploy.md "RDMA device"), one render per mode: the
+    SR-IOV device plugin (a VF on the host network, found through PCIDEVICE_<RESOURCE>), the
+    shared-device plugin (rdma/... resources, no variable: the interface names the device) and
+    Multus (the VF attached as a secondary network, the agent on the pod network)."""
+
+    def agent(self, *sets):
+        r = template(*[a for s in sets for a in ("--set", s)])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        docs = [d for d in yaml.safe_load_all(r.stdout) if d]
+        ds = one(docs, "DaemonSet")
+        cfg = embedded_config(one(docs, "ConfigMap", "rdmig-agent-config"))["agent.yaml"]
+        return ds, pod_spec(ds), pod_spec(ds)["containers"][0], cfg
+
+    def assert_host_network_mode(self, ds, spec, main):
+        self.assertIs(spec["hostNetwork"], True)
+        self.assertEqual(spec["dnsPolicy"], "ClusterFirstWithHostNet")
+        self.assertNotIn("k8s.v1.cni.cncf.io/networks", ds["spec"]["template"]["metadata"]["annotations"])
+        self.assertNotIn("podinfo", [v["name"] for v in spec["volumes"]])
+        self.assertNotIn("POD_IP", [e["name"] for e in main["env"]])
+
+    def test_sriov_device_plugin_mode(self):
+        ds, spec, main, cfg = self.agent("agent.rdma.resourceName=nvidia.com/sriov_rdma")
+        self.assert_host_network_mode(ds, spec, main)
+        self.assertEqual((main["resources"]["requests"]["nvidia.com/sriov_rdma"],
+                          main["resources"]["limits"]["nvidia.com/sriov_rdma"]), ("1", "1"))
+        self.assertEqual(cfg["rdma"]["resourceEnv"], "nvidia.com/sriov_rdma", "the agent reads PCIDEVICE_NVIDIA_COM_SRIOV_RDMA")
+        self.assertNotIn("network", cfg["rdma"])
+
+    def test_shared_device_plugin_mode(self):
+        ds, spec, main, cfg = self.agent("agent.rdma.resourceName=rdma/hca_shared_devices_a",
+                                         "agent.config.rdma.netdev=ens1f0")
+        self.assert_host_network_mode(ds, spec, main)
+        self.assertEqual(main["resources"]["limits"]["rdma/hca_shared_devices_a"], "1")
+        self.assertEqual((cfg["rdma"]["resourceEnv"], cfg["rdma"]["netdev"]), ("rdma/hca_shared_devices_a", "ens1f0"),
+                         "the plugin sets no variable: the interface chooses the device")
+
+    def test_multus_mode_asks_for_the_network_and_mounts_its_status(self):
+        ds, spec, main, cfg = self.agent("agent.rdma.network=sriov-rdma", "agent.rdma.resourceName=nvidia.com/sriov_rdma")
+        self.assertEqual(ds["spec"]["template"]["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"], "sriov-rdma")
+        self.assertIs(spec["hostNetwork"], False, "Multus attaches nothing to a host-network pod")
+        self.assertIs(spec["hostPID"], True, "QMP sockets, KubeVirt's processes and their namespaces")
+        self.assertEqual(spec["dnsPolicy"], "ClusterFirst")
+        env = {e["name"]: e for e in main["env"]}
+        self.assertEqual(env["POD_IP"]["valueFrom"], {"fieldRef": {"fieldPath": "status.podIP"}},
+                         "peers dial the pod's address, not the node's")
+        self.assertEqual(env["POD_NAMESPACE"]["valueFrom"], {"fieldRef": {"fieldPath": "metadata.namespace"}},
+                         "a bare network name is looked up in the pod's namespace")
+        # The file the agent reads is the downward API file of the annotation.
+        self.assertEqual(cfg["rdma"]["network"], "sriov-rdma")
+        status_file = cfg["rdma"]["networkStatusFile"]
+        [mount] = [m for m in main["volumeMounts"] if status_file.startswith(m["mountPath"] + "/")]
+        self.assertTrue(mount.get("readOnly"))
+        [vol] = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+        self.assertEqual(vol["downwardAPI"]["items"], [{
+            "path": os.path.relpath(status_file, mount["mountPath"]),
+            "fieldRef": {"fieldPath": "metadata.annotations['k8s.v1.cni.cncf.io/network-status']"}}])
+        # The VF's resource is still requested, but the agent takes its device from the network's entry.
+        self.assertEqual(main["resources"]["limits"]["nvidia.com/sriov_rdma"], "1")
+        self.assertEqual(cfg["rdma"].get("resourceEnv", ""), "")
+        self.assertIn("ask Multus for sriov-rdma", notes_of("agent.rdma.network=sriov-rdma"))
+        self.assertNotIn("Multus", notes_of())
+
+    def test_multus_mode_with_rails_asks_for_every_rails_network(self):
+        ds, spec, main, cfg = self.agent("agent.config.rdma.devices[0].network=rail0",
+                                         "agent.config.rdma.devices[1].network=rdmig-system/rail1",
+                                         "agent.config.rdma.devices[1].trafficClass=104")
+        self.assertEqual(ds["spec"]["template"]["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"],
+                         "rail0, rdmig-system/rail1")
+        self.assertIs(spec["hostNetwork"], False)
+        self.assertEqual(cfg["rdma"]["devices"], [{"network": "rail0"},
+                                                  {"network": "rdmig-system/rail1", "trafficClass": 104}])
+        self.assertEqual(cfg["rdma"]["networkStatusFile"], "/etc/podinfo/network-status")
+
+    def test_multus_mode_rendered_config_passes_the_agents_own_check(self):
+        import tempfile
+        binary = os.environ.get("RDMIG_AGENT", "")
+        if not os.access(binary, os.X_OK):
+            self.fail("RDMIG_AGENT not built (%r): ctest sets it" % binary)
+        for sets in (("agent.rdma.network=sriov-rdma",), ("agent.config.rdma.devices[0].network=rail0",
+                                                           "agent.config.rdma.devices[1].network=rail1")):
+            _, _, _, cfg = self.agent("agent.tls.mode=off", *sets)
+            with tempfile.TemporaryDirectory() as tmp:
+                cfg["api"]["tokenFile"] = os.path.join(tmp, "token")
+                with open(cfg["api"]["tokenFile"], "w") as f:
+                    f.write("0123456789abcdef0123")
+                path = os.path.join(tmp, "agent.yaml")
+                with open(path, "w") as f:
+                    yaml.safe_dump(cfg, f)
+                r = subprocess.run([binary, "--check-config", path], capture_output=True, text=True)
+                self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+    def test_multus_mode_refuses_keys_that_its_network_gives(self):
+        for extra, needle in (("agent.config.rdma.netdev=ens1f0", "agent.config.rdma.netdev cannot be set beside agent.rdma.network"),
+                              ("agent.config.rdma.device=mlx5_0", "agent.config.rdma.device cannot be set beside"),
+                              ("agent.config.rdma.devices[0].network=rail0", "give each rail its own network")):
+            r = template("--set", "agent.rdma.network=sriov-rdma", "--set", extra)
+            self.assertNotEqual(r.returncode, 0, extra)
+            self.assertIn(needle, r.stderr)
+        # Names Multus would not take, and the keys the chart sets from agent.rdma.network.
+        for s in ("agent.rdma.network=Sriov", "agent.rdma.network=sriov@net1", "agent.rdma.network=a/b/c",
+                  "agent.config.rdma.devices[0].network=rail_0", "agent.config.rdma.network=sriov-rdma",
+                  "agent.config.rdma.networkStatusFile=/x", "agent.config.rdma.networkWaitSeconds=60"):
+            r = template("--set", s)
+            self.assertNotEqual(r.returncode, 0, s)
+            self.assertIn("values don't meet the specifications of the schema", r.stderr, s)
+
+    def test_plain_manifests_multus_patch_makes_the_charts_multus_pod(self):
+        """operator-manifests/multus/agent-daemonset-patch.yaml applied (strategic merge) to the plain
+        DaemonSet gives the pod-network settings, volume, mount, env and resource of the chart's
+        Multus render; its NetworkAttachmentDefinition example names the same network and resource."""
+        manifests = os.path.join(REPO, "operator-manifests")
+        with open(os.path.join(manifests, "agent-daemonset.yaml")) as f:
+            plain = yaml.safe_load(f)
+        with open(os.path.join(manifests, "multus", "agent-daemonset-patch.yaml")) as f:
+            patched = strategic_merge(plain, yaml.safe_load(f))
+        with open(os.path.join(manifests, "multus", "sriov-rdma-network.yaml")) as f:
+            nad = yaml.safe_load(f)
+        network, resource = nad["metadata"]["name"], nad["metadata"]["annotations"]["k8s.v1.cni.cncf.io/resourceName"]
+        self.assertEqual(nad["kind"], "NetworkAttachmentDefinition")
+        nad_config = json.loads(nad["spec"]["config"])
+        self.assertEqual([p["type"] for p in nad_config["plugins"]], ["sriov", "rdma"])
+        self.assertIn("ipam", nad_config["plugins"][0], "the agent needs the VF's address in network-status")
+        ds, spec, main, cfg = self.agent("agent.rdma.network=" + network, "agent.rdma.resourceName=" + resource)
+        pspec, pmain = pod_spec(patched), pod_spec(patched)["containers"][0]
+        self.assertEqual(patched["spec"]["template"]["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"],
+                         ds["spec"]["template"]["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"])
+        for k in ("hostNetwork", "hostPID", "dnsPolicy"):
+            self.assertEqual(pspec[k], spec[k], k)
+        by_name = lambda items: {x["name"]: x for x in items}  # noqa: E731
+        self.assertEqual(by_name(pspec["volumes"])["podinfo"], by_name(spec["volumes"])["podinfo"])
+        self.assertEqual(by_name(pmain["volumeMounts"])["podinfo"], by_name(main["volumeMounts"])["podinfo"])
+        self.assertEqual(by_name(pmain["env"])["POD_IP"], by_name(main["env"])["POD_IP"])
+        for k in ("requests", "limits"):
+            self.assertEqual(pmain["resources"][k][resource], main["resources"][k][resource])
+        self.assertEqual(len(pmain["env"]), len(main["env"]), "no env entry lost or doubled")
+
+
 if __name__ == "__main__":
     unittest.main()

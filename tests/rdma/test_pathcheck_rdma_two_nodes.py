@@ -11,6 +11,12 @@ Cases, one pair of agents each:
   vlan-ipv4    rdma.netdev eth0.100 (no device: the shared-device plugin's way), 10.100.0.N
   vlan-ipv6    rdma.address fd00:100::N (no device, no netdev), data plane on IPv6 too
   macvlan      rdma.netdev mv100, 10.101.0.N
+  multus       rdma.network only (docs/deploy.md "Multus mode"): each agent reads a network-status
+               file (the downward API file of a pod's k8s.v1.cni.cncf.io/network-status), empty at
+               start and written 2 s later, whose entry for rdmig-system/rdma-net (named bare, with
+               POD_NAMESPACE) names eth0.100, lists fd00:100::N before 10.100.0.N and the device
+               in device-info: the agent waits for it, takes the IPv4 address and carries the check
+               over RDMA from it
 Checked for each: both agents chose the GID whose sysfs entry holds their address on that netdev
 with type RoCE v2 (never index 0), and report it (the path check's localRdma/peerRdma gid and
 gidIndex, the rdmig_rdma_selected gauge's labels, the agent's start-up log line). Where RDMA
@@ -23,9 +29,18 @@ IP stack (an nftables counter of UDP 4791) and none counted by rxeb. A kernel wh
 Last, RDMA between the nodes breaks mid-stream (eth0 again; node b drops RoCE v2 with nftables
 while a long check runs): the check fails within seconds, long before its timeoutSeconds, with an
 error that names the stalled path, both ends end, and once the link is back a new check passes.
+Node a alone, last: an agent inside a network namespace standing for a Multus pod (a macvlan
+net1 over eth0 moved into it, 10.102.0.1, no device-info: the shared-device way), given only
+rdma.network and a network-status file naming net1: it sees rxea from there (shared netns mode),
+and chooses net1, 10.102.0.1 and the GID the kernel gave that address on net1. No path check runs
+from there: Debian 12's rxe (6.1) opens its UDP sockets and looks up its routes in the initial
+namespace only, so RoCE v2 to or from an interface in another namespace never reaches it (a
+ConnectX VF moved into a pod by the rdma CNI carries RDMA there in hardware); the multus case
+above is the one that moves bytes, from the initial namespace.
   python3 test_pathcheck_rdma_two_nodes.py  (RDMIG_AGENT, RDMIG_TOOLS, RDMIG_NODE, RDMIG_OUT)
 """
 import ipaddress
+import json
 import os
 import re
 import shutil
@@ -33,6 +48,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -61,6 +77,52 @@ class Case:
         return {"transport": "auto", "rdma": self.rdma, "api": {"address": "0.0.0.0"},
                 "dataPlane": {"address": self.data_plane, "advertiseAddress": self.data_plane, "rdmaPort": 0}}
 
+    def start_agent(self, tmp, name):
+        return Agent(tmp, name, config=self.config(), log_level="debug")
+
+
+def write_atomically(path, text):
+    """As the kubelet updates a downward API file: the new content appears whole."""
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.rename(path + ".tmp", path)
+
+
+class MultusCase(Case):
+    """rdma.network only: the agent takes interface, address and device from its network-status
+    file, empty when it starts (the kubelet's first copy, before Multus wrote the annotation)."""
+    NETWORK = "rdma-net"  # in POD_NAMESPACE rdmig-system: Multus writes rdmig-system/rdma-net
+
+    def __init__(self, name):
+        super().__init__(name, "eth0.100", "10.100.0.%d", {"network": self.NETWORK})
+
+    def network_status(self):
+        return json.dumps([
+            {"name": "cbr0", "interface": "eth0", "ips": [ADDR], "default": True, "dns": {}},
+            {"name": "rdmig-system/" + self.NETWORK, "interface": self.netdev,
+             "ips": ["fd00:100::%d" % N, self.addr], "dns": {},  # IPv6 first: the agent prefers IPv4
+             "device-info": {"type": "pci", "version": "1.1.0", "pci": {"rdma-device": DEV}}}], indent=2)
+
+    def start_agent(self, tmp, name):
+        path = os.path.join(tmp, "network-status")
+        open(path, "w").close()
+        writer = threading.Timer(2.0, write_atomically, (path, self.network_status()))
+        writer.start()
+        cfg = self.config()
+        cfg["rdma"] = dict(cfg["rdma"], networkStatusFile=path, networkWaitSeconds=30)
+        try:
+            agent = Agent(tmp, name, config=cfg, log_level="debug", env={"POD_NAMESPACE": "rdmig-system"},
+                          start_timeout=60)
+        finally:
+            writer.join()
+        log = agent.log_text()
+        want = "rail 0: network rdmig-system/%s from %s: interface=%s address=%s rdma-device=%s" % (
+            self.NETWORK, path, self.netdev, self.addr, DEV)
+        if want not in log:
+            agent.stop()
+            raise AssertionError("%s: no line %r in the agent's log:\n%s" % (self.name, want, log[-3000:]))
+        return agent
+
 
 CASES = [
     Case("eth0", "eth0", "10.99.1.%d", {"device": DEV}),
@@ -68,6 +130,7 @@ CASES = [
     Case("vlan-ipv6", "eth0.100", "fd00:100::%d", {"address": "fd00:100::%d"}, data_plane_on_rdma_address=True),
     Case("macvlan", "mv100", "10.101.0.%d", {"netdev": "mv100"}, carries=False),
     Case("break", "eth0", "10.99.1.%d", {"device": DEV}),  # RoCE v2 dropped mid-stream
+    MultusCase("multus"),
 ]
 
 
@@ -192,7 +255,7 @@ def serve_target():
         agent = None
         try:
             expect = sysfs_gid_index(case.netdev, case.addr)
-            agent = Agent(tmp, "agent-b", config=case.config(), log_level="debug")
+            agent = case.start_agent(tmp, "agent-b")
             with open("/sys/class/net/eth0/address") as f:
                 eth0_mac = f.read().strip()
             post("agent-b-" + case.name, {"port": agent.api_port, "token": agent.token, "gidIndex": expect,
@@ -244,7 +307,7 @@ class TwoNodePathCheckTest(unittest.TestCase):
         try:
             expect_a = sysfs_gid_index(case.netdev, case.addr)
             self.assertNotEqual(expect_a, 0, "index 0 is eth0's link-local GID")
-            a = Agent(tmp, "agent-a", config=case.config(), log_level="debug")
+            a = case.start_agent(tmp, "agent-a")
             binfo = await_("agent-b-" + case.name, 300)
             b = PeerAgent(PEER_ADDR, binfo["port"], binfo["token"])
             print("\n%s: GID table of %s: %s" % (case.name, DEV, sorted(
@@ -382,6 +445,65 @@ class TwoNodePathCheckTest(unittest.TestCase):
         finally:
             post("done-" + case.name, True)
             a.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def test_6_multus_network_status_gives_device_interface_and_address(self):
+        self.run_case(CASES[5], SMALL)
+
+    def test_7_multus_agent_inside_a_pod_network_namespace_chooses_from_the_file(self):
+        """Node a only (node b serves CASES, which this is not part of)."""
+        ns, netdev, addr = "rdmigpod", "net1", "10.102.0.1"
+        tmp = tempfile.mkdtemp(prefix="rdmig-pc-pod-")
+        agent = None
+        ip = "iproute2-ip"
+        try:
+            for argv in ([ip, "netns", "add", ns],
+                         [ip, "link", "add", "link", "eth0", "name", netdev, "type", "macvlan", "mode", "bridge"],
+                         [ip, "link", "set", netdev, "netns", ns],
+                         [ip, "-n", ns, "addr", "add", addr + "/24", "dev", netdev],
+                         [ip, "-n", ns, "link", "set", "lo", "up"],
+                         [ip, "-n", ns, "link", "set", netdev, "up"]):
+                subprocess.run(argv, check=True, capture_output=True, text=True)
+            # rxe gives the macvlan's address its RoCE v2 GID although net1 is in another namespace
+            # (GIDs follow address events in every namespace): seen from here, ndevs names net1.
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    expect = sysfs_gid_index(netdev, addr)
+                    break
+                except AssertionError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            status = os.path.join(tmp, "network-status")
+            write_atomically(status, json.dumps([
+                {"name": "cbr0", "interface": "eth0", "ips": ["10.244.1.7"], "default": True},
+                {"name": "rdmig-system/rdma-shared", "interface": netdev, "ips": [addr], "dns": {}}]))
+            wrapper = os.path.join(tmp, "agent-in-pod")
+            with open(wrapper, "w") as f:
+                f.write('#!/bin/sh\nexec %s netns exec %s "%s" "$@"\n' % (ip, ns, os.environ["RDMIG_AGENT"]))
+            os.chmod(wrapper, 0o755)
+            agent = Agent(tmp, "agent-pod", binary=wrapper, log_level="debug", env={"POD_NAMESPACE": "rdmig-system"},
+                          config={"transport": "auto", "api": {"address": "0.0.0.0"},
+                                  "dataPlane": {"address": "0.0.0.0", "rdmaPort": 0},
+                                  "rdma": {"network": "rdma-shared", "networkStatusFile": status,
+                                           "networkWaitSeconds": 5}})
+            log = agent.log_text()
+            print("\nagent in namespace %s (expected GID index %d):\n%s" % (ns, expect, log[-2000:]))
+            self.assertIn("rail 0: network rdmig-system/rdma-shared from %s: interface=%s address=%s rdma-device=- "
+                          "pci-address=-" % (status, netdev, addr), log)
+            self.assertRegex(log, r"rdma=%s port=1 netdev=%s gid_index=%d gid_type=RoCE v2 .*address=%s:\d+ " %
+                             (DEV, netdev, expect, re.escape(addr)))
+            self.assertNotIn("RDMA not used", log)
+            # The agent runs in the namespace: its interfaces are the pod's, not the node's.
+            out = subprocess.run([ip, "-n", ns, "-br", "addr"], check=True, capture_output=True, text=True).stdout
+            self.assertIn(addr, out)
+            self.assertEqual(os.readlink("/proc/%d/ns/net" % agent.proc.pid),
+                             "net:[%d]" % os.stat("/run/netns/" + ns).st_ino, "the agent is not in " + ns)
+        finally:
+            if agent:
+                agent.stop()
+            subprocess.run([ip, "netns", "del", ns], capture_output=True)
             shutil.rmtree(tmp, ignore_errors=True)
 
 

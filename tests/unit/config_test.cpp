@@ -26,6 +26,8 @@ TEST(AgentConfig, ShippedAgentYamlLoadsAndEqualsDefaults) {
   EXPECT_EQ(c->migration.verify_chunks, d.migration.verify_chunks);
   EXPECT_EQ(c->api.token_file, d.api.token_file);
   EXPECT_EQ(c->state_dir, d.state_dir);
+  EXPECT_EQ(c->rdma.network_status_file, d.rdma.network_status_file);
+  EXPECT_EQ(c->rdma.network_wait_seconds, d.rdma.network_wait_seconds);
 }
 
 TEST(AgentConfig, VerifyChunksIsOffByDefaultAndABoolean) {
@@ -196,4 +198,51 @@ TEST(AgentConfig, RdmaDevicesErrorsNameTheRailAndField) {
   EXPECT_NE(error_of("rdma:\n  devices: mlx5_0\n").find("rdma.devices"), std::string::npos);
   EXPECT_NE(error_of("rdma:\n  netdev: x\n  devices:\n    - netdev: a\n").find("rdma.netdev"), std::string::npos)
       << "the single keys and the list exclude each other";
+}
+
+TEST(AgentConfig, RdmaNetworkNamesAMultusNetworkAndItsStatusFile) {
+  auto c = parse_agent_config("rdma:\n  network: sriov-rdma\n  trafficClass: 104\n");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->rdma.network, "sriov-rdma");
+  EXPECT_EQ(c->rdma.network_status_file, "/etc/podinfo/network-status");
+  EXPECT_EQ(c->rdma.network_wait_seconds, 30u);
+  ASSERT_EQ(c->rdma.rails().size(), 1u);
+  EXPECT_EQ(c->rdma.rails()[0].network, "sriov-rdma");
+  EXPECT_EQ(c->rdma.rails()[0].traffic_class, 104);
+  c = parse_agent_config(
+      "rdma:\n  networkStatusFile: /run/podinfo/ns\n  networkWaitSeconds: 0\n  devices:\n"
+      "    - network: rdmig-system/rail0\n    - network: rdmig-system/rail1\n");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->rdma.network_status_file, "/run/podinfo/ns");
+  EXPECT_EQ(c->rdma.network_wait_seconds, 0u);
+  ASSERT_EQ(c->rdma.rails().size(), 2u);
+  EXPECT_EQ(c->rdma.rails()[1].network, "rdmig-system/rail1");
+}
+
+TEST(AgentConfig, RdmaNetworkExcludesTheKeysItsEntryGives) {
+  const auto error_of = [](const std::string& doc) {
+    auto c = parse_agent_config(doc);
+    return c.ok() ? std::string("(accepted)") : c.error().message;
+  };
+  // One source of truth: the entry gives device, interface and address; a key beside it is refused.
+  for (const char* key : {"device: mlx5_0", "netdev: net1", "address: 10.0.0.5", "resourceEnv: nvidia.com/x"}) {
+    const auto msg = error_of(std::string("rdma:\n  network: sriov-rdma\n  ") + key + "\n");
+    EXPECT_NE(msg.find("cannot be set beside rdma.network"), std::string::npos) << key << ": " << msg;
+    const std::string name = std::string(key).substr(0, std::string(key).find(':'));
+    EXPECT_NE(msg.find("rdma." + name), std::string::npos) << key << ": " << msg;
+  }
+  EXPECT_NE(error_of("rdma:\n  devices:\n    - network: a\n      netdev: net1\n").find("rdma.devices[0].netdev"),
+            std::string::npos);
+  EXPECT_NE(error_of("rdma:\n  network: a\n  devices:\n    - network: b\n").find("rdma.network"), std::string::npos)
+      << "the single form and the rails exclude each other";
+  EXPECT_NE(error_of("rdma:\n  devices:\n    - network: a\n    - network: a\n").find("rdma.devices[1]"),
+            std::string::npos)
+      << "the same network twice";
+  for (const char* bad : {"Sriov", "a/b/c", "ns/", "/net", "net@net1", "-net", "a_b"}) {
+    EXPECT_NE(error_of(std::string("rdma:\n  network: '") + bad + "'\n").find("rdma.network"), std::string::npos)
+        << bad;
+  }
+  EXPECT_NE(error_of("rdma:\n  networkStatusFile: podinfo/ns\n").find("rdma.networkStatusFile"), std::string::npos);
+  EXPECT_NE(error_of("rdma:\n  networkWaitSeconds: 60\n").find("rdma.networkWaitSeconds"), std::string::npos)
+      << "longer than the liveness probe allows before the probe server starts";
 }

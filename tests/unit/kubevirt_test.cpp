@@ -268,6 +268,17 @@ TEST(KubevirtDiscovery, PeersFromRunningAgentPodsWithTheirNodesHandlerIps) {
   EXPECT_EQ(peers[1].handler_addresses, (std::vector<std::string>{"10.244.4.5"}));
 }
 
+// Multus mode runs the agents on the pod network: peers dial the agent pod's own IP, not its
+// node's (on the host network the two are the same address).
+TEST(KubevirtDiscovery, PeersDialTheAgentPodIpNotItsNodeIp) {
+  json agents{{"items",
+               {{{"spec", {{"nodeName", "b"}}},
+                 {"status", {{"phase", "Running"}, {"hostIP", "192.0.2.2"}, {"podIP", "10.244.2.9"}}}}}}};
+  auto peers = peers_from_pods(agents, json{{"items", json::array()}}, 7471, "a");
+  ASSERT_EQ(peers.size(), 1u);
+  EXPECT_EQ(peers[0].agent, "10.244.2.9:7471");
+}
+
 TEST(KubevirtConfig, ReadsTheSectionAndNamesBadKeys) {
   auto c = parse_agent_config(
       "kubevirt: {enabled: true, discovery: kubernetes, staticMode: true, ruleTimeoutSeconds: 10,\n"

@@ -13,6 +13,7 @@
 
 #include "common/units.h"
 #include "transport/rdma/device.h"
+#include "transport/rdma/network_status.h"
 #include "transport/rdma/sysfs.h"
 
 using namespace rdmig;
@@ -321,6 +322,72 @@ TEST(RdmaDeviceSelection, SriovDevicePluginVariableWithAndWithoutInfo) {
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.reason, kNoDevice);
   EXPECT_NE(s.error.message.find("0000:3b:00.3"), std::string::npos) << s.error.message;
+}
+
+// Multus mode: a network-status entry maps onto the same selection as explicit keys would
+// (network_status.h); errors name rdma.network and the entry, not keys nobody set.
+TEST(RdmaDeviceSelection, MultusEntrySelectsByRdmaDevicePciAddressOrInterface) {
+  Cluster c;
+  const auto from = [](const std::string& rest) {
+    auto a = find_network_attachment("[{\"name\":\"ns/rdma\"," + rest + "}]", "ns/rdma", "");
+    EXPECT_TRUE(a) << a.error().message;
+    return options_for_attachment(RdmaOptions{}, a.value(), "/etc/podinfo/network-status");
+  };
+  // device-info's rdma-device, as the SR-IOV CNI writes it with the rdma CNI.
+  auto s = c.select(from(R"("interface":"ens1f0v0","ips":["192.0.2.10"],)"
+                         R"("device-info":{"type":"pci","pci":{"pci-address":"0000:3b:00.2","rdma-device":"mlx5_2"}})"));
+  ASSERT_TRUE(s.ok()) << s.error.message;
+  EXPECT_EQ(s.device->name, "mlx5_2");
+  EXPECT_EQ(s.device->netdev, "ens1f0v0");
+  EXPECT_EQ(s.device->ip, "192.0.2.10");
+  EXPECT_EQ(s.device->gid_index, 3);
+  EXPECT_NE(s.device->how.find("rdma.network"), std::string::npos) << s.device->how;
+  // Only the PCI address: the RDMA devices under it, as for the SR-IOV device plugin's variable.
+  s = c.select(from(R"("interface":"ens1f0v0.100","ips":["198.51.100.7"],"device-info":{"pci":{"pci-address":"0000:3b:00.2"}})"));
+  ASSERT_TRUE(s.ok()) << s.error.message;
+  EXPECT_EQ(s.device->name, "mlx5_2");
+  EXPECT_EQ(s.device->gid_index, 5);
+  EXPECT_NE(s.device->how.find("0000:3b:00.2"), std::string::npos) << s.device->how;
+  // No device-info (a macvlan or shared-mode network): the device that holds the interface.
+  s = c.select(from(R"("interface":"va","ips":["10.99.0.1"])"));
+  ASSERT_TRUE(s.ok()) << s.error.message;
+  EXPECT_EQ(s.device->name, "rxe0");
+  EXPECT_EQ(s.device->gid_index, 3);
+  // IPv4 preferred over the IPv6 listed first.
+  s = c.select(from(R"("interface":"ens1f0v0.100","ips":["2001:db8:100::7","198.51.100.7"])"));
+  ASSERT_TRUE(s.ok()) << s.error.message;
+  EXPECT_EQ(s.device->ip, "198.51.100.7");
+}
+
+TEST(RdmaDeviceSelection, MultusEntryFailuresNameTheNetworkNotTheKeys) {
+  Cluster c;
+  const auto from = [](const std::string& rest) {
+    auto a = find_network_attachment("[{\"name\":\"ns/rdma\"," + rest + "}]", "ns/rdma", "");
+    EXPECT_TRUE(a) << a.error().message;
+    return options_for_attachment(RdmaOptions{}, a.value(), "/etc/podinfo/network-status");
+  };
+  // The rdma CNI did not move the device into the pod's namespace: not in the pod's view.
+  auto s = c.select(from(R"("interface":"net1","ips":["10.56.217.5"],"device-info":{"pci":{"rdma-device":"mlx5_5"}})"));
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.reason, kNoDevice);
+  EXPECT_NE(s.error.message.find("config key 'rdma.network' ('ns/rdma'"), std::string::npos) << s.error.message;
+  EXPECT_EQ(s.error.message.find("rdma.device'"), std::string::npos) << s.error.message;
+  EXPECT_NE(s.error.message.find("pod's network namespace"), std::string::npos) << s.error.message;
+  s = c.select(from(R"("interface":"net1","ips":["10.56.217.5"],"device-info":{"pci":{"pci-address":"0000:3b:02.7"}})"));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error.message.find("0000:3b:02.7"), std::string::npos) << s.error.message;
+  EXPECT_NE(s.error.message.find("rdma CNI"), std::string::npos) << s.error.message;
+  // The interface is not on the device.
+  s = c.select(from(R"("interface":"net1","ips":["10.56.217.5"],"device-info":{"pci":{"rdma-device":"mlx5_2"}})"));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error.message.find("rdma.network"), std::string::npos) << s.error.message;
+  EXPECT_NE(s.error.message.find("'net1' is not on"), std::string::npos) << s.error.message;
+  // The entry's address is not (or no longer) on the interface.
+  s = c.select(from(R"("interface":"ens1f0v0","ips":["192.0.2.99"])"));
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.reason, kNoAddress);
+  EXPECT_NE(s.error.message.find("192.0.2.99 is not an address of ens1f0v0"), std::string::npos) << s.error.message;
+  EXPECT_NE(s.error.message.find("rdma.network"), std::string::npos) << s.error.message;
 }
 
 TEST(RdmaDeviceSelection, SharedDevicePluginSetsNoVariableSoNetdevOrAddressSelects) {

@@ -131,6 +131,16 @@ the cluster can be asked (helm install/upgrade); under `helm template` only its 
 {{- end -}}
 {{- end -}}
 
+{{/* Multus networks the agent asks for, as a JSON list: agent.rdma.network, or each rail's network. */}}
+{{- define "rdmig.agent.networks" -}}
+{{- $out := list -}}
+{{- with .Values.agent.rdma.network -}}{{- $out = append $out . -}}{{- end -}}
+{{- range (.Values.agent.config.rdma | default dict).devices -}}
+{{- with .network -}}{{- $out = append $out . -}}{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
 {{/* agent.yaml as the agent reads it: values' config plus what the chart owns. */}}
 {{- define "rdmig.agent.config" -}}
 {{- $cfg := deepCopy .Values.agent.config -}}
@@ -142,7 +152,22 @@ the cluster can be asked (helm install/upgrade); under `helm template` only its 
 {{- $_ := set $m "qmpSocketRoots" .Values.agent.qmpHostPaths -}}
 {{- $_ := set $cfg "migration" $m -}}
 {{- end -}}
-{{- if and (not $cfg.rdma.resourceEnv) (not $cfg.rdma.devices) .Values.agent.rdma.resourceName -}}
+{{- $network := .Values.agent.rdma.network -}}
+{{- if $network -}}
+{{- /* Multus mode: the network's entry gives device, interface and address (the agent refuses them beside it). */ -}}
+{{- range $k := list "device" "netdev" "address" "resourceEnv" -}}
+{{- if index $cfg.rdma $k -}}
+{{- fail (printf "agent.config.rdma.%s cannot be set beside agent.rdma.network: the network's entry in the pod's network-status gives the device, interface and address" $k) -}}
+{{- end -}}
+{{- end -}}
+{{- if $cfg.rdma.devices -}}
+{{- fail "agent.rdma.network is the single-rail form: with agent.config.rdma.devices give each rail its own network (agent.config.rdma.devices[i].network)" -}}
+{{- end -}}
+{{- $_ := set $cfg.rdma "network" $network -}}
+{{- end -}}
+{{- if include "rdmig.agent.networks" . | fromJsonArray -}}
+{{- $_ := set $cfg.rdma "networkStatusFile" "/etc/podinfo/network-status" -}}
+{{- else if and (not $cfg.rdma.resourceEnv) (not $cfg.rdma.devices) .Values.agent.rdma.resourceName -}}
 {{- $_ := set $cfg.rdma "resourceEnv" .Values.agent.rdma.resourceName -}}
 {{- end -}}
 {{- if .Values.kubevirt.enabled -}}

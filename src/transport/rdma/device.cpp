@@ -108,13 +108,29 @@ Selection select_device(const RdmaOptions& options, const std::map<std::string, 
   const auto all = sysfs.devices();
 
   // 1. Candidate devices.
+  // The config key an error names, or where the values came from (a Multus network's entry).
+  const auto key = [&](const char* name) {
+    return options.origin.empty() ? "config key 'rdma." + std::string(name) + "'" : options.origin;
+  };
   Candidates c;
   if (!options.device.empty()) {
     if (std::find(all.begin(), all.end(), options.device) == all.end()) {
-      return fail(kNoDevice, "config key 'rdma.device': no RDMA device '" + options.device +
-                                 "' on this node (devices: " + join(all) + ")");
+      return fail(kNoDevice, key("device") + ": no RDMA device '" + options.device + "' on this node (devices: " +
+                                 join(all) + ")" +
+                                 (options.origin.empty() ? "" : "; the rdma CNI moves the VF's device into the pod's "
+                                                                "network namespace: is it in the network's plugin chain, "
+                                                                "with 'rdma system' in netns exclusive mode?"));
     }
-    c = {{options.device}, "rdma.device", "config key 'rdma.device'"};
+    c = {{options.device}, options.origin.empty() ? "rdma.device" : options.origin, key("device")};
+  } else if (!options.pci_address.empty()) {
+    c.devices = sysfs.devices_of_pci(options.pci_address);
+    c.key = key("device");
+    c.how = (options.origin.empty() ? std::string("PCI") : options.origin) + " " + options.pci_address;
+    if (c.devices.empty()) {
+      return fail(kNoDevice, c.key + ": no RDMA device under PCI address " + options.pci_address +
+                                 " (is the VF bound to its RDMA driver, e.g. mlx5_core, and the rdma CNI in the "
+                                 "network's plugin chain?)");
+    }
   } else if (const std::string var = options.resource_env.empty() ? "" : device_plugin_variable(options.resource_env);
              !var.empty() && env.count(var) && !env.at(var).empty()) {
     const auto pcis = split_commas(env.at(var));
@@ -148,12 +164,21 @@ Selection select_device(const RdmaOptions& options, const std::map<std::string, 
     }
   } else {
     c.devices = all;
-    c.key = "config keys 'rdma.netdev' / 'rdma.address'";
-    c.how = options.resource_env.empty()
-                ? "any device"
-                : "any device (" + device_plugin_variable(options.resource_env) +
-                      " not set: the shared-device plugin sets none)";
+    c.key = options.origin.empty() ? "config keys 'rdma.netdev' / 'rdma.address'" : options.origin;
+    if (!options.origin.empty()) {
+      c.how = options.origin;
+    } else if (options.resource_env.empty()) {
+      c.how = "any device";
+    } else {
+      c.how = "any device (" + device_plugin_variable(options.resource_env) +
+              " not set: the shared-device plugin sets none)";
+    }
     if (all.empty()) {
+      if (!options.origin.empty()) {
+        return fail(kNoDevice, options.origin + ": no RDMA device in the pod's view (/sys/class/infiniband is empty; "
+                                                "is the rdma CNI in the network's plugin chain, and /dev/infiniband "
+                                                "mounted?)");
+      }
       return fail(kNoDevice, options.resource_env.empty()
                                  ? "no RDMA device on this node (/sys/class/infiniband is empty)"
                                  : "no RDMA device on this node and " + device_plugin_variable(options.resource_env) +
@@ -176,7 +201,7 @@ Selection select_device(const RdmaOptions& options, const std::map<std::string, 
       if (!options.netdev.empty()) {
         netdevs = sysfs.netdevs_of(dev);
         if (std::find(netdevs.begin(), netdevs.end(), options.netdev) == netdevs.end()) {
-          p.at(0, kNoDevice, "config key 'rdma.netdev': interface '" + options.netdev + "' is not on " + where +
+          p.at(0, kNoDevice, key("netdev") + ": interface '" + options.netdev + "' is not on " + where +
                                  " (its interfaces: " + join(netdevs) + ")");
           continue;
         }
@@ -197,7 +222,7 @@ Selection select_device(const RdmaOptions& options, const std::map<std::string, 
           const auto same = std::find_if(addrs.begin(), addrs.end(),
                                          [&](const std::string& a) { return want && gid_of_address(a) == want; });
           if (same == addrs.end()) {
-            p.at(1, kNoAddress, "config key 'rdma.address': " + options.address + " is not an address of " + nd +
+            p.at(1, kNoAddress, key("address") + ": " + options.address + " is not an address of " + nd +
                                     " (" + where + "; its addresses: " + join(addrs) + ")");
             continue;
           }

@@ -1,7 +1,8 @@
 // Choosing the RDMA device, port, GID and IP address an agent uses (rdma_cm binds to the
 // address and peers dial it; rdma_cm then uses the RoCE v2 GID of that address).
 //
-// 1. Candidate devices: RdmaOptions::device when set; else the SR-IOV device plugin's
+// 1. Candidate devices: RdmaOptions::device when set; else the RDMA devices under
+//    RdmaOptions::pci_address when set (a Multus network's device-info, network_status.h); else the SR-IOV device plugin's
 //    PCIDEVICE_<RESOURCE> variable (its _INFO JSON's "rdma_dev" when present, else the RDMA
 //    devices under each PCI address); else, also when resource_env names a variable that is
 //    not set (the shared-device plugin exports none), every device.
