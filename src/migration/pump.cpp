@@ -279,9 +279,12 @@ int ChannelPump::open_local() {
 void ChannelPump::down_loop() {
   const std::string where = "channel " + std::to_string(channel_.index()) + " (peer to QEMU)";
   int fd = -1;
-  if (open_first_ && (fd = open_local()) < 0) {
-    direction_done();
-    return;
+  if (open_first_) {
+    if ((fd = open_local()) < 0) {
+      direction_done();
+      return;
+    }
+    inline_sink(fd);
   }
   for (;;) {
     // With splice the payload may still sit in the channel (pending): deliver_to() moves it
@@ -291,7 +294,10 @@ void ChannelPump::down_loop() {
       record_error(chunk.error());
       break;
     }
-    if (fd < 0 && (fd = open_local()) < 0) break;
+    if (fd < 0) {
+      if ((fd = open_local()) < 0) break;
+      inline_sink(fd);
+    }
     if (chunk->eof) {
       ::shutdown(fd, SHUT_WR);  // the peer's QEMU closed its side: pass the eof on
       (void)channel_.release();
@@ -358,7 +364,17 @@ void ChannelPump::down_loop() {
       break;
     }
   }
+  channel_.clear_inline_sink();  // before anything may close fd
   direction_done();
+}
+
+void ChannelPump::inline_sink(int fd) {
+  // Chunks checked here (verify_chunks) or spliced (deliver_to) go through this thread.
+  if (verify_ || channel_.splices()) return;
+  channel_.set_inline_sink(fd, [this](size_t bytes, bool whole_chunk) {
+    bytes_down_.fetch_add(bytes, std::memory_order_relaxed);
+    if (whole_chunk) chunks_down_.fetch_add(1, std::memory_order_relaxed);
+  });
 }
 
 }  // namespace rdmig::migration

@@ -3,7 +3,10 @@
 //   up:   QEMU -> channel. Waits for QEMU to have bytes, takes a credit, reads straight
 //         into the channel's send buffer everything QEMU has ready (up to a chunk), sends.
 //         It never waits to fill a chunk: a short read is sent at once (early flush).
-//   down: channel -> QEMU. Writes each received chunk to QEMU, then releases its slot.
+//   down: channel -> QEMU. Writes each received chunk to QEMU, then releases its slot. A
+//         channel that offers it writes chunks to QEMU itself when nothing is queued and QEMU's
+//         socket takes them at once (no hand-off between threads per chunk); this thread then
+//         writes only what QEMU could not take at once, in order.
 // The QEMU socket is given up front (source) or opened lazily by `open_qemu` when the
 // first chunk arrives (target: connections must reach QEMU in channel order).
 #pragma once
@@ -98,6 +101,9 @@ class ChannelPump {
   int qemu_fd_wait();  // blocks until the QEMU socket is open; -1 when aborted
   int open_local();    // runs the opener once; -1 (error recorded) when it fails
   void drain_local(int fd);  // drain_on_failure: reads QEMU's socket to nowhere, then resets it
+  // Lets the channel write chunks straight to QEMU's socket `fd` from its receiving thread when
+  // nothing waits before them (see Channel::set_inline_sink); the down thread takes the rest.
+  void inline_sink(int fd);
 
   transport::Channel& channel_;
   Opener opener_;

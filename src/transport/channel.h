@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 
@@ -71,6 +72,18 @@ class Channel {
   virtual Result<LocalMove> deliver_to(int /*fd*/) {
     return Error{Errc::kInternal, std::string(transport()) + " channel cannot deliver to a socket"};
   }
+
+  // Receiving straight into a local socket, optional (false: not offered; receive() only).
+  // While a sink is set, the thread that takes chunks off the wire may write one to `fd`
+  // itself, without a hand-off to the receiving thread: only when nothing is queued before it,
+  // only as much as `fd` takes without blocking (MSG_DONTWAIT: a slow QEMU never holds up the
+  // channel), calling `delivered(bytes, whole_chunk)`, and returning the slot's credit at once
+  // when the whole chunk went. What it could not write is queued for receive() as before, from
+  // the first byte not written. Writes that fail are left for receive()'s caller to meet.
+  // clear_inline_sink() returns once no such write runs: call it before `fd` is closed.
+  using Delivered = std::function<void(size_t bytes, bool whole_chunk)>;
+  virtual bool set_inline_sink(int /*fd*/, Delivered /*delivered*/) { return false; }
+  virtual void clear_inline_sink() {}
 
   // Fails all pending and later calls with `reason` and tells the peer when it can.
   // Idempotent and thread-safe.

@@ -59,17 +59,20 @@ class CreditGate {
   std::optional<Error> aborted_;
 };
 
-// The receiver's side of credits: one credit message per quarter ring rather than per chunk,
-// but never held while the sender may be waiting. Receiver thread only.
+// The receiver's side of credits: one credit message per quarter ring rather than per chunk.
+// Receiver thread only. Holding fewer than a batch never stalls the sender for good: a sender
+// that waits for a credit has every slot outstanding, so with fewer than a batch held here the
+// rest (at least three quarters of the ring) is queued or on its way, and releasing it fills the
+// batch. The peer's eof flushes what is held (the sender's drain waits for every credit).
 class CreditBatcher {
  public:
   explicit CreditBatcher(uint32_t depth) : batch_(depth / 4 > 0 ? depth / 4 : 1) {}
   // Called for each released chunk (or eof marker). Returns how many credits to send now
-  // (0: keep them): when a batch is full, when nothing else is queued, and at the eof.
-  uint32_t on_release(bool eof, bool queue_empty) {
+  // (0: keep them): when a batch is full, and at the eof.
+  uint32_t on_release(bool eof) {
     if (!eof) ++pending_;
     if (pending_ == 0) return 0;
-    if (!eof && pending_ < batch_ && !queue_empty) return 0;
+    if (!eof && pending_ < batch_) return 0;
     const uint32_t n = pending_;
     pending_ = 0;
     return n;

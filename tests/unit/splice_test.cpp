@@ -77,12 +77,20 @@ struct Received {
   uint64_t first_mismatch = UINT64_MAX;
 };
 
-Received read_stream(int fd, uint32_t seed) {
+// With `slow`, a QEMU that reads in small pieces and now and then pauses, so its socket fills
+// and chunks meet it whole, in part and not at all.
+Received read_stream(int fd, uint32_t seed, bool slow = false) {
   std::mt19937_64 gen(seed);
+  std::mt19937 pace(seed + 2);
   std::vector<std::byte> buf(1 << 20);
   Received r;
   for (;;) {
-    const ssize_t n = ::recv(fd, buf.data(), buf.size(), 0);
+    size_t want = buf.size();
+    if (slow) {
+      want = 1 + pace() % (96 << 10);
+      if (pace() % 16 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1 + pace() % 4));
+    }
+    const ssize_t n = ::recv(fd, buf.data(), want, 0);
     if (n <= 0) return r;
     for (ssize_t i = 0; i < n; ++i) {
       if (buf[i] != static_cast<std::byte>(gen() & 0xff) && r.first_mismatch == UINT64_MAX) {
@@ -99,6 +107,7 @@ struct Case {
   uint32_t depth;
   SpliceMode source, target;
   bool verify = false;  // both pumps verify_chunks(): every chunk ends in its CRC32C
+  bool slow_target = false;  // the target's QEMU reads slowly (read_stream's `slow`)
 };
 
 class PumpOverTcp : public ::testing::TestWithParam<Case> {
@@ -124,7 +133,7 @@ TEST_P(PumpOverTcp, CarriesBothDirectionsByteExact) {
   constexpr uint64_t kUp = 48ull << 20, kDown = 4ull << 20;  // migration stream, return path
   Received at_target, at_source;
   std::thread w1([&] { write_stream(src.qemu.get(), kUp, 11); });
-  std::thread r1([&] { at_target = read_stream(dst.qemu.get(), 11); });
+  std::thread r1([&] { at_target = read_stream(dst.qemu.get(), 11, c.slow_target); });
   // The return path starts once the target side is open (it is opened by the first chunk).
   std::thread w2([&] { write_stream(dst.qemu.get(), kDown, 23); });
   std::thread r2([&] { at_source = read_stream(src.qemu.get(), 23); });
@@ -154,6 +163,15 @@ TEST_P(PumpOverTcp, CarriesBothDirectionsByteExact) {
     return;
   }
   EXPECT_EQ(target_pump.chunks_verified(), 0u);
+  if (c.target == SpliceMode::kOff) {
+    // Copying receivers write chunks to QEMU from their reader when nothing waits before them:
+    // most chunks here; a slow QEMU sends chunks (or their rest) through the pump's thread too.
+    const uint64_t inline_chunks = link->target->inline_chunks();
+    EXPECT_GT(inline_chunks, 0u);
+    if (c.slow_target) {
+      EXPECT_LT(inline_chunks, target_pump.chunks_down()) << "a slow QEMU never made a chunk wait";
+    }
+  }
   // "on" never falls back to copying: the splice path is what carried the bytes.
   if (c.source == SpliceMode::kOn) {
     EXPECT_TRUE(link->source->splices());
@@ -177,6 +195,12 @@ INSTANTIATE_TEST_SUITE_P(
     SpliceModes, PumpOverTcp,
     ::testing::Values(Case{"SpliceBothSides", 1 << 20, 16, SpliceMode::kOn, SpliceMode::kOn},
                       Case{"CopyBothSides", 1 << 20, 16, SpliceMode::kOff, SpliceMode::kOff},
+                      // A slow target QEMU: chunks written inline whole, in part (the rest by the
+                      // pump's thread) and not at all, in order; with a short ring, credits from
+                      // both threads.
+                      Case{"CopySlowTargetQemu", 1 << 20, 16, SpliceMode::kOff, SpliceMode::kOff, false, true},
+                      Case{"CopySlowTargetQemuSmallChunksShallowRing", 64 << 10, 2, SpliceMode::kOff,
+                           SpliceMode::kOff, false, true},
                       Case{"AutoBothSides", 1 << 20, 16, SpliceMode::kAuto, SpliceMode::kAuto},
                       // One side splices, the other copies: the wire is the same.
                       Case{"SpliceSenderCopyReceiver", 1 << 20, 16, SpliceMode::kOn, SpliceMode::kOff},
@@ -251,9 +275,12 @@ TEST(PumpOverTcpSplice, AbortEndsPumpsBlockedOnSplice) {
 // payloads left for splicing into its ring after a while, so credits for the other direction
 // still get through and the return path keeps flowing (without that, it stopped after a
 // ring's worth of chunks behind one payload waiting on the socket).
-TEST(PumpOverTcpSplice, StalledTargetQemuDoesNotBlockTheReturnPath) {
+class StalledTargetQemu : public ::testing::TestWithParam<SpliceMode> {};
+
+TEST_P(StalledTargetQemu, DoesNotBlockTheReturnPath) {
   std::signal(SIGPIPE, SIG_IGN);
-  auto link = connect_link(256 << 10, 4, SpliceMode::kOn, SpliceMode::kOn);
+  const SpliceMode mode = GetParam();
+  auto link = connect_link(256 << 10, 4, mode, mode);
   auto src = socket_pair();
   auto dst = socket_pair();
   migration::ChannelPump source_pump(*link->source, std::move(src.agent));
@@ -300,7 +327,9 @@ TEST(PumpOverTcpSplice, StalledTargetQemuDoesNotBlockTheReturnPath) {
   w2.join();
   ::shutdown(dst.qemu.get(), SHUT_WR);
   // The payloads the reader took back were copied: not everything forward was spliced in.
-  EXPECT_LT(link->target->spliced_received(), target_pump.bytes_down() + (256u << 10));
+  if (mode == SpliceMode::kOn) {
+    EXPECT_LT(link->target->spliced_received(), target_pump.bytes_down() + (256u << 10));
+  }
   source_pump.abort(Error{Errc::kCancelled, "test over"});
   target_pump.abort(Error{Errc::kCancelled, "test over"});
   ::shutdown(src.qemu.get(), SHUT_RDWR);
@@ -310,6 +339,14 @@ TEST(PumpOverTcpSplice, StalledTargetQemuDoesNotBlockTheReturnPath) {
   r2.join();
   EXPECT_EQ(at_source.first_mismatch, UINT64_MAX);
 }
+
+// Splice (the reader leaves payloads on the socket) and copy (the reader writes chunks to QEMU
+// itself while nothing waits): a QEMU that reads nothing holds up neither the connection nor the
+// return path.
+INSTANTIATE_TEST_SUITE_P(SpliceAndCopy, StalledTargetQemu, ::testing::Values(SpliceMode::kOn, SpliceMode::kOff),
+                         [](const ::testing::TestParamInfo<SpliceMode>& i) {
+                           return std::string(i.param == SpliceMode::kOn ? "Splice" : "Copy");
+                         });
 
 // ---- drain_on_failure: a source multifd connection is never what fails QEMU ----
 

@@ -159,16 +159,14 @@ Result<ChunkView> RdmaChannel::receive() {
 
 Status RdmaChannel::release() {
   bool eof = false;
-  bool queue_empty = false;
   {
     std::lock_guard lock(rx_mu_);
     if (!holding_ || arrivals_.empty()) return Error{Errc::kInternal, "release without a received chunk"};
     eof = arrivals_.front().eof;
     arrivals_.pop_front();
     holding_ = false;
-    queue_empty = arrivals_.empty();
   }
-  const uint32_t credits = batcher_.on_release(eof, queue_empty);
+  const uint32_t credits = batcher_.on_release(eof);
   if (credits == 0) return ok_status();
   auto st = post_control(*encode_imm({ImmKind::kCredit, credits}));
   if (!st) fail(st.error(), "post_send");

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "common/log.h"
 #include "common/net.h"
@@ -77,14 +78,18 @@ TcpChannel::~TcpChannel() {
   if (reader_.joinable()) reader_.join();
   LOG_DEBUG("transport") << "channel " << index_ << " closed: splice " << splice_mode_name(splice_mode_)
                          << ", spliced " << spliced_sent() << " bytes sent and " << spliced_received()
-                         << " bytes received";
+                         << " bytes received; " << inline_chunks() << " chunks written to QEMU by the reader";
   metrics_.chunks_in_flight->Decrement(static_cast<double>(outstanding_.load()));
 }
 
 Status TcpChannel::write_frame(FrameHeader h, const void* payload) {
+  std::lock_guard lock(write_mu_);
+  return write_frame_locked(h, payload);
+}
+
+Status TcpChannel::write_frame_locked(FrameHeader h, const void* payload) {
   auto header = encode_frame_header(h);
   iovec iov[2] = {{header.data(), header.size()}, {const_cast<void*>(payload), payload ? h.length : 0}};
-  std::lock_guard lock(write_mu_);
   return net::writev_all(fd_.get(), iov, payload ? 2 : 1);
 }
 
@@ -258,6 +263,7 @@ Result<ChunkView> TcpChannel::receive_deferred() {
     if (!deferred_) {
       deferred_ = true;  // from the next DATA frame on, payloads that fit the pipe wait on the socket
       defer_limit_ = down_pipe_.capacity;
+      no_read_ahead_.store(true, std::memory_order_relaxed);
     }
   }
   return next_chunk(true);
@@ -290,7 +296,18 @@ Status TcpChannel::read_payload(Slot& s) {
 
 Result<ChunkView> TcpChannel::next_chunk(bool deferred) {
   std::unique_lock lock(rx_mu_);
-  rx_cv_.wait(lock, [&] { return rx_head_ < rx_tail_ || aborted_.load(); });
+  for (;;) {
+    rx_cv_.wait(lock, [&] { return rx_head_ < rx_tail_ || aborted_.load() || owed_credits_ > 0; });
+    if (owed_credits_ == 0 || aborted_.load()) break;
+    // Credits of chunks the reader wrote to the inline sink: this thread may wait for the write lock.
+    const uint32_t owed = std::exchange(owed_credits_, 0);
+    lock.unlock();
+    if (auto st = write_frame(FrameHeader{FrameType::kCredit, owed}, nullptr); !st) {
+      fail(st.error());
+      return abort_error();
+    }
+    lock.lock();
+  }
   // What arrived before an abort is still delivered in order (the eof of a peer that then
   // closed cleanly must not turn into an error).
   if (rx_head_ < rx_tail_) {
@@ -303,7 +320,8 @@ Result<ChunkView> TcpChannel::next_chunk(bool deferred) {
       lock.lock();
       payload_taken_locked(s);
     }
-    return ChunkView{std::span<const std::byte>(s.data.get(), s.pending > 0 ? 0 : s.size), s.eof, s.pending};
+    return ChunkView{std::span<const std::byte>(s.data.get() + s.offset, s.pending > 0 ? 0 : s.size - s.offset),
+                     s.eof, s.pending};
   }
   lock.unlock();
   return abort_error();
@@ -394,18 +412,16 @@ Result<LocalMove> TcpChannel::deliver_to(int fd) {
 }
 
 Status TcpChannel::release() {
-  bool was_eof = false;
-  bool queue_empty = false;
+  uint32_t credits = 0;
   {
     std::lock_guard lock(rx_mu_);
     if (!rx_holding_) return Error{Errc::kInternal, "release without a received chunk"};
-    was_eof = ring_[rx_head_ % ring_.size()].eof;
+    const bool was_eof = ring_[rx_head_ % ring_.size()].eof;
     ++rx_head_;
     rx_holding_ = false;
-    queue_empty = rx_head_ == rx_tail_;
+    credits = batcher_.on_release(was_eof) + std::exchange(owed_credits_, 0);
   }
   rx_cv_.notify_all();
-  const uint32_t credits = batcher_.on_release(was_eof, queue_empty);
   if (credits == 0) return ok_status();
   auto st = write_frame(FrameHeader{FrameType::kCredit, credits}, nullptr);
   if (!st) fail(st.error());
@@ -456,11 +472,98 @@ void TcpChannel::abort(const Error& reason) {
   fail(reason);
 }
 
+bool TcpChannel::set_inline_sink(int fd, Delivered delivered) {
+  // One chunk may wait in QEMU's unix socket instead of the ring: without room for it, most
+  // chunks would be written only in part and the rest handed off after all. SO_SNDBUFFORCE (the
+  // agent runs privileged) passes net.core.wmem_max; when refused, the socket keeps what it has.
+  // A TCP socket (KubeVirt's proxies) is left alone: setting its buffer would end autotuning.
+  sockaddr_storage addr{};
+  socklen_t alen = sizeof addr;
+  const bool unix_socket =
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &alen) == 0 && addr.ss_family == AF_UNIX;
+  int have = 0;
+  socklen_t len = sizeof have;
+  if (unix_socket && ::getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &have, &len) == 0 &&
+      static_cast<size_t>(have) < 2 * chunk_size_) {
+    const int want = static_cast<int>(chunk_size_);  // the kernel doubles it
+    if (::setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &want, sizeof want) != 0) {
+      (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &want, sizeof want);
+    }
+  }
+  std::lock_guard lock(rx_mu_);
+  if (deferred_) return false;  // payloads stay on the socket for deliver_to()
+  sink_fd_ = fd;
+  sink_ = std::move(delivered);
+  return true;
+}
+
+void TcpChannel::clear_inline_sink() {
+  std::lock_guard lock(rx_mu_);
+  sink_fd_ = -1;
+  sink_ = nullptr;
+}
+
+bool TcpChannel::deliver_inline_locked(Slot& slot, uint32_t& credits) {
+  if (sink_fd_ < 0 || rx_head_ != rx_tail_ || slot.eof || aborted_.load()) return false;
+  ssize_t k;
+  do k = ::send(sink_fd_, slot.data.get(), slot.size, MSG_DONTWAIT | MSG_NOSIGNAL);
+  while (k < 0 && errno == EINTR);
+  if (k <= 0) return false;  // full (or failing: the receiving thread meets the error)
+  const auto n = static_cast<size_t>(k);
+  const bool whole = n == slot.size;
+  sink_(n, whole);
+  if (!whole) {
+    slot.offset = n;
+    return false;
+  }
+  credits = batcher_.on_release(false);
+  inline_chunks_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+Result<bool> TcpChannel::fill(std::span<std::byte> dst, bool eof_ok, bool ahead) {
+  size_t got = std::min(dst.size(), ahead_len_);
+  if (got > 0) {
+    std::memcpy(dst.data(), ahead_.data() + ahead_off_, got);
+    ahead_off_ += got;
+    ahead_len_ -= got;
+  }
+  while (got < dst.size()) {
+    // Here nothing is left ahead: the recv may take the next bytes into ahead_.
+    iovec iov[2] = {{dst.data() + got, dst.size() - got}, {ahead_.data(), ahead_.size()}};
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = ahead ? 2 : 1;
+    const ssize_t n = ::recvmsg(fd_.get(), &m, 0);
+    if (n > 0) {
+      const size_t want = dst.size() - got;
+      if (static_cast<size_t>(n) > want) {
+        ahead_off_ = 0;
+        ahead_len_ = static_cast<size_t>(n) - want;
+        got = dst.size();
+      } else {
+        got += static_cast<size_t>(n);
+      }
+      continue;
+    }
+    if (n == 0) {
+      if (got == 0 && eof_ok) return false;
+      return Error{Errc::kUnavailable, "peer closed the connection"};
+    }
+    if (errno == EINTR) continue;
+    auto e = errno_error("recv", errno);
+    if (errno == ECONNRESET || errno == EPIPE) e.code = Errc::kUnavailable;
+    return e;
+  }
+  return true;
+}
+
 void TcpChannel::reader_loop() {
   const std::string where = "channel " + std::to_string(index_);
   for (;;) {
     std::array<std::byte, kFrameHeaderSize> raw{};
-    auto got = net::read_exact(fd_.get(), raw, /*eof_ok=*/true);
+    const bool ahead = !no_read_ahead_.load(std::memory_order_relaxed);
+    auto got = fill(raw, /*eof_ok=*/true, ahead);
     if (got && !got.value()) {
       bool clean = false;
       {
@@ -505,7 +608,7 @@ void TcpChannel::reader_loop() {
           if (!(peer_eof_ || rx_tail_ - rx_head_ >= limit)) {
             slot = &ring_[rx_tail_ % ring_.size()];
             if (h->type == FrameType::kEof) peer_eof_ = true;
-            defer = deferred_ && h->type == FrameType::kData && h->length <= defer_limit_;
+            defer = deferred_ && h->type == FrameType::kData && h->length <= defer_limit_ && ahead_len_ == 0;
           }
         }
         if (slot == nullptr) {
@@ -514,6 +617,7 @@ void TcpChannel::reader_loop() {
         }
         slot->eof = h->type == FrameType::kEof;
         slot->size = h->length;
+        slot->offset = 0;
         slot->pending = 0;
         if (defer) {
           // The payload stays on the socket for the receiver to splice (deliver_to). If the
@@ -538,7 +642,7 @@ void TcpChannel::reader_loop() {
         }
         if (!slot->eof) {
           if (!ensure_buffer(slot->data)) return;
-          auto r = net::read_exact(fd_.get(), std::span(slot->data.get(), h->length));
+          auto r = fill(std::span(slot->data.get(), h->length), /*eof_ok=*/false, ahead);
           if (!r) {
             fail(r.error().with_context(where));
             return;
@@ -546,18 +650,40 @@ void TcpChannel::reader_loop() {
           metrics_.chunks_received->Increment();
           metrics_.bytes_received->Increment(h->length);
         }
+        uint32_t credits = 0;
+        bool inline_done = false;
         {
           std::lock_guard lock(rx_mu_);
-          ++rx_tail_;
+          inline_done = deliver_inline_locked(*slot, credits);
+          if (!inline_done) ++rx_tail_;
         }
-        rx_cv_.notify_all();
+        if (!inline_done) {
+          rx_cv_.notify_all();
+        } else if (credits > 0) {
+          // Never wait for the write lock here (the sender may hold it, blocked on a full socket
+          // whose peer waits for this thread to read): leave the credits to the receiving thread.
+          std::unique_lock w(write_mu_, std::try_to_lock);
+          if (w.owns_lock()) {
+            if (auto st = write_frame_locked(FrameHeader{FrameType::kCredit, credits}, nullptr); !st) {
+              w.unlock();
+              fail(st.error().with_context(where));
+              return;
+            }
+          } else {
+            {
+              std::lock_guard lock(rx_mu_);
+              owed_credits_ += credits;
+            }
+            rx_cv_.notify_all();
+          }
+        }
         // After an eof, keep reading: credits for our own direction still come back here.
         break;
       }
       case FrameType::kAbort: {
         std::string reason(h->length, '\0');
         if (h->length > 0) {
-          (void)net::read_exact(fd_.get(), std::as_writable_bytes(std::span(reason.data(), reason.size())));
+          (void)fill(std::as_writable_bytes(std::span(reason.data(), reason.size())), /*eof_ok=*/false, false);
         }
         fail(Error{Errc::kUnavailable, where + ": peer aborted: " + reason});
         return;

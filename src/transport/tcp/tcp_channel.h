@@ -11,6 +11,7 @@
 // the socket's receive buffer is the ring then, credits and their batching are unchanged.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -47,6 +48,8 @@ class TcpChannel final : public Channel {
   Result<LocalMove> send_from(int fd) override;
   Result<ChunkView> receive_deferred() override;
   Result<LocalMove> deliver_to(int fd) override;
+  bool set_inline_sink(int fd, Delivered delivered) override;
+  void clear_inline_sink() override;
   void abort(const Error& reason) override;
   uint32_t index() const override { return index_; }
   size_t chunk_size() const override { return chunk_size_; }
@@ -54,6 +57,8 @@ class TcpChannel final : public Channel {
   // Payload bytes that went through a pipe (splice) rather than through user space.
   uint64_t spliced_sent() const { return spliced_sent_.load(std::memory_order_relaxed); }
   uint64_t spliced_received() const { return spliced_received_.load(std::memory_order_relaxed); }
+  // Chunks the reader wrote whole to the inline sink (set_inline_sink).
+  uint64_t inline_chunks() const { return inline_chunks_.load(std::memory_order_relaxed); }
 
  private:
   struct Slot;
@@ -74,9 +79,16 @@ class TcpChannel final : public Channel {
   bool claim_payload_locked(const Slot& s);
   void payload_taken_locked(Slot& s);
   Status read_payload(Slot& s);  // into the slot's memory; fails the channel on error
+  // Reader thread: fills `dst` from the socket, bytes read ahead first. With `ahead`, each recv
+  // also takes up to kReadAhead bytes past `dst` (the next frame's header, credits queued behind
+  // a payload), so a stream of frames costs one recv per payload rather than two, and credit
+  // frames that arrive together are read together. False at a clean end of stream (`eof_ok`
+  // and nothing read).
+  Result<bool> fill(std::span<std::byte> dst, bool eof_ok, bool ahead);
   Status count_sent(size_t n, std::chrono::steady_clock::time_point t0);
   void reader_loop();
   Status write_frame(FrameHeader h, const void* payload);
+  Status write_frame_locked(FrameHeader h, const void* payload);  // write_mu_ held
   void fail(const Error& e);
   // A write failed: the peer may have closed after telling why (an abort frame the reader has yet
   // to read). Waits briefly for the reader to record that reason, then fails with e if it did not.
@@ -110,6 +122,7 @@ class TcpChannel final : public Channel {
   struct Slot {
     std::unique_ptr<std::byte[]> data;  // chunk_size bytes, allocated on first use
     size_t size = 0;
+    size_t offset = 0;   // bytes of it the reader wrote to the inline sink already
     size_t pending = 0;  // deferred: payload bytes still on the socket
     bool eof = false;
   };
@@ -126,12 +139,32 @@ class TcpChannel final : public Channel {
   size_t defer_limit_ = 0;           // payloads up to the receive pipe's capacity are deferred
   bool payload_on_socket_ = false;  // a published chunk's payload is still on the socket
   bool pulling_ = false;            // and someone is reading it off
-  CreditBatcher batcher_;               // receiver thread only
+  CreditBatcher batcher_;               // under rx_mu_ (the reader releases inline chunks)
+  // Inline sink (under rx_mu_): a chunk that arrives with nothing queued before it is written
+  // to it by the reader thread.
+  int sink_fd_ = -1;
+  Delivered sink_;
+  // Credits of inline chunks the reader could not send itself (the sender held the write lock:
+  // the reader never waits for it); the receiving thread sends them from next_chunk().
+  uint32_t owed_credits_ = 0;
+  std::atomic<uint64_t> inline_chunks_{0};
+  // Writes the chunk in `slot` to the inline sink if it may; true when all of it went (the slot
+  // stays free and `credits` says what to return). Under rx_mu_.
+  bool deliver_inline_locked(Slot& slot, uint32_t& credits);
   std::atomic<int64_t> outstanding_{0};  // chunks sent, credit not yet back (for the gauge)
 
   std::atomic<bool> aborted_{false};
   std::mutex abort_mu_;
   std::optional<Error> abort_reason_;
+  // Read ahead (reader thread only): bytes taken from the socket past the frame being read. Off
+  // once the receiver splices (a deferred payload must still be on the socket), and a payload
+  // is deferred only when nothing of it was read ahead.
+  static constexpr size_t kReadAhead = 4096;
+  std::array<std::byte, kReadAhead> ahead_{};
+  size_t ahead_off_ = 0;
+  size_t ahead_len_ = 0;
+  std::atomic<bool> no_read_ahead_{false};
+
   std::thread reader_;  // last: started after everything above exists, joined first
 };
 
