@@ -275,6 +275,7 @@ Status PathCheck::run_channels(const std::function<Status(transport::Channel&, u
       cv_.notify_all();
     });
   }
+  const std::chrono::seconds stall_limit{ctx_.config.path_check.stall_timeout_seconds};
   {
     std::unique_lock lock(mu_);
     uint64_t last_bytes = bytes_done_.load();
@@ -290,13 +291,13 @@ Status PathCheck::run_channels(const std::function<Status(transport::Channel&, u
       if (now >= deadline_) {
         why = Error{Errc::kTimeout, "the stream did not finish within the check's deadline (" +
                                         std::to_string(spec_.timeout_seconds) + " s)"};
-      } else if (now - last_move >= kStallLimit) {
+      } else if (now - last_move >= stall_limit) {
         why = Error{Errc::kTimeout,
                     "the " + status_.transport + " path " +
                         (spec_.role == Role::kSource ? "to " + status_.peer : std::string("from the source agent")) +
                         " stalled: no byte " +
                         (spec_.role == Role::kSource ? "sent" : "verified") + " for " +
-                        std::to_string(kStallLimit.count()) + " s (" + std::to_string(last_bytes) + " of " +
+                        std::to_string(stall_limit.count()) + " s (" + std::to_string(last_bytes) + " of " +
                         std::to_string(spec_.bytes) + " bytes done)"};
       }
       if (why && !stopped) {

@@ -167,7 +167,7 @@ Status PathCheck::run_source() {
   }
   // Round trips on the control link, before the stream loads the path.
   std::vector<int64_t> rtts;
-  for (int i = 0; i < kRttSamples; ++i) {
+  for (uint32_t i = 0; i < ctx_.config.path_check.rtt_samples; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     RDMIG_TRY(link_->send(json{{"type", "ping"}, {"seq", i}}));
     auto pong = link_->expect("pong", remaining());
@@ -175,6 +175,7 @@ Status PathCheck::run_source() {
     rtts.push_back(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(rtts.begin(), rtts.end());
+  LOG_INFO("pathcheck") << log_prefix() << " rtt_us=" << rtts[rtts.size() / 2] << " rtt_samples=" << rtts.size();
   update([&](CheckStatus& s) {
     s.rtt_us = rtts[rtts.size() / 2];
     s.phase = Phase::kMigrating;

@@ -172,12 +172,36 @@ TEST(PathCheckRequest, RejectsHostileBodies) {
                 .find("target.checkId"), std::string::npos);
   auto ok = api::parse_pathcheck_request({{"role", "target"}}, config);
   ASSERT_TRUE(ok.ok());
-  EXPECT_EQ(ok->bytes, kDefaultBytes);
+  EXPECT_EQ(ok->bytes, config.path_check.default_bytes);
+  EXPECT_EQ(ok->timeout_seconds, config.path_check.default_timeout_seconds);
   EXPECT_EQ(ok->channels, 1u);
   auto sized = api::parse_pathcheck_request({{"role", "target"}, {"bytes", "64Mi"}, {"chunkSize", "256Ki"}}, config);
   ASSERT_TRUE(sized.ok()) << sized.error().message;
   EXPECT_EQ(sized->bytes, 64u << 20);
   EXPECT_EQ(sized->chunk_size, 256u << 10);
+}
+
+TEST(PathCheckRequest, BoundsAndDefaultsAreTheAgentsPathCheckKeys) {
+  AgentConfig config;
+  config.path_check.default_bytes = 8u << 20;
+  config.path_check.max_bytes = 16u << 20;
+  config.path_check.max_channels = 2;
+  config.path_check.default_timeout_seconds = 30;
+  config.path_check.max_timeout_seconds = 60;
+  auto ok = api::parse_pathcheck_request({{"role", "target"}}, config);
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ(ok->bytes, 8u << 20);
+  EXPECT_EQ(ok->timeout_seconds, 30u);
+  auto at_bounds = api::parse_pathcheck_request(
+      {{"role", "target"}, {"bytes", "16Mi"}, {"channels", 2}, {"timeoutSeconds", 60}}, config);
+  ASSERT_TRUE(at_bounds.ok()) << at_bounds.error().message;
+  auto err = [&](const nlohmann::json& body) {
+    auto r = api::parse_pathcheck_request(body, config);
+    return r ? std::string() : r.error().message;
+  };
+  EXPECT_NE(err({{"role", "target"}, {"bytes", "17Mi"}}).find("pathCheck.maxBytes"), std::string::npos);
+  EXPECT_NE(err({{"role", "target"}, {"channels", 3}}).find("pathCheck.maxChannels"), std::string::npos);
+  EXPECT_NE(err({{"role", "target"}, {"timeoutSeconds", 61}}).find("pathCheck.maxTimeoutSeconds"), std::string::npos);
 }
 
 TEST(PathCheckRdmaEnd, ReportsDevicePortGidAndMtuOfTheChosenPort) {
