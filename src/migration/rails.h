@@ -21,6 +21,7 @@
 #include "common/result.h"
 #include "metrics/metrics.h"
 #include "migration/data_plane_server.h"
+#include "migration/handshake.h"
 #include "migration/types.h"
 #include "transport/rdma/rdma_channel.h"
 #include "transport/wire.h"
@@ -31,6 +32,7 @@ struct RailPair {
   uint32_t rail = 0;   // the index both agents configured it under
   RdmaRail local;      // this agent's device on it
   std::string peer;    // the peer's address on it (the target's rdma_cm endpoint, on the source)
+  uint32_t peer_mtu = 0;  // the peer's port's active MTU on it, when the peer said (0: unknown)
 };
 
 // The matched rails (rule above). `peer` empty: nothing to match (the peer has no RDMA).
@@ -50,6 +52,11 @@ void add_rails_to_welcome(nlohmann::json& welcome, const RdmaSupport& rdma);
 Result<std::vector<RailPair>> rails_from_welcome(const nlohmann::json& welcome, const RdmaSupport& rdma);
 // Target side: the same match from the source's hello (peer = the source's address on each rail).
 std::vector<RailPair> rails_from_hello(const transport::Hello& hello, const RdmaSupport& rdma);
+
+// Target side: the two ports' active MTUs on each matched rail that carries one of `channels`
+// channels (source: the hello's per-rail "mtu", else its "rdmaMtu" for the source's first rail;
+// target: this agent's rail), for choose_transport.
+std::vector<RailMtu> rail_mtus(const transport::Hello& hello, const RdmaSupport& rdma, uint32_t channels);
 
 // Source side: connects channel `params.index` from its rail's local address (and traffic class)
 // to the peer's endpoint on that rail; the error names the rail.

@@ -107,11 +107,14 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello, const std
   if (mismatch.empty()) {
     auto offered = parse_wire_transport(hello.transport, "hello.transport");
     auto choice = offered ? choose_transport(TransportOffer{offered.value(), hello.transport_required},
-                                             spec_.transport, ctx_.rdma, hello.rdma_mtu)
+                                             spec_.transport, ctx_.rdma, rail_mtus(hello, ctx_.rdma, spec_.channels()))
                           : Result<TransportChoice>(offered.error());
     if (choice) {
       chosen = wire_name(choice->transport);
       reason = choice->reason;
+      if (!choice->detail.empty()) {
+        LOG_WARN("migration") << log_prefix() << " transport tcp: " << choice->detail;
+      }
     } else {
       mismatch = choice.error().message;
     }

@@ -45,11 +45,15 @@ void PathCheck::on_control(UniqueFd fd, const transport::Hello& hello, const std
   if (mismatch.empty()) {
     auto offered = migration::parse_wire_transport(hello.transport, "hello.transport");
     auto choice = offered ? migration::choose_transport(migration::TransportOffer{offered.value(), hello.transport_required},
-                                                        spec_.transport, ctx_.rdma, hello.rdma_mtu)
+                                                        spec_.transport, ctx_.rdma,
+                                                        migration::rail_mtus(hello, ctx_.rdma, spec_.channels))
                           : Result<migration::TransportChoice>(offered.error());
     if (choice) {
       chosen = migration::wire_name(choice->transport);
       reason = choice->reason;
+      if (!choice->detail.empty()) {
+        LOG_WARN("pathcheck") << log_prefix() << " transport tcp: " << choice->detail;
+      }
     } else {
       mismatch = choice.error().message;
     }
