@@ -27,6 +27,10 @@ namespace rdmig::controller {
 inline constexpr size_t kMaxPathCheckPairs = 64;
 inline constexpr uint64_t kDefaultPathCheckBytes = uint64_t{1} << 30;
 inline constexpr uint64_t kMaxPathCheckBytes = uint64_t{64} << 30;
+// status.pairs[].rails: an agent uses at most 16 rails (transport::kMaxRails), a pair at most 64
+// channels; whatever a source agent's view holds beyond that is dropped.
+inline constexpr size_t kMaxPathCheckRails = 16;
+inline constexpr size_t kMaxPathCheckRailChannels = 64;
 
 std::string pathcheck_path(const nlohmann::json& obj);
 
@@ -35,6 +39,14 @@ nlohmann::json pathcheck_summary(const nlohmann::json& pairs);
 // A pair's phase from the source agent's view of its check: Passed, FellBack (every byte
 // carried, over TCP where `transport` auto could have used RDMA), Failed; "" while it runs.
 std::string pair_phase_of(const nlohmann::json& agent_view, const std::string& transport);
+// One end's RDMA port (device, port, gid, gidIndex, gidType, netdev, mtu) from an agent's view
+// (localRdma, peerRdma), bounded as the CRD's schema bounds it: strings cut to 64 characters,
+// numbers clamped, other keys dropped; null unless an object.
+nlohmann::json pathcheck_rdma_end(const nlohmann::json& end);
+// status.pairs[].rails from the source agent's view of its check: each rail the channels used
+// (rail, channels, bytes, sourceRdma, targetRdma), one per rail index (the first listed), at most
+// kMaxPathCheckRails; empty over TCP.
+nlohmann::json pathcheck_rails(const nlohmann::json& agent_view);
 
 class PathCheckReconciler final : public ObjectReconciler {
  public:

@@ -67,9 +67,25 @@ struct RdmaEnd {
   std::string netdev;    // the interface the GID belongs to (a VF, a VLAN, a macvlan over them)
   uint32_t mtu = 0;
   nlohmann::json to_json() const;
-  static RdmaEnd of(const migration::RdmaSupport& rdma);
+  static RdmaEnd of(const migration::RdmaSupport& rdma);  // the first rail
+  static RdmaEnd of(const migration::RdmaRail& rail);
+  // From a peer's message: strings cut to 64 characters, numbers clamped; nullopt unless an object.
   static std::optional<RdmaEnd> parse(const nlohmann::json& j);
 };
+
+// One rail a check's channels were striped across (RDMA only): what migration::RailUsage says
+// (channels, bytes once verified) and both ends' ports on it.
+struct CheckRail {
+  migration::RailUsage usage;
+  RdmaEnd local;
+  std::optional<RdmaEnd> peer;  // source: the target's port on this rail, from its "ready"
+};
+// The rails of `pairs` that carry one of `channels` channels, with this agent's port on each.
+std::vector<CheckRail> check_rails(const std::vector<migration::RailPair>& pairs, uint32_t channels);
+// The target's "ready" lists its port on each rail ({"rail": i, ...RdmaEnd}); the source files
+// each under its own rail. At most transport::kMaxRails entries are read, unknown rails ignored.
+nlohmann::json rails_to_ready(const std::vector<CheckRail>& rails);
+void peer_rails_from_ready(const nlohmann::json& ready, std::vector<CheckRail>& rails);
 
 struct CheckStatus {
   std::string id;
@@ -86,7 +102,7 @@ struct CheckStatus {
   std::optional<RdmaEnd> local_rdma;
   std::optional<RdmaEnd> peer_rdma;
   // RDMA only: the rails the channels were striped across (migration/rails.h); bytes once verified.
-  std::vector<migration::RailUsage> rails;
+  std::vector<CheckRail> rails;
   std::string peer;
   std::string error;  // why it failed or was cancelled
   int64_t duration_ms = 0;

@@ -99,7 +99,7 @@ Status PathCheck::connect_source() {
     auto matched = migration::rails_from_welcome(reply.value(), ctx_.rdma);
     if (!matched) return matched.error();
     rails = std::move(matched.value());
-    update([&](CheckStatus& s) { s.rails = migration::rail_usage(rails, spec_.channels); });
+    update([&](CheckStatus& s) { s.rails = check_rails(rails, spec_.channels); });
   }
   auto& tm = ctx_.metrics.transport(transport, "pathcheck");
   for (uint32_t i = 0; i < spec_.channels; ++i) {
@@ -163,7 +163,10 @@ Status PathCheck::run_source() {
   if (!ready) return cancel_or(ready.error().with_context("waiting for the target agent's ready"));
   if (auto it = ready->find("rdma"); it != ready->end()) {
     auto end = RdmaEnd::parse(*it);
-    update([&](CheckStatus& s) { s.peer_rdma = end; });
+    update([&](CheckStatus& s) {
+      s.peer_rdma = end;
+      peer_rails_from_ready(ready.value(), s.rails);
+    });
   }
   // Round trips on the control link, before the stream loads the path.
   std::vector<int64_t> rtts;
