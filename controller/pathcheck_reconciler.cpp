@@ -168,13 +168,14 @@ json pathcheck_summary(const json& pairs) {
 
 PathCheckReconciler::PathCheckReconciler(const ControllerConfig& config, std::string agent_namespace,
                                          k8s::KubeClient& kube, k8s::Informer& informer, AgentClient& agents,
-                                         k8s::EventRecorder& events)
+                                         k8s::EventRecorder& events, ControllerMetrics& metrics)
     : config_(config),
       agent_namespace_(std::move(agent_namespace)),
       kube_(kube),
       informer_(informer),
       agents_(agents),
-      events_(events) {}
+      events_(events),
+      metrics_(metrics) {}
 
 bool PathCheckReconciler::needs_poll(const json& obj) const {
   if (obj["metadata"].contains("deletionTimestamp")) return has_finalizer(obj);
@@ -420,6 +421,9 @@ Result<Next> PathCheckReconciler::run(json obj) {
     const std::string now = pairs[i].value("phase", "");
     if (!pair_done(now) || before[i].value("phase", "") == now) continue;
     const std::string who = pairs[i].value("source", "") + "->" + pairs[i].value("target", "");
+    std::optional<double> throughput;  // a failed pair carried nothing
+    if (now != "Failed") throughput = pairs[i].value("throughputBytesPerSecond", 0.0);
+    metrics_.pathcheck_pair_ended(pairs[i].value("source", ""), pairs[i].value("target", ""), now, throughput);
     if (now == "Failed") {
       events_.record(obj, "Warning", "PairFailed", who + ": " + pairs[i].value("error", std::string("?")));
     } else if (now == "FellBack") {

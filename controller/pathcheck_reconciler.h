@@ -17,6 +17,7 @@
 
 #include "controller/agent_client.h"
 #include "controller/config.h"
+#include "controller/controller_metrics.h"
 #include "controller/reconciler.h"
 #include "k8s/events.h"
 #include "k8s/informer.h"
@@ -51,7 +52,8 @@ nlohmann::json pathcheck_rails(const nlohmann::json& agent_view);
 class PathCheckReconciler final : public ObjectReconciler {
  public:
   PathCheckReconciler(const ControllerConfig& config, std::string agent_namespace, k8s::KubeClient& kube,
-                      k8s::Informer& informer, AgentClient& agents, k8s::EventRecorder& events);
+                      k8s::Informer& informer, AgentClient& agents, k8s::EventRecorder& events,
+                      ControllerMetrics& metrics);
   Result<Next> reconcile(const std::string& key) override;
   bool needs_poll(const nlohmann::json& obj) const override;
 
@@ -76,6 +78,7 @@ class PathCheckReconciler final : public ObjectReconciler {
   k8s::Informer& informer_;
   AgentClient& agents_;
   k8s::EventRecorder& events_;
+  ControllerMetrics& metrics_;
 };
 
 }  // namespace rdmig::controller

@@ -104,3 +104,25 @@ TEST(PathCheckStatus, RailsFromAHostileAgentAreBounded) {
   EXPECT_TRUE(pathcheck_rdma_end("mlx5_0").is_null());
   EXPECT_EQ(pathcheck_rdma_end(rdma_end(huge, "g", "n", 1024))["device"].get<std::string>().size(), 64u);
 }
+
+TEST(PathCheckMetrics, PairsAreCountedPerNodePairAndTheirSeriesAreBounded) {
+  ControllerMetrics m;
+  m.set_max_pathcheck_pairs(2);
+  m.pathcheck_pair_ended("node-a", "node-b", "Passed", 2.5e9);
+  m.pathcheck_pair_ended("node-a", "node-b", "Passed", 3e9);
+  m.pathcheck_pair_ended("node-a", "node-c", "Failed", std::nullopt);
+  std::string text = m.serialize();
+  EXPECT_NE(text.find(R"(rdmig_controller_pathcheck_pairs_total{result="Passed",source_node="node-a",target_node="node-b"} 2)"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find(R"(rdmig_controller_pathcheck_pair_throughput_bytes_per_second{source_node="node-a",target_node="node-b"} 3000000000)"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find(R"(rdmig_controller_pathcheck_pairs_total{result="Failed",source_node="node-a",target_node="node-c"} 1)"),
+            std::string::npos) << text;
+  EXPECT_EQ(text.find(R"(rdmig_controller_pathcheck_pair_throughput_bytes_per_second{source_node="node-a",target_node="node-c"})"),
+            std::string::npos) << "a failed pair carried nothing: " << text;
+  // A third node pair drops the least recently ended one's series (node-a -> node-b).
+  m.pathcheck_pair_ended("node-b", "node-a", "FellBack", 1e8);
+  text = m.serialize();
+  EXPECT_EQ(text.find(R"(target_node="node-b")"), std::string::npos) << text;
+  EXPECT_NE(text.find(R"(source_node="node-b",target_node="node-a"} 1)"), std::string::npos) << text;
+}
