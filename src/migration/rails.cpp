@@ -113,6 +113,17 @@ std::vector<RailUsage> rail_usage(const std::vector<RailPair>& rails, uint32_t c
   return out;
 }
 
+std::string rail_of_channel_text(const std::vector<RailUsage>& rails, uint32_t channel) {
+  for (const auto& r : rails) {
+    if (std::find(r.channels.begin(), r.channels.end(), channel) == r.channels.end()) continue;
+    std::string text = "rail " + std::to_string(r.rail) + ": " + r.device;
+    if (!r.address.empty()) text += " " + r.address;
+    if (!r.peer_address.empty()) text += " to " + r.peer_address;
+    return text;
+  }
+  return {};
+}
+
 void account_rail_bytes(std::vector<RailUsage>& rails, const std::vector<uint64_t>& sent_by_channel,
                         const std::vector<uint64_t>& received_by_channel, Metrics& metrics, const std::string& traffic) {
   for (auto& r : rails) {

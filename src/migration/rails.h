@@ -68,6 +68,10 @@ Result<std::unique_ptr<transport::rdma::RdmaChannel>> connect_on_rail(
 // One entry per matched rail that carries a channel, with those channels (no bytes yet).
 std::vector<RailUsage> rail_usage(const std::vector<RailPair>& rails, uint32_t channels);
 
+// The rail that carries `channel`, in words for an error: "rail 1: mlx5_1 10.10.1.1 to
+// 10.10.1.2:7472"; empty when no rail lists the channel (TCP).
+std::string rail_of_channel_text(const std::vector<RailUsage>& rails, uint32_t channel);
+
 // Sets each rail's byte totals from per-channel totals (channel c at index c) and adds what
 // grew since `before` to rdmig_rdma_rail_bytes_total{traffic}.
 void account_rail_bytes(std::vector<RailUsage>& rails, const std::vector<uint64_t>& sent_by_channel,

@@ -239,6 +239,16 @@ void PathCheck::abort_all(const Error& reason) {
   for (auto& ch : channels_) ch->abort(reason);
 }
 
+Error PathCheck::on_rail(const Error& e, uint32_t channel) const {
+  std::vector<migration::RailUsage> usage;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& r : status_.rails) usage.push_back(r.usage);
+  }
+  const std::string rail = migration::rail_of_channel_text(usage, channel);
+  return rail.empty() ? e : e.with_context(rail);
+}
+
 void PathCheck::set_phase(Phase phase) {
   update([&](CheckStatus& s) { s.phase = phase; });
 }
@@ -326,11 +336,12 @@ Status PathCheck::run_channels(const std::function<Status(transport::Channel&, u
     threads.emplace_back([&, i] {
       auto st = body(*chans[i], i);
       if (!st) {
+        const Error e = on_rail(st.error(), i);
         {
           std::lock_guard l(emu);
-          if (!first) first = st.error();
+          if (!first) first = e;
         }
-        abort_all(st.error());
+        abort_all(e);
       }
       done.fetch_add(1);
       cv_.notify_all();

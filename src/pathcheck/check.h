@@ -147,6 +147,8 @@ class PathCheck {
   // error, if any.
   Status run_channels(const std::function<Status(transport::Channel&, uint32_t)>& body);
   void abort_all(const Error& reason);
+  // `e`, a failure of channel `channel`, named with the rail that carried it (over RDMA).
+  Error on_rail(const Error& e, uint32_t channel) const;
   void finish(const Status& result);
   void set_phase(migration::Phase phase);
   void update(const std::function<void(CheckStatus&)>& fn);

@@ -202,5 +202,14 @@ TEST(Rails, HelloCarriesEachRailsMtuAndRefusesABadOne) {
 }
 
 
+TEST(Rails, AChannelsFailureNamesItsRailAndDevice) {
+  const auto local = support({rail(0, "mlx5_0", "10.10.0.1"), rail(1, "mlx5_1", "10.10.1.1")});
+  const auto usage = rail_usage(match_rails(local.rails, {{0, "10.10.0.2:7472"}, {1, "10.10.1.2:7472"}}), 4);
+  EXPECT_EQ(rail_of_channel_text(usage, 3), "rail 1: mlx5_1 10.10.1.1 to 10.10.1.2:7472");
+  EXPECT_EQ(rail_of_channel_text(usage, 2), "rail 0: mlx5_0 10.10.0.1 to 10.10.0.2:7472");
+  EXPECT_EQ(rail_of_channel_text(usage, 9), "") << "no rail carries channel 9";
+  EXPECT_EQ(rail_of_channel_text({}, 0), "") << "TCP: no rails";
+}
+
 }  // namespace
 }  // namespace rdmig::migration
