@@ -131,7 +131,9 @@ void ControllerMetrics::pathcheck_pair_ended(const std::string& source_node, con
     pathcheck_order_.pop_front();
   }
   pathcheck_pairs_.Add({{"source_node", source_node}, {"target_node", target_node}, {"result", result}}).Increment();
-  if (throughput) pathcheck_throughput_.Add({{"source_node", source_node}, {"target_node", target_node}}).Set(*throughput);
+  if (throughput) {
+    pathcheck_throughput_.Add({{"source_node", source_node}, {"target_node", target_node}}).Set(*throughput);
+  }
 }
 
 std::string ControllerMetrics::serialize() const {

@@ -238,7 +238,9 @@ Result<pathcheck::CheckSpec> parse_pathcheck_request(const json& body, const Age
   if (!depth) return depth.error();
   spec.ring_depth = static_cast<uint32_t>(depth.value());
   auto channels = uint_field(body, "", "channels", 1, 1, limits.max_channels);
-  if (!channels) return Error{channels.error().code, channels.error().message + " (this agent's pathCheck.maxChannels)"};
+  if (!channels) {
+    return Error{channels.error().code, channels.error().message + " (this agent's pathCheck.maxChannels)"};
+  }
   spec.channels = static_cast<uint32_t>(channels.value());
   auto kind = transport_field(body, defaults.transport);
   if (!kind) return kind.error();
