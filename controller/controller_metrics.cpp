@@ -49,7 +49,17 @@ ControllerMetrics::ControllerMetrics()
       vmi_bytes_(prometheus::BuildGauge()
                      .Name("rdmig_controller_vmi_migration_transferred_bytes")
                      .Help("Bytes rdmig carried in the VMI's last migration")
-                     .Register(*registry_)) {
+                     .Register(*registry_)),
+      pathcheck_pairs_(prometheus::BuildCounter()
+                           .Name("rdmig_controller_pathcheck_pairs_total")
+                           .Help("RdmaPathCheck pairs that ended, by source node, target node and result (Passed, "
+                                 "FellBack, Failed)")
+                           .Register(*registry_)),
+      pathcheck_throughput_(prometheus::BuildGauge()
+                                .Name("rdmig_controller_pathcheck_pair_throughput_bytes_per_second")
+                                .Help("Throughput of the last RdmaPathCheck pair from the source node to the target "
+                                      "node that carried its bytes")
+                                .Register(*registry_)) {
   reconciles_.Add({{"result", "success"}});
   reconciles_.Add({{"result", "error"}});
   set_phase_counts({});
@@ -100,6 +110,30 @@ void ControllerMetrics::set_vmi(const std::string& ns, const std::string& name, 
 void ControllerMetrics::forget_vmi(const std::string& ns, const std::string& name) {
   vmi_order_.remove({ns, name});
   remove_series(ns, name);
+}
+
+void ControllerMetrics::remove_pathcheck_pair(const std::string& source_node, const std::string& target_node) {
+  for (const char* result : {"Passed", "FellBack", "Failed"}) {
+    const std::map<std::string, std::string> labels{
+        {"source_node", source_node}, {"target_node", target_node}, {"result", result}};
+    if (pathcheck_pairs_.Has(labels)) pathcheck_pairs_.Remove(&pathcheck_pairs_.Add(labels));
+  }
+  const std::map<std::string, std::string> labels{{"source_node", source_node}, {"target_node", target_node}};
+  if (pathcheck_throughput_.Has(labels)) pathcheck_throughput_.Remove(&pathcheck_throughput_.Add(labels));
+}
+
+void ControllerMetrics::pathcheck_pair_ended(const std::string& source_node, const std::string& target_node,
+                                             const std::string& result, std::optional<double> throughput) {
+  pathcheck_order_.remove({source_node, target_node});
+  pathcheck_order_.emplace_back(source_node, target_node);
+  while (pathcheck_order_.size() > max_pathcheck_pairs_) {
+    remove_pathcheck_pair(pathcheck_order_.front().first, pathcheck_order_.front().second);
+    pathcheck_order_.pop_front();
+  }
+  pathcheck_pairs_.Add({{"source_node", source_node}, {"target_node", target_node}, {"result", result}}).Increment();
+  if (throughput) {
+    pathcheck_throughput_.Add({{"source_node", source_node}, {"target_node", target_node}}).Set(*throughput);
+  }
 }
 
 std::string ControllerMetrics::serialize() const {

@@ -39,6 +39,15 @@ class ControllerMetrics {
   // result: Succeeded, Failed; carried: true, false, unknown.
   void kubevirt_migration_ended(const std::string& result, const std::string& carried);
 
+  // One RdmaPathCheck pair that ended, by node pair: rdmig_controller_pathcheck_pairs_total
+  // {source_node,target_node,result} (Passed, FellBack, Failed) and, for a pair that carried its
+  // bytes, rdmig_controller_pathcheck_pair_throughput_bytes_per_second{source_node,target_node}.
+  // Series exist for at most `max_pairs` node pairs (the least recently ended are dropped): the
+  // cardinality is the node pairs checked, at most N x (N - 1) for N nodes.
+  void set_max_pathcheck_pairs(size_t max_pairs) { max_pathcheck_pairs_ = max_pairs; }
+  void pathcheck_pair_ended(const std::string& source_node, const std::string& target_node, const std::string& result,
+                            std::optional<double> throughput_bytes_per_second);
+
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>& reconciles_;
@@ -51,7 +60,12 @@ class ControllerMetrics {
   prometheus::Family<prometheus::Gauge>& vmi_downtime_;
   prometheus::Family<prometheus::Gauge>& vmi_duration_;
   prometheus::Family<prometheus::Gauge>& vmi_bytes_;
+  prometheus::Family<prometheus::Counter>& pathcheck_pairs_;
+  prometheus::Family<prometheus::Gauge>& pathcheck_throughput_;
   size_t max_vmis_ = 256;
+  size_t max_pathcheck_pairs_ = 4096;
+  std::list<std::pair<std::string, std::string>> pathcheck_order_;  // node pairs, least recently ended first
+  void remove_pathcheck_pair(const std::string& source_node, const std::string& target_node);
   std::list<std::pair<std::string, std::string>> vmi_order_;  // least recently updated first
   void remove_series(const std::string& ns, const std::string& name);
 };

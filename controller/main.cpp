@@ -188,7 +188,7 @@ int main(int argc, char** argv) {
                                      if (pathcheck_worker_ptr) pathcheck_worker_ptr->enqueue(key);
                                    });
   controller::PathCheckReconciler pathcheck_reconciler(config, config.namespace_, kube, pathcheck_informer, agents,
-                                                       events);
+                                                       events, metrics);
   std::unique_ptr<controller::KubevirtObserver> observer;
   if (vmims) {
     observer = std::make_unique<controller::KubevirtObserver>(config, config.namespace_, kube, *vmims, agents, events,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <set>
+#include <tuple>
 
 #include "common/log.h"
 #include "common/units.h"
@@ -86,6 +87,56 @@ std::string pair_phase_of(const json& view, const std::string& transport) {
   return "";
 }
 
+namespace {
+bool is_count(const json& j) { return j.is_number_integer() && j.get<int64_t>() >= 0; }
+}  // namespace
+
+json pathcheck_rdma_end(const json& end) {
+  if (!end.is_object()) return nullptr;
+  json out = json::object();
+  for (const char* key : {"device", "gid", "gidType", "netdev"}) {
+    const auto it = end.find(key);
+    if (it != end.end() && it->is_string()) out[key] = it->get<std::string>().substr(0, 64);
+  }
+  for (const auto& [key, lo, hi] : {std::tuple{"port", 0, 255}, std::tuple{"gidIndex", -1, 65535},
+                                    std::tuple{"mtu", 0, 4096}}) {
+    const auto it = end.find(key);
+    if (it != end.end() && it->is_number_integer()) out[key] = std::clamp<int64_t>(it->get<int64_t>(), lo, hi);
+  }
+  return out;
+}
+
+json pathcheck_rails(const json& view) {
+  json out = json::array();
+  const auto it = view.find("rails");
+  if (it == view.end() || !it->is_array()) return out;
+  std::set<uint64_t> seen;
+  for (const auto& r : *it) {
+    if (out.size() >= kMaxPathCheckRails) break;
+    if (!r.is_object()) continue;
+    const auto idx = r.find("rail");
+    if (idx == r.end() || !is_count(*idx) || idx->get<uint64_t>() >= kMaxPathCheckRails) continue;
+    if (!seen.insert(idx->get<uint64_t>()).second) continue;  // one entry per rail: the first
+    json rail{{"rail", idx->get<uint64_t>()}};
+    if (const auto ch = r.find("channels"); ch != r.end() && ch->is_array()) {
+      json channels = json::array();
+      for (const auto& c : *ch) {
+        if (channels.size() >= kMaxPathCheckRailChannels) break;
+        if (is_count(c) && c.get<uint64_t>() <= kMaxPathCheckRailChannels) channels.push_back(c);
+      }
+      rail["channels"] = channels;
+    }
+    // The source's bytes on the rail: set when the target verified the stream.
+    if (const auto b = r.find("bytesSent"); b != r.end() && is_count(*b)) rail["bytes"] = *b;
+    for (const auto& [from, to] : {std::pair{"localRdma", "sourceRdma"}, std::pair{"peerRdma", "targetRdma"}}) {
+      const auto e = r.find(from);
+      if (e != r.end() && e->is_object()) rail[to] = pathcheck_rdma_end(*e);
+    }
+    out.push_back(std::move(rail));
+  }
+  return out;
+}
+
 json pathcheck_summary(const json& pairs) {
   int64_t passed = 0, fell_back = 0, failed = 0;
   const json* worst = nullptr;
@@ -117,13 +168,14 @@ json pathcheck_summary(const json& pairs) {
 
 PathCheckReconciler::PathCheckReconciler(const ControllerConfig& config, std::string agent_namespace,
                                          k8s::KubeClient& kube, k8s::Informer& informer, AgentClient& agents,
-                                         k8s::EventRecorder& events)
+                                         k8s::EventRecorder& events, ControllerMetrics& metrics)
     : config_(config),
       agent_namespace_(std::move(agent_namespace)),
       kube_(kube),
       informer_(informer),
       agents_(agents),
-      events_(events) {}
+      events_(events),
+      metrics_(metrics) {}
 
 bool PathCheckReconciler::needs_poll(const json& obj) const {
   if (obj["metadata"].contains("deletionTimestamp")) return has_finalizer(obj);
@@ -323,8 +375,9 @@ void PathCheckReconciler::poll_pair(const json& obj, json& pair) {
   pair["throughputBytesPerSecond"] = view->value("throughputBytesPerSecond", 0.0);
   pair["durationMs"] = view->value("durationMs", int64_t{0});
   if (view->contains("rttMicroseconds")) pair["rttMicroseconds"] = (*view)["rttMicroseconds"];
-  if (view->contains("localRdma")) pair["sourceRdma"] = (*view)["localRdma"];
-  if (view->contains("peerRdma")) pair["targetRdma"] = (*view)["peerRdma"];
+  if (auto end = pathcheck_rdma_end(view->value("localRdma", json())); end.is_object()) pair["sourceRdma"] = end;
+  if (auto end = pathcheck_rdma_end(view->value("peerRdma", json())); end.is_object()) pair["targetRdma"] = end;
+  if (auto rails = pathcheck_rails(view.value()); !rails.empty()) pair["rails"] = std::move(rails);
   if (view->contains("error")) pair["error"] = (*view)["error"];
   if (phase == "Failed") {
     pair["bytesVerified"] = 0;  // the target did not confirm the stream
@@ -368,6 +421,9 @@ Result<Next> PathCheckReconciler::run(json obj) {
     const std::string now = pairs[i].value("phase", "");
     if (!pair_done(now) || before[i].value("phase", "") == now) continue;
     const std::string who = pairs[i].value("source", "") + "->" + pairs[i].value("target", "");
+    std::optional<double> throughput;  // a failed pair carried nothing
+    if (now != "Failed") throughput = pairs[i].value("throughputBytesPerSecond", 0.0);
+    metrics_.pathcheck_pair_ended(pairs[i].value("source", ""), pairs[i].value("target", ""), now, throughput);
     if (now == "Failed") {
       events_.record(obj, "Warning", "PairFailed", who + ": " + pairs[i].value("error", std::string("?")));
     } else if (now == "FellBack") {

@@ -17,6 +17,7 @@
 
 #include "controller/agent_client.h"
 #include "controller/config.h"
+#include "controller/controller_metrics.h"
 #include "controller/reconciler.h"
 #include "k8s/events.h"
 #include "k8s/informer.h"
@@ -27,6 +28,10 @@ namespace rdmig::controller {
 inline constexpr size_t kMaxPathCheckPairs = 64;
 inline constexpr uint64_t kDefaultPathCheckBytes = uint64_t{1} << 30;
 inline constexpr uint64_t kMaxPathCheckBytes = uint64_t{64} << 30;
+// status.pairs[].rails: an agent uses at most 16 rails (transport::kMaxRails), a pair at most 64
+// channels; whatever a source agent's view holds beyond that is dropped.
+inline constexpr size_t kMaxPathCheckRails = 16;
+inline constexpr size_t kMaxPathCheckRailChannels = 64;
 
 std::string pathcheck_path(const nlohmann::json& obj);
 
@@ -35,11 +40,20 @@ nlohmann::json pathcheck_summary(const nlohmann::json& pairs);
 // A pair's phase from the source agent's view of its check: Passed, FellBack (every byte
 // carried, over TCP where `transport` auto could have used RDMA), Failed; "" while it runs.
 std::string pair_phase_of(const nlohmann::json& agent_view, const std::string& transport);
+// One end's RDMA port (device, port, gid, gidIndex, gidType, netdev, mtu) from an agent's view
+// (localRdma, peerRdma), bounded as the CRD's schema bounds it: strings cut to 64 characters,
+// numbers clamped, other keys dropped; null unless an object.
+nlohmann::json pathcheck_rdma_end(const nlohmann::json& end);
+// status.pairs[].rails from the source agent's view of its check: each rail the channels used
+// (rail, channels, bytes, sourceRdma, targetRdma), one per rail index (the first listed), at most
+// kMaxPathCheckRails; empty over TCP.
+nlohmann::json pathcheck_rails(const nlohmann::json& agent_view);
 
 class PathCheckReconciler final : public ObjectReconciler {
  public:
   PathCheckReconciler(const ControllerConfig& config, std::string agent_namespace, k8s::KubeClient& kube,
-                      k8s::Informer& informer, AgentClient& agents, k8s::EventRecorder& events);
+                      k8s::Informer& informer, AgentClient& agents, k8s::EventRecorder& events,
+                      ControllerMetrics& metrics);
   Result<Next> reconcile(const std::string& key) override;
   bool needs_poll(const nlohmann::json& obj) const override;
 
@@ -64,6 +78,7 @@ class PathCheckReconciler final : public ObjectReconciler {
   k8s::Informer& informer_;
   AgentClient& agents_;
   k8s::EventRecorder& events_;
+  ControllerMetrics& metrics_;
 };
 
 }  // namespace rdmig::controller

@@ -317,6 +317,17 @@ def build():
                         "{{transport}} ({{reason}})", instant=True)]), 24, 6)
 
     L.row("Path checks")
+    L.add(panel("bargauge", "Path checks by node pair", "RdmaPathCheck pairs that ended in the time range, by "
+                "source node, target node and result (Passed, FellBack: carried over TCP where auto could have "
+                "used RDMA, Failed), as the controller wrote them. The pair's reason, rails and round trip are in "
+                "the objects: kubectl get rdmapathchecks.",
+                [target("sum by (source_node, target_node, result) (%s)"
+                        % events("rdmig_controller_pathcheck_pairs_total", CTRL, "$__range"),
+                        "{{source_node}} -> {{target_node}} {{result}}", instant=True)]), 12, 7)
+    L.add(panel("bargauge", "Path check throughput by node pair", "Throughput of the last pair from each source "
+                "node to each target node that carried its bytes (bytes over the stream's time).",
+                [target("max by (source_node, target_node) (rdmig_controller_pathcheck_pair_throughput_bytes_per_second"
+                        "{%s})" % CTRL, "{{source_node}} -> {{target_node}}", instant=True)], unit="Bps"), 12, 7)
     L.add(panel("bargauge", "Path checks by node and result", "RdmaPathCheck pairs this node's agent took part in, "
                 "in the time range, by role (source, target) and result. The per-pair figures (transport, reason, "
                 "throughput, round trip) are in the objects: kubectl get rdmapathchecks.",

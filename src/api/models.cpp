@@ -222,11 +222,12 @@ Result<pathcheck::CheckSpec> parse_pathcheck_request(const json& body, const Age
     return bad("id", "must be a DNS label (lower-case letters, digits, '-'; at most 63)");
   }
   spec.id = id.value();
-  auto bytes = size_field(body, "bytes", pathcheck::kDefaultBytes);
+  const PathCheckConfig& limits = defaults.path_check;
+  auto bytes = size_field(body, "bytes", limits.default_bytes);
   if (!bytes) return bytes.error();
-  if (bytes.value() < 1 || bytes.value() > pathcheck::kMaxBytes) {
-    return bad("bytes", "must be between 1 and " + format_quantity(pathcheck::kMaxBytes) + ", got " +
-                            std::to_string(bytes.value()));
+  if (bytes.value() < 1 || bytes.value() > limits.max_bytes) {
+    return bad("bytes", "must be between 1 and " + format_quantity(limits.max_bytes) +
+                            " (this agent's pathCheck.maxBytes), got " + std::to_string(bytes.value()));
   }
   spec.bytes = bytes.value();
   auto chunk = size_field(body, "chunkSize", defaults.migration.chunk_size);
@@ -236,8 +237,10 @@ Result<pathcheck::CheckSpec> parse_pathcheck_request(const json& body, const Age
   auto depth = uint_field(body, "", "ringDepth", defaults.migration.ring_depth, 2, 1024);
   if (!depth) return depth.error();
   spec.ring_depth = static_cast<uint32_t>(depth.value());
-  auto channels = uint_field(body, "", "channels", 1, 1, pathcheck::kMaxChannels);
-  if (!channels) return channels.error();
+  auto channels = uint_field(body, "", "channels", 1, 1, limits.max_channels);
+  if (!channels) {
+    return Error{channels.error().code, channels.error().message + " (this agent's pathCheck.maxChannels)"};
+  }
   spec.channels = static_cast<uint32_t>(channels.value());
   auto kind = transport_field(body, defaults.transport);
   if (!kind) return kind.error();
@@ -246,9 +249,11 @@ Result<pathcheck::CheckSpec> parse_pathcheck_request(const json& body, const Age
     if (!it->is_boolean()) return bad("allowDuringMigrations", "must be true or false");
     spec.allow_during_migrations = it->get<bool>();
   }
-  auto timeout = uint_field(body, "", "timeoutSeconds", pathcheck::kDefaultTimeoutSeconds, 5,
-                            pathcheck::kMaxTimeoutSeconds);
-  if (!timeout) return timeout.error();
+  auto timeout = uint_field(body, "", "timeoutSeconds", limits.default_timeout_seconds, 5,
+                            limits.max_timeout_seconds);
+  if (!timeout) {
+    return Error{timeout.error().code, timeout.error().message + " (this agent's pathCheck.maxTimeoutSeconds)"};
+  }
   spec.timeout_seconds = static_cast<uint32_t>(timeout.value());
   if (spec.role == Role::kSource) {
     auto target = parse_target_ref(body, "checkId");

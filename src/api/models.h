@@ -16,7 +16,7 @@ namespace rdmig::api {
 Result<migration::MigrationSpec> parse_create_request(const nlohmann::json& body,
                                                       const AgentConfig& defaults);
 
-// Body of POST /v1/pathchecks (docs/pathcheck.md); bounded by pathcheck::kMaxBytes and friends.
+// Body of POST /v1/pathchecks (docs/pathcheck.md); bounded by the agent's pathCheck keys.
 Result<pathcheck::CheckSpec> parse_pathcheck_request(const nlohmann::json& body, const AgentConfig& defaults);
 
 // {"error": {"code": ..., "message": ...}} and the HTTP status for an Error. `reason`, when given,

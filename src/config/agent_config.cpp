@@ -145,6 +145,49 @@ bool is_network_name(const std::string& s) {
   return is_dns_name(s.substr(0, slash), 63, false) && is_dns_name(s.substr(slash + 1), 253, true);
 }
 
+// Sizes given as a quantity ("64Gi") or a count; errors name `prefix.key`.
+Status read_size(const YAML::Node& parent, const std::string& prefix, const char* key, uint64_t& out, uint64_t min,
+                 uint64_t max) {
+  const auto n = parent[key];
+  if (!n) return ok_status();
+  const std::string name = join(prefix, key);
+  if (!n.IsScalar()) return bad(name, "expected a size like 1Gi");
+  auto v = parse_bytes(n.as<std::string>(), "config key '" + name + "'");
+  if (!v) return v.error();
+  if (v.value() < min || v.value() > max) {
+    return bad(name, "must be between " + format_quantity(min) + " and " + format_quantity(max) + ", got " +
+                         format_quantity(v.value()));
+  }
+  out = v.value();
+  return ok_status();
+}
+
+Status parse_path_check(const YAML::Node& p, PathCheckConfig& c) {
+  RDMIG_TRY(check_keys(p, "pathCheck",
+                       {"maxConcurrent", "historySize", "defaultBytes", "maxBytes", "maxChannels",
+                        "defaultTimeoutSeconds", "maxTimeoutSeconds", "stallTimeoutSeconds", "rttSamples"}));
+  RDMIG_TRY(read_uint(p, "pathCheck", "maxConcurrent", c.max_concurrent, 1, 64));
+  RDMIG_TRY(read_uint(p, "pathCheck", "historySize", c.history_size, 1, 10000));
+  RDMIG_TRY(read_size(p, "pathCheck", "maxBytes", c.max_bytes, 1, uint64_t{1} << 40));
+  RDMIG_TRY(read_size(p, "pathCheck", "defaultBytes", c.default_bytes, 1, uint64_t{1} << 40));
+  if (c.default_bytes > c.max_bytes) {
+    return bad("pathCheck.defaultBytes", format_quantity(c.default_bytes) + " is over pathCheck.maxBytes (" +
+                                             format_quantity(c.max_bytes) + ")");
+  }
+  // A check's channels are data-plane channels: at most 1 + 64 multifd, as for a migration.
+  RDMIG_TRY(read_uint(p, "pathCheck", "maxChannels", c.max_channels, 1, 64));
+  RDMIG_TRY(read_uint(p, "pathCheck", "maxTimeoutSeconds", c.max_timeout_seconds, 5, 86400));
+  RDMIG_TRY(read_uint(p, "pathCheck", "defaultTimeoutSeconds", c.default_timeout_seconds, 5, 86400));
+  if (c.default_timeout_seconds > c.max_timeout_seconds) {
+    return bad("pathCheck.defaultTimeoutSeconds", std::to_string(c.default_timeout_seconds) +
+                                                      " is over pathCheck.maxTimeoutSeconds (" +
+                                                      std::to_string(c.max_timeout_seconds) + ")");
+  }
+  RDMIG_TRY(read_uint(p, "pathCheck", "stallTimeoutSeconds", c.stall_timeout_seconds, 1, 3600));
+  RDMIG_TRY(read_uint(p, "pathCheck", "rttSamples", c.rtt_samples, 1, 100));
+  return ok_status();
+}
+
 // The keys of one rail (rdma, or rdma.devices[i]); errors name `prefix.key`.
 Status parse_rdma_rail(const YAML::Node& r, const std::string& prefix, RdmaRailConfig& rail) {
   RDMIG_TRY(read_string(r, prefix, "network", rail.network));
@@ -182,7 +225,7 @@ Status parse_rdma_rail(const YAML::Node& r, const std::string& prefix, RdmaRailC
 
 Status parse_into(const YAML::Node& root, AgentConfig& c) {
   RDMIG_TRY(check_keys(root, "", {"api", "dataPlane", "transport", "migration", "tcp", "rdma",
-                                  "stateDir", "logLevel", "kubevirt", "shutdownGraceSeconds"}));
+                                  "stateDir", "logLevel", "kubevirt", "shutdownGraceSeconds", "pathCheck"}));
   if (const auto api = root["api"]) {
     RDMIG_TRY(check_keys(api, "api", {"address", "port", "probePort", "tokenFile", "tokenGraceSeconds", "maxBodyBytes",
                                       "tls"}));
@@ -322,6 +365,7 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
     }
   }
   if (const auto k = root["kubevirt"]) RDMIG_TRY(parse_kubevirt(k, c.kubevirt));
+  if (const auto p = root["pathCheck"]) RDMIG_TRY(parse_path_check(p, c.path_check));
   RDMIG_TRY(read_string(root, "", "stateDir", c.state_dir));
   if (c.state_dir.empty() || c.state_dir.front() != '/') {
     return bad("stateDir", "must be an absolute path, got '" + c.state_dir + "'");

@@ -158,6 +158,22 @@ struct KubevirtConfig {
   uint32_t discovery_interval_seconds = 30;
 };
 
+// Key `pathCheck`: the bounds this agent applies to the path checks it runs (docs/pathcheck.md).
+// A request over a bound is refused (400) naming the key; one over maxConcurrent is 429.
+struct PathCheckConfig {
+  uint32_t max_concurrent = 4;                     // running at once on this agent, both roles
+  uint32_t history_size = 32;                      // finished checks kept for GET
+  uint64_t default_bytes = uint64_t{1} << 30;      // a request without `bytes`
+  uint64_t max_bytes = uint64_t{64} << 30;         // `bytes` at most
+  uint32_t max_channels = 16;                      // `channels` at most
+  uint32_t default_timeout_seconds = 120;          // a request without `timeoutSeconds`
+  uint32_t max_timeout_seconds = 3600;             // `timeoutSeconds` at most
+  // A running stream that moves no byte for this long has stalled (a path that broke mid-stream:
+  // RoCE v2 dropped, a link down, a frozen agent): the check fails naming it, not its deadline.
+  uint32_t stall_timeout_seconds = 10;
+  uint32_t rtt_samples = 5;                        // control-link round trips; the median is reported
+};
+
 struct AgentConfig {
   ApiConfig api;
   DataPlaneConfig data_plane;
@@ -166,6 +182,7 @@ struct AgentConfig {
   TcpConfig tcp;
   RdmaConfig rdma;
   KubevirtConfig kubevirt;
+  PathCheckConfig path_check;
   std::string state_dir = "/var/run/rdmig";
   std::string log_level = "info";
   // On SIGTERM: running migrations are cancelled (the VM stays on the source) and waited for

@@ -1,5 +1,7 @@
 #include "migration/handshake.h"
 
+#include <algorithm>
+
 namespace rdmig::migration {
 
 const char* wire_name(TransportKind kind) { return kind == TransportKind::kRdma ? "rdma" : "tcp"; }
@@ -27,17 +29,23 @@ Result<TransportOffer> offer_transport(TransportKind requested, const RdmaSuppor
 }
 
 Result<TransportChoice> choose_transport(const TransportOffer& offer, TransportKind requested,
-                                         const RdmaSupport& rdma, uint32_t peer_mtu) {
+                                         const RdmaSupport& rdma, const std::vector<RailMtu>& rail_mtus) {
   TransportChoice choice;
   if (offer.transport == TransportKind::kRdma) {
-    const bool mtu_mismatch = rdma.available && peer_mtu != 0 && rdma.mtu != 0 && peer_mtu != rdma.mtu;
-    if (mtu_mismatch && requested != TransportKind::kTcp) {
-      const std::string what = "the RDMA ports' active MTUs differ (source " + std::to_string(peer_mtu) +
-                               ", target " + std::to_string(rdma.mtu) + " bytes: give both RDMA interfaces the same MTU)";
+    const auto mismatch = std::find_if(rail_mtus.begin(), rail_mtus.end(), [](const RailMtu& m) {
+      return m.source != 0 && m.target != 0 && m.source != m.target;
+    });
+    if (rdma.available && mismatch != rail_mtus.end() && requested != TransportKind::kTcp) {
+      const std::string rail = "rail " + std::to_string(mismatch->rail);
+      const std::string what = "the RDMA ports' active MTUs differ on " + rail + " (target device " +
+                               mismatch->device + "): source " + std::to_string(mismatch->source) + ", target " +
+                               std::to_string(mismatch->target) + " bytes: give both RDMA interfaces of " + rail +
+                               " the same MTU";
       if (offer.required || requested == TransportKind::kRdma) {
         return Error{Errc::kInvalidArgument, "hello.rdmaMtu: rdma is required but " + what};
       }
       choice.reason = "auto-no-peer-rdma:mtu-mismatch";
+      choice.detail = what;
       return choice;
     }
     if (rdma.available && requested != TransportKind::kTcp) {

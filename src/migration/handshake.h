@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include "common/result.h"
 #include "config/agent_config.h"
@@ -29,6 +30,16 @@ struct TransportOffer {
 struct TransportChoice {
   TransportKind transport = TransportKind::kTcp;
   std::string reason;  // e.g. auto-both-rdma, auto-no-peer-rdma, requested
+  std::string detail;  // a fallback's cause in words, for the log (the rail whose MTUs differ)
+};
+
+// The active MTUs (bytes; 0: unknown) of the two ports of one matched rail that carries a
+// channel (migration/rails.h rail_mtus).
+struct RailMtu {
+  uint32_t rail = 0;
+  std::string device;   // the target's device on the rail
+  uint32_t source = 0;
+  uint32_t target = 0;
 };
 
 // Source side: RDMA when this agent can and the request allows it. kFailedPrecondition
@@ -36,12 +47,14 @@ struct TransportChoice {
 Result<TransportOffer> offer_transport(TransportKind requested, const RdmaSupport& rdma);
 
 // Target side: RDMA when both ends can and neither insists on TCP. kInvalidArgument naming
-// `hello.transport` when the two requirements cannot both be met. `peer_mtu` (0: unknown) is the
-// source's RDMA port MTU: rdma_cm would run both ends at the connecting side's MTU, so a port
-// with a smaller one would drop the larger packets until the QP fails. Different MTUs are TCP
-// (auto-no-peer-rdma:mtu-mismatch) or, when RDMA is required, an error naming both.
+// `hello.transport` when the two requirements cannot both be met. `rail_mtus` are the two ports'
+// MTUs on every rail the session's channels will use: rdma_cm would run both ends of a channel at
+// the connecting side's MTU, so a port with a smaller one would drop the larger packets until the
+// QP fails. A rail whose two MTUs differ (both known) makes the session TCP
+// (auto-no-peer-rdma:mtu-mismatch, `detail` naming the rail) or, when RDMA is required, an error
+// naming the rail, its device and both MTUs.
 Result<TransportChoice> choose_transport(const TransportOffer& offer, TransportKind requested,
-                                         const RdmaSupport& rdma, uint32_t peer_mtu = 0);
+                                         const RdmaSupport& rdma, const std::vector<RailMtu>& rail_mtus = {});
 
 // `reason` with this agent's RDMA reason code appended when it has no RDMA ("auto-no-peer-rdma"
 // becomes "auto-no-peer-rdma:no-address"); the part before ':' is the metric label.

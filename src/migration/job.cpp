@@ -212,6 +212,15 @@ void Job::set_rails(const std::vector<RailPair>& rails) {
   update([&](MigrationStatus& s) { s.rails = std::move(usage); });
 }
 
+Error Job::data_plane_error(const Error& e, uint32_t channel) const {
+  std::string rail;
+  {
+    std::lock_guard lock(status_mu_);
+    rail = rail_of_channel_text(status_.rails, channel);
+  }
+  return e.with_context(rail.empty() ? "data plane" : "data plane (" + rail + ")");
+}
+
 void Job::abort_data_plane(const Error& reason, bool keep_link) {
   std::lock_guard lock(data_mu_);
   for (auto& p : pumps_) p->abort(reason);

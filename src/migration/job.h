@@ -96,6 +96,9 @@ class Job {
   void refresh_data_counters();
   // The rails this job's RDMA channels are striped across: into status (and the log).
   void set_rails(const std::vector<RailPair>& rails);
+  // A data-plane failure of channel `channel`, named with the rail that carried it (over RDMA):
+  // "data plane (rail 1: mlx5_1 10.10.1.1 to 10.10.1.2:7472): channel 1: work completion failed ...".
+  Error data_plane_error(const Error& e, uint32_t channel) const;
   // Fails pumps and channels; also shuts the control link unless `keep_link` (a verdict still
   // has to reach the peer).
   void abort_data_plane(const Error& reason, bool keep_link = false);

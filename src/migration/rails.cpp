@@ -13,7 +13,7 @@ std::vector<RailPair> match_rails(const std::vector<RdmaRail>& local, const std:
   std::vector<RailPair> pairs;
   for (const auto& mine : local) {  // local is in configured (index) order
     for (const auto& theirs : peer) {
-      if (theirs.rail == mine.rail) pairs.push_back(RailPair{mine.rail, mine, theirs.address});
+      if (theirs.rail == mine.rail) pairs.push_back(RailPair{mine.rail, mine, theirs.address, theirs.mtu});
     }
   }
   return pairs;
@@ -21,13 +21,13 @@ std::vector<RailPair> match_rails(const std::vector<RdmaRail>& local, const std:
 
 std::vector<transport::RailAddress> rail_addresses(const RdmaSupport& rdma) {
   std::vector<transport::RailAddress> out;
-  for (const auto& r : rdma.rails) out.push_back({r.rail, r.ip});
+  for (const auto& r : rdma.rails) out.push_back({r.rail, r.ip, r.mtu});
   return out;
 }
 
 std::vector<transport::RailAddress> rail_endpoints(const RdmaSupport& rdma) {
   std::vector<transport::RailAddress> out;
-  for (const auto& r : rdma.rails) out.push_back({r.rail, r.endpoint()});
+  for (const auto& r : rdma.rails) out.push_back({r.rail, r.endpoint(), r.mtu});
   return out;
 }
 
@@ -37,9 +37,9 @@ void add_rails_to_welcome(json& welcome, const RdmaSupport& rdma) {
 }
 
 // A one-device peer: its one address is this agent's first rail's partner.
-static std::vector<RailPair> legacy_pair(const RdmaSupport& rdma, const std::string& peer) {
+static std::vector<RailPair> legacy_pair(const RdmaSupport& rdma, const std::string& peer, uint32_t peer_mtu = 0) {
   if (rdma.rails.empty()) return {};
-  return {RailPair{rdma.rails.front().rail, rdma.rails.front(), peer}};
+  return {RailPair{rdma.rails.front().rail, rdma.rails.front(), peer, peer_mtu}};
 }
 
 Result<std::vector<RailPair>> rails_from_welcome(const json& welcome, const RdmaSupport& rdma) {
@@ -68,8 +68,21 @@ Result<std::vector<RailPair>> rails_from_welcome(const json& welcome, const Rdma
 }
 
 std::vector<RailPair> rails_from_hello(const transport::Hello& hello, const RdmaSupport& rdma) {
-  if (hello.rdma_rails.empty()) return legacy_pair(rdma, "");
+  if (hello.rdma_rails.empty()) return legacy_pair(rdma, "", hello.rdma_mtu);
   return match_rails(rdma.rails, hello.rdma_rails);
+}
+
+std::vector<RailMtu> rail_mtus(const transport::Hello& hello, const RdmaSupport& rdma, uint32_t channels) {
+  auto pairs = rails_from_hello(hello, rdma);
+  if (pairs.size() > channels) pairs.resize(channels);  // channel c uses matched rail c mod n
+  std::vector<RailMtu> out;
+  for (const auto& p : pairs) {
+    uint32_t source = p.peer_mtu;
+    // A source that lists its rails without their MTUs gave its first rail's in "rdmaMtu".
+    if (source == 0 && !hello.rdma_rails.empty() && hello.rdma_rails.front().rail == p.rail) source = hello.rdma_mtu;
+    out.push_back(RailMtu{p.rail, p.local.device, source, p.local.mtu});
+  }
+  return out;
 }
 
 Result<std::unique_ptr<transport::rdma::RdmaChannel>> connect_on_rail(
@@ -98,6 +111,17 @@ std::vector<RailUsage> rail_usage(const std::vector<RailPair>& rails, uint32_t c
   // Only the rails that carry a channel (one channel uses rail 0 alone).
   std::erase_if(out, [](const RailUsage& u) { return u.channels.empty(); });
   return out;
+}
+
+std::string rail_of_channel_text(const std::vector<RailUsage>& rails, uint32_t channel) {
+  for (const auto& r : rails) {
+    if (std::find(r.channels.begin(), r.channels.end(), channel) == r.channels.end()) continue;
+    std::string text = "rail " + std::to_string(r.rail) + ": " + r.device;
+    if (!r.address.empty()) text += " " + r.address;
+    if (!r.peer_address.empty()) text += " to " + r.peer_address;
+    return text;
+  }
+  return {};
 }
 
 void account_rail_bytes(std::vector<RailUsage>& rails, const std::vector<uint64_t>& sent_by_channel,

@@ -21,6 +21,7 @@
 #include "common/result.h"
 #include "metrics/metrics.h"
 #include "migration/data_plane_server.h"
+#include "migration/handshake.h"
 #include "migration/types.h"
 #include "transport/rdma/rdma_channel.h"
 #include "transport/wire.h"
@@ -31,6 +32,7 @@ struct RailPair {
   uint32_t rail = 0;   // the index both agents configured it under
   RdmaRail local;      // this agent's device on it
   std::string peer;    // the peer's address on it (the target's rdma_cm endpoint, on the source)
+  uint32_t peer_mtu = 0;  // the peer's port's active MTU on it, when the peer said (0: unknown)
 };
 
 // The matched rails (rule above). `peer` empty: nothing to match (the peer has no RDMA).
@@ -51,6 +53,11 @@ Result<std::vector<RailPair>> rails_from_welcome(const nlohmann::json& welcome, 
 // Target side: the same match from the source's hello (peer = the source's address on each rail).
 std::vector<RailPair> rails_from_hello(const transport::Hello& hello, const RdmaSupport& rdma);
 
+// Target side: the two ports' active MTUs on each matched rail that carries one of `channels`
+// channels (source: the hello's per-rail "mtu", else its "rdmaMtu" for the source's first rail;
+// target: this agent's rail), for choose_transport.
+std::vector<RailMtu> rail_mtus(const transport::Hello& hello, const RdmaSupport& rdma, uint32_t channels);
+
 // Source side: connects channel `params.index` from its rail's local address (and traffic class)
 // to the peer's endpoint on that rail; the error names the rail.
 Result<std::unique_ptr<transport::rdma::RdmaChannel>> connect_on_rail(
@@ -60,6 +67,10 @@ Result<std::unique_ptr<transport::rdma::RdmaChannel>> connect_on_rail(
 
 // One entry per matched rail that carries a channel, with those channels (no bytes yet).
 std::vector<RailUsage> rail_usage(const std::vector<RailPair>& rails, uint32_t channels);
+
+// The rail that carries `channel`, in words for an error: "rail 1: mlx5_1 10.10.1.1 to
+// 10.10.1.2:7472"; empty when no rail lists the channel (TCP).
+std::string rail_of_channel_text(const std::vector<RailUsage>& rails, uint32_t channel);
 
 // Sets each rail's byte totals from per-channel totals (channel c at index c) and adds what
 // grew since `before` to rdmig_rdma_rail_bytes_total{traffic}.

@@ -378,10 +378,14 @@ Result<qemu::MigrationInfo> SourceJob::monitor() {
     if (info->status == "cancelled") return Error{Errc::kCancelled, "source QEMU cancelled the migration"};
     if (cancel_requested()) return Error{Errc::kCancelled, cancel_reason()};
     {
-      std::lock_guard lock(data_mu_);
-      for (const auto& p : pumps_) {
-        if (auto e = p->error()) return e->with_context("data plane");
+      std::optional<std::pair<Error, uint32_t>> failed;  // named outside data_mu_ (status_mu_ is taken)
+      {
+        std::lock_guard lock(data_mu_);
+        for (uint32_t i = 0; i < pumps_.size() && !failed; ++i) {  // pumps_[i] carries channel i
+          if (auto e = pumps_[i]->error()) failed.emplace(*e, i);
+        }
       }
+      if (failed) return data_plane_error(failed->first, failed->second);
     }
     const auto now = std::chrono::steady_clock::now();
     if (info->transferred_bytes > last_transferred) {

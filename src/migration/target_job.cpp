@@ -107,11 +107,14 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello, const std
   if (mismatch.empty()) {
     auto offered = parse_wire_transport(hello.transport, "hello.transport");
     auto choice = offered ? choose_transport(TransportOffer{offered.value(), hello.transport_required},
-                                             spec_.transport, ctx_.rdma, hello.rdma_mtu)
+                                             spec_.transport, ctx_.rdma, rail_mtus(hello, ctx_.rdma, spec_.channels()))
                           : Result<TransportChoice>(offered.error());
     if (choice) {
       chosen = wire_name(choice->transport);
       reason = choice->reason;
+      if (!choice->detail.empty()) {
+        LOG_WARN("migration") << log_prefix() << " transport tcp: " << choice->detail;
+      }
     } else {
       mismatch = choice.error().message;
     }
@@ -337,10 +340,14 @@ Status TargetJob::monitor() {
                                     (info->error_desc.empty() ? std::string("no reason given") : info->error_desc)};
     }
     {
-      std::lock_guard lock(data_mu_);
-      for (const auto& p : pumps_) {
-        if (auto e = p->error()) return e->with_context("data plane");
+      std::optional<std::pair<Error, uint32_t>> failed;  // named outside data_mu_ (status_mu_ is taken)
+      {
+        std::lock_guard lock(data_mu_);
+        for (uint32_t i = 0; i < pumps_.size() && !failed; ++i) {  // pumps_[i] carries channel i
+          if (auto e = pumps_[i]->error()) failed.emplace(*e, i);
+        }
       }
+      if (failed) return data_plane_error(failed->first, failed->second);
     }
     if (std::chrono::steady_clock::now() > deadline) {
       return Error{Errc::kTimeout, "incoming migration not completed within " +

@@ -55,6 +55,59 @@ RdmaEnd RdmaEnd::of(const migration::RdmaSupport& rdma) {
   return e;
 }
 
+RdmaEnd RdmaEnd::of(const migration::RdmaRail& rail) {
+  RdmaEnd e;
+  e.device = rail.device;
+  e.port = rail.device_port;
+  e.gid = rail.gid;
+  if (e.gid.empty()) {
+    if (auto g = transport::rdma::gid_of_address(rail.ip)) e.gid = format_gid(*g);
+  }
+  e.gid_index = rail.gid_index;
+  e.gid_type = rail.gid_type;
+  e.netdev = rail.netdev;
+  e.mtu = rail.mtu;
+  return e;
+}
+
+std::vector<CheckRail> check_rails(const std::vector<migration::RailPair>& pairs, uint32_t channels) {
+  std::vector<CheckRail> out;
+  for (auto& usage : migration::rail_usage(pairs, channels)) {
+    const auto pair = std::find_if(pairs.begin(), pairs.end(), [&](const auto& p) { return p.rail == usage.rail; });
+    CheckRail r;
+    r.local = RdmaEnd::of(pair->local);  // rail_usage lists only rails of `pairs`
+    r.usage = std::move(usage);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+json rails_to_ready(const std::vector<CheckRail>& rails) {
+  json a = json::array();
+  for (const auto& r : rails) {
+    json j = r.local.to_json();
+    j["rail"] = r.usage.rail;
+    a.push_back(std::move(j));
+  }
+  return a;
+}
+
+void peer_rails_from_ready(const json& ready, std::vector<CheckRail>& rails) {
+  const auto it = ready.find("rails");
+  if (it == ready.end() || !it->is_array()) return;
+  size_t read = 0;
+  for (const auto& item : *it) {
+    if (++read > transport::kMaxRails) break;
+    if (!item.is_object()) continue;
+    const auto idx = item.find("rail");
+    if (idx == item.end() || !idx->is_number_integer() || idx->get<int64_t>() < 0) continue;
+    const auto rail = idx->get<uint64_t>();
+    for (auto& r : rails) {
+      if (r.usage.rail == rail && !r.peer) r.peer = RdmaEnd::parse(item);
+    }
+  }
+}
+
 std::optional<RdmaEnd> RdmaEnd::parse(const json& j) {
   if (!j.is_object()) return std::nullopt;
   RdmaEnd e;
@@ -94,7 +147,12 @@ json to_json(const CheckStatus& s) {
   if (s.peer_rdma) j["peerRdma"] = s.peer_rdma->to_json();
   if (!s.rails.empty()) {
     j["rails"] = json::array();
-    for (const auto& r : s.rails) j["rails"].push_back(migration::to_json(r));
+    for (const auto& r : s.rails) {
+      json rail = migration::to_json(r.usage);
+      rail["localRdma"] = r.local.to_json();
+      if (r.peer) rail["peerRdma"] = r.peer->to_json();
+      j["rails"].push_back(std::move(rail));
+    }
   }
   if (!s.peer.empty()) j["peer"] = s.peer;
   if (!s.error.empty()) j["error"] = s.error;
@@ -181,6 +239,16 @@ void PathCheck::abort_all(const Error& reason) {
   for (auto& ch : channels_) ch->abort(reason);
 }
 
+Error PathCheck::on_rail(const Error& e, uint32_t channel) const {
+  std::vector<migration::RailUsage> usage;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& r : status_.rails) usage.push_back(r.usage);
+  }
+  const std::string rail = migration::rail_of_channel_text(usage, channel);
+  return rail.empty() ? e : e.with_context(rail);
+}
+
 void PathCheck::set_phase(Phase phase) {
   update([&](CheckStatus& s) { s.phase = phase; });
 }
@@ -216,8 +284,11 @@ void PathCheck::finish(const Status& result) {
       std::vector<uint64_t> carried;
       for (uint32_t i = 0; i < spec_.channels; ++i) carried.push_back(channel_bytes(spec_.bytes, spec_.channels, i));
       const bool source = spec_.role == Role::kSource;
-      migration::account_rail_bytes(status_.rails, source ? carried : std::vector<uint64_t>{},
+      std::vector<migration::RailUsage> usage;
+      for (const auto& r : status_.rails) usage.push_back(r.usage);
+      migration::account_rail_bytes(usage, source ? carried : std::vector<uint64_t>{},
                                     source ? std::vector<uint64_t>{} : carried, ctx_.metrics, "pathcheck");
+      for (size_t i = 0; i < usage.size(); ++i) status_.rails[i].usage = std::move(usage[i]);
     } else if (cancelled_ || result.error().code == Errc::kCancelled) {
       status_.phase = Phase::kCancelled;
       status_.error = cancelled_ ? cancel_reason_ : result.error().message;
@@ -265,16 +336,18 @@ Status PathCheck::run_channels(const std::function<Status(transport::Channel&, u
     threads.emplace_back([&, i] {
       auto st = body(*chans[i], i);
       if (!st) {
+        const Error e = on_rail(st.error(), i);
         {
           std::lock_guard l(emu);
-          if (!first) first = st.error();
+          if (!first) first = e;
         }
-        abort_all(st.error());
+        abort_all(e);
       }
       done.fetch_add(1);
       cv_.notify_all();
     });
   }
+  const std::chrono::seconds stall_limit{ctx_.config.path_check.stall_timeout_seconds};
   {
     std::unique_lock lock(mu_);
     uint64_t last_bytes = bytes_done_.load();
@@ -290,13 +363,13 @@ Status PathCheck::run_channels(const std::function<Status(transport::Channel&, u
       if (now >= deadline_) {
         why = Error{Errc::kTimeout, "the stream did not finish within the check's deadline (" +
                                         std::to_string(spec_.timeout_seconds) + " s)"};
-      } else if (now - last_move >= kStallLimit) {
+      } else if (now - last_move >= stall_limit) {
         why = Error{Errc::kTimeout,
                     "the " + status_.transport + " path " +
                         (spec_.role == Role::kSource ? "to " + status_.peer : std::string("from the source agent")) +
                         " stalled: no byte " +
                         (spec_.role == Role::kSource ? "sent" : "verified") + " for " +
-                        std::to_string(kStallLimit.count()) + " s (" + std::to_string(last_bytes) + " of " +
+                        std::to_string(stall_limit.count()) + " s (" + std::to_string(last_bytes) + " of " +
                         std::to_string(spec_.bytes) + " bytes done)"};
       }
       if (why && !stopped) {

@@ -33,29 +33,19 @@
 
 namespace rdmig::pathcheck {
 
-// Bounds an agent applies to every check (docs/pathcheck.md).
-inline constexpr uint64_t kDefaultBytes = uint64_t{1} << 30;   // 1Gi
-inline constexpr uint64_t kMaxBytes = uint64_t{64} << 30;      // 64Gi
-inline constexpr uint32_t kDefaultTimeoutSeconds = 120;
-inline constexpr uint32_t kMaxTimeoutSeconds = 3600;
-inline constexpr uint32_t kMaxChannels = 16;
-inline constexpr size_t kMaxConcurrentChecks = 4;  // running on one agent, both roles
-inline constexpr size_t kHistorySize = 32;         // finished checks kept for GET
-inline constexpr int kRttSamples = 5;
-// A running stream that moves no byte for this long has stalled (a path that broke mid-stream:
-// RoCE v2 dropped, a link down): the check fails naming it instead of waiting for its deadline.
-inline constexpr std::chrono::seconds kStallLimit{10};
+// The bounds an agent applies to every check are its config's `pathCheck` keys
+// (config::PathCheckConfig, docs/pathcheck.md).
 
 struct CheckSpec {
   migration::Role role = migration::Role::kSource;
   std::string id;
-  uint64_t bytes = kDefaultBytes;
+  uint64_t bytes = PathCheckConfig{}.default_bytes;
   uint64_t chunk_size = 0;
   uint32_t ring_depth = 0;
   uint32_t channels = 1;
   TransportKind transport = TransportKind::kAuto;
   bool allow_during_migrations = false;
-  uint32_t timeout_seconds = kDefaultTimeoutSeconds;
+  uint32_t timeout_seconds = PathCheckConfig{}.default_timeout_seconds;
   migration::TargetRef target;  // source only: the target agent's endpoint, check id and token
 };
 
@@ -77,9 +67,25 @@ struct RdmaEnd {
   std::string netdev;    // the interface the GID belongs to (a VF, a VLAN, a macvlan over them)
   uint32_t mtu = 0;
   nlohmann::json to_json() const;
-  static RdmaEnd of(const migration::RdmaSupport& rdma);
+  static RdmaEnd of(const migration::RdmaSupport& rdma);  // the first rail
+  static RdmaEnd of(const migration::RdmaRail& rail);
+  // From a peer's message: strings cut to 64 characters, numbers clamped; nullopt unless an object.
   static std::optional<RdmaEnd> parse(const nlohmann::json& j);
 };
+
+// One rail a check's channels were striped across (RDMA only): what migration::RailUsage says
+// (channels, bytes once verified) and both ends' ports on it.
+struct CheckRail {
+  migration::RailUsage usage;
+  RdmaEnd local;
+  std::optional<RdmaEnd> peer;  // source: the target's port on this rail, from its "ready"
+};
+// The rails of `pairs` that carry one of `channels` channels, with this agent's port on each.
+std::vector<CheckRail> check_rails(const std::vector<migration::RailPair>& pairs, uint32_t channels);
+// The target's "ready" lists its port on each rail ({"rail": i, ...RdmaEnd}); the source files
+// each under its own rail. At most transport::kMaxRails entries are read, unknown rails ignored.
+nlohmann::json rails_to_ready(const std::vector<CheckRail>& rails);
+void peer_rails_from_ready(const nlohmann::json& ready, std::vector<CheckRail>& rails);
 
 struct CheckStatus {
   std::string id;
@@ -92,11 +98,11 @@ struct CheckStatus {
   uint32_t channels = 1;
   uint64_t chunk_size = 0;
   double throughput_bytes_per_second = 0;
-  std::optional<int64_t> rtt_us;  // source: the median of kRttSamples control-link round trips
+  std::optional<int64_t> rtt_us;  // source: the median of pathCheck.rttSamples control-link round trips
   std::optional<RdmaEnd> local_rdma;
   std::optional<RdmaEnd> peer_rdma;
   // RDMA only: the rails the channels were striped across (migration/rails.h); bytes once verified.
-  std::vector<migration::RailUsage> rails;
+  std::vector<CheckRail> rails;
   std::string peer;
   std::string error;  // why it failed or was cancelled
   int64_t duration_ms = 0;
@@ -137,9 +143,12 @@ class PathCheck {
   Status connect_source();
   Status wait_for_source();
   // Runs `body(channel)` on one thread per channel, aborting all channels when one fails, on
-  // cancel, at the deadline and when no byte moved for kStallLimit. The first error, if any.
+  // cancel, at the deadline and when no byte moved for pathCheck.stallTimeoutSeconds. The first
+  // error, if any.
   Status run_channels(const std::function<Status(transport::Channel&, uint32_t)>& body);
   void abort_all(const Error& reason);
+  // `e`, a failure of channel `channel`, named with the rail that carried it (over RDMA).
+  Error on_rail(const Error& e, uint32_t channel) const;
   void finish(const Status& result);
   void set_phase(migration::Phase phase);
   void update(const std::function<void(CheckStatus&)>& fn);

@@ -99,7 +99,7 @@ Status PathCheck::connect_source() {
     auto matched = migration::rails_from_welcome(reply.value(), ctx_.rdma);
     if (!matched) return matched.error();
     rails = std::move(matched.value());
-    update([&](CheckStatus& s) { s.rails = migration::rail_usage(rails, spec_.channels); });
+    update([&](CheckStatus& s) { s.rails = check_rails(rails, spec_.channels); });
   }
   auto& tm = ctx_.metrics.transport(transport, "pathcheck");
   for (uint32_t i = 0; i < spec_.channels; ++i) {
@@ -163,11 +163,14 @@ Status PathCheck::run_source() {
   if (!ready) return cancel_or(ready.error().with_context("waiting for the target agent's ready"));
   if (auto it = ready->find("rdma"); it != ready->end()) {
     auto end = RdmaEnd::parse(*it);
-    update([&](CheckStatus& s) { s.peer_rdma = end; });
+    update([&](CheckStatus& s) {
+      s.peer_rdma = end;
+      peer_rails_from_ready(ready.value(), s.rails);
+    });
   }
   // Round trips on the control link, before the stream loads the path.
   std::vector<int64_t> rtts;
-  for (int i = 0; i < kRttSamples; ++i) {
+  for (uint32_t i = 0; i < ctx_.config.path_check.rtt_samples; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     RDMIG_TRY(link_->send(json{{"type", "ping"}, {"seq", i}}));
     auto pong = link_->expect("pong", remaining());
@@ -175,6 +178,7 @@ Status PathCheck::run_source() {
     rtts.push_back(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(rtts.begin(), rtts.end());
+  LOG_INFO("pathcheck") << log_prefix() << " rtt_us=" << rtts[rtts.size() / 2] << " rtt_samples=" << rtts.size();
   update([&](CheckStatus& s) {
     s.rtt_us = rtts[rtts.size() / 2];
     s.phase = Phase::kMigrating;

@@ -45,11 +45,15 @@ void PathCheck::on_control(UniqueFd fd, const transport::Hello& hello, const std
   if (mismatch.empty()) {
     auto offered = migration::parse_wire_transport(hello.transport, "hello.transport");
     auto choice = offered ? migration::choose_transport(migration::TransportOffer{offered.value(), hello.transport_required},
-                                                        spec_.transport, ctx_.rdma, hello.rdma_mtu)
+                                                        spec_.transport, ctx_.rdma,
+                                                        migration::rail_mtus(hello, ctx_.rdma, spec_.channels))
                           : Result<migration::TransportChoice>(offered.error());
     if (choice) {
       chosen = migration::wire_name(choice->transport);
       reason = choice->reason;
+      if (!choice->detail.empty()) {
+        LOG_WARN("pathcheck") << log_prefix() << " transport tcp: " << choice->detail;
+      }
     } else {
       mismatch = choice.error().message;
     }
@@ -62,7 +66,7 @@ void PathCheck::on_control(UniqueFd fd, const transport::Hello& hello, const std
   json welcome{{"type", "welcome"}, {"session", session_}, {"transport", chosen}, {"transportReason", reason}};
   if (chosen == "rdma") {
     migration::add_rails_to_welcome(welcome, ctx_.rdma);
-    status_.rails = migration::rail_usage(migration::rails_from_hello(hello, ctx_.rdma), spec_.channels);
+    status_.rails = check_rails(migration::rails_from_hello(hello, ctx_.rdma), spec_.channels);
   }
   reply(fd.get(), welcome);
   control_fd_ = std::move(fd);
@@ -154,7 +158,10 @@ Status PathCheck::run_target() {
     return e;
   }
   json ready{{"type", "ready"}};
-  if (status().transport == "rdma") ready["rdma"] = RdmaEnd::of(ctx_.rdma).to_json();
+  if (const auto st = status(); st.transport == "rdma") {
+    ready["rdma"] = RdmaEnd::of(ctx_.rdma).to_json();
+    ready["rails"] = rails_to_ready(st.rails);
+  }
   RDMIG_TRY(link_->send(ready));
   // Answer the source's round trips until it starts the stream.
   for (;;) {

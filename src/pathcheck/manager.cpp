@@ -97,7 +97,7 @@ std::shared_ptr<PathCheck> PathCheckManager::find(const std::string& id) const {
 void PathCheckManager::evict_finished_locked(std::vector<std::shared_ptr<PathCheck>>& graveyard) {
   size_t finished = 0;
   for (const auto& [id, c] : checks_) finished += c->finished() ? 1 : 0;
-  for (auto it = order_.begin(); it != order_.end() && finished > kHistorySize;) {
+  for (auto it = order_.begin(); it != order_.end() && finished > config_.path_check.history_size;) {
     auto c = checks_.find(*it);
     if (c != checks_.end() && c->second->finished()) {
       graveyard.push_back(std::move(c->second));
@@ -138,9 +138,11 @@ Result<json> PathCheckManager::create(CheckSpec spec) {
     ++active;
     in_use += buffer_bytes(c->spec());
   }
-  if (active >= kMaxConcurrentChecks) {
+  if (active >= config_.path_check.max_concurrent) {
     return Error{Errc::kResourceExhausted, "this agent already runs " + std::to_string(active) +
-                                               " path checks (at most " + std::to_string(kMaxConcurrentChecks) + ")"};
+                                               " path checks (at most " +
+                                               std::to_string(config_.path_check.max_concurrent) +
+                                               ", pathCheck.maxConcurrent)"};
   }
   if (in_use + need > budget) {
     return Error{Errc::kResourceExhausted, "buffers: the check needs " + format_quantity(need) + ", " +

@@ -2,7 +2,7 @@
 // data-plane server hands source agents' connections (hello kinds "pathcheck-control" and
 // "pathcheck-data", and RDMA sessions) to the target checks registered here.
 //
-// Bounds: at most kMaxConcurrentChecks running checks (both roles), buffers counted against
+// Bounds: at most pathCheck.maxConcurrent running checks (both roles), buffers counted against
 // migration.bufferBudget together with migrations and KubeVirt flows, and no check beside a
 // running migration unless the request allows it.
 #pragma once

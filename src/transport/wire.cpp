@@ -117,7 +117,11 @@ std::string control_proof(const std::string& token, const std::string& nonce, co
 
 json rails_to_json(const std::vector<RailAddress>& rails) {
   json a = json::array();
-  for (const auto& r : rails) a.push_back(json{{"rail", r.rail}, {"address", r.address}});
+  for (const auto& r : rails) {
+    json j{{"rail", r.rail}, {"address", r.address}};
+    if (r.mtu != 0) j["mtu"] = r.mtu;
+    a.push_back(std::move(j));
+  }
   return a;
 }
 
@@ -140,7 +144,17 @@ Result<std::vector<RailAddress>> parse_rails(const json& j, const char* key, con
     for (const auto& seen : rails) {
       if (seen.rail == rail.value()) return Error{Errc::kInvalidArgument, item + ".rail: rail " + std::to_string(seen.rail) + " listed twice"};
     }
-    rails.push_back(RailAddress{static_cast<uint32_t>(rail.value()), address.value()});
+    uint32_t mtu = 0;
+    if (r.contains("mtu")) {
+      auto m = get_uint(r, "mtu", item, 256, 4096);
+      if (!m) return m.error();
+      if ((m.value() & (m.value() - 1)) != 0) {
+        return Error{Errc::kInvalidArgument, item + ".mtu: must be 256, 512, 1024, 2048 or 4096, got " +
+                                                 std::to_string(m.value())};
+      }
+      mtu = static_cast<uint32_t>(m.value());
+    }
+    rails.push_back(RailAddress{static_cast<uint32_t>(rail.value()), address.value(), mtu});
   }
   return rails;
 }

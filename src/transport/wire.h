@@ -31,6 +31,7 @@ Result<nlohmann::json> recv_message(int fd, std::chrono::milliseconds timeout);
 struct RailAddress {
   uint32_t rail = 0;
   std::string address;
+  uint32_t mtu = 0;  // "mtu", optional: the active MTU (bytes) of the agent's port on this rail; 0 = not given
 };
 inline constexpr uint32_t kMaxRails = 16;
 nlohmann::json rails_to_json(const std::vector<RailAddress>& rails);

@@ -9,7 +9,8 @@ tests/k8s. With the chart's HTTPS on (agent.tls), the certificate, key and CA of
 Secret are written here and the configs point at them instead of /etc/rdmig/tls (`self.tls`: the
 CA and name a scraper checks, None for plain HTTP). `migrate()` runs one RdmaMigration of a real QEMU guest end to end (node-a to node-b),
 then a migration with a wrong data-plane token, so that the agents count a failure and a
-transport error; neither VM is touched by the second.
+transport error; neither VM is touched by the second; then one RdmaPathCheck from node-a to node-b
+over TCP (`pathcheck()`, no guest), so that the controller has its per-node-pair path check series.
 """
 import base64
 import json
@@ -34,6 +35,7 @@ from controllerlab import Controller, wait_for  # noqa: E402
 CRD = os.path.join(REPO, "operator-manifests", "crd-rdmamigrations.yaml")
 AGENT_NS, VM_NS = "rdmig-system", "vms"
 MIGRATION_NAME = "dashboard-check"
+PATHCHECK_NAME = "dashboard-pathcheck"
 VM = VM_NS + "/" + MIGRATION_NAME  # the controller names a bare-QEMU migration's VM namespace/name
 BAD_TOKEN_VM = "bad-token"
 
@@ -146,3 +148,19 @@ class LiveStack:
         test.assertEqual(failed["phase"], "Failed")
         self.agents[1].cancel(target["id"])
         self.agents[1].wait(target["id"], timeout=30)
+        self.pathcheck(test)
+
+    def pathcheck(self, test):
+        """An RdmaPathCheck from node-a to node-b over TCP (no guest): the controller's per-node-pair
+        path check series (the dashboard's "by node pair" panels)."""
+        body = {"apiVersion": "rdmig.io/v1alpha1", "kind": "RdmaPathCheck",
+                "metadata": {"name": PATHCHECK_NAME, "namespace": VM_NS},
+                "spec": {"source": "node-a", "targets": {"nodes": ["node-b"]}, "bytes": "8Mi", "transport": "tcp"}}
+        code, obj = self.api.store.create("rdmapathchecks", VM_NS, body)
+        test.assertEqual(code, 201, obj)
+
+        def finished():
+            _, o = self.api.store.get("rdmapathchecks", VM_NS, PATHCHECK_NAME)
+            return o if o.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
+        obj = wait_for(finished, 60, "the RdmaPathCheck to finish", interval=0.25)
+        test.assertEqual(obj["status"]["phase"], "Succeeded", "%s\n%s" % (obj["status"], self.logs()))

@@ -240,6 +240,73 @@ class PathCheckTest(unittest.TestCase):
         self.a.call("DELETE", "/v1/pathchecks/" + cid)
 
 
+class PathCheckLimitsTest(unittest.TestCase):
+    """An agent whose pathCheck keys are set below their defaults applies them in both roles."""
+
+    LIMITS = {"maxConcurrent": 1, "historySize": 2, "defaultBytes": "8Mi", "maxBytes": "32Gi", "maxChannels": 2,
+              "defaultTimeoutSeconds": 30, "maxTimeoutSeconds": 60, "stallTimeoutSeconds": 2, "rttSamples": 3}
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="rdmig-pathcheck-limits-")
+        token = "tok-" + os.urandom(8).hex()
+        cls.limited = Agent(cls.tmp, "agent-limited", token=token, config={"pathCheck": cls.LIMITS})
+        cls.peer = Agent(cls.tmp, "agent-peer", token=token)
+
+    @classmethod
+    def tearDownClass(cls):
+        for agent in (cls.limited, cls.peer):
+            agent.stop()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_requests_over_the_configured_bounds_are_refused_naming_the_key(self):
+        for body, key in [({"role": "target", "bytes": "33Gi"}, "pathCheck.maxBytes"),
+                          ({"role": "target", "channels": 3}, "pathCheck.maxChannels"),
+                          ({"role": "target", "timeoutSeconds": 61}, "pathCheck.maxTimeoutSeconds")]:
+            status, reply = self.limited.request("POST", "/v1/pathchecks", body)
+            self.assertEqual(status, 400, (body, reply))
+            self.assertIn(key, reply["error"]["message"], (body, reply))
+        # The defaults agent/agent.yaml gives (64Gi, 16 channels) pass on the other agent.
+        status, reply = self.peer.request("POST", "/v1/pathchecks", {"role": "target", "bytes": "33Gi",
+                                                                      "channels": 3, "chunkSize": "64Ki"})
+        self.assertEqual(status, 201, reply)
+        self.peer.call("DELETE", "/v1/pathchecks/" + reply["id"])
+
+    def test_default_bytes_max_concurrent_rtt_samples_and_history_are_the_configured_ones(self):
+        cid = self.limited.call("POST", "/v1/pathchecks", {"role": "target", "chunkSize": "64Ki"})["id"]
+        st = self.limited.call("GET", "/v1/pathchecks/" + cid)
+        self.assertEqual(st["bytes"], 8 * MiB, st)
+        status, reply = self.limited.request("POST", "/v1/pathchecks", {"role": "target", "chunkSize": "64Ki"})
+        self.assertEqual(status, 429, reply)
+        self.assertIn("at most 1, pathCheck.maxConcurrent", reply["error"]["message"])
+        self.limited.call("DELETE", "/v1/pathchecks/" + cid)
+        for _ in range(3):
+            # Both ends must ask the same bytes: the peer's default is 1Gi.
+            sid, tid = start_pair(self.limited, self.peer, bytes="8Mi", chunkSize="64Ki")
+            self.assertEqual(wait_check(self.limited, sid)["phase"], "Succeeded")
+            self.assertEqual(wait_check(self.peer, tid)["bytesVerified"], 8 * MiB)
+        self.assertIn("rtt_samples=3", self.limited.log_text())
+        # 5 checks ended here; a new check leaves the last historySize (2) finished ones, plus itself.
+        self.assertLessEqual(len(self.limited.call("GET", "/v1/pathchecks")["items"]), 3)
+
+    def test_a_stream_that_stalls_fails_after_the_configured_stall_timeout(self):
+        import signal
+        sid, tid = start_pair(self.limited, self.peer, bytes="30Gi", chunkSize="1Mi", timeoutSeconds=60)
+        wait_check(self.limited, sid, phases=("Migrating",), pred=lambda st: st["bytesSent"] > 32 * MiB, timeout=30)
+        self.peer.proc.send_signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            st = wait_check(self.limited, sid, timeout=40)
+            took = time.monotonic() - started
+        finally:
+            self.peer.proc.send_signal(signal.SIGCONT)
+        self.assertEqual(st["phase"], "Failed", st)
+        self.assertIn("stalled: no byte sent for 2 s", st["error"])
+        # 2 s without a byte, then up to 5 s for the frozen target's verdict; 15 s with the default.
+        self.assertLess(took, 12, "the stall limit is 2 s here, not the default 10 s")
+        self.assertEqual(wait_check(self.peer, tid, timeout=30)["phase"], "Failed")
+
+
 RDMA_DEV = os.environ.get("RDMIG_RDMA_DEV", "")
 
 

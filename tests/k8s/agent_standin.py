@@ -1,7 +1,8 @@
 """An rdmig-agent REST stand-in for controller fault tests (Python stdlib only).
 
-Speaks the part of the agent API the controller uses (POST/GET/DELETE /v1/migrations, bearer
-token) and can misbehave on purpose: answer POST late (`post_delay`, seconds), keep a created
+Speaks the part of the agent API the controller uses (POST/GET/DELETE /v1/migrations and
+/v1/pathchecks, bearer token) and can misbehave on purpose: answer a path check's GET with any
+view (`pathcheck_view`, e.g. one listing 1000 rails), answer POST late (`post_delay`, seconds), keep a created
 migration in one phase forever (`phase`) until the test ends it (`end()`, with the agent's own
 words). Reports `transport`/`transportReason` as the agents do once the data plane is up.
 Records every request and what it still holds, so a test can ask "is anything left running
@@ -17,8 +18,10 @@ TERMINAL = ("Succeeded", "Failed", "Cancelled")
 
 class AgentStandin:
     def __init__(self, token, name="standin", post_delay=0.0, phase="Migrating", transport=None,
-                 transport_reason=None):
+                 transport_reason=None, pathcheck_view=None):
         self.token, self.name = token, name
+        self.pathcheck_view = pathcheck_view
+        self.pathchecks = {}   # id -> phase
         self.post_delay, self.phase = post_delay, phase
         self.transport, self.transport_reason = transport, transport_reason
         self.lock = threading.Lock()
@@ -57,6 +60,8 @@ class AgentStandin:
                 if auth not in ["Bearer " + t for t in (outer.token, outer.previous_token) if t]:
                     return self._error(401, "unauthorized")
                 parts = [p for p in self.path.split("?")[0].split("/") if p]
+                if parts[:2] == ["v1", "pathchecks"]:
+                    return self._pathcheck(parts)
                 if parts[:2] != ["v1", "migrations"]:
                     return self._error(404, "no route")
                 if self.command == "POST" and len(parts) == 2:
@@ -85,6 +90,27 @@ class AgentStandin:
                 if self.command in ("GET", "DELETE"):
                     return self._send(200 if self.command == "GET" else 202, body)
                 return self._error(405, "method not allowed")
+
+            def _pathcheck(self, parts):
+                if self.command == "POST" and len(parts) == 2:
+                    n = int(self.headers.get("Content-Length") or 0)
+                    body = json.loads(self.rfile.read(n) or b"{}")
+                    cid = body.get("id") or "pc-standin"
+                    with outer.lock:
+                        outer.pathchecks[cid] = "Pending"
+                    return self._send(201, {"id": cid, "role": body.get("role"), "endpoint": "127.0.0.1:1",
+                                            "checkId": cid, "token": "t", "phase": "Pending"})
+                if len(parts) != 3:
+                    return self._error(405, "method not allowed")
+                cid = parts[2]
+                with outer.lock:
+                    if cid not in outer.pathchecks:
+                        return self._error(404, "no path check " + cid)
+                    if self.command == "DELETE":
+                        outer.pathchecks[cid] = "Cancelled"
+                        return self._send(200, {"id": cid, "phase": "Cancelled"})
+                view = dict(outer.pathcheck_view or {"phase": "Migrating"}, id=cid)
+                return self._send(200, view)
 
             do_GET = do_POST = do_DELETE = _handle
 

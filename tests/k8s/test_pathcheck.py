@@ -19,6 +19,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "tools"))
 sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
 from rdmiglab import Agent  # noqa: E402
+from agent_standin import AgentStandin  # noqa: E402
 from apiserver_double import ApiServerDouble  # noqa: E402
 from controllerlab import Controller, wait_for  # noqa: E402
 from test_agent_hostile_http import FakeIncomingQemu  # noqa: E402
@@ -44,7 +45,7 @@ class PathCheckControllerTest(unittest.TestCase):
         cls.api = ApiServerDouble(os.path.join(cls.tmp, "apiserver"), tls=True, crd_path=CRD)
         cls.store = cls.api.store
         kubeconfig = cls.api.write_kubeconfig(os.path.join(cls.tmp, "kubeconfig"))
-        token = "agent-token-" + os.urandom(12).hex()
+        token = cls.token = "agent-token-" + os.urandom(12).hex()
         cls.agents = {n: Agent(cls.tmp, "agent-" + n, token=token, log_level="debug") for n in ("a", "b", "c")}
         for n, agent in cls.agents.items():
             cls.api.add_agent_pod(AGENT_NS, "rdmig-agent-" + n, "node-" + n, agent.api_port)
@@ -108,6 +109,9 @@ class PathCheckControllerTest(unittest.TestCase):
             self.assertEqual(p["bytesVerified"], 32 * MiB)
             self.assertGreater(p["throughputBytesPerSecond"], 0)
             self.assertGreater(p["rttMicroseconds"], 0)
+            # Over TCP no RDMA port and no rail.
+            for key in ("sourceRdma", "targetRdma", "rails"):
+                self.assertNotIn(key, p)
         self.assertIn("node-a->node-", st["summary"]["worst"])
         conds = {c["type"]: c for c in st["conditions"]}
         self.assertEqual(conds["Complete"]["status"], "True")
@@ -241,6 +245,48 @@ class PathCheckControllerTest(unittest.TestCase):
         st = self.wait_phase("rack-r7", ("Succeeded", "Failed"))["status"]
         self.assertEqual([p["target"] for p in st["pairs"]], ["node-b", "node-c"])  # not the source, not r8
         self.assertEqual(st["phase"], "Succeeded", st)
+
+    def test_an_rdma_pair_lists_every_rail_with_both_ports_and_a_hostile_agents_rails_are_bounded(self):
+        # Agent stand-ins (no RDMA here): the source's view of a check striped over two rails,
+        # then 998 more entries that a broken or hostile agent could send.
+        def end(device, netdev, gid, mtu):
+            return {"device": device, "port": 1, "gid": gid, "gidIndex": 3, "gidType": "RoCE v2",
+                    "netdev": netdev, "mtu": mtu}
+        a0, b0 = end("mlx5_0", "ens1f0v0", "g-a0", 4096), end("mlx5_4", "ens1f0v3", "g-b0", 4096)
+        a1, b1 = end("mlx5_1", "ens2f0v0", "g-a1", 4096), end("mlx5_5", "ens2f0v3", "g-b1", 4096)
+        rails = [{"rail": 0, "device": "mlx5_0", "gid": "g-a0", "address": "10.10.0.1", "peerAddress": "10.10.0.2:7472",
+                  "channels": [0, 2], "bytesSent": 43 * MiB, "bytesReceived": 0, "localRdma": a0, "peerRdma": b0},
+                 {"rail": 1, "device": "mlx5_1", "gid": "g-a1", "address": "10.10.1.1", "peerAddress": "10.10.1.2:7472",
+                  "channels": [1], "bytesSent": 21 * MiB, "bytesReceived": 0, "localRdma": a1, "peerRdma": b1}]
+        rails += [{"rail": 2 + i % 14, "channels": list(range(100)), "localRdma": end("x" * 300, "n", "g", 1 << 20)}
+                  for i in range(998)]
+        view = {"phase": "Succeeded", "transport": "rdma", "transportReason": "auto-both-rdma", "bytes": 64 * MiB,
+                "bytesSent": 64 * MiB, "channels": 3, "throughputBytesPerSecond": 1e9, "rttMicroseconds": 20,
+                "durationMs": 70, "localRdma": a0, "peerRdma": b0, "rails": rails}
+        src = AgentStandin(self.token, name="node-rs", pathcheck_view=view)
+        dst = AgentStandin(self.token, name="node-rt")
+        pods = [("rdmig-agent-rs", "node-rs", src), ("rdmig-agent-rt", "node-rt", dst)]
+        for pod, node, s in pods:
+            self.api.add_agent_pod(AGENT_NS, pod, node, s.port)
+        try:
+            self.create(pathcheck("rails", "node-rs", {"nodes": ["node-rt"]}, bytes="64Mi", channels=3))
+            st = self.wait_phase("rails", ("Succeeded", "Failed"))["status"]
+        finally:
+            for pod, _, s in pods:
+                self.store.delete("pods", AGENT_NS, pod)
+                s.stop()
+        (p,) = st["pairs"]
+        self.assertEqual(p["phase"], "Passed", p)
+        self.assertEqual((p["sourceRdma"], p["targetRdma"]), (a0, b0))
+        self.assertEqual(len(p["rails"]), 16, "one per rail index, at most 16")
+        self.assertEqual(p["rails"][0], {"rail": 0, "channels": [0, 2], "bytes": 43 * MiB, "sourceRdma": a0,
+                                         "targetRdma": b0})
+        self.assertEqual(p["rails"][1], {"rail": 1, "channels": [1], "bytes": 21 * MiB, "sourceRdma": a1,
+                                         "targetRdma": b1})
+        for r in p["rails"][2:]:
+            self.assertEqual(len(r["channels"]), 64)
+            self.assertEqual(len(r["sourceRdma"]["device"]), 64)
+            self.assertEqual(r["sourceRdma"]["mtu"], 4096)
 
     def test_a_finished_check_goes_after_its_ttl(self):
         self.create(pathcheck("short-lived", "node-a", {"nodes": ["node-b"]}, bytes="4Mi", transport="tcp",

@@ -2,6 +2,8 @@
 
 #include <fstream>
 #include <sstream>
+#include <tuple>
+#include <vector>
 
 #include "config/agent_config.h"
 
@@ -245,4 +247,66 @@ TEST(AgentConfig, RdmaNetworkExcludesTheKeysItsEntryGives) {
   EXPECT_NE(error_of("rdma:\n  networkStatusFile: podinfo/ns\n").find("rdma.networkStatusFile"), std::string::npos);
   EXPECT_NE(error_of("rdma:\n  networkWaitSeconds: 60\n").find("rdma.networkWaitSeconds"), std::string::npos)
       << "longer than the liveness probe allows before the probe server starts";
+
+TEST(AgentConfig, PathCheckLimitsDefaultToTheFormerConstantsAndTheShippedYamlSpellsThemOut) {
+  auto c = parse_agent_config("");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  const auto& p = c->path_check;
+  EXPECT_EQ(p.max_concurrent, 4u);
+  EXPECT_EQ(p.history_size, 32u);
+  EXPECT_EQ(p.default_bytes, uint64_t{1} << 30);
+  EXPECT_EQ(p.max_bytes, uint64_t{64} << 30);
+  EXPECT_EQ(p.max_channels, 16u);
+  EXPECT_EQ(p.default_timeout_seconds, 120u);
+  EXPECT_EQ(p.max_timeout_seconds, 3600u);
+  EXPECT_EQ(p.stall_timeout_seconds, 10u);
+  EXPECT_EQ(p.rtt_samples, 5u);
+  auto shipped = rdmig::load_agent_config_file(RDMIG_SOURCE_DIR "/agent/agent.yaml");
+  ASSERT_TRUE(shipped.ok()) << shipped.error().message;
+  const auto& s = shipped->path_check;
+  EXPECT_EQ(std::tie(s.max_concurrent, s.history_size, s.default_bytes, s.max_bytes, s.max_channels,
+                     s.default_timeout_seconds, s.max_timeout_seconds, s.stall_timeout_seconds, s.rtt_samples),
+            std::tie(p.max_concurrent, p.history_size, p.default_bytes, p.max_bytes, p.max_channels,
+                     p.default_timeout_seconds, p.max_timeout_seconds, p.stall_timeout_seconds, p.rtt_samples));
+}
+
+TEST(AgentConfig, PathCheckLimitsAreConfigurable) {
+  auto c = parse_agent_config(
+      "pathCheck:\n  maxConcurrent: 2\n  historySize: 8\n  defaultBytes: 8Mi\n  maxBytes: 16Mi\n"
+      "  maxChannels: 2\n  defaultTimeoutSeconds: 30\n  maxTimeoutSeconds: 60\n  stallTimeoutSeconds: 3\n"
+      "  rttSamples: 9\n");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  const auto& p = c->path_check;
+  EXPECT_EQ(p.max_concurrent, 2u);
+  EXPECT_EQ(p.history_size, 8u);
+  EXPECT_EQ(p.default_bytes, 8u << 20);
+  EXPECT_EQ(p.max_bytes, 16u << 20);
+  EXPECT_EQ(p.max_channels, 2u);
+  EXPECT_EQ(p.default_timeout_seconds, 30u);
+  EXPECT_EQ(p.max_timeout_seconds, 60u);
+  EXPECT_EQ(p.stall_timeout_seconds, 3u);
+  EXPECT_EQ(p.rtt_samples, 9u);
+}
+
+TEST(AgentConfig, RejectsBadPathCheckLimitsNamingTheKey) {
+  for (const auto& [yaml, key] : std::vector<std::pair<std::string, std::string>>{
+           {"pathCheck: {maxConcurrent: 0}", "pathCheck.maxConcurrent"},
+           {"pathCheck: {maxConcurrent: 65}", "pathCheck.maxConcurrent"},
+           {"pathCheck: {historySize: 0}", "pathCheck.historySize"},
+           {"pathCheck: {maxBytes: 0}", "pathCheck.maxBytes"},
+           {"pathCheck: {maxBytes: 2Ti}", "pathCheck.maxBytes"},
+           {"pathCheck: {maxBytes: lots}", "pathCheck.maxBytes"},
+           {"pathCheck: {maxBytes: 1Gi, defaultBytes: 2Gi}", "pathCheck.defaultBytes"},
+           {"pathCheck: {maxChannels: 0}", "pathCheck.maxChannels"},
+           {"pathCheck: {maxChannels: 65}", "pathCheck.maxChannels"},
+           {"pathCheck: {maxTimeoutSeconds: 4}", "pathCheck.maxTimeoutSeconds"},
+           {"pathCheck: {maxTimeoutSeconds: 60, defaultTimeoutSeconds: 120}", "pathCheck.defaultTimeoutSeconds"},
+           {"pathCheck: {stallTimeoutSeconds: 0}", "pathCheck.stallTimeoutSeconds"},
+           {"pathCheck: {rttSamples: 0}", "pathCheck.rttSamples"},
+           {"pathCheck: {maxconcurrent: 2}", "pathCheck.maxconcurrent"},
+       }) {
+    auto c = parse_agent_config(yaml);
+    ASSERT_FALSE(c.ok()) << yaml;
+    EXPECT_NE(c.error().message.find(key), std::string::npos) << yaml << ": " << c.error().message;
+  }
 }

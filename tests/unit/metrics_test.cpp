@@ -100,18 +100,22 @@ TEST(Handshake, DifferentRdmaMtusAreTcpWithTheReasonOrAnErrorWhenRdmaIsRequired)
   migration::RdmaSupport rdma;
   rdma.available = true;
   rdma.mtu = 1024;
+  auto on_rail0 = [](uint32_t peer) { return std::vector<migration::RailMtu>{{0, "mlx5_0", peer, 1024}}; };
   // Same MTU, or the source's unknown (a peer that does not send it): RDMA.
   for (uint32_t peer : {1024u, 0u}) {
-    auto c = migration::choose_transport(TransportOffer{TransportKind::kRdma, false}, TransportKind::kAuto, rdma, peer);
+    auto c = migration::choose_transport(TransportOffer{TransportKind::kRdma, false}, TransportKind::kAuto, rdma,
+                                         on_rail0(peer));
     ASSERT_TRUE(c.ok());
     EXPECT_EQ(c->transport, TransportKind::kRdma) << peer;
   }
-  auto c = migration::choose_transport(TransportOffer{TransportKind::kRdma, false}, TransportKind::kAuto, rdma, 4096);
+  auto c = migration::choose_transport(TransportOffer{TransportKind::kRdma, false}, TransportKind::kAuto, rdma,
+                                       on_rail0(4096));
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->transport, TransportKind::kTcp);
   EXPECT_EQ(c->reason, "auto-no-peer-rdma:mtu-mismatch");
   for (auto [required, requested] : {std::pair{true, TransportKind::kAuto}, std::pair{false, TransportKind::kRdma}}) {
-    auto e = migration::choose_transport(TransportOffer{TransportKind::kRdma, required}, requested, rdma, 4096);
+    auto e = migration::choose_transport(TransportOffer{TransportKind::kRdma, required}, requested, rdma,
+                                         on_rail0(4096));
     ASSERT_FALSE(e.ok());
     EXPECT_NE(e.error().message.find("source 4096, target 1024"), std::string::npos) << e.error().message;
   }

@@ -1,5 +1,6 @@
 // The path check's synthetic stream: the pattern itself, and send/receive over real loopback
-// TcpChannels, with a byte flipped at the receiver by a wrapping channel.
+// TcpChannels, with a byte flipped at the receiver by a wrapping channel; the request bounds (the
+// agent's pathCheck keys); the RDMA ports and rails a check reports, bounded against a hostile peer.
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -172,12 +173,36 @@ TEST(PathCheckRequest, RejectsHostileBodies) {
                 .find("target.checkId"), std::string::npos);
   auto ok = api::parse_pathcheck_request({{"role", "target"}}, config);
   ASSERT_TRUE(ok.ok());
-  EXPECT_EQ(ok->bytes, kDefaultBytes);
+  EXPECT_EQ(ok->bytes, config.path_check.default_bytes);
+  EXPECT_EQ(ok->timeout_seconds, config.path_check.default_timeout_seconds);
   EXPECT_EQ(ok->channels, 1u);
   auto sized = api::parse_pathcheck_request({{"role", "target"}, {"bytes", "64Mi"}, {"chunkSize", "256Ki"}}, config);
   ASSERT_TRUE(sized.ok()) << sized.error().message;
   EXPECT_EQ(sized->bytes, 64u << 20);
   EXPECT_EQ(sized->chunk_size, 256u << 10);
+}
+
+TEST(PathCheckRequest, BoundsAndDefaultsAreTheAgentsPathCheckKeys) {
+  AgentConfig config;
+  config.path_check.default_bytes = 8u << 20;
+  config.path_check.max_bytes = 16u << 20;
+  config.path_check.max_channels = 2;
+  config.path_check.default_timeout_seconds = 30;
+  config.path_check.max_timeout_seconds = 60;
+  auto ok = api::parse_pathcheck_request({{"role", "target"}}, config);
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ(ok->bytes, 8u << 20);
+  EXPECT_EQ(ok->timeout_seconds, 30u);
+  auto at_bounds = api::parse_pathcheck_request(
+      {{"role", "target"}, {"bytes", "16Mi"}, {"channels", 2}, {"timeoutSeconds", 60}}, config);
+  ASSERT_TRUE(at_bounds.ok()) << at_bounds.error().message;
+  auto err = [&](const nlohmann::json& body) {
+    auto r = api::parse_pathcheck_request(body, config);
+    return r ? std::string() : r.error().message;
+  };
+  EXPECT_NE(err({{"role", "target"}, {"bytes", "17Mi"}}).find("pathCheck.maxBytes"), std::string::npos);
+  EXPECT_NE(err({{"role", "target"}, {"channels", 3}}).find("pathCheck.maxChannels"), std::string::npos);
+  EXPECT_NE(err({{"role", "target"}, {"timeoutSeconds", 61}}).find("pathCheck.maxTimeoutSeconds"), std::string::npos);
 }
 
 TEST(PathCheckRdmaEnd, ReportsDevicePortGidAndMtuOfTheChosenPort) {
@@ -211,4 +236,73 @@ TEST(PathCheckRdmaEnd, ReportsDevicePortGidAndMtuOfTheChosenPort) {
   EXPECT_EQ(parsed->mtu, 4096u);
   EXPECT_EQ(parsed->gid_index, -1);
   EXPECT_FALSE(RdmaEnd::parse(nlohmann::json::array()).has_value());
+}
+
+namespace {
+migration::RailPair rail_pair(uint32_t index, const std::string& device, const std::string& ip, uint32_t mtu) {
+  migration::RailPair p;
+  p.rail = index;
+  p.local.rail = index;
+  p.local.device = device;
+  p.local.device_port = 1;
+  p.local.netdev = "ens" + std::to_string(index + 1) + "f0v0";
+  p.local.ip = ip;
+  p.local.port = 7472;
+  p.local.gid_index = 3;
+  p.local.gid_type = "RoCE v2";
+  p.local.mtu = mtu;
+  p.peer = "10.10." + std::to_string(index) + ".2:7472";
+  return p;
+}
+}  // namespace
+
+TEST(PathCheckRails, EachRailUsedListsBothPortsThroughTheTargetsReady) {
+  // Source and target each with two rails; three channels: rail 0 carries 0 and 2, rail 1 carries 1.
+  auto source = check_rails({rail_pair(0, "mlx5_0", "10.10.0.1", 4096), rail_pair(1, "mlx5_1", "10.10.1.1", 1024)}, 3);
+  const auto target = check_rails({rail_pair(0, "mlx5_4", "10.10.0.2", 4096), rail_pair(1, "mlx5_5", "10.10.1.2", 1024)}, 3);
+  ASSERT_EQ(source.size(), 2u);
+  EXPECT_EQ(source[0].usage.channels, (std::vector<uint32_t>{0, 2}));
+  EXPECT_EQ(source[1].local.device, "mlx5_1");
+  EXPECT_EQ(source[1].local.netdev, "ens2f0v0");
+  EXPECT_EQ(source[1].local.mtu, 1024u);
+  EXPECT_EQ(source[1].local.gid, "0000:0000:0000:0000:0000:ffff:0a0a:0101") << "from the rail's address";
+  // The target's ready, as the wire carries it.
+  const nlohmann::json ready{{"type", "ready"}, {"rails", rails_to_ready(target)}};
+  peer_rails_from_ready(nlohmann::json::parse(ready.dump()), source);
+  ASSERT_TRUE(source[1].peer.has_value());
+  EXPECT_EQ(source[1].peer->device, "mlx5_5");
+  EXPECT_EQ(source[1].peer->netdev, "ens2f0v0");
+  EXPECT_EQ(source[0].peer->device, "mlx5_4");
+  // The agent's status JSON: each rail with its channels, bytes and both ends.
+  CheckStatus st;
+  st.rails = source;
+  st.rails[1].usage.bytes_sent = 1024;
+  const auto j = to_json(st);
+  ASSERT_EQ(j["rails"].size(), 2u);
+  EXPECT_EQ(j["rails"][1]["rail"], 1);
+  EXPECT_EQ(j["rails"][1]["bytesSent"], 1024);
+  EXPECT_EQ(j["rails"][1]["localRdma"]["device"], "mlx5_1");
+  EXPECT_EQ(j["rails"][1]["peerRdma"]["device"], "mlx5_5");
+  EXPECT_EQ(j["rails"][1]["peerRdma"]["mtu"], 1024);
+  EXPECT_EQ(j["rails"][0]["channels"], nlohmann::json::array({0, 2}));
+  EXPECT_FALSE(to_json(CheckStatus{}).contains("rails")) << "over TCP: no rails";
+}
+
+TEST(PathCheckRails, AHostileReadyIsBoundedAndCannotRenameRails) {
+  auto source = check_rails({rail_pair(0, "mlx5_0", "10.10.0.1", 4096), rail_pair(1, "mlx5_1", "10.10.1.1", 4096)}, 2);
+  nlohmann::json rails = nlohmann::json::array();
+  rails.push_back("not a rail");
+  rails.push_back({{"rail", -1}, {"device", "negative"}});
+  rails.push_back({{"rail", 1}, {"device", std::string(5000, 'd')}, {"mtu", 99999}});
+  rails.push_back({{"rail", 1}, {"device", "second-claim"}});  // the first claim on a rail holds
+  for (int i = 0; i < 1000; ++i) rails.push_back({{"rail", 7}, {"device", "unknown-rail"}});
+  rails.push_back({{"rail", 0}, {"device", "past-the-bound"}});  // entry 1005: never read
+  peer_rails_from_ready({{"rails", rails}}, source);
+  EXPECT_FALSE(source[0].peer.has_value());
+  ASSERT_TRUE(source[1].peer.has_value());
+  EXPECT_EQ(source[1].peer->device.size(), 64u);
+  EXPECT_EQ(source[1].peer->mtu, 4096u);
+  EXPECT_EQ(source.size(), 2u);
+  peer_rails_from_ready({{"rails", "lots"}}, source);
+  peer_rails_from_ready(nlohmann::json::object(), source);
 }

@@ -116,5 +116,100 @@ TEST(Rails, BytesAreCountedPerRailAndOnlyTheGrowthReachesTheCounter) {
       << text;
 }
 
+
+RdmaRail rail_with_mtu(uint32_t index, const std::string& device, const std::string& ip, uint32_t mtu) {
+  auto r = rail(index, device, ip);
+  r.mtu = mtu;
+  return r;
+}
+
+TEST(Rails, MtusAreComparedOnEveryMatchedRailThatCarriesAChannelAndTheMismatchNamesTheRail) {
+  // Rail 0 agrees (1024 both ends); rail 1 does not (source 4096, target 1024).
+  const auto source = support({rail_with_mtu(0, "mlx5_0", "10.10.0.1", 1024), rail_with_mtu(1, "mlx5_1", "10.10.1.1", 4096)});
+  auto target = support({rail_with_mtu(0, "mlx5_2", "10.10.0.2", 1024), rail_with_mtu(1, "mlx5_3", "10.10.1.2", 1024)});
+  target.mtu = 1024;
+  transport::Hello hello;
+  hello.kind = "control";
+  hello.rdma_mtu = 1024;  // the source's first rail, all an older target compared
+  hello.rdma_rails = rail_addresses(source);
+  const TransportOffer rdma_offer{TransportKind::kRdma, false};
+
+  // Two channels: channel 1 goes over rail 1, whose ports would drop each other's larger packets.
+  const auto mtus = rail_mtus(hello, target, 2);
+  ASSERT_EQ(mtus.size(), 2u);
+  EXPECT_EQ(mtus[1].rail, 1u);
+  EXPECT_EQ(mtus[1].source, 4096u);
+  EXPECT_EQ(mtus[1].target, 1024u);
+  auto c = choose_transport(rdma_offer, TransportKind::kAuto, target, mtus);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->transport, TransportKind::kTcp);
+  EXPECT_EQ(c->reason, "auto-no-peer-rdma:mtu-mismatch");
+  EXPECT_NE(c->detail.find("rail 1 (target device mlx5_3): source 4096, target 1024"), std::string::npos) << c->detail;
+  auto e = choose_transport(rdma_offer, TransportKind::kRdma, target, mtus);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().message.find("rail 1 (target device mlx5_3): source 4096, target 1024"), std::string::npos)
+      << e.error().message;
+
+  // One channel uses rail 0 only: its MTUs agree, RDMA.
+  auto one = choose_transport(rdma_offer, TransportKind::kAuto, target, rail_mtus(hello, target, 1));
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->transport, TransportKind::kRdma);
+  EXPECT_EQ(one->reason, "auto-both-rdma");
+}
+
+TEST(Rails, ASourceThatListsRailsWithoutMtusIsComparedOnItsFirstRailByRdmaMtu) {
+  auto target = support({rail_with_mtu(0, "mlx5_2", "10.10.0.2", 1024), rail_with_mtu(1, "mlx5_3", "10.10.1.2", 1024)});
+  transport::Hello hello;
+  hello.kind = "control";
+  hello.rdma_mtu = 4096;
+  hello.rdma_rails = {{0, "10.10.0.1"}, {1, "10.10.1.1"}};  // no per-rail "mtu"
+  const auto mtus = rail_mtus(hello, target, 4);
+  ASSERT_EQ(mtus.size(), 2u);
+  EXPECT_EQ(mtus[0].source, 4096u);
+  EXPECT_EQ(mtus[1].source, 0u) << "unknown: not compared";
+  auto c = choose_transport(TransportOffer{TransportKind::kRdma, true}, TransportKind::kAuto, target, mtus);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.error().message.find("rail 0 (target device mlx5_2)"), std::string::npos) << c.error().message;
+  // A one-device source (no rails at all): its rdmaMtu against this agent's first rail.
+  transport::Hello old_source;
+  old_source.rdma_mtu = 2048;
+  const auto legacy = rail_mtus(old_source, target, 4);
+  ASSERT_EQ(legacy.size(), 1u);
+  EXPECT_EQ(legacy[0].rail, 0u);
+  EXPECT_EQ(legacy[0].source, 2048u);
+  EXPECT_EQ(legacy[0].target, 1024u);
+}
+
+TEST(Rails, HelloCarriesEachRailsMtuAndRefusesABadOne) {
+  const auto source = support({rail_with_mtu(0, "mlx5_0", "10.10.0.1", 1024), rail_with_mtu(1, "mlx5_1", "10.10.1.1", 4096)});
+  transport::Hello hello;
+  hello.kind = "control";
+  hello.migration_id = "m1";
+  hello.channels = 2;
+  hello.chunk_size = 1 << 20;
+  hello.ring_depth = 16;
+  hello.transport = "rdma";
+  hello.rdma_rails = rail_addresses(source);
+  auto j = hello.to_json();
+  auto back = transport::Hello::parse(j);
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  ASSERT_EQ(back->rdma_rails.size(), 2u);
+  EXPECT_EQ(back->rdma_rails[1].mtu, 4096u);
+  j["rdmaRails"][1]["mtu"] = 1500;
+  auto bad = transport::Hello::parse(j);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("rdmaRails[1].mtu"), std::string::npos) << bad.error().message;
+}
+
+
+TEST(Rails, AChannelsFailureNamesItsRailAndDevice) {
+  const auto local = support({rail(0, "mlx5_0", "10.10.0.1"), rail(1, "mlx5_1", "10.10.1.1")});
+  const auto usage = rail_usage(match_rails(local.rails, {{0, "10.10.0.2:7472"}, {1, "10.10.1.2:7472"}}), 4);
+  EXPECT_EQ(rail_of_channel_text(usage, 3), "rail 1: mlx5_1 10.10.1.1 to 10.10.1.2:7472");
+  EXPECT_EQ(rail_of_channel_text(usage, 2), "rail 0: mlx5_0 10.10.0.1 to 10.10.0.2:7472");
+  EXPECT_EQ(rail_of_channel_text(usage, 9), "") << "no rail carries channel 9";
+  EXPECT_EQ(rail_of_channel_text({}, 0), "") << "TCP: no rails";
+}
+
 }  // namespace
 }  // namespace rdmig::migration
