@@ -247,6 +247,7 @@ TEST(AgentConfig, RdmaNetworkExcludesTheKeysItsEntryGives) {
   EXPECT_NE(error_of("rdma:\n  networkStatusFile: podinfo/ns\n").find("rdma.networkStatusFile"), std::string::npos);
   EXPECT_NE(error_of("rdma:\n  networkWaitSeconds: 60\n").find("rdma.networkWaitSeconds"), std::string::npos)
       << "longer than the liveness probe allows before the probe server starts";
+}
 
 TEST(AgentConfig, PathCheckLimitsDefaultToTheFormerConstantsAndTheShippedYamlSpellsThemOut) {
   auto c = parse_agent_config("");
