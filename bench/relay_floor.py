@@ -3,6 +3,7 @@
 
   python3 bench/relay_floor.py [--path bare|kubevirt] [--runs 5] [--bytes 1Gi] [--channels 1,4,9]
                                [--chunks 256Ki,1Mi,4Mi] [--out bench/results/relay-floor[-kubevirt]]
+                               [--baseline OLD-rdmig-relay-cpu]
 
 Both relays run inside rdmig-relay-cpu with the same QEMU stand-ins (a writer and a reader thread
 on unix sockets, every byte checked, their CPU taken out) and the same hops: QEMU's unix socket ->
@@ -16,6 +17,9 @@ migration proxies: loopback TCP connections to the agents (as the source proxy's
 intercepted and the target agent dials the target proxy), the source writing the stream in
 16406-byte pieces, a full TLS 1.3 record each (KubeVirt's proxies carry TLS; rdmig relays the
 records as bytes). The floor relays the same bytes over the same hops.
+--baseline: an rdmig-relay-cpu built from an earlier revision runs as one more kind, "baseline"
+(its rdmig relay, tcp.splice off), so a change to the relay is measured before and after in the
+same run: its column and baseline / floor sit beside rdmig's.
 Kinds are interleaved (every run of every row takes each kind in turn, the order rotating), rows
 give medians and min-max spreads of CPU seconds per GiB (user and system apart) and the ratios
 rdmig / floor and rdmig-splice / floor-splice. Syscalls per GiB come from `strace -c -f` on a short
@@ -45,8 +49,12 @@ TITLES = {"bare": "bare-QEMU path: QEMU's unix socket -> one loopback TCP connec
                       "the target proxy's TCP connection, written in TLS 1.3 records (16406 bytes)"}
 
 
+BASELINE = None  # --baseline: another build's rdmig-relay-cpu, kind "baseline"
+
+
 def one(kind, channels, chunk, nbytes, path="bare"):
-    out = subprocess.run([RELAY_CPU, "--bytes", nbytes, "--channels", str(channels), "--chunk", chunk] + KINDS[kind]
+    binary, flags = (BASELINE, KINDS["rdmig"]) if kind == "baseline" else (RELAY_CPU, KINDS[kind])
+    out = subprocess.run([binary, "--bytes", nbytes, "--channels", str(channels), "--chunk", chunk] + flags
                          + PATHS[path],
                          capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
@@ -63,13 +71,14 @@ def one(kind, channels, chunk, nbytes, path="bare"):
 
 
 def syscalls_per_gib(kind, nbytes="256Mi", path="bare"):
+    binary, flags = (BASELINE, KINDS["rdmig"]) if kind == "baseline" else (RELAY_CPU, KINDS[kind])
     """strace -c -f of a short run: syscalls per GiB, all threads (the stand-ins' included, the
     same for every kind: compare kinds, not absolute figures)."""
     if not shutil.which("strace"):
         return None
     with tempfile.NamedTemporaryFile(suffix=".strace") as f:
-        out = subprocess.run(["strace", "-c", "-f", "-o", f.name, RELAY_CPU, "--bytes", nbytes, "--channels", "4",
-                              "--chunk", "1Mi"] + KINDS[kind] + PATHS[path], capture_output=True, text=True,
+        out = subprocess.run(["strace", "-c", "-f", "-o", f.name, binary, "--bytes", nbytes, "--channels", "4",
+                              "--chunk", "1Mi"] + flags + PATHS[path], capture_output=True, text=True,
                              timeout=600)
         if out.returncode != 0:
             return None
@@ -99,11 +108,17 @@ def main():
     ap.add_argument("--channels", default="1,4,9")
     ap.add_argument("--chunks", default="256Ki,1Mi,4Mi")
     ap.add_argument("--out")
+    ap.add_argument("--baseline", help="an earlier build's rdmig-relay-cpu, run as the kind 'baseline'")
     args = ap.parse_args()
+    global BASELINE
+    if args.baseline:
+        if not os.access(args.baseline, os.X_OK):
+            ap.error("--baseline %s is not an executable" % args.baseline)
+        BASELINE = os.path.abspath(args.baseline)
     if not args.out:
         args.out = os.path.join(REPO, "bench", "results", "relay-floor" + ("" if args.path == "bare" else "-" + args.path))
     rows = [(int(c), k) for c in args.channels.split(",") for k in args.chunks.split(",")]
-    kinds = list(KINDS)
+    kinds = list(KINDS) + (["baseline"] if BASELINE else [])
     runs = {(row, kind): [] for row in rows for kind in kinds}
     for i in range(args.runs):
         for row in rows:
@@ -120,7 +135,7 @@ def main():
                            "max": max(r["cpu"] for r in rs), "user": statistics.median(r["user"] for r in rs),
                            "system": statistics.median(r["system"] for r in rs),
                            "MBps": statistics.median(r["MBps"] for r in rs)}
-        for a, b in PAIRS:
+        for a, b in PAIRS + ((("baseline", "floor"),) if BASELINE else ()):
             entry["%s/%s" % (a, b)] = entry[a]["cpu"] / entry[b]["cpu"] if entry[b]["cpu"] > 0 else None
         table.append(entry)
         print("channels %d chunk %-5s: %s" % (row[0], row[1], "  ".join(
@@ -129,7 +144,8 @@ def main():
     m = machine()
     results = {"machine": "nproc %d (%s), %.1f GiB, kernel %s, %s" % (m["cpus"], m["cpu"], m["mem_gib"], m["kernel"],
                                                                      m["date"]), "command": "python3 bench/relay_floor.py " + " ".join(sys.argv[1:]),
-               "path": args.path, "runs": args.runs, "bytes": args.bytes, "rows": table, "syscalls": sc}
+               "path": args.path, "runs": args.runs, "bytes": args.bytes, "rows": table, "syscalls": sc,
+               "baseline": BASELINE}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
@@ -147,6 +163,16 @@ def main():
             e["channels"], e["chunk"], cell("rdmig"), cell("floor"), e["rdmig/floor"], cell("rdmig-splice"),
             cell("floor-splice"), e["rdmig-splice/floor-splice"], e["rdmig"]["user"], e["rdmig"]["system"],
             e["floor"]["user"], e["floor"]["system"]))
+    if BASELINE:
+        lines += ["", "Before and after: `baseline` is %s, an earlier build, run interleaved with the others "
+                  "(tcp.splice off):" % os.path.basename(BASELINE), "",
+                  "| channels | chunk | baseline | rdmig | floor | baseline / floor | rdmig / floor |",
+                  "|---|---|---|---|---|---|---|"]
+        for e in table:
+            lines.append("| %d | %s | %.3f (%.3f-%.3f) | %.3f | %.3f | %.2f | **%.2f** |" % (
+                e["channels"], e["chunk"], e["baseline"]["cpu"], e["baseline"]["min"], e["baseline"]["max"],
+                e["rdmig"]["cpu"], e["floor"]["cpu"], e["baseline/floor"], e["rdmig/floor"]))
+        lines += [""]
     lines += ["", "Syscalls per GiB (strace -c -f, 256 MiB, channels 4, chunk 1Mi; all threads, the stand-ins' "
               "included, so compare the kinds):", ""]
     for kind, s in sc.items():
