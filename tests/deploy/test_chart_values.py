@@ -611,6 +611,64 @@ class ValuesTest(unittest.TestCase):
             self.assertIn(r["labels"]["kubernetes_operator_component"], ("rdmig-agent", "rdmig-controller"))
             self.assertIn(r["labels"]["operator_health_impact"], ("none", "warning", "critical"))
 
+    def test_realistic_overrides_together_keep_every_default_promise(self):
+        """The overrides an operator of a KubeVirt cluster with SR-IOV RDMA NICs sets, all at once
+        (each is also tested alone above): an image pinned by digest, an SR-IOV device plugin
+        resource, a cert-manager ClusterIssuer, monitoring off on a cluster that has the
+        Prometheus operator, KubeVirt mode with its Plugin. Every promise of the defaults holds
+        in that combination too."""
+        digest = "sha256:" + "ab" * 32
+        sets = ["image.repository=registry.example.com/infra/rdmig", "image.digest=" + digest,
+                "agent.rdma.resourceName=nvidia.com/sriov_rdma",
+                "agent.tls.mode=certManager", "agent.tls.certManager.issuerRef.name=my-ca",
+                "agent.tls.certManager.issuerRef.kind=ClusterIssuer",
+                "agent.tls.certManager.issuerRef.group=cert-manager.io",
+                "serviceMonitor.enabled=false", "prometheusRule.enabled=false",
+                "kubevirt.enabled=true", "kubevirt.plugin.enabled=true"]
+        apis = ["--api-versions", "plugin.kubevirt.io/v1alpha1", "--api-versions", "cert-manager.io/v1",
+                "--api-versions", "monitoring.coreos.com/v1/PrometheusRule",
+                "--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"]
+        docs = render(*[a for x in sets for a in ("--set", x)], *apis)
+        ds, deploy = one(docs, "DaemonSet"), one(docs, "Deployment")
+        # Image: rdmig's own by digest everywhere; the helm test pod keeps kubectl's.
+        for w in (ds, deploy):
+            for c in pod_spec(w).get("initContainers", []) + pod_spec(w)["containers"]:
+                self.assertEqual(c["image"], "registry.example.com/infra/rdmig@" + digest, c["name"])
+        for c in one(docs, "Pod")["spec"]["containers"]:
+            self.assertTrue(c["image"].startswith("registry.k8s.io/kubectl"), c["image"])
+            self.assertNotIn(digest, c["image"])
+        # Placement and QoS: priority class, memory for the budget, the RDMA resource, NFD's label.
+        spec = pod_spec(ds)
+        self.assertEqual(spec["priorityClassName"], "system-node-critical")
+        self.assertEqual(spec["nodeSelector"], {"feature.node.kubernetes.io/rdma.available": "true"})
+        res = spec["containers"][0]["resources"]
+        self.assertEqual(res["requests"]["memory"], "2304Mi")
+        self.assertEqual(str(res["requests"]["nvidia.com/sriov_rdma"]), "1")
+        self.assertEqual(str(res["limits"]["nvidia.com/sriov_rdma"]), "1")
+        cfg = embedded_config(one(docs, "ConfigMap", "rdmig-agent-config"))["agent.yaml"]
+        self.assertEqual(cfg["rdma"]["resourceEnv"], "nvidia.com/sriov_rdma", "the agent reads PCIDEVICE_NVIDIA_COM_SRIOV_RDMA")
+        # TLS from the operator's issuer; no Secret the chart generates for the agents.
+        cert = one(docs, "Certificate")
+        self.assertEqual(cert["spec"]["issuerRef"], {"name": "my-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"})
+        self.assertEqual([s for s in find(docs, "Secret") if s["metadata"]["name"].endswith("-agent-tls")], [])
+        # Monitoring off: neither scraping nor rules, although the cluster serves both kinds.
+        self.assertEqual(find(docs, "ServiceMonitor"), [])
+        self.assertEqual(find(docs, "PrometheusRule"), [])
+        # KubeVirt on: the agent in KubeVirt mode, the hook socket's host directory, the Plugin.
+        self.assertTrue(cfg["kubevirt"]["enabled"])
+        self.assertIn("/var/run/kubevirt/plugins", [v.get("hostPath", {}).get("path") for v in spec["volumes"]])
+        one(docs, "Plugin")
+        # The conditions of both CRDs are list-maps keyed by type.
+        for crd in find(docs, "CustomResourceDefinition"):
+            for version in crd["spec"]["versions"]:
+                cond = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"]
+                self.assertEqual(cond.get("x-kubernetes-list-type"), "map", crd["metadata"]["name"])
+                self.assertEqual(cond.get("x-kubernetes-list-map-keys"), ["type"], crd["metadata"]["name"])
+        # NOTES name the images and, with the Plugin API served, no missing piece but KubeVirt's gate.
+        notes = notes_of(*sets)
+        self.assertIn("registry.example.com/infra/rdmig@" + digest, notes)
+        self.assertIn("Plugins", notes)
+
     def test_leader_election_timing_is_checked_at_install(self):
         r = template("--set", "controller.config.leaderElection.renewDeadlineSeconds=20")
         self.assertNotEqual(r.returncode, 0)
