@@ -61,6 +61,25 @@ def render(*extra, release=RELEASE, namespace=NAMESPACE, chart=CHART):
     return load_docs(r.stdout, "helm template " + " ".join(extra))
 
 
+def render_notes(*extra):
+    """NOTES.txt as `helm install` prints it for these helm arguments (`helm template` does not
+    print NOTES: it is rendered through a copy of the chart as a ConfigMap)."""
+    import shutil
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="rdmig-notes-")
+    try:
+        chart = os.path.join(tmp, "rdmig")
+        shutil.copytree(CHART, chart)
+        shutil.copy(os.path.join(chart, "templates", "NOTES.txt"), os.path.join(chart, "notes.txt"))
+        with open(os.path.join(chart, "templates", "zz-notes.yaml"), "w") as f:
+            f.write('apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n'
+                    'data:\n  notes: {{ tpl (.Files.Get "notes.txt") . | quote }}\n')
+        r = helm("template", "rdmig", chart, "-n", NAMESPACE, "--show-only", "templates/zz-notes.yaml", *extra)
+        return yaml.safe_load(r.stdout)["data"]["notes"]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def plain_manifests(subdirs=("", "monitoring", "secret")):
     docs = []
     for sub in subdirs:

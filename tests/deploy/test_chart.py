@@ -26,7 +26,7 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from deploylib import (CHART, HELM_LABELS, MANIFESTS, NAMESPACE, REPO, TOGGLES, by_key, dashboard_metric_names,  # noqa: E402
-                       diff, embedded_config, find, helm, key, one, plain_manifests, pod_spec, render)
+                       diff, embedded_config, find, helm, key, one, plain_manifests, pod_spec, render, render_notes)
 
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Plugin", "NodeFeatureRule"}
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -583,30 +583,19 @@ class ChartTest(unittest.TestCase):
             self.assertTrue(n in registered or base in registered, "dashboard uses %s; no source registers it" % n)
 
     def test_notes_tell_how_to_start_and_watch_a_migration(self):
-        tmp = tempfile.mkdtemp(prefix="rdmig-notes-")
-        try:
-            chart = os.path.join(tmp, "rdmig")
-            shutil.copytree(CHART, chart)
-            shutil.copy(os.path.join(chart, "templates", "NOTES.txt"), os.path.join(chart, "notes.txt"))
-            with open(os.path.join(chart, "templates", "zz-notes.yaml"), "w") as f:
-                f.write('apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n'
-                        'data:\n  notes: {{ tpl (.Files.Get "notes.txt") . | quote }}\n')
-            for extra in ([], ["-f", TOGGLES]):
-                r = helm("template", "rdmig", chart, "-n", NAMESPACE, "--show-only", "templates/zz-notes.yaml", *extra)
-                notes = yaml.safe_load(r.stdout)["data"]["notes"]
-                for needle in ("kind: RdmaMigration", "kubectl apply -f -", "kubectl get rdmig -A -w",
-                               "kubectl describe rdmig", '"cancel":true', "source: {vmi: {name: web-1}}",
-                               "CarriedByRdmig", "involvedObject.kind=VirtualMachineInstance",
-                               "helm test rdmig -n rdmig-system --logs"):  # --logs: why a check failed
-                    self.assertIn(needle, notes)
-                self.assertNotIn("<no value>", notes)
-                self.assertIn('feature gate "Plugins"', notes)
-                self.assertEqual("kubectl patch kubevirt" in notes, bool(extra), "the gate's commands once the Plugin is made")
-                self.assertEqual("A bare QEMU (namespaces vms only)" in notes, bool(extra))
-                # Which image each program runs (the toggles file pins the agent by digest).
-                self.assertRegex(notes, r"Images: agent \S+\n\s+controller \S+")
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        for extra in ([], ["-f", TOGGLES]):
+            notes = render_notes(*extra)
+            for needle in ("kind: RdmaMigration", "kubectl apply -f -", "kubectl get rdmig -A -w",
+                           "kubectl describe rdmig", '"cancel":true', "source: {vmi: {name: web-1}}",
+                           "CarriedByRdmig", "involvedObject.kind=VirtualMachineInstance",
+                           "helm test rdmig -n rdmig-system --logs"):  # --logs: why a check failed
+                self.assertIn(needle, notes)
+            self.assertNotIn("<no value>", notes)
+            self.assertIn('feature gate "Plugins"', notes)
+            self.assertEqual("kubectl patch kubevirt" in notes, bool(extra), "the gate's commands once the Plugin is made")
+            self.assertEqual("A bare QEMU (namespaces vms only)" in notes, bool(extra))
+            # Which image each program runs (the toggles file pins the agent by digest).
+            self.assertRegex(notes, r"Images: agent \S+\n\s+controller \S+")
 
 
 class ImageRequiredTest(unittest.TestCase):
@@ -622,22 +611,6 @@ class ImageRequiredTest(unittest.TestCase):
         images = {c["image"] for w in find(docs, "DaemonSet") + find(docs, "Deployment")
                   for c in pod_spec(w)["containers"] + pod_spec(w).get("initContainers", [])}
         self.assertEqual(images, {"reg.example/infra/rdmig@sha256:" + "a" * 64})
-
-
-def render_notes(*extra):
-    """NOTES.txt as `helm install` prints it (rendered through a copy of the chart)."""
-    tmp = tempfile.mkdtemp(prefix="rdmig-notes-")
-    try:
-        chart = os.path.join(tmp, "rdmig")
-        shutil.copytree(CHART, chart)
-        shutil.copy(os.path.join(chart, "templates", "NOTES.txt"), os.path.join(chart, "notes.txt"))
-        with open(os.path.join(chart, "templates", "zz-notes.yaml"), "w") as f:
-            f.write('apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n'
-                    'data:\n  notes: {{ tpl (.Files.Get "notes.txt") . | quote }}\n')
-        r = helm("template", "rdmig", chart, "-n", NAMESPACE, "--show-only", "templates/zz-notes.yaml", *extra)
-        return yaml.safe_load(r.stdout)["data"]["notes"]
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class KubevirtPluginApiNotesTest(unittest.TestCase):

@@ -21,7 +21,7 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from deploylib import (CHART, NAMESPACE, REPO, TOGGLES, PodListApi, embedded_config, find, helm, one, pod_spec,  # noqa: E402
-                       render)
+                       render, render_notes)
 
 SCHEMA = os.path.join(CHART, "values.schema.json")
 # ctest passes the built programs; run by hand, the default build directory's.
@@ -716,22 +716,8 @@ class ChartDocsTest(unittest.TestCase):
 
 
 def notes_of(*sets):
-    """NOTES.txt as Helm renders it for these --set values (helm template does not print NOTES)."""
-    import shutil
-    import tempfile
-    tmp = tempfile.mkdtemp(prefix="rdmig-notes-")
-    try:
-        chart = os.path.join(tmp, "rdmig")
-        shutil.copytree(CHART, chart)
-        shutil.copy(os.path.join(chart, "templates", "NOTES.txt"), os.path.join(chart, "notes.txt"))
-        with open(os.path.join(chart, "templates", "zz-notes.yaml"), "w") as f:
-            f.write('apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n'
-                    'data:\n  notes: {{ tpl (.Files.Get "notes.txt") . | quote }}\n')
-        args = [a for s in sets for a in ("--set", s)]
-        r = helm("template", "rdmig", chart, "-n", NAMESPACE, "--show-only", "templates/zz-notes.yaml", *args)
-        return yaml.safe_load(r.stdout)["data"]["notes"]
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    """NOTES.txt as Helm renders it for these --set values."""
+    return render_notes(*[a for x in sets for a in ("--set", x)])
 
 
 def strategic_merge(base, patch):
