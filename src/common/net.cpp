@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -185,11 +186,24 @@ Result<UniqueFd> accept_for(int listen_fd, std::chrono::milliseconds timeout) {
 }
 
 Result<bool> read_exact(int fd, std::span<std::byte> buf, bool eof_ok) {
+  size_t ahead_len = 0;
+  return read_exact_ahead(fd, buf, {}, ahead_len, eof_ok);
+}
+
+Result<bool> read_exact_ahead(int fd, std::span<std::byte> buf, std::span<std::byte> ahead, size_t& ahead_len,
+                              bool eof_ok) {
+  ahead_len = 0;
   size_t got = 0;
   while (got < buf.size()) {
-    const ssize_t n = ::recv(fd, buf.data() + got, buf.size() - got, 0);
+    iovec iov[2] = {{buf.data() + got, buf.size() - got}, {ahead.data(), ahead.size()}};
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = ahead.empty() ? 1 : 2;
+    const ssize_t n = ::recvmsg(fd, &m, 0);
     if (n > 0) {
-      got += static_cast<size_t>(n);
+      const size_t want = buf.size() - got;
+      if (static_cast<size_t>(n) > want) ahead_len = static_cast<size_t>(n) - want;
+      got += std::min(static_cast<size_t>(n), want);
       continue;
     }
     if (n == 0) {

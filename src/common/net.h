@@ -59,6 +59,11 @@ Result<UniqueFd> accept_for(int listen_fd, std::chrono::milliseconds timeout);
 // Reads exactly buf.size() bytes. kUnavailable "peer closed" on EOF before any byte when
 // `eof_ok` is false; returns false (clean EOF at a message boundary) when `eof_ok`.
 Result<bool> read_exact(int fd, std::span<std::byte> buf, bool eof_ok = false);
+// read_exact() that lets each recv also take up to `ahead.size()` bytes past `buf` into `ahead`
+// (one recvmsg for the rest of a frame and what follows it); `ahead_len` is set to how many it
+// took (0 when `ahead` is empty).
+Result<bool> read_exact_ahead(int fd, std::span<std::byte> buf, std::span<std::byte> ahead, size_t& ahead_len,
+                              bool eof_ok = false);
 Status write_all(int fd, std::span<const std::byte> buf);
 Status writev_all(int fd, iovec* iov, int iovcnt);
 

@@ -522,40 +522,17 @@ bool TcpChannel::deliver_inline_locked(Slot& slot, uint32_t& credits) {
 }
 
 Result<bool> TcpChannel::fill(std::span<std::byte> dst, bool eof_ok, bool ahead) {
-  size_t got = std::min(dst.size(), ahead_len_);
-  if (got > 0) {
-    std::memcpy(dst.data(), ahead_.data() + ahead_off_, got);
-    ahead_off_ += got;
-    ahead_len_ -= got;
+  const size_t have = std::min(dst.size(), ahead_len_);
+  if (have > 0) {
+    std::memcpy(dst.data(), ahead_.data() + ahead_off_, have);
+    ahead_off_ += have;
+    ahead_len_ -= have;
   }
-  while (got < dst.size()) {
-    // Here nothing is left ahead: the recv may take the next bytes into ahead_.
-    iovec iov[2] = {{dst.data() + got, dst.size() - got}, {ahead_.data(), ahead_.size()}};
-    msghdr m{};
-    m.msg_iov = iov;
-    m.msg_iovlen = ahead ? 2 : 1;
-    const ssize_t n = ::recvmsg(fd_.get(), &m, 0);
-    if (n > 0) {
-      const size_t want = dst.size() - got;
-      if (static_cast<size_t>(n) > want) {
-        ahead_off_ = 0;
-        ahead_len_ = static_cast<size_t>(n) - want;
-        got = dst.size();
-      } else {
-        got += static_cast<size_t>(n);
-      }
-      continue;
-    }
-    if (n == 0) {
-      if (got == 0 && eof_ok) return false;
-      return Error{Errc::kUnavailable, "peer closed the connection"};
-    }
-    if (errno == EINTR) continue;
-    auto e = errno_error("recv", errno);
-    if (errno == ECONNRESET || errno == EPIPE) e.code = Errc::kUnavailable;
-    return e;
-  }
-  return true;
+  if (have == dst.size()) return true;
+  // Nothing is left ahead here: the reads may take the next bytes into ahead_.
+  ahead_off_ = 0;
+  return net::read_exact_ahead(fd_.get(), dst.subspan(have), ahead ? std::span(ahead_) : std::span<std::byte>(),
+                               ahead_len_, eof_ok && have == 0);
 }
 
 void TcpChannel::reader_loop() {
