@@ -22,6 +22,7 @@ json FlowHello::to_json() const {
          {"transport", transport},
          {"transportRequired", transport_required}};
   if (!vmi.name.empty()) j["vmi"] = json{{"namespace", vmi.namespace_}, {"name", vmi.name}, {"uid", vmi.uid}};
+  if (!rdma_rails.empty()) j["rdmaRails"] = transport::rails_to_json(rdma_rails);
   return j;
 }
 
@@ -80,6 +81,9 @@ Result<FlowHello> FlowHello::parse(const json& j) {
   h.ring_depth = terms->ring_depth;
   h.transport = terms->transport;
   h.transport_required = terms->transport_required;
+  auto rails = transport::parse_rails(j, "rdmaRails", "hello");
+  if (!rails) return rails.error();
+  h.rdma_rails = std::move(rails.value());
   return h;
 }
 

@@ -1,12 +1,15 @@
 // The agent-to-agent session of one carried KubeVirt migration (hello kind "flow"), on the
-// data-plane port beside the bare-QEMU jobs' "control"/"data" hellos. Protocol 4:
+// data-plane port beside the bare-QEMU jobs' "control"/"data" hellos. Protocol 5:
 //   source -> target  hello {kind:"flow", protocol, session, nonce, mode, vmi, migrationUid,
-//                            sourceNode, targetNode, chunkSize, ringDepth, transport, transportRequired}
+//                            sourceNode, targetNode, chunkSize, ringDepth, transport, transportRequired,
+//                            rdmaRails?: [{rail, address, mtu?}] (the source's working RDMA rails)}
 //   target -> source  {type:"challenge", nonce, proofs:[...]}   the target proves the token first:
 //                     one proof per token it accepts (current, and the previous one during a
 //                     rotation), each HMAC(token, "target" role label, both nonces, the hello)
 //   source -> target  {type:"auth", mac}    HMAC(token, "source" role label, both nonces, the hello)
-//   target -> source  {type:"welcome", transport, transportReason, rdmaEndpoint?} | {type:"reject"}
+//   target -> source  {type:"welcome", transport, transportReason, rdmaEndpoint?, rdmaRails?} | {type:"reject"}
+//                     rdmaRails: the target's rdma_cm endpoint on each working rail; channels
+//                     are striped across the rails both agents have (migration/rails.h)
 // Every proof covers every field of the hello as the target parsed it, so a relay of the
 // exchange cannot change the nodes, the VMI or the migration; the role label keeps a proof of
 // one side from serving as the other's. Both sides then derive a session key from the token
@@ -28,16 +31,18 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "common/result.h"
 #include "config/agent_config.h"
 #include "kubevirt/vmi.h"
+#include "transport/wire.h"
 
 namespace rdmig::kubevirt {
 
 // The flow's own protocol version (the bare-QEMU hellos have transport::kProtocolVersion).
-// 4: heartbeats on the control link.
-inline constexpr uint64_t kFlowProtocolVersion = 4;
+// 4: heartbeats on the control link. 5: rails (rdmaRails in the hello and the welcome).
+inline constexpr uint64_t kFlowProtocolVersion = 5;
 // How often each side sends a heartbeat on the control link (the peer's timeout is at least 2 s).
 inline constexpr std::chrono::milliseconds kFlowHeartbeatInterval{500};
 
@@ -53,6 +58,8 @@ struct FlowHello {
   uint32_t ring_depth = 0;
   std::string transport;  // offered: tcp | rdma
   bool transport_required = false;
+  // The source's working RDMA rails (address and port MTU each); empty without RDMA.
+  std::vector<transport::RailAddress> rdma_rails;
 
   nlohmann::json to_json() const;
   static Result<FlowHello> parse(const nlohmann::json& j);

@@ -27,6 +27,12 @@ LibvirtJobStats libvirt_stats_from_json(const json& j) {
   return s;
 }
 
+static json rails_json(const std::vector<migration::RailUsage>& rails) {
+  json a = json::array();
+  for (const auto& u : rails) a.push_back(migration::to_json(u));
+  return a;
+}
+
 json to_json(const FlowRecord& r) {
   auto str = [](const std::string& v) { return v.empty() ? json(nullptr) : json(v); };
   return json{{"migrationUid", r.migration_uid},
@@ -51,6 +57,7 @@ json to_json(const FlowRecord& r) {
               {"chunksSent", r.chunks_sent},
               {"chunksReceived", r.chunks_received},
               {"throughputBytesPerSecond", r.throughput_bytes_per_second},
+              {"rails", rails_json(r.rails)},
               {"libvirt", r.libvirt ? to_json(*r.libvirt) : json(nullptr)},
               {"switchoverMs", nullptr},
               {"startedAtMs", r.started_at_ms ? json(r.started_at_ms) : json(nullptr)},

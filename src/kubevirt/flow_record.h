@@ -7,8 +7,10 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "kubevirt/vmi.h"
+#include "migration/types.h"
 
 namespace rdmig::kubevirt {
 
@@ -52,6 +54,9 @@ struct FlowRecord {
   uint64_t chunks_sent = 0;
   uint64_t chunks_received = 0;
   double throughput_bytes_per_second = 0;
+  // Over RDMA: each rail that carries a connection (its device, both addresses, the channels on
+  // it, its bytes), in rail order; connection i uses matched rail i mod n (migration/rails.h).
+  std::vector<migration::RailUsage> rails;
   std::optional<LibvirtJobStats> libvirt;
   int64_t started_at_ms = 0;
   int64_t finished_at_ms = 0;

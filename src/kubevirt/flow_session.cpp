@@ -41,9 +41,16 @@ void FlowSession::close_legs(bool let_drain) {
 
 void FlowSession::add_leg(std::unique_ptr<transport::Channel> channel, std::unique_ptr<migration::ChannelPump> pump) {
   // Lock order: mu_ before legs_mu_ (record() holds mu_ while it reads the legs).
+  std::string rail;
+  const bool on_rail = !rails_.empty() && std::string_view(channel->transport()) == "rdma";
+  if (on_rail) rail = migration::rail_text(rails_[migration::rail_of_channel(channel->index(), rails_.size())]);
   std::lock_guard rlock(mu_);
+  if (on_rail) {
+    migration::add_channel_to_usage(rail_usage_, rails_, channel->index());
+    record_.rails = rail_usage_;
+  }
   std::lock_guard lock(legs_mu_);
-  legs_.push_back(Leg{std::move(channel), std::move(pump)});
+  legs_.push_back(Leg{std::move(channel), std::move(pump), std::move(rail)});
   last_change_ = std::chrono::steady_clock::now();
   record_.connections = static_cast<uint32_t>(legs_.size());
   if (record_.phase == "Armed") record_.phase = "Carrying";
@@ -131,13 +138,27 @@ size_t FlowSession::leg_count() const {
 void FlowSession::refresh_counters_locked(FlowRecord& r) const {
   std::lock_guard lock(legs_mu_);
   uint64_t up = 0, down = 0, cu = 0, cd = 0;
+  std::vector<uint64_t> up_by_channel, down_by_channel;
   for (const auto& l : legs_) {
     up += l.pump->bytes_up();
     down += l.pump->bytes_down();
     cu += l.pump->chunks_up();
     cd += l.pump->chunks_down();
+    if (!l.rail.empty()) {
+      const uint32_t i = l.channel->index();
+      if (up_by_channel.size() <= i) {
+        up_by_channel.resize(i + 1, 0);
+        down_by_channel.resize(i + 1, 0);
+      }
+      up_by_channel[i] = l.pump->bytes_up();
+      down_by_channel[i] = l.pump->bytes_down();
+    }
   }
   if (legs_.empty()) return;  // keep the final figures once the legs are gone
+  if (!rail_usage_.empty()) {
+    migration::account_rail_bytes(rail_usage_, up_by_channel, down_by_channel, metrics_, "migration");
+    r.rails = rail_usage_;
+  }
   r.bytes_sent = up;
   r.bytes_received = down;
   r.chunks_sent = cu;
@@ -161,7 +182,7 @@ bool FlowSession::ended() const {
 std::optional<Error> FlowSession::leg_error() const {
   std::lock_guard lock(legs_mu_);
   for (const auto& l : legs_) {
-    if (auto e = l.pump->error()) return e;
+    if (auto e = l.pump->error()) return l.rail.empty() ? *e : e->with_context("data plane (" + l.rail + ")");
   }
   return std::nullopt;
 }

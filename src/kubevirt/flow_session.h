@@ -20,6 +20,7 @@
 #include "metrics/metrics.h"
 #include "migration/control_link.h"
 #include "migration/pump.h"
+#include "migration/rails.h"
 #include "transport/channel.h"
 
 namespace rdmig::kubevirt {
@@ -47,6 +48,11 @@ class FlowSession {
  protected:
   FlowSession(std::string id, FlowRecord record, Metrics& metrics);
   void add_leg(std::unique_ptr<transport::Channel> channel, std::unique_ptr<migration::ChannelPump> pump);
+  // The RDMA rails both agents matched (once, before the first leg): an RDMA leg with index i
+  // is on rail i mod n; the record lists each rail's connections and bytes, and a leg's
+  // failure names its rail.
+  void set_rails(std::vector<migration::RailPair> rails) { rails_ = std::move(rails); }
+  const std::vector<migration::RailPair>& rails() const { return rails_; }
   // Runs fn on the pump of the leg whose channel has `index`, under the legs' lock (never
   // with mu_ held); false when there is no such leg (not added yet, or closed).
   bool with_pump(uint32_t index, const std::function<void(migration::ChannelPump&)>& fn);
@@ -87,6 +93,9 @@ class FlowSession {
 
   mutable std::mutex mu_;
   FlowRecord record_;
+  // Per-rail usage as counted into rdmig_rdma_rail_bytes_total so far (under mu_; brought up to
+  // date by refresh_counters_locked, which only adds what grew).
+  mutable std::vector<migration::RailUsage> rail_usage_;
   bool ended_ = false;
   std::chrono::steady_clock::time_point started_;
 
@@ -94,7 +103,9 @@ class FlowSession {
   struct Leg {
     std::unique_ptr<transport::Channel> channel;  // declared first: destroyed after its pump
     std::unique_ptr<migration::ChannelPump> pump;
+    std::string rail;  // "rail 1: mlx5_1 10.0.1.1 to 10.0.1.2:7472" for an RDMA leg; empty over TCP
   };
+  std::vector<migration::RailPair> rails_;  // set before the first leg, read-only after
   std::mutex signer_mu_;  // serialises signing with sending, and verifying
   std::unique_ptr<FlowSigner> signer_;
   // Liveness of the peer (the control thread only, after set_link).

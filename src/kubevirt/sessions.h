@@ -95,7 +95,7 @@ class SourceSession final : public FlowSession {
   PeerInfo peer_;
   std::string transport_;  // the interception thread only, after open()
   bool rdma_settled_ = false;  // a channel went over RDMA (the interception thread only)
-  net::Endpoint rdma_endpoint_;
+  std::optional<Error> no_rail_;  // no RDMA rail in common with the target (set in open())
   std::vector<BufferTicket> buffers_;  // one per channel (the interception thread only)
   uint32_t next_index_ = 0;  // the interception thread only
   bool drain_multifd_ = true;  // under mu_

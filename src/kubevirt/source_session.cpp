@@ -31,6 +31,7 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
   hello.ring_depth = ctx.config.migration.ring_depth;
   hello.transport = migration::wire_name(offer->transport);
   hello.transport_required = offer->required;
+  if (offer->transport == TransportKind::kRdma) hello.rdma_rails = migration::rail_addresses(ctx.rdma);
 
   const std::string where = "peer agent " + peer.node + " (" + peer.agent.to_string() + ")";
   auto fd = net::tcp_connect(peer.agent, timeout);
@@ -83,11 +84,17 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
   std::unique_ptr<SourceSession> s(new SourceSession(hello.session, std::move(record), ctx, peer));
   s->transport_ = chosen.value();
   if (s->transport_ == "rdma") {
-    auto ep_text = transport::get_string(welcome.value(), "rdmaEndpoint", "welcome", 300);
-    if (!ep_text) return ep_text.error().with_context(where);
-    auto ep = net::parse_endpoint(ep_text.value(), "welcome.rdmaEndpoint");
-    if (!ep) return ep.error();
-    s->rdma_endpoint_ = ep.value();
+    // The rails both agents have, matched by index; channel i goes on rail i mod n. None in
+    // common: the first channel's connect fails with that and falls back to TCP as an
+    // unreachable target does (transport auto), or the session fails naming it.
+    auto rails = migration::rails_from_welcome(welcome.value(), ctx.rdma);
+    if (rails) {
+      s->set_rails(std::move(rails.value()));
+    } else if (rails.error().code == Errc::kUnavailable) {
+      s->no_rail_ = rails.error();
+    } else {
+      return rails.error().with_context(where);
+    }
   }
   // An automatic choice of RDMA is counted once it holds: at the first RDMA channel, or as
   // the TCP fallback when rdma_cm cannot reach the target (add_connection).
@@ -121,9 +128,9 @@ Result<std::unique_ptr<transport::Channel>> SourceSession::connect_channel(uint3
     if (!key) return key.error();
     transport::rdma::RdmaChannelParams p{index, chunk, depth, migration::return_path_chunk(chunk),
                                          migration::return_path_depth(depth)};
-    // Leave through the device this agent chose, with its traffic class (as bare-QEMU jobs do).
-    auto ch = transport::rdma::RdmaChannel::connect(rdma_endpoint_, key.value(), p, tm, migration::kRdmaConnectTimeout, {},
-                                                    {ctx_.rdma.ip, ctx_.rdma.traffic_class});
+    // Leave through the rail's device, with its traffic class (as bare-QEMU jobs do).
+    if (no_rail_) return *no_rail_;
+    auto ch = migration::connect_on_rail(rails(), key.value(), p, tm, migration::kRdmaConnectTimeout, {});
     if (!ch) {
       ctx_.metrics.transport_error("rdma", "connect");
       return ch.error();

@@ -67,8 +67,11 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
   }
   auto offered = migration::parse_wire_transport(hello.transport, "hello.transport");
   if (!offered) return offered.error();
+  // KubeVirt's connections arrive one by one, so every rail both agents have may carry one:
+  // their MTUs are compared on each.
   auto choice = migration::choose_transport(migration::TransportOffer{offered.value(), hello.transport_required},
-                                            ctx.config.transport, ctx.rdma);
+                                            ctx.config.transport, ctx.rdma,
+                                            migration::rail_mtus(hello.rdma_rails, 0, ctx.rdma, transport::kMaxChannels));
   if (!choice) {
     reject(fd.get(), "invalid_argument", choice.error().message);
     return choice.error();
@@ -88,7 +91,10 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
       new TargetSession(hello.session, std::move(rec), ctx, hello, std::move(locate.value()), std::move(stats)));
   s->transport_ = migration::wire_name(choice->transport);
   json welcome{{"type", "welcome"}, {"transport", s->transport_}, {"transportReason", choice->reason}};
-  if (s->transport_ == "rdma") welcome["rdmaEndpoint"] = net::format_endpoint(ctx.rdma.ip, ctx.rdma.port);
+  if (s->transport_ == "rdma") {
+    migration::add_rails_to_welcome(welcome, ctx.rdma);
+    s->set_rails(migration::rails_from_source(hello.rdma_rails, ctx.rdma));
+  }
   RDMIG_TRY(transport::send_message(fd.get(), welcome));
   // An automatic choice of RDMA is counted once it holds: at the first RDMA channel, or as
   // the TCP fallback the source asks for when rdma_cm cannot reach this agent.

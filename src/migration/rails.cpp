@@ -67,22 +67,32 @@ Result<std::vector<RailPair>> rails_from_welcome(const json& welcome, const Rdma
   return pairs;
 }
 
-std::vector<RailPair> rails_from_hello(const transport::Hello& hello, const RdmaSupport& rdma) {
-  if (hello.rdma_rails.empty()) return legacy_pair(rdma, "", hello.rdma_mtu);
-  return match_rails(rdma.rails, hello.rdma_rails);
+std::vector<RailPair> rails_from_source(const std::vector<transport::RailAddress>& source, const RdmaSupport& rdma,
+                                        uint32_t first_mtu) {
+  if (source.empty()) return legacy_pair(rdma, "", first_mtu);
+  return match_rails(rdma.rails, source);
 }
 
-std::vector<RailMtu> rail_mtus(const transport::Hello& hello, const RdmaSupport& rdma, uint32_t channels) {
-  auto pairs = rails_from_hello(hello, rdma);
+std::vector<RailPair> rails_from_hello(const transport::Hello& hello, const RdmaSupport& rdma) {
+  return rails_from_source(hello.rdma_rails, rdma, hello.rdma_mtu);
+}
+
+std::vector<RailMtu> rail_mtus(const std::vector<transport::RailAddress>& source, uint32_t first_mtu,
+                               const RdmaSupport& rdma, uint32_t channels) {
+  auto pairs = rails_from_source(source, rdma, first_mtu);
   if (pairs.size() > channels) pairs.resize(channels);  // channel c uses matched rail c mod n
   std::vector<RailMtu> out;
   for (const auto& p : pairs) {
-    uint32_t source = p.peer_mtu;
+    uint32_t mtu = p.peer_mtu;
     // A source that lists its rails without their MTUs gave its first rail's in "rdmaMtu".
-    if (source == 0 && !hello.rdma_rails.empty() && hello.rdma_rails.front().rail == p.rail) source = hello.rdma_mtu;
-    out.push_back(RailMtu{p.rail, p.local.device, source, p.local.mtu});
+    if (mtu == 0 && !source.empty() && source.front().rail == p.rail) mtu = first_mtu;
+    out.push_back(RailMtu{p.rail, p.local.device, mtu, p.local.mtu});
   }
   return out;
+}
+
+std::vector<RailMtu> rail_mtus(const transport::Hello& hello, const RdmaSupport& rdma, uint32_t channels) {
+  return rail_mtus(hello.rdma_rails, hello.rdma_mtu, rdma, channels);
 }
 
 Result<std::unique_ptr<transport::rdma::RdmaChannel>> connect_on_rail(
@@ -105,23 +115,38 @@ Result<std::unique_ptr<transport::rdma::RdmaChannel>> connect_on_rail(
 }
 
 std::vector<RailUsage> rail_usage(const std::vector<RailPair>& rails, uint32_t channels) {
-  std::vector<RailUsage> out;
-  for (const auto& p : rails) out.push_back(RailUsage{p.rail, p.local.device, p.local.gid, p.local.ip, p.peer, {}, 0, 0});
-  for (uint32_t c = 0; c < channels && !out.empty(); ++c) out[rail_of_channel(c, out.size())].channels.push_back(c);
   // Only the rails that carry a channel (one channel uses rail 0 alone).
-  std::erase_if(out, [](const RailUsage& u) { return u.channels.empty(); });
+  std::vector<RailUsage> out;
+  for (uint32_t c = 0; c < channels; ++c) add_channel_to_usage(out, rails, c);
   return out;
+}
+
+static std::string rail_words(uint32_t rail, const std::string& device, const std::string& address,
+                              const std::string& peer) {
+  std::string text = "rail " + std::to_string(rail) + ": " + device;
+  if (!address.empty()) text += " " + address;
+  if (!peer.empty()) text += " to " + peer;
+  return text;
 }
 
 std::string rail_of_channel_text(const std::vector<RailUsage>& rails, uint32_t channel) {
   for (const auto& r : rails) {
     if (std::find(r.channels.begin(), r.channels.end(), channel) == r.channels.end()) continue;
-    std::string text = "rail " + std::to_string(r.rail) + ": " + r.device;
-    if (!r.address.empty()) text += " " + r.address;
-    if (!r.peer_address.empty()) text += " to " + r.peer_address;
-    return text;
+    return rail_words(r.rail, r.device, r.address, r.peer_address);
   }
   return {};
+}
+
+std::string rail_text(const RailPair& p) { return rail_words(p.rail, p.local.device, p.local.ip, p.peer); }
+
+void add_channel_to_usage(std::vector<RailUsage>& usage, const std::vector<RailPair>& rails, uint32_t channel) {
+  if (rails.empty()) return;
+  const auto& p = rails[rail_of_channel(channel, rails.size())];
+  auto it = std::find_if(usage.begin(), usage.end(), [&](const RailUsage& u) { return u.rail >= p.rail; });
+  if (it == usage.end() || it->rail != p.rail) {
+    it = usage.insert(it, RailUsage{p.rail, p.local.device, p.local.gid, p.local.ip, p.peer, {}, 0, 0});
+  }
+  it->channels.insert(std::upper_bound(it->channels.begin(), it->channels.end(), channel), channel);
 }
 
 void account_rail_bytes(std::vector<RailUsage>& rails, const std::vector<uint64_t>& sent_by_channel,

@@ -52,11 +52,19 @@ void add_rails_to_welcome(nlohmann::json& welcome, const RdmaSupport& rdma);
 Result<std::vector<RailPair>> rails_from_welcome(const nlohmann::json& welcome, const RdmaSupport& rdma);
 // Target side: the same match from the source's hello (peer = the source's address on each rail).
 std::vector<RailPair> rails_from_hello(const transport::Hello& hello, const RdmaSupport& rdma);
+// The same from the source's advertised rails as such (a KubeVirt flow hello's "rdmaRails"); a
+// source that lists none is one rail, whose port MTU is `first_mtu` (0: unknown).
+std::vector<RailPair> rails_from_source(const std::vector<transport::RailAddress>& source, const RdmaSupport& rdma,
+                                        uint32_t first_mtu = 0);
 
 // Target side: the two ports' active MTUs on each matched rail that carries one of `channels`
 // channels (source: the hello's per-rail "mtu", else its "rdmaMtu" for the source's first rail;
 // target: this agent's rail), for choose_transport.
 std::vector<RailMtu> rail_mtus(const transport::Hello& hello, const RdmaSupport& rdma, uint32_t channels);
+// The same from the source's rails as such (`first_mtu`: the MTU of the source's first rail when
+// its entry gives none).
+std::vector<RailMtu> rail_mtus(const std::vector<transport::RailAddress>& source, uint32_t first_mtu,
+                               const RdmaSupport& rdma, uint32_t channels);
 
 // Source side: connects channel `params.index` from its rail's local address (and traffic class)
 // to the peer's endpoint on that rail; the error names the rail.
@@ -71,6 +79,11 @@ std::vector<RailUsage> rail_usage(const std::vector<RailPair>& rails, uint32_t c
 // The rail that carries `channel`, in words for an error: "rail 1: mlx5_1 10.10.1.1 to
 // 10.10.1.2:7472"; empty when no rail lists the channel (TCP).
 std::string rail_of_channel_text(const std::vector<RailUsage>& rails, uint32_t channel);
+// The same words for one matched rail.
+std::string rail_text(const RailPair& rail);
+// Adds `channel` to the usage entry of its rail among `rails` (made when it is the rail's first,
+// the entries kept in rail order): for sessions whose channels arrive one by one (KubeVirt's).
+void add_channel_to_usage(std::vector<RailUsage>& usage, const std::vector<RailPair>& rails, uint32_t channel);
 
 // Sets each rail's byte totals from per-channel totals (channel c at index c) and adds what
 // grew since `before` to rdmig_rdma_rail_bytes_total{traffic}.

@@ -67,7 +67,7 @@ def canonical(obj):
 
 def flow_hello(session, nonce, mig, **kw):
     """A flow hello (protocol 4) with every field the agent reads, as it re-serialises them."""
-    h = {"kind": "flow", "protocol": 4, "session": session, "nonce": nonce, "mode": "hook", "migrationUid": mig,
+    h = {"kind": "flow", "protocol": 5, "session": session, "nonce": nonce, "mode": "hook", "migrationUid": mig,
          "vmi": {"namespace": "prod", "name": "web-1", "uid": "u"}, "sourceNode": "node-a", "targetNode": "node-b",
          "chunkSize": 1 << 20, "ringDepth": 16, "transport": "tcp", "transportRequired": False}
     h.update(kw)

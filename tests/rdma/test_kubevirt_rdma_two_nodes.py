@@ -12,7 +12,10 @@ sink that answers the SHA-256 of each connection).
 Checked: every connection arrives byte-exact (the sink's digests); both agents' records say
 carried and Succeeded over rdma (auto chose it); both agents counted the bytes as rdma, none as
 tcp; rxea sent and rxeb received at least one packet per 4096 bytes carried, so the bytes
-crossed between the two devices over RDMA.
+crossed between the two devices over RDMA. With two rails per node (run-two-vms.sh --rails 2:
+rxea/rxeb on eth0, rxea2/rxeb2 on eth1; both agents list both under rdma.devices) the four
+connections are striped over both (connection i on rail i mod 2, in both records), and on each
+rail node a's device sent, and node b's received, the packets that rail's bytes need.
 Then node b drops RoCE v2 (UDP 4791, nftables; TCP still works): the next migration is carried
 over TCP, byte-exact, both records naming auto-no-peer-rdma:unreachable.
   python3 test_kubevirt_rdma_two_nodes.py REPO  (RDMIG_AGENT, RDMIG_NODE, RDMIG_OUT, RDMIG_IP)
@@ -33,8 +36,8 @@ sys.path.insert(0, os.path.join(REPO, "tests", "rdma"))
 from rdmiglab import Agent  # noqa: E402
 from rdmiglab.kvhook import vmi_json  # noqa: E402
 from rdmiglab.kvpod import wait_for  # noqa: E402
-from test_agent_rdma_two_nodes import (ADDR, DEV, NODE, PEER_ADDR, PeerAgent, await_, cut_rdma,  # noqa: E402
-                                       hw_counters, post, transferred_bytes, uncut_rdma)
+from test_agent_rdma_two_nodes import (ADDR, DEV, DEVS, NODE, PEER_ADDR, PeerAgent, await_, counters_delta,  # noqa: E402
+                                       cut_rdma, hw_counters, post, rail_counters, transferred_bytes, uncut_rdma)
 
 IP = os.environ.get("RDMIG_IP", "ip")
 STREAMS = os.path.join(REPO, "tests", "kubevirt", "kv_streams.py")
@@ -71,7 +74,9 @@ def virt_handler_pod():
 def agent_config(peers=None, hook=""):
     # transport auto: RDMA is what the agents choose between the two devices, TCP when RoCE v2 is
     # dropped. The data plane on eth0's address, the REST API on every address (node a calls b's).
-    return {"transport": "auto", "rdma": {"device": DEV}, "api": {"address": "0.0.0.0"},
+    # With two rails (run-two-vms.sh --rails 2) both devices, in the same order on both nodes.
+    rdma = {"device": DEV} if len(DEVS) == 1 else {"devices": [{"device": d} for d in DEVS]}
+    return {"transport": "auto", "rdma": rdma, "api": {"address": "0.0.0.0"},
             "dataPlane": {"address": ADDR, "advertiseAddress": ADDR, "rdmaPort": 0},
             "kubevirt": {"enabled": True, "nodeName": "node-" + NODE, "hookSocket": hook, "peers": peers or [],
                          "ruleTimeoutSeconds": 30, "sessionIdleSeconds": 1}}
@@ -100,11 +105,12 @@ def serve_target():
             cut = want["cutRdma"]
             if cut:
                 cut_rdma()
-            before = hw_counters()
+            before, rails_before = hw_counters(), rail_counters()
             post("kv-ready-%d" % seq, True)
             await_("kv-dialled-%d" % seq, 600)
             after = hw_counters()
-            reply = {"sent": after["sent"] - before["sent"], "rcvd": after["rcvd"] - before["rcvd"]}
+            reply = {"sent": after["sent"] - before["sent"], "rcvd": after["rcvd"] - before["rcvd"],
+                     "byDevice": counters_delta(rails_before, rail_counters())}
             if cut:
                 reply["rdmaDropped"] = uncut_rdma()
             post("kv-state-%d" % seq, reply)
@@ -161,14 +167,14 @@ class TwoNodeKubevirtRdmaTest(unittest.TestCase):
         path = os.path.join(self.tmp, "vmi-%s.json" % mig)
         with open(path, "w") as f:
             json.dump(vmi_json("vmi-uid-2n", mig, POD_IP["b"], self.sink_port), f)
-        before, bytes_before = hw_counters(), self.counted()
+        before, bytes_before, rails_before = hw_counters(), self.counted(), rail_counters()
         try:
             p = subprocess.run([IP, "netns", "exec", HANDLER_NS, sys.executable, STREAMS, "dial", "--dest",
                                 "%s:%d" % (POD_IP["b"], self.sink_port), "--count", str(COUNT), "--bytes", str(BYTES),
                                 "--hook-socket", self.hook, "--vmi", path, "--timeout", "60"],
                                capture_output=True, text=True, timeout=300)
         finally:
-            after = hw_counters()
+            after, self.rails_moved = hw_counters(), counters_delta(rails_before, rail_counters())
             post("kv-dialled-%d" % seq, True)
         self.assertEqual(p.returncode, 0, p.stderr)
         res = json.loads(p.stdout)
@@ -198,6 +204,25 @@ class TwoNodeKubevirtRdmaTest(unittest.TestCase):
         self.assertEqual((moved["a/tcp"], moved["b/tcp"]), (0, 0), "nothing carried over tcp")
         self.assertGreaterEqual(sent_a, carried // 4096, "rxea sent too few packets")
         self.assertGreaterEqual(b["rcvd"], carried // 4096, "rxeb received too few packets")
+        self.check_rails(src, dst, b)
+
+    def check_rails(self, src, dst, b):
+        """Connection i on rail i mod n on both agents (n = the rails both have); each rail's
+        device on node a sent, and on node b received, at least the packets that rail's bytes need."""
+        n = len(DEVS)
+        for rec in (src, dst):
+            self.assertEqual([r["rail"] for r in rec["rails"]], list(range(n)), rec["rails"])
+            self.assertEqual([r["channels"] for r in rec["rails"]], [list(range(i, COUNT, n)) for i in range(n)])
+        self.assertEqual(sum(r["bytesSent"] for r in src["rails"]), src["bytesSent"])
+        for rs, rt in zip(src["rails"], dst["rails"]):
+            sent, rcvd = self.rails_moved[rs["device"]]["sent"], b["byDevice"][rt["device"]]["rcvd"]
+            print("rail %d: %d bytes; %s sent_pkts +%d, %s rcvd_pkts +%d (connections %s, %s -> %s)"
+                  % (rs["rail"], rs["bytesSent"], rs["device"], sent, rt["device"], rcvd, rs["channels"],
+                     rs["address"], rs["peerAddress"]))
+            self.assertGreater(rs["bytesSent"], 0, "rail %d carried nothing" % rs["rail"])
+            self.assertGreaterEqual(rt["bytesReceived"], rs["bytesSent"])
+            self.assertGreaterEqual(sent, rs["bytesSent"] // 4096, "%s sent too few packets" % rs["device"])
+            self.assertGreaterEqual(rcvd, rs["bytesSent"] // 4096, "%s received too few packets" % rt["device"])
 
     def test_b_roce_dropped_on_node_b_carries_over_tcp_naming_why(self):
         t0 = time.monotonic()
@@ -207,6 +232,7 @@ class TwoNodeKubevirtRdmaTest(unittest.TestCase):
         for rec in (src, dst):
             self.assertEqual((rec["transport"], rec["transportReason"]), ("tcp", "auto-no-peer-rdma:unreachable"), rec)
         self.assertGreater(b["rdmaDropped"], 0, "node b dropped RDMA's attempts")
+        self.assertEqual((src["rails"], dst["rails"]), ([], []), "over TCP no rail carries anything")
         self.assertGreaterEqual(moved["a/tcp"], src["bytesSent"])
         self.assertGreaterEqual(moved["b/tcp"], src["bytesSent"])
 

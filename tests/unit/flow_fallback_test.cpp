@@ -23,11 +23,23 @@ using namespace std::chrono_literals;
 namespace {
 
 struct Side {
-  explicit Side(TransportKind transport) {
+  // `mtus`: one rail per entry (rail i on 127.0.0.1, rdma_cm port i + 1, where no listener is),
+  // each port's active MTU.
+  explicit Side(TransportKind transport, std::vector<uint32_t> mtus = {0}) {
     config.transport = transport;
     rdma.available = true;  // as both agents had found a device
     rdma.ip = "127.0.0.1";
     rdma.port = 1;  // no rdma_cm listener there
+    for (uint32_t i = 0; i < mtus.size(); ++i) {
+      migration::RdmaRail rail;
+      rail.rail = i;
+      rail.device = "rxe-test" + std::to_string(i);
+      rail.ip = rdma.ip;
+      rail.port = static_cast<uint16_t>(i + 1);
+      rail.mtu = mtus[i];
+      rdma.rails.push_back(rail);
+    }
+    rdma.mtu = mtus.front();
   }
   SessionContext ctx() {
     return SessionContext{config, metrics, rdma, TokenSource::fixed("fallback-test-token-0123456789"),
@@ -169,5 +181,41 @@ TEST(KubevirtFlowFallback, UnreachableRdmaWithRdmaRequiredRefusesTheConnectionNa
   EXPECT_NE(st.error().message.find("rdma is required"), std::string::npos) << st.error().message;
   EXPECT_EQ(s.value()->record().transport, "rdma");
   EXPECT_EQ(selected(src.metrics, "tcp", "auto-no-peer-rdma"), 0);
+  s.value().reset();
+}
+
+TEST(KubevirtFlowRails, ARailWhosePortsMtusDifferCarriesOverTcpNamingTheRail) {
+  // Both agents have two rails; rail 1's ports disagree (4096 here, 1024 there): with transport
+  // auto the target chooses TCP at the welcome, naming the rail, before anything goes over RDMA.
+  Side src(TransportKind::kAuto, {4096, 4096}), dst(TransportKind::kAuto, {4096, 1024});
+  TargetAgent agent(dst);
+  auto s = SourceSession::open(src.ctx(), peer(agent), source_record(), 5s);
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  EXPECT_EQ(s.value()->record().transport, "tcp");
+  EXPECT_EQ(s.value()->record().transport_reason, "auto-no-peer-rdma:mtu-mismatch");
+  auto [qemu, proxy] = socket_pair();
+  auto st = s.value()->add_connection(std::move(proxy), net::Endpoint{"10.99.2.2", 49152});
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  EXPECT_TRUE(s.value()->record().rails.empty()) << "over TCP no rail carries anything";
+  s.value().reset();
+}
+
+TEST(KubevirtFlowRails, ConnectionIGoesOnRailIModTwoAndItsFailureNamesTheRail) {
+  // Two rails on each side whose MTUs agree: the welcome lists both of the target's endpoints
+  // (127.0.0.1:1 and :2, where no rdma_cm listens), so connection 0 tries rail 0 and connection
+  // 1 tries rail 1; with rdma required each refusal names its rail, device and endpoint.
+  Side src(TransportKind::kRdma, {4096, 4096}), dst(TransportKind::kAuto, {4096, 4096});
+  TargetAgent agent(dst);
+  auto s = SourceSession::open(src.ctx(), peer(agent), source_record(), 5s);
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  EXPECT_EQ(s.value()->record().transport, "rdma");
+  for (uint32_t i = 0; i < 2; ++i) {
+    auto [qemu, proxy] = socket_pair();
+    auto st = s.value()->add_connection(std::move(proxy), net::Endpoint{"10.99.2.2", 49152});
+    ASSERT_FALSE(st.ok());
+    const std::string want = "RDMA channel " + std::to_string(i) + " on rail " + std::to_string(i) + " (rxe-test" +
+                             std::to_string(i) + " 127.0.0.1 to 127.0.0.1:" + std::to_string(i + 1) + ")";
+    EXPECT_NE(st.error().message.find(want), std::string::npos) << st.error().message;
+  }
   s.value().reset();
 }

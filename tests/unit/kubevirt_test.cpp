@@ -183,6 +183,15 @@ TEST(KubevirtFlowHello, RoundTripsAndValidatesEveryField) {
   auto back = FlowHello::parse(h.to_json());
   ASSERT_TRUE(back) << back.error().message;
   EXPECT_EQ(back->vmi.key(), "prod/web-1");
+  EXPECT_TRUE(back->rdma_rails.empty());
+  EXPECT_FALSE(h.to_json().contains("rdmaRails")) << "no rails, no key: the proof covers exactly what was sent";
+  FlowHello railed = h;
+  railed.rdma_rails = {{0, "10.10.0.1", 4096}, {1, "fd00::1", 0}};
+  auto back2 = FlowHello::parse(railed.to_json());
+  ASSERT_TRUE(back2) << back2.error().message;
+  ASSERT_EQ(back2->rdma_rails.size(), 2u);
+  EXPECT_EQ(back2->rdma_rails[1].address, "fd00::1");
+  EXPECT_EQ(back2->to_json(), railed.to_json());
   for (auto [key, value, field] : std::vector<std::tuple<std::string, json, std::string>>{
            {"session", "ZZ", "hello.session"},
            {"chunkSize", 3, "hello.chunkSize"},
@@ -191,7 +200,14 @@ TEST(KubevirtFlowHello, RoundTripsAndValidatesEveryField) {
            {"mode", "x", "hello.mode"},
            {"nonce", "short", "hello.nonce"},
            {"protocol", 1, "hello.protocol"},
-           {"protocol", 2, "hello.protocol"}}) {
+           {"protocol", 2, "hello.protocol"},
+           {"protocol", 4, "hello.protocol"},
+           {"rdmaRails", json::array({json{{"rail", 0}, {"address", "10.10.0.1"}, {"mtu", 1500}}}), "hello.rdmaRails[0].mtu"},
+           {"rdmaRails", json::array({json{{"rail", 16}, {"address", "10.10.0.1"}}}), "hello.rdmaRails[0].rail"},
+           {"rdmaRails", json::array({json{{"rail", 0}, {"address", "a"}}, json{{"rail", 0}, {"address", "b"}}}),
+            "hello.rdmaRails[1].rail"},
+           {"rdmaRails", json(std::vector<json>(17, json{{"rail", 0}, {"address", "a"}})), "hello.rdmaRails"},
+           {"rdmaRails", "10.10.0.1", "hello.rdmaRails"}}) {
     auto j = h.to_json();
     j[key] = value;
     auto r = FlowHello::parse(j);
@@ -201,7 +217,8 @@ TEST(KubevirtFlowHello, RoundTripsAndValidatesEveryField) {
 }
 
 TEST(KubevirtFlowProof, CoversEveryFieldOfTheHelloBothNoncesAndTheRole) {
-  const FlowHello h = sample_hello("tcp");
+  FlowHello h = sample_hello("tcp");
+  h.rdma_rails = {{0, "10.10.0.1", 4096}, {1, "10.10.1.1", 4096}};
   const std::string token = "token-0123456789";
   const std::string proof = flow_proof(token, "source", h, "n1");
   EXPECT_EQ(proof.size(), 64u);
@@ -216,7 +233,11 @@ TEST(KubevirtFlowProof, CoversEveryFieldOfTheHelloBothNoncesAndTheRole) {
            [](FlowHello& x) { x.target_node = "c"; }, [](FlowHello& x) { x.source_node = "c"; },
            [](FlowHello& x) { x.vmi.name = "db-1"; }, [](FlowHello& x) { x.migration_uid = "m-2"; },
            [](FlowHello& x) { x.nonce = std::string(32, 'c'); }, [](FlowHello& x) { x.session = std::string(32, 'd'); },
-           [](FlowHello& x) { x.chunk_size = 1 << 22; }, [](FlowHello& x) { x.transport = "rdma"; }}) {
+           [](FlowHello& x) { x.chunk_size = 1 << 22; }, [](FlowHello& x) { x.transport = "rdma"; },
+           // A relay that swaps a rail's address (to draw the target's RDMA elsewhere) or its MTU.
+           [](FlowHello& x) { x.rdma_rails = {{0, "10.10.0.1", 4096}}; },
+           [](FlowHello& x) { x.rdma_rails = {{0, "10.10.0.9", 4096}, {1, "10.10.1.1", 4096}}; },
+           [](FlowHello& x) { x.rdma_rails = {{0, "10.10.0.1", 1024}, {1, "10.10.1.1", 4096}}; }}) {
     FlowHello other = h;
     change(other);
     EXPECT_NE(flow_proof(token, "source", other, "n1"), proof);

@@ -211,5 +211,49 @@ TEST(Rails, AChannelsFailureNamesItsRailAndDevice) {
   EXPECT_EQ(rail_of_channel_text({}, 0), "") << "TCP: no rails";
 }
 
+TEST(Rails, ConnectionsThatArriveOutOfOrderLandOnTheirRailsInOrder) {
+  // KubeVirt's proxy dials its connections in no fixed order: each still goes on rail i mod n,
+  // and the usage lists the rails in rail order with their channels sorted.
+  const auto local = support({rail(0, "mlx5_0", "10.10.0.1"), rail(1, "mlx5_1", "10.10.1.1")});
+  const auto peer = support({rail(0, "mlx5_2", "10.10.0.2"), rail(1, "mlx5_3", "10.10.1.2")});
+  const auto pairs = rails_from_source(rail_addresses(peer), local);
+  ASSERT_EQ(pairs.size(), 2u);
+  std::vector<RailUsage> usage;
+  for (uint32_t c : {3u, 0u, 2u, 1u}) add_channel_to_usage(usage, pairs, c);
+  ASSERT_EQ(usage.size(), 2u);
+  EXPECT_EQ(usage[0].rail, 0u);
+  EXPECT_EQ(usage[0].channels, (std::vector<uint32_t>{0, 2}));
+  EXPECT_EQ(usage[1].rail, 1u);
+  EXPECT_EQ(usage[1].channels, (std::vector<uint32_t>{1, 3}));
+  EXPECT_EQ(usage[1].device, "mlx5_1");
+  EXPECT_EQ(usage[1].peer_address, "10.10.1.2");
+  // Only channel 1 arrived: rail 1 alone is listed.
+  std::vector<RailUsage> one;
+  add_channel_to_usage(one, pairs, 1);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].rail, 1u);
+  EXPECT_EQ(rail_text(pairs[1]), "rail 1: mlx5_1 10.10.1.1 to 10.10.1.2");
+  // The same as the usage a bare-QEMU job computes up front for all its channels.
+  const auto upfront = rail_usage(pairs, 4);
+  ASSERT_EQ(upfront.size(), usage.size());
+  for (size_t i = 0; i < usage.size(); ++i) EXPECT_EQ(usage[i].channels, upfront[i].channels);
+}
+
+TEST(Rails, MtusFromAFlowHelloAreComparedOnEveryRailBothHave) {
+  // A KubeVirt flow's connections arrive one by one: every matched rail may carry one.
+  const auto source = support({rail_with_mtu(0, "mlx5_0", "10.10.0.1", 4096), rail_with_mtu(1, "mlx5_1", "10.10.1.1", 4096)});
+  const auto target = support({rail_with_mtu(0, "mlx5_2", "10.10.0.2", 4096), rail_with_mtu(1, "mlx5_3", "10.10.1.2", 1024)});
+  const auto mtus = rail_mtus(rail_addresses(source), 0, target, transport::kMaxChannels);
+  ASSERT_EQ(mtus.size(), 2u);
+  auto c = choose_transport(TransportOffer{TransportKind::kRdma, false}, TransportKind::kAuto, target, mtus);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->reason, "auto-no-peer-rdma:mtu-mismatch");
+  EXPECT_NE(c->detail.find("rail 1 (target device mlx5_3): source 4096, target 1024"), std::string::npos) << c->detail;
+  // A source without RDMA lists no rails: one rail, its MTU unknown, nothing to compare.
+  const auto none = rail_mtus({}, 0, target, transport::kMaxChannels);
+  ASSERT_EQ(none.size(), 1u);
+  EXPECT_EQ(none[0].source, 0u);
+}
+
 }  // namespace
 }  // namespace rdmig::migration
