@@ -71,7 +71,11 @@ TcpChannel::TcpChannel(UniqueFd fd, uint32_t index, uint32_t chunk_size, uint32_
       staging_(new (std::nothrow) std::byte[chunk_size]),
       credits_(depth),
       ring_(depth + 1),
-      batcher_(depth) {}
+      queued_(depth + 1),
+      batcher_(depth) {
+  free_.reserve(ring_.size());
+  for (size_t i = ring_.size(); i-- > 0;) free_.push_back(static_cast<uint32_t>(i));
+}
 
 TcpChannel::~TcpChannel() {
   abort(Error{Errc::kCancelled, "channel closed"});
@@ -311,7 +315,7 @@ Result<ChunkView> TcpChannel::next_chunk(bool deferred) {
   // What arrived before an abort is still delivered in order (the eof of a peer that then
   // closed cleanly must not turn into an error).
   if (rx_head_ < rx_tail_) {
-    Slot& s = ring_[rx_head_ % ring_.size()];
+    Slot& s = ring_[queued_[rx_head_ % ring_.size()]];
     rx_holding_ = true;
     if (!deferred && claim_payload_locked(s)) {
       // A payload left on the socket for a caller that wants it in memory: read it here.
@@ -332,7 +336,7 @@ Result<LocalMove> TcpChannel::deliver_to(int fd) {
   bool claimed = false;
   {
     std::unique_lock lock(rx_mu_);
-    if (rx_holding_) s = &ring_[rx_head_ % ring_.size()];
+    if (rx_holding_) s = &ring_[queued_[rx_head_ % ring_.size()]];
     if (s != nullptr && !(claimed = claim_payload_locked(*s))) {
       // The reader may be taking the payload into memory right now: let it finish.
       rx_cv_.wait(lock, [&] { return s->pending == 0 || aborted_.load(); });
@@ -416,7 +420,9 @@ Status TcpChannel::release() {
   {
     std::lock_guard lock(rx_mu_);
     if (!rx_holding_) return Error{Errc::kInternal, "release without a received chunk"};
-    const bool was_eof = ring_[rx_head_ % ring_.size()].eof;
+    const uint32_t held = queued_[rx_head_ % ring_.size()];
+    const bool was_eof = ring_[held].eof;
+    free_.push_back(held);  // on top: the reader fills it next, while it is still in the cache
     ++rx_head_;
     rx_holding_ = false;
     credits = batcher_.on_release(was_eof) + std::exchange(owed_credits_, 0);
@@ -577,13 +583,17 @@ void TcpChannel::reader_loop() {
       case FrameType::kData:
       case FrameType::kEof: {
         Slot* slot = nullptr;
+        uint32_t slot_index = 0;
         bool defer = false;
         {
           std::lock_guard lock(rx_mu_);
           // An eof marker may sit in the one extra place the ring keeps for it.
           const uint64_t limit = h->type == FrameType::kEof ? depth_ + 1 : depth_;
           if (!(peer_eof_ || rx_tail_ - rx_head_ >= limit)) {
-            slot = &ring_[rx_tail_ % ring_.size()];
+            // Fewer than limit slots are queued, so one is free.
+            slot_index = free_.back();
+            free_.pop_back();
+            slot = &ring_[slot_index];
             if (h->type == FrameType::kEof) peer_eof_ = true;
             defer = deferred_ && h->type == FrameType::kData && h->length <= defer_limit_ && ahead_len_ == 0;
           }
@@ -603,6 +613,7 @@ void TcpChannel::reader_loop() {
           std::unique_lock lock(rx_mu_);
           slot->pending = h->length;
           payload_on_socket_ = true;
+          queued_[rx_tail_ % ring_.size()] = slot_index;
           ++rx_tail_;
           rx_cv_.notify_all();
           while (payload_on_socket_ && !aborted_.load()) {
@@ -632,7 +643,12 @@ void TcpChannel::reader_loop() {
         {
           std::lock_guard lock(rx_mu_);
           inline_done = deliver_inline_locked(*slot, credits);
-          if (!inline_done) ++rx_tail_;
+          if (inline_done) {
+            free_.push_back(slot_index);  // the next chunk goes into the same (cached) memory
+          } else {
+            queued_[rx_tail_ % ring_.size()] = slot_index;
+            ++rx_tail_;
+          }
         }
         if (!inline_done) {
           rx_cv_.notify_all();
