@@ -232,6 +232,25 @@ def wait_port_state(dev, state, timeout=30.0):
         time.sleep(0.1)
 
 
+def wait_gid(dev, addr, timeout=30.0):
+    """Waits until rxe device DEV lists the IPv4-mapped GID of ADDR again (the kernel adds GIDs as
+    the interface and its addresses come up)."""
+    want = "0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x" % tuple(int(x) for x in addr.split("."))
+    base = "/sys/class/infiniband/%s/ports/1/gids" % dev
+    deadline = time.monotonic() + timeout
+    while True:
+        for entry in os.listdir(base):
+            try:
+                with open(os.path.join(base, entry)) as f:
+                    if f.read().strip() == want:
+                        return
+            except OSError:  # an empty slot reads as EINVAL
+                pass
+        if time.monotonic() > deadline:
+            raise TimeoutError("%s has no GID %s for %s after %.0f s" % (dev, want, addr, timeout))
+        time.sleep(0.1)
+
+
 def wait_ping(addr, timeout=60.0):
     deadline = time.monotonic() + timeout
     while subprocess.run(["ping", "-c", "1", "-W", "1", addr], stdout=subprocess.DEVNULL,
@@ -679,6 +698,7 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
         finally:
             ip_link("set", netdev2, "up")
             wait_port_state(DEVS[1], "ACTIVE")
+            wait_gid(DEVS[1], ADDR2)
             wait_ping(PEER_ADDR2)  # the neighbour entry again, for the cases after this one
         try:
             log = agent.log_text()
