@@ -228,12 +228,17 @@ std::optional<ChannelFailure> channel_failure_to_report(const std::vector<std::o
   return echo;
 }
 
-std::optional<ChannelFailure> Job::channel_failure() const {
+std::optional<ChannelFailure> Job::channel_failure(std::optional<Errc> only) const {
   std::vector<std::optional<Error>> errors;
   {
     std::lock_guard lock(data_mu_);
     errors.reserve(pumps_.size());
     for (const auto& p : pumps_) errors.push_back(p->error());  // pumps_[i] carries channel i
+  }
+  if (only) {
+    for (auto& e : errors) {
+      if (e && e->code != *only) e.reset();
+    }
   }
   return channel_failure_to_report(errors);
 }

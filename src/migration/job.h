@@ -115,8 +115,9 @@ class Job {
   // A data-plane failure of channel `channel`, named with the rail that carried it (over RDMA):
   // "data plane (rail 1: mlx5_1 10.10.1.1 to 10.10.1.2:7472): channel 1: work completion failed ...".
   Error data_plane_error(const Error& e, uint32_t channel) const;
-  // The channel failure a report names (channel_failure_to_report over the pumps' errors).
-  std::optional<ChannelFailure> channel_failure() const;
+  // The channel failure a report names (channel_failure_to_report over the pumps' errors;
+  // with `only`, over the errors of that code alone).
+  std::optional<ChannelFailure> channel_failure(std::optional<Errc> only = std::nullopt) const;
   // Fails pumps and channels; also shuts the control link unless `keep_link` (a verdict still
   // has to reach the peer).
   void abort_data_plane(const Error& reason, bool keep_link = false);

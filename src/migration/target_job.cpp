@@ -400,7 +400,7 @@ std::optional<std::string> TargetJob::source_gone(std::chrono::milliseconds wait
     }
     // A channel's peer lost: the one that failed by itself first, named with its rail (a cut
     // rail fails its channels with "work completion failed", the others only echo the abort).
-    if (auto f = channel_failure(); f && f->error.code == Errc::kUnavailable) {
+    if (auto f = channel_failure(Errc::kUnavailable)) {
       return "the source agent went away (" + data_plane_error(f->error, f->channel).message + ")";
     }
     if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
