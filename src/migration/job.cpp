@@ -209,7 +209,16 @@ void Job::set_rails(const std::vector<RailPair>& rails) {
                           << " address=" << r.address << " peer=" << (r.peer_address.empty() ? "?" : r.peer_address)
                           << " channels=" << channels;
   }
-  update([&](MigrationStatus& s) { s.rails = std::move(usage); });
+  std::vector<RailLeftOut> left_out;
+  for (const auto& d : ctx_.rdma.down) {
+    LOG_INFO("migration") << log_prefix() << " rail " << d.rail << " left out at start: " << d.reason_code << ": "
+                          << d.reason;
+    left_out.push_back(RailLeftOut{d.rail, d.reason_code, d.reason});
+  }
+  update([&](MigrationStatus& s) {
+    s.rails = std::move(usage);
+    s.rails_left_out = std::move(left_out);
+  });
 }
 
 bool is_peer_abort(const Error& e) {

@@ -26,7 +26,8 @@ bytes node b drops the RoCE v2 packets reaching it on eth1 only (nftables, iifna
 fails naming rail 1 and its device, both agents end it, the VM runs on node a and not on node b.
 One rail down at start: with node a's eth1 down (rxea2's port DOWN), a second node a agent with
 both devices leaves rail 1 out, naming why (its log, rdmig_rdma_rail_up{rail="1",reason="no-device"}
-0); eth1 comes back, and an 8-channel migration from that agent uses rail 0 alone, byte-exact.
+0); eth1 comes back, and an 8-channel migration from that agent uses rail 0 alone, byte-exact, its
+status listing rail 1 under railsLeftOut with the reason.
 DSCP: node a's agent has rdma.trafficClass 104; during the first migration each node captures
 (tcpdump) the first 20 RoCE v2 packets reaching it: all from the other node, all IP ToS 0x68.
   python3 test_agent_rdma_two_nodes.py  (RDMIG_AGENT, RDMIG_TOOLS, RDMIG_NODE, RDMIG_OUT)
@@ -520,6 +521,7 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
         self.assertEqual(await_("dst-resumed-%s" % name, 120), "running")
         print("%s: total %s ms, downtime %s ms, %d bytes, %d chunks"
               % (name, s["result"]["totalTimeMs"], s["result"]["downtimeMs"], moved, s["progress"]["chunksSent"]))
+        return s, t
 
     def check_rails(self, s, t, m, rails, mine, theirs, source):
         """Channel i on rail i mod n on both agents; on every rail a's device sent, and b's received,
@@ -715,8 +717,13 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
             self.assertEqual((up["0"][0]["reason"], up["0"][0]["device"]), ("ok", DEVS[0]))
             self.assertEqual(up["1"][1], 0)
             self.assertEqual(up["1"][0]["reason"], "no-device")
-            # To node b's agent with both rails: rail 0 only, all 9 channels on it, byte-exact.
-            self.migrate(MULTIFD, rails=1, name="rail-down", source=agent)
+            # To node b's agent with both rails: rail 0 only, all 9 channels on it, byte-exact; the
+            # source's status says which rail it left out and why, the target's (both up) none.
+            s, t = self.migrate(MULTIFD, rails=1, name="rail-down", source=agent)
+            print("railsLeftOut: source %s, target %s" % (s["railsLeftOut"], t["railsLeftOut"]))
+            self.assertEqual([(r["rail"], r["reason"]) for r in s["railsLeftOut"]], [(1, "no-device")])
+            self.assertIn("RDMA device %s port 1 is not active" % DEVS[1], s["railsLeftOut"][0]["message"])
+            self.assertEqual(t["railsLeftOut"], [])
         finally:
             if agent:
                 agent.stop()

@@ -212,6 +212,15 @@ TEST(Rails, AChannelsFailureNamesItsRailAndDevice) {
   EXPECT_EQ(rail_of_channel_text({}, 0), "") << "TCP: no rails";
 }
 
+TEST(Rails, StatusListsTheRailsLeftOutAtStartWithTheirReason) {
+  MigrationStatus s;
+  EXPECT_EQ(to_json(s)["railsLeftOut"], json::array()) << "none: an empty list, as rails";
+  s.rails_left_out.push_back(RailLeftOut{1, "no-device", "RDMA device rxea2 port 1 is not active (link down?)"});
+  const json want = json::array(
+      {json{{"rail", 1}, {"reason", "no-device"}, {"message", "RDMA device rxea2 port 1 is not active (link down?)"}}});
+  EXPECT_EQ(to_json(s)["railsLeftOut"], want);
+}
+
 // Rail 1 cut between two nodes: its channels fail by themselves (no ACK: "work completion
 // failed"), and the other agent, which failed too, aborts every channel, so rail 0's channels end
 // with "peer aborted". The failure names a channel of rail 1, not channel 0 (the first in index
