@@ -655,6 +655,9 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
             post("migrated-%s" % name, outcome)
         dst = await_("dst-state-%s" % name, 400)
         reason = s["result"]["reason"]
+        # What each channel saw, and when (the source agent's warnings since the migration began).
+        print("\n".join(line for line in self.a.log_text().splitlines()
+                        if "WARN" in line and (source["id"] in line or "rdma" in line))[-3000:])
         print("rail 1 cut mid-stream (%s bytes on rails %s when cut; node b dropped %d RoCE v2 packets on %s): "
               "source %s %.1f s after the cut (%s); target %s (%s); source VM %s, target QEMU %s"
               % (sum(flowing.values()), flowing, dst["rdmaDropped"], os.environ.get("RDMIG_RDMA_NETDEV2"),
