@@ -209,7 +209,47 @@ void Job::set_rails(const std::vector<RailPair>& rails) {
                           << " address=" << r.address << " peer=" << (r.peer_address.empty() ? "?" : r.peer_address)
                           << " channels=" << channels;
   }
-  update([&](MigrationStatus& s) { s.rails = std::move(usage); });
+  std::vector<RailLeftOut> left_out;
+  for (const auto& d : ctx_.rdma.down) {
+    LOG_INFO("migration") << log_prefix() << " rail " << d.rail << " left out at start: " << d.reason_code << ": "
+                          << d.reason;
+    left_out.push_back(RailLeftOut{d.rail, d.reason_code, d.reason});
+  }
+  update([&](MigrationStatus& s) {
+    s.rails = std::move(usage);
+    s.rails_left_out = std::move(left_out);
+  });
+}
+
+bool is_peer_abort(const Error& e) {
+  // Both transports word it so: "<channel>: peer aborted" (RDMA's abort immediate) or
+  // "...: peer aborted: <reason>" (TCP's abort frame).
+  return e.message.find("peer aborted") != std::string::npos;
+}
+
+std::optional<ChannelFailure> channel_failure_to_report(const std::vector<std::optional<Error>>& errors) {
+  std::optional<ChannelFailure> echo;
+  for (uint32_t i = 0; i < errors.size(); ++i) {
+    if (!errors[i]) continue;
+    if (!is_peer_abort(*errors[i])) return ChannelFailure{i, *errors[i], false};
+    if (!echo) echo = ChannelFailure{i, *errors[i], true};
+  }
+  return echo;
+}
+
+std::optional<ChannelFailure> Job::channel_failure(std::optional<Errc> only) const {
+  std::vector<std::optional<Error>> errors;
+  {
+    std::lock_guard lock(data_mu_);
+    errors.reserve(pumps_.size());
+    for (const auto& p : pumps_) errors.push_back(p->error());  // pumps_[i] carries channel i
+  }
+  if (only) {
+    for (auto& e : errors) {
+      if (e && e->code != *only) e.reset();
+    }
+  }
+  return channel_failure_to_report(errors);
 }
 
 Error Job::data_plane_error(const Error& e, uint32_t channel) const {

@@ -56,6 +56,22 @@ struct JobContext {
 inline uint32_t return_path_chunk(uint64_t chunk) { return static_cast<uint32_t>(std::min<uint64_t>(chunk, 256 * 1024)); }
 inline uint32_t return_path_depth(uint32_t depth) { return std::min<uint32_t>(depth, 8); }
 
+// A failed channel of a migration: its index, its error, and whether that error only echoes the
+// peer agent's abort ("peer aborted": the peer decided, and says why on the control link).
+struct ChannelFailure {
+  uint32_t channel = 0;
+  Error error;
+  bool peer_abort = false;
+};
+
+bool is_peer_abort(const Error& e);
+
+// Which of the channels' errors (by channel index; nullopt = fine) a failure report names: the
+// first channel that failed by itself (a rail cut: "work completion failed"), before any that
+// only carry the peer's abort, which the peer sends on every channel once one failed there;
+// else the first peer abort; nullopt when no channel failed.
+std::optional<ChannelFailure> channel_failure_to_report(const std::vector<std::optional<Error>>& errors);
+
 class Job {
  public:
   Job(MigrationSpec spec, JobContext ctx);
@@ -99,6 +115,9 @@ class Job {
   // A data-plane failure of channel `channel`, named with the rail that carried it (over RDMA):
   // "data plane (rail 1: mlx5_1 10.10.1.1 to 10.10.1.2:7472): channel 1: work completion failed ...".
   Error data_plane_error(const Error& e, uint32_t channel) const;
+  // The channel failure a report names (channel_failure_to_report over the pumps' errors;
+  // with `only`, over the errors of that code alone).
+  std::optional<ChannelFailure> channel_failure(std::optional<Errc> only = std::nullopt) const;
   // Fails pumps and channels; also shuts the control link unless `keep_link` (a verdict still
   // has to reach the peer).
   void abort_data_plane(const Error& reason, bool keep_link = false);

@@ -23,6 +23,9 @@ constexpr auto kVerdictTimeout = 120s;
 // Once the source QEMU's monitor is lost while the job completes, the wait for the target's
 // verdict is bounded by this: nothing on the source can be resumed or checked any more.
 constexpr auto kVerdictAfterMonitorLost = 15s;
+// A channel ended by the target's abort: how long the source waits for the target's reason on the
+// control link (the target checks its QEMU for up to 10 s before it sends its verdict).
+constexpr auto kTargetReasonWait = 15s;
 constexpr uint64_t kUnlimitedBandwidth = uint64_t{1} << 40;  // 1 TiB/s: QEMU has no "off"
 
 Result<std::string> run_state(qemu::QmpClient& qmp) {
@@ -371,22 +374,28 @@ Result<qemu::MigrationInfo> SourceJob::monitor() {
       }
       return info;
     }
+    // A channel that failed in the data plane (a rail cut: a failed work completion) shuts its
+    // QEMU connection down, and QEMU then fails the migration too ("Unable to write to socket"):
+    // both are often seen in the same poll. The channel's error is the cause and names the rail
+    // and channel, so it comes first, QEMU's after it. A channel that only carries the target's
+    // abort is no cause: the target says why on the control link (the rail and channel that
+    // failed there), so that is what the migration's reason names.
+    auto failed = channel_failure();
+    if (failed && failed->peer_abort) {
+      if (auto why = target_reason(kTargetReasonWait)) return *why;
+    }
     if (info->status == "failed") {
-      return Error{Errc::kQemu, "source QEMU: migration failed: " +
-                                    (info->error_desc.empty() ? std::string("no reason given") : info->error_desc)};
+      const std::string qemu_error =
+          "source QEMU: migration failed: " +
+          (info->error_desc.empty() ? std::string("no reason given") : info->error_desc);
+      if (!failed) return Error{Errc::kQemu, qemu_error};
+      Error e = data_plane_error(failed->error, failed->channel);
+      e.message += "; " + qemu_error;
+      return e;
     }
     if (info->status == "cancelled") return Error{Errc::kCancelled, "source QEMU cancelled the migration"};
     if (cancel_requested()) return Error{Errc::kCancelled, cancel_reason()};
-    {
-      std::optional<std::pair<Error, uint32_t>> failed;  // named outside data_mu_ (status_mu_ is taken)
-      {
-        std::lock_guard lock(data_mu_);
-        for (uint32_t i = 0; i < pumps_.size() && !failed; ++i) {  // pumps_[i] carries channel i
-          if (auto e = pumps_[i]->error()) failed.emplace(*e, i);
-        }
-      }
-      if (failed) return data_plane_error(failed->first, failed->second);
-    }
+    if (failed) return data_plane_error(failed->error, failed->channel);
     const auto now = std::chrono::steady_clock::now();
     if (info->transferred_bytes > last_transferred) {
       last_transferred = info->transferred_bytes;
@@ -524,6 +533,30 @@ void SourceJob::complete(const qemu::MigrationInfo& info, const std::string& uns
     LOG_WARN("migration") << log_prefix() << " " << unsure << "; the target confirmed it runs the VM";
   }
   finish(Phase::kSucceeded, "");
+}
+
+std::optional<Error> SourceJob::target_reason(std::chrono::milliseconds wait) {
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return std::nullopt;
+    auto m = link_->next(std::min<std::chrono::milliseconds>(left, 250ms));
+    if (!m) return std::nullopt;  // the link is gone: the channel's error is all there is
+    if (!m->has_value()) continue;
+    const auto& msg = **m;
+    const std::string type = msg.value("type", "");
+    if (type == "abort") {
+      return Error{Errc::kUnavailable, "target agent aborted: " + msg.value("reason", std::string("?"))};
+    }
+    if (type == "result") {
+      verdict_ = msg;
+      if (!msg.value("ok", false)) {
+        return Error{Errc::kUnavailable, "target failed: " + msg.value("reason", std::string("?"))};
+      }
+      link_->unread(msg);  // the target has the VM: monitor() and complete() take it from here
+      return std::nullopt;
+    }
+  }
 }
 
 Result<json> SourceJob::wait_for_verdict() {

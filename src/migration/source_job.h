@@ -37,6 +37,9 @@ class SourceJob final : public Job {
   // The target's "result", waiting up to kVerdictTimeout, or kVerdictAfterMonitorLost once the
   // source QEMU's monitor is gone.
   Result<nlohmann::json> wait_for_verdict();
+  // The target's reason on the control link ("abort", or a failed "result"), waiting up to
+  // `wait`; nullopt when none came (or the target reported success: then left on the link).
+  std::optional<Error> target_reason(std::chrono::milliseconds wait);
   void fail_and_protect_vm(const Error& error, bool cancelled);
   void apply_progress(const qemu::MigrationInfo& info);
   void stop_accepting();

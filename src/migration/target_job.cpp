@@ -12,6 +12,9 @@ using nlohmann::json;
 using namespace std::chrono_literals;
 
 namespace {
+// A channel ended by the source's abort: how long the target waits for the source's reason on the
+// control link (the source sends it once its QEMU has left the migration).
+constexpr auto kSourceReasonWait = 10s;
 void reply(int fd, const json& j) { (void)transport::send_message(fd, j); }
 void reject(int fd, const std::string& code, const std::string& message) { transport::send_reject(fd, code, message); }
 }  // namespace
@@ -335,20 +338,22 @@ Status TargetJob::monitor() {
                                        std::to_string(spec_.no_progress_timeout_seconds) +
                                        " s (noProgressTimeoutSeconds): it is frozen or its path stalled"};
     }
+    // As on the source: a channel that failed here is the cause of a QEMU failure seen in the
+    // same poll, and one that only carries the source's abort defers to the source's reason.
+    auto failed = channel_failure();
+    if (failed && failed->peer_abort) {
+      if (auto why = source_reason(kSourceReasonWait)) return *why;
+    }
     if (info->status == "failed") {
-      return Error{Errc::kQemu, "target QEMU: incoming migration failed: " +
-                                    (info->error_desc.empty() ? std::string("no reason given") : info->error_desc)};
+      const std::string qemu_error =
+          "target QEMU: incoming migration failed: " +
+          (info->error_desc.empty() ? std::string("no reason given") : info->error_desc);
+      if (!failed) return Error{Errc::kQemu, qemu_error};
+      Error e = data_plane_error(failed->error, failed->channel);
+      e.message += "; " + qemu_error;
+      return e;
     }
-    {
-      std::optional<std::pair<Error, uint32_t>> failed;  // named outside data_mu_ (status_mu_ is taken)
-      {
-        std::lock_guard lock(data_mu_);
-        for (uint32_t i = 0; i < pumps_.size() && !failed; ++i) {  // pumps_[i] carries channel i
-          if (auto e = pumps_[i]->error()) failed.emplace(*e, i);
-        }
-      }
-      if (failed) return data_plane_error(failed->first, failed->second);
-    }
+    if (failed) return data_plane_error(failed->error, failed->channel);
     if (std::chrono::steady_clock::now() > deadline) {
       return Error{Errc::kTimeout, "incoming migration not completed within " +
                                        std::to_string(spec_.completion_timeout_seconds) + " s"};
@@ -369,6 +374,20 @@ Status TargetJob::monitor() {
   }
 }
 
+std::optional<Error> TargetJob::source_reason(std::chrono::milliseconds wait) {
+  if (!link_) return std::nullopt;
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return std::nullopt;
+    auto m = link_->next(std::min<std::chrono::milliseconds>(left, 250ms));
+    if (!m) return std::nullopt;  // the source agent closed the link without a reason
+    if (m->has_value() && (**m).value("type", "") == "abort") {
+      return Error{Errc::kUnavailable, "source agent aborted: " + (**m).value("reason", std::string("?"))};
+    }
+  }
+}
+
 std::optional<std::string> TargetJob::source_gone(std::chrono::milliseconds wait) {
   const auto deadline = std::chrono::steady_clock::now() + wait;
   for (;;) {
@@ -379,13 +398,10 @@ std::optional<std::string> TargetJob::source_gone(std::chrono::milliseconds wait
         return "source agent aborted: " + (**m).value("reason", std::string("?"));
       }
     }
-    {
-      std::lock_guard lock(data_mu_);
-      for (const auto& p : pumps_) {
-        if (auto e = p->error(); e && e->code == Errc::kUnavailable) {
-          return "the source agent went away (data plane: " + e->message + ")";
-        }
-      }
+    // A channel's peer lost: the one that failed by itself first, named with its rail (a cut
+    // rail fails its channels with "work completion failed", the others only echo the abort).
+    if (auto f = channel_failure(Errc::kUnavailable)) {
+      return "the source agent went away (" + data_plane_error(f->error, f->channel).message + ")";
     }
     if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
     std::this_thread::sleep_for(50ms);

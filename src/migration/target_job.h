@@ -44,6 +44,8 @@ class TargetJob final : public Job {
   // Why the source side is gone, if it is (control link closed or aborted, a channel's peer
   // lost), waiting up to `wait` for the news to arrive.
   std::optional<std::string> source_gone(std::chrono::milliseconds wait);
+  // The source agent's "abort" on the control link, waiting up to `wait`; nullopt when none came.
+  std::optional<Error> source_reason(std::chrono::milliseconds wait);
   void release_own() override;
   void on_exception(const Error& error) override { report_failure(error, false, incoming_started_); }
 

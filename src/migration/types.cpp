@@ -56,6 +56,10 @@ nlohmann::json to_json(const RailUsage& u) {
               {"bytesSent", u.bytes_sent}, {"bytesReceived", u.bytes_received}};
 }
 
+nlohmann::json to_json(const RailLeftOut& r) {
+  return nlohmann::json{{"rail", r.rail}, {"reason", r.reason}, {"message", r.message}};
+}
+
 nlohmann::json to_json(const MigrationStatus& s) {
   using nlohmann::json;
   const auto& p = s.progress;
@@ -81,6 +85,8 @@ nlohmann::json to_json(const MigrationStatus& s) {
   auto opt = [](const std::optional<int64_t>& v) { return v ? json(*v) : json(nullptr); };
   json rails = json::array();
   for (const auto& r : s.rails) rails.push_back(to_json(r));
+  json left_out = json::array();
+  for (const auto& r : s.rails_left_out) left_out.push_back(to_json(r));
   json result{{"downtimeMs", opt(s.downtime_ms)},
               {"switchoverMs", opt(s.switchover_ms)},
               {"totalTimeMs", opt(s.total_time_ms)},
@@ -101,6 +107,7 @@ nlohmann::json to_json(const MigrationStatus& s) {
               {"peer", s.peer.empty() ? json(nullptr) : json(s.peer)},
               {"progress", progress},
               {"rails", rails},
+              {"railsLeftOut", left_out},
               {"result", result},
               {"createdAtMs", s.created_at_ms},
               {"startedAtMs", s.started_at_ms ? json(s.started_at_ms) : json(nullptr)},

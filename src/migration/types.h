@@ -75,6 +75,15 @@ struct RailUsage {
 };
 nlohmann::json to_json(const RailUsage& usage);
 
+// A configured rail (rdma.devices[rail]) this agent left out at start, and why: a migration over
+// RDMA ran on the other rails.
+struct RailLeftOut {
+  uint32_t rail = 0;
+  std::string reason;   // no-device, no-address, gid-not-found, listener-failed (rdmig_rdma_rail_up's label)
+  std::string message;  // what to fix
+};
+nlohmann::json to_json(const RailLeftOut& rail);
+
 struct MigrationStatus {
   std::string id;
   Role role = Role::kSource;
@@ -89,6 +98,8 @@ struct MigrationStatus {
   Progress progress;
   // RDMA only: the rails the channels were striped across (migration/rails.h), with their bytes.
   std::vector<RailUsage> rails;
+  // RDMA only: this agent's configured rails left out at start (so not in `rails`), and why.
+  std::vector<RailLeftOut> rails_left_out;
   std::optional<int64_t> downtime_ms;     // QEMU's figure (source)
   std::optional<int64_t> switchover_ms;   // source STOP event to target RESUME event
   std::optional<int64_t> total_time_ms;   // QEMU's total-time (source) or agent-measured

@@ -5,7 +5,7 @@ Node a: the source agent (rxea, 10.99.1.1) and the source QEMU; it drives the te
 both agents' REST APIs, as the controller does. Node b: the target agent (rxeb, 10.99.1.2)
 and the target QEMU (``-incoming defer -S``); it answers node a through the shared folder
 (the target QMP socket, the target memory's digest, its rxe counters).
-Checked per migration (0 and 4 multifd channels; with verifyChunks, every chunk checked against
+Checked per migration (0 and 8 multifd channels; with verifyChunks, every chunk checked against
 its CRC32C at the far end; the guest is paused before it migrates, see migrate()): both agents
 report transport rdma; the source QEMU's memory equals the target's, byte for byte; the target resumes; the agents'
 rdma byte counters agree; and both rxe devices' hw counters rose by at least the packets the
@@ -16,11 +16,20 @@ works): with transport auto the migration falls back to TCP within the RDMA conn
 succeeds, byte-exact, both agents naming the reason auto-no-peer-rdma:unreachable; with
 transport rdma it fails with that reason, both sides end, and the VM keeps running on node a.
 Rails (run-two-vms.sh --rails 2: rxea/rxeb on eth0 10.99.1.x and rxea2/rxeb2 on eth1 10.99.2.x):
-both agents list both devices under rdma.devices; the 4-channel migration (main + 4 multifd)
-is striped across both rails (channel i on rail i mod 2), and on each rail the source's device
-sent, and the target's received, at least the packets the bytes of that rail need; both rails
-carry bytes. Then the same migration to a second agent on node b with one rail only (2 vs 1):
-it uses rail 0 alone and succeeds, byte-exact.
+both agents list both devices under rdma.devices; the 8-channel migration (main + 8 multifd)
+is striped across both rails (channel i on rail i mod 2: 0,2,4,6,8 and 1,3,5,7), and on each rail
+the source's device sent, and the target's received, at least the packets the bytes of that rail
+need; both rails carry bytes. Then the same migration to a second agent on node b with one rail
+only (2 vs 1): it uses rail 0 alone and succeeds, byte-exact. One rail cut mid-stream: an
+8-channel migration of the running guest (QEMU's max-bandwidth 4 MiB/s), and once both rails carry
+bytes node b drops the RoCE v2 packets reaching it on eth1 only (nftables, iifname): the migration
+fails within its no-progress bound, both agents end it, the VM runs on node a and not on node b;
+the reason names rail 1 and its device, or (Soft-RoCE, where no retry ran out first in three
+runs) node b's monitor timeout on its stalled QEMU.
+One rail down at start: with node a's eth1 down (rxea2's port DOWN), a second node a agent with
+both devices leaves rail 1 out, naming why (its log, rdmig_rdma_rail_up{rail="1",reason="no-device"}
+0); eth1 comes back, and an 8-channel migration from that agent uses rail 0 alone, byte-exact, its
+status listing rail 1 under railsLeftOut with the reason.
 DSCP: node a's agent has rdma.trafficClass 104; during the first migration each node captures
 (tcpdump) the first 20 RoCE v2 packets reaching it: all from the other node, all IP ToS 0x68.
   python3 test_agent_rdma_two_nodes.py  (RDMIG_AGENT, RDMIG_TOOLS, RDMIG_NODE, RDMIG_OUT)
@@ -37,6 +46,7 @@ import unittest
 
 sys.path.insert(0, os.environ.get("RDMIG_TOOLS", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools")))
 from rdmiglab import Agent, QemuVm, migrate_via_agents, parse_prometheus  # noqa: E402
+from rdmiglab.agent import TERMINAL, start_migration  # noqa: E402
 
 MEM_MIB = 128
 # The migrations node a asks node b for, in the order of the tests (unittest sorts them by name):
@@ -47,10 +57,20 @@ PEER = "b" if NODE == "a" else "a"
 DEV = os.environ["RDMIG_RDMA_DEV"]
 # This node's rxe devices, one per rail (rdma.devices[i]); a second one with --rails 2.
 DEVS = [DEV] + ([os.environ["RDMIG_RDMA_DEV2"]] if os.environ.get("RDMIG_RDMA_DEV2") else [])
-# With two rails, a fifth: to a node b agent with one rail.
-CASES = 5 if len(DEVS) > 1 else 4
+# With two rails, three more: to a node b agent with one rail, one rail cut mid-stream, and from
+# a node a agent that started with one rail down.
+CASES = 7 if len(DEVS) > 1 else 4
+# The rail-cut migration: QEMU's max-bandwidth, so that it is still under way when rail 1 is cut.
+RAIL_CUT_BANDWIDTH = 4 << 20
+RAIL_CUT_NO_PROGRESS = 45  # s, both agents' noProgressTimeoutSeconds for it
+# Multifd channels of the striped migrations: 8, as KubeVirt opens (main + 8 = 9 channels, 5 on
+# rail 0 and 4 on rail 1).
+MULTIFD = 8
 ADDR = os.environ["RDMIG_VM_ADDR"]
 PEER_ADDR = os.environ["RDMIG_VM_PEER_ADDR"]
+# Rail 1's addresses (--rails 2).
+ADDR2 = os.environ.get("RDMIG_VM_ADDR2", "")
+PEER_ADDR2 = os.environ.get("RDMIG_VM_PEER_ADDR2", "")
 RDV = os.path.join(os.environ["RDMIG_OUT"], "rdv")
 os.makedirs(RDV, exist_ok=True)
 
@@ -145,19 +165,101 @@ def nft(*args):
     subprocess.run(["nft"] + list(args), check=True)
 
 
-def cut_rdma():
-    """Node b drops every RoCE v2 packet it receives (UDP 4791); TCP keeps working."""
-    nft("add", "table", "ip", "rdmigcut")
-    nft("add", "chain", "ip", "rdmigcut", "in", "{ type filter hook input priority 0; }")
-    nft("add", "rule", "ip", "rdmigcut", "in", *RDMA_CUT_RULE.split())
+def cut_rdma(rule=RDMA_CUT_RULE, table="rdmigcut"):
+    """Node b drops every RoCE v2 packet it receives (UDP 4791); TCP keeps working. ``rule``:
+    another match (one rail's interface only)."""
+    nft("add", "table", "ip", table)
+    nft("add", "chain", "ip", table, "in", "{ type filter hook input priority 0; }")
+    nft("add", "rule", "ip", table, "in", *rule.split())
 
 
-def uncut_rdma():
+def uncut_rdma(table="rdmigcut"):
     """Removes the cut; answers how many RoCE v2 packets it dropped."""
-    out = subprocess.run(["nft", "list", "table", "ip", "rdmigcut"], check=True, capture_output=True, text=True).stdout
-    nft("delete", "table", "ip", "rdmigcut")
+    out = subprocess.run(["nft", "list", "table", "ip", table], check=True, capture_output=True, text=True).stdout
+    nft("delete", "table", "ip", table)
     m = re.search(r"counter packets (\d+)", out)
     return int(m.group(1)) if m else -1
+
+
+# One rail cut: node b drops the RoCE v2 packets reaching it on its second link (rail 1) only.
+RAIL_CUT_TABLE = "rdmigrailcut"
+
+
+def rail_cut_rule():
+    return 'iifname "%s" udp dport 4791 counter drop' % os.environ["RDMIG_RDMA_NETDEV2"]
+
+
+def await_any(names, timeout=300.0):
+    """The first of NAMES the other node posts (name, value)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for name in names:
+            path = os.path.join(RDV, name)
+            if os.path.exists(path):
+                with open(path) as f:
+                    return name, json.load(f)
+        if os.path.exists(os.path.join(RDV, "failed-" + PEER)):
+            raise RuntimeError("waiting for %s: node %s failed" % (" or ".join(names), PEER))
+        if time.monotonic() > deadline:
+            raise TimeoutError("node %s posted none of %s within %.0fs" % (PEER, ", ".join(names), timeout))
+        time.sleep(0.2)
+
+
+def qemu_state(vm):
+    """query-status of a QEMU, or how it is gone (a target whose incoming migration broke exits)."""
+    if not vm.alive():
+        return "exited (%s)" % vm.proc.returncode
+    try:
+        return vm.status()
+    except Exception as e:  # noqa: BLE001 - its monitor went away as it exited
+        return "no answer (%s: %s)" % (type(e).__name__, e)
+
+
+def ip_link(*args):
+    """iproute2's ip (busybox's own applet shadows it in the VM: vm-init.sh)."""
+    ip = "/usr/sbin/iproute2-ip" if os.path.exists("/usr/sbin/iproute2-ip") else "ip"
+    subprocess.run([ip, "link"] + list(args), check=True)
+
+
+def wait_port_state(dev, state, timeout=30.0):
+    """Waits until port 1 of rxe device DEV is STATE (ACTIVE, DOWN): rxe follows its netdev."""
+    path = "/sys/class/infiniband/%s/ports/1/state" % dev
+    deadline = time.monotonic() + timeout
+    while True:
+        with open(path) as f:
+            now = f.read().strip()  # "4: ACTIVE", "1: DOWN"
+        if now.endswith(state):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError("%s port 1 is %r, not %s, after %.0f s" % (dev, now, state, timeout))
+        time.sleep(0.1)
+
+
+def wait_gid(dev, addr, timeout=30.0):
+    """Waits until rxe device DEV lists the IPv4-mapped GID of ADDR again (the kernel adds GIDs as
+    the interface and its addresses come up)."""
+    want = "0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x" % tuple(int(x) for x in addr.split("."))
+    base = "/sys/class/infiniband/%s/ports/1/gids" % dev
+    deadline = time.monotonic() + timeout
+    while True:
+        for entry in os.listdir(base):
+            try:
+                with open(os.path.join(base, entry)) as f:
+                    if f.read().strip() == want:
+                        return
+            except OSError:  # an empty slot reads as EINVAL
+                pass
+        if time.monotonic() > deadline:
+            raise TimeoutError("%s has no GID %s for %s after %.0f s" % (dev, want, addr, timeout))
+        time.sleep(0.1)
+
+
+def wait_ping(addr, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while subprocess.run(["ping", "-c", "1", "-W", "1", addr], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL).returncode != 0:
+        if time.monotonic() > deadline:
+            raise TimeoutError("%s does not answer ping after %.0f s" % (addr, timeout))
 
 
 class Capture:
@@ -209,7 +311,7 @@ def serve_target():
             name, m = want["name"], want["multifd"]
             dst = QemuVm(tmp, "dst-%s" % name, mem_mib=MEM_MIB, firmware_only=True,
                          incoming_defer=True, paused=True)
-            cut = False
+            cut = rail_cut = False
             try:
                 if want["cutRdma"]:
                     cut_rdma()
@@ -217,13 +319,24 @@ def serve_target():
                 capture = Capture() if want.get("capture") else None
                 before = rail_counters()
                 post("dst-%s" % name, dst.agent_qmp_path)
+                if want.get("cutRail"):
+                    # Once node a sees bytes on both rails it asks for the cut (or tells that the
+                    # migration ended without it).
+                    got, _ = await_any(["cut-%s" % name, "migrated-%s" % name], 600)
+                    if got.startswith("cut-"):
+                        cut_rdma(rail_cut_rule(), RAIL_CUT_TABLE)
+                        rail_cut = True
+                        post("cut-applied-%s" % name, True)
                 outcome = await_("migrated-%s" % name, 600)
-                reply = {"counters": counters_delta(before, rail_counters()), "status": dst.status()}
+                reply = {"counters": counters_delta(before, rail_counters()), "status": qemu_state(dst)}
                 if capture:
                     reply["capture"] = capture.result()
                 if cut:
                     cut = False
                     reply["rdmaDropped"] = uncut_rdma()
+                if rail_cut:
+                    rail_cut = False
+                    reply["rdmaDropped"] = uncut_rdma(RAIL_CUT_TABLE)
                 if outcome == "ok":
                     reply["digest"] = dst.memory_digest(keep=True)
                 elif outcome != "failed-as-expected":
@@ -241,6 +354,8 @@ def serve_target():
             finally:
                 if cut:
                     uncut_rdma()
+                if rail_cut:
+                    uncut_rdma(RAIL_CUT_TABLE)
                 dst.kill()
         await_("done", 300)
     except Exception as e:  # noqa: BLE001 - report and tell node a
@@ -320,19 +435,22 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
         self.fail("memory differs between the nodes: %d of %d pages differ, the first at %s"
                   % (len(diff), len(a) // page, ", ".join(detail)))
 
-    def ask(self, name, m, cut_rdma=False, capture=False):
-        """Tells node b which migration comes next; returns the source QEMU and the target's QMP socket."""
+    def ask(self, name, m, cut_rdma=False, capture=False, cut_rail=False):
+        """Tells node b which migration comes next; returns the source QEMU and the target's QMP socket.
+        ``cut_rail``: node b cuts rail 1 when node a posts cut-NAME (see test_rail_cut_mid_stream...)."""
         post("want-%d" % TwoNodeAgentRdmaTest.asked, {"name": name, "multifd": m, "cutRdma": cut_rdma,
-                                                      "capture": capture})
+                                                      "capture": capture, "cutRail": cut_rail})
         TwoNodeAgentRdmaTest.asked += 1
         src = QemuVm(self.tmp, "src-%s" % name, mem_mib=MEM_MIB, firmware_only=True, blob=self.blob)
         self.vms.append(src)
         self.assertEqual(src.status(), "running")
         return src, await_("dst-%s" % name, 300)
 
-    def migrate(self, m, target=None, rails=1, name=None):
-        """Migrates with m multifd channels to `target` (node b's agent) expecting `rails` rails used."""
+    def migrate(self, m, target=None, rails=1, name=None, source=None):
+        """Migrates with m multifd channels from `source` (node a's agent) to `target` (node b's)
+        expecting `rails` rails used."""
         target = target or self.b
+        source = source or self.a
         name = name or "rdma-%d" % m
         outcome = "failed"
         capture = None
@@ -353,15 +471,15 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
             self.assertEqual(src.status(), "paused")
             capture = Capture() if m == 0 else None
             before = rail_counters()
-            sent_a, recv_b = rdma_bytes(self.a, "sent"), rdma_bytes(target, "received")
-            metrics_a = self.source_metrics()
-            s, t = migrate_via_agents(self.a, target, src.agent_qmp_path, dst_qmp,
+            sent_a, recv_b = rdma_bytes(source, "sent"), rdma_bytes(target, "received")
+            metrics_a = self.source_metrics(source)
+            s, t = migrate_via_agents(source, target, src.agent_qmp_path, dst_qmp,
                                       multifd_channels=m, chunk_size="1Mi", ring_depth=8,
                                       vm="two-node-vm-%s" % name, transport="rdma", timeout=400,
                                       verifyChunks=True)
             mine = counters_delta(before, rail_counters())
             if s["phase"] != "Succeeded":
-                print(self.a.log_text()[-4000:])
+                print(source.log_text()[-4000:])
             else:
                 outcome = "ok"
         finally:
@@ -380,15 +498,15 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
             self.assertEqual(moved, t["progress"]["dataBytesReceived"])
             self.assertGreater(moved, 64 << 20)
             # Both agents counted these bytes as rdma (deltas: each test stands on its own).
-            self.assertGreaterEqual(rdma_bytes(self.a, "sent") - sent_a, moved)
+            self.assertGreaterEqual(rdma_bytes(source, "sent") - sent_a, moved)
             self.assertGreaterEqual(rdma_bytes(target, "received") - recv_b, moved)
-            delta = {k: v - metrics_a[k] for k, v in self.source_metrics().items()}
+            delta = {k: v - metrics_a[k] for k, v in self.source_metrics(source).items()}
             self.assertGreater(delta["write_latency_count"], 0)
             self.assertEqual(delta["selected_requested"], 1)
             self.assertEqual(src.status(), "postmigrate")
             dst = await_("dst-state-%s" % name, 400)
             self.assertEqual(dst["status"], "paused")
-            self.check_rails(s, t, m, rails, mine, dst["counters"])
+            self.check_rails(s, t, m, rails, mine, dst["counters"], source)
             self.assert_same_memory(src, dst["digest"], name)
             if capture:
                 # rdma.trafficClass 104 on node a's agent: IP ToS 0x68 (DSCP 26) on every RoCE v2 packet
@@ -405,14 +523,15 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
         self.assertEqual(await_("dst-resumed-%s" % name, 120), "running")
         print("%s: total %s ms, downtime %s ms, %d bytes, %d chunks"
               % (name, s["result"]["totalTimeMs"], s["result"]["downtimeMs"], moved, s["progress"]["chunksSent"]))
+        return s, t
 
-    def check_rails(self, s, t, m, rails, mine, theirs):
+    def check_rails(self, s, t, m, rails, mine, theirs, source):
         """Channel i on rail i mod n on both agents; on every rail a's device sent, and b's received,
         at least one packet per 4096 bytes (the largest RoCE MTU) of that rail's bytes."""
         self.assertEqual(len(s["rails"]), rails, s["rails"])
         self.assertEqual(len(t["rails"]), rails, t["rails"])
         self.assertEqual(sum(r["bytesSent"] for r in s["rails"]), s["progress"]["dataBytesSent"])
-        samples, _ = parse_prometheus(self.a.metrics())
+        samples, _ = parse_prometheus(source.metrics())
         for i, (rs, rt) in enumerate(zip(s["rails"], t["rails"])):
             self.assertEqual((rs["rail"], rt["rail"]), (i, i))
             self.assertEqual(rs["channels"], list(range(i, m + 1, rails)))
@@ -498,8 +617,129 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
         self.assertLess(took, 120)
         self.assertEqual(src.status(), "running")
 
-    def source_metrics(self):
-        samples, _ = parse_prometheus(self.a.metrics())
+    def test_rail_cut_mid_stream_fails_cleanly_and_the_vm_stays(self):
+        if len(DEVS) < 2:
+            self.skipTest("one rail per node (run-two-vms.sh without --rails 2)")
+        name = "rail-cut"
+        outcome = "failed"
+        rail1 = list(range(1, MULTIFD + 1, 2))  # the channels on rail 1
+        try:
+            src, dst_qmp = self.ask(name, MULTIFD, cut_rail=True)
+            # The guest runs (nothing is compared: the migration must fail), and QEMU sends at most
+            # RAIL_CUT_BANDWIDTH, so the 64 MiB of the blob take about 16 s: the cut lands mid-stream.
+            # noProgressTimeoutSeconds bounds the case should the cut not fail a channel (it must,
+            # well before: the RDMA retries of rail 1's queue pairs run out within seconds).
+            target, source = start_migration(self.a, self.b, src.agent_qmp_path, dst_qmp, multifd_channels=MULTIFD,
+                                             chunk_size="1Mi", ring_depth=8, vm="two-node-vm-" + name,
+                                             transport="rdma", maxBandwidthBytesPerSecond=RAIL_CUT_BANDWIDTH,
+                                             noProgressTimeoutSeconds=RAIL_CUT_NO_PROGRESS,
+                                             target_options={"noProgressTimeoutSeconds": RAIL_CUT_NO_PROGRESS})
+            deadline = time.monotonic() + 120
+            while True:
+                st = self.a.get(source["id"])
+                flowing = {r["rail"]: r["bytesSent"] for r in st.get("rails", [])}
+                if flowing.get(1, 0) >= 1 << 20 and flowing.get(0, 0) > 0:
+                    break
+                self.assertNotIn(st["phase"], TERMINAL, "the migration ended before both rails carried bytes: %s" % st)
+                self.assertLess(time.monotonic(), deadline, "rail 1 carried no MiB within 120 s: %s" % st)
+                time.sleep(0.1)
+            post("cut-%s" % name, True)
+            await_("cut-applied-%s" % name, 60)
+            t0 = time.monotonic()
+            s = self.a.wait(source["id"], timeout=300)
+            took = time.monotonic() - t0
+            t = self.b.wait(target["id"], timeout=60)
+            if s["phase"] == "Failed" and t["phase"] == "Failed":
+                outcome = "failed-as-expected"
+            else:
+                print(self.a.log_text()[-4000:])
+        finally:
+            post("migrated-%s" % name, outcome)
+        dst = await_("dst-state-%s" % name, 400)
+        reason = s["result"]["reason"]
+        # What each channel saw, and when (the source agent's warnings since the migration began).
+        print("\n".join(line for line in self.a.log_text().splitlines()
+                        if "WARN" in line and (source["id"] in line or "rdma" in line))[-3000:])
+        print("rail 1 cut mid-stream (%s bytes on rails %s when cut; node b dropped %d RoCE v2 packets on %s): "
+              "source %s %.1f s after the cut (%s); target %s (%s); source VM %s, target QEMU %s"
+              % (sum(flowing.values()), flowing, dst["rdmaDropped"], os.environ.get("RDMIG_RDMA_NETDEV2"),
+                 s["phase"], took, reason, t["phase"], t["result"]["reason"], src.status(), dst["status"]))
+        self.assertEqual(s["phase"], "Failed", reason)
+        self.assertEqual(t["phase"], "Failed", t["result"]["reason"])
+        # The reason names rail 1 and its device: the source's channel on it ("data plane (rail 1:
+        # rxea2 10.99.2.1 to 10.99.2.2:<port>): channel 3: work completion failed ..."), or, when
+        # node b's end of rail 1 gave up first, node b's verdict naming its own ("target failed: data
+        # plane (rail 1: rxeb2 10.99.2.2 to 10.99.2.1): channel 3: ...", or, once its QEMU exited,
+        # "target failed: the source agent went away (data plane (rail 1: rxeb2 ...): channel 3: ...)").
+        channels = "(%s)" % "|".join(str(c) for c in rail1)
+        mine = r"data plane \(rail 1: %s %s to %s:\d+\): channel %s: " % (
+            re.escape(DEVS[1]), re.escape(ADDR2), re.escape(PEER_ADDR2), channels)
+        theirs = (r"^target (failed|agent aborted): (the source agent went away \()?"
+                  r"data plane \(rail 1: rxe%s2 %s to %s(:\d+)?\): channel %s: ") % (
+            PEER, re.escape(PEER_ADDR2), re.escape(ADDR2), channels)
+        # On Soft-RoCE a silent drop was not seen to exhaust rail 1's RDMA retries within 20 s (two
+        # runs): node b's QEMU stalls on the missing multifd data and node b fails first on its
+        # monitor's timeout, so the reason names no rail there. Accepted beside the rail-naming
+        # forms, and said in docs/deploy.md; what must hold either way is the clean failure below.
+        stalled = r"^target failed: target QEMU: QMP query-migrate: no reply within \d+ ms"
+        self.assertRegex(reason, "^%s|%s|%s" % (mine, theirs, stalled))
+        self.assertNotIn("rail 0", reason)
+        # Both rails had carried bytes (the final status keeps both, rail 1 with what it sent).
+        self.assertEqual([r["rail"] for r in s["rails"]], [0, 1], s["rails"])
+        self.assertGreater(s["rails"][1]["bytesSent"], 0)
+        # Node b dropped RoCE v2 on rail 1's link only, and the cut ended the migration: not the
+        # no-progress bound nor the completion deadline.
+        self.assertGreater(dst["rdmaDropped"], 0)
+        self.assertLess(took, RAIL_CUT_NO_PROGRESS)
+        # The VM keeps running on node a (QMP query-status), and node b's QEMU does not run it.
+        self.assertEqual(src.status(), "running")
+        self.assertNotEqual(dst["status"], "running")
+
+    def test_rail_down_at_start_is_left_out_and_the_other_rail_carries_the_migration(self):
+        if len(DEVS) < 2:
+            self.skipTest("one rail per node (run-two-vms.sh without --rails 2)")
+        netdev2 = os.environ["RDMIG_RDMA_NETDEV2"]
+        agent = None
+        try:
+            # Node a's second link goes down: rxe takes its port down with it.
+            ip_link("set", netdev2, "down")
+            wait_port_state(DEVS[1], "DOWN")
+            # An agent started now with both devices leaves rail 1 out; it keeps it out when the
+            # link is back (rails are set up at start), and says so.
+            agent = Agent(self.tmp, "agent-a-rail-down", config=agent_config(), log_level="debug")
+        finally:
+            ip_link("set", netdev2, "up")
+            wait_port_state(DEVS[1], "ACTIVE")
+            wait_gid(DEVS[1], ADDR2)
+            wait_ping(PEER_ADDR2)  # the neighbour entry again, for the cases after this one
+        try:
+            log = agent.log_text()
+            left_out = [line for line in log.splitlines() if "rail 1 (rdma.devices[1]) left out" in line]
+            print("rail 1 down at start: %s" % (left_out[0].strip() if left_out else "(no log line)"))
+            self.assertTrue(left_out, log[-3000:])
+            self.assertIn("left out: no-device: ", left_out[0])
+            self.assertIn("RDMA device %s port 1 is not active" % DEVS[1], left_out[0])
+            samples, _ = parse_prometheus(agent.metrics())
+            up = {dict(labels)["rail"]: (dict(labels), value) for (metric, labels), value in samples.items()
+                  if metric == "rdmig_rdma_rail_up"}
+            print("rdmig_rdma_rail_up: %s" % up)
+            self.assertEqual(up["0"][1], 1)
+            self.assertEqual((up["0"][0]["reason"], up["0"][0]["device"]), ("ok", DEVS[0]))
+            self.assertEqual(up["1"][1], 0)
+            self.assertEqual(up["1"][0]["reason"], "no-device")
+            # To node b's agent with both rails: rail 0 only, all 9 channels on it, byte-exact; the
+            # source's status says which rail it left out and why, the target's (both up) none.
+            s, t = self.migrate(MULTIFD, rails=1, name="rail-down", source=agent)
+            print("railsLeftOut: source %s, target %s" % (s["railsLeftOut"], t["railsLeftOut"]))
+            self.assertEqual([(r["rail"], r["reason"]) for r in s["railsLeftOut"]], [(1, "no-device")])
+            self.assertIn("RDMA device %s port 1 is not active" % DEVS[1], s["railsLeftOut"][0]["message"])
+            self.assertEqual(t["railsLeftOut"], [])
+        finally:
+            if agent:
+                agent.stop()
+
+    def source_metrics(self, agent=None):
+        samples, _ = parse_prometheus((agent or self.a).metrics())
 
         def get(name, **labels):
             return samples.get((name, frozenset(labels.items())), 0)
@@ -511,14 +751,14 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
     def test_migrates_between_two_nodes_without_multifd(self):
         self.migrate(0)
 
-    def test_migrates_between_two_nodes_with_4_multifd_channels(self):
+    def test_migrates_between_two_nodes_with_8_multifd_channels(self):
         # Striped across both rails when the nodes have two.
-        self.migrate(4, rails=len(DEVS))
+        self.migrate(MULTIFD, rails=len(DEVS))
 
     def test_migrates_to_a_node_with_fewer_rails_over_the_rails_both_have(self):
         if self.b1 is None:
             self.skipTest("one rail per node (run-two-vms.sh without --rails 2)")
-        self.migrate(4, target=self.b1, rails=1, name="rails-2-to-1")
+        self.migrate(MULTIFD, target=self.b1, rails=1, name="rails-2-to-1")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "metrics/metrics.h"
+#include "migration/job.h"
 #include "migration/rails.h"
 
 namespace rdmig::migration {
@@ -253,6 +254,38 @@ TEST(Rails, MtusFromAFlowHelloAreComparedOnEveryRailBothHave) {
   const auto none = rail_mtus({}, 0, target, transport::kMaxChannels);
   ASSERT_EQ(none.size(), 1u);
   EXPECT_EQ(none[0].source, 0u);
+
+TEST(Rails, StatusListsTheRailsLeftOutAtStartWithTheirReason) {
+  MigrationStatus s;
+  EXPECT_EQ(to_json(s)["railsLeftOut"], json::array()) << "none: an empty list, as rails";
+  s.rails_left_out.push_back(RailLeftOut{1, "no-device", "RDMA device rxea2 port 1 is not active (link down?)"});
+  const json want = json::array(
+      {json{{"rail", 1}, {"reason", "no-device"}, {"message", "RDMA device rxea2 port 1 is not active (link down?)"}}});
+  EXPECT_EQ(to_json(s)["railsLeftOut"], want);
+}
+
+// Rail 1 cut between two nodes: its channels fail by themselves (no ACK: "work completion
+// failed"), and the other agent, which failed too, aborts every channel, so rail 0's channels end
+// with "peer aborted". The failure names a channel of rail 1, not channel 0 (the first in index
+// order) with the echo.
+TEST(Rails, AFailureNamesAChannelThatFailedByItselfBeforeOnesThatCarryThePeersAbort) {
+  const Error echo{Errc::kUnavailable, "rdma channel 0: peer aborted"};
+  const Error cut{Errc::kIo, "rdma channel 3: work completion failed: transport retry counter exceeded (12)"};
+  const auto f = channel_failure_to_report({echo, std::nullopt, echo, cut, echo});
+  ASSERT_TRUE(f.has_value());
+  EXPECT_EQ(f->channel, 3u);
+  EXPECT_FALSE(f->peer_abort);
+  EXPECT_EQ(f->error.message, cut.message);
+
+  // Only echoes (the peer decided; its reason is on the control link): the first, marked.
+  const auto only = channel_failure_to_report({std::nullopt, Error{Errc::kUnavailable, "channel 1: peer aborted: "
+                                                                                        "target QEMU failed"}, echo});
+  ASSERT_TRUE(only.has_value());
+  EXPECT_EQ(only->channel, 1u);
+  EXPECT_TRUE(only->peer_abort);
+
+  EXPECT_FALSE(channel_failure_to_report({std::nullopt, std::nullopt}).has_value());
+  EXPECT_FALSE(channel_failure_to_report({}).has_value());
 }
 
 }  // namespace
