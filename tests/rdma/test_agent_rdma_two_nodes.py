@@ -24,7 +24,7 @@ only (2 vs 1): it uses rail 0 alone and succeeds, byte-exact. One rail cut mid-s
 8-channel migration of the running guest (QEMU's max-bandwidth 4 MiB/s), and once both rails carry
 bytes node b drops the RoCE v2 packets reaching it on eth1 only (nftables, iifname): the migration
 fails within its no-progress bound, both agents end it, the VM runs on node a and not on node b;
-the reason names rail 1 and its device, or (Soft-RoCE, where no retry ran out first in three
+the reason names rail 1 and its device, or (Soft-RoCE, where no retry ran out first in two
 runs) node b's monitor timeout on its stalled QEMU.
 One rail down at start: with node a's eth1 down (rxea2's port DOWN), a second node a agent with
 both devices leaves rail 1 out, naming why (its log, rdmig_rdma_rail_up{rail="1",reason="no-device"}
