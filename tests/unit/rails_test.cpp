@@ -254,6 +254,7 @@ TEST(Rails, MtusFromAFlowHelloAreComparedOnEveryRailBothHave) {
   const auto none = rail_mtus({}, 0, target, transport::kMaxChannels);
   ASSERT_EQ(none.size(), 1u);
   EXPECT_EQ(none[0].source, 0u);
+}
 
 TEST(Rails, StatusListsTheRailsLeftOutAtStartWithTheirReason) {
   MigrationStatus s;
