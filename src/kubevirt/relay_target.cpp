@@ -38,18 +38,22 @@ void KubevirtRelay::on_flow_hello(UniqueFd fd, const json& raw) {
     if (targets_.size() >= kMaxTargetSessions) return reject("resource_exhausted", "too many KubeVirt sessions");
     if (targets_.contains(hello->session)) return reject("already_exists", "session exists");
   }
+  // In the table before the welcome goes out (the source may dial its first channel as soon as
+  // it reads it); the check and the insert under one lock (two hellos of one session: one wins).
+  auto publish = [this](const std::shared_ptr<TargetSession>& t) -> Status {
+    std::lock_guard lock(mu_);
+    if (targets_.size() >= kMaxTargetSessions) return Error{Errc::kResourceExhausted, "too many KubeVirt sessions"};
+    if (!targets_.emplace(t->id(), t).second) return Error{Errc::kAlreadyExists, "session exists"};
+    return ok_status();
+  };
   auto session = TargetSession::accept(
       ctx_, std::move(fd), hello.value(), [this](const FlowHello& h) { return admit_session(h); },
-      [this](const VmiRef& vmi) { return read_completed_job(config_.kubevirt, launchers_, vmi, 10s); });
+      [this](const VmiRef& vmi) { return read_completed_job(config_.kubevirt, launchers_, vmi, 10s); }, publish);
   if (!session) {
     LOG_WARN("kubevirt") << "refused a session from a peer agent: " << session.error().message;
     return;
   }
   std::shared_ptr<TargetSession> s = session.value();
-  {
-    std::lock_guard lock(mu_);
-    targets_[s->id()] = s;
-  }
   s->start();
   LOG_INFO("kubevirt") << "target: session=" << s->id() << " migration " << hello->migration_uid << " of "
                        << (hello->vmi.name.empty() ? std::string("(static)") : hello->vmi.key()) << " from "

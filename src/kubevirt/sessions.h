@@ -120,8 +120,14 @@ using Admission = std::function<Result<NetnsLocator>(const FlowHello& hello)>;
 
 class TargetSession final : public FlowSession {
  public:
+  // `publish` makes the session findable by its channels (the relay's session table) and runs
+  // before the welcome goes out: a source may connect its first channel the moment it reads the
+  // welcome. An error from it refuses the session; a welcome that cannot be sent fails the
+  // published session (the relay drops ended sessions).
+  using Publish = std::function<Status(const std::shared_ptr<TargetSession>&)>;
   static Result<std::shared_ptr<TargetSession>> accept(const SessionContext& ctx, UniqueFd fd, const FlowHello& hello,
-                                                       const Admission& admit, StatsReader stats);
+                                                       const Admission& admit, StatsReader stats,
+                                                       const Publish& publish = {});
   ~TargetSession() override;
   void start();
   const std::string& session_key() const { return hello_.session; }

@@ -33,7 +33,7 @@ TargetSession::~TargetSession() {
 
 Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContext& ctx, UniqueFd fd,
                                                              const FlowHello& hello, const Admission& admit,
-                                                             StatsReader stats) {
+                                                             StatsReader stats, const Publish& publish) {
   // This side proves the token first (one proof per token it accepts: the current one and,
   // during a rotation, the one before it), over the whole hello and both nonces.
   const std::string nonce = random_hex(16);
@@ -95,7 +95,17 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
     migration::add_rails_to_welcome(welcome, ctx.rdma);
     s->set_rails(migration::rails_from_source(hello.rdma_rails, ctx.rdma));
   }
-  RDMIG_TRY(transport::send_message(fd.get(), welcome));
+  if (publish) {
+    if (auto st = publish(s); !st) {
+      reject(fd.get(), st.error().code == Errc::kAlreadyExists ? "already_exists" : "resource_exhausted",
+             st.error().message);
+      return st.error();
+    }
+  }
+  if (auto st = transport::send_message(fd.get(), welcome); !st) {
+    s->fail(st.error().with_context("sending the welcome"), true);
+    return st.error();
+  }
   // An automatic choice of RDMA is counted once it holds: at the first RDMA channel, or as
   // the TCP fallback the source asks for when rdma_cm cannot reach this agent.
   if (choice->reason != "auto-both-rdma") ctx.metrics.transport_selected(s->transport_, choice->reason);
