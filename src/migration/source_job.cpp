@@ -417,21 +417,25 @@ Result<qemu::MigrationInfo> SourceJob::monitor() {
     auto m = link_->next(0ms);
     if (!m) return m.error().with_context("target agent");
     if (m->has_value()) {
-      const auto& msg = **m;
-      const std::string type = msg.value("type", "");
-      if (type == "abort") {
-        return Error{Errc::kUnavailable, "target agent aborted: " + msg.value("reason", std::string("?"))};
-      }
-      if (type == "result") {
-        // Kept for complete(): the target can have the VM running before our next
-        // query-migrate sees "completed", or fail just as the source completes.
-        verdict_ = msg;
-        if (!msg.value("ok", false)) {
-          return Error{Errc::kUnavailable, "target failed: " + msg.value("reason", std::string("?"))};
-        }
-      }
+      if (auto e = take_target_message(**m)) return *e;
     }
   }
+}
+
+std::optional<Error> SourceJob::take_target_message(const json& msg) {
+  const std::string type = msg.value("type", "");
+  if (type == "abort") {
+    return Error{Errc::kUnavailable, "target agent aborted: " + msg.value("reason", std::string("?"))};
+  }
+  if (type == "result") {
+    // Kept for complete(): the target can have the VM running before our next
+    // query-migrate sees "completed", or fail just as the source completes.
+    verdict_ = msg;
+    if (!msg.value("ok", false)) {
+      return Error{Errc::kUnavailable, "target failed: " + msg.value("reason", std::string("?"))};
+    }
+  }
+  return std::nullopt;
 }
 
 void SourceJob::complete(const qemu::MigrationInfo& info, const std::string& unsure) {
@@ -544,15 +548,8 @@ std::optional<Error> SourceJob::target_reason(std::chrono::milliseconds wait) {
     if (!m) return std::nullopt;  // the link is gone: the channel's error is all there is
     if (!m->has_value()) continue;
     const auto& msg = **m;
-    const std::string type = msg.value("type", "");
-    if (type == "abort") {
-      return Error{Errc::kUnavailable, "target agent aborted: " + msg.value("reason", std::string("?"))};
-    }
-    if (type == "result") {
-      verdict_ = msg;
-      if (!msg.value("ok", false)) {
-        return Error{Errc::kUnavailable, "target failed: " + msg.value("reason", std::string("?"))};
-      }
+    if (auto e = take_target_message(msg)) return e;
+    if (msg.value("type", "") == "result") {
       link_->unread(msg);  // the target has the VM: monitor() and complete() take it from here
       return std::nullopt;
     }

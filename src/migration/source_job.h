@@ -40,6 +40,9 @@ class SourceJob final : public Job {
   // The target's reason on the control link ("abort", or a failed "result"), waiting up to
   // `wait`; nullopt when none came (or the target reported success: then left on the link).
   std::optional<Error> target_reason(std::chrono::milliseconds wait);
+  // A message from the target during the migration: its "abort", or a failed "result", as the
+  // error it is; a "result" is kept as the verdict (complete() reads it); nullopt otherwise.
+  std::optional<Error> take_target_message(const nlohmann::json& msg);
   void fail_and_protect_vm(const Error& error, bool cancelled);
   void apply_progress(const qemu::MigrationInfo& info);
   void stop_accepting();
