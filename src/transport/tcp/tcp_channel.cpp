@@ -483,6 +483,8 @@ bool TcpChannel::set_inline_sink(int fd, Delivered delivered) {
   // chunks would be written only in part and the rest handed off after all. SO_SNDBUFFORCE (the
   // agent runs privileged) passes net.core.wmem_max; when refused, the socket keeps what it has.
   // A TCP socket (KubeVirt's proxies) is left alone: setting its buffer would end autotuning.
+  // At most kMaxSinkBuffer: the buffer is kernel memory outside migration.bufferBudget, and
+  // with 1 GiB chunks a socket nobody reads would otherwise hold 2 GiB of it per channel.
   sockaddr_storage addr{};
   socklen_t alen = sizeof addr;
   const bool unix_socket =
@@ -490,8 +492,8 @@ bool TcpChannel::set_inline_sink(int fd, Delivered delivered) {
   int have = 0;
   socklen_t len = sizeof have;
   if (unix_socket && ::getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &have, &len) == 0 &&
-      static_cast<size_t>(have) < 2 * chunk_size_) {
-    const int want = static_cast<int>(chunk_size_);  // the kernel doubles it
+      static_cast<size_t>(have) < 2 * std::min<size_t>(chunk_size_, kMaxSinkBuffer)) {
+    const int want = static_cast<int>(std::min<size_t>(chunk_size_, kMaxSinkBuffer));  // the kernel doubles it
     if (::setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &want, sizeof want) != 0) {
       (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &want, sizeof want);
     }

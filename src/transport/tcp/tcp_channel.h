@@ -31,6 +31,9 @@ namespace rdmig::transport {
 
 class TcpChannel final : public Channel {
  public:
+  // The most a QEMU unix socket's send buffer is raised to for inline delivery (one chunk up
+  // to this size waits there instead of the ring; the kernel doubles it).
+  static constexpr size_t kMaxSinkBuffer = size_t{16} << 20;
   // Takes a connected socket whose handshake is done. `metrics` outlives the channel.
   static std::unique_ptr<TcpChannel> create(UniqueFd fd, uint32_t index, uint32_t chunk_size,
                                             uint32_t depth, TransportMetrics& metrics,
