@@ -887,8 +887,14 @@ class HostileHttpTest(unittest.TestCase):
         # allocation threw on a channel thread and aborted the whole agent.
         tmp = tempfile.mkdtemp(prefix="rdmig-oom-")
         wrapper = os.path.join(tmp, "capped-agent")
-        with open("/proc/%d/status" % self.agent.proc.pid) as f:  # an agent's own address space
-            vm_kib = int([line for line in f if line.startswith("VmSize:")][0].split()[1])
+        # A fresh agent's own address space (the shared agent's has grown by then: malloc arenas
+        # of the threads of every test before, enough to leave room for two buffers).
+        sizer = Agent(tmp, "oom-size")
+        try:
+            with open("/proc/%d/status" % sizer.proc.pid) as f:
+                vm_kib = int([line for line in f if line.startswith("VmSize:")][0].split()[1])
+        finally:
+            sizer.stop()
         cap = (vm_kib << 10) + (1536 << 20)  # room for one 1 GiB buffer, not two
         with open(wrapper, "w") as f:
             f.write("#!/bin/sh\nexec prlimit --as=%d -- %s \"$@\"\n" % (cap, self.agent.binary))
