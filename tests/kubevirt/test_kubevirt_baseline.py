@@ -88,6 +88,16 @@ def child_pids(pid):
     return out
 
 
+def _dialed_wire(c):
+    """The TCP connection a proxy dialed, as (source address, destination address)."""
+    return (c["dialed"]["local"], c["dialed"]["peer"])
+
+
+def _accepted_wire(c):
+    """The TCP connection a proxy accepted, as (source address, destination address)."""
+    return (c["accepted"]["peer"], c["accepted"]["local"])
+
+
 class KubevirtChecks:
     """What KubeVirt's path must look like after a migration (shared with the rdmig tests)."""
 
@@ -111,8 +121,10 @@ class KubevirtChecks:
             by_key = {(c["class"], c["class_index"]): c for c in dst["connections"]}
             key = lambda c: (c["class"], c["class_index"])  # noqa: E731
         else:
-            by_key = {c["accepted"]["peer"]: c for c in dst["connections"]}
-            key = lambda c: c["dialed"]["local"]  # noqa: E731
+            # The whole 4-tuple: Linux gives one ephemeral port to two connections at once when
+            # they go to different ports (the control connection and a memory one did in CI).
+            by_key = {_accepted_wire(c): c for c in dst["connections"]}
+            key = _dialed_wire  # noqa: E731
         pairs = []
         for c in src["connections"]:
             self.assertIsNone(c["error"], c)
@@ -320,8 +332,8 @@ class KubevirtBaselineTest(KubevirtChecks, unittest.TestCase):
                             "batches": doc["shuffle"]["batches"]}
         # The order the target QEMU got its memory connections in, as the source QEMU's
         # connection numbers (0: the main channel).
-        by_peer = {c["dialed"]["local"]: c for c in r.proxy_logs["source"]["connections"]}
-        arrived = [by_peer[t["accepted"]["peer"]]["class_index"] for t in
+        by_wire = {_dialed_wire(c): c for c in r.proxy_logs["source"]["connections"]}
+        arrived = [by_wire[_accepted_wire(t)]["class_index"] for t in
                    sorted((t for t in r.proxy_logs["target"]["connections"] if t["class"] == 49152),
                           key=lambda t: t["dial_index"])]
         print("\n[kubevirt tls-8-shuffle] QEMU %d; memory connections reached the target QEMU in "
