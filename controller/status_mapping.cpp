@@ -2,6 +2,11 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <set>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "common/text.h"
 #include "common/units.h"
@@ -137,12 +142,98 @@ void copy_agent_status(json& status, const json& source, const json& target) {
   copy_ms("switchoverMs");
   copy_ms("totalTimeMs");
   if (r.contains("targetState") && r["targetState"].is_string()) status["targetState"] = r["targetState"];
+  if (auto rails = status_rails(source, target); !rails.empty()) status["rails"] = std::move(rails);
+  if (auto left = status_rails_left_out(source, target); !left.empty()) status["railsLeftOut"] = std::move(left);
   // After the end QEMU may report no current rate: show the average over the whole run.
   if (agent_phase_terminal(source.value("phase", "")) && progress.value("throughputBytesPerSecond", int64_t{0}) == 0 &&
       status.value("totalTimeMs", int64_t{0}) > 0 && progress.value("transferredBytes", int64_t{0}) > 0) {
     status["progress"]["throughputBytesPerSecond"] =
         progress["transferredBytes"].get<int64_t>() * 1000 / status["totalTimeMs"].get<int64_t>();
   }
+}
+
+namespace {
+bool is_count(const json& j) { return j.is_number_integer() && j.get<int64_t>() >= 0; }
+
+// A short string field of an agent's document, or nothing: an over-long one is left out, not cut,
+// so the status never shows a truncated address or GID as if it were real.
+void copy_short(json& out, const char* to, const json& from, const char* key, size_t max) {
+  const auto it = from.find(key);
+  if (it != from.end() && it->is_string() && !it->get_ref<const std::string&>().empty() &&
+      it->get_ref<const std::string&>().size() <= max) {
+    out[to] = *it;
+  }
+}
+
+// One agent's `rails` array as (rail index, entry), bounded and one entry per rail (the first).
+std::vector<std::pair<uint64_t, const json*>> rail_entries(const json& side) {
+  std::vector<std::pair<uint64_t, const json*>> out;
+  const auto it = side.find("rails");
+  if (it == side.end() || !it->is_array()) return out;
+  std::set<uint64_t> seen;
+  for (const auto& r : *it) {
+    if (out.size() >= kMaxStatusRails) break;
+    if (!r.is_object()) continue;
+    const auto idx = r.find("rail");
+    if (idx == r.end() || !is_count(*idx) || idx->get<uint64_t>() >= kMaxStatusRails) continue;
+    if (seen.insert(idx->get<uint64_t>()).second) out.emplace_back(idx->get<uint64_t>(), &r);
+  }
+  return out;
+}
+}  // namespace
+
+json status_rails(const json& source, const json& target) {
+  std::map<uint64_t, json> by_rail;
+  for (const auto& [role, side] : {std::pair{"source", &source}, std::pair{"target", &target}}) {
+    if (!side->is_object()) continue;
+    const bool is_source = std::string_view(role) == "source";
+    for (const auto& [rail, r] : rail_entries(*side)) {
+      json& e = by_rail[rail];
+      e["rail"] = rail;
+      if (const auto ch = r->find("channels"); ch != r->end() && ch->is_array() && !e.contains("channels")) {
+        json channels = json::array();
+        for (const auto& c : *ch) {
+          if (channels.size() >= kMaxStatusRailChannels) break;
+          if (is_count(c) && c.get<uint64_t>() < kMaxStatusRailChannels) channels.push_back(c);
+        }
+        e["channels"] = std::move(channels);
+      }
+      // Payload bytes from the source to the target on this rail: the source's count, else the
+      // target's.
+      const auto b = r->find(is_source ? "bytesSent" : "bytesReceived");
+      if (b != r->end() && is_count(*b) && (is_source || !e.contains("bytes"))) e["bytes"] = *b;
+      const std::string me = is_source ? "source" : "target", peer = is_source ? "target" : "source";
+      copy_short(e, (me + "Device").c_str(), *r, "device", 64);
+      copy_short(e, (me + "Gid").c_str(), *r, "gid", 64);
+      copy_short(e, (me + "Address").c_str(), *r, "address", 64);
+      if (!e.contains(peer + "Address")) copy_short(e, (peer + "Address").c_str(), *r, "peerAddress", 64);
+    }
+  }
+  json out = json::array();
+  for (auto& [rail, e] : by_rail) out.push_back(std::move(e));
+  return out;
+}
+
+json status_rails_left_out(const json& source, const json& target) {
+  json out = json::array();
+  for (const auto& [role, side] : {std::pair{"source", &source}, std::pair{"target", &target}}) {
+    if (!side->is_object()) continue;
+    const auto it = side->find("railsLeftOut");
+    if (it == side->end() || !it->is_array()) continue;
+    size_t n = 0;
+    for (const auto& r : *it) {
+      if (n >= kMaxStatusRails) break;
+      if (!r.is_object()) continue;
+      const auto idx = r.find("rail");
+      if (idx == r.end() || !is_count(*idx) || idx->get<uint64_t>() >= kMaxStatusRails) continue;
+      json e{{"side", role}, {"rail", *idx}};
+      copy_short(e, "reason", r, "reason", 64);
+      copy_short(e, "message", r, "message", 512);
+      out.push_back(std::move(e));
+      ++n;
+    }
+  }
+  return out;
 }
 
 namespace {
@@ -205,6 +296,12 @@ void copy_kubevirt_record(json& status, const json& item) {
   }
   if (number(item, "switchoverMs")) status["switchoverMs"] = item["switchoverMs"].get<int64_t>();
   if (!progress.empty()) status["progress"] = progress;
+  // The record is one agent's view: its rails fill that side (and the peer's address).
+  const bool from_target = item.value("role", "") == "target";
+  if (auto rails = from_target ? status_rails(json::object(), item) : status_rails(item, json::object());
+      !rails.empty()) {
+    status["rails"] = std::move(rails);
+  }
 }
 
 void copy_kubevirt_state(json& status, const json& vmim, const json& ms) {

@@ -47,10 +47,22 @@ bool transport_fell_back(const nlohmann::json& status);
 std::string transport_fallback_message(const nlohmann::json& status);
 
 // Copies progress (transferred/remaining/total bytes, percent, throughput, dirty rate,
-// passes, chunks), transport and transportReason, channels, chunk size and results (downtimeMs, switchoverMs,
-// totalTimeMs, targetState) from the agents' status JSON into `status`. Null or missing
+// passes, chunks), transport and transportReason, channels, chunk size, results (downtimeMs, switchoverMs,
+// totalTimeMs, targetState), rails and railsLeftOut from the agents' status JSON into `status`. Null or missing
 // figures are left out, never written as 0.
 void copy_agent_status(nlohmann::json& status, const nlohmann::json& source, const nlohmann::json& target);
+
+// RDMA rails in the RdmaMigration status, from the agents' `rails` (GET /v1/migrations/{id}, or
+// one side of a KubeVirt record): one entry per rail index, rails matched by index between the
+// two sides: {rail, channels, bytes (payload source -> target: the source's bytesSent, else the
+// target's bytesReceived), sourceDevice, sourceGid, sourceAddress, targetDevice, targetGid,
+// targetAddress}. Bounded (kMaxStatusRails rails, kMaxStatusRailChannels channel indexes each);
+// fields an agent left out, or sent malformed or over-long, are left out. [] over TCP.
+inline constexpr size_t kMaxStatusRails = 16;
+inline constexpr size_t kMaxStatusRailChannels = 65;  // the main channel and up to 64 multifd channels
+nlohmann::json status_rails(const nlohmann::json& source, const nlohmann::json& target);
+// The rails each agent left out at start ({side, rail, reason, message}), from `railsLeftOut`.
+nlohmann::json status_rails_left_out(const nlohmann::json& source, const nlohmann::json& target);
 
 // Preformatted strings for the printer columns, from the numeric fields (both kinds):
 // status.display.{progress "57%", downtime "31ms", switchover "40ms", throughput "2.1GB/s",
@@ -59,7 +71,8 @@ void update_display(nlohmann::json& status);
 
 // rdmig's own record of a KubeVirt migration (an item of GET /v1/kubevirt/migrations) into
 // status: transport and why, channels (connections), progress bytes/chunks/throughput,
-// libvirt's downtime and total time, switchover. Null figures are left out.
+// libvirt's downtime and total time, switchover, and the rails of the agent that wrote it. Null
+// figures are left out.
 void copy_kubevirt_record(nlohmann::json& status, const nlohmann::json& item);
 
 // KubeVirt's view (the VMIM and the VMI's status.migrationState, when it is about that VMIM)

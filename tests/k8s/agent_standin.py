@@ -4,7 +4,8 @@ Speaks the part of the agent API the controller uses (POST/GET/DELETE /v1/migrat
 /v1/pathchecks, bearer token) and can misbehave on purpose: answer a path check's GET with any
 view (`pathcheck_view`, e.g. one listing 1000 rails), answer POST late (`post_delay`, seconds), keep a created
 migration in one phase forever (`phase`) until the test ends it (`end()`, with the agent's own
-words). Reports `transport`/`transportReason` as the agents do once the data plane is up.
+words). Reports `transport`/`transportReason` as the agents do once the data plane is up, and any
+other fields of the agent's status given as `status_extra` (e.g. `rails`, `railsLeftOut`).
 Records every request and what it still holds, so a test can ask "is anything left running
 here?". Binds 127.0.0.1:0 and reports its port.
 """
@@ -18,8 +19,9 @@ TERMINAL = ("Succeeded", "Failed", "Cancelled")
 
 class AgentStandin:
     def __init__(self, token, name="standin", post_delay=0.0, phase="Migrating", transport=None,
-                 transport_reason=None, pathcheck_view=None):
+                 transport_reason=None, pathcheck_view=None, status_extra=None):
         self.token, self.name = token, name
+        self.status_extra = dict(status_extra or {})
         self.pathcheck_view = pathcheck_view
         self.pathchecks = {}   # id -> phase
         self.post_delay, self.phase = post_delay, phase
@@ -73,7 +75,7 @@ class AgentStandin:
                         outer.migrations[mid] = {"id": mid, "role": body.get("role"), "vm": body.get("vm"),
                                                  "phase": outer.phase, "transport": outer.transport,
                                                  "transportReason": outer.transport_reason,
-                                                 "progress": {}, "result": {}}
+                                                 "progress": {}, "result": {}, **outer.status_extra}
                     return self._send(201, {"migrationId": mid, "endpoint": "127.0.0.1:1", "token": "t",
                                             "phase": outer.phase})
                 if len(parts) != 3:

@@ -280,6 +280,74 @@ TEST(StatusMapping, NullFiguresAreLeftOutAndZeroRateBecomesTheAverage) {
   EXPECT_EQ(status["progress"]["throughputBytesPerSecond"], 500000);
 }
 
+TEST(StatusMapping, RailsFromBothAgentsAreMatchedByIndexAndBounded) {
+  auto rail = [](int i, const char* dev, const char* addr, const char* peer, json channels, uint64_t sent,
+                 uint64_t received) {
+    return json{{"rail", i},         {"device", dev},          {"gid", std::string("::ffff:") + addr},
+                {"address", addr},   {"peerAddress", peer},    {"channels", std::move(channels)},
+                {"bytesSent", sent}, {"bytesReceived", received}};
+  };
+  json source{{"phase", "Succeeded"},
+              {"rails", {rail(0, "rxea", "10.0.0.1", "10.0.0.2", {0, 2}, 700, 3),
+                         rail(1, "rxea2", "10.1.0.1", "10.1.0.2", {1}, 300, 1)}},
+              {"railsLeftOut", json::array()}};
+  json target{{"phase", "Succeeded"},
+              {"rails", {rail(1, "rxeb2", "10.1.0.2", "10.1.0.1", {1}, 1, 300),
+                         rail(0, "rxeb", "10.0.0.2", "10.0.0.1", {0, 2}, 3, 700)}},
+              {"railsLeftOut", {{{"rail", 2}, {"reason", "no-device"}, {"message", "RDMA device mlx5_2 port 1 is not active"}}}}};
+  json status;
+  controller::copy_agent_status(status, source, target);
+  ASSERT_EQ(status["rails"].size(), 2u);
+  EXPECT_EQ(status["rails"][0], (json{{"rail", 0}, {"channels", {0, 2}}, {"bytes", 700}, {"sourceDevice", "rxea"},
+                                      {"sourceGid", "::ffff:10.0.0.1"}, {"sourceAddress", "10.0.0.1"},
+                                      {"targetAddress", "10.0.0.2"}, {"targetDevice", "rxeb"},
+                                      {"targetGid", "::ffff:10.0.0.2"}}));
+  EXPECT_EQ(status["rails"][1]["targetDevice"], "rxeb2");
+  EXPECT_EQ(status["rails"][1]["bytes"], 300);
+  EXPECT_EQ(status["railsLeftOut"], (json{{{"side", "target"}, {"rail", 2}, {"reason", "no-device"},
+                                           {"message", "RDMA device mlx5_2 port 1 is not active"}}}));
+
+  // Over TCP: no rails, no field.
+  json tcp;
+  controller::copy_agent_status(tcp, json{{"phase", "Migrating"}, {"rails", json::array()}}, json::object());
+  EXPECT_FALSE(tcp.contains("rails"));
+  EXPECT_FALSE(tcp.contains("railsLeftOut"));
+
+  // A broken or hostile agent: wrong types, duplicate and out-of-range rails, huge arrays and
+  // strings. What the CRD would refuse never reaches the status; the rest is bounded.
+  json junk = json::array();
+  junk.push_back("rail");
+  junk.push_back(json{{"rail", -1}});
+  junk.push_back(json{{"rail", 16}});
+  junk.push_back(json{{"rail", 3}, {"device", std::string(65, 'x')}, {"bytesSent", -5}, {"channels", "0,1"}});
+  junk.push_back(json{{"rail", 3}, {"device", "second-entry-ignored"}});
+  json many_channels = json::array();
+  for (int i = 0; i < 1000; ++i) many_channels.push_back(i % 70);
+  junk.push_back(json{{"rail", 4}, {"channels", many_channels}, {"address", 7}});
+  for (int i = 0; i < 100; ++i) junk.push_back(json{{"rail", i % 20}});
+  json left_junk = json::array();
+  for (int i = 0; i < 100; ++i) left_junk.push_back(json{{"rail", i % 16}, {"message", std::string(600, 'm')}});
+  json hostile;
+  controller::copy_agent_status(hostile, json{{"rails", junk}, {"railsLeftOut", left_junk}}, json{{"rails", 42}});
+  ASSERT_TRUE(hostile["rails"].is_array());
+  EXPECT_LE(hostile["rails"].size(), controller::kMaxStatusRails);
+  for (const auto& r : hostile["rails"]) {
+    EXPECT_LT(r["rail"].get<int64_t>(), 16);
+    EXPECT_GE(r["rail"].get<int64_t>(), 0);
+    EXPECT_FALSE(r.contains("sourceAddress"));
+    if (r.contains("channels")) {
+      EXPECT_LE(r["channels"].size(), controller::kMaxStatusRailChannels);
+      for (const auto& c : r["channels"]) EXPECT_LE(c.get<int64_t>(), 64);
+    }
+  }
+  const auto three = std::find_if(hostile["rails"].begin(), hostile["rails"].end(),
+                                  [](const json& r) { return r["rail"] == 3; });
+  ASSERT_NE(three, hostile["rails"].end());
+  EXPECT_EQ(*three, (json{{"rail", 3}}));  // over-long device, negative bytes, channels not an array
+  EXPECT_EQ(hostile["railsLeftOut"].size(), controller::kMaxStatusRails);
+  for (const auto& r : hostile["railsLeftOut"]) EXPECT_FALSE(r.contains("message"));
+}
+
 TEST(StatusMapping, JudgeCombinesBothSides) {
   using controller::Outcome;
   auto side = [](const char* phase, const char* reason = nullptr) {

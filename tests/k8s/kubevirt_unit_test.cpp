@@ -137,6 +137,16 @@ TEST(VmiStatus, CopiesKubevirtStateAndRdmigRecord) {
   EXPECT_EQ(status["downtimeMs"], 17);
   EXPECT_EQ(status["totalTimeMs"], 2400);
   EXPECT_FALSE(status.contains("switchoverMs")) << "null figures are left out";
+  EXPECT_FALSE(status.contains("rails")) << "no rails in the record: none in the status";
+  // A target agent's record over two rails: its side and the source's address on each.
+  json rails_status;
+  controller::copy_kubevirt_record(
+      rails_status,
+      json{{"carried", true}, {"role", "target"},
+           {"rails", {{{"rail", 1}, {"device", "rxeb2"}, {"address", "10.1.0.2"}, {"peerAddress", "10.1.0.1"},
+                       {"channels", {1}}, {"bytesSent", 10}, {"bytesReceived", 4096}}}}});
+  EXPECT_EQ(rails_status["rails"], (json{{{"rail", 1}, {"channels", {1}}, {"bytes", 4096}, {"targetDevice", "rxeb2"},
+                                          {"targetAddress", "10.1.0.2"}, {"sourceAddress", "10.1.0.1"}}}));
   controller::update_display(status);
   EXPECT_EQ(status["display"]["downtime"], "17ms");
   EXPECT_EQ(status["display"]["bytes"], "537MB");
