@@ -129,13 +129,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   // The migration sockets live here: a real directory of ours, closed to everyone else.
-  struct stat st {};
-  if (::lstat(config.state_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) {
+  struct stat dir_st {};
+  if (::lstat(config.state_dir.c_str(), &dir_st) != 0 || !S_ISDIR(dir_st.st_mode) || dir_st.st_uid != ::geteuid()) {
     std::cerr << "rdmig-agent: config key 'stateDir': '" << config.state_dir
               << "' must be a directory (not a symlink) owned by the agent's user\n";
     return 2;
   }
-  if ((st.st_mode & 0077) != 0 && ::chmod(config.state_dir.c_str(), 0700) != 0) {
+  if ((dir_st.st_mode & 0077) != 0 && ::chmod(config.state_dir.c_str(), 0700) != 0) {
     std::cerr << "rdmig-agent: config key 'stateDir': cannot make '" << config.state_dir
               << "' private (0700): " << std::strerror(errno) << "\n";
     return 2;

@@ -93,7 +93,9 @@ void KubevirtRelay::sweep_leftover_tables() {
 void KubevirtRelay::record_armed(uint64_t netns_inode) {
   std::ofstream out(armed_record_path(config_), std::ios::app);
   out << netns_inode << "\n";
-  if (!out) LOG_WARN("kubevirt") << "cannot record an armed namespace in " << armed_record_path(config_);
+  if (!out) {
+    LOG_WARN("kubevirt") << "cannot record an armed namespace in " << armed_record_path(config_);
+  }
 }
 
 void KubevirtRelay::stop() {

@@ -11,6 +11,7 @@
 
 #include "common/units.h"
 #include "metrics/metrics.h"
+#include "transport/rdma/ack_watch.h"
 #include "transport/rdma/cm.h"
 #include "transport/rdma/imm.h"
 #include "transport/rdma/rdma_channel.h"
@@ -34,6 +35,51 @@ TEST(RdmaImm, DataCreditEofAbortRoundTrip) {
   EXPECT_EQ(c.value, 7u);
   EXPECT_EQ(decode_imm(*encode_imm({ImmKind::kEof, 0})).kind, ImmKind::kEof);
   EXPECT_EQ(decode_imm(*encode_imm({ImmKind::kAbort, 0})).kind, ImmKind::kAbort);
+}
+
+TEST(RdmaAckWatch, StallsOnlyWhenTheOldestSignalledWriteWaitsTooLong) {
+  using namespace std::chrono_literals;
+  using V = AckWatch::Verdict;
+  AckWatch w(5000ms, 1000ms);
+  w.reserve(4);
+  const uint64_t s = 1'000'000'000;  // microseconds
+  EXPECT_EQ(w.check(s, 0), V::kFine) << "nothing outstanding";
+  w.posted(s, false);
+  w.posted(s + 10, true);   // covers both
+  w.posted(s + 20, false);
+  EXPECT_EQ(w.check(s + 4'999'999, 3), V::kFine);
+  EXPECT_EQ(w.check(s + 5'000'010, 3), V::kStalled) << "the oldest signalled write waited 5 s";
+  EXPECT_EQ(w.oldest_wait_us(s + 5'000'010), 5'000'000);
+  w.completed();  // the signalled one came back: one unsignalled write left, posted at s+20
+  EXPECT_EQ(w.check(s + 5'000'010, 1), V::kProbe) << "only unsignalled work, idle for 5 s: probe it";
+  EXPECT_EQ(w.check(s + 500'000, 1), V::kFine) << "idle for less than probe_after";
+  EXPECT_EQ(w.check(s + 5'000'010, 0), V::kFine) << "every write covered";
+  w.posted(s + 5'000'020, true);  // the probe
+  EXPECT_EQ(w.check(s + 5'000'030, 1), V::kFine);
+  EXPECT_EQ(w.check(s + 10'000'020, 1), V::kStalled) << "the probe was not acknowledged either";
+  // Completions pop in order: after two of three, the third's age counts.
+  AckWatch v(5000ms, 1000ms);
+  v.reserve(3);
+  v.posted(s, true);
+  v.posted(s + 2'000'000, true);
+  v.posted(s + 4'000'000, true);
+  v.completed();
+  v.completed();
+  EXPECT_EQ(v.signaled_outstanding(), 1u);
+  EXPECT_EQ(v.check(s + 8'999'999, 1), V::kFine);
+  EXPECT_EQ(v.check(s + 9'000'000, 1), V::kStalled);
+  v.completed();
+  v.completed();  // more completions than posts (a flushed queue): ignored
+  EXPECT_EQ(v.signaled_outstanding(), 0u);
+  // The ring wraps: many posts and completions through a small capacity.
+  for (int i = 0; i < 100; ++i) {
+    v.posted(s + 10'000'000 + static_cast<uint64_t>(i), true);
+    v.completed();
+  }
+  EXPECT_EQ(v.check(s + 100'000'000, 0), V::kFine);
+  // A clock read before the post (another thread's now) never looks like a long wait.
+  v.posted(s + 200'000'000, true);
+  EXPECT_EQ(v.check(s + 100'000'000, 1), V::kFine);
 }
 
 TEST(RdmaPrivateData, ConnectRequestAndReplyRoundTripWithinCmLimits) {

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <poll.h>
 
+#include <cstdio>
 #include <cstring>
 
 #include "common/log.h"
@@ -67,7 +68,6 @@ Status RdmaChannel::post_write(uint32_t imm, const std::byte* local, uint32_t le
   }
   ibv_sge sge{};
   ibv_send_wr wr{};
-  ibv_send_wr* bad = nullptr;
   wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
   wr.imm_data = htonl(imm);
   wr.wr.rdma.remote_addr = peer_ring_addr_ + remote_offset;
@@ -79,20 +79,71 @@ Status RdmaChannel::post_write(uint32_t imm, const std::byte* local, uint32_t le
     wr.sg_list = &sge;
     wr.num_sge = 1;
   }
+  return post_locked(wr, len > 0, false);
+}
+
+Status RdmaChannel::post_locked(ibv_send_wr& wr, bool data, bool force_signal) {
+  ibv_send_wr* bad = nullptr;
   ++unsignaled_;
+  const uint64_t now = now_us();
   // Signal every Nth write, and always before the send queue could fill with unsignalled work.
-  if (unsignaled_ >= signal_every_ || sq_outstanding_ + 2 >= sq_cap_ / 2) {
+  const bool signaled = force_signal || unsignaled_ >= signal_every_ || sq_outstanding_ + 2 >= sq_cap_ / 2;
+  const uint32_t covered = unsignaled_;
+  if (signaled) {
     wr.send_flags = IBV_SEND_SIGNALED;
-    wr.wr_id = (len > 0 ? kDataFlag : 0) | (uint64_t{unsignaled_} << 48) | (now_us() & kTimeMask);
+    wr.wr_id = (data ? kDataFlag : 0) | (uint64_t{covered} << 48) | (now & kTimeMask);
     unsignaled_ = 0;
   }
   if (ibv_post_send(id_->qp, &wr, &bad) != 0) {
     const int err = errno;
+    if (signaled) unsignaled_ = covered;
     --unsignaled_;
     return verbs_error("ibv_post_send", err);
   }
   ++sq_outstanding_;
+  ack_watch_.posted(now, signaled);
   return ok_status();
+}
+
+void RdmaChannel::watch_acks(uint64_t now) {
+  {
+    std::lock_guard s(state_mu_);
+    if (!established_ || error_) return;
+  }
+  std::unique_lock lock(sq_mu_);
+  switch (ack_watch_.check(now, sq_outstanding_)) {
+    case AckWatch::Verdict::kFine:
+      return;
+    case AckWatch::Verdict::kProbe: {
+      if (sq_outstanding_ + 1 >= sq_cap_) return;  // a full queue holds a signalled write already
+      // A zero-length RDMA WRITE without immediate: the peer's NIC acknowledges it, and nothing
+      // there changes (no receive taken, no byte written; the address and key are valid anyway).
+      ibv_send_wr wr{};
+      wr.opcode = IBV_WR_RDMA_WRITE;
+      wr.wr.rdma.remote_addr = peer_ring_addr_;
+      wr.wr.rdma.rkey = peer_ring_rkey_;
+      if (auto st = post_locked(wr, false, true); !st) {
+        lock.unlock();
+        fail(st.error().with_context("channel " + std::to_string(params_.index) + ": acknowledgement probe"),
+             "post_send");
+      }
+      return;
+    }
+    case AckWatch::Verdict::kStalled: {
+      const int64_t waited_ms = ack_watch_.oldest_wait_us(now) / 1000;
+      const uint32_t outstanding = sq_outstanding_;
+      lock.unlock();
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%.1f", static_cast<double>(waited_ms) / 1000.0);
+      fail(Error{Errc::kUnavailable,
+                 "channel " + std::to_string(params_.index) + ": the peer's RDMA NIC acknowledged nothing for " + secs +
+                     " s (" + std::to_string(outstanding) +
+                     " writes outstanding): this path carries no RoCE now (link, cable or switch port down, "
+                     "VLAN or PFC misconfigured, or UDP 4791 filtered)"},
+           "ack_stall");
+      return;
+    }
+  }
 }
 
 Status RdmaChannel::post_control(uint32_t imm) { return post_write(imm, nullptr, 0, 0); }
@@ -270,6 +321,7 @@ bool RdmaChannel::handle_completion(const ibv_wc& wc) {
     }
     std::lock_guard lock(sq_mu_);
     sq_outstanding_ -= std::min(covered, sq_outstanding_);
+    ack_watch_.completed();
     sq_cv_.notify_all();
   }
   return true;
@@ -317,7 +369,14 @@ void RdmaChannel::start_poller() {
 
 void RdmaChannel::poller_loop() {
   ibv_wc wcs[32];
+  uint64_t watched_us = now_us();
   while (!stopping_.load()) {
+    // Judge the peer's acknowledgements every 100 ms, busy or idle (a channel that only
+    // receives completes work all the time while its own writes may be stuck).
+    if (const uint64_t now = now_us(); now - watched_us >= 100000) {
+      watched_us = now;
+      watch_acks(now);
+    }
     int n = ibv_poll_cq(cq_.get(), 32, wcs);
     if (n < 0) {
       fail(Error{Errc::kUnavailable, "ibv_poll_cq failed"}, "poll_cq");

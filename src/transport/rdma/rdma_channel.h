@@ -7,6 +7,7 @@
 // Credits come back as zero-length writes with a credit immediate; a staging slot is reused
 // only when its credit is back, which also proves the write left our memory. Only every Nth
 // write asks for a completion; the send queue is sized so it never fills with unsignalled work.
+// A peer whose NIC stops acknowledging fails the channel after kAckStall (ack_watch.h).
 //
 // Threads: the sender thread posts writes, the receiver thread releases slots (posts credit
 // messages), and a poller thread owned by the channel drains the completion queue and the
@@ -28,6 +29,7 @@
 #include "metrics/metrics.h"
 #include "transport/channel.h"
 #include "transport/framing.h"
+#include "transport/rdma/ack_watch.h"
 #include "transport/rdma/cm.h"
 #include "transport/rdma/verbs.h"
 
@@ -88,6 +90,11 @@ class RdmaChannel final : public Channel {
   // queue is kResourceExhausted and nothing is posted).
   Status post_write(uint32_t imm, const std::byte* local, uint32_t len, uint64_t remote_offset, bool wait = true);
   Status post_control(uint32_t imm);
+  // Posts `wr` (sq_mu_ held, room checked): signalled when `force_signal` or when due.
+  Status post_locked(ibv_send_wr& wr, bool data, bool force_signal);
+  // Poller: fails the channel if the peer's NIC acknowledged nothing for kAckStall, or posts a
+  // probe so that unsignalled writes get judged too (ack_watch.h).
+  void watch_acks(uint64_t now_us);
   void start_poller();
   void poller_loop();
   bool handle_completion(const ibv_wc& wc);
@@ -125,6 +132,7 @@ class RdmaChannel final : public Channel {
   uint32_t unsignaled_ = 0;
   uint32_t sq_cap_ = 0;
   uint32_t signal_every_ = 1;
+  AckWatch ack_watch_;  // under sq_mu_
   std::atomic<int64_t> outstanding_{0};  // chunks sent, credit not yet back (for the gauge)
 
   // Receive side.

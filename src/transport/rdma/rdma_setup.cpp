@@ -33,9 +33,9 @@ std::string memlock_limit_text() {
 // retry_cnt--") retries for ever there too: a path that stops carrying RoCE (a cut rail, a
 // dropped link) then never fails the channel, and the migration stalls until its no-progress
 // timeout without naming the rail. With 6 the channel is meant to fail with "transport retry
-// counter exceeded" 7 ack timeouts after the last ACK, on every device. Not yet seen on Soft-RoCE:
-// in two runs of the two-node rail cut no channel had failed 20 s after the cut (the ack timeout
-// rxe gets from rdma_cm may be long); see tests/rdma/README.md.
+// counter exceeded" 7 ack timeouts after the last ACK, on every device. Not seen on Soft-RoCE:
+// in two runs of the two-node rail cut no channel had failed 20 s after the cut; the channel's
+// acknowledgement watch (ack_watch.h) fails it there, 5 s on; see tests/rdma/README.md.
 rdma_conn_param conn_param(const std::vector<uint8_t>& private_data) {
   rdma_conn_param cp{};
   cp.private_data = private_data.data();
@@ -58,6 +58,7 @@ Status RdmaChannel::setup_resources() {
   if (!comp_) return verbs_error("ibv_create_comp_channel", errno);
   ::fcntl(comp_->fd, F_SETFL, ::fcntl(comp_->fd, F_GETFL) | O_NONBLOCK);
   sq_cap_ = params_.send_depth + params_.recv_depth + 8;
+  ack_watch_.reserve(sq_cap_);
   const uint32_t rq = params_.recv_depth + params_.send_depth + 8;
   cq_.reset(ibv_create_cq(ctx, static_cast<int>(sq_cap_ + rq), nullptr, comp_.get(), 0));
   if (!cq_) return verbs_error("ibv_create_cq", errno);
