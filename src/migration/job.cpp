@@ -261,6 +261,15 @@ Error Job::data_plane_error(const Error& e, uint32_t channel) const {
   return e.with_context(rail.empty() ? "data plane" : "data plane (" + rail + ")");
 }
 
+Error Job::qemu_failure(const std::string& what, const std::string& error_desc,
+                        const std::optional<ChannelFailure>& failed) const {
+  const std::string qemu_error = what + ": " + (error_desc.empty() ? std::string("no reason given") : error_desc);
+  if (!failed) return Error{Errc::kQemu, qemu_error};
+  Error e = data_plane_error(failed->error, failed->channel);
+  e.message += "; " + qemu_error;
+  return e;
+}
+
 void Job::abort_data_plane(const Error& reason, bool keep_link) {
   std::lock_guard lock(data_mu_);
   for (auto& p : pumps_) p->abort(reason);

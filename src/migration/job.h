@@ -115,6 +115,11 @@ class Job {
   // A data-plane failure of channel `channel`, named with the rail that carried it (over RDMA):
   // "data plane (rail 1: mlx5_1 10.10.1.1 to 10.10.1.2:7472): channel 1: work completion failed ...".
   Error data_plane_error(const Error& e, uint32_t channel) const;
+  // QEMU said the migration failed (`what`: "source QEMU: migration failed", its text after a
+  // colon): when a channel failed too (`failed`) the channel is the cause (QEMU only saw its
+  // connection break in the same poll), so its error, named with its rail, comes first.
+  Error qemu_failure(const std::string& what, const std::string& error_desc,
+                     const std::optional<ChannelFailure>& failed) const;
   // The channel failure a report names (channel_failure_to_report over the pumps' errors;
   // with `only`, over the errors of that code alone).
   std::optional<ChannelFailure> channel_failure(std::optional<Errc> only = std::nullopt) const;

@@ -384,15 +384,7 @@ Result<qemu::MigrationInfo> SourceJob::monitor() {
     if (failed && failed->peer_abort) {
       if (auto why = target_reason(kTargetReasonWait)) return *why;
     }
-    if (info->status == "failed") {
-      const std::string qemu_error =
-          "source QEMU: migration failed: " +
-          (info->error_desc.empty() ? std::string("no reason given") : info->error_desc);
-      if (!failed) return Error{Errc::kQemu, qemu_error};
-      Error e = data_plane_error(failed->error, failed->channel);
-      e.message += "; " + qemu_error;
-      return e;
-    }
+    if (info->status == "failed") return qemu_failure("source QEMU: migration failed", info->error_desc, failed);
     if (info->status == "cancelled") return Error{Errc::kCancelled, "source QEMU cancelled the migration"};
     if (cancel_requested()) return Error{Errc::kCancelled, cancel_reason()};
     if (failed) return data_plane_error(failed->error, failed->channel);

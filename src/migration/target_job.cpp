@@ -345,13 +345,7 @@ Status TargetJob::monitor() {
       if (auto why = source_reason(kSourceReasonWait)) return *why;
     }
     if (info->status == "failed") {
-      const std::string qemu_error =
-          "target QEMU: incoming migration failed: " +
-          (info->error_desc.empty() ? std::string("no reason given") : info->error_desc);
-      if (!failed) return Error{Errc::kQemu, qemu_error};
-      Error e = data_plane_error(failed->error, failed->channel);
-      e.message += "; " + qemu_error;
-      return e;
+      return qemu_failure("target QEMU: incoming migration failed", info->error_desc, failed);
     }
     if (failed) return data_plane_error(failed->error, failed->channel);
     if (std::chrono::steady_clock::now() > deadline) {
