@@ -200,8 +200,12 @@ json status_rails(const json& source, const json& target) {
       }
       // Payload bytes from the source to the target on this rail: the source's count, else the
       // target's.
-      const auto b = r->find(is_source ? "bytesSent" : "bytesReceived");
-      if (b != r->end() && is_count(*b) && (is_source || !e.contains("bytes"))) e["bytes"] = *b;
+      for (const auto& [to, from] : {std::pair{"bytes", is_source ? "bytesSent" : "bytesReceived"},
+                                     std::pair{"chunks", is_source ? "chunksSent" : "chunksReceived"},
+                                     std::pair{"throughputBytesPerSecond", "throughputBytesPerSecond"}}) {
+        const auto v = r->find(from);
+        if (v != r->end() && is_count(*v) && (is_source || !e.contains(to))) e[to] = *v;
+      }
       const std::string me = is_source ? "source" : "target", peer = is_source ? "target" : "source";
       copy_short(e, (me + "Device").c_str(), *r, "device", 64);
       copy_short(e, (me + "Gid").c_str(), *r, "gid", 64);

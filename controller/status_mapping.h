@@ -54,9 +54,10 @@ void copy_agent_status(nlohmann::json& status, const nlohmann::json& source, con
 
 // RDMA rails in the RdmaMigration status, from the agents' `rails` (GET /v1/migrations/{id}, or
 // one side of a KubeVirt record): one entry per rail index, rails matched by index between the
-// two sides: {rail, channels, bytes (payload source -> target: the source's bytesSent, else the
-// target's bytesReceived), sourceDevice, sourceGid, sourceAddress, targetDevice, targetGid,
-// targetAddress}. Bounded (kMaxStatusRails rails, kMaxStatusRailChannels channel indexes each);
+// two sides: {rail, channels, bytes and chunks (source -> target: the source's bytesSent and
+// chunksSent, else the target's bytesReceived and chunksReceived), throughputBytesPerSecond
+// (the source's, else the target's), sourceDevice, sourceGid, sourceAddress, targetDevice,
+// targetGid, targetAddress}. Bounded (kMaxStatusRails rails, kMaxStatusRailChannels channel indexes each);
 // fields an agent left out, or sent malformed or over-long, are left out. [] over TCP.
 inline constexpr size_t kMaxStatusRails = 16;
 inline constexpr size_t kMaxStatusRailChannels = 65;  // the main channel and up to 64 multifd channels

@@ -138,7 +138,7 @@ size_t FlowSession::leg_count() const {
 void FlowSession::refresh_counters_locked(FlowRecord& r) const {
   std::lock_guard lock(legs_mu_);
   uint64_t up = 0, down = 0, cu = 0, cd = 0;
-  std::vector<uint64_t> up_by_channel, down_by_channel;
+  migration::ChannelTraffic by_channel;
   for (const auto& l : legs_) {
     up += l.pump->bytes_up();
     down += l.pump->bytes_down();
@@ -146,17 +146,19 @@ void FlowSession::refresh_counters_locked(FlowRecord& r) const {
     cd += l.pump->chunks_down();
     if (!l.rail.empty()) {
       const uint32_t i = l.channel->index();
-      if (up_by_channel.size() <= i) {
-        up_by_channel.resize(i + 1, 0);
-        down_by_channel.resize(i + 1, 0);
+      for (auto* v : {&by_channel.bytes_sent, &by_channel.bytes_received, &by_channel.chunks_sent,
+                      &by_channel.chunks_received}) {
+        if (v->size() <= i) v->resize(i + 1, 0);
       }
-      up_by_channel[i] = l.pump->bytes_up();
-      down_by_channel[i] = l.pump->bytes_down();
+      by_channel.bytes_sent[i] = l.pump->bytes_up();
+      by_channel.bytes_received[i] = l.pump->bytes_down();
+      by_channel.chunks_sent[i] = l.pump->chunks_up();
+      by_channel.chunks_received[i] = l.pump->chunks_down();
     }
   }
   if (legs_.empty()) return;  // keep the final figures once the legs are gone
   if (!rail_usage_.empty()) {
-    migration::account_rail_bytes(rail_usage_, up_by_channel, down_by_channel, metrics_, "migration");
+    migration::account_rail_traffic(rail_usage_, by_channel, metrics_, "migration");
     r.rails = rail_usage_;
   }
   r.bytes_sent = up;

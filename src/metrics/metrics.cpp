@@ -133,6 +133,10 @@ Metrics::Metrics(std::string component)
                       .Help("Payload bytes carried over each RDMA rail, by rail, device, direction (sent, "
                             "received) and traffic (migration, pathcheck)")
                       .Register(*registry_)),
+      rail_chunks_(BuildCounter().Name("rdmig_rdma_rail_chunks_total")
+                       .Help("Chunks carried over each RDMA rail, by rail, device, direction (sent, received) and "
+                             "traffic (migration, pathcheck)")
+                       .Register(*registry_)),
       throughput_(BuildGauge().Name("rdmig_migration_throughput_bytes_per_second")
                       .Help("Current throughput of each migration (QEMU's figure on the source)")
                       .Register(*registry_)),
@@ -294,6 +298,13 @@ void Metrics::add_rail_bytes(const std::string& rail, const std::string& device,
   if (bytes == 0) return;
   rail_bytes_.Add({{"rail", rail}, {"device", device}, {"direction", direction}, {"traffic", traffic}})
       .Increment(static_cast<double>(bytes));
+}
+
+void Metrics::add_rail_chunks(const std::string& rail, const std::string& device, const std::string& direction,
+                              const std::string& traffic, uint64_t chunks) {
+  if (chunks == 0) return;
+  rail_chunks_.Add({{"rail", rail}, {"device", device}, {"direction", direction}, {"traffic", traffic}})
+      .Increment(static_cast<double>(chunks));
 }
 
 MigrationGauges Metrics::migration_gauges(const std::string& id, const std::string& role,

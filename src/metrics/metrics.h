@@ -124,6 +124,9 @@ class Metrics {
   // rail (sent or received), added as a migration's or path check's channels move them.
   void add_rail_bytes(const std::string& rail, const std::string& device, const std::string& direction,
                       const std::string& traffic, uint64_t bytes);
+  // rdmig_rdma_rail_chunks_total{rail,device,direction,traffic}: chunks carried over one rail.
+  void add_rail_chunks(const std::string& rail, const std::string& device, const std::string& direction,
+                       const std::string& traffic, uint64_t chunks);
 
   // A migration's gauges, its start time (now) and its info series (phase Pending, no transport).
   MigrationGauges migration_gauges(const std::string& id, const std::string& role,
@@ -160,6 +163,7 @@ class Metrics {
   prometheus::Gauge* rdma_selected_series_ = nullptr;
   prometheus::Family<prometheus::Gauge>& rail_up_;
   prometheus::Family<prometheus::Counter>& rail_bytes_;
+  prometheus::Family<prometheus::Counter>& rail_chunks_;
   prometheus::Family<prometheus::Gauge>& throughput_;
   prometheus::Family<prometheus::Gauge>& transferred_;
   prometheus::Family<prometheus::Gauge>& remaining_;

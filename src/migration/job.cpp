@@ -180,12 +180,14 @@ void Job::update(const std::function<void(MigrationStatus&)>& fn) {
 
 void Job::refresh_data_counters() {
   uint64_t sent = 0, received = 0, chunks_sent = 0, chunks_received = 0;
-  std::vector<uint64_t> sent_by_channel, received_by_channel;  // pumps_[c] carries channel c
+  ChannelTraffic by_channel;  // pumps_[c] carries channel c
   {
     std::lock_guard lock(data_mu_);
     for (const auto& p : pumps_) {
-      sent_by_channel.push_back(p->bytes_up());
-      received_by_channel.push_back(p->bytes_down());
+      by_channel.bytes_sent.push_back(p->bytes_up());
+      by_channel.bytes_received.push_back(p->bytes_down());
+      by_channel.chunks_sent.push_back(p->chunks_up());
+      by_channel.chunks_received.push_back(p->chunks_down());
       sent += p->bytes_up();
       received += p->bytes_down();
       chunks_sent += p->chunks_up();
@@ -197,7 +199,7 @@ void Job::refresh_data_counters() {
   status_.progress.data_bytes_received = received;
   status_.progress.chunks_sent = chunks_sent;
   status_.progress.chunks_received = chunks_received;
-  account_rail_bytes(status_.rails, sent_by_channel, received_by_channel, ctx_.metrics, "migration");
+  account_rail_traffic(status_.rails, by_channel, ctx_.metrics, "migration");
 }
 
 void Job::set_rails(const std::vector<RailPair>& rails) {

@@ -149,21 +149,31 @@ void add_channel_to_usage(std::vector<RailUsage>& usage, const std::vector<RailP
   it->channels.insert(std::upper_bound(it->channels.begin(), it->channels.end(), channel), channel);
 }
 
-void account_rail_bytes(std::vector<RailUsage>& rails, const std::vector<uint64_t>& sent_by_channel,
-                        const std::vector<uint64_t>& received_by_channel, Metrics& metrics, const std::string& traffic) {
+void account_rail_traffic(std::vector<RailUsage>& rails, const ChannelTraffic& by_channel, Metrics& metrics,
+                          const std::string& traffic, std::chrono::steady_clock::time_point now) {
+  auto sum = [](const std::vector<uint64_t>& v, const std::vector<uint32_t>& channels) {
+    uint64_t total = 0;
+    for (const uint32_t c : channels) total += c < v.size() ? v[c] : 0;
+    return total;
+  };
   for (auto& r : rails) {
-    uint64_t sent = 0, received = 0;
-    for (const uint32_t c : r.channels) {
-      if (c < sent_by_channel.size()) sent += sent_by_channel[c];
-      if (c < received_by_channel.size()) received += received_by_channel[c];
-    }
     const std::string label = std::to_string(r.rail);
-    if (sent > r.bytes_sent) metrics.add_rail_bytes(label, r.device, "sent", traffic, sent - r.bytes_sent);
-    if (received > r.bytes_received) {
-      metrics.add_rail_bytes(label, r.device, "received", traffic, received - r.bytes_received);
+    // Totals only grow: a channel whose pump is gone counts what it counted last.
+    auto grow = [&](uint64_t& total, uint64_t now_total, const char* direction, bool chunks) {
+      if (now_total <= total) return;
+      if (chunks) metrics.add_rail_chunks(label, r.device, direction, traffic, now_total - total);
+      else metrics.add_rail_bytes(label, r.device, direction, traffic, now_total - total);
+      total = now_total;
+    };
+    grow(r.bytes_sent, sum(by_channel.bytes_sent, r.channels), "sent", false);
+    grow(r.bytes_received, sum(by_channel.bytes_received, r.channels), "received", false);
+    grow(r.chunks_sent, sum(by_channel.chunks_sent, r.channels), "sent", true);
+    grow(r.chunks_received, sum(by_channel.chunks_received, r.channels), "received", true);
+    if (r.counted_since == std::chrono::steady_clock::time_point{}) {
+      r.counted_since = now;
+    } else if (const double s = std::chrono::duration<double>(now - r.counted_since).count(); s > 0) {
+      r.throughput_bytes_per_second = static_cast<uint64_t>(static_cast<double>(r.bytes_sent + r.bytes_received) / s);
     }
-    r.bytes_sent = std::max(r.bytes_sent, sent);
-    r.bytes_received = std::max(r.bytes_received, received);
   }
 }
 

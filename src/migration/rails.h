@@ -85,9 +85,15 @@ std::string rail_text(const RailPair& rail);
 // the entries kept in rail order): for sessions whose channels arrive one by one (KubeVirt's).
 void add_channel_to_usage(std::vector<RailUsage>& usage, const std::vector<RailPair>& rails, uint32_t channel);
 
-// Sets each rail's byte totals from per-channel totals (channel c at index c) and adds what
-// grew since `before` to rdmig_rdma_rail_bytes_total{traffic}.
-void account_rail_bytes(std::vector<RailUsage>& rails, const std::vector<uint64_t>& sent_by_channel,
-                        const std::vector<uint64_t>& received_by_channel, Metrics& metrics, const std::string& traffic);
+// Per-channel totals (channel c at index c); a vector shorter than the channel count counts 0.
+struct ChannelTraffic {
+  std::vector<uint64_t> bytes_sent, bytes_received, chunks_sent, chunks_received;
+};
+// Sets each rail's byte and chunk totals from the channels it carries, adds what grew to
+// rdmig_rdma_rail_bytes_total and rdmig_rdma_rail_chunks_total{traffic}, and its throughput
+// (both ways, averaged since the first call for the rail, `now`).
+void account_rail_traffic(std::vector<RailUsage>& rails, const ChannelTraffic& by_channel, Metrics& metrics,
+                          const std::string& traffic,
+                          std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
 
 }  // namespace rdmig::migration

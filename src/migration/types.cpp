@@ -53,7 +53,8 @@ std::optional<int64_t> switchover_ms(int64_t stop_us, int64_t resume_us, const s
 nlohmann::json to_json(const RailUsage& u) {
   return nlohmann::json{{"rail", u.rail},         {"device", u.device},       {"gid", u.gid},
               {"address", u.address},   {"peerAddress", u.peer_address}, {"channels", u.channels},
-              {"bytesSent", u.bytes_sent}, {"bytesReceived", u.bytes_received}};
+              {"bytesSent", u.bytes_sent}, {"bytesReceived", u.bytes_received}, {"chunksSent", u.chunks_sent},
+              {"chunksReceived", u.chunks_received}, {"throughputBytesPerSecond", u.throughput_bytes_per_second}};
 }
 
 nlohmann::json to_json(const RailLeftOut& r) {

@@ -1,6 +1,7 @@
 // What a migration is (its validated spec) and what the agent reports about it (its status).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -72,6 +73,12 @@ struct RailUsage {
   std::vector<uint32_t> channels;
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
+  uint64_t chunks_sent = 0;
+  uint64_t chunks_received = 0;
+  // Payload bytes per second both ways, averaged since the rail's channels were first counted
+  // (account_rail_traffic); 0 until a second count.
+  uint64_t throughput_bytes_per_second = 0;
+  std::chrono::steady_clock::time_point counted_since{};  // not reported
 };
 nlohmann::json to_json(const RailUsage& usage);
 

@@ -163,7 +163,8 @@ PathCheck::PathCheck(CheckSpec spec, CheckContext ctx)
     : spec_(std::move(spec)),
       ctx_(ctx),
       token_(random_hex(16)),
-      deadline_(std::chrono::steady_clock::now() + std::chrono::seconds(spec_.timeout_seconds)) {
+      deadline_(std::chrono::steady_clock::now() + std::chrono::seconds(spec_.timeout_seconds)),
+      channel_chunks_(std::make_unique<std::atomic<uint64_t>[]>(spec_.channels)) {
   status_.id = spec_.id;
   status_.role = spec_.role;
   status_.bytes = spec_.bytes;
@@ -281,13 +282,18 @@ void PathCheck::finish(const Status& result) {
     if (result.ok()) {
       status_.phase = Phase::kSucceeded;
       // Every channel carried, and the target verified, its share of the stream.
-      std::vector<uint64_t> carried;
-      for (uint32_t i = 0; i < spec_.channels; ++i) carried.push_back(channel_bytes(spec_.bytes, spec_.channels, i));
+      std::vector<uint64_t> carried, chunks;
+      for (uint32_t i = 0; i < spec_.channels; ++i) {
+        carried.push_back(channel_bytes(spec_.bytes, spec_.channels, i));
+        chunks.push_back(channel_chunks_[i].load());
+      }
       const bool source = spec_.role == Role::kSource;
       std::vector<migration::RailUsage> usage;
       for (const auto& r : status_.rails) usage.push_back(r.usage);
-      migration::account_rail_bytes(usage, source ? carried : std::vector<uint64_t>{},
-                                    source ? std::vector<uint64_t>{} : carried, ctx_.metrics, "pathcheck");
+      migration::ChannelTraffic traffic;
+      (source ? traffic.bytes_sent : traffic.bytes_received) = carried;
+      (source ? traffic.chunks_sent : traffic.chunks_received) = chunks;
+      migration::account_rail_traffic(usage, traffic, ctx_.metrics, "pathcheck");
       for (size_t i = 0; i < usage.size(); ++i) status_.rails[i].usage = std::move(usage[i]);
     } else if (cancelled_ || result.error().code == Errc::kCancelled) {
       status_.phase = Phase::kCancelled;

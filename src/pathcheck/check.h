@@ -162,6 +162,7 @@ class PathCheck {
   const std::chrono::steady_clock::time_point deadline_;
   uint64_t seed_ = 0;
   std::atomic<uint64_t> bytes_done_{0};
+  std::unique_ptr<std::atomic<uint64_t>[]> channel_chunks_;  // spec_.channels of them
 
   mutable std::mutex mu_;  // status, cancel, connection hand-over
   mutable std::condition_variable cv_;

@@ -186,7 +186,8 @@ Status PathCheck::run_source() {
   RDMIG_TRY(link_->send(json{{"type", "stream"}}));
   const auto t0 = std::chrono::steady_clock::now();
   auto sent = run_channels([this](transport::Channel& ch, uint32_t i) {
-    return send_stream(ch, channel_seed(seed_, i), channel_bytes(spec_.bytes, spec_.channels, i), bytes_done_);
+    return send_stream(ch, channel_seed(seed_, i), channel_bytes(spec_.bytes, spec_.channels, i), bytes_done_,
+                       channel_chunks_[i]);
   });
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // The target's verdict names the cause when it stopped the stream (a corrupted byte); after

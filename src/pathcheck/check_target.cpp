@@ -180,7 +180,8 @@ Status PathCheck::run_target() {
   set_phase(Phase::kMigrating);
   const auto t0 = std::chrono::steady_clock::now();
   auto received = run_channels([&](transport::Channel& ch, uint32_t i) {
-    return receive_stream(ch, channel_seed(seed, i), channel_bytes(spec_.bytes, spec_.channels, i), bytes_done_);
+    return receive_stream(ch, channel_seed(seed, i), channel_bytes(spec_.bytes, spec_.channels, i), bytes_done_,
+                          channel_chunks_[i]);
   });
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!received) {

@@ -7,7 +7,8 @@
 
 namespace rdmig::pathcheck {
 
-Status send_stream(transport::Channel& channel, uint64_t seed, uint64_t bytes, std::atomic<uint64_t>& sent) {
+Status send_stream(transport::Channel& channel, uint64_t seed, uint64_t bytes, std::atomic<uint64_t>& sent,
+                   std::atomic<uint64_t>& chunks) {
   uint64_t offset = 0;
   while (offset < bytes) {
     auto buf = channel.acquire();
@@ -17,12 +18,14 @@ Status send_stream(transport::Channel& channel, uint64_t seed, uint64_t bytes, s
     RDMIG_TRY(channel.send(n));
     offset += n;
     sent.fetch_add(n, std::memory_order_relaxed);
+    chunks.fetch_add(1, std::memory_order_relaxed);
   }
   RDMIG_TRY(channel.send_eof());
   return channel.drain();
 }
 
-Status receive_stream(transport::Channel& channel, uint64_t seed, uint64_t bytes, std::atomic<uint64_t>& verified) {
+Status receive_stream(transport::Channel& channel, uint64_t seed, uint64_t bytes, std::atomic<uint64_t>& verified,
+                      std::atomic<uint64_t>& chunks) {
   const std::string where = "channel " + std::to_string(channel.index());
   uint64_t offset = 0;
   for (;;) {
@@ -41,6 +44,7 @@ Status receive_stream(transport::Channel& channel, uint64_t seed, uint64_t bytes
     }
     offset += chunk->data.size();
     verified.fetch_add(chunk->data.size(), std::memory_order_relaxed);
+    chunks.fetch_add(1, std::memory_order_relaxed);
     RDMIG_TRY(channel.release());
   }
   if (offset != bytes) {

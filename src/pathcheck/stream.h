@@ -12,12 +12,16 @@
 namespace rdmig::pathcheck {
 
 // Sends `bytes` pattern bytes of `seed` in chunks of up to the channel's chunk size, then eof,
-// then waits until the receiver has released every chunk. `sent` counts payload bytes as they go.
-Status send_stream(transport::Channel& channel, uint64_t seed, uint64_t bytes, std::atomic<uint64_t>& sent);
+// then waits until the receiver has released every chunk. `sent` counts payload bytes as they go,
+// `chunks` the chunks.
+Status send_stream(transport::Channel& channel, uint64_t seed, uint64_t bytes, std::atomic<uint64_t>& sent,
+                   std::atomic<uint64_t>& chunks);
 
 // Receives until eof, checking each byte against the pattern of `seed`; fails (kProtocol, naming
 // the channel and the first wrong byte's offset) on the first byte that differs, and when the
-// stream ends after more or fewer than `bytes` bytes. `verified` counts checked bytes.
-Status receive_stream(transport::Channel& channel, uint64_t seed, uint64_t bytes, std::atomic<uint64_t>& verified);
+// stream ends after more or fewer than `bytes` bytes. `verified` counts checked bytes, `chunks`
+// the chunks they came in.
+Status receive_stream(transport::Channel& channel, uint64_t seed, uint64_t bytes, std::atomic<uint64_t>& verified,
+                      std::atomic<uint64_t>& chunks);
 
 }  // namespace rdmig::pathcheck

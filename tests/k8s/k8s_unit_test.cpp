@@ -283,9 +283,17 @@ TEST(StatusMapping, NullFiguresAreLeftOutAndZeroRateBecomesTheAverage) {
 TEST(StatusMapping, RailsFromBothAgentsAreMatchedByIndexAndBounded) {
   auto rail = [](int i, const char* dev, const char* addr, const char* peer, json channels, uint64_t sent,
                  uint64_t received) {
-    return json{{"rail", i},         {"device", dev},          {"gid", std::string("::ffff:") + addr},
-                {"address", addr},   {"peerAddress", peer},    {"channels", std::move(channels)},
-                {"bytesSent", sent}, {"bytesReceived", received}};
+    return json{{"rail", i},
+                {"device", dev},
+                {"gid", std::string("::ffff:") + addr},
+                {"address", addr},
+                {"peerAddress", peer},
+                {"channels", std::move(channels)},
+                {"bytesSent", sent},
+                {"bytesReceived", received},
+                {"chunksSent", sent / 100},
+                {"chunksReceived", received / 100},
+                {"throughputBytesPerSecond", (sent + received) / 2}};
   };
   json source{{"phase", "Succeeded"},
               {"rails", {rail(0, "rxea", "10.0.0.1", "10.0.0.2", {0, 2}, 700, 3),
@@ -298,7 +306,8 @@ TEST(StatusMapping, RailsFromBothAgentsAreMatchedByIndexAndBounded) {
   json status;
   controller::copy_agent_status(status, source, target);
   ASSERT_EQ(status["rails"].size(), 2u);
-  EXPECT_EQ(status["rails"][0], (json{{"rail", 0}, {"channels", {0, 2}}, {"bytes", 700}, {"sourceDevice", "rxea"},
+  EXPECT_EQ(status["rails"][0], (json{{"rail", 0}, {"channels", {0, 2}}, {"bytes", 700}, {"chunks", 7},
+                                      {"throughputBytesPerSecond", 351}, {"sourceDevice", "rxea"},
                                       {"sourceGid", "::ffff:10.0.0.1"}, {"sourceAddress", "10.0.0.1"},
                                       {"targetAddress", "10.0.0.2"}, {"targetDevice", "rxeb"},
                                       {"targetGid", "::ffff:10.0.0.2"}}));

@@ -70,7 +70,9 @@ class ControllerFaultsTest(unittest.TestCase):
         # also lists 40 junk rails, as a broken agent might.
         def rail(i, dev, addr, peer, channels, sent, received):
             return {"rail": i, "device": dev, "gid": "::ffff:" + addr, "address": addr, "peerAddress": peer,
-                    "channels": channels, "bytesSent": sent, "bytesReceived": received}
+                    "channels": channels, "bytesSent": sent, "bytesReceived": received,
+                    "chunksSent": sent >> 20, "chunksReceived": received >> 20,
+                    "throughputBytesPerSecond": (sent + received) // 3}
         junk = [{"rail": 100 + i, "device": "x" * 100} for i in range(40)]
         cls.env.standin("node-rail1", transport="rdma", transport_reason="auto-both-rdma", status_extra={
             "rails": [rail(0, "mlx5_0", "10.0.0.1", "10.0.0.2", [0, 2, 4, 6, 8], 5 << 20, 40),
@@ -275,10 +277,12 @@ class ControllerFaultsTest(unittest.TestCase):
         st = self.cluster.get("railed")["status"]
         self.assertEqual(st["transport"], "rdma")
         self.assertEqual(st["rails"], [
-            {"rail": 0, "channels": [0, 2, 4, 6, 8], "bytes": 5 << 20, "sourceDevice": "mlx5_0",
+            {"rail": 0, "channels": [0, 2, 4, 6, 8], "bytes": 5 << 20, "chunks": 5,
+             "throughputBytesPerSecond": ((5 << 20) + 40) // 3, "sourceDevice": "mlx5_0",
              "sourceGid": "::ffff:10.0.0.1", "sourceAddress": "10.0.0.1", "targetAddress": "10.0.0.2",
              "targetDevice": "mlx5_2", "targetGid": "::ffff:10.0.0.2"},
-            {"rail": 1, "channels": [1, 3, 5, 7], "bytes": 4 << 20, "sourceDevice": "mlx5_1",
+            {"rail": 1, "channels": [1, 3, 5, 7], "bytes": 4 << 20, "chunks": 4,
+             "throughputBytesPerSecond": ((4 << 20) + 32) // 3, "sourceDevice": "mlx5_1",
              "sourceGid": "::ffff:10.1.0.1", "sourceAddress": "10.1.0.1", "targetAddress": "10.1.0.2",
              "targetDevice": "mlx5_3", "targetGid": "::ffff:10.1.0.2"}])
         self.assertEqual(st["railsLeftOut"], [{"side": "target", "rail": 2, "reason": "no-device",

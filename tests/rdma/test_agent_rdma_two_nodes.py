@@ -539,15 +539,22 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
             self.assertEqual(rs["device"], DEVS[i])
             self.assertEqual(rs["bytesSent"], rt["bytesReceived"])
             self.assertGreater(rs["bytesSent"], 0, "rail %d carried nothing" % i)
+            # Chunks: as many arrived as left, none larger than the chunk size; a throughput.
+            self.assertEqual(rs["chunksSent"], rt["chunksReceived"])
+            self.assertGreaterEqual(rs["chunksSent"] * s["chunkSize"], rs["bytesSent"])
+            self.assertGreater(rs["throughputBytesPerSecond"], 0)
             sent, rcvd = mine[rs["device"]]["sent"], theirs[rt["device"]]["rcvd"]
-            print("rail %d: %d bytes; %s sent_pkts +%d, %s rcvd_pkts +%d (channels %s, %s -> %s)"
-                  % (i, rs["bytesSent"], rs["device"], sent, rt["device"], rcvd, rs["channels"],
-                     rs["address"], rs["peerAddress"]))
+            print("rail %d: %d bytes in %d chunks, %d B/s; %s sent_pkts +%d, %s rcvd_pkts +%d (channels %s, %s -> %s)"
+                  % (i, rs["bytesSent"], rs["chunksSent"], rs["throughputBytesPerSecond"], rs["device"], sent,
+                     rt["device"], rcvd, rs["channels"], rs["address"], rs["peerAddress"]))
             self.assertGreaterEqual(sent, rs["bytesSent"] // 4096, "%s sent too few packets" % rs["device"])
             self.assertGreaterEqual(rcvd, rs["bytesSent"] // 4096, "%s received too few packets" % rt["device"])
             self.assertGreaterEqual(samples.get(("rdmig_rdma_rail_bytes_total", frozenset(
                 {"rail": str(i), "device": rs["device"], "direction": "sent", "traffic": "migration"}.items())), 0),
                 rs["bytesSent"])
+            self.assertGreaterEqual(samples.get(("rdmig_rdma_rail_chunks_total", frozenset(
+                {"rail": str(i), "device": rs["device"], "direction": "sent", "traffic": "migration"}.items())), 0),
+                rs["chunksSent"])
 
     def test_rdma_cut_auto_falls_back_to_tcp_naming_why(self):
         name = "cut-auto"

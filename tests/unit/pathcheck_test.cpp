@@ -106,15 +106,17 @@ TEST(PathCheckStream, CarriesAndVerifiesEveryByteOverTcp) {
   Metrics m;
   auto p = connect_pair(m, 64 * 1024, 4);
   const uint64_t total = 3 * 1024 * 1024 + 123;  // not a whole number of chunks
-  std::atomic<uint64_t> sent{0}, verified{0};
+  std::atomic<uint64_t> sent{0}, verified{0}, chunks_sent{0}, chunks_received{0};
   Status rx = ok_status();
-  std::thread receiver([&] { rx = receive_stream(*p.b, 77, total, verified); });
-  auto tx = send_stream(*p.a, 77, total, sent);
+  std::thread receiver([&] { rx = receive_stream(*p.b, 77, total, verified, chunks_received); });
+  auto tx = send_stream(*p.a, 77, total, sent, chunks_sent);
   receiver.join();
   EXPECT_TRUE(tx.ok()) << tx.error().message;
   EXPECT_TRUE(rx.ok()) << rx.error().message;
   EXPECT_EQ(sent.load(), total);
   EXPECT_EQ(verified.load(), total);
+  EXPECT_EQ(chunks_sent.load(), 49u);  // 48 whole 64 KiB chunks and the rest
+  EXPECT_EQ(chunks_received.load(), 49u);
 }
 
 TEST(PathCheckStream, DetectsAByteCorruptedOnThePath) {
@@ -122,29 +124,30 @@ TEST(PathCheckStream, DetectsAByteCorruptedOnThePath) {
   auto p = connect_pair(m, 64 * 1024, 4);
   const uint64_t total = 1024 * 1024;
   CorruptingChannel corrupt(*p.b, /*nth=*/5, /*at=*/321);
-  std::atomic<uint64_t> sent{0}, verified{0};
+  std::atomic<uint64_t> sent{0}, verified{0}, chunks_sent{0}, chunks_received{0};
   Status rx = ok_status();
   std::thread receiver([&] {
-    rx = receive_stream(corrupt, 5, total, verified);
+    rx = receive_stream(corrupt, 5, total, verified, chunks_received);
     if (!rx) corrupt.abort(rx.error());  // as PathCheck::run_channels does: the sender stops
   });
-  auto tx = send_stream(*p.a, 5, total, sent);
+  auto tx = send_stream(*p.a, 5, total, sent, chunks_sent);
   receiver.join();
   ASSERT_FALSE(rx.ok());
   EXPECT_NE(rx.error().message.find("corrupted"), std::string::npos) << rx.error().message;
   EXPECT_NE(rx.error().message.find("offset " + std::to_string(5 * 64 * 1024 + 321)), std::string::npos)
       << rx.error().message;
   EXPECT_EQ(verified.load(), 5u * 64 * 1024);  // the chunks before the bad one
+  EXPECT_EQ(chunks_received.load(), 5u);
   EXPECT_FALSE(tx.ok());                       // the sender learnt the stream was stopped
 }
 
 TEST(PathCheckStream, FailsAStreamThatEndsShort) {
   Metrics m;
   auto p = connect_pair(m, 64 * 1024, 4);
-  std::atomic<uint64_t> sent{0}, verified{0};
+  std::atomic<uint64_t> sent{0}, verified{0}, chunks_sent{0}, chunks_received{0};
   Status rx = ok_status();
-  std::thread receiver([&] { rx = receive_stream(*p.b, 1, 200000, verified); });
-  (void)send_stream(*p.a, 1, 100000, sent);
+  std::thread receiver([&] { rx = receive_stream(*p.b, 1, 200000, verified, chunks_received); });
+  (void)send_stream(*p.a, 1, 100000, sent, chunks_sent);
   receiver.join();
   ASSERT_FALSE(rx.ok());
   EXPECT_NE(rx.error().message.find("ended after 100000 of 200000"), std::string::npos) << rx.error().message;

@@ -99,20 +99,43 @@ TEST(Rails, WelcomeAdvertisesEveryRailAndTheFirstForOneDevicePeers) {
   EXPECT_EQ(mirrored[1].peer, "10.99.2.1");
 }
 
-TEST(Rails, BytesAreCountedPerRailAndOnlyTheGrowthReachesTheCounter) {
+TEST(Rails, BytesChunksAndThroughputAreCountedPerRailAndOnlyTheGrowthReachesTheCounters) {
   Metrics metrics;
   const auto local = support({rail(0, "rxea", "10.99.0.1"), rail(1, "rxea2", "10.99.2.1")});
   auto usage = rail_usage(match_rails(local.rails, {{0, "a:1"}, {1, "b:1"}}), 3);
-  account_rail_bytes(usage, {100, 20, 3}, {}, metrics, "migration");
+  const auto t0 = std::chrono::steady_clock::now();
+  account_rail_traffic(usage, {{100, 20, 3}, {}, {10, 2, 1}, {}}, metrics, "migration", t0);
   EXPECT_EQ(usage[0].bytes_sent, 103u);
   EXPECT_EQ(usage[1].bytes_sent, 20u);
-  account_rail_bytes(usage, {200, 20, 3}, {}, metrics, "migration");
+  EXPECT_EQ(usage[0].chunks_sent, 11u);
+  EXPECT_EQ(usage[0].throughput_bytes_per_second, 0u) << "one count: no time to divide by";
+  // Two seconds on: rail 0 moved 203 bytes sent and 8 received in all since the first count.
+  account_rail_traffic(usage, {{200, 20, 3}, {8}, {20, 2, 1}, {4}}, metrics, "migration", t0 + std::chrono::seconds(2));
   EXPECT_EQ(usage[0].bytes_sent, 203u);
+  EXPECT_EQ(usage[0].bytes_received, 8u);
+  EXPECT_EQ(usage[0].chunks_sent, 21u);
+  EXPECT_EQ(usage[0].chunks_received, 4u);
+  EXPECT_EQ(usage[0].throughput_bytes_per_second, 105u);  // (203 + 8) / 2 s
+  EXPECT_EQ(usage[1].throughput_bytes_per_second, 10u);
+  // A channel that went (a shorter vector) keeps what it counted: totals never shrink.
+  account_rail_traffic(usage, {{200}, {}, {20}, {}}, metrics, "migration", t0 + std::chrono::seconds(3));
+  EXPECT_EQ(usage[0].bytes_sent, 203u);
+  EXPECT_EQ(usage[1].chunks_sent, 2u);
+  const auto j = to_json(usage[0]);
+  EXPECT_EQ(j["chunksSent"], 21);
+  EXPECT_EQ(j["chunksReceived"], 4);
+  EXPECT_EQ(j["throughputBytesPerSecond"], 70);  // (203 + 8) / 3 s
   const std::string text = metrics.serialize();
   EXPECT_NE(text.find(R"(rdmig_rdma_rail_bytes_total{device="rxea",direction="sent",rail="0",traffic="migration"} 203)"),
             std::string::npos)
       << text;
   EXPECT_NE(text.find(R"(rdmig_rdma_rail_bytes_total{device="rxea2",direction="sent",rail="1",traffic="migration"} 20)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find(R"(rdmig_rdma_rail_chunks_total{device="rxea",direction="sent",rail="0",traffic="migration"} 21)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find(R"(rdmig_rdma_rail_chunks_total{device="rxea",direction="received",rail="0",traffic="migration"} 4)"),
             std::string::npos)
       << text;
 }
