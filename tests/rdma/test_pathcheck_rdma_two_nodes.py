@@ -430,13 +430,16 @@ class TwoNodePathCheckTest(unittest.TestCase):
                   % (dropped, src["phase"], took, src.get("error"), dst["phase"], dst.get("error")))
             self.assertEqual(src["phase"], "Failed", src)
             # Not the deadline: within seconds, the stall, named (pathcheck.stallTimeoutSeconds, 10 s),
-            # or, whichever comes first, a channel whose RDMA retries ran out (6 retries of the
-            # writes the dropped packets left unacknowledged: rdma_setup.cpp), named too.
+            # or, whichever comes first, a channel whose writes went unacknowledged, named with its
+            # rail: its acknowledgement watch (5 s: ack_watch.h) or its RDMA retries running out
+            # (6 retries of the writes the dropped packets left unacknowledged: rdma_setup.cpp).
             self.assertLess(took, 30, "the check waited for its deadline instead of naming the stall")
             if "stalled" in src["error"]:
                 self.assertIn("rdma path", src["error"])
             else:
-                self.assertRegex(src["error"], r"channel \d+: work completion failed: transport retry counter exceeded")
+                self.assertRegex(src["error"], r"rail 0: rxe[ab] [0-9.]+ to [0-9.]+(:\d+)?: channel \d+: "
+                                 r"(work completion failed: transport retry counter exceeded|"
+                                 r"the peer's RDMA NIC acknowledged nothing for \d+\.\d s)")
             self.assertIn(dst["phase"], ("Failed", "Cancelled"), dst)
             self.assertTrue(dst.get("error"), dst)
             self.assertGreater(dropped, 0)

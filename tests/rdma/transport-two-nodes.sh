@@ -161,7 +161,7 @@ else
   cat /tmp/client.out
   echo "client exit status $crc after the server's node killed it (waited $((t1 - t0)) s)"
   [ "$crc" = 1 ] || fail "client should fail cleanly (exit 1), got $crc"
-  grep -Eq "disconnected|work completion failed|peer" /tmp/client.out || fail "client error does not say what happened"
+  grep -Eq "disconnected|work completion failed|acknowledged nothing|peer" /tmp/client.out || fail "client error does not say what happened"
   echo "RDMIG-RESULT two-node-peer-killed-exit $crc"
 fi
 
