@@ -56,7 +56,9 @@ Result<bool> CreditGate::take() {
   bool waited = false;
   while (credits_ == 0 && !aborted_) {
     waited = true;
+    ++waiters_;
     cv_.wait(lock);
+    --waiters_;
   }
   if (aborted_) return *aborted_;
   --credits_;
@@ -82,7 +84,9 @@ void CreditGate::untake() {
 
 Status CreditGate::wait_all() {
   std::unique_lock lock(mu_);
+  ++waiters_;
   cv_.wait(lock, [&] { return credits_ == depth_ || aborted_.has_value(); });
+  --waiters_;
   if (credits_ == depth_) return ok_status();
   return *aborted_;
 }
@@ -91,6 +95,11 @@ void CreditGate::abort(const Error& reason) {
   std::lock_guard lock(mu_);
   if (!aborted_) aborted_ = reason;
   cv_.notify_all();
+}
+
+uint32_t CreditGate::waiters() const {
+  std::lock_guard lock(mu_);
+  return waiters_;
 }
 
 uint32_t CreditGate::available() const {

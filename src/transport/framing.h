@@ -50,12 +50,15 @@ class CreditGate {
   uint32_t available() const;
   uint32_t in_flight() const { return depth_ - available(); }
   uint32_t depth() const { return depth_; }
+  // Threads waiting in take() or wait_all() now.
+  uint32_t waiters() const;
 
  private:
   const uint32_t depth_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   uint32_t credits_;
+  uint32_t waiters_ = 0;
   std::optional<Error> aborted_;
 };
 

@@ -39,7 +39,12 @@ TEST(CreditGate, TakesUntilEmptyThenStallsUntilGiven) {
   EXPECT_FALSE(g.take().value());
   EXPECT_EQ(g.in_flight(), 2u);
   std::thread giver([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    // Give only once the taker waits (a fixed sleep raced with a slow taker under load: the
+    // credit was back before take() ran, so it did not wait).
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (g.waiters() == 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     ASSERT_TRUE(g.give(1).ok());
   });
   auto waited = g.take();  // blocks until the giver returns a credit
