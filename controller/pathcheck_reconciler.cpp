@@ -9,6 +9,7 @@
 #include "common/units.h"
 #include "controller/kubevirt.h"
 #include "controller/reconcile_util.h"
+#include "controller/status_mapping.h"
 #include "k8s/selectors.h"
 #include "k8s/time_format.h"
 
@@ -108,16 +109,9 @@ json pathcheck_rdma_end(const json& end) {
 
 json pathcheck_rails(const json& view) {
   json out = json::array();
-  const auto it = view.find("rails");
-  if (it == view.end() || !it->is_array()) return out;
-  std::set<uint64_t> seen;
-  for (const auto& r : *it) {
-    if (out.size() >= kMaxPathCheckRails) break;
-    if (!r.is_object()) continue;
-    const auto idx = r.find("rail");
-    if (idx == r.end() || !is_count(*idx) || idx->get<uint64_t>() >= kMaxPathCheckRails) continue;
-    if (!seen.insert(idx->get<uint64_t>()).second) continue;  // one entry per rail: the first
-    json rail{{"rail", idx->get<uint64_t>()}};
+  for (const auto& [index, entry] : agent_rail_entries(view, kMaxPathCheckRails)) {
+    const json& r = *entry;
+    json rail{{"rail", index}};
     if (const auto ch = r.find("channels"); ch != r.end() && ch->is_array()) {
       json channels = json::array();
       for (const auto& c : *ch) {

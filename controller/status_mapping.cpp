@@ -165,29 +165,29 @@ void copy_short(json& out, const char* to, const json& from, const char* key, si
   }
 }
 
-// One agent's `rails` array as (rail index, entry), bounded and one entry per rail (the first).
-std::vector<std::pair<uint64_t, const json*>> rail_entries(const json& side) {
+}  // namespace
+
+std::vector<std::pair<uint64_t, const json*>> agent_rail_entries(const json& view, size_t max_rails) {
   std::vector<std::pair<uint64_t, const json*>> out;
-  const auto it = side.find("rails");
-  if (it == side.end() || !it->is_array()) return out;
+  const auto it = view.find("rails");
+  if (it == view.end() || !it->is_array()) return out;
   std::set<uint64_t> seen;
   for (const auto& r : *it) {
-    if (out.size() >= kMaxStatusRails) break;
+    if (out.size() >= max_rails) break;
     if (!r.is_object()) continue;
     const auto idx = r.find("rail");
-    if (idx == r.end() || !is_count(*idx) || idx->get<uint64_t>() >= kMaxStatusRails) continue;
+    if (idx == r.end() || !is_count(*idx) || idx->get<uint64_t>() >= max_rails) continue;
     if (seen.insert(idx->get<uint64_t>()).second) out.emplace_back(idx->get<uint64_t>(), &r);
   }
   return out;
 }
-}  // namespace
 
 json status_rails(const json& source, const json& target) {
   std::map<uint64_t, json> by_rail;
   for (const auto& [role, side] : {std::pair{"source", &source}, std::pair{"target", &target}}) {
     if (!side->is_object()) continue;
     const bool is_source = std::string_view(role) == "source";
-    for (const auto& [rail, r] : rail_entries(*side)) {
+    for (const auto& [rail, r] : agent_rail_entries(*side, kMaxStatusRails)) {
       json& e = by_rail[rail];
       e["rail"] = rail;
       if (const auto ch = r->find("channels"); ch != r->end() && ch->is_array() && !e.contains("channels")) {

@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace rdmig::controller {
 
@@ -62,6 +64,11 @@ void copy_agent_status(nlohmann::json& status, const nlohmann::json& source, con
 inline constexpr size_t kMaxStatusRails = 16;
 inline constexpr size_t kMaxStatusRailChannels = 65;  // the main channel and up to 64 multifd channels
 nlohmann::json status_rails(const nlohmann::json& source, const nlohmann::json& target);
+// An agent's `rails` array (of a migration, a KubeVirt record or a path check) as (rail index,
+// entry): objects with a rail index below `max_rails`, the first entry of each index, at most
+// `max_rails` of them; nothing when `view` has no such array.
+std::vector<std::pair<uint64_t, const nlohmann::json*>> agent_rail_entries(const nlohmann::json& view,
+                                                                           size_t max_rails);
 // The rails each agent left out at start ({side, rail, reason, message}), from `railsLeftOut`.
 nlohmann::json status_rails_left_out(const nlohmann::json& source, const nlohmann::json& target);
 
