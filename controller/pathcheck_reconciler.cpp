@@ -113,12 +113,7 @@ json pathcheck_rails(const json& view) {
     const json& r = *entry;
     json rail{{"rail", index}};
     if (const auto ch = r.find("channels"); ch != r.end() && ch->is_array()) {
-      json channels = json::array();
-      for (const auto& c : *ch) {
-        if (channels.size() >= kMaxPathCheckRailChannels) break;
-        if (is_count(c) && c.get<uint64_t>() <= kMaxPathCheckRailChannels) channels.push_back(c);
-      }
-      rail["channels"] = channels;
+      rail["channels"] = bounded_channel_list(*ch, kMaxPathCheckRailChannels, kMaxPathCheckRailChannels);
     }
     // The source's bytes on the rail: set when the target verified the stream.
     if (const auto b = r.find("bytesSent"); b != r.end() && is_count(*b)) rail["bytes"] = *b;

@@ -167,6 +167,15 @@ void copy_short(json& out, const char* to, const json& from, const char* key, si
 
 }  // namespace
 
+json bounded_channel_list(const json& channels, size_t max_items, uint64_t max_index) {
+  json out = json::array();
+  for (const auto& c : channels) {
+    if (out.size() >= max_items) break;
+    if (is_count(c) && c.get<uint64_t>() <= max_index) out.push_back(c);
+  }
+  return out;
+}
+
 std::vector<std::pair<uint64_t, const json*>> agent_rail_entries(const json& view, size_t max_rails) {
   std::vector<std::pair<uint64_t, const json*>> out;
   const auto it = view.find("rails");
@@ -191,12 +200,7 @@ json status_rails(const json& source, const json& target) {
       json& e = by_rail[rail];
       e["rail"] = rail;
       if (const auto ch = r->find("channels"); ch != r->end() && ch->is_array() && !e.contains("channels")) {
-        json channels = json::array();
-        for (const auto& c : *ch) {
-          if (channels.size() >= kMaxStatusRailChannels) break;
-          if (is_count(c) && c.get<uint64_t>() < kMaxStatusRailChannels) channels.push_back(c);
-        }
-        e["channels"] = std::move(channels);
+        e["channels"] = bounded_channel_list(*ch, kMaxStatusRailChannels, kMaxStatusRailChannels - 1);
       }
       // Payload bytes from the source to the target on this rail: the source's count, else the
       // target's.

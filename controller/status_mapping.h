@@ -64,6 +64,9 @@ void copy_agent_status(nlohmann::json& status, const nlohmann::json& source, con
 inline constexpr size_t kMaxStatusRails = 16;
 inline constexpr size_t kMaxStatusRailChannels = 65;  // the main channel and up to 64 multifd channels
 nlohmann::json status_rails(const nlohmann::json& source, const nlohmann::json& target);
+// A rail's channel indexes from an agent's array: the non-negative integers up to `max_index`,
+// at most `max_items` of them, anything else left out.
+nlohmann::json bounded_channel_list(const nlohmann::json& channels, size_t max_items, uint64_t max_index);
 // An agent's `rails` array (of a migration, a KubeVirt record or a path check) as (rail index,
 // entry): objects with a rail index below `max_rails`, the first entry of each index, at most
 // `max_rails` of them; nothing when `view` has no such array.

@@ -491,9 +491,9 @@ bool TcpChannel::set_inline_sink(int fd, Delivered delivered) {
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &alen) == 0 && addr.ss_family == AF_UNIX;
   int have = 0;
   socklen_t len = sizeof have;
-  if (unix_socket && ::getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &have, &len) == 0 &&
-      static_cast<size_t>(have) < 2 * std::min<size_t>(chunk_size_, kMaxSinkBuffer)) {
-    const int want = static_cast<int>(std::min<size_t>(chunk_size_, kMaxSinkBuffer));  // the kernel doubles it
+  const size_t sink = std::min<size_t>(chunk_size_, kMaxSinkBuffer);
+  if (unix_socket && ::getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &have, &len) == 0 && static_cast<size_t>(have) < 2 * sink) {
+    const int want = static_cast<int>(sink);  // the kernel doubles it
     if (::setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &want, sizeof want) != 0) {
       (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &want, sizeof want);
     }
