@@ -50,7 +50,7 @@ class SourceSession final : public FlowSession {
   // resets QEMU's main channel and drains the other memory connections for up to this long
   // (ChannelPump::drain_on_failure): QEMU 7.2 fails on its main channel and ends its multifd
   // threads itself. KubeVirt's proxy never passes QEMU's
-  // close on to this side, so a drain normally lasts the whole limit.
+  // close on to this side, so a drain normally ends at QEMU's silence (kMultifdDrainIdle).
   static constexpr std::chrono::milliseconds kMultifdDrainLimit = migration::kMultifdDrainLimit;
   // Connects to the peer agent, proves the shared token and agrees on the transport.
   static Result<std::unique_ptr<SourceSession>> open(const SessionContext& ctx, const PeerInfo& peer, FlowRecord record,

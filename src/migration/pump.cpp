@@ -68,17 +68,19 @@ void ChannelPump::record_error(const Error& e) {
   if (first) abort(e);
 }
 
-void ChannelPump::drain_on_failure(std::chrono::milliseconds limit) {
+void ChannelPump::drain_on_failure(std::chrono::milliseconds limit, std::chrono::milliseconds idle) {
   std::lock_guard lock(mu_);
   drain_ = true;
   drain_limit_ = limit;
+  drain_idle_ = idle;
 }
 
-void ChannelPump::set_drain_on_failure(bool on, std::chrono::milliseconds limit) {
+void ChannelPump::set_drain_on_failure(bool on, std::chrono::milliseconds limit, std::chrono::milliseconds idle) {
   std::lock_guard lock(mu_);
   if (aborted_) return;  // decided already
   drain_ = on;
   drain_limit_ = limit;
+  drain_idle_ = idle;
 }
 
 bool ChannelPump::drains_on_failure() const {
@@ -94,6 +96,7 @@ bool ChannelPump::draining() const {
 void ChannelPump::abort(const Error& reason, bool reset) {
   {
     std::lock_guard lock(mu_);
+    if (!aborted_) aborted_at_ = std::chrono::steady_clock::now();
     aborted_ = true;
     if (reset || !drain_) {
       hard_ = true;
@@ -109,42 +112,75 @@ void ChannelPump::abort(const Error& reason, bool reset) {
 }
 
 void ChannelPump::drain_local(int fd) {
-  const auto deadline = std::chrono::steady_clock::now() + drain_limit_;
+  // Reads until QEMU closes, the read fails, or watch_drain() (the down thread) resets the
+  // socket: QEMU silent for drain_idle_, or drain_limit_ after the failure.
   char sink[64 << 10];
-  bool closed_by_qemu = false;
   for (;;) {
     {
       std::lock_guard lock(mu_);
-      if (hard_) return;  // abort(reset) shut the socket down already
+      if (hard_) return;
     }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) break;
     pollfd p{fd, POLLIN, 0};
-    const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 100)));
-    if (r <= 0) continue;  // timeout, EINTR: look at hard_ and the deadline again
+    const int r = ::poll(&p, 1, 100);
+    if (r <= 0) continue;  // timeout, EINTR: look at hard_ again
     const ssize_t n = ::recv(fd, sink, sizeof sink, MSG_DONTWAIT);
     if (n > 0) {
       bytes_drained_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
-    } else if (n == 0) {
-      closed_by_qemu = true;
-      break;
-    } else if (errno != EAGAIN && errno != EINTR) {
-      break;
+    } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+      break;  // QEMU closed (its cleanup ran), or the socket failed
     }
   }
-  if (!closed_by_qemu) {
-    LOG_DEBUG("pump") << "channel " << channel_.index() << ": QEMU did not close its connection within "
-                      << drain_limit_.count() << " ms of the failure; resetting it";
-  }
   std::lock_guard lock(mu_);
+  if (hard_) return;
   hard_ = true;
+  cv_.notify_all();
   linger l{1, 0};
   (void)::setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
   ::shutdown(fd, SHUT_RDWR);
 }
 
-void ChannelPump::direction_done() {
+void ChannelPump::watch_drain() {
+  using Clock = std::chrono::steady_clock;
+  std::unique_lock lock(mu_);
+  // Nothing to watch unless this pump drains after a failure. Then the up thread reads QEMU's
+  // socket to nowhere (drain_local), or still sits in the read it was in when the failure
+  // came, which only a reset ends when QEMU sends nothing more.
+  cv_.wait(lock, [&] { return up_done_ || hard_ || (aborted_ && drain_); });
+  if (up_done_ || hard_) return;
+  const auto limit_at = aborted_at_ + drain_limit_;
+  uint64_t seen = bytes_up_.load(std::memory_order_relaxed) + bytes_drained_.load(std::memory_order_relaxed);
+  auto moved_at = Clock::now();
+  for (;;) {
+    if (cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return up_done_ || hard_; })) return;
+    const auto now = Clock::now();
+    const uint64_t total =
+        bytes_up_.load(std::memory_order_relaxed) + bytes_drained_.load(std::memory_order_relaxed);
+    if (total != seen) {
+      seen = total;
+      moved_at = now;
+    }
+    const bool silent = now - moved_at >= drain_idle_;
+    if (!silent && now < limit_at) continue;
+    const auto after_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - aborted_at_).count();
+    LOG_DEBUG("pump") << "channel " << channel_.index() << ": "
+                      << (silent ? "QEMU wrote nothing for " + std::to_string(drain_idle_.count()) +
+                                       " ms and kept its connection open"
+                                 : "QEMU did not close its connection")
+                      << " (" << after_ms << " ms after the failure); resetting it";
+    hard_ = true;
+    if (qemu_fd_.valid()) {
+      linger l{1, 0};
+      (void)::setsockopt(qemu_fd_.get(), SOL_SOCKET, SO_LINGER, &l, sizeof l);
+      ::shutdown(qemu_fd_.get(), SHUT_RDWR);  // wakes the up thread wherever it reads
+    }
+    cv_.notify_all();
+    return;
+  }
+}
+
+void ChannelPump::direction_done(bool up) {
   std::lock_guard lock(mu_);
+  if (up) up_done_ = true;
   ++directions_done_;
   cv_.notify_all();
 }
@@ -158,7 +194,7 @@ int ChannelPump::qemu_fd_wait() {
 void ChannelPump::up_loop() {
   const int fd = qemu_fd_wait();
   if (fd < 0) {
-    direction_done();
+    direction_done(true);
     return;
   }
   const std::string where = "channel " + std::to_string(channel_.index()) + " (QEMU to peer)";
@@ -255,7 +291,7 @@ void ChannelPump::up_loop() {
     drain = drain_ && aborted_ && !hard_;
   }
   if (drain) drain_local(fd);
-  direction_done();
+  direction_done(true);
 }
 
 int ChannelPump::open_local() {
@@ -365,6 +401,7 @@ void ChannelPump::down_loop() {
     }
   }
   channel_.clear_inline_sink();  // before anything may close fd
+  watch_drain();
   direction_done();
 }
 

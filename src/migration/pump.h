@@ -30,6 +30,15 @@ namespace rdmig::migration {
 // How long a failed source pump set to drain_on_failure() reads QEMU's connection to nowhere
 // at most (QEMU closes it itself well before, once its migration cleanup has run).
 inline constexpr std::chrono::milliseconds kMultifdDrainLimit{10000};
+// ...and how long QEMU may leave it silent before the drain ends early. A QEMU that has not
+// failed on its main channel's reset and moves nothing on a drained connection is not ending
+// by itself: its migration thread waits for a multifd channel that is stuck (on QEMU 10 here:
+// channels whose TLS handshake, carried by the agents, the link cut left half done, so KubeVirt's
+// proxy never read their QEMU side). Such a QEMU failed only when the drained connections were
+// reset, at kMultifdDrainLimit (1 in 30 link cuts on QEMU 10, 7 in 20 faults on QEMU 7.2), and
+// never wedged then (bench/results/kubevirt-failures); the reset after this much silence ends
+// the same state about 9 s sooner.
+inline constexpr std::chrono::milliseconds kMultifdDrainIdle{1000};
 // What verify_chunks() appends to each chunk.
 inline constexpr size_t kVerifyTrailer = 4;
 
@@ -64,11 +73,15 @@ class ChannelPump {
   // channel thread that wakes to find the exit flag set leaves without posting the sync the
   // migration thread waits for), and its VM can then never migrate again ("duplicate yank
   // instance"). Failing QEMU through its main channel while the other channels drain lets
-  // QEMU's own cleanup end its multifd threads.
-  void drain_on_failure(std::chrono::milliseconds limit);
+  // QEMU's own cleanup end its multifd threads. The drain also ends once QEMU has moved no
+  // byte on the connection for `idle` (kMultifdDrainIdle), also when the pump still waited
+  // in a read when the failure came (a QEMU thread blocked elsewhere on this connection, e.g.
+  // behind a TLS handshake the failure left half done, ends only with the reset).
+  void drain_on_failure(std::chrono::milliseconds limit, std::chrono::milliseconds idle = kMultifdDrainIdle);
   // Turns draining on or off again until the pump has failed (a connection found to be QEMU's
   // main channel after it started stops draining; the one taken for it before starts).
-  void set_drain_on_failure(bool on, std::chrono::milliseconds limit);
+  void set_drain_on_failure(bool on, std::chrono::milliseconds limit,
+                            std::chrono::milliseconds idle = kMultifdDrainIdle);
   // Source side: called once, from the pump's QEMU-reading thread, with the first bytes QEMU
   // sent on this connection (up to 8, peeked before they are carried). Call before start().
   using FirstBytes = std::function<void(std::span<const std::byte>)>;
@@ -97,10 +110,14 @@ class ChannelPump {
   void up_loop();
   void down_loop();
   void record_error(const Error& e);
-  void direction_done();
+  void direction_done(bool up = false);
+  // Down thread, once its direction ended: for a pump that drains after a failure, resets the
+  // QEMU socket when QEMU moved no byte for drain_idle_ or drain_limit_ passed since the
+  // failure (also when the up thread still waits in a read QEMU will never answer).
+  void watch_drain();
   int qemu_fd_wait();  // blocks until the QEMU socket is open; -1 when aborted
   int open_local();    // runs the opener once; -1 (error recorded) when it fails
-  void drain_local(int fd);  // drain_on_failure: reads QEMU's socket to nowhere, then resets it
+  void drain_local(int fd);  // drain_on_failure: reads QEMU's socket to nowhere until it closes or is reset
   // Lets the channel write chunks straight to QEMU's socket `fd` from its receiving thread when
   // nothing waits before them (see Channel::set_inline_sink); the down thread takes the rest.
   void inline_sink(int fd);
@@ -121,7 +138,10 @@ class ChannelPump {
   bool aborted_ = false;
   bool drain_ = false;  // drain_on_failure() was set
   bool hard_ = false;   // the QEMU socket was shut down (a drain ends)
+  bool up_done_ = false;  // the up direction ended
+  std::chrono::steady_clock::time_point aborted_at_{};
   std::chrono::milliseconds drain_limit_{0};
+  std::chrono::milliseconds drain_idle_{kMultifdDrainIdle};
   int directions_done_ = 0;
   std::optional<Error> error_;
 

@@ -376,8 +376,9 @@ struct DrainCase {
   std::thread writer;
 
   // A source pump (draining on failure when `drain` > 0) carrying a QEMU that writes without
-  // pause; its channel breaks once bytes flow (the peer agent's side is aborted).
-  explicit DrainCase(std::chrono::milliseconds drain) {
+  // pause (or `write_limit` bytes, then nothing, its connection open); its channel breaks once
+  // bytes flow (the peer agent's side is aborted).
+  explicit DrainCase(std::chrono::milliseconds drain, uint64_t write_limit = 0) {
     std::signal(SIGPIPE, SIG_IGN);
     link = connect_link(256 << 10, 4, SpliceMode::kOff, SpliceMode::kOff);
     src = socket_pair();
@@ -389,13 +390,21 @@ struct DrainCase {
                                                            [this]() -> Result<UniqueFd> { return std::move(dst_agent); });
     source_pump->start();
     target_pump->start();
-    writer = std::thread([this] { write_errno = write_until(src.qemu.get(), stop, written); });
+    if (write_limit > 0) {
+      std::vector<char> buf(write_limit, 'x');
+      EXPECT_TRUE(net::write_all(src.qemu.get(), std::as_bytes(std::span(buf))));
+      written = write_limit;
+      write_errno = 0;
+    } else {
+      writer = std::thread([this] { write_errno = write_until(src.qemu.get(), stop, written); });
+    }
+    const uint64_t want = write_limit > 0 ? write_limit : 256u << 10;
     const auto deadline = std::chrono::steady_clock::now() + 5s;
     // The target QEMU reads nothing: the flow stalls after about a megabyte (socket buffers).
-    while (source_pump->bytes_up() < (256u << 10) && std::chrono::steady_clock::now() < deadline) {
+    while (source_pump->bytes_up() < want && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(2ms);
     }
-    EXPECT_GE(source_pump->bytes_up(), 256u << 10);
+    EXPECT_GE(source_pump->bytes_up(), want);
     target_pump->abort(Error{Errc::kUnavailable, "peer agent gone"}, true);
     target_pump->wait(5s);
   }
@@ -457,6 +466,52 @@ TEST(PumpDrainOnFailure, EndsAtItsLimitOrOnAReset) {
   EXPECT_LT(std::chrono::steady_clock::now() - t1, 1s);
   reset.writer.join();
   EXPECT_NE(reset.write_errno, 0);
+}
+
+// A QEMU that neither fails nor writes keeps its connection open: the drain ends after
+// kMultifdDrainIdle of silence, not at its 10 s limit (what ended such a QEMU's migration in
+// the slow tries of bench/results/kubevirt-failures was that reset).
+TEST(PumpDrainOnFailure, EndsWhenQemuFallsSilentWithItsConnectionOpen) {
+  DrainCase silent(10s);
+  silent.wait_failed();
+  EXPECT_TRUE(silent.source_pump->draining());
+  std::this_thread::sleep_for(200ms);
+  EXPECT_FALSE(silent.source_pump->finished()) << "the drain ended while QEMU still wrote";
+  silent.stop = true;  // QEMU's thread stops writing; its socket stays open
+  silent.writer.join();
+  EXPECT_EQ(silent.write_errno, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(silent.source_pump->wait(5s)) << "the drain outlived QEMU's silence";
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(took, migration::kMultifdDrainIdle - 150ms);
+  EXPECT_LT(took, migration::kMultifdDrainIdle + 1500ms);
+  EXPECT_FALSE(silent.source_pump->draining());
+  // The connection was reset: QEMU's next write fails.
+  char b = 'x';
+  ssize_t n = 0;
+  for (int i = 0; i < 100 && n >= 0; ++i) {
+    n = ::send(silent.src.qemu.get(), &b, 1, MSG_NOSIGNAL);
+    if (n >= 0) std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_LT(n, 0) << "QEMU's connection still takes writes after the drain ended";
+}
+
+// The hole that kept a QEMU 10 migration alive 14 s after a link cut: QEMU had gone quiet on
+// the connection before the failure, so the pump sat in its read and never began to drain. The
+// reset still comes after kMultifdDrainIdle, not at the session's end.
+TEST(PumpDrainOnFailure, EndsWhenQemuWasSilentBeforeTheFailure) {
+  DrainCase quiet(10s, 64u << 10);
+  quiet.wait_failed();
+  // Without the watch the pump waits in its read until the session ends it (never, here).
+  EXPECT_TRUE(quiet.source_pump->wait(migration::kMultifdDrainIdle + 2s)) << "the pump outlived QEMU's silence";
+  EXPECT_EQ(quiet.source_pump->bytes_drained(), 0u);
+  char b = 'x';
+  ssize_t n = 0;
+  for (int i = 0; i < 100 && n >= 0; ++i) {
+    n = ::send(quiet.src.qemu.get(), &b, 1, MSG_NOSIGNAL);
+    if (n >= 0) std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_LT(n, 0) << "QEMU's connection still takes writes after the drain ended";
 }
 
 }  // namespace

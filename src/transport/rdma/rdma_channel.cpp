@@ -248,7 +248,9 @@ void RdmaChannel::fail(const Error& e, const char* kind) {
   failed_ = true;
   if (kind && metrics_.owner) metrics_.owner->transport_error("rdma", kind);
   if (e.code != Errc::kCancelled) {
-    LOG_WARN("rdma") << "channel " << params_.index << ": " << e.message;
+    // Most reasons name the channel already ("channel N: ..."); say it once.
+    const std::string tag = "channel " + std::to_string(params_.index) + ": ";
+    LOG_WARN("rdma") << (e.message.starts_with(tag) ? "" : tag) << e.message;
   }
   credits_.abort(e);
   rx_cv_.notify_all();
