@@ -50,31 +50,41 @@ TEST(RdmaAckWatch, StallsOnlyWhenTheOldestSignalledWriteWaitsTooLong) {
   EXPECT_EQ(w.check(s + 4'999'999, 3), V::kFine);
   EXPECT_EQ(w.check(s + 5'000'010, 3), V::kStalled) << "the oldest signalled write waited 5 s";
   EXPECT_EQ(w.oldest_wait_us(s + 5'000'010), 5'000'000);
-  w.completed();  // the signalled one came back: one unsignalled write left, posted at s+20
+  w.completed(s + 5'000'010);  // the signalled one came back: one unsignalled write left, posted at s+20
   EXPECT_EQ(w.check(s + 5'000'010, 1), V::kProbe) << "only unsignalled work, idle for 5 s: probe it";
   EXPECT_EQ(w.check(s + 500'000, 1), V::kFine) << "idle for less than probe_after";
   EXPECT_EQ(w.check(s + 5'000'010, 0), V::kFine) << "every write covered";
   w.posted(s + 5'000'020, true);  // the probe
   EXPECT_EQ(w.check(s + 5'000'030, 1), V::kFine);
   EXPECT_EQ(w.check(s + 10'000'020, 1), V::kStalled) << "the probe was not acknowledged either";
-  // Completions pop in order: after two of three, the third's age counts.
+  // Completions pop in order: after two of three, the third's wait counts from its post or
+  // from the last completion, whichever is later.
   AckWatch v(5000ms, 1000ms);
   v.reserve(3);
   v.posted(s, true);
   v.posted(s + 2'000'000, true);
   v.posted(s + 4'000'000, true);
-  v.completed();
-  v.completed();
+  v.completed(s + 1'000'000);
+  v.completed(s + 3'000'000);
   EXPECT_EQ(v.signaled_outstanding(), 1u);
   EXPECT_EQ(v.check(s + 8'999'999, 1), V::kFine);
   EXPECT_EQ(v.check(s + 9'000'000, 1), V::kStalled);
-  v.completed();
-  v.completed();  // more completions than posts (a flushed queue): ignored
+  // Big writes queued behind each other on a slow link (16 MiB at 6 MiB/s: one completion every
+  // 2.7 s): each waits longer than `stall` since its post, yet the NIC acknowledges all along.
+  AckWatch q(5000ms, 1000ms);
+  q.reserve(4);
+  for (int i = 0; i < 3; ++i) q.posted(s, true);
+  q.completed(s + 2'700'000);
+  q.completed(s + 5'400'000);
+  EXPECT_EQ(q.check(s + 8'000'000, 1), V::kFine) << "the third write waited 8 s, 2.6 s since the last completion";
+  EXPECT_EQ(q.check(s + 10'400'000, 1), V::kStalled) << "5 s without any completion";
+  v.completed(s + 9'000'000);
+  v.completed(s + 9'000'000);  // more completions than posts (a flushed queue): ignored
   EXPECT_EQ(v.signaled_outstanding(), 0u);
   // The ring wraps: many posts and completions through a small capacity.
   for (int i = 0; i < 100; ++i) {
     v.posted(s + 10'000'000 + static_cast<uint64_t>(i), true);
-    v.completed();
+    v.completed(s + 10'000'000 + static_cast<uint64_t>(i));
   }
   EXPECT_EQ(v.check(s + 100'000'000, 0), V::kFine);
   // A clock read before the post (another thread's now) never looks like a long wait.

@@ -6,13 +6,15 @@
 // run out, and Soft-RoCE (rdma_rxe) was not seen to run them out at all (tests/rdma/README.md).
 // Until then the migration just stalls, and the first error is some timeout that names no
 // NIC. RC completes writes in order, so "the oldest signalled write has waited longer than
-// `stall`" means the peer's NIC acknowledged nothing since: the channel fails naming itself (its
+// `stall`, and no other write completed meanwhile" means the peer's NIC acknowledged nothing
+// since: the channel fails naming itself (its
 // rail and device are added by the data plane). Unsignalled writes (every write but one in
 // signal_every) produce no completion, so while only they are outstanding the poller is asked
 // to post one zero-length signalled write (a probe: no immediate, so it takes no receive at the
 // peer and changes no byte there) once nothing was posted for `probe_after`.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <vector>
@@ -47,8 +49,11 @@ class AckWatch {
     posted_us_[(head_ + count_) % posted_us_.size()] = now_us;
     ++count_;
   }
-  // The oldest signalled write completed.
-  void completed() {
+  // The oldest signalled write completed at `now_us`. A write queued behind others starts
+  // moving only when they are done (16 MiB chunks on a slow link take seconds each), so the
+  // wait of the next one counts from this completion, not from its own post.
+  void completed(uint64_t now_us) {
+    last_completion_us_ = now_us;
     if (count_ == 0) return;
     head_ = (head_ + 1) % posted_us_.size();
     --count_;
@@ -56,11 +61,14 @@ class AckWatch {
   // `outstanding`: writes posted and not yet covered by a completion (signalled or not).
   Verdict check(uint64_t now_us, uint32_t outstanding) const {
     if (outstanding == 0) return Verdict::kFine;
-    if (count_ > 0) return age(now_us, posted_us_[head_]) >= stall_us_ ? Verdict::kStalled : Verdict::kFine;
+    if (count_ > 0) return oldest_wait_us(now_us) >= stall_us_ ? Verdict::kStalled : Verdict::kFine;
     return age(now_us, last_post_us_) >= probe_after_us_ ? Verdict::kProbe : Verdict::kFine;
   }
-  // How long the oldest signalled write has waited (0 if none).
-  int64_t oldest_wait_us(uint64_t now_us) const { return count_ > 0 ? age(now_us, posted_us_[head_]) : 0; }
+  // How long the oldest signalled write has waited since it was posted or since the last
+  // completion, whichever came later (0 if none is outstanding).
+  int64_t oldest_wait_us(uint64_t now_us) const {
+    return count_ > 0 ? age(now_us, std::max(posted_us_[head_], last_completion_us_)) : 0;
+  }
   size_t signaled_outstanding() const { return count_; }
 
  private:
@@ -71,6 +79,7 @@ class AckWatch {
   size_t head_ = 0;
   size_t count_ = 0;
   uint64_t last_post_us_ = 0;
+  uint64_t last_completion_us_ = 0;
   int64_t stall_us_;
   int64_t probe_after_us_;
 };

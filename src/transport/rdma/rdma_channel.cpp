@@ -323,7 +323,7 @@ bool RdmaChannel::handle_completion(const ibv_wc& wc) {
     }
     std::lock_guard lock(sq_mu_);
     sq_outstanding_ -= std::min(covered, sq_outstanding_);
-    ack_watch_.completed();
+    ack_watch_.completed(now_us());
     sq_cv_.notify_all();
   }
   return true;
