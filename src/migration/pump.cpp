@@ -14,6 +14,14 @@ namespace rdmig::migration {
 
 namespace {
 
+// Closes a QEMU connection with a RST (SO_LINGER 0) so that its peer fails at once, and wakes
+// any thread blocked on it.
+void reset_socket(int fd) {
+  linger l{1, 0};
+  (void)::setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+  ::shutdown(fd, SHUT_RDWR);
+}
+
 // What verify_chunks() puts in a chunk's trailer: the CRC32C of the chunk's sequence number
 // (8 bytes, little-endian) and then its payload.
 uint32_t chunk_crc(uint64_t seq, std::span<const std::byte> payload) {
@@ -68,19 +76,17 @@ void ChannelPump::record_error(const Error& e) {
   if (first) abort(e);
 }
 
-void ChannelPump::drain_on_failure(std::chrono::milliseconds limit, std::chrono::milliseconds idle) {
+void ChannelPump::drain_on_failure(std::chrono::milliseconds limit) {
   std::lock_guard lock(mu_);
   drain_ = true;
   drain_limit_ = limit;
-  drain_idle_ = idle;
 }
 
-void ChannelPump::set_drain_on_failure(bool on, std::chrono::milliseconds limit, std::chrono::milliseconds idle) {
+void ChannelPump::set_drain_on_failure(bool on, std::chrono::milliseconds limit) {
   std::lock_guard lock(mu_);
   if (aborted_) return;  // decided already
   drain_ = on;
   drain_limit_ = limit;
-  drain_idle_ = idle;
 }
 
 bool ChannelPump::drains_on_failure() const {
@@ -100,11 +106,13 @@ void ChannelPump::abort(const Error& reason, bool reset) {
     aborted_ = true;
     if (reset || !drain_) {
       hard_ = true;
-      if (qemu_fd_.valid() && reset) {
-        linger l{1, 0};
-        (void)::setsockopt(qemu_fd_.get(), SOL_SOCKET, SO_LINGER, &l, sizeof l);
+      if (qemu_fd_.valid()) {
+        if (reset) {
+          reset_socket(qemu_fd_.get());
+        } else {
+          ::shutdown(qemu_fd_.get(), SHUT_RDWR);
+        }
       }
-      if (qemu_fd_.valid()) ::shutdown(qemu_fd_.get(), SHUT_RDWR);
     }
   }
   cv_.notify_all();
@@ -113,7 +121,7 @@ void ChannelPump::abort(const Error& reason, bool reset) {
 
 void ChannelPump::drain_local(int fd) {
   // Reads until QEMU closes, the read fails, or watch_drain() (the down thread) resets the
-  // socket: QEMU silent for drain_idle_, or drain_limit_ after the failure.
+  // socket: QEMU silent for kMultifdDrainIdle, or drain_limit_ after the failure.
   char sink[64 << 10];
   for (;;) {
     {
@@ -134,9 +142,7 @@ void ChannelPump::drain_local(int fd) {
   if (hard_) return;
   hard_ = true;
   cv_.notify_all();
-  linger l{1, 0};
-  (void)::setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
-  ::shutdown(fd, SHUT_RDWR);
+  reset_socket(fd);
 }
 
 void ChannelPump::watch_drain() {
@@ -159,20 +165,16 @@ void ChannelPump::watch_drain() {
       seen = total;
       moved_at = now;
     }
-    const bool silent = now - moved_at >= drain_idle_;
+    const bool silent = now - moved_at >= kMultifdDrainIdle;
     if (!silent && now < limit_at) continue;
     const auto after_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - aborted_at_).count();
     LOG_DEBUG("pump") << "channel " << channel_.index() << ": "
-                      << (silent ? "QEMU wrote nothing for " + std::to_string(drain_idle_.count()) +
+                      << (silent ? "QEMU wrote nothing for " + std::to_string(kMultifdDrainIdle.count()) +
                                        " ms and kept its connection open"
                                  : "QEMU did not close its connection")
                       << " (" << after_ms << " ms after the failure); resetting it";
     hard_ = true;
-    if (qemu_fd_.valid()) {
-      linger l{1, 0};
-      (void)::setsockopt(qemu_fd_.get(), SOL_SOCKET, SO_LINGER, &l, sizeof l);
-      ::shutdown(qemu_fd_.get(), SHUT_RDWR);  // wakes the up thread wherever it reads
-    }
+    if (qemu_fd_.valid()) reset_socket(qemu_fd_.get());  // wakes the up thread wherever it reads
     cv_.notify_all();
     return;
   }

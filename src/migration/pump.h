@@ -74,14 +74,13 @@ class ChannelPump {
   // migration thread waits for), and its VM can then never migrate again ("duplicate yank
   // instance"). Failing QEMU through its main channel while the other channels drain lets
   // QEMU's own cleanup end its multifd threads. The drain also ends once QEMU has moved no
-  // byte on the connection for `idle` (kMultifdDrainIdle), also when the pump still waited
+  // byte on the connection for kMultifdDrainIdle, also when the pump still waited
   // in a read when the failure came (a QEMU thread blocked elsewhere on this connection, e.g.
   // behind a TLS handshake the failure left half done, ends only with the reset).
-  void drain_on_failure(std::chrono::milliseconds limit, std::chrono::milliseconds idle = kMultifdDrainIdle);
+  void drain_on_failure(std::chrono::milliseconds limit);
   // Turns draining on or off again until the pump has failed (a connection found to be QEMU's
   // main channel after it started stops draining; the one taken for it before starts).
-  void set_drain_on_failure(bool on, std::chrono::milliseconds limit,
-                            std::chrono::milliseconds idle = kMultifdDrainIdle);
+  void set_drain_on_failure(bool on, std::chrono::milliseconds limit);
   // Source side: called once, from the pump's QEMU-reading thread, with the first bytes QEMU
   // sent on this connection (up to 8, peeked before they are carried). Call before start().
   using FirstBytes = std::function<void(std::span<const std::byte>)>;
@@ -112,7 +111,7 @@ class ChannelPump {
   void record_error(const Error& e);
   void direction_done(bool up = false);
   // Down thread, once its direction ended: for a pump that drains after a failure, resets the
-  // QEMU socket when QEMU moved no byte for drain_idle_ or drain_limit_ passed since the
+  // QEMU socket when QEMU moved no byte for kMultifdDrainIdle or drain_limit_ passed since the
   // failure (also when the up thread still waits in a read QEMU will never answer).
   void watch_drain();
   int qemu_fd_wait();  // blocks until the QEMU socket is open; -1 when aborted
@@ -141,7 +140,6 @@ class ChannelPump {
   bool up_done_ = false;  // the up direction ended
   std::chrono::steady_clock::time_point aborted_at_{};
   std::chrono::milliseconds drain_limit_{0};
-  std::chrono::milliseconds drain_idle_{kMultifdDrainIdle};
   int directions_done_ = 0;
   std::optional<Error> error_;
 
