@@ -48,14 +48,17 @@ Result<Conn> open_daemon(const std::string& socket) {
   return conn;
 }
 
-// One attempt on one daemon: the stats when the domain runs here and its job is complete.
-Result<std::optional<LibvirtJobStats>> try_daemon(const std::string& socket, const std::string& domain) {
+// One attempt on one daemon: the stats when the domain runs here and its job is complete;
+// `runs` tells whether the daemon answered with the domain active.
+Result<std::optional<LibvirtJobStats>> try_daemon(const std::string& socket, const std::string& domain, bool& runs) {
+  runs = false;
   auto opened = open_daemon(socket);
   if (!opened) return opened.error();
   Conn conn = std::move(opened.value());
   std::unique_ptr<virDomain, DomFree> dom(virDomainLookupByName(conn.get(), domain.c_str()));
   if (!dom) return std::optional<LibvirtJobStats>();
   if (virDomainIsActive(dom.get()) != 1) return std::optional<LibvirtJobStats>();  // the source's, after the move
+  runs = true;
   int type = 0;
   virTypedParameterPtr params = nullptr;
   int n = 0;
@@ -217,22 +220,36 @@ Result<LibvirtJobStats> read_completed_job(const KubevirtConfig& config, const L
                                            const VmiRef& vmi, std::chrono::milliseconds wait) {
   virSetErrorFunc(nullptr, quiet);
   const std::string domain = vmi.namespace_ + "_" + vmi.name;
-  const auto deadline = std::chrono::steady_clock::now() + wait;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + wait;
   std::string why = "no " + config.launcher_program + " process with --uid " + vmi.uid + " and a libvirt socket";
+  // Since when the domain has been seen running nowhere on this node while every launcher
+  // daemon of the VMI answered (or no launcher of the VMI is left): the incoming migration
+  // failed or the target pod is gone.
+  constexpr auto kNever = std::chrono::steady_clock::time_point::max();
+  auto gone_since = kNever;
   for (;;) {
     std::optional<LibvirtJobStats> found;
     std::string refused;
     bool tried = false;
+    bool runs = false;
+    bool unanswered = false;
+    std::string absent;
     for_each_daemon(config, launchers, vmi, refused, [&](const std::string& path) {
       tried = true;
       if (found) return;
-      auto r = try_daemon(path, domain);
+      bool here = false;
+      auto r = try_daemon(path, domain, here);
+      runs = runs || here;
       if (!r) {
         why = r.error().message;
+        unanswered = true;
       } else if (r.value()) {
         found = *r.value();
-      } else {
+      } else if (here) {
         why = "domain " + domain + " has no completed migration job in " + path + " yet";
+      } else {
+        absent = "domain " + domain + " does not run in " + path;
       }
     });
     if (found) return *found;
@@ -240,7 +257,17 @@ Result<LibvirtJobStats> read_completed_job(const KubevirtConfig& config, const L
       why = "no " + config.launcher_program + " process with --uid " + vmi.uid + " in a launcher pod of the VMI: " +
             refused;
     }
-    if (std::chrono::steady_clock::now() >= deadline) return Error{Errc::kNotFound, why};
+    const auto now = std::chrono::steady_clock::now();
+    if (runs || unanswered) {
+      gone_since = kNever;
+    } else {
+      if (gone_since == kNever) gone_since = now;
+      if (now - gone_since >= kGoneFor) {
+        return Error{Errc::kFailedPrecondition,
+                     "the migrated VMI does not run on this node: " + (tried ? absent : why)};
+      }
+    }
+    if (now >= deadline) return Error{Errc::kNotFound, why};
     std::this_thread::sleep_for(200ms);
   }
 }

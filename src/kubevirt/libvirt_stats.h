@@ -26,7 +26,11 @@ Result<uid_t> daemon_uid(const std::string& socket);
 // with `--uid <VMI UID>`, and in a launcher pod of the VMI (`launchers`) when the agent knows
 // the pods from the API.
 // Waits up to `wait` for the completed job to appear (libvirt finishes the job on the target
-// shortly after the last byte).
+// shortly after the last byte). Errc::kFailedPrecondition when, for kGoneFor, the domain ran
+// nowhere on this node: every launcher daemon of the VMI answered without it active (libvirt
+// failed the incoming migration and removed it) or no launcher process of the VMI is left
+// (the target pod is gone). kNotFound when the figures could not be read in time (unknown).
+inline constexpr std::chrono::milliseconds kGoneFor{1000};
 Result<LibvirtJobStats> read_completed_job(const KubevirtConfig& config, const LauncherIdentity& launchers,
                                            const VmiRef& vmi, std::chrono::milliseconds wait);
 

@@ -333,8 +333,8 @@ void SourceSession::reader_loop() {
       return;
     }
     if (type == "abort") {
+      if (answer(**m)) return;  // finish() decides: the target found the VM not running there
       const std::string why = "target agent aborted: " + (**m).value("reason", std::string("?"));
-      if (answer(Error{Errc::kCancelled, why})) return;
       fail(Error{Errc::kUnavailable, why}, true);
       return;
     }
@@ -355,6 +355,10 @@ void SourceSession::finish() {
   {
     std::unique_lock lock(reply_mu_);
     if (reply_cv_.wait_for(lock, 20s, [&] { return reply_.has_value(); })) stats = std::move(*reply_);
+  }
+  if (stats && stats->value("type", "") == "abort") {
+    fail(Error{Errc::kUnavailable, "target agent aborted: " + stats->value("reason", std::string("?"))}, true);
+    return;
   }
   if (stats) {
     auto it = stats->find("libvirt");

@@ -324,6 +324,12 @@ void TargetSession::report_and_succeed() {
   json reply{{"type", "stats"}};
   if (!hello_.vmi.uid.empty() && stats_) {
     auto stats = stats_(hello_.vmi);
+    if (!stats && stats.error().code == Errc::kFailedPrecondition) {
+      // Every byte arrived but the VM does not run here: the source must not call it a success
+      // (the abort is the source's answer to its "end").
+      fail(stats.error().with_context("after the stream ended"));
+      return;
+    }
     if (stats) {
       std::lock_guard lock(mu_);
       record_.libvirt = stats.value();

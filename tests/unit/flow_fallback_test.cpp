@@ -54,7 +54,7 @@ struct Side {
 // flow-data hello hands its connection to that session.
 class TargetAgent {
  public:
-  explicit TargetAgent(Side& side) : side_(side) {
+  explicit TargetAgent(Side& side, StatsReader stats = nullptr) : side_(side), stats_(std::move(stats)) {
     auto l = net::tcp_listen("127.0.0.1", 0);
     EXPECT_TRUE(l.ok());
     listener_ = std::move(l.value());
@@ -89,7 +89,7 @@ class TargetAgent {
                 return Error{Errc::kPermissionDenied, "no virt-handler owns " + dst.to_string() + " in this test"};
               }};
             },
-            nullptr);
+            stats_);
         if (!s) continue;  // refused: the source sees why
         s.value()->start();
         std::lock_guard lock(mu_);
@@ -101,6 +101,7 @@ class TargetAgent {
   }
 
   Side& side_;
+  StatsReader stats_;
   UniqueFd listener_;
   uint16_t port_ = 0;
   std::atomic<bool> stop_{false};
@@ -218,4 +219,47 @@ TEST(KubevirtFlowRails, ConnectionIGoesOnRailIModTwoAndItsFailureNamesTheRail) {
     EXPECT_NE(st.error().message.find(want), std::string::npos) << st.error().message;
   }
   s.value().reset();
+}
+
+// After "end" the target reads libvirt's verdict: figures when the incoming job completed, a
+// failure when the VM runs nowhere on its node (libvirt removed the domain, or the target pod
+// is gone). The source's record follows the target's libvirt, not the clean ends of its streams:
+// a migration whose target pod was deleted as the last bytes went out is Failed, never Succeeded.
+TEST(KubevirtFlowVerdict, TheSourceSucceedsOnlyWhenTheTargetsLibvirtHasTheVm) {
+  struct Case {
+    Result<LibvirtJobStats> stats;
+    const char* phase;
+    const char* reason;
+  };
+  LibvirtJobStats done;
+  done.domain = "default_vm";
+  done.downtime_ms = 42;
+  const std::vector<Case> cases = {
+      {done, "Succeeded", ""},
+      {Error{Errc::kFailedPrecondition, "the migrated VMI does not run on this node: no virt-launcher process"},
+       "Failed", "target agent aborted: after the stream ended: the migrated VMI does not run on this node"},
+      // Figures that could not be read (a daemon that refused the agent) say nothing about the VM.
+      {Error{Errc::kNotFound, "libvirt at qemu+unix:///session?socket=x: permission denied"}, "Succeeded", ""},
+  };
+  for (const auto& c : cases) {
+    Side src(TransportKind::kTcp), dst(TransportKind::kTcp);
+    TargetAgent agent(dst, [&](const VmiRef& vmi) -> Result<LibvirtJobStats> {
+      EXPECT_EQ(vmi.uid, "vmi-uid-1");
+      return c.stats;
+    });
+    FlowRecord rec = source_record();
+    rec.mode = "hook";
+    rec.vmi = VmiRef{"default", "vm", "vmi-uid-1"};
+    auto s = SourceSession::open(src.ctx(), peer(agent), rec, 5s);
+    ASSERT_TRUE(s.ok()) << s.error().message;
+    s.value()->finish();
+    const auto r = s.value()->record();
+    EXPECT_EQ(r.phase, c.phase) << r.reason;
+    EXPECT_EQ(r.reason.rfind(c.reason, 0), 0u) << r.reason;
+    if (c.stats) {
+      ASSERT_TRUE(r.libvirt);
+      EXPECT_EQ(r.libvirt->downtime_ms, 42);
+    }
+    s.value().reset();
+  }
 }
