@@ -216,16 +216,24 @@ Result<std::string> abort_outgoing_job(const KubevirtConfig& config, const Launc
   return done;
 }
 
+bool launcher_present(const KubevirtConfig& config, const LauncherIdentity& launchers, const VmiRef& vmi) {
+  std::string refused;
+  bool found = false;
+  for_each_daemon(config, launchers, vmi, refused, [&](const std::string&) { found = true; });
+  return found;
+}
+
 Result<LibvirtJobStats> read_completed_job(const KubevirtConfig& config, const LauncherIdentity& launchers,
-                                           const VmiRef& vmi, std::chrono::milliseconds wait) {
+                                           const VmiRef& vmi, std::chrono::milliseconds wait,
+                                           bool launcher_was_here) {
   virSetErrorFunc(nullptr, quiet);
   const std::string domain = vmi.namespace_ + "_" + vmi.name;
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + wait;
   std::string why = "no " + config.launcher_program + " process with --uid " + vmi.uid + " and a libvirt socket";
   // Since when the domain has been seen running nowhere on this node while every launcher
-  // daemon of the VMI answered (or no launcher of the VMI is left): the incoming migration
-  // failed or the target pod is gone.
+  // daemon of the VMI answered (or, when one was here at the start, no launcher of the VMI is
+  // left): the incoming migration failed or the target pod is gone.
   constexpr auto kNever = std::chrono::steady_clock::time_point::max();
   auto gone_since = kNever;
   for (;;) {
@@ -258,7 +266,7 @@ Result<LibvirtJobStats> read_completed_job(const KubevirtConfig& config, const L
             refused;
     }
     const auto now = std::chrono::steady_clock::now();
-    if (runs || unanswered) {
+    if (runs || unanswered || (!tried && !launcher_was_here)) {
       gone_since = kNever;
     } else {
       if (gone_since == kNever) gone_since = now;

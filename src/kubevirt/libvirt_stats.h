@@ -28,11 +28,16 @@ Result<uid_t> daemon_uid(const std::string& socket);
 // Waits up to `wait` for the completed job to appear (libvirt finishes the job on the target
 // shortly after the last byte). Errc::kFailedPrecondition when, for kGoneFor, the domain ran
 // nowhere on this node: every launcher daemon of the VMI answered without it active (libvirt
-// failed the incoming migration and removed it) or no launcher process of the VMI is left
-// (the target pod is gone). kNotFound when the figures could not be read in time (unknown).
+// failed the incoming migration and removed it) or, when `launcher_was_here` (one was seen at
+// the session's start), no launcher process of the VMI is left (the target pod is gone).
+// kNotFound when the figures could not be read in time (unknown: a launcher never seen, a
+// daemon that refused the agent).
 inline constexpr std::chrono::milliseconds kGoneFor{1000};
 Result<LibvirtJobStats> read_completed_job(const KubevirtConfig& config, const LauncherIdentity& launchers,
-                                           const VmiRef& vmi, std::chrono::milliseconds wait);
+                                           const VmiRef& vmi, std::chrono::milliseconds wait,
+                                           bool launcher_was_here);
+// Whether a launcher of `vmi` with a libvirt socket runs on this node now.
+bool launcher_present(const KubevirtConfig& config, const LauncherIdentity& launchers, const VmiRef& vmi);
 
 // kubevirt.multifdOnFailure "auto": whether a failure drains the multifd connections of a QEMU
 // of `version` (libvirt's number) rather than resetting them with the rest. Every QEMU drains.

@@ -46,9 +46,15 @@ void KubevirtRelay::on_flow_hello(UniqueFd fd, const json& raw) {
     if (!targets_.emplace(t->id(), t).second) return Error{Errc::kAlreadyExists, "session exists"};
     return ok_status();
   };
+  // The target launcher runs before KubeVirt starts the source (TargetReady): seen now, its
+  // absence after the last byte means the target pod went away.
+  const bool launcher_here = !hello->vmi.uid.empty() && launcher_present(config_.kubevirt, launchers_, hello->vmi);
   auto session = TargetSession::accept(
       ctx_, std::move(fd), hello.value(), [this](const FlowHello& h) { return admit_session(h); },
-      [this](const VmiRef& vmi) { return read_completed_job(config_.kubevirt, launchers_, vmi, 10s); }, publish);
+      [this, launcher_here](const VmiRef& vmi) {
+        return read_completed_job(config_.kubevirt, launchers_, vmi, 10s, launcher_here);
+      },
+      publish);
   if (!session) {
     LOG_WARN("kubevirt") << "refused a session from a peer agent: " << session.error().message;
     return;
