@@ -269,13 +269,6 @@ class KubevirtBlockMigrationTest(base.KubevirtChecks, base.BlockChecks, unittest
             cls.tearDownClass()
             raise
 
-    def qemu_version(self):
-        conn = self.cluster.connect(self.cluster.vmi.node)
-        try:
-            return conn.getVersion()
-        finally:
-            conn.close()
-
     @staticmethod
     def expected_main_connection(r, tls):
         """The agent's index of QEMU's main memory channel as the proxies' logs show it: the
@@ -325,7 +318,9 @@ class KubevirtBlockMigrationTest(base.KubevirtChecks, base.BlockChecks, unittest
         return r
 
     def test_block_single_tls_connection_carried_disk_and_memory_equal(self):
-        self._block_migrate(0, True, require_equal_memory=True)
+        # Memory: required on QEMU 10; reported on QEMU 7.2, whose own block migration (no
+        # rdmig, test_kubevirt_baseline) once arrived with differing memory in a full run.
+        self._block_migrate(0, True, require_equal_memory=self.qemu_version() >= 10000000)
 
     def test_block_eight_parallel_tls_connections_carried_disk_equal(self):
         # Memory: required on QEMU 10 (equal in every run there); reported on QEMU 7.2, whose
