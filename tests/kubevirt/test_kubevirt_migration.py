@@ -307,28 +307,24 @@ class KubevirtBlockMigrationTest(base.KubevirtChecks, base.BlockChecks, unittest
         self.assertEqual(src["libvirt"]["downtimeMs"], r.downtime_ms)
         return src
 
-    def _block_migrate(self, parallel, tls, require_equal_memory):
+    def _block_migrate(self, parallel, tls):
         r = self.migrate(parallel=parallel, tls=tls, target_paused=True, timeout=180)
         self.assertGuestContinuedOnTarget(r)
         self.assertConnectionsAsKubevirtMakesThem(r, parallel, tls, carried=True, block=1)
         self.assertBlockCarried(r, parallel, tls)
-        self.assertBlockMigrated(r, require_equal_memory=require_equal_memory)
+        self.assertBlockMigrated(r)  # memory required on QEMU 10 (base.BlockChecks)
         print("[kubevirt+rdmig block] %d connections, tls %s: disk equal %s, memory equal %s"
               % (parallel, tls, r.disk["equal"], r.memory["equal"]), file=sys.stderr)
         return r
 
     def test_block_single_tls_connection_carried_disk_and_memory_equal(self):
-        # Memory: required on QEMU 10; reported on QEMU 7.2, whose own block migration (no
-        # rdmig, test_kubevirt_baseline) once arrived with differing memory in a full run.
-        self._block_migrate(0, True, require_equal_memory=self.qemu_version() >= 10000000)
+        self._block_migrate(0, True)
 
     def test_block_eight_parallel_tls_connections_carried_disk_equal(self):
-        # Memory: required on QEMU 10 (equal in every run there); reported on QEMU 7.2, whose
-        # paused 8-connection runs differed without rdmig too (test_kubevirt_baseline).
-        self._block_migrate(8, True, require_equal_memory=self.qemu_version() >= 10000000)
+        self._block_migrate(8, True)
 
     def test_block_eight_parallel_plain_connections_main_channel_by_magic(self):
-        self._block_migrate(8, False, require_equal_memory=self.qemu_version() >= 10000000)
+        self._block_migrate(8, False)
 
     def _kill_target_agent_when(self, phase):
         """Block migration with 8 TLS connections; SIGKILLs the target agent once the source
