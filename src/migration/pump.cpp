@@ -9,6 +9,7 @@
 #include "common/crc32c.h"
 #include "common/log.h"
 #include "common/net.h"
+#include "common/thread_name.h"
 
 namespace rdmig::migration {
 
@@ -194,6 +195,7 @@ int ChannelPump::qemu_fd_wait() {
 }
 
 void ChannelPump::up_loop() {
+  name_this_thread(std::string(opener_ ? "rdmig-t-up-" : "rdmig-s-up-") + std::to_string(channel_.index()));
   const int fd = qemu_fd_wait();
   if (fd < 0) {
     direction_done(true);
@@ -315,6 +317,7 @@ int ChannelPump::open_local() {
 }
 
 void ChannelPump::down_loop() {
+  name_this_thread(std::string(opener_ ? "rdmig-t-dn-" : "rdmig-s-dn-") + std::to_string(channel_.index()));
   const std::string where = "channel " + std::to_string(channel_.index()) + " (peer to QEMU)";
   int fd = -1;
   if (open_first_) {

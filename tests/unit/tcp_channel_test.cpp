@@ -150,6 +150,34 @@ TEST(TcpChannel, ReceivesIntoTheSlotReleasedLast) {
   }
 }
 
+TEST(TcpChannel, SmallSlotsShareOneHugePageBlock) {
+  // 256 KiB chunks, depth 7: the ring's 8 slots are one 2 MiB block (ChunkMemory), slot i at
+  // i x 256 KiB; every chunk, however many are queued, lands in that block, whole and in order.
+  Metrics m;
+  constexpr uint32_t kChunk = 256 * 1024;
+  auto p = connect_pair(m, kChunk, 7);
+  for (int i = 0; i < 7; ++i) {
+    auto b = p.a->acquire();
+    ASSERT_TRUE(b.ok());
+    std::memset(b->data(), i + 1, kChunk);
+    ASSERT_TRUE(p.a->send(kChunk).ok());
+  }
+  uintptr_t block = 0;
+  for (int i = 0; i < 7; ++i) {
+    auto c = p.b->receive();
+    ASSERT_TRUE(c.ok());
+    ASSERT_EQ(c->data.size(), kChunk);
+    EXPECT_EQ(c->data[0], static_cast<std::byte>(i + 1));
+    EXPECT_EQ(c->data[kChunk - 1], static_cast<std::byte>(i + 1));
+    const auto at = reinterpret_cast<uintptr_t>(c->data.data());
+    if (i == 0) block = at - at % ChunkMemory::kHugePage;
+    EXPECT_GE(at, block) << "chunk " << i;
+    EXPECT_LT(at, block + ChunkMemory::kHugePage) << "chunk " << i;
+    EXPECT_EQ((at - block) % kChunk, 0u) << "chunk " << i;
+    ASSERT_TRUE(p.b->release().ok());
+  }
+}
+
 TEST(TcpChannel, PeerAbortEndsWithItsReason) {
   Metrics m;
   auto p = connect_pair(m, 64 * 1024, 4);

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "common/log.h"
+#include "common/thread_name.h"
 #include "transport/rdma/imm.h"
 
 namespace rdmig::transport::rdma {
@@ -370,6 +371,7 @@ void RdmaChannel::start_poller() {
 }
 
 void RdmaChannel::poller_loop() {
+  name_this_thread("rdmig-cq-" + std::to_string(params_.index));
   ibv_wc wcs[32];
   uint64_t watched_us = now_us();
   while (!stopping_.load()) {

@@ -13,6 +13,7 @@
 
 #include "common/log.h"
 #include "common/net.h"
+#include "common/thread_name.h"
 
 namespace rdmig::transport {
 namespace {
@@ -68,9 +69,14 @@ TcpChannel::TcpChannel(UniqueFd fd, uint32_t index, uint32_t chunk_size, uint32_
       metrics_(metrics),
       splice_mode_(splice),
       splice_ok_(splice != SpliceMode::kOff),
-      staging_(new (std::nothrow) std::byte[chunk_size]),
+      staging_(ChunkMemory::map(chunk_size)),
       credits_(depth),
       ring_(depth + 1),
+      // Slots smaller than a huge page share one (2 MiB holds 8 slots of 256 KiB): the slots in
+      // use are the lowest-numbered ones (free_ hands them out from slot 0), so a receiver that
+      // keeps up touches one huge page.
+      slots_per_block_(chunk_size < ChunkMemory::kHugePage ? std::max<uint32_t>(1, static_cast<uint32_t>(ChunkMemory::kHugePage / chunk_size)) : 1),
+      blocks_((depth + 1 + slots_per_block_ - 1) / slots_per_block_),
       queued_(depth + 1),
       batcher_(depth) {
   free_.reserve(ring_.size());
@@ -97,27 +103,48 @@ Status TcpChannel::write_frame_locked(FrameHeader h, const void* payload) {
   return net::writev_all(fd_.get(), iov, payload ? 2 : 1);
 }
 
-bool TcpChannel::ensure_buffer(std::unique_ptr<std::byte[]>& buf) {
-  if (!buf) buf.reset(new (std::nothrow) std::byte[chunk_size_]);
-  if (buf) return true;
-  // An allocation failure fails this migration, never the agent.
-  fail(Error{Errc::kResourceExhausted, "channel " + std::to_string(index_) + ": out of memory for a chunk buffer of " +
-                                           std::to_string(chunk_size_) + " bytes"});
+bool TcpChannel::ensure_staging() {
+  if (!staging_) staging_ = ChunkMemory::map(chunk_size_);
+  if (staging_) return true;
+  out_of_memory(chunk_size_);
   return false;
 }
 
+bool TcpChannel::ensure_slot(Slot& s) {
+  if (s.data != nullptr) return true;
+  const auto index = static_cast<size_t>(&s - ring_.data());
+  const size_t block = index / slots_per_block_;
+  {
+    // The reader and the receiving thread may each want a slot of the same block first.
+    std::lock_guard lock(blocks_mu_);
+    if (!blocks_[block]) blocks_[block] = ChunkMemory::map(size_t{chunk_size_} * slots_per_block_);
+    if (blocks_[block]) {
+      s.data = blocks_[block].data() + (index % slots_per_block_) * size_t{chunk_size_};
+      return true;
+    }
+  }
+  out_of_memory(size_t{chunk_size_} * slots_per_block_);
+  return false;
+}
+
+void TcpChannel::out_of_memory(size_t bytes) {
+  // An allocation failure fails this migration, never the agent.
+  fail(Error{Errc::kResourceExhausted, "channel " + std::to_string(index_) + ": out of memory for a chunk buffer of " +
+                                           std::to_string(bytes) + " bytes"});
+}
+
 Result<std::span<std::byte>> TcpChannel::acquire() {
-  if (!ensure_buffer(staging_)) return abort_error();
+  if (!ensure_staging()) return abort_error();
   auto waited = credits_.take();
   if (!waited) return waited.error();
   if (waited.value()) metrics_.credit_stalls->Increment();
-  return std::span<std::byte>(staging_.get(), chunk_size_);
+  return std::span<std::byte>(staging_.data(), chunk_size_);
 }
 
 Status TcpChannel::send(size_t n) {
   if (n == 0 || n > chunk_size_) return Error{Errc::kInternal, "send of a chunk of " + std::to_string(n) + " bytes"};
   const auto t0 = std::chrono::steady_clock::now();
-  auto st = write_frame(FrameHeader{FrameType::kData, static_cast<uint32_t>(n)}, staging_.get());
+  auto st = write_frame(FrameHeader{FrameType::kData, static_cast<uint32_t>(n)}, staging_.data());
   if (!st) {
     fail_after_write_error(st.error());
     return abort_error();
@@ -176,9 +203,9 @@ Result<LocalMove> TcpChannel::send_from(int fd) {
   }
   if (!splices()) {
     // Copy: one recv takes what QEMU has ready, up to a chunk (early flush).
-    if (!ensure_buffer(staging_)) return abort_error();
+    if (!ensure_staging()) return abort_error();
     ssize_t n;
-    do n = ::recv(fd, staging_.get(), chunk_size_, 0);
+    do n = ::recv(fd, staging_.data(), chunk_size_, 0);
     while (n < 0 && errno == EINTR);
     if (n < 0) return LocalMove{0, false, errno};
     if (n == 0) return LocalMove{0, true, 0};
@@ -287,8 +314,8 @@ void TcpChannel::payload_taken_locked(Slot& s) {
 }
 
 Status TcpChannel::read_payload(Slot& s) {
-  if (!ensure_buffer(s.data)) return abort_error();
-  auto r = net::read_exact(fd_.get(), std::span(s.data.get(), s.size));
+  if (!ensure_slot(s)) return abort_error();
+  auto r = net::read_exact(fd_.get(), std::span(s.data, s.size));
   if (!r) {
     fail(r.error().with_context("channel " + std::to_string(index_)));
     return abort_error();
@@ -324,7 +351,7 @@ Result<ChunkView> TcpChannel::next_chunk(bool deferred) {
       lock.lock();
       payload_taken_locked(s);
     }
-    return ChunkView{std::span<const std::byte>(s.data.get() + s.offset, s.pending > 0 ? 0 : s.size - s.offset),
+    return ChunkView{std::span<const std::byte>(s.data + s.offset, s.pending > 0 ? 0 : s.size - s.offset),
                      s.eof, s.pending};
   }
   lock.unlock();
@@ -350,7 +377,7 @@ Result<LocalMove> TcpChannel::deliver_to(int fd) {
   const size_t len = s->size;
   if (!claimed) {
     // The reader took the payload into memory meanwhile (the receiver was slow to come).
-    if (const int err = write_local(fd, s->data.get(), len); err != 0) return LocalMove{0, false, err};
+    if (const int err = write_local(fd, s->data, len); err != 0) return LocalMove{0, false, err};
     return LocalMove{len, false, 0};
   }
   // Pull the whole payload into the pipe (what does not fit: into the slot), hand the socket
@@ -393,8 +420,8 @@ Result<LocalMove> TcpChannel::deliver_to(int fd) {
   }
   const size_t rest = len - pulled;  // what did not fit the pipe, read into the slot
   if (rest > 0) {
-    if (!ensure_buffer(s->data)) return abort_error();
-    auto r = net::read_exact(fd_.get(), std::span(s->data.get(), rest));
+    if (!ensure_slot(*s)) return abort_error();
+    auto r = net::read_exact(fd_.get(), std::span(s->data, rest));
     if (!r) {
       fail(r.error().with_context(where));
       return abort_error();
@@ -410,7 +437,7 @@ Result<LocalMove> TcpChannel::deliver_to(int fd) {
   // The socket is the reader's again; QEMU gets the pipe, then the rest, in order.
   if (const int err = push(); err != 0) return LocalMove{written, false, err};
   if (rest > 0) {
-    if (const int err = write_local(fd, s->data.get(), rest); err != 0) return LocalMove{written, false, err};
+    if (const int err = write_local(fd, s->data, rest); err != 0) return LocalMove{written, false, err};
   }
   return LocalMove{len, false, 0};
 }
@@ -514,7 +541,7 @@ void TcpChannel::clear_inline_sink() {
 bool TcpChannel::deliver_inline_locked(Slot& slot, uint32_t& credits) {
   if (sink_fd_ < 0 || rx_head_ != rx_tail_ || slot.eof || aborted_.load()) return false;
   ssize_t k;
-  do k = ::send(sink_fd_, slot.data.get(), slot.size, MSG_DONTWAIT | MSG_NOSIGNAL);
+  do k = ::send(sink_fd_, slot.data, slot.size, MSG_DONTWAIT | MSG_NOSIGNAL);
   while (k < 0 && errno == EINTR);
   if (k <= 0) return false;  // full (or failing: the receiving thread meets the error)
   const auto n = static_cast<size_t>(k);
@@ -544,6 +571,7 @@ Result<bool> TcpChannel::fill(std::span<std::byte> dst, bool eof_ok, bool ahead)
 }
 
 void TcpChannel::reader_loop() {
+  name_this_thread("rdmig-rx-" + std::to_string(index_));
   const std::string where = "channel " + std::to_string(index_);
   for (;;) {
     std::array<std::byte, kFrameHeaderSize> raw{};
@@ -631,8 +659,8 @@ void TcpChannel::reader_loop() {
           break;
         }
         if (!slot->eof) {
-          if (!ensure_buffer(slot->data)) return;
-          auto r = fill(std::span(slot->data.get(), h->length), /*eof_ok=*/false, ahead);
+          if (!ensure_slot(*slot)) return;
+          auto r = fill(std::span(slot->data, h->length), /*eof_ok=*/false, ahead);
           if (!r) {
             fail(r.error().with_context(where));
             return;

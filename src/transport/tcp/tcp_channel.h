@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/chunk_memory.h"
 #include "common/fd.h"
 #include "metrics/metrics.h"
 #include "transport/channel.h"
@@ -97,9 +98,11 @@ class TcpChannel final : public Channel {
   // to read). Waits briefly for the reader to record that reason, then fails with e if it did not.
   void fail_after_write_error(const Error& e);
   Error abort_error();  // the reason the channel failed
-  // Allocates a chunk buffer if `buf` has none; false (and the channel failed, naming the size)
-  // when memory runs out.
-  bool ensure_buffer(std::unique_ptr<std::byte[]>& buf);
+  // Map the send buffer, or a receive slot's memory (its block's), if not yet done; false (and
+  // the channel failed, naming the size) when memory runs out.
+  bool ensure_staging();
+  bool ensure_slot(Slot& s);
+  void out_of_memory(size_t bytes);
 
   UniqueFd fd_;
   const uint32_t index_;
@@ -115,21 +118,26 @@ class TcpChannel final : public Channel {
   Pipe down_pipe_;  // receiver thread only
 
   // Send side (sender thread only, plus the write lock shared with credit returns).
-  // Buffers are allocated without zero-filling: a 4 MiB chunk buffer that QEMU fills with
-  // 200 KiB must not cost 4 MiB of page faults and memset (that made multifd 4x slower).
-  std::unique_ptr<std::byte[]> staging_;
+  // Buffers are mapped, not zero-filled: a 4 MiB chunk buffer that QEMU fills with 200 KiB must
+  // not cost 4 MiB of page faults and memset (that made multifd 4x slower). See ChunkMemory.
+  ChunkMemory staging_;
   CreditGate credits_;
   std::mutex write_mu_;
 
   // Receive side: slots filled by the reader thread, consumed by receive()/release().
   struct Slot {
-    std::unique_ptr<std::byte[]> data;  // chunk_size bytes, allocated on first use
+    std::byte* data = nullptr;  // chunk_size bytes in blocks_, mapped on first use
     size_t size = 0;
     size_t offset = 0;   // bytes of it the reader wrote to the inline sink already
     size_t pending = 0;  // deferred: payload bytes still on the socket
     bool eof = false;
   };
   std::vector<Slot> ring_;  // depth + 1: the eof marker may follow a full ring
+  // The slots' memory: slot i lies in blocks_[i / slots_per_block_], each block mapped when one
+  // of its slots is first used (ensure_slot). Never unmapped before the channel goes.
+  const uint32_t slots_per_block_;
+  std::vector<ChunkMemory> blocks_;
+  std::mutex blocks_mu_;
   // Which slot holds each received chunk: queued_[i % ring_.size()] for rx_head_ <= i < rx_tail_.
   // The slots are not used in turn but from free_, a stack whose top is the slot freed last: a
   // receiver that keeps up reuses one or two slots whose memory is still in the cache, instead of
