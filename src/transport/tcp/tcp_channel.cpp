@@ -72,11 +72,7 @@ TcpChannel::TcpChannel(UniqueFd fd, uint32_t index, uint32_t chunk_size, uint32_
       staging_(ChunkMemory::map(chunk_size)),
       credits_(depth),
       ring_(depth + 1),
-      // Slots smaller than a huge page share one (2 MiB holds 8 slots of 256 KiB): the slots in
-      // use are the lowest-numbered ones (free_ hands them out from slot 0), so a receiver that
-      // keeps up touches one huge page.
-      slots_per_block_(chunk_size < ChunkMemory::kHugePage ? std::max<uint32_t>(1, static_cast<uint32_t>(ChunkMemory::kHugePage / chunk_size)) : 1),
-      blocks_((depth + 1 + slots_per_block_ - 1) / slots_per_block_),
+      rx_capacity_((size_t{depth} + 2) * chunk_size + kPlaceAlign * depth),
       queued_(depth + 1),
       batcher_(depth) {
   free_.reserve(ring_.size());
@@ -110,21 +106,36 @@ bool TcpChannel::ensure_staging() {
   return false;
 }
 
-bool TcpChannel::ensure_slot(Slot& s) {
-  if (s.data != nullptr) return true;
-  const auto index = static_cast<size_t>(&s - ring_.data());
-  const size_t block = index / slots_per_block_;
-  {
-    // The reader and the receiving thread may each want a slot of the same block first.
-    std::lock_guard lock(blocks_mu_);
-    if (!blocks_[block]) blocks_[block] = ChunkMemory::map(size_t{chunk_size_} * slots_per_block_);
-    if (blocks_[block]) {
-      s.data = blocks_[block].data() + (index % slots_per_block_) * size_t{chunk_size_};
-      return true;
+bool TcpChannel::place_locked(Slot& s, size_t len) {
+  s.data = nullptr;
+  if (len == 0) return true;
+  if (!rx_mem_) {
+    rx_mem_ = ChunkMemory::map(rx_capacity_);
+    if (!rx_mem_) return false;
+  }
+  // The chunks in the ring: from the oldest queued one (held by the receiver or not) to the end of
+  // the one placed last. None: start again at the ring's start, whose memory the cache still has.
+  // An eof marker holds no bytes and is always last, so a queue headed by one holds none either.
+  size_t start = 0;
+  const Slot* oldest = rx_head_ < rx_tail_ ? &ring_[queued_[rx_head_ % ring_.size()]] : nullptr;
+  if (oldest != nullptr && oldest->data != nullptr) {
+    const auto first = static_cast<size_t>(oldest->data - rx_mem_.data());
+    const size_t end = (place_end_ + kPlaceAlign - 1) / kPlaceAlign * kPlaceAlign;
+    if (first < end) {  // [first, end) in use: after it, or else before it
+      if (end + len <= rx_capacity_) {
+        start = end;
+      } else if (len > first) {
+        return false;
+      }
+    } else if (end + len <= first) {  // wrapped: [end, first) is free
+      start = end;
+    } else {
+      return false;
     }
   }
-  out_of_memory(size_t{chunk_size_} * slots_per_block_);
-  return false;
+  s.data = rx_mem_.data() + start;
+  place_end_ = start + len;
+  return true;
 }
 
 void TcpChannel::out_of_memory(size_t bytes) {
@@ -314,7 +325,6 @@ void TcpChannel::payload_taken_locked(Slot& s) {
 }
 
 Status TcpChannel::read_payload(Slot& s) {
-  if (!ensure_slot(s)) return abort_error();
   auto r = net::read_exact(fd_.get(), std::span(s.data, s.size));
   if (!r) {
     fail(r.error().with_context("channel " + std::to_string(index_)));
@@ -420,7 +430,6 @@ Result<LocalMove> TcpChannel::deliver_to(int fd) {
   }
   const size_t rest = len - pulled;  // what did not fit the pipe, read into the slot
   if (rest > 0) {
-    if (!ensure_slot(*s)) return abort_error();
     auto r = net::read_exact(fd_.get(), std::span(s->data, rest));
     if (!r) {
       fail(r.error().with_context(where));
@@ -449,7 +458,7 @@ Status TcpChannel::release() {
     if (!rx_holding_) return Error{Errc::kInternal, "release without a received chunk"};
     const uint32_t held = queued_[rx_head_ % ring_.size()];
     const bool was_eof = ring_[held].eof;
-    free_.push_back(held);  // on top: the reader fills it next, while it is still in the cache
+    free_.push_back(held);
     ++rx_head_;
     rx_holding_ = false;
     credits = batcher_.on_release(was_eof) + std::exchange(owed_credits_, 0);
@@ -615,6 +624,7 @@ void TcpChannel::reader_loop() {
         Slot* slot = nullptr;
         uint32_t slot_index = 0;
         bool defer = false;
+        bool placed = false;
         {
           std::lock_guard lock(rx_mu_);
           // An eof marker may sit in the one extra place the ring keeps for it.
@@ -624,12 +634,21 @@ void TcpChannel::reader_loop() {
             slot_index = free_.back();
             free_.pop_back();
             slot = &ring_[slot_index];
+            placed = place_locked(*slot, h->type == FrameType::kData ? h->length : 0);
             if (h->type == FrameType::kEof) peer_eof_ = true;
             defer = deferred_ && h->type == FrameType::kData && h->length <= defer_limit_ && ahead_len_ == 0;
           }
         }
         if (slot == nullptr) {
           fail(Error{Errc::kProtocol, where + ": peer sent beyond its credits or after eof"});
+          return;
+        }
+        if (!placed) {
+          if (!rx_mem_) {
+            out_of_memory(rx_capacity_);
+          } else {
+            fail(Error{Errc::kInternal, where + ": no room in the receive ring for a chunk of " + std::to_string(h->length) + " bytes"});
+          }
           return;
         }
         slot->eof = h->type == FrameType::kEof;
@@ -659,7 +678,6 @@ void TcpChannel::reader_loop() {
           break;
         }
         if (!slot->eof) {
-          if (!ensure_slot(*slot)) return;
           auto r = fill(std::span(slot->data, h->length), /*eof_ok=*/false, ahead);
           if (!r) {
             fail(r.error().with_context(where));
@@ -674,7 +692,7 @@ void TcpChannel::reader_loop() {
           std::lock_guard lock(rx_mu_);
           inline_done = deliver_inline_locked(*slot, credits);
           if (inline_done) {
-            free_.push_back(slot_index);  // the next chunk goes into the same (cached) memory
+            free_.push_back(slot_index);  // nothing queued: the next chunk goes where this one went
           } else {
             queued_[rx_tail_ % ring_.size()] = slot_index;
             ++rx_tail_;

@@ -98,10 +98,13 @@ class TcpChannel final : public Channel {
   // to read). Waits briefly for the reader to record that reason, then fails with e if it did not.
   void fail_after_write_error(const Error& e);
   Error abort_error();  // the reason the channel failed
-  // Map the send buffer, or a receive slot's memory (its block's), if not yet done; false (and
-  // the channel failed, naming the size) when memory runs out.
+  // Maps the send buffer if not yet done; false (and the channel failed, naming the size) when
+  // memory runs out.
   bool ensure_staging();
-  bool ensure_slot(Slot& s);
+  // Places a received chunk of `len` bytes in the receive ring (rx_mem_, mapped on first use):
+  // sets s.data. False when the ring cannot be mapped, or (never, by the capacity) has no room.
+  // Under rx_mu_.
+  bool place_locked(Slot& s, size_t len);
   void out_of_memory(size_t bytes);
 
   UniqueFd fd_;
@@ -126,26 +129,30 @@ class TcpChannel final : public Channel {
 
   // Receive side: slots filled by the reader thread, consumed by receive()/release().
   struct Slot {
-    std::byte* data = nullptr;  // chunk_size bytes in blocks_, mapped on first use
+    std::byte* data = nullptr;  // `size` bytes in rx_mem_ (none for an eof marker)
     size_t size = 0;
     size_t offset = 0;   // bytes of it the reader wrote to the inline sink already
     size_t pending = 0;  // deferred: payload bytes still on the socket
     bool eof = false;
   };
   std::vector<Slot> ring_;  // depth + 1: the eof marker may follow a full ring
-  // The slots' memory: slot i lies in blocks_[i / slots_per_block_], each block mapped when one
-  // of its slots is first used (ensure_slot). Never unmapped before the channel goes.
-  const uint32_t slots_per_block_;
-  std::vector<ChunkMemory> blocks_;
-  std::mutex blocks_mu_;
-  // Which slot holds each received chunk: queued_[i % ring_.size()] for rx_head_ <= i < rx_tail_.
-  // The slots are not used in turn but from free_, a stack whose top is the slot freed last: a
-  // receiver that keeps up reuses one or two slots whose memory is still in the cache, instead of
-  // the reader writing each chunk into the next cold slot of a ring that no cache holds (depth x
-  // chunk per channel; a profile of 9 channels showed copying off the socket at 1.8x the floor
-  // relay's cost per byte). Slots
-  // never used are never allocated. Both under rx_mu_; the reader holds at most one slot of
-  // neither (the one it is filling).
+  // The received chunks' bytes: one mapping (ChunkMemory, huge pages, mapped at the first chunk)
+  // in which chunks lie one after the other in arrival order, each where the one before it ended
+  // (64-byte aligned), wrapping to the start when the end has no room, and starting again at 0
+  // whenever nothing is queued. Chunks leave in the order they came, so the bytes in use are one
+  // region (or two, wrapped), and the memory touched is what is in flight, not depth x chunk size:
+  // QEMU sends what its socket holds (about 220 KiB on the bare path), so with 4 MiB chunks a slot
+  // of its own per chunk touched a fresh 4 MiB region (2 huge pages cleared) for every chunk
+  // queued behind a slow QEMU. A receiver that keeps up has every chunk written to the same bytes.
+  // Capacity: depth chunks of up to chunk_size, the alignment of each, and one chunk that did not
+  // fit before the end, with a chunk to spare (place_locked then always finds room).
+  static constexpr size_t kPlaceAlign = 64;
+  const size_t rx_capacity_;
+  ChunkMemory rx_mem_;
+  size_t place_end_ = 0;  // where the chunk placed last ends (under rx_mu_)
+  // Which slot holds each received chunk: queued_[i % ring_.size()] for rx_head_ <= i < rx_tail_;
+  // free_ the slots (their bookkeeping, not their bytes) not queued. Both under rx_mu_; the
+  // reader holds at most one slot of neither (the one it is filling).
   std::vector<uint32_t> queued_;
   std::vector<uint32_t> free_;
   std::mutex rx_mu_;
