@@ -102,7 +102,7 @@ Status TcpChannel::write_frame_locked(FrameHeader h, const void* payload) {
 bool TcpChannel::ensure_staging() {
   if (!staging_) staging_ = ChunkMemory::map(chunk_size_);
   if (staging_) return true;
-  out_of_memory(chunk_size_);
+  out_of_memory("a chunk buffer of " + std::to_string(chunk_size_) + " bytes");
   return false;
 }
 
@@ -138,10 +138,9 @@ bool TcpChannel::place_locked(Slot& s, size_t len) {
   return true;
 }
 
-void TcpChannel::out_of_memory(size_t bytes) {
+void TcpChannel::out_of_memory(const std::string& what) {
   // An allocation failure fails this migration, never the agent.
-  fail(Error{Errc::kResourceExhausted, "channel " + std::to_string(index_) + ": out of memory for a chunk buffer of " +
-                                           std::to_string(bytes) + " bytes"});
+  fail(Error{Errc::kResourceExhausted, "channel " + std::to_string(index_) + ": out of memory for " + what});
 }
 
 Result<std::span<std::byte>> TcpChannel::acquire() {
@@ -645,7 +644,8 @@ void TcpChannel::reader_loop() {
         }
         if (!placed) {
           if (!rx_mem_) {
-            out_of_memory(rx_capacity_);
+            out_of_memory("its receive ring of " + std::to_string(rx_capacity_) + " bytes (ring depth " +
+                          std::to_string(depth_) + " + 2 chunks of " + std::to_string(chunk_size_) + " bytes)");
           } else {
             fail(Error{Errc::kInternal, where + ": no room in the receive ring for a chunk of " + std::to_string(h->length) + " bytes"});
           }

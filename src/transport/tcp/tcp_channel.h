@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -105,7 +106,7 @@ class TcpChannel final : public Channel {
   // sets s.data. False when the ring cannot be mapped, or (never, by the capacity) has no room.
   // Under rx_mu_.
   bool place_locked(Slot& s, size_t len);
-  void out_of_memory(size_t bytes);
+  void out_of_memory(const std::string& what);  // fails the channel, naming what was refused
 
   UniqueFd fd_;
   const uint32_t index_;
