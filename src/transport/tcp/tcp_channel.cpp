@@ -72,7 +72,7 @@ TcpChannel::TcpChannel(UniqueFd fd, uint32_t index, uint32_t chunk_size, uint32_
       staging_(ChunkMemory::map(chunk_size)),
       credits_(depth),
       ring_(depth + 1),
-      rx_capacity_((size_t{depth} + 3) * chunk_size + kPlaceAlign * depth),
+      rx_capacity_((size_t{depth} + 2) * chunk_size + kPlaceAlign * depth),
       queued_(depth + 1),
       batcher_(depth) {
   free_.reserve(ring_.size());
@@ -578,225 +578,8 @@ Result<bool> TcpChannel::fill(std::span<std::byte> dst, bool eof_ok, bool ahead)
                                ahead_len_, eof_ok && have == 0);
 }
 
-bool TcpChannel::return_credits_from_reader(uint32_t credits) {
-  if (credits == 0) return true;
-  // Never wait for the write lock here (the sender may hold it, blocked on a full socket whose
-  // peer waits for this thread to read): leave the credits to the receiving thread.
-  std::unique_lock w(write_mu_, std::try_to_lock);
-  if (w.owns_lock()) {
-    if (auto st = write_frame_locked(FrameHeader{FrameType::kCredit, credits}, nullptr); !st) {
-      w.unlock();
-      fail(st.error().with_context("channel " + std::to_string(index_)));
-      return false;
-    }
-    return true;
-  }
-  {
-    std::lock_guard lock(rx_mu_);
-    owed_credits_ += credits;
-  }
-  rx_cv_.notify_all();
-  return true;
-}
-
-bool TcpChannel::deliver_run(std::vector<uint32_t>& run) {
-  if (run.empty()) return true;
-  uint32_t credits = 0;
-  size_t queued = 0;
-  {
-    std::lock_guard lock(rx_mu_);
-    size_t done = 0;  // chunks of the run written whole
-    if (sink_fd_ >= 0 && rx_head_ == rx_tail_ && !aborted_.load()) {
-      // Nothing queued before them: as much of the run as QEMU's socket takes now, in one call.
-      std::array<iovec, kMaxRun> iov{};
-      for (size_t i = 0; i < run.size(); ++i) iov[i] = {ring_[run[i]].data, ring_[run[i]].size};
-      msghdr m{};
-      m.msg_iov = iov.data();
-      m.msg_iovlen = run.size();
-      ssize_t k;
-      do k = ::sendmsg(sink_fd_, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
-      while (k < 0 && errno == EINTR);
-      // Full (or failing: the receiving thread meets the error when it writes what is queued).
-      auto n = k > 0 ? static_cast<size_t>(k) : 0;
-      while (done < run.size() && n >= ring_[run[done]].size) {
-        Slot& s = ring_[run[done]];
-        n -= s.size;
-        sink_(s.size, true);
-        credits += batcher_.on_release(false);
-        inline_chunks_.fetch_add(1, std::memory_order_relaxed);
-        free_.push_back(run[done]);
-        ++done;
-      }
-      if (n > 0) {  // the next chunk went in part: the receiving thread writes the rest
-        ring_[run[done]].offset = n;
-        sink_(n, false);
-      }
-    }
-    for (size_t i = done; i < run.size(); ++i) queued_[rx_tail_++ % ring_.size()] = run[i];
-    queued = run.size() - done;
-  }
-  run.clear();
-  if (queued > 0) rx_cv_.notify_all();
-  return return_credits_from_reader(credits);
-}
-
-void TcpChannel::stream_reader_loop() {
-  const std::string where = "channel " + std::to_string(index_);
-  rx_mem_ = ChunkMemory::map(rx_capacity_);
-  if (!rx_mem_) {
-    out_of_memory("its receive ring of " + std::to_string(rx_capacity_) + " bytes (ring depth " + std::to_string(depth_) +
-                  " + 3 chunks of " + std::to_string(chunk_size_) + " bytes)");
-    return;
-  }
-  std::byte* const ring = rx_mem_.data();
-  size_t rd = 0, wr = 0;     // bytes read and not yet taken as frames: ring[rd, wr)
-  std::vector<uint32_t> run;  // whole chunks taken, not yet delivered or queued (reader only)
-  run.reserve(kMaxRun);
-  for (;;) {
-    // Every whole frame read so far.
-    while (wr - rd >= kFrameHeaderSize) {
-      std::array<std::byte, kFrameHeaderSize> raw{};
-      std::memcpy(raw.data(), ring + rd, raw.size());
-      auto h = decode_frame_header(raw, chunk_size_, depth_);
-      if (!h) {
-        fail(h.error().with_context(where));
-        return;
-      }
-      const size_t frame = kFrameHeaderSize + (h->type == FrameType::kCredit || h->type == FrameType::kEof ? 0 : h->length);
-      if (wr - rd < frame) break;  // its payload is still coming
-      const std::byte* payload = ring + rd + kFrameHeaderSize;
-      rd += frame;
-      if (h->type == FrameType::kCredit) {
-        if (auto st = credits_.give(h->length); !st) {
-          fail(st.error().with_context(where));
-          return;
-        }
-        outstanding_.fetch_sub(h->length);
-        metrics_.chunks_in_flight->Decrement(h->length);
-        continue;
-      }
-      if (h->type == FrameType::kAbort) {
-        fail(Error{Errc::kUnavailable, where + ": peer aborted: " + std::string(reinterpret_cast<const char*>(payload), h->length)});
-        return;
-      }
-      // DATA or EOF: a slot for it, within the peer's credits (an eof marker may sit in the one
-      // extra place the ring keeps for it). The eof goes after the chunks taken before it.
-      if (h->type == FrameType::kEof && !deliver_run(run)) return;
-      uint32_t slot_index = 0;
-      bool room = false;
-      {
-        std::lock_guard lock(rx_mu_);
-        const uint64_t limit = h->type == FrameType::kEof ? depth_ + 1 : depth_;
-        if (!(peer_eof_ || rx_tail_ - rx_head_ + run.size() >= limit)) {
-          room = true;
-          slot_index = free_.back();
-          free_.pop_back();
-          Slot& s = ring_[slot_index];
-          s.eof = h->type == FrameType::kEof;
-          s.data = s.eof ? nullptr : const_cast<std::byte*>(payload);
-          s.size = s.eof ? 0 : h->length;
-          s.offset = 0;
-          s.pending = 0;
-          if (s.eof) {
-            peer_eof_ = true;
-            queued_[rx_tail_++ % ring_.size()] = slot_index;
-          }
-        }
-      }
-      if (!room) {
-        fail(Error{Errc::kProtocol, where + ": peer sent beyond its credits or after eof"});
-        return;
-      }
-      if (h->type == FrameType::kEof) {
-        rx_cv_.notify_all();
-        continue;  // keep reading: credits for our own direction still come back here
-      }
-      metrics_.chunks_received->Increment();
-      metrics_.bytes_received->Increment(h->length);
-      run.push_back(slot_index);
-      if (run.size() == kMaxRun && !deliver_run(run)) return;
-    }
-    if (!deliver_run(run)) return;
-
-    // Room to read into. The frame at rd must end up whole in one piece of the ring (a chunk's
-    // bytes are one span): when the ring's end leaves less than the largest frame, what was read
-    // of it moves to the start. Queued chunks lie in ring[first, rd) or, wrapped, in
-    // ring[first, capacity) and ring[0, rd); bytes past rd belong to no chunk yet. The capacity
-    // (depth + 3 chunks) leaves room for the largest frame at one of the two places whatever a
-    // peer within its credits has sent.
-    size_t limit = rx_capacity_;
-    bool no_room = false;
-    {
-      std::lock_guard lock(rx_mu_);
-      const Slot* oldest = rx_head_ < rx_tail_ ? &ring_[queued_[rx_head_ % ring_.size()]] : nullptr;
-      const bool none = oldest == nullptr || oldest->data == nullptr;  // an eof marker holds no bytes
-      const size_t first = none ? 0 : static_cast<size_t>(oldest->data - ring);
-      const size_t want = kFrameHeaderSize + chunk_size_;
-      auto to_start = [&] {
-        std::memmove(ring, ring + rd, wr - rd);
-        wr -= rd;
-        rd = 0;
-      };
-      // Back to the start (memory the cache still has) when nothing is queued and little is left
-      // to move (a header, the first segment of a frame), and whatever is left when the end is
-      // near. Never earlier while chunks are queued: the capacity argument needs the space before
-      // the oldest queued chunk to be the whole ring's rest, and this thread must never wait for
-      // room (it reads the credits that let QEMU's return path go on).
-      if (none) {
-        if (rd > 0 && (wr - rd <= kRestartMove || rd + want > rx_capacity_)) to_start();
-      } else if (first >= rd) {
-        limit = first;  // wrapped: free up to the oldest queued chunk
-      } else if (rd + want > rx_capacity_) {
-        if (first >= std::max(want, wr - rd)) {
-          to_start();
-          limit = first;
-        } else {
-          no_room = true;
-        }
-      }
-    }
-    if (no_room || limit <= wr) {
-      fail(Error{Errc::kInternal, where + ": no room in the receive ring"});
-      return;
-    }
-    ssize_t n;
-    do n = ::recv(fd_.get(), ring + wr, limit - wr, 0);
-    while (n < 0 && errno == EINTR);
-    if (n > 0) {
-      wr += static_cast<size_t>(n);
-      continue;
-    }
-    if (n == 0 && rd == wr) {
-      bool clean = false;
-      {
-        std::lock_guard lock(rx_mu_);
-        clean = peer_eof_;
-      }
-      if (clean && credits_.in_flight() == 0) {
-        // The peer finished both directions and closed: not an error.
-        fail(Error{Errc::kCancelled, where + ": closed"});
-        return;
-      }
-    }
-    if (!aborted_.load()) {
-      if (n == 0) {
-        fail(Error{Errc::kUnavailable, where + ": peer closed the connection"});
-      } else {
-        auto e = errno_error(where + ": recv", errno);
-        if (errno == ECONNRESET || errno == EPIPE) e.code = Errc::kUnavailable;
-        fail(e);
-      }
-    }
-    return;
-  }
-}
-
 void TcpChannel::reader_loop() {
   name_this_thread("rdmig-rx-" + std::to_string(index_));
-  if (splice_mode_ == SpliceMode::kOff) {
-    stream_reader_loop();
-    return;
-  }
   const std::string where = "channel " + std::to_string(index_);
   for (;;) {
     std::array<std::byte, kFrameHeaderSize> raw{};
@@ -862,7 +645,7 @@ void TcpChannel::reader_loop() {
         if (!placed) {
           if (!rx_mem_) {
             out_of_memory("its receive ring of " + std::to_string(rx_capacity_) + " bytes (ring depth " +
-                          std::to_string(depth_) + " + 3 chunks of " + std::to_string(chunk_size_) + " bytes)");
+                          std::to_string(depth_) + " + 2 chunks of " + std::to_string(chunk_size_) + " bytes)");
           } else {
             fail(Error{Errc::kInternal, where + ": no room in the receive ring for a chunk of " + std::to_string(h->length) + " bytes"});
           }
@@ -917,8 +700,23 @@ void TcpChannel::reader_loop() {
         }
         if (!inline_done) {
           rx_cv_.notify_all();
-        } else if (!return_credits_from_reader(credits)) {
-          return;
+        } else if (credits > 0) {
+          // Never wait for the write lock here (the sender may hold it, blocked on a full socket
+          // whose peer waits for this thread to read): leave the credits to the receiving thread.
+          std::unique_lock w(write_mu_, std::try_to_lock);
+          if (w.owns_lock()) {
+            if (auto st = write_frame_locked(FrameHeader{FrameType::kCredit, credits}, nullptr); !st) {
+              w.unlock();
+              fail(st.error().with_context(where));
+              return;
+            }
+          } else {
+            {
+              std::lock_guard lock(rx_mu_);
+              owed_credits_ += credits;
+            }
+            rx_cv_.notify_all();
+          }
         }
         // After an eof, keep reading: credits for our own direction still come back here.
         break;

@@ -92,19 +92,6 @@ class TcpChannel final : public Channel {
   Result<bool> fill(std::span<std::byte> dst, bool eof_ok, bool ahead);
   Status count_sent(size_t n, std::chrono::steady_clock::time_point t0);
   void reader_loop();
-  // The reader with tcp.splice off: reads as much as the socket holds into the receive ring (not
-  // a frame at a time) and takes every whole frame in it in place, so one recv takes the chunks
-  // that have arrived and a run of them goes to QEMU's socket in one sendmsg (deliver_run).
-  void stream_reader_loop();
-  // Delivers whole chunks taken by the stream reader, in order: as much as QEMU's socket takes at
-  // once when nothing is queued before them (the inline sink), the rest queued for receive().
-  // Clears `run`. False when the channel failed (returning credits).
-  bool deliver_run(std::vector<uint32_t>& run);
-  static constexpr size_t kMaxRun = 64;  // chunks per deliver_run (iovecs of one sendmsg)
-  static constexpr size_t kRestartMove = 64 * 1024;
-  // Reader thread: sends credits for chunks it delivered itself, or leaves them to the receiving
-  // thread when the sender holds the write lock. False when the channel failed.
-  bool return_credits_from_reader(uint32_t credits);
   Status write_frame(FrameHeader h, const void* payload);
   Status write_frame_locked(FrameHeader h, const void* payload);  // write_mu_ held
   void fail(const Error& e);
@@ -150,17 +137,16 @@ class TcpChannel final : public Channel {
     bool eof = false;
   };
   std::vector<Slot> ring_;  // depth + 1: the eof marker may follow a full ring
-  // The received chunks' bytes: one mapping (ChunkMemory, huge pages) in which chunks lie one
-  // after the other in arrival order, wrapping to the start when the end has no room, and starting
-  // again at 0 when nothing is queued. Chunks leave in the order they came, so the bytes in use are
-  // one region (or two, wrapped), and the memory touched is what is in flight, not depth x chunk
-  // size: QEMU sends what its socket holds (about 220 KiB on the bare path), so with 4 MiB chunks a
-  // slot of its own per chunk touched a fresh 4 MiB region (2 huge pages cleared) for every chunk
-  // queued behind a slow QEMU. With tcp.splice off (stream_reader_loop) the ring holds the byte
-  // stream as read, frame headers included, and a chunk is its payload in place; otherwise
-  // (place_locked) each chunk is placed 64-byte aligned after the one before. Capacity: depth
-  // chunks of up to chunk_size with their headers or alignment, the part of a frame that did not
-  // fit before the end, and a chunk to spare: the largest frame always fits at one of the two.
+  // The received chunks' bytes: one mapping (ChunkMemory, huge pages, mapped at the first chunk)
+  // in which chunks lie one after the other in arrival order, each where the one before it ended
+  // (64-byte aligned), wrapping to the start when the end has no room, and starting again at 0
+  // whenever nothing is queued. Chunks leave in the order they came, so the bytes in use are one
+  // region (or two, wrapped), and the memory touched is what is in flight, not depth x chunk size:
+  // QEMU sends what its socket holds (about 220 KiB on the bare path), so with 4 MiB chunks a slot
+  // of its own per chunk touched a fresh 4 MiB region (2 huge pages cleared) for every chunk
+  // queued behind a slow QEMU. A receiver that keeps up has every chunk written to the same bytes.
+  // Capacity: depth chunks of up to chunk_size, the alignment of each, and one chunk that did not
+  // fit before the end, with a chunk to spare (place_locked then always finds room).
   static constexpr size_t kPlaceAlign = 64;
   const size_t rx_capacity_;
   ChunkMemory rx_mem_;
