@@ -157,9 +157,9 @@ void floor_copy(const char* name, int from, int to, size_t buf, bool pipe_splice
       ::close(p[1]);
     }
   } else {
-    // The same memory as rdmig's chunk buffers (ChunkMemory: not zero-filled, on huge pages, a
-    // buffer under 2 MiB in a 2 MiB block as rdmig's ring slots are), so that the ratio counts the
-    // relays' own work and not how their buffers were allocated. (A zero-filled 4 MiB vector per
+    // The same memory as rdmig's chunk buffers (ChunkMemory: not zero-filled, on huge pages; a
+    // buffer under 2 MiB on a 2 MiB page, as rdmig's receive ring is one mapping), so that the
+    // ratio counts the relays' own work and not how their buffers were allocated. (A zero-filled 4 MiB vector per
     // thread once cost the floor 4 MiB of memset and page faults each.)
     ChunkMemory b = ChunkMemory::map(std::max(buf, ChunkMemory::kHugePage));
     for (;;) {
@@ -306,13 +306,11 @@ int main(int argc, char** argv) {
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const Cpu p1 = usage(RUSAGE_SELF);
-  Cpu qemu, qemu_writer, qemu_reader;
+  Cpu qemu_writer, qemu_reader;
   uint64_t received = 0;
   bool mismatch = false;
   uint64_t spliced_sent = 0, spliced_received = 0, chunks = 0;
   for (auto& s : streams) {
-    qemu.user += s->writer.user + s->reader.user;
-    qemu.sys += s->writer.sys + s->reader.sys;
     qemu_writer.user += s->writer.user;
     qemu_writer.sys += s->writer.sys;
     qemu_reader.user += s->reader.user;
@@ -324,6 +322,7 @@ int main(int argc, char** argv) {
     chunks += s->src_pump->chunks_up();
     spliced_received += s->dst_ch->spliced_received();
   }
+  const Cpu qemu{qemu_writer.user + qemu_reader.user, qemu_writer.sys + qemu_reader.sys};
   const double agents_user = (p1.user - p0.user) - qemu.user;
   const double agents_sys = (p1.sys - p0.sys) - qemu.sys;
   const double gib = static_cast<double>(received) / static_cast<double>(1ull << 30);

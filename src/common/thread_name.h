@@ -1,5 +1,5 @@
 // Names the calling thread (as `top -H`, `ps -L`, perf and gdb show it): the data path's threads
-// say what they carry, e.g. "rdmig-up-3" for channel 3's QEMU-to-peer pump.
+// say what they carry, e.g. "rdmig-s-up-3" for the source pump reading QEMU's connection 3.
 #pragma once
 
 #include <pthread.h>
