@@ -132,10 +132,27 @@ def wait_resume(chain, dst):
         raise GuestDied(tail[0].strip() if tail else "QEMU exited")
 
 
+def settled_alive(vm, grace=2.0):
+    """Whether vm's QEMU still runs once a broken QMP connection has had time to become an exit."""
+    deadline = time.time() + grace
+    while vm.alive() and time.time() < deadline:
+        time.sleep(0.1)
+    return vm.alive()
+
+
 def run_direct(chain, multifd):
     dst = chain.next_target()
     t0 = time.time()
-    r = migrate_direct(chain.src, dst, multifd_channels=multifd, max_bandwidth=BW)
+    try:
+        r = migrate_direct(chain.src, dst, multifd_channels=multifd, max_bandwidth=BW)
+    except Exception as e:
+        # A guest that died (a TCG panic) on either side breaks QMP mid-migration: a guest death.
+        gone = not (settled_alive(chain.src) and settled_alive(dst))
+        dst.kill()
+        if not gone:
+            raise
+        chain.src.kill()
+        raise GuestDied("a QEMU exited during the migration: %r" % e)
     if r["status"] != "completed":
         dst.kill()
         chain.src.kill()
@@ -151,8 +168,18 @@ def run_agents(chain, agents, multifd, chunk=None, depth=None, vm="bench"):
     a, b = agents
     dst = chain.next_target()
     t0 = time.time()
-    target, source = start_migration(a, b, chain.src.agent_qmp_path, dst.agent_qmp_path, multifd_channels=multifd,
-                                     chunk_size=chunk, ring_depth=depth, vm=vm, maxBandwidthBytesPerSecond=BW)
+    try:
+        target, source = start_migration(a, b, chain.src.agent_qmp_path, dst.agent_qmp_path,
+                                         multifd_channels=multifd, chunk_size=chunk, ring_depth=depth, vm=vm,
+                                         maxBandwidthBytesPerSecond=BW)
+    except Exception as e:
+        # The source guest may have died after its last migration's checks (a TCG panic): the
+        # agent then refuses it ("cannot talk to QEMU"). That is a guest death, anything else is not.
+        gone = not settled_alive(chain.src)
+        dst.kill()
+        if not gone:
+            raise
+        raise GuestDied("source gone before the migration started: %s" % e)
     s = a.wait(source["id"], timeout=600, interval=0.05)
     if s["phase"] != "Succeeded":
         dst.kill()

@@ -15,9 +15,10 @@ ChunkMemory ChunkMemory::map(size_t bytes) {
   const bool huge = size >= kHugePage;
   // For huge pages the start must be 2 MiB-aligned: map 2 MiB more and cut off both ends.
   const size_t length = huge ? size + kHugePage : size;
-  // MAP_NORESERVE: a receive ring is reserved for its worst case (ring depth x chunkSize) and
-  // touched only as far as bytes are in flight; the kernel's overcommit heuristic would refuse
-  // one such mapping that the same bytes in separate slots passed. RLIMIT_AS still applies.
+  // MAP_NORESERVE: a buffer is reserved for its worst case (whole chunks of chunkSize) and
+  // touched only as far as chunks fill it (QEMU sends far less than 4 MiB at a time); the
+  // kernel's overcommit heuristic would refuse a large one that is never filled. RLIMIT_AS
+  // still applies.
   void* p = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) return m;
   auto* base = static_cast<std::byte*>(p);

@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "common/chunk_memory.h"
@@ -151,49 +152,144 @@ TEST(TcpChannel, ReceivesIntoTheSlotReleasedLast) {
   }
 }
 
-TEST(TcpChannel, QueuedChunksLieOneAfterAnotherInOneMapping) {
-  // Chunks queued behind a receiver lie one after the other (64-byte aligned) in the receive
-  // ring's one mapping, whatever the chunk size: 7 chunks of 1000 bytes take 7 x 1024 bytes, not
-  // 7 slots of 256 KiB; when nothing is queued the next chunk goes back to the start.
+TEST(TcpChannel, TheReaderQueuesTwoChunksAndLeavesTheRestInTheSocket) {
+  // A receiver that lags (a proxy's TCP socket on the KubeVirt path): of 7 chunks the credits
+  // let the peer send, the reader takes two off the socket and leaves the rest to the kernel's
+  // buffer, so the memory touched is two places, reused (a ring packed in arrival order walked its
+  // whole capacity behind a queue that never emptied). Every chunk still arrives, in order; the
+  // first place starts a huge page; a receiver that keeps up has every chunk in the same place.
   Metrics m;
   constexpr uint32_t kChunk = 256 * 1024;
-  auto p = connect_pair(m, kChunk, 7);
-  auto send = [&](int i, size_t n) {
+  auto p = connect_pair(m, kChunk, 8);  // 8 places of 256 KiB: a 2 MiB mapping, on a huge page
+  p.b->set_reader_hold_back(60s);  // however slow this machine, the receiver here counts as lagging, not stalled
+  int sent = 0;
+  auto send = [&] {
     auto b = p.a->acquire();
     ASSERT_TRUE(b.ok());
-    std::memset(b->data(), i + 1, n);
-    ASSERT_TRUE(p.a->send(n).ok());
+    std::memset(b->data(), sent + 1, 1000);
+    ASSERT_TRUE(p.a->send(1000).ok());
+    ++sent;
   };
-  for (int round = 0; round < 2; ++round) {
-    for (int i = 0; i < 7; ++i) send(i, 1000);
-    // Wait until the reader has taken all 7 off the socket (it queues each at once after counting
-    // it): a receiver that took the first before the rest arrived would let the ring start again.
+  auto received = [&] { return m.transport("tcp").chunks_received->Value(); };
+  std::set<uintptr_t> places;
+  int taken = 0;
+  auto take = [&] {
+    auto c = p.b->receive();
+    ASSERT_TRUE(c.ok());
+    ASSERT_EQ(c->data.size(), 1000u);
+    EXPECT_EQ(c->data[0], static_cast<std::byte>(taken + 1));
+    EXPECT_EQ(c->data[999], static_cast<std::byte>(taken + 1));
+    places.insert(reinterpret_cast<uintptr_t>(c->data.data()));
+    ++taken;
+    ASSERT_TRUE(p.b->release().ok());
+  };
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 7; ++i) send();
     const auto deadline = std::chrono::steady_clock::now() + 10s;
-    while (m.transport("tcp").chunks_received->Value() < 7.0 * (round + 1) && std::chrono::steady_clock::now() < deadline) {
+    while (received() < 7.0 * round + 2 && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(1ms);
     }
-    std::this_thread::sleep_for(20ms);
-    uintptr_t first = 0;
-    for (int i = 0; i < 7; ++i) {
-      auto c = p.b->receive();
-      ASSERT_TRUE(c.ok());
-      ASSERT_EQ(c->data.size(), 1000u);
-      EXPECT_EQ(c->data[0], static_cast<std::byte>(i + 1));
-      EXPECT_EQ(c->data[999], static_cast<std::byte>(i + 1));
-      const auto at = reinterpret_cast<uintptr_t>(c->data.data());
-      if (i == 0) first = at;
-      EXPECT_EQ(at, first + 1024 * static_cast<uintptr_t>(i)) << "round " << round << ", chunk " << i;
-      if (i == 0) {
-        EXPECT_EQ(at % ChunkMemory::kHugePage, 0u) << "the ring starts a huge page";
-      }
-      ASSERT_TRUE(p.b->release().ok());
-    }
+    std::this_thread::sleep_for(50ms);
+    EXPECT_EQ(received(), 7.0 * round + 2) << "round " << round << ": the reader took more than two ahead";
+    for (int i = 0; i < 7; ++i) take();
+  }
+  EXPECT_EQ(places.size(), 2u);
+  EXPECT_EQ(*places.begin() % ChunkMemory::kHugePage, 0u) << "the first place starts a huge page";
+  std::set<uintptr_t> kept_up;
+  for (int i = 0; i < 10; ++i) {
+    send();
+    auto c = p.b->receive();
+    ASSERT_TRUE(c.ok());
+    EXPECT_EQ(c->data[0], static_cast<std::byte>(taken + 1));
+    kept_up.insert(reinterpret_cast<uintptr_t>(c->data.data()));
+    ASSERT_TRUE(p.b->release().ok());
+    ++taken;
+  }
+  EXPECT_EQ(kept_up.size(), 1u);
+}
+
+TEST(TcpChannel, AReceiverThatTakesNothingIsLeftBehindAfterTheHoldBack) {
+  // A receiver that takes nothing (its QEMU stopped reading) does not hold the connection: after
+  // the hold-back the reader reads on as far as the credits go, so frames behind the data
+  // (credits for the other direction) get through.
+  Metrics m;
+  auto p = connect_pair(m, 64 * 1024, 7);
+  p.b->set_reader_hold_back(100ms);
+  for (int i = 0; i < 7; ++i) {
+    auto b = p.a->acquire();
+    ASSERT_TRUE(b.ok());
+    std::memset(b->data(), i + 1, 500);
+    ASSERT_TRUE(p.a->send(500).ok());
+  }
+  // A credit for b's own direction, behind the seven chunks: b may send once more after it.
+  for (int i = 0; i < 7; ++i) {
+    ASSERT_TRUE(p.b->acquire().ok());
+    ASSERT_TRUE(p.b->send(10).ok());
+  }
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (m.transport("tcp").chunks_received->Value() < 14 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(1ms);
+  }
+  // a took b's 7 (a's receiver takes them now and returns their credits)...
+  for (int i = 0; i < 7; ++i) {
+    auto c = p.a->receive();
+    ASSERT_TRUE(c.ok());
+    ASSERT_TRUE(p.a->release().ok());
+  }
+  // ...and b's reader, though b's receiver took none of its 7, reads past them to those credits.
+  auto more = p.b->acquire();
+  ASSERT_TRUE(more.ok()) << more.error().message;
+  ASSERT_TRUE(p.b->send(10).ok());
+  for (int i = 0; i < 7; ++i) {
+    auto c = p.b->receive();
+    ASSERT_TRUE(c.ok());
+    EXPECT_EQ(c->data[0], static_cast<std::byte>(i + 1));
+    ASSERT_TRUE(p.b->release().ok());
   }
 }
 
-TEST(TcpChannel, ChunksQueuedBehindASlowReceiverWrapAroundTheRingIntact) {
-  // Random chunk sizes, a receiver that lags at random: chunks queue, wrap around the end of the
-  // ring and start again at 0; every byte arrives in order and every chunk lies in the ring.
+TEST(TcpChannel, APeerBeyondItsCreditsFailsTheChannel) {
+  // Overruns are counted against the credits given, not read off a full queue (the reader now
+  // takes only two chunks ahead): with depth 2 and no credit back, a third DATA frame fails the
+  // channel naming it; what arrived within the credits is still delivered first.
+  Metrics m;
+  constexpr uint32_t kDepth = 2;
+  auto l = net::tcp_listen("127.0.0.1", 0);
+  ASSERT_TRUE(l.ok());
+  auto c = net::tcp_connect({"127.0.0.1", net::local_port(l->get()).value()}, 2s);
+  ASSERT_TRUE(c.ok());
+  auto s = net::accept_for(l->get(), 2s);
+  ASSERT_TRUE(s.ok());
+  auto ch = TcpChannel::create(std::move(s.value()), 0, 64 * 1024, kDepth, m.transport("tcp"));
+  std::array<std::byte, 100> payload{};
+  for (uint32_t i = 0; i < kDepth + 1; ++i) {
+    auto h = encode_frame_header(FrameHeader{FrameType::kData, static_cast<uint32_t>(payload.size())});
+    iovec iov[2] = {{h.data(), h.size()}, {payload.data(), payload.size()}};
+    ASSERT_TRUE(net::writev_all(c->get(), iov, 2).ok());
+  }
+  // No release (no credit) until the reader has met the third frame.
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (m.transport("tcp").chunks_received->Value() < kDepth && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(1ms);
+  }
+  std::this_thread::sleep_for(100ms);
+  int chunks = 0;
+  for (;;) {
+    auto r = ch->receive();
+    if (!r.ok()) {
+      EXPECT_EQ(r.error().code, Errc::kProtocol) << r.error().message;
+      EXPECT_NE(r.error().message.find("beyond its credits"), std::string::npos) << r.error().message;
+      break;
+    }
+    ASSERT_LE(++chunks, int{kDepth}) << "a chunk beyond the credits was delivered";
+    (void)ch->release();  // the credit goes to a failed channel
+  }
+  EXPECT_EQ(chunks, int{kDepth});
+}
+
+TEST(TcpChannel, ChunksQueuedBehindASlowReceiverArriveIntact) {
+  // Random chunk sizes, a receiver that lags at random: chunks queue in their places and are
+  // reused; every byte arrives in order and every chunk lies in the receive mapping.
   Metrics m;
   constexpr uint32_t kChunk = 64 * 1024;
   constexpr uint32_t kDepth = 4;
@@ -225,8 +321,8 @@ TEST(TcpChannel, ChunksQueuedBehindASlowReceiverWrapAroundTheRingIntact) {
   sender.join();
   EXPECT_EQ(got, kTotal);
   EXPECT_FALSE(mismatch);
-  // Within the ring's capacity: depth + 2 chunks and the alignment.
-  EXPECT_LE(hi - lo, (kDepth + 2) * size_t{kChunk} + 64 * kDepth);
+  // Within the receive mapping: a place for each of depth + 1 slots.
+  EXPECT_LE(hi - lo, (kDepth + 1) * size_t{kChunk});
 }
 
 TEST(TcpChannel, PeerAbortEndsWithItsReason) {

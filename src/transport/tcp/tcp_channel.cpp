@@ -72,11 +72,12 @@ TcpChannel::TcpChannel(UniqueFd fd, uint32_t index, uint32_t chunk_size, uint32_
       staging_(ChunkMemory::map(chunk_size)),
       credits_(depth),
       ring_(depth + 1),
-      rx_capacity_((size_t{depth} + 2) * chunk_size + kPlaceAlign * depth),
+      slot_stride_((size_t{chunk_size} + kSlotAlign - 1) / kSlotAlign * kSlotAlign),
       queued_(depth + 1),
       batcher_(depth) {
   free_.reserve(ring_.size());
   for (size_t i = ring_.size(); i-- > 0;) free_.push_back(static_cast<uint32_t>(i));
+  for (size_t i = depth; i-- > 0;) free_places_.push_back(static_cast<uint32_t>(i));
 }
 
 TcpChannel::~TcpChannel() {
@@ -106,36 +107,21 @@ bool TcpChannel::ensure_staging() {
   return false;
 }
 
-bool TcpChannel::place_locked(Slot& s, size_t len) {
-  s.data = nullptr;
-  if (len == 0) return true;
+bool TcpChannel::place_locked(Slot& s) {
   if (!rx_mem_) {
-    rx_mem_ = ChunkMemory::map(rx_capacity_);
+    rx_mem_ = ChunkMemory::map(rx_bytes());
     if (!rx_mem_) return false;
   }
-  // The chunks in the ring: from the oldest queued one (held by the receiver or not) to the end of
-  // the one placed last. None: start again at the ring's start, whose memory the cache still has.
-  // An eof marker holds no bytes and is always last, so a queue headed by one holds none either.
-  size_t start = 0;
-  const Slot* oldest = rx_head_ < rx_tail_ ? &ring_[queued_[rx_head_ % ring_.size()]] : nullptr;
-  if (oldest != nullptr && oldest->data != nullptr) {
-    const auto first = static_cast<size_t>(oldest->data - rx_mem_.data());
-    const size_t end = (place_end_ + kPlaceAlign - 1) / kPlaceAlign * kPlaceAlign;
-    if (first < end) {  // [first, end) in use: after it, or else before it
-      if (end + len <= rx_capacity_) {
-        start = end;
-      } else if (len > first) {
-        return false;
-      }
-    } else if (end + len <= first) {  // wrapped: [end, first) is free
-      start = end;
-    } else {
-      return false;
-    }
-  }
-  s.data = rx_mem_.data() + start;
-  place_end_ = start + len;
+  if (free_places_.empty()) return false;
+  s.place = static_cast<int>(free_places_.back());
+  free_places_.pop_back();
+  s.data = rx_mem_.data() + static_cast<size_t>(s.place) * slot_stride_;
   return true;
+}
+
+void TcpChannel::unplace_locked(Slot& s) {
+  if (s.place >= 0) free_places_.push_back(static_cast<uint32_t>(s.place));
+  s.place = -1;
 }
 
 void TcpChannel::out_of_memory(const std::string& what) {
@@ -457,10 +443,13 @@ Status TcpChannel::release() {
     if (!rx_holding_) return Error{Errc::kInternal, "release without a received chunk"};
     const uint32_t held = queued_[rx_head_ % ring_.size()];
     const bool was_eof = ring_[held].eof;
+    unplace_locked(ring_[held]);
     free_.push_back(held);
     ++rx_head_;
     rx_holding_ = false;
-    credits = batcher_.on_release(was_eof) + std::exchange(owed_credits_, 0);
+    const uint32_t granted = batcher_.on_release(was_eof);
+    rx_granted_ += granted;
+    credits = granted + std::exchange(owed_credits_, 0);
   }
   rx_cv_.notify_all();
   if (credits == 0) return ok_status();
@@ -560,6 +549,7 @@ bool TcpChannel::deliver_inline_locked(Slot& slot, uint32_t& credits) {
     return false;
   }
   credits = batcher_.on_release(false);
+  rx_granted_ += credits;
   inline_chunks_.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
@@ -625,15 +615,38 @@ void TcpChannel::reader_loop() {
         bool defer = false;
         bool placed = false;
         {
-          std::lock_guard lock(rx_mu_);
-          // An eof marker may sit in the one extra place the ring keeps for it.
-          const uint64_t limit = h->type == FrameType::kEof ? depth_ + 1 : depth_;
-          if (!(peer_eof_ || rx_tail_ - rx_head_ >= limit)) {
-            // Fewer than limit slots are queued, so one is free.
+          std::unique_lock lock(rx_mu_);
+          bool within = false;
+          if (h->type == FrameType::kData) {
+            // The peer may have at most depth chunks unanswered by a credit.
+            within = !peer_eof_ && rx_data_ - rx_granted_ < depth_;
+            if (within) {
+              ++rx_data_;
+              // Read no further ahead of the receiver than kReaderQueueLimit: the rest of what the
+              // credits let the peer send waits in the socket's receive buffer. A receiver that
+              // takes nothing for the hold-back (its QEMU stopped reading) is left behind: then the
+              // reader reads on, as far as the credits go, until the receiver catches up, so that
+              // credits for the other direction queued behind the data still get through.
+              if (rx_tail_ - rx_head_ < kReaderQueueLimit) {
+                reader_unheld_ = false;
+              } else if (!reader_unheld_) {
+                const auto hold = std::chrono::milliseconds(hold_back_ms_.load(std::memory_order_relaxed));
+                if (!rx_cv_.wait_for(lock, hold, [&] { return rx_tail_ - rx_head_ < kReaderQueueLimit || aborted_.load(); })) {
+                  reader_unheld_ = true;
+                }
+              }
+              if (aborted_.load()) return;
+            }
+          } else {
+            // An eof marker may sit in the one extra place the ring keeps for it.
+            within = !peer_eof_ && rx_tail_ - rx_head_ < depth_ + 1;
+          }
+          if (within) {
+            // Fewer than depth + 1 slots are queued, so one is free.
             slot_index = free_.back();
             free_.pop_back();
             slot = &ring_[slot_index];
-            placed = place_locked(*slot, h->type == FrameType::kData ? h->length : 0);
+            placed = h->type != FrameType::kData || place_locked(*slot);
             if (h->type == FrameType::kEof) peer_eof_ = true;
             defer = deferred_ && h->type == FrameType::kData && h->length <= defer_limit_ && ahead_len_ == 0;
           }
@@ -644,10 +657,10 @@ void TcpChannel::reader_loop() {
         }
         if (!placed) {
           if (!rx_mem_) {
-            out_of_memory("its receive ring of " + std::to_string(rx_capacity_) + " bytes (ring depth " +
-                          std::to_string(depth_) + " + 2 chunks of " + std::to_string(chunk_size_) + " bytes)");
+            out_of_memory("its receive buffer of " + std::to_string(rx_bytes()) + " bytes (ring depth " +
+                          std::to_string(depth_) + " x chunks of " + std::to_string(chunk_size_) + " bytes)");
           } else {
-            fail(Error{Errc::kInternal, where + ": no room in the receive ring for a chunk of " + std::to_string(h->length) + " bytes"});
+            fail(Error{Errc::kInternal, where + ": no free place for a received chunk"});
           }
           return;
         }
@@ -692,7 +705,8 @@ void TcpChannel::reader_loop() {
           std::lock_guard lock(rx_mu_);
           inline_done = deliver_inline_locked(*slot, credits);
           if (inline_done) {
-            free_.push_back(slot_index);  // nothing queued: the next chunk goes where this one went
+            unplace_locked(*slot);  // nothing queued: the next chunk goes where this one went
+            free_.push_back(slot_index);
           } else {
             queued_[rx_tail_ % ring_.size()] = slot_index;
             ++rx_tail_;

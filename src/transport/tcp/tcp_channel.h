@@ -1,6 +1,7 @@
 // A channel over one TCP connection: frames (see framing.h) in both directions, vectored
 // writes (header + payload in one sendmsg), a reader thread that receives straight into the
-// receive ring's slots and handles credits coming back.
+// receive buffer's places (at most two chunks ahead of the receiver) and handles credits coming
+// back.
 //
 // Splice (SpliceMode auto/on): the pump moves payload between QEMU's socket and this one
 // through a pipe with splice(2), so the bytes never pass through user space. Sending: one
@@ -62,6 +63,9 @@ class TcpChannel final : public Channel {
   // Payload bytes that went through a pipe (splice) rather than through user space.
   uint64_t spliced_sent() const { return spliced_sent_.load(std::memory_order_relaxed); }
   uint64_t spliced_received() const { return spliced_received_.load(std::memory_order_relaxed); }
+  // How long the reader holds back (kReaderQueueLimit chunks queued) for a receiver that takes
+  // nothing before it reads on as far as the credits go (tests make it long to see the limit).
+  void set_reader_hold_back(std::chrono::milliseconds t) { hold_back_ms_.store(t.count(), std::memory_order_relaxed); }
   // Chunks the reader wrote whole to the inline sink (set_inline_sink).
   uint64_t inline_chunks() const { return inline_chunks_.load(std::memory_order_relaxed); }
 
@@ -102,10 +106,12 @@ class TcpChannel final : public Channel {
   // Maps the send buffer if not yet done; false (and the channel failed, naming the size) when
   // memory runs out.
   bool ensure_staging();
-  // Places a received chunk of `len` bytes in the receive ring (rx_mem_, mapped on first use):
-  // sets s.data. False when the ring cannot be mapped, or (never, by the capacity) has no room.
-  // Under rx_mu_.
-  bool place_locked(Slot& s, size_t len);
+  // Gives a slot taken for a received DATA chunk a place in rx_mem_ (mapped on first use) and
+  // points s.data at it. False when the memory cannot be mapped (or, never by the reader's queue
+  // limit, no place is free). Under rx_mu_.
+  bool place_locked(Slot& s);
+  void unplace_locked(Slot& s);  // gives its place back; under rx_mu_
+  size_t rx_bytes() const { return size_t{depth_} * slot_stride_; }
   void out_of_memory(const std::string& what);  // fails the channel, naming what was refused
 
   UniqueFd fd_;
@@ -135,22 +141,23 @@ class TcpChannel final : public Channel {
     size_t offset = 0;   // bytes of it the reader wrote to the inline sink already
     size_t pending = 0;  // deferred: payload bytes still on the socket
     bool eof = false;
+    int place = -1;  // its place in rx_mem_ (a DATA chunk), -1 for none
   };
   std::vector<Slot> ring_;  // depth + 1: the eof marker may follow a full ring
   // The received chunks' bytes: one mapping (ChunkMemory, huge pages, mapped at the first chunk)
-  // in which chunks lie one after the other in arrival order, each where the one before it ended
-  // (64-byte aligned), wrapping to the start when the end has no room, and starting again at 0
-  // whenever nothing is queued. Chunks leave in the order they came, so the bytes in use are one
-  // region (or two, wrapped), and the memory touched is what is in flight, not depth x chunk size:
-  // QEMU sends what its socket holds (about 220 KiB on the bare path), so with 4 MiB chunks a slot
-  // of its own per chunk touched a fresh 4 MiB region (2 huge pages cleared) for every chunk
-  // queued behind a slow QEMU. A receiver that keeps up has every chunk written to the same bytes.
-  // Capacity: depth chunks of up to chunk_size, the alignment of each, and one chunk that did not
-  // fit before the end, with a chunk to spare (place_locked then always finds room).
-  static constexpr size_t kPlaceAlign = 64;
-  const size_t rx_capacity_;
+  // of a place per chunk the credits allow (depth), a chunk_size (kSlotAlign-rounded) each,
+  // reserved, not touched. A slot takes a place when its chunk arrives and gives it back when
+  // released, last-freed first; the reader queues kReaderQueueLimit chunks (more only behind a
+  // receiver that stalled), so two places are in use: a receiver that keeps up has every chunk
+  // written to the same bytes, and a chunk touches as much of its place as it fills (QEMU sends
+  // what its socket holds, about 220 KiB on the bare path, whatever chunk_size is). Before, the
+  // reader queued as far as the credits went, in a ring of depth + 2 chunks packed in arrival
+  // order that was walked from end to end behind a receiver whose queue never emptied (a proxy's
+  // TCP socket on the KubeVirt path): a fresh huge page cleared every 2 MiB.
+  static constexpr size_t kSlotAlign = 64;
+  const size_t slot_stride_;
   ChunkMemory rx_mem_;
-  size_t place_end_ = 0;  // where the chunk placed last ends (under rx_mu_)
+  std::vector<uint32_t> free_places_;  // under rx_mu_
   // Which slot holds each received chunk: queued_[i % ring_.size()] for rx_head_ <= i < rx_tail_;
   // free_ the slots (their bookkeeping, not their bytes) not queued. Both under rx_mu_; the
   // reader holds at most one slot of neither (the one it is filling).
@@ -158,6 +165,18 @@ class TcpChannel final : public Channel {
   std::vector<uint32_t> free_;
   std::mutex rx_mu_;
   std::condition_variable rx_cv_;
+  // The reader reads a chunk's payload off the socket only while fewer than this many are queued
+  // for the receiver: further chunks wait in the kernel's socket buffer (TCP's window pushes back
+  // on the peer), not in rdmig's memory, where each place first touched costs a page fault (a
+  // fresh huge page: ~1 ms on a paravirtualised machine) and the reader runs ahead of a receiver
+  // it cannot make faster. Two: the receiver finds the next chunk ready when it is done with one.
+  static constexpr uint64_t kReaderQueueLimit = 2;
+  // How long the reader waits for a receiver that takes nothing before reading on regardless.
+  static constexpr int64_t kReaderHoldBackMs = 500;
+  std::atomic<int64_t> hold_back_ms_{kReaderHoldBackMs};
+  bool reader_unheld_ = false;  // held back that long: reads on until the queue is short again
+  uint64_t rx_data_ = 0;     // DATA frames the peer sent (under rx_mu_)
+  uint64_t rx_granted_ = 0;  // credits for them decided (sent or about to be; under rx_mu_)
   uint64_t rx_head_ = 0;  // next slot to hand to receive()
   uint64_t rx_tail_ = 0;  // next slot the reader fills
   bool rx_holding_ = false;
