@@ -140,19 +140,26 @@ def settled_alive(vm, grace=2.0):
     return vm.alive()
 
 
+def raise_guest_death_or(e, chain, dst, check_target):
+    """Called from an `except` around starting a migration: a QEMU that died (a TCG panic; the
+    source may die after its last migration's checks, and the agent then refuses it, "cannot
+    talk to QEMU"; either side breaks QMP mid-migration) makes it a GuestDied, anything else is
+    raised again. The new target is killed either way."""
+    gone = not settled_alive(chain.src) or (check_target and not settled_alive(dst))
+    dst.kill()
+    if not gone:
+        raise e
+    chain.src.kill()
+    raise GuestDied("a QEMU exited: %r" % e)
+
+
 def run_direct(chain, multifd):
     dst = chain.next_target()
     t0 = time.time()
     try:
         r = migrate_direct(chain.src, dst, multifd_channels=multifd, max_bandwidth=BW)
     except Exception as e:
-        # A guest that died (a TCG panic) on either side breaks QMP mid-migration: a guest death.
-        gone = not (settled_alive(chain.src) and settled_alive(dst))
-        dst.kill()
-        if not gone:
-            raise
-        chain.src.kill()
-        raise GuestDied("a QEMU exited during the migration: %r" % e)
+        raise_guest_death_or(e, chain, dst, check_target=True)
     if r["status"] != "completed":
         dst.kill()
         chain.src.kill()
@@ -173,13 +180,7 @@ def run_agents(chain, agents, multifd, chunk=None, depth=None, vm="bench"):
                                          multifd_channels=multifd, chunk_size=chunk, ring_depth=depth, vm=vm,
                                          maxBandwidthBytesPerSecond=BW)
     except Exception as e:
-        # The source guest may have died after its last migration's checks (a TCG panic): the
-        # agent then refuses it ("cannot talk to QEMU"). That is a guest death, anything else is not.
-        gone = not settled_alive(chain.src)
-        dst.kill()
-        if not gone:
-            raise
-        raise GuestDied("source gone before the migration started: %s" % e)
+        raise_guest_death_or(e, chain, dst, check_target=False)
     s = a.wait(source["id"], timeout=600, interval=0.05)
     if s["phase"] != "Succeeded":
         dst.kill()

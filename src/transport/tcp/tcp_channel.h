@@ -1,7 +1,7 @@
 // A channel over one TCP connection: frames (see framing.h) in both directions, vectored
 // writes (header + payload in one sendmsg), a reader thread that receives straight into the
-// receive buffer's places (at most two chunks ahead of the receiver) and handles credits coming
-// back.
+// receive buffer's places (two chunks ahead of the receiver, more only when it stalls) and handles
+// credits coming back.
 //
 // Splice (SpliceMode auto/on): the pump moves payload between QEMU's socket and this one
 // through a pipe with splice(2), so the bytes never pass through user space. Sending: one
@@ -174,7 +174,7 @@ class TcpChannel final : public Channel {
   // How long the reader waits for a receiver that takes nothing before reading on regardless.
   static constexpr int64_t kReaderHoldBackMs = 500;
   std::atomic<int64_t> hold_back_ms_{kReaderHoldBackMs};
-  bool reader_unheld_ = false;  // held back that long: reads on until the queue is short again
+  bool reader_unheld_ = false;  // held back that long: reads on until the queue is short (rx_mu_)
   uint64_t rx_data_ = 0;     // DATA frames the peer sent (under rx_mu_)
   uint64_t rx_granted_ = 0;  // credits for them decided (sent or about to be; under rx_mu_)
   uint64_t rx_head_ = 0;  // next slot to hand to receive()
