@@ -52,59 +52,80 @@ Result<FrameHeader> decode_frame_header(const std::array<std::byte, kFrameHeader
 }
 
 Result<bool> CreditGate::take() {
-  std::unique_lock lock(mu_);
   bool waited = false;
-  while (credits_ == 0 && !aborted_) {
+  uint32_t s = state_.load();
+  for (;;) {
+    if (s & kAborted) return abort_error();
+    if (s != 0) {
+      if (state_.compare_exchange_weak(s, s - 1)) return waited;
+      continue;  // s reloaded
+    }
     waited = true;
-    ++waiters_;
-    cv_.wait(lock);
-    --waiters_;
+    // Counted before waiting: give() reads waiters_ after changing state_, and wait(0) returns
+    // at once if state_ changed since it was read, so no credit or abort is missed between them.
+    waiters_.fetch_add(1);
+    state_.wait(0);
+    waiters_.fetch_sub(1);
+    s = state_.load();
   }
-  if (aborted_) return *aborted_;
-  --credits_;
-  return waited;
 }
 
 Status CreditGate::give(uint32_t n) {
-  std::lock_guard lock(mu_);
-  if (static_cast<uint64_t>(credits_) + n > depth_) {
-    return Error{Errc::kProtocol, "peer returned more credits than slots (" +
-                                      std::to_string(credits_ + n) + " > " + std::to_string(depth_) + ")"};
+  uint32_t s = state_.load();
+  for (;;) {
+    const uint32_t free = s & ~kAborted;
+    if (static_cast<uint64_t>(free) + n > depth_) {
+      return Error{Errc::kProtocol, "peer returned more credits than slots (" +
+                                        std::to_string(static_cast<uint64_t>(free) + n) + " > " +
+                                        std::to_string(depth_) + ")"};
+    }
+    if (state_.compare_exchange_weak(s, s + n)) break;  // s reloaded on failure
   }
-  credits_ += n;
-  cv_.notify_all();
+  wake();
   return ok_status();
 }
 
 void CreditGate::untake() {
-  std::lock_guard lock(mu_);
-  if (credits_ < depth_) ++credits_;
-  cv_.notify_all();
+  uint32_t s = state_.load();
+  while ((s & ~kAborted) < depth_ && !state_.compare_exchange_weak(s, s + 1)) {
+  }
+  wake();
+}
+
+void CreditGate::wake() {
+  // Only a sender that waits is woken (a futex call per credit batch otherwise); no lock is held,
+  // so the woken thread does not wake only to wait for one.
+  if (waiters_.load() > 0) state_.notify_all();
 }
 
 Status CreditGate::wait_all() {
-  std::unique_lock lock(mu_);
-  ++waiters_;
-  cv_.wait(lock, [&] { return credits_ == depth_ || aborted_.has_value(); });
-  --waiters_;
-  if (credits_ == depth_) return ok_status();
-  return *aborted_;
+  uint32_t s = state_.load();
+  while ((s & ~kAborted) != depth_ && !(s & kAborted)) {
+    waiters_.fetch_add(1);
+    state_.wait(s);
+    waiters_.fetch_sub(1);
+    s = state_.load();
+  }
+  if ((s & ~kAborted) == depth_) return ok_status();
+  return abort_error();
 }
 
 void CreditGate::abort(const Error& reason) {
-  std::lock_guard lock(mu_);
-  if (!aborted_) aborted_ = reason;
-  cv_.notify_all();
+  {
+    std::lock_guard lock(abort_mu_);
+    if (!aborted_) aborted_ = reason;
+  }
+  state_.fetch_or(kAborted);
+  state_.notify_all();
 }
 
-uint32_t CreditGate::waiters() const {
-  std::lock_guard lock(mu_);
-  return waiters_;
+Error CreditGate::abort_error() const {
+  std::lock_guard lock(abort_mu_);
+  return *aborted_;
 }
 
-uint32_t CreditGate::available() const {
-  std::lock_guard lock(mu_);
-  return credits_;
-}
+uint32_t CreditGate::waiters() const { return waiters_.load(); }
+
+uint32_t CreditGate::available() const { return state_.load() & ~kAborted; }
 
 }  // namespace rdmig::transport

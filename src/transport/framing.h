@@ -6,8 +6,7 @@
 #pragma once
 
 #include <array>
-#include <chrono>
-#include <condition_variable>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -36,7 +35,7 @@ Result<FrameHeader> decode_frame_header(const std::array<std::byte, kFrameHeader
 // Counts the sender's credits (free slots on the receiver). Starts at `depth`.
 class CreditGate {
  public:
-  explicit CreditGate(uint32_t depth) : depth_(depth), credits_(depth) {}
+  explicit CreditGate(uint32_t depth) : depth_(depth), state_(depth) {}
 
   // Takes one credit, waiting while none is free. Returns true if it had to wait (a credit
   // stall). Fails with the abort reason once aborted.
@@ -54,12 +53,17 @@ class CreditGate {
   uint32_t waiters() const;
 
  private:
+  // The credits free, and kAborted once aborted: one word, so a waiting sender (a futex on it,
+  // C++20 atomic wait) is woken by a credit or an abort alike, and taking a credit is one
+  // compare-and-swap (no lock per chunk).
+  static constexpr uint32_t kAborted = 0x80000000u;
+  void wake();
+  Error abort_error() const;
   const uint32_t depth_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  uint32_t credits_;
-  uint32_t waiters_ = 0;
-  std::optional<Error> aborted_;
+  std::atomic<uint32_t> state_;
+  std::atomic<uint32_t> waiters_{0};
+  mutable std::mutex abort_mu_;
+  std::optional<Error> aborted_;  // set before kAborted (under abort_mu_)
 };
 
 // The receiver's side of credits: one credit message per quarter ring rather than per chunk.
