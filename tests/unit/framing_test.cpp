@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
 #include <thread>
 
 #include "transport/framing.h"
@@ -73,65 +77,95 @@ TEST(CreditGate, AbortWakesWaitersWithTheReason) {
   EXPECT_FALSE(g.wait_all().ok());
 }
 
+namespace {
+// Runs `body`; a body still running after `limit` (a lost wake-up leaves a thread asleep for good)
+// ends the test binary with a message rather than hanging until ctest's timeout.
+template <typename F>
+void within(std::chrono::seconds limit, F body) {
+  std::promise<void> done;
+  auto finished = done.get_future();
+  std::thread runner([&] {
+    body();
+    done.set_value();
+  });
+  if (finished.wait_for(limit) != std::future_status::ready) {
+    std::fprintf(stderr, "still running after %llds: a lost wake-up\n", static_cast<long long>(limit.count()));
+    std::abort();
+  }
+  runner.join();
+}
+}  // namespace
+
 // The gate is lock-free (one atomic word waited on): a sender and a giver racing through many
-// stalls lose no credit and no wake-up (a lost one leaves take() asleep: the test would hang),
+// stalls lose no credit and no wake-up (a lost one leaves take() asleep: within() ends the test),
 // and the taker saw at least one stall, so the sleeping path ran.
 TEST(CreditGate, ASenderAndAGiverRacingLoseNoCreditAndNoWakeUp) {
-  constexpr uint32_t kDepth = 4;
-  constexpr int kChunks = 200000;
-  CreditGate g(kDepth);
-  std::atomic<int> taken{0};
-  std::atomic<bool> giver_failed{false};
-  std::thread giver([&] {
-    int given = 0;
-    while (given < kChunks) {
-      const int owed = taken.load() - given;
-      if (owed <= 0) {
-        std::this_thread::yield();
-        continue;
+  within(std::chrono::seconds(120), [] {
+    constexpr uint32_t kDepth = 4;
+    constexpr int kChunks = 200000;
+    CreditGate g(kDepth);
+    std::atomic<int> taken{0};
+    std::atomic<bool> giver_failed{false};
+    std::atomic<bool> stop{false};  // the taker failed: the giver gives up too
+    std::thread giver([&] {
+      int given = 0;
+      while (given < kChunks && !stop.load()) {
+        const int owed = taken.load() - given;
+        if (owed <= 0) {
+          std::this_thread::yield();
+          continue;
+        }
+        if (given % 997 == 0 && owed == static_cast<int>(kDepth)) {
+          // Now and then let the taker run dry and go to sleep before giving, so that the
+          // sleeping path certainly runs (the rest is left to chance).
+          while (g.waiters() == 0 && !stop.load()) std::this_thread::yield();
+        }
+        const uint32_t n = static_cast<uint32_t>(std::min(owed, given % 3 + 1));  // batches of 1-3
+        if (!g.give(n).ok()) giver_failed = true;
+        given += static_cast<int>(n);
       }
-      if (given % 997 == 0 && owed == static_cast<int>(kDepth)) {
-        // Now and then let the taker run dry and go to sleep before giving, so that the
-        // sleeping path certainly runs (the rest is left to chance).
-        while (g.waiters() == 0) std::this_thread::yield();
+    });
+    int stalls = 0;
+    for (int i = 0; i < kChunks && !stop.load(); ++i) {
+      auto r = g.take();
+      if (!r.ok()) {
+        ADD_FAILURE() << r.error().message;
+        stop = true;
+        break;
       }
-      const uint32_t n = static_cast<uint32_t>(std::min(owed, given % 3 + 1));  // batches of 1-3
-      if (!g.give(n).ok()) giver_failed = true;
-      given += static_cast<int>(n);
+      if (r.value()) ++stalls;
+      taken.fetch_add(1);
     }
+    if (!stop.load()) {
+      EXPECT_TRUE(g.wait_all().ok());
+    }
+    giver.join();
+    EXPECT_FALSE(giver_failed.load()) << "a give beyond depth: a credit counted twice";
+    EXPECT_EQ(g.available(), kDepth);
+    EXPECT_GT(stalls, 0);
   });
-  int stalls = 0;
-  for (int i = 0; i < kChunks; ++i) {
-    auto r = g.take();
-    ASSERT_TRUE(r.ok());
-    if (r.value()) ++stalls;
-    taken.fetch_add(1);
-  }
-  EXPECT_TRUE(g.wait_all().ok());
-  giver.join();
-  EXPECT_FALSE(giver_failed.load()) << "a give beyond depth: a credit counted twice";
-  EXPECT_EQ(g.available(), kDepth);
-  EXPECT_GT(stalls, 0);
 }
 
 // An abort at any moment around a taker going to sleep wakes it with the reason (an abort that
 // landed between the taker's check and its sleep would leave it asleep for good).
 TEST(CreditGate, AnAbortRacingATakerGoingToSleepWakesIt) {
-  for (int i = 0; i < 2000; ++i) {
-    CreditGate g(1);
-    ASSERT_TRUE(g.take().ok());
-    std::thread aborter([&] {
-      for (int spin = 0; spin < i % 64; ++spin) std::this_thread::yield();
-      g.abort(Error{Errc::kUnavailable, "peer gone"});
-    });
-    auto r = g.take();
-    aborter.join();
-    ASSERT_FALSE(r.ok());
-    EXPECT_EQ(r.error().message, "peer gone");
-    EXPECT_FALSE(g.wait_all().ok());
-    EXPECT_TRUE(g.give(1).ok()) << "credits still count after an abort (drain reads in_flight)";
-    EXPECT_EQ(g.in_flight(), 0u);
-  }
+  within(std::chrono::seconds(120), [] {
+    for (int i = 0; i < 2000; ++i) {
+      CreditGate g(1);
+      ASSERT_TRUE(g.take().ok());
+      std::thread aborter([&] {
+        for (int spin = 0; spin < i % 64; ++spin) std::this_thread::yield();
+        g.abort(Error{Errc::kUnavailable, "peer gone"});
+      });
+      auto r = g.take();
+      aborter.join();
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.error().message, "peer gone");
+      EXPECT_FALSE(g.wait_all().ok());
+      EXPECT_TRUE(g.give(1).ok()) << "credits still count after an abort (drain reads in_flight)";
+      EXPECT_EQ(g.in_flight(), 0u);
+    }
+  });
 }
 
 TEST(CreditGate, WaitAllReturnsWhenEveryCreditIsBack) {
