@@ -54,27 +54,27 @@ void KubevirtMetrics::finished(const FlowRecord& r) {
   // The carried gauge goes last: a scrape that sees it sees the migration's other series too
   // (the registry is read without this lock; seen in the Soft-RoCE VM: carried, but no bytes).
   if (!r.carried) {
-    vm_carried_.Add(vm).Set(0);
+    set_gauge(vm_carried_, vm, 0);
     return;
   }
   auto sent = vm;
   sent["direction"] = "sent";
   auto received = vm;
   received["direction"] = "received";
-  vm_bytes_.Add(sent).Set(static_cast<double>(r.bytes_sent));
-  vm_bytes_.Add(received).Set(static_cast<double>(r.bytes_received));
-  vm_throughput_.Add(vm).Set(r.throughput_bytes_per_second);
+  set_gauge(vm_bytes_, sent, static_cast<double>(r.bytes_sent));
+  set_gauge(vm_bytes_, received, static_cast<double>(r.bytes_received));
+  set_gauge(vm_throughput_, vm, r.throughput_bytes_per_second);
   if (r.libvirt && r.libvirt->downtime_ms >= 0) {
-    vm_downtime_.Add(vm).Set(static_cast<double>(r.libvirt->downtime_ms) / 1000.0);
+    set_gauge(vm_downtime_, vm, static_cast<double>(r.libvirt->downtime_ms) / 1000.0);
     if (r.role == "target") {
       downtime_.Add({{"transport", r.transport}}, downtime_buckets())
           .Observe(static_cast<double>(r.libvirt->downtime_ms) / 1000.0);
     }
   }
   if (r.libvirt && r.libvirt->total_time_ms >= 0) {
-    vm_total_time_.Add(vm).Set(static_cast<double>(r.libvirt->total_time_ms) / 1000.0);
+    set_gauge(vm_total_time_, vm, static_cast<double>(r.libvirt->total_time_ms) / 1000.0);
   }
-  vm_carried_.Add(vm).Set(r.phase == "Succeeded" ? 1 : 0);
+  set_gauge(vm_carried_, vm, r.phase == "Succeeded" ? 1 : 0);
 }
 
 void KubevirtMetrics::forget(const FlowRecord& r) {

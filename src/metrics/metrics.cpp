@@ -220,12 +220,12 @@ void Metrics::migration_finished(const std::string& role, const std::string& res
 
 void Metrics::set_downtime(const std::string& vm, const std::string& transport, double qemu_seconds) {
   downtime_.Add({{"transport", transport}}, downtime_buckets()).Observe(qemu_seconds);
-  last_downtime_.Add(vm_labels(vm)).Set(qemu_seconds);
+  set_gauge(last_downtime_, vm_labels(vm), qemu_seconds);
 }
 
 void Metrics::set_switchover(const std::string& vm, const std::string& transport, double seconds) {
   switchover_.Add({{"transport", transport}}, downtime_buckets()).Observe(seconds);
-  last_switchover_.Add(vm_labels(vm)).Set(seconds);
+  set_gauge(last_switchover_, vm_labels(vm), seconds);
 }
 
 TransportMetrics& Metrics::transport(const std::string& kind, const std::string& traffic) {

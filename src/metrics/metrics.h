@@ -71,6 +71,16 @@ inline constexpr TransportReason kTransportReasons[] = {
 // The two data-plane transports: their per-transport counters and histograms exist from start-up.
 inline constexpr const char* kTransports[] = {"tcp", "rdma"};
 
+// Sets a per-VM gauge (the last migration's figure). A series made here starts out holding `value`:
+// Add() alone makes it at 0, and the registry is collected without the caller's lock, so a scrape
+// between Add() and Set() would read 0 (seen in the Soft-RoCE VM: a carried KubeVirt migration
+// scraped once as rdmig_kubevirt_migration_carried 0). A series that exists keeps the previous
+// migration's figure until Set().
+inline void set_gauge(prometheus::Family<prometheus::Gauge>& family, const std::map<std::string, std::string>& labels,
+                      double value) {
+  family.Add(labels, value).Set(value);
+}
+
 // rdmig_build_info{version,revision} 1: which build a program runs (common/version.h).
 void register_build_info(prometheus::Registry& registry);
 // Bucket bounds of every downtime histogram (rdmig_downtime_seconds, rdmig_kubevirt_downtime_seconds).
