@@ -332,6 +332,9 @@ class TwoNodePathCheckTest(unittest.TestCase):
                 # The peer's macvlan answered for its address, not the VLAN below it (two-node-lib.sh
                 # sets arp_ignore on eth0.100): RoCE v2 reaches node b on mv100 in every run.
                 self.assertNotIn(binfo["eth0Mac"], neighbour(case.peer_addr))
+            elif case.netdev == "eth0.100":
+                # And the VLAN's address by the VLAN (eth0's MAC), not by the macvlan above it.
+                self.assertIn(binfo["eth0Mac"], neighbour(case.peer_addr))
             print("%s: %s answered from %s in %.1f s (%s)" % (case.name, case.peer_addr, case.addr, took,
                                                              neighbour(case.peer_addr)))
             post("want-counters-%s-0" % case.name, True)

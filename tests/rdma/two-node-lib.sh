@@ -51,11 +51,13 @@ upper_netdevs() {
     $_ip addr add "10.100.0.$_n/24" dev eth0.100 &&
     $_ip addr add "fd00:100::$_n/64" dev eth0.100 nodad &&
     $_ip link set eth0.100 up &&
-    # eth0.100 sees the macvlan's ARP requests too, and by default answers for every local
-    # address: the peer's neighbour entry for 10.101.0.N then held eth0's MAC or mv100's, by
-    # which reply came last (seen: the macvlan case behaved differently between runs). Only the
-    # interface that holds the address answers, as hosts with macvlans are set up.
-    echo 1 >/proc/sys/net/ipv4/conf/eth0.100/arp_ignore &&
+    # eth0.100 and mv100 see each other's ARP requests, and by default each answers for every
+    # local address: the peer's neighbour entry for 10.101.0.N then held eth0's MAC or mv100's,
+    # and the one for 10.100.0.N mv100's or eth0's, by which reply came last (seen: the macvlan
+    # case behaved differently between runs, and once the VLAN case's CM requests went to mv100's
+    # MAC: RDMA_CM_EVENT_UNREACHABLE). Only the interface that holds the address answers (all:
+    # mv100 is made below), as hosts with macvlans are set up.
+    echo 1 >/proc/sys/net/ipv4/conf/all/arp_ignore &&
     $_ip link add link eth0.100 name mv100 type macvlan mode bridge &&
     $_ip addr add "10.101.0.$_n/24" dev mv100 &&
     $_ip link set mv100 up || return 1
