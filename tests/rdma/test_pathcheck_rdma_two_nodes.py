@@ -330,7 +330,7 @@ class TwoNodePathCheckTest(unittest.TestCase):
             took = warm_neighbour(case.addr, case.peer_addr)
             if case.netdev == "mv100":
                 # The peer's macvlan answered for its address, not the VLAN below it (two-node-lib.sh
-                # sets arp_ignore on eth0.100): RoCE v2 reaches node b on mv100 in every run.
+                # sets arp_ignore on every interface): RoCE v2 reaches node b on mv100 in every run.
                 self.assertNotIn(binfo["eth0Mac"], neighbour(case.peer_addr))
             elif case.netdev == "eth0.100":
                 # And the VLAN's address by the VLAN (eth0's MAC), not by the macvlan above it.
