@@ -73,7 +73,7 @@ void ControllerMetrics::set_leader(bool leading) { leader_.Set(leading ? 1 : 0);
 void ControllerMetrics::set_phase_counts(const std::map<std::string, int>& counts) {
   for (const char* phase : {"Pending", "PreparingTarget", "Migrating", "Succeeded", "Failed", "Cancelled"}) {
     auto it = counts.find(phase);
-    migrations_.Add({{"phase", phase}}).Set(it == counts.end() ? 0 : it->second);
+    set_gauge(migrations_, {{"phase", phase}}, it == counts.end() ? 0 : it->second);
   }
 }
 
@@ -96,9 +96,9 @@ void ControllerMetrics::set_vmi(const std::string& ns, const std::string& name, 
     vmi_order_.pop_front();
   }
   const std::map<std::string, std::string> labels{{"namespace", ns}, {"name", name}};
-  vmi_active_.Add(labels).Set(f.active ? 1 : 0);
+  set_gauge(vmi_active_, labels, f.active ? 1 : 0);
   auto set_or_remove = [&](prometheus::Family<prometheus::Gauge>& family, const std::optional<double>& v) {
-    if (v) family.Add(labels).Set(*v);
+    if (v) set_gauge(family, labels, *v);
     else if (family.Has(labels)) family.Remove(&family.Add(labels));
   };
   set_or_remove(vmi_carried_, f.carried ? std::optional<double>(*f.carried ? 1 : 0) : std::nullopt);
@@ -132,7 +132,7 @@ void ControllerMetrics::pathcheck_pair_ended(const std::string& source_node, con
   }
   pathcheck_pairs_.Add({{"source_node", source_node}, {"target_node", target_node}, {"result", result}}).Increment();
   if (throughput) {
-    pathcheck_throughput_.Add({{"source_node", source_node}, {"target_node", target_node}}).Set(*throughput);
+    set_gauge(pathcheck_throughput_, {{"source_node", source_node}, {"target_node", target_node}}, *throughput);
   }
 }
 
