@@ -366,7 +366,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def api(self):
         return self.server.api
 
-    def _send(self, code, body):
+    def _send(self, code, body, logged=False):
         data = (json.dumps(body) + "\n").encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
@@ -376,7 +376,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
             self.close_connection = True  # the client gave up (a late answer, delay_get): as a real server
-        self.api.log(self.command, self.path, self.headers.get("User-Agent", ""), code)
+        if not logged:
+            self.api.log(self.command, self.path, self.headers.get("User-Agent", ""), code)
+
+    def _write(self, operation, *args):
+        """One store write, logged under the store's lock: a test that sees the write's effect (an
+        object gone, a status set) also finds the request in the log, however late this thread
+        gets to write the answer."""
+        with self.api.store.cond:
+            code, body = operation(*args)
+            self.api.log(self.command, self.path, self.headers.get("User-Agent", ""), code)
+        self._send(code, body, logged=True)
 
     def _route(self):
         url = urllib.parse.urlsplit(self.path)
@@ -511,7 +521,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if r is None or body is None:
             return self._send(400, status_body(400, "BadRequest", "bad request"))
         plural, ns, name, sub, q = r
-        self._send(*self.api.store.create(plural, ns, body))
+        self._write(self.api.store.create, plural, ns, body)
 
     def do_PUT(self):
         if not self._auth():
@@ -523,7 +533,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         plural, ns, name, sub, q = r
         if sub not in (None, "status") or (sub == "status" and plural not in STATUS_SUBRESOURCE):
             return self._send(404, status_body(404, "NotFound", "no subresource " + str(sub)))
-        self._send(*self.api.store.replace(plural, ns, name, body, sub))
+        self._write(self.api.store.replace, plural, ns, name, body, sub)
 
     def do_DELETE(self):
         if not self._auth():
@@ -532,7 +542,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if r is None or not r[2]:
             return self._send(405, status_body(405, "MethodNotAllowed", "collection delete not supported"))
         plural, ns, name, sub, q = r
-        self._send(*self.api.store.delete(plural, ns, name))
+        self._write(self.api.store.delete, plural, ns, name)
 
 
 class ApiServerDouble:
