@@ -3,7 +3,7 @@
 
   python3 bench/relay_floor.py [--path bare|kubevirt] [--runs 5] [--bytes 1Gi] [--channels 1,4,9]
                                [--chunks 256Ki,1Mi,4Mi] [--out bench/results/relay-floor[-kubevirt]]
-                               [--baseline OLD-rdmig-relay-cpu]
+                               [--baseline OLD-rdmig-relay-cpu] [--kinds rdmig,floor,...]
 
 Both relays run inside rdmig-relay-cpu with the same QEMU stand-ins (a writer and a reader thread
 on unix sockets, every byte checked, their CPU taken out) and the same hops: QEMU's unix socket ->
@@ -23,7 +23,10 @@ records as bytes). The floor relays the same bytes over the same hops.
 same run: its column and baseline / floor sit beside rdmig's.
 Kinds are interleaved (every run of every row takes each kind in turn, the order rotating), rows
 give medians and min-max spreads of CPU seconds per GiB (user and system apart) and the ratios
-rdmig / floor and rdmig-splice / floor-splice; "node" is the agents' and the stand-ins' CPU together
+rdmig / floor and rdmig-splice / floor-splice: the ratio of the medians, and the median of the
+paired ratios with their quartiles (run i of rdmig over run i of floor, taken in the same round
+within seconds of each other, so a drift of the machine cancels; --kinds rdmig,floor leaves the splice kinds out, for
+more runs of the main pair in the same time); results.json keeps every run's figures; "node" is the agents' and the stand-ins' CPU together
 (the kernel charges a hop's wake-ups to whichever side runs them, so the agents' figure alone can
 move work to or from QEMU's side), and rdmig's chunks per GiB say how full its chunks were.
 Syscalls per GiB come from `strace -c -f` on a short run of each kind (channels 4, chunk 1Mi;
@@ -109,6 +112,14 @@ def syscalls_per_gib(kind, nbytes="256Mi", path="bare"):
     return {"total": total / gib, "top": [(n, c / gib) for n, c in top[:4]]}
 
 
+def quartile(xs, q):
+    """The q-quantile of sorted xs, interpolated between neighbours."""
+    pos = (len(xs) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--path", choices=sorted(PATHS), default="bare")
@@ -118,7 +129,11 @@ def main():
     ap.add_argument("--chunks", default="256Ki,1Mi,4Mi")
     ap.add_argument("--out")
     ap.add_argument("--baseline", help="an earlier build's rdmig-relay-cpu, run as the kind 'baseline'")
+    ap.add_argument("--kinds", default=",".join(KINDS), help="which of %s to run" % ", ".join(KINDS))
     args = ap.parse_args()
+    chosen = args.kinds.split(",")
+    if not chosen or any(k not in KINDS for k in chosen):
+        ap.error("--kinds: a comma-separated list of %s" % ", ".join(KINDS))
     global BASELINE
     if args.baseline:
         if not os.access(args.baseline, os.X_OK):
@@ -127,7 +142,8 @@ def main():
     if not args.out:
         args.out = os.path.join(REPO, "bench", "results", "relay-floor" + ("" if args.path == "bare" else "-" + args.path))
     rows = [(int(c), k) for c in args.channels.split(",") for k in args.chunks.split(",")]
-    kinds = list(KINDS) + (["baseline"] if BASELINE else [])
+    kinds = [k for k in KINDS if k in chosen] + (["baseline"] if BASELINE else [])
+    pairs = [(a, b) for a, b in PAIRS + ((("baseline", "floor"),) if BASELINE else ()) if a in kinds and b in kinds]
     runs = {(row, kind): [] for row in rows for kind in kinds}
     for i in range(args.runs):
         for row in rows:
@@ -146,9 +162,13 @@ def main():
                            "node": statistics.median(r["node"] for r in rs),
                            "chunks": statistics.median(r["chunks"] for r in rs),
                            "MBps": statistics.median(r["MBps"] for r in rs)}
-        for a, b in PAIRS + ((("baseline", "floor"),) if BASELINE else ()):
+        for a, b in pairs:
             entry["%s/%s" % (a, b)] = entry[a]["cpu"] / entry[b]["cpu"] if entry[b]["cpu"] > 0 else None
             entry["%s/%s node" % (a, b)] = entry[a]["node"] / entry[b]["node"] if entry[b]["node"] > 0 else None
+            paired = sorted(x["cpu"] / y["cpu"] for x, y in zip(runs[(row, a)], runs[(row, b)]) if y["cpu"] > 0)
+            entry["%s/%s paired" % (a, b)] = {"median": statistics.median(paired), "q1": quartile(paired, 0.25),
+                                              "q3": quartile(paired, 0.75)} if paired else None
+        entry["runs"] = {kind: runs[(row, kind)] for kind in kinds}
         table.append(entry)
         print("channels %d chunk %-5s: %s" % (row[0], row[1], "  ".join(
             "%s %.3f" % (k, entry[k]["cpu"]) for k in kinds)), flush=True)
@@ -161,21 +181,34 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
+    kinds_md = [k for k in kinds if k != "baseline"]
+    main_pairs = [(a, b) for a, b in pairs if a != "baseline"]
+    pairs_md = []
+    for a, b in main_pairs:
+        pairs_md += ["%s / %s" % (a, b), "%s / %s paired (quartiles)" % (a, b)]
     lines = ["# rdmig's relay against its floor", "", "Hops: %s." % TITLES[args.path], "",
              "Machine: %s. Command: `%s`. %d interleaved runs of %s per kind and row; CPU seconds per GiB of "
-             "both agents (the QEMU stand-ins' threads taken out), medians with min-max." % (
+             "both agents (the QEMU stand-ins' threads taken out), medians with min-max. A / B: the ratio of the "
+             "medians; paired: the median of run i's A / run i's B, with the quartiles." % (
                  results["machine"], results["command"], args.runs, args.bytes), "",
-             "| channels | chunk | rdmig | floor | rdmig / floor | rdmig-splice | floor-splice | rdmig-splice / floor-splice "
-             "| rdmig user / system | floor user / system | node: rdmig / floor | rdmig chunks per GiB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| channels | chunk | " + " | ".join(kinds_md) + " | " + " | ".join(pairs_md) + " | "
+             + " | ".join("%s user / system" % k for k in kinds_md[:2]) + " | node: rdmig / floor | rdmig chunks per GiB |",
+             "|---|---|" + "---|" * (len(kinds_md) + len(pairs_md) + len(kinds_md[:2]) + 2)]
     for e in table:
         def cell(k):
             return "%.3f (%.3f-%.3f)" % (e[k]["cpu"], e[k]["min"], e[k]["max"])
-        lines.append("| %d | %s | %s | %s | **%.2f** | %s | %s | **%.2f** | %.3f / %.3f | %.3f / %.3f | %.3f / %.3f = %.2f | %.0f |" % (
-            e["channels"], e["chunk"], cell("rdmig"), cell("floor"), e["rdmig/floor"], cell("rdmig-splice"),
-            cell("floor-splice"), e["rdmig-splice/floor-splice"], e["rdmig"]["user"], e["rdmig"]["system"],
-            e["floor"]["user"], e["floor"]["system"], e["rdmig"]["node"], e["floor"]["node"], e["rdmig/floor node"],
-            e["rdmig"]["chunks"]))
+
+        def ratios(a, b):
+            p = e["%s/%s paired" % (a, b)]
+            return "**%.2f** | %.2f (%.2f-%.2f)" % (e["%s/%s" % (a, b)], p["median"], p["q1"], p["q3"])
+        uk = kinds_md[:2]
+        node = ("%.3f / %.3f = %.2f" % (e["rdmig"]["node"], e["floor"]["node"], e["rdmig/floor node"])
+                if "rdmig/floor node" in e else "-")
+        lines.append("| %d | %s | %s | %s | %s | %s | %s |" % (
+            e["channels"], e["chunk"], " | ".join(cell(k) for k in kinds_md),
+            " | ".join(ratios(a, b) for a, b in main_pairs),
+            " | ".join("%.3f / %.3f" % (e[k]["user"], e[k]["system"]) for k in uk), node,
+            "%.0f" % e["rdmig"]["chunks"] if "rdmig" in e else "-"))
     if BASELINE:
         lines += ["", "Before and after: `baseline` is %s, an earlier build, run interleaved with the others "
                   "(tcp.splice off):" % os.path.basename(BASELINE), "",
