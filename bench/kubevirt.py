@@ -2,6 +2,7 @@
 """KubeVirt's migration path without rdmig and with rdmig carrying it, side by side (issue 9).
 
   /usr/bin/python3 bench/kubevirt.py [--runs N] [--mem MiB] [--dirty MiB/s] [--quick] [--out BASE]
+                                     [--agent-migration JSON]
 
 Launcher row: $RDMIG_KV_LAUNCHER (tests/kubevirt/README.md), by default trixie-nonroot
 (KubeVirt 1.9's non-root launcher: libvirt 11.3 session daemon as uid 107, QEMU 10.0,
@@ -22,6 +23,8 @@ libvirt's total time and downtime (the target's completed job), throughput (data
 total time), CPU seconds of the two proxy processes and of the two agents (/proc/<pid>/stat
 utime+stime before and after). An rdmig run counts only if the source agent's record says
 carried=true and phase Succeeded; a direct run only if no agent has a record of it.
+--agent-migration: the agents' `migration` settings (their YAML config's section, as JSON, e.g.
+'{"ringDepth": 4}'); by default the agents' defaults. Named in the results.
 Writes BASE.md and BASE.json (every raw run). Never fails on speed.
 """
 import argparse
@@ -214,7 +217,9 @@ def write_markdown(res, path):
          "idle machine)." % (res["command"], fmt(100 * m["cpu_busy_before_start"] if "cpu_busy_before_start" in m else None)), "",
          "Guest: %(mem_mib)d MiB under TCG, dirtying %(dirty_mib_s)d MiB/s; running target (not paused); "
          "medians of %(runs)d interleaved runs per path (order alternating). Agents' transport: %(transport)s "
-         "(no RDMA device here), data plane on 127.0.0.1." % res["setup"], "",
+         "(no RDMA device here), data plane on 127.0.0.1; agents' migration settings: %(migration_text)s." % dict(
+             res["setup"], migration_text=json.dumps(res["setup"]["agent_migration"])
+             if res["setup"].get("agent_migration") else "their defaults"), "",
          "total / downtime = libvirt's completed job on the target (time_elapsed, downtime); throughput = "
          "data bytes / total time; proxy CPU = the two migration-proxy stand-in processes (Python, hashing "
          "every byte for the harness's checks: not virt-handler's cost); agent CPU = both rdmig agents, "
@@ -266,7 +271,16 @@ def main():
     ap.add_argument("--out", help="output base name (default bench/results/kubevirt/<row>-<nproc>vcpu-tcg; "
                                   "with --quick a temporary directory)")
     ap.add_argument("--render", metavar="JSON", help="only rewrite the .md next to JSON from its raw runs")
+    ap.add_argument("--agent-migration", metavar="JSON",
+                    help="the agents' migration settings, e.g. '{\"ringDepth\": 4}' (default: their defaults)")
     args = ap.parse_args()
+    if args.agent_migration:
+        try:
+            args.agent_migration = json.loads(args.agent_migration)
+        except ValueError as e:
+            ap.error("--agent-migration: not JSON: %s" % e)
+        if not isinstance(args.agent_migration, dict):
+            ap.error("--agent-migration: a JSON object of the agents' migration settings")
     if args.render:
         with open(args.render) as f:
             write_markdown(json.load(f), args.render[:-5] + ".md")
@@ -286,7 +300,7 @@ def main():
         print("warning: the CPUs were %.0f%% busy before starting: something else is running" % (busy * 100), flush=True)
     res = {"machine": dict(machine(), cpu_busy_before_start=round(busy, 3)), "command": " ".join(["/usr/bin/python3", "bench/kubevirt.py"] + sys.argv[1:]),
            "setup": {"mem_mib": args.mem, "dirty_mib_s": args.dirty, "runs": runs, "transport": "tcp",
-                     "target_paused": False}, "runs": [], "rows": [],
+                     "target_paused": False, "agent_migration": args.agent_migration}, "runs": [], "rows": [],
            "guest_deaths": {p: 0 for p in PATHS}}
     work = tempfile.mkdtemp(prefix="rdmig-kvbench-work-")
     t0 = time.monotonic()
@@ -357,7 +371,8 @@ def launcher_row(cluster):
 
 def measure(args, res, configs, runs, work):
     from rdmiglab.kubevirt import KubevirtCluster
-    with KubevirtCluster() as cluster, KubevirtAgents(work, cluster.nodes, transport="tcp") as kv:
+    with KubevirtCluster() as cluster, KubevirtAgents(work, cluster.nodes, transport="tcp",
+                                                                   migration=args.agent_migration) as kv:
         cluster.define_and_start_vmi("benchvm", "default", mem_mib=args.mem, dirty_mib=args.dirty, boot_counter=2)
         res["launcher"] = launcher_row(cluster)
         print("launcher row: %s" % res["launcher"], flush=True)

@@ -29,10 +29,11 @@ def free_port():
 class KubevirtAgents:
     """Starts one rdmig-agent per node in KubeVirt mode. ``transport``: the agents'
     ``transport`` setting ("tcp", or "auto" to let them look for an RDMA device).
-    ``kubevirt``: extra keys for the agents' ``kubevirt`` section. Stops them on close."""
+    ``kubevirt``: extra keys for the agents' ``kubevirt`` section; ``migration``: their ``migration``
+    section (default: none, the agents' defaults). Stops them on close."""
 
     def __init__(self, workdir, nodes, transport="tcp", log_level="info", rule_timeout_s=3,
-                 session_idle_s=1, probe_interval_s=1, kubevirt=None, start=True):
+                 session_idle_s=1, probe_interval_s=1, kubevirt=None, migration=None, start=True):
         self.workdir = workdir
         self.nodes = tuple(nodes)
         self.token = "tok-" + os.urandom(16).hex()
@@ -45,6 +46,7 @@ class KubevirtAgents:
         self.transport, self.log_level = transport, log_level
         self.kubevirt = dict({"ruleTimeoutSeconds": rule_timeout_s, "sessionIdleSeconds": session_idle_s,
                               "probeIntervalSeconds": probe_interval_s}, **(kubevirt or {}))
+        self.migration = dict(migration or {})
         self.agents = {}
         if start:
             try:
@@ -68,6 +70,7 @@ class KubevirtAgents:
         os.makedirs(self.state_dirs[node], exist_ok=True)
         a = Agent(self.workdir, name=node, token=self.token, log_level=self.log_level, config={
             "transport": self.transport, "stateDir": self.state_dirs[node],
+            **({"migration": self.migration} if self.migration else {}),
             "dataPlane": {"address": "127.0.0.1", "port": self.ports[node]},
             "kubevirt": dict(self.kubevirt, enabled=True, nodeName=node, hookSocket=hook, peers=peers)})
         a.hook_socket = hook
