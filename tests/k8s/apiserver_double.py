@@ -368,6 +368,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def _send(self, code, body, logged=False):
         data = (json.dumps(body) + "\n").encode()
+        if not logged:  # before the answer: a client that has it (and acts on it) finds it logged
+            self.api.log(self.command, self.path, self.headers.get("User-Agent", ""), code)
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -376,8 +378,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
             self.close_connection = True  # the client gave up (a late answer, delay_get): as a real server
-        if not logged:
-            self.api.log(self.command, self.path, self.headers.get("User-Agent", ""), code)
 
     def _write(self, operation, *args):
         """One store write, logged under the store's lock: a test that sees the write's effect (an
