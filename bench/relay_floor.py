@@ -27,8 +27,9 @@ rdmig / floor and rdmig-splice / floor-splice: the ratio of the medians, and the
 paired ratios with their quartiles (run i of rdmig over run i of floor, taken in the same round
 within seconds of each other, so a drift of the machine cancels; --kinds rdmig,floor leaves the
 splice kinds out, for more runs of the main pair in the same time); results.json keeps every
-run's figures; "node" is the agents' and the stand-ins' CPU together (the kernel charges a hop's wake-ups to whichever side runs them, so the agents' figure alone can
-move work to or from QEMU's side), and rdmig's chunks per GiB say how full its chunks were.
+run's figures; "node" is the agents' and the stand-ins' CPU together (the kernel charges a
+hop's wake-ups to whichever side runs them, so the agents' figure alone can move work to or from
+QEMU's side), and rdmig's chunks per GiB say how full its chunks were.
 Syscalls per GiB come from `strace -c -f` on a short run of each kind (channels 4, chunk 1Mi;
 strace slows the run, so only the counts are used).
 Writes OUT/results.json and OUT/results.md. Never fails on speed.
