@@ -7,10 +7,6 @@
 #include "transport/tcp/tcp_channel.h"
 #include "transport/wire.h"
 
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
-
 namespace rdmig::kubevirt {
 
 using nlohmann::json;
@@ -316,12 +312,6 @@ Result<UniqueFd> TargetSession::dial_in_order(uint32_t index) {
     return net::tcp_connect(dst, 10s, [mark](int s) { return set_pass_mark(s, mark); });
   });
   if (!fd) return fd.error().with_context("dialling " + dst.to_string() + " in " + ns->describe());
-  // No Nagle towards the target proxy (KubeVirt's, in Go, sets TCP_NODELAY on its own sockets):
-  // libvirt's control messages arrive here in pieces, and a second small write held for the
-  // proxy's delayed ACK stalls every round trip of the switchover. No user timeout: the target
-  // QEMU may leave its socket unread for a while (loading a disk).
-  const int one = 1;
-  ::setsockopt(fd.value().get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   {
     std::lock_guard lock(conn_mu_);
     ++next_dial_;
