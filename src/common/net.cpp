@@ -127,6 +127,18 @@ void tune_tcp_for_bulk(int fd) {
   detect_dead_peer(fd);
 }
 
+void bound_local_hop(int fd, size_t window) {
+  // SO_RCVBUF, not TCP_WINDOW_CLAMP: receive autotuning rewrites the clamp as it grows the
+  // buffer, while a set SO_RCVBUF stops autotuning. The kernel doubles the value (half of it
+  // for its own overhead); SO_RCVBUFFORCE passes net.core.rmem_max (208 KiB on a stock kernel,
+  // which would split every chunk), the agent is privileged; refused, SO_RCVBUF caps at it.
+  const int w = static_cast<int>(std::clamp<size_t>(window, 64 * 1024, 64 * 1024 * 1024));
+  if (::setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &w, sizeof w) != 0) {
+    (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &w, sizeof w);
+  }
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &w, sizeof w);
+}
+
 void detect_dead_peer(int fd) {
   int one = 1, idle = kKeepaliveIdleSeconds, interval = kKeepaliveIntervalSeconds, probes = kKeepaliveProbes;
   unsigned int user_timeout = kUserTimeoutMs;

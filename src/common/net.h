@@ -38,6 +38,13 @@ Result<UniqueFd> tcp_connect(const Endpoint& ep, std::chrono::milliseconds timeo
 Result<uint16_t> local_port(int fd);
 // Sets TCP_NODELAY and large socket buffers for bulk data.
 void tune_tcp_for_bulk(int fd);
+// A hop inside one node that the agent relays (a KubeVirt proxy's connection): at most about
+// `window` bytes wait in its socket buffers each way (SO_RCVBUF on what is received,
+// TCP_NOTSENT_LOWAT on what is sent). Autotuning would grow them to tcp_rmem/tcp_wmem's maximum
+// (MiBs) behind a slow reader; bytes parked there are bytes QEMU counts as sent that the target
+// has not got, and they drain inside the migration's downtime. The hop's round trip is
+// microseconds, so a chunk's worth keeps it busy.
+void bound_local_hop(int fd, size_t window);
 
 // A peer that vanished without a FIN or RST (node lost, cable pulled) is noticed in about
 // kPeerDeadAfter instead of never: keepalive probes on an idle connection, TCP_USER_TIMEOUT on

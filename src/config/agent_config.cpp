@@ -58,7 +58,7 @@ Status parse_kubevirt(const YAML::Node& k, KubevirtConfig& c) {
   RDMIG_TRY(check_keys(k, "kubevirt",
                        {"enabled", "hookSocket", "nodeName", "handlerProcess", "launcherProgram", "libvirtSockets",
                         "ruleTimeoutSeconds", "sessionIdleSeconds", "probeIntervalSeconds", "heartbeatTimeoutSeconds",
-                        "multifdOnFailure", "staticMode", "peers",
+                        "multifdOnFailure", "ringDepth", "staticMode", "peers",
                         "discovery", "kubeconfig", "agentNamespace", "agentSelector", "handlerNamespace",
                         "handlerSelector", "discoveryIntervalSeconds", "socketMark", "socketMarkMask"}));
   RDMIG_TRY(read_string(k, "kubevirt", "discovery", c.discovery));
@@ -96,6 +96,8 @@ Status parse_kubevirt(const YAML::Node& k, KubevirtConfig& c) {
   if (c.multifd_on_failure != "auto" && c.multifd_on_failure != "drain" && c.multifd_on_failure != "reset") {
     return bad("kubevirt.multifdOnFailure", "expected auto, drain or reset, got '" + c.multifd_on_failure + "'");
   }
+  RDMIG_TRY(read_uint(k, "kubevirt", "ringDepth", c.ring_depth, 0, 1024));
+  if (c.ring_depth == 1) return bad("kubevirt.ringDepth", "expected 0 (by migration.chunkSize) or 2..1024, got 1");
   RDMIG_TRY(read_bool(k, "kubevirt", "staticMode", c.static_mode));
   RDMIG_TRY(read_uint(k, "kubevirt", "socketMark", c.socket_mark, 1, 0xFFFFFFFFu));
   RDMIG_TRY(read_uint(k, "kubevirt", "socketMarkMask", c.socket_mark_mask, 1, 0xFFFFFFFFu));

@@ -8,14 +8,14 @@
 namespace rdmig::kubevirt {
 
 InterceptPoint::InterceptPoint(std::shared_ptr<NetNs> ns, UniqueFd l4, UniqueFd l6, NftRules rules, OnConnection cb,
-                               uint16_t port4, uint16_t port6, PassMark mark)
+                               uint16_t port4, uint16_t port6, PassMark mark, size_t hop_window)
     : ns_(std::move(ns)), listen4_(std::move(l4)), listen6_(std::move(l6)), rules_(std::move(rules)),
-      on_connection_(std::move(cb)), port4_(port4), port6_(port6), mark_(mark) {
+      on_connection_(std::move(cb)), port4_(port4), port6_(port6), mark_(mark), hop_window_(hop_window) {
   thread_ = std::thread([this] { loop(); });
 }
 
 Result<std::unique_ptr<InterceptPoint>> InterceptPoint::create(std::shared_ptr<NetNs> ns, PassMark mark,
-                                                               OnConnection cb) {
+                                                               size_t hop_window, OnConnection cb) {
   auto l4 = ns->make_socket([] { return net::tcp_listen("127.0.0.1", 0, 256); });
   if (!l4) return l4.error().with_context("interception listener in " + ns->describe());
   auto p4 = net::local_port(l4->get());
@@ -35,7 +35,7 @@ Result<std::unique_ptr<InterceptPoint>> InterceptPoint::create(std::shared_ptr<N
   return std::unique_ptr<InterceptPoint>(new InterceptPoint(ns, std::move(l4.value()),
                                                             l6 ? std::move(l6.value()) : UniqueFd(),
                                                             std::move(rules.value()), std::move(cb), p4.value(), p6,
-                                                            mark));
+                                                            mark, hop_window));
 }
 
 Status InterceptPoint::reinstall() {
@@ -67,6 +67,7 @@ void InterceptPoint::loop() {
         continue;
       }
       net::tune_tcp_for_bulk(fd.get());
+      net::bound_local_hop(fd.get(), hop_window_);
       on_connection_(std::move(fd), dst.value(), *ns_);
     }
   }

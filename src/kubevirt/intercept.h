@@ -18,7 +18,9 @@ class InterceptPoint {
  public:
   using OnConnection = std::function<void(UniqueFd fd, const net::Endpoint& original_destination, const NetNs& ns)>;
 
-  static Result<std::unique_ptr<InterceptPoint>> create(std::shared_ptr<NetNs> ns, PassMark mark,
+  // Every accepted connection is a same-node hop: its buffers are bounded to `hop_window`
+  // (net::bound_local_hop) before anything reads it.
+  static Result<std::unique_ptr<InterceptPoint>> create(std::shared_ptr<NetNs> ns, PassMark mark, size_t hop_window,
                                                         OnConnection on_connection);
   ~InterceptPoint();  // stops accepting and removes the table
   InterceptPoint(const InterceptPoint&) = delete;
@@ -33,7 +35,7 @@ class InterceptPoint {
 
  private:
   InterceptPoint(std::shared_ptr<NetNs> ns, UniqueFd l4, UniqueFd l6, NftRules rules, OnConnection cb,
-                 uint16_t port4, uint16_t port6, PassMark mark);
+                 uint16_t port4, uint16_t port6, PassMark mark, size_t hop_window);
   void loop();
 
   std::shared_ptr<NetNs> ns_;
@@ -43,6 +45,7 @@ class InterceptPoint {
   OnConnection on_connection_;
   uint16_t port4_ = 0, port6_ = 0;
   PassMark mark_;
+  size_t hop_window_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

@@ -232,7 +232,7 @@ Result<std::shared_ptr<InterceptPoint>> KubevirtRelay::point_for(std::shared_ptr
       relay->ns_cv_.notify_all();
     }
   } release{this, inode};
-  auto made = InterceptPoint::create(ns, pass_mark(), [this](UniqueFd fd, const net::Endpoint& dst, const NetNs& n) {
+  auto made = InterceptPoint::create(ns, pass_mark(), config_.migration.chunk_size, [this](UniqueFd fd, const net::Endpoint& dst, const NetNs& n) {
     on_connection(std::move(fd), dst, n);
   });
   if (!made) return made.error();

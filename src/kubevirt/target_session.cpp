@@ -309,7 +309,11 @@ Result<UniqueFd> TargetSession::dial_in_order(uint32_t index) {
   const std::shared_ptr<NetNs> ns = located.value();
   const PassMark mark{ctx_.config.kubevirt.socket_mark, ctx_.config.kubevirt.socket_mark_mask};
   auto fd = ns->make_socket([&]() -> Result<UniqueFd> {
-    return net::tcp_connect(dst, 10s, [mark](int s) { return set_pass_mark(s, mark); });
+    // A same-node hop, bounded before the handshake (net::bound_local_hop).
+    return net::tcp_connect(dst, 10s, [mark, window = hello_.chunk_size](int s) {
+      net::bound_local_hop(s, window);
+      return set_pass_mark(s, mark);
+    });
   });
   if (!fd) return fd.error().with_context("dialling " + dst.to_string() + " in " + ns->describe());
   {

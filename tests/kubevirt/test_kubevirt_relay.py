@@ -608,9 +608,10 @@ class KubevirtRelayTest(unittest.TestCase):
                 c.close()
 
     def test_flows_are_admitted_against_the_targets_buffer_budget(self):
-        # The source chooses chunkSize and ringDepth for the session; the target admits what it
-        # pins against its own migration.bufferBudget, as a bare-QEMU job is admitted (before:
-        # a source with 64 MiB x 16 chunks made the target allocate 2 GiB per channel).
+        # The source chooses the session's chunkSize (migration.chunkSize) and ring depth
+        # (kubevirt.ringDepth); the target admits what it pins against its own
+        # migration.bufferBudget, as a bare-QEMU job is admitted (before: a source with
+        # 64 MiB x 16 chunks made the target allocate 2 GiB per channel).
         token = self.src.token
         for a in self.agents:
             a.stop()
@@ -622,9 +623,9 @@ class KubevirtRelayTest(unittest.TestCase):
         peers = [{"node": "node-b", "agent": "127.0.0.1:%d" % self.dst.data_port}]
         # One channel can never fit: the session is refused and KubeVirt's own path carries it.
         self.src = Agent(self.tmp, name="node-a-huge", token=token, config={
-            "migration": {"chunkSize": "64Mi", "ringDepth": 16, "bufferBudget": "64Gi"},
+            "migration": {"chunkSize": "64Mi", "bufferBudget": "64Gi"},
             "kubevirt": {"enabled": True, "nodeName": "node-a", "hookSocket": self.hook_socket, "peers": peers,
-                         "ruleTimeoutSeconds": 3, "sessionIdleSeconds": 1}})
+                         "ringDepth": 16, "ruleTimeoutSeconds": 3, "sessionIdleSeconds": 1}})
         self.agents.append(self.src)
         res = self.dial(2, 65536, vmi=vmi_json("vmi-uid-bb", "mig-huge", self.net.ip4["node-b"], self.sink_port))
         self.assertTrue(all(c["ok"] for c in res["connections"]), res)
@@ -636,9 +637,9 @@ class KubevirtRelayTest(unittest.TestCase):
         # and fails the session (the connections are reset: KubeVirt's migration fails, the VM stays).
         self.src.stop()
         self.src = Agent(self.tmp, name="node-a-big", token=token, config={
-            "migration": {"chunkSize": "16Mi", "ringDepth": 16, "bufferBudget": "64Gi"},
+            "migration": {"chunkSize": "16Mi", "bufferBudget": "64Gi"},
             "kubevirt": {"enabled": True, "nodeName": "node-a", "hookSocket": self.hook_socket, "peers": peers,
-                         "ruleTimeoutSeconds": 3, "sessionIdleSeconds": 1}})
+                         "ringDepth": 16, "ruleTimeoutSeconds": 3, "sessionIdleSeconds": 1}})
         self.agents.append(self.src)
         res = self.dial(5, 65536, vmi=vmi_json("vmi-uid-bb", "mig-big", self.net.ip4["node-b"], self.sink_port))
         self.assertFalse(all(c["ok"] for c in res["connections"]), res)

@@ -345,6 +345,33 @@ TEST(KubevirtConfig, MultifdOnFailureIsAutoByDefaultAndTakesDrainOrReset) {
   }
 }
 
+TEST(KubevirtConfig, FlowsKeepAFewChunksInFlightByDefault) {
+  // Not migration.ringDepth (16, the bare-QEMU jobs'): what waits in front of KubeVirt's target
+  // proxy when the guest stops drains inside the downtime.
+  auto c = parse_agent_config("kubevirt: {enabled: true}\nmigration: {ringDepth: 32}\n");
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->kubevirt.ring_depth, 0u) << "not set: by the chunk size";
+  EXPECT_EQ(c->migration.ring_depth, 32u);
+  // About 4 MiB in flight, at least four chunks.
+  EXPECT_EQ(flow_ring_depth(0, 1 << 20), 4u);
+  EXPECT_EQ(flow_ring_depth(0, 256 << 10), 16u);
+  EXPECT_EQ(flow_ring_depth(0, 64 << 10), 64u);
+  EXPECT_EQ(flow_ring_depth(0, 4 << 20), 4u);
+  EXPECT_EQ(flow_ring_depth(0, 1ull << 30), 4u);
+  auto deep = parse_agent_config("kubevirt: {ringDepth: 16}\n");
+  ASSERT_TRUE(deep) << deep.error().message;
+  EXPECT_EQ(deep->kubevirt.ring_depth, 16u);
+  EXPECT_EQ(flow_ring_depth(deep->kubevirt.ring_depth, 1 << 20), 16u) << "set: as set";
+  auto zero = parse_agent_config("kubevirt: {ringDepth: 0}\n");
+  ASSERT_TRUE(zero) << zero.error().message;
+  EXPECT_EQ(flow_ring_depth(zero->kubevirt.ring_depth, 256 << 10), 16u);
+  for (const std::string v : {"1", "1025", "four", "-4"}) {
+    auto r = parse_agent_config("kubevirt: {ringDepth: " + v + "}\n");
+    ASSERT_FALSE(r) << v;
+    EXPECT_NE(r.error().message.find("kubevirt.ringDepth"), std::string::npos) << r.error().message;
+  }
+}
+
 TEST(KubevirtFailureAction, EveryQemuDrainsTheMultifdConnections) {
   // libvirt's numbers (virConnectGetVersion): major * 1000000 + minor * 1000 + micro.
   EXPECT_TRUE(drain_multifd_for_qemu(7002000));   // Debian 12, KubeVirt's Root row here

@@ -1,7 +1,11 @@
 // TcpChannel over real loopback TCP connections.
 #include <gtest/gtest.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 
 #include <cstring>
+#include <iostream>
 #include <random>
 #include <set>
 #include <thread>
@@ -351,4 +355,83 @@ TEST(TcpChannel, PeerVanishingMidStreamIsAnErrorNotEof) {
   auto r = p.b->receive();
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code, Errc::kUnavailable) << r.error().message;
+}
+
+namespace {
+
+// Bytes waiting in `fd`'s receive queue, and in its send queue not yet sent.
+size_t queued_in(int fd) {
+  int n = 0;
+  EXPECT_EQ(::ioctl(fd, SIOCINQ, &n), 0);
+  return static_cast<size_t>(n);
+}
+size_t unsent_in(int fd) {
+  int n = 0;
+  EXPECT_EQ(::ioctl(fd, SIOCOUTQNSD, &n), 0);
+  return static_cast<size_t>(n);
+}
+
+// Writes 64 KiB pieces without blocking until the socket takes no more (the reader stopped).
+size_t write_until_full(int fd) {
+  std::vector<char> piece(64 * 1024, 'x');
+  size_t total = 0;
+  for (int idle = 0; idle < 20;) {
+    const ssize_t k = ::send(fd, piece.data(), piece.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (k > 0) {
+      total += static_cast<size_t>(k);
+      idle = 0;
+    } else {
+      ++idle;  // the window may still open a little as acknowledgements come back
+      std::this_thread::sleep_for(5ms);
+    }
+  }
+  return total;
+}
+
+}  // namespace
+
+// A KubeVirt proxy's connection that the agent relays (intercepted on the source, dialled on the
+// target) holds at most about a window each way, even after a fast reader let autotuning grow it:
+// what waits there when QEMU stops the guest drains inside the downtime.
+TEST(LocalHop, BoundedHopHoldsAboutAWindowEachWay) {
+  constexpr size_t kWindow = 256 * 1024;
+  auto [writer, reader] = tcp_pair();
+  net::bound_local_hop(reader.get(), kWindow);  // the intercepted connection: what the agent receives
+  net::bound_local_hop(writer.get(), kWindow);  // the dialled one: what the agent sends
+  // A fast reader first (autotuning would grow an unbounded socket's buffer now), then none.
+  std::thread w([fd = writer.get()] {
+    std::vector<char> piece(1 << 20, 'x');
+    for (int i = 0; i < 64; ++i) ASSERT_TRUE(net::write_all(fd, std::as_bytes(std::span(piece))).ok());
+  });
+  std::vector<std::byte> sink(1 << 20);
+  size_t got = 0;
+  while (got < 64u << 20) {
+    const ssize_t k = ::read(reader.get(), sink.data(), sink.size());
+    ASSERT_GT(k, 0);
+    got += static_cast<size_t>(k);
+  }
+  w.join();
+  EXPECT_GT(write_until_full(writer.get()), 0u);
+  // SO_RCVBUF is doubled by the kernel, half of it for its own overhead: at most 2 x the window.
+  EXPECT_LE(queued_in(reader.get()), 2 * kWindow);
+  // TCP_NOTSENT_LOWAT: a write starts only below the window, so at most the window and a write.
+  EXPECT_LE(unsent_in(writer.get()), kWindow + 64 * 1024);
+
+  // The same pair unbounded keeps what autotuning grew to (tcp_rmem's maximum: MiBs), which is
+  // what the bound is for; only reported, since a kernel's maximum may itself be small.
+  auto [w2, r2] = tcp_pair();
+  std::thread w2t([fd = w2.get()] {
+    std::vector<char> piece(1 << 20, 'x');
+    for (int i = 0; i < 64; ++i) ASSERT_TRUE(net::write_all(fd, std::as_bytes(std::span(piece))).ok());
+  });
+  got = 0;
+  while (got < 64u << 20) {
+    const ssize_t k = ::read(r2.get(), sink.data(), sink.size());
+    ASSERT_GT(k, 0);
+    got += static_cast<size_t>(k);
+  }
+  w2t.join();
+  (void)write_until_full(w2.get());
+  std::cout << "bounded: " << queued_in(reader.get()) << " received + " << unsent_in(writer.get())
+            << " unsent bytes; unbounded: " << queued_in(r2.get()) << " + " << unsent_in(w2.get()) << "\n";
 }
