@@ -2,7 +2,7 @@
 """KubeVirt's migration path without rdmig and with rdmig carrying it, side by side (issue 9).
 
   /usr/bin/python3 bench/kubevirt.py [--runs N] [--mem MiB] [--dirty MiB/s] [--quick] [--out BASE]
-                                     [--agent-migration JSON]
+                                     [--agent-migration JSON] [--agent-kubevirt JSON] [--rows on/0,...]
 
 Launcher row: $RDMIG_KV_LAUNCHER (tests/kubevirt/README.md), by default trixie-nonroot
 (KubeVirt 1.9's non-root launcher: libvirt 11.3 session daemon as uid 107, QEMU 10.0,
@@ -24,7 +24,10 @@ total time), CPU seconds of the two proxy processes and of the two agents (/proc
 utime+stime before and after). An rdmig run counts only if the source agent's record says
 carried=true and phase Succeeded; a direct run only if no agent has a record of it.
 --agent-migration: the agents' `migration` settings (their YAML config's section, as JSON, e.g.
-'{"ringDepth": 4}'); by default the agents' defaults. Named in the results.
+'{"chunkSize": 4194304}'); --agent-kubevirt: extra keys of their `kubevirt` section (e.g.
+'{"ringDepth": 16}': the carried connections' chunks in flight). By default the agents' defaults.
+Both are named in the results. --rows: only these TLS/parallel rows (default all four:
+on/0,on/8,off/0,off/8).
 Writes BASE.md and BASE.json (every raw run). Never fails on speed.
 """
 import argparse
@@ -217,9 +220,12 @@ def write_markdown(res, path):
          "idle machine)." % (res["command"], fmt(100 * m["cpu_busy_before_start"] if "cpu_busy_before_start" in m else None)), "",
          "Guest: %(mem_mib)d MiB under TCG, dirtying %(dirty_mib_s)d MiB/s; running target (not paused); "
          "medians of %(runs)d interleaved runs per path (order alternating). Agents' transport: %(transport)s "
-         "(no RDMA device here), data plane on 127.0.0.1; agents' migration settings: %(migration_text)s." % dict(
+         "(no RDMA device here), data plane on 127.0.0.1; agents' migration settings: %(migration_text)s; "
+         "their kubevirt settings beyond the harness's: %(kubevirt_text)s." % dict(
              res["setup"], migration_text=json.dumps(res["setup"]["agent_migration"])
-             if res["setup"].get("agent_migration") else "their defaults"), "",
+             if res["setup"].get("agent_migration") else "their defaults",
+             kubevirt_text=json.dumps(res["setup"]["agent_kubevirt"])
+             if res["setup"].get("agent_kubevirt") else "their defaults"), "",
          "total / downtime = libvirt's completed job on the target (time_elapsed, downtime); throughput = "
          "data bytes / total time; proxy CPU = the two migration-proxy stand-in processes (Python, hashing "
          "every byte for the harness's checks: not virt-handler's cost); agent CPU = both rdmig agents, "
@@ -272,7 +278,10 @@ def main():
                                   "with --quick a temporary directory)")
     ap.add_argument("--render", metavar="JSON", help="only rewrite the .md next to JSON from its raw runs")
     ap.add_argument("--agent-migration", metavar="JSON",
-                    help="the agents' migration settings, e.g. '{\"ringDepth\": 4}' (default: their defaults)")
+                    help="the agents' migration settings, e.g. '{\"chunkSize\": 4194304}' (default: their defaults)")
+    ap.add_argument("--agent-kubevirt", metavar="JSON",
+                    help="extra keys of the agents' kubevirt settings, e.g. '{\"ringDepth\": 16}' (default: their defaults)")
+    ap.add_argument("--rows", metavar="LIST", help="only these TLS/parallel rows, e.g. on/0,off/8 (default all four)")
     args = ap.parse_args()
     if args.agent_migration:
         try:
@@ -281,12 +290,29 @@ def main():
             ap.error("--agent-migration: not JSON: %s" % e)
         if not isinstance(args.agent_migration, dict):
             ap.error("--agent-migration: a JSON object of the agents' migration settings")
+    if args.agent_kubevirt:
+        try:
+            args.agent_kubevirt = json.loads(args.agent_kubevirt)
+        except ValueError as e:
+            ap.error("--agent-kubevirt: not JSON: %s" % e)
+        if not isinstance(args.agent_kubevirt, dict):
+            ap.error("--agent-kubevirt: a JSON object of keys for the agents' kubevirt section")
     if args.render:
         with open(args.render) as f:
             write_markdown(json.load(f), args.render[:-5] + ".md")
         return 0
     runs = 1 if args.quick else args.runs
     configs = [(True, 8)] if args.quick else [(True, 0), (True, 8), (False, 0), (False, 8)]
+    if args.rows:
+        wanted = []
+        for item in args.rows.split(","):
+            tls, _, par = item.partition("/")
+            if tls not in ("on", "off") or not par.isdigit():
+                ap.error("--rows: expected a list like on/0,off/8, got %r" % item)
+            wanted.append((tls == "on", int(par)))
+        configs = [c for c in configs if c in wanted] if not args.quick else configs
+        if not configs:
+            ap.error("--rows: none of on/0, on/8, off/0, off/8")
     flavor = os.environ.get("RDMIG_KV_LAUNCHER") or "trixie-nonroot"
     base = args.out or (os.path.join(tempfile.mkdtemp(prefix="rdmig-kvbench-"), "quick") if args.quick
                         else os.path.join(REPO, "bench", "results", "kubevirt",
@@ -300,7 +326,8 @@ def main():
         print("warning: the CPUs were %.0f%% busy before starting: something else is running" % (busy * 100), flush=True)
     res = {"machine": dict(machine(), cpu_busy_before_start=round(busy, 3)), "command": " ".join(["/usr/bin/python3", "bench/kubevirt.py"] + sys.argv[1:]),
            "setup": {"mem_mib": args.mem, "dirty_mib_s": args.dirty, "runs": runs, "transport": "tcp",
-                     "target_paused": False, "agent_migration": args.agent_migration}, "runs": [], "rows": [],
+                     "target_paused": False, "agent_migration": args.agent_migration,
+                     "agent_kubevirt": args.agent_kubevirt}, "runs": [], "rows": [],
            "guest_deaths": {p: 0 for p in PATHS}}
     work = tempfile.mkdtemp(prefix="rdmig-kvbench-work-")
     t0 = time.monotonic()
@@ -372,7 +399,8 @@ def launcher_row(cluster):
 def measure(args, res, configs, runs, work):
     from rdmiglab.kubevirt import KubevirtCluster
     with KubevirtCluster() as cluster, KubevirtAgents(work, cluster.nodes, transport="tcp",
-                                                                   migration=args.agent_migration) as kv:
+                                                      migration=args.agent_migration,
+                                                      kubevirt=args.agent_kubevirt) as kv:
         cluster.define_and_start_vmi("benchvm", "default", mem_mib=args.mem, dirty_mib=args.dirty, boot_counter=2)
         res["launcher"] = launcher_row(cluster)
         print("launcher row: %s" % res["launcher"], flush=True)

@@ -17,7 +17,9 @@ one loopback TCP connection per channel -> the peer's unix socket.
 migration proxies: loopback TCP connections to the agents (as the source proxy's connections are
 intercepted and the target agent dials the target proxy), the source writing the stream in
 16406-byte pieces, a full TLS 1.3 record each (KubeVirt's proxies carry TLS; rdmig relays the
-records as bytes). The floor relays the same bytes over the same hops.
+records as bytes). The floor relays the same bytes over the same hops. rdmig runs as the agents
+carry a KubeVirt connection: the proxy hops bounded to a chunk each way (net::bound_local_hop),
+the flow's ring depth by the chunk size (about 4 MiB in flight, at least 4 chunks).
 --baseline: an rdmig-relay-cpu built from an earlier revision runs as one more kind, "baseline"
 (its rdmig relay, tcp.splice off), so a change to the relay is measured before and after in the
 same run: its column and baseline / floor sit beside rdmig's.
@@ -51,6 +53,16 @@ KINDS = {"rdmig": ["--relay", "rdmig", "--splice", "off"], "floor": ["--relay", 
          "rdmig-splice": ["--relay", "rdmig", "--splice", "on"], "floor-splice": ["--relay", "floor-splice"]}
 PAIRS = (("rdmig", "floor"), ("rdmig-splice", "floor-splice"))
 PATHS = {"bare": [], "kubevirt": ["--ends", "tcp", "--write", "16406"]}
+
+
+def path_flags(path, chunk):
+    """The path's flags; on the KubeVirt path the ring depth the agents give a flow by default
+    (flow_ring_depth in src/config/agent_config.h: about 4 MiB in flight, at least 4 chunks)."""
+    if path != "kubevirt":
+        return PATHS[path]
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+    size = int(chunk[:-2]) * units[chunk[-2:]] if chunk[-2:] in units else int(chunk)
+    return PATHS[path] + ["--depth", str(max(4, -(-(4 << 20) // size)))]
 TITLES = {"bare": "bare-QEMU path: QEMU's unix socket -> one loopback TCP connection per channel -> the peer's "
                   "unix socket",
           "kubevirt": "KubeVirt path: the source proxy's TCP connection -> one loopback TCP connection per channel -> "
@@ -63,7 +75,7 @@ BASELINE = None  # --baseline: another build's rdmig-relay-cpu, kind "baseline"
 def one(kind, channels, chunk, nbytes, path="bare"):
     binary, flags = (BASELINE, KINDS["rdmig"]) if kind == "baseline" else (RELAY_CPU, KINDS[kind])
     out = subprocess.run([binary, "--bytes", nbytes, "--channels", str(channels), "--chunk", chunk] + flags
-                         + PATHS[path],
+                         + path_flags(path, chunk),
                          capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise RuntimeError("rdmig-relay-cpu %s failed: %s" % (kind, out.stderr))
@@ -91,7 +103,7 @@ def syscalls_per_gib(kind, nbytes="256Mi", path="bare"):
         return None
     with tempfile.NamedTemporaryFile(suffix=".strace") as f:
         out = subprocess.run(["strace", "-c", "-f", "-o", f.name, binary, "--bytes", nbytes, "--channels", "4",
-                              "--chunk", "1Mi"] + flags + PATHS[path], capture_output=True, text=True,
+                              "--chunk", "1Mi"] + flags + path_flags(path, "1Mi"), capture_output=True, text=True,
                              timeout=600)
         if out.returncode != 0:
             return None

@@ -231,6 +231,8 @@ int main(int argc, char** argv) {
       auto a = c ? net::accept_for(listener->get(), 5s) : Result<UniqueFd>(c.error());
       if (!c || !a) return std::nullopt;
       net::tune_tcp_for_bulk(a->get());  // as the agents tune the connections they intercept and dial
+      // and bound them to a chunk each way (net::bound_local_hop); the floor keeps autotuning.
+      if (o.relay == "rdmig") net::bound_local_hop(a->get(), o.chunk);
       return std::pair{std::move(c.value()), std::move(a.value())};
     }
     int sp[2];
