@@ -283,20 +283,18 @@ def main():
                     help="extra keys of the agents' kubevirt settings, e.g. '{\"ringDepth\": 16}' (default: their defaults)")
     ap.add_argument("--rows", metavar="LIST", help="only these TLS/parallel rows, e.g. on/0,off/8 (default all four)")
     args = ap.parse_args()
-    if args.agent_migration:
+    def json_object(option, text, what):
+        if not text:
+            return text
         try:
-            args.agent_migration = json.loads(args.agent_migration)
+            value = json.loads(text)
         except ValueError as e:
-            ap.error("--agent-migration: not JSON: %s" % e)
-        if not isinstance(args.agent_migration, dict):
-            ap.error("--agent-migration: a JSON object of the agents' migration settings")
-    if args.agent_kubevirt:
-        try:
-            args.agent_kubevirt = json.loads(args.agent_kubevirt)
-        except ValueError as e:
-            ap.error("--agent-kubevirt: not JSON: %s" % e)
-        if not isinstance(args.agent_kubevirt, dict):
-            ap.error("--agent-kubevirt: a JSON object of keys for the agents' kubevirt section")
+            ap.error("%s: not JSON: %s" % (option, e))
+        if not isinstance(value, dict):
+            ap.error("%s: a JSON object of %s" % (option, what))
+        return value
+    args.agent_migration = json_object("--agent-migration", args.agent_migration, "the agents' migration settings")
+    args.agent_kubevirt = json_object("--agent-kubevirt", args.agent_kubevirt, "keys for the agents' kubevirt section")
     if args.render:
         with open(args.render) as f:
             write_markdown(json.load(f), args.render[:-5] + ".md")
