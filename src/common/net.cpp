@@ -132,7 +132,9 @@ void bound_local_hop(int fd, size_t window) {
   // buffer, while a set SO_RCVBUF stops autotuning. The kernel doubles the value (half of it
   // for its own overhead); SO_RCVBUFFORCE passes net.core.rmem_max (208 KiB on a stock kernel,
   // which would split every chunk), the agent is privileged; refused, SO_RCVBUF caps at it.
-  const int w = static_cast<int>(std::clamp<size_t>(window, 64 * 1024, 64 * 1024 * 1024));
+  // At most 4 MiB, what autotuning gives a stock kernel's socket anyway (tcp_wmem's maximum): a
+  // peer's hello may name chunks of up to 1 GiB, and this is kernel memory outside the budget.
+  const int w = static_cast<int>(std::clamp<size_t>(window, 64 * 1024, 4 * 1024 * 1024));
   if (::setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &w, sizeof w) != 0) {
     (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &w, sizeof w);
   }

@@ -43,7 +43,7 @@ void tune_tcp_for_bulk(int fd);
 // TCP_NOTSENT_LOWAT on what is sent). Autotuning would grow them to tcp_rmem/tcp_wmem's maximum
 // (MiBs) behind a slow reader; bytes parked there are bytes QEMU counts as sent that the target
 // has not got, and they drain inside the migration's downtime. The hop's round trip is
-// microseconds, so a chunk's worth keeps it busy.
+// microseconds, so a chunk's worth keeps it busy. `window` is clamped to 64 KiB..4 MiB.
 void bound_local_hop(int fd, size_t window);
 
 // A peer that vanished without a FIN or RST (node lost, cable pulled) is noticed in about
