@@ -12,6 +12,13 @@ namespace rdmig::kubevirt {
 using nlohmann::json;
 using namespace std::chrono_literals;
 
+namespace {
+
+// This agent's flows as a source: kubevirt.ringDepth, else by migration.chunkSize.
+uint32_t flow_depth(const AgentConfig& c) { return flow_ring_depth(c.kubevirt.ring_depth, c.migration.chunk_size); }
+
+}  // namespace
+
 SourceSession::SourceSession(std::string id, FlowRecord record, const SessionContext& ctx, PeerInfo peer)
     : FlowSession(std::move(id), std::move(record), ctx.metrics), ctx_(ctx), peer_(std::move(peer)) {}
 
@@ -28,7 +35,7 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
   hello.source_node = record.source_node;
   hello.target_node = record.target_node;
   hello.chunk_size = ctx.config.migration.chunk_size;
-  hello.ring_depth = flow_ring_depth(ctx.config.kubevirt.ring_depth, ctx.config.migration.chunk_size);
+  hello.ring_depth = flow_depth(ctx.config);
   hello.transport = migration::wire_name(offer->transport);
   hello.transport_required = offer->required;
   if (offer->transport == TransportKind::kRdma) hello.rdma_rails = migration::rail_addresses(ctx.rdma);
@@ -122,7 +129,7 @@ SourceSession::~SourceSession() {
 Result<std::unique_ptr<transport::Channel>> SourceSession::connect_channel(uint32_t index) {
   auto& tm = ctx_.metrics.transport(transport_);
   const auto chunk = static_cast<uint32_t>(ctx_.config.migration.chunk_size);
-  const uint32_t depth = flow_ring_depth(ctx_.config.kubevirt.ring_depth, ctx_.config.migration.chunk_size);
+  const uint32_t depth = flow_depth(ctx_.config);
   if (transport_ == "rdma") {
     auto key = transport::rdma::session_from_hex(id_);
     if (!key) return key.error();
@@ -167,8 +174,7 @@ Status SourceSession::add_connection(UniqueFd fd, const net::Endpoint& destinati
       !st) {
     return refuse(st.error().with_context("carrying to the agent on " + peer_.node));
   }
-  auto buffers = ctx_.take_buffers(flow_channel_buffers(ctx_.config.migration.chunk_size,
-                                                        flow_ring_depth(ctx_.config.kubevirt.ring_depth, ctx_.config.migration.chunk_size)),
+  auto buffers = ctx_.take_buffers(flow_channel_buffers(ctx_.config.migration.chunk_size, flow_depth(ctx_.config)),
                                    "channel " + std::to_string(index) + " to " + peer_.node);
   if (!buffers) return refuse(buffers.error());
   buffers_.push_back(std::move(buffers.value()));

@@ -398,20 +398,25 @@ TEST(LocalHop, BoundedHopHoldsAboutAWindowEachWay) {
   auto [writer, reader] = tcp_pair();
   net::bound_local_hop(reader.get(), kWindow);  // the intercepted connection: what the agent receives
   net::bound_local_hop(writer.get(), kWindow);  // the dialled one: what the agent sends
-  // A fast reader first (autotuning would grow an unbounded socket's buffer now), then none.
-  std::thread w([fd = writer.get()] {
-    std::vector<char> piece(1 << 20, 'x');
-    for (int i = 0; i < 64; ++i) ASSERT_TRUE(net::write_all(fd, std::as_bytes(std::span(piece))).ok());
-  });
-  std::vector<std::byte> sink(1 << 20);
-  size_t got = 0;
-  while (got < 64u << 20) {
-    const ssize_t k = ::read(reader.get(), sink.data(), sink.size());
-    ASSERT_GT(k, 0);
-    got += static_cast<size_t>(k);
-  }
-  w.join();
-  EXPECT_GT(write_until_full(writer.get()), 0u);
+  // A fast reader first (autotuning would grow an unbounded socket's buffer now), then none: the
+  // writer fills what the pair will hold.
+  auto read_fast_then_stop = [](int wfd, int rfd) {
+    std::thread w([wfd] {
+      std::vector<char> piece(1 << 20, 'x');
+      for (int i = 0; i < 64; ++i) ASSERT_TRUE(net::write_all(wfd, std::as_bytes(std::span(piece))).ok());
+    });
+    std::vector<std::byte> sink(1 << 20);
+    size_t got = 0;
+    while (got < 64u << 20) {
+      const ssize_t k = ::read(rfd, sink.data(), sink.size());
+      if (k <= 0) break;
+      got += static_cast<size_t>(k);
+    }
+    w.join();
+    EXPECT_EQ(got, 64u << 20);
+    return write_until_full(wfd);
+  };
+  EXPECT_GT(read_fast_then_stop(writer.get(), reader.get()), 0u);
   // SO_RCVBUF is doubled by the kernel, half of it for its own overhead: at most 2 x the window.
   EXPECT_LE(queued_in(reader.get()), 2 * kWindow);
   // TCP_NOTSENT_LOWAT: a write starts only below the window, so at most the window and a write.
@@ -420,18 +425,7 @@ TEST(LocalHop, BoundedHopHoldsAboutAWindowEachWay) {
   // The same pair unbounded keeps what autotuning grew to (tcp_rmem's maximum: MiBs), which is
   // what the bound is for; only reported, since a kernel's maximum may itself be small.
   auto [w2, r2] = tcp_pair();
-  std::thread w2t([fd = w2.get()] {
-    std::vector<char> piece(1 << 20, 'x');
-    for (int i = 0; i < 64; ++i) ASSERT_TRUE(net::write_all(fd, std::as_bytes(std::span(piece))).ok());
-  });
-  got = 0;
-  while (got < 64u << 20) {
-    const ssize_t k = ::read(r2.get(), sink.data(), sink.size());
-    ASSERT_GT(k, 0);
-    got += static_cast<size_t>(k);
-  }
-  w2t.join();
-  (void)write_until_full(w2.get());
+  (void)read_fast_then_stop(w2.get(), r2.get());
   std::cout << "bounded: " << queued_in(reader.get()) << " received + " << unsent_in(writer.get())
             << " unsent bytes; unbounded: " << queued_in(r2.get()) << " + " << unsent_in(w2.get()) << "\n";
 }
