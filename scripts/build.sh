@@ -1,7 +1,21 @@
 #!/usr/bin/env bash
 # Configures and builds rdmig into ./build (RelWithDebInfo). Extra args go to cmake configure.
+# Uses ccache when it is installed (scripts/install-deps.sh installs it; cache in
+# $RDMIG_CACHE/ccache, scripts/cache-env.sh); RDMIG_CCACHE=0 builds without it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/cache-env.sh
 jobs="${RDMIG_BUILD_JOBS:-$(nproc)}"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+if [ "${RDMIG_CCACHE:-1}" != 0 ] && command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+else
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=)
+fi
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" "$@" >/dev/null
+[ "${launcher[0]}" = -DCMAKE_CXX_COMPILER_LAUNCHER= ] || ccache --zero-stats >/dev/null 2>&1 || true
+start=$(date +%s)
 cmake --build build -j "$jobs"
+if [ "${launcher[0]}" != -DCMAKE_CXX_COMPILER_LAUNCHER= ]; then
+  echo "build: $(( $(date +%s) - start )) s; ccache: $(ccache --print-stats 2>/dev/null |
+    awk -F'\t' '$1=="direct_cache_hit"||$1=="preprocessed_cache_hit"{h+=$2} $1=="cache_miss"{m=$2} END{printf "%d hits, %d misses", h, m}')"
+fi

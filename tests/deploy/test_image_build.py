@@ -18,7 +18,8 @@ Printed: the build time and the image size. The minbase stand-in for debian:12-s
 slim image (slim drops docs, man pages and locales that minbase keeps), so the size is an upper
 bound of what `docker build` on the real bases gives.
 
-Cache: .cache/image-test/ (gitignored; RDMIG_IMAGE_CACHE overrides it) holds the debootstrap tarball
+Cache: $RDMIG_IMAGE_CACHE (scripts/test.sh: /var/cache/rdmig/image-test, outside the clone so that every
+clone reuses it; else .cache/image-test/, gitignored) holds the debootstrap tarball
 (made again when older than 14 days) and podman's storage. Each run keeps only the images of its
 own build (tagged rdmig-image-test and rdmig-image-test-build, so the next run reuses the package
 layers) and the bases, and prunes the rest, so the cache does not grow run after run. Storage

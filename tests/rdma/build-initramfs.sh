@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the initramfs of the Soft-RoCE test VM from Debian's packages.
 #
-#   tests/rdma/build-initramfs.sh OUT_DIR [--add PATH]... [--with-qemu] [--gzip]
+#   tests/rdma/build-initramfs.sh OUT_DIR [--add PATH]... [--with-qemu] [--gzip] [--only-adds]
 #
 # OUT_DIR receives:
 #   initramfs.cpio (or initramfs.cpio.gz with --gzip)  cpio newc archive, /init inside
@@ -23,6 +23,10 @@
 #   --with-qemu  qemu-system-x86_64, its modules (/usr/lib/x86_64-linux-gnu/qemu),
 #                firmware (/usr/share/qemu, /usr/share/seabios, /usr/lib/ipxe/qemu),
 #                and their libraries, for nested guests.
+#   --only-adds  an overlay: only the --add paths and their libraries (no base, no /init,
+#                no kernel); appended to a cached base archive (the kernel unpacks every
+#                archive of a concatenation, later entries replacing earlier ones), so the
+#                project's own files never invalidate the base (run-in-vm.sh).
 # Environment: RDMIG_CACHE (kernel download cache, default <repo>/.cache),
 # RDMIG_KERNEL_ROOT (an already unpacked kernel package root; skips fetch-kernel.sh).
 # Missing Debian packages are installed with apt-get (root needed for that only).
@@ -35,13 +39,14 @@ log() { echo "build-initramfs: $*" >&2; }
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
 
-out="" adds=() with_qemu=0 compress=0
+out="" adds=() with_qemu=0 compress=0 only_adds=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --add) [ $# -ge 2 ] || die "--add needs a path"; adds+=("$2"); shift 2 ;;
     --add=*) adds+=("${1#--add=}"); shift ;;
     --with-qemu) with_qemu=1; shift ;;
     --gzip) compress=1; shift ;;
+    --only-adds) only_adds=1; shift ;;
     -h|--help) usage ;;
     -*) die "unknown option $1 (see --help)" ;;
     *) [ -z "$out" ] || die "more than one OUT_DIR given ($out, $1)"; out="$1"; shift ;;
@@ -50,6 +55,7 @@ done
 [ -n "$out" ] || usage
 
 # --- host packages --------------------------------------------------------------
+if [ "$only_adds" = 0 ]; then
 # command-or-file -> Debian package providing it
 need=(
   /usr/bin/busybox:busybox-static
@@ -104,6 +110,8 @@ modules=(crc32_generic configfs ib_core ib_uverbs udp_tunnel ip6_udp_tunnel rdma
          nf_tables nft_chain_nat nft_redir
          llc stp garp mrp 8021q macvlan)
 
+fi
+
 # --- staging tree -----------------------------------------------------------------
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -139,6 +147,7 @@ copy_libs() {
 }
 copy_bin() { copy_file "$1" "${2:-$1}"; copy_libs "$1"; }
 
+if [ "$only_adds" = 0 ]; then
 # busybox applets first, so real tools copied afterwards replace the links.
 cp /usr/bin/busybox "$stage/usr/bin/busybox"
 for applet in $(/usr/bin/busybox --list-full); do
@@ -193,6 +202,8 @@ if [ "$with_qemu" = 1 ]; then
   echo 1 >"$stage/etc/rdmig-vm/with-qemu"
 fi
 
+fi
+
 # --add paths, at their absolute host paths.
 for p in ${adds[@]+"${adds[@]}"}; do
   [ -e "$p" ] || die "--add $p: no such file or directory"
@@ -211,11 +222,13 @@ for p in ${adds[@]+"${adds[@]}"}; do
   fi
 done
 
-install -m 0755 "$here/vm-init.sh" "$stage/init"
-echo "$kver" >"$stage/etc/rdmig-vm/kernel"
+if [ "$only_adds" = 0 ]; then
+  install -m 0755 "$here/vm-init.sh" "$stage/init"
+  echo "$kver" >"$stage/etc/rdmig-vm/kernel"
+fi
 
 # --- archive ----------------------------------------------------------------------
-cp "$vmlinuz" "$out/vmlinuz"
+[ "$only_adds" = 1 ] || cp "$vmlinuz" "$out/vmlinuz"
 rm -f "$out/initramfs.cpio" "$out/initramfs.cpio.gz"
 if [ "$compress" = 1 ]; then
   archive="$out/initramfs.cpio.gz"
@@ -226,5 +239,5 @@ else
 fi
 mv "$archive.tmp" "$archive"
 rm -rf "$stage"
-log "$archive: $(du -h "$archive" | cut -f1) (kernel $kver)"
+log "$archive: $(du -h "$archive" | cut -f1)$([ "$only_adds" = 1 ] && echo " (overlay)" || echo " (kernel $kver)")"
 echo "$archive"

@@ -27,8 +27,9 @@
 # $RDMIG_VM_ADDR=10.99.0.1, $RDMIG_VM_PEER_ADDR=10.99.0.2, $QEMU_MODULE_DIR with
 # --with-qemu; / (and /tmp) is a tmpfs that may use 90% of the memory. The one rxe device serves both
 # ends of a connection (loopback); for two devices in two network stacks use run-two-vms.sh.
-# The base initramfs is cached under $RDMIG_CACHE (default <repo>/.cache)/rdma-vm,
-# keyed by these scripts, the options and the added paths' names, sizes and mtimes.
+# The base initramfs is cached under $RDMIG_CACHE (default <repo>/.cache)/rdma-vm, keyed
+# by these scripts, the options and the added host paths' names, sizes and mtimes; added
+# paths inside the repository go into an overlay made for each run (below).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -72,33 +73,51 @@ if ! command -v qemu-system-x86_64 >/dev/null || ! command -v cpio >/dev/null; t
     die "apt-get install qemu-system-x86 cpio failed"
 fi
 
-# --- base initramfs, cached ---------------------------------------------------------
+# --- base initramfs, cached outside the clone ---------------------------------------
+# The base (kernel modules, rdma-core, busybox, the host's programs given with --add) is
+# cached under $RDMIG_CACHE/rdma-vm, keyed by the kernel package, these scripts and the
+# added host paths' names, sizes and mtimes. --add paths inside this repository (the
+# build's programs, tests, tools) change with every clone and build: they go into an
+# overlay archive made for each run and appended to the base, so they never rebuild it.
 cache="${RDMIG_CACHE:-$repo/.cache}"
 mkdir -p "$cache/rdma-vm"
 cache="$(cd "$cache" && pwd)"
 kpkg="$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}')" || true
-build_args=()
+build_args=() overlay_args=()
 [ "$with_qemu" = 1 ] && build_args+=(--with-qemu)
-for p in ${adds[@]+"${adds[@]}"}; do build_args+=(--add "$(realpath -s "$p")"); done
+for p in ${adds[@]+"${adds[@]}"}; do
+  abs="$(realpath -s "$p")"
+  case "$abs/" in
+    "$repo"/*) overlay_args+=(--add "$abs") ;;
+    *) build_args+=(--add "$abs") ;;
+  esac
+done
 key="$({
   echo "kernel ${kpkg:-unknown} ${RDMIG_KERNEL_ROOT:-}"
   printf '%s\n' ${build_args[@]+"${build_args[@]}"}
   cat "$here/build-initramfs.sh" "$here/vm-init.sh"
-  for p in ${adds[@]+"${adds[@]}"}; do find "$(realpath -s "$p")" -printf '%p %s %T@ %l\n' | LC_ALL=C sort; done
+  for a in ${build_args[@]+"${build_args[@]}"}; do
+    [ "$a" = --add ] || [ "$a" = --with-qemu ] && continue
+    find "$a" -printf '%p %s %T@ %l\n' | LC_ALL=C sort
+  done
 } | sha256sum | cut -c1-16)"
 base_dir="$cache/rdma-vm/$key"
 t_start=$(date +%s.%N)
+# One builder per key at a time (ctest may run two VM rows side by side).
+exec 9>"$cache/rdma-vm/.lock-$key"
+flock 9
 if [ ! -e "$base_dir/initramfs.cpio" ] || [ ! -e "$base_dir/vmlinuz" ]; then
   echo "run-in-vm: building the initramfs (cache $base_dir)" >&2
   rm -rf "$base_dir.tmp"
   RDMIG_CACHE="$cache" "$here/build-initramfs.sh" "$base_dir.tmp" ${build_args[@]+"${build_args[@]}"} >/dev/null
   rm -rf "$base_dir"; mv "$base_dir.tmp" "$base_dir"
-  # keep the cache from growing without bound: the 4 newest builds stay
-  ls -1dt "$cache"/rdma-vm/*/ 2>/dev/null | tail -n +5 | xargs -r rm -rf
+  # keep the cache from growing without bound: the 8 newest builds stay
+  ls -1dt "$cache"/rdma-vm/*/ 2>/dev/null | tail -n +9 | xargs -r rm -rf
 else
   touch "$base_dir"
   echo "run-in-vm: initramfs from cache $base_dir" >&2
 fi
+exec 9>&-
 t_built=$(date +%s.%N)
 [ "$build_only" = 1 ] && exit 0
 
@@ -117,7 +136,13 @@ quote() { printf "'%s'" "$(printf '%s' "$1" | sed "s/'/'\\\\''/g")"; }
   printf '\n'
 } >"$run/extra/etc/rdmig-vm/run"
 (cd "$run/extra" && find . -mindepth 1 -print0 | LC_ALL=C sort -z | cpio --null -o -H newc -R 0:0 --quiet) >"$run/extra.cpio"
-cat "$base_dir/initramfs.cpio" "$run/extra.cpio" >"$run/initramfs.cpio"
+overlay=()
+if [ ${#overlay_args[@]} -gt 0 ]; then
+  "$here/build-initramfs.sh" "$run/overlay" --only-adds "${overlay_args[@]}" >/dev/null
+  overlay=("$run/overlay/initramfs.cpio")
+fi
+cat "$base_dir/initramfs.cpio" ${overlay[@]+"${overlay[@]}"} "$run/extra.cpio" >"$run/initramfs.cpio"
+t_built=$(date +%s.%N)
 
 # no_timer_check: on a loaded host TCG can run the IO-APIC timer check too slowly, and the kernel
 # panics "IO-APIC + timer doesn't work!" (seen with two VMs booting beside a -j2 build).

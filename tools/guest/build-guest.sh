@@ -3,8 +3,8 @@
 # /init dirties memory and prints "rdmig-counter N" on the serial console once per interval.
 #   tools/guest/build-guest.sh [OUT_DIR]
 # OUT_DIR defaults to $RDMIG_CACHE/guest or ./.cache/guest. Produces OUT_DIR/vmlinuz and
-# OUT_DIR/initramfs.cpio.gz, prints OUT_DIR on stdout. Re-runs are no-ops while both outputs
-# are newer than this script.
+# OUT_DIR/initramfs.cpio.gz, prints OUT_DIR on stdout. Re-runs are no-ops while OUT_DIR's
+# stamp names this script's content.
 # Guest kernel command line knobs:
 #   rdmig.dirty_mib=N   MiB of /dev/urandom written to tmpfs per iteration (0 = idle guest)
 #   rdmig.interval=S    seconds to sleep between iterations (busybox sleep; fractions work)
@@ -23,9 +23,15 @@ else out="$(pwd)/.cache/guest"; fi
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 
-if [ "$out/vmlinuz" -nt "$self" ] && [ "$out/initramfs.cpio.gz" -nt "$self" ]; then
-  echo "$out"; exit 0
-fi
+# Fresh when the stamp names this script's content (not its mtime: a new clone's files are
+# all new, and the cache may live outside the clone, shared by every clone on the machine).
+stamp="$(sha256sum "$self" | cut -c1-16)"
+fresh() { [ -e "$out/vmlinuz" ] && [ -e "$out/initramfs.cpio.gz" ] && [ "$(cat "$out/.stamp" 2>/dev/null)" = "$stamp" ]; }
+if fresh; then echo "$out"; exit 0; fi
+# One builder at a time (ctest runs tests side by side); a second one finds it built.
+exec 9>"$out/.lock"
+flock 9
+if fresh; then echo "$out"; exit 0; fi
 
 busybox=""
 for b in /bin/busybox /usr/bin/busybox; do
@@ -130,4 +136,5 @@ chmod 755 "$stage/init"
 cp "$vmlinuz" "$out/.vmlinuz.tmp"
 mv -f "$out/.vmlinuz.tmp" "$out/vmlinuz"
 mv -f "$out/.initramfs.cpio.gz.tmp" "$out/initramfs.cpio.gz"
+echo "$stamp" > "$out/.stamp"
 echo "$out"

@@ -15,6 +15,9 @@ if [ -z "$pkg" ]; then
 fi
 [ -n "$pkg" ] || { echo "fetch-kernel: cannot resolve linux-image-amd64's kernel package" >&2; exit 1; }
 root="$cache/kernel/$pkg"
+mkdir -p "$cache/kernel"
+exec 9>"$cache/kernel/.lock"
+flock 9   # one download at a time: tests run side by side
 if [ ! -e "$root/.done" ]; then
   rm -rf "$root"; mkdir -p "$root"
   ( cd "$cache/kernel" && apt-get download "$pkg" >&2 )
