@@ -12,6 +12,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 from rdmiglab import Agent, QemuVm, ensure_guest, migrate_via_agents, parse_prometheus, start_migration  # noqa: E402
+from rdmiglab.qemu import differing_pages, trixie_qemu  # noqa: E402
 
 MEM_MIB = 256
 # 256 MiB dirtying 16 MiB/s: a 512 MiB guest dirtying 64 MiB/s under QEMU 7.2 TCG (Debian
@@ -20,12 +21,16 @@ MEM_MIB = 256
 # (byte counts equal, stream loaded), so byte-exact checks use the size the harness of
 # tests/kubevirt uses, at which no run here has differed.
 DIRTY_MIB = 16
+# The byte-exact rows run Debian 13's QEMU 10.0 (as KubeVirt 1.9 ships 10.x): the host's QEMU 7.2
+# leaves pages different even QEMU to QEMU (test_direct_migration.py is the control of each shape);
+# one row stays on 7.2 for the old version, with every chunk's CRC checked instead of the memory.
 
 
 class AgentMigrationTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         ensure_guest()
+        cls.qemu10 = trixie_qemu()
         cls.tmp = tempfile.mkdtemp(prefix="rdmig-it-")
         cls.src_agent = Agent(cls.tmp, "agent-a", log_level="debug")
         cls.dst_agent = Agent(cls.tmp, "agent-b", log_level="debug")
@@ -51,33 +56,40 @@ class AgentMigrationTest(unittest.TestCase):
             for a in (self.src_agent, self.dst_agent):
                 print("---- %s log (tail) ----\n%s" % (a.name, a.log_text()[-4000:]))
 
-    def vm(self, name, **kw):
+    def vm(self, name, qemu10=False, **kw):
+        if qemu10:
+            kw.update(qemu_binary=self.qemu10[0], env=self.qemu10[1])
         kw.setdefault("mem_mib", MEM_MIB)
         kw.setdefault("dirty_mib", DIRTY_MIB)
         vm = QemuVm(self.tmp, "%s-%s" % (self._testMethodName[-20:], name), **kw)
         self.vms.append(vm)
         return vm
 
-    def pair(self, target_paused=True, dirty_mib=DIRTY_MIB):
-        src = self.vm("src", dirty_mib=dirty_mib)
-        dst = self.vm("dst", incoming_defer=True, paused=target_paused)
+    def pair(self, target_paused=True, dirty_mib=DIRTY_MIB, qemu10=False):
+        src = self.vm("src", qemu10, dirty_mib=dirty_mib)
+        dst = self.vm("dst", qemu10, incoming_defer=True, paused=target_paused)
         src.wait_for_counter(2, timeout=90)
         return src, dst
 
-    def assert_byte_exact_and_continues(self, src, dst):
+    def assert_byte_exact_and_continues(self, src, dst, exact=True):
         self.assertEqual(src.status(), "postmigrate")
         self.assertEqual(dst.status(), "paused")
-        self.assertEqual(src.memory_digest(), dst.memory_digest(),
-                         "guest memory differs between source and target")
+        if exact:
+            self.assertEqual(src.memory_digest(), dst.memory_digest(),
+                             "guest memory differs between source and target")
+        else:
+            diff = differing_pages(src, dst)
+            print("[agents qemu 7.2] %d pages differ%s" % (len(diff), (": %s" % diff[:16]) if diff else ""),
+                  file=sys.stderr)
         last = src.last_counter()
         dst.cont()
         self.assertEqual(dst.status(), "running")
         self.assertGreater(dst.wait_for_counter(last + 1, timeout=90), last)
 
-    def check_migration(self, multifd):
-        src, dst = self.pair()
+    def check_migration(self, multifd, qemu10=True, **kw):
+        src, dst = self.pair(qemu10=qemu10)
         s, t = migrate_via_agents(self.src_agent, self.dst_agent, src.agent_qmp_path, dst.agent_qmp_path,
-                                  multifd_channels=multifd, vm="vm-mf%d" % multifd)
+                                  multifd_channels=multifd, vm="vm-mf%d" % multifd, **kw)
         self.assertEqual(s["phase"], "Succeeded", s["result"]["reason"])
         self.assertEqual(t["phase"], "Succeeded", t["result"]["reason"])
         self.assertEqual(s["transport"], "tcp")
@@ -88,11 +100,17 @@ class AgentMigrationTest(unittest.TestCase):
         # Every byte QEMU wrote on the source reached the target QEMU.
         self.assertEqual(s["progress"]["dataBytesSent"], t["progress"]["dataBytesReceived"])
         self.assertGreater(s["progress"]["chunksSent"], 0)
-        self.assert_byte_exact_and_continues(src, dst)
+        self.assert_byte_exact_and_continues(src, dst, exact=qemu10)
         return s
 
     def test_migrates_dirtying_guest_byte_exact_without_multifd(self):
         self.check_migration(0)
+
+    def test_migrates_on_the_hosts_qemu_7_2_with_every_chunk_checked(self):
+        # The old version's QMP dialogue; every chunk's CRC32C checked at the far end (a chunk
+        # that differs fails the migration), the memory compared for the record only.
+        s = self.check_migration(0, qemu10=False, verifyChunks=True)
+        self.assertIs(s["verifyChunks"], True)
 
     def test_migrates_dirtying_guest_byte_exact_with_4_multifd_channels(self):
         self.check_migration(4)

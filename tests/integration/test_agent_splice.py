@@ -13,6 +13,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 from rdmiglab import Agent, QemuVm, ensure_guest, migrate_via_agents  # noqa: E402
+from rdmiglab.qemu import trixie_qemu  # noqa: E402
 
 MEM_MIB = 256
 DIRTY_MIB = 16  # the size and rate test_agent_migration.py checks byte-exact (see there)
@@ -33,6 +34,9 @@ class SpliceMigrationTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         ensure_guest()
+        # Debian 13's QEMU 10.0: byte-exact in these shapes QEMU to QEMU (test_direct_migration.py),
+        # which the host's 7.2 is not.
+        cls.qemu = dict(zip(("qemu_binary", "env"), trixie_qemu()))
         cls.tmp = tempfile.mkdtemp(prefix="rdmig-splice-")
         cls.agents = {}
         for mode in ("on", "off"):
@@ -57,9 +61,10 @@ class SpliceMigrationTest(unittest.TestCase):
         src_agent, dst_agent = self.agents[mode]
         before = spliced_bytes(src_agent, mode), spliced_bytes(dst_agent, mode)
         name = "%s-%d" % (mode, multifd)
-        src = QemuVm(self.tmp, name + "-src", mem_mib=MEM_MIB, dirty_mib=DIRTY_MIB)
+        src = QemuVm(self.tmp, name + "-src", mem_mib=MEM_MIB, dirty_mib=DIRTY_MIB, **self.qemu)
         self.vms.append(src)
-        dst = QemuVm(self.tmp, name + "-dst", mem_mib=MEM_MIB, dirty_mib=DIRTY_MIB, incoming_defer=True, paused=True)
+        dst = QemuVm(self.tmp, name + "-dst", mem_mib=MEM_MIB, dirty_mib=DIRTY_MIB, incoming_defer=True, paused=True,
+                     **self.qemu)
         self.vms.append(dst)
         src.wait_for_counter(2, timeout=90)
         s, t = migrate_via_agents(src_agent, dst_agent, src.agent_qmp_path, dst.agent_qmp_path,

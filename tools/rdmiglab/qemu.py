@@ -11,6 +11,57 @@ from .qmp import QmpClient, QmpError
 COUNTER_RE = re.compile(rb"^rdmig-counter (\d+)\r?$", re.M)
 
 
+def trixie_qemu():
+    """(argv prefix, extra environment) that run Debian 13's QEMU 10.0 on this host straight
+    from the cached launcher root (``launcher_root.ensure_launcher_root()``, built once per
+    machine outside the clone): its own dynamic loader and libraries, its modules and firmware.
+
+    Why: the host's QEMU 7.2 under TCG leaves a few pages different after some migrations even
+    QEMU to QEMU (seen: 4-15 pages of a 256 MiB guest with 2 multifd channels and a bandwidth
+    cap, on the direct path too), which would hide a difference rdmig made; QEMU 10.0 migrated
+    those shapes byte-exact (test_direct_migration.py checks that control first)."""
+    from .launcher_root import ensure_launcher_root
+    r = ensure_launcher_root()
+    libs = "%s/usr/lib/x86_64-linux-gnu:%s/lib/x86_64-linux-gnu" % (r, r)
+    argv = [r + "/lib64/ld-linux-x86-64.so.2", "--library-path", libs, r + "/usr/bin/qemu-system-x86_64",
+            "-L", r + "/usr/share/qemu", "-L", r + "/usr/share/seabios"]
+    return argv, {"QEMU_MODULE_DIR": r + "/usr/lib/x86_64-linux-gnu/qemu"}
+
+
+def qemu_version(argv_prefix, env=None):
+    """(major, minor) of the QEMU that ``argv_prefix`` runs."""
+    out = subprocess.run(list(argv_prefix) + ["--version"], capture_output=True, text=True,
+                         env=dict(os.environ, **(env or {})), check=True).stdout
+    m = re.search(r"version (\d+)\.(\d+)", out)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def differing_pages(src, dst, page=4096):
+    """Guest-physical page numbers whose content differs between two stopped QemuVms."""
+    a_path = os.path.join(src.workdir, src.name + ".cmp.mem")
+    b_path = os.path.join(dst.workdir, dst.name + ".cmp.mem")
+    src.memory_digest(path=a_path, keep=True)
+    dst.memory_digest(path=b_path, keep=True)
+    pages = []
+    try:
+        with open(a_path, "rb") as a, open(b_path, "rb") as b:
+            n = 0
+            while True:
+                x, y = a.read(page * 256), b.read(page * 256)
+                if not x and not y:
+                    break
+                if x != y:
+                    for i in range(0, max(len(x), len(y)), page):
+                        if x[i:i + page] != y[i:i + page]:
+                            pages.append(n + i // page)
+                n += 256
+    finally:
+        for p in (a_path, b_path):
+            if os.path.exists(p):
+                os.unlink(p)
+    return pages
+
+
 class QemuVm:
     """One qemu-system-x86_64 process.
 
@@ -24,7 +75,9 @@ class QemuVm:
                  start=True, start_timeout=30.0, firmware_only=False, blob=None, env=None):
         """``firmware_only``: no kernel, the guest runs only its firmware (fast under nested
         TCG); ``blob``: a file loaded into guest RAM at 16 MiB so memory has content; ``env``:
-        extra environment for the QEMU process (e.g. a faked clock)."""
+        extra environment for the QEMU process (e.g. a faked clock). ``qemu_binary``: a program
+        name, or an argv prefix (list) such as ``trixie_qemu()[0]`` (then pass its environment
+        in ``env``)."""
         self.env = dict(os.environ, **(env or {}))
         if firmware_only:
             kernel = initrd = None
@@ -52,8 +105,9 @@ class QemuVm:
             dirty_mib, interval)
         if extra_append:
             append += " " + extra_append
-        self.argv = [
-            qemu_binary, "-accel", "tcg", "-nodefaults", "-display", "none",
+        prefix = [qemu_binary] if isinstance(qemu_binary, str) else list(qemu_binary)
+        self.argv = prefix + [
+            "-accel", "tcg", "-nodefaults", "-display", "none",
             "-m", str(self.mem_mib), "-smp", "1",
         ]
         if not firmware_only:
