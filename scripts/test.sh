@@ -10,7 +10,7 @@ start=$(date +%s)
 select=(-LE quick-only)   # the full run: every test but the quick set's repeats
 if [ "${1:-}" = "--quick" ]; then
   shift
-  select=(-L quick)
+  select=(-L '^(unit|k8s-unit|quick)$')   # labels: tests/CMakeLists.txt
 fi
 source scripts/cache-env.sh   # caches outside the clone (/var/cache/rdmig), shared by every run
 scripts/install-deps.sh --test
