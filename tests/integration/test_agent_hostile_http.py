@@ -456,8 +456,9 @@ class HostileHttpTest(unittest.TestCase):
     def test_malformed_header_lines_are_400_at_once(self):
         # httplib skipped these lines: the request then had no length and was read until close.
         self.assertRefusedAtOnce(self.post_head("Content-Length : 5"), 400,
-                                 "header 'Content-Length': whitespace before ':'")
-        self.assertRefusedAtOnce(self.post_head("X-A: 1", " folded"), 400, "header 'X-A': a folded line")
+                                 "header 'Content-Length': whitespace before ':'", label="Content-Length : 5")
+        self.assertRefusedAtOnce(self.post_head("X-A: 1", " folded"), 400, "header 'X-A': a folded line",
+                                 label="X-A: 1 + folded line")
 
     def test_a_header_line_over_the_limits_is_431_at_once_naming_it(self):
         # A header line that never ends: the head reaches 16 KiB (before: handed on as it was).
@@ -497,8 +498,10 @@ class HostileHttpTest(unittest.TestCase):
 
     def test_framing_is_refused_before_the_token_is_checked_and_body_framing_after(self):
         # Head framing depends on nothing but the bytes sent: refused without a token.
-        self.assertRefusedAtOnce(self.post_head("Content-Length: -5", token=False), 400, "header 'Content-Length'")
-        self.assertRefusedAtOnce(self.post_head("Content-Length: 20000000", token=False), 413, "api.maxBodyBytes")
+        self.assertRefusedAtOnce(self.post_head("Content-Length: -5", token=False), 400, "header 'Content-Length'",
+                                 label="no token, Content-Length: -5")
+        self.assertRefusedAtOnce(self.post_head("Content-Length: 20000000", token=False), 413, "api.maxBodyBytes",
+                                 label="no token, Content-Length: 20000000")
         # A body is read only for a request with the token: a bad chunk without one gets 401.
         with socket.create_connection(("127.0.0.1", self.agent.api_port), timeout=5) as c:
             status, parsed, took, _ = timed_answer(c, self.post_head("Transfer-Encoding: chunked", token=False)
