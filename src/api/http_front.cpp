@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "api/listener.h"
+#include "api/models.h"
+#include "api/request_framing.h"
 #include "common/log.h"
 #include "common/net.h"
 
@@ -30,23 +32,22 @@ struct HttpFront::Conn {
   short want = POLLIN;      // what the front waits for on fd
   std::string head;         // bytes read so far (the head, maybe part of the body)
   size_t taken = 0;         // of `head`, how much the worker has read
+  // The request's framing (request_framing.h), set when the head is complete: the stream hands
+  // httplib bytes up to `limit` (a position in the connection's input, head included) and then
+  // the end of input; `received` is how far the input has been taken into `head`.
+  std::string early;                   // what the front read past the head: the body's start
+  std::optional<ChunkedBody> chunked;  // a chunked body not yet ended
+  uint64_t limit = UINT64_MAX;
+  uint64_t received = 0;
+  bool answered = false;  // refused by the front: httplib's own answer is dropped
+  Clock::time_point linger_until;
+  size_t lingered = 0;  // input bytes dropped while lingering
   ~Conn() {
     if (ssl) SSL_free(ssl);
   }
 };
 
 namespace {
-
-// Whether `text` holds a whole request head: an empty line ("\n\n", CR optional) ends it.
-bool head_complete(const std::string& text, size_t from) {
-  for (size_t i = from > 2 ? from - 2 : 0; i < text.size(); ++i) {
-    if (text[i] != '\n') continue;
-    size_t j = i + 1;
-    if (j < text.size() && text[j] == '\r') ++j;
-    if (j < text.size() && text[j] == '\n') return true;
-  }
-  return false;
-}
 
 // Waits until fd is ready for `events` or `until` passes (at most kIoTimeout from now).
 bool wait_for(int fd, short events, Clock::time_point until) {
@@ -116,34 +117,88 @@ bool write_all(HttpFront::Conn& c, const char* buf, size_t len) {
   return true;
 }
 
+// A whole HTTP answer from the front itself: the JSON error shape, then the connection closes.
+std::string error_reply(int status, const Error& e) {
+  const char* reason = "Bad Request";
+  switch (status) {
+    case 408: reason = "Request Timeout"; break;
+    case 413: reason = "Payload Too Large"; break;
+    case 414: reason = "URI Too Long"; break;
+    case 431: reason = "Request Header Fields Too Large"; break;
+    default: break;
+  }
+  const std::string body =
+      error_body(e).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  return "HTTP/1.1 " + std::to_string(status) + " " + reason + "\r\nContent-Type: application/json\r\n" +
+         "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+// Writes `reply` without waiting (the front thread never blocks): best effort, a fresh
+// connection's send buffer takes a short answer whole.
+void send_nowait(HttpFront::Conn& c, const std::string& reply) {
+  if (c.ssl && !c.handshaken) return;
+  if (!c.ssl) {
+    (void)!::send(c.fd.get(), reply.data(), reply.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  } else {
+    ERR_clear_error();
+    SSL_write(c.ssl, reply.data(), static_cast<int>(reply.size()));
+  }
+}
+
+Error framing_error(const FramingError& f) { return Error{Errc::kInvalidArgument, f.message}; }
+
 // The connection as httplib reads and writes it on a worker: first what the front read, then
-// the socket, every read bounded by the request's deadline.
+// the socket, every read bounded by the request's deadline, and no byte past the request's end
+// (its framing); a chunked body is checked as it arrives, and a bad one answered at once.
 class FrontStream final : public httplib::Stream {
  public:
   explicit FrontStream(HttpFront::Conn& c) : c_(c), deadline_(c.accepted + HttpFront::kRequestDeadline) {}
 
   bool is_readable() const override {
-    if (c_.taken < c_.head.size() || (c_.ssl && SSL_pending(c_.ssl) > 0)) return true;
+    if (c_.taken < c_.head.size() || c_.received >= c_.limit || (c_.ssl && SSL_pending(c_.ssl) > 0)) return true;
     return wait_for(c_.fd.get(), POLLIN, deadline_);
   }
   bool is_writable() const override { return wait_for(c_.fd.get(), POLLOUT, Clock::now() + HttpFront::kIoTimeout); }
 
   ssize_t read(char* ptr, size_t size) override {
+    if (c_.answered) return -1;
     if (c_.taken == c_.head.size()) {
-      c_.head.clear();
+      if (c_.received >= c_.limit) return 0;  // the request's end
       c_.taken = 0;
-      char buf[16 * 1024];
-      for (;;) {
-        short want = POLLIN;
-        const ssize_t n = read_some(c_, buf, sizeof buf, want);
-        if (n == 0) return 0;
-        if (n == -1) return -1;
-        if (n > 0) {
-          c_.head.assign(buf, static_cast<size_t>(n));
-          break;
+      const uint64_t room = c_.limit - c_.received;
+      if (!c_.early.empty()) {
+        c_.head = std::move(c_.early);
+        c_.early.clear();
+      } else {
+        char buf[16 * 1024];
+        for (;;) {
+          short want = POLLIN;
+          const ssize_t n = read_some(c_, buf, static_cast<size_t>(std::min<uint64_t>(sizeof buf, room)), want);
+          if (n == 0) return 0;
+          if (n == -1) return -1;
+          if (n > 0) {
+            c_.head.assign(buf, static_cast<size_t>(n));
+            break;
+          }
+          if (!wait_for(c_.fd.get(), want, deadline_)) return -1;  // silent past the deadline
         }
-        if (!wait_for(c_.fd.get(), want, deadline_)) return -1;  // silent past the deadline
       }
+      if (c_.head.size() > room) c_.head.resize(static_cast<size_t>(room));
+      if (c_.chunked) {
+        auto r = c_.chunked->feed(c_.head);
+        if (const auto* e = std::get_if<FramingError>(&r)) {
+          const std::string reply = error_reply(e->status, framing_error(*e));
+          (void)write_all(c_, reply.data(), reply.size());
+          c_.answered = true;
+          return -1;
+        }
+        if (c_.chunked->done()) {
+          c_.head.resize(std::get<size_t>(r));
+          c_.limit = c_.received + c_.head.size();
+          c_.chunked.reset();
+        }
+      }
+      c_.received += c_.head.size();
     }
     const size_t n = std::min(size, c_.head.size() - c_.taken);
     std::memcpy(ptr, c_.head.data() + c_.taken, n);
@@ -152,6 +207,7 @@ class FrontStream final : public httplib::Stream {
   }
 
   ssize_t write(const char* ptr, size_t size) override {
+    if (c_.answered) return static_cast<ssize_t>(size);  // the front's refusal was the answer
     return write_all(c_, ptr, size) ? static_cast<ssize_t>(size) : -1;
   }
 
@@ -193,17 +249,36 @@ void close_conn(HttpFront::Conn& c) {
 
 // A 408 for a head that did not arrive in time (best effort: the client is trickling).
 void answer_timeout(HttpFront::Conn& c) {
-  if (c.ssl && !c.handshaken) return;
-  static const std::string body =
-      R"({"error":{"code":"timeout","message":"request head not complete within )" +
-      std::to_string(HttpFront::kHeaderDeadline.count()) + R"( s of connecting"}})" + "\n";
-  const std::string reply = "HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                            "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-  if (!c.ssl) {
-    (void)!::send(c.fd.get(), reply.data(), reply.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-  } else {
+  static const std::string reply =
+      error_reply(408, Error{Errc::kTimeout, "request head not complete within " +
+                                                 std::to_string(HttpFront::kHeaderDeadline.count()) + " s of connecting"});
+  send_nowait(c, reply);
+}
+
+// After a refusal: no more output (TLS close_notify, then FIN), input still read and dropped.
+void start_linger(HttpFront::Conn& c, Clock::time_point now) {
+  if (c.ssl && c.handshaken) {
     ERR_clear_error();
-    SSL_write(c.ssl, reply.data(), static_cast<int>(reply.size()));
+    SSL_shutdown(c.ssl);
+  }
+  ::shutdown(c.fd.get(), SHUT_WR);
+  c.linger_until = now + HttpFront::kLinger;
+  c.want = POLLIN;
+}
+
+// Reads and drops what is there (raw bytes: TLS is over). True when lingering is over: the
+// client closed, the connection broke, or it sent more than kMaxLingerBytes.
+bool drain(HttpFront::Conn& c) {
+  char buf[16 * 1024];
+  for (;;) {
+    const ssize_t n = ::recv(c.fd.get(), buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0) {
+      c.lingered += static_cast<size_t>(n);
+      if (c.lingered > HttpFront::kMaxLingerBytes) return true;
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
+    return true;
   }
 }
 
@@ -261,8 +336,8 @@ class HttpFront::Workers {
   bool stopping_ = false;
 };
 
-HttpFront::HttpFront(SSL_CTX* tls, Serve serve)
-    : tls_(tls), serve_(std::move(serve)), workers_(std::make_unique<Workers>()) {}
+HttpFront::HttpFront(SSL_CTX* tls, uint64_t max_body, Serve serve)
+    : tls_(tls), max_body_(max_body), serve_(std::move(serve)), workers_(std::make_unique<Workers>()) {}
 
 HttpFront::~HttpFront() {
   stop();
@@ -318,21 +393,61 @@ void HttpFront::dispatch(std::shared_ptr<Conn> c) {
         LOG_ERROR("api") << "request from " << c->source << " failed: " << e.what();
       }
     }
+    if (c->answered) return hand_back(c);  // refused mid-body: the front lingers
     close_conn(*c);
     release(c->source);
   });
 }
 
+void HttpFront::hand_back(std::shared_ptr<Conn> c) {
+  {
+    std::lock_guard lock(mu_);
+    if (!stopping_.load()) {
+      handed_back_.push_back(std::move(c));
+      const uint64_t one = 1;
+      (void)!::write(wake_.get(), &one, sizeof one);
+      return;
+    }
+  }
+  close_conn(*c);
+  release(c->source);
+}
+
 void HttpFront::run() {
-  std::list<std::shared_ptr<Conn>> pending;  // in accept order: the oldest deadline first
+  std::list<std::shared_ptr<Conn>> pending;    // in accept order: the oldest deadline first
+  std::list<std::shared_ptr<Conn>> lingering;  // refused, input dropped: the oldest first
   std::vector<pollfd> fds;
   std::vector<std::shared_ptr<Conn>> polled;
   auto drop = [this](Conn& c) {
     close_conn(c);
     release(c.source);
   };
+  // Answers a refusal at once and lingers (the connection leaves `pending`).
+  auto refuse = [&](const std::shared_ptr<Conn>& cp, const FramingError& e) {
+    send_nowait(*cp, error_reply(e.status, framing_error(e)));
+    start_linger(*cp, Clock::now());
+    lingering.push_back(cp);
+  };
+  // The head is complete (`end` bytes of c.head): its framing decides whether a worker takes
+  // it, and how much of the input is the request. A chunked body's chunks are checked as the
+  // worker reads them (after the token: the handler reads the body), those already here too.
+  auto take_head = [&](const std::shared_ptr<Conn>& cp, size_t end) {
+    Conn& c = *cp;
+    auto checked = check_request_head(std::string_view(c.head).substr(0, end), max_body_);
+    if (const auto* e = std::get_if<FramingError>(&checked)) return refuse(cp, *e);
+    const auto& framing = std::get<BodyFraming>(checked);
+    c.early = c.head.substr(end);
+    c.head.resize(end);
+    c.received = end;
+    if (framing.kind == BodyFraming::Kind::kChunked) {
+      c.chunked.emplace(max_body_);
+    } else {
+      c.limit = end + (framing.kind == BodyFraming::Kind::kLength ? framing.length : 0);
+    }
+    dispatch(cp);
+  };
   // Moves a connection on as far as it goes without blocking: handshake, then the head. True
-  // when it left the front (handed to a worker, or closed).
+  // when it left `pending` (handed to a worker, refused, or closed).
   auto advance = [&](const std::shared_ptr<Conn>& cp) {
     Conn& c = *cp;
     if (c.ssl && !c.handshaken) {
@@ -359,8 +474,12 @@ void HttpFront::run() {
         return true;
       }
       c.head.append(buf, static_cast<size_t>(n));
-      if (head_complete(c.head, before) || c.head.size() >= kMaxHeadBytes) {
-        dispatch(cp);
+      if (const size_t end = find_head_end(c.head, before); end != std::string::npos) {
+        take_head(cp, end);
+        return true;
+      }
+      if (c.head.size() >= kMaxHeadBytes) {
+        refuse(cp, head_too_large(c.head, kMaxHeadBytes));
         return true;
       }
     }
@@ -386,13 +505,17 @@ void HttpFront::run() {
         c->source_port = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
                                                         : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
       }
-      // Full: the oldest head still awaited from the address that holds the most goes.
+      // Full: a refused connection still lingering goes first, else the oldest head still
+      // awaited from the address that holds the most.
       bool full = false;
       {
         std::lock_guard lock(mu_);
         full = open_ >= kMaxConnections;
       }
-      if (full) {
+      if (full && !lingering.empty()) {
+        drop(*lingering.front());
+        lingering.pop_front();
+      } else if (full) {
         std::string biggest;
         size_t most = 0;
         {
@@ -431,8 +554,14 @@ void HttpFront::run() {
       fds.push_back({c->fd.get(), c->want, 0});
       polled.push_back(c);
     }
+    const size_t lingering_from = polled.size();
+    for (auto& c : lingering) {
+      fds.push_back({c->fd.get(), POLLIN, 0});
+      polled.push_back(c);
+    }
     auto now = Clock::now();
-    const auto next = pending.empty() ? now + std::chrono::seconds(1) : pending.front()->accepted + kHeaderDeadline;
+    auto next = pending.empty() ? now + std::chrono::seconds(1) : pending.front()->accepted + kHeaderDeadline;
+    if (!lingering.empty()) next = std::min(next, lingering.front()->linger_until);
     const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count();
     const int rc = ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(wait, 0, 1000) + 1));
     if (rc < 0 && errno != EINTR) {
@@ -440,20 +569,55 @@ void HttpFront::run() {
       break;
     }
     now = Clock::now();
+    if (fds[0].revents & POLLIN) {  // stop(), or connections that workers refused mid-body
+      uint64_t count = 0;
+      (void)!::read(wake_.get(), &count, sizeof count);
+      std::vector<std::shared_ptr<Conn>> back;
+      {
+        std::lock_guard lock(mu_);
+        back.swap(handed_back_);
+      }
+      for (auto& c : back) {
+        start_linger(*c, now);
+        lingering.push_back(std::move(c));
+      }
+      if (stopping_.load()) break;
+    }
     std::vector<const Conn*> gone;
+    std::vector<const Conn*> lingered;
     for (size_t i = 0; i < polled.size(); ++i) {
-      if (fds[i + 2].revents != 0 && advance(polled[i])) gone.push_back(polled[i].get());
+      if (fds[i + 2].revents == 0) continue;
+      if (i < lingering_from) {
+        if (advance(polled[i])) gone.push_back(polled[i].get());
+      } else if (drain(*polled[i])) {
+        drop(*polled[i]);
+        lingered.push_back(polled[i].get());
+      }
     }
     pending.remove_if([&](const auto& c) { return std::find(gone.begin(), gone.end(), c.get()) != gone.end(); });
+    lingering.remove_if([&](const auto& c) { return std::find(lingered.begin(), lingered.end(), c.get()) != lingered.end(); });
     while (!pending.empty() && now >= pending.front()->accepted + kHeaderDeadline) {
       answer_timeout(*pending.front());
       drop(*pending.front());
       pending.pop_front();
     }
+    // Lingering ends at its deadline (the list is in deadline order: each began at its push).
+    while (!lingering.empty() && now >= lingering.front()->linger_until) {
+      drop(*lingering.front());
+      lingering.pop_front();
+    }
     if (fds[1].revents & POLLIN) accept_all(now);
   }
   for (auto& c : pending) drop(*c);
   pending.clear();
+  for (auto& c : lingering) drop(*c);
+  lingering.clear();
+  std::vector<std::shared_ptr<Conn>> back;
+  {
+    std::lock_guard lock(mu_);
+    back.swap(handed_back_);
+  }
+  for (auto& c : back) drop(*c);
   workers_->shutdown();
 }
 

@@ -14,6 +14,17 @@
 // kHeaderDeadline of accept (else 408 and close), and the whole request (head and body) must be
 // read within kRequestDeadline. Workers (at most kMaxWorkers, started as needed) get only
 // connections whose head is complete, and run the request through `serve`.
+//
+// The front also owns the request's framing (api/request_framing.h): a head over kMaxHeadBytes,
+// a bad or over-limit Content-Length, a Transfer-Encoding other than chunked, both together, is
+// answered here at once (400/413/414/431, JSON naming the header) without a worker and before
+// the token is checked (the answer depends on nothing but the bytes sent and api.maxBodyBytes).
+// On a worker, the stream hands httplib exactly the body the framing announces (nothing when
+// there is none) and follows a chunked body as the handler reads it (so after the token check):
+// a chunk size that is not hex or takes the body past the limit is answered as soon as its
+// digits arrive, not when the chunk would have. After such an answer the
+// connection is closed for writing and what the client still sends is read and dropped for up
+// to kLinger (at most kMaxLingerBytes), so the answer is not lost to a reset (RFC 9112 9.6).
 #pragma once
 
 #include <openssl/ssl.h>
@@ -26,6 +37,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/fd.h"
 #include "common/result.h"
@@ -41,7 +53,9 @@ class HttpFront {
   static constexpr auto kHeaderDeadline = std::chrono::seconds(10);   // accept → end of head
   static constexpr auto kRequestDeadline = std::chrono::seconds(30);  // accept → body read
   static constexpr auto kIoTimeout = std::chrono::seconds(10);        // any one wait for the peer
-  static constexpr size_t kMaxHeadBytes = 16 * 1024;  // past this the head goes on as it is
+  static constexpr size_t kMaxHeadBytes = 16 * 1024;  // past this: 414 or 431, at once
+  static constexpr auto kLinger = std::chrono::seconds(2);  // after a refusal: input dropped
+  static constexpr size_t kMaxLingerBytes = 4 * 1024 * 1024;
   static constexpr size_t kMaxConnections = 512;      // open at once, in every state
   static constexpr size_t kMaxPerSource = 128;        // of those, from one address
   static constexpr size_t kMaxWorkers = 64;
@@ -50,8 +64,8 @@ class HttpFront {
   using Serve = std::function<void(httplib::Stream&)>;
 
   // `tls`: the server context when the port serves HTTPS only (not owned; must outlive this),
-  // null for plain HTTP.
-  HttpFront(SSL_CTX* tls, Serve serve);
+  // null for plain HTTP. `max_body`: the largest request body taken (api.maxBodyBytes).
+  HttpFront(SSL_CTX* tls, uint64_t max_body, Serve serve);
   ~HttpFront();
   HttpFront(const HttpFront&) = delete;
   HttpFront& operator=(const HttpFront&) = delete;
@@ -73,8 +87,10 @@ class HttpFront {
   bool admit(const std::string& source);  // counts the connection; false: source over its share
   void release(const std::string& source);
   void dispatch(std::shared_ptr<Conn> c);
+  void hand_back(std::shared_ptr<Conn> c);  // a worker's refused connection: the front lingers
 
   SSL_CTX* tls_;
+  uint64_t max_body_;
   Serve serve_;
   UniqueFd listener_;
   UniqueFd wake_;  // eventfd: stop() wakes run()
@@ -84,6 +100,7 @@ class HttpFront {
   std::mutex mu_;
   std::map<std::string, size_t> per_source_;
   size_t open_ = 0;
+  std::vector<std::shared_ptr<Conn>> handed_back_;  // under mu_; run() takes them to linger
 };
 
 }  // namespace rdmig::api

@@ -2,7 +2,6 @@
 
 #include <httplib.h>
 
-#include <charconv>
 #include <mutex>
 #include <optional>
 #include <string_view>
@@ -94,11 +93,13 @@ std::optional<Error> check_request_text(const httplib::Request& req) {
   return std::nullopt;
 }
 
-// The request's body as JSON, read here bounded whatever its framing (httplib's own limit
-// covers only a Content-Length, and a chunked body would otherwise be read whole before any
-// check). nullopt: the error answer is already in `res`.
-std::optional<json> read_json_body(const httplib::Request& req, httplib::Response& res,
-                                   const httplib::ContentReader& content_reader, size_t limit) {
+// The request's body as JSON, read here bounded whatever its framing (a chunked body would
+// otherwise be read whole before any check). The front has already refused a Content-Length
+// over the limit and a chunk size that takes the body past it (HttpFront, request_framing.h),
+// before a byte of the body was read; this bound is the same limit, for the bytes themselves.
+// nullopt: the error answer is already in `res`.
+std::optional<json> read_json_body(httplib::Response& res, const httplib::ContentReader& content_reader,
+                                   size_t limit) {
   std::string text;
   bool too_large = false;
   const bool read = content_reader([&](const char* data, size_t len) {
@@ -109,20 +110,16 @@ std::optional<json> read_json_body(const httplib::Request& req, httplib::Respons
     text.append(data, len);
     return true;
   });
-  if (!read && !too_large) {
-    // httplib refuses a Content-Length over the limit before reading (its status 413).
-    const std::string cl = req.get_header_value("Content-Length");
-    uint64_t n = 0;
-    const auto [end, ec] = std::from_chars(cl.data(), cl.data() + cl.size(), n);
-    too_large = ec == std::errc() && end == cl.data() + cl.size() && n > limit;
-  }
   if (too_large) {
     send_json(res, 413, error_body(Error{Errc::kInvalidArgument, "body: larger than api.maxBodyBytes (" +
                                                                      std::to_string(limit) + " bytes)"}));
     return std::nullopt;
   }
   if (!read) {
-    send_error(res, Error{Errc::kInvalidArgument, "body: could not be read (bad chunked framing?)"});
+    // The body's framing was checked by the front: it ended short, or not within the deadline.
+    send_error(res, Error{Errc::kInvalidArgument, "body: not complete (the connection ended, or " +
+                                                      std::to_string(HttpFront::kRequestDeadline.count()) +
+                                                      " s after connecting)"});
     return std::nullopt;
   }
   if (json_nesting_depth(text) > kMaxJsonDepth) {
@@ -177,7 +174,7 @@ RestServer::RestServer(const AgentConfig& config, std::shared_ptr<TokenSource> t
       cert_(std::move(cert)),
       tls_(make_tls_context(cert_)),
       server_(std::make_unique<Router>()),
-      front_(std::make_unique<HttpFront>(tls_.get(), [router = static_cast<Router*>(server_.get())](httplib::Stream& s) {
+      front_(std::make_unique<HttpFront>(tls_.get(), config_.api.max_body_bytes, [router = static_cast<Router*>(server_.get())](httplib::Stream& s) {
         router->handle(s);
       })) {
   routes();
@@ -256,11 +253,10 @@ void RestServer::routes() {
     return httplib::Server::HandlerResponse::Unhandled;
   });
 
-  // The body is read here, bounded whatever its framing: httplib's own limit covers only a
-  // Content-Length, and a chunked body would otherwise be read whole before any check.
-  s.Post("/v1/migrations", [this](const httplib::Request& req, httplib::Response& res,
+  // The body is read here, bounded whatever its framing (read_json_body).
+  s.Post("/v1/migrations", [this](const httplib::Request&, httplib::Response& res,
                                   const httplib::ContentReader& content_reader) {
-    auto body = read_json_body(req, res, content_reader, config_.api.max_body_bytes);
+    auto body = read_json_body(res, content_reader, config_.api.max_body_bytes);
     if (!body) return;
     auto spec = parse_create_request(*body, config_);
     if (!spec) {
@@ -295,9 +291,9 @@ void RestServer::routes() {
   });
 
   // Path checks (docs/pathcheck.md): the same authentication and body limits as migrations.
-  s.Post("/v1/pathchecks", [this](const httplib::Request& req, httplib::Response& res,
+  s.Post("/v1/pathchecks", [this](const httplib::Request&, httplib::Response& res,
                                   const httplib::ContentReader& content_reader) {
-    auto body = read_json_body(req, res, content_reader, config_.api.max_body_bytes);
+    auto body = read_json_body(res, content_reader, config_.api.max_body_bytes);
     if (!body) return;
     auto spec = parse_pathcheck_request(*body, config_);
     if (!spec) return send_error(res, spec.error());

@@ -1,5 +1,7 @@
 """The agent's REST surface tried as an attacker and an unlucky client would (issue 11): bodies
-over the limit in every framing, deep nesting, bad UTF-8 in body, path, query and headers,
+over the limit in every framing, malformed framing (bad, duplicate or over-limit Content-Length,
+Content-Length with Transfer-Encoding, other codings, bad chunk sizes, over-long header lines:
+each refused within a second, the connection closed), deep nesting, bad UTF-8 in body, path, query and headers,
 Authorization tricks, over-long request lines, wrong types for every create field, buffer
 budgets, and concurrent creates racing for the last slot. Every case must end with a JSON error
 that names its cause, the agent serving, and its memory bounded (RSS before/after printed).
@@ -57,6 +59,48 @@ def raw_request(port, data, timeout=10.0, read_all=True):
     except ValueError:
         parsed = None
     return status, parsed, reply
+
+
+def timed_answer(sock, data, wait=5.0):
+    """Sends `data` on `sock` (plain or TLS) and keeps the connection open, never sending what
+    the request announced. Returns (status, parsed JSON body, seconds until the whole answer
+    arrived, whether the agent then closed the connection); status None when no whole answer
+    came within `wait` s (before the front checked the framing: 30 s, the request deadline)."""
+    t0 = time.monotonic()
+    sock.settimeout(wait)
+    sock.sendall(data)
+    reply = b""
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+            head, sep, body = reply.partition(b"\r\n\r\n")
+            length = [int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length:")]
+            if sep and length and len(body) >= length[0]:
+                break
+    except (socket.timeout, ConnectionResetError):
+        pass
+    took = time.monotonic() - t0
+    if not reply.startswith(b"HTTP/1.1 ") or b"\r\n\r\n" not in reply:
+        return None, None, took, False
+    closed = False
+    try:
+        sock.settimeout(2.0)
+        closed = sock.recv(1) == b""
+    except (socket.timeout, ConnectionResetError, ssl_errors()):
+        closed = not isinstance(sys.exc_info()[1], socket.timeout)
+    try:
+        parsed = json.loads(reply.partition(b"\r\n\r\n")[2])
+    except ValueError:
+        parsed = None
+    return int(reply[9:12]), parsed, took, closed
+
+
+def ssl_errors():
+    import ssl
+    return ssl.SSLError
 
 
 class FakeIncomingQemu:
@@ -359,6 +403,116 @@ class HostileHttpTest(unittest.TestCase):
         self.assertIn(status, (400, 414), reply[:200])
         self.assertIsNotNone(parsed, reply[:200])
         self.assertIn("error", parsed)
+
+    # ---- request framing: refused at once (RFC 9112 section 6.3) ----
+    # Before the front checked the framing, each of these waited for the body the head announced
+    # (or for the rest of the head), holding a worker until the 30 s request deadline.
+
+    def post_head(self, *lines, token=True):
+        """A POST /v1/migrations head with these extra header lines, its empty line, no body."""
+        head = ["POST /v1/migrations HTTP/1.1", "Host: x", "Content-Type: application/json"]
+        if token:
+            head.append("Authorization: Bearer " + self.agent.token)
+        return ("\r\n".join(head + list(lines)) + "\r\n\r\n").encode("latin-1")
+
+    def assertRefusedAtOnce(self, data, want_status, *words, label=None):
+        with socket.create_connection(("127.0.0.1", self.agent.api_port), timeout=5) as c:
+            status, parsed, took, closed = timed_answer(c, data)
+        label = label or data[:120]
+        print("\n[hostile-http] %r -> %s in %.3f s" % (label, status, took), file=sys.stderr)
+        self.assertIsNotNone(status, "%r: no answer within 5 s" % (label,))
+        self.assertError(status, parsed, want_status, *words)
+        self.assertEqual(parsed["error"]["code"], "invalid_argument")
+        self.assertLess(took, 1.0, label)
+        self.assertTrue(closed, "%r: the connection stays open after the refusal" % (label,))
+
+    def test_invalid_content_length_is_400_at_once_naming_the_header(self):
+        for value in ("-5", "+5", "abc", "", "5 5", "0x10", "5, 5"):
+            self.assertRefusedAtOnce(self.post_head("Content-Length: " + value), 400, "header 'Content-Length'",
+                                     label="Content-Length: " + value)
+
+    def test_content_length_over_the_limit_is_413_at_once_however_many_digits(self):
+        # Any run of digits is a length (RFC 9110 section 8.6); one past api.maxBodyBytes is too large.
+        for value in ("20000000", "18446744073709551616", "99999999999999999999"):
+            self.assertRefusedAtOnce(self.post_head("Content-Length: " + value), 413, "header 'Content-Length'",
+                                     "api.maxBodyBytes", label="Content-Length: " + value)
+
+    def test_duplicate_content_length_is_400_at_once_even_with_equal_values(self):
+        for pair in (("5", "6"), ("5", "5")):
+            self.assertRefusedAtOnce(self.post_head("Content-Length: " + pair[0], "Content-Length: " + pair[1]), 400,
+                                     "header 'Content-Length': given more than once", label=pair)
+
+    def test_content_length_with_transfer_encoding_is_400_at_once(self):
+        for lines in (("Content-Length: 5", "Transfer-Encoding: chunked"),
+                      ("Transfer-Encoding: chunked", "Content-Length: 99999999999999999999")):
+            self.assertRefusedAtOnce(self.post_head(*lines), 400, "not allowed together with Transfer-Encoding",
+                                     label=lines)
+
+    def test_transfer_encoding_other_than_one_chunked_is_400_at_once(self):
+        for value in ("gzip", "chunked, gzip", "gzip, chunked", "chunked, chunked", "identity"):
+            self.assertRefusedAtOnce(self.post_head("Transfer-Encoding: " + value), 400,
+                                     "header 'Transfer-Encoding'", label="Transfer-Encoding: " + value)
+
+    def test_malformed_header_lines_are_400_at_once(self):
+        # httplib skipped these lines: the request then had no length and was read until close.
+        self.assertRefusedAtOnce(self.post_head("Content-Length : 5"), 400,
+                                 "header 'Content-Length': whitespace before ':'", label="Content-Length : 5")
+        self.assertRefusedAtOnce(self.post_head("X-A: 1", " folded"), 400, "header 'X-A': a folded line",
+                                 label="X-A: 1 + folded line")
+
+    def test_a_header_line_over_the_limits_is_431_at_once_naming_it(self):
+        # A header line that never ends: the head reaches 16 KiB (before: handed on as it was).
+        self.assertRefusedAtOnce(self.post_head()[:-2] + b"X-Big: " + b"a" * 20000, 431,
+                                 "header 'X-Big'", "16384 bytes", label="X-Big: a*20000, no end")
+        # A whole header line over 8 KiB (before: httplib's plain 400).
+        self.assertRefusedAtOnce(self.post_head("X-Big: " + "a" * 9000), 431,
+                                 "header 'X-Big': line longer than 8192 bytes", label="X-Big: a*9000")
+        # Many short lines that never end the head.
+        many = self.post_head()[:-2] + b"".join(b"X-Many: %s\r\n" % (b"b" * 100) for _ in range(200))
+        self.assertRefusedAtOnce(many, 431, "request head larger than 16384 bytes", label="200 lines, no end")
+
+    def test_a_chunk_size_over_the_limit_or_not_hex_is_answered_as_its_line_arrives(self):
+        head = self.post_head("Transfer-Encoding: chunked")
+        self.assertRefusedAtOnce(head + b"ffffffffffffffffffffffff\r\n", 413, "body (chunked)", "api.maxBodyBytes",
+                                 label="chunk size 0xfff... (overflows 64 bits)")
+        self.assertRefusedAtOnce(head + b"100000\r\n", 413, "api.maxBodyBytes", label="chunk size 1 MiB")
+        self.assertRefusedAtOnce(head + b"zz\r\n", 400, "body (chunked): chunk size is not hexadecimal",
+                                 label="chunk size zz")
+        self.assertRefusedAtOnce(head + b"5\r\nhelloX", 400, "body (chunked): chunk data longer than its size",
+                                 label="chunk data past its size")
+        # Chunks that together pass the limit: refused at the size line that crosses it.
+        chunks = b"".join(b"8000\r\n" + b" " * 0x8000 + b"\r\n" for _ in range(2))
+        self.assertRefusedAtOnce(head + chunks + b"1\r\n", 413, "api.maxBodyBytes", label="64 KiB, then 1 byte")
+
+    def test_a_chunk_that_arrives_after_the_head_is_checked_as_it_arrives(self):
+        # A good first chunk with the head, the bad size line in a later write: the worker that
+        # reads the body checks each size line as it arrives, wherever the writes split.
+        with socket.create_connection(("127.0.0.1", self.agent.api_port), timeout=5) as c:
+            c.sendall(self.post_head("Transfer-Encoding: chunked") + b"2\r\n{}\r\n")
+            status, parsed, took, closed = timed_answer(c, b"100000\r\n")
+        print("\n[hostile-http] a 1 MiB chunk size after the first chunk -> %s in %.3f s" % (status, took),
+              file=sys.stderr)
+        self.assertError(status, parsed, 413, "api.maxBodyBytes")
+        self.assertLess(took, 1.0)
+        self.assertTrue(closed)
+
+    def test_framing_is_refused_before_the_token_is_checked_and_body_framing_after(self):
+        # Head framing depends on nothing but the bytes sent: refused without a token.
+        self.assertRefusedAtOnce(self.post_head("Content-Length: -5", token=False), 400, "header 'Content-Length'",
+                                 label="no token, Content-Length: -5")
+        self.assertRefusedAtOnce(self.post_head("Content-Length: 20000000", token=False), 413, "api.maxBodyBytes",
+                                 label="no token, Content-Length: 20000000")
+        # A body is read only for a request with the token: a bad chunk without one gets 401.
+        with socket.create_connection(("127.0.0.1", self.agent.api_port), timeout=5) as c:
+            status, parsed, took, _ = timed_answer(c, self.post_head("Transfer-Encoding: chunked", token=False)
+                                                   + b"zz\r\n")
+        self.assertError(status, parsed, 401, "Authorization")
+        self.assertLess(took, 1.0)
+
+    def test_a_request_without_content_length_or_chunked_has_no_body(self):
+        # RFC 9112 section 6.3, rule 7: the request ends with its head. Before, httplib read a
+        # POST's body until the client closed (or the 30 s deadline).
+        self.assertRefusedAtOnce(self.post_head(), 400, "body: not valid JSON", label="POST without a length")
 
     # ---- slow and idle clients ----
 

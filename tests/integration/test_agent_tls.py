@@ -5,6 +5,8 @@
   certificate; a plain-HTTP request on that port gets no HTTP answer and the agent keeps serving;
 - the probe port stays plain HTTP (the kubelet has no CA);
 - a client that does not trust the CA is refused by its own check (the certificate is the agent's);
+- bad request framing (a Content-Length that is not a length, a chunk size past the body limit) is
+  refused within a second over HTTPS too;
 - a renewed certificate written over the files is served without a restart; a half-written
   update (a key that does not match) keeps the old one serving;
 - a missing certificate or key, a file that holds no PEM, a key that belongs to another
@@ -134,6 +136,25 @@ class AgentTlsTest(unittest.TestCase):
             self.assertIn("serving a new certificate", log)
         finally:
             agent.stop()
+
+    def test_bad_framing_over_https_is_refused_at_once(self):
+        # The same front checks the framing over TLS (test_agent_hostile_http.py has every case):
+        # a bad Content-Length in the head, and a chunk size past the limit in the body, each
+        # answered within a second and the connection closed (before: 30 s, the request deadline).
+        from test_agent_hostile_http import timed_answer
+        head = ("POST /v1/migrations HTTP/1.1\r\nHost: rdmig-agent\r\nAuthorization: Bearer %s\r\n"
+                % self.agent.token)
+        for extra, want, words in (("Content-Length: -5\r\n\r\n", 400, "header 'Content-Length'"),
+                                   ("Transfer-Encoding: chunked\r\n\r\n100000\r\n", 413, "api.maxBodyBytes")):
+            ctx = agent_tls_context(self.pki["ca"])
+            with socket.create_connection(("127.0.0.1", self.agent.api_port), timeout=5) as raw:
+                with ctx.wrap_socket(raw) as s:
+                    status, parsed, took, closed = timed_answer(s, (head + extra).encode())
+            print("\n[tls] %r -> %s in %.3f s" % (extra.split("\r\n")[0], status, took), file=sys.stderr)
+            self.assertEqual(status, want, parsed)
+            self.assertIn(words, parsed["error"]["message"])
+            self.assertLess(took, 1.0)
+            self.assertTrue(closed)
 
     # -- start-up errors name the key ------------------------------------------------------
     def start_fails(self, tls_cfg, *needles):
