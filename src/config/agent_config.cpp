@@ -247,11 +247,12 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
     }
   }
   if (const auto dp = root["dataPlane"]) {
-    RDMIG_TRY(check_keys(dp, "dataPlane", {"address", "port", "rdmaPort", "advertiseAddress"}));
+    RDMIG_TRY(check_keys(dp, "dataPlane", {"address", "port", "rdmaPort", "advertiseAddress", "allowLoopbackPeers"}));
     RDMIG_TRY(read_uint(dp, "dataPlane", "rdmaPort", c.data_plane.rdma_port, 0, 65535));
     RDMIG_TRY(read_string(dp, "dataPlane", "address", c.data_plane.address));
     RDMIG_TRY(read_uint(dp, "dataPlane", "port", c.data_plane.port, 0, 65535));
     RDMIG_TRY(read_string(dp, "dataPlane", "advertiseAddress", c.data_plane.advertise_address));
+    RDMIG_TRY(read_bool(dp, "dataPlane", "allowLoopbackPeers", c.data_plane.allow_loopback_peers));
   }
   if (const auto t = root["transport"]) {
     if (!t.IsScalar()) return bad("transport", "expected auto, rdma or tcp");
