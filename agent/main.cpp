@@ -123,6 +123,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   LOG_INFO("agent") << rdmig::version_line("rdmig-agent") << " starting, config " << config_path;
+  if (config.data_plane.allow_loopback_peers) {
+    LOG_WARN("agent") << "dataPlane.allowLoopbackPeers is true: a source may dial a loopback target.endpoint, "
+                         "this host's own services (a lab setting, never for a node)";
+  }
   if (::mkdir(config.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
     std::cerr << "rdmig-agent: config key 'stateDir': cannot create '" << config.state_dir
               << "': " << std::strerror(errno) << "\n";

@@ -41,7 +41,9 @@ def main():
     work = tempfile.mkdtemp(prefix="rdmig-demo-")
     vms, agents = [], []
     try:
-        cfg = {"transport": args.transport}
+        # Two agents on one host: a lab, where the source may dial the target on 127.0.0.1
+        # (dataPlane.allowLoopbackPeers; never set on a node, docs/security.md).
+        cfg = {"transport": args.transport, "dataPlane": {"allowLoopbackPeers": True}}
         agents.append(Agent(work, "agent-source", config=cfg))
         agents.append(Agent(work, "agent-target", config=cfg))
         src_agent, dst_agent = agents

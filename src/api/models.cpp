@@ -88,8 +88,10 @@ Result<TransportKind> transport_field(const json& body, TransportKind def) {
 }
 
 // The source's "target": the target agent's data-plane endpoint, the id it gave the target end
-// (id_key: migrationId or checkId, a DNS label) and its one-time token.
-Result<migration::TargetRef> parse_target_ref(const json& body, const char* id_key) {
+// (id_key: migrationId or checkId, a DNS label) and its one-time token. The endpoint is a
+// destination this agent will dial on the client's word: the dial policy decides here, before
+// anything is connected (and again at the dial).
+Result<migration::TargetRef> parse_target_ref(const json& body, const char* id_key, const net::DialPolicy& policy) {
   auto it = body.find("target");
   if (it == body.end() || it->is_null()) return bad("target", "required for role 'source'");
   if (!it->is_object()) return bad("target", std::string("must be an object with endpoint, ") + id_key + " and token");
@@ -99,6 +101,7 @@ Result<migration::TargetRef> parse_target_ref(const json& body, const char* id_k
   if (!ep_text) return ep_text.error();
   auto ep = net::parse_endpoint(ep_text.value(), "target.endpoint");
   if (!ep) return ep.error();
+  RDMIG_TRY(policy.check(ep->host, "target.endpoint"));
   migration::TargetRef ref;
   ref.host = ep->host;
   ref.port = ep->port;
@@ -181,7 +184,7 @@ Result<MigrationSpec> parse_create_request(const json& body, const AgentConfig& 
   spec.no_progress_timeout_seconds = static_cast<uint32_t>(np.value());
 
   if (spec.role == Role::kSource) {
-    auto target = parse_target_ref(body, "migrationId");
+    auto target = parse_target_ref(body, "migrationId", peer_dial_policy(defaults.data_plane));
     if (!target) return target.error();
     spec.target = std::move(target.value());
 
@@ -256,7 +259,7 @@ Result<pathcheck::CheckSpec> parse_pathcheck_request(const json& body, const Age
   }
   spec.timeout_seconds = static_cast<uint32_t>(timeout.value());
   if (spec.role == Role::kSource) {
-    auto target = parse_target_ref(body, "checkId");
+    auto target = parse_target_ref(body, "checkId", peer_dial_policy(defaults.data_plane));
     if (!target) return target.error();
     spec.target = std::move(target.value());
   }

@@ -13,6 +13,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/dial_policy.h"
+
 namespace rdmig::net {
 namespace {
 
@@ -306,32 +308,7 @@ std::string peer_address(int fd) {
 }
 
 Status check_unicast_literal(const std::string& host, const std::string& field) {
-  auto refuse = [&](const std::string& why) {
-    return Error{Errc::kInvalidArgument, field + ": " + host.substr(0, 64) + " " + why};
-  };
-  in_addr v4{};
-  in6_addr v6{};
-  if (::inet_pton(AF_INET6, host.c_str(), &v6) == 1) {
-    if (IN6_IS_ADDR_V4MAPPED(&v6)) {
-      std::memcpy(&v4, &v6.s6_addr[12], 4);
-    } else {
-      if (IN6_IS_ADDR_UNSPECIFIED(&v6)) return refuse("is the unspecified address");
-      if (IN6_IS_ADDR_LOOPBACK(&v6)) return refuse("is a loopback address");
-      if (IN6_IS_ADDR_LINKLOCAL(&v6)) return refuse("is a link-local address");
-      if (IN6_IS_ADDR_MULTICAST(&v6)) return refuse("is a multicast address");
-      return ok_status();
-    }
-  } else if (::inet_pton(AF_INET, host.c_str(), &v4) != 1) {
-    return refuse("is not an IP address literal (names are never resolved)");
-  }
-  const uint32_t a = ntohl(v4.s_addr);
-  if (a == 0) return refuse("is the unspecified address");
-  if ((a >> 24) == 127) return refuse("is a loopback address");
-  if ((a >> 16) == 0xA9FE) return refuse("is a link-local address");  // 169.254/16, cloud metadata too
-  if ((a >> 28) == 0xE) return refuse("is a multicast address");
-  if (a == 0xFFFFFFFFu) return refuse("is the broadcast address");
-  if ((a >> 24) == 0) return refuse("is in 0.0.0.0/8 (this network)");
-  return ok_status();
+  return DialPolicy::pod_addresses().check(host, field);
 }
 
 }  // namespace rdmig::net

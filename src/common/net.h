@@ -78,9 +78,9 @@ Status writev_all(int fd, iovec* iov, int iovcnt);
 // per-source limits count by.
 std::string peer_address(int fd);
 
-// Whether `host` may be dialled on someone else's behalf: an IPv4 or IPv6 literal (never a
-// name) for a unicast address that is not loopback, unspecified, link-local, multicast or
-// broadcast (an IPv4-mapped IPv6 address is judged as its IPv4 address). Names the field.
+// Whether a pod address (a KubeVirt flow's destination) may be dialled on someone else's behalf:
+// net::DialPolicy::pod_addresses() (common/dial_policy.h: the one rule for such dials, never
+// loopback). Names the field.
 Status check_unicast_literal(const std::string& host, const std::string& field);
 
 // Parses "host:port" (IPv4 literal or name; [v6]:port). Names the field in errors.

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <yaml-cpp/yaml.h>
 
+#include <cstring>
 #include <limits>
 #include <set>
 
@@ -37,6 +38,23 @@ using namespace yaml_reader;
 bool is_ip_address(const std::string& text) {
   unsigned char buf[16];
   return inet_pton(AF_INET, text.c_str(), buf) == 1 || inet_pton(AF_INET6, text.c_str(), buf) == 1;
+}
+
+// Whether two address literals name one address, however spelled ("fd00::1" and "fd00:0:0::1";
+// "10.0.0.1" and "::ffff:10.0.0.1").
+bool same_address(const std::string& a, const std::string& b) {
+  auto parse = [](const std::string& text, in6_addr& out) {
+    in_addr v4{};
+    if (inet_pton(AF_INET, text.c_str(), &v4) == 1) {
+      out = in6_addr{};
+      out.s6_addr[10] = out.s6_addr[11] = 0xff;
+      std::memcpy(&out.s6_addr[12], &v4, 4);
+      return true;
+    }
+    return inet_pton(AF_INET6, text.c_str(), &out) == 1;
+  };
+  in6_addr x{}, y{};
+  return parse(a, x) && parse(b, y) && std::memcmp(&x, &y, sizeof x) == 0;
 }
 
 Status read_string_list(const YAML::Node& parent, const std::string& prefix, const char* key,
@@ -247,11 +265,12 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
     }
   }
   if (const auto dp = root["dataPlane"]) {
-    RDMIG_TRY(check_keys(dp, "dataPlane", {"address", "port", "rdmaPort", "advertiseAddress"}));
+    RDMIG_TRY(check_keys(dp, "dataPlane", {"address", "port", "rdmaPort", "advertiseAddress", "allowLoopbackPeers"}));
     RDMIG_TRY(read_uint(dp, "dataPlane", "rdmaPort", c.data_plane.rdma_port, 0, 65535));
     RDMIG_TRY(read_string(dp, "dataPlane", "address", c.data_plane.address));
     RDMIG_TRY(read_uint(dp, "dataPlane", "port", c.data_plane.port, 0, 65535));
     RDMIG_TRY(read_string(dp, "dataPlane", "advertiseAddress", c.data_plane.advertise_address));
+    RDMIG_TRY(read_bool(dp, "dataPlane", "allowLoopbackPeers", c.data_plane.allow_loopback_peers));
   }
   if (const auto t = root["transport"]) {
     if (!t.IsScalar()) return bad("transport", "expected auto, rdma or tcp");
@@ -355,7 +374,7 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
         for (size_t j = 0; j < i; ++j) {
           const auto& a = c.rdma.devices[j];
           const auto& b = c.rdma.devices[i];
-          const bool same = (!b.address.empty() && b.address == a.address) ||
+          const bool same = (!b.address.empty() && !a.address.empty() && same_address(a.address, b.address)) ||
                             (b.address.empty() && a.address.empty() && b.device == a.device &&
                              b.netdev == a.netdev && b.resource_env == a.resource_env && b.network == a.network);
           if (same) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/dial_policy.h"
 #include "common/result.h"
 #include "transport/tcp/splice_mode.h"
 
@@ -42,7 +43,17 @@ struct DataPlaneConfig {
   // Address peers should dial; empty = the POD_IP environment variable, else NODE_IP, else
   // `address` (when that is not a wildcard).
   std::string advertise_address;
+  // A lab (two agents on one host): a REST client may name a loopback address (127.0.0.0/8, ::1)
+  // as a source's target.endpoint. Off: the agent never dials its own host's services on a
+  // request's word (net::DialPolicy, docs/security.md).
+  bool allow_loopback_peers = false;
 };
+
+// The rule for every dial to a peer agent that a REST client named (migrations and path checks,
+// role source): checked on the request (400 naming target.endpoint) and at the dial.
+inline net::DialPolicy peer_dial_policy(const DataPlaneConfig& data_plane) {
+  return net::DialPolicy::peer_agents(data_plane.allow_loopback_peers);
+}
 
 struct MigrationDefaults {
   uint64_t chunk_size = 1024 * 1024;  // chosen by bench/run.py: see README "Benchmarks"

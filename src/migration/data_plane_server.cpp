@@ -66,8 +66,9 @@ void DataPlaneServer::stop() {
   pending_cv_.wait(lock, [&] { return pending_ == 0; });
 }
 
-transport::rdma::RdmaOptions rdma_options(const RdmaRailConfig& config) {
+transport::rdma::RdmaOptions rdma_options(const RdmaRailConfig& config, const std::string& key) {
   transport::rdma::RdmaOptions o;
+  o.key = key;
   o.device = config.device;
   o.netdev = config.netdev;
   o.address = config.address;
@@ -97,14 +98,16 @@ std::string RdmaSupport::summary() const {
 
 Result<RdmaRail> DataPlaneServer::init_rail(uint32_t index, const RdmaRailConfig& config,
                                             std::chrono::steady_clock::time_point network_deadline) {
-  auto options = rdma_options(config);
+  // A rail of rdma.devices is named by its place there; the single rail is `rdma` itself.
+  const std::string key = config_.rdma.devices.empty() ? "rdma" : "rdma.devices[" + std::to_string(index) + "]";
+  auto options = rdma_options(config, key);
   if (!config.network.empty()) {
     // Multus mode: the network's entry in the pod's network-status names interface, address and
     // device (transport/rdma/network_status.h). Not there in time: no device for this rail.
     const char* ns = std::getenv("POD_NAMESPACE");
     auto entry = transport::rdma::wait_for_network_attachment(
         config_.rdma.network_status_file, config.network, ns ? ns : "", network_deadline,
-        [this] { return stopping_.load(); });
+        [this] { return stopping_.load(); }, key);
     if (!entry) {
       // kUnavailable: the entry is there but lists no usable address (no IPAM on the network).
       const auto& e = entry.error();

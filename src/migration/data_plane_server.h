@@ -77,8 +77,9 @@ struct RdmaSupport {
   std::string summary() const;
 };
 
-// One rail's config as the transport's own options.
-transport::rdma::RdmaOptions rdma_options(const RdmaRailConfig& config);
+// One rail's config as the transport's own options; `key` is where it is in the agent's config
+// ("rdma", or "rdma.devices[2]" for a rail of a list), the key its errors name.
+transport::rdma::RdmaOptions rdma_options(const RdmaRailConfig& config, const std::string& key = "rdma");
 
 inline constexpr std::chrono::seconds kHelloTimeout{5};
 inline constexpr size_t kMaxPendingHellos = 64;

@@ -110,7 +110,8 @@ Status SourceJob::connect_data_plane() {
     watch.emplace(*this, sfd);
     return ok_status();
   };
-  auto fd = net::tcp_connect(ep, 10s, watched);
+  // The endpoint a REST client named: the dial policy stands here too, not only on the request.
+  auto fd = peer_dial_policy(ctx_.config.data_plane).connect(ep, "target.endpoint", 10s, watched);
   if (!fd) return cancel_or(fd.error().with_context("target agent data plane " + ep.to_string()));
   hello.kind = "control";
   hello.migration_id = spec_.target.migration_id;

@@ -48,7 +48,9 @@ Status PathCheck::connect_source() {
     control_watch_ = -1;
   };
   const auto step = [&] { return std::min<std::chrono::milliseconds>(remaining(), migration::kHandshakeTimeout); };
-  auto fd = net::tcp_connect(ep, std::min<std::chrono::milliseconds>(remaining(), 10s), watch);
+  // The endpoint a REST client named: the dial policy stands here too, not only on the request.
+  auto fd = peer_dial_policy(ctx_.config.data_plane)
+                .connect(ep, "target.endpoint", std::min<std::chrono::milliseconds>(remaining(), 10s), watch);
   if (!fd) {
     unwatch();
     return cancel_or(fd.error().with_context("target agent data plane " + ep.to_string()));

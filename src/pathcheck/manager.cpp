@@ -176,10 +176,12 @@ Result<json> PathCheckManager::create(CheckSpec spec) {
   return body;
 }
 
-std::vector<CheckStatus> PathCheckManager::list() const {
+std::vector<CheckStatus> PathCheckManager::list() {
+  std::vector<std::shared_ptr<PathCheck>> graveyard;  // joined after mu_ is released
   std::vector<std::shared_ptr<PathCheck>> checks;
   {
     std::lock_guard lock(mu_);
+    evict_finished_locked(graveyard);
     for (const auto& id : order_) checks.push_back(checks_.at(id));
   }
   std::vector<CheckStatus> out;
@@ -187,7 +189,12 @@ std::vector<CheckStatus> PathCheckManager::list() const {
   return out;
 }
 
-Result<CheckStatus> PathCheckManager::get(const std::string& id) const {
+Result<CheckStatus> PathCheckManager::get(const std::string& id) {
+  std::vector<std::shared_ptr<PathCheck>> graveyard;  // joined after mu_ is released
+  {
+    std::lock_guard lock(mu_);
+    evict_finished_locked(graveyard);
+  }
   auto c = find(id);
   if (!c) return Error{Errc::kNotFound, "path check '" + id + "' not found"};
   return c->status();

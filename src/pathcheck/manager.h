@@ -35,8 +35,10 @@ class PathCheckManager {
 
   // Starts a check; answers the REST body for 201 (target: endpoint, check id and token).
   Result<nlohmann::json> create(CheckSpec spec);
-  std::vector<CheckStatus> list() const;
-  Result<CheckStatus> get(const std::string& id) const;
+  // Both first forget the oldest finished checks beyond pathCheck.historySize (a check that
+  // finished since the last create would otherwise be one too many).
+  std::vector<CheckStatus> list();
+  Result<CheckStatus> get(const std::string& id);
   Result<CheckStatus> cancel(const std::string& id);
   uint64_t buffer_bytes_in_use() const;
   size_t active_count() const;

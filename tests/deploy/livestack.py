@@ -75,7 +75,8 @@ class LiveStack:
             cfg = json.loads(json.dumps(agent_yaml))
             cfg["api"].update(address="127.0.0.1", port=0, probePort=0,
                               tokenFile=os.path.join(self.tmp, name + ".token"))
-            cfg["dataPlane"].update(address="127.0.0.1", port=0, rdmaPort=0)
+            # Two agents on one host: a lab (the chart's false would refuse 127.0.0.1 as a target).
+            cfg["dataPlane"].update(address="127.0.0.1", port=0, rdmaPort=0, allowLoopbackPeers=True)
             del cfg["stateDir"]   # the chart's /var/run/rdmig: Agent picks a short one under /tmp
             cfg["migration"].pop("qmpSocketRoots", None)  # the chart's hostPaths: the harness's QEMUs are under /tmp
             cfg["api"].pop("tls", None)  # set by Agent from agent_tls, with this machine's paths

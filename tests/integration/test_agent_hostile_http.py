@@ -5,6 +5,8 @@ each refused within a second, the connection closed), deep nesting, bad UTF-8 in
 Authorization tricks, over-long request lines, wrong types for every create field, buffer
 budgets, and concurrent creates racing for the last slot. Every case must end with a JSON error
 that names its cause, the agent serving, and its memory bounded (RSS before/after printed).
+A source's target.endpoint that the dial policy refuses (issue 38) is tried on an agent alone in
+a network namespace of the test's own, where any connection attempt would be seen and counted.
 
 Real agent, raw sockets (so the bytes on the wire are exactly the hostile ones) and small QMP
 stand-ins on unix sockets where a create needs a QEMU to answer (no guest boots here).
@@ -24,6 +26,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 from rdmiglab import Agent  # noqa: E402
+from rdmiglab.netns import LoopbackNetns, NetnsAgent  # noqa: E402
 
 
 def raw_request(port, data, timeout=10.0, read_all=True):
@@ -1210,6 +1213,123 @@ class HostileHttpTest(unittest.TestCase):
                     pass
             for q in qemus:
                 q.close()
+
+
+# ---- the dial policy (issue 38): what a token holder can make a source agent dial ----
+
+def refused_endpoints(port):
+    """target.endpoint values the dial policy refuses on an agent that is no lab, each with a word
+    its 400 must say. In a LoopbackNetns holding 169.254.169.254, every one a connect() could
+    reach lands on the test's listener on `port`; every other SYN is counted there."""
+    return [(ep % port, word) for ep, word in [
+        ("169.254.169.254:%d", "link-local"),
+        ("[::ffff:169.254.169.254]:%d", "IPv4-mapped"),
+        ("[::ffff:a9fe:a9fe]:%d", "IPv4-mapped"),
+        ("[::ffff:0:169.254.169.254]:%d", "IPv4-translated"),
+        ("[::169.254.169.254]:%d", "IPv4-compatible"),
+        ("[64:ff9b::169.254.169.254]:%d", "NAT64"),
+        ("[2002:a9fe:a9fe::1]:%d", "6to4"),
+        ("0.0.0.0:%d", "unspecified"),
+        ("0.1.2.3:%d", "0.0.0.0/8"),
+        ("[::]:%d", "unspecified"),
+        ("[::ffff:0.0.0.0]:%d", "unspecified"),
+        ("127.0.0.1:%d", "dataPlane.allowLoopbackPeers"),
+        ("127.0.0.2:%d", "dataPlane.allowLoopbackPeers"),
+        ("[::1]:%d", "dataPlane.allowLoopbackPeers"),
+        ("[::ffff:127.0.0.1]:%d", "dataPlane.allowLoopbackPeers"),
+        ("localhost:%d", "not an IP address literal"),
+        ("224.0.0.1:%d", "multicast"),
+        ("255.255.255.255:%d", "broadcast"),
+        ("[ff02::1]:%d", "multicast"),
+        ("[fe80::1]:%d", "link-local"),
+    ]]
+
+
+class DialPolicyNamespace:
+    """A no-lab agent (dataPlane.allowLoopbackPeers false) alone in a network namespace of its
+    own that holds only loopback, 169.254.169.254 and 192.0.2.1 (the control: an address the
+    policy allows), a dual-stack listener of the test on a free port P, and a counter of every
+    SYN sent to P from inside the namespace, whatever its address."""
+
+    def __init__(self, tmp, name):
+        self.ns = LoopbackNetns(addresses=["169.254.169.254", "192.0.2.1"])
+        self.agent = None
+        try:
+            self.listener = self.ns.run(LoopbackNetns.listen)
+            self.port = self.listener.getsockname()[1]
+            self.ns.count_syns(self.port)
+            self.agent = NetnsAgent(self.ns, tmp, name, config={"dataPlane": {"allowLoopbackPeers": False}})
+        except BaseException:
+            self.close()
+            raise
+
+    def accepted(self, timeout):
+        """A connection that reached the listener within `timeout` s, else None."""
+        import select
+        ready, _, _ = select.select([self.listener], [], [], timeout)
+        return self.listener.accept()[0] if ready else None
+
+    def assert_refused_without_dialling(self, test, post):
+        """POSTs every refused endpoint with post(endpoint) -> (status, body): each is a 400 naming
+        target.endpoint and its rule, and no SYN went to P (nor did anything reach the listener).
+        Then the control: 192.0.2.1:P is created (201) and dialled. Returns the control's body."""
+        answers = [(ep, word) + tuple(post(ep)) for ep, word in refused_endpoints(self.port)]
+        syns = self.ns.syn_count(self.port)
+        print("\n[dial-policy] %d endpoints: %s; SYNs to port %d: %d"
+              % (len(answers), ", ".join(sorted({str(a[2]) for a in answers})), self.port, syns), file=sys.stderr)
+        for ep, word, status, body in answers:
+            test.assertEqual(status, 400, (ep, body))
+            msg = body["error"]["message"]
+            test.assertTrue(msg.startswith("target.endpoint: "), (ep, msg))
+            test.assertIn(word, msg, ep)
+            test.assertIn("dial policy", msg, ep)
+        test.assertEqual(syns, 0, "the agent tried to connect to a refused endpoint")
+        test.assertIsNone(self.accepted(0), "a refused endpoint reached the listener")
+        # The control: the same agent, an allowed address the namespace holds: the listener sees
+        # the agent's dial and the counter counts it (so a dial would have been seen above).
+        status, body = post("192.0.2.1:%d" % self.port)
+        test.assertEqual(status, 201, body)
+        conn = self.accepted(10)
+        test.assertIsNotNone(conn, "the control endpoint was not dialled")
+        conn.close()
+        test.assertGreaterEqual(self.ns.syn_count(self.port), 1)
+        return body
+
+    def close(self):
+        if self.agent:
+            self.agent.stop()
+        self.ns.close()
+
+
+class DialPolicyMigrationTest(unittest.TestCase):
+    """POST /v1/migrations role source names a target.endpoint the agent then dials from its host
+    network: the dial policy refuses what is not a peer agent's address with 400 before anything
+    is connected (issue 38, item 2)."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="rdmig-dial-")
+        self.world = DialPolicyNamespace(self.tmp, "no-lab")
+
+    def tearDown(self):
+        self.world.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_a_source_migration_never_dials_what_the_dial_policy_refuses(self):
+        agent = self.world.agent
+        q = FakeRunningQemu(os.path.join(self.tmp, "dial.qmp"))
+        try:
+            def post(ep):
+                return agent.request("POST", "/v1/migrations", {
+                    "role": "source", "qmpSocket": q.path,
+                    "target": {"endpoint": ep, "migrationId": "m-" + os.urandom(4).hex(), "token": "t" * 32}})
+            control = self.world.assert_refused_without_dialling(self, post)
+            agent.cancel(control["id"])
+            self.assertIn(agent.wait(control["id"], timeout=30)["phase"], ("Cancelled", "Failed"))
+            self.assertEqual(agent.call("GET", "/v1/migrations")["items"][0]["id"], control["id"],
+                             "the refused requests created nothing")
+            self.assertEqual(len(agent.call("GET", "/v1/migrations")["items"]), 1)
+        finally:
+            q.close()
 
 
 if __name__ == "__main__":

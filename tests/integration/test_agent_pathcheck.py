@@ -19,7 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
 sys.path.insert(0, HERE)
 from rdmiglab import Agent, parse_prometheus  # noqa: E402
-from test_agent_hostile_http import FakeIncomingQemu  # noqa: E402
+from test_agent_hostile_http import DialPolicyNamespace, FakeIncomingQemu  # noqa: E402
 
 MiB = 1 << 20
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
@@ -286,8 +286,11 @@ class PathCheckLimitsTest(unittest.TestCase):
             self.assertEqual(wait_check(self.limited, sid)["phase"], "Succeeded")
             self.assertEqual(wait_check(self.peer, tid)["bytesVerified"], 8 * MiB)
         self.assertIn("rtt_samples=3", self.limited.log_text())
-        # 5 checks ended here; a new check leaves the last historySize (2) finished ones, plus itself.
-        self.assertLessEqual(len(self.limited.call("GET", "/v1/pathchecks")["items"]), 3)
+        # Every check on this agent has ended: the list keeps the last historySize (2) of them, not
+        # one more until the next create (issue 38); an older one is gone for GET too.
+        items = self.limited.call("GET", "/v1/pathchecks")["items"]
+        self.assertEqual([c["phase"] for c in items], ["Succeeded", "Succeeded"], items)
+        self.assertEqual(self.limited.request("GET", "/v1/pathchecks/" + cid)[0], 404)
 
     def test_a_stream_that_stalls_fails_after_the_configured_stall_timeout(self):
         import signal
@@ -305,6 +308,33 @@ class PathCheckLimitsTest(unittest.TestCase):
         # 2 s without a byte, then up to 5 s for the frozen target's verdict; 15 s with the default.
         self.assertLess(took, 12, "the stall limit is 2 s here, not the default 10 s")
         self.assertEqual(wait_check(self.peer, tid, timeout=30)["phase"], "Failed")
+
+
+class PathCheckDialPolicyTest(unittest.TestCase):
+    """POST /v1/pathchecks role source names a target.endpoint the agent then dials from its host
+    network: the dial policy refuses what is not a peer agent's address with 400 before anything
+    is connected (issue 38, item 2)."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="rdmig-pathcheck-dial-")
+        self.world = DialPolicyNamespace(self.tmp, "no-lab")
+
+    def tearDown(self):
+        self.world.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_a_source_check_never_dials_what_the_dial_policy_refuses(self):
+        agent = self.world.agent
+
+        def post(ep):
+            return agent.request("POST", "/v1/pathchecks", {
+                "role": "source", "bytes": "1Mi", "chunkSize": "64Ki", "timeoutSeconds": 10,
+                "target": {"endpoint": ep, "checkId": "c-" + os.urandom(4).hex(), "token": "t" * 32}})
+        control = self.world.assert_refused_without_dialling(self, post)
+        # The listener closed the control's connection: it fails (or is cancelled) and is the only one.
+        agent.call("DELETE", "/v1/pathchecks/" + control["id"])
+        self.assertIn(wait_check(agent, control["id"])["phase"], ("Cancelled", "Failed"))
+        self.assertEqual([c["id"] for c in agent.call("GET", "/v1/pathchecks")["items"]], [control["id"]])
 
 
 RDMA_DEV = os.environ.get("RDMIG_RDMA_DEV", "")

@@ -101,6 +101,15 @@ class AgentStartupTest(unittest.TestCase):
         self.assertIn("RDMA cannot be used (no-device)", r.stderr)
         self.assertIn("fix the rdma keys", r.stderr)
 
+    def test_a_rails_device_error_names_its_place_in_rdma_devices(self):
+        # Each rail of rdma.devices is named by its place (issue 38), never as the single rail's keys.
+        r = self.run_agent(self.base("transport: rdma\nrdma:\n  devices:\n    - device: rdmig-nosuch0\n"
+                                     "    - device: rdmig-nosuch1\n"))
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("config key 'rdma.devices[0].device': no RDMA device 'rdmig-nosuch0'", r.stderr)
+        self.assertIn("config key 'rdma.devices[1].device': no RDMA device 'rdmig-nosuch1'", r.stderr)
+        self.assertNotIn("'rdma.device'", r.stderr)
+
     @unittest.skipIf(rdma_present(), "this machine has an RDMA device")
     def test_auto_without_a_device_serves_and_reports_why(self):
         a = Agent(self.tmp, "auto", config={"transport": "auto"})

@@ -202,6 +202,36 @@ TEST(AgentConfig, RdmaDevicesErrorsNameTheRailAndField) {
       << "the single keys and the list exclude each other";
 }
 
+// The same address spelled two ways is one NIC: refused as two rails (issue 38).
+TEST(AgentConfig, RdmaDevicesWithOneAddressSpelledTwoWaysAreTheSameRail) {
+  for (const auto& [a, b] : {std::pair{"fd00::1", "fd00:0:0::1"}, std::pair{"fd00::1", "FD00:0000::0001"},
+                             std::pair{"10.0.0.1", "::ffff:10.0.0.1"}}) {
+    auto c = parse_agent_config(std::string("rdma:\n  devices:\n    - address: '") + a + "'\n    - address: '" + b +
+                                "'\n");
+    ASSERT_FALSE(c.ok()) << a << " and " << b << " accepted as two rails";
+    EXPECT_NE(c.error().message.find("rdma.devices[1]"), std::string::npos) << c.error().message;
+    EXPECT_NE(c.error().message.find("same device as rdma.devices[0]"), std::string::npos) << c.error().message;
+  }
+  auto c = parse_agent_config("rdma:\n  devices:\n    - address: 'fd00::1'\n    - address: 'fd00::2'\n");
+  EXPECT_TRUE(c.ok()) << c.error().message;
+}
+
+// dataPlane.allowLoopbackPeers: false unless the config says it is a lab; a boolean.
+TEST(AgentConfig, AllowLoopbackPeersIsOffByDefaultAndABoolean) {
+  EXPECT_FALSE(parse_agent_config("")->data_plane.allow_loopback_peers);
+  EXPECT_FALSE(rdmig::load_agent_config_file(RDMIG_SOURCE_DIR "/agent/agent.yaml")->data_plane.allow_loopback_peers);
+  auto c = parse_agent_config("dataPlane:\n  allowLoopbackPeers: true\n");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_TRUE(c->data_plane.allow_loopback_peers);
+  EXPECT_TRUE(rdmig::peer_dial_policy(c->data_plane).allows_loopback());
+  EXPECT_FALSE(rdmig::peer_dial_policy(rdmig::DataPlaneConfig{}).allows_loopback());
+  for (const char* bad : {"yes", "1", "[true]", "{a: 1}", "'true '"}) {
+    auto r = parse_agent_config(std::string("dataPlane:\n  allowLoopbackPeers: ") + bad + "\n");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.error().message.find("dataPlane.allowLoopbackPeers"), std::string::npos) << r.error().message;
+  }
+}
+
 TEST(AgentConfig, RdmaNetworkNamesAMultusNetworkAndItsStatusFile) {
   auto c = parse_agent_config("rdma:\n  network: sriov-rdma\n  trafficClass: 104\n");
   ASSERT_TRUE(c.ok()) << c.error().message;

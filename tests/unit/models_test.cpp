@@ -105,6 +105,34 @@ TEST(CreateRequest, ErrorsNameTheField) {
   EXPECT_NE(error_of(json::array()).find("body"), std::string::npos);
 }
 
+// target.endpoint is dialled on the client's word: the dial policy refuses it here, naming the
+// field and the rule, before the agent connects anywhere (issue 38).
+TEST(CreateRequest, TargetEndpointObeysTheDialPolicy) {
+  for (const char* ep : {"169.254.169.254:80", "0.0.0.0:7471", "[::]:7471", "[::ffff:169.254.169.254]:80",
+                         "[64:ff9b::a9fe:a9fe]:80", "224.0.0.1:7471", "localhost:7471", "127.0.0.1:7471",
+                         "[::1]:7471"}) {
+    auto b = source_body();
+    b["target"]["endpoint"] = ep;
+    const auto msg = error_of(b);
+    EXPECT_EQ(msg.rfind("target.endpoint: ", 0), 0u) << ep << ": " << msg;
+    EXPECT_NE(msg.find("dial policy"), std::string::npos) << msg;
+  }
+  // Loopback only on an agent whose config says it is a lab.
+  AgentConfig lab;
+  lab.data_plane.allow_loopback_peers = true;
+  for (const char* ep : {"127.0.0.1:7471", "[::1]:7471"}) {
+    auto b = source_body();
+    b["target"]["endpoint"] = ep;
+    auto r = api::parse_create_request(b, lab);
+    ASSERT_TRUE(r.ok()) << ep << ": " << r.error().message;
+  }
+  auto b = source_body();
+  b["target"]["endpoint"] = "169.254.169.254:80";
+  EXPECT_FALSE(api::parse_create_request(b, lab).ok()) << "a lab still never dials the metadata address";
+  b["target"]["endpoint"] = "[fd00::2]:7471";
+  EXPECT_TRUE(api::parse_create_request(b, AgentConfig{}).ok());
+}
+
 TEST(CreateRequest, ErrorStatusMapping) {
   EXPECT_EQ(api::http_status(Errc::kInvalidArgument), 400);
   EXPECT_EQ(api::http_status(Errc::kUnauthenticated), 401);

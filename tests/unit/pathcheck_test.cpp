@@ -172,8 +172,15 @@ TEST(PathCheckRequest, RejectsHostileBodies) {
   EXPECT_NE(err({{"role", "target"}, {"qmpSocket", "/x"}}).find("qmpSocket: unknown field"), std::string::npos);
   EXPECT_NE(err({{"role", "target"}, {"target", nlohmann::json::object()}}).find("only for role 'source'"), std::string::npos);
   EXPECT_NE(err({{"role", "source"}}).find("target: required"), std::string::npos);
-  EXPECT_NE(err({{"role", "source"}, {"target", {{"endpoint", "h:1"}, {"checkId", "Bad_Id"}, {"token", "t"}}}})
+  EXPECT_NE(err({{"role", "source"}, {"target", {{"endpoint", "10.0.0.2:1"}, {"checkId", "Bad_Id"}, {"token", "t"}}}})
                 .find("target.checkId"), std::string::npos);
+  // The endpoint is dialled on the client's word: the dial policy (issue 38).
+  for (const char* ep : {"h:1", "169.254.169.254:80", "0.0.0.0:7471", "[::]:7471", "[::ffff:169.254.169.254]:80",
+                         "127.0.0.1:7471"}) {
+    const auto msg = err({{"role", "source"}, {"target", {{"endpoint", ep}, {"checkId", "c-1"}, {"token", "t"}}}});
+    EXPECT_EQ(msg.rfind("target.endpoint: ", 0), 0u) << ep << ": " << msg;
+    EXPECT_NE(msg.find("dial policy"), std::string::npos) << msg;
+  }
   auto ok = api::parse_pathcheck_request({{"role", "target"}}, config);
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ(ok->bytes, config.path_check.default_bytes);

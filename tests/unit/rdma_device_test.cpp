@@ -432,6 +432,52 @@ TEST(RdmaDeviceSelection, FailuresSayHowFarSelectionGotAndNameTheKey) {
   EXPECT_EQ(s.reason, kNoDevice);
 }
 
+// A rail of rdma.devices is named by its place in the list, never as the single rail's keys
+// (issue 38): the agent sets RdmaOptions::key to "rdma.devices[<i>]".
+TEST(RdmaDeviceSelection, FailuresOfARailNameItsPlaceInRdmaDevices) {
+  Cluster c;
+  auto rail = [](RdmaOptions o) {
+    o.key = "rdma.devices[1]";
+    return o;
+  };
+  const std::pair<RdmaOptions, const char*> cases[] = {
+      {rail(opts("mlx5_9")), "config key 'rdma.devices[1].device'"},
+      {rail(opts("rxe0", "ens1f0v0")), "config key 'rdma.devices[1].netdev'"},
+      {rail(opts("", "", "192.0.2.99")), "config key 'rdma.devices[1].address'"},
+      {rail(opts("", "", "", "nvidia.com/sriov_rdma")), "config key 'rdma.devices[1].resourceEnv'"},
+  };
+  const std::map<std::string, std::string> env = {{"PCIDEVICE_NVIDIA_COM_SRIOV_RDMA", "0000:3b:00.3"}};
+  for (const auto& [o, want] : cases) {
+    auto s = c.select(o, env);
+    ASSERT_FALSE(s.ok()) << want;
+    EXPECT_NE(s.error.message.find(want), std::string::npos) << s.error.message;
+    for (const char* single : {"'rdma.device'", "'rdma.netdev'", "'rdma.address'", "'rdma.resourceEnv'"}) {
+      EXPECT_EQ(s.error.message.find(single), std::string::npos) << s.error.message;
+    }
+  }
+  // A rail found by its device says so by its own key.
+  auto s = c.select(rail(opts("mlx5_2")));
+  ASSERT_TRUE(s.ok()) << s.error.message;
+  EXPECT_EQ(s.device->how, "rdma.devices[1].device");
+  // A rail's interface without an address names the rail's netdev key in its advice.
+  FakeSysfs bare;
+  bare.add_port("mlx5_0");
+  bare.gid("mlx5_0", 0, "fe80:0000:0000:0000:0000:0000:0000:0001", kV2, "eth9");
+  s = select_device(rail(opts("mlx5_0")), {}, bare.view(),
+                    [](const std::string&) { return std::vector<std::string>{}; });
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error.message.find("rdma.devices[1].netdev"), std::string::npos) << s.error.message;
+  // A rail's Multus network: its entry's origin names the rail's network key.
+  auto a = find_network_attachment(R"([{"name":"ns/rdma","interface":"net1","ips":["10.56.217.5"],)"
+                                   R"("device-info":{"pci":{"rdma-device":"mlx5_5"}}}])",
+                                   "ns/rdma", "");
+  ASSERT_TRUE(a) << a.error().message;
+  s = c.select(options_for_attachment(rail(RdmaOptions{}), a.value(), "/etc/podinfo/network-status"));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error.message.find("config key 'rdma.devices[1].network' ('ns/rdma'"), std::string::npos)
+      << s.error.message;
+}
+
 TEST(RdmaDeviceSelection, SecondPortIsUsedWhenTheFirstIsDown) {
   FakeSysfs f;
   f.add_port("mlx5_0", 1, false);

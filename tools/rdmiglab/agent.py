@@ -46,7 +46,8 @@ def agent_tls_context(ca_file, server_name="rdmig-agent"):
 
 
 class Agent:
-    """One rdmig-agent on 127.0.0.1 with ports chosen by the kernel (port 0).
+    """One rdmig-agent on 127.0.0.1 with ports chosen by the kernel (port 0), configured as a lab
+    (dataPlane.allowLoopbackPeers: true, so that agents on this host may be each other's target).
 
     ``config`` is merged over a minimal config (JSON is valid YAML, so it is written as JSON).
     ``tls``: serve the API over HTTPS, a dict with "cert" and "key" (api.tls), "ca" (what this
@@ -71,7 +72,9 @@ class Agent:
         self.state_dir = "/tmp/rdmig-%s-%s" % (name, os.urandom(3).hex())
         cfg = {
             "api": {"address": "127.0.0.1", "port": 0, "probePort": 0, "tokenFile": self.token_file},
-            "dataPlane": {"address": "127.0.0.1", "port": 0},
+            # Agents on one host reach each other on 127.0.0.1: a lab (dataPlane.allowLoopbackPeers,
+            # docs/security.md); a test of the dial policy's loopback rule sets it false.
+            "dataPlane": {"address": "127.0.0.1", "port": 0, "allowLoopbackPeers": True},
             "transport": "tcp",
             "stateDir": self.state_dir,
             "logLevel": log_level,

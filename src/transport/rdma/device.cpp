@@ -110,7 +110,7 @@ Selection select_device(const RdmaOptions& options, const std::map<std::string, 
   // 1. Candidate devices.
   // The config key an error names, or where the values came from (a Multus network's entry).
   const auto key = [&](const char* name) {
-    return options.origin.empty() ? "config key 'rdma." + std::string(name) + "'" : options.origin;
+    return options.origin.empty() ? "config key '" + options.key + "." + name + "'" : options.origin;
   };
   Candidates c;
   if (!options.device.empty()) {
@@ -121,7 +121,7 @@ Selection select_device(const RdmaOptions& options, const std::map<std::string, 
                                                                 "network namespace: is it in the network's plugin chain, "
                                                                 "with 'rdma system' in netns exclusive mode?"));
     }
-    c = {{options.device}, options.origin.empty() ? "rdma.device" : options.origin, key("device")};
+    c = {{options.device}, options.origin.empty() ? options.key + ".device" : options.origin, key("device")};
   } else if (!options.pci_address.empty()) {
     c.devices = sysfs.devices_of_pci(options.pci_address);
     c.key = key("device");
@@ -134,7 +134,7 @@ Selection select_device(const RdmaOptions& options, const std::map<std::string, 
   } else if (const std::string var = options.resource_env.empty() ? "" : device_plugin_variable(options.resource_env);
              !var.empty() && env.count(var) && !env.at(var).empty()) {
     const auto pcis = split_commas(env.at(var));
-    c.key = "config key 'rdma.resourceEnv' (" + var + "=" + env.at(var) + ")";
+    c.key = key("resourceEnv") + " (" + var + "=" + env.at(var) + ")";
     // The SR-IOV device plugin's _INFO: {"<pci>": {"generic": {...}, "rdma": {"rdma_dev": "mlx5_3", ...}}}.
     if (auto info = env.find(var + "_INFO"); info != env.end()) {
       const auto j = nlohmann::json::parse(info->second, nullptr, false);
@@ -164,7 +164,8 @@ Selection select_device(const RdmaOptions& options, const std::map<std::string, 
     }
   } else {
     c.devices = all;
-    c.key = options.origin.empty() ? "config keys 'rdma.netdev' / 'rdma.address'" : options.origin;
+    c.key = options.origin.empty() ? "config keys '" + options.key + ".netdev' / '" + options.key + ".address'"
+                                   : options.origin;
     if (!options.origin.empty()) {
       c.how = options.origin;
     } else if (options.resource_env.empty()) {
@@ -230,8 +231,8 @@ Selection select_device(const RdmaOptions& options, const std::map<std::string, 
         }
         if (addrs.empty()) {
           p.at(1, kNoAddress, c.key + ": interface " + nd + " of " + where +
-                                  " has no IP address for rdma_cm (give it one, or set rdma.netdev to an interface "
-                                  "on it that has one, e.g. a VLAN)");
+                                  " has no IP address for rdma_cm (give it one, or set " + options.key +
+                                  ".netdev to an interface on it that has one, e.g. a VLAN)");
           continue;
         }
         for (const auto& ip : addrs) {

@@ -187,7 +187,7 @@ RdmaOptions options_for_attachment(const RdmaOptions& base, const NetworkAttachm
   o.netdev = entry.interface;
   o.address = preferred_address(entry);
   o.resource_env.clear();
-  o.origin = "config key 'rdma.network' ('" + entry.name + "' in " + network_status_file + ": interface " +
+  o.origin = "config key '" + base.key + ".network' ('" + entry.name + "' in " + network_status_file + ": interface " +
              entry.interface + ", address " + o.address +
              (entry.rdma_device.empty() ? std::string() : ", rdma-device " + entry.rdma_device) +
              (entry.pci_address.empty() ? std::string() : ", pci-address " + entry.pci_address) + ")";
@@ -197,9 +197,11 @@ RdmaOptions options_for_attachment(const RdmaOptions& base, const NetworkAttachm
 Result<NetworkAttachment> wait_for_network_attachment(const std::string& path, const std::string& network,
                                                       const std::string& pod_namespace,
                                                       std::chrono::steady_clock::time_point deadline,
-                                                      const std::function<bool()>& cancelled) {
+                                                      const std::function<bool()>& cancelled,
+                                                      const std::string& key) {
   using namespace std::chrono_literals;
-  const std::string what = "config key 'rdma.network' ('" + qualified_network(network, pod_namespace) + "'): " + path;
+  const std::string what =
+      "config key '" + key + ".network' ('" + qualified_network(network, pod_namespace) + "'): " + path;
   for (;;) {
     Error last;
     struct stat st{};

@@ -56,10 +56,12 @@ RdmaOptions options_for_attachment(const RdmaOptions& base, const NetworkAttachm
 // be empty for a moment after the container starts: Multus writes the annotation while the pod's
 // sandbox is set up, the kubelet copies it into the file at its next sync of the pod). Only a
 // missing, empty or entry-less file is waited for; a malformed one fails at once. `cancelled`
-// ends the wait early. Errors name the file and the network.
+// ends the wait early. Errors name the file, the network and the config key `key` ("rdma" or a
+// rail's "rdma.devices[2]") that asked for it.
 Result<NetworkAttachment> wait_for_network_attachment(const std::string& path, const std::string& network,
                                                       const std::string& pod_namespace,
                                                       std::chrono::steady_clock::time_point deadline,
-                                                      const std::function<bool()>& cancelled = {});
+                                                      const std::function<bool()>& cancelled = {},
+                                                      const std::string& key = "rdma");
 
 }  // namespace rdmig::transport::rdma

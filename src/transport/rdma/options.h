@@ -16,6 +16,9 @@ struct RdmaOptions {
   // Where device/netdev/address/pci_address came from when no config key set them (a Multus
   // network's entry, network_status.h): named in selection errors instead of the keys.
   std::string origin;
+  // The config key these options came from, "rdma" or a rail's "rdma.devices[2]": errors name its
+  // keys ("config key 'rdma.devices[2].netdev'").
+  std::string key = "rdma";
   // IP ToS byte of RoCE v2 packets (DSCP << 2), set with rdma_set_option(RDMA_OPTION_ID_TOS) on
   // every rdma_cm id; -1 leaves the kernel's default (0, or the device's configfs default_roce_tos).
   int traffic_class = -1;
