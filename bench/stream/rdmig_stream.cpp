@@ -152,6 +152,8 @@ bool pump(std::vector<std::unique_ptr<Channel>>& chans, uint64_t per_channel, ui
 }
 
 std::array<uint8_t, 16> kSession{'r', 'd', 'm', 'i', 'g', '-', 's', 't', 'r', 'e', 'a', 'm'};
+// The channel key both ends of the benchmark prove (the agents derive theirs from the token).
+const std::string kStreamKey = "rdmig-stream-bench-key";
 
 Result<std::vector<std::unique_ptr<Channel>>> serve(const Options& o, Metrics& m, std::function<void(uint16_t)> ready) {
   std::vector<std::unique_ptr<Channel>> out(o.channels);
@@ -171,9 +173,13 @@ Result<std::vector<std::unique_ptr<Channel>>> serve(const Options& o, Metrics& m
   std::condition_variable cv;
   uint32_t got = 0;
   std::string err;
-  auto listener = rdma::RdmaListener::create(o.ip, o.port, [&](const std::array<uint8_t, 16>& s, uint32_t index) -> Result<rdma::AcceptPlan> {
-    if (s != kSession || index >= o.channels) return Error{Errc::kPermissionDenied, "unknown stream"};
+  transport::ProofLedger proofs;
+  auto listener = rdma::RdmaListener::create(o.ip, o.port, [&](const rdma::ConnectRequest& r) -> Result<rdma::AcceptPlan> {
+    const uint32_t index = r.index;
+    if (r.session != kSession || index >= o.channels) return Error{Errc::kPermissionDenied, "unknown stream"};
+    RDMIG_TRY(rdma::check_request(r, kStreamKey, proofs));  // as the agents do, before accepting
     rdma::AcceptPlan plan;
+    plan.key = kStreamKey;
     plan.params = rdma::RdmaChannelParams{index, static_cast<uint32_t>(o.chunk), o.depth, static_cast<uint32_t>(o.chunk), o.depth};
     plan.metrics = &tm;
     plan.deliver = [&, index](Result<std::unique_ptr<Channel>> ch) {
@@ -202,7 +208,8 @@ Result<std::vector<std::unique_ptr<Channel>>> dial(const Options& o, uint16_t po
       out.push_back(TcpChannel::create(std::move(fd.value()), i, static_cast<uint32_t>(o.chunk), o.depth, tm));
     } else {
       rdma::RdmaChannelParams p{i, static_cast<uint32_t>(o.chunk), o.depth, static_cast<uint32_t>(o.chunk), o.depth};
-      auto ch = rdma::RdmaChannel::connect({o.ip, port}, kSession, p, tm, 10s, {}, {"", o.traffic_class});
+      auto ch = rdma::RdmaChannel::connect({o.ip, port}, rdma::ChannelCredentials{kSession, kStreamKey}, p, tm, 10s, {},
+                                           {"", o.traffic_class});
       if (!ch) return ch.error();
       out.push_back(std::move(ch.value()));
     }

@@ -2,6 +2,7 @@
 
 #include "common/hmac.h"
 #include "common/units.h"
+#include "transport/channel_proof.h"
 #include "transport/wire.h"
 
 namespace rdmig::kubevirt {
@@ -94,7 +95,42 @@ std::string flow_proof(const std::string& token, const std::string& role, const 
 }
 
 std::string flow_session_key(const std::string& token, const FlowHello& hello, const std::string& target_nonce) {
-  return hmac_sha256_hex(token, "rdmig-flow-key\n" + hello.nonce + "\n" + target_nonce + "\n" + hello.session);
+  return transport::derive_session_key(token, "rdmig-flow-key", hello.nonce, target_nonce, hello.session);
+}
+
+std::string flow_channel_key(const std::string& token, const FlowHello& hello, const std::string& target_nonce) {
+  return transport::channel_key(token, hello.nonce, target_nonce, hello.session);
+}
+
+json FlowDataHello::to_json() const {
+  json j{{"kind", "flow-data"}, {"protocol", kFlowProtocolVersion}, {"session", session}, {"index", index}};
+  if (!nonce.empty()) j["nonce"] = nonce;
+  return j;
+}
+
+Result<FlowDataHello> FlowDataHello::parse(const json& j) {
+  using transport::get_string;
+  using transport::get_uint;
+  auto proto = get_uint(j, "protocol", "hello", 0, 1000);
+  if (!proto) return proto.error();
+  if (proto.value() != kFlowProtocolVersion) {
+    return Error{Errc::kInvalidArgument, "hello.protocol: this agent speaks " + std::to_string(kFlowProtocolVersion) +
+                                             ", got " + std::to_string(proto.value())};
+  }
+  FlowDataHello h;
+  auto session = get_string(j, "session", "hello", 32);
+  if (!session) return session.error();
+  if (session->size() != 32 || !is_hex(session.value())) {
+    return Error{Errc::kInvalidArgument, "hello.session: must be 32 lowercase hex characters"};
+  }
+  h.session = session.value();
+  auto index = get_uint(j, "index", "hello", 0, transport::kMaxChannels - 1);
+  if (!index) return index.error();
+  h.index = static_cast<uint32_t>(index.value());
+  auto nonce = get_string(j, "nonce", "hello", transport::kChannelNonceChars);
+  if (!nonce) return nonce.error();
+  h.nonce = nonce.value();
+  return h;
 }
 
 FlowSigner::FlowSigner(std::string key, std::string own, std::string peer)

@@ -23,8 +23,11 @@
 //                     until the source sends "end"; a side that verified nothing from its peer
 //                     for kubevirt.heartbeatTimeoutSeconds fails the session (a cut link or a
 //                     frozen agent shows in seconds: TCP alone notices after its 30 s user timeout)
-// Channels: TCP connections with hello {kind:"flow-data", session, index}, or rdma_cm
-// connections carrying (session, index) like the bare-QEMU jobs' channels.
+// Channels: TCP connections with hello {kind:"flow-data", protocol, session, index, nonce}, or
+// rdma_cm connections carrying (session, index), like the bare-QEMU jobs' channels. Each proves
+// the session's channel key (transport/channel_proof.h: derived from the token and both nonces,
+// bound to the session, the index and the proving end, over a fresh nonce of the target's or, on
+// RDMA, the request's own parameters) before the target admits it: the session id is no secret.
 // The agents share the API token (one Secret); it never crosses the wire.
 #pragma once
 
@@ -42,7 +45,8 @@ namespace rdmig::kubevirt {
 
 // The flow's own protocol version (the bare-QEMU hellos have transport::kProtocolVersion).
 // 4: heartbeats on the control link. 5: rails (rdmaRails in the hello and the welcome).
-inline constexpr uint64_t kFlowProtocolVersion = 5;
+// 6: every channel proves the session's channel key; the flow-data hello carries the protocol.
+inline constexpr uint64_t kFlowProtocolVersion = 6;
 // How often each side sends a heartbeat on the control link (the peer's timeout is at least 2 s).
 inline constexpr std::chrono::milliseconds kFlowHeartbeatInterval{500};
 
@@ -70,6 +74,19 @@ struct FlowHello {
 std::string flow_proof(const std::string& token, const std::string& role, const FlowHello& hello,
                        const std::string& target_nonce);
 std::string flow_session_key(const std::string& token, const FlowHello& hello, const std::string& target_nonce);
+// The key every channel of the session proves (transport::channel_key over the same nonces).
+std::string flow_channel_key(const std::string& token, const FlowHello& hello, const std::string& target_nonce);
+
+// The first message of a flow's TCP channel: {kind:"flow-data", protocol, session, index, nonce}.
+struct FlowDataHello {
+  std::string session;
+  uint32_t index = 0;
+  std::string nonce;  // the dialler's fresh nonce (transport::prove_channel adds it)
+  // Without the nonce: what the source sends before transport::prove_channel adds it.
+  nlohmann::json to_json() const;
+  // An older agent's hello (another protocol) is refused naming both versions.
+  static Result<FlowDataHello> parse(const nlohmann::json& j);
+};
 
 // Signs what one side sends on the control link and checks what it receives: {seq, mac} on
 // every message, in order per direction. Not thread-safe: the owner serialises.

@@ -36,7 +36,7 @@ KubevirtRelay::KubevirtRelay(const AgentConfig& config, Metrics& metrics, migrat
   });
   server_.add_handler("flow", [this](UniqueFd fd, const json& hello) { on_flow_hello(std::move(fd), hello); });
   server_.add_handler("flow-data", [this](UniqueFd fd, const json& hello) { on_flow_data(std::move(fd), hello); });
-  server_.add_rdma_resolver([this](const std::array<uint8_t, 16>& s, uint32_t i) { return resolve_rdma(s, i); });
+  server_.add_rdma_resolver([this](const transport::rdma::ConnectRequest& r) { return resolve_rdma(r); });
 }
 
 KubevirtRelay::~KubevirtRelay() { stop(); }

@@ -76,7 +76,7 @@ class KubevirtRelay {
   void on_connection(UniqueFd fd, const net::Endpoint& dst, const NetNs& ns);
   void on_flow_hello(UniqueFd fd, const nlohmann::json& hello);
   void on_flow_data(UniqueFd fd, const nlohmann::json& hello);
-  Result<transport::rdma::AcceptPlan> resolve_rdma(const std::array<uint8_t, 16>& session, uint32_t index);
+  Result<transport::rdma::AcceptPlan> resolve_rdma(const transport::rdma::ConnectRequest& request);
   // The interception point of `ns`, created when there is none. Slow (a listener and the
   // nftables table inside the namespace): call it without mu_.
   Result<std::shared_ptr<InterceptPoint>> point_for(std::shared_ptr<NetNs> ns);

@@ -7,6 +7,7 @@
 #include "kubevirt/libvirt_stats.h"
 #include "kubevirt/relay_internal.h"
 #include "migration/types.h"
+#include "transport/channel_proof.h"
 #include "transport/wire.h"
 
 namespace rdmig::kubevirt {
@@ -67,23 +68,36 @@ void KubevirtRelay::on_flow_hello(UniqueFd fd, const json& raw) {
 }
 
 void KubevirtRelay::on_flow_data(UniqueFd fd, const json& raw) {
-  auto session = transport::get_string(raw, "session", "hello", 32);
-  auto index = transport::get_uint(raw, "index", "hello", 0, transport::kMaxChannels - 1);
+  auto hello = FlowDataHello::parse(raw);
+  if (!hello) {
+    transport::send_reject(fd.get(), "invalid_argument", hello.error().message);
+    return;
+  }
   std::shared_ptr<TargetSession> s;
-  if (session && index) {
+  {
     std::lock_guard lock(mu_);
-    auto it = targets_.find(session.value());
+    auto it = targets_.find(hello->session);
     if (it != targets_.end()) s = it->second;
   }
   if (!s) {
     transport::send_reject(fd.get(), "permission_denied", "unknown data-plane session");
     return;
   }
-  (void)s->add_tcp_channel(std::move(fd), static_cast<uint32_t>(index.value()));
+  // The session id travels in clear: the channel proves the session's key (known only to the two
+  // agents that proved the token) before it takes an index or any of the buffer budget.
+  auto welcome_proof = transport::check_channel(fd.get(), s->channel_terms(hello->index), hello->nonce,
+                                                migration::kHelloTimeout);
+  if (!welcome_proof) {
+    metrics_.transport_error("tcp", "auth");
+    LOG_WARN("kubevirt") << "session=" << s->id() << " refused a channel from " << net::peer_address(fd.get())
+                         << ": " << welcome_proof.error().message;
+    return;
+  }
+  (void)s->add_tcp_channel(std::move(fd), hello->index, welcome_proof.value());
 }
 
-Result<transport::rdma::AcceptPlan> KubevirtRelay::resolve_rdma(const std::array<uint8_t, 16>& session, uint32_t index) {
-  const std::string id = to_hex(session.data(), session.size());
+Result<transport::rdma::AcceptPlan> KubevirtRelay::resolve_rdma(const transport::rdma::ConnectRequest& request) {
+  const std::string id = to_hex(request.session.data(), request.session.size());
   std::shared_ptr<TargetSession> s;
   {
     std::lock_guard lock(mu_);
@@ -91,7 +105,7 @@ Result<transport::rdma::AcceptPlan> KubevirtRelay::resolve_rdma(const std::array
     if (it == targets_.end()) return Error{Errc::kPermissionDenied, "not a KubeVirt session"};
     s = it->second;
   }
-  auto plan = s->rdma_plan(index);
+  auto plan = s->rdma_plan(request);
   if (plan) {
     plan->deliver = [s, inner = std::move(plan->deliver)](Result<std::unique_ptr<transport::Channel>> ch) {
       inner(std::move(ch));
@@ -102,6 +116,12 @@ Result<transport::rdma::AcceptPlan> KubevirtRelay::resolve_rdma(const std::array
 
 Result<NetnsLocator> KubevirtRelay::admit_session(const FlowHello& hello) {
   NetnsLocator local = [this](const net::Endpoint& dst) { return dial_namespace(dst); };
+  // A session for a migration to another node is not this agent's to carry, whoever proved
+  // the token (errors that start with the hello's field name it to the peer too).
+  if (!node_.empty() && hello.target_node != node_) {
+    return Error{Errc::kFailedPrecondition,
+                 "hello.targetNode: the session names node '" + hello.target_node + "', this agent runs on '" + node_ + "'"};
+  }
   if (!vmi_api_) return local;  // discovery static: a virt-handler's address and listening port
   if (hello.mode != "hook") {
     // Static interception names no VMI: nothing to check against the API. Carried only where
@@ -116,7 +136,7 @@ Result<NetnsLocator> KubevirtRelay::admit_session(const FlowHello& hello) {
   // One GET per session, at its hello: every channel's dial is checked against this answer.
   auto api = vmi_api_->get(hello.vmi);
   if (!api) return Error{Errc::kFailedPrecondition, api.error().message};
-  auto published = published_target(api.value(), hello.vmi, hello.migration_uid, node_);
+  auto published = published_target(api.value(), hello.vmi, hello.migration_uid, node_, hello.source_node);
   if (!published) return published.error();
   return NetnsLocator([this, pub = published.value(), mig = hello.migration_uid](
                           const net::Endpoint& dst) -> Result<std::shared_ptr<NetNs>> {

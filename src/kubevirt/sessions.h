@@ -93,6 +93,7 @@ class SourceSession final : public FlowSession {
   SessionContext ctx_;
   std::vector<PublishedPort> port_classes_;
   PeerInfo peer_;
+  std::string channel_key_;  // what every channel proves (set in open())
   std::string transport_;  // the interception thread only, after open()
   bool rdma_settled_ = false;  // a channel went over RDMA (the interception thread only)
   std::optional<Error> no_rail_;  // no RDMA rail in common with the target (set in open())
@@ -133,8 +134,13 @@ class TargetSession final : public FlowSession {
   const std::string& session_key() const { return hello_.session; }
   // A TCP channel that arrives before the source's "fallback" waits for it this long.
   static constexpr std::chrono::seconds kFallbackWait{5};
-  Status add_tcp_channel(UniqueFd fd, uint32_t index);
-  Result<transport::rdma::AcceptPlan> rdma_plan(uint32_t index);
+  // What channel `index` must prove before it is admitted (transport/channel_proof.h).
+  transport::ChannelTerms channel_terms(uint32_t index) const { return {channel_key_, hello_.session, index}; }
+  // A TCP channel whose proof was checked (`welcome_proof`: this side's answer, sent in the
+  // welcome): admitted against migration.bufferBudget when its index is free.
+  Status add_tcp_channel(UniqueFd fd, uint32_t index, const std::string& welcome_proof);
+  // Checks the request's proof (before any budget or index is taken), then admits the channel.
+  Result<transport::rdma::AcceptPlan> rdma_plan(const transport::rdma::ConnectRequest& request);
 
  private:
   TargetSession(std::string id, FlowRecord record, const SessionContext& ctx, FlowHello hello, NetnsLocator locate,
@@ -149,6 +155,8 @@ class TargetSession final : public FlowSession {
 
   SessionContext ctx_;
   FlowHello hello_;
+  std::string channel_key_;  // set in accept(), read-only after
+  transport::ProofLedger rdma_proofs_;
   NetnsLocator locate_;
   StatsReader stats_;
   std::string transport_;

@@ -3,6 +3,7 @@
 #include "kubevirt/sessions.h"
 #include "migration/handshake.h"
 #include "migration/job.h"
+#include "transport/channel_proof.h"
 #include "transport/rdma/rdma_channel.h"
 #include "transport/tcp/tcp_channel.h"
 #include "transport/wire.h"
@@ -90,6 +91,7 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
   record.carried = true;
   std::unique_ptr<SourceSession> s(new SourceSession(hello.session, std::move(record), ctx, peer));
   s->transport_ = chosen.value();
+  s->channel_key_ = flow_channel_key(token, hello, nonce.value());
   if (s->transport_ == "rdma") {
     // The rails both agents have, matched by index; channel i goes on rail i mod n. None in
     // common: the first channel's connect fails with that and falls back to TCP as an
@@ -131,13 +133,14 @@ Result<std::unique_ptr<transport::Channel>> SourceSession::connect_channel(uint3
   const auto chunk = static_cast<uint32_t>(ctx_.config.migration.chunk_size);
   const uint32_t depth = flow_depth(ctx_.config);
   if (transport_ == "rdma") {
-    auto key = transport::rdma::session_from_hex(id_);
-    if (!key) return key.error();
+    auto id = transport::rdma::session_from_hex(id_);
+    if (!id) return id.error();
     transport::rdma::RdmaChannelParams p{index, chunk, depth, migration::return_path_chunk(chunk),
                                          migration::return_path_depth(depth)};
     // Leave through the rail's device, with its traffic class (as bare-QEMU jobs do).
     if (no_rail_) return *no_rail_;
-    auto ch = migration::connect_on_rail(rails(), key.value(), p, tm, migration::kRdmaConnectTimeout, {});
+    auto ch = migration::connect_on_rail(rails(), transport::rdma::ChannelCredentials{id.value(), channel_key_}, p, tm,
+                                         migration::kRdmaConnectTimeout, {});
     if (!ch) {
       ctx_.metrics.transport_error("rdma", "connect");
       return ch.error();
@@ -146,15 +149,9 @@ Result<std::unique_ptr<transport::Channel>> SourceSession::connect_channel(uint3
   }
   auto fd = net::tcp_connect(peer_.agent, 5s);
   if (!fd) return fd.error();
-  RDMIG_TRY(transport::send_message(fd->get(), json{{"kind", "flow-data"},
-                                                   {"protocol", transport::kProtocolVersion},
-                                                   {"session", id_},
-                                                   {"index", index}}));
-  auto r = transport::recv_message(fd->get(), 5s);
-  if (!r) return r.error();
-  if (r->value("type", "") != "welcome") {
-    return Error{Errc::kProtocol, "channel " + std::to_string(index) + " refused: " + r->value("message", std::string("?"))};
-  }
+  // The channel proves the session's key over the target's fresh nonce; the target proves it back.
+  RDMIG_TRY(transport::prove_channel(fd->get(), FlowDataHello{id_, index, {}}.to_json(),
+                                     transport::ChannelTerms{channel_key_, id_, index}, 5s));
   return std::unique_ptr<transport::Channel>(transport::TcpChannel::create(std::move(fd.value()), index, chunk, depth, tm,
                                                                                   ctx_.config.tcp.splice));
 }

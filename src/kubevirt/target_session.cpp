@@ -61,8 +61,11 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
     // The details stay in this agent's log: the peer learns no UID or node from them.
     LOG_WARN("kubevirt") << "refused session " << hello.session << " (migration " << hello.migration_uid << " of "
                          << hello.vmi.key() << " from " << hello.source_node << "): " << locate.error().message;
+    // A refusal for one of the hello's own fields names that field (not the value this side has).
+    const std::string& why = locate.error().message;
+    const std::string field = why.rfind("hello.", 0) == 0 ? why.substr(0, why.find(':')) + ": " : std::string();
     reject(fd.get(), "failed_precondition",
-           "the agent on this node does not carry migration " + hello.migration_uid + " (its log says why)");
+           field + "the agent on this node does not carry migration " + hello.migration_uid + " (its log says why)");
     return locate.error();
   }
   auto offered = migration::parse_wire_transport(hello.transport, "hello.transport");
@@ -90,6 +93,7 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
   std::shared_ptr<TargetSession> s(
       new TargetSession(hello.session, std::move(rec), ctx, hello, std::move(locate.value()), std::move(stats)));
   s->transport_ = migration::wire_name(choice->transport);
+  s->channel_key_ = flow_channel_key(token, hello, nonce);
   json welcome{{"type", "welcome"}, {"transport", s->transport_}, {"transportReason", choice->reason}};
   if (s->transport_ == "rdma") {
     migration::add_rails_to_welcome(welcome, ctx.rdma);
@@ -217,7 +221,7 @@ Status TargetSession::fall_back_to_tcp(const std::string& why) {
   return ok_status();
 }
 
-Status TargetSession::add_tcp_channel(UniqueFd fd, uint32_t index) {
+Status TargetSession::add_tcp_channel(UniqueFd fd, uint32_t index, const std::string& welcome_proof) {
   std::unique_lock lock(conn_mu_);
   // A TCP channel can overtake the source's "fallback" on the control link: wait for it, bounded.
   if (transport_ == "rdma") {
@@ -243,7 +247,7 @@ Status TargetSession::add_tcp_channel(UniqueFd fd, uint32_t index) {
     return buffers.error();
   }
   buffers_.push_back(std::move(buffers.value()));
-  RDMIG_TRY(transport::send_message(fd.get(), json{{"type", "welcome"}}));
+  RDMIG_TRY(transport::send_message(fd.get(), json{{"type", "welcome"}, {"proof", welcome_proof}}));
   channels_[index] = transport::TcpChannel::create(std::move(fd), index, static_cast<uint32_t>(hello_.chunk_size),
                                                    hello_.ring_depth, ctx_.metrics.transport("tcp"),
                                                    ctx_.config.tcp.splice);
@@ -251,7 +255,13 @@ Status TargetSession::add_tcp_channel(UniqueFd fd, uint32_t index) {
   return ok_status();
 }
 
-Result<transport::rdma::AcceptPlan> TargetSession::rdma_plan(uint32_t index) {
+Result<transport::rdma::AcceptPlan> TargetSession::rdma_plan(const transport::rdma::ConnectRequest& request) {
+  // The proof first: a request that does not prove the session's key takes no index and no budget.
+  if (auto st = transport::rdma::check_request(request, channel_key_, rdma_proofs_); !st) {
+    ctx_.metrics.transport_error("rdma", "auth");
+    return st.error();
+  }
+  const uint32_t index = request.index;
   std::lock_guard lock(conn_mu_);
   if (transport_ != "rdma" || index >= transport::kMaxChannels || ended()) {
     return Error{Errc::kInvalidArgument, "channel index out of range or session not on rdma"};
@@ -265,6 +275,7 @@ Result<transport::rdma::AcceptPlan> TargetSession::rdma_plan(uint32_t index) {
   buffers_.push_back(std::move(buffers.value()));
   const auto chunk = static_cast<uint32_t>(hello_.chunk_size);
   transport::rdma::AcceptPlan plan;
+  plan.key = channel_key_;
   plan.params = transport::rdma::RdmaChannelParams{index, migration::return_path_chunk(chunk),
                                                    migration::return_path_depth(hello_.ring_depth), chunk,
                                                    hello_.ring_depth};

@@ -92,7 +92,7 @@ bool PublishedTarget::allows(const std::string& host, uint16_t port) const {
 }
 
 Result<PublishedTarget> published_target(const json& api_vmi, const VmiRef& vmi, const std::string& migration_uid,
-                                         const std::string& this_node) {
+                                         const std::string& this_node, const std::string& source_node) {
   auto api = parse_vmi(api_vmi);
   const std::string what = "the API's VMI " + vmi.key();
   if (!api) return Error{Errc::kFailedPrecondition, what + ": " + api.error().message};
@@ -104,6 +104,10 @@ Result<PublishedTarget> published_target(const json& api_vmi, const VmiRef& vmi,
   }
   if (this_node.empty() || api->target_node != this_node) {
     return refuse("migrationState.targetNode is '" + api->target_node + "', this agent runs on '" + this_node + "'");
+  }
+  if (api->source_node != source_node) {
+    return Error{Errc::kFailedPrecondition, "hello.sourceNode: the session names '" + source_node + "', " + what +
+                                                " has migrationState.sourceNode '" + api->source_node + "'"};
   }
   if (api->target_address.empty()) return refuse("no migrationState.targetNodeAddress published");
   if (auto st = net::check_unicast_literal(api->target_address, "targetNodeAddress"); !st) {

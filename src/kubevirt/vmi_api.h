@@ -57,8 +57,11 @@ struct PublishedTarget {
   std::string describe() const;  // "10.0.0.2:[41000,41001]"
   bool allows(const std::string& host, uint16_t port) const;
 };
+// `source_node`: the session's sourceNode, which must be the API's migrationState.sourceNode
+// (an error starting "hello.sourceNode" otherwise).
 Result<PublishedTarget> published_target(const nlohmann::json& api_vmi, const VmiRef& vmi,
-                                         const std::string& migration_uid, const std::string& this_node);
+                                         const std::string& migration_uid, const std::string& this_node,
+                                         const std::string& source_node);
 
 // Two IP literals name the same address (IPv6 spellings differ: "::1" and "0::1").
 bool same_address(const std::string& a, const std::string& b);

@@ -133,7 +133,7 @@ Result<RdmaRail> DataPlaneServer::init_rail(uint32_t index, const RdmaRailConfig
   // Every rail listens on its own address; with a fixed rdmaPort they share the port number.
   auto listener = transport::rdma::RdmaListener::create(
       dev.ip, config_.data_plane.rdma_port,
-      [this](const std::array<uint8_t, 16>& session, uint32_t channel) { return resolve_rdma(session, channel); },
+      [this](const transport::rdma::ConnectRequest& request) { return resolve_rdma(request); },
       options.traffic_class);
   if (!listener) {
     return Error{listener.error().code, std::string("listener-failed: rdma_cm listener on ") + dev.ip + " (" +
@@ -221,10 +221,9 @@ void DataPlaneServer::init_rdma() {
   LOG_INFO("dataplane") << rdma_.summary();
 }
 
-Result<transport::rdma::AcceptPlan> DataPlaneServer::resolve_rdma(const std::array<uint8_t, 16>& session,
-                                                                  uint32_t index) {
+Result<transport::rdma::AcceptPlan> DataPlaneServer::resolve_rdma(const transport::rdma::ConnectRequest& request) {
   for (auto& resolve : resolvers_) {
-    auto plan = resolve(session, index);
+    auto plan = resolve(request);
     if (plan || plan.error().code != Errc::kPermissionDenied) return plan;
   }
   return Error{Errc::kPermissionDenied, "no migration has this session"};

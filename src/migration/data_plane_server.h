@@ -93,9 +93,9 @@ class DataPlaneServer {
   // Takes over a connection whose hello (already read, a JSON object with a string `kind`)
   // is `hello`; replies on it (welcome or reject) itself. Runs on the hello's thread.
   using HelloHandler = std::function<void(UniqueFd fd, const nlohmann::json& hello)>;
-  // Recognises an RDMA session or answers kPermissionDenied ("not mine").
-  using RdmaResolver =
-      std::function<Result<transport::rdma::AcceptPlan>(const std::array<uint8_t, 16>& session, uint32_t index)>;
+  // Recognises an RDMA session or answers kPermissionDenied ("not mine"); for its own session it
+  // checks the request's proof (transport::rdma::check_request) before it admits anything.
+  using RdmaResolver = std::function<Result<transport::rdma::AcceptPlan>(const transport::rdma::ConnectRequest& request)>;
 
   DataPlaneServer(const AgentConfig& config, Metrics& metrics);
   ~DataPlaneServer();
@@ -123,7 +123,7 @@ class DataPlaneServer {
   // A rail with `network` first waits, until `network_deadline`, for its network-status entry.
   Result<RdmaRail> init_rail(uint32_t index, const RdmaRailConfig& config,
                              std::chrono::steady_clock::time_point network_deadline);
-  Result<transport::rdma::AcceptPlan> resolve_rdma(const std::array<uint8_t, 16>& session, uint32_t index);
+  Result<transport::rdma::AcceptPlan> resolve_rdma(const transport::rdma::ConnectRequest& request);
 
   const AgentConfig& config_;
   Metrics& metrics_;

@@ -11,6 +11,7 @@
 #include "common/units.h"
 #include "migration/source_job.h"
 #include "migration/target_job.h"
+#include "transport/channel_proof.h"
 #include "transport/wire.h"
 
 namespace rdmig::migration {
@@ -22,8 +23,8 @@ MigrationManager::MigrationManager(const AgentConfig& config, Metrics& metrics, 
     : config_(config), metrics_(metrics), server_(server) {
   server_.add_handler("control", [this](UniqueFd fd, const json& hello) { handle_hello(std::move(fd), hello); });
   server_.add_handler("data", [this](UniqueFd fd, const json& hello) { handle_hello(std::move(fd), hello); });
-  server_.add_rdma_resolver([this](const std::array<uint8_t, 16>& session, uint32_t index) {
-    return rdma_lookup(session, index);
+  server_.add_rdma_resolver([this](const transport::rdma::ConnectRequest& request) {
+    return rdma_lookup(request);
   });
   reaper_ = std::thread([this] { reaper_loop(); });
 }
@@ -60,9 +61,7 @@ void MigrationManager::reaper_loop() {
   }
 }
 
-Result<transport::rdma::AcceptPlan> MigrationManager::rdma_lookup(const std::array<uint8_t, 16>& session,
-                                                                   uint32_t index) {
-  const std::string text = to_hex(session.data(), session.size());
+Result<transport::rdma::AcceptPlan> MigrationManager::rdma_lookup(const transport::rdma::ConnectRequest& request) {
   std::vector<std::shared_ptr<Job>> jobs;
   {
     std::lock_guard lock(mu_);
@@ -71,7 +70,7 @@ Result<transport::rdma::AcceptPlan> MigrationManager::rdma_lookup(const std::arr
     }
   }
   for (auto& job : jobs) {
-    auto plan = static_cast<TargetJob*>(job.get())->rdma_plan(text, index);
+    auto plan = static_cast<TargetJob*>(job.get())->rdma_plan(request);
     if (plan) {
       // Keep the job alive until its channel is delivered.
       plan->deliver = [job, inner = std::move(plan->deliver)](Result<std::unique_ptr<transport::Channel>> ch) {
@@ -115,9 +114,23 @@ void MigrationManager::handle_hello(UniqueFd fd, const json& raw) {
   }
   if (hello->kind == "control") {
     target->on_control(std::move(fd), hello.value(), nonce, proof);
-  } else {
-    target->on_data(std::move(fd), hello.value());
+    return;
   }
+  // A data channel proves the session's channel key before it is admitted; a wrong proof takes
+  // no index (transport/channel_proof.h).
+  auto terms = target->channel_terms(hello->session, hello->index);
+  if (!terms) {
+    transport::send_reject(fd.get(), "permission_denied", kHelloRefused);
+    return;
+  }
+  auto welcome_proof = transport::check_channel(fd.get(), terms.value(), hello->nonce, kHelloTimeout);
+  if (!welcome_proof) {
+    metrics_.transport_error("tcp", "auth");
+    LOG_WARN("dataplane") << "refused a data channel of migration " << hello->migration_id << ": "
+                          << welcome_proof.error().message;
+    return;
+  }
+  target->on_data(std::move(fd), hello.value(), welcome_proof.value());
 }
 
 std::shared_ptr<Job> MigrationManager::find(const std::string& id) const {

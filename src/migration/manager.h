@@ -52,7 +52,7 @@ class MigrationManager {
   // Joins the workers of jobs that ended, as soon as they end (their sockets, channels and
   // buffers are already released by then): nothing but the status stays behind.
   void reaper_loop();
-  Result<transport::rdma::AcceptPlan> rdma_lookup(const std::array<uint8_t, 16>& session, uint32_t index);
+  Result<transport::rdma::AcceptPlan> rdma_lookup(const transport::rdma::ConnectRequest& request);
 
   const AgentConfig& config_;
   Metrics& metrics_;

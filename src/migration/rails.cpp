@@ -96,7 +96,7 @@ std::vector<RailMtu> rail_mtus(const transport::Hello& hello, const RdmaSupport&
 }
 
 Result<std::unique_ptr<transport::rdma::RdmaChannel>> connect_on_rail(
-    const std::vector<RailPair>& rails, const std::array<uint8_t, 16>& session,
+    const std::vector<RailPair>& rails, const transport::rdma::ChannelCredentials& credentials,
     const transport::rdma::RdmaChannelParams& params, TransportMetrics& metrics, std::chrono::milliseconds timeout,
     const std::function<bool()>& cancelled) {
   if (rails.empty()) return Error{Errc::kUnavailable, "no RDMA rail to connect on"};
@@ -104,7 +104,7 @@ Result<std::unique_ptr<transport::rdma::RdmaChannel>> connect_on_rail(
   auto ep = net::parse_endpoint(pair.peer, "rail endpoint");
   if (!ep) return ep.error();
   // Leave through this rail's device, with its traffic class.
-  auto ch = transport::rdma::RdmaChannel::connect(ep.value(), session, params, metrics, timeout, cancelled,
+  auto ch = transport::rdma::RdmaChannel::connect(ep.value(), credentials, params, metrics, timeout, cancelled,
                                                   {pair.local.ip, pair.local.traffic_class});
   if (!ch) {
     return ch.error().with_context("RDMA channel " + std::to_string(params.index) + " on rail " +

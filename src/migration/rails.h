@@ -67,9 +67,9 @@ std::vector<RailMtu> rail_mtus(const std::vector<transport::RailAddress>& source
                                const RdmaSupport& rdma, uint32_t channels);
 
 // Source side: connects channel `params.index` from its rail's local address (and traffic class)
-// to the peer's endpoint on that rail; the error names the rail.
+// to the peer's endpoint on that rail, proving the session's channel key; the error names the rail.
 Result<std::unique_ptr<transport::rdma::RdmaChannel>> connect_on_rail(
-    const std::vector<RailPair>& rails, const std::array<uint8_t, 16>& session,
+    const std::vector<RailPair>& rails, const transport::rdma::ChannelCredentials& credentials,
     const transport::rdma::RdmaChannelParams& params, TransportMetrics& metrics, std::chrono::milliseconds timeout,
     const std::function<bool()>& cancelled);
 

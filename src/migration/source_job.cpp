@@ -8,7 +8,9 @@
 
 #include "common/log.h"
 #include "common/net.h"
+#include "common/units.h"
 #include "migration/handshake.h"
+#include "transport/channel_proof.h"
 #include "transport/rdma/rdma_channel.h"
 #include "transport/tcp/tcp_channel.h"
 #include "transport/wire.h"
@@ -119,16 +121,20 @@ Status SourceJob::connect_data_plane() {
   hello.chunk_size = spec_.chunk_size;
   hello.ring_depth = spec_.ring_depth;
   hello.verify_chunks = spec_.verify_chunks;
+  hello.nonce = random_hex(16);  // this side's half of the channel key
   RDMIG_TRY(transport::send_message(fd->get(), hello.to_json()));
   // The target challenges; the answer proves the one-time token without sending it.
   auto challenge = transport::recv_message(fd->get(), kHandshakeTimeout);
   if (!challenge) return cancel_or(challenge.error().with_context("hello to target agent " + ep.to_string()));
+  std::string target_nonce;
   if (challenge->value("type", "") == "challenge") {
     auto nonce = transport::get_string(challenge.value(), "nonce", "challenge", 64);
     if (!nonce) return nonce.error().with_context("target agent " + ep.to_string());
+    target_nonce = nonce.value();
     RDMIG_TRY(transport::send_message(
         fd->get(), json{{"type", "auth"},
-                        {"proof", transport::control_proof(spec_.target.token, nonce.value(), spec_.target.migration_id)}}));
+                        {"proof", transport::control_proof(spec_.target.token, target_nonce, spec_.target.migration_id,
+                                                           hello.nonce)}}));
   }
   auto reply = challenge->value("type", "") == "challenge" ? transport::recv_message(fd->get(), kHandshakeTimeout)
                                                            : Result<json>(challenge.value());
@@ -153,6 +159,7 @@ Status SourceJob::connect_data_plane() {
                                                 "upgrade it, or migrate without verifyChunks"};
   }
   session_ = session.value();
+  channel_key_ = transport::channel_key(spec_.target.token, hello.nonce, target_nonce, session_);
   transport_ = chosen.value();
   std::string reason = reply->value("transportReason", std::string());
   if (reason.empty()) {
@@ -217,13 +224,11 @@ Status SourceJob::connect_data_plane() {
       dh.migration_id = spec_.target.migration_id;
       dh.session = session_;
       dh.index = i;
-      RDMIG_TRY(transport::send_message(dfd->get(), dh.to_json()));
-      auto r = transport::recv_message(dfd->get(), kHandshakeTimeout);
-      if (!r) return cancel_or(r.error().with_context("data channel " + std::to_string(i)));
-      if (r->value("type", "") != "welcome") {
-        return Error{Errc::kProtocol, "data channel " + std::to_string(i) + " refused: " +
-                                          r->value("message", std::string("?"))};
-      }
+      // The channel proves the session's key over the target's fresh nonce, and the target
+      // proves it back in its welcome.
+      auto proved = transport::prove_channel(dfd->get(), dh.to_json(), transport::ChannelTerms{channel_key_, session_, i},
+                                             kHandshakeTimeout);
+      if (!proved) return cancel_or(proved.error().with_context("data channel " + std::to_string(i)));
       dwatch.reset();
       std::lock_guard lock(data_mu_);
       channels_.push_back(transport::TcpChannel::create(std::move(dfd.value()), i,
@@ -258,13 +263,14 @@ Status SourceJob::connect_data_plane() {
 Status SourceJob::connect_rdma_channels(const json& welcome) {
   auto rails = rails_from_welcome(welcome, ctx_.rdma);
   if (!rails) return rails.error();
-  auto key = transport::rdma::session_from_hex(session_);
-  if (!key) return key.error();
+  auto id = transport::rdma::session_from_hex(session_);
+  if (!id) return id.error();
+  const transport::rdma::ChannelCredentials key{id.value(), channel_key_};
   auto& tm = ctx_.metrics.transport("rdma");
   for (uint32_t i = 0; i < spec_.channels(); ++i) {
     transport::rdma::RdmaChannelParams p{i, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
                                          return_path_chunk(spec_.chunk_size), return_path_depth(spec_.ring_depth)};
-    auto ch = connect_on_rail(rails.value(), key.value(), p, tm, kRdmaConnectTimeout, [this] { return cancel_requested(); });
+    auto ch = connect_on_rail(rails.value(), key, p, tm, kRdmaConnectTimeout, [this] { return cancel_requested(); });
     if (!ch) return ch.error();
     std::lock_guard lock(data_mu_);
     channels_.push_back(std::move(ch.value()));

@@ -50,7 +50,8 @@ class SourceJob final : public Job {
   void on_exception(const Error& error) override { fail_and_protect_vm(error, false); }
 
   const bool was_running_;
-  std::string session_;
+  std::string session_;      // the target's name for the session (no secret)
+  std::string channel_key_;  // what every data channel proves (transport/channel_proof.h)
   std::string transport_;
   std::string socket_path_;
   UniqueFd listener_;

@@ -81,7 +81,7 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello, const std
                            const std::string& proof) {
   std::lock_guard lock(conn_mu_);
   // The token first: only its holder learns anything about this migration.
-  if (!constant_time_equal(proof, transport::control_proof(token_, nonce, spec_.id))) {
+  if (!constant_time_equal(proof, transport::control_proof(token_, nonce, spec_.id, hello.nonce))) {
     ctx_.metrics.transport_error(hello.transport, "auth");
     LOG_WARN("migration") << log_prefix() << " refused a source: token does not match";
     reject(fd.get(), "permission_denied", kHelloRefused);
@@ -127,7 +127,8 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello, const std
     return;
   }
   token_used_ = true;
-  session_ = random_hex(16);
+  session_ = random_hex(16);  // names the session; its channels prove channel_key_
+  channel_key_ = transport::channel_key(token_, hello.nonce, nonce, session_);
   transport_ = chosen;
   verify_chunks_ = hello.verify_chunks;  // the framing of every chunk: the source decides
   update([&](MigrationStatus& s) { s.verify_chunks = hello.verify_chunks; });
@@ -144,7 +145,15 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello, const std
   conn_cv_.notify_all();
 }
 
-void TargetJob::on_data(UniqueFd fd, const transport::Hello& hello) {
+Result<transport::ChannelTerms> TargetJob::channel_terms(const std::string& session, uint32_t index) const {
+  std::lock_guard lock(conn_mu_);
+  if (!token_used_ || transport_ != "tcp" || !constant_time_equal(session, session_)) {
+    return Error{Errc::kPermissionDenied, kHelloRefused};
+  }
+  return transport::ChannelTerms{channel_key_, session_, index};
+}
+
+void TargetJob::on_data(UniqueFd fd, const transport::Hello& hello, const std::string& welcome_proof) {
   std::lock_guard lock(conn_mu_);
   if (!token_used_ || transport_ != "tcp" || !constant_time_equal(hello.session, session_)) {
     reject(fd.get(), "permission_denied", kHelloRefused);
@@ -155,21 +164,29 @@ void TargetJob::on_data(UniqueFd fd, const transport::Hello& hello) {
                                              " is out of range or already connected");
     return;
   }
-  reply(fd.get(), json{{"type", "welcome"}});
+  reply(fd.get(), json{{"type", "welcome"}, {"proof", welcome_proof}});
   data_fds_[hello.index] = std::move(fd);
   ++data_received_;
   conn_cv_.notify_all();
 }
 
-Result<transport::rdma::AcceptPlan> TargetJob::rdma_plan(const std::string& session, uint32_t index) {
+Result<transport::rdma::AcceptPlan> TargetJob::rdma_plan(const transport::rdma::ConnectRequest& request) {
   std::lock_guard lock(conn_mu_);
+  const std::string session = to_hex(request.session.data(), request.session.size());
+  const uint32_t index = request.index;
   if (!token_used_ || transport_ != "rdma" || !constant_time_equal(session, session_)) {
     return Error{Errc::kPermissionDenied, "unknown session"};
+  }
+  // The proof first: a request that does not prove the key takes no index.
+  if (auto st = transport::rdma::check_request(request, channel_key_, rdma_proofs_); !st) {
+    ctx_.metrics.transport_error("rdma", "auth");
+    return st.error();
   }
   if (index >= rdma_channels_.size() || rdma_channels_[index]) {
     return Error{Errc::kInvalidArgument, "channel " + std::to_string(index) + " out of range or already connected"};
   }
   transport::rdma::AcceptPlan plan;
+  plan.key = channel_key_;
   plan.params = transport::rdma::RdmaChannelParams{index, return_path_chunk(spec_.chunk_size),
                                                    return_path_depth(spec_.ring_depth),
                                                    static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth};

@@ -24,9 +24,15 @@ class TargetJob final : public Job {
   // (welcome or reject) on the connection; takes it over on success.
   // `proof`: the source's answer to `nonce` (transport::control_proof of this job's token).
   void on_control(UniqueFd fd, const transport::Hello& hello, const std::string& nonce, const std::string& proof);
-  void on_data(UniqueFd fd, const transport::Hello& hello);
-  // For the agent's RDMA listener: how to build channel `index` of `session` and where it goes.
-  Result<transport::rdma::AcceptPlan> rdma_plan(const std::string& session, uint32_t index);
+  // What TCP channel `index` of `session` must prove (transport/channel_proof.h);
+  // kPermissionDenied when this job has no such TCP session.
+  Result<transport::ChannelTerms> channel_terms(const std::string& session, uint32_t index) const;
+  // A TCP channel whose proof was checked (`welcome_proof`: the acceptor's answer): admitted
+  // when its index is free, refused otherwise.
+  void on_data(UniqueFd fd, const transport::Hello& hello, const std::string& welcome_proof);
+  // For the agent's RDMA listener: checks the request's proof, then says how to build its
+  // channel and where it goes.
+  Result<transport::rdma::AcceptPlan> rdma_plan(const transport::rdma::ConnectRequest& request);
 
  private:
   TargetJob(MigrationSpec spec, JobContext ctx, std::unique_ptr<qemu::QmpClient> qmp);
@@ -50,7 +56,9 @@ class TargetJob final : public Job {
   void on_exception(const Error& error) override { report_failure(error, false, incoming_started_); }
 
   std::string token_;
-  std::string session_;
+  std::string session_;      // names the session (in clear on the wire)
+  std::string channel_key_;  // what its channels prove, from the token and both nonces
+  transport::ProofLedger rdma_proofs_;
   std::string socket_path_;
   std::string transport_;
   std::string transport_reason_;

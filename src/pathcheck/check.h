@@ -133,8 +133,12 @@ class PathCheck {
 
   // Target side, from the data-plane server's hello threads (see migration::TargetJob).
   void on_control(UniqueFd fd, const transport::Hello& hello, const std::string& nonce, const std::string& proof);
-  void on_data(UniqueFd fd, const transport::Hello& hello);
-  Result<transport::rdma::AcceptPlan> rdma_plan(const std::string& session, uint32_t index);
+  // What TCP channel `index` of `session` must prove; kPermissionDenied when there is no such session.
+  Result<transport::ChannelTerms> channel_terms(const std::string& session, uint32_t index) const;
+  // A TCP channel whose proof was checked (`welcome_proof`: the acceptor's answer).
+  void on_data(UniqueFd fd, const transport::Hello& hello, const std::string& welcome_proof);
+  // Checks the request's proof, then admits the channel.
+  Result<transport::rdma::AcceptPlan> rdma_plan(const transport::rdma::ConnectRequest& request);
 
  private:
   void run();
@@ -174,7 +178,9 @@ class PathCheck {
 
   // Target: what the data-plane server hands over (guarded by mu_).
   bool token_used_ = false;
-  std::string session_;
+  std::string session_;      // names the session (source side: from the welcome); no secret
+  std::string channel_key_;  // what its channels prove (transport/channel_proof.h)
+  transport::ProofLedger rdma_proofs_;
   UniqueFd control_fd_;
   std::vector<UniqueFd> data_fds_;
   std::vector<std::unique_ptr<transport::Channel>> rdma_channels_;

@@ -10,6 +10,7 @@
 #include "migration/job.h"
 #include "pathcheck/pattern.h"
 #include "pathcheck/stream.h"
+#include "transport/channel_proof.h"
 #include "transport/rdma/rdma_channel.h"
 #include "transport/tcp/tcp_channel.h"
 
@@ -55,6 +56,7 @@ Status PathCheck::connect_source() {
     unwatch();
     return cancel_or(fd.error().with_context("target agent data plane " + ep.to_string()));
   }
+  hello.nonce = random_hex(16);  // this side's half of the channel key
   json hello_json = hello.to_json();
   hello_json["kind"] = "pathcheck-control";
   RDMIG_TRY(transport::send_message(fd->get(), hello_json));
@@ -69,7 +71,8 @@ Status PathCheck::connect_source() {
   if (!nonce) return nonce.error().with_context("target agent " + ep.to_string());
   RDMIG_TRY(transport::send_message(
       fd->get(), json{{"type", "auth"},
-                      {"proof", transport::control_proof(spec_.target.token, nonce.value(), spec_.target.migration_id)}}));
+                      {"proof", transport::control_proof(spec_.target.token, nonce.value(), spec_.target.migration_id,
+                                                         hello.nonce)}}));
   auto reply = transport::recv_message(fd->get(), step());
   unwatch();
   if (!reply) return cancel_or(reply.error().with_context("hello to target agent " + ep.to_string()));
@@ -85,6 +88,7 @@ Status PathCheck::connect_source() {
     return Error{Errc::kProtocol, "target agent sent no valid welcome"};
   }
   session_ = session.value();
+  channel_key_ = transport::channel_key(spec_.target.token, hello.nonce, nonce.value(), session_);
   const std::string transport = chosen.value();
   std::string reason = reply->value("transportReason", std::string());
   if (reason.empty()) reason = spec_.transport == TransportKind::kAuto ? "auto" : "requested";
@@ -107,12 +111,12 @@ Status PathCheck::connect_source() {
   for (uint32_t i = 0; i < spec_.channels; ++i) {
     std::unique_ptr<transport::Channel> ch;
     if (transport == "rdma") {
-      auto key = transport::rdma::session_from_hex(session_);
-      if (!key) return key.error();
+      auto id = transport::rdma::session_from_hex(session_);
+      if (!id) return id.error();
       transport::rdma::RdmaChannelParams p{i, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
                                            migration::return_path_chunk(spec_.chunk_size),
                                            migration::return_path_depth(spec_.ring_depth)};
-      auto c = migration::connect_on_rail(rails, key.value(), p, tm,
+      auto c = migration::connect_on_rail(rails, transport::rdma::ChannelCredentials{id.value(), channel_key_}, p, tm,
                                           std::min<std::chrono::milliseconds>(remaining(), 15s), [this] {
                                             std::lock_guard lock(mu_);
                                             return cancelled_;
@@ -135,14 +139,9 @@ Status PathCheck::connect_source() {
       dh.index = i;
       json dh_json = dh.to_json();
       dh_json["kind"] = "pathcheck-data";
-      RDMIG_TRY(transport::send_message(dfd->get(), dh_json));
-      auto r = transport::recv_message(dfd->get(), step());
+      auto proved = transport::prove_channel(dfd->get(), dh_json, transport::ChannelTerms{channel_key_, session_, i}, step());
       unwatch();
-      if (!r) return cancel_or(r.error().with_context("data channel " + std::to_string(i)));
-      if (r->value("type", "") != "welcome") {
-        return Error{Errc::kProtocol, "data channel " + std::to_string(i) + " refused: " +
-                                          r->value("message", std::string("?"))};
-      }
+      if (!proved) return cancel_or(proved.error().with_context("data channel " + std::to_string(i)));
       ch = transport::TcpChannel::create(std::move(dfd.value()), i, static_cast<uint32_t>(spec_.chunk_size),
                                          spec_.ring_depth, tm, ctx_.config.tcp.splice);
     }

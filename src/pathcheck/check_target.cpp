@@ -26,7 +26,7 @@ void reject(int fd, const std::string& code, const std::string& message) { trans
 void PathCheck::on_control(UniqueFd fd, const transport::Hello& hello, const std::string& nonce,
                            const std::string& proof) {
   std::lock_guard lock(mu_);
-  if (!constant_time_equal(proof, transport::control_proof(token_, nonce, spec_.id))) {
+  if (!constant_time_equal(proof, transport::control_proof(token_, nonce, spec_.id, hello.nonce))) {
     ctx_.metrics.transport_error(hello.transport, "auth");
     reject(fd.get(), "permission_denied", migration::kHelloRefused);
     return;
@@ -60,7 +60,8 @@ void PathCheck::on_control(UniqueFd fd, const transport::Hello& hello, const std
   }
   if (!mismatch.empty()) return reject(fd.get(), "invalid_argument", mismatch);
   token_used_ = true;
-  session_ = random_hex(16);
+  session_ = random_hex(16);  // names the session; its channels prove channel_key_
+  channel_key_ = transport::channel_key(token_, hello.nonce, nonce, session_);
   status_.transport = chosen;
   status_.transport_reason = reason;
   json welcome{{"type", "welcome"}, {"session", session_}, {"transport", chosen}, {"transportReason", reason}};
@@ -73,7 +74,15 @@ void PathCheck::on_control(UniqueFd fd, const transport::Hello& hello, const std
   cv_.notify_all();
 }
 
-void PathCheck::on_data(UniqueFd fd, const transport::Hello& hello) {
+Result<transport::ChannelTerms> PathCheck::channel_terms(const std::string& session, uint32_t index) const {
+  std::lock_guard lock(mu_);
+  if (!token_used_ || status_.transport != "tcp" || !constant_time_equal(session, session_) || finished_) {
+    return Error{Errc::kPermissionDenied, migration::kHelloRefused};
+  }
+  return transport::ChannelTerms{channel_key_, session_, index};
+}
+
+void PathCheck::on_data(UniqueFd fd, const transport::Hello& hello, const std::string& welcome_proof) {
   std::lock_guard lock(mu_);
   if (!token_used_ || status_.transport != "tcp" || !constant_time_equal(hello.session, session_) || finished_) {
     return reject(fd.get(), "permission_denied", migration::kHelloRefused);
@@ -82,21 +91,29 @@ void PathCheck::on_data(UniqueFd fd, const transport::Hello& hello) {
     return reject(fd.get(), "invalid_argument", "hello.index: channel " + std::to_string(hello.index) +
                                                     " is out of range or already connected");
   }
-  reply(fd.get(), json{{"type", "welcome"}});
+  reply(fd.get(), json{{"type", "welcome"}, {"proof", welcome_proof}});
   data_fds_[hello.index] = std::move(fd);
   ++data_received_;
   cv_.notify_all();
 }
 
-Result<transport::rdma::AcceptPlan> PathCheck::rdma_plan(const std::string& session, uint32_t index) {
+Result<transport::rdma::AcceptPlan> PathCheck::rdma_plan(const transport::rdma::ConnectRequest& request) {
   std::lock_guard lock(mu_);
+  const std::string session = to_hex(request.session.data(), request.session.size());
+  const uint32_t index = request.index;
   if (!token_used_ || status_.transport != "rdma" || !constant_time_equal(session, session_) || finished_) {
     return Error{Errc::kPermissionDenied, "unknown session"};
+  }
+  // The proof first: a request that does not prove the key takes no index.
+  if (auto st = transport::rdma::check_request(request, channel_key_, rdma_proofs_); !st) {
+    ctx_.metrics.transport_error("rdma", "auth");
+    return st.error();
   }
   if (index >= rdma_channels_.size() || rdma_channels_[index]) {
     return Error{Errc::kInvalidArgument, "channel " + std::to_string(index) + " out of range or already connected"};
   }
   transport::rdma::AcceptPlan plan;
+  plan.key = channel_key_;
   plan.params = transport::rdma::RdmaChannelParams{index, migration::return_path_chunk(spec_.chunk_size),
                                                    migration::return_path_depth(spec_.ring_depth),
                                                    static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth};

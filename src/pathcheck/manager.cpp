@@ -4,6 +4,7 @@
 #include "common/net.h"
 #include "common/units.h"
 #include "migration/job.h"
+#include "transport/channel_proof.h"
 #include "transport/wire.h"
 
 namespace rdmig::pathcheck {
@@ -14,9 +15,8 @@ PathCheckManager::PathCheckManager(const AgentConfig& config, Metrics& metrics, 
     : config_(config), metrics_(metrics), server_(server) {
   server_.add_handler("pathcheck-control", [this](UniqueFd fd, const json& hello) { handle_hello(std::move(fd), hello); });
   server_.add_handler("pathcheck-data", [this](UniqueFd fd, const json& hello) { handle_hello(std::move(fd), hello); });
-  server_.add_rdma_resolver([this](const std::array<uint8_t, 16>& session, uint32_t index)
+  server_.add_rdma_resolver([this](const transport::rdma::ConnectRequest& request)
                                 -> Result<transport::rdma::AcceptPlan> {
-    const std::string text = to_hex(session.data(), session.size());
     std::vector<std::shared_ptr<PathCheck>> targets;
     {
       std::lock_guard lock(mu_);
@@ -25,7 +25,7 @@ PathCheckManager::PathCheckManager(const AgentConfig& config, Metrics& metrics, 
       }
     }
     for (auto& c : targets) {
-      auto plan = c->rdma_plan(text, index);
+      auto plan = c->rdma_plan(request);
       if (plan) {
         plan->deliver = [c, inner = std::move(plan->deliver)](Result<std::unique_ptr<transport::Channel>> ch) {
           inner(std::move(ch));
@@ -83,9 +83,22 @@ void PathCheckManager::handle_hello(UniqueFd fd, const json& raw) {
   }
   if (hello->kind == "control") {
     check->on_control(std::move(fd), hello.value(), nonce, proof);
-  } else {
-    check->on_data(std::move(fd), hello.value());
+    return;
   }
+  // A data channel proves the check's channel key before it is admitted (transport/channel_proof.h).
+  auto terms = check->channel_terms(hello->session, hello->index);
+  if (!terms) {
+    transport::send_reject(fd.get(), "permission_denied", migration::kHelloRefused);
+    return;
+  }
+  auto welcome_proof = transport::check_channel(fd.get(), terms.value(), hello->nonce, migration::kHelloTimeout);
+  if (!welcome_proof) {
+    metrics_.transport_error("tcp", "auth");
+    LOG_WARN("dataplane") << "refused a data channel of path check " << hello->migration_id << ": "
+                          << welcome_proof.error().message;
+    return;
+  }
+  check->on_data(std::move(fd), hello.value(), welcome_proof.value());
 }
 
 std::shared_ptr<PathCheck> PathCheckManager::find(const std::string& id) const {

@@ -8,6 +8,7 @@
 #include "common/net.h"
 #include "common/units.h"
 #include "common/json_limits.h"
+#include "transport/channel_proof.h"
 
 namespace rdmig::transport {
 
@@ -111,8 +112,9 @@ Result<uint64_t> get_uint(const json& j, const char* key, const std::string& whe
   return v;
 }
 
-std::string control_proof(const std::string& token, const std::string& nonce, const std::string& migration_id) {
-  return hmac_sha256_hex(token, "rdmig-control\n" + nonce + "\n" + migration_id);
+std::string control_proof(const std::string& token, const std::string& nonce, const std::string& migration_id,
+                          const std::string& source_nonce) {
+  return hmac_sha256_hex(token, "rdmig-control\n" + nonce + "\n" + migration_id + "\n" + source_nonce);
 }
 
 json rails_to_json(const std::vector<RailAddress>& rails) {
@@ -161,6 +163,7 @@ Result<std::vector<RailAddress>> parse_rails(const json& j, const char* key, con
 
 json Hello::to_json() const {
   json j{{"type", "hello"}, {"protocol", protocol}, {"kind", kind}, {"migrationId", migration_id}};
+  if (!nonce.empty()) j["nonce"] = nonce;
   if (kind == "control") {
     j["channels"] = channels;
     j["chunkSize"] = chunk_size;
@@ -195,6 +198,12 @@ Result<Hello> Hello::parse(const json& j) {
   auto id = get_string(j, "migrationId", "hello", 63);
   if (!id) return id.error();
   h.migration_id = id.value();
+  auto nonce = get_string(j, "nonce", "hello", kChannelNonceChars);
+  if (!nonce) return nonce.error();
+  if (!is_channel_nonce(nonce.value())) {
+    return Error{Errc::kInvalidArgument, "hello.nonce: must be 32 lowercase hex characters"};
+  }
+  h.nonce = nonce.value();
   if (h.kind == "control") {
     auto ch = get_uint(j, "channels", "hello", 1, kMaxChannels);
     if (!ch) return ch.error();

@@ -14,7 +14,10 @@ namespace rdmig::transport {
 
 // 2: the control hello carries no token; the target challenges and the source proves it
 // (control_proof), so the one-time token never crosses the data-plane network.
-inline constexpr uint32_t kProtocolVersion = 2;
+// 3: the control hello carries the source's nonce (covered by its proof), and every data channel
+// proves the session's channel key (transport/channel_proof.h): the session id in the welcome
+// names the session and is no secret.
+inline constexpr uint32_t kProtocolVersion = 3;
 inline constexpr uint32_t kMaxMessageBytes = 64 * 1024;
 inline constexpr uint32_t kMaxChannels = 65;  // main + 64 multifd
 
@@ -43,7 +46,10 @@ struct Hello {
   uint32_t protocol = kProtocolVersion;
   std::string kind;          // "control" or "data"
   std::string migration_id;  // the target agent's migration id
-  std::string session;       // data: session key from the welcome
+  std::string session;       // data: the session id from the welcome (no secret)
+  // control: the source's nonce, its half of the channel key; data: the dialler's fresh nonce
+  // (transport/channel_proof.h). 32 lowercase hex characters.
+  std::string nonce;
   uint32_t index = 0;        // data: channel index (0 = QEMU's main channel)
   uint32_t channels = 0;     // control: QEMU connections (1 + multifd channels)
   uint64_t chunk_size = 0;   // control
@@ -68,8 +74,10 @@ struct Hello {
 // chunkSize, ringDepth, transport (tcp|rdma), transportRequired (optional). Errors name
 // `where.field`.
 // The source's answer to the target's challenge on a control connection: proves the one-time
-// token of `migration_id` without sending it.
-std::string control_proof(const std::string& token, const std::string& nonce, const std::string& migration_id);
+// token of `migration_id` without sending it, over the target's nonce and the source's own (the
+// hello's): HMAC-SHA256(token, "rdmig-control\n" target nonce "\n" migration id "\n" source nonce).
+std::string control_proof(const std::string& token, const std::string& nonce, const std::string& migration_id,
+                          const std::string& source_nonce);
 
 struct SessionTerms {
   uint64_t chunk_size = 0;

@@ -25,8 +25,10 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
-from rdmiglab import Agent  # noqa: E402
+from rdmiglab import Agent, parse_prometheus  # noqa: E402
+from rdmiglab import wireproof  # noqa: E402
 from rdmiglab.netns import LoopbackNetns, NetnsAgent  # noqa: E402
+from rdmiglab.wireproof import PROTOCOL, control_proof, send_frame, recv_frame  # noqa: E402,F401
 
 
 def raw_request(port, data, timeout=10.0, read_all=True):
@@ -152,22 +154,27 @@ class FakeRunningQemu(FakeIncomingQemu):
     STATUS = {"status": "running", "running": True}
 
 
-def control_proof(token, nonce, migration_id):
-    """What the source agent answers to the target's challenge (transport::control_proof)."""
-    import hashlib
-    import hmac
-    return hmac.new(token.encode(), ("rdmig-control\n%s\n%s" % (nonce, migration_id)).encode(),
-                    hashlib.sha256).hexdigest()
-
-
 def control_hello(sock, hello, token):
-    """Sends a control hello and answers the target's challenge; returns the target's answer."""
+    """Sends a control hello (a source nonce added when it has none) and answers the target's
+    challenge; returns the target's answer, a welcome with "challengeNonce" (the target's nonce)
+    and "sourceNonce" added: with the session they make the channel key."""
+    hello = dict(hello)
+    hello.setdefault("nonce", wireproof.nonce())
     send_frame(sock, hello)
     reply = recv_frame(sock)
     if reply and reply.get("type") == "challenge":
-        send_frame(sock, {"type": "auth", "proof": control_proof(token, reply["nonce"], hello["migrationId"])})
+        target_nonce = reply["nonce"]
+        send_frame(sock, {"type": "auth", "proof": control_proof(token, target_nonce, hello["migrationId"],
+                                                                 hello["nonce"])})
         reply = recv_frame(sock)
+        if reply is not None and reply.get("type") == "welcome":
+            reply = dict(reply, challengeNonce=target_nonce, sourceNonce=hello["nonce"])
     return reply
+
+
+def channel_key_of(welcome, token):
+    """The channel key of the session a control hello opened (control_hello's answer)."""
+    return wireproof.channel_key(token, welcome["sourceNonce"], welcome["challengeNonce"], welcome["session"])
 
 
 class FakeSource:
@@ -177,13 +184,14 @@ class FakeSource:
 
     def __init__(self, agent, target, chunk, depth, start=True):
         self.ctl = socket.create_connection(("127.0.0.1", agent.data_port), timeout=10)
-        self.data = socket.create_connection(("127.0.0.1", agent.data_port), timeout=10)
-        hello = {"type": "hello", "protocol": 2, "migrationId": target["id"], "channels": 1,
+        hello = {"type": "hello", "protocol": PROTOCOL, "migrationId": target["id"], "channels": 1,
                  "chunkSize": chunk, "ringDepth": depth, "transport": "tcp"}
         welcome = control_hello(self.ctl, dict(hello, kind="control"), target["token"])
         assert welcome["type"] == "welcome", welcome
-        send_frame(self.data, dict(hello, kind="data", session=welcome["session"], index=0))
-        assert recv_frame(self.data)["type"] == "welcome"
+        self.data, answer = wireproof.open_channel(
+            agent.data_port, dict(hello, kind="data", session=welcome["session"], index=0),
+            channel_key_of(welcome, target["token"]))
+        assert answer["type"] == "welcome", answer
         if start:
             send_frame(self.ctl, {"type": "start"})
             assert recv_frame(self.ctl)["type"] == "ready"
@@ -196,29 +204,6 @@ class FakeSource:
     def close(self):
         self.ctl.close()
         self.data.close()
-
-
-def send_frame(sock, msg):
-    import struct
-    body = json.dumps(msg).encode()
-    sock.sendall(struct.pack("<I", len(body)) + body)
-
-
-def recv_frame(sock):
-    import struct
-    head = b""
-    while len(head) < 4:
-        part = sock.recv(4 - len(head))
-        if not part:
-            return None
-        head += part
-    n, data = struct.unpack("<I", head)[0], b""
-    while len(data) < n:
-        part = sock.recv(n - len(data))
-        if not part:
-            return None
-        data += part
-    return json.loads(data)
 
 
 class StallingTargetAgent:
@@ -260,6 +245,8 @@ class StallingTargetAgent:
                 if auth is None:
                     return
                 self.frames.append(auth)
+                # It holds the token ("t" * 32, create_source's): its channels prove the key.
+                self.key = wireproof.channel_key("t" * 32, hello.get("nonce", ""), "cd" * 16, "ab" * 16)
                 send_frame(c, {"type": "welcome", "session": "ab" * 16, "transport": "tcp"})
                 if self.stage in ("full", "ready"):  # answer 'start' with 'ready'; then carry nothing
                     while True:
@@ -270,7 +257,7 @@ class StallingTargetAgent:
                         if m.get("type") == "start" and self.stage == "full":
                             send_frame(c, {"type": "ready"})
             else:
-                send_frame(c, {"type": "welcome"})
+                wireproof.accept_channel(c, hello, self.key)
         except OSError:
             pass
 
@@ -773,8 +760,8 @@ class HostileHttpTest(unittest.TestCase):
     # ---- data-plane hellos ----
 
     def hello(self, token="t" * 32, **fields):
-        msg = dict({"type": "hello", "protocol": 2, "kind": "control", "channels": 1,
-                    "chunkSize": 1 << 20, "ringDepth": 16, "transport": "tcp"}, **fields)
+        msg = dict({"type": "hello", "protocol": PROTOCOL, "kind": "control", "channels": 1,
+                    "chunkSize": 1 << 20, "ringDepth": 16, "transport": "tcp", "nonce": wireproof.nonce()}, **fields)
         s = socket.create_connection(("127.0.0.1", self.agent.data_port), timeout=10)
         try:
             return control_hello(s, msg, token)
@@ -801,6 +788,55 @@ class HostileHttpTest(unittest.TestCase):
             self.assertIn(st["phase"], ("Pending", "Connecting"), st)
         finally:
             self.agent.cancel("m-exists")
+            q.close()
+
+    def test_a_data_channel_must_prove_the_sessions_key_not_just_name_the_session(self):
+        # Issue 38: the session value went to the source in clear in the target's welcome, and a
+        # data hello naming it was welcomed from anyone who saw it on the data-plane network.
+        q = FakeIncomingQemu(os.path.join(self.tmp, "channel-proof.qmp"))
+        status, target = self.agent.request("POST", "/v1/migrations", {
+            "role": "target", "qmpSocket": q.path, "chunkSize": "1Mi", "ringDepth": 16})
+        self.assertEqual(status, 201, target)
+        auth_errors = ("rdmig_transport_errors_total", frozenset({("transport", "tcp"), ("kind", "auth")}))
+        before = parse_prometheus(self.agent.metrics())[0].get(auth_errors, 0)
+        ctl = socket.create_connection(("127.0.0.1", self.agent.data_port), timeout=10)
+        held = []
+        try:
+            hello = {"type": "hello", "protocol": PROTOCOL, "migrationId": target["id"], "channels": 1,
+                     "chunkSize": 1 << 20, "ringDepth": 16, "transport": "tcp"}
+            welcome = control_hello(ctl, dict(hello, kind="control"), target["token"])
+            self.assertEqual(welcome["type"], "welcome", welcome)
+            seen = dict(hello, kind="data", session=welcome["session"], index=0)  # all of it on the wire
+            # A third party without the token: the key is a guess, and nothing is admitted.
+            for guess in ("00" * 32, wireproof.channel_key("not-the-token", welcome["sourceNonce"],
+                                                           welcome["challengeNonce"], welcome["session"])):
+                s, answer = wireproof.open_channel(self.agent.data_port, seen, guess)
+                held.append(s)
+                self.assertIsNotNone(answer)
+                self.assertEqual((answer["type"], answer.get("code")), ("reject", "permission_denied"), answer)
+                self.assertIn("auth.proof", answer["message"])
+            # The token holder's channel 0 is still free and attaches.
+            key = channel_key_of(welcome, target["token"])
+            data, ok = wireproof.open_channel(self.agent.data_port, seen, key)
+            held.append(data)
+            self.assertEqual(ok["type"], "welcome", ok)
+            # Its proof seen on the wire, replayed on another connection: refused for the proof.
+            s, again = wireproof.open_channel(self.agent.data_port, dict(seen, nonce=ok["nonce"]), key,
+                                              proof=ok["sent"])
+            held.append(s)
+            self.assertEqual((again["type"], again.get("code")), ("reject", "permission_denied"), again)
+            self.assertIn("auth.proof", again["message"])
+            deadline = time.time() + 5  # counted once the reject is out: waited for, bounded
+            while parse_prometheus(self.agent.metrics())[0].get(auth_errors, 0) - before < 3 and time.time() < deadline:
+                time.sleep(0.05)
+            self.assertEqual(parse_prometheus(self.agent.metrics())[0].get(auth_errors, 0) - before, 3.0,
+                             "each refused channel counted")
+            self.assertIn(self.agent.get(target["id"])["phase"], ("Pending", "Connecting"))
+        finally:
+            for s in held:
+                s.close()
+            ctl.close()
+            self.agent.cancel(target["id"])
             q.close()
 
     # ---- cancel ends every handshake stage at once ----
@@ -851,7 +887,7 @@ class HostileHttpTest(unittest.TestCase):
             # The one-time token never crossed the wire: the source proved it instead.
             sent = json.dumps(peer.frames)
             self.assertNotIn("t" * 32, sent)
-            self.assertIn(control_proof("t" * 32, "cd" * 16, "m-far"), sent)
+            self.assertIn(control_proof("t" * 32, "cd" * 16, "m-far", peer.frames[0]["nonce"]), sent)
         finally:
             peer.close()
             q.close()

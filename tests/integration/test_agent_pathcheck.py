@@ -19,7 +19,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
 sys.path.insert(0, HERE)
 from rdmiglab import Agent, parse_prometheus  # noqa: E402
-from test_agent_hostile_http import DialPolicyNamespace, FakeIncomingQemu  # noqa: E402
+from test_agent_hostile_http import DialPolicyNamespace, FakeIncomingQemu, control_hello, channel_key_of  # noqa: E402
+from rdmiglab import wireproof  # noqa: E402
 
 MiB = 1 << 20
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
@@ -133,6 +134,47 @@ class PathCheckTest(unittest.TestCase):
         tst = wait_check(self.b, t["id"], timeout=15)
         self.assertEqual(tst["phase"], "Failed")
         self.assertIn("no source agent connected within 5 s", tst["error"])
+
+    def test_a_data_channel_must_prove_the_checks_key_not_just_name_its_session(self):
+        # Issue 38: the session value is in clear in the target's welcome; a pathcheck-data hello
+        # naming it was welcomed from anyone who saw it. Now the channel proves a key only the two
+        # token-proven ends hold, and a refused channel takes nothing.
+        import socket
+        t = self.b.call("POST", "/v1/pathchecks", {"role": "target", "bytes": "8Mi", "channels": 1, "chunkSize": "1Mi",
+                                                   "ringDepth": 16, "timeoutSeconds": 30})
+        auth = ("rdmig_transport_errors_total", frozenset({("transport", "tcp"), ("kind", "auth")}))
+        before = parse_prometheus(self.b.metrics())[0].get(auth, 0)
+        port = int(t["endpoint"].rsplit(":", 1)[1])
+        ctl = socket.create_connection(("127.0.0.1", port), timeout=10)
+        held = []
+        try:
+            hello = {"type": "hello", "protocol": wireproof.PROTOCOL, "migrationId": t["checkId"], "channels": 1,
+                     "chunkSize": 1 << 20, "ringDepth": 16, "transport": "tcp"}
+            welcome = control_hello(ctl, dict(hello, kind="pathcheck-control"), t["token"])
+            self.assertEqual(welcome["type"], "welcome", welcome)
+            seen = dict(hello, kind="pathcheck-data", session=welcome["session"], index=0)
+            s, answer = wireproof.open_channel(port, seen, "00" * 32)  # a third party's guess
+            held.append(s)
+            self.assertEqual((answer["type"], answer.get("code")), ("reject", "permission_denied"), answer)
+            self.assertIn("auth.proof", answer["message"])
+            key = channel_key_of(welcome, t["token"])
+            data, ok = wireproof.open_channel(port, seen, key)  # the token holder's channel 0 is still free
+            held.append(data)
+            self.assertEqual(ok["type"], "welcome", ok)
+            s, again = wireproof.open_channel(port, dict(seen, nonce=ok["nonce"]), key, proof=ok["sent"])  # a replay
+            held.append(s)
+            self.assertEqual((again["type"], again.get("code")), ("reject", "permission_denied"), again)
+            self.assertIn("auth.proof", again["message"])
+            # Counted once the reject is out: waited for, bounded.
+            deadline = time.monotonic() + 5
+            while parse_prometheus(self.b.metrics())[0].get(auth, 0) - before < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.assertEqual(parse_prometheus(self.b.metrics())[0].get(auth, 0) - before, 2.0)
+        finally:
+            for s in held:
+                s.close()
+            ctl.close()
+            self.b.call("DELETE", "/v1/pathchecks/" + t["id"])
 
     def test_a_check_cancelled_mid_stream_stops_both_ends_and_frees_everything(self):
         fds_a, fds_b = self.a.fd_count(), self.b.fd_count()

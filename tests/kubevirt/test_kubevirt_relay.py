@@ -71,9 +71,12 @@ def canonical(obj):
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+FLOW_PROTOCOL = 6
+
+
 def flow_hello(session, nonce, mig, **kw):
-    """A flow hello (protocol 4) with every field the agent reads, as it re-serialises them."""
-    h = {"kind": "flow", "protocol": 5, "session": session, "nonce": nonce, "mode": "hook", "migrationUid": mig,
+    """A flow hello (protocol 6) with every field the agent reads, as it re-serialises them."""
+    h = {"kind": "flow", "protocol": FLOW_PROTOCOL, "session": session, "nonce": nonce, "mode": "hook", "migrationUid": mig,
          "vmi": {"namespace": "prod", "name": "web-1", "uid": "u"}, "sourceNode": "node-a", "targetNode": "node-b",
          "chunkSize": 1 << 20, "ringDepth": 16, "transport": "tcp", "transportRequired": False}
     h.update(kw)
@@ -110,6 +113,42 @@ def flow_sign(token, hello, target_nonce, seq, message):
     body = dict(message, seq=seq)
     body["mac"] = hmac.new(key.encode(), ("source\n" + canonical(body)).encode(), hashlib.sha256).hexdigest()
     return body
+
+
+def _hmac_hex(key, msg):
+    import hmac
+    import hashlib
+    return hmac.new(key.encode(), msg.encode(), hashlib.sha256).hexdigest()
+
+
+def flow_channel_key(token, hello, target_nonce):
+    """The key every channel of a session proves (transport::channel_key): only the two agents
+    that proved the token over both nonces hold it."""
+    return _hmac_hex(token, "rdmig-channel-key\n%s\n%s\n%s" % (hello["nonce"], target_nonce, hello["session"]))
+
+
+def channel_proof(key, by, session, index, dialler_nonce, acceptor_nonce):
+    """transport::channel_mac on TCP: by is "dial" (the source's auth) or "accept" (the welcome)."""
+    return _hmac_hex(key, "rdmig-channel\n%s\n%s\n%d\n%s\n%s" % (by, session, index, dialler_nonce, acceptor_nonce))
+
+
+def flow_channel(port, key, session, index, host="127.0.0.1", proof=None, nonce=None):
+    """Opens channel `index` of a flow session as its source agent does: the flow-data hello, the
+    target's challenge, the proof of `key`. Returns (socket, challenge, answer); the answer is the
+    welcome (checked to prove the key back) or the reject. `proof` replaces the right one."""
+    import socket
+    c = socket.create_connection((host, port), timeout=10)
+    nonce = nonce or os.urandom(16).hex()
+    flow_send(c, {"kind": "flow-data", "protocol": FLOW_PROTOCOL, "session": session, "index": index, "nonce": nonce})
+    ch = flow_recv(c)
+    if ch.get("type") != "challenge":
+        return c, ch, ch
+    good = channel_proof(key, "dial", session, index, nonce, ch["nonce"])
+    flow_send(c, {"type": "auth", "proof": good if proof is None else proof})
+    answer = flow_recv(c)
+    if answer.get("type") == "welcome":
+        assert answer.get("proof") == channel_proof(key, "accept", session, index, nonce, ch["nonce"]), answer
+    return c, ch, dict(answer, sent=good if proof is None else proof, nonce=nonce)
 
 
 # How the stand-in proxy sees a connection the agent ended: a read that found the reset or the
@@ -205,9 +244,11 @@ class KubevirtRelayTest(unittest.TestCase):
                 print("---- %s log ----\n%s" % (a.name, a.log_text()[-3000:]))
 
     def agent(self, node, token, peers, hook="", rule_timeout=3, extra=None, data_plane=None, state_dir=None,
-              env=None):
+              env=None, migration=None):
         config = {"kubevirt": dict({"enabled": True, "nodeName": node, "hookSocket": hook, "peers": peers,
                                     "ruleTimeoutSeconds": rule_timeout, "sessionIdleSeconds": 1}, **(extra or {}))}
+        if migration:
+            config["migration"] = migration
         if state_dir:
             os.makedirs(state_dir, exist_ok=True)
             config["stateDir"] = state_dir
@@ -537,12 +578,8 @@ class KubevirtRelayTest(unittest.TestCase):
                             seq += 1
                     beater = threading.Thread(target=beat, daemon=True)
                     beater.start()
-                    with socket.create_connection(("127.0.0.1", self.dst.data_port), timeout=10) as d:
-                        send(d, {"kind": "flow-data", "protocol": 2, "session": session, "index": 0})
-                        try:
-                            recv(d)
-                        except (OSError, ValueError, struct.error):
-                            pass
+                    d, _, _ = flow_channel(self.dst.data_port, flow_channel_key(token, hello, ch["nonce"]), session, 0)
+                    with d:  # welcomed: the channel proved the session's key
                         rec = wait_for(lambda: [r for r in self.records(self.dst, migrationUid="mig-evil-%d" % i)
                                                 if r["phase"] == "Failed"], 15, "the session to fail (%s)" % host)[0]
                     beating.set()
@@ -574,6 +611,99 @@ class KubevirtRelayTest(unittest.TestCase):
         finally:
             local.close()
         self.assertEqual(self.dst.request("GET", "/healthz", token=False)[0], 200)
+
+    def target_session_id(self, mig):
+        """The id of the target's session for `mig`: it travels in clear (the flow hello, every
+        channel's hello), so a third party on the path has it; here from the target's log."""
+        import re
+        m = wait_for(lambda: re.search(r"target: session=([0-9a-f]{32}) migration %s " % re.escape(mig),
+                                       self.dst.log_text()), 10, "the target session of %s" % mig)
+        return m.group(1)
+
+    @unittest.skipIf(TRANSPORT == "rdma", "TCP channels (the RDMA request's proof: tests/unit rdma_test, the VM rows)")
+    def test_a_third_party_without_the_token_cannot_attach_take_budget_or_displace_a_channel(self):
+        # Issue 38: the session id is in clear, and a flow-data hello naming it and an index was
+        # welcomed from anywhere: the third party's bytes went into the VM's incoming stream, the
+        # real source's channel 0 was refused already_exists, and each index took 32 MiB of budget.
+        # The target's budget here fits the real session's two channels and nothing more.
+        import socket
+        token = self.src.token
+        for a in self.agents:
+            a.stop()
+        self.dst = self.agent("node-b", token, peers=[], migration={"bufferBudget": "64Mi"})
+        self.src = self.agent("node-a", token, peers=[{"node": "node-b", "agent": "127.0.0.1:%d" % self.dst.data_port}],
+                              hook=self.hook_socket, migration={"chunkSize": "1Mi"}, extra={"ringDepth": 16})
+        mig = "mig-third-party"
+        res = self.dial(0, 0, vmi=vmi_json("vmi-uid-3p", mig, self.net.ip4["node-b"], self.sink_port))
+        self.assertTrue(res["hook"]["ok"], res["hook"])  # armed: the session is live, no channel yet
+        session = self.target_session_id(mig)
+        auth_errors = ("rdmig_transport_errors_total", frozenset({("transport", "tcp"), ("kind", "auth")}))
+        held = []
+        try:
+            for index in range(17):
+                c = socket.socket()
+                c.bind(("127.0.0.3", 0))  # another address than the source agent's
+                c.settimeout(10)
+                c.connect(("127.0.0.1", self.dst.data_port))
+                held.append(c)
+                flow_send(c, {"kind": "flow-data", "protocol": FLOW_PROTOCOL, "session": session, "index": index,
+                              "nonce": os.urandom(16).hex()})
+                ch = flow_recv(c)
+                self.assertEqual(ch["type"], "challenge", "channel %d: welcomed without a proof: %s" % (index, ch))
+                # Without the token, the key is a guess.
+                flow_send(c, {"type": "auth", "proof": os.urandom(32).hex()})
+                r = flow_recv(c)
+                self.assertEqual((r["type"], r.get("code")), ("reject", "permission_denied"), r)
+                self.assertIn("auth.proof", r["message"])
+            wait_for(lambda: parse_prometheus(self.dst.metrics())[0].get(auth_errors) == 17.0, 5,
+                     "every refused channel counted (rdmig_transport_errors_total{kind=auth})")
+            self.assertEqual([r["connections"] for r in self.records(self.dst, migrationUid=mig)], [0],
+                             "no refused channel became a leg")
+            # The real source's channels attach (indices 0 and 1: nothing took them), fit the budget
+            # (nothing of it was taken) and carry byte-exact (the sink's digests).
+            res = self.dial(2, 1 << 20, hook=False)
+            self.assertTrue(all(c["ok"] for c in res["connections"]), res["connections"])
+        finally:
+            for c in held:
+                c.close()
+        dst = wait_for(lambda: [r for r in self.records(self.dst, migrationUid=mig) if r["phase"] == "Succeeded"],
+                       20, "the target record to end")[0]
+        self.assertEqual(dst["connections"], 2)
+        src = [r for r in self.records(self.src, migrationUid=mig)][0]
+        self.assertEqual(dst["bytesReceived"], src["bytesSent"])
+        self.assertGreaterEqual(src["bytesSent"], 2 * (1 << 20))
+
+    @unittest.skipIf(TRANSPORT == "rdma", "TCP channels (the RDMA request's proof: tests/unit rdma_test, the VM rows)")
+    def test_a_replayed_channel_proof_is_refused(self):
+        # What an observer of one channel's exchange saw (hello nonce, proof) is worth nothing on
+        # another connection: the target's nonce is fresh on each.
+        token = self.dst.token
+        hello = flow_hello(os.urandom(16).hex(), os.urandom(16).hex(), "mig-replay")
+        c, nonce, reply = self.flow_handshake(hello, token, host="127.0.0.1")
+        self.assertEqual(reply["type"], "welcome", reply)
+        key = flow_channel_key(token, hello, nonce)
+        d0, _, first = flow_channel(self.dst.data_port, key, hello["session"], 0)
+        self.addCleanup(d0.close)
+        self.assertEqual(first["type"], "welcome", first)
+        for index in (0, 1):  # the index it proved, and a free one
+            d, _, again = flow_channel(self.dst.data_port, key, hello["session"], index, proof=first["sent"],
+                                       nonce=first["nonce"])
+            d.close()
+            self.assertEqual((again["type"], again.get("code")), ("reject", "permission_denied"), again)
+            self.assertIn("auth.proof", again["message"], "refused for its proof, not for a taken index")
+        # The key holder's own next channel still attaches.
+        d1, _, ok = flow_channel(self.dst.data_port, key, hello["session"], 1)
+        self.addCleanup(d1.close)
+        self.assertEqual(ok["type"], "welcome", ok)
+
+    def test_a_session_for_another_target_node_is_refused_naming_the_field(self):
+        token = self.dst.token
+        hello = flow_hello(os.urandom(16).hex(), os.urandom(16).hex(), "mig-elsewhere", targetNode="node-c")
+        _, _, reply = self.flow_handshake(hello, token, host="127.0.0.1")
+        self.assertEqual((reply["type"], reply.get("code")), ("reject", "failed_precondition"), reply)
+        self.assertIn("hello.targetNode", reply["message"])
+        self.assertIn("names node 'node-c', this agent runs on 'node-b'", self.dst.log_text())
+        self.assertEqual(self.records(self.dst, migrationUid="mig-elsewhere"), [])
 
     @same_on_every_transport
     def test_a_source_agent_that_sees_the_new_token_first_proves_the_previous_one(self):
@@ -1304,11 +1434,11 @@ class KubevirtRelayTest(unittest.TestCase):
         self.assertTrue(rec["carried"], rec)
         self.assertEqual(rec["phase"], "Succeeded", rec)
 
-    def flow_handshake(self, hello, token):
+    def flow_handshake(self, hello, token, host=None):
         """Speaks the flow protocol as a token holder would: hello, challenge, auth. Returns the
         connection, the target's nonce and its answer to the auth (welcome or reject)."""
         import socket
-        c = socket.create_connection((self.dst_address, self.dst.data_port), timeout=10)
+        c = socket.create_connection((host or self.dst_address, self.dst.data_port), timeout=10)
         self.addCleanup(c.close)
         flow_send(c, hello)
         ch = flow_recv(c)
@@ -1358,8 +1488,9 @@ class KubevirtRelayTest(unittest.TestCase):
         beater.start()
         self.addCleanup(beater.join, 5)
         self.addCleanup(beating.set)
-        with socket.create_connection((self.dst_address, self.dst.data_port), timeout=10) as d:
-            flow_send(d, {"kind": "flow-data", "protocol": 2, "session": h["session"], "index": 0})
+        d, _, _ = flow_channel(self.dst.data_port, flow_channel_key(token, h, nonce), h["session"], 0,
+                               host=self.dst_address)
+        with d:
             try:
                 flow_recv(d)
             except Exception:  # the target closes the channel when the session fails
@@ -1377,6 +1508,11 @@ class KubevirtRelayTest(unittest.TestCase):
             _, _, reply = self.flow_handshake(h, token)
             self.assertEqual((reply["type"], reply.get("code")), ("reject", "failed_precondition"), tag)
         self.assertIn("migrationUid is 'mig-pub', the session names 'mig-forged'", self.dst.log_text())
+        # A session whose sourceNode is not the API's migrationState.sourceNode: refused naming it.
+        _, _, reply = self.flow_handshake(dict(hello(), sourceNode="node-z"), token)
+        self.assertEqual((reply["type"], reply.get("code")), ("reject", "failed_precondition"), reply)
+        self.assertIn("hello.sourceNode", reply["message"])
+        self.assertIn("the session names 'node-z'", self.dst.log_text())
         # The VMI deleted: refused.
         self.assertEqual(api.store.delete("virtualmachineinstances", "prod", "web-1")[0], 200)
         _, _, reply = self.flow_handshake(hello(), token)
@@ -1507,7 +1643,11 @@ class KubevirtRelayTest(unittest.TestCase):
             for bad, field in [(dict(hello, chunkSize=3), "hello.chunkSize"), (dict(hello, session="zz"), "hello.session"),
                                (dict(hello, mode="evil"), "hello.mode"), (dict(hello, protocol=9), "hello.protocol"),
                                (dict(hello, protocol=3), "hello.protocol"), (dict(hello, nonce="ab"), "hello.nonce"),
-                               ({"kind": "flow-data", "session": "cd" * 16, "index": 0}, "unknown data-plane session")]:
+                               ({"kind": "flow-data", "protocol": FLOW_PROTOCOL, "session": "cd" * 16, "index": 0,
+                                 "nonce": "ef" * 16}, "unknown data-plane session"),
+                               # an agent from before the channel proof: refused naming both versions
+                               ({"kind": "flow-data", "protocol": 5, "session": "cd" * 16, "index": 0},
+                                "hello.protocol: this agent speaks 6, got 5")]:
                 with conn() as c:
                     send(c, bad)
                     r = recv(c)

@@ -13,6 +13,7 @@
 #include "common/token_source.h"
 #include "kubevirt/sessions.h"
 #include "migration/handshake.h"
+#include "transport/channel_proof.h"
 #include "transport/wire.h"
 
 using nlohmann::json;
@@ -95,7 +96,12 @@ class TargetAgent {
         std::lock_guard lock(mu_);
         session_ = s.value();
       } else if (auto s = session()) {
-        (void)s->add_tcp_channel(std::move(fd.value()), hello->value("index", 0u));
+        // As the relay does: the channel proves the session's key first.
+        auto dh = FlowDataHello::parse(hello.value());
+        ASSERT_TRUE(dh.ok()) << dh.error().message;
+        auto proof = transport::check_channel(fd->get(), s->channel_terms(dh->index), dh->nonce, 5s);
+        ASSERT_TRUE(proof.ok()) << proof.error().message;
+        (void)s->add_tcp_channel(std::move(fd.value()), dh->index, proof.value());
       }
     }
   }

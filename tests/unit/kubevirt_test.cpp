@@ -96,7 +96,7 @@ TEST(KubevirtVmiApi, AHookDocumentArmsOnlyWhatTheApiPublishedAndNamesTheFirstDif
 
 TEST(KubevirtVmiApi, ATargetDialsOnlyThePublishedAddressAndCarriedPortsOfItsOwnMigration) {
   const VmiRef ref{"prod", "web-1", "u-1"};
-  auto pub = published_target(vmi(state()), ref, "m-1", "b");
+  auto pub = published_target(vmi(state()), ref, "m-1", "b", "a");
   ASSERT_TRUE(pub) << pub.error().message;
   EXPECT_TRUE(pub->allows("10.244.1.7", 38803));
   EXPECT_TRUE(pub->allows("10.244.1.7", 39000));
@@ -108,20 +108,22 @@ TEST(KubevirtVmiApi, ATargetDialsOnlyThePublishedAddressAndCarriedPortsOfItsOwnM
     ASSERT_FALSE(r) << field;
     EXPECT_NE(r.error().message.find(field), std::string::npos) << r.error().message;
   };
-  refused(published_target(vmi(state()), VmiRef{"prod", "web-1", "u-9"}, "m-1", "b"), "metadata.uid");
-  refused(published_target(vmi(state()), ref, "m-9", "b"), "migrationUid");
-  refused(published_target(vmi(state()), ref, "m-1", "a"), "targetNode");
-  refused(published_target(vmi(state()), ref, "m-1", ""), "targetNode");
+  refused(published_target(vmi(state()), VmiRef{"prod", "web-1", "u-9"}, "m-1", "b", "a"), "metadata.uid");
+  refused(published_target(vmi(state()), ref, "m-9", "b", "a"), "migrationUid");
+  refused(published_target(vmi(state()), ref, "m-1", "a", "a"), "targetNode");
+  refused(published_target(vmi(state()), ref, "m-1", "", "a"), "targetNode");
+  // The session's sourceNode must be the API's migrationState.sourceNode: named as the hello's field.
+  refused(published_target(vmi(state()), ref, "m-1", "b", "c"), "hello.sourceNode");
   json s = state();
   s["targetNodeAddress"] = "127.0.0.1";
-  refused(published_target(vmi(s), ref, "m-1", "b"), "targetNodeAddress");
+  refused(published_target(vmi(s), ref, "m-1", "b", "a"), "targetNodeAddress");
   s = state();
   s["targetDirectMigrationNodePorts"] = {{"41231", 0}};
-  refused(published_target(vmi(s), ref, "m-1", "b"), "targetDirectMigrationNodePorts");
+  refused(published_target(vmi(s), ref, "m-1", "b", "a"), "targetDirectMigrationNodePorts");
   // IPv6: the same address however it is spelt.
   s = state();
   s["targetNodeAddress"] = "fd00::7";
-  auto v6 = published_target(vmi(s), ref, "m-1", "b");
+  auto v6 = published_target(vmi(s), ref, "m-1", "b", "a");
   ASSERT_TRUE(v6);
   EXPECT_TRUE(v6->allows("fd00:0::7", 38803));
   EXPECT_FALSE(v6->allows("fd00::8", 38803));

@@ -208,6 +208,7 @@ TEST(Rails, HelloCarriesEachRailsMtuAndRefusesABadOne) {
   hello.chunk_size = 1 << 20;
   hello.ring_depth = 16;
   hello.transport = "rdma";
+  hello.nonce = "0123456789abcdef0123456789abcdef";
   hello.rdma_rails = rail_addresses(source);
   auto j = hello.to_json();
   auto back = transport::Hello::parse(j);

@@ -98,8 +98,10 @@ TEST(RdmaPrivateData, ConnectRequestAndReplyRoundTripWithinCmLimits) {
   req.index = 4;
   req.ring_addr = 0x7f0012345000;
   req.ring_rkey = 0xabcdef;
+  sign_request(req, "key");
   auto raw = req.encode();
-  EXPECT_LE(raw.size(), 56u) << "rdma_connect private data on IB/RoCE holds 56 bytes";
+  EXPECT_EQ(raw.size(), kConnectRequestBytes);
+  EXPECT_LE(raw.size(), 56u) << "rdma_connect(3): private data for RDMA_PS_TCP on IB/RoCE holds 56 bytes";
   raw.resize(56, 0);  // rdma_cm pads
   auto back = ConnectRequest::decode(raw);
   ASSERT_TRUE(back.ok());
@@ -107,14 +109,88 @@ TEST(RdmaPrivateData, ConnectRequestAndReplyRoundTripWithinCmLimits) {
   EXPECT_EQ(back->index, 4);
   EXPECT_EQ(back->ring_addr, req.ring_addr);
   EXPECT_EQ(back->ring_rkey, req.ring_rkey);
-  ConnectReply rep{0x1000, 42};
+  EXPECT_EQ(back->nonce, req.nonce);
+  EXPECT_EQ(back->proof, req.proof);
+  ConnectReply rep{0x1000, 42, {}};
+  sign_reply(rep, req, "key");
+  EXPECT_LE(rep.encode().size(), 196u) << "rdma_accept(3): 196 bytes for RDMA_PS_TCP";
   auto r = ConnectReply::decode(rep.encode());
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->ring_addr, 0x1000u);
   EXPECT_EQ(r->ring_rkey, 42u);
+  EXPECT_TRUE(check_reply(r.value(), req, "key"));
   std::vector<uint8_t> junk(56, 0xff);
   EXPECT_EQ(ConnectRequest::decode(junk).error().code, Errc::kProtocol);
   EXPECT_FALSE(session_from_hex("xyz").ok());
+}
+
+TEST(RdmaPrivateData, AnOlderAgentsRequestIsRefusedNamingBothVersions) {
+  // Version 1 (no proof, 36 bytes) as an agent before the channel proof sent it.
+  std::vector<uint8_t> v1{0x52, 0x44, 0x4d, 0x47, 1, 0, 0, 0};
+  v1.resize(36, 0);
+  auto r = ConnectRequest::decode(v1);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("private data version 1, this agent speaks 2"), std::string::npos)
+      << r.error().message;
+}
+
+namespace {
+ConnectRequest signed_request(const std::string& key, uint16_t index = 3) {
+  ConnectRequest req;
+  req.session = session_from_hex("00112233445566778899aabbccddeeff").value();
+  req.index = index;
+  req.ring_addr = 0x7f0012345000;
+  req.ring_rkey = 0x1234;
+  sign_request(req, key);
+  return ConnectRequest::decode(req.encode()).value();  // as the listener sees it
+}
+}  // namespace
+
+TEST(RdmaPrivateData, TheTargetTakesOnlyARequestThatProvesTheKeyOnce) {
+  const std::string key = transport::channel_key("tok", "src-nonce", "dst-nonce", "00112233445566778899aabbccddeeff");
+  transport::ProofLedger ledger;
+  const auto good = signed_request(key);
+  EXPECT_TRUE(check_request(good, key, ledger));
+  // Replayed (the same private data again, e.g. captured on the path): refused.
+  auto replay = check_request(good, key, ledger);
+  ASSERT_FALSE(replay);
+  EXPECT_EQ(replay.error().code, Errc::kUnauthenticated);
+  EXPECT_NE(replay.error().message.find("used before"), std::string::npos);
+  auto refused = [&](ConnectRequest r, const std::string& k, const std::string& why) {
+    transport::ProofLedger fresh;
+    auto st = check_request(r, k, fresh);
+    ASSERT_FALSE(st) << why;
+    EXPECT_EQ(st.error().code, Errc::kUnauthenticated) << why;
+    EXPECT_NE(st.error().message.find("does not prove"), std::string::npos) << why;
+  };
+  refused(signed_request("another key"), key, "wrong key (no token, or another session's)");
+  auto other_index = good;
+  other_index.index = 4;
+  refused(other_index, key, "wrong index");
+  auto other_session = good;
+  other_session.session[0] ^= 1;
+  refused(other_session, key, "wrong session");
+  auto other_ring = good;
+  other_ring.ring_rkey ^= 1;
+  refused(other_ring, key, "another connection's parameters");
+  auto other_nonce = good;
+  other_nonce.nonce ^= 1;
+  refused(other_nonce, key, "another nonce");
+  auto zero = good;
+  zero.proof = {};
+  refused(zero, key, "no proof");
+  // A reply's proof (the acceptor's) never passes as a request's, and the reverse.
+  ConnectReply rep{good.ring_addr, good.ring_rkey, {}};
+  sign_reply(rep, good, key);
+  auto as_request = good;
+  as_request.proof = rep.proof;
+  refused(as_request, key, "the acceptor's proof as the dialler's");
+  ConnectReply forged{0x1000, 42, good.proof};
+  EXPECT_FALSE(check_reply(forged, good, key));
+  // Two requests of one source differ (fresh nonce): both are taken.
+  transport::ProofLedger l2;
+  EXPECT_TRUE(check_request(signed_request(key), key, l2));
+  EXPECT_TRUE(check_request(signed_request(key), key, l2));
 }
 
 // ---- Real verbs: need a device (the Soft-RoCE VM sets RDMIG_RDMA_IP). ----
@@ -128,15 +204,21 @@ struct Pair {
 };
 // Both ends bound to the device's address with a traffic class (DSCP 26), as the agents run them:
 // rdma_set_option(RDMA_OPTION_ID_TOS) must be accepted on the listening, accepted and connecting ids.
+// The listener checks each request's proof of `key` as the agents' owners do; `dial_key` is what
+// the connecting side proves.
 Pair connect_pair(Metrics& m, uint32_t chunk, uint32_t depth, const std::array<uint8_t, 16>& session,
-                  int tos = 104) {
+                  int tos = 104, const std::string& dial_key = "k-test", std::string* rejected = nullptr) {
   std::mutex mu;
   std::condition_variable cv;
   Pair p;
   auto& tm = m.transport("rdma");
-  auto listener = RdmaListener::create(rdma_ip(), 0, [&](const std::array<uint8_t, 16>& s, uint32_t i) -> Result<AcceptPlan> {
-    if (s != session) return Error{Errc::kPermissionDenied, "wrong session"};
-    AcceptPlan plan{RdmaChannelParams{i, chunk, depth, chunk, depth}, &tm, [&](Result<std::unique_ptr<transport::Channel>> ch) {
+  const std::string key = "k-test";
+  transport::ProofLedger ledger;
+  auto listener = RdmaListener::create(rdma_ip(), 0, [&](const ConnectRequest& r) -> Result<AcceptPlan> {
+    if (r.session != session) return Error{Errc::kPermissionDenied, "wrong session"};
+    RDMIG_TRY(check_request(r, key, ledger));
+    AcceptPlan plan{RdmaChannelParams{r.index, chunk, depth, chunk, depth}, &tm, key,
+                    [&](Result<std::unique_ptr<transport::Channel>> ch) {
                       std::lock_guard l(mu);
                       if (ch) p.server = std::move(ch.value());
                       cv.notify_all();
@@ -144,8 +226,14 @@ Pair connect_pair(Metrics& m, uint32_t chunk, uint32_t depth, const std::array<u
     return plan;
   }, tos);
   EXPECT_TRUE(listener.ok());
-  auto c = RdmaChannel::connect({rdma_ip(), listener.value()->port()}, session, RdmaChannelParams{0, chunk, depth, chunk, depth}, tm,
+  auto c = RdmaChannel::connect({rdma_ip(), listener.value()->port()}, ChannelCredentials{session, dial_key},
+                                RdmaChannelParams{0, chunk, depth, chunk, depth}, tm,
                                 std::chrono::seconds(10), {}, RdmaConnectOptions{rdma_ip(), tos});
+  if (rejected) {
+    EXPECT_FALSE(c.ok());
+    if (!c) *rejected = c.error().message;
+    return p;
+  }
   EXPECT_TRUE(c.ok()) << (c.ok() ? "" : c.error().message);
   if (c) p.client = std::move(c.value());
   std::unique_lock l(mu);
@@ -190,14 +278,24 @@ TEST(RdmaChannel, CarriesChunksBothWaysAndReturnsCredits) {
 TEST(RdmaChannel, ListenerRejectsUnknownSession) {
   if (rdma_ip().empty()) GTEST_SKIP() << "no RDMA device here (set RDMIG_RDMA_IP; runs in the Soft-RoCE VM)";
   Metrics m;
-  auto listener = RdmaListener::create(rdma_ip(), 0, [](const std::array<uint8_t, 16>&, uint32_t) -> Result<AcceptPlan> {
+  auto listener = RdmaListener::create(rdma_ip(), 0, [](const ConnectRequest&) -> Result<AcceptPlan> {
     return Error{Errc::kPermissionDenied, "unknown session"};
   });
   ASSERT_TRUE(listener.ok());
-  auto c = RdmaChannel::connect({rdma_ip(), listener.value()->port()}, std::array<uint8_t, 16>{9},
+  auto c = RdmaChannel::connect({rdma_ip(), listener.value()->port()}, ChannelCredentials{{9}, "k"},
                                 RdmaChannelParams{0, 65536, 4, 65536, 4}, m.transport("rdma"), std::chrono::seconds(10));
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.error().message.find("rejected"), std::string::npos) << c.error().message;
+}
+
+TEST(RdmaChannel, ListenerRejectsARequestThatDoesNotProveTheSessionsKey) {
+  if (rdma_ip().empty()) GTEST_SKIP() << "no RDMA device here (set RDMIG_RDMA_IP; runs in the Soft-RoCE VM)";
+  Metrics m;
+  std::string why;
+  auto p = connect_pair(m, 64 * 1024, 4, std::array<uint8_t, 16>{5}, 104, "not the key", &why);
+  EXPECT_EQ(p.server, nullptr) << "no QP was accepted";
+  EXPECT_NE(why.find("rejected"), std::string::npos) << why;
+  EXPECT_NE(why.find("does not prove"), std::string::npos) << why;
 }
 
 TEST(RdmaChannel, PeerGoneFailsTheOtherSideWithAReasonAndCountsIt) {

@@ -1,7 +1,11 @@
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 
+#include <thread>
+
 #include "common/fd.h"
+#include "common/units.h"
+#include "transport/channel_proof.h"
 #include "transport/wire.h"
 
 using namespace rdmig;
@@ -17,6 +21,7 @@ Hello control_hello() {
   h.chunk_size = 4 << 20;
   h.ring_depth = 16;
   h.transport = "tcp";
+  h.nonce = "0123456789abcdef0123456789abcdef";
   return h;
 }
 }  // namespace
@@ -30,13 +35,14 @@ TEST(Wire, ControlHelloRoundTrips) {
   EXPECT_FALSE(control_hello().to_json().contains("token"));
 }
 
-TEST(Wire, ControlProofBindsTokenNonceAndMigration) {
-  const auto p = control_proof("secret-token-123", "nonce-a", "m-1");
+TEST(Wire, ControlProofBindsTokenBothNoncesAndMigration) {
+  const auto p = control_proof("secret-token-123", "nonce-a", "m-1", "src-1");
   EXPECT_EQ(p.size(), 64u);
-  EXPECT_EQ(p, control_proof("secret-token-123", "nonce-a", "m-1"));
-  EXPECT_NE(p, control_proof("secret-token-124", "nonce-a", "m-1"));
-  EXPECT_NE(p, control_proof("secret-token-123", "nonce-b", "m-1"));
-  EXPECT_NE(p, control_proof("secret-token-123", "nonce-a", "m-2"));
+  EXPECT_EQ(p, control_proof("secret-token-123", "nonce-a", "m-1", "src-1"));
+  EXPECT_NE(p, control_proof("secret-token-124", "nonce-a", "m-1", "src-1"));
+  EXPECT_NE(p, control_proof("secret-token-123", "nonce-b", "m-1", "src-1"));
+  EXPECT_NE(p, control_proof("secret-token-123", "nonce-a", "m-2", "src-1"));
+  EXPECT_NE(p, control_proof("secret-token-123", "nonce-a", "m-1", "src-2")) << "the source's nonce is covered";
   EXPECT_EQ(p.find("secret"), std::string::npos);
 }
 
@@ -58,6 +64,14 @@ TEST(Wire, HelloErrorsNameTheField) {
   j = control_hello().to_json();
   j["protocol"] = 1;  // an agent that still sends its token in the hello
   EXPECT_EQ(Hello::parse(j).error().code, Errc::kProtocol);
+  j["protocol"] = 2;  // an agent whose data channels prove nothing: refused naming both versions
+  EXPECT_NE(Hello::parse(j).error().message.find("peer speaks version 2, this agent 3"), std::string::npos)
+      << Hello::parse(j).error().message;
+  j = control_hello().to_json();
+  j.erase("nonce");
+  EXPECT_NE(Hello::parse(j).error().message.find("hello.nonce"), std::string::npos);
+  j["nonce"] = "ABC";
+  EXPECT_NE(Hello::parse(j).error().message.find("hello.nonce"), std::string::npos);
 }
 
 TEST(Wire, MessagesCrossASocketAndOversizedLengthIsRefused) {
@@ -142,4 +156,132 @@ TEST(Wire, ControlHelloCarriesVerifyChunksOnlyWhenAsked) {
   parsed = Hello::parse(j);
   ASSERT_FALSE(parsed.ok());
   EXPECT_NE(parsed.error().message.find("hello.verifyChunks"), std::string::npos) << parsed.error().message;
+}
+
+// ---- transport/channel_proof.h: every data channel proves the session's key ----
+namespace {
+std::pair<UniqueFd, UniqueFd> channel_pair() {
+  int fds[2];
+  EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
+  return {UniqueFd(fds[0]), UniqueFd(fds[1])};
+}
+const std::string kSession = "00112233445566778899aabbccddeeff";
+ChannelTerms terms(const std::string& key, uint32_t index = 2, const std::string& session = kSession) {
+  return ChannelTerms{key, session, index};
+}
+struct Exchange {
+  Status dialler = ok_status();
+  Result<std::string> acceptor = std::string();
+};
+// One real exchange over a socket pair: the dialler proves `dial`, the acceptor checks `accept`.
+Exchange exchange(const ChannelTerms& dial, const ChannelTerms& accept) {
+  auto [d, a] = channel_pair();
+  Exchange out;
+  std::thread acceptor([&, fd = a.get()] {
+    auto hello = recv_message(fd, std::chrono::seconds(5));
+    ASSERT_TRUE(hello.ok());
+    out.acceptor = check_channel(fd, accept, hello->value("nonce", ""), std::chrono::seconds(5));
+    if (out.acceptor) (void)send_message(fd, json{{"type", "welcome"}, {"proof", out.acceptor.value()}});
+  });
+  out.dialler = prove_channel(d.get(), json{{"kind", "data"}}, dial, std::chrono::seconds(5));
+  acceptor.join();
+  return out;
+}
+}  // namespace
+
+TEST(ChannelProof, TheKeyComesFromTheTokenAndBothNoncesAndNeverShowsTheToken) {
+  const auto k = channel_key("secret-token", "n-src", "n-dst", kSession);
+  EXPECT_EQ(k.size(), 64u);
+  EXPECT_EQ(k.find("secret"), std::string::npos);
+  EXPECT_NE(k, channel_key("other-token", "n-src", "n-dst", kSession));
+  EXPECT_NE(k, channel_key("secret-token", "n-src2", "n-dst", kSession));
+  EXPECT_NE(k, channel_key("secret-token", "n-src", "n-dst2", kSession));
+  EXPECT_NE(k, channel_key("secret-token", "n-src", "n-dst", "ff" + kSession.substr(2)));
+  // Not the flow control link's key over the same nonces (another purpose).
+  EXPECT_NE(k, derive_session_key("secret-token", "rdmig-flow-key", "n-src", "n-dst", kSession));
+}
+
+TEST(ChannelProof, TheMacBindsSessionIndexDirectionKeyAndFreshPart) {
+  const auto t = terms("k");
+  const auto m = channel_mac(t, ProofBy::kDialler, "fresh");
+  EXPECT_EQ(m, channel_mac(t, ProofBy::kDialler, "fresh"));
+  EXPECT_NE(m, channel_mac(t, ProofBy::kAcceptor, "fresh")) << "direction";
+  EXPECT_NE(m, channel_mac(terms("k", 3), ProofBy::kDialler, "fresh")) << "index";
+  EXPECT_NE(m, channel_mac(terms("k", 2, "ff" + kSession.substr(2)), ProofBy::kDialler, "fresh")) << "session";
+  EXPECT_NE(m, channel_mac(terms("k2"), ProofBy::kDialler, "fresh")) << "key";
+  EXPECT_NE(m, channel_mac(t, ProofBy::kDialler, "fresh2")) << "fresh part";
+  EXPECT_TRUE(mac_equal(m, m));
+  EXPECT_FALSE(mac_equal(std::span(m).first(16), m)) << "truncated";
+  EXPECT_FALSE(mac_equal({}, {}));
+}
+
+TEST(ChannelProof, ADiallerWithTheKeyIsAdmittedAndTheAcceptorProvesItBack) {
+  const auto k = channel_key("tok", "a", "b", kSession);
+  auto ok = exchange(terms(k), terms(k));
+  EXPECT_TRUE(ok.dialler) << ok.dialler.error().message;
+  ASSERT_TRUE(ok.acceptor) << ok.acceptor.error().message;
+  EXPECT_EQ(ok.acceptor->size(), 64u);
+}
+
+TEST(ChannelProof, WrongKeyIndexOrSessionIsRefusedNamingTheProof) {
+  const auto k = channel_key("tok", "a", "b", kSession);
+  for (const auto& [dial, why] : {std::pair{terms(channel_key("not-the-token", "a", "b", kSession)), "wrong key"},
+                                  std::pair{terms(k, 3), "wrong index"},
+                                  std::pair{terms(k, 2, "ff" + kSession.substr(2)), "wrong session"}}) {
+    auto r = exchange(dial, terms(k));
+    ASSERT_FALSE(r.acceptor) << why;
+    EXPECT_EQ(r.acceptor.error().code, Errc::kPermissionDenied) << why;
+    EXPECT_NE(r.acceptor.error().message.find("auth.proof"), std::string::npos) << r.acceptor.error().message;
+    ASSERT_FALSE(r.dialler) << why;
+    EXPECT_NE(r.dialler.error().message.find("refused"), std::string::npos) << r.dialler.error().message;
+  }
+}
+
+TEST(ChannelProof, ATruncatedOrReplayedProofIsRefused) {
+  const auto k = channel_key("tok", "a", "b", kSession);
+  const std::string dnonce = "0123456789abcdef0123456789abcdef";
+  // A dialler as an observer would be: it replays what it saw on an earlier connection.
+  std::string seen_proof;
+  for (int round = 0; round < 3; ++round) {
+    auto [d, a] = channel_pair();
+    Result<std::string> checked = std::string();
+    std::thread acceptor([&, fd = a.get()] { checked = check_channel(fd, terms(k), dnonce, std::chrono::seconds(5)); });
+    auto challenge = recv_message(d.get(), std::chrono::seconds(5));
+    ASSERT_TRUE(challenge.ok());
+    const std::string anonce = challenge->value("nonce", "");
+    const auto mac = channel_mac(terms(k), ProofBy::kDialler, dnonce + "\n" + anonce);
+    const std::string good = to_hex(mac.data(), mac.size());
+    std::string sent = good;
+    if (round == 1) sent = seen_proof;          // replayed from round 0
+    if (round == 2) sent = good.substr(0, 32);  // truncated
+    ASSERT_TRUE(send_message(d.get(), json{{"type", "auth"}, {"proof", sent}}));
+    acceptor.join();
+    if (round == 0) {
+      EXPECT_TRUE(checked) << checked.error().message;
+      seen_proof = good;
+    } else {
+      ASSERT_FALSE(checked) << "round " << round;
+      EXPECT_EQ(checked.error().code, Errc::kPermissionDenied);
+      auto reject = recv_message(d.get(), std::chrono::seconds(5));
+      ASSERT_TRUE(reject.ok());
+      EXPECT_EQ(reject->value("type", ""), "reject");
+      EXPECT_NE(reject->value("message", "").find("auth.proof"), std::string::npos);
+    }
+  }
+}
+
+TEST(ChannelProof, ADiallerRefusesAWelcomeThatDoesNotProveTheKey) {
+  const auto k = channel_key("tok", "a", "b", kSession);
+  // An acceptor without the key reflects the dialler's own proof (the wrong direction).
+  auto [d, a] = channel_pair();
+  std::thread fake([fd = a.get()] {
+    (void)recv_message(fd, std::chrono::seconds(5));
+    (void)send_message(fd, json{{"type", "challenge"}, {"nonce", "fedcba9876543210fedcba9876543210"}});
+    auto auth = recv_message(fd, std::chrono::seconds(5));
+    (void)send_message(fd, json{{"type", "welcome"}, {"proof", auth ? auth->value("proof", "") : ""}});
+  });
+  auto st = prove_channel(d.get(), json{{"kind", "data"}}, terms(k), std::chrono::seconds(5));
+  fake.join();
+  ASSERT_FALSE(st);
+  EXPECT_NE(st.error().message.find("welcome.proof"), std::string::npos) << st.error().message;
 }

@@ -2,7 +2,10 @@
 
 #include <poll.h>
 
+#include <algorithm>
 #include <cstring>
+
+#include "common/units.h"
 
 namespace rdmig::transport::rdma {
 
@@ -68,6 +71,46 @@ Result<CmEvent> expect_cm_event(rdma_event_channel* channel, rdma_cm_event_type 
   return ev;
 }
 
+namespace {
+Status check_header(const std::vector<uint8_t>& raw, size_t& pos, const char* what, size_t need) {
+  // rdma_cm may pad private data with zeros: at least our size, and the version first, so an
+  // older agent's shorter request is refused naming the versions, not its length.
+  if (raw.size() < 6) return Error{Errc::kProtocol, std::string(what) + ": private data too short"};
+  if (get<uint32_t>(raw, pos) != kPrivateMagic) return Error{Errc::kProtocol, std::string(what) + ": not from rdmig"};
+  if (const auto v = get<uint16_t>(raw, pos); v != kPrivateVersion) {
+    return Error{Errc::kProtocol, std::string(what) + ": private data version " + std::to_string(v) +
+                                      ", this agent speaks " + std::to_string(kPrivateVersion) +
+                                      " (upgrade both agents)"};
+  }
+  if (raw.size() < need) return Error{Errc::kProtocol, std::string(what) + ": private data too short"};
+  return ok_status();
+}
+
+ChannelTerms terms_of(const ConnectRequest& r, const std::string& key) {
+  return ChannelTerms{key, to_hex(r.session.data(), r.session.size()), r.index};
+}
+
+std::string request_fresh(const ConnectRequest& r) {
+  return "rdma " + std::to_string(r.ring_addr) + " " + std::to_string(r.ring_rkey) + " " + std::to_string(r.nonce);
+}
+
+Proof truncated(const std::array<uint8_t, 32>& mac) {
+  Proof p{};
+  std::copy_n(mac.begin(), p.size(), p.begin());
+  return p;
+}
+
+Proof request_proof(const ConnectRequest& r, const std::string& key) {
+  return truncated(channel_mac(terms_of(r, key), ProofBy::kDialler, request_fresh(r)));
+}
+
+Proof reply_proof(const ConnectReply& rep, const ConnectRequest& r, const std::string& key) {
+  return truncated(channel_mac(terms_of(r, key), ProofBy::kAcceptor,
+                               request_fresh(r) + " " + std::to_string(rep.ring_addr) + " " +
+                                   std::to_string(rep.ring_rkey)));
+}
+}  // namespace
+
 std::vector<uint8_t> ConnectRequest::encode() const {
   std::vector<uint8_t> out;
   put(out, kPrivateMagic);
@@ -76,21 +119,22 @@ std::vector<uint8_t> ConnectRequest::encode() const {
   out.insert(out.end(), session.begin(), session.end());
   put(out, ring_addr);
   put(out, ring_rkey);
+  put(out, nonce);
+  out.insert(out.end(), proof.begin(), proof.end());
   return out;
 }
 
 Result<ConnectRequest> ConnectRequest::decode(const std::vector<uint8_t>& raw) {
-  // rdma_cm may pad private data with zeros: require at least our size.
-  if (raw.size() < 36) return Error{Errc::kProtocol, "rdma connect request: private data too short"};
   size_t pos = 0;
-  if (get<uint32_t>(raw, pos) != kPrivateMagic) return Error{Errc::kProtocol, "rdma connect request: not from rdmig"};
-  if (get<uint16_t>(raw, pos) != kPrivateVersion) return Error{Errc::kProtocol, "rdma connect request: version mismatch"};
+  RDMIG_TRY(check_header(raw, pos, "rdma connect request", kConnectRequestBytes));
   ConnectRequest r;
   r.index = get<uint16_t>(raw, pos);
   std::memcpy(r.session.data(), raw.data() + pos, 16);
   pos += 16;
   r.ring_addr = get<uint64_t>(raw, pos);
   r.ring_rkey = get<uint32_t>(raw, pos);
+  r.nonce = get<uint32_t>(raw, pos);
+  std::memcpy(r.proof.data(), raw.data() + pos, r.proof.size());
   return r;
 }
 
@@ -101,19 +145,49 @@ std::vector<uint8_t> ConnectReply::encode() const {
   put(out, uint16_t{0});
   put(out, ring_addr);
   put(out, ring_rkey);
+  out.insert(out.end(), proof.begin(), proof.end());
   return out;
 }
 
 Result<ConnectReply> ConnectReply::decode(const std::vector<uint8_t>& raw) {
-  if (raw.size() < 20) return Error{Errc::kProtocol, "rdma connect reply: private data too short"};
   size_t pos = 0;
-  if (get<uint32_t>(raw, pos) != kPrivateMagic) return Error{Errc::kProtocol, "rdma connect reply: not from rdmig"};
-  if (get<uint16_t>(raw, pos) != kPrivateVersion) return Error{Errc::kProtocol, "rdma connect reply: version mismatch"};
+  RDMIG_TRY(check_header(raw, pos, "rdma connect reply", kConnectReplyBytes));
   pos += 2;
   ConnectReply r;
   r.ring_addr = get<uint64_t>(raw, pos);
   r.ring_rkey = get<uint32_t>(raw, pos);
+  std::memcpy(r.proof.data(), raw.data() + pos, r.proof.size());
   return r;
+}
+
+void sign_request(ConnectRequest& request, const std::string& key) {
+  uint32_t nonce = 0;
+  const std::string hex = random_hex(sizeof nonce);
+  for (char c : hex) nonce = nonce * 16 + static_cast<uint32_t>(c <= '9' ? c - '0' : c - 'a' + 10);
+  request.nonce = nonce;
+  request.proof = request_proof(request, key);
+}
+
+Status check_request(const ConnectRequest& request, const std::string& key, ProofLedger& ledger) {
+  const std::string what = "channel " + std::to_string(request.index) + ": ";
+  if (!mac_equal(request.proof, request_proof(request, key))) {
+    return Error{Errc::kUnauthenticated, what + "the connect request's proof does not prove the session's key"};
+  }
+  if (!ledger.first_use(request.proof)) {
+    return Error{Errc::kUnauthenticated, what + "the connect request's proof was used before (a replay)"};
+  }
+  return ok_status();
+}
+
+void sign_reply(ConnectReply& reply, const ConnectRequest& request, const std::string& key) {
+  reply.proof = reply_proof(reply, request, key);
+}
+
+Status check_reply(const ConnectReply& reply, const ConnectRequest& request, const std::string& key) {
+  if (!mac_equal(reply.proof, reply_proof(reply, request, key))) {
+    return Error{Errc::kPermissionDenied, "the target agent's connect reply does not prove the session's key"};
+  }
+  return ok_status();
 }
 
 Status set_tos(rdma_cm_id* id, int tos) {

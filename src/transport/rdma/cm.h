@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "transport/channel_proof.h"
 #include "transport/rdma/verbs.h"
 
 namespace rdmig::transport::rdma {
@@ -36,25 +37,64 @@ Result<CmEvent> expect_cm_event(rdma_event_channel* channel, rdma_cm_event_type 
                                 const std::function<bool()>& cancelled = {});
 
 inline constexpr uint32_t kPrivateMagic = 0x474d4452;  // "RDMG" little-endian
-inline constexpr uint16_t kPrivateVersion = 1;
+// 2: the channel proof (nonce and MAC) in the request, the acceptor's MAC in the reply.
+inline constexpr uint16_t kPrivateVersion = 2;
+// rdma_connect(3): "The length of the private data provided by the user is limited to 56 bytes
+// for RDMA_PS_TCP" on InfiniBand and RoCE (the IB CM REQ carries 92 bytes, rdma_cm's own header
+// takes 36). The request uses all 56; the reply has up to 196 (rdma_accept(3)).
+inline constexpr size_t kConnectRequestBytes = 56;
+inline constexpr size_t kConnectReplyBytes = 36;
+// The channel proofs here are HMAC-SHA256 truncated to 16 bytes (128 bits), what fits beside the
+// request's other fields. Truncation is what RFC 2104 (section 5) and NIST SP 800-107 allow for
+// at least half the hash's length: a forger without the key has a 2^-128 chance per try, and
+// each try costs a connect request that is rejected.
+inline constexpr size_t kProofBytes = 16;
+using Proof = std::array<uint8_t, kProofBytes>;
 
-// Source -> target in rdma_connect (fits the 56 bytes rdma_cm allows on InfiniBand/RoCE).
+// What a source needs to connect a session's channel: the session id (16 bytes in the private
+// data; no secret) and the key its channels prove (transport/channel_proof.h).
+struct ChannelCredentials {
+  std::array<uint8_t, 16> session{};
+  std::string key;
+};
+
+// Source -> target in rdma_connect, 56 bytes, little-endian:
+//   magic u32 | version u16 | index u16 | session 16 | ring_addr u64 | ring_rkey u32 | nonce u32 |
+//   proof 16 = HMAC-SHA256(key, "rdmig-channel\ndial\n" session-hex "\n" index "\n" fresh)[0..16)
+//   fresh = "rdma " ring_addr " " ring_rkey " " nonce (decimal): the connection's own parameters
+//   (the source's freshly registered ring) and a random nonce. The target checks the proof before
+//   the QP is accepted and takes each proof once (ProofLedger): a replayed request is refused.
 struct ConnectRequest {
   std::array<uint8_t, 16> session{};
   uint16_t index = 0;
   uint64_t ring_addr = 0;  // the source's receive ring (for QEMU's return path)
   uint32_t ring_rkey = 0;
+  uint32_t nonce = 0;
+  Proof proof{};
   std::vector<uint8_t> encode() const;
+  // An older agent's request (another version) is refused naming both versions.
   static Result<ConnectRequest> decode(const std::vector<uint8_t>& raw);
 };
 
-// Target -> source in rdma_accept.
+// Target -> source in rdma_accept, 36 bytes: magic u32 | version u16 | 0 u16 | ring_addr u64 |
+//   ring_rkey u32 | proof 16 = the acceptor's MAC ("accept") over the request's fresh part and
+//   this reply's ring: the source knows the target holds the key too.
 struct ConnectReply {
   uint64_t ring_addr = 0;  // the target's receive ring
   uint32_t ring_rkey = 0;
+  Proof proof{};
   std::vector<uint8_t> encode() const;
   static Result<ConnectReply> decode(const std::vector<uint8_t>& raw);
 };
+
+// Fills the request's nonce (random) and proof under `key`.
+void sign_request(ConnectRequest& request, const std::string& key);
+// The target's check, before anything is admitted: kUnauthenticated naming the proof when it is
+// wrong or was taken before (`ledger` records every good one).
+Status check_request(const ConnectRequest& request, const std::string& key, ProofLedger& ledger);
+// The reply's proof, and the source's check of it.
+void sign_reply(ConnectReply& reply, const ConnectRequest& request, const std::string& key);
+Status check_reply(const ConnectReply& reply, const ConnectRequest& request, const std::string& key);
 
 // rdma_set_option(RDMA_OPTION_ID_TOS): the IP ToS byte of RoCE v2 packets (traffic class on IB).
 // Set before rdma_resolve_route (the kernel picks the route's priority from it). tos < 0: no-op.

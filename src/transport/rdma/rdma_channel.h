@@ -56,7 +56,7 @@ class RdmaChannel final : public Channel {
   // Source side: resolves `ep`, connects, returns once the connection is established; `timeout`
   // bounds all of it (address and route resolution and the connect together).
   static Result<std::unique_ptr<RdmaChannel>> connect(const net::Endpoint& ep,
-                                                       const std::array<uint8_t, 16>& session,
+                                                       const ChannelCredentials& credentials,
                                                        const RdmaChannelParams& params,
                                                        TransportMetrics& metrics,
                                                        std::chrono::milliseconds timeout,
@@ -67,7 +67,7 @@ class RdmaChannel final : public Channel {
   static Result<std::unique_ptr<RdmaChannel>> accept(EventChannelPtr events, CmIdPtr id,
                                                      const ConnectRequest& request,
                                                      const RdmaChannelParams& params,
-                                                     TransportMetrics& metrics);
+                                                     TransportMetrics& metrics, const std::string& key);
   ~RdmaChannel() override;
 
   Result<std::span<std::byte>> acquire() override;

@@ -78,13 +78,14 @@ void RdmaListener::on_connect_request(const CmEvent& ev) {
   if (auto st = set_tos(id.get(), tos_); !st) return reject(st.error().message);
   auto req = ConnectRequest::decode(ev.private_data);
   if (!req) return reject(req.error().message);
-  auto plan = lookup_(req->session, req->index);
+  auto plan = lookup_(req.value());
   if (!plan) return reject(plan.error().message);
   // Give the connection its own event channel so its channel's poller sees its events.
   EventChannelPtr own(rdma_create_event_channel());
   if (!own) return reject("rdma_create_event_channel failed");
   if (rdma_migrate_id(id.get(), own.get()) != 0) return reject(std::string("rdma_migrate_id: ") + std::strerror(errno));
-  auto ch = RdmaChannel::accept(std::move(own), std::move(id), req.value(), plan->params, *plan->metrics);
+  auto ch = RdmaChannel::accept(std::move(own), std::move(id), req.value(), plan->params, *plan->metrics,
+                                plan->key);
   if (!ch) {
     LOG_WARN("rdma") << "accepting channel " << req->index << ": " << ch.error().message;
     plan->deliver(ch.error());

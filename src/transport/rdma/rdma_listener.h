@@ -1,7 +1,7 @@
 // The target agent's rdma_cm listener: one per agent, bound to the RDMA device's address.
-// A connect request names a session and a channel index in its private data; `lookup`
-// finds the migration that owns the session and says how to build the channel and where
-// to deliver it. Unknown sessions are rejected with a reason. One thread, stopped by the
+// A connect request names a session and a channel index in its private data and proves the
+// session's channel key (cm.h); `lookup` finds the migration that owns the session, checks the
+// proof and says how to build the channel and where to deliver it. Unknown sessions are rejected with a reason. One thread, stopped by the
 // destructor (it polls with a short timeout).
 #pragma once
 
@@ -20,12 +20,15 @@ namespace rdmig::transport::rdma {
 struct AcceptPlan {
   RdmaChannelParams params;
   TransportMetrics* metrics = nullptr;
+  std::string key;  // the session's channel key: the reply proves it (check_request was done)
   std::function<void(Result<std::unique_ptr<Channel>>)> deliver;
 };
 
 class RdmaListener {
  public:
-  using Lookup = std::function<Result<AcceptPlan>(const std::array<uint8_t, 16>& session, uint32_t index)>;
+  // Finds the session of a request, checks its proof (check_request) and only then admits the
+  // channel; an error rejects the connect request before the QP is accepted.
+  using Lookup = std::function<Result<AcceptPlan>(const ConnectRequest& request)>;
 
   // `tos` (IP ToS byte, -1 = default) is set on the listening id and on every accepted one.
   static Result<std::unique_ptr<RdmaListener>> create(const std::string& ip, uint16_t port, Lookup lookup,

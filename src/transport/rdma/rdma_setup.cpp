@@ -106,7 +106,7 @@ Status RdmaChannel::setup_resources() {
 }
 
 Result<std::unique_ptr<RdmaChannel>> RdmaChannel::connect(const net::Endpoint& ep,
-                                                           const std::array<uint8_t, 16>& session,
+                                                           const ChannelCredentials& credentials,
                                                            const RdmaChannelParams& params,
                                                            TransportMetrics& metrics,
                                                            std::chrono::milliseconds timeout,
@@ -160,10 +160,11 @@ Result<std::unique_ptr<RdmaChannel>> RdmaChannel::connect(const net::Endpoint& e
   if (auto st = ch->setup_resources(); !st) return st.error().with_context(what);
   LOG_DEBUG("rdma") << what << ": resources ready, connecting";
   ConnectRequest req;
-  req.session = session;
+  req.session = credentials.session;
   req.index = static_cast<uint16_t>(params.index);
   req.ring_addr = reinterpret_cast<uintptr_t>(ch->recv_ring_.get());
   req.ring_rkey = ch->recv_mr_->rkey;
+  sign_request(req, credentials.key);
   const auto pd = req.encode();
   rdma_conn_param cp = conn_param(pd);
   if (rdma_connect(ch->id_.get(), &cp) != 0) return verbs_error(what + ": rdma_connect", errno);
@@ -179,6 +180,7 @@ Result<std::unique_ptr<RdmaChannel>> RdmaChannel::connect(const net::Endpoint& e
   }
   auto reply = ConnectReply::decode(ev->private_data);
   if (!reply) return reply.error().with_context(what);
+  if (auto st = check_reply(reply.value(), req, credentials.key); !st) return st.error().with_context(what);
   ch->peer_ring_addr_ = reply->ring_addr;
   ch->peer_ring_rkey_ = reply->ring_rkey;
   ch->established_ = true;
@@ -190,7 +192,7 @@ Result<std::unique_ptr<RdmaChannel>> RdmaChannel::connect(const net::Endpoint& e
 Result<std::unique_ptr<RdmaChannel>> RdmaChannel::accept(EventChannelPtr events, CmIdPtr id,
                                                          const ConnectRequest& request,
                                                          const RdmaChannelParams& params,
-                                                         TransportMetrics& metrics) {
+                                                         TransportMetrics& metrics, const std::string& key) {
   const std::string what = "rdma accept (channel " + std::to_string(params.index) + ")";
   std::unique_ptr<RdmaChannel> ch(new RdmaChannel(std::move(events), std::move(id), params, metrics));
   if (auto st = ch->setup_resources(); !st) {
@@ -202,6 +204,7 @@ Result<std::unique_ptr<RdmaChannel>> RdmaChannel::accept(EventChannelPtr events,
   ConnectReply rep;
   rep.ring_addr = reinterpret_cast<uintptr_t>(ch->recv_ring_.get());
   rep.ring_rkey = ch->recv_mr_->rkey;
+  sign_reply(rep, request, key);
   const auto pd = rep.encode();
   rdma_conn_param cp = conn_param(pd);
   if (rdma_accept(ch->id_.get(), &cp) != 0) return verbs_error(what + ": rdma_accept", errno);
