@@ -6,16 +6,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/cache-env.sh
 jobs="${RDMIG_BUILD_JOBS:-$(nproc)}"
-if [ "${RDMIG_CCACHE:-1}" != 0 ] && command -v ccache >/dev/null; then
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-else
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=)
-fi
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" "$@" >/dev/null
-[ "${launcher[0]}" = -DCMAKE_CXX_COMPILER_LAUNCHER= ] || ccache --zero-stats >/dev/null 2>&1 || true
+ccache=0
+if [ "${RDMIG_CCACHE:-1}" != 0 ] && command -v ccache >/dev/null; then ccache=1; fi
+launcher="$([ "$ccache" = 1 ] && echo ccache || true)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER_LAUNCHER="$launcher" "$@" >/dev/null
+[ "$ccache" = 0 ] || ccache --zero-stats >/dev/null 2>&1 || true
 start=$(date +%s)
 cmake --build build -j "$jobs"
-if [ "${launcher[0]}" != -DCMAKE_CXX_COMPILER_LAUNCHER= ]; then
+if [ "$ccache" = 1 ]; then
   echo "build: $(( $(date +%s) - start )) s; ccache: $(ccache --print-stats 2>/dev/null |
     awk -F'\t' '$1=="direct_cache_hit"||$1=="preprocessed_cache_hit"{h+=$2} $1=="cache_miss"{m=$2} END{printf "%d hits, %d misses", h, m}')"
 fi

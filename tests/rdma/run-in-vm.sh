@@ -118,7 +118,6 @@ else
   echo "run-in-vm: initramfs from cache $base_dir" >&2
 fi
 exec 9>&-
-t_built=$(date +%s.%N)
 [ "$build_only" = 1 ] && exit 0
 
 # --- per-run part: SCRIPT and its command line, appended as a second cpio archive ----
