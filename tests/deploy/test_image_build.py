@@ -20,7 +20,8 @@ bound of what `docker build` on the real bases gives.
 
 Cache: $RDMIG_IMAGE_CACHE (scripts/test.sh: /var/cache/rdmig/image-test, outside the clone so that every
 clone reuses it; else .cache/image-test/, gitignored) holds the debootstrap tarball
-(made again when older than 14 days) and podman's storage. Each run keeps only the images of its
+(made again when older than 14 days), podman's storage, and tmp/buildah-cache/rdmig-ccache, the
+Dockerfile's ccache cache mount (ccache bounds it at 2 GiB). Each run keeps only the images of its
 own build (tagged rdmig-image-test and rdmig-image-test-build, so the next run reuses the package
 layers) and the bases, and prunes the rest, so the cache does not grow run after run. Storage
 driver: overlay where the kernel and the file system allow it, else vfs
@@ -169,9 +170,14 @@ class ImageBuildTest(unittest.TestCase):
         common = ["build", "--isolation", "chroot", "--network", "host", "--pull=never", "--layers",
                   "--build-arg", "RDMIG_REVISION=" + cls.revision, "-f", os.path.join(REPO, "Dockerfile")]
         t0 = time.monotonic()
+        # buildah keeps the Dockerfile's cache mounts (the compile's ccache objects) under
+        # $TMPDIR/buildah-cache: in the cache, so that a build after a source change recompiles only
+        # what changed.
+        env = dict(os.environ, TMPDIR=os.path.join(CACHE, "tmp"))
+        os.makedirs(env["TMPDIR"], exist_ok=True)
         with open(cls.build_log, "w") as out:
             r = subprocess.run(cls.podman.base + common + ["-t", IMAGE, REPO], stdout=out,
-                               stderr=subprocess.STDOUT)
+                               stderr=subprocess.STDOUT, env=env)
         cls.build_seconds = time.monotonic() - t0
         if r.returncode != 0:
             with open(cls.build_log) as f:
