@@ -71,7 +71,14 @@ def apt_packages(stage):
 
 
 def run_commands(stage):
-    return [c.strip() for instr, text in stage["instructions"] if instr == "RUN" for c in text.split("&&")]
+    """The shell commands of the RUN steps, without RUN's own flags (--mount=...)."""
+    out = []
+    for instr, text in stage["instructions"]:
+        if instr == "RUN":
+            while text.startswith("--"):
+                text = text.split(None, 1)[1]
+            out += [c.strip() for c in text.split("&&")]
+    return out
 
 
 def install_deps_array(name):
@@ -221,6 +228,12 @@ class DockerfileTest(unittest.TestCase):
         cmake_steps = [c for c in run_commands(self.build) if c.startswith("cmake ")]
         self.assertEqual(len(cmake_steps), 2, cmake_steps)
         self.assertIn("--target rdmig-agent rdmig-controller", cmake_steps[1])
+        # The compile goes through ccache, whose objects live in a build cache mount, not in a layer.
+        self.assertIn("ccache", apt_packages(self.build))
+        self.assertIn("-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", cmake_steps[0])
+        build_run = [t for i, t in self.build["instructions"] if i == "RUN" and "cmake --build" in t]
+        self.assertEqual(len(build_run), 1, build_run)
+        self.assertTrue(build_run[0].startswith("--mount=type=cache,target=/root/.cache/ccache"), build_run[0])
         with open(os.path.join(REPO, "docs", "deploy.md")) as f:
             deploy = " ".join(f.read().split())
         for step in cmake_steps:

@@ -21,7 +21,7 @@ bound of what `docker build` on the real bases gives.
 Cache: $RDMIG_IMAGE_CACHE (scripts/test.sh: /var/cache/rdmig/image-test, outside the clone so that every
 clone reuses it; else .cache/image-test/, gitignored) holds the debootstrap tarball
 (made again when older than 14 days), podman's storage, and tmp/buildah-cache/rdmig-ccache, the
-Dockerfile's ccache cache mount (ccache bounds it at 2 GiB). Each run keeps only the images of its
+Dockerfile's ccache cache mount (ccache bounds it, 5 GiB by default; a Release build takes about 10 MB). Each run keeps only the images of its
 own build (tagged rdmig-image-test and rdmig-image-test-build, so the next run reuses the package
 layers) and the bases, and prunes the rest, so the cache does not grow run after run. Storage
 driver: overlay where the kernel and the file system allow it, else vfs
