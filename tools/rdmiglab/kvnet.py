@@ -7,6 +7,7 @@ through an unnumbered veth (a /32 or /128 route per pod IP; the namespace's defa
 points back through host0), so agents in the host netns can connect to pod IPs and setns
 into the namespaces. Names carry a per-run random suffix; ``close`` removes everything.
 """
+import fcntl
 import os
 import random
 import subprocess
@@ -56,11 +57,16 @@ class HandlerNetwork:
         return random.choice(free)
 
     def setup(self):
-        try:
-            self._setup()
-        except Exception:
-            self.close()
-            raise
+        # Tests run side by side (ctest -j): the subnet is picked from what the host's routes
+        # leave free and then taken by adding routes, so two set-ups must not interleave.
+        os.makedirs("/run/lock", exist_ok=True)
+        with open("/run/lock/rdmig-kvnet.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                self._setup()
+            except Exception:
+                self.close()
+                raise
         return self
 
     def _setup(self):
