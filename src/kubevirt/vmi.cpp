@@ -41,10 +41,13 @@ Result<MigrationIntent> parse_vmi(const json& vmi) {
     if (v->size() > 253) return Error{Errc::kInvalidArgument, "vmi.metadata: a name longer than 253 characters"};
   }
   const json& status = object_at(vmi, "status");
-  auto ms = status.find("migrationState");
-  if (ms == status.end() || !ms->is_object()) {
+  auto ms_it = status.find("migrationState");
+  if (ms_it == status.end() || !ms_it->is_object()) {
     return Error{Errc::kInvalidArgument, "vmi.status.migrationState: missing"};
   }
+  // A reference, not the iterator: GCC's -Wnull-dereference cannot follow the end() check
+  // through nlohmann's iterator and warned on every use below.
+  const json* ms = &*ms_it;
   in.migration_uid = str(*ms, "migrationUid");
   in.source_node = str(*ms, "sourceNode");
   in.target_node = str(*ms, "targetNode");
@@ -65,8 +68,9 @@ Result<MigrationIntent> parse_vmi(const json& vmi) {
     auto fam = ip_family(in.target_address, "vmi.status.migrationState.targetNodeAddress");
     if (!fam) return fam.error();
   }
-  auto ports = ms->find("targetDirectMigrationNodePorts");
-  if (ports != ms->end() && ports->is_object()) {
+  const json& ports_v = object_at(*ms, "targetDirectMigrationNodePorts");
+  const json* ports = ports_v.is_object() && !ports_v.empty() ? &ports_v : nullptr;
+  if (ports != nullptr) {
     if (ports->size() > 16) {
       return Error{Errc::kInvalidArgument, "vmi.status.migrationState.targetDirectMigrationNodePorts: too many ports"};
     }
