@@ -96,7 +96,7 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
     // The rails both agents have, matched by index; channel i goes on rail i mod n. None in
     // common: the first channel's connect fails with that and falls back to TCP as an
     // unreachable target does (transport auto), or the session fails naming it.
-    auto rails = migration::rails_from_welcome(welcome.value(), ctx.rdma);
+    auto rails = migration::rails_from_welcome(welcome.value(), ctx.rdma, peer_dial_policy(ctx.config.data_plane));
     if (rails) {
       s->set_rails(std::move(rails.value()));
     } else if (rails.error().code == Errc::kUnavailable) {

@@ -42,7 +42,8 @@ static std::vector<RailPair> legacy_pair(const RdmaSupport& rdma, const std::str
   return {RailPair{rdma.rails.front().rail, rdma.rails.front(), peer, peer_mtu}};
 }
 
-Result<std::vector<RailPair>> rails_from_welcome(const json& welcome, const RdmaSupport& rdma) {
+Result<std::vector<RailPair>> rails_from_welcome(const json& welcome, const RdmaSupport& rdma,
+                                                 const net::DialPolicy& policy) {
   auto peer = transport::parse_rails(welcome, "rdmaRails", "welcome");
   if (!peer) return peer.error();
   std::vector<RailPair> pairs;
@@ -54,8 +55,10 @@ Result<std::vector<RailPair>> rails_from_welcome(const json& welcome, const Rdma
     pairs = match_rails(rdma.rails, peer.value());
   }
   for (const auto& p : pairs) {
-    auto ep = net::parse_endpoint(p.peer, "welcome.rdmaRails[rail " + std::to_string(p.rail) + "]");
+    const std::string field = "welcome.rdmaRails[rail " + std::to_string(p.rail) + "]";
+    auto ep = net::parse_endpoint(p.peer, field);
     if (!ep) return ep.error();
+    if (auto ok = policy.check(ep->host, field); !ok) return ok.error();
   }
   if (pairs.empty()) {
     std::string mine, theirs;

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/dial_policy.h"
 #include "common/result.h"
 #include "metrics/metrics.h"
 #include "migration/data_plane_server.h"
@@ -48,8 +49,11 @@ std::vector<transport::RailAddress> rail_endpoints(const RdmaSupport& rdma);
 void add_rails_to_welcome(nlohmann::json& welcome, const RdmaSupport& rdma);
 
 // Source side: the rails to use from the target's welcome ("rdmaRails", else "rdmaEndpoint" as
-// one rail). kUnavailable when the two agents have no rail index in common.
-Result<std::vector<RailPair>> rails_from_welcome(const nlohmann::json& welcome, const RdmaSupport& rdma);
+// one rail). kUnavailable when the two agents have no rail index in common. The source connects
+// to these addresses on the target's word, so each passes `policy` (the agent's peer dial policy,
+// common/dial_policy.h) or the welcome is refused naming the rail (kInvalidArgument).
+Result<std::vector<RailPair>> rails_from_welcome(const nlohmann::json& welcome, const RdmaSupport& rdma,
+                                                 const net::DialPolicy& policy);
 // Target side: the same match from the source's hello (peer = the source's address on each rail).
 std::vector<RailPair> rails_from_hello(const transport::Hello& hello, const RdmaSupport& rdma);
 // The same from the source's advertised rails as such (a KubeVirt flow hello's "rdmaRails"); a

@@ -261,7 +261,7 @@ Status SourceJob::connect_data_plane() {
 }
 
 Status SourceJob::connect_rdma_channels(const json& welcome) {
-  auto rails = rails_from_welcome(welcome, ctx_.rdma);
+  auto rails = rails_from_welcome(welcome, ctx_.rdma, peer_dial_policy(ctx_.config.data_plane));
   if (!rails) return rails.error();
   auto id = transport::rdma::session_from_hex(session_);
   if (!id) return id.error();

@@ -102,7 +102,7 @@ Status PathCheck::connect_source() {
 
   std::vector<migration::RailPair> rails;
   if (transport == "rdma") {
-    auto matched = migration::rails_from_welcome(reply.value(), ctx_.rdma);
+    auto matched = migration::rails_from_welcome(reply.value(), ctx_.rdma, peer_dial_policy(ctx_.config.data_plane));
     if (!matched) return matched.error();
     rails = std::move(matched.value());
     update([&](CheckStatus& s) { s.rails = check_rails(rails, spec_.channels); });

@@ -10,6 +10,8 @@ namespace {
 
 using nlohmann::json;
 
+const net::DialPolicy kPeers = net::DialPolicy::peer_agents(false);
+
 RdmaRail rail(uint32_t index, const std::string& device, const std::string& ip) {
   RdmaRail r;
   r.rail = index;
@@ -63,14 +65,14 @@ TEST(Rails, RailsAreMatchedByIndexNotByPosition) {
   EXPECT_EQ(pairs[0].rail, 1u);
   EXPECT_EQ(pairs[0].peer, "10.99.2.2:7472");
   auto none = rails_from_welcome(json{{"rdmaRails", json::array({json{{"rail", 0}, {"address", "10.99.0.2:7472"}}})}},
-                                 local);
+                                 local, kPeers);
   ASSERT_FALSE(none.ok());
   EXPECT_NE(none.error().message.find("no RDMA rail in common"), std::string::npos) << none.error().message;
 }
 
 TEST(Rails, APeerWithOneEndpointIsOneRail) {
   const auto local = support({rail(0, "rxea", "10.99.0.1"), rail(1, "rxea2", "10.99.2.1")});
-  auto pairs = rails_from_welcome(json{{"rdmaEndpoint", "10.99.0.2:7472"}}, local);
+  auto pairs = rails_from_welcome(json{{"rdmaEndpoint", "10.99.0.2:7472"}}, local, kPeers);
   ASSERT_TRUE(pairs.ok()) << pairs.error().message;
   ASSERT_EQ(pairs->size(), 1u);
   EXPECT_EQ((*pairs)[0].local.device, "rxea");
@@ -85,7 +87,7 @@ TEST(Rails, WelcomeAdvertisesEveryRailAndTheFirstForOneDevicePeers) {
   add_rails_to_welcome(welcome, target);
   EXPECT_EQ(welcome["rdmaEndpoint"], "10.99.0.2:7472");
   const auto source = support({rail(0, "rxea", "10.99.0.1"), rail(1, "rxea2", "10.99.2.1")});
-  auto pairs = rails_from_welcome(welcome, source);
+  auto pairs = rails_from_welcome(welcome, source, kPeers);
   ASSERT_TRUE(pairs.ok()) << pairs.error().message;
   ASSERT_EQ(pairs->size(), 2u);
   EXPECT_EQ((*pairs)[1].peer, "10.99.2.2:7472");
@@ -306,6 +308,28 @@ TEST(Rails, AFailureNamesAChannelThatFailedByItselfBeforeOnesThatCarryThePeersAb
 
   EXPECT_FALSE(channel_failure_to_report({std::nullopt, std::nullopt}).has_value());
   EXPECT_FALSE(channel_failure_to_report({}).has_value());
+}
+
+TEST(Rails, WelcomeRailAddressesObeyThePeerDialPolicy) {
+  // The source connects to the welcome's rail addresses on the target's word: each passes the
+  // agent's peer dial policy (common/dial_policy.h), as a REST client's target.endpoint does.
+  const auto local = support({rail(0, "rxea", "10.99.0.1"), rail(1, "rxea2", "10.99.2.1")});
+  for (const char* bad : {"169.254.169.254:7472", "0.0.0.0:7472", "[::ffff:169.254.169.254]:7472", "[::]:7472",
+                          "224.0.0.1:7472", "127.0.0.1:7472", "rdma-peer.example:7472"}) {
+    auto refused = rails_from_welcome(
+        json{{"rdmaRails", json::array({json{{"rail", 0}, {"address", "10.99.0.2:7472"}},
+                                        json{{"rail", 1}, {"address", bad}}})}},
+        local, kPeers);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_EQ(refused.error().code, Errc::kInvalidArgument) << bad;
+    EXPECT_NE(refused.error().message.find("welcome.rdmaRails[rail 1]"), std::string::npos) << refused.error().message;
+    auto legacy = rails_from_welcome(json{{"rdmaEndpoint", bad}}, local, kPeers);
+    ASSERT_FALSE(legacy.ok()) << bad;
+    EXPECT_NE(legacy.error().message.find("welcome.rdmaRails[rail 0]"), std::string::npos) << legacy.error().message;
+  }
+  // Loopback only where the agent's config says it is a lab (dataPlane.allowLoopbackPeers).
+  auto lab = rails_from_welcome(json{{"rdmaEndpoint", "127.0.0.1:7472"}}, local, net::DialPolicy::peer_agents(true));
+  EXPECT_TRUE(lab.ok()) << lab.error().message;
 }
 
 }  // namespace
