@@ -265,8 +265,13 @@ Result<LibvirtJobStats> read_completed_job(const KubevirtConfig& config, const L
       why = "no " + config.launcher_program + " process with --uid " + vmi.uid + " in a launcher pod of the VMI: " +
             refused;
     }
+    if (!tried && !launcher_was_here) {
+      // No launcher of the VMI when the session began and none now: the target launcher runs
+      // before KubeVirt starts the source, so none will appear; no figures to wait for.
+      return Error{Errc::kNotFound, why};
+    }
     const auto now = std::chrono::steady_clock::now();
-    if (runs || unanswered || (!tried && !launcher_was_here)) {
+    if (runs || unanswered) {
       gone_since = kNever;
     } else {
       if (gone_since == kNever) gone_since = now;

@@ -30,8 +30,9 @@ Result<uid_t> daemon_uid(const std::string& socket);
 // nowhere on this node: every launcher daemon of the VMI answered without it active (libvirt
 // failed the incoming migration and removed it) or, when `launcher_was_here` (one was seen at
 // the session's start), no launcher process of the VMI is left (the target pod is gone).
-// kNotFound when the figures could not be read in time (unknown: a launcher never seen, a
-// daemon that refused the agent).
+// kNotFound when the figures could not be read in time (a daemon that refused the agent), and at
+// once when no launcher of the VMI was seen at the session's start nor is now (the agent cannot
+// see it: nothing to wait for).
 inline constexpr std::chrono::milliseconds kGoneFor{1000};
 Result<LibvirtJobStats> read_completed_job(const KubevirtConfig& config, const LauncherIdentity& launchers,
                                            const VmiRef& vmi, std::chrono::milliseconds wait,
