@@ -26,6 +26,7 @@
 #include "config/agent_config.h"
 #include "metrics/metrics.h"
 #include "kubevirt/hook_server.h"
+#include "kubevirt/kubevirt_metrics.h"
 #include "kubevirt/relay.h"
 #include "migration/manager.h"
 #include "pathcheck/manager.h"
@@ -192,6 +193,10 @@ int main(int argc, char** argv) {
       }
       hook = std::move(h.value());
     }
+    // Whether KubeVirt's Plugin can reach this agent, read at each scrape (alert RdmigKubevirtHookNotServed).
+    metrics.on_scrape([&gauge = rdmig::kubevirt::register_hook_serving(metrics), h = hook.get()] {
+      gauge.Set(h && h->serving() ? 1 : 0);
+    });
   }
   rdmig::api::RestServer server(config, token, manager, pathchecks, kubevirt.get(), metrics, api_cert);
   if (api_cert && api_cert->info().expired) {

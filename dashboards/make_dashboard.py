@@ -34,7 +34,16 @@ AGENT = 'namespace=~"$namespace", node=~"$node"'
 CTRL = 'namespace=~"$namespace"'
 # The per-migration and per-VM series: `namespace` there is the VM's (see above).
 MIGRATION = 'job=~"$agent_job", node=~"$node", namespace=~"$vm_namespace", name=~"$vm"'
+# The controller's per-VMI series (RdmaMigrations that name a VMI): the VMI's namespace and name.
+CTRL_VMI = 'job=~"$controller_job", namespace=~"$vm_namespace", name=~"$vm"'
 DS = {"type": "prometheus", "uid": "${datasource}"}
+# KubeVirt mode's per-VMI series of the source agent (its record is the complete one: the target
+# hands it libvirt's figures), and the labels of one KubeVirt migration row.
+# The series that name VMs for the VM variables: bare-QEMU migrations and KubeVirt VMIs.
+VM_SERIES = "rdmig_migration_total_bytes|rdmig_kubevirt_migration_info"
+KV_VMI = MIGRATION + ', role="source"'
+KV_BY = "namespace, name, node"
+KV_INFO_LABELS = "source_node, target_node, result, transport, transport_reason, reason"
 
 
 class Layout:
@@ -140,6 +149,139 @@ def annotation(name, color, expr, title, text, tags):
     return {"name": name, "datasource": DS, "enable": True, "hide": False, "iconColor": color,
             "expr": expr, "step": "15s", "titleFormat": title, "textFormat": text, "tagKeys": tags,
             "useValueForTime": False}
+
+
+def kubevirt(L):
+    """KubeVirt mode: which VMI migrations (drains, virtctl migrate, RdmaMigrations naming a VMI)
+    rdmig carried, which it left to KubeVirt's own path and why, and how fast (docs/metrics.md)."""
+    src = AGENT + ', role="source"'
+    L.row("KubeVirt: VMI migrations")
+    L.add(panel("stat", "Carried by rdmig (KubeVirt)", "Share of the KubeVirt migrations that started on the "
+                "selected agents in the time range that rdmig carried (ended Succeeded or Failed); the rest went "
+                "over KubeVirt's own path (NotCarried, reasons beside). Alert RdmigKubevirtNotCarried.",
+                [target("sum (%s) / sum (%s)" % (events("rdmig_kubevirt_migrations_total", src + ', result=~"Succeeded|Failed"',
+                                                        "$__range"),
+                                                 events("rdmig_kubevirt_migrations_total", src, "$__range")),
+                        "carried", instant=True)], unit="percentunit",
+                fieldConfig={"defaults": {"unit": "percentunit", "min": 0, "max": 1, "thresholds": {
+                    "mode": "absolute", "steps": [{"color": "red", "value": None}, {"color": "orange", "value": 0.5},
+                                                  {"color": "green", "value": 0.9}]}}, "overrides": []}), 4, 6)
+    L.add(panel("stat", "KubeVirt migrations by result", "KubeVirt migrations that ended in the time range, "
+                "counted on their source agent: Succeeded and Failed were carried by rdmig, NotCarried went over "
+                "KubeVirt's own path.",
+                [target("sum by (result) (%s)" % events("rdmig_kubevirt_migrations_total", src, "$__range"),
+                        "{{result}}", instant=True)]), 6, 6)
+    L.add(panel("bargauge", "Not carried, by reason", "Why the node hook left migrations to KubeVirt's own path in "
+                "the time range (reason codes: docs/metrics.md; what to do: docs/troubleshooting.md). post_copy, "
+                "same_node and decentralized are by design; the others are faults.",
+                [target("sum by (reason) (%s) > 0" % events("rdmig_kubevirt_not_carried_total", AGENT, "$__range"),
+                        "{{reason}}", instant=True)]), 6, 6)
+    L.add(panel("stat", "Carried by transport", "Carried KubeVirt migrations in the time range by transport "
+                "(source side). TCP on nodes whose agents see RDMA devices: alert RdmigKubevirtCarriedOverTcp.",
+                [target("sum by (transport) (%s)" % events("rdmig_kubevirt_carried_total", src, "$__range"),
+                        "{{transport}}", instant=True)]), 4, 6)
+    L.add(panel("stat", "Node hook served", "1 where the agent's node hook socket (kubevirt.hookSocket) is its "
+                "own listener; 0: KubeVirt's Plugin cannot reach it and nothing is carried on that node (alert "
+                "RdmigKubevirtHookNotServed).",
+                [target("min by (node) (rdmig_kubevirt_hook_serving{%s})" % AGENT, "{{node}}")],
+                fieldConfig={"defaults": {"unit": "short", "thresholds": {"mode": "absolute", "steps": [
+                    {"color": "red", "value": None}, {"color": "green", "value": 1}]}}, "overrides": []}), 4, 6)
+    L.add(panel("timeseries", "Carried and not carried over time", "In each interval, on the source agents: "
+                "KubeVirt migrations by result, the node hook's decisions (carried, skipped, error) and the "
+                "not-carried reasons.",
+                [target("sum by (result) (%s)" % events("rdmig_kubevirt_migrations_total", src, "$__rate_interval"),
+                        "ended {{result}}"),
+                 target("sum by (decision) (%s)" % events("rdmig_kubevirt_hook_calls_total", AGENT, "$__rate_interval"),
+                        "hook {{decision}}"),
+                 target("sum by (reason) (%s)" % events("rdmig_kubevirt_not_carried_total", AGENT, "$__rate_interval"),
+                        "not carried: {{reason}}")]), 16, 7)
+    L.add(panel("timeseries", "Carried KubeVirt migrations running, per node", "KubeVirt migrations each agent "
+                "carries now (source and target).",
+                [target("sum by (node) (rdmig_kubevirt_migrations_active{%s})" % AGENT, "{{node}}")]), 8, 7)
+    columns = [table_column("A", "Ended", "dateTimeAsIso"), table_column("B", "Connections", "short"),
+               table_column("C", "libvirt total time", "s"), table_column("D", "libvirt downtime", "s"),
+               table_column("E", "Bytes", "bytes"), table_column("F", "Throughput", "Bps"),
+               table_column("G", "Carried", "short")]
+    last = "max by (%s) (last_over_time(%%s{%s}[$__range]))" % (KV_BY, KV_VMI)
+    L.add(panel("table", "KubeVirt migrations (per VMI)", "The last migration of each VMI in the time range, as its "
+                "source agent saw it: source and target node, result (Succeeded, Failed: carried by rdmig; "
+                "NotCarried with its reason code), transport and why, KubeVirt connections carried, libvirt's "
+                "total time and downtime, bytes sent and average throughput. An agent keeps "
+                "migration.historySize records.",
+                [target("topk by (%s) (1, last_over_time(rdmig_kubevirt_migration_info{%s}[$__range])) * 1000"
+                        % (KV_BY, KV_VMI), fmt="table", instant=True)]
+                + [target(last % m, fmt="table", instant=True) for m in (
+                    "rdmig_kubevirt_migration_connections", "rdmig_kubevirt_migration_total_time_seconds",
+                    "rdmig_kubevirt_migration_downtime_seconds")]
+                + [target("max by (%s) (last_over_time(rdmig_kubevirt_migration_bytes{%s, direction=\"sent\"}"
+                          "[$__range]))" % (KV_BY, KV_VMI), fmt="table", instant=True)]
+                + [target(last % m, fmt="table", instant=True) for m in (
+                    "rdmig_kubevirt_migration_throughput_bytes_per_second", "rdmig_kubevirt_migration_carried")],
+                fieldConfig={"defaults": {"unit": "short", "custom": {"align": "auto"}},
+                             "overrides": [c[0] for c in columns]},
+                transformations=[{"id": "merge", "options": {}},
+                                 {"id": "organize", "options": {
+                                     "excludeByName": {"Time": True, "job": True, "instance": True, "role": True},
+                                     "indexByName": {"namespace": 0, "name": 1, "source_node": 2, "target_node": 3,
+                                                     "result": 4, "reason": 5, "transport": 6, "transport_reason": 7},
+                                     "renameByName": dict([("namespace", "Namespace"), ("name", "VMI"),
+                                                           ("node", "Agent"), ("source_node", "Source node"),
+                                                           ("target_node", "Target node"), ("result", "Result"),
+                                                           ("reason", "Not carried because"),
+                                                           ("transport", "Transport"),
+                                                           ("transport_reason", "Transport because")]
+                                                          + [c[1] for c in columns])}}],
+                options={"showHeader": True, "sortBy": [{"displayName": "Ended", "desc": True}]}), 24, 8)
+    L.add(panel("stat", "KubeVirt downtime and total time", "libvirt's figures of the carried migrations that "
+                "ended in the time range (read on the target agent), quantiles by transport.",
+                [target("histogram_quantile(%s, sum by (le, transport) (%s))"
+                        % (q, events("rdmig_kubevirt_%s_seconds_bucket" % what, AGENT, "$__range")),
+                        "%s p%d {{transport}}" % (what.replace("_", " "), round(q * 100)), instant=True)
+                 for what, q in (("downtime", 0.5), ("downtime", 0.95), ("total_time", 0.5), ("total_time", 0.95))],
+                unit="s"), 8, 8)
+    L.add(panel("heatmap", "KubeVirt downtime distribution", "Carried migrations per libvirt downtime bucket in "
+                "each interval.",
+                [target("sum by (le) (%s)" % events("rdmig_kubevirt_downtime_seconds_bucket", AGENT, "$__rate_interval"),
+                        "{{le}}", fmt="heatmap")], unit="s"), 8, 8)
+    L.add(panel("heatmap", "KubeVirt total time distribution", "Carried migrations per libvirt total-time bucket "
+                "in each interval.",
+                [target("sum by (le) (%s)" % events("rdmig_kubevirt_total_time_seconds_bucket", AGENT,
+                                                    "$__rate_interval"), "{{le}}", fmt="heatmap")], unit="s"), 8, 8)
+    L.add(panel("bargauge", "KubeVirt throughput per node pair", "Average throughput of the last carried "
+                "migration of the selected VMIs, the best per source and target node.",
+                [target("max by (source_node, target_node) (rdmig_kubevirt_migration_throughput_bytes_per_second{%s} "
+                        "* on (instance, namespace, name, role) group_left (source_node, target_node) "
+                        "group by (instance, namespace, name, role, source_node, target_node) "
+                        "(rdmig_kubevirt_migration_info{%s, result=~\"Succeeded|Failed\"}))" % (KV_VMI, KV_VMI),
+                        "{{source_node}} -> {{target_node}}", instant=True)], unit="Bps"), 12, 7)
+    L.add(panel("bargauge", "KubeVirt last downtime per VMI", "libvirt's downtime of each VMI's last carried "
+                "migration.",
+                [target("max by (namespace, name) (rdmig_kubevirt_migration_downtime_seconds{%s})" % KV_VMI,
+                        "{{namespace}}/{{name}}", instant=True)], unit="s"), 12, 7)
+    # RdmaMigrations that name a VMI: what the controller mirrored into their status.
+    ctrl_columns = [table_column("A", "Running", "short"), table_column("B", "Carried", "short"),
+                    table_column("C", "Downtime", "s"), table_column("D", "Duration", "s"),
+                    table_column("E", "Transferred", "bytes")]
+    L.add(panel("table", "RdmaMigrations of VMIs (controller)", "The last migration of each VMI that an "
+                "RdmaMigration named, as the controller mirrored it: running, carried by rdmig (1) or by "
+                "KubeVirt (0), libvirt's downtime, duration and the bytes rdmig carried.",
+                [target("max by (namespace, name) (last_over_time(%s{%s}[$__range]))" % (m, CTRL_VMI),
+                        fmt="table", instant=True) for m in (
+                    "rdmig_controller_vmi_migration_active", "rdmig_controller_vmi_migration_carried",
+                    "rdmig_controller_vmi_migration_downtime_seconds", "rdmig_controller_vmi_migration_duration_seconds",
+                    "rdmig_controller_vmi_migration_transferred_bytes")],
+                fieldConfig={"defaults": {"unit": "short", "custom": {"align": "auto"}},
+                             "overrides": [c[0] for c in ctrl_columns]},
+                transformations=[{"id": "merge", "options": {}},
+                                 {"id": "organize", "options": {
+                                     "excludeByName": {"Time": True},
+                                     "renameByName": dict([("namespace", "Namespace"), ("name", "VMI")]
+                                                          + [c[1] for c in ctrl_columns])}}]), 16, 7)
+    L.add(panel("stat", "VMI migrations ended (controller)", "KubeVirt migrations of RdmaMigrations that ended in "
+                "the time range, by result and whether rdmig carried them (true, false, unknown).",
+                [target("sum by (result, carried) (%s)" % events("rdmig_controller_kubevirt_migrations_total", CTRL,
+                                                                 "$__range"),
+                        "{{result}} carried={{carried}}", instant=True)]), 8, 7)
 
 
 def build():
@@ -339,6 +481,8 @@ def build():
                         "traffic=\"pathcheck\"}[$__rate_interval]))" % AGENT, "{{node}} {{transport}} {{direction}}")],
                 unit="Bps"), 12, 7)
 
+    kubevirt(L)
+
     L.row("Controller")
     L.add(panel("timeseries", "Reconciles by result", "Reconciles of RdmaMigration objects per second.",
                 [target("sum by (result) (rate(rdmig_controller_reconciles_total{%s}[$__rate_interval]))" % CTRL,
@@ -357,6 +501,7 @@ def build():
     source = 'rdmig_migration_total_bytes{%s, role="source"}' % MIGRATION
     finished = 'rdmig_migrations_finished_total{%s, role="source", result=~"%%s"}' % AGENT
     ended = "sum by (node, result) (%s - %s offset $__interval) > 0"
+    kv_info = 'rdmig_kubevirt_migration_info{%s, result=~"%%s"}' % KV_VMI
     return {
         "title": "rdmig: RDMA live migration",
         "uid": "rdmig-overview",
@@ -383,6 +528,22 @@ def build():
             annotation("Migration failed or cancelled", "red",
                        ended % (finished % "failed|cancelled", finished % "failed|cancelled"),
                        "Migration {{result}}", "source node {{node}}", "node,result"),
+            # A KubeVirt migration ends when its source agent writes the VMI's info series: a new
+            # series, or the same labels with a later end time (the value).
+            annotation("KubeVirt migration carried", "purple",
+                       "group by (%s, %s) ((%s unless %s) or (%s > last_over_time(%s[5m] offset $__interval)))"
+                       % (KV_BY, KV_INFO_LABELS, kv_info % "Succeeded|Failed", existed(kv_info % "Succeeded|Failed", "$__interval"),
+                          kv_info % "Succeeded|Failed", kv_info % "Succeeded|Failed"),
+                       "KubeVirt migration of {{namespace}}/{{name}} {{result}} (rdmig, {{transport}})",
+                       "{{source_node}} -> {{target_node}}, transport {{transport}} ({{transport_reason}})",
+                       "namespace,name,result,transport"),
+            annotation("KubeVirt migration not carried", "orange",
+                       "group by (%s, %s) ((%s unless %s) or (%s > last_over_time(%s[5m] offset $__interval)))"
+                       % (KV_BY, KV_INFO_LABELS, kv_info % "NotCarried", existed(kv_info % "NotCarried", "$__interval"),
+                          kv_info % "NotCarried", kv_info % "NotCarried"),
+                       "KubeVirt migration of {{namespace}}/{{name}} not carried: {{reason}}",
+                       "{{source_node}} -> {{target_node}} over KubeVirt's own path ({{reason}})",
+                       "namespace,name,reason"),
         ]},
         "links": [],
         "templating": {"list": [
@@ -397,10 +558,10 @@ def build():
                       'label_values(rdmig_controller_leader{namespace=~"$namespace"}, job)', all_value=None, hide=2),
             # The VMs' own namespaces and names (KubeVirt's labels), from the selected agents' series.
             query_var("vm_namespace", "VM namespace",
-                      'label_values(rdmig_migration_total_bytes{job=~"$agent_job", node=~"$node"}, namespace)'),
+                      'label_values({__name__=~"%s", job=~"$agent_job", node=~"$node"}, namespace)' % VM_SERIES),
             query_var("vm", "VM",
-                      'label_values(rdmig_migration_total_bytes{job=~"$agent_job", node=~"$node", '
-                      'namespace=~"$vm_namespace"}, name)'),
+                      'label_values({__name__=~"%s", job=~"$agent_job", node=~"$node", '
+                      'namespace=~"$vm_namespace"}, name)' % VM_SERIES),
         ]},
         "panels": L.panels,
     }

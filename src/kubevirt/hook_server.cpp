@@ -46,6 +46,11 @@ Result<std::unique_ptr<HookServer>> HookServer::start(const std::string& socket_
   // virt-handler runs as root: only root may call the hook.
   ::chmod(socket_path.c_str(), 0600);
   std::unique_ptr<HookServer> s(new HookServer(socket_path, std::move(listener.value()), std::move(handler)));
+  struct stat bound {};
+  if (::stat(socket_path.c_str(), &bound) == 0) {
+    s->bound_ino_ = bound.st_ino;
+    s->bound_dev_ = bound.st_dev;
+  }
   s->service_ = std::make_unique<Service>(*s);
   grpc::ServerBuilder builder;
   builder.RegisterService(s->service_.get());
@@ -81,6 +86,13 @@ void HookServer::accept_loop() {
     }
     grpc::AddInsecureChannelFromFd(server_.get(), fd);  // gRPC owns and closes the fd
   }
+}
+
+bool HookServer::serving() const {
+  // A unix socket's fd has its own (sockfs) inode: the path's inode is noted when it is bound.
+  struct stat on_disk {};
+  if (stop_.load() || ::stat(path_.c_str(), &on_disk) != 0) return false;
+  return S_ISSOCK(on_disk.st_mode) && on_disk.st_ino == bound_ino_ && on_disk.st_dev == bound_dev_;
 }
 
 pid_t HookServer::caller_of(const std::string& peer) const {

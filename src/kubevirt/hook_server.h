@@ -8,6 +8,8 @@
 // bounded (4 MiB) and the decision takes well under the Plugin's timeout.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <functional>
 #include <map>
@@ -39,6 +41,9 @@ class HookServer {
   HookServer(const HookServer&) = delete;
   HookServer& operator=(const HookServer&) = delete;
 
+  // True while socket_path is still this server's listening socket (same inode): false once the
+  // file was removed or replaced, when KubeVirt's Plugin can no longer reach this agent.
+  bool serving() const;
   // The caller pid of a gRPC peer string ("fd:<n>" for connections handed over by fd).
   pid_t caller_of(const std::string& peer) const;
   void dispatch(const std::string& hook_point, const std::string& vmi, const std::string& node,
@@ -50,6 +55,8 @@ class HookServer {
 
   class Service;
   std::string path_;
+  ino_t bound_ino_ = 0;
+  dev_t bound_dev_ = 0;
   UniqueFd listener_;
   Handler handler_;
   std::unique_ptr<Service> service_;

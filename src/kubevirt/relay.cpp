@@ -181,6 +181,7 @@ void KubevirtRelay::record_not_carried(FlowRecord record, const std::string& rea
   record.reason = reason;
   record.started_at_ms = record.finished_at_ms = migration::wall_clock_ms();
   kmetrics_.hook_call("skipped");
+  kmetrics_.hook_not_carried(reason);
   LOG_INFO("kubevirt") << "hook: not carrying migration " << record.migration_uid << " of " << record.vmi.key() << ": "
                        << reason;
   std::lock_guard lock(mu_);

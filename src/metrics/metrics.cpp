@@ -194,7 +194,10 @@ Metrics::Metrics(std::string component)
   rdma_devices_.Add({});
 }
 
+void Metrics::on_scrape(std::function<void()> fn) { on_scrape_.push_back(std::move(fn)); }
+
 std::string Metrics::serialize() const {
+  for (const auto& fn : on_scrape_) fn();
   prometheus::TextSerializer serializer;
   std::ostringstream out;
   serializer.Serialize(out, registry_->Collect());

@@ -10,10 +10,12 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace rdmig {
 
@@ -106,8 +108,12 @@ class Metrics {
   Metrics& operator=(const Metrics&) = delete;
 
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
-  // The Prometheus text exposition format of everything registered.
+  // The Prometheus text exposition format of everything registered; runs the on_scrape
+  // callbacks first.
   std::string serialize() const;
+  // A callback that refreshes gauges read from the outside world (the node hook's socket) just
+  // before each scrape. Set up at start, before the API serves.
+  void on_scrape(std::function<void()> fn);
 
   void migration_started(const std::string& role);
   void migration_finished(const std::string& role, const std::string& result,
@@ -190,6 +196,7 @@ class Metrics {
   std::mutex mu_;  // guards transports_ creation (not the hot path: pointers are cached)
   std::mutex info_mu_;  // guards the info/end_time pointers of every MigrationGauges
   std::map<std::string, TransportMetrics> transports_;
+  std::vector<std::function<void()>> on_scrape_;
 };
 
 }  // namespace rdmig

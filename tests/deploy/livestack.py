@@ -11,6 +11,15 @@ CA and name a scraper checks, None for plain HTTP). `migrate()` runs one RdmaMig
 then a migration with a wrong data-plane token, so that the agents count a failure and a
 transport error; neither VM is touched by the second; then one RdmaPathCheck from node-a to node-b
 over TCP (`pathcheck()`, no guest), so that the controller has its per-node-pair path check series.
+
+`KubevirtLab(stack)` adds KubeVirt mode beside it (tests/kubevirt's lab, tools/rdmiglab/kubevirt.py):
+two more agents in KubeVirt mode ("kv-a", "kv-b", the node hook on a unix socket, the stack's token
+and certificate, registered as agent pods with the API server double), two launcher pods with real
+libvirt and QEMU ($RDMIG_KV_LAUNCHER, default KubeVirt 1.9's non-root trixie launcher), one small
+VMI, and the KubeVirt stand-in of tests/k8s moving VirtualMachineInstanceMigrations. `migrate()`
+runs one RdmaMigration naming the VMI (the controller creates the VMIM, the stand-in has the
+harness migrate it with the source proxy calling the node hook: carried by rdmig), then one drain
+with post-copy allowed straight through the harness (the hook declines: not carried, post_copy).
 """
 import base64
 import json
@@ -18,6 +27,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -38,6 +48,9 @@ MIGRATION_NAME = "dashboard-check"
 PATHCHECK_NAME = "dashboard-pathcheck"
 VM = VM_NS + "/" + MIGRATION_NAME  # the controller names a bare-QEMU migration's VM namespace/name
 BAD_TOKEN_VM = "bad-token"
+KV_NODES = ("kv-a", "kv-b")
+KV_NS, KV_VMI = "kv-prod", "dash-vmi"
+KV_MIGRATION_NAME = "dashboard-kv-check"
 
 
 class LiveStack:
@@ -71,6 +84,7 @@ class LiveStack:
             self.tls = {"ca": os.path.join(tls_dir, "ca.crt"),
                         "server_name": controller_yaml["agents"]["tls"]["serverName"]}
             agent_tls = dict(self.tls, cert=os.path.join(tls_dir, "tls.crt"), key=os.path.join(tls_dir, "tls.key"))
+        self.agent_tls = agent_tls
         for name in ("node-a", "node-b"):
             cfg = json.loads(json.dumps(agent_yaml))
             cfg["api"].update(address="127.0.0.1", port=0, probePort=0,
@@ -86,6 +100,7 @@ class LiveStack:
         # The agent pods carry the labels the chart's DaemonSet gives them (the controller's
         # rendered selector names the release's instance label too).
         pod_labels = one(docs, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+        self.pod_labels = dict(pod_labels)
         for agent in self.agents:
             self.api.add_agent_pod(AGENT_NS, "rdmig-agent-" + agent.name, agent.name, agent.api_port,
                                    labels=dict(pod_labels))
@@ -165,3 +180,104 @@ class LiveStack:
             return o if o.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
         obj = wait_for(finished, 60, "the RdmaPathCheck to finish", interval=0.25)
         test.assertEqual(obj["status"]["phase"], "Succeeded", "%s\n%s" % (obj["status"], self.logs()))
+
+
+class _HarnessPerformer:
+    """Performs the stand-in's VMIM with the KubeVirt-shaped harness, the source agent's node hook
+    called as virt-handler calls it (tests/kubevirt/test_kubevirt_controller.py does the same)."""
+
+    def __init__(self, cluster, kv):
+        self.cluster, self.kv, self.results = cluster, kv, []
+
+    def target_node(self, source_node, vmim):
+        return KV_NODES[1 - KV_NODES.index(source_node)]
+
+    def perform(self, m, figures):
+        r = self.cluster.migrate(parallel=0, tls=True, hook_socket=self.kv.hook_socket(m.source_node), hook_timeout=5,
+                                 migration_uid=m.uid, expect_success=False)
+        self.results.append(r)
+        return r.success, None if r.success else r.error
+
+
+class KubevirtLab:
+    """KubeVirt mode beside a LiveStack (see the module's docstring); close() ends it."""
+
+    def __init__(self, stack, mem_mib=128, dirty_mib=4):
+        sys.path.insert(0, os.path.join(REPO, "tests", "kubevirt"))
+        import test_kubevirt_baseline as base
+        from kubevirt_standin import KubevirtStandin
+        from rdmiglab.kubevirt import KubevirtCluster
+        from rdmiglab.kvagents import KubevirtAgents
+        missing = base.missing_prereq()
+        if missing:
+            raise AssertionError("the KubeVirt lab cannot run here: " + missing)
+        self.stack, self.kv, self.cluster, self.standin = stack, None, None, None
+        try:
+            # transport auto, as the chart's agent.yaml: no RDMA device here, so TCP with an auto-no-* reason.
+            self.kv = KubevirtAgents(stack.tmp, KV_NODES, transport="auto", token=stack.agents[0].token,
+                                     tls=stack.agent_tls)
+            for n in KV_NODES:
+                stack.api.add_agent_pod(AGENT_NS, "rdmig-agent-" + n, n, self.kv[n].api_port, labels=dict(stack.pod_labels))
+        except BaseException:
+            self.close()
+            raise
+        self._cluster_class, self._standin_class = KubevirtCluster, KubevirtStandin
+        self.mem_mib, self.dirty_mib = mem_mib, dirty_mib
+
+    def start_cluster(self):
+        """The launcher pods and the VMI (a TCG guest: started only when the stack's own guests are
+        done, which sometimes died on a busy machine with another guest running beside them)."""
+        t0 = time.monotonic()
+        self.cluster = self._cluster_class(workdir=os.path.join(self.stack.tmp, "kv"), nodes=KV_NODES).__enter__()
+        self.pods_seconds = time.monotonic() - t0
+        self.cluster.define_and_start_vmi(KV_VMI, KV_NS, mem_mib=self.mem_mib, dirty_mib=self.dirty_mib, boot_counter=2)
+        self.performer = _HarnessPerformer(self.cluster, self.kv)
+        self.standin = self._standin_class(self.stack.api.store, self.performer, None)
+        self.standin.add_vmi(KV_NS, KV_VMI, KV_NODES[0])
+
+    @property
+    def agents(self):
+        return [self.kv[n] for n in KV_NODES]
+
+    def close(self):
+        if self.standin is not None:
+            self.standin.stop()
+        if self.kv is not None:
+            self.kv.close()
+        if self.cluster is not None:
+            self.cluster.close()
+
+    def migrate(self, test):
+        """The carried migration (an RdmaMigration naming the VMI, kv-a to kv-b), then the drain
+        back with post-copy allowed (not carried). Returns the two harness results."""
+        body = {"apiVersion": "rdmig.io/v1alpha1", "kind": "RdmaMigration",
+                "metadata": {"name": KV_MIGRATION_NAME, "namespace": KV_NS},
+                "spec": {"source": {"vmi": {"name": KV_VMI}}}}
+        code, obj = self.stack.api.store.create("rdmamigrations", KV_NS, body)
+        test.assertEqual(code, 201, obj)
+
+        def finished():
+            _, o = self.stack.api.store.get("rdmamigrations", KV_NS, KV_MIGRATION_NAME)
+            return o if o.get("status", {}).get("phase") in ("Succeeded", "Failed", "Cancelled") else None
+        obj = wait_for(finished, 240, "the VMI's RdmaMigration to finish", interval=0.25)
+        carried = self.performer.results[-1]
+        test.assertEqual(obj["status"]["phase"], "Succeeded", "%s\n%s" % (obj["status"], self.logs()))
+        test.assertTrue(carried.success, carried.error)
+        record = self.kv.record(carried.source_node, carried.migration_uid)
+        test.assertTrue(record["carried"], record)
+        # A drain back with post-copy allowed: KubeVirt calls the hook, rdmig declines, KubeVirt's
+        # own path carries it.
+        self.cluster.migration_config_overrides = {"allowPostCopy": True}
+        try:
+            drained = self.cluster.migrate(parallel=0, tls=True, hook_socket=self.kv.hook_socket(self.cluster.vmi.node),
+                                           hook_timeout=5)
+        finally:
+            self.cluster.migration_config_overrides = {}
+        test.assertTrue(drained.success, drained.error)
+        record = self.kv.record(drained.source_node, drained.migration_uid)
+        test.assertEqual((record["carried"], record["phase"]), (False, "NotCarried"), record)
+        return carried, drained
+
+    def logs(self):
+        return "\n".join("---- %s ----\n%s" % (a.name, a.log_text()[-3000:]) for a in self.agents) + \
+            "\n---- controller ----\n" + self.stack.controller.log_text()[-3000:]

@@ -507,10 +507,17 @@ class ChartTest(unittest.TestCase):
                   "Total migration duration", "Transferred bytes", "Chunk size", "Chunk write latency",
                   "Chunks in flight", "Credit stalls", "Transport errors by kind", "Migrations by result",
                   "RDMA versus TCP", "Running and recent migrations", "Failure reasons", "Agents and controller up",
-                  "RDMA rails up"):
+                  "RDMA rails up",
+                  # KubeVirt mode (issue 41)
+                  "Carried by rdmig (KubeVirt)", "KubeVirt migrations by result", "Not carried, by reason",
+                  "Carried and not carried over time", "Carried KubeVirt migrations running, per node",
+                  "KubeVirt migrations (per VMI)", "KubeVirt downtime and total time", "KubeVirt downtime distribution",
+                  "KubeVirt total time distribution", "KubeVirt throughput per node pair",
+                  "RdmaMigrations of VMIs (controller)", "Node hook served"):
             self.assertIn(t, titles)
         annotations = {a["name"]: a for a in d["annotations"]["list"] if "expr" in a}
-        self.assertEqual(sorted(annotations), ["Migration failed or cancelled", "Migration started",
+        self.assertEqual(sorted(annotations), ["KubeVirt migration carried", "KubeVirt migration not carried",
+                                               "Migration failed or cancelled", "Migration started",
                                                "Migration succeeded"])
         for a in annotations.values():
             self.assertEqual(a["datasource"]["uid"], "${datasource}", a["name"])
@@ -527,10 +534,11 @@ class ChartTest(unittest.TestCase):
             for t in p["targets"]:
                 if "rdmig_controller_" not in t["expr"] and "$controller_job" not in t["expr"]:
                     self.assertIn('node=~"$node"', t["expr"], p["title"])
-                # rdmig's namespace, or for a VM's series the agents' scrape job (which the
-                # agent_job variable takes from rdmig's namespace) and the VM's namespace.
+                # rdmig's namespace, or for a VM's series the agents' (or the controller's) scrape
+                # job (which the *_job variables take from rdmig's namespace) and the VM's namespace.
                 self.assertTrue('namespace=~"$namespace"' in t["expr"]
-                                or 'job=~"$agent_job", node=~"$node", namespace=~"$vm_namespace"' in t["expr"],
+                                or 'job=~"$agent_job", node=~"$node", namespace=~"$vm_namespace"' in t["expr"]
+                                or 'job=~"$controller_job", namespace=~"$vm_namespace"' in t["expr"],
                                 (p["title"], t["expr"]))
 
     def test_service_monitors_let_the_vm_namespace_label_win(self):
@@ -575,7 +583,7 @@ class ChartTest(unittest.TestCase):
         with open(os.path.join(REPO, "dashboards", "rdmig.json")) as f:
             names, _ = dashboard_metric_names(json.load(f))
         sources = ""
-        for rel in ("src/metrics/metrics.cpp", "controller/controller_metrics.cpp"):
+        for rel in ("src/metrics/metrics.cpp", "src/kubevirt/kubevirt_metrics.cpp", "controller/controller_metrics.cpp"):
             with open(os.path.join(REPO, rel)) as f:
                 sources += f.read()
         registered = set(re.findall(r'Name\("(rdmig_[A-Za-z0-9_]+)"\)', sources))

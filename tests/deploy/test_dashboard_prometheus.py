@@ -27,6 +27,18 @@ After that, through Prometheus' HTTP API:
   each agent's first, and fell back to TCP: no RDMA here), and no other alert returns a series; then the agent of node-b is stopped and RdmigAgentDown's expression returns
   node-b, its alert is pending, and the up panel shows node-b down.
 
+KubeVirt mode (livestack.KubevirtLab): two more agents in KubeVirt mode ("kv-a", "kv-b", scraped
+under the same job) and tests/kubevirt's lab (launcher pods with real libvirt and QEMU, started after
+the bare-QEMU migrations, one small VMI, the KubeVirt stand-in) run one migration carried by rdmig
+(an RdmaMigration naming the VMI) and one drain back with post-copy allowed (not carried). The
+KubeVirt panels must show carried 1 and not carried 1 with reason post_copy, libvirt's downtime
+and total time, the bytes of the memory connection, the node pair and the controller's figures;
+each KubeVirt annotation marks its migration once; the KubeVirt alerts stay silent, and once kv-b's
+hook socket is removed RdmigKubevirtHookNotServed's expression names kv-b. Every KubeVirt-mode
+series name the scrape holds (rdmig_kubevirt_*, rdmig_controller_vmi_*, rdmig_controller_kubevirt_*)
+must be read by a panel or alert and every one they read exported; promtool tests the KubeVirt and
+reconcile alerts on input series with the label sets scraped here (each fires, and is silent at 1m).
+
 A panel querying a metric that no program exports, or a syntax error anywhere, fails the test.
 RDMIG_DASHBOARD=path checks another dashboard JSON (to see the test fail on a broken one).
 
@@ -51,7 +63,12 @@ import urllib.request
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from livestack import BAD_TOKEN_VM, REPO, VM, LiveStack, wait_for  # noqa: E402
+if __name__ == "__main__":
+    # The KubeVirt lab drives libvirt through Debian's python3-libvirt (/usr/bin/python3).
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools"))
+    from rdmiglab.system_python import reexec_with_system_python
+    reexec_with_system_python()
+from livestack import BAD_TOKEN_VM, KV_NODES, KV_NS, KV_VMI, REPO, VM, KubevirtLab, LiveStack, wait_for  # noqa: E402
 from deploylib import MANIFESTS, one, render  # noqa: E402
 
 # The job labels the Prometheus Operator gives the chart's targets: the ServiceMonitors' jobLabel
@@ -63,6 +80,7 @@ SCRAPE_SECONDS = 1
 STEP = SCRAPE_SECONDS
 RATE_INTERVAL = max(STEP + SCRAPE_SECONDS, 4 * SCRAPE_SECONDS)
 DASHBOARD = os.environ.get("RDMIG_DASHBOARD") or os.path.join(REPO, "dashboards", "rdmig.json")
+KV_VM = KV_NS + "/" + KV_VMI
 
 
 def free_port():
@@ -182,7 +200,7 @@ def has_data(result):
 class DashboardPrometheusTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.stack, cls.prom = None, None
+        cls.stack, cls.prom, cls.kvlab = None, None, None
         with open(DASHBOARD) as f:
             cls.dashboard = json.load(f)
         docs = render()
@@ -197,6 +215,7 @@ class DashboardPrometheusTest(unittest.TestCase):
                     if sm["kind"] == "ServiceMonitor" and sm["metadata"]["name"].endswith("-agent")][0]["spec"]["endpoints"][0]
         cls.stack = LiveStack(docs)
         try:
+            cls.kvlab = KubevirtLab(cls.stack)
             agent_tls = {}
             if agent_sm.get("scheme") == "https":
                 assert cls.stack.tls, "the ServiceMonitor scrapes HTTPS but the rendered agents serve plain HTTP"
@@ -220,6 +239,12 @@ class DashboardPrometheusTest(unittest.TestCase):
                         {"targets": ["127.0.0.1:%d" % agent.api_port], "labels": {"namespace": NAMESPACE,
                                                                                   "node": agent.name}}
                         for agent in (a, b)]}, **agent_tls),
+                    # The KubeVirt-mode agents: the same job (the ServiceMonitor selects every agent pod).
+                    dict({"job_name": AGENT_JOB + "-kubevirt", "honor_labels": honor["agent"], "static_configs": [
+                        {"targets": ["127.0.0.1:%d" % agent.api_port], "labels": {"namespace": NAMESPACE,
+                                                                                  "node": agent.name,
+                                                                                  "job": AGENT_JOB}}
+                        for agent in cls.kvlab.agents]}, **agent_tls),
                     {"job_name": CONTROLLER_JOB, "honor_labels": honor["controller"], "static_configs": [
                         {"targets": ["127.0.0.1:%d" % cls.stack.controller.port],
                          "labels": {"namespace": NAMESPACE, "node": "node-a"}}]}]}
@@ -232,6 +257,8 @@ class DashboardPrometheusTest(unittest.TestCase):
     def tearDownClass(cls):
         if cls.prom:
             cls.prom.stop()
+        if cls.kvlab:
+            cls.kvlab.close()
         if cls.stack:
             cls.stack.stop()
 
@@ -285,20 +312,93 @@ class DashboardPrometheusTest(unittest.TestCase):
     # -- the run -------------------------------------------------------------------------------------
     def wait_until_scraped(self):
         """Prometheus holds the final figures, and a few scrapes more (rate windows after the end)."""
-        wait_for(lambda: self.prom.value('sum(up{job=~"%s|%s"})' % (AGENT_JOB, CONTROLLER_JOB)) == 3, 30,
-                 "Prometheus to scrape both agents and the controller")
+        wait_for(lambda: self.prom.value('sum(up{job=~"%s|%s"})' % (AGENT_JOB, CONTROLLER_JOB)) == 5, 30,
+                 "Prometheus to scrape the four agents and the controller")
         wait_for(lambda: self.prom.value('sum(rdmig_migrations_finished_total{role="source"})') == 2, 30,
                  "Prometheus to see both source migrations finished")
+        wait_for(lambda: self.prom.value('sum(rdmig_kubevirt_migrations_total{role="source"})') == 2, 30,
+                 "Prometheus to see both KubeVirt migrations ended on their source")
+        wait_for(lambda: self.prom.value('count(rdmig_controller_vmi_migration_downtime_seconds)') == 1, 30,
+                 "Prometheus to see the controller's figures of the VMI")
         seen = time.time()
         wait_for(lambda: (self.prom.value('min(timestamp(up{job="%s"}))' % AGENT_JOB) or 0) > seen + RATE_INTERVAL,
                  30, "%d s more of scrapes" % RATE_INTERVAL, interval=0.2)
 
+    def check_kubevirt_panels(self, results, annotations, carried, drained):
+        """KubeVirt mode's panels after one carried migration (kv-a to kv-b, by an RdmaMigration)
+        and one drain back that rdmig did not carry (post-copy allowed)."""
+        def by(ref, *labels):
+            return {tuple(s["metric"].get(l, "") for l in labels) if len(labels) > 1 else s["metric"].get(labels[0], ""):
+                    samples(s)[-1] for s in results[ref]}
+        a, b = KV_NODES
+        self.assertEqual((carried.source_node, carried.target_node, drained.source_node), (a, b, b))
+        self.assertAlmostEqual(samples(results["Carried by rdmig (KubeVirt)/A"][0])[0], 0.5)
+        self.assertEqual({k: round(v) for k, v in by("KubeVirt migrations by result/A", "result").items()},
+                         {"Succeeded": 1, "Failed": 0, "NotCarried": 1})
+        self.assertEqual({k: round(v) for k, v in by("Not carried, by reason/A", "reason").items()}, {"post_copy": 1})
+        self.assertEqual({k: round(v) for k, v in by("Carried by transport/A", "transport").items()},
+                         {"tcp": 1, "rdma": 0})
+        self.assertEqual(by("Node hook served/A", "node"), {a: 1.0, b: 1.0})
+        active = by("Carried KubeVirt migrations running, per node/A", "node")
+        self.assertEqual({n: v for n, v in active.items() if n in KV_NODES}, {a: 0.0, b: 0.0})
+        # The per-VMI table: the carried migration's row on its source agent (kv-a), the drain's on kv-b.
+        table = "KubeVirt migrations (per VMI)/"
+        info = {s["metric"]["node"]: s["metric"] for s in results[table + "A"]}
+        self.assertEqual(set(info), {a, b}, info)
+        self.assertEqual({k: info[a].get(k, "") for k in ("namespace", "name", "source_node", "target_node", "result",
+                                                         "transport", "reason")},
+                         {"namespace": KV_NS, "name": KV_VMI, "source_node": a, "target_node": b,
+                          "result": "Succeeded", "transport": "tcp", "reason": ""})
+        self.assertTrue(info[a].get("transport_reason"), info[a])
+        self.assertEqual({k: info[b].get(k, "") for k in ("source_node", "target_node", "result", "transport", "reason")},
+                         {"source_node": b, "target_node": a, "result": "NotCarried", "transport": "",
+                          "reason": "post_copy"})
+        ended = by(table + "A", "node")
+        self.assertLessEqual(ended[a], ended[b])
+        self.assertLessEqual(self.start * 1000, ended[a])
+        self.assertEqual(by(table + "B", "node"), {a: 1.0}, "one memory connection carried")
+        self.assertEqual(by(table + "C", "node"), {a: carried.total_time_ms / 1000.0})
+        self.assertEqual(by(table + "D", "node"), {a: carried.downtime_ms / 1000.0})
+        memory_bytes = sum(c["dialed"]["tx_bytes"] for c in carried.proxy_logs["source"]["connections"]
+                           if c["class"] == 49152)
+        self.assertEqual(by(table + "E", "node"), {a: float(memory_bytes)})
+        self.assertGreater(by(table + "F", "node")[a], 0)
+        self.assertEqual(by(table + "G", "node"), {a: 1.0, b: 0.0})
+        self.assertEqual(by("KubeVirt last downtime per VMI/A", "name"), {KV_VMI: carried.downtime_ms / 1000.0})
+        pairs = by("KubeVirt throughput per node pair/A", "source_node", "target_node")
+        self.assertEqual(list(pairs), [(a, b)])
+        self.assertGreater(pairs[(a, b)], 0)
+        # One downtime and one total time observed (target side, tcp): the quantiles fall in tcp's buckets.
+        quantiles = {(s["metric"].get("transport")): samples(s)[0] for s in results["KubeVirt downtime and total time/A"]
+                     if not math.isnan(samples(s)[0])}
+        self.assertEqual(list(quantiles), ["tcp"], quantiles)
+        # The controller's figures of the RdmaMigration that named the VMI.
+        ctl = "RdmaMigrations of VMIs (controller)/"
+        self.assertEqual(by(ctl + "A", "name"), {KV_VMI: 0.0})
+        self.assertEqual(by(ctl + "B", "name"), {KV_VMI: 1.0})
+        self.assertEqual(by(ctl + "C", "name"), {KV_VMI: carried.downtime_ms / 1000.0})
+        self.assertEqual({k: round(v) for k, v in by("VMI migrations ended (controller)/A", "result", "carried").items()
+                          if v > 0}, {("Succeeded", "true"): 1})
+        # Annotations: each KubeVirt migration once, carried or not with its reason.
+        kv_carried = {(dict(k)["node"], dict(k)["result"], dict(k)["transport"]): n
+                      for k, n in annotations["KubeVirt migration carried"].items()}
+        self.assertEqual(kv_carried, {(a, "Succeeded", "tcp"): 1})
+        kv_not = {(dict(k)["node"], dict(k)["reason"]): n for k, n in annotations["KubeVirt migration not carried"].items()}
+        self.assertEqual(kv_not, {(b, "post_copy"): 1})
+
     def test_every_dashboard_query_and_alert_evaluates_in_prometheus_after_a_real_migration(self):
         self.stack.wait_for_leader()
-        wait_for(lambda: self.prom.value('sum(up{job=~"%s|%s"})' % (AGENT_JOB, CONTROLLER_JOB)) == 3, 30,
-                 "Prometheus to scrape both agents and the controller")
+        wait_for(lambda: self.prom.value('sum(up{job=~"%s|%s"})' % (AGENT_JOB, CONTROLLER_JOB)) == 5, 30,
+                 "Prometheus to scrape the four agents and the controller")
         self.start = time.time() - 1
         self.stack.migrate(self)
+        t0 = time.monotonic()
+        self.kvlab.start_cluster()
+        t1 = time.monotonic()
+        carried, drained = self.kvlab.migrate(self)
+        print("\n  KubeVirt lab: launcher pods %.1f s, VMI booted %.1f s, two migrations %.1f s (carried: downtime %s ms, "
+              "total %s ms)" % (self.kvlab.pods_seconds, t1 - t0 - self.kvlab.pods_seconds, time.monotonic() - t1,
+                                carried.downtime_ms, carried.total_time_ms))
         self.wait_until_scraped()
         self.end = time.time()
         self.range_seconds = int(math.ceil(self.end - self.start))
@@ -307,11 +407,11 @@ class DashboardPrometheusTest(unittest.TestCase):
         variables = self.resolve_variables()
         print("\n  variables: " + "; ".join("%s = %s" % (k, ", ".join(v)) for k, v in variables.items()))
         self.assertEqual(variables["namespace"], [NAMESPACE])
-        self.assertEqual(variables["node"], ["node-a", "node-b"])
+        self.assertEqual(variables["node"], sorted(["node-a", "node-b"] + list(KV_NODES)))
         # The VMs by KubeVirt's labels: the controller's VM is namespace/name; the hand-made one
-        # with a bare name gets the agent's namespace from Prometheus.
-        self.assertEqual(variables["vm_namespace"], sorted({VM.split("/")[0], NAMESPACE}))
-        self.assertEqual(variables["vm"], sorted([VM.split("/")[1], BAD_TOKEN_VM]))
+        # with a bare name gets the agent's namespace from Prometheus; the VMI its own.
+        self.assertEqual(variables["vm_namespace"], sorted({VM.split("/")[0], NAMESPACE, KV_NS}))
+        self.assertEqual(variables["vm"], sorted([VM.split("/")[1], BAD_TOKEN_VM, KV_VMI]))
         self.assertEqual(variables["agent_job"], [AGENT_JOB])
         self.assertEqual(variables["controller_job"], [CONTROLLER_JOB])
 
@@ -328,11 +428,13 @@ class DashboardPrometheusTest(unittest.TestCase):
             elif not has_data(result):
                 failures.append("panel %s returns no data\n    %s" % (name, t["expr"]))
             if "$vm" in t["expr"] and not err:
-                err, result = self.evaluate(t["expr"], dict(variables, vm_namespace=[VM.split("/")[0]],
-                                                            vm=[VM.split("/")[1]]), t.get("instant", False))
-                vms = {vm_of(s["metric"]) for s in result}
-                if err or not has_data(result) or vms - {VM}:
-                    failures.append("panel %s with vm=%s: %s, VMs %s" % (name, VM, err or "no data", vms))
+                # One VM selected: the bare-QEMU one, or the VMI for KubeVirt mode's series.
+                one_vm = KV_VM if re.search(r"rdmig_(kubevirt|controller_vmi)_", t["expr"]) else VM
+                err, result = self.evaluate(t["expr"], dict(variables, vm_namespace=[one_vm.split("/")[0]],
+                                                            vm=[one_vm.split("/")[1]]), t.get("instant", False))
+                vms = {vm_of(s["metric"]) for s in result if "name" in s["metric"]}
+                if err or not has_data(result) or vms - {one_vm}:
+                    failures.append("panel %s with vm=%s: %s, VMs %s" % (name, one_vm, err or "no data", vms))
 
         # Annotations: parse; each event marked once.
         annotations = {}
@@ -409,6 +511,8 @@ class DashboardPrometheusTest(unittest.TestCase):
         bad = {(dict(k)["node"], dict(k)["result"]): n for k, n in annotations["Migration failed or cancelled"].items()}
         self.assertEqual(bad, {("node-a", "failed"): 1})
 
+        self.check_kubevirt_panels(results, annotations, carried, drained)
+
         # Alerts after the run: the failure fires on its source node; the first fallback of each
         # agent counts (1 of 1 migrations); agents and controller fine.
         for where in ("manifest", "chart"):
@@ -417,8 +521,16 @@ class DashboardPrometheusTest(unittest.TestCase):
             fallback = alert_series[(where, "RdmigRdmaFallback")]
             self.assertEqual([(s["metric"], round(samples(s)[0], 3)) for s in fallback],
                              [({"namespace": NAMESPACE, "job": AGENT_JOB}, 1.0)], where)
-            for alert in ("RdmigAgentDown", "RdmigControllerNoLeader", "RdmigVmPausedOnSource"):
+            for alert in ("RdmigAgentDown", "RdmigControllerNoLeader", "RdmigVmPausedOnSource",
+                          "RdmigControllerReconcileErrors", "RdmigKubevirtHookErrors", "RdmigKubevirtHookNotServed",
+                          "RdmigKubevirtNotCarried", "RdmigKubevirtCarriedOverTcp"):
                 self.assertEqual(alert_series[(where, alert)], [], alert)
+
+        # Every KubeVirt-mode series the agents and the controller export is read by a panel or an
+        # alert, and every one they read is exported (names from this live scrape).
+        self.check_kubevirt_names_read_and_exported()
+        # The KubeVirt alerts in promtool, on series with the label sets Prometheus scraped here.
+        self.check_kubevirt_alerts_with_promtool_on_scraped_series()
 
         # An agent goes away: RdmigAgentDown's expression names its node, the alert is pending
         # (for: 5m), and the up panel shows it down.
@@ -442,7 +554,112 @@ class DashboardPrometheusTest(unittest.TestCase):
         up_panel = [t for p, t in self.targets() if p["title"] == "Agents and controller up" and t["refId"] == "A"][0]
         err, result = self.evaluate(up_panel["expr"], variables, instant=True)
         last = {s["metric"]["node"]: samples(s)[0] for s in result}
-        self.assertEqual(last, {"node-a": 1.0, "node-b": 0.0}, err)
+        self.assertEqual(last, {"node-a": 1.0, "node-b": 0.0, KV_NODES[0]: 1.0, KV_NODES[1]: 1.0}, err)
+
+        # The node hook socket of kv-b disappears: the agent says so at the next scrape, and
+        # RdmigKubevirtHookNotServed's expression names kv-b (the alert waits 5 minutes).
+        os.unlink(self.kvlab.kv.hook_socket(KV_NODES[1]))
+        wait_for(lambda: self.prom.value('rdmig_kubevirt_hook_serving{node="%s"}' % KV_NODES[1]) == 0, 30,
+                 "Prometheus to see kv-b's node hook not served")
+        for where, alert, expr in self.alerts:
+            if alert == "RdmigKubevirtHookNotServed":
+                err, result = self.prom.query(expr)
+                self.assertEqual([s["metric"]["node"] for s in result], [KV_NODES[1]], err)
+        panel = [t for p, t in self.targets() if p["title"] == "Node hook served"][0]
+        self.end = time.time()
+        err, result = self.evaluate(panel["expr"], variables, instant=True)
+        self.assertEqual({s["metric"]["node"]: samples(s)[0] for s in result}, {KV_NODES[0]: 1.0, KV_NODES[1]: 0.0}, err)
+
+    # -- KubeVirt mode: names and alerts from the live scrape ----------------------------------------
+    KV_SERIES = r"rdmig_(kubevirt_\w+|controller_vmi_\w+|controller_kubevirt_\w+)"
+
+    def check_kubevirt_names_read_and_exported(self):
+        body = self.prom.api("label/__name__/values", **{"match[]": '{__name__=~"rdmig_(kubevirt|controller_vmi|controller_kubevirt)_.+"}',
+                                                         "start": "%.3f" % self.start, "end": "%.3f" % time.time()})
+        self.assertEqual(body.get("status"), "success", body)
+        exported = {re.sub(r"_(bucket|sum|count)$", "", n) for n in body["data"]}
+        exprs = [t["expr"] for _p, t in self.targets()] + [a["expr"] for a in self.dashboard["annotations"]["list"]
+                                                           if "expr" in a] + [e for _w, _a, e in self.alerts]
+        read = {re.sub(r"_(bucket|sum|count)$", "", m.group(0)) for e in exprs for m in re.finditer(self.KV_SERIES, e)}
+        print("  KubeVirt-mode series exported: %s" % ", ".join(sorted(exported)))
+        self.assertGreater(len(exported), 15, "too few KubeVirt series exported to be the real set")
+        self.assertEqual(sorted(exported - read), [], "exported, but no panel or alert reads them")
+        self.assertEqual(sorted(read - exported), [], "a panel or alert reads them, but nothing exports them")
+
+    def check_kubevirt_alerts_with_promtool_on_scraped_series(self):
+        """promtool test rules over the chart's rules: input series with the label sets scraped here
+        (job, instance, namespace, node and the agents' own labels), with scripted values."""
+        promtool = shutil.which("promtool")
+        self.assertTrue(promtool, "promtool missing (Debian's prometheus package)")
+
+        def scraped(selector):
+            err, result = self.prom.query("last_over_time(%s[1h])" % selector, at=self.end)
+            self.assertIsNone(err)
+            self.assertTrue(result, "nothing scraped for " + selector)
+            return [s["metric"] for s in result]
+
+        def series(labels, values):
+            name = labels["__name__"]
+            text = ", ".join('%s="%s"' % (k, v) for k, v in sorted(labels.items()) if k != "__name__")
+            return {"series": "%s{%s}" % (name, text), "values": values}
+        a, b = KV_NODES
+        on = lambda ls, **kw: [l for l in ls if all(l.get(k) == v for k, v in kw.items())]  # noqa: E731
+        hook = scraped('rdmig_kubevirt_hook_calls_total{node=~"%s|%s"}' % (a, b))
+        serving = scraped("rdmig_kubevirt_hook_serving")
+        ended = scraped('rdmig_kubevirt_migrations_total{role="source", node="%s"}' % a)
+        skipped = scraped('rdmig_kubevirt_not_carried_total{node="%s"}' % a)
+        info = scraped('rdmig_kubevirt_migration_info{role="source", transport="tcp"}')
+        devices = scraped('rdmig_rdma_devices{node=~"%s|%s"}' % (a, b))
+        reconciles = scraped("rdmig_controller_reconciles_total")
+        inputs = []
+        # Hook errors on kv-a from 16m; kv-b's hook socket gone from 2m.
+        inputs += [series(l, "0x15 1x15" if l["node"] == a and l["decision"] == "error" else "0x30") for l in hook]
+        inputs += [series(l, "1 1 0x28" if l["node"] == b else "1x30") for l in serving]
+        # kv-a in the hour: 1 carried, 3 not carried for peer_unreachable, 4 for post_copy.
+        counts = {"Succeeded": 1, "NotCarried": 7, "peer_unreachable": 3, "post_copy": 4}
+        inputs += [series(l, "0x30 %dx40" % counts.get(l.get("result") or l.get("reason"), 0)) for l in ended + skipped]
+        # The carried migration's real info series, between two agents that now report RDMA devices.
+        inputs += [series(dict(l, __name__="rdmig_kubevirt_migration_info"), "300x70") for l in info]
+        inputs += [series(l, "0 0 1x68") for l in devices]  # at 1m no RDMA device yet: silent
+        inputs += [series(l, "0 0 1+1x70" if l["result"] == "error" else "0x72") for l in reconciles]
+        fired = {
+            "RdmigKubevirtHookErrors": (20, [{"namespace": l["namespace"], "job": l["job"], "node": a}
+                                             for l in on(hook, node=a, decision="error")]),
+            "RdmigKubevirtHookNotServed": (8, [{"namespace": l["namespace"], "job": l["job"], "node": b}
+                                               for l in on(serving, node=b)]),
+            "RdmigKubevirtNotCarried": (70, [{"namespace": NAMESPACE, "job": AGENT_JOB}]),
+            "RdmigKubevirtCarriedOverTcp": (10, [{"job": AGENT_JOB, "node": l["node"], "target_node": l["target_node"],
+                                                  "transport_reason": l["transport_reason"]} for l in info]),
+            "RdmigControllerReconcileErrors": (20, [{"namespace": l["namespace"], "job": l["job"]}
+                                                    for l in on(reconciles, result="error")]),
+        }
+        with open(self.rule_files[1]) as f:
+            rules = [r for g in yaml.safe_load(f)["groups"] for r in g["rules"]]
+        tests = []
+        for alert, (minute, exp) in fired.items():
+            rule = [r for r in rules if r.get("alert") == alert][0]
+            self.assertEqual(len(exp), 1, (alert, exp))
+            tests.append({"eval_time": "%dm" % minute, "alertname": alert, "exp_alerts": [
+                {"exp_labels": dict(e, **rule["labels"])} for e in exp]})
+            tests.append({"eval_time": "1m", "alertname": alert, "exp_alerts": []})
+        # Annotations are the static alerts-test.yaml's business: compare labels only here.
+        rules_file = os.path.join(self.stack.tmp, "kv-promtool.rules.yaml")
+        with open(self.rule_files[1]) as f:
+            doc = yaml.safe_load(f)
+        for g in doc["groups"]:
+            for r in g["rules"]:
+                r.pop("annotations", None)
+        with open(rules_file, "w") as f:
+            yaml.safe_dump(doc, f, sort_keys=False)
+        test_file = os.path.join(self.stack.tmp, "kv-promtool.test.yaml")
+        with open(test_file, "w") as f:
+            yaml.safe_dump({"rule_files": [rules_file], "evaluation_interval": "1m",
+                            "tests": [{"interval": "1m", "input_series": inputs, "alert_rule_test": tests}]}, f,
+                           sort_keys=False)
+        r = subprocess.run([promtool, "test", "rules", test_file], capture_output=True, text=True, timeout=120)
+        with open(test_file) as f:
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr + "\n" + f.read()[:4000])
+        print("  promtool on scraped KubeVirt series: %d cases passed" % len(tests))
 
 
 if __name__ == "__main__":

@@ -1430,6 +1430,8 @@ class KubevirtRelayTest(unittest.TestCase):
         self.assert_not_carried_and_nothing_left(res, rec, "the API has no VMI prod/web-1")
         m, _ = parse_prometheus(self.src.metrics())
         self.assertEqual(m.get(("rdmig_kubevirt_hook_calls_total", frozenset({("decision", "skipped")}))), 5.0)
+        # The dashboard's and the alert's reason code of each (docs/metrics.md): the API check.
+        self.assertEqual(m.get(("rdmig_kubevirt_not_carried_total", frozenset({("reason", "api_check")}))), 5.0)
         self.assertTrue(any(m_ == "GET" and p_ == "/apis/kubevirt.io/v1/namespaces/prod/virtualmachineinstances/web-1"
                             and s_ == 404 for m_, p_, _, s_ in api.requests), api.requests)
         # The document the API confirms is carried (the API's UID, migration and ports).

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <functional>
+#include <iterator>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -13,6 +15,8 @@
 #include "common/net.h"
 #include "kubevirt/flow_protocol.h"
 #include "kubevirt/handler_identity.h"
+#include "kubevirt/hook_server.h"
+#include "kubevirt/kubevirt_metrics.h"
 #include "kubevirt/libvirt_stats.h"
 #include "kubevirt/peer_discovery.h"
 #include "kubevirt/vmi.h"
@@ -514,4 +518,119 @@ TEST(KubevirtLauncherIdentity, TrustsOnlyTheVmisRunningLauncherPodsOfThisNode) {
   // Static discovery: the command line is all there is.
   LauncherIdentity by_cmdline(false);
   EXPECT_FALSE(by_cmdline.refuse(::getpid(), "prod", "vmi-1").has_value());
+}
+
+// ---- KubeVirt mode's metrics (kubevirt_metrics.h) ----
+
+namespace {
+std::vector<std::string> metric_lines(const std::string& text, const std::string& name) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(name + "{", 0) == 0 || line.rfind(name + " ", 0) == 0) out.push_back(line);
+  }
+  return out;
+}
+FlowRecord record(const std::string& name, const std::string& phase, bool carried) {
+  FlowRecord r;
+  r.migration_uid = "m-" + name + phase;
+  r.vmi = VmiRef{"prod", name, "u-" + name};
+  r.role = "source";
+  r.source_node = "a";
+  r.target_node = "b";
+  r.carried = carried;
+  r.phase = phase;
+  r.transport = carried ? "tcp" : "";
+  r.transport_reason = carried ? "auto-no-peer-rdma" : "";
+  r.connections = carried ? 3 : 0;
+  r.reason = carried ? "" : "post-copy is allowed for this migration";
+  r.finished_at_ms = 1700000000000;
+  return r;
+}
+}  // namespace
+
+TEST(KubevirtMetrics, EveryNotCarriedReasonHasItsCode) {
+  // The texts skip_reason() gives, as the hook records them.
+  auto s = state();
+  s["migrationConfiguration"] = {{"allowPostCopy", true}};
+  EXPECT_EQ(not_carried_code(*skip_reason(intent(s), "a")), "post_copy");
+  s = state();
+  s["targetNode"] = "a";
+  EXPECT_EQ(not_carried_code(*skip_reason(intent(s), "a")), "same_node");
+  s = state();
+  s["sourceState"] = json::object();
+  s["targetState"] = {{"syncAddress", "10.0.0.1:9185"}};
+  EXPECT_EQ(not_carried_code(*skip_reason(intent(s), "a")), "decentralized");
+  EXPECT_EQ(not_carried_code(*skip_reason(intent(state()), "c")), "wrong_node");
+  s = state();
+  s["targetDirectMigrationNodePorts"] = {{"41231", 0}};
+  EXPECT_EQ(not_carried_code(*skip_reason(intent(s), "a")), "no_ports");
+  s = state();
+  s.erase("targetNodeAddress");
+  EXPECT_EQ(not_carried_code(*skip_reason(intent(s), "a")), "no_target_address");
+  // relay_source.cpp's own reasons (built there around an error message).
+  EXPECT_EQ(not_carried_code("no rdmig agent known for node b"), "no_peer_agent");
+  EXPECT_EQ(not_carried_code("the path to the agent on b is unhealthy (x): KubeVirt's own path"), "peer_unhealthy");
+  EXPECT_EQ(not_carried_code("the agent on b declined: the API has no VMI"), "peer_declined");
+  EXPECT_EQ(not_carried_code("cannot reach the agent on b: connection refused"), "peer_unreachable");
+  EXPECT_EQ(not_carried_code("the hook caller is not virt-handler: process 1 is 'sh'"), "caller_refused");
+  EXPECT_EQ(not_carried_code("the API has no VMI prod/web-1 (deleted?): not found"), "api_check");
+  EXPECT_EQ(not_carried_code("cannot find the network namespace of virt-handler (hook caller pid 7)"), "no_handler_netns");
+  EXPECT_EQ(not_carried_code("nft: add element failed"), "other");
+  for (const char* code : kNotCarriedReasons) EXPECT_FALSE(std::string(code).empty());
+}
+
+TEST(KubevirtMetrics, OneInfoSeriesPerVmiWithTheLastMigrationsNodesResultTransportAndReason) {
+  Metrics m;
+  KubevirtMetrics k(m);
+  // Every reason code and carried transport exists at 0 from start-up (increase() in the alerts).
+  std::string text = m.serialize();
+  EXPECT_EQ(metric_lines(text, "rdmig_kubevirt_not_carried_total").size(), std::size(kNotCarriedReasons));
+  EXPECT_EQ(metric_lines(text, "rdmig_kubevirt_carried_total").size(), 4u);
+  k.finished(record("web-1", "Succeeded", true));
+  k.hook_not_carried("post-copy is allowed for this migration: rdmig never carries post-copy");
+  k.finished(record("web-2", "NotCarried", false));
+  text = m.serialize();
+  auto info = metric_lines(text, "rdmig_kubevirt_migration_info");
+  ASSERT_EQ(info.size(), 2u) << text;
+  if (info[0].find("name=\"web-1\"") == std::string::npos) std::swap(info[0], info[1]);
+  EXPECT_NE(info[0].find("result=\"Succeeded\""), std::string::npos) << info[0];
+  EXPECT_NE(info[0].find("transport=\"tcp\",transport_reason=\"auto-no-peer-rdma\""), std::string::npos) << info[0];
+  EXPECT_NE(info[0].find("source_node=\"a\",target_node=\"b\""), std::string::npos) << info[0];
+  EXPECT_NE(info[0].find(" 1700000000"), std::string::npos) << info[0];
+  EXPECT_NE(info[1].find("reason=\"post_copy\",result=\"NotCarried\""), std::string::npos) << info[1];
+  EXPECT_NE(text.find("rdmig_kubevirt_not_carried_total{reason=\"post_copy\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("rdmig_kubevirt_carried_total{role=\"source\",transport=\"tcp\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("rdmig_kubevirt_migration_connections{name=\"web-1\",namespace=\"prod\",role=\"source\"} 3"),
+            std::string::npos);
+  // The VMI's next migration replaces its info series; forgetting the VMI removes it.
+  k.finished(record("web-1", "NotCarried", false));
+  text = m.serialize();
+  const auto after = metric_lines(text, "rdmig_kubevirt_migration_info");
+  ASSERT_EQ(after.size(), 2u) << text;
+  for (const auto& line : after) EXPECT_EQ(line.find("result=\"Succeeded\""), std::string::npos) << line;
+  k.forget(record("web-1", "NotCarried", false));
+  k.forget(record("web-2", "NotCarried", false));
+  EXPECT_TRUE(metric_lines(m.serialize(), "rdmig_kubevirt_migration_info").empty());
+  EXPECT_TRUE(metric_lines(m.serialize(), "rdmig_kubevirt_migration_connections").empty());
+}
+
+TEST(KubevirtMetrics, HookServingFollowsTheSocketFile) {
+  Metrics m;
+  auto& gauge = register_hook_serving(m);
+  const std::string dir = ::testing::TempDir() + "rdmig-hook-" + std::to_string(::getpid());
+  const std::string path = dir + "/hook.sock";
+  auto server = HookServer::start(path, [](const std::string&, const std::string&, const std::string&, pid_t) {});
+  ASSERT_TRUE(server) << server.error().message;
+  m.on_scrape([&] { gauge.Set(server.value()->serving() ? 1 : 0); });
+  EXPECT_NE(m.serialize().find("rdmig_kubevirt_hook_serving 1"), std::string::npos);
+  // Removed (a cleanup of the plugin directory) or replaced by another listener: not served.
+  ASSERT_EQ(::unlink(path.c_str()), 0);
+  EXPECT_NE(m.serialize().find("rdmig_kubevirt_hook_serving 0"), std::string::npos);
+  auto other = net::unix_listen(path, 1);
+  ASSERT_TRUE(other);
+  EXPECT_NE(m.serialize().find("rdmig_kubevirt_hook_serving 0"), std::string::npos);
+  server.value().reset();
+  ::unlink(path.c_str());
+  ::rmdir(dir.c_str());
 }

@@ -30,13 +30,17 @@ class KubevirtAgents:
     """Starts one rdmig-agent per node in KubeVirt mode. ``transport``: the agents'
     ``transport`` setting ("tcp", or "auto" to let them look for an RDMA device).
     ``kubevirt``: extra keys for the agents' ``kubevirt`` section; ``migration``: their ``migration``
-    section (default: none, the agents' defaults). Stops them on close."""
+    section (default: none, the agents' defaults). ``token``: the agents' API and data-plane token
+    (default: a random one); ``tls``: their API's certificate (rdmiglab.Agent's ``tls``; default
+    plain HTTP). Stops them on close."""
 
     def __init__(self, workdir, nodes, transport="tcp", log_level="info", rule_timeout_s=3,
-                 session_idle_s=1, probe_interval_s=1, kubevirt=None, migration=None, start=True):
+                 session_idle_s=1, probe_interval_s=1, kubevirt=None, migration=None, start=True, token=None,
+                 tls=None):
         self.workdir = workdir
         self.nodes = tuple(nodes)
-        self.token = "tok-" + os.urandom(16).hex()
+        self.token = token or "tok-" + os.urandom(16).hex()
+        self.tls = tls
         self.ports = {n: free_port() for n in self.nodes}
         # Hook sockets under /tmp: unix socket paths must stay short.
         self.hook_dir = tempfile.mkdtemp(prefix="rdmig-kvhook-", dir="/tmp")
@@ -68,7 +72,7 @@ class KubevirtAgents:
         os.makedirs(os.path.dirname(hook), exist_ok=True)
         peers = [{"node": n, "agent": "127.0.0.1:%d" % self.ports[n]} for n in self.nodes if n != node]
         os.makedirs(self.state_dirs[node], exist_ok=True)
-        a = Agent(self.workdir, name=node, token=self.token, log_level=self.log_level, config={
+        a = Agent(self.workdir, name=node, token=self.token, log_level=self.log_level, tls=self.tls, config={
             "transport": self.transport, "stateDir": self.state_dirs[node],
             **({"migration": self.migration} if self.migration else {}),
             "dataPlane": {"address": "127.0.0.1", "port": self.ports[node]},
