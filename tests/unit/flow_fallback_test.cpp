@@ -28,6 +28,7 @@ struct Side {
   // each port's active MTU.
   explicit Side(TransportKind transport, std::vector<uint32_t> mtus = {0}) {
     config.transport = transport;
+    config.data_plane.allow_loopback_peers = true;  // the rails are on 127.0.0.1: a lab's config
     rdma.available = true;  // as both agents had found a device
     rdma.ip = "127.0.0.1";
     rdma.port = 1;  // no rdma_cm listener there
