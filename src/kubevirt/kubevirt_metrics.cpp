@@ -13,6 +13,10 @@ KubevirtMetrics::KubevirtMetrics(Metrics& m)
       migrations_(BuildCounter().Name("rdmig_kubevirt_migrations_total")
                       .Help("KubeVirt migrations seen by this agent, by role and result (Succeeded, Failed, NotCarried)")
                       .Register(*m.registry())),
+      plaintext_(BuildCounter().Name("rdmig_kubevirt_plaintext_migrations_total")
+                     .Help("KubeVirt migrations whose own TLS was off (disableTLS), seen by the source agent, by "
+                           "action (carried, refused: kubevirt.plaintextMigrations)")
+                     .Register(*m.registry())),
       active_(BuildGauge().Name("rdmig_kubevirt_migrations_active")
                   .Help("KubeVirt migrations this agent is carrying now").Register(*m.registry())),
       downtime_(BuildHistogram().Name("rdmig_kubevirt_downtime_seconds")
@@ -39,6 +43,7 @@ KubevirtMetrics::KubevirtMetrics(Metrics& m)
   for (const char* role : {"source", "target"}) {
     for (const char* result : {"Succeeded", "Failed", "NotCarried"}) migrations_.Add({{"role", role}, {"result", result}});
   }
+  for (const char* action : {"carried", "refused"}) plaintext_.Add({{"action", action}});
   for (const char* transport : kTransports) downtime_.Add({{"transport", transport}}, downtime_buckets());
 }
 
@@ -49,6 +54,7 @@ void KubevirtMetrics::set_active(double n) { active_.Add({}).Set(n); }
 void KubevirtMetrics::finished(const FlowRecord& r) {
   std::lock_guard lock(mu_);
   migrations_.Add({{"role", r.role}, {"result", r.phase}}).Increment();
+  if (!r.plaintext.empty()) plaintext_.Add({{"action", r.plaintext}}).Increment();
   if (r.vmi.name.empty()) return;
   const std::map<std::string, std::string> vm{{"namespace", r.vmi.namespace_}, {"name", r.vmi.name}, {"role", r.role}};
   // The carried gauge goes last: a scrape that sees it sees the migration's other series too
