@@ -8,7 +8,10 @@
 //
 // Kernel TLS: SSL_OP_ENABLE_KTLS asks OpenSSL to hand the record layer to the kernel (tls.ko);
 // whether it took each direction is kernel_send()/kernel_recv(). With both, the channel uses
-// the socket as a plain one (the kernel encrypts; splice keeps working). Otherwise every byte
+// the socket as a plain one (the kernel encrypts; splice keeps working). OpenSSL 3.0 (Debian 12)
+// hands over only the sending direction for TLS 1.3 (tls13_enc.c), so there "kernel send" is the
+// best case; TLS 1.2 would give both, but its PSK suites with forward secrecy (ECDHE-PSK) have no
+// AES-GCM, so TLS 1.3 it is. Otherwise every byte
 // goes through SSL_read/SSL_write in user space (no splice), from two threads (the channel's
 // reader and its one writer at a time): the socket is non-blocking and each SSL call is made
 // under one lock, never held while waiting for the socket.
