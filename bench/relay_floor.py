@@ -13,6 +13,9 @@ one loopback TCP connection per channel -> the peer's unix socket.
                  (its buffer the same memory as rdmig's chunk buffers: ChunkMemory, huge pages)
   rdmig-splice   rdmig with tcp.splice on
   floor-splice   the floor with splice(2) through a pipe
+  rdmig-tls      rdmig with dataPlane.tls on: every channel TLS 1.3 (kernel TLS when the kernel takes
+                 both directions, else through OpenSSL in user space; results.json says which), its
+                 ratio to plain rdmig (rdmig-tls / rdmig) is TLS's cost per GiB
 --path kubevirt: the hops of KubeVirt's path through the agents instead. The stand-ins are the
 migration proxies: loopback TCP connections to the agents (as the source proxy's connections are
 intercepted and the target agent dials the target proxy), the source writing the stream in
@@ -50,8 +53,9 @@ RELAY_CPU = os.path.join(REPO, "build", "bench", "stream", "rdmig-relay-cpu")
 sys.path.insert(0, os.path.join(REPO, "bench"))
 from run import machine  # noqa: E402  (the machine as bench/run.py names it)
 KINDS = {"rdmig": ["--relay", "rdmig", "--splice", "off"], "floor": ["--relay", "floor"],
-         "rdmig-splice": ["--relay", "rdmig", "--splice", "on"], "floor-splice": ["--relay", "floor-splice"]}
-PAIRS = (("rdmig", "floor"), ("rdmig-splice", "floor-splice"))
+         "rdmig-splice": ["--relay", "rdmig", "--splice", "on"], "floor-splice": ["--relay", "floor-splice"],
+         "rdmig-tls": ["--relay", "rdmig", "--splice", "off", "--tls"]}
+PAIRS = (("rdmig", "floor"), ("rdmig-splice", "floor-splice"), ("rdmig-tls", "rdmig"))
 PATHS = {"bare": [], "kubevirt": ["--ends", "tcp", "--write", "16406"]}
 
 
@@ -92,7 +96,7 @@ def one(kind, channels, chunk, nbytes, path="bare"):
     # on which side sleeps where, so a relay can look cheaper by making QEMU's side dearer.
     node = (r["agentsUserSeconds"] + r["agentsSystemSeconds"] + r["qemuUserSeconds"] + r["qemuSystemSeconds"]) / gib
     return {"user": user, "system": system, "cpu": user + system, "node": node, "MBps": r["bytesPerSecond"] / 1e6,
-            "chunks": r.get("chunks", 0) / gib}
+            "chunks": r.get("chunks", 0) / gib, "tls": r.get("tls", "off")}
 
 
 def syscalls_per_gib(kind, nbytes="256Mi", path="bare"):
@@ -232,6 +236,11 @@ def main():
                 e["channels"], e["chunk"], e["baseline"]["cpu"], e["baseline"]["min"], e["baseline"]["max"],
                 e["rdmig"]["cpu"], e["floor"]["cpu"], e["baseline/floor"], e["rdmig/floor"]))
         lines += [""]
+    tls_modes = sorted({r["tls"] for e in table for r in e["runs"].get("rdmig-tls", [])})
+    if tls_modes:
+        lines += ["", "rdmig-tls: TLS 1.3 (TLS_AES_128_GCM_SHA256, PSK with ECDHE) done in: %s (\"kernel\" is kTLS both "
+                  "ways; \"user space\" is OpenSSL's SSL_read/SSL_write, splice off). TLS's cost: rdmig-tls / rdmig." %
+                  ", ".join(tls_modes)]
     lines += ["", "Syscalls per GiB (strace -c -f, 256 MiB, channels 4, chunk 1Mi; all threads, the stand-ins' "
               "included, so compare the kinds):", ""]
     for kind, s in sc.items():

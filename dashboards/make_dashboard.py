@@ -186,6 +186,12 @@ def kubevirt(L):
                 [target("min by (node) (rdmig_kubevirt_hook_serving{%s})" % AGENT, "{{node}}")],
                 fieldConfig={"defaults": {"unit": "short", "thresholds": {"mode": "absolute", "steps": [
                     {"color": "red", "value": None}, {"color": "green", "value": 1}]}}, "overrides": []}), 4, 6)
+    L.add(panel("stat", "Plaintext KubeVirt migrations (disableTLS)", "Migrations in the time range whose own "
+                "TLS KubeVirt had turned off (migrations.disableTLS: the source agent saw QEMU's stream in clear), "
+                "by what the agent did (kubevirt.plaintextMigrations): carried (between the agents encrypted only "
+                "with dataPlane.tls on and over TCP) or refused. docs/security.md.",
+                [target("sum by (action) (%s)" % events("rdmig_kubevirt_plaintext_migrations_total", AGENT, "$__range"),
+                        "{{action}}", instant=True)]), 4, 7)
     L.add(panel("timeseries", "Carried and not carried over time", "In each interval, on the source agents: "
                 "KubeVirt migrations by result, the node hook's decisions (carried, skipped, error) and the "
                 "not-carried reasons.",
@@ -194,7 +200,7 @@ def kubevirt(L):
                  target("sum by (decision) (%s)" % events("rdmig_kubevirt_hook_calls_total", AGENT, "$__rate_interval"),
                         "hook {{decision}}"),
                  target("sum by (reason) (%s)" % events("rdmig_kubevirt_not_carried_total", AGENT, "$__rate_interval"),
-                        "not carried: {{reason}}")]), 16, 7)
+                        "not carried: {{reason}}")]), 12, 7)
     L.add(panel("timeseries", "Carried KubeVirt migrations running, per node", "KubeVirt migrations each agent "
                 "carries now (source and target).",
                 [target("sum by (node) (rdmig_kubevirt_migrations_active{%s})" % AGENT, "{{node}}")]), 8, 7)

@@ -7,13 +7,15 @@
 //
 //   rdmig-relay-cpu [--bytes 8Gi] [--chunk 1Mi] [--depth 16] [--splice auto|on|off]
 //                   [--splice-source MODE] [--splice-target MODE] [--write 512Ki] [--channels 1]
-//                   [--relay rdmig|floor|floor-splice] [--ends unix|tcp] [--no-verify]
+//                   [--relay rdmig|floor|floor-splice] [--ends unix|tcp] [--no-verify] [--tls]
 // --relay floor: the same hops (unix socket -> one loopback TCP connection per channel -> unix
 // socket) relayed by the simplest code that can do it, the benchmark's floor and not the
 // product: per connection and direction one thread per "agent" that reads up to --chunk bytes
 // and writes them on (floor-splice: splice through a pipe), no framing, credits or metrics.
 // What rdmig spends above the floor is its own overhead; the floor is the kernel's price.
 // --splice sets both agents; --splice-source/--splice-target one of them.
+// --tls: rdmig's channels run TLS as with dataPlane.tls: on (transport/tcp/tls_stream.h; kernel TLS
+// when the kernel takes it, else user space, named in the output's "tls").
 // --ends tcp: the stand-ins reach the agents over loopback TCP connections instead of unix
 // sockets, as KubeVirt's migration proxies do; with --write 16406 (a full TLS 1.3 record: 16 KiB
 // of data, 5 bytes of header, 1 of content type, a 16-byte tag) the source writes the stream
@@ -71,6 +73,7 @@ struct Options {
   transport::SpliceMode splice = transport::SpliceMode::kAuto;         // source agent's
   transport::SpliceMode splice_target = transport::SpliceMode::kAuto;  // target agent's
   std::string relay = "rdmig";                                         // or floor, floor-splice
+  bool tls = false;
   bool tcp_ends = false;                                               // --ends tcp
   bool verify = true;
 };
@@ -199,6 +202,7 @@ int main(int argc, char** argv) {
     else if (a == "--depth") o.depth = static_cast<uint32_t>(std::stoul(val()));
     else if (a == "--channels") o.channels = static_cast<uint32_t>(std::stoul(val()));
     else if (a == "--no-verify") o.verify = false;
+    else if (a == "--tls") o.tls = true;
     else if (a == "--relay") o.relay = val();
     else if (a == "--ends") {
       const std::string e = val();
@@ -240,6 +244,7 @@ int main(int argc, char** argv) {
     return std::pair{UniqueFd(sp[0]), UniqueFd(sp[1])};
   };
   std::vector<std::unique_ptr<Stream>> streams;
+  std::string tls_mode = "off";
   for (uint32_t i = 0; i < o.channels; ++i) {
     auto s = std::make_unique<Stream>();
     auto c = net::tcp_connect({"127.0.0.1", port}, 5s);
@@ -257,9 +262,22 @@ int main(int argc, char** argv) {
       streams.push_back(std::move(s));
       continue;
     }
-    s->src_ch = transport::TcpChannel::create(std::move(c.value()), i, static_cast<uint32_t>(o.chunk), o.depth, tm, o.splice);
+    std::unique_ptr<transport::TlsStream> src_tls, dst_tls;
+    if (o.tls) {
+      const transport::ChannelTerms terms{"bench-key", "0123456789abcdef0123456789abcdef", i};
+      Result<std::unique_ptr<transport::TlsStream>> acc = Error{Errc::kInternal, "not run"};
+      std::thread t([&] { acc = transport::TlsStream::handshake(a->get(), transport::TlsStream::Role::kAcceptor, terms, 5s); });
+      auto dial = transport::TlsStream::handshake(c->get(), transport::TlsStream::Role::kDialler, terms, 5s);
+      t.join();
+      if (!dial || !acc) return usage_error("TLS handshake failed: " + (dial ? acc.error() : dial.error()).message);
+      tls_mode = dial.value()->mode();
+      src_tls = std::move(dial.value());
+      dst_tls = std::move(acc.value());
+    }
+    s->src_ch = transport::TcpChannel::create(std::move(c.value()), i, static_cast<uint32_t>(o.chunk), o.depth, tm, o.splice,
+                                              std::move(src_tls));
     s->dst_ch = transport::TcpChannel::create(std::move(a.value()), i, static_cast<uint32_t>(o.chunk), o.depth, tm,
-                                              o.splice_target);
+                                              o.splice_target, std::move(dst_tls));
     auto sp = qemu_end(), dp = qemu_end();
     if (!sp || !dp) return usage_error("connecting a stand-in failed");
     s->src_qemu = std::move(sp->first);
@@ -333,7 +351,7 @@ int main(int argc, char** argv) {
               "\"agentsCpuSecondsPerGiB\":%.4f,\"agentsUserPerGiB\":%.4f,\"agentsSystemPerGiB\":%.4f,"
               "\"qemuUserSeconds\":%.3f,\"qemuSystemSeconds\":%.3f,"
               "\"qemuWriterSeconds\":%.3f,\"qemuReaderSeconds\":%.3f,"
-              "\"splicedSent\":%llu,\"splicedReceived\":%llu,\"chunks\":%llu,\"verified\":%s}\n",
+              "\"splicedSent\":%llu,\"splicedReceived\":%llu,\"chunks\":%llu,\"tls\":\"%s\",\"verified\":%s}\n",
               o.relay.c_str(), o.tcp_ends ? "tcp" : "unix", static_cast<unsigned long long>(o.write),
               static_cast<unsigned long long>(o.chunk), o.channels,
               transport::splice_mode_name(o.splice), transport::splice_mode_name(o.splice_target), static_cast<unsigned long long>(received), secs,
@@ -342,7 +360,7 @@ int main(int argc, char** argv) {
               gib > 0 ? agents_sys / gib : 0.0, qemu.user, qemu.sys,
               qemu_writer.user + qemu_writer.sys, qemu_reader.user + qemu_reader.sys,
               static_cast<unsigned long long>(spliced_sent), static_cast<unsigned long long>(spliced_received),
-              static_cast<unsigned long long>(chunks),
+              static_cast<unsigned long long>(chunks), tls_mode.c_str(),
               o.verify ? "true" : "false");
   if (received != o.bytes / o.channels * o.channels) {
     std::cerr << "received " << received << " of " << o.bytes << " bytes\n";

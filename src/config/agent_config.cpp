@@ -78,7 +78,12 @@ Status parse_kubevirt(const YAML::Node& k, KubevirtConfig& c) {
                         "ruleTimeoutSeconds", "sessionIdleSeconds", "probeIntervalSeconds", "heartbeatTimeoutSeconds",
                         "multifdOnFailure", "ringDepth", "staticMode", "peers",
                         "discovery", "kubeconfig", "agentNamespace", "agentSelector", "handlerNamespace",
-                        "handlerSelector", "discoveryIntervalSeconds", "socketMark", "socketMarkMask"}));
+                        "handlerSelector", "discoveryIntervalSeconds", "socketMark", "socketMarkMask",
+                        "plaintextMigrations"}));
+  RDMIG_TRY(read_string(k, "kubevirt", "plaintextMigrations", c.plaintext_migrations));
+  if (c.plaintext_migrations != "carry" && c.plaintext_migrations != "refuse") {
+    return bad("kubevirt.plaintextMigrations", "expected carry or refuse, got '" + c.plaintext_migrations + "'");
+  }
   RDMIG_TRY(read_string(k, "kubevirt", "discovery", c.discovery));
   if (c.discovery != "static" && c.discovery != "kubernetes") {
     return bad("kubevirt.discovery", "expected static or kubernetes, got '" + c.discovery + "'");
@@ -265,7 +270,18 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
     }
   }
   if (const auto dp = root["dataPlane"]) {
-    RDMIG_TRY(check_keys(dp, "dataPlane", {"address", "port", "rdmaPort", "advertiseAddress", "allowLoopbackPeers"}));
+    RDMIG_TRY(check_keys(dp, "dataPlane", {"address", "port", "rdmaPort", "advertiseAddress", "allowLoopbackPeers", "tls"}));
+    if (const auto t = dp["tls"]) {
+      // YAML 1.1 readers take on/off for booleans: accept both spellings.
+      const std::string v = t.IsScalar() ? t.as<std::string>() : std::string();
+      if (v == "on" || v == "true") {
+        c.data_plane.tls = true;
+      } else if (v == "off" || v == "false") {
+        c.data_plane.tls = false;
+      } else {
+        return bad("dataPlane.tls", "expected off or on, got '" + v + "'");
+      }
+    }
     RDMIG_TRY(read_uint(dp, "dataPlane", "rdmaPort", c.data_plane.rdma_port, 0, 65535));
     RDMIG_TRY(read_string(dp, "dataPlane", "address", c.data_plane.address));
     RDMIG_TRY(read_uint(dp, "dataPlane", "port", c.data_plane.port, 0, 65535));

@@ -47,6 +47,10 @@ struct DataPlaneConfig {
   // as a source's target.endpoint. Off: the agent never dials its own host's services on a
   // request's word (net::DialPolicy, docs/security.md).
   bool allow_loopback_peers = false;
+  // TLS 1.3 on every TCP data channel (bare QEMU, KubeVirt flows, path checks), keyed by the
+  // session's channel key (transport/tcp/tls_stream.h); both agents must agree or the channel is
+  // refused, never carried in clear. RDMA channels are not encrypted (docs/security.md).
+  bool tls = false;
 };
 
 // The rule for every dial to a peer agent that a REST client named (migrations and path checks,
@@ -183,6 +187,10 @@ struct KubevirtConfig {
   std::string handler_namespace = "kubevirt";
   std::string handler_selector = "kubevirt.io=virt-handler";
   uint32_t discovery_interval_seconds = 30;
+  // A KubeVirt migration whose own TLS is off (disableTLS: its main connection does not start
+  // with a TLS record): "carry" it (a warning naming the VMI, a metric, the flow record says
+  // so) or "refuse" it (not carried: docs/kubevirt.md says what KubeVirt then does).
+  std::string plaintext_migrations = "carry";
 };
 
 // Key `pathCheck`: the bounds this agent applies to the path checks it runs (docs/pathcheck.md).

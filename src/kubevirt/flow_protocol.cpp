@@ -105,6 +105,7 @@ std::string flow_channel_key(const std::string& token, const FlowHello& hello, c
 json FlowDataHello::to_json() const {
   json j{{"kind", "flow-data"}, {"protocol", kFlowProtocolVersion}, {"session", session}, {"index", index}};
   if (!nonce.empty()) j["nonce"] = nonce;
+  if (tls) j["tls"] = true;
   return j;
 }
 
@@ -130,6 +131,10 @@ Result<FlowDataHello> FlowDataHello::parse(const json& j) {
   auto nonce = get_string(j, "nonce", "hello", transport::kChannelNonceChars);
   if (!nonce) return nonce.error();
   h.nonce = nonce.value();
+  if (const auto v = j.find("tls"); v != j.end()) {
+    if (!v->is_boolean()) return Error{Errc::kInvalidArgument, "hello.tls: expected a boolean"};
+    h.tls = v->get<bool>();
+  }
   return h;
 }
 

@@ -82,6 +82,7 @@ struct FlowDataHello {
   std::string session;
   uint32_t index = 0;
   std::string nonce;  // the dialler's fresh nonce (transport::prove_channel adds it)
+  bool tls = false;   // optional "tls": the source has dataPlane.tls on (the target must too)
   // Without the nonce: what the source sends before transport::prove_channel adds it.
   nlohmann::json to_json() const;
   // An older agent's hello (another protocol) is refused naming both versions.

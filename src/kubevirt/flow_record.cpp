@@ -51,6 +51,9 @@ json to_json(const FlowRecord& r) {
               {"connections", r.connections},
               {"mainConnection", r.main_connection < 0 ? json(nullptr)
                                                        : json{{"index", r.main_connection}, {"by", r.main_connection_by}}},
+              {"encryption", r.encryption},
+              {"kubevirtTls", r.kubevirt_tls.empty() ? json(nullptr) : json(r.kubevirt_tls)},
+              {"plaintext", r.plaintext.empty() ? json(nullptr) : json(r.plaintext)},
               {"onFailure", r.on_failure.empty() ? json(nullptr) : json{{"multifd", r.on_failure}, {"by", r.on_failure_by}}},
               {"bytesSent", r.bytes_sent},
               {"bytesReceived", r.bytes_received},

@@ -47,6 +47,14 @@ struct FlowRecord {
   // Source: what a failure does to the multifd connections ("drain" or "reset", see
   // kubevirt.multifdOnFailure), why ("config", or "qemu <version>" as the source launcher's
   // libvirt reports it; "qemu unknown" while or when that is not known).
+  // Between the agents: "none", or "tls (kernel)" | "tls (kernel send)" | "tls (user space)"
+  // (dataPlane.tls: on, TCP only).
+  std::string encryption = "none";
+  // Source: KubeVirt's own migration TLS as the first bytes of the memory connections show it:
+  // "on" (a TLS record), "off" (QEMU's stream in clear: disableTLS), "" not seen yet.
+  std::string kubevirt_tls;
+  // Source, when kubevirt_tls is "off": "carried" or "refused" (kubevirt.plaintextMigrations).
+  std::string plaintext;
   std::string on_failure;
   std::string on_failure_by;
   uint64_t bytes_sent = 0;

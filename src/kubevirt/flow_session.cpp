@@ -39,6 +39,15 @@ void FlowSession::close_legs(bool let_drain) {
   legs.clear();  // joins the pumps' threads, then frees the channels
 }
 
+void FlowSession::note_tls(uint32_t index, const transport::TlsStream& tls) {
+  const std::string mode = std::string("tls (") + tls.mode() + ")";
+  metrics_.tls_channel(tls.label());
+  LOG_INFO("kubevirt") << "session=" << id_ << " channel " << index << ": " << mode << " (kTLS send "
+                       << (tls.kernel_send() ? "yes" : "no") << ", receive " << (tls.kernel_recv() ? "yes" : "no") << ")";
+  std::lock_guard lock(mu_);
+  record_.encryption = record_.encryption == "none" || record_.encryption == mode ? mode : "tls (mixed)";
+}
+
 void FlowSession::add_leg(std::unique_ptr<transport::Channel> channel, std::unique_ptr<migration::ChannelPump> pump) {
   // Lock order: mu_ before legs_mu_ (record() holds mu_ while it reads the legs).
   std::string rail;

@@ -22,6 +22,7 @@
 #include "migration/pump.h"
 #include "migration/rails.h"
 #include "transport/channel.h"
+#include "transport/tcp/tls_stream.h"
 
 namespace rdmig::kubevirt {
 
@@ -58,6 +59,9 @@ class FlowSession {
   bool with_pump(uint32_t index, const std::function<void(migration::ChannelPump&)>& fn);
   // Runs fn on every leg's pump, under the legs' lock (never with mu_ held).
   void for_each_pump(const std::function<void(migration::ChannelPump&)>& fn);
+  // A TCP channel ran TLS (dataPlane.tls): logged, counted (rdmig_tls_channels_total), and the
+  // record's "encryption" says where ("tls (mixed)" should channels differ).
+  void note_tls(uint32_t index, const transport::TlsStream& tls);
   // Ends the session as Succeeded (counters final); closes the legs.
   void succeed();
   void refresh_counters_locked(FlowRecord& r) const;

@@ -58,6 +58,10 @@ KubevirtMetrics::KubevirtMetrics(Metrics& m)
       migrations_(BuildCounter().Name("rdmig_kubevirt_migrations_total")
                       .Help("KubeVirt migrations seen by this agent, by role and result (Succeeded, Failed, NotCarried)")
                       .Register(*m.registry())),
+      plaintext_(BuildCounter().Name("rdmig_kubevirt_plaintext_migrations_total")
+                     .Help("KubeVirt migrations whose own TLS was off (disableTLS), seen by the source agent, by "
+                           "action (carried, refused: kubevirt.plaintextMigrations)")
+                     .Register(*m.registry())),
       active_(BuildGauge().Name("rdmig_kubevirt_migrations_active")
                   .Help("KubeVirt migrations this agent is carrying now").Register(*m.registry())),
       downtime_(BuildHistogram().Name("rdmig_kubevirt_downtime_seconds")
@@ -108,6 +112,7 @@ KubevirtMetrics::KubevirtMetrics(Metrics& m)
     for (const char* role : {"source", "target"}) carried_.Add({{"role", role}, {"transport", transport}});
   }
   for (const char* reason : kNotCarriedReasons) not_carried_.Add({{"reason", reason}});
+  for (const char* action : {"carried", "refused"}) plaintext_.Add({{"action", action}});
 }
 
 void KubevirtMetrics::hook_call(const std::string& decision) { hook_calls_.Add({{"decision", decision}}).Increment(); }
@@ -128,6 +133,7 @@ void KubevirtMetrics::finished(const FlowRecord& r) {
           .Observe(static_cast<double>(r.libvirt->total_time_ms) / 1000.0);
     }
   }
+  if (!r.plaintext.empty()) plaintext_.Add({{"action", r.plaintext}}).Increment();
   if (r.vmi.name.empty()) return;
   const std::map<std::string, std::string> vm{{"namespace", r.vmi.namespace_}, {"name", r.vmi.name}, {"role", r.role}};
   // The info series of this migration replaces the VMI's previous one (other label values).

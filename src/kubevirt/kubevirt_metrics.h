@@ -49,6 +49,7 @@ class KubevirtMetrics {
  private:
   prometheus::Family<prometheus::Counter>& hook_calls_;
   prometheus::Family<prometheus::Counter>& migrations_;
+  prometheus::Family<prometheus::Counter>& plaintext_;
   prometheus::Family<prometheus::Gauge>& active_;
   prometheus::Family<prometheus::Histogram>& downtime_;
   // Registered (and so collected) before the other per-VMI series, and set after them: a scrape

@@ -93,7 +93,7 @@ void KubevirtRelay::on_flow_data(UniqueFd fd, const json& raw) {
                          << ": " << welcome_proof.error().message;
     return;
   }
-  (void)s->add_tcp_channel(std::move(fd), hello->index, welcome_proof.value());
+  (void)s->add_tcp_channel(std::move(fd), hello->index, welcome_proof.value(), hello->tls);
 }
 
 Result<transport::rdma::AcceptPlan> KubevirtRelay::resolve_rdma(const transport::rdma::ConnectRequest& request) {

@@ -11,6 +11,7 @@
 
 #include <condition_variable>
 #include <functional>
+#include <set>
 #include <thread>
 
 #include "common/net.h"
@@ -138,7 +139,9 @@ class TargetSession final : public FlowSession {
   transport::ChannelTerms channel_terms(uint32_t index) const { return {channel_key_, hello_.session, index}; }
   // A TCP channel whose proof was checked (`welcome_proof`: this side's answer, sent in the
   // welcome): admitted against migration.bufferBudget when its index is free.
-  Status add_tcp_channel(UniqueFd fd, uint32_t index, const std::string& welcome_proof);
+  // `tls`: the source's hello asked for TLS (dataPlane.tls); refused ("tls_mismatch") unless this
+  // agent's config says the same, then the handshake runs before the channel is made.
+  Status add_tcp_channel(UniqueFd fd, uint32_t index, const std::string& welcome_proof, bool tls);
   // Checks the request's proof (before any budget or index is taken), then admits the channel.
   Result<transport::rdma::AcceptPlan> rdma_plan(const transport::rdma::ConnectRequest& request);
 
@@ -166,6 +169,7 @@ class TargetSession final : public FlowSession {
   std::vector<std::unique_ptr<transport::Channel>> channels_;  // by index, until started
   std::vector<std::optional<net::Endpoint>> destinations_;
   std::vector<bool> started_;
+  std::set<uint32_t> admitting_;  // indices whose TLS handshake runs (without conn_mu_)
   bool rdma_settled_ = false;  // an RDMA channel was delivered
   std::vector<BufferTicket> buffers_;  // one per channel, held until the session goes
   uint32_t next_dial_ = 0;

@@ -150,10 +150,21 @@ Result<std::unique_ptr<transport::Channel>> SourceSession::connect_channel(uint3
   auto fd = net::tcp_connect(peer_.agent, 5s);
   if (!fd) return fd.error();
   // The channel proves the session's key over the target's fresh nonce; the target proves it back.
-  RDMIG_TRY(transport::prove_channel(fd->get(), FlowDataHello{id_, index, {}}.to_json(),
-                                     transport::ChannelTerms{channel_key_, id_, index}, 5s));
+  const bool tls = ctx_.config.data_plane.tls;
+  const transport::ChannelTerms terms{channel_key_, id_, index};
+  RDMIG_TRY(transport::prove_channel(fd->get(), FlowDataHello{id_, index, {}, tls}.to_json(), terms, 5s));
+  std::unique_ptr<transport::TlsStream> stream;
+  if (tls) {
+    auto made = transport::TlsStream::handshake(fd->get(), transport::TlsStream::Role::kDialler, terms, 5s);
+    if (!made) {
+      ctx_.metrics.transport_error("tcp", "tls");
+      return made.error();
+    }
+    stream = std::move(made.value());
+    note_tls(index, *stream);
+  }
   return std::unique_ptr<transport::Channel>(transport::TcpChannel::create(std::move(fd.value()), index, chunk, depth, tm,
-                                                                                  ctx_.config.tcp.splice));
+                                                                           ctx_.config.tcp.splice, std::move(stream)));
 }
 
 Status SourceSession::add_connection(UniqueFd fd, const net::Endpoint& destination) {
@@ -260,6 +271,39 @@ void SourceSession::saw_first_bytes(uint32_t index, migration::ChannelPump& self
   if (head.size() < 4) return;
   const bool is_main = std::equal(kStreamMagic.begin(), kStreamMagic.end(), head.begin());
   const bool is_multifd = std::equal(kMultifdMagic.begin(), kMultifdMagic.end(), head.begin());
+  // A TLS record (handshake, TLS 1.0..1.3 framing) starts 0x16 0x03: KubeVirt's own TLS is on.
+  const bool is_tls = head[0] == std::byte{0x16} && head[1] == std::byte{0x03};
+  if (is_tls || is_main || is_multifd) {
+    const bool plaintext = !is_tls;
+    const bool refuse = plaintext && ctx_.config.kubevirt.plaintext_migrations == "refuse";
+    bool first = false;
+    std::string vmi;
+    {
+      std::lock_guard lock(mu_);
+      first = record_.kubevirt_tls.empty();
+      if (first) record_.kubevirt_tls = plaintext ? "off" : "on";
+      if (plaintext && record_.plaintext.empty()) record_.plaintext = refuse ? "refused" : "carried";
+      vmi = record_.vmi.name.empty() ? std::string("(static mode: VMI unknown)") : record_.vmi.key();
+    }
+    if (refuse) {
+      // Not carried: this connection is reset before a byte of it left, and the session fails with
+      // it (libvirt fails the migration at once; the VM stays on the source).
+      const Error e{Errc::kFailedPrecondition,
+                    "kubevirt.plaintextMigrations is refuse and KubeVirt's migration TLS is off (disableTLS) for " +
+                        vmi + ": not carried"};
+      if (first) {
+        LOG_WARN("kubevirt") << "session=" << id_ << " " << e.message;
+      }
+      self.abort(e, true);
+      return;
+    }
+    if (plaintext && first) {
+      LOG_WARN("kubevirt") << "session=" << id_ << " migration of " << vmi
+                           << " is in clear (KubeVirt's migration TLS is off: disableTLS); carried "
+                           << (ctx_.config.data_plane.tls ? "with TLS between the agents (dataPlane.tls: on)"
+                                                          : "in clear between the agents too (dataPlane.tls: off)");
+    }
+  }
   if (!is_main && !is_multifd) return;  // TLS (or something else): the order stands
   int previous = -1;
   bool drains = true;

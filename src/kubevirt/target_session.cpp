@@ -221,7 +221,7 @@ Status TargetSession::fall_back_to_tcp(const std::string& why) {
   return ok_status();
 }
 
-Status TargetSession::add_tcp_channel(UniqueFd fd, uint32_t index, const std::string& welcome_proof) {
+Status TargetSession::add_tcp_channel(UniqueFd fd, uint32_t index, const std::string& welcome_proof, bool tls) {
   std::unique_lock lock(conn_mu_);
   // A TCP channel can overtake the source's "fallback" on the control link: wait for it, bounded.
   if (transport_ == "rdma") {
@@ -231,12 +231,18 @@ Status TargetSession::add_tcp_channel(UniqueFd fd, uint32_t index, const std::st
     reject(fd.get(), "invalid_argument", "channel index out of range or session not on tcp");
     return Error{Errc::kInvalidArgument, "bad flow-data channel"};
   }
+  if (tls != ctx_.config.data_plane.tls) {
+    const std::string why = transport::tls_mismatch(tls, ctx_.config.data_plane.tls);
+    reject(fd.get(), "tls_mismatch", why);
+    LOG_WARN("kubevirt") << "session=" << id() << " refused channel " << index << ": " << why;
+    return Error{Errc::kFailedPrecondition, why};
+  }
   if (channels_.size() <= index) {
     destinations_.resize(index + 1);
     channels_.resize(index + 1);
     started_.resize(index + 1, false);
   }
-  if (channels_[index] || started_[index]) {
+  if (channels_[index] || started_[index] || admitting_.count(index)) {
     reject(fd.get(), "already_exists", "channel " + std::to_string(index) + " is already connected");
     return Error{Errc::kAlreadyExists, "duplicate flow-data channel"};
   }
@@ -246,11 +252,29 @@ Status TargetSession::add_tcp_channel(UniqueFd fd, uint32_t index, const std::st
     reject(fd.get(), "resource_exhausted", buffers.error().message);
     return buffers.error();
   }
-  buffers_.push_back(std::move(buffers.value()));
   RDMIG_TRY(transport::send_message(fd.get(), json{{"type", "welcome"}, {"proof", welcome_proof}}));
+  std::unique_ptr<transport::TlsStream> stream;
+  if (tls) {
+    // The handshake runs without the lock; the index stays taken meanwhile.
+    admitting_.insert(index);
+    lock.unlock();
+    auto made = transport::TlsStream::handshake(fd.get(), transport::TlsStream::Role::kAcceptor, channel_terms(index),
+                                                migration::kHelloTimeout);
+    lock.lock();
+    admitting_.erase(index);
+    if (!made) {
+      ctx_.metrics.transport_error("tcp", "tls");
+      LOG_WARN("kubevirt") << "session=" << id() << " channel " << index << ": " << made.error().message;
+      return made.error();
+    }
+    if (ended()) return Error{Errc::kFailedPrecondition, "session ended during the TLS handshake"};
+    stream = std::move(made.value());
+    note_tls(index, *stream);
+  }
+  buffers_.push_back(std::move(buffers.value()));
   channels_[index] = transport::TcpChannel::create(std::move(fd), index, static_cast<uint32_t>(hello_.chunk_size),
                                                    hello_.ring_depth, ctx_.metrics.transport("tcp"),
-                                                   ctx_.config.tcp.splice);
+                                                   ctx_.config.tcp.splice, std::move(stream));
   try_start_locked(index);
   return ok_status();
 }

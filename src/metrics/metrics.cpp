@@ -117,6 +117,10 @@ Metrics::Metrics(std::string component)
       transport_selected_(BuildCounter().Name("rdmig_transport_selected_total")
                               .Help("Transport chosen for a migration, by transport and reason")
                               .Register(*registry_)),
+      tls_channels_(BuildCounter().Name("rdmig_tls_channels_total")
+                        .Help("TCP data channels that ran TLS (dataPlane.tls: on), by where the records were "
+                              "encrypted: kernel (kTLS both ways), kernel_send (kTLS sending only), user_space")
+                        .Register(*registry_)),
       rdma_devices_(BuildGauge().Name("rdmig_rdma_devices")
                         .Help("RDMA devices on this node with an active port, seen at start (not necessarily "
                               "the one the agent uses: see rdmig_rdma_selected)")
@@ -258,6 +262,8 @@ void Metrics::pathcheck_finished(const std::string& role, const std::string& pha
   std::string result = phase == "Succeeded" ? "succeeded" : phase == "Cancelled" ? "cancelled" : "failed";
   pathchecks_finished_.Add({{"role", role}, {"result", result}}).Increment();
 }
+
+void Metrics::tls_channel(const std::string& mode) { tls_channels_.Add({{"mode", mode}}).Increment(); }
 
 void Metrics::transport_error(const std::string& transport, const std::string& kind) {
   transport_errors_.Add({{"transport", transport}, {"kind", kind}}).Increment();

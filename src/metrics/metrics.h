@@ -126,6 +126,8 @@ class Metrics {
   // `traffic`: "migration" or "pathcheck" (the label that tells a path check's bytes apart).
   TransportMetrics& transport(const std::string& kind, const std::string& traffic = "migration");
   void transport_error(const std::string& transport, const std::string& kind);
+  // rdmig_tls_channels_total{mode}: one TCP data channel ran TLS; mode kernel|kernel_send|user_space.
+  void tls_channel(const std::string& mode);
   void pathcheck_started(const std::string& role);
   // `phase`: the check's terminal phase (Succeeded, Failed, Cancelled).
   void pathcheck_finished(const std::string& role, const std::string& phase);
@@ -174,6 +176,7 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>& chunk_latency_;
   prometheus::Family<prometheus::Counter>& transport_errors_;
   prometheus::Family<prometheus::Counter>& transport_selected_;
+  prometheus::Family<prometheus::Counter>& tls_channels_;
   prometheus::Family<prometheus::Gauge>& rdma_devices_;
   prometheus::Family<prometheus::Gauge>& rdma_selected_;
   prometheus::Gauge* rdma_selected_series_ = nullptr;

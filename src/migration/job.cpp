@@ -324,6 +324,14 @@ void Job::finish(Phase phase, const std::string& reason, const char* failure) {
   if (qmp_) qmp_->close();  // free the monitor for other clients
 }
 
+void Job::report_tls(uint32_t index, const transport::TlsStream& tls) {
+  const std::string mode = std::string("tls (") + tls.mode() + ")";
+  ctx_.metrics.tls_channel(tls.label());
+  LOG_INFO("migration") << log_prefix() << " data channel " << index << ": " << mode << " (kTLS send "
+                        << (tls.kernel_send() ? "yes" : "no") << ", receive " << (tls.kernel_recv() ? "yes" : "no") << ")";
+  update([&](MigrationStatus& s) { s.encryption = index == 0 || s.encryption == mode ? mode : "tls (mixed)"; });
+}
+
 std::string Job::log_prefix() const {
   return std::string("migration=") + spec_.id + " role=" + role_name(spec_.role) + " vm=" + spec_.vm;
 }

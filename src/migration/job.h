@@ -24,6 +24,7 @@
 #include "migration/types.h"
 #include "qemu/qmp_client.h"
 #include "transport/channel.h"
+#include "transport/tcp/tls_stream.h"
 
 namespace rdmig::migration {
 
@@ -127,6 +128,9 @@ class Job {
   // has to reach the peer).
   void abort_data_plane(const Error& reason, bool keep_link = false);
   std::string log_prefix() const;
+  // A TCP data channel's TLS (dataPlane.tls: on): logged, counted (rdmig_tls_channels_total) and
+  // put in the status ("encryption"; "tls (mixed)" should channels differ).
+  void report_tls(uint32_t index, const transport::TlsStream& tls);
   // Cancels and joins the worker; derived destructors call it first, while they still exist.
   void stop_worker();
   // Starts the worker: runs `body`, then releases what the job holds and reports it done.

@@ -121,6 +121,7 @@ Status SourceJob::connect_data_plane() {
   hello.chunk_size = spec_.chunk_size;
   hello.ring_depth = spec_.ring_depth;
   hello.verify_chunks = spec_.verify_chunks;
+  hello.tls = ctx_.config.data_plane.tls;
   hello.nonce = random_hex(16);  // this side's half of the channel key
   RDMIG_TRY(transport::send_message(fd->get(), hello.to_json()));
   // The target challenges; the answer proves the one-time token without sending it.
@@ -142,6 +143,10 @@ Status SourceJob::connect_data_plane() {
   const std::string type = reply->value("type", "");
   if (type == "reject") {
     ctx_.metrics.transport_error(hello.transport, "handshake_rejected");
+    if (reply->value("code", "") == "tls_mismatch") {
+      return Error{Errc::kFailedPrecondition,
+                   "target agent " + ep.to_string() + " refused the migration: " + reply->value("message", std::string("?"))};
+    }
     return Error{Errc::kPermissionDenied,
                  "target agent " + ep.to_string() + " refused the migration: " + reply->value("message", std::string("?"))};
   }
@@ -157,6 +162,11 @@ Status SourceJob::connect_data_plane() {
     return Error{Errc::kFailedPrecondition, "target agent " + ep.to_string() +
                                                 " did not confirm verifyChunks (an rdmig agent from before it?): "
                                                 "upgrade it, or migrate without verifyChunks"};
+  }
+  const auto tls_confirmed = reply->find("tls");
+  if (hello.tls && (tls_confirmed == reply->end() || !tls_confirmed->is_boolean() || !tls_confirmed->get<bool>())) {
+    return Error{Errc::kFailedPrecondition, "target agent " + ep.to_string() + " did not confirm dataPlane.tls (an rdmig "
+                                            "agent from before it?): upgrade it; no channel is carried in clear instead"};
   }
   session_ = session.value();
   channel_key_ = transport::channel_key(spec_.target.token, hello.nonce, target_nonce, session_);
@@ -224,16 +234,28 @@ Status SourceJob::connect_data_plane() {
       dh.migration_id = spec_.target.migration_id;
       dh.session = session_;
       dh.index = i;
+      dh.tls = ctx_.config.data_plane.tls;
       // The channel proves the session's key over the target's fresh nonce, and the target
       // proves it back in its welcome.
       auto proved = transport::prove_channel(dfd->get(), dh.to_json(), transport::ChannelTerms{channel_key_, session_, i},
                                              kHandshakeTimeout);
       if (!proved) return cancel_or(proved.error().with_context("data channel " + std::to_string(i)));
+      std::unique_ptr<transport::TlsStream> tls;
+      if (dh.tls) {
+        auto stream = transport::TlsStream::handshake(dfd->get(), transport::TlsStream::Role::kDialler,
+                                                      transport::ChannelTerms{channel_key_, session_, i}, kHandshakeTimeout);
+        if (!stream) {
+          ctx_.metrics.transport_error("tcp", "tls");
+          return cancel_or(stream.error().with_context("data channel " + std::to_string(i)));
+        }
+        tls = std::move(stream.value());
+        report_tls(i, *tls);
+      }
       dwatch.reset();
       std::lock_guard lock(data_mu_);
       channels_.push_back(transport::TcpChannel::create(std::move(dfd.value()), i,
                                                         static_cast<uint32_t>(spec_.chunk_size),
-                                                        spec_.ring_depth, tm, ctx_.config.tcp.splice));
+                                                        spec_.ring_depth, tm, ctx_.config.tcp.splice, std::move(tls)));
     }
   }
   {

@@ -48,6 +48,7 @@ TargetJob::TargetJob(MigrationSpec spec, JobContext ctx, std::unique_ptr<qemu::Q
   qemu_pid_ = qemu_pid_of(*qmp_);
   socket_path_ = ctx_.config.state_dir + "/" + spec_.id + ".dst.sock";
   data_fds_.resize(spec_.channels());
+  data_tls_.resize(spec_.channels());
   rdma_channels_.resize(spec_.channels());
 }
 
@@ -66,11 +67,13 @@ void TargetJob::start() {
 
 void TargetJob::release_own() {
   std::vector<UniqueFd> fds;
+  std::vector<std::unique_ptr<transport::TlsStream>> tls;
   std::vector<std::unique_ptr<transport::Channel>> rdma;
   std::unique_ptr<ControlLink> control;
   {
     std::lock_guard lock(conn_mu_);
     fds.swap(data_fds_);
+    tls.swap(data_tls_);
     rdma.swap(rdma_channels_);
     control = std::move(control_);
   }
@@ -96,6 +99,12 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello, const std
     return;
   }
   std::string mismatch;
+  if (hello.tls != ctx_.config.data_plane.tls) {
+    LOG_WARN("migration") << log_prefix() << " refused a source: "
+                          << transport::tls_mismatch(hello.tls, ctx_.config.data_plane.tls);
+    reject(fd.get(), "tls_mismatch", transport::tls_mismatch(hello.tls, ctx_.config.data_plane.tls));
+    return;
+  }
   if (hello.channels != spec_.channels()) {
     mismatch = "hello.channels: source has " + std::to_string(hello.channels) + " QEMU channels, target expects " +
                std::to_string(spec_.channels()) + " (multifdChannels must match)";
@@ -135,6 +144,7 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello, const std
   transport_reason_ = reason;
   json welcome{{"type", "welcome"}, {"session", session_}, {"transport", transport_}, {"transportReason", reason}};
   if (verify_chunks_) welcome["verifyChunks"] = true;  // the source goes on only with this confirmed
+  if (hello.tls) welcome["tls"] = true;  // likewise: an agent from before dataPlane.tls would not say it
   if (transport_ == "rdma") {
     add_rails_to_welcome(welcome, ctx_.rdma);
     set_rails(rails_from_hello(hello, ctx_.rdma));
@@ -154,18 +164,46 @@ Result<transport::ChannelTerms> TargetJob::channel_terms(const std::string& sess
 }
 
 void TargetJob::on_data(UniqueFd fd, const transport::Hello& hello, const std::string& welcome_proof) {
+  const bool tls = ctx_.config.data_plane.tls;
+  transport::ChannelTerms terms;
+  {
+    std::lock_guard lock(conn_mu_);
+    if (!token_used_ || transport_ != "tcp" || !constant_time_equal(hello.session, session_)) {
+      reject(fd.get(), "permission_denied", kHelloRefused);
+      return;
+    }
+    if (hello.tls != tls) {
+      reject(fd.get(), "tls_mismatch", transport::tls_mismatch(hello.tls, tls));
+      LOG_WARN("migration") << log_prefix() << " refused data channel " << hello.index << ": "
+                            << transport::tls_mismatch(hello.tls, tls);
+      return;
+    }
+    if (hello.index >= data_fds_.size() || data_fds_[hello.index].valid() || data_admitting_.count(hello.index)) {
+      reject(fd.get(), "invalid_argument", "hello.index: channel " + std::to_string(hello.index) +
+                                               " is out of range or already connected");
+      return;
+    }
+    reply(fd.get(), json{{"type", "welcome"}, {"proof", welcome_proof}});
+    if (!tls) {
+      data_fds_[hello.index] = std::move(fd);
+      ++data_received_;
+      conn_cv_.notify_all();
+      return;
+    }
+    data_admitting_.insert(hello.index);  // holds the index while the TLS handshake runs unlocked
+    terms = transport::ChannelTerms{channel_key_, session_, hello.index};
+  }
+  auto stream = transport::TlsStream::handshake(fd.get(), transport::TlsStream::Role::kAcceptor, terms, kHelloTimeout);
   std::lock_guard lock(conn_mu_);
-  if (!token_used_ || transport_ != "tcp" || !constant_time_equal(hello.session, session_)) {
-    reject(fd.get(), "permission_denied", kHelloRefused);
+  data_admitting_.erase(hello.index);
+  if (!stream) {
+    ctx_.metrics.transport_error("tcp", "tls");
+    LOG_WARN("migration") << log_prefix() << " data channel " << hello.index << ": " << stream.error().message;
     return;
   }
-  if (hello.index >= data_fds_.size() || data_fds_[hello.index].valid()) {
-    reject(fd.get(), "invalid_argument", "hello.index: channel " + std::to_string(hello.index) +
-                                             " is out of range or already connected");
-    return;
-  }
-  reply(fd.get(), json{{"type", "welcome"}, {"proof", welcome_proof}});
+  if (hello.index >= data_fds_.size() || data_fds_[hello.index].valid()) return;  // reset meanwhile
   data_fds_[hello.index] = std::move(fd);
+  data_tls_[hello.index] = std::move(stream.value());
   ++data_received_;
   conn_cv_.notify_all();
 }
@@ -267,6 +305,9 @@ Status TargetJob::wait_for_source() {
     conn_cv_.wait_for(lock, 200ms);
   }
   update([&](MigrationStatus& s) { s.transport = transport_; s.transport_reason = transport_reason_; });
+  for (uint32_t i = 0; transport_ == "tcp" && i < data_tls_.size(); ++i) {
+    if (data_tls_[i]) report_tls(i, *data_tls_[i]);
+  }
   auto& tm = ctx_.metrics.transport(transport_);
   std::lock_guard dlock(data_mu_);
   for (uint32_t i = 0; i < spec_.channels(); ++i) {
@@ -275,7 +316,8 @@ Status TargetJob::wait_for_source() {
     } else {
       channels_.push_back(transport::TcpChannel::create(std::move(data_fds_[i]), i,
                                                         static_cast<uint32_t>(spec_.chunk_size),
-                                                        spec_.ring_depth, tm, ctx_.config.tcp.splice));
+                                                        spec_.ring_depth, tm, ctx_.config.tcp.splice,
+                                                        std::move(data_tls_[i])));
     }
   }
   link_ = std::move(control_);

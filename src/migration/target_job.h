@@ -5,6 +5,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <set>
 
 #include "common/fd.h"
 #include "migration/job.h"
@@ -69,6 +70,10 @@ class TargetJob final : public Job {
   bool token_used_ = false;
   std::unique_ptr<ControlLink> control_;  // from the source's hello until the channels are there
   std::vector<UniqueFd> data_fds_;
+  // dataPlane.tls: each channel's TLS stream (made on data_fds_[i]); an index is in
+  // data_admitting_ while its handshake runs without the lock.
+  std::vector<std::unique_ptr<transport::TlsStream>> data_tls_;
+  std::set<uint32_t> data_admitting_;
   std::vector<std::unique_ptr<transport::Channel>> rdma_channels_;
   std::optional<Error> rdma_error_;
   uint32_t data_received_ = 0;

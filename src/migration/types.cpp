@@ -105,6 +105,7 @@ nlohmann::json to_json(const MigrationStatus& s) {
               {"chunkSize", s.chunk_size},
               {"ringDepth", s.ring_depth},
               {"verifyChunks", s.verify_chunks},
+              {"encryption", s.encryption},
               {"peer", s.peer.empty() ? json(nullptr) : json(s.peer)},
               {"progress", progress},
               {"rails", rails},

@@ -102,6 +102,9 @@ struct MigrationStatus {
   uint64_t chunk_size = 0;
   uint32_t ring_depth = 0;
   bool verify_chunks = false;  // every chunk checked against its CRC32C (target: as the source asked)
+  // The data channels' encryption: "none", or "tls (kernel)" | "tls (kernel send)" |
+  // "tls (user space)" (dataPlane.tls: on; where this agent's records are encrypted). RDMA: "none".
+  std::string encryption = "none";
   Progress progress;
   // RDMA only: the rails the channels were striped across (migration/rails.h), with their bytes.
   std::vector<RailUsage> rails;

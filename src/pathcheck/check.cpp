@@ -136,6 +136,7 @@ json to_json(const CheckStatus& s) {
          {"phase", migration::phase_name(s.phase)},
          {"transport", s.transport},
          {"transportReason", s.transport_reason},
+         {"encryption", s.encryption},
          {"bytes", s.bytes},
          {s.role == Role::kSource ? "bytesSent" : "bytesVerified", s.bytes_done},
          {"channels", s.channels},
@@ -175,6 +176,7 @@ PathCheck::PathCheck(CheckSpec spec, CheckContext ctx)
     seed_ = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
   } else {
     data_fds_.resize(spec_.channels);
+    data_tls_.resize(spec_.channels);
     rdma_channels_.resize(spec_.channels);
   }
 }
@@ -307,6 +309,7 @@ void PathCheck::finish(const Status& result) {
     channels.swap(channels_);
     link.swap(link_);
     for (auto& ch : rdma_channels_) ch.reset();
+    data_tls_.clear();  // before their sockets
     data_fds_.clear();
     control_fd_.reset();
   }

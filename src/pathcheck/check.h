@@ -17,6 +17,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "migration/rails.h"
 #include "migration/types.h"
 #include "transport/channel.h"
+#include "transport/tcp/tls_stream.h"
 #include "transport/rdma/rdma_listener.h"
 #include "transport/wire.h"
 
@@ -93,6 +95,8 @@ struct CheckStatus {
   migration::Phase phase = migration::Phase::kPending;
   std::string transport;
   std::string transport_reason;
+  // "none", or "tls (kernel)" | "tls (kernel send)" | "tls (user space)" (dataPlane.tls: on, TCP).
+  std::string encryption = "none";
   uint64_t bytes = 0;           // asked for
   uint64_t bytes_done = 0;      // source: sent; target: verified
   uint32_t channels = 1;
@@ -183,6 +187,9 @@ class PathCheck {
   transport::ProofLedger rdma_proofs_;
   UniqueFd control_fd_;
   std::vector<UniqueFd> data_fds_;
+  // dataPlane.tls: each channel's stream; an index is in data_admitting_ while its handshake runs.
+  std::vector<std::unique_ptr<transport::TlsStream>> data_tls_;
+  std::set<uint32_t> data_admitting_;
   std::vector<std::unique_ptr<transport::Channel>> rdma_channels_;
   std::optional<Error> rdma_error_;
   uint32_t data_received_ = 0;

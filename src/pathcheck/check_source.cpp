@@ -57,6 +57,7 @@ Status PathCheck::connect_source() {
     return cancel_or(fd.error().with_context("target agent data plane " + ep.to_string()));
   }
   hello.nonce = random_hex(16);  // this side's half of the channel key
+  hello.tls = ctx_.config.data_plane.tls;
   json hello_json = hello.to_json();
   hello_json["kind"] = "pathcheck-control";
   RDMIG_TRY(transport::send_message(fd->get(), hello_json));
@@ -78,8 +79,13 @@ Status PathCheck::connect_source() {
   if (!reply) return cancel_or(reply.error().with_context("hello to target agent " + ep.to_string()));
   if (reply->value("type", "") == "reject") {
     ctx_.metrics.transport_error(hello.transport, "handshake_rejected");
-    return Error{Errc::kPermissionDenied, "target agent " + ep.to_string() + " refused the check: " +
-                                              reply->value("message", std::string("?"))};
+    return Error{reply->value("code", "") == "tls_mismatch" ? Errc::kFailedPrecondition : Errc::kPermissionDenied,
+                 "target agent " + ep.to_string() + " refused the check: " + reply->value("message", std::string("?"))};
+  }
+  const auto tls_confirmed = reply->find("tls");
+  if (hello.tls && (tls_confirmed == reply->end() || !tls_confirmed->is_boolean() || !tls_confirmed->get<bool>())) {
+    return Error{Errc::kFailedPrecondition, "target agent " + ep.to_string() + " did not confirm dataPlane.tls (an rdmig "
+                                            "agent from before it?): upgrade it; no channel is carried in clear instead"};
   }
   auto session = transport::get_string(reply.value(), "session", "welcome", 128);
   auto chosen = transport::get_string(reply.value(), "transport", "welcome", 16);
@@ -137,13 +143,27 @@ Status PathCheck::connect_source() {
       dh.migration_id = spec_.target.migration_id;
       dh.session = session_;
       dh.index = i;
+      dh.tls = ctx_.config.data_plane.tls;
       json dh_json = dh.to_json();
       dh_json["kind"] = "pathcheck-data";
       auto proved = transport::prove_channel(dfd->get(), dh_json, transport::ChannelTerms{channel_key_, session_, i}, step());
       unwatch();
       if (!proved) return cancel_or(proved.error().with_context("data channel " + std::to_string(i)));
+      std::unique_ptr<transport::TlsStream> tls;
+      if (dh.tls) {
+        auto stream = transport::TlsStream::handshake(dfd->get(), transport::TlsStream::Role::kDialler,
+                                                      transport::ChannelTerms{channel_key_, session_, i}, step());
+        if (!stream) {
+          ctx_.metrics.transport_error("tcp", "tls");
+          return cancel_or(stream.error().with_context("data channel " + std::to_string(i)));
+        }
+        tls = std::move(stream.value());
+        ctx_.metrics.tls_channel(tls->label());
+        const std::string mode = std::string("tls (") + tls->mode() + ")";
+        update([&](CheckStatus& s) { s.encryption = mode; });
+      }
       ch = transport::TcpChannel::create(std::move(dfd.value()), i, static_cast<uint32_t>(spec_.chunk_size),
-                                         spec_.ring_depth, tm, ctx_.config.tcp.splice);
+                                         spec_.ring_depth, tm, ctx_.config.tcp.splice, std::move(tls));
     }
     std::lock_guard lock(mu_);
     if (cancelled_) return Error{Errc::kCancelled, cancel_reason_};

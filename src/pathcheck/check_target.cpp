@@ -33,6 +33,9 @@ void PathCheck::on_control(UniqueFd fd, const transport::Hello& hello, const std
   }
   if (finished_ || cancelled_) return reject(fd.get(), "not_found", "path check " + spec_.id + " is over");
   if (token_used_) return reject(fd.get(), "already_exists", "path check " + spec_.id + " already has a source");
+  if (hello.tls != ctx_.config.data_plane.tls) {
+    return reject(fd.get(), "tls_mismatch", transport::tls_mismatch(hello.tls, ctx_.config.data_plane.tls));
+  }
   std::string mismatch;
   if (hello.channels != spec_.channels) {
     mismatch = "hello.channels: source " + std::to_string(hello.channels) + ", target " + std::to_string(spec_.channels);
@@ -65,6 +68,7 @@ void PathCheck::on_control(UniqueFd fd, const transport::Hello& hello, const std
   status_.transport = chosen;
   status_.transport_reason = reason;
   json welcome{{"type", "welcome"}, {"session", session_}, {"transport", chosen}, {"transportReason", reason}};
+  if (hello.tls) welcome["tls"] = true;
   if (chosen == "rdma") {
     migration::add_rails_to_welcome(welcome, ctx_.rdma);
     status_.rails = check_rails(migration::rails_from_hello(hello, ctx_.rdma), spec_.channels);
@@ -83,16 +87,42 @@ Result<transport::ChannelTerms> PathCheck::channel_terms(const std::string& sess
 }
 
 void PathCheck::on_data(UniqueFd fd, const transport::Hello& hello, const std::string& welcome_proof) {
+  const bool tls = ctx_.config.data_plane.tls;
+  transport::ChannelTerms terms;
+  {
+    std::lock_guard lock(mu_);
+    if (!token_used_ || status_.transport != "tcp" || !constant_time_equal(hello.session, session_) || finished_) {
+      return reject(fd.get(), "permission_denied", migration::kHelloRefused);
+    }
+    if (hello.tls != tls) return reject(fd.get(), "tls_mismatch", transport::tls_mismatch(hello.tls, tls));
+    if (hello.index >= data_fds_.size() || data_fds_[hello.index].valid() || data_admitting_.count(hello.index)) {
+      return reject(fd.get(), "invalid_argument", "hello.index: channel " + std::to_string(hello.index) +
+                                                      " is out of range or already connected");
+    }
+    reply(fd.get(), json{{"type", "welcome"}, {"proof", welcome_proof}});
+    if (!tls) {
+      data_fds_[hello.index] = std::move(fd);
+      ++data_received_;
+      cv_.notify_all();
+      return;
+    }
+    data_admitting_.insert(hello.index);  // the index stays taken while the handshake runs unlocked
+    terms = transport::ChannelTerms{channel_key_, session_, hello.index};
+  }
+  auto stream = transport::TlsStream::handshake(fd.get(), transport::TlsStream::Role::kAcceptor, terms,
+                                                migration::kHelloTimeout);
   std::lock_guard lock(mu_);
-  if (!token_used_ || status_.transport != "tcp" || !constant_time_equal(hello.session, session_) || finished_) {
-    return reject(fd.get(), "permission_denied", migration::kHelloRefused);
+  data_admitting_.erase(hello.index);
+  if (!stream) {
+    ctx_.metrics.transport_error("tcp", "tls");
+    LOG_WARN("pathcheck") << log_prefix() << " data channel " << hello.index << ": " << stream.error().message;
+    return;
   }
-  if (hello.index >= data_fds_.size() || data_fds_[hello.index].valid()) {
-    return reject(fd.get(), "invalid_argument", "hello.index: channel " + std::to_string(hello.index) +
-                                                    " is out of range or already connected");
-  }
-  reply(fd.get(), json{{"type", "welcome"}, {"proof", welcome_proof}});
+  if (hello.index >= data_fds_.size() || data_fds_[hello.index].valid() || finished_) return;
+  status_.encryption = std::string("tls (") + stream.value()->mode() + ")";
+  ctx_.metrics.tls_channel(stream.value()->label());
   data_fds_[hello.index] = std::move(fd);
+  data_tls_[hello.index] = std::move(stream.value());
   ++data_received_;
   cv_.notify_all();
 }
@@ -155,7 +185,8 @@ Status PathCheck::wait_for_source() {
       channels_.push_back(std::move(rdma_channels_[i]));
     } else {
       channels_.push_back(transport::TcpChannel::create(std::move(data_fds_[i]), i, static_cast<uint32_t>(spec_.chunk_size),
-                                                        spec_.ring_depth, tm, ctx_.config.tcp.splice));
+                                                        spec_.ring_depth, tm, ctx_.config.tcp.splice,
+                                                        std::move(data_tls_[i])));
     }
   }
   link_ = std::make_unique<migration::ControlLink>(std::move(control_fd_));

@@ -161,9 +161,16 @@ Result<std::vector<RailAddress>> parse_rails(const json& j, const char* key, con
   return rails;
 }
 
+std::string tls_mismatch(bool source_on, bool target_on) {
+  auto name = [](bool on) { return on ? "on" : "off"; };
+  return std::string("dataPlane.tls mismatch: the source agent has it ") + name(source_on) + ", the target agent " +
+         name(target_on) + " (both must agree; a channel is never carried in clear instead)";
+}
+
 json Hello::to_json() const {
   json j{{"type", "hello"}, {"protocol", protocol}, {"kind", kind}, {"migrationId", migration_id}};
   if (!nonce.empty()) j["nonce"] = nonce;
+  if (tls) j["tls"] = true;
   if (kind == "control") {
     j["channels"] = channels;
     j["chunkSize"] = chunk_size;
@@ -204,6 +211,10 @@ Result<Hello> Hello::parse(const json& j) {
     return Error{Errc::kInvalidArgument, "hello.nonce: must be 32 lowercase hex characters"};
   }
   h.nonce = nonce.value();
+  if (const auto v = j.find("tls"); v != j.end()) {
+    if (!v->is_boolean()) return Error{Errc::kInvalidArgument, "hello.tls: expected a boolean"};
+    h.tls = v->get<bool>();
+  }
   if (h.kind == "control") {
     auto ch = get_uint(j, "channels", "hello", 1, kMaxChannels);
     if (!ch) return ch.error();

@@ -64,6 +64,10 @@ struct Hello {
   // control, optional ("verifyChunks"): every chunk of every channel, both ways, ends in the
   // CRC32C of its payload, checked before a byte reaches QEMU (migration/pump.h).
   bool verify_chunks = false;
+  // optional ("tls"), control and data: the source has dataPlane.tls on, so every TCP data
+  // channel runs TLS after its proof (transport/tcp/tls_stream.h). The target refuses a hello
+  // whose wish is not its own config, naming dataPlane.tls: never a silent fallback to clear.
+  bool tls = false;
 
   nlohmann::json to_json() const;
   // Validates every field; errors name the field ("hello.chunkSize").
@@ -76,6 +80,9 @@ struct Hello {
 // The source's answer to the target's challenge on a control connection: proves the one-time
 // token of `migration_id` without sending it, over the target's nonce and the source's own (the
 // hello's): HMAC-SHA256(token, "rdmig-control\n" target nonce "\n" migration id "\n" source nonce).
+// The refusal both ends give when one has dataPlane.tls on and the other off ("tls_mismatch").
+std::string tls_mismatch(bool source_on, bool target_on);
+
 std::string control_proof(const std::string& token, const std::string& nonce, const std::string& migration_id,
                           const std::string& source_nonce);
 

@@ -325,6 +325,7 @@ class ChartTest(unittest.TestCase):
         agent_cfg = embedded_config(one(t, "ConfigMap", "rdmig-agent-config"))["agent.yaml"]
         self.assertEqual(agent_cfg["migration"]["verifyChunks"], True)
         self.assertEqual(agent_cfg["dataPlane"]["allowLoopbackPeers"], True)
+        self.assertEqual(agent_cfg["dataPlane"]["tls"], "on")
         self.assertEqual(agent_cfg["api"], {"address": "0.0.0.0", "port": 17470, "probePort": 7473,
                                             "maxBodyBytes": 131072, "tokenFile": "/etc/rdmig/token",
                                             "tls": {"certFile": "/etc/rdmig/tls/tls.crt",

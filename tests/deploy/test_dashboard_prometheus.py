@@ -339,6 +339,9 @@ class DashboardPrometheusTest(unittest.TestCase):
         self.assertEqual({k: round(v) for k, v in by("Carried by transport/A", "transport").items()},
                          {"tcp": 1, "rdma": 0})
         self.assertEqual(by("Node hook served/A", "node"), {a: 1.0, b: 1.0})
+        # The lab's proxies speak TLS (KubeVirt's default): nothing seen in clear, nothing refused.
+        self.assertEqual({k: round(v) for k, v in by("Plaintext KubeVirt migrations (disableTLS)/A", "action").items()},
+                         {"carried": 0, "refused": 0})
         active = by("Carried KubeVirt migrations running, per node/A", "node")
         self.assertEqual({n: v for n, v in active.items() if n in KV_NODES}, {a: 0.0, b: 0.0})
         # The per-VMI table: the carried migration's row on its source agent (kv-a), the drain's on kv-b.

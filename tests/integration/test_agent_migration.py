@@ -5,6 +5,9 @@ Run from the repository root after building: python3 tests/integration/test_agen
 """
 import os
 import shutil
+import signal
+import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +27,50 @@ DIRTY_MIB = 16
 # The byte-exact rows run Debian 13's QEMU 10.0 (as KubeVirt 1.9 ships 10.x): the host's QEMU 7.2
 # leaves pages different even QEMU to QEMU (test_direct_migration.py is the control of each shape);
 # one row stays on 7.2 for the old version, with every chunk's CRC checked instead of the memory.
+
+
+class LoopbackCapture:
+    """Every TCP segment to or from ``port`` on the loopback interface, as the wire carries it:
+    tcpdump writes them to a file (it reports what the kernel dropped, so a check for what is
+    absent knows it saw everything); stop() reads the file and counts the payload bytes and
+    whether ``needle`` appeared in a flow's bytes (across segment boundaries)."""
+
+    def __init__(self, workdir, port, needle):
+        self.port, self.needle = port, needle
+        self.bytes, self.found, self.dropped = 0, False, None
+        self.path = os.path.join(workdir, "capture-%d-%s.pcap" % (port, os.urandom(3).hex()))
+        self.proc = subprocess.Popen(["tcpdump", "-i", "lo", "-n", "-U", "-s", "0", "-B", "65536", "-w", self.path,
+                                      "tcp port %d" % port], stderr=subprocess.PIPE, text=True)
+        line = self.proc.stderr.readline()  # "listening on lo ...": capturing from here on
+        if "listening" not in line:
+            raise RuntimeError("tcpdump did not start: %s" % line)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGINT)
+        err = self.proc.communicate(timeout=30)[1]
+        for line in err.splitlines():
+            if "dropped by kernel" in line:
+                self.dropped = int(line.split()[0])
+        with open(self.path, "rb") as f:
+            data = f.read()
+        os.unlink(self.path)
+        off, tails = 24, {}  # pcap: global header, then (16-byte record header, frame) each
+        while off + 16 <= len(data):
+            incl = struct.unpack("<I", data[off + 8:off + 12])[0]
+            frame = data[off + 16:off + 16 + incl]
+            off += 16 + incl
+            if len(frame) < 34 or frame[12:14] != b"\x08\x00" or frame[23] != 6:
+                continue
+            tcp = 14 + (frame[14] & 0x0F) * 4
+            payload = frame[tcp + (frame[tcp + 12] >> 4) * 4:]
+            if not payload:
+                continue
+            self.bytes += len(payload)
+            key = frame[tcp:tcp + 4]
+            joined = tails.get(key, b"") + payload
+            self.found = self.found or self.needle in joined
+            tails[key] = joined[-(len(self.needle) - 1):]
+        return self
 
 
 class AgentMigrationTest(unittest.TestCase):
@@ -114,6 +161,78 @@ class AgentMigrationTest(unittest.TestCase):
 
     def test_migrates_dirtying_guest_byte_exact_with_4_multifd_channels(self):
         self.check_migration(4)
+
+    def tls_agents(self):
+        a = Agent(self.tmp, "agent-tls-a", log_level="debug", config={"dataPlane": {"tls": "on"}})
+        self.addCleanup(a.stop)
+        b = Agent(self.tmp, "agent-tls-b", log_level="debug", config={"dataPlane": {"tls": "on"}})
+        self.addCleanup(b.stop)
+        return a, b
+
+    def test_tls_on_both_agents_migrates_byte_exact_and_the_wire_shows_no_stream(self):
+        # dataPlane.tls: on at both ends: all 3 channels (main + 2 multifd, each carrying the return
+        # path too) run TLS. On the wire (a raw packet socket on lo) QEMU's stream magic "QEVM",
+        # which the main channel's first chunk starts with, never appears; with TLS off it does.
+        if not shutil.which("tcpdump"):
+            self.skipTest("tcpdump is not installed (Debian package tcpdump): the wire cannot be read")
+        tls_src, tls_dst = self.tls_agents()
+        src, dst = self.pair(qemu10=True)
+        cap = LoopbackCapture(self.tmp, tls_dst.data_port, b"QEVM")
+        try:
+            s, t = migrate_via_agents(tls_src, tls_dst, src.agent_qmp_path, dst.agent_qmp_path,
+                                      multifd_channels=2, vm="vm-tls")
+        finally:
+            cap.stop()
+        self.assertEqual(s["phase"], "Succeeded", s["result"]["reason"])
+        self.assertEqual(t["phase"], "Succeeded", t["result"]["reason"])
+        # This host's kernel has no TLS ULP: OpenSSL keeps the records in user space, and says so.
+        self.assertEqual(s["encryption"], "tls (user space)")
+        self.assertEqual(t["encryption"], "tls (user space)")
+        for agent in (tls_src, tls_dst):
+            m = parse_prometheus(agent.metrics())[0]
+            self.assertEqual(m.get(("rdmig_tls_channels_total", frozenset({("mode", "user_space")}))), 3.0)
+        self.assertEqual(s["progress"]["dataBytesSent"], t["progress"]["dataBytesReceived"])
+        print("\n[tls] %d wire bytes captured for %d stream bytes, %s dropped" % (
+            cap.bytes, s["progress"]["dataBytesSent"], cap.dropped), file=sys.stderr)
+        # The capture saw all of it (nothing dropped, every stream byte and TLS's overhead on top).
+        self.assertEqual(cap.dropped, 0)
+        self.assertGreater(cap.bytes, s["progress"]["dataBytesSent"])
+        self.assertFalse(cap.found, "QEMU's stream magic crossed the wire in clear with TLS on")
+        self.assert_byte_exact_and_continues(src, dst)
+        # The control: the class's agents (dataPlane.tls off) show it on the wire at once.
+        src2, dst2 = self.pair(qemu10=False)
+        cap = LoopbackCapture(self.tmp, self.dst_agent.data_port, b"QEVM")
+        try:
+            target, source = start_migration(self.src_agent, self.dst_agent, src2.agent_qmp_path,
+                                             dst2.agent_qmp_path, vm="vm-clear")
+            deadline = time.monotonic() + 60  # until the first chunk (QEMU's header) went out
+            while time.monotonic() < deadline:
+                st = self.src_agent.get(source["id"])
+                if st["progress"]["dataBytesSent"] > 0 or st["phase"] in ("Succeeded", "Failed"):
+                    break
+                time.sleep(0.1)
+        finally:
+            cap.stop()
+        self.src_agent.cancel(source["id"])
+        self.src_agent.wait(source["id"], timeout=60)
+        self.assertTrue(cap.found, "the control: QEMU's stream magic should cross in clear with TLS off")
+        self.assertEqual(self.src_agent.get(source["id"])["encryption"], "none")
+
+    def test_tls_on_one_agent_only_is_refused_naming_the_key_and_touches_neither_vm(self):
+        tls_src, tls_dst = self.tls_agents()
+        for a, b in ((tls_src, self.dst_agent), (self.src_agent, tls_dst)):
+            src, dst = self.pair()
+            target, source = start_migration(a, b, src.agent_qmp_path, dst.agent_qmp_path, vm="vm-tlsmix")
+            s = a.wait(source["id"], timeout=60)
+            self.assertEqual(s["phase"], "Failed")
+            self.assertIn("dataPlane.tls mismatch", s["result"]["reason"])
+            self.assertIn("the source agent has it %s" % ("on" if a is tls_src else "off"), s["result"]["reason"])
+            self.assertEqual(src.status(), "running")
+            self.assertNotIn("status", src.qmp("query-migrate"), "the source QEMU must not have been asked to migrate")
+            self.assertEqual(dst.status(), "inmigrate")
+            self.assertIn("dataPlane.tls mismatch", b.log_text())
+            b.cancel(target["id"])
+            b.wait(target["id"], timeout=30)
 
     def test_finished_migrations_release_descriptors_and_buffers_at_once(self):
         # Before: a finished job kept its sockets, pumps and rings until it fell out of the

@@ -106,6 +106,24 @@ class PathCheckTest(unittest.TestCase):
         self.assertGreaterEqual(metric(self.a, "rdmig_pathchecks_finished_total", role="source", result="succeeded"), 1)
         self.assertGreaterEqual(metric(self.b, "rdmig_pathchecks_finished_total", role="target", result="succeeded"), 1)
 
+    def test_with_dataplane_tls_on_both_agents_a_check_runs_over_tls_and_one_sided_tls_is_refused(self):
+        tls = [Agent(self.tmp, "agent-tls-%s" % n, config={"dataPlane": {"tls": "on"}}) for n in "ab"]
+        for a in tls:
+            self.addCleanup(a.stop)
+        sid, tid = start_pair(tls[0], tls[1], bytes="32Mi", chunkSize="256Ki", channels=2, transport="tcp")
+        src, dst = wait_check(tls[0], sid), wait_check(tls[1], tid)
+        self.assertEqual((src["phase"], dst["phase"]), ("Succeeded", "Succeeded"), (src, dst))
+        self.assertEqual(dst["bytesVerified"], 32 * MiB)
+        self.assertEqual((src["encryption"], dst["encryption"]), ("tls (user space)", "tls (user space)"))
+        self.assertEqual(metric(tls[0], "rdmig_tls_channels_total", mode="user_space"), 2)
+        # One side on, the other off (either way): refused naming the key, never run in clear.
+        for a, b in ((tls[0], self.b), (self.a, tls[1])):
+            sid, tid = start_pair(a, b, bytes="1Mi", chunkSize="256Ki", channels=1, transport="tcp")
+            src = wait_check(a, sid)
+            self.assertEqual(src["phase"], "Failed", src)
+            self.assertIn("dataPlane.tls mismatch", src["error"])
+            b.call("DELETE", "/v1/pathchecks/" + tid)
+
     def test_a_target_agent_that_is_down_fails_the_check_naming_the_cause(self):
         c = Agent(self.tmp, "agent-c")
         t = c.call("POST", "/v1/pathchecks", {"role": "target", "bytes": "8Mi"})

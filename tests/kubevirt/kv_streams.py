@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 QEMU_MAIN_HEAD = b"QEVM\x00\x00\x00\x03"        # QEMU_VM_FILE_MAGIC, version 3
 QEMU_MULTIFD_HEAD = b"\x11\x22\x33\x44\x00\x00\x00\x01"  # MULTIFD_MAGIC, version 1
+TLS_RECORD_HEAD = b"\x16\x03\x01\x02\x00\x01"  # a TLS handshake record (ClientHello), as KubeVirt's proxy starts
 MAGICS = (QEMU_MAIN_HEAD[:4], QEMU_MULTIFD_HEAD[:4])
 
 
@@ -102,6 +103,8 @@ def dial(args):
         head = b""
         if args.magic and not block:
             head = QEMU_MAIN_HEAD if i == args.main_at else QEMU_MULTIFD_HEAD
+        elif args.tls_head and not block:
+            head = TLS_RECORD_HEAD
         s.sendall(head + ("%d\n" % i).encode())
         socks.append((i, s, hashlib.sha256(head + ("%d\n" % i).encode() + payload).hexdigest(), payload))
     t0 = time.monotonic()
@@ -177,6 +180,8 @@ def main():
     d.add_argument("--block-dest", help="host:port of the block (NBD) class")
     d.add_argument("--block-count", type=int, default=0, help="the first N connections go to --block-dest")
     d.add_argument("--magic", action="store_true", help="memory connections start with QEMU's first bytes")
+    d.add_argument("--tls-head", action="store_true",
+                   help="memory connections start with a TLS record's header (KubeVirt's migration TLS on)")
     d.add_argument("--main-at", type=int, default=0, help="with --magic: the connection that is QEMU's main channel")
     args = p.parse_args()
     name_process("virt-handler")

@@ -793,6 +793,70 @@ class KubevirtRelayTest(unittest.TestCase):
         self.assertIn("migration.bufferBudget", rec["reason"])
         self.assertLessEqual(self.dst.rss_kib(), 1536 * 1024, "the target pinned more than its budget")
 
+    @unittest.skipIf(TRANSPORT == "rdma", "dataPlane.tls is TCP only (RDMA channels are not encrypted)")
+    def test_dataplane_tls_carries_flows_and_plaintext_migrations_are_carried_or_refused(self):
+        token = self.src.token
+        for a in self.agents:
+            a.stop()
+        self.dst = self.agent("node-b", token, peers=[], data_plane={"tls": "on"})
+        peers = [{"node": "node-b", "agent": "127.0.0.1:%d" % self.dst.data_port}]
+        self.src = self.agent("node-a", token, peers=peers, hook=self.hook_socket, data_plane={"tls": "on"})
+        dest = (self.net.ip4["node-b"], self.sink_port)
+
+        def ended(agent, mig, phase="Succeeded"):
+            return wait_for(lambda: [r for r in self.records(agent, migrationUid=mig) if r["phase"] == phase], 20,
+                            "the %s record of %s to end %s" % (agent.name, mig, phase))[0]
+
+        def metric(agent, name, labels):
+            return parse_prometheus(agent.metrics())[0].get((name, frozenset(labels.items())))
+
+        # KubeVirt's TLS on (its records start 0x16 0x03): carried, TLS between the agents, byte-exact.
+        res = self.dial(3, 1 << 20, vmi=vmi_json("vmi-uid-t1", "mig-tls-on", *dest), extra=["--tls-head"])
+        self.assertTrue(all(c["ok"] for c in res["connections"]), res)
+        src, dst = ended(self.src, "mig-tls-on"), ended(self.dst, "mig-tls-on")
+        self.assertEqual(src["encryption"], "tls (user space)")  # no kernel TLS on this host
+        self.assertEqual(dst["encryption"], "tls (user space)")
+        self.assertEqual(src["kubevirtTls"], "on")
+        self.assertIsNone(src["plaintext"])
+        self.assertEqual(dst["bytesReceived"], src["bytesSent"])
+        for a in (self.src, self.dst):
+            self.assertEqual(metric(a, "rdmig_tls_channels_total", {"mode": "user_space"}), 3.0)
+        # KubeVirt's TLS off (QEMU's stream in clear): carried (kubevirt.plaintextMigrations: carry),
+        # warned naming the VMI, counted, and the record says so; the agents' TLS still covers it.
+        res = self.dial(3, 1 << 20, vmi=vmi_json("vmi-uid-t2", "mig-tls-off", *dest), extra=["--magic"])
+        self.assertTrue(all(c["ok"] for c in res["connections"]), res)
+        src = ended(self.src, "mig-tls-off")
+        self.assertEqual((src["kubevirtTls"], src["plaintext"], src["encryption"]), ("off", "carried", "tls (user space)"))
+        # Counted when the session is done with (the relay's sweep), soon after the record ends.
+        wait_for(lambda: metric(self.src, "rdmig_kubevirt_plaintext_migrations_total", {"action": "carried"}) == 1.0,
+                 10, "the carried plaintext migration to be counted")
+        self.assertEqual(metric(self.src, "rdmig_kubevirt_plaintext_migrations_total", {"action": "refused"}), 0.0)
+        self.assertIn("migration of prod/web-1 is in clear", self.src.log_text())
+        # refuse: no byte of a plaintext migration leaves the node; the migration fails (the VM stays).
+        self.src.stop()
+        self.src = self.agent("node-a", token, peers=peers, hook=self.hook_socket, data_plane={"tls": "on"},
+                              extra={"plaintextMigrations": "refuse"})
+        res = self.dial(3, 1 << 20, vmi=vmi_json("vmi-uid-t3", "mig-refused", *dest), extra=["--magic"])
+        self.assertFalse(any(c["ok"] for c in res["connections"]), res)
+        src = ended(self.src, "mig-refused", "Failed")
+        self.assertIn("kubevirt.plaintextMigrations is refuse", src["reason"])
+        self.assertEqual((src["kubevirtTls"], src["plaintext"]), ("off", "refused"))
+        wait_for(lambda: metric(self.src, "rdmig_kubevirt_plaintext_migrations_total", {"action": "refused"}) == 1.0,
+                 10, "the refused plaintext migration to be counted")
+        self.assertEqual(src["bytesSent"], 0, "a refused migration's bytes left the node")
+        self.assertEqual([r["bytesReceived"] for r in self.records(self.dst, migrationUid="mig-refused")
+                          if r["bytesReceived"]], [], "the target agent received bytes of a refused migration")
+        # One agent on, the other off: refused naming the key, never carried in clear.
+        self.src.stop()
+        self.src = self.agent("node-a", token, peers=peers, hook=self.hook_socket)
+        res = self.dial(2, 65536, vmi=vmi_json("vmi-uid-t4", "mig-tls-mix", *dest), extra=["--tls-head"])
+        # The first connection fails with the session (what comes after a failed session is not
+        # carried: it reaches the destination as without rdmig).
+        self.assertFalse(res["connections"][0]["ok"], res)
+        src = ended(self.src, "mig-tls-mix", "Failed")
+        self.assertIn("dataPlane.tls mismatch", src["reason"])
+        self.assertIn("dataPlane.tls mismatch", self.dst.log_text())
+
     @same_on_every_transport
     def test_concurrent_hook_calls_for_one_migration_make_one_session(self):
         # virt-handler may call again while the first call still arms (a retry of the same

@@ -232,6 +232,41 @@ TEST(AgentConfig, AllowLoopbackPeersIsOffByDefaultAndABoolean) {
   }
 }
 
+// dataPlane.tls: off by default (and in the shipped agent.yaml); off|on (YAML booleans too).
+TEST(AgentConfig, DataPlaneTlsIsOffByDefaultAndOffOrOn) {
+  EXPECT_FALSE(parse_agent_config("")->data_plane.tls);
+  EXPECT_FALSE(rdmig::load_agent_config_file(RDMIG_SOURCE_DIR "/agent/agent.yaml")->data_plane.tls);
+  for (const char* on : {"on", "'on'", "true"}) {
+    auto c = parse_agent_config(std::string("dataPlane:\n  tls: ") + on + "\n");
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    EXPECT_TRUE(c->data_plane.tls) << on;
+  }
+  for (const char* off : {"off", "false"}) {
+    auto c = parse_agent_config(std::string("dataPlane:\n  tls: ") + off + "\n");
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    EXPECT_FALSE(c->data_plane.tls) << off;
+  }
+  for (const char* bad : {"auto", "yes", "1", "[on]", "{a: 1}", "''"}) {
+    auto r = parse_agent_config(std::string("dataPlane:\n  tls: ") + bad + "\n");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.error().message.find("dataPlane.tls"), std::string::npos) << r.error().message;
+  }
+}
+
+// kubevirt.plaintextMigrations: carry (default) or refuse.
+TEST(AgentConfig, KubevirtPlaintextMigrationsIsCarryOrRefuse) {
+  EXPECT_EQ(parse_agent_config("")->kubevirt.plaintext_migrations, "carry");
+  EXPECT_EQ(rdmig::load_agent_config_file(RDMIG_SOURCE_DIR "/agent/agent.yaml")->kubevirt.plaintext_migrations, "carry");
+  auto c = parse_agent_config("kubevirt:\n  plaintextMigrations: refuse\n");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->kubevirt.plaintext_migrations, "refuse");
+  for (const char* bad : {"drop", "Carry", "[carry]", "true"}) {
+    auto r = parse_agent_config(std::string("kubevirt:\n  plaintextMigrations: ") + bad + "\n");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.error().message.find("kubevirt.plaintextMigrations"), std::string::npos) << r.error().message;
+  }
+}
+
 TEST(AgentConfig, RdmaNetworkNamesAMultusNetworkAndItsStatusFile) {
   auto c = parse_agent_config("rdma:\n  network: sriov-rdma\n  trafficClass: 104\n");
   ASSERT_TRUE(c.ok()) << c.error().message;

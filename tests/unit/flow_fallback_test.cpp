@@ -102,7 +102,7 @@ class TargetAgent {
         ASSERT_TRUE(dh.ok()) << dh.error().message;
         auto proof = transport::check_channel(fd->get(), s->channel_terms(dh->index), dh->nonce, 5s);
         ASSERT_TRUE(proof.ok()) << proof.error().message;
-        (void)s->add_tcp_channel(std::move(fd.value()), dh->index, proof.value());
+        (void)s->add_tcp_channel(std::move(fd.value()), dh->index, proof.value(), dh->tls);
       }
     }
   }

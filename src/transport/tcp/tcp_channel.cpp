@@ -53,22 +53,25 @@ int write_local(int fd, const std::byte* p, size_t n) {
 
 std::unique_ptr<TcpChannel> TcpChannel::create(UniqueFd fd, uint32_t index, uint32_t chunk_size,
                                                uint32_t depth, TransportMetrics& metrics,
-                                               SpliceMode splice) {
+                                               SpliceMode splice, std::unique_ptr<TlsStream> tls) {
   net::tune_tcp_for_bulk(fd.get());
-  std::unique_ptr<TcpChannel> ch(new TcpChannel(std::move(fd), index, chunk_size, depth, metrics, splice));
+  std::unique_ptr<TcpChannel> ch(
+      new TcpChannel(std::move(fd), index, chunk_size, depth, metrics, splice, std::move(tls)));
   ch->reader_ = std::thread([c = ch.get()] { c->reader_loop(); });
   return ch;
 }
 
 TcpChannel::TcpChannel(UniqueFd fd, uint32_t index, uint32_t chunk_size, uint32_t depth,
-                       TransportMetrics& metrics, SpliceMode splice)
+                       TransportMetrics& metrics, SpliceMode splice, std::unique_ptr<TlsStream> tls)
     : fd_(std::move(fd)),
+      tls_(std::move(tls)),
+      via_tls_(tls_ && !tls_->kernel_both()),
       index_(index),
       chunk_size_(chunk_size),
       depth_(depth),
       metrics_(metrics),
       splice_mode_(splice),
-      splice_ok_(splice != SpliceMode::kOff),
+      splice_ok_(splice != SpliceMode::kOff && !via_tls_),
       staging_(ChunkMemory::map(chunk_size)),
       credits_(depth),
       ring_(depth + 1),
@@ -96,6 +99,11 @@ Status TcpChannel::write_frame(FrameHeader h, const void* payload) {
 
 Status TcpChannel::write_frame_locked(FrameHeader h, const void* payload) {
   auto header = encode_frame_header(h);
+  if (via_tls_) {
+    RDMIG_TRY(tls_->write_all(std::as_bytes(std::span(header))));
+    if (payload == nullptr) return ok_status();
+    return tls_->write_all(std::span(static_cast<const std::byte*>(payload), h.length));
+  }
   iovec iov[2] = {{header.data(), header.size()}, {const_cast<void*>(payload), payload ? h.length : 0}};
   return net::writev_all(fd_.get(), iov, payload ? 2 : 1);
 }
@@ -492,6 +500,14 @@ void TcpChannel::abort(const Error& reason) {
       const std::string& msg = reason.message;
       const auto len = static_cast<uint32_t>(std::min<size_t>(msg.size(), kMaxAbortReason));
       auto header = encode_frame_header({FrameType::kAbort, len});
+      if (via_tls_) {
+        std::string frame(reinterpret_cast<const char*>(header.data()), header.size());
+        frame.append(msg, 0, len);
+        (void)tls_->try_write(std::as_bytes(std::span(frame)));
+        lock.unlock();
+        fail(reason);
+        return;
+      }
       iovec iov[2] = {{header.data(), header.size()}, {const_cast<char*>(msg.data()), len}};
       msghdr m{};
       m.msg_iov = iov;
@@ -555,6 +571,20 @@ bool TcpChannel::deliver_inline_locked(Slot& slot, uint32_t& credits) {
 }
 
 Result<bool> TcpChannel::fill(std::span<std::byte> dst, bool eof_ok, bool ahead) {
+  if (via_tls_) {
+    // The TLS layer reads whole records ahead itself.
+    size_t got = 0;
+    while (got < dst.size()) {
+      auto n = tls_->read_some(dst.subspan(got));
+      if (!n) return n.error();
+      if (n.value() == 0) {
+        if (got == 0 && eof_ok) return false;
+        return Error{Errc::kUnavailable, "peer closed the connection"};
+      }
+      got += n.value();
+    }
+    return true;
+  }
   const size_t have = std::min(dst.size(), ahead_len_);
   if (have > 0) {
     std::memcpy(dst.data(), ahead_.data() + ahead_off_, have);

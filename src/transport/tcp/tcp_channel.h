@@ -10,6 +10,9 @@
 // Receiving (receive_deferred): the reader thread reads a DATA header, hands the chunk to the
 // receiver and waits until deliver_to() has spliced its payload from the socket into QEMU's;
 // the socket's receive buffer is the ring then, credits and their batching are unchanged.
+//
+// TLS (dataPlane.tls: on, tls_stream.h): with the kernel doing both directions the socket is
+// used as above; otherwise every frame goes through the TlsStream and splice is off.
 #pragma once
 
 #include <array>
@@ -29,6 +32,7 @@
 #include "transport/channel.h"
 #include "transport/framing.h"
 #include "transport/tcp/splice_mode.h"
+#include "transport/tcp/tls_stream.h"
 
 namespace rdmig::transport {
 
@@ -37,10 +41,12 @@ class TcpChannel final : public Channel {
   // The most a QEMU unix socket's send buffer is raised to for inline delivery (one chunk up
   // to this size waits there instead of the ring; the kernel doubles it).
   static constexpr size_t kMaxSinkBuffer = size_t{16} << 20;
-  // Takes a connected socket whose handshake is done. `metrics` outlives the channel.
+  // Takes a connected socket whose handshake is done (and its TLS, when `tls` is given: the
+  // stream made on that socket). `metrics` outlives the channel.
   static std::unique_ptr<TcpChannel> create(UniqueFd fd, uint32_t index, uint32_t chunk_size,
                                             uint32_t depth, TransportMetrics& metrics,
-                                            SpliceMode splice = SpliceMode::kOff);
+                                            SpliceMode splice = SpliceMode::kOff,
+                                            std::unique_ptr<TlsStream> tls = nullptr);
   ~TcpChannel() override;
 
   Result<std::span<std::byte>> acquire() override;
@@ -66,13 +72,15 @@ class TcpChannel final : public Channel {
   // How long the reader holds back (kReaderQueueLimit chunks queued) for a receiver that takes
   // nothing before it reads on as far as the credits go (tests make it long to see the limit).
   void set_reader_hold_back(std::chrono::milliseconds t) { hold_back_ms_.store(t.count(), std::memory_order_relaxed); }
+  // "off", or the TLS stream's mode ("kernel", "kernel send", "user space").
+  const char* tls_mode() const { return tls_ ? tls_->mode() : "off"; }
   // Chunks the reader wrote whole to the inline sink (set_inline_sink).
   uint64_t inline_chunks() const { return inline_chunks_.load(std::memory_order_relaxed); }
 
  private:
   struct Slot;
   TcpChannel(UniqueFd fd, uint32_t index, uint32_t chunk_size, uint32_t depth,
-             TransportMetrics& metrics, SpliceMode splice);
+             TransportMetrics& metrics, SpliceMode splice, std::unique_ptr<TlsStream> tls);
   // A pipe for one direction of splicing, made on first use. False (auto: logged once, and
   // the channel copies from then on) when no pipe can be had.
   struct Pipe {
@@ -115,6 +123,10 @@ class TcpChannel final : public Channel {
   void out_of_memory(const std::string& what);  // fails the channel, naming what was refused
 
   UniqueFd fd_;
+  // TLS on this socket, if any; via_tls_: every byte goes through it (the kernel does not do both
+  // directions), so no splice and no read ahead on the socket.
+  std::unique_ptr<TlsStream> tls_;
+  const bool via_tls_;
   const uint32_t index_;
   const uint32_t chunk_size_;
   const uint32_t depth_;
