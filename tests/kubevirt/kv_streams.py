@@ -99,17 +99,25 @@ def dial(args):
     for i in range(args.count):
         payload = os.urandom(args.bytes)
         block = i < args.block_count
-        s = socket.create_connection(split(args.block_dest if block else args.dest), timeout=args.timeout)
         head = b""
         if args.magic and not block:
             head = QEMU_MAIN_HEAD if i == args.main_at else QEMU_MULTIFD_HEAD
         elif args.tls_head and not block:
             head = TLS_RECORD_HEAD
-        s.sendall(head + ("%d\n" % i).encode())
+        try:
+            s = socket.create_connection(split(args.block_dest if block else args.dest), timeout=args.timeout)
+            s.sendall(head + ("%d\n" % i).encode())
+        except OSError as e:
+            # Refused or reset at once (e.g. redirected to an agent whose session just failed):
+            # that connection's result, as a QEMU would see it; the others still run.
+            socks.append((i, None, "%s: %s" % (type(e).__name__, e), None))
+            continue
         socks.append((i, s, hashlib.sha256(head + ("%d\n" % i).encode() + payload).hexdigest(), payload))
     t0 = time.monotonic()
 
     def run(i, s, want, payload):
+        if s is None:  # failed at connect: `want` holds why
+            return {"index": i, "ok": False, "error": want, "seconds": 0.0}
         rec = {"index": i, "ok": False, "error": None}
         try:
             s.sendall(payload)
