@@ -837,7 +837,10 @@ class KubevirtRelayTest(unittest.TestCase):
         self.src = self.agent("node-a", token, peers=peers, hook=self.hook_socket, data_plane={"tls": "on"},
                               extra={"plaintextMigrations": "refuse"})
         res = self.dial(3, 1 << 20, vmi=vmi_json("vmi-uid-t3", "mig-refused", *dest), extra=["--magic"])
-        self.assertFalse(any(c["ok"] for c in res["connections"]), res)
+        # The main connection is refused. Connections dialled after the session failed may find the
+        # redirect gone and reach the destination as without rdmig (KubeVirt's own path; seen once
+        # in a suite run): none of them crossed the agents (the byte counts below).
+        self.assertFalse(res["connections"][0]["ok"], res)
         src = ended(self.src, "mig-refused", "Failed")
         self.assertIn("kubevirt.plaintextMigrations is refuse", src["reason"])
         self.assertEqual((src["kubevirtTls"], src["plaintext"]), ("off", "refused"))
