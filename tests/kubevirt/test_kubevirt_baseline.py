@@ -210,7 +210,7 @@ class KubevirtChecks:
         self._report(name, r)
         self.assertGuestContinuedOnTarget(r)
         self.assertConnectionsAsKubevirtMakesThem(r, parallel, tls)
-        self.assertIsNotNone(r.memory["source_sha256"], "source memory not read")
+        self.assertIsNotNone(r.memory["source_sha256"], "source memory not read: %s" % r.source_memory_error)
         if require_equal_memory:
             self.assertTrue(r.memory["equal"], "guest memory differs: %s" % r.memory)
         return r
@@ -448,7 +448,7 @@ class BlockChecks:
         self.assertIsNotNone(r.disk, "disk images not compared")
         self.assertEqual(r.disk["sizes"], {"source": DISK_MIB << 20, "target": DISK_MIB << 20})
         self.assertTrue(r.disk["equal"], "disk images differ: %s" % r.disk)
-        self.assertIsNotNone(r.memory["source_sha256"], "source memory not read")
+        self.assertIsNotNone(r.memory["source_sha256"], "source memory not read: %s" % r.source_memory_error)
         if require_equal_memory:
             self.assertTrue(r.memory["equal"], "guest memory differs: %s" % r.memory)
         # The guest's disk writer went on on the target (it writes the target's image now).

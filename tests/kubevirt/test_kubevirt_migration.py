@@ -136,7 +136,7 @@ class KubevirtMigrationTest(base.KubevirtChecks, unittest.TestCase):
         self.assertCarried(r, 0)
         # Reported, not required: the same migration without rdmig (test_kubevirt_baseline)
         # once differed too (QEMU 7.2 TCG); the per-leg hashes above prove rdmig's part.
-        self.assertIsNotNone(r.memory["source_sha256"], "source memory not read")
+        self.assertIsNotNone(r.memory["source_sha256"], "source memory not read: %s" % r.source_memory_error)
         print("[kubevirt+rdmig] 1 connection, memory equal: %s" % r.memory["equal"], file=sys.stderr)
 
     def test_post_copy_allowed_is_left_to_kubevirt(self):

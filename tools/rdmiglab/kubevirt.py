@@ -166,6 +166,7 @@ class MigrationResult:
         self.counter_before = self.counter_after = None
         self.target_cleanup = None
         self.source_failed_at = self.target_pod_deleted_at = None
+        self.source_memory_error = None
         self.__dict__.update(kw)
 
     def summary(self):
@@ -181,7 +182,9 @@ class MigrationResult:
 
 class MigrationFailed(AssertionError):
     def __init__(self, result):
-        super().__init__("migration %s failed: %s" % (result.migration_uid, result.error))
+        super().__init__("migration %s failed: %s%s" % (
+            result.migration_uid, result.error,
+            "; " + result.source_memory_error if result.source_memory_error else ""))
         self.result = result
 
 
@@ -572,6 +575,12 @@ class KubevirtCluster:
                     return self._pmemsave(r.source_node, lambda c, a: qmp.command(c, a, timeout=120),
                                           os.path.join(r.workdir, "source.mem"))
                 time.sleep(0.02)
+            return None
+        except (OSError, ValueError) as e:
+            # The source QEMU's monitor went away under the harness (its QEMU ended or was
+            # stopped by libvirt): no digest, and the reason is kept for the test's message
+            # (once a bare BrokenPipeError from sendall, which named nothing).
+            r.source_memory_error = "source QEMU monitor: %s: %s" % (type(e).__name__, e)
             return None
         finally:
             if qmp is not None:
