@@ -1,15 +1,19 @@
 // rdmig-agent: per-node migration agent. Loads and validates its config, serves the REST API,
 // /metrics and probes, and carries migrations between QEMU and peer agents.
 //
-// Threads: main serves HTTP; a signal thread waits for SIGTERM/SIGINT, cancels migrations
-// (the VM stays on the source) within a grace period and stops the server; the migration
+// Threads: main serves HTTP; a signal thread waits for SIGTERM/SIGINT, drains (no new work,
+// the running work ends on its own within shutdownGraceSeconds; a second signal or the end of
+// that time cancels the rest, the VM staying on the source) and stops the server; the migration
 // manager owns the data-plane listener and one worker per migration.
 #include <malloc.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <csignal>
+#include <ctime>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -234,10 +238,44 @@ int main(int argc, char** argv) {
   std::thread signal_thread([&] {
     int sig = 0;
     sigwait(&signals, &sig);
-    LOG_INFO("agent") << "signal " << sig << ": cancelling migrations and stopping";
+    // Draining (docs/deploy.md "Upgrades"): not ready at once, no new work, the running work
+    // goes on to its end for up to shutdownGraceSeconds; then, or on a second signal, the rest
+    // is cancelled (the VM stays on the source).
     shutting_down = true;
+    manager.begin_drain();
+    pathchecks.begin_drain();
+    if (kubevirt) kubevirt->begin_drain();
+    auto running = [&] {
+      return manager.active_count() + pathchecks.active_count() + (kubevirt ? kubevirt->active_sessions() : 0);
+    };
+    LOG_INFO("agent") << "signal " << sig << ": draining: no new work; " << manager.active_count()
+                      << " migration(s), " << pathchecks.active_count() << " path check(s), "
+                      << (kubevirt ? kubevirt->active_sessions() : 0)
+                      << " KubeVirt session(s) go on for up to shutdownGraceSeconds=" << config.shutdown_grace_seconds
+                      << "s (a second signal cancels them now)";
+    const auto drain_until = std::chrono::steady_clock::now() + std::chrono::seconds(config.shutdown_grace_seconds);
+    bool cut_short = false;
+    while (running() > 0) {
+      const auto left = drain_until - std::chrono::steady_clock::now();
+      if (left <= std::chrono::steady_clock::duration::zero()) break;
+      const auto step = std::min<std::chrono::steady_clock::duration>(left, std::chrono::milliseconds(200));
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(step).count();
+      timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+      if (const int again = sigtimedwait(&signals, nullptr, &ts); again > 0) {
+        LOG_INFO("agent") << "signal " << again << " while draining: cancelling what still runs now";
+        cut_short = true;
+        break;
+      }
+    }
+    if (const size_t left = running(); left > 0) {
+      LOG_WARN("agent") << (cut_short ? "drain cut short" : "drain time (shutdownGraceSeconds) ran out") << ": cancelling "
+                        << left << " migration(s)/session(s) still running (the VM stays on the source)";
+    } else {
+      LOG_INFO("agent") << "drained: nothing runs any more; stopping";
+    }
     pathchecks.shutdown();
-    manager.shutdown(std::chrono::seconds(config.shutdown_grace_seconds));
+    // What is left is cancelled; cancelling is quick (the pod's grace is shutdownGraceSeconds + 10 s).
+    manager.shutdown(std::chrono::seconds(5));
     hook.reset();
     if (kubevirt) kubevirt->stop();  // removes the redirects: KubeVirt's own path from now on
     data_plane.stop();

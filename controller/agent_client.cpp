@@ -35,8 +35,9 @@ AgentAddress AgentAddress::from_json(const json& j) {
 }
 
 Result<AgentAddress> select_agent_pod(const json& pod_list, const std::string& node, const std::string& port_name,
-                                      uint16_t default_port) {
+                                      uint16_t default_port, bool draining_ok) {
   std::string seen;
+  std::string draining;  // a Running agent pod being deleted: it drains
   if (pod_list.contains("items") && pod_list["items"].is_array()) {
     for (const auto& pod : pod_list["items"]) {
       const auto& md = pod.value("metadata", json::object());
@@ -49,8 +50,12 @@ Result<AgentAddress> select_agent_pod(const json& pod_list, const std::string& n
         if (c.value("type", "") == "Ready" && c.value("status", "") == "True") ready = true;
       }
       const std::string ip = st.value("podIP", "");
-      if (md.contains("deletionTimestamp") || st.value("phase", "") != "Running" || !ready || ip.empty()) {
-        seen += (seen.empty() ? "" : ", ") + name + " (" + st.value("phase", "?") + (ready ? "" : ", not ready") + ")";
+      const bool terminating = md.contains("deletionTimestamp");
+      const bool running = st.value("phase", "") == "Running" && !ip.empty();
+      if (terminating && running && draining.empty()) draining = name;
+      if (!(running && (draining_ok ? (ready || terminating) : (ready && !terminating)))) {
+        seen += (seen.empty() ? "" : ", ") + name + " (" + st.value("phase", "?") + (terminating ? ", terminating" : "") +
+                (ready ? "" : ", not ready") + ")";
         continue;
       }
       AgentAddress a{node, name, ip, default_port};
@@ -64,8 +69,18 @@ Result<AgentAddress> select_agent_pod(const json& pod_list, const std::string& n
       return a;
     }
   }
+  if (!draining.empty()) {
+    return Error{Errc::kUnavailable, "the rdmig-agent pod " + draining + " on node '" + node +
+                                         "' is terminating: it drains (its running migrations finish) and takes no new "
+                                         "work; waiting for its replacement"};
+  }
   return Error{Errc::kNotFound, "no Running and Ready rdmig-agent pod on node '" + node + "'" +
                                     (seen.empty() ? "" : " (found: " + seen + ")")};
+}
+
+bool agent_draining(const Error& e) {
+  return e.code == Errc::kUnavailable && e.message.starts_with("the rdmig-agent pod ") &&
+         e.message.find(" is terminating: it drains") != std::string::npos;
 }
 
 AgentClient::AgentClient(std::string token, int timeout_seconds, std::function<void(const std::string&)> on_response)

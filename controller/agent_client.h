@@ -30,9 +30,16 @@ struct AgentAddress {
 };
 
 // Picks a Running, Ready, not-deleting pod on `node` from a PodList; the port is the
-// container port named `port_name`, else `default_port`. kNotFound naming the node otherwise.
+// container port named `port_name`, else `default_port`. When the node's only Running agent pod
+// is terminating (it drains after SIGTERM: its running work finishes, it takes no new work),
+// kUnavailable naming it (new work waits for its replacement); kNotFound naming the node when
+// there is none. `draining_ok`: a terminating Running pod is picked too (reading what it carries).
 Result<AgentAddress> select_agent_pod(const nlohmann::json& pod_list, const std::string& node,
-                                      const std::string& port_name, uint16_t default_port);
+                                      const std::string& port_name, uint16_t default_port,
+                                      bool draining_ok = false);
+// True for select_agent_pod's "the node's agent drains" answer (not an API server outage,
+// which is kUnavailable too).
+bool agent_draining(const Error& e);
 
 // HTTPS to the agents: the chain is checked against the CA bundle in `ca_file` (read on every
 // call, so a renewed bundle is picked up) and the certificate must carry `server_name`; the

@@ -111,13 +111,13 @@ std::string vmi_refusal(const json& raw, std::string& reason_code) {
 }
 
 Result<AgentAddress> locate_agent(k8s::KubeClient& kube, const ControllerConfig& config,
-                                  const std::string& agent_namespace, const std::string& node) {
+                                  const std::string& agent_namespace, const std::string& node, bool draining_ok) {
   const std::string path = "/api/v1/namespaces/" + agent_namespace + "/pods?labelSelector=" +
                            k8s::url_encode(k8s::label_selector(config.agents.labels)) +
                            "&fieldSelector=" + k8s::url_encode("spec.nodeName=" + k8s::field_selector_value(node));
   auto pods = kube.get(path);
   if (!pods) return pods.error().with_context("listing agent pods");
-  auto picked = select_agent_pod(pods.value(), node, config.agents.port_name, config.agents.port);
+  auto picked = select_agent_pod(pods.value(), node, config.agents.port_name, config.agents.port, draining_ok);
   if (!picked) {
     return Error{picked.error().code, picked.error().message + " (namespace '" + agent_namespace +
                                           "', labelSelector '" + config.agents.label_selector + "')"};
@@ -133,7 +133,8 @@ KubevirtRecord lookup_kubevirt_record(k8s::KubeClient& kube, AgentClient& agents
   for (size_t i = 0; i < 2; ++i) {
     const std::string& node = nodes[i];
     if (node.empty() || (i == 1 && node == nodes[0])) continue;
-    auto agent = locate_agent(kube, config, agent_namespace, node);
+    // A draining agent still serves its records (the migration may have run through it).
+    auto agent = locate_agent(kube, config, agent_namespace, node, /*draining_ok=*/true);
     if (!agent) {
       out.problems += (out.problems.empty() ? "" : "; ") + agent.error().message;
       continue;

@@ -41,9 +41,11 @@ nlohmann::json migration_state_for(const nlohmann::json& vmi, const std::string&
 // reason_code gets the condition reason for the status (VMINotRunning, NotLiveMigratable, AlreadyMigrating).
 std::string vmi_refusal(const nlohmann::json& vmi, std::string& reason_code);
 
-// Finds the Ready agent pod on a node (pods in `agent_namespace` by the configured labels).
+// Finds the Ready agent pod on a node (pods in `agent_namespace` by the configured labels);
+// select_agent_pod says what else it answers (kUnavailable: the node's agent drains).
 Result<AgentAddress> locate_agent(k8s::KubeClient& kube, const ControllerConfig& config,
-                                  const std::string& agent_namespace, const std::string& node);
+                                  const std::string& agent_namespace, const std::string& node,
+                                  bool draining_ok = false);
 
 struct KubevirtRecord {
   std::optional<nlohmann::json> item;  // rdmig's record, when an agent has one

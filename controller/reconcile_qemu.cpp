@@ -33,6 +33,7 @@ std::string condition_reason(const json& status, const std::string& type, std::s
 constexpr const char* kTargetUnanswered = "TargetUnanswered";
 // Held back by maxConcurrentPerNode: the Admitted condition's reason, status.reason and the Event.
 constexpr const char* kWaitingForNodeSlot = "WaitingForNodeSlot";
+constexpr const char* kAgentDraining = "AgentDraining";
 
 // What an operator must know first about a VM left paused on the source, then the agents' words.
 std::string paused_on_source_message(const json& status, const json& target_view, const std::string& agents) {
@@ -131,7 +132,23 @@ Result<Next> Reconciler::admit(json obj, const MigrationRequest& req) {
       return Next::kPoll;
     }
   }
+  // A node whose agent drains (an upgrade): the migration waits in Pending for its replacement,
+  // it is not failed (docs/deploy.md, "Stopping an agent").
+  auto hold_draining = [&](const std::string& side, const Error& e) -> Result<Next> {
+    const std::string msg = side + ": " + e.message;
+    const json before = status;
+    const bool held_before = condition_reason(before, "Admitted") == kAgentDraining;
+    set_condition(status, "Admitted", "False", kAgentDraining, msg, gen, now_text());
+    status["reason"] = kAgentDraining;
+    if (status != before) {
+      auto w = write_status(obj, status);
+      if (!w) return w.error();
+      if (!held_before) events_.record(w.value(), "Normal", kAgentDraining, msg);
+    }
+    return Next::kPoll;
+  };
   auto source = find_agent(req.source.node);
+  if (!source && agent_draining(source.error())) return hold_draining("source", source.error());
   if (!source) {
     if (api_refusal(source.error())) {
       return transition(obj, status, "Failed", "ApiServerRefused", "finding the source agent: " + source.error().message);
@@ -140,6 +157,7 @@ Result<Next> Reconciler::admit(json obj, const MigrationRequest& req) {
     return transition(obj, status, "Failed", "AgentNotFound", "source: " + source.error().message);
   }
   auto target = find_agent(req.target.node);
+  if (!target && agent_draining(target.error())) return hold_draining("target", target.error());
   if (!target) {
     if (api_refusal(target.error())) {
       return transition(obj, status, "Failed", "ApiServerRefused", "finding the target agent: " + target.error().message);

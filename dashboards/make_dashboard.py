@@ -173,7 +173,8 @@ def kubevirt(L):
                         "{{result}}", instant=True)]), 6, 6)
     L.add(panel("bargauge", "Not carried, by reason", "Why the node hook left migrations to KubeVirt's own path in "
                 "the time range (reason codes: docs/metrics.md; what to do: docs/troubleshooting.md). post_copy, "
-                "same_node and decentralized are by design; the others are faults.",
+                "same_node and decentralized are by design, draining and peer_draining expected while an agent "
+                "drains (an upgrade); the others are faults.",
                 [target("sum by (reason) (%s) > 0" % events("rdmig_kubevirt_not_carried_total", AGENT, "$__range"),
                         "{{reason}}", instant=True)]), 6, 6)
     L.add(panel("stat", "Carried by transport", "Carried KubeVirt migrations in the time range by transport "

@@ -30,7 +30,11 @@ void send_json(httplib::Response& res, int status, const json& body) {
 }
 
 void send_error(httplib::Response& res, const Error& e) {
-  send_json(res, http_status(e.code), error_body(e));
+  const bool draining = e.code == Errc::kUnavailable && e.message.starts_with("agent draining");
+  send_json(res, http_status(e.code), error_body(e, draining ? "AgentDraining" : ""));
+  // 503 here means "not now" (the agent drains or shuts down): when to ask again, as RFC 9110
+  // 10.2.3 lets a server say; a draining agent's replacement is typically up within this.
+  if (res.status == 503) res.set_header("Retry-After", "30");
 }
 
 // The client whose request this worker thread is serving, counted in client_requests_; empty

@@ -220,9 +220,11 @@ struct AgentConfig {
   PathCheckConfig path_check;
   std::string state_dir = "/var/run/rdmig";
   std::string log_level = "info";
-  // On SIGTERM: running migrations are cancelled (the VM stays on the source) and waited for
-  // this long before the agent exits. Keep the pod's terminationGracePeriodSeconds above it.
-  uint32_t shutdown_grace_seconds = 20;
+  // On SIGTERM the agent drains: no new work, and the running migrations, path checks and
+  // KubeVirt sessions go on for up to this long; what still runs then (or at a second signal)
+  // is cancelled, the VM staying on the source. Keep the pod's terminationGracePeriodSeconds
+  // above it (the chart gives it + 10 s).
+  uint32_t shutdown_grace_seconds = 300;
 };
 
 // Parses and validates YAML text. Errors name the offending key ("migration.chunkSize").

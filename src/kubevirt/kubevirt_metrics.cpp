@@ -31,6 +31,8 @@ std::string not_carried_code(const std::string& r) {
   if (starts(r, "no memory or block port")) return "no_ports";
   if (starts(r, "no rdmig agent known")) return "no_peer_agent";
   if (starts(r, "the path to the agent on ")) return "peer_unhealthy";
+  if (starts(r, "agent draining: ")) return "draining";
+  if (starts(r, "the agent on ") && has(r, " declined: ") && has(r, "agent draining: ")) return "peer_draining";
   if (starts(r, "the agent on ") && has(r, " declined: ")) return "peer_declined";
   if (starts(r, "cannot reach the agent on ")) return "peer_unreachable";
   if (starts(r, "the hook caller is not ")) return "caller_refused";

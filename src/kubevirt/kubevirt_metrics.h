@@ -25,7 +25,8 @@ namespace rdmig::kubevirt {
 inline constexpr const char* kNotCarriedReasons[] = {
     "post_copy",        "decentralized",   "same_node",     "wrong_node",     "no_target_address",
     "no_target_node",   "no_ports",        "no_peer_agent", "peer_unhealthy", "peer_declined",
-    "peer_unreachable", "caller_refused",  "api_check",     "no_handler_netns", "other"};
+    "peer_unreachable", "caller_refused",  "api_check",     "no_handler_netns", "draining",
+    "peer_draining",    "other"};
 // The code of a not-carried reason text (what relay_source.cpp and vmi.cpp's skip_reason() say).
 std::string not_carried_code(const std::string& reason);
 

@@ -434,6 +434,14 @@ void KubevirtRelay::prune_points() {
   }
 }
 
+size_t KubevirtRelay::active_sessions() const {
+  std::lock_guard lock(mu_);
+  size_t n = 0;
+  for (const auto& [id, a] : sources_) n += a.session->ended() ? 0 : 1;
+  for (const auto& [id, t] : targets_) n += t->ended() ? 0 : 1;
+  return n;
+}
+
 bool KubevirtRelay::responsive(std::chrono::steady_clock::duration limit) const {
   const std::chrono::steady_clock::time_point last{std::chrono::steady_clock::duration(last_turn_.load())};
   return std::chrono::steady_clock::now() - last < limit;

@@ -71,6 +71,13 @@ class KubevirtRelay {
   static constexpr std::chrono::seconds kWatchdogLimit{30};
   bool responsive(std::chrono::steady_clock::duration limit = kWatchdogLimit) const;
   const std::string& node_name() const { return node_; }
+  // The first SIGTERM: the hook answers "not carried: agent draining" and a peer's new session
+  // is declined (its source leaves the migration to KubeVirt's path); sessions already armed
+  // or running go on to their end, their redirects in place until stop().
+  void begin_drain() { draining_ = true; }
+  bool draining() const { return draining_.load(); }
+  // Sessions armed or running, both roles (what a drain waits for).
+  size_t active_sessions() const;
 
  private:
   void on_connection(UniqueFd fd, const net::Endpoint& dst, const NetNs& ns);
@@ -162,6 +169,7 @@ class KubevirtRelay {
   std::mutex budget_mu_;             // serialises take_buffers' check and take
   std::atomic<uint64_t> flow_buffers_{0};
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> draining_{false};  // begin_drain()
   std::atomic<std::chrono::steady_clock::rep> last_turn_{0};  // end of the last maintain()
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;

@@ -40,6 +40,13 @@ HookDecision KubevirtRelay::pre_migration_source(const json& vmi, const std::str
       return HookDecision{false, reason};
     }
   }
+  if (draining_.load()) {
+    // KubeVirt's own path moves it: the migration still happens, just not through rdmig.
+    const std::string reason = "agent draining: the rdmig agent on " + (node_.empty() ? node : node_) +
+                               " is shutting down (an upgrade or a node drain); KubeVirt's own path";
+    record_not_carried(rec, reason);
+    return HookDecision{false, reason};
+  }
   if (vmi_api_) {
     // The document is the caller's claim: with the API, only what KubeVirt published there is
     // armed (its node, address and ports, not the caller's). No session, no rule otherwise.

@@ -115,6 +115,11 @@ Result<transport::rdma::AcceptPlan> KubevirtRelay::resolve_rdma(const transport:
 }
 
 Result<NetnsLocator> KubevirtRelay::admit_session(const FlowHello& hello) {
+  // Declined, not unhealthy: the source leaves this migration to KubeVirt's path.
+  if (draining_.load()) {
+    return Error{Errc::kFailedPrecondition, "agent draining: the rdmig agent on " + node_ +
+                                                " is shutting down (an upgrade or a node drain) and takes no new session"};
+  }
   NetnsLocator local = [this](const net::Endpoint& dst) { return dial_namespace(dst); };
   // A session for a migration to another node is not this agent's to carry, whoever proved
   // the token (errors that start with the hello's field name it to the peer too).

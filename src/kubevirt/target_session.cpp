@@ -64,8 +64,11 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
     // A refusal for one of the hello's own fields names that field (not the value this side has).
     const std::string& why = locate.error().message;
     const std::string field = why.rfind("hello.", 0) == 0 ? why.substr(0, why.find(':')) + ": " : std::string();
+    // A draining agent says so (nothing in it is the API's): the source records why.
     reject(fd.get(), "failed_precondition",
-           field + "the agent on this node does not carry migration " + hello.migration_uid + " (its log says why)");
+           why.starts_with("agent draining: ")
+               ? why
+               : field + "the agent on this node does not carry migration " + hello.migration_uid + " (its log says why)");
     return locate.error();
   }
   auto offered = migration::parse_wire_transport(hello.transport, "hello.transport");

@@ -203,6 +203,11 @@ uint64_t buffer_bytes(const MigrationSpec& spec) {
 
 Result<json> MigrationManager::create(MigrationSpec spec) {
   if (stopping_.load()) return Error{Errc::kUnavailable, "agent is shutting down"};
+  if (draining_.load()) {
+    return Error{Errc::kUnavailable, "agent draining: it is shutting down (an upgrade or a node drain) and takes no new "
+                                     "migration; its " + std::to_string(active_count()) +
+                                         " running migration(s) finish first. Retry on its replacement"};
+  }
   const uint64_t need = buffer_bytes(spec);
   const uint64_t budget = config_.migration.buffer_budget;
   auto figures = [&](uint64_t in_use) {

@@ -39,7 +39,11 @@ class MigrationManager {
   // Buffers held by others on this agent (KubeVirt flows) that count against the same budget.
   void count_also(std::function<uint64_t()> others) { others_ = std::move(others); }
 
-  // Cancels every active migration and waits up to `grace` for them to end (SIGTERM).
+  // The first SIGTERM: no new migration from now on (create answers 503, "agent draining"),
+  // the running ones go on to their end.
+  void begin_drain() { draining_ = true; }
+  // Cancels every active migration and waits up to `grace` for them to end (the drain's
+  // time ran out, or a second signal).
   void shutdown(std::chrono::milliseconds grace);
   size_t active_count() const;
 
@@ -70,6 +74,7 @@ class MigrationManager {
   std::map<std::string, Reservation> reserved_;
   std::function<uint64_t()> others_;  // set before serving
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> draining_{false};  // begin_drain(): create refuses, running jobs go on
 
   std::condition_variable reap_cv_;
   std::deque<std::string> reap_queue_;  // ids whose worker has ended; guarded by mu_

@@ -124,6 +124,10 @@ void PathCheckManager::evict_finished_locked(std::vector<std::shared_ptr<PathChe
 }
 
 Result<json> PathCheckManager::create(CheckSpec spec) {
+  if (draining_.load()) {
+    return Error{Errc::kUnavailable, "agent draining: it is shutting down (an upgrade or a node drain) and takes no new "
+                                     "path check. Retry on its replacement"};
+  }
   const uint64_t need = buffer_bytes(spec);
   const uint64_t budget = config_.migration.buffer_budget;
   if (need > budget) {

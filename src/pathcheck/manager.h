@@ -7,6 +7,7 @@
 // running migration unless the request allows it.
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <map>
@@ -42,6 +43,8 @@ class PathCheckManager {
   Result<CheckStatus> cancel(const std::string& id);
   uint64_t buffer_bytes_in_use() const;
   size_t active_count() const;
+  // The first SIGTERM: new path checks are refused (503, "agent draining"); running ones end.
+  void begin_drain() { draining_ = true; }
   void shutdown();
 
  private:
@@ -59,6 +62,7 @@ class PathCheckManager {
   std::map<std::string, std::shared_ptr<PathCheck>> checks_;
   std::deque<std::string> order_;
   bool stopping_ = false;
+  std::atomic<bool> draining_{false};  // begin_drain()
 };
 
 }  // namespace rdmig::pathcheck

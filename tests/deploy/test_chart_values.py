@@ -396,13 +396,13 @@ class ValuesTest(unittest.TestCase):
                 self.assertIn("%s.tls.%s" % (section, tls_key), r.stderr)
 
     def test_agent_grace_period_follows_shutdown_grace_and_no_pre_stop(self):
-        for sets, grace in (((), 20), (("--set", "agent.config.shutdownGraceSeconds=120"), 120)):
+        for sets, grace in (((), 300), (("--set", "agent.config.shutdownGraceSeconds=120"), 120)):
             docs = render(*sets)
             cfg = embedded_config(one(docs, "ConfigMap", "rdmig-agent-config"))["agent.yaml"]
             self.assertEqual(cfg["shutdownGraceSeconds"], grace)
             spec = pod_spec(one(docs, "DaemonSet"))
             self.assertEqual(spec["terminationGracePeriodSeconds"], grace + 10,
-                             "the kubelet's SIGKILL must not cut the agent's cancel-and-stop short")
+                             "the kubelet's SIGKILL must not cut the agent's drain short")
             # SIGTERM itself cancels cleanly; why there is no preStop: docs/deploy.md.
             self.assertNotIn("lifecycle", spec["containers"][0])
         with open(os.path.join(REPO, "docs", "deploy.md")) as f:

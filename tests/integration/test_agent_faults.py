@@ -1,5 +1,7 @@
 """Processes killed (SIGKILL) or frozen (SIGSTOP) mid-migration (issue 11): either agent and the
-source QEMU, while a real guest migrates through two real agents. Each case ends with the
+source QEMU, while a real guest migrates through two real agents; and either agent sent SIGTERM
+mid-migration (issue 42): it drains, the migration succeeds, a second signal or the end of
+shutdownGraceSeconds cancels. Each case ends with the
 surviving agents serving, a failure that names its cause, and the VM running in exactly one
 place (or, when its own QEMU was killed, nowhere twice). The target QEMU killed mid-migration is
 in test_agent_migration.py.
@@ -7,6 +9,7 @@ in test_agent_migration.py.
 Run from the repository root after building:
     python3 tests/integration/test_agent_faults.py -v      (ctest -R integration_agent_faults)
 """
+import json
 import os
 import shutil
 import signal
@@ -14,6 +17,8 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.error
+import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 from rdmiglab import Agent, QemuVm, ensure_guest, start_migration  # noqa: E402
@@ -167,6 +172,110 @@ class AgentFaultsTest(unittest.TestCase):
         self.assertEqual((s["phase"], t["phase"]), ("Succeeded", "Succeeded"))
         self.assert_runs_in_one_place(src, dst, "target")
         self.assert_serving(self.src_agent, self.dst_agent)
+
+    # -- SIGTERM: the agent drains (issue 42; docs/deploy.md "Stopping an agent") -----------
+    def assert_draining(self, agent):
+        """Right after its SIGTERM: not ready, and new work refused with 503, Retry-After and
+        the reason AgentDraining; what already runs is not touched by asking."""
+        def readyz():
+            try:
+                with urllib.request.urlopen("http://127.0.0.1:%d/readyz" % agent.probe_port, timeout=5) as r:
+                    return r.status
+            except urllib.error.HTTPError as e:
+                return e.code
+        deadline = time.monotonic() + 10
+        while readyz() != 503:
+            self.assertLess(time.monotonic(), deadline, "readiness did not turn false")
+            time.sleep(0.05)
+        body = json.dumps({"role": "target", "qmpSocket": "/nonexistent.qmp", "vm": "late"}).encode()
+        req = urllib.request.Request(agent.url + "/v1/migrations", data=body, method="POST",
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": "Bearer " + agent.token})
+        with self.assertRaises(urllib.error.HTTPError) as cm:
+            urllib.request.urlopen(req, timeout=10)
+        self.assertEqual(cm.exception.code, 503)
+        self.assertEqual(cm.exception.headers.get("Retry-After"), "30")
+        err = json.loads(cm.exception.read())["error"]
+        self.assertEqual((err["code"], err.get("reason")), ("unavailable", "AgentDraining"), err)
+        self.assertIn("agent draining", err["message"])
+        code, body = agent.request("POST", "/v1/pathchecks", {"role": "target", "bytes": "8Mi"})
+        self.assertEqual(code, 503, body)
+        self.assertIn("agent draining", body["error"]["message"])
+
+    def drained_and_succeeded(self, signalled, other, src, dst, target, source):
+        last = src.last_counter()
+        t0 = time.monotonic()
+        signalled.proc.send_signal(signal.SIGTERM)
+        self.assert_draining(signalled)
+        # The other agent's record; the signalled one exits once nothing runs (its log says how
+        # its side ended).
+        mine, theirs = (source, target) if signalled is self.src_agent else (target, source)
+        st = other.wait(theirs["id"], timeout=120)
+        self.report("%s SIGTERM mid-migration (drained)" % signalled.name,
+                    *((None, st) if signalled is self.src_agent else (st, None)))
+        self.assertEqual(st["phase"], "Succeeded", st)
+        # Nothing runs any more: the signalled agent exits by itself, well within its grace.
+        signalled.proc.wait(timeout=60)
+        self.assertEqual(signalled.proc.returncode, 0)
+        log = signalled.log_text()
+        self.assertIn("migration=%s role=%s vm=vm-faults phase=Succeeded" % (
+            mine["id"], "source" if signalled is self.src_agent else "target"), log)
+        self.assertIn("drained: nothing runs any more", log)
+        print("[faults] %s exited %.1fs after its SIGTERM" % (signalled.name, time.monotonic() - t0), file=sys.stderr)
+        self.assertGreater(dst.wait_for_counter(last + 1, timeout=90), last)
+        self.assert_runs_in_one_place(src, dst, "target")
+        self.assert_serving(other)
+
+    def test_sigterm_to_the_source_agent_lets_the_running_migration_finish(self):
+        # 48 MiB/s against 8 MiB/s of dirtying: converges in seconds, still running at the signal.
+        src, dst, target, source = self.migrating(bandwidth=48 << 20)
+        self.drained_and_succeeded(self.src_agent, self.dst_agent, src, dst, target, source)
+
+    def test_sigterm_to_the_target_agent_lets_the_running_migration_finish(self):
+        src, dst, target, source = self.migrating(bandwidth=48 << 20)
+        self.drained_and_succeeded(self.dst_agent, self.src_agent, src, dst, target, source)
+
+    def test_drain_time_running_out_cancels_and_the_vm_stays_on_the_source(self):
+        self.src_agent.stop()
+        self.src_agent = Agent(self.tmp, "src-agent-grace", log_level="debug", config={"shutdownGraceSeconds": 3})
+        src, dst, target, source = self.migrating()  # 8 MiB/s: never converges
+        before = src.last_counter()
+        t0 = time.monotonic()
+        self.src_agent.proc.send_signal(signal.SIGTERM)
+        self.assert_draining(self.src_agent)
+        self.src_agent.proc.wait(timeout=30)
+        took = time.monotonic() - t0
+        self.assertGreaterEqual(took, 3.0, "the drain lasts shutdownGraceSeconds")
+        self.assertIn("drain time (shutdownGraceSeconds) ran out", self.src_agent.log_text())
+        t = self.dst_agent.wait(target["id"], timeout=90)
+        self.report("source agent SIGTERM, grace 3 s ran out (exited after %.1fs)" % took, t=t)
+        self.assertEqual(t["phase"], "Failed")
+        deadline = time.monotonic() + 60
+        while src.status() != "running" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        src.wait_for_counter(before + 1, timeout=60)
+        self.assert_runs_in_one_place(src, dst, "source")
+        self.assert_serving(self.dst_agent)
+
+    def test_a_second_sigterm_cancels_at_once(self):
+        src, dst, target, source = self.migrating()  # never converges; the grace is 300 s
+        before = src.last_counter()
+        self.src_agent.proc.send_signal(signal.SIGTERM)
+        self.assert_draining(self.src_agent)
+        t0 = time.monotonic()
+        self.src_agent.proc.send_signal(signal.SIGTERM)
+        self.src_agent.proc.wait(timeout=30)
+        took = time.monotonic() - t0
+        self.assertLess(took, 15.0, "the second signal must not wait for the drain")
+        self.assertIn("while draining: cancelling what still runs now", self.src_agent.log_text())
+        t = self.dst_agent.wait(target["id"], timeout=90)
+        self.report("source agent SIGTERM twice (exited %.1fs after the second)" % took, t=t)
+        self.assertEqual(t["phase"], "Failed")
+        deadline = time.monotonic() + 60
+        while src.status() != "running" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        src.wait_for_counter(before + 1, timeout=60)
+        self.assert_runs_in_one_place(src, dst, "source")
 
     def test_source_qemu_killed(self):
         src, dst, target, source = self.migrating()

@@ -603,7 +603,10 @@ class ApiServerDouble:
 
     # -- conveniences for tests (same code paths as the HTTP API) -------------------------
     def add_agent_pod(self, namespace, name, node, port, ready=True, ip="127.0.0.1",
-                      labels=None):
+                      labels=None, terminating=False):
+        """terminating: then deleted, as a rollout deletes the old agent pod; a finalizer keeps
+        the object (deletionTimestamp set, still Running) the way the kubelet's grace period
+        keeps a real one while the agent drains."""
         pod = {"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": name, "namespace": namespace,
                             "labels": labels or {"app.kubernetes.io/name": "rdmig-agent"}},
@@ -611,8 +614,13 @@ class ApiServerDouble:
                         "containers": [{"name": "agent", "ports": [{"name": "api", "containerPort": port}]}]},
                "status": {"phase": "Running", "podIP": ip,
                           "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+        if terminating:
+            pod["metadata"]["finalizers"] = ["rdmig.test/grace-period"]
         code, body = self.store.create("pods", namespace, pod)
         assert code == 201, body
+        if terminating:
+            code, body = self.store.delete("pods", namespace, name)
+            assert code == 200 and body["metadata"].get("deletionTimestamp"), body
         return body
 
     def publish_migration(self, namespace, name, migration_state, node="node-a"):

@@ -411,6 +411,27 @@ TEST(AgentDiscovery, PicksTheReadyPodOnTheNodeAndItsNamedPort) {
   auto none = controller::select_agent_pod(pending, "n1", "api", 1);
   ASSERT_FALSE(none.ok());
   EXPECT_NE(none.error().message.find("old (Pending, not ready)"), std::string::npos);
+  EXPECT_FALSE(controller::agent_draining(none.error()));
+  // The node's agent drains (SIGTERM in a rollout: deleting, not ready, still Running): new work
+  // waits for its replacement (kUnavailable, not kNotFound); reading its records still reaches it.
+  json draining;
+  auto old = pod("rdmig-agent-old", "n1", "Running", false, 7470);
+  old["metadata"]["deletionTimestamp"] = "2026-12-05T03:00:00Z";
+  draining["items"] = json::array({old});
+  auto wait = controller::select_agent_pod(draining, "n1", "api", 1);
+  ASSERT_FALSE(wait.ok());
+  EXPECT_EQ(wait.error().code, Errc::kUnavailable);
+  EXPECT_TRUE(controller::agent_draining(wait.error())) << wait.error().message;
+  EXPECT_NE(wait.error().message.find("rdmig-agent-old on node 'n1' is terminating"), std::string::npos);
+  auto read = controller::select_agent_pod(draining, "n1", "api", 1, /*draining_ok=*/true);
+  ASSERT_TRUE(read.ok()) << read.error().message;
+  EXPECT_EQ(read->pod, "rdmig-agent-old");
+  // Its replacement, once Ready, is the one picked for new work.
+  draining["items"].push_back(pod("rdmig-agent-new", "n1", "Running", true, 7470));
+  auto next = controller::select_agent_pod(draining, "n1", "api", 1);
+  ASSERT_TRUE(next.ok()) << next.error().message;
+  EXPECT_EQ(next->pod, "rdmig-agent-new");
+  EXPECT_FALSE(controller::agent_draining(Error{Errc::kUnavailable, "listing agent pods: connection refused"}));
 }
 
 TEST(ControllerConfig, DefaultsAndValidationNameTheKey) {

@@ -348,6 +348,35 @@ class ControllerEndToEndTest(unittest.TestCase):
         st = self.cluster.wait_phase("not-ready", TERMINAL, timeout=30)["status"]
         self.assertIn("rdmig-agent-starting (Running, not ready)", st["failureReason"])
 
+    def test_a_draining_agent_holds_new_migrations_pending_until_its_replacement_is_ready(self):
+        api = self.cluster.api
+        # The old agent pod of a rollout: deleted, draining (not Ready), still Running.
+        api.add_agent_pod(AGENT_NS, "rdmig-agent-old", "node-drain", self.agent_b.api_port, ready=False,
+                          terminating=True)
+        self.cluster.create(migration("drain-wait", "node-a", "node-drain", "/run/a.qmp", "/run/b.qmp"))
+
+        def held():
+            o = self.cluster.get("drain-wait")
+            conds = (o.get("status") or {}).get("conditions", [])
+            return any(c["type"] == "Admitted" and c["status"] == "False" and c["reason"] == "AgentDraining"
+                       for c in conds) and o
+        st = wait_for(held, 20, "the AgentDraining condition")["status"]
+        self.assertEqual((st["phase"], st["reason"]), ("Pending", "AgentDraining"), st)
+        cond = [c for c in st["conditions"] if c["type"] == "Admitted"][0]
+        self.assertIn("target: the rdmig-agent pod rdmig-agent-old on node 'node-drain' is terminating", cond["message"])
+        self.assertNotIn("migrationId", st, "nothing was started on the draining agent")
+        self.cluster.wait_event("drain-wait", ("Normal", "AgentDraining"))
+        # Held, not failed: still Pending after further passes.
+        passes = self.controller.metric("rdmig_controller_reconciles_total", result="success")
+        wait_for(lambda: self.controller.metric("rdmig_controller_reconciles_total", result="success") >= passes + 2,
+                 30, "two more reconcile passes")
+        self.assertEqual(self.cluster.get("drain-wait")["status"]["phase"], "Pending")
+        # Its replacement becomes Ready: the migration goes on with it.
+        api.add_agent_pod(AGENT_NS, "rdmig-agent-new", "node-drain", self.agent_b.api_port)
+        st = wait_for(lambda: "targetAgent" in self.cluster.get("drain-wait")["status"]
+                      and self.cluster.get("drain-wait")["status"], 30, "admission with the replacement")
+        self.assertEqual(st["targetAgent"]["pod"], "rdmig-agent-new")
+
     def test_unreachable_agent_fails_after_the_timeout(self):
         t0 = time.monotonic()
         self.cluster.create(migration("dead-agent", "node-dead", "node-b", "/run/a.qmp", "/run/b.qmp"))

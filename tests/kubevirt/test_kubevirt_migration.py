@@ -214,6 +214,45 @@ class KubevirtMigrationTest(base.KubevirtChecks, unittest.TestCase):
         print("[kubevirt+rdmig] next migration not carried: %s (%.1fs after the kill)"
               % (rec2["reason"], time.monotonic() - t0), file=sys.stderr)
 
+    def test_sigterm_to_the_source_agent_while_it_carries_lets_libvirt_finish_through_the_agents(self):
+        # An upgrade reaching the source node mid-migration: the agent drains (issue 42).
+        source = self.cluster.vmi.node
+        target = NODES[1 - NODES.index(source)]
+        sent = {}
+
+        def term_when_carrying(ctx):
+            def run():
+                def carrying():
+                    items = self.agents[source].call(
+                        "GET", "/v1/kubevirt/migrations?migrationUid=" + ctx.migration_uid)["items"]
+                    return [i for i in items if i["connections"] == 9 and i["bytesSent"] > (8 << 20)]
+                try:
+                    item = wait_for(carrying, 30, "the migration to be carried", interval=0.02)[0]
+                except TimeoutError:
+                    return
+                sent["at"], sent["phase"], sent["bytes"] = time.monotonic(), item["phase"], item["bytesSent"]
+                self.agents[source].proc.send_signal(signal.SIGTERM)
+            threading.Thread(target=run, daemon=True).start()
+
+        r = self.migrate(parallel=8, tls=True, before_dial=term_when_carrying, check_counter=True)
+        self.assertIn("at", sent, "the migration was never carried")
+        self.assertEqual(sent["phase"], "Carrying", "the signal must come while the migration runs")
+        self.assertGuestContinuedOnTarget(r)
+        # Carried to the end through both agents: the target's record (the source agent exits
+        # once drained, its records with it).
+        dst = self.record(target, r.migration_uid)
+        memory_bytes = sum(c["dialed"]["tx_bytes"] for c in r.proxy_logs["source"]["connections"]
+                           if c["class"] == 49152)
+        self.assertEqual((dst["carried"], dst["phase"]), (True, "Succeeded"), dst)
+        self.assertEqual(dst["bytesReceived"], memory_bytes)
+        agent = self.agents[source]
+        agent.proc.wait(timeout=60)
+        self.assertEqual(agent.proc.returncode, 0)
+        self.assertIn("drained: nothing runs any more", agent.log_text())
+        print("\n[kubevirt+rdmig] source agent SIGTERM after %.1f MiB carried: libvirt completed through the "
+              "agents (%s), the agent exited by itself %.1fs after the signal"
+              % (sent["bytes"] / 1048576.0, r.error or "ok", time.monotonic() - sent["at"]), file=sys.stderr)
+
     def test_rules_of_a_killed_source_agent_expire_and_kubevirt_migrates_alone(self):
         source = self.cluster.vmi.node
         state = {}

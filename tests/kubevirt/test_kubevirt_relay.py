@@ -1069,6 +1069,71 @@ class KubevirtRelayTest(unittest.TestCase):
         self.assertEqual(self.src.request("GET", "/healthz", token=False)[0], 200)
 
     @same_on_every_transport
+    @same_on_every_transport
+    def test_a_draining_agent_finishes_its_carried_flow_and_leaves_new_migrations_to_kubevirt(self):
+        # A carried migration in progress (its connections held open, as QEMU's are).
+        mig = "mig-drain-running"
+        vmi = vmi_json("vmi-uid-drain", mig, self.net.ip4["node-b"], self.sink_port)
+        held = self.dial(2, 1 << 20, vmi=vmi, hold=8, wait=False)
+        wait_for(lambda: [r for r in self.records(self.src, migrationUid=mig) if r["carried"]], 10,
+                 "the running migration to be carried")
+        signalled = time.monotonic()
+        self.src.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: self.src.request("GET", "/readyz")[0] == 503, 10, "readiness to turn false")
+        # A migration that starts now is not carried: KubeVirt's own path moves it.
+        mig2 = "mig-drain-new"
+        res = self.dial(1, 65536, vmi=vmi_json("vmi-uid-drain2", mig2, self.net.ip4["node-b"], self.sink_port))
+        self.assertTrue(res["hook"]["ok"], "the hook never fails KubeVirt's migration")
+        self.assertTrue(res["connections"][0]["ok"], res["connections"])
+        rec = self.records(self.src, migrationUid=mig2)[0]
+        self.assertEqual((rec["carried"], rec["phase"]), (False, "NotCarried"), rec)
+        self.assertTrue(rec["reason"].startswith("agent draining: the rdmig agent on node-a is shutting down"), rec)
+        m = parse_prometheus(self.src.metrics())[0]
+        self.assertEqual(m.get(("rdmig_kubevirt_not_carried_total", frozenset({("reason", "draining")}))), 1.0)
+        # The running one is not cut: its connections stay open until the dialler ends them.
+        out, err = held.communicate(timeout=60)
+        conns = json.loads(out)["connections"]
+        self.assertEqual([c["error"] for c in conns], ["still open after 8s"] * 2,
+                         "the drain must not reset a carried migration: %s" % conns)
+        # Then nothing runs: the agent exits by itself, well before shutdownGraceSeconds (300).
+        self.src.proc.wait(timeout=30)
+        self.assertEqual(self.src.proc.returncode, 0)
+        self.assertIn("drained: nothing runs any more", self.src.log_text())
+        print("\n[kubevirt relay] drained: exited %.1fs after SIGTERM (carried connections held 8 s)"
+              % (time.monotonic() - signalled), file=sys.stderr)
+
+    @same_on_every_transport
+    def test_a_draining_target_agent_finishes_its_session_and_declines_new_ones(self):
+        mig = "mig-peer-drain-running"
+        held = self.dial(2, 1 << 20, vmi=vmi_json("vmi-uid-pd", mig, self.net.ip4["node-b"], self.sink_port),
+                         hold=8, wait=False)
+        wait_for(lambda: [r for r in self.records(self.dst, migrationUid=mig)], 10, "the target's session")
+        self.dst.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: self.dst.request("GET", "/readyz")[0] == 503, 10, "the target's readiness to turn false")
+        # A new migration: the target declines its session; KubeVirt's own path moves it, and the
+        # target is not marked unhealthy for it (a decline is an answer).
+        mig2 = "mig-peer-drain-new"
+        res = self.dial(1, 65536, vmi=vmi_json("vmi-uid-pd2", mig2, self.net.ip4["node-b"], self.sink_port))
+        self.assertTrue(res["hook"]["ok"])
+        self.assertTrue(res["connections"][0]["ok"], res["connections"])
+        rec = self.records(self.src, migrationUid=mig2)[0]
+        self.assertFalse(rec["carried"], rec)
+        self.assertTrue(rec["reason"].startswith("the agent on node-b declined: "), rec)
+        self.assertIn("agent draining: the rdmig agent on node-b is shutting down", rec["reason"])
+        m = parse_prometheus(self.src.metrics())[0]
+        self.assertEqual(m.get(("rdmig_kubevirt_not_carried_total", frozenset({("reason", "peer_draining")}))), 1.0)
+        # Not marked unhealthy: the next one is asked (and declined) again, not skipped unasked.
+        mig3 = "mig-peer-drain-third"
+        self.dial(1, 4096, vmi=vmi_json("vmi-uid-pd3", mig3, self.net.ip4["node-b"], self.sink_port))
+        self.assertIn("refused the session: agent draining", self.records(self.src, migrationUid=mig3)[0]["reason"])
+        out, err = held.communicate(timeout=60)
+        conns = json.loads(out)["connections"]
+        self.assertEqual([c["error"] for c in conns], ["still open after 8s"] * 2,
+                         "the target's drain must not reset a carried migration: %s" % conns)
+        self.dst.proc.wait(timeout=30)
+        self.assertEqual(self.dst.proc.returncode, 0)
+        self.assertIn("drained: nothing runs any more", self.dst.log_text())
+
     def test_rules_expire_when_the_source_agent_is_killed(self):
         mig = "mig-expire"
         vmi = vmi_json("vmi-uid-4", mig, self.net.ip4["node-b"], self.sink_port)

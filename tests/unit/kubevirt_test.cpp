@@ -572,6 +572,12 @@ TEST(KubevirtMetrics, EveryNotCarriedReasonHasItsCode) {
   EXPECT_EQ(not_carried_code("no rdmig agent known for node b"), "no_peer_agent");
   EXPECT_EQ(not_carried_code("the path to the agent on b is unhealthy (x): KubeVirt's own path"), "peer_unhealthy");
   EXPECT_EQ(not_carried_code("the agent on b declined: the API has no VMI"), "peer_declined");
+  EXPECT_EQ(not_carried_code("agent draining: the rdmig agent on a is shutting down (an upgrade or a node drain); "
+                             "KubeVirt's own path"),
+            "draining");
+  EXPECT_EQ(not_carried_code("the agent on b declined: peer agent b (10.0.0.2:7471) refused the session: agent "
+                             "draining: the rdmig agent on b is shutting down"),
+            "peer_draining");
   EXPECT_EQ(not_carried_code("cannot reach the agent on b: connection refused"), "peer_unreachable");
   EXPECT_EQ(not_carried_code("the hook caller is not virt-handler: process 1 is 'sh'"), "caller_refused");
   EXPECT_EQ(not_carried_code("the API has no VMI prod/web-1 (deleted?): not found"), "api_check");

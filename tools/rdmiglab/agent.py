@@ -148,10 +148,18 @@ class Agent:
         """How many file descriptors the agent process has open."""
         return len(os.listdir("/proc/%d/fd" % self.proc.pid))
 
-    def stop(self, timeout=30.0):
-        """SIGTERM (the agent cancels its migrations), then SIGKILL after ``timeout``."""
+    def stop(self, timeout=30.0, drain=2.0):
+        """SIGTERM (the agent drains: what runs may end by itself), after ``drain`` seconds a
+        second SIGTERM (it cancels what still runs, the VM staying on the source), then SIGKILL
+        after ``timeout``."""
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=drain)
+            return self.proc.returncode
+        except subprocess.TimeoutExpired:
+            pass
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout=timeout)
