@@ -51,9 +51,12 @@ ccstats() { [ -z "$launcher" ] || ccache --print-stats 2>/dev/null | awk -F'\t' 
 read -r h0 m0 <<<"$(ccstats || true)"
 echo "compat: building rdmig-agent at ${sha:0:12} in $tmp (only the agent target, nice 19)" >&2
 start=$(date +%s)
-nice -n 19 cmake -S "$tmp/src" -B "$tmp/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRDMIG_BUILD_TESTS=OFF \
-  -DCMAKE_CXX_COMPILER_LAUNCHER="$launcher" >/dev/null
-nice -n 19 cmake --build "$tmp/build" --target rdmig-agent -j "${RDMIG_BUILD_JOBS:-$(nproc)}" >&2
+# The build directory inside the tree, as scripts/build.sh has it (<clone>/build): the relative paths
+# ccache keys on are then those of any clone's build of the same sources. The revision is named, as
+# the unpacked tree has no .git (rdmig-agent --version says which commit it is).
+nice -n 19 cmake -S "$tmp/src" -B "$tmp/src/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRDMIG_BUILD_TESTS=OFF \
+  -DRDMIG_REVISION="${sha:0:12}" -DCMAKE_CXX_COMPILER_LAUNCHER="$launcher" >/dev/null
+nice -n 19 cmake --build "$tmp/src/build" --target rdmig-agent -j "${RDMIG_BUILD_JOBS:-$(nproc)}" >&2
 secs=$(( $(date +%s) - start ))
 cache=""
 if [ -n "$launcher" ]; then
@@ -61,7 +64,7 @@ if [ -n "$launcher" ]; then
   cache="$(( ${h1:-0} - ${h0:-0} )) hits, $(( ${m1:-0} - ${m0:-0} )) misses"
 fi
 mkdir -p "$out.new.$$"
-install -m 0755 "$tmp/build/agent/rdmig-agent" "$out.new.$$/rdmig-agent"
+install -m 0755 "$tmp/src/build/agent/rdmig-agent" "$out.new.$$/rdmig-agent"
 {
   echo "commit $sha"
   echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) in $secs s${cache:+ (ccache: $cache)}"
