@@ -17,7 +17,8 @@ python3 for the node hook's gRPC):
   RDMIG_AGENT=build/agent/rdmig-agent RDMIG_TEST_QEMU=10 PYTHONDONTWRITEBYTECODE=1 \
     /usr/bin/python3 tests/compat/test_mixed_versions.py -v
 RDMIG_COMPAT_AGENT=<binary> uses that old agent instead of building one; the control run (the old
-agent at both ends) is RDMIG_AGENT=<the old binary> with the same command.
+agent at both ends) is RDMIG_AGENT=<the old binary> with the same command. RDMIG_COMPAT_NEW_TLS=1 (by
+hand, README.md) runs the new agents with dataPlane.tls on, a switch the old agent lacks.
 """
 import json
 import os
@@ -122,7 +123,7 @@ class MixedVersionsTest(unittest.TestCase):
         for p in self.cleanups_procs:
             if p.poll() is None:
                 p.kill()
-            p.wait()
+            p.communicate()  # reaps it and closes its pipes
         for a in self.agents:
             # An agent of either version that crashed during the session fails the case.
             alive = a.alive()
@@ -135,7 +136,9 @@ class MixedVersionsTest(unittest.TestCase):
 
     def agent(self, version, role, config=None, token=None):
         type(self).started_agents += 1  # short names: the state directory's unix sockets
-        if version == "new" and os.environ.get("RDMIG_COMPAT_EXPLORE_TLS"):  # exploration only
+        if version == "new" and os.environ.get("RDMIG_COMPAT_NEW_TLS") == "1":
+            # By hand only (README.md, "dataPlane.tls during an upgrade"): the new agents with a switch
+            # the old one lacks; the cases then fail, each naming dataPlane.tls.
             config = dict(config or {}, dataPlane={"tls": "on"})
         a = Agent(self.tmp, "%s-%s-%d" % (role, version, self.started_agents), binary=self.bin[version],
                   config=config, token=token, log_level="debug")
