@@ -141,6 +141,16 @@ kubectl label crd rdmamigrations.rdmig.io app.kubernetes.io/managed-by=Helm
 kubectl annotate crd rdmamigrations.rdmig.io meta.helm.sh/release-name=rdmig meta.helm.sh/release-namespace=rdmig-system
 ```
 
+## Upgrading the agents
+
+`helm upgrade` rolls the agents one node at a time (`agent.updateStrategy`). The agent being
+replaced cancels the migrations it carries (each VM stays on its source); meanwhile agents of the
+previous release and of the new one migrate to each other in both directions (bare QEMU, KubeVirt
+carries, path checks): the agent-to-agent protocol lines are unchanged since 4dbda54, which the
+suite's `compat_mixed_versions` row proves against an agent built from that commit. A release that
+changes a protocol line is refused at the hello naming both versions, with the VM untouched on its
+source. See docs/deploy.md, "Rolling upgrades: agents of two versions".
+
 ## Who may create migrations
 
 `rbac.aggregateToView` and `rbac.aggregateToEdit` add ClusterRoles that join Kubernetes'
