@@ -39,12 +39,17 @@ Result<std::unique_ptr<InterceptPoint>> InterceptPoint::create(std::shared_ptr<N
 }
 
 Status InterceptPoint::reinstall() {
+  // A retired point's namespace may hold a newer point's table by now: never touch it.
+  if (retired_.load()) return Error{Errc::kCancelled, "the interception point in " + ns_->describe() + " was retired"};
   auto rules = NftRules::install(*ns_, port4_, port6_, mark_);
   if (!rules) return rules.error();
   return ok_status();
 }
 
-InterceptPoint::~InterceptPoint() {
+InterceptPoint::~InterceptPoint() { retire(); }
+
+void InterceptPoint::retire() {
+  if (retired_.exchange(true)) return;
   stop_ = true;
   if (thread_.joinable()) thread_.join();
   if (auto st = rules_.remove(); !st) {

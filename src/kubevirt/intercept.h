@@ -22,7 +22,12 @@ class InterceptPoint {
   // (net::bound_local_hop) before anything reads it.
   static Result<std::unique_ptr<InterceptPoint>> create(std::shared_ptr<NetNs> ns, PassMark mark, size_t hop_window,
                                                         OnConnection on_connection);
-  ~InterceptPoint();  // stops accepting and removes the table
+  ~InterceptPoint();  // retire(), unless done
+  // Stops accepting and removes the table now (once; the destructor then leaves the namespace
+  // alone). The relay retires a stale point while its namespace is marked busy, so the removal
+  // can never take the table of a newer point in the same namespace with it, whoever drops the
+  // last reference later.
+  void retire();
   InterceptPoint(const InterceptPoint&) = delete;
   InterceptPoint& operator=(const InterceptPoint&) = delete;
 
@@ -47,6 +52,7 @@ class InterceptPoint {
   PassMark mark_;
   size_t hop_window_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> retired_{false};
   std::thread thread_;
 };
 

@@ -420,6 +420,11 @@ void KubevirtRelay::prune_points() {
   // Removing a table is nftables work, which can take seconds: on a worker, so neither this
   // loop nor a hook call for another namespace waits for it.
   auto remove = [this, stale = std::move(stale), removing]() mutable {
+    // The tables go now, while the namespaces are busy: a reference still held elsewhere (an
+    // entry being unarmed, a refresh's snapshot) would otherwise remove the table later, under
+    // a newer point made in the same namespace meanwhile (seen: a hook call's redirect gone, its
+    // connections straight to the destination, kubevirt_relay in a suite run).
+    for (const auto& p : stale) p->retire();
     stale.clear();
     {
       std::lock_guard lock(mu_);

@@ -1329,9 +1329,12 @@ class KubevirtRelayTest(unittest.TestCase):
                 out, err = p.communicate(timeout=120)
                 self.assertEqual(p.returncode, 0, err)
                 res = json.loads(out)
-                self.assertEqual(all(c["ok"] for c in res["connections"]), expect_ok, res)
-                return wait_for(lambda: [r for r in self.records(self.src, migrationUid=mig)
-                                         if r["phase"] not in ("Armed", "Carrying")], 20, "the record of " + mig)[0]
+                rec = wait_for(lambda: [r for r in self.records(self.src, migrationUid=mig)
+                                        if r["phase"] not in ("Armed", "Carrying")], 20, "the record of " + mig)[0]
+                if expect_ok is None:  # the impostor: connections fail exactly when it was carried
+                    expect_ok = not rec["carried"]
+                self.assertEqual(all(c["ok"] for c in res["connections"]), expect_ok, (res, rec))
+                return rec
 
             # A process that only calls itself virt-handler, outside any pod or in another pod.
             for pod, mig, why in ((None, "mig-nopod", "runs in no pod"),
@@ -1349,8 +1352,18 @@ class KubevirtRelayTest(unittest.TestCase):
             self.assertEqual(rec["peer"], "127.0.0.2:%d" % port)
             self.assertTrue(any(m == "GET" and "/api/v1/namespaces/rdmig-system/pods?labelSelector=" in p
                                 for m, p, _, _ in api.requests), api.requests)
-            # A listener of the impostor in node-b's namespace is never dialled for a peer.
-            rec = dial_as(handler_uid["node-a"], "mig-impostor", self.sink_port, expect_ok=False)
+            # A listener of the impostor in node-b's namespace is never dialled for a peer. The
+            # property needs the migration carried: on a loaded machine the session's open can
+            # miss the hook's 800 ms (then KubeVirt's own path goes there, as it would without
+            # rdmig, and nothing is proven); such a try is made again, at most twice.
+            for attempt in range(3):
+                rec = dial_as(handler_uid["node-a"], "mig-impostor-%d" % attempt, self.sink_port,
+                              expect_ok=None)
+                if rec["carried"] or attempt == 2:
+                    break
+                print("\n[kubevirt relay] impostor try %d not carried (%s): again" % (attempt, rec["reason"]),
+                      file=sys.stderr)
+            self.assertTrue(rec["carried"], rec)
             self.assertEqual(rec["phase"], "Failed", rec)
             self.assertIn("does not listen on port %d" % self.sink_port, rec["reason"])
         finally:
