@@ -104,7 +104,7 @@ struct RdmaRailConfig {
 
 // Key `rdma`: either one rail from the keys device/netdev/address/resourceEnv/trafficClass, or
 // a list of rails under `devices` (each with those keys; a rail's trafficClass defaults to
-// rdma.trafficClass). A migration stripes its channels across the rails (migration/rails.h).
+// rdma.trafficClass). A migration stripes its channels across the rails (session/rails.h).
 struct RdmaConfig : RdmaRailConfig {
   std::vector<RdmaRailConfig> devices;  // empty: the single rail above
   // Multus mode (`network` on the rail or rails): the downward API file holding the pod's

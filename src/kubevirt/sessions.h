@@ -21,7 +21,7 @@
 #include "kubevirt/netns.h"
 #include "kubevirt/peers.h"
 #include "common/token_source.h"
-#include "migration/data_plane_server.h"
+#include "session/data_plane_server.h"
 #include "transport/rdma/rdma_listener.h"
 
 namespace rdmig::kubevirt {
@@ -32,7 +32,7 @@ using BufferTicket = std::shared_ptr<void>;
 struct SessionContext {
   const AgentConfig& config;
   Metrics& metrics;
-  const migration::RdmaSupport& rdma;
+  const session::RdmaSupport& rdma;
   // The agents' shared API token (HMAC key of the session challenge); follows its file.
   std::shared_ptr<TokenSource> token;
   // Takes `bytes` of the agent's buffer budget for one channel (`what` names it in the error),
@@ -52,7 +52,7 @@ class SourceSession final : public FlowSession {
   // (ChannelPump::drain_on_failure): QEMU 7.2 fails on its main channel and ends its multifd
   // threads itself. KubeVirt's proxy never passes QEMU's
   // close on to this side, so a drain normally ends at QEMU's silence (kMultifdDrainIdle).
-  static constexpr std::chrono::milliseconds kMultifdDrainLimit = migration::kMultifdDrainLimit;
+  static constexpr std::chrono::milliseconds kMultifdDrainLimit = session::kMultifdDrainLimit;
   // Connects to the peer agent, proves the shared token and agrees on the transport.
   static Result<std::unique_ptr<SourceSession>> open(const SessionContext& ctx, const PeerInfo& peer, FlowRecord record,
                                                      std::chrono::milliseconds timeout);
@@ -89,7 +89,7 @@ class SourceSession final : public FlowSession {
   Status fall_back_to_tcp(const Error& rdma_error);
   int port_class(uint16_t port) const;
   // From a memory connection's pump thread: its first bytes name what it carries.
-  void saw_first_bytes(uint32_t index, migration::ChannelPump& self, std::span<const std::byte> head);
+  void saw_first_bytes(uint32_t index, session::ChannelPump& self, std::span<const std::byte> head);
 
   SessionContext ctx_;
   std::vector<PublishedPort> port_classes_;
