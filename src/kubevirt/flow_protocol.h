@@ -37,7 +37,6 @@
 #include <vector>
 
 #include "common/result.h"
-#include "config/agent_config.h"
 #include "kubevirt/vmi.h"
 #include "transport/wire.h"
 

@@ -26,6 +26,16 @@
 
 namespace rdmig::kubevirt {
 
+// A KubeVirt flow's ring depth: kubevirt.ringDepth when set, else enough chunks of
+// migration.chunkSize for kFlowInFlightBytes (4 MiB), at least 4: four of the default 1 MiB
+// chunks; sixteen of 256 KiB, where four stalled a single channel on credits (bench/relay_floor.py).
+inline constexpr uint64_t kFlowInFlightBytes = 4ull << 20;
+inline uint32_t flow_ring_depth(uint32_t configured, uint64_t chunk_size) {
+  if (configured != 0) return configured;
+  const uint64_t chunks = chunk_size == 0 ? 4 : (kFlowInFlightBytes + chunk_size - 1) / chunk_size;
+  return static_cast<uint32_t>(chunks < 4 ? 4 : chunks);
+}
+
 // Chunk buffers held against migration.bufferBudget; released when the last copy goes.
 using BufferTicket = std::shared_ptr<void>;
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "config/agent_config.h"
+#include "common/transport_kind.h"
 #include "session/types.h"
 
 namespace rdmig::migration {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/result.h"
-#include "config/agent_config.h"
+#include "common/transport_kind.h"
 #include "session/data_plane_server.h"
 
 namespace rdmig::session {
