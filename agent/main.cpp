@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
 
   rdmig::Metrics metrics("agent");
   rdmig::register_build_info(*metrics.registry());
-  rdmig::migration::DataPlaneServer data_plane(config, metrics);
+  rdmig::session::DataPlaneServer data_plane(config, metrics);
   rdmig::migration::MigrationManager manager(config, metrics, data_plane);
   // Path checks (docs/pathcheck.md) share the data plane and migration.bufferBudget.
   rdmig::pathcheck::PathCheckManager pathchecks(config, metrics, data_plane);

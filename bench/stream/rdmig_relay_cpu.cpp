@@ -45,7 +45,7 @@
 #include "common/thread_name.h"
 #include "common/units.h"
 #include "metrics/metrics.h"
-#include "migration/pump.h"
+#include "session/pump.h"
 #include "transport/tcp/tcp_channel.h"
 
 using namespace rdmig;
@@ -82,7 +82,7 @@ struct Stream {
   UniqueFd src_qemu, dst_qemu;
   UniqueFd src_agent, dst_agent, src_tcp, dst_tcp;  // --relay floor*: the relay's own ends
   std::unique_ptr<transport::TcpChannel> src_ch, dst_ch;
-  std::unique_ptr<migration::ChannelPump> src_pump, dst_pump;
+  std::unique_ptr<session::ChannelPump> src_pump, dst_pump;
   Cpu writer, reader;
   bool mismatch = false;
   uint64_t received = 0;
@@ -282,9 +282,9 @@ int main(int argc, char** argv) {
     if (!sp || !dp) return usage_error("connecting a stand-in failed");
     s->src_qemu = std::move(sp->first);
     s->dst_qemu = std::move(dp->first);
-    s->src_pump = std::make_unique<migration::ChannelPump>(*s->src_ch, std::move(sp->second));
+    s->src_pump = std::make_unique<session::ChannelPump>(*s->src_ch, std::move(sp->second));
     auto dst_agent = std::make_shared<UniqueFd>(std::move(dp->second));
-    s->dst_pump = std::make_unique<migration::ChannelPump>(
+    s->dst_pump = std::make_unique<session::ChannelPump>(
         *s->dst_ch, [dst_agent]() -> Result<UniqueFd> { return std::move(*dst_agent); });
     streams.push_back(std::move(s));
   }

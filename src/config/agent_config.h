@@ -8,14 +8,10 @@
 
 #include "common/dial_policy.h"
 #include "common/result.h"
+#include "common/transport_kind.h"
 #include "transport/tcp/splice_mode.h"
 
 namespace rdmig {
-
-enum class TransportKind { kAuto, kRdma, kTcp };
-const char* transport_name(TransportKind kind);
-// Parses "auto" | "rdma" | "tcp"; names `field` in the error.
-Result<TransportKind> parse_transport(const std::string& text, const std::string& field);
 
 struct ApiConfig {
   std::string address = "0.0.0.0";
@@ -104,7 +100,7 @@ struct RdmaRailConfig {
 
 // Key `rdma`: either one rail from the keys device/netdev/address/resourceEnv/trafficClass, or
 // a list of rails under `devices` (each with those keys; a rail's trafficClass defaults to
-// rdma.trafficClass). A migration stripes its channels across the rails (migration/rails.h).
+// rdma.trafficClass). A migration stripes its channels across the rails (session/rails.h).
 struct RdmaConfig : RdmaRailConfig {
   std::vector<RdmaRailConfig> devices;  // empty: the single rail above
   // Multus mode (`network` on the rail or rails): the downward API file holding the pod's
@@ -122,16 +118,6 @@ struct RdmaConfig : RdmaRailConfig {
 
 // At most this many rails per agent (nodes carry 2-8 RDMA NICs).
 inline constexpr size_t kMaxRdmaRails = 16;
-
-// A KubeVirt flow's ring depth: kubevirt.ringDepth when set, else enough chunks of
-// migration.chunkSize for kFlowInFlightBytes (4 MiB), at least 4: four of the default 1 MiB
-// chunks; sixteen of 256 KiB, where four stalled a single channel on credits (bench/relay_floor.py).
-inline constexpr uint64_t kFlowInFlightBytes = 4ull << 20;
-inline uint32_t flow_ring_depth(uint32_t configured, uint64_t chunk_size) {
-  if (configured != 0) return configured;
-  const uint64_t chunks = chunk_size == 0 ? 4 : (kFlowInFlightBytes + chunk_size - 1) / chunk_size;
-  return static_cast<uint32_t>(chunks < 4 ? 4 : chunks);
-}
 
 // A peer agent for KubeVirt mode: which node it runs on, where its data plane listens, and
 // (static mode) the addresses of that node's virt-handler pod.
@@ -169,7 +155,7 @@ struct KubevirtConfig {
   // bare-QEMU jobs'). KubeVirt's target proxy reads through its own TCP socket and TLS: chunks
   // beyond the few that keep the agents' hop busy only wait in front of it, and whatever waits
   // there when QEMU stops the guest drains inside the downtime (4 x 1 MiB against 16:
-  // bench/results/kubevirt-hop-bound). 0 (not set): flow_ring_depth() decides.
+  // bench/results/kubevirt-hop-bound). 0 (not set): kubevirt::flow_ring_depth() decides.
   uint32_t ring_depth = 0;
   bool static_mode = false;             // redirect to peers' handler addresses without the hook
   // The agent's own dials inside virt-handler's namespace carry this mark (SO_MARK) and its

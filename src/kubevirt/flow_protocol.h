@@ -9,7 +9,7 @@
 //   source -> target  {type:"auth", mac}    HMAC(token, "source" role label, both nonces, the hello)
 //   target -> source  {type:"welcome", transport, transportReason, rdmaEndpoint?, rdmaRails?} | {type:"reject"}
 //                     rdmaRails: the target's rdma_cm endpoint on each working rail; channels
-//                     are striped across the rails both agents have (migration/rails.h)
+//                     are striped across the rails both agents have (session/rails.h)
 // Every proof covers every field of the hello as the target parsed it, so a relay of the
 // exchange cannot change the nodes, the VMI or the migration; the role label keeps a proof of
 // one side from serving as the other's. Both sides then derive a session key from the token
@@ -37,7 +37,6 @@
 #include <vector>
 
 #include "common/result.h"
-#include "config/agent_config.h"
 #include "kubevirt/vmi.h"
 #include "transport/wire.h"
 

@@ -27,9 +27,9 @@ LibvirtJobStats libvirt_stats_from_json(const json& j) {
   return s;
 }
 
-static json rails_json(const std::vector<migration::RailUsage>& rails) {
+static json rails_json(const std::vector<session::RailUsage>& rails) {
   json a = json::array();
-  for (const auto& u : rails) a.push_back(migration::to_json(u));
+  for (const auto& u : rails) a.push_back(session::to_json(u));
   return a;
 }
 

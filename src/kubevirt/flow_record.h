@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kubevirt/vmi.h"
-#include "migration/types.h"
+#include "session/types.h"
 
 namespace rdmig::kubevirt {
 
@@ -63,8 +63,8 @@ struct FlowRecord {
   uint64_t chunks_received = 0;
   double throughput_bytes_per_second = 0;
   // Over RDMA: each rail that carries a connection (its device, both addresses, the channels on
-  // it, its bytes), in rail order; connection i uses matched rail i mod n (migration/rails.h).
-  std::vector<migration::RailUsage> rails;
+  // it, its bytes), in rail order; connection i uses matched rail i mod n (session/rails.h).
+  std::vector<session::RailUsage> rails;
   std::optional<LibvirtJobStats> libvirt;
   int64_t started_at_ms = 0;
   int64_t finished_at_ms = 0;

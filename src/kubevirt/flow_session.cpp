@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "common/log.h"
-#include "migration/types.h"
+#include "session/types.h"
 
 namespace rdmig::kubevirt {
 
@@ -12,7 +12,7 @@ using nlohmann::json;
 FlowSession::FlowSession(std::string id, FlowRecord record, Metrics& metrics)
     : id_(std::move(id)), metrics_(metrics), record_(std::move(record)), started_(std::chrono::steady_clock::now()),
       last_change_(started_) {
-  record_.started_at_ms = migration::wall_clock_ms();
+  record_.started_at_ms = session::wall_clock_ms();
 }
 
 FlowSession::~FlowSession() {
@@ -48,14 +48,14 @@ void FlowSession::note_tls(uint32_t index, const transport::TlsStream& tls) {
   record_.encryption = record_.encryption == "none" || record_.encryption == mode ? mode : "tls (mixed)";
 }
 
-void FlowSession::add_leg(std::unique_ptr<transport::Channel> channel, std::unique_ptr<migration::ChannelPump> pump) {
+void FlowSession::add_leg(std::unique_ptr<transport::Channel> channel, std::unique_ptr<session::ChannelPump> pump) {
   // Lock order: mu_ before legs_mu_ (record() holds mu_ while it reads the legs).
   std::string rail;
   const bool on_rail = !rails_.empty() && std::string_view(channel->transport()) == "rdma";
-  if (on_rail) rail = migration::rail_text(rails_[migration::rail_of_channel(channel->index(), rails_.size())]);
+  if (on_rail) rail = session::rail_text(rails_[session::rail_of_channel(channel->index(), rails_.size())]);
   std::lock_guard rlock(mu_);
   if (on_rail) {
-    migration::add_channel_to_usage(rail_usage_, rails_, channel->index());
+    session::add_channel_to_usage(rail_usage_, rails_, channel->index());
     record_.rails = rail_usage_;
   }
   std::lock_guard lock(legs_mu_);
@@ -65,7 +65,7 @@ void FlowSession::add_leg(std::unique_ptr<transport::Channel> channel, std::uniq
   if (record_.phase == "Armed") record_.phase = "Carrying";
 }
 
-void FlowSession::set_link(std::unique_ptr<migration::ControlLink> link, std::unique_ptr<FlowSigner> signer,
+void FlowSession::set_link(std::unique_ptr<session::ControlLink> link, std::unique_ptr<FlowSigner> signer,
                            std::chrono::milliseconds peer_timeout) {
   std::lock_guard lock(signer_mu_);
   link_ = std::move(link);
@@ -115,7 +115,7 @@ Result<std::optional<json>> FlowSession::control_turn() {
   return m;
 }
 
-bool FlowSession::with_pump(uint32_t index, const std::function<void(migration::ChannelPump&)>& fn) {
+bool FlowSession::with_pump(uint32_t index, const std::function<void(session::ChannelPump&)>& fn) {
   std::lock_guard lock(legs_mu_);
   for (auto& l : legs_) {
     if (l.channel->index() == index) {
@@ -126,7 +126,7 @@ bool FlowSession::with_pump(uint32_t index, const std::function<void(migration::
   return false;
 }
 
-void FlowSession::for_each_pump(const std::function<void(migration::ChannelPump&)>& fn) {
+void FlowSession::for_each_pump(const std::function<void(session::ChannelPump&)>& fn) {
   std::lock_guard lock(legs_mu_);
   for (auto& l : legs_) fn(*l.pump);
 }
@@ -147,7 +147,7 @@ size_t FlowSession::leg_count() const {
 void FlowSession::refresh_counters_locked(FlowRecord& r) const {
   std::lock_guard lock(legs_mu_);
   uint64_t up = 0, down = 0, cu = 0, cd = 0;
-  migration::ChannelTraffic by_channel;
+  session::ChannelTraffic by_channel;
   for (const auto& l : legs_) {
     up += l.pump->bytes_up();
     down += l.pump->bytes_down();
@@ -167,7 +167,7 @@ void FlowSession::refresh_counters_locked(FlowRecord& r) const {
   }
   if (legs_.empty()) return;  // keep the final figures once the legs are gone
   if (!rail_usage_.empty()) {
-    migration::account_rail_traffic(rail_usage_, by_channel, metrics_, "migration");
+    session::account_rail_traffic(rail_usage_, by_channel, metrics_, "migration");
     r.rails = rail_usage_;
   }
   r.bytes_sent = up;
@@ -218,7 +218,7 @@ void FlowSession::fail(const Error& error, bool from_peer) {
     refresh_counters_locked(record_);
     record_.phase = "Failed";
     record_.reason = error.message;
-    record_.finished_at_ms = migration::wall_clock_ms();
+    record_.finished_at_ms = session::wall_clock_ms();
   }
   LOG_WARN("kubevirt") << "session=" << id_ << " migration=" << record_.migration_uid << " failed: " << error.message;
   // Reset the local connections first: the proxies and QEMU see the failure at once. Legs
@@ -240,7 +240,7 @@ void FlowSession::succeed() {
     refresh_counters_locked(record_);
     ended_ = true;
     record_.phase = "Succeeded";
-    record_.finished_at_ms = migration::wall_clock_ms();
+    record_.finished_at_ms = session::wall_clock_ms();
   }
   wake();
   close_legs();

@@ -18,9 +18,9 @@
 #include "kubevirt/flow_protocol.h"
 #include "kubevirt/flow_record.h"
 #include "metrics/metrics.h"
-#include "migration/control_link.h"
-#include "migration/pump.h"
-#include "migration/rails.h"
+#include "session/control_link.h"
+#include "session/pump.h"
+#include "session/rails.h"
 #include "transport/channel.h"
 #include "transport/tcp/tls_stream.h"
 
@@ -48,17 +48,17 @@ class FlowSession {
 
  protected:
   FlowSession(std::string id, FlowRecord record, Metrics& metrics);
-  void add_leg(std::unique_ptr<transport::Channel> channel, std::unique_ptr<migration::ChannelPump> pump);
+  void add_leg(std::unique_ptr<transport::Channel> channel, std::unique_ptr<session::ChannelPump> pump);
   // The RDMA rails both agents matched (once, before the first leg): an RDMA leg with index i
   // is on rail i mod n; the record lists each rail's connections and bytes, and a leg's
   // failure names its rail.
-  void set_rails(std::vector<migration::RailPair> rails) { rails_ = std::move(rails); }
-  const std::vector<migration::RailPair>& rails() const { return rails_; }
+  void set_rails(std::vector<session::RailPair> rails) { rails_ = std::move(rails); }
+  const std::vector<session::RailPair>& rails() const { return rails_; }
   // Runs fn on the pump of the leg whose channel has `index`, under the legs' lock (never
   // with mu_ held); false when there is no such leg (not added yet, or closed).
-  bool with_pump(uint32_t index, const std::function<void(migration::ChannelPump&)>& fn);
+  bool with_pump(uint32_t index, const std::function<void(session::ChannelPump&)>& fn);
   // Runs fn on every leg's pump, under the legs' lock (never with mu_ held).
-  void for_each_pump(const std::function<void(migration::ChannelPump&)>& fn);
+  void for_each_pump(const std::function<void(session::ChannelPump&)>& fn);
   // A TCP channel ran TLS (dataPlane.tls): logged, counted (rdmig_tls_channels_total), and the
   // record's "encryption" says where ("tls (mixed)" should channels differ).
   void note_tls(uint32_t index, const transport::TlsStream& tls);
@@ -73,7 +73,7 @@ class FlowSession {
 
   // The control link with its signer (set together by the derived class after the hello), and
   // how long the peer may send nothing (kubevirt.heartbeatTimeoutSeconds).
-  void set_link(std::unique_ptr<migration::ControlLink> link, std::unique_ptr<FlowSigner> signer,
+  void set_link(std::unique_ptr<session::ControlLink> link, std::unique_ptr<FlowSigner> signer,
                 std::chrono::milliseconds peer_timeout);
   // Signs and sends one control message (any thread).
   Status send_signed(nlohmann::json message);
@@ -93,23 +93,23 @@ class FlowSession {
 
   const std::string id_;
   Metrics& metrics_;
-  std::unique_ptr<migration::ControlLink> link_;  // closed last
+  std::unique_ptr<session::ControlLink> link_;  // closed last
 
   mutable std::mutex mu_;
   FlowRecord record_;
   // Per-rail usage as counted into rdmig_rdma_rail_bytes_total so far (under mu_; brought up to
   // date by refresh_counters_locked, which only adds what grew).
-  mutable std::vector<migration::RailUsage> rail_usage_;
+  mutable std::vector<session::RailUsage> rail_usage_;
   bool ended_ = false;
   std::chrono::steady_clock::time_point started_;
 
  private:
   struct Leg {
     std::unique_ptr<transport::Channel> channel;  // declared first: destroyed after its pump
-    std::unique_ptr<migration::ChannelPump> pump;
+    std::unique_ptr<session::ChannelPump> pump;
     std::string rail;  // "rail 1: mlx5_1 10.0.1.1 to 10.0.1.2:7472" for an RDMA leg; empty over TCP
   };
-  std::vector<migration::RailPair> rails_;  // set before the first leg, read-only after
+  std::vector<session::RailPair> rails_;  // set before the first leg, read-only after
   std::mutex signer_mu_;  // serialises signing with sending, and verifying
   std::unique_ptr<FlowSigner> signer_;
   // Liveness of the peer (the control thread only, after set_link).

@@ -10,7 +10,7 @@
 #include "common/units.h"
 #include "kubevirt/libvirt_stats.h"
 #include "kubevirt/relay_internal.h"
-#include "migration/types.h"
+#include "session/types.h"
 #include "transport/wire.h"
 
 namespace rdmig::kubevirt {
@@ -19,7 +19,7 @@ using nlohmann::json;
 using namespace std::chrono_literals;
 using namespace relay_internal;
 
-KubevirtRelay::KubevirtRelay(const AgentConfig& config, Metrics& metrics, migration::DataPlaneServer& server,
+KubevirtRelay::KubevirtRelay(const AgentConfig& config, Metrics& metrics, session::DataPlaneServer& server,
                              std::shared_ptr<TokenSource> token)
     : config_(config), metrics_(metrics), server_(server),
       ctx_{config, metrics, server.rdma(), std::move(token),
@@ -179,7 +179,7 @@ void KubevirtRelay::record_not_carried(FlowRecord record, const std::string& rea
   record.carried = false;
   record.phase = "NotCarried";
   record.reason = reason;
-  record.started_at_ms = record.finished_at_ms = migration::wall_clock_ms();
+  record.started_at_ms = record.finished_at_ms = session::wall_clock_ms();
   kmetrics_.hook_call("skipped");
   kmetrics_.hook_not_carried(reason);
   LOG_INFO("kubevirt") << "hook: not carrying migration " << record.migration_uid << " of " << record.vmi.key() << ": "

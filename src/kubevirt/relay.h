@@ -27,7 +27,7 @@
 #include "kubevirt/peers.h"
 #include "kubevirt/sessions.h"
 #include "kubevirt/vmi_api.h"
-#include "migration/data_plane_server.h"
+#include "session/data_plane_server.h"
 
 namespace rdmig::kubevirt {
 
@@ -45,7 +45,7 @@ struct RecordFilter {
 class KubevirtRelay {
  public:
   // Registers the "flow", "flow-data" and "probe" hellos and the RDMA resolver with `server`.
-  KubevirtRelay(const AgentConfig& config, Metrics& metrics, migration::DataPlaneServer& server,
+  KubevirtRelay(const AgentConfig& config, Metrics& metrics, session::DataPlaneServer& server,
                 std::shared_ptr<TokenSource> token);
   ~KubevirtRelay();
   KubevirtRelay(const KubevirtRelay&) = delete;
@@ -114,7 +114,7 @@ class KubevirtRelay {
 
   const AgentConfig& config_;
   Metrics& metrics_;
-  migration::DataPlaneServer& server_;
+  session::DataPlaneServer& server_;
   SessionContext ctx_;
   KubevirtMetrics kmetrics_;
   std::string node_;

@@ -6,7 +6,6 @@
 #include "common/units.h"
 #include "kubevirt/libvirt_stats.h"
 #include "kubevirt/relay_internal.h"
-#include "migration/types.h"
 #include "transport/wire.h"
 
 namespace rdmig::kubevirt {

@@ -6,7 +6,6 @@
 #include "common/units.h"
 #include "kubevirt/libvirt_stats.h"
 #include "kubevirt/relay_internal.h"
-#include "migration/types.h"
 #include "transport/channel_proof.h"
 #include "transport/wire.h"
 
@@ -86,7 +85,7 @@ void KubevirtRelay::on_flow_data(UniqueFd fd, const json& raw) {
   // The session id travels in clear: the channel proves the session's key (known only to the two
   // agents that proved the token) before it takes an index or any of the buffer budget.
   auto welcome_proof = transport::check_channel(fd.get(), s->channel_terms(hello->index), hello->nonce,
-                                                migration::kHelloTimeout);
+                                                session::kHelloTimeout);
   if (!welcome_proof) {
     metrics_.transport_error("tcp", "auth");
     LOG_WARN("kubevirt") << "session=" << s->id() << " refused a channel from " << net::peer_address(fd.get())

@@ -21,10 +21,20 @@
 #include "kubevirt/netns.h"
 #include "kubevirt/peers.h"
 #include "common/token_source.h"
-#include "migration/data_plane_server.h"
+#include "session/data_plane_server.h"
 #include "transport/rdma/rdma_listener.h"
 
 namespace rdmig::kubevirt {
+
+// A KubeVirt flow's ring depth: kubevirt.ringDepth when set, else enough chunks of
+// migration.chunkSize for kFlowInFlightBytes (4 MiB), at least 4: four of the default 1 MiB
+// chunks; sixteen of 256 KiB, where four stalled a single channel on credits (bench/relay_floor.py).
+inline constexpr uint64_t kFlowInFlightBytes = 4ull << 20;
+inline uint32_t flow_ring_depth(uint32_t configured, uint64_t chunk_size) {
+  if (configured != 0) return configured;
+  const uint64_t chunks = chunk_size == 0 ? 4 : (kFlowInFlightBytes + chunk_size - 1) / chunk_size;
+  return static_cast<uint32_t>(chunks < 4 ? 4 : chunks);
+}
 
 // Chunk buffers held against migration.bufferBudget; released when the last copy goes.
 using BufferTicket = std::shared_ptr<void>;
@@ -32,7 +42,7 @@ using BufferTicket = std::shared_ptr<void>;
 struct SessionContext {
   const AgentConfig& config;
   Metrics& metrics;
-  const migration::RdmaSupport& rdma;
+  const session::RdmaSupport& rdma;
   // The agents' shared API token (HMAC key of the session challenge); follows its file.
   std::shared_ptr<TokenSource> token;
   // Takes `bytes` of the agent's buffer budget for one channel (`what` names it in the error),
@@ -52,7 +62,7 @@ class SourceSession final : public FlowSession {
   // (ChannelPump::drain_on_failure): QEMU 7.2 fails on its main channel and ends its multifd
   // threads itself. KubeVirt's proxy never passes QEMU's
   // close on to this side, so a drain normally ends at QEMU's silence (kMultifdDrainIdle).
-  static constexpr std::chrono::milliseconds kMultifdDrainLimit = migration::kMultifdDrainLimit;
+  static constexpr std::chrono::milliseconds kMultifdDrainLimit = session::kMultifdDrainLimit;
   // Connects to the peer agent, proves the shared token and agrees on the transport.
   static Result<std::unique_ptr<SourceSession>> open(const SessionContext& ctx, const PeerInfo& peer, FlowRecord record,
                                                      std::chrono::milliseconds timeout);
@@ -89,7 +99,7 @@ class SourceSession final : public FlowSession {
   Status fall_back_to_tcp(const Error& rdma_error);
   int port_class(uint16_t port) const;
   // From a memory connection's pump thread: its first bytes name what it carries.
-  void saw_first_bytes(uint32_t index, migration::ChannelPump& self, std::span<const std::byte> head);
+  void saw_first_bytes(uint32_t index, session::ChannelPump& self, std::span<const std::byte> head);
 
   SessionContext ctx_;
   std::vector<PublishedPort> port_classes_;

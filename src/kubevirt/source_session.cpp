@@ -1,8 +1,8 @@
 #include "common/log.h"
 #include "common/units.h"
 #include "kubevirt/sessions.h"
-#include "migration/handshake.h"
-#include "migration/job.h"
+#include "session/transport_choice.h"
+#include "session/types.h"
 #include "transport/channel_proof.h"
 #include "transport/rdma/rdma_channel.h"
 #include "transport/tcp/tcp_channel.h"
@@ -25,7 +25,7 @@ SourceSession::SourceSession(std::string id, FlowRecord record, const SessionCon
 
 Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext& ctx, const PeerInfo& peer,
                                                            FlowRecord record, std::chrono::milliseconds timeout) {
-  auto offer = migration::offer_transport(ctx.config.transport, ctx.rdma);
+  auto offer = session::offer_transport(ctx.config.transport, ctx.rdma);
   if (!offer) return offer.error();
   FlowHello hello;
   hello.session = random_hex(16);
@@ -37,9 +37,9 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
   hello.target_node = record.target_node;
   hello.chunk_size = ctx.config.migration.chunk_size;
   hello.ring_depth = flow_depth(ctx.config);
-  hello.transport = migration::wire_name(offer->transport);
+  hello.transport = session::wire_name(offer->transport);
   hello.transport_required = offer->required;
-  if (offer->transport == TransportKind::kRdma) hello.rdma_rails = migration::rail_addresses(ctx.rdma);
+  if (offer->transport == TransportKind::kRdma) hello.rdma_rails = session::rail_addresses(ctx.rdma);
 
   const std::string where = "peer agent " + peer.node + " (" + peer.agent.to_string() + ")";
   auto fd = net::tcp_connect(peer.agent, timeout);
@@ -81,7 +81,7 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
   }
   auto chosen = transport::get_string(welcome.value(), "transport", "welcome", 16);
   if (!chosen) return chosen.error().with_context(where);
-  auto kind = migration::parse_wire_transport(chosen.value(), "welcome.transport");
+  auto kind = session::parse_wire_transport(chosen.value(), "welcome.transport");
   if (!kind) return kind.error().with_context(where);
 
   record.transport = chosen.value();
@@ -96,7 +96,7 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
     // The rails both agents have, matched by index; channel i goes on rail i mod n. None in
     // common: the first channel's connect fails with that and falls back to TCP as an
     // unreachable target does (transport auto), or the session fails naming it.
-    auto rails = migration::rails_from_welcome(welcome.value(), ctx.rdma, peer_dial_policy(ctx.config.data_plane));
+    auto rails = session::rails_from_welcome(welcome.value(), ctx.rdma, peer_dial_policy(ctx.config.data_plane));
     if (rails) {
       s->set_rails(std::move(rails.value()));
     } else if (rails.error().code == Errc::kUnavailable) {
@@ -112,7 +112,7 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
   // launcher's QEMU (hook mode; static mode knows no VMI, so no launcher: it keeps draining).
   const std::string& on_failure = ctx.config.kubevirt.multifd_on_failure;
   s->set_multifd_on_failure(on_failure != "reset", on_failure == "auto" ? "qemu unknown" : "config");
-  s->set_link(std::make_unique<migration::ControlLink>(std::move(fd.value())),
+  s->set_link(std::make_unique<session::ControlLink>(std::move(fd.value())),
               std::make_unique<FlowSigner>(flow_session_key(token, hello, nonce.value()), "source", "target"),
               std::chrono::seconds(ctx.config.kubevirt.heartbeat_timeout_seconds));
   s->reader_ = std::thread([p = s.get()] { p->reader_loop(); });
@@ -135,12 +135,12 @@ Result<std::unique_ptr<transport::Channel>> SourceSession::connect_channel(uint3
   if (transport_ == "rdma") {
     auto id = transport::rdma::session_from_hex(id_);
     if (!id) return id.error();
-    transport::rdma::RdmaChannelParams p{index, chunk, depth, migration::return_path_chunk(chunk),
-                                         migration::return_path_depth(depth)};
+    transport::rdma::RdmaChannelParams p{index, chunk, depth, session::return_path_chunk(chunk),
+                                         session::return_path_depth(depth)};
     // Leave through the rail's device, with its traffic class (as bare-QEMU jobs do).
     if (no_rail_) return *no_rail_;
-    auto ch = migration::connect_on_rail(rails(), transport::rdma::ChannelCredentials{id.value(), channel_key_}, p, tm,
-                                         migration::kRdmaConnectTimeout, {});
+    auto ch = session::connect_on_rail(rails(), transport::rdma::ChannelCredentials{id.value(), channel_key_}, p, tm,
+                                         session::kRdmaConnectTimeout, {});
     if (!ch) {
       ctx_.metrics.transport_error("rdma", "connect");
       return ch.error();
@@ -199,7 +199,7 @@ Status SourceSession::add_connection(UniqueFd fd, const net::Endpoint& destinati
     rdma_settled_ = true;
     if (record().transport_reason == "auto-both-rdma") ctx_.metrics.transport_selected("rdma", "auto-both-rdma");
   }
-  auto pump = std::make_unique<migration::ChannelPump>(*ch.value(), std::move(fd));
+  auto pump = std::make_unique<session::ChannelPump>(*ch.value(), std::move(fd));
   const int kind = port_class(destination.port);
   bool drains = false;
   if (kind != kBlockPort) {
@@ -224,7 +224,7 @@ Status SourceSession::add_connection(UniqueFd fd, const net::Endpoint& destinati
     std::unique_lock lock(mu_);
     if (!drain_multifd_) {
       lock.unlock();
-      with_pump(index, [](migration::ChannelPump& p) { p.set_drain_on_failure(false, kMultifdDrainLimit); });
+      with_pump(index, [](session::ChannelPump& p) { p.set_drain_on_failure(false, kMultifdDrainLimit); });
     }
   }
   LOG_DEBUG("kubevirt") << "session=" << id_ << " connection " << index << " to " << destination.to_string()
@@ -240,19 +240,19 @@ Status SourceSession::fall_back_to_tcp(const Error& rdma_error) {
   if (rdma_settled_) return rdma_error;
   if (reason != "auto-both-rdma") {
     return Error{rdma_error.code, "the target agent's RDMA is unreachable from here (" +
-                                      std::string(migration::kPeerRdmaUnreachable) +
+                                      std::string(session::kPeerRdmaUnreachable) +
                                       ") and transport: rdma is required, so no fallback to TCP: " + rdma_error.message};
   }
   LOG_WARN("kubevirt") << "session=" << id_ << " " << rdma_error.message << ": falling back to TCP ("
-                       << migration::kPeerRdmaUnreachable << ")";
+                       << session::kPeerRdmaUnreachable << ")";
   RDMIG_TRY(send_signed(json{{"type", "fallback"}, {"transport", "tcp"}, {"error", rdma_error.message}}));
   transport_ = "tcp";
   {
     std::lock_guard lock(mu_);
     record_.transport = "tcp";
-    record_.transport_reason = migration::kPeerRdmaUnreachable;
+    record_.transport_reason = session::kPeerRdmaUnreachable;
   }
-  ctx_.metrics.transport_selected("tcp", migration::kPeerRdmaUnreachable);
+  ctx_.metrics.transport_selected("tcp", session::kPeerRdmaUnreachable);
   return ok_status();
 }
 
@@ -263,7 +263,7 @@ int SourceSession::port_class(uint16_t port) const {
   return kMemoryPort;
 }
 
-void SourceSession::saw_first_bytes(uint32_t index, migration::ChannelPump& self, std::span<const std::byte> head) {
+void SourceSession::saw_first_bytes(uint32_t index, session::ChannelPump& self, std::span<const std::byte> head) {
   // QEMU's migration stream starts with QEMU_VM_FILE_MAGIC, a multifd channel with its own.
   static constexpr std::array<std::byte, 4> kStreamMagic{std::byte{'Q'}, std::byte{'E'}, std::byte{'V'}, std::byte{'M'}};
   static constexpr std::array<std::byte, 4> kMultifdMagic{std::byte{0x11}, std::byte{0x22}, std::byte{0x33},
@@ -325,7 +325,7 @@ void SourceSession::saw_first_bytes(uint32_t index, migration::ChannelPump& self
   self.set_drain_on_failure(!is_main && drains, kMultifdDrainLimit);
   if (previous >= 0 && drains) {
     with_pump(static_cast<uint32_t>(previous),
-              [](migration::ChannelPump& p) { p.set_drain_on_failure(true, kMultifdDrainLimit); });
+              [](session::ChannelPump& p) { p.set_drain_on_failure(true, kMultifdDrainLimit); });
   }
   LOG_DEBUG("kubevirt") << "session=" << id_ << " connection " << index << " is "
                         << (is_main ? "QEMU's main channel" : "a multifd channel") << " (by its first bytes)";
@@ -340,7 +340,7 @@ void SourceSession::set_multifd_on_failure(bool drain, const std::string& by) {
     record_.on_failure_by = by;
   }
   // A pump that failed already keeps what it was doing (set_drain_on_failure decides no more).
-  if (!drain) for_each_pump([](migration::ChannelPump& p) { p.set_drain_on_failure(false, kMultifdDrainLimit); });
+  if (!drain) for_each_pump([](session::ChannelPump& p) { p.set_drain_on_failure(false, kMultifdDrainLimit); });
   if (by == "qemu unknown") return;  // the placeholder until the launcher's QEMU is known
   LOG_INFO("kubevirt") << "session=" << id_ << " on a failure: " << (drain ? "multifd connections drain (up to "
                                                                              : "every connection is reset (")

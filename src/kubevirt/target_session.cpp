@@ -2,8 +2,8 @@
 #include "common/net.h"
 #include "common/units.h"
 #include "kubevirt/sessions.h"
-#include "migration/handshake.h"
-#include "migration/job.h"
+#include "session/transport_choice.h"
+#include "session/types.h"
 #include "transport/tcp/tcp_channel.h"
 #include "transport/wire.h"
 
@@ -41,7 +41,7 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
   json proofs = json::array();
   for (const auto& t : tokens) proofs.push_back(flow_proof(t, "target", hello, nonce));
   RDMIG_TRY(transport::send_message(fd.get(), json{{"type", "challenge"}, {"nonce", nonce}, {"proofs", proofs}}));
-  auto auth = transport::recv_message(fd.get(), migration::kHelloTimeout);
+  auto auth = transport::recv_message(fd.get(), session::kHelloTimeout);
   if (!auth) return auth.error().with_context("waiting for the session's auth");
   auto mac = transport::get_string(auth.value(), "mac", "auth", 64);
   std::string token;
@@ -71,13 +71,13 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
                : field + "the agent on this node does not carry migration " + hello.migration_uid + " (its log says why)");
     return locate.error();
   }
-  auto offered = migration::parse_wire_transport(hello.transport, "hello.transport");
+  auto offered = session::parse_wire_transport(hello.transport, "hello.transport");
   if (!offered) return offered.error();
   // KubeVirt's connections arrive one by one, so every rail both agents have may carry one:
   // their MTUs are compared on each.
-  auto choice = migration::choose_transport(migration::TransportOffer{offered.value(), hello.transport_required},
+  auto choice = session::choose_transport(session::TransportOffer{offered.value(), hello.transport_required},
                                             ctx.config.transport, ctx.rdma,
-                                            migration::rail_mtus(hello.rdma_rails, 0, ctx.rdma, transport::kMaxChannels));
+                                            session::rail_mtus(hello.rdma_rails, 0, ctx.rdma, transport::kMaxChannels));
   if (!choice) {
     reject(fd.get(), "invalid_argument", choice.error().message);
     return choice.error();
@@ -91,16 +91,16 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
   rec.mode = hello.mode;
   rec.carried = true;
   rec.phase = "Armed";
-  rec.transport = migration::wire_name(choice->transport);
+  rec.transport = session::wire_name(choice->transport);
   rec.transport_reason = choice->reason;
   std::shared_ptr<TargetSession> s(
       new TargetSession(hello.session, std::move(rec), ctx, hello, std::move(locate.value()), std::move(stats)));
-  s->transport_ = migration::wire_name(choice->transport);
+  s->transport_ = session::wire_name(choice->transport);
   s->channel_key_ = flow_channel_key(token, hello, nonce);
   json welcome{{"type", "welcome"}, {"transport", s->transport_}, {"transportReason", choice->reason}};
   if (s->transport_ == "rdma") {
-    migration::add_rails_to_welcome(welcome, ctx.rdma);
-    s->set_rails(migration::rails_from_source(hello.rdma_rails, ctx.rdma));
+    session::add_rails_to_welcome(welcome, ctx.rdma);
+    s->set_rails(session::rails_from_source(hello.rdma_rails, ctx.rdma));
   }
   if (publish) {
     if (auto st = publish(s); !st) {
@@ -116,7 +116,7 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
   // An automatic choice of RDMA is counted once it holds: at the first RDMA channel, or as
   // the TCP fallback the source asks for when rdma_cm cannot reach this agent.
   if (choice->reason != "auto-both-rdma") ctx.metrics.transport_selected(s->transport_, choice->reason);
-  s->set_link(std::make_unique<migration::ControlLink>(std::move(fd)),
+  s->set_link(std::make_unique<session::ControlLink>(std::move(fd)),
               std::make_unique<FlowSigner>(flow_session_key(token, hello, nonce), "target", "source"),
               std::chrono::seconds(ctx.config.kubevirt.heartbeat_timeout_seconds));
   return s;
@@ -193,7 +193,7 @@ void TargetSession::try_start_locked(uint32_t i) {
   if (i >= destinations_.size() || !destinations_[i] || !channels_[i] || started_[i]) return;
   started_[i] = true;
   auto channel = std::move(channels_[i]);
-  auto pump = std::make_unique<migration::ChannelPump>(*channel, [this, i] { return dial_in_order(i); }, true);
+  auto pump = std::make_unique<session::ChannelPump>(*channel, [this, i] { return dial_in_order(i); }, true);
   pump->start();
   add_leg(std::move(channel), std::move(pump));
 }
@@ -209,17 +209,17 @@ Status TargetSession::fall_back_to_tcp(const std::string& why) {
                                          why + ") and " +
                                          (any_rdma ? std::string("RDMA channels of this session are connected already")
                                                    : std::string("transport: rdma is required")) +
-                                         ", so no fallback to TCP (" + migration::kPeerRdmaUnreachable + ")"};
+                                         ", so no fallback to TCP (" + session::kPeerRdmaUnreachable + ")"};
   }
   LOG_WARN("kubevirt") << "session=" << id_ << " the source agent cannot reach this agent over RDMA (" << why
-                       << "): falling back to TCP (" << migration::kPeerRdmaUnreachable << ")";
+                       << "): falling back to TCP (" << session::kPeerRdmaUnreachable << ")";
   transport_ = "tcp";
   {
     std::lock_guard rlock(mu_);
     record_.transport = "tcp";
-    record_.transport_reason = migration::kPeerRdmaUnreachable;
+    record_.transport_reason = session::kPeerRdmaUnreachable;
   }
-  ctx_.metrics.transport_selected("tcp", migration::kPeerRdmaUnreachable);
+  ctx_.metrics.transport_selected("tcp", session::kPeerRdmaUnreachable);
   conn_cv_.notify_all();
   return ok_status();
 }
@@ -262,7 +262,7 @@ Status TargetSession::add_tcp_channel(UniqueFd fd, uint32_t index, const std::st
     admitting_.insert(index);
     lock.unlock();
     auto made = transport::TlsStream::handshake(fd.get(), transport::TlsStream::Role::kAcceptor, channel_terms(index),
-                                                migration::kHelloTimeout);
+                                                session::kHelloTimeout);
     lock.lock();
     admitting_.erase(index);
     if (!made) {
@@ -303,8 +303,8 @@ Result<transport::rdma::AcceptPlan> TargetSession::rdma_plan(const transport::rd
   const auto chunk = static_cast<uint32_t>(hello_.chunk_size);
   transport::rdma::AcceptPlan plan;
   plan.key = channel_key_;
-  plan.params = transport::rdma::RdmaChannelParams{index, migration::return_path_chunk(chunk),
-                                                   migration::return_path_depth(hello_.ring_depth), chunk,
+  plan.params = transport::rdma::RdmaChannelParams{index, session::return_path_chunk(chunk),
+                                                   session::return_path_depth(hello_.ring_depth), chunk,
                                                    hello_.ring_depth};
   plan.metrics = &ctx_.metrics.transport("rdma");
   plan.deliver = [this, index](Result<std::unique_ptr<transport::Channel>> ch) {

@@ -10,6 +10,17 @@
 
 namespace rdmig::migration {
 
+// The session layer (src/session) this file stands on.
+using session::account_rail_traffic;
+using session::ChannelPump;
+using session::ChannelTraffic;
+using session::ControlLink;
+using session::kMultifdDrainLimit;
+using session::rail_of_channel_text;
+using session::rail_usage;
+using session::RailPair;
+using session::wall_clock_ms;
+
 Error qmp_check_failed(const std::string& socket, const std::string& what, const Error& e) {
   if (e.code == Errc::kTimeout) {
     return Error{Errc::kTimeout, "qmpSocket: QEMU at '" + socket + "' did not answer " + what + ": " + e.message};

@@ -17,29 +17,25 @@
 
 #include "config/agent_config.h"
 #include "metrics/metrics.h"
-#include "migration/control_link.h"
-#include "migration/data_plane_server.h"
-#include "migration/pump.h"
-#include "migration/rails.h"
 #include "migration/types.h"
 #include "qemu/qmp_client.h"
+#include "session/control_link.h"
+#include "session/data_plane_server.h"
+#include "session/pump.h"
+#include "session/rails.h"
 #include "transport/channel.h"
 #include "transport/tcp/tls_stream.h"
 
 namespace rdmig::migration {
 
-// Bounds on the waits both sides of a migration share.
-// The one answer to a data-plane hello with an unknown migration id, a wrong token or an unknown
-// session: refusals do not tell a client which migration ids exist.
-inline constexpr const char* kHelloRefused = "unknown migration, or its token does not match";
-inline constexpr std::chrono::seconds kQmpTimeout{10};        // one QMP command
+// The bound on one QMP command (the handshake's own bounds: session/types.h).
+inline constexpr std::chrono::seconds kQmpTimeout{10};
 
 // What a create answers when the VM's QEMU (the QMP socket's peer) misbehaves while it is
 // checked: a QEMU that does not answer in time is a gateway timeout (kTimeout, HTTP 504), one
 // that hangs up, speaks no QMP or answers nonsense cannot be migrated (kFailedPrecondition,
 // 409). Never 500 (the agent's own fault) nor 503 (the agent shutting down).
 Error qmp_check_failed(const std::string& socket, const std::string& what, const Error& e);
-inline constexpr std::chrono::seconds kHandshakeTimeout{30};  // one step of the agents' handshake
 
 // What a job needs from the agent around it.
 struct JobContext {
@@ -47,15 +43,11 @@ struct JobContext {
   Metrics& metrics;
   std::string advertise_host;  // this agent's data-plane address for peers
   uint16_t data_port = 0;
-  const RdmaSupport& rdma;
+  const session::RdmaSupport& rdma;
   // Called on the job's worker thread as its last act, once the job has finished and released
   // its sockets, channels and buffers: the owner may join the worker from another thread.
   std::function<void(const std::string& id)> on_worker_done;
 };
-
-// Receive-direction geometry for QEMU's return path: it carries little, so its ring is small.
-inline uint32_t return_path_chunk(uint64_t chunk) { return static_cast<uint32_t>(std::min<uint64_t>(chunk, 256 * 1024)); }
-inline uint32_t return_path_depth(uint32_t depth) { return std::min<uint32_t>(depth, 8); }
 
 // A failed channel of a migration: its index, its error, and whether that error only echoes the
 // peer agent's abort ("peer aborted": the peer decided, and says why on the control link).
@@ -112,7 +104,7 @@ class Job {
   // Copies the pumps' counters into the status.
   void refresh_data_counters();
   // The rails this job's RDMA channels are striped across: into status (and the log).
-  void set_rails(const std::vector<RailPair>& rails);
+  void set_rails(const std::vector<session::RailPair>& rails);
   // A data-plane failure of channel `channel`, named with the rail that carried it (over RDMA):
   // "data plane (rail 1: mlx5_1 10.10.1.1 to 10.10.1.2:7472): channel 1: work completion failed ...".
   Error data_plane_error(const Error& e, uint32_t channel) const;
@@ -173,9 +165,9 @@ class Job {
 
   // Owned by the worker thread (and torn down in this order: pumps, channels, link, qmp).
   std::unique_ptr<qemu::QmpClient> qmp_;
-  std::unique_ptr<ControlLink> link_;
+  std::unique_ptr<session::ControlLink> link_;
   std::vector<std::unique_ptr<transport::Channel>> channels_;
-  std::vector<std::unique_ptr<ChannelPump>> pumps_;
+  std::vector<std::unique_ptr<session::ChannelPump>> pumps_;
   mutable std::mutex data_mu_;  // guards channels_/pumps_ growth against abort from other threads
 
   std::thread worker_;

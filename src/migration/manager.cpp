@@ -16,6 +16,11 @@
 
 namespace rdmig::migration {
 
+// The session layer (src/session) this file stands on.
+using session::DataPlaneServer;
+using session::kHelloRefused;
+using session::kHelloTimeout;
+
 using nlohmann::json;
 using namespace std::chrono_literals;
 

@@ -15,15 +15,15 @@
 #include <vector>
 
 #include "common/fd.h"
-#include "migration/data_plane_server.h"
 #include "migration/job.h"
+#include "session/data_plane_server.h"
 
 namespace rdmig::migration {
 
 class MigrationManager {
  public:
   // Registers its hello handlers and RDMA resolver with `server` (before server.start()).
-  MigrationManager(const AgentConfig& config, Metrics& metrics, DataPlaneServer& server);
+  MigrationManager(const AgentConfig& config, Metrics& metrics, session::DataPlaneServer& server);
   ~MigrationManager();
   MigrationManager(const MigrationManager&) = delete;
   MigrationManager& operator=(const MigrationManager&) = delete;
@@ -60,7 +60,7 @@ class MigrationManager {
 
   const AgentConfig& config_;
   Metrics& metrics_;
-  DataPlaneServer& server_;
+  session::DataPlaneServer& server_;
 
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_;

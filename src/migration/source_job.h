@@ -24,7 +24,7 @@ class SourceJob final : public Job {
   void run();
   Status connect_data_plane();
   // One RDMA channel per QEMU connection to the target's rdmaEndpoint (from its welcome), each
-  // within kRdmaConnectTimeout; the first failure ends it (the caller falls back or fails).
+  // within session::kRdmaConnectTimeout; the first failure ends it (the caller falls back or fails).
   Status connect_rdma_channels(const nlohmann::json& welcome);
   Status configure_qemu();
   Status start_migration();

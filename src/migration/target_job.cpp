@@ -3,10 +3,29 @@
 #include "common/log.h"
 #include "common/net.h"
 #include "common/units.h"
-#include "migration/handshake.h"
+#include "session/transport_choice.h"
 #include "transport/tcp/tcp_channel.h"
 
 namespace rdmig::migration {
+
+// The session layer (src/session) this file stands on.
+using session::add_rails_to_welcome;
+using session::ChannelPump;
+using session::choose_transport;
+using session::ControlLink;
+using session::kHandshakeTimeout;
+using session::kHelloRefused;
+using session::kHelloTimeout;
+using session::kPeerRdmaUnreachable;
+using session::parse_wire_transport;
+using session::rail_mtus;
+using session::rails_from_hello;
+using session::return_path_chunk;
+using session::return_path_depth;
+using session::TransportChoice;
+using session::TransportOffer;
+using session::wall_clock_us;
+using session::wire_name;
 
 using nlohmann::json;
 using namespace std::chrono_literals;

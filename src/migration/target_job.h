@@ -68,7 +68,7 @@ class TargetJob final : public Job {
   mutable std::mutex conn_mu_;  // guards the fields the data-plane server hands over
   std::condition_variable conn_cv_;
   bool token_used_ = false;
-  std::unique_ptr<ControlLink> control_;  // from the source's hello until the channels are there
+  std::unique_ptr<session::ControlLink> control_;  // from the source's hello until the channels are there
   std::vector<UniqueFd> data_fds_;
   // dataPlane.tls: each channel's TLS stream (made on data_fds_[i]); an index is in
   // data_admitting_ while its handshake runs without the lock.

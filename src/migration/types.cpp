@@ -4,35 +4,6 @@
 
 namespace rdmig::migration {
 
-const char* role_name(Role role) { return role == Role::kSource ? "source" : "target"; }
-
-const char* phase_name(Phase phase) {
-  switch (phase) {
-    case Phase::kPending: return "Pending";
-    case Phase::kConnecting: return "Connecting";
-    case Phase::kMigrating: return "Migrating";
-    case Phase::kCompleting: return "Completing";
-    case Phase::kSucceeded: return "Succeeded";
-    case Phase::kFailed: return "Failed";
-    case Phase::kCancelled: return "Cancelled";
-  }
-  return "?";
-}
-
-bool phase_terminal(Phase phase) {
-  return phase == Phase::kSucceeded || phase == Phase::kFailed || phase == Phase::kCancelled;
-}
-
-int64_t wall_clock_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-int64_t wall_clock_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 std::optional<ClockOffset> estimate_clock_offset(int64_t t0, int64_t t1, int64_t t2, int64_t t3) {
   if (t0 <= 0 || t1 <= 0 || t2 < t1 || t3 < t0) return std::nullopt;
   const int64_t round_trip = (t3 - t0) - (t2 - t1);
@@ -48,13 +19,6 @@ std::optional<int64_t> switchover_ms(int64_t stop_us, int64_t resume_us, const s
     return 0;
   }
   return us / 1000;
-}
-
-nlohmann::json to_json(const RailUsage& u) {
-  return nlohmann::json{{"rail", u.rail},         {"device", u.device},       {"gid", u.gid},
-              {"address", u.address},   {"peerAddress", u.peer_address}, {"channels", u.channels},
-              {"bytesSent", u.bytes_sent}, {"bytesReceived", u.bytes_received}, {"chunksSent", u.chunks_sent},
-              {"chunksReceived", u.chunks_received}, {"throughputBytesPerSecond", u.throughput_bytes_per_second}};
 }
 
 nlohmann::json to_json(const RailLeftOut& r) {

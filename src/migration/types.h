@@ -8,24 +8,18 @@
 #include <string>
 #include <vector>
 
-#include "config/agent_config.h"
+#include "common/transport_kind.h"
+#include "session/types.h"
 
 namespace rdmig::migration {
 
-enum class Role { kSource, kTarget };
-const char* role_name(Role role);
-
-// Agent-side phases. Terminal: Succeeded, Failed, Cancelled.
-enum class Phase { kPending, kConnecting, kMigrating, kCompleting, kSucceeded, kFailed, kCancelled };
-const char* phase_name(Phase phase);
-bool phase_terminal(Phase phase);
-
-struct TargetRef {
-  std::string host;
-  uint16_t port = 0;
-  std::string migration_id;
-  std::string token;
-};
+// A migration is one session (session/types.h): its role, phase and target are the session's.
+using session::Phase;
+using session::phase_name;
+using session::phase_terminal;
+using session::Role;
+using session::role_name;
+using session::TargetRef;
 
 struct MigrationSpec {
   Role role = Role::kSource;
@@ -63,25 +57,6 @@ struct Progress {
   uint64_t data_bytes_received = 0;
 };
 
-// What one rail carried in a session, for status and records.
-struct RailUsage {
-  uint32_t rail = 0;
-  std::string device;
-  std::string gid;
-  std::string address;       // this agent's address on the rail
-  std::string peer_address;
-  std::vector<uint32_t> channels;
-  uint64_t bytes_sent = 0;
-  uint64_t bytes_received = 0;
-  uint64_t chunks_sent = 0;
-  uint64_t chunks_received = 0;
-  // Payload bytes per second both ways, averaged since the rail's channels were first counted
-  // (account_rail_traffic); 0 until a second count.
-  uint64_t throughput_bytes_per_second = 0;
-  std::chrono::steady_clock::time_point counted_since{};  // not reported
-};
-nlohmann::json to_json(const RailUsage& usage);
-
 // A configured rail (rdma.devices[rail]) this agent left out at start, and why: a migration over
 // RDMA ran on the other rails.
 struct RailLeftOut {
@@ -106,8 +81,8 @@ struct MigrationStatus {
   // "tls (user space)" (dataPlane.tls: on; where this agent's records are encrypted). RDMA: "none".
   std::string encryption = "none";
   Progress progress;
-  // RDMA only: the rails the channels were striped across (migration/rails.h), with their bytes.
-  std::vector<RailUsage> rails;
+  // RDMA only: the rails the channels were striped across (session/rails.h), with their bytes.
+  std::vector<session::RailUsage> rails;
   // RDMA only: this agent's configured rails left out at start (so not in `rails`), and why.
   std::vector<RailLeftOut> rails_left_out;
   std::optional<int64_t> downtime_ms;     // QEMU's figure (source)
@@ -124,9 +99,6 @@ struct MigrationStatus {
 };
 
 nlohmann::json to_json(const MigrationStatus& s);
-
-int64_t wall_clock_ms();
-int64_t wall_clock_us();
 
 // The target host's wall clock minus the source host's, estimated from one exchange over the
 // control link (NTP's four timestamps): t0 source sends, t1 target receives, t2 target sends,

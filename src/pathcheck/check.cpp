@@ -14,8 +14,8 @@
 namespace rdmig::pathcheck {
 
 using nlohmann::json;
-using migration::Phase;
-using migration::Role;
+using session::Phase;
+using session::Role;
 using namespace std::chrono_literals;
 
 namespace {
@@ -43,7 +43,7 @@ json RdmaEnd::to_json() const {
               {"gidType", gid_type}, {"netdev", netdev}, {"mtu", mtu}};
 }
 
-RdmaEnd RdmaEnd::of(const migration::RdmaSupport& rdma) {
+RdmaEnd RdmaEnd::of(const session::RdmaSupport& rdma) {
   RdmaEnd e;
   e.device = rdma.device;
   e.port = rdma.device_port;
@@ -55,7 +55,7 @@ RdmaEnd RdmaEnd::of(const migration::RdmaSupport& rdma) {
   return e;
 }
 
-RdmaEnd RdmaEnd::of(const migration::RdmaRail& rail) {
+RdmaEnd RdmaEnd::of(const session::RdmaRail& rail) {
   RdmaEnd e;
   e.device = rail.device;
   e.port = rail.device_port;
@@ -70,9 +70,9 @@ RdmaEnd RdmaEnd::of(const migration::RdmaRail& rail) {
   return e;
 }
 
-std::vector<CheckRail> check_rails(const std::vector<migration::RailPair>& pairs, uint32_t channels) {
+std::vector<CheckRail> check_rails(const std::vector<session::RailPair>& pairs, uint32_t channels) {
   std::vector<CheckRail> out;
-  for (auto& usage : migration::rail_usage(pairs, channels)) {
+  for (auto& usage : session::rail_usage(pairs, channels)) {
     const auto pair = std::find_if(pairs.begin(), pairs.end(), [&](const auto& p) { return p.rail == usage.rail; });
     CheckRail r;
     r.local = RdmaEnd::of(pair->local);  // rail_usage lists only rails of `pairs`
@@ -132,8 +132,8 @@ std::optional<RdmaEnd> RdmaEnd::parse(const json& j) {
 
 json to_json(const CheckStatus& s) {
   json j{{"id", s.id},
-         {"role", migration::role_name(s.role)},
-         {"phase", migration::phase_name(s.phase)},
+         {"role", session::role_name(s.role)},
+         {"phase", session::phase_name(s.phase)},
          {"transport", s.transport},
          {"transportReason", s.transport_reason},
          {"encryption", s.encryption},
@@ -149,7 +149,7 @@ json to_json(const CheckStatus& s) {
   if (!s.rails.empty()) {
     j["rails"] = json::array();
     for (const auto& r : s.rails) {
-      json rail = migration::to_json(r.usage);
+      json rail = session::to_json(r.usage);
       rail["localRdma"] = r.local.to_json();
       if (r.peer) rail["peerRdma"] = r.peer->to_json();
       j["rails"].push_back(std::move(rail));
@@ -187,7 +187,7 @@ PathCheck::~PathCheck() {
 }
 
 void PathCheck::start() {
-  ctx_.metrics.pathcheck_started(migration::role_name(spec_.role));
+  ctx_.metrics.pathcheck_started(session::role_name(spec_.role));
   worker_ = std::thread([this] { run(); });
 }
 
@@ -209,7 +209,7 @@ bool PathCheck::wait_finished(std::chrono::milliseconds timeout) const {
 }
 
 std::string PathCheck::log_prefix() const {
-  return "pathcheck=" + spec_.id + " role=" + migration::role_name(spec_.role);
+  return "pathcheck=" + spec_.id + " role=" + session::role_name(spec_.role);
 }
 
 std::chrono::milliseconds PathCheck::remaining() const {
@@ -243,12 +243,12 @@ void PathCheck::abort_all(const Error& reason) {
 }
 
 Error PathCheck::on_rail(const Error& e, uint32_t channel) const {
-  std::vector<migration::RailUsage> usage;
+  std::vector<session::RailUsage> usage;
   {
     std::lock_guard lock(mu_);
     for (const auto& r : status_.rails) usage.push_back(r.usage);
   }
-  const std::string rail = migration::rail_of_channel_text(usage, channel);
+  const std::string rail = session::rail_of_channel_text(usage, channel);
   return rail.empty() ? e : e.with_context(rail);
 }
 
@@ -277,7 +277,7 @@ void PathCheck::run() {
 
 void PathCheck::finish(const Status& result) {
   std::vector<std::unique_ptr<transport::Channel>> channels;
-  std::unique_ptr<migration::ControlLink> link;
+  std::unique_ptr<session::ControlLink> link;
   std::string phase;
   {
     std::lock_guard lock(mu_);
@@ -290,12 +290,12 @@ void PathCheck::finish(const Status& result) {
         chunks.push_back(channel_chunks_[i].load());
       }
       const bool source = spec_.role == Role::kSource;
-      std::vector<migration::RailUsage> usage;
+      std::vector<session::RailUsage> usage;
       for (const auto& r : status_.rails) usage.push_back(r.usage);
-      migration::ChannelTraffic traffic;
+      session::ChannelTraffic traffic;
       (source ? traffic.bytes_sent : traffic.bytes_received) = carried;
       (source ? traffic.chunks_sent : traffic.chunks_received) = chunks;
-      migration::account_rail_traffic(usage, traffic, ctx_.metrics, "pathcheck");
+      session::account_rail_traffic(usage, traffic, ctx_.metrics, "pathcheck");
       for (size_t i = 0; i < usage.size(); ++i) status_.rails[i].usage = std::move(usage[i]);
     } else if (cancelled_ || result.error().code == Errc::kCancelled) {
       status_.phase = Phase::kCancelled;
@@ -305,7 +305,7 @@ void PathCheck::finish(const Status& result) {
       status_.error = result.error().message;
     }
     status_.bytes_done = bytes_done_.load();
-    phase = migration::phase_name(status_.phase);
+    phase = session::phase_name(status_.phase);
     channels.swap(channels_);
     link.swap(link_);
     for (auto& ch : rdma_channels_) ch.reset();
@@ -316,7 +316,7 @@ void PathCheck::finish(const Status& result) {
   // Released before the check reports itself finished: a finished check holds no buffers.
   channels.clear();
   link.reset();
-  ctx_.metrics.pathcheck_finished(migration::role_name(spec_.role), phase);
+  ctx_.metrics.pathcheck_finished(session::role_name(spec_.role), phase);
   const auto st = status();
   if (result.ok()) {
     LOG_INFO("pathcheck") << log_prefix() << " succeeded transport=" << st.transport << " bytes=" << st.bytes_done

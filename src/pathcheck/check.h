@@ -24,10 +24,10 @@
 
 #include "config/agent_config.h"
 #include "metrics/metrics.h"
-#include "migration/control_link.h"
-#include "migration/data_plane_server.h"
-#include "migration/rails.h"
-#include "migration/types.h"
+#include "session/control_link.h"
+#include "session/data_plane_server.h"
+#include "session/rails.h"
+#include "session/types.h"
 #include "transport/channel.h"
 #include "transport/tcp/tls_stream.h"
 #include "transport/rdma/rdma_listener.h"
@@ -39,7 +39,7 @@ namespace rdmig::pathcheck {
 // (config::PathCheckConfig, docs/pathcheck.md).
 
 struct CheckSpec {
-  migration::Role role = migration::Role::kSource;
+  session::Role role = session::Role::kSource;
   std::string id;
   uint64_t bytes = PathCheckConfig{}.default_bytes;
   uint64_t chunk_size = 0;
@@ -48,7 +48,7 @@ struct CheckSpec {
   TransportKind transport = TransportKind::kAuto;
   bool allow_during_migrations = false;
   uint32_t timeout_seconds = PathCheckConfig{}.default_timeout_seconds;
-  migration::TargetRef target;  // source only: the target agent's endpoint, check id and token
+  session::TargetRef target;  // source only: the target agent's endpoint, check id and token
 };
 
 // The share of the stream channel `index` carries (channel 0 takes the remainder).
@@ -69,21 +69,21 @@ struct RdmaEnd {
   std::string netdev;    // the interface the GID belongs to (a VF, a VLAN, a macvlan over them)
   uint32_t mtu = 0;
   nlohmann::json to_json() const;
-  static RdmaEnd of(const migration::RdmaSupport& rdma);  // the first rail
-  static RdmaEnd of(const migration::RdmaRail& rail);
+  static RdmaEnd of(const session::RdmaSupport& rdma);  // the first rail
+  static RdmaEnd of(const session::RdmaRail& rail);
   // From a peer's message: strings cut to 64 characters, numbers clamped; nullopt unless an object.
   static std::optional<RdmaEnd> parse(const nlohmann::json& j);
 };
 
-// One rail a check's channels were striped across (RDMA only): what migration::RailUsage says
+// One rail a check's channels were striped across (RDMA only): what session::RailUsage says
 // (channels, bytes once verified) and both ends' ports on it.
 struct CheckRail {
-  migration::RailUsage usage;
+  session::RailUsage usage;
   RdmaEnd local;
   std::optional<RdmaEnd> peer;  // source: the target's port on this rail, from its "ready"
 };
 // The rails of `pairs` that carry one of `channels` channels, with this agent's port on each.
-std::vector<CheckRail> check_rails(const std::vector<migration::RailPair>& pairs, uint32_t channels);
+std::vector<CheckRail> check_rails(const std::vector<session::RailPair>& pairs, uint32_t channels);
 // The target's "ready" lists its port on each rail ({"rail": i, ...RdmaEnd}); the source files
 // each under its own rail. At most transport::kMaxRails entries are read, unknown rails ignored.
 nlohmann::json rails_to_ready(const std::vector<CheckRail>& rails);
@@ -91,8 +91,8 @@ void peer_rails_from_ready(const nlohmann::json& ready, std::vector<CheckRail>& 
 
 struct CheckStatus {
   std::string id;
-  migration::Role role = migration::Role::kSource;
-  migration::Phase phase = migration::Phase::kPending;
+  session::Role role = session::Role::kSource;
+  session::Phase phase = session::Phase::kPending;
   std::string transport;
   std::string transport_reason;
   // "none", or "tls (kernel)" | "tls (kernel send)" | "tls (user space)" (dataPlane.tls: on, TCP).
@@ -105,7 +105,7 @@ struct CheckStatus {
   std::optional<int64_t> rtt_us;  // source: the median of pathCheck.rttSamples control-link round trips
   std::optional<RdmaEnd> local_rdma;
   std::optional<RdmaEnd> peer_rdma;
-  // RDMA only: the rails the channels were striped across (migration/rails.h); bytes once verified.
+  // RDMA only: the rails the channels were striped across (session/rails.h); bytes once verified.
   std::vector<CheckRail> rails;
   std::string peer;
   std::string error;  // why it failed or was cancelled
@@ -116,7 +116,7 @@ nlohmann::json to_json(const CheckStatus& s);
 struct CheckContext {
   const AgentConfig& config;
   Metrics& metrics;
-  const migration::RdmaSupport& rdma;
+  const session::RdmaSupport& rdma;
 };
 
 class PathCheck {
@@ -135,7 +135,7 @@ class PathCheck {
   bool wait_finished(std::chrono::milliseconds timeout) const;
   void cancel(const std::string& reason);
 
-  // Target side, from the data-plane server's hello threads (see migration::TargetJob).
+  // Target side, from the data-plane server's hello threads (see session::TargetJob).
   void on_control(UniqueFd fd, const transport::Hello& hello, const std::string& nonce, const std::string& proof);
   // What TCP channel `index` of `session` must prove; kPermissionDenied when there is no such session.
   Result<transport::ChannelTerms> channel_terms(const std::string& session, uint32_t index) const;
@@ -158,7 +158,7 @@ class PathCheck {
   // `e`, a failure of channel `channel`, named with the rail that carried it (over RDMA).
   Error on_rail(const Error& e, uint32_t channel) const;
   void finish(const Status& result);
-  void set_phase(migration::Phase phase);
+  void set_phase(session::Phase phase);
   void update(const std::function<void(CheckStatus&)>& fn);
   std::chrono::milliseconds remaining() const;
   Error cancel_or(Error e) const;
@@ -195,7 +195,7 @@ class PathCheck {
   uint32_t data_received_ = 0;
 
   // The worker's; aborted from other threads under mu_.
-  std::unique_ptr<migration::ControlLink> link_;
+  std::unique_ptr<session::ControlLink> link_;
   std::vector<std::unique_ptr<transport::Channel>> channels_;
   std::thread worker_;
 };

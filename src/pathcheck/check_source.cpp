@@ -6,10 +6,10 @@
 #include "common/log.h"
 #include "common/net.h"
 #include "common/units.h"
-#include "migration/handshake.h"
-#include "migration/job.h"
 #include "pathcheck/pattern.h"
 #include "pathcheck/stream.h"
+#include "session/transport_choice.h"
+#include "session/types.h"
 #include "transport/channel_proof.h"
 #include "transport/rdma/rdma_channel.h"
 #include "transport/tcp/tcp_channel.h"
@@ -17,12 +17,12 @@
 namespace rdmig::pathcheck {
 
 using nlohmann::json;
-using migration::Phase;
-using migration::Role;
+using session::Phase;
+using session::Role;
 using namespace std::chrono_literals;
 
 Status PathCheck::connect_source() {
-  auto offer = migration::offer_transport(spec_.transport, ctx_.rdma);
+  auto offer = session::offer_transport(spec_.transport, ctx_.rdma);
   if (!offer) return offer.error();
   transport::Hello hello;
   hello.kind = "control";  // sent as "pathcheck-control": the same fields, another registry
@@ -30,11 +30,11 @@ Status PathCheck::connect_source() {
   hello.channels = spec_.channels;
   hello.chunk_size = spec_.chunk_size;
   hello.ring_depth = spec_.ring_depth;
-  hello.transport = migration::wire_name(offer->transport);
+  hello.transport = session::wire_name(offer->transport);
   hello.transport_required = offer->required;
   if (offer->transport == TransportKind::kRdma) {
     hello.rdma_mtu = ctx_.rdma.mtu;
-    hello.rdma_rails = migration::rail_addresses(ctx_.rdma);
+    hello.rdma_rails = session::rail_addresses(ctx_.rdma);
   }
 
   const net::Endpoint ep{spec_.target.host, spec_.target.port};
@@ -48,7 +48,7 @@ Status PathCheck::connect_source() {
     std::lock_guard lock(mu_);
     control_watch_ = -1;
   };
-  const auto step = [&] { return std::min<std::chrono::milliseconds>(remaining(), migration::kHandshakeTimeout); };
+  const auto step = [&] { return std::min<std::chrono::milliseconds>(remaining(), session::kHandshakeTimeout); };
   // The endpoint a REST client named: the dial policy stands here too, not only on the request.
   auto fd = peer_dial_policy(ctx_.config.data_plane)
                 .connect(ep, "target.endpoint", std::min<std::chrono::milliseconds>(remaining(), 10s), watch);
@@ -98,7 +98,7 @@ Status PathCheck::connect_source() {
   const std::string transport = chosen.value();
   std::string reason = reply->value("transportReason", std::string());
   if (reason.empty()) reason = spec_.transport == TransportKind::kAuto ? "auto" : "requested";
-  if (reason == "auto-no-source-rdma" || reason == "auto-no-local-rdma") reason = migration::with_rdma_reason(reason, ctx_.rdma);
+  if (reason == "auto-no-source-rdma" || reason == "auto-no-local-rdma") reason = session::with_rdma_reason(reason, ctx_.rdma);
   update([&](CheckStatus& s) {
     s.transport = transport;
     s.transport_reason = reason;
@@ -106,9 +106,9 @@ Status PathCheck::connect_source() {
   });
   LOG_INFO("pathcheck") << log_prefix() << " transport=" << transport << " reason=" << reason;
 
-  std::vector<migration::RailPair> rails;
+  std::vector<session::RailPair> rails;
   if (transport == "rdma") {
-    auto matched = migration::rails_from_welcome(reply.value(), ctx_.rdma, peer_dial_policy(ctx_.config.data_plane));
+    auto matched = session::rails_from_welcome(reply.value(), ctx_.rdma, peer_dial_policy(ctx_.config.data_plane));
     if (!matched) return matched.error();
     rails = std::move(matched.value());
     update([&](CheckStatus& s) { s.rails = check_rails(rails, spec_.channels); });
@@ -120,9 +120,9 @@ Status PathCheck::connect_source() {
       auto id = transport::rdma::session_from_hex(session_);
       if (!id) return id.error();
       transport::rdma::RdmaChannelParams p{i, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
-                                           migration::return_path_chunk(spec_.chunk_size),
-                                           migration::return_path_depth(spec_.ring_depth)};
-      auto c = migration::connect_on_rail(rails, transport::rdma::ChannelCredentials{id.value(), channel_key_}, p, tm,
+                                           session::return_path_chunk(spec_.chunk_size),
+                                           session::return_path_depth(spec_.ring_depth)};
+      auto c = session::connect_on_rail(rails, transport::rdma::ChannelCredentials{id.value(), channel_key_}, p, tm,
                                           std::min<std::chrono::milliseconds>(remaining(), 15s), [this] {
                                             std::lock_guard lock(mu_);
                                             return cancelled_;
@@ -171,7 +171,7 @@ Status PathCheck::connect_source() {
   }
   std::lock_guard lock(mu_);
   if (cancelled_) return Error{Errc::kCancelled, cancel_reason_};
-  link_ = std::make_unique<migration::ControlLink>(std::move(fd.value()));
+  link_ = std::make_unique<session::ControlLink>(std::move(fd.value()));
   return ok_status();
 }
 

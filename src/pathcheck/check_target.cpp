@@ -5,17 +5,17 @@
 
 #include "common/log.h"
 #include "common/units.h"
-#include "migration/handshake.h"
-#include "migration/job.h"
 #include "pathcheck/pattern.h"
 #include "pathcheck/stream.h"
+#include "session/transport_choice.h"
+#include "session/types.h"
 #include "transport/tcp/tcp_channel.h"
 
 namespace rdmig::pathcheck {
 
 using nlohmann::json;
-using migration::Phase;
-using migration::Role;
+using session::Phase;
+using session::Role;
 using namespace std::chrono_literals;
 
 namespace {
@@ -28,7 +28,7 @@ void PathCheck::on_control(UniqueFd fd, const transport::Hello& hello, const std
   std::lock_guard lock(mu_);
   if (!constant_time_equal(proof, transport::control_proof(token_, nonce, spec_.id, hello.nonce))) {
     ctx_.metrics.transport_error(hello.transport, "auth");
-    reject(fd.get(), "permission_denied", migration::kHelloRefused);
+    reject(fd.get(), "permission_denied", session::kHelloRefused);
     return;
   }
   if (finished_ || cancelled_) return reject(fd.get(), "not_found", "path check " + spec_.id + " is over");
@@ -46,13 +46,13 @@ void PathCheck::on_control(UniqueFd fd, const transport::Hello& hello, const std
   }
   std::string chosen, reason;
   if (mismatch.empty()) {
-    auto offered = migration::parse_wire_transport(hello.transport, "hello.transport");
-    auto choice = offered ? migration::choose_transport(migration::TransportOffer{offered.value(), hello.transport_required},
+    auto offered = session::parse_wire_transport(hello.transport, "hello.transport");
+    auto choice = offered ? session::choose_transport(session::TransportOffer{offered.value(), hello.transport_required},
                                                         spec_.transport, ctx_.rdma,
-                                                        migration::rail_mtus(hello, ctx_.rdma, spec_.channels))
-                          : Result<migration::TransportChoice>(offered.error());
+                                                        session::rail_mtus(hello, ctx_.rdma, spec_.channels))
+                          : Result<session::TransportChoice>(offered.error());
     if (choice) {
-      chosen = migration::wire_name(choice->transport);
+      chosen = session::wire_name(choice->transport);
       reason = choice->reason;
       if (!choice->detail.empty()) {
         LOG_WARN("pathcheck") << log_prefix() << " transport tcp: " << choice->detail;
@@ -70,8 +70,8 @@ void PathCheck::on_control(UniqueFd fd, const transport::Hello& hello, const std
   json welcome{{"type", "welcome"}, {"session", session_}, {"transport", chosen}, {"transportReason", reason}};
   if (hello.tls) welcome["tls"] = true;
   if (chosen == "rdma") {
-    migration::add_rails_to_welcome(welcome, ctx_.rdma);
-    status_.rails = check_rails(migration::rails_from_hello(hello, ctx_.rdma), spec_.channels);
+    session::add_rails_to_welcome(welcome, ctx_.rdma);
+    status_.rails = check_rails(session::rails_from_hello(hello, ctx_.rdma), spec_.channels);
   }
   reply(fd.get(), welcome);
   control_fd_ = std::move(fd);
@@ -81,7 +81,7 @@ void PathCheck::on_control(UniqueFd fd, const transport::Hello& hello, const std
 Result<transport::ChannelTerms> PathCheck::channel_terms(const std::string& session, uint32_t index) const {
   std::lock_guard lock(mu_);
   if (!token_used_ || status_.transport != "tcp" || !constant_time_equal(session, session_) || finished_) {
-    return Error{Errc::kPermissionDenied, migration::kHelloRefused};
+    return Error{Errc::kPermissionDenied, session::kHelloRefused};
   }
   return transport::ChannelTerms{channel_key_, session_, index};
 }
@@ -92,7 +92,7 @@ void PathCheck::on_data(UniqueFd fd, const transport::Hello& hello, const std::s
   {
     std::lock_guard lock(mu_);
     if (!token_used_ || status_.transport != "tcp" || !constant_time_equal(hello.session, session_) || finished_) {
-      return reject(fd.get(), "permission_denied", migration::kHelloRefused);
+      return reject(fd.get(), "permission_denied", session::kHelloRefused);
     }
     if (hello.tls != tls) return reject(fd.get(), "tls_mismatch", transport::tls_mismatch(hello.tls, tls));
     if (hello.index >= data_fds_.size() || data_fds_[hello.index].valid() || data_admitting_.count(hello.index)) {
@@ -110,7 +110,7 @@ void PathCheck::on_data(UniqueFd fd, const transport::Hello& hello, const std::s
     terms = transport::ChannelTerms{channel_key_, session_, hello.index};
   }
   auto stream = transport::TlsStream::handshake(fd.get(), transport::TlsStream::Role::kAcceptor, terms,
-                                                migration::kHelloTimeout);
+                                                session::kHelloTimeout);
   std::lock_guard lock(mu_);
   data_admitting_.erase(hello.index);
   if (!stream) {
@@ -144,8 +144,8 @@ Result<transport::rdma::AcceptPlan> PathCheck::rdma_plan(const transport::rdma::
   }
   transport::rdma::AcceptPlan plan;
   plan.key = channel_key_;
-  plan.params = transport::rdma::RdmaChannelParams{index, migration::return_path_chunk(spec_.chunk_size),
-                                                   migration::return_path_depth(spec_.ring_depth),
+  plan.params = transport::rdma::RdmaChannelParams{index, session::return_path_chunk(spec_.chunk_size),
+                                                   session::return_path_depth(spec_.ring_depth),
                                                    static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth};
   plan.metrics = &ctx_.metrics.transport("rdma", "pathcheck");
   plan.deliver = [this, index](Result<std::unique_ptr<transport::Channel>> ch) {
@@ -189,7 +189,7 @@ Status PathCheck::wait_for_source() {
                                                         std::move(data_tls_[i])));
     }
   }
-  link_ = std::make_unique<migration::ControlLink>(std::move(control_fd_));
+  link_ = std::make_unique<session::ControlLink>(std::move(control_fd_));
   return ok_status();
 }
 

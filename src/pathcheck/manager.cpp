@@ -3,7 +3,7 @@
 #include "common/log.h"
 #include "common/net.h"
 #include "common/units.h"
-#include "migration/job.h"
+#include "session/types.h"
 #include "transport/channel_proof.h"
 #include "transport/wire.h"
 
@@ -11,7 +11,7 @@ namespace rdmig::pathcheck {
 
 using nlohmann::json;
 
-PathCheckManager::PathCheckManager(const AgentConfig& config, Metrics& metrics, migration::DataPlaneServer& server)
+PathCheckManager::PathCheckManager(const AgentConfig& config, Metrics& metrics, session::DataPlaneServer& server)
     : config_(config), metrics_(metrics), server_(server) {
   server_.add_handler("pathcheck-control", [this](UniqueFd fd, const json& hello) { handle_hello(std::move(fd), hello); });
   server_.add_handler("pathcheck-data", [this](UniqueFd fd, const json& hello) { handle_hello(std::move(fd), hello); });
@@ -21,7 +21,7 @@ PathCheckManager::PathCheckManager(const AgentConfig& config, Metrics& metrics, 
     {
       std::lock_guard lock(mu_);
       for (auto& [id, c] : checks_) {
-        if (c->spec().role == migration::Role::kTarget && !c->finished()) targets.push_back(c);
+        if (c->spec().role == session::Role::kTarget && !c->finished()) targets.push_back(c);
       }
     }
     for (auto& c : targets) {
@@ -68,17 +68,17 @@ void PathCheckManager::handle_hello(UniqueFd fd, const json& raw) {
     // As for migrations: every control hello is challenged, whatever its id.
     nonce = random_hex(16);
     (void)transport::send_message(fd.get(), json{{"type", "challenge"}, {"nonce", nonce}});
-    auto auth = transport::recv_message(fd.get(), migration::kHelloTimeout);
+    auto auth = transport::recv_message(fd.get(), session::kHelloTimeout);
     auto mac = auth ? transport::get_string(auth.value(), "proof", "auth", 64) : Result<std::string>(auth.error());
     if (!auth || auth->value("type", "") != "auth" || !mac) {
-      transport::send_reject(fd.get(), "permission_denied", migration::kHelloRefused);
+      transport::send_reject(fd.get(), "permission_denied", session::kHelloRefused);
       return;
     }
     proof = mac.value();
   }
   auto check = find(hello->migration_id);
-  if (!check || check->spec().role != migration::Role::kTarget) {
-    transport::send_reject(fd.get(), "permission_denied", migration::kHelloRefused);
+  if (!check || check->spec().role != session::Role::kTarget) {
+    transport::send_reject(fd.get(), "permission_denied", session::kHelloRefused);
     return;
   }
   if (hello->kind == "control") {
@@ -88,10 +88,10 @@ void PathCheckManager::handle_hello(UniqueFd fd, const json& raw) {
   // A data channel proves the check's channel key before it is admitted (transport/channel_proof.h).
   auto terms = check->channel_terms(hello->session, hello->index);
   if (!terms) {
-    transport::send_reject(fd.get(), "permission_denied", migration::kHelloRefused);
+    transport::send_reject(fd.get(), "permission_denied", session::kHelloRefused);
     return;
   }
-  auto welcome_proof = transport::check_channel(fd.get(), terms.value(), hello->nonce, migration::kHelloTimeout);
+  auto welcome_proof = transport::check_channel(fd.get(), terms.value(), hello->nonce, session::kHelloTimeout);
   if (!welcome_proof) {
     metrics_.transport_error("tcp", "auth");
     LOG_WARN("dataplane") << "refused a data channel of path check " << hello->migration_id << ": "
@@ -167,7 +167,7 @@ Result<json> PathCheckManager::create(CheckSpec spec) {
                                                " (migration.bufferBudget) are held by migrations and checks"};
   }
   auto taken = [&](const std::string& id) { return checks_.contains(id); };
-  if (spec.id.empty() && spec.role == migration::Role::kSource && !taken(spec.target.migration_id)) {
+  if (spec.id.empty() && spec.role == session::Role::kSource && !taken(spec.target.migration_id)) {
     spec.id = spec.target.migration_id;
   }
   if (spec.id.empty()) {
@@ -178,18 +178,18 @@ Result<json> PathCheckManager::create(CheckSpec spec) {
   auto check = std::make_shared<PathCheck>(spec, CheckContext{config_, metrics_, server_.rdma()});
   checks_.emplace(spec.id, check);
   order_.push_back(spec.id);
-  json body{{"id", spec.id}, {"role", migration::role_name(spec.role)}};
-  if (spec.role == migration::Role::kTarget) {
+  json body{{"id", spec.id}, {"role", session::role_name(spec.role)}};
+  if (spec.role == session::Role::kTarget) {
     body["endpoint"] = net::format_endpoint(server_.advertise_host(), server_.port());
     body["checkId"] = spec.id;
     body["token"] = check->token();
   }
   check->start();
   lock.unlock();
-  LOG_INFO("pathcheck") << "pathcheck=" << spec.id << " role=" << migration::role_name(spec.role)
+  LOG_INFO("pathcheck") << "pathcheck=" << spec.id << " role=" << session::role_name(spec.role)
                         << " created bytes=" << format_quantity(spec.bytes) << " channels=" << spec.channels
                         << " chunkSize=" << format_quantity(spec.chunk_size) << " buffers=" << format_quantity(need);
-  body["phase"] = migration::phase_name(migration::Phase::kPending);
+  body["phase"] = session::phase_name(session::Phase::kPending);
   return body;
 }
 

@@ -22,7 +22,7 @@ namespace rdmig::pathcheck {
 class PathCheckManager {
  public:
   // Registers its hello handlers and RDMA resolver with `server` (before server.start()).
-  PathCheckManager(const AgentConfig& config, Metrics& metrics, migration::DataPlaneServer& server);
+  PathCheckManager(const AgentConfig& config, Metrics& metrics, session::DataPlaneServer& server);
   ~PathCheckManager();
   PathCheckManager(const PathCheckManager&) = delete;
   PathCheckManager& operator=(const PathCheckManager&) = delete;
@@ -54,7 +54,7 @@ class PathCheckManager {
 
   const AgentConfig& config_;
   Metrics& metrics_;
-  migration::DataPlaneServer& server_;
+  session::DataPlaneServer& server_;
   std::function<size_t()> running_migrations_;
   std::function<uint64_t()> migration_buffers_;
 

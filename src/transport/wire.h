@@ -62,7 +62,7 @@ struct Hello {
   // control, optional: the source's working RDMA rails ("rdmaRails"); empty from a one-device peer.
   std::vector<RailAddress> rdma_rails;
   // control, optional ("verifyChunks"): every chunk of every channel, both ways, ends in the
-  // CRC32C of its payload, checked before a byte reaches QEMU (migration/pump.h).
+  // CRC32C of its payload, checked before a byte reaches QEMU (session/pump.h).
   bool verify_chunks = false;
   // optional ("tls"), control and data: the source has dataPlane.tls on, so every TCP data
   // channel runs TLS after its proof (transport/tcp/tls_stream.h). The target refuses a hello

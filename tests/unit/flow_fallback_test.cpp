@@ -12,7 +12,7 @@
 #include "common/net.h"
 #include "common/token_source.h"
 #include "kubevirt/sessions.h"
-#include "migration/handshake.h"
+#include "session/transport_choice.h"
 #include "transport/channel_proof.h"
 #include "transport/wire.h"
 
@@ -33,7 +33,7 @@ struct Side {
     rdma.ip = "127.0.0.1";
     rdma.port = 1;  // no rdma_cm listener there
     for (uint32_t i = 0; i < mtus.size(); ++i) {
-      migration::RdmaRail rail;
+      session::RdmaRail rail;
       rail.rail = i;
       rail.device = "rxe-test" + std::to_string(i);
       rail.ip = rdma.ip;
@@ -49,7 +49,7 @@ struct Side {
   }
   AgentConfig config;
   Metrics metrics;
-  migration::RdmaSupport rdma;
+  session::RdmaSupport rdma;
 };
 
 // The target agent's data-plane port in miniature: the flow hello makes a TargetSession, a
@@ -160,15 +160,15 @@ TEST(KubevirtFlowFallback, UnreachableRdmaWithTransportAutoCarriesOverTcpAndBoth
   auto st = s.value()->add_connection(std::move(proxy), net::Endpoint{"10.99.2.2", 49152});
   const auto took = std::chrono::steady_clock::now() - t0;
   ASSERT_TRUE(st.ok()) << st.error().message;
-  EXPECT_LT(took, migration::kRdmaConnectTimeout + 5s);
+  EXPECT_LT(took, session::kRdmaConnectTimeout + 5s);
   const auto rec = s.value()->record();
   EXPECT_EQ(rec.transport, "tcp");
-  EXPECT_EQ(rec.transport_reason, migration::kPeerRdmaUnreachable);
+  EXPECT_EQ(rec.transport_reason, session::kPeerRdmaUnreachable);
   // The target switched before it took the TCP channel.
   auto t = agent.session();
   ASSERT_TRUE(t);
   EXPECT_EQ(t->record().transport, "tcp");
-  EXPECT_EQ(t->record().transport_reason, migration::kPeerRdmaUnreachable);
+  EXPECT_EQ(t->record().transport_reason, session::kPeerRdmaUnreachable);
   // Counted once each side, as the fallback; the RDMA choice that did not hold is not counted.
   for (Metrics* m : {&src.metrics, &dst.metrics}) {
     EXPECT_EQ(selected(*m, "tcp", "auto-no-peer-rdma"), 1);
@@ -185,7 +185,7 @@ TEST(KubevirtFlowFallback, UnreachableRdmaWithRdmaRequiredRefusesTheConnectionNa
   auto [qemu, proxy] = socket_pair();
   auto st = s.value()->add_connection(std::move(proxy), net::Endpoint{"10.99.2.2", 49152});
   ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.error().message.find(migration::kPeerRdmaUnreachable), std::string::npos) << st.error().message;
+  EXPECT_NE(st.error().message.find(session::kPeerRdmaUnreachable), std::string::npos) << st.error().message;
   EXPECT_NE(st.error().message.find("rdma is required"), std::string::npos) << st.error().message;
   EXPECT_EQ(s.value()->record().transport, "rdma");
   EXPECT_EQ(selected(src.metrics, "tcp", "auto-no-peer-rdma"), 0);

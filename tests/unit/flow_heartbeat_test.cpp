@@ -22,12 +22,12 @@ class LinkEnd final : public FlowSession {
  public:
   LinkEnd(Metrics& m, UniqueFd fd, const std::string& own, const std::string& peer, std::chrono::milliseconds timeout)
       : FlowSession("s-" + own, FlowRecord{}, m) {
-    set_link(std::make_unique<migration::ControlLink>(std::move(fd)), std::make_unique<FlowSigner>(kKey, own, peer),
+    set_link(std::make_unique<session::ControlLink>(std::move(fd)), std::make_unique<FlowSigner>(kKey, own, peer),
              timeout);
   }
   using FlowSession::control_turn;
   using FlowSession::stop_watching_peer;
-  migration::ControlLink& link() { return *link_; }
+  session::ControlLink& link() { return *link_; }
 };
 
 std::pair<UniqueFd, UniqueFd> socket_pair() {
@@ -100,7 +100,7 @@ TEST(KubevirtFlowHeartbeat, ForgedAndReplayedHeartbeatsFailTheTurnAndNeverCountA
   {
     auto [a_fd, b_fd] = socket_pair();
     LinkEnd source(m, std::move(a_fd), "source", "target", 1000ms);
-    migration::ControlLink raw(std::move(b_fd));
+    session::ControlLink raw(std::move(b_fd));
     FlowSigner peer(kKey, "target", "source");
     const json first = peer.sign(json{{"type", "heartbeat"}});
     ASSERT_TRUE(raw.send(first));
@@ -123,7 +123,7 @@ TEST(KubevirtFlowHeartbeat, ForgedAndReplayedHeartbeatsFailTheTurnAndNeverCountA
                                FlowSigner(kKey, "source", "target").sign(json{{"type", "heartbeat"}})}) {
       auto [c_fd, d_fd] = socket_pair();
       LinkEnd victim(m, std::move(c_fd), "source", "target", 1000ms);
-      migration::ControlLink attacker(std::move(d_fd));
+      session::ControlLink attacker(std::move(d_fd));
       ASSERT_TRUE(attacker.send(forged));
       std::optional<Error> e;
       for (int i = 0; i < 10 && !e; ++i) {

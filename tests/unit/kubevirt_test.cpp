@@ -19,6 +19,7 @@
 #include "kubevirt/kubevirt_metrics.h"
 #include "kubevirt/libvirt_stats.h"
 #include "kubevirt/peer_discovery.h"
+#include "kubevirt/sessions.h"
 #include "kubevirt/vmi.h"
 #include "kubevirt/vmi_api.h"
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "metrics/metrics.h"
-#include "migration/handshake.h"
+#include "session/transport_choice.h"
 
 using namespace rdmig;
 
@@ -63,30 +63,30 @@ TEST(Metrics, AlertedCountersExistAtZeroFromStartUp) {
 }
 
 TEST(Metrics, EveryTransportReasonTheHandshakeGivesIsAFixedLabelValue) {
-  using migration::TransportOffer;
+  using session::TransportOffer;
   int choices = 0;
   for (const auto offered : {TransportKind::kTcp, TransportKind::kRdma}) {
     for (const bool required : {false, true}) {
       for (const auto requested : {TransportKind::kAuto, TransportKind::kTcp, TransportKind::kRdma}) {
         for (const bool available : {false, true}) {
-          migration::RdmaSupport rdma;
+          session::RdmaSupport rdma;
           rdma.available = available;
           rdma.reason = available ? "" : "no device";
           rdma.reason_code = available ? "" : "no-address";
-          auto choice = migration::choose_transport(TransportOffer{offered, required}, requested, rdma);
+          auto choice = session::choose_transport(TransportOffer{offered, required}, requested, rdma);
           if (!choice) continue;
           ++choices;
           // The target's reason code rides after ':' (auto-no-peer-rdma:no-address); the part before is the label.
           const std::string base = choice->reason.substr(0, choice->reason.find(':'));
-          EXPECT_TRUE(is_fixed_pair(migration::wire_name(choice->transport), base))
-              << migration::wire_name(choice->transport) << " " << choice->reason;
+          EXPECT_TRUE(is_fixed_pair(session::wire_name(choice->transport), base))
+              << session::wire_name(choice->transport) << " " << choice->reason;
           if (!available && choice->transport == TransportKind::kTcp && base == "auto-no-peer-rdma") {
             EXPECT_EQ(choice->reason, "auto-no-peer-rdma:no-address");
           }
           Metrics m;
-          m.transport_selected(migration::wire_name(choice->transport), choice->reason);
+          m.transport_selected(session::wire_name(choice->transport), choice->reason);
           EXPECT_TRUE(has_line(m.serialize(), std::string("rdmig_transport_selected_total{reason=\"") + base +
-                                                  "\",transport=\"" + migration::wire_name(choice->transport) + "\"} 1"))
+                                                  "\",transport=\"" + session::wire_name(choice->transport) + "\"} 1"))
               << choice->reason;
         }
       }
@@ -96,25 +96,25 @@ TEST(Metrics, EveryTransportReasonTheHandshakeGivesIsAFixedLabelValue) {
 }
 
 TEST(Handshake, DifferentRdmaMtusAreTcpWithTheReasonOrAnErrorWhenRdmaIsRequired) {
-  using migration::TransportOffer;
-  migration::RdmaSupport rdma;
+  using session::TransportOffer;
+  session::RdmaSupport rdma;
   rdma.available = true;
   rdma.mtu = 1024;
-  auto on_rail0 = [](uint32_t peer) { return std::vector<migration::RailMtu>{{0, "mlx5_0", peer, 1024}}; };
+  auto on_rail0 = [](uint32_t peer) { return std::vector<session::RailMtu>{{0, "mlx5_0", peer, 1024}}; };
   // Same MTU, or the source's unknown (a peer that does not send it): RDMA.
   for (uint32_t peer : {1024u, 0u}) {
-    auto c = migration::choose_transport(TransportOffer{TransportKind::kRdma, false}, TransportKind::kAuto, rdma,
+    auto c = session::choose_transport(TransportOffer{TransportKind::kRdma, false}, TransportKind::kAuto, rdma,
                                          on_rail0(peer));
     ASSERT_TRUE(c.ok());
     EXPECT_EQ(c->transport, TransportKind::kRdma) << peer;
   }
-  auto c = migration::choose_transport(TransportOffer{TransportKind::kRdma, false}, TransportKind::kAuto, rdma,
+  auto c = session::choose_transport(TransportOffer{TransportKind::kRdma, false}, TransportKind::kAuto, rdma,
                                        on_rail0(4096));
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->transport, TransportKind::kTcp);
   EXPECT_EQ(c->reason, "auto-no-peer-rdma:mtu-mismatch");
   for (auto [required, requested] : {std::pair{true, TransportKind::kAuto}, std::pair{false, TransportKind::kRdma}}) {
-    auto e = migration::choose_transport(TransportOffer{TransportKind::kRdma, required}, requested, rdma,
+    auto e = session::choose_transport(TransportOffer{TransportKind::kRdma, required}, requested, rdma,
                                          on_rail0(4096));
     ASSERT_FALSE(e.ok());
     EXPECT_NE(e.error().message.find("source 4096, target 1024"), std::string::npos) << e.error().message;

@@ -216,7 +216,7 @@ TEST(PathCheckRequest, BoundsAndDefaultsAreTheAgentsPathCheckKeys) {
 }
 
 TEST(PathCheckRdmaEnd, ReportsDevicePortGidAndMtuOfTheChosenPort) {
-  migration::RdmaSupport rdma;
+  session::RdmaSupport rdma;
   rdma.available = true;
   rdma.device = "mlx5_2";
   rdma.device_port = 1;
@@ -249,8 +249,8 @@ TEST(PathCheckRdmaEnd, ReportsDevicePortGidAndMtuOfTheChosenPort) {
 }
 
 namespace {
-migration::RailPair rail_pair(uint32_t index, const std::string& device, const std::string& ip, uint32_t mtu) {
-  migration::RailPair p;
+session::RailPair rail_pair(uint32_t index, const std::string& device, const std::string& ip, uint32_t mtu) {
+  session::RailPair p;
   p.rail = index;
   p.local.rail = index;
   p.local.device = device;

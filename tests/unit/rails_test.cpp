@@ -1,13 +1,15 @@
-// Striping a session's channels across RDMA rails (migration/rails.h).
+// Striping a session's channels across RDMA rails (session/rails.h), and how a migration's
+// status and failure reports name them (migration/job.h).
 #include <gtest/gtest.h>
 
 #include "metrics/metrics.h"
 #include "migration/job.h"
-#include "migration/rails.h"
+#include "session/rails.h"
 
 namespace rdmig::migration {
 namespace {
 
+using namespace rdmig::session;
 using nlohmann::json;
 
 const net::DialPolicy kPeers = net::DialPolicy::peer_agents(false);

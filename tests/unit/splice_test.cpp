@@ -16,7 +16,7 @@
 #include "common/crc32c.h"
 #include "common/net.h"
 #include "metrics/metrics.h"
-#include "migration/pump.h"
+#include "session/pump.h"
 #include "transport/tcp/tcp_channel.h"
 
 using namespace rdmig;
@@ -120,9 +120,9 @@ TEST_P(PumpOverTcp, CarriesBothDirectionsByteExact) {
   auto link = connect_link(c.chunk, c.depth, c.source, c.target);
   auto src = socket_pair();
   auto dst = socket_pair();
-  migration::ChannelPump source_pump(*link->source, std::move(src.agent));
+  session::ChannelPump source_pump(*link->source, std::move(src.agent));
   UniqueFd dst_agent = std::move(dst.agent);
-  migration::ChannelPump target_pump(*link->target, [&]() -> Result<UniqueFd> { return std::move(dst_agent); });
+  session::ChannelPump target_pump(*link->target, [&]() -> Result<UniqueFd> { return std::move(dst_agent); });
   if (c.verify) {
     source_pump.verify_chunks();
     target_pump.verify_chunks();
@@ -223,9 +223,9 @@ TEST(PumpOverTcpSplice, TargetQemuGoneIsAWriteToQemuError) {
   auto link = connect_link(1 << 20, 16, SpliceMode::kOn, SpliceMode::kOn);
   auto src = socket_pair();
   auto dst = socket_pair();
-  migration::ChannelPump source_pump(*link->source, std::move(src.agent));
+  session::ChannelPump source_pump(*link->source, std::move(src.agent));
   UniqueFd dst_agent = std::move(dst.agent);
-  migration::ChannelPump target_pump(*link->target, [&]() -> Result<UniqueFd> { return std::move(dst_agent); });
+  session::ChannelPump target_pump(*link->target, [&]() -> Result<UniqueFd> { return std::move(dst_agent); });
   source_pump.start();
   target_pump.start();
   std::thread w([&] { write_stream(src.qemu.get(), 256ull << 20, 5); });
@@ -250,9 +250,9 @@ TEST(PumpOverTcpSplice, AbortEndsPumpsBlockedOnSplice) {
   auto link = connect_link(1 << 20, 16, SpliceMode::kOn, SpliceMode::kOn);
   auto src = socket_pair();
   auto dst = socket_pair();
-  migration::ChannelPump source_pump(*link->source, std::move(src.agent));
+  session::ChannelPump source_pump(*link->source, std::move(src.agent));
   UniqueFd dst_agent = std::move(dst.agent);
-  migration::ChannelPump target_pump(*link->target, [&]() -> Result<UniqueFd> { return std::move(dst_agent); });
+  session::ChannelPump target_pump(*link->target, [&]() -> Result<UniqueFd> { return std::move(dst_agent); });
   source_pump.start();
   target_pump.start();
   // A stream towards a target QEMU that never reads: the target's splice into it blocks with
@@ -284,9 +284,9 @@ TEST_P(StalledTargetQemu, DoesNotBlockTheReturnPath) {
   auto link = connect_link(256 << 10, 4, mode, mode);
   auto src = socket_pair();
   auto dst = socket_pair();
-  migration::ChannelPump source_pump(*link->source, std::move(src.agent));
+  session::ChannelPump source_pump(*link->source, std::move(src.agent));
   UniqueFd dst_agent = std::move(dst.agent);
-  migration::ChannelPump target_pump(*link->target, [&]() -> Result<UniqueFd> { return std::move(dst_agent); });
+  session::ChannelPump target_pump(*link->target, [&]() -> Result<UniqueFd> { return std::move(dst_agent); });
   source_pump.start();
   target_pump.start();
   // Forward: more than the ring and the socket buffers hold, towards a QEMU that reads nothing.
@@ -379,7 +379,7 @@ struct DrainCase {
   std::unique_ptr<Link> link;
   SocketPair src, dst;
   UniqueFd dst_agent;
-  std::unique_ptr<migration::ChannelPump> source_pump, target_pump;
+  std::unique_ptr<session::ChannelPump> source_pump, target_pump;
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> written{0};
   int write_errno = -1;
@@ -393,10 +393,10 @@ struct DrainCase {
     link = connect_link(256 << 10, 4, SpliceMode::kOff, SpliceMode::kOff);
     src = socket_pair();
     dst = socket_pair();
-    source_pump = std::make_unique<migration::ChannelPump>(*link->source, std::move(src.agent));
+    source_pump = std::make_unique<session::ChannelPump>(*link->source, std::move(src.agent));
     if (drain.count() > 0) source_pump->drain_on_failure(drain);
     dst_agent = std::move(dst.agent);
-    target_pump = std::make_unique<migration::ChannelPump>(*link->target,
+    target_pump = std::make_unique<session::ChannelPump>(*link->target,
                                                            [this]() -> Result<UniqueFd> { return std::move(dst_agent); });
     source_pump->start();
     target_pump->start();
@@ -493,8 +493,8 @@ TEST(PumpDrainOnFailure, EndsWhenQemuFallsSilentWithItsConnectionOpen) {
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_TRUE(silent.source_pump->wait(5s)) << "the drain outlived QEMU's silence";
   const auto took = std::chrono::steady_clock::now() - t0;
-  EXPECT_GE(took, migration::kMultifdDrainIdle - 150ms);
-  EXPECT_LT(took, migration::kMultifdDrainIdle + 1500ms);
+  EXPECT_GE(took, session::kMultifdDrainIdle - 150ms);
+  EXPECT_LT(took, session::kMultifdDrainIdle + 1500ms);
   EXPECT_FALSE(silent.source_pump->draining());
   // The connection was reset: QEMU's next write fails.
   EXPECT_TRUE(write_fails_soon(silent.src.qemu.get())) << "QEMU's connection still takes writes after the drain ended";
@@ -507,7 +507,7 @@ TEST(PumpDrainOnFailure, EndsWhenQemuWasSilentBeforeTheFailure) {
   DrainCase quiet(10s, 64u << 10);
   quiet.wait_failed();
   // Without the watch the pump waits in its read until the session ends it (never, here).
-  EXPECT_TRUE(quiet.source_pump->wait(migration::kMultifdDrainIdle + 2s)) << "the pump outlived QEMU's silence";
+  EXPECT_TRUE(quiet.source_pump->wait(session::kMultifdDrainIdle + 2s)) << "the pump outlived QEMU's silence";
   EXPECT_EQ(quiet.source_pump->bytes_drained(), 0u);
   EXPECT_TRUE(write_fails_soon(quiet.src.qemu.get())) << "QEMU's connection still takes writes after the drain ended";
 }
@@ -585,9 +585,9 @@ TEST(PumpVerifyChunks, ACorruptedChunkFailsTheChannelAndNothingOfItReachesQemu) 
   auto target = TcpChannel::create(std::move(path->target), 0, 1 << 20, 8, tm, SpliceMode::kOff);
   auto src = socket_pair();
   auto dst = socket_pair();
-  migration::ChannelPump source_pump(*source, std::move(src.agent));
+  session::ChannelPump source_pump(*source, std::move(src.agent));
   UniqueFd dst_agent = std::move(dst.agent);
-  migration::ChannelPump target_pump(*target, [&]() -> Result<UniqueFd> { return std::move(dst_agent); });
+  session::ChannelPump target_pump(*target, [&]() -> Result<UniqueFd> { return std::move(dst_agent); });
   source_pump.verify_chunks();
   target_pump.verify_chunks();
   source_pump.start();
@@ -662,7 +662,7 @@ TEST(PumpVerifyChunks, ALostChunkIsNamedAndNothingAfterItReachesQemu) {
       payload.resize(body);
       if (body > 0 && !read_exact(payload.data(), body)) break;
       if (data && data_frames++ == 1) continue;  // the second DATA frame never arrives
-      if (data && data_frames == 1) first_payload = length - static_cast<uint32_t>(migration::kVerifyTrailer);
+      if (data && data_frames == 1) first_payload = length - static_cast<uint32_t>(session::kVerifyTrailer);
       if (!net::write_all(to, head).ok() || !net::write_all(to, payload).ok()) break;
     }
     ::shutdown(to, SHUT_WR);
@@ -682,9 +682,9 @@ TEST(PumpVerifyChunks, ALostChunkIsNamedAndNothingAfterItReachesQemu) {
   auto target = TcpChannel::create(std::move(path->target), 0, 1 << 20, 8, tm, SpliceMode::kOff);
   auto src = socket_pair();
   auto dst = socket_pair();
-  migration::ChannelPump source_pump(*source, std::move(src.agent));
+  session::ChannelPump source_pump(*source, std::move(src.agent));
   UniqueFd dst_agent = std::move(dst.agent);
-  migration::ChannelPump target_pump(*target, [&]() -> Result<UniqueFd> { return std::move(dst_agent); });
+  session::ChannelPump target_pump(*target, [&]() -> Result<UniqueFd> { return std::move(dst_agent); });
   source_pump.verify_chunks();
   target_pump.verify_chunks();
   source_pump.start();

@@ -1,4 +1,4 @@
-#include "migration/data_plane_server.h"
+#include "session/data_plane_server.h"
 
 #include <sys/socket.h>
 
@@ -10,7 +10,7 @@
 #include "transport/rdma/network_status.h"
 #include "transport/wire.h"
 
-namespace rdmig::migration {
+namespace rdmig::session {
 
 using nlohmann::json;
 using namespace std::chrono_literals;
@@ -286,4 +286,4 @@ void DataPlaneServer::handle(UniqueFd fd) {
   it->second(std::move(fd), msg.value());
 }
 
-}  // namespace rdmig::migration
+}  // namespace rdmig::session

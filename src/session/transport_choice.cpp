@@ -1,8 +1,8 @@
-#include "migration/handshake.h"
+#include "session/transport_choice.h"
 
 #include <algorithm>
 
-namespace rdmig::migration {
+namespace rdmig::session {
 
 const char* wire_name(TransportKind kind) { return kind == TransportKind::kRdma ? "rdma" : "tcp"; }
 
@@ -70,4 +70,4 @@ Result<TransportChoice> choose_transport(const TransportOffer& offer, TransportK
   return choice;
 }
 
-}  // namespace rdmig::migration
+}  // namespace rdmig::session

@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "common/result.h"
-#include "config/agent_config.h"
-#include "migration/data_plane_server.h"
+#include "common/transport_kind.h"
+#include "session/data_plane_server.h"
 
-namespace rdmig::migration {
+namespace rdmig::session {
 
 // The reason when both agents chose RDMA but the source's rdma_cm could not reach the target's
 // listener (address or route resolution failed, the connect timed out or was refused): with
@@ -34,7 +34,7 @@ struct TransportChoice {
 };
 
 // The active MTUs (bytes; 0: unknown) of the two ports of one matched rail that carries a
-// channel (migration/rails.h rail_mtus).
+// channel (session/rails.h rail_mtus).
 struct RailMtu {
   uint32_t rail = 0;
   std::string device;   // the target's device on the rail
@@ -64,4 +64,4 @@ std::string with_rdma_reason(const std::string& reason, const RdmaSupport& rdma)
 const char* wire_name(TransportKind kind);
 Result<TransportKind> parse_wire_transport(const std::string& text, const std::string& field);
 
-}  // namespace rdmig::migration
+}  // namespace rdmig::session

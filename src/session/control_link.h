@@ -14,7 +14,7 @@
 #include "common/fd.h"
 #include "common/result.h"
 
-namespace rdmig::migration {
+namespace rdmig::session {
 
 class ControlLink {
  public:
@@ -45,4 +45,4 @@ class ControlLink {
   std::thread reader_;
 };
 
-}  // namespace rdmig::migration
+}  // namespace rdmig::session

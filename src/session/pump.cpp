@@ -1,4 +1,4 @@
-#include "migration/pump.h"
+#include "session/pump.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -11,7 +11,7 @@
 #include "common/net.h"
 #include "common/thread_name.h"
 
-namespace rdmig::migration {
+namespace rdmig::session {
 
 namespace {
 
@@ -419,4 +419,4 @@ void ChannelPump::inline_sink(int fd) {
   });
 }
 
-}  // namespace rdmig::migration
+}  // namespace rdmig::session

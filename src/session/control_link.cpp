@@ -1,11 +1,11 @@
-#include "migration/control_link.h"
+#include "session/control_link.h"
 
 #include <sys/socket.h>
 
 #include "common/net.h"
 #include "transport/wire.h"
 
-namespace rdmig::migration {
+namespace rdmig::session {
 
 ControlLink::ControlLink(UniqueFd fd) : fd_(std::move(fd)) {
   net::detect_dead_peer(fd_.get());
@@ -81,4 +81,4 @@ Result<nlohmann::json> ControlLink::expect(const std::string& type, std::chrono:
   }
 }
 
-}  // namespace rdmig::migration
+}  // namespace rdmig::session

@@ -1,11 +1,11 @@
-#include "migration/rails.h"
+#include "session/rails.h"
 
 #include <algorithm>
 
 #include "common/log.h"
 #include "common/net.h"
 
-namespace rdmig::migration {
+namespace rdmig::session {
 
 using nlohmann::json;
 
@@ -180,4 +180,4 @@ void account_rail_traffic(std::vector<RailUsage>& rails, const ChannelTraffic& b
   }
 }
 
-}  // namespace rdmig::migration
+}  // namespace rdmig::session

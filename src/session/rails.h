@@ -21,13 +21,13 @@
 #include "common/dial_policy.h"
 #include "common/result.h"
 #include "metrics/metrics.h"
-#include "migration/data_plane_server.h"
-#include "migration/handshake.h"
-#include "migration/types.h"
+#include "session/data_plane_server.h"
+#include "session/transport_choice.h"
+#include "session/types.h"
 #include "transport/rdma/rdma_channel.h"
 #include "transport/wire.h"
 
-namespace rdmig::migration {
+namespace rdmig::session {
 
 struct RailPair {
   uint32_t rail = 0;   // the index both agents configured it under
@@ -100,4 +100,4 @@ void account_rail_traffic(std::vector<RailUsage>& rails, const ChannelTraffic& b
                           const std::string& traffic,
                           std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
 
-}  // namespace rdmig::migration
+}  // namespace rdmig::session

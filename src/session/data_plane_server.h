@@ -27,7 +27,7 @@
 #include "transport/rdma/options.h"
 #include "transport/rdma/rdma_listener.h"
 
-namespace rdmig::migration {
+namespace rdmig::session {
 
 // One RDMA device of this agent that works (device chosen, rdma_cm listener up): a "rail".
 struct RdmaRail {
@@ -146,4 +146,4 @@ class DataPlaneServer {
 // Chooses the address peers should dial: config, then $POD_IP, then $NODE_IP, then the listen address.
 std::string choose_advertise_host(const AgentConfig& config);
 
-}  // namespace rdmig::migration
+}  // namespace rdmig::session

@@ -25,7 +25,7 @@
 #include "common/result.h"
 #include "transport/channel.h"
 
-namespace rdmig::migration {
+namespace rdmig::session {
 
 // How long a failed source pump set to drain_on_failure() reads QEMU's connection to nowhere
 // at most (QEMU closes it itself well before, once its migration cleanup has run).
@@ -153,4 +153,4 @@ class ChannelPump {
   std::thread down_;
 };
 
-}  // namespace rdmig::migration
+}  // namespace rdmig::session
