@@ -4,13 +4,17 @@
 #include "common/units.h"
 #include "transport/channel_proof.h"
 #include "transport/wire.h"
+#include "session/protocol.h"
 
 namespace rdmig::kubevirt {
 
 using nlohmann::json;
 
+// The version is the codec's (session/protocol.h); this header keeps its name for its callers.
+static_assert(kFlowProtocolVersion == session::kFlowProtocol);
+
 json FlowHello::to_json() const {
-  json j{{"kind", "flow"},
+  json j{{"kind", session::to_string(session::HelloKind::kFlow)},
          {"protocol", kFlowProtocolVersion},
          {"session", session},
          {"nonce", nonce},
@@ -37,12 +41,8 @@ Result<FlowHello> FlowHello::parse(const json& j) {
   using transport::get_string;
   using transport::get_uint;
   FlowHello h;
-  auto proto = get_uint(j, "protocol", "hello", 0, 1000);
+  auto proto = session::check_hello_protocol(j, session::Purpose::kFlow);
   if (!proto) return proto.error();
-  if (proto.value() != kFlowProtocolVersion) {
-    return Error{Errc::kInvalidArgument, "hello.protocol: this agent speaks " + std::to_string(kFlowProtocolVersion) +
-                                             ", got " + std::to_string(proto.value())};
-  }
   for (auto [key, out] : {std::pair{"session", &h.session}, std::pair{"nonce", &h.nonce}}) {
     auto v = get_string(j, key, "hello", 32);
     if (!v) return v.error();
@@ -103,7 +103,7 @@ std::string flow_channel_key(const std::string& token, const FlowHello& hello, c
 }
 
 json FlowDataHello::to_json() const {
-  json j{{"kind", "flow-data"}, {"protocol", kFlowProtocolVersion}, {"session", session}, {"index", index}};
+  json j{{"kind", session::to_string(session::HelloKind::kFlowData)}, {"protocol", kFlowProtocolVersion}, {"session", session}, {"index", index}};
   if (!nonce.empty()) j["nonce"] = nonce;
   if (tls) j["tls"] = true;
   return j;
@@ -112,12 +112,8 @@ json FlowDataHello::to_json() const {
 Result<FlowDataHello> FlowDataHello::parse(const json& j) {
   using transport::get_string;
   using transport::get_uint;
-  auto proto = get_uint(j, "protocol", "hello", 0, 1000);
+  auto proto = session::check_hello_protocol(j, session::Purpose::kFlow);
   if (!proto) return proto.error();
-  if (proto.value() != kFlowProtocolVersion) {
-    return Error{Errc::kInvalidArgument, "hello.protocol: this agent speaks " + std::to_string(kFlowProtocolVersion) +
-                                             ", got " + std::to_string(proto.value())};
-  }
   FlowDataHello h;
   auto session = get_string(j, "session", "hello", 32);
   if (!session) return session.error();

@@ -3,11 +3,11 @@
 //   source -> target  hello {kind:"flow", protocol, session, nonce, mode, vmi, migrationUid,
 //                            sourceNode, targetNode, chunkSize, ringDepth, transport, transportRequired,
 //                            rdmaRails?: [{rail, address, mtu?}] (the source's working RDMA rails)}
-//   target -> source  {type:"challenge", nonce, proofs:[...]}   the target proves the token first:
+//   target -> source  {type: challenge, nonce, proofs:[...]}   the target proves the token first:
 //                     one proof per token it accepts (current, and the previous one during a
 //                     rotation), each HMAC(token, "target" role label, both nonces, the hello)
 //   source -> target  {type:"auth", mac}    HMAC(token, "source" role label, both nonces, the hello)
-//   target -> source  {type:"welcome", transport, transportReason, rdmaEndpoint?, rdmaRails?} | {type:"reject"}
+//   target -> source  {type: welcome, transport, transportReason, rdmaEndpoint?, rdmaRails?} | {type: reject}
 //                     rdmaRails: the target's rdma_cm endpoint on each working rail; channels
 //                     are striped across the rails both agents have (session/rails.h)
 // Every proof covers every field of the hello as the target parsed it, so a relay of the

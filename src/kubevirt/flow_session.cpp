@@ -4,6 +4,7 @@
 
 #include "common/log.h"
 #include "session/types.h"
+#include "session/protocol.h"
 
 namespace rdmig::kubevirt {
 
@@ -96,7 +97,7 @@ Result<std::optional<json>> FlowSession::control_turn() {
   if (now >= next_heartbeat_) {
     next_heartbeat_ = now + kFlowHeartbeatInterval;
     // A send that fails shows as the link's loss on the next read.
-    (void)send_signed(json{{"type", "heartbeat"}});
+    (void)send_signed(session::message(session::MessageKind::kHeartbeat));
   }
   const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_heartbeat_ - now);
   auto m = next_verified(std::clamp(wait, std::chrono::milliseconds(1), kFlowHeartbeatInterval));
@@ -104,7 +105,7 @@ Result<std::optional<json>> FlowSession::control_turn() {
   now = steady_clock::now();
   if (m->has_value()) {
     last_heard_ = now;
-    if ((**m).value("type", "") == "heartbeat") return std::optional<json>();
+    if (session::is(**m, session::MessageKind::kHeartbeat)) return std::optional<json>();
     return m;
   }
   if (watching_peer_.load() && now - last_heard_ > peer_timeout_) {
@@ -227,7 +228,7 @@ void FlowSession::fail(const Error& error, bool from_peer) {
     std::lock_guard lock(legs_mu_);
     for (auto& l : legs_) l.pump->abort(error, !l.pump->drains_on_failure());
   }
-  if (link_ && !from_peer) (void)send_signed(json{{"type", "abort"}, {"reason", error.message}});
+  if (link_ && !from_peer) (void)send_signed(session::message(session::MessageKind::kAbort, json{{"reason", error.message}}));
   wake();
   close_legs(true);
   if (link_) link_->close();

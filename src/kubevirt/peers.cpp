@@ -2,6 +2,7 @@
 
 #include "kubevirt/nft_rules.h"
 #include "transport/wire.h"
+#include "session/protocol.h"
 
 namespace rdmig::kubevirt {
 
@@ -110,10 +111,10 @@ std::vector<PeerInfo> PeerDirectory::unhealthy() const {
 Status probe_peer(const net::Endpoint& agent, std::chrono::milliseconds timeout) {
   auto fd = net::tcp_connect(agent, timeout);
   if (!fd) return fd.error();
-  RDMIG_TRY(transport::send_message(fd->get(), nlohmann::json{{"kind", "probe"}, {"protocol", transport::kProtocolVersion}}));
+  RDMIG_TRY(transport::send_message(fd->get(), nlohmann::json{{"kind", session::to_string(session::HelloKind::kProbe)}, {"protocol", transport::kProtocolVersion}}));
   auto reply = transport::recv_message(fd->get(), timeout);
   if (!reply) return reply.error();
-  if (reply->value("type", "") != "pong") return Error{Errc::kProtocol, "peer answered the probe with no pong"};
+  if (!session::is(*reply, session::MessageKind::kPong)) return Error{Errc::kProtocol, "peer answered the probe with no pong"};
   return ok_status();
 }
 

@@ -12,6 +12,7 @@
 #include "kubevirt/relay_internal.h"
 #include "session/types.h"
 #include "transport/wire.h"
+#include "session/protocol.h"
 
 namespace rdmig::kubevirt {
 
@@ -31,11 +32,11 @@ KubevirtRelay::KubevirtRelay(const AgentConfig& config, Metrics& metrics, sessio
   if (node_.empty()) {
     if (const char* n = std::getenv("NODE_NAME"); n && *n) node_ = n;
   }
-  server_.add_handler("probe", [](UniqueFd fd, const json&) {
-    (void)transport::send_message(fd.get(), json{{"type", "pong"}});
+  server_.add_handler(session::to_string(session::HelloKind::kProbe), [](UniqueFd fd, const json&) {
+    (void)transport::send_message(fd.get(), session::message(session::MessageKind::kPong));
   });
-  server_.add_handler("flow", [this](UniqueFd fd, const json& hello) { on_flow_hello(std::move(fd), hello); });
-  server_.add_handler("flow-data", [this](UniqueFd fd, const json& hello) { on_flow_data(std::move(fd), hello); });
+  server_.add_handler(session::to_string(session::HelloKind::kFlow), [this](UniqueFd fd, const json& hello) { on_flow_hello(std::move(fd), hello); });
+  server_.add_handler(session::to_string(session::HelloKind::kFlowData), [this](UniqueFd fd, const json& hello) { on_flow_data(std::move(fd), hello); });
   server_.add_rdma_resolver([this](const transport::rdma::ConnectRequest& r) { return resolve_rdma(r); });
 }
 

@@ -7,6 +7,7 @@
 #include "transport/rdma/rdma_channel.h"
 #include "transport/tcp/tcp_channel.h"
 #include "transport/wire.h"
+#include "session/protocol.h"
 
 namespace rdmig::kubevirt {
 
@@ -47,10 +48,10 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
   RDMIG_TRY(transport::send_message(fd->get(), hello.to_json()));
   auto challenge = transport::recv_message(fd->get(), timeout);
   if (!challenge) return challenge.error().with_context(where);
-  if (challenge->value("type", "") != "challenge") {
+  if (!session::is(*challenge, session::MessageKind::kChallenge)) {
     return Error{Errc::kPermissionDenied, where + " refused the session: " + challenge->value("message", std::string("?"))};
   }
-  auto nonce = transport::get_string(challenge.value(), "nonce", "challenge", 64);
+  auto nonce = transport::get_string(challenge.value(), "nonce", session::to_string(session::MessageKind::kChallenge), 64);
   if (!nonce) return nonce.error().with_context(where);
   // The target proves the token first, over this hello and both nonces: an agent (or a relay)
   // without it learns nothing and gets no connection carried. During a rotation each side
@@ -69,17 +70,17 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
     ctx.metrics.transport_error(hello.transport, "auth");
     return Error{Errc::kPermissionDenied, where + " did not prove the agents' token: not carried there"};
   }
-  RDMIG_TRY(transport::send_message(fd->get(), json{{"type", "auth"}, {"mac", flow_proof(token, "source", hello, nonce.value())}}));
+  RDMIG_TRY(transport::send_message(fd->get(), session::message(session::MessageKind::kAuth, json{{"mac", flow_proof(token, "source", hello, nonce.value())}})));
   auto welcome = transport::recv_message(fd->get(), timeout);
   if (!welcome) return welcome.error().with_context(where);
-  if (welcome->value("type", "") != "welcome") {
+  if (!session::is(*welcome, session::MessageKind::kWelcome)) {
     ctx.metrics.transport_error(hello.transport, "handshake_rejected");
     // failed_precondition: the peer is healthy but does not carry this migration (its API check).
     const bool declined = welcome->value("code", "") == "failed_precondition";
     return Error{declined ? Errc::kFailedPrecondition : Errc::kPermissionDenied,
                  where + " refused the session: " + welcome->value("message", std::string("?"))};
   }
-  auto chosen = transport::get_string(welcome.value(), "transport", "welcome", 16);
+  auto chosen = transport::get_string(welcome.value(), "transport", session::to_string(session::MessageKind::kWelcome), 16);
   if (!chosen) return chosen.error().with_context(where);
   auto kind = session::parse_wire_transport(chosen.value(), "welcome.transport");
   if (!kind) return kind.error().with_context(where);
@@ -178,7 +179,7 @@ Status SourceSession::add_connection(UniqueFd fd, const net::Endpoint& destinati
   if (index >= transport::kMaxChannels) {
     return refuse(Error{Errc::kResourceExhausted, "more than " + std::to_string(transport::kMaxChannels) + " connections"});
   }
-  if (auto st = send_signed(json{{"type", "open"}, {"index", index}, {"host", destination.host}, {"port", destination.port}});
+  if (auto st = send_signed(session::message(session::MessageKind::kOpen, json{{"index", index}, {"host", destination.host}, {"port", destination.port}}));
       !st) {
     return refuse(st.error().with_context("carrying to the agent on " + peer_.node));
   }
@@ -245,7 +246,7 @@ Status SourceSession::fall_back_to_tcp(const Error& rdma_error) {
   }
   LOG_WARN("kubevirt") << "session=" << id_ << " " << rdma_error.message << ": falling back to TCP ("
                        << session::kPeerRdmaUnreachable << ")";
-  RDMIG_TRY(send_signed(json{{"type", "fallback"}, {"transport", "tcp"}, {"error", rdma_error.message}}));
+  RDMIG_TRY(send_signed(session::message(session::MessageKind::kFallback, json{{"transport", "tcp"}, {"error", rdma_error.message}})));
   transport_ = "tcp";
   {
     std::lock_guard lock(mu_);
@@ -375,12 +376,12 @@ void SourceSession::reader_loop() {
       return;
     }
     if (!m->has_value()) continue;
-    const std::string type = (**m).value("type", "");
-    if (type == "stats") {
+    const auto type = session::kind_of(**m);
+    if (type == session::MessageKind::kStats) {
       answer(std::move(**m));
       return;
     }
-    if (type == "abort") {
+    if (type == session::MessageKind::kAbort) {
       if (answer(**m)) return;  // finish() decides: the target found the VM not running there
       const std::string why = "target agent aborted: " + (**m).value("reason", std::string("?"));
       fail(Error{Errc::kUnavailable, why}, true);
@@ -398,13 +399,13 @@ void SourceSession::finish() {
     std::lock_guard lock(reply_mu_);
     finishing_ = true;
   }
-  (void)send_signed(json{{"type", "end"}, {"bytesSent", r.bytes_sent}, {"bytesReceived", r.bytes_received}});
+  (void)send_signed(session::message(session::MessageKind::kEnd, json{{"bytesSent", r.bytes_sent}, {"bytesReceived", r.bytes_received}}));
   Result<json> stats = Error{Errc::kTimeout, "no stats within 20 s"};
   {
     std::unique_lock lock(reply_mu_);
     if (reply_cv_.wait_for(lock, 20s, [&] { return reply_.has_value(); })) stats = std::move(*reply_);
   }
-  if (stats && stats->value("type", "") == "abort") {
+  if (stats && session::is(*stats, session::MessageKind::kAbort)) {
     fail(Error{Errc::kUnavailable, "target agent aborted: " + stats->value("reason", std::string("?"))}, true);
     return;
   }

@@ -6,6 +6,7 @@
 #include "session/types.h"
 #include "transport/tcp/tcp_channel.h"
 #include "transport/wire.h"
+#include "session/protocol.h"
 
 namespace rdmig::kubevirt {
 
@@ -40,12 +41,12 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
   const auto tokens = ctx.token->accepted();
   json proofs = json::array();
   for (const auto& t : tokens) proofs.push_back(flow_proof(t, "target", hello, nonce));
-  RDMIG_TRY(transport::send_message(fd.get(), json{{"type", "challenge"}, {"nonce", nonce}, {"proofs", proofs}}));
+  RDMIG_TRY(transport::send_message(fd.get(), session::message(session::MessageKind::kChallenge, json{{"nonce", nonce}, {"proofs", proofs}})));
   auto auth = transport::recv_message(fd.get(), session::kHelloTimeout);
   if (!auth) return auth.error().with_context("waiting for the session's auth");
-  auto mac = transport::get_string(auth.value(), "mac", "auth", 64);
+  auto mac = transport::get_string(auth.value(), "mac", session::to_string(session::MessageKind::kAuth), 64);
   std::string token;
-  if (auth->value("type", "") == "auth" && mac) {
+  if (session::is(*auth, session::MessageKind::kAuth) && mac) {
     for (const auto& t : tokens) {
       if (constant_time_equal(mac.value(), flow_proof(t, "source", hello, nonce)) && token.empty()) token = t;
     }
@@ -97,7 +98,7 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
       new TargetSession(hello.session, std::move(rec), ctx, hello, std::move(locate.value()), std::move(stats)));
   s->transport_ = session::wire_name(choice->transport);
   s->channel_key_ = flow_channel_key(token, hello, nonce);
-  json welcome{{"type", "welcome"}, {"transport", s->transport_}, {"transportReason", choice->reason}};
+  json welcome = session::message(session::MessageKind::kWelcome, json{{"transport", s->transport_}, {"transportReason", choice->reason}});
   if (s->transport_ == "rdma") {
     session::add_rails_to_welcome(welcome, ctx.rdma);
     s->set_rails(session::rails_from_source(hello.rdma_rails, ctx.rdma));
@@ -150,11 +151,11 @@ void TargetSession::reader_loop() {
     }
     if (!m->has_value()) continue;
     const json& msg = **m;
-    const std::string type = msg.value("type", "");
-    if (type == "open") {
-      auto index = transport::get_uint(msg, "index", "open", 0, transport::kMaxChannels - 1);
-      auto host = transport::get_string(msg, "host", "open", 64);
-      auto port = transport::get_uint(msg, "port", "open", 1, 65535);
+    const auto type = session::kind_of(msg);
+    if (type == session::MessageKind::kOpen) {
+      auto index = transport::get_uint(msg, "index", session::to_string(session::MessageKind::kOpen), 0, transport::kMaxChannels - 1);
+      auto host = transport::get_string(msg, "host", session::to_string(session::MessageKind::kOpen), 64);
+      auto port = transport::get_uint(msg, "port", session::to_string(session::MessageKind::kOpen), 1, 65535);
       if (!index || !host || !port) {
         fail(Error{Errc::kProtocol, "bad open message from the source agent"});
         return;
@@ -173,16 +174,16 @@ void TargetSession::reader_loop() {
       }
       destinations_[i] = net::Endpoint{host.value(), static_cast<uint16_t>(port.value())};
       try_start_locked(i);
-    } else if (type == "fallback") {
+    } else if (type == session::MessageKind::kFallback) {
       if (auto st = fall_back_to_tcp(msg.value("error", std::string("?"))); !st) {
         fail(st.error());
         return;
       }
-    } else if (type == "end") {
+    } else if (type == session::MessageKind::kEnd) {
       stop_watching_peer();
       report_and_succeed();
       return;
-    } else if (type == "abort") {
+    } else if (type == session::MessageKind::kAbort) {
       fail(Error{Errc::kUnavailable, "source agent aborted: " + msg.value("reason", std::string("?"))}, true);
       return;
     }
@@ -255,7 +256,7 @@ Status TargetSession::add_tcp_channel(UniqueFd fd, uint32_t index, const std::st
     reject(fd.get(), "resource_exhausted", buffers.error().message);
     return buffers.error();
   }
-  RDMIG_TRY(transport::send_message(fd.get(), json{{"type", "welcome"}, {"proof", welcome_proof}}));
+  RDMIG_TRY(transport::send_message(fd.get(), session::message(session::MessageKind::kWelcome, json{{"proof", welcome_proof}})));
   std::unique_ptr<transport::TlsStream> stream;
   if (tls) {
     // The handshake runs without the lock; the index stays taken meanwhile.
@@ -363,7 +364,7 @@ Result<UniqueFd> TargetSession::dial_in_order(uint32_t index) {
 }
 
 void TargetSession::report_and_succeed() {
-  json reply{{"type", "stats"}};
+  json reply = session::message(session::MessageKind::kStats);
   if (!hello_.vmi.uid.empty() && stats_) {
     auto stats = stats_(hello_.vmi);
     if (!stats && stats.error().code == Errc::kFailedPrecondition) {

@@ -13,6 +13,7 @@
 #include "migration/target_job.h"
 #include "transport/channel_proof.h"
 #include "transport/wire.h"
+#include "session/protocol.h"
 
 namespace rdmig::migration {
 
@@ -26,8 +27,8 @@ using namespace std::chrono_literals;
 
 MigrationManager::MigrationManager(const AgentConfig& config, Metrics& metrics, DataPlaneServer& server)
     : config_(config), metrics_(metrics), server_(server) {
-  server_.add_handler("control", [this](UniqueFd fd, const json& hello) { handle_hello(std::move(fd), hello); });
-  server_.add_handler("data", [this](UniqueFd fd, const json& hello) { handle_hello(std::move(fd), hello); });
+  server_.add_handler(session::to_string(session::HelloKind::kControl), [this](UniqueFd fd, const json& hello) { handle_hello(std::move(fd), hello); });
+  server_.add_handler(session::to_string(session::HelloKind::kData), [this](UniqueFd fd, const json& hello) { handle_hello(std::move(fd), hello); });
   server_.add_rdma_resolver([this](const transport::rdma::ConnectRequest& request) {
     return rdma_lookup(request);
   });
@@ -96,15 +97,15 @@ void MigrationManager::handle_hello(UniqueFd fd, const json& raw) {
     return;
   }
   std::string nonce, proof;
-  if (hello->kind == "control") {
+  if (hello->kind == session::name(session::HelloKind::kControl)) {
     // Challenge every control hello, whatever its id: the source proves the one-time token
     // (transport::control_proof) instead of sending it, and a refusal reads the same for an
     // unknown id and a wrong proof.
     nonce = random_hex(16);
-    (void)transport::send_message(fd.get(), json{{"type", "challenge"}, {"nonce", nonce}});
+    (void)transport::send_message(fd.get(), session::message(session::MessageKind::kChallenge, json{{"nonce", nonce}}));
     auto auth = transport::recv_message(fd.get(), kHelloTimeout);
-    auto mac = auth ? transport::get_string(auth.value(), "proof", "auth", 64) : Result<std::string>(auth.error());
-    if (!auth || auth->value("type", "") != "auth" || !mac) {
+    auto mac = auth ? transport::get_string(auth.value(), "proof", session::to_string(session::MessageKind::kAuth), 64) : Result<std::string>(auth.error());
+    if (!auth || !session::is(*auth, session::MessageKind::kAuth) || !mac) {
       transport::send_reject(fd.get(), "permission_denied", kHelloRefused);
       LOG_WARN("dataplane") << "refused a control hello: no valid answer to the challenge";
       return;
@@ -117,7 +118,7 @@ void MigrationManager::handle_hello(UniqueFd fd, const json& raw) {
     transport::send_reject(fd.get(), "permission_denied", kHelloRefused);
     return;
   }
-  if (hello->kind == "control") {
+  if (hello->kind == session::name(session::HelloKind::kControl)) {
     target->on_control(std::move(fd), hello.value(), nonce, proof);
     return;
   }

@@ -14,6 +14,7 @@
 #include "transport/rdma/rdma_channel.h"
 #include "transport/tcp/tcp_channel.h"
 #include "transport/wire.h"
+#include "session/protocol.h"
 
 namespace rdmig::migration {
 
@@ -132,7 +133,7 @@ Status SourceJob::connect_data_plane() {
   // The endpoint a REST client named: the dial policy stands here too, not only on the request.
   auto fd = peer_dial_policy(ctx_.config.data_plane).connect(ep, "target.endpoint", 10s, watched);
   if (!fd) return cancel_or(fd.error().with_context("target agent data plane " + ep.to_string()));
-  hello.kind = "control";
+  hello.kind = session::to_string(session::HelloKind::kControl);
   hello.migration_id = spec_.target.migration_id;
   hello.channels = spec_.channels();
   hello.chunk_size = spec_.chunk_size;
@@ -145,20 +146,19 @@ Status SourceJob::connect_data_plane() {
   auto challenge = transport::recv_message(fd->get(), kHandshakeTimeout);
   if (!challenge) return cancel_or(challenge.error().with_context("hello to target agent " + ep.to_string()));
   std::string target_nonce;
-  if (challenge->value("type", "") == "challenge") {
-    auto nonce = transport::get_string(challenge.value(), "nonce", "challenge", 64);
+  if (session::is(*challenge, session::MessageKind::kChallenge)) {
+    auto nonce = transport::get_string(challenge.value(), "nonce", session::to_string(session::MessageKind::kChallenge), 64);
     if (!nonce) return nonce.error().with_context("target agent " + ep.to_string());
     target_nonce = nonce.value();
     RDMIG_TRY(transport::send_message(
-        fd->get(), json{{"type", "auth"},
-                        {"proof", transport::control_proof(spec_.target.token, target_nonce, spec_.target.migration_id,
-                                                           hello.nonce)}}));
+        fd->get(), session::message(session::MessageKind::kAuth, json{{"proof", transport::control_proof(spec_.target.token, target_nonce, spec_.target.migration_id,
+                                                           hello.nonce)}})));
   }
-  auto reply = challenge->value("type", "") == "challenge" ? transport::recv_message(fd->get(), kHandshakeTimeout)
+  auto reply = session::is(*challenge, session::MessageKind::kChallenge) ? transport::recv_message(fd->get(), kHandshakeTimeout)
                                                            : Result<json>(challenge.value());
   if (!reply) return cancel_or(reply.error().with_context("hello to target agent " + ep.to_string()));
-  const std::string type = reply->value("type", "");
-  if (type == "reject") {
+  const auto type = session::kind_of(*reply);
+  if (type == session::MessageKind::kReject) {
     ctx_.metrics.transport_error(hello.transport, "handshake_rejected");
     if (reply->value("code", "") == "tls_mismatch") {
       return Error{Errc::kFailedPrecondition,
@@ -167,9 +167,9 @@ Status SourceJob::connect_data_plane() {
     return Error{Errc::kPermissionDenied,
                  "target agent " + ep.to_string() + " refused the migration: " + reply->value("message", std::string("?"))};
   }
-  auto session = transport::get_string(reply.value(), "session", "welcome", 128);
-  auto chosen = transport::get_string(reply.value(), "transport", "welcome", 16);
-  if (type != "welcome" || !session || !chosen || (chosen.value() != "tcp" && chosen.value() != "rdma")) {
+  auto session = transport::get_string(reply.value(), "session", session::to_string(session::MessageKind::kWelcome), 128);
+  auto chosen = transport::get_string(reply.value(), "transport", session::to_string(session::MessageKind::kWelcome), 16);
+  if (type != session::MessageKind::kWelcome || !session || !chosen || (chosen.value() != "tcp" && chosen.value() != "rdma")) {
     return Error{Errc::kProtocol, "target agent sent no valid welcome"};
   }
   // The chunks' framing must be the same on both ends: an agent that does not know
@@ -207,7 +207,7 @@ Status SourceJob::connect_data_plane() {
     if (!st && reason != "auto-both-rdma") {
       const std::string why = "the target agent's RDMA is unreachable from here (" + std::string(kPeerRdmaUnreachable) +
                               ") and transport: rdma is required, so no fallback to TCP: " + st.error().message;
-      (void)transport::send_message(fd->get(), json{{"type", "abort"}, {"reason", why}});
+      (void)transport::send_message(fd->get(), session::message(session::MessageKind::kAbort, json{{"reason", why}}));
       return Error{st.error().code, why};
     }
     if (!st) {
@@ -215,10 +215,10 @@ Status SourceJob::connect_data_plane() {
       LOG_WARN("migration") << log_prefix() << " " << st.error().message << ": falling back to TCP ("
                             << kPeerRdmaUnreachable << ")";
       RDMIG_TRY(transport::send_message(
-          fd->get(), json{{"type", "fallback"}, {"transport", "tcp"}, {"error", st.error().message}}));
+          fd->get(), session::message(session::MessageKind::kFallback, json{{"transport", "tcp"}, {"error", st.error().message}})));
       auto ok = transport::recv_message(fd->get(), kHandshakeTimeout);
       if (!ok) return cancel_or(ok.error().with_context("falling back to TCP with target agent " + ep.to_string()));
-      if (ok->value("type", "") != "fallback-ok") {
+      if (!session::is(*ok, session::MessageKind::kFallbackOk)) {
         return Error{Errc::kUnavailable, "the target agent's RDMA is unreachable from here (" + st.error().message +
                                              ") and the target refused to fall back to TCP: " +
                                              ok->value("message", std::string("?"))};
@@ -247,7 +247,7 @@ Status SourceJob::connect_data_plane() {
       });
       if (!dfd) return cancel_or(dfd.error().with_context("data channel " + std::to_string(i)));
       transport::Hello dh;
-      dh.kind = "data";
+      dh.kind = session::to_string(session::HelloKind::kData);
       dh.migration_id = spec_.target.migration_id;
       dh.session = session_;
       dh.index = i;
@@ -282,8 +282,8 @@ Status SourceJob::connect_data_plane() {
   // 'start' and 'ready' also measure the two hosts' clock offset (the switchover compares the
   // source QEMU's STOP with the target QEMU's RESUME, each stamped by its own host).
   const int64_t t0 = wall_clock_us();
-  RDMIG_TRY(link_->send(json{{"type", "start"}, {"clockUs", t0}}));
-  auto ready = link_->expect("ready", kHandshakeTimeout);
+  RDMIG_TRY(link_->send(session::message(session::MessageKind::kStart, json{{"clockUs", t0}})));
+  auto ready = link_->expect(session::to_string(session::MessageKind::kReady), kHandshakeTimeout);
   const int64_t t3 = wall_clock_us();
   watch.reset();
   if (!ready) return cancel_or(ready.error().with_context("waiting for the target QEMU to listen"));
@@ -461,11 +461,11 @@ Result<qemu::MigrationInfo> SourceJob::monitor() {
 }
 
 std::optional<Error> SourceJob::take_target_message(const json& msg) {
-  const std::string type = msg.value("type", "");
-  if (type == "abort") {
+  const auto type = session::kind_of(msg);
+  if (type == session::MessageKind::kAbort) {
     return Error{Errc::kUnavailable, "target agent aborted: " + msg.value("reason", std::string("?"))};
   }
-  if (type == "result") {
+  if (type == session::MessageKind::kResult) {
     // Kept for complete(): the target can have the VM running before our next
     // query-migrate sees "completed", or fail just as the source completes.
     verdict_ = msg;
@@ -570,7 +570,7 @@ void SourceJob::complete(const qemu::MigrationInfo& info, const std::string& uns
     s.switchover_ms = switchover;
     s.progress.remaining_bytes = 0;
   });
-  (void)link_->send(json{{"type", "goodbye"}});
+  (void)link_->send(session::message(session::MessageKind::kGoodbye));
   if (!unsure.empty()) {
     LOG_WARN("migration") << log_prefix() << " " << unsure << "; the target confirmed it runs the VM";
   }
@@ -587,7 +587,7 @@ std::optional<Error> SourceJob::target_reason(std::chrono::milliseconds wait) {
     if (!m->has_value()) continue;
     const auto& msg = **m;
     if (auto e = take_target_message(msg)) return e;
-    if (msg.value("type", "") == "result") {
+    if (session::is(msg, session::MessageKind::kResult)) {
       link_->unread(msg);  // the target has the VM: monitor() and complete() take it from here
       return std::nullopt;
     }
@@ -609,7 +609,7 @@ Result<json> SourceJob::wait_for_verdict() {
       return Error{Errc::kTimeout, "no 'result' from the peer agent within " +
                                        std::to_string(kVerdictTimeout.count()) + " s"};
     }
-    auto v = link_->expect("result", 500ms);
+    auto v = link_->expect(session::to_string(session::MessageKind::kResult), 500ms);
     if (v || v.error().code != Errc::kTimeout) return v;
   }
 }
@@ -659,7 +659,7 @@ void SourceJob::fail_and_protect_vm(const Error& error, bool cancelled) {
       }
     }
   }
-  if (link_) (void)link_->send(json{{"type", "abort"}, {"reason", error.message}});
+  if (link_) (void)link_->send(session::message(session::MessageKind::kAbort, json{{"reason", error.message}}));
   abort_data_plane(error);
   if (was_running_ && qmp_->connected()) {
     auto state = run_state(*qmp_);
@@ -687,7 +687,7 @@ void SourceJob::run() {
   set_phase(Phase::kConnecting);
   auto st = connect_data_plane();
   if (!st) {
-    if (link_) (void)link_->send(json{{"type", "abort"}, {"reason", st.error().message}});
+    if (link_) (void)link_->send(session::message(session::MessageKind::kAbort, json{{"reason", st.error().message}}));
     abort_data_plane(st.error());
     // QEMU has not been touched: nothing to undo.
     finish(cancel_requested() ? Phase::kCancelled : Phase::kFailed, st.error().message, failure_of(st.error().code));

@@ -5,6 +5,7 @@
 #include "common/units.h"
 #include "session/transport_choice.h"
 #include "transport/tcp/tcp_channel.h"
+#include "session/protocol.h"
 
 namespace rdmig::migration {
 
@@ -161,7 +162,7 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello, const std
   verify_chunks_ = hello.verify_chunks;  // the framing of every chunk: the source decides
   update([&](MigrationStatus& s) { s.verify_chunks = hello.verify_chunks; });
   transport_reason_ = reason;
-  json welcome{{"type", "welcome"}, {"session", session_}, {"transport", transport_}, {"transportReason", reason}};
+  json welcome = session::message(session::MessageKind::kWelcome, json{{"session", session_}, {"transport", transport_}, {"transportReason", reason}});
   if (verify_chunks_) welcome["verifyChunks"] = true;  // the source goes on only with this confirmed
   if (hello.tls) welcome["tls"] = true;  // likewise: an agent from before dataPlane.tls would not say it
   if (transport_ == "rdma") {
@@ -202,7 +203,7 @@ void TargetJob::on_data(UniqueFd fd, const transport::Hello& hello, const std::s
                                                " is out of range or already connected");
       return;
     }
-    reply(fd.get(), json{{"type", "welcome"}, {"proof", welcome_proof}});
+    reply(fd.get(), session::message(session::MessageKind::kWelcome, json{{"proof", welcome_proof}}));
     if (!tls) {
       data_fds_[hello.index] = std::move(fd);
       ++data_received_;
@@ -265,16 +266,16 @@ Result<transport::rdma::AcceptPlan> TargetJob::rdma_plan(const transport::rdma::
 }
 
 Status TargetJob::on_early_message(const json& message) {
-  const std::string type = message.value("type", "");
-  if (type == "abort") {
+  const auto type = session::kind_of(message);
+  if (type == session::MessageKind::kAbort) {
     return Error{Errc::kUnavailable, "source agent aborted: " + message.value("reason", std::string("?"))};
   }
-  if (type != "fallback") return ok_status();  // nothing else is sent before "start"
+  if (type != session::MessageKind::kFallback) return ok_status();  // nothing else is sent before "start"
   const std::string why = message.value("error", std::string("?"));
   // Only a choice made automatically is undone automatically: with rdma required on either
   // side the reason was "requested", and the migration fails instead.
   if (transport_ != "rdma" || transport_reason_ != "auto-both-rdma") {
-    (void)control_->send(json{{"type", "reject"}, {"message", "rdma is required here"}});
+    (void)control_->send(session::message(session::MessageKind::kReject, json{{"message", "rdma is required here"}}));
     return Error{Errc::kUnavailable, "the source agent could not reach this agent over RDMA (" + why + ") and " +
                                          "transport: rdma is required, so no fallback to TCP (" +
                                          std::string(kPeerRdmaUnreachable) + ")"};
@@ -288,7 +289,7 @@ Status TargetJob::on_early_message(const json& message) {
   update([](MigrationStatus& s) { s.rails.clear(); });
   transport_ = "tcp";
   transport_reason_ = kPeerRdmaUnreachable;
-  return control_->send(json{{"type", "fallback-ok"}});
+  return control_->send(session::message(session::MessageKind::kFallbackOk));
 }
 
 Status TargetJob::wait_for_source() {
@@ -306,7 +307,7 @@ Status TargetJob::wait_for_source() {
                                          "were connected (" + m.error().message + ")"};
       }
       if (m->has_value()) {
-        if ((**m).value("type", "") == "start") {
+        if (session::is(**m, session::MessageKind::kStart)) {
           control_->unread(std::move(**m));  // start_incoming() takes it
           start_seen = true;
         } else {
@@ -345,7 +346,7 @@ Status TargetJob::wait_for_source() {
 
 Status TargetJob::start_incoming() {
   std::optional<CancelWatch> watch(std::in_place, *this, link_->fd());  // a cancel ends the wait
-  auto start = link_->expect("start", kHandshakeTimeout);
+  auto start = link_->expect(session::to_string(session::MessageKind::kStart), kHandshakeTimeout);
   const int64_t received_us = wall_clock_us();  // for the source's clock offset estimate
   watch.reset();
   if (!start) return cancel_or(start.error());
@@ -363,7 +364,7 @@ Status TargetJob::start_incoming() {
   incoming_started_ = true;  // from here on, QEMU may end up with the VM
   r = qmp_->execute("migrate-incoming", json{{"uri", "unix:" + socket_path_}}, kQmpTimeout);
   if (!r) return r.error().with_context("target QEMU");
-  return link_->send(json{{"type", "ready"}, {"receivedClockUs", received_us}, {"clockUs", wall_clock_us()}});
+  return link_->send(session::message(session::MessageKind::kReady, json{{"receivedClockUs", received_us}, {"clockUs", wall_clock_us()}}));
 }
 
 Result<UniqueFd> TargetJob::open_qemu_connection(uint32_t index) {
@@ -440,7 +441,7 @@ Status TargetJob::monitor() {
       // The source agent closed the control connection; QEMU may still finish loading.
       continue;
     }
-    if (m->has_value() && (**m).value("type", "") == "abort") {
+    if (m->has_value() && session::is(**m, session::MessageKind::kAbort)) {
       return Error{Errc::kUnavailable, "source agent aborted: " + (**m).value("reason", std::string("?"))};
     }
   }
@@ -454,7 +455,7 @@ std::optional<Error> TargetJob::source_reason(std::chrono::milliseconds wait) {
     if (left.count() <= 0) return std::nullopt;
     auto m = link_->next(std::min<std::chrono::milliseconds>(left, 250ms));
     if (!m) return std::nullopt;  // the source agent closed the link without a reason
-    if (m->has_value() && (**m).value("type", "") == "abort") {
+    if (m->has_value() && session::is(**m, session::MessageKind::kAbort)) {
       return Error{Errc::kUnavailable, "source agent aborted: " + (**m).value("reason", std::string("?"))};
     }
   }
@@ -466,7 +467,7 @@ std::optional<std::string> TargetJob::source_gone(std::chrono::milliseconds wait
     if (link_) {
       auto m = link_->next(0ms);
       if (!m) return "the source agent went away (" + m.error().message + ")";
-      if (m->has_value() && (**m).value("type", "") == "abort") {
+      if (m->has_value() && session::is(**m, session::MessageKind::kAbort)) {
         return "source agent aborted: " + (**m).value("reason", std::string("?"));
       }
     }
@@ -517,8 +518,8 @@ void TargetJob::report_failure(const Error& error, bool cancelled, bool incoming
                                         events_before_incoming_, 0ms).has_value();
   if (resumed) safe = false;
   if (link_) {
-    (void)link_->send(json{{"type", "result"}, {"ok", false}, {"reason", error.message},
-                           {"safeToResumeSource", safe}, {"targetQemu", known}});
+    (void)link_->send(session::message(session::MessageKind::kResult, json{{"ok", false}, {"reason", error.message},
+                           {"safeToResumeSource", safe}, {"targetQemu", known}}));
   }
   finish(cancelled ? Phase::kCancelled : Phase::kFailed,
          error.message + (incoming_started ? " (target QEMU: " + known + ")" : ""), failure_of(error.code));
@@ -540,7 +541,7 @@ void TargetJob::report_success() {
   if (resume) resume_us = resume->timestamp_us;
   if (state == "prelaunch") state = "paused";
   update([&](MigrationStatus& s) { s.target_state = state; });
-  (void)link_->send(json{{"type", "result"}, {"ok", true}, {"state", state}, {"resumeTimestampUs", resume_us}});
+  (void)link_->send(session::message(session::MessageKind::kResult, json{{"ok", true}, {"state", state}, {"resumeTimestampUs", resume_us}}));
   {
     std::lock_guard lock(data_mu_);
     for (auto& p : pumps_) p->wait(5s);

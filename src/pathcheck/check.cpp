@@ -10,6 +10,7 @@
 #include "common/net.h"
 #include "common/units.h"
 #include "transport/rdma/sysfs.h"
+#include "session/protocol.h"
 
 namespace rdmig::pathcheck {
 
@@ -230,7 +231,7 @@ void PathCheck::cancel(const std::string& reason) {
   cancel_reason_ = reason;
   const Error why{Errc::kCancelled, reason};
   // The peer hears why on the control link before its channels break.
-  if (link_) (void)link_->send(json{{"type", "abort"}, {"reason", "the peer agent cancelled the check: " + reason}});
+  if (link_) (void)link_->send(session::message(session::MessageKind::kAbort, json{{"reason", "the peer agent cancelled the check: " + reason}}));
   for (auto& ch : channels_) ch->abort(why);
   if (link_) link_->close();
   if (control_watch_ >= 0) ::shutdown(control_watch_, SHUT_RDWR);

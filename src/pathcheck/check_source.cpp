@@ -13,6 +13,7 @@
 #include "transport/channel_proof.h"
 #include "transport/rdma/rdma_channel.h"
 #include "transport/tcp/tcp_channel.h"
+#include "session/protocol.h"
 
 namespace rdmig::pathcheck {
 
@@ -25,7 +26,7 @@ Status PathCheck::connect_source() {
   auto offer = session::offer_transport(spec_.transport, ctx_.rdma);
   if (!offer) return offer.error();
   transport::Hello hello;
-  hello.kind = "control";  // sent as "pathcheck-control": the same fields, another registry
+  hello.kind = session::to_string(session::HelloKind::kControl);  // sent as "pathcheck-control": the same fields, another registry
   hello.migration_id = spec_.target.migration_id;
   hello.channels = spec_.channels;
   hello.chunk_size = spec_.chunk_size;
@@ -59,25 +60,24 @@ Status PathCheck::connect_source() {
   hello.nonce = random_hex(16);  // this side's half of the channel key
   hello.tls = ctx_.config.data_plane.tls;
   json hello_json = hello.to_json();
-  hello_json["kind"] = "pathcheck-control";
+  hello_json["kind"] = session::to_string(session::HelloKind::kPathcheckControl);
   RDMIG_TRY(transport::send_message(fd->get(), hello_json));
   auto challenge = transport::recv_message(fd->get(), step());
-  if (!challenge || challenge->value("type", "") != "challenge") {
+  if (!challenge || !session::is(*challenge, session::MessageKind::kChallenge)) {
     unwatch();
     if (!challenge) return cancel_or(challenge.error().with_context("hello to target agent " + ep.to_string()));
     return Error{Errc::kProtocol, "target agent " + ep.to_string() + " refused the check: " +
                                       challenge->value("message", std::string("no challenge"))};
   }
-  auto nonce = transport::get_string(challenge.value(), "nonce", "challenge", 64);
+  auto nonce = transport::get_string(challenge.value(), "nonce", session::to_string(session::MessageKind::kChallenge), 64);
   if (!nonce) return nonce.error().with_context("target agent " + ep.to_string());
   RDMIG_TRY(transport::send_message(
-      fd->get(), json{{"type", "auth"},
-                      {"proof", transport::control_proof(spec_.target.token, nonce.value(), spec_.target.migration_id,
-                                                         hello.nonce)}}));
+      fd->get(), session::message(session::MessageKind::kAuth, json{{"proof", transport::control_proof(spec_.target.token, nonce.value(), spec_.target.migration_id,
+                                                         hello.nonce)}})));
   auto reply = transport::recv_message(fd->get(), step());
   unwatch();
   if (!reply) return cancel_or(reply.error().with_context("hello to target agent " + ep.to_string()));
-  if (reply->value("type", "") == "reject") {
+  if (session::is(*reply, session::MessageKind::kReject)) {
     ctx_.metrics.transport_error(hello.transport, "handshake_rejected");
     return Error{reply->value("code", "") == "tls_mismatch" ? Errc::kFailedPrecondition : Errc::kPermissionDenied,
                  "target agent " + ep.to_string() + " refused the check: " + reply->value("message", std::string("?"))};
@@ -87,9 +87,9 @@ Status PathCheck::connect_source() {
     return Error{Errc::kFailedPrecondition, "target agent " + ep.to_string() + " did not confirm dataPlane.tls (an rdmig "
                                             "agent from before it?): upgrade it; no channel is carried in clear instead"};
   }
-  auto session = transport::get_string(reply.value(), "session", "welcome", 128);
-  auto chosen = transport::get_string(reply.value(), "transport", "welcome", 16);
-  if (reply->value("type", "") != "welcome" || !session || !chosen ||
+  auto session = transport::get_string(reply.value(), "session", session::to_string(session::MessageKind::kWelcome), 128);
+  auto chosen = transport::get_string(reply.value(), "transport", session::to_string(session::MessageKind::kWelcome), 16);
+  if (!session::is(*reply, session::MessageKind::kWelcome) || !session || !chosen ||
       (chosen.value() != "tcp" && chosen.value() != "rdma")) {
     return Error{Errc::kProtocol, "target agent sent no valid welcome"};
   }
@@ -139,13 +139,13 @@ Status PathCheck::connect_source() {
         return cancel_or(dfd.error().with_context("data channel " + std::to_string(i)));
       }
       transport::Hello dh;
-      dh.kind = "data";
+      dh.kind = session::to_string(session::HelloKind::kData);
       dh.migration_id = spec_.target.migration_id;
       dh.session = session_;
       dh.index = i;
       dh.tls = ctx_.config.data_plane.tls;
       json dh_json = dh.to_json();
-      dh_json["kind"] = "pathcheck-data";
+      dh_json["kind"] = session::to_string(session::HelloKind::kPathcheckData);
       auto proved = transport::prove_channel(dfd->get(), dh_json, transport::ChannelTerms{channel_key_, session_, i}, step());
       unwatch();
       if (!proved) return cancel_or(proved.error().with_context("data channel " + std::to_string(i)));
@@ -178,9 +178,9 @@ Status PathCheck::connect_source() {
 Status PathCheck::run_source() {
   set_phase(Phase::kConnecting);
   RDMIG_TRY(connect_source());
-  json start{{"type", "start"}, {"seed", seed_}, {"bytes", spec_.bytes}};
+  json start = session::message(session::MessageKind::kStart, json{{"seed", seed_}, {"bytes", spec_.bytes}});
   RDMIG_TRY(link_->send(start));
-  auto ready = link_->expect("ready", remaining());
+  auto ready = link_->expect(session::to_string(session::MessageKind::kReady), remaining());
   if (!ready) return cancel_or(ready.error().with_context("waiting for the target agent's ready"));
   if (auto it = ready->find("rdma"); it != ready->end()) {
     auto end = RdmaEnd::parse(*it);
@@ -193,8 +193,8 @@ Status PathCheck::run_source() {
   std::vector<int64_t> rtts;
   for (uint32_t i = 0; i < ctx_.config.path_check.rtt_samples; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    RDMIG_TRY(link_->send(json{{"type", "ping"}, {"seq", i}}));
-    auto pong = link_->expect("pong", remaining());
+    RDMIG_TRY(link_->send(session::message(session::MessageKind::kPing, json{{"seq", i}})));
+    auto pong = link_->expect(session::to_string(session::MessageKind::kPong), remaining());
     if (!pong) return cancel_or(pong.error().with_context("round trip " + std::to_string(i)));
     rtts.push_back(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
   }
@@ -204,7 +204,7 @@ Status PathCheck::run_source() {
     s.rtt_us = rtts[rtts.size() / 2];
     s.phase = Phase::kMigrating;
   });
-  RDMIG_TRY(link_->send(json{{"type", "stream"}}));
+  RDMIG_TRY(link_->send(session::message(session::MessageKind::kStream)));
   const auto t0 = std::chrono::steady_clock::now();
   auto sent = run_channels([this](transport::Channel& ch, uint32_t i) {
     return send_stream(ch, channel_seed(seed_, i), channel_bytes(spec_.bytes, spec_.channels, i), bytes_done_,
@@ -213,7 +213,7 @@ Status PathCheck::run_source() {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // The target's verdict names the cause when it stopped the stream (a corrupted byte); after
   // a local failure it is awaited only briefly.
-  auto verdict = link_->expect("result", sent ? remaining() : std::min<std::chrono::milliseconds>(remaining(), 5s));
+  auto verdict = link_->expect(session::to_string(session::MessageKind::kResult), sent ? remaining() : std::min<std::chrono::milliseconds>(remaining(), 5s));
   if (!sent) {
     if (verdict && !verdict->value("ok", false)) {
       return Error{Errc::kProtocol, "target agent: " + verdict->value("error", std::string("?"))};
@@ -221,7 +221,7 @@ Status PathCheck::run_source() {
     return sent.error();
   }
   if (!verdict) return cancel_or(verdict.error().with_context("waiting for the target agent's verdict"));
-  (void)link_->send(json{{"type", "goodbye"}});
+  (void)link_->send(session::message(session::MessageKind::kGoodbye));
   if (!verdict->value("ok", false)) {
     return Error{Errc::kProtocol, "target agent: " + verdict->value("error", std::string("?"))};
   }

@@ -10,6 +10,7 @@
 #include "session/transport_choice.h"
 #include "session/types.h"
 #include "transport/tcp/tcp_channel.h"
+#include "session/protocol.h"
 
 namespace rdmig::pathcheck {
 
@@ -67,7 +68,7 @@ void PathCheck::on_control(UniqueFd fd, const transport::Hello& hello, const std
   channel_key_ = transport::channel_key(token_, hello.nonce, nonce, session_);
   status_.transport = chosen;
   status_.transport_reason = reason;
-  json welcome{{"type", "welcome"}, {"session", session_}, {"transport", chosen}, {"transportReason", reason}};
+  json welcome = session::message(session::MessageKind::kWelcome, json{{"session", session_}, {"transport", chosen}, {"transportReason", reason}});
   if (hello.tls) welcome["tls"] = true;
   if (chosen == "rdma") {
     session::add_rails_to_welcome(welcome, ctx_.rdma);
@@ -99,7 +100,7 @@ void PathCheck::on_data(UniqueFd fd, const transport::Hello& hello, const std::s
       return reject(fd.get(), "invalid_argument", "hello.index: channel " + std::to_string(hello.index) +
                                                       " is out of range or already connected");
     }
-    reply(fd.get(), json{{"type", "welcome"}, {"proof", welcome_proof}});
+    reply(fd.get(), session::message(session::MessageKind::kWelcome, json{{"proof", welcome_proof}}));
     if (!tls) {
       data_fds_[hello.index] = std::move(fd);
       ++data_received_;
@@ -195,17 +196,17 @@ Status PathCheck::wait_for_source() {
 
 Status PathCheck::run_target() {
   RDMIG_TRY(wait_for_source());
-  auto start = link_->expect("start", remaining());
+  auto start = link_->expect(session::to_string(session::MessageKind::kStart), remaining());
   if (!start) return cancel_or(start.error().with_context("waiting for the source agent's start"));
   const uint64_t seed = start->value("seed", uint64_t{0});
   const uint64_t bytes = start->value("bytes", uint64_t{0});
   if (bytes != spec_.bytes) {
     const Error e{Errc::kInvalidArgument, "start.bytes: source sends " + std::to_string(bytes) + ", target expects " +
                                               std::to_string(spec_.bytes)};
-    (void)link_->send(json{{"type", "abort"}, {"reason", e.message}});
+    (void)link_->send(session::message(session::MessageKind::kAbort, json{{"reason", e.message}}));
     return e;
   }
-  json ready{{"type", "ready"}};
+  json ready = session::message(session::MessageKind::kReady);
   if (const auto st = status(); st.transport == "rdma") {
     ready["rdma"] = RdmaEnd::of(ctx_.rdma).to_json();
     ready["rails"] = rails_to_ready(st.rails);
@@ -216,12 +217,12 @@ Status PathCheck::run_target() {
     auto msg = link_->next(remaining());
     if (!msg) return cancel_or(msg.error().with_context("control connection to the source agent"));
     if (!msg->has_value()) return Error{Errc::kTimeout, "the source agent never started the stream"};
-    const std::string type = (*msg)->value("type", "");
-    if (type == "ping") {
-      RDMIG_TRY(link_->send(json{{"type", "pong"}, {"seq", (*msg)->value("seq", 0)}}));
-    } else if (type == "stream") {
+    const auto type = session::kind_of(**msg);
+    if (type == session::MessageKind::kPing) {
+      RDMIG_TRY(link_->send(session::message(session::MessageKind::kPong, json{{"seq", (*msg)->value("seq", 0)}})));
+    } else if (type == session::MessageKind::kStream) {
       break;
-    } else if (type == "abort") {
+    } else if (type == session::MessageKind::kAbort) {
       return cancel_or(Error{Errc::kCancelled, (*msg)->value("reason", std::string("the source agent aborted"))});
     }
   }
@@ -235,10 +236,10 @@ Status PathCheck::run_target() {
   if (!received) {
     // A source that cancelled says so on the control link as its channels break: that, not
     // the broken channel, is the cause.
-    auto why = link_->expect("goodbye", std::min<std::chrono::milliseconds>(remaining(), 500ms));
+    auto why = link_->expect(session::to_string(session::MessageKind::kGoodbye), std::min<std::chrono::milliseconds>(remaining(), 500ms));
     if (!why && why.error().code == Errc::kCancelled) return why.error();
   }
-  json verdict{{"type", "result"}, {"ok", received.ok()}, {"bytesVerified", bytes_done_.load()}};
+  json verdict = session::message(session::MessageKind::kResult, json{{"ok", received.ok()}, {"bytesVerified", bytes_done_.load()}});
   if (!received) verdict["error"] = received.error().message;
   (void)link_->send(verdict);
   if (!received) return received.error();
@@ -246,7 +247,7 @@ Status PathCheck::run_target() {
     s.throughput_bytes_per_second = secs > 0 ? static_cast<double>(spec_.bytes) / secs : 0;
   });
   // The source's goodbye (or its hang-up) ends the check.
-  (void)link_->expect("goodbye", std::min<std::chrono::milliseconds>(remaining(), 5s));
+  (void)link_->expect(session::to_string(session::MessageKind::kGoodbye), std::min<std::chrono::milliseconds>(remaining(), 5s));
   return ok_status();
 }
 

@@ -6,6 +6,7 @@
 #include "session/types.h"
 #include "transport/channel_proof.h"
 #include "transport/wire.h"
+#include "session/protocol.h"
 
 namespace rdmig::pathcheck {
 
@@ -13,8 +14,8 @@ using nlohmann::json;
 
 PathCheckManager::PathCheckManager(const AgentConfig& config, Metrics& metrics, session::DataPlaneServer& server)
     : config_(config), metrics_(metrics), server_(server) {
-  server_.add_handler("pathcheck-control", [this](UniqueFd fd, const json& hello) { handle_hello(std::move(fd), hello); });
-  server_.add_handler("pathcheck-data", [this](UniqueFd fd, const json& hello) { handle_hello(std::move(fd), hello); });
+  server_.add_handler(session::to_string(session::HelloKind::kPathcheckControl), [this](UniqueFd fd, const json& hello) { handle_hello(std::move(fd), hello); });
+  server_.add_handler(session::to_string(session::HelloKind::kPathcheckData), [this](UniqueFd fd, const json& hello) { handle_hello(std::move(fd), hello); });
   server_.add_rdma_resolver([this](const transport::rdma::ConnectRequest& request)
                                 -> Result<transport::rdma::AcceptPlan> {
     std::vector<std::shared_ptr<PathCheck>> targets;
@@ -56,7 +57,8 @@ void PathCheckManager::handle_hello(UniqueFd fd, const json& raw) {
   // The migration hello's fields under the path check's kinds.
   json as_migration = raw;
   const std::string kind = raw.value("kind", "");
-  as_migration["kind"] = kind == "pathcheck-control" ? "control" : "data";
+  as_migration["kind"] = session::to_string(session::as_migration(
+      session::parse_hello_kind(kind).value_or(session::HelloKind::kPathcheckData)));
   auto hello = transport::Hello::parse(as_migration);
   if (!hello) {
     transport::send_reject(fd.get(), "invalid_argument", hello.error().message);
@@ -64,13 +66,13 @@ void PathCheckManager::handle_hello(UniqueFd fd, const json& raw) {
     return;
   }
   std::string nonce, proof;
-  if (hello->kind == "control") {
+  if (hello->kind == session::name(session::HelloKind::kControl)) {
     // As for migrations: every control hello is challenged, whatever its id.
     nonce = random_hex(16);
-    (void)transport::send_message(fd.get(), json{{"type", "challenge"}, {"nonce", nonce}});
+    (void)transport::send_message(fd.get(), session::message(session::MessageKind::kChallenge, json{{"nonce", nonce}}));
     auto auth = transport::recv_message(fd.get(), session::kHelloTimeout);
-    auto mac = auth ? transport::get_string(auth.value(), "proof", "auth", 64) : Result<std::string>(auth.error());
-    if (!auth || auth->value("type", "") != "auth" || !mac) {
+    auto mac = auth ? transport::get_string(auth.value(), "proof", session::to_string(session::MessageKind::kAuth), 64) : Result<std::string>(auth.error());
+    if (!auth || !session::is(*auth, session::MessageKind::kAuth) || !mac) {
       transport::send_reject(fd.get(), "permission_denied", session::kHelloRefused);
       return;
     }
@@ -81,7 +83,7 @@ void PathCheckManager::handle_hello(UniqueFd fd, const json& raw) {
     transport::send_reject(fd.get(), "permission_denied", session::kHelloRefused);
     return;
   }
-  if (hello->kind == "control") {
+  if (hello->kind == session::name(session::HelloKind::kControl)) {
     check->on_control(std::move(fd), hello.value(), nonce, proof);
     return;
   }

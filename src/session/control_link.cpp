@@ -4,6 +4,7 @@
 
 #include "common/net.h"
 #include "transport/wire.h"
+#include "session/protocol.h"
 
 namespace rdmig::session {
 
@@ -73,9 +74,9 @@ Result<nlohmann::json> ControlLink::expect(const std::string& type, std::chrono:
     if (!m) return m.error();
     if (!m->has_value()) continue;
     const auto& j = **m;
-    const std::string t = j.value("type", "");
-    if (t == type) return j;
-    if (t == "abort") {
+    const auto t = session::kind_of(j);
+    if (t && session::name(*t) == type) return j;
+    if (t == session::MessageKind::kAbort) {
       return Error{Errc::kCancelled, "peer agent aborted: " + j.value("reason", std::string("no reason"))};
     }
   }

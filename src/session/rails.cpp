@@ -4,6 +4,7 @@
 
 #include "common/log.h"
 #include "common/net.h"
+#include "session/protocol.h"
 
 namespace rdmig::session {
 
@@ -44,11 +45,11 @@ static std::vector<RailPair> legacy_pair(const RdmaSupport& rdma, const std::str
 
 Result<std::vector<RailPair>> rails_from_welcome(const json& welcome, const RdmaSupport& rdma,
                                                  const net::DialPolicy& policy) {
-  auto peer = transport::parse_rails(welcome, "rdmaRails", "welcome");
+  auto peer = transport::parse_rails(welcome, "rdmaRails", session::to_string(session::MessageKind::kWelcome));
   if (!peer) return peer.error();
   std::vector<RailPair> pairs;
   if (peer->empty()) {
-    auto ep = transport::get_string(welcome, "rdmaEndpoint", "welcome", 300);
+    auto ep = transport::get_string(welcome, "rdmaEndpoint", session::to_string(session::MessageKind::kWelcome), 300);
     if (!ep) return ep.error();
     pairs = legacy_pair(rdma, ep.value());
   } else {

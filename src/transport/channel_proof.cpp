@@ -5,6 +5,7 @@
 #include "common/hmac.h"
 #include "common/units.h"
 #include "transport/wire.h"
+#include "session/protocol.h"
 
 namespace rdmig::transport {
 
@@ -59,17 +60,17 @@ Status prove_channel(int fd, json hello, const ChannelTerms& terms, std::chrono:
   };
   auto challenge = recv_message(fd, timeout);
   if (!challenge) return challenge.error().with_context(channel_name(terms));
-  if (challenge->value("type", "") != "challenge") return refused(challenge.value());
-  auto theirs = get_string(challenge.value(), "nonce", "challenge", kChannelNonceChars);
+  if (!session::is(*challenge, session::MessageKind::kChallenge)) return refused(challenge.value());
+  auto theirs = get_string(challenge.value(), "nonce", session::to_string(session::MessageKind::kChallenge), kChannelNonceChars);
   if (!theirs) return theirs.error().with_context(channel_name(terms));
   if (!is_channel_nonce(theirs.value())) {
     return Error{Errc::kProtocol, channel_name(terms) + ": challenge.nonce: must be 32 lowercase hex characters"};
   }
-  RDMIG_TRY(send_message(fd, json{{"type", "auth"}, {"proof", hex_mac(terms, ProofBy::kDialler, mine, theirs.value())}}));
+  RDMIG_TRY(send_message(fd, session::message(session::MessageKind::kAuth, json{{"proof", hex_mac(terms, ProofBy::kDialler, mine, theirs.value())}})));
   auto welcome = recv_message(fd, timeout);
   if (!welcome) return welcome.error().with_context(channel_name(terms));
-  if (welcome->value("type", "") != "welcome") return refused(welcome.value());
-  auto proof = get_string(welcome.value(), "proof", "welcome", 64);
+  if (!session::is(*welcome, session::MessageKind::kWelcome)) return refused(welcome.value());
+  auto proof = get_string(welcome.value(), "proof", session::to_string(session::MessageKind::kWelcome), 64);
   if (!proof || !constant_time_equal(proof.value(), hex_mac(terms, ProofBy::kAcceptor, mine, theirs.value()))) {
     return Error{Errc::kPermissionDenied,
                  channel_name(terms) + ": the target agent's welcome does not prove the session's key (welcome.proof)"};
@@ -85,11 +86,11 @@ Result<std::string> check_channel(int fd, const ChannelTerms& terms, const std::
   };
   if (!is_channel_nonce(dialler_nonce)) return refuse("hello.nonce: must be 32 lowercase hex characters");
   const std::string mine = random_hex(kChannelNonceChars / 2);
-  RDMIG_TRY(send_message(fd, json{{"type", "challenge"}, {"nonce", mine}}));
+  RDMIG_TRY(send_message(fd, session::message(session::MessageKind::kChallenge, json{{"nonce", mine}})));
   auto auth = recv_message(fd, timeout);
   if (!auth) return refuse("no answer to the challenge (" + auth.error().message + ")");
-  auto proof = get_string(auth.value(), "proof", "auth", 64);
-  if (auth->value("type", "") != "auth" || !proof) return refuse("auth.proof: required");
+  auto proof = get_string(auth.value(), "proof", session::to_string(session::MessageKind::kAuth), 64);
+  if (!session::is(*auth, session::MessageKind::kAuth) || !proof) return refuse("auth.proof: required");
   if (!constant_time_equal(proof.value(), hex_mac(terms, ProofBy::kDialler, dialler_nonce, mine))) {
     return refuse("auth.proof: does not prove the session's key");
   }

@@ -11,9 +11,9 @@
 //
 // TCP (one exchange for every kind of data hello: "data", "pathcheck-data", "flow-data"):
 //   dialler  -> acceptor  hello {kind, ..., session, index, nonce: 32 hex, fresh per connection}
-//   acceptor -> dialler   {type:"challenge", nonce: 32 hex, fresh per connection}  | reject
+//   acceptor -> dialler   {type: challenge, nonce: 32 hex, fresh per connection}  | reject
 //   dialler  -> acceptor  {type:"auth", proof: hex MAC(dial)}
-//   acceptor -> dialler   {type:"welcome", proof: hex MAC(accept)} | reject
+//   acceptor -> dialler   {type: welcome, proof: hex MAC(accept)} | reject
 //   MAC(by) = HMAC-SHA256(key, "rdmig-channel\n" by "\n" session "\n" index "\n" dialler nonce
 //             "\n" acceptor nonce); checked in constant time. The acceptor's nonce is fresh, so a
 //   proof seen on the wire is worth nothing on another connection; the welcome's proof shows the
@@ -71,7 +71,7 @@ Status prove_channel(int fd, nlohmann::json hello, const ChannelTerms& terms, st
 
 // TCP, the acceptor's side, for a hello that named a session whose terms are `terms` and carried
 // `dialler_nonce`: challenges and checks the answer. On success, the proof for the welcome
-// ({"type":"welcome","proof":...}, sent by the caller once it admitted the channel). On failure
+// (a welcome {type: welcome, proof}, sent by the caller once it admitted the channel). On failure
 // a reject is sent and the error is kPermissionDenied (nothing is admitted).
 Result<std::string> check_channel(int fd, const ChannelTerms& terms, const std::string& dialler_nonce,
                                   std::chrono::milliseconds timeout);

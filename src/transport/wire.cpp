@@ -9,10 +9,14 @@
 #include "common/units.h"
 #include "common/json_limits.h"
 #include "transport/channel_proof.h"
+#include "session/protocol.h"
 
 namespace rdmig::transport {
 
 using nlohmann::json;
+
+// The version is the codec's (session/protocol.h); this header keeps its name for its callers.
+static_assert(kProtocolVersion == session::kDataPlaneProtocol);
 
 Status send_message(int fd, const json& message) {
   // Invalid UTF-8 (a peer's field echoed in a reject) is replaced, never thrown.
@@ -26,7 +30,7 @@ Status send_message(int fd, const json& message) {
 }
 
 void send_reject(int fd, const std::string& code, const std::string& message) {
-  (void)send_message(fd, json{{"type", "reject"}, {"code", code}, {"message", message}});
+  (void)send_message(fd, session::message(session::MessageKind::kReject, json{{"code", code}, {"message", message}}));
 }
 
 Result<json> recv_message(int fd, std::chrono::milliseconds timeout) {
@@ -84,32 +88,12 @@ Result<SessionTerms> parse_session_terms(const json& j, const std::string& where
 
 Result<std::string> get_string(const json& j, const char* key, const std::string& where,
                                size_t max_len) {
-  const std::string field = where + "." + key;
-  auto it = j.find(key);
-  if (it == j.end()) return Error{Errc::kInvalidArgument, field + ": required"};
-  if (!it->is_string()) return Error{Errc::kInvalidArgument, field + ": must be a string"};
-  auto s = it->get<std::string>();
-  if (s.size() > max_len) {
-    return Error{Errc::kInvalidArgument, field + ": longer than " + std::to_string(max_len)};
-  }
-  return s;
+  return session::get_string(j, key, where, max_len);
 }
 
 Result<uint64_t> get_uint(const json& j, const char* key, const std::string& where, uint64_t min,
                           uint64_t max) {
-  const std::string field = where + "." + key;
-  auto it = j.find(key);
-  if (it == j.end()) return Error{Errc::kInvalidArgument, field + ": required"};
-  if (!it->is_number_unsigned() && !(it->is_number_integer() && it->get<int64_t>() >= 0)) {
-    return Error{Errc::kInvalidArgument, field + ": must be a non-negative integer"};
-  }
-  const auto v = it->get<uint64_t>();
-  if (v < min || v > max) {
-    return Error{Errc::kInvalidArgument, field + ": must be between " + std::to_string(min) +
-                                             " and " + std::to_string(max) + ", got " +
-                                             std::to_string(v)};
-  }
-  return v;
+  return session::get_uint(j, key, where, min, max);
 }
 
 std::string control_proof(const std::string& token, const std::string& nonce, const std::string& migration_id,
@@ -168,10 +152,10 @@ std::string tls_mismatch(bool source_on, bool target_on) {
 }
 
 json Hello::to_json() const {
-  json j{{"type", "hello"}, {"protocol", protocol}, {"kind", kind}, {"migrationId", migration_id}};
+  json j = session::message(session::MessageKind::kHello, json{{"protocol", protocol}, {"kind", kind}, {"migrationId", migration_id}});
   if (!nonce.empty()) j["nonce"] = nonce;
   if (tls) j["tls"] = true;
-  if (kind == "control") {
+  if (kind == session::name(session::HelloKind::kControl)) {
     j["channels"] = channels;
     j["chunkSize"] = chunk_size;
     j["ringDepth"] = ring_depth;
@@ -191,14 +175,9 @@ Result<Hello> Hello::parse(const json& j) {
   Hello h;
   auto type = get_string(j, "type", "hello");
   if (!type) return type.error();
-  if (type.value() != "hello") return Error{Errc::kProtocol, "expected a hello, got '" + type.value() + "'"};
-  auto protocol = get_uint(j, "protocol", "hello", 1, 1000);
+  if (type.value() != session::name(session::MessageKind::kHello)) return Error{Errc::kProtocol, "expected a hello, got '" + type.value() + "'"};
+  auto protocol = session::check_hello_protocol(j, session::Purpose::kMigration);
   if (!protocol) return protocol.error();
-  if (protocol.value() != kProtocolVersion) {
-    return Error{Errc::kProtocol, "hello.protocol: peer speaks version " +
-                                      std::to_string(protocol.value()) + ", this agent " +
-                                      std::to_string(kProtocolVersion)};
-  }
   auto kind = get_string(j, "kind", "hello");
   if (!kind) return kind.error();
   h.kind = kind.value();
@@ -215,7 +194,7 @@ Result<Hello> Hello::parse(const json& j) {
     if (!v->is_boolean()) return Error{Errc::kInvalidArgument, "hello.tls: expected a boolean"};
     h.tls = v->get<bool>();
   }
-  if (h.kind == "control") {
+  if (h.kind == session::name(session::HelloKind::kControl)) {
     auto ch = get_uint(j, "channels", "hello", 1, kMaxChannels);
     if (!ch) return ch.error();
     h.channels = static_cast<uint32_t>(ch.value());
@@ -241,7 +220,7 @@ Result<Hello> Hello::parse(const json& j) {
       if (!v->is_boolean()) return Error{Errc::kInvalidArgument, "hello.verifyChunks: expected a boolean"};
       h.verify_chunks = v->get<bool>();
     }
-  } else if (h.kind == "data") {
+  } else if (h.kind == session::name(session::HelloKind::kData)) {
     auto session = get_string(j, "session", "hello", 128);
     if (!session) return session.error();
     h.session = session.value();

@@ -1,0 +1,149 @@
+// The agent-to-agent protocol's vocabulary in one place (docs/protocol.md): the message kinds,
+// the hello kinds and what each is for, the protocol versions and the refusal each end gives to
+// another version, the field readers every parser uses (errors name `where.field`), and the
+// typed handshake messages. Every message is a JSON object framed by transport/wire.h; a message
+// names its kind in "type", a hello names its kind in "kind".
+//
+// The JSON objects are nlohmann::json (std::map: keys sorted), so a message's bytes depend only
+// on its fields, never on the order they are set in: the golden tests (tests/unit/protocol_test.cpp)
+// pin them, because the flow's proofs hash the hello's dump().
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/result.h"
+
+namespace rdmig::session {
+
+// --- Versions -------------------------------------------------------------------------------
+// Each line is matched exactly today: a peer of another version is refused at its hello.
+// The data plane (bare-QEMU migrations, path checks, the KubeVirt probe); transport/wire.h.
+inline constexpr uint32_t kDataPlaneProtocol = 3;
+// The KubeVirt flow (hellos "flow" and "flow-data"); kubevirt/flow_protocol.h.
+inline constexpr uint64_t kFlowProtocol = 6;
+// (The RDMA connection request's private data has its own version, 2: transport/rdma/cm.h.)
+
+// --- Message kinds ("type") -------------------------------------------------------------------
+enum class MessageKind : uint8_t {
+  kHello,       // a bare-QEMU migration's or path check's hello ("type":"hello" beside its "kind")
+  kChallenge,   // acceptor -> dialler: its nonce (a flow's also carries the target's proofs)
+  kAuth,        // dialler -> acceptor: its proof ("proof", or "mac" on a flow)
+  kWelcome,     // acceptor -> dialler: admitted (session terms, or a channel's proof)
+  kReject,      // either way: refused, {code?, message}
+  kFallback,    // source -> target: RDMA failed, carry over TCP
+  kFallbackOk,  // target -> source: the fallback is accepted (bare-QEMU migration)
+  kStart,       // source -> target: every channel is up, begin
+  kReady,       // target -> source: ready to receive
+  kPing,        // path check: source -> target
+  kPong,        // path check: target -> source; also the answer to a probe hello
+  kStream,      // path check: source -> target, the stream phase begins
+  kResult,      // target -> source: the verdict
+  kGoodbye,     // source -> target: the session ends
+  kOpen,        // flow: source -> target before a channel connects
+  kEnd,         // flow: source -> target, the carried migration ended
+  kStats,       // flow: target -> source, its answer to "end"
+  kHeartbeat,   // flow: either way, on the signed control link
+  kAbort,       // either way: the session fails, {reason}
+};
+inline constexpr size_t kMessageKinds = 19;
+
+std::string_view name(MessageKind kind);
+std::string to_string(MessageKind kind);
+// The kind a wire name names; nullopt for a name that is no message kind.
+std::optional<MessageKind> parse_kind(std::string_view name);
+// The kind of a received message: its "type" when that is a string naming a kind; nullopt when
+// it is absent, not a string or unknown. Never throws (a hostile "type":5 is just no kind).
+std::optional<MessageKind> kind_of(const nlohmann::json& message);
+bool is(const nlohmann::json& message, MessageKind kind);
+// A message of `kind`: `fields` (a JSON object) with "type" set to the kind's name.
+nlohmann::json message(MessageKind kind, nlohmann::json fields = nlohmann::json::object());
+
+// --- Hello kinds ("kind") and their purpose ---------------------------------------------------
+// The first message on every connection to an agent's data-plane port names one of these.
+enum class HelloKind : uint8_t {
+  kControl,           // a bare-QEMU migration's control connection
+  kData,              // one of its channels
+  kPathcheckControl,  // a path check's control connection (the same fields as kControl)
+  kPathcheckData,     // one of its channels (the same fields as kData)
+  kFlow,              // a carried KubeVirt migration's control connection
+  kFlowData,          // one of its TCP channels
+  kProbe,             // "does this peer's data plane serve?" (answered with a pong)
+};
+// What a session is for; derived from the hello's kind, never a field of its own on the wire.
+enum class Purpose : uint8_t { kMigration, kPathCheck, kFlow, kProbe };
+
+std::string_view name(HelloKind kind);
+std::string to_string(HelloKind kind);
+std::optional<HelloKind> parse_hello_kind(std::string_view name);
+Purpose purpose_of(HelloKind kind);
+std::string_view name(Purpose purpose);
+// True for a session's data channel (data, pathcheck-data, flow-data).
+bool is_channel(HelloKind kind);
+// The version the hellos of `purpose` carry in "protocol".
+uint64_t protocol_of(Purpose purpose);
+// The hello of a path check is a migration hello with another kind (and the reverse).
+HelloKind as_migration(HelloKind kind);
+HelloKind as_pathcheck(HelloKind kind);
+
+// Reads a hello's "protocol" and refuses any version but this agent's for `purpose`, with the
+// errors the agents give today:
+//   data plane: kProtocol "hello.protocol: peer speaks version N, this agent 3" (N in 1..1000)
+//   flow:       kInvalidArgument "hello.protocol: this agent speaks 6, got N" (N in 0..1000)
+Result<uint64_t> check_hello_protocol(const nlohmann::json& hello, Purpose purpose);
+
+// --- Field readers ------------------------------------------------------------------------------
+// A required string field, at most `max_len` bytes; errors name `where.key`.
+Result<std::string> get_string(const nlohmann::json& j, const char* key, const std::string& where,
+                               size_t max_len = 256);
+// A required non-negative integer field in [min, max]; errors name `where.key`.
+Result<uint64_t> get_uint(const nlohmann::json& j, const char* key, const std::string& where, uint64_t min,
+                          uint64_t max);
+
+// --- Typed handshake messages -----------------------------------------------------------------
+// {"type":"challenge","nonce", "proofs"?}: the acceptor's fresh nonce; a flow's target adds one
+// proof of the token per token it accepts (at most kMaxChallengeProofs).
+struct Challenge {
+  std::string nonce;
+  std::vector<std::string> proofs;  // flow only; absent on the wire when empty
+  nlohmann::json to_json() const;
+  // A "challenge" whose nonce is a string of at most `max_nonce` bytes ("challenge.nonce: ...").
+  // The proofs are read leniently, as today: anything but a list of at most four is no proof.
+  static Result<Challenge> parse(const nlohmann::json& j, size_t max_nonce = 64);
+};
+inline constexpr size_t kMaxChallengeProofs = 4;
+
+// {"type":"auth", field: mac}: the dialler's proof; `field` is "proof" (control and channels) or
+// "mac" (a flow's control connection).
+struct Auth {
+  static constexpr const char* kProofField = "proof";
+  static constexpr const char* kFlowField = "mac";
+  std::string field = kProofField;
+  std::string mac;
+  nlohmann::json to_json() const;
+  // An "auth" with `field` a string of at most 64 bytes; errors name "auth.<field>".
+  static Result<Auth> parse(const nlohmann::json& j, const char* field = kProofField);
+};
+
+// {"type":"reject","code"?,"message"}: a refusal (transport::send_reject sends one with a code).
+struct Reject {
+  std::string code;  // absent on the wire when empty
+  std::string message;
+  nlohmann::json to_json() const;
+  // Any message read as a refusal: its "code" and "message" when they are strings ("?" for a
+  // missing message), never throwing on a hostile peer's types.
+  static Reject from(const nlohmann::json& j);
+};
+
+// {"type":"fallback","transport":"tcp","error"}: the source's RDMA failed; carry over TCP.
+struct Fallback {
+  std::string transport = "tcp";
+  std::string error;
+  nlohmann::json to_json() const;
+};
+
+}  // namespace rdmig::session
