@@ -125,11 +125,13 @@ class SchemaTest(unittest.TestCase):
             agent_src = f.read()
         with open(os.path.join(REPO, "src", "common", "log.cpp")) as f:
             log_src = f.read()
+        with open(os.path.join(REPO, "src", "common", "transport_kind.cpp")) as f:
+            transport_src = f.read()  # parse_transport (issue 39 moved it out of the config)
         with open(SCHEMA) as f:
             schema = json.load(f)
         agent_cfg = schema["properties"]["agent"]["properties"]["config"]["properties"]
         self.assertEqual(sorted(agent_cfg["transport"]["enum"]),
-                         sorted(re.findall(r'if \(text == "(\w+)"\) return TransportKind', agent_src)))
+                         sorted(re.findall(r'if \(text == "(\w+)"\) return TransportKind', transport_src)))
         self.assertEqual(sorted(schema["definitions"]["logLevel"]["enum"]),
                          sorted(re.findall(r'name == "(\w+)"', log_src)))
         self.assertEqual(set(agent_cfg), set(re.search(r'check_keys\(root, "", \{([^}]*)\}', agent_src).group(1)
