@@ -101,6 +101,9 @@ void KubevirtRelay::record_armed(uint64_t netns_inode) {
 
 void KubevirtRelay::stop() {
   if (stopping_.exchange(true)) return;
+  // A worker between its predicate check and its wait holds stop_mu_: taking it once orders
+  // stopping_ before that wait, so the wake-up is not lost (it would sleep out kAbortGrace).
+  { std::lock_guard lock(stop_mu_); }
   stop_cv_.notify_all();
   discovery_.reset();
   if (maintenance_.joinable()) maintenance_.join();

@@ -254,6 +254,11 @@ void RdmaChannel::fail(const Error& e, const char* kind) {
     LOG_WARN("rdma") << (e.message.starts_with(tag) ? "" : tag) << e.message;
   }
   credits_.abort(e);
+  // A receiver or sender between its predicate check and its wait (neither wait has a timeout)
+  // holds its mutex there: taking each one once orders failed_ before that wait, so the notify
+  // below cannot be missed (as TcpChannel::fail does). Never called with either held.
+  { std::lock_guard lock(rx_mu_); }
+  { std::lock_guard lock(sq_mu_); }
   rx_cv_.notify_all();
   sq_cv_.notify_all();
   state_cv_.notify_all();
@@ -282,16 +287,23 @@ bool RdmaChannel::handle_completion(const ibv_wc& wc) {
           fail(Error{Errc::kProtocol, where + ": chunk of " + std::to_string(imm.value) + " bytes exceeds the slot"}, "protocol");
           return false;
         }
-        std::lock_guard lock(rx_mu_);
-        if (peer_eof_ || arrivals_.size() >= params_.recv_depth) {
+        bool overrun = false;
+        {
+          std::lock_guard lock(rx_mu_);
+          overrun = peer_eof_ || arrivals_.size() >= params_.recv_depth;
+          if (!overrun) {
+            arrivals_.push_back(Arrival{static_cast<uint32_t>(rx_seq_ % params_.recv_depth), imm.value, false});
+            ++rx_seq_;
+            metrics_.chunks_received->Increment();
+            metrics_.bytes_received->Increment(imm.value);
+            rx_cv_.notify_all();
+          }
+        }
+        // Outside rx_mu_: fail() takes it to wake the receiver.
+        if (overrun) {
           fail(Error{Errc::kProtocol, where + ": peer wrote beyond its credits"}, "protocol");
           return false;
         }
-        arrivals_.push_back(Arrival{static_cast<uint32_t>(rx_seq_ % params_.recv_depth), imm.value, false});
-        ++rx_seq_;
-        metrics_.chunks_received->Increment();
-        metrics_.bytes_received->Increment(imm.value);
-        rx_cv_.notify_all();
         return true;
       }
       case ImmKind::kCredit:
