@@ -38,6 +38,10 @@ class Worker {
   std::function<bool()> leading_;
   KubevirtObserver* observer_;
   bool phase_gauge_;
+  // Guards dirty_ and stopping_; cv_ wakes run() for either. Taken by enqueue() (the
+  // informer's thread through its handler, and run() requeueing), stop() (main) and run()
+  // (this worker's thread), which swaps dirty_ out and reconciles with it released. No other
+  // lock is taken under it.
   std::mutex mu_;
   std::condition_variable cv_;
   std::set<std::string> dirty_;

@@ -97,6 +97,10 @@ class HttpFront {
   uint16_t port_ = 0;
   std::atomic<bool> stopping_{false};
   std::unique_ptr<Workers> workers_;
+  // Guards per_source_, open_ and handed_back_. Taken by run()'s thread (admit, the full
+  // check, taking handed_back_), the worker threads (release, hand_back) and open_from()
+  // (tests). Held only for the book-keeping (and hand_back's one eventfd write); independent
+  // of Workers' own queue lock, never held with it.
   std::mutex mu_;
   std::map<std::string, size_t> per_source_;
   size_t open_ = 0;

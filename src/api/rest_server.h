@@ -63,8 +63,12 @@ class RestServer {
   std::unique_ptr<httplib::Server> server_;       // routes and handlers
   std::unique_ptr<HttpFront> front_;              // accepts, TLS, deadlines, workers
   uint16_t port_ = 0;
-  // Requests of one client address served at once (api: at most kMaxRequestsPerClient).
+  // Guards client_requests_ alone: the pre- and post-routing handlers on HttpFront's worker
+  // threads count a request in and out under it. Held only for the map update; no other lock
+  // is taken under it.
   std::mutex clients_mu_;
+  // Under clients_mu_: requests of one client address served at once (at most
+  // kMaxRequestsPerClient).
   std::map<std::string, int> client_requests_;
 };
 

@@ -43,6 +43,11 @@ class TokenSource {
   std::string path_, what_;
   size_t min_length_ = 0;
   std::chrono::seconds grace_{0};
+  // Guards every member below it (token_, previous_, previous_until_, next_check_ and the file's
+  // dev_/ino_/size_/mtime_); path_, what_, min_length_ and grace_ are set in open() and then
+  // only read. Taken by whoever checks or presents a token (REST and hook workers, the
+  // data-plane accept threads, sessions); held across maybe_reload()'s stat and file read,
+  // at most once a second. No other lock is taken under it.
   std::mutex mu_;
   std::string token_, previous_;
   std::chrono::steady_clock::time_point previous_until_{}, next_check_{};

@@ -49,6 +49,9 @@ class HttpKubeClient final : public KubeClient {
   ClusterConfig config_;
   ServerAddress address_;
   HttpOptions options_;
+  // Guards watches_ and stopping_: watch() (each informer's thread) registers and unregisters
+  // its client under it, stop_watches() (the shutdown path) sets stopping_ and stops every
+  // registered client under it. Held only for those set operations, never across a request.
   std::mutex watches_mu_;
   std::set<httplib::ClientImpl*> watches_;
   bool stopping_ = false;

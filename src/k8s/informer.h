@@ -54,11 +54,17 @@ class Informer {
   const std::string path_;
   const std::string query_;
   Handler handler_;
+  // Guards cache_ and resource_version_. Taken by run()'s thread (relist, apply, the watch
+  // loop) and by any caller of get/list/observe/forget (reconcilers, REST); never held while
+  // handler_ runs or across a request to the API server. Not taken together with stop_mu_.
   mutable std::mutex mu_;
   std::map<std::string, nlohmann::json> cache_;
+  // Under mu_; written only by run()'s thread, which also reads it unlocked for a log line.
   std::string resource_version_;
   std::atomic<bool> synced_{false};
   std::atomic<bool> stopping_{false};
+  // Guards nothing but the stop hand-shake: sleep_for() (run()'s thread) waits on stop_cv_
+  // under it, stop() sets stopping_ under it before notifying.
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   std::atomic<uint64_t> lists_{0}, expired_{0};

@@ -45,6 +45,9 @@ class LeaderElector {
   std::function<void(bool)> on_change_;
   std::atomic<bool> leading_{false};
   std::atomic<bool> stopping_{false};
+  // Guards nothing but the stop hand-shake: run() waits on cv_ under it between ticks and
+  // stop() sets stopping_ under it before notifying, so the wake-up is not lost. The fields
+  // below are the run() thread's own (tick(), try_acquire_or_renew()) and need no lock.
   std::mutex mu_;
   std::condition_variable cv_;
   // What we last saw of someone else's lease, and when (our monotonic clock).

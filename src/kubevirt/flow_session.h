@@ -95,6 +95,13 @@ class FlowSession {
   Metrics& metrics_;
   std::unique_ptr<session::ControlLink> link_;  // closed last
 
+  // Guards record_, rail_usage_ and ended_ (and SourceSession::drain_multifd_). Taken by the
+  // relay's REST, hook and maintenance threads (record, ended), the control thread (fail,
+  // succeed, the session's messages), the interception thread (add_leg, the source's
+  // connections) and the pumps' first-bytes callbacks. Lock order: TargetSession::conn_mu_ ->
+  // mu_ -> legs_mu_ -> each pump's own lock (refresh_counters_locked reads the legs under
+  // both). fail() logs record_.migration_uid after releasing it (a field set at construction
+  // and never written after).
   mutable std::mutex mu_;
   FlowRecord record_;
   // Per-rail usage as counted into rdmig_rdma_rail_bytes_total so far (under mu_; brought up to
@@ -110,12 +117,22 @@ class FlowSession {
     std::string rail;  // "rail 1: mlx5_1 10.0.1.1 to 10.0.1.2:7472" for an RDMA leg; empty over TCP
   };
   std::vector<session::RailPair> rails_;  // set before the first leg, read-only after
+  // Guards signer_ (its send sequence and the peer's, so signing and sending happen as one and
+  // verifying is ordered), and link_/signer_/peer_timeout_/last_heard_/next_heartbeat_ when
+  // set_link() sets them (before the control thread starts: afterwards link_ is read
+  // unlocked). Taken by send_signed (any thread that sends: control thread, fail(), finish())
+  // and next_verified (the control thread). Lock order: signer_mu_ -> ControlLink's
+  // write_mu_; never taken with mu_ or legs_mu_ held.
   std::mutex signer_mu_;  // serialises signing with sending, and verifying
   std::unique_ptr<FlowSigner> signer_;
   // Liveness of the peer (the control thread only, after set_link).
   std::chrono::milliseconds peer_timeout_{0};
   std::chrono::steady_clock::time_point last_heard_, next_heartbeat_;
   std::atomic<bool> watching_peer_{true};
+  // Guards legs_, finished_seen_ and last_change_. Taken by add_leg (after mu_), close_legs,
+  // fail, with_pump/for_each_pump, idle_for, draining, leg_count, leg_error (relay and control
+  // threads, pumps' first-bytes callbacks) and by refresh_counters_locked under mu_. Calls into
+  // the pumps (their own lock) under it; the pumps are joined only after it is released.
   mutable std::mutex legs_mu_;
   std::vector<Leg> legs_;
   mutable size_t finished_seen_ = 0;

@@ -41,6 +41,9 @@ class HandlerIdentity {
 
  private:
   const std::string comm_;
+  // Guards pods_ alone: PeerDiscovery's thread replaces it (set_pods); hook calls and the
+  // relay's threads read it (refuse, by_pod, pids). refuse() holds it while it reads the
+  // process's /proc cgroup. No other lock is taken under it.
   mutable std::mutex mu_;
   std::optional<std::set<std::string>> pods_;
 };
@@ -66,6 +69,9 @@ class LauncherIdentity {
   std::optional<std::string> refuse(pid_t pid, const std::string& vmi_namespace, const std::string& vmi_uid) const;
 
  private:
+  // Guards pods_ alone: PeerDiscovery's thread replaces it (set_pods); the relay's workers
+  // that open libvirt connections read it (refuse, via libvirt_stats), holding it while they
+  // read the process's /proc cgroup. No other lock is taken under it.
   mutable std::mutex mu_;
   std::optional<std::map<std::string, std::set<std::string>>> pods_;
 };

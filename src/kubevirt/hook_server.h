@@ -61,6 +61,9 @@ class HookServer {
   Handler handler_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
+  // Guards callers_ alone: acceptor_ records each connection's pid under it, and gRPC's
+  // handler threads look one up (caller_of, from dispatch) under it. Held only for the map
+  // access; never held while handler_ runs.
   mutable std::mutex mu_;
   std::map<int, pid_t> callers_;  // fd -> pid
   std::atomic<bool> stop_{false};

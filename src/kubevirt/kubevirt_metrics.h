@@ -68,6 +68,10 @@ class KubevirtMetrics {
   // migration (nodes, result, transport and why, reason code); replaced at each migration.
   prometheus::Family<prometheus::Gauge>& vm_info_;
   std::map<std::tuple<std::string, std::string, std::string>, prometheus::Gauge*> info_series_;
+  // Guards info_series_ and makes finished() and forget() one step each for the per-VMI series
+  // (a forget never interleaves with a finished of the same VMI). Taken by the relay's threads
+  // that end or drop a migration (control threads, maintenance loop). Scrapes read the
+  // registry without it (hence the order finished() sets the series in). No lock under it.
   std::mutex mu_;
 };
 

@@ -60,6 +60,9 @@ class PeerDiscovery {
   LauncherIdentity& launchers_;
   std::unique_ptr<k8s::KubeClient> kube_;
   std::string namespace_;
+  // Guards stop_ alone; cv_ wakes thread_ for it. loop() (thread_) waits under it and releases
+  // it for each refresh(), so no listing, and none of the directories' locks, runs under it;
+  // the destructor sets stop_ under it.
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -47,6 +47,11 @@ class PeerDirectory {
     PeerInfo info;
     std::vector<std::string> handler_addresses;
   };
+  // Guards peers_ (the entries and their health). Taken by every member function: discovery
+  // (replace), the relay's maintenance loop (mark_healthy/mark_unhealthy, unhealthy), hook and
+  // interception threads and REST (by_node, by_handler_address, handler_addresses). Copying
+  // takes the other directory's too (operator= both at once, with std::scoped_lock). No
+  // other lock is taken under it.
   mutable std::mutex mu_;
   std::vector<Entry> peers_;
 };

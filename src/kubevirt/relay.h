@@ -124,6 +124,12 @@ class KubevirtRelay {
 
   // Held only for book-keeping, never across nftables, namespace entry or a session's
   // teardown: hook calls, interception, REST (records) and the maintenance loop take it.
+  // Guards ns_busy_, points_, armed_, arming_, static_sessions_, sources_, targets_,
+  // handler_ns_cache_, history_ and workers_ (ns_cv_ and hook_cv_ wait on it). last_refresh_
+  // and last_probe_ are the maintenance thread's own. Lock order: mu_ -> FlowSession::mu_ ->
+  // legs_mu_ (record(), ended(), draining() of sessions under it), mu_ -> KubevirtMetrics::mu_
+  // (remember_locked) and mu_ -> PeerDirectory::mu_ (mark_unhealthy); never taken under a
+  // session's lock, budget_mu_ or stop_mu_.
   mutable std::mutex mu_;
   // Namespaces (netns inodes) where a point is being made or a stale one's table removed, under
   // mu_: one at a time per namespace (a second install there would replace the first's table),
@@ -166,11 +172,21 @@ class KubevirtRelay {
   // checked (relay_source.cpp, relay_target.cpp); null with discovery static.
   std::unique_ptr<VmiApi> vmi_api_;
   std::function<uint64_t()> others_;  // set before serving
+  // Serialises take_buffers' check and take of flow_buffers_ (the release, a ticket's
+  // destructor, only subtracts, without it). Taken by sessions admitting a channel (data-plane
+  // accept threads, the RDMA CM thread, the interception thread), often under a
+  // TargetSession's conn_mu_; calls others_ (the migration and path-check managers' locks)
+  // under it. Never held with mu_.
   std::mutex budget_mu_;             // serialises take_buffers' check and take
   std::atomic<uint64_t> flow_buffers_{0};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> draining_{false};  // begin_drain()
   std::atomic<std::chrono::steady_clock::rep> last_turn_{0};  // end of the last maintain()
+  // Guards no member: the maintenance loop and the draining/abort workers wait on stop_cv_
+  // under it for stopping_. stop() sets stopping_ without taking it before notifying, so a
+  // waiter can miss that wake-up and sleep out its timeout (200 ms, 100 ms, or kAbortGrace =
+  // 5 s for an abort worker, which stop() then joins). The draining worker calls
+  // s->draining() (legs_mu_) under it.
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   std::thread maintenance_;

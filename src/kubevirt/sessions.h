@@ -112,6 +112,9 @@ class SourceSession final : public FlowSession {
   uint32_t next_index_ = 0;  // the interception thread only
   bool drain_multifd_ = true;  // under mu_
   // The target's answer to "end" (its "stats", or why none comes), handed from the reader to finish().
+  // Guards finishing_, closing_ and reply_; reply_cv_ signals reply_. Taken by reader_ (the
+  // control thread), finish() (the relay's worker that ends the session) and the destructor.
+  // Held only for those fields: finish() sends "end" with it released. No lock under it.
   std::mutex reply_mu_;
   std::condition_variable reply_cv_;
   bool finishing_ = false;
@@ -174,6 +177,15 @@ class TargetSession final : public FlowSession {
   StatsReader stats_;
   std::string transport_;
 
+  // Guards transport_ (set by accept() before the session is published), channels_,
+  // destinations_, started_, admitting_, rdma_settled_, buffers_, next_dial_ and stopping_;
+  // conn_cv_ signals the fallback, the dial turn and the stop. Taken by reader_ (open,
+  // fallback), the data-plane accept threads (add_tcp_channel; released for the TLS handshake
+  // only), the RDMA CM thread (rdma_plan, its deliver), each pump's dial_in_order and
+  // wake()/the destructor. Lock order: conn_mu_ -> FlowSession::mu_ (fall_back_to_tcp,
+  // ended(), record()) -> legs_mu_ (add_leg from try_start_locked), and conn_mu_ -> the
+  // relay's budget_mu_ (take_buffers). add_tcp_channel writes the welcome to the channel's
+  // socket under it. rdma_proofs_ has its own lock (ProofLedger).
   std::mutex conn_mu_;
   std::condition_variable conn_cv_;
   std::vector<std::unique_ptr<transport::Channel>> channels_;  // by index, until started

@@ -196,9 +196,17 @@ class Metrics {
 
   void set_info(MigrationGauges& gauges, const std::string& phase, const std::string& transport);
 
+  // Guards transports_ (lookup and creation in transport(); any thread that opens a channel).
+  // Not the hot path: callers cache the TransportMetrics& it returns. Never held with info_mu_.
   std::mutex mu_;  // guards transports_ creation (not the hot path: pointers are cached)
+  // Guards, in every MigrationGauges, the fields info, end_time, ended and labels, and the
+  // Add/Remove of those series in info_ and end_time_: migration_gauges, migration_phase,
+  // migration_ended and remove_migration_gauges (job, session and REST threads). Never held
+  // with mu_.
   std::mutex info_mu_;  // guards the info/end_time pointers of every MigrationGauges
   std::map<std::string, TransportMetrics> transports_;
+  // Not under either mutex: on_scrape_ is filled during start-up wiring, before serving, and
+  // rdma_selected_series_ is set by set_rdma_selection() from DataPlaneServer::start().
   std::vector<std::function<void()>> on_scrape_;
 };
 

@@ -168,12 +168,26 @@ class Job {
   std::unique_ptr<session::ControlLink> link_;
   std::vector<std::unique_ptr<transport::Channel>> channels_;
   std::vector<std::unique_ptr<session::ChannelPump>> pumps_;
+  // Guards channels_, pumps_ and link_ (the pointers; qmp_ is the worker's alone, its client
+  // thread-safe). Taken today by the worker thread (set-up of channels, pumps and link,
+  // refresh_data_counters, channel_failure, abort_data_plane, release_resources), which
+  // also reads link_ unlocked between those points as its only writer. Calls into the pumps
+  // and channels (their own locks) under it, including the final p->wait(5s) of each pump.
+  // Lock order: TargetJob::conn_mu_ -> data_mu_; released before status_mu_ is taken.
   mutable std::mutex data_mu_;  // guards channels_/pumps_ growth against abort from other threads
 
   std::thread worker_;
+  // Guards worker_'s join alone (no other member): the manager's reaper thread and the
+  // destructor (stop_worker) may both join. Nothing else is taken under it.
   std::mutex join_mu_;  // the owner's reaper and the destructor may both join
 
  private:
+  // Guards status_, cancel_reason_, metrics_finished_ and watched_fds_ (cancel_requested_ is
+  // atomic, set under it); status_cv_ signals a phase change. Taken by REST threads (status,
+  // finished, wait_finished, request_cancel), the worker (update, set_phase, finish), the
+  // data-plane threads through update() and CancelWatch. Lock order: TargetJob::conn_mu_ ->
+  // status_mu_; request_cancel shuts the watched sockets down under it; never held with
+  // data_mu_.
   mutable std::mutex status_mu_;
   mutable std::condition_variable status_cv_;
   MigrationStatus status_;

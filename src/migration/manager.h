@@ -62,6 +62,13 @@ class MigrationManager {
   Metrics& metrics_;
   session::DataPlaneServer& server_;
 
+  // Guards jobs_, order_, reserved_, reap_queue_ and reaper_stop_; reap_cv_ wakes the reaper.
+  // Taken by REST (create, list, get, cancel, the counts), the data-plane accept threads and
+  // the RDMA CM thread (find, rdma_lookup), each job's worker as it ends (on_worker_done),
+  // reaper_ and shutdown. Released for create()'s QMP checks and for joining a worker.
+  // Lock order: KubevirtRelay::budget_mu_ -> mu_ (others_ there is buffer_bytes_in_use) ->
+  // PathCheckManager::mu_ -> PathCheck::mu_ (create() calls others_ under it), and mu_ ->
+  // Job::status_mu_ (finished(), spec()).
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_;
   std::deque<std::string> order_;  // creation order, for history eviction

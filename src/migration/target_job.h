@@ -65,6 +65,15 @@ class TargetJob final : public Job {
   std::string transport_reason_;
   bool verify_chunks_ = false;  // from the source's hello, set with transport_
 
+  // Guards the fields the data-plane server hands over: token_used_, control_, data_fds_,
+  // data_tls_, data_admitting_, rdma_channels_, rdma_error_ and data_received_, and session_,
+  // channel_key_, transport_, transport_reason_ and verify_chunks_ (set in on_control; the
+  // worker reads them unlocked once wait_for_source() returned, when nothing writes them
+  // any more). rdma_proofs_ has its own lock. conn_cv_ signals a hand-over. Taken by the
+  // data-plane accept threads (on_control, on_data, channel_terms), the RDMA CM thread
+  // (rdma_plan and its deliver) and the worker (wait_for_source, on_early_message,
+  // release_own). Lock order: conn_mu_ -> data_mu_ (wait_for_source), conn_mu_ ->
+  // status_mu_ (update, set_phase), conn_mu_ -> ControlLink's locks (control_ under it).
   mutable std::mutex conn_mu_;  // guards the fields the data-plane server hands over
   std::condition_variable conn_cv_;
   bool token_used_ = false;
@@ -78,6 +87,10 @@ class TargetJob final : public Job {
   std::optional<Error> rdma_error_;
   uint32_t data_received_ = 0;
 
+  // Guards next_qemu_index_ and order_aborted_; order_cv_ signals the next turn. Each pump's
+  // opener (open_qemu_connection, on the pumps' threads) waits for its turn under it and
+  // connects to QEMU's socket holding it (QEMU connections in channel order); the worker sets
+  // order_aborted_ under it. No other lock is taken under it.
   std::mutex order_mu_;  // QEMU connections in channel order
   std::condition_variable order_cv_;
   uint32_t next_qemu_index_ = 0;

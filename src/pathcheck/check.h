@@ -172,6 +172,13 @@ class PathCheck {
   std::atomic<uint64_t> bytes_done_{0};
   std::unique_ptr<std::atomic<uint64_t>[]> channel_chunks_;  // spec_.channels of them
 
+  // Guards status_, finished_, cancelled_, cancel_reason_, control_watch_, the target's
+  // hand-over fields below (token_used_ .. data_received_) and the pointers link_ and channels_.
+  // Taken by REST (status, cancel), the worker and its per-channel threads (update, on_rail,
+  // abort_all, run_channels' stall watch), the data-plane server's accept threads (on_control,
+  // on_data, channel_terms, rdma_plan) and the RDMA CM thread (rdma_plan's deliver). Lock
+  // order: PathCheckManager::mu_ -> mu_ -> ControlLink's and the channels' own locks (cancel()
+  // sends the abort and aborts the channels under it).
   mutable std::mutex mu_;  // status, cancel, connection hand-over
   mutable std::condition_variable cv_;
   CheckStatus status_;
@@ -180,7 +187,8 @@ class PathCheck {
   std::string cancel_reason_;
   int control_watch_ = -1;  // a socket the worker blocks on: shut down by cancel()
 
-  // Target: what the data-plane server hands over (guarded by mu_).
+  // Target: what the data-plane server hands over (under mu_). On the source, session_ and
+  // channel_key_ are written and read by the worker alone (connect_source), without mu_.
   bool token_used_ = false;
   std::string session_;      // names the session (source side: from the welcome); no secret
   std::string channel_key_;  // what its channels prove (transport/channel_proof.h)
@@ -194,7 +202,8 @@ class PathCheck {
   std::optional<Error> rdma_error_;
   uint32_t data_received_ = 0;
 
-  // The worker's; aborted from other threads under mu_.
+  // The worker's: set and swapped out under mu_ (aborted from other threads under it), used
+  // unlocked by the worker between those points (it is their only writer).
   std::unique_ptr<session::ControlLink> link_;
   std::vector<std::unique_ptr<transport::Channel>> channels_;
   std::thread worker_;

@@ -58,6 +58,11 @@ class PathCheckManager {
   std::function<size_t()> running_migrations_;
   std::function<uint64_t()> migration_buffers_;
 
+  // Guards checks_, order_ and stopping_. Taken by REST (create, list, get, cancel, the buffer
+  // and count figures), the data-plane server's accept threads (handle_hello, the RDMA
+  // resolver) and shutdown(). Lock order: mu_ -> PathCheck::mu_ (finished() under it); never
+  // held while calling running_migrations_/migration_buffers_ (the migration registries'
+  // locks) nor while an evicted check is joined (the graveyard is dropped after unlocking).
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<PathCheck>> checks_;
   std::deque<std::string> order_;

@@ -63,8 +63,14 @@ class QmpClient {
   UniqueFd fd_;
   std::string path_;
   int peer_pid_ = 0;
+  // rx_buffer_ needs no lock: the reader's own (connect() uses it before the reader starts).
   std::string rx_buffer_;
 
+  // Guards next_id_, pending_, events_, event_seq_, closed_ and close_reason_; cv_ signals a
+  // reply, an event or the close. Taken by reader_ (each message), by callers of execute,
+  // wait_event, events, last_event_seq, connected and close (job and REST threads). Never held
+  // across a socket read or write. Lock order: write_mu_ -> mu_ (a failed write drops its
+  // pending_ entry under both).
   mutable std::mutex mu_;
   std::condition_variable cv_;
   uint64_t next_id_ = 1;
@@ -73,6 +79,8 @@ class QmpClient {
   uint64_t event_seq_ = 0;
   bool closed_ = false;
   std::string close_reason_;
+  // Guards no member: serialises writes to fd_ so two execute() calls' command lines never
+  // interleave. Taken before mu_, never under it.
   std::mutex write_mu_;
   std::thread reader_;
 };

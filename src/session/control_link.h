@@ -37,7 +37,16 @@ class ControlLink {
   void reader_loop();
 
   UniqueFd fd_;
+  // fd_ needs no lock (set at construction; close() only shuts it down).
+  // write_mu_ guards no member: serialises send() so two threads' messages (the worker's,
+  // and an abort sent from a REST or cancel thread) never interleave on fd_. Held across
+  // the socket write.
+  // Callers may hold their own lock around send() (PathCheck::mu_, the jobs' locks); never
+  // taken together with mu_.
   std::mutex write_mu_;
+  // Guards queue_ and closed_; cv_ signals either changing. Taken by reader_ (queueing each
+  // message, or the close) and by next()/unread() (the owner's worker thread). Never held
+  // across a socket read.
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<nlohmann::json> queue_;

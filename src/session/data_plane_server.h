@@ -135,6 +135,10 @@ class DataPlaneServer {
 
   UniqueFd listener_;
   std::atomic<bool> stopping_{false};
+  // Guards pending_ and pending_by_source_; pending_cv_ signals a hello thread's end. Taken by
+  // acceptor_ (counting a connection in), each detached hello thread (counting itself out) and
+  // stop() (waiting for pending_ == 0). Held only for the counts; no other lock under it.
+  // handlers_ and resolvers_ need none: filled before start(), only read after.
   std::mutex pending_mu_;
   std::condition_variable pending_cv_;
   size_t pending_ = 0;  // hello threads running (detached; counted so stop() can wait)

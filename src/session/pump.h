@@ -130,6 +130,13 @@ class ChannelPump {
   uint64_t send_seq_ = 0;    // up thread only: chunks sent
   std::atomic<uint64_t> chunks_verified_{0};
 
+  // Guards qemu_fd_ (its opening and the shutdown/reset of it), qemu_ready_, aborted_, drain_,
+  // hard_, up_done_, aborted_at_, drain_limit_, directions_done_ and error_; cv_ signals any
+  // change of them. Taken by up_ and down_ (also in watch_drain and drain_local), and by the
+  // owner's threads (abort, wait, finished, error, the drain setters). Never held across a
+  // read, a write or a call into channel_: abort() shuts the socket under it and aborts the
+  // channel after releasing it. (The destructor reads drain_ unlocked; nothing else writes it
+  // by then.)
   mutable std::mutex mu_;
   std::condition_variable cv_;
   UniqueFd qemu_fd_;

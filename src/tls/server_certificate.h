@@ -51,6 +51,11 @@ class ServerCertificate {
   std::shared_ptr<Pair> current();          // reloads when the files changed
 
   std::string cert_file_, cert_key_, key_file_, key_key_;
+  // The file names above are set in load(), then only read.
+  // mu_ guards every member below it (pair_, cert_id_, key_id_, next_check_): current() checks
+  // and reloads the files under it, at most once a second. Taken by each TLS handshake
+  // (select, from the serving threads: HttpFront's, the metrics server's), info() and
+  // configure(). Held across the stat and the file read of a reload; no other lock under it.
   std::mutex mu_;
   std::shared_ptr<Pair> pair_;
   FileId cert_id_, key_id_;

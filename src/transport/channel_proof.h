@@ -85,6 +85,8 @@ class ProofLedger {
 
  private:
   static constexpr size_t kMaxEntries = 1024;
+  // Guards seen_ alone: first_use() checks and records under it (RDMA CM and accept threads
+  // checking requests, possibly under the owner's lock, e.g. PathCheck::mu_). No lock under it.
   std::mutex mu_;
   std::set<std::string> seen_;
 };

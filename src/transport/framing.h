@@ -62,6 +62,9 @@ class CreditGate {
   const uint32_t depth_;
   std::atomic<uint32_t> state_;
   std::atomic<uint32_t> waiters_{0};
+  // Guards aborted_ alone (the credits themselves are state_, lock-free). Taken by abort()
+  // (any thread that fails the channel) and abort_error() (a sender or drainer that saw
+  // kAborted); held only for the optional, no other lock under it.
   mutable std::mutex abort_mu_;
   std::optional<Error> aborted_;  // set before kAborted (under abort_mu_)
 };

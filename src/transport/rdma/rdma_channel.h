@@ -126,6 +126,10 @@ class RdmaChannel final : public Channel {
   // Send side.
   CreditGate credits_;
   uint64_t send_seq_ = 0;  // sender thread only
+  // Guards sq_outstanding_, unsignaled_ and ack_watch_ (sq_cap_ and signal_every_ are set in
+  // setup, before any thread, then only read); sq_cv_ signals room in the send queue. Taken by
+  // the sender (post_write, post_locked) and the poller (completions, watch_acks). Lock order:
+  // sq_mu_ -> state_mu_ (post_write reads error_ under both); released before fail().
   std::mutex sq_mu_;
   std::condition_variable sq_cv_;
   uint32_t sq_outstanding_ = 0;
@@ -141,6 +145,10 @@ class RdmaChannel final : public Channel {
     uint32_t size = 0;
     bool eof = false;
   };
+  // Guards arrivals_, holding_ and peer_eof_; rx_cv_ signals an arrival. Taken by the poller
+  // (queueing arrivals, the eof) and the receiving thread (receive, release). No other lock is
+  // taken under it. fail() sets failed_ and notifies rx_cv_ and sq_cv_ without taking rx_mu_
+  // or sq_mu_ (unlike TcpChannel::fail).
   std::mutex rx_mu_;
   std::condition_variable rx_cv_;
   std::deque<Arrival> arrivals_;
@@ -149,6 +157,10 @@ class RdmaChannel final : public Channel {
   bool peer_eof_ = false;
   CreditBatcher batcher_;  // receiver thread only
 
+  // Guards established_ and error_ (and the rdma_disconnect in fail(), once); state_cv_
+  // signals either. Taken by the poller (CM events, completions), fail() from any thread, the
+  // sender and receiver reading error_, and wait_established(). Innermost: taken under sq_mu_,
+  // nothing taken under it. connect() sets established_ before the poller starts.
   std::mutex state_mu_;
   std::condition_variable state_cv_;
   bool established_ = false;

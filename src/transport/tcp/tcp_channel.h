@@ -144,6 +144,12 @@ class TcpChannel final : public Channel {
   // not cost 4 MiB of page faults and memset (that made multifd 4x slower). See ChunkMemory.
   ChunkMemory staging_;
   CreditGate credits_;
+  // Guards the send side of fd_ and tls_ (no member beyond them): one frame at a time, header
+  // and payload together. Taken by the sender thread (write_frame, the spliced send), by
+  // release()/next_chunk() sending credits (the receiving thread), and only with try_lock by
+  // the reader thread (inline credits; else owed_credits_) and by abort() (the reason frame):
+  // neither ever waits for it. Held across blocking socket writes. Never taken under rx_mu_;
+  // TlsStream's own lock nests inside it.
   std::mutex write_mu_;
 
   // Receive side: slots filled by the reader thread, consumed by receive()/release().
@@ -175,6 +181,14 @@ class TcpChannel final : public Channel {
   // reader holds at most one slot of neither (the one it is filling).
   std::vector<uint32_t> queued_;
   std::vector<uint32_t> free_;
+  // Guards the receive bookkeeping: free_places_, queued_, free_, the slots of ring_ once
+  // queued (the reader fills one unlocked), rx_mem_'s mapping (place_locked), reader_unheld_,
+  // rx_data_, rx_granted_, rx_head_, rx_tail_, rx_holding_, peer_eof_, deferred_,
+  // defer_limit_, payload_on_socket_, pulling_, batcher_, sink_fd_, sink_ and owed_credits_;
+  // rx_cv_ signals any change. Taken by the reader thread and the receiving thread
+  // (receive/next_chunk/release/the inline sink setters), and briefly by fail() to wake
+  // waiters. Released before any write_mu_ wait (credits are sent after unlocking); the
+  // reader writes to the inline sink (MSG_DONTWAIT) under it.
   std::mutex rx_mu_;
   std::condition_variable rx_cv_;
   // The reader reads a chunk's payload off the socket only while fewer than this many are queued
@@ -214,6 +228,9 @@ class TcpChannel final : public Channel {
   std::atomic<int64_t> outstanding_{0};  // chunks sent, credit not yet back (for the gauge)
 
   std::atomic<bool> aborted_{false};
+  // Guards abort_reason_ alone (the first reason wins; aborted_ is set after it). Taken by
+  // any thread that fails or aborts the channel and by abort_error(); held only for the
+  // optional, with no other lock taken under it.
   std::mutex abort_mu_;
   std::optional<Error> abort_reason_;
   // Read ahead (reader thread only): bytes taken from the socket past the frame being read. Off

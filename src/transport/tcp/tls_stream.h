@@ -65,6 +65,10 @@ class TlsStream {
   std::string where_;  // "channel N (TLS)"
   bool ktls_send_ = false;
   bool ktls_recv_ = false;
+  // Guards ssl_: every SSL call after the handshake (OpenSSL's SSL object is not safe for a
+  // reader and a writer at once). Taken by the channel's reader thread (read_some) and its
+  // writers (write_all under TcpChannel's write_mu_; try_write only with try_lock). Released
+  // while read_some/write_all poll the socket, so neither direction waits for the other's I/O.
   std::mutex mu_;  // every SSL call after the handshake
 };
 
