@@ -183,10 +183,9 @@ class KubevirtRelay {
   std::atomic<bool> draining_{false};  // begin_drain()
   std::atomic<std::chrono::steady_clock::rep> last_turn_{0};  // end of the last maintain()
   // Guards no member: the maintenance loop and the draining/abort workers wait on stop_cv_
-  // under it for stopping_. stop() sets stopping_ without taking it before notifying, so a
-  // waiter can miss that wake-up and sleep out its timeout (200 ms, 100 ms, or kAbortGrace =
-  // 5 s for an abort worker, which stop() then joins). The draining worker calls
-  // s->draining() (legs_mu_) under it.
+  // under it for stopping_; stop() takes it once after setting stopping_, so no waiter misses
+  // the wake-up (it would sleep out 200 ms, 100 ms, or kAbortGrace = 5 s for an abort worker,
+  // which stop() then joins). The draining worker calls s->draining() (legs_mu_) under it.
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   std::thread maintenance_;

@@ -147,8 +147,8 @@ class RdmaChannel final : public Channel {
   };
   // Guards arrivals_, holding_ and peer_eof_; rx_cv_ signals an arrival. Taken by the poller
   // (queueing arrivals, the eof) and the receiving thread (receive, release). No other lock is
-  // taken under it. fail() sets failed_ and notifies rx_cv_ and sq_cv_ without taking rx_mu_
-  // or sq_mu_ (unlike TcpChannel::fail).
+  // taken under it; fail() is never called with it held, and takes it (and sq_mu_) once after
+  // setting failed_ so that no waiter misses the notify (as TcpChannel::fail).
   std::mutex rx_mu_;
   std::condition_variable rx_cv_;
   std::deque<Arrival> arrivals_;
