@@ -211,11 +211,16 @@ bool FlowSession::idle_for(std::chrono::steady_clock::duration idle) const {
   return !legs_.empty() && finished == legs_.size() && now - last_change_ >= idle;
 }
 
-void FlowSession::fail(const Error& error, bool from_peer) {
+void FlowSession::fail(const Error& reported, bool from_peer) {
+  Error error = reported;
   {
     std::lock_guard lock(mu_);
     if (ended_) return;
     ended_ = true;
+    if (cause_) {
+      error = *cause_;
+      from_peer = false;  // the peer only echoed what this side did: it gets the cause
+    }
     refresh_counters_locked(record_);
     record_.phase = "Failed";
     record_.reason = error.message;

@@ -6,6 +6,7 @@
 // nowhere instead, until QEMU closes them or their limit passes.
 #pragma once
 
+#include <optional>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -36,7 +37,8 @@ class FlowSession {
   // A snapshot with the counters brought up to date.
   FlowRecord record() const;
   bool ended() const;
-  // Idempotent: resets every leg, tells the peer unless `from_peer`, records the reason.
+  // Idempotent: resets every leg, tells the peer unless `from_peer`, records the reason (the
+  // cause set by set_cause() when there is one: what failed first here, not its echo).
   void fail(const Error& error, bool from_peer = false);
   // The first error of any leg, if one failed.
   std::optional<Error> leg_error() const;
@@ -53,6 +55,13 @@ class FlowSession {
   // is on rail i mod n; the record lists each rail's connections and bytes, and a leg's
   // failure names its rail.
   void set_rails(std::vector<session::RailPair> rails) { rails_ = std::move(rails); }
+  // The reason this session is about to fail for, set before resetting a leg from its own pump
+  // (which cannot call fail(): that joins the pumps): the peer's abort that the reset provokes
+  // may reach fail() first, and the record must still name the cause.
+  void set_cause(const Error& e) {
+    std::lock_guard lock(mu_);
+    if (!cause_) cause_ = e;
+  }
   const std::vector<session::RailPair>& rails() const { return rails_; }
   // Runs fn on the pump of the leg whose channel has `index`, under the legs' lock (never
   // with mu_ held); false when there is no such leg (not added yet, or closed).
@@ -108,6 +117,7 @@ class FlowSession {
   // date by refresh_counters_locked, which only adds what grew).
   mutable std::vector<session::RailUsage> rail_usage_;
   bool ended_ = false;
+  std::optional<Error> cause_;  // under mu_: set_cause()
   std::chrono::steady_clock::time_point started_;
 
  private:

@@ -295,6 +295,7 @@ void SourceSession::saw_first_bytes(uint32_t index, session::ChannelPump& self, 
       if (first) {
         LOG_WARN("kubevirt") << "session=" << id_ << " " << e.message;
       }
+      set_cause(e);  // before the reset: the target's abort that it provokes must not name the failure
       self.abort(e, true);
       return;
     }
