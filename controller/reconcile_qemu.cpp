@@ -113,40 +113,32 @@ Result<Next> Reconciler::admit(json obj, const MigrationRequest& req) {
     set_condition(status, "Admitted", "Unknown", "Waiting", "waiting for a slot on both nodes", gen, now_text());
     return transition(obj, status, "Pending", "Pending", "accepted; waiting to start");
   }
+  // Held in Pending for `reason` (the Admitted condition and the Reason column say why): the
+  // status is written only when it changes, and one Event marks when the hold starts, not every
+  // pass that finds it still holding.
+  auto hold = [&](const char* reason, const std::string& msg) -> Result<Next> {
+    const json before = status;
+    const bool held_before = condition_reason(before, "Admitted") == reason;
+    set_condition(status, "Admitted", "False", reason, msg, gen, now_text());
+    status["reason"] = reason;
+    if (status != before) {
+      auto w = write_status(obj, status);
+      if (!w) return w.error();
+      if (!held_before) events_.record(w.value(), "Normal", reason, msg);
+    }
+    return Next::kPoll;
+  };
   for (const auto& node : {req.source.node, req.target.node}) {
     const int active = active_on_node(node, key);
     if (active >= static_cast<int>(config_.max_concurrent_per_node)) {
-      const std::string msg = "waiting for a migration slot on node '" + node + "': it already takes part in " +
-                              std::to_string(active) + " migrations (maxConcurrentPerNode=" +
-                              std::to_string(config_.max_concurrent_per_node) + ")";
-      const json before = status;
-      const bool held_before = condition_reason(before, "Admitted") == kWaitingForNodeSlot;
-      set_condition(status, "Admitted", "False", kWaitingForNodeSlot, msg, gen, now_text());
-      status["reason"] = kWaitingForNodeSlot;  // the Reason column: why it is still Pending
-      if (status != before) {
-        auto w = write_status(obj, status);
-        if (!w) return w.error();
-        // One Event per hold: when the hold starts, not on every pass that finds the node busy.
-        if (!held_before) events_.record(w.value(), "Normal", kWaitingForNodeSlot, msg);
-      }
-      return Next::kPoll;
+      return hold(kWaitingForNodeSlot, "waiting for a migration slot on node '" + node + "': it already takes part in " +
+                                            std::to_string(active) + " migrations (maxConcurrentPerNode=" +
+                                            std::to_string(config_.max_concurrent_per_node) + ")");
     }
   }
   // A node whose agent drains (an upgrade): the migration waits in Pending for its replacement,
   // it is not failed (docs/deploy.md, "Stopping an agent").
-  auto hold_draining = [&](const std::string& side, const Error& e) -> Result<Next> {
-    const std::string msg = side + ": " + e.message;
-    const json before = status;
-    const bool held_before = condition_reason(before, "Admitted") == kAgentDraining;
-    set_condition(status, "Admitted", "False", kAgentDraining, msg, gen, now_text());
-    status["reason"] = kAgentDraining;
-    if (status != before) {
-      auto w = write_status(obj, status);
-      if (!w) return w.error();
-      if (!held_before) events_.record(w.value(), "Normal", kAgentDraining, msg);
-    }
-    return Next::kPoll;
-  };
+  auto hold_draining = [&](const std::string& side, const Error& e) { return hold(kAgentDraining, side + ": " + e.message); };
   auto source = find_agent(req.source.node);
   if (!source && agent_draining(source.error())) return hold_draining("source", source.error());
   if (!source) {
