@@ -294,6 +294,12 @@ class KubevirtBlockMigrationTest(base.KubevirtChecks, base.BlockChecks, unittest
         reason = base.missing_prereq()
         if reason:
             raise unittest.SkipTest(reason)
+        if (os.environ.get("RDMIG_KV_LAUNCHER") or "trixie-nonroot") == "bookworm-root":
+            # The host's QEMU 7.2 (the root row) hangs TCG guests after block migrations by itself:
+            # a whole run with nothing beside it lost its disk guest after the first move and all
+            # five cases with it. Block migration is proven on the trixie row (QEMU 10, libvirt 11,
+            # non-root launchers, as KubeVirt 1.9 ships): kubevirt_migration runs this class.
+            raise unittest.SkipTest("block migration runs on the trixie row (kubevirt_migration), not on QEMU 7.2")
         from rdmiglab.kubevirt import KubevirtCluster
         cls.tmp = tempfile.mkdtemp(prefix="rdmig-kvblk-")
         cls.kv = None
