@@ -10,6 +10,7 @@ Run: RDMIG_AGENT=build/agent/rdmig-agent python3 tests/integration/test_agent_pa
 """
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -452,6 +453,55 @@ class PathCheckRdmaTest(unittest.TestCase):
         self.assertIn("rdma", st["error"].lower())
         self.assertLess(time.monotonic() - started, 20)
         self.n.call("DELETE", "/v1/pathchecks/" + tid)
+
+    def test_tls_over_tcp_hands_its_records_to_the_kernel_when_the_kernel_has_tls(self):
+        """tls.ko is loaded at the VM's boot (tests/rdma/build-initramfs.sh): both ends of a TLS
+        check must say kernel TLS both ways. Then, with tls.ko removed, the same check says user
+        space; the CPU both agents spent per GiB in each mode, and in clear, is printed."""
+        with open("/proc/sys/net/ipv4/tcp_available_ulp") as f:
+            self.assertIn("tls", f.read().split())
+        tls = [Agent(self.tmp, "agent-ktls-%s" % n, config={"dataPlane": {"tls": "on"}}) for n in "ab"]
+        for a in tls:
+            self.addCleanup(a.stop)
+
+        def cpu(agents):
+            total = 0
+            for a in agents:
+                with open("/proc/%d/stat" % a.proc.pid) as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])  # utime + stime, clock ticks
+            return total / os.sysconf("SC_CLK_TCK")
+
+        def run(pair, label):
+            before = cpu(pair)
+            sid, tid = start_pair(pair[0], pair[1], bytes="128Mi", chunkSize="1Mi", channels=2, transport="tcp")
+            src, dst = wait_check(pair[0], sid, timeout=180), wait_check(pair[1], tid, timeout=180)
+            self.assertEqual((src["phase"], dst["phase"]), ("Succeeded", "Succeeded"), (src, dst))
+            self.assertEqual(dst["bytesVerified"], 128 * MiB)
+            per_gib = (cpu(pair) - before) * 8  # 128 MiB
+            print("\n%-16s encryption %-18s %.2f CPU-s/GiB (both agents), %.0f MiB/s" %
+                  (label, src.get("encryption", "none"), per_gib, src["throughputBytesPerSecond"] / MiB))
+            return src, dst, per_gib
+
+        src, dst, kernel = run(tls, "kernel TLS")
+        self.assertEqual((src["encryption"], dst["encryption"]), ("tls (kernel)", "tls (kernel)"))
+        for a in tls:
+            self.assertEqual(metric(a, "rdmig_tls_channels_total", mode="kernel"), 2)
+            self.assertEqual(metric(a, "rdmig_tls_channels_total", mode="user_space"), 0)
+        # Without tls.ko (and no modprobe in the VM to load it again) OpenSSL keeps the records.
+        with open("/etc/rdmig-vm/modules") as f:
+            ko = [line.strip() for line in f if line.strip().endswith("/tls.ko")][0]
+        deadline = time.monotonic() + 10
+        while subprocess.run(["rmmod", "tls"], capture_output=True).returncode != 0:
+            self.assertLess(time.monotonic(), deadline, "tls.ko still in use 10 s after the check ended")
+            time.sleep(0.1)
+        self.addCleanup(subprocess.run, ["insmod", ko], check=True)
+        src, dst, user = run(tls, "user-space TLS")
+        self.assertEqual((src["encryption"], dst["encryption"]), ("tls (user space)", "tls (user space)"))
+        for a in tls:
+            self.assertEqual(metric(a, "rdmig_tls_channels_total", mode="user_space"), 2)
+        _, _, clear = run((self.a, self.b), "clear TCP")
+        print("kernel TLS / user-space TLS CPU: %.2f; kernel TLS / clear: %.2f" % (kernel / user, kernel / clear))
 
 
 if __name__ == "__main__":

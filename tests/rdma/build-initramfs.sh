@@ -108,7 +108,8 @@ modules=(crc32_generic configfs ib_core ib_uverbs udp_tunnel ip6_udp_tunnel rdma
          9pnet 9pnet_virtio netfs fscache 9p
          nfnetlink crc32c_generic libcrc32c nf_defrag_ipv4 nf_defrag_ipv6 nf_conntrack nf_nat
          nf_tables nft_chain_nat nft_redir
-         llc stp garp mrp 8021q macvlan)
+         llc stp garp mrp 8021q macvlan
+         tls)  # kernel TLS (tls.ko): the data plane's TLS records handed to the kernel
 
 fi
 
