@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """rdmig benchmarks: rdmig against what a user would otherwise use, side by side in one run.
 
-  python3 bench/run.py [--quick] [--runs N] [--sections whole,defaults,dataplane,sweep,concurrent]
+  python3 bench/run.py [--quick] [--runs N] [--sections whole,defaults,dataplane,sweep,concurrent,relay,cpu,failover]
                        [--out DIR]
 
 Sections (all measured here, on this machine, in this run):
@@ -35,7 +35,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tools"))
-from rdmiglab import Agent, QemuVm, ensure_guest, migrate_direct, start_migration  # noqa: E402
+from rdmiglab import Agent, QemuVm, cut_data_channels, ensure_guest, migrate_direct, start_migration  # noqa: E402
 from rdmiglab.qmp import event_time  # noqa: E402
 
 STREAM = os.path.join(REPO, "build", "bench", "stream", "rdmig-stream")
@@ -192,6 +192,71 @@ def run_agents(chain, agents, multifd, chunk=None, depth=None, vm="bench"):
     r = s["result"]
     return {"total_ms": r["totalTimeMs"], "downtime_ms": r["downtimeMs"], "switchover_ms": r["switchoverMs"],
             "e2e_ms": e2e, "bytes": s["progress"]["dataBytesSent"]}
+
+
+def run_agents_cut(chain, agents, multifd, at_fraction=0.3):
+    """run_agents, with every data channel reset once (docs/failover.md) when `at_fraction` of the
+    guest's memory has been sent; the result also says how many failovers the source counted."""
+    a, b = agents
+    dst = chain.next_target()
+    t0 = time.time()
+    try:
+        target, source = start_migration(a, b, chain.src.agent_qmp_path, dst.agent_qmp_path,
+                                         multifd_channels=multifd, vm="bench-cut", maxBandwidthBytesPerSecond=BW)
+    except Exception as e:
+        raise_guest_death_or(e, chain, dst, check_target=False)
+    threshold = int(chain.mem * at_fraction) << 20
+    cut = []
+
+    def maybe_cut(st):
+        if not cut and st["phase"] == "Migrating" and st["progress"]["dataBytesSent"] >= threshold:
+            cut.append(cut_data_channels(b.data_port, min_bytes=threshold // 2))
+
+    s = a.wait(source["id"], timeout=600, interval=0.01, on_status=maybe_cut)
+    if s["phase"] != "Succeeded":
+        dst.kill()
+        chain.src.kill()
+        raise GuestDied("migration with a failover failed: %s" % s["result"]["reason"])
+    resume = wait_resume(chain, dst)
+    e2e = (event_time(resume) - t0) * 1000 if resume else None
+    chain.advance(dst)
+    r = s["result"]
+    return {"total_ms": r["totalTimeMs"], "downtime_ms": r["downtimeMs"], "switchover_ms": r["switchoverMs"],
+            "e2e_ms": e2e, "bytes": s["progress"]["dataBytesSent"], "cut": cut[0] if cut else 0,
+            "failovers": s["failover"]["failovers"], "last": s["failover"]["last"]}
+
+
+def section_failover(work, args, results):
+    """The same migration through agents without failover, with it (what keeping the chunks costs),
+    and with it and every data channel reset once (what a failover costs), interleaved."""
+    mem = int(args.sizes.split(",")[0]) if args.sizes else 512
+    level = os.environ.get("RDMIG_BENCH_LOG", "warn")
+    fo = {"dataPlane": {"failover": "on"}}
+    plain = [Agent(work, "bench-nf-a", log_level=level), Agent(work, "bench-nf-b", log_level=level)]
+    on = [Agent(work, "bench-fo-a", log_level=level, config=fo), Agent(work, "bench-fo-b", log_level=level, config=fo)]
+    chain = Chain(work, "fo%d" % mem, mem, 0)
+    runs = {"off": [], "on": [], "cut": []}
+    try:
+        for _ in range(args.runs):
+            runs["off"].append(chain.run("agents", run_agents, plain, 0))
+            runs["on"].append(chain.run("agents", run_agents, on, 0))
+            runs["cut"].append(chain.run("agents", run_agents_cut, on, 0))
+    finally:
+        chain.close()
+        for a in plain + on:
+            a.stop()
+    row = {k: summarize(v) for k, v in runs.items()}
+    row.update(mem_mib=mem, runs=args.runs, failovers=[r["failovers"] for r in runs["cut"]],
+               channels_cut=[r["cut"] for r in runs["cut"]], last=runs["cut"][-1]["last"],
+               on_off_ratio=ratio(row["on"]["total_ms"], row["off"]["total_ms"]),
+               cut_on_ratio=ratio(row["cut"]["total_ms"], row["on"]["total_ms"]),
+               cut_extra_ms=(row["cut"]["total_ms"] - row["on"]["total_ms"]) if row["cut"]["total_ms"] and row["on"]["total_ms"] else None)
+    results["failover"] = row
+    print("failover %d MiB idle: total off %.0f ms, on %.0f ms (x%.2f), on with one cut %.0f ms (x%.2f, +%.0f ms); "
+          "downtime %.0f / %.0f / %.0f ms; failovers per cut run %s; last: %s" % (
+              mem, row["off"]["total_ms"], row["on"]["total_ms"], row["on_off_ratio"] or 0, row["cut"]["total_ms"],
+              row["cut_on_ratio"] or 0, row["cut_extra_ms"] or 0, row["off"]["downtime_ms"], row["on"]["downtime_ms"],
+              row["cut"]["downtime_ms"], row["failovers"], row["last"]), flush=True)
 
 
 def summarize(runs):
@@ -446,6 +511,15 @@ def write_markdown(results, path):
     L = ["# rdmig benchmark results", "",
          "Machine: %(cpus)d vCPUs (%(cpu)s), %(mem_gib)s GiB, kernel %(kernel)s, %(qemu)s, guests under TCG. %(date)s." % results["machine"],
          "Command: `%s`" % results["command"], ""]
+    if "failover" in results:
+        f = results["failover"]
+        L += ["## Failover (docs/failover.md): %d MiB idle guest, multifd 0, medians of %d interleaved runs" % (f["mem_mib"], f["runs"]), "",
+              "| agents | total (ms) | downtime (ms) | ratio |", "|---|---|---|---|",
+              "| failover off | %s | %s | 1 |" % (fmt(f["off"]["total_ms"]), fmt(f["off"]["downtime_ms"])),
+              "| failover on | %s | %s | %s (on / off) |" % (fmt(f["on"]["total_ms"]), fmt(f["on"]["downtime_ms"]), fmt(f["on_off_ratio"], "%.2f")),
+              "| failover on, every data channel reset once at 30%% | %s | %s | %s (cut / on), +%s ms |" % (
+                  fmt(f["cut"]["total_ms"]), fmt(f["cut"]["downtime_ms"]), fmt(f["cut_on_ratio"], "%.2f"), fmt(f["cut_extra_ms"])),
+              "", "Failovers per cut run: %s. Last: %s" % (f["failovers"], f["last"]), ""]
     if "whole" in results:
         L += ["## Whole migrations: direct QEMU-to-QEMU (unix socket) vs through two rdmig agents (TCP)", "",
               "Medians of %d interleaved runs each. total = QEMU's total-time; downtime = QEMU's figure; switchover = "
@@ -571,6 +645,8 @@ def main():
             section_relay(args, results)
         if "cpu" in sections:
             section_cpu(work, args, results)
+        if "failover" in sections:
+            section_failover(work, args, results)
     except Exception:
         for a in agents:
             print("---- %s log (tail) ----\n%s" % (a.name, a.log_text()[-6000:]))

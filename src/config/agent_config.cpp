@@ -253,18 +253,25 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
     }
   }
   if (const auto dp = root["dataPlane"]) {
-    RDMIG_TRY(check_keys(dp, "dataPlane", {"address", "port", "rdmaPort", "advertiseAddress", "allowLoopbackPeers", "tls"}));
-    if (const auto t = dp["tls"]) {
-      // YAML 1.1 readers take on/off for booleans: accept both spellings.
+    RDMIG_TRY(check_keys(dp, "dataPlane", {"address", "port", "rdmaPort", "advertiseAddress", "allowLoopbackPeers", "tls",
+                                           "failover", "failoverDeadlineSeconds"}));
+    // YAML 1.1 readers take on/off for booleans: accept both spellings.
+    const auto on_off = [&](const char* key, bool& out) -> Status {
+      const auto t = dp[key];
+      if (!t) return ok_status();
       const std::string v = t.IsScalar() ? t.as<std::string>() : std::string();
       if (v == "on" || v == "true") {
-        c.data_plane.tls = true;
+        out = true;
       } else if (v == "off" || v == "false") {
-        c.data_plane.tls = false;
+        out = false;
       } else {
-        return bad("dataPlane.tls", "expected off or on, got '" + v + "'");
+        return bad(std::string("dataPlane.") + key, "expected off or on, got '" + v + "'");
       }
-    }
+      return ok_status();
+    };
+    RDMIG_TRY(on_off("tls", c.data_plane.tls));
+    RDMIG_TRY(on_off("failover", c.data_plane.failover));
+    RDMIG_TRY(read_uint(dp, "dataPlane", "failoverDeadlineSeconds", c.data_plane.failover_deadline_seconds, 1, 60));
     RDMIG_TRY(read_uint(dp, "dataPlane", "rdmaPort", c.data_plane.rdma_port, 0, 65535));
     RDMIG_TRY(read_string(dp, "dataPlane", "address", c.data_plane.address));
     RDMIG_TRY(read_uint(dp, "dataPlane", "port", c.data_plane.port, 0, 65535));

@@ -47,6 +47,12 @@ struct DataPlaneConfig {
   // session's channel key (transport/tcp/tls_stream.h); both agents must agree or the channel is
   // refused, never carried in clear. RDMA channels are not encrypted (docs/security.md).
   bool tls = false;
+  // Failover of a bare-QEMU migration's TCP data channels (session/failover_channel.h,
+  // docs/failover.md): a channel whose link fails is re-dialled and resumed where each direction
+  // stopped, within failover_deadline_seconds, QEMU seeing a stall. Used when both agents have it on
+  // (the control hello offers it, the welcome confirms it). Off: a lost link fails the migration.
+  bool failover = false;
+  uint32_t failover_deadline_seconds = 5;
 };
 
 // The rule for every dial to a peer agent that a REST client named (migrations and path checks,

@@ -114,6 +114,10 @@ Metrics::Metrics(std::string component)
       transport_errors_(BuildCounter().Name("rdmig_transport_errors_total")
                             .Help("Data-plane errors, by transport and kind")
                             .Register(*registry_)),
+      failovers_(BuildCounter().Name("rdmig_failovers_total")
+                     .Help("Data channels of migrations that failed over to a new link (docs/failover.md), by role "
+                           "and transport")
+                     .Register(*registry_)),
       transport_selected_(BuildCounter().Name("rdmig_transport_selected_total")
                               .Help("Transport chosen for a migration, by transport and reason")
                               .Register(*registry_)),
@@ -267,6 +271,10 @@ void Metrics::tls_channel(const std::string& mode) { tls_channels_.Add({{"mode",
 
 void Metrics::transport_error(const std::string& transport, const std::string& kind) {
   transport_errors_.Add({{"transport", transport}, {"kind", kind}}).Increment();
+}
+
+void Metrics::failover(const std::string& role, const std::string& transport) {
+  failovers_.Add({{"role", role}, {"transport", transport}}).Increment();
 }
 
 void Metrics::transport_selected(const std::string& transport, const std::string& reason) {

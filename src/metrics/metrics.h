@@ -126,6 +126,8 @@ class Metrics {
   // `traffic`: "migration" or "pathcheck" (the label that tells a path check's bytes apart).
   TransportMetrics& transport(const std::string& kind, const std::string& traffic = "migration");
   void transport_error(const std::string& transport, const std::string& kind);
+  // rdmig_failovers_total{role, transport}: one data channel of a migration failed over (docs/failover.md).
+  void failover(const std::string& role, const std::string& transport);
   // rdmig_tls_channels_total{mode}: one TCP data channel ran TLS; mode kernel|kernel_send|user_space.
   void tls_channel(const std::string& mode);
   void pathcheck_started(const std::string& role);
@@ -175,6 +177,7 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>& chunk_size_;
   prometheus::Family<prometheus::Histogram>& chunk_latency_;
   prometheus::Family<prometheus::Counter>& transport_errors_;
+  prometheus::Family<prometheus::Counter>& failovers_;
   prometheus::Family<prometheus::Counter>& transport_selected_;
   prometheus::Family<prometheus::Counter>& tls_channels_;
   prometheus::Family<prometheus::Gauge>& rdma_devices_;

@@ -343,6 +343,40 @@ void Job::report_tls(uint32_t index, const transport::TlsStream& tls) {
   update([&](MigrationStatus& s) { s.encryption = index == 0 || s.encryption == mode ? mode : "tls (mixed)"; });
 }
 
+void Job::wrap_for_failover(const std::function<session::FailoverChannel::Reconnect(uint32_t)>& reconnect_for) {
+  const auto deadline = std::chrono::seconds(ctx_.config.data_plane.failover_deadline_seconds);
+  std::lock_guard lock(data_mu_);
+  for (auto& ch : channels_) {
+    const uint32_t index = ch->index();
+    auto fc = std::make_unique<session::FailoverChannel>(std::move(ch), spec_.ring_depth, deadline, reconnect_for(index),
+                                                         [this](const session::FailoverEvent& ev) { on_failover(ev); });
+    failover_channels_.push_back(fc.get());
+    ch = std::move(fc);
+  }
+  LOG_INFO("migration") << log_prefix() << " failover on: " << channels_.size() << " channel(s), deadline "
+                        << deadline.count() << " s";
+  update([&](MigrationStatus& s) { s.failover = true; });
+}
+
+void Job::on_failover(const session::FailoverEvent& ev) {
+  ctx_.metrics.failover(role_name(spec_.role), "tcp");
+  const std::string what = "channel " + std::to_string(ev.index) + ": " + ev.reason + "; resumed on " + ev.path +
+                           " after " + std::to_string(ev.took.count()) + " ms, " + std::to_string(ev.resent) +
+                           " chunk(s) resent";
+  LOG_WARN("migration") << log_prefix() << " failover: " << what;
+  update([&](MigrationStatus& s) {
+    ++s.failovers;
+    s.last_failover = what;
+  });
+}
+
+session::FailoverChannel* Job::failover_channel(uint32_t index) const {
+  for (auto* fc : failover_channels_) {
+    if (fc->index() == index) return fc;
+  }
+  return nullptr;
+}
+
 std::string Job::log_prefix() const {
   return std::string("migration=") + spec_.id + " role=" + role_name(spec_.role) + " vm=" + spec_.vm;
 }

@@ -21,6 +21,7 @@
 #include "qemu/qmp_client.h"
 #include "session/control_link.h"
 #include "session/data_plane_server.h"
+#include "session/failover_channel.h"
 #include "session/pump.h"
 #include "session/rails.h"
 #include "transport/channel.h"
@@ -120,6 +121,14 @@ class Job {
   // has to reach the peer).
   void abort_data_plane(const Error& reason, bool keep_link = false);
   std::string log_prefix() const;
+  // Failover (dataPlane.failover, confirmed by both agents): wraps every channel in channels_ in a
+  // session::FailoverChannel whose link `reconnect_for(index)` re-establishes (docs/failover.md).
+  // Call before the pumps start.
+  void wrap_for_failover(const std::function<session::FailoverChannel::Reconnect(uint32_t)>& reconnect_for);
+  // One channel failed over: counted (rdmig_failovers_total), logged, put in the status.
+  void on_failover(const session::FailoverEvent& ev);
+  // Channel `index`'s FailoverChannel (nullptr when the job does not fail over); under data_mu_.
+  session::FailoverChannel* failover_channel(uint32_t index) const;
   // A TCP data channel's TLS (dataPlane.tls: on): logged, counted (rdmig_tls_channels_total) and
   // put in the status ("encryption"; "tls (mixed)" should channels differ).
   void report_tls(uint32_t index, const transport::TlsStream& tls);
@@ -175,6 +184,8 @@ class Job {
   // and channels (their own locks) under it, including the final p->wait(5s) of each pump.
   // Lock order: TargetJob::conn_mu_ -> data_mu_; released before status_mu_ is taken.
   mutable std::mutex data_mu_;  // guards channels_/pumps_ growth against abort from other threads
+  // channels_ as FailoverChannels (the same objects), once wrap_for_failover() ran; under data_mu_.
+  std::vector<session::FailoverChannel*> failover_channels_;
 
   std::thread worker_;
   // Guards worker_'s join alone (no other member): the manager's reaper thread and the

@@ -197,10 +197,12 @@ Result<std::string> resolve_qmp_socket(const std::string& path, const std::vecto
                                             " is not under an allowed directory" + where};
 }
 
-// Chunk buffers a migration holds on this agent: every channel has a ring each way.
-uint64_t buffer_bytes(const MigrationSpec& spec) {
+// Chunk buffers a migration holds on this agent: every channel has a ring each way, and with
+// dataPlane.failover a third: the chunks it sent and keeps until they are known taken.
+uint64_t ring_count(bool failover) { return failover ? 3 : 2; }
+uint64_t buffer_bytes(const MigrationSpec& spec, bool failover) {
   uint64_t n = spec.chunk_size;
-  for (const uint64_t f : {uint64_t{spec.ring_depth}, uint64_t{spec.channels()}, uint64_t{2}}) {
+  for (const uint64_t f : {uint64_t{spec.ring_depth}, uint64_t{spec.channels()}, ring_count(failover)}) {
     if (__builtin_mul_overflow(n, f, &n)) return UINT64_MAX;
   }
   return n;
@@ -214,11 +216,12 @@ Result<json> MigrationManager::create(MigrationSpec spec) {
                                      "migration; its " + std::to_string(active_count()) +
                                          " running migration(s) finish first. Retry on its replacement"};
   }
-  const uint64_t need = buffer_bytes(spec);
+  const uint64_t need = buffer_bytes(spec, config_.data_plane.failover);
   const uint64_t budget = config_.migration.buffer_budget;
   auto figures = [&](uint64_t in_use) {
     return "chunkSize " + format_quantity(spec.chunk_size) + " x ringDepth " + std::to_string(spec.ring_depth) +
-           " x " + std::to_string(spec.channels()) + " channels x 2 = " + format_quantity(need) +
+           " x " + std::to_string(spec.channels()) + " channels x " + std::to_string(ring_count(config_.data_plane.failover)) +
+           (config_.data_plane.failover ? " (dataPlane.failover keeps a third)" : "") + " = " + format_quantity(need) +
            (in_use ? " with " + format_quantity(in_use) + " held by running migrations" : std::string()) +
            ", budget " + format_quantity(budget) + " (migration.bufferBudget)";
   };
@@ -243,7 +246,7 @@ Result<json> MigrationManager::create(MigrationSpec spec) {
   for (const auto& [id, job] : jobs_) {
     if (job->finished()) continue;
     ++active;
-    in_use += buffer_bytes(job->spec());
+    in_use += buffer_bytes(job->spec(), config_.data_plane.failover);
     if (job->spec().qmp_socket == spec.qmp_socket) {
       return Error{Errc::kAlreadyExists, "qmpSocket: '" + spec.qmp_socket +
                                              "' is already used by migration " + id};
@@ -323,7 +326,7 @@ uint64_t MigrationManager::buffer_bytes_in_use() const {
   uint64_t in_use = 0;
   for (const auto& [id, r] : reserved_) in_use += r.buffer_bytes;
   for (const auto& [id, job] : jobs_) {
-    if (!job->finished()) in_use += buffer_bytes(job->spec());
+    if (!job->finished()) in_use += buffer_bytes(job->spec(), config_.data_plane.failover);
   }
   return in_use;
 }

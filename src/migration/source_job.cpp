@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "common/log.h"
@@ -15,6 +16,7 @@
 #include "transport/tcp/tcp_channel.h"
 #include "transport/wire.h"
 #include "session/protocol.h"
+#include "session/resume.h"
 
 namespace rdmig::migration {
 
@@ -140,6 +142,7 @@ Status SourceJob::connect_data_plane() {
   hello.ring_depth = spec_.ring_depth;
   hello.verify_chunks = spec_.verify_chunks;
   hello.tls = ctx_.config.data_plane.tls;
+  hello.failover = ctx_.config.data_plane.failover;
   hello.nonce = random_hex(16);  // this side's half of the channel key
   RDMIG_TRY(transport::send_message(fd->get(), hello.to_json()));
   // The target challenges; the answer proves the one-time token without sending it.
@@ -188,6 +191,9 @@ Status SourceJob::connect_data_plane() {
   session_ = session.value();
   channel_key_ = transport::channel_key(spec_.target.token, hello.nonce, target_nonce, session_);
   transport_ = chosen.value();
+  // Failover when the target confirms it (an agent without it, or with it off, says nothing).
+  const auto fo = reply->find("failover");
+  failover_ = hello.failover && fo != reply->end() && fo->is_boolean() && fo->get<bool>();
   std::string reason = reply->value("transportReason", std::string());
   if (reason.empty()) {
     reason = spec_.transport == TransportKind::kAuto ? (local_rdma ? "auto" : "auto-no-local-rdma") : "requested";
@@ -274,6 +280,12 @@ Status SourceJob::connect_data_plane() {
                                                         static_cast<uint32_t>(spec_.chunk_size),
                                                         spec_.ring_depth, tm, ctx_.config.tcp.splice, std::move(tls)));
     }
+    if (failover_) {
+      wrap_for_failover([this](uint32_t index) -> session::FailoverChannel::Reconnect {
+        return [this, index](uint64_t taken, const Error&, std::chrono::steady_clock::time_point deadline,
+                             const std::function<bool()>&) { return redial(index, taken, deadline); };
+      });
+    }
   }
   {
     std::lock_guard lock(data_mu_);
@@ -297,6 +309,41 @@ Status SourceJob::connect_data_plane() {
                            << clock_->uncertainty_us << " us)";
   }
   return ok_status();
+}
+
+Result<session::Resumed> SourceJob::redial(uint32_t index, uint64_t taken, std::chrono::steady_clock::time_point deadline) {
+  using namespace std::chrono;
+  const auto left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(100),
+                               duration_cast<milliseconds>(kHandshakeTimeout));
+  const net::Endpoint ep{spec_.target.host, spec_.target.port};
+  const std::string where = "channel " + std::to_string(index) + " re-dialled to " + ep.to_string();
+  // The same endpoint and the same rule as the first dial.
+  auto fd = peer_dial_policy(ctx_.config.data_plane).connect(ep, "target.endpoint", left, [](int) { return ok_status(); });
+  if (!fd) return fd.error().with_context(where);
+  transport::Hello dh;
+  dh.kind = session::to_string(session::HelloKind::kData);
+  dh.migration_id = spec_.target.migration_id;
+  dh.session = session_;
+  dh.index = index;
+  dh.tls = ctx_.config.data_plane.tls;
+  dh.resume = true;
+  const transport::ChannelTerms terms{channel_key_, session_, index};
+  if (auto st = transport::prove_channel(fd->get(), dh.to_json(), terms, left); !st) return st.error().with_context(where);
+  auto peer = session::resume_as_dialler(fd->get(), terms, taken, left);
+  if (!peer) return peer.error().with_context(where);
+  std::unique_ptr<transport::TlsStream> tls;
+  if (dh.tls) {
+    auto stream = transport::TlsStream::handshake(fd->get(), transport::TlsStream::Role::kDialler, terms, left);
+    if (!stream) {
+      ctx_.metrics.transport_error("tcp", "tls");
+      return stream.error().with_context(where);
+    }
+    tls = std::move(stream.value());
+  }
+  auto ch = transport::TcpChannel::create(std::move(fd.value()), index, static_cast<uint32_t>(spec_.chunk_size),
+                                          spec_.ring_depth, ctx_.metrics.transport("tcp"), ctx_.config.tcp.splice,
+                                          std::move(tls));
+  return session::Resumed{std::move(ch), peer.value(), "tcp " + ep.to_string()};
 }
 
 Status SourceJob::connect_rdma_channels(const json& welcome) {

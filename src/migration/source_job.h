@@ -26,6 +26,9 @@ class SourceJob final : public Job {
   // One RDMA channel per QEMU connection to the target's rdmaEndpoint (from its welcome), each
   // within session::kRdmaConnectTimeout; the first failure ends it (the caller falls back or fails).
   Status connect_rdma_channels(const nlohmann::json& welcome);
+  // Failover (docs/failover.md): channel `index` re-dialled to the target agent, proved, resumed
+  // (this end's count `taken`) and its TLS run again; one try, within `deadline`.
+  Result<session::Resumed> redial(uint32_t index, uint64_t taken, std::chrono::steady_clock::time_point deadline);
   Status configure_qemu();
   Status start_migration();
   void accept_loop();
@@ -53,6 +56,7 @@ class SourceJob final : public Job {
   std::string session_;      // the target's name for the session (no secret)
   std::string channel_key_;  // what every data channel proves (transport/channel_proof.h)
   std::string transport_;
+  bool failover_ = false;  // both agents have dataPlane.failover on (the welcome confirmed it)
   std::string socket_path_;
   UniqueFd listener_;
   std::thread acceptor_;

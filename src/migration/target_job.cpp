@@ -1,11 +1,14 @@
 #include "migration/target_job.h"
 
+#include <algorithm>
+
 #include "common/log.h"
 #include "common/net.h"
 #include "common/units.h"
 #include "session/transport_choice.h"
 #include "transport/tcp/tcp_channel.h"
 #include "session/protocol.h"
+#include "session/resume.h"
 
 namespace rdmig::migration {
 
@@ -165,6 +168,12 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello, const std
   json welcome = session::message(session::MessageKind::kWelcome, json{{"session", session_}, {"transport", transport_}, {"transportReason", reason}});
   if (verify_chunks_) welcome["verifyChunks"] = true;  // the source goes on only with this confirmed
   if (hello.tls) welcome["tls"] = true;  // likewise: an agent from before dataPlane.tls would not say it
+  // Failover of the TCP channels when both agents have it on (over RDMA a lost link still fails).
+  failover_ = hello.failover && ctx_.config.data_plane.failover && transport_ == "tcp";
+  if (failover_) {
+    welcome["failover"] = true;
+    resume_fds_.resize(spec_.channels());
+  }
   if (transport_ == "rdma") {
     add_rails_to_welcome(welcome, ctx_.rdma);
     set_rails(rails_from_hello(hello, ctx_.rdma));
@@ -190,6 +199,27 @@ void TargetJob::on_data(UniqueFd fd, const transport::Hello& hello, const std::s
     std::lock_guard lock(conn_mu_);
     if (!token_used_ || transport_ != "tcp" || !constant_time_equal(hello.session, session_)) {
       reject(fd.get(), "permission_denied", kHelloRefused);
+      return;
+    }
+    if (hello.resume) {
+      // A channel the source re-dialled to fail it over (its proof already checked): handed to
+      // reaccept(), which the channel's failover runs; the channel learns its link is gone now.
+      if (!failover_ || hello.index >= resume_fds_.size() || finished() || cancel_requested()) {
+        reject(fd.get(), "permission_denied", "hello.resume: migration " + spec_.id + " does not fail channel " +
+                                                  std::to_string(hello.index) + " over");
+        return;
+      }
+      if (hello.tls != tls) {
+        reject(fd.get(), "tls_mismatch", transport::tls_mismatch(hello.tls, tls));
+        return;
+      }
+      reply(fd.get(), session::message(session::MessageKind::kWelcome, json{{"proof", welcome_proof}}));
+      resume_fds_[hello.index] = std::move(fd);  // a newer re-dial replaces one not yet taken
+      conn_cv_.notify_all();
+      std::lock_guard dlock(data_mu_);
+      if (auto* fc = failover_channel(hello.index)) {
+        fc->interrupt(Error{Errc::kUnavailable, "the source agent re-dialled channel " + std::to_string(hello.index)});
+      }
       return;
     }
     if (hello.tls != tls) {
@@ -226,6 +256,42 @@ void TargetJob::on_data(UniqueFd fd, const transport::Hello& hello, const std::s
   data_tls_[hello.index] = std::move(stream.value());
   ++data_received_;
   conn_cv_.notify_all();
+}
+
+Result<session::Resumed> TargetJob::reaccept(uint32_t index, uint64_t taken,
+                                             std::chrono::steady_clock::time_point deadline,
+                                             const std::function<bool()>& stopped) {
+  using namespace std::chrono;
+  UniqueFd fd;
+  {
+    std::unique_lock lock(conn_mu_);
+    while (index >= resume_fds_.size() || !resume_fds_[index].valid()) {
+      if (stopped() || cancel_requested()) return Error{Errc::kCancelled, "cancelled"};
+      if (steady_clock::now() >= deadline) {
+        return Error{Errc::kTimeout, "the source agent did not re-dial channel " + std::to_string(index)};
+      }
+      conn_cv_.wait_for(lock, 50ms);
+    }
+    fd = std::move(resume_fds_[index]);
+  }
+  const auto left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(100),
+                               duration_cast<milliseconds>(kHelloTimeout));
+  const transport::ChannelTerms terms{channel_key_, session_, index};
+  const std::string where = "channel " + std::to_string(index) + " re-dialled by the source";
+  auto peer = session::resume_as_acceptor(fd.get(), terms, taken, left);
+  if (!peer) return peer.error().with_context(where);
+  std::unique_ptr<transport::TlsStream> tls;
+  if (ctx_.config.data_plane.tls) {
+    auto stream = transport::TlsStream::handshake(fd.get(), transport::TlsStream::Role::kAcceptor, terms, left);
+    if (!stream) {
+      ctx_.metrics.transport_error("tcp", "tls");
+      return stream.error().with_context(where);
+    }
+    tls = std::move(stream.value());
+  }
+  auto ch = transport::TcpChannel::create(std::move(fd), index, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
+                                          ctx_.metrics.transport("tcp"), ctx_.config.tcp.splice, std::move(tls));
+  return session::Resumed{std::move(ch), peer.value(), "tcp (re-dialled by the source)"};
 }
 
 Result<transport::rdma::AcceptPlan> TargetJob::rdma_plan(const transport::rdma::ConnectRequest& request) {
@@ -329,7 +395,7 @@ Status TargetJob::wait_for_source() {
     if (data_tls_[i]) report_tls(i, *data_tls_[i]);
   }
   auto& tm = ctx_.metrics.transport(transport_);
-  std::lock_guard dlock(data_mu_);
+  std::unique_lock dlock(data_mu_);
   for (uint32_t i = 0; i < spec_.channels(); ++i) {
     if (transport_ == "rdma") {
       channels_.push_back(std::move(rdma_channels_[i]));
@@ -341,6 +407,13 @@ Status TargetJob::wait_for_source() {
     }
   }
   link_ = std::move(control_);
+  dlock.unlock();
+  if (failover_ && transport_ == "tcp") {
+    wrap_for_failover([this](uint32_t index) -> session::FailoverChannel::Reconnect {
+      return [this, index](uint64_t taken, const Error&, std::chrono::steady_clock::time_point until,
+                           const std::function<bool()>& stopped) { return reaccept(index, taken, until, stopped); };
+    });
+  }
   return ok_status();
 }
 

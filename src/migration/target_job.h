@@ -44,6 +44,11 @@ class TargetJob final : public Job {
   Status on_early_message(const nlohmann::json& message);
   Status start_incoming();
   Result<UniqueFd> open_qemu_connection(uint32_t index);
+  // Failover (docs/failover.md): waits until `deadline` for the source to re-dial channel `index`
+  // (on_data with hello.resume puts the connection in resume_fds_), then resumes it (this end's
+  // count `taken`) and runs its TLS again.
+  Result<session::Resumed> reaccept(uint32_t index, uint64_t taken, std::chrono::steady_clock::time_point deadline,
+                                    const std::function<bool()>& stopped);
   Status monitor();
   // Tells the source the verdict; on failure whether resuming the source is safe.
   void report_failure(const Error& error, bool cancelled, bool incoming_started);
@@ -64,10 +69,11 @@ class TargetJob final : public Job {
   std::string transport_;
   std::string transport_reason_;
   bool verify_chunks_ = false;  // from the source's hello, set with transport_
+  bool failover_ = false;       // confirmed in the welcome (both agents have dataPlane.failover on)
 
   // Guards the fields the data-plane server hands over: token_used_, control_, data_fds_,
-  // data_tls_, data_admitting_, rdma_channels_, rdma_error_ and data_received_, and session_,
-  // channel_key_, transport_, transport_reason_ and verify_chunks_ (set in on_control; the
+  // data_tls_, data_admitting_, rdma_channels_, rdma_error_, data_received_ and resume_fds_, and
+  // session_, channel_key_, transport_, transport_reason_, verify_chunks_ and failover_ (set in on_control; the
   // worker reads them unlocked once wait_for_source() returned, when nothing writes them
   // any more). rdma_proofs_ has its own lock. conn_cv_ signals a hand-over. Taken by the
   // data-plane accept threads (on_control, on_data, channel_terms), the RDMA CM thread
@@ -86,6 +92,8 @@ class TargetJob final : public Job {
   std::vector<std::unique_ptr<transport::Channel>> rdma_channels_;
   std::optional<Error> rdma_error_;
   uint32_t data_received_ = 0;
+  // Failover: a proved connection per channel the source re-dialled, until reaccept() takes it.
+  std::vector<UniqueFd> resume_fds_;
 
   // Guards next_qemu_index_ and order_aborted_; order_cv_ signals the next turn. Each pump's
   // opener (open_qemu_connection, on the pumps' threads) waits for its turn under it and

@@ -80,6 +80,11 @@ struct MigrationStatus {
   // The data channels' encryption: "none", or "tls (kernel)" | "tls (kernel send)" |
   // "tls (user space)" (dataPlane.tls: on; where this agent's records are encrypted). RDMA: "none".
   std::string encryption = "none";
+  // dataPlane.failover confirmed by both agents (docs/failover.md); its data channels' failovers so
+  // far and the last one's reason, path and cost.
+  bool failover = false;
+  uint64_t failovers = 0;
+  std::string last_failover;
   Progress progress;
   // RDMA only: the rails the channels were striped across (session/rails.h), with their bytes.
   std::vector<session::RailUsage> rails;

@@ -12,8 +12,9 @@ namespace {
 // The wire names, indexed by the enums' values.
 constexpr std::array<std::string_view, kMessageKinds> kMessageNames = {
     "hello",  "challenge", "auth", "welcome", "reject", "fallback", "fallback-ok", "start", "ready",     "ping",
-    "pong",   "stream",    "result", "goodbye", "open", "end",      "stats",       "heartbeat", "abort"};
-static_assert(kMessageNames.size() == static_cast<size_t>(MessageKind::kAbort) + 1);
+    "pong",   "stream",    "result", "goodbye", "open", "end",      "stats",       "heartbeat", "abort",
+    "resume", "resume-ok"};
+static_assert(kMessageNames.size() == static_cast<size_t>(MessageKind::kResumeOk) + 1);
 
 constexpr std::array<std::string_view, 7> kHelloNames = {"control",   "data",      "pathcheck-control", "pathcheck-data",
                                                          "flow",      "flow-data", "probe"};

@@ -49,8 +49,10 @@ enum class MessageKind : uint8_t {
   kStats,       // flow: target -> source, its answer to "end"
   kHeartbeat,   // flow: either way, on the signed control link
   kAbort,       // either way: the session fails, {reason}
+  kResume,      // a data channel that fails over: each end's count taken (session/resume.h)
+  kResumeOk,    // dialler -> acceptor: its proof over both counts
 };
-inline constexpr size_t kMessageKinds = 19;
+inline constexpr size_t kMessageKinds = 21;
 
 std::string_view name(MessageKind kind);
 std::string to_string(MessageKind kind);

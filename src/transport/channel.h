@@ -88,6 +88,11 @@ class Channel {
   // Fails all pending and later calls with `reason` and tells the peer when it can.
   // Idempotent and thread-safe.
   virtual void abort(const Error& reason) = 0;
+  // After the channel failed: true when its link did (a reset, a connection closed without the
+  // peer's abort, a transport error), false when either end ended it on purpose (an abort, the
+  // peer's reason), on a protocol error or for lack of memory. Only a lost link may be failed over
+  // (session/failover_channel.h). Channels that cannot tell say false.
+  virtual bool link_failed() const { return false; }
 
   virtual uint32_t index() const = 0;
   virtual size_t chunk_size() const = 0;

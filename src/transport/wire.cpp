@@ -164,9 +164,11 @@ json Hello::to_json() const {
     if (rdma_mtu != 0) j["rdmaMtu"] = rdma_mtu;
     if (!rdma_rails.empty()) j["rdmaRails"] = rails_to_json(rdma_rails);
     if (verify_chunks) j["verifyChunks"] = true;
+    if (failover) j["failover"] = true;
   } else {
     j["session"] = session;
     j["index"] = index;
+    if (resume) j["resume"] = true;
   }
   return j;
 }
@@ -220,7 +222,15 @@ Result<Hello> Hello::parse(const json& j) {
       if (!v->is_boolean()) return Error{Errc::kInvalidArgument, "hello.verifyChunks: expected a boolean"};
       h.verify_chunks = v->get<bool>();
     }
+    if (const auto v = j.find("failover"); v != j.end()) {
+      if (!v->is_boolean()) return Error{Errc::kInvalidArgument, "hello.failover: expected a boolean"};
+      h.failover = v->get<bool>();
+    }
   } else if (h.kind == session::name(session::HelloKind::kData)) {
+    if (const auto v = j.find("resume"); v != j.end()) {
+      if (!v->is_boolean()) return Error{Errc::kInvalidArgument, "hello.resume: expected a boolean"};
+      h.resume = v->get<bool>();
+    }
     auto session = get_string(j, "session", "hello", 128);
     if (!session) return session.error();
     h.session = session.value();

@@ -68,6 +68,12 @@ struct Hello {
   // channel runs TLS after its proof (transport/tcp/tls_stream.h). The target refuses a hello
   // whose wish is not its own config, naming dataPlane.tls: never a silent fallback to clear.
   bool tls = false;
+  // control, optional ("failover"): the source fails its TCP data channels over (docs/failover.md);
+  // the target's welcome confirms it ("failover": true) when it does too.
+  bool failover = false;
+  // data, optional ("resume"): this connection re-establishes channel `index` of a session that
+  // fails over; the resume exchange (session/resume.h) follows its proof.
+  bool resume = false;
 
   nlohmann::json to_json() const;
   // Validates every field; errors name the field ("hello.chunkSize").

@@ -14,7 +14,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
-from rdmiglab import Agent, QemuVm, ensure_guest, migrate_via_agents, parse_prometheus, start_migration  # noqa: E402
+from rdmiglab import Agent, QemuVm, cut_data_channels, ensure_guest, migrate_via_agents, parse_prometheus, start_migration  # noqa: E402
 from rdmiglab.qemu import differing_pages, guest_fate, trixie_qemu  # noqa: E402
 
 MEM_MIB = 256
@@ -227,6 +227,99 @@ class AgentMigrationTest(unittest.TestCase):
         self.src_agent.wait(source["id"], timeout=60)
         self.assertTrue(cap.found, "the control: QEMU's stream magic should cross in clear with TLS off")
         self.assertEqual(self.src_agent.get(source["id"])["encryption"], "none")
+
+    # --- Failover (docs/failover.md) ------------------------------------------------------------
+    def failover_agents(self, deadline_s=5, **data_plane):
+        dp = dict({"failover": "on", "failoverDeadlineSeconds": deadline_s}, **data_plane)
+        a = Agent(self.tmp, "agent-fo-a", log_level="debug", config={"dataPlane": dp})
+        self.addCleanup(a.stop)
+        b = Agent(self.tmp, "agent-fo-b", log_level="debug", config={"dataPlane": dp})
+        self.addCleanup(b.stop)
+        return a, b
+
+    def cut(self, port, min_bytes=1 << 20):
+        """Resets every data channel to the target agent's `port` (tools/rdmiglab/linkcut.py)."""
+        return cut_data_channels(port, min_bytes)
+
+    def wait_progress(self, agent, mid, sent_at_least, timeout=60):
+        deadline = time.monotonic() + timeout
+        while True:
+            st = agent.get(mid)
+            if st["progress"]["dataBytesSent"] >= sent_at_least or st["phase"] in ("Succeeded", "Failed", "Cancelled"):
+                return st
+            self.assertLess(time.monotonic(), deadline, "no progress: %s" % st)
+            time.sleep(0.05)
+
+    def test_data_channels_reset_mid_stream_again_and_again_fail_over_and_the_migration_is_byte_exact(self):
+        # Two multifd channels and the main one; every channel carrying the stream is reset three
+        # times (a flapping link): each time both agents re-establish it, agree where each direction
+        # stopped and resend from there. QEMU sees a stall; the memory arrives byte-exact.
+        fo_src, fo_dst = self.failover_agents()
+        src, dst = self.pair(qemu10=True)
+        target, source = start_migration(fo_src, fo_dst, src.agent_qmp_path, dst.agent_qmp_path, multifd_channels=2,
+                                         vm="vm-failover", maxBandwidthBytesPerSecond=32 << 20)
+        cuts = 0
+        for k in range(3):
+            st = self.wait_progress(fo_src, source["id"], (24 + 24 * k) << 20)
+            if st["phase"] != "Migrating":
+                break
+            n = self.cut(fo_dst.data_port)
+            print("\n[failover] cut %d: %d channel(s) reset at %d MiB sent" % (k + 1, n,
+                  st["progress"]["dataBytesSent"] >> 20), file=sys.stderr)
+            self.assertGreater(n, 0)
+            cuts += 1
+            deadline = time.monotonic() + 30  # until both ends counted it
+            while fo_src.get(source["id"])["failover"]["failovers"] < cuts and time.monotonic() < deadline:
+                time.sleep(0.05)
+        s = fo_src.wait(source["id"], timeout=300)
+        t = fo_dst.wait(target["id"], timeout=60)
+        print("[failover] source: %s\n[failover] target: %s" % (s["failover"], t["failover"]), file=sys.stderr)
+        self.assertEqual(s["phase"], "Succeeded", s["result"]["reason"])
+        self.assertEqual(t["phase"], "Succeeded", t["result"]["reason"])
+        self.assertEqual(cuts, 3, "the migration ended before three cuts: cap its bandwidth lower")
+        self.assertTrue(s["failover"]["enabled"] and t["failover"]["enabled"])
+        self.assertGreaterEqual(s["failover"]["failovers"], 3)
+        self.assertGreaterEqual(t["failover"]["failovers"], 3)
+        self.assertIn("resumed on tcp 127.0.0.1:%d" % fo_dst.data_port, s["failover"]["last"])
+        self.assertEqual(s["progress"]["dataBytesSent"], t["progress"]["dataBytesReceived"])
+        for agent, role in ((fo_src, "source"), (fo_dst, "target")):
+            m = parse_prometheus(agent.metrics())[0]
+            self.assertGreaterEqual(m.get(("rdmig_failovers_total", frozenset({("role", role), ("transport", "tcp")})), 0), 3)
+        self.assert_byte_exact_and_continues(src, dst)
+
+    def test_a_link_down_longer_than_the_failover_deadline_fails_naming_it_and_the_vm_stays_on_the_source(self):
+        # The same reset, but the target agent's port refuses every new connection (an nftables
+        # reset) for longer than the 1 s deadline: the migration fails as without failover, naming
+        # the lost link and each try, and the VM runs on the source.
+        fo_src, fo_dst = self.failover_agents(deadline_s=1)
+        src, dst = self.pair(qemu10=True)
+        target, source = start_migration(fo_src, fo_dst, src.agent_qmp_path, dst.agent_qmp_path, vm="vm-fo-down",
+                                         maxBandwidthBytesPerSecond=32 << 20)
+        st = self.wait_progress(fo_src, source["id"], 16 << 20)
+        self.assertEqual(st["phase"], "Migrating", st)
+        table = "rdmig_test_fo_%d" % os.getpid()
+        subprocess.run(["nft", "-f", "-"], check=True, text=True, input=(
+            "table inet %s {\n chain input {\n type filter hook input priority -10; policy accept;\n"
+            "  tcp dport %d tcp flags syn reject with tcp reset\n }\n}\n" % (table, fo_dst.data_port)))
+        self.addCleanup(subprocess.run, ["nft", "delete", "table", "inet", table], capture_output=True)
+        self.assertGreater(self.cut(fo_dst.data_port), 0)
+        s = fo_src.wait(source["id"], timeout=120)
+        t = fo_dst.wait(target["id"], timeout=60)
+        subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True)
+        print("\n[failover] source: %s\n[failover] target: %s" % (s["result"]["reason"], t["result"]["reason"]),
+              file=sys.stderr)
+        self.assertEqual(s["phase"], "Failed", s)
+        self.assertIn("no path came back within 1000 ms", s["result"]["reason"])
+        self.assertIn("Connection refused", s["result"]["reason"])
+        self.assertEqual(s["failover"]["failovers"], 0)
+        self.assertNotEqual(t["phase"], "Succeeded")
+        # The VM runs on the source, and only there (the target QEMU ends once its incoming migration failed).
+        self.assertEqual(src.status(), "running")
+        try:
+            dst_state = dst.status()
+        except OSError:
+            dst_state = "exited"
+        self.assertNotEqual(dst_state, "running")
 
     def test_tls_on_one_agent_only_is_refused_naming_the_key_and_touches_neither_vm(self):
         tls_src, tls_dst = self.tls_agents()

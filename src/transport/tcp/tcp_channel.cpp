@@ -479,6 +479,10 @@ void TcpChannel::fail(const Error& e) {
     std::lock_guard a(abort_mu_);
     if (abort_reason_) return;
     abort_reason_ = e;
+    // Socket errors and an end of stream without the peer's abort frame: the link. A local abort
+    // comes through abort() with its own code; the peer's reason sets peer_aborted_ first.
+    link_failed_.store(!peer_aborted_.load() && !local_abort_.load() &&
+                       (e.code == Errc::kUnavailable || e.code == Errc::kIo || e.code == Errc::kTimeout));
   }
   aborted_.store(true);
   credits_.abort(e);
@@ -488,6 +492,7 @@ void TcpChannel::fail(const Error& e) {
 }
 
 void TcpChannel::abort(const Error& reason) {
+  local_abort_.store(true);
   bool first = false;
   {
     std::lock_guard a(abort_mu_);
@@ -770,6 +775,7 @@ void TcpChannel::reader_loop() {
         if (h->length > 0) {
           (void)fill(std::as_writable_bytes(std::span(reason.data(), reason.size())), /*eof_ok=*/false, false);
         }
+        peer_aborted_.store(true);
         fail(Error{Errc::kUnavailable, where + ": peer aborted: " + reason});
         return;
       }

@@ -63,6 +63,7 @@ class TcpChannel final : public Channel {
   bool set_inline_sink(int fd, Delivered delivered) override;
   void clear_inline_sink() override;
   void abort(const Error& reason) override;
+  bool link_failed() const override { return link_failed_.load(); }
   uint32_t index() const override { return index_; }
   size_t chunk_size() const override { return chunk_size_; }
   const char* transport() const override { return "tcp"; }
@@ -228,6 +229,10 @@ class TcpChannel final : public Channel {
   std::atomic<int64_t> outstanding_{0};  // chunks sent, credit not yet back (for the gauge)
 
   std::atomic<bool> aborted_{false};
+  // The first failure was the link's (link_failed()): set with abort_reason_, before aborted_.
+  std::atomic<bool> link_failed_{false};
+  std::atomic<bool> peer_aborted_{false};  // the reader read the peer's abort frame
+  std::atomic<bool> local_abort_{false};   // abort() was called
   // Guards abort_reason_ alone (the first reason wins; aborted_ is set after it). Taken by
   // any thread that fails or aborts the channel and by abort_error(); held only for the
   // optional, with no other lock taken under it.
