@@ -109,7 +109,10 @@ modules=(crc32_generic configfs ib_core ib_uverbs udp_tunnel ip6_udp_tunnel rdma
          nfnetlink crc32c_generic libcrc32c nf_defrag_ipv4 nf_defrag_ipv6 nf_conntrack nf_nat
          nf_tables nft_chain_nat nft_redir
          llc stp garp mrp 8021q macvlan
-         tls)  # kernel TLS (tls.ko): the data plane's TLS records handed to the kernel
+         gf128mul ghash-generic ctr gcm tls)
+# tls: kernel TLS, the data plane's TLS records handed to the kernel; it asks the crypto API for
+# gcm(aes), whose template and hash are modules too (AES itself is built in), and this VM has no
+# modprobe to load them on demand: without them kTLS's setsockopt fails and OpenSSL stays in user space.
 
 fi
 
