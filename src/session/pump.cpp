@@ -301,6 +301,14 @@ void ChannelPump::up_loop() {
 int ChannelPump::open_local() {
   std::unique_lock lock(mu_);
   if (!qemu_ready_) {
+    // Aborted before QEMU's connection existed: abort() had no socket to shut, so opening one now
+    // would leave this thread writing to a QEMU that may never read (seen: a target pump whose
+    // first chunk arrived after the abort blocked in its write for good).
+    if (aborted_) {
+      lock.unlock();
+      record_error(Error{Errc::kCancelled, "aborted before QEMU's connection was opened"});
+      return -1;
+    }
     lock.unlock();
     auto opened = opener_();
     lock.lock();
@@ -311,6 +319,8 @@ int ChannelPump::open_local() {
     }
     qemu_fd_ = std::move(opened.value());
     qemu_ready_ = true;
+    // An abort that came while the opener ran found no socket either: shut this one as it would have.
+    if (aborted_ && hard_) ::shutdown(qemu_fd_.get(), SHUT_RDWR);
     cv_.notify_all();
   }
   return qemu_fd_.get();
