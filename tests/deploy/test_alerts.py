@@ -23,7 +23,7 @@ RULES = os.path.join(MANIFESTS, "monitoring", "prometheusrule.yaml")
 UNIT_TESTS = os.path.join(HERE, "alerts-test.yaml")
 ALERTS = ["RdmigAgentDown", "RdmigControllerNoLeader", "RdmigMigrationFailed", "RdmigDowntimeOverSlo",
           "RdmigVmPausedOnSource", "RdmigRdmaFallback", "RdmigRdmaUnavailable", "RdmigRdmaRailDown",
-          "RdmigControllerReconcileErrors", "RdmigKubevirtHookErrors", "RdmigKubevirtHookNotServed",
+          "RdmigRepeatedFailovers", "RdmigControllerReconcileErrors", "RdmigKubevirtHookErrors", "RdmigKubevirtHookNotServed",
           "RdmigKubevirtNotCarried", "RdmigKubevirtCarriedOverTcp"]
 METRIC_SOURCES = ("src/metrics/metrics.cpp", "src/kubevirt/kubevirt_metrics.cpp", "controller/controller_metrics.cpp")
 
