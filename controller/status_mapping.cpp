@@ -142,6 +142,17 @@ void copy_agent_status(json& status, const json& source, const json& target) {
   copy_ms("switchoverMs");
   copy_ms("totalTimeMs");
   if (r.contains("targetState") && r["targetState"].is_string()) status["targetState"] = r["targetState"];
+  // Failover (docs/failover.md): the source's count and its last one, when both agents run it.
+  if (const json& fo = source.value("failover", json::object());
+      fo.is_object() && fo.contains("enabled") && fo["enabled"].is_boolean() && fo["enabled"].get<bool>()) {
+    json f{{"enabled", true}};
+    if (fo.contains("failovers") && fo["failovers"].is_number_integer() && fo["failovers"].get<int64_t>() >= 0) {
+      f["failovers"] = fo["failovers"].get<int64_t>();
+    }
+    // An over-long reason is left out, not cut (the CRD bounds it at 1024).
+    if (fo.contains("last") && fo["last"].is_string() && fo["last"].get<std::string>().size() <= 1024) f["last"] = fo["last"];
+    status["failover"] = std::move(f);
+  }
   if (auto rails = status_rails(source, target); !rails.empty()) status["rails"] = std::move(rails);
   if (auto left = status_rails_left_out(source, target); !left.empty()) status["railsLeftOut"] = std::move(left);
   // After the end QEMU may report no current rate: show the average over the whole run.

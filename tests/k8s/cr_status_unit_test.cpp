@@ -216,3 +216,27 @@ TEST(StatusMapping, EveryPausedOnSourceFailureOfTheAgentUsesTheWordsTheControlle
   }
   EXPECT_GE(found, 3) << "the agent's vm_paused_on_source failures moved: update this test and the controller";
 }
+
+TEST(CrStatus, FailoverCountAndLastComeFromTheSourceWhenBothAgentsRunIt) {
+  json status;
+  const json source = {{"phase", "Migrating"},
+                       {"failover", {{"enabled", true}, {"failovers", 2},
+                                     {"last", "channel 1: recv: Connection reset by peer; resumed on tcp 10.0.0.2:7471 after 3 ms, 4 chunk(s) resent"}}}};
+  controller::copy_agent_status(status, source, json{{"phase", "Migrating"}});
+  ASSERT_TRUE(status.contains("failover"));
+  EXPECT_EQ(status["failover"]["enabled"], true);
+  EXPECT_EQ(status["failover"]["failovers"], 2);
+  EXPECT_NE(status["failover"]["last"].get<std::string>().find("resumed on tcp 10.0.0.2:7471"), std::string::npos);
+  // Off (or an agent from before it): nothing; a hostile agent's types or an over-long reason: left out.
+  json off;
+  controller::copy_agent_status(off, json{{"phase", "Migrating"}, {"failover", {{"enabled", false}, {"failovers", 0}}}},
+                                json::object());
+  EXPECT_FALSE(off.contains("failover"));
+  json hostile;
+  controller::copy_agent_status(hostile, json{{"failover", {{"enabled", true}, {"failovers", -3}, {"last", std::string(5000, 'x')}}}},
+                                json::object());
+  EXPECT_EQ(hostile["failover"], (json{{"enabled", true}}));
+  json junk;
+  controller::copy_agent_status(junk, json{{"failover", "yes"}}, json::object());
+  EXPECT_FALSE(junk.contains("failover"));
+}
