@@ -86,6 +86,20 @@ void Reconciler::status_events(const json& written, const json& before, const js
     LOG_WARN("reconcile") << informer_.key_of(written) << ": " << transport_fallback_message(after);
     events_.record(written, "Warning", "TransportFallback", transport_fallback_message(after));
   }
+  // FailedOver: on each write that shows more failovers than the one before (docs/failover.md).
+  const auto failovers = [](const json& status) -> int64_t {
+    const json& fo = status.value("failover", json::object());
+    return fo.is_object() && fo.contains("failovers") && fo["failovers"].is_number_integer()
+               ? fo["failovers"].get<int64_t>()
+               : 0;
+  };
+  if (const int64_t now = failovers(after), was = failovers(before); now > was) {
+    const std::string msg = "the agents failed " + std::to_string(now - was) + " data channel(s) over to a new link (" +
+                            std::to_string(now) + " in all); the migration goes on. Last: " +
+                            after["failover"].value("last", std::string("?"));
+    LOG_WARN("reconcile") << informer_.key_of(written) << ": " << msg;
+    events_.record(written, "Warning", "FailedOver", msg);
+  }
 }
 
 namespace detail {

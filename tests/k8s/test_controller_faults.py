@@ -84,6 +84,12 @@ class ControllerFaultsTest(unittest.TestCase):
             "railsLeftOut": [{"rail": 2, "reason": "no-device",
                               "message": "RDMA device mlx5_4 port 1 is not active (link down?)"}]})
 
+        # Agents with dataPlane.failover on: the source reports its failovers as the test sets them.
+        cls.env.standin("node-fo1", transport="tcp", transport_reason="requested",
+                        status_extra={"failover": {"enabled": True, "failovers": 0, "last": None}})
+        cls.env.standin("node-fo2", transport="tcp", transport_reason="requested",
+                        status_extra={"failover": {"enabled": True, "failovers": 0, "last": None}})
+
     @classmethod
     def tearDownClass(cls):
         cls.env.stop()
@@ -270,6 +276,29 @@ class ControllerFaultsTest(unittest.TestCase):
         wait_for(lambda: self.cluster.get("tcp-asked").get("status", {}).get("transportReason"), 30, "transportReason")
         time.sleep(1.0)
         self.assertEqual(self.events_of("tcp-asked", "TransportFallback"), [])
+
+    def test_failovers_reach_the_status_and_each_new_one_is_an_event(self):
+        self.create("flappy", src="node-fo1", dst="node-fo2")
+        wait_for(lambda: self.cluster.get("flappy").get("status", {}).get("failover"), 30, "failover in status")
+        self.assertEqual(self.cluster.get("flappy")["status"]["failover"], {"enabled": True, "failovers": 0})
+        src = self.env.standins["node-fo1"]
+        mid = self.cluster.get("flappy")["status"]["migrationId"]
+        last = "channel 1: channel 1: recv: Connection reset by peer; resumed on tcp 10.0.0.2:7471 after 3 ms, 4 chunk(s) resent"
+
+        def report(n):  # what the source agent's GET says from now on
+            with src.lock:
+                src.migrations[mid]["failover"] = {"enabled": True, "failovers": n, "last": last}
+
+        report(2)
+        self.cluster.wait_event("flappy", ("Warning", "FailedOver"))
+        (ev,) = [e for e in self.cluster.api.events("flappy") if e["reason"] == "FailedOver"]
+        self.assertIn("failed 2 data channel(s) over to a new link (2 in all)", ev["message"])
+        self.assertIn("resumed on tcp 10.0.0.2:7471", ev["message"])
+        time.sleep(1.0)  # several polls with the same count: no new Event
+        self.assertEqual(len(self.events_of("flappy", "FailedOver")), 1)
+        report(3)
+        wait_for(lambda: len(self.events_of("flappy", "FailedOver")) == 2, 30, "a second FailedOver Event")
+        self.assertEqual(self.cluster.get("flappy")["status"]["failover"]["failovers"], 3)
 
     def test_the_rails_both_agents_used_and_left_out_reach_the_status(self):
         self.create("railed", src="node-rail1", dst="node-rail2", transport="auto")
