@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cstdio>
 #include <set>
 
 #include "common/log.h"
@@ -39,6 +40,15 @@ Status check_server_name(const std::string& name) {
 
 }  // namespace
 
+bool is_loopback_address(const std::string& address) {
+  if (address == "localhost" || address == "::1") return true;
+  // 127.0.0.0/8, written as a dotted quad
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  char tail = 0;
+  return std::sscanf(address.c_str(), "%u.%u.%u.%u%c", &a, &b, &c, &d, &tail) == 4 && a == 127 && b < 256 &&
+         c < 256 && d < 256;
+}
+
 Result<ControllerConfig> parse_controller_config(const std::string& yaml_text) {
   ControllerConfig c;
   YAML::Node root;
@@ -50,7 +60,7 @@ Result<ControllerConfig> parse_controller_config(const std::string& yaml_text) {
   if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   try {
     RDMIG_TRY(check_keys(root, "", {"namespace", "watchNamespace", "agents", "maxConcurrentPerNode",
-                                    "pollIntervalMs", "leaderElection", "metrics", "logLevel", "qemu", "kubevirt",
+                                    "pollIntervalMs", "leaderElection", "metrics", "probes", "logLevel", "qemu", "kubevirt",
                                     "ttlSecondsAfterFinished"}));
     RDMIG_TRY(read_string(root, "", "namespace", c.namespace_));
     RDMIG_TRY(read_string(root, "", "watchNamespace", c.watch_namespace));
@@ -121,9 +131,41 @@ Result<ControllerConfig> parse_controller_config(const std::string& yaml_text) {
       }
     }
     if (const auto m = root["metrics"]) {
-      RDMIG_TRY(check_keys(m, "metrics", {"address", "port"}));
+      RDMIG_TRY(check_keys(m, "metrics", {"secure", "address", "port", "tls", "authCacheEntries"}));
+      RDMIG_TRY(read_bool(m, "metrics", "secure", c.metrics.secure));
       RDMIG_TRY(read_string(m, "metrics", "address", c.metrics.address));
       RDMIG_TRY(read_uint(m, "metrics", "port", c.metrics.port, 0, 65535));
+      RDMIG_TRY(read_uint(m, "metrics", "authCacheEntries", c.metrics.auth_cache_entries, 1, 100000));
+      if (const auto t = m["tls"]; t && !t.IsNull()) {
+        const std::string tp = "metrics.tls";
+        if (!t.IsMap()) return bad(tp, "must be a map with certFile and keyFile");
+        RDMIG_TRY(check_keys(t, tp, {"certFile", "keyFile"}));
+        RDMIG_TRY(read_string(t, tp, "certFile", c.metrics.tls.cert_file));
+        RDMIG_TRY(read_string(t, tp, "keyFile", c.metrics.tls.key_file));
+      }
+    }
+    if (c.metrics.tls.cert_file.empty() != c.metrics.tls.key_file.empty()) {
+      return bad(c.metrics.tls.cert_file.empty() ? "metrics.tls.certFile" : "metrics.tls.keyFile",
+                 "certFile and keyFile go together (both empty: a self-signed certificate made at start)");
+    }
+    if (!c.metrics.secure && !c.metrics.tls.cert_file.empty()) {
+      return bad("metrics.tls", "is for metrics.secure: true; plain-HTTP metrics (secure: false) take no certificate");
+    }
+    if (c.metrics.address.empty()) c.metrics.address = c.metrics.secure ? "0.0.0.0" : "127.0.0.1";
+    if (!c.metrics.secure && !is_loopback_address(c.metrics.address)) {
+      return bad("metrics.address", "'" + c.metrics.address +
+                                        "': plain-HTTP metrics (metrics.secure: false) are served on a loopback "
+                                        "address only (127.0.0.1, ::1 or localhost); set metrics.secure: true to "
+                                        "serve them to other hosts, authenticated");
+    }
+    if (const auto p = root["probes"]) {
+      RDMIG_TRY(check_keys(p, "probes", {"address", "port"}));
+      RDMIG_TRY(read_string(p, "probes", "address", c.probes.address));
+      RDMIG_TRY(read_uint(p, "probes", "port", c.probes.port, 0, 65535));
+    }
+    if (c.probes.address.empty()) return bad("probes.address", "must not be empty");
+    if (c.probes.port != 0 && c.probes.port == c.metrics.port) {
+      return bad("probes.port", "must differ from metrics.port (" + std::to_string(c.metrics.port) + ")");
     }
     RDMIG_TRY(read_string(root, "", "logLevel", c.log_level));
     if (!log::parse_level(c.log_level)) {

@@ -60,14 +60,33 @@ struct ControllerConfig {
     double renew_deadline_seconds = 10;
     double retry_period_seconds = 2;
   } leader_election;
+  // /metrics (controller/metrics_auth.h). secure: HTTPS, and each scrape's bearer token checked
+  // with a TokenReview and a SubjectAccessReview (get on /metrics) against the API server, as
+  // controller-runtime's secure metrics serving does. secure false: plain HTTP on a loopback
+  // address only (a sidecar or `kubectl port-forward` reads it).
   struct MetricsServer {
-    std::string address = "0.0.0.0";
-    uint16_t port = 8080;
+    bool secure = true;
+    std::string address;  // "" = 0.0.0.0 when secure, else 127.0.0.1
+    uint16_t port = 8443;
+    // The HTTPS certificate and key (PEM, reloaded when they change). Both empty: a self-signed
+    // certificate made at start (a scraper then skips verification, as with controller-runtime's).
+    struct Tls {
+      std::string cert_file;
+      std::string key_file;
+    } tls;
+    uint32_t auth_cache_entries = 256;  // tokens whose review answers are kept (bounded; TTLs in metrics_auth.h)
   } metrics;
+  // /healthz and /readyz for the kubelet: plain HTTP, no authentication, apart from /metrics.
+  struct Probes {
+    std::string address = "0.0.0.0";
+    uint16_t port = 8081;
+  } probes;
   std::string log_level = "info";
 };
 
 Result<ControllerConfig> parse_controller_config(const std::string& yaml_text);
+// 127.0.0.0/8, ::1 or localhost: where plain-HTTP metrics may listen.
+bool is_loopback_address(const std::string& address);
 Result<ControllerConfig> load_controller_config_file(const std::string& path);
 
 }  // namespace rdmig::controller

@@ -3,9 +3,10 @@
 //
 // Threads, all started and joined here: the informers (list+watch of RdmaMigration objects and,
 // with kubevirt.enabled, of VirtualMachineInstanceMigrations),
-// the leader elector (Lease renewals), the worker (every reconcile), the metrics/probe HTTP
-// server, and main, which waits for SIGTERM/SIGINT and then stops them in that order: worker
-// (no new agent calls), informer, elector (releases the lease), server.
+// the leader elector (Lease renewals), the worker (every reconcile), the metrics server (HTTPS
+// with TokenReview/SubjectAccessReview unless metrics.secure is false: controller/metrics_auth.h),
+// the probe server (/healthz, /readyz), and main, which waits for SIGTERM/SIGINT and then stops
+// them in that order: worker (no new agent calls), informer, elector (releases the lease), servers.
 #include <httplib.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "common/log.h"
@@ -24,6 +26,7 @@
 #include "controller/controller_metrics.h"
 #include "controller/kubevirt.h"
 #include "controller/kubevirt_observer.h"
+#include "controller/metrics_auth.h"
 #include "controller/pathcheck_reconciler.h"
 #include "controller/reconciler.h"
 #include "controller/worker.h"
@@ -33,6 +36,8 @@
 #include "k8s/informer.h"
 #include "k8s/leader_election.h"
 #include "tls/pem_files.h"
+#include "tls/self_signed.h"
+#include "tls/server_certificate.h"
 
 namespace {
 
@@ -41,7 +46,7 @@ constexpr const char* kUsage =
     "  --config PATH      controller configuration (YAML); without it every key takes its default\n"
     "  --kubeconfig PATH  API server access from a kubeconfig (else $KUBECONFIG, else in-cluster)\n"
     "  --context NAME     kubeconfig context (default: current-context)\n"
-    "  --ports-file PATH  write {\"metrics\":port} once listening (for metrics.port 0)\n"
+    "  --ports-file PATH  write {\"metrics\":port,\"probes\":port} once listening (for port 0)\n"
     "       rdmig-controller --check-config PATH   validate the configuration and the token file it\n"
     "                                             names, then exit (0: valid; 2: the message names the key)\n"
     "       rdmig-controller --version             print the version and git revision, then exit\n";
@@ -55,6 +60,24 @@ std::string env(const char* name) {
 int fail(const std::string& message, int code = 2) {
   std::cerr << "rdmig-controller: " << message << "\n";
   return code;
+}
+
+// Binds `server` to address:port (0 = any free port); the port, or -1.
+int bind_server(httplib::Server& server, const std::string& address, uint16_t port) {
+  if (port == 0) return server.bind_to_any_port(address);
+  return server.bind_to_port(address, port) ? port : -1;
+}
+
+void send_json_error(httplib::Response& res, int status, const std::string& message) {
+  const rdmig::Errc code = status == 401   ? rdmig::Errc::kUnauthenticated
+                           : status == 403 ? rdmig::Errc::kPermissionDenied
+                           : status == 404 ? rdmig::Errc::kNotFound
+                           : status == 503 ? rdmig::Errc::kUnavailable
+                                           : rdmig::Errc::kInternal;
+  res.status = status;
+  if (status == 401) res.set_header("WWW-Authenticate", "Bearer");
+  const nlohmann::json body = {{"error", {{"code", rdmig::errc_name(code)}, {"message", message}}}};
+  res.set_content(body.dump() + "\n", "application/json");
 }
 
 }  // namespace
@@ -103,9 +126,20 @@ int main(int argc, char** argv) {
           ? "HTTPS, " + std::to_string(agent_cas) + " CA certificate(s) from '" + config.agents.tls.ca_file +
                 "', server name '" + config.agents.tls.server_name + "'"
           : "plain HTTP (agents.tls not set)";
+  std::string metrics_over = "plain HTTP on " + config.metrics.address + " (metrics.secure false: local only)";
+  if (config.metrics.secure) {
+    metrics_over = "HTTPS with TokenReview and SubjectAccessReview, a self-signed certificate made at start";
+    if (!config.metrics.tls.cert_file.empty()) {
+      auto info = tls::check_cert_and_key(config.metrics.tls.cert_file, "metrics.tls.certFile",
+                                          config.metrics.tls.key_file, "metrics.tls.keyFile");
+      if (!info) return fail(info.error().message);
+      metrics_over = "HTTPS with TokenReview and SubjectAccessReview, certificate " + info->subject +
+                     (info->names.empty() ? "" : " (" + info->names + ")") + " until " + info->not_after;
+    }
+  }
   if (check_only) {
     std::cout << "rdmig-controller: " << config_path << " is valid (token file '" << config.agents.token_file
-              << "' read; agents over " << agents_over << ")\n";
+              << "' read; agents over " << agents_over << "; /metrics over " << metrics_over << ")\n";
     return 0;
   }
   LOG_INFO("controller") << rdmig::version_line("rdmig-controller") << " starting" << (config_path.empty() ? "" : ", config " + config_path);
@@ -219,38 +253,93 @@ int main(int argc, char** argv) {
   pathcheck_worker_ptr = &pathcheck_worker;
   pathcheck_wake = &pathcheck_worker;
 
-  httplib::Server server;
-  server.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics.serialize(), "text/plain; version=0.0.4; charset=utf-8");
-  });
-  server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+  // Probes: plain HTTP, no authentication (the kubelet sends no token), apart from /metrics.
+  httplib::Server probe_server;
+  probe_server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("{\"status\":\"ok\"}\n", "application/json");
   });
-  server.Get("/readyz", [&](const httplib::Request&, httplib::Response& res) {
+  probe_server.Get("/readyz", [&](const httplib::Request&, httplib::Response& res) {
     const bool ready = informer.synced() && pathcheck_informer.synced();
     res.status = ready ? 200 : 503;
     res.set_content(ready ? "{\"status\":\"ready\"}\n" : "{\"status\":\"not synced\"}\n", "application/json");
   });
-  const int port = config.metrics.port == 0
-                       ? server.bind_to_any_port(config.metrics.address)
-                       : (server.bind_to_port(config.metrics.address, config.metrics.port) ? config.metrics.port : -1);
+
+  // /metrics: HTTPS, every request's token reviewed by the API server (metrics_auth.h); or, with
+  // metrics.secure false, plain HTTP on a loopback address (config.cpp refuses any other).
+  std::shared_ptr<tls::ServerCertificate> metrics_cert;
+  std::optional<tls::SelfSigned> self_signed;
+  std::unique_ptr<k8s::HttpKubeClient> review_kube;
+  std::unique_ptr<controller::MetricsAuth> metrics_auth;
+  std::unique_ptr<httplib::Server> metrics_server;
+  if (config.metrics.secure) {
+    if (!config.metrics.tls.cert_file.empty()) {
+      auto cert = tls::ServerCertificate::load(config.metrics.tls.cert_file, "metrics.tls.certFile",
+                                               config.metrics.tls.key_file, "metrics.tls.keyFile");
+      if (!cert) return fail(cert.error().message);
+      metrics_cert = cert.value();
+      metrics_server = std::make_unique<httplib::SSLServer>([&](SSL_CTX& ctx) { return metrics_cert->configure(ctx); });
+    } else {
+      auto made = tls::make_self_signed("rdmig-controller", {"localhost", "127.0.0.1", "::1"}, 365);
+      if (!made) return fail(made.error().message, 1);
+      self_signed = std::move(made.value());
+      LOG_INFO("controller") << "metrics: self-signed certificate made at start, SHA-256 " << self_signed->fingerprint;
+      metrics_server = std::make_unique<httplib::SSLServer>([&](SSL_CTX& ctx) { return self_signed->configure(ctx); });
+    }
+    if (!metrics_server->is_valid()) return fail("config key 'metrics.tls': cannot set up HTTPS with it", 1);
+    // Reviews get a client of their own with a 10 s bound on each call (controller-runtime's
+    // TokenAccessReviewTimeout), so a slow API server answers a scrape with 503, not a hang.
+    k8s::HttpOptions review_options = http_options;
+    review_options.call_timeout = std::chrono::seconds(10);
+    auto made_kube = k8s::HttpKubeClient::create(cluster.value(), review_options);
+    if (!made_kube) return fail(made_kube.error().message);
+    review_kube = std::move(made_kube.value());
+    metrics_auth = std::make_unique<controller::MetricsAuth>(*review_kube, config.metrics.auth_cache_entries);
+    metrics_server->set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
+      if (req.path != "/metrics") {
+        send_json_error(res, 404, "this port serves GET /metrics only (probes: probes.port)");
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      const auto d = metrics_auth->check(req.get_header_value("Authorization"), req.path);
+      if (d.status == 200) return httplib::Server::HandlerResponse::Unhandled;
+      if (d.status >= 500) {
+        LOG_WARN("controller") << "metrics: scrape from " << req.remote_addr << " answered " << d.status << ": " << d.message;
+      } else {
+        LOG_DEBUG("controller") << "metrics: scrape from " << req.remote_addr << " answered " << d.status << ": " << d.message;
+      }
+      send_json_error(res, d.status, d.message);
+      return httplib::Server::HandlerResponse::Handled;
+    });
+  } else {
+    metrics_server = std::make_unique<httplib::Server>();
+  }
+  metrics_server->Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics.serialize(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  const int port = bind_server(*metrics_server, config.metrics.address, config.metrics.port);
   if (port <= 0) {
     return fail("config key 'metrics.port': cannot listen on " + config.metrics.address + ":" +
                     std::to_string(config.metrics.port), 1);
   }
+  const int probe_port = bind_server(probe_server, config.probes.address, config.probes.port);
+  if (probe_port <= 0) {
+    return fail("config key 'probes.port': cannot listen on " + config.probes.address + ":" +
+                    std::to_string(config.probes.port), 1);
+  }
   if (!ports_file.empty()) {
     const std::string tmp = ports_file + ".tmp";
-    std::ofstream(tmp) << "{\"metrics\":" << port << "}\n";
+    std::ofstream(tmp) << "{\"metrics\":" << port << ",\"probes\":" << probe_port << "}\n";
     std::rename(tmp.c_str(), ports_file.c_str());
   }
   LOG_INFO("controller") << "rdmig-controller " << identity << " starting: server=" << cluster->server
                          << " namespace=" << config.namespace_ << " watch="
                          << (config.watch_namespace.empty() ? "<all>" : config.watch_namespace)
-                         << " metrics=" << config.metrics.address << ":" << port
+                         << " metrics=" << config.metrics.address << ":" << port << " (" << metrics_over << ")"
+                         << " probes=" << config.probes.address << ":" << probe_port
                          << " kubevirt=" << (config.kubevirt.enabled ? "on" : "off")
                          << " leaderElection=" << (elect ? "on" : "off");
 
-  std::thread server_thread([&] { server.listen_after_bind(); });
+  std::thread server_thread([&] { metrics_server->listen_after_bind(); });
+  std::thread probe_thread([&] { probe_server.listen_after_bind(); });
   std::thread informer_thread([&] { informer.run(); });
   std::thread pathcheck_informer_thread([&] { pathcheck_informer.run(); });
   std::thread vmim_thread;
@@ -278,8 +367,10 @@ int main(int argc, char** argv) {
     elector.stop();
     elector_thread.join();
   }
-  server.stop();
+  metrics_server->stop();
   server_thread.join();
+  probe_server.stop();
+  probe_thread.join();
   LOG_INFO("controller") << "stopped";
   return 0;
 }

@@ -126,6 +126,25 @@ kubectl -n rdmig-system get secret rdmig-agent-tls -o jsonpath='{.data.ca\\.crt}
 curl --cacert ca.crt --resolve rdmig-agent:7470:<node IP> https://rdmig-agent:7470/healthz
 ```
 
+## The controller's metrics
+
+The controller serves `/metrics` on port 8443 over HTTPS and answers only a bearer token that the
+API server authenticates (TokenReview) and whose user may `get` the non-resource URL `/metrics`
+(SubjectAccessReview), as controller-runtime's secure metrics serving does: 401 without a valid
+token, 403 without the right, 500/503 when the API server cannot answer. Bind ClusterRole
+`<release>-metrics-reader` to Prometheus' ServiceAccount with `controller.metrics.reader.subjects`;
+the ServiceMonitor sends that ServiceAccount's token and skips verifying the controller's
+self-signed certificate (`insecureSkipVerify`), or checks it against
+`controller.metrics.tls.existingSecret`'s `ca.crt` when you give one. The probes are on port 8081,
+plain HTTP. `controller.config.metrics.secure=false` serves plain HTTP on 127.0.0.1 only instead
+(`kubectl port-forward` reads it; no ServiceMonitor can).
+
+`controller.networkPolicy.enabled` adds a NetworkPolicy for the controller (DNS, the API server,
+the agents' API port out; probes and metrics in; off by default because the API server's
+addresses depend on the cluster: set `controller.networkPolicy.apiServer.cidrs`), and
+`openshift.securityContextConstraints.enabled` an OpenShift SecurityContextConstraints object
+that grants the agent exactly what its rendered DaemonSet asks for.
+
 ## Upgrading the CRD
 
 The `RdmaMigration` CRD is a template (`crds.install`), so `helm upgrade` applies a changed CRD

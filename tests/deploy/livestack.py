@@ -108,9 +108,28 @@ class LiveStack:
         cfg["agents"]["tokenFile"] = self.agents[0].token_file
         if self.tls:
             cfg["agents"]["tls"]["caFile"] = self.tls["ca"]
+        # /metrics as rendered (the chart's default: HTTPS, each scrape's token checked with a
+        # TokenReview and a SubjectAccessReview against the double), on 127.0.0.1. Prometheus'
+        # ServiceAccount is bound to the chart's metrics-reader ClusterRole as
+        # controller.metrics.reader.subjects binds it; its token is what the scrapes here send.
         cfg["metrics"].update(address="127.0.0.1", port=0)
+        cfg["probes"] = {"address": "127.0.0.1", "port": 0}
+        self.metrics_token = self.metrics_token_file = None
+        if cfg["metrics"].get("secure", True):
+            reader = render("--set-json", 'controller.metrics.reader.subjects=[{"kind":"ServiceAccount",'
+                            '"name":"prometheus","namespace":"monitoring"}]')
+            for kind, plural in (("ClusterRole", "clusterroles"), ("ClusterRoleBinding", "clusterrolebindings")):
+                for d in reader:
+                    if d["kind"] == kind and d["metadata"]["name"].endswith("-metrics-reader"):
+                        code, body = self.api.store.create(plural, None, d)
+                        assert code == 201, body
+            self.metrics_token = self.api.add_service_account_token("monitoring", "prometheus")
+            self.metrics_token_file = os.path.join(self.tmp, "prometheus.token")
+            with open(self.metrics_token_file, "w") as f:
+                f.write(self.metrics_token)
         cfg["qemu"] = {"allowedNamespaces": [VM_NS]}  # this check runs a bare-QEMU migration: opt in
         self.controller = Controller(self.tmp, "controller", kubeconfig, self.agents[0].token_file, config=cfg)
+        self.controller.metrics_token = self.metrics_token
 
     def stop(self):
         for vm in self.vms:

@@ -28,7 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from deploylib import (CHART, HELM_LABELS, MANIFESTS, NAMESPACE, REPO, TOGGLES, by_key, dashboard_metric_names,  # noqa: E402
                        diff, embedded_config, find, helm, key, one, plain_manifests, pod_spec, render, render_notes)
 
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Plugin", "NodeFeatureRule"}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Plugin", "NodeFeatureRule",
+                  "SecurityContextConstraints"}
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -164,6 +165,10 @@ class ChartTest(unittest.TestCase):
                     ("ClusterRole", "", "rdmig-controller-kubevirt-config"),
                     ("ClusterRoleBinding", "", "rdmig-controller-kubevirt-config"),
                     ("ClusterRole", "", "rdmig-view"), ("ClusterRole", "", "rdmig-edit"),
+                    # /metrics over HTTPS: token and access reviews; who may read it
+                    ("ClusterRole", "", "rdmig-controller-metrics-auth"),
+                    ("ClusterRoleBinding", "", "rdmig-controller-metrics-auth"),
+                    ("ClusterRole", "", "rdmig-metrics-reader"),
                     ("CustomResourceDefinition", "", "rdmamigrations.rdmig.io"),
                     ("CustomResourceDefinition", "", "rdmapathchecks.rdmig.io"),
                     ("PodDisruptionBudget", NAMESPACE, "rdmig-controller"),
@@ -286,7 +291,8 @@ class ChartTest(unittest.TestCase):
 
         self.assertEqual(find(t, "Secret"), [], "existingSecret: the chart creates no Secret")
         self.assertEqual(find(t, "ConfigMap", "rdmig-grafana-dashboard"), [])
-        self.assertEqual(len(find(t, "ServiceMonitor")), 2)
+        # The controller's metrics are local only (metrics.secure false): the agents' alone.
+        self.assertEqual([m["metadata"]["name"] for m in find(t, "ServiceMonitor")], ["rdmig-agent"])
         for sm in find(t, "ServiceMonitor"):
             self.assertEqual(sm["metadata"]["labels"]["release"], "kube-prometheus-stack")
             self.assertEqual(sm["spec"]["endpoints"][0]["interval"], "30s")
@@ -381,9 +387,13 @@ class ChartTest(unittest.TestCase):
         self.assertEqual(exprs["RdmigAgentDown"]["annotations"]["runbook_url"], "https://runbooks.test/rdmig/RdmigAgentDown.md")
         self.assertEqual(spec["priorityClassName"], "system-cluster-critical")
         self.assertEqual(spec["affinity"], toggles["controller"]["affinity"])
-        self.assertEqual(c["ports"][0]["containerPort"], 18080)
-        self.assertEqual(one(t, "Service", "rdmig-controller-metrics")["spec"]["ports"][0]["port"], 18080)
+        self.assertEqual(c["ports"], [{"name": "probes", "containerPort": 18081, "protocol": "TCP"}],
+                         "local-only metrics: no metrics port, the probes' own")
+        self.assertEqual(find(t, "Service", "rdmig-controller-metrics"), [])
         ctl_cfg = embedded_config(one(t, "ConfigMap", "rdmig-controller-config"))["controller.yaml"]
+        self.assertEqual(ctl_cfg["metrics"], {"secure": False, "port": 18080, "authCacheEntries": 256})
+        self.assertEqual(one(t, "NetworkPolicy")["spec"]["egress"][0]["ports"], [{"protocol": "TCP", "port": 6443}])
+        self.assertEqual(one(t, "SecurityContextConstraints")["users"], ["system:serviceaccount:%s:vm-agents" % NAMESPACE])
         self.assertEqual(ctl_cfg["agents"]["port"], 17470, "the controller dials the agents' API port")
         self.assertEqual((ctl_cfg["watchNamespace"], ctl_cfg["leaderElection"]["enabled"]), ("vms", False))
         # The agent's one (KubeVirt mode: list this node's virt-launcher pods) is not the controller's.
@@ -741,7 +751,8 @@ class AgentTlsModesTest(unittest.TestCase):
         sm = {m["metadata"]["name"]: m["spec"]["endpoints"][0] for m in find(docs, "ServiceMonitor")}
         self.assertEqual((sm["rdmig-agent"]["scheme"], sm["rdmig-agent"]["tlsConfig"]),
                          ("https", {"serverName": server_name, "ca": {"secret": {"name": secret, "key": "ca.crt"}}}))
-        self.assertNotIn("scheme", sm["rdmig-controller"], "the controller's own /metrics stays plain HTTP")
+        self.assertEqual((sm["rdmig-controller"]["scheme"], sm["rdmig-controller"]["tlsConfig"]),
+                         ("https", {"insecureSkipVerify": True}), "the controller's own: its self-signed certificate")
         sums = {w["spec"]["template"]["metadata"]["annotations"]["checksum/tls"]
                 for w in (one(docs, "DaemonSet"), one(docs, "Deployment"))}
         self.assertEqual(len(sums), 1, "a new certificate restarts agents and controller together")
@@ -818,9 +829,11 @@ class AgentTlsModesTest(unittest.TestCase):
         agent, controller = self.configs(docs)
         self.assertNotIn("tls", agent["api"])
         self.assertNotIn("tls", controller["agents"])
-        for sm in find(docs, "ServiceMonitor"):
-            self.assertNotIn("tlsConfig", sm["spec"]["endpoints"][0])
-            self.assertNotIn("scheme", sm["spec"]["endpoints"][0])
+        agent_sm = one(docs, "ServiceMonitor", "rdmig-agent")["spec"]["endpoints"][0]
+        self.assertNotIn("tlsConfig", agent_sm)
+        self.assertNotIn("scheme", agent_sm)
+        self.assertEqual(one(docs, "ServiceMonitor", "rdmig-controller")["spec"]["endpoints"][0]["scheme"], "https",
+                         "the controller's /metrics is HTTPS whatever agent.tls says")
         for w in (one(docs, "DaemonSet"), one(docs, "Deployment")):
             self.assertNotIn("checksum/tls", w["spec"]["template"]["metadata"]["annotations"])
         self.assertIn("WARNING: agent.tls.mode=off", render_notes("--set", "agent.tls.mode=off"))
@@ -838,6 +851,216 @@ class AgentTlsModesTest(unittest.TestCase):
             r = helm("template", "rdmig", CHART, "-n", NAMESPACE, "--set", bad, check=False)
             self.assertNotEqual(r.returncode, 0, bad)
             self.assertIn("agent.tls", r.stderr, bad)
+
+
+
+SCHEMAS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "schemas")
+
+
+def schema_errors(obj, name):
+    """Errors of `obj` against tests/deploy/schemas/<name>.yaml (tests/k8s/schema_validator.py)."""
+    sys.path.insert(0, os.path.join(REPO, "tests", "k8s"))
+    import schema_validator
+    with open(os.path.join(SCHEMAS, name + ".yaml")) as f:
+        return schema_validator.validate(obj, yaml.safe_load(f)["schema"])
+
+
+def scc_from_daemonset(ds):
+    """What an SCC must grant for the agent DaemonSet's pod, worked out here independently of the
+    chart's template: the test fails when the rendered SCC and the rendered DaemonSet differ."""
+    spec = pod_spec(ds)
+    psc = spec.get("securityContext") or {}
+    containers = spec.get("initContainers", []) + spec["containers"]
+    scs = [c.get("securityContext") or {} for c in containers]
+    drops = [set((sc.get("capabilities") or {}).get("drop") or []) for sc in scs]
+    uids = {str(sc.get("runAsUser", psc.get("runAsUser", ""))) for sc in scs}
+    volumes = sorted({k for v in spec["volumes"] for k in v if k != "name"})
+    return {
+        "allowPrivilegedContainer": any(sc.get("privileged", False) for sc in scs),
+        "allowedCapabilities": sorted({c for sc in scs for c in (sc.get("capabilities") or {}).get("add") or []}),
+        "requiredDropCapabilities": sorted(set.intersection(*drops)),
+        "allowPrivilegeEscalation": any(sc.get("privileged") or sc.get("allowPrivilegeEscalation") is not False
+                                        for sc in scs),
+        "readOnlyRootFilesystem": all(sc.get("readOnlyRootFilesystem") for sc in scs),
+        "allowHostNetwork": spec.get("hostNetwork", False), "allowHostPID": spec.get("hostPID", False),
+        "allowHostIPC": spec.get("hostIPC", False),
+        "allowHostDirVolumePlugin": "hostPath" in volumes, "volumes": volumes,
+        "runAsUser": {"type": "MustRunAs", "uid": int(uids.pop())} if len(uids) == 1 and "" not in uids else None,
+    }
+
+
+class ControllerMetricsAndPoliciesTest(unittest.TestCase):
+    """Issue 42: the controller's /metrics over HTTPS with token and access reviews by default (its
+    RBAC, the reader role, the ServiceMonitor), the local-only option, the optional NetworkPolicy
+    and the optional OpenShift SCC, each rendered and checked against its API's schema."""
+
+    def controller(self, docs):
+        c = pod_spec(one(docs, "Deployment"))["containers"][0]
+        cfg = embedded_config(one(docs, "ConfigMap", "rdmig-controller-config"))["controller.yaml"]
+        return c, cfg
+
+    def test_metrics_are_https_with_reviews_by_default(self):
+        docs = render("--set", "serviceMonitor.enabled=true")
+        c, cfg = self.controller(docs)
+        self.assertEqual(cfg["metrics"], {"secure": True, "port": 8443, "authCacheEntries": 256})
+        self.assertEqual(cfg["probes"], {"address": "0.0.0.0", "port": 8081})
+        self.assertEqual([(p["name"], p["containerPort"]) for p in c["ports"]], [("metrics", 8443), ("probes", 8081)])
+        for probe in ("readinessProbe", "livenessProbe"):
+            self.assertEqual(c[probe]["httpGet"]["port"], "probes", "the kubelet has no token: its own port")
+        self.assertEqual(one(docs, "Service", "rdmig-controller-metrics")["spec"]["ports"][0]["port"], 8443)
+        ep = one(docs, "ServiceMonitor", "rdmig-controller")["spec"]["endpoints"][0]
+        self.assertEqual((ep["scheme"], ep["bearerTokenFile"], ep["tlsConfig"]),
+                         ("https", "/var/run/secrets/kubernetes.io/serviceaccount/token", {"insecureSkipVerify": True}))
+        # The controller may create token and access reviews, nothing more, cluster-wide.
+        self.assertEqual(one(docs, "ClusterRole", "rdmig-controller-metrics-auth")["rules"],
+                         [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+                          {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"],
+                           "verbs": ["create"]}])
+        self.assertEqual(one(docs, "ClusterRoleBinding", "rdmig-controller-metrics-auth")["subjects"],
+                         [{"kind": "ServiceAccount", "name": "rdmig-controller", "namespace": NAMESPACE}])
+        self.assertEqual(one(docs, "ClusterRole", "rdmig-metrics-reader")["rules"],
+                         [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}])
+        self.assertEqual(find(docs, "ClusterRoleBinding", "rdmig-metrics-reader"), [], "nobody is bound by default")
+        # The same rights under watchNamespace (the reviews are cluster-scoped, never a Role's).
+        scoped = render("--set", "controller.config.watchNamespace=vms")
+        self.assertEqual(one(scoped, "ClusterRole", "rdmig-controller-metrics-auth")["rules"],
+                         one(docs, "ClusterRole", "rdmig-controller-metrics-auth")["rules"])
+
+    def test_reader_subjects_and_scrape_authorization(self):
+        docs = render("--set", "serviceMonitor.enabled=true", "--set-json",
+                      'controller.metrics.reader.subjects=[{"kind":"ServiceAccount","name":"prometheus-k8s",'
+                      '"namespace":"monitoring"},{"kind":"ServiceAccount","name":"local-prom"},'
+                      '{"kind":"Group","name":"scrapers"}]',
+                      "--set-json", 'controller.metrics.scrapeAuthorization={"credentials":{"name":"prom-token","key":"token"}}')
+        b = one(docs, "ClusterRoleBinding", "rdmig-metrics-reader")
+        self.assertEqual(b["roleRef"]["name"], "rdmig-metrics-reader")
+        self.assertEqual(b["subjects"], [
+            {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"},
+            {"kind": "ServiceAccount", "name": "local-prom", "namespace": NAMESPACE},
+            {"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": "scrapers"}])
+        ep = one(docs, "ServiceMonitor", "rdmig-controller")["spec"]["endpoints"][0]
+        self.assertEqual(ep["authorization"], {"credentials": {"name": "prom-token", "key": "token"}})
+        self.assertNotIn("bearerTokenFile", ep)
+
+    def test_a_metrics_certificate_secret_is_mounted_and_verified_by_prometheus(self):
+        docs = render("--set", "serviceMonitor.enabled=true", "--set", "controller.metrics.tls.existingSecret=ctl-tls")
+        c, cfg = self.controller(docs)
+        self.assertEqual(cfg["metrics"]["tls"], {"certFile": "/etc/rdmig/metrics-tls/tls.crt",
+                                                 "keyFile": "/etc/rdmig/metrics-tls/tls.key"})
+        sources = pod_spec(one(docs, "Deployment"))["volumes"][0]["projected"]["sources"]
+        self.assertIn({"secret": {"name": "ctl-tls", "items": [{"key": "tls.crt", "path": "metrics-tls/tls.crt"},
+                                                             {"key": "tls.key", "path": "metrics-tls/tls.key",
+                                                              "mode": 0o400}]}}, sources)
+        ep = one(docs, "ServiceMonitor", "rdmig-controller")["spec"]["endpoints"][0]
+        self.assertEqual(ep["tlsConfig"], {"serverName": "rdmig-controller-metrics.%s.svc" % NAMESPACE,
+                                           "ca": {"secret": {"name": "ctl-tls", "key": "ca.crt"}}})
+        r = helm("template", "rdmig", CHART, "-n", NAMESPACE, "--set", "image.repository=registry.invalid/rdmig",
+                 "--set", "controller.metrics.tls.existingSecret=ctl-tls",
+                 "--set", "controller.config.metrics.secure=false", check=False)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("controller.metrics.tls.existingSecret is for controller.config.metrics.secure=true", r.stderr)
+
+    def test_local_only_metrics_have_no_port_service_monitor_or_review_rights(self):
+        docs = render("--set", "serviceMonitor.enabled=true", "--set", "controller.config.metrics.secure=false")
+        c, cfg = self.controller(docs)
+        self.assertEqual(cfg["metrics"], {"secure": False, "port": 8443, "authCacheEntries": 256},
+                         "no address: the controller binds 127.0.0.1")
+        self.assertEqual([p["name"] for p in c["ports"]], ["probes"])
+        self.assertEqual(find(docs, "Service", "rdmig-controller-metrics"), [])
+        self.assertEqual([m["metadata"]["name"] for m in find(docs, "ServiceMonitor")], ["rdmig-agent"])
+        names = [d["metadata"]["name"] for d in find(docs, "ClusterRole") + find(docs, "ClusterRoleBinding")]
+        self.assertNotIn("rdmig-controller-metrics-auth", names)
+        self.assertNotIn("rdmig-metrics-reader", names)
+        check_objects(self, docs)
+        # Rules would fire RdmigControllerNoLeader for a controller nobody can scrape.
+        r = helm("template", "rdmig", CHART, "-n", NAMESPACE, "--set", "image.repository=registry.invalid/rdmig",
+                 "--set", "serviceMonitor.enabled=true", "--set", "prometheusRule.enabled=true",
+                 "--set", "controller.config.metrics.secure=false", check=False)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("controller.config.metrics.secure=false serves the controller's /metrics on 127.0.0.1 only",
+                      r.stderr)
+        one(render("--set", "serviceMonitor.enabled=true", "--set", "prometheusRule.enabled=true",
+                   "--set", "prometheusRule.withoutServiceMonitor=true", "--set", "controller.config.metrics.secure=false"),
+            "PrometheusRule")
+
+    def test_network_policy_is_off_by_default_and_valid_when_on(self):
+        self.assertEqual(find(render(), "NetworkPolicy"), [])
+        docs = render("--set", "controller.networkPolicy.enabled=true")
+        np = one(docs, "NetworkPolicy", "rdmig-controller")
+        self.assertEqual(schema_errors(np, "networkpolicy-v1"), [])
+        spec = np["spec"]
+        self.assertEqual(spec["podSelector"]["matchLabels"], one(docs, "Deployment")["spec"]["selector"]["matchLabels"])
+        self.assertEqual(spec["policyTypes"], ["Ingress", "Egress"])
+        c, cfg = self.controller(docs)
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        self.assertEqual([r["ports"] for r in spec["ingress"]],
+                         [[{"protocol": "TCP", "port": ports["probes"]}], [{"protocol": "TCP", "port": ports["metrics"]}]])
+        self.assertTrue(all("from" not in r for r in spec["ingress"]), "any source by default")
+        dns, api, agents = spec["egress"]
+        self.assertEqual(dns["ports"], [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}])
+        self.assertEqual(dns["to"][0]["podSelector"], {"matchLabels": {"k8s-app": "kube-dns"}})
+        self.assertEqual(api, {"ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]},
+                         "no cluster to look the endpoints up in: those ports to any address")
+        self.assertEqual(agents, {"ports": [{"protocol": "TCP", "port": cfg["agents"]["port"]}]})
+        # Addresses narrow it; local-only metrics drop the metrics rule.
+        docs = render("--set", "controller.networkPolicy.enabled=true",
+                      "--set-json", 'controller.networkPolicy.apiServer.cidrs=["10.0.0.10/32"]',
+                      "--set-json", 'controller.networkPolicy.agentCidrs=["192.168.0.0/24"]',
+                      "--set-json", 'controller.networkPolicy.metricsFrom=[{"namespaceSelector":{"matchLabels":'
+                                    '{"kubernetes.io/metadata.name":"monitoring"}}}]',
+                      "--set", "controller.config.metrics.secure=false")
+        np = one(docs, "NetworkPolicy")
+        self.assertEqual(schema_errors(np, "networkpolicy-v1"), [])
+        self.assertEqual(len(np["spec"]["ingress"]), 1, "only the probes: metrics are on 127.0.0.1")
+        self.assertEqual(np["spec"]["egress"][1]["to"], [{"ipBlock": {"cidr": "10.0.0.10/32"}}])
+        self.assertEqual(np["spec"]["egress"][2]["to"], [{"ipBlock": {"cidr": "192.168.0.0/24"}}])
+        on = one(render("--set", "controller.networkPolicy.enabled=true", "--set-json",
+                        'controller.networkPolicy.metricsFrom=[{"namespaceSelector":{"matchLabels":'
+                        '{"kubernetes.io/metadata.name":"monitoring"}}}]'), "NetworkPolicy")
+        self.assertEqual(on["spec"]["ingress"][1]["from"],
+                         [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}])
+        # The schema check itself catches a malformed policy.
+        broken = copy.deepcopy(on)
+        broken["spec"]["egress"][0]["ports"][0]["protocol"] = "tcp"
+        broken["spec"]["ingress"][0]["form"] = []
+        self.assertEqual(len(schema_errors(broken, "networkpolicy-v1")), 2)
+
+    def test_openshift_scc_is_off_by_default_and_grants_exactly_the_daemonsets_profile(self):
+        self.assertEqual(find(render(), "SecurityContextConstraints"), [])
+        cases = [
+            [],
+            ["--set", "kubevirt.enabled=true"],
+            ["--set", "kubevirt.enabled=false"],
+            # A non-privileged profile: the SCC follows whatever the DaemonSet asks for.
+            ["--set-json", 'agent.securityContext={"privileged":false,"allowPrivilegeEscalation":false,'
+                           '"readOnlyRootFilesystem":true,"capabilities":{"add":["IPC_LOCK","NET_ADMIN"],"drop":["ALL"]},'
+                           '"seccompProfile":{"type":"RuntimeDefault"}}'],
+        ]
+        seen = []
+        for extra in cases:
+            docs = render("--set", "openshift.securityContextConstraints.enabled=true", *extra)
+            scc, ds = one(docs, "SecurityContextConstraints", "rdmig-agent"), one(docs, "DaemonSet")
+            self.assertEqual(schema_errors(scc, "securitycontextconstraints-v1"), [], extra)
+            want = scc_from_daemonset(ds)
+            got = {k: scc.get(k) for k in want}
+            if want["runAsUser"] is None:
+                got["runAsUser"] = None
+            self.assertEqual(got, want, extra)
+            self.assertEqual(scc["users"], ["system:serviceaccount:%s:rdmig-agent" % NAMESPACE])
+            self.assertEqual((scc["defaultAddCapabilities"], scc["groups"]), ([], []))
+            self.assertNotIn("namespace", scc["metadata"])
+            seen.append(scc)
+        strict = seen[3]
+        self.assertEqual((strict["allowPrivilegedContainer"], strict["allowPrivilegeEscalation"],
+                          strict["readOnlyRootFilesystem"], strict["requiredDropCapabilities"],
+                          strict["allowedCapabilities"], strict["seccompProfiles"]),
+                         (False, False, True, ["ALL"], ["IPC_LOCK", "NET_ADMIN"], ["runtime/default"]))
+        self.assertNotEqual(seen[1]["allowedCapabilities"], seen[2]["allowedCapabilities"],
+                            "KubeVirt mode's capabilities come and go with kubevirt.enabled")
+        broken = copy.deepcopy(seen[0])
+        broken["runAsUser"]["type"] = "MustRunAsRoot"
+        del broken["volumes"]
+        self.assertEqual(len(schema_errors(broken, "securitycontextconstraints-v1")), 2)
 
 
 if __name__ == "__main__":

@@ -91,12 +91,13 @@ class SchemaTest(unittest.TestCase):
         self.assert_refused("prometheusRule.downtimeSloSeconds=0.3", needle="downtimeSloSeconds")
 
     def test_keys_the_chart_sets_are_not_values(self):
-        """api.tokenFile, api.tls, agents.port/tokenFile/tls, namespace and kubevirt.enabled/hookSocket
+        """api.tokenFile, api.tls, agents.port/tokenFile/tls, metrics.tls, namespace and kubevirt.enabled/hookSocket
         in the configs come from the chart; a value there would be overwritten or break the RBAC."""
         for s in ("agent.config.api.tokenFile=/x", "controller.config.agents.port=1",
                   "controller.config.agents.tokenFile=/x", "controller.config.namespace=other",
                   "agent.config.kubevirt.enabled=true", "agent.config.kubevirt.hookSocket=/x.sock",
-                  "agent.config.api.tls.certFile=/x", "controller.config.agents.tls.caFile=/x"):
+                  "agent.config.api.tls.certFile=/x", "controller.config.agents.tls.caFile=/x",
+                  "controller.config.metrics.tls.certFile=/x"):
             self.assert_refused(s)
 
     def test_chunk_size_enum_is_exactly_what_the_agent_accepts(self):

@@ -44,7 +44,7 @@ class DashboardMetricsTest(unittest.TestCase):
 
         exported = {}
         for who, text in [(a.name, a.metrics()) for a in self.agents] + \
-                         [("controller", self.controller.http_get("/metrics")[1])]:
+                         [("controller", self.controller.metrics_text())]:
             samples, _ = parse_prometheus(text)
             for name, _labels in samples:
                 exported.setdefault(name, set()).add(who)

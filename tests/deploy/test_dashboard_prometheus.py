@@ -213,6 +213,10 @@ class DashboardPrometheusTest(unittest.TestCase):
         # The agents' ServiceMonitor: HTTPS with the chart's CA and name (agent.tls) becomes scheme and tls_config.
         agent_sm = [sm for sm in render("--set", "serviceMonitor.enabled=true")
                     if sm["kind"] == "ServiceMonitor" and sm["metadata"]["name"].endswith("-agent")][0]["spec"]["endpoints"][0]
+        # The controller's: HTTPS with Prometheus' ServiceAccount token (bearerTokenFile) and the
+        # tlsConfig it names (insecureSkipVerify for the controller's self-signed certificate).
+        controller_sm = [sm for sm in render("--set", "serviceMonitor.enabled=true")
+                         if sm["kind"] == "ServiceMonitor" and sm["metadata"]["name"].endswith("-controller")][0]["spec"]["endpoints"][0]
         cls.stack = LiveStack(docs)
         try:
             cls.kvlab = KubevirtLab(cls.stack)
@@ -221,6 +225,12 @@ class DashboardPrometheusTest(unittest.TestCase):
                 assert cls.stack.tls, "the ServiceMonitor scrapes HTTPS but the rendered agents serve plain HTTP"
                 agent_tls = {"scheme": "https", "tls_config": {"ca_file": cls.stack.tls["ca"],
                                                                "server_name": agent_sm["tlsConfig"]["serverName"]}}
+            controller_tls = {}
+            if controller_sm.get("scheme") == "https":
+                assert cls.stack.metrics_token_file, "the ServiceMonitor scrapes HTTPS but the controller serves plain HTTP"
+                assert "bearerTokenFile" in controller_sm, controller_sm
+                controller_tls = {"scheme": "https", "authorization": {"credentials_file": cls.stack.metrics_token_file},
+                                  "tls_config": {"insecure_skip_verify": controller_sm["tlsConfig"]["insecureSkipVerify"]}}
             cls.rule_files, cls.alerts = [], []
             for where, rule in (("manifest", manifest_rules), ("chart", chart_rules)):
                 path = os.path.join(cls.stack.tmp, "%s.rules.yaml" % where)
@@ -245,9 +255,9 @@ class DashboardPrometheusTest(unittest.TestCase):
                                                                                   "node": agent.name,
                                                                                   "job": AGENT_JOB}}
                         for agent in cls.kvlab.agents]}, **agent_tls),
-                    {"job_name": CONTROLLER_JOB, "honor_labels": honor["controller"], "static_configs": [
+                    dict({"job_name": CONTROLLER_JOB, "honor_labels": honor["controller"], "static_configs": [
                         {"targets": ["127.0.0.1:%d" % cls.stack.controller.port],
-                         "labels": {"namespace": NAMESPACE, "node": "node-a"}}]}]}
+                         "labels": {"namespace": NAMESPACE, "node": "node-a"}}]}, **controller_tls)]}
             cls.prom = Prometheus(cls.stack.tmp, config)
         except BaseException:
             cls.tearDownClass()

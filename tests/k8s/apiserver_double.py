@@ -21,6 +21,17 @@ It is a test double, not an API server. It keeps the semantics the controller re
     does: pods take spec.nodeName, status.phase, ..., others metadata.name/namespace) on lists
     and watches;
   * bearer-token authentication (401 otherwise) and TLS with a CA made by the openssl CLI;
+  * TokenReview (authentication.k8s.io/v1): status.authenticated and status.user (username, uid,
+    groups) for the tokens it knows (the controller's, and those add_token() or
+    add_service_account_token() made), authenticated false for any other; an empty spec.token is
+    400, as the API server answers;
+  * SubjectAccessReview (authorization.k8s.io/v1): status.allowed decided by the RBAC objects
+    stored here, as Kubernetes' RBAC authorizer decides: ClusterRoleBindings (and, for resource
+    attributes, RoleBindings in the namespace) whose subjects (User, Group, ServiceAccount) match
+    spec.user/spec.groups, their ClusterRole's or Role's rules (verbs, apiGroups, resources,
+    resourceNames, nonResourceURLs with '*' and trailing-'*' prefixes; nonResourceURLs only through
+    ClusterRoleBindings), aggregated ClusterRoles (aggregationRule) and the system:masters group.
+    Neither review is stored. review_fault answers both with an error instead (a failing API server);
   * RdmaMigration and RdmaPathCheck writes are checked against their CRDs' openAPIV3Schema, CEL
     rules included (transition rules against the stored object on updates) (422 Invalid);
   * GETs answered late by delay_get (a slow API server), and publish_migration(): a VMI whose
@@ -30,7 +41,8 @@ It is a test double, not an API server. It keeps the semantics the controller re
     KubeVirt's CRDs declare it; metadata.ownerReferences kept as written, and background
     garbage collection: when an owner is gone, its dependents are deleted (finalizers honoured).
 Every request is logged (method, path, user agent, status; watches as WATCH) for the RBAC check.
-It does not keep: RBAC, admission webhooks, server-side apply/patch, field managers,
+It does not keep: RBAC on its own requests (any request with the controller's token is served;
+tests/k8s/rbac_check.py compares the log with the chart's rules instead), admission webhooks, server-side apply/patch, field managers,
 defaulting from the schema, foreground deletion/blockOwnerDeletion, pagination
 (limit/continue), set-based selectors, watch caches per resource, protobuf, or API discovery.
 """
@@ -355,6 +367,79 @@ class Store:
             return [copy.deepcopy(o) for (p, _, _), o in self.objects.items() if p == plural]
 
 
+def service_account_user(namespace, name):
+    return "system:serviceaccount:%s:%s" % (namespace, name)
+
+
+def _subject_matches(subject, binding_ns, user, groups):
+    kind, name = subject.get("kind"), subject.get("name")
+    if kind == "User":
+        return name == user
+    if kind == "Group":
+        return name in groups
+    if kind == "ServiceAccount":
+        return service_account_user(subject.get("namespace") or binding_ns, name) == user
+    return False
+
+
+def _url_matches(spec, path):
+    """A nonResourceURLs entry: exact, '*', or a prefix ending in '*' (rbac/v1 helpers)."""
+    return spec == "*" or spec == path or (spec.endswith("*") and path.startswith(spec[:-1]))
+
+
+def _rule_allows(rule, attrs):
+    if not ({"*", attrs["verb"]} & set(rule.get("verbs") or [])):
+        return False
+    if attrs.get("nonResource"):
+        return any(_url_matches(u, attrs["path"]) for u in rule.get("nonResourceURLs") or [])
+    if rule.get("nonResourceURLs") and not rule.get("resources"):
+        return False
+    resource = attrs["resource"] + ("/" + attrs["subresource"] if attrs.get("subresource") else "")
+    return (bool({"*", attrs["group"]} & set(rule.get("apiGroups") or []))
+            and bool({"*", resource} & set(rule.get("resources") or []))
+            and (not rule.get("resourceNames") or attrs.get("name") in rule["resourceNames"]))
+
+
+def rbac_allows(store, user, groups, attrs):
+    """(allowed, reason) as Kubernetes' RBAC authorizer (plus the system:masters group) decides."""
+    if "system:masters" in groups:
+        return True, "allowed by the system:masters group"
+    with store.cond:
+        objects = copy.deepcopy(store.objects)
+
+    def cluster_role_rules(name):
+        role = objects.get(("clusterroles", None, name))
+        if role is None:
+            return []
+        rules = list(role.get("rules") or [])
+        for sel in (role.get("aggregationRule") or {}).get("clusterRoleSelectors") or []:
+            want = sel.get("matchLabels") or {}
+            for (p, _, n), other in sorted(objects.items()):
+                labels = other["metadata"].get("labels") or {}
+                if p == "clusterroles" and n != name and all(labels.get(k) == v for k, v in want.items()):
+                    rules += other.get("rules") or []
+        return rules
+
+    bindings = [(b, None) for (p, _, _), b in sorted(objects.items()) if p == "clusterrolebindings"]
+    if not attrs.get("nonResource") and attrs.get("namespace"):
+        bindings += [(b, attrs["namespace"]) for (p, ns, _), b in sorted(objects.items())
+                     if p == "rolebindings" and ns == attrs["namespace"]]
+    for b, ns in bindings:
+        if not any(_subject_matches(s, ns, user, groups) for s in b.get("subjects") or []):
+            continue
+        ref = b.get("roleRef") or {}
+        if ref.get("kind") == "ClusterRole":
+            rules = cluster_role_rules(ref.get("name"))
+        else:
+            role = objects.get(("roles", ns, ref.get("name")))
+            rules = (role or {}).get("rules") or []
+        if any(_rule_allows(r, attrs) for r in rules):
+            return True, 'RBAC: allowed by %s "%s" of %s "%s"' % (
+                "ClusterRoleBinding" if ns is None else "RoleBinding", b["metadata"]["name"], ref.get("kind"),
+                ref.get("name"))
+    return False, ""
+
+
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "rdmig-apiserver-double"
@@ -521,6 +606,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if r is None or body is None:
             return self._send(400, status_body(400, "BadRequest", "bad request"))
         plural, ns, name, sub, q = r
+        path = urllib.parse.urlsplit(self.path).path
+        if path == "/apis/authentication.k8s.io/v1/tokenreviews":
+            return self._send(*self.api.token_review(body))
+        if path == "/apis/authorization.k8s.io/v1/subjectaccessreviews":
+            return self._send(*self.api.access_review(body))
         self._write(self.api.store.create, plural, ns, body)
 
     def do_PUT(self):
@@ -552,6 +642,11 @@ class ApiServerDouble:
         self.workdir = workdir
         os.makedirs(workdir, exist_ok=True)
         self.token = "test-" + uuid.uuid4().hex
+        # Tokens the TokenReview knows: token -> (username, uid, groups). The controller's own is
+        # its ServiceAccount's, as in a cluster.
+        self.tokens = {}
+        self.add_service_account_token("rdmig-system", "rdmig-controller", token=self.token)
+        self.review_fault = None  # (code, reason, message): TokenReviews and SubjectAccessReviews answer that
         schema = schema_validator.load_crd_schema(crd_path) if crd_path else None
         self.store = Store(schema)
         self.stopping = False
@@ -593,6 +688,87 @@ class ApiServerDouble:
         with open(path, "w") as f:
             json.dump(cfg, f, indent=2)  # JSON is YAML
         return path
+
+    # -- authentication.k8s.io and authorization.k8s.io -----------------------------------------
+    def add_token(self, username, groups=(), token=None):
+        """A bearer token the TokenReview authenticates as `username` with `groups`."""
+        token = token or "tok-" + uuid.uuid4().hex
+        self.tokens[token] = (username, str(uuid.uuid4()), list(groups))
+        return token
+
+    def add_service_account_token(self, namespace, name, token=None):
+        """A ServiceAccount's token, with the groups the API server gives one."""
+        return self.add_token(service_account_user(namespace, name),
+                              ["system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"],
+                              token=token)
+
+    def _review_checks(self, body, kind, group):
+        if self.review_fault:
+            return self.review_fault[0], status_body(*self.review_fault)
+        if body.get("apiVersion") != group + "/v1" or body.get("kind") != kind:
+            return 400, status_body(400, "BadRequest", "expected apiVersion %s/v1, kind %s" % (group, kind))
+        if not isinstance(body.get("spec"), dict):
+            return 422, status_body(422, "Invalid", "%s: spec: Required value" % kind)
+        return None
+
+    def token_review(self, body):
+        """(201, the TokenReview with its status), as the API server's tokenreviews REST storage answers."""
+        bad = self._review_checks(body, "TokenReview", "authentication.k8s.io")
+        if bad:
+            return bad
+        token = body["spec"].get("token")
+        if not isinstance(token, str) or not token:
+            return 400, status_body(400, "BadRequest", "token is required for TokenReview in authentication")
+        out = copy.deepcopy(body)
+        out.setdefault("metadata", {})["creationTimestamp"] = None
+        known = self.tokens.get(token)
+        if known is None:
+            out["status"] = {"authenticated": False, "user": {}, "error": "invalid bearer token"}
+        else:
+            username, uid, groups = known
+            out["status"] = {"authenticated": True, "user": {"username": username, "uid": uid, "groups": groups},
+                             "audiences": ["https://kubernetes.default.svc"]}
+        return 201, out
+
+    def access_review(self, body):
+        """(201, the SubjectAccessReview with its status), decided by the stored RBAC objects."""
+        bad = self._review_checks(body, "SubjectAccessReview", "authorization.k8s.io")
+        if bad:
+            return bad
+        spec = body["spec"]
+        res, nonres = spec.get("resourceAttributes"), spec.get("nonResourceAttributes")
+        if bool(res) == bool(nonres):
+            return 422, status_body(422, "Invalid", "SubjectAccessReview: spec: Invalid value: exactly one of "
+                                    "nonResourceAttributes or resourceAttributes must be specified")
+        user, groups = spec.get("user") or "", list(spec.get("groups") or [])
+        if not user and not groups:
+            return 422, status_body(422, "Invalid", "SubjectAccessReview: spec.user: Invalid value: at least one "
+                                    "of user or group must be specified")
+        if nonres:
+            attrs = {"nonResource": True, "path": nonres.get("path", ""), "verb": nonres.get("verb", "")}
+        else:
+            attrs = {"verb": res.get("verb", ""), "group": res.get("group", ""), "resource": res.get("resource", ""),
+                     "subresource": res.get("subresource", ""), "name": res.get("name", ""),
+                     "namespace": res.get("namespace", "")}
+        allowed, reason = rbac_allows(self.store, user, groups, attrs)
+        out = copy.deepcopy(body)
+        out.setdefault("metadata", {})["creationTimestamp"] = None
+        out["status"] = {"allowed": allowed}
+        if reason:
+            out["status"]["reason"] = reason
+        return 201, out
+
+    def grant(self, name, rules, subjects):
+        """A ClusterRole `name` with `rules` bound to `subjects` by a ClusterRoleBinding of the same name."""
+        for plural, obj in (("clusterroles", {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                                              "metadata": {"name": name}, "rules": rules}),
+                            ("clusterrolebindings", {"apiVersion": "rbac.authorization.k8s.io/v1",
+                                                     "kind": "ClusterRoleBinding", "metadata": {"name": name},
+                                                     "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
+                                                                 "kind": "ClusterRole", "name": name},
+                                                     "subjects": subjects})):
+            code, body = self.store.create(plural, None, obj)
+            assert code == 201, body
 
     def stop(self):
         self.stopping = True

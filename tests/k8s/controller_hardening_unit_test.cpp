@@ -1,10 +1,16 @@
 // Unit tests for the controller's hardening (issue 11): text cut between UTF-8 characters,
 // field selector escaping, the agents' `vm` name for maximal object names, the time-to-live of
-// finished objects, and the per-node slot taken by what runs rather than by the spec.
+// finished objects, the per-node slot taken by what runs rather than by the spec, and the
+// bounded cache of /metrics' token and access reviews (its reviews against the API server double
+// run in tests/k8s/test_controller_faults.py).
 #include <gtest/gtest.h>
+
+#include <map>
+#include <set>
 
 #include "common/text.h"
 #include "controller/config.h"
+#include "controller/metrics_auth.h"
 #include "controller/migration_spec.h"
 #include "controller/reconciler.h"
 #include "controller/status_mapping.h"
@@ -128,4 +134,124 @@ TEST(StatusMapping, ConditionMessagesAreBoundedBetweenCharacters) {
   const std::string msg = status["conditions"][0]["message"];
   EXPECT_LE(msg.size(), controller::kMaxMessageBytes);
   EXPECT_TRUE(strict_dump_ok(msg));
+}
+
+namespace {
+
+// An API server that answers TokenReviews from a table of tokens and SubjectAccessReviews from a
+// set of allowed users, counting both; `down` makes every call fail as a refused connection.
+class ReviewingApi final : public k8s::KubeClient {
+ public:
+  std::map<std::string, std::string> users;  // token -> username
+  std::set<std::string> allowed;             // usernames that may get /metrics
+  bool down = false;
+  int token_reviews = 0, access_reviews = 0;
+  json last_access_spec;
+
+  Result<json> create(const std::string& path, const json& body) override {
+    if (down) return Error{Errc::kUnavailable, "POST " + path + ": Connection refused"};
+    if (path == "/apis/authentication.k8s.io/v1/tokenreviews") {
+      ++token_reviews;
+      auto it = users.find(body["spec"]["token"].get<std::string>());
+      json status = {{"authenticated", it != users.end()}};
+      if (it != users.end()) status["user"] = {{"username", it->second}, {"groups", {"system:authenticated"}}};
+      return json{{"status", status}};
+    }
+    if (path == "/apis/authorization.k8s.io/v1/subjectaccessreviews") {
+      ++access_reviews;
+      last_access_spec = body["spec"];
+      return json{{"status", {{"allowed", allowed.count(body["spec"]["user"].get<std::string>()) > 0}}}};
+    }
+    return Error{Errc::kNotFound, path};
+  }
+  Result<json> get(const std::string& p) override { return Error{Errc::kNotFound, p}; }
+  Result<json> replace(const std::string& p, const json&) override { return Error{Errc::kNotFound, p}; }
+  Result<json> remove(const std::string& p) override { return Error{Errc::kNotFound, p}; }
+  Result<k8s::WatchEnd> watch(const std::string&, const std::function<bool(const k8s::WatchEvent&)>&) override {
+    return k8s::WatchEnd::kStopped;
+  }
+  void stop_watches() override {}
+};
+
+}  // namespace
+
+TEST(MetricsAuth, ReviewsOnceThenAnswersFromTheCacheUntilTheTtl) {
+  ReviewingApi api;
+  api.users = {{"prom-token", "system:serviceaccount:monitoring:prometheus"}};
+  api.allowed = {"system:serviceaccount:monitoring:prometheus"};
+  auto now = std::chrono::steady_clock::time_point{} + std::chrono::hours(1);
+  controller::MetricsAuth auth(api, 8, [&] { return now; });
+  EXPECT_EQ(auth.check("", "/metrics").status, 401);
+  EXPECT_EQ(auth.check("Basic cHJvbTpwcm9t", "/metrics").status, 401);
+  EXPECT_EQ(auth.check("Bearer ", "/metrics").status, 401);
+  EXPECT_EQ(api.token_reviews, 0) << "no token: no API call";
+  auto d = auth.check("Bearer prom-token", "/metrics");
+  EXPECT_EQ(d.status, 200) << d.message;
+  EXPECT_EQ(d.user, "system:serviceaccount:monitoring:prometheus");
+  EXPECT_EQ(api.last_access_spec["nonResourceAttributes"], json({{"path", "/metrics"}, {"verb", "get"}}));
+  EXPECT_EQ(api.last_access_spec["groups"], json({"system:authenticated"}));
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(auth.check("Bearer prom-token", "/metrics").status, 200);
+  EXPECT_EQ(std::make_pair(api.token_reviews, api.access_reviews), std::make_pair(1, 1));
+  // Past the TTL the token is reviewed again: a revoked token stops working.
+  now += controller::MetricsAuth::kAllowTtl;
+  api.users.clear();
+  EXPECT_EQ(auth.check("Bearer prom-token", "/metrics").status, 401);
+  EXPECT_EQ(api.token_reviews, 2);
+}
+
+TEST(MetricsAuth, ForbiddenAndUnknownTokensAreCachedBriefly) {
+  ReviewingApi api;
+  api.users = {{"other", "alice"}};
+  auto now = std::chrono::steady_clock::time_point{} + std::chrono::hours(1);
+  controller::MetricsAuth auth(api, 8, [&] { return now; });
+  auto d = auth.check("Bearer other", "/metrics");
+  EXPECT_EQ(d.status, 403);
+  EXPECT_NE(d.message.find("'alice' may not get /metrics"), std::string::npos) << d.message;
+  EXPECT_EQ(auth.check("Bearer nobody", "/metrics").status, 401);
+  EXPECT_EQ(auth.check("Bearer other", "/metrics").status, 403);
+  EXPECT_EQ(auth.check("Bearer nobody", "/metrics").status, 401);
+  EXPECT_EQ(api.token_reviews, 2);
+  // alice is granted the role: within the deny TTL still 403, after it 200.
+  api.allowed.insert("alice");
+  now += controller::MetricsAuth::kDenyTtl - std::chrono::seconds(1);
+  EXPECT_EQ(auth.check("Bearer other", "/metrics").status, 403);
+  now += std::chrono::seconds(1);
+  EXPECT_EQ(auth.check("Bearer other", "/metrics").status, 200);
+}
+
+TEST(MetricsAuth, AnApiServerThatFailsNeverGivesTwoHundredAndIsNotCached) {
+  ReviewingApi api;
+  api.users = {{"prom-token", "prometheus"}};
+  api.allowed = {"prometheus"};
+  controller::MetricsAuth auth(api, 8);
+  api.down = true;
+  auto d = auth.check("Bearer prom-token", "/metrics");
+  EXPECT_EQ(d.status, 503);
+  EXPECT_NE(d.message.find("TokenReview failed"), std::string::npos) << d.message;
+  EXPECT_EQ(auth.cached(), 0u);
+  api.down = false;
+  EXPECT_EQ(auth.check("Bearer prom-token", "/metrics").status, 200) << "a failure is asked again next time";
+}
+
+TEST(MetricsAuth, TheCacheHoldsAtMostItsEntriesAndDropsTheLeastRecentlyUsed) {
+  ReviewingApi api;
+  for (int i = 0; i < 20; ++i) {
+    api.users["t" + std::to_string(i)] = "u" + std::to_string(i);
+    api.allowed.insert("u" + std::to_string(i));
+  }
+  controller::MetricsAuth auth(api, 3);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(auth.check("Bearer t" + std::to_string(i), "/metrics").status, 200);
+  EXPECT_EQ(auth.cached(), 3u);
+  EXPECT_EQ(api.token_reviews, 20);
+  // t17, t18, t19 are held; using t17 makes t18 the least recently used, so t0 pushes t18 out.
+  EXPECT_EQ(auth.check("Bearer t17", "/metrics").status, 200);
+  EXPECT_EQ(api.token_reviews, 20);
+  EXPECT_EQ(auth.check("Bearer t0", "/metrics").status, 200);
+  EXPECT_EQ(api.token_reviews, 21);
+  EXPECT_EQ(auth.check("Bearer t17", "/metrics").status, 200);
+  EXPECT_EQ(auth.check("Bearer t19", "/metrics").status, 200);
+  EXPECT_EQ(api.token_reviews, 21);
+  EXPECT_EQ(auth.check("Bearer t18", "/metrics").status, 200);
+  EXPECT_EQ(api.token_reviews, 22);
+  EXPECT_EQ(auth.cached(), 3u);
 }

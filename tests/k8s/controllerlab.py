@@ -2,6 +2,7 @@
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -34,7 +35,10 @@ def wait_for(predicate, timeout, what, interval=0.05):
 
 
 class Controller:
-    """One rdmig-controller process; config merged over test defaults (short lease, fast polls)."""
+    """One rdmig-controller process; config merged over test defaults (short lease, fast polls).
+    The tests read /metrics in plain HTTP on 127.0.0.1 (metrics.secure false) unless a config
+    turns it back on; tests/k8s/test_controller_faults.py (MetricsAuthTest) checks the secure
+    default, which answers https_get() with a bearer token."""
 
     def __init__(self, workdir, name, kubeconfig, agent_token_file, config=None, start=True):
         self.workdir, self.name = workdir, name
@@ -47,7 +51,8 @@ class Controller:
                "pollIntervalMs": 250,
                "leaderElection": {"identity": name, "leaseDurationSeconds": 3, "renewDeadlineSeconds": 2,
                                   "retryPeriodSeconds": 0.5},
-               "metrics": {"address": "127.0.0.1", "port": 0},
+               "metrics": {"secure": False, "address": "127.0.0.1", "port": 0},
+               "probes": {"address": "127.0.0.1", "port": 0},
                "logLevel": "debug"}
         for k, v in (config or {}).items():
             if isinstance(v, dict) and isinstance(cfg.get(k), dict):
@@ -56,9 +61,12 @@ class Controller:
                 cfg[k] = v
         with open(self.config_file, "w") as f:
             json.dump(cfg, f)
+        self.secure = cfg["metrics"].get("secure", True)
+        self.metrics_token = None  # metrics() sends it when the port is HTTPS (metrics.secure)
         self.kubeconfig = kubeconfig
         self.proc = None
         self.port = None
+        self.probe_port = None
         if start:
             self.start()
 
@@ -77,7 +85,8 @@ class Controller:
             return os.path.exists(self.ports_file)
         wait_for(ready, timeout, self.name + " to listen")
         with open(self.ports_file) as f:
-            self.port = json.load(f)["metrics"]
+            ports = json.load(f)
+        self.port, self.probe_port = ports["metrics"], ports["probes"]
         return self
 
     def log_text(self):
@@ -97,8 +106,38 @@ class Controller:
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
 
+    def probe_get(self, path):
+        """/healthz or /readyz on the probe port (plain HTTP, no token)."""
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.probe_port, path), timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def https_get(self, path, token=None, cafile=None, server_name="localhost"):
+        """(status, headers, body) of GET over HTTPS (metrics.secure); the certificate is checked
+        against `cafile` for `server_name`, or not at all (a self-signed one, as Prometheus'
+        insecureSkipVerify)."""
+        ctx = ssl.create_default_context(cafile=cafile) if cafile else ssl._create_unverified_context()
+        req = urllib.request.Request("https://%s:%d%s" % (server_name, self.port, path))
+        if token is not None:
+            req.add_header("Authorization", "Bearer " + token)
+        try:
+            with urllib.request.urlopen(req, timeout=15, context=ctx) as r:
+                return r.status, dict(r.headers), r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, dict(e.headers), e.read().decode()
+
+    def metrics_text(self):
+        if not self.secure:
+            return self.http_get("/metrics")[1]
+        code, _, body = self.https_get("/metrics", token=self.metrics_token)
+        if code != 200:
+            raise RuntimeError("%s: /metrics answered %d: %s" % (self.name, code, body))
+        return body
+
     def metrics(self):
-        samples, _ = parse_prometheus(self.http_get("/metrics")[1])
+        samples, _ = parse_prometheus(self.metrics_text())
         return samples
 
     def metric(self, name, **labels):

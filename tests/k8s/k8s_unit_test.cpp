@@ -439,7 +439,10 @@ TEST(ControllerConfig, DefaultsAndValidationNameTheKey) {
   ASSERT_TRUE(def.ok());
   EXPECT_EQ(def->agents.port, 7470);
   EXPECT_EQ(def->max_concurrent_per_node, 2u);
-  EXPECT_EQ(def->metrics.port, 8080);
+  EXPECT_EQ(def->metrics.port, 8443);
+  EXPECT_TRUE(def->metrics.secure) << "/metrics is authenticated unless a config says otherwise";
+  EXPECT_EQ(def->metrics.address, "0.0.0.0");
+  EXPECT_EQ(def->probes.port, 8081);
   EXPECT_EQ(def->agents.labels.at("app.kubernetes.io/name"), "rdmig-agent");
   auto bad = [](const char* yaml) { return controller::parse_controller_config(yaml).error().message; };
   EXPECT_NE(bad("agents: {prot: 1}").find("'agents.prot': unknown key"), std::string::npos);
@@ -449,6 +452,26 @@ TEST(ControllerConfig, DefaultsAndValidationNameTheKey) {
             std::string::npos);
   EXPECT_NE(bad("logLevel: loud").find("'logLevel'"), std::string::npos);
   EXPECT_NE(bad("leaderElection: {enabled: maybe}").find("leaderElection.enabled"), std::string::npos);
+}
+
+TEST(ControllerConfig, PlainMetricsListenOnLoopbackOnly) {
+  auto local = controller::parse_controller_config("metrics: {secure: false}");
+  ASSERT_TRUE(local.ok()) << local.error().message;
+  EXPECT_EQ(local->metrics.address, "127.0.0.1") << "secure false without an address: loopback";
+  for (const char* a : {"127.0.0.1", "127.1.2.3", "::1", "localhost"}) {
+    auto c = controller::parse_controller_config(std::string("metrics: {secure: false, address: '") + a + "'}");
+    EXPECT_TRUE(c.ok()) << a;
+  }
+  auto bad = [](const std::string& yaml) { return controller::parse_controller_config(yaml).error().message; };
+  for (const char* a : {"0.0.0.0", "10.0.0.1", "::", "128.0.0.1", "127.0.0.1.5", "localhost.example"}) {
+    EXPECT_NE(bad(std::string("metrics: {secure: false, address: '") + a + "'}").find("'metrics.address'"),
+              std::string::npos) << a;
+  }
+  EXPECT_NE(bad("metrics: {tls: {certFile: /c.pem}}").find("'metrics.tls.keyFile'"), std::string::npos);
+  EXPECT_NE(bad("metrics: {secure: false, tls: {certFile: /c, keyFile: /k}}").find("'metrics.tls'"), std::string::npos);
+  EXPECT_NE(bad("metrics: {authCacheEntries: 0}").find("'metrics.authCacheEntries'"), std::string::npos);
+  EXPECT_NE(bad("probes: {port: 8443}").find("'probes.port'"), std::string::npos);
+  EXPECT_NE(bad("metrics: {secure: sometimes}").find("'metrics.secure'"), std::string::npos);
 }
 
 TEST(ControllerConfig, ShippedExampleParses) {

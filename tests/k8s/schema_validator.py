@@ -2,7 +2,8 @@
 
 Keywords: type (object, array, string, integer, number, boolean), properties, required,
 items, enum, minimum, maximum, minLength, maxLength, pattern, minProperties, maxProperties, minItems, maxItems,
-format (date-time, int64: checked loosely), additionalProperties (a schema for map values),
+format (date-time, int64: checked loosely), additionalProperties (a schema for map values), nullable
+(null accepted; without it null is a type error),
 x-kubernetes-int-or-string, x-kubernetes-preserve-unknown-fields, x-kubernetes-list-type (map:
 every item has the x-kubernetes-list-map-keys, which the schema must require, and no two items
 share them, as the API server's "Duplicate value"; set: no two items equal; atomic), default
@@ -21,7 +22,7 @@ KNOWN = {"type", "properties", "required", "items", "enum", "minimum", "maximum"
          "maxLength", "pattern", "minProperties", "maxProperties", "minItems", "maxItems", "format", "default",
          "description", "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields",
          "additionalProperties", "x-kubernetes-validations", "x-kubernetes-list-type",
-         "x-kubernetes-list-map-keys"}
+         "x-kubernetes-list-map-keys", "nullable"}
 RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
 
 
@@ -146,6 +147,8 @@ def validate(value, schema, path="", top=True, old=None):
     for key in schema:
         if key not in KNOWN:
             errors.append("%s: schema keyword %r is not supported by this validator" % (path or "<root>", key))
+    if value is None and schema.get("nullable"):
+        return errors
     if not _type_ok(value, schema):
         return errors + ["%s: expected %s, got %s" % (path or "<root>", schema.get("type"), type(value).__name__)]
     where = path or "<root>"

@@ -224,8 +224,8 @@ class ControllerEndToEndTest(unittest.TestCase):
         self.assertGreaterEqual(m.metric("rdmig_controller_agent_requests_total", code="201"), 2)
         self.assertGreater(m.metric("rdmig_controller_agent_requests_total", code="200"), 0)
         wait_for(lambda: m.metric("rdmig_controller_migrations", phase="Succeeded") >= 1, 10, "phase gauge")
-        self.assertEqual(m.http_get("/readyz")[0], 200)
-        self.assertEqual(m.http_get("/healthz")[0], 200)
+        self.assertEqual(m.probe_get("/readyz")[0], 200)
+        self.assertEqual(m.probe_get("/healthz")[0], 200)
         # Deleting a finished migration deletes it at once.
         code, _ = self.cluster.store.delete("rdmamigrations", NS, "web-1")
         self.assertEqual(code, 200)
@@ -459,7 +459,7 @@ class LeaderElectionTest(unittest.TestCase):
         holder = wait_for(lambda: (self.lease_holder() or "").startswith("one_") and self.lease_holder(), 20, "one to lead")
         two = Controller(self.tmp, "two", self.cluster.kubeconfig, self.token_file, config=QEMU_OK)
         self.addCleanup(two.stop, signal.SIGKILL)
-        wait_for(lambda: two.http_get("/readyz")[0] == 200, 20, "two to sync")
+        wait_for(lambda: two.probe_get("/readyz")[0] == 200, 20, "two to sync")
         self.assertEqual(one.metric("rdmig_controller_leader"), 1)
         self.assertEqual(two.metric("rdmig_controller_leader"), 0)
 

@@ -1,20 +1,26 @@
 """rdmig-controller against hostile and unlucky RdmaMigration objects and agents (issue 11).
 Most tests use agent stand-ins (agent_standin.py: late answers, migrations that never end) and
 the API server double's fault hooks, so they need no guest; two move real QEMU guests with real
-agents. Run from the repository root after building:
+agents. MetricsAuthTest and MetricsDefaultsTest check /metrics' authentication and authorization
+(TokenReview, SubjectAccessReview against the double's RBAC) and its local-only mode (issue 42).
+Run from the repository root after building:
     python3 tests/k8s/test_controller_faults.py -v        (ctest -R k8s_controller_faults)
 """
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 import unittest
+import urllib.error
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from agent_standin import AgentStandin  # noqa: E402
-from controllerlab import Controller, wait_for  # noqa: E402
+from controllerlab import Controller, controller_binary, wait_for  # noqa: E402
 from test_controller import AGENT_NS, NS, TERMINAL, Cluster, migration  # noqa: E402
 
 FINALIZER = "rdmig.io/cancel-on-delete"
@@ -496,6 +502,242 @@ class ControllerFaultsTest(unittest.TestCase):
         self.assertEqual(self.store.objects_of("virtualmachineinstancemigrations"), [])
         wait_for(lambda: not any(k[0].startswith("rdmig_controller_vmi_") and ("name", "vm-gc") in k[1]
                                  for k in ctl.metrics()), 20, "the VMI's series to go from /metrics")
+
+
+TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+
+
+def review_count(api, path):
+    return sum(1 for m, p, ua, _ in list(api.requests) if m == "POST" and p == path and ua.startswith("rdmig-controller/"))
+
+
+class MetricsAuthTest(unittest.TestCase):
+    """The controller's /metrics as the chart runs it (metrics.secure, the default): HTTPS, every
+    scrape's bearer token checked with a TokenReview and a SubjectAccessReview that the API
+    server double answers from its tokens and the RBAC objects stored in it (the chart's own
+    metrics-reader ClusterRole and its binding to Prometheus' ServiceAccount)."""
+
+    @classmethod
+    def setUpClass(cls):
+        from apiserver_double import make_tls_material
+        cls.tmp = tempfile.mkdtemp(prefix="rdmig-k8s-metrics-auth-")
+        cls.cluster = Cluster(cls.tmp)
+        cls.api = cls.cluster.api
+        tls_dir = os.path.join(cls.tmp, "metrics-tls")
+        os.makedirs(tls_dir)
+        cls.ca, crt, key = make_tls_material(tls_dir)  # a certificate for localhost / 127.0.0.1
+        token_file = os.path.join(cls.tmp, "agent.token")
+        with open(token_file, "w") as f:
+            f.write("agent-token-" + os.urandom(8).hex() + "\n")
+        cls.ctl = Controller(cls.tmp, "ctl", cls.cluster.kubeconfig, token_file, config={
+            "metrics": {"secure": True, "address": "127.0.0.1", "port": 0, "authCacheEntries": 3,
+                        "tls": {"certFile": crt, "keyFile": key}}})
+        # The chart's metrics-reader ClusterRole and its binding to Prometheus' ServiceAccount
+        # (controller.metrics.reader.subjects), stored as they render.
+        sys.path.insert(0, os.path.join(os.path.dirname(HERE), "deploy"))
+        from deploylib import find, render
+        docs = render("--set-json", 'controller.metrics.reader.subjects=[{"kind":"ServiceAccount",'
+                      '"name":"prometheus","namespace":"monitoring"}]')
+        cls.chart_docs = docs
+        for kind, plural in (("ClusterRole", "clusterroles"), ("ClusterRoleBinding", "clusterrolebindings")):
+            for d in find(docs, kind, "rdmig-metrics-reader"):
+                code, body = cls.api.store.create(plural, None, d)
+                assert code == 201, body
+        cls.prometheus = cls.api.add_service_account_token("monitoring", "prometheus")
+        wait_for(lambda: cls.ctl.https_get("/metrics", cafile=cls.ca)[0], 20, "the metrics port to answer")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.ctl.stop()
+        cls.api.stop()
+        if not os.environ.get("RDMIG_KEEP_TMP"):
+            shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def setUp(self):
+        self.api.review_fault = None
+
+    def get(self, token=None, path="/metrics"):
+        return self.ctl.https_get(path, token=token, cafile=self.ca)
+
+    def test_an_anonymous_scrape_gets_401_and_costs_no_api_call(self):
+        before = review_count(self.api, TOKEN_REVIEWS)
+        code, headers, body = self.get()
+        self.assertEqual(code, 401, body)
+        self.assertEqual(headers.get("WWW-Authenticate"), "Bearer")
+        self.assertEqual(json.loads(body)["error"]["code"], "unauthenticated")
+        self.assertNotIn("rdmig_controller", body)
+        self.assertEqual(review_count(self.api, TOKEN_REVIEWS), before)
+
+    def test_a_token_the_api_server_does_not_know_gets_401(self):
+        before = review_count(self.api, TOKEN_REVIEWS)
+        code, _, body = self.get("not-a-token-" + os.urandom(6).hex())
+        self.assertEqual(code, 401, body)
+        self.assertIn("the token is not valid", body)
+        self.assertEqual(review_count(self.api, TOKEN_REVIEWS), before + 1, "checked with a TokenReview")
+
+    def test_a_valid_token_without_the_role_gets_403(self):
+        token = self.api.add_service_account_token("monitoring", "grafana")
+        before = review_count(self.api, ACCESS_REVIEWS)
+        code, _, body = self.get(token)
+        self.assertEqual(code, 403, body)
+        self.assertEqual(json.loads(body)["error"]["code"], "permission_denied")
+        self.assertIn("system:serviceaccount:monitoring:grafana", body)
+        self.assertEqual(review_count(self.api, ACCESS_REVIEWS), before + 1)
+
+    def test_prometheus_bound_to_the_charts_reader_role_gets_the_metrics_once_reviewed(self):
+        code, headers, body = self.get(self.prometheus)
+        self.assertEqual(code, 200, body)
+        self.assertTrue(headers["Content-Type"].startswith("text/plain; version=0.0.4"))
+        self.assertIn("rdmig_controller_leader", body)
+        self.assertIn("rdmig_controller_reconciles_total", body)
+        tr, sar = review_count(self.api, TOKEN_REVIEWS), review_count(self.api, ACCESS_REVIEWS)
+        for _ in range(5):
+            self.assertEqual(self.get(self.prometheus)[0], 200)
+        self.assertEqual((review_count(self.api, TOKEN_REVIEWS), review_count(self.api, ACCESS_REVIEWS)), (tr, sar),
+                         "repeated scrapes are answered from the cache, not with two API calls each")
+        # The grant is what decides: a Group binding lets a token of that group in too.
+        token = self.api.add_token("jane", groups=["metrics-scrapers"])
+        self.assertEqual(self.get(token)[0], 403)
+        self.api.grant("scrapers", [{"nonResourceURLs": ["/metr*"], "verbs": ["get"]}],
+                       [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": "metrics-scrapers"}])
+        token2 = self.api.add_token("joe", groups=["metrics-scrapers"])
+        self.assertEqual(self.get(token2)[0], 200)
+
+    def test_other_paths_and_plain_http_get_nothing(self):
+        self.assertEqual(self.get(self.prometheus, path="/healthz")[0], 404)
+        self.assertEqual(self.get(self.prometheus, path="/metrics/../debug")[0], 404)
+        with self.assertRaises(Exception):  # the port speaks TLS only
+            urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.ctl.port, timeout=5).read()
+        self.assertEqual(self.ctl.probe_get("/readyz")[0], 200, "probes stay on their own plain-HTTP port")
+
+    def test_api_server_errors_give_500_or_503_never_200(self):
+        token = self.api.add_service_account_token("monitoring", "prometheus-2")
+        self.api.grant("prometheus-2", [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}],
+                       [{"kind": "ServiceAccount", "name": "prometheus-2", "namespace": "monitoring"}])
+        self.api.review_fault = (500, "InternalError", "etcdserver: request timed out")
+        code, _, body = self.get(token)
+        self.assertEqual(code, 503, body)  # a 5xx from the API server: unavailable
+        self.assertIn("TokenReview failed", body)
+        self.api.review_fault = (403, "Forbidden", 'cannot create resource "tokenreviews"')
+        code, _, body = self.get(token)
+        self.assertEqual(code, 500, body)
+        self.assertIn("needs create on tokenreviews", body)
+        self.api.review_fault = None
+        self.assertEqual(self.get(token)[0], 200, "failures are not cached")
+
+    def test_the_cache_is_bounded(self):
+        # authCacheEntries 3: four new tokens push the first out; it is reviewed again.
+        tokens = [self.api.add_token("bounded-%d" % i, groups=["metrics-scrapers-b"]) for i in range(4)]
+        self.api.grant("bounded", [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}],
+                       [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": "metrics-scrapers-b"}])
+        for t in tokens:
+            self.assertEqual(self.get(t)[0], 200)
+        before = review_count(self.api, TOKEN_REVIEWS)
+        self.assertEqual(self.get(tokens[3])[0], 200)
+        self.assertEqual(review_count(self.api, TOKEN_REVIEWS), before, "the newest is held")
+        self.assertEqual(self.get(tokens[0])[0], 200)
+        self.assertEqual(review_count(self.api, TOKEN_REVIEWS), before + 1, "the oldest was dropped")
+
+    def test_the_controller_may_make_the_reviews_by_the_charts_rbac(self):
+        import rbac_check
+        self.assertEqual(self.get(self.prometheus)[0], 200)
+        calls = rbac_check.calls_from_log(self.api.requests, "rdmig-controller/")
+        problems = rbac_check.compare(calls, rbac_check.chart_rules(),
+                                      unused_of={"tokenreviews", "subjectaccessreviews"})
+        self.assertEqual(problems, [], "\n".join(problems))
+
+    def test_zz_with_the_api_server_gone_a_new_token_gets_503(self):
+        token = self.api.add_token("late", groups=["system:masters"])
+        cached = self.prometheus
+        self.assertEqual(self.get(cached)[0], 200)
+        self.api.stop()
+        code, _, body = self.get(token)
+        self.assertEqual(code, 503, body)
+        self.assertTrue(self.ctl.alive())
+
+
+class MetricsDefaultsTest(unittest.TestCase):
+    """Without metrics.tls the secure port serves a certificate it made at start; metrics.secure
+    false serves plain HTTP on 127.0.0.1 only, and refuses any other address."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="rdmig-k8s-metrics-defaults-")
+        cls.cluster = Cluster(cls.tmp)
+        cls.token_file = os.path.join(cls.tmp, "agent.token")
+        with open(cls.token_file, "w") as f:
+            f.write("agent-token-" + os.urandom(8).hex() + "\n")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cluster.api.stop()
+        if not os.environ.get("RDMIG_KEEP_TMP"):
+            shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_the_secure_default_serves_a_self_signed_certificate(self):
+        import socket
+        import ssl
+        ctl = Controller(self.tmp, "selfsigned", self.cluster.kubeconfig, self.token_file,
+                         config={"metrics": {"secure": True, "address": "127.0.0.1", "port": 0}})
+        try:
+            with self.assertRaises(urllib.error.URLError) as refused:  # no CA vouches for it
+                ctl.https_get("/metrics", cafile=self.cluster.api.ca_file)
+            self.assertIsInstance(refused.exception.reason, ssl.SSLCertVerificationError)
+            ctx = ssl._create_unverified_context()
+            with socket.create_connection(("127.0.0.1", ctl.port), timeout=5) as raw:
+                with ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+                    der = tls.getpeercert(binary_form=True)
+                    self.assertIn(tls.version(), ("TLSv1.2", "TLSv1.3"))
+            pem = ssl.DER_cert_to_PEM_cert(der)
+            text = subprocess.run(["openssl", "x509", "-noout", "-subject", "-issuer", "-ext", "subjectAltName"],
+                                  input=pem, capture_output=True, text=True, check=True).stdout
+            self.assertIn("subject=CN = rdmig-controller", text)
+            self.assertIn("issuer=CN = rdmig-controller", text)
+            self.assertIn("DNS:localhost", text)
+            self.assertEqual(ctl.https_get("/metrics")[0], 401)
+            self.assertEqual(ctl.https_get("/metrics", token=self.cluster.api.add_token("x", ["system:masters"]))[0], 200)
+        finally:
+            ctl.stop()
+
+    def test_local_only_metrics_listen_on_loopback_alone(self):
+        before = review_count(self.cluster.api, TOKEN_REVIEWS)
+        ctl = Controller(self.tmp, "local", self.cluster.kubeconfig, self.token_file,
+                         config={"metrics": {"secure": False, "address": None, "port": 0}})  # no address: 127.0.0.1
+        try:
+            self.assertEqual(listen_addresses(ctl.port), ["127.0.0.1"])
+            code, body = ctl.http_get("/metrics")
+            self.assertEqual(code, 200)
+            self.assertIn("rdmig_controller_leader", body)
+            self.assertEqual(review_count(self.cluster.api, TOKEN_REVIEWS), before, "no review in local-only mode")
+            self.assertIn("local only", ctl.log_text())
+        finally:
+            ctl.stop()
+        # Any address other than a loopback one is refused at start, naming the key.
+        cfg = os.path.join(self.tmp, "open.yaml")
+        with open(cfg, "w") as f:
+            json.dump({"agents": {"tokenFile": self.token_file}, "metrics": {"secure": False, "address": "0.0.0.0"}}, f)
+        r = subprocess.run([controller_binary(), "--check-config", cfg], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("config key 'metrics.address'", r.stderr)
+        self.assertIn("loopback", r.stderr)
+
+
+def listen_addresses(port):
+    """The local addresses of the TCP sockets listening on `port` (from /proc/net/tcp and tcp6)."""
+    import socket
+    import struct
+    found = []
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                addr, port_hex = fields[1].split(":")
+                if fields[3] == "0A" and int(port_hex, 16) == port:
+                    raw = bytes.fromhex(addr)
+                    words = b"".join(struct.pack("<I", struct.unpack(">I", raw[i:i + 4])[0]) for i in range(0, len(raw), 4))
+                    found.append(socket.inet_ntop(family, words))
+    return found
 
 
 if __name__ == "__main__":

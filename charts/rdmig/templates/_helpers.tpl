@@ -194,6 +194,7 @@ the cluster can be asked (helm install/upgrade); under `helm template` only its 
 {{- $_ := set $cfg.agents "port" .Values.agent.config.api.port -}}
 {{- $_ := set $cfg.agents "tokenFile" "/etc/rdmig/token" -}}
 {{- include "rdmig.agentTls.controllerConfig" (list . $cfg) -}}
+{{- include "rdmig.controllerMetrics.controllerConfig" (list . $cfg) -}}
 {{- /* Two releases in one namespace: each controller finds only its own agents and holds its own Lease. */ -}}
 {{- if eq (toString $cfg.agents.labelSelector) "app.kubernetes.io/name=rdmig-agent" -}}
 {{- $_ := set $cfg.agents "labelSelector" (printf "app.kubernetes.io/name=rdmig-agent,app.kubernetes.io/instance=%s" .Release.Name) -}}
