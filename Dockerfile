@@ -45,7 +45,8 @@ RUN apt-get update \
 COPY agent/agent.yaml /etc/rdmig/agent.yaml
 COPY controller/controller.yaml /etc/rdmig/controller.yaml
 COPY --from=build /out/ /
-# The controller runs as this user; the agent DaemonSet runs as root (privileged, RDMA, QMP).
+# The controller runs as this user; the agent DaemonSet runs as root (QMP sockets, RDMA, KubeVirt mode;
+# only the capabilities of its modes: docs/security.md "The agent's privileges").
 USER 65532:65532
 EXPOSE 7470 7471 7472 8080
 ENTRYPOINT []

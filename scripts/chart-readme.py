@@ -36,7 +36,7 @@ No public image is published: build the project's image, push it to your registr
 
 ```sh
 kubectl create namespace rdmig-system
-kubectl label namespace rdmig-system pod-security.kubernetes.io/enforce=privileged   # the agent is privileged
+kubectl label namespace rdmig-system pod-security.kubernetes.io/enforce=privileged   # the agent: host network, PID and paths, capabilities
 helm install rdmig ./rdmig -n rdmig-system --set image.repository=registry.example.com/infra/rdmig
 helm test rdmig -n rdmig-system --logs   # agents scheduled and ready, controller available, a controller leads; on failure the logs say why
 ```

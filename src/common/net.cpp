@@ -133,7 +133,7 @@ void bound_local_hop(int fd, size_t window) {
   // SO_RCVBUF, not TCP_WINDOW_CLAMP: receive autotuning rewrites the clamp as it grows the
   // buffer, while a set SO_RCVBUF stops autotuning. The kernel doubles the value (half of it
   // for its own overhead); SO_RCVBUFFORCE passes net.core.rmem_max (208 KiB on a stock kernel,
-  // which would split every chunk), the agent is privileged; refused, SO_RCVBUF caps at it.
+  // which would split every chunk) with CAP_NET_ADMIN (KubeVirt mode); refused, SO_RCVBUF caps at it.
   // At most 4 MiB, what autotuning gives a stock kernel's socket anyway (tcp_wmem's maximum): a
   // peer's hello may name chunks of up to 1 GiB, and this is kernel memory outside the budget.
   const int w = static_cast<int>(std::clamp<size_t>(window, 64 * 1024, 4 * 1024 * 1024));

@@ -25,6 +25,8 @@ import unittest
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools"))
+from rdmiglab import profile as lab_profile  # noqa: E402  (the profile the lab runs agents under)
 from deploylib import (CHART, HELM_LABELS, MANIFESTS, NAMESPACE, REPO, TOGGLES, by_key, dashboard_metric_names,  # noqa: E402
                        diff, embedded_config, find, helm, key, one, plain_manifests, pod_spec, render, render_notes)
 
@@ -313,8 +315,10 @@ class ChartTest(unittest.TestCase):
         self.assertEqual(ds["spec"]["updateStrategy"], {"type": "OnDelete"}, "no rollingUpdate beside OnDelete")
         self.assertEqual(spec["serviceAccountName"], "vm-agents")
         self.assertEqual(spec["securityContext"], {"fsGroup": 1234})
-        self.assertEqual(c["securityContext"]["seLinuxOptions"], {"type": "spc_t"})
-        self.assertTrue(c["securityContext"]["privileged"], "merged over the chart's securityContext")
+        self.assertEqual(c["securityContext"], {"privileged": True, "runAsUser": 0, "seLinuxOptions": {"type": "spc_t"}},
+                         "agent.privileged, agent.securityContext merged over it")
+        self.assertIn({"name": "dev-infiniband", "hostPath": {"path": "/dev/infiniband", "type": "DirectoryOrCreate"}},
+                      spec["volumes"], "privileged: the node's RDMA devices")
         self.assertEqual(c["args"], ["--config", "/etc/rdmig/agent.yaml", "--test-agent-arg"])
         self.assertEqual(c["env"][-1], {"name": "RDMIG_TEST", "value": "agent"})
         self.assertIn({"name": "agent-extra", "mountPath": "/var/lib/agent-extra"}, c["volumeMounts"])
@@ -417,7 +421,8 @@ class ChartTest(unittest.TestCase):
                                                         "failureStrategy": "Ignore", "timeout": "3s"}])
         ds_spec = pod_spec(ds)
         agent_c = ds_spec["containers"][0]
-        self.assertEqual(agent_c["securityContext"]["capabilities"]["add"], ["IPC_LOCK", "NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"])
+        self.assertTrue(agent_c["securityContext"]["privileged"], "agent.privileged: no capability list beside it")
+        self.assertNotIn("capabilities", agent_c["securityContext"])
         self.assertTrue(ds_spec["hostPID"])
         hooks = {v["name"]: v for v in ds_spec["volumes"]}["kubevirt-hooks"]
         self.assertEqual(hooks["hostPath"]["path"], "/var/run/rdmig-test/hooks")
@@ -470,7 +475,10 @@ class ChartTest(unittest.TestCase):
                        "verbs": ["create", "get", "list", "watch", "delete"]}, rules)
         self.assertEqual(find(self.defaults, "Plugin"), [])
         c = pod_spec(one(self.defaults, "DaemonSet"))["containers"][0]
-        self.assertEqual(c["securityContext"]["capabilities"]["add"], ["IPC_LOCK"])
+        self.assertEqual(c["securityContext"], {"privileged": False, "runAsUser": 0, "allowPrivilegeEscalation": False,
+                                                "readOnlyRootFilesystem": True, "seccompProfile": {"type": "RuntimeDefault"},
+                                                "capabilities": {"drop": ["ALL"]}},
+                         "bare QEMU over TCP (no RDMA device plugin by default): no capability at all")
         self.assertNotIn("kubevirt-hooks", json.dumps(c))
         cfg = embedded_config(one(self.defaults, "ConfigMap", "rdmig-controller-config"))["controller.yaml"]
         self.assertEqual(cfg["qemu"], {"allowedNamespaces": []}, "the bare-QEMU kind is an opt-in")
@@ -723,6 +731,72 @@ class KubevirtModeNotesTest(unittest.TestCase):
             notes = " ".join(render_notes(*extra).split())
             self.assertIn("Never carried, by design: post-copy migrations (a MigrationPolicy or the KubeVirt config "
                           "with allowPostCopy, or mode PostCopy)", notes)
+
+
+class AgentPrivilegesTest(unittest.TestCase):
+    """The agent's securityContext per mode (docs/security.md "The agent's privileges"): unprivileged
+    by default with the capabilities of the enabled modes only (files/agent-capabilities.yaml),
+    privileged only as an explicit value; and the lab's profile (tools/rdmiglab/profile.py, under
+    which tests/integration, tests/kubevirt and tests/rdma run their agents) equal to it."""
+
+    RESOURCE = "agent.rdma.resourceName=nvidia.com/sriov_rdma"
+    # (KubeVirt mode, RDMA) -> values
+    MODES = {(False, False): [], (False, True): [RESOURCE], (True, False): ["kubevirt.enabled=true"],
+             (True, True): ["kubevirt.enabled=true", RESOURCE]}
+
+    def agent(self, *sets):
+        spec = pod_spec(one(render(*[a for x in sets for a in ("--set", x)]), "DaemonSet"))
+        return spec, spec["containers"][0]
+
+    def test_the_lab_runs_the_agent_under_exactly_the_charts_security_context(self):
+        with open(lab_profile.CAPABILITIES_FILE) as f:
+            self.assertEqual(lab_profile.chart_capabilities(), yaml.safe_load(f), "the lab reads the chart's file as YAML does")
+        seen = set()
+        for (kubevirt, rdma), sets in self.MODES.items():
+            spec, c = self.agent(*sets)
+            lab = lab_profile.for_modes(kubevirt, rdma)
+            self.assertEqual(c["securityContext"], lab.security_context(), "kubevirt=%s rdma=%s" % (kubevirt, rdma))
+            seen.add(tuple(lab.caps))
+            # The lab's agents pick their mode from their config as the chart does from values.
+            cfg = {"transport": "rdma" if rdma else "tcp", "kubevirt": {"enabled": kubevirt}}
+            self.assertEqual(lab_profile.for_config(cfg).caps, lab.caps)
+        self.assertEqual(sorted(seen), [(), ("DAC_OVERRIDE", "IPC_LOCK", "NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"),
+                                        ("DAC_OVERRIDE", "NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"), ("IPC_LOCK",)])
+        # Kubernetes refuses allowPrivilegeEscalation: false beside SYS_ADMIN: KubeVirt mode leaves it out.
+        self.assertNotIn("allowPrivilegeEscalation", self.agent("kubevirt.enabled=true")[1]["securityContext"])
+
+    def test_rdma_is_on_with_a_device_plugin_or_multus_and_off_over_tcp(self):
+        def caps(*sets):
+            return self.agent(*sets)[1]["securityContext"]["capabilities"].get("add", [])
+        self.assertEqual(caps(self.RESOURCE), ["IPC_LOCK"])
+        self.assertEqual(caps("agent.rdma.network=sriov-rdma"), ["IPC_LOCK"], "Multus: the injector adds the resource")
+        self.assertEqual(caps("agent.config.rdma.resourceEnv=PCIDEVICE_X"), ["IPC_LOCK"])
+        self.assertEqual(caps(self.RESOURCE, "agent.config.transport=tcp"), [], "tcp: no RDMA, no IPC_LOCK")
+        self.assertEqual(caps(), [], "auto without a device plugin: an unprivileged agent opens no RDMA device")
+        self.assertIn("open no RDMA device and migrate over TCP", render_notes(), "the NOTES say so")
+        self.assertNotIn("open no RDMA device", render_notes("--set", self.RESOURCE))
+        for sets in ([], [self.RESOURCE], ["kubevirt.enabled=true"]):
+            spec, c = self.agent(*sets)
+            self.assertNotIn("dev-infiniband", json.dumps(spec), "unprivileged: devices come from the device plugin")
+        for bad in (["agent.config.transport=rdma"], ["agent.config.rdma.netdev=ens1f0"], ["agent.config.rdma.device=mlx5_0"]):
+            r = helm("template", "rdmig", CHART, *[a for x in bad for a in ("--set", x)], check=False)
+            self.assertNotEqual(r.returncode, 0, bad)
+            self.assertIn("set agent.rdma.resourceName (or agent.rdma.network), or agent.privileged: true", r.stderr)
+        # The same with a device plugin, or privileged, renders.
+        self.agent("agent.config.transport=rdma", self.RESOURCE)
+        self.agent("agent.config.rdma.netdev=ens1f0", "agent.privileged=true")
+
+    def test_privileged_is_an_explicit_value(self):
+        spec, c = self.agent("agent.privileged=true", "kubevirt.enabled=true")
+        self.assertEqual(c["securityContext"], {"privileged": True, "runAsUser": 0})
+        self.assertIn({"name": "dev-infiniband", "mountPath": "/dev/infiniband"}, c["volumeMounts"])
+        r = helm("template", "rdmig", CHART, "--set", "agent.securityContext.privileged=true", check=False)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("agent.securityContext.privileged: set agent.privileged: true instead", r.stderr)
+        # agent.securityContext is merged over the chart's: a capabilities.add given there replaces the list.
+        spec, c = self.agent("agent.securityContext.capabilities.add={DAC_OVERRIDE}")
+        self.assertEqual(c["securityContext"]["capabilities"], {"drop": ["ALL"], "add": ["DAC_OVERRIDE"]})
+        self.assertTrue(c["securityContext"]["readOnlyRootFilesystem"])
 
 
 class AgentTlsModesTest(unittest.TestCase):

@@ -879,6 +879,7 @@ class RdmaModesTest(unittest.TestCase):
         for k in ("requests", "limits"):
             self.assertEqual(pmain["resources"][k][resource], main["resources"][k][resource])
         self.assertEqual(len(pmain["env"]), len(main["env"]), "no env entry lost or doubled")
+        self.assertEqual(pmain["securityContext"], main["securityContext"], "RDMA over the VF: IPC_LOCK added")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Real QEMU guests migrated through two real rdmig-agent processes over TCP on loopback.
+"""Real QEMU guests migrated through two real rdmig-agent processes over TCP on loopback, both
+unprivileged as the chart runs them for bare QEMU (no capability; rdmiglab.profile).
 
 Run from the repository root after building: python3 tests/integration/test_agent_migration.py -v
 (ctest runs it with label 'integration').
@@ -79,8 +80,11 @@ class AgentMigrationTest(unittest.TestCase):
         ensure_guest()
         cls.qemu10 = trixie_qemu()
         cls.tmp = tempfile.mkdtemp(prefix="rdmig-it-")
-        cls.src_agent = Agent(cls.tmp, "agent-a", log_level="debug")
-        cls.dst_agent = Agent(cls.tmp, "agent-b", log_level="debug")
+        # Both agents unprivileged as the chart runs them for bare QEMU over TCP (rdmiglab.profile:
+        # no capability at all, no_new_privs, seccomp RuntimeDefault, a read-only root but for
+        # stateDir), checked once started: every migration below runs under that profile.
+        cls.src_agent = Agent(cls.tmp, "agent-a", log_level="debug", profile="chart")
+        cls.dst_agent = Agent(cls.tmp, "agent-b", log_level="debug", profile="chart")
 
     @classmethod
     def tearDownClass(cls):

@@ -9,6 +9,7 @@ namespace. libvirt's control connection stays on KubeVirt's TCP.
 
 Transport here: TCP (this machine has no RDMA device; the relay over RDMA runs in the
 Soft-RoCE VM, tests/rdma/kubevirt-tests.sh).
+The agents run unprivileged with exactly the chart's KubeVirt-mode capabilities (rdmiglab.profile).
 """
 import json
 import os
@@ -47,7 +48,11 @@ class KubevirtMigrationTest(base.KubevirtChecks, unittest.TestCase):
         cls.kv = None
         cls.cluster = KubevirtCluster().__enter__()
         try:
-            cls.kv = KubevirtAgents(cls.tmp, NODES)
+            # The agents unprivileged as the chart runs them in KubeVirt mode (rdmiglab.profile:
+            # DAC_OVERRIDE, NET_ADMIN, SYS_ADMIN, SYS_PTRACE and no other capability, seccomp
+            # RuntimeDefault, a read-only root but for stateDir and the hook socket's directory),
+            # checked at every (re)start: every carry below runs under that profile.
+            cls.kv = KubevirtAgents(cls.tmp, NODES, profile="chart")
             cls.agents = cls.kv.agents
             cls.cluster.define_and_start_vmi("testvm", "default", mem_mib=base.MEM_MIB,
                                              dirty_mib=base.DIRTY_MIB, boot_counter=2)
@@ -305,7 +310,11 @@ class KubevirtBlockMigrationTest(base.KubevirtChecks, base.BlockChecks, unittest
         cls.kv = None
         cls.cluster = KubevirtCluster().__enter__()
         try:
-            cls.kv = KubevirtAgents(cls.tmp, NODES)
+            # The agents unprivileged as the chart runs them in KubeVirt mode (rdmiglab.profile:
+            # DAC_OVERRIDE, NET_ADMIN, SYS_ADMIN, SYS_PTRACE and no other capability, seccomp
+            # RuntimeDefault, a read-only root but for stateDir and the hook socket's directory),
+            # checked at every (re)start: every carry below runs under that profile.
+            cls.kv = KubevirtAgents(cls.tmp, NODES, profile="chart")
             cls.agents = cls.kv.agents
             cls.cluster.define_and_start_vmi("diskvm", "default", mem_mib=base.MEM_MIB,
                                              dirty_mib=base.DIRTY_MIB, boot_counter=2,

@@ -22,11 +22,17 @@ from rdmiglab.kvpod import wait_for  # noqa: E402
 from rdmiglab import kvnet  # noqa: E402
 from rdmiglab.agent import parse_prometheus  # noqa: E402
 from rdmiglab.kvhook import vmi_json  # noqa: E402
+from rdmiglab import profile as lab_profile  # noqa: E402
 # tests/k8s: the API server double and the RBAC check, imported by the API tests only (the
 # Soft-RoCE VM runs this file without them and skips those tests).
 sys.path.insert(0, os.path.join(HERE, "..", "k8s"))
 
 STREAMS = os.path.join(HERE, "kv_streams.py")
+# What an agent without each KubeVirt-mode capability says when the hook arms (the kernel's refusal).
+# SYS_PTRACE: /proc/<pid>/ns/net of virt-handler (privileged, so the ptrace check wants it) is refused.
+KV_NEEDS = {"NET_ADMIN": ("nftables in netns", "Operation not permitted"),
+            "SYS_ADMIN": ("setns into netns", "Operation not permitted"),
+            "SYS_PTRACE": ("cannot find the network namespace of virt-handler",)}
 # Prefix of a `python3 -c` hook caller: it names itself as virt-handler does (comm), since the
 # agent takes hook calls only from virt-handler.
 AS_HANDLER = "import ctypes; ctypes.CDLL(None).prctl(15, b'virt-handler', 0, 0, 0); "
@@ -244,7 +250,7 @@ class KubevirtRelayTest(unittest.TestCase):
                 print("---- %s log ----\n%s" % (a.name, a.log_text()[-3000:]))
 
     def agent(self, node, token, peers, hook="", rule_timeout=3, extra=None, data_plane=None, state_dir=None,
-              env=None, migration=None):
+              env=None, migration=None, profile=None):
         config = {"kubevirt": dict({"enabled": True, "nodeName": node, "hookSocket": hook, "peers": peers,
                                     "ruleTimeoutSeconds": rule_timeout, "sessionIdleSeconds": 1}, **(extra or {}))}
         if migration:
@@ -258,7 +264,7 @@ class KubevirtRelayTest(unittest.TestCase):
             config.update({"transport": "rdma", "rdma": {"device": os.environ.get("RDMIG_RDMA_DEV", "rxe0")},
                            "dataPlane": {"rdmaPort": 0}})
         a = Agent(self.tmp, name="%s-%s-%s" % (node, self._testMethodName[-12:], len(self.agents)), token=token,
-                  config=config, env=env)
+                  config=config, env=env, profile=profile)
         self.agents.append(a)
         return a
 
@@ -362,6 +368,51 @@ class KubevirtRelayTest(unittest.TestCase):
             self.assertIn(why, rec[0]["reason"])
         self.assertNotIn("%s . %d" % (self.net.ip4["node-b"], self.sink_port), self.nft("node-a"))
         self.assertEqual(self.records(self.dst), [], "the target agent saw nothing")
+
+    @same_on_every_transport
+    def test_the_charts_capabilities_carry_and_without_each_kubevirt_one_kubevirt_carries(self):
+        """Both agents unprivileged with the chart's KubeVirt-mode capabilities (rdmiglab.profile)
+        carry; a source agent without one of NET_ADMIN, SYS_ADMIN, SYS_PTRACE arms nothing, its
+        record naming what the kernel refused, and the connections go KubeVirt's way (docs/security.md
+        "The agent's privileges"; DAC_OVERRIDE, for a non-root launcher's libvirt, in
+        test_kubevirt_migration)."""
+        chart = lab_profile.for_config({"transport": TRANSPORT, "kubevirt": {"enabled": True}})
+        self.assertEqual(chart.caps, ["DAC_OVERRIDE", "NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"])
+        for a in (self.src, self.dst):
+            a.stop()
+        token = self.dst.token
+        self.dst = self.agent("node-b", token, peers=[], profile=chart)
+        peers = [{"node": "node-b", "agent": "127.0.0.1:%d" % self.dst.data_port}]
+        for i, (dropped, why) in enumerate([(None, None), ("NET_ADMIN", KV_NEEDS["NET_ADMIN"]),
+                                            ("SYS_ADMIN", KV_NEEDS["SYS_ADMIN"]), ("SYS_PTRACE", KV_NEEDS["SYS_PTRACE"])]):
+            if i:
+                self.src.stop()
+            self.src = self.agent("node-a", token, peers=peers, hook=self.hook_socket,
+                                  profile=chart.without(dropped) if dropped else chart)
+            for attempt in range(3):
+                mig = "mig-caps-%d-%d-%s" % (i, attempt, os.urandom(3).hex())
+                res = self.dial(2, 1 << 20, vmi=vmi_json("vmi-uid-caps", mig, self.net.ip4["node-b"], self.sink_port))
+                self.assertTrue(res["hook"]["ok"], "the hook never fails KubeVirt's migration")
+                self.assertTrue(all(c["ok"] for c in res["connections"]), (dropped, res["connections"]))
+                rec = wait_for(lambda: [r for r in self.records(self.src, migrationUid=mig)
+                                        if r["phase"] in ("Succeeded", "Failed", "NotCarried")], 20, "the record to end")[0]
+                # The session with the target opens before the namespace is entered: on a loaded
+                # machine its hello can miss the hook's deadline (800 ms), which says nothing
+                # about capabilities; try that migration again.
+                if not (rec.get("reason") or "").startswith("cannot reach the agent on "):
+                    break
+            print("[capabilities] without %s: %s, carried %s: %s" % (dropped, rec["phase"], rec["carried"],
+                                                                       rec.get("reason")), file=sys.stderr)
+            if dropped is None:
+                self.assertEqual((rec["phase"], rec["carried"]), ("Succeeded", True), rec)
+                dst = wait_for(lambda: [r for r in self.records(self.dst, migrationUid=mig) if r["phase"] == "Succeeded"],
+                               20, "the target record to end")[0]
+                self.assertEqual(dst["bytesReceived"], rec["bytesSent"])
+            else:
+                self.assertEqual((rec["phase"], rec["carried"]), ("NotCarried", False), (dropped, rec))
+                for part in why:
+                    self.assertIn(part, rec["reason"], dropped)
+                self.assertNotIn("%s . %d" % (self.net.ip4["node-b"], self.sink_port), self.nft("node-a"))
 
     @same_on_every_transport
     def test_unarmed_destination_is_not_intercepted(self):

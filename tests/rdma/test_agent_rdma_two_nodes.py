@@ -32,6 +32,9 @@ both devices leaves rail 1 out, naming why (its log, rdmig_rdma_rail_up{rail="1"
 status listing rail 1 under railsLeftOut with the reason.
 DSCP: node a's agent has rdma.trafficClass 104; during the first migration each node captures
 (tcpdump) the first 20 RoCE v2 packets reaching it: all from the other node, all IP ToS 0x68.
+Every agent runs unprivileged as the chart runs it for RDMA (rdmiglab.profile, "chart": IPC_LOCK
+and no other capability, no_new_privs, seccomp RuntimeDefault, a read-only root), checked once
+started from its /proc status.
   python3 test_agent_rdma_two_nodes.py  (RDMIG_AGENT, RDMIG_TOOLS, RDMIG_NODE, RDMIG_OUT)
 """
 import json
@@ -49,6 +52,8 @@ from rdmiglab import Agent, QemuVm, migrate_via_agents, parse_prometheus  # noqa
 from rdmiglab.agent import TERMINAL, start_migration  # noqa: E402
 
 MEM_MIB = 128
+# Each agent as the chart runs it for RDMA (tools/rdmiglab/profile.py; the chart test checks the list).
+PROFILE = "chart"
 # The migrations node a asks node b for, in the order of the tests (unittest sorts them by name):
 # multifd channels, and whether node b cuts RDMA (drops RoCE v2) for it.
 RDMA_CUT_RULE = "udp dport 4791 counter drop"
@@ -298,9 +303,9 @@ class Capture:
 def serve_target():
     """Node b: the target side of each migration node a runs. Returns the exit status."""
     tmp = tempfile.mkdtemp(prefix="rdmig-rdma-b-")
-    agent = Agent(tmp, "agent-b", config=agent_config(), log_level="debug")
+    agent = Agent(tmp, "agent-b", config=agent_config(), log_level="debug", profile=PROFILE)
     # With two rails here: a second agent with rail 0 only, the target of the 2-vs-1 case.
-    one_rail = Agent(tmp, "agent-b1", config=agent_config(rails=1), log_level="debug") if len(DEVS) > 1 else None
+    one_rail = Agent(tmp, "agent-b1", config=agent_config(rails=1), log_level="debug", profile=PROFILE) if len(DEVS) > 1 else None
     ok = True
     try:
         post("agent-b", {"port": agent.api_port, "token": agent.token})
@@ -380,7 +385,7 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
         cls.blob = os.path.join(cls.tmp, "blob.bin")
         with open(cls.blob, "wb") as f:
             f.write(os.urandom(64 << 20))
-        cls.a = Agent(cls.tmp, "agent-a", config=agent_config(), log_level="debug")
+        cls.a = Agent(cls.tmp, "agent-a", config=agent_config(), log_level="debug", profile=PROFILE)
         b = await_("agent-b", 300)
         cls.b = PeerAgent(PEER_ADDR, b["port"], b["token"])
         cls.b1 = None
@@ -712,7 +717,7 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
             wait_port_state(DEVS[1], "DOWN")
             # An agent started now with both devices leaves rail 1 out; it keeps it out when the
             # link is back (rails are set up at start), and says so.
-            agent = Agent(self.tmp, "agent-a-rail-down", config=agent_config(), log_level="debug")
+            agent = Agent(self.tmp, "agent-a-rail-down", config=agent_config(), log_level="debug", profile=PROFILE)
         finally:
             ip_link("set", netdev2, "up")
             wait_port_state(DEVS[1], "ACTIVE")

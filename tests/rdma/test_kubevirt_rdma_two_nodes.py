@@ -18,6 +18,9 @@ connections are striped over both (connection i on rail i mod 2, in both records
 rail node a's device sent, and node b's received, the packets that rail's bytes need.
 Then node b drops RoCE v2 (UDP 4791, nftables; TCP still works): the next migration is carried
 over TCP, byte-exact, both records naming auto-no-peer-rdma:unreachable.
+Both agents run unprivileged as the chart runs them in KubeVirt mode with RDMA (rdmiglab.profile,
+"chart": DAC_OVERRIDE, IPC_LOCK, NET_ADMIN, SYS_ADMIN, SYS_PTRACE and no other capability, seccomp
+RuntimeDefault, a read-only root), checked once started from their /proc status.
   python3 test_kubevirt_rdma_two_nodes.py REPO  (RDMIG_AGENT, RDMIG_NODE, RDMIG_OUT, RDMIG_IP)
 """
 import json
@@ -98,7 +101,7 @@ def serve_target():
         sink = subprocess.Popen([IP, "netns", "exec", HANDLER_NS, sys.executable, STREAMS, "sink", "--ready", ready,
                                  "--log", os.path.join(tmp, "sink.log")])
         port = wait_for(lambda: os.path.exists(ready) and json.load(open(ready))["port"], 20, "the proxy stand-in")
-        agent = Agent(tmp, "agent-b", config=agent_config(), log_level="debug")
+        agent = Agent(tmp, "agent-b", config=agent_config(), log_level="debug", profile="chart")
         post("kv-agent-b", {"api": agent.api_port, "data": agent.data_port, "token": agent.token, "sink": port})
         for seq in range(CASES):
             want = await_("kv-want-%d" % seq, 600)
@@ -140,7 +143,7 @@ class TwoNodeKubevirtRdmaTest(unittest.TestCase):
         b = await_("kv-agent-b", 300)
         cls.sink_port = b["sink"]
         cls.hook = os.path.join(cls.tmp, "hook.sock")
-        cls.a = Agent(cls.tmp, "agent-a", token=b["token"], log_level="debug", config=agent_config(
+        cls.a = Agent(cls.tmp, "agent-a", token=b["token"], log_level="debug", profile="chart", config=agent_config(
             peers=[{"node": "node-b", "agent": "%s:%d" % (PEER_ADDR, b["data"])}], hook=cls.hook))
         cls.b = PeerAgent(PEER_ADDR, b["api"], b["token"])
 

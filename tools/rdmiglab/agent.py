@@ -9,6 +9,8 @@ import time
 import urllib.error
 import urllib.request
 
+from . import profile as profile_mod
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
 
@@ -53,10 +55,16 @@ class Agent:
     ``tls``: serve the API over HTTPS, a dict with "cert" and "key" (api.tls), "ca" (what this
     harness's requests trust; e.g. make_agent_pki's paths) and optionally "server_name" (the name
     they check, default "rdmig-agent"); the harness then speaks https.
+    ``profile``: run the agent unprivileged as the chart does (rdmiglab.profile): "chart" = the
+    chart's capabilities for the modes this config enables (KubeVirt mode, RDMA unless transport
+    is tcp) and nothing else, seccomp RuntimeDefault, a read-only root but for the state dir, the
+    hook socket's directory and ``workdir`` (the ports file), no_new_privs where the chart sets it;
+    a profile.Profile for another (a test that takes a capability away); None =
+    $RDMIG_AGENT_PROFILE ("chart", or unset for the harness's full root). Checked once started.
     """
 
     def __init__(self, workdir, name="agent", token=None, config=None, log_level="info",
-                 binary=None, start=True, start_timeout=20.0, env=None, tls=None):
+                 binary=None, start=True, start_timeout=20.0, env=None, tls=None, profile=None):
         """``env``: extra environment for the agent process (e.g. a faked clock)."""
         self.workdir = os.path.abspath(workdir)
         os.makedirs(self.workdir, exist_ok=True)
@@ -92,6 +100,7 @@ class Agent:
             else:
                 cfg[key] = value
         self.config = cfg
+        self.profile = profile_mod.resolve(profile, cfg)
         with open(self.token_file, "w") as f:
             f.write(self.token + "\n")
         with open(self.config_file, "w") as f:
@@ -107,9 +116,15 @@ class Agent:
         if os.path.exists(self.ports_file):
             os.unlink(self.ports_file)
         log = open(self.log_file, "ab")
-        self.proc = subprocess.Popen([self.binary, "--config", self.config_file,
-                                      "--ports-file", self.ports_file],
-                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        argv = [self.binary, "--config", self.config_file, "--ports-file", self.ports_file]
+        if self.profile is not None:
+            # The pod's writable volumes: stateDir, the hook socket's directory; and the lab's ports file.
+            hook = (self.config.get("kubevirt") or {}).get("hookSocket")
+            state = self.config["stateDir"]
+            os.makedirs(state, exist_ok=True)  # the kubelet makes a hostPath DirectoryOrCreate
+            writable = [state, self.workdir] + ([os.path.dirname(hook)] if hook else [])
+            argv = self.profile.wrap(argv, writable=writable)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True, env=self.env)
         log.close()
         deadline = time.monotonic() + timeout
@@ -121,6 +136,8 @@ class Agent:
                     ports = json.load(f)
                 self.api_port, self.data_port = ports["api"], ports["dataPlane"]
                 self.probe_port = ports.get("probe")
+                if self.profile is not None:
+                    self.profile.check(self.proc.pid)
                 return self
             time.sleep(0.05)
         raise RuntimeError("%s did not report its ports within %ss: %s" % (self.name, timeout, self.log_text()))

@@ -32,15 +32,16 @@ class KubevirtAgents:
     ``kubevirt``: extra keys for the agents' ``kubevirt`` section; ``migration``: their ``migration``
     section (default: none, the agents' defaults). ``token``: the agents' API and data-plane token
     (default: a random one); ``tls``: their API's certificate (rdmiglab.Agent's ``tls``; default
-    plain HTTP). Stops them on close."""
+    plain HTTP). ``profile``: each agent's (rdmiglab.Agent's ``profile``: "chart" runs them with
+    only the chart's capabilities for KubeVirt mode). Stops them on close."""
 
     def __init__(self, workdir, nodes, transport="tcp", log_level="info", rule_timeout_s=3,
                  session_idle_s=1, probe_interval_s=1, kubevirt=None, migration=None, start=True, token=None,
-                 tls=None):
+                 tls=None, profile=None):
         self.workdir = workdir
         self.nodes = tuple(nodes)
         self.token = token or "tok-" + os.urandom(16).hex()
-        self.tls = tls
+        self.tls, self.profile = tls, profile
         self.ports = {n: free_port() for n in self.nodes}
         # Hook sockets under /tmp: unix socket paths must stay short.
         self.hook_dir = tempfile.mkdtemp(prefix="rdmig-kvhook-", dir="/tmp")
@@ -66,13 +67,15 @@ class KubevirtAgents:
     def __exit__(self, *exc):
         self.close()
 
-    def start(self, node):
-        """(Re)starts the agent of ``node``; returns it (an rdmiglab.Agent with .hook_socket)."""
+    def start(self, node, profile=None):
+        """(Re)starts the agent of ``node``; returns it (an rdmiglab.Agent with .hook_socket).
+        ``profile``: this agent's, instead of the one given at construction."""
         hook = os.path.join(self.hook_dir, node, "hook.sock")
         os.makedirs(os.path.dirname(hook), exist_ok=True)
         peers = [{"node": n, "agent": "127.0.0.1:%d" % self.ports[n]} for n in self.nodes if n != node]
         os.makedirs(self.state_dirs[node], exist_ok=True)
-        a = Agent(self.workdir, name=node, token=self.token, log_level=self.log_level, tls=self.tls, config={
+        a = Agent(self.workdir, name=node, token=self.token, log_level=self.log_level, tls=self.tls,
+                  profile=profile if profile is not None else self.profile, config={
             "transport": self.transport, "stateDir": self.state_dirs[node],
             **({"migration": self.migration} if self.migration else {}),
             "dataPlane": {"address": "127.0.0.1", "port": self.ports[node]},

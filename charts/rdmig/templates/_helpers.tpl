@@ -141,6 +141,47 @@ the cluster can be asked (helm install/upgrade); under `helm template` only its 
 {{- toJson $out -}}
 {{- end -}}
 
+{{/* "true" when the agent may use RDMA: its transport is not tcp and it gets a device, from a
+device plugin (agent.rdma.resourceName, a Multus network, whose resource Multus' injector adds, or a
+config.rdma.resourceEnv whose resource is in agent.resources) or, privileged, from the node's
+/dev/infiniband. An unprivileged container opens no device node it was not given (the device
+cgroup), so a hostPath /dev/infiniband would give it nothing. */}}
+{{- define "rdmig.agent.rdma" -}}
+{{- $cfg := .Values.agent.config -}}
+{{- if ne ($cfg.transport | default "auto") "tcp" -}}
+{{- $networks := include "rdmig.agent.networks" . | fromJsonArray -}}
+{{- if or .Values.agent.privileged .Values.agent.rdma.resourceName (gt (len $networks) 0) ($cfg.rdma | default dict).resourceEnv -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The capabilities the unprivileged agent adds for its enabled modes (files/agent-capabilities.yaml),
+as a sorted JSON list. */}}
+{{- define "rdmig.agent.capabilities" -}}
+{{- $table := .Files.Get "files/agent-capabilities.yaml" | fromYaml -}}
+{{- $caps := list -}}
+{{- if include "rdmig.agent.rdma" . -}}{{- $caps = concat $caps $table.rdma -}}{{- end -}}
+{{- if .Values.kubevirt.enabled -}}{{- $caps = concat $caps $table.kubevirt -}}{{- end -}}
+{{- toJson (sortAlpha (uniq $caps)) -}}
+{{- end -}}
+
+{{/* The agent container's securityContext: privileged (agent.privileged), or root with the
+capabilities of its modes and nothing else, RuntimeDefault seccomp, a read-only root filesystem and
+no privilege escalation (not with SYS_ADMIN, which Kubernetes refuses beside it: that capability
+escalates anyway); agent.securityContext merged over it. docs/security.md "The agent's privileges". */}}
+{{- define "rdmig.agent.securityContext" -}}
+{{- $sc := dict -}}
+{{- if .Values.agent.privileged -}}
+{{- $sc = dict "privileged" true "runAsUser" 0 -}}
+{{- else -}}
+{{- $caps := include "rdmig.agent.capabilities" . | fromJsonArray -}}
+{{- $capabilities := dict "drop" (list "ALL") -}}
+{{- if $caps -}}{{- $_ := set $capabilities "add" $caps -}}{{- end -}}
+{{- $sc = dict "privileged" false "runAsUser" 0 "capabilities" $capabilities "readOnlyRootFilesystem" true "seccompProfile" (dict "type" "RuntimeDefault") -}}
+{{- if not (has "SYS_ADMIN" $caps) -}}{{- $_ := set $sc "allowPrivilegeEscalation" false -}}{{- end -}}
+{{- end -}}
+{{- toYaml (mergeOverwrite $sc (deepCopy (.Values.agent.securityContext | default dict))) -}}
+{{- end -}}
+
 {{/* agent.yaml as the agent reads it: values' config plus what the chart owns. */}}
 {{- define "rdmig.agent.config" -}}
 {{- $cfg := deepCopy .Values.agent.config -}}
