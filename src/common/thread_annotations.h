@@ -19,12 +19,22 @@
 #define RDMIG_THREAD_ANNOTATION(x)
 #endif
 
+// Abseil's legacy absl/base/internal/thread_annotations.h (reached through gRPC's headers)
+// defines five of these names, with the same attributes: whichever header comes first wins.
 #define CAPABILITY(x) RDMIG_THREAD_ANNOTATION(capability(x))
 #define SCOPED_CAPABILITY RDMIG_THREAD_ANNOTATION(scoped_lockable)
+#ifndef GUARDED_BY
 #define GUARDED_BY(x) RDMIG_THREAD_ANNOTATION(guarded_by(x))
+#endif
+#ifndef PT_GUARDED_BY
 #define PT_GUARDED_BY(x) RDMIG_THREAD_ANNOTATION(pt_guarded_by(x))
+#endif
+#ifndef ACQUIRED_BEFORE
 #define ACQUIRED_BEFORE(...) RDMIG_THREAD_ANNOTATION(acquired_before(__VA_ARGS__))
+#endif
+#ifndef ACQUIRED_AFTER
 #define ACQUIRED_AFTER(...) RDMIG_THREAD_ANNOTATION(acquired_after(__VA_ARGS__))
+#endif
 #define REQUIRES(...) RDMIG_THREAD_ANNOTATION(requires_capability(__VA_ARGS__))
 #define ACQUIRE(...) RDMIG_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
 #define RELEASE(...) RDMIG_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
@@ -33,4 +43,6 @@
 #define ASSERT_CAPABILITY(x) RDMIG_THREAD_ANNOTATION(assert_capability(x))
 #define RETURN_CAPABILITY(x) RDMIG_THREAD_ANNOTATION(lock_returned(x))
 // Turns the analysis off for one function. Every use says why next to it.
+#ifndef NO_THREAD_SAFETY_ANALYSIS
 #define NO_THREAD_SAFETY_ANALYSIS RDMIG_THREAD_ANNOTATION(no_thread_safety_analysis)
+#endif
