@@ -19,8 +19,10 @@ run_pkgs=(qemu-system-x86 busybox-static python3 rdma-core ibverbs-providers
 # tcpdump: tests/rdma/transport-two-nodes.sh captures the RoCE v2 packets between two nodes
 # ccache: scripts/build.sh compiles through it when present; its cache in /var/cache/rdmig/ccache
 # (scripts/cache-env.sh) makes a fresh clone's build take a minute instead of ten
+# clang: tests/unit/thread_safety_check.py runs Debian's clang++ (14 on Debian 12) with
+# -Wthread-safety over the sources that state their lock rules (common/thread_annotations.h)
 test_pkgs=(perftest iperf3 seabios openssl nodejs npm unzip python3-yaml binutils prometheus
-  podman debootstrap faketime tcpdump ccache)
+  podman debootstrap faketime tcpdump ccache clang)
 # tests/kubevirt: KubeVirt's migration path with real libvirt in namespaces: the host's libvirtd
 # 9.0 for RDMIG_KV_LAUNCHER=bookworm-root; the default non-root launchers bring libvirt 11.3
 # and QEMU 10.0 in their trixie root, and need only python3-libvirt (and util-linux) here.

@@ -24,7 +24,7 @@ FlowSession::~FlowSession() {
 void FlowSession::close_legs(bool let_drain) {
   std::vector<Leg> legs;
   {
-    std::lock_guard lock(legs_mu_);
+    MutexLock lock(legs_mu_);
     for (auto it = legs_.begin(); it != legs_.end();) {
       if (let_drain && it->pump->draining()) {
         ++it;
@@ -45,7 +45,7 @@ void FlowSession::note_tls(uint32_t index, const transport::TlsStream& tls) {
   metrics_.tls_channel(tls.label());
   LOG_INFO("kubevirt") << "session=" << id_ << " channel " << index << ": " << mode << " (kTLS send "
                        << (tls.kernel_send() ? "yes" : "no") << ", receive " << (tls.kernel_recv() ? "yes" : "no") << ")";
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   record_.encryption = record_.encryption == "none" || record_.encryption == mode ? mode : "tls (mixed)";
 }
 
@@ -54,12 +54,12 @@ void FlowSession::add_leg(std::unique_ptr<transport::Channel> channel, std::uniq
   std::string rail;
   const bool on_rail = !rails_.empty() && std::string_view(channel->transport()) == "rdma";
   if (on_rail) rail = session::rail_text(rails_[session::rail_of_channel(channel->index(), rails_.size())]);
-  std::lock_guard rlock(mu_);
+  MutexLock rlock(mu_);
   if (on_rail) {
     session::add_channel_to_usage(rail_usage_, rails_, channel->index());
     record_.rails = rail_usage_;
   }
-  std::lock_guard lock(legs_mu_);
+  MutexLock lock(legs_mu_);
   legs_.push_back(Leg{std::move(channel), std::move(pump), std::move(rail)});
   last_change_ = std::chrono::steady_clock::now();
   record_.connections = static_cast<uint32_t>(legs_.size());
@@ -68,7 +68,7 @@ void FlowSession::add_leg(std::unique_ptr<transport::Channel> channel, std::uniq
 
 void FlowSession::set_link(std::unique_ptr<session::ControlLink> link, std::unique_ptr<FlowSigner> signer,
                            std::chrono::milliseconds peer_timeout) {
-  std::lock_guard lock(signer_mu_);
+  MutexLock lock(signer_mu_);
   link_ = std::move(link);
   signer_ = std::move(signer);
   peer_timeout_ = peer_timeout;
@@ -76,7 +76,7 @@ void FlowSession::set_link(std::unique_ptr<session::ControlLink> link, std::uniq
 }
 
 Status FlowSession::send_signed(json message) {
-  std::lock_guard lock(signer_mu_);
+  MutexLock lock(signer_mu_);
   if (!link_ || !signer_) return Error{Errc::kFailedPrecondition, "no control link"};
   return link_->send(signer_->sign(std::move(message)));
 }
@@ -85,7 +85,7 @@ Result<std::optional<json>> FlowSession::next_verified(std::chrono::milliseconds
   auto m = link_->next(timeout);
   if (!m) return m.error();
   if (!m->has_value()) return std::optional<json>();
-  std::lock_guard lock(signer_mu_);
+  MutexLock lock(signer_mu_);
   auto v = signer_->verify(**m);
   if (!v) return v.error();
   return std::optional<json>(std::move(v.value()));
@@ -117,7 +117,7 @@ Result<std::optional<json>> FlowSession::control_turn() {
 }
 
 bool FlowSession::with_pump(uint32_t index, const std::function<void(session::ChannelPump&)>& fn) {
-  std::lock_guard lock(legs_mu_);
+  MutexLock lock(legs_mu_);
   for (auto& l : legs_) {
     if (l.channel->index() == index) {
       fn(*l.pump);
@@ -128,12 +128,12 @@ bool FlowSession::with_pump(uint32_t index, const std::function<void(session::Ch
 }
 
 void FlowSession::for_each_pump(const std::function<void(session::ChannelPump&)>& fn) {
-  std::lock_guard lock(legs_mu_);
+  MutexLock lock(legs_mu_);
   for (auto& l : legs_) fn(*l.pump);
 }
 
 bool FlowSession::draining() const {
-  std::lock_guard lock(legs_mu_);
+  MutexLock lock(legs_mu_);
   for (const auto& l : legs_) {
     if (l.pump->draining()) return true;
   }
@@ -141,12 +141,12 @@ bool FlowSession::draining() const {
 }
 
 size_t FlowSession::leg_count() const {
-  std::lock_guard lock(legs_mu_);
+  MutexLock lock(legs_mu_);
   return legs_.size();
 }
 
 void FlowSession::refresh_counters_locked(FlowRecord& r) const {
-  std::lock_guard lock(legs_mu_);
+  MutexLock lock(legs_mu_);
   uint64_t up = 0, down = 0, cu = 0, cd = 0;
   session::ChannelTraffic by_channel;
   for (const auto& l : legs_) {
@@ -180,19 +180,19 @@ void FlowSession::refresh_counters_locked(FlowRecord& r) const {
 }
 
 FlowRecord FlowSession::record() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   FlowRecord r = record_;
   if (!ended_) refresh_counters_locked(r);
   return r;
 }
 
 bool FlowSession::ended() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return ended_;
 }
 
 std::optional<Error> FlowSession::leg_error() const {
-  std::lock_guard lock(legs_mu_);
+  MutexLock lock(legs_mu_);
   for (const auto& l : legs_) {
     if (auto e = l.pump->error()) return l.rail.empty() ? *e : e->with_context("data plane (" + l.rail + ")");
   }
@@ -200,7 +200,7 @@ std::optional<Error> FlowSession::leg_error() const {
 }
 
 bool FlowSession::idle_for(std::chrono::steady_clock::duration idle) const {
-  std::lock_guard lock(legs_mu_);
+  MutexLock lock(legs_mu_);
   size_t finished = 0;
   for (const auto& l : legs_) finished += l.pump->finished() ? 1 : 0;
   const auto now = std::chrono::steady_clock::now();
@@ -213,9 +213,11 @@ bool FlowSession::idle_for(std::chrono::steady_clock::duration idle) const {
 
 void FlowSession::fail(const Error& reported, bool from_peer) {
   Error error = reported;
+  std::string migration_uid;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (ended_) return;
+    migration_uid = record_.migration_uid;
     ended_ = true;
     if (cause_) {
       error = *cause_;
@@ -226,11 +228,11 @@ void FlowSession::fail(const Error& reported, bool from_peer) {
     record_.reason = error.message;
     record_.finished_at_ms = session::wall_clock_ms();
   }
-  LOG_WARN("kubevirt") << "session=" << id_ << " migration=" << record_.migration_uid << " failed: " << error.message;
+  LOG_WARN("kubevirt") << "session=" << id_ << " migration=" << migration_uid << " failed: " << error.message;
   // Reset the local connections first: the proxies and QEMU see the failure at once. Legs
   // that drain on failure stay open and are read to nowhere (QEMU fails on its main channel).
   {
-    std::lock_guard lock(legs_mu_);
+    MutexLock lock(legs_mu_);
     for (auto& l : legs_) l.pump->abort(error, !l.pump->drains_on_failure());
   }
   if (link_ && !from_peer) (void)send_signed(session::message(session::MessageKind::kAbort, json{{"reason", error.message}}));
@@ -241,7 +243,7 @@ void FlowSession::fail(const Error& reported, bool from_peer) {
 
 void FlowSession::succeed() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (ended_) return;
     refresh_counters_locked(record_);
     ended_ = true;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/result.h"
 #include "kubevirt/flow_protocol.h"
 #include "kubevirt/flow_record.h"
@@ -35,22 +36,23 @@ class FlowSession {
 
   const std::string& id() const { return id_; }
   // A snapshot with the counters brought up to date.
-  FlowRecord record() const;
-  bool ended() const;
+  FlowRecord record() const EXCLUDES(mu_);
+  bool ended() const EXCLUDES(mu_);
   // Idempotent: resets every leg, tells the peer unless `from_peer`, records the reason (the
   // cause set by set_cause() when there is one: what failed first here, not its echo).
-  void fail(const Error& error, bool from_peer = false);
+  void fail(const Error& error, bool from_peer = false) EXCLUDES(mu_, legs_mu_);
   // The first error of any leg, if one failed.
-  std::optional<Error> leg_error() const;
+  std::optional<Error> leg_error() const EXCLUDES(legs_mu_);
   // True when every leg has finished and the last one finished more than `idle` ago.
-  bool idle_for(std::chrono::steady_clock::duration idle) const;
-  size_t leg_count() const;
+  bool idle_for(std::chrono::steady_clock::duration idle) const EXCLUDES(legs_mu_);
+  size_t leg_count() const EXCLUDES(legs_mu_);
   // True while a failed session still drains legs (keep it alive until this turns false).
-  bool draining() const;
+  bool draining() const EXCLUDES(legs_mu_);
 
  protected:
   FlowSession(std::string id, FlowRecord record, Metrics& metrics);
-  void add_leg(std::unique_ptr<transport::Channel> channel, std::unique_ptr<session::ChannelPump> pump);
+  void add_leg(std::unique_ptr<transport::Channel> channel, std::unique_ptr<session::ChannelPump> pump)
+      EXCLUDES(mu_, legs_mu_);
   // The RDMA rails both agents matched (once, before the first leg): an RDMA leg with index i
   // is on rail i mod n; the record lists each rail's connections and bytes, and a leg's
   // failure names its rail.
@@ -59,23 +61,23 @@ class FlowSession {
   // (which cannot call fail(): that joins the pumps): the peer's abort that the reset provokes
   // may reach fail() first, and the record must still name the cause.
   void set_cause(const Error& e) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!cause_) cause_ = e;
   }
   const std::vector<session::RailPair>& rails() const { return rails_; }
   // Runs fn on the pump of the leg whose channel has `index`, under the legs' lock (never
   // with mu_ held); false when there is no such leg (not added yet, or closed).
-  bool with_pump(uint32_t index, const std::function<void(session::ChannelPump&)>& fn);
+  bool with_pump(uint32_t index, const std::function<void(session::ChannelPump&)>& fn) EXCLUDES(mu_, legs_mu_);
   // Runs fn on every leg's pump, under the legs' lock (never with mu_ held).
-  void for_each_pump(const std::function<void(session::ChannelPump&)>& fn);
+  void for_each_pump(const std::function<void(session::ChannelPump&)>& fn) EXCLUDES(mu_, legs_mu_);
   // A TCP channel ran TLS (dataPlane.tls): logged, counted (rdmig_tls_channels_total), and the
   // record's "encryption" says where ("tls (mixed)" should channels differ).
   void note_tls(uint32_t index, const transport::TlsStream& tls);
   // Ends the session as Succeeded (counters final); closes the legs.
-  void succeed();
-  void refresh_counters_locked(FlowRecord& r) const;
+  void succeed() EXCLUDES(mu_, legs_mu_);
+  void refresh_counters_locked(FlowRecord& r) const REQUIRES(mu_);
   // Joins the legs; with `let_drain`, legs still draining stay (the destructor ends them).
-  void close_legs(bool let_drain = false);
+  void close_legs(bool let_drain = false) EXCLUDES(legs_mu_);
   // Wakes whatever of the derived class waits outside the legs (called once the session ended,
   // before the legs are joined).
   virtual void wake() {}
@@ -109,15 +111,14 @@ class FlowSession {
   // succeed, the session's messages), the interception thread (add_leg, the source's
   // connections) and the pumps' first-bytes callbacks. Lock order: TargetSession::conn_mu_ ->
   // mu_ -> legs_mu_ -> each pump's own lock (refresh_counters_locked reads the legs under
-  // both). fail() logs record_.migration_uid after releasing it (a field set at construction
-  // and never written after).
-  mutable std::mutex mu_;
-  FlowRecord record_;
+  // both). fail() copies record_.migration_uid under it for its log line.
+  mutable Mutex mu_;
+  FlowRecord record_ GUARDED_BY(mu_);
   // Per-rail usage as counted into rdmig_rdma_rail_bytes_total so far (under mu_; brought up to
   // date by refresh_counters_locked, which only adds what grew).
-  mutable std::vector<session::RailUsage> rail_usage_;
-  bool ended_ = false;
-  std::optional<Error> cause_;  // under mu_: set_cause()
+  mutable std::vector<session::RailUsage> rail_usage_ GUARDED_BY(mu_);
+  bool ended_ GUARDED_BY(mu_) = false;
+  std::optional<Error> cause_ GUARDED_BY(mu_);  // set_cause()
   std::chrono::steady_clock::time_point started_;
 
  private:
@@ -133,8 +134,8 @@ class FlowSession {
   // unlocked). Taken by send_signed (any thread that sends: control thread, fail(), finish())
   // and next_verified (the control thread). Lock order: signer_mu_ -> ControlLink's
   // write_mu_; never taken with mu_ or legs_mu_ held.
-  std::mutex signer_mu_;  // serialises signing with sending, and verifying
-  std::unique_ptr<FlowSigner> signer_;
+  Mutex signer_mu_;  // serialises signing with sending, and verifying
+  std::unique_ptr<FlowSigner> signer_ GUARDED_BY(signer_mu_);
   // Liveness of the peer (the control thread only, after set_link).
   std::chrono::milliseconds peer_timeout_{0};
   std::chrono::steady_clock::time_point last_heard_, next_heartbeat_;
@@ -143,10 +144,10 @@ class FlowSession {
   // fail, with_pump/for_each_pump, idle_for, draining, leg_count, leg_error (relay and control
   // threads, pumps' first-bytes callbacks) and by refresh_counters_locked under mu_. Calls into
   // the pumps (their own lock) under it; the pumps are joined only after it is released.
-  mutable std::mutex legs_mu_;
-  std::vector<Leg> legs_;
-  mutable size_t finished_seen_ = 0;
-  mutable std::chrono::steady_clock::time_point last_change_;
+  mutable Mutex legs_mu_;
+  std::vector<Leg> legs_ GUARDED_BY(legs_mu_);
+  mutable size_t finished_seen_ GUARDED_BY(legs_mu_) = 0;
+  mutable std::chrono::steady_clock::time_point last_change_ GUARDED_BY(legs_mu_);
 };
 
 }  // namespace rdmig::kubevirt

@@ -103,7 +103,7 @@ void KubevirtRelay::stop() {
   if (stopping_.exchange(true)) return;
   // A worker between its predicate check and its wait holds stop_mu_: taking it once orders
   // stopping_ before that wait, so the wake-up is not lost (it would sleep out kAbortGrace).
-  { std::lock_guard lock(stop_mu_); }
+  { MutexLock lock(stop_mu_); }
   stop_cv_.notify_all();
   discovery_.reset();
   if (maintenance_.joinable()) maintenance_.join();
@@ -115,7 +115,7 @@ void KubevirtRelay::stop() {
   std::vector<Worker> workers;
   {
     // A hook call still arming sees stopping_ when it takes this lock and undoes its own work.
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     sources.swap(sources_);
     targets.swap(targets_);
     armed.swap(armed_);
@@ -134,7 +134,7 @@ void KubevirtRelay::stop() {
 }
 
 Result<BufferTicket> KubevirtRelay::take_buffers(uint64_t bytes, const std::string& what) {
-  std::lock_guard lock(budget_mu_);
+  MutexLock lock(budget_mu_);
   const uint64_t budget = config_.migration.buffer_budget;
   const uint64_t flows = flow_buffers_.load();
   const uint64_t others = others_ ? others_() : 0;
@@ -150,7 +150,7 @@ Result<BufferTicket> KubevirtRelay::take_buffers(uint64_t bytes, const std::stri
 
 void KubevirtRelay::run_worker(std::function<void()> fn) {
   auto done = std::make_shared<std::atomic<bool>>(false);
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   // stop() sets stopping_ before it takes the workers under this lock: a worker started after
   // that would never be joined (std::terminate at exit). Whatever fn holds is released here.
   if (stopping_.load()) return;
@@ -164,7 +164,7 @@ void KubevirtRelay::run_worker(std::function<void()> fn) {
 void KubevirtRelay::reap_workers() {
   std::vector<Worker> finished;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (auto it = workers_.begin(); it != workers_.end();) {
       if (it->done->load()) {
         finished.push_back(std::move(*it));
@@ -188,7 +188,7 @@ void KubevirtRelay::record_not_carried(FlowRecord record, const std::string& rea
   kmetrics_.hook_not_carried(reason);
   LOG_INFO("kubevirt") << "hook: not carrying migration " << record.migration_uid << " of " << record.vmi.key() << ": "
                        << reason;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   remember_locked(record);
 }
 
@@ -208,7 +208,7 @@ void KubevirtRelay::remember_locked(const FlowRecord& record) {
 std::vector<FlowRecord> KubevirtRelay::list(const RecordFilter& f) const {
   std::vector<FlowRecord> all;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     all.assign(history_.begin(), history_.end());
     for (const auto& [id, a] : sources_) all.push_back(a.session->record());
     for (const auto& [id, t] : targets_) all.push_back(t->record());
@@ -226,8 +226,8 @@ std::vector<FlowRecord> KubevirtRelay::list(const RecordFilter& f) const {
 void KubevirtRelay::maintenance_loop() {
   while (!stopping_.load()) {
     maintain();
-    std::unique_lock lock(stop_mu_);
-    stop_cv_.wait_for(lock, 200ms, [&] { return stopping_.load(); });
+    MutexLock lock(stop_mu_);
+    lock.wait_for(stop_cv_, 200ms, [&] { return stopping_.load(); });
   }
 }
 
@@ -248,7 +248,7 @@ void KubevirtRelay::maintain() {
   std::vector<Active> sources;
   std::vector<std::shared_ptr<TargetSession>> targets;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& [id, a] : sources_) sources.push_back(a);
     for (const auto& [id, t] : targets_) targets.push_back(t);
   }
@@ -273,7 +273,7 @@ void KubevirtRelay::maintain() {
   }
   // 2. Book-keeping under the lock: nothing here waits for a session.
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& s : to_finish) {
       if (auto it = sources_.find(s->id()); it != sources_.end()) it->second.finishing = true;
     }
@@ -330,17 +330,17 @@ void KubevirtRelay::maintain() {
     // session's destructor then resets whatever is left.
     run_worker([this, s] {
       const auto until = std::chrono::steady_clock::now() + SourceSession::kMultifdDrainLimit + 1s;
-      std::unique_lock lock(stop_mu_);
+      MutexLock lock(stop_mu_);
       while (s->draining() && std::chrono::steady_clock::now() < until) {
-        if (stop_cv_.wait_for(lock, 100ms, [&] { return stopping_.load(); })) break;
+        if (lock.wait_for(stop_cv_, 100ms, [&] { return stopping_.load(); })) break;
       }
     });
   }
   for (auto& a : aborts) {
     run_worker([this, a] {
       {
-        std::unique_lock lock(stop_mu_);
-        if (stop_cv_.wait_for(lock, kAbortGrace, [&] { return stopping_.load(); })) return;
+        MutexLock lock(stop_mu_);
+        if (lock.wait_for(stop_cv_, kAbortGrace, [&] { return stopping_.load(); })) return;
       }
       auto done = abort_outgoing_job(config_.kubevirt, launchers_, a.vmi, a.armed_at_ms, a.failed_at_ms);
       LOG_INFO("kubevirt") << "carrying " << a.vmi.key() << " failed: "
@@ -375,7 +375,7 @@ void KubevirtRelay::prune_points() {
   // stale.
   std::map<uint64_t, std::shared_ptr<InterceptPoint>> before;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (points_.empty() && handler_ns_cache_.empty()) return;  // nothing to scan /proc for
     before = points_;
   }
@@ -387,7 +387,7 @@ void KubevirtRelay::prune_points() {
   std::vector<uint64_t> removing;
   std::vector<std::shared_ptr<NetNs>> cached;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (auto it = points_.begin(); it != points_.end();) {
       const auto was = before.find(it->first);
       const bool armed = std::any_of(armed_.begin(), armed_.end(), [&](const auto& a) { return a.second.point == it->second; });
@@ -431,7 +431,7 @@ void KubevirtRelay::prune_points() {
     for (const auto& p : stale) p->retire();
     stale.clear();
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       for (uint64_t inode : removing) ns_busy_.erase(inode);
     }
     ns_cv_.notify_all();
@@ -444,7 +444,7 @@ void KubevirtRelay::prune_points() {
 }
 
 size_t KubevirtRelay::active_sessions() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   size_t n = 0;
   for (const auto& [id, a] : sources_) n += a.session->ended() ? 0 : 1;
   for (const auto& [id, t] : targets_) n += t->ended() ? 0 : 1;

@@ -60,7 +60,7 @@ class KubevirtRelay {
   // hook caller's pid (SO_PEERCRED), whose network namespace is intercepted; 0 = unknown.
   HookDecision pre_migration_source(const nlohmann::json& vmi, const std::string& node, pid_t caller_pid);
 
-  std::vector<FlowRecord> list(const RecordFilter& filter) const;
+  std::vector<FlowRecord> list(const RecordFilter& filter) const EXCLUDES(mu_);
   // Buffers held by others on this agent (the bare-QEMU jobs) that count against the same
   // migration.bufferBudget as the flows' channels; and the flows' own.
   void count_also(std::function<uint64_t()> others) { others_ = std::move(others); }
@@ -77,7 +77,7 @@ class KubevirtRelay {
   void begin_drain() { draining_ = true; }
   bool draining() const { return draining_.load(); }
   // Sessions armed or running, both roles (what a drain waits for).
-  size_t active_sessions() const;
+  size_t active_sessions() const EXCLUDES(mu_);
 
  private:
   void on_connection(UniqueFd fd, const net::Endpoint& dst, const NetNs& ns);
@@ -86,7 +86,7 @@ class KubevirtRelay {
   Result<transport::rdma::AcceptPlan> resolve_rdma(const transport::rdma::ConnectRequest& request);
   // The interception point of `ns`, created when there is none. Slow (a listener and the
   // nftables table inside the namespace): call it without mu_.
-  Result<std::shared_ptr<InterceptPoint>> point_for(std::shared_ptr<NetNs> ns);
+  Result<std::shared_ptr<InterceptPoint>> point_for(std::shared_ptr<NetNs> ns) EXCLUDES(mu_);
   void prune_points();
   std::shared_ptr<NetNs> handler_netns_owning(const std::string& ip);
   Result<std::shared_ptr<NetNs>> dial_namespace(const net::Endpoint& dst);
@@ -97,19 +97,19 @@ class KubevirtRelay {
   Result<MigrationIntent> confirm_with_api(const MigrationIntent& caller);
   void pass_through(UniqueFd fd, const net::Endpoint& dst, const NetNs& ns);
   PassMark pass_mark() const { return PassMark{config_.kubevirt.socket_mark, config_.kubevirt.socket_mark_mask}; }
-  void record_not_carried(FlowRecord record, const std::string& reason);
-  void remember_locked(const FlowRecord& record);
+  void record_not_carried(FlowRecord record, const std::string& reason) EXCLUDES(mu_);
+  void remember_locked(const FlowRecord& record) REQUIRES(mu_);
   void maintenance_loop();
   void maintain();
   void refresh_rules();
   void setup_static_mode();
   void sweep_leftover_tables();
   void record_armed(uint64_t netns_inode);  // stateDir: what the start-up sweep looks at
-  void run_worker(std::function<void()> fn);
+  void run_worker(std::function<void()> fn) EXCLUDES(mu_);
   // kubevirt.multifdOnFailure "auto": asks the source launcher's libvirt for its QEMU version
   // (a worker) and sets what a failure of `s` does to its multifd connections.
   void decide_multifd_on_failure(const std::shared_ptr<SourceSession>& s);
-  Result<BufferTicket> take_buffers(uint64_t bytes, const std::string& what);
+  Result<BufferTicket> take_buffers(uint64_t bytes, const std::string& what) EXCLUDES(mu_, budget_mu_);
   void reap_workers();
 
   const AgentConfig& config_;
@@ -130,40 +130,40 @@ class KubevirtRelay {
   // legs_mu_ (record(), ended(), draining() of sessions under it), mu_ -> KubevirtMetrics::mu_
   // (remember_locked) and mu_ -> PeerDirectory::mu_ (mark_unhealthy); never taken under a
   // session's lock, budget_mu_ or stop_mu_.
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   // Namespaces (netns inodes) where a point is being made or a stale one's table removed, under
   // mu_: one at a time per namespace (a second install there would replace the first's table),
   // while work in one namespace never waits for nftables in another.
-  std::set<uint64_t> ns_busy_;
+  std::set<uint64_t> ns_busy_ GUARDED_BY(mu_);
   std::condition_variable ns_cv_;  // an ns_busy_ entry went away
   // By netns inode. A point lives until stop(), or until no virt-handler lives in its
   // namespace and nothing is armed in it (prune_points); the last reference may be an Armed
   // entry or a hook call's, so it is never dropped under mu_.
-  std::map<uint64_t, std::shared_ptr<InterceptPoint>> points_;
+  std::map<uint64_t, std::shared_ptr<InterceptPoint>> points_ GUARDED_BY(mu_);
   struct Armed {
     std::string ip;
     uint16_t port = 0;
     std::shared_ptr<SourceSession> session;
     std::shared_ptr<InterceptPoint> point;
   };
-  std::map<std::string, Armed> armed_;  // "ip|port"
-  std::set<std::string> arming_;        // migration uids a hook call is arming now
+  std::map<std::string, Armed> armed_ GUARDED_BY(mu_);  // "ip|port"
+  std::set<std::string> arming_ GUARDED_BY(mu_);        // migration uids a hook call is arming now
   std::condition_variable hook_cv_;     // an arming_ entry went away
-  std::map<std::string, std::shared_ptr<SourceSession>> static_sessions_;  // by destination ip
+  std::map<std::string, std::shared_ptr<SourceSession>> static_sessions_ GUARDED_BY(mu_);  // by destination ip
   struct Active {
     std::shared_ptr<SourceSession> session;
     std::chrono::steady_clock::time_point armed_at;
     bool finishing = false;
   };
-  std::map<std::string, Active> sources_;  // by session id
-  std::map<std::string, std::shared_ptr<TargetSession>> targets_;
-  std::map<std::string, std::shared_ptr<NetNs>> handler_ns_cache_;  // target side, by address
-  std::deque<FlowRecord> history_;
+  std::map<std::string, Active> sources_ GUARDED_BY(mu_);  // by session id
+  std::map<std::string, std::shared_ptr<TargetSession>> targets_ GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<NetNs>> handler_ns_cache_ GUARDED_BY(mu_);  // target side, by address
+  std::deque<FlowRecord> history_ GUARDED_BY(mu_);
   struct Worker {
     std::thread thread;
     std::shared_ptr<std::atomic<bool>> done;
   };
-  std::vector<Worker> workers_;  // finishing sessions, pass-through relays; reaped when done
+  std::vector<Worker> workers_ GUARDED_BY(mu_);  // finishing sessions, pass-through relays; reaped when done
   std::chrono::steady_clock::time_point last_refresh_{};
   std::chrono::steady_clock::time_point last_probe_{};
 
@@ -177,7 +177,7 @@ class KubevirtRelay {
   // accept threads, the RDMA CM thread, the interception thread), often under a
   // TargetSession's conn_mu_; calls others_ (the migration and path-check managers' locks)
   // under it. Never held with mu_.
-  std::mutex budget_mu_;             // serialises take_buffers' check and take
+  Mutex budget_mu_;             // serialises take_buffers' check and take
   std::atomic<uint64_t> flow_buffers_{0};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> draining_{false};  // begin_drain()
@@ -186,7 +186,7 @@ class KubevirtRelay {
   // under it for stopping_; stop() takes it once after setting stopping_, so no waiter misses
   // the wake-up (it would sleep out 200 ms, 100 ms, or kAbortGrace = 5 s for an abort worker,
   // which stop() then joins). The draining worker calls s->draining() (legs_mu_) under it.
-  std::mutex stop_mu_;
+  Mutex stop_mu_;
   std::condition_variable stop_cv_;
   std::thread maintenance_;
 };

@@ -73,8 +73,11 @@ HookDecision KubevirtRelay::pre_migration_source(const json& vmi, const std::str
     // Idempotent: KubeVirt may call again for the same migration (retries of the same attempt).
     // A call that finds another one still arming the same migration waits for its outcome, so
     // concurrent calls make one session, never two (the check and the claim under one lock).
-    std::unique_lock lock(mu_);
-    hook_cv_.wait_for(lock, kSessionOpenTimeout + 1s, [&] { return !arming_.contains(rec.migration_uid); });
+    MutexLock lock(mu_);
+    const auto deadline = std::chrono::steady_clock::now() + kSessionOpenTimeout + 1s;
+    while (arming_.contains(rec.migration_uid)) {
+      if (lock.wait_until(hook_cv_, deadline) == std::cv_status::timeout) break;
+    }
     if (arming_.contains(rec.migration_uid)) {
       kmetrics_.hook_call("error");
       return HookDecision{false, "another hook call is still arming migration " + rec.migration_uid};
@@ -97,7 +100,7 @@ HookDecision KubevirtRelay::pre_migration_source(const json& vmi, const std::str
     std::string uid;
     ~Unclaim() {
       {
-        std::lock_guard lock(relay->mu_);
+        MutexLock lock(relay->mu_);
         relay->arming_.erase(uid);
       }
       relay->hook_cv_.notify_all();
@@ -162,7 +165,7 @@ HookDecision KubevirtRelay::pre_migration_source(const json& vmi, const std::str
   }
   std::optional<Error> refused;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     // stop() sets stopping_ before it takes what it tears down under this lock; and a point
     // pruned meanwhile (its virt-handler went away) is not armed in.
     if (stopping_.load()) {
@@ -217,10 +220,14 @@ void KubevirtRelay::decide_multifd_on_failure(const std::shared_ptr<SourceSessio
 Result<std::shared_ptr<InterceptPoint>> KubevirtRelay::point_for(std::shared_ptr<NetNs> ns) {
   const uint64_t inode = ns->inode();
   {
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
+    const auto deadline = std::chrono::steady_clock::now() + kNamespaceBusyWait;
     // Another call making this namespace's point, or a stale point's table being removed
     // there: wait for that (bounded: nftables may be wedged), never for other namespaces.
-    if (!ns_cv_.wait_for(lock, kNamespaceBusyWait, [&] { return !ns_busy_.contains(inode); })) {
+    while (ns_busy_.contains(inode)) {
+      if (lock.wait_until(ns_cv_, deadline) == std::cv_status::timeout) break;
+    }
+    if (ns_busy_.contains(inode)) {
       return Error{Errc::kUnavailable, "nftables in " + ns->describe() + " is still busy after " +
                                            std::to_string(kNamespaceBusyWait.count()) + " s"};
     }
@@ -232,7 +239,7 @@ Result<std::shared_ptr<InterceptPoint>> KubevirtRelay::point_for(std::shared_ptr
     uint64_t inode;
     ~Release() {
       {
-        std::lock_guard lock(relay->mu_);
+        MutexLock lock(relay->mu_);
         relay->ns_busy_.erase(inode);
       }
       relay->ns_cv_.notify_all();
@@ -245,7 +252,7 @@ Result<std::shared_ptr<InterceptPoint>> KubevirtRelay::point_for(std::shared_ptr
   std::shared_ptr<InterceptPoint> point = std::move(made.value());
   bool kept = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!stopping_.load()) {
       points_[inode] = point;
       kept = true;
@@ -260,7 +267,7 @@ Result<std::shared_ptr<InterceptPoint>> KubevirtRelay::point_for(std::shared_ptr
 void KubevirtRelay::on_connection(UniqueFd fd, const net::Endpoint& dst, const NetNs& ns) {
   std::shared_ptr<SourceSession> session;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (auto it = armed_.find(key(dst.host, dst.port)); it != armed_.end() && !it->second.session->ended()) {
       session = it->second.session;
     } else if (auto st = static_sessions_.find(dst.host); st != static_sessions_.end() && !st->second->ended()) {
@@ -279,7 +286,7 @@ void KubevirtRelay::on_connection(UniqueFd fd, const net::Endpoint& dst, const N
       auto s = SourceSession::open(ctx_, *peer, rec, 2s);
       if (s) {
         session = std::move(s.value());
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         static_sessions_[dst.host] = session;
         sources_[session->id()] = Active{session, std::chrono::steady_clock::now(), false};
       } else {
@@ -324,7 +331,7 @@ void KubevirtRelay::setup_static_mode() {
   for (pid_t pid : handlers_.pids()) {
     const uint64_t inode = netns_inode(pid);
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (inode == 0 || points_.contains(inode)) continue;
     }
     auto n = NetNs::of_pid(pid);
@@ -347,7 +354,7 @@ void KubevirtRelay::refresh_rules() {
   std::vector<std::tuple<std::shared_ptr<InterceptPoint>, std::string, uint16_t>> elements;
   std::vector<std::shared_ptr<InterceptPoint>> points;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (auto& [k, a] : armed_) elements.emplace_back(a.point, a.ip, a.port);
     for (auto& [inode, p] : points_) points.push_back(p);
   }

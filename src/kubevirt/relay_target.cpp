@@ -34,14 +34,14 @@ void KubevirtRelay::on_flow_hello(UniqueFd fd, const json& raw) {
                                        format_quantity(config_.migration.buffer_budget) + " (migration.bufferBudget)");
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (targets_.size() >= kMaxTargetSessions) return reject("resource_exhausted", "too many KubeVirt sessions");
     if (targets_.contains(hello->session)) return reject("already_exists", "session exists");
   }
   // In the table before the welcome goes out (the source may dial its first channel as soon as
   // it reads it); the check and the insert under one lock (two hellos of one session: one wins).
   auto publish = [this](const std::shared_ptr<TargetSession>& t) -> Status {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (targets_.size() >= kMaxTargetSessions) return Error{Errc::kResourceExhausted, "too many KubeVirt sessions"};
     if (!targets_.emplace(t->id(), t).second) return Error{Errc::kAlreadyExists, "session exists"};
     return ok_status();
@@ -74,7 +74,7 @@ void KubevirtRelay::on_flow_data(UniqueFd fd, const json& raw) {
   }
   std::shared_ptr<TargetSession> s;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = targets_.find(hello->session);
     if (it != targets_.end()) s = it->second;
   }
@@ -99,7 +99,7 @@ Result<transport::rdma::AcceptPlan> KubevirtRelay::resolve_rdma(const transport:
   const std::string id = to_hex(request.session.data(), request.session.size());
   std::shared_ptr<TargetSession> s;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = targets_.find(id);
     if (it == targets_.end()) return Error{Errc::kPermissionDenied, "not a KubeVirt session"};
     s = it->second;
@@ -169,7 +169,7 @@ Result<std::shared_ptr<NetNs>> KubevirtRelay::dial_namespace(const net::Endpoint
 
 std::shared_ptr<NetNs> KubevirtRelay::handler_netns_owning(const std::string& ip) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (auto it = handler_ns_cache_.find(ip); it != handler_ns_cache_.end()) {
       if (netns_inode(it->second->pid()) == it->second->inode()) return it->second;
       handler_ns_cache_.erase(it);  // that virt-handler is gone
@@ -180,7 +180,7 @@ std::shared_ptr<NetNs> KubevirtRelay::handler_netns_owning(const std::string& ip
     if (!n) continue;
     auto ns = std::make_shared<NetNs>(std::move(n.value()));
     if (address_is_local(*ns, ip)) {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       handler_ns_cache_[ip] = ns;
       return ns;
     }

@@ -110,16 +110,16 @@ class SourceSession final : public FlowSession {
   std::optional<Error> no_rail_;  // no RDMA rail in common with the target (set in open())
   std::vector<BufferTicket> buffers_;  // one per channel (the interception thread only)
   uint32_t next_index_ = 0;  // the interception thread only
-  bool drain_multifd_ = true;  // under mu_
+  bool drain_multifd_ GUARDED_BY(mu_) = true;
   // The target's answer to "end" (its "stats", or why none comes), handed from the reader to finish().
   // Guards finishing_, closing_ and reply_; reply_cv_ signals reply_. Taken by reader_ (the
   // control thread), finish() (the relay's worker that ends the session) and the destructor.
   // Held only for those fields: finish() sends "end" with it released. No lock under it.
-  std::mutex reply_mu_;
+  Mutex reply_mu_;
   std::condition_variable reply_cv_;
-  bool finishing_ = false;
-  bool closing_ = false;
-  std::optional<Result<nlohmann::json>> reply_;
+  bool finishing_ GUARDED_BY(reply_mu_) = false;
+  bool closing_ GUARDED_BY(reply_mu_) = false;
+  std::optional<Result<nlohmann::json>> reply_ GUARDED_BY(reply_mu_);
   std::thread reader_;
 };
 
@@ -164,7 +164,7 @@ class TargetSession final : public FlowSession {
   void reader_loop();
   // The source's "fallback": rdma_cm could not reach this agent; carry over TCP from now on.
   Status fall_back_to_tcp(const std::string& why);
-  void try_start_locked(uint32_t index);
+  void try_start_locked(uint32_t index) REQUIRES(conn_mu_);
   Result<UniqueFd> dial_in_order(uint32_t index);
   void report_and_succeed();
   void wake() override;
@@ -175,7 +175,7 @@ class TargetSession final : public FlowSession {
   transport::ProofLedger rdma_proofs_;
   NetnsLocator locate_;
   StatsReader stats_;
-  std::string transport_;
+  std::string transport_ GUARDED_BY(conn_mu_);
 
   // Guards transport_ (set by accept() before the session is published), channels_,
   // destinations_, started_, admitting_, rdma_settled_, buffers_, next_dial_ and stopping_;
@@ -186,16 +186,16 @@ class TargetSession final : public FlowSession {
   // ended(), record()) -> legs_mu_ (add_leg from try_start_locked), and conn_mu_ -> the
   // relay's budget_mu_ (take_buffers). add_tcp_channel writes the welcome to the channel's
   // socket under it. rdma_proofs_ has its own lock (ProofLedger).
-  std::mutex conn_mu_;
+  Mutex conn_mu_;
   std::condition_variable conn_cv_;
-  std::vector<std::unique_ptr<transport::Channel>> channels_;  // by index, until started
-  std::vector<std::optional<net::Endpoint>> destinations_;
-  std::vector<bool> started_;
-  std::set<uint32_t> admitting_;  // indices whose TLS handshake runs (without conn_mu_)
-  bool rdma_settled_ = false;  // an RDMA channel was delivered
-  std::vector<BufferTicket> buffers_;  // one per channel, held until the session goes
-  uint32_t next_dial_ = 0;
-  bool stopping_ = false;
+  std::vector<std::unique_ptr<transport::Channel>> channels_ GUARDED_BY(conn_mu_);  // by index, until started
+  std::vector<std::optional<net::Endpoint>> destinations_ GUARDED_BY(conn_mu_);
+  std::vector<bool> started_ GUARDED_BY(conn_mu_);
+  std::set<uint32_t> admitting_ GUARDED_BY(conn_mu_);  // indices whose TLS handshake runs (without conn_mu_)
+  bool rdma_settled_ GUARDED_BY(conn_mu_) = false;  // an RDMA channel was delivered
+  std::vector<BufferTicket> buffers_ GUARDED_BY(conn_mu_);  // one per channel, held until the session goes
+  uint32_t next_dial_ GUARDED_BY(conn_mu_) = 0;
+  bool stopping_ GUARDED_BY(conn_mu_) = false;
   std::thread reader_;
 };
 

@@ -86,7 +86,8 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
   if (!kind) return kind.error().with_context(where);
 
   record.transport = chosen.value();
-  record.transport_reason = welcome->value("transportReason", std::string());
+  const std::string transport_reason = welcome->value("transportReason", std::string());
+  record.transport_reason = transport_reason;
   record.peer = peer.agent.to_string();
   record.phase = "Armed";
   record.carried = true;
@@ -108,7 +109,7 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
   }
   // An automatic choice of RDMA is counted once it holds: at the first RDMA channel, or as
   // the TCP fallback when rdma_cm cannot reach the target (add_connection).
-  if (s->record_.transport_reason != "auto-both-rdma") ctx.metrics.transport_selected(s->transport_, s->record_.transport_reason);
+  if (transport_reason != "auto-both-rdma") ctx.metrics.transport_selected(s->transport_, transport_reason);
   // kubevirt.multifdOnFailure as configured; "auto" drains until the relay learnt the source
   // launcher's QEMU (hook mode; static mode knows no VMI, so no launcher: it keeps draining).
   const std::string& on_failure = ctx.config.kubevirt.multifd_on_failure;
@@ -122,7 +123,7 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
 
 SourceSession::~SourceSession() {
   {
-    std::lock_guard lock(reply_mu_);
+    MutexLock lock(reply_mu_);
     closing_ = true;
   }
   if (link_) link_->close();
@@ -206,7 +207,7 @@ Status SourceSession::add_connection(UniqueFd fd, const net::Endpoint& destinati
   if (kind != kBlockPort) {
     bool first_memory = false;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (record_.main_connection < 0 && record_.main_connection_by.empty()) {
         record_.main_connection = static_cast<int>(index);
         record_.main_connection_by = "order";
@@ -222,7 +223,7 @@ Status SourceSession::add_connection(UniqueFd fd, const net::Endpoint& destinati
   add_leg(std::move(ch.value()), std::move(pump));
   if (drains) {
     // set_multifd_on_failure(false) may have run between the read above and add_leg.
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     if (!drain_multifd_) {
       lock.unlock();
       with_pump(index, [](session::ChannelPump& p) { p.set_drain_on_failure(false, kMultifdDrainLimit); });
@@ -249,7 +250,7 @@ Status SourceSession::fall_back_to_tcp(const Error& rdma_error) {
   RDMIG_TRY(send_signed(session::message(session::MessageKind::kFallback, json{{"transport", "tcp"}, {"error", rdma_error.message}})));
   transport_ = "tcp";
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     record_.transport = "tcp";
     record_.transport_reason = session::kPeerRdmaUnreachable;
   }
@@ -280,7 +281,7 @@ void SourceSession::saw_first_bytes(uint32_t index, session::ChannelPump& self, 
     bool first = false;
     std::string vmi;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       first = record_.kubevirt_tls.empty();
       if (first) record_.kubevirt_tls = plaintext ? "off" : "on";
       if (plaintext && record_.plaintext.empty()) record_.plaintext = refuse ? "refused" : "carried";
@@ -310,7 +311,7 @@ void SourceSession::saw_first_bytes(uint32_t index, session::ChannelPump& self, 
   int previous = -1;
   bool drains = true;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     drains = drain_multifd_;
     const int me = static_cast<int>(index);
     if (is_main) {
@@ -335,7 +336,7 @@ void SourceSession::saw_first_bytes(uint32_t index, session::ChannelPump& self, 
 
 void SourceSession::set_multifd_on_failure(bool drain, const std::string& by) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (ended_) return;  // decided already (fail() aborted the legs): the record says what was done
     drain_multifd_ = drain;
     record_.on_failure = drain ? "drain" : "reset";
@@ -354,7 +355,7 @@ void SourceSession::reader_loop() {
   // Until finish() sent "end", an abort, the link's loss or the target's silence fails the
   // session; after it, they are the answer finish() waits for.
   auto answer = [this](Result<json> r) {
-    std::lock_guard lock(reply_mu_);
+    MutexLock lock(reply_mu_);
     if (!finishing_) return false;
     reply_ = std::move(r);
     reply_cv_.notify_all();
@@ -365,7 +366,7 @@ void SourceSession::reader_loop() {
     if (!m) {
       if (answer(m.error())) return;
       {
-        std::lock_guard lock(reply_mu_);
+        MutexLock lock(reply_mu_);
         if (closing_) return;
       }
       const bool forged = m.error().code == Errc::kPermissionDenied;
@@ -397,14 +398,18 @@ void SourceSession::finish() {
   const auto r = record();
   stop_watching_peer();  // the target reads libvirt's figures now, without heartbeats
   {
-    std::lock_guard lock(reply_mu_);
+    MutexLock lock(reply_mu_);
     finishing_ = true;
   }
   (void)send_signed(session::message(session::MessageKind::kEnd, json{{"bytesSent", r.bytes_sent}, {"bytesReceived", r.bytes_received}}));
   Result<json> stats = Error{Errc::kTimeout, "no stats within 20 s"};
   {
-    std::unique_lock lock(reply_mu_);
-    if (reply_cv_.wait_for(lock, 20s, [&] { return reply_.has_value(); })) stats = std::move(*reply_);
+    MutexLock lock(reply_mu_);
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (!reply_.has_value()) {
+      if (lock.wait_until(reply_cv_, deadline) == std::cv_status::timeout) break;
+    }
+    if (reply_.has_value()) stats = std::move(*reply_);
   }
   if (stats && session::is(*stats, session::MessageKind::kAbort)) {
     fail(Error{Errc::kUnavailable, "target agent aborted: " + stats->value("reason", std::string("?"))}, true);
@@ -413,7 +418,7 @@ void SourceSession::finish() {
   if (stats) {
     auto it = stats->find("libvirt");
     if (it != stats->end() && it->is_object()) {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       record_.libvirt = libvirt_stats_from_json(*it);
     } else if (auto why = stats->find("libvirtError"); why != stats->end() && why->is_string()) {
       LOG_INFO("kubevirt") << "session=" << id_ << " no libvirt figures from the target: " << why->get<std::string>();

@@ -24,7 +24,7 @@ TargetSession::TargetSession(std::string id, FlowRecord record, const SessionCon
 
 TargetSession::~TargetSession() {
   {
-    std::lock_guard lock(conn_mu_);
+    MutexLock lock(conn_mu_);
     stopping_ = true;
   }
   conn_cv_.notify_all();
@@ -96,10 +96,14 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
   rec.transport_reason = choice->reason;
   std::shared_ptr<TargetSession> s(
       new TargetSession(hello.session, std::move(rec), ctx, hello, std::move(locate.value()), std::move(stats)));
-  s->transport_ = session::wire_name(choice->transport);
+  const std::string transport = session::wire_name(choice->transport);
+  {
+    MutexLock lock(s->conn_mu_);  // no other thread sees the session yet
+    s->transport_ = transport;
+  }
   s->channel_key_ = flow_channel_key(token, hello, nonce);
-  json welcome = session::message(session::MessageKind::kWelcome, json{{"transport", s->transport_}, {"transportReason", choice->reason}});
-  if (s->transport_ == "rdma") {
+  json welcome = session::message(session::MessageKind::kWelcome, json{{"transport", transport}, {"transportReason", choice->reason}});
+  if (transport == "rdma") {
     session::add_rails_to_welcome(welcome, ctx.rdma);
     s->set_rails(session::rails_from_source(hello.rdma_rails, ctx.rdma));
   }
@@ -116,7 +120,7 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
   }
   // An automatic choice of RDMA is counted once it holds: at the first RDMA channel, or as
   // the TCP fallback the source asks for when rdma_cm cannot reach this agent.
-  if (choice->reason != "auto-both-rdma") ctx.metrics.transport_selected(s->transport_, choice->reason);
+  if (choice->reason != "auto-both-rdma") ctx.metrics.transport_selected(transport, choice->reason);
   s->set_link(std::make_unique<session::ControlLink>(std::move(fd)),
               std::make_unique<FlowSigner>(flow_session_key(token, hello, nonce), "target", "source"),
               std::chrono::seconds(ctx.config.kubevirt.heartbeat_timeout_seconds));
@@ -125,7 +129,7 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
 
 void TargetSession::wake() {
   {
-    std::lock_guard lock(conn_mu_);
+    MutexLock lock(conn_mu_);
     stopping_ = true;
   }
   conn_cv_.notify_all();
@@ -165,7 +169,7 @@ void TargetSession::reader_loop() {
         fail(st.error().with_context("refused an open from the source agent on " + hello_.source_node));
         return;
       }
-      std::lock_guard lock(conn_mu_);
+      MutexLock lock(conn_mu_);
       const auto i = static_cast<uint32_t>(index.value());
       if (destinations_.size() <= i) {
         destinations_.resize(i + 1);
@@ -200,7 +204,7 @@ void TargetSession::try_start_locked(uint32_t i) {
 }
 
 Status TargetSession::fall_back_to_tcp(const std::string& why) {
-  std::lock_guard lock(conn_mu_);
+  MutexLock lock(conn_mu_);
   const std::string reason = record().transport_reason;
   bool any_rdma = rdma_settled_;
   for (const auto& ch : channels_) any_rdma = any_rdma || ch != nullptr;
@@ -216,7 +220,7 @@ Status TargetSession::fall_back_to_tcp(const std::string& why) {
                        << "): falling back to TCP (" << session::kPeerRdmaUnreachable << ")";
   transport_ = "tcp";
   {
-    std::lock_guard rlock(mu_);
+    MutexLock rlock(mu_);
     record_.transport = "tcp";
     record_.transport_reason = session::kPeerRdmaUnreachable;
   }
@@ -226,10 +230,13 @@ Status TargetSession::fall_back_to_tcp(const std::string& why) {
 }
 
 Status TargetSession::add_tcp_channel(UniqueFd fd, uint32_t index, const std::string& welcome_proof, bool tls) {
-  std::unique_lock lock(conn_mu_);
+  MutexLock lock(conn_mu_);
   // A TCP channel can overtake the source's "fallback" on the control link: wait for it, bounded.
   if (transport_ == "rdma") {
-    conn_cv_.wait_for(lock, kFallbackWait, [&] { return transport_ != "rdma" || stopping_ || ended(); });
+    const auto deadline = std::chrono::steady_clock::now() + kFallbackWait;
+    while (transport_ == "rdma" && !stopping_ && !ended()) {
+      if (lock.wait_until(conn_cv_, deadline) == std::cv_status::timeout) break;
+    }
   }
   if (transport_ != "tcp" || index >= transport::kMaxChannels || ended()) {
     reject(fd.get(), "invalid_argument", "channel index out of range or session not on tcp");
@@ -290,7 +297,7 @@ Result<transport::rdma::AcceptPlan> TargetSession::rdma_plan(const transport::rd
     return st.error();
   }
   const uint32_t index = request.index;
-  std::lock_guard lock(conn_mu_);
+  MutexLock lock(conn_mu_);
   if (transport_ != "rdma" || index >= transport::kMaxChannels || ended()) {
     return Error{Errc::kInvalidArgument, "channel index out of range or session not on rdma"};
   }
@@ -313,7 +320,7 @@ Result<transport::rdma::AcceptPlan> TargetSession::rdma_plan(const transport::rd
       fail(ch.error().with_context("RDMA channel " + std::to_string(index)));
       return;
     }
-    std::lock_guard l(conn_mu_);
+    MutexLock l(conn_mu_);
     if (transport_ != "rdma") return;  // fell back to TCP meanwhile: this channel just closes
     if (!rdma_settled_) {
       rdma_settled_ = true;
@@ -333,9 +340,9 @@ Result<transport::rdma::AcceptPlan> TargetSession::rdma_plan(const transport::rd
 Result<UniqueFd> TargetSession::dial_in_order(uint32_t index) {
   net::Endpoint dst;
   {
-    std::unique_lock lock(conn_mu_);
+    MutexLock lock(conn_mu_);
     // QEMU takes the first memory connection as its main channel: dial in the source's order.
-    conn_cv_.wait(lock, [&] { return next_dial_ == index || stopping_; });
+    while (next_dial_ != index && !stopping_) lock.wait(conn_cv_);
     if (stopping_) return Error{Errc::kCancelled, "session stopped"};
     dst = *destinations_[index];
   }
@@ -356,7 +363,7 @@ Result<UniqueFd> TargetSession::dial_in_order(uint32_t index) {
   });
   if (!fd) return fd.error().with_context("dialling " + dst.to_string() + " in " + ns->describe());
   {
-    std::lock_guard lock(conn_mu_);
+    MutexLock lock(conn_mu_);
     ++next_dial_;
   }
   conn_cv_.notify_all();
@@ -374,7 +381,7 @@ void TargetSession::report_and_succeed() {
       return;
     }
     if (stats) {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       record_.libvirt = stats.value();
       reply["libvirt"] = to_json(stats.value());
     } else {

@@ -53,7 +53,7 @@ void Job::stop_worker() {
 }
 
 void Job::join_worker() {
-  std::lock_guard lock(join_mu_);
+  MutexLock lock(join_mu_);
   if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) worker_.join();
 }
 
@@ -81,7 +81,7 @@ void Job::release_resources() {
   std::vector<std::unique_ptr<transport::Channel>> channels;
   std::unique_ptr<ControlLink> link;
   {
-    std::lock_guard lock(data_mu_);
+    MutexLock lock(data_mu_);
     pumps.swap(pumps_);
     channels.swap(channels_);
     link = std::move(link_);
@@ -128,7 +128,7 @@ Status Job::check_qemu_peer(int fd, const std::string& what) const {
 Job::CancelWatch::CancelWatch(Job& job, int fd) : job_(job), fd_(fd) {
   bool cancelled = false;
   {
-    std::lock_guard lock(job_.status_mu_);
+    MutexLock lock(job_.status_mu_);
     job_.watched_fds_.push_back(fd_);
     cancelled = job_.cancel_requested_.load();
   }
@@ -136,28 +136,32 @@ Job::CancelWatch::CancelWatch(Job& job, int fd) : job_(job), fd_(fd) {
 }
 
 Job::CancelWatch::~CancelWatch() {
-  std::lock_guard lock(job_.status_mu_);
+  MutexLock lock(job_.status_mu_);
   std::erase(job_.watched_fds_, fd_);
 }
 
 MigrationStatus Job::status() const {
-  std::lock_guard lock(status_mu_);
+  MutexLock lock(status_mu_);
   return status_;
 }
 
 bool Job::finished() const {
-  std::lock_guard lock(status_mu_);
+  MutexLock lock(status_mu_);
   return phase_terminal(status_.phase);
 }
 
 bool Job::wait_finished(std::chrono::milliseconds timeout) const {
-  std::unique_lock lock(status_mu_);
-  return status_cv_.wait_for(lock, timeout, [&] { return phase_terminal(status_.phase); });
+  MutexLock lock(status_mu_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!phase_terminal(status_.phase)) {
+    if (lock.wait_until(status_cv_, deadline) == std::cv_status::timeout) break;
+  }
+  return phase_terminal(status_.phase);
 }
 
 void Job::request_cancel(const std::string& reason) {
   {
-    std::lock_guard lock(status_mu_);
+    MutexLock lock(status_mu_);
     if (cancel_requested_.load() || phase_terminal(status_.phase)) return;
     cancel_reason_ = reason;
     cancel_requested_.store(true);
@@ -167,13 +171,13 @@ void Job::request_cancel(const std::string& reason) {
 }
 
 std::string Job::cancel_reason() const {
-  std::lock_guard lock(status_mu_);
+  MutexLock lock(status_mu_);
   return cancel_reason_;
 }
 
 void Job::set_phase(Phase phase) {
   {
-    std::lock_guard lock(status_mu_);
+    MutexLock lock(status_mu_);
     if (phase_terminal(status_.phase)) return;
     if (status_.phase == phase) return;
     status_.phase = phase;
@@ -185,7 +189,7 @@ void Job::set_phase(Phase phase) {
 }
 
 void Job::update(const std::function<void(MigrationStatus&)>& fn) {
-  std::lock_guard lock(status_mu_);
+  MutexLock lock(status_mu_);
   fn(status_);
 }
 
@@ -193,7 +197,7 @@ void Job::refresh_data_counters() {
   uint64_t sent = 0, received = 0, chunks_sent = 0, chunks_received = 0;
   ChannelTraffic by_channel;  // pumps_[c] carries channel c
   {
-    std::lock_guard lock(data_mu_);
+    MutexLock lock(data_mu_);
     for (const auto& p : pumps_) {
       by_channel.bytes_sent.push_back(p->bytes_up());
       by_channel.bytes_received.push_back(p->bytes_down());
@@ -205,7 +209,7 @@ void Job::refresh_data_counters() {
       chunks_received += p->chunks_down();
     }
   }
-  std::lock_guard lock(status_mu_);
+  MutexLock lock(status_mu_);
   status_.progress.data_bytes_sent = sent;
   status_.progress.data_bytes_received = received;
   status_.progress.chunks_sent = chunks_sent;
@@ -253,7 +257,7 @@ std::optional<ChannelFailure> channel_failure_to_report(const std::vector<std::o
 std::optional<ChannelFailure> Job::channel_failure(std::optional<Errc> only) const {
   std::vector<std::optional<Error>> errors;
   {
-    std::lock_guard lock(data_mu_);
+    MutexLock lock(data_mu_);
     errors.reserve(pumps_.size());
     for (const auto& p : pumps_) errors.push_back(p->error());  // pumps_[i] carries channel i
   }
@@ -268,7 +272,7 @@ std::optional<ChannelFailure> Job::channel_failure(std::optional<Errc> only) con
 Error Job::data_plane_error(const Error& e, uint32_t channel) const {
   std::string rail;
   {
-    std::lock_guard lock(status_mu_);
+    MutexLock lock(status_mu_);
     rail = rail_of_channel_text(status_.rails, channel);
   }
   return e.with_context(rail.empty() ? "data plane" : "data plane (" + rail + ")");
@@ -284,7 +288,7 @@ Error Job::qemu_failure(const std::string& what, const std::string& error_desc,
 }
 
 void Job::abort_data_plane(const Error& reason, bool keep_link) {
-  std::lock_guard lock(data_mu_);
+  MutexLock lock(data_mu_);
   for (auto& p : pumps_) p->abort(reason);
   for (auto& c : channels_) c->abort(reason);
   if (link_ && !keep_link) link_->close();
@@ -306,7 +310,7 @@ void Job::finish(Phase phase, const std::string& reason, const char* failure) {
   std::string result;
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - created_).count();
   {
-    std::lock_guard lock(status_mu_);
+    MutexLock lock(status_mu_);
     if (metrics_finished_) return;
     metrics_finished_ = true;
     status_.phase = phase;
@@ -345,17 +349,20 @@ void Job::report_tls(uint32_t index, const transport::TlsStream& tls) {
 
 void Job::wrap_for_failover(const std::function<session::FailoverChannel::Reconnect(uint32_t)>& reconnect_for) {
   const auto deadline = std::chrono::seconds(ctx_.config.data_plane.failover_deadline_seconds);
-  std::lock_guard lock(data_mu_);
-  for (auto& ch : channels_) {
-    const uint32_t index = ch->index();
-    auto fc = std::make_unique<session::FailoverChannel>(std::move(ch), spec_.ring_depth, deadline, reconnect_for(index),
-                                                         [this](const session::FailoverEvent& ev) { on_failover(ev); });
-    failover_channels_.push_back(fc.get());
-    ch = std::move(fc);
+  size_t n = 0;
+  {
+    MutexLock lock(data_mu_);
+    for (auto& ch : channels_) {
+      const uint32_t index = ch->index();
+      auto fc = std::make_unique<session::FailoverChannel>(std::move(ch), spec_.ring_depth, deadline, reconnect_for(index),
+                                                           [this](const session::FailoverEvent& ev) { on_failover(ev); });
+      failover_channels_.push_back(fc.get());
+      ch = std::move(fc);
+    }
+    n = channels_.size();
   }
-  LOG_INFO("migration") << log_prefix() << " failover on: " << channels_.size() << " channel(s), deadline "
-                        << deadline.count() << " s";
-  update([&](MigrationStatus& s) { s.failover = true; });
+  LOG_INFO("migration") << log_prefix() << " failover on: " << n << " channel(s), deadline " << deadline.count() << " s";
+  update([&](MigrationStatus& s) { s.failover = true; });  // status_mu_ after data_mu_ is released
 }
 
 void Job::on_failover(const session::FailoverEvent& ev) {

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "config/agent_config.h"
 #include "metrics/metrics.h"
 #include "migration/types.h"
@@ -76,28 +77,28 @@ class Job {
   const std::string& id() const { return spec_.id; }
   Role role() const { return spec_.role; }
   const MigrationSpec& spec() const { return spec_; }
-  MigrationStatus status() const;
-  bool finished() const;
-  bool wait_finished(std::chrono::milliseconds timeout) const;
+  MigrationStatus status() const EXCLUDES(status_mu_);
+  bool finished() const EXCLUDES(status_mu_);
+  bool wait_finished(std::chrono::milliseconds timeout) const EXCLUDES(status_mu_);
 
   // Asks the job to stop. The worker reacts within one progress interval: the VM stays on
   // the source (migrate_cancel) unless the source had already handed it over. Sockets the
   // handshake is blocked on are shut down at once, so no stage waits out its own timeout.
-  void request_cancel(const std::string& reason);
+  void request_cancel(const std::string& reason) EXCLUDES(status_mu_);
 
   // Joins the worker once it has ended (after on_worker_done); a no-op when already joined.
   void join_worker();
 
  protected:
-  void set_phase(Phase phase);
-  void update(const std::function<void(MigrationStatus&)>& fn);
+  void set_phase(Phase phase) EXCLUDES(status_mu_);
+  void update(const std::function<void(MigrationStatus&)>& fn) EXCLUDES(status_mu_);
   // Ends the job once; records metrics; closes QMP so others may use the monitor.
   // `failure`: the reason label of rdmig_migration_failures_total for a failed phase (one of
   // timeout, peer_lost, qemu, protocol, io, target_failed, vm_paused_on_source, other).
-  void finish(Phase phase, const std::string& reason, const char* failure = nullptr);
+  void finish(Phase phase, const std::string& reason, const char* failure = nullptr) EXCLUDES(status_mu_, data_mu_);
   static const char* failure_of(Errc code);
   bool cancel_requested() const { return cancel_requested_.load(); }
-  std::string cancel_reason() const;
+  std::string cancel_reason() const EXCLUDES(status_mu_);
   // A handshake step's error, or the cancel that caused it (a cancelled step fails with EPIPE-like errors).
   Error cancel_or(Error e) const {
     return cancel_requested() ? Error{Errc::kCancelled, cancel_reason()} : std::move(e);
@@ -128,7 +129,7 @@ class Job {
   // One channel failed over: counted (rdmig_failovers_total), logged, put in the status.
   void on_failover(const session::FailoverEvent& ev);
   // Channel `index`'s FailoverChannel (nullptr when the job does not fail over); under data_mu_.
-  session::FailoverChannel* failover_channel(uint32_t index) const;
+  session::FailoverChannel* failover_channel(uint32_t index) const REQUIRES(data_mu_);
   // A TCP data channel's TLS (dataPlane.tls: on): logged, counted (rdmig_tls_channels_total) and
   // put in the status ("encryption"; "tls (mixed)" should channels differ).
   void report_tls(uint32_t index, const transport::TlsStream& tls);
@@ -175,22 +176,24 @@ class Job {
   // Owned by the worker thread (and torn down in this order: pumps, channels, link, qmp).
   std::unique_ptr<qemu::QmpClient> qmp_;
   std::unique_ptr<session::ControlLink> link_;
-  std::vector<std::unique_ptr<transport::Channel>> channels_;
-  std::vector<std::unique_ptr<session::ChannelPump>> pumps_;
+  std::vector<std::unique_ptr<transport::Channel>> channels_ GUARDED_BY(data_mu_);
+  std::vector<std::unique_ptr<session::ChannelPump>> pumps_ GUARDED_BY(data_mu_);
   // Guards channels_, pumps_ and link_ (the pointers; qmp_ is the worker's alone, its client
   // thread-safe). Taken today by the worker thread (set-up of channels, pumps and link,
-  // refresh_data_counters, channel_failure, abort_data_plane, release_resources), which
-  // also reads link_ unlocked between those points as its only writer. Calls into the pumps
-  // and channels (their own locks) under it, including the final p->wait(5s) of each pump.
-  // Lock order: TargetJob::conn_mu_ -> data_mu_; released before status_mu_ is taken.
-  mutable std::mutex data_mu_;  // guards channels_/pumps_ growth against abort from other threads
-  // channels_ as FailoverChannels (the same objects), once wrap_for_failover() ran; under data_mu_.
-  std::vector<session::FailoverChannel*> failover_channels_;
+  // refresh_data_counters, channel_failure, abort_data_plane, release_resources) and by the
+  // source's accept thread (its pumps), and the worker also reads link_ unlocked between
+  // those points as its only writer (so link_ carries no GUARDED_BY: the analysis cannot
+  // state "written under the lock by the one thread that reads it without"). Calls into the
+  // pumps and channels (their own locks) under it, including the final p->wait(5s) of each
+  // pump. Lock order: TargetJob::conn_mu_ -> data_mu_; released before status_mu_ is taken.
+  mutable Mutex data_mu_;  // guards channels_/pumps_ growth against abort from other threads
+  // channels_ as FailoverChannels (the same objects), once wrap_for_failover() ran.
+  std::vector<session::FailoverChannel*> failover_channels_ GUARDED_BY(data_mu_);
 
   std::thread worker_;
   // Guards worker_'s join alone (no other member): the manager's reaper thread and the
   // destructor (stop_worker) may both join. Nothing else is taken under it.
-  std::mutex join_mu_;  // the owner's reaper and the destructor may both join
+  Mutex join_mu_;  // the owner's reaper and the destructor may both join
 
  private:
   // Guards status_, cancel_reason_, metrics_finished_ and watched_fds_ (cancel_requested_ is
@@ -199,13 +202,13 @@ class Job {
   // data-plane threads through update() and CancelWatch. Lock order: TargetJob::conn_mu_ ->
   // status_mu_; request_cancel shuts the watched sockets down under it; never held with
   // data_mu_.
-  mutable std::mutex status_mu_;
+  mutable Mutex status_mu_;
   mutable std::condition_variable status_cv_;
-  MigrationStatus status_;
+  MigrationStatus status_ GUARDED_BY(status_mu_);
   std::atomic<bool> cancel_requested_{false};
-  std::string cancel_reason_;
-  bool metrics_finished_ = false;
-  std::vector<int> watched_fds_;  // guarded by status_mu_
+  std::string cancel_reason_ GUARDED_BY(status_mu_);
+  bool metrics_finished_ GUARDED_BY(status_mu_) = false;
+  std::vector<int> watched_fds_ GUARDED_BY(status_mu_);
 };
 
 }  // namespace rdmig::migration

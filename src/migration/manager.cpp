@@ -39,12 +39,12 @@ MigrationManager::~MigrationManager() {
   stopping_ = true;
   std::map<std::string, std::shared_ptr<Job>> jobs;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     jobs.swap(jobs_);
   }
   jobs.clear();  // joins each worker
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     reaper_stop_ = true;
   }
   reap_cv_.notify_all();
@@ -52,9 +52,9 @@ MigrationManager::~MigrationManager() {
 }
 
 void MigrationManager::reaper_loop() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
-    reap_cv_.wait(lock, [&] { return reaper_stop_ || !reap_queue_.empty(); });
+    while (!reaper_stop_ && reap_queue_.empty()) lock.wait(reap_cv_);
     if (reaper_stop_) return;
     const std::string id = std::move(reap_queue_.front());
     reap_queue_.pop_front();
@@ -70,7 +70,7 @@ void MigrationManager::reaper_loop() {
 Result<transport::rdma::AcceptPlan> MigrationManager::rdma_lookup(const transport::rdma::ConnectRequest& request) {
   std::vector<std::shared_ptr<Job>> jobs;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (auto& [id, job] : jobs_) {
       if (!job->finished() && job->role() == Role::kTarget) jobs.push_back(job);
     }
@@ -140,16 +140,20 @@ void MigrationManager::handle_hello(UniqueFd fd, const json& raw) {
 }
 
 std::shared_ptr<Job> MigrationManager::find(const std::string& id) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = jobs_.find(id);
   return it == jobs_.end() ? nullptr : it->second;
 }
 
 size_t MigrationManager::active_count() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   size_t n = 0;
   for (const auto& [id, job] : jobs_) n += job->finished() ? 0 : 1;
   return n;
+}
+
+bool MigrationManager::taken_locked(const std::string& id) const {
+  return jobs_.contains(id) || reserved_.contains(id);
 }
 
 void MigrationManager::evict_finished_locked(std::vector<std::shared_ptr<Job>>& graveyard) {
@@ -233,7 +237,7 @@ Result<json> MigrationManager::create(MigrationSpec spec) {
   // Admission: every check and the reservation under one lock, so concurrent requests cannot
   // all pass the same checks.
   std::vector<std::shared_ptr<Job>> graveyard;  // destroyed after the lock is released
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   evict_finished_locked(graveyard);
   size_t active = reserved_.size();
   uint64_t in_use = 0;
@@ -258,27 +262,26 @@ Result<json> MigrationManager::create(MigrationSpec spec) {
   }
   if (others_) in_use += others_();  // carried KubeVirt flows on this agent
   if (in_use + need > budget) return Error{Errc::kResourceExhausted, "buffers: " + figures(in_use)};
-  auto taken = [&](const std::string& id) { return jobs_.contains(id) || reserved_.contains(id); };
-  if (spec.id.empty() && spec.role == Role::kSource && !taken(spec.target.migration_id)) {
+  if (spec.id.empty() && spec.role == Role::kSource && !taken_locked(spec.target.migration_id)) {
     spec.id = spec.target.migration_id;
   }
   if (spec.id.empty()) {
     do spec.id = "m-" + random_hex(6);
-    while (taken(spec.id));
+    while (taken_locked(spec.id));
   }
-  if (taken(spec.id)) return Error{Errc::kAlreadyExists, "id: migration '" + spec.id + "' exists"};
+  if (taken_locked(spec.id)) return Error{Errc::kAlreadyExists, "id: migration '" + spec.id + "' exists"};
   if (spec.vm.empty()) spec.vm = spec.id;
   reserved_.emplace(spec.id, Reservation{spec.qmp_socket, need});
   lock.unlock();  // QMP checks below can take seconds; do not block GETs
   auto release = [&] {
-    std::lock_guard relock(mu_);
+    MutexLock relock(mu_);
     reserved_.erase(spec.id);
   };
 
   JobContext ctx{config_, metrics_, server_.advertise_host(), server_.port(), server_.rdma(),
                  [this](const std::string& done) {
                    {
-                     std::lock_guard relock(mu_);
+                     MutexLock relock(mu_);
                      reap_queue_.push_back(done);
                    }
                    reap_cv_.notify_one();
@@ -322,7 +325,7 @@ Result<json> MigrationManager::create(MigrationSpec spec) {
 }
 
 uint64_t MigrationManager::buffer_bytes_in_use() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   uint64_t in_use = 0;
   for (const auto& [id, r] : reserved_) in_use += r.buffer_bytes;
   for (const auto& [id, job] : jobs_) {
@@ -334,7 +337,7 @@ uint64_t MigrationManager::buffer_bytes_in_use() const {
 std::vector<MigrationStatus> MigrationManager::list() const {
   std::vector<std::shared_ptr<Job>> jobs;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& id : order_) {
       if (auto it = jobs_.find(id); it != jobs_.end()) jobs.push_back(it->second);
     }
@@ -362,7 +365,7 @@ void MigrationManager::shutdown(std::chrono::milliseconds grace) {
   stopping_ = true;
   std::vector<std::shared_ptr<Job>> jobs;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (auto& [id, job] : jobs_) jobs.push_back(job);
   }
   for (auto& j : jobs) {

@@ -49,10 +49,12 @@ class MigrationManager {
 
  private:
   void handle_hello(UniqueFd fd, const nlohmann::json& raw);
-  std::shared_ptr<Job> find(const std::string& id) const;
+  std::shared_ptr<Job> find(const std::string& id) const EXCLUDES(mu_);
   // Drops the oldest finished jobs past the history size into `graveyard`, which the caller
   // destroys after releasing mu_ (destroying a job joins its worker).
-  void evict_finished_locked(std::vector<std::shared_ptr<Job>>& graveyard);
+  void evict_finished_locked(std::vector<std::shared_ptr<Job>>& graveyard) REQUIRES(mu_);
+  // An id a job or a reservation has.
+  bool taken_locked(const std::string& id) const REQUIRES(mu_);
   // Joins the workers of jobs that ended, as soon as they end (their sockets, channels and
   // buffers are already released by then): nothing but the status stays behind.
   void reaper_loop();
@@ -69,23 +71,23 @@ class MigrationManager {
   // Lock order: KubevirtRelay::budget_mu_ -> mu_ (others_ there is buffer_bytes_in_use) ->
   // PathCheckManager::mu_ -> PathCheck::mu_ (create() calls others_ under it), and mu_ ->
   // Job::status_mu_ (finished(), spec()).
-  mutable std::mutex mu_;
-  std::map<std::string, std::shared_ptr<Job>> jobs_;
-  std::deque<std::string> order_;  // creation order, for history eviction
+  mutable Mutex mu_;
+  std::map<std::string, std::shared_ptr<Job>> jobs_ GUARDED_BY(mu_);
+  std::deque<std::string> order_ GUARDED_BY(mu_);  // creation order, for history eviction
   // Admitted migrations whose job is still being set up (QMP checks, outside the lock): they
   // count against maxConcurrent, the buffer budget, ids and QMP sockets like running ones.
   struct Reservation {
     std::string qmp_socket;
     uint64_t buffer_bytes = 0;
   };
-  std::map<std::string, Reservation> reserved_;
+  std::map<std::string, Reservation> reserved_ GUARDED_BY(mu_);
   std::function<uint64_t()> others_;  // set before serving
   std::atomic<bool> stopping_{false};
   std::atomic<bool> draining_{false};  // begin_drain(): create refuses, running jobs go on
 
   std::condition_variable reap_cv_;
-  std::deque<std::string> reap_queue_;  // ids whose worker has ended; guarded by mu_
-  bool reaper_stop_ = false;            // guarded by mu_
+  std::deque<std::string> reap_queue_ GUARDED_BY(mu_);  // ids whose worker has ended
+  bool reaper_stop_ GUARDED_BY(mu_) = false;
   std::thread reaper_;
 };
 

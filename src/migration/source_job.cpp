@@ -206,7 +206,7 @@ Status SourceJob::connect_data_plane() {
     if (!st) {
       if (cancel_requested()) return Error{Errc::kCancelled, cancel_reason()};
       ctx_.metrics.transport_error("rdma", "connect");
-      std::lock_guard lock(data_mu_);
+      MutexLock lock(data_mu_);
       channels_.clear();
     }
     // Only a choice made automatically is undone automatically.
@@ -275,7 +275,7 @@ Status SourceJob::connect_data_plane() {
         report_tls(i, *tls);
       }
       dwatch.reset();
-      std::lock_guard lock(data_mu_);
+      MutexLock lock(data_mu_);
       channels_.push_back(transport::TcpChannel::create(std::move(dfd.value()), i,
                                                         static_cast<uint32_t>(spec_.chunk_size),
                                                         spec_.ring_depth, tm, ctx_.config.tcp.splice, std::move(tls)));
@@ -288,7 +288,7 @@ Status SourceJob::connect_data_plane() {
     }
   }
   {
-    std::lock_guard lock(data_mu_);
+    MutexLock lock(data_mu_);
     link_ = std::make_unique<ControlLink>(std::move(fd.value()));
   }
   // 'start' and 'ready' also measure the two hosts' clock offset (the switchover compares the
@@ -358,7 +358,7 @@ Status SourceJob::connect_rdma_channels(const json& welcome) {
                                          return_path_chunk(spec_.chunk_size), return_path_depth(spec_.ring_depth)};
     auto ch = connect_on_rail(rails.value(), key, p, tm, kRdmaConnectTimeout, [this] { return cancel_requested(); });
     if (!ch) return ch.error();
-    std::lock_guard lock(data_mu_);
+    MutexLock lock(data_mu_);
     channels_.push_back(std::move(ch.value()));
   }
   set_rails(rails.value());
@@ -396,7 +396,7 @@ void SourceJob::accept_loop() {
       ctx_.metrics.transport_error(transport_, "foreign_peer");
       continue;
     }
-    std::lock_guard lock(data_mu_);
+    MutexLock lock(data_mu_);
     auto pump = std::make_unique<ChannelPump>(*channels_[i], std::move(fd.value()));
     // Connection 0 is QEMU's main channel: a failure reaches QEMU there; its multifd
     // connections drain (ChannelPump::drain_on_failure) until QEMU's cleanup closes them.
@@ -538,7 +538,7 @@ void SourceJob::complete(const qemu::MigrationInfo& info, const std::string& uns
   // monitor (QEMU exited or closed QMP) the wait is short: no VM can be resumed here anyway.
   Result<json> verdict = verdict_ ? Result<json>(*verdict_) : wait_for_verdict();
   {
-    std::lock_guard lock(data_mu_);
+    MutexLock lock(data_mu_);
     for (auto& p : pumps_) p->wait(5s);
   }
   refresh_data_counters();

@@ -77,7 +77,7 @@ TargetJob::TargetJob(MigrationSpec spec, JobContext ctx, std::unique_ptr<qemu::Q
 
 TargetJob::~TargetJob() {
   {
-    std::lock_guard lock(order_mu_);
+    MutexLock lock(order_mu_);
     order_aborted_ = true;
   }
   order_cv_.notify_all();
@@ -94,7 +94,7 @@ void TargetJob::release_own() {
   std::vector<std::unique_ptr<transport::Channel>> rdma;
   std::unique_ptr<ControlLink> control;
   {
-    std::lock_guard lock(conn_mu_);
+    MutexLock lock(conn_mu_);
     fds.swap(data_fds_);
     tls.swap(data_tls_);
     rdma.swap(rdma_channels_);
@@ -105,7 +105,7 @@ void TargetJob::release_own() {
 
 void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello, const std::string& nonce,
                            const std::string& proof) {
-  std::lock_guard lock(conn_mu_);
+  MutexLock lock(conn_mu_);
   // The token first: only its holder learns anything about this migration.
   if (!constant_time_equal(proof, transport::control_proof(token_, nonce, spec_.id, hello.nonce))) {
     ctx_.metrics.transport_error(hello.transport, "auth");
@@ -185,7 +185,7 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello, const std
 }
 
 Result<transport::ChannelTerms> TargetJob::channel_terms(const std::string& session, uint32_t index) const {
-  std::lock_guard lock(conn_mu_);
+  MutexLock lock(conn_mu_);
   if (!token_used_ || transport_ != "tcp" || !constant_time_equal(session, session_)) {
     return Error{Errc::kPermissionDenied, kHelloRefused};
   }
@@ -196,7 +196,7 @@ void TargetJob::on_data(UniqueFd fd, const transport::Hello& hello, const std::s
   const bool tls = ctx_.config.data_plane.tls;
   transport::ChannelTerms terms;
   {
-    std::lock_guard lock(conn_mu_);
+    MutexLock lock(conn_mu_);
     if (!token_used_ || transport_ != "tcp" || !constant_time_equal(hello.session, session_)) {
       reject(fd.get(), "permission_denied", kHelloRefused);
       return;
@@ -216,7 +216,7 @@ void TargetJob::on_data(UniqueFd fd, const transport::Hello& hello, const std::s
       reply(fd.get(), session::message(session::MessageKind::kWelcome, json{{"proof", welcome_proof}}));
       resume_fds_[hello.index] = std::move(fd);  // a newer re-dial replaces one not yet taken
       conn_cv_.notify_all();
-      std::lock_guard dlock(data_mu_);
+      MutexLock dlock(data_mu_);
       if (auto* fc = failover_channel(hello.index)) {
         fc->interrupt(Error{Errc::kUnavailable, "the source agent re-dialled channel " + std::to_string(hello.index)});
       }
@@ -244,7 +244,7 @@ void TargetJob::on_data(UniqueFd fd, const transport::Hello& hello, const std::s
     terms = transport::ChannelTerms{channel_key_, session_, hello.index};
   }
   auto stream = transport::TlsStream::handshake(fd.get(), transport::TlsStream::Role::kAcceptor, terms, kHelloTimeout);
-  std::lock_guard lock(conn_mu_);
+  MutexLock lock(conn_mu_);
   data_admitting_.erase(hello.index);
   if (!stream) {
     ctx_.metrics.transport_error("tcp", "tls");
@@ -263,20 +263,21 @@ Result<session::Resumed> TargetJob::reaccept(uint32_t index, uint64_t taken,
                                              const std::function<bool()>& stopped) {
   using namespace std::chrono;
   UniqueFd fd;
+  transport::ChannelTerms terms;
   {
-    std::unique_lock lock(conn_mu_);
+    MutexLock lock(conn_mu_);
     while (index >= resume_fds_.size() || !resume_fds_[index].valid()) {
       if (stopped() || cancel_requested()) return Error{Errc::kCancelled, "cancelled"};
       if (steady_clock::now() >= deadline) {
         return Error{Errc::kTimeout, "the source agent did not re-dial channel " + std::to_string(index)};
       }
-      conn_cv_.wait_for(lock, 50ms);
+      lock.wait_for(conn_cv_, 50ms);
     }
     fd = std::move(resume_fds_[index]);
+    terms = transport::ChannelTerms{channel_key_, session_, index};
   }
   const auto left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(100),
                                duration_cast<milliseconds>(kHelloTimeout));
-  const transport::ChannelTerms terms{channel_key_, session_, index};
   const std::string where = "channel " + std::to_string(index) + " re-dialled by the source";
   auto peer = session::resume_as_acceptor(fd.get(), terms, taken, left);
   if (!peer) return peer.error().with_context(where);
@@ -295,7 +296,7 @@ Result<session::Resumed> TargetJob::reaccept(uint32_t index, uint64_t taken,
 }
 
 Result<transport::rdma::AcceptPlan> TargetJob::rdma_plan(const transport::rdma::ConnectRequest& request) {
-  std::lock_guard lock(conn_mu_);
+  MutexLock lock(conn_mu_);
   const std::string session = to_hex(request.session.data(), request.session.size());
   const uint32_t index = request.index;
   if (!token_used_ || transport_ != "rdma" || !constant_time_equal(session, session_)) {
@@ -316,7 +317,7 @@ Result<transport::rdma::AcceptPlan> TargetJob::rdma_plan(const transport::rdma::
                                                    static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth};
   plan.metrics = &ctx_.metrics.transport("rdma");
   plan.deliver = [this, index](Result<std::unique_ptr<transport::Channel>> ch) {
-    std::lock_guard l(conn_mu_);
+    MutexLock l(conn_mu_);
     if (index >= rdma_channels_.size() || transport_ != "rdma") {
       return;  // the job ended, or fell back to TCP, meanwhile: the new channel just closes
     }
@@ -361,7 +362,7 @@ Status TargetJob::on_early_message(const json& message) {
 Status TargetJob::wait_for_source() {
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::seconds(spec_.completion_timeout_seconds);
-  std::unique_lock lock(conn_mu_);
+  MutexLock lock(conn_mu_);
   bool start_seen = false;  // the source's "start" can overtake the last RDMA channel's delivery
   for (;;) {
     if (control_ && data_received_ == spec_.channels()) break;
@@ -388,14 +389,16 @@ Status TargetJob::wait_for_source() {
                                        std::to_string(spec_.completion_timeout_seconds) + " s"};
     }
     if (control_) set_phase(Phase::kConnecting);
-    conn_cv_.wait_for(lock, 200ms);
+    lock.wait_for(conn_cv_, 200ms);
   }
-  update([&](MigrationStatus& s) { s.transport = transport_; s.transport_reason = transport_reason_; });
+  // Read here, under conn_mu_: the lambda is checked as a function of its own.
+  const std::string chosen = transport_, chosen_reason = transport_reason_;
+  update([&](MigrationStatus& s) { s.transport = chosen; s.transport_reason = chosen_reason; });
   for (uint32_t i = 0; transport_ == "tcp" && i < data_tls_.size(); ++i) {
     if (data_tls_[i]) report_tls(i, *data_tls_[i]);
   }
   auto& tm = ctx_.metrics.transport(transport_);
-  std::unique_lock dlock(data_mu_);
+  MutexLock dlock(data_mu_);
   for (uint32_t i = 0; i < spec_.channels(); ++i) {
     if (transport_ == "rdma") {
       channels_.push_back(std::move(rdma_channels_[i]));
@@ -441,8 +444,8 @@ Status TargetJob::start_incoming() {
 }
 
 Result<UniqueFd> TargetJob::open_qemu_connection(uint32_t index) {
-  std::unique_lock lock(order_mu_);
-  order_cv_.wait(lock, [&] { return next_qemu_index_ == index || order_aborted_; });
+  MutexLock lock(order_mu_);
+  while (next_qemu_index_ != index && !order_aborted_) lock.wait(order_cv_);
   if (order_aborted_) return Error{Errc::kCancelled, "migration stopped"};
   auto fd = net::unix_connect(socket_path_, 10s);
   if (!fd) return fd.error().with_context("connecting channel " + std::to_string(index) + " to the target QEMU");
@@ -556,7 +559,7 @@ std::optional<std::string> TargetJob::source_gone(std::chrono::milliseconds wait
 
 void TargetJob::report_failure(const Error& error, bool cancelled, bool incoming_started) {
   {
-    std::lock_guard lock(order_mu_);
+    MutexLock lock(order_mu_);
     order_aborted_ = true;
   }
   order_cv_.notify_all();
@@ -616,7 +619,7 @@ void TargetJob::report_success() {
   update([&](MigrationStatus& s) { s.target_state = state; });
   (void)link_->send(session::message(session::MessageKind::kResult, json{{"ok", true}, {"state", state}, {"resumeTimestampUs", resume_us}}));
   {
-    std::lock_guard lock(data_mu_);
+    MutexLock lock(data_mu_);
     for (auto& p : pumps_) p->wait(5s);
   }
   finish(Phase::kSucceeded, "");
@@ -635,11 +638,16 @@ void TargetJob::run() {
     report_failure(st.error(), cancel_requested(), incoming_started_);
     return;
   }
+  bool verify_chunks = false;
   {
-    std::lock_guard lock(data_mu_);
+    MutexLock lock(conn_mu_);  // set in on_control, before wait_for_source() returned
+    verify_chunks = verify_chunks_;
+  }
+  {
+    MutexLock lock(data_mu_);
     for (uint32_t i = 0; i < channels_.size(); ++i) {
       auto pump = std::make_unique<ChannelPump>(*channels_[i], [this, i] { return open_qemu_connection(i); });
-      if (verify_chunks_) pump->verify_chunks();
+      if (verify_chunks) pump->verify_chunks();
       pump->start();
       pumps_.push_back(std::move(pump));
     }

@@ -41,7 +41,7 @@ class TargetJob final : public Job {
   Status wait_for_source();
   // While waiting for the channels: the source's "fallback" (RDMA to this agent failed: carry
   // the migration over TCP instead) or "abort". Called with conn_mu_ held.
-  Status on_early_message(const nlohmann::json& message);
+  Status on_early_message(const nlohmann::json& message) REQUIRES(conn_mu_);
   Status start_incoming();
   Result<UniqueFd> open_qemu_connection(uint32_t index);
   // Failover (docs/failover.md): waits until `deadline` for the source to re-dial channel `index`
@@ -62,47 +62,47 @@ class TargetJob final : public Job {
   void on_exception(const Error& error) override { report_failure(error, false, incoming_started_); }
 
   std::string token_;
-  std::string session_;      // names the session (in clear on the wire)
-  std::string channel_key_;  // what its channels prove, from the token and both nonces
+  std::string session_ GUARDED_BY(conn_mu_);      // names the session (in clear on the wire)
+  std::string channel_key_ GUARDED_BY(conn_mu_);  // what its channels prove, from the token and both nonces
   transport::ProofLedger rdma_proofs_;
   std::string socket_path_;
-  std::string transport_;
-  std::string transport_reason_;
-  bool verify_chunks_ = false;  // from the source's hello, set with transport_
-  bool failover_ = false;       // confirmed in the welcome (both agents have dataPlane.failover on)
+  std::string transport_ GUARDED_BY(conn_mu_);
+  std::string transport_reason_ GUARDED_BY(conn_mu_);
+  bool verify_chunks_ GUARDED_BY(conn_mu_) = false;  // from the source's hello, set with transport_
+  bool failover_ GUARDED_BY(conn_mu_) = false;  // confirmed in the welcome (both agents have dataPlane.failover on)
 
   // Guards the fields the data-plane server hands over: token_used_, control_, data_fds_,
-  // data_tls_, data_admitting_, rdma_channels_, rdma_error_, data_received_ and resume_fds_, and
-  // session_, channel_key_, transport_, transport_reason_, verify_chunks_ and failover_ (set in on_control; the
-  // worker reads them unlocked once wait_for_source() returned, when nothing writes them
-  // any more). rdma_proofs_ has its own lock. conn_cv_ signals a hand-over. Taken by the
+  // data_tls_, data_admitting_, rdma_channels_, rdma_error_, data_received_ and resume_fds_, and session_,
+  // channel_key_, transport_, transport_reason_, verify_chunks_ and failover_ (set in on_control; the
+  // worker reads them under it too, nothing writes them once wait_for_source() returned).
+  // rdma_proofs_ has its own lock. conn_cv_ signals a hand-over. Taken by the
   // data-plane accept threads (on_control, on_data, channel_terms), the RDMA CM thread
   // (rdma_plan and its deliver) and the worker (wait_for_source, on_early_message,
   // release_own). Lock order: conn_mu_ -> data_mu_ (wait_for_source), conn_mu_ ->
   // status_mu_ (update, set_phase), conn_mu_ -> ControlLink's locks (control_ under it).
-  mutable std::mutex conn_mu_;  // guards the fields the data-plane server hands over
+  mutable Mutex conn_mu_;  // guards the fields the data-plane server hands over
   std::condition_variable conn_cv_;
-  bool token_used_ = false;
-  std::unique_ptr<session::ControlLink> control_;  // from the source's hello until the channels are there
-  std::vector<UniqueFd> data_fds_;
+  bool token_used_ GUARDED_BY(conn_mu_) = false;
+  std::unique_ptr<session::ControlLink> control_ GUARDED_BY(conn_mu_);  // from the source's hello until the channels are there
+  std::vector<UniqueFd> data_fds_ GUARDED_BY(conn_mu_);
   // dataPlane.tls: each channel's TLS stream (made on data_fds_[i]); an index is in
   // data_admitting_ while its handshake runs without the lock.
-  std::vector<std::unique_ptr<transport::TlsStream>> data_tls_;
-  std::set<uint32_t> data_admitting_;
-  std::vector<std::unique_ptr<transport::Channel>> rdma_channels_;
-  std::optional<Error> rdma_error_;
-  uint32_t data_received_ = 0;
+  std::vector<std::unique_ptr<transport::TlsStream>> data_tls_ GUARDED_BY(conn_mu_);
+  std::set<uint32_t> data_admitting_ GUARDED_BY(conn_mu_);
+  std::vector<std::unique_ptr<transport::Channel>> rdma_channels_ GUARDED_BY(conn_mu_);
+  std::optional<Error> rdma_error_ GUARDED_BY(conn_mu_);
+  uint32_t data_received_ GUARDED_BY(conn_mu_) = 0;
   // Failover: a proved connection per channel the source re-dialled, until reaccept() takes it.
-  std::vector<UniqueFd> resume_fds_;
+  std::vector<UniqueFd> resume_fds_ GUARDED_BY(conn_mu_);
 
   // Guards next_qemu_index_ and order_aborted_; order_cv_ signals the next turn. Each pump's
   // opener (open_qemu_connection, on the pumps' threads) waits for its turn under it and
   // connects to QEMU's socket holding it (QEMU connections in channel order); the worker sets
   // order_aborted_ under it. No other lock is taken under it.
-  std::mutex order_mu_;  // QEMU connections in channel order
+  Mutex order_mu_;  // QEMU connections in channel order
   std::condition_variable order_cv_;
-  uint32_t next_qemu_index_ = 0;
-  bool order_aborted_ = false;
+  uint32_t next_qemu_index_ GUARDED_BY(order_mu_) = 0;
+  bool order_aborted_ GUARDED_BY(order_mu_) = false;
   uint64_t events_before_incoming_ = 0;
   bool incoming_started_ = false;
 };

@@ -23,7 +23,7 @@ void ControlLink::close() {
 }
 
 Status ControlLink::send(const nlohmann::json& message) {
-  std::lock_guard lock(write_mu_);
+  MutexLock lock(write_mu_);
   auto st = transport::send_message(fd_.get(), message);
   if (!st) return st.error().with_context("control connection");
   return st;
@@ -32,7 +32,7 @@ Status ControlLink::send(const nlohmann::json& message) {
 void ControlLink::reader_loop() {
   for (;;) {
     auto m = transport::recv_message(fd_.get(), std::chrono::hours(24 * 365));
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!m) {
       closed_ = m.error().with_context("control connection");
       cv_.notify_all();
@@ -44,8 +44,11 @@ void ControlLink::reader_loop() {
 }
 
 Result<std::optional<nlohmann::json>> ControlLink::next(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
-  cv_.wait_for(lock, timeout, [&] { return !queue_.empty() || closed_.has_value(); });
+  MutexLock lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (queue_.empty() && !closed_.has_value()) {
+    if (lock.wait_until(cv_, deadline) == std::cv_status::timeout) break;
+  }
   if (!queue_.empty()) {
     auto m = std::move(queue_.front());
     queue_.pop_front();
@@ -56,7 +59,7 @@ Result<std::optional<nlohmann::json>> ControlLink::next(std::chrono::millisecond
 }
 
 void ControlLink::unread(nlohmann::json message) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   queue_.push_front(std::move(message));
   cv_.notify_all();
 }

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/fd.h"
+#include "common/mutex.h"
 #include "common/result.h"
 
 namespace rdmig::session {
@@ -23,13 +24,13 @@ class ControlLink {
   ControlLink(const ControlLink&) = delete;
   ControlLink& operator=(const ControlLink&) = delete;
 
-  Status send(const nlohmann::json& message);
+  Status send(const nlohmann::json& message) EXCLUDES(write_mu_);
   // Next message, waiting up to `timeout`: nullopt on timeout, an error once the peer is gone.
-  Result<std::optional<nlohmann::json>> next(std::chrono::milliseconds timeout);
+  Result<std::optional<nlohmann::json>> next(std::chrono::milliseconds timeout) EXCLUDES(mu_);
   // Waits for a message of `type` (other messages: an "abort" fails, the rest are skipped).
   Result<nlohmann::json> expect(const std::string& type, std::chrono::milliseconds timeout);
   // Puts a message taken with next() back in front, for a later next() or expect().
-  void unread(nlohmann::json message);
+  void unread(nlohmann::json message) EXCLUDES(mu_);
   void close();
   int fd() const { return fd_.get(); }
 
@@ -43,14 +44,14 @@ class ControlLink {
   // the socket write.
   // Callers may hold their own lock around send() (PathCheck::mu_, the jobs' locks); never
   // taken together with mu_.
-  std::mutex write_mu_;
+  Mutex write_mu_;
   // Guards queue_ and closed_; cv_ signals either changing. Taken by reader_ (queueing each
   // message, or the close) and by next()/unread() (the owner's worker thread). Never held
   // across a socket read.
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
-  std::deque<nlohmann::json> queue_;
-  std::optional<Error> closed_;
+  std::deque<nlohmann::json> queue_ GUARDED_BY(mu_);
+  std::optional<Error> closed_ GUARDED_BY(mu_);
   std::thread reader_;
 };
 

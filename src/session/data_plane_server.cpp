@@ -62,8 +62,8 @@ void DataPlaneServer::stop() {
   if (acceptor_.joinable()) acceptor_.join();
   // Hello threads end within kHelloTimeout (their reads have that deadline) and handlers
   // return at once (they hand the connection over).
-  std::unique_lock lock(pending_mu_);
-  pending_cv_.wait(lock, [&] { return pending_ == 0; });
+  MutexLock lock(pending_mu_);
+  while (pending_ != 0) lock.wait(pending_cv_);
 }
 
 transport::rdma::RdmaOptions rdma_options(const RdmaRailConfig& config, const std::string& key) {
@@ -241,7 +241,7 @@ void DataPlaneServer::accept_loop() {
     }
     std::string source = net::peer_address(fd->get());
     {
-      std::lock_guard lock(pending_mu_);
+      MutexLock lock(pending_mu_);
       if (pending_ >= kMaxPendingHellos) {
         LOG_WARN("dataplane") << "dropped a connection from " << source << ": " << pending_ << " hellos already pending";
         continue;  // closes it
@@ -257,7 +257,7 @@ void DataPlaneServer::accept_loop() {
     }
     std::thread([this, source = std::move(source), conn = std::move(fd.value())]() mutable {
       handle(std::move(conn));
-      std::lock_guard lock(pending_mu_);
+      MutexLock lock(pending_mu_);
       --pending_;
       if (auto it = pending_by_source_.find(source); it != pending_by_source_.end() && --it->second == 0) {
         pending_by_source_.erase(it);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/fd.h"
+#include "common/mutex.h"
 #include "config/agent_config.h"
 #include "metrics/metrics.h"
 #include "transport/rdma/options.h"
@@ -139,10 +140,10 @@ class DataPlaneServer {
   // acceptor_ (counting a connection in), each detached hello thread (counting itself out) and
   // stop() (waiting for pending_ == 0). Held only for the counts; no other lock under it.
   // handlers_ and resolvers_ need none: filled before start(), only read after.
-  std::mutex pending_mu_;
+  Mutex pending_mu_;
   std::condition_variable pending_cv_;
-  size_t pending_ = 0;  // hello threads running (detached; counted so stop() can wait)
-  std::map<std::string, size_t> pending_by_source_;  // the same, by the peer's address
+  size_t pending_ GUARDED_BY(pending_mu_) = 0;  // hello threads running (detached; counted so stop() can wait)
+  std::map<std::string, size_t> pending_by_source_ GUARDED_BY(pending_mu_);  // the same, by the peer's address
   std::thread acceptor_;
   std::vector<std::unique_ptr<transport::rdma::RdmaListener>> rdma_listeners_;  // one per rail; stopped first
 };

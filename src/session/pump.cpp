@@ -51,24 +51,28 @@ void ChannelPump::start() {
 }
 
 bool ChannelPump::finished() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return directions_done_ == 2;
 }
 
 std::optional<Error> ChannelPump::error() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return error_;
 }
 
 bool ChannelPump::wait(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] { return directions_done_ == 2; });
+  MutexLock lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (directions_done_ != 2) {
+    if (lock.wait_until(cv_, deadline) == std::cv_status::timeout) break;
+  }
+  return directions_done_ == 2;
 }
 
 void ChannelPump::record_error(const Error& e) {
   bool first = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!error_) {
       error_ = e;
       first = true;
@@ -78,31 +82,31 @@ void ChannelPump::record_error(const Error& e) {
 }
 
 void ChannelPump::drain_on_failure(std::chrono::milliseconds limit) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   drain_ = true;
   drain_limit_ = limit;
 }
 
 void ChannelPump::set_drain_on_failure(bool on, std::chrono::milliseconds limit) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (aborted_) return;  // decided already
   drain_ = on;
   drain_limit_ = limit;
 }
 
 bool ChannelPump::drains_on_failure() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return drain_;
 }
 
 bool ChannelPump::draining() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return drain_ && aborted_ && !hard_ && directions_done_ < 2;
 }
 
 void ChannelPump::abort(const Error& reason, bool reset) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!aborted_) aborted_at_ = std::chrono::steady_clock::now();
     aborted_ = true;
     if (reset || !drain_) {
@@ -126,7 +130,7 @@ void ChannelPump::drain_local(int fd) {
   char sink[64 << 10];
   for (;;) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (hard_) return;
     }
     pollfd p{fd, POLLIN, 0};
@@ -139,7 +143,7 @@ void ChannelPump::drain_local(int fd) {
       break;  // QEMU closed (its cleanup ran), or the socket failed
     }
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (hard_) return;
   hard_ = true;
   cv_.notify_all();
@@ -148,17 +152,21 @@ void ChannelPump::drain_local(int fd) {
 
 void ChannelPump::watch_drain() {
   using Clock = std::chrono::steady_clock;
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   // Nothing to watch unless this pump drains after a failure. Then the up thread reads QEMU's
   // socket to nowhere (drain_local), or still sits in the read it was in when the failure
   // came, which only a reset ends when QEMU sends nothing more.
-  cv_.wait(lock, [&] { return up_done_ || hard_ || (aborted_ && drain_); });
+  while (!(up_done_ || hard_ || (aborted_ && drain_))) lock.wait(cv_);
   if (up_done_ || hard_) return;
   const auto limit_at = aborted_at_ + drain_limit_;
   uint64_t seen = bytes_up_.load(std::memory_order_relaxed) + bytes_drained_.load(std::memory_order_relaxed);
   auto moved_at = Clock::now();
   for (;;) {
-    if (cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return up_done_ || hard_; })) return;
+    const auto turn_end = Clock::now() + std::chrono::milliseconds(100);
+    while (!(up_done_ || hard_)) {
+      if (lock.wait_until(cv_, turn_end) == std::cv_status::timeout) break;
+    }
+    if (up_done_ || hard_) return;
     const auto now = Clock::now();
     const uint64_t total =
         bytes_up_.load(std::memory_order_relaxed) + bytes_drained_.load(std::memory_order_relaxed);
@@ -182,15 +190,15 @@ void ChannelPump::watch_drain() {
 }
 
 void ChannelPump::direction_done(bool up) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (up) up_done_ = true;
   ++directions_done_;
   cv_.notify_all();
 }
 
 int ChannelPump::qemu_fd_wait() {
-  std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return qemu_ready_ || aborted_; });
+  MutexLock lock(mu_);
+  while (!(qemu_ready_ || aborted_)) lock.wait(cv_);
   return qemu_ready_ && !aborted_ ? qemu_fd_.get() : -1;
 }
 
@@ -260,7 +268,7 @@ void ChannelPump::up_loop() {
       }
     }
     if (read_errno != 0) {
-      std::unique_lock lock(mu_);
+      MutexLock lock(mu_);
       if (aborted_) {
         eof = true;  // the abort path reports the reason
       } else {
@@ -278,7 +286,7 @@ void ChannelPump::up_loop() {
     }
     if (eof) {
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         if (error_ || aborted_) break;
       }
       if (auto st = channel_.send_eof(); !st) {
@@ -291,7 +299,7 @@ void ChannelPump::up_loop() {
   }
   bool drain = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     drain = drain_ && aborted_ && !hard_;
   }
   if (drain) drain_local(fd);
@@ -299,7 +307,7 @@ void ChannelPump::up_loop() {
 }
 
 int ChannelPump::open_local() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   if (!qemu_ready_) {
     // Aborted before QEMU's connection existed: abort() had no socket to shut, so opening one now
     // would leave this thread writing to a QEMU that may never read (seen: a target pump whose

@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "common/fd.h"
+#include "common/mutex.h"
 #include "common/result.h"
 #include "transport/channel.h"
 
@@ -58,13 +59,13 @@ class ChannelPump {
 
   void start();
   // Both directions finished cleanly, or one failed.
-  bool finished() const;
+  bool finished() const EXCLUDES(mu_);
   // The first error of either direction, if any.
-  std::optional<Error> error() const;
+  std::optional<Error> error() const EXCLUDES(mu_);
   // Fails both directions (shuts the QEMU socket down, aborts the channel). With `reset`,
   // the local connection is closed with a RST (SO_LINGER 0) so its peer fails at once.
   // A pump set to drain_on_failure() keeps its QEMU socket open on an abort without `reset`.
-  void abort(const Error& reason, bool reset = false);
+  void abort(const Error& reason, bool reset = false) EXCLUDES(mu_);
   // For a source-side QEMU connection that is not the migration's main channel; call before
   // start(). When this pump fails (its channel breaks, or abort() without reset), the QEMU
   // socket is not shut down: it is read to nowhere until QEMU closes it or `limit` passes,
@@ -77,10 +78,10 @@ class ChannelPump {
   // byte on the connection for kMultifdDrainIdle, also when the pump still waited
   // in a read when the failure came (a QEMU thread blocked elsewhere on this connection, e.g.
   // behind a TLS handshake the failure left half done, ends only with the reset).
-  void drain_on_failure(std::chrono::milliseconds limit);
+  void drain_on_failure(std::chrono::milliseconds limit) EXCLUDES(mu_);
   // Turns draining on or off again until the pump has failed (a connection found to be QEMU's
   // main channel after it started stops draining; the one taken for it before starts).
-  void set_drain_on_failure(bool on, std::chrono::milliseconds limit);
+  void set_drain_on_failure(bool on, std::chrono::milliseconds limit) EXCLUDES(mu_);
   // Source side: called once, from the pump's QEMU-reading thread, with the first bytes QEMU
   // sent on this connection (up to 8, peeked before they are carried). Call before start().
   using FirstBytes = std::function<void(std::span<const std::byte>)>;
@@ -94,11 +95,11 @@ class ChannelPump {
   uint64_t chunks_verified() const { return chunks_verified_.load(std::memory_order_relaxed); }
   void on_first_bytes(FirstBytes fn) { first_bytes_ = std::move(fn); }
   // True while a failed pump still reads its QEMU socket to nowhere (or is about to).
-  bool draining() const;
-  bool drains_on_failure() const;
+  bool draining() const EXCLUDES(mu_);
+  bool drains_on_failure() const EXCLUDES(mu_);
   uint64_t bytes_drained() const { return bytes_drained_.load(std::memory_order_relaxed); }
   // Waits up to `timeout` for both directions to end. True when they did.
-  bool wait(std::chrono::milliseconds timeout);
+  bool wait(std::chrono::milliseconds timeout) EXCLUDES(mu_);
 
   uint64_t bytes_up() const { return bytes_up_.load(std::memory_order_relaxed); }
   uint64_t bytes_down() const { return bytes_down_.load(std::memory_order_relaxed); }
@@ -137,18 +138,18 @@ class ChannelPump {
   // read, a write or a call into channel_: abort() shuts the socket under it and aborts the
   // channel after releasing it. (The destructor reads drain_ unlocked; nothing else writes it
   // by then.)
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable cv_;
-  UniqueFd qemu_fd_;
-  bool qemu_ready_ = false;
-  bool aborted_ = false;
-  bool drain_ = false;  // drain_on_failure() was set
-  bool hard_ = false;   // the QEMU socket was shut down (a drain ends)
-  bool up_done_ = false;  // the up direction ended
-  std::chrono::steady_clock::time_point aborted_at_{};
-  std::chrono::milliseconds drain_limit_{0};
-  int directions_done_ = 0;
-  std::optional<Error> error_;
+  UniqueFd qemu_fd_ GUARDED_BY(mu_);
+  bool qemu_ready_ GUARDED_BY(mu_) = false;
+  bool aborted_ GUARDED_BY(mu_) = false;
+  bool drain_ GUARDED_BY(mu_) = false;  // drain_on_failure() was set
+  bool hard_ GUARDED_BY(mu_) = false;   // the QEMU socket was shut down (a drain ends)
+  bool up_done_ GUARDED_BY(mu_) = false;  // the up direction ended
+  std::chrono::steady_clock::time_point aborted_at_ GUARDED_BY(mu_) = {};
+  std::chrono::milliseconds drain_limit_ GUARDED_BY(mu_) = std::chrono::milliseconds{0};
+  int directions_done_ GUARDED_BY(mu_) = 0;
+  std::optional<Error> error_ GUARDED_BY(mu_);
 
   std::atomic<uint64_t> bytes_up_{0};
   std::atomic<uint64_t> bytes_down_{0};
