@@ -213,13 +213,19 @@ void TargetJob::on_data(UniqueFd fd, const transport::Hello& hello, const std::s
         reject(fd.get(), "tls_mismatch", transport::tls_mismatch(hello.tls, tls));
         return;
       }
+      MutexLock dlock(data_mu_);
+      auto* fc = failover_channel(hello.index);
+      // A channel this end ended (its QEMU failed, a cancel; its abort may not have reached the
+      // source) is never resumed: refused at once, so the source fails now, not at its deadline.
+      if (fc == nullptr || fc->failed()) {
+        reject(fd.get(), "permission_denied", "hello.resume: channel " + std::to_string(hello.index) +
+                                                  " of migration " + spec_.id + " has ended here");
+        return;
+      }
       reply(fd.get(), session::message(session::MessageKind::kWelcome, json{{"proof", welcome_proof}}));
       resume_fds_[hello.index] = std::move(fd);  // a newer re-dial replaces one not yet taken
       conn_cv_.notify_all();
-      MutexLock dlock(data_mu_);
-      if (auto* fc = failover_channel(hello.index)) {
-        fc->interrupt(Error{Errc::kUnavailable, "the source agent re-dialled channel " + std::to_string(hello.index)});
-      }
+      fc->interrupt(Error{Errc::kUnavailable, "the source agent re-dialled channel " + std::to_string(hello.index)});
       return;
     }
     if (hello.tls != tls) {

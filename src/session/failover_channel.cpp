@@ -65,6 +65,11 @@ std::string FailoverChannel::path() const {
   return path_;
 }
 
+bool FailoverChannel::failed() const {
+  std::lock_guard lock(mu_);
+  return failed_.has_value();
+}
+
 uint64_t FailoverChannel::failovers() const {
   std::lock_guard lock(mu_);
   return failovers_;

@@ -99,6 +99,8 @@ class FailoverChannel final : public transport::Channel {
   // channel failed.
   void interrupt(const Error& why);
 
+  // True once the channel failed for good (aborted, refused, out of time): nothing resumes it.
+  bool failed() const;
   uint64_t failovers() const;
   std::optional<std::string> last_failover() const;
   // Elements this end has taken / sent (tests).

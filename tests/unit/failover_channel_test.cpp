@@ -47,9 +47,9 @@ class Ends {
                                           });
   }
 
-  ~Ends() {  // the channels (their watchers, their reconnects) before what they use
-    b.reset();
+  ~Ends() {  // the channels (their watchers, their reconnects) before what they use; A's redial reads b
     a.reset();
+    b.reset();
   }
 
   // Cuts the live connection (both ends see it fail) and returns how many links were made so far.
@@ -81,6 +81,8 @@ class Ends {
     if (refuse_redial) return Error{Errc::kUnavailable, "connect: Connection refused (the test's path is down)"};
     auto fd = net::tcp_connect({"127.0.0.1", port_}, 2s);
     if (!fd) return fd.error();
+    // As a target agent does (TargetJob::on_data): a channel that ended there is not resumed.
+    if (b && b->failed()) return Error{Errc::kPermissionDenied, "channel 0 refused: it has ended at the peer"};
     auto peer = resume_as_dialler(fd->get(), transport::ChannelTerms{std::string(64, 'k'), session_, 0}, taken, 2s);
     if (!peer) return peer.error();
     remember(fd->get());
@@ -265,11 +267,17 @@ TEST(FailoverChannel, ADeliberateAbortIsNotFailedOver) {
   Direction ab;
   ab.start(*e.a, *e.b, 1ull << 40, 3);
   while (e.a->sent() < 20) std::this_thread::sleep_for(1ms);
+  const auto t0 = std::chrono::steady_clock::now();
   e.b->abort(Error{Errc::kUnavailable, "target QEMU failed"});  // the peer ends the channel on purpose
   ab.sender.join();
   ab.receiver.join();
   ASSERT_FALSE(ab.sent.ok());
-  EXPECT_NE(ab.sent.error().message.find("peer aborted: target QEMU failed"), std::string::npos) << ab.sent.error().message;
+  // Its abort frame names why; when its writer was busy and no frame went, the re-dial is refused:
+  // either way at once, never after the deadline, and never resumed.
+  const std::string& why = ab.sent.error().message;
+  EXPECT_TRUE(why.find("peer aborted: target QEMU failed") != std::string::npos ||
+              why.find("the peer refused to resume it") != std::string::npos)
+      << why;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
   EXPECT_EQ(e.a->failovers(), 0u);
-  EXPECT_EQ(e.links(), 1);
 }
