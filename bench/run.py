@@ -171,7 +171,9 @@ def run_direct(chain, multifd):
             "e2e_ms": e2e, "bytes": r["transferred_bytes"]}
 
 
-def run_agents(chain, agents, multifd, chunk=None, depth=None, vm="bench", bw=BW):
+def run_agents(chain, agents, multifd, chunk=None, depth=None, vm="bench", bw=BW, interval=0.05, on_status=None):
+    """One migration through the agents; `on_status` sees each status the source polls (every
+    `interval` s). The result also carries the source's failover figures (docs/failover.md)."""
     a, b = agents
     dst = chain.next_target()
     t0 = time.time()
@@ -181,17 +183,18 @@ def run_agents(chain, agents, multifd, chunk=None, depth=None, vm="bench", bw=BW
                                          maxBandwidthBytesPerSecond=bw)
     except Exception as e:
         raise_guest_death_or(e, chain, dst, check_target=False)
-    s = a.wait(source["id"], timeout=600, interval=0.05)
+    s = a.wait(source["id"], timeout=600, interval=interval, on_status=on_status)
     if s["phase"] != "Succeeded":
         dst.kill()
         chain.src.kill()
-        raise GuestDied("migration failed: %s" % s["result"]["reason"])
+        raise GuestDied("migration %s failed: %s" % (vm, s["result"]["reason"]))
     resume = wait_resume(chain, dst)
     e2e = (event_time(resume) - t0) * 1000 if resume else None
     chain.advance(dst)
     r = s["result"]
     return {"total_ms": r["totalTimeMs"], "downtime_ms": r["downtimeMs"], "switchover_ms": r["switchoverMs"],
-            "e2e_ms": e2e, "bytes": s["progress"]["dataBytesSent"]}
+            "e2e_ms": e2e, "bytes": s["progress"]["dataBytesSent"],
+            "failovers": s["failover"]["failovers"], "last": s["failover"]["last"]}
 
 
 # The failover section caps the migration (all three rows alike) so that the cut lands mid-stream.
@@ -200,34 +203,17 @@ FAILOVER_BW = 256 << 20
 
 def run_agents_cut(chain, agents, multifd, at=16 << 20, bw=FAILOVER_BW):
     """run_agents, with every data channel reset once (docs/failover.md) when `at` bytes have been
-    sent; the result also says how many failovers the source counted."""
-    a, b = agents
-    dst = chain.next_target()
-    t0 = time.time()
-    try:
-        target, source = start_migration(a, b, chain.src.agent_qmp_path, dst.agent_qmp_path,
-                                         multifd_channels=multifd, vm="bench-cut", maxBandwidthBytesPerSecond=bw)
-    except Exception as e:
-        raise_guest_death_or(e, chain, dst, check_target=False)
-    threshold = at
+    sent; the result also says how many channels were cut."""
+    b = agents[1]
     cut = []
 
     def maybe_cut(st):
-        if not cut and st["phase"] == "Migrating" and st["progress"]["dataBytesSent"] >= threshold:
+        if not cut and st["phase"] == "Migrating" and st["progress"]["dataBytesSent"] >= at:
             cut.append(cut_data_channels(b.data_port, min_bytes=1 << 20))
 
-    s = a.wait(source["id"], timeout=600, interval=0.01, on_status=maybe_cut)
-    if s["phase"] != "Succeeded":
-        dst.kill()
-        chain.src.kill()
-        raise GuestDied("migration with a failover failed: %s" % s["result"]["reason"])
-    resume = wait_resume(chain, dst)
-    e2e = (event_time(resume) - t0) * 1000 if resume else None
-    chain.advance(dst)
-    r = s["result"]
-    return {"total_ms": r["totalTimeMs"], "downtime_ms": r["downtimeMs"], "switchover_ms": r["switchoverMs"],
-            "e2e_ms": e2e, "bytes": s["progress"]["dataBytesSent"], "cut": cut[0] if cut else 0,
-            "failovers": s["failover"]["failovers"], "last": s["failover"]["last"]}
+    r = run_agents(chain, agents, multifd, vm="bench-cut", bw=bw, interval=0.01, on_status=maybe_cut)
+    r["cut"] = cut[0] if cut else 0
+    return r
 
 
 def section_failover(work, args, results):

@@ -339,6 +339,14 @@ void Job::finish(Phase phase, const std::string& reason, const char* failure) {
   if (qmp_) qmp_->close();  // free the monitor for other clients
 }
 
+Result<std::unique_ptr<transport::TlsStream>> Job::channel_tls(int fd, transport::TlsStream::Role role,
+                                                                const transport::ChannelTerms& terms,
+                                                                std::chrono::milliseconds timeout) {
+  auto stream = transport::TlsStream::handshake(fd, role, terms, timeout);
+  if (!stream) ctx_.metrics.transport_error("tcp", "tls");
+  return stream;
+}
+
 void Job::report_tls(uint32_t index, const transport::TlsStream& tls) {
   const std::string mode = std::string("tls (") + tls.mode() + ")";
   ctx_.metrics.tls_channel(tls.label());

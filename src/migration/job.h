@@ -130,6 +130,11 @@ class Job {
   void on_failover(const session::FailoverEvent& ev);
   // Channel `index`'s FailoverChannel (nullptr when the job does not fail over); under data_mu_.
   session::FailoverChannel* failover_channel(uint32_t index) const REQUIRES(data_mu_);
+  // A TCP data channel's TLS handshake (dataPlane.tls: on) as `role`, over the channel's terms; a
+  // failure is counted (rdmig_transport_errors_total{transport="tcp",kind="tls"}).
+  Result<std::unique_ptr<transport::TlsStream>> channel_tls(int fd, transport::TlsStream::Role role,
+                                                            const transport::ChannelTerms& terms,
+                                                            std::chrono::milliseconds timeout);
   // A TCP data channel's TLS (dataPlane.tls: on): logged, counted (rdmig_tls_channels_total) and
   // put in the status ("encryption"; "tls (mixed)" should channels differ).
   void report_tls(uint32_t index, const transport::TlsStream& tls);

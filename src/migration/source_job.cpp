@@ -252,25 +252,16 @@ Status SourceJob::connect_data_plane() {
         return ok_status();
       });
       if (!dfd) return cancel_or(dfd.error().with_context("data channel " + std::to_string(i)));
-      transport::Hello dh;
-      dh.kind = session::to_string(session::HelloKind::kData);
-      dh.migration_id = spec_.target.migration_id;
-      dh.session = session_;
-      dh.index = i;
-      dh.tls = ctx_.config.data_plane.tls;
+      const transport::Hello dh = data_hello(i, /*resume=*/false);
+      const transport::ChannelTerms terms{channel_key_, session_, i};
       // The channel proves the session's key over the target's fresh nonce, and the target
       // proves it back in its welcome.
-      auto proved = transport::prove_channel(dfd->get(), dh.to_json(), transport::ChannelTerms{channel_key_, session_, i},
-                                             kHandshakeTimeout);
+      auto proved = transport::prove_channel(dfd->get(), dh.to_json(), terms, kHandshakeTimeout);
       if (!proved) return cancel_or(proved.error().with_context("data channel " + std::to_string(i)));
       std::unique_ptr<transport::TlsStream> tls;
       if (dh.tls) {
-        auto stream = transport::TlsStream::handshake(dfd->get(), transport::TlsStream::Role::kDialler,
-                                                      transport::ChannelTerms{channel_key_, session_, i}, kHandshakeTimeout);
-        if (!stream) {
-          ctx_.metrics.transport_error("tcp", "tls");
-          return cancel_or(stream.error().with_context("data channel " + std::to_string(i)));
-        }
+        auto stream = channel_tls(dfd->get(), transport::TlsStream::Role::kDialler, terms, kHandshakeTimeout);
+        if (!stream) return cancel_or(stream.error().with_context("data channel " + std::to_string(i)));
         tls = std::move(stream.value());
         report_tls(i, *tls);
       }
@@ -311,6 +302,17 @@ Status SourceJob::connect_data_plane() {
   return ok_status();
 }
 
+transport::Hello SourceJob::data_hello(uint32_t index, bool resume) const {
+  transport::Hello dh;
+  dh.kind = session::to_string(session::HelloKind::kData);
+  dh.migration_id = spec_.target.migration_id;
+  dh.session = session_;
+  dh.index = index;
+  dh.tls = ctx_.config.data_plane.tls;
+  dh.resume = resume;
+  return dh;
+}
+
 Result<session::Resumed> SourceJob::redial(uint32_t index, uint64_t taken, std::chrono::steady_clock::time_point deadline) {
   using namespace std::chrono;
   const auto left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(100),
@@ -320,24 +322,15 @@ Result<session::Resumed> SourceJob::redial(uint32_t index, uint64_t taken, std::
   // The same endpoint and the same rule as the first dial.
   auto fd = peer_dial_policy(ctx_.config.data_plane).connect(ep, "target.endpoint", left, [](int) { return ok_status(); });
   if (!fd) return fd.error().with_context(where);
-  transport::Hello dh;
-  dh.kind = session::to_string(session::HelloKind::kData);
-  dh.migration_id = spec_.target.migration_id;
-  dh.session = session_;
-  dh.index = index;
-  dh.tls = ctx_.config.data_plane.tls;
-  dh.resume = true;
+  const transport::Hello dh = data_hello(index, /*resume=*/true);
   const transport::ChannelTerms terms{channel_key_, session_, index};
   if (auto st = transport::prove_channel(fd->get(), dh.to_json(), terms, left); !st) return st.error().with_context(where);
   auto peer = session::resume_as_dialler(fd->get(), terms, taken, left);
   if (!peer) return peer.error().with_context(where);
   std::unique_ptr<transport::TlsStream> tls;
   if (dh.tls) {
-    auto stream = transport::TlsStream::handshake(fd->get(), transport::TlsStream::Role::kDialler, terms, left);
-    if (!stream) {
-      ctx_.metrics.transport_error("tcp", "tls");
-      return stream.error().with_context(where);
-    }
+    auto stream = channel_tls(fd->get(), transport::TlsStream::Role::kDialler, terms, left);
+    if (!stream) return stream.error().with_context(where);
     tls = std::move(stream.value());
   }
   auto ch = transport::TcpChannel::create(std::move(fd.value()), index, static_cast<uint32_t>(spec_.chunk_size),

@@ -29,6 +29,8 @@ class SourceJob final : public Job {
   // Failover (docs/failover.md): channel `index` re-dialled to the target agent, proved, resumed
   // (this end's count `taken`) and its TLS run again; one try, within `deadline`.
   Result<session::Resumed> redial(uint32_t index, uint64_t taken, std::chrono::steady_clock::time_point deadline);
+  // The hello of TCP data channel `index` (resume: re-dialled to fail over).
+  transport::Hello data_hello(uint32_t index, bool resume) const;
   Status configure_qemu();
   Status start_migration();
   void accept_loop();

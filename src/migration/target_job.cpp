@@ -249,11 +249,10 @@ void TargetJob::on_data(UniqueFd fd, const transport::Hello& hello, const std::s
     data_admitting_.insert(hello.index);  // holds the index while the TLS handshake runs unlocked
     terms = transport::ChannelTerms{channel_key_, session_, hello.index};
   }
-  auto stream = transport::TlsStream::handshake(fd.get(), transport::TlsStream::Role::kAcceptor, terms, kHelloTimeout);
+  auto stream = channel_tls(fd.get(), transport::TlsStream::Role::kAcceptor, terms, kHelloTimeout);
   MutexLock lock(conn_mu_);
   data_admitting_.erase(hello.index);
   if (!stream) {
-    ctx_.metrics.transport_error("tcp", "tls");
     LOG_WARN("migration") << log_prefix() << " data channel " << hello.index << ": " << stream.error().message;
     return;
   }
@@ -289,11 +288,8 @@ Result<session::Resumed> TargetJob::reaccept(uint32_t index, uint64_t taken,
   if (!peer) return peer.error().with_context(where);
   std::unique_ptr<transport::TlsStream> tls;
   if (ctx_.config.data_plane.tls) {
-    auto stream = transport::TlsStream::handshake(fd.get(), transport::TlsStream::Role::kAcceptor, terms, left);
-    if (!stream) {
-      ctx_.metrics.transport_error("tcp", "tls");
-      return stream.error().with_context(where);
-    }
+    auto stream = channel_tls(fd.get(), transport::TlsStream::Role::kAcceptor, terms, left);
+    if (!stream) return stream.error().with_context(where);
     tls = std::move(stream.value());
   }
   auto ch = transport::TcpChannel::create(std::move(fd), index, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,

@@ -209,18 +209,28 @@ Status FailoverChannel::send(size_t n) {
   }
   // The buffer's link is gone. A failover that gave its count after `seq` was numbered resends it;
   // otherwise it goes from the ring over the live link.
+  {
+    std::lock_guard lock(mu_);
+    acq_gen_.reset();
+    prune_locked();
+  }
+  return on_live(seq, [&](transport::Channel& live) { return send_kept(live, seq); });
+}
+
+Status FailoverChannel::on_live(std::optional<uint64_t> covered, const std::function<Status(transport::Channel&)>& op) {
   for (;;) {
+    transport::Channel* ch = nullptr;
+    uint64_t g = 0;
     {
       std::unique_lock lock(mu_);
-      acq_gen_.reset();
       cv_.wait(lock, [&] { return !failing_ || failed_; });
       if (failed_) return *failed_;
-      if (seq < resent_upto_) return ok_status();
+      if (covered && *covered < resent_upto_) return ok_status();
       ch = cur_.get();
       g = gen_;
-      acq_gen_ = g;
+      acq_gen_ = g;  // pins the channel while `op` runs
     }
-    auto st = send_kept(*ch, seq);
+    auto st = op(*ch);
     {
       std::lock_guard lock(mu_);
       acq_gen_.reset();
@@ -228,8 +238,6 @@ Status FailoverChannel::send(size_t n) {
     }
     if (st) return st;
     RDMIG_TRY(recover(g, st.error()));
-    std::lock_guard lock(mu_);
-    if (seq < resent_upto_) return ok_status();
   }
 }
 
@@ -241,50 +249,11 @@ Status FailoverChannel::send_eof() {
     seq = sent_++;
     eof_seq_ = seq;
   }
-  for (;;) {
-    transport::Channel* ch = nullptr;
-    uint64_t g = 0;
-    {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return !failing_ || failed_; });
-      if (failed_) return *failed_;
-      if (seq < resent_upto_) return ok_status();
-      ch = cur_.get();
-      g = gen_;
-      acq_gen_ = g;
-    }
-    auto st = ch->send_eof();
-    {
-      std::lock_guard lock(mu_);
-      acq_gen_.reset();
-      prune_locked();
-    }
-    if (st) return st;
-    RDMIG_TRY(recover(g, st.error()));
-  }
+  return on_live(seq, [](transport::Channel& live) { return live.send_eof(); });
 }
 
 Status FailoverChannel::drain() {
-  for (;;) {
-    transport::Channel* ch = nullptr;
-    uint64_t g = 0;
-    {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return !failing_ || failed_; });
-      if (failed_) return *failed_;
-      ch = cur_.get();
-      g = gen_;
-      acq_gen_ = g;
-    }
-    auto st = ch->drain();
-    {
-      std::lock_guard lock(mu_);
-      acq_gen_.reset();
-      prune_locked();
-    }
-    if (st) return st;
-    RDMIG_TRY(recover(g, st.error()));
-  }
+  return on_live(std::nullopt, [](transport::Channel& live) { return live.drain(); });
 }
 
 Result<transport::ChunkView> FailoverChannel::receive() {

@@ -121,6 +121,10 @@ class FailoverChannel final : public transport::Channel {
   // Resends elements [from, upto) on `ch`; never waits for a credit (at most depth of them).
   Status resend(transport::Channel& ch, uint64_t from, uint64_t upto);
   Status send_kept(transport::Channel& ch, uint64_t seq);
+  // Runs `op` on the live channel (pinned while it runs), failing over and trying again on the next
+  // link when it fails, until it succeeds, the channel fails, or a failover's resend has covered
+  // element `covered` (then `op` is not owed).
+  Status on_live(std::optional<uint64_t> covered, const std::function<Status(transport::Channel&)>& op);
   void fail_locked(const Error& e);
   void prune_locked();  // frees retired channels nothing refers to any more
   void watch();         // the watcher thread
