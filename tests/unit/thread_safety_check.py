@@ -10,6 +10,12 @@ marks `// expect: thread-safety error`, so that the check is known to be able to
 
 Passes only when every source passes and the sample fails as marked.
 
+A pass is remembered under $RDMIG_CACHE/thread-safety (scripts/cache-env.sh), keyed by the
+clang version, the flags and the source's preprocessed text (`clang++ -E`, a tenth of the
+analysis' time): the analysis reads nothing else, so an unchanged key cannot change the
+verdict. Failures are never remembered, and the negative sample is always compiled.
+`--no-cache` analyses everything.
+
     tests/unit/thread_safety_check.py --build-dir build [--clang clang++-14] [-v] [files...]
 
 ctest runs it as `thread_safety_clang` (label unit); scripts/install-deps.sh --test installs
@@ -17,6 +23,7 @@ Debian's clang. GCC ignores the annotations (common/thread_annotations.h).
 """
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -98,12 +105,43 @@ def clang_check(clang, flags, path):
     return r.returncode, r.stderr, time.monotonic() - started
 
 
+class PassCache:
+    """Remembered passes: one empty file per key (clang, flags, preprocessed source)."""
+
+    def __init__(self, clang, version):
+        root = os.environ.get("RDMIG_CACHE")
+        self.dir = os.path.join(root, "thread-safety") if root else None
+        self.clang, self.version = clang, version
+
+    def key(self, flags, path):
+        if not self.dir:
+            return None
+        r = subprocess.run([self.clang, "-E", *flags, path], capture_output=True)
+        if r.returncode != 0:
+            return None  # let the analysis say what is wrong
+        h = hashlib.sha256()
+        for part in (self.version.encode(), "\0".join(flags).encode(), r.stdout):
+            h.update(len(part).to_bytes(8, "little"))
+            h.update(part)
+        return h.hexdigest()
+
+    def passed(self, key):
+        return key is not None and os.path.exists(os.path.join(self.dir, key))
+
+    def remember(self, key):
+        if key is None:
+            return
+        os.makedirs(self.dir, exist_ok=True)
+        open(os.path.join(self.dir, key), "w").close()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build-dir", default="build")
     ap.add_argument("--source-dir", default=os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..")))
     ap.add_argument("--clang", default=os.environ.get("RDMIG_CLANGXX", ""))
     ap.add_argument("-v", "--verbose", action="store_true")
+    ap.add_argument("--no-cache", action="store_true", help="analyse every source, remembered passes or not")
     ap.add_argument("files", nargs="*", help="only these sources (default: every annotated one)")
     opts = ap.parse_args()
 
@@ -139,17 +177,28 @@ def main():
     version = subprocess.run([clang, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     print(f"thread-safety check: {version}; {len(units)} sources of src/ include {ANNOTATIONS}")
     started = time.monotonic()
-    failed = []
+    cache = PassCache(clang, version) if not opts.no_cache else None
+    failed, remembered = [], 0
     for path, flags in sorted(units.items()):
-        rc, err, secs = clang_check(clang, flags, path)
         rel = os.path.relpath(path, opts.source_dir)
+        key = cache.key(flags, path) if cache else None
+        if cache and cache.passed(key):
+            remembered += 1
+            if opts.verbose:
+                print(f"ok   {rel} (unchanged since it passed)")
+            continue
+        rc, err, secs = clang_check(clang, flags, path)
         if rc != 0:
             failed.append(rel)
             print(f"FAIL {rel} ({secs:.1f} s)\n{err}")
-        elif opts.verbose:
+            continue
+        if cache:
+            cache.remember(key)
+        if opts.verbose:
             print(f"ok   {rel} ({secs:.1f} s)")
     print(f"thread-safety check: {len(units) - len(failed)} of {len(units)} sources pass "
-          f"({time.monotonic() - started:.0f} s)")
+          f"({time.monotonic() - started:.0f} s; {remembered} unchanged since they passed"
+          f"{' under ' + cache.dir if cache and cache.dir else ''})")
 
     # The check must be able to fail: the sample breaks the rules on the lines it marks.
     sample = os.path.join(opts.source_dir, "tests", "unit", "tsa_negative.cpp")
