@@ -153,6 +153,19 @@ void detect_dead_peer(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
 }
 
+void detect_dead_peer_within(int fd, std::chrono::milliseconds within) {
+  // Keepalive: idle 40%, then 3 probes 20% apart (an idle direction); unacknowledged data: the
+  // whole span (a direction that sends).
+  const int total_s = std::max(2, static_cast<int>(within.count() / 1000));
+  int one = 1, idle = std::max(1, total_s * 2 / 5), interval = std::max(1, total_s / 5), probes = 3;
+  unsigned int user_timeout = static_cast<unsigned int>(total_s) * 1000;
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
+}
+
 Result<UniqueFd> unix_listen(const std::string& path, int backlog) {
   sockaddr_un addr{};
   if (path.size() >= sizeof addr.sun_path) {

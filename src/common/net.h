@@ -53,6 +53,9 @@ void bound_local_hop(int fd, size_t window);
 inline constexpr int kKeepaliveIdleSeconds = 10, kKeepaliveIntervalSeconds = 5, kKeepaliveProbes = 3;
 inline constexpr int kUserTimeoutMs = 30000;
 void detect_dead_peer(int fd);
+// The same within about `within` (at least 2 s): a data channel that fails over
+// (dataPlane.failover) wants a silent link noticed in seconds, not in kPeerDeadAfter.
+void detect_dead_peer_within(int fd, std::chrono::milliseconds within);
 
 Result<UniqueFd> unix_listen(const std::string& path, int backlog = 16);
 // The pid of the process at the other end of a unix socket (SO_PEERCRED), as this process's pid

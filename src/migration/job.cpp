@@ -210,6 +210,17 @@ void Job::refresh_data_counters() {
     }
   }
   MutexLock lock(status_mu_);
+  // A channel that failed over to TCP counts on its rail what it carried until then (its first
+  // refresh after the failover, within a second of it), not what TCP carries since.
+  for (auto& [c, at] : off_rail_) {
+    if (c >= by_channel.bytes_sent.size()) continue;
+    std::array<uint64_t*, 4> now{&by_channel.bytes_sent[c], &by_channel.bytes_received[c], &by_channel.chunks_sent[c],
+                                 &by_channel.chunks_received[c]};
+    for (size_t k = 0; k < now.size(); ++k) {
+      if (at[k] == UINT64_MAX) at[k] = *now[k];
+      *now[k] = std::min(*now[k], at[k]);
+    }
+  }
   status_.progress.data_bytes_sent = sent;
   status_.progress.data_bytes_received = received;
   status_.progress.chunks_sent = chunks_sent;
@@ -374,8 +385,14 @@ void Job::wrap_for_failover(const std::function<session::FailoverChannel::Reconn
 }
 
 void Job::on_failover(const session::FailoverEvent& ev) {
-  ctx_.metrics.failover(role_name(spec_.role), "tcp");
-  const std::string what = "channel " + std::to_string(ev.index) + ": " + ev.reason + "; resumed on " + ev.path +
+  ctx_.metrics.failover(role_name(spec_.role), ev.from.empty() ? "tcp" : ev.from);
+  if (ev.from == "rdma") {
+    MutexLock lock(status_mu_);
+    off_rail_.try_emplace(ev.index, std::array<uint64_t, 4>{UINT64_MAX, UINT64_MAX, UINT64_MAX, UINT64_MAX});
+  }
+  // Most reasons name the channel already ("channel 3: send: ..."): say it once.
+  const std::string tag = "channel " + std::to_string(ev.index) + ": ";
+  const std::string what = (ev.reason.starts_with(tag) ? "" : tag) + ev.reason + "; resumed on " + ev.path +
                            " after " + std::to_string(ev.took.count()) + " ms, " + std::to_string(ev.resent) +
                            " chunk(s) resent";
   LOG_WARN("migration") << log_prefix() << " failover: " << what;

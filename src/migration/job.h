@@ -4,10 +4,12 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -214,6 +216,9 @@ class Job {
   std::string cancel_reason_ GUARDED_BY(status_mu_);
   bool metrics_finished_ GUARDED_BY(status_mu_) = false;
   std::vector<int> watched_fds_ GUARDED_BY(status_mu_);
+  // Channels that failed over off their RDMA rail (to TCP), and what each had carried then: its
+  // rail counts that much and no more (refresh_data_counters). Indexed by channel.
+  std::map<uint32_t, std::array<uint64_t, 4>> off_rail_ GUARDED_BY(status_mu_);
 };
 
 }  // namespace rdmig::migration

@@ -142,7 +142,8 @@ Status SourceJob::connect_data_plane() {
   hello.ring_depth = spec_.ring_depth;
   hello.verify_chunks = spec_.verify_chunks;
   hello.tls = ctx_.config.data_plane.tls;
-  hello.failover = ctx_.config.data_plane.failover;
+  // Failover re-dials a channel over TCP (docs/failover.md): not when RDMA is required.
+  hello.failover = ctx_.config.data_plane.failover && !(offer->transport == TransportKind::kRdma && offer->required);
   hello.nonce = random_hex(16);  // this side's half of the channel key
   RDMIG_TRY(transport::send_message(fd->get(), hello.to_json()));
   // The target challenges; the answer proves the one-time token without sending it.
@@ -271,12 +272,13 @@ Status SourceJob::connect_data_plane() {
                                                         static_cast<uint32_t>(spec_.chunk_size),
                                                         spec_.ring_depth, tm, ctx_.config.tcp.splice, std::move(tls)));
     }
-    if (failover_) {
-      wrap_for_failover([this](uint32_t index) -> session::FailoverChannel::Reconnect {
-        return [this, index](uint64_t taken, const Error&, std::chrono::steady_clock::time_point deadline,
-                             const std::function<bool()>&) { return redial(index, taken, deadline); };
-      });
-    }
+  }
+  if (failover_) {
+    // Over TCP or RDMA, a channel whose link fails is re-dialled over TCP.
+    wrap_for_failover([this](uint32_t index) -> session::FailoverChannel::Reconnect {
+      return [this, index](uint64_t taken, const Error&, std::chrono::steady_clock::time_point deadline,
+                           const std::function<bool()>&) { return redial(index, taken, deadline); };
+    });
   }
   {
     MutexLock lock(data_mu_);

@@ -168,8 +168,9 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello, const std
   json welcome = session::message(session::MessageKind::kWelcome, json{{"session", session_}, {"transport", transport_}, {"transportReason", reason}});
   if (verify_chunks_) welcome["verifyChunks"] = true;  // the source goes on only with this confirmed
   if (hello.tls) welcome["tls"] = true;  // likewise: an agent from before dataPlane.tls would not say it
-  // Failover of the TCP channels when both agents have it on (over RDMA a lost link still fails).
-  failover_ = hello.failover && ctx_.config.data_plane.failover && transport_ == "tcp";
+  // Failover when both agents have it on: a channel whose link fails (TCP or RDMA) is re-dialled
+  // by the source over TCP (the source does not ask when it requires RDMA).
+  failover_ = hello.failover && ctx_.config.data_plane.failover;
   if (failover_) {
     welcome["failover"] = true;
     resume_fds_.resize(spec_.channels());
@@ -186,7 +187,8 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello, const std
 
 Result<transport::ChannelTerms> TargetJob::channel_terms(const std::string& session, uint32_t index) const {
   MutexLock lock(conn_mu_);
-  if (!token_used_ || transport_ != "tcp" || !constant_time_equal(session, session_)) {
+  // TCP data channels belong to a TCP session, or re-dial a channel of one that fails over.
+  if (!token_used_ || (transport_ != "tcp" && !failover_) || !constant_time_equal(session, session_)) {
     return Error{Errc::kPermissionDenied, kHelloRefused};
   }
   return transport::ChannelTerms{channel_key_, session_, index};
@@ -197,7 +199,7 @@ void TargetJob::on_data(UniqueFd fd, const transport::Hello& hello, const std::s
   transport::ChannelTerms terms;
   {
     MutexLock lock(conn_mu_);
-    if (!token_used_ || transport_ != "tcp" || !constant_time_equal(hello.session, session_)) {
+    if (!token_used_ || (transport_ != "tcp" && !hello.resume) || !constant_time_equal(hello.session, session_)) {
       reject(fd.get(), "permission_denied", kHelloRefused);
       return;
     }
@@ -413,7 +415,7 @@ Status TargetJob::wait_for_source() {
   }
   link_ = std::move(control_);
   dlock.unlock();
-  if (failover_ && transport_ == "tcp") {
+  if (failover_) {
     wrap_for_failover([this](uint32_t index) -> session::FailoverChannel::Reconnect {
       return [this, index](uint64_t taken, const Error&, std::chrono::steady_clock::time_point until,
                            const std::function<bool()>& stopped) { return reaccept(index, taken, until, stopped); };

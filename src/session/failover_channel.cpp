@@ -24,7 +24,9 @@ FailoverChannel::FailoverChannel(std::unique_ptr<transport::Channel> first, uint
       on_failover_(std::move(on_failover)),
       cur_(std::move(first)),
       sizes_(depth_, 0),
-      watcher_([this] { watch(); }) {}
+      watcher_([this] { watch(); }) {
+  cur_->notice_silent_link_within(kSilentLinkAfter);
+}
 
 FailoverChannel::~FailoverChannel() {
   {
@@ -356,9 +358,11 @@ Status FailoverChannel::fail_over(const Error& first) {
   const auto started = Clock::now();
   const auto deadline = started + deadline_;
   uint64_t taken = 0;
+  std::string from;
   {
     std::lock_guard lock(mu_);
     taken = taken_;  // fixed from here: receive() drops what the old link still hands over
+    from = cur_->transport();
     // No abort frame (kCancelled): the peer must see a lost link, not a deliberate end.
     cur_->abort(Error{Errc::kCancelled, "channel " + std::to_string(index_) + ": link failed, failing over"});
   }
@@ -400,10 +404,11 @@ Status FailoverChannel::fail_over(const Error& first) {
           return e;
         }
       }
+      r->channel->notice_silent_link_within(kSilentLinkAfter);
       auto st = resend(*r->channel, r->peer_taken, upto);
       if (st) {
         FailoverEvent ev{index_, first.message, r->path, upto - r->peer_taken,
-                         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started)};
+                         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started), from};
         {
           std::lock_guard lock(mu_);
           retired_.emplace_back(gen_, std::move(cur_));

@@ -64,11 +64,15 @@ struct FailoverEvent {
   std::string path;    // the path it resumed on
   uint64_t resent = 0;  // elements resent
   std::chrono::milliseconds took{0};
+  std::string from;  // the transport of the link that failed ("rdma", "tcp")
 };
 
 class FailoverChannel final : public transport::Channel {
  public:
   static constexpr std::chrono::milliseconds kWatchEvery{100};
+  // Every link it runs over notices going silent within this (Channel::notice_silent_link_within):
+  // TCP's keepalive and user timeout; the RDMA acknowledgement watch's bound is the same.
+  static constexpr std::chrono::milliseconds kSilentLinkAfter{5000};
   // Called with this end's taken count (to give the peer), the failure, the deadline, and a
   // predicate that turns true when the channel is aborted meanwhile (return then). One call is one
   // try over one path; it is called again (after a short pause) until the deadline.

@@ -9,6 +9,7 @@
 // (receive/release); abort() may be called from any thread and wakes both.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -93,6 +94,10 @@ class Channel {
   // peer's reason), on a protocol error or for lack of memory. Only a lost link may be failed over
   // (session/failover_channel.h). Channels that cannot tell say false.
   virtual bool link_failed() const { return false; }
+  // A link that goes silent (packets dropped, no reset) fails the channel within about `within`
+  // instead of the transport's own bound (TCP: net::kUserTimeoutMs). RDMA channels watch their
+  // acknowledgements already (rdma/ack_watch.h): no-op there. For failover (failover_channel.h).
+  virtual void notice_silent_link_within(std::chrono::milliseconds /*within*/) {}
 
   virtual uint32_t index() const = 0;
   virtual size_t chunk_size() const = 0;

@@ -16,6 +16,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 from rdmiglab import Agent, QemuVm, cut_data_channels, ensure_guest, migrate_via_agents, parse_prometheus, start_migration  # noqa: E402
+from rdmiglab.linkcut import data_connections  # noqa: E402
 from rdmiglab.qemu import differing_pages, guest_fate, trixie_qemu  # noqa: E402
 
 MEM_MIB = 256
@@ -289,6 +290,45 @@ class AgentMigrationTest(unittest.TestCase):
         for agent, role in ((fo_src, "source"), (fo_dst, "target")):
             m = parse_prometheus(agent.metrics())[0]
             self.assertGreaterEqual(m.get(("rdmig_failovers_total", frozenset({("role", role), ("transport", "tcp")})), 0), 3)
+        self.assert_byte_exact_and_continues(src, dst)
+
+    def test_a_data_channel_blackholed_silently_is_noticed_in_seconds_and_fails_over(self):
+        # No reset this time: nftables drops every packet of one data channel's connection, both
+        # ways, as a link or a middlebox that loses the path silently. The failover channels set
+        # TCP's keepalive and user timeout to 5 s (FailoverChannel::kSilentLinkAfter; 30 s without
+        # failover), so the channel fails, is re-dialled (a new connection, not dropped) and resumed.
+        fo_src, fo_dst = self.failover_agents()
+        src, dst = self.pair(qemu10=True)
+        target, source = start_migration(fo_src, fo_dst, src.agent_qmp_path, dst.agent_qmp_path, multifd_channels=2,
+                                         vm="vm-fo-silent", maxBandwidthBytesPerSecond=16 << 20)
+        st = self.wait_progress(fo_src, source["id"], 16 << 20)
+        self.assertEqual(st["phase"], "Migrating", st)
+        conns = data_connections(fo_dst.data_port, 1 << 20)
+        self.assertTrue(conns, "no data channel carried a MiB")
+        sport = conns[0][0]
+        table = "rdmig_test_fo_silent_%d" % os.getpid()
+        subprocess.run(["nft", "-f", "-"], check=True, text=True, input=(
+            "table inet %s {\n chain input {\n type filter hook input priority -10; policy accept;\n"
+            "  tcp sport %d tcp dport %d drop\n  tcp sport %d tcp dport %d drop\n }\n}\n"
+            % (table, sport, fo_dst.data_port, fo_dst.data_port, sport)))
+        self.addCleanup(subprocess.run, ["nft", "delete", "table", "inet", table], capture_output=True)
+        t0 = time.monotonic()
+        while fo_src.get(source["id"])["failover"]["failovers"] < 1:
+            self.assertLess(time.monotonic() - t0, 25, "the silent channel was not failed over within 25 s")
+            time.sleep(0.05)
+        took = time.monotonic() - t0
+        s = fo_src.wait(source["id"], timeout=300)
+        t = fo_dst.wait(target["id"], timeout=60)
+        subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True)
+        print("\n[failover] one channel black-holed (port %d): failed over after %.1f s; source %s"
+              % (sport, took, s["failover"]), file=sys.stderr)
+        self.assertEqual(s["phase"], "Succeeded", s["result"]["reason"])
+        self.assertEqual(t["phase"], "Succeeded", t["result"]["reason"])
+        # Noticed by the 5 s user timeout (or keepalive), well before TCP's 30 s default here.
+        self.assertLess(took, 15)
+        self.assertGreaterEqual(s["failover"]["failovers"], 1)
+        self.assertRegex(s["failover"]["last"], r"timed out|Connection timed out")
+        self.assertEqual(s["progress"]["dataBytesSent"], t["progress"]["dataBytesReceived"])
         self.assert_byte_exact_and_continues(src, dst)
 
     def test_a_link_down_longer_than_the_failover_deadline_fails_naming_it_and_the_vm_stays_on_the_source(self):

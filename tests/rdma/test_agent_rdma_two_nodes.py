@@ -62,9 +62,9 @@ PEER = "b" if NODE == "a" else "a"
 DEV = os.environ["RDMIG_RDMA_DEV"]
 # This node's rxe devices, one per rail (rdma.devices[i]); a second one with --rails 2.
 DEVS = [DEV] + ([os.environ["RDMIG_RDMA_DEV2"]] if os.environ.get("RDMIG_RDMA_DEV2") else [])
-# With two rails, three more: to a node b agent with one rail, one rail cut mid-stream, and from
-# a node a agent that started with one rail down.
-CASES = 7 if len(DEVS) > 1 else 4
+# With two rails, four more: to a node b agent with one rail, one rail cut mid-stream (without
+# failover, and with it), and from a node a agent that started with one rail down.
+CASES = 8 if len(DEVS) > 1 else 4
 # The rail-cut migration: QEMU's max-bandwidth, so that it is still under way when rail 1 is cut.
 RAIL_CUT_BANDWIDTH = 4 << 20
 RAIL_CUT_NO_PROGRESS = 45  # s, both agents' noProgressTimeoutSeconds for it
@@ -122,16 +122,19 @@ def counters_delta(before, after):
 TRAFFIC_CLASS = 104
 
 
-def agent_config(rails=len(DEVS)):
+def agent_config(rails=len(DEVS), failover=False):
     # The REST API on every address (node a calls node b's); the data plane on eth0's address,
     # which is also what the target advertises to the source. One rail: the single rdma keys;
     # more: rdma.devices, in the same order on both nodes (rails are matched by index).
     rdma = {"device": DEV} if rails == 1 else {"devices": [{"device": d} for d in DEVS[:rails]]}
     if NODE == "a":
         rdma["trafficClass"] = TRAFFIC_CLASS
+    data_plane = {"address": ADDR, "advertiseAddress": ADDR, "rdmaPort": 0}
+    if failover:
+        data_plane["failover"] = "on"
     return {"transport": "rdma", "rdma": rdma,
             "api": {"address": "0.0.0.0"},
-            "dataPlane": {"address": ADDR, "advertiseAddress": ADDR, "rdmaPort": 0}}
+            "dataPlane": data_plane}
 
 
 class PeerAgent(Agent):
@@ -303,7 +306,8 @@ class Capture:
 def serve_target():
     """Node b: the target side of each migration node a runs. Returns the exit status."""
     tmp = tempfile.mkdtemp(prefix="rdmig-rdma-b-")
-    agent = Agent(tmp, "agent-b", config=agent_config(), log_level="debug", profile=PROFILE)
+    # dataPlane.failover on: only a source agent that has it on too asks for it (one case).
+    agent = Agent(tmp, "agent-b", config=agent_config(failover=True), log_level="debug", profile=PROFILE)
     # With two rails here: a second agent with rail 0 only, the target of the 2-vs-1 case.
     one_rail = Agent(tmp, "agent-b1", config=agent_config(rails=1), log_level="debug", profile=PROFILE) if len(DEVS) > 1 else None
     ok = True
@@ -705,6 +709,93 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
         # The VM keeps running on node a (QMP query-status), and node b's QEMU does not run it.
         self.assertEqual(src.status(), "running")
         self.assertNotEqual(dst["status"], "running")
+
+    def test_rail_cut_mid_stream_with_failover_moves_its_channels_to_tcp_byte_exact(self):
+        # As the case above, with dataPlane.failover on both agents and transport auto: rail 1's
+        # channels fail over to TCP (docs/failover.md) and the migration completes, every byte of
+        # the paused guest's RAM compared.
+        if len(DEVS) < 2:
+            self.skipTest("one rail per node (run-two-vms.sh without --rails 2)")
+        name = "rail-failover"
+        outcome = "failed"
+        rail1 = list(range(1, MULTIFD + 1, 2))
+        agent = Agent(self.tmp, "agent-a-failover", config=agent_config(failover=True), log_level="debug",
+                      profile=PROFILE)
+        try:
+            try:
+                src, dst_qmp = self.ask(name, MULTIFD, cut_rail=True)
+                src.qmp("stop")
+                tcp_a = tcp_bytes(agent, "sent")
+                target, source = start_migration(agent, self.b, src.agent_qmp_path, dst_qmp,
+                                                 multifd_channels=MULTIFD, chunk_size="1Mi", ring_depth=8,
+                                                 vm="two-node-vm-" + name, transport="auto", verifyChunks=True,
+                                                 maxBandwidthBytesPerSecond=RAIL_CUT_BANDWIDTH,
+                                                 noProgressTimeoutSeconds=RAIL_CUT_NO_PROGRESS,
+                                                 target_options={"transport": "auto",
+                                                                 "noProgressTimeoutSeconds": RAIL_CUT_NO_PROGRESS})
+                deadline = time.monotonic() + 120
+                while True:
+                    st = agent.get(source["id"])
+                    flowing = {r["rail"]: r["bytesSent"] for r in st.get("rails", [])}
+                    if flowing.get(1, 0) >= 1 << 20 and flowing.get(0, 0) > 0:
+                        break
+                    self.assertNotIn(st["phase"], TERMINAL, "ended before both rails carried bytes: %s" % st)
+                    self.assertLess(time.monotonic(), deadline, "rail 1 carried no MiB within 120 s: %s" % st)
+                    time.sleep(0.1)
+                self.assertEqual(st["transport"], "rdma")
+                self.assertTrue(st["failover"]["enabled"], st["failover"])
+                post("cut-%s" % name, True)
+                await_("cut-applied-%s" % name, 60)
+                t0 = time.monotonic()
+                # The first failover, then QEMU unthrottled: the rest goes at once.
+                while agent.get(source["id"])["failover"]["failovers"] < 1:
+                    self.assertLess(time.monotonic() - t0, 60, "no channel failed over within 60 s of the cut")
+                    time.sleep(0.1)
+                first_s = time.monotonic() - t0
+                src.qmp("migrate-set-parameters", max_bandwidth=1 << 40)
+                s = agent.wait(source["id"], timeout=300)
+                t = self.b.wait(target["id"], timeout=60)
+                if s["phase"] == "Succeeded" and t["phase"] == "Succeeded":
+                    outcome = "ok"
+                else:
+                    print(agent.log_text()[-6000:])
+            finally:
+                post("migrated-%s" % name, outcome)
+            try:
+                dst = await_("dst-state-%s" % name, 400)
+                moved = [line for line in agent.log_text().splitlines() if " failover: channel " in line]
+                print("rail 1 cut mid-stream with failover: first failover %.1f s after the cut; source %s, target %s; "
+                      "node b dropped %d RoCE v2 packets; failovers source %s, target %s\n%s"
+                      % (first_s, s["phase"], t["phase"], dst["rdmaDropped"], s["failover"], t["failover"],
+                         "\n".join(moved)))
+                self.assertEqual(s["phase"], "Succeeded", s["result"]["reason"])
+                self.assertEqual(t["phase"], "Succeeded", t["result"]["reason"])
+                self.assertGreater(dst["rdmaDropped"], 0)
+                # Only rail 1's channels moved, each to TCP, each once, named by its rail's failure.
+                self.assertGreaterEqual(s["failover"]["failovers"], 1)
+                self.assertLessEqual(s["failover"]["failovers"], len(rail1))
+                ids = [int(re.search(r" failover: channel (\d+): ", l).group(1)) for l in moved]
+                self.assertTrue(ids and set(ids) <= set(rail1) and len(ids) == len(set(ids)), moved)
+                self.assertIn("resumed on tcp %s:" % PEER_ADDR, s["failover"]["last"])
+                self.assertRegex(s["failover"]["last"], r"acknowledged nothing|work completion failed|disconnected")
+                samples, _ = parse_prometheus(agent.metrics())
+                self.assertEqual(samples.get(("rdmig_failovers_total",
+                                              frozenset({("role", "source"), ("transport", "rdma")})), 0), len(ids))
+                # Byte-exact: every chunk checked (verifyChunks), the counts agree, the memories equal.
+                moved_bytes = s["progress"]["dataBytesSent"]
+                self.assertEqual(moved_bytes, t["progress"]["dataBytesReceived"])
+                self.assertGreater(tcp_bytes(agent, "sent") - tcp_a, 0)
+                # A rail counts what its channels carried over it: the bytes TCP carried are not rail 1's.
+                self.assertLess(sum(r["bytesSent"] for r in s["rails"]), moved_bytes)
+                self.assertEqual(src.status(), "postmigrate")
+                self.assertEqual(dst["status"], "paused")
+                self.assert_same_memory(src, dst["digest"], name)
+            finally:
+                if name not in self.dumped:
+                    post("compared-%s" % name, True)
+            self.assertEqual(await_("dst-resumed-%s" % name, 120), "running")
+        finally:
+            agent.stop()
 
     def test_rail_down_at_start_is_left_out_and_the_other_rail_carries_the_migration(self):
         if len(DEVS) < 2:

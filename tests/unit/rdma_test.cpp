@@ -315,4 +315,19 @@ TEST(RdmaChannel, PeerGoneFailsTheOtherSideWithAReasonAndCountsIt) {
   const bool counted = (at != std::string::npos && std::stod(text.substr(at + disconnected.size())) >= 1) ||
                        text.find("rdmig_transport_errors_total{kind=\"wc_") != std::string::npos;
   EXPECT_TRUE(counted) << r.error().message << "\n" << text.substr(at == std::string::npos ? 0 : at, 200);
+  // Gone without an abort: the link's failure, which failover may resume (session/failover_channel.h).
+  EXPECT_TRUE(p.client->link_failed()) << r.error().message;
+}
+
+TEST(RdmaChannel, AnAbortOfEitherEndIsNotALinkFailure) {
+  if (rdma_ip().empty()) GTEST_SKIP() << "no RDMA device here (set RDMIG_RDMA_IP; runs in the Soft-RoCE VM)";
+  Metrics m;
+  auto p = connect_pair(m, 64 * 1024, 4, std::array<uint8_t, 16>{8});
+  ASSERT_TRUE(p.client && p.server);
+  p.server->abort(Error{Errc::kQemu, "the target QEMU failed"});
+  auto r = p.client->receive();
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("peer aborted"), std::string::npos) << r.error().message;
+  EXPECT_FALSE(p.client->link_failed()) << r.error().message;
+  EXPECT_FALSE(p.server->link_failed());
 }

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <string_view>
 
 #include "common/log.h"
 #include "common/thread_name.h"
@@ -244,6 +245,11 @@ void RdmaChannel::fail(const Error& e, const char* kind) {
     std::lock_guard lock(state_mu_);
     if (error_) return;
     error_ = e;
+    // What fail() is called with names the cause (`kind` is its metric): the link's kinds below;
+    // an abort (either end's) passes none, a protocol error "protocol", a local call its own.
+    const std::string_view k = kind ? kind : "";
+    link_failed_.store(e.code == Errc::kUnavailable &&
+                       (k.starts_with("wc_") || k == "ack_stall" || k == "disconnected" || k == "device_removal"));
     if (established_) rdma_disconnect(id_.get());
   }
   failed_ = true;

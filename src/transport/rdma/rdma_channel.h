@@ -78,6 +78,10 @@ class RdmaChannel final : public Channel {
   Result<ChunkView> receive() override;
   Status release() override;
   void abort(const Error& reason) override;
+  // The link's failures: a work completion in error (retries exhausted, a flushed queue after
+  // the QP broke), the acknowledgement watch's stall, a disconnect or device removal without the
+  // peer's abort. Not: an abort of either end, a protocol error, a local verbs failure.
+  bool link_failed() const override { return link_failed_.load(); }
   uint32_t index() const override { return params_.index; }
   size_t chunk_size() const override { return params_.send_chunk; }
   const char* transport() const override { return "rdma"; }
@@ -166,6 +170,7 @@ class RdmaChannel final : public Channel {
   bool established_ = false;
   std::optional<Error> error_;
   std::atomic<bool> failed_{false};
+  std::atomic<bool> link_failed_{false};  // set with error_, before failed_ (link_failed())
   std::atomic<bool> stopping_{false};
   std::thread poller_;
 };

@@ -51,6 +51,10 @@ int write_local(int fd, const std::byte* p, size_t n) {
 
 }  // namespace
 
+void TcpChannel::notice_silent_link_within(std::chrono::milliseconds within) {
+  net::detect_dead_peer_within(fd_.get(), within);
+}
+
 std::unique_ptr<TcpChannel> TcpChannel::create(UniqueFd fd, uint32_t index, uint32_t chunk_size,
                                                uint32_t depth, TransportMetrics& metrics,
                                                SpliceMode splice, std::unique_ptr<TlsStream> tls) {

@@ -64,6 +64,7 @@ class TcpChannel final : public Channel {
   void clear_inline_sink() override;
   void abort(const Error& reason) override;
   bool link_failed() const override { return link_failed_.load(); }
+  void notice_silent_link_within(std::chrono::milliseconds within) override;
   uint32_t index() const override { return index_; }
   size_t chunk_size() const override { return chunk_size_; }
   const char* transport() const override { return "tcp"; }
