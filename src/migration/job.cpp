@@ -402,6 +402,17 @@ void Job::on_failover(const session::FailoverEvent& ev) {
   });
 }
 
+void Job::on_control_failover(const std::string& reason, std::chrono::milliseconds took, uint64_t resent) {
+  ctx_.metrics.failover(role_name(spec_.role), "tcp");
+  const std::string what = "control connection: " + reason + "; resumed after " + std::to_string(took.count()) +
+                           " ms, " + std::to_string(resent) + " message(s) resent";
+  LOG_WARN("migration") << log_prefix() << " failover: " << what;
+  update([&](MigrationStatus& s) {
+    ++s.failovers;
+    s.last_failover = what;
+  });
+}
+
 session::FailoverChannel* Job::failover_channel(uint32_t index) const {
   for (auto* fc : failover_channels_) {
     if (fc->index() == index) return fc;

@@ -130,6 +130,8 @@ class Job {
   void wrap_for_failover(const std::function<session::FailoverChannel::Reconnect(uint32_t)>& reconnect_for);
   // One channel failed over: counted (rdmig_failovers_total), logged, put in the status.
   void on_failover(const session::FailoverEvent& ev);
+  // The control connection failed over (session::ControlLink::fail_over_with): the same.
+  void on_control_failover(const std::string& reason, std::chrono::milliseconds took, uint64_t resent);
   // Channel `index`'s FailoverChannel (nullptr when the job does not fail over); under data_mu_.
   session::FailoverChannel* failover_channel(uint32_t index) const REQUIRES(data_mu_);
   // A TCP data channel's TLS handshake (dataPlane.tls: on) as `role`, over the channel's terms; a

@@ -124,7 +124,7 @@ void MigrationManager::handle_hello(UniqueFd fd, const json& raw) {
   }
   // A data channel proves the session's channel key before it is admitted; a wrong proof takes
   // no index (transport/channel_proof.h).
-  auto terms = target->channel_terms(hello->session, hello->index);
+  auto terms = target->channel_terms(hello->session, hello->control ? transport::kControlIndex : hello->index);
   if (!terms) {
     transport::send_reject(fd.get(), "permission_denied", kHelloRefused);
     return;

@@ -283,6 +283,16 @@ Status SourceJob::connect_data_plane() {
   {
     MutexLock lock(data_mu_);
     link_ = std::make_unique<ControlLink>(std::move(fd.value()));
+    if (failover_) {
+      link_->fail_over_with(
+          [this](uint64_t received, std::chrono::steady_clock::time_point deadline, const std::function<bool()>&) {
+            return redial_control(received, deadline);
+          },
+          std::chrono::seconds(ctx_.config.data_plane.failover_deadline_seconds),
+          [this](const std::string& why, std::chrono::milliseconds took, uint64_t resent) {
+            on_control_failover(why, took, resent);
+          });
+    }
   }
   // 'start' and 'ready' also measure the two hosts' clock offset (the switchover compares the
   // source QEMU's STOP with the target QEMU's RESUME, each stamped by its own host).
@@ -339,6 +349,25 @@ Result<session::Resumed> SourceJob::redial(uint32_t index, uint64_t taken, std::
                                           spec_.ring_depth, ctx_.metrics.transport("tcp"), ctx_.config.tcp.splice,
                                           std::move(tls));
   return session::Resumed{std::move(ch), peer.value(), "tcp " + ep.to_string()};
+}
+
+Result<std::pair<UniqueFd, uint64_t>> SourceJob::redial_control(uint64_t received,
+                                                                 std::chrono::steady_clock::time_point deadline) {
+  using namespace std::chrono;
+  const auto left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(100),
+                               duration_cast<milliseconds>(kHandshakeTimeout));
+  const net::Endpoint ep{spec_.target.host, spec_.target.port};
+  const std::string where = "control connection re-dialled to " + ep.to_string();
+  auto fd = peer_dial_policy(ctx_.config.data_plane).connect(ep, "target.endpoint", left, [](int) { return ok_status(); });
+  if (!fd) return fd.error().with_context(where);
+  transport::Hello dh = data_hello(0, /*resume=*/true);
+  dh.control = true;
+  dh.tls = false;  // the control connection runs no TLS
+  const transport::ChannelTerms terms{channel_key_, session_, transport::kControlIndex};
+  if (auto st = transport::prove_channel(fd->get(), dh.to_json(), terms, left); !st) return st.error().with_context(where);
+  auto peer = session::resume_as_dialler(fd->get(), terms, received, left);
+  if (!peer) return peer.error().with_context(where);
+  return std::make_pair(std::move(fd.value()), peer.value());
 }
 
 Status SourceJob::connect_rdma_channels(const json& welcome) {

@@ -29,6 +29,9 @@ class SourceJob final : public Job {
   // Failover (docs/failover.md): channel `index` re-dialled to the target agent, proved, resumed
   // (this end's count `taken`) and its TLS run again; one try, within `deadline`.
   Result<session::Resumed> redial(uint32_t index, uint64_t taken, std::chrono::steady_clock::time_point deadline);
+  // Failover of the control connection: re-dialled, proved (kControlIndex) and resumed (this end's
+  // count of the target's messages `received`); one try, within `deadline`.
+  Result<std::pair<UniqueFd, uint64_t>> redial_control(uint64_t received, std::chrono::steady_clock::time_point deadline);
   // The hello of TCP data channel `index` (resume: re-dialled to fail over).
   transport::Hello data_hello(uint32_t index, bool resume) const;
   Status configure_qemu();

@@ -203,6 +203,21 @@ void TargetJob::on_data(UniqueFd fd, const transport::Hello& hello, const std::s
       reject(fd.get(), "permission_denied", kHelloRefused);
       return;
     }
+    if (hello.resume && hello.control) {
+      // The control connection the source re-dialled (its proof already checked, over
+      // kControlIndex): handed to reaccept_control(), which the link's failover runs.
+      MutexLock dlock(data_mu_);
+      if (!failover_ || !link_ || finished() || cancel_requested()) {
+        reject(fd.get(), "permission_denied", "hello.control: migration " + spec_.id +
+                                                  " has no control connection to resume");
+        return;
+      }
+      reply(fd.get(), session::message(session::MessageKind::kWelcome, json{{"proof", welcome_proof}}));
+      control_resume_fd_ = std::move(fd);  // a newer re-dial replaces one not yet taken
+      conn_cv_.notify_all();
+      link_->interrupt();
+      return;
+    }
     if (hello.resume) {
       // A channel the source re-dialled to fail it over (its proof already checked): handed to
       // reaccept(), which the channel's failover runs; the channel learns its link is gone now.
@@ -297,6 +312,31 @@ Result<session::Resumed> TargetJob::reaccept(uint32_t index, uint64_t taken,
   auto ch = transport::TcpChannel::create(std::move(fd), index, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
                                           ctx_.metrics.transport("tcp"), ctx_.config.tcp.splice, std::move(tls));
   return session::Resumed{std::move(ch), peer.value(), "tcp (re-dialled by the source)"};
+}
+
+Result<std::pair<UniqueFd, uint64_t>> TargetJob::reaccept_control(uint64_t received,
+                                                                   std::chrono::steady_clock::time_point deadline,
+                                                                   const std::function<bool()>& stopped) {
+  using namespace std::chrono;
+  UniqueFd fd;
+  transport::ChannelTerms terms;
+  {
+    MutexLock lock(conn_mu_);
+    while (!control_resume_fd_.valid()) {
+      if (stopped() || cancel_requested()) return Error{Errc::kCancelled, "cancelled"};
+      if (steady_clock::now() >= deadline) {
+        return Error{Errc::kTimeout, "the source agent did not re-dial the control connection"};
+      }
+      lock.wait_for(conn_cv_, 50ms);
+    }
+    fd = std::move(control_resume_fd_);
+    terms = transport::ChannelTerms{channel_key_, session_, transport::kControlIndex};
+  }
+  const auto left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(100),
+                               duration_cast<milliseconds>(kHelloTimeout));
+  auto peer = session::resume_as_acceptor(fd.get(), terms, received, left);
+  if (!peer) return peer.error().with_context("control connection re-dialled by the source");
+  return std::make_pair(std::move(fd), peer.value());
 }
 
 Result<transport::rdma::AcceptPlan> TargetJob::rdma_plan(const transport::rdma::ConnectRequest& request) {
@@ -414,6 +454,16 @@ Status TargetJob::wait_for_source() {
     }
   }
   link_ = std::move(control_);
+  if (failover_) {
+    link_->fail_over_with(
+        [this](uint64_t received, std::chrono::steady_clock::time_point until, const std::function<bool()>& stopped) {
+          return reaccept_control(received, until, stopped);
+        },
+        std::chrono::seconds(ctx_.config.data_plane.failover_deadline_seconds),
+        [this](const std::string& reason, std::chrono::milliseconds took, uint64_t resent) {
+          on_control_failover(reason, took, resent);
+        });
+  }
   dlock.unlock();
   if (failover_) {
     wrap_for_failover([this](uint32_t index) -> session::FailoverChannel::Reconnect {
@@ -622,6 +672,17 @@ void TargetJob::report_success() {
   if (state == "prelaunch") state = "paused";
   update([&](MigrationStatus& s) { s.target_state = state; });
   (void)link_->send(session::message(session::MessageKind::kResult, json{{"ok", true}, {"state", state}, {"resumeTimestampUs", resume_us}}));
+  bool failover = false;
+  {
+    MutexLock lock(conn_mu_);
+    failover = failover_;
+  }
+  if (failover) {
+    // The result must reach the source: while its goodbye has not come, a lost control connection
+    // is still resumed (and the result resent). Bounded by the failover deadline.
+    (void)link_->expect(session::to_string(session::MessageKind::kGoodbye),
+                        std::chrono::seconds(ctx_.config.data_plane.failover_deadline_seconds) + 1s);
+  }
   {
     MutexLock lock(data_mu_);
     for (auto& p : pumps_) p->wait(5s);

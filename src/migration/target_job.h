@@ -49,6 +49,10 @@ class TargetJob final : public Job {
   // count `taken`) and runs its TLS again.
   Result<session::Resumed> reaccept(uint32_t index, uint64_t taken, std::chrono::steady_clock::time_point deadline,
                                     const std::function<bool()>& stopped);
+  // Failover of the control connection: waits until `deadline` for the source to re-dial it
+  // (on_data puts it in control_resume_fd_), then resumes it (this end's count `received`).
+  Result<std::pair<UniqueFd, uint64_t>> reaccept_control(uint64_t received, std::chrono::steady_clock::time_point deadline,
+                                                         const std::function<bool()>& stopped);
   Status monitor();
   // Tells the source the verdict; on failure whether resuming the source is safe.
   void report_failure(const Error& error, bool cancelled, bool incoming_started);
@@ -94,6 +98,7 @@ class TargetJob final : public Job {
   uint32_t data_received_ GUARDED_BY(conn_mu_) = 0;
   // Failover: a proved connection per channel the source re-dialled, until reaccept() takes it.
   std::vector<UniqueFd> resume_fds_ GUARDED_BY(conn_mu_);
+  UniqueFd control_resume_fd_ GUARDED_BY(conn_mu_);  // the re-dialled control connection
 
   // Guards next_qemu_index_ and order_aborted_; order_cv_ signals the next turn. Each pump's
   // opener (open_qemu_connection, on the pumps' threads) waits for its turn under it and

@@ -2,6 +2,9 @@
 
 #include <sys/socket.h>
 
+#include <vector>
+
+#include "common/log.h"
 #include "common/net.h"
 #include "transport/wire.h"
 #include "session/protocol.h"
@@ -19,25 +22,158 @@ ControlLink::~ControlLink() {
 }
 
 void ControlLink::close() {
+  MutexLock lock(fd_mu_);
+  closing_ = true;
   if (fd_.valid()) ::shutdown(fd_.get(), SHUT_RDWR);
+}
+
+int ControlLink::fd() const {
+  MutexLock lock(fd_mu_);
+  return fd_.get();
+}
+
+void ControlLink::fail_over_with(Reconnect reconnect, std::chrono::milliseconds deadline, OnFailover on_failover) {
+  {
+    MutexLock lock(fd_mu_);
+    // A silent link is noticed as a data channel's is (failover_channel.h kSilentLinkAfter).
+    if (fd_.valid()) net::detect_dead_peer_within(fd_.get(), std::chrono::seconds(5));
+  }
+  MutexLock lock(mu_);
+  reconnect_ = std::move(reconnect);
+  on_failover_ = std::move(on_failover);
+  deadline_ = deadline;
+  failover_on_.store(true);
+}
+
+void ControlLink::interrupt() {
+  if (!failover_on_.load()) return;
+  MutexLock lock(fd_mu_);
+  if (fd_.valid()) ::shutdown(fd_.get(), SHUT_RDWR);  // the reader's read fails: it fails over
 }
 
 Status ControlLink::send(const nlohmann::json& message) {
   MutexLock lock(write_mu_);
-  auto st = transport::send_message(fd_.get(), message);
+  const bool keep = failover_on_.load();
+  if (keep) sent_log_.push_back(message);
+  ++sent_;
+  int fd = -1;
+  {
+    MutexLock flock(fd_mu_);
+    fd = fd_.get();
+  }
+  // fd stays open while write_mu_ is held: only a failover (under write_mu_) replaces it.
+  auto st = transport::send_message(fd, message);
+  if (!st && keep) {
+    // Kept: the failover resends it on the next connection, or the link fails for good and the
+    // reader says so (next()).
+    return ok_status();
+  }
   if (!st) return st.error().with_context("control connection");
   return st;
 }
 
+bool ControlLink::recover(const Error& why) {
+  using Clock = std::chrono::steady_clock;
+  Reconnect reconnect;
+  OnFailover on_failover;
+  uint64_t received = 0;
+  std::chrono::milliseconds span{0};
+  {
+    MutexLock lock(mu_);
+    if (!reconnect_ || peer_aborted_) return false;
+    reconnect = reconnect_;
+    on_failover = on_failover_;
+    received = received_;
+    span = deadline_;
+  }
+  {
+    MutexLock lock(fd_mu_);
+    if (closing_) return false;  // this end closed it
+    ::shutdown(fd_.get(), SHUT_RDWR);  // a send blocked on the old connection returns
+  }
+  const auto started = Clock::now();
+  const auto deadline = started + span;
+  LOG_WARN("failover") << "control connection lost (" << why.message << "); received " << received
+                       << ", reconnecting within " << span.count() << " ms";
+  Error last = why;
+  for (;;) {
+    {
+      MutexLock lock(fd_mu_);
+      if (closing_) return false;
+    }
+    auto r = reconnect(received, deadline, [this] {
+      MutexLock lock(fd_mu_);
+      return closing_;
+    });
+    if (r) {
+      uint64_t resent = 0;
+      bool refused = false, resent_all = true;
+      {
+        MutexLock wlock(write_mu_);
+        const uint64_t peer_has = r->second;
+        const uint64_t kept_from = sent_ - sent_log_.size();
+        if (peer_has > sent_ || peer_has < kept_from) {
+          refused = true;
+          last = Error{Errc::kProtocol, "the peer's resume says it received " + std::to_string(peer_has) +
+                                            " of this end's " + std::to_string(sent_) + " messages: refused"};
+        } else {
+          int fd = -1;
+          {
+            MutexLock flock(fd_mu_);
+            if (closing_) return false;
+            fd_ = std::move(r->first);
+            fd = fd_.get();
+          }
+          net::detect_dead_peer_within(fd, std::chrono::seconds(5));
+          for (uint64_t i = peer_has - kept_from; i < sent_log_.size() && resent_all; ++i, ++resent) {
+            resent_all = static_cast<bool>(transport::send_message(fd, sent_log_[i]));
+          }
+        }
+      }
+      if (refused) break;
+      if (resent_all) {
+        const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
+        LOG_INFO("failover") << "control connection resumed after " << took.count() << " ms (resent " << resent
+                             << ")";
+        if (on_failover) on_failover(why.message, took, resent);
+        return true;
+      }
+      last = Error{Errc::kUnavailable, "resending on the new control connection failed"};
+      MutexLock flock(fd_mu_);
+      ::shutdown(fd_.get(), SHUT_RDWR);
+    } else {
+      last = r.error();
+      if (last.code == Errc::kPermissionDenied) break;  // the peer refused: it is over
+    }
+    if (Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  MutexLock lock(mu_);
+  closed_ = Error{Errc::kUnavailable, "control connection lost (" + why.message + ") and not back within " +
+                                          std::to_string(span.count()) + " ms (" + last.message + ")"};
+  cv_.notify_all();
+  return false;
+}
+
 void ControlLink::reader_loop() {
   for (;;) {
-    auto m = transport::recv_message(fd_.get(), std::chrono::hours(24 * 365));
-    MutexLock lock(mu_);
+    int fd = -1;
+    {
+      MutexLock flock(fd_mu_);
+      fd = fd_.get();
+    }
+    auto m = transport::recv_message(fd, std::chrono::hours(24 * 365));
     if (!m) {
-      closed_ = m.error().with_context("control connection");
+      const Error why = m.error();
+      if (recover(why)) continue;
+      MutexLock lock(mu_);
+      if (!closed_) closed_ = why.with_context("control connection");
       cv_.notify_all();
       return;
     }
+    MutexLock lock(mu_);
+    ++received_;
+    if (session::is(m.value(), session::MessageKind::kAbort)) peer_aborted_ = true;
     queue_.push_back(std::move(m.value()));
     cv_.notify_all();
   }

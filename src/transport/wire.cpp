@@ -169,6 +169,7 @@ json Hello::to_json() const {
     j["session"] = session;
     j["index"] = index;
     if (resume) j["resume"] = true;
+    if (control) j["control"] = true;
   }
   return j;
 }
@@ -237,6 +238,13 @@ Result<Hello> Hello::parse(const json& j) {
     auto index = get_uint(j, "index", "hello", 0, kMaxChannels - 1);
     if (!index) return index.error();
     h.index = static_cast<uint32_t>(index.value());
+    if (const auto v = j.find("control"); v != j.end()) {
+      if (!v->is_boolean()) return Error{Errc::kInvalidArgument, "hello.control: expected a boolean"};
+      h.control = v->get<bool>();
+      if (h.control && (!h.resume || h.index != 0)) {
+        return Error{Errc::kInvalidArgument, "hello.control: only a resume of the control connection, with index 0"};
+      }
+    }
   } else {
     return Error{Errc::kInvalidArgument, "hello.kind: expected control or data, got '" + h.kind + "'"};
   }

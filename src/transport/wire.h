@@ -20,6 +20,8 @@ namespace rdmig::transport {
 inline constexpr uint32_t kProtocolVersion = 3;
 inline constexpr uint32_t kMaxMessageBytes = 64 * 1024;
 inline constexpr uint32_t kMaxChannels = 65;  // main + 64 multifd
+// The index a re-dialled control connection's proof names (Hello::control): none of a data channel.
+inline constexpr uint32_t kControlIndex = kMaxChannels;
 
 Status send_message(int fd, const nlohmann::json& message);
 // A refusal on a data-plane or control connection ({"type":"reject","code","message"}), best
@@ -74,6 +76,9 @@ struct Hello {
   // data, optional ("resume"): this connection re-establishes channel `index` of a session that
   // fails over; the resume exchange (session/resume.h) follows its proof.
   bool resume = false;
+  // data, optional ("control", with "resume" and index 0): this connection re-establishes the
+  // session's control connection instead; its proof's terms name kControlIndex.
+  bool control = false;
 
   nlohmann::json to_json() const;
   // Validates every field; errors name the field ("hello.chunkSize").

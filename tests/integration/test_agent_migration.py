@@ -16,7 +16,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 from rdmiglab import Agent, QemuVm, cut_data_channels, ensure_guest, migrate_via_agents, parse_prometheus, start_migration  # noqa: E402
-from rdmiglab.linkcut import data_connections  # noqa: E402
+from rdmiglab.linkcut import cut_control_connection, data_connections  # noqa: E402
 from rdmiglab.qemu import differing_pages, guest_fate, trixie_qemu  # noqa: E402
 
 MEM_MIB = 256
@@ -290,6 +290,32 @@ class AgentMigrationTest(unittest.TestCase):
         for agent, role in ((fo_src, "source"), (fo_dst, "target")):
             m = parse_prometheus(agent.metrics())[0]
             self.assertGreaterEqual(m.get(("rdmig_failovers_total", frozenset({("role", role), ("transport", "tcp")})), 0), 3)
+        self.assert_byte_exact_and_continues(src, dst)
+
+    def test_the_control_connection_reset_again_and_again_fails_over_and_the_migration_completes(self):
+        # The agents' control connection (start/ready, the target's result, the goodbye) is reset
+        # every 0.3 s from the first MiB to the end, its last messages included: each time the
+        # source re-dials it, both agents exchange how many messages they received and resend the
+        # rest (docs/failover.md). The data channel is left alone; the memory arrives byte-exact.
+        fo_src, fo_dst = self.failover_agents()
+        src, dst = self.pair(qemu10=True)
+        target, source = start_migration(fo_src, fo_dst, src.agent_qmp_path, dst.agent_qmp_path, vm="vm-fo-control",
+                                         maxBandwidthBytesPerSecond=32 << 20)
+        self.wait_progress(fo_src, source["id"], 1 << 20)
+        cuts = 0
+        while fo_src.get(source["id"])["phase"] not in ("Succeeded", "Failed", "Cancelled") and cuts < 40:
+            cuts += cut_control_connection(fo_dst.data_port)
+            time.sleep(0.3)  # the pace of the cuts, not a wait for anything
+        s = fo_src.wait(source["id"], timeout=300)
+        t = fo_dst.wait(target["id"], timeout=60)
+        print("\n[failover] control connection reset %d times; source %s; target %s"
+              % (cuts, s["failover"], t["failover"]), file=sys.stderr)
+        self.assertEqual(s["phase"], "Succeeded", s["result"]["reason"])
+        self.assertEqual(t["phase"], "Succeeded", t["result"]["reason"])
+        self.assertGreaterEqual(cuts, 3, "the migration ended before three cuts: cap its bandwidth lower")
+        self.assertGreaterEqual(s["failover"]["failovers"], 3)
+        self.assertIn("control connection: ", s["failover"]["last"])
+        self.assertEqual(s["progress"]["dataBytesSent"], t["progress"]["dataBytesReceived"])
         self.assert_byte_exact_and_continues(src, dst)
 
     def test_a_data_channel_blackholed_silently_is_noticed_in_seconds_and_fails_over(self):

@@ -285,3 +285,27 @@ TEST(ChannelProof, ADiallerRefusesAWelcomeThatDoesNotProveTheKey) {
   ASSERT_FALSE(st);
   EXPECT_NE(st.error().message.find("welcome.proof"), std::string::npos) << st.error().message;
 }
+
+TEST(Wire, AControlResumeHelloIsAResumeWithIndexZeroOnly) {
+  Hello h;
+  h.kind = "data";
+  h.migration_id = "m-1";
+  h.session = std::string(32, 'a');
+  h.nonce = std::string(32, 'b');
+  h.resume = true;
+  h.control = true;
+  auto parsed = Hello::parse(h.to_json());
+  ASSERT_TRUE(parsed.ok()) << parsed.error().message;
+  EXPECT_TRUE(parsed->control && parsed->resume);
+  auto j = h.to_json();
+  j.erase("resume");  // a control hello that resumes nothing
+  auto r = Hello::parse(j);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("hello.control"), std::string::npos) << r.error().message;
+  j = h.to_json();
+  j["index"] = 3;
+  EXPECT_FALSE(Hello::parse(j).ok());
+  j = h.to_json();
+  j["control"] = "yes";
+  EXPECT_NE(Hello::parse(j).error().message.find("hello.control: expected a boolean"), std::string::npos);
+}
