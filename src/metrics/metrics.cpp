@@ -116,7 +116,7 @@ Metrics::Metrics(std::string component)
                             .Register(*registry_)),
       failovers_(BuildCounter().Name("rdmig_failovers_total")
                      .Help("Data channels of migrations that failed over to a new link (docs/failover.md), by role "
-                           "and transport")
+                           "transport and peer (the other agent's data-plane address)")
                      .Register(*registry_)),
       transport_selected_(BuildCounter().Name("rdmig_transport_selected_total")
                               .Help("Transport chosen for a migration, by transport and reason")
@@ -273,8 +273,8 @@ void Metrics::transport_error(const std::string& transport, const std::string& k
   transport_errors_.Add({{"transport", transport}, {"kind", kind}}).Increment();
 }
 
-void Metrics::failover(const std::string& role, const std::string& transport) {
-  failovers_.Add({{"role", role}, {"transport", transport}}).Increment();
+void Metrics::failover(const std::string& role, const std::string& transport, const std::string& peer) {
+  failovers_.Add({{"role", role}, {"transport", transport}, {"peer", peer}}).Increment();
 }
 
 void Metrics::transport_selected(const std::string& transport, const std::string& reason) {

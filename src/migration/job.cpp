@@ -385,7 +385,7 @@ void Job::wrap_for_failover(const std::function<session::FailoverChannel::Reconn
 }
 
 void Job::on_failover(const session::FailoverEvent& ev) {
-  ctx_.metrics.failover(role_name(spec_.role), ev.from.empty() ? "tcp" : ev.from);
+  ctx_.metrics.failover(role_name(spec_.role), ev.from.empty() ? "tcp" : ev.from, failover_peer_);
   if (ev.from == "rdma") {
     MutexLock lock(status_mu_);
     off_rail_.try_emplace(ev.index, std::array<uint64_t, 4>{UINT64_MAX, UINT64_MAX, UINT64_MAX, UINT64_MAX});
@@ -403,7 +403,7 @@ void Job::on_failover(const session::FailoverEvent& ev) {
 }
 
 void Job::on_control_failover(const std::string& reason, std::chrono::milliseconds took, uint64_t resent) {
-  ctx_.metrics.failover(role_name(spec_.role), "tcp");
+  ctx_.metrics.failover(role_name(spec_.role), "tcp", failover_peer_);
   const std::string what = "control connection: " + reason + "; resumed after " + std::to_string(took.count()) +
                            " ms, " + std::to_string(resent) + " message(s) resent";
   LOG_WARN("migration") << log_prefix() << " failover: " << what;

@@ -128,6 +128,9 @@ class Job {
   // session::FailoverChannel whose link `reconnect_for(index)` re-establishes (docs/failover.md).
   // Call before the pumps start.
   void wrap_for_failover(const std::function<session::FailoverChannel::Reconnect(uint32_t)>& reconnect_for);
+  // The other agent's data-plane address (rdmig_failovers_total's peer): set before any channel
+  // can fail over (before wrap_for_failover), read by the channels' threads after.
+  std::string failover_peer_;
   // One channel failed over: counted (rdmig_failovers_total), logged, put in the status.
   void on_failover(const session::FailoverEvent& ev);
   // The control connection failed over (session::ControlLink::fail_over_with): the same.

@@ -195,6 +195,7 @@ Status SourceJob::connect_data_plane() {
   // Failover when the target confirms it (an agent without it, or with it off, says nothing).
   const auto fo = reply->find("failover");
   failover_ = hello.failover && fo != reply->end() && fo->is_boolean() && fo->get<bool>();
+  failover_peer_ = spec_.target.host;
   std::string reason = reply->value("transportReason", std::string());
   if (reason.empty()) {
     reason = spec_.transport == TransportKind::kAuto ? (local_rdma ? "auto" : "auto-no-local-rdma") : "requested";

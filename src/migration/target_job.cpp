@@ -174,6 +174,7 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello, const std
   if (failover_) {
     welcome["failover"] = true;
     resume_fds_.resize(spec_.channels());
+    failover_peer_ = net::peer_address(fd.get());
   }
   if (transport_ == "rdma") {
     add_rails_to_welcome(welcome, ctx_.rdma);

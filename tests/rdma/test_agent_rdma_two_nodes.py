@@ -779,8 +779,8 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
                 self.assertIn("resumed on tcp %s:" % PEER_ADDR, s["failover"]["last"])
                 self.assertRegex(s["failover"]["last"], r"acknowledged nothing|work completion failed|disconnected")
                 samples, _ = parse_prometheus(agent.metrics())
-                self.assertEqual(samples.get(("rdmig_failovers_total",
-                                              frozenset({("role", "source"), ("transport", "rdma")})), 0), len(ids))
+                self.assertEqual(samples.get(("rdmig_failovers_total", frozenset(
+                    {("role", "source"), ("transport", "rdma"), ("peer", PEER_ADDR)})), 0), len(ids))
                 # Byte-exact: every chunk checked (verifyChunks), the counts agree, the memories equal.
                 moved_bytes = s["progress"]["dataBytesSent"]
                 self.assertEqual(moved_bytes, t["progress"]["dataBytesReceived"])
