@@ -264,6 +264,9 @@ Result<Next> DrainPlanReconciler::forecast(json obj) {
     return fail(obj, "NoAgent", "spec.node " + node + ": " + agent.error().message);
   }
   if (!config_.kubevirt.enabled) return fail(obj, "KubevirtOff", "the controller's KubeVirt support is off (kubevirt.enabled)");
+  // The path first, from the cache: a plan waiting for its path check costs no VMI list per poll.
+  const json path_pair = best_path_pair(pathchecks_.list(), node, targets);
+  if (path_pair.is_null()) return wait_for_path_check(obj, targets);
   std::map<std::string, std::string> labels;
   const json selector = spec.value("selector", json::object());
   if (selector.is_object()) {
@@ -281,9 +284,6 @@ Result<Next> DrainPlanReconciler::forecast(json obj) {
     if (list.error().code == Errc::kNotFound) return fail(obj, "KubevirtAbsent", "listing VMIs: " + list.error().message);
     return list.error().with_context("listing the VMIs on " + node);
   }
-
-  const json path_pair = best_path_pair(pathchecks_.list(), node, targets);
-  if (path_pair.is_null()) return wait_for_path_check(obj, targets);
 
   std::vector<DrainVm> vms;
   for (const auto& vmi : list->value("items", json::array())) {
