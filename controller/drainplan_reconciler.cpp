@@ -246,6 +246,9 @@ Result<Next> DrainPlanReconciler::forecast(json obj) {
   if (!capacity) return fail(obj, "InvalidSpec", capacity.error().message);
   auto assumed = bytes_field(spec, "assumedDirtyRate", 0);
   if (!assumed) return fail(obj, "InvalidSpec", assumed.error().message);
+  auto max_bandwidth = bytes_field(spec, "maxBandwidth", 0);
+  if (!max_bandwidth) return fail(obj, "InvalidSpec", max_bandwidth.error().message);
+  settings.migration.max_bandwidth = static_cast<double>(max_bandwidth.value());
   settings.migration.channels = uint_field(spec, "channels", 1, 1, 16);
   settings.migration.ring_depth = uint_field(spec, "ringDepth", 16, 1, 1024);
   settings.migration.auto_converge = spec.value("autoConverge", false);

@@ -2,7 +2,7 @@
 // for bench/drain_accuracy.py (predicted against measured). Input fields (bytes, bytes/s,
 // seconds): memory, dirtyRate, throughput, pathChannels, rttSeconds, capacity, channels,
 // chunkSize, ringDepth, acceptedDowntime, switchover, completionTimeout, autoConverge,
-// concurrent. Output: converges, withinLimits, passes, totalSeconds, downtimeSeconds,
+// concurrent, maxBandwidth. Output: converges, withinLimits, passes, totalSeconds, downtimeSeconds,
 // throughput, bytes, reason.
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -33,6 +33,7 @@ int main() {
   s.completion_timeout = in.value("completionTimeout", s.completion_timeout);
   s.auto_converge = in.value("autoConverge", false);
   s.concurrent = in.value("concurrent", 1u);
+  s.max_bandwidth = in.value("maxBandwidth", 0.0);
   const auto p = rdmig::forecast::predict(vm, path, s);
   std::cout << json{{"converges", p.converges},         {"withinLimits", p.within_limits},
                     {"passes", p.passes},               {"totalSeconds", p.total_seconds},

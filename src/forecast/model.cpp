@@ -31,7 +31,8 @@ double path_throughput(const PathMeasure& path, const MigrationSettings& s) {
   }
   const double capacity = path.capacity > 0 ? path.capacity : path.throughput;
   const double alone = std::min(per_channel * std::max<uint32_t>(s.channels, 1), capacity);
-  return std::min(alone, capacity / std::max<uint32_t>(s.concurrent, 1));
+  const double shared = std::min(alone, capacity / std::max<uint32_t>(s.concurrent, 1));
+  return s.max_bandwidth > 0 ? std::min(shared, s.max_bandwidth) : shared;
 }
 
 Prediction predict(const VmInput& vm, const PathMeasure& path, const MigrationSettings& s) {

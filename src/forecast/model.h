@@ -8,7 +8,9 @@
 //   per channel   b    = min(T / c0, ring_depth * s / rtt)        (window bound; rtt 0: none)
 //   migration     B(c) = min(c * b, capacity)     capacity: the path's, else T (no gain assumed
 //                                                 past what was measured)
-//   sharing       B_k  = min(B(c), capacity / k)  with k migrations on the path at once
+//   sharing       B_k  = min(B(c), capacity / k, max_bandwidth)  with k migrations on the path
+//                 at once; max_bandwidth: QEMU's max-bandwidth, or QEMU's own send rate on the
+//                 node where that is lower than the path's (0: no cap)
 // Pre-copy (QEMU's RAM iterations), dirty rate D, memory M, QEMU's downtime-limit
 // L_q = accepted downtime - switchover:
 //   pass 0 sends x0 = M; pass i+1 sends what was dirtied while pass i ran:
@@ -48,6 +50,7 @@ struct MigrationSettings {
   uint32_t max_passes = 1000;            // pre-copy passes at most (a bound on the loop)
   bool auto_converge = false;
   uint32_t concurrent = 1;               // migrations sharing the path (k)
+  double max_bandwidth = 0;              // bytes/s a migration sends at most (0: no cap)
 };
 
 struct VmInput {

@@ -198,6 +198,18 @@ class DrainPlanControllerTest(unittest.TestCase):
         code, body = self.store.create("rdmadrainplans", NS, plan("bad-downtime", "node-a", maxDowntime="soon"))
         self.assertEqual(code, 422, body)
 
+    def test_max_bandwidth_caps_each_migration_and_the_selector_narrows_the_vms(self):
+        self.add_checked_path("cap-path", "node-a", "node-b", 1.0 * GiB, when="2026-12-05T10:00:00Z")
+        self.add_vmi("capped", "node-a", memory="512Mi", dirty=0, labels={"app": "capped"})
+        self.add_vmi("other", "node-a", memory="512Mi", dirty=0, labels={"app": "other"})
+        self.create(plan("capped", "node-a", selector={"app": "capped"}, maxBandwidth="256Mi"))
+        st = self.wait_phase("capped", ("Forecast", "Failed"))["status"]
+        self.assertEqual(st["phase"], "Forecast", st)
+        self.assertEqual([v["name"] for v in st["vms"]], ["capped"])
+        vm = st["vms"][0]
+        self.assertEqual(vm["throughputBytesPerSecond"], 256 * MiB)  # not the path's 1 GiB/s
+        self.assertEqual(vm["totalSeconds"], 2.02)                    # 512 MiB at 256 MiB/s + 0.02
+
     def test_the_sample_is_valid_and_forecasts(self):
         import yaml
         with open(os.path.join(REPO, "operator-manifests", "samples", "drainplan-forecast.yaml")) as f:

@@ -111,6 +111,8 @@ TEST(ForecastModel, ThroughputScalesWithChannelsUpToCapacityAndIsWindowBound) {
   EXPECT_NEAR(path_throughput(path, s), 4 * GiB, 1);
   s.concurrent = 2;  // two migrations share the 4 GiB/s
   EXPECT_NEAR(path_throughput(path, s), 2 * GiB, 1);
+  s.max_bandwidth = 512 * MiB;  // QEMU sends no faster than that
+  EXPECT_NEAR(path_throughput(path, s), 512 * MiB, 1);
   // No capacity given: no gain past what the check measured.
   s = settings();
   s.channels = 8;
