@@ -10,7 +10,7 @@ those settings and the agents report its total time and downtime (a migration st
 at the timeout is "did not converge"). Timings need a quiet machine.
 
     python3 bench/drain_accuracy.py --out bench/results/drain-accuracy \\
-        [--mem 128,256,512,1024] [--dirty 0,8,32,128] [--channels 1,8] [--runs 1]
+        [--mem 128,256,512,1024] [--dirty 0,8,32,128] [--channels 1,8] [--runs 1] [--max-bandwidth B]
 
 Writes <out>/rows.json (one object per row: inputs, "predicted" and "actual" with totalSeconds and
 downtimeSeconds, errors) and prints the table and the share of converging rows within 20%.
@@ -77,7 +77,8 @@ def run_row(tmp, src_agent, dst_agent, mem, dirty, channels, args, n):
         accepted, switchover = args.downtime_ms / 1000.0, args.switchover_ms / 1000.0
         inputs = {"memory": mem * MiB, "dirtyRate": dr["dirtyRateBytesPerSecond"], "throughput": throughput,
                   "pathChannels": channels, "rttSeconds": rtt, "channels": channels,
-                  "acceptedDowntime": accepted, "switchover": switchover, "completionTimeout": args.timeout}
+                  "acceptedDowntime": accepted, "switchover": switchover, "completionTimeout": args.timeout,
+                  "maxBandwidth": args.max_bandwidth}
         p = predict(inputs)
         st, _ = migrate_via_agents(src_agent, dst_agent, src.agent_qmp_path, dst.agent_qmp_path,
                                    timeout=args.timeout + 120, multifd_channels=channels - 1,
@@ -117,6 +118,8 @@ def main():
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--path-bytes", default="256Mi")
     ap.add_argument("--qemu", default="qemu-system-x86_64")
+    ap.add_argument("--max-bandwidth", type=float, default=0.0,
+                    help="bytes/s: QEMU's own send rate on this host, as spec.maxBandwidth states it (0: none)")
     args = ap.parse_args()
     ensure_guest()
     os.makedirs(args.out, exist_ok=True)
