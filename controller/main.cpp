@@ -27,6 +27,7 @@
 #include "controller/kubevirt.h"
 #include "controller/kubevirt_observer.h"
 #include "controller/metrics_auth.h"
+#include "controller/drainplan_reconciler.h"
 #include "controller/pathcheck_reconciler.h"
 #include "controller/reconciler.h"
 #include "controller/worker.h"
@@ -223,6 +224,17 @@ int main(int argc, char** argv) {
                                    });
   controller::PathCheckReconciler pathcheck_reconciler(config, config.namespace_, kube, pathcheck_informer, agents,
                                                        events, metrics);
+  // RdmaDrainPlan objects (docs/drain.md): forecasts read the path checks' cache.
+  controller::Worker* drainplan_worker_ptr = nullptr;
+  k8s::Informer drainplan_informer(kube,
+                                   config.watch_namespace.empty()
+                                       ? "/apis/rdmig.io/v1alpha1/rdmadrainplans"
+                                       : "/apis/rdmig.io/v1alpha1/namespaces/" + config.watch_namespace + "/rdmadrainplans",
+                                   "", [&drainplan_worker_ptr](const std::string&, const std::string& key) {
+                                     if (drainplan_worker_ptr) drainplan_worker_ptr->enqueue(key);
+                                   });
+  controller::DrainPlanReconciler drainplan_reconciler(config, config.namespace_, kube, drainplan_informer,
+                                                       pathcheck_informer, events);
   std::unique_ptr<controller::KubevirtObserver> observer;
   if (vmims) {
     observer = std::make_unique<controller::KubevirtObserver>(config, config.namespace_, kube, *vmims, agents, events,
@@ -237,10 +249,12 @@ int main(int argc, char** argv) {
                                secs(config.leader_election.retry_period_seconds)};
   controller::Worker* wake = nullptr;
   controller::Worker* pathcheck_wake = nullptr;
-  k8s::LeaderElector elector(kube, le, [&metrics, &wake, &pathcheck_wake](bool leading) {
+  controller::Worker* drainplan_wake = nullptr;
+  k8s::LeaderElector elector(kube, le, [&metrics, &wake, &pathcheck_wake, &drainplan_wake](bool leading) {
     metrics.set_leader(leading);
     if (leading && wake) wake->enqueue("");  // reconcile everything now, not at the next poll
     if (leading && pathcheck_wake) pathcheck_wake->enqueue("");
+    if (leading && drainplan_wake) drainplan_wake->enqueue("");
   });
   const bool elect = config.leader_election.enabled;
   metrics.set_leader(!elect);
@@ -252,6 +266,10 @@ int main(int argc, char** argv) {
                                       [&] { return !elect || elector.leading(); }, nullptr, /*phase_gauge=*/false);
   pathcheck_worker_ptr = &pathcheck_worker;
   pathcheck_wake = &pathcheck_worker;
+  controller::Worker drainplan_worker(drainplan_reconciler, drainplan_informer, metrics, ms(config.poll_interval_ms),
+                                      [&] { return !elect || elector.leading(); }, nullptr, /*phase_gauge=*/false);
+  drainplan_worker_ptr = &drainplan_worker;
+  drainplan_wake = &drainplan_worker;
 
   // Probes: plain HTTP, no authentication (the kubelet sends no token), apart from /metrics.
   httplib::Server probe_server;
@@ -259,7 +277,7 @@ int main(int argc, char** argv) {
     res.set_content("{\"status\":\"ok\"}\n", "application/json");
   });
   probe_server.Get("/readyz", [&](const httplib::Request&, httplib::Response& res) {
-    const bool ready = informer.synced() && pathcheck_informer.synced();
+    const bool ready = informer.synced() && pathcheck_informer.synced() && drainplan_informer.synced();
     res.status = ready ? 200 : 503;
     res.set_content(ready ? "{\"status\":\"ready\"}\n" : "{\"status\":\"not synced\"}\n", "application/json");
   });
@@ -342,12 +360,14 @@ int main(int argc, char** argv) {
   std::thread probe_thread([&] { probe_server.listen_after_bind(); });
   std::thread informer_thread([&] { informer.run(); });
   std::thread pathcheck_informer_thread([&] { pathcheck_informer.run(); });
+  std::thread drainplan_informer_thread([&] { drainplan_informer.run(); });
   std::thread vmim_thread;
   if (vmims) vmim_thread = std::thread([&] { vmims->run(); });
   std::thread elector_thread;
   if (elect) elector_thread = std::thread([&] { elector.run(); });
   std::thread worker_thread([&] { worker.run(); });
   std::thread pathcheck_worker_thread([&] { pathcheck_worker.run(); });
+  std::thread drainplan_worker_thread([&] { drainplan_worker.run(); });
 
   int sig = 0;
   sigwait(&signals, &sig);
@@ -356,12 +376,16 @@ int main(int argc, char** argv) {
   worker_thread.join();
   pathcheck_worker.stop();
   pathcheck_worker_thread.join();
+  drainplan_worker.stop();
+  drainplan_worker_thread.join();
   informer.stop();
   pathcheck_informer.stop();
+  drainplan_informer.stop();
   if (vmims) vmims->stop();
   kube.stop_watches();
   informer_thread.join();
   pathcheck_informer_thread.join();
+  drainplan_informer_thread.join();
   if (vmims) vmim_thread.join();
   if (elect) {
     elector.stop();

@@ -11,6 +11,7 @@
 #include "common/json_limits.h"
 #include "common/log.h"
 #include "common/units.h"
+#include "qemu/dirty_rate.h"
 
 namespace rdmig::api {
 
@@ -320,6 +321,64 @@ void RestServer::routes() {
     auto st = pathchecks_.cancel(req.matches[1]);
     if (!st) return send_error(res, st.error());
     send_json(res, 202, pathcheck::to_json(st.value()));
+  });
+
+  // A bare-QEMU guest's dirty rate, measured by QEMU (docs/api.md, docs/drain.md): the same
+  // qmpSocketRoots rule as a migration; the answer comes after calcSeconds; at most
+  // kMaxDirtyRateMeasurements at once (429 beyond).
+  s.Post("/v1/dirtyrate", [this](const httplib::Request&, httplib::Response& res,
+                                 const httplib::ContentReader& content_reader) {
+    auto body = read_json_body(res, content_reader, config_.api.max_body_bytes);
+    if (!body) return;
+    if (!body->is_object()) return send_error(res, Error{Errc::kInvalidArgument, "body: must be a JSON object"});
+    for (const auto& [key, value] : body->items()) {
+      if (key != "qmpSocket" && key != "calcSeconds" && key != "samplePages") {
+        return send_error(res, Error{Errc::kInvalidArgument, "body: unknown field '" + key.substr(0, 64) + "'"});
+      }
+    }
+    const auto sock = body->find("qmpSocket");
+    if (sock == body->end() || !sock->is_string() || sock->get<std::string>().empty() ||
+        sock->get<std::string>().size() > 4096) {
+      return send_error(res, Error{Errc::kInvalidArgument, "qmpSocket: required, a path of at most 4096 bytes"});
+    }
+    uint32_t seconds = 1;
+    if (const auto c = body->find("calcSeconds"); c != body->end()) {
+      if (!c->is_number_integer() || c->get<int64_t>() < 1 || c->get<int64_t>() > qemu::kMaxDirtyRateSeconds) {
+        return send_error(res, Error{Errc::kInvalidArgument, "calcSeconds: an integer between 1 and " +
+                                                                 std::to_string(qemu::kMaxDirtyRateSeconds)});
+      }
+      seconds = static_cast<uint32_t>(c->get<int64_t>());
+    }
+    uint32_t sample_pages = qemu::kDefaultSamplePages;
+    if (const auto p = body->find("samplePages"); p != body->end()) {
+      if (!p->is_number_integer() || p->get<int64_t>() < qemu::kMinSamplePages ||
+          p->get<int64_t>() > qemu::kMaxSamplePages) {
+        return send_error(res, Error{Errc::kInvalidArgument, "samplePages: an integer between " +
+                                                                 std::to_string(qemu::kMinSamplePages) + " and " +
+                                                                 std::to_string(qemu::kMaxSamplePages)});
+      }
+      sample_pages = static_cast<uint32_t>(p->get<int64_t>());
+    }
+    auto path = migration::resolve_qmp_socket(sock->get<std::string>(), config_.migration.qmp_socket_roots);
+    if (!path) return send_error(res, path.error());
+    if (dirty_rate_running_.fetch_add(1) >= kMaxDirtyRateMeasurements) {
+      dirty_rate_running_.fetch_sub(1);
+      return send_error(res, Error{Errc::kResourceExhausted,
+                                   std::to_string(kMaxDirtyRateMeasurements) + " dirty-rate measurements already run here"});
+    }
+    struct Release {
+      std::atomic<int>& n;
+      ~Release() { n.fetch_sub(1); }
+    } release{dirty_rate_running_};
+    auto qmp = qemu::QmpClient::connect(path.value(), std::chrono::seconds(5));
+    if (!qmp) return send_error(res, qmp.error().with_context("qmpSocket '" + path.value() + "'"));
+    auto rate = qemu::measure_dirty_rate(*qmp.value(), seconds, sample_pages);
+    if (!rate) return send_error(res, rate.error());
+    send_json(res, 200, json{{"qmpSocket", path.value()},
+                             {"dirtyRateBytesPerSecond", rate->bytes_per_second},
+                             {"calcSeconds", rate->calc_seconds},
+                             {"samplePages", rate->sample_pages},
+                             {"mode", "page-sampling"}});
   });
 
   // KubeVirt migrations this agent saw (carried or not), filtered by KubeVirt migration UID

@@ -4,6 +4,7 @@
 // DaemonSet already exposes; /metrics and the probes need no token.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -70,7 +71,12 @@ class RestServer {
   // Under clients_mu_: requests of one client address served at once (at most
   // kMaxRequestsPerClient).
   std::map<std::string, int> client_requests_;
+  // POST /v1/dirtyrate measurements in progress (each holds an API worker for its calcSeconds).
+  std::atomic<int> dirty_rate_running_{0};
 };
+
+// POST /v1/dirtyrate measurements at once; more get 429.
+inline constexpr int kMaxDirtyRateMeasurements = 2;
 
 // One client address may have this many requests in handling at once (headers read, answer not
 // yet written); more get 429 at once, so one client cannot hold the API's workers.

@@ -172,7 +172,6 @@ void MigrationManager::evict_finished_locked(std::vector<std::shared_ptr<Job>>& 
   }
 }
 
-namespace {
 // The QMP socket a bare-QEMU migration may open: the path with every symlink resolved, under
 // one of migration.qmpSocketRoots (also resolved). The agent then connects to the resolved
 // path, so what was checked is what is opened.
@@ -200,6 +199,8 @@ Result<std::string> resolve_qmp_socket(const std::string& path, const std::vecto
                                             (resolved != path ? " (resolves to '" + resolved + "')" : std::string()) +
                                             " is not under an allowed directory" + where};
 }
+
+namespace {
 
 // Chunk buffers a migration holds on this agent: every channel has a ring each way, and with
 // dataPlane.failover a third: the chunks it sent and keeps until they are known taken.

@@ -20,6 +20,11 @@
 
 namespace rdmig::migration {
 
+// The QMP socket the agent may open for `path` (migrations, POST /v1/dirtyrate): every symlink
+// resolved, under one of `roots` (migration.qmpSocketRoots, also resolved), never under /proc;
+// kPermissionDenied or kFailedPrecondition naming qmpSocket otherwise.
+Result<std::string> resolve_qmp_socket(const std::string& path, const std::vector<std::string>& roots);
+
 class MigrationManager {
  public:
   // Registers its hello handlers and RDMA resolver with `server` (before server.start()).

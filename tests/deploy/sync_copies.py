@@ -7,6 +7,7 @@
                                         -> operator-manifests/monitoring/grafana-dashboard.yaml
   operator-manifests/crd-rdmamigrations.yaml -> charts/rdmig/files/crd-rdmamigrations.yaml (byte copy)
   operator-manifests/crd-rdmapathchecks.yaml -> charts/rdmig/files/crd-rdmapathchecks.yaml (byte copy)
+  operator-manifests/crd-rdmadrainplans.yaml -> charts/rdmig/files/crd-rdmadrainplans.yaml (byte copy)
 
 Helm reads only files inside the chart, so the chart carries copies rather than symlinks.
   python3 tests/deploy/sync_copies.py          rewrite every copy
@@ -55,6 +56,7 @@ def wanted():
         "operator-manifests/monitoring/grafana-dashboard.yaml": configmap.encode(),
         "charts/rdmig/files/crd-rdmamigrations.yaml": read("operator-manifests/crd-rdmamigrations.yaml"),
         "charts/rdmig/files/crd-rdmapathchecks.yaml": read("operator-manifests/crd-rdmapathchecks.yaml"),
+        "charts/rdmig/files/crd-rdmadrainplans.yaml": read("operator-manifests/crd-rdmadrainplans.yaml"),
     }
 
 

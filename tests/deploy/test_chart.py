@@ -173,6 +173,7 @@ class ChartTest(unittest.TestCase):
                     ("ClusterRole", "", "rdmig-metrics-reader"),
                     ("CustomResourceDefinition", "", "rdmamigrations.rdmig.io"),
                     ("CustomResourceDefinition", "", "rdmapathchecks.rdmig.io"),
+                    ("CustomResourceDefinition", "", "rdmadrainplans.rdmig.io"),
                     ("PodDisruptionBudget", NAMESPACE, "rdmig-controller"),
                     # helm test hook: its Pod and the rights to read the agents, controller and Lease
                     ("Pod", NAMESPACE, "rdmig-test"), ("ServiceAccount", NAMESPACE, "rdmig-test"),
@@ -196,7 +197,7 @@ class ChartTest(unittest.TestCase):
     def test_plain_manifests_are_well_formed(self):
         check_objects(self, self.plain)
 
-    CRD_FILES = ("crd-rdmamigrations.yaml", "crd-rdmapathchecks.yaml")
+    CRD_FILES = ("crd-rdmamigrations.yaml", "crd-rdmapathchecks.yaml", "crd-rdmadrainplans.yaml")
 
     def crd_docs(self):
         docs = []
@@ -225,7 +226,7 @@ class ChartTest(unittest.TestCase):
     def test_plain_manifests_and_default_chart_agree_object_for_object(self):
         chart = {key(d): strip_helm(d) for d in render("--set", "serviceMonitor.enabled=true",
                                                        "--set", "prometheusRule.enabled=true", "--skip-tests")}
-        for crd_name in ("rdmamigrations.rdmig.io", "rdmapathchecks.rdmig.io"):
+        for crd_name in ("rdmamigrations.rdmig.io", "rdmapathchecks.rdmig.io", "rdmadrainplans.rdmig.io"):
             # helm.sh/resource-policy: keep (crds.keep), Helm's own
             del chart[("CustomResourceDefinition", "", crd_name)]["metadata"]["annotations"]
         plain = {key(d): d for d in self.plain}
@@ -470,7 +471,7 @@ class ChartTest(unittest.TestCase):
 
     def test_kubevirt_defaults_controller_rights_and_no_agent_privileges(self):
         rules = one(self.defaults, "ClusterRole", "rdmig-controller")["rules"]
-        self.assertIn({"apiGroups": ["kubevirt.io"], "resources": ["virtualmachineinstances"], "verbs": ["get"]}, rules)
+        self.assertIn({"apiGroups": ["kubevirt.io"], "resources": ["virtualmachineinstances"], "verbs": ["get", "list"]}, rules)
         self.assertIn({"apiGroups": ["kubevirt.io"], "resources": ["virtualmachineinstancemigrations"],
                        "verbs": ["create", "get", "list", "watch", "delete"]}, rules)
         self.assertEqual(find(self.defaults, "Plugin"), [])

@@ -464,7 +464,7 @@ class ValuesTest(unittest.TestCase):
 
     def test_crds_install_and_keep(self):
         crds = find(self.defaults, "CustomResourceDefinition")
-        self.assertEqual(sorted(c["metadata"]["name"] for c in crds), ["rdmamigrations.rdmig.io", "rdmapathchecks.rdmig.io"])
+        self.assertEqual(sorted(c["metadata"]["name"] for c in crds), ["rdmadrainplans.rdmig.io", "rdmamigrations.rdmig.io", "rdmapathchecks.rdmig.io"])
         for crd in crds:
             self.assertEqual(crd["metadata"]["annotations"], {"helm.sh/resource-policy": "keep"})
         for crd in find(render("--set", "crds.keep=false"), "CustomResourceDefinition"):
@@ -566,11 +566,13 @@ class ValuesTest(unittest.TestCase):
         self.assertEqual(edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"], "true")
         self.assertEqual(view["rules"], [{"apiGroups": ["rdmig.io"],
                                           "resources": ["rdmamigrations", "rdmamigrations/status", "rdmapathchecks",
-                                                        "rdmapathchecks/status"],
+                                                        "rdmapathchecks/status", "rdmadrainplans",
+                                                        "rdmadrainplans/status"],
                                           "verbs": ["get", "list", "watch"]}])
         self.assertNotIn("rdmamigrations/status", json.dumps(edit["rules"]), "people do not write status")
         self.assertNotIn("rdmapathchecks/status", json.dumps(edit["rules"]), "people do not write status")
-        self.assertEqual(edit["rules"][0]["resources"], ["rdmamigrations", "rdmapathchecks"])
+        self.assertNotIn("rdmadrainplans/status", json.dumps(edit["rules"]), "people do not write status")
+        self.assertEqual(edit["rules"][0]["resources"], ["rdmamigrations", "rdmapathchecks", "rdmadrainplans"])
         self.assertIn("create", edit["rules"][0]["verbs"])
 
     def test_prometheus_rule_auto_follows_the_cluster_and_comes_only_with_scraping(self):

@@ -669,6 +669,41 @@ class AgentMigrationTest(unittest.TestCase):
         self.dst_agent.cancel(target["id"])
         self.assertEqual(self.dst_agent.wait(target["id"], timeout=30)["phase"], "Cancelled")
 
+    def test_dirty_rate_endpoint_reports_what_qemu_measures_of_a_dirtying_guest(self):
+        # POST /v1/dirtyrate (docs/api.md): QEMU's calc-dirty-rate (page sampling) over the
+        # agent's QMP socket. The guest rewrites 32 MiB per counter tick; QEMU counts a page
+        # dirtied twice once, so the figure lies between 32 MiB over the window (one tick's
+        # pages) and every tick's bytes, judged from the guest's own counter so that a starved
+        # TCG guest still compares fairly; the bounds allow for sampling 1024 pages of 65536.
+        a = self.src_agent
+        vm = self.vm("dirty", dirty_mib=32)
+        vm.wait_for_counter(2, timeout=90)
+        before, t0 = vm.last_counter(), time.monotonic()
+        status, body = a.request("POST", "/v1/dirtyrate", {"qmpSocket": vm.agent_qmp_path, "calcSeconds": 6,
+                                                         "samplePages": 4096}, timeout=30)
+        ticks, elapsed = vm.last_counter() - before, time.monotonic() - t0
+        self.assertEqual(status, 200, body)
+        rate = body["dirtyRateBytesPerSecond"]
+        print("\ndirty rate: %.1f MiB/s measured by QEMU, %d ticks of 32 MiB in %.1f s" % (rate / 2**20, ticks, elapsed))
+        self.assertEqual((body["mode"], body["calcSeconds"], body["samplePages"]), ("page-sampling", 6, 4096))
+        self.assertGreaterEqual(ticks, 1, "the guest did not run")
+        self.assertGreater(rate, 0.3 * 32 * 2**20 / elapsed)
+        self.assertLess(rate, 2.0 * ticks * 32 * 2**20 / elapsed + 8 * 2**20)
+        # QEMU's defaults: one second, 512 pages per GiB.
+        status, body = a.request("POST", "/v1/dirtyrate", {"qmpSocket": vm.agent_qmp_path}, timeout=30)
+        self.assertEqual(status, 200, body)
+        self.assertEqual((body["calcSeconds"], body["samplePages"]), (1, 512))
+        # Bad input names its field; a socket outside migration.qmpSocketRoots is never opened.
+        for body_in, code, field in [({"qmpSocket": vm.agent_qmp_path, "calcSeconds": 0}, 400, "calcSeconds"),
+                                     ({"qmpSocket": vm.agent_qmp_path, "samplePages": 5}, 400, "samplePages"),
+                                     ({"qmpSocket": vm.agent_qmp_path, "mode": "dirty-bitmap"}, 400, "mode"),
+                                     ({}, 400, "qmpSocket"),
+                                     ({"qmpSocket": "/etc/hostname"}, 403, "qmpSocket")]:
+            status, body = a.request("POST", "/v1/dirtyrate", body_in)
+            self.assertEqual(status, code, (body_in, body))
+            self.assertIn(field, body["error"]["message"], body_in)
+        self.assertEqual(vm.status(), "running")
+
     def test_bad_rest_input_gets_4xx_naming_the_field_and_agent_keeps_serving(self):
         a = self.src_agent
         status, body = a.request("POST", "/v1/migrations", {"role": "target", "qmpSocket": "/x"}, token=None)

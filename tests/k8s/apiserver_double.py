@@ -61,10 +61,11 @@ import uuid
 
 import schema_validator
 
-STATUS_SUBRESOURCE = {"rdmamigrations", "rdmapathchecks", "virtualmachineinstances", "virtualmachineinstancemigrations"}
+STATUS_SUBRESOURCE = {"rdmamigrations", "rdmapathchecks", "rdmadrainplans", "virtualmachineinstances", "virtualmachineinstancemigrations"}
 # The RdmaPathCheck CRD: loaded for every double, so its objects are always checked against it.
 PATHCHECK_CRD = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                              "operator-manifests", "crd-rdmapathchecks.yaml")
+DRAINPLAN_CRD = os.path.join(os.path.dirname(PATHCHECK_CRD), "crd-rdmadrainplans.yaml")
 
 
 def now_rfc3339():
@@ -193,6 +194,7 @@ class Store:
         self.epoch = 0       # bumped by expire_watches(): open watches end with 410
         self.crd_schema = crd_schema  # RdmaMigration's (None: not checked)
         self.pathcheck_schema = schema_validator.load_crd_schema(PATHCHECK_CRD)
+        self.drainplan_schema = schema_validator.load_crd_schema(DRAINPLAN_CRD)
         self.on_finalizers_removed = None  # hook(obj) called before the object goes away
         # hook(plural, ns, name, new) called on a status write before it is stored; it may change
         # `new` (a user's delete or edit landing in the same instant, for fault tests)
@@ -209,7 +211,8 @@ class Store:
 
     def _validate(self, plural, obj, old=None):
         schema, kind = {"rdmamigrations": (self.crd_schema, "RdmaMigration"),
-                        "rdmapathchecks": (self.pathcheck_schema, "RdmaPathCheck")}.get(plural, (None, None))
+                        "rdmapathchecks": (self.pathcheck_schema, "RdmaPathCheck"),
+                        "rdmadrainplans": (self.drainplan_schema, "RdmaDrainPlan")}.get(plural, (None, None))
         if schema is None:
             return None
         errors = schema_validator.validate(obj, schema, old=old)

@@ -52,6 +52,16 @@ def chart_rules(*helm_args, sa_suffix="-controller"):
     return out
 
 
+def without(rules, resource, verb):
+    """`rules` less `verb` on `resource`: a grant that another test file exercises."""
+    out = []
+    for ns, r in rules:
+        if resource in r["resources"] and verb in r["verbs"]:
+            r = dict(r, verbs=[v for v in r["verbs"] if v != verb])
+        out.append((ns, r))
+    return out
+
+
 def allows(scope_ns, rule, call):
     group, resource, verb, ns, name = call
     return ((scope_ns == "" or scope_ns == ns) and group in rule["apiGroups"] and resource in rule["resources"]

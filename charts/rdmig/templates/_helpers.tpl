@@ -365,5 +365,6 @@ releases' agents run on (host ports: hostNetwork; stateDir; kubevirt.hookSocket)
          "deployments" ((lookup "apps/v1" "Deployment" $ns "").items | default list)
          "configmaps" ((lookup "v1" "ConfigMap" $ns "").items | default list)
          "crds" (without (list (lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" "rdmamigrations.rdmig.io")
-                               (lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" "rdmapathchecks.rdmig.io")) dict) | toJson -}}
+                               (lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" "rdmapathchecks.rdmig.io")
+                               (lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" "rdmadrainplans.rdmig.io")) dict) | toJson -}}
 {{- end -}}

@@ -1,0 +1,161 @@
+"""Drain forecast accuracy (issue 45, docs/drain.md): the model's predicted total time and
+downtime (src/forecast, through build/bench/stream/rdmig-forecast) against what real QEMU guests
+measure when migrated through two real rdmig-agents over TCP on loopback.
+
+Each row: a guest of --mem MiB that rewrites --dirty MiB per second; the source agent measures its
+dirty rate with QEMU (POST /v1/dirtyrate), a path check between the two agents measures the
+throughput with the row's channels, the model predicts (accepted downtime --downtime-ms, QEMU's
+limit that less the switchover, completion timeout --timeout), then the guest migrates with
+those settings and the agents report its total time and downtime (a migration still iterating
+at the timeout is "did not converge"). Timings need a quiet machine.
+
+    python3 bench/drain_accuracy.py --out bench/results/drain-accuracy \\
+        [--mem 128,256,512,1024] [--dirty 0,8,32,128] [--channels 1,8] [--runs 1] [--max-bandwidth B]
+
+Writes <out>/rows.json (one object per row: inputs, "predicted" and "actual" with totalSeconds and
+downtimeSeconds, errors) and prints the table and the share of converging rows within 20%.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tools"))
+from rdmiglab import Agent, QemuVm, ensure_guest, migrate_via_agents  # noqa: E402
+
+MiB = 1 << 20
+
+
+def forecast_binary():
+    path = os.environ.get("RDMIG_FORECAST") or os.path.join(REPO, "build", "bench", "stream", "rdmig-forecast")
+    if not os.access(path, os.X_OK):
+        sys.exit("rdmig-forecast not found at %s (build it, or set RDMIG_FORECAST)" % path)
+    return path
+
+
+def predict(inputs):
+    r = subprocess.run([forecast_binary()], input=json.dumps(inputs), capture_output=True, text=True, check=True)
+    return json.loads(r.stdout)
+
+
+def path_throughput(src, dst, channels, nbytes):
+    t = dst.call("POST", "/v1/pathchecks", {"role": "target", "bytes": nbytes, "channels": channels,
+                                            "transport": "tcp"})
+    s = src.call("POST", "/v1/pathchecks", {"role": "source", "bytes": nbytes, "channels": channels,
+                                            "transport": "tcp", "target": {"endpoint": t["endpoint"],
+                                                                           "checkId": t["checkId"],
+                                                                           "token": t["token"]}})
+    deadline = time.monotonic() + 300
+    while True:
+        st = src.call("GET", "/v1/pathchecks/" + s["id"])
+        if st["phase"] in ("Succeeded", "Failed", "Cancelled"):
+            if st["phase"] != "Succeeded":
+                raise RuntimeError("path check failed: %s" % st)
+            return st["throughputBytesPerSecond"], st.get("rttMicroseconds", 0) / 1e6
+        if time.monotonic() > deadline:
+            raise TimeoutError("path check still running: %s" % st)
+        time.sleep(0.1)
+
+
+def err(pred, actual):
+    return abs(pred - actual) / actual if actual > 0 else None
+
+
+def run_row(tmp, src_agent, dst_agent, mem, dirty, channels, args, n):
+    src = QemuVm(tmp, "src%d" % n, mem_mib=mem, dirty_mib=dirty, qemu_binary=args.qemu)
+    dst = QemuVm(tmp, "dst%d" % n, mem_mib=mem, dirty_mib=dirty, qemu_binary=args.qemu, incoming_defer=True)
+    try:
+        src.wait_for_counter(2, timeout=120)
+        dr = src_agent.call("POST", "/v1/dirtyrate", {"qmpSocket": src.agent_qmp_path, "calcSeconds": 1,
+                                                      "samplePages": 4096})
+        throughput, rtt = path_throughput(src_agent, dst_agent, channels, args.path_bytes)
+        accepted, switchover = args.downtime_ms / 1000.0, args.switchover_ms / 1000.0
+        inputs = {"memory": mem * MiB, "dirtyRate": dr["dirtyRateBytesPerSecond"], "throughput": throughput,
+                  "pathChannels": channels, "rttSeconds": rtt, "channels": channels,
+                  "acceptedDowntime": accepted, "switchover": switchover, "completionTimeout": args.timeout,
+                  "maxBandwidth": args.max_bandwidth}
+        p = predict(inputs)
+        st, _ = migrate_via_agents(src_agent, dst_agent, src.agent_qmp_path, dst.agent_qmp_path,
+                                   timeout=args.timeout + 120, multifd_channels=channels - 1,
+                                   maxDowntimeMs=max(1, args.downtime_ms - args.switchover_ms),
+                                   completionTimeoutSeconds=int(args.timeout))
+        ok = st["phase"] == "Succeeded"
+        res = st.get("result") or {}
+        actual = {"result": st["phase"], "converged": ok,
+                  "totalSeconds": (res.get("totalTimeMs") or 0) / 1000.0 if ok else None,
+                  "downtimeSeconds": (res.get("downtimeMs") or 0) / 1000.0 if ok else None,
+                  "passes": (st.get("progress") or {}).get("passes"),
+                  "reason": res.get("reason", "")}
+        row = {"memMib": mem, "dirtyMibPerTick": dirty, "channels": channels,
+               "measuredDirtyRateBytesPerSecond": dr["dirtyRateBytesPerSecond"],
+               "pathThroughputBytesPerSecond": throughput,
+               "predicted": {"converges": p["withinLimits"], "totalSeconds": p["totalSeconds"],
+                             "downtimeSeconds": p["downtimeSeconds"], "passes": p["passes"]},
+               "actual": actual}
+        if ok and p["withinLimits"]:
+            row["errorTotal"] = err(p["totalSeconds"], actual["totalSeconds"])
+            row["errorDowntime"] = err(p["downtimeSeconds"], actual["downtimeSeconds"])
+        return row
+    finally:
+        for vm in (src, dst):
+            vm.kill()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--mem", default="128,256,512,1024")
+    ap.add_argument("--dirty", default="0,8,32,128")
+    ap.add_argument("--channels", default="1,8")
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--downtime-ms", type=int, default=300)
+    ap.add_argument("--switchover-ms", type=int, default=20)
+    ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--path-bytes", default="256Mi")
+    ap.add_argument("--qemu", default="qemu-system-x86_64")
+    ap.add_argument("--max-bandwidth", type=float, default=0.0,
+                    help="bytes/s: QEMU's own send rate on this host, as spec.maxBandwidth states it (0: none)")
+    args = ap.parse_args()
+    ensure_guest()
+    os.makedirs(args.out, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="rdmig-drain-acc-")
+    agents = [Agent(tmp, "agent-%s" % n) for n in ("a", "b")]
+    rows = []
+    try:
+        n = 0
+        for _ in range(args.runs):
+            for mem in [int(x) for x in args.mem.split(",")]:
+                for dirty in [int(x) for x in args.dirty.split(",")]:
+                    for ch in [int(x) for x in args.channels.split(",")]:
+                        row = run_row(tmp, agents[0], agents[1], mem, dirty, ch, args, n)
+                        n += 1
+                        rows.append(row)
+                        p, a = row["predicted"], row["actual"]
+                        print("%5d MiB %4d MiB/tick %2d ch | predicted %s %7.2fs down %6.3fs | actual %-9s %s %s" % (
+                            mem, dirty, ch, "conv" if p["converges"] else "NO  ", p["totalSeconds"],
+                            p["downtimeSeconds"], a["result"],
+                            "%7.2fs" % a["totalSeconds"] if a["totalSeconds"] is not None else "      -",
+                            "down %6.3fs" % a["downtimeSeconds"] if a["downtimeSeconds"] is not None else ""),
+                            flush=True)
+    finally:
+        for a in agents:
+            a.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    both = [r for r in rows if "errorTotal" in r]
+    within = [r for r in both if r["errorTotal"] is not None and r["errorDowntime"] is not None
+              and r["errorTotal"] <= 0.2 and r["errorDowntime"] <= 0.2]
+    missed = [r for r in rows if not r["actual"]["converged"] and r["predicted"]["converges"]]
+    summary = {"rows": len(rows), "bothConverged": len(both), "within20Percent": len(within),
+               "nonConvergingPredictedConverging": len(missed)}
+    with open(os.path.join(args.out, "rows.json"), "w") as f:
+        json.dump({"summary": summary, "rows": rows}, f, indent=1)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

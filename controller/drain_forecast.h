@@ -1,0 +1,43 @@
+// An RdmaDrainPlan's status.vms and status.summary from its inputs: each VM's memory and dirty
+// rate, the measured path, the plan's settings. The model and the planner are src/forecast;
+// this file maps them onto the CRD (docs/drain.md) and bounds the list: at most kMaxListedVms
+// VMs in status.vms (those that do not converge or lack an input first, then in start order),
+// the summary counting every VM. The predicted drain time and its lower bound (the planned VMs'
+// memory over the path's capacity) both cover the VMs that converge within their limits.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "forecast/model.h"
+
+namespace rdmig::controller {
+
+inline constexpr size_t kMaxListedVms = 100;
+
+struct DrainVm {
+  std::string ns, name;
+  std::optional<uint64_t> memory;       // bytes; unset: the spec names none
+  std::optional<double> dirty_rate;     // bytes/s
+  std::string dirty_source = "none";    // annotation, assumed, none
+  std::string dirty_time;               // when it was measured ("" unknown)
+};
+
+struct DrainSettings {
+  forecast::MigrationSettings migration;  // concurrent and completion_timeout are set per VM
+  double timeout_per_gib = 150;
+  uint32_t max_concurrency = 2;           // per node pair, rails counted
+  uint32_t max_channels = 16;
+};
+
+// {"vms": [...], "summary": {...}} as the CRD's status holds them.
+nlohmann::json drain_forecast(const std::vector<DrainVm>& vms, const forecast::PathMeasure& path,
+                              const std::string& target, const DrainSettings& settings,
+                              size_t max_listed = kMaxListedVms);
+
+// "42.0s", "12m05s", "2h03m".
+std::string duration_text(double seconds);
+
+}  // namespace rdmig::controller

@@ -1,0 +1,374 @@
+#include "controller/drainplan_reconciler.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <map>
+
+#include "common/log.h"
+#include "common/units.h"
+#include "controller/kubevirt.h"
+#include "controller/reconcile_util.h"
+#include "controller/status_mapping.h"
+#include "k8s/selectors.h"
+
+namespace rdmig::controller {
+
+using nlohmann::json;
+using detail::now_text;
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+
+bool terminal(const std::string& phase) { return phase == "Forecast" || phase == "Failed"; }
+
+// A byte quantity that may be an integer or a string (the CRD's int-or-string fields).
+Result<uint64_t> bytes_field(const json& spec, const char* key, uint64_t def) {
+  const auto it = spec.find(key);
+  if (it == spec.end() || it->is_null()) return def;
+  if (it->is_number_unsigned()) return it->get<uint64_t>();
+  if (it->is_string()) return parse_bytes(it->get<std::string>(), std::string("spec.") + key);
+  return Error{Errc::kInvalidArgument, std::string("spec.") + key + ": not a size"};
+}
+
+// "300ms", "1.5s".
+Result<double> duration_field(const json& spec, const char* key, double def) {
+  const auto it = spec.find(key);
+  if (it == spec.end() || it->is_null()) return def;
+  const std::string text = it->is_string() ? it->get<std::string>() : "";
+  const std::string field = std::string("spec.") + key;
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (...) {
+    return Error{Errc::kInvalidArgument, field + ": not a duration (e.g. 300ms, 1.5s): " + text.substr(0, 64)};
+  }
+  const std::string unit = text.substr(used);
+  if (unit == "ms") v /= 1000;
+  else if (unit != "s") return Error{Errc::kInvalidArgument, field + ": unit ms or s: " + text.substr(0, 64)};
+  if (!(v > 0) || v > 2000) return Error{Errc::kInvalidArgument, field + ": must be above 0 and at most 2000s"};
+  return v;
+}
+
+uint32_t uint_field(const json& spec, const char* key, uint32_t def, uint32_t lo, uint32_t hi) {
+  const auto it = spec.find(key);
+  if (it == spec.end() || !it->is_number_integer()) return def;
+  return static_cast<uint32_t>(std::clamp<int64_t>(it->get<int64_t>(), lo, hi));
+}
+
+std::string pathcheck_collection(const ControllerConfig& config, const std::string& ns) {
+  return "/apis/rdmig.io/v1alpha1/namespaces/" + (config.watch_namespace.empty() ? ns : config.watch_namespace) +
+         "/rdmapathchecks";
+}
+
+}  // namespace
+
+std::string drainplan_path(const json& obj) {
+  const auto& md = obj["metadata"];
+  return "/apis/rdmig.io/v1alpha1/namespaces/" + md.value("namespace", "") + "/rdmadrainplans/" + md.value("name", "");
+}
+
+std::optional<uint64_t> vmi_memory(const json& vmi) {
+  const json spec = vmi.value("spec", json::object());
+  const json domain = spec.is_object() ? spec.value("domain", json::object()) : json::object();
+  std::vector<json> candidates;
+  if (domain.is_object()) {
+    const json memory = domain.value("memory", json::object());
+    if (memory.is_object() && memory.contains("guest")) candidates.push_back(memory["guest"]);
+    const json resources = domain.value("resources", json::object());
+    const json requests = resources.is_object() ? resources.value("requests", json::object()) : json::object();
+    if (requests.is_object() && requests.contains("memory")) candidates.push_back(requests["memory"]);
+  }
+  for (const auto& c : candidates) {
+    if (c.is_number_unsigned()) return c.get<uint64_t>();
+    if (!c.is_string()) continue;
+    const std::string text = c.get<std::string>();
+    if (auto b = parse_bytes(text, "memory"); b) return b.value();
+    // Decimal suffixes (k, M, G, T), as Kubernetes quantities allow.
+    static const std::map<std::string, double> decimal{{"k", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}};
+    size_t used = 0;
+    try {
+      const double v = std::stod(text, &used);
+      const auto unit = decimal.find(text.substr(used));
+      if (v > 0 && unit != decimal.end() && used > 0 && std::isdigit(static_cast<unsigned char>(text[0]))) {
+        return static_cast<uint64_t>(v * unit->second);
+      }
+    } catch (...) {
+    }
+  }
+  return std::nullopt;
+}
+
+json best_path_pair(const std::vector<json>& checks, const std::string& node, const std::vector<std::string>& targets) {
+  json best;
+  std::string best_time;
+  for (const auto& check : checks) {
+    const json status = check.value("status", json::object());
+    if (!status.is_object()) continue;
+    const std::string when = status.value("completionTime", "");
+    json pick;
+    for (const auto& pair : status.value("pairs", json::array())) {
+      const std::string phase = pair.value("phase", "");
+      if (pair.value("source", "") != node || (phase != "Passed" && phase != "FellBack")) continue;
+      const std::string target = pair.value("target", "");
+      if (!targets.empty() && std::find(targets.begin(), targets.end(), target) == targets.end()) continue;
+      if (pair.value("throughputBytesPerSecond", 0.0) <= 0) continue;
+      if (pick.is_null() || pair.value("throughputBytesPerSecond", 0.0) > pick.value("throughputBytesPerSecond", 0.0)) {
+        pick = pair;
+      }
+    }
+    if (pick.is_null() || (!best.is_null() && when <= best_time)) continue;
+    const json spec = check.value("spec", json::object());
+    best = json{{"pathCheck", check["metadata"].value("namespace", "") + "/" + check["metadata"].value("name", "")},
+                {"source", node},
+                {"target", pick.value("target", "")},
+                {"transport", pick.value("transport", "")},
+                {"throughputBytesPerSecond", pick.value("throughputBytesPerSecond", 0.0)},
+                {"channels", spec.is_object() ? spec.value("channels", 1) : 1},
+                {"rails", std::max<size_t>(1, pick.value("rails", json::array()).size())},
+                {"rttMicroseconds", pick.value("rttMicroseconds", int64_t{0})}};
+    if (!when.empty()) best["measuredAt"] = when;
+    best_time = when;
+  }
+  return best;
+}
+
+DrainPlanReconciler::DrainPlanReconciler(const ControllerConfig& config, std::string agent_namespace,
+                                         k8s::KubeClient& kube, k8s::Informer& informer, k8s::Informer& pathchecks,
+                                         k8s::EventRecorder& events)
+    : config_(config),
+      agent_namespace_(std::move(agent_namespace)),
+      kube_(kube),
+      informer_(informer),
+      pathchecks_(pathchecks),
+      events_(events) {}
+
+bool DrainPlanReconciler::needs_poll(const json& obj) const {
+  if (obj["metadata"].contains("deletionTimestamp")) return false;
+  const json status = obj.value("status", json::object());
+  return !terminal(status.is_object() ? status.value("phase", "") : "");
+}
+
+Result<Next> DrainPlanReconciler::reconcile(const std::string& key) {
+  auto cached = informer_.get(key);
+  if (!cached) return Next::kDone;
+  json obj = *cached;
+  if (obj["metadata"].contains("deletionTimestamp")) return Next::kDone;
+  const json status = obj.value("status", json::object());
+  if (terminal(status.is_object() ? status.value("phase", "") : "")) return Next::kDone;
+  return forecast(obj);
+}
+
+Result<Next> DrainPlanReconciler::fail(const json& obj, const std::string& reason, const std::string& message) {
+  json status = obj.value("status", json::object());
+  status["phase"] = "Failed";
+  set_condition(status, "Forecast", "False", reason, message, detail::generation_of(obj), now_text());
+  events_.record(obj, "Warning", reason, message);
+  auto w = write_status(obj, status);
+  if (!w) return w.error();
+  return Next::kDone;
+}
+
+Result<Next> DrainPlanReconciler::wait_for_path_check(const json& obj, const std::vector<std::string>& targets) {
+  const json spec = obj["spec"];
+  const std::string ns = obj["metadata"].value("namespace", "");
+  const std::string name = obj["metadata"].value("name", "").substr(0, 247) + "-paths";
+  const std::string check_ns = config_.watch_namespace.empty() ? ns : config_.watch_namespace;
+  auto existing = pathchecks_.get(check_ns + "/" + name);
+  if (existing) {
+    const json st = existing->value("status", json::object());
+    const std::string phase = st.is_object() ? st.value("phase", "") : "";
+    if (phase == "Succeeded" || phase == "Failed") {
+      // Ended, yet no pair carried its bytes (else best_path_pair had found it).
+      const json summary = st.value("summary", json::object());
+      return fail(obj, "PathCheckFailed",
+                  "path check " + check_ns + "/" + name + " from " + spec.value("node", "") +
+                      " carried nothing: " + (summary.is_object() ? summary.value("worst", std::string("?")) : "?"));
+    }
+  } else {
+    json targets_spec = targets.empty() ? json{{"all", true}} : json{{"nodes", targets}};
+    auto bytes = bytes_field(spec, "pathCheckBytes", 256 * kMiB);
+    json body{{"apiVersion", kGroupVersion},
+              {"kind", "RdmaPathCheck"},
+              {"metadata",
+               {{"name", name},
+                {"namespace", check_ns},
+                {"labels", {{"rdmig.io/drain-plan", obj["metadata"].value("name", "").substr(0, 63)}}}}},
+              {"spec",
+               {{"source", spec.value("node", "")},
+                {"targets", targets_spec},
+                {"bytes", format_quantity(bytes ? bytes.value() : 256 * kMiB)},
+                {"channels", uint_field(spec, "channels", 1, 1, 16)}}}};
+    if (check_ns == ns) {  // an owner reference must not cross namespaces
+      body["metadata"]["ownerReferences"] =
+          json::array({json{{"apiVersion", kGroupVersion}, {"kind", "RdmaDrainPlan"},
+                            {"name", obj["metadata"].value("name", "")}, {"uid", obj["metadata"].value("uid", "")},
+                            {"controller", true}, {"blockOwnerDeletion", false}}});
+    }
+    auto created = kube_.create(pathcheck_collection(config_, ns), body);
+    if (!created && created.error().code != Errc::kAlreadyExists) {
+      return created.error().with_context("creating path check " + check_ns + "/" + name);
+    }
+    if (created) pathchecks_.observe(created.value());
+    events_.record(obj, "Normal", "PathCheckCreated",
+                   "no path check has measured " + spec.value("node", "") + " -> " +
+                       (targets.empty() ? std::string("any node") : targets.front() + (targets.size() > 1 ? ", ..." : "")) +
+                       ": created " + check_ns + "/" + name);
+  }
+  json status = obj.value("status", json::object());
+  if (status.value("phase", "") == "WaitingForPathCheck") return Next::kPoll;
+  status["phase"] = "WaitingForPathCheck";
+  set_condition(status, "Forecast", "False", "WaitingForPathCheck",
+                "no measured path from " + spec.value("node", "") + ": waiting for path check " + check_ns + "/" + name,
+                detail::generation_of(obj), now_text());
+  auto w = write_status(obj, status);
+  if (!w) return w.error();
+  return Next::kPoll;
+}
+
+Result<Next> DrainPlanReconciler::forecast(json obj) {
+  const json spec = obj.value("spec", json::object());
+  if (!spec.is_object()) return fail(obj, "InvalidSpec", "spec: required");
+  const std::string node = spec.value("node", "");
+  if (node.empty()) return fail(obj, "InvalidSpec", "spec.node: required");
+  if (spec.value("execute", false)) return fail(obj, "InvalidSpec", "spec.execute: only forecasts (false) are available");
+  DrainSettings settings;
+  auto downtime = duration_field(spec, "maxDowntime", 0.3);
+  if (!downtime) return fail(obj, "InvalidSpec", downtime.error().message);
+  settings.migration.accepted_downtime = downtime.value();
+  auto chunk = bytes_field(spec, "chunkSize", 4 * kMiB);
+  if (!chunk) return fail(obj, "InvalidSpec", chunk.error().message);
+  if (auto ok = validate_chunk_size(chunk.value(), "spec.chunkSize"); !ok) return fail(obj, "InvalidSpec", ok.error().message);
+  settings.migration.chunk_size = chunk.value();
+  auto capacity = bytes_field(spec, "pathCapacity", 0);
+  if (!capacity) return fail(obj, "InvalidSpec", capacity.error().message);
+  auto assumed = bytes_field(spec, "assumedDirtyRate", 0);
+  if (!assumed) return fail(obj, "InvalidSpec", assumed.error().message);
+  auto max_bandwidth = bytes_field(spec, "maxBandwidth", 0);
+  if (!max_bandwidth) return fail(obj, "InvalidSpec", max_bandwidth.error().message);
+  settings.migration.max_bandwidth = static_cast<double>(max_bandwidth.value());
+  settings.migration.channels = uint_field(spec, "channels", 1, 1, 16);
+  settings.migration.ring_depth = uint_field(spec, "ringDepth", 16, 1, 1024);
+  settings.migration.auto_converge = spec.value("autoConverge", false);
+  settings.migration.switchover = uint_field(spec, "switchoverMs", 20, 0, 60000) / 1000.0;
+  settings.timeout_per_gib = uint_field(spec, "completionTimeoutPerGiB", 150, 1, 86400);
+  settings.max_channels = uint_field(spec, "maxChannels", 16, 1, 64);
+  std::vector<std::string> targets;
+  for (const auto& t : spec.value("targets", json::array())) {
+    if (t.is_string() && t.get<std::string>() != node) targets.push_back(t.get<std::string>());
+  }
+  if (spec.contains("targets") && targets.empty()) {
+    return fail(obj, "InvalidSpec", "spec.targets: no target node besides spec.node");
+  }
+
+  if (auto agent = locate_agent(kube_, config_, agent_namespace_, node, /*draining_ok=*/true); !agent) {
+    return fail(obj, "NoAgent", "spec.node " + node + ": " + agent.error().message);
+  }
+  if (!config_.kubevirt.enabled) return fail(obj, "KubevirtOff", "the controller's KubeVirt support is off (kubevirt.enabled)");
+  // The path first, from the cache: a plan waiting for its path check costs no VMI list per poll.
+  const json path_pair = best_path_pair(pathchecks_.list(), node, targets);
+  if (path_pair.is_null()) return wait_for_path_check(obj, targets);
+  std::map<std::string, std::string> labels;
+  const json selector = spec.value("selector", json::object());
+  if (selector.is_object()) {
+    for (const auto& [k, v] : selector.items()) {
+      if (v.is_string()) labels[k] = v.get<std::string>();
+    }
+  }
+  labels["kubevirt.io/nodeName"] = node;
+  // With watchNamespace the controller sees that namespace's VMIs only (its Role's reach).
+  const std::string vmis = config_.watch_namespace.empty()
+                               ? "/apis/kubevirt.io/v1/virtualmachineinstances"
+                               : "/apis/kubevirt.io/v1/namespaces/" + config_.watch_namespace + "/virtualmachineinstances";
+  auto list = kube_.get(vmis + "?labelSelector=" + k8s::url_encode(k8s::label_selector(labels)));
+  if (!list) {
+    if (list.error().code == Errc::kNotFound) return fail(obj, "KubevirtAbsent", "listing VMIs: " + list.error().message);
+    return list.error().with_context("listing the VMIs on " + node);
+  }
+
+  std::vector<DrainVm> vms;
+  for (const auto& vmi : list->value("items", json::array())) {
+    const json st = vmi.value("status", json::object());
+    if (st.is_object() && st.contains("nodeName") && st.value("nodeName", "") != node) continue;
+    const json md = vmi.value("metadata", json::object());
+    DrainVm vm{md.value("namespace", ""), md.value("name", ""), vmi_memory(vmi), std::nullopt, "none", ""};
+    const json ann = md.value("annotations", json::object());
+    if (ann.is_object() && ann.contains(kDirtyRateAnnotation) && ann[kDirtyRateAnnotation].is_string()) {
+      try {
+        const double rate = std::stod(ann[kDirtyRateAnnotation].get<std::string>());
+        if (rate >= 0 && std::isfinite(rate)) {
+          vm.dirty_rate = rate, vm.dirty_source = "annotation";
+          vm.dirty_time = ann.value(kDirtyRateTimeAnnotation, std::string());
+        }
+      } catch (...) {
+      }
+    }
+    if (!vm.dirty_rate && spec.contains("assumedDirtyRate")) {
+      vm.dirty_rate = static_cast<double>(assumed.value()), vm.dirty_source = "assumed";
+    }
+    vms.push_back(std::move(vm));
+  }
+  std::sort(vms.begin(), vms.end(), [](const DrainVm& a, const DrainVm& b) {
+    return std::tie(a.ns, a.name) < std::tie(b.ns, b.name);
+  });
+
+  forecast::PathMeasure path;
+  path.throughput = path_pair.value("throughputBytesPerSecond", 0.0);
+  path.channels = path_pair.value("channels", 1u);
+  path.rtt_seconds = static_cast<double>(path_pair.value("rttMicroseconds", int64_t{0})) / 1e6;
+  path.capacity = static_cast<double>(capacity.value());
+  const uint32_t per_pair = uint_field(spec, "maxConcurrentPerPair", 2, 1, 16);
+  const uint32_t rails = path_pair.value("rails", 1u);
+  settings.max_concurrency =
+      spec.contains("maxConcurrentPerRail") ? std::min(per_pair, uint_field(spec, "maxConcurrentPerRail", 1, 1, 16) * rails)
+                                            : per_pair;
+  const json result = drain_forecast(vms, path, path_pair.value("target", ""), settings);
+  const json summary = result["summary"];
+
+  json status = obj.value("status", json::object());
+  status["phase"] = "Forecast";
+  status["forecastTime"] = now_text();
+  status["path"] = path_pair;
+  status["vms"] = result["vms"];
+  status["summary"] = summary;
+  const int64_t n = summary.value("vms", 0), bad = summary.value("notConverging", 0), none = summary.value("noInput", 0);
+  const std::string headline = std::to_string(n) + " VM(s) from " + node + " to " + path_pair.value("target", "") +
+                               ": drain " + summary.value("predictedDrain", "") + " (lower bound " +
+                               summary.value("lowerBound", "") + "), up to " +
+                               std::to_string(summary.value("concurrency", 0)) + " at once";
+  set_condition(status, "Forecast", "True", "Forecast", headline, detail::generation_of(obj), now_text());
+  std::string why = std::to_string(bad) + " VM(s) do not converge within their limits, " + std::to_string(none) +
+                    " lack their memory in the spec";
+  if (const int64_t u = summary.value("unmeasuredDirtyRate", 0); u > 0) {
+    why += ", " + std::to_string(u) + " have no measured dirty rate (forecast at 0)";
+  }
+  set_condition(status, "WithinLimits", bad == 0 && none == 0 ? "True" : "False",
+                bad > 0 ? "NotConverging" : none > 0 ? "MissingInput" : "AllConverge", why,
+                detail::generation_of(obj), now_text());
+  events_.record(obj, bad > 0 || none > 0 ? "Warning" : "Normal", "Forecast", headline + "; " + why);
+  auto w = write_status(obj, status);
+  if (!w) return w.error();
+  return Next::kDone;
+}
+
+Result<json> DrainPlanReconciler::write_status(const json& obj, json status) {
+  json current = obj;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    status["observedGeneration"] = detail::generation_of(current);
+    current["status"] = status;
+    auto written = kube_.replace(drainplan_path(current) + "/status", current);
+    if (written) {
+      informer_.observe(written.value());
+      return written.value();
+    }
+    if (!k8s::is_conflict(written.error())) return written.error();
+    auto fresh = kube_.get(drainplan_path(current));
+    if (!fresh) return fresh.error();
+    current = fresh.value();
+  }
+  return Error{Errc::kFailedPrecondition, "status of " + informer_.key_of(obj) + ": conflicts kept happening"};
+}
+
+}  // namespace rdmig::controller

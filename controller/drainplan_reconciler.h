@@ -1,0 +1,63 @@
+// Reconciles RdmaDrainPlan objects (docs/drain.md), forecast only (spec.execute false):
+//   ""/Pending          check the spec and that spec.node runs an agent, list the node's VMIs,
+//                       find the latest RdmaPathCheck pair from spec.node (to spec.targets when
+//                       set) that carried its bytes; none: create <name>-paths (owned by the
+//                       plan) and wait in WaitingForPathCheck
+//   WaitingForPathCheck as above, until that check ends (all its pairs failed: Failed)
+//   Forecast            status.vms and status.summary written (controller/drain_forecast.h);
+//                       the forecast is not refreshed: a new forecast is a new object
+//   Failed              invalid spec, no agent on the node, KubeVirt off or absent, no usable path
+// No finalizer: the plan starts nothing on the agents; its path check goes with it (owner
+// reference). Called from its worker's thread only.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "controller/config.h"
+#include "controller/drain_forecast.h"
+#include "controller/reconciler.h"
+#include "k8s/events.h"
+#include "k8s/informer.h"
+#include "k8s/kube_client.h"
+
+namespace rdmig::controller {
+
+inline constexpr const char* kDirtyRateAnnotation = "rdmig.io/dirty-rate-bytes-per-second";
+inline constexpr const char* kDirtyRateTimeAnnotation = "rdmig.io/dirty-rate-time";
+
+std::string drainplan_path(const nlohmann::json& obj);
+
+// A VMI's memory: spec.domain.memory.guest, else spec.domain.resources.requests.memory (binary
+// or decimal quantities: 1Gi, 1024Mi, 1G, 1073741824); unset when neither parses.
+std::optional<uint64_t> vmi_memory(const nlohmann::json& vmi);
+
+// The pair a drain from `node` would use: among the RdmaPathChecks given, the latest (by
+// completionTime) pair from `node` that Passed or FellBack, to one of `targets` (empty: any);
+// the fastest pair of that check. Null when none.
+nlohmann::json best_path_pair(const std::vector<nlohmann::json>& checks, const std::string& node,
+                              const std::vector<std::string>& targets);
+
+class DrainPlanReconciler final : public ObjectReconciler {
+ public:
+  DrainPlanReconciler(const ControllerConfig& config, std::string agent_namespace, k8s::KubeClient& kube,
+                      k8s::Informer& informer, k8s::Informer& pathchecks, k8s::EventRecorder& events);
+  Result<Next> reconcile(const std::string& key) override;
+  bool needs_poll(const nlohmann::json& obj) const override;
+
+ private:
+  Result<Next> forecast(nlohmann::json obj);
+  Result<Next> fail(const nlohmann::json& obj, const std::string& reason, const std::string& message);
+  Result<Next> wait_for_path_check(const nlohmann::json& obj, const std::vector<std::string>& targets);
+  Result<nlohmann::json> write_status(const nlohmann::json& obj, nlohmann::json status);
+
+  const ControllerConfig& config_;
+  const std::string agent_namespace_;
+  k8s::KubeClient& kube_;
+  k8s::Informer& informer_;
+  k8s::Informer& pathchecks_;
+  k8s::EventRecorder& events_;
+};
+
+}  // namespace rdmig::controller

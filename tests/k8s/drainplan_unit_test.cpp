@@ -1,0 +1,106 @@
+// RdmaDrainPlan's pure parts: a VMI's memory, the path a drain uses, and the status the forecast
+// writes (bounded for 1000 VMIs).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "controller/drain_forecast.h"
+#include "controller/drainplan_reconciler.h"
+
+namespace rdmig::controller {
+namespace {
+
+using nlohmann::json;
+constexpr double GiB = 1024.0 * 1024 * 1024;
+
+TEST(DrainPlan, ReadsVmiMemoryFromGuestThenRequestsInBinaryOrDecimal) {
+  EXPECT_EQ(vmi_memory(json::parse(R"({"spec":{"domain":{"memory":{"guest":"2Gi"},
+            "resources":{"requests":{"memory":"1Gi"}}}}})")), uint64_t(2) << 30);
+  EXPECT_EQ(vmi_memory(json::parse(R"({"spec":{"domain":{"resources":{"requests":{"memory":"512Mi"}}}}})")),
+            uint64_t(512) << 20);
+  EXPECT_EQ(vmi_memory(json::parse(R"({"spec":{"domain":{"memory":{"guest":"1G"}}}})")), uint64_t(1000000000));
+  EXPECT_EQ(vmi_memory(json::parse(R"({"spec":{"domain":{"devices":{}}}})")), std::nullopt);
+  EXPECT_EQ(vmi_memory(json::parse(R"({"spec":{"domain":{"memory":{"guest":"lots"}}}})")), std::nullopt);
+}
+
+json check(const std::string& name, const std::string& when, json pairs, int channels = 1) {
+  return json{{"metadata", {{"namespace", "ops"}, {"name", name}}},
+              {"spec", {{"channels", channels}}},
+              {"status", {{"completionTime", when}, {"pairs", pairs}}}};
+}
+
+TEST(DrainPlan, UsesTheLatestCheckThatCarriedItsBytesAndItsFastestAllowedPair) {
+  const json old_check = check("old", "2026-12-01T10:00:00Z",
+                               json::array({{{"source", "n1"}, {"target", "n2"}, {"phase", "Passed"},
+                                             {"throughputBytesPerSecond", 9e9}}}));
+  const json new_check = check("new", "2026-12-02T10:00:00Z",
+                               json::array({{{"source", "n1"}, {"target", "n2"}, {"phase", "Passed"},
+                                             {"throughputBytesPerSecond", 1e9}, {"rttMicroseconds", 40}},
+                                            {{"source", "n1"}, {"target", "n3"}, {"phase", "FellBack"},
+                                             {"transport", "tcp"}, {"throughputBytesPerSecond", 2e9}},
+                                            {{"source", "n1"}, {"target", "n4"}, {"phase", "Failed"}}}), 4);
+  const json other_source = check("other", "2026-12-03T10:00:00Z",
+                                  json::array({{{"source", "n9"}, {"target", "n2"}, {"phase", "Passed"},
+                                                {"throughputBytesPerSecond", 5e9}}}));
+  auto p = best_path_pair({old_check, new_check, other_source}, "n1", {});
+  ASSERT_TRUE(p.is_object());
+  EXPECT_EQ(p["pathCheck"], "ops/new");
+  EXPECT_EQ(p["target"], "n3");
+  EXPECT_EQ(p["channels"], 4);
+  EXPECT_EQ(p["measuredAt"], "2026-12-02T10:00:00Z");
+  p = best_path_pair({old_check, new_check}, "n1", {"n2"});
+  EXPECT_EQ(p["target"], "n2");
+  EXPECT_EQ(p["pathCheck"], "ops/new");
+  EXPECT_EQ(p["rttMicroseconds"], 40);
+  EXPECT_TRUE(best_path_pair({old_check, new_check}, "n1", {"n4"}).is_null());  // only a failed pair
+  EXPECT_TRUE(best_path_pair({old_check}, "n2", {}).is_null());
+}
+
+TEST(DrainPlan, ThousandVmisGiveABoundedListAndAFullSummary) {
+  std::vector<DrainVm> vms;
+  for (int i = 0; i < 1000; ++i) {
+    DrainVm vm{"ns", "vm" + std::to_string(i), uint64_t(256) << 20, 10.0 * (1 << 20), "annotation", ""};
+    if (i % 100 == 7) vm.memory = uint64_t(1) << 30, vm.dirty_rate = 4 * GiB;  // 10 never converge
+    if (i == 500) vm.memory.reset();             // 1 names no memory
+    if (i == 501) vm.dirty_rate.reset(), vm.dirty_source = "none";
+    vms.push_back(vm);
+  }
+  forecast::PathMeasure path;
+  path.throughput = 1 * GiB;
+  DrainSettings s;
+  s.max_concurrency = 2;
+  const json out = drain_forecast(vms, path, "n2", s);
+  const json& sum = out["summary"];
+  EXPECT_EQ(sum["vms"], 1000);
+  EXPECT_EQ(sum["notConverging"], 10);
+  EXPECT_EQ(sum["noInput"], 1);
+  EXPECT_EQ(sum["unmeasuredDirtyRate"], 1);
+  EXPECT_EQ(sum["withinLimits"], 989);
+  EXPECT_EQ(sum["listed"], 100);
+  EXPECT_EQ(sum["omitted"], 900);
+  ASSERT_EQ(out["vms"].size(), 100u);
+  EXPECT_LE(out.dump().size(), 120000u);  // far below the API server's 1.5 MiB object limit
+  // The VMs that need attention come first: 10 not converging and the one without memory.
+  for (size_t i = 0; i < 11; ++i) EXPECT_FALSE(out["vms"][i].value("convergesWithinLimits", false)) << i;
+  EXPECT_TRUE(out["vms"][0].contains("reason"));
+  EXPECT_EQ(out["vms"][11]["order"], 0);
+  // 989 planned VMs of 256 MiB over 1 GiB/s: at least 247.25 s.
+  EXPECT_NEAR(sum["lowerBoundSeconds"].get<double>(), 989 * 0.25, 1e-3);
+  EXPECT_GE(sum["predictedDrainSeconds"].get<double>(), sum["lowerBoundSeconds"].get<double>());
+  EXPECT_EQ(sum["predictedDrain"], duration_text(sum["predictedDrainSeconds"].get<double>()));
+  // A non-converging VM says what would make it converge, with figures.
+  const json& bad = out["vms"][0];
+  EXPECT_EQ(bad["name"], "vm7");  // the unplanned keep the input's order
+  EXPECT_TRUE(bad["remedies"].contains("postCopy"));
+  EXPECT_TRUE(bad["remedies"].contains("largerDowntime"));
+  EXPECT_GT(bad["remedies"]["largerDowntime"]["maxDowntimeSeconds"].get<double>(), 0.25);
+}
+
+TEST(DrainPlan, DurationsReadAsPeopleWriteThem) {
+  EXPECT_EQ(duration_text(42.04), "42.0s");
+  EXPECT_EQ(duration_text(725), "12m05s");
+  EXPECT_EQ(duration_text(7380), "2h03m");
+}
+
+}  // namespace
+}  // namespace rdmig::controller
