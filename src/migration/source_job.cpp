@@ -103,7 +103,10 @@ SourceJob::SourceJob(MigrationSpec spec, JobContext ctx, std::unique_ptr<qemu::Q
   qmp_ = std::move(qmp);
   qemu_pid_ = qemu_pid_of(*qmp_);
   socket_path_ = ctx_.config.state_dir + "/" + spec_.id + ".src.sock";
-  update([&](MigrationStatus& s) { s.peer = net::format_endpoint(spec_.target.host, spec_.target.port); });
+  update([&](MigrationStatus& s) {
+    s.peer = net::format_endpoint(spec_.target.host, spec_.target.port);
+    s.post_copy.mode = post_copy_mode_name(spec_.post_copy.mode);
+  });
 }
 
 SourceJob::~SourceJob() {

@@ -660,10 +660,46 @@ class AgentMigrationTest(unittest.TestCase):
                                          frozenset({"transport": "tcp"}.items()))], 1)
         return s, t
 
+    def test_the_guest_verifier_reports_a_page_changed_behind_the_guests_back(self):
+        # The verifier's checks can fail: the guest's RAM is a shared file here, and the test
+        # changes one byte of one verifier page from the host (no migration; the host's QEMU).
+        mem = os.path.join(self.tmp, "verify-ram-%s" % os.urandom(3).hex())
+        vm = self.vm("ram", qemu10=False, mem_mib=128, dirty_mib=0,
+                     extra_append="rdmig.verify_mib=8 rdmig.verify_rate_mib=0.01",
+                     extra_args=["-object", "memory-backend-file,id=ram0,size=128M,mem-path=%s,share=on" % mem,
+                                 "-machine", "memory-backend=ram0"])
+        try:
+            vm.wait_for_verifier(2, min_scans=2, timeout=120)
+            self.assert_verifier_clean(vm)
+            magic = struct.pack("<Q", 0x7264696776657279)
+            with open(mem, "r+b") as f:
+                data = f.read()
+                off = next(o for o in range(0, len(data), 4096)
+                           if data[o:o + 8] == magic and struct.unpack("<Q", data[o + 8:o + 16])[0] == 100)
+                f.seek(off + 2048)
+                f.write(bytes([data[off + 2048] ^ 0x5A]))
+            deadline = time.monotonic() + 60
+            while not vm.verifier()["mismatch_lines"]:
+                self.assertLess(time.monotonic(), deadline, "the verifier did not see the changed page")
+                time.sleep(0.2)
+            v = vm.verifier()
+            self.assertIn("page=100 ", v["mismatch_lines"][0])
+            self.assertIn("sum=0", v["mismatch_lines"][0])
+            vm.wait_for_verifier(v["counter"] + 1, timeout=30)
+            self.assertEqual(vm.verifier()["mismatches"], 1)  # counted once, then rewritten
+        finally:
+            vm.kill()
+            os.unlink(mem)
+
     def test_postcopy_auto_switches_a_guest_that_does_not_converge_and_its_memory_verifies(self):
         s, _ = self.check_postcopy(0, "auto", postCopyAfterPasses=3, postCopyAfterSeconds=120)
         self.assertEqual(s["postCopy"]["trigger"], "passes")
         self.assertGreaterEqual(s["postCopy"]["switchAtPass"], 3)
+
+    def test_postcopy_after_the_first_pass_switches_and_its_memory_verifies(self):
+        s, _ = self.check_postcopy(0, "after")
+        self.assertEqual(s["postCopy"]["trigger"], "after-first-pass")
+        self.assertEqual(s["postCopy"]["switchAtPass"], 2)
 
     def test_postcopy_after_the_first_pass_with_8_multifd_channels_and_its_memory_verifies(self):
         # QEMU allows post-copy with multifd from 10.1 on (the trixie root's 10.0 refuses the
@@ -738,6 +774,17 @@ class AgentMigrationTest(unittest.TestCase):
             self.assertEqual(status, 400, (body_in, body))
             self.assertEqual(body["error"]["code"], "invalid_argument")
             self.assertIn(field, body["error"]["message"], body_in)
+        # A valid post-copy request passes the body's checks and reaches the QMP check (409).
+        status, body = a.request("POST", "/v1/migrations", dict(pc_target, qmpSocket="/nonexistent.qmp", postCopy="auto",
+                                                                postCopyAfterPasses=4, postCopyAfterSeconds=30))
+        self.assertEqual(status, 409, body)
+        self.assertIn("qmpSocket", body["error"]["message"])
+        for bad_value, words in ((dict(postCopy="sometimes"), "must be 'never', 'auto' or 'after'"),
+                                 (dict(postCopy="auto", postCopyAfterPasses=1), "between 2 and 1000"),
+                                 (dict(postCopy="after", postCopyAfterSeconds=30), "only with postCopy 'auto'")):
+            status, body = a.request("POST", "/v1/migrations", dict(pc_target, **bad_value))
+            self.assertEqual(status, 400, body)
+            self.assertIn(words, body["error"]["message"])
         status, body = a.request("POST", "/v1/migrations", raw=b"{not json")
         self.assertEqual(status, 400)
         self.assertIn("JSON", body["error"]["message"])
