@@ -479,9 +479,7 @@ Status TargetJob::monitor() {
   uint64_t last_bytes = 0;
   auto last_progress = std::chrono::steady_clock::now();
   for (;;) {
-    // In post-copy this QEMU runs the VM with pages still on the source: a cancel (the agent
-    // shutting down) would lose them, so post-copy runs to its end (docs/api.md).
-    if (cancel_requested() && !status().post_copy.switched) return Error{Errc::kCancelled, cancel_reason()};
+    if (cancel_requested() && !post_copy_) return Error{Errc::kCancelled, cancel_reason()};
     auto raw = qmp_->execute("query-migrate", {}, kQmpTimeout);
     if (!raw) {
       // A target QEMU exits when its incoming stream breaks: when the source side went away
@@ -500,7 +498,13 @@ Status TargetJob::monitor() {
     });
     const uint64_t received = status().progress.data_bytes_received;
     gauges_.transferred->Set(static_cast<double>(received));
-    if (post_copy_) record_postcopy(info.value());
+    if (post_copy_) {
+      record_postcopy(info.value());
+      // In post-copy this QEMU runs the VM with pages still on the source: a cancel (the agent
+      // shutting down) would lose them, so post-copy runs to its end (docs/api.md). Checked
+      // after this poll's look at QEMU, so a cancel never races the switch.
+      if (cancel_requested() && !status().post_copy.switched) return Error{Errc::kCancelled, cancel_reason()};
+    }
     if (info->status == "completed") return ok_status();
     if (received != last_bytes) {
       last_bytes = received;

@@ -701,6 +701,38 @@ class AgentMigrationTest(unittest.TestCase):
         self.assertEqual(s["postCopy"]["trigger"], "after-first-pass")
         self.assertEqual(s["postCopy"]["switchAtPass"], 2)
 
+    def test_a_migration_in_post_copy_cannot_be_cancelled_on_either_agent_and_completes(self):
+        # QEMU's max-postcopy-bandwidth (set here on the source QEMU; the agents leave it alone)
+        # stretches the post-copy phase to seconds: the guest runs on the target, faulting in the
+        # pages it touches through the agents while the rest follows at 2 MiB/s.
+        src, dst = self.verifier_pair()
+        src.qmp("migrate-set-parameters", **{"max-postcopy-bandwidth": 2 << 20})
+        target, source = start_migration(self.src_agent, self.dst_agent, src.agent_qmp_path, dst.agent_qmp_path,
+                                          vm="vm-pc-nocancel", postCopy="after",
+                                          maxBandwidthBytesPerSecond=self.POSTCOPY_BW, completionTimeoutSeconds=240)
+        deadline = time.monotonic() + 120
+        while not self.src_agent.get(source["id"])["postCopy"]["switched"]:
+            self.assertLess(time.monotonic(), deadline, "no switch to post-copy")
+            self.assertNotIn(self.src_agent.get(source["id"])["phase"], ("Succeeded", "Failed", "Cancelled"))
+            time.sleep(0.1)
+        for agent, mid in ((self.src_agent, source["id"]), (self.dst_agent, target["id"])):
+            status, body = agent.request("DELETE", "/v1/migrations/" + mid)
+            if status == 202:  # the target sees the switch one poll later; the phase may also have ended
+                self.assertTrue(agent is self.dst_agent or body["phase"] == "Succeeded", body)
+                continue
+            self.assertEqual(status, 409, body)
+            self.assertIn("post-copy", body["error"]["message"])
+        s = self.src_agent.wait(source["id"], timeout=240)
+        t = self.dst_agent.wait(target["id"], timeout=60)
+        print("[post-copy at 2 MiB/s] %s" % s["postCopy"], file=sys.stderr)
+        self.assertEqual(s["phase"], "Succeeded", s["result"]["reason"])
+        self.assertEqual(t["phase"], "Succeeded", t["result"]["reason"])
+        self.assertGreater(s["postCopy"]["phaseMs"], 1000)
+        self.assertGreater(s["postCopy"]["pageRequests"], 0)
+        last = src.verifier()["counter"]
+        dst.wait_for_verifier(last + 3, timeout=120)
+        self.assert_verifier_clean(src, dst)
+
     def test_postcopy_after_the_first_pass_with_8_multifd_channels_and_its_memory_verifies(self):
         # QEMU allows post-copy with multifd from 10.1 on (the trixie root's 10.0 refuses the
         # capability pair: "Postcopy is not yet compatible with multifd").
