@@ -139,7 +139,8 @@ Result<VmiRequest> parse_vmi_spec(const json& spec) {
     }
   }
   for (const char* tunable : {"transport", "chunkSize", "multifdChannels", "ringDepth", "maxDowntime", "maxDowntimeMs",
-                              "maxBandwidth", "completionTimeoutSeconds"}) {
+                              "maxBandwidth", "completionTimeoutSeconds", "postCopy", "postCopyAfterPasses",
+                              "postCopyAfterSeconds"}) {
     if (spec.contains(tunable) && !spec[tunable].is_null()) {
       return bad(std::string("spec.") + tunable,
                  "only for spec.source.qemu; under KubeVirt the agents' kubevirt config and KubeVirt's migration "
@@ -215,6 +216,24 @@ Result<MigrationRequest> parse_spec(const json& spec) {
     if (bw.value() > (uint64_t{1} << 50)) return bad("spec.maxBandwidth", "larger than 1Pi bytes per second");
     r.max_bandwidth_bytes_per_second = bw.value();
   }
+  if (auto it = spec.find("postCopy"); it != spec.end() && !it->is_null()) {
+    if (!it->is_string()) return bad("spec.postCopy", "must be a string");
+    const auto mode = it->get<std::string>();
+    if (mode != "never" && mode != "auto" && mode != "after") {
+      return bad("spec.postCopy", "must be never, auto or after, got '" + mode + "'");
+    }
+    r.post_copy = mode;
+  }
+  auto passes = uint_field(spec, "postCopyAfterPasses", 2, 1000);
+  if (!passes) return passes.error();
+  auto seconds = uint_field(spec, "postCopyAfterSeconds", 1, 86400);
+  if (!seconds) return seconds.error();
+  for (const auto& [field, value] : {std::pair{"spec.postCopyAfterPasses", passes.value()},
+                                     std::pair{"spec.postCopyAfterSeconds", seconds.value()}}) {
+    if (value && r.post_copy.value_or("never") != "auto") return bad(field, "only with spec.postCopy auto");
+  }
+  if (passes.value()) r.post_copy_after_passes = static_cast<uint32_t>(**passes);
+  if (seconds.value()) r.post_copy_after_seconds = static_cast<uint32_t>(**seconds);
   if (auto it = spec.find("cancel"); it != spec.end() && !it->is_null()) {
     if (!it->is_boolean()) return bad("spec.cancel", "must be true or false");
     r.cancel = it->get<bool>();
@@ -282,6 +301,9 @@ json source_request_body(const MigrationRequest& r, const std::string& id, const
   if (r.chunk_size) b["chunkSize"] = *r.chunk_size;
   if (r.ring_depth) b["ringDepth"] = *r.ring_depth;
   if (r.completion_timeout_seconds) b["completionTimeoutSeconds"] = *r.completion_timeout_seconds;
+  if (r.post_copy) b["postCopy"] = *r.post_copy;
+  if (r.post_copy_after_passes) b["postCopyAfterPasses"] = *r.post_copy_after_passes;
+  if (r.post_copy_after_seconds) b["postCopyAfterSeconds"] = *r.post_copy_after_seconds;
   return b;
 }
 

@@ -28,6 +28,11 @@ struct MigrationRequest {
   uint64_t max_downtime_ms = 300;  // spec.maxDowntime, or the deprecated spec.maxDowntimeMs
   uint64_t max_bandwidth_bytes_per_second = 0;  // 0: unlimited
   std::optional<uint32_t> completion_timeout_seconds;
+  // spec.postCopy (never | auto | after; unset: never) and, with auto only, its two thresholds
+  // (unset: the agent's defaults). Passed to the source agent as they are (docs/api.md).
+  std::optional<std::string> post_copy;
+  std::optional<uint32_t> post_copy_after_passes;
+  std::optional<uint32_t> post_copy_after_seconds;
   bool cancel = false;
 };
 

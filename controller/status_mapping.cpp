@@ -153,6 +153,21 @@ void copy_agent_status(json& status, const json& source, const json& target) {
     if (fo.contains("last") && fo["last"].is_string() && fo["last"].get<std::string>().size() <= 1024) f["last"] = fo["last"];
     status["failover"] = std::move(f);
   }
+  // Post-copy: the source's switch and figures (with the target's page-fault figures in them).
+  if (const json& pc = source.value("postCopy", json::object()); pc.is_object() && pc.value("mode", "") != "" &&
+                                                                  pc.value("mode", "") != "never") {
+    json out{{"mode", pc.value("mode", "")}, {"switched", pc.value("switched", false)}};
+    for (const char* key : {"switchAfterMs", "phaseMs", "pageRequests", "blocktimeMs"}) {
+      if (pc.contains(key) && pc[key].is_number_integer()) out[key] = pc[key].get<int64_t>();
+    }
+    if (pc.contains("trigger") && pc["trigger"].is_string() && pc["trigger"].get<std::string>().size() <= 64) {
+      out["trigger"] = pc["trigger"];
+    }
+    if (pc.contains("pageLatencyUs") && pc["pageLatencyUs"].is_number()) {
+      out["pageLatencyUs"] = static_cast<int64_t>(std::llround(pc["pageLatencyUs"].get<double>()));
+    }
+    status["postCopy"] = std::move(out);
+  }
   if (auto rails = status_rails(source, target); !rails.empty()) status["rails"] = std::move(rails);
   if (auto left = status_rails_left_out(source, target); !left.empty()) status["railsLeftOut"] = std::move(left);
   // After the end QEMU may report no current rate: show the average over the whole run.

@@ -115,6 +115,30 @@ Result<migration::TargetRef> parse_target_ref(const json& body, const char* id_k
   return ref;
 }
 
+// postCopy (never | auto | after) and, with auto only, postCopyAfterPasses / postCopyAfterSeconds.
+Result<migration::PostCopySpec> parse_post_copy(const json& body) {
+  migration::PostCopySpec pc;
+  auto mode = string_field(body, "", "postCopy", false, 16);
+  if (!mode) return mode.error();
+  if (mode->empty() || mode.value() == "never") pc.mode = migration::PostCopyMode::kNever;
+  else if (mode.value() == "auto") pc.mode = migration::PostCopyMode::kAuto;
+  else if (mode.value() == "after") pc.mode = migration::PostCopyMode::kAfter;
+  else return bad("postCopy", "must be 'never', 'auto' or 'after', got '" + mode.value() + "'");
+  for (const char* key : {"postCopyAfterPasses", "postCopyAfterSeconds"}) {
+    if (body.contains(key) && pc.mode != migration::PostCopyMode::kAuto) {
+      return bad(key, "only with postCopy 'auto'");
+    }
+  }
+  // Pass 1 is QEMU's first bitmap sync, before any page is sent: 2 is the end of the first copy.
+  auto passes = uint_field(body, "", "postCopyAfterPasses", pc.after_passes, 2, 1000);
+  if (!passes) return passes.error();
+  pc.after_passes = static_cast<uint32_t>(passes.value());
+  auto seconds = uint_field(body, "", "postCopyAfterSeconds", pc.after_seconds, 1, 86400);
+  if (!seconds) return seconds.error();
+  pc.after_seconds = static_cast<uint32_t>(seconds.value());
+  return pc;
+}
+
 }  // namespace
 
 Result<MigrationSpec> parse_create_request(const json& body, const AgentConfig& defaults) {
@@ -131,7 +155,7 @@ Result<MigrationSpec> parse_create_request(const json& body, const AgentConfig& 
   std::set<std::string> allowed = common;
   if (spec.role == Role::kSource) {
     allowed.insert({"target", "verifyChunks", "maxDowntimeMs", "maxBandwidthBytesPerSecond", "completionTimeoutSeconds",
-                    "noProgressTimeoutSeconds"});
+                    "noProgressTimeoutSeconds", "postCopy", "postCopyAfterPasses", "postCopyAfterSeconds"});
   } else {
     allowed.insert({"completionTimeoutSeconds", "noProgressTimeoutSeconds"});
   }
@@ -139,6 +163,9 @@ Result<MigrationSpec> parse_create_request(const json& body, const AgentConfig& 
     // Say why a known field of the other role is refused.
     for (const auto& [key, v] : body.items()) {
       if (!allowed.contains(key) && key == "target") return bad("target", "only for role 'source'");
+      if (!allowed.contains(key) && key.rfind("postCopy", 0) == 0) {
+        return bad(key, "only for role 'source' (the target follows the source)");
+      }
     }
     return st.error();
   }
@@ -199,6 +226,9 @@ Result<MigrationSpec> parse_create_request(const json& body, const AgentConfig& 
       if (!it->is_boolean()) return bad("verifyChunks", "must be true or false");
       spec.verify_chunks = it->get<bool>();
     }
+    auto pc = parse_post_copy(body);
+    if (!pc) return pc.error();
+    spec.post_copy = pc.value();
   }
   return spec;
 }

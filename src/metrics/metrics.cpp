@@ -70,7 +70,7 @@ Metrics::Metrics(std::string component)
                     .Register(*registry_)),
       failures_(BuildCounter().Name("rdmig_migration_failures_total")
                     .Help("Migrations that failed, by role and reason (timeout, peer_lost, qemu, protocol, io, "
-                          "target_failed, vm_paused_on_source, other)")
+                          "target_failed, vm_paused_on_source, postcopy_split, other)")
                     .Register(*registry_)),
       left_paused_(BuildCounter().Name("rdmig_source_vms_left_paused_total")
                        .Help("Source migrations that ended with the VM paused on the source because the "
@@ -93,6 +93,21 @@ Metrics::Metrics(std::string component)
       last_switchover_(BuildGauge().Name("rdmig_last_switchover_seconds")
                            .Help("True switchover time of the last migration of each VM")
                            .Register(*registry_)),
+      postcopy_switches_(BuildCounter().Name("rdmig_postcopy_switches_total")
+                             .Help("Migrations the source agent switched to post-copy, by transport and trigger "
+                                   "(after-first-pass, passes, seconds)")
+                             .Register(*registry_)),
+      postcopy_phase_(BuildHistogram().Name("rdmig_postcopy_phase_seconds")
+                          .Help("Post-copy phase of completed migrations: the switch to completion, by transport")
+                          .Register(*registry_)),
+      postcopy_requests_(BuildCounter().Name("rdmig_postcopy_page_requests_total")
+                             .Help("Page requests the target sent the source during post-copy (the source QEMU's "
+                                   "ram.postcopy-requests), by transport")
+                             .Register(*registry_)),
+      last_postcopy_blocktime_(BuildGauge().Name("rdmig_last_postcopy_blocktime_seconds")
+                                   .Help("Target QEMU's postcopy-blocktime (time all vCPUs waited on pages) of "
+                                         "the last post-copy migration of each VM")
+                                   .Register(*registry_)),
       bytes_(BuildCounter().Name("rdmig_transferred_bytes_total")
                  .Help("Bytes carried by the data plane, by transport, direction and traffic (migration, pathcheck)")
                  .Register(*registry_)),
@@ -198,6 +213,8 @@ Metrics::Metrics(std::string component)
     transport(kind, "pathcheck");
     downtime_.Add({{"transport", kind}}, downtime_buckets());
     switchover_.Add({{"transport", kind}}, downtime_buckets());
+    postcopy_phase_.Add({{"transport", kind}}, duration_buckets());
+    postcopy_requests_.Add({{"transport", kind}});
   }
   rdma_devices_.Add({});
 }
@@ -237,6 +254,19 @@ void Metrics::set_downtime(const std::string& vm, const std::string& transport, 
 void Metrics::set_switchover(const std::string& vm, const std::string& transport, double seconds) {
   switchover_.Add({{"transport", transport}}, downtime_buckets()).Observe(seconds);
   set_gauge(last_switchover_, vm_labels(vm), seconds);
+}
+
+void Metrics::postcopy_switched(const std::string& transport, const std::string& trigger) {
+  postcopy_switches_.Add({{"transport", transport}, {"trigger", trigger}}).Increment();
+}
+
+void Metrics::postcopy_ended(const std::string& transport, double phase_seconds, uint64_t page_requests) {
+  postcopy_phase_.Add({{"transport", transport}}, duration_buckets()).Observe(phase_seconds);
+  postcopy_requests_.Add({{"transport", transport}}).Increment(static_cast<double>(page_requests));
+}
+
+void Metrics::set_postcopy_blocktime(const std::string& vm, double seconds) {
+  set_gauge(last_postcopy_blocktime_, vm_labels(vm), seconds);
 }
 
 TransportMetrics& Metrics::transport(const std::string& kind, const std::string& traffic) {

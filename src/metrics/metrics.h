@@ -57,7 +57,8 @@ struct MigrationGauges {
 // is counted under "other".
 // rdmig_migration_failures_total{reason}: Job::failure_of and Job::finish's explicit reasons.
 inline constexpr const char* kFailureReasons[] = {"timeout", "io", "peer_lost", "qemu", "protocol",
-                                                   "target_failed", "vm_paused_on_source", "other"};
+                                                   "target_failed", "vm_paused_on_source", "postcopy_split",
+                                                   "other"};
 // rdmig_transport_selected_total{transport,reason}: what migration::choose_transport answers
 // (the target decides, the source counts the target's reason), the source's own names when a
 // target names none (auto, auto-no-local-rdma), and "other" for anything else a peer sends.
@@ -122,6 +123,14 @@ class Metrics {
   void migration_failed(const std::string& role, const std::string& reason);
   void set_downtime(const std::string& vm, const std::string& transport, double qemu_seconds);
   void set_switchover(const std::string& vm, const std::string& transport, double seconds);
+  // Post-copy (source): rdmig_postcopy_switches_total{transport,trigger} at the switch; at the end
+  // rdmig_postcopy_phase_seconds{transport} and rdmig_postcopy_page_requests_total{transport}.
+  void postcopy_switched(const std::string& transport, const std::string& trigger);
+  void postcopy_ended(const std::string& transport, double phase_seconds,
+                      uint64_t page_requests);
+  // Post-copy (target): rdmig_last_postcopy_blocktime_seconds{name}, the target QEMU's
+  // postcopy-blocktime (all vCPUs waiting on pages) of the last migration of each VM.
+  void set_postcopy_blocktime(const std::string& vm, double seconds);
 
   // `traffic`: "migration" or "pathcheck" (the label that tells a path check's bytes apart).
   TransportMetrics& transport(const std::string& kind, const std::string& traffic = "migration");
@@ -172,6 +181,10 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& last_downtime_;
   prometheus::Family<prometheus::Histogram>& switchover_;
   prometheus::Family<prometheus::Gauge>& last_switchover_;
+  prometheus::Family<prometheus::Counter>& postcopy_switches_;
+  prometheus::Family<prometheus::Histogram>& postcopy_phase_;
+  prometheus::Family<prometheus::Counter>& postcopy_requests_;
+  prometheus::Family<prometheus::Gauge>& last_postcopy_blocktime_;
   prometheus::Family<prometheus::Counter>& bytes_;
   prometheus::Family<prometheus::Counter>& chunks_;
   prometheus::Family<prometheus::Counter>& credit_stalls_;

@@ -33,6 +33,7 @@ using session::rail_addresses;
 using session::rails_from_welcome;
 using session::return_path_chunk;
 using session::return_path_depth;
+using session::wall_clock_ms;
 using session::wall_clock_us;
 using session::wire_name;
 using session::with_rdma_reason;
@@ -77,6 +78,20 @@ Result<std::unique_ptr<SourceJob>> SourceJob::create(MigrationSpec spec, JobCont
     return Error{Errc::kFailedPrecondition,
                  "qmpSocket: QEMU already has a migration in state '" + info->status + "'"};
   }
+  if (spec.post_copy.mode != PostCopyMode::kNever && spec.multifd_channels > 0) {
+    // QEMU allows post-copy together with multifd from 10.1 on: 10.0 refuses the pair, and 7.2
+    // accepts it although its post-copy does not know multifd's channels.
+    auto v = qmp.value()->execute("query-version", {}, kQmpTimeout);
+    if (!v) return qmp_check_failed(spec.qmp_socket, "query-version", v.error());
+    const auto q = v->value("qemu", json::object());
+    const int major = q.value("major", 0), minor = q.value("minor", 0);
+    if (major < 10 || (major == 10 && minor < 1)) {
+      return Error{Errc::kFailedPrecondition,
+                   "postCopy: with multifdChannels it needs QEMU 10.1 or later on both nodes; the source QEMU is " +
+                       std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(q.value("micro", 0)) +
+                       " (migrate with multifdChannels 0, or postCopy 'never')"};
+    }
+  }
   const bool running = state.value() == "running";
   return std::unique_ptr<SourceJob>(
       new SourceJob(std::move(spec), ctx, std::move(qmp.value()), running));
@@ -88,7 +103,10 @@ SourceJob::SourceJob(MigrationSpec spec, JobContext ctx, std::unique_ptr<qemu::Q
   qmp_ = std::move(qmp);
   qemu_pid_ = qemu_pid_of(*qmp_);
   socket_path_ = ctx_.config.state_dir + "/" + spec_.id + ".src.sock";
-  update([&](MigrationStatus& s) { s.peer = net::format_endpoint(spec_.target.host, spec_.target.port); });
+  update([&](MigrationStatus& s) {
+    s.peer = net::format_endpoint(spec_.target.host, spec_.target.port);
+    s.post_copy.mode = post_copy_mode_name(spec_.post_copy.mode);
+  });
 }
 
 SourceJob::~SourceJob() {
@@ -298,7 +316,10 @@ Status SourceJob::connect_data_plane() {
   // 'start' and 'ready' also measure the two hosts' clock offset (the switchover compares the
   // source QEMU's STOP with the target QEMU's RESUME, each stamped by its own host).
   const int64_t t0 = wall_clock_us();
-  RDMIG_TRY(link_->send(session::message(session::MessageKind::kStart, json{{"clockUs", t0}})));
+  json start{{"clockUs", t0}};
+  const bool post_copy = spec_.post_copy.mode != PostCopyMode::kNever;
+  if (post_copy) start["postCopy"] = true;  // the target enables postcopy-ram on its QEMU too
+  RDMIG_TRY(link_->send(session::message(session::MessageKind::kStart, start)));
   auto ready = link_->expect(session::to_string(session::MessageKind::kReady), kHandshakeTimeout);
   const int64_t t3 = wall_clock_us();
   watch.reset();
@@ -308,6 +329,15 @@ Status SourceJob::connect_data_plane() {
     return it != ready->end() && it->is_number_integer() ? it->get<int64_t>() : int64_t{0};
   };
   clock_ = estimate_clock_offset(t0, stamp("receivedClockUs"), stamp("clockUs"), t3);
+  if (post_copy) {
+    // An agent from before postCopy ignores the field: its QEMU would refuse the switch late.
+    const auto pc = ready->find("postCopy");
+    if (pc == ready->end() || !pc->is_boolean() || !pc->get<bool>()) {
+      return Error{Errc::kFailedPrecondition, "target agent " + ep.to_string() +
+                                                  " did not confirm postCopy (an rdmig agent from before it?): "
+                                                  "upgrade it, or migrate with postCopy 'never'"};
+    }
+  }
   if (clock_) {
     LOG_DEBUG("migration") << log_prefix() << " target clock offset " << clock_->offset_us << " us (+/- "
                            << clock_->uncertainty_us << " us)";
@@ -394,8 +424,17 @@ Status SourceJob::configure_qemu() {
   const bool multifd = spec_.multifd_channels > 0;
   json caps = json::array({json{{"capability", "events"}, {"state", true}},
                            json{{"capability", "multifd"}, {"state", multifd}}});
+  if (spec_.post_copy.mode != PostCopyMode::kNever) {
+    // postcopy-preempt (QEMU 7.1+) opens one more connection for urgent pages, which rdmig does not
+    // carry: it stays off, and the page requests share the main channel (docs/api.md).
+    caps.push_back(json{{"capability", "postcopy-ram"}, {"state", true}});
+    caps.push_back(json{{"capability", "postcopy-preempt"}, {"state", false}});
+  }
   auto r = qmp_->execute("migrate-set-capabilities", json{{"capabilities", caps}}, kQmpTimeout);
-  if (!r) return r.error();
+  if (!r) {
+    if (spec_.post_copy.mode != PostCopyMode::kNever) return r.error().with_context("postCopy: source QEMU");
+    return r.error();
+  }
   json params{{"downtime-limit", spec_.max_downtime_ms},
               {"max-bandwidth", spec_.max_bandwidth_bytes_per_second ? spec_.max_bandwidth_bytes_per_second
                                                                      : kUnlimitedBandwidth}};
@@ -447,6 +486,58 @@ Status SourceJob::start_migration() {
   return ok_status();
 }
 
+Status SourceJob::maybe_switch_to_postcopy(const qemu::MigrationInfo& info,
+                                           std::chrono::steady_clock::duration elapsed) {
+  const auto& pc = spec_.post_copy;
+  if (pc.mode == PostCopyMode::kNever || postcopy_switched_ || info.status != "active") return ok_status();
+  std::string trigger;
+  if (pc.mode == PostCopyMode::kAfter && info.dirty_sync_count >= 2) {
+    trigger = "after-first-pass";
+  } else if (pc.mode == PostCopyMode::kAuto && info.dirty_sync_count >= pc.after_passes) {
+    trigger = "passes";
+  } else if (pc.mode == PostCopyMode::kAuto && elapsed >= std::chrono::seconds(pc.after_seconds)) {
+    trigger = "seconds";
+  } else {
+    return ok_status();
+  }
+  auto r = qmp_->execute("migrate-start-postcopy", {}, kQmpTimeout);
+  if (!r) return r.error().with_context("postCopy: source QEMU's migrate-start-postcopy");
+  postcopy_switched_ = true;
+  postcopy_at_ = std::chrono::steady_clock::now();
+  const auto after_ms = std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count();
+  LOG_INFO("migration") << log_prefix() << " switched to post-copy (" << trigger << ") after " << after_ms
+                        << " ms at pass " << info.dirty_sync_count;
+  ctx_.metrics.postcopy_switched(transport_, trigger);
+  update([&](MigrationStatus& s) {
+    s.post_copy.switched = true;
+    s.post_copy.trigger = trigger;
+    s.post_copy.switched_at_ms = wall_clock_ms();
+    s.post_copy.switch_after_ms = after_ms;
+    s.post_copy.switch_at_pass = info.dirty_sync_count;
+  });
+  return ok_status();
+}
+
+void SourceJob::record_postcopy_end(const qemu::MigrationInfo& info) {
+  if (!postcopy_switched_) return;
+  // The phase from QEMU's own MIGRATION events (postcopy-active to completed), else as the agent saw it.
+  std::optional<int64_t> active_us, done_us;
+  for (const auto& e : qmp_->events()) {
+    if (e.seq <= events_before_migrate_ || e.name != "MIGRATION") continue;
+    const auto st = e.data.value("status", "");
+    if (st == "postcopy-active" && !active_us) active_us = e.timestamp_us;
+    if (st == "completed") done_us = e.timestamp_us;
+  }
+  int64_t phase_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - postcopy_at_).count();
+  if (active_us && done_us && *done_us >= *active_us) phase_ms = (*done_us - *active_us) / 1000;
+  ctx_.metrics.postcopy_ended(transport_, static_cast<double>(phase_ms) / 1000.0,
+                              info.postcopy_requests >= 0 ? static_cast<uint64_t>(info.postcopy_requests) : 0);
+  update([&](MigrationStatus& s) {
+    s.post_copy.phase_ms = phase_ms;
+    if (info.postcopy_requests >= 0) s.post_copy.page_requests = static_cast<uint64_t>(info.postcopy_requests);
+  });
+}
+
 void SourceJob::apply_progress(const qemu::MigrationInfo& info) {
   refresh_data_counters();
   const double dirty = static_cast<double>(info.dirty_pages_rate) * static_cast<double>(info.page_size);
@@ -479,6 +570,9 @@ Result<qemu::MigrationInfo> SourceJob::monitor() {
     auto info = qemu::parse_migration_info(raw.value());
     if (!info) return info.error();
     apply_progress(info.value());
+    if (auto st = maybe_switch_to_postcopy(info.value(), std::chrono::steady_clock::now() - started); !st) {
+      return st.error();
+    }
     if (info->status == "completed") {
       // QEMU 7.2 sets "completed" (and sends the event) just before it computes total-time
       // and downtime: ask again until they are filled in.
@@ -490,6 +584,7 @@ Result<qemu::MigrationInfo> SourceJob::monitor() {
         if (!parsed) break;
         info = std::move(parsed);
       }
+      record_postcopy_end(info.value());
       return info;
     }
     // A channel that failed in the data plane (a rail cut: a failed work completion) shuts its
@@ -504,7 +599,9 @@ Result<qemu::MigrationInfo> SourceJob::monitor() {
     }
     if (info->status == "failed") return qemu_failure("source QEMU: migration failed", info->error_desc, failed);
     if (info->status == "cancelled") return Error{Errc::kCancelled, "source QEMU cancelled the migration"};
-    if (cancel_requested()) return Error{Errc::kCancelled, cancel_reason()};
+    // After the switch the target runs the VM: a cancel (the agent shutting down) cannot bring
+    // it back here, so post-copy runs to its end (docs/api.md).
+    if (cancel_requested() && !postcopy_switched_) return Error{Errc::kCancelled, cancel_reason()};
     if (failed) return data_plane_error(failed->error, failed->channel);
     const auto now = std::chrono::steady_clock::now();
     if (info->transferred_bytes > last_transferred) {
@@ -638,6 +735,12 @@ void SourceJob::complete(const qemu::MigrationInfo& info, const std::string& uns
   }
   if (switchover) ctx_.metrics.set_switchover(spec_.vm, transport_, static_cast<double>(*switchover) / 1000.0);
   update([&](MigrationStatus& s) {
+    if (const auto b = v.find("postCopyBlocktimeMs"); b != v.end() && b->is_number_integer()) {
+      s.post_copy.blocktime_ms = b->get<int64_t>();
+    }
+    if (const auto l = v.find("postCopyPageLatencyUs"); l != v.end() && l->is_number()) {
+      s.post_copy.page_latency_us = l->get<double>();
+    }
     s.target_state = state;
     s.switchover_ms = switchover;
     s.progress.remaining_bytes = 0;
@@ -688,6 +791,10 @@ Result<json> SourceJob::wait_for_verdict() {
 
 void SourceJob::fail_and_protect_vm(const Error& error, bool cancelled) {
   LOG_WARN("migration") << log_prefix() << " stopping: " << error.message;
+  if (postcopy_switched_) {
+    fail_in_postcopy(error);
+    return;
+  }
   std::string notes;
   auto raw = qmp_->execute("query-migrate", {}, kQmpTimeout);
   if (!raw) {
@@ -753,6 +860,36 @@ void SourceJob::fail_and_protect_vm(const Error& error, bool cancelled) {
     notes += "; source QEMU's monitor is gone";
   }
   finish(cancelled ? Phase::kCancelled : Phase::kFailed, error.message + notes, failure_of(error.code));
+}
+
+void SourceJob::fail_in_postcopy(const Error& error) {
+  // The target ran the VM from the switch on; the source holds the pages it has not sent. Neither
+  // migrate_cancel nor cont may run here, and neither QEMU is stopped: QEMU keeps both in
+  // postcopy-paused, from which a recovery (migrate-recover on the target, migrate with resume
+  // on the source, over a fresh channel) can still complete the migration.
+  std::string state = "unreadable";
+  if (qmp_->connected()) {
+    if (auto raw = qmp_->execute("query-migrate", {}, kQmpTimeout)) {
+      if (auto info = qemu::parse_migration_info(raw.value())) {
+        if (info->status == "completed") {
+          record_postcopy_end(info.value());
+          complete(info.value());
+          return;
+        }
+        state = info->status;
+      }
+    }
+  } else {
+    state = "gone (monitor lost)";
+  }
+  if (link_) (void)link_->send(session::message(session::MessageKind::kAbort, json{{"reason", error.message}}));
+  abort_data_plane(error);
+  finish(Phase::kFailed,
+         error.message + "; in post-copy: the target ran the VM and the source QEMU (migration '" + state +
+             "') still holds pages the target lacks, so neither QEMU can run the VM alone and rdmig resumes "
+             "neither: both are left as they are (QEMU keeps them postcopy-paused); recover with migrate-recover "
+             "on the target QEMU and migrate with resume: true on the source QEMU (docs/api.md)",
+         "postcopy_split");
 }
 
 void SourceJob::run() {

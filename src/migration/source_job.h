@@ -52,7 +52,14 @@ class SourceJob final : public Job {
   // error it is; a "result" is kept as the verdict (complete() reads it); nullopt otherwise.
   std::optional<Error> take_target_message(const nlohmann::json& msg);
   void fail_and_protect_vm(const Error& error, bool cancelled);
+  // A failure after the switch to post-copy: the VM's state is split between the two QEMUs.
+  void fail_in_postcopy(const Error& error);
   void apply_progress(const qemu::MigrationInfo& info);
+  // postCopy: issues migrate-start-postcopy once the spec's condition holds (pre-copy running for
+  // `elapsed`); an error only when QEMU refuses the switch.
+  Status maybe_switch_to_postcopy(const qemu::MigrationInfo& info, std::chrono::steady_clock::duration elapsed);
+  // The figures of a migration that switched, once it completed (phase length, page requests).
+  void record_postcopy_end(const qemu::MigrationInfo& info);
   void stop_accepting();
   void release_own() override;
   void on_exception(const Error& error) override { fail_and_protect_vm(error, false); }
@@ -69,6 +76,10 @@ class SourceJob final : public Job {
   uint64_t events_before_migrate_ = 0;
   std::optional<ClockOffset> clock_;  // the target host's clock minus this one's
   std::optional<nlohmann::json> verdict_;  // the target's result, when it came early
+  // Set once migrate-start-postcopy succeeded: from then on the target runs the VM, and neither
+  // QEMU can be resumed alone (no migrate_cancel, no cont; docs/api.md).
+  bool postcopy_switched_ = false;
+  std::chrono::steady_clock::time_point postcopy_at_{};
 };
 
 }  // namespace rdmig::migration

@@ -23,6 +23,7 @@ using session::kHelloTimeout;
 using session::kPeerRdmaUnreachable;
 using session::parse_wire_transport;
 using session::rail_mtus;
+using session::wall_clock_ms;
 using session::rails_from_hello;
 using session::return_path_chunk;
 using session::return_path_depth;
@@ -484,8 +485,17 @@ Status TargetJob::start_incoming() {
   const bool multifd = spec_.multifd_channels > 0;
   json caps = json::array({json{{"capability", "events"}, {"state", true}},
                            json{{"capability", "multifd"}, {"state", multifd}}});
+  if (const auto pc = start->find("postCopy"); pc != start->end() && pc->is_boolean() && pc->get<bool>()) {
+    // As the source: postcopy-ram, no postcopy-preempt (its extra channel is not carried), and
+    // postcopy-blocktime for the figure of how long the vCPUs waited on pages.
+    post_copy_ = true;
+    caps.push_back(json{{"capability", "postcopy-ram"}, {"state", true}});
+    caps.push_back(json{{"capability", "postcopy-preempt"}, {"state", false}});
+    caps.push_back(json{{"capability", "postcopy-blocktime"}, {"state", true}});
+    update([](MigrationStatus& s) { s.post_copy.mode = "requested"; });
+  }
   auto r = qmp_->execute("migrate-set-capabilities", json{{"capabilities", caps}}, kQmpTimeout);
-  if (!r) return r.error().with_context("target QEMU");
+  if (!r) return r.error().with_context(post_copy_ ? "postCopy: target QEMU" : "target QEMU");
   if (multifd) {
     r = qmp_->execute("migrate-set-parameters", json{{"multifd-channels", spec_.multifd_channels}}, kQmpTimeout);
     if (!r) return r.error().with_context("target QEMU");
@@ -495,7 +505,9 @@ Status TargetJob::start_incoming() {
   incoming_started_ = true;  // from here on, QEMU may end up with the VM
   r = qmp_->execute("migrate-incoming", json{{"uri", "unix:" + socket_path_}}, kQmpTimeout);
   if (!r) return r.error().with_context("target QEMU");
-  return link_->send(session::message(session::MessageKind::kReady, json{{"receivedClockUs", received_us}, {"clockUs", wall_clock_us()}}));
+  json ready{{"receivedClockUs", received_us}, {"clockUs", wall_clock_us()}};
+  if (post_copy_) ready["postCopy"] = true;  // the source switches only with this confirmed
+  return link_->send(session::message(session::MessageKind::kReady, ready));
 }
 
 Result<UniqueFd> TargetJob::open_qemu_connection(uint32_t index) {
@@ -520,7 +532,7 @@ Status TargetJob::monitor() {
   uint64_t last_bytes = 0;
   auto last_progress = std::chrono::steady_clock::now();
   for (;;) {
-    if (cancel_requested()) return Error{Errc::kCancelled, cancel_reason()};
+    if (cancel_requested() && !post_copy_) return Error{Errc::kCancelled, cancel_reason()};
     auto raw = qmp_->execute("query-migrate", {}, kQmpTimeout);
     if (!raw) {
       // A target QEMU exits when its incoming stream breaks: when the source side went away
@@ -539,6 +551,13 @@ Status TargetJob::monitor() {
     });
     const uint64_t received = status().progress.data_bytes_received;
     gauges_.transferred->Set(static_cast<double>(received));
+    if (post_copy_) {
+      record_postcopy(info.value());
+      // In post-copy this QEMU runs the VM with pages still on the source: a cancel (the agent
+      // shutting down) would lose them, so post-copy runs to its end (docs/api.md). Checked
+      // after this poll's look at QEMU, so a cancel never races the switch.
+      if (cancel_requested() && !status().post_copy.switched) return Error{Errc::kCancelled, cancel_reason()};
+    }
     if (info->status == "completed") return ok_status();
     if (received != last_bytes) {
       last_bytes = received;
@@ -576,6 +595,29 @@ Status TargetJob::monitor() {
       return Error{Errc::kUnavailable, "source agent aborted: " + (**m).value("reason", std::string("?"))};
     }
   }
+}
+
+void TargetJob::record_postcopy(const qemu::MigrationInfo& info) {
+  // QEMU's own MIGRATION events stamp the switch and the end (one host's clock): a post-copy
+  // phase shorter than one poll is seen too.
+  const auto event = [&](const char* status) {
+    return qmp_->wait_event([status](const qemu::QmpEvent& e) { return e.name == "MIGRATION" && e.data.value("status", "") == status; },
+                            events_before_incoming_, std::chrono::milliseconds(0));
+  };
+  const auto active = event("postcopy-active");
+  const bool switched = active || qemu::migration_status_postcopy(info.status);
+  const auto done = info.status == "completed" ? event("completed") : std::nullopt;
+  update([&](MigrationStatus& s) {
+    if (switched && !s.post_copy.switched) {
+      s.post_copy.switched = true;
+      s.post_copy.switched_at_ms = active ? active->timestamp_us / 1000 : wall_clock_ms();
+    }
+    if (active && done && done->timestamp_us >= active->timestamp_us) {
+      s.post_copy.phase_ms = (done->timestamp_us - active->timestamp_us) / 1000;
+    }
+    if (info.postcopy_blocktime_ms >= 0) s.post_copy.blocktime_ms = info.postcopy_blocktime_ms;
+    if (info.postcopy_latency_ns >= 0) s.post_copy.page_latency_us = static_cast<double>(info.postcopy_latency_ns) / 1e3;
+  });
 }
 
 std::optional<Error> TargetJob::source_reason(std::chrono::milliseconds wait) {
@@ -672,7 +714,15 @@ void TargetJob::report_success() {
   if (resume) resume_us = resume->timestamp_us;
   if (state == "prelaunch") state = "paused";
   update([&](MigrationStatus& s) { s.target_state = state; });
-  (void)link_->send(session::message(session::MessageKind::kResult, json{{"ok", true}, {"state", state}, {"resumeTimestampUs", resume_us}}));
+  json result{{"ok", true}, {"state", state}, {"resumeTimestampUs", resume_us}};
+  if (post_copy_) {
+    // The page-fault figures only this QEMU has, for the source's status.
+    const auto pc = status().post_copy;
+    if (pc.blocktime_ms) result["postCopyBlocktimeMs"] = *pc.blocktime_ms;
+    if (pc.page_latency_us) result["postCopyPageLatencyUs"] = *pc.page_latency_us;
+    if (pc.blocktime_ms) ctx_.metrics.set_postcopy_blocktime(spec_.vm, static_cast<double>(*pc.blocktime_ms) / 1000.0);
+  }
+  (void)link_->send(session::message(session::MessageKind::kResult, result));
   bool failover = false;
   {
     MutexLock lock(conn_mu_);

@@ -63,6 +63,8 @@ class TargetJob final : public Job {
   // The source agent's "abort" on the control link, waiting up to `wait`; nullopt when none came.
   std::optional<Error> source_reason(std::chrono::milliseconds wait);
   void release_own() override;
+  // The post-copy figures this QEMU gives (status, and the source through the result).
+  void record_postcopy(const qemu::MigrationInfo& info);
   void on_exception(const Error& error) override { report_failure(error, false, incoming_started_); }
 
   std::string token_;
@@ -110,6 +112,7 @@ class TargetJob final : public Job {
   bool order_aborted_ GUARDED_BY(order_mu_) = false;
   uint64_t events_before_incoming_ = 0;
   bool incoming_started_ = false;
+  bool post_copy_ = false;  // the source's start asked for postcopy-ram (worker thread only)
 };
 
 }  // namespace rdmig::migration

@@ -21,6 +21,31 @@ std::optional<int64_t> switchover_ms(int64_t stop_us, int64_t resume_us, const s
   return us / 1000;
 }
 
+const char* post_copy_mode_name(PostCopyMode mode) {
+  switch (mode) {
+    case PostCopyMode::kAuto: return "auto";
+    case PostCopyMode::kAfter: return "after";
+    case PostCopyMode::kNever: break;
+  }
+  return "never";
+}
+
+nlohmann::json to_json(const PostCopyStatus& p) {
+  using nlohmann::json;
+  auto opt = [](const auto& v) { return v ? json(*v) : json(nullptr); };
+  return json{{"mode", p.mode},
+              {"preempt", p.preempt},
+              {"switched", p.switched},
+              {"trigger", p.trigger.empty() ? json(nullptr) : json(p.trigger)},
+              {"switchedAtMs", p.switched_at_ms ? json(p.switched_at_ms) : json(nullptr)},
+              {"switchAfterMs", opt(p.switch_after_ms)},
+              {"switchAtPass", opt(p.switch_at_pass)},
+              {"phaseMs", opt(p.phase_ms)},
+              {"pageRequests", opt(p.page_requests)},
+              {"blocktimeMs", opt(p.blocktime_ms)},
+              {"pageLatencyUs", opt(p.page_latency_us)}};
+}
+
 nlohmann::json to_json(const RailLeftOut& r) {
   return nlohmann::json{{"rail", r.rail}, {"reason", r.reason}, {"message", r.message}};
 }
@@ -75,6 +100,7 @@ nlohmann::json to_json(const MigrationStatus& s) {
                                 {"last", s.last_failover.empty() ? json(nullptr) : json(s.last_failover)}}},
               {"peer", s.peer.empty() ? json(nullptr) : json(s.peer)},
               {"progress", progress},
+              {"postCopy", to_json(s.post_copy)},
               {"rails", rails},
               {"railsLeftOut", left_out},
               {"result", result},

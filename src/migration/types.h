@@ -21,6 +21,19 @@ using session::Role;
 using session::role_name;
 using session::TargetRef;
 
+// Post-copy (docs/api.md, postCopy): the source agent switches the running migration to post-copy
+// (QMP migrate-start-postcopy), after which the target runs the VM and pulls the pages it still
+// lacks from the source over the return path.
+enum class PostCopyMode { kNever, kAuto, kAfter };
+const char* post_copy_mode_name(PostCopyMode mode);
+struct PostCopySpec {
+  PostCopyMode mode = PostCopyMode::kNever;
+  // auto: switch once QEMU's passes (ram.dirty-sync-count, progress.passes) reach this, or once
+  // pre-copy has run this long, whichever comes first.
+  uint32_t after_passes = 5;
+  uint32_t after_seconds = 60;
+};
+
 struct MigrationSpec {
   Role role = Role::kSource;
   std::string id;  // empty: the agent picks one (source: the target's migration id)
@@ -39,6 +52,7 @@ struct MigrationSpec {
   uint64_t max_bandwidth_bytes_per_second = 0;  // 0: unlimited
   uint32_t completion_timeout_seconds = 0;
   uint32_t no_progress_timeout_seconds = 0;
+  PostCopySpec post_copy;
 
   uint32_t channels() const { return 1 + multifd_channels; }
 };
@@ -66,6 +80,23 @@ struct RailLeftOut {
 };
 nlohmann::json to_json(const RailLeftOut& rail);
 
+// What post-copy did (both roles; figures each agent's QEMU gives, nullopt where it gives none).
+struct PostCopyStatus {
+  std::string mode = "never";  // the source's postCopy; the target: "requested" once the source asked
+  // postcopy-preempt stays off: its extra channel is not carried (docs/api.md).
+  bool preempt = false;
+  bool switched = false;
+  std::string trigger;              // source: after-first-pass | passes | seconds
+  int64_t switched_at_ms = 0;       // wall clock (source: when migrate-start-postcopy returned)
+  std::optional<int64_t> switch_after_ms;  // source: pre-copy's length before the switch
+  std::optional<uint64_t> switch_at_pass;  // source: progress.passes at the switch
+  std::optional<int64_t> phase_ms;  // the switch to the migration's completion
+  std::optional<uint64_t> page_requests;   // source QEMU's ram.postcopy-requests: page requests served
+  std::optional<int64_t> blocktime_ms;     // target QEMU's postcopy-blocktime: all vCPUs waiting on pages
+  std::optional<double> page_latency_us;   // target QEMU's postcopy-latency (QEMU 10.1+): mean page-fault wait
+};
+nlohmann::json to_json(const PostCopyStatus& p);
+
 struct MigrationStatus {
   std::string id;
   Role role = Role::kSource;
@@ -86,6 +117,7 @@ struct MigrationStatus {
   uint64_t failovers = 0;
   std::string last_failover;
   Progress progress;
+  PostCopyStatus post_copy;
   // RDMA only: the rails the channels were striped across (session/rails.h), with their bytes.
   std::vector<session::RailUsage> rails;
   // RDMA only: this agent's configured rails left out at start (so not in `rails`), and why.

@@ -88,7 +88,10 @@ Result<MigrationInfo> parse_migration_info(const json& value) {
     info.dirty_pages_rate = u64(*ram, "dirty-pages-rate");
     if (const auto ps = u64(*ram, "page-size"); ps != 0) info.page_size = ps;
     info.dirty_sync_count = u64(*ram, "dirty-sync-count");
+    info.postcopy_requests = i64(*ram, "postcopy-requests");
   }
+  info.postcopy_blocktime_ms = i64(value, "postcopy-blocktime");
+  info.postcopy_latency_ns = i64(value, "postcopy-latency");
   info.total_time_ms = i64(value, "total-time");
   info.downtime_ms = i64(value, "downtime");
   info.expected_downtime_ms = i64(value, "expected-downtime");
@@ -102,5 +105,7 @@ Result<MigrationInfo> parse_migration_info(const json& value) {
 bool migration_status_terminal(const std::string& status) {
   return status == "completed" || status == "failed" || status == "cancelled";
 }
+
+bool migration_status_postcopy(const std::string& status) { return status.rfind("postcopy-", 0) == 0; }
 
 }  // namespace rdmig::qemu

@@ -42,11 +42,19 @@ struct MigrationInfo {
   int64_t expected_downtime_ms = -1;
   int64_t setup_time_ms = -1;
   std::string error_desc;           // error-desc when failed
+  // Post-copy figures, -1 where QEMU gives none: ram.postcopy-requests (source: page requests
+  // the target sent), postcopy-blocktime (target, with the postcopy-blocktime capability: ms all
+  // vCPUs waited on pages), postcopy-latency (target, QEMU 10.1+: mean page-fault wait in ns).
+  int64_t postcopy_requests = -1;
+  int64_t postcopy_blocktime_ms = -1;
+  int64_t postcopy_latency_ns = -1;
 };
 
 // Validates types; unknown statuses are kept as text (QEMU adds states over time).
 Result<MigrationInfo> parse_migration_info(const nlohmann::json& value);
 
 bool migration_status_terminal(const std::string& status);
+// postcopy-active, postcopy-paused, postcopy-recover(-setup): the target runs the VM.
+bool migration_status_postcopy(const std::string& status);
 
 }  // namespace rdmig::qemu

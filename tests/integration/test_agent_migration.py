@@ -17,7 +17,7 @@ import unittest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 from rdmiglab import Agent, QemuVm, cut_data_channels, ensure_guest, migrate_via_agents, parse_prometheus, start_migration  # noqa: E402
 from rdmiglab.linkcut import cut_control_connection, data_connections  # noqa: E402
-from rdmiglab.qemu import differing_pages, guest_fate, trixie_qemu  # noqa: E402
+from rdmiglab.qemu import differing_pages, guest_fate, qemu_version, trixie_qemu  # noqa: E402
 
 MEM_MIB = 256
 # 256 MiB dirtying 16 MiB/s: a 512 MiB guest dirtying 64 MiB/s under QEMU 7.2 TCG (Debian
@@ -704,6 +704,176 @@ class AgentMigrationTest(unittest.TestCase):
             self.assertIn(field, body["error"]["message"], body_in)
         self.assertEqual(vm.status(), "running")
 
+    # -- post-copy (docs/api.md, post-copy) -----------------------------------------------------
+    # A guest whose memory verifier (tools/guest/verify.c) rewrites 32 MiB at 24 MiB/s while the
+    # source QEMU may send 12 MiB/s (maxBandwidthBytesPerSecond: QEMU's max-bandwidth, which holds
+    # in pre-copy only): pre-copy never converges. After the switch the target runs the guest, so
+    # no dump can be compared: the verifier checks every page against its own description and the
+    # table of generations, and its counter must go on on the target.
+    VERIFY = "rdmig.verify_mib=32 rdmig.verify_rate_mib=24"
+    POSTCOPY_BW = 12 << 20
+
+    def verifier_pair(self, qemu10=True, target_paused=False):
+        src = self.vm("src", qemu10, mem_mib=192, dirty_mib=0, extra_append=self.VERIFY)
+        dst = self.vm("dst", qemu10, mem_mib=192, dirty_mib=0, extra_append=self.VERIFY, incoming_defer=True,
+                      paused=target_paused)
+        src.wait_for_verifier(2, min_scans=1, timeout=120)
+        return src, dst
+
+    def assert_verifier_clean(self, *vms):
+        for vm in vms:
+            v = vm.verifier()
+            self.assertEqual(v["mismatches"], 0, "%s: %s" % (vm.name, v["mismatch_lines"][:10]))
+            self.assertEqual(v["mismatch_lines"], [], vm.name)
+
+    def check_postcopy(self, multifd, mode, **kw):
+        src, dst = self.verifier_pair()
+        seen = []
+        s, t = migrate_via_agents(self.src_agent, self.dst_agent, src.agent_qmp_path, dst.agent_qmp_path,
+                                  multifd_channels=multifd, vm="vm-pc%d" % multifd, postCopy=mode,
+                                  maxBandwidthBytesPerSecond=self.POSTCOPY_BW, maxDowntimeMs=50,
+                                  completionTimeoutSeconds=240, timeout=300,
+                                  on_status=lambda st: seen.append(st["progress"]["qemuStatus"]), **kw)
+        self.assertEqual(s["phase"], "Succeeded", s["result"]["reason"])
+        self.assertEqual(t["phase"], "Succeeded", t["result"]["reason"])
+        pc = s["postCopy"]
+        print("[post-copy mf%d %s] %s; target %s; qemu states %s" % (multifd, mode, pc, t["postCopy"],
+                                                                   sorted(set(seen))), file=sys.stderr)
+        self.assertEqual(pc["mode"], mode)
+        self.assertTrue(pc["switched"], pc)
+        self.assertFalse(pc["preempt"])
+        self.assertGreaterEqual(pc["switchAtPass"], 2)
+        self.assertIsNotNone(pc["phaseMs"])
+        self.assertIsNotNone(pc["pageRequests"])
+        self.assertTrue(t["postCopy"]["switched"], t["postCopy"])
+        self.assertEqual(t["postCopy"]["mode"], "requested")
+        self.assertEqual(s["result"]["targetState"], "running")
+        self.assertEqual(s["progress"]["dataBytesSent"], t["progress"]["dataBytesReceived"])
+        # The guest runs on the target: its verifier goes on from where the source left it, every
+        # page checked again, no page stale or torn.
+        last = src.verifier()["counter"]
+        self.assertEqual(dst.status(), "running")
+        after = dst.wait_for_verifier(last + 3, timeout=120)
+        self.assertGreater(after["scans"], src.verifier()["scans"])
+        self.assert_verifier_clean(src, dst)
+        samples, _ = parse_prometheus(self.src_agent.metrics())
+        self.assertGreaterEqual(samples[("rdmig_postcopy_switches_total",
+                                         frozenset({"transport": "tcp", "trigger": pc["trigger"]}.items()))], 1)
+        self.assertGreaterEqual(samples[("rdmig_postcopy_phase_seconds_count",
+                                         frozenset({"transport": "tcp"}.items()))], 1)
+        return s, t
+
+    def test_the_guest_verifier_reports_a_page_changed_behind_the_guests_back(self):
+        # The verifier's checks can fail: the guest's RAM is a shared file here, and the test
+        # changes one byte of one verifier page from the host (no migration; the host's QEMU).
+        mem = os.path.join(self.tmp, "verify-ram-%s" % os.urandom(3).hex())
+        vm = self.vm("ram", qemu10=False, mem_mib=128, dirty_mib=0,
+                     extra_append="rdmig.verify_mib=8 rdmig.verify_rate_mib=0.01",
+                     extra_args=["-object", "memory-backend-file,id=ram0,size=128M,mem-path=%s,share=on" % mem,
+                                 "-machine", "memory-backend=ram0"])
+        try:
+            vm.wait_for_verifier(2, min_scans=2, timeout=120)
+            self.assert_verifier_clean(vm)
+            magic = struct.pack("<Q", 0x7264696776657279)
+            with open(mem, "r+b") as f:
+                data = f.read()
+                off = next(o for o in range(0, len(data), 4096)
+                           if data[o:o + 8] == magic and struct.unpack("<Q", data[o + 8:o + 16])[0] == 100)
+                f.seek(off + 2048)
+                f.write(bytes([data[off + 2048] ^ 0x5A]))
+            deadline = time.monotonic() + 60
+            while not vm.verifier()["mismatch_lines"]:
+                self.assertLess(time.monotonic(), deadline, "the verifier did not see the changed page")
+                time.sleep(0.2)
+            v = vm.verifier()
+            self.assertIn("page=100 ", v["mismatch_lines"][0])
+            self.assertIn("sum=0", v["mismatch_lines"][0])
+            vm.wait_for_verifier(v["counter"] + 1, timeout=30)
+            self.assertEqual(vm.verifier()["mismatches"], 1)  # counted once, then rewritten
+        finally:
+            vm.kill()
+            os.unlink(mem)
+
+    def test_postcopy_auto_switches_a_guest_that_does_not_converge_and_its_memory_verifies(self):
+        s, _ = self.check_postcopy(0, "auto", postCopyAfterPasses=3, postCopyAfterSeconds=120)
+        self.assertEqual(s["postCopy"]["trigger"], "passes")
+        self.assertGreaterEqual(s["postCopy"]["switchAtPass"], 3)
+
+    def test_postcopy_after_the_first_pass_switches_and_its_memory_verifies(self):
+        s, _ = self.check_postcopy(0, "after")
+        self.assertEqual(s["postCopy"]["trigger"], "after-first-pass")
+        self.assertEqual(s["postCopy"]["switchAtPass"], 2)
+
+    def test_a_migration_in_post_copy_cannot_be_cancelled_on_either_agent_and_completes(self):
+        # QEMU's max-postcopy-bandwidth (set here on the source QEMU; the agents leave it alone)
+        # stretches the post-copy phase to seconds: the guest runs on the target, faulting in the
+        # pages it touches through the agents while the rest follows at 2 MiB/s.
+        src, dst = self.verifier_pair()
+        src.qmp("migrate-set-parameters", **{"max-postcopy-bandwidth": 2 << 20})
+        target, source = start_migration(self.src_agent, self.dst_agent, src.agent_qmp_path, dst.agent_qmp_path,
+                                          vm="vm-pc-nocancel", postCopy="after",
+                                          maxBandwidthBytesPerSecond=self.POSTCOPY_BW, completionTimeoutSeconds=240)
+        deadline = time.monotonic() + 120
+        while not self.src_agent.get(source["id"])["postCopy"]["switched"]:
+            self.assertLess(time.monotonic(), deadline, "no switch to post-copy")
+            self.assertNotIn(self.src_agent.get(source["id"])["phase"], ("Succeeded", "Failed", "Cancelled"))
+            time.sleep(0.1)
+        for agent, mid in ((self.src_agent, source["id"]), (self.dst_agent, target["id"])):
+            status, body = agent.request("DELETE", "/v1/migrations/" + mid)
+            if status == 202:  # the target sees the switch one poll later; the phase may also have ended
+                self.assertTrue(agent is self.dst_agent or body["phase"] == "Succeeded", body)
+                continue
+            self.assertEqual(status, 409, body)
+            self.assertIn("post-copy", body["error"]["message"])
+        s = self.src_agent.wait(source["id"], timeout=240)
+        t = self.dst_agent.wait(target["id"], timeout=60)
+        print("[post-copy at 2 MiB/s] %s" % s["postCopy"], file=sys.stderr)
+        self.assertEqual(s["phase"], "Succeeded", s["result"]["reason"])
+        self.assertEqual(t["phase"], "Succeeded", t["result"]["reason"])
+        self.assertGreater(s["postCopy"]["phaseMs"], 1000)
+        self.assertGreater(s["postCopy"]["pageRequests"], 0)
+        last = src.verifier()["counter"]
+        dst.wait_for_verifier(last + 3, timeout=120)
+        self.assert_verifier_clean(src, dst)
+
+    def test_postcopy_after_the_first_pass_with_8_multifd_channels_and_its_memory_verifies(self):
+        # QEMU allows post-copy with multifd from 10.1 on (the trixie root's 10.0 refuses the
+        # capability pair: "Postcopy is not yet compatible with multifd").
+        version = qemu_version(*self.qemu10)
+        if version < (10, 1):
+            self.skipTest("post-copy with multifd needs QEMU 10.1+; the trixie root's QEMU is %d.%d" % version)
+        self.check_postcopy(8, "after")
+
+    def test_postcopy_with_multifd_on_an_older_qemu_is_refused_naming_it_and_touches_no_vm(self):
+        # The host's QEMU 7.2 accepts postcopy-ram with multifd but its post-copy does not know
+        # multifd's channels: the agent refuses the request before anything starts (409).
+        src = self.vm("src", qemu10=False, mem_mib=128, dirty_mib=0)
+        src.wait_for_counter(1, timeout=90)
+        status, body = self.src_agent.request("POST", "/v1/migrations", {
+            "role": "source", "qmpSocket": src.agent_qmp_path, "multifdChannels": 8, "postCopy": "auto",
+            "target": {"endpoint": "127.0.0.1:9", "migrationId": "a", "token": "t"}})
+        self.assertEqual(status, 409, body)
+        self.assertIn("postCopy", body["error"]["message"])
+        self.assertIn("10.1", body["error"]["message"])
+        self.assertIn("7.2", body["error"]["message"])
+        self.assertEqual(src.qmp("query-migrate").get("status", "none"), "none")
+        self.assertEqual(src.status(), "running")
+
+    def test_postcopy_never_with_the_same_guest_does_not_converge_and_the_vm_stays_on_the_source(self):
+        src, dst = self.verifier_pair()
+        s, t = migrate_via_agents(self.src_agent, self.dst_agent, src.agent_qmp_path, dst.agent_qmp_path,
+                                  vm="vm-pc-never", postCopy="never", maxBandwidthBytesPerSecond=self.POSTCOPY_BW,
+                                  maxDowntimeMs=50, completionTimeoutSeconds=20, timeout=120)
+        self.assertEqual(s["phase"], "Failed")
+        self.assertIn("completionTimeoutSeconds", s["result"]["reason"])
+        self.assertEqual(s["postCopy"], dict(s["postCopy"], mode="never", switched=False))
+        self.assertGreaterEqual(s["progress"]["passes"], 3)  # pre-copy went round and round
+        self.assertEqual(src.status(), "running")
+        last = src.verifier()["counter"]
+        src.wait_for_verifier(last + 2, timeout=60)
+        self.assert_verifier_clean(src)
+        self.assertNotEqual(dst.alive() and dst.status(), "running")
+
     def test_bad_rest_input_gets_4xx_naming_the_field_and_agent_keeps_serving(self):
         a = self.src_agent
         status, body = a.request("POST", "/v1/migrations", {"role": "target", "qmpSocket": "/x"}, token=None)
@@ -711,6 +881,8 @@ class AgentMigrationTest(unittest.TestCase):
         status, body = a.request("POST", "/v1/migrations", {"role": "target"}, token="wrong-token-123456")
         self.assertEqual(status, 403)
         self.assertEqual(body["error"]["code"], "permission_denied")
+        pc_target = {"role": "source", "qmpSocket": "/x",
+                     "target": {"endpoint": "127.0.0.1:9", "migrationId": "a", "token": "t"}}
         cases = [
             ({"role": "source", "qmpSocket": "/x"}, "target"),
             ({"role": "target", "qmpSocket": "/x", "chunkSize": "3Mi"}, "chunkSize"),
@@ -722,12 +894,32 @@ class AgentMigrationTest(unittest.TestCase):
             ({"role": "target", "qmpSocket": "/x", "surprise": True}, "surprise"),
             ({"role": "source", "qmpSocket": "/x", "target": {"endpoint": "nohost", "migrationId": "a",
                                                               "token": "t"}}, "target.endpoint"),
+            # post-copy: refused before anything is connected (the endpoint is never dialled)
+            (dict(pc_target, postCopy="sometimes"), "postCopy"),
+            (dict(pc_target, postCopy=True), "postCopy"),
+            (dict(pc_target, postCopy="auto", postCopyAfterPasses=1), "postCopyAfterPasses"),
+            (dict(pc_target, postCopy="auto", postCopyAfterPasses=1001), "postCopyAfterPasses"),
+            (dict(pc_target, postCopy="auto", postCopyAfterSeconds=0), "postCopyAfterSeconds"),
+            (dict(pc_target, postCopy="after", postCopyAfterSeconds=30), "postCopyAfterSeconds"),
+            (dict(pc_target, postCopyAfterPasses=4), "postCopyAfterPasses"),
+            ({"role": "target", "qmpSocket": "/x", "postCopy": "auto"}, "postCopy"),
         ]
         for body_in, field in cases:
             status, body = a.request("POST", "/v1/migrations", body_in)
             self.assertEqual(status, 400, (body_in, body))
             self.assertEqual(body["error"]["code"], "invalid_argument")
             self.assertIn(field, body["error"]["message"], body_in)
+        # A valid post-copy request passes the body's checks and reaches the QMP check (409).
+        status, body = a.request("POST", "/v1/migrations", dict(pc_target, qmpSocket="/nonexistent.qmp", postCopy="auto",
+                                                                postCopyAfterPasses=4, postCopyAfterSeconds=30))
+        self.assertEqual(status, 409, body)
+        self.assertIn("qmpSocket", body["error"]["message"])
+        for bad_value, words in ((dict(postCopy="sometimes"), "must be 'never', 'auto' or 'after'"),
+                                 (dict(postCopy="auto", postCopyAfterPasses=1), "between 2 and 1000"),
+                                 (dict(postCopy="after", postCopyAfterSeconds=30), "only with postCopy 'auto'")):
+            status, body = a.request("POST", "/v1/migrations", dict(pc_target, **bad_value))
+            self.assertEqual(status, 400, body)
+            self.assertIn(words, body["error"]["message"])
         status, body = a.request("POST", "/v1/migrations", raw=b"{not json")
         self.assertEqual(status, 400)
         self.assertIn("JSON", body["error"]["message"])

@@ -237,6 +237,56 @@ TEST(MigrationSpec, AgentBodiesCarryTheTargetHandshake) {
   EXPECT_EQ(src["maxDowntimeMs"], 300);
 }
 
+// spec.postCopy reaches the source agent only (the target follows the source); its thresholds
+// only with auto; a vmi source refuses it (KubeVirt mode does not carry post-copy).
+TEST(MigrationSpec, PostCopyIsValidatedAndPassedToTheSourceAgent) {
+  json s = base_spec();
+  auto plain = controller::parse_spec(s).value();
+  EXPECT_FALSE(controller::source_request_body(plain, "m-1", "ns/x", json::object()).contains("postCopy"));
+  s["postCopy"] = "auto";
+  s["postCopyAfterPasses"] = 4;
+  s["postCopyAfterSeconds"] = 90;
+  auto r = controller::parse_spec(s);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  auto src = controller::source_request_body(r.value(), "m-1", "ns/x", json::object());
+  EXPECT_EQ(src["postCopy"], "auto");
+  EXPECT_EQ(src["postCopyAfterPasses"], 4);
+  EXPECT_EQ(src["postCopyAfterSeconds"], 90);
+  EXPECT_FALSE(controller::target_request_body(r.value(), "m-1", "ns/x").contains("postCopy"));
+  const std::vector<std::pair<json, std::string>> bad{
+      {{{"postCopy", "sometimes"}}, "spec.postCopy: must be never, auto or after"},
+      {{{"postCopy", 1}}, "spec.postCopy: must be a string"},
+      {{{"postCopy", "auto"}, {"postCopyAfterPasses", 1}}, "spec.postCopyAfterPasses"},
+      {{{"postCopy", "auto"}, {"postCopyAfterSeconds", 86401}}, "spec.postCopyAfterSeconds"},
+      {{{"postCopy", "after"}, {"postCopyAfterPasses", 3}}, "spec.postCopyAfterPasses: only with spec.postCopy auto"},
+      {{{"postCopyAfterSeconds", 3}}, "spec.postCopyAfterSeconds: only with spec.postCopy auto"},
+  };
+  for (const auto& [fields, want] : bad) {
+    json b = base_spec();
+    b.update(fields);
+    auto e = controller::parse_spec(b);
+    ASSERT_FALSE(e.ok()) << fields.dump();
+    EXPECT_NE(e.error().message.find(want), std::string::npos) << fields.dump() << " -> " << e.error().message;
+  }
+}
+
+TEST(StatusMapping, CopiesPostCopyFiguresOfTheSource) {
+  json status = json::object();
+  controller::copy_agent_status(
+      status,
+      json{{"phase", "Succeeded"},
+           {"postCopy", {{"mode", "auto"}, {"switched", true}, {"trigger", "passes"}, {"switchAfterMs", 9000},
+                         {"phaseMs", 1200}, {"pageRequests", 77}, {"blocktimeMs", 35}, {"pageLatencyUs", 81.4},
+                         {"preempt", false}}}},
+      json{{"phase", "Succeeded"}});
+  EXPECT_EQ(status["postCopy"], (json{{"mode", "auto"}, {"switched", true}, {"trigger", "passes"}, {"switchAfterMs", 9000},
+                                      {"phaseMs", 1200}, {"pageRequests", 77}, {"blocktimeMs", 35}, {"pageLatencyUs", 81}}));
+  json never = json::object();
+  controller::copy_agent_status(never, json{{"phase", "Succeeded"}, {"postCopy", {{"mode", "never"}, {"switched", false}}}},
+                                json{{"phase", "Succeeded"}});
+  EXPECT_FALSE(never.contains("postCopy"));
+}
+
 TEST(StatusMapping, CopiesProgressAndResultsFromAgentJson) {
   json source{{"phase", "Succeeded"},
               {"transport", "tcp"},

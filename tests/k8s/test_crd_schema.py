@@ -195,6 +195,26 @@ class CrdSchemaTest(unittest.TestCase):
         errs = self.errors(self.mutated(lambda o: o["spec"]["source"]["qemu"].pop("node")))
         self.assertTrue(any("'node' is missing" in e for e in errs), errs)
 
+    def test_post_copy_is_an_enum_with_thresholds_only_for_auto_and_only_for_a_qemu_source(self):
+        for mode in ("never", "auto", "after"):
+            self.assertEqual(self.errors(self.mutated(lambda o: o["spec"].update(postCopy=mode))), [], mode)
+        auto = self.mutated(lambda o: o["spec"].update(postCopy="auto", postCopyAfterPasses=3, postCopyAfterSeconds=30))
+        self.assertEqual(self.errors(auto), [])
+        for change, field in ((dict(postCopy="sometimes"), "spec.postCopy"),
+                              (dict(postCopy="auto", postCopyAfterPasses=1), "spec.postCopyAfterPasses"),
+                              (dict(postCopy="auto", postCopyAfterSeconds=86401), "spec.postCopyAfterSeconds")):
+            errs = self.errors(self.mutated(lambda o: o["spec"].update(change)))
+            self.assertTrue(any(field in e for e in errs), (change, errs))
+        for change in (dict(postCopy="after", postCopyAfterPasses=3), dict(postCopyAfterSeconds=3)):
+            errs = self.errors(self.mutated(lambda o: o["spec"].update(change)))
+            self.assertTrue(any("only with spec.postCopy auto" in e for e in errs), (change, errs))
+        on_vmi = copy.deepcopy(self.vmi)
+        on_vmi["spec"]["postCopy"] = "auto"
+        self.assertTrue(any("only for a qemu source" in e for e in self.errors(on_vmi)))
+        changed = self.mutated(lambda o: o["spec"].update(postCopy="after"))
+        errs = schema_validator.validate(changed, self.schema, old=self.good)
+        self.assertTrue(any("immutable" in e for e in errs), errs)
+
     def test_max_downtime_is_a_duration_and_the_old_field_is_still_accepted(self):
         for good in ("300ms", "1.5s", "1m30s", "2000s", "500us", "1h"):  # the controller checks the range
             self.assertEqual(self.errors(self.mutated(lambda o: o["spec"].update(maxDowntime=good))), [], good)

@@ -188,3 +188,42 @@ TEST(Switchover, NeverNegativeAndNotMeasuredWithoutAnEstimate) {
   // Timestamps that contradict each other (t3 before t0) give no estimate.
   EXPECT_EQ(estimate_clock_offset(2000, 5000, 5100, 1000), std::nullopt);
 }
+
+// postCopy: never (default), auto with its two thresholds, after; the thresholds only with auto;
+// the target follows the source and refuses the fields.
+TEST(CreateRequest, PostCopyModesAndThresholdsAreValidatedNamingTheField) {
+  auto r = api::parse_create_request(source_body(), AgentConfig{});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->post_copy.mode, migration::PostCopyMode::kNever);
+  auto b = source_body();
+  b["postCopy"] = "auto";
+  b["postCopyAfterPasses"] = 3;
+  b["postCopyAfterSeconds"] = 40;
+  r = api::parse_create_request(b, AgentConfig{});
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->post_copy.mode, migration::PostCopyMode::kAuto);
+  EXPECT_EQ(r->post_copy.after_passes, 3u);
+  EXPECT_EQ(r->post_copy.after_seconds, 40u);
+  b = source_body();
+  b["postCopy"] = "after";
+  r = api::parse_create_request(b, AgentConfig{});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->post_copy.mode, migration::PostCopyMode::kAfter);
+
+  const std::vector<std::pair<json, std::string>> bad{
+      {{{"postCopy", "sometimes"}}, "postCopy: must be 'never', 'auto' or 'after'"},
+      {{{"postCopy", true}}, "postCopy: must be a string"},
+      {{{"postCopy", "auto"}, {"postCopyAfterPasses", 1}}, "postCopyAfterPasses: must be between 2 and 1000"},
+      {{{"postCopy", "auto"}, {"postCopyAfterPasses", 1001}}, "postCopyAfterPasses: must be between 2 and 1000"},
+      {{{"postCopy", "auto"}, {"postCopyAfterSeconds", 0}}, "postCopyAfterSeconds: must be between 1 and 86400"},
+      {{{"postCopy", "after"}, {"postCopyAfterSeconds", 5}}, "postCopyAfterSeconds: only with postCopy 'auto'"},
+      {{{"postCopyAfterPasses", 5}}, "postCopyAfterPasses: only with postCopy 'auto'"},
+  };
+  for (const auto& [fields, want] : bad) {
+    b = source_body();
+    b.update(fields);
+    EXPECT_NE(error_of(b).find(want), std::string::npos) << fields.dump() << " -> " << error_of(b);
+  }
+  EXPECT_NE(error_of(json{{"role", "target"}, {"qmpSocket", "/q"}, {"postCopy", "auto"}}).find("postCopy: only for role 'source'"),
+            std::string::npos);
+}

@@ -75,3 +75,23 @@ TEST(QmpProtocol, QueryMigrateBeforeAnyMigrationHasNoStatus) {
   EXPECT_FALSE(parse_migration_info(nlohmann::json::array()).ok());
   EXPECT_FALSE(parse_migration_info(nlohmann::json{{"status", 3}}).ok());
 }
+
+TEST(QmpProtocol, ParsesPostCopyFiguresAndStates) {
+  // A source in post-copy (ram.postcopy-requests) and a target with postcopy-blocktime on.
+  auto src = parse_migration_info(nlohmann::json::parse(
+      R"({"status": "postcopy-active", "ram": {"transferred": 1, "postcopy-requests": 412, "dirty-sync-count": 4}})"));
+  ASSERT_TRUE(src.ok());
+  EXPECT_EQ(src->postcopy_requests, 412);
+  EXPECT_EQ(src->postcopy_blocktime_ms, -1);
+  EXPECT_EQ(src->postcopy_latency_ns, -1);
+  EXPECT_TRUE(migration_status_postcopy(src->status));
+  EXPECT_FALSE(migration_status_terminal(src->status));
+  auto dst = parse_migration_info(nlohmann::json::parse(
+      R"({"status": "completed", "postcopy-blocktime": 57, "postcopy-vcpu-blocktime": [57], "postcopy-latency": 81234})"));
+  ASSERT_TRUE(dst.ok());
+  EXPECT_EQ(dst->postcopy_requests, -1);
+  EXPECT_EQ(dst->postcopy_blocktime_ms, 57);
+  EXPECT_EQ(dst->postcopy_latency_ns, 81234);
+  EXPECT_FALSE(migration_status_postcopy("active"));
+  EXPECT_TRUE(migration_status_postcopy("postcopy-paused"));
+}

@@ -14,6 +14,10 @@
 #                       conv=fsync (the bytes reach the image); every counter line is then
 #                       followed by "rdmig-disk K" (the writer's last finished turn)
 #   rdmig.disk_interval=S  seconds between the disk writer's turns (default 0.1)
+#   rdmig.verify_mib=N  run the memory verifier (tools/guest/verify.c, packed static) over N MiB:
+#                       self-describing pages rewritten at rdmig.verify_rate_mib MiB/s (default 8)
+#                       and checked continuously; "rdmig-verify-counter K ... mismatches=M" once a
+#                       second and "rdmig-verify-mismatch ..." per bad page on the console
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 self="$here/$(basename "${BASH_SOURCE[0]}")"
@@ -25,7 +29,7 @@ out="$(cd "$out" && pwd)"
 
 # Fresh when the stamp names this script's content (not its mtime: a new clone's files are
 # all new, and the cache may live outside the clone, shared by every clone on the machine).
-stamp="$(sha256sum "$self" | cut -c1-16)"
+stamp="$(cat "$self" "$here/verify.c" | sha256sum | cut -c1-16)"
 fresh() { [ -e "$out/vmlinuz" ] && [ -e "$out/initramfs.cpio.gz" ] && [ "$(cat "$out/.stamp" 2>/dev/null)" = "$stamp" ]; }
 if fresh; then echo "$out"; exit 0; fi
 # One builder at a time (ctest runs tests side by side); a second one finds it built.
@@ -68,6 +72,8 @@ for m in $disk_modules; do
   cp "$ko" "$stage/lib/modules/$m.ko"
 done
 echo "$disk_modules" > "$stage/etc/rdmig-disk-modules"
+cc -static -O2 -o "$stage/bin/rdmig-verify" "$here/verify.c" \
+  || { echo "build-guest: cannot build the memory verifier (a C compiler with static libc: gcc, libc6-dev)" >&2; exit 1; }
 cp "$busybox" "$stage/bin/busybox"
 chmod 755 "$stage/bin/busybox"
 for a in sh mount mkdir cat dd sleep echo rm sync poweroff reboot ls ps free insmod; do
@@ -89,6 +95,8 @@ for w in $(cat /proc/cmdline); do
     rdmig.interval=*) interval="${w#rdmig.interval=}" ;;
     rdmig.disk=*) disk="${w#rdmig.disk=}" ;;
     rdmig.disk_interval=*) disk_interval="${w#rdmig.disk_interval=}" ;;
+    rdmig.verify_mib=*) verify_mib="${w#rdmig.verify_mib=}" ;;
+    rdmig.verify_rate_mib=*) verify_rate="${w#rdmig.verify_rate_mib=}" ;;
   esac
 done
 con=/dev/ttyS0
@@ -117,6 +125,9 @@ if [ "${disk:-0}" != 0 ]; then
   else
     echo "rdmig-disk-error no /dev/vda" > "$con"
   fi
+fi
+if [ "${verify_mib:-0}" != 0 ]; then
+  /bin/rdmig-verify "$verify_mib" "${verify_rate:-8}" "$con" &
 fi
 n=0
 while :; do

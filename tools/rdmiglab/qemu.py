@@ -9,6 +9,9 @@ import time
 from .qmp import QmpClient, QmpError
 
 COUNTER_RE = re.compile(rb"^rdmig-counter (\d+)\r?$", re.M)
+# The memory verifier's lines (tools/guest/verify.c; a guest started with rdmig.verify_mib=N).
+VERIFY_RE = re.compile(rb"^rdmig-verify-counter (\d+) checked=(\d+) scans=(\d+) writes=(\d+) mismatches=(\d+)\r?$", re.M)
+MISMATCH_RE = re.compile(rb"^rdmig-verify-mismatch .*$", re.M)
 
 
 def trixie_qemu():
@@ -314,6 +317,40 @@ class QemuVm:
                 raise TimeoutError("%s: counter %s, wanted >= %d within %.0fs"
                                    % (self.name, v, min_value, timeout))
             time.sleep(0.1)
+
+    # -- memory verifier (rdmig.verify_mib) -----------------------------------------------
+    def verifier(self):
+        """The verifier's state from the serial log: {"counter", "checked", "scans", "writes",
+        "mismatches", "mismatch_lines"} of its last complete line (counter None before any)."""
+        try:
+            with open(self.serial_log, "rb") as f:
+                data = f.read()
+        except OSError:
+            data = b""
+        data = data[:data.rfind(b"\n") + 1]
+        lines = VERIFY_RE.findall(data)
+        bad = [m.decode(errors="replace") for m in MISMATCH_RE.findall(data)]
+        if not lines:
+            return {"counter": None, "checked": 0, "scans": 0, "writes": 0, "mismatches": 0, "mismatch_lines": bad}
+        c, checked, scans, writes, mism = (int(x) for x in lines[-1])
+        return {"counter": c, "checked": checked, "scans": scans, "writes": writes,
+                "mismatches": max(mism, max(int(l[4]) for l in lines)), "mismatch_lines": bad}
+
+    def wait_for_verifier(self, min_counter, min_scans=0, timeout=60.0):
+        """Waits until the verifier's counter reaches ``min_counter`` with at least ``min_scans``
+        full scans; returns its state."""
+        deadline = time.monotonic() + timeout
+        while True:
+            v = self.verifier()
+            if v["counter"] is not None and v["counter"] >= min_counter and v["scans"] >= min_scans:
+                return v
+            if not self.alive():
+                raise RuntimeError("%s: QEMU exited (rc %s) waiting for verifier %d; stderr: %s"
+                                   % (self.name, self.proc.returncode, min_counter, self.stderr_text()))
+            if time.monotonic() > deadline:
+                raise TimeoutError("%s: verifier %s, wanted counter >= %d, scans >= %d within %.0fs"
+                                   % (self.name, v, min_counter, min_scans, timeout))
+            time.sleep(0.2)
 
     # -- memory ------------------------------------------------------------------------
     def memory_digest(self, path=None, keep=False, timeout=300.0):
