@@ -11,7 +11,8 @@ marks `// expect: thread-safety error`, so that the check is known to be able to
 Passes only when every source passes and the sample fails as marked.
 
 A pass is remembered under $RDMIG_CACHE/thread-safety (scripts/cache-env.sh), keyed by the
-clang version, the flags and the source's preprocessed text (`clang++ -E`, a tenth of the
+clang version, the flags and the source's preprocessed text (the clone's and the build's paths
+replaced by placeholders, so that every clone on the machine shares the passes) (`clang++ -E`, a tenth of the
 analysis' time): the analysis reads nothing else, so an unchanged key cannot change the
 verdict. Failures are never remembered, and the negative sample is always compiled.
 `--no-cache` analyses everything.
@@ -108,10 +109,18 @@ def clang_check(clang, flags, path):
 class PassCache:
     """Remembered passes: one empty file per key (clang, flags, preprocessed source)."""
 
-    def __init__(self, clang, version):
+    def __init__(self, clang, version, source_dir, build_dir):
         root = os.environ.get("RDMIG_CACHE")
         self.dir = os.path.join(root, "thread-safety") if root else None
         self.clang, self.version = clang, version
+        # Where the clone and its build are does not change a verdict: each clone's paths read the
+        # same in the key (flags and the preprocessed text's line markers), so clones share passes.
+        self.places = [(os.path.realpath(build_dir), "<build>"), (os.path.realpath(source_dir), "<source>")]
+
+    def _placeless(self, text):
+        for place, name in self.places:
+            text = text.replace(place, name)
+        return text
 
     def key(self, flags, path):
         if not self.dir:
@@ -120,7 +129,9 @@ class PassCache:
         if r.returncode != 0:
             return None  # let the analysis say what is wrong
         h = hashlib.sha256()
-        for part in (self.version.encode(), "\0".join(flags).encode(), r.stdout):
+        text = self._placeless(r.stdout.decode("utf-8", "surrogateescape"))
+        for part in (self.version.encode(), self._placeless("\0".join(flags)).encode(),
+                     text.encode("utf-8", "surrogateescape")):
             h.update(len(part).to_bytes(8, "little"))
             h.update(part)
         return h.hexdigest()
@@ -177,7 +188,7 @@ def main():
     version = subprocess.run([clang, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     print(f"thread-safety check: {version}; {len(units)} sources of src/ include {ANNOTATIONS}")
     started = time.monotonic()
-    cache = PassCache(clang, version) if not opts.no_cache else None
+    cache = PassCache(clang, version, opts.source_dir, opts.build_dir) if not opts.no_cache else None
     failed, remembered = [], 0
     for path, flags in sorted(units.items()):
         rel = os.path.relpath(path, opts.source_dir)
