@@ -777,7 +777,10 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
                 ids = [int(re.search(r" failover: channel (\d+): ", l).group(1)) for l in moved]
                 self.assertTrue(ids and set(ids) <= set(rail1) and len(ids) == len(set(ids)), moved)
                 self.assertIn("resumed on tcp %s:" % PEER_ADDR, s["failover"]["last"])
-                self.assertRegex(s["failover"]["last"], r"acknowledged nothing|work completion failed|disconnected")
+                # The channel's own failure, or (when the watcher saw the link gone while no call ran
+                # on the channel; seen once in a full run) the watcher's words for it.
+                self.assertRegex(s["failover"]["last"],
+                                 r"acknowledged nothing|work completion failed|disconnected|failed while the channel was idle")
                 samples, _ = parse_prometheus(agent.metrics())
                 self.assertEqual(samples.get(("rdmig_failovers_total", frozenset(
                     {("role", "source"), ("transport", "rdma"), ("peer", PEER_ADDR)})), 0), len(ids))
