@@ -282,63 +282,61 @@ void TargetJob::on_data(UniqueFd fd, const transport::Hello& hello, const std::s
   conn_cv_.notify_all();
 }
 
+UniqueFd* TargetJob::redial_slot(uint32_t index) {
+  if (index == transport::kControlIndex) return &control_resume_fd_;
+  return index < resume_fds_.size() ? &resume_fds_[index] : nullptr;
+}
+
+Result<TargetJob::Redialled> TargetJob::take_redial(uint32_t index, uint64_t count,
+                                                    std::chrono::steady_clock::time_point deadline,
+                                                    const std::function<bool()>& stopped) {
+  using namespace std::chrono;
+  const std::string what =
+      index == transport::kControlIndex ? std::string("the control connection") : "channel " + std::to_string(index);
+  Redialled r;
+  {
+    MutexLock lock(conn_mu_);
+    UniqueFd* slot = redial_slot(index);
+    while (slot == nullptr || !slot->valid()) {
+      if (stopped() || cancel_requested()) return Error{Errc::kCancelled, "cancelled"};
+      if (steady_clock::now() >= deadline) return Error{Errc::kTimeout, "the source agent did not re-dial " + what};
+      lock.wait_for(conn_cv_, 50ms);
+      slot = redial_slot(index);
+    }
+    r.fd = std::move(*slot);
+    r.terms = transport::ChannelTerms{channel_key_, session_, index};
+  }
+  r.left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(100),
+                      duration_cast<milliseconds>(kHelloTimeout));
+  r.where = what + " re-dialled by the source";
+  auto peer = session::resume_as_acceptor(r.fd.get(), r.terms, count, r.left);
+  if (!peer) return peer.error().with_context(r.where);
+  r.peer_count = peer.value();
+  return r;
+}
+
 Result<session::Resumed> TargetJob::reaccept(uint32_t index, uint64_t taken,
                                              std::chrono::steady_clock::time_point deadline,
                                              const std::function<bool()>& stopped) {
-  using namespace std::chrono;
-  UniqueFd fd;
-  transport::ChannelTerms terms;
-  {
-    MutexLock lock(conn_mu_);
-    while (index >= resume_fds_.size() || !resume_fds_[index].valid()) {
-      if (stopped() || cancel_requested()) return Error{Errc::kCancelled, "cancelled"};
-      if (steady_clock::now() >= deadline) {
-        return Error{Errc::kTimeout, "the source agent did not re-dial channel " + std::to_string(index)};
-      }
-      lock.wait_for(conn_cv_, 50ms);
-    }
-    fd = std::move(resume_fds_[index]);
-    terms = transport::ChannelTerms{channel_key_, session_, index};
-  }
-  const auto left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(100),
-                               duration_cast<milliseconds>(kHelloTimeout));
-  const std::string where = "channel " + std::to_string(index) + " re-dialled by the source";
-  auto peer = session::resume_as_acceptor(fd.get(), terms, taken, left);
-  if (!peer) return peer.error().with_context(where);
+  auto r = take_redial(index, taken, deadline, stopped);
+  if (!r) return r.error();
   std::unique_ptr<transport::TlsStream> tls;
   if (ctx_.config.data_plane.tls) {
-    auto stream = channel_tls(fd.get(), transport::TlsStream::Role::kAcceptor, terms, left);
-    if (!stream) return stream.error().with_context(where);
+    auto stream = channel_tls(r->fd.get(), transport::TlsStream::Role::kAcceptor, r->terms, r->left);
+    if (!stream) return stream.error().with_context(r->where);
     tls = std::move(stream.value());
   }
-  auto ch = transport::TcpChannel::create(std::move(fd), index, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
+  auto ch = transport::TcpChannel::create(std::move(r->fd), index, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
                                           ctx_.metrics.transport("tcp"), ctx_.config.tcp.splice, std::move(tls));
-  return session::Resumed{std::move(ch), peer.value(), "tcp (re-dialled by the source)"};
+  return session::Resumed{std::move(ch), r->peer_count, "tcp (re-dialled by the source)"};
 }
 
 Result<std::pair<UniqueFd, uint64_t>> TargetJob::reaccept_control(uint64_t received,
                                                                    std::chrono::steady_clock::time_point deadline,
                                                                    const std::function<bool()>& stopped) {
-  using namespace std::chrono;
-  UniqueFd fd;
-  transport::ChannelTerms terms;
-  {
-    MutexLock lock(conn_mu_);
-    while (!control_resume_fd_.valid()) {
-      if (stopped() || cancel_requested()) return Error{Errc::kCancelled, "cancelled"};
-      if (steady_clock::now() >= deadline) {
-        return Error{Errc::kTimeout, "the source agent did not re-dial the control connection"};
-      }
-      lock.wait_for(conn_cv_, 50ms);
-    }
-    fd = std::move(control_resume_fd_);
-    terms = transport::ChannelTerms{channel_key_, session_, transport::kControlIndex};
-  }
-  const auto left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(100),
-                               duration_cast<milliseconds>(kHelloTimeout));
-  auto peer = session::resume_as_acceptor(fd.get(), terms, received, left);
-  if (!peer) return peer.error().with_context("control connection re-dialled by the source");
-  return std::make_pair(std::move(fd), peer.value());
+  auto r = take_redial(transport::kControlIndex, received, deadline, stopped);
+  if (!r) return r.error();
+  return std::make_pair(std::move(r->fd), r->peer_count);
 }
 
 Result<transport::rdma::AcceptPlan> TargetJob::rdma_plan(const transport::rdma::ConnectRequest& request) {

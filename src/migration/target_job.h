@@ -49,6 +49,21 @@ class TargetJob final : public Job {
   // count `taken`) and runs its TLS again.
   Result<session::Resumed> reaccept(uint32_t index, uint64_t taken, std::chrono::steady_clock::time_point deadline,
                                     const std::function<bool()>& stopped);
+  // What reaccept() and reaccept_control() share: waits until `deadline` for the connection the
+  // source re-dialled for `index` (a channel's, or transport::kControlIndex for the control
+  // connection; on_data puts it in its slot), takes it, and runs the resume exchange over that
+  // index's terms with this end's `count`.
+  struct Redialled {
+    UniqueFd fd;
+    transport::ChannelTerms terms;
+    uint64_t peer_count = 0;
+    std::chrono::milliseconds left{0};  // what is left of the deadline for the next step (TLS)
+    std::string where;                  // "channel 3 re-dialled by the source", for errors
+  };
+  Result<Redialled> take_redial(uint32_t index, uint64_t count, std::chrono::steady_clock::time_point deadline,
+                                const std::function<bool()>& stopped);
+  // The slot a re-dial for `index` waits in (nullptr: no such channel).
+  UniqueFd* redial_slot(uint32_t index) REQUIRES(conn_mu_);
   // Failover of the control connection: waits until `deadline` for the source to re-dial it
   // (on_data puts it in control_resume_fd_), then resumes it (this end's count `received`).
   Result<std::pair<UniqueFd, uint64_t>> reaccept_control(uint64_t received, std::chrono::steady_clock::time_point deadline,
