@@ -6,8 +6,9 @@
 
 #include "common/log.h"
 #include "common/net.h"
-#include "transport/wire.h"
+#include "session/failover_channel.h"
 #include "session/protocol.h"
+#include "transport/wire.h"
 
 namespace rdmig::session {
 
@@ -35,8 +36,8 @@ int ControlLink::fd() const {
 void ControlLink::fail_over_with(Reconnect reconnect, std::chrono::milliseconds deadline, OnFailover on_failover) {
   {
     MutexLock lock(fd_mu_);
-    // A silent link is noticed as a data channel's is (failover_channel.h kSilentLinkAfter).
-    if (fd_.valid()) net::detect_dead_peer_within(fd_.get(), std::chrono::seconds(5));
+    // A silent link is noticed as a data channel's is.
+    if (fd_.valid()) net::detect_dead_peer_within(fd_.get(), FailoverChannel::kSilentLinkAfter);
   }
   MutexLock lock(mu_);
   reconnect_ = std::move(reconnect);
@@ -124,7 +125,7 @@ bool ControlLink::recover(const Error& why) {
             fd_ = std::move(r->first);
             fd = fd_.get();
           }
-          net::detect_dead_peer_within(fd, std::chrono::seconds(5));
+          net::detect_dead_peer_within(fd, FailoverChannel::kSilentLinkAfter);
           for (uint64_t i = peer_has - kept_from; i < sent_log_.size() && resent_all; ++i, ++resent) {
             resent_all = static_cast<bool>(transport::send_message(fd, sent_log_[i]));
           }
