@@ -32,6 +32,19 @@ from rdmiglab.kvpod import wait_for  # noqa: E402
 
 NODES = ("node-a", "node-b")
 
+# The root row (kubevirt_migration_root): the host's QEMU 7.2 under TCG, whose dirty tracking
+# loses guest writes made during a migration (the TCG TLB is not brought up to date when the
+# migration clears dirty bits in bulk; fixed upstream in QEMU 9.0, "physmem: Fix migration dirty
+# bitmap coherency with TCG memory access"). Every write lost is a page the target runs with stale
+# contents, rdmig in the path or not (tests/kubevirt/README.md). This row's guest (writing 8 MiB/s,
+# so every migration iterated) died in 2 of the last 12 whole runs: once on the target after a
+# migration on a busy machine, once after the killed-agent case's failed 8-connection migration and
+# the one after it, with the row alone. On this row the guest only runs its counter (the kernel's
+# own writes still happen during every migration: fewer passes, fewer writes lost), and the
+# killed-agent case runs on the trixie row only; on QEMU 7.2 it is measured by
+# tests/kubevirt/failure_tries.py (docs/kubevirt.md, 10 of 10 tries each way).
+ROOT_ROW = (os.environ.get("RDMIG_KV_LAUNCHER") or "trixie-nonroot") == "bookworm-root"
+
 
 
 
@@ -55,7 +68,7 @@ class KubevirtMigrationTest(base.KubevirtChecks, unittest.TestCase):
             cls.kv = KubevirtAgents(cls.tmp, NODES, profile="chart")
             cls.agents = cls.kv.agents
             cls.cluster.define_and_start_vmi("testvm", "default", mem_mib=base.MEM_MIB,
-                                             dirty_mib=base.DIRTY_MIB, boot_counter=2)
+                                             dirty_mib=0 if ROOT_ROW else base.DIRTY_MIB, boot_counter=2)
         except BaseException:
             cls.tearDownClass()
             raise
@@ -152,6 +165,8 @@ class KubevirtMigrationTest(base.KubevirtChecks, unittest.TestCase):
         self.assertFalse(rec["carried"])
         self.assertIn("post-copy", rec["reason"])
 
+    @unittest.skipIf(ROOT_ROW, "runs on the trixie row (kubevirt_migration); on QEMU 7.2 it is measured by "
+                     "tests/kubevirt/failure_tries.py (docs/kubevirt.md)")
     def test_killed_target_agent_fails_fast_source_keeps_vm_next_goes_kubevirts_way(self):
         source = self.cluster.vmi.node
         target = NODES[1 - NODES.index(source)]
