@@ -47,7 +47,12 @@ void FailoverChannel::watch() {
     if (failing_) continue;
     if (!why) {
       if (!cur_->link_failed()) continue;
-      why = Error{Errc::kUnavailable, "channel " + std::to_string(index_) + ": the link failed while the channel was idle"};
+      // The link's own error says what failed ("connection reset by peer", a work completion's
+      // status, the acknowledgement watch's stall).
+      const std::string tag = "channel " + std::to_string(index_) + ": ";
+      std::string cause = cur_->link_failure() ? cur_->link_failure()->message : std::string();
+      if (cause.starts_with(tag)) cause.erase(0, tag.size());  // named once
+      why = Error{Errc::kUnavailable, tag + "the link failed while the channel was idle" + (cause.empty() ? "" : ": " + cause)};
     }
     failing_ = true;
     lock.unlock();

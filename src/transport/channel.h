@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <functional>
 #include <span>
 #include <string>
@@ -94,6 +95,9 @@ class Channel {
   // peer's reason), on a protocol error or for lack of memory. Only a lost link may be failed over
   // (session/failover_channel.h). Channels that cannot tell say false.
   virtual bool link_failed() const { return false; }
+  // When link_failed(): the failure itself (its error names the cause: "connection reset by
+  // peer", the RDMA work completion's status), for the reason a failover gives. nullopt otherwise.
+  virtual std::optional<Error> link_failure() const { return std::nullopt; }
   // A link that goes silent (packets dropped, no reset) fails the channel within about `within`
   // instead of the transport's own bound (TCP: net::kUserTimeoutMs). RDMA channels watch their
   // acknowledgements already (rdma/ack_watch.h): no-op there. For failover (failover_channel.h).

@@ -281,3 +281,29 @@ TEST(FailoverChannel, ADeliberateAbortIsNotFailedOver) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
   EXPECT_EQ(e.a->failovers(), 0u);
 }
+
+TEST(FailoverChannel, ALinkLostWhileIdleIsFailedOverNamingTheLinksOwnError) {
+  // Neither end is in a call: the watcher finds the failed link, fails it over, and its reason
+  // carries what the link itself reported, not only that it failed.
+  Ends e;
+  ASSERT_EQ(e.cut(), 1);
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  while ((e.a->failovers() == 0 || e.b->failovers() == 0) && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_GE(e.a->failovers(), 1u);
+  const auto last = e.a->last_failover();
+  ASSERT_TRUE(last.has_value());
+  EXPECT_NE((*last).find("the link failed while the channel was idle: "), std::string::npos) << (*last);
+  // The cause after the colon is the TCP channel's own error, non-empty.
+  const auto cause = (*last).substr((*last).find("idle: ") + 6);
+  EXPECT_FALSE(cause.empty()) << (*last);
+  // And the channel still carries both ways.
+  Direction ab;
+  ab.start(*e.a, *e.b, 1 << 20, 5);
+  ab.join();
+  ASSERT_TRUE(ab.sent.ok()) << ab.sent.error().message;
+  ASSERT_TRUE(ab.received.ok()) << ab.received.error().message;
+  EXPECT_EQ(ab.received.value(), 1u << 20);
+  EXPECT_EQ(ab.mismatch, UINT64_MAX);
+}

@@ -240,6 +240,12 @@ void RdmaChannel::abort(const Error& reason) {
   fail(reason, nullptr);
 }
 
+std::optional<Error> RdmaChannel::link_failure() const {
+  if (!link_failed_.load()) return std::nullopt;
+  std::lock_guard lock(state_mu_);
+  return error_;
+}
+
 void RdmaChannel::fail(const Error& e, const char* kind) {
   {
     std::lock_guard lock(state_mu_);

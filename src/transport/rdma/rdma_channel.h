@@ -82,6 +82,7 @@ class RdmaChannel final : public Channel {
   // the QP broke), the acknowledgement watch's stall, a disconnect or device removal without the
   // peer's abort. Not: an abort of either end, a protocol error, a local verbs failure.
   bool link_failed() const override { return link_failed_.load(); }
+  std::optional<Error> link_failure() const override;
   uint32_t index() const override { return params_.index; }
   size_t chunk_size() const override { return params_.send_chunk; }
   const char* transport() const override { return "rdma"; }
@@ -165,7 +166,7 @@ class RdmaChannel final : public Channel {
   // signals either. Taken by the poller (CM events, completions), fail() from any thread, the
   // sender and receiver reading error_, and wait_established(). Innermost: taken under sq_mu_,
   // nothing taken under it. connect() sets established_ before the poller starts.
-  std::mutex state_mu_;
+  mutable std::mutex state_mu_;
   std::condition_variable state_cv_;
   bool established_ = false;
   std::optional<Error> error_;

@@ -478,6 +478,12 @@ void TcpChannel::fail_after_write_error(const Error& e) {
   fail(e);  // ignored when the reader recorded the peer's reason first
 }
 
+std::optional<Error> TcpChannel::link_failure() const {
+  if (!link_failed_.load()) return std::nullopt;
+  std::lock_guard a(abort_mu_);
+  return abort_reason_;
+}
+
 void TcpChannel::fail(const Error& e) {
   {
     std::lock_guard a(abort_mu_);

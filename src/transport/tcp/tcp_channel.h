@@ -64,6 +64,7 @@ class TcpChannel final : public Channel {
   void clear_inline_sink() override;
   void abort(const Error& reason) override;
   bool link_failed() const override { return link_failed_.load(); }
+  std::optional<Error> link_failure() const override;
   void notice_silent_link_within(std::chrono::milliseconds within) override;
   uint32_t index() const override { return index_; }
   size_t chunk_size() const override { return chunk_size_; }
@@ -237,7 +238,7 @@ class TcpChannel final : public Channel {
   // Guards abort_reason_ alone (the first reason wins; aborted_ is set after it). Taken by
   // any thread that fails or aborts the channel and by abort_error(); held only for the
   // optional, with no other lock taken under it.
-  std::mutex abort_mu_;
+  mutable std::mutex abort_mu_;
   std::optional<Error> abort_reason_;
   // Read ahead (reader thread only): bytes taken from the socket past the frame being read. Off
   // once the receiver splices (a deferred payload must still be on the socket), and a payload
