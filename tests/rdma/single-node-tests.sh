@@ -1,0 +1,32 @@
+#!/bin/sh
+# Runs inside one Soft-RoCE VM (ctest rdma_single_node) the three suites that need one rxe device,
+# one after another, so that the VM boots once for all three:
+#   1. smoke.sh: ibv_devinfo, ib_write_bw on rxe0, ib_write_bw -R and rping through rdma_cm;
+#   2. transport-tests.sh: the RDMA unit tests on the real device, rdmig-stream against ib_write_bw;
+#   3. pathcheck-tests.sh: path checks between two real agents over rxe0 and against a broken one.
+# Each runs even when one before it failed; the exit status is 0 only when all three passed, and
+# the last line names the ones that failed.
+#   single-node-tests.sh REPO BUILD_DIR
+set -u
+repo="$1"; build="$2"
+here="$repo/tests/rdma"
+failed=""
+run() {
+  name="$1"; shift
+  echo; echo "##### $name"
+  start=$(date +%s)
+  if "$@"; then
+    echo "##### $name: passed in $(( $(date +%s) - start )) s"
+  else
+    echo "##### $name: FAILED (exit $?) after $(( $(date +%s) - start )) s"
+    failed="$failed $name"
+  fi
+}
+run smoke /bin/sh "$here/smoke.sh"
+run transport /bin/sh "$here/transport-tests.sh" "$build"
+run pathcheck /bin/sh "$here/pathcheck-tests.sh" "$repo" "$build"
+if [ -n "$failed" ]; then
+  echo "single-node-tests: FAILED:$failed"
+  exit 1
+fi
+echo "single-node-tests: smoke, transport and pathcheck passed"
