@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """rdmig benchmarks: rdmig against what a user would otherwise use, side by side in one run.
 
-  python3 bench/run.py [--quick] [--runs N] [--sections whole,defaults,dataplane,sweep,concurrent,relay,cpu,failover]
+  python3 bench/run.py [--quick] [--runs N] [--sections whole,defaults,dataplane,sweep,concurrent,relay,cpu,failover,postcopy]
                        [--out DIR]
 
 Sections (all measured here, on this machine, in this run):
@@ -20,6 +20,12 @@ Sections (all measured here, on this machine, in this run):
   cpu         agents' CPU per GiB moved over TCP, user and system apart, source and target apart:
               one dirtying guest migrated again and again through two agent pairs in turn, one
               with tcp.splice off (copies through user space) and one with it on (splice).
+  postcopy    a guest that never converges in pre-copy (its memory verifier rewrites 32 MiB at
+              24 MiB/s, the source may send 12 MiB/s) moved with post-copy after the first pass,
+              QEMU direct (unix socket, migrate-start-postcopy) against through the agents
+              (postCopy: after), interleaved on one chain of QEMU 10 guests: total time, the
+              post-copy phase, page requests, the target's vCPU block time per request; the
+              verifier must find no stale page on either path (each run is checked).
 Writes DIR/results.json, DIR/results.md and DIR/bench.png. Never fails on speed.
 """
 import argparse
@@ -247,6 +253,147 @@ def section_failover(work, args, results):
               mem, row["off"]["total_ms"], row["on"]["total_ms"], row["on_off_ratio"] or 0, row["cut"]["total_ms"],
               row["cut_on_ratio"] or 0, row["cut_extra_ms"] or 0, row["off"]["downtime_ms"], row["on"]["downtime_ms"],
               row["cut"]["downtime_ms"], row["failovers"], row["last"]), flush=True)
+
+
+# Post-copy (docs/api.md "post-copy"): the shape of test_agent_migration.py's post-copy cases.
+PC_VERIFY = "rdmig.verify_mib=32 rdmig.verify_rate_mib=24"
+PC_BW = 12 << 20
+PC_MEM = 192
+
+
+class PostcopyChain(Chain):
+    """A chain of verifier guests (tools/guest/verify.c) on Debian 13's QEMU 10, which runs
+    post-copy with the agents as the suite does."""
+
+    def __init__(self, work, name):
+        super().__init__(work, name, PC_MEM, 0)
+
+    def boot(self):
+        self.n += 1
+        self.src = QemuVm(self.work, "%s-%d" % (self.name, self.n), mem_mib=PC_MEM, dirty_mib=0,
+                          extra_append=PC_VERIFY)
+        self.src.wait_for_verifier(2, min_scans=1, timeout=180)
+
+    def next_target(self):
+        self.n += 1
+        return QemuVm(self.work, "%s-%d" % (self.name, self.n), mem_mib=PC_MEM, dirty_mib=0,
+                      extra_append=PC_VERIFY, incoming_defer=True)
+
+
+def verified_on_target(chain, dst):
+    """The verifier goes on on the target (3 more counts) and found no stale or torn page."""
+    last = chain.src.verifier()["counter"] or 0
+    try:
+        v = dst.wait_for_verifier(last + 3, timeout=120)
+    except Exception as e:
+        dst.kill()
+        chain.src.kill()
+        raise GuestDied("the verifier did not go on on the target: %s" % e)
+    return v["mismatches"] + chain.src.verifier()["mismatches"]
+
+
+def phases_from_events(vm, since):
+    """(switch after, post-copy phase) in ms from the source QEMU's own MIGRATION events (QEMU's
+    timestamps, the same on both paths): "setup" to "postcopy-active", and from there to "completed"."""
+    vm.poll_events(0)
+    at = {}
+    for e in vm.events[since:]:
+        if e.get("event") == "MIGRATION":
+            at.setdefault(e.get("data", {}).get("status"), event_time(e))
+    setup, pc, done = at.get("setup"), at.get("postcopy-active"), at.get("completed")
+    return ((pc - setup) * 1000.0 if setup and pc else None, (done - pc) * 1000.0 if pc and done else None)
+
+
+def per_request_us(blocktime_ms, requests):
+    return blocktime_ms * 1000.0 / requests if blocktime_ms is not None and requests else None
+
+
+def run_postcopy_direct(chain):
+    dst = chain.next_target()
+    src, since = chain.src, len(chain.src.events)
+    try:
+        r = migrate_direct(chain.src, dst, max_bandwidth=PC_BW, postcopy=True, downtime_limit_ms=50, timeout=300)
+    except Exception as e:
+        raise_guest_death_or(e, chain, dst, check_target=True)
+    if r["status"] != "completed":
+        dst.kill()
+        chain.src.kill()
+        raise GuestDied("direct post-copy failed: %s" % r["error"])
+    switch_after, phase = phases_from_events(src, since)
+    mismatches = verified_on_target(chain, dst)
+    chain.advance(dst)
+    return {"total_ms": r["total_time_ms"], "downtime_ms": r["downtime_ms"], "switch_after_ms": switch_after,
+            "phase_ms": phase, "requests": r["postcopy_requests"], "blocktime_ms": r["target_blocktime_ms"],
+            "per_request_us": per_request_us(r["target_blocktime_ms"], r["postcopy_requests"]), "mismatches": mismatches}
+
+
+def run_postcopy_agents(chain, agents):
+    a, b = agents
+    dst = chain.next_target()
+    src, since = chain.src, len(chain.src.events)
+    try:
+        target, source = start_migration(a, b, chain.src.agent_qmp_path, dst.agent_qmp_path, vm="bench-pc",
+                                         postCopy="after", maxBandwidthBytesPerSecond=PC_BW, maxDowntimeMs=50,
+                                         completionTimeoutSeconds=240)
+    except Exception as e:
+        raise_guest_death_or(e, chain, dst, check_target=False)
+    s = a.wait(source["id"], timeout=300)
+    t = b.wait(target["id"], timeout=60)
+    if s["phase"] != "Succeeded":
+        dst.kill()
+        chain.src.kill()
+        raise GuestDied("post-copy through the agents failed: %s" % s["result"]["reason"])
+    switch_after, phase = phases_from_events(src, since)
+    mismatches = verified_on_target(chain, dst)
+    chain.advance(dst)
+    pc, tpc = s["postCopy"], t["postCopy"]
+    requests = pc["pageRequests"]
+    blocktime = tpc.get("blocktimeMs") if tpc.get("blocktimeMs") is not None else pc.get("blocktimeMs")
+    return {"total_ms": s["result"]["totalTimeMs"], "downtime_ms": s["result"]["downtimeMs"],
+            "switch_after_ms": switch_after, "phase_ms": phase, "agent_phase_ms": pc["phaseMs"],
+            "requests": requests, "blocktime_ms": blocktime,
+            "per_request_us": per_request_us(blocktime, requests), "mismatches": mismatches}
+
+
+PC_KEYS = ("total_ms", "downtime_ms", "switch_after_ms", "phase_ms", "requests", "blocktime_ms", "per_request_us")
+
+
+def spread(xs):
+    xs = [x for x in xs if x is not None]
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)} if xs else None
+
+
+def section_postcopy(work, args, results):
+    level = os.environ.get("RDMIG_BENCH_LOG", "warn")
+    agents = [Agent(work, "bench-pc-a", log_level=level), Agent(work, "bench-pc-b", log_level=level)]
+    chain = PostcopyChain(work, "pc")
+    runs = {"direct": [], "agents": []}
+    try:
+        for i in range(args.runs):
+            for path in (("direct", "agents") if i % 2 == 0 else ("agents", "direct")):
+                fn = run_postcopy_direct if path == "direct" else run_postcopy_agents
+                r = chain.run(path, fn) if path == "direct" else chain.run(path, fn, agents)
+                runs[path].append(r)
+                print("  post-copy %s: %s" % (path, {k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items()}),
+                      flush=True)
+    finally:
+        chain.close()
+        for a in agents:
+            a.stop()
+    row = {path: {k: spread([r[k] for r in rs]) for k in PC_KEYS} for path, rs in runs.items()}
+    row["runs"] = args.runs
+    row["raw"] = runs
+    row["mismatches"] = {path: sum(r["mismatches"] for r in rs) for path, rs in runs.items()}
+    for k in ("total_ms", "phase_ms", "per_request_us"):
+        d, a = row["direct"][k], row["agents"][k]
+        row[k + "_ratio"] = ratio(a["median"], d["median"]) if a and d else None
+    results["postcopy"] = row
+    med_of = lambda p, k: (row[p][k] or {}).get("median")
+    print("post-copy: total direct %s ms, agents %s ms (x%s); post-copy phase %s / %s ms; block time per page request "
+          "%s / %s us; stale pages %s" % (fmt(med_of("direct", "total_ms")), fmt(med_of("agents", "total_ms")),
+                                          fmt(row["total_ms_ratio"], "%.2f"), fmt(med_of("direct", "phase_ms")),
+                                          fmt(med_of("agents", "phase_ms")), fmt(med_of("direct", "per_request_us")),
+                                          fmt(med_of("agents", "per_request_us")), row["mismatches"]), flush=True)
 
 
 def summarize(runs):
@@ -501,6 +648,29 @@ def write_markdown(results, path):
     L = ["# rdmig benchmark results", "",
          "Machine: %(cpus)d vCPUs (%(cpu)s), %(mem_gib)s GiB, kernel %(kernel)s, %(qemu)s, guests under TCG. %(date)s." % results["machine"],
          "Command: `%s`" % results["command"], ""]
+    if "postcopy" in results:
+        pc = results["postcopy"]
+
+        def cell(way, k, spec="%.0f"):
+            v = pc[way][k]
+            return "%s (%s-%s)" % (fmt(v["median"], spec), fmt(v["min"], spec), fmt(v["max"], spec)) if v else "-"
+        L += ["## Post-copy: QEMU direct against through two agents, %d interleaved runs each" % pc["runs"], "",
+              "A %d MiB guest whose verifier rewrites 32 MiB at 24 MiB/s while the source may send 12 MiB/s "
+              "(pre-copy never converges), switched to post-copy after the first pass; medians (min-max). "
+              "Switch after and post-copy phase from the source QEMU's MIGRATION events (setup, postcopy-active, "
+              "completed: QEMU's timestamps on both paths). "
+              "Block time: the target QEMU's postcopy-blocktime (vCPUs waiting on pages), per page request: "
+              "QEMU 10.0 has no per-request latency (postcopy-latency came in 10.1), so this is the mean wait "
+              "per request, not p50/p99. The guests run Debian 13's QEMU 10.0 ($RDMIG_TEST_QEMU=10), whatever the "
+              "machine line says of the host's QEMU." % PC_MEM, "",
+              "| | total (ms) | downtime (ms) | switch after (ms) | post-copy phase (ms) | page requests | block time (ms) | per request (us) |",
+              "|---|---|---|---|---|---|---|---|"]
+        for way in ("direct", "agents"):
+            L.append("| %s | %s |" % (way, " | ".join(cell(way, k) for k in PC_KEYS)))
+        L += ["", "Ratios agents / direct (medians): total %s, post-copy phase %s, block time per request %s. "
+              "Stale or torn pages found by the verifier: %s." % (
+                  fmt(pc["total_ms_ratio"], "%.2f"), fmt(pc["phase_ms_ratio"], "%.2f"), fmt(pc["per_request_us_ratio"], "%.2f"),
+                  pc["mismatches"]), ""]
     if "failover" in results:
         f = results["failover"]
         L += ["## Failover (docs/failover.md): %d MiB guest dirtying 32 MiB passes, multifd 0, capped at 256 MiB/s, medians of %d interleaved runs" % (f["mem_mib"], f["runs"]), "",
@@ -637,6 +807,8 @@ def main():
             section_cpu(work, args, results)
         if "failover" in sections:
             section_failover(work, args, results)
+        if "postcopy" in sections:
+            section_postcopy(work, args, results)
     except Exception:
         for a in agents:
             print("---- %s log (tail) ----\n%s" % (a.name, a.log_text()[-6000:]))

@@ -19,16 +19,19 @@ def switchover_ms(stop_event, resume_event):
     return (event_time(resume_event) - event_time(stop_event)) * 1000.0
 
 
-def _set_caps(vm, multifd):
-    vm.qmp_raw("migrate-set-capabilities", {"capabilities": [
-        {"capability": "events", "state": True},
-        {"capability": "multifd", "state": bool(multifd)},
-    ]})
+def _set_caps(vm, multifd, postcopy=False, blocktime=False):
+    caps = [{"capability": "events", "state": True},
+            {"capability": "multifd", "state": bool(multifd)}]
+    if postcopy:
+        caps.append({"capability": "postcopy-ram", "state": True})
+    if blocktime:  # the target's figure of how long its vCPUs waited on pages
+        caps.append({"capability": "postcopy-blocktime", "state": True})
+    vm.qmp_raw("migrate-set-capabilities", {"capabilities": caps})
 
 
 def migrate_direct(src, dst, multifd_channels=0, max_bandwidth=10 * GiB,
                    downtime_limit_ms=None, socket_path=None, timeout=300.0,
-                   target_timeout=60.0, poll_interval=0.05):
+                   target_timeout=60.0, poll_interval=0.05, postcopy=False):
     """Migrates ``src`` (a running QemuVm) into ``dst`` (a QemuVm started with
     incoming_defer=True) over a unix socket.
 
@@ -51,6 +54,12 @@ def migrate_direct(src, dst, multifd_channels=0, max_bandwidth=10 * GiB,
       wall_time_ms                 host time from issuing "migrate" to source completion
       multifd_channels, max_bandwidth, downtime_limit_ms
       source_info                  the source's final query-migrate reply
+    ``postcopy``: postcopy-ram on both QEMUs (postcopy-blocktime on the target) and
+    migrate-start-postcopy once the first pass is done (the source's dirty-sync-count reaches 2),
+    as an agent's `postCopy: after` does; the result then also has postcopy_switch_after_ms (from
+    "migrate" to the switch), postcopy_phase_ms (the switch to the source's completion),
+    postcopy_requests (the source's ram.postcopy-requests) and target_blocktime_ms (the target's
+    postcopy-blocktime).
     """
     channels = int(multifd_channels or 0)
     if socket_path is None:
@@ -63,7 +72,7 @@ def migrate_direct(src, dst, multifd_channels=0, max_bandwidth=10 * GiB,
     dst_ev0 = len(dst.events)
 
     # Target side: capabilities must match the source's (multifd in particular).
-    _set_caps(dst, channels > 0)
+    _set_caps(dst, channels > 0, postcopy, blocktime=postcopy)
     if channels > 0:
         dst.qmp_raw("migrate-set-parameters", {"multifd-channels": channels})
     dst.qmp_raw("migrate-incoming", {"uri": uri})
@@ -74,7 +83,7 @@ def migrate_direct(src, dst, multifd_channels=0, max_bandwidth=10 * GiB,
         time.sleep(0.01)
 
     # Source side.
-    _set_caps(src, channels > 0)
+    _set_caps(src, channels > 0, postcopy)
     params = {"max-bandwidth": int(max_bandwidth)}
     if downtime_limit_ms is not None:
         params["downtime-limit"] = int(downtime_limit_ms)
@@ -85,11 +94,16 @@ def migrate_direct(src, dst, multifd_channels=0, max_bandwidth=10 * GiB,
     t0 = time.monotonic()
     src.qmp_raw("migrate", {"uri": uri})
     deadline = t0 + timeout
+    switched_at = None
     while True:
         info = src.qmp_raw("query-migrate")
         status = info.get("status")
         if status in ("completed", "failed", "cancelled"):
             break
+        if postcopy and switched_at is None and status == "active" and \
+                (info.get("ram") or {}).get("dirty-sync-count", 0) >= 2:
+            src.qmp_raw("migrate-start-postcopy")
+            switched_at = time.monotonic()
         if time.monotonic() > deadline:
             try:
                 src.qmp_raw("migrate_cancel")
@@ -123,6 +137,12 @@ def migrate_direct(src, dst, multifd_channels=0, max_bandwidth=10 * GiB,
         "downtime_limit_ms": downtime_limit_ms,
         "source_info": info,
     }
+    if postcopy:
+        done_at = t0 + wall_ms / 1000.0
+        result["postcopy_switch_after_ms"] = (switched_at - t0) * 1000.0 if switched_at else None
+        result["postcopy_phase_ms"] = (done_at - switched_at) * 1000.0 if switched_at else None
+        result["postcopy_requests"] = (info.get("ram") or {}).get("postcopy-requests")
+        result["target_blocktime_ms"] = None
     if status != "completed":
         return result
 
@@ -137,6 +157,8 @@ def migrate_direct(src, dst, multifd_channels=0, max_bandwidth=10 * GiB,
                                % target_timeout)
         time.sleep(poll_interval)
     result["target_status"] = tst
+    if postcopy:
+        result["target_blocktime_ms"] = dst.qmp_raw("query-migrate").get("postcopy-blocktime")
 
     src.poll_events(0)
     stops = _events_since(src, src_ev0, "STOP")
