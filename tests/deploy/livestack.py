@@ -190,29 +190,30 @@ class LiveStack:
 
     def pathcheck(self, test):
         """An RdmaPathCheck from node-a to node-b over TCP (no guest): the controller's per-node-pair
-        path check series (the dashboard's "by node pair" panels)."""
-        body = {"apiVersion": "rdmig.io/v1alpha1", "kind": "RdmaPathCheck",
-                "metadata": {"name": PATHCHECK_NAME, "namespace": VM_NS},
-                "spec": {"source": "node-a", "targets": {"nodes": ["node-b"]}, "bytes": "8Mi", "transport": "tcp"}}
-        code, obj = self.api.store.create("rdmapathchecks", VM_NS, body)
+        path check series (the dashboard's "by node pair" panels); then an executing RdmaDrainPlan
+        of node-a (no VMI there: it completes with none) for the per-plan series (Drain plans row)."""
+        self.run_object(test, "rdmapathchecks", {
+            "apiVersion": "rdmig.io/v1alpha1", "kind": "RdmaPathCheck",
+            "metadata": {"name": PATHCHECK_NAME, "namespace": VM_NS},
+            "spec": {"source": "node-a", "targets": {"nodes": ["node-b"]}, "bytes": "8Mi", "transport": "tcp"}},
+            "Succeeded", ("Succeeded", "Failed"))
+        self.run_object(test, "rdmadrainplans", {
+            "apiVersion": "rdmig.io/v1alpha1", "kind": "RdmaDrainPlan",
+            "metadata": {"name": DRAINPLAN_NAME, "namespace": VM_NS},
+            "spec": {"node": "node-a", "targets": ["node-b"], "execute": True}},
+            "Completed", ("Completed", "Failed"))
+
+    def run_object(self, test, plural, body, wanted, ends):
+        """Creates `body` and waits until its status.phase is one of `ends`; it must be `wanted`."""
+        name = body["metadata"]["name"]
+        code, obj = self.api.store.create(plural, VM_NS, body)
         test.assertEqual(code, 201, obj)
 
-        def finished():
-            _, o = self.api.store.get("rdmapathchecks", VM_NS, PATHCHECK_NAME)
-            return o if o.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
-        obj = wait_for(finished, 60, "the RdmaPathCheck to finish", interval=0.25)
-        test.assertEqual(obj["status"]["phase"], "Succeeded", "%s\n%s" % (obj["status"], self.logs()))
-        body = {"apiVersion": "rdmig.io/v1alpha1", "kind": "RdmaDrainPlan",
-                "metadata": {"name": DRAINPLAN_NAME, "namespace": VM_NS},
-                "spec": {"node": "node-a", "targets": ["node-b"], "execute": True}}
-        code, obj = self.api.store.create("rdmadrainplans", VM_NS, body)
-        test.assertEqual(code, 201, obj)
-
-        def drained():
-            _, o = self.api.store.get("rdmadrainplans", VM_NS, DRAINPLAN_NAME)
-            return o if o.get("status", {}).get("phase") in ("Completed", "Failed") else None
-        obj = wait_for(drained, 60, "the RdmaDrainPlan to complete", interval=0.25)
-        test.assertEqual(obj["status"]["phase"], "Completed", "%s\n%s" % (obj["status"], self.logs()))
+        def ended():
+            _, o = self.api.store.get(plural, VM_NS, name)
+            return o if o.get("status", {}).get("phase") in ends else None
+        obj = wait_for(ended, 60, "%s %s to end" % (plural, name), interval=0.25)
+        test.assertEqual(obj["status"]["phase"], wanted, "%s\n%s" % (obj["status"], self.logs()))
 
 
 class _HarnessPerformer:
