@@ -339,6 +339,8 @@ Result<Next> DrainPlanReconciler::forecast(json obj) {
   if (!in) return fail(obj, "InvalidSpec", in.error().message);
   const std::string node = in->node;
   if (auto agent = locate_agent(kube_, config_, agent_namespace_, node, /*draining_ok=*/true); !agent) {
+    // No agent pod on the node fails the plan; the API server not answering the list is retried.
+    if (agent.error().code != Errc::kNotFound) return agent.error().with_context("finding the agent on " + node);
     return fail(obj, "NoAgent", "spec.node " + node + ": " + agent.error().message);
   }
   if (!config_.kubevirt.enabled) return fail(obj, "KubevirtOff", "the controller's KubeVirt support is off (kubevirt.enabled)");

@@ -35,7 +35,7 @@ GiB = 1 << 30
 
 
 PLAN_UID_LABEL = "rdmig.io/drain-plan-uid"
-EXEC_NODES = ("node-d", "node-f", "node-g", "node-h")  # drained by the executing plans, one each
+EXEC_NODES = ("node-d", "node-f", "node-g", "node-h", "node-i")  # one for each of the tests below
 TARGET = "node-e"
 
 
@@ -224,6 +224,20 @@ class DrainPlanControllerTest(AgentsAndControllerTest):
         cond = {c["type"]: c for c in obj["status"]["conditions"]}["Forecast"]
         self.assertEqual((obj["status"]["phase"], cond["reason"]), ("Failed", "NoAgent"), obj["status"])
         self.assertIn("node-x", cond["message"])
+
+    def test_an_api_server_outage_while_finding_the_agent_is_retried_not_a_failure(self):
+        self.add_checked_path("i-path", "node-i", TARGET, 1.0 * GiB, when="2026-12-05T11:00:00Z")
+        self.api.refuse_lists["pods"] = (503, "ServiceUnavailable", "the API server is overloaded")
+        try:
+            self.create(plan("outage", "node-i"))
+            wait_for(lambda: any(r[0] == "GET" and "/pods?" in r[1] and str(r[3]) == "503"
+                                 and r[2].startswith("rdmig-controller/") for r in list(self.api.requests)), 30,
+                     "the controller to meet the outage")
+            self.assertNotEqual(self.get("outage").get("status", {}).get("phase"), "Failed")
+        finally:
+            self.api.refuse_lists.pop("pods", None)
+        st = self.wait_phase("outage", ("Forecast", "Failed"), timeout=60)["status"]
+        self.assertEqual(st["phase"], "Forecast", st)
 
     def test_the_spec_is_immutable_execute_included(self):
         obj = self.create(plan("frozen", "node-x", maxDowntime="1s"))
