@@ -35,7 +35,7 @@ GiB = 1 << 30
 
 
 PLAN_UID_LABEL = "rdmig.io/drain-plan-uid"
-EXEC_NODES = ("node-d", "node-f", "node-g", "node-h", "node-i")  # one for each of the tests below
+EXEC_NODES = ("node-d", "node-f", "node-g", "node-h", "node-i", "node-j")  # one for each of the tests below
 TARGET = "node-e"
 
 
@@ -347,6 +347,32 @@ class DrainPlanControllerTest(AgentsAndControllerTest):
             self.assertNotIn("ownerReferences", m["metadata"])
         self.assertEqual(self.check_concurrency(st, {"f-first", "f-broken", "f-last"}, 1), 1)
         self.assertEqual(self.plan_metric("rdmig_controller_drainplan_vms", "drain-f", state="failed"), 1)
+
+    def test_execute_with_not_converging_migrate_starts_those_vms_alone_after_the_planned_ones(self):
+        node = "node-j"
+        self.add_checked_path("j-path", node, TARGET, 1.0 * GiB, when="2026-12-05T11:00:00Z")
+        self.add_vmi("j-ok-1", node, memory="512Mi", dirty=0)
+        self.add_vmi("j-ok-2", node, memory="256Mi", dirty=0)
+        self.add_vmi("j-hot", node, memory="1Gi", dirty=2 * GiB)  # forecast not to converge
+        self.add_vmi("j-nomem", node, dirty=0)                    # no forecast at all
+        self.create(plan("drain-j", node, execute=True, notConverging="Migrate", maxConcurrentPerPair=2,
+                         pathCapacity="4Gi"))
+        st = self.wait_phase("drain-j", ("Completed", "Failed"), timeout=120)["status"]
+        self.assertEqual(st["phase"], "Completed", st)
+        self.assertEqual((st["execution"]["succeeded"], st["execution"]["skipped"]), (4, 0))
+        vms = {v["name"]: v for v in st["vms"]}
+        self.assertEqual(sorted(vms["j-hot"]), sorted(vms["j-nomem"]))  # no forecast to compare with
+        self.assertNotIn("totalRatio", vms["j-hot"])
+        # The planned two first (two at once), then the others one at a time.
+        runs = sorted(self.runs_of(set(vms)), key=lambda r: r[1])
+        self.assertEqual({r[0] for r in runs[:2]}, {"j-ok-1", "j-ok-2"})
+        self.assertEqual({r[0] for r in runs[2:]}, {"j-hot", "j-nomem"})
+        last_planned = max(v["finishTime"] for n, v in vms.items() if n.startswith("j-ok"))
+        unplanned = sorted((vms["j-hot"], vms["j-nomem"]), key=lambda v: v["startTime"])
+        self.assertLess(last_planned, unplanned[0]["startTime"])
+        self.assertLess(unplanned[0]["finishTime"], unplanned[1]["startTime"])
+        conds = {c["type"]: c for c in st["conditions"]}
+        self.assertEqual((conds["Executed"]["status"], conds["Executed"]["reason"]), ("True", "AllMigrated"))
 
     def test_execute_resumes_after_a_controller_restart_without_duplicating_migrations(self):
         node = "node-g"
