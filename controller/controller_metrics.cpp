@@ -59,7 +59,19 @@ ControllerMetrics::ControllerMetrics()
                                 .Name("rdmig_controller_pathcheck_pair_throughput_bytes_per_second")
                                 .Help("Throughput of the last RdmaPathCheck pair from the source node to the target "
                                       "node that carried its bytes")
-                                .Register(*registry_)) {
+                                .Register(*registry_)),
+      drainplan_predicted_(prometheus::BuildGauge()
+                               .Name("rdmig_controller_drainplan_predicted_drain_seconds")
+                               .Help("An RdmaDrainPlan's forecast drain time for its order and concurrency")
+                               .Register(*registry_)),
+      drainplan_actual_(prometheus::BuildGauge()
+                            .Name("rdmig_controller_drainplan_actual_drain_seconds")
+                            .Help("An executing RdmaDrainPlan's drain time so far, or in all once completed")
+                            .Register(*registry_)),
+      drainplan_vms_(prometheus::BuildGauge()
+                         .Name("rdmig_controller_drainplan_vms")
+                         .Help("An RdmaDrainPlan's VMs by state (pending, running, succeeded, failed, skipped)")
+                         .Register(*registry_)) {
   reconciles_.Add({{"result", "success"}});
   reconciles_.Add({{"result", "error"}});
   set_phase_counts({});
@@ -134,6 +146,40 @@ void ControllerMetrics::pathcheck_pair_ended(const std::string& source_node, con
   if (throughput) {
     set_gauge(pathcheck_throughput_, {{"source_node", source_node}, {"target_node", target_node}}, *throughput);
   }
+}
+
+void ControllerMetrics::remove_drainplan(const std::string& ns, const std::string& name) {
+  const std::map<std::string, std::string> labels{{"namespace", ns}, {"name", name}};
+  for (auto* family : {&drainplan_predicted_, &drainplan_actual_}) {
+    if (family->Has(labels)) family->Remove(&family->Add(labels));
+  }
+  for (const char* state : {"pending", "running", "succeeded", "failed", "skipped"}) {
+    const std::map<std::string, std::string> l{{"namespace", ns}, {"name", name}, {"state", state}};
+    if (drainplan_vms_.Has(l)) drainplan_vms_.Remove(&drainplan_vms_.Add(l));
+  }
+}
+
+void ControllerMetrics::set_drainplan(const std::string& ns, const std::string& name, const DrainPlanFigures& f) {
+  drainplan_order_.remove({ns, name});
+  drainplan_order_.emplace_back(ns, name);
+  while (drainplan_order_.size() > max_drainplans_) {
+    remove_drainplan(drainplan_order_.front().first, drainplan_order_.front().second);
+    drainplan_order_.pop_front();
+  }
+  const std::map<std::string, std::string> labels{{"namespace", ns}, {"name", name}};
+  set_gauge(drainplan_predicted_, labels, f.predicted_seconds);
+  if (f.actual_seconds) set_gauge(drainplan_actual_, labels, *f.actual_seconds);
+  else if (drainplan_actual_.Has(labels)) drainplan_actual_.Remove(&drainplan_actual_.Add(labels));
+  for (const char* state : {"pending", "running", "succeeded", "failed", "skipped"}) {
+    const auto it = f.vms.find(state);
+    set_gauge(drainplan_vms_, {{"namespace", ns}, {"name", name}, {"state", state}},
+              static_cast<double>(it == f.vms.end() ? 0 : it->second));
+  }
+}
+
+void ControllerMetrics::forget_drainplan(const std::string& ns, const std::string& name) {
+  drainplan_order_.remove({ns, name});
+  remove_drainplan(ns, name);
 }
 
 std::string ControllerMetrics::serialize() const {

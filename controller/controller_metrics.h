@@ -48,6 +48,21 @@ class ControllerMetrics {
   void pathcheck_pair_ended(const std::string& source_node, const std::string& target_node, const std::string& result,
                             std::optional<double> throughput_bytes_per_second);
 
+  // One RdmaDrainPlan (docs/drain.md), by namespace and name: the forecast's drain time
+  // (rdmig_controller_drainplan_predicted_drain_seconds), the drain's time so far or in all
+  // (rdmig_controller_drainplan_actual_drain_seconds, executing plans only) and its VMs by state
+  // (rdmig_controller_drainplan_vms{state}: pending, running, succeeded, failed, skipped). Series
+  // exist for at most `max_plans` plans (the least recently updated are dropped) and are
+  // removed by forget_drainplan when the plan is deleted.
+  struct DrainPlanFigures {
+    double predicted_seconds = 0;
+    std::optional<double> actual_seconds;
+    std::map<std::string, int64_t> vms;  // by state
+  };
+  void set_max_drainplans(size_t max_plans) { max_drainplans_ = max_plans; }
+  void set_drainplan(const std::string& ns, const std::string& name, const DrainPlanFigures& figures);
+  void forget_drainplan(const std::string& ns, const std::string& name);
+
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>& reconciles_;
@@ -62,6 +77,12 @@ class ControllerMetrics {
   prometheus::Family<prometheus::Gauge>& vmi_bytes_;
   prometheus::Family<prometheus::Counter>& pathcheck_pairs_;
   prometheus::Family<prometheus::Gauge>& pathcheck_throughput_;
+  prometheus::Family<prometheus::Gauge>& drainplan_predicted_;
+  prometheus::Family<prometheus::Gauge>& drainplan_actual_;
+  prometheus::Family<prometheus::Gauge>& drainplan_vms_;
+  size_t max_drainplans_ = 256;
+  std::list<std::pair<std::string, std::string>> drainplan_order_;  // least recently updated first
+  void remove_drainplan(const std::string& ns, const std::string& name);
   size_t max_vmis_ = 256;
   size_t max_pathcheck_pairs_ = 4096;
   std::list<std::pair<std::string, std::string>> pathcheck_order_;  // node pairs, least recently ended first

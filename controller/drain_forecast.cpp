@@ -37,7 +37,7 @@ std::string duration_text(double seconds) {
 }
 
 json drain_forecast(const std::vector<DrainVm>& vms, const forecast::PathMeasure& path, const std::string& target,
-                    const DrainSettings& settings, size_t max_listed) {
+                    const DrainSettings& settings, size_t max_listed, DrainOrder* order) {
   const uint32_t K = std::max<uint32_t>(settings.max_concurrency, 1);
   std::vector<json> entries(vms.size());
   std::vector<forecast::PlanJob> jobs;
@@ -93,8 +93,17 @@ json drain_forecast(const std::vector<DrainVm>& vms, const forecast::PathMeasure
     e["convergesWithinLimits"] = true;
     if (!vms[i].dirty_rate) e["reason"] = "no measured dirty rate: forecast at 0 B/s (best case)";
     rank[i] = static_cast<int64_t>(n);
+    if (order) order->planned.push_back(PlannedVm{i, pj.concurrency, p.total_seconds, p.downtime_seconds});
     bytes += static_cast<double>(*vms[i].memory);  // the bound covers the VMs the plan runs
     max_k = std::max(max_k, pj.concurrency);
+  }
+  if (order) {
+    order->makespan = plan.makespan;
+    for (size_t i = 0; i < vms.size(); ++i) {
+      if (!vms[i].memory || *vms[i].memory == 0) order->unplanned.push_back(i);
+    }
+    for (size_t u : plan.unplanned) order->unplanned.push_back(job_vm[u]);
+    std::sort(order->unplanned.begin(), order->unplanned.end());
   }
   int64_t not_converging = 0;
   for (size_t u : plan.unplanned) {

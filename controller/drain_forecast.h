@@ -32,10 +32,24 @@ struct DrainSettings {
   uint32_t max_channels = 16;
 };
 
-// {"vms": [...], "summary": {...}} as the CRD's status holds them.
+// One VM of the plan, every one of them (status.vms lists at most max_listed): what an executing
+// plan starts, in this order.
+struct PlannedVm {
+  size_t vm = 0;               // index into the input
+  uint32_t concurrency = 0;    // migrations at once in its phase
+  double total_seconds = 0, downtime_seconds = 0;  // predicted at that concurrency
+};
+struct DrainOrder {
+  std::vector<PlannedVm> planned;  // in start order
+  std::vector<size_t> unplanned;   // do not converge within their limits, or lack an input (input order)
+  double makespan = 0;
+};
+
+// {"vms": [...], "summary": {...}} as the CRD's status holds them; `order`, when given, gets the
+// whole plan.
 nlohmann::json drain_forecast(const std::vector<DrainVm>& vms, const forecast::PathMeasure& path,
                               const std::string& target, const DrainSettings& settings,
-                              size_t max_listed = kMaxListedVms);
+                              size_t max_listed = kMaxListedVms, DrainOrder* order = nullptr);
 
 // "42.0s", "12m05s", "2h03m".
 std::string duration_text(double seconds);

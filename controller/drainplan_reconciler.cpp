@@ -21,7 +21,7 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024 * 1024;
 
-bool terminal(const std::string& phase) { return phase == "Forecast" || phase == "Failed"; }
+bool terminal(const std::string& phase) { return phase == "Forecast" || phase == "Completed" || phase == "Failed"; }
 
 // A byte quantity that may be an integer or a string (the CRD's int-or-string fields).
 Result<uint64_t> bytes_field(const json& spec, const char* key, uint64_t def) {
@@ -137,13 +137,14 @@ json best_path_pair(const std::vector<json>& checks, const std::string& node, co
 
 DrainPlanReconciler::DrainPlanReconciler(const ControllerConfig& config, std::string agent_namespace,
                                          k8s::KubeClient& kube, k8s::Informer& informer, k8s::Informer& pathchecks,
-                                         k8s::EventRecorder& events)
+                                         k8s::EventRecorder& events, ControllerMetrics& metrics)
     : config_(config),
       agent_namespace_(std::move(agent_namespace)),
       kube_(kube),
       informer_(informer),
       pathchecks_(pathchecks),
-      events_(events) {}
+      events_(events),
+      metrics_(metrics) {}
 
 bool DrainPlanReconciler::needs_poll(const json& obj) const {
   if (obj["metadata"].contains("deletionTimestamp")) return false;
@@ -153,11 +154,18 @@ bool DrainPlanReconciler::needs_poll(const json& obj) const {
 
 Result<Next> DrainPlanReconciler::reconcile(const std::string& key) {
   auto cached = informer_.get(key);
-  if (!cached) return Next::kDone;
+  if (!cached) {
+    const auto slash = key.find('/');
+    if (slash != std::string::npos) metrics_.forget_drainplan(key.substr(0, slash), key.substr(slash + 1));
+    return Next::kDone;
+  }
   json obj = *cached;
   if (obj["metadata"].contains("deletionTimestamp")) return Next::kDone;
   const json status = obj.value("status", json::object());
-  if (terminal(status.is_object() ? status.value("phase", "") : "")) return Next::kDone;
+  const std::string phase = status.is_object() ? status.value("phase", "") : "";
+  export_metrics(obj);
+  if (terminal(phase)) return Next::kDone;
+  if (phase == "Executing") return execute(obj);
   return forecast(obj);
 }
 
@@ -228,26 +236,32 @@ Result<Next> DrainPlanReconciler::wait_for_path_check(const json& obj, const std
   return Next::kPoll;
 }
 
-Result<Next> DrainPlanReconciler::forecast(json obj) {
-  const json spec = obj.value("spec", json::object());
-  if (!spec.is_object()) return fail(obj, "InvalidSpec", "spec: required");
-  const std::string node = spec.value("node", "");
-  if (node.empty()) return fail(obj, "InvalidSpec", "spec.node: required");
-  if (spec.value("execute", false)) return fail(obj, "InvalidSpec", "spec.execute: only forecasts (false) are available");
-  DrainSettings settings;
+Result<DrainPlanReconciler::Inputs> DrainPlanReconciler::read_spec(const json& spec) {
+  Inputs in;
+  if (!spec.is_object()) return Error{Errc::kInvalidArgument, "spec: required"};
+  in.node = spec.value("node", "");
+  if (in.node.empty()) return Error{Errc::kInvalidArgument, "spec.node: required"};
+  const std::string policy = spec.value("notConverging", std::string("Skip"));
+  if (policy != "Skip" && policy != "Migrate") {
+    return Error{Errc::kInvalidArgument, "spec.notConverging: Skip or Migrate, not " + policy.substr(0, 64)};
+  }
+  in.migrate_not_converging = policy == "Migrate";
+  DrainSettings& settings = in.settings;
   auto downtime = duration_field(spec, "maxDowntime", 0.3);
-  if (!downtime) return fail(obj, "InvalidSpec", downtime.error().message);
+  if (!downtime) return downtime.error();
   settings.migration.accepted_downtime = downtime.value();
   auto chunk = bytes_field(spec, "chunkSize", 4 * kMiB);
-  if (!chunk) return fail(obj, "InvalidSpec", chunk.error().message);
-  if (auto ok = validate_chunk_size(chunk.value(), "spec.chunkSize"); !ok) return fail(obj, "InvalidSpec", ok.error().message);
+  if (!chunk) return chunk.error();
+  if (auto ok = validate_chunk_size(chunk.value(), "spec.chunkSize"); !ok) return ok.error();
   settings.migration.chunk_size = chunk.value();
   auto capacity = bytes_field(spec, "pathCapacity", 0);
-  if (!capacity) return fail(obj, "InvalidSpec", capacity.error().message);
+  if (!capacity) return capacity.error();
+  in.capacity = static_cast<double>(capacity.value());
   auto assumed = bytes_field(spec, "assumedDirtyRate", 0);
-  if (!assumed) return fail(obj, "InvalidSpec", assumed.error().message);
+  if (!assumed) return assumed.error();
+  if (spec.contains("assumedDirtyRate")) in.assumed_dirty_rate = static_cast<double>(assumed.value());
   auto max_bandwidth = bytes_field(spec, "maxBandwidth", 0);
-  if (!max_bandwidth) return fail(obj, "InvalidSpec", max_bandwidth.error().message);
+  if (!max_bandwidth) return max_bandwidth.error();
   settings.migration.max_bandwidth = static_cast<double>(max_bandwidth.value());
   settings.migration.channels = uint_field(spec, "channels", 1, 1, 16);
   settings.migration.ring_depth = uint_field(spec, "ringDepth", 16, 1, 1024);
@@ -255,21 +269,30 @@ Result<Next> DrainPlanReconciler::forecast(json obj) {
   settings.migration.switchover = uint_field(spec, "switchoverMs", 20, 0, 60000) / 1000.0;
   settings.timeout_per_gib = uint_field(spec, "completionTimeoutPerGiB", 150, 1, 86400);
   settings.max_channels = uint_field(spec, "maxChannels", 16, 1, 64);
-  std::vector<std::string> targets;
   for (const auto& t : spec.value("targets", json::array())) {
-    if (t.is_string() && t.get<std::string>() != node) targets.push_back(t.get<std::string>());
+    if (t.is_string() && t.get<std::string>() != in.node) in.targets.push_back(t.get<std::string>());
   }
-  if (spec.contains("targets") && targets.empty()) {
-    return fail(obj, "InvalidSpec", "spec.targets: no target node besides spec.node");
+  if (spec.contains("targets") && in.targets.empty()) {
+    return Error{Errc::kInvalidArgument, "spec.targets: no target node besides spec.node"};
   }
+  return in;
+}
 
-  if (auto agent = locate_agent(kube_, config_, agent_namespace_, node, /*draining_ok=*/true); !agent) {
-    return fail(obj, "NoAgent", "spec.node " + node + ": " + agent.error().message);
-  }
-  if (!config_.kubevirt.enabled) return fail(obj, "KubevirtOff", "the controller's KubeVirt support is off (kubevirt.enabled)");
-  // The path first, from the cache: a plan waiting for its path check costs no VMI list per poll.
-  const json path_pair = best_path_pair(pathchecks_.list(), node, targets);
-  if (path_pair.is_null()) return wait_for_path_check(obj, targets);
+forecast::PathMeasure DrainPlanReconciler::path_measure(const json& spec, const json& path_pair, Inputs& in) {
+  forecast::PathMeasure path;
+  path.throughput = path_pair.value("throughputBytesPerSecond", 0.0);
+  path.channels = path_pair.value("channels", 1u);
+  path.rtt_seconds = static_cast<double>(path_pair.value("rttMicroseconds", int64_t{0})) / 1e6;
+  path.capacity = in.capacity;
+  const uint32_t per_pair = uint_field(spec, "maxConcurrentPerPair", 2, 1, 16);
+  const uint32_t rails = path_pair.value("rails", 1u);
+  in.settings.max_concurrency =
+      spec.contains("maxConcurrentPerRail") ? std::min(per_pair, uint_field(spec, "maxConcurrentPerRail", 1, 1, 16) * rails)
+                                            : per_pair;
+  return path;
+}
+
+Result<std::vector<DrainVm>> DrainPlanReconciler::node_vms(const json& spec, const Inputs& in) {
   std::map<std::string, std::string> labels;
   const json selector = spec.value("selector", json::object());
   if (selector.is_object()) {
@@ -277,21 +300,17 @@ Result<Next> DrainPlanReconciler::forecast(json obj) {
       if (v.is_string()) labels[k] = v.get<std::string>();
     }
   }
-  labels["kubevirt.io/nodeName"] = node;
+  labels["kubevirt.io/nodeName"] = in.node;
   // With watchNamespace the controller sees that namespace's VMIs only (its Role's reach).
   const std::string vmis = config_.watch_namespace.empty()
                                ? "/apis/kubevirt.io/v1/virtualmachineinstances"
                                : "/apis/kubevirt.io/v1/namespaces/" + config_.watch_namespace + "/virtualmachineinstances";
   auto list = kube_.get(vmis + "?labelSelector=" + k8s::url_encode(k8s::label_selector(labels)));
-  if (!list) {
-    if (list.error().code == Errc::kNotFound) return fail(obj, "KubevirtAbsent", "listing VMIs: " + list.error().message);
-    return list.error().with_context("listing the VMIs on " + node);
-  }
-
+  if (!list) return list.error();
   std::vector<DrainVm> vms;
   for (const auto& vmi : list->value("items", json::array())) {
     const json st = vmi.value("status", json::object());
-    if (st.is_object() && st.contains("nodeName") && st.value("nodeName", "") != node) continue;
+    if (st.is_object() && st.contains("nodeName") && st.value("nodeName", "") != in.node) continue;
     const json md = vmi.value("metadata", json::object());
     DrainVm vm{md.value("namespace", ""), md.value("name", ""), vmi_memory(vmi), std::nullopt, "none", ""};
     const json ann = md.value("annotations", json::object());
@@ -305,26 +324,36 @@ Result<Next> DrainPlanReconciler::forecast(json obj) {
       } catch (...) {
       }
     }
-    if (!vm.dirty_rate && spec.contains("assumedDirtyRate")) {
-      vm.dirty_rate = static_cast<double>(assumed.value()), vm.dirty_source = "assumed";
-    }
+    if (!vm.dirty_rate && in.assumed_dirty_rate) vm.dirty_rate = *in.assumed_dirty_rate, vm.dirty_source = "assumed";
     vms.push_back(std::move(vm));
   }
   std::sort(vms.begin(), vms.end(), [](const DrainVm& a, const DrainVm& b) {
     return std::tie(a.ns, a.name) < std::tie(b.ns, b.name);
   });
+  return vms;
+}
 
-  forecast::PathMeasure path;
-  path.throughput = path_pair.value("throughputBytesPerSecond", 0.0);
-  path.channels = path_pair.value("channels", 1u);
-  path.rtt_seconds = static_cast<double>(path_pair.value("rttMicroseconds", int64_t{0})) / 1e6;
-  path.capacity = static_cast<double>(capacity.value());
-  const uint32_t per_pair = uint_field(spec, "maxConcurrentPerPair", 2, 1, 16);
-  const uint32_t rails = path_pair.value("rails", 1u);
-  settings.max_concurrency =
-      spec.contains("maxConcurrentPerRail") ? std::min(per_pair, uint_field(spec, "maxConcurrentPerRail", 1, 1, 16) * rails)
-                                            : per_pair;
-  const json result = drain_forecast(vms, path, path_pair.value("target", ""), settings);
+Result<Next> DrainPlanReconciler::forecast(json obj) {
+  const json spec = obj.value("spec", json::object());
+  auto in = read_spec(spec);
+  if (!in) return fail(obj, "InvalidSpec", in.error().message);
+  const std::string node = in->node;
+  if (auto agent = locate_agent(kube_, config_, agent_namespace_, node, /*draining_ok=*/true); !agent) {
+    // No agent pod on the node fails the plan; the API server not answering the list is retried.
+    if (agent.error().code != Errc::kNotFound) return agent.error().with_context("finding the agent on " + node);
+    return fail(obj, "NoAgent", "spec.node " + node + ": " + agent.error().message);
+  }
+  if (!config_.kubevirt.enabled) return fail(obj, "KubevirtOff", "the controller's KubeVirt support is off (kubevirt.enabled)");
+  // The path first, from the cache: a plan waiting for its path check costs no VMI list per poll.
+  const json path_pair = best_path_pair(pathchecks_.list(), node, in->targets);
+  if (path_pair.is_null()) return wait_for_path_check(obj, in->targets);
+  auto vms = node_vms(spec, in.value());
+  if (!vms) {
+    if (vms.error().code == Errc::kNotFound) return fail(obj, "KubevirtAbsent", "listing VMIs: " + vms.error().message);
+    return vms.error().with_context("listing the VMIs on " + node);
+  }
+  const forecast::PathMeasure path = path_measure(spec, path_pair, in.value());
+  const json result = drain_forecast(vms.value(), path, path_pair.value("target", ""), in->settings);
   const json summary = result["summary"];
 
   json status = obj.value("status", json::object());
@@ -348,27 +377,23 @@ Result<Next> DrainPlanReconciler::forecast(json obj) {
                 bad > 0 ? "NotConverging" : none > 0 ? "MissingInput" : "AllConverge", why,
                 detail::generation_of(obj), now_text());
   events_.record(obj, bad > 0 || none > 0 ? "Warning" : "Normal", "Forecast", headline + "; " + why);
+  const bool execute = spec.value("execute", false);
+  if (execute) {
+    // The drain starts from this forecast; execute() creates the migrations (drainplan_execute.cpp).
+    status["phase"] = "Executing";
+    status["execution"] = json{{"startTime", k8s::format_micro_time(k8s::Clock::now())},
+                               {"predictedDrainSeconds", summary.value("predictedDrainSeconds", 0.0)}};
+    set_condition(status, "Executed", "Unknown", "Executing", "the drain runs in the plan's order",
+                  detail::generation_of(obj), now_text());
+  }
   auto w = write_status(obj, status);
   if (!w) return w.error();
-  return Next::kDone;
+  if (execute) events_.record(obj, "Normal", "DrainStarted", headline);
+  return execute ? Next::kRequeueNow : Next::kDone;
 }
 
 Result<json> DrainPlanReconciler::write_status(const json& obj, json status) {
-  json current = obj;
-  for (int attempt = 0; attempt < 5; ++attempt) {
-    status["observedGeneration"] = detail::generation_of(current);
-    current["status"] = status;
-    auto written = kube_.replace(drainplan_path(current) + "/status", current);
-    if (written) {
-      informer_.observe(written.value());
-      return written.value();
-    }
-    if (!k8s::is_conflict(written.error())) return written.error();
-    auto fresh = kube_.get(drainplan_path(current));
-    if (!fresh) return fresh.error();
-    current = fresh.value();
-  }
-  return Error{Errc::kFailedPrecondition, "status of " + informer_.key_of(obj) + ": conflicts kept happening"};
+  return detail::write_status(kube_, informer_, obj, drainplan_path(obj), std::move(status));
 }
 
 }  // namespace rdmig::controller

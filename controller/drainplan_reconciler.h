@@ -1,4 +1,4 @@
-// Reconciles RdmaDrainPlan objects (docs/drain.md), forecast only (spec.execute false):
+// Reconciles RdmaDrainPlan objects (docs/drain.md):
 //   ""/Pending          check the spec and that spec.node runs an agent, list the node's VMIs,
 //                       find the latest RdmaPathCheck pair from spec.node (to spec.targets when
 //                       set) that carried its bytes; none: create <name>-paths (owned by the
@@ -6,9 +6,16 @@
 //   WaitingForPathCheck as above, until that check ends (all its pairs failed: Failed)
 //   Forecast            status.vms and status.summary written (controller/drain_forecast.h);
 //                       the forecast is not refreshed: a new forecast is a new object
+//   Executing           spec.execute true: after the forecast, execute() (drainplan_execute.cpp)
+//                       creates one RdmaMigration per VMI in the plan's order within its
+//                       concurrency, re-plans the rest after each one ends, records each VM's
+//                       measured figures beside its forecast
+//   Completed           every VMI that was to migrate has a migration that ended
 //   Failed              invalid spec, no agent on the node, KubeVirt off or absent, no usable path
-// No finalizer: the plan starts nothing on the agents; its path check goes with it (owner
-// reference). Called from its worker's thread only.
+// No finalizer: the plan itself starts nothing on the agents; its path check and (in its own
+// namespace) its migrations go with it (owner references). The executing state is read from
+// the objects each time (the migrations by label, the VMIs on the node, the plan's status), so a
+// restarted controller continues. Called from its worker's thread only.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -16,6 +23,7 @@
 #include <string>
 
 #include "controller/config.h"
+#include "controller/controller_metrics.h"
 #include "controller/drain_forecast.h"
 #include "controller/reconciler.h"
 #include "k8s/events.h"
@@ -42,12 +50,30 @@ nlohmann::json best_path_pair(const std::vector<nlohmann::json>& checks, const s
 class DrainPlanReconciler final : public ObjectReconciler {
  public:
   DrainPlanReconciler(const ControllerConfig& config, std::string agent_namespace, k8s::KubeClient& kube,
-                      k8s::Informer& informer, k8s::Informer& pathchecks, k8s::EventRecorder& events);
+                      k8s::Informer& informer, k8s::Informer& pathchecks, k8s::EventRecorder& events,
+                      ControllerMetrics& metrics);
   Result<Next> reconcile(const std::string& key) override;
   bool needs_poll(const nlohmann::json& obj) const override;
 
  private:
+  struct Inputs {
+    std::string node;
+    DrainSettings settings;
+    std::vector<std::string> targets;
+    double capacity = 0;                      // spec.pathCapacity, bytes/s (0: the measured rate)
+    std::optional<double> assumed_dirty_rate;
+    bool migrate_not_converging = false;      // spec.notConverging: Migrate
+  };
+  static Result<Inputs> read_spec(const nlohmann::json& spec);
+  // The path's figures from a path check pair; sets in.settings.max_concurrency (pair, rails).
+  static forecast::PathMeasure path_measure(const nlohmann::json& spec, const nlohmann::json& path_pair, Inputs& in);
+  // The VMIs on spec.node now (spec.selector), sorted; kNotFound: KubeVirt's API is absent.
+  Result<std::vector<DrainVm>> node_vms(const nlohmann::json& spec, const Inputs& in);
   Result<Next> forecast(nlohmann::json obj);
+  Result<Next> execute(nlohmann::json obj);
+  Result<nlohmann::json> start_migration(const nlohmann::json& plan, const DrainVm& vm, const PlannedVm* planned,
+                                         size_t order, const Inputs& in);
+  void export_metrics(const nlohmann::json& obj);
   Result<Next> fail(const nlohmann::json& obj, const std::string& reason, const std::string& message);
   Result<Next> wait_for_path_check(const nlohmann::json& obj, const std::vector<std::string>& targets);
   Result<nlohmann::json> write_status(const nlohmann::json& obj, nlohmann::json status);
@@ -58,6 +84,7 @@ class DrainPlanReconciler final : public ObjectReconciler {
   k8s::Informer& informer_;
   k8s::Informer& pathchecks_;
   k8s::EventRecorder& events_;
+  ControllerMetrics& metrics_;
 };
 
 }  // namespace rdmig::controller

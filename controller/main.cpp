@@ -234,7 +234,7 @@ int main(int argc, char** argv) {
                                      if (drainplan_worker_ptr) drainplan_worker_ptr->enqueue(key);
                                    });
   controller::DrainPlanReconciler drainplan_reconciler(config, config.namespace_, kube, drainplan_informer,
-                                                       pathcheck_informer, events);
+                                                       pathcheck_informer, events, metrics);
   std::unique_ptr<controller::KubevirtObserver> observer;
   if (vmims) {
     observer = std::make_unique<controller::KubevirtObserver>(config, config.namespace_, kube, *vmims, agents, events,

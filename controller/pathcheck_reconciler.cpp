@@ -478,21 +478,7 @@ Result<Next> PathCheckReconciler::finished(json obj) {
 }
 
 Result<json> PathCheckReconciler::write_status(const json& obj, json status) {
-  json current = obj;
-  for (int attempt = 0; attempt < 5; ++attempt) {
-    status["observedGeneration"] = detail::generation_of(current);
-    current["status"] = status;
-    auto written = kube_.replace(pathcheck_path(current) + "/status", current);
-    if (written) {
-      informer_.observe(written.value());
-      return written.value();
-    }
-    if (!k8s::is_conflict(written.error())) return written.error();
-    auto fresh = kube_.get(pathcheck_path(current));
-    if (!fresh) return fresh.error();
-    current = fresh.value();
-  }
-  return Error{Errc::kFailedPrecondition, "status of " + informer_.key_of(obj) + ": conflicts kept happening"};
+  return detail::write_status(kube_, informer_, obj, pathcheck_path(obj), std::move(status));
 }
 
 Result<json> PathCheckReconciler::set_finalizer(const json& obj, bool present) {

@@ -21,6 +21,12 @@ inline bool has_finalizer(const nlohmann::json& obj) {
   return false;
 }
 
+// Writes `status` (observedGeneration set) through the status subresource of the object at path;
+// on a conflict reads the object again and writes the same status over it (at most 5 tries).
+// Keeps the informer's cache in step. Shared by the reconcilers of every kind.
+Result<nlohmann::json> write_status(k8s::KubeClient& kube, k8s::Informer& informer, const nlohmann::json& obj,
+                                    const std::string& path, nlohmann::json status);
+
 // Adds (present) or removes rdmig's finalizer on the object at path, retrying on conflicts with
 // a fresh read; keeps the informer's cache in step (a write that removed the last finalizer of a
 // deleted object deleted it). An object already gone counts as removed (empty json).

@@ -60,24 +60,10 @@ Reconciler::Reconciler(const ControllerConfig& config, std::string agent_namespa
       vmims_(vmims) {}
 
 Result<json> Reconciler::write_status(const json& obj, json status) {
-  json current = obj;
   update_display(status);
-  for (int attempt = 0; attempt < 5; ++attempt) {
-    status["observedGeneration"] = generation_of(current);
-    current["status"] = status;
-    auto written = kube_.replace(object_path(current) + "/status", current);
-    if (written) {
-      informer_.observe(written.value());
-      status_events(written.value(), obj.value("status", json::object()), status);
-      return written.value();
-    }
-    if (!k8s::is_conflict(written.error())) return written.error();
-    // Someone changed the object (spec, finalizers): take the latest and write our status again.
-    auto fresh = kube_.get(object_path(current));
-    if (!fresh) return fresh.error();
-    current = fresh.value();
-  }
-  return Error{Errc::kFailedPrecondition, "status of " + informer_.key_of(obj) + ": conflicts kept happening"};
+  auto written = detail::write_status(kube_, informer_, obj, object_path(obj), status);
+  if (written) status_events(written.value(), obj.value("status", json::object()), written.value()["status"]);
+  return written;
 }
 
 void Reconciler::status_events(const json& written, const json& before, const json& after) {
@@ -103,6 +89,26 @@ void Reconciler::status_events(const json& written, const json& before, const js
 }
 
 namespace detail {
+
+Result<json> write_status(k8s::KubeClient& kube, k8s::Informer& informer, const json& obj, const std::string& path,
+                          json status) {
+  json current = obj;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    status["observedGeneration"] = generation_of(current);
+    current["status"] = status;
+    auto written = kube.replace(path + "/status", current);
+    if (written) {
+      informer.observe(written.value());
+      return written.value();
+    }
+    if (!k8s::is_conflict(written.error())) return written.error();
+    // Someone changed the object (spec, finalizers): take the latest and write our status again.
+    auto fresh = kube.get(path);
+    if (!fresh) return fresh.error();
+    current = fresh.value();
+  }
+  return Error{Errc::kFailedPrecondition, "status of " + informer.key_of(obj) + ": conflicts kept happening"};
+}
 
 Result<json> write_finalizer(k8s::KubeClient& kube, k8s::Informer& informer, const json& obj, const std::string& path,
                              bool present) {

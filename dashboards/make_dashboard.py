@@ -490,6 +490,23 @@ def build():
 
     kubevirt(L)
 
+    # RdmaDrainPlans (docs/drain.md): the series carry the plan's namespace and name (honorLabels),
+    # so they are selected by the controller's job alone.
+    plan = 'job=~"$controller_job"'
+    L.row("Drain plans")
+    L.add(panel("timeseries", "Drain time: forecast and actual", "Each RdmaDrainPlan's forecast drain time (its "
+                "order and concurrency) and, once it executes, the drain's time so far and in all. Per VM figures "
+                "(forecast, measured, ratio): kubectl get rddp <plan> -o jsonpath='{.status.vms}'.",
+                [target("max by (namespace, name) (rdmig_controller_drainplan_predicted_drain_seconds{%s})" % plan,
+                        "{{namespace}}/{{name}} forecast"),
+                 target("max by (namespace, name) (rdmig_controller_drainplan_actual_drain_seconds{%s})" % plan,
+                        "{{namespace}}/{{name}} actual")], unit="s"), 12, 8)
+    L.add(panel("bargauge", "Drain plan VMs by state", "Each RdmaDrainPlan's VMs: pending (to start), running, "
+                "succeeded, failed, skipped (forecast not to converge within its limits, or no memory in its spec; "
+                "spec.notConverging). A forecast-only plan counts its planned VMs as pending.",
+                [target("max by (namespace, name, state) (rdmig_controller_drainplan_vms{%s})" % plan,
+                        "{{namespace}}/{{name}} {{state}}", instant=True)]), 12, 8)
+
     L.row("Controller")
     L.add(panel("timeseries", "Reconciles by result", "Reconciles of RdmaMigration objects per second.",
                 [target("sum by (result) (rate(rdmig_controller_reconciles_total{%s}[$__rate_interval]))" % CTRL,

@@ -10,7 +10,9 @@ Secret are written here and the configs point at them instead of /etc/rdmig/tls 
 CA and name a scraper checks, None for plain HTTP). `migrate()` runs one RdmaMigration of a real QEMU guest end to end (node-a to node-b),
 then a migration with a wrong data-plane token, so that the agents count a failure and a
 transport error; neither VM is touched by the second; then one RdmaPathCheck from node-a to node-b
-over TCP (`pathcheck()`, no guest), so that the controller has its per-node-pair path check series.
+over TCP (`pathcheck()`, no guest), so that the controller has its per-node-pair path check series,
+and an executing RdmaDrainPlan of node-a over that path (no VMI is on node-a: it completes with
+none), so that the controller has its per-plan series.
 
 `KubevirtLab(stack)` adds KubeVirt mode beside it (tests/kubevirt's lab, tools/rdmiglab/kubevirt.py):
 two more agents in KubeVirt mode ("kv-a", "kv-b", the node hook on a unix socket, the stack's token
@@ -46,6 +48,7 @@ CRD = os.path.join(REPO, "operator-manifests", "crd-rdmamigrations.yaml")
 AGENT_NS, VM_NS = "rdmig-system", "vms"
 MIGRATION_NAME = "dashboard-check"
 PATHCHECK_NAME = "dashboard-pathcheck"
+DRAINPLAN_NAME = "dashboard-drain"
 VM = VM_NS + "/" + MIGRATION_NAME  # the controller names a bare-QEMU migration's VM namespace/name
 BAD_TOKEN_VM = "bad-token"
 KV_NODES = ("kv-a", "kv-b")
@@ -187,18 +190,30 @@ class LiveStack:
 
     def pathcheck(self, test):
         """An RdmaPathCheck from node-a to node-b over TCP (no guest): the controller's per-node-pair
-        path check series (the dashboard's "by node pair" panels)."""
-        body = {"apiVersion": "rdmig.io/v1alpha1", "kind": "RdmaPathCheck",
-                "metadata": {"name": PATHCHECK_NAME, "namespace": VM_NS},
-                "spec": {"source": "node-a", "targets": {"nodes": ["node-b"]}, "bytes": "8Mi", "transport": "tcp"}}
-        code, obj = self.api.store.create("rdmapathchecks", VM_NS, body)
+        path check series (the dashboard's "by node pair" panels); then an executing RdmaDrainPlan
+        of node-a (no VMI there: it completes with none) for the per-plan series (Drain plans row)."""
+        self.run_object(test, "rdmapathchecks", {
+            "apiVersion": "rdmig.io/v1alpha1", "kind": "RdmaPathCheck",
+            "metadata": {"name": PATHCHECK_NAME, "namespace": VM_NS},
+            "spec": {"source": "node-a", "targets": {"nodes": ["node-b"]}, "bytes": "8Mi", "transport": "tcp"}},
+            "Succeeded", ("Succeeded", "Failed"))
+        self.run_object(test, "rdmadrainplans", {
+            "apiVersion": "rdmig.io/v1alpha1", "kind": "RdmaDrainPlan",
+            "metadata": {"name": DRAINPLAN_NAME, "namespace": VM_NS},
+            "spec": {"node": "node-a", "targets": ["node-b"], "execute": True}},
+            "Completed", ("Completed", "Failed"))
+
+    def run_object(self, test, plural, body, wanted, ends):
+        """Creates `body` and waits until its status.phase is one of `ends`; it must be `wanted`."""
+        name = body["metadata"]["name"]
+        code, obj = self.api.store.create(plural, VM_NS, body)
         test.assertEqual(code, 201, obj)
 
-        def finished():
-            _, o = self.api.store.get("rdmapathchecks", VM_NS, PATHCHECK_NAME)
-            return o if o.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
-        obj = wait_for(finished, 60, "the RdmaPathCheck to finish", interval=0.25)
-        test.assertEqual(obj["status"]["phase"], "Succeeded", "%s\n%s" % (obj["status"], self.logs()))
+        def ended():
+            _, o = self.api.store.get(plural, VM_NS, name)
+            return o if o.get("status", {}).get("phase") in ends else None
+        obj = wait_for(ended, 60, "%s %s to end" % (plural, name), interval=0.25)
+        test.assertEqual(obj["status"]["phase"], wanted, "%s\n%s" % (obj["status"], self.logs()))
 
 
 class _HarnessPerformer:

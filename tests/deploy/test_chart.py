@@ -533,7 +533,9 @@ class ChartTest(unittest.TestCase):
                   "Carried and not carried over time", "Carried KubeVirt migrations running, per node",
                   "KubeVirt migrations (per VMI)", "KubeVirt downtime and total time", "KubeVirt downtime distribution",
                   "KubeVirt total time distribution", "KubeVirt throughput per node pair",
-                  "RdmaMigrations of VMIs (controller)", "Node hook served"):
+                  "RdmaMigrations of VMIs (controller)", "Node hook served",
+                  # Drain plans (issue 45)
+                  "Drain time: forecast and actual", "Drain plan VMs by state"):
             self.assertIn(t, titles)
         annotations = {a["name"]: a for a in d["annotations"]["list"] if "expr" in a}
         self.assertEqual(sorted(annotations), ["KubeVirt migration carried", "KubeVirt migration not carried",
@@ -555,10 +557,13 @@ class ChartTest(unittest.TestCase):
                 if "rdmig_controller_" not in t["expr"] and "$controller_job" not in t["expr"]:
                     self.assertIn('node=~"$node"', t["expr"], p["title"])
                 # rdmig's namespace, or for a VM's series the agents' (or the controller's) scrape
-                # job (which the *_job variables take from rdmig's namespace) and the VM's namespace.
+                # job (which the *_job variables take from rdmig's namespace) and the VM's namespace;
+                # a drain plan's series (its own namespace and name) by the controller's job.
                 self.assertTrue('namespace=~"$namespace"' in t["expr"]
                                 or 'job=~"$agent_job", node=~"$node", namespace=~"$vm_namespace"' in t["expr"]
-                                or 'job=~"$controller_job", namespace=~"$vm_namespace"' in t["expr"],
+                                or 'job=~"$controller_job", namespace=~"$vm_namespace"' in t["expr"]
+                                or ("rdmig_controller_drainplan_" in t["expr"]
+                                    and '{job=~"$controller_job"}' in t["expr"]),
                                 (p["title"], t["expr"]))
 
     def test_service_monitors_let_the_vm_namespace_label_win(self):

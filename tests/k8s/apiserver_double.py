@@ -247,6 +247,19 @@ class Store:
             self._bump(plural, key[1], "ADDED", obj)
             return 201, copy.deepcopy(obj)
 
+    def create_with_status(self, plural, ns, obj):
+        """Creates `obj` with its status in one step (one ADDED event that holds it): a fixture
+        as its controller would have left it, so that no controller sees it without its status
+        (and starts on it) in between a create and a status write."""
+        with self.cond:
+            code, body = self.create(plural, ns, obj)
+            if code != 201:
+                return code, body
+            key = (plural, body["metadata"]["namespace"], body["metadata"]["name"])
+            self.objects[key]["status"] = copy.deepcopy(obj.get("status", {}))
+            self.history[-1][4]["status"] = copy.deepcopy(obj.get("status", {}))
+            return 201, copy.deepcopy(self.objects[key])
+
     def get(self, plural, ns, name):
         with self.cond:
             obj = self.objects.get((plural, ns, name))

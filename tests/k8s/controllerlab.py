@@ -1,11 +1,14 @@
 """Starts rdmig-controller processes against the API server double, for tests."""
 import json
 import os
+import shutil
 import signal
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
+import unittest
 import urllib.error
 import urllib.request
 
@@ -153,3 +156,75 @@ class Controller:
             self.proc.kill()
             self.proc.wait(timeout=10)
         return self.proc.returncode
+
+
+class AgentsAndControllerTest(unittest.TestCase):
+    """A test class's lab, shared by the kinds' tests (test_pathcheck.py, test_drainplan.py): the
+    API server double (the CRDs' schemas and CEL rules enforced), three real rdmig-agents
+    registered as the agent pods of node-a, node-b and node-c, one rdmig-controller; helpers on
+    the objects of PLURAL in NS. `lab_setup()` adds to the lab before the controller starts,
+    `lab_teardown()` stops what it added."""
+    PLURAL, NS, AGENT_NS, TMP_PREFIX = None, "ops", "rdmig-system", "rdmig-k8s-"
+
+    @classmethod
+    def setUpClass(cls):
+        from rdmiglab import Agent
+        from apiserver_double import ApiServerDouble
+        cls.tmp = tempfile.mkdtemp(prefix=cls.TMP_PREFIX)
+        cls.api = ApiServerDouble(os.path.join(cls.tmp, "apiserver"), tls=True,
+                                  crd_path=os.path.join(REPO, "operator-manifests", "crd-rdmamigrations.yaml"))
+        cls.store = cls.api.store
+        cls.kubeconfig = cls.api.write_kubeconfig(os.path.join(cls.tmp, "kubeconfig"))
+        token = cls.token = "agent-token-" + os.urandom(12).hex()
+        cls.agents = {n: Agent(cls.tmp, "agent-" + n, token=token, log_level="debug") for n in ("a", "b", "c")}
+        for n, agent in cls.agents.items():
+            cls.api.add_agent_pod(cls.AGENT_NS, "rdmig-agent-" + n, "node-" + n, agent.api_port)
+        cls.lab_setup()
+        cls.controller = Controller(cls.tmp, "ctl", cls.kubeconfig, cls.agents["a"].token_file)
+        wait_for(lambda: cls.controller.metric("rdmig_controller_leader") == 1, 30, "the controller to lead")
+
+    @classmethod
+    def lab_setup(cls):
+        pass
+
+    @classmethod
+    def lab_teardown(cls):
+        pass
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.controller.stop()
+        cls.lab_teardown()
+        for a in cls.agents.values():
+            a.stop()
+        cls.api.stop()
+        if os.environ.get("RDMIG_KEEP_TMP"):
+            print("kept", cls.tmp)
+        else:
+            shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def tearDown(self):
+        result = getattr(self._outcome, "result", None)
+        if result and any(t is self for t, _ in result.errors + result.failures):
+            print("---- controller log (tail) ----\n" + self.controller.log_text()[-6000:])
+
+    def create(self, body):
+        code, obj = self.store.create(self.PLURAL, self.NS, body)
+        self.assertEqual(code, 201, obj)
+        return obj
+
+    def get(self, name, plural=None):
+        code, obj = self.store.get(plural or self.PLURAL, self.NS, name)
+        return obj if code == 200 else None
+
+    def wait_phase(self, name, phases, timeout=60.0):
+        def reached():
+            obj = self.get(name)
+            return obj if obj and obj.get("status", {}).get("phase") in phases else None
+        try:
+            return wait_for(reached, timeout, "%s to reach %s" % (name, phases))
+        except TimeoutError:
+            raise AssertionError("%s did not reach %s; now: %s" % (name, phases, self.get(name)))
+
+    def reasons(self, name):
+        return [(e["type"], e["reason"]) for e in self.api.events(name)]

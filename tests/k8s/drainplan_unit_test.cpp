@@ -1,9 +1,10 @@
-// RdmaDrainPlan's pure parts: a VMI's memory, the path a drain uses, and the status the forecast
-// writes (bounded for 1000 VMIs).
+// RdmaDrainPlan's pure parts: a VMI's memory, the path a drain uses, the status the forecast
+// writes (bounded for 1000 VMIs), and what an executing plan reads from its migrations.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
+#include "controller/drain_execution.h"
 #include "controller/drain_forecast.h"
 #include "controller/drainplan_reconciler.h"
 
@@ -94,6 +95,56 @@ TEST(DrainPlan, ThousandVmisGiveABoundedListAndAFullSummary) {
   EXPECT_TRUE(bad["remedies"].contains("postCopy"));
   EXPECT_TRUE(bad["remedies"].contains("largerDowntime"));
   EXPECT_GT(bad["remedies"]["largerDowntime"]["maxDowntimeSeconds"].get<double>(), 0.25);
+}
+
+TEST(DrainPlan, MigrationNamesAreDeterministicBoundedAndDistinctPerPlan) {
+  const std::string a = drain_migration_name("drain-c", "uid-1", "vms", "web-1");
+  EXPECT_EQ(a, drain_migration_name("drain-c", "uid-1", "vms", "web-1"));  // a restarted controller names it alike
+  EXPECT_EQ(a.rfind("drain-c-web-1-", 0), 0u);
+  EXPECT_NE(a, drain_migration_name("drain-c", "uid-2", "vms", "web-1"));  // a plan made again under the same name
+  EXPECT_NE(a, drain_migration_name("drain-c", "uid-1", "other", "web-1"));
+  EXPECT_LE(drain_migration_name(std::string(253, 'p'), "u", "n", std::string(253, 'v')).size(), 240u);
+}
+
+TEST(DrainPlan, ExecutedEntryPutsMeasuredFiguresBesideTheForecast) {
+  json m = json::parse(R"({"metadata": {"namespace": "vms", "name": "drain-c-web-1-0a1b2c3d",
+      "annotations": {"rdmig.io/drain-order": "2", "rdmig.io/drain-predicted-total-seconds": "2.000",
+                      "rdmig.io/drain-predicted-downtime-seconds": "0.100",
+                      "rdmig.io/drain-start-time": "2026-12-05T10:00:00.000000Z"}},
+      "spec": {"source": {"vmi": {"name": "web-1"}}}, "status": {"phase": "Migrating"}})");
+  json e = executed_entry(m, json(), "2026-12-05T10:00:05.000000Z");
+  EXPECT_EQ(e["outcome"], "Running");
+  EXPECT_EQ(e["order"], 2);
+  EXPECT_FALSE(e.contains("finishTime"));
+  m["status"] = json{{"phase", "Succeeded"}, {"totalTimeMs", 2500}, {"downtimeMs", 50}};
+  e = executed_entry(m, json{{"finishTime", "2026-12-05T10:00:03.000000Z"}}, "2026-12-05T10:00:05.000000Z");
+  EXPECT_EQ(e["outcome"], "Succeeded");
+  EXPECT_EQ(e["finishTime"], "2026-12-05T10:00:03.000000Z");  // first seen ended, kept
+  EXPECT_EQ(e["actualTotalSeconds"], 2.5);                     // libvirt's
+  EXPECT_EQ(e["totalRatio"], 1.25);
+  EXPECT_EQ(e["actualDowntimeSeconds"], 0.05);
+  EXPECT_EQ(e["downtimeRatio"], 0.5);
+  m["status"].erase("totalTimeMs");  // no libvirt figure: finish - start
+  EXPECT_EQ(executed_entry(m, json{{"finishTime", "2026-12-05T10:00:03.000000Z"}}, "")["actualTotalSeconds"], 3.0);
+  m["status"] = json{{"phase", "Failed"}, {"reason", "MigrationFailed"}, {"failureReason", "KubeVirt: boom"}};
+  e = executed_entry(m, json(), "2026-12-05T10:00:05.000000Z");
+  EXPECT_EQ(e["outcome"], "Failed");
+  EXPECT_EQ(e["error"], "MigrationFailed: KubeVirt: boom");
+  EXPECT_FALSE(e.contains("actualTotalSeconds"));
+}
+
+TEST(DrainPlan, CalibrationIsMeasuredOverForecastOfTheSucceededAndBounded) {
+  EXPECT_EQ(calibrate({}).measured, 0);
+  EXPECT_EQ(calibrate({}).ratio, 1);
+  const std::vector<json> entries{
+      {{"outcome", "Succeeded"}, {"totalSeconds", 1.0}, {"actualTotalSeconds", 2.0}},
+      {{"outcome", "Succeeded"}, {"totalSeconds", 3.0}, {"actualTotalSeconds", 4.0}},
+      {{"outcome", "Failed"}, {"totalSeconds", 1.0}, {"actualTotalSeconds", 100.0}},
+      {{"outcome", "Running"}, {"totalSeconds", 1.0}}};
+  const Calibration c = calibrate(entries);
+  EXPECT_EQ(c.measured, 2);
+  EXPECT_DOUBLE_EQ(c.ratio, 1.5);
+  EXPECT_EQ(calibrate({{{"outcome", "Succeeded"}, {"totalSeconds", 1.0}, {"actualTotalSeconds", 100.0}}}).ratio, 10);
 }
 
 TEST(DrainPlan, DurationsReadAsPeopleWriteThem) {

@@ -1,32 +1,78 @@
-"""RdmaDrainPlan end to end (docs/drain.md), forecast only: the API server double (the CRD's
-schema and CEL rules enforced, status subresource), rdmig-controller, KubeVirt VMIs as objects
-(their memory in the spec, their dirty rate in annotations), path checks read from the store or
-run by the controller with two real rdmig-agents over TCP. No guest boots.
+"""RdmaDrainPlan end to end (docs/drain.md): the API server double (the CRD's schema and CEL
+rules enforced, status subresource), rdmig-controller, KubeVirt VMIs as objects (their memory in
+the spec, their dirty rate in annotations), path checks read from the store or run by the
+controller with two real rdmig-agents over TCP. No guest boots.
+
+Executing plans (spec.execute true): the controller's RdmaMigrations become
+VirtualMachineInstanceMigrations as in tests/k8s/test_kubevirt.py, and the KubeVirt stand-in
+(kubevirt_standin.py) migrates them: DrainPerformer below takes a set time per VMI (or fails
+it), publishes rdmig's record with libvirt's figures (the time it took, 30 ms of downtime) on
+the FigureServer that stands in for nodes d to h's agents, and keeps each run's interval, the
+truth the concurrency checks read beside the plan's own timestamps.
 
 Run from the repository root after building:
     RDMIG_AGENT=build/agent/rdmig-agent RDMIG_CONTROLLER=build/controller/rdmig-controller \\
         python3 tests/k8s/test_drainplan.py -v
 """
 import os
-import shutil
 import sys
-import tempfile
+import threading
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "tools"))
-from rdmiglab import Agent  # noqa: E402
-from apiserver_double import ApiServerDouble  # noqa: E402
-from controllerlab import Controller, wait_for  # noqa: E402
+from controllerlab import AgentsAndControllerTest, Controller, wait_for  # noqa: E402
+from kubevirt_standin import VMIM, FigureServer, KubevirtStandin  # noqa: E402
 
-CRD = os.path.join(REPO, "operator-manifests", "crd-rdmamigrations.yaml")
 NS = "ops"
 VM_NS = "vms"
 AGENT_NS = "rdmig-system"
 MiB = 1 << 20
 GiB = 1 << 30
+
+
+PLAN_UID_LABEL = "rdmig.io/drain-plan-uid"
+EXEC_NODES = ("node-d", "node-f", "node-g", "node-h", "node-i", "node-j")  # one for each of the tests below
+TARGET = "node-e"
+
+
+class DrainPerformer:
+    """The stand-in's migration of one VMI: `seconds[vmi]` long (default 0.4), failed for the VMIs
+    in `fail`; publishes rdmig's record (the agents' contract, as AgentPairPerformer does) with
+    libvirt's total time (what it took) and downtime (30 ms); `runs` holds (vmi, start, end)."""
+
+    def __init__(self):
+        self.seconds, self.fail, self.runs, self.lock = {}, set(), [], threading.Lock()
+
+    def target_node(self, source_node, vmim):
+        return TARGET
+
+    def perform(self, m, figures):
+        t0 = time.time()
+        aborted = m.abort.wait(self.seconds.get(m.vmi, 0.4))
+        t1 = time.time()
+        with self.lock:
+            self.runs.append((m.vmi, t0, t1))
+        if aborted:
+            return False, "aborted"
+        ok = m.vmi not in self.fail
+        figures.publish(m.source_node, {
+            "migrationUid": m.uid, "vmi": {"namespace": m.namespace, "name": m.vmi, "uid": ""}, "role": "source",
+            "sourceNode": m.source_node, "targetNode": m.target_node, "mode": "hook", "carried": True,
+            "reason": None, "phase": "Succeeded" if ok else "Failed", "transport": "tcp",
+            "transportReason": "requested", "connections": 1, "bytesSent": 1 << 20, "bytesReceived": 0,
+            "chunksSent": 1, "chunksReceived": 1, "throughputBytesPerSecond": 1 << 30,
+            "libvirt": {"downtimeMs": 30, "totalTimeMs": int((t1 - t0) * 1000), "dataTotalBytes": 1 << 20}
+            if ok else None, "switchoverMs": 10, "startedAtMs": int(t0 * 1000), "finishedAtMs": int(t1 * 1000)})
+        return ok, None if ok else "injected failure of " + m.vmi
+
+
+def most_at_once(intervals):
+    """The most intervals (start, end) that hold one instant."""
+    return max((sum(1 for s, e in intervals if s <= t < e) for t, _ in intervals), default=0)
 
 
 def plan(name, node, **spec):
@@ -36,84 +82,76 @@ def plan(name, node, **spec):
     return body
 
 
-class DrainPlanControllerTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="rdmig-k8s-dp-")
-        cls.api = ApiServerDouble(os.path.join(cls.tmp, "apiserver"), tls=True, crd_path=CRD)
-        cls.store = cls.api.store
-        kubeconfig = cls.api.write_kubeconfig(os.path.join(cls.tmp, "kubeconfig"))
-        token = "agent-token-" + os.urandom(12).hex()
-        cls.agents = {n: Agent(cls.tmp, "agent-" + n, token=token, log_level="debug") for n in ("a", "b", "c")}
-        for n, agent in cls.agents.items():
-            cls.api.add_agent_pod(AGENT_NS, "rdmig-agent-" + n, "node-" + n, agent.api_port)
-        cls.controller = Controller(cls.tmp, "ctl", kubeconfig, cls.agents["a"].token_file)
-        wait_for(lambda: cls.controller.metric("rdmig_controller_leader") == 1, 30, "the controller to lead")
+class DrainPlanControllerTest(AgentsAndControllerTest):
+    PLURAL, NS, AGENT_NS, TMP_PREFIX = "rdmadrainplans", NS, AGENT_NS, "rdmig-k8s-dp-"
 
     @classmethod
-    def tearDownClass(cls):
-        cls.controller.stop()
-        for a in cls.agents.values():
-            a.stop()
-        cls.api.stop()
-        if os.environ.get("RDMIG_KEEP_TMP"):
-            print("kept", cls.tmp)
-        else:
-            shutil.rmtree(cls.tmp, ignore_errors=True)
+    def lab_setup(cls):
+        # Nodes whose agents stand in through FigureServer, for the executing plans.
+        cls.figures = FigureServer(cls.token)
+        for node in EXEC_NODES + (TARGET,):
+            cls.api.add_agent_pod(AGENT_NS, "rdmig-agent-" + node, node, cls.figures.start(node))
+        cls.performer = DrainPerformer()
+        cls.standin = KubevirtStandin(cls.store, cls.performer, cls.figures)
 
-    def tearDown(self):
-        result = getattr(self._outcome, "result", None)
-        if result and any(t is self for t, _ in result.errors + result.failures):
-            print("---- controller log (tail) ----\n" + self.controller.log_text()[-6000:])
+    @classmethod
+    def lab_teardown(cls):
+        cls.standin.stop()
+        cls.figures.stop()
 
     # -- helpers ---------------------------------------------------------------------------
-    def add_vmi(self, name, node, memory=None, dirty=None, labels=None):
+    def add_vmi(self, name, node, memory=None, dirty=None, labels=None, ns=VM_NS):
         domain = {"devices": {}}
         if memory:
             domain["memory"] = {"guest": memory}
-        md = {"name": name, "namespace": VM_NS, "labels": dict(labels or {}, **{"kubevirt.io/nodeName": node})}
+        md = {"name": name, "namespace": ns, "labels": dict(labels or {}, **{"kubevirt.io/nodeName": node})}
         if dirty is not None:
             md["annotations"] = {"rdmig.io/dirty-rate-bytes-per-second": str(dirty),
                                  "rdmig.io/dirty-rate-time": "2026-12-05T09:00:00Z"}
-        code, obj = self.store.create("virtualmachineinstances", VM_NS, {
+        code, obj = self.store.create("virtualmachineinstances", ns, {
             "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": md,
             "spec": {"domain": domain}})
         self.assertEqual(code, 201, obj)
         obj["status"] = {"phase": "Running", "nodeName": node}
-        code, obj = self.store.replace("virtualmachineinstances", VM_NS, name, obj, subresource="status")
+        code, obj = self.store.replace("virtualmachineinstances", ns, name, obj, subresource="status")
         self.assertEqual(code, 200, obj)
 
     def add_checked_path(self, name, source, target, throughput, when="2026-12-05T08:00:00Z"):
-        code, obj = self.store.create("rdmapathchecks", NS, {
+        # With its status from the start: the controller would otherwise run a check it sees without one.
+        code, obj = self.store.create_with_status("rdmapathchecks", NS, {
             "apiVersion": "rdmig.io/v1alpha1", "kind": "RdmaPathCheck", "metadata": {"name": name, "namespace": NS},
-            "spec": {"source": source, "targets": {"nodes": [target]}}})
+            "spec": {"source": source, "targets": {"nodes": [target]}},
+            "status": {"phase": "Succeeded", "completionTime": when, "pairs": [
+                {"source": source, "target": target, "phase": "Passed", "transport": "rdma",
+                 "throughputBytesPerSecond": throughput, "rttMicroseconds": 0, "bytes": GiB, "bytesVerified": GiB}]}})
         self.assertEqual(code, 201, obj)
-        obj["status"] = {"phase": "Succeeded", "completionTime": when, "pairs": [
-            {"source": source, "target": target, "phase": "Passed", "transport": "rdma",
-             "throughputBytesPerSecond": throughput, "rttMicroseconds": 0, "bytes": GiB, "bytesVerified": GiB}]}
-        code, obj = self.store.replace("rdmapathchecks", NS, name, obj, subresource="status")
-        self.assertEqual(code, 200, obj)
 
-    def create(self, body):
-        code, obj = self.store.create("rdmadrainplans", NS, body)
-        self.assertEqual(code, 201, obj)
-        return obj
+    def migrations_of(self, obj):
+        uid = obj["metadata"]["uid"]
+        return [m for m in self.store.objects_of("rdmamigrations")
+                if m["metadata"].get("labels", {}).get(PLAN_UID_LABEL) == uid]
 
-    def get(self, name, plural="rdmadrainplans"):
-        code, obj = self.store.get(plural, NS, name)
-        return obj if code == 200 else None
+    def plan_metric(self, metric, plan_name, **labels):
+        key = frozenset(dict(labels, namespace=NS, name=plan_name).items())
+        return self.controller.metrics().get((metric, key))
 
-    def wait_phase(self, name, phases, timeout=60.0):
-        def reached():
-            obj = self.get(name)
-            return obj if obj and obj.get("status", {}).get("phase") in phases else None
-        try:
-            return wait_for(reached, timeout, "%s to reach %s" % (name, phases))
-        except TimeoutError:
-            raise AssertionError("%s did not reach %s; now: %s" % (name, phases, self.get(name)))
+    def runs_of(self, vmis):
+        with self.performer.lock:
+            return [r for r in self.performer.runs if r[0] in vmis]
 
-    def reasons(self, name):
-        return [(e["type"], e["reason"]) for e in self.api.events(name)]
+    def check_concurrency(self, st, vmis, limit):
+        """At most `limit` at once by the plan's timestamps (its start, the end it saw) and by the
+        stand-in's runs; returns the most at once by the plan's timestamps."""
+        from datetime import datetime
+        def t(text):
+            return datetime.strptime(text.replace("Z", "+0000"), "%Y-%m-%dT%H:%M:%S.%f%z").timestamp() \
+                if "." in text else datetime.strptime(text.replace("Z", "+0000"), "%Y-%m-%dT%H:%M:%S%z").timestamp()
+        executed = [v for v in st["vms"] if "migration" in v]
+        plan_intervals = [(t(v["startTime"]), t(v["finishTime"])) for v in executed]
+        self.assertLessEqual(most_at_once(plan_intervals), limit, executed)
+        runs = self.runs_of(vmis)
+        self.assertLessEqual(most_at_once([(s, e) for _, s, e in runs]), limit, runs)
+        return most_at_once(plan_intervals)
 
     # -- cases -----------------------------------------------------------------------------
     def test_forecast_from_the_latest_path_check_with_hand_computed_figures(self):
@@ -186,17 +224,206 @@ class DrainPlanControllerTest(unittest.TestCase):
         self.assertEqual((obj["status"]["phase"], cond["reason"]), ("Failed", "NoAgent"), obj["status"])
         self.assertIn("node-x", cond["message"])
 
-    def test_execute_is_refused_and_the_spec_is_immutable(self):
-        code, body = self.store.create("rdmadrainplans", NS, plan("exec", "node-a", execute=True))
-        self.assertEqual(code, 422, body)
-        self.assertIn("spec.execute", body["message"])
-        obj = self.create(plan("frozen", "node-a", maxDowntime="1s"))
-        obj["spec"]["maxDowntime"] = "2s"
-        code, body = self.store.replace("rdmadrainplans", NS, "frozen", obj)
-        self.assertEqual(code, 422, body)
-        self.assertIn("immutable", body["message"])
+    def test_an_api_server_outage_while_finding_the_agent_is_retried_not_a_failure(self):
+        self.add_checked_path("i-path", "node-i", TARGET, 1.0 * GiB, when="2026-12-05T11:00:00Z")
+        self.api.refuse_lists["pods"] = (503, "ServiceUnavailable", "the API server is overloaded")
+        try:
+            self.create(plan("outage", "node-i"))
+            wait_for(lambda: any(r[0] == "GET" and "/pods?" in r[1] and str(r[3]) == "503"
+                                 and r[2].startswith("rdmig-controller/") for r in list(self.api.requests)), 30,
+                     "the controller to meet the outage")
+            self.assertNotEqual(self.get("outage").get("status", {}).get("phase"), "Failed")
+        finally:
+            self.api.refuse_lists.pop("pods", None)
+        st = self.wait_phase("outage", ("Forecast", "Failed"), timeout=60)["status"]
+        self.assertEqual(st["phase"], "Forecast", st)
+
+    def test_the_spec_is_immutable_execute_included(self):
+        obj = self.create(plan("frozen", "node-x", maxDowntime="1s"))
+        for field, value in (("maxDowntime", "2s"), ("execute", True)):
+            changed = dict(obj, spec=dict(obj["spec"], **{field: value}))
+            code, body = self.store.replace("rdmadrainplans", NS, "frozen", changed)
+            self.assertEqual(code, 422, body)
+            self.assertIn("immutable", body["message"])
         code, body = self.store.create("rdmadrainplans", NS, plan("bad-downtime", "node-a", maxDowntime="soon"))
         self.assertEqual(code, 422, body)
+        code, body = self.store.create("rdmadrainplans", NS, plan("bad-policy", "node-a", execute=True,
+                                                                   notConverging="Sometimes"))
+        self.assertEqual(code, 422, body)
+        self.assertIn("notConverging", body["message"])
+
+    # -- execute ---------------------------------------------------------------------------
+    def test_execute_runs_the_plans_order_within_its_concurrency_and_records_actual_beside_forecast(self):
+        node = "node-d"
+        self.add_checked_path("d-path", node, TARGET, 1.0 * GiB, when="2026-12-05T11:00:00Z")
+        sizes = {"big": 1024, "mid": 768, "small": 512, "tiny": 256}
+        for name, mib in sizes.items():
+            self.add_vmi(name, node, memory="%dMi" % mib, dirty=0, ns=NS)
+            self.performer.seconds[name] = 0.3 + mib / 1024.0
+        self.add_vmi("hot", node, memory="1Gi", dirty=2 * GiB, ns=NS)  # never converges: not started
+        # A path capacity of 4 GiB/s: two at once each keep the 1 GiB/s one channel carried.
+        obj = self.create(plan("drain-d", node, execute=True, maxConcurrentPerPair=2, pathCapacity="4Gi"))
+        st = self.wait_phase("drain-d", ("Completed", "Failed"), timeout=120)["status"]
+        print("\nexecution:", st["execution"])
+        self.assertEqual(st["phase"], "Completed", st)
+        ex = st["execution"]
+        self.assertEqual((ex["succeeded"], ex["failed"], ex["skipped"], ex["pending"], ex["running"]), (4, 0, 1, 0, 0))
+        vms = {v["name"]: v for v in st["vms"]}
+        self.assertEqual(vms["hot"]["outcome"], "Skipped")
+        self.assertIn("postCopy", vms["hot"]["remedies"])
+        # One RdmaMigration per started VMI, owned by the plan and labelled with it; none for "hot".
+        migrations = self.migrations_of(obj)
+        self.assertEqual(sorted(m["spec"]["source"]["vmi"]["name"] for m in migrations), sorted(sizes))
+        for m in migrations:
+            self.assertEqual(m["metadata"]["labels"]["rdmig.io/drain-plan"], "drain-d")
+            self.assertEqual(m["metadata"]["ownerReferences"][0]["uid"], obj["metadata"]["uid"])
+            self.assertEqual(m["status"]["phase"], "Succeeded")
+        # The plan's order: longest first, started in that order.
+        executed = sorted((v for v in st["vms"] if "migration" in v), key=lambda v: v["order"])
+        self.assertEqual([v["name"] for v in executed], ["big", "mid", "small", "tiny"])
+        self.assertEqual([v["startTime"] for v in executed], sorted(v["startTime"] for v in executed))
+        runs = sorted(self.runs_of(set(sizes)), key=lambda r: r[1])
+        self.assertEqual([r[0] for r in runs], ["big", "mid", "small", "tiny"])
+        # Never more than 2 at once, and the plan did run 2 at once (whether the stand-in's runs
+        # overlap too depends on how fast it walks KubeVirt's phases on a busy machine).
+        self.assertEqual(self.check_concurrency(st, set(sizes), 2), 2)
+        # Each VM: the forecast it started with, what it took (libvirt's figures), the ratio.
+        took = {vmi: end - start for vmi, start, end in runs}
+        for v in executed:
+            self.assertEqual(v["outcome"], "Succeeded")
+            self.assertAlmostEqual(v["actualTotalSeconds"], took[v["name"]], delta=0.002)
+            self.assertEqual(v["actualDowntimeSeconds"], 0.03)
+            self.assertAlmostEqual(v["totalRatio"], v["actualTotalSeconds"] / v["totalSeconds"], delta=0.01)
+            self.assertAlmostEqual(v["downtimeRatio"], 0.03 / v["downtimeSeconds"], delta=0.01)
+        self.assertAlmostEqual(vms["big"]["totalSeconds"], 1.02, places=2)  # 1 GiB at 1 GiB/s + 20 ms
+        # The node: forecast against actual.
+        self.assertEqual(ex["predictedDrainSeconds"], st["summary"]["predictedDrainSeconds"])
+        self.assertGreater(ex["actualDrainSeconds"], max(r[2] for r in runs) - min(r[1] for r in runs) - 0.01)
+        self.assertAlmostEqual(ex["drainRatio"], ex["actualDrainSeconds"] / ex["predictedDrainSeconds"], delta=0.01)
+        self.assertGreaterEqual(ex["measured"], 2)  # the later starts were re-planned on measured figures
+        conds = {c["type"]: c for c in st["conditions"]}
+        self.assertEqual((conds["Executed"]["status"], conds["Executed"]["reason"]), ("False", "VMsSkipped"))
+        self.assertEqual(conds["MigrationFailed"]["status"], "False")
+        wait_for(lambda: ("Warning", "DrainIncomplete") in self.reasons("drain-d"), 10, "the DrainIncomplete event")
+        self.assertIn(("Normal", "DrainStarted"), self.reasons("drain-d"))
+        # Metrics by plan.
+        self.assertEqual(self.plan_metric("rdmig_controller_drainplan_vms", "drain-d", state="succeeded"), 4)
+        self.assertEqual(self.plan_metric("rdmig_controller_drainplan_vms", "drain-d", state="skipped"), 1)
+        self.assertEqual(self.plan_metric("rdmig_controller_drainplan_vms", "drain-d", state="running"), 0)
+        self.assertAlmostEqual(self.plan_metric("rdmig_controller_drainplan_predicted_drain_seconds", "drain-d"),
+                               ex["predictedDrainSeconds"])
+        self.assertAlmostEqual(self.plan_metric("rdmig_controller_drainplan_actual_drain_seconds", "drain-d"),
+                               ex["actualDrainSeconds"])
+
+    def test_execute_a_failed_migration_is_reported_and_the_others_go_on(self):
+        node = "node-f"
+        self.add_checked_path("f-path", node, TARGET, 1.0 * GiB, when="2026-12-05T11:00:00Z")
+        for name, mem in (("f-first", "1Gi"), ("f-broken", "512Mi"), ("f-last", "256Mi")):
+            self.add_vmi(name, node, memory=mem, dirty=0)  # in another namespace than the plan
+        self.performer.fail.add("f-broken")
+        obj = self.create(plan("drain-f", node, execute=True, maxConcurrentPerPair=1))
+        st = self.wait_phase("drain-f", ("Completed", "Failed"), timeout=120)["status"]
+        self.assertEqual(st["phase"], "Completed", st)
+        ex = st["execution"]
+        self.assertEqual((ex["succeeded"], ex["failed"], ex["skipped"]), (2, 1, 0))
+        vms = {v["name"]: v for v in st["vms"]}
+        self.assertEqual(st["vms"][0]["name"], "f-broken")  # failures listed first
+        broken = vms["f-broken"]
+        self.assertEqual(broken["outcome"], "Failed")
+        self.assertIn("injected failure of f-broken", broken["error"])
+        self.assertNotIn("actualTotalSeconds", broken)
+        self.assertEqual(vms["f-last"]["outcome"], "Succeeded")  # started after the failure
+        self.assertLess(broken["finishTime"], vms["f-last"]["startTime"])
+        conds = {c["type"]: c for c in st["conditions"]}
+        self.assertEqual((conds["MigrationFailed"]["status"], conds["MigrationFailed"]["reason"]),
+                         ("True", "MigrationFailed"))
+        self.assertIn(VM_NS + "/f-broken", conds["MigrationFailed"]["message"])
+        self.assertEqual((conds["Executed"]["status"], conds["Executed"]["reason"]), ("False", "MigrationsFailed"))
+        wait_for(lambda: ("Warning", "DrainIncomplete") in self.reasons("drain-f"), 10, "the DrainIncomplete event")
+        self.assertEqual(self.reasons("drain-f").count(("Warning", "MigrationFailed")), 1)
+        # Across namespaces: labels name the plan, no owner reference.
+        for m in self.migrations_of(obj):
+            self.assertEqual(m["metadata"]["namespace"], VM_NS)
+            self.assertNotIn("ownerReferences", m["metadata"])
+        self.assertEqual(self.check_concurrency(st, {"f-first", "f-broken", "f-last"}, 1), 1)
+        self.assertEqual(self.plan_metric("rdmig_controller_drainplan_vms", "drain-f", state="failed"), 1)
+
+    def test_execute_with_not_converging_migrate_starts_those_vms_alone_after_the_planned_ones(self):
+        node = "node-j"
+        self.add_checked_path("j-path", node, TARGET, 1.0 * GiB, when="2026-12-05T11:00:00Z")
+        self.add_vmi("j-ok-1", node, memory="512Mi", dirty=0)
+        self.add_vmi("j-ok-2", node, memory="256Mi", dirty=0)
+        self.add_vmi("j-hot", node, memory="1Gi", dirty=2 * GiB)  # forecast not to converge
+        self.add_vmi("j-nomem", node, dirty=0)                    # no forecast at all
+        self.create(plan("drain-j", node, execute=True, notConverging="Migrate", maxConcurrentPerPair=2,
+                         pathCapacity="4Gi"))
+        st = self.wait_phase("drain-j", ("Completed", "Failed"), timeout=120)["status"]
+        self.assertEqual(st["phase"], "Completed", st)
+        self.assertEqual((st["execution"]["succeeded"], st["execution"]["skipped"]), (4, 0))
+        vms = {v["name"]: v for v in st["vms"]}
+        self.assertEqual(sorted(vms["j-hot"]), sorted(vms["j-nomem"]))  # no forecast to compare with
+        self.assertNotIn("totalRatio", vms["j-hot"])
+        # The planned two first (two at once), then the others one at a time.
+        runs = sorted(self.runs_of(set(vms)), key=lambda r: r[1])
+        self.assertEqual({r[0] for r in runs[:2]}, {"j-ok-1", "j-ok-2"})
+        self.assertEqual({r[0] for r in runs[2:]}, {"j-hot", "j-nomem"})
+        last_planned = max(v["finishTime"] for n, v in vms.items() if n.startswith("j-ok"))
+        unplanned = sorted((vms["j-hot"], vms["j-nomem"]), key=lambda v: v["startTime"])
+        self.assertLess(last_planned, unplanned[0]["startTime"])
+        self.assertLess(unplanned[0]["finishTime"], unplanned[1]["startTime"])
+        conds = {c["type"]: c for c in st["conditions"]}
+        self.assertEqual((conds["Executed"]["status"], conds["Executed"]["reason"]), ("True", "AllMigrated"))
+
+    def test_execute_resumes_after_a_controller_restart_without_duplicating_migrations(self):
+        node = "node-g"
+        self.add_checked_path("g-path", node, TARGET, 1.0 * GiB, when="2026-12-05T11:00:00Z")
+        names = ["g1", "g2", "g3", "g4"]
+        for i, name in enumerate(names):
+            self.add_vmi(name, node, memory="%dMi" % (512 - 64 * i), dirty=0)
+            self.performer.seconds[name] = 1.0
+        obj = self.create(plan("drain-g", node, execute=True, maxConcurrentPerPair=1))
+        wait_for(lambda: len([v for v in self.store.objects_of(VMIM) if v["spec"]["vmiName"] in names]) >= 2, 60,
+                 "the second migration of drain-g to reach KubeVirt")
+        self.controller.stop()
+        try:
+            # While no controller runs, the running migration ends at KubeVirt's end.
+            wait_for(lambda: all(v.get("status", {}).get("phase") in ("Succeeded", "Failed")
+                                 for v in self.store.objects_of(VMIM) if v["spec"]["vmiName"] in names)
+                     and len(self.runs_of(set(names))) >= 2, 60, "the running migration to end")
+            self.assertEqual(len(self.migrations_of(obj)), 2)
+            self.assertEqual(self.get("drain-g")["status"]["phase"], "Executing")
+        finally:
+            DrainPlanControllerTest.controller = Controller(self.tmp, "ctl-2", self.kubeconfig,
+                                                            self.agents["a"].token_file)
+        wait_for(lambda: self.controller.metric("rdmig_controller_leader") == 1, 30, "the new controller to lead")
+        st = self.wait_phase("drain-g", ("Completed", "Failed"), timeout=120)["status"]
+        self.assertEqual((st["phase"], st["execution"]["succeeded"]), ("Completed", 4), st)
+        migrations = self.migrations_of(obj)
+        self.assertEqual(sorted(m["spec"]["source"]["vmi"]["name"] for m in migrations), names)
+        vmims = [v for v in self.store.objects_of(VMIM) if v["spec"]["vmiName"] in names]
+        self.assertEqual(sorted(v["spec"]["vmiName"] for v in vmims), names)
+        runs = sorted(self.runs_of(set(names)), key=lambda r: r[1])
+        self.assertEqual([r[0] for r in runs], names)  # each once, in the plan's order (largest first)
+        self.assertEqual(self.check_concurrency(st, set(names), 1), 1)
+
+    def test_execute_false_creates_nothing_while_an_executing_plan_drains_the_same_node(self):
+        node = "node-h"
+        self.add_checked_path("h-path", node, TARGET, 1.0 * GiB, when="2026-12-05T11:00:00Z")
+        for name in ("h1", "h2"):
+            self.add_vmi(name, node, memory="256Mi", dirty=0)
+        look = self.create(plan("look-h", node))
+        self.assertEqual(self.wait_phase("look-h", ("Forecast", "Failed"))["status"]["phase"], "Forecast")
+        go = self.create(plan("drain-h", node, execute=True))
+        st = self.wait_phase("drain-h", ("Completed", "Failed"), timeout=120)["status"]
+        self.assertEqual(st["phase"], "Completed", (st, [(c["metadata"]["name"], c.get("status", {}).get("pairs"))
+                                                         for c in self.store.objects_of("rdmapathchecks")]))
+        self.assertEqual(len(self.migrations_of(go)), 2)
+        self.assertEqual(self.migrations_of(look), [])
+        st = self.get("look-h")["status"]
+        self.assertEqual(st["phase"], "Forecast")
+        self.assertNotIn("execution", st)
+        self.assertEqual(sorted(v["spec"]["vmiName"] for v in self.store.objects_of(VMIM)
+                                if v["spec"]["vmiName"] in ("h1", "h2")), ["h1", "h2"])  # the executing plan's only
 
     def test_max_bandwidth_caps_each_migration_and_the_selector_narrows_the_vms(self):
         self.add_checked_path("cap-path", "node-a", "node-b", 1.0 * GiB, when="2026-12-05T10:00:00Z")
@@ -233,8 +460,9 @@ class DrainPlanControllerTest(unittest.TestCase):
         calls = rbac_check.calls_from_log(self.api.requests, "rdmig-controller/")
         problems = rbac_check.compare(calls, rbac_check.chart_rules(),
                                       unused_of={"rdmadrainplans", "rdmadrainplans/status"})
-        # create on rdmapathchecks and list on VMIs: the two grants this kind added elsewhere.
+        # create on rdmapathchecks and rdmamigrations, list on VMIs: the grants this kind added elsewhere.
         self.assertIn(("rdmig.io", "rdmapathchecks", "create", NS, ""), calls)
+        self.assertIn(("rdmig.io", "rdmamigrations", "create", NS, ""), calls)
         self.assertIn(("kubevirt.io", "virtualmachineinstances", "list", "", ""), calls)
         self.assertEqual(problems, [], "\n".join(problems))
 

@@ -504,8 +504,9 @@ class KubevirtPathTest(unittest.TestCase):
         # tests/k8s/test_pathcheck.py (its own RBAC check), the token and access reviews of the
         # HTTPS /metrics by tests/k8s/test_controller_faults.py (MetricsAuthTest): this
         # controller serves its metrics locally.
-        # RdmaDrainPlan's (and its list of VMIs) by tests/k8s/test_drainplan.py.
+        # RdmaDrainPlan's (its list of VMIs, its create of RdmaMigrations) by tests/k8s/test_drainplan.py.
         granted = rbac_check.without(granted, "virtualmachineinstances", "list")
+        granted = rbac_check.without(granted, "rdmamigrations", "create")
         others = {res for _, r in granted for res in r["resources"]
                   if not res.startswith("rdmapathchecks") and not res.startswith("rdmadrainplans")
                   and res not in ("nodes", "tokenreviews", "subjectaccessreviews")}

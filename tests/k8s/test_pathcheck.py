@@ -7,7 +7,6 @@ Run from the repository root after building:
         python3 tests/k8s/test_pathcheck.py -v
 """
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -18,13 +17,10 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "tools"))
 sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
-from rdmiglab import Agent  # noqa: E402
 from agent_standin import AgentStandin  # noqa: E402
-from apiserver_double import ApiServerDouble  # noqa: E402
-from controllerlab import Controller, wait_for  # noqa: E402
+from controllerlab import AgentsAndControllerTest, wait_for  # noqa: E402
 from test_agent_hostile_http import FakeIncomingQemu  # noqa: E402
 
-CRD = os.path.join(REPO, "operator-manifests", "crd-rdmamigrations.yaml")
 NS = "ops"
 AGENT_NS = "rdmig-system"
 MiB = 1 << 20
@@ -38,60 +34,18 @@ def pathcheck(name, source, targets, **spec):
     return body
 
 
-class PathCheckControllerTest(unittest.TestCase):
+class PathCheckControllerTest(AgentsAndControllerTest):
+    PLURAL, NS, AGENT_NS, TMP_PREFIX = "rdmapathchecks", NS, AGENT_NS, "rdmig-k8s-pc-"
+
     @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="rdmig-k8s-pc-")
-        cls.api = ApiServerDouble(os.path.join(cls.tmp, "apiserver"), tls=True, crd_path=CRD)
-        cls.store = cls.api.store
-        kubeconfig = cls.api.write_kubeconfig(os.path.join(cls.tmp, "kubeconfig"))
-        token = cls.token = "agent-token-" + os.urandom(12).hex()
-        cls.agents = {n: Agent(cls.tmp, "agent-" + n, token=token, log_level="debug") for n in ("a", "b", "c")}
-        for n, agent in cls.agents.items():
-            cls.api.add_agent_pod(AGENT_NS, "rdmig-agent-" + n, "node-" + n, agent.api_port)
+    def lab_setup(cls):
         # Running and Ready, but nothing answers on its port: its agent is down.
         cls.api.add_agent_pod(AGENT_NS, "rdmig-agent-dead", "node-dead", 1)
-        cls.controller = Controller(cls.tmp, "ctl", kubeconfig, cls.agents["a"].token_file)
-        wait_for(lambda: cls.controller.metric("rdmig_controller_leader") == 1, 30, "the controller to lead")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.controller.stop()
-        for a in cls.agents.values():
-            a.stop()
-        cls.api.stop()
-        if os.environ.get("RDMIG_KEEP_TMP"):
-            print("kept", cls.tmp)
-        else:
-            shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def tearDown(self):
-        result = getattr(self._outcome, "result", None)
-        if result and any(t is self for t, _ in result.errors + result.failures):
-            print("---- controller log (tail) ----\n" + self.controller.log_text()[-6000:])
+        super().tearDown()
         for agent in self.agents.values():
             self.assertTrue(agent.alive(), agent.log_text()[-3000:])
-
-    def create(self, body):
-        code, obj = self.store.create("rdmapathchecks", NS, body)
-        self.assertEqual(code, 201, obj)
-        return obj
-
-    def get(self, name):
-        code, obj = self.store.get("rdmapathchecks", NS, name)
-        return obj if code == 200 else None
-
-    def wait_phase(self, name, phases, timeout=60.0):
-        def reached():
-            obj = self.get(name)
-            return obj if obj and obj.get("status", {}).get("phase") in phases else None
-        try:
-            return wait_for(reached, timeout, "%s to reach %s" % (name, phases))
-        except TimeoutError:
-            raise AssertionError("%s did not reach %s; now: %s" % (name, phases, self.get(name)))
-
-    def reasons(self, name):
-        return [(e["type"], e["reason"]) for e in self.api.events(name)]
 
     def test_every_pair_carries_its_bytes_and_reports_its_figures(self):
         self.create(pathcheck("all-pass", "node-a", {"nodes": ["node-b", "node-c"]}, bytes="32Mi",

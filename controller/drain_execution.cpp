@@ -1,0 +1,121 @@
+#include "controller/drain_execution.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <optional>
+
+#include "k8s/time_format.h"
+
+namespace rdmig::controller {
+
+using nlohmann::json;
+
+namespace {
+
+double round3(double v) { return std::round(v * 1000) / 1000; }
+
+std::optional<double> annotation_number(const json& annotations, const char* key) {
+  if (!annotations.is_object() || !annotations.contains(key) || !annotations[key].is_string()) return std::nullopt;
+  try {
+    const double v = std::stod(annotations[key].get<std::string>());
+    if (std::isfinite(v) && v >= 0) return v;
+  } catch (...) {
+  }
+  return std::nullopt;
+}
+
+std::optional<double> seconds_between(const std::string& from, const std::string& to) {
+  const auto a = k8s::parse_time(from), b = k8s::parse_time(to);
+  if (!a || !b) return std::nullopt;
+  return std::max(0.0, std::chrono::duration<double>(*b - *a).count());
+}
+
+}  // namespace
+
+std::string drain_migration_name(const std::string& plan, const std::string& plan_uid, const std::string& vmi_ns,
+                                 const std::string& vmi) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+  for (const char c : plan_uid + "/" + vmi_ns + "/" + vmi) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "%08llx", static_cast<unsigned long long>(h & 0xffffffffull));
+  auto part = [](std::string s, size_t n) {
+    if (s.size() > n) s.resize(n);
+    while (!s.empty() && (s.back() == '-' || s.back() == '.')) s.pop_back();
+    return s;
+  };
+  return part(plan, 100) + "-" + part(vmi, 120) + "-" + hex;
+}
+
+json executed_entry(const json& migration, const json& previous, const std::string& now) {
+  const json md = migration.value("metadata", json::object());
+  const json ann = md.value("annotations", json::object());
+  const json spec = migration.value("spec", json::object());
+  const json st = migration.value("status", json::object()).is_object() ? migration.value("status", json::object())
+                                                                         : json::object();
+  std::string vmi;
+  if (spec.is_object() && spec.contains("source") && spec["source"].is_object() && spec["source"].contains("vmi") &&
+      spec["source"]["vmi"].is_object()) {
+    vmi = spec["source"]["vmi"].value("name", "");
+  }
+  json e{{"namespace", md.value("namespace", "")}, {"name", vmi}, {"migration", md.value("name", "")}};
+  if (ann.is_object() && ann.contains(kOrderAnnotation) && ann[kOrderAnnotation].is_string()) {
+    if (auto o = annotation_number(ann, kOrderAnnotation)) e["order"] = static_cast<int64_t>(*o);
+  }
+  const auto predicted_total = annotation_number(ann, kPredictedTotalAnnotation);
+  const auto predicted_downtime = annotation_number(ann, kPredictedDowntimeAnnotation);
+  if (predicted_total) e["totalSeconds"] = round3(*predicted_total);
+  if (predicted_downtime) e["downtimeSeconds"] = round3(*predicted_downtime);
+  const std::string start = ann.is_object() ? ann.value(kStartAnnotation, std::string()) : std::string();
+  if (!start.empty()) e["startTime"] = start;
+  const std::string phase = st.value("phase", "");
+  const bool ended = phase == "Succeeded" || phase == "Failed" || phase == "Cancelled";
+  if (!ended) {
+    e["outcome"] = "Running";
+    return e;
+  }
+  e["outcome"] = phase == "Succeeded" ? "Succeeded" : "Failed";
+  std::string finish = previous.is_object() ? previous.value("finishTime", std::string()) : std::string();
+  if (finish.empty()) finish = now;
+  e["finishTime"] = finish;
+  if (phase != "Succeeded") {
+    std::string error = st.value("failureReason", std::string());
+    if (error.empty()) error = phase == "Cancelled" ? "cancelled" : "failed without a reason";
+    e["error"] = (st.value("reason", std::string()).empty() ? error : st.value("reason", std::string()) + ": " + error)
+                     .substr(0, 1000);
+    return e;
+  }
+  std::optional<double> total;
+  if (st.contains("totalTimeMs") && st["totalTimeMs"].is_number()) total = st["totalTimeMs"].get<double>() / 1000;
+  else if (!start.empty()) total = seconds_between(start, finish);
+  if (total) {
+    e["actualTotalSeconds"] = round3(*total);
+    if (predicted_total && *predicted_total > 0) e["totalRatio"] = round3(*total / *predicted_total);
+  }
+  if (st.contains("downtimeMs") && st["downtimeMs"].is_number()) {
+    const double downtime = st["downtimeMs"].get<double>() / 1000;
+    e["actualDowntimeSeconds"] = round3(downtime);
+    if (predicted_downtime && *predicted_downtime > 0) e["downtimeRatio"] = round3(downtime / *predicted_downtime);
+  }
+  return e;
+}
+
+Calibration calibrate(const std::vector<json>& entries) {
+  Calibration c;
+  double actual = 0, predicted = 0;
+  for (const auto& e : entries) {
+    if (e.value("outcome", "") != "Succeeded" || !e.contains("actualTotalSeconds") || !e.contains("totalSeconds")) {
+      continue;
+    }
+    const double p = e["totalSeconds"].get<double>(), a = e["actualTotalSeconds"].get<double>();
+    if (!(p > 0) || !(a > 0)) continue;
+    actual += a, predicted += p, ++c.measured;
+  }
+  if (c.measured > 0) c.ratio = std::clamp(actual / predicted, 0.1, 10.0);
+  return c;
+}
+
+}  // namespace rdmig::controller
