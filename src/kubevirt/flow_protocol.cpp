@@ -28,6 +28,7 @@ json FlowHello::to_json() const {
          {"transportRequired", transport_required}};
   if (!vmi.name.empty()) j["vmi"] = json{{"namespace", vmi.namespace_}, {"name", vmi.name}, {"uid", vmi.uid}};
   if (!rdma_rails.empty()) j["rdmaRails"] = transport::rails_to_json(rdma_rails);
+  if (failover) j["failover"] = true;
   return j;
 }
 
@@ -85,6 +86,10 @@ Result<FlowHello> FlowHello::parse(const json& j) {
   auto rails = transport::parse_rails(j, "rdmaRails", "hello");
   if (!rails) return rails.error();
   h.rdma_rails = std::move(rails.value());
+  if (const auto v = j.find("failover"); v != j.end()) {
+    if (!v->is_boolean()) return Error{Errc::kInvalidArgument, "hello.failover: expected a boolean"};
+    h.failover = v->get<bool>();
+  }
   return h;
 }
 
@@ -106,6 +111,7 @@ json FlowDataHello::to_json() const {
   json j{{"kind", session::to_string(session::HelloKind::kFlowData)}, {"protocol", kFlowProtocolVersion}, {"session", session}, {"index", index}};
   if (!nonce.empty()) j["nonce"] = nonce;
   if (tls) j["tls"] = true;
+  if (resume) j["resume"] = true;
   return j;
 }
 
@@ -130,6 +136,10 @@ Result<FlowDataHello> FlowDataHello::parse(const json& j) {
   if (const auto v = j.find("tls"); v != j.end()) {
     if (!v->is_boolean()) return Error{Errc::kInvalidArgument, "hello.tls: expected a boolean"};
     h.tls = v->get<bool>();
+  }
+  if (const auto v = j.find("resume"); v != j.end()) {
+    if (!v->is_boolean()) return Error{Errc::kInvalidArgument, "hello.resume: expected a boolean"};
+    h.resume = v->get<bool>();
   }
   return h;
 }

@@ -23,6 +23,10 @@
 //                     until the source sends "end"; a side that verified nothing from its peer
 //                     for kubevirt.heartbeatTimeoutSeconds fails the session (a cut link or a
 //                     frozen agent shows in seconds: TCP alone notices after its 30 s user timeout)
+// Failover (hello and welcome "failover": true, docs/failover.md): a TCP or RDMA channel whose link
+// fails is re-dialled over TCP by the source with {kind:"flow-data", ..., resume:true}, proved as
+// below, then resumed where each direction stopped (session/resume.h); admitted only for a live
+// channel of a session that fails over.
 // Channels: TCP connections with hello {kind:"flow-data", protocol, session, index, nonce}, or
 // rdma_cm connections carrying (session, index), like the bare-QEMU jobs' channels. Each proves
 // the session's channel key (transport/channel_proof.h: derived from the token and both nonces,
@@ -63,6 +67,10 @@ struct FlowHello {
   bool transport_required = false;
   // The source's working RDMA rails (address and port MTU each); empty without RDMA.
   std::vector<transport::RailAddress> rdma_rails;
+  // Optional "failover": true: the source fails its channels over (dataPlane.failover, and not
+  // transport rdma required); the target confirms it in the welcome when it has it on too.
+  // Covered by the proofs like every field (an agent that does not read it fails the proof).
+  bool failover = false;
 
   nlohmann::json to_json() const;
   static Result<FlowHello> parse(const nlohmann::json& j);
@@ -82,6 +90,9 @@ struct FlowDataHello {
   uint32_t index = 0;
   std::string nonce;  // the dialler's fresh nonce (transport::prove_channel adds it)
   bool tls = false;   // optional "tls": the source has dataPlane.tls on (the target must too)
+  // Optional "resume": true: the source re-dials a channel that fails over (docs/failover.md);
+  // after the proof both ends run the resume exchange (session/resume.h) on it.
+  bool resume = false;
   // Without the nonce: what the source sends before transport::prove_channel adds it.
   nlohmann::json to_json() const;
   // An older agent's hello (another protocol) is refused naming both versions.

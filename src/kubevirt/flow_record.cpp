@@ -62,6 +62,9 @@ json to_json(const FlowRecord& r) {
               {"throughputBytesPerSecond", r.throughput_bytes_per_second},
               {"rails", rails_json(r.rails)},
               {"libvirt", r.libvirt ? to_json(*r.libvirt) : json(nullptr)},
+              {"failover", json{{"enabled", r.failover},
+                                {"failovers", r.failovers},
+                                {"last", r.last_failover.empty() ? json(nullptr) : json(r.last_failover)}}},
               {"switchoverMs", nullptr},
               {"startedAtMs", r.started_at_ms ? json(r.started_at_ms) : json(nullptr)},
               {"finishedAtMs", r.finished_at_ms ? json(r.finished_at_ms) : json(nullptr)}};

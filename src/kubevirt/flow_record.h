@@ -66,6 +66,11 @@ struct FlowRecord {
   // it, its bytes), in rail order; connection i uses matched rail i mod n (session/rails.h).
   std::vector<session::RailUsage> rails;
   std::optional<LibvirtJobStats> libvirt;
+  // Failover (dataPlane.failover on both agents, docs/failover.md): whether this flow's channels
+  // fail over, how many times one did, and the last one ("channel 1: ...; resumed on ...").
+  bool failover = false;
+  uint64_t failovers = 0;
+  std::string last_failover;
   int64_t started_at_ms = 0;
   int64_t finished_at_ms = 0;
 

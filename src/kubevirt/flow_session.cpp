@@ -66,6 +66,50 @@ void FlowSession::add_leg(std::unique_ptr<transport::Channel> channel, std::uniq
   if (record_.phase == "Armed") record_.phase = "Carrying";
 }
 
+void FlowSession::enable_failover(std::string peer, std::chrono::milliseconds deadline) {
+  failover_ = true;
+  failover_peer_ = std::move(peer);
+  failover_deadline_ = deadline;
+  MutexLock lock(mu_);
+  record_.failover = true;
+}
+
+std::unique_ptr<transport::Channel> FlowSession::wrap_for_failover(std::unique_ptr<transport::Channel> channel,
+                                                                   uint32_t depth,
+                                                                   session::FailoverChannel::Reconnect reconnect) {
+  return std::make_unique<session::FailoverChannel>(std::move(channel), depth, failover_deadline_,
+                                                    std::move(reconnect),
+                                                    [this](const session::FailoverEvent& ev) { on_failover(ev); });
+}
+
+void FlowSession::on_failover(const session::FailoverEvent& ev) {
+  const std::string tag = "channel " + std::to_string(ev.index) + ": ";
+  const std::string what = (ev.reason.starts_with(tag) ? "" : tag) + ev.reason + "; resumed on " + ev.path +
+                           " after " + std::to_string(ev.took.count()) + " ms, " + std::to_string(ev.resent) +
+                           " chunk(s) resent";
+  std::string role;
+  {
+    MutexLock lock(mu_);
+    role = record_.role;
+    ++record_.failovers;
+    record_.last_failover = what;
+  }
+  metrics_.failover(role, ev.from.empty() ? "tcp" : ev.from, failover_peer_);
+  LOG_WARN("kubevirt") << "session=" << id_ << " failover: " << what;
+}
+
+bool FlowSession::interrupt_leg(uint32_t index, const Error& why) {
+  MutexLock lock(legs_mu_);
+  for (auto& l : legs_) {
+    if (l.channel->index() != index) continue;
+    auto* fc = dynamic_cast<session::FailoverChannel*>(l.channel.get());
+    if (fc == nullptr || fc->failed()) return false;
+    fc->interrupt(why);
+    return true;
+  }
+  return false;
+}
+
 void FlowSession::set_link(std::unique_ptr<session::ControlLink> link, std::unique_ptr<FlowSigner> signer,
                            std::chrono::milliseconds peer_timeout) {
   MutexLock lock(signer_mu_);

@@ -21,6 +21,7 @@
 #include "kubevirt/flow_record.h"
 #include "metrics/metrics.h"
 #include "session/control_link.h"
+#include "session/failover_channel.h"
 #include "session/pump.h"
 #include "session/rails.h"
 #include "transport/channel.h"
@@ -82,6 +83,20 @@ class FlowSession {
   // before the legs are joined).
   virtual void wake() {}
 
+  // Failover (dataPlane.failover on both agents, docs/failover.md): set once, before the first
+  // channel, with the other agent's address (rdmig_failovers_total's peer) and the deadline
+  // (dataPlane.failoverDeadlineSeconds); the record says so.
+  void enable_failover(std::string peer, std::chrono::milliseconds deadline) EXCLUDES(mu_);
+  bool failover() const { return failover_; }
+  // Wraps a channel of this session in a session::FailoverChannel whose link `reconnect`
+  // re-establishes; each failover is counted (metric, record) and logged.
+  std::unique_ptr<transport::Channel> wrap_for_failover(std::unique_ptr<transport::Channel> channel,
+                                                        uint32_t depth, session::FailoverChannel::Reconnect reconnect);
+  // The peer re-dialled channel `index` (its proof checked): the leg's FailoverChannel gives up its
+  // link now and fails over (taking the re-dial). False when no leg with that index fails over
+  // (none, not a failover channel, or failed for good): the re-dial is then refused.
+  bool interrupt_leg(uint32_t index, const Error& why) EXCLUDES(legs_mu_);
+
   // The control link with its signer (set together by the derived class after the hello), and
   // how long the peer may send nothing (kubevirt.heartbeatTimeoutSeconds).
   void set_link(std::unique_ptr<session::ControlLink> link, std::unique_ptr<FlowSigner> signer,
@@ -140,6 +155,11 @@ class FlowSession {
   std::chrono::milliseconds peer_timeout_{0};
   std::chrono::steady_clock::time_point last_heard_, next_heartbeat_;
   std::atomic<bool> watching_peer_{true};
+  // Failover: set by enable_failover() before any channel exists, read-only after.
+  bool failover_ = false;
+  std::string failover_peer_;
+  std::chrono::milliseconds failover_deadline_{0};
+  void on_failover(const session::FailoverEvent& ev) EXCLUDES(mu_);
   // Guards legs_, finished_seen_ and last_change_. Taken by add_leg (after mu_), close_legs,
   // fail, with_pump/for_each_pump, idle_for, draining, leg_count, leg_error (relay and control
   // threads, pumps' first-bytes callbacks) and by refresh_counters_locked under mu_. Calls into

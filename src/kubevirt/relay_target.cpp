@@ -26,10 +26,12 @@ void KubevirtRelay::on_flow_hello(UniqueFd fd, const json& raw) {
   if (!hello) return reject("invalid_argument", hello.error().message);
   // The source chooses chunkSize and ringDepth: one channel that can never fit this agent's
   // budget is refused here (the channels are then admitted one by one as they come).
-  if (const uint64_t one = flow_channel_buffers(hello->chunk_size, hello->ring_depth);
+  if (const uint64_t one = flow_channel_buffers(hello->chunk_size, hello->ring_depth,
+                                               hello->failover && config_.data_plane.failover);
       one > config_.migration.buffer_budget) {
     return reject("unprocessable", "buffers: one channel of chunkSize " + format_quantity(hello->chunk_size) +
-                                       " x ringDepth " + std::to_string(hello->ring_depth) + " x 2 = " +
+                                       " x ringDepth " + std::to_string(hello->ring_depth) + " x " +
+                                       (hello->failover && config_.data_plane.failover ? "3" : "2") + " = " +
                                        format_quantity(one) + ", budget " +
                                        format_quantity(config_.migration.buffer_budget) + " (migration.bufferBudget)");
   }
@@ -90,6 +92,10 @@ void KubevirtRelay::on_flow_data(UniqueFd fd, const json& raw) {
     metrics_.transport_error("tcp", "auth");
     LOG_WARN("kubevirt") << "session=" << s->id() << " refused a channel from " << net::peer_address(fd.get())
                          << ": " << welcome_proof.error().message;
+    return;
+  }
+  if (hello->resume) {
+    (void)s->resume_tcp_channel(std::move(fd), hello->index, welcome_proof.value(), hello->tls);
     return;
   }
   (void)s->add_tcp_channel(std::move(fd), hello->index, welcome_proof.value(), hello->tls);

@@ -22,6 +22,7 @@
 #include "kubevirt/peers.h"
 #include "common/token_source.h"
 #include "session/data_plane_server.h"
+#include "session/redial_slots.h"
 #include "transport/rdma/rdma_listener.h"
 
 namespace rdmig::kubevirt {
@@ -50,9 +51,10 @@ struct SessionContext {
   std::function<Result<BufferTicket>(uint64_t bytes, const std::string& what)> take_buffers;
 };
 
-// A flow channel's buffers on one agent: its ring each way (as a bare-QEMU job counts them).
-inline uint64_t flow_channel_buffers(uint64_t chunk_size, uint32_t ring_depth) {
-  return chunk_size * ring_depth * 2;
+// A flow channel's buffers on one agent: its ring each way (as a bare-QEMU job counts them), and
+// with failover the ring of chunks kept until the peer took them (docs/failover.md): x 3.
+inline uint64_t flow_channel_buffers(uint64_t chunk_size, uint32_t ring_depth, bool failover = false) {
+  return chunk_size * ring_depth * (failover ? 3 : 2);
 }
 
 class SourceSession final : public FlowSession {
@@ -93,6 +95,9 @@ class SourceSession final : public FlowSession {
   // heartbeats both ways; an abort from the peer, its loss or its silence fails the session.
   void reader_loop();
   Result<std::unique_ptr<transport::Channel>> connect_channel(uint32_t index);
+  // Failover (docs/failover.md): channel `index` re-dialled to the target agent over TCP with a
+  // flow-data hello marked resume, proved with the channel's key, resumed (this end's `taken`).
+  Result<session::Resumed> redial(uint32_t index, uint64_t taken, std::chrono::steady_clock::time_point deadline);
   // rdma_cm could not reach the target before any channel went over RDMA: tells the target
   // and carries this and every later connection over TCP (kPeerRdmaUnreachable); an error
   // naming why when that is not allowed (rdma required, or RDMA worked before).
@@ -155,6 +160,11 @@ class TargetSession final : public FlowSession {
   // `tls`: the source's hello asked for TLS (dataPlane.tls); refused ("tls_mismatch") unless this
   // agent's config says the same, then the handshake runs before the channel is made.
   Status add_tcp_channel(UniqueFd fd, uint32_t index, const std::string& welcome_proof, bool tls);
+  // A TCP connection the source re-dialled to fail channel `index` over (hello resume; its proof
+  // checked, `welcome_proof` the answer): admitted only when this session fails over and channel
+  // `index` is live here (that channel then gives up its link and takes this one); refused
+  // ("permission_denied") otherwise, displacing nothing.
+  Status resume_tcp_channel(UniqueFd fd, uint32_t index, const std::string& welcome_proof, bool tls);
   // Checks the request's proof (before any budget or index is taken), then admits the channel.
   Result<transport::rdma::AcceptPlan> rdma_plan(const transport::rdma::ConnectRequest& request);
 
@@ -165,6 +175,12 @@ class TargetSession final : public FlowSession {
   // The source's "fallback": rdma_cm could not reach this agent; carry over TCP from now on.
   Status fall_back_to_tcp(const std::string& why);
   void try_start_locked(uint32_t index) REQUIRES(conn_mu_);
+  // With failover: `channel` wrapped in a FailoverChannel that waits for the source's re-dial.
+  std::unique_ptr<transport::Channel> for_failover(std::unique_ptr<transport::Channel> channel);
+  // A channel's failover on this end: takes the source's re-dial of `index` from redials_
+  // (session::RedialSlots: waits until `deadline`), resumes it and runs its TLS again.
+  Result<session::Resumed> reaccept(uint32_t index, uint64_t taken, std::chrono::steady_clock::time_point deadline,
+                                    const std::function<bool()>& stopped);
   Result<UniqueFd> dial_in_order(uint32_t index);
   void report_and_succeed();
   void wake() override;
@@ -173,6 +189,9 @@ class TargetSession final : public FlowSession {
   FlowHello hello_;
   std::string channel_key_;  // set in accept(), read-only after
   transport::ProofLedger rdma_proofs_;
+  // Failover: the source's re-dials, until a channel's failover takes one (its own lock). Declared
+  // before channels_: a channel not started yet may wait in it while channels_ is destroyed.
+  session::RedialSlots redials_;
   NetnsLocator locate_;
   StatsReader stats_;
   std::string transport_ GUARDED_BY(conn_mu_);

@@ -1,6 +1,7 @@
 #include "common/log.h"
 #include "common/units.h"
 #include "kubevirt/sessions.h"
+#include "session/resume.h"
 #include "session/transport_choice.h"
 #include "session/types.h"
 #include "transport/channel_proof.h"
@@ -41,6 +42,8 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
   hello.transport = session::wire_name(offer->transport);
   hello.transport_required = offer->required;
   if (offer->transport == TransportKind::kRdma) hello.rdma_rails = session::rail_addresses(ctx.rdma);
+  // Failover re-dials a channel over TCP (docs/failover.md): not when RDMA is required.
+  hello.failover = ctx.config.data_plane.failover && !(offer->transport == TransportKind::kRdma && offer->required);
 
   const std::string where = "peer agent " + peer.node + " (" + peer.agent.to_string() + ")";
   auto fd = net::tcp_connect(peer.agent, timeout);
@@ -94,6 +97,11 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
   std::unique_ptr<SourceSession> s(new SourceSession(hello.session, std::move(record), ctx, peer));
   s->transport_ = chosen.value();
   s->channel_key_ = flow_channel_key(token, hello, nonce.value());
+  // Failover when the target confirms it (an agent with it off says nothing).
+  if (const auto fo = welcome->find("failover");
+      hello.failover && fo != welcome->end() && fo->is_boolean() && fo->get<bool>()) {
+    s->enable_failover(peer.agent.host, std::chrono::seconds(ctx.config.data_plane.failover_deadline_seconds));
+  }
   if (s->transport_ == "rdma") {
     // The rails both agents have, matched by index; channel i goes on rail i mod n. None in
     // common: the first channel's connect fails with that and falls back to TCP as an
@@ -122,6 +130,7 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
 }
 
 SourceSession::~SourceSession() {
+  close_legs();  // first: a channel's failover re-dials with this session's members
   {
     MutexLock lock(reply_mu_);
     closing_ = true;
@@ -169,6 +178,34 @@ Result<std::unique_ptr<transport::Channel>> SourceSession::connect_channel(uint3
                                                                            ctx_.config.tcp.splice, std::move(stream)));
 }
 
+Result<session::Resumed> SourceSession::redial(uint32_t index, uint64_t taken,
+                                               std::chrono::steady_clock::time_point deadline) {
+  using namespace std::chrono;
+  const auto left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(100),
+                               milliseconds(5000));
+  const std::string where = "channel " + std::to_string(index) + " re-dialled to " + peer_.agent.to_string();
+  // The same endpoint as the first dial; the hello says resume, the proof is the channel's own.
+  auto fd = net::tcp_connect(peer_.agent, left);
+  if (!fd) return fd.error().with_context(where);
+  const bool tls = ctx_.config.data_plane.tls;
+  const transport::ChannelTerms terms{channel_key_, id_, index};
+  if (auto st = transport::prove_channel(fd->get(), FlowDataHello{id_, index, {}, tls, true}.to_json(), terms, left); !st) {
+    return st.error().with_context(where);
+  }
+  auto peer = session::resume_as_dialler(fd->get(), terms, taken, left);
+  if (!peer) return peer.error().with_context(where);
+  std::unique_ptr<transport::TlsStream> stream;
+  if (tls) {
+    auto made = transport::TlsStream::handshake(fd->get(), transport::TlsStream::Role::kDialler, terms, left);
+    if (!made) return made.error().with_context(where);
+    stream = std::move(made.value());
+  }
+  auto ch = transport::TcpChannel::create(std::move(fd.value()), index, static_cast<uint32_t>(ctx_.config.migration.chunk_size),
+                                          flow_depth(ctx_.config), ctx_.metrics.transport("tcp"), ctx_.config.tcp.splice,
+                                          std::move(stream));
+  return session::Resumed{std::move(ch), peer.value(), "tcp " + peer_.agent.to_string()};
+}
+
 Status SourceSession::add_connection(UniqueFd fd, const net::Endpoint& destination) {
   // Whatever fails before the pump owns the connection: the proxy sees a RST, not a clean close.
   auto refuse = [&](Error e) {
@@ -184,7 +221,7 @@ Status SourceSession::add_connection(UniqueFd fd, const net::Endpoint& destinati
       !st) {
     return refuse(st.error().with_context("carrying to the agent on " + peer_.node));
   }
-  auto buffers = ctx_.take_buffers(flow_channel_buffers(ctx_.config.migration.chunk_size, flow_depth(ctx_.config)),
+  auto buffers = ctx_.take_buffers(flow_channel_buffers(ctx_.config.migration.chunk_size, flow_depth(ctx_.config), failover()),
                                    "channel " + std::to_string(index) + " to " + peer_.node);
   if (!buffers) return refuse(buffers.error());
   buffers_.push_back(std::move(buffers.value()));
@@ -201,7 +238,14 @@ Status SourceSession::add_connection(UniqueFd fd, const net::Endpoint& destinati
     rdma_settled_ = true;
     if (record().transport_reason == "auto-both-rdma") ctx_.metrics.transport_selected("rdma", "auto-both-rdma");
   }
-  auto pump = std::make_unique<session::ChannelPump>(*ch.value(), std::move(fd));
+  std::unique_ptr<transport::Channel> channel = std::move(ch.value());
+  if (failover()) {
+    // A TCP or RDMA channel whose link fails is re-dialled over TCP and resumed (docs/failover.md).
+    channel = wrap_for_failover(std::move(channel), flow_depth(ctx_.config),
+                                [this, index](uint64_t taken, const Error&, std::chrono::steady_clock::time_point deadline,
+                                              const std::function<bool()>&) { return redial(index, taken, deadline); });
+  }
+  auto pump = std::make_unique<session::ChannelPump>(*channel, std::move(fd));
   const int kind = port_class(destination.port);
   bool drains = false;
   if (kind != kBlockPort) {
@@ -220,7 +264,7 @@ Status SourceSession::add_connection(UniqueFd fd, const net::Endpoint& destinati
     pump->on_first_bytes([this, index, self](std::span<const std::byte> head) { saw_first_bytes(index, *self, head); });
   }
   pump->start();
-  add_leg(std::move(ch.value()), std::move(pump));
+  add_leg(std::move(channel), std::move(pump));
   if (drains) {
     // set_multifd_on_failure(false) may have run between the read above and add_leg.
     MutexLock lock(mu_);

@@ -2,6 +2,7 @@
 #include "common/net.h"
 #include "common/units.h"
 #include "kubevirt/sessions.h"
+#include "session/failover_channel.h"
 #include "session/transport_choice.h"
 #include "session/types.h"
 #include "transport/tcp/tcp_channel.h"
@@ -23,6 +24,7 @@ TargetSession::TargetSession(std::string id, FlowRecord record, const SessionCon
       locate_(std::move(locate)), stats_(std::move(stats)) {}
 
 TargetSession::~TargetSession() {
+  close_legs();  // first: a channel's failover waits for its re-dial with this session's members
   {
     MutexLock lock(conn_mu_);
     stopping_ = true;
@@ -103,6 +105,11 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
   }
   s->channel_key_ = flow_channel_key(token, hello, nonce);
   json welcome = session::message(session::MessageKind::kWelcome, json{{"transport", transport}, {"transportReason", choice->reason}});
+  // Failover when both agents have it on: the source re-dials a channel whose link fails.
+  if (hello.failover && ctx.config.data_plane.failover) {
+    welcome["failover"] = true;
+    s->enable_failover(net::peer_address(fd.get()), std::chrono::seconds(ctx.config.data_plane.failover_deadline_seconds));
+  }
   if (transport == "rdma") {
     session::add_rails_to_welcome(welcome, ctx.rdma);
     s->set_rails(session::rails_from_source(hello.rdma_rails, ctx.rdma));
@@ -194,6 +201,67 @@ void TargetSession::reader_loop() {
   }
 }
 
+std::unique_ptr<transport::Channel> TargetSession::for_failover(std::unique_ptr<transport::Channel> channel) {
+  if (!failover()) return channel;
+  const uint32_t index = channel->index();
+  return wrap_for_failover(std::move(channel), hello_.ring_depth,
+                           [this, index](uint64_t taken, const Error&, std::chrono::steady_clock::time_point deadline,
+                                         const std::function<bool()>& stopped) {
+                             return reaccept(index, taken, deadline, stopped);
+                           });
+}
+
+Result<session::Resumed> TargetSession::reaccept(uint32_t index, uint64_t taken,
+                                                 std::chrono::steady_clock::time_point deadline,
+                                                 const std::function<bool()>& stopped) {
+  auto r = redials_.take(index, channel_terms(index), taken, deadline, [&] { return stopped() || ended(); },
+                         std::chrono::duration_cast<std::chrono::milliseconds>(session::kHelloTimeout));
+  if (!r) return r.error();
+  std::unique_ptr<transport::TlsStream> stream;
+  if (ctx_.config.data_plane.tls) {
+    auto made = transport::TlsStream::handshake(r->fd.get(), transport::TlsStream::Role::kAcceptor, channel_terms(index),
+                                                r->left);
+    if (!made) return made.error().with_context(r->where);
+    stream = std::move(made.value());
+  }
+  auto ch = transport::TcpChannel::create(std::move(r->fd), index, static_cast<uint32_t>(hello_.chunk_size),
+                                          hello_.ring_depth, ctx_.metrics.transport("tcp"), ctx_.config.tcp.splice,
+                                          std::move(stream));
+  return session::Resumed{std::move(ch), r->peer_count, "tcp (re-dialled by the source)"};
+}
+
+Status TargetSession::resume_tcp_channel(UniqueFd fd, uint32_t index, const std::string& welcome_proof, bool tls) {
+  // Only a live channel of a session that fails over: anything else is refused and displaces nothing.
+  const auto refuse = [&](const std::string& code, const std::string& why) -> Status {
+    reject(fd.get(), code, why);
+    LOG_WARN("kubevirt") << "session=" << id() << " refused a re-dial of channel " << index << ": " << why;
+    return Error{Errc::kPermissionDenied, why};
+  };
+  if (!failover() || ended()) {
+    return refuse("permission_denied", "hello.resume: session " + id() + " does not fail channel " +
+                                           std::to_string(index) + " over");
+  }
+  if (tls != ctx_.config.data_plane.tls) return refuse("tls_mismatch", transport::tls_mismatch(tls, ctx_.config.data_plane.tls));
+  const Error why{Errc::kUnavailable, "the source agent re-dialled channel " + std::to_string(index)};
+  bool live = interrupt_leg(index, why);
+  if (!live) {
+    // Not started yet (its destination not known): the channel waits in channels_.
+    MutexLock lock(conn_mu_);
+    auto* fc = index < channels_.size() ? dynamic_cast<session::FailoverChannel*>(channels_[index].get()) : nullptr;
+    if (fc != nullptr && !fc->failed()) {
+      fc->interrupt(why);
+      live = true;
+    }
+  }
+  if (!live) {
+    return refuse("permission_denied", "hello.resume: channel " + std::to_string(index) + " of session " + id() +
+                                           " is not live here");
+  }
+  RDMIG_TRY(transport::send_message(fd.get(), session::message(session::MessageKind::kWelcome, json{{"proof", welcome_proof}})));
+  redials_.put(index, std::move(fd));  // the channel's failover takes it (a newer re-dial replaces it)
+  return ok_status();
+}
+
 void TargetSession::try_start_locked(uint32_t i) {
   if (i >= destinations_.size() || !destinations_[i] || !channels_[i] || started_[i]) return;
   started_[i] = true;
@@ -257,7 +325,7 @@ Status TargetSession::add_tcp_channel(UniqueFd fd, uint32_t index, const std::st
     reject(fd.get(), "already_exists", "channel " + std::to_string(index) + " is already connected");
     return Error{Errc::kAlreadyExists, "duplicate flow-data channel"};
   }
-  auto buffers = ctx_.take_buffers(flow_channel_buffers(hello_.chunk_size, hello_.ring_depth),
+  auto buffers = ctx_.take_buffers(flow_channel_buffers(hello_.chunk_size, hello_.ring_depth, failover()),
                                    "channel " + std::to_string(index) + " of this carried migration");
   if (!buffers) {
     reject(fd.get(), "resource_exhausted", buffers.error().message);
@@ -283,9 +351,10 @@ Status TargetSession::add_tcp_channel(UniqueFd fd, uint32_t index, const std::st
     note_tls(index, *stream);
   }
   buffers_.push_back(std::move(buffers.value()));
-  channels_[index] = transport::TcpChannel::create(std::move(fd), index, static_cast<uint32_t>(hello_.chunk_size),
-                                                   hello_.ring_depth, ctx_.metrics.transport("tcp"),
-                                                   ctx_.config.tcp.splice, std::move(stream));
+  channels_[index] = for_failover(transport::TcpChannel::create(std::move(fd), index,
+                                                                 static_cast<uint32_t>(hello_.chunk_size), hello_.ring_depth,
+                                                                 ctx_.metrics.transport("tcp"), ctx_.config.tcp.splice,
+                                                                 std::move(stream)));
   try_start_locked(index);
   return ok_status();
 }
@@ -304,7 +373,7 @@ Result<transport::rdma::AcceptPlan> TargetSession::rdma_plan(const transport::rd
   if (index < channels_.size() && (channels_[index] || started_[index])) {
     return Error{Errc::kAlreadyExists, "channel " + std::to_string(index) + " is already connected"};
   }
-  auto buffers = ctx_.take_buffers(flow_channel_buffers(hello_.chunk_size, hello_.ring_depth),
+  auto buffers = ctx_.take_buffers(flow_channel_buffers(hello_.chunk_size, hello_.ring_depth, failover()),
                                    "channel " + std::to_string(index) + " of this carried migration");
   if (!buffers) return buffers.error();
   buffers_.push_back(std::move(buffers.value()));
@@ -331,7 +400,7 @@ Result<transport::rdma::AcceptPlan> TargetSession::rdma_plan(const transport::rd
       channels_.resize(index + 1);
       started_.resize(index + 1, false);
     }
-    channels_[index] = std::move(ch.value());
+    channels_[index] = for_failover(std::move(ch.value()));
     try_start_locked(index);
   };
   return plan;

@@ -174,7 +174,6 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello, const std
   failover_ = hello.failover && ctx_.config.data_plane.failover;
   if (failover_) {
     welcome["failover"] = true;
-    resume_fds_.resize(spec_.channels());
     failover_peer_ = net::peer_address(fd.get());
   }
   if (transport_ == "rdma") {
@@ -215,15 +214,14 @@ void TargetJob::on_data(UniqueFd fd, const transport::Hello& hello, const std::s
         return;
       }
       reply(fd.get(), session::message(session::MessageKind::kWelcome, json{{"proof", welcome_proof}}));
-      control_resume_fd_ = std::move(fd);  // a newer re-dial replaces one not yet taken
-      conn_cv_.notify_all();
+      redials_.put(transport::kControlIndex, std::move(fd));  // a newer re-dial replaces one not yet taken
       link_->interrupt();
       return;
     }
     if (hello.resume) {
       // A channel the source re-dialled to fail it over (its proof already checked): handed to
       // reaccept(), which the channel's failover runs; the channel learns its link is gone now.
-      if (!failover_ || hello.index >= resume_fds_.size() || finished() || cancel_requested()) {
+      if (!failover_ || hello.index >= spec_.channels() || finished() || cancel_requested()) {
         reject(fd.get(), "permission_denied", "hello.resume: migration " + spec_.id + " does not fail channel " +
                                                   std::to_string(hello.index) + " over");
         return;
@@ -242,8 +240,7 @@ void TargetJob::on_data(UniqueFd fd, const transport::Hello& hello, const std::s
         return;
       }
       reply(fd.get(), session::message(session::MessageKind::kWelcome, json{{"proof", welcome_proof}}));
-      resume_fds_[hello.index] = std::move(fd);  // a newer re-dial replaces one not yet taken
-      conn_cv_.notify_all();
+      redials_.put(hello.index, std::move(fd));  // a newer re-dial replaces one not yet taken
       fc->interrupt(Error{Errc::kUnavailable, "the source agent re-dialled channel " + std::to_string(hello.index)});
       return;
     }
@@ -282,36 +279,21 @@ void TargetJob::on_data(UniqueFd fd, const transport::Hello& hello, const std::s
   conn_cv_.notify_all();
 }
 
-UniqueFd* TargetJob::redial_slot(uint32_t index) {
-  if (index == transport::kControlIndex) return &control_resume_fd_;
-  return index < resume_fds_.size() ? &resume_fds_[index] : nullptr;
-}
-
 Result<TargetJob::Redialled> TargetJob::take_redial(uint32_t index, uint64_t count,
                                                     std::chrono::steady_clock::time_point deadline,
                                                     const std::function<bool()>& stopped) {
-  using namespace std::chrono;
-  const std::string what =
-      index == transport::kControlIndex ? std::string("the control connection") : "channel " + std::to_string(index);
   Redialled r;
   {
     MutexLock lock(conn_mu_);
-    UniqueFd* slot = redial_slot(index);
-    while (slot == nullptr || !slot->valid()) {
-      if (stopped() || cancel_requested()) return Error{Errc::kCancelled, "cancelled"};
-      if (steady_clock::now() >= deadline) return Error{Errc::kTimeout, "the source agent did not re-dial " + what};
-      lock.wait_for(conn_cv_, 50ms);
-      slot = redial_slot(index);
-    }
-    r.fd = std::move(*slot);
     r.terms = transport::ChannelTerms{channel_key_, session_, index};
   }
-  r.left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(100),
-                      duration_cast<milliseconds>(kHelloTimeout));
-  r.where = what + " re-dialled by the source";
-  auto peer = session::resume_as_acceptor(r.fd.get(), r.terms, count, r.left);
-  if (!peer) return peer.error().with_context(r.where);
-  r.peer_count = peer.value();
+  auto got = redials_.take(index, r.terms, count, deadline, [&] { return stopped() || cancel_requested(); },
+                           std::chrono::duration_cast<std::chrono::milliseconds>(kHelloTimeout));
+  if (!got) return got.error();
+  r.fd = std::move(got->fd);
+  r.peer_count = got->peer_count;
+  r.left = got->left;
+  r.where = std::move(got->where);
   return r;
 }
 

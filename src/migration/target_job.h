@@ -9,6 +9,7 @@
 
 #include "common/fd.h"
 #include "migration/job.h"
+#include "session/redial_slots.h"
 #include "transport/rdma/rdma_listener.h"
 #include "transport/wire.h"
 
@@ -45,14 +46,14 @@ class TargetJob final : public Job {
   Status start_incoming();
   Result<UniqueFd> open_qemu_connection(uint32_t index);
   // Failover (docs/failover.md): waits until `deadline` for the source to re-dial channel `index`
-  // (on_data with hello.resume puts the connection in resume_fds_), then resumes it (this end's
+  // (on_data with hello.resume puts the connection in redials_), then resumes it (this end's
   // count `taken`) and runs its TLS again.
   Result<session::Resumed> reaccept(uint32_t index, uint64_t taken, std::chrono::steady_clock::time_point deadline,
                                     const std::function<bool()>& stopped);
   // What reaccept() and reaccept_control() share: waits until `deadline` for the connection the
   // source re-dialled for `index` (a channel's, or transport::kControlIndex for the control
-  // connection; on_data puts it in its slot), takes it, and runs the resume exchange over that
-  // index's terms with this end's `count`.
+  // connection; on_data puts it in redials_), takes it, and runs the resume exchange over that
+  // index's terms with this end's `count` (session::RedialSlots::take).
   struct Redialled {
     UniqueFd fd;
     transport::ChannelTerms terms;
@@ -62,10 +63,8 @@ class TargetJob final : public Job {
   };
   Result<Redialled> take_redial(uint32_t index, uint64_t count, std::chrono::steady_clock::time_point deadline,
                                 const std::function<bool()>& stopped);
-  // The slot a re-dial for `index` waits in (nullptr: no such channel).
-  UniqueFd* redial_slot(uint32_t index) REQUIRES(conn_mu_);
   // Failover of the control connection: waits until `deadline` for the source to re-dial it
-  // (on_data puts it in control_resume_fd_), then resumes it (this end's count `received`).
+  // (on_data puts it in redials_), then resumes it (this end's count `received`).
   Result<std::pair<UniqueFd, uint64_t>> reaccept_control(uint64_t received, std::chrono::steady_clock::time_point deadline,
                                                          const std::function<bool()>& stopped);
   Status monitor();
@@ -93,7 +92,7 @@ class TargetJob final : public Job {
   bool failover_ GUARDED_BY(conn_mu_) = false;  // confirmed in the welcome (both agents have dataPlane.failover on)
 
   // Guards the fields the data-plane server hands over: token_used_, control_, data_fds_,
-  // data_tls_, data_admitting_, rdma_channels_, rdma_error_, data_received_ and resume_fds_, and session_,
+  // data_tls_, data_admitting_, rdma_channels_, rdma_error_, data_received_, and session_,
   // channel_key_, transport_, transport_reason_, verify_chunks_ and failover_ (set in on_control; the
   // worker reads them under it too, nothing writes them once wait_for_source() returned).
   // rdma_proofs_ has its own lock. conn_cv_ signals a hand-over. Taken by the
@@ -113,9 +112,9 @@ class TargetJob final : public Job {
   std::vector<std::unique_ptr<transport::Channel>> rdma_channels_ GUARDED_BY(conn_mu_);
   std::optional<Error> rdma_error_ GUARDED_BY(conn_mu_);
   uint32_t data_received_ GUARDED_BY(conn_mu_) = 0;
-  // Failover: a proved connection per channel the source re-dialled, until reaccept() takes it.
-  std::vector<UniqueFd> resume_fds_ GUARDED_BY(conn_mu_);
-  UniqueFd control_resume_fd_ GUARDED_BY(conn_mu_);  // the re-dialled control connection
+  // Failover: a proved connection per channel (or the control connection) the source re-dialled,
+  // until reaccept() or reaccept_control() takes it. Its own lock (after conn_mu_ in on_data).
+  session::RedialSlots redials_;
 
   // Guards next_qemu_index_ and order_aborted_; order_cv_ signals the next turn. Each pump's
   // opener (open_qemu_connection, on the pumps' threads) waits for its turn under it and

@@ -234,6 +234,59 @@ class KubevirtMigrationTest(base.KubevirtChecks, unittest.TestCase):
         print("[kubevirt+rdmig] next migration not carried: %s (%.1fs after the kill)"
               % (rec2["reason"], time.monotonic() - t0), file=sys.stderr)
 
+    def restart_agents(self, **data_plane):
+        """Both agents restarted with these dataPlane keys (this test's), then as before."""
+        def restart(dp):
+            self.kv.data_plane = dp
+            for n in NODES:
+                if self.agents[n].alive():
+                    self.agents[n].stop()
+                self.kv.start(n)
+        before = dict(self.kv.data_plane)
+        restart(dict(before, **data_plane))
+        self.addCleanup(restart, before)
+
+    def test_data_channels_reset_mid_stream_with_failover_libvirt_completes_through_rdmig(self):
+        # dataPlane.failover on both agents (docs/failover.md): while the migration is carried,
+        # the agents' data channels are reset again and again (ss -K: the link's state dropped).
+        # Each is re-dialled and resumed byte-exact; KubeVirt's proxies, libvirt and both QEMUs
+        # see a stall: the migration succeeds through rdmig and the guest runs on the target.
+        # Without failover the first reset fails the migration (VM on the source).
+        from rdmiglab import linkcut
+        self.restart_agents(failover="on")
+        source = self.cluster.vmi.node
+        target = NODES[1 - NODES.index(source)]
+        cuts = {"n": 0}
+
+        def reset_while_carrying(ctx):
+            def run():
+                def carrying():
+                    items = self.agents[source].call(
+                        "GET", "/v1/kubevirt/migrations?migrationUid=" + ctx.migration_uid)["items"]
+                    return [i for i in items if i["connections"] == 9 and i["bytesSent"] > (8 << 20)]
+                try:
+                    wait_for(carrying, 30, "the migration to be carried", interval=0.02)
+                except TimeoutError:
+                    return
+                # Three rounds a little apart, each resetting every channel that carried 1 MiB.
+                for _ in range(3):
+                    cuts["n"] += linkcut.cut_data_channels(self.kv.ports[target], min_bytes=1 << 20)
+                    time.sleep(0.3)  # the rounds' pace, not a wait for anything
+            threading.Thread(target=run, daemon=True).start()
+
+        r = self.migrate(parallel=8, tls=True, before_dial=reset_while_carrying, check_counter=True)
+        print("\n[kubevirt+rdmig] %d channel reset(s) mid-migration" % cuts["n"], file=sys.stderr)
+        self.assertGreaterEqual(cuts["n"], 1, "no channel was reset while carried: the test proves nothing")
+        self.assertGuestContinuedOnTarget(r)
+        src = self.assertCarried(r, 8)
+        dst = self.record(r.target_node, r.migration_uid)
+        print("[kubevirt+rdmig] failover source %s target %s" % (src["failover"], dst["failover"]), file=sys.stderr)
+        self.assertGreaterEqual(src["failover"]["failovers"], 1, src)
+        from rdmiglab.agent import parse_prometheus
+        m = parse_prometheus(self.agents[source].metrics())[0]
+        self.assertGreaterEqual(sum(v for (name, labels), v in m.items() if name == "rdmig_failovers_total"
+                                    and ("role", "source") in labels), 1)
+
     def test_sigterm_to_the_source_agent_while_it_carries_lets_libvirt_finish_through_the_agents(self):
         # An upgrade reaching the source node mid-migration: the agent drains (issue 42).
         source = self.cluster.vmi.node

@@ -138,14 +138,18 @@ def channel_proof(key, by, session, index, dialler_nonce, acceptor_nonce):
     return _hmac_hex(key, "rdmig-channel\n%s\n%s\n%d\n%s\n%s" % (by, session, index, dialler_nonce, acceptor_nonce))
 
 
-def flow_channel(port, key, session, index, host="127.0.0.1", proof=None, nonce=None):
+def flow_channel(port, key, session, index, host="127.0.0.1", proof=None, nonce=None, resume=False):
     """Opens channel `index` of a flow session as its source agent does: the flow-data hello, the
     target's challenge, the proof of `key`. Returns (socket, challenge, answer); the answer is the
-    welcome (checked to prove the key back) or the reject. `proof` replaces the right one."""
+    welcome (checked to prove the key back) or the reject. `proof` replaces the right one.
+    `resume`: the hello of a re-dial that fails the channel over (docs/failover.md)."""
     import socket
     c = socket.create_connection((host, port), timeout=10)
     nonce = nonce or os.urandom(16).hex()
-    flow_send(c, {"kind": "flow-data", "protocol": FLOW_PROTOCOL, "session": session, "index": index, "nonce": nonce})
+    hello = {"kind": "flow-data", "protocol": FLOW_PROTOCOL, "session": session, "index": index, "nonce": nonce}
+    if resume:
+        hello["resume"] = True
+    flow_send(c, hello)
     ch = flow_recv(c)
     if ch.get("type") != "challenge":
         return c, ch, ch
@@ -751,6 +755,123 @@ class KubevirtRelayTest(unittest.TestCase):
         d1, _, ok = flow_channel(self.dst.data_port, key, hello["session"], 1)
         self.addCleanup(d1.close)
         self.assertEqual(ok["type"], "welcome", ok)
+
+    @unittest.skipIf(TRANSPORT == "rdma", "ss -K resets TCP channels (an RDMA rail cut: tests/rdma)")
+    def test_data_channels_reset_mid_stream_fail_over_and_the_flow_succeeds(self):
+        # dataPlane.failover on both agents (docs/failover.md): each carried connection's channel
+        # between the agents is reset again and again while it carries (ss -K, as a middlebox that
+        # drops the connection's state), both directions (the sink's digest comes back on the
+        # return path). The source re-dials each one with a proved resume hello, both agents
+        # resume where each direction stopped, and the proxies' connections never see it: every
+        # connection arrives byte-exact (the sink's digests) and the flow succeeds. Before, the
+        # first reset failed the flow and reset the connections.
+        from rdmiglab import linkcut
+        token = self.src.token
+        for a in self.agents:
+            a.stop()
+        fo = {"failover": "on"}
+        self.dst = self.agent("node-b", token, peers=[], data_plane=fo)
+        self.src = self.agent("node-a", token, peers=[{"node": "node-b", "agent": "127.0.0.1:%d" % self.dst.data_port}],
+                              hook=self.hook_socket, data_plane=fo)
+        mig = "mig-failover"
+        vmi = vmi_json("vmi-uid-fo", mig, self.net.ip4["node-b"], self.sink_port)
+        p = self.dial(3, 128 << 20, vmi=vmi, wait=False, extra=("--timeout", "60"))
+        cuts, deadline = 0, time.monotonic() + 150
+        while p.poll() is None and time.monotonic() < deadline:
+            # Only channels that carried 4 MiB since their last (re)connection: never the control
+            # link (a few KiB), and a resumed channel carries on before it is cut again.
+            cuts += linkcut.cut_data_channels(self.dst.data_port, min_bytes=4 << 20)
+            time.sleep(0.05)  # the poll's pace, not a wait for anything
+        out, err = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 0, err)
+        res = json.loads(out)
+        print("\n[relay] %d channel reset(s) during the flow" % cuts, file=sys.stderr)
+        self.assertGreaterEqual(cuts, 1, "no channel was reset mid-stream: the test proves nothing")
+        self.assertTrue(all(c["ok"] for c in res["connections"]), res["connections"])
+        src = wait_for(lambda: [r for r in self.records(self.src, migrationUid=mig) if r["phase"] in ("Succeeded", "Failed")],
+                       20, "the source record to end")[0]
+        dst = wait_for(lambda: [r for r in self.records(self.dst, migrationUid=mig) if r["phase"] in ("Succeeded", "Failed")],
+                       20, "the target record to end")[0]
+        self.assertEqual((src["phase"], dst["phase"]), ("Succeeded", "Succeeded"), (src, dst))
+        print("[relay] source failover: %s; target: %s" % (src["failover"], dst["failover"]), file=sys.stderr)
+        self.assertTrue(src["failover"]["enabled"] and dst["failover"]["enabled"], (src, dst))
+        self.assertGreaterEqual(src["failover"]["failovers"], 1, src)
+        self.assertGreaterEqual(dst["failover"]["failovers"], 1, dst)
+        self.assertIn("resumed on tcp 127.0.0.1:%d" % self.dst.data_port, src["failover"]["last"])
+        self.assertEqual(dst["bytesReceived"], src["bytesSent"])
+        self.assertGreaterEqual(src["bytesSent"], 3 * (128 << 20))
+        for agent, role in ((self.src, "source"), (self.dst, "target")):
+            m = parse_prometheus(agent.metrics())[0]
+            n = sum(v for (name, labels), v in m.items()
+                    if name == "rdmig_failovers_total" and ("role", role) in labels and ("transport", "tcp") in labels)
+            self.assertGreaterEqual(n, 1, "%s: rdmig_failovers_total" % role)
+
+    @unittest.skipIf(TRANSPORT == "rdma", "TCP channels (the VM rows carry RDMA)")
+    def test_a_resume_without_the_key_or_for_a_channel_that_does_not_fail_over_is_refused_and_displaces_nothing(self):
+        # A flow-data hello marked resume takes over a live channel: only the session's key
+        # holder may send one, and only for a live channel of a session that fails over.
+        import select
+        token = self.src.token
+        for a in self.agents:
+            a.stop()
+        self.dst = self.agent("node-b", token, peers=[], data_plane={"failover": "on"})
+        port = self.dst.data_port
+
+        def session(failover, mig):
+            hello = flow_hello(os.urandom(16).hex(), os.urandom(16).hex(), mig, **({"failover": True} if failover else {}))
+            c, nonce, reply = self.flow_handshake(hello, token, host="127.0.0.1")
+            self.assertEqual(reply["type"], "welcome", reply)
+            self.assertEqual(reply.get("failover", False), failover, reply)
+            key = flow_channel_key(token, hello, nonce)
+            d0, _, first = flow_channel(port, key, hello["session"], 0)
+            self.addCleanup(d0.close)
+            self.assertEqual(first["type"], "welcome", first)
+            return hello["session"], key, d0
+
+        def still_open(sock):
+            # Displaced, the channel's connection is closed by the target within its watch (100 ms);
+            # what the channel itself sent (its credits) is read and dropped.
+            readable, _, _ = select.select([sock], [], [], 0.5)
+            if not readable:
+                return True
+            sock.setblocking(False)
+            try:
+                while sock.recv(1 << 16):
+                    pass
+                return False  # the end of the stream
+            except BlockingIOError:
+                return True  # nothing more yet
+            except ConnectionResetError:
+                return False
+            finally:
+                sock.settimeout(10)
+
+        plain, plain_key, plain0 = session(False, "mig-resume-plain")
+        fo, fo_key, fo0 = session(True, "mig-resume-fo")
+        refusals = [
+            # Without the key (a third party knows the session id: it travels in clear).
+            (fo, fo_key, 0, os.urandom(32).hex(), "auth.proof"),
+            # The key holder, for a session that does not fail over.
+            (plain, plain_key, 0, None, "does not fail channel 0 over"),
+            # The key holder, for an index that is not live in the session.
+            (fo, fo_key, 5, None, "channel 5 of session %s is not live here" % fo),
+        ]
+        for sid, key, index, proof, why in refusals:
+            d, _, r = flow_channel(port, key, sid, index, proof=proof, resume=True)
+            d.close()
+            self.assertEqual((r["type"], r.get("code")), ("reject", "permission_denied"), r)
+            self.assertIn(why, r["message"])
+        self.assertTrue(still_open(plain0), "a refused resume displaced the channel of a session without failover")
+        self.assertTrue(still_open(fo0), "a refused resume displaced the channel of a session with failover")
+        for rec in self.records(self.dst):
+            self.assertNotEqual(rec["phase"], "Failed", rec)
+            self.assertEqual(rec["failover"]["failovers"], 0, rec)
+        # The control: the key holder's resume of the live channel is admitted, and the channel
+        # gives its connection up for it at once.
+        d, _, r = flow_channel(port, fo_key, fo, 0, resume=True)
+        self.addCleanup(d.close)
+        self.assertEqual(r["type"], "welcome", r)
+        wait_for(lambda: not still_open(fo0), 5, "the re-dialled channel to give up its old connection")
 
     def test_a_session_for_another_target_node_is_refused_naming_the_field(self):
         token = self.dst.token

@@ -103,6 +103,37 @@ TEST(ProtocolGolden, FlowHellosAreByteIdenticalAndSoAreTheirProofs) {
   EXPECT_EQ(signer.sign(session::message(session::MessageKind::kHeartbeat)).dump(), R"({"mac":"4921c49752b6fa765792157c64807f67d9fe22e14324a46431aab4afb1b67b2c","seq":0,"type":"heartbeat"})");
 }
 
+TEST(ProtocolCodec, AFlowsFailoverAndAResumeHelloReadBackAndAreOnlyOnTheWireWhenSet) {
+  // Off, the hellos are byte-identical to before (the golden test above): an agent that does not
+  // read "failover" still proves a hello without it.
+  kubevirt::FlowHello h = full_flow_hello();
+  EXPECT_FALSE(h.to_json().contains("failover"));
+  h.failover = true;
+  auto j = h.to_json();
+  EXPECT_EQ(j["failover"], true);
+  auto back = kubevirt::FlowHello::parse(j);
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_TRUE(back->failover);
+  EXPECT_EQ(back->to_json().dump(), j.dump());  // the proofs cover it on both sides alike
+  EXPECT_NE(kubevirt::flow_proof("tok", "source", h, kNonceB), kubevirt::flow_proof("tok", "source", full_flow_hello(), kNonceB));
+  j["failover"] = "yes";
+  EXPECT_EQ(kubevirt::FlowHello::parse(j).error().message, "hello.failover: expected a boolean");
+
+  kubevirt::FlowDataHello d;
+  d.session = kNonceB;
+  d.index = 3;
+  d.nonce = kNonceA;
+  EXPECT_FALSE(d.to_json().contains("resume"));
+  d.resume = true;
+  auto dj = d.to_json();
+  auto dback = kubevirt::FlowDataHello::parse(dj);
+  ASSERT_TRUE(dback.ok()) << dback.error().message;
+  EXPECT_TRUE(dback->resume);
+  EXPECT_EQ(dback->index, 3u);
+  dj["resume"] = 1;
+  EXPECT_EQ(kubevirt::FlowDataHello::parse(dj).error().message, "hello.resume: expected a boolean");
+}
+
 TEST(ProtocolGolden, ControlProofIsByteIdentical) {
   EXPECT_EQ(transport::control_proof("tok", kNonceB, "m-1", kNonceA), R"(da6783848832b064e55b030be736a73123016d82fb95ea0b64893877a120d901)");
 }

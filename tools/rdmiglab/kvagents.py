@@ -37,7 +37,7 @@ class KubevirtAgents:
 
     def __init__(self, workdir, nodes, transport="tcp", log_level="info", rule_timeout_s=3,
                  session_idle_s=1, probe_interval_s=1, kubevirt=None, migration=None, start=True, token=None,
-                 tls=None, profile=None):
+                 tls=None, profile=None, data_plane=None):
         self.workdir = workdir
         self.nodes = tuple(nodes)
         self.token = token or "tok-" + os.urandom(16).hex()
@@ -52,6 +52,8 @@ class KubevirtAgents:
         self.kubevirt = dict({"ruleTimeoutSeconds": rule_timeout_s, "sessionIdleSeconds": session_idle_s,
                               "probeIntervalSeconds": probe_interval_s}, **(kubevirt or {}))
         self.migration = dict(migration or {})
+        # Extra dataPlane keys of every agent (e.g. failover); may be changed before a start().
+        self.data_plane = dict(data_plane or {})
         self.agents = {}
         if start:
             try:
@@ -78,7 +80,7 @@ class KubevirtAgents:
                   profile=profile if profile is not None else self.profile, config={
             "transport": self.transport, "stateDir": self.state_dirs[node],
             **({"migration": self.migration} if self.migration else {}),
-            "dataPlane": {"address": "127.0.0.1", "port": self.ports[node]},
+            "dataPlane": dict(self.data_plane, address="127.0.0.1", port=self.ports[node]),
             "kubevirt": dict(self.kubevirt, enabled=True, nodeName=node, hookSocket=hook, peers=peers)})
         a.hook_socket = hook
         self.agents[node] = a

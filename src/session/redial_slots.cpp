@@ -1,0 +1,48 @@
+#include "session/redial_slots.h"
+
+#include <algorithm>
+
+#include "session/resume.h"
+#include "transport/wire.h"
+
+namespace rdmig::session {
+
+void RedialSlots::put(uint32_t index, UniqueFd fd) {
+  {
+    MutexLock lock(mu_);
+    slots_[index] = std::move(fd);
+  }
+  cv_.notify_all();
+}
+
+Result<RedialSlots::Redialled> RedialSlots::take(uint32_t index, const transport::ChannelTerms& terms, uint64_t count,
+                                                 std::chrono::steady_clock::time_point deadline,
+                                                 const std::function<bool()>& stopped,
+                                                 std::chrono::milliseconds max_step, const std::string& peer) {
+  using namespace std::chrono;
+  const std::string what =
+      index == transport::kControlIndex ? std::string("the control connection") : "channel " + std::to_string(index);
+  Redialled r;
+  {
+    MutexLock lock(mu_);
+    for (;;) {
+      auto it = slots_.find(index);
+      if (it != slots_.end() && it->second.valid()) {
+        r.fd = std::move(it->second);
+        slots_.erase(it);
+        break;
+      }
+      if (stopped()) return Error{Errc::kCancelled, "cancelled"};
+      if (steady_clock::now() >= deadline) return Error{Errc::kTimeout, peer + " agent did not re-dial " + what};
+      lock.wait_for(cv_, 50ms);
+    }
+  }
+  r.left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(100), max_step);
+  r.where = what + " re-dialled by " + peer;
+  auto got = resume_as_acceptor(r.fd.get(), terms, count, r.left);
+  if (!got) return got.error().with_context(r.where);
+  r.peer_count = got.value();
+  return r;
+}
+
+}  // namespace rdmig::session

@@ -1,0 +1,49 @@
+// The accepting end of a failover (docs/failover.md): the connections the peer re-dialled to fail
+// over a channel (or the control connection, transport::kControlIndex) of one session, from the
+// data-plane accept thread that checked their proof (put()) to the failover that waits for one
+// (take(): the FailoverChannel's or ControlLink's Reconnect on this end). Shared by bare-QEMU
+// target jobs (migration/target_job.cpp) and KubeVirt target sessions (kubevirt/target_session.cpp).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "common/fd.h"
+#include "common/mutex.h"
+#include "common/result.h"
+#include "transport/channel_proof.h"
+
+namespace rdmig::session {
+
+class RedialSlots {
+ public:
+  struct Redialled {
+    UniqueFd fd;
+    uint64_t peer_count = 0;            // the peer's count from the resume exchange
+    std::chrono::milliseconds left{0};  // what is left of the deadline for the next step (TLS)
+    std::string where;                  // "channel 3 re-dialled by the source", for errors
+  };
+  // A re-dialled connection for `index`, its proof checked and its welcome sent; a newer re-dial
+  // replaces one not yet taken. Wakes the take() that waits for it.
+  void put(uint32_t index, UniqueFd fd) EXCLUDES(mu_);
+  // Waits until `deadline` for the re-dial of `index` (polling `stopped` every 50 ms: kCancelled
+  // once it turns true), takes it and runs the resume exchange as its acceptor over `terms` with
+  // this end's `count`, bounded by the deadline (at least 100 ms, at most `max_step`). `peer`
+  // names who re-dials ("the source") in errors.
+  Result<Redialled> take(uint32_t index, const transport::ChannelTerms& terms, uint64_t count,
+                         std::chrono::steady_clock::time_point deadline, const std::function<bool()>& stopped,
+                         std::chrono::milliseconds max_step, const std::string& peer = "the source") EXCLUDES(mu_);
+
+ private:
+  // Guards slots_; cv_ signals a put. Taken by the accept threads (put) and the failovers (take),
+  // never across a socket call. Innermost: callers may hold their own lock around put().
+  Mutex mu_;
+  std::condition_variable cv_;
+  std::map<uint32_t, UniqueFd> slots_ GUARDED_BY(mu_);
+};
+
+}  // namespace rdmig::session
