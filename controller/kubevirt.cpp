@@ -66,6 +66,15 @@ json vmim_for(const json& obj, const std::string& vmi_name, const std::map<std::
   return vmim;
 }
 
+std::string rdma_migration_key_of(const nlohmann::json& vmim) {
+  std::string owner;
+  const auto& meta = vmim.value("metadata", nlohmann::json::object());
+  for (const auto& ref : meta.value("ownerReferences", nlohmann::json::array())) {
+    if (ref.value("kind", "") == "RdmaMigration") owner = meta.value("namespace", "") + "/" + ref.value("name", "");
+  }
+  return owner;
+}
+
 bool owned_by_rdma_migration(const json& vmim, const std::string& uid) {
   for (const auto& o : vmim.value("metadata", json::object()).value("ownerReferences", json::array())) {
     if (o.value("kind", "") == "RdmaMigration" && o.value("apiVersion", "").rfind("rdmig.io/", 0) == 0 &&

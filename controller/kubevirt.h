@@ -34,6 +34,8 @@ nlohmann::json vmim_for(const nlohmann::json& rdma_migration, const std::string&
 
 // True when the VMIM's controller owner reference names an RdmaMigration (with that uid, if given).
 bool owned_by_rdma_migration(const nlohmann::json& vmim, const std::string& uid = "");
+// The work-queue key ("namespace/name") of the RdmaMigration a VMIM's owner references name; "" when none.
+std::string rdma_migration_key_of(const nlohmann::json& vmim);
 bool vmim_phase_terminal(const std::string& phase);
 // The VMI's status.migrationState when it is about the VMIM with `migration_uid`, else null.
 nlohmann::json migration_state_for(const nlohmann::json& vmi, const std::string& migration_uid);

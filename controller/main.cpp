@@ -26,19 +26,16 @@
 #include "controller/controller_metrics.h"
 #include "controller/kubevirt.h"
 #include "controller/kubevirt_observer.h"
-#include "controller/metrics_auth.h"
 #include "controller/drainplan_reconciler.h"
 #include "controller/pathcheck_reconciler.h"
 #include "controller/reconciler.h"
+#include "controller/startup.h"
 #include "controller/worker.h"
 #include "k8s/cluster_config.h"
 #include "k8s/events.h"
 #include "k8s/http_kube_client.h"
 #include "k8s/informer.h"
 #include "k8s/leader_election.h"
-#include "tls/pem_files.h"
-#include "tls/self_signed.h"
-#include "tls/server_certificate.h"
 
 namespace {
 
@@ -53,39 +50,20 @@ constexpr const char* kUsage =
     "       rdmig-controller --version             print the version and git revision, then exit\n";
 
 
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
-
 int fail(const std::string& message, int code = 2) {
   std::cerr << "rdmig-controller: " << message << "\n";
   return code;
 }
 
-// Binds `server` to address:port (0 = any free port); the port, or -1.
-int bind_server(httplib::Server& server, const std::string& address, uint16_t port) {
-  if (port == 0) return server.bind_to_any_port(address);
-  return server.bind_to_port(address, port) ? port : -1;
-}
-
-void send_json_error(httplib::Response& res, int status, const std::string& message) {
-  const rdmig::Errc code = status == 401   ? rdmig::Errc::kUnauthenticated
-                           : status == 403 ? rdmig::Errc::kPermissionDenied
-                           : status == 404 ? rdmig::Errc::kNotFound
-                           : status == 503 ? rdmig::Errc::kUnavailable
-                                           : rdmig::Errc::kInternal;
-  res.status = status;
-  if (status == 401) res.set_header("WWW-Authenticate", "Bearer");
-  const nlohmann::json body = {{"error", {{"code", rdmig::errc_name(code)}, {"message", message}}}};
-  res.set_content(body.dump() + "\n", "application/json");
-}
+// 2 for a configuration error (the message names the key), 1 otherwise.
+int fail(const rdmig::Error& error) { return fail(error.message, error.code == rdmig::Errc::kInvalidArgument ? 2 : 1); }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace rdmig;
-  std::string config_path, kubeconfig_path = env("KUBECONFIG"), context, ports_file;
+  const char* kubeconfig_env = std::getenv("KUBECONFIG");
+  std::string config_path, kubeconfig_path = kubeconfig_env ? kubeconfig_env : "", context, ports_file;
   bool check_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -106,38 +84,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  auto loaded = config_path.empty() ? controller::parse_controller_config("")
-                                    : controller::load_controller_config_file(config_path);
-  if (!loaded) return fail(loaded.error().message);
-  controller::ControllerConfig config = std::move(loaded.value());
-  log::set_level(*log::parse_level(config.log_level));
-
-  // After a rotation the previous token is kept for 10 minutes (the agents' default
-  // api.tokenGraceSeconds): an agent that has not seen the new Secret yet is asked with it.
-  auto agent_token = TokenSource::open(config.agents.token_file, "config key 'agents.tokenFile'", 1, std::chrono::seconds(600));
-  if (!agent_token) return fail(agent_token.error().message);
-  int agent_cas = 0;
-  if (config.agents.tls.enabled()) {
-    auto cas = tls::check_ca_bundle(config.agents.tls.ca_file, "agents.tls.caFile");
-    if (!cas) return fail(cas.error().message);
-    agent_cas = cas.value();
-  }
-  const std::string agents_over =
-      config.agents.tls.enabled()
-          ? "HTTPS, " + std::to_string(agent_cas) + " CA certificate(s) from '" + config.agents.tls.ca_file +
-                "', server name '" + config.agents.tls.server_name + "'"
-          : "plain HTTP (agents.tls not set)";
-  std::string metrics_over = "plain HTTP on " + config.metrics.address + " (metrics.secure false: local only)";
-  if (config.metrics.secure) {
-    metrics_over = "HTTPS with TokenReview and SubjectAccessReview, a self-signed certificate made at start";
-    if (!config.metrics.tls.cert_file.empty()) {
-      auto info = tls::check_cert_and_key(config.metrics.tls.cert_file, "metrics.tls.certFile",
-                                          config.metrics.tls.key_file, "metrics.tls.keyFile");
-      if (!info) return fail(info.error().message);
-      metrics_over = "HTTPS with TokenReview and SubjectAccessReview, certificate " + info->subject +
-                     (info->names.empty() ? "" : " (" + info->names + ")") + " until " + info->not_after;
-    }
-  }
+  auto checked = controller::check_config(config_path);
+  if (!checked) return fail(checked.error());
+  controller::ControllerConfig config = std::move(checked->config);
+  const std::string agents_over = checked->agents_over, metrics_over = checked->metrics_over;
   if (check_only) {
     std::cout << "rdmig-controller: " << config_path << " is valid (token file '" << config.agents.token_file
               << "' read; agents over " << agents_over << "; /metrics over " << metrics_over << ")\n";
@@ -145,27 +95,14 @@ int main(int argc, char** argv) {
   }
   LOG_INFO("controller") << rdmig::version_line("rdmig-controller") << " starting" << (config_path.empty() ? "" : ", config " + config_path);
 
-  std::map<std::string, std::string> environment;
-  for (const char* k : {"KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"}) environment[k] = env(k);
-  auto cluster = kubeconfig_path.empty()
-                     ? k8s::in_cluster_config(environment, "/var/run/secrets/kubernetes.io/serviceaccount")
-                     : k8s::load_kubeconfig_file(kubeconfig_path, context);
-  if (!cluster) return fail(cluster.error().message);
-  if (config.namespace_.empty()) config.namespace_ = env("POD_NAMESPACE");
-  if (config.namespace_.empty()) config.namespace_ = cluster->namespace_;
-  if (config.namespace_.empty()) config.namespace_ = "rdmig-system";
-  std::string identity = config.leader_election.identity;
-  if (identity.empty()) identity = env("POD_NAME");
-  if (identity.empty()) {
-    char host[256] = {};
-    ::gethostname(host, sizeof host - 1);
-    identity = host;
-  }
-  identity += "_" + random_hex(4);
+  auto placed = controller::place(config, kubeconfig_path, context);
+  if (!placed) return fail(placed.error());
+  const k8s::ClusterConfig& cluster = placed->cluster;
+  const std::string identity = placed->identity;
 
   k8s::HttpOptions http_options;
   http_options.user_agent = "rdmig-controller/" + identity;
-  auto kube_made = k8s::HttpKubeClient::create(cluster.value(), http_options);
+  auto kube_made = k8s::HttpKubeClient::create(cluster, http_options);
   if (!kube_made) return fail(kube_made.error().message);
   k8s::HttpKubeClient& kube = *kube_made.value();
 
@@ -178,16 +115,14 @@ int main(int argc, char** argv) {
 
   controller::ControllerMetrics metrics;
   LOG_INFO("controller") << "agents over " << agents_over;
-  controller::AgentClient agents(agent_token.value(), static_cast<int>(config.agents.request_timeout_seconds),
+  controller::AgentClient agents(checked->agent_token, static_cast<int>(config.agents.request_timeout_seconds),
                                  [&metrics](const std::string& code) { metrics.agent_request(code); },
                                  controller::AgentTls{config.agents.tls.ca_file, config.agents.tls.server_name});
   k8s::EventRecorder events(kube, "rdmig-controller", identity);
 
   controller::Worker* worker_ptr = nullptr;
-  const std::string collection = config.watch_namespace.empty()
-                                     ? "/apis/rdmig.io/v1alpha1/rdmamigrations"
-                                     : "/apis/rdmig.io/v1alpha1/namespaces/" + config.watch_namespace + "/rdmamigrations";
-  k8s::Informer informer(kube, collection, "", [&worker_ptr](const std::string&, const std::string& key) {
+  k8s::Informer informer(kube, controller::collection(config.watch_namespace, "rdmamigrations"), "",
+                         [&worker_ptr](const std::string&, const std::string& key) {
     if (worker_ptr) worker_ptr->enqueue(key);
   });
   // KubeVirt: every VirtualMachineInstanceMigration (ours wake their RdmaMigration; the
@@ -198,27 +133,15 @@ int main(int argc, char** argv) {
         kube, controller::vmim_collection(config.watch_namespace), "",
         [&worker_ptr, &vmims](const std::string&, const std::string& key) {
           if (!worker_ptr) return;
-          std::string owner;
-          if (auto o = vmims->get(key)) {
-            for (const auto& ref : o->value("metadata", nlohmann::json::object()).value("ownerReferences",
-                                                                                       nlohmann::json::array())) {
-              if (ref.value("kind", "") == "RdmaMigration") {
-                owner = o->value("metadata", nlohmann::json::object()).value("namespace", "") + "/" + ref.value("name", "");
-              }
-            }
-          }
-          worker_ptr->enqueue(owner);  // "" only wakes the worker for the observer
+          const auto o = vmims->get(key);
+          worker_ptr->enqueue(o ? controller::rdma_migration_key_of(*o) : "");  // "" wakes it for the observer
         });
   }
   controller::Reconciler reconciler(config, config.namespace_, kube, informer, agents, events, vmims.get());
   // RdmaPathCheck objects (docs/pathcheck.md): their own cache, reconciler and worker thread,
   // so a long check never delays a migration's reconcile.
   controller::Worker* pathcheck_worker_ptr = nullptr;
-  const std::string pathcheck_collection =
-      config.watch_namespace.empty()
-          ? "/apis/rdmig.io/v1alpha1/rdmapathchecks"
-          : "/apis/rdmig.io/v1alpha1/namespaces/" + config.watch_namespace + "/rdmapathchecks";
-  k8s::Informer pathcheck_informer(kube, pathcheck_collection, "",
+  k8s::Informer pathcheck_informer(kube, controller::collection(config.watch_namespace, "rdmapathchecks"), "",
                                    [&pathcheck_worker_ptr](const std::string&, const std::string& key) {
                                      if (pathcheck_worker_ptr) pathcheck_worker_ptr->enqueue(key);
                                    });
@@ -226,11 +149,8 @@ int main(int argc, char** argv) {
                                                        events, metrics);
   // RdmaDrainPlan objects (docs/drain.md): forecasts read the path checks' cache.
   controller::Worker* drainplan_worker_ptr = nullptr;
-  k8s::Informer drainplan_informer(kube,
-                                   config.watch_namespace.empty()
-                                       ? "/apis/rdmig.io/v1alpha1/rdmadrainplans"
-                                       : "/apis/rdmig.io/v1alpha1/namespaces/" + config.watch_namespace + "/rdmadrainplans",
-                                   "", [&drainplan_worker_ptr](const std::string&, const std::string& key) {
+  k8s::Informer drainplan_informer(kube, controller::collection(config.watch_namespace, "rdmadrainplans"), "",
+                                   [&drainplan_worker_ptr](const std::string&, const std::string& key) {
                                      if (drainplan_worker_ptr) drainplan_worker_ptr->enqueue(key);
                                    });
   controller::DrainPlanReconciler drainplan_reconciler(config, config.namespace_, kube, drainplan_informer,
@@ -271,84 +191,22 @@ int main(int argc, char** argv) {
   drainplan_worker_ptr = &drainplan_worker;
   drainplan_wake = &drainplan_worker;
 
+  // /metrics: HTTPS, every request's token reviewed by the API server (startup.h).
+  auto metrics_server = controller::MetricsServer::create(config, cluster, http_options, metrics);
+  if (!metrics_server) return fail(metrics_server.error());
+  const int port = metrics_server.value()->port();
   // Probes: plain HTTP, no authentication (the kubelet sends no token), apart from /metrics.
-  httplib::Server probe_server;
-  probe_server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("{\"status\":\"ok\"}\n", "application/json");
+  auto probes = controller::ProbeServer::create(config, [&] {
+    return informer.synced() && pathcheck_informer.synced() && drainplan_informer.synced();
   });
-  probe_server.Get("/readyz", [&](const httplib::Request&, httplib::Response& res) {
-    const bool ready = informer.synced() && pathcheck_informer.synced() && drainplan_informer.synced();
-    res.status = ready ? 200 : 503;
-    res.set_content(ready ? "{\"status\":\"ready\"}\n" : "{\"status\":\"not synced\"}\n", "application/json");
-  });
-
-  // /metrics: HTTPS, every request's token reviewed by the API server (metrics_auth.h); or, with
-  // metrics.secure false, plain HTTP on a loopback address (config.cpp refuses any other).
-  std::shared_ptr<tls::ServerCertificate> metrics_cert;
-  std::optional<tls::SelfSigned> self_signed;
-  std::unique_ptr<k8s::HttpKubeClient> review_kube;
-  std::unique_ptr<controller::MetricsAuth> metrics_auth;
-  std::unique_ptr<httplib::Server> metrics_server;
-  if (config.metrics.secure) {
-    if (!config.metrics.tls.cert_file.empty()) {
-      auto cert = tls::ServerCertificate::load(config.metrics.tls.cert_file, "metrics.tls.certFile",
-                                               config.metrics.tls.key_file, "metrics.tls.keyFile");
-      if (!cert) return fail(cert.error().message);
-      metrics_cert = cert.value();
-      metrics_server = std::make_unique<httplib::SSLServer>([&](SSL_CTX& ctx) { return metrics_cert->configure(ctx); });
-    } else {
-      auto made = tls::make_self_signed("rdmig-controller", {"localhost", "127.0.0.1", "::1"}, 365);
-      if (!made) return fail(made.error().message, 1);
-      self_signed = std::move(made.value());
-      LOG_INFO("controller") << "metrics: self-signed certificate made at start, SHA-256 " << self_signed->fingerprint;
-      metrics_server = std::make_unique<httplib::SSLServer>([&](SSL_CTX& ctx) { return self_signed->configure(ctx); });
-    }
-    if (!metrics_server->is_valid()) return fail("config key 'metrics.tls': cannot set up HTTPS with it", 1);
-    // Reviews get a client of their own with a 10 s bound on each call (controller-runtime's
-    // TokenAccessReviewTimeout), so a slow API server answers a scrape with 503, not a hang.
-    k8s::HttpOptions review_options = http_options;
-    review_options.call_timeout = std::chrono::seconds(10);
-    auto made_kube = k8s::HttpKubeClient::create(cluster.value(), review_options);
-    if (!made_kube) return fail(made_kube.error().message);
-    review_kube = std::move(made_kube.value());
-    metrics_auth = std::make_unique<controller::MetricsAuth>(*review_kube, config.metrics.auth_cache_entries);
-    metrics_server->set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
-      if (req.path != "/metrics") {
-        send_json_error(res, 404, "this port serves GET /metrics only (probes: probes.port)");
-        return httplib::Server::HandlerResponse::Handled;
-      }
-      const auto d = metrics_auth->check(req.get_header_value("Authorization"), req.path);
-      if (d.status == 200) return httplib::Server::HandlerResponse::Unhandled;
-      if (d.status >= 500) {
-        LOG_WARN("controller") << "metrics: scrape from " << req.remote_addr << " answered " << d.status << ": " << d.message;
-      } else {
-        LOG_DEBUG("controller") << "metrics: scrape from " << req.remote_addr << " answered " << d.status << ": " << d.message;
-      }
-      send_json_error(res, d.status, d.message);
-      return httplib::Server::HandlerResponse::Handled;
-    });
-  } else {
-    metrics_server = std::make_unique<httplib::Server>();
-  }
-  metrics_server->Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics.serialize(), "text/plain; version=0.0.4; charset=utf-8");
-  });
-  const int port = bind_server(*metrics_server, config.metrics.address, config.metrics.port);
-  if (port <= 0) {
-    return fail("config key 'metrics.port': cannot listen on " + config.metrics.address + ":" +
-                    std::to_string(config.metrics.port), 1);
-  }
-  const int probe_port = bind_server(probe_server, config.probes.address, config.probes.port);
-  if (probe_port <= 0) {
-    return fail("config key 'probes.port': cannot listen on " + config.probes.address + ":" +
-                    std::to_string(config.probes.port), 1);
-  }
+  if (!probes) return fail(probes.error());
+  const int probe_port = probes.value()->port();
   if (!ports_file.empty()) {
     const std::string tmp = ports_file + ".tmp";
     std::ofstream(tmp) << "{\"metrics\":" << port << ",\"probes\":" << probe_port << "}\n";
     std::rename(tmp.c_str(), ports_file.c_str());
   }
-  LOG_INFO("controller") << "rdmig-controller " << identity << " starting: server=" << cluster->server
+  LOG_INFO("controller") << "rdmig-controller " << identity << " starting: server=" << cluster.server
                          << " namespace=" << config.namespace_ << " watch="
                          << (config.watch_namespace.empty() ? "<all>" : config.watch_namespace)
                          << " metrics=" << config.metrics.address << ":" << port << " (" << metrics_over << ")"
@@ -356,8 +214,8 @@ int main(int argc, char** argv) {
                          << " kubevirt=" << (config.kubevirt.enabled ? "on" : "off")
                          << " leaderElection=" << (elect ? "on" : "off");
 
-  std::thread server_thread([&] { metrics_server->listen_after_bind(); });
-  std::thread probe_thread([&] { probe_server.listen_after_bind(); });
+  std::thread server_thread([&] { metrics_server.value()->serve(); });
+  std::thread probe_thread([&] { probes.value()->serve(); });
   std::thread informer_thread([&] { informer.run(); });
   std::thread pathcheck_informer_thread([&] { pathcheck_informer.run(); });
   std::thread drainplan_informer_thread([&] { drainplan_informer.run(); });
@@ -391,9 +249,9 @@ int main(int argc, char** argv) {
     elector.stop();
     elector_thread.join();
   }
-  metrics_server->stop();
+  metrics_server.value()->stop();
   server_thread.join();
-  probe_server.stop();
+  probes.value()->stop();
   probe_thread.join();
   LOG_INFO("controller") << "stopped";
   return 0;
