@@ -102,6 +102,12 @@ class KubevirtMigrationTest(base.KubevirtChecks, unittest.TestCase):
         kw.setdefault("hook_timeout", 5)
         return self.cluster.migrate(**kw)
 
+    def carried(self, node, migration_uid):
+        """The records of `migration_uid` on `node`'s agent that carry all 9 connections (8
+        parallel, the main one) and have sent more than 8 MiB: mid-migration."""
+        items = self.agents[node].call("GET", "/v1/kubevirt/migrations?migrationUid=" + migration_uid)["items"]
+        return [i for i in items if i["connections"] == 9 and i["bytesSent"] > (8 << 20)]
+
     def assertCarried(self, r, parallel):
         src = self.record(r.source_node, r.migration_uid)
         dst = self.record(r.target_node, r.migration_uid)
@@ -176,9 +182,7 @@ class KubevirtMigrationTest(base.KubevirtChecks, unittest.TestCase):
             def run():
                 # Mid-migration: every memory connection carried and bytes flowing.
                 def carrying():
-                    items = self.agents[source].call(
-                        "GET", "/v1/kubevirt/migrations?migrationUid=" + ctx.migration_uid)["items"]
-                    return any(i["connections"] == 9 and i["bytesSent"] > (8 << 20) for i in items)
+                    return self.carried(source, ctx.migration_uid)
                 try:
                     wait_for(carrying, 30, "the migration to be carried", interval=0.02)
                 except TimeoutError:
@@ -263,9 +267,7 @@ class KubevirtMigrationTest(base.KubevirtChecks, unittest.TestCase):
         def reset_while_carrying(ctx):
             def run():
                 def carrying():
-                    items = self.agents[source].call(
-                        "GET", "/v1/kubevirt/migrations?migrationUid=" + ctx.migration_uid)["items"]
-                    return [i for i in items if i["connections"] == 9 and i["bytesSent"] > (8 << 20)]
+                    return self.carried(source, ctx.migration_uid)
                 try:
                     wait_for(carrying, 30, "the migration to be carried", interval=0.02)
                 except TimeoutError:
@@ -298,9 +300,7 @@ class KubevirtMigrationTest(base.KubevirtChecks, unittest.TestCase):
         def term_when_carrying(ctx):
             def run():
                 def carrying():
-                    items = self.agents[source].call(
-                        "GET", "/v1/kubevirt/migrations?migrationUid=" + ctx.migration_uid)["items"]
-                    return [i for i in items if i["connections"] == 9 and i["bytesSent"] > (8 << 20)]
+                    return self.carried(source, ctx.migration_uid)
                 try:
                     item = wait_for(carrying, 30, "the migration to be carried", interval=0.02)[0]
                 except TimeoutError:

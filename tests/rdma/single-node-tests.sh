@@ -11,24 +11,9 @@
 set -u
 repo="$1"; build="$2"
 here="$repo/tests/rdma"
-failed=""
-run() {
-  name="$1"; shift
-  echo; echo "##### $name"
-  start=$(date +%s)
-  if "$@"; then
-    echo "##### $name: passed in $(( $(date +%s) - start )) s"
-  else
-    echo "##### $name: FAILED (exit $?) after $(( $(date +%s) - start )) s"
-    failed="$failed $name"
-  fi
-}
+. "$here/suites-lib.sh"
 run smoke /bin/sh "$here/smoke.sh"
 run transport /bin/sh "$here/transport-tests.sh" "$build"
 run pathcheck /bin/sh "$here/pathcheck-tests.sh" "$repo" "$build"
 run kubevirt /bin/sh "$here/kubevirt-tests.sh" "$repo" "$build"
-if [ -n "$failed" ]; then
-  echo "single-node-tests: FAILED:$failed"
-  exit 1
-fi
-echo "single-node-tests: smoke, transport, pathcheck and kubevirt passed"
+finish single-node-tests

@@ -12,22 +12,7 @@
 set -u
 repo="$1"; build="$2"
 here="$repo/tests/rdma"
-failed=""
-run() {
-  name="$1"; shift
-  echo; echo "##### node $RDMIG_NODE: $name"
-  start=$(date +%s)
-  if "$@"; then
-    echo "##### node $RDMIG_NODE: $name: passed in $(( $(date +%s) - start )) s"
-  else
-    echo "##### node $RDMIG_NODE: $name: FAILED (exit $?) after $(( $(date +%s) - start )) s"
-    failed="$failed $name"
-  fi
-}
+. "$here/suites-lib.sh"
 run transport /bin/sh "$here/transport-two-nodes.sh" "$build"
 run pathcheck /bin/sh "$here/pathcheck-two-nodes.sh" "$repo" "$build"
-if [ -n "$failed" ]; then
-  echo "two-node-tests (node $RDMIG_NODE): FAILED:$failed"
-  exit 1
-fi
-echo "two-node-tests (node $RDMIG_NODE): transport and pathcheck passed"
+finish two-node-tests
