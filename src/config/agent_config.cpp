@@ -288,7 +288,7 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
     RDMIG_TRY(check_keys(m, "migration",
                          {"chunkSize", "ringDepth", "progressIntervalMs", "noProgressTimeoutSeconds",
                           "completionTimeoutSeconds", "maxConcurrent", "historySize", "bufferBudget",
-                          "qmpSocketRoots", "verifyChunks"}));
+                          "qmpSocketRoots", "verifyChunks", "postCopyRecoverySeconds"}));
     RDMIG_TRY(read_bool(m, "migration", "verifyChunks", c.migration.verify_chunks));
     RDMIG_TRY(read_string_list(m, "migration", "qmpSocketRoots", c.migration.qmp_socket_roots, 32));
     for (const auto& root_dir : c.migration.qmp_socket_roots) {
@@ -312,6 +312,7 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
                         c.migration.no_progress_timeout_seconds, 5, 86400));
     RDMIG_TRY(read_uint(m, "migration", "completionTimeoutSeconds",
                         c.migration.completion_timeout_seconds, 10, 7 * 86400));
+    RDMIG_TRY(read_uint(m, "migration", "postCopyRecoverySeconds", c.migration.postcopy_recovery_seconds, 0, 86400));
     RDMIG_TRY(read_uint(m, "migration", "maxConcurrent", c.migration.max_concurrent, 1, 64));
     RDMIG_TRY(read_uint(m, "migration", "historySize", c.migration.history_size, 1, 10000));
     if (const auto bb = m["bufferBudget"]) {

@@ -71,6 +71,10 @@ struct MigrationDefaults {
   uint32_t progress_interval_ms = 250;
   uint32_t no_progress_timeout_seconds = 120;
   uint32_t completion_timeout_seconds = 1800;
+  // Post-copy recovery (docs/api.md): how long both agents keep trying a fresh channel for a
+  // post-copy migration whose link was lost beyond failover (both QEMUs postcopy-paused) before
+  // the migration fails naming each QEMU's state. 0: no recovery (fails at once, as before).
+  uint32_t postcopy_recovery_seconds = 300;
   uint32_t max_concurrent = 4;
   // Finished migrations kept for GET before being forgotten.
   uint32_t history_size = 64;

@@ -174,7 +174,7 @@ Metrics::Metrics(std::string component)
                       .Register(*registry_)),
       info_(BuildGauge().Name("rdmig_migration_info")
                 .Help("Always 1, one series per migration this agent still holds; labels: migration, role, vm, "
-                      "phase (Pending, Connecting, Migrating, Completing, Succeeded, Failed, Cancelled) and "
+                      "phase (Pending, Connecting, Migrating, Recovering, Completing, Succeeded, Failed, Cancelled) and "
                       "transport (tcp, rdma; empty until chosen)")
                 .Register(*registry_)),
       start_time_(BuildGauge().Name("rdmig_migration_start_time_seconds")

@@ -198,6 +198,10 @@ void Job::refresh_data_counters() {
   ChannelTraffic by_channel;  // pumps_[c] carries channel c
   {
     MutexLock lock(data_mu_);
+    sent = retired_counts_[0];
+    received = retired_counts_[1];
+    chunks_sent = retired_counts_[2];
+    chunks_received = retired_counts_[3];
     for (const auto& p : pumps_) {
       by_channel.bytes_sent.push_back(p->bytes_up());
       by_channel.bytes_received.push_back(p->bytes_down());
@@ -303,6 +307,41 @@ void Job::abort_data_plane(const Error& reason, bool keep_link) {
   for (auto& p : pumps_) p->abort(reason);
   for (auto& c : channels_) c->abort(reason);
   if (link_ && !keep_link) link_->close();
+}
+
+void Job::retire_data_plane(const std::string& why) {
+  // kCancelled: no abort frame reaches the peer (TcpChannel::abort), which recovers as this end does.
+  const Error reason{Errc::kCancelled, "post-copy recovery: " + why};
+  std::vector<std::unique_ptr<session::ChannelPump>> pumps;
+  std::vector<std::unique_ptr<transport::Channel>> channels;
+  std::unique_ptr<session::ControlLink> link;
+  {
+    MutexLock lock(data_mu_);
+    for (auto& p : pumps_) p->abort(reason, /*reset=*/true);
+    for (auto& c : channels_) c->abort(reason);
+    for (auto& p : pumps_) {
+      p->wait(std::chrono::seconds(5));
+      retired_counts_[0] += p->bytes_up();
+      retired_counts_[1] += p->bytes_down();
+      retired_counts_[2] += p->chunks_up();
+      retired_counts_[3] += p->chunks_down();
+    }
+    pumps.swap(pumps_);
+    channels.swap(channels_);
+    failover_channels_.clear();
+    link = std::move(link_);
+  }
+  if (link) link->close();
+  pumps.clear();  // before the channels they pump
+  channels.clear();
+}
+
+void Job::adopt_channel(std::unique_ptr<transport::Channel> channel, std::unique_ptr<session::ChannelPump> pump,
+                        std::unique_ptr<session::ControlLink> link) {
+  MutexLock lock(data_mu_);
+  channels_.push_back(std::move(channel));
+  pumps_.push_back(std::move(pump));
+  link_ = std::move(link);
 }
 
 const char* Job::failure_of(Errc code) {

@@ -123,6 +123,14 @@ class Job {
   // Fails pumps and channels; also shuts the control link unless `keep_link` (a verdict still
   // has to reach the peer).
   void abort_data_plane(const Error& reason, bool keep_link = false);
+  // Post-copy recovery: ends the data plane for good without an abort frame to the peer (the link
+  // is gone; the peer recovers too): every pump and channel is aborted (QEMU's side reset, so QEMU
+  // pauses at once), joined and dropped, their counts kept for the status; the control link is
+  // closed and dropped. The recovery's fresh channel and link go in afterwards (adopt_channel).
+  void retire_data_plane(const std::string& why);
+  // Post-copy recovery: `channel` becomes channel 0 with its pump, and `link` the control link.
+  void adopt_channel(std::unique_ptr<transport::Channel> channel, std::unique_ptr<session::ChannelPump> pump,
+                     std::unique_ptr<session::ControlLink> link);
   std::string log_prefix() const;
   // Failover (dataPlane.failover, confirmed by both agents): wraps every channel in channels_ in a
   // session::FailoverChannel whose link `reconnect_for(index)` re-establishes (docs/failover.md).
@@ -201,6 +209,8 @@ class Job {
   mutable Mutex data_mu_;  // guards channels_/pumps_ growth against abort from other threads
   // channels_ as FailoverChannels (the same objects), once wrap_for_failover() ran.
   std::vector<session::FailoverChannel*> failover_channels_ GUARDED_BY(data_mu_);
+  // What retired pumps carried (bytes up, down, chunks up, down), counted on in the status.
+  std::array<uint64_t, 4> retired_counts_ GUARDED_BY(data_mu_){};
 
   std::thread worker_;
   // Guards worker_'s join alone (no other member): the manager's reaper thread and the

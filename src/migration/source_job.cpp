@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <tuple>
 
 #include "common/log.h"
 #include "common/net.h"
 #include "common/units.h"
+#include "migration/postcopy_recovery.h"
 #include "session/transport_choice.h"
 #include "transport/channel_proof.h"
 #include "transport/rdma/rdma_channel.h"
@@ -558,8 +560,8 @@ void SourceJob::apply_progress(const qemu::MigrationInfo& info) {
 }
 
 Result<qemu::MigrationInfo> SourceJob::monitor() {
-  const auto started = std::chrono::steady_clock::now();
-  const auto completion_deadline = started + std::chrono::seconds(spec_.completion_timeout_seconds);
+  if (!monitor_started_) monitor_started_ = std::chrono::steady_clock::now();
+  const auto started = *monitor_started_;
   const auto no_progress = std::chrono::seconds(spec_.no_progress_timeout_seconds);
   auto last_progress = started;
   uint64_t last_transferred = 0;
@@ -603,6 +605,9 @@ Result<qemu::MigrationInfo> SourceJob::monitor() {
     // it back here, so post-copy runs to its end (docs/api.md).
     if (cancel_requested() && !postcopy_switched_) return Error{Errc::kCancelled, cancel_reason()};
     if (failed) return data_plane_error(failed->error, failed->channel);
+    if (postcopy_switched_ && info->status == kPostcopyPaused) {
+      return Error{Errc::kUnavailable, "the source QEMU paused post-copy (postcopy-paused): its stream to the target broke"};
+    }
     const auto now = std::chrono::steady_clock::now();
     if (info->transferred_bytes > last_transferred) {
       last_transferred = info->transferred_bytes;
@@ -611,7 +616,8 @@ Result<qemu::MigrationInfo> SourceJob::monitor() {
       return Error{Errc::kTimeout, "no progress for " + std::to_string(spec_.no_progress_timeout_seconds) +
                                        " s (noProgressTimeoutSeconds)"};
     }
-    if (now > completion_deadline) {
+    // Time spent recovering a lost link in post-copy does not count against completion.
+    if (now > started + std::chrono::seconds(spec_.completion_timeout_seconds) + paused_total_) {
       return Error{Errc::kTimeout, "not completed within " + std::to_string(spec_.completion_timeout_seconds) +
                                        " s (completionTimeoutSeconds)"};
     }
@@ -632,6 +638,7 @@ Result<qemu::MigrationInfo> SourceJob::monitor() {
 std::optional<Error> SourceJob::take_target_message(const json& msg) {
   const auto type = session::kind_of(msg);
   if (type == session::MessageKind::kAbort) {
+    target_decided_ = true;
     return Error{Errc::kUnavailable, "target agent aborted: " + msg.value("reason", std::string("?"))};
   }
   if (type == session::MessageKind::kResult) {
@@ -639,6 +646,7 @@ std::optional<Error> SourceJob::take_target_message(const json& msg) {
     // query-migrate sees "completed", or fail just as the source completes.
     verdict_ = msg;
     if (!msg.value("ok", false)) {
+      target_decided_ = true;
       return Error{Errc::kUnavailable, "target failed: " + msg.value("reason", std::string("?"))};
     }
   }
@@ -892,6 +900,188 @@ void SourceJob::fail_in_postcopy(const Error& error) {
          "postcopy_split");
 }
 
+std::pair<std::string, std::string> SourceJob::qemu_state() {
+  if (!qmp_->connected()) return {"monitor lost", ""};
+  std::string migration = "unreadable";
+  if (auto raw = qmp_->execute("query-migrate", {}, kQmpTimeout)) {
+    if (auto info = qemu::parse_migration_info(raw.value())) migration = info->status;
+  }
+  auto run = run_state(*qmp_);
+  return {describe_qemu(migration, run ? run.value() : "unreadable"), migration};
+}
+
+SourceJob::Recovery SourceJob::recover_postcopy(const Error& why) {
+  using namespace std::chrono;
+  const uint32_t seconds = ctx_.config.migration.postcopy_recovery_seconds;
+  // QEMU resumes post-copy on its main channel alone: with multifd (QEMU 10.1+) not tried yet.
+  if (seconds == 0 || target_decided_ || spec_.multifd_channels > 0 || !qmp_->connected()) {
+    return Recovery::kNotRecoverable;
+  }
+  const auto first_seen = qemu_state();
+  const std::string first = first_seen.first, first_status = first_seen.second;
+  const RecoveryStep step = recovery_step(first_status);
+  if (step == RecoveryStep::kComplete || step == RecoveryStep::kGiveUp) return Recovery::kNotRecoverable;
+  const auto t0 = steady_clock::now();
+  const auto deadline = t0 + std::chrono::seconds(seconds);
+  const int64_t paused_before = status().post_copy.paused_ms;
+  LOG_WARN("migration") << log_prefix() << " post-copy link lost (" << why.message << "): recovering for up to "
+                        << seconds << " s (source QEMU " << first << ")";
+  set_phase(Phase::kRecovering);
+  update([&](MigrationStatus& s) {
+    s.post_copy.recovery = "recovering";
+    s.post_copy.recovery_reason = why.message;
+    s.post_copy.recovery_tries = 0;
+    s.post_copy.recovery_last_try.clear();
+    s.post_copy.source_qemu = first;
+    s.post_copy.target_qemu.clear();
+  });
+  stop_accepting();
+  listener_.reset();
+  retire_data_plane(why.message);
+  // QEMU pauses as soon as its connection is reset; one that has not noticed is paused by hand.
+  std::string state = first, status = first_status;
+  bool paused_by_hand = false;
+  for (const auto wait_from = steady_clock::now(); recovery_step(status) == RecoveryStep::kWait;) {
+    if (!paused_by_hand && steady_clock::now() - wait_from > 5s) {
+      (void)qmp_->execute("migrate-pause", {}, kQmpTimeout);
+      paused_by_hand = true;
+    }
+    if (steady_clock::now() - wait_from > 15s) break;
+    std::this_thread::sleep_for(100ms);
+    std::tie(state, status) = qemu_state();
+  }
+  update([&](MigrationStatus& s) { s.post_copy.source_qemu = state; });
+  if (recovery_step(status) != RecoveryStep::kResume) {
+    // Failed, or stuck short of postcopy-paused: nothing a fresh channel can resume.
+    finish(Phase::kFailed,
+           why.message + "; in post-copy, and the source QEMU did not pause for a recovery (" + state +
+               "): rdmig resumes neither QEMU (neither can run the VM alone); see docs/runbooks/RdmigPostcopySplit.md",
+           "postcopy_split");
+    return Recovery::kFinished;
+  }
+  uint32_t attempt = 0;
+  std::string last;
+  while (steady_clock::now() < deadline) {
+    const auto tried_at = steady_clock::now();
+    ++attempt;
+    update([&](MigrationStatus& s) {
+      s.post_copy.recovery_tries = attempt;
+      s.post_copy.paused_ms = paused_before + duration_cast<milliseconds>(tried_at - t0).count();
+    });
+    auto st = try_recovery(attempt, deadline);
+    if (st) {
+      const auto took = steady_clock::now() - t0;
+      paused_total_ += took;
+      const auto took_ms = duration_cast<milliseconds>(took).count();
+      LOG_WARN("migration") << log_prefix() << " post-copy recovered after " << took_ms << " ms (try " << attempt
+                            << "): resumed over a fresh channel";
+      update([&](MigrationStatus& s) {
+        s.post_copy.recovery = "recovered";
+        ++s.post_copy.recoveries;
+        s.post_copy.paused_ms = paused_before + took_ms;
+        s.post_copy.source_qemu = qemu_state().first;
+      });
+      set_phase(Phase::kMigrating);
+      return Recovery::kResumed;
+    }
+    last = st.error().message;
+    LOG_INFO("migration") << log_prefix() << " post-copy recovery try " << attempt << ": " << last;
+    update([&](MigrationStatus& s) { s.post_copy.recovery_last_try = last; });
+    retire_data_plane("recovery try " + std::to_string(attempt) + " failed");
+    stop_accepting();
+    listener_.reset();
+    if (st.error().code == Errc::kPermissionDenied) break;  // the target refused: no later try can do better
+    if (cancel_requested()) {
+      last += "; then this agent stopped trying (" + cancel_reason() + ")";
+      break;
+    }
+    std::this_thread::sleep_until(std::min(deadline, tried_at + 1s));
+  }
+  const std::string now_state = qemu_state().first;
+  update([&](MigrationStatus& s) {
+    s.post_copy.recovery = "failed";
+    s.post_copy.source_qemu = now_state;
+    s.post_copy.paused_ms = paused_before + duration_cast<milliseconds>(steady_clock::now() - t0).count();
+  });
+  finish(Phase::kFailed,
+         stuck_postcopy_reason(StuckPostcopy{Role::kSource, why.message, seconds, attempt, last, now_state, ""}),
+         "postcopy_split");
+  return Recovery::kFinished;
+}
+
+Result<UniqueFd> SourceJob::dial_recovery(bool control, std::chrono::milliseconds left) {
+  const net::Endpoint ep{spec_.target.host, spec_.target.port};
+  const std::string where = std::string(control ? "recovery control connection" : "recovery channel 0") + " to " +
+                            ep.to_string();
+  // The same endpoint and dial policy as the first dial; the session's keys prove it.
+  auto fd = peer_dial_policy(ctx_.config.data_plane).connect(ep, "target.endpoint", left, [](int) { return ok_status(); });
+  if (!fd) return fd.error().with_context(where);
+  transport::Hello dh = data_hello(0, /*resume=*/false);
+  dh.recover = true;
+  dh.control = control;
+  if (control) dh.tls = false;  // the control connection runs no TLS
+  const transport::ChannelTerms terms{channel_key_, session_, control ? transport::kControlIndex : 0};
+  if (auto st = transport::prove_channel(fd->get(), dh.to_json(), terms, left); !st) return st.error().with_context(where);
+  return fd;
+}
+
+Status SourceJob::try_recovery(uint32_t attempt, std::chrono::steady_clock::time_point deadline) {
+  using namespace std::chrono;
+  const auto left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(1000),
+                               duration_cast<milliseconds>(kHandshakeTimeout));
+  auto cfd = dial_recovery(/*control=*/true, left);
+  if (!cfd) return cfd.error();
+  auto link = std::make_unique<ControlLink>(std::move(cfd.value()));
+  RDMIG_TRY(link->send(session::message(session::MessageKind::kRecover, json{{"attempt", attempt}})));
+  auto dfd = dial_recovery(/*control=*/false, left);
+  if (!dfd) return dfd.error();
+  std::unique_ptr<transport::TlsStream> tls;
+  if (ctx_.config.data_plane.tls) {
+    auto stream = channel_tls(dfd->get(), transport::TlsStream::Role::kDialler,
+                              transport::ChannelTerms{channel_key_, session_, 0}, left);
+    if (!stream) return stream.error().with_context("recovery channel 0");
+    tls = std::move(stream.value());
+  }
+  auto channel = transport::TcpChannel::create(std::move(dfd.value()), 0, static_cast<uint32_t>(spec_.chunk_size),
+                                               spec_.ring_depth, ctx_.metrics.transport("tcp"), ctx_.config.tcp.splice,
+                                               std::move(tls));
+  auto ready = link->expect(session::to_string(session::MessageKind::kRecoverReady), left);
+  if (!ready) {
+    // The target's abort: it cannot recover (its QEMU, or the session is over there): final.
+    if (ready.error().code == Errc::kCancelled) return Error{Errc::kPermissionDenied, "the target agent refused: " + ready.error().message};
+    return ready.error().with_context("waiting for the target's migrate-recover");
+  }
+  if (const auto t = ready->find("targetQemu"); t != ready->end() && t->is_string()) {
+    update([&](MigrationStatus& s) { s.post_copy.target_qemu = t->get<std::string>(); });
+  }
+  const std::string path = recovery_socket_path(ctx_.config.state_dir, spec_.id, Role::kSource, attempt);
+  ::unlink(path.c_str());
+  auto listener = net::unix_listen(path);
+  if (!listener) return listener.error();
+  ::chmod(path.c_str(), 0600);
+  listener_ = std::move(listener.value());
+  auto r = qmp_->execute("migrate", json{{"uri", "unix:" + path}, {"resume", true}}, kQmpTimeout);
+  if (!r) {
+    ::unlink(path.c_str());
+    return r.error().with_context("source QEMU's migrate resume");
+  }
+  auto qfd = net::accept_for(listener_.get(), 10s);
+  ::unlink(path.c_str());
+  if (!qfd) return qfd.error().with_context("source QEMU's resumed connection");
+  RDMIG_TRY(check_qemu_peer(qfd->get(), "migration socket " + path));
+  auto pump = std::make_unique<ChannelPump>(*channel, std::move(qfd.value()));
+  if (spec_.verify_chunks) pump->verify_chunks();
+  pump->start();
+  adopt_channel(std::move(channel), std::move(pump), std::move(link));
+  // QEMU leaves postcopy-paused once the resumed stream's handshake runs: until then monitor()
+  // would take the pause for a new loss.
+  for (const auto until = steady_clock::now() + 15s; steady_clock::now() < until;) {
+    if (recovery_step(qemu_state().second) != RecoveryStep::kResume) return ok_status();
+    std::this_thread::sleep_for(100ms);
+  }
+  return Error{Errc::kTimeout, "the source QEMU stayed postcopy-paused for 15 s after migrate resume"};
+}
+
 void SourceJob::run() {
   set_phase(Phase::kConnecting);
   auto st = connect_data_plane();
@@ -913,10 +1103,21 @@ void SourceJob::run() {
   } else {
     set_phase(Phase::kMigrating);
     auto info = monitor();
-    if (info) {
-      complete(info.value());
-    } else {
-      fail_and_protect_vm(info.error(), info.error().code == Errc::kCancelled && cancel_requested());
+    for (;;) {
+      if (info) {
+        complete(info.value());
+        break;
+      }
+      // Past the switch a lost link is recovered over a fresh channel where it can be.
+      const auto r = postcopy_switched_ ? recover_postcopy(info.error()) : Recovery::kNotRecoverable;
+      if (r == Recovery::kResumed) {
+        info = monitor();
+        continue;
+      }
+      if (r == Recovery::kNotRecoverable) {
+        fail_and_protect_vm(info.error(), info.error().code == Errc::kCancelled && cancel_requested());
+      }
+      break;
     }
   }
   stop_accepting();

@@ -54,6 +54,21 @@ class SourceJob final : public Job {
   void fail_and_protect_vm(const Error& error, bool cancelled);
   // A failure after the switch to post-copy: the VM's state is split between the two QEMUs.
   void fail_in_postcopy(const Error& error);
+  // Post-copy recovery (migration/postcopy_recovery.h) after `why` ended monitor() past the switch:
+  // kResumed (the migration goes on over a fresh channel: monitor again), kFinished (the job
+  // ended: failed at the deadline, naming each QEMU's state), or kNotRecoverable (recovery off,
+  // the target decided, or QEMU cannot be resumed: fail_in_postcopy as before).
+  enum class Recovery { kResumed, kFinished, kNotRecoverable };
+  Recovery recover_postcopy(const Error& why);
+  // One try (`attempt`): a fresh control connection and channel 0 to the target agent
+  // (hello.recover, proved with the session's keys), its "recover-ready" once its QEMU runs
+  // migrate-recover, then migrate with resume: true on this QEMU through a fresh unix socket.
+  // kPermissionDenied when the target refused (it no longer knows the session, or its QEMU cannot
+  // be recovered): no further try.
+  Status try_recovery(uint32_t attempt, std::chrono::steady_clock::time_point deadline);
+  Result<UniqueFd> dial_recovery(bool control, std::chrono::milliseconds left);
+  // This QEMU's state for status and messages (describe_qemu), and its migration status alone.
+  std::pair<std::string, std::string> qemu_state();
   void apply_progress(const qemu::MigrationInfo& info);
   // postCopy: issues migrate-start-postcopy once the spec's condition holds (pre-copy running for
   // `elapsed`); an error only when QEMU refuses the switch.
@@ -80,6 +95,9 @@ class SourceJob final : public Job {
   // QEMU can be resumed alone (no migrate_cancel, no cont; docs/api.md).
   bool postcopy_switched_ = false;
   std::chrono::steady_clock::time_point postcopy_at_{};
+  bool target_decided_ = false;  // the target aborted or failed on purpose: never recovered (worker thread)
+  std::optional<std::chrono::steady_clock::time_point> monitor_started_;
+  std::chrono::steady_clock::duration paused_total_{};  // recovering, in all: not counted against completion
 };
 
 }  // namespace rdmig::migration

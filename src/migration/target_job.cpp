@@ -1,10 +1,12 @@
 #include "migration/target_job.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "common/log.h"
 #include "common/net.h"
 #include "common/units.h"
+#include "migration/postcopy_recovery.h"
 #include "session/transport_choice.h"
 #include "transport/tcp/tcp_channel.h"
 #include "session/protocol.h"
@@ -189,7 +191,7 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello, const std
 Result<transport::ChannelTerms> TargetJob::channel_terms(const std::string& session, uint32_t index) const {
   MutexLock lock(conn_mu_);
   // TCP data channels belong to a TCP session, or re-dial a channel of one that fails over.
-  if (!token_used_ || (transport_ != "tcp" && !failover_) || !constant_time_equal(session, session_)) {
+  if (!token_used_ || (transport_ != "tcp" && !failover_ && !recovery_open_) || !constant_time_equal(session, session_)) {
     return Error{Errc::kPermissionDenied, kHelloRefused};
   }
   return transport::ChannelTerms{channel_key_, session_, index};
@@ -200,7 +202,34 @@ void TargetJob::on_data(UniqueFd fd, const transport::Hello& hello, const std::s
   transport::ChannelTerms terms;
   {
     MutexLock lock(conn_mu_);
-    if (!token_used_ || (transport_ != "tcp" && !hello.resume) || !constant_time_equal(hello.session, session_)) {
+    if (!token_used_ || !constant_time_equal(hello.session, session_)) {
+      reject(fd.get(), "permission_denied", kHelloRefused);
+      return;
+    }
+    if (hello.recover) {
+      // A fresh connection of a post-copy recovery (its proof already checked): its control
+      // connection, or channel 0; recover_postcopy() takes it.
+      if (!recovery_open_ || finished()) {
+        reject(fd.get(), "permission_denied", "hello.recover: migration " + spec_.id +
+                                                  " is not in post-copy here, or is over: nothing to recover");
+        return;
+      }
+      if (!hello.control && hello.tls != tls) {
+        reject(fd.get(), "tls_mismatch", transport::tls_mismatch(hello.tls, tls));
+        return;
+      }
+      reply(fd.get(), session::message(session::MessageKind::kWelcome, json{{"proof", welcome_proof}}));
+      if (hello.control) {
+        recover_control_fd_ = std::move(fd);  // a newer try replaces one not yet taken
+        recover_data_fd_.reset();             // a try's channel 0 follows its control connection
+        recover_asked_ = true;                // a try begins: the source lost the link
+      } else {
+        recover_data_fd_ = std::move(fd);
+      }
+      conn_cv_.notify_all();
+      return;
+    }
+    if (transport_ != "tcp" && !hello.resume) {
       reject(fd.get(), "permission_denied", kHelloRefused);
       return;
     }
@@ -485,6 +514,10 @@ Status TargetJob::start_incoming() {
   incoming_started_ = true;  // from here on, QEMU may end up with the VM
   r = qmp_->execute("migrate-incoming", json{{"uri", "unix:" + socket_path_}}, kQmpTimeout);
   if (!r) return r.error().with_context("target QEMU");
+  if (post_copy_) {
+    MutexLock lock(conn_mu_);
+    recovery_open_ = true;
+  }
   json ready{{"receivedClockUs", received_us}, {"clockUs", wall_clock_us()}};
   if (post_copy_) ready["postCopy"] = true;  // the source switches only with this confirmed
   return link_->send(session::message(session::MessageKind::kReady, ready));
@@ -539,6 +572,10 @@ Status TargetJob::monitor() {
       if (cancel_requested() && !status().post_copy.switched) return Error{Errc::kCancelled, cancel_reason()};
     }
     if (info->status == "completed") return ok_status();
+    const bool switched = post_copy_ && status().post_copy.switched;
+    if (switched && recover_asked_) {
+      return Error{Errc::kUnavailable, "the source agent began a post-copy recovery (it lost the link)"};
+    }
     if (received != last_bytes) {
       last_bytes = received;
       last_progress = std::chrono::steady_clock::now();
@@ -557,7 +594,10 @@ Status TargetJob::monitor() {
       return qemu_failure("target QEMU: incoming migration failed", info->error_desc, failed);
     }
     if (failed) return data_plane_error(failed->error, failed->channel);
-    if (std::chrono::steady_clock::now() > deadline) {
+    if (switched && info->status == kPostcopyPaused) {
+      return Error{Errc::kUnavailable, "the target QEMU paused post-copy (postcopy-paused): its stream from the source broke"};
+    }
+    if (std::chrono::steady_clock::now() > deadline + paused_total_) {
       return Error{Errc::kTimeout, "incoming migration not completed within " +
                                        std::to_string(spec_.completion_timeout_seconds) + " s"};
     }
@@ -572,6 +612,7 @@ Status TargetJob::monitor() {
       continue;
     }
     if (m->has_value() && session::is(**m, session::MessageKind::kAbort)) {
+      source_decided_ = true;
       return Error{Errc::kUnavailable, "source agent aborted: " + (**m).value("reason", std::string("?"))};
     }
   }
@@ -609,6 +650,7 @@ std::optional<Error> TargetJob::source_reason(std::chrono::milliseconds wait) {
     auto m = link_->next(std::min<std::chrono::milliseconds>(left, 250ms));
     if (!m) return std::nullopt;  // the source agent closed the link without a reason
     if (m->has_value() && session::is(**m, session::MessageKind::kAbort)) {
+      source_decided_ = true;
       return Error{Errc::kUnavailable, "source agent aborted: " + (**m).value("reason", std::string("?"))};
     }
   }
@@ -702,13 +744,13 @@ void TargetJob::report_success() {
     if (pc.page_latency_us) result["postCopyPageLatencyUs"] = *pc.page_latency_us;
     if (pc.blocktime_ms) ctx_.metrics.set_postcopy_blocktime(spec_.vm, static_cast<double>(*pc.blocktime_ms) / 1000.0);
   }
-  (void)link_->send(session::message(session::MessageKind::kResult, result));
+  if (link_) (void)link_->send(session::message(session::MessageKind::kResult, result));
   bool failover = false;
   {
     MutexLock lock(conn_mu_);
     failover = failover_;
   }
-  if (failover) {
+  if (failover && link_) {
     // The result must reach the source: while its goodbye has not come, a lost control connection
     // is still resumed (and the result resent). Bounded by the failover deadline.
     (void)link_->expect(session::to_string(session::MessageKind::kGoodbye),
@@ -750,11 +792,183 @@ void TargetJob::run() {
   }
   set_phase(Phase::kMigrating);
   st = monitor();
+  while (!st && post_copy_ && status().post_copy.switched) {
+    // Past the switch a lost link is recovered over a fresh channel where it can be.
+    const auto r = recover_postcopy(st.error());
+    if (r == Recovery::kFinished) return;
+    if (r == Recovery::kNotRecoverable) break;
+    st = monitor();
+  }
   if (!st) {
     report_failure(st.error(), st.error().code == Errc::kCancelled && cancel_requested(), true);
     return;
   }
   report_success();
 }
+
+std::pair<std::string, std::string> TargetJob::qemu_state() {
+  if (!qmp_->connected()) return {"monitor lost", ""};
+  std::string migration = "unreadable", run = "unreadable";
+  if (auto raw = qmp_->execute("query-migrate", {}, kQmpTimeout)) {
+    if (auto info = qemu::parse_migration_info(raw.value())) migration = info->status;
+  }
+  if (auto st = qmp_->execute("query-status", {}, kQmpTimeout); st && st->is_object()) {
+    run = st->value("status", std::string("unreadable"));
+  }
+  return {describe_qemu(migration, run), migration};
+}
+
+TargetJob::Recovery TargetJob::recover_postcopy(const Error& why) {
+  using namespace std::chrono;
+  const uint32_t seconds = ctx_.config.migration.postcopy_recovery_seconds;
+  if (seconds == 0 || source_decided_ || spec_.multifd_channels > 0 || !qmp_->connected()) {
+    return Recovery::kNotRecoverable;
+  }
+  const auto seen = qemu_state();
+  const std::string state = seen.first;
+  if (const auto step = recovery_step(seen.second); step == RecoveryStep::kComplete || step == RecoveryStep::kGiveUp) {
+    return Recovery::kNotRecoverable;
+  }
+  const auto t0 = steady_clock::now();
+  const auto deadline = t0 + std::chrono::seconds(seconds);
+  const int64_t paused_before = status().post_copy.paused_ms;
+  LOG_WARN("migration") << log_prefix() << " post-copy link lost (" << why.message << "): recovering for up to "
+                        << seconds << " s (target QEMU " << state << ")";
+  set_phase(Phase::kRecovering);
+  update([&](MigrationStatus& s) {
+    s.post_copy.recovery = "recovering";
+    s.post_copy.recovery_reason = why.message;
+    s.post_copy.recovery_tries = 0;
+    s.post_copy.recovery_last_try.clear();
+    s.post_copy.target_qemu = state;
+    s.post_copy.source_qemu.clear();
+  });
+  retire_data_plane(why.message);
+  uint32_t attempt = 0;
+  std::string last;
+  bool refused = false;
+  while (steady_clock::now() < deadline && !refused) {
+    std::unique_ptr<ControlLink> link;
+    {
+      MutexLock lock(conn_mu_);
+      while (!recover_control_fd_.valid() && steady_clock::now() < deadline) lock.wait_for(conn_cv_, 200ms);
+      if (!recover_control_fd_.valid()) break;
+      link = std::make_unique<ControlLink>(std::move(recover_control_fd_));
+      recover_asked_ = false;
+    }
+    ++attempt;
+    update([&](MigrationStatus& s) {
+      s.post_copy.recovery_tries = attempt;
+      s.post_copy.paused_ms = paused_before + duration_cast<milliseconds>(steady_clock::now() - t0).count();
+    });
+    auto st = try_recovery(std::move(link), attempt, deadline);
+    if (st) {
+      const auto took = steady_clock::now() - t0;
+      paused_total_ += took;
+      const auto took_ms = duration_cast<milliseconds>(took).count();
+      LOG_WARN("migration") << log_prefix() << " post-copy recovered after " << took_ms << " ms (try " << attempt
+                            << "): migrate-recover over a fresh channel";
+      const std::string after = qemu_state().first;
+      update([&](MigrationStatus& s) {
+        s.post_copy.recovery = "recovered";
+        ++s.post_copy.recoveries;
+        s.post_copy.paused_ms = paused_before + took_ms;
+        s.post_copy.target_qemu = after;
+      });
+      set_phase(Phase::kMigrating);
+      return Recovery::kResumed;
+    }
+    last = st.error().message;
+    refused = st.error().code == Errc::kPermissionDenied;
+    LOG_INFO("migration") << log_prefix() << " post-copy recovery try " << attempt << ": " << last;
+    update([&](MigrationStatus& s) { s.post_copy.recovery_last_try = last; });
+    retire_data_plane("recovery try " + std::to_string(attempt) + " failed");
+  }
+  {
+    MutexLock lock(conn_mu_);
+    recovery_open_ = false;  // later recovery connections are refused at once
+  }
+  const std::string now_state = qemu_state().first;
+  update([&](MigrationStatus& s) {
+    s.post_copy.recovery = "failed";
+    s.post_copy.target_qemu = now_state;
+    s.post_copy.paused_ms = paused_before + duration_cast<milliseconds>(steady_clock::now() - t0).count();
+  });
+  finish(Phase::kFailed,
+         stuck_postcopy_reason(StuckPostcopy{Role::kTarget, why.message, seconds, attempt,
+                                             last.empty() ? "the source agent never reached this agent" : last,
+                                             now_state, ""}),
+         "postcopy_split");
+  return Recovery::kFinished;
+}
+
+Status TargetJob::try_recovery(std::unique_ptr<ControlLink> link, uint32_t attempt,
+                               std::chrono::steady_clock::time_point deadline) {
+  using namespace std::chrono;
+  const auto left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(1000),
+                               duration_cast<milliseconds>(kHandshakeTimeout));
+  auto recover = link->expect(session::to_string(session::MessageKind::kRecover), left);
+  if (!recover) return recover.error().with_context("waiting for the source's recover");
+  // This QEMU must be postcopy-paused for migrate-recover: it pauses once its stream breaks.
+  std::string state, status;
+  std::tie(state, status) = qemu_state();
+  for (const auto until = steady_clock::now() + 10s;
+       recovery_step(status) == RecoveryStep::kWait && steady_clock::now() < until;) {
+    std::this_thread::sleep_for(100ms);
+    std::tie(state, status) = qemu_state();
+  }
+  if (recovery_step(status) != RecoveryStep::kResume) {
+    const std::string why = "the target QEMU cannot be recovered: " + state;
+    (void)link->send(session::message(session::MessageKind::kAbort, json{{"reason", why}}));
+    return Error{recovery_step(status) == RecoveryStep::kWait ? Errc::kTimeout : Errc::kPermissionDenied, why};
+  }
+  const std::string path = recovery_socket_path(ctx_.config.state_dir, spec_.id, Role::kTarget, attempt);
+  ::unlink(path.c_str());
+  auto r = qmp_->execute("migrate-recover", json{{"uri", "unix:" + path}}, kQmpTimeout);
+  if (!r) {
+    const Error e = r.error().with_context("target QEMU's migrate-recover");
+    (void)link->send(session::message(session::MessageKind::kAbort, json{{"reason", e.message}}));
+    return e;
+  }
+  UniqueFd fd;
+  transport::ChannelTerms terms;
+  bool verify_chunks = false;
+  {
+    MutexLock lock(conn_mu_);
+    const auto until = std::min(deadline, steady_clock::now() + left);
+    while (!recover_data_fd_.valid() && steady_clock::now() < until) lock.wait_for(conn_cv_, 100ms);
+    if (!recover_data_fd_.valid()) return Error{Errc::kTimeout, "the source agent did not dial the recovery's channel 0"};
+    fd = std::move(recover_data_fd_);
+    terms = transport::ChannelTerms{channel_key_, session_, 0};
+    verify_chunks = verify_chunks_;
+  }
+  std::unique_ptr<transport::TlsStream> tls;
+  if (ctx_.config.data_plane.tls) {
+    auto stream = channel_tls(fd.get(), transport::TlsStream::Role::kAcceptor, terms, left);
+    if (!stream) return stream.error().with_context("recovery channel 0");
+    tls = std::move(stream.value());
+  }
+  auto channel = transport::TcpChannel::create(std::move(fd), 0, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
+                                               ctx_.metrics.transport("tcp"), ctx_.config.tcp.splice, std::move(tls));
+  auto pump = std::make_unique<ChannelPump>(*channel, [this, path]() -> Result<UniqueFd> {
+    auto qfd = net::unix_connect(path, 10s);
+    if (!qfd) return qfd.error().with_context("connecting the recovery's channel 0 to the target QEMU");
+    RDMIG_TRY(check_qemu_peer(qfd->get(), "recovery channel 0: " + path));
+    return qfd;
+  });
+  if (verify_chunks) pump->verify_chunks();
+  pump->start();
+  RDMIG_TRY(link->send(session::message(session::MessageKind::kRecoverReady, json{{"attempt", attempt},
+                                                                                  {"targetQemu", state}})));
+  adopt_channel(std::move(channel), std::move(pump), std::move(link));
+  // QEMU leaves postcopy-paused once the source's resumed stream reaches it: until then monitor()
+  // would take the pause for a new loss.
+  for (const auto until = steady_clock::now() + 15s; steady_clock::now() < until;) {
+    if (recovery_step(qemu_state().second) != RecoveryStep::kResume) return ok_status();
+    std::this_thread::sleep_for(100ms);
+  }
+  return Error{Errc::kTimeout, "the target QEMU stayed postcopy-paused for 15 s after migrate-recover"};
+}
+
 
 }  // namespace rdmig::migration

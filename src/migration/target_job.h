@@ -77,6 +77,18 @@ class TargetJob final : public Job {
   // The source agent's "abort" on the control link, waiting up to `wait`; nullopt when none came.
   std::optional<Error> source_reason(std::chrono::milliseconds wait);
   void release_own() override;
+  // Post-copy recovery (migration/postcopy_recovery.h) after `why` ended monitor() past the switch:
+  // retires the data plane, waits for this QEMU to pause, then for the source's fresh control
+  // connection and "recover": runs migrate-recover on a fresh unix socket, attaches the source's
+  // fresh channel 0 to it and answers "recover-ready"; again for each try until
+  // migration.postCopyRecoverySeconds. As SourceJob::recover_postcopy.
+  enum class Recovery { kResumed, kFinished, kNotRecoverable };
+  Recovery recover_postcopy(const Error& why);
+  // One try on the control connection `link` (the source's "recover" is next on it).
+  Status try_recovery(std::unique_ptr<session::ControlLink> link, uint32_t attempt,
+                      std::chrono::steady_clock::time_point deadline);
+  // This QEMU's state for status and messages (describe_qemu), and its migration status alone.
+  std::pair<std::string, std::string> qemu_state();
   // The post-copy figures this QEMU gives (status, and the source through the result).
   void record_postcopy(const qemu::MigrationInfo& info);
   void on_exception(const Error& error) override { report_failure(error, false, incoming_started_); }
@@ -115,6 +127,14 @@ class TargetJob final : public Job {
   // Failover: a proved connection per channel (or the control connection) the source re-dialled,
   // until reaccept() or reaccept_control() takes it. Its own lock (after conn_mu_ in on_data).
   session::RedialSlots redials_;
+  // Post-copy recovery: admitted once this QEMU's incoming post-copy migration started; the fresh
+  // connections (hello.recover) the source dialled, until recover_postcopy() takes them.
+  bool recovery_open_ GUARDED_BY(conn_mu_) = false;
+  UniqueFd recover_control_fd_ GUARDED_BY(conn_mu_);
+  UniqueFd recover_data_fd_ GUARDED_BY(conn_mu_);
+  std::atomic<bool> recover_asked_{false};  // a recovery connection came: the source lost the link
+  bool source_decided_ = false;  // the source aborted on purpose: never recovered (worker thread)
+  std::chrono::steady_clock::duration paused_total_{};  // recovering, in all (worker thread)
 
   // Guards next_qemu_index_ and order_aborted_; order_cv_ signals the next turn. Each pump's
   // opener (open_qemu_connection, on the pumps' threads) waits for its turn under it and

@@ -43,7 +43,15 @@ nlohmann::json to_json(const PostCopyStatus& p) {
               {"phaseMs", opt(p.phase_ms)},
               {"pageRequests", opt(p.page_requests)},
               {"blocktimeMs", opt(p.blocktime_ms)},
-              {"pageLatencyUs", opt(p.page_latency_us)}};
+              {"pageLatencyUs", opt(p.page_latency_us)},
+              {"recovery", p.recovery.empty() ? json(nullptr) : json{{"state", p.recovery},
+                                                                      {"recoveries", p.recoveries},
+                                                                      {"pausedMs", p.paused_ms},
+                                                                      {"reason", p.recovery_reason},
+                                                                      {"tries", p.recovery_tries},
+                                                                      {"lastTry", p.recovery_last_try.empty() ? json(nullptr) : json(p.recovery_last_try)},
+                                                                      {"sourceQemu", p.source_qemu.empty() ? json(nullptr) : json(p.source_qemu)},
+                                                                      {"targetQemu", p.target_qemu.empty() ? json(nullptr) : json(p.target_qemu)}}}};
 }
 
 nlohmann::json to_json(const RailLeftOut& r) {

@@ -94,6 +94,15 @@ struct PostCopyStatus {
   std::optional<uint64_t> page_requests;   // source QEMU's ram.postcopy-requests: page requests served
   std::optional<int64_t> blocktime_ms;     // target QEMU's postcopy-blocktime: all vCPUs waiting on pages
   std::optional<double> page_latency_us;   // target QEMU's postcopy-latency (QEMU 10.1+): mean page-fault wait
+  // Recovery (docs/api.md "Post-copy recovery"): the link lost beyond failover, both QEMUs paused.
+  std::string recovery;           // "" (never needed), recovering, recovered, failed
+  uint32_t recoveries = 0;        // times the migration was resumed over a fresh channel
+  int64_t paused_ms = 0;          // time spent recovering in all, ms (the current one included)
+  std::string recovery_reason;    // why the last recovery began (the lost link)
+  uint32_t recovery_tries = 0;    // tries of the current (or last) recovery
+  std::string recovery_last_try;  // the last failed try's error
+  std::string source_qemu;        // source QEMU's state during the recovery (its agent's view)
+  std::string target_qemu;        // target QEMU's state during the recovery (its agent's view)
 };
 nlohmann::json to_json(const PostCopyStatus& p);
 

@@ -13,8 +13,8 @@ namespace {
 constexpr std::array<std::string_view, kMessageKinds> kMessageNames = {
     "hello",  "challenge", "auth", "welcome", "reject", "fallback", "fallback-ok", "start", "ready",     "ping",
     "pong",   "stream",    "result", "goodbye", "open", "end",      "stats",       "heartbeat", "abort",
-    "resume", "resume-ok"};
-static_assert(kMessageNames.size() == static_cast<size_t>(MessageKind::kResumeOk) + 1);
+    "resume", "resume-ok", "recover", "recover-ready"};
+static_assert(kMessageNames.size() == static_cast<size_t>(MessageKind::kRecoverReady) + 1);
 
 constexpr std::array<std::string_view, 7> kHelloNames = {"control",   "data",      "pathcheck-control", "pathcheck-data",
                                                          "flow",      "flow-data", "probe"};

@@ -51,8 +51,10 @@ enum class MessageKind : uint8_t {
   kAbort,       // either way: the session fails, {reason}
   kResume,      // a data channel that fails over: each end's count taken (session/resume.h)
   kResumeOk,    // dialler -> acceptor: its proof over both counts
+  kRecover,     // source -> target, post-copy recovery: run migrate-recover, take the fresh channel
+  kRecoverReady,  // target -> source: its QEMU listens (migrate-recover) and the channel is attached
 };
-inline constexpr size_t kMessageKinds = 21;
+inline constexpr size_t kMessageKinds = 23;
 
 std::string_view name(MessageKind kind);
 std::string to_string(MessageKind kind);

@@ -15,6 +15,7 @@ const char* phase_name(Phase phase) {
     case Phase::kSucceeded: return "Succeeded";
     case Phase::kFailed: return "Failed";
     case Phase::kCancelled: return "Cancelled";
+    case Phase::kRecovering: return "Recovering";
   }
   return "?";
 }

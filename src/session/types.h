@@ -15,8 +15,10 @@ namespace rdmig::session {
 enum class Role { kSource, kTarget };
 const char* role_name(Role role);
 
-// Agent-side phases. Terminal: Succeeded, Failed, Cancelled.
-enum class Phase { kPending, kConnecting, kMigrating, kCompleting, kSucceeded, kFailed, kCancelled };
+// Agent-side phases. Terminal: Succeeded, Failed, Cancelled. Recovering: a bare-QEMU post-copy
+// migration whose link was lost beyond failover, both QEMUs postcopy-paused, while the agents try
+// a fresh channel (docs/api.md, post-copy recovery).
+enum class Phase { kPending, kConnecting, kMigrating, kCompleting, kSucceeded, kFailed, kCancelled, kRecovering };
 const char* phase_name(Phase phase);
 bool phase_terminal(Phase phase);
 

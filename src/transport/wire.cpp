@@ -170,6 +170,7 @@ json Hello::to_json() const {
     j["index"] = index;
     if (resume) j["resume"] = true;
     if (control) j["control"] = true;
+    if (recover) j["recover"] = true;
   }
   return j;
 }
@@ -238,11 +239,19 @@ Result<Hello> Hello::parse(const json& j) {
     auto index = get_uint(j, "index", "hello", 0, kMaxChannels - 1);
     if (!index) return index.error();
     h.index = static_cast<uint32_t>(index.value());
+    if (const auto v = j.find("recover"); v != j.end()) {
+      if (!v->is_boolean()) return Error{Errc::kInvalidArgument, "hello.recover: expected a boolean"};
+      h.recover = v->get<bool>();
+      if (h.recover && h.resume) {
+        return Error{Errc::kInvalidArgument, "hello.recover: a fresh connection of a post-copy recovery, never with resume"};
+      }
+    }
     if (const auto v = j.find("control"); v != j.end()) {
       if (!v->is_boolean()) return Error{Errc::kInvalidArgument, "hello.control: expected a boolean"};
       h.control = v->get<bool>();
-      if (h.control && (!h.resume || h.index != 0)) {
-        return Error{Errc::kInvalidArgument, "hello.control: only a resume of the control connection, with index 0"};
+      if (h.control && ((!h.resume && !h.recover) || h.index != 0)) {
+        return Error{Errc::kInvalidArgument,
+                     "hello.control: only a resume or a recovery of the control connection, with index 0"};
       }
     }
   } else {

@@ -76,9 +76,13 @@ struct Hello {
   // data, optional ("resume"): this connection re-establishes channel `index` of a session that
   // fails over; the resume exchange (session/resume.h) follows its proof.
   bool resume = false;
-  // data, optional ("control", with "resume" and index 0): this connection re-establishes the
-  // session's control connection instead; its proof's terms name kControlIndex.
+  // data, optional ("control", with "resume" or "recover", and index 0): this connection
+  // re-establishes the session's control connection instead; its proof's terms name kControlIndex.
   bool control = false;
+  // data, optional ("recover", not with "resume"): a fresh connection for a post-copy recovery
+  // (docs/api.md): both QEMUs are postcopy-paused and the channel starts a new stream (QEMU's
+  // resume), so no resume exchange follows; with "control" the recovery's control connection.
+  bool recover = false;
 
   nlohmann::json to_json() const;
   // Validates every field; errors name the field ("hello.chunkSize").

@@ -837,6 +837,126 @@ class AgentMigrationTest(unittest.TestCase):
         dst.wait_for_verifier(last + 3, timeout=120)
         self.assert_verifier_clean(src, dst)
 
+    # -- post-copy recovery (docs/api.md "Post-copy recovery") ---------------------------------
+    def recovery_agents(self, recovery_s):
+        """Two agents that fail a lost link over for 1 s only, then recover post-copy for `recovery_s`."""
+        cfg = {"dataPlane": {"failover": "on", "failoverDeadlineSeconds": 1},
+               "migration": {"postCopyRecoverySeconds": recovery_s}}
+        a = Agent(self.tmp, "agent-pcr-a", log_level="debug", config=cfg)
+        self.addCleanup(a.stop)
+        b = Agent(self.tmp, "agent-pcr-b", log_level="debug", config=cfg)
+        self.addCleanup(b.stop)
+        return a, b
+
+    def cut_link_in_postcopy(self, src_agent, dst_agent, src, dst, vm):
+        """Starts a post-copy migration (its post-copy phase stretched by QEMU's max-postcopy-bandwidth),
+        and once it switched cuts the link between the agents for good: every connection to the target
+        agent's data port reset and every new one refused (nftables), past the 1 s failover deadline.
+        Returns (target, source, table); the caller removes the table to bring the link back."""
+        src.qmp("migrate-set-parameters", **{"max-postcopy-bandwidth": 4 << 20})
+        target, source = start_migration(src_agent, dst_agent, src.agent_qmp_path, dst.agent_qmp_path, vm=vm,
+                                         postCopy="after", maxBandwidthBytesPerSecond=self.POSTCOPY_BW,
+                                         completionTimeoutSeconds=240)
+        deadline = time.monotonic() + 120
+        while not src_agent.get(source["id"])["postCopy"]["switched"]:
+            self.assertLess(time.monotonic(), deadline, "no switch to post-copy")
+            self.assertNotIn(src_agent.get(source["id"])["phase"], ("Succeeded", "Failed", "Cancelled"))
+            time.sleep(0.05)
+        table = "rdmig_test_pcr_%d" % os.getpid()
+        subprocess.run(["nft", "-f", "-"], check=True, text=True, input=(
+            "table inet %s {\n chain input {\n type filter hook input priority -10; policy accept;\n"
+            "  tcp dport %d tcp flags syn reject with tcp reset\n }\n}\n" % (table, dst_agent.data_port)))
+        self.addCleanup(subprocess.run, ["nft", "delete", "table", "inet", table], capture_output=True)
+        self.assertGreater(cut_data_channels(dst_agent.data_port, 0), 0)  # the control connection too
+        return target, source, table
+
+    def wait_recovering(self, agent, mid, timeout=60):
+        deadline = time.monotonic() + timeout
+        while True:
+            st = agent.get(mid)
+            if st["phase"] == "Recovering" or st["phase"] in ("Succeeded", "Failed", "Cancelled"):
+                return st
+            self.assertLess(time.monotonic(), deadline, "not recovering: %s" % st)
+            time.sleep(0.05)
+
+    # The target QEMU is started with -S here: under TCG a target vCPU that faults on a missing page
+    # while it holds QEMU's big lock (x86 interrupt delivery touches the guest's stack) freezes the
+    # target's main loop while post-copy is paused, so not even in-band QMP (query-migrate,
+    # qmp_capabilities) nor migrate-recover's listener can run (seen here with QEMU 10.0 TCG; KVM
+    # faults without the lock). With its vCPUs stopped the target still switches, pulls every page
+    # and is resumed with cont once the migration completed, when its verifier must go on clean.
+    def test_postcopy_link_lost_past_the_failover_deadline_recovers_when_it_returns_and_its_memory_verifies(self):
+        # Both QEMUs pause (postcopy-paused) once the link is gone past failover; the agents keep
+        # trying a fresh channel, and once the link is back the target QEMU runs migrate-recover and
+        # the source QEMU migrate with resume: true through them. The guest's verifier goes on clean.
+        a, b = self.recovery_agents(120)
+        src, dst = self.verifier_pair(target_paused=True)
+        target, source, table = self.cut_link_in_postcopy(a, b, src, dst, "vm-pc-recover")
+        s_mid = self.wait_recovering(a, source["id"])
+        t_mid = self.wait_recovering(b, target["id"])
+        self.assertEqual(s_mid["phase"], "Recovering", s_mid)
+        self.assertEqual(t_mid["phase"], "Recovering", t_mid)
+        # The agents see QEMU pause and say so; both QEMUs are postcopy-paused while the link is down.
+        deadline = time.monotonic() + 30
+        while (src.qmp("query-migrate").get("status"), dst.qmp("query-migrate").get("status")) != \
+                ("postcopy-paused", "postcopy-paused"):
+            self.assertLess(time.monotonic(), deadline, "the QEMUs did not both pause")
+            time.sleep(0.1)
+        while a.get(source["id"])["postCopy"]["recovery"]["tries"] < 2:  # refused tries while the link is down
+            self.assertLess(time.monotonic(), deadline, "no recovery tries")
+            time.sleep(0.1)
+        st = a.get(source["id"])
+        self.assertEqual(st["postCopy"]["recovery"]["state"], "recovering", st["postCopy"])
+        self.assertIn("postcopy-paused", st["postCopy"]["recovery"]["sourceQemu"])
+        self.assertIn("postcopy-paused", b.get(target["id"])["postCopy"]["recovery"]["targetQemu"])
+        subprocess.run(["nft", "delete", "table", "inet", table], check=True)
+        s = a.wait(source["id"], timeout=240)
+        t = b.wait(target["id"], timeout=60)
+        print("\n[post-copy recovery] source %s\n[post-copy recovery] target %s" % (s["postCopy"], t["postCopy"]),
+              file=sys.stderr)
+        self.assertEqual(s["phase"], "Succeeded", s["result"]["reason"])
+        self.assertEqual(t["phase"], "Succeeded", t["result"]["reason"])
+        for pc in (s["postCopy"], t["postCopy"]):
+            self.assertEqual(pc["recovery"]["state"], "recovered", pc)
+            self.assertGreaterEqual(pc["recovery"]["recoveries"], 1)
+            self.assertGreater(pc["recovery"]["pausedMs"], 0)
+        self.assertEqual(s["result"]["targetState"], "paused")
+        last = src.verifier()["counter"]
+        dst.cont()
+        self.assertEqual(dst.status(), "running")
+        dst.wait_for_verifier(last + 3, timeout=120)
+        self.assert_verifier_clean(src, dst)
+
+    def test_postcopy_link_that_never_returns_fails_at_the_recovery_deadline_naming_each_qemus_state(self):
+        # The same cut, never undone: after postCopyRecoverySeconds each agent fails the migration
+        # naming its QEMU's state and what to run; rdmig resumes neither QEMU, so the VM runs in
+        # neither place (the source stopped, the target's post-copy paused), never in two.
+        a, b = self.recovery_agents(5)
+        src, dst = self.verifier_pair(target_paused=True)
+        target, source, table = self.cut_link_in_postcopy(a, b, src, dst, "vm-pc-stuck")
+        s = a.wait(source["id"], timeout=90)
+        t = b.wait(target["id"], timeout=60)
+        print("\n[post-copy recovery, link never back] source: %s\n[...] target: %s"
+              % (s["result"]["reason"], t["result"]["reason"]), file=sys.stderr)
+        for st, own in ((s, "source"), (t, "target")):
+            self.assertEqual(st["phase"], "Failed", st)
+            self.assertEqual(st["result"]["failureKind"], "postcopy_split")
+            reason = st["result"]["reason"]
+            self.assertIn("no path came back within 5 s (migration.postCopyRecoverySeconds", reason)
+            self.assertIn("The %s QEMU: migration 'postcopy-paused'" % own, reason)
+            self.assertIn("migrate-recover", reason)
+            self.assertIn('"resume":true', reason)
+            self.assertEqual(st["postCopy"]["recovery"]["state"], "failed")
+        self.assertGreaterEqual(s["postCopy"]["recovery"]["tries"], 2)
+        self.assertIn("Connection refused", s["result"]["reason"])
+        # Neither QEMU was resumed or cancelled: both wait in postcopy-paused, the source stopped.
+        self.assertEqual(src.qmp("query-migrate")["status"], "postcopy-paused")
+        self.assertEqual(dst.qmp("query-migrate")["status"], "postcopy-paused")
+        self.assertNotEqual(src.status(), "running")
+        print("[post-copy recovery, link never back] run states: source %s, target %s"
+              % (src.status(), dst.status()), file=sys.stderr)
+        subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True)
+
     def test_postcopy_after_the_first_pass_with_8_multifd_channels_and_its_memory_verifies(self):
         # QEMU allows post-copy with multifd from 10.1 on (the trixie root's 10.0 refuses the
         # capability pair: "Postcopy is not yet compatible with multifd").

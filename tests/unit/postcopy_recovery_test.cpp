@@ -1,0 +1,130 @@
+// Post-copy recovery's pure parts (migration/postcopy_recovery.h), its config key, its hello flag
+// and its status; the recovery itself runs between real agents and QEMUs in
+// tests/integration/test_agent_migration.py (test_postcopy_link_...).
+#include <gtest/gtest.h>
+
+#include "config/agent_config.h"
+#include "migration/postcopy_recovery.h"
+#include "migration/types.h"
+#include "session/protocol.h"
+#include "transport/wire.h"
+
+using namespace rdmig;
+using migration::RecoveryStep;
+
+TEST(PostcopyRecovery, OnlyAPausedQemuIsResumedAndAQemuOnItsWayIsWaitedFor) {
+  EXPECT_EQ(migration::recovery_step("postcopy-paused"), RecoveryStep::kResume);
+  for (const char* s : {"postcopy-active", "postcopy-recover", "postcopy-recover-setup"}) {
+    EXPECT_EQ(migration::recovery_step(s), RecoveryStep::kWait) << s;
+  }
+  EXPECT_EQ(migration::recovery_step("completed"), RecoveryStep::kComplete);
+  for (const char* s : {"failed", "cancelled", "none", "active", "", "unreadable"}) {
+    EXPECT_EQ(migration::recovery_step(s), RecoveryStep::kGiveUp) << s;
+  }
+}
+
+TEST(PostcopyRecovery, EachTryAndRoleHasItsOwnSocket) {
+  EXPECT_EQ(migration::recovery_socket_path("/var/run/rdmig", "m-1", session::Role::kTarget, 2),
+            "/var/run/rdmig/m-1.dst.r2.sock");
+  EXPECT_EQ(migration::recovery_socket_path("/var/run/rdmig", "m-1", session::Role::kSource, 2),
+            "/var/run/rdmig/m-1.src.r2.sock");
+  EXPECT_NE(migration::recovery_socket_path("/s", "m", session::Role::kTarget, 1),
+            migration::recovery_socket_path("/s", "m", session::Role::kTarget, 2));
+}
+
+TEST(PostcopyRecovery, TheDeadlinesReasonNamesEachQemusStateTheDeadlineTheTriesAndWhatToRun) {
+  migration::StuckPostcopy s;
+  s.role = session::Role::kSource;
+  s.lost = "data plane: channel 0: recv: Connection reset by peer";
+  s.deadline_seconds = 300;
+  s.tries = 7;
+  s.last_try = "recovery control connection to 10.0.0.2:7471: Connection refused";
+  s.own_qemu = migration::describe_qemu("postcopy-paused", "finish-migrate");
+  const std::string r = migration::stuck_postcopy_reason(s);
+  for (const char* part : {"Connection reset by peer", "within 300 s (migration.postCopyRecoverySeconds; 7 tries",
+                           "the last: recovery control connection to 10.0.0.2:7471: Connection refused",
+                           "The source QEMU: migration 'postcopy-paused', run state 'finish-migrate'",
+                           "the target QEMU: not known here (see the target agent's status",
+                           "rdmig resumes neither", "migrate-recover", "\"resume\":true", "RdmigPostcopySplit.md"}) {
+    EXPECT_NE(r.find(part), std::string::npos) << part << "\n" << r;
+  }
+  s.role = session::Role::kTarget;
+  s.tries = 1;
+  s.peer_qemu = migration::describe_qemu("postcopy-paused", "paused");
+  const std::string t = migration::stuck_postcopy_reason(s);
+  EXPECT_NE(t.find("1 try,"), std::string::npos) << t;
+  EXPECT_NE(t.find("The target QEMU: migration 'postcopy-paused'"), std::string::npos) << t;
+  EXPECT_NE(t.find("the source QEMU: migration 'postcopy-paused', run state 'paused'"), std::string::npos) << t;
+}
+
+TEST(PostcopyRecovery, TheStatusSaysRecoveredWithItsCountAndTimePausedAndNullWhenNeverNeeded) {
+  migration::PostCopyStatus p;
+  EXPECT_TRUE(migration::to_json(p)["recovery"].is_null());
+  p.recovery = "recovered";
+  p.recoveries = 2;
+  p.paused_ms = 4200;
+  p.recovery_reason = "link lost";
+  p.recovery_tries = 3;
+  p.source_qemu = migration::describe_qemu("postcopy-active", "finish-migrate");
+  const auto j = migration::to_json(p)["recovery"];
+  EXPECT_EQ(j["state"], "recovered");
+  EXPECT_EQ(j["recoveries"], 2);
+  EXPECT_EQ(j["pausedMs"], 4200);
+  EXPECT_EQ(j["reason"], "link lost");
+  EXPECT_EQ(j["tries"], 3);
+  EXPECT_TRUE(j["lastTry"].is_null());
+  EXPECT_TRUE(j["targetQemu"].is_null());
+  EXPECT_EQ(j["sourceQemu"], "migration 'postcopy-active', run state 'finish-migrate'");
+}
+
+TEST(PostcopyRecovery, TheRecoveringPhaseAndMessagesHaveNames) {
+  EXPECT_STREQ(session::phase_name(session::Phase::kRecovering), "Recovering");
+  EXPECT_FALSE(session::phase_terminal(session::Phase::kRecovering));
+  EXPECT_EQ(session::parse_kind("recover"), session::MessageKind::kRecover);
+  EXPECT_EQ(session::parse_kind("recover-ready"), session::MessageKind::kRecoverReady);
+}
+
+TEST(PostcopyRecovery, RecoverySecondsDefaultToFiveMinutesZeroTurnsItOffAndOutOfRangeIsRefusedNamingTheKey) {
+  EXPECT_EQ(parse_agent_config("")->migration.postcopy_recovery_seconds, 300u);
+  EXPECT_EQ(parse_agent_config("migration:\n  postCopyRecoverySeconds: 0\n")->migration.postcopy_recovery_seconds, 0u);
+  EXPECT_EQ(parse_agent_config("migration:\n  postCopyRecoverySeconds: 20\n")->migration.postcopy_recovery_seconds, 20u);
+  for (const char* v : {"86401", "-1", "soon"}) {
+    auto c = parse_agent_config(std::string("migration:\n  postCopyRecoverySeconds: ") + v + "\n");
+    ASSERT_FALSE(c.ok()) << v;
+    EXPECT_NE(c.error().message.find("migration.postCopyRecoverySeconds"), std::string::npos) << c.error().message;
+  }
+  auto shipped = load_agent_config_file(RDMIG_SOURCE_DIR "/agent/agent.yaml");
+  ASSERT_TRUE(shipped.ok()) << shipped.error().message;
+  EXPECT_EQ(shipped->migration.postcopy_recovery_seconds, AgentConfig{}.migration.postcopy_recovery_seconds);
+}
+
+TEST(PostcopyRecovery, ARecoverHelloIsAFreshConnectionNeverAResumeAndMayCarryTheControlConnection) {
+  transport::Hello h;
+  h.kind = "data";
+  h.migration_id = "m-1";
+  h.session = std::string(32, 'a');
+  h.nonce = std::string(32, 'b');
+  h.recover = true;
+  auto parsed = transport::Hello::parse(h.to_json());
+  ASSERT_TRUE(parsed.ok()) << parsed.error().message;
+  EXPECT_TRUE(parsed->recover);
+  EXPECT_FALSE(parsed->resume || parsed->control);
+  h.control = true;
+  parsed = transport::Hello::parse(h.to_json());
+  ASSERT_TRUE(parsed.ok()) << parsed.error().message;
+  EXPECT_TRUE(parsed->recover && parsed->control);
+  auto j = h.to_json();
+  j["resume"] = true;
+  auto r = transport::Hello::parse(j);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("hello.recover"), std::string::npos) << r.error().message;
+  j = h.to_json();
+  j["index"] = 1;  // a recovery's control connection is index 0, as a resumed one
+  r = transport::Hello::parse(j);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("hello.control"), std::string::npos) << r.error().message;
+  j = h.to_json();
+  j["recover"] = 1;
+  EXPECT_NE(transport::Hello::parse(j).error().message.find("hello.recover: expected a boolean"), std::string::npos);
+  EXPECT_FALSE(transport::Hello{}.to_json().contains("recover"));
+}
