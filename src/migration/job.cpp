@@ -463,4 +463,13 @@ std::string Job::log_prefix() const {
   return std::string("migration=") + spec_.id + " role=" + role_name(spec_.role) + " vm=" + spec_.vm;
 }
 
+Result<std::string> run_state(qemu::QmpClient& qmp) {
+  auto st = qmp.execute("query-status", {}, kQmpTimeout);
+  if (!st) return st.error();
+  if (!st->is_object() || !st->contains("status") || !(*st)["status"].is_string()) {
+    return Error{Errc::kProtocol, "query-status: no status"};
+  }
+  return (*st)["status"].get<std::string>();
+}
+
 }  // namespace rdmig::migration

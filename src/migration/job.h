@@ -34,6 +34,8 @@ namespace rdmig::migration {
 
 // The bound on one QMP command (the handshake's own bounds: session/types.h).
 inline constexpr std::chrono::seconds kQmpTimeout{10};
+// A QEMU's run state (query-status: "running", "paused", "postmigrate", ...).
+Result<std::string> run_state(qemu::QmpClient& qmp);
 
 // What a create answers when the VM's QEMU (the QMP socket's peer) misbehaves while it is
 // checked: a QEMU that does not answer in time is a gateway timeout (kTimeout, HTTP 504), one

@@ -1,0 +1,314 @@
+// SourceJob's post-copy: the switch (postCopy after/auto), its figures, and what follows a failure after
+// it: the recovery over fresh connections (docs/api.md "Post-copy recovery") or the split state named.
+// The rest of the job: source_job.cpp.
+#include "migration/source_job.h"
+
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <tuple>
+
+#include "common/log.h"
+#include "common/net.h"
+#include "common/units.h"
+#include "migration/postcopy_recovery.h"
+#include "session/transport_choice.h"
+#include "transport/channel_proof.h"
+#include "transport/rdma/rdma_channel.h"
+#include "transport/tcp/tcp_channel.h"
+#include "transport/wire.h"
+#include "session/protocol.h"
+#include "session/resume.h"
+
+namespace rdmig::migration {
+
+// The session layer (src/session) this file stands on.
+using session::ChannelPump;
+using session::connect_on_rail;
+using session::ControlLink;
+using session::kHandshakeTimeout;
+using session::kMultifdDrainLimit;
+using session::kPeerRdmaUnreachable;
+using session::kRdmaConnectTimeout;
+using session::offer_transport;
+using session::rail_addresses;
+using session::rails_from_welcome;
+using session::return_path_chunk;
+using session::return_path_depth;
+using session::wall_clock_ms;
+using session::wall_clock_us;
+using session::wire_name;
+using session::with_rdma_reason;
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+
+Status SourceJob::maybe_switch_to_postcopy(const qemu::MigrationInfo& info,
+                                           std::chrono::steady_clock::duration elapsed) {
+  const auto& pc = spec_.post_copy;
+  if (pc.mode == PostCopyMode::kNever || postcopy_switched_ || info.status != "active") return ok_status();
+  std::string trigger;
+  if (pc.mode == PostCopyMode::kAfter && info.dirty_sync_count >= 2) {
+    trigger = "after-first-pass";
+  } else if (pc.mode == PostCopyMode::kAuto && info.dirty_sync_count >= pc.after_passes) {
+    trigger = "passes";
+  } else if (pc.mode == PostCopyMode::kAuto && elapsed >= std::chrono::seconds(pc.after_seconds)) {
+    trigger = "seconds";
+  } else {
+    return ok_status();
+  }
+  auto r = qmp_->execute("migrate-start-postcopy", {}, kQmpTimeout);
+  if (!r) return r.error().with_context("postCopy: source QEMU's migrate-start-postcopy");
+  postcopy_switched_ = true;
+  postcopy_at_ = std::chrono::steady_clock::now();
+  const auto after_ms = std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count();
+  LOG_INFO("migration") << log_prefix() << " switched to post-copy (" << trigger << ") after " << after_ms
+                        << " ms at pass " << info.dirty_sync_count;
+  ctx_.metrics.postcopy_switched(transport_, trigger);
+  update([&](MigrationStatus& s) {
+    s.post_copy.switched = true;
+    s.post_copy.trigger = trigger;
+    s.post_copy.switched_at_ms = wall_clock_ms();
+    s.post_copy.switch_after_ms = after_ms;
+    s.post_copy.switch_at_pass = info.dirty_sync_count;
+  });
+  return ok_status();
+}
+
+void SourceJob::record_postcopy_end(const qemu::MigrationInfo& info) {
+  if (!postcopy_switched_) return;
+  // The phase from QEMU's own MIGRATION events (postcopy-active to completed), else as the agent saw it.
+  std::optional<int64_t> active_us, done_us;
+  for (const auto& e : qmp_->events()) {
+    if (e.seq <= events_before_migrate_ || e.name != "MIGRATION") continue;
+    const auto st = e.data.value("status", "");
+    if (st == "postcopy-active" && !active_us) active_us = e.timestamp_us;
+    if (st == "completed") done_us = e.timestamp_us;
+  }
+  int64_t phase_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - postcopy_at_).count();
+  if (active_us && done_us && *done_us >= *active_us) phase_ms = (*done_us - *active_us) / 1000;
+  ctx_.metrics.postcopy_ended(transport_, static_cast<double>(phase_ms) / 1000.0,
+                              info.postcopy_requests >= 0 ? static_cast<uint64_t>(info.postcopy_requests) : 0);
+  update([&](MigrationStatus& s) {
+    s.post_copy.phase_ms = phase_ms;
+    if (info.postcopy_requests >= 0) s.post_copy.page_requests = static_cast<uint64_t>(info.postcopy_requests);
+  });
+}
+
+void SourceJob::fail_in_postcopy(const Error& error) {
+  // The target ran the VM from the switch on; the source holds the pages it has not sent. Neither
+  // migrate_cancel nor cont may run here, and neither QEMU is stopped: QEMU keeps both in
+  // postcopy-paused, from which a recovery (migrate-recover on the target, migrate with resume
+  // on the source, over a fresh channel) can still complete the migration.
+  std::string state = "unreadable";
+  if (qmp_->connected()) {
+    if (auto raw = qmp_->execute("query-migrate", {}, kQmpTimeout)) {
+      if (auto info = qemu::parse_migration_info(raw.value())) {
+        if (info->status == "completed") {
+          record_postcopy_end(info.value());
+          complete(info.value());
+          return;
+        }
+        state = info->status;
+      }
+    }
+  } else {
+    state = "gone (monitor lost)";
+  }
+  if (link_) (void)link_->send(session::message(session::MessageKind::kAbort, json{{"reason", error.message}}));
+  abort_data_plane(error);
+  finish(Phase::kFailed,
+         error.message + "; in post-copy: the target ran the VM and the source QEMU (migration '" + state +
+             "') still holds pages the target lacks, so neither QEMU can run the VM alone and rdmig resumes "
+             "neither: both are left as they are (QEMU keeps them postcopy-paused); recover with migrate-recover "
+             "on the target QEMU and migrate with resume: true on the source QEMU (docs/api.md)",
+         "postcopy_split");
+}
+
+std::pair<std::string, std::string> SourceJob::qemu_state() {
+  if (!qmp_->connected()) return {"monitor lost", ""};
+  std::string migration = "unreadable";
+  if (auto raw = qmp_->execute("query-migrate", {}, kQmpTimeout)) {
+    if (auto info = qemu::parse_migration_info(raw.value())) migration = info->status;
+  }
+  auto run = run_state(*qmp_);
+  return {describe_qemu(migration, run ? run.value() : "unreadable"), migration};
+}
+
+SourceJob::Recovery SourceJob::recover_postcopy(const Error& why) {
+  using namespace std::chrono;
+  const uint32_t seconds = ctx_.config.migration.postcopy_recovery_seconds;
+  // QEMU resumes post-copy on its main channel alone: with multifd (QEMU 10.1+) not tried yet.
+  if (seconds == 0 || target_decided_ || spec_.multifd_channels > 0 || !qmp_->connected()) {
+    return Recovery::kNotRecoverable;
+  }
+  const auto first_seen = qemu_state();
+  const std::string first = first_seen.first, first_status = first_seen.second;
+  const RecoveryStep step = recovery_step(first_status);
+  if (step == RecoveryStep::kComplete || step == RecoveryStep::kGiveUp) return Recovery::kNotRecoverable;
+  const auto t0 = steady_clock::now();
+  const auto deadline = t0 + std::chrono::seconds(seconds);
+  const int64_t paused_before = status().post_copy.paused_ms;
+  LOG_WARN("migration") << log_prefix() << " post-copy link lost (" << why.message << "): recovering for up to "
+                        << seconds << " s (source QEMU " << first << ")";
+  set_phase(Phase::kRecovering);
+  update([&](MigrationStatus& s) {
+    s.post_copy.recovery = "recovering";
+    s.post_copy.recovery_reason = why.message;
+    s.post_copy.recovery_tries = 0;
+    s.post_copy.recovery_last_try.clear();
+    s.post_copy.source_qemu = first;
+    s.post_copy.target_qemu.clear();
+  });
+  stop_accepting();
+  listener_.reset();
+  retire_data_plane(why.message);
+  // QEMU pauses as soon as its connection is reset; one that has not noticed is paused by hand.
+  std::string state = first, status = first_status;
+  bool paused_by_hand = false;
+  for (const auto wait_from = steady_clock::now(); recovery_step(status) == RecoveryStep::kWait;) {
+    if (!paused_by_hand && steady_clock::now() - wait_from > 5s) {
+      (void)qmp_->execute("migrate-pause", {}, kQmpTimeout);
+      paused_by_hand = true;
+    }
+    if (steady_clock::now() - wait_from > 15s) break;
+    std::this_thread::sleep_for(100ms);
+    std::tie(state, status) = qemu_state();
+  }
+  update([&](MigrationStatus& s) { s.post_copy.source_qemu = state; });
+  if (recovery_step(status) != RecoveryStep::kResume) {
+    // Failed, or stuck short of postcopy-paused: nothing a fresh channel can resume.
+    finish(Phase::kFailed,
+           why.message + "; in post-copy, and the source QEMU did not pause for a recovery (" + state +
+               "): rdmig resumes neither QEMU (neither can run the VM alone); see docs/runbooks/RdmigPostcopySplit.md",
+           "postcopy_split");
+    return Recovery::kFinished;
+  }
+  uint32_t attempt = 0;
+  std::string last;
+  while (steady_clock::now() < deadline) {
+    const auto tried_at = steady_clock::now();
+    ++attempt;
+    update([&](MigrationStatus& s) {
+      s.post_copy.recovery_tries = attempt;
+      s.post_copy.paused_ms = paused_before + duration_cast<milliseconds>(tried_at - t0).count();
+    });
+    auto st = try_recovery(attempt, deadline);
+    if (st) {
+      const auto took = steady_clock::now() - t0;
+      paused_total_ += took;
+      const auto took_ms = duration_cast<milliseconds>(took).count();
+      LOG_WARN("migration") << log_prefix() << " post-copy recovered after " << took_ms << " ms (try " << attempt
+                            << "): resumed over a fresh channel";
+      update([&](MigrationStatus& s) {
+        s.post_copy.recovery = "recovered";
+        ++s.post_copy.recoveries;
+        s.post_copy.paused_ms = paused_before + took_ms;
+        s.post_copy.source_qemu = qemu_state().first;
+      });
+      set_phase(Phase::kMigrating);
+      return Recovery::kResumed;
+    }
+    last = st.error().message;
+    LOG_INFO("migration") << log_prefix() << " post-copy recovery try " << attempt << ": " << last;
+    update([&](MigrationStatus& s) { s.post_copy.recovery_last_try = last; });
+    retire_data_plane("recovery try " + std::to_string(attempt) + " failed");
+    stop_accepting();
+    listener_.reset();
+    if (st.error().code == Errc::kPermissionDenied) break;  // the target refused: no later try can do better
+    if (cancel_requested()) {
+      last += "; then this agent stopped trying (" + cancel_reason() + ")";
+      break;
+    }
+    std::this_thread::sleep_until(std::min(deadline, tried_at + 1s));
+  }
+  const std::string now_state = qemu_state().first;
+  update([&](MigrationStatus& s) {
+    s.post_copy.recovery = "failed";
+    s.post_copy.source_qemu = now_state;
+    s.post_copy.paused_ms = paused_before + duration_cast<milliseconds>(steady_clock::now() - t0).count();
+  });
+  finish(Phase::kFailed,
+         stuck_postcopy_reason(StuckPostcopy{Role::kSource, why.message, seconds, attempt, last, now_state, ""}),
+         "postcopy_split");
+  return Recovery::kFinished;
+}
+
+Result<UniqueFd> SourceJob::dial_recovery(bool control, std::chrono::milliseconds left) {
+  const net::Endpoint ep{spec_.target.host, spec_.target.port};
+  const std::string where = std::string(control ? "recovery control connection" : "recovery channel 0") + " to " +
+                            ep.to_string();
+  // The same endpoint and dial policy as the first dial; the session's keys prove it.
+  auto fd = peer_dial_policy(ctx_.config.data_plane).connect(ep, "target.endpoint", left, [](int) { return ok_status(); });
+  if (!fd) return fd.error().with_context(where);
+  transport::Hello dh = data_hello(0, /*resume=*/false);
+  dh.recover = true;
+  dh.control = control;
+  if (control) dh.tls = false;  // the control connection runs no TLS
+  const transport::ChannelTerms terms{channel_key_, session_, control ? transport::kControlIndex : 0};
+  if (auto st = transport::prove_channel(fd->get(), dh.to_json(), terms, left); !st) return st.error().with_context(where);
+  return fd;
+}
+
+Status SourceJob::try_recovery(uint32_t attempt, std::chrono::steady_clock::time_point deadline) {
+  using namespace std::chrono;
+  const auto left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(1000),
+                               duration_cast<milliseconds>(kHandshakeTimeout));
+  auto cfd = dial_recovery(/*control=*/true, left);
+  if (!cfd) return cfd.error();
+  auto link = std::make_unique<ControlLink>(std::move(cfd.value()));
+  RDMIG_TRY(link->send(session::message(session::MessageKind::kRecover, json{{"attempt", attempt}})));
+  auto dfd = dial_recovery(/*control=*/false, left);
+  if (!dfd) return dfd.error();
+  std::unique_ptr<transport::TlsStream> tls;
+  if (ctx_.config.data_plane.tls) {
+    auto stream = channel_tls(dfd->get(), transport::TlsStream::Role::kDialler,
+                              transport::ChannelTerms{channel_key_, session_, 0}, left);
+    if (!stream) return stream.error().with_context("recovery channel 0");
+    tls = std::move(stream.value());
+  }
+  auto channel = transport::TcpChannel::create(std::move(dfd.value()), 0, static_cast<uint32_t>(spec_.chunk_size),
+                                               spec_.ring_depth, ctx_.metrics.transport("tcp"), ctx_.config.tcp.splice,
+                                               std::move(tls));
+  auto ready = link->expect(session::to_string(session::MessageKind::kRecoverReady), left);
+  if (!ready) {
+    // The target's abort: it cannot recover (its QEMU, or the session is over there): final.
+    if (ready.error().code == Errc::kCancelled) return Error{Errc::kPermissionDenied, "the target agent refused: " + ready.error().message};
+    return ready.error().with_context("waiting for the target's migrate-recover");
+  }
+  if (const auto t = ready->find("targetQemu"); t != ready->end() && t->is_string()) {
+    update([&](MigrationStatus& s) { s.post_copy.target_qemu = t->get<std::string>(); });
+  }
+  const std::string path = recovery_socket_path(ctx_.config.state_dir, spec_.id, Role::kSource, attempt);
+  ::unlink(path.c_str());
+  auto listener = net::unix_listen(path);
+  if (!listener) return listener.error();
+  ::chmod(path.c_str(), 0600);
+  listener_ = std::move(listener.value());
+  auto r = qmp_->execute("migrate", json{{"uri", "unix:" + path}, {"resume", true}}, kQmpTimeout);
+  if (!r) {
+    ::unlink(path.c_str());
+    return r.error().with_context("source QEMU's migrate resume");
+  }
+  auto qfd = net::accept_for(listener_.get(), 10s);
+  ::unlink(path.c_str());
+  if (!qfd) return qfd.error().with_context("source QEMU's resumed connection");
+  RDMIG_TRY(check_qemu_peer(qfd->get(), "migration socket " + path));
+  auto pump = std::make_unique<ChannelPump>(*channel, std::move(qfd.value()));
+  if (spec_.verify_chunks) pump->verify_chunks();
+  pump->start();
+  adopt_channel(std::move(channel), std::move(pump), std::move(link));
+  // QEMU leaves postcopy-paused once the resumed stream's handshake runs: until then monitor()
+  // would take the pause for a new loss.
+  for (const auto until = steady_clock::now() + 15s; steady_clock::now() < until;) {
+    if (recovery_step(qemu_state().second) != RecoveryStep::kResume) return ok_status();
+    std::this_thread::sleep_for(100ms);
+  }
+  return Error{Errc::kTimeout, "the source QEMU stayed postcopy-paused for 15 s after migrate resume"};
+}
+
+}  // namespace rdmig::migration

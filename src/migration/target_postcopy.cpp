@@ -1,0 +1,230 @@
+// TargetJob's post-copy: its figures, and its half of a recovery over fresh connections (docs/api.md
+// "Post-copy recovery"). The rest of the job: target_job.cpp.
+#include "migration/target_job.h"
+
+#include <algorithm>
+#include <tuple>
+
+#include "common/log.h"
+#include "common/net.h"
+#include "common/units.h"
+#include "migration/postcopy_recovery.h"
+#include "session/transport_choice.h"
+#include "transport/tcp/tcp_channel.h"
+#include "session/protocol.h"
+#include "session/resume.h"
+
+namespace rdmig::migration {
+
+// The session layer (src/session) this file stands on.
+using session::add_rails_to_welcome;
+using session::ChannelPump;
+using session::choose_transport;
+using session::ControlLink;
+using session::kHandshakeTimeout;
+using session::kHelloRefused;
+using session::kHelloTimeout;
+using session::kPeerRdmaUnreachable;
+using session::parse_wire_transport;
+using session::rail_mtus;
+using session::wall_clock_ms;
+using session::rails_from_hello;
+using session::return_path_chunk;
+using session::return_path_depth;
+using session::TransportChoice;
+using session::TransportOffer;
+using session::wall_clock_us;
+using session::wire_name;
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+
+void TargetJob::record_postcopy(const qemu::MigrationInfo& info) {
+  // QEMU's own MIGRATION events stamp the switch and the end (one host's clock): a post-copy
+  // phase shorter than one poll is seen too.
+  const auto event = [&](const char* status) {
+    return qmp_->wait_event([status](const qemu::QmpEvent& e) { return e.name == "MIGRATION" && e.data.value("status", "") == status; },
+                            events_before_incoming_, std::chrono::milliseconds(0));
+  };
+  const auto active = event("postcopy-active");
+  const bool switched = active || qemu::migration_status_postcopy(info.status);
+  const auto done = info.status == "completed" ? event("completed") : std::nullopt;
+  update([&](MigrationStatus& s) {
+    if (switched && !s.post_copy.switched) {
+      s.post_copy.switched = true;
+      s.post_copy.switched_at_ms = active ? active->timestamp_us / 1000 : wall_clock_ms();
+    }
+    if (active && done && done->timestamp_us >= active->timestamp_us) {
+      s.post_copy.phase_ms = (done->timestamp_us - active->timestamp_us) / 1000;
+    }
+    if (info.postcopy_blocktime_ms >= 0) s.post_copy.blocktime_ms = info.postcopy_blocktime_ms;
+    if (info.postcopy_latency_ns >= 0) s.post_copy.page_latency_us = static_cast<double>(info.postcopy_latency_ns) / 1e3;
+  });
+}
+
+std::pair<std::string, std::string> TargetJob::qemu_state() {
+  if (!qmp_->connected()) return {"monitor lost", ""};
+  std::string migration = "unreadable", run = "unreadable";
+  if (auto raw = qmp_->execute("query-migrate", {}, kQmpTimeout)) {
+    if (auto info = qemu::parse_migration_info(raw.value())) migration = info->status;
+  }
+  if (auto st = qmp_->execute("query-status", {}, kQmpTimeout); st && st->is_object()) {
+    run = st->value("status", std::string("unreadable"));
+  }
+  return {describe_qemu(migration, run), migration};
+}
+
+TargetJob::Recovery TargetJob::recover_postcopy(const Error& why) {
+  using namespace std::chrono;
+  const uint32_t seconds = ctx_.config.migration.postcopy_recovery_seconds;
+  if (seconds == 0 || source_decided_ || spec_.multifd_channels > 0 || !qmp_->connected()) {
+    return Recovery::kNotRecoverable;
+  }
+  const auto seen = qemu_state();
+  const std::string state = seen.first;
+  if (const auto step = recovery_step(seen.second); step == RecoveryStep::kComplete || step == RecoveryStep::kGiveUp) {
+    return Recovery::kNotRecoverable;
+  }
+  const auto t0 = steady_clock::now();
+  const auto deadline = t0 + std::chrono::seconds(seconds);
+  const int64_t paused_before = status().post_copy.paused_ms;
+  LOG_WARN("migration") << log_prefix() << " post-copy link lost (" << why.message << "): recovering for up to "
+                        << seconds << " s (target QEMU " << state << ")";
+  set_phase(Phase::kRecovering);
+  update([&](MigrationStatus& s) {
+    s.post_copy.recovery = "recovering";
+    s.post_copy.recovery_reason = why.message;
+    s.post_copy.recovery_tries = 0;
+    s.post_copy.recovery_last_try.clear();
+    s.post_copy.target_qemu = state;
+    s.post_copy.source_qemu.clear();
+  });
+  retire_data_plane(why.message);
+  uint32_t attempt = 0;
+  std::string last;
+  bool refused = false;
+  while (steady_clock::now() < deadline && !refused) {
+    std::unique_ptr<ControlLink> link;
+    {
+      MutexLock lock(conn_mu_);
+      while (!recover_control_fd_.valid() && steady_clock::now() < deadline) lock.wait_for(conn_cv_, 200ms);
+      if (!recover_control_fd_.valid()) break;
+      link = std::make_unique<ControlLink>(std::move(recover_control_fd_));
+      recover_asked_ = false;
+    }
+    ++attempt;
+    update([&](MigrationStatus& s) {
+      s.post_copy.recovery_tries = attempt;
+      s.post_copy.paused_ms = paused_before + duration_cast<milliseconds>(steady_clock::now() - t0).count();
+    });
+    auto st = try_recovery(std::move(link), attempt, deadline);
+    if (st) {
+      const auto took = steady_clock::now() - t0;
+      paused_total_ += took;
+      const auto took_ms = duration_cast<milliseconds>(took).count();
+      LOG_WARN("migration") << log_prefix() << " post-copy recovered after " << took_ms << " ms (try " << attempt
+                            << "): migrate-recover over a fresh channel";
+      const std::string after = qemu_state().first;
+      update([&](MigrationStatus& s) {
+        s.post_copy.recovery = "recovered";
+        ++s.post_copy.recoveries;
+        s.post_copy.paused_ms = paused_before + took_ms;
+        s.post_copy.target_qemu = after;
+      });
+      set_phase(Phase::kMigrating);
+      return Recovery::kResumed;
+    }
+    last = st.error().message;
+    refused = st.error().code == Errc::kPermissionDenied;
+    LOG_INFO("migration") << log_prefix() << " post-copy recovery try " << attempt << ": " << last;
+    update([&](MigrationStatus& s) { s.post_copy.recovery_last_try = last; });
+    retire_data_plane("recovery try " + std::to_string(attempt) + " failed");
+  }
+  {
+    MutexLock lock(conn_mu_);
+    recovery_open_ = false;  // later recovery connections are refused at once
+  }
+  const std::string now_state = qemu_state().first;
+  update([&](MigrationStatus& s) {
+    s.post_copy.recovery = "failed";
+    s.post_copy.target_qemu = now_state;
+    s.post_copy.paused_ms = paused_before + duration_cast<milliseconds>(steady_clock::now() - t0).count();
+  });
+  finish(Phase::kFailed,
+         stuck_postcopy_reason(StuckPostcopy{Role::kTarget, why.message, seconds, attempt,
+                                             last.empty() ? "the source agent never reached this agent" : last,
+                                             now_state, ""}),
+         "postcopy_split");
+  return Recovery::kFinished;
+}
+
+Status TargetJob::try_recovery(std::unique_ptr<ControlLink> link, uint32_t attempt,
+                               std::chrono::steady_clock::time_point deadline) {
+  using namespace std::chrono;
+  const auto left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(1000),
+                               duration_cast<milliseconds>(kHandshakeTimeout));
+  auto recover = link->expect(session::to_string(session::MessageKind::kRecover), left);
+  if (!recover) return recover.error().with_context("waiting for the source's recover");
+  // This QEMU must be postcopy-paused for migrate-recover: it pauses once its stream breaks.
+  std::string state, status;
+  std::tie(state, status) = qemu_state();
+  for (const auto until = steady_clock::now() + 10s;
+       recovery_step(status) == RecoveryStep::kWait && steady_clock::now() < until;) {
+    std::this_thread::sleep_for(100ms);
+    std::tie(state, status) = qemu_state();
+  }
+  if (recovery_step(status) != RecoveryStep::kResume) {
+    const std::string why = "the target QEMU cannot be recovered: " + state;
+    (void)link->send(session::message(session::MessageKind::kAbort, json{{"reason", why}}));
+    return Error{recovery_step(status) == RecoveryStep::kWait ? Errc::kTimeout : Errc::kPermissionDenied, why};
+  }
+  const std::string path = recovery_socket_path(ctx_.config.state_dir, spec_.id, Role::kTarget, attempt);
+  ::unlink(path.c_str());
+  auto r = qmp_->execute("migrate-recover", json{{"uri", "unix:" + path}}, kQmpTimeout);
+  if (!r) {
+    const Error e = r.error().with_context("target QEMU's migrate-recover");
+    (void)link->send(session::message(session::MessageKind::kAbort, json{{"reason", e.message}}));
+    return e;
+  }
+  UniqueFd fd;
+  transport::ChannelTerms terms;
+  bool verify_chunks = false;
+  {
+    MutexLock lock(conn_mu_);
+    const auto until = std::min(deadline, steady_clock::now() + left);
+    while (!recover_data_fd_.valid() && steady_clock::now() < until) lock.wait_for(conn_cv_, 100ms);
+    if (!recover_data_fd_.valid()) return Error{Errc::kTimeout, "the source agent did not dial the recovery's channel 0"};
+    fd = std::move(recover_data_fd_);
+    terms = transport::ChannelTerms{channel_key_, session_, 0};
+    verify_chunks = verify_chunks_;
+  }
+  std::unique_ptr<transport::TlsStream> tls;
+  if (ctx_.config.data_plane.tls) {
+    auto stream = channel_tls(fd.get(), transport::TlsStream::Role::kAcceptor, terms, left);
+    if (!stream) return stream.error().with_context("recovery channel 0");
+    tls = std::move(stream.value());
+  }
+  auto channel = transport::TcpChannel::create(std::move(fd), 0, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
+                                               ctx_.metrics.transport("tcp"), ctx_.config.tcp.splice, std::move(tls));
+  auto pump = std::make_unique<ChannelPump>(*channel, [this, path]() -> Result<UniqueFd> {
+    auto qfd = net::unix_connect(path, 10s);
+    if (!qfd) return qfd.error().with_context("connecting the recovery's channel 0 to the target QEMU");
+    RDMIG_TRY(check_qemu_peer(qfd->get(), "recovery channel 0: " + path));
+    return qfd;
+  });
+  if (verify_chunks) pump->verify_chunks();
+  pump->start();
+  RDMIG_TRY(link->send(session::message(session::MessageKind::kRecoverReady, json{{"attempt", attempt},
+                                                                                  {"targetQemu", state}})));
+  adopt_channel(std::move(channel), std::move(pump), std::move(link));
+  // QEMU leaves postcopy-paused once the source's resumed stream reaches it: until then monitor()
+  // would take the pause for a new loss.
+  for (const auto until = steady_clock::now() + 15s; steady_clock::now() < until;) {
+    if (recovery_step(qemu_state().second) != RecoveryStep::kResume) return ok_status();
+    std::this_thread::sleep_for(100ms);
+  }
+  return Error{Errc::kTimeout, "the target QEMU stayed postcopy-paused for 15 s after migrate-recover"};
+}
+
+}  // namespace rdmig::migration
