@@ -7,6 +7,7 @@
 
 #include "common/log.h"
 #include "common/net.h"
+#include "migration/postcopy_recovery.h"
 
 namespace rdmig::migration {
 
@@ -470,6 +471,16 @@ Result<std::string> run_state(qemu::QmpClient& qmp) {
     return Error{Errc::kProtocol, "query-status: no status"};
   }
   return (*st)["status"].get<std::string>();
+}
+
+std::pair<std::string, std::string> Job::qemu_state() {
+  if (!qmp_->connected()) return {"monitor lost", ""};
+  std::string migration = "unreadable";
+  if (auto raw = qmp_->execute("query-migrate", {}, kQmpTimeout)) {
+    if (auto info = qemu::parse_migration_info(raw.value())) migration = info->status;
+  }
+  auto run = run_state(*qmp_);
+  return {describe_qemu(migration, run ? run.value() : "unreadable"), migration};
 }
 
 }  // namespace rdmig::migration

@@ -193,6 +193,9 @@ class Job {
   // The QEMU process behind `qmp`: the thread group of its first vCPU thread (query-cpus-fast
   // thread-id), which holds through a QMP proxy; else the QMP socket's peer (SO_PEERCRED).
   static int qemu_pid_of(qemu::QmpClient& qmp);
+  // This job's QEMU as status and messages name it (postcopy_recovery.h describe_qemu: its migration
+  // status and run state, "unreadable" for either it cannot read), and its migration status alone.
+  std::pair<std::string, std::string> qemu_state();
   int qemu_pid_ = 0;  // set by derived constructors from the QMP connection
 
   // Owned by the worker thread (and torn down in this order: pumps, channels, link, qmp).

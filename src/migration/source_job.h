@@ -67,8 +67,6 @@ class SourceJob final : public Job {
   // be recovered): no further try.
   Status try_recovery(uint32_t attempt, std::chrono::steady_clock::time_point deadline);
   Result<UniqueFd> dial_recovery(bool control, std::chrono::milliseconds left);
-  // This QEMU's state for status and messages (describe_qemu), and its migration status alone.
-  std::pair<std::string, std::string> qemu_state();
   void apply_progress(const qemu::MigrationInfo& info);
   // postCopy: issues migrate-start-postcopy once the spec's condition holds (pre-copy running for
   // `elapsed`); an error only when QEMU refuses the switch.

@@ -3,49 +3,30 @@
 // The rest of the job: source_job.cpp.
 #include "migration/source_job.h"
 
-#include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <cerrno>
+#include <thread>
 #include <tuple>
 
 #include "common/log.h"
 #include "common/net.h"
-#include "common/units.h"
 #include "migration/postcopy_recovery.h"
-#include "session/transport_choice.h"
+#include "session/protocol.h"
 #include "transport/channel_proof.h"
-#include "transport/rdma/rdma_channel.h"
 #include "transport/tcp/tcp_channel.h"
 #include "transport/wire.h"
-#include "session/protocol.h"
-#include "session/resume.h"
 
 namespace rdmig::migration {
 
 // The session layer (src/session) this file stands on.
 using session::ChannelPump;
-using session::connect_on_rail;
 using session::ControlLink;
 using session::kHandshakeTimeout;
-using session::kMultifdDrainLimit;
-using session::kPeerRdmaUnreachable;
-using session::kRdmaConnectTimeout;
-using session::offer_transport;
-using session::rail_addresses;
-using session::rails_from_welcome;
-using session::return_path_chunk;
-using session::return_path_depth;
 using session::wall_clock_ms;
-using session::wall_clock_us;
-using session::wire_name;
-using session::with_rdma_reason;
 
 using nlohmann::json;
 using namespace std::chrono_literals;
-
 
 Status SourceJob::maybe_switch_to_postcopy(const qemu::MigrationInfo& info,
                                            std::chrono::steady_clock::duration elapsed) {
@@ -127,16 +108,6 @@ void SourceJob::fail_in_postcopy(const Error& error) {
              "neither: both are left as they are (QEMU keeps them postcopy-paused); recover with migrate-recover "
              "on the target QEMU and migrate with resume: true on the source QEMU (docs/api.md)",
          "postcopy_split");
-}
-
-std::pair<std::string, std::string> SourceJob::qemu_state() {
-  if (!qmp_->connected()) return {"monitor lost", ""};
-  std::string migration = "unreadable";
-  if (auto raw = qmp_->execute("query-migrate", {}, kQmpTimeout)) {
-    if (auto info = qemu::parse_migration_info(raw.value())) migration = info->status;
-  }
-  auto run = run_state(*qmp_);
-  return {describe_qemu(migration, run ? run.value() : "unreadable"), migration};
 }
 
 SourceJob::Recovery SourceJob::recover_postcopy(const Error& why) {

@@ -87,8 +87,6 @@ class TargetJob final : public Job {
   // One try on the control connection `link` (the source's "recover" is next on it).
   Status try_recovery(std::unique_ptr<session::ControlLink> link, uint32_t attempt,
                       std::chrono::steady_clock::time_point deadline);
-  // This QEMU's state for status and messages (describe_qemu), and its migration status alone.
-  std::pair<std::string, std::string> qemu_state();
   // The post-copy figures this QEMU gives (status, and the source through the result).
   void record_postcopy(const qemu::MigrationInfo& info);
   void on_exception(const Error& error) override { report_failure(error, false, incoming_started_); }

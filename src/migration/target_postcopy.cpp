@@ -3,42 +3,25 @@
 #include "migration/target_job.h"
 
 #include <algorithm>
+#include <thread>
 #include <tuple>
 
 #include "common/log.h"
 #include "common/net.h"
-#include "common/units.h"
 #include "migration/postcopy_recovery.h"
-#include "session/transport_choice.h"
-#include "transport/tcp/tcp_channel.h"
 #include "session/protocol.h"
-#include "session/resume.h"
+#include "transport/tcp/tcp_channel.h"
 
 namespace rdmig::migration {
 
 // The session layer (src/session) this file stands on.
-using session::add_rails_to_welcome;
 using session::ChannelPump;
-using session::choose_transport;
 using session::ControlLink;
 using session::kHandshakeTimeout;
-using session::kHelloRefused;
-using session::kHelloTimeout;
-using session::kPeerRdmaUnreachable;
-using session::parse_wire_transport;
-using session::rail_mtus;
 using session::wall_clock_ms;
-using session::rails_from_hello;
-using session::return_path_chunk;
-using session::return_path_depth;
-using session::TransportChoice;
-using session::TransportOffer;
-using session::wall_clock_us;
-using session::wire_name;
 
 using nlohmann::json;
 using namespace std::chrono_literals;
-
 
 void TargetJob::record_postcopy(const qemu::MigrationInfo& info) {
   // QEMU's own MIGRATION events stamp the switch and the end (one host's clock): a post-copy
@@ -61,18 +44,6 @@ void TargetJob::record_postcopy(const qemu::MigrationInfo& info) {
     if (info.postcopy_blocktime_ms >= 0) s.post_copy.blocktime_ms = info.postcopy_blocktime_ms;
     if (info.postcopy_latency_ns >= 0) s.post_copy.page_latency_us = static_cast<double>(info.postcopy_latency_ns) / 1e3;
   });
-}
-
-std::pair<std::string, std::string> TargetJob::qemu_state() {
-  if (!qmp_->connected()) return {"monitor lost", ""};
-  std::string migration = "unreadable", run = "unreadable";
-  if (auto raw = qmp_->execute("query-migrate", {}, kQmpTimeout)) {
-    if (auto info = qemu::parse_migration_info(raw.value())) migration = info->status;
-  }
-  if (auto st = qmp_->execute("query-status", {}, kQmpTimeout); st && st->is_object()) {
-    run = st->value("status", std::string("unreadable"));
-  }
-  return {describe_qemu(migration, run), migration};
 }
 
 TargetJob::Recovery TargetJob::recover_postcopy(const Error& why) {
