@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "common/stop_signals.h"
 #include "kubevirt/kubevirt_metrics.h"
 
 namespace rdmig::agent {
@@ -91,12 +92,7 @@ Result<Prepared> prepare(const std::string& path, bool check_only) {
 }
 
 sigset_t block_signals() {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
+  const sigset_t signals = block_stop_signals();
   raise_memlock();
   return signals;
 }

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "common/stop_signals.h"
 #include "common/text.h"
 #include "common/units.h"
 #include "common/version.h"
@@ -106,12 +107,7 @@ int main(int argc, char** argv) {
   if (!kube_made) return fail(kube_made.error().message);
   k8s::HttpKubeClient& kube = *kube_made.value();
 
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
+  sigset_t signals = block_stop_signals();  // before any thread starts
 
   controller::ControllerMetrics metrics;
   LOG_INFO("controller") << "agents over " << agents_over;
