@@ -108,6 +108,19 @@ class KubevirtMigrationTest(base.KubevirtChecks, unittest.TestCase):
         items = self.agents[node].call("GET", "/v1/kubevirt/migrations?migrationUid=" + migration_uid)["items"]
         return [i for i in items if i["connections"] == 9 and i["bytesSent"] > (8 << 20)]
 
+    def when_carried(self, node, ctx, action):
+        """On a thread of its own: once ctx's migration is carried mid-stream on `node`'s agent
+        (carried()), calls action(its record); nothing when that does not happen within 30 s (the
+        test then finds its action never ran)."""
+        def run():
+            try:
+                items = wait_for(lambda: self.carried(node, ctx.migration_uid), 30, "the migration to be carried",
+                                 interval=0.02)
+            except TimeoutError:
+                return
+            action(items[0])
+        threading.Thread(target=run, daemon=True).start()
+
     def assertCarried(self, r, parallel):
         src = self.record(r.source_node, r.migration_uid)
         dst = self.record(r.target_node, r.migration_uid)
@@ -179,17 +192,10 @@ class KubevirtMigrationTest(base.KubevirtChecks, unittest.TestCase):
         killed = {}
 
         def kill_when_carrying(ctx):
-            def run():
-                # Mid-migration: every memory connection carried and bytes flowing.
-                def carrying():
-                    return self.carried(source, ctx.migration_uid)
-                try:
-                    wait_for(carrying, 30, "the migration to be carried", interval=0.02)
-                except TimeoutError:
-                    return
+            def kill(_item):
                 killed["at"] = time.monotonic()
                 self.agents[target].proc.send_signal(signal.SIGKILL)
-            threading.Thread(target=run, daemon=True).start()
+            self.when_carried(source, ctx, kill)
 
         t0 = time.monotonic()
         r = self.migrate(parallel=8, tls=True, expect_success=False, before_dial=kill_when_carrying,
@@ -265,18 +271,12 @@ class KubevirtMigrationTest(base.KubevirtChecks, unittest.TestCase):
         cuts = {"n": 0}
 
         def reset_while_carrying(ctx):
-            def run():
-                def carrying():
-                    return self.carried(source, ctx.migration_uid)
-                try:
-                    wait_for(carrying, 30, "the migration to be carried", interval=0.02)
-                except TimeoutError:
-                    return
+            def reset(_item):
                 # Three rounds a little apart, each resetting every channel that carried 1 MiB.
                 for _ in range(3):
                     cuts["n"] += linkcut.cut_data_channels(self.kv.ports[target], min_bytes=1 << 20)
                     time.sleep(0.3)  # the rounds' pace, not a wait for anything
-            threading.Thread(target=run, daemon=True).start()
+            self.when_carried(source, ctx, reset)
 
         r = self.migrate(parallel=8, tls=True, before_dial=reset_while_carrying, check_counter=True)
         print("\n[kubevirt+rdmig] %d channel reset(s) mid-migration" % cuts["n"], file=sys.stderr)
@@ -298,16 +298,10 @@ class KubevirtMigrationTest(base.KubevirtChecks, unittest.TestCase):
         sent = {}
 
         def term_when_carrying(ctx):
-            def run():
-                def carrying():
-                    return self.carried(source, ctx.migration_uid)
-                try:
-                    item = wait_for(carrying, 30, "the migration to be carried", interval=0.02)[0]
-                except TimeoutError:
-                    return
+            def term(item):
                 sent["at"], sent["phase"], sent["bytes"] = time.monotonic(), item["phase"], item["bytesSent"]
                 self.agents[source].proc.send_signal(signal.SIGTERM)
-            threading.Thread(target=run, daemon=True).start()
+            self.when_carried(source, ctx, term)
 
         r = self.migrate(parallel=8, tls=True, before_dial=term_when_carrying, check_counter=True)
         self.assertIn("at", sent, "the migration was never carried")
