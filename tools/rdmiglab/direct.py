@@ -56,10 +56,9 @@ def migrate_direct(src, dst, multifd_channels=0, max_bandwidth=10 * GiB,
       source_info                  the source's final query-migrate reply
     ``postcopy``: postcopy-ram on both QEMUs (postcopy-blocktime on the target) and
     migrate-start-postcopy once the first pass is done (the source's dirty-sync-count reaches 2),
-    as an agent's `postCopy: after` does; the result then also has postcopy_switch_after_ms (from
-    "migrate" to the switch), postcopy_phase_ms (the switch to the source's completion),
-    postcopy_requests (the source's ram.postcopy-requests) and target_blocktime_ms (the target's
-    postcopy-blocktime).
+    as an agent's `postCopy: after` does; the result then also has postcopy_requests (the source's
+    ram.postcopy-requests) and target_blocktime_ms (the target's postcopy-blocktime). When the switch
+    came and how long post-copy ran: the source's MIGRATION events (QEMU's own timestamps).
     """
     channels = int(multifd_channels or 0)
     if socket_path is None:
@@ -94,16 +93,16 @@ def migrate_direct(src, dst, multifd_channels=0, max_bandwidth=10 * GiB,
     t0 = time.monotonic()
     src.qmp_raw("migrate", {"uri": uri})
     deadline = t0 + timeout
-    switched_at = None
+    switched = False
     while True:
         info = src.qmp_raw("query-migrate")
         status = info.get("status")
         if status in ("completed", "failed", "cancelled"):
             break
-        if postcopy and switched_at is None and status == "active" and \
+        if postcopy and not switched and status == "active" and \
                 (info.get("ram") or {}).get("dirty-sync-count", 0) >= 2:
             src.qmp_raw("migrate-start-postcopy")
-            switched_at = time.monotonic()
+            switched = True
         if time.monotonic() > deadline:
             try:
                 src.qmp_raw("migrate_cancel")
@@ -138,9 +137,6 @@ def migrate_direct(src, dst, multifd_channels=0, max_bandwidth=10 * GiB,
         "source_info": info,
     }
     if postcopy:
-        done_at = t0 + wall_ms / 1000.0
-        result["postcopy_switch_after_ms"] = (switched_at - t0) * 1000.0 if switched_at else None
-        result["postcopy_phase_ms"] = (done_at - switched_at) * 1000.0 if switched_at else None
         result["postcopy_requests"] = (info.get("ram") or {}).get("postcopy-requests")
         result["target_blocktime_ms"] = None
     if status != "completed":
