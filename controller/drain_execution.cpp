@@ -9,11 +9,11 @@
 
 namespace rdmig::controller {
 
+double round3(double seconds) { return std::round(seconds * 1000) / 1000; }
+
 using nlohmann::json;
 
 namespace {
-
-double round3(double v) { return std::round(v * 1000) / 1000; }
 
 std::optional<double> annotation_number(const json& annotations, const char* key) {
   if (!annotations.is_object() || !annotations.contains(key) || !annotations[key].is_string()) return std::nullopt;

@@ -11,6 +11,10 @@
 
 namespace rdmig::controller {
 
+// Seconds as a plan's status shows them: rounded to the millisecond (the forecast's and the
+// execution's figures alike).
+double round3(double seconds);
+
 // Labels and annotations on the RdmaMigrations a plan creates.
 inline constexpr const char* kPlanLabel = "rdmig.io/drain-plan";          // the plan's name (cut to 63)
 inline constexpr const char* kPlanUidLabel = "rdmig.io/drain-plan-uid";   // selects a plan's migrations

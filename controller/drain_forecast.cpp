@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "controller/drain_execution.h"
 #include "forecast/planner.h"
 
 namespace rdmig::controller {
@@ -13,8 +14,6 @@ using nlohmann::json;
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024 * 1024;
-
-double round3(double v) { return std::round(v * 1000) / 1000; }
 
 json figures(const forecast::Prediction& p) {
   return json{{"totalSeconds", round3(p.total_seconds)}, {"downtimeSeconds", round3(p.downtime_seconds)}};

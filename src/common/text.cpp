@@ -5,6 +5,15 @@
 
 namespace rdmig {
 
+std::string join(const std::vector<std::string>& items, std::string_view sep) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i > 0) out += sep;
+    out += items[i];
+  }
+  return out;
+}
+
 std::string trim(std::string_view s) {
   const auto b = s.find_first_not_of(" \t\r\n");
   const auto e = s.find_last_not_of(" \t\r\n");

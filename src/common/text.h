@@ -3,10 +3,14 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/result.h"
 
 namespace rdmig {
+
+// The items separated by `sep` ("" for none).
+std::string join(const std::vector<std::string>& items, std::string_view sep = ", ");
 
 // Without leading and trailing spaces, tabs and line ends.
 std::string trim(std::string_view s);

@@ -99,6 +99,18 @@ def flags_of(entry):
     return out
 
 
+def sources_of(entry):
+    """The sources one compile command compiles: its file, or, for a batch of a unity build
+    (scripts/build.sh, cmake/RdmigUnity.cmake), the sources the batch includes, each checked on
+    its own with the batch's flags."""
+    path = os.path.realpath(os.path.join(entry.get("directory", ""), entry["file"]))
+    if os.sep + "rdmig-unity" + os.sep not in path or not os.path.basename(path).startswith("batch_"):
+        return [path]
+    with open(path) as f:
+        return [os.path.realpath(os.path.join(os.path.dirname(path), m.group(1)))
+                for m in re.finditer(r'^#include "([^"]+)"', f.read(), re.M)]
+
+
 def clang_check(clang, flags, path):
     cmd = [clang, "-fsyntax-only", "-Wthread-safety", "-Werror=thread-safety", *flags, path]
     started = time.monotonic()
@@ -174,13 +186,13 @@ def main():
     includes = Includes([src_dir])
     units = {}
     for entry in db:
-        path = os.path.realpath(os.path.join(entry.get("directory", ""), entry["file"]))
-        if not path.startswith(src_dir + os.sep) or path in units:
-            continue
-        if opts.files and not any(os.path.realpath(x) == path for x in opts.files):
-            continue
-        if includes.annotated(path):
-            units[path] = flags_of(entry)
+        for path in sources_of(entry):
+            if not path.startswith(src_dir + os.sep) or path in units:
+                continue
+            if opts.files and not any(os.path.realpath(x) == path for x in opts.files):
+                continue
+            if includes.annotated(path):
+                units[path] = flags_of(entry)
     if not units:
         print("thread-safety check: no source of src/ includes " + ANNOTATIONS, file=sys.stderr)
         return 1

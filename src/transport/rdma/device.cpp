@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "transport/rdma/verbs.h"
+#include "common/text.h"
 
 extern char** environ;
 
@@ -16,10 +17,9 @@ namespace rdmig::transport::rdma {
 
 namespace {
 
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
-  return out.empty() ? "none" : out;
+// ", "-joined, "none" when empty.
+std::string list_or_none(const std::vector<std::string>& items) {
+  return items.empty() ? "none" : join(items);
 }
 
 std::vector<std::string> split_commas(const std::string& text) {
@@ -116,7 +116,7 @@ Selection select_device(const RdmaOptions& options, const std::map<std::string, 
   if (!options.device.empty()) {
     if (std::find(all.begin(), all.end(), options.device) == all.end()) {
       return fail(kNoDevice, key("device") + ": no RDMA device '" + options.device + "' on this node (devices: " +
-                                 join(all) + ")" +
+                                 list_or_none(all) + ")" +
                                  (options.origin.empty() ? "" : "; the rdma CNI moves the VF's device into the pod's "
                                                                 "network namespace: is it in the network's plugin chain, "
                                                                 "with 'rdma system' in netns exclusive mode?"));
@@ -203,7 +203,7 @@ Selection select_device(const RdmaOptions& options, const std::map<std::string, 
         netdevs = sysfs.netdevs_of(dev);
         if (std::find(netdevs.begin(), netdevs.end(), options.netdev) == netdevs.end()) {
           p.at(0, kNoDevice, key("netdev") + ": interface '" + options.netdev + "' is not on " + where +
-                                 " (its interfaces: " + join(netdevs) + ")");
+                                 " (its interfaces: " + list_or_none(netdevs) + ")");
           continue;
         }
         netdevs = {options.netdev};
@@ -224,7 +224,7 @@ Selection select_device(const RdmaOptions& options, const std::map<std::string, 
                                          [&](const std::string& a) { return want && gid_of_address(a) == want; });
           if (same == addrs.end()) {
             p.at(1, kNoAddress, key("address") + ": " + options.address + " is not an address of " + nd +
-                                    " (" + where + "; its addresses: " + join(addrs) + ")");
+                                    " (" + where + "; its addresses: " + list_or_none(addrs) + ")");
             continue;
           }
           addrs = {*same};
@@ -259,7 +259,7 @@ Selection select_device(const RdmaOptions& options, const std::map<std::string, 
       }
     }
   }
-  if (p.message.empty()) p.message = c.key + ": no RDMA device port found (" + join(c.devices) + ")";
+  if (p.message.empty()) p.message = c.key + ": no RDMA device port found (" + list_or_none(c.devices) + ")";
   return fail(p.reason, p.message);
 }
 

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "common/text.h"
 #include "common/json_limits.h"
 
 namespace rdmig::transport::rdma {
@@ -57,12 +58,6 @@ bool is_ipv6(const std::string& s, bool* link_local) {
   if (inet_pton(AF_INET6, s.c_str(), &a) != 1) return false;
   *link_local = IN6_IS_ADDR_LINKLOCAL(&a);
   return true;
-}
-
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
-  return out;
 }
 
 // The fields rdmig uses of the matching entry; errors name the field.
