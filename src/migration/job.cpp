@@ -171,6 +171,32 @@ void Job::request_cancel(const std::string& reason) {
   LOG_INFO("migration") << log_prefix() << " cancel requested: " << reason;
 }
 
+bool Job::request_cancel_before_postcopy(const std::string& reason) {
+  {
+    // The check and the cancel under one hold of the lock agree_postcopy_switch() takes.
+    MutexLock lock(status_mu_);
+    if (phase_terminal(status_.phase) || cancel_requested_.load()) return true;  // the status says the rest
+    if (postcopy_agreed_ || status_.post_copy.switched) return false;
+    cancel_reason_ = reason;
+    cancel_requested_.store(true);
+    for (const int fd : watched_fds_) ::shutdown(fd, SHUT_RDWR);
+  }
+  LOG_INFO("migration") << log_prefix() << " cancel requested: " << reason;
+  return true;
+}
+
+bool Job::agree_postcopy_switch() {
+  MutexLock lock(status_mu_);
+  if (cancel_requested_.load()) return false;
+  postcopy_agreed_ = true;
+  return true;
+}
+
+bool Job::postcopy_agreed() const {
+  MutexLock lock(status_mu_);
+  return postcopy_agreed_;
+}
+
 std::string Job::cancel_reason() const {
   MutexLock lock(status_mu_);
   return cancel_reason_;

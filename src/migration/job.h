@@ -89,6 +89,10 @@ class Job {
   // the source (migrate_cancel) unless the source had already handed it over. Sockets the
   // handshake is blocked on are shut down at once, so no stage waits out its own timeout.
   void request_cancel(const std::string& reason) EXCLUDES(status_mu_);
+  // A cancel through the API: as request_cancel, unless the migration is in post-copy or has
+  // agreed to switch (agree_postcopy_switch): then false, and nothing changes (the API's 409).
+  // One decision under one lock with agree_postcopy_switch(): either the cancel or the switch wins.
+  bool request_cancel_before_postcopy(const std::string& reason) EXCLUDES(status_mu_);
 
   // Joins the worker once it has ended (after on_worker_done); a no-op when already joined.
   void join_worker();
@@ -102,6 +106,11 @@ class Job {
   void finish(Phase phase, const std::string& reason, const char* failure = nullptr) EXCLUDES(status_mu_, data_mu_);
   static const char* failure_of(Errc code);
   bool cancel_requested() const { return cancel_requested_.load(); }
+  // The post-copy switch is agreed here (the source: it is about to issue migrate-start-postcopy;
+  // the target: it told the source it may): from now on the API's cancel is refused. False, and
+  // nothing agreed, when a cancel was accepted first (docs/protocol.md, the switch agreement).
+  bool agree_postcopy_switch() EXCLUDES(status_mu_);
+  bool postcopy_agreed() const EXCLUDES(status_mu_);
   std::string cancel_reason() const EXCLUDES(status_mu_);
   // A handshake step's error, or the cancel that caused it (a cancelled step fails with EPIPE-like errors).
   Error cancel_or(Error e) const {
@@ -223,7 +232,7 @@ class Job {
   Mutex join_mu_;  // the owner's reaper and the destructor may both join
 
  private:
-  // Guards status_, cancel_reason_, metrics_finished_ and watched_fds_ (cancel_requested_ is
+  // Guards status_, cancel_reason_, postcopy_agreed_, metrics_finished_ and watched_fds_ (cancel_requested_ is
   // atomic, set under it); status_cv_ signals a phase change. Taken by REST threads (status,
   // finished, wait_finished, request_cancel), the worker (update, set_phase, finish), the
   // data-plane threads through update() and CancelWatch. Lock order: TargetJob::conn_mu_ ->
@@ -234,6 +243,7 @@ class Job {
   MigrationStatus status_ GUARDED_BY(status_mu_);
   std::atomic<bool> cancel_requested_{false};
   std::string cancel_reason_ GUARDED_BY(status_mu_);
+  bool postcopy_agreed_ GUARDED_BY(status_mu_) = false;
   bool metrics_finished_ GUARDED_BY(status_mu_) = false;
   std::vector<int> watched_fds_ GUARDED_BY(status_mu_);
   // Channels that failed over off their RDMA rail (to TCP), and what each had carried then: its

@@ -358,13 +358,13 @@ Result<MigrationStatus> MigrationManager::get(const std::string& id) const {
 Result<MigrationStatus> MigrationManager::cancel(const std::string& id) {
   auto job = find(id);
   if (!job) return Error{Errc::kNotFound, "no migration '" + id + "'"};
-  if (const auto st = job->status(); st.post_copy.switched && !phase_terminal(st.phase)) {
-    // The target runs the VM and the source still holds pages it lacks: neither side can take
-    // the VM back alone, so the migration runs to its end (docs/api.md).
+  if (!job->request_cancel_before_postcopy("cancelled through the API")) {
+    // The target runs the VM and the source still holds pages it lacks (or the two agents agreed
+    // to switch): neither side can take the VM back alone, so the migration runs to its end
+    // (docs/api.md).
     return Error{Errc::kFailedPrecondition, "migration '" + id + "' is in post-copy (the target runs the VM): "
                                             "it cannot be cancelled, it completes or fails"};
   }
-  job->request_cancel("cancelled through the API");
   return job->status();
 }
 

@@ -71,6 +71,9 @@ class SourceJob final : public Job {
   // postCopy: issues migrate-start-postcopy once the spec's condition holds (pre-copy running for
   // `elapsed`); an error only when QEMU refuses the switch.
   Status maybe_switch_to_postcopy(const qemu::MigrationInfo& info, std::chrono::steady_clock::duration elapsed);
+  // The switch agreement (docs/protocol.md): asks the target agent before the switch and waits for
+  // its yes; its verdict (a cancel accepted there first) or silence is an error, and no switch.
+  Status agree_switch_with_target(const std::string& trigger, int64_t pass);
   // The figures of a migration that switched, once it completed (phase length, page requests).
   void record_postcopy_end(const qemu::MigrationInfo& info);
   void stop_accepting();
@@ -92,6 +95,7 @@ class SourceJob final : public Job {
   // Set once migrate-start-postcopy succeeded: from then on the target runs the VM, and neither
   // QEMU can be resumed alone (no migrate_cancel, no cont; docs/api.md).
   bool postcopy_switched_ = false;
+  bool target_agrees_ = false;  // the target's ready offered the post-copy switch agreement
   std::chrono::steady_clock::time_point postcopy_at_{};
   bool target_decided_ = false;  // the target aborted or failed on purpose: never recovered (worker thread)
   std::optional<std::chrono::steady_clock::time_point> monitor_started_;

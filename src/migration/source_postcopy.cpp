@@ -42,6 +42,10 @@ Status SourceJob::maybe_switch_to_postcopy(const qemu::MigrationInfo& info,
   } else {
     return ok_status();
   }
+  // Either a cancel or the switch wins, on both agents alike: a cancel accepted here first stops
+  // the switch (monitor() ends the migration, the VM stays here); once agreed, cancels are refused.
+  if (!agree_postcopy_switch()) return ok_status();
+  if (target_agrees_) RDMIG_TRY(agree_switch_with_target(trigger, info.dirty_sync_count));
   auto r = qmp_->execute("migrate-start-postcopy", {}, kQmpTimeout);
   if (!r) return r.error().with_context("postCopy: source QEMU's migrate-start-postcopy");
   postcopy_switched_ = true;
@@ -58,6 +62,27 @@ Status SourceJob::maybe_switch_to_postcopy(const qemu::MigrationInfo& info,
     s.post_copy.switch_at_pass = info.dirty_sync_count;
   });
   return ok_status();
+}
+
+Status SourceJob::agree_switch_with_target(const std::string& trigger, int64_t pass) {
+  // The target judges "switched?" from its own QEMU, which learns of the switch only through the
+  // stream: until then a cancel there would be accepted, and its teardown would split the VM. So
+  // the target says yes first, and from its yes on refuses cancels; a cancel it accepted before
+  // the question comes back as its verdict (result ok:false), and this end then does not switch.
+  RDMIG_TRY(link_->send(session::message(session::MessageKind::kPostcopySwitch, json{{"trigger", trigger}, {"pass", pass}})));
+  const auto deadline = std::chrono::steady_clock::now() + kHandshakeTimeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      return Error{Errc::kTimeout, "postCopy: the target agent did not agree to the switch within " +
+                                       std::to_string(kHandshakeTimeout.count()) + " s; not switched"};
+    }
+    auto m = link_->next(std::min<std::chrono::milliseconds>(left, 250ms));
+    if (!m) return m.error().with_context("target agent, before the post-copy switch");
+    if (!m->has_value()) continue;
+    if (session::is(**m, session::MessageKind::kPostcopySwitchOk)) return ok_status();
+    if (auto e = take_target_message(**m)) return e->with_context("postCopy: not switched");
+  }
 }
 
 void SourceJob::record_postcopy_end(const qemu::MigrationInfo& info) {

@@ -498,6 +498,7 @@ Status TargetJob::start_incoming() {
     // As the source: postcopy-ram, no postcopy-preempt (its extra channel is not carried), and
     // postcopy-blocktime for the figure of how long the vCPUs waited on pages.
     post_copy_ = true;
+    source_asks_ = session::offers_postcopy_switch_agreement(start.value());
     caps.push_back(json{{"capability", "postcopy-ram"}, {"state", true}});
     caps.push_back(json{{"capability", "postcopy-preempt"}, {"state", false}});
     caps.push_back(json{{"capability", "postcopy-blocktime"}, {"state", true}});
@@ -519,7 +520,10 @@ Status TargetJob::start_incoming() {
     recovery_open_ = true;
   }
   json ready{{"receivedClockUs", received_us}, {"clockUs", wall_clock_us()}};
-  if (post_copy_) ready["postCopy"] = true;  // the source switches only with this confirmed
+  if (post_copy_) {
+    ready["postCopy"] = true;  // the source switches only with this confirmed
+    ready[session::kPostcopySwitchAgreementField] = true;  // and asks this end first, if it offered to
+  }
   return link_->send(session::message(session::MessageKind::kReady, ready));
 }
 
@@ -568,8 +572,11 @@ Status TargetJob::monitor() {
       record_postcopy(info.value());
       // In post-copy this QEMU runs the VM with pages still on the source: a cancel (the agent
       // shutting down) would lose them, so post-copy runs to its end (docs/api.md). Checked
-      // after this poll's look at QEMU, so a cancel never races the switch.
-      if (cancel_requested() && !status().post_copy.switched) return Error{Errc::kCancelled, cancel_reason()};
+      // after this poll's look at QEMU; with the switch agreement (source_asks_) a cancel accepted
+      // here is never acted on after this end agreed to the switch.
+      if (cancel_requested() && !status().post_copy.switched && !postcopy_agreed()) {
+        return Error{Errc::kCancelled, cancel_reason()};
+      }
     }
     if (info->status == "completed") return ok_status();
     const bool switched = post_copy_ && status().post_copy.switched;
@@ -601,14 +608,28 @@ Status TargetJob::monitor() {
       return Error{Errc::kTimeout, "incoming migration not completed within " +
                                        std::to_string(spec_.completion_timeout_seconds) + " s"};
     }
-    qmp_->wait_event(
-        [](const qemu::QmpEvent& e) {
-          return e.name == "MIGRATION" && qemu::migration_status_terminal(e.data.value("status", ""));
-        },
-        events_before_incoming_, interval);
-    auto m = link_->next(0ms);
+    const auto wait_for_qemu = [&] {
+      qmp_->wait_event(
+          [](const qemu::QmpEvent& e) {
+            return e.name == "MIGRATION" && qemu::migration_status_terminal(e.data.value("status", ""));
+          },
+          events_before_incoming_, interval);
+    };
+    // Until the switch is agreed, the source's question is answered as it comes, not one poll later.
+    const bool switch_question = source_asks_ && !postcopy_agreed();
+    if (!switch_question) wait_for_qemu();
+    auto m = link_->next(switch_question ? interval : 0ms);
     if (!m) {
       // The source agent closed the control connection; QEMU may still finish loading.
+      if (switch_question) wait_for_qemu();
+      continue;
+    }
+    if (m->has_value() && session::is(**m, session::MessageKind::kPostcopySwitch)) {
+      // One decision with the API's cancel (Job::agree_postcopy_switch): a cancel accepted first
+      // wins, and its verdict (result ok:false) tells the source not to switch.
+      if (!agree_postcopy_switch()) return Error{Errc::kCancelled, cancel_reason()};
+      LOG_INFO("migration") << log_prefix() << " agreed to the source's post-copy switch: cancels are refused from now on";
+      RDMIG_TRY(link_->send(session::message(session::MessageKind::kPostcopySwitchOk)));
       continue;
     }
     if (m->has_value() && session::is(**m, session::MessageKind::kAbort)) {

@@ -145,6 +145,7 @@ class TargetJob final : public Job {
   uint64_t events_before_incoming_ = 0;
   bool incoming_started_ = false;
   bool post_copy_ = false;  // the source's start asked for postcopy-ram (worker thread only)
+  bool source_asks_ = false;  // and offered the switch agreement: it asks before it switches
 };
 
 }  // namespace rdmig::migration

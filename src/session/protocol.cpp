@@ -13,8 +13,8 @@ namespace {
 constexpr std::array<std::string_view, kMessageKinds> kMessageNames = {
     "hello",  "challenge", "auth", "welcome", "reject", "fallback", "fallback-ok", "start", "ready",     "ping",
     "pong",   "stream",    "result", "goodbye", "open", "end",      "stats",       "heartbeat", "abort",
-    "resume", "resume-ok", "recover", "recover-ready"};
-static_assert(kMessageNames.size() == static_cast<size_t>(MessageKind::kRecoverReady) + 1);
+    "resume", "resume-ok", "recover", "recover-ready", "postcopy-switch", "postcopy-switch-ok"};
+static_assert(kMessageNames.size() == static_cast<size_t>(MessageKind::kPostcopySwitchOk) + 1);
 
 constexpr std::array<std::string_view, 7> kHelloNames = {"control",   "data",      "pathcheck-control", "pathcheck-data",
                                                          "flow",      "flow-data", "probe"};
@@ -45,6 +45,12 @@ json message(MessageKind kind, json fields) {
   if (!fields.is_object()) fields = json::object();
   fields["type"] = name(kind);
   return fields;
+}
+
+bool offers_postcopy_switch_agreement(const json& message) {
+  if (!message.is_object()) return false;
+  const auto it = message.find(kPostcopySwitchAgreementField);
+  return it != message.end() && it->is_boolean() && it->get<bool>();
 }
 
 std::string_view name(HelloKind kind) { return kHelloNames[static_cast<size_t>(kind)]; }

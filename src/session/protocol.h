@@ -53,8 +53,18 @@ enum class MessageKind : uint8_t {
   kResumeOk,    // dialler -> acceptor: its proof over both counts
   kRecover,     // source -> target, post-copy recovery: run migrate-recover, take the fresh channel
   kRecoverReady,  // target -> source: its QEMU listens (migrate-recover) and the channel is attached
+  kPostcopySwitch,    // source -> target, before migrate-start-postcopy: may it switch? {trigger, pass}
+  kPostcopySwitchOk,  // target -> source: agreed; this end refuses cancels from now on
 };
-inline constexpr size_t kMessageKinds = 23;
+inline constexpr size_t kMessageKinds = 25;
+
+// The field of "start" (source: "I ask before I switch to post-copy") and of "ready" (target: "I
+// answer") that turns the post-copy switch agreement on (docs/protocol.md). Only when both carry it
+// does the source send kPostcopySwitch; an agent without it ignores the field, and the switch then
+// goes as it did before the agreement existed.
+inline constexpr const char* kPostcopySwitchAgreementField = "postCopySwitchAgreement";
+// True when `message` (a "start" or a "ready") carries the field as true.
+bool offers_postcopy_switch_agreement(const nlohmann::json& message);
 
 std::string_view name(MessageKind kind);
 std::string to_string(MessageKind kind);

@@ -217,6 +217,21 @@ TEST(ProtocolCodec, EveryKindRoundTripsThroughItsWireName) {
   }
 }
 
+TEST(ProtocolCodec, ThePostcopySwitchAgreementHasItsWireNamesAndIsOnOnlyWhenOffered) {
+  EXPECT_EQ(session::message(session::MessageKind::kPostcopySwitch).dump(), R"({"type":"postcopy-switch"})");
+  EXPECT_EQ(session::message(session::MessageKind::kPostcopySwitchOk).dump(), R"({"type":"postcopy-switch-ok"})");
+  EXPECT_EQ(session::parse_kind("postcopy-switch-ok"), session::MessageKind::kPostcopySwitchOk);
+  // An agent from before the agreement sends start/ready without the field: no agreement, the
+  // switch goes as before; only a true boolean offers it (a hostile "1" or "yes" does not).
+  EXPECT_FALSE(session::offers_postcopy_switch_agreement(nlohmann::json{{"type", "ready"}, {"postCopy", true}}));
+  EXPECT_TRUE(session::offers_postcopy_switch_agreement(
+      nlohmann::json{{"type", "ready"}, {"postCopy", true}, {"postCopySwitchAgreement", true}}));
+  EXPECT_FALSE(session::offers_postcopy_switch_agreement(nlohmann::json{{"postCopySwitchAgreement", false}}));
+  EXPECT_FALSE(session::offers_postcopy_switch_agreement(nlohmann::json{{"postCopySwitchAgreement", 1}}));
+  EXPECT_FALSE(session::offers_postcopy_switch_agreement(nlohmann::json{{"postCopySwitchAgreement", "yes"}}));
+  EXPECT_FALSE(session::offers_postcopy_switch_agreement(nlohmann::json::array()));
+}
+
 TEST(ProtocolCodec, TheHellosPurposeComesFromItsKind) {
   using session::HelloKind;
   using session::Purpose;
