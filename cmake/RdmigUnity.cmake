@@ -9,8 +9,10 @@
 # for single files.
 #
 # A target opts out with the target property RDMIG_NO_UNITY (the unit tests: every test file
-# brings its own `using namespace` and local helpers of the same names).
+# brings its own `using namespace` and local helpers of the same names), or by its name in
+# RDMIG_UNITY_SKIP (tests/compat/build-agent.sh: an older tree whose sources clash in a batch).
 set(RDMIG_UNITY_BATCH 8 CACHE STRING "sources per unity batch (RDMIG_UNITY_BUILD)")
+set(RDMIG_UNITY_SKIP "" CACHE STRING "targets compiled file by file in a unity build")
 
 function(_rdmig_unity_target tgt)
   get_target_property(type ${tgt} TYPE)
@@ -19,7 +21,7 @@ function(_rdmig_unity_target tgt)
   endif()
   get_target_property(opted_out ${tgt} RDMIG_NO_UNITY)
   get_target_property(imported ${tgt} IMPORTED)
-  if(opted_out OR imported)
+  if(opted_out OR imported OR tgt IN_LIST RDMIG_UNITY_SKIP)
     return()
   endif()
   get_target_property(srcdir ${tgt} SOURCE_DIR)

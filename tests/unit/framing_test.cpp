@@ -94,13 +94,42 @@ void within(std::chrono::seconds limit, F body) {
   }
   runner.join();
 }
+
+// As within(), but the limit is on a stall, not on the whole: the body bumps `progress` as it
+// goes, and only `limit` without a bump ends the test binary. A lost wake-up makes no progress at
+// all; a taker and a giver handing over 200000 credits on a loaded 2-core machine (a suite row
+// beside it, every thread yielding to others) are slow, not stuck.
+template <typename F>
+void within_progress(std::chrono::seconds limit, F body) {
+  std::atomic<long> progress{0};
+  std::promise<void> done;
+  auto finished = done.get_future();
+  std::thread runner([&] {
+    body(progress);
+    done.set_value();
+  });
+  long last = -1;
+  auto since = std::chrono::steady_clock::now();
+  while (finished.wait_for(std::chrono::milliseconds(500)) != std::future_status::ready) {
+    const long now = progress.load();
+    if (now != last) {
+      last = now;
+      since = std::chrono::steady_clock::now();
+    } else if (std::chrono::steady_clock::now() - since > limit) {
+      std::fprintf(stderr, "no progress for %llds (at %ld): a lost wake-up\n", static_cast<long long>(limit.count()),
+                   now);
+      std::abort();
+    }
+  }
+  runner.join();
+}
 }  // namespace
 
 // The gate is lock-free (one atomic word waited on): a sender and a giver racing through many
-// stalls lose no credit and no wake-up (a lost one leaves take() asleep: within() ends the test),
+// stalls lose no credit and no wake-up (a lost one leaves take() asleep: within_progress() ends the test),
 // and the taker saw at least one stall, so the sleeping path ran.
 TEST(CreditGate, ASenderAndAGiverRacingLoseNoCreditAndNoWakeUp) {
-  within(std::chrono::seconds(120), [] {
+  within_progress(std::chrono::seconds(60), [](std::atomic<long>& progress) {
     constexpr uint32_t kDepth = 4;
     constexpr int kChunks = 200000;
     CreditGate g(kDepth);
@@ -135,6 +164,7 @@ TEST(CreditGate, ASenderAndAGiverRacingLoseNoCreditAndNoWakeUp) {
       }
       if (r.value()) ++stalls;
       taken.fetch_add(1);
+      progress.fetch_add(1);
     }
     if (!stop.load()) {
       EXPECT_TRUE(g.wait_all().ok());
