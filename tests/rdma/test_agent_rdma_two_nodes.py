@@ -718,20 +718,21 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
         # rdma required: rail 1's channels are re-dialled over rail 0 (rdma_cm to node b's rail-0
         # address), resume there, and the migration completes over RDMA only (no TCP data byte),
         # every byte of the paused guest's RAM compared.
-        self.rail_failover("rail-failover", "rdma", cut="rail1", to="rail")
+        self.rail_failover("rail-failover", "rdma", cut="rail1", to="rail", agent_name="agent-a-fo-rail")
 
     def test_every_rail_cut_mid_stream_with_failover_moves_the_channels_to_tcp_byte_exact(self):
         # The same with transport auto and RDMA cut on both rails: no rail takes a channel, so
         # each channel that fails (both rails' channels) is resumed over TCP (docs/failover.md).
-        self.rail_failover("rails-failover-tcp", "auto", cut="all", to="tcp")
+        self.rail_failover("rails-failover-tcp", "auto", cut="all", to="tcp", agent_name="agent-a-fo-tcp")
 
-    def rail_failover(self, name, transport, cut, to):
+    def rail_failover(self, name, transport, cut, to, agent_name):
+        # agent_name: short (the agent's stateDir holds unix sockets: at most 40 characters).
         if len(DEVS) < 2:
             self.skipTest("one rail per node (run-two-vms.sh without --rails 2)")
         outcome = "failed"
         rail1 = list(range(1, MULTIFD + 1, 2))
         cut_channels = rail1 if cut == "rail1" else list(range(MULTIFD + 1))
-        agent = Agent(self.tmp, "agent-a-" + name, config=agent_config(failover=True), log_level="debug",
+        agent = Agent(self.tmp, agent_name, config=agent_config(failover=True), log_level="debug",
                       profile=PROFILE)
         try:
             try:
