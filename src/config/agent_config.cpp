@@ -254,7 +254,7 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
   }
   if (const auto dp = root["dataPlane"]) {
     RDMIG_TRY(check_keys(dp, "dataPlane", {"address", "port", "rdmaPort", "advertiseAddress", "allowLoopbackPeers", "tls",
-                                           "failover", "failoverDeadlineSeconds"}));
+                                           "failover", "failoverDeadlineSeconds", "failoverPaths"}));
     // YAML 1.1 readers take on/off for booleans: accept both spellings.
     const auto on_off = [&](const char* key, bool& out) -> Status {
       const auto t = dp[key];
@@ -272,6 +272,13 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
     RDMIG_TRY(on_off("tls", c.data_plane.tls));
     RDMIG_TRY(on_off("failover", c.data_plane.failover));
     RDMIG_TRY(read_uint(dp, "dataPlane", "failoverDeadlineSeconds", c.data_plane.failover_deadline_seconds, 1, 60));
+    RDMIG_TRY(read_string_list(dp, "dataPlane", "failoverPaths", c.data_plane.failover_paths, 2));
+    if (c.data_plane.failover_paths.empty()) return bad("dataPlane.failoverPaths", "expected rail, tcp or both, in order");
+    for (size_t i = 0; i < c.data_plane.failover_paths.size(); ++i) {
+      const auto& p = c.data_plane.failover_paths[i];
+      if (p != "rail" && p != "tcp") return bad("dataPlane.failoverPaths", "expected rail or tcp, got '" + p + "'");
+      if (i > 0 && c.data_plane.failover_paths[0] == p) return bad("dataPlane.failoverPaths", "'" + p + "' listed twice");
+    }
     RDMIG_TRY(read_uint(dp, "dataPlane", "rdmaPort", c.data_plane.rdma_port, 0, 65535));
     RDMIG_TRY(read_string(dp, "dataPlane", "address", c.data_plane.address));
     RDMIG_TRY(read_uint(dp, "dataPlane", "port", c.data_plane.port, 0, 65535));

@@ -2,6 +2,8 @@
 // Defaults here are the documented defaults; agent/agent.yaml spells them out.
 #pragma once
 
+#include <algorithm>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -53,6 +55,13 @@ struct DataPlaneConfig {
   // (the control hello offers it, the welcome confirms it). Off: a lost link fails the migration.
   bool failover = false;
   uint32_t failover_deadline_seconds = 5;
+  // Where a failed RDMA channel is re-dialled, in this order (docs/failover.md): "rail" (another
+  // rail of the session, rdma_cm to the target's address on it) and "tcp" (the target's data port;
+  // only under transport auto). Each at most once, at least one. TCP channels fail over over TCP.
+  std::vector<std::string> failover_paths{"rail", "tcp"};
+  bool fails_over_to(const std::string& path) const {
+    return std::find(failover_paths.begin(), failover_paths.end(), path) != failover_paths.end();
+  }
 };
 
 // The rule for every dial to a peer agent that a REST client named (migrations and path checks,

@@ -131,7 +131,8 @@ Metrics::Metrics(std::string component)
                             .Register(*registry_)),
       failovers_(BuildCounter().Name("rdmig_failovers_total")
                      .Help("Data channels of migrations that failed over to a new link (docs/failover.md), by role "
-                           "transport and peer (the other agent's data-plane address)")
+                           "transport (the link that failed), peer (the other agent's data-plane address) and to (the path it "
+                           "resumed on: rail or tcp)")
                      .Register(*registry_)),
       transport_selected_(BuildCounter().Name("rdmig_transport_selected_total")
                               .Help("Transport chosen for a migration, by transport and reason")
@@ -303,8 +304,9 @@ void Metrics::transport_error(const std::string& transport, const std::string& k
   transport_errors_.Add({{"transport", transport}, {"kind", kind}}).Increment();
 }
 
-void Metrics::failover(const std::string& role, const std::string& transport, const std::string& peer) {
-  failovers_.Add({{"role", role}, {"transport", transport}, {"peer", peer}}).Increment();
+void Metrics::failover(const std::string& role, const std::string& transport, const std::string& peer,
+                       const std::string& to) {
+  failovers_.Add({{"role", role}, {"transport", transport}, {"peer", peer}, {"to", to}}).Increment();
 }
 
 void Metrics::transport_selected(const std::string& transport, const std::string& reason) {

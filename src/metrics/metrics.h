@@ -135,10 +135,12 @@ class Metrics {
   // `traffic`: "migration" or "pathcheck" (the label that tells a path check's bytes apart).
   TransportMetrics& transport(const std::string& kind, const std::string& traffic = "migration");
   void transport_error(const std::string& transport, const std::string& kind);
-  // rdmig_failovers_total{role, transport, peer}: one data channel (or the control connection) of a
-  // migration failed over (docs/failover.md); `peer` is the other agent's data-plane address, so that
+  // rdmig_failovers_total{role, transport, peer, to}: one data channel (or the control connection) of a
+  // migration failed over (docs/failover.md); `transport` is the link that failed, `to` the path it
+  // resumed on (rail: another RDMA rail; tcp); `peer` is the other agent's data-plane address, so that
   // a flapping node pair shows (alert RdmigRepeatedFailovers).
-  void failover(const std::string& role, const std::string& transport, const std::string& peer);
+  void failover(const std::string& role, const std::string& transport, const std::string& peer,
+                const std::string& to = "tcp");
   // rdmig_tls_channels_total{mode}: one TCP data channel ran TLS; mode kernel|kernel_send|user_space.
   void tls_channel(const std::string& mode);
   void pathcheck_started(const std::string& role);

@@ -451,7 +451,8 @@ void Job::wrap_for_failover(const std::function<session::FailoverChannel::Reconn
 }
 
 void Job::on_failover(const session::FailoverEvent& ev) {
-  ctx_.metrics.failover(role_name(spec_.role), ev.from.empty() ? "tcp" : ev.from, failover_peer_);
+  ctx_.metrics.failover(role_name(spec_.role), ev.from.empty() ? "tcp" : ev.from, failover_peer_,
+                        ev.path.starts_with("rdma") ? "rail" : "tcp");
   if (ev.from == "rdma") {
     MutexLock lock(status_mu_);
     off_rail_.try_emplace(ev.index, std::array<uint64_t, 4>{UINT64_MAX, UINT64_MAX, UINT64_MAX, UINT64_MAX});

@@ -154,8 +154,11 @@ Status SourceJob::connect_data_plane() {
   hello.ring_depth = spec_.ring_depth;
   hello.verify_chunks = spec_.verify_chunks;
   hello.tls = ctx_.config.data_plane.tls;
-  // Failover re-dials a channel over TCP (docs/failover.md): not when RDMA is required.
-  hello.failover = ctx_.config.data_plane.failover && !(offer->transport == TransportKind::kRdma && offer->required);
+  // Failover re-dials a channel over another rail or TCP (docs/failover.md): over TCP not when
+  // RDMA is required, so with RDMA required only when another rail may take it.
+  const bool rdma_required = offer->transport == TransportKind::kRdma && offer->required;
+  const auto& dp = ctx_.config.data_plane;
+  hello.failover = dp.failover && (!rdma_required || dp.fails_over_to("rail"));
   hello.nonce = random_hex(16);  // this side's half of the channel key
   RDMIG_TRY(transport::send_message(fd->get(), hello.to_json()));
   // The target challenges; the answer proves the one-time token without sending it.
@@ -207,6 +210,13 @@ Status SourceJob::connect_data_plane() {
   // Failover when the target confirms it (an agent without it, or with it off, says nothing).
   const auto fo = reply->find("failover");
   failover_ = hello.failover && fo != reply->end() && fo->is_boolean() && fo->get<bool>();
+  // Another rail when the target takes a channel's re-dial over RDMA (an agent from before rail
+  // failover does not say so) and this agent's paths list it; TCP unless RDMA is required.
+  const auto fr = reply->find("failoverRails");
+  failover_rails_ = failover_ && chosen.value() == "rdma" && dp.fails_over_to("rail") && fr != reply->end() &&
+                    fr->is_boolean() && fr->get<bool>();
+  failover_tcp_ = failover_ && !rdma_required && dp.fails_over_to("tcp");
+  if (!failover_rails_ && !failover_tcp_) failover_ = false;  // no path to fail over to
   failover_peer_ = spec_.target.host;
   std::string reason = reply->value("transportReason", std::string());
   if (reason.empty()) {
@@ -245,6 +255,8 @@ Status SourceJob::connect_data_plane() {
       }
       transport_ = "tcp";
       reason = kPeerRdmaUnreachable;
+      failover_rails_ = false;  // no channel runs over a rail
+      if (!failover_tcp_) failover_ = false;
     }
   }
   ctx_.metrics.transport_selected(transport_, reason);
@@ -355,6 +367,76 @@ transport::Hello SourceJob::data_hello(uint32_t index, bool resume) const {
 }
 
 Result<session::Resumed> SourceJob::redial(uint32_t index, uint64_t taken, std::chrono::steady_clock::time_point deadline) {
+  // A channel that ran over TCP from the start (transport tcp, or a fallback) has no rail.
+  std::optional<size_t> current;
+  {
+    MutexLock lock(rail_mu_);
+    if (index < channel_rail_.size()) current = channel_rail_[index];
+  }
+  std::string tried;
+  std::optional<Error> last;
+  const auto note = [&](const Error& e) {
+    tried += (tried.empty() ? "" : "; ") + e.message;
+    last = e;
+  };
+  for (const auto& path : ctx_.config.data_plane.failover_paths) {
+    if (path == "rail" && failover_rails_) {
+      const auto rails = session::failover_rails(rail_pairs_.size(), current);
+      for (size_t k = 0; k < rails.size(); ++k) {
+        // Each rail gets its share of what is left, TCP (when it follows) the last share: a rail
+        // whose link is down too must not eat the whole deadline.
+        const auto now = std::chrono::steady_clock::now();
+        const size_t shares = rails.size() - k + (failover_tcp_ ? 1 : 0);
+        const auto until = now + (deadline - now) / static_cast<int>(shares);
+        auto r = redial_rail(index, rails[k], taken, until);
+        if (r) {
+          MutexLock lock(rail_mu_);
+          if (index < channel_rail_.size()) channel_rail_[index] = rails[k];
+          return r;
+        }
+        // A peer that answered and refused ends the tries (the FailoverChannel stops on these).
+        if (r.error().code == Errc::kPermissionDenied || r.error().code == Errc::kProtocol) return r.error();
+        note(r.error());
+      }
+    } else if (path == "tcp" && failover_tcp_) {
+      auto r = redial_tcp(index, taken, deadline);
+      if (r) {
+        MutexLock lock(rail_mu_);
+        if (index < channel_rail_.size()) channel_rail_[index].reset();
+        return r;
+      }
+      if (r.error().code == Errc::kPermissionDenied || r.error().code == Errc::kProtocol) return r.error();
+      note(r.error());
+    }
+  }
+  if (!last) return Error{Errc::kUnavailable, "channel " + std::to_string(index) + ": no failover path (dataPlane.failoverPaths)"};
+  return Error{last->code, tried};
+}
+
+Result<session::Resumed> SourceJob::redial_rail(uint32_t index, size_t rail, uint64_t taken,
+                                                std::chrono::steady_clock::time_point deadline) {
+  using namespace std::chrono;
+  const auto left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(100),
+                               duration_cast<milliseconds>(kRdmaConnectTimeout));
+  const auto& pair = rail_pairs_.at(rail);
+  auto id = transport::rdma::session_from_hex(session_);
+  if (!id) return id.error();
+  const transport::rdma::ChannelCredentials key{id.value(), channel_key_};
+  transport::rdma::RdmaChannelParams p{index, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
+                                       return_path_chunk(spec_.chunk_size), return_path_depth(spec_.ring_depth)};
+  auto ch = session::connect_over(pair, key, p, ctx_.metrics.transport("rdma"), left, [this] { return cancel_requested(); });
+  if (!ch) return ch.error();
+  const std::string path = "rdma " + session::rail_text(pair);
+  const transport::ChannelTerms terms{channel_key_, session_, index};
+  const auto rest = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(100),
+                               duration_cast<milliseconds>(kHandshakeTimeout));
+  auto peer = session::resume_as_dialler(*ch.value(), terms, taken, rest);
+  if (!peer) return peer.error().with_context("channel " + std::to_string(index) + " re-dialled over " + path);
+  return session::Resumed{std::move(ch.value()), peer.value(), path};
+}
+
+Result<session::Resumed> SourceJob::redial_tcp(uint32_t index, uint64_t taken,
+                                               std::chrono::steady_clock::time_point deadline) {
   using namespace std::chrono;
   const auto left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(100),
                                duration_cast<milliseconds>(kHandshakeTimeout));
@@ -413,6 +495,12 @@ Status SourceJob::connect_rdma_channels(const json& welcome) {
     if (!ch) return ch.error();
     MutexLock lock(data_mu_);
     channels_.push_back(std::move(ch.value()));
+  }
+  rail_pairs_ = rails.value();
+  {
+    MutexLock lock(rail_mu_);
+    channel_rail_.clear();
+    for (uint32_t i = 0; i < spec_.channels(); ++i) channel_rail_.push_back(session::rail_of_channel(i, rail_pairs_.size()));
   }
   set_rails(rails.value());
   return ok_status();

@@ -26,9 +26,16 @@ class SourceJob final : public Job {
   // One RDMA channel per QEMU connection to the target's rdmaEndpoint (from its welcome), each
   // within session::kRdmaConnectTimeout; the first failure ends it (the caller falls back or fails).
   Status connect_rdma_channels(const nlohmann::json& welcome);
-  // Failover (docs/failover.md): channel `index` re-dialled to the target agent, proved, resumed
-  // (this end's count `taken`) and its TLS run again; one try, within `deadline`.
+  // Failover (docs/failover.md): channel `index` re-dialled to the target agent over each path of
+  // dataPlane.failoverPaths this migration allows, in order, until one resumes (this end's count
+  // `taken`); one try, within `deadline`.
   Result<session::Resumed> redial(uint32_t index, uint64_t taken, std::chrono::steady_clock::time_point deadline);
+  // Over TCP: re-dialled to the target's data port, proved, resumed and its TLS run again.
+  Result<session::Resumed> redial_tcp(uint32_t index, uint64_t taken, std::chrono::steady_clock::time_point deadline);
+  // Over the matched rail `rail` (rdma_cm to the target's address on it, proved in the connect
+  // request), resumed over the new channel itself (session/resume.h).
+  Result<session::Resumed> redial_rail(uint32_t index, size_t rail, uint64_t taken,
+                                       std::chrono::steady_clock::time_point deadline);
   // Failover of the control connection: re-dialled, proved (kControlIndex) and resumed (this end's
   // count of the target's messages `received`); one try, within `deadline`.
   Result<std::pair<UniqueFd, uint64_t>> redial_control(uint64_t received, std::chrono::steady_clock::time_point deadline);
@@ -85,6 +92,16 @@ class SourceJob final : public Job {
   std::string channel_key_;  // what every data channel proves (transport/channel_proof.h)
   std::string transport_;
   bool failover_ = false;  // both agents have dataPlane.failover on (the welcome confirmed it)
+  // Where a failed channel may go (dataPlane.failoverPaths, as this migration allows): another
+  // rail (RDMA, the target confirmed "failoverRails"), TCP (not when RDMA is required). Set before
+  // any channel can fail over, read by the channels' failovers after.
+  bool failover_rails_ = false;
+  bool failover_tcp_ = false;
+  std::vector<session::RailPair> rail_pairs_;  // the matched rails, RDMA only
+  // The matched rail each channel runs over now (nullopt: TCP), changed by its failovers (each
+  // channel's failover runs on one thread at a time; the lock for the status reader).
+  Mutex rail_mu_;
+  std::vector<std::optional<size_t>> channel_rail_ GUARDED_BY(rail_mu_);
   std::string socket_path_;
   UniqueFd listener_;
   std::thread acceptor_;

@@ -181,6 +181,15 @@ void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello, const std
   if (transport_ == "rdma") {
     add_rails_to_welcome(welcome, ctx_.rdma);
     set_rails(rails_from_hello(hello, ctx_.rdma));
+    // A channel may come back over another rail (its source re-dials over rdma_cm); the source
+    // fails over over rails only when it reads this (an agent from before it sends it over TCP).
+    failover_rails_ = failover_ && ctx_.config.data_plane.fails_over_to("rail");
+    if (failover_rails_) welcome["failoverRails"] = true;
+    // RDMA required and no rail to fail over to here: the source re-dials nothing (never TCP).
+    if (failover_ && hello.transport_required && !failover_rails_) {
+      failover_ = false;
+      welcome.erase("failover");
+    }
   }
   reply(fd.get(), welcome);
   // Read from now on: before any channel, the source may say RDMA failed (fallback) or abort.
@@ -320,6 +329,7 @@ Result<TargetJob::Redialled> TargetJob::take_redial(uint32_t index, uint64_t cou
                            std::chrono::duration_cast<std::chrono::milliseconds>(kHelloTimeout));
   if (!got) return got.error();
   r.fd = std::move(got->fd);
+  r.channel = std::move(got->channel);
   r.peer_count = got->peer_count;
   r.left = got->left;
   r.where = std::move(got->where);
@@ -331,6 +341,8 @@ Result<session::Resumed> TargetJob::reaccept(uint32_t index, uint64_t taken,
                                              const std::function<bool()>& stopped) {
   auto r = take_redial(index, taken, deadline, stopped);
   if (!r) return r.error();
+  // Over another rail (a connect request for the live channel, rdma_redial_plan): resumed already.
+  if (r->channel) return session::Resumed{std::move(r->channel), r->peer_count, "rdma (re-dialled by the source over a rail)"};
   std::unique_ptr<transport::TlsStream> tls;
   if (ctx_.config.data_plane.tls) {
     auto stream = channel_tls(r->fd.get(), transport::TlsStream::Role::kAcceptor, r->terms, r->left);
@@ -362,7 +374,11 @@ Result<transport::rdma::AcceptPlan> TargetJob::rdma_plan(const transport::rdma::
     ctx_.metrics.transport_error("rdma", "auth");
     return st.error();
   }
-  if (index >= rdma_channels_.size() || rdma_channels_[index]) {
+  if (index >= rdma_channels_.size()) {
+    return Error{Errc::kInvalidArgument, "channel " + std::to_string(index) + " out of range or already connected"};
+  }
+  if (rdma_started_) return rdma_redial_plan(request);  // the channels run: a rail failover's re-dial
+  if (rdma_channels_[index]) {
     return Error{Errc::kInvalidArgument, "channel " + std::to_string(index) + " out of range or already connected"};
   }
   transport::rdma::AcceptPlan plan;
@@ -383,6 +399,38 @@ Result<transport::rdma::AcceptPlan> TargetJob::rdma_plan(const transport::rdma::
       rdma_error_ = ch.error();
     }
     conn_cv_.notify_all();
+  };
+  return plan;
+}
+
+Result<transport::rdma::AcceptPlan> TargetJob::rdma_redial_plan(const transport::rdma::ConnectRequest& request) {
+  const uint32_t index = request.index;
+  {
+    MutexLock dlock(data_mu_);
+    auto* fc = failover_channel(index);
+    // As a TCP re-dial (on_data): only a live channel of a migration that fails over over rails;
+    // one this end ended is refused at once, so the source fails now, not at its deadline.
+    if (!failover_rails_ || finished() || cancel_requested() || fc == nullptr || fc->failed()) {
+      return Error{Errc::kPermissionDenied, "channel " + std::to_string(index) + " of migration " + spec_.id +
+                                                " is already connected and is not failed over here"};
+    }
+  }
+  transport::rdma::AcceptPlan plan;
+  plan.key = channel_key_;
+  plan.params = transport::rdma::RdmaChannelParams{index, return_path_chunk(spec_.chunk_size),
+                                                   return_path_depth(spec_.ring_depth),
+                                                   static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth};
+  plan.metrics = &ctx_.metrics.transport("rdma");
+  plan.deliver = [this, index](Result<std::unique_ptr<transport::Channel>> ch) {
+    if (!ch) {
+      LOG_WARN("migration") << log_prefix() << " channel " << index << " re-dialled over RDMA: " << ch.error().message;
+      return;  // the source tries again, or another path
+    }
+    MutexLock dlock(data_mu_);
+    auto* fc = failover_channel(index);
+    if (fc == nullptr || fc->failed()) return;  // ended meanwhile: the new channel just closes
+    redials_.put(index, std::move(ch.value()));  // a newer re-dial replaces one not yet taken
+    fc->interrupt(Error{Errc::kUnavailable, "the source agent re-dialled channel " + std::to_string(index) + " over RDMA"});
   };
   return plan;
 }
@@ -457,6 +505,7 @@ Status TargetJob::wait_for_source() {
   for (uint32_t i = 0; i < spec_.channels(); ++i) {
     if (transport_ == "rdma") {
       channels_.push_back(std::move(rdma_channels_[i]));
+      rdma_started_ = true;
     } else {
       channels_.push_back(transport::TcpChannel::create(std::move(data_fds_[i]), i,
                                                         static_cast<uint32_t>(spec_.chunk_size),

@@ -37,6 +37,10 @@ class TargetJob final : public Job {
   Result<transport::rdma::AcceptPlan> rdma_plan(const transport::rdma::ConnectRequest& request);
 
  private:
+  // rdma_plan for a channel already running (its proof checked): a rail failover's re-dial, handed
+  // to the channel's failover (redials_) once connected; refused unless the channel fails over.
+  Result<transport::rdma::AcceptPlan> rdma_redial_plan(const transport::rdma::ConnectRequest& request)
+      REQUIRES(conn_mu_);
   TargetJob(MigrationSpec spec, JobContext ctx, std::unique_ptr<qemu::QmpClient> qmp);
   void run();
   Status wait_for_source();
@@ -56,6 +60,7 @@ class TargetJob final : public Job {
   // index's terms with this end's `count` (session::RedialSlots::take).
   struct Redialled {
     UniqueFd fd;
+    std::unique_ptr<transport::Channel> channel;  // a rail failover's re-dial (RDMA) instead of fd
     transport::ChannelTerms terms;
     uint64_t peer_count = 0;
     std::chrono::milliseconds left{0};  // what is left of the deadline for the next step (TLS)
@@ -100,6 +105,12 @@ class TargetJob final : public Job {
   std::string transport_reason_ GUARDED_BY(conn_mu_);
   bool verify_chunks_ GUARDED_BY(conn_mu_) = false;  // from the source's hello, set with transport_
   bool failover_ GUARDED_BY(conn_mu_) = false;  // confirmed in the welcome (both agents have dataPlane.failover on)
+  // Confirmed in the welcome too ("failoverRails"): a channel's re-dial may come over another rail
+  // (an rdma_cm connect request for a live channel, rdma_plan). With the rail each came over.
+  bool failover_rails_ GUARDED_BY(conn_mu_) = false;
+  // The RDMA channels were handed to the pumps (wait_for_source): from then on a connect request
+  // for a channel is a re-dial.
+  bool rdma_started_ GUARDED_BY(conn_mu_) = false;
 
   // Guards the fields the data-plane server hands over: token_used_, control_, data_fds_,
   // data_tls_, data_admitting_, rdma_channels_, rdma_error_, data_received_, and session_,

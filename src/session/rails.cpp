@@ -104,7 +104,14 @@ Result<std::unique_ptr<transport::rdma::RdmaChannel>> connect_on_rail(
     const transport::rdma::RdmaChannelParams& params, TransportMetrics& metrics, std::chrono::milliseconds timeout,
     const std::function<bool()>& cancelled) {
   if (rails.empty()) return Error{Errc::kUnavailable, "no RDMA rail to connect on"};
-  const auto& pair = rails[rail_of_channel(params.index, rails.size())];
+  return connect_over(rails[rail_of_channel(params.index, rails.size())], credentials, params, metrics, timeout,
+                      cancelled);
+}
+
+Result<std::unique_ptr<transport::rdma::RdmaChannel>> connect_over(
+    const RailPair& pair, const transport::rdma::ChannelCredentials& credentials,
+    const transport::rdma::RdmaChannelParams& params, TransportMetrics& metrics, std::chrono::milliseconds timeout,
+    const std::function<bool()>& cancelled) {
   auto ep = net::parse_endpoint(pair.peer, "rail endpoint");
   if (!ep) return ep.error();
   // Leave through this rail's device, with its traffic class.
@@ -116,6 +123,17 @@ Result<std::unique_ptr<transport::rdma::RdmaChannel>> connect_on_rail(
                                    " to " + pair.peer + ")");
   }
   return ch;
+}
+
+std::vector<size_t> failover_rails(size_t rails, std::optional<size_t> current) {
+  std::vector<size_t> order;
+  if (rails == 0) return order;
+  const size_t from = current ? *current + 1 : 0;
+  for (size_t k = 0; k < rails; ++k) {
+    const size_t r = (from + k) % rails;
+    if (!current || r != *current) order.push_back(r);
+  }
+  return order;
 }
 
 std::vector<RailUsage> rail_usage(const std::vector<RailPair>& rails, uint32_t channels) {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -76,6 +77,17 @@ Result<std::unique_ptr<transport::rdma::RdmaChannel>> connect_on_rail(
     const std::vector<RailPair>& rails, const transport::rdma::ChannelCredentials& credentials,
     const transport::rdma::RdmaChannelParams& params, TransportMetrics& metrics, std::chrono::milliseconds timeout,
     const std::function<bool()>& cancelled);
+
+// The same over one given rail (a rail failover's re-dial).
+Result<std::unique_ptr<transport::rdma::RdmaChannel>> connect_over(
+    const RailPair& rail, const transport::rdma::ChannelCredentials& credentials,
+    const transport::rdma::RdmaChannelParams& params, TransportMetrics& metrics, std::chrono::milliseconds timeout,
+    const std::function<bool()>& cancelled);
+
+// The rails (indexes into the `rails` matched rails) a channel whose link failed on rail `current`
+// (nullopt: it ran over TCP) is re-dialled over, in order: the rails after `current`, wrapping
+// around, never `current` itself (its link just failed; a channel on the only rail has none).
+std::vector<size_t> failover_rails(size_t rails, std::optional<size_t> current);
 
 // One entry per matched rail that carries a channel, with those channels (no bytes yet).
 std::vector<RailUsage> rail_usage(const std::vector<RailPair>& rails, uint32_t channels);

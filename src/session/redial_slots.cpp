@@ -1,6 +1,7 @@
 #include "session/redial_slots.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "session/resume.h"
 #include "transport/wire.h"
@@ -10,7 +11,16 @@ namespace rdmig::session {
 void RedialSlots::put(uint32_t index, UniqueFd fd) {
   {
     MutexLock lock(mu_);
-    slots_[index] = std::move(fd);
+    slots_[index] = Slot{std::move(fd), nullptr};
+  }
+  cv_.notify_all();
+}
+
+void RedialSlots::put(uint32_t index, std::unique_ptr<transport::Channel> channel) {
+  Slot older;  // a re-dial not yet taken: closed once the lock is released (a channel joins a thread)
+  {
+    MutexLock lock(mu_);
+    older = std::exchange(slots_[index], Slot{UniqueFd(), std::move(channel)});
   }
   cv_.notify_all();
 }
@@ -27,8 +37,9 @@ Result<RedialSlots::Redialled> RedialSlots::take(uint32_t index, const transport
     MutexLock lock(mu_);
     for (;;) {
       auto it = slots_.find(index);
-      if (it != slots_.end() && it->second.valid()) {
-        r.fd = std::move(it->second);
+      if (it != slots_.end() && (it->second.fd.valid() || it->second.channel)) {
+        r.fd = std::move(it->second.fd);
+        r.channel = std::move(it->second.channel);
         slots_.erase(it);
         break;
       }
@@ -39,7 +50,8 @@ Result<RedialSlots::Redialled> RedialSlots::take(uint32_t index, const transport
   }
   r.left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(100), max_step);
   r.where = what + " re-dialled by " + peer;
-  auto got = resume_as_acceptor(r.fd.get(), terms, count, r.left);
+  auto got = r.channel ? resume_as_acceptor(*r.channel, terms, count, r.left)
+                       : resume_as_acceptor(r.fd.get(), terms, count, r.left);
   if (!got) return got.error().with_context(r.where);
   r.peer_count = got.value();
   return r;

@@ -3,6 +3,8 @@
 // data-plane accept thread that checked their proof (put()) to the failover that waits for one
 // (take(): the FailoverChannel's or ControlLink's Reconnect on this end). Shared by bare-QEMU
 // target jobs (migration/target_job.cpp) and KubeVirt target sessions (kubevirt/target_session.cpp).
+// A rail failover's re-dial is an RDMA channel instead (accepted by the rdma_cm listener): its
+// resume exchange runs over the channel itself (resume.h).
 #pragma once
 
 #include <chrono>
@@ -10,11 +12,13 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "common/fd.h"
 #include "common/mutex.h"
 #include "common/result.h"
+#include "transport/channel.h"
 #include "transport/channel_proof.h"
 
 namespace rdmig::session {
@@ -22,7 +26,8 @@ namespace rdmig::session {
 class RedialSlots {
  public:
   struct Redialled {
-    UniqueFd fd;
+    UniqueFd fd;                                   // a TCP re-dial, or
+    std::unique_ptr<transport::Channel> channel;  // an RDMA one (a rail failover)
     uint64_t peer_count = 0;            // the peer's count from the resume exchange
     std::chrono::milliseconds left{0};  // what is left of the deadline for the next step (TLS)
     std::string where;                  // "channel 3 re-dialled by the source", for errors
@@ -30,6 +35,8 @@ class RedialSlots {
   // A re-dialled connection for `index`, its proof checked and its welcome sent; a newer re-dial
   // replaces one not yet taken. Wakes the take() that waits for it.
   void put(uint32_t index, UniqueFd fd) EXCLUDES(mu_);
+  // The same for a channel re-dialled over RDMA (connected, its proof checked by the listener).
+  void put(uint32_t index, std::unique_ptr<transport::Channel> channel) EXCLUDES(mu_);
   // Waits until `deadline` for the re-dial of `index` (polling `stopped` every 50 ms: kCancelled
   // once it turns true), takes it and runs the resume exchange as its acceptor over `terms` with
   // this end's `count`, bounded by the deadline (at least 100 ms, at most `max_step`). `peer`
@@ -43,7 +50,11 @@ class RedialSlots {
   // never across a socket call. Innermost: callers may hold their own lock around put().
   Mutex mu_;
   std::condition_variable cv_;
-  std::map<uint32_t, UniqueFd> slots_ GUARDED_BY(mu_);
+  struct Slot {
+    UniqueFd fd;
+    std::unique_ptr<transport::Channel> channel;
+  };
+  std::map<uint32_t, Slot> slots_ GUARDED_BY(mu_);
 };
 
 }  // namespace rdmig::session

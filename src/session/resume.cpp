@@ -1,5 +1,12 @@
 #include "session/resume.h"
 
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "common/json_limits.h"
 #include "common/units.h"
 #include "session/protocol.h"
 #include "transport/wire.h"
@@ -29,13 +36,112 @@ Result<std::string> nonce_of(const json& m, const std::string& at) {
   return n;
 }
 
+// How the exchange's messages travel: a connection's framed JSON (wire.h), or a re-dialled
+// channel's chunks (one message a chunk).
+struct Pipe {
+  std::function<Status(const json&)> send;
+  std::function<Result<json>(std::chrono::milliseconds)> recv;
+};
+
+void send_refusal(const Pipe& pipe, const std::string& code, const std::string& why) {
+  (void)pipe.send(message(MessageKind::kReject, json{{"code", code}, {"message", why}}));
+}
+
+Pipe fd_pipe(int fd) {
+  return Pipe{[fd](const json& m) { return transport::send_message(fd, m); },
+              [fd](std::chrono::milliseconds timeout) { return transport::recv_message(fd, timeout); }};
+}
+
+// One message a chunk on a channel nothing else uses yet; release()d once read.
+Pipe channel_pipe(transport::Channel& ch) {
+  return Pipe{[&ch](const json& m) -> Status {
+                const std::string body = m.dump(-1, ' ', false, json::error_handler_t::replace);
+                auto buf = ch.acquire();
+                if (!buf) return buf.error();
+                if (body.size() > buf->size()) {
+                  ch.unacquire();
+                  return Error{Errc::kInternal, "resume message larger than a chunk"};
+                }
+                std::memcpy(buf->data(), body.data(), body.size());
+                return ch.send(body.size());
+              },
+              [&ch](std::chrono::milliseconds) -> Result<json> {
+                auto view = ch.receive();
+                if (!view) return view.error();
+                if (view->eof || view->data.size() > transport::kMaxMessageBytes) {
+                  (void)ch.release();
+                  return Error{Errc::kProtocol, "expected a resume message"};
+                }
+                json j = parse_json_bounded(std::string_view(reinterpret_cast<const char*>(view->data.data()),
+                                                             view->data.size()));
+                RDMIG_TRY(ch.release());
+                if (j.is_discarded() || !j.is_object()) return Error{Errc::kProtocol, "resume message is not a JSON object"};
+                return j;
+              }};
+}
+
+// Aborts `ch` when the exchange outlasts `timeout` (its calls block without one of their own).
+class AbortAfter {
+ public:
+  AbortAfter(transport::Channel& ch, std::chrono::milliseconds timeout)
+      : thread_([this, &ch, timeout] {
+          std::unique_lock lock(mu_);
+          if (!cv_.wait_for(lock, timeout, [this] { return done_; })) {
+            ch.abort(Error{Errc::kTimeout, "resume: no answer within " + std::to_string(timeout.count()) + " ms"});
+          }
+        }) {}
+  ~AbortAfter() {
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: started once the rest exists
+};
+
+Result<uint64_t> dial_side(const Pipe& pipe, const transport::ChannelTerms& terms, uint64_t taken,
+                           std::chrono::milliseconds timeout);
+Result<uint64_t> accept_side(const Pipe& pipe, const transport::ChannelTerms& terms, uint64_t taken,
+                             std::chrono::milliseconds timeout);
+
 }  // namespace
 
 Result<uint64_t> resume_as_dialler(int fd, const transport::ChannelTerms& terms, uint64_t taken,
                                    std::chrono::milliseconds timeout) {
+  return dial_side(fd_pipe(fd), terms, taken, timeout);
+}
+
+Result<uint64_t> resume_as_acceptor(int fd, const transport::ChannelTerms& terms, uint64_t taken,
+                                    std::chrono::milliseconds timeout) {
+  return accept_side(fd_pipe(fd), terms, taken, timeout);
+}
+
+Result<uint64_t> resume_as_dialler(transport::Channel& ch, const transport::ChannelTerms& terms, uint64_t taken,
+                                   std::chrono::milliseconds timeout) {
+  AbortAfter bound(ch, timeout);
+  return dial_side(channel_pipe(ch), terms, taken, timeout);
+}
+
+Result<uint64_t> resume_as_acceptor(transport::Channel& ch, const transport::ChannelTerms& terms, uint64_t taken,
+                                    std::chrono::milliseconds timeout) {
+  AbortAfter bound(ch, timeout);
+  return accept_side(channel_pipe(ch), terms, taken, timeout);
+}
+
+namespace {
+
+Result<uint64_t> dial_side(const Pipe& pipe, const transport::ChannelTerms& terms, uint64_t taken,
+                           std::chrono::milliseconds timeout) {
   const std::string mine = random_hex(transport::kChannelNonceChars / 2);
-  RDMIG_TRY(transport::send_message(fd, message(MessageKind::kResume, json{{"taken", taken}, {"nonce", mine}})));
-  auto reply = transport::recv_message(fd, timeout);
+  RDMIG_TRY(pipe.send(message(MessageKind::kResume, json{{"taken", taken}, {"nonce", mine}})));
+  auto reply = pipe.recv(timeout);
   if (!reply) return reply.error().with_context(where(terms));
   if (!is(*reply, MessageKind::kResume)) {
     const auto r = Reject::from(*reply);
@@ -51,19 +157,19 @@ Result<uint64_t> resume_as_dialler(int fd, const transport::ChannelTerms& terms,
                                                                 nonce.value(), taken, theirs.value()))) {
     return Error{Errc::kPermissionDenied, where(terms) + ": the peer's answer does not prove the session's key (resume.proof)"};
   }
-  RDMIG_TRY(transport::send_message(
-      fd, message(MessageKind::kResumeOk, json{{"proof", resume_mac(terms, transport::ProofBy::kDialler, mine,
+  RDMIG_TRY(pipe.send(
+      message(MessageKind::kResumeOk, json{{"proof", resume_mac(terms, transport::ProofBy::kDialler, mine,
                                                                       nonce.value(), taken, theirs.value())}})));
   return theirs.value();
 }
 
-Result<uint64_t> resume_as_acceptor(int fd, const transport::ChannelTerms& terms, uint64_t taken,
-                                    std::chrono::milliseconds timeout) {
+Result<uint64_t> accept_side(const Pipe& pipe, const transport::ChannelTerms& terms, uint64_t taken,
+                             std::chrono::milliseconds timeout) {
   auto refuse = [&](Errc code, const std::string& why) -> Result<uint64_t> {
-    transport::send_reject(fd, code == Errc::kPermissionDenied ? "permission_denied" : "protocol", where(terms) + ": " + why);
+    send_refusal(pipe, code == Errc::kPermissionDenied ? "permission_denied" : "protocol", where(terms) + ": " + why);
     return Error{code, where(terms) + ": " + why};
   };
-  auto m = transport::recv_message(fd, timeout);
+  auto m = pipe.recv(timeout);
   if (!m) return m.error().with_context(where(terms));
   if (!is(*m, MessageKind::kResume)) return refuse(Errc::kProtocol, "expected a resume message");
   auto theirs = get_uint(*m, "taken", "resume", 0, kMaxResumeCount);
@@ -71,13 +177,13 @@ Result<uint64_t> resume_as_acceptor(int fd, const transport::ChannelTerms& terms
   auto nonce = nonce_of(*m, "resume");
   if (!nonce) return refuse(Errc::kProtocol, nonce.error().message);
   const std::string mine = random_hex(transport::kChannelNonceChars / 2);
-  RDMIG_TRY(transport::send_message(
-      fd, message(MessageKind::kResume,
+  RDMIG_TRY(pipe.send(
+      message(MessageKind::kResume,
                   json{{"taken", taken},
                        {"nonce", mine},
                        {"proof", resume_mac(terms, transport::ProofBy::kAcceptor, nonce.value(), mine, theirs.value(),
                                             taken)}})));
-  auto ok = transport::recv_message(fd, timeout);
+  auto ok = pipe.recv(timeout);
   if (!ok) return ok.error().with_context(where(terms));
   auto proof = get_string(*ok, "proof", "resume-ok", 64);
   if (!is(*ok, MessageKind::kResumeOk) || !proof ||
@@ -87,5 +193,7 @@ Result<uint64_t> resume_as_acceptor(int fd, const transport::ChannelTerms& terms
   }
   return theirs.value();
 }
+
+}  // namespace
 
 }  // namespace rdmig::session

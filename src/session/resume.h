@@ -1,5 +1,5 @@
 // The resume exchange of a data channel that fails over (failover_channel.h, docs/failover.md):
-// on a new connection that has just proved its session (transport/channel_proof.h), before its TLS
+// on a new connection (or RDMA channel) that has just proved its session (transport/channel_proof.h), before its TLS
 // handshake, each end tells the other how many of the other's elements (chunks, then the eof) it
 // has taken, and proves the two counts under the session's channel key over fresh nonces, so that
 // no one without the key can make an end skip or repeat a byte:
@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "common/result.h"
+#include "transport/channel.h"
 #include "transport/channel_proof.h"
 
 namespace rdmig::session {
@@ -28,6 +29,15 @@ Result<uint64_t> resume_as_dialler(int fd, const transport::ChannelTerms& terms,
 // The acceptor's side: reads the dialler's count, answers with `taken`, returns the dialler's count
 // once its proof holds. A bad message or proof is refused (a reject is sent) and fails.
 Result<uint64_t> resume_as_acceptor(int fd, const transport::ChannelTerms& terms, uint64_t taken,
+                                    std::chrono::milliseconds timeout);
+
+// The same exchange on a re-dialled RDMA channel (a rail failover: no TCP connection to carry it),
+// before the FailoverChannel takes it: each message is one chunk, released once read, so the
+// channel's credits are all back (or on their way) when its resend starts. `timeout` bounds the
+// whole exchange: past it the channel is aborted (its calls have no timeout of their own).
+Result<uint64_t> resume_as_dialler(transport::Channel& ch, const transport::ChannelTerms& terms, uint64_t taken,
+                                   std::chrono::milliseconds timeout);
+Result<uint64_t> resume_as_acceptor(transport::Channel& ch, const transport::ChannelTerms& terms, uint64_t taken,
                                     std::chrono::milliseconds timeout);
 
 }  // namespace rdmig::session

@@ -291,7 +291,7 @@ class AgentMigrationTest(unittest.TestCase):
             m = parse_prometheus(agent.metrics())[0]
             # peer: the other agent's data-plane address (both on loopback here).
             self.assertGreaterEqual(m.get(("rdmig_failovers_total", frozenset(
-                {("role", role), ("transport", "tcp"), ("peer", "127.0.0.1")})), 0), 3)
+                {("role", role), ("transport", "tcp"), ("peer", "127.0.0.1"), ("to", "tcp")})), 0), 3)
         self.assert_byte_exact_and_continues(src, dst)
 
     def test_the_control_connection_reset_again_and_again_fails_over_and_the_migration_completes(self):

@@ -62,9 +62,10 @@ PEER = "b" if NODE == "a" else "a"
 DEV = os.environ["RDMIG_RDMA_DEV"]
 # This node's rxe devices, one per rail (rdma.devices[i]); a second one with --rails 2.
 DEVS = [DEV] + ([os.environ["RDMIG_RDMA_DEV2"]] if os.environ.get("RDMIG_RDMA_DEV2") else [])
-# With two rails, four more: to a node b agent with one rail, one rail cut mid-stream (without
-# failover, and with it), and from a node a agent that started with one rail down.
-CASES = 8 if len(DEVS) > 1 else 4
+# With two rails, five more: to a node b agent with one rail, one rail cut mid-stream (without
+# failover, and with it: over the other rail), every rail cut mid-stream with failover (over TCP),
+# and from a node a agent that started with one rail down.
+CASES = 9 if len(DEVS) > 1 else 4
 # The rail-cut migration: QEMU's max-bandwidth, so that it is still under way when rail 1 is cut.
 RAIL_CUT_BANDWIDTH = 4 << 20
 RAIL_CUT_NO_PROGRESS = 45  # s, both agents' noProgressTimeoutSeconds for it
@@ -333,7 +334,8 @@ def serve_target():
                     # migration ended without it).
                     got, _ = await_any(["cut-%s" % name, "migrated-%s" % name], 600)
                     if got.startswith("cut-"):
-                        cut_rdma(rail_cut_rule(), RAIL_CUT_TABLE)
+                        # Rail 1 only, or (cutRail "all") RoCE v2 on both rails.
+                        cut_rdma(RDMA_CUT_RULE if want["cutRail"] == "all" else rail_cut_rule(), RAIL_CUT_TABLE)
                         rail_cut = True
                         post("cut-applied-%s" % name, True)
                 outcome = await_("migrated-%s" % name, 600)
@@ -446,7 +448,8 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
 
     def ask(self, name, m, cut_rdma=False, capture=False, cut_rail=False):
         """Tells node b which migration comes next; returns the source QEMU and the target's QMP socket.
-        ``cut_rail``: node b cuts rail 1 when node a posts cut-NAME (see test_rail_cut_mid_stream...)."""
+        ``cut_rail``: node b cuts rail 1 (or with "all", every rail) when node a posts cut-NAME (see
+        test_rail_cut_mid_stream...)."""
         post("want-%d" % TwoNodeAgentRdmaTest.asked, {"name": name, "multifd": m, "cutRdma": cut_rdma,
                                                       "capture": capture, "cutRail": cut_rail})
         TwoNodeAgentRdmaTest.asked += 1
@@ -710,28 +713,38 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
         self.assertEqual(src.status(), "running")
         self.assertNotEqual(dst["status"], "running")
 
-    def test_rail_cut_mid_stream_with_failover_moves_its_channels_to_tcp_byte_exact(self):
-        # As the case above, with dataPlane.failover on both agents and transport auto: rail 1's
-        # channels fail over to TCP (docs/failover.md) and the migration completes, every byte of
-        # the paused guest's RAM compared.
+    def test_rail_cut_mid_stream_with_failover_and_rdma_required_moves_its_channels_to_rail_0(self):
+        # dataPlane.failover on both agents (failoverPaths: the default [rail, tcp]) and transport
+        # rdma required: rail 1's channels are re-dialled over rail 0 (rdma_cm to node b's rail-0
+        # address), resume there, and the migration completes over RDMA only (no TCP data byte),
+        # every byte of the paused guest's RAM compared.
+        self.rail_failover("rail-failover", "rdma", cut="rail1", to="rail", agent_name="agent-a-fo-rail")
+
+    def test_every_rail_cut_mid_stream_with_failover_moves_the_channels_to_tcp_byte_exact(self):
+        # The same with transport auto and RDMA cut on both rails: no rail takes a channel, so
+        # each channel that fails (both rails' channels) is resumed over TCP (docs/failover.md).
+        self.rail_failover("rails-failover-tcp", "auto", cut="all", to="tcp", agent_name="agent-a-fo-tcp")
+
+    def rail_failover(self, name, transport, cut, to, agent_name):
+        # agent_name: short (the agent's stateDir holds unix sockets: at most 40 characters).
         if len(DEVS) < 2:
             self.skipTest("one rail per node (run-two-vms.sh without --rails 2)")
-        name = "rail-failover"
         outcome = "failed"
         rail1 = list(range(1, MULTIFD + 1, 2))
-        agent = Agent(self.tmp, "agent-a-failover", config=agent_config(failover=True), log_level="debug",
+        cut_channels = rail1 if cut == "rail1" else list(range(MULTIFD + 1))
+        agent = Agent(self.tmp, agent_name, config=agent_config(failover=True), log_level="debug",
                       profile=PROFILE)
         try:
             try:
-                src, dst_qmp = self.ask(name, MULTIFD, cut_rail=True)
+                src, dst_qmp = self.ask(name, MULTIFD, cut_rail=cut)
                 src.qmp("stop")
                 tcp_a = tcp_bytes(agent, "sent")
                 target, source = start_migration(agent, self.b, src.agent_qmp_path, dst_qmp,
                                                  multifd_channels=MULTIFD, chunk_size="1Mi", ring_depth=8,
-                                                 vm="two-node-vm-" + name, transport="auto", verifyChunks=True,
+                                                 vm="two-node-vm-" + name, transport=transport, verifyChunks=True,
                                                  maxBandwidthBytesPerSecond=RAIL_CUT_BANDWIDTH,
                                                  noProgressTimeoutSeconds=RAIL_CUT_NO_PROGRESS,
-                                                 target_options={"transport": "auto",
+                                                 target_options={"transport": transport,
                                                                  "noProgressTimeoutSeconds": RAIL_CUT_NO_PROGRESS})
                 deadline = time.monotonic() + 120
                 while True:
@@ -750,6 +763,7 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
                 # The first failover, then QEMU unthrottled: the rest goes at once.
                 while agent.get(source["id"])["failover"]["failovers"] < 1:
                     self.assertLess(time.monotonic() - t0, 60, "no channel failed over within 60 s of the cut")
+                    self.assertNotIn(agent.get(source["id"])["phase"], TERMINAL)
                     time.sleep(0.1)
                 first_s = time.monotonic() - t0
                 src.qmp("migrate-set-parameters", max_bandwidth=1 << 40)
@@ -764,31 +778,41 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
             try:
                 dst = await_("dst-state-%s" % name, 400)
                 moved = [line for line in agent.log_text().splitlines() if " failover: channel " in line]
-                print("rail 1 cut mid-stream with failover: first failover %.1f s after the cut; source %s, target %s; "
-                      "node b dropped %d RoCE v2 packets; failovers source %s, target %s\n%s"
-                      % (first_s, s["phase"], t["phase"], dst["rdmaDropped"], s["failover"], t["failover"],
-                         "\n".join(moved)))
+                print("%s cut mid-stream with failover (transport %s): first failover %.1f s after the cut; "
+                      "source %s, target %s; node b dropped %d RoCE v2 packets; failovers source %s, target %s\n%s"
+                      % (cut, transport, first_s, s["phase"], t["phase"], dst["rdmaDropped"], s["failover"],
+                         t["failover"], "\n".join(moved)))
                 self.assertEqual(s["phase"], "Succeeded", s["result"]["reason"])
                 self.assertEqual(t["phase"], "Succeeded", t["result"]["reason"])
+                self.assertEqual(s["transport"], "rdma")
                 self.assertGreater(dst["rdmaDropped"], 0)
-                # Only rail 1's channels moved, each to TCP, each once, named by its rail's failure.
+                # Only the cut rails' channels moved, each once, named by its rail's failure.
                 self.assertGreaterEqual(s["failover"]["failovers"], 1)
-                self.assertLessEqual(s["failover"]["failovers"], len(rail1))
+                self.assertLessEqual(s["failover"]["failovers"], len(cut_channels))
                 ids = [int(re.search(r" failover: channel (\d+): ", l).group(1)) for l in moved]
-                self.assertTrue(ids and set(ids) <= set(rail1) and len(ids) == len(set(ids)), moved)
-                self.assertIn("resumed on tcp %s:" % PEER_ADDR, s["failover"]["last"])
+                self.assertTrue(ids and set(ids) <= set(cut_channels) and len(ids) == len(set(ids)), moved)
                 # The channel's own failure, or (when the watcher saw the link gone while no call ran
                 # on the channel; seen once in a full run) the watcher's words for it.
                 self.assertRegex(s["failover"]["last"],
                                  r"acknowledged nothing|work completion failed|disconnected|failed while the channel was idle")
+                if to == "rail":
+                    # Resumed over rail 0: node a's rail-0 device to node b's rail-0 rdma_cm endpoint.
+                    for line in moved:
+                        self.assertRegex(line, r"resumed on rdma rail 0: %s %s to %s:\d+ " % (
+                            re.escape(DEVS[0]), re.escape(ADDR), re.escape(PEER_ADDR)))
+                    # RDMA only: no data byte went over TCP.
+                    self.assertEqual(tcp_bytes(agent, "sent") - tcp_a, 0)
+                else:
+                    self.assertIn("resumed on tcp %s:" % PEER_ADDR, s["failover"]["last"])
+                    self.assertGreater(tcp_bytes(agent, "sent") - tcp_a, 0)
                 samples, _ = parse_prometheus(agent.metrics())
                 self.assertEqual(samples.get(("rdmig_failovers_total", frozenset(
-                    {("role", "source"), ("transport", "rdma"), ("peer", PEER_ADDR)})), 0), len(ids))
+                    {("role", "source"), ("transport", "rdma"), ("peer", PEER_ADDR), ("to", to)})), 0), len(ids))
                 # Byte-exact: every chunk checked (verifyChunks), the counts agree, the memories equal.
                 moved_bytes = s["progress"]["dataBytesSent"]
                 self.assertEqual(moved_bytes, t["progress"]["dataBytesReceived"])
-                self.assertGreater(tcp_bytes(agent, "sent") - tcp_a, 0)
-                # A rail counts what its channels carried over it: the bytes TCP carried are not rail 1's.
+                # A rail counts what its channels carried over their first rail: not what they
+                # carried after they failed over.
                 self.assertLess(sum(r["bytesSent"] for r in s["rails"]), moved_bytes)
                 self.assertEqual(src.status(), "postmigrate")
                 self.assertEqual(dst["status"], "paused")

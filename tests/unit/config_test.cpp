@@ -253,6 +253,25 @@ TEST(AgentConfig, DataPlaneTlsIsOffByDefaultAndOffOrOn) {
   }
 }
 
+// dataPlane.failoverPaths: [rail, tcp] by default; rail and/or tcp, each once, in order.
+TEST(AgentConfig, FailoverPathsDefaultToRailThenTcpAndTakeEachOnce) {
+  const std::vector<std::string> dflt{"rail", "tcp"};
+  EXPECT_EQ(parse_agent_config("")->data_plane.failover_paths, dflt);
+  EXPECT_EQ(rdmig::load_agent_config_file(RDMIG_SOURCE_DIR "/agent/agent.yaml")->data_plane.failover_paths, dflt);
+  for (const auto& [yaml, want] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"[tcp]", {"tcp"}}, {"[rail]", {"rail"}}, {"[tcp, rail]", {"tcp", "rail"}}}) {
+    auto c = parse_agent_config("dataPlane:\n  failoverPaths: " + yaml + "\n");
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    EXPECT_EQ(c->data_plane.failover_paths, want) << yaml;
+    EXPECT_EQ(c->data_plane.fails_over_to("rail"), yaml.find("rail") != std::string::npos) << yaml;
+  }
+  for (const char* bad : {"[]", "[rail, rail]", "[tcp, tcp]", "[gid]", "rail", "[rail, tcp, rail]", "[[rail]]"}) {
+    auto r = parse_agent_config(std::string("dataPlane:\n  failoverPaths: ") + bad + "\n");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.error().message.find("dataPlane.failoverPaths"), std::string::npos) << r.error().message;
+  }
+}
+
 // kubevirt.plaintextMigrations: carry (default) or refuse.
 TEST(AgentConfig, KubevirtPlaintextMigrationsIsCarryOrRefuse) {
   EXPECT_EQ(parse_agent_config("")->kubevirt.plaintext_migrations, "carry");

@@ -26,9 +26,12 @@ constexpr uint32_t kChunk = 64 * 1024;
 constexpr uint32_t kDepth = 8;
 
 // Two ends of one channel: A dials (as a source agent re-dials), B accepts on a listener.
+// `over_channel`: the resume exchange runs over the new channel's own chunks (as a rail failover's
+// does over its new RDMA channel) instead of over the connection before the channel is made.
 class Ends {
  public:
-  explicit Ends(std::chrono::milliseconds deadline = 5s) : tm_(metrics_.transport("tcp")) {
+  explicit Ends(std::chrono::milliseconds deadline = 5s, bool over_channel = false)
+      : over_channel_(over_channel), tm_(metrics_.transport("tcp")) {
     auto l = net::tcp_listen("127.0.0.1", 0);
     EXPECT_TRUE(l.ok());
     listener_ = std::move(l.value());
@@ -83,7 +86,16 @@ class Ends {
     if (!fd) return fd.error();
     // As a target agent does (TargetJob::on_data): a channel that ended there is not resumed.
     if (b && b->failed()) return Error{Errc::kPermissionDenied, "channel 0 refused: it has ended at the peer"};
-    auto peer = resume_as_dialler(fd->get(), transport::ChannelTerms{std::string(64, 'k'), session_, 0}, taken, 2s);
+    const transport::ChannelTerms terms{std::string(64, 'k'), session_, 0};
+    if (over_channel_) {
+      const int raw = fd->get();
+      auto ch = make(std::move(fd.value()));
+      auto peer = resume_as_dialler(*ch, terms, taken, 2s);
+      if (!peer) return peer.error();
+      remember(raw);
+      return Resumed{std::move(ch), peer.value(), "channel 127.0.0.1:" + std::to_string(port_)};
+    }
+    auto peer = resume_as_dialler(fd->get(), terms, taken, 2s);
     if (!peer) return peer.error();
     remember(fd->get());
     return Resumed{make(std::move(fd.value())), peer.value(), "tcp 127.0.0.1:" + std::to_string(port_)};
@@ -96,13 +108,21 @@ class Ends {
       auto fd = net::accept_for(listener_.get(), 100ms);
       if (!fd) continue;
       const int64_t lie = b_lies_by.load();
-      auto peer = resume_as_acceptor(fd->get(), transport::ChannelTerms{b_key, session_, 0},
-                                     static_cast<uint64_t>(static_cast<int64_t>(taken) + lie), 2s);
+      const transport::ChannelTerms terms{b_key, session_, 0};
+      const auto count = static_cast<uint64_t>(static_cast<int64_t>(taken) + lie);
+      if (over_channel_) {
+        auto ch = make(std::move(fd.value()));
+        auto peer = resume_as_acceptor(*ch, terms, count, 2s);
+        if (!peer) return peer.error();
+        return Resumed{std::move(ch), peer.value(), "channel (accepted)"};
+      }
+      auto peer = resume_as_acceptor(fd->get(), terms, count, 2s);
       if (!peer) return peer.error();
       return Resumed{make(std::move(fd.value())), peer.value(), "tcp (accepted)"};
     }
   }
 
+  const bool over_channel_;
   Metrics metrics_;
   TransportMetrics& tm_;
   UniqueFd listener_;
@@ -166,8 +186,8 @@ struct Direction {
 
 }  // namespace
 
-TEST(FailoverChannel, StreamsBothWaysSurviveRepeatedCutsByteExact) {
-  Ends e;
+void streams_both_ways_survive_repeated_cuts(bool over_channel) {
+  Ends e(5s, over_channel);
   constexpr uint64_t kTotal = 96ull << 20;
   Direction ab, ba;
   std::atomic<int> done{0};
@@ -208,6 +228,14 @@ TEST(FailoverChannel, StreamsBothWaysSurviveRepeatedCutsByteExact) {
   ASSERT_TRUE(e.a->last_failover().has_value());
 }
 
+TEST(FailoverChannel, StreamsBothWaysSurviveRepeatedCutsByteExact) { streams_both_ways_survive_repeated_cuts(false); }
+
+// A rail failover's resume runs over the new channel's chunks (session/resume.h): the same stream
+// survives, and the exchange's chunks never reach the pumps.
+TEST(FailoverChannel, StreamsSurviveRepeatedCutsWhenEachResumeRunsOverTheNewChannel) {
+  streams_both_ways_survive_repeated_cuts(true);
+}
+
 TEST(FailoverChannel, ALinkThatNeverComesBackFailsAtTheDeadlineNamingEveryTry) {
   Ends e(400ms);
   e.refuse_redial = true;
@@ -230,8 +258,10 @@ TEST(FailoverChannel, ALinkThatNeverComesBackFailsAtTheDeadlineNamingEveryTry) {
 }
 
 TEST(FailoverChannel, APeerResumingWithACountItCannotHaveIsRefused) {
-  for (const int64_t lie : {int64_t{1000}, int64_t{-100}}) {
-    Ends e;
+  for (const auto& [lie, over_channel] : std::vector<std::pair<int64_t, bool>>{{1000, false}, {-100, false},
+                                                                               {1000, true}, {-100, true}}) {
+    SCOPED_TRACE(over_channel ? "resumed over the new channel" : "resumed over the connection");
+    Ends e(5s, over_channel);
     e.b_lies_by = lie;  // beyond what A sent, or older than what A keeps
     Direction ab;
     ab.start(*e.a, *e.b, 1ull << 40, 7);
@@ -248,18 +278,38 @@ TEST(FailoverChannel, APeerResumingWithACountItCannotHaveIsRefused) {
 }
 
 TEST(FailoverChannel, APeerWithoutTheSessionKeyCannotResumeTheChannel) {
-  Ends e(1s);
-  e.b_key = std::string(64, 'x');  // B (or whoever answers A's redial) does not hold the key
-  Direction ab;
-  ab.start(*e.a, *e.b, 1ull << 40, 9);
-  while (e.a->sent() < 20) std::this_thread::sleep_for(1ms);
-  e.cut();
-  ab.sender.join();
-  e.b->abort(Error{Errc::kCancelled, "test over"});
-  ab.receiver.join();
-  ASSERT_FALSE(ab.sent.ok());
-  EXPECT_EQ(ab.sent.error().code, Errc::kPermissionDenied) << ab.sent.error().message;
-  EXPECT_NE(ab.sent.error().message.find("the peer refused to resume it"), std::string::npos) << ab.sent.error().message;
+  for (const bool over_channel : {false, true}) {
+    SCOPED_TRACE(over_channel ? "resumed over the new channel" : "resumed over the connection");
+    Ends e(1s, over_channel);
+    e.b_key = std::string(64, 'x');  // B (or whoever answers A's redial) does not hold the key
+    Direction ab;
+    ab.start(*e.a, *e.b, 1ull << 40, 9);
+    while (e.a->sent() < 20) std::this_thread::sleep_for(1ms);
+    e.cut();
+    ab.sender.join();
+    e.b->abort(Error{Errc::kCancelled, "test over"});
+    ab.receiver.join();
+    ASSERT_FALSE(ab.sent.ok());
+    EXPECT_EQ(ab.sent.error().code, Errc::kPermissionDenied) << ab.sent.error().message;
+    EXPECT_NE(ab.sent.error().message.find("the peer refused to resume it"), std::string::npos) << ab.sent.error().message;
+  }
+}
+
+// A resume over a channel whose peer never answers ends at its timeout (the channel is aborted:
+// its calls have no timeout of their own), never hangs the failover.
+TEST(FailoverChannel, AResumeOverAChannelWhosePeerNeverAnswersEndsAtItsTimeout) {
+  Metrics metrics;
+  auto& tm = metrics.transport("tcp");
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  auto mine = transport::TcpChannel::create(UniqueFd(sv[0]), 0, kChunk, kDepth, tm);
+  auto silent = transport::TcpChannel::create(UniqueFd(sv[1]), 0, kChunk, kDepth, tm);  // never reads
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = resume_as_dialler(*mine, transport::ChannelTerms{std::string(64, 'k'), std::string(32, 'a'), 0}, 5, 300ms);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_FALSE(r.ok());
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 3s);
 }
 
 TEST(FailoverChannel, ADeliberateAbortIsNotFailedOver) {
