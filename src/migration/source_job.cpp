@@ -128,7 +128,7 @@ Status SourceJob::connect_data_plane() {
   auto offer = offer_transport(spec_.transport, ctx_.rdma);
   if (!offer) return offer.error();
   const bool local_rdma = ctx_.rdma.available;
-  transport::Hello hello;
+  session::Hello hello;
   hello.transport = wire_name(offer->transport);
   hello.transport_required = offer->required;
   if (offer->transport == TransportKind::kRdma) {
@@ -147,7 +147,7 @@ Status SourceJob::connect_data_plane() {
   // The endpoint a REST client named: the dial policy stands here too, not only on the request.
   auto fd = peer_dial_policy(ctx_.config.data_plane).connect(ep, "target.endpoint", 10s, watched);
   if (!fd) return cancel_or(fd.error().with_context("target agent data plane " + ep.to_string()));
-  hello.kind = session::to_string(session::HelloKind::kControl);
+  hello.kind = session::HelloKind::kControl;
   hello.migration_id = spec_.target.migration_id;
   hello.channels = spec_.channels();
   hello.chunk_size = spec_.chunk_size;
@@ -266,7 +266,7 @@ Status SourceJob::connect_data_plane() {
         return ok_status();
       });
       if (!dfd) return cancel_or(dfd.error().with_context("data channel " + std::to_string(i)));
-      const transport::Hello dh = data_hello(i, /*resume=*/false);
+      const session::Hello dh = data_hello(i, /*resume=*/false);
       const transport::ChannelTerms terms{channel_key_, session_, i};
       // The channel proves the session's key over the target's fresh nonce, and the target
       // proves it back in its welcome.
@@ -339,9 +339,9 @@ Status SourceJob::connect_data_plane() {
   return ok_status();
 }
 
-transport::Hello SourceJob::data_hello(uint32_t index, bool resume) const {
-  transport::Hello dh;
-  dh.kind = session::to_string(session::HelloKind::kData);
+session::Hello SourceJob::data_hello(uint32_t index, bool resume) const {
+  session::Hello dh;
+  dh.kind = session::HelloKind::kData;
   dh.migration_id = spec_.target.migration_id;
   dh.session = session_;
   dh.index = index;
@@ -359,7 +359,7 @@ Result<session::Resumed> SourceJob::redial(uint32_t index, uint64_t taken, std::
   // The same endpoint and the same rule as the first dial.
   auto fd = peer_dial_policy(ctx_.config.data_plane).connect(ep, "target.endpoint", left, [](int) { return ok_status(); });
   if (!fd) return fd.error().with_context(where);
-  const transport::Hello dh = data_hello(index, /*resume=*/true);
+  const session::Hello dh = data_hello(index, /*resume=*/true);
   const transport::ChannelTerms terms{channel_key_, session_, index};
   if (auto st = transport::prove_channel(fd->get(), dh.to_json(), terms, left); !st) return st.error().with_context(where);
   auto peer = session::resume_as_dialler(fd->get(), terms, taken, left);
@@ -385,7 +385,7 @@ Result<std::pair<UniqueFd, uint64_t>> SourceJob::redial_control(uint64_t receive
   const std::string where = "control connection re-dialled to " + ep.to_string();
   auto fd = peer_dial_policy(ctx_.config.data_plane).connect(ep, "target.endpoint", left, [](int) { return ok_status(); });
   if (!fd) return fd.error().with_context(where);
-  transport::Hello dh = data_hello(0, /*resume=*/true);
+  session::Hello dh = data_hello(0, /*resume=*/true);
   dh.control = true;
   dh.tls = false;  // the control connection runs no TLS
   const transport::ChannelTerms terms{channel_key_, session_, transport::kControlIndex};

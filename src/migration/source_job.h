@@ -33,7 +33,7 @@ class SourceJob final : public Job {
   // count of the target's messages `received`); one try, within `deadline`.
   Result<std::pair<UniqueFd, uint64_t>> redial_control(uint64_t received, std::chrono::steady_clock::time_point deadline);
   // The hello of TCP data channel `index` (resume: re-dialled to fail over).
-  transport::Hello data_hello(uint32_t index, bool resume) const;
+  session::Hello data_hello(uint32_t index, bool resume) const;
   Status configure_qemu();
   Status start_migration();
   void accept_loop();
