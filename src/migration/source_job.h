@@ -22,6 +22,7 @@ class SourceJob final : public Job {
   SourceJob(MigrationSpec spec, JobContext ctx, std::unique_ptr<qemu::QmpClient> qmp,
             bool was_running);
   void run();
+  // The session handshake and the dials (source_dial.cpp): control connection, welcome, channels.
   Status connect_data_plane();
   // One RDMA channel per QEMU connection to the target's rdmaEndpoint (from its welcome), each
   // within session::kRdmaConnectTimeout; the first failure ends it (the caller falls back or fails).
