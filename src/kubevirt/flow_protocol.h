@@ -1,5 +1,6 @@
-// The agent-to-agent session of one carried KubeVirt migration (hello kind "flow"), on the
-// data-plane port beside the bare-QEMU jobs' "control"/"data" hellos. Protocol 5:
+// The agent-to-agent session of one carried KubeVirt migration (hello kind "flow", purpose flow:
+// session::Hello, read and written by the codec in session/protocol.h), on the data-plane port
+// beside the bare-QEMU jobs' "control"/"data" hellos. Protocol 6:
 //   source -> target  hello {kind:"flow", protocol, session, nonce, mode, vmi, migrationUid,
 //                            sourceNode, targetNode, chunkSize, ringDepth, transport, transportRequired,
 //                            rdmaRails?: [{rail, address, mtu?}] (the source's working RDMA rails)}
@@ -41,8 +42,7 @@
 #include <vector>
 
 #include "common/result.h"
-#include "kubevirt/vmi.h"
-#include "transport/wire.h"
+#include "session/protocol.h"
 
 namespace rdmig::kubevirt {
 
@@ -53,51 +53,18 @@ inline constexpr uint64_t kFlowProtocolVersion = 6;
 // How often each side sends a heartbeat on the control link (the peer's timeout is at least 2 s).
 inline constexpr std::chrono::milliseconds kFlowHeartbeatInterval{500};
 
-struct FlowHello {
-  std::string session;  // 32 hex characters, chosen by the source
-  std::string nonce;    // 32 hex characters, fresh per hello (the source's half of the exchange)
-  std::string mode;     // hook | static
-  VmiRef vmi;           // empty in static mode
-  std::string migration_uid;
-  std::string source_node;
-  std::string target_node;
-  uint64_t chunk_size = 0;
-  uint32_t ring_depth = 0;
-  std::string transport;  // offered: tcp | rdma
-  bool transport_required = false;
-  // The source's working RDMA rails (address and port MTU each); empty without RDMA.
-  std::vector<transport::RailAddress> rdma_rails;
-  // Optional "failover": true: the source fails its channels over (dataPlane.failover, and not
-  // transport rdma required); the target confirms it in the welcome when it has it on too.
-  // Covered by the proofs like every field (an agent that does not read it fails the proof).
-  bool failover = false;
-
-  nlohmann::json to_json() const;
-  static Result<FlowHello> parse(const nlohmann::json& j);
-};
-
 // The proofs of the shared token (hex HMAC-SHA256), each over the role, both nonces and the
 // whole hello; and the session key both sides derive for the control link.
-std::string flow_proof(const std::string& token, const std::string& role, const FlowHello& hello,
+std::string flow_proof(const std::string& token, const std::string& role, const session::Hello& hello,
                        const std::string& target_nonce);
-std::string flow_session_key(const std::string& token, const FlowHello& hello, const std::string& target_nonce);
+std::string flow_session_key(const std::string& token, const session::Hello& hello, const std::string& target_nonce);
 // The key every channel of the session proves (transport::channel_key over the same nonces).
-std::string flow_channel_key(const std::string& token, const FlowHello& hello, const std::string& target_nonce);
+std::string flow_channel_key(const std::string& token, const session::Hello& hello, const std::string& target_nonce);
 
-// The first message of a flow's TCP channel: {kind:"flow-data", protocol, session, index, nonce}.
-struct FlowDataHello {
-  std::string session;
-  uint32_t index = 0;
-  std::string nonce;  // the dialler's fresh nonce (transport::prove_channel adds it)
-  bool tls = false;   // optional "tls": the source has dataPlane.tls on (the target must too)
-  // Optional "resume": true: the source re-dials a channel that fails over (docs/failover.md);
-  // after the proof both ends run the resume exchange (session/resume.h) on it.
-  bool resume = false;
-  // Without the nonce: what the source sends before transport::prove_channel adds it.
-  nlohmann::json to_json() const;
-  // An older agent's hello (another protocol) is refused naming both versions.
-  static Result<FlowDataHello> parse(const nlohmann::json& j);
-};
+// The first message of a flow's TCP channel, without its nonce (transport::prove_channel adds it):
+// {kind:"flow-data", protocol, session, index, tls?, resume?}. `resume`: the source re-dials a
+// channel that fails over (docs/failover.md); after the proof both ends run the resume exchange.
+session::Hello flow_data_hello(const std::string& session, uint32_t index, bool tls, bool resume);
 
 // Signs what one side sends on the control link and checks what it receives: {seq, mac} on
 // every message, in order per direction. Not thread-safe: the owner serialises.

@@ -111,7 +111,9 @@ std::vector<PeerInfo> PeerDirectory::unhealthy() const {
 Status probe_peer(const net::Endpoint& agent, std::chrono::milliseconds timeout) {
   auto fd = net::tcp_connect(agent, timeout);
   if (!fd) return fd.error();
-  RDMIG_TRY(transport::send_message(fd->get(), nlohmann::json{{"kind", session::to_string(session::HelloKind::kProbe)}, {"protocol", transport::kProtocolVersion}}));
+  session::Hello probe;
+  probe.kind = session::HelloKind::kProbe;
+  RDMIG_TRY(transport::send_message(fd->get(), probe.to_json()));
   auto reply = transport::recv_message(fd->get(), timeout);
   if (!reply) return reply.error();
   if (!session::is(*reply, session::MessageKind::kPong)) return Error{Errc::kProtocol, "peer answered the probe with no pong"};

@@ -92,7 +92,7 @@ class KubevirtRelay {
   Result<std::shared_ptr<NetNs>> dial_namespace(const net::Endpoint& dst);
   // Target: where a session for `hello` may dial, checked against the API's VMI when there is
   // an API (one GET, at the hello); an error refuses the session before anything is dialled.
-  Result<NetnsLocator> admit_session(const FlowHello& hello);
+  Result<NetnsLocator> admit_session(const session::Hello& hello);
   // Source: the hook document as the API has it (discovery kubernetes), or why not carried.
   Result<MigrationIntent> confirm_with_api(const MigrationIntent& caller);
   void pass_through(UniqueFd fd, const net::Endpoint& dst, const NetNs& ns);

@@ -22,7 +22,7 @@ void KubevirtRelay::on_flow_hello(UniqueFd fd, const json& raw) {
     transport::send_reject(fd.get(), code, msg);
   };
   if (!config_.kubevirt.enabled) return reject("failed_precondition", "KubeVirt mode is off on this agent");
-  auto hello = FlowHello::parse(raw);
+  auto hello = session::Hello::parse(raw, session::Purpose::kFlow);
   if (!hello) return reject("invalid_argument", hello.error().message);
   // The source chooses chunkSize and ringDepth: one channel that can never fit this agent's
   // budget is refused here (the channels are then admitted one by one as they come).
@@ -52,7 +52,7 @@ void KubevirtRelay::on_flow_hello(UniqueFd fd, const json& raw) {
   // absence after the last byte means the target pod went away.
   const bool launcher_here = !hello->vmi.uid.empty() && launcher_present(config_.kubevirt, launchers_, hello->vmi);
   auto session = TargetSession::accept(
-      ctx_, std::move(fd), hello.value(), [this](const FlowHello& h) { return admit_session(h); },
+      ctx_, std::move(fd), hello.value(), [this](const session::Hello& h) { return admit_session(h); },
       [this, launcher_here](const VmiRef& vmi) {
         return read_completed_job(config_.kubevirt, launchers_, vmi, 10s, launcher_here);
       },
@@ -69,7 +69,7 @@ void KubevirtRelay::on_flow_hello(UniqueFd fd, const json& raw) {
 }
 
 void KubevirtRelay::on_flow_data(UniqueFd fd, const json& raw) {
-  auto hello = FlowDataHello::parse(raw);
+  auto hello = session::Hello::parse(raw, session::Purpose::kFlow);
   if (!hello) {
     transport::send_reject(fd.get(), "invalid_argument", hello.error().message);
     return;
@@ -119,7 +119,7 @@ Result<transport::rdma::AcceptPlan> KubevirtRelay::resolve_rdma(const transport:
   return plan;
 }
 
-Result<NetnsLocator> KubevirtRelay::admit_session(const FlowHello& hello) {
+Result<NetnsLocator> KubevirtRelay::admit_session(const session::Hello& hello) {
   // Declined, not unhealthy: the source leaves this migration to KubeVirt's path.
   if (draining_.load()) {
     return Error{Errc::kFailedPrecondition, "agent draining: the rdmig agent on " + node_ +

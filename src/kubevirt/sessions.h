@@ -136,7 +136,7 @@ using StatsReader = std::function<Result<LibvirtJobStats>(const VmiRef& vmi)>;
 
 // Decides, once the source proved the token and before the welcome, whether a session may be
 // carried here and where it may dial; an error refuses the session (nothing is dialled).
-using Admission = std::function<Result<NetnsLocator>(const FlowHello& hello)>;
+using Admission = std::function<Result<NetnsLocator>(const session::Hello& hello)>;
 
 class TargetSession final : public FlowSession {
  public:
@@ -145,7 +145,7 @@ class TargetSession final : public FlowSession {
   // welcome. An error from it refuses the session; a welcome that cannot be sent fails the
   // published session (the relay drops ended sessions).
   using Publish = std::function<Status(const std::shared_ptr<TargetSession>&)>;
-  static Result<std::shared_ptr<TargetSession>> accept(const SessionContext& ctx, UniqueFd fd, const FlowHello& hello,
+  static Result<std::shared_ptr<TargetSession>> accept(const SessionContext& ctx, UniqueFd fd, const session::Hello& hello,
                                                        const Admission& admit, StatsReader stats,
                                                        const Publish& publish = {});
   ~TargetSession() override;
@@ -169,7 +169,7 @@ class TargetSession final : public FlowSession {
   Result<transport::rdma::AcceptPlan> rdma_plan(const transport::rdma::ConnectRequest& request);
 
  private:
-  TargetSession(std::string id, FlowRecord record, const SessionContext& ctx, FlowHello hello, NetnsLocator locate,
+  TargetSession(std::string id, FlowRecord record, const SessionContext& ctx, session::Hello hello, NetnsLocator locate,
                 StatsReader stats);
   void reader_loop();
   // The source's "fallback": rdma_cm could not reach this agent; carry over TCP from now on.
@@ -186,7 +186,7 @@ class TargetSession final : public FlowSession {
   void wake() override;
 
   SessionContext ctx_;
-  FlowHello hello_;
+  session::Hello hello_;
   std::string channel_key_;  // set in accept(), read-only after
   transport::ProofLedger rdma_proofs_;
   // Failover: the source's re-dials, until a channel's failover takes one (its own lock). Declared

@@ -29,7 +29,8 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
                                                            FlowRecord record, std::chrono::milliseconds timeout) {
   auto offer = session::offer_transport(ctx.config.transport, ctx.rdma);
   if (!offer) return offer.error();
-  FlowHello hello;
+  session::Hello hello;
+  hello.kind = session::HelloKind::kFlow;
   hello.session = random_hex(16);
   hello.nonce = random_hex(16);
   hello.mode = record.mode;
@@ -163,7 +164,7 @@ Result<std::unique_ptr<transport::Channel>> SourceSession::connect_channel(uint3
   // The channel proves the session's key over the target's fresh nonce; the target proves it back.
   const bool tls = ctx_.config.data_plane.tls;
   const transport::ChannelTerms terms{channel_key_, id_, index};
-  RDMIG_TRY(transport::prove_channel(fd->get(), FlowDataHello{id_, index, {}, tls}.to_json(), terms, 5s));
+  RDMIG_TRY(transport::prove_channel(fd->get(), flow_data_hello(id_, index, tls, /*resume=*/false).to_json(), terms, 5s));
   std::unique_ptr<transport::TlsStream> stream;
   if (tls) {
     auto made = transport::TlsStream::handshake(fd->get(), transport::TlsStream::Role::kDialler, terms, 5s);
@@ -189,7 +190,7 @@ Result<session::Resumed> SourceSession::redial(uint32_t index, uint64_t taken,
   if (!fd) return fd.error().with_context(where);
   const bool tls = ctx_.config.data_plane.tls;
   const transport::ChannelTerms terms{channel_key_, id_, index};
-  if (auto st = transport::prove_channel(fd->get(), FlowDataHello{id_, index, {}, tls, true}.to_json(), terms, left); !st) {
+  if (auto st = transport::prove_channel(fd->get(), flow_data_hello(id_, index, tls, /*resume=*/true).to_json(), terms, left); !st) {
     return st.error().with_context(where);
   }
   auto peer = session::resume_as_dialler(fd->get(), terms, taken, left);

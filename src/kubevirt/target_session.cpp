@@ -18,7 +18,7 @@ namespace {
 void reject(int fd, const std::string& code, const std::string& message) { transport::send_reject(fd, code, message); }
 }  // namespace
 
-TargetSession::TargetSession(std::string id, FlowRecord record, const SessionContext& ctx, FlowHello hello,
+TargetSession::TargetSession(std::string id, FlowRecord record, const SessionContext& ctx, session::Hello hello,
                              NetnsLocator locate, StatsReader stats)
     : FlowSession(std::move(id), std::move(record), ctx.metrics), ctx_(ctx), hello_(std::move(hello)),
       locate_(std::move(locate)), stats_(std::move(stats)) {}
@@ -35,7 +35,7 @@ TargetSession::~TargetSession() {
 }
 
 Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContext& ctx, UniqueFd fd,
-                                                             const FlowHello& hello, const Admission& admit,
+                                                             const session::Hello& hello, const Admission& admit,
                                                              StatsReader stats, const Publish& publish) {
   // This side proves the token first (one proof per token it accepts: the current one and,
   // during a rotation, the one before it), over the whole hello and both nonces.

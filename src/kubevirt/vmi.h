@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "session/protocol.h"
 
 namespace rdmig::kubevirt {
 
@@ -18,12 +19,8 @@ inline constexpr int kLibvirtControlPort = 0;
 inline constexpr int kMemoryPort = 49152;
 inline constexpr int kBlockPort = 49153;
 
-struct VmiRef {
-  std::string namespace_;
-  std::string name;
-  std::string uid;
-  std::string key() const { return namespace_ + "/" + name; }
-};
+// A VMI by namespace, name and uid; the same type a flow hello carries (session/protocol.h).
+using VmiRef = session::VmiRef;
 
 struct PublishedPort {
   uint16_t port = 0;  // the target virt-handler's random TCP port

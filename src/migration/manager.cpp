@@ -90,14 +90,14 @@ Result<transport::rdma::AcceptPlan> MigrationManager::rdma_lookup(const transpor
 }
 
 void MigrationManager::handle_hello(UniqueFd fd, const json& raw) {
-  auto hello = transport::Hello::parse(raw);
+  auto hello = session::Hello::parse(raw, session::Purpose::kMigration);
   if (!hello) {
     transport::send_reject(fd.get(), "invalid_argument", hello.error().message);
     LOG_WARN("dataplane") << "refused a hello: " << hello.error().message;
     return;
   }
   std::string nonce, proof;
-  if (hello->kind == session::name(session::HelloKind::kControl)) {
+  if (hello->kind == session::HelloKind::kControl) {
     // Challenge every control hello, whatever its id: the source proves the one-time token
     // (transport::control_proof) instead of sending it, and a refusal reads the same for an
     // unknown id and a wrong proof.
@@ -118,7 +118,7 @@ void MigrationManager::handle_hello(UniqueFd fd, const json& raw) {
     transport::send_reject(fd.get(), "permission_denied", kHelloRefused);
     return;
   }
-  if (hello->kind == session::name(session::HelloKind::kControl)) {
+  if (hello->kind == session::HelloKind::kControl) {
     target->on_control(std::move(fd), hello.value(), nonce, proof);
     return;
   }

@@ -22,6 +22,7 @@ class SourceJob final : public Job {
   SourceJob(MigrationSpec spec, JobContext ctx, std::unique_ptr<qemu::QmpClient> qmp,
             bool was_running);
   void run();
+  // The session handshake and the dials (source_dial.cpp): control connection, welcome, channels.
   Status connect_data_plane();
   // One RDMA channel per QEMU connection to the target's rdmaEndpoint (from its welcome), each
   // within session::kRdmaConnectTimeout; the first failure ends it (the caller falls back or fails).
@@ -40,7 +41,7 @@ class SourceJob final : public Job {
   // count of the target's messages `received`); one try, within `deadline`.
   Result<std::pair<UniqueFd, uint64_t>> redial_control(uint64_t received, std::chrono::steady_clock::time_point deadline);
   // The hello of TCP data channel `index` (resume: re-dialled to fail over).
-  transport::Hello data_hello(uint32_t index, bool resume) const;
+  session::Hello data_hello(uint32_t index, bool resume) const;
   Status configure_qemu();
   Status start_migration();
   void accept_loop();

@@ -241,7 +241,7 @@ Result<UniqueFd> SourceJob::dial_recovery(bool control, std::chrono::millisecond
   // The same endpoint and dial policy as the first dial; the session's keys prove it.
   auto fd = peer_dial_policy(ctx_.config.data_plane).connect(ep, "target.endpoint", left, [](int) { return ok_status(); });
   if (!fd) return fd.error().with_context(where);
-  transport::Hello dh = data_hello(0, /*resume=*/false);
+  session::Hello dh = data_hello(0, /*resume=*/false);
   dh.recover = true;
   dh.control = control;
   if (control) dh.tls = false;  // the control connection runs no TLS

@@ -106,7 +106,7 @@ void TargetJob::release_own() {
   ::unlink(socket_path_.c_str());
 }
 
-void TargetJob::on_control(UniqueFd fd, const transport::Hello& hello, const std::string& nonce,
+void TargetJob::on_control(UniqueFd fd, const session::Hello& hello, const std::string& nonce,
                            const std::string& proof) {
   MutexLock lock(conn_mu_);
   // The token first: only its holder learns anything about this migration.
@@ -206,7 +206,7 @@ Result<transport::ChannelTerms> TargetJob::channel_terms(const std::string& sess
   return transport::ChannelTerms{channel_key_, session_, index};
 }
 
-void TargetJob::on_data(UniqueFd fd, const transport::Hello& hello, const std::string& welcome_proof) {
+void TargetJob::on_data(UniqueFd fd, const session::Hello& hello, const std::string& welcome_proof) {
   const bool tls = ctx_.config.data_plane.tls;
   transport::ChannelTerms terms;
   {

@@ -25,13 +25,13 @@ class TargetJob final : public Job {
   // Called by the data-plane server's thread with a connection that said hello. Replies
   // (welcome or reject) on the connection; takes it over on success.
   // `proof`: the source's answer to `nonce` (transport::control_proof of this job's token).
-  void on_control(UniqueFd fd, const transport::Hello& hello, const std::string& nonce, const std::string& proof);
+  void on_control(UniqueFd fd, const session::Hello& hello, const std::string& nonce, const std::string& proof);
   // What TCP channel `index` of `session` must prove (transport/channel_proof.h);
   // kPermissionDenied when this job has no such TCP session.
   Result<transport::ChannelTerms> channel_terms(const std::string& session, uint32_t index) const;
   // A TCP channel whose proof was checked (`welcome_proof`: the acceptor's answer): admitted
   // when its index is free, refused otherwise.
-  void on_data(UniqueFd fd, const transport::Hello& hello, const std::string& welcome_proof);
+  void on_data(UniqueFd fd, const session::Hello& hello, const std::string& welcome_proof);
   // For the agent's RDMA listener: checks the request's proof, then says how to build its
   // channel and where it goes.
   Result<transport::rdma::AcceptPlan> rdma_plan(const transport::rdma::ConnectRequest& request);

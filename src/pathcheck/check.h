@@ -136,11 +136,11 @@ class PathCheck {
   void cancel(const std::string& reason);
 
   // Target side, from the data-plane server's hello threads (see session::TargetJob).
-  void on_control(UniqueFd fd, const transport::Hello& hello, const std::string& nonce, const std::string& proof);
+  void on_control(UniqueFd fd, const session::Hello& hello, const std::string& nonce, const std::string& proof);
   // What TCP channel `index` of `session` must prove; kPermissionDenied when there is no such session.
   Result<transport::ChannelTerms> channel_terms(const std::string& session, uint32_t index) const;
   // A TCP channel whose proof was checked (`welcome_proof`: the acceptor's answer).
-  void on_data(UniqueFd fd, const transport::Hello& hello, const std::string& welcome_proof);
+  void on_data(UniqueFd fd, const session::Hello& hello, const std::string& welcome_proof);
   // Checks the request's proof, then admits the channel.
   Result<transport::rdma::AcceptPlan> rdma_plan(const transport::rdma::ConnectRequest& request);
 

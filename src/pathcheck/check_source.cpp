@@ -25,8 +25,8 @@ using namespace std::chrono_literals;
 Status PathCheck::connect_source() {
   auto offer = session::offer_transport(spec_.transport, ctx_.rdma);
   if (!offer) return offer.error();
-  transport::Hello hello;
-  hello.kind = session::to_string(session::HelloKind::kControl);  // sent as "pathcheck-control": the same fields, another registry
+  session::Hello hello;
+  hello.kind = session::HelloKind::kPathcheckControl;  // a migration's control fields, another registry
   hello.migration_id = spec_.target.migration_id;
   hello.channels = spec_.channels;
   hello.chunk_size = spec_.chunk_size;
@@ -59,9 +59,7 @@ Status PathCheck::connect_source() {
   }
   hello.nonce = random_hex(16);  // this side's half of the channel key
   hello.tls = ctx_.config.data_plane.tls;
-  json hello_json = hello.to_json();
-  hello_json["kind"] = session::to_string(session::HelloKind::kPathcheckControl);
-  RDMIG_TRY(transport::send_message(fd->get(), hello_json));
+  RDMIG_TRY(transport::send_message(fd->get(), hello.to_json()));
   auto challenge = transport::recv_message(fd->get(), step());
   if (!challenge || !session::is(*challenge, session::MessageKind::kChallenge)) {
     unwatch();
@@ -138,15 +136,13 @@ Status PathCheck::connect_source() {
         unwatch();
         return cancel_or(dfd.error().with_context("data channel " + std::to_string(i)));
       }
-      transport::Hello dh;
-      dh.kind = session::to_string(session::HelloKind::kData);
+      session::Hello dh;
+      dh.kind = session::HelloKind::kPathcheckData;
       dh.migration_id = spec_.target.migration_id;
       dh.session = session_;
       dh.index = i;
       dh.tls = ctx_.config.data_plane.tls;
-      json dh_json = dh.to_json();
-      dh_json["kind"] = session::to_string(session::HelloKind::kPathcheckData);
-      auto proved = transport::prove_channel(dfd->get(), dh_json, transport::ChannelTerms{channel_key_, session_, i}, step());
+      auto proved = transport::prove_channel(dfd->get(), dh.to_json(), transport::ChannelTerms{channel_key_, session_, i}, step());
       unwatch();
       if (!proved) return cancel_or(proved.error().with_context("data channel " + std::to_string(i)));
       std::unique_ptr<transport::TlsStream> tls;

@@ -24,7 +24,7 @@ void reply(int fd, const json& j) { (void)transport::send_message(fd, j); }
 void reject(int fd, const std::string& code, const std::string& message) { transport::send_reject(fd, code, message); }
 }  // namespace
 
-void PathCheck::on_control(UniqueFd fd, const transport::Hello& hello, const std::string& nonce,
+void PathCheck::on_control(UniqueFd fd, const session::Hello& hello, const std::string& nonce,
                            const std::string& proof) {
   std::lock_guard lock(mu_);
   if (!constant_time_equal(proof, transport::control_proof(token_, nonce, spec_.id, hello.nonce))) {
@@ -87,7 +87,7 @@ Result<transport::ChannelTerms> PathCheck::channel_terms(const std::string& sess
   return transport::ChannelTerms{channel_key_, session_, index};
 }
 
-void PathCheck::on_data(UniqueFd fd, const transport::Hello& hello, const std::string& welcome_proof) {
+void PathCheck::on_data(UniqueFd fd, const session::Hello& hello, const std::string& welcome_proof) {
   const bool tls = ctx_.config.data_plane.tls;
   transport::ChannelTerms terms;
   {

@@ -54,19 +54,15 @@ void PathCheckManager::shutdown() {
 }
 
 void PathCheckManager::handle_hello(UniqueFd fd, const json& raw) {
-  // The migration hello's fields under the path check's kinds.
-  json as_migration = raw;
-  const std::string kind = raw.value("kind", "");
-  as_migration["kind"] = session::to_string(session::as_migration(
-      session::parse_hello_kind(kind).value_or(session::HelloKind::kPathcheckData)));
-  auto hello = transport::Hello::parse(as_migration);
+  // A migration hello's fields under the path check's kinds (the codec reads both).
+  auto hello = session::Hello::parse(raw, session::Purpose::kPathCheck);
   if (!hello) {
     transport::send_reject(fd.get(), "invalid_argument", hello.error().message);
     LOG_WARN("dataplane") << "refused a path check hello: " << hello.error().message;
     return;
   }
   std::string nonce, proof;
-  if (hello->kind == session::name(session::HelloKind::kControl)) {
+  if (hello->kind == session::HelloKind::kPathcheckControl) {
     // As for migrations: every control hello is challenged, whatever its id.
     nonce = random_hex(16);
     (void)transport::send_message(fd.get(), session::message(session::MessageKind::kChallenge, json{{"nonce", nonce}}));
@@ -83,7 +79,7 @@ void PathCheckManager::handle_hello(UniqueFd fd, const json& raw) {
     transport::send_reject(fd.get(), "permission_denied", session::kHelloRefused);
     return;
   }
-  if (hello->kind == session::name(session::HelloKind::kControl)) {
+  if (hello->kind == session::HelloKind::kPathcheckControl) {
     check->on_control(std::move(fd), hello.value(), nonce, proof);
     return;
   }

@@ -1,7 +1,10 @@
 #include "session/protocol.h"
 
 #include <array>
+#include <algorithm>
 #include <utility>
+
+#include "common/units.h"
 
 namespace rdmig::session {
 
@@ -100,18 +103,6 @@ bool is_channel(HelloKind kind) {
 
 uint64_t protocol_of(Purpose purpose) { return purpose == Purpose::kFlow ? kFlowProtocol : kDataPlaneProtocol; }
 
-HelloKind as_migration(HelloKind kind) {
-  if (kind == HelloKind::kPathcheckControl) return HelloKind::kControl;
-  if (kind == HelloKind::kPathcheckData) return HelloKind::kData;
-  return kind;
-}
-
-HelloKind as_pathcheck(HelloKind kind) {
-  if (kind == HelloKind::kControl) return HelloKind::kPathcheckControl;
-  if (kind == HelloKind::kData) return HelloKind::kPathcheckData;
-  return kind;
-}
-
 Result<uint64_t> check_hello_protocol(const json& hello, Purpose purpose) {
   const uint64_t mine = protocol_of(purpose);
   if (purpose == Purpose::kFlow) {
@@ -157,6 +148,320 @@ Result<uint64_t> get_uint(const json& j, const char* key, const std::string& whe
                                              std::to_string(max) + ", got " + std::to_string(v)};
   }
   return v;
+}
+
+// --- Session terms and rails ----------------------------------------------------------------------
+
+json rails_to_json(const std::vector<RailAddress>& rails) {
+  json a = json::array();
+  for (const auto& r : rails) {
+    json j{{"rail", r.rail}, {"address", r.address}};
+    if (r.mtu != 0) j["mtu"] = r.mtu;
+    a.push_back(std::move(j));
+  }
+  return a;
+}
+
+Result<std::vector<RailAddress>> parse_rails(const json& j, const char* key, const std::string& where) {
+  std::vector<RailAddress> rails;
+  const auto it = j.find(key);
+  if (it == j.end()) return rails;
+  const std::string field = where + "." + key;
+  if (!it->is_array() || it->size() > kMaxRails) {
+    return Error{Errc::kInvalidArgument, field + ": expected a list of at most " + std::to_string(kMaxRails) + " rails"};
+  }
+  for (size_t i = 0; i < it->size(); ++i) {
+    const std::string item = field + "[" + std::to_string(i) + "]";
+    const auto& r = (*it)[i];
+    if (!r.is_object()) return Error{Errc::kInvalidArgument, item + ": expected an object"};
+    auto rail = get_uint(r, "rail", item, 0, kMaxRails - 1);
+    if (!rail) return rail.error();
+    auto address = get_string(r, "address", item, 300);
+    if (!address) return address.error();
+    for (const auto& seen : rails) {
+      if (seen.rail == rail.value()) return Error{Errc::kInvalidArgument, item + ".rail: rail " + std::to_string(seen.rail) + " listed twice"};
+    }
+    uint32_t mtu = 0;
+    if (r.contains("mtu")) {
+      auto m = get_uint(r, "mtu", item, 256, 4096);
+      if (!m) return m.error();
+      if ((m.value() & (m.value() - 1)) != 0) {
+        return Error{Errc::kInvalidArgument, item + ".mtu: must be 256, 512, 1024, 2048 or 4096, got " +
+                                                 std::to_string(m.value())};
+      }
+      mtu = static_cast<uint32_t>(m.value());
+    }
+    rails.push_back(RailAddress{static_cast<uint32_t>(rail.value()), address.value(), mtu});
+  }
+  return rails;
+}
+
+Result<SessionTerms> parse_session_terms(const json& j, const std::string& where) {
+  SessionTerms t;
+  auto cs = get_uint(j, "chunkSize", where, kMinChunkSize, kMaxChunkSize);
+  if (!cs) return cs.error();
+  RDMIG_TRY(validate_chunk_size(cs.value(), where + ".chunkSize"));
+  t.chunk_size = cs.value();
+  auto depth = get_uint(j, "ringDepth", where, 2, 1024);
+  if (!depth) return depth.error();
+  t.ring_depth = static_cast<uint32_t>(depth.value());
+  auto tr = get_string(j, "transport", where, 16);
+  if (!tr) return tr.error();
+  if (tr.value() != "tcp" && tr.value() != "rdma") {
+    return Error{Errc::kInvalidArgument, where + ".transport: unknown transport '" + tr.value() + "'"};
+  }
+  t.transport = tr.value();
+  if (auto req = j.find("transportRequired"); req != j.end()) {
+    if (!req->is_boolean()) return Error{Errc::kInvalidArgument, where + ".transportRequired: must be a boolean"};
+    t.transport_required = req->get<bool>();
+  }
+  return t;
+}
+
+// --- The hello -------------------------------------------------------------------------------------
+
+namespace {
+
+constexpr size_t kHexIdChars = 32;  // a session id or a nonce: 32 lowercase hex characters
+
+bool is_hex_id(const std::string& s) {
+  return s.size() == kHexIdChars &&
+         std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+// An optional boolean field: false when absent; errors name "hello.<key>".
+Status read_flag(const json& j, const char* key, bool& out) {
+  const auto v = j.find(key);
+  if (v == j.end()) return ok_status();
+  if (!v->is_boolean()) return Error{Errc::kInvalidArgument, std::string("hello.") + key + ": expected a boolean"};
+  out = v->get<bool>();
+  return ok_status();
+}
+
+void set_terms(Hello& h, const SessionTerms& t) {
+  h.chunk_size = t.chunk_size;
+  h.ring_depth = t.ring_depth;
+  h.transport = t.transport;
+  h.transport_required = t.transport_required;
+}
+
+// control, data, pathcheck-control, pathcheck-data: {"type":"hello", ...}.
+Result<Hello> parse_data_plane(const json& j, Purpose purpose) {
+  Hello h;
+  auto type = get_string(j, "type", "hello");
+  if (!type) return type.error();
+  if (type.value() != name(MessageKind::kHello)) return Error{Errc::kProtocol, "expected a hello, got '" + type.value() + "'"};
+  auto protocol = check_hello_protocol(j, purpose);
+  if (!protocol) return protocol.error();
+  h.protocol = protocol.value();
+  auto kind_name = get_string(j, "kind", "hello");
+  if (!kind_name) return kind_name.error();
+  const HelloKind control = purpose == Purpose::kPathCheck ? HelloKind::kPathcheckControl : HelloKind::kControl;
+  const HelloKind data = purpose == Purpose::kPathCheck ? HelloKind::kPathcheckData : HelloKind::kData;
+  const auto kind = parse_hello_kind(kind_name.value());
+  if (kind != control && kind != data) {
+    return Error{Errc::kInvalidArgument, "hello.kind: expected " + to_string(control) + " or " + to_string(data) +
+                                             ", got '" + kind_name.value() + "'"};
+  }
+  h.kind = *kind;
+  auto id = get_string(j, "migrationId", "hello", 63);
+  if (!id) return id.error();
+  h.migration_id = id.value();
+  auto nonce = get_string(j, "nonce", "hello", kHexIdChars);
+  if (!nonce) return nonce.error();
+  if (!is_hex_id(nonce.value())) return Error{Errc::kInvalidArgument, "hello.nonce: must be 32 lowercase hex characters"};
+  h.nonce = nonce.value();
+  RDMIG_TRY(read_flag(j, "tls", h.tls));
+  if (h.kind == control) {
+    auto ch = get_uint(j, "channels", "hello", 1, kMaxChannels);
+    if (!ch) return ch.error();
+    h.channels = static_cast<uint32_t>(ch.value());
+    auto terms = parse_session_terms(j, "hello");
+    if (!terms) return terms.error();
+    set_terms(h, terms.value());
+    if (j.contains("rdmaMtu")) {
+      auto mtu = get_uint(j, "rdmaMtu", "hello", 256, 4096);
+      if (!mtu) return mtu.error();
+      if ((mtu.value() & (mtu.value() - 1)) != 0) {
+        return Error{Errc::kInvalidArgument, "hello.rdmaMtu: must be 256, 512, 1024, 2048 or 4096, got " +
+                                                 std::to_string(mtu.value())};
+      }
+      h.rdma_mtu = static_cast<uint32_t>(mtu.value());
+    }
+    auto rails = parse_rails(j, "rdmaRails", "hello");
+    if (!rails) return rails.error();
+    h.rdma_rails = std::move(rails.value());
+    RDMIG_TRY(read_flag(j, "verifyChunks", h.verify_chunks));
+    RDMIG_TRY(read_flag(j, "failover", h.failover));
+    return h;
+  }
+  RDMIG_TRY(read_flag(j, "resume", h.resume));
+  auto session = get_string(j, "session", "hello", 128);
+  if (!session) return session.error();
+  h.session = session.value();
+  auto index = get_uint(j, "index", "hello", 0, kMaxChannels - 1);
+  if (!index) return index.error();
+  h.index = static_cast<uint32_t>(index.value());
+  RDMIG_TRY(read_flag(j, "recover", h.recover));
+  if (h.recover && h.resume) {
+    return Error{Errc::kInvalidArgument, "hello.recover: a fresh connection of a post-copy recovery, never with resume"};
+  }
+  RDMIG_TRY(read_flag(j, "control", h.control));
+  if (h.control && ((!h.resume && !h.recover) || h.index != 0)) {
+    return Error{Errc::kInvalidArgument, "hello.control: only a resume or a recovery of the control connection, with index 0"};
+  }
+  return h;
+}
+
+// flow, flow-data: {"kind", "protocol", ...} without a "type".
+Result<Hello> parse_flow(const json& j) {
+  Hello h;
+  auto proto = check_hello_protocol(j, Purpose::kFlow);
+  if (!proto) return proto.error();
+  h.protocol = proto.value();
+  auto kind_name = get_string(j, "kind", "hello");
+  if (!kind_name) return kind_name.error();
+  const auto kind = parse_hello_kind(kind_name.value());
+  if (kind != HelloKind::kFlow && kind != HelloKind::kFlowData) {
+    return Error{Errc::kInvalidArgument, "hello.kind: expected flow or flow-data, got '" + kind_name.value() + "'"};
+  }
+  h.kind = *kind;
+  if (h.kind == HelloKind::kFlowData) {
+    auto session = get_string(j, "session", "hello", kHexIdChars);
+    if (!session) return session.error();
+    if (!is_hex_id(session.value())) return Error{Errc::kInvalidArgument, "hello.session: must be 32 lowercase hex characters"};
+    h.session = session.value();
+    auto index = get_uint(j, "index", "hello", 0, kMaxChannels - 1);
+    if (!index) return index.error();
+    h.index = static_cast<uint32_t>(index.value());
+    // The channel proof (transport/channel_proof.h) checks the nonce's form.
+    auto nonce = get_string(j, "nonce", "hello", kHexIdChars);
+    if (!nonce) return nonce.error();
+    h.nonce = nonce.value();
+    RDMIG_TRY(read_flag(j, "tls", h.tls));
+    RDMIG_TRY(read_flag(j, "resume", h.resume));
+    return h;
+  }
+  for (auto [key, out] : {std::pair{"session", &h.session}, std::pair{"nonce", &h.nonce}}) {
+    auto v = get_string(j, key, "hello", kHexIdChars);
+    if (!v) return v.error();
+    if (!is_hex_id(v.value())) {
+      return Error{Errc::kInvalidArgument, std::string("hello.") + key + ": must be 32 lowercase hex characters"};
+    }
+    *out = v.value();
+  }
+  auto mode = get_string(j, "mode", "hello", 16);
+  if (!mode) return mode.error();
+  if (mode.value() != "hook" && mode.value() != "static") {
+    return Error{Errc::kInvalidArgument, "hello.mode: must be hook or static"};
+  }
+  h.mode = mode.value();
+  auto uid = get_string(j, "migrationUid", "hello", 128);
+  auto src = get_string(j, "sourceNode", "hello", 253);
+  auto dst = get_string(j, "targetNode", "hello", 253);
+  if (!uid) return uid.error();
+  if (!src) return src.error();
+  if (!dst) return dst.error();
+  h.migration_uid = uid.value();
+  h.source_node = src.value();
+  h.target_node = dst.value();
+  if (auto v = j.find("vmi"); v != j.end()) {
+    if (!v->is_object()) return Error{Errc::kInvalidArgument, "hello.vmi: must be an object"};
+    auto ns = get_string(*v, "namespace", "hello.vmi", 253);
+    auto vname = get_string(*v, "name", "hello.vmi", 253);
+    auto vuid = get_string(*v, "uid", "hello.vmi", 128);
+    if (!ns) return ns.error();
+    if (!vname) return vname.error();
+    if (!vuid) return vuid.error();
+    h.vmi = VmiRef{ns.value(), vname.value(), vuid.value()};
+  }
+  auto terms = parse_session_terms(j, "hello");
+  if (!terms) return terms.error();
+  set_terms(h, terms.value());
+  auto rails = parse_rails(j, "rdmaRails", "hello");
+  if (!rails) return rails.error();
+  h.rdma_rails = std::move(rails.value());
+  RDMIG_TRY(read_flag(j, "failover", h.failover));
+  return h;
+}
+
+}  // namespace
+
+json Hello::to_json() const {
+  const uint64_t version = protocol != 0 ? protocol : protocol_of(purpose());
+  json j{{"kind", name(kind)}, {"protocol", version}};
+  switch (kind) {
+    case HelloKind::kProbe:
+      return j;
+    case HelloKind::kFlow:
+      j["session"] = session;
+      j["nonce"] = nonce;
+      j["mode"] = mode;
+      j["migrationUid"] = migration_uid;
+      j["sourceNode"] = source_node;
+      j["targetNode"] = target_node;
+      j["chunkSize"] = chunk_size;
+      j["ringDepth"] = ring_depth;
+      j["transport"] = transport;
+      j["transportRequired"] = transport_required;
+      if (!vmi.name.empty()) j["vmi"] = json{{"namespace", vmi.namespace_}, {"name", vmi.name}, {"uid", vmi.uid}};
+      if (!rdma_rails.empty()) j["rdmaRails"] = rails_to_json(rdma_rails);
+      if (failover) j["failover"] = true;
+      return j;
+    case HelloKind::kFlowData:
+      j["session"] = session;
+      j["index"] = index;
+      if (!nonce.empty()) j["nonce"] = nonce;
+      if (tls) j["tls"] = true;
+      if (resume) j["resume"] = true;
+      return j;
+    case HelloKind::kControl:
+    case HelloKind::kPathcheckControl:
+    case HelloKind::kData:
+    case HelloKind::kPathcheckData:
+      break;
+  }
+  j["type"] = name(MessageKind::kHello);
+  j["migrationId"] = migration_id;
+  if (!nonce.empty()) j["nonce"] = nonce;
+  if (tls) j["tls"] = true;
+  if (kind == HelloKind::kControl || kind == HelloKind::kPathcheckControl) {
+    j["channels"] = channels;
+    j["chunkSize"] = chunk_size;
+    j["ringDepth"] = ring_depth;
+    j["transport"] = transport;
+    j["transportRequired"] = transport_required;
+    if (rdma_mtu != 0) j["rdmaMtu"] = rdma_mtu;
+    if (!rdma_rails.empty()) j["rdmaRails"] = rails_to_json(rdma_rails);
+    if (verify_chunks) j["verifyChunks"] = true;
+    if (failover) j["failover"] = true;
+  } else {
+    j["session"] = session;
+    j["index"] = index;
+    if (resume) j["resume"] = true;
+    if (control) j["control"] = true;
+    if (recover) j["recover"] = true;
+  }
+  return j;
+}
+
+Result<Hello> Hello::parse(const json& j, Purpose purpose) {
+  if (!j.is_object()) return Error{Errc::kProtocol, "expected a hello"};
+  switch (purpose) {
+    case Purpose::kMigration:
+    case Purpose::kPathCheck:
+      return parse_data_plane(j, purpose);
+    case Purpose::kFlow:
+      return parse_flow(j);
+    case Purpose::kProbe:
+      break;
+  }
+  Hello h;
+  h.kind = HelloKind::kProbe;
+  auto proto = check_hello_protocol(j, Purpose::kProbe);
+  if (!proto) return proto.error();
+  h.protocol = proto.value();
+  return h;
 }
 
 json Challenge::to_json() const {

@@ -100,9 +100,6 @@ std::string_view name(Purpose purpose);
 bool is_channel(HelloKind kind);
 // The version the hellos of `purpose` carry in "protocol".
 uint64_t protocol_of(Purpose purpose);
-// The hello of a path check is a migration hello with another kind (and the reverse).
-HelloKind as_migration(HelloKind kind);
-HelloKind as_pathcheck(HelloKind kind);
 
 // Reads a hello's "protocol" and refuses any version but this agent's for `purpose`, with the
 // errors the agents give today:
@@ -117,6 +114,115 @@ Result<std::string> get_string(const nlohmann::json& j, const char* key, const s
 // A required non-negative integer field in [min, max]; errors name `where.key`.
 Result<uint64_t> get_uint(const nlohmann::json& j, const char* key, const std::string& where, uint64_t min,
                           uint64_t max);
+
+// --- Session terms and rails (every hello that opens a session offers them) ----------------------
+inline constexpr uint32_t kMaxChannels = 65;  // main + 64 multifd
+// The index a re-dialled control connection's proof names (hello "control"): none of a data channel.
+inline constexpr uint32_t kControlIndex = kMaxChannels;
+
+// One RDMA rail of an agent as the other agent sees it: its index in that agent's config
+// (rdma.devices[rail]) and where it is: the source's hello gives the address its channels leave
+// from, the target's welcome the rdma_cm endpoint (ip:port) they connect to.
+struct RailAddress {
+  uint32_t rail = 0;
+  std::string address;
+  uint32_t mtu = 0;  // "mtu", optional: the active MTU (bytes) of the agent's port on this rail; 0 = not given
+};
+inline constexpr uint32_t kMaxRails = 16;
+nlohmann::json rails_to_json(const std::vector<RailAddress>& rails);
+// `j[key]` (optional: an empty list when absent) as a list of rails; errors name `where.key[i]`.
+Result<std::vector<RailAddress>> parse_rails(const nlohmann::json& j, const char* key, const std::string& where);
+
+// What both ends of a session must agree on, as every session-opening hello offers it:
+// chunkSize, ringDepth, transport (tcp|rdma), transportRequired (optional). Errors name
+// `where.field`.
+struct SessionTerms {
+  uint64_t chunk_size = 0;
+  uint32_t ring_depth = 0;
+  std::string transport;
+  bool transport_required = false;
+};
+Result<SessionTerms> parse_session_terms(const nlohmann::json& j, const std::string& where);
+
+// The VMI a carried KubeVirt migration moves (a flow hello's "vmi"; kubevirt/vmi.h names it VmiRef).
+struct VmiRef {
+  std::string namespace_;
+  std::string name;
+  std::string uid;
+  std::string key() const { return namespace_ + "/" + name; }
+};
+
+// --- The hello: the first message on every connection to an agent's data-plane port -------------
+// One type for every purpose; its kind says the purpose (purpose_of). The bytes on the wire are
+// those of the previous release, kind by kind (docs/protocol.md, "Hellos"):
+//   control, pathcheck-control  {type:"hello", protocol 3, kind, migrationId, nonce, tls?, channels,
+//                                chunkSize, ringDepth, transport, transportRequired, rdmaMtu?,
+//                                rdmaRails?, verifyChunks?, failover?}
+//   data, pathcheck-data        {type:"hello", protocol 3, kind, migrationId, session, index, nonce,
+//                                tls?, resume?, control?, recover?}
+//   flow                        {kind, protocol 6, session, nonce, mode, vmi?, migrationUid, sourceNode,
+//                                targetNode, chunkSize, ringDepth, transport, transportRequired,
+//                                rdmaRails?, failover?}     (no "type": a flow's proofs hash this dump)
+//   flow-data                   {kind, protocol 6, session, index, nonce, tls?, resume?}
+//   probe                       {kind, protocol 3}
+// A field a kind does not carry is ignored by to_json and left empty by parse.
+struct Hello {
+  HelloKind kind = HelloKind::kData;
+  // 0: this agent's version for the kind's purpose (protocol_of); parse sets the peer's.
+  uint64_t protocol = 0;
+  Purpose purpose() const { return purpose_of(kind); }
+
+  // Every kind but probe.
+  // data, pathcheck-data: the session id from the welcome (no secret); flow, flow-data: the id
+  // the source chose (32 lowercase hex).
+  std::string session;
+  // control: the source's nonce, its half of the channel key; a channel: the dialler's fresh nonce
+  // (transport/channel_proof.h adds it); flow: the source's half of the exchange. 32 lowercase hex.
+  std::string nonce;
+  uint32_t index = 0;  // a channel's index (0 = QEMU's main channel)
+  // "tls" (migration and path check hellos, flow-data): the source has dataPlane.tls on, so every
+  // TCP data channel runs TLS after its proof; the target refuses a wish that is not its own config.
+  bool tls = false;
+  // "resume" (data, flow-data): this connection re-establishes channel `index` of a session that
+  // fails over; the resume exchange (session/resume.h) follows its proof.
+  bool resume = false;
+
+  // The session's terms: control, pathcheck-control, flow.
+  uint64_t chunk_size = 0;
+  uint32_t ring_depth = 0;
+  std::string transport;  // offered: tcp | rdma
+  bool transport_required = false;
+  std::vector<RailAddress> rdma_rails;  // "rdmaRails", optional: the source's working RDMA rails
+  // "failover", optional: the source fails its data channels over (docs/failover.md); the target's
+  // welcome confirms it when it does too.
+  bool failover = false;
+
+  // Bare-QEMU migrations and path checks.
+  std::string migration_id;  // the target agent's migration (or path check) id
+  uint32_t channels = 0;     // control: QEMU connections (1 + multifd channels)
+  // control, optional: active MTU (bytes) of the source's RDMA port; 0 = not offered.
+  uint32_t rdma_mtu = 0;
+  // control, optional ("verifyChunks"): every chunk ends in the CRC32C of its payload (session/pump.h).
+  bool verify_chunks = false;
+  // data, optional ("control", with resume or recover, index 0): re-establishes the control
+  // connection instead; its proof's terms name kControlIndex.
+  bool control = false;
+  // data, optional ("recover", not with resume): a fresh connection of a post-copy recovery.
+  bool recover = false;
+
+  // A carried KubeVirt migration (flow).
+  std::string mode;  // hook | static
+  VmiRef vmi;        // empty in static mode
+  std::string migration_uid;
+  std::string source_node;
+  std::string target_node;
+
+  nlohmann::json to_json() const;
+  // Reads a hello of `purpose` strictly: the version (check_hello_protocol: the refusal names both
+  // versions), the kind (a kind of another purpose is refused as "hello.kind: expected ..."), and
+  // every field the kind carries; errors name the field ("hello.chunkSize").
+  static Result<Hello> parse(const nlohmann::json& j, Purpose purpose);
+};
 
 // --- Typed handshake messages -----------------------------------------------------------------
 // {"type":"challenge","nonce", "proofs"?}: the acceptor's fresh nonce; a flow's target adds one

@@ -10,7 +10,7 @@ namespace rdmig::session {
 
 using nlohmann::json;
 
-std::vector<RailPair> match_rails(const std::vector<RdmaRail>& local, const std::vector<transport::RailAddress>& peer) {
+std::vector<RailPair> match_rails(const std::vector<RdmaRail>& local, const std::vector<session::RailAddress>& peer) {
   std::vector<RailPair> pairs;
   for (const auto& mine : local) {  // local is in configured (index) order
     for (const auto& theirs : peer) {
@@ -20,21 +20,21 @@ std::vector<RailPair> match_rails(const std::vector<RdmaRail>& local, const std:
   return pairs;
 }
 
-std::vector<transport::RailAddress> rail_addresses(const RdmaSupport& rdma) {
-  std::vector<transport::RailAddress> out;
+std::vector<session::RailAddress> rail_addresses(const RdmaSupport& rdma) {
+  std::vector<session::RailAddress> out;
   for (const auto& r : rdma.rails) out.push_back({r.rail, r.ip, r.mtu});
   return out;
 }
 
-std::vector<transport::RailAddress> rail_endpoints(const RdmaSupport& rdma) {
-  std::vector<transport::RailAddress> out;
+std::vector<session::RailAddress> rail_endpoints(const RdmaSupport& rdma) {
+  std::vector<session::RailAddress> out;
   for (const auto& r : rdma.rails) out.push_back({r.rail, r.endpoint(), r.mtu});
   return out;
 }
 
 void add_rails_to_welcome(json& welcome, const RdmaSupport& rdma) {
   welcome["rdmaEndpoint"] = net::format_endpoint(rdma.ip, rdma.port);
-  welcome["rdmaRails"] = transport::rails_to_json(rail_endpoints(rdma));
+  welcome["rdmaRails"] = session::rails_to_json(rail_endpoints(rdma));
 }
 
 // A one-device peer: its one address is this agent's first rail's partner.
@@ -45,7 +45,7 @@ static std::vector<RailPair> legacy_pair(const RdmaSupport& rdma, const std::str
 
 Result<std::vector<RailPair>> rails_from_welcome(const json& welcome, const RdmaSupport& rdma,
                                                  const net::DialPolicy& policy) {
-  auto peer = transport::parse_rails(welcome, "rdmaRails", session::to_string(session::MessageKind::kWelcome));
+  auto peer = session::parse_rails(welcome, "rdmaRails", session::to_string(session::MessageKind::kWelcome));
   if (!peer) return peer.error();
   std::vector<RailPair> pairs;
   if (peer->empty()) {
@@ -71,17 +71,17 @@ Result<std::vector<RailPair>> rails_from_welcome(const json& welcome, const Rdma
   return pairs;
 }
 
-std::vector<RailPair> rails_from_source(const std::vector<transport::RailAddress>& source, const RdmaSupport& rdma,
+std::vector<RailPair> rails_from_source(const std::vector<session::RailAddress>& source, const RdmaSupport& rdma,
                                         uint32_t first_mtu) {
   if (source.empty()) return legacy_pair(rdma, "", first_mtu);
   return match_rails(rdma.rails, source);
 }
 
-std::vector<RailPair> rails_from_hello(const transport::Hello& hello, const RdmaSupport& rdma) {
+std::vector<RailPair> rails_from_hello(const session::Hello& hello, const RdmaSupport& rdma) {
   return rails_from_source(hello.rdma_rails, rdma, hello.rdma_mtu);
 }
 
-std::vector<RailMtu> rail_mtus(const std::vector<transport::RailAddress>& source, uint32_t first_mtu,
+std::vector<RailMtu> rail_mtus(const std::vector<session::RailAddress>& source, uint32_t first_mtu,
                                const RdmaSupport& rdma, uint32_t channels) {
   auto pairs = rails_from_source(source, rdma, first_mtu);
   if (pairs.size() > channels) pairs.resize(channels);  // channel c uses matched rail c mod n
@@ -95,7 +95,7 @@ std::vector<RailMtu> rail_mtus(const std::vector<transport::RailAddress>& source
   return out;
 }
 
-std::vector<RailMtu> rail_mtus(const transport::Hello& hello, const RdmaSupport& rdma, uint32_t channels) {
+std::vector<RailMtu> rail_mtus(const session::Hello& hello, const RdmaSupport& rdma, uint32_t channels) {
   return rail_mtus(hello.rdma_rails, hello.rdma_mtu, rdma, channels);
 }
 

@@ -38,14 +38,14 @@ struct RailPair {
 };
 
 // The matched rails (rule above). `peer` empty: nothing to match (the peer has no RDMA).
-std::vector<RailPair> match_rails(const std::vector<RdmaRail>& local, const std::vector<transport::RailAddress>& peer);
+std::vector<RailPair> match_rails(const std::vector<RdmaRail>& local, const std::vector<session::RailAddress>& peer);
 // Index into the matched rails of the rail carrying `channel`; `rails` > 0.
 inline size_t rail_of_channel(uint32_t channel, size_t rails) { return channel % rails; }
 
 // What this agent advertises: its rails' addresses (the source's hello) or rdma_cm endpoints
 // (the target's welcome).
-std::vector<transport::RailAddress> rail_addresses(const RdmaSupport& rdma);
-std::vector<transport::RailAddress> rail_endpoints(const RdmaSupport& rdma);
+std::vector<session::RailAddress> rail_addresses(const RdmaSupport& rdma);
+std::vector<session::RailAddress> rail_endpoints(const RdmaSupport& rdma);
 // The welcome's RDMA part: "rdmaRails" plus "rdmaEndpoint" (the first rail) for a one-device peer.
 void add_rails_to_welcome(nlohmann::json& welcome, const RdmaSupport& rdma);
 
@@ -56,19 +56,19 @@ void add_rails_to_welcome(nlohmann::json& welcome, const RdmaSupport& rdma);
 Result<std::vector<RailPair>> rails_from_welcome(const nlohmann::json& welcome, const RdmaSupport& rdma,
                                                  const net::DialPolicy& policy);
 // Target side: the same match from the source's hello (peer = the source's address on each rail).
-std::vector<RailPair> rails_from_hello(const transport::Hello& hello, const RdmaSupport& rdma);
+std::vector<RailPair> rails_from_hello(const session::Hello& hello, const RdmaSupport& rdma);
 // The same from the source's advertised rails as such (a KubeVirt flow hello's "rdmaRails"); a
 // source that lists none is one rail, whose port MTU is `first_mtu` (0: unknown).
-std::vector<RailPair> rails_from_source(const std::vector<transport::RailAddress>& source, const RdmaSupport& rdma,
+std::vector<RailPair> rails_from_source(const std::vector<session::RailAddress>& source, const RdmaSupport& rdma,
                                         uint32_t first_mtu = 0);
 
 // Target side: the two ports' active MTUs on each matched rail that carries one of `channels`
 // channels (source: the hello's per-rail "mtu", else its "rdmaMtu" for the source's first rail;
 // target: this agent's rail), for choose_transport.
-std::vector<RailMtu> rail_mtus(const transport::Hello& hello, const RdmaSupport& rdma, uint32_t channels);
+std::vector<RailMtu> rail_mtus(const session::Hello& hello, const RdmaSupport& rdma, uint32_t channels);
 // The same from the source's rails as such (`first_mtu`: the MTU of the source's first rail when
 // its entry gives none).
-std::vector<RailMtu> rail_mtus(const std::vector<transport::RailAddress>& source, uint32_t first_mtu,
+std::vector<RailMtu> rail_mtus(const std::vector<session::RailAddress>& source, uint32_t first_mtu,
                                const RdmaSupport& rdma, uint32_t channels);
 
 // Source side: connects channel `params.index` from its rail's local address (and traffic class)

@@ -82,11 +82,11 @@ class TargetAgent {
       auto hello = transport::recv_message(fd->get(), 5s);
       if (!hello) continue;
       if (hello->value("kind", "") == "flow") {
-        auto h = FlowHello::parse(hello.value());
+        auto h = session::Hello::parse(hello.value(), session::Purpose::kFlow);
         ASSERT_TRUE(h.ok()) << h.error().message;
         auto s = TargetSession::accept(
             side_.ctx(), std::move(fd.value()), h.value(),
-            [](const FlowHello&) -> Result<NetnsLocator> {
+            [](const session::Hello&) -> Result<NetnsLocator> {
               return NetnsLocator{[](const net::Endpoint& dst) -> Result<std::shared_ptr<NetNs>> {
                 return Error{Errc::kPermissionDenied, "no virt-handler owns " + dst.to_string() + " in this test"};
               }};
@@ -98,7 +98,7 @@ class TargetAgent {
         session_ = s.value();
       } else if (auto s = session()) {
         // As the relay does: the channel proves the session's key first.
-        auto dh = FlowDataHello::parse(hello.value());
+        auto dh = session::Hello::parse(hello.value(), session::Purpose::kFlow);
         ASSERT_TRUE(dh.ok()) << dh.error().message;
         auto proof = transport::check_channel(fd->get(), s->channel_terms(dh->index), dh->nonce, 5s);
         ASSERT_TRUE(proof.ok()) << proof.error().message;

@@ -98,33 +98,3 @@ TEST(PostcopyRecovery, RecoverySecondsDefaultToFiveMinutesZeroTurnsItOffAndOutOf
   EXPECT_EQ(shipped->migration.postcopy_recovery_seconds, AgentConfig{}.migration.postcopy_recovery_seconds);
 }
 
-TEST(PostcopyRecovery, ARecoverHelloIsAFreshConnectionNeverAResumeAndMayCarryTheControlConnection) {
-  transport::Hello h;
-  h.kind = "data";
-  h.migration_id = "m-1";
-  h.session = std::string(32, 'a');
-  h.nonce = std::string(32, 'b');
-  h.recover = true;
-  auto parsed = transport::Hello::parse(h.to_json());
-  ASSERT_TRUE(parsed.ok()) << parsed.error().message;
-  EXPECT_TRUE(parsed->recover);
-  EXPECT_FALSE(parsed->resume || parsed->control);
-  h.control = true;
-  parsed = transport::Hello::parse(h.to_json());
-  ASSERT_TRUE(parsed.ok()) << parsed.error().message;
-  EXPECT_TRUE(parsed->recover && parsed->control);
-  auto j = h.to_json();
-  j["resume"] = true;
-  auto r = transport::Hello::parse(j);
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.error().message.find("hello.recover"), std::string::npos) << r.error().message;
-  j = h.to_json();
-  j["index"] = 1;  // a recovery's control connection is index 0, as a resumed one
-  r = transport::Hello::parse(j);
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.error().message.find("hello.control"), std::string::npos) << r.error().message;
-  j = h.to_json();
-  j["recover"] = 1;
-  EXPECT_NE(transport::Hello::parse(j).error().message.find("hello.recover: expected a boolean"), std::string::npos);
-  EXPECT_FALSE(transport::Hello{}.to_json().contains("recover"));
-}

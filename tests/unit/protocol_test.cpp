@@ -25,9 +25,9 @@ namespace {
 constexpr const char* kNonceA = "0123456789abcdef0123456789abcdef";
 constexpr const char* kNonceB = "fedcba9876543210fedcba9876543210";
 
-transport::Hello full_control_hello() {
-  transport::Hello h;
-  h.kind = "control";
+session::Hello full_control_hello() {
+  session::Hello h;
+  h.kind = session::HelloKind::kControl;
   h.migration_id = "m-1";
   h.nonce = kNonceA;
   h.channels = 5;
@@ -42,12 +42,13 @@ transport::Hello full_control_hello() {
   return h;
 }
 
-kubevirt::FlowHello full_flow_hello() {
-  kubevirt::FlowHello h;
+session::Hello full_flow_hello() {
+  session::Hello h;
+  h.kind = session::HelloKind::kFlow;
   h.session = kNonceB;
   h.nonce = kNonceA;
   h.mode = "hook";
-  h.vmi = kubevirt::VmiRef{"ns", "vm-1", "uid-1"};
+  h.vmi = session::VmiRef{"ns", "vm-1", "uid-1"};
   h.migration_uid = "mig-uid";
   h.source_node = "node-a";
   h.target_node = "node-b";
@@ -62,8 +63,8 @@ kubevirt::FlowHello full_flow_hello() {
 
 TEST(ProtocolGolden, MigrationHellosAreByteIdentical) {
   EXPECT_EQ(full_control_hello().to_json().dump(), R"({"channels":5,"chunkSize":1048576,"kind":"control","migrationId":"m-1","nonce":"0123456789abcdef0123456789abcdef","protocol":3,"rdmaMtu":4096,"rdmaRails":[{"address":"10.0.0.1","mtu":4096,"rail":0},{"address":"10.0.1.1","rail":1}],"ringDepth":8,"tls":true,"transport":"rdma","transportRequired":true,"type":"hello","verifyChunks":true})");
-  transport::Hello minimal;
-  minimal.kind = "control";
+  session::Hello minimal;
+  minimal.kind = session::HelloKind::kControl;
   minimal.migration_id = "m-1";
   minimal.nonce = kNonceA;
   minimal.channels = 1;
@@ -71,8 +72,8 @@ TEST(ProtocolGolden, MigrationHellosAreByteIdentical) {
   minimal.ring_depth = 2;
   minimal.transport = "tcp";
   EXPECT_EQ(minimal.to_json().dump(), R"({"channels":1,"chunkSize":1048576,"kind":"control","migrationId":"m-1","nonce":"0123456789abcdef0123456789abcdef","protocol":3,"ringDepth":2,"transport":"tcp","transportRequired":false,"type":"hello"})");
-  transport::Hello data;
-  data.kind = "data";
+  session::Hello data;
+  data.kind = session::HelloKind::kData;
   data.migration_id = "m-1";
   data.session = "s-1";
   data.index = 3;
@@ -82,13 +83,14 @@ TEST(ProtocolGolden, MigrationHellosAreByteIdentical) {
 
 TEST(ProtocolGolden, FlowHellosAreByteIdenticalAndSoAreTheirProofs) {
   EXPECT_EQ(full_flow_hello().to_json().dump(), R"({"chunkSize":4194304,"kind":"flow","migrationUid":"mig-uid","mode":"hook","nonce":"0123456789abcdef0123456789abcdef","protocol":6,"rdmaRails":[{"address":"10.0.2.1","mtu":1024,"rail":2}],"ringDepth":16,"session":"fedcba9876543210fedcba9876543210","sourceNode":"node-a","targetNode":"node-b","transport":"tcp","transportRequired":false,"vmi":{"name":"vm-1","namespace":"ns","uid":"uid-1"}})");
-  kubevirt::FlowHello bare = full_flow_hello();
+  session::Hello bare = full_flow_hello();
   bare.vmi = {};
   bare.rdma_rails.clear();
   bare.mode = "static";
   bare.transport_required = true;
   EXPECT_EQ(bare.to_json().dump(), R"({"chunkSize":4194304,"kind":"flow","migrationUid":"mig-uid","mode":"static","nonce":"0123456789abcdef0123456789abcdef","protocol":6,"ringDepth":16,"session":"fedcba9876543210fedcba9876543210","sourceNode":"node-a","targetNode":"node-b","transport":"tcp","transportRequired":true})");
-  kubevirt::FlowDataHello data;
+  session::Hello data;
+  data.kind = session::HelloKind::kFlowData;
   data.session = kNonceB;
   data.index = 7;
   EXPECT_EQ(data.to_json().dump(), R"({"index":7,"kind":"flow-data","protocol":6,"session":"fedcba9876543210fedcba9876543210"})");
@@ -106,32 +108,33 @@ TEST(ProtocolGolden, FlowHellosAreByteIdenticalAndSoAreTheirProofs) {
 TEST(ProtocolCodec, AFlowsFailoverAndAResumeHelloReadBackAndAreOnlyOnTheWireWhenSet) {
   // Off, the hellos are byte-identical to before (the golden test above): an agent that does not
   // read "failover" still proves a hello without it.
-  kubevirt::FlowHello h = full_flow_hello();
+  session::Hello h = full_flow_hello();
   EXPECT_FALSE(h.to_json().contains("failover"));
   h.failover = true;
   auto j = h.to_json();
   EXPECT_EQ(j["failover"], true);
-  auto back = kubevirt::FlowHello::parse(j);
+  auto back = session::Hello::parse(j, session::Purpose::kFlow);
   ASSERT_TRUE(back.ok()) << back.error().message;
   EXPECT_TRUE(back->failover);
   EXPECT_EQ(back->to_json().dump(), j.dump());  // the proofs cover it on both sides alike
   EXPECT_NE(kubevirt::flow_proof("tok", "source", h, kNonceB), kubevirt::flow_proof("tok", "source", full_flow_hello(), kNonceB));
   j["failover"] = "yes";
-  EXPECT_EQ(kubevirt::FlowHello::parse(j).error().message, "hello.failover: expected a boolean");
+  EXPECT_EQ(session::Hello::parse(j, session::Purpose::kFlow).error().message, "hello.failover: expected a boolean");
 
-  kubevirt::FlowDataHello d;
+  session::Hello d;
+  d.kind = session::HelloKind::kFlowData;
   d.session = kNonceB;
   d.index = 3;
   d.nonce = kNonceA;
   EXPECT_FALSE(d.to_json().contains("resume"));
   d.resume = true;
   auto dj = d.to_json();
-  auto dback = kubevirt::FlowDataHello::parse(dj);
+  auto dback = session::Hello::parse(dj, session::Purpose::kFlow);
   ASSERT_TRUE(dback.ok()) << dback.error().message;
   EXPECT_TRUE(dback->resume);
   EXPECT_EQ(dback->index, 3u);
   dj["resume"] = 1;
-  EXPECT_EQ(kubevirt::FlowDataHello::parse(dj).error().message, "hello.resume: expected a boolean");
+  EXPECT_EQ(session::Hello::parse(dj, session::Purpose::kFlow).error().message, "hello.resume: expected a boolean");
 }
 
 TEST(ProtocolGolden, ControlProofIsByteIdentical) {
@@ -244,8 +247,9 @@ TEST(ProtocolCodec, TheHellosPurposeComesFromItsKind) {
   EXPECT_EQ(session::purpose_of(HelloKind::kProbe), Purpose::kProbe);
   EXPECT_TRUE(session::is_channel(HelloKind::kFlowData));
   EXPECT_FALSE(session::is_channel(HelloKind::kPathcheckControl));
-  EXPECT_EQ(session::as_migration(HelloKind::kPathcheckData), HelloKind::kData);
-  EXPECT_EQ(session::as_pathcheck(HelloKind::kControl), HelloKind::kPathcheckControl);
+  session::Hello h;
+  h.kind = HelloKind::kPathcheckData;
+  EXPECT_EQ(h.purpose(), Purpose::kPathCheck);
   EXPECT_EQ(session::protocol_of(Purpose::kMigration), 3u);
   EXPECT_EQ(session::protocol_of(Purpose::kPathCheck), 3u);
   EXPECT_EQ(session::protocol_of(Purpose::kFlow), 6u);
@@ -344,7 +348,7 @@ TEST(ProtocolHostile, AnOversizedOrTooDeepMessageOrFieldIsRefused) {
   }
   auto hello = full_control_hello().to_json();
   hello["migrationId"] = std::string(64, 'm');
-  EXPECT_EQ(transport::Hello::parse(hello).error().message, "hello.migrationId: longer than 63");
+  EXPECT_EQ(session::Hello::parse(hello, session::Purpose::kMigration).error().message, "hello.migrationId: longer than 63");
   auto auth = session::Auth::parse(session::message(session::MessageKind::kAuth, json{{"proof", std::string(65, 'a')}}));
   EXPECT_EQ(auth.error().message, "auth.proof: longer than 64");
   auto challenge = session::Challenge{kNonceB, {"1", "2", "3", "4", "5"}}.to_json();
@@ -367,9 +371,9 @@ TEST(ProtocolHostile, AnUnknownOrMistypedKindIsNoKind) {
   EXPECT_EQ(r.code, "");
   auto hello = full_control_hello().to_json();
   hello["kind"] = "bogus";
-  EXPECT_EQ(transport::Hello::parse(hello).error().message, "hello.kind: expected control or data, got 'bogus'");
+  EXPECT_EQ(session::Hello::parse(hello, session::Purpose::kMigration).error().message, "hello.kind: expected control or data, got 'bogus'");
   hello["type"] = "welcome";
-  EXPECT_EQ(transport::Hello::parse(hello).error().message, "expected a hello, got 'welcome'");
+  EXPECT_EQ(session::Hello::parse(hello, session::Purpose::kMigration).error().message, "expected a hello, got 'welcome'");
 }
 
 TEST(ProtocolHostile, AMessageOutOfItsStateIsRefused) {
@@ -418,32 +422,179 @@ TEST(ProtocolHostile, AReplayedMessageOrProofIsRefused) {
             "channel 2: the connect request's proof was used before (a replay)");
 }
 
+// (Was KubevirtFlowHello.RoundTripsAndValidatesEveryField in kubevirt_test.cpp.)
+TEST(ProtocolHostile, AFlowHelloRoundTripsAndRefusesEveryBadField) {
+  session::Hello h = full_flow_hello();
+  h.rdma_rails.clear();
+  auto back = session::Hello::parse(h.to_json(), session::Purpose::kFlow);
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ(back->vmi.key(), "ns/vm-1");
+  EXPECT_TRUE(back->rdma_rails.empty());
+  EXPECT_FALSE(h.to_json().contains("rdmaRails")) << "no rails, no key: the proof covers exactly what was sent";
+  session::Hello railed = h;
+  railed.rdma_rails = {{0, "10.10.0.1", 4096}, {1, "fd00::1", 0}};
+  auto back2 = session::Hello::parse(railed.to_json(), session::Purpose::kFlow);
+  ASSERT_TRUE(back2) << back2.error().message;
+  ASSERT_EQ(back2->rdma_rails.size(), 2u);
+  EXPECT_EQ(back2->rdma_rails[1].address, "fd00::1");
+  EXPECT_EQ(back2->to_json(), railed.to_json());
+  for (auto [key, value, field] : std::vector<std::tuple<std::string, json, std::string>>{
+           {"session", "ZZ", "hello.session"},
+           {"chunkSize", 3, "hello.chunkSize"},
+           {"ringDepth", 1, "hello.ringDepth"},
+           {"transport", "ib", "hello.transport"},
+           {"mode", "x", "hello.mode"},
+           {"nonce", "short", "hello.nonce"},
+           {"protocol", 1, "hello.protocol"},
+           {"protocol", 2, "hello.protocol"},
+           {"protocol", 4, "hello.protocol"},
+           {"rdmaRails", json::array({json{{"rail", 0}, {"address", "10.10.0.1"}, {"mtu", 1500}}}), "hello.rdmaRails[0].mtu"},
+           {"rdmaRails", json::array({json{{"rail", 16}, {"address", "10.10.0.1"}}}), "hello.rdmaRails[0].rail"},
+           {"rdmaRails", json::array({json{{"rail", 0}, {"address", "a"}}, json{{"rail", 0}, {"address", "b"}}}),
+            "hello.rdmaRails[1].rail"},
+           {"rdmaRails", json(std::vector<json>(17, json{{"rail", 0}, {"address", "a"}})), "hello.rdmaRails"},
+           {"rdmaRails", "10.10.0.1", "hello.rdmaRails"}}) {
+    auto j = h.to_json();
+    j[key] = value;
+    auto r = session::Hello::parse(j, session::Purpose::kFlow);
+    ASSERT_FALSE(r) << key;
+    EXPECT_NE(r.error().message.find(field), std::string::npos) << r.error().message;
+  }
+}
+
+// (Was in postcopy_recovery_test.cpp.)
+TEST(ProtocolHostile, ARecoverHelloIsAFreshConnectionNeverAResumeAndMayCarryTheControlConnection) {
+  session::Hello h;
+  h.kind = session::HelloKind::kData;
+  h.migration_id = "m-1";
+  h.session = std::string(32, 'a');
+  h.nonce = std::string(32, 'b');
+  h.recover = true;
+  auto parsed = session::Hello::parse(h.to_json(), session::Purpose::kMigration);
+  ASSERT_TRUE(parsed.ok()) << parsed.error().message;
+  EXPECT_TRUE(parsed->recover);
+  EXPECT_FALSE(parsed->resume || parsed->control);
+  h.control = true;
+  parsed = session::Hello::parse(h.to_json(), session::Purpose::kMigration);
+  ASSERT_TRUE(parsed.ok()) << parsed.error().message;
+  EXPECT_TRUE(parsed->recover && parsed->control);
+  auto j = h.to_json();
+  j["resume"] = true;
+  auto r = session::Hello::parse(j, session::Purpose::kMigration);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("hello.recover"), std::string::npos) << r.error().message;
+  j = h.to_json();
+  j["index"] = 1;  // a recovery's control connection is index 0, as a resumed one
+  r = session::Hello::parse(j, session::Purpose::kMigration);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("hello.control"), std::string::npos) << r.error().message;
+  j = h.to_json();
+  j["recover"] = 1;
+  EXPECT_NE(session::Hello::parse(j, session::Purpose::kMigration).error().message.find("hello.recover: expected a boolean"), std::string::npos);
+  EXPECT_FALSE(session::Hello{}.to_json().contains("recover"));
+}
+
+TEST(ProtocolHostile, AHelloOfAnotherPurposeIsRefusedNamingTheKinds) {
+  // One codec, one type: a hello is read for the purpose of the registry it reached, and a kind
+  // of another purpose is refused at hello.kind, never read with another purpose's fields.
+  auto control = full_control_hello().to_json();
+  auto r = session::Hello::parse(control, session::Purpose::kPathCheck);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().message, "hello.kind: expected pathcheck-control or pathcheck-data, got 'control'");
+  control["kind"] = "flow";
+  EXPECT_EQ(session::Hello::parse(control, session::Purpose::kMigration).error().message,
+            "hello.kind: expected control or data, got 'flow'");
+  auto flow = full_flow_hello().to_json();
+  flow["kind"] = "control";
+  EXPECT_EQ(session::Hello::parse(flow, session::Purpose::kFlow).error().message,
+            "hello.kind: expected flow or flow-data, got 'control'");
+  flow["kind"] = 5;
+  EXPECT_EQ(session::Hello::parse(flow, session::Purpose::kFlow).error().message, "hello.kind: must be a string");
+  // A flow hello reaching the migration registry has no "type": refused before any field.
+  EXPECT_EQ(session::Hello::parse(full_flow_hello().to_json(), session::Purpose::kMigration).error().message,
+            "hello.type: required");
+  EXPECT_EQ(session::Hello::parse(json::array(), session::Purpose::kFlow).error().message, "expected a hello");
+}
+
+TEST(ProtocolHostile, ATruncatedHelloOfEachPurposeNamesTheMissingField) {
+  for (const char* key : {"session", "nonce", "mode", "migrationUid", "sourceNode", "targetNode", "chunkSize", "ringDepth",
+                          "transport"}) {
+    auto flow = full_flow_hello().to_json();
+    flow.erase(key);
+    auto r = session::Hello::parse(flow, session::Purpose::kFlow);
+    ASSERT_FALSE(r.ok()) << key;
+    EXPECT_EQ(r.error().message, std::string("hello.") + key + ": required");
+  }
+  session::Hello fd;
+  fd.kind = session::HelloKind::kFlowData;
+  fd.session = kNonceB;
+  fd.nonce = kNonceA;
+  for (const char* key : {"session", "index", "nonce"}) {
+    auto j = fd.to_json();
+    j.erase(key);
+    EXPECT_EQ(session::Hello::parse(j, session::Purpose::kFlow).error().message, std::string("hello.") + key + ": required");
+  }
+  for (const char* key : {"migrationId", "nonce", "channels", "chunkSize", "ringDepth", "transport"}) {
+    auto j = full_control_hello().to_json();
+    j.erase(key);
+    EXPECT_EQ(session::Hello::parse(j, session::Purpose::kMigration).error().message, std::string("hello.") + key + ": required");
+  }
+}
+
+TEST(ProtocolGolden, PathCheckAndProbeHellosAreByteIdentical) {
+  // A path check's hellos are a migration's fields under the path check's kinds (the previous
+  // release rewrote "kind" after serialising a migration hello: the same bytes).
+  session::Hello h = full_control_hello();
+  h.kind = session::HelloKind::kPathcheckControl;
+  EXPECT_EQ(h.to_json().dump(), R"({"channels":5,"chunkSize":1048576,"kind":"pathcheck-control","migrationId":"m-1","nonce":"0123456789abcdef0123456789abcdef","protocol":3,"rdmaMtu":4096,"rdmaRails":[{"address":"10.0.0.1","mtu":4096,"rail":0},{"address":"10.0.1.1","rail":1}],"ringDepth":8,"tls":true,"transport":"rdma","transportRequired":true,"type":"hello","verifyChunks":true})");
+  auto back = session::Hello::parse(h.to_json(), session::Purpose::kPathCheck);
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(back->kind, session::HelloKind::kPathcheckControl);
+  EXPECT_EQ(back->purpose(), session::Purpose::kPathCheck);
+  EXPECT_EQ(back->to_json(), h.to_json());
+  session::Hello d;
+  d.kind = session::HelloKind::kPathcheckData;
+  d.migration_id = "pc-1";
+  d.session = "s-1";
+  d.index = 2;
+  d.nonce = kNonceA;
+  EXPECT_EQ(d.to_json().dump(), R"({"index":2,"kind":"pathcheck-data","migrationId":"pc-1","nonce":"0123456789abcdef0123456789abcdef","protocol":3,"session":"s-1","type":"hello"})");
+  auto dback = session::Hello::parse(d.to_json(), session::Purpose::kPathCheck);
+  ASSERT_TRUE(dback.ok()) << dback.error().message;
+  EXPECT_EQ(dback->kind, session::HelloKind::kPathcheckData);
+  EXPECT_EQ(dback->index, 2u);
+  session::Hello probe;
+  probe.kind = session::HelloKind::kProbe;
+  EXPECT_EQ(probe.to_json().dump(), R"({"kind":"probe","protocol":3})");
+}
+
 TEST(ProtocolHostile, AnotherVersionIsRefusedAtTheHelloNamingBoth) {
   for (uint64_t v : {2u, 4u}) {
     auto hello = full_control_hello().to_json();
     hello["protocol"] = v;
-    auto r = transport::Hello::parse(hello);
+    auto r = session::Hello::parse(hello, session::Purpose::kMigration);
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.error().code, Errc::kProtocol);
     EXPECT_EQ(r.error().message, "hello.protocol: peer speaks version " + std::to_string(v) + ", this agent 3");
   }
   auto zero = full_control_hello().to_json();
   zero["protocol"] = 0;
-  EXPECT_EQ(transport::Hello::parse(zero).error().message, "hello.protocol: must be between 1 and 1000, got 0");
+  EXPECT_EQ(session::Hello::parse(zero, session::Purpose::kMigration).error().message, "hello.protocol: must be between 1 and 1000, got 0");
   auto flow = full_flow_hello().to_json();
   flow["protocol"] = 5;
-  auto f = kubevirt::FlowHello::parse(flow);
+  auto f = session::Hello::parse(flow, session::Purpose::kFlow);
   ASSERT_FALSE(f.ok());
   EXPECT_EQ(f.error().code, Errc::kInvalidArgument);
   EXPECT_EQ(f.error().message, "hello.protocol: this agent speaks 6, got 5");
-  kubevirt::FlowDataHello fd;
+  session::Hello fd;
+  fd.kind = session::HelloKind::kFlowData;
   fd.session = kNonceB;
   fd.nonce = kNonceA;
   auto data = fd.to_json();
   data["protocol"] = 7;
-  EXPECT_EQ(kubevirt::FlowDataHello::parse(data).error().message, "hello.protocol: this agent speaks 6, got 7");
+  EXPECT_EQ(session::Hello::parse(data, session::Purpose::kFlow).error().message, "hello.protocol: this agent speaks 6, got 7");
   data.erase("protocol");
-  EXPECT_EQ(kubevirt::FlowDataHello::parse(data).error().message, "hello.protocol: required");
+  EXPECT_EQ(session::Hello::parse(data, session::Purpose::kFlow).error().message, "hello.protocol: required");
   // The RDMA connect request's own version.
   transport::rdma::ConnectRequest req;
   auto raw = req.encode();

@@ -79,7 +79,7 @@ TEST(Rails, APeerWithOneEndpointIsOneRail) {
   ASSERT_EQ(pairs->size(), 1u);
   EXPECT_EQ((*pairs)[0].local.device, "rxea");
   EXPECT_EQ((*pairs)[0].peer, "10.99.0.2:7472");
-  transport::Hello old_source;  // no rdmaRails
+  session::Hello old_source;  // no rdmaRails
   EXPECT_EQ(rails_from_hello(old_source, local).size(), 1u);
 }
 
@@ -94,8 +94,8 @@ TEST(Rails, WelcomeAdvertisesEveryRailAndTheFirstForOneDevicePeers) {
   ASSERT_EQ(pairs->size(), 2u);
   EXPECT_EQ((*pairs)[1].peer, "10.99.2.2:7472");
   // The target computes the same match from the source's hello.
-  transport::Hello hello;
-  hello.kind = "control";
+  session::Hello hello;
+  hello.kind = session::HelloKind::kControl;
   hello.rdma_rails = rail_addresses(source);
   const auto mirrored = rails_from_hello(hello, target);
   ASSERT_EQ(mirrored.size(), 2u);
@@ -151,8 +151,8 @@ TEST(Rails, MtusAreComparedOnEveryMatchedRailThatCarriesAChannelAndTheMismatchNa
   const auto source = support({rail_with_mtu(0, "mlx5_0", "10.10.0.1", 1024), rail_with_mtu(1, "mlx5_1", "10.10.1.1", 4096)});
   auto target = support({rail_with_mtu(0, "mlx5_2", "10.10.0.2", 1024), rail_with_mtu(1, "mlx5_3", "10.10.1.2", 1024)});
   target.mtu = 1024;
-  transport::Hello hello;
-  hello.kind = "control";
+  session::Hello hello;
+  hello.kind = session::HelloKind::kControl;
   hello.rdma_mtu = 1024;  // the source's first rail, all an older target compared
   hello.rdma_rails = rail_addresses(source);
   const TransportOffer rdma_offer{TransportKind::kRdma, false};
@@ -182,8 +182,8 @@ TEST(Rails, MtusAreComparedOnEveryMatchedRailThatCarriesAChannelAndTheMismatchNa
 
 TEST(Rails, ASourceThatListsRailsWithoutMtusIsComparedOnItsFirstRailByRdmaMtu) {
   auto target = support({rail_with_mtu(0, "mlx5_2", "10.10.0.2", 1024), rail_with_mtu(1, "mlx5_3", "10.10.1.2", 1024)});
-  transport::Hello hello;
-  hello.kind = "control";
+  session::Hello hello;
+  hello.kind = session::HelloKind::kControl;
   hello.rdma_mtu = 4096;
   hello.rdma_rails = {{0, "10.10.0.1"}, {1, "10.10.1.1"}};  // no per-rail "mtu"
   const auto mtus = rail_mtus(hello, target, 4);
@@ -194,7 +194,7 @@ TEST(Rails, ASourceThatListsRailsWithoutMtusIsComparedOnItsFirstRailByRdmaMtu) {
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.error().message.find("rail 0 (target device mlx5_2)"), std::string::npos) << c.error().message;
   // A one-device source (no rails at all): its rdmaMtu against this agent's first rail.
-  transport::Hello old_source;
+  session::Hello old_source;
   old_source.rdma_mtu = 2048;
   const auto legacy = rail_mtus(old_source, target, 4);
   ASSERT_EQ(legacy.size(), 1u);
@@ -205,8 +205,8 @@ TEST(Rails, ASourceThatListsRailsWithoutMtusIsComparedOnItsFirstRailByRdmaMtu) {
 
 TEST(Rails, HelloCarriesEachRailsMtuAndRefusesABadOne) {
   const auto source = support({rail_with_mtu(0, "mlx5_0", "10.10.0.1", 1024), rail_with_mtu(1, "mlx5_1", "10.10.1.1", 4096)});
-  transport::Hello hello;
-  hello.kind = "control";
+  session::Hello hello;
+  hello.kind = session::HelloKind::kControl;
   hello.migration_id = "m1";
   hello.channels = 2;
   hello.chunk_size = 1 << 20;
@@ -215,12 +215,12 @@ TEST(Rails, HelloCarriesEachRailsMtuAndRefusesABadOne) {
   hello.nonce = "0123456789abcdef0123456789abcdef";
   hello.rdma_rails = rail_addresses(source);
   auto j = hello.to_json();
-  auto back = transport::Hello::parse(j);
+  auto back = session::Hello::parse(j, session::Purpose::kMigration);
   ASSERT_TRUE(back.ok()) << back.error().message;
   ASSERT_EQ(back->rdma_rails.size(), 2u);
   EXPECT_EQ(back->rdma_rails[1].mtu, 4096u);
   j["rdmaRails"][1]["mtu"] = 1500;
-  auto bad = transport::Hello::parse(j);
+  auto bad = session::Hello::parse(j, session::Purpose::kMigration);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("rdmaRails[1].mtu"), std::string::npos) << bad.error().message;
 }

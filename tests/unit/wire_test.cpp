@@ -11,11 +11,12 @@
 using namespace rdmig;
 using namespace rdmig::transport;
 using nlohmann::json;
+using session::Hello;
 
 namespace {
 Hello control_hello() {
   Hello h;
-  h.kind = "control";
+  h.kind = session::HelloKind::kControl;
   h.migration_id = "m-1";
   h.channels = 5;
   h.chunk_size = 4 << 20;
@@ -27,7 +28,7 @@ Hello control_hello() {
 }  // namespace
 
 TEST(Wire, ControlHelloRoundTrips) {
-  auto parsed = Hello::parse(control_hello().to_json());
+  auto parsed = Hello::parse(control_hello().to_json(), session::Purpose::kMigration);
   ASSERT_TRUE(parsed.ok()) << parsed.error().message;
   EXPECT_EQ(parsed->channels, 5u);
   EXPECT_EQ(parsed->chunk_size, 4u << 20);
@@ -49,29 +50,29 @@ TEST(Wire, ControlProofBindsTokenBothNoncesAndMigration) {
 TEST(Wire, HelloErrorsNameTheField) {
   auto j = control_hello().to_json();
   j["chunkSize"] = 3 << 20;
-  auto r = Hello::parse(j);
+  auto r = Hello::parse(j, session::Purpose::kMigration);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("hello.chunkSize"), std::string::npos) << r.error().message;
   j = control_hello().to_json();
   j["channels"] = 0;
-  EXPECT_NE(Hello::parse(j).error().message.find("hello.channels"), std::string::npos);
+  EXPECT_NE(Hello::parse(j, session::Purpose::kMigration).error().message.find("hello.channels"), std::string::npos);
   j = control_hello().to_json();
   j["transport"] = "carrier-pigeon";
-  EXPECT_NE(Hello::parse(j).error().message.find("hello.transport"), std::string::npos);
+  EXPECT_NE(Hello::parse(j, session::Purpose::kMigration).error().message.find("hello.transport"), std::string::npos);
   j = control_hello().to_json();
   j.erase("migrationId");
-  EXPECT_NE(Hello::parse(j).error().message.find("hello.migrationId"), std::string::npos);
+  EXPECT_NE(Hello::parse(j, session::Purpose::kMigration).error().message.find("hello.migrationId"), std::string::npos);
   j = control_hello().to_json();
   j["protocol"] = 1;  // an agent that still sends its token in the hello
-  EXPECT_EQ(Hello::parse(j).error().code, Errc::kProtocol);
+  EXPECT_EQ(Hello::parse(j, session::Purpose::kMigration).error().code, Errc::kProtocol);
   j["protocol"] = 2;  // an agent whose data channels prove nothing: refused naming both versions
-  EXPECT_NE(Hello::parse(j).error().message.find("peer speaks version 2, this agent 3"), std::string::npos)
-      << Hello::parse(j).error().message;
+  EXPECT_NE(Hello::parse(j, session::Purpose::kMigration).error().message.find("peer speaks version 2, this agent 3"), std::string::npos)
+      << Hello::parse(j, session::Purpose::kMigration).error().message;
   j = control_hello().to_json();
   j.erase("nonce");
-  EXPECT_NE(Hello::parse(j).error().message.find("hello.nonce"), std::string::npos);
+  EXPECT_NE(Hello::parse(j, session::Purpose::kMigration).error().message.find("hello.nonce"), std::string::npos);
   j["nonce"] = "ABC";
-  EXPECT_NE(Hello::parse(j).error().message.find("hello.nonce"), std::string::npos);
+  EXPECT_NE(Hello::parse(j, session::Purpose::kMigration).error().message.find("hello.nonce"), std::string::npos);
 }
 
 TEST(Wire, MessagesCrossASocketAndOversizedLengthIsRefused) {
@@ -101,15 +102,15 @@ TEST(Wire, ReceiveTimesOutWhenPeerIsSilent) {
 TEST(Wire, ControlHelloCarriesTheRdmaMtuWhenOfferedAndChecksIt) {
   auto h = control_hello();
   EXPECT_FALSE(h.to_json().contains("rdmaMtu")) << "0 = not offered: not on the wire";
-  EXPECT_EQ(Hello::parse(h.to_json())->rdma_mtu, 0u);
+  EXPECT_EQ(Hello::parse(h.to_json(), session::Purpose::kMigration)->rdma_mtu, 0u);
   h.rdma_mtu = 1024;
-  auto parsed = Hello::parse(h.to_json());
+  auto parsed = Hello::parse(h.to_json(), session::Purpose::kMigration);
   ASSERT_TRUE(parsed.ok()) << parsed.error().message;
   EXPECT_EQ(parsed->rdma_mtu, 1024u);
   for (int bad : {1500, 128, 8192, 0}) {
     auto j = h.to_json();
     j["rdmaMtu"] = bad;
-    auto r = Hello::parse(j);
+    auto r = Hello::parse(j, session::Purpose::kMigration);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_NE(r.error().message.find("hello.rdmaMtu"), std::string::npos) << r.error().message;
   }
@@ -119,21 +120,21 @@ TEST(Wire, ControlHelloCarriesTheSourcesRailsAndValidatesThem) {
   Hello h = control_hello();
   h.transport = "rdma";
   h.rdma_rails = {{0, "10.99.0.1"}, {1, "10.99.2.1"}};
-  auto back = Hello::parse(h.to_json());
+  auto back = Hello::parse(h.to_json(), session::Purpose::kMigration);
   ASSERT_TRUE(back.ok()) << back.error().message;
   ASSERT_EQ(back->rdma_rails.size(), 2u);
   EXPECT_EQ(back->rdma_rails[1].rail, 1u);
   EXPECT_EQ(back->rdma_rails[1].address, "10.99.2.1");
-  EXPECT_TRUE(Hello::parse(control_hello().to_json())->rdma_rails.empty()) << "a one-device source sends none";
+  EXPECT_TRUE(Hello::parse(control_hello().to_json(), session::Purpose::kMigration)->rdma_rails.empty()) << "a one-device source sends none";
   auto j = h.to_json();
   j["rdmaRails"][1]["rail"] = 0;
-  auto dup = Hello::parse(j);
+  auto dup = Hello::parse(j, session::Purpose::kMigration);
   ASSERT_FALSE(dup.ok());
   EXPECT_NE(dup.error().message.find("hello.rdmaRails[1]"), std::string::npos) << dup.error().message;
   j["rdmaRails"] = "10.99.0.1";
-  EXPECT_FALSE(Hello::parse(j).ok());
+  EXPECT_FALSE(Hello::parse(j, session::Purpose::kMigration).ok());
   j["rdmaRails"] = json::array({json{{"rail", 99}, {"address", "10.99.0.1"}}});
-  auto range = Hello::parse(j);
+  auto range = Hello::parse(j, session::Purpose::kMigration);
   ASSERT_FALSE(range.ok());
   EXPECT_NE(range.error().message.find("hello.rdmaRails[0].rail"), std::string::npos) << range.error().message;
 }
@@ -143,17 +144,17 @@ TEST(Wire, ControlHelloCarriesTheSourcesRailsAndValidatesThem) {
 TEST(Wire, ControlHelloCarriesVerifyChunksOnlyWhenAsked) {
   auto h = control_hello();
   EXPECT_FALSE(h.to_json().contains("verifyChunks"));
-  auto parsed = Hello::parse(h.to_json());
+  auto parsed = Hello::parse(h.to_json(), session::Purpose::kMigration);
   ASSERT_TRUE(parsed.ok());
   EXPECT_FALSE(parsed->verify_chunks);
   h.verify_chunks = true;
   auto j = h.to_json();
   EXPECT_EQ(j["verifyChunks"], true);
-  parsed = Hello::parse(j);
+  parsed = Hello::parse(j, session::Purpose::kMigration);
   ASSERT_TRUE(parsed.ok()) << parsed.error().message;
   EXPECT_TRUE(parsed->verify_chunks);
   j["verifyChunks"] = 1;
-  parsed = Hello::parse(j);
+  parsed = Hello::parse(j, session::Purpose::kMigration);
   ASSERT_FALSE(parsed.ok());
   EXPECT_NE(parsed.error().message.find("hello.verifyChunks"), std::string::npos) << parsed.error().message;
 }
@@ -288,24 +289,24 @@ TEST(ChannelProof, ADiallerRefusesAWelcomeThatDoesNotProveTheKey) {
 
 TEST(Wire, AControlResumeHelloIsAResumeWithIndexZeroOnly) {
   Hello h;
-  h.kind = "data";
+  h.kind = session::HelloKind::kData;
   h.migration_id = "m-1";
   h.session = std::string(32, 'a');
   h.nonce = std::string(32, 'b');
   h.resume = true;
   h.control = true;
-  auto parsed = Hello::parse(h.to_json());
+  auto parsed = Hello::parse(h.to_json(), session::Purpose::kMigration);
   ASSERT_TRUE(parsed.ok()) << parsed.error().message;
   EXPECT_TRUE(parsed->control && parsed->resume);
   auto j = h.to_json();
   j.erase("resume");  // a control hello that resumes nothing
-  auto r = Hello::parse(j);
+  auto r = Hello::parse(j, session::Purpose::kMigration);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("hello.control"), std::string::npos) << r.error().message;
   j = h.to_json();
   j["index"] = 3;
-  EXPECT_FALSE(Hello::parse(j).ok());
+  EXPECT_FALSE(Hello::parse(j, session::Purpose::kMigration).ok());
   j = h.to_json();
   j["control"] = "yes";
-  EXPECT_NE(Hello::parse(j).error().message.find("hello.control: expected a boolean"), std::string::npos);
+  EXPECT_NE(Hello::parse(j, session::Purpose::kMigration).error().message.find("hello.control: expected a boolean"), std::string::npos);
 }
