@@ -17,6 +17,7 @@ WORKDIR /src
 # .git is not in the context (.dockerignore): the revision comes in as a build argument (without
 # one, --version says "unknown"), declared after the copies so that no earlier layer depends on it.
 COPY CMakeLists.txt ./
+COPY cmake/ cmake/
 COPY bench/stream/ bench/stream/
 COPY src/ src/
 COPY agent/ agent/
