@@ -244,7 +244,10 @@ Status SourceJob::connect_data_plane() {
   const int64_t t0 = wall_clock_us();
   json start{{"clockUs", t0}};
   const bool post_copy = spec_.post_copy.mode != PostCopyMode::kNever;
-  if (post_copy) start["postCopy"] = true;  // the target enables postcopy-ram on its QEMU too
+  if (post_copy) {
+    start["postCopy"] = true;  // the target enables postcopy-ram on its QEMU too
+    start[session::kPostcopySwitchAgreementField] = true;  // and this end asks before it switches
+  }
   RDMIG_TRY(link_->send(session::message(session::MessageKind::kStart, start)));
   auto ready = link_->expect(session::to_string(session::MessageKind::kReady), kHandshakeTimeout);
   const int64_t t3 = wall_clock_us();
@@ -263,6 +266,7 @@ Status SourceJob::connect_data_plane() {
                                                   " did not confirm postCopy (an rdmig agent from before it?): "
                                                   "upgrade it, or migrate with postCopy 'never'"};
     }
+    target_agrees_ = session::offers_postcopy_switch_agreement(ready.value());
   }
   if (clock_) {
     LOG_DEBUG("migration") << log_prefix() << " target clock offset " << clock_->offset_us << " us (+/- "
