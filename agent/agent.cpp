@@ -16,7 +16,7 @@
 
 #include "common/log.h"
 #include "common/stop_signals.h"
-#include "kubevirt/kubevirt_metrics.h"
+#include "kubevirt/flow/kubevirt_metrics.h"
 
 namespace rdmig::agent {
 namespace {

@@ -16,7 +16,7 @@
 #include "common/token_source.h"
 #include "config/agent_config.h"
 #include "metrics/metrics.h"
-#include "kubevirt/relay.h"
+#include "kubevirt/flow/relay.h"
 #include "migration/manager.h"
 #include "pathcheck/manager.h"
 #include "tls/server_certificate.h"

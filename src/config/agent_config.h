@@ -167,7 +167,7 @@ struct KubevirtConfig {
   // its migration for good when multifd sockets were reset); "reset" resets every connection
   // at once; "auto" asks the source launcher's libvirt for its QEMU version
   // (virConnectGetVersion) for the record and drains on every version so far: QEMU 10.0 wedged
-  // once in 114 link-cut tries with every connection reset (kubevirt/libvirt_stats.h,
+  // once in 114 link-cut tries with every connection reset (kubevirt/flow/libvirt_stats.h,
   // bench/results/kubevirt-failures/).
   std::string multifd_on_failure = "auto";
   // Chunks in flight per carried connection (the flow's credits; migration.ringDepth is the

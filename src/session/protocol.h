@@ -24,7 +24,7 @@ namespace rdmig::session {
 // Each line is matched exactly today: a peer of another version is refused at its hello.
 // The data plane (bare-QEMU migrations, path checks, the KubeVirt probe); transport/wire.h.
 inline constexpr uint32_t kDataPlaneProtocol = 3;
-// The KubeVirt flow (hellos "flow" and "flow-data"); kubevirt/flow_protocol.h.
+// The KubeVirt flow (hellos "flow" and "flow-data"); kubevirt/flow/flow_protocol.h.
 inline constexpr uint64_t kFlowProtocol = 6;
 // (The RDMA connection request's private data has its own version, 2: transport/rdma/cm.h.)
 
@@ -144,7 +144,7 @@ struct SessionTerms {
 };
 Result<SessionTerms> parse_session_terms(const nlohmann::json& j, const std::string& where);
 
-// The VMI a carried KubeVirt migration moves (a flow hello's "vmi"; kubevirt/vmi.h names it VmiRef).
+// The VMI a carried KubeVirt migration moves (a flow hello's "vmi"; kubevirt/hook/vmi.h names it VmiRef).
 struct VmiRef {
   std::string namespace_;
   std::string name;

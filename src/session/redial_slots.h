@@ -2,7 +2,7 @@
 // over a channel (or the control connection, transport::kControlIndex) of one session, from the
 // data-plane accept thread that checked their proof (put()) to the failover that waits for one
 // (take(): the FailoverChannel's or ControlLink's Reconnect on this end). Shared by bare-QEMU
-// target jobs (migration/target_job.cpp) and KubeVirt target sessions (kubevirt/target_session.cpp).
+// target jobs (migration/target_job.cpp) and KubeVirt target sessions (kubevirt/flow/target_session.cpp).
 // A rail failover's re-dial is an RDMA channel instead (accepted by the rdma_cm listener): its
 // resume exchange runs over the channel itself (resume.h).
 #pragma once

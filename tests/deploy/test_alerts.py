@@ -25,7 +25,7 @@ ALERTS = ["RdmigAgentDown", "RdmigControllerNoLeader", "RdmigMigrationFailed", "
           "RdmigVmPausedOnSource", "RdmigRdmaFallback", "RdmigRdmaUnavailable", "RdmigRdmaRailDown",
           "RdmigRepeatedFailovers", "RdmigControllerReconcileErrors", "RdmigKubevirtHookErrors", "RdmigKubevirtHookNotServed",
           "RdmigKubevirtNotCarried", "RdmigKubevirtCarriedOverTcp"]
-METRIC_SOURCES = ("src/metrics/metrics.cpp", "src/kubevirt/kubevirt_metrics.cpp", "controller/controller_metrics.cpp")
+METRIC_SOURCES = ("src/metrics/metrics.cpp", "src/kubevirt/flow/kubevirt_metrics.cpp", "controller/controller_metrics.cpp")
 
 
 def promtool():

@@ -580,7 +580,7 @@ class ChartTest(unittest.TestCase):
                 self.assertIs(ep.get("honorLabels"), True, sm["metadata"]["name"])
 
         sources = ""
-        for rel in ("src/metrics/metrics.cpp", "src/kubevirt/kubevirt_metrics.cpp", "controller/controller_metrics.cpp"):
+        for rel in ("src/metrics/metrics.cpp", "src/kubevirt/flow/kubevirt_metrics.cpp", "controller/controller_metrics.cpp"):
             with open(os.path.join(REPO, rel)) as f:
                 sources += f.read()
         labels = set(re.findall(r'\{"([a-z_]+)", ', sources)) | set(re.findall(r'\w+\["([a-z_]+)"\] = ', sources))
@@ -608,7 +608,7 @@ class ChartTest(unittest.TestCase):
         with open(os.path.join(REPO, "dashboards", "rdmig.json")) as f:
             names, _ = dashboard_metric_names(json.load(f))
         sources = ""
-        for rel in ("src/metrics/metrics.cpp", "src/kubevirt/kubevirt_metrics.cpp", "controller/controller_metrics.cpp"):
+        for rel in ("src/metrics/metrics.cpp", "src/kubevirt/flow/kubevirt_metrics.cpp", "controller/controller_metrics.cpp"):
             with open(os.path.join(REPO, rel)) as f:
                 sources += f.read()
         registered = set(re.findall(r'Name\("(rdmig_[A-Za-z0-9_]+)"\)', sources))

@@ -4,7 +4,7 @@ import json
 import statistics
 
 FAULTS = ("target-agent", "source-agent", "target-qemu", "target-pod", "link-cut")
-ABORT_GRACE_S = 5.0  # src/kubevirt/relay_internal.h kAbortGrace
+ABORT_GRACE_S = 5.0  # src/kubevirt/flow/relay_internal.h kAbortGrace
 
 
 def summarize(rows):

@@ -11,7 +11,7 @@
 
 #include "common/net.h"
 #include "common/token_source.h"
-#include "kubevirt/sessions.h"
+#include "kubevirt/flow/sessions.h"
 #include "session/transport_choice.h"
 #include "transport/channel_proof.h"
 #include "transport/wire.h"

@@ -8,7 +8,7 @@
 #include <atomic>
 #include <thread>
 
-#include "kubevirt/flow_session.h"
+#include "kubevirt/flow/flow_session.h"
 
 using nlohmann::json;
 using namespace rdmig;

@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "common/fd.h"
-#include "kubevirt/flow_protocol.h"
+#include "kubevirt/flow/flow_protocol.h"
 #include "session/protocol.h"
 #include "transport/rdma/cm.h"
 #include "transport/channel_proof.h"

@@ -1,4 +1,4 @@
-#include "kubevirt/hook_server.h"
+#include "kubevirt/hook/hook_server.h"
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/server_posix.h>
@@ -8,7 +8,7 @@
 
 #include "common/log.h"
 #include "common/net.h"
-#include "kubevirt/relay.h"
+#include "kubevirt/flow/relay.h"
 #include "node_hook.grpc.pb.h"
 #include "common/json_limits.h"
 

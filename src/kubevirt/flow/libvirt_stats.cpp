@@ -1,4 +1,4 @@
-#include "kubevirt/libvirt_stats.h"
+#include "kubevirt/flow/libvirt_stats.h"
 
 #include <libvirt/libvirt.h>
 #include <libvirt/virterror.h>
@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "common/fd.h"
-#include "kubevirt/netns.h"
+#include "kubevirt/intercept/netns.h"
 
 namespace rdmig::kubevirt {
 

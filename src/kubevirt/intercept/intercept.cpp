@@ -1,4 +1,4 @@
-#include "kubevirt/intercept.h"
+#include "kubevirt/intercept/intercept.h"
 
 #include <poll.h>
 #include <sys/socket.h>

@@ -1,6 +1,6 @@
 #include "common/log.h"
 #include "common/units.h"
-#include "kubevirt/sessions.h"
+#include "kubevirt/flow/sessions.h"
 #include "session/resume.h"
 #include "session/transport_choice.h"
 #include "session/types.h"

@@ -1,4 +1,4 @@
-#include "kubevirt/netns.h"
+#include "kubevirt/intercept/netns.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>

@@ -1,4 +1,4 @@
-#include "kubevirt/flow_protocol.h"
+#include "kubevirt/flow/flow_protocol.h"
 
 #include "common/hmac.h"
 #include "common/units.h"

@@ -9,8 +9,8 @@
 #include <string>
 
 #include "config/agent_config.h"
-#include "kubevirt/flow_record.h"
-#include "kubevirt/handler_identity.h"
+#include "kubevirt/flow/flow_record.h"
+#include "kubevirt/hook/handler_identity.h"
 
 namespace rdmig::kubevirt {
 

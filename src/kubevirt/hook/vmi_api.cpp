@@ -1,4 +1,4 @@
-#include "kubevirt/vmi_api.h"
+#include "kubevirt/hook/vmi_api.h"
 
 #include <arpa/inet.h>
 
@@ -8,7 +8,7 @@
 #include "common/net.h"
 #include "k8s/http_kube_client.h"
 #include "k8s/selectors.h"
-#include "kubevirt/peer_discovery.h"
+#include "kubevirt/peers/peer_discovery.h"
 
 namespace rdmig::kubevirt {
 

@@ -17,8 +17,8 @@
 
 #include "common/mutex.h"
 #include "common/result.h"
-#include "kubevirt/flow_protocol.h"
-#include "kubevirt/flow_record.h"
+#include "kubevirt/flow/flow_protocol.h"
+#include "kubevirt/flow/flow_record.h"
 #include "metrics/metrics.h"
 #include "session/control_link.h"
 #include "session/failover_channel.h"

@@ -9,8 +9,8 @@
 #include <memory>
 #include <thread>
 
-#include "kubevirt/netns.h"
-#include "kubevirt/nft_rules.h"
+#include "kubevirt/intercept/netns.h"
+#include "kubevirt/intercept/nft_rules.h"
 
 namespace rdmig::kubevirt {
 

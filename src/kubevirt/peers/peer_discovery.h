@@ -14,8 +14,8 @@
 
 #include "config/agent_config.h"
 #include "k8s/cluster_config.h"
-#include "kubevirt/handler_identity.h"
-#include "kubevirt/peers.h"
+#include "kubevirt/hook/handler_identity.h"
+#include "kubevirt/peers/peers.h"
 
 namespace rdmig::k8s {
 class KubeClient;

@@ -1,6 +1,6 @@
-#include "kubevirt/peers.h"
+#include "kubevirt/peers/peers.h"
 
-#include "kubevirt/nft_rules.h"
+#include "kubevirt/intercept/nft_rules.h"
 #include "transport/wire.h"
 #include "session/protocol.h"
 

@@ -1,11 +1,11 @@
-#include "kubevirt/relay.h"
+#include "kubevirt/flow/relay.h"
 
 #include <sys/socket.h>
 
 #include "common/log.h"
 #include "common/units.h"
-#include "kubevirt/libvirt_stats.h"
-#include "kubevirt/relay_internal.h"
+#include "kubevirt/flow/libvirt_stats.h"
+#include "kubevirt/flow/relay_internal.h"
 #include "transport/channel_proof.h"
 #include "transport/wire.h"
 

@@ -20,13 +20,13 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "kubevirt/handler_identity.h"
-#include "kubevirt/intercept.h"
-#include "kubevirt/kubevirt_metrics.h"
-#include "kubevirt/peer_discovery.h"
-#include "kubevirt/peers.h"
-#include "kubevirt/sessions.h"
-#include "kubevirt/vmi_api.h"
+#include "kubevirt/hook/handler_identity.h"
+#include "kubevirt/intercept/intercept.h"
+#include "kubevirt/flow/kubevirt_metrics.h"
+#include "kubevirt/peers/peer_discovery.h"
+#include "kubevirt/peers/peers.h"
+#include "kubevirt/flow/sessions.h"
+#include "kubevirt/hook/vmi_api.h"
 #include "session/data_plane_server.h"
 
 namespace rdmig::kubevirt {

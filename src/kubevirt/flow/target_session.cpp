@@ -1,7 +1,7 @@
 #include "common/log.h"
 #include "common/net.h"
 #include "common/units.h"
-#include "kubevirt/sessions.h"
+#include "kubevirt/flow/sessions.h"
 #include "session/failover_channel.h"
 #include "session/transport_choice.h"
 #include "session/types.h"

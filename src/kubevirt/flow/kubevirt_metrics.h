@@ -13,7 +13,7 @@
 #include <string>
 #include <tuple>
 
-#include "kubevirt/flow_record.h"
+#include "kubevirt/flow/flow_record.h"
 #include "metrics/metrics.h"
 
 namespace rdmig::kubevirt {

@@ -1,4 +1,4 @@
-#include "kubevirt/flow_record.h"
+#include "kubevirt/flow/flow_record.h"
 
 namespace rdmig::kubevirt {
 

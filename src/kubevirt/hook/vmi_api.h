@@ -18,7 +18,7 @@
 
 #include "common/result.h"
 #include "config/agent_config.h"
-#include "kubevirt/vmi.h"
+#include "kubevirt/hook/vmi.h"
 
 namespace rdmig::k8s {
 class KubeClient;

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "common/result.h"
-#include "kubevirt/netns.h"
+#include "kubevirt/intercept/netns.h"
 
 namespace rdmig::kubevirt {
 

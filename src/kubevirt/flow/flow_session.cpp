@@ -1,4 +1,4 @@
-#include "kubevirt/flow_session.h"
+#include "kubevirt/flow/flow_session.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "kubevirt/kubevirt_metrics.h"
+#include "kubevirt/flow/kubevirt_metrics.h"
 
 #include <chrono>
 #include <utility>

@@ -1,4 +1,4 @@
-#include "kubevirt/relay.h"
+#include "kubevirt/flow/relay.h"
 
 #include <sys/socket.h>
 
@@ -8,8 +8,8 @@
 
 #include "common/log.h"
 #include "common/units.h"
-#include "kubevirt/libvirt_stats.h"
-#include "kubevirt/relay_internal.h"
+#include "kubevirt/flow/libvirt_stats.h"
+#include "kubevirt/flow/relay_internal.h"
 #include "session/types.h"
 #include "transport/wire.h"
 #include "session/protocol.h"

@@ -1,11 +1,11 @@
-#include "kubevirt/handler_identity.h"
+#include "kubevirt/hook/handler_identity.h"
 
 #include <algorithm>
 #include <cctype>
 #include <fstream>
 #include <sstream>
 
-#include "kubevirt/netns.h"
+#include "kubevirt/intercept/netns.h"
 
 namespace rdmig::kubevirt {
 

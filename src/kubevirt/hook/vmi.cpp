@@ -1,7 +1,7 @@
-#include "kubevirt/vmi.h"
+#include "kubevirt/hook/vmi.h"
 
 #include "common/net.h"
-#include "kubevirt/nft_rules.h"
+#include "kubevirt/intercept/nft_rules.h"
 
 namespace rdmig::kubevirt {
 

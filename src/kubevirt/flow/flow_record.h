@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "kubevirt/vmi.h"
+#include "kubevirt/hook/vmi.h"
 #include "session/types.h"
 
 namespace rdmig::kubevirt {

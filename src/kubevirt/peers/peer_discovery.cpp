@@ -1,4 +1,4 @@
-#include "kubevirt/peer_discovery.h"
+#include "kubevirt/peers/peer_discovery.h"
 
 #include <algorithm>
 #include <cctype>

@@ -1,4 +1,4 @@
-#include "kubevirt/nft_rules.h"
+#include "kubevirt/intercept/nft_rules.h"
 
 #include <arpa/inet.h>
 #include <nftables/libnftables.h>
