@@ -125,7 +125,7 @@ class AlertsTest(unittest.TestCase):
             slos = json.load(f)["properties"]["prometheusRule"]["properties"]["downtimeSloSeconds"]["enum"]
         with open(os.path.join(REPO, "src", "metrics", "metrics.cpp")) as f:
             agent = re.search(r"downtime_buckets\(\) \{(?:\s*//[^\n]*)*\s*return \{([^}]*)\}", f.read()).group(1)
-        with open(os.path.join(REPO, "src", "kubevirt", "kubevirt_metrics.cpp")) as f:
+        with open(os.path.join(REPO, "src", "kubevirt", "flow", "kubevirt_metrics.cpp")) as f:
             kubevirt_source = f.read()
         # The KubeVirt histogram takes the agent's bounds (metrics.h: downtime_buckets()).
         self.assertRegex(kubevirt_source, r"downtime_\.Add\([^;]*downtime_buckets\(\)\)")
