@@ -264,8 +264,19 @@ class QemuVm:
         return self._qmp.wait_event(name, timeout, pred)
 
     def status(self):
-        """query-status's "status" string (running, paused, inmigrate, postmigrate, ...)."""
-        return self.qmp("query-status")["status"]
+        """query-status's "status" string (running, paused, inmigrate, postmigrate, ...). A QEMU
+        that is gone says how: its exit code and the tail of its stderr (a broken pipe alone
+        cannot tell a crash from a quit)."""
+        try:
+            return self.qmp("query-status")["status"]
+        except (OSError, ConnectionError) as e:
+            try:
+                self.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+            raise AssertionError("QEMU %s: query-status failed (%s); alive: %s, exit code %s, stderr: %s"
+                                 % (self.name, e, self.alive(), self.proc.returncode,
+                                    self.stderr_text()[-2000:] or "(empty)")) from e
 
     def wait_for_status(self, wanted, timeout=30.0):
         wanted = (wanted,) if isinstance(wanted, str) else tuple(wanted)
