@@ -24,7 +24,6 @@
 namespace rdmig::migration {
 
 // The session layer (src/session) this file stands on.
-using session::ChannelPump;
 using session::connect_on_rail;
 using session::ControlLink;
 using session::kHandshakeTimeout;
@@ -35,7 +34,6 @@ using session::rail_addresses;
 using session::rails_from_welcome;
 using session::return_path_chunk;
 using session::return_path_depth;
-using session::wall_clock_ms;
 using session::wall_clock_us;
 using session::wire_name;
 using session::with_rdma_reason;
@@ -276,14 +274,8 @@ Status SourceJob::connect_data_plane() {
 }
 
 session::Hello SourceJob::data_hello(uint32_t index, bool resume) const {
-  session::Hello dh;
-  dh.kind = session::HelloKind::kData;
-  dh.migration_id = spec_.target.migration_id;
-  dh.session = session_;
-  dh.index = index;
-  dh.tls = ctx_.config.data_plane.tls;
-  dh.resume = resume;
-  return dh;
+  return session::channel_hello(session::HelloKind::kData, spec_.target.migration_id, session_, index,
+                               ctx_.config.data_plane.tls, resume);
 }
 
 Result<session::Resumed> SourceJob::redial(uint32_t index, uint64_t taken, std::chrono::steady_clock::time_point deadline) {

@@ -24,21 +24,7 @@ namespace rdmig::migration {
 
 // The session layer (src/session) this file stands on.
 using session::ChannelPump;
-using session::connect_on_rail;
-using session::ControlLink;
-using session::kHandshakeTimeout;
 using session::kMultifdDrainLimit;
-using session::kPeerRdmaUnreachable;
-using session::kRdmaConnectTimeout;
-using session::offer_transport;
-using session::rail_addresses;
-using session::rails_from_welcome;
-using session::return_path_chunk;
-using session::return_path_depth;
-using session::wall_clock_ms;
-using session::wall_clock_us;
-using session::wire_name;
-using session::with_rdma_reason;
 
 using nlohmann::json;
 using namespace std::chrono_literals;

@@ -381,12 +381,7 @@ Result<transport::rdma::AcceptPlan> TargetJob::rdma_plan(const transport::rdma::
   if (rdma_channels_[index]) {
     return Error{Errc::kInvalidArgument, "channel " + std::to_string(index) + " out of range or already connected"};
   }
-  transport::rdma::AcceptPlan plan;
-  plan.key = channel_key_;
-  plan.params = transport::rdma::RdmaChannelParams{index, return_path_chunk(spec_.chunk_size),
-                                                   return_path_depth(spec_.ring_depth),
-                                                   static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth};
-  plan.metrics = &ctx_.metrics.transport("rdma");
+  auto plan = channel_plan(index);
   plan.deliver = [this, index](Result<std::unique_ptr<transport::Channel>> ch) {
     MutexLock l(conn_mu_);
     if (index >= rdma_channels_.size() || transport_ != "rdma") {
@@ -403,6 +398,16 @@ Result<transport::rdma::AcceptPlan> TargetJob::rdma_plan(const transport::rdma::
   return plan;
 }
 
+transport::rdma::AcceptPlan TargetJob::channel_plan(uint32_t index) {
+  transport::rdma::AcceptPlan plan;
+  plan.key = channel_key_;
+  plan.params = transport::rdma::RdmaChannelParams{index, return_path_chunk(spec_.chunk_size),
+                                                   return_path_depth(spec_.ring_depth),
+                                                   static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth};
+  plan.metrics = &ctx_.metrics.transport("rdma");
+  return plan;
+}
+
 Result<transport::rdma::AcceptPlan> TargetJob::rdma_redial_plan(const transport::rdma::ConnectRequest& request) {
   const uint32_t index = request.index;
   {
@@ -415,12 +420,7 @@ Result<transport::rdma::AcceptPlan> TargetJob::rdma_redial_plan(const transport:
                                                 " is already connected and is not failed over here"};
     }
   }
-  transport::rdma::AcceptPlan plan;
-  plan.key = channel_key_;
-  plan.params = transport::rdma::RdmaChannelParams{index, return_path_chunk(spec_.chunk_size),
-                                                   return_path_depth(spec_.ring_depth),
-                                                   static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth};
-  plan.metrics = &ctx_.metrics.transport("rdma");
+  auto plan = channel_plan(index);
   plan.deliver = [this, index](Result<std::unique_ptr<transport::Channel>> ch) {
     if (!ch) {
       LOG_WARN("migration") << log_prefix() << " channel " << index << " re-dialled over RDMA: " << ch.error().message;

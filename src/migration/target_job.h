@@ -37,6 +37,8 @@ class TargetJob final : public Job {
   Result<transport::rdma::AcceptPlan> rdma_plan(const transport::rdma::ConnectRequest& request);
 
  private:
+  // The key, the sizes and the metrics of channel `index` over RDMA (its deliver left to the caller).
+  transport::rdma::AcceptPlan channel_plan(uint32_t index) REQUIRES(conn_mu_);
   // rdma_plan for a channel already running (its proof checked): a rail failover's re-dial, handed
   // to the channel's failover (redials_) once connected; refused unless the channel fails over.
   Result<transport::rdma::AcceptPlan> rdma_redial_plan(const transport::rdma::ConnectRequest& request)

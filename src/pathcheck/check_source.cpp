@@ -136,12 +136,8 @@ Status PathCheck::connect_source() {
         unwatch();
         return cancel_or(dfd.error().with_context("data channel " + std::to_string(i)));
       }
-      session::Hello dh;
-      dh.kind = session::HelloKind::kPathcheckData;
-      dh.migration_id = spec_.target.migration_id;
-      dh.session = session_;
-      dh.index = i;
-      dh.tls = ctx_.config.data_plane.tls;
+      const auto dh = session::channel_hello(session::HelloKind::kPathcheckData, spec_.target.migration_id, session_,
+                                             i, ctx_.config.data_plane.tls, false);
       auto proved = transport::prove_channel(dfd->get(), dh.to_json(), transport::ChannelTerms{channel_key_, session_, i}, step());
       unwatch();
       if (!proved) return cancel_or(proved.error().with_context("data channel " + std::to_string(i)));

@@ -445,6 +445,18 @@ json Hello::to_json() const {
   return j;
 }
 
+Hello channel_hello(HelloKind kind, std::string migration_id, std::string session, uint32_t index, bool tls,
+                    bool resume) {
+  Hello h;
+  h.kind = kind;
+  h.migration_id = std::move(migration_id);
+  h.session = std::move(session);
+  h.index = index;
+  h.tls = tls;
+  h.resume = resume;
+  return h;
+}
+
 Result<Hello> Hello::parse(const json& j, Purpose purpose) {
   if (!j.is_object()) return Error{Errc::kProtocol, "expected a hello"};
   switch (purpose) {

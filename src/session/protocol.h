@@ -224,6 +224,11 @@ struct Hello {
   static Result<Hello> parse(const nlohmann::json& j, Purpose purpose);
 };
 
+// The hello that opens a data channel (data, pathcheck-data, flow-data): what the three features
+// send on each channel, one builder for all (flow-data has no migration id: pass "").
+Hello channel_hello(HelloKind kind, std::string migration_id, std::string session, uint32_t index, bool tls,
+                    bool resume);
+
 // --- Typed handshake messages -----------------------------------------------------------------
 // {"type":"challenge","nonce", "proofs"?}: the acceptor's fresh nonce; a flow's target adds one
 // proof of the token per token it accepts (at most kMaxChallengeProofs).

@@ -28,13 +28,7 @@ std::string flow_channel_key(const std::string& token, const session::Hello& hel
 }
 
 session::Hello flow_data_hello(const std::string& session, uint32_t index, bool tls, bool resume) {
-  session::Hello h;
-  h.kind = session::HelloKind::kFlowData;
-  h.session = session;
-  h.index = index;
-  h.tls = tls;
-  h.resume = resume;
-  return h;
+  return session::channel_hello(session::HelloKind::kFlowData, "", session, index, tls, resume);
 }
 
 FlowSigner::FlowSigner(std::string key, std::string own, std::string peer)
