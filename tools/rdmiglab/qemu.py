@@ -89,6 +89,12 @@ def guest_fate(vm, last_counter, timeout=60.0):
         return "did not run on: %s" % str(e).splitlines()[0][:200]
 
 
+class QemuGone(BrokenPipeError):
+    """A QEMU whose monitor no longer answers, with its exit code and stderr tail in the message.
+    An OSError (as the broken pipe itself was), so a caller that expects a QEMU to be gone can
+    still catch it as one."""
+
+
 class QemuVm:
     """One qemu-system-x86_64 process.
 
@@ -274,7 +280,7 @@ class QemuVm:
                 self.proc.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 pass
-            raise AssertionError("QEMU %s: query-status failed (%s); alive: %s, exit code %s, stderr: %s"
+            raise QemuGone("QEMU %s: query-status failed (%s); alive: %s, exit code %s, stderr: %s"
                                  % (self.name, e, self.alive(), self.proc.returncode,
                                     self.stderr_text()[-2000:] or "(empty)")) from e
 
