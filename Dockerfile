@@ -25,8 +25,13 @@ COPY controller/ controller/
 ARG RDMIG_REVISION=unknown
 # The compile goes through ccache with its objects in a build cache mount (BuildKit and buildah both
 # keep it between builds, outside the image): a rebuild after a source change recompiles only what
-# changed, although the layers from here on are rebuilt for every revision.
-RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DRDMIG_BUILD_TESTS=OFF -DRDMIG_UNITY_BUILD=ON -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DRDMIG_REVISION="${RDMIG_REVISION}"
+# changed, although the layers from here on are rebuilt for every revision. Paths under /src are
+# hashed relative and the build directory is left out of the key, as scripts/cache-env.sh does for
+# a checkout: the same sources built by scripts/build.sh with the same packages give the same
+# objects (the image test hands the host's cache in). RelWithDebInfo as scripts/build.sh builds,
+# so the image ships the code generation the test suite ran (the binaries are stripped below).
+ENV CCACHE_BASEDIR=/src CCACHE_NOHASHDIR=1
+RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRDMIG_BUILD_TESTS=OFF -DRDMIG_UNITY_BUILD=ON -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DRDMIG_REVISION="${RDMIG_REVISION}"
 RUN --mount=type=cache,target=/root/.cache/ccache,id=rdmig-ccache cmake --build build -j "$(nproc)" --target rdmig-agent rdmig-controller
 RUN install -D -m 0755 build/agent/rdmig-agent /out/usr/local/bin/rdmig-agent \
  && install -D -m 0755 build/controller/rdmig-controller /out/usr/local/bin/rdmig-controller \
