@@ -153,7 +153,7 @@ void ControllerMetrics::remove_drainplan(const std::string& ns, const std::strin
   for (auto* family : {&drainplan_predicted_, &drainplan_actual_}) {
     if (family->Has(labels)) family->Remove(&family->Add(labels));
   }
-  for (const char* state : {"pending", "running", "succeeded", "failed", "skipped"}) {
+  for (const char* state : {"pending", "running", "succeeded", "failed", "skipped", "cancelled"}) {
     const std::map<std::string, std::string> l{{"namespace", ns}, {"name", name}, {"state", state}};
     if (drainplan_vms_.Has(l)) drainplan_vms_.Remove(&drainplan_vms_.Add(l));
   }
@@ -170,7 +170,7 @@ void ControllerMetrics::set_drainplan(const std::string& ns, const std::string& 
   set_gauge(drainplan_predicted_, labels, f.predicted_seconds);
   if (f.actual_seconds) set_gauge(drainplan_actual_, labels, *f.actual_seconds);
   else if (drainplan_actual_.Has(labels)) drainplan_actual_.Remove(&drainplan_actual_.Add(labels));
-  for (const char* state : {"pending", "running", "succeeded", "failed", "skipped"}) {
+  for (const char* state : {"pending", "running", "succeeded", "failed", "skipped", "cancelled"}) {
     const auto it = f.vms.find(state);
     set_gauge(drainplan_vms_, {{"namespace", ns}, {"name", name}, {"state", state}},
               static_cast<double>(it == f.vms.end() ? 0 : it->second));

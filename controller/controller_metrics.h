@@ -51,9 +51,9 @@ class ControllerMetrics {
   // One RdmaDrainPlan (docs/drain.md), by namespace and name: the forecast's drain time
   // (rdmig_controller_drainplan_predicted_drain_seconds), the drain's time so far or in all
   // (rdmig_controller_drainplan_actual_drain_seconds, executing plans only) and its VMs by state
-  // (rdmig_controller_drainplan_vms{state}: pending, running, succeeded, failed, skipped). Series
-  // exist for at most `max_plans` plans (the least recently updated are dropped) and are
-  // removed by forget_drainplan when the plan is deleted.
+  // (rdmig_controller_drainplan_vms{state}: pending, running, succeeded, failed, skipped,
+  // cancelled). Series exist for at most `max_plans` plans (the least recently updated are
+  // dropped) and are removed by forget_drainplan when the plan is deleted.
   struct DrainPlanFigures {
     double predicted_seconds = 0;
     std::optional<double> actual_seconds;

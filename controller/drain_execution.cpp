@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <optional>
+#include <set>
 
 #include "k8s/time_format.h"
 
@@ -77,13 +78,15 @@ json executed_entry(const json& migration, const json& previous, const std::stri
     e["outcome"] = "Running";
     return e;
   }
-  e["outcome"] = phase == "Succeeded" ? "Succeeded" : "Failed";
+  const bool by_plan = phase == "Cancelled" && ann.is_object() && ann.contains(kCancelledByPlanAnnotation);
+  e["outcome"] = phase == "Succeeded" ? "Succeeded" : by_plan ? "Cancelled" : "Failed";
   std::string finish = previous.is_object() ? previous.value("finishTime", std::string()) : std::string();
   if (finish.empty()) finish = now;
   e["finishTime"] = finish;
   if (phase != "Succeeded") {
     std::string error = st.value("failureReason", std::string());
     if (error.empty()) error = phase == "Cancelled" ? "cancelled" : "failed without a reason";
+    if (by_plan) error = "cancelled with the plan (spec.runningOnCancel Cancel): " + error;
     e["error"] = (st.value("reason", std::string()).empty() ? error : st.value("reason", std::string()) + ": " + error)
                      .substr(0, 1000);
     return e;
@@ -100,6 +103,72 @@ json executed_entry(const json& migration, const json& previous, const std::stri
     e["actualDowntimeSeconds"] = round3(downtime);
     if (predicted_downtime && *predicted_downtime > 0) e["downtimeRatio"] = round3(downtime / *predicted_downtime);
   }
+  return e;
+}
+
+CancelRequest read_cancel(const json& spec) {
+  CancelRequest c;
+  if (!spec.is_object()) return c;
+  c.requested = spec.value("cancel", json(false)).is_boolean() && spec.value("cancel", false);
+  const json running = spec.value("runningOnCancel", json("Finish"));
+  const std::string value = running.is_string() ? running.get<std::string>() : running.dump();
+  if (value == "Cancel") c.cancel_running = true;
+  else if (value != "Finish") c.problem = "spec.runningOnCancel: Finish or Cancel, not " + value.substr(0, 64);
+  return c;
+}
+
+namespace {
+bool mutable_field(const std::string& key) { return key == "cancel" || key == "runningOnCancel"; }
+}  // namespace
+
+json frozen_spec(const json& spec) {
+  json frozen = json::object();
+  if (!spec.is_object()) return frozen;
+  for (const auto& [k, v] : spec.items()) {
+    if (!mutable_field(k)) frozen[k] = v;
+  }
+  return frozen;
+}
+
+std::vector<std::string> changed_spec_fields(const json& frozen, const json& spec) {
+  const json a = frozen_spec(frozen), b = frozen_spec(spec);
+  std::set<std::string> keys;
+  for (const auto& [k, v] : a.items()) keys.insert(k);
+  for (const auto& [k, v] : b.items()) keys.insert(k);
+  std::vector<std::string> changed;
+  for (const auto& k : keys) {
+    if (!a.contains(k) || !b.contains(k) || a[k] != b[k]) changed.push_back("spec." + k);
+  }
+  return changed;
+}
+
+json started_record(const std::vector<json>& entries) {
+  std::vector<std::pair<std::pair<std::string, std::string>, std::string>> rows;
+  for (const auto& e : entries) {
+    if (!e.contains("migration")) continue;
+    rows.push_back({{e.value("namespace", ""), e.value("name", "")}, e.value("outcome", "")});
+  }
+  std::sort(rows.begin(), rows.end());
+  json record = json::array();
+  for (const auto& [key, outcome] : rows) {
+    record.push_back(json{{"namespace", key.first}, {"name", key.second}, {"outcome", outcome}});
+  }
+  return record;
+}
+
+json gone_entry(const json& record, const json& previous, const std::string& migration, const std::string& now) {
+  json e = previous.is_object() && !previous.empty()
+               ? previous
+               : json{{"namespace", record.value("namespace", "")},
+                      {"name", record.value("name", "")},
+                      {"outcome", record.value("outcome", "Running")}};
+  e["migration"] = migration;
+  const std::string outcome = e.value("outcome", "");
+  if (outcome == "Succeeded" || outcome == "Failed" || outcome == "Cancelled") return e;
+  e["outcome"] = "Failed";
+  e["finishTime"] = now;
+  e["error"] = "RdmaMigration " + migration +
+               " was deleted before it ended (deleting it aborts the migration); this plan does not start the VM again";
   return e;
 }
 

@@ -22,6 +22,13 @@ inline constexpr const char* kOrderAnnotation = "rdmig.io/drain-order";
 inline constexpr const char* kStartAnnotation = "rdmig.io/drain-start-time";
 inline constexpr const char* kPredictedTotalAnnotation = "rdmig.io/drain-predicted-total-seconds";
 inline constexpr const char* kPredictedDowntimeAnnotation = "rdmig.io/drain-predicted-downtime-seconds";
+// Set (with spec.cancel) on a running migration the plan cancelled (spec.runningOnCancel Cancel):
+// its end is the plan's Cancelled, not a failure.
+inline constexpr const char* kCancelledByPlanAnnotation = "rdmig.io/drain-cancelled";
+
+// The most VMs one plan starts (status.execution.started holds each): a node runs far fewer
+// (kubelet's maxPods); VMs past it are skipped (skipReason TooManyVMs).
+inline constexpr size_t kMaxStartedVms = 5000;
 
 // <plan>-<vmi>-<8 hex of a hash of the plan's uid and the VMI's namespace/name>: the same for the
 // same plan and VMI (a restarted controller's create meets AlreadyExists), at most 240 characters
@@ -34,6 +41,33 @@ std::string drain_migration_name(const std::string& plan, const std::string& pla
 // (first seen ended: `previous` keeps it, else `now`), the measured total (libvirt's totalTimeMs,
 // else finish - start) and downtime (downtimeMs), each ratio actual / predicted, the error.
 nlohmann::json executed_entry(const nlohmann::json& migration, const nlohmann::json& previous, const std::string& now);
+
+// The cancel an executing plan reads from its spec each time (spec.cancel, spec.runningOnCancel);
+// the only fields that may change once it executes.
+struct CancelRequest {
+  bool requested = false;       // spec.cancel: no migration is started from now on
+  bool cancel_running = false;  // spec.runningOnCancel Cancel: those running are cancelled too
+  std::string problem;          // an unknown runningOnCancel value, named (read as Finish)
+};
+CancelRequest read_cancel(const nlohmann::json& spec);
+
+// The spec an executing plan keeps to (status.execution.spec): `spec` less cancel and
+// runningOnCancel.
+nlohmann::json frozen_spec(const nlohmann::json& spec);
+// "spec.<field>" for each field added, removed or changed in `spec` against `frozen`, sorted;
+// cancel and runningOnCancel never.
+std::vector<std::string> changed_spec_fields(const nlohmann::json& frozen, const nlohmann::json& spec);
+
+// status.execution.started: {namespace, name, outcome} for each entry the plan started (those
+// with a migration), sorted; what keeps a VM from being started twice when its RdmaMigration is
+// deleted.
+nlohmann::json started_record(const std::vector<nlohmann::json>& entries);
+
+// The status.vms entry of a started VM whose RdmaMigration is gone (deleted by hand, or after its
+// ttlSecondsAfterFinished): its previous entry (else one from its `record`), and if that was still
+// Running, Failed at `now` (deleting an RdmaMigration aborts it) with an error that says so.
+nlohmann::json gone_entry(const nlohmann::json& record, const nlohmann::json& previous, const std::string& migration,
+                          const std::string& now);
 
 // Measured over predicted total time of the Succeeded entries that have both; the re-plan divides
 // the path's throughput by it (bounded to [0.1, 10]). measured 0: scale 1.

@@ -35,7 +35,7 @@ std::string number_text(double v) {
 // status.vms while executing: what needs attention first, then what is left, then what is done.
 int rank_of(const json& e) {
   const std::string o = e.value("outcome", "");
-  return o == "Failed" ? 0 : o == "Running" ? 1 : o == "Skipped" ? 2 : o == "Pending" ? 3 : 4;
+  return o == "Failed" ? 0 : o == "Running" ? 1 : o == "Cancelled" ? 2 : o == "Skipped" ? 3 : o == "Pending" ? 4 : 5;
 }
 
 double seconds_since(const std::string& from, k8s::Clock::time_point to) {
@@ -95,13 +95,19 @@ Result<json> DrainPlanReconciler::start_migration(const json& plan, const DrainV
 }
 
 Result<Next> DrainPlanReconciler::execute(json obj) {
-  const json spec = obj.value("spec", json::object());
-  auto in = read_spec(spec);
-  if (!in) return fail(obj, "InvalidSpec", in.error().message);
   json status = obj["status"];
   const json before = status;
+  json ex = status.value("execution", json::object());
+  if (!ex.is_object()) ex = json::object();
+  // The spec the drain started with (a plan that started before it was kept: the spec now); the
+  // cancel is read from the spec as it is.
+  if (!ex.contains("spec") || !ex["spec"].is_object()) ex["spec"] = frozen_spec(obj.value("spec", json::object()));
+  const json spec = ex["spec"];
+  auto in = read_spec(spec);
+  if (!in) return fail(obj, "InvalidSpec", in.error().message);
+  const CancelRequest cancel = read_cancel(obj.value("spec", json::object()));
   const json& md = obj["metadata"];
-  const std::string uid = md.value("uid", "");
+  const std::string uid = md.value("uid", ""), plan_name = md.value("name", "");
   const int64_t gen = detail::generation_of(obj);
   const auto now = k8s::Clock::now();
   const std::string now_micro = k8s::format_micro_time(now);
@@ -117,6 +123,7 @@ Result<Next> DrainPlanReconciler::execute(json obj) {
     previous[key_of(e.value("namespace", ""), e.value("name", ""))] = e;
   }
   std::vector<json> executed;
+  std::vector<json> running_migrations;
   std::set<std::string> has_migration;
   uint32_t running = 0;
   for (const auto& m : list->value("items", json::array())) {
@@ -139,6 +146,22 @@ Result<Next> DrainPlanReconciler::execute(json obj) {
       }
     } else {
       ++running;
+      running_migrations.push_back(m);
+    }
+    has_migration.insert(key);
+    executed.push_back(std::move(e));
+  }
+  // The VMs started before whose RdmaMigration is gone since (deleted by hand, or its TTL): as
+  // they were last seen, never started again.
+  for (const auto& r : ex.value("started", json::array())) {
+    if (!r.is_object()) continue;
+    const std::string ns = r.value("namespace", ""), name = r.value("name", ""), key = key_of(ns, name);
+    if (has_migration.count(key)) continue;
+    const auto prev = previous.find(key);
+    json e = gone_entry(r, prev != previous.end() ? prev->second : json(),
+                        drain_migration_name(plan_name, uid, ns, name), now_micro);
+    if (e.value("outcome", "") != r.value("outcome", "")) {
+      events_.record(obj, "Warning", "MigrationFailed", "VMI " + key + ": " + e.value("error", ""));
     }
     has_migration.insert(key);
     executed.push_back(std::move(e));
@@ -161,9 +184,11 @@ Result<Next> DrainPlanReconciler::execute(json obj) {
   DrainOrder order;
   const json rest = drain_forecast(remaining, path, path_pair.value("target", ""), in->settings, kMaxListedVms, &order);
 
+  // Starts: none once cancelled; at most kMaxStartedVms in all.
   std::set<size_t> started;
   size_t next_order = executed.size();
   auto start = [&](size_t i, const PlannedVm* p) -> Result<bool> {
+    if (executed.size() >= kMaxStartedVms) return false;
     auto m = start_migration(obj, remaining[i], p, next_order++, in.value());
     if (!m) return m.error();
     executed.push_back(executed_entry(m.value(), json(), now_micro));
@@ -171,39 +196,59 @@ Result<Next> DrainPlanReconciler::execute(json obj) {
     ++running;
     return true;
   };
-  for (const auto& p : order.planned) {
-    if (running >= std::min(p.concurrency, in->settings.max_concurrency)) break;
-    if (auto s = start(p.vm, &p); !s) return s.error();
-  }
-  const bool planned_left = started.size() < order.planned.size();
-  // VMs forecast not to converge (or without an input): with notConverging Migrate, one at a
-  // time after the planned ones; else skipped.
-  if (in->migrate_not_converging && !planned_left) {
-    for (size_t u : order.unplanned) {
-      if (running >= 1) break;
-      if (auto s = start(u, nullptr); !s) return s.error();
+  if (!cancel.requested) {
+    for (const auto& p : order.planned) {
+      if (running >= std::min(p.concurrency, in->settings.max_concurrency)) break;
+      auto s = start(p.vm, &p);
+      if (!s) return s.error();
+      if (!s.value()) break;
+    }
+    const bool planned_left = started.size() < order.planned.size();
+    // VMs forecast not to converge (or without an input): with notConverging Migrate, one at a
+    // time after the planned ones; else skipped.
+    if (in->migrate_not_converging && !planned_left) {
+      for (size_t u : order.unplanned) {
+        if (running >= 1) break;
+        auto s = start(u, nullptr);
+        if (!s) return s.error();
+        if (!s.value()) break;
+      }
+    }
+  } else if (cancel.cancel_running) {
+    for (const auto& m : running_migrations) {
+      if (auto c = cancel_migration(obj, m); !c) return c.error();
     }
   }
+  const bool full = executed.size() >= kMaxStartedVms;
 
   // status.vms: the executed, then the rest as re-planned (not started: Pending or Skipped).
-  std::map<std::string, int64_t> counts{{"pending", 0}, {"running", 0}, {"succeeded", 0}, {"failed", 0}, {"skipped", 0}};
+  std::map<std::string, int64_t> counts{{"pending", 0},   {"running", 0}, {"succeeded", 0},
+                                        {"failed", 0},    {"skipped", 0}, {"cancelled", 0}};
   std::vector<json> entries = executed;
   for (const auto& e : executed) {
     const std::string o = e.value("outcome", "");
-    ++counts[o == "Running" ? "running" : o == "Succeeded" ? "succeeded" : "failed"];
+    ++counts[o == "Running" ? "running" : o == "Succeeded" ? "succeeded" : o == "Cancelled" ? "cancelled" : "failed"];
   }
   std::set<size_t> unplanned(order.unplanned.begin(), order.unplanned.end());
+  int64_t not_started = 0;  // by the cancel or the bound
   for (size_t i = 0; i < remaining.size(); ++i) {
     if (started.count(i)) continue;
-    ++counts[unplanned.count(i) && !in->migrate_not_converging ? "skipped" : "pending"];
+    const bool by_forecast = unplanned.count(i) && !in->migrate_not_converging;
+    not_started += !by_forecast && (cancel.requested || full);
+    ++counts[by_forecast || cancel.requested || full ? "skipped" : "pending"];
   }
   for (json e : rest.value("vms", json::array())) {
     const std::string key = key_of(e.value("namespace", ""), e.value("name", ""));
     bool was_started = false;
     for (size_t i : started) was_started |= key_of(remaining[i].ns, remaining[i].name) == key;
     if (was_started) continue;
-    const bool skip = !e.value("convergesWithinLimits", false) && !in->migrate_not_converging;
-    e["outcome"] = skip ? "Skipped" : "Pending";
+    const bool by_forecast = !e.value("convergesWithinLimits", false) && !in->migrate_not_converging;
+    const std::string skip = by_forecast      ? (e.contains("memoryBytes") ? "NotConverging" : "NoInput")
+                             : cancel.requested ? "PlanCancelled"
+                             : full             ? "TooManyVMs"
+                                                : "";
+    e["outcome"] = skip.empty() ? "Pending" : "Skipped";
+    if (!skip.empty()) e["skipReason"] = skip;
     e.erase("plannedStartSeconds");
     e.erase("plannedEndSeconds");
     entries.push_back(std::move(e));
@@ -215,16 +260,18 @@ Result<Next> DrainPlanReconciler::execute(json obj) {
   if (entries.size() > kMaxListedVms) entries.resize(kMaxListedVms);
   status["vms"] = entries;
 
-  json ex = status.value("execution", json::object());
   const std::string exec_start = ex.value("startTime", now_micro);
   ex["startTime"] = exec_start;
+  ex["started"] = started_record(executed);
   for (const auto& [state, n] : counts) ex[state] = n;
   ex["measured"] = cal.measured;
   ex["throughputScale"] = std::round(1000 / cal.ratio) / 1000;
+  const bool first_cancel = cancel.requested && !ex.contains("cancelTime");
+  if (first_cancel) ex["cancelTime"] = now_micro;
   const bool done = running == 0 && counts["pending"] == 0;
   double elapsed = seconds_since(exec_start, now);
   if (done) {
-    std::string finish = exec_start;
+    std::string finish = cancel.requested ? ex.value("cancelTime", exec_start) : exec_start;
     for (const auto& e : executed) finish = std::max(finish, e.value("finishTime", exec_start));
     ex["finishTime"] = finish;
     elapsed = seconds_since(exec_start, k8s::parse_time(finish).value_or(now));
@@ -236,7 +283,8 @@ Result<Next> DrainPlanReconciler::execute(json obj) {
       if (e.value("outcome", "") != "Running") continue;
       running_left = std::max(running_left, e.value("totalSeconds", 0.0) - seconds_since(e.value("startTime", ""), now));
     }
-    ex["replannedDrainSeconds"] = std::round((elapsed + running_left + order.makespan) * 1000) / 1000;
+    ex["replannedDrainSeconds"] =
+        std::round((elapsed + running_left + (cancel.requested ? 0.0 : order.makespan)) * 1000) / 1000;
   }
   ex["actualDrainSeconds"] = std::round(elapsed * 1000) / 1000;
   const double predicted = ex.value("predictedDrainSeconds", 0.0);
@@ -257,21 +305,43 @@ Result<Next> DrainPlanReconciler::execute(json obj) {
   } else {
     set_condition(status, "MigrationFailed", "False", "NoFailure", "no migration of this plan failed", gen, now_text());
   }
-  const std::string tally = std::to_string(counts["succeeded"]) + " succeeded, " + std::to_string(counts["failed"]) +
-                            " failed, " + std::to_string(counts["skipped"]) + " skipped (not converging or no input)";
-  if (done) {
+  std::string tally = std::to_string(counts["succeeded"]) + " succeeded, " + std::to_string(counts["failed"]) +
+                      " failed, ";
+  if (counts["cancelled"] > 0) tally += std::to_string(counts["cancelled"]) + " cancelled, ";
+  std::string why = "not converging or no input";
+  if (not_started > 0) {
+    const std::string by = cancel.requested ? "by the cancel"
+                                            : "past the bound of " + std::to_string(kMaxStartedVms) + " VMs";
+    why = not_started == counts["skipped"] ? by : std::to_string(not_started) + " " + by + ", the others " + why;
+  }
+  tally += std::to_string(counts["skipped"]) + " skipped (" + why + ")";
+  const std::string ended = "drain of " + in->node + (cancel.requested ? " cancelled" : " ended") + " after " +
+                            duration_text(elapsed) + " (forecast " + duration_text(predicted) + "): " + tally;
+  std::string cancel_text;
+  if (cancel.requested) {
+    cancel_text = "spec.cancel seen at " + ex.value("cancelTime", now_micro) + ": no migration started since; " +
+                  std::to_string(not_started) + " VM(s) not started, " + std::to_string(counts["running"]) +
+                  " running " +
+                  (cancel.cancel_running ? "being cancelled (spec.runningOnCancel Cancel)"
+                                         : "left to finish (spec.runningOnCancel Finish)");
+    if (!cancel.problem.empty()) cancel_text += "; " + cancel.problem + ": read as Finish";
+    status["phase"] = done ? "Cancelled" : "Cancelling";
+    set_condition(status, "Cancelled", "True", done ? "Cancelled" : "Cancelling", done ? ended : cancel_text, gen,
+                  now_text());
+    set_condition(status, "Executed", done ? "False" : "Unknown", done ? "Cancelled" : "Cancelling",
+                  done ? ended : cancel_text, gen, now_text());
+  } else if (done) {
     status["phase"] = "Completed";
     const bool all = counts["failed"] == 0 && counts["skipped"] == 0;
-    const std::string msg = "drain of " + in->node + " ended after " + duration_text(elapsed) + " (forecast " +
-                            duration_text(predicted) + "): " + tally;
     set_condition(status, "Executed", all ? "True" : "False",
-                  all ? "AllMigrated" : counts["failed"] > 0 ? "MigrationsFailed" : "VMsSkipped", msg, gen, now_text());
+                  all ? "AllMigrated" : counts["failed"] > 0 ? "MigrationsFailed" : "VMsSkipped", ended, gen, now_text());
   } else {
     set_condition(status, "Executed", "Unknown", "Executing",
                   std::to_string(counts["running"]) + " running, " + std::to_string(counts["pending"]) + " to start; " +
                       tally,
                   gen, now_text());
   }
+  check_spec_unchanged(obj, spec, status);
   // No write when only the clock moved (a write wakes this plan again through the watch).
   auto steady = [](json s) {
     if (s.contains("execution") && s["execution"].is_object()) {
@@ -283,10 +353,11 @@ Result<Next> DrainPlanReconciler::execute(json obj) {
     auto w = write_status(obj, status);
     if (!w) return w.error();
     obj = w.value();
+    if (first_cancel) events_.record(obj, "Normal", "CancelRequested", cancel_text);
     if (done) {
       const bool all = counts["failed"] == 0 && counts["skipped"] == 0;
-      events_.record(obj, all ? "Normal" : "Warning", all ? "Drained" : "DrainIncomplete",
-                     "drain of " + in->node + " ended after " + duration_text(elapsed) + ": " + tally);
+      events_.record(obj, all ? "Normal" : "Warning",
+                     cancel.requested ? "DrainCancelled" : all ? "Drained" : "DrainIncomplete", ended);
     }
   } else {
     obj["status"] = status;
@@ -305,7 +376,7 @@ void DrainPlanReconciler::export_metrics(const json& obj) {
     f.actual_seconds = ex.contains("finishTime")
                            ? ex.value("actualDrainSeconds", 0.0)
                            : seconds_since(ex.value("startTime", ""), k8s::Clock::now());
-    for (const char* state : {"pending", "running", "succeeded", "failed", "skipped"}) {
+    for (const char* state : {"pending", "running", "succeeded", "failed", "skipped", "cancelled"}) {
       f.vms[state] = ex.value(state, int64_t{0});
     }
   } else {

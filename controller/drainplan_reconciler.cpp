@@ -7,6 +7,7 @@
 
 #include "common/log.h"
 #include "common/units.h"
+#include "controller/drain_execution.h"
 #include "controller/kubevirt.h"
 #include "controller/reconcile_util.h"
 #include "controller/status_mapping.h"
@@ -21,7 +22,9 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024 * 1024;
 
-bool terminal(const std::string& phase) { return phase == "Forecast" || phase == "Completed" || phase == "Failed"; }
+bool terminal(const std::string& phase) {
+  return phase == "Forecast" || phase == "Completed" || phase == "Failed" || phase == "Cancelled";
+}
 
 // A byte quantity that may be an integer or a string (the CRD's int-or-string fields).
 Result<uint64_t> bytes_field(const json& spec, const char* key, uint64_t def) {
@@ -165,7 +168,8 @@ Result<Next> DrainPlanReconciler::reconcile(const std::string& key) {
   const std::string phase = status.is_object() ? status.value("phase", "") : "";
   export_metrics(obj);
   if (terminal(phase)) return Next::kDone;
-  if (phase == "Executing") return execute(obj);
+  if (phase == "Executing" || phase == "Cancelling") return execute(obj);
+  if (read_cancel(obj.value("spec", json::object())).requested) return cancel_before_start(obj);
   return forecast(obj);
 }
 
@@ -381,8 +385,10 @@ Result<Next> DrainPlanReconciler::forecast(json obj) {
   if (execute) {
     // The drain starts from this forecast; execute() creates the migrations (drainplan_execute.cpp).
     status["phase"] = "Executing";
+    // The spec the drain keeps to from now on (drainplan_cancel.cpp: a later edit is not acted on).
     status["execution"] = json{{"startTime", k8s::format_micro_time(k8s::Clock::now())},
-                               {"predictedDrainSeconds", summary.value("predictedDrainSeconds", 0.0)}};
+                               {"predictedDrainSeconds", summary.value("predictedDrainSeconds", 0.0)},
+                               {"spec", frozen_spec(spec)}};
     set_condition(status, "Executed", "Unknown", "Executing", "the drain runs in the plan's order",
                   detail::generation_of(obj), now_text());
   }

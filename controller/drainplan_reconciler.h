@@ -12,6 +12,14 @@
 //                       measured figures beside its forecast
 //   Completed           every VMI that was to migrate has a migration that ended
 //   Failed              invalid spec, no agent on the node, KubeVirt off or absent, no usable path
+//   Cancelling          spec.cancel seen while Executing: no migration is started from then on;
+//                       the running ones finish (spec.runningOnCancel Finish) or are cancelled
+//                       (Cancel: spec.cancel on each RdmaMigration)
+//   Cancelled           spec.cancel seen before the drain started, or Cancelling with none running
+// Once executing, the plan keeps to the spec it started with (status.execution.spec): a change to
+// any field but cancel and runningOnCancel is not acted on and is named in condition SpecChanged
+// (the CRD's CEL rule refuses it where the API server runs it). status.execution.started names
+// every VM the plan started, so a VM whose RdmaMigration is deleted is not started again.
 // No finalizer: the plan itself starts nothing on the agents; its path check and (in its own
 // namespace) its migrations go with it (owner references). The executing state is read from
 // the objects each time (the migrations by label, the VMIs on the node, the plan's status), so a
@@ -71,6 +79,13 @@ class DrainPlanReconciler final : public ObjectReconciler {
   Result<std::vector<DrainVm>> node_vms(const nlohmann::json& spec, const Inputs& in);
   Result<Next> forecast(nlohmann::json obj);
   Result<Next> execute(nlohmann::json obj);
+  Result<Next> cancel_before_start(const nlohmann::json& obj);
+  // spec.cancel (and the plan's annotation) on one of its running RdmaMigrations; false: not now
+  // (a conflict or the object gone), the next poll tries again.
+  Result<bool> cancel_migration(const nlohmann::json& plan, const nlohmann::json& migration);
+  // Condition SpecChanged (and an Event when the fields named change) for a spec edited while
+  // executing; `frozen` is what the plan keeps to.
+  void check_spec_unchanged(const nlohmann::json& obj, const nlohmann::json& frozen, nlohmann::json& status);
   Result<nlohmann::json> start_migration(const nlohmann::json& plan, const DrainVm& vm, const PlannedVm* planned,
                                          size_t order, const Inputs& in);
   void export_metrics(const nlohmann::json& obj);

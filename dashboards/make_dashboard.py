@@ -503,7 +503,9 @@ def build():
                         "{{namespace}}/{{name}} actual")], unit="s"), 12, 8)
     L.add(panel("bargauge", "Drain plan VMs by state", "Each RdmaDrainPlan's VMs: pending (to start), running, "
                 "succeeded, failed, skipped (forecast not to converge within its limits, or no memory in its spec; "
-                "spec.notConverging). A forecast-only plan counts its planned VMs as pending.",
+                "spec.notConverging; or not started because the plan was cancelled), cancelled (running when the "
+                "plan was cancelled with spec.runningOnCancel Cancel). A forecast-only plan counts its planned VMs "
+                "as pending.",
                 [target("max by (namespace, name, state) (rdmig_controller_drainplan_vms{%s})" % plan,
                         "{{namespace}}/{{name}} {{state}}", instant=True)]), 12, 8)
 

@@ -133,6 +133,73 @@ TEST(DrainPlan, ExecutedEntryPutsMeasuredFiguresBesideTheForecast) {
   EXPECT_FALSE(e.contains("actualTotalSeconds"));
 }
 
+TEST(DrainPlan, AMigrationTheCancelledPlanCancelledIsCancelledNotFailed) {
+  json m = json::parse(R"({"metadata": {"namespace": "vms", "name": "drain-c-web-1-0a1b2c3d",
+      "annotations": {"rdmig.io/drain-order": "0", "rdmig.io/drain-cancelled": "ops/drain-c"}},
+      "spec": {"source": {"vmi": {"name": "web-1"}}, "cancel": true},
+      "status": {"phase": "Cancelled", "reason": "Cancelled", "failureReason": "VMIM deleted"}})");
+  json e = executed_entry(m, json(), "2026-12-05T10:00:05.000000Z");
+  EXPECT_EQ(e["outcome"], "Cancelled");
+  EXPECT_EQ(e["error"], "Cancelled: cancelled with the plan (spec.runningOnCancel Cancel): VMIM deleted");
+  m["metadata"]["annotations"].erase("rdmig.io/drain-cancelled");  // cancelled by someone else: a failure
+  EXPECT_EQ(executed_entry(m, json(), "2026-12-05T10:00:05.000000Z")["outcome"], "Failed");
+  m["metadata"]["annotations"]["rdmig.io/drain-cancelled"] = "ops/drain-c";
+  m["status"]["phase"] = "Succeeded";  // too late to cancel: it moved
+  EXPECT_EQ(executed_entry(m, json(), "2026-12-05T10:00:05.000000Z")["outcome"], "Succeeded");
+}
+
+TEST(DrainPlan, CancelIsReadFromTheSpecAndAnUnknownRunningPolicyIsNamed) {
+  EXPECT_FALSE(read_cancel(json::object()).requested);
+  EXPECT_FALSE(read_cancel(json{{"cancel", "yes"}}).requested);
+  const CancelRequest finish = read_cancel(json{{"cancel", true}});
+  EXPECT_TRUE(finish.requested);
+  EXPECT_FALSE(finish.cancel_running);
+  EXPECT_TRUE(finish.problem.empty());
+  EXPECT_TRUE(read_cancel(json{{"cancel", true}, {"runningOnCancel", "Cancel"}}).cancel_running);
+  const CancelRequest odd = read_cancel(json{{"cancel", true}, {"runningOnCancel", "Abort"}});
+  EXPECT_FALSE(odd.cancel_running);
+  EXPECT_EQ(odd.problem, "spec.runningOnCancel: Finish or Cancel, not Abort");
+}
+
+TEST(DrainPlan, ASpecChangedWhileExecutingNamesEachFieldButTheCancel) {
+  const json started = json::parse(R"({"node": "n1", "maxConcurrentPerPair": 1, "execute": true,
+                                       "selector": {"app": "web"}, "cancel": false})");
+  const json frozen = frozen_spec(started);
+  EXPECT_FALSE(frozen.contains("cancel"));
+  EXPECT_EQ(frozen["selector"], started["selector"]);
+  json now = started;
+  now["cancel"] = true;
+  now["runningOnCancel"] = "Cancel";
+  EXPECT_TRUE(changed_spec_fields(frozen, now).empty());
+  now["maxConcurrentPerPair"] = 3;      // changed
+  now["selector"]["tier"] = "db";       // changed inside
+  now.erase("execute");                 // removed
+  now["maxDowntime"] = "1s";            // added
+  EXPECT_EQ(changed_spec_fields(frozen, now),
+            (std::vector<std::string>{"spec.execute", "spec.maxConcurrentPerPair", "spec.maxDowntime", "spec.selector"}));
+}
+
+TEST(DrainPlan, EveryStartedVmIsRecordedAndOneWhoseMigrationIsGoneKeepsItsEnd) {
+  const std::vector<json> entries{
+      {{"namespace", "vms"}, {"name", "b"}, {"migration", "p-b-1"}, {"outcome", "Failed"}, {"error", "boom"}},
+      {{"namespace", "vms"}, {"name", "a"}, {"migration", "p-a-1"}, {"outcome", "Running"}},
+      {{"namespace", "vms"}, {"name", "c"}, {"outcome", "Pending"}}};  // not started: not recorded
+  EXPECT_EQ(started_record(entries), json::parse(R"([{"namespace": "vms", "name": "a", "outcome": "Running"},
+                                                     {"namespace": "vms", "name": "b", "outcome": "Failed"}])"));
+  const std::string now = "2026-12-05T10:00:05.000000Z";
+  // Failed, then deleted: its last entry as it was.
+  json e = gone_entry(json{{"namespace", "vms"}, {"name", "b"}, {"outcome", "Failed"}}, entries[0], "p-b-1", now);
+  EXPECT_EQ(e, entries[0]);
+  // Not listed in status.vms (past the 100): made from the record.
+  e = gone_entry(json{{"namespace", "vms"}, {"name", "b"}, {"outcome", "Succeeded"}}, json(), "p-b-1", now);
+  EXPECT_EQ(e, json::parse(R"({"namespace": "vms", "name": "b", "outcome": "Succeeded", "migration": "p-b-1"})"));
+  // Deleted while it ran: the deletion aborted it.
+  e = gone_entry(json{{"namespace", "vms"}, {"name", "a"}, {"outcome", "Running"}}, entries[1], "p-a-1", now);
+  EXPECT_EQ(e["outcome"], "Failed");
+  EXPECT_EQ(e["finishTime"], now);
+  EXPECT_NE(e["error"].get<std::string>().find("was deleted before it ended"), std::string::npos);
+}
+
 TEST(DrainPlan, CalibrationIsMeasuredOverForecastOfTheSucceededAndBounded) {
   EXPECT_EQ(calibrate({}).measured, 0);
   EXPECT_EQ(calibrate({}).ratio, 1);

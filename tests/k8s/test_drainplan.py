@@ -35,7 +35,8 @@ GiB = 1 << 30
 
 
 PLAN_UID_LABEL = "rdmig.io/drain-plan-uid"
-EXEC_NODES = ("node-d", "node-f", "node-g", "node-h", "node-i", "node-j")  # one for each of the tests below
+EXEC_NODES = ("node-d", "node-f", "node-g", "node-h", "node-i", "node-j",  # one for each of the tests below
+              "node-k", "node-l", "node-m", "node-n")
 TARGET = "node-e"
 
 
@@ -238,13 +239,36 @@ class DrainPlanControllerTest(AgentsAndControllerTest):
         st = self.wait_phase("outage", ("Forecast", "Failed"), timeout=60)["status"]
         self.assertEqual(st["phase"], "Forecast", st)
 
+    def edit_spec(self, name, **changes):
+        """PUTs the plan with its spec changed (None removes a field), over the stored object
+        (re-read on a conflict with the controller's status writes): (code, body)."""
+        for _ in range(20):
+            obj = self.get(name)
+            spec = {k: v for k, v in dict(obj["spec"], **changes).items() if v is not None}
+            code, body = self.store.replace("rdmadrainplans", NS, name, dict(obj, spec=spec))
+            if code != 409:
+                return code, body
+        self.fail("%s: 20 conflicts in a row" % name)
+
     def test_the_spec_is_immutable_execute_included(self):
         obj = self.create(plan("frozen", "node-x", maxDowntime="1s"))
-        for field, value in (("maxDowntime", "2s"), ("execute", True)):
-            changed = dict(obj, spec=dict(obj["spec"], **{field: value}))
-            code, body = self.store.replace("rdmadrainplans", NS, "frozen", changed)
+        for field, value in (("maxDowntime", "2s"), ("execute", True), ("selector", {"app": "web"}),
+                             ("node", "node-y"), ("maxDowntime", None)):
+            code, body = self.edit_spec("frozen", **{field: value})
+            self.assertEqual(code, 422, (field, body))
+            self.assertIn("immutable except spec.cancel", body["message"])
+        # The cancel, and what it does to the running migrations, may change; a cancel is not taken back.
+        code, body = self.edit_spec("frozen", runningOnCancel="Cancel")
+        self.assertEqual(code, 200, body)
+        code, body = self.edit_spec("frozen", cancel=True)
+        self.assertEqual(code, 200, body)
+        self.assertEqual(body["metadata"]["generation"], obj["metadata"]["generation"] + 2)
+        code, body = self.edit_spec("frozen", runningOnCancel="Sometimes")
+        self.assertEqual(code, 422, body)
+        for value in (False, None):
+            code, body = self.edit_spec("frozen", cancel=value)
             self.assertEqual(code, 422, body)
-            self.assertIn("immutable", body["message"])
+            self.assertIn("cannot be taken back", body["message"])
         code, body = self.store.create("rdmadrainplans", NS, plan("bad-downtime", "node-a", maxDowntime="soon"))
         self.assertEqual(code, 422, body)
         code, body = self.store.create("rdmadrainplans", NS, plan("bad-policy", "node-a", execute=True,
@@ -424,6 +448,142 @@ class DrainPlanControllerTest(AgentsAndControllerTest):
         self.assertNotIn("execution", st)
         self.assertEqual(sorted(v["spec"]["vmiName"] for v in self.store.objects_of(VMIM)
                                 if v["spec"]["vmiName"] in ("h1", "h2")), ["h1", "h2"])  # the executing plan's only
+
+    # -- cancel, a spec edited while executing, a VM started once ----------------------------
+    def wait_running(self, obj, vmi, timeout=60):
+        """Until the plan's migration of `vmi` runs at KubeVirt (its VMIM Running)."""
+        wait_for(lambda: any(v["spec"]["vmiName"] == vmi and v.get("status", {}).get("phase") == "Running"
+                             for v in self.store.objects_of(VMIM)), timeout, vmi + "'s migration to run")
+        self.assertEqual([m["spec"]["source"]["vmi"]["name"] for m in self.migrations_of(obj)], [vmi])
+
+    def test_cancel_starts_nothing_more_and_lets_the_running_migration_finish(self):
+        node = "node-k"
+        self.add_checked_path("k-path", node, TARGET, 1.0 * GiB, when="2026-12-05T11:00:00Z")
+        for name, mib in (("k-first", 1024), ("k-second", 768), ("k-third", 512)):
+            self.add_vmi(name, node, memory="%dMi" % mib, dirty=0)
+        self.performer.seconds["k-first"] = 4.0
+        obj = self.create(plan("drain-k", node, execute=True, maxConcurrentPerPair=1))
+        self.wait_running(obj, "k-first")
+        code, body = self.edit_spec("drain-k", cancel=True)
+        self.assertEqual(code, 200, body)
+        st = self.wait_phase("drain-k", ("Cancelled", "Completed", "Failed"), timeout=60)["status"]
+        print("\ncancelled:", st["execution"], st["conditions"])
+        self.assertEqual(st["phase"], "Cancelled", st)
+        # Nothing started after the cancel; the running one was left to finish, and did.
+        self.assertEqual([m["spec"]["source"]["vmi"]["name"] for m in self.migrations_of(obj)], ["k-first"])
+        self.assertEqual([r[0] for r in self.runs_of({"k-first", "k-second", "k-third"})], ["k-first"])
+        ex = st["execution"]
+        self.assertEqual((ex["succeeded"], ex["skipped"], ex["failed"], ex["pending"], ex["running"], ex["cancelled"]),
+                         (1, 2, 0, 0, 0, 0))
+        vms = {v["name"]: v for v in st["vms"]}
+        self.assertEqual(vms["k-first"]["outcome"], "Succeeded")
+        self.assertLess(ex["cancelTime"], vms["k-first"]["finishTime"])  # it ran on after the cancel
+        for name in ("k-second", "k-third"):
+            self.assertEqual((vms[name]["outcome"], vms[name]["skipReason"]), ("Skipped", "PlanCancelled"))
+            self.assertNotIn("migration", vms[name])
+        conds = {c["type"]: c for c in st["conditions"]}
+        self.assertEqual((conds["Cancelled"]["status"], conds["Cancelled"]["reason"]), ("True", "Cancelled"))
+        self.assertEqual((conds["Executed"]["status"], conds["Executed"]["reason"]), ("False", "Cancelled"))
+        self.assertIn("2 skipped (by the cancel)", conds["Executed"]["message"])
+        self.assertGreaterEqual(ex["finishTime"], vms["k-first"]["finishTime"])
+        wait_for(lambda: ("Warning", "DrainCancelled") in self.reasons("drain-k"), 10, "the DrainCancelled event")
+        self.assertIn(("Normal", "CancelRequested"), self.reasons("drain-k"))
+        wait_for(lambda: self.plan_metric("rdmig_controller_drainplan_vms", "drain-k", state="skipped") == 2, 10,
+                 "the metric to count the 2 skipped")  # exported just after the status write
+
+    def test_cancel_with_running_on_cancel_cancels_the_running_migration(self):
+        node = "node-l"
+        self.add_checked_path("l-path", node, TARGET, 1.0 * GiB, when="2026-12-05T11:00:00Z")
+        self.add_vmi("l-long", node, memory="1Gi", dirty=0)
+        self.add_vmi("l-next", node, memory="512Mi", dirty=0)
+        self.performer.seconds["l-long"] = 60.0
+        obj = self.create(plan("drain-l", node, execute=True, maxConcurrentPerPair=1))
+        self.wait_running(obj, "l-long")
+        code, body = self.edit_spec("drain-l", cancel=True, runningOnCancel="Cancel")
+        self.assertEqual(code, 200, body)
+        st = self.wait_phase("drain-l", ("Cancelled", "Completed", "Failed"), timeout=60)["status"]
+        self.assertEqual(st["phase"], "Cancelled", st)
+        [m] = self.migrations_of(obj)
+        self.assertTrue(m["spec"]["cancel"])  # the project's cancel of an RdmaMigration
+        self.assertEqual(m["metadata"]["annotations"]["rdmig.io/drain-cancelled"], NS + "/drain-l")
+        self.assertEqual(m["status"]["phase"], "Cancelled")
+        [(_, t0, t1)] = self.runs_of({"l-long", "l-next"})
+        self.assertLess(t1 - t0, 30)  # aborted, not run to its end
+        vms = {v["name"]: v for v in st["vms"]}
+        self.assertEqual(vms["l-long"]["outcome"], "Cancelled")
+        self.assertIn("cancelled with the plan", vms["l-long"]["error"])
+        self.assertEqual((vms["l-next"]["outcome"], vms["l-next"]["skipReason"]), ("Skipped", "PlanCancelled"))
+        ex = st["execution"]
+        self.assertEqual((ex["cancelled"], ex["failed"], ex["skipped"], ex["running"]), (1, 0, 1, 0))
+        conds = {c["type"]: c for c in st["conditions"]}
+        self.assertEqual(conds["MigrationFailed"]["status"], "False")  # a cancel is not a failure
+        self.assertEqual(conds["Cancelled"]["status"], "True")
+        wait_for(lambda: self.plan_metric("rdmig_controller_drainplan_vms", "drain-l", state="cancelled") == 1, 10,
+                 "the metric to count the cancelled one")
+
+    def test_a_spec_edited_while_executing_is_not_acted_on_and_is_named(self):
+        # An API server that does not run the CRD's CEL rules lets the edit through; the
+        # controller keeps to the spec the drain started with.
+        node = "node-m"
+        self.add_checked_path("m-path", node, TARGET, 1.0 * GiB, when="2026-12-05T11:00:00Z")
+        names = ("m-1", "m-2", "m-3")
+        for name, mib in zip(names, (1024, 768, 512)):
+            self.add_vmi(name, node, memory="%dMi" % mib, dirty=0)
+            self.performer.seconds[name] = 1.5
+        obj = self.create(plan("drain-m", node, execute=True, maxConcurrentPerPair=1, pathCapacity="4Gi"))
+        self.wait_running(obj, "m-1")
+        self.store.without_transition_rules.add("rdmadrainplans")
+        try:
+            # Three at once, and only VMIs labelled app=none (none is): neither may take effect.
+            code, body = self.edit_spec("drain-m", maxConcurrentPerPair=3, selector={"app": "none"})
+            self.assertEqual(code, 200, body)
+        finally:
+            self.store.without_transition_rules.discard("rdmadrainplans")
+        st = self.wait_phase("drain-m", ("Completed", "Failed", "Cancelled"), timeout=120)["status"]
+        self.assertEqual(st["phase"], "Completed", st)
+        self.assertEqual(st["execution"]["succeeded"], 3)
+        self.assertEqual(sorted(m["spec"]["source"]["vmi"]["name"] for m in self.migrations_of(obj)), list(names))
+        self.assertEqual(self.check_concurrency(st, set(names), 1), 1)
+        self.assertEqual(st["execution"]["spec"]["maxConcurrentPerPair"], 1)
+        self.assertNotIn("selector", st["execution"]["spec"])
+        cond = {c["type"]: c for c in st["conditions"]}["SpecChanged"]
+        self.assertEqual((cond["status"], cond["reason"]), ("True", "ChangedWhileExecuting"))
+        self.assertIn("spec.maxConcurrentPerPair, spec.selector changed after the drain started", cond["message"])
+        self.assertEqual(self.reasons("drain-m").count(("Warning", "SpecChanged")), 1)
+
+    def test_a_failed_vm_whose_migration_is_deleted_is_not_started_again(self):
+        node = "node-n"
+        self.add_checked_path("n-path", node, TARGET, 1.0 * GiB, when="2026-12-05T11:00:00Z")
+        self.add_vmi("n-broken", node, memory="1Gi", dirty=0)  # the largest: first
+        self.add_vmi("n-next", node, memory="512Mi", dirty=0)
+        self.performer.fail.add("n-broken")
+        self.performer.seconds["n-next"] = 5.0
+        obj = self.create(plan("drain-n", node, execute=True, maxConcurrentPerPair=1))
+
+        def broken():
+            return [m for m in self.migrations_of(obj) if m["spec"]["source"]["vmi"]["name"] == "n-broken"]
+        wait_for(lambda: broken() and broken()[0].get("status", {}).get("phase") == "Failed", 60,
+                 "n-broken's migration to fail")
+        name = broken()[0]["metadata"]["name"]
+        wait_for(lambda: {v["name"]: v.get("outcome") for v in self.get("drain-n")["status"].get("vms", [])}
+                 .get("n-broken") == "Failed", 30, "the plan to see it failed")
+        # An operator deletes the failed RdmaMigration while the plan still runs n-next.
+        self.assertIn(self.store.delete("rdmamigrations", VM_NS, name)[0], (200, 202))
+        wait_for(lambda: self.store.get("rdmamigrations", VM_NS, name)[0] == 404, 30, "the migration to go")
+        self.assertEqual(self.get("drain-n")["status"]["phase"], "Executing")
+        st = self.wait_phase("drain-n", ("Completed", "Failed", "Cancelled"), timeout=120)["status"]
+        self.assertEqual(st["phase"], "Completed", st)
+        self.assertEqual(sorted(r[0] for r in self.runs_of({"n-broken", "n-next"})), ["n-broken", "n-next"])
+        self.assertEqual(broken(), [])  # not made again
+        vms = {v["name"]: v for v in st["vms"]}
+        self.assertEqual(vms["n-broken"]["outcome"], "Failed")
+        self.assertIn("injected failure of n-broken", vms["n-broken"]["error"])
+        self.assertEqual(vms["n-broken"]["migration"], name)
+        ex = st["execution"]
+        self.assertEqual((ex["succeeded"], ex["failed"]), (1, 1))
+        self.assertEqual(ex["started"], [{"namespace": VM_NS, "name": "n-broken", "outcome": "Failed"},
+                                         {"namespace": VM_NS, "name": "n-next", "outcome": "Succeeded"}])
+        self.assertEqual(self.reasons("drain-n").count(("Warning", "MigrationFailed")), 1)
 
     def test_max_bandwidth_caps_each_migration_and_the_selector_narrows_the_vms(self):
         self.add_checked_path("cap-path", "node-a", "node-b", 1.0 * GiB, when="2026-12-05T10:00:00Z")
