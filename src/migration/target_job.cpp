@@ -180,7 +180,8 @@ void TargetJob::on_control(UniqueFd fd, const session::Hello& hello, const std::
   }
   if (transport_ == "rdma") {
     add_rails_to_welcome(welcome, ctx_.rdma);
-    set_rails(rails_from_hello(hello, ctx_.rdma));
+    rail_pairs_ = rails_from_hello(hello, ctx_.rdma);
+    set_rails(rail_pairs_);
     // A channel may come back over another rail (its source re-dials over rdma_cm); the source
     // fails over over rails only when it reads this (an agent from before it sends it over TCP).
     failover_rails_ = failover_ && ctx_.config.data_plane.fails_over_to("rail");
@@ -333,6 +334,7 @@ Result<TargetJob::Redialled> TargetJob::take_redial(uint32_t index, uint64_t cou
   r.peer_count = got->peer_count;
   r.left = got->left;
   r.where = std::move(got->where);
+  r.via = std::move(got->via);
   return r;
 }
 
@@ -342,7 +344,10 @@ Result<session::Resumed> TargetJob::reaccept(uint32_t index, uint64_t taken,
   auto r = take_redial(index, taken, deadline, stopped);
   if (!r) return r.error();
   // Over another rail (a connect request for the live channel, rdma_redial_plan): resumed already.
-  if (r->channel) return session::Resumed{std::move(r->channel), r->peer_count, "rdma (re-dialled by the source over a rail)"};
+  if (r->channel) {
+    return session::Resumed{std::move(r->channel), r->peer_count,
+                            "rdma " + (r->via.empty() ? std::string("rail ?") : r->via) + " (re-dialled by the source)"};
+  }
   std::unique_ptr<transport::TlsStream> tls;
   if (ctx_.config.data_plane.tls) {
     auto stream = channel_tls(r->fd.get(), transport::TlsStream::Role::kAcceptor, r->terms, r->left);
@@ -421,15 +426,18 @@ Result<transport::rdma::AcceptPlan> TargetJob::rdma_redial_plan(const transport:
     }
   }
   auto plan = channel_plan(index);
-  plan.deliver = [this, index](Result<std::unique_ptr<transport::Channel>> ch) {
+  // The rail it came over (this agent's listener on it), for the failover's words on this end.
+  plan.deliver = [this, index, via = session::arrival_rail_text(rail_pairs_, request.rail)](
+                     Result<std::unique_ptr<transport::Channel>> ch) mutable {
     if (!ch) {
-      LOG_WARN("migration") << log_prefix() << " channel " << index << " re-dialled over RDMA: " << ch.error().message;
+      LOG_WARN("migration") << log_prefix() << " channel " << index << " re-dialled over RDMA (" << via
+                            << "): " << ch.error().message;
       return;  // the source tries again, or another path
     }
     MutexLock dlock(data_mu_);
     auto* fc = failover_channel(index);
     if (fc == nullptr || fc->failed()) return;  // ended meanwhile: the new channel just closes
-    redials_.put(index, std::move(ch.value()));  // a newer re-dial replaces one not yet taken
+    redials_.put(index, std::move(ch.value()), std::move(via));  // a newer re-dial replaces one not yet taken
     fc->interrupt(Error{Errc::kUnavailable, "the source agent re-dialled channel " + std::to_string(index) + " over RDMA"});
   };
   return plan;

@@ -67,6 +67,7 @@ class TargetJob final : public Job {
     uint64_t peer_count = 0;
     std::chrono::milliseconds left{0};  // what is left of the deadline for the next step (TLS)
     std::string where;                  // "channel 3 re-dialled by the source", for errors
+    std::string via;                    // a rail failover's re-dial: the rail it came over
   };
   Result<Redialled> take_redial(uint32_t index, uint64_t count, std::chrono::steady_clock::time_point deadline,
                                 const std::function<bool()>& stopped);
@@ -110,6 +111,7 @@ class TargetJob final : public Job {
   // Confirmed in the welcome too ("failoverRails"): a channel's re-dial may come over another rail
   // (an rdma_cm connect request for a live channel, rdma_plan). With the rail each came over.
   bool failover_rails_ GUARDED_BY(conn_mu_) = false;
+  std::vector<session::RailPair> rail_pairs_ GUARDED_BY(conn_mu_);  // the matched rails (RDMA), from the hello
   // The RDMA channels were handed to the pumps (wait_for_source): from then on a connect request
   // for a channel is a re-dial.
   bool rdma_started_ GUARDED_BY(conn_mu_) = false;

@@ -46,10 +46,32 @@ void ControlLink::fail_over_with(Reconnect reconnect, std::chrono::milliseconds 
   failover_on_.store(true);
 }
 
+void ControlLink::stop_failing_over() {
+  {
+    MutexLock lock(write_mu_);
+    failover_on_.store(false);
+    sent_log_.clear();
+  }
+  MutexLock lock(mu_);
+  reconnect_ = nullptr;
+  on_failover_ = nullptr;
+}
+
 void ControlLink::interrupt() {
   if (!failover_on_.load()) return;
   MutexLock lock(fd_mu_);
   if (fd_.valid()) ::shutdown(fd_.get(), SHUT_RDWR);  // the reader's read fails: it fails over
+}
+
+uint64_t ControlLink::received() {
+  MutexLock lock(mu_);
+  return received_;
+}
+
+void ControlLink::acknowledged(uint64_t peer_has) {
+  MutexLock lock(write_mu_);
+  if (peer_has > sent_) return;  // not a count this end can have caused
+  while (!sent_log_.empty() && sent_ - sent_log_.size() < peer_has) sent_log_.pop_front();
 }
 
 Status ControlLink::send(const nlohmann::json& message) {
@@ -92,6 +114,11 @@ bool ControlLink::recover(const Error& why) {
     if (closing_) return false;  // this end closed it
     ::shutdown(fd_.get(), SHUT_RDWR);  // a send blocked on the old connection returns
   }
+  recovering_.store(true);
+  struct Done {
+    std::atomic<bool>& flag;
+    ~Done() { flag.store(false); }
+  } done{recovering_};
   const auto started = Clock::now();
   const auto deadline = started + span;
   LOG_WARN("failover") << "control connection lost (" << why.message << "); received " << received
@@ -136,6 +163,7 @@ bool ControlLink::recover(const Error& why) {
         const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
         LOG_INFO("failover") << "control connection resumed after " << took.count() << " ms (resent " << resent
                              << ")";
+        failovers_.fetch_add(1);
         if (on_failover) on_failover(why.message, took, resent);
         return true;
       }

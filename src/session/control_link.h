@@ -7,7 +7,8 @@
 // through `Reconnect` until a deadline, as a data channel does (failover_channel.h): each end counts
 // the messages it has received, the two counts are exchanged (and proved) on the new connection,
 // and each end resends what the other has not received. Every message sent is kept for that (a
-// migration sends a handful). A send while the link is down is kept and goes after the resume.
+// migration sends a handful) until the owner says the peer has it (acknowledged(): a KubeVirt
+// flow's heartbeats). A send while the link is down is kept and goes after the resume.
 #pragma once
 
 #include <atomic>
@@ -47,9 +48,22 @@ class ControlLink {
   // before the first message.
   void fail_over_with(Reconnect reconnect, std::chrono::milliseconds deadline, OnFailover on_failover = {})
       EXCLUDES(mu_, fd_mu_);
+  // Undoes fail_over_with() (the peer turned out not to fail this link over): nothing more is
+  // kept, and a lost connection is lost.
+  void stop_failing_over() EXCLUDES(mu_, write_mu_);
   // The peer re-dialled (its side saw the loss first): this end's connection, maybe half-open, is
   // given up now and the reader fails over. No-op without failover.
   void interrupt() EXCLUDES(fd_mu_);
+  // Failover's state, for an owner that watches the peer's silence itself (a KubeVirt flow's
+  // heartbeats): true while the reader re-establishes the connection; failovers done so far.
+  bool recovering() const { return recovering_.load(); }
+  uint64_t failovers() const { return failovers_.load(); }
+  // The messages received so far (what this end would give in a resume exchange).
+  uint64_t received() EXCLUDES(mu_);
+  // The peer said it has received `peer_has` of this end's messages: those are no longer kept for
+  // a resend (a flow's heartbeats carry the count; without it every message sent stays kept). A
+  // count beyond what was sent is ignored.
+  void acknowledged(uint64_t peer_has) EXCLUDES(write_mu_);
 
   Status send(const nlohmann::json& message) EXCLUDES(write_mu_);
   // Next message, waiting up to `timeout`: nullopt on timeout, an error once the peer is gone.
@@ -93,6 +107,8 @@ class ControlLink {
   OnFailover on_failover_ GUARDED_BY(mu_);
   std::chrono::milliseconds deadline_ GUARDED_BY(mu_){0};
   std::atomic<bool> failover_on_{false};  // set once, with the three above
+  std::atomic<bool> recovering_{false};   // the reader is in recover()
+  std::atomic<uint64_t> failovers_{0};    // recover() calls that resumed the connection
   std::thread reader_;
 };
 

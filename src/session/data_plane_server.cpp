@@ -133,7 +133,11 @@ Result<RdmaRail> DataPlaneServer::init_rail(uint32_t index, const RdmaRailConfig
   // Every rail listens on its own address; with a fixed rdmaPort they share the port number.
   auto listener = transport::rdma::RdmaListener::create(
       dev.ip, config_.data_plane.rdma_port,
-      [this](const transport::rdma::ConnectRequest& request) { return resolve_rdma(request); },
+      [this, index](const transport::rdma::ConnectRequest& request) {
+        transport::rdma::ConnectRequest on_rail = request;
+        on_rail.rail = index;  // the rail this listener serves
+        return resolve_rdma(on_rail);
+      },
       options.traffic_class);
   if (!listener) {
     return Error{listener.error().code, std::string("listener-failed: rdma_cm listener on ") + dev.ip + " (" +

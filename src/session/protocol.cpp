@@ -340,6 +340,11 @@ Result<Hello> parse_flow(const json& j) {
     h.nonce = nonce.value();
     RDMIG_TRY(read_flag(j, "tls", h.tls));
     RDMIG_TRY(read_flag(j, "resume", h.resume));
+    // A flow's control link re-dialled to fail it over (docs/failover.md): no TLS, index 0.
+    RDMIG_TRY(read_flag(j, "control", h.control));
+    if (h.control && (!h.resume || h.index != 0 || h.tls)) {
+      return Error{Errc::kInvalidArgument, "hello.control: only a resume of the control link, with index 0 and no tls"};
+    }
     return h;
   }
   for (auto [key, out] : {std::pair{"session", &h.session}, std::pair{"nonce", &h.nonce}}) {
@@ -414,6 +419,7 @@ json Hello::to_json() const {
       if (!nonce.empty()) j["nonce"] = nonce;
       if (tls) j["tls"] = true;
       if (resume) j["resume"] = true;
+      if (control) j["control"] = true;
       return j;
     case HelloKind::kControl:
     case HelloKind::kPathcheckControl:

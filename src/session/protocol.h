@@ -163,7 +163,7 @@ struct VmiRef {
 //   flow                        {kind, protocol 6, session, nonce, mode, vmi?, migrationUid, sourceNode,
 //                                targetNode, chunkSize, ringDepth, transport, transportRequired,
 //                                rdmaRails?, failover?}     (no "type": a flow's proofs hash this dump)
-//   flow-data                   {kind, protocol 6, session, index, nonce, tls?, resume?}
+//   flow-data                   {kind, protocol 6, session, index, nonce, tls?, resume?, control?}
 //   probe                       {kind, protocol 3}
 // A field a kind does not carry is ignored by to_json and left empty by parse.
 struct Hello {
@@ -204,8 +204,8 @@ struct Hello {
   uint32_t rdma_mtu = 0;
   // control, optional ("verifyChunks"): every chunk ends in the CRC32C of its payload (session/pump.h).
   bool verify_chunks = false;
-  // data, optional ("control", with resume or recover, index 0): re-establishes the control
-  // connection instead; its proof's terms name kControlIndex.
+  // data and flow-data, optional ("control", with resume (or, data only, recover), index 0):
+  // re-establishes the control connection instead; its proof's terms name kControlIndex.
   bool control = false;
   // data, optional ("recover", not with resume): a fresh connection of a post-copy recovery.
   bool recover = false;

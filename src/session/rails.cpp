@@ -161,6 +161,13 @@ std::string rail_of_channel_text(const std::vector<RailUsage>& rails, uint32_t c
 
 std::string rail_text(const RailPair& p) { return rail_words(p.rail, p.local.device, p.local.ip, p.peer); }
 
+std::string arrival_rail_text(const std::vector<RailPair>& rails, uint32_t rail) {
+  for (const auto& p : rails) {
+    if (p.rail == rail) return rail_text(p);
+  }
+  return "rail " + std::to_string(rail);
+}
+
 void add_channel_to_usage(std::vector<RailUsage>& usage, const std::vector<RailPair>& rails, uint32_t channel) {
   if (rails.empty()) return;
   const auto& p = rails[rail_of_channel(channel, rails.size())];

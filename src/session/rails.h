@@ -97,6 +97,11 @@ std::vector<RailUsage> rail_usage(const std::vector<RailPair>& rails, uint32_t c
 std::string rail_of_channel_text(const std::vector<RailUsage>& rails, uint32_t channel);
 // The same words for one matched rail.
 std::string rail_text(const RailPair& rail);
+// Target side: the rail a re-dial's connect request arrived on (`rail`: the index of this agent's
+// rail whose listener took it), in the same words from this end ("rail 1: mlx5_1 10.10.1.2 to
+// 10.10.1.1": this agent's device and address, the source's address); "rail 1" when no matched
+// rail has that index.
+std::string arrival_rail_text(const std::vector<RailPair>& rails, uint32_t rail);
 // Adds `channel` to the usage entry of its rail among `rails` (made when it is the rail's first,
 // the entries kept in rail order): for sessions whose channels arrive one by one (KubeVirt's).
 void add_channel_to_usage(std::vector<RailUsage>& usage, const std::vector<RailPair>& rails, uint32_t channel);

@@ -11,16 +11,16 @@ namespace rdmig::session {
 void RedialSlots::put(uint32_t index, UniqueFd fd) {
   {
     MutexLock lock(mu_);
-    slots_[index] = Slot{std::move(fd), nullptr};
+    slots_[index] = Slot{std::move(fd), nullptr, {}};
   }
   cv_.notify_all();
 }
 
-void RedialSlots::put(uint32_t index, std::unique_ptr<transport::Channel> channel) {
+void RedialSlots::put(uint32_t index, std::unique_ptr<transport::Channel> channel, std::string via) {
   Slot older;  // a re-dial not yet taken: closed once the lock is released (a channel joins a thread)
   {
     MutexLock lock(mu_);
-    older = std::exchange(slots_[index], Slot{UniqueFd(), std::move(channel)});
+    older = std::exchange(slots_[index], Slot{UniqueFd(), std::move(channel), std::move(via)});
   }
   cv_.notify_all();
 }
@@ -40,6 +40,7 @@ Result<RedialSlots::Redialled> RedialSlots::take(uint32_t index, const transport
       if (it != slots_.end() && (it->second.fd.valid() || it->second.channel)) {
         r.fd = std::move(it->second.fd);
         r.channel = std::move(it->second.channel);
+        r.via = std::move(it->second.via);
         slots_.erase(it);
         break;
       }

@@ -25,7 +25,9 @@ std::string resume_mac(const transport::ChannelTerms& terms, transport::ProofBy 
   return to_hex(mac.data(), mac.size());
 }
 
-std::string where(const transport::ChannelTerms& terms) { return "channel " + std::to_string(terms.index) + " resume"; }
+std::string where(const transport::ChannelTerms& terms) {
+  return (terms.index == kControlIndex ? std::string("control link") : "channel " + std::to_string(terms.index)) + " resume";
+}
 
 Result<std::string> nonce_of(const json& m, const std::string& at) {
   auto n = get_string(m, "nonce", at, transport::kChannelNonceChars);

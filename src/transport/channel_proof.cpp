@@ -47,7 +47,10 @@ std::string hex_mac(const ChannelTerms& terms, ProofBy by, const std::string& di
   return to_hex(mac.data(), mac.size());
 }
 
-std::string channel_name(const ChannelTerms& terms) { return "channel " + std::to_string(terms.index); }
+// The control link re-dialled to fail it over proves over its own index (no data channel has it).
+std::string channel_name(const ChannelTerms& terms) {
+  return terms.index == session::kControlIndex ? std::string("control link") : "channel " + std::to_string(terms.index);
+}
 
 }  // namespace
 

@@ -201,18 +201,21 @@ class MixedVersionsTest(unittest.TestCase):
         self.cleanups_procs.append(p)
         return p
 
-    def kubevirt_carry(self, direction):
+    def kubevirt_carry(self, direction, data_plane=None):
         net = self.handler_network()
         token = "tok-" + os.urandom(16).hex()
         hook = os.path.join(tempfile.mkdtemp(prefix="rdmig-hk-", dir="/tmp"), "hook.sock")
         self.addCleanup(shutil.rmtree, os.path.dirname(hook), True)
 
-        def kv(node, peers, hook_socket=""):
-            return {"kubevirt": {"enabled": True, "nodeName": node, "hookSocket": hook_socket, "peers": peers,
-                                 "ruleTimeoutSeconds": 3, "sessionIdleSeconds": 1}}
-        dst_agent = self.agent(direction[1], "node-b", kv("node-b", []), token)
+        def kv(node, peers, hook_socket="", version="old"):
+            config = {"kubevirt": {"enabled": True, "nodeName": node, "hookSocket": hook_socket, "peers": peers,
+                                   "ruleTimeoutSeconds": 3, "sessionIdleSeconds": 1}}
+            if data_plane and version == "new":
+                config["dataPlane"] = data_plane  # a switch the old agent may lack
+            return config
+        dst_agent = self.agent(direction[1], "node-b", kv("node-b", [], version=direction[1]), token)
         src_agent = self.agent(direction[0], "node-a", kv("node-a", [{"node": "node-b", "agent": "127.0.0.1:%d" %
-                                                                      dst_agent.data_port}], hook), token)
+                                                                      dst_agent.data_port}], hook, direction[0]), token)
         sink_log = os.path.join(self.tmp, "sink-%s.log" % self._testMethodName)
         ready = os.path.join(self.tmp, "sink-%s.json" % self._testMethodName)
         self.spawn([kvnet.IP, "netns", "exec", net.netns["node-b"], sys.executable, STREAMS, "sink",
@@ -236,6 +239,9 @@ class MixedVersionsTest(unittest.TestCase):
         def ended(agent):
             return wait_for(lambda: [r for r in records(agent) if r["phase"] in ("Succeeded", "Failed")], 30,
                             "%s's record of %s to end" % (agent.name, mig))[0]
+        if data_plane:
+            # Not carried: the source's record says why, and KubeVirt's own path carried the bytes.
+            return res, wait_for(lambda: records(src_agent), 30, "%s's record of %s" % (src_agent.name, mig))[0]
         src = ended(src_agent)
         dst = [r for r in records(dst_agent)]
         connections_ok = bool(res["hook"] and res["hook"].get("ok")) and all(c["ok"] for c in res["connections"])
@@ -264,6 +270,20 @@ class MixedVersionsTest(unittest.TestCase):
 
     def test_kubevirt_carry_new_source_to_old_target(self):
         self.kubevirt_carry(DIRECTIONS[1])
+
+    def test_kubevirt_carry_new_source_with_failover_to_old_target_names_failover(self):
+        # docs/failover.md ("During a rolling upgrade"): a target from before KubeVirt-mode failover
+        # proves the flow hello without its "failover" field, so the two refuse each other at the
+        # token proof. The source says so (not "did not prove the agents' token"), declines rather
+        # than marking the peer unhealthy, and KubeVirt's own path carries the migration.
+        res, src = self.kubevirt_carry(DIRECTIONS[1], data_plane={"failover": "on"})
+        outcome = "not carried: " + src.get("reason", "?")
+        type(self).outcomes.append(("kv+fo", "new", "old", outcome, time.monotonic() - self.started))
+        self.assertEqual((src["phase"], src["carried"]), ("NotCarried", False), src)
+        self.assertIn("does not offer failover", src["reason"])
+        self.assertIn("the agent on node-b declined: ", src["reason"])
+        self.assertIn("Turn dataPlane.failover off", src["reason"])
+        self.assertTrue(all(c["ok"] for c in res["connections"]), res["connections"])
 
     # ---- path check: POST /v1/pathchecks on both agents ---------------------------------------------
     def path_check(self, direction):

@@ -138,17 +138,26 @@ def channel_proof(key, by, session, index, dialler_nonce, acceptor_nonce):
     return _hmac_hex(key, "rdmig-channel\n%s\n%s\n%d\n%s\n%s" % (by, session, index, dialler_nonce, acceptor_nonce))
 
 
-def flow_channel(port, key, session, index, host="127.0.0.1", proof=None, nonce=None, resume=False):
+CONTROL_INDEX = 65  # transport::kControlIndex: what a re-dialled control link's proofs name
+
+
+def flow_channel(port, key, session, index, host="127.0.0.1", proof=None, nonce=None, resume=False, control=False,
+                 extra=None):
     """Opens channel `index` of a flow session as its source agent does: the flow-data hello, the
     target's challenge, the proof of `key`. Returns (socket, challenge, answer); the answer is the
     welcome (checked to prove the key back) or the reject. `proof` replaces the right one.
-    `resume`: the hello of a re-dial that fails the channel over (docs/failover.md)."""
+    `resume`: the hello of a re-dial that fails the channel over (docs/failover.md). `control`: the
+    re-dial of the session's control link (index 0 in the hello, proved over CONTROL_INDEX)."""
     import socket
     c = socket.create_connection((host, port), timeout=10)
     nonce = nonce or os.urandom(16).hex()
     hello = {"kind": "flow-data", "protocol": FLOW_PROTOCOL, "session": session, "index": index, "nonce": nonce}
-    if resume:
+    if resume or control:
         hello["resume"] = True
+    if control:
+        hello["control"] = True
+        index = CONTROL_INDEX
+    hello.update(extra or {})
     flow_send(c, hello)
     ch = flow_recv(c)
     if ch.get("type") != "challenge":
@@ -159,6 +168,46 @@ def flow_channel(port, key, session, index, host="127.0.0.1", proof=None, nonce=
     if answer.get("type") == "welcome":
         assert answer.get("proof") == channel_proof(key, "accept", session, index, nonce, ch["nonce"]), answer
     return c, ch, dict(answer, sent=good if proof is None else proof, nonce=nonce)
+
+
+def resume_as_dialler(sock, key, session, index, taken):
+    """session/resume.h's exchange from the dialling end on a re-dial that was welcomed: sends this
+    end's count, checks the acceptor's proof of both counts, proves them back. Returns the
+    acceptor's count, or the reject it sent."""
+    mine = os.urandom(16).hex()
+    flow_send(sock, {"type": "resume", "taken": taken, "nonce": mine})
+    answer = flow_recv(sock)
+    if answer.get("type") != "resume":
+        return answer
+
+    def mac(by):
+        fresh = "resume\n%s\n%s\n%d\n%d" % (mine, answer["nonce"], taken, answer["taken"])
+        return _hmac_hex(key, "rdmig-channel\n%s\n%s\n%d\n%s" % (by, session, index, fresh))
+    assert answer.get("proof") == mac("accept"), answer
+    flow_send(sock, {"type": "resume-ok", "proof": mac("dial")})
+    return answer["taken"]
+
+
+class ControlReader:
+    """Reads a flow's control link as its source would (the target's signed messages, heartbeats
+    every 0.5 s) on a thread: their sequence numbers, and whether the target closed it."""
+
+    def __init__(self, sock):
+        self.sock, self.seqs, self.closed = sock, [], threading.Event()
+
+        def run():
+            try:
+                while True:
+                    self.seqs.append(flow_recv(sock)["seq"])
+            except Exception:  # the end of the stream (a short read), a reset, a closed socket
+                self.closed.set()
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def more_than(self, n, timeout=5):
+        """Waits until more than `n` messages came (the link is alive and answered)."""
+        wait_for(lambda: len(self.seqs) > n or self.closed.is_set(), timeout, "the target's heartbeats")
+        return len(self.seqs) > n
 
 
 # How the stand-in proxy sees a connection the agent ended: a read that found the reset or the
@@ -872,6 +921,191 @@ class KubevirtRelayTest(unittest.TestCase):
         self.addCleanup(d.close)
         self.assertEqual(r["type"], "welcome", r)
         wait_for(lambda: not still_open(fo0), 5, "the re-dialled channel to give up its old connection")
+
+    @unittest.skipIf(TRANSPORT == "rdma", "the VM's agents require RDMA there, which leaves failover off")
+    def test_the_control_link_reset_mid_flow_fails_over_and_the_flow_succeeds_byte_exact(self):
+        # dataPlane.failover on both agents (docs/failover.md): the session's control link (signed
+        # messages, heartbeats both ways) is reset again and again while the flow carries (ss -K, as
+        # a middlebox that drops the connection's state). The source re-dials it with a proved
+        # resume hello over the control link's own index, both agents resend what the other did not
+        # receive (the signers' sequences go on: a repeat or a gap would fail the session), and the
+        # proxies' connections never see it: every connection arrives byte-exact and the flow
+        # succeeds, the failovers counted. Before, the first reset failed the flow.
+        from rdmiglab import linkcut
+        token = self.src.token
+        for a in self.agents:
+            a.stop()
+        fo = {"failover": "on"}
+        self.dst = self.agent("node-b", token, peers=[], data_plane=fo)
+        self.src = self.agent("node-a", token, peers=[{"node": "node-b", "agent": "127.0.0.1:%d" % self.dst.data_port}],
+                              hook=self.hook_socket, data_plane=fo)
+        mig = "mig-ctl-failover"
+        vmi = vmi_json("vmi-uid-ctl-fo", mig, self.net.ip4["node-b"], self.sink_port)
+        p = self.dial(3, 96 << 20, vmi=vmi, wait=False, extra=("--timeout", "60"))
+        cuts, last_cut, deadline = 0, 0.0, time.monotonic() + 150
+        while p.poll() is None and time.monotonic() < deadline:
+            # Only while the three data channels carry (each past 1 MiB), so that the one connection
+            # to the data port under 64 KiB is the control link (heartbeats: a few KiB); one cut
+            # every 0.3 s, each on the link the last failover re-dialled.
+            if time.monotonic() - last_cut >= 0.3 and len(linkcut.data_connections(self.dst.data_port, 1 << 20)) == 3:
+                n = linkcut.cut_control_connection(self.dst.data_port)
+                cuts += n
+                if n:
+                    last_cut = time.monotonic()
+            time.sleep(0.05)  # the poll's pace, not a wait for anything
+        out, err = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 0, err)
+        res = json.loads(out)
+        print("\n[relay] %d control link reset(s) during the flow" % cuts, file=sys.stderr)
+        self.assertGreaterEqual(cuts, 1, "the control link was not reset mid-flow: the test proves nothing")
+        self.assertTrue(all(c["ok"] for c in res["connections"]), res["connections"])
+        src = wait_for(lambda: [r for r in self.records(self.src, migrationUid=mig) if r["phase"] in ("Succeeded", "Failed")],
+                       20, "the source record to end")[0]
+        dst = wait_for(lambda: [r for r in self.records(self.dst, migrationUid=mig) if r["phase"] in ("Succeeded", "Failed")],
+                       20, "the target record to end")[0]
+        self.assertEqual((src["phase"], dst["phase"]), ("Succeeded", "Succeeded"), (src, dst))
+        print("[relay] source failover: %s; target: %s" % (src["failover"], dst["failover"]), file=sys.stderr)
+        for rec in (src, dst):
+            self.assertGreaterEqual(rec["failover"]["failovers"], 1, rec)
+            self.assertTrue(rec["failover"]["last"].startswith("control connection: "), rec["failover"])
+        self.assertEqual(dst["bytesReceived"], src["bytesSent"])
+        self.assertGreaterEqual(src["bytesSent"], 3 * (96 << 20))
+        for agent, role in ((self.src, "source"), (self.dst, "target")):
+            m = parse_prometheus(agent.metrics())[0]
+            n = sum(v for (name, labels), v in m.items()
+                    if name == "rdmig_failovers_total" and ("role", role) in labels and ("transport", "tcp") in labels)
+            self.assertGreaterEqual(n, 1, "%s: rdmig_failovers_total" % role)
+            # Only the control link was reset: no data channel failed over.
+            self.assertNotIn(" failover: channel ", agent.log_text())
+
+    @unittest.skipIf(TRANSPORT == "rdma", "TCP control links (the same on every transport)")
+    def test_a_control_link_redial_without_the_key_or_not_admissible_is_refused_and_displaces_nothing(self):
+        # A flow-data hello marked resume and control takes over a session's control link: only
+        # the session's key holder may send one (its proof names the control link's own index, over
+        # a fresh nonce of the target's: a replay is worth nothing), only for a session that fails
+        # its control link over, and the live link is displaced by nothing else. The key holder's
+        # re-dial is resumed exactly: the target resends from the count this end gives, with the
+        # sequence numbers going on. The target's heartbeat timeout is long here: this test is the
+        # source and sends none.
+        token = self.src.token
+        for a in self.agents:
+            a.stop()
+        self.dst = self.agent("node-b", token, peers=[], data_plane={"failover": "on"},
+                              extra={"heartbeatTimeoutSeconds": 60})
+        port = self.dst.data_port
+
+        def session(failover, mig):
+            hello = flow_hello(os.urandom(16).hex(), os.urandom(16).hex(), mig, **({"failover": True} if failover else {}))
+            c, nonce, reply = self.flow_handshake(hello, token, host="127.0.0.1")
+            self.assertEqual(reply["type"], "welcome", reply)
+            self.assertEqual(reply.get("failover", False), failover, reply)
+            self.assertEqual(reply.get("failoverControl", False), failover, reply)
+            return hello["session"], flow_channel_key(token, hello, nonce), ControlReader(c)
+
+        plain, plain_key, plain_link = session(False, "mig-ctl-plain")
+        fo, fo_key, fo_link = session(True, "mig-ctl-fo")
+        refusals = [
+            # Without the key (a third party knows the session id: it travels in clear).
+            (fo, fo_key, os.urandom(32).hex(), None, "permission_denied", "control link: auth.proof"),
+            # The key holder, for a session that does not fail its control link over.
+            (plain, plain_key, None, None, "permission_denied", "does not fail its control link over"),
+            # A session the target does not have.
+            (os.urandom(16).hex(), fo_key, None, None, "permission_denied", "unknown data-plane session"),
+            # Not a control link's re-dial: with TLS (the control link runs none), or another index.
+            (fo, fo_key, None, {"tls": True}, "invalid_argument", "hello.control"),
+            (fo, fo_key, None, {"index": 3}, "invalid_argument", "hello.control"),
+        ]
+        for sid, key, proof, extra, code, why in refusals:
+            d, _, r = flow_channel(port, key, sid, 0, proof=proof, control=True, extra=extra)
+            d.close()
+            self.assertEqual((r["type"], r.get("code")), ("reject", code), r)
+            self.assertIn(why, r["message"])
+        for link in (plain_link, fo_link):
+            seen = len(link.seqs)
+            self.assertTrue(link.more_than(seen), "a refused control re-dial displaced a live control link")
+        for rec in self.records(self.dst):
+            self.assertNotEqual(rec["phase"], "Failed", rec)
+            self.assertEqual(rec["failover"]["failovers"], 0, rec)
+        # The key holder's re-dial: admitted; the target gives its old connection up at once and
+        # resumes on the new one from the count this end gives (what it read on the old one).
+        d, _, r = flow_channel(port, fo_key, fo, 0, control=True)
+        self.addCleanup(d.close)
+        self.assertEqual(r["type"], "welcome", r)
+        self.assertTrue(fo_link.closed.wait(5), "the re-dialled control link kept its old connection")
+        read = len(fo_link.seqs)
+        self.assertEqual(fo_link.seqs, list(range(read)), "the old connection's messages, in order")
+        theirs = resume_as_dialler(d, fo_key, fo, CONTROL_INDEX, read)
+        self.assertEqual(theirs, 0, "this end sent nothing signed on the link")
+        again = ControlReader(d)
+        self.assertTrue(again.more_than(1), "nothing on the resumed control link")
+        self.assertEqual(again.seqs[:2], [read, read + 1], "the target resent from this end's count, exactly")
+        rec = wait_for(lambda: [x for x in self.records(self.dst, migrationUid="mig-ctl-fo") if x["failover"]["failovers"]],
+                       5, "the failover in the target's record")[0]
+        self.assertEqual(rec["failover"]["failovers"], 1, rec)
+        self.assertTrue(rec["failover"]["last"].startswith("control connection: "), rec)
+        # What an observer of that re-dial saw (its nonce, its proof) is worth nothing again: the
+        # target's nonce is fresh. The resumed link stays.
+        d2, _, replay = flow_channel(port, fo_key, fo, 0, control=True, proof=r["sent"], nonce=r["nonce"])
+        d2.close()
+        self.assertEqual((replay["type"], replay.get("code")), ("reject", "permission_denied"), replay)
+        self.assertIn("control link: auth.proof", replay["message"])
+        seen = len(again.seqs)
+        self.assertTrue(again.more_than(seen), "a replayed control re-dial displaced the resumed link")
+        self.assertFalse(plain_link.closed.is_set())
+
+    @unittest.skipIf(shutil.which("nft") is None, "needs the nft command to keep the re-dials out")
+    @unittest.skipIf(TRANSPORT == "rdma", "the VM's agents require RDMA there, which leaves failover off")
+    def test_a_control_link_down_past_the_failover_deadline_fails_the_flow_naming_it(self):
+        # The control link reset (ss -K) while every re-dial to the target agent is dropped (its SYN,
+        # by nftables): past dataPlane.failoverDeadlineSeconds (2 s here) both agents fail the flow
+        # naming the lost control link and the deadline, and the source resets the main connection
+        # (QEMU fails there; the VM stays on the source).
+        from rdmiglab import linkcut
+        token = self.src.token
+        for a in self.agents:
+            a.stop()
+        fo = {"failover": "on", "failoverDeadlineSeconds": 2}
+        self.dst = self.agent("node-b", token, peers=[], data_plane=fo)
+        self.src = self.agent("node-a", token, peers=[{"node": "node-b", "agent": "127.0.0.1:%d" % self.dst.data_port}],
+                              hook=self.hook_socket, data_plane=fo)
+        mig = "mig-ctl-down"
+        vmi = vmi_json("vmi-uid-ctl-down", mig, self.net.ip4["node-b"], self.sink_port)
+        p = self.dial(3, 1 << 20, vmi=vmi, hold=45, wait=False)
+        wait_for(lambda: any(r["connections"] == 3 for r in self.records(self.src, migrationUid=mig)), 20,
+                 "three carried connections")
+        wait_for(lambda: any(r["connections"] == 3 for r in self.records(self.dst, migrationUid=mig)), 20,
+                 "three connections on the target")
+        table = "rdmig_test_ctl_down"
+        rules = ("table inet %s {\n  chain pre { type filter hook prerouting priority -300; policy accept;\n"
+                 "    tcp dport %d tcp flags & (syn | ack) == syn drop\n  }\n}\n") % (table, self.dst.data_port)
+        subprocess.run(["nft", "-f", "-"], input=rules, text=True, check=True)
+        try:
+            cut_at = time.time()
+            self.assertEqual(wait_for(lambda: linkcut.cut_control_connection(self.dst.data_port), 10,
+                                      "the control link to reset"), 1)
+            out, err = p.communicate(timeout=90)
+            src = wait_for(lambda: [r for r in self.records(self.src, migrationUid=mig) if r["phase"] == "Failed"], 15,
+                           "the source record to fail")[0]
+            dst = wait_for(lambda: [r for r in self.records(self.dst, migrationUid=mig) if r["phase"] == "Failed"], 15,
+                           "the target record to fail")[0]
+        finally:
+            subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True)
+        main = json.loads(out)["connections"][0]
+        print("\n[relay] control link down: main connection ended in %.2f s; source: %s; target: %s"
+              % (main["ended_at"] - cut_at, src["reason"], dst["reason"]), file=sys.stderr)
+        self.assertIn("control connection lost", src["reason"])
+        self.assertIn("not back within 2000 ms", src["reason"])
+        # The target's own deadline ends at the same moment: it names the link too, or the source's
+        # abort that reached it first over a data channel.
+        self.assertTrue("control connection lost" in dst["reason"] or "aborted" in dst["reason"], dst)
+        for rec in (src, dst):
+            self.assertEqual(rec["failover"]["failovers"], 0, rec)
+        self.assertIn("node-b", src["reason"])
+        self.assertIn("control link re-dialled to 127.0.0.1:%d" % self.dst.data_port, src["reason"])
+        self.assertIn(main["error"], RESET_ENDS, main)
+        # The deadline, then a heartbeat turn: not the 30 s TCP would take, nor the flow's hold.
+        self.assertLess(main["ended_at"] - cut_at, 6.0, main)
+        self.assertLess(src["finishedAtMs"] / 1000.0 - cut_at, 6.0, src)
 
     def test_a_session_for_another_target_node_is_refused_naming_the_field(self):
         token = self.dst.token

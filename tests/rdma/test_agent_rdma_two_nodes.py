@@ -800,6 +800,10 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
                     for line in moved:
                         self.assertRegex(line, r"resumed on rdma rail 0: %s %s to %s:\d+ " % (
                             re.escape(DEVS[0]), re.escape(ADDR), re.escape(PEER_ADDR)))
+                    # The target names the rail the re-dial came in on, from its end (the rail whose
+                    # rdma_cm listener took it: its device and address, then the source's address).
+                    self.assertRegex(t["failover"]["last"], r"resumed on rdma rail 0: \S+ %s to %s \(re-dialled by the source\)"
+                                     % (re.escape(PEER_ADDR), re.escape(ADDR)))
                     # RDMA only: no data byte went over TCP.
                     self.assertEqual(tcp_bytes(agent, "sent") - tcp_a, 0)
                 else:

@@ -7,6 +7,8 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -138,6 +140,74 @@ TEST(ControlLinkFailover, APeerThatRefusesTheResumeEndsTheLinkNamingTheLoss) {
 TEST(ControlLinkFailover, ALinkClosedByThisEndIsNotResumed) {
   Linked l;
   l.a->close();
+  auto m = l.a->next(3s);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.error().message.find("control connection lost"), std::string::npos) << m.error().message;
+  std::lock_guard lock(l.mu);
+  EXPECT_EQ(l.redials, 0);
+}
+
+TEST(ControlLinkFailover, OnlyWhatThePeerHasNotAcknowledgedIsKeptAndResent) {
+  // A KubeVirt flow's heartbeats carry how many messages their sender received (acknowledged()):
+  // the rest alone is kept, resent after a resume, and a peer that claims less than that is refused.
+  auto [x, y] = socket_pair();
+  ControlLink a(std::move(x));
+  std::mutex mu;
+  std::vector<UniqueFd> peers;  // the re-dials' far ends
+  uint64_t claim = 0;
+  std::optional<uint64_t> resent;
+  a.fail_over_with(
+      [&](uint64_t, std::chrono::steady_clock::time_point,
+          const std::function<bool()>&) -> Result<std::pair<UniqueFd, uint64_t>> {
+        auto [mine, theirs] = socket_pair();
+        std::lock_guard lock(mu);
+        peers.push_back(std::move(theirs));
+        return std::make_pair(std::move(mine), claim);
+      },
+      1s, [&](const std::string&, std::chrono::milliseconds, uint64_t n) {
+        std::lock_guard lock(mu);
+        resent = n;
+      });
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(a.send(msg(i)));
+  a.acknowledged(3);
+  a.acknowledged(9);  // more than was sent: not this end's doing, ignored
+  {
+    std::lock_guard lock(mu);
+    claim = 3;
+  }
+  EXPECT_EQ(a.failovers(), 0u);
+  ::shutdown(a.fd(), SHUT_RDWR);
+  const auto until = std::chrono::steady_clock::now() + 3s;
+  while (a.failovers() < 1 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(a.failovers(), 1u);
+  EXPECT_FALSE(a.recovering());
+  int far = -1;
+  {
+    std::lock_guard lock(mu);
+    ASSERT_EQ(resent, std::optional<uint64_t>(2));
+    far = peers.at(0).get();
+  }
+  for (int want : {3, 4}) {
+    auto m = transport::recv_message(far, 2s);
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    EXPECT_EQ(m->value("n", -1), want);
+  }
+  // Messages 0..2 are no longer kept: a peer that says it has only 2 cannot be served.
+  {
+    std::lock_guard lock(mu);
+    claim = 2;
+  }
+  ::shutdown(a.fd(), SHUT_RDWR);
+  auto m = a.next(3s);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.error().message.find("received 2 of this end's 5 messages: refused"), std::string::npos)
+      << m.error().message;
+}
+
+TEST(ControlLinkFailover, ALinkThatStoppedFailingOverIsLostWithoutARedial) {
+  Linked l;
+  l.a->stop_failing_over();  // the peer turned out not to fail the link over
+  ::shutdown(l.a->fd(), SHUT_RDWR);
   auto m = l.a->next(3s);
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.error().message.find("control connection lost"), std::string::npos) << m.error().message;

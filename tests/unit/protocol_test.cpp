@@ -137,6 +137,35 @@ TEST(ProtocolCodec, AFlowsFailoverAndAResumeHelloReadBackAndAreOnlyOnTheWireWhen
   EXPECT_EQ(session::Hello::parse(dj, session::Purpose::kFlow).error().message, "hello.resume: expected a boolean");
 }
 
+TEST(ProtocolCodec, AFlowsControlLinkReDialReadsBackOnlyAsAResumeOfIndexZeroWithoutTls) {
+  // docs/failover.md: the source re-dials a flow's control link with a flow-data hello marked
+  // resume and control (its proof names kControlIndex); off, the hello is as before.
+  session::Hello d;
+  d.kind = session::HelloKind::kFlowData;
+  d.session = kNonceB;
+  d.nonce = kNonceA;
+  d.resume = true;
+  EXPECT_FALSE(d.to_json().contains("control"));
+  d.control = true;
+  auto j = d.to_json();
+  EXPECT_EQ(j.dump(), R"({"control":true,"index":0,"kind":"flow-data","nonce":"0123456789abcdef0123456789abcdef","protocol":6,"resume":true,"session":"fedcba9876543210fedcba9876543210"})");
+  auto back = session::Hello::parse(j, session::Purpose::kFlow);
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_TRUE(back->control);
+  EXPECT_TRUE(back->resume);
+  EXPECT_EQ(back->to_json(), j);
+  const std::string only = "hello.control: only a resume of the control link, with index 0 and no tls";
+  for (auto bad : {json{{"resume", false}}, json{{"index", 2}}, json{{"tls", true}}}) {
+    auto k = j;
+    k.update(bad);
+    if (!bad.contains("resume")) k["resume"] = true;
+    if (bad.contains("resume")) k.erase("resume");
+    EXPECT_EQ(session::Hello::parse(k, session::Purpose::kFlow).error().message, only) << bad.dump();
+  }
+  j["control"] = "yes";
+  EXPECT_EQ(session::Hello::parse(j, session::Purpose::kFlow).error().message, "hello.control: expected a boolean");
+}
+
 TEST(ProtocolGolden, ControlProofIsByteIdentical) {
   EXPECT_EQ(transport::control_proof("tok", kNonceB, "m-1", kNonceA), R"(da6783848832b064e55b030be736a73123016d82fb95ea0b64893877a120d901)");
 }

@@ -257,6 +257,11 @@ TEST(Rails, ConnectionsThatArriveOutOfOrderLandOnTheirRailsInOrder) {
   ASSERT_EQ(one.size(), 1u);
   EXPECT_EQ(one[0].rail, 1u);
   EXPECT_EQ(rail_text(pairs[1]), "rail 1: mlx5_1 10.10.1.1 to 10.10.1.2");
+  // A rail failover's re-dial on the target: named by the rail whose listener took it, in this
+  // end's words (its device and address, the source's address); an index no rail has, by number.
+  EXPECT_EQ(arrival_rail_text(pairs, 1), "rail 1: mlx5_1 10.10.1.1 to 10.10.1.2");
+  EXPECT_EQ(arrival_rail_text(pairs, 0), "rail 0: mlx5_0 10.10.0.1 to 10.10.0.2");
+  EXPECT_EQ(arrival_rail_text(pairs, 7), "rail 7");
   // The same as the usage a bare-QEMU job computes up front for all its channels.
   const auto upfront = rail_usage(pairs, 4);
   ASSERT_EQ(upfront.size(), usage.size());

@@ -31,6 +31,12 @@ session::Hello flow_data_hello(const std::string& session, uint32_t index, bool 
   return session::channel_hello(session::HelloKind::kFlowData, "", session, index, tls, resume);
 }
 
+session::Hello flow_control_hello(const std::string& session) {
+  session::Hello h = flow_data_hello(session, 0, /*tls=*/false, /*resume=*/true);
+  h.control = true;
+  return h;
+}
+
 FlowSigner::FlowSigner(std::string key, std::string own, std::string peer)
     : key_(std::move(key)), own_(std::move(own)), peer_(std::move(peer)) {}
 

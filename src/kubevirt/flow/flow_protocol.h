@@ -65,6 +65,9 @@ std::string flow_channel_key(const std::string& token, const session::Hello& hel
 // {kind:"flow-data", protocol, session, index, tls?, resume?}. `resume`: the source re-dials a
 // channel that fails over (docs/failover.md); after the proof both ends run the resume exchange.
 session::Hello flow_data_hello(const std::string& session, uint32_t index, bool tls, bool resume);
+// The hello of the control link re-dialled to fail it over: {kind:"flow-data", protocol, session,
+// index:0, resume:true, control:true}; its proof names transport::kControlIndex; no TLS.
+session::Hello flow_control_hello(const std::string& session);
 
 // Signs what one side sends on the control link and checks what it receives: {seq, mac} on
 // every message, in order per direction. Not thread-safe: the owner serialises.

@@ -119,6 +119,28 @@ void FlowSession::set_link(std::unique_ptr<session::ControlLink> link, std::uniq
   last_heard_ = next_heartbeat_ = std::chrono::steady_clock::now();
 }
 
+void FlowSession::fail_over_control(session::ControlLink::Reconnect reconnect) {
+  control_failover_.store(true);
+  link_->fail_over_with(std::move(reconnect), failover_deadline_,
+                        [this](const std::string& reason, std::chrono::milliseconds took, uint64_t resent) {
+                          on_control_failover(reason, took, resent);
+                        });
+}
+
+void FlowSession::on_control_failover(const std::string& reason, std::chrono::milliseconds took, uint64_t resent) {
+  const std::string what = "control connection: " + reason + "; resumed after " + std::to_string(took.count()) +
+                           " ms, " + std::to_string(resent) + " message(s) resent";
+  std::string role;
+  {
+    MutexLock lock(mu_);
+    role = record_.role;
+    ++record_.failovers;
+    record_.last_failover = what;
+  }
+  metrics_.failover(role, "tcp", failover_peer_);
+  LOG_WARN("kubevirt") << "session=" << id_ << " failover: " << what;
+}
+
 Status FlowSession::send_signed(json message) {
   MutexLock lock(signer_mu_);
   if (!link_ || !signer_) return Error{Errc::kFailedPrecondition, "no control link"};
@@ -140,8 +162,12 @@ Result<std::optional<json>> FlowSession::control_turn() {
   auto now = steady_clock::now();
   if (now >= next_heartbeat_) {
     next_heartbeat_ = now + kFlowHeartbeatInterval;
-    // A send that fails shows as the link's loss on the next read.
-    (void)send_signed(session::message(session::MessageKind::kHeartbeat));
+    json heartbeat = session::message(session::MessageKind::kHeartbeat);
+    // With the control link failing over: how many of the peer's messages this end has, so that
+    // the peer keeps only the rest for a resend.
+    if (control_failover_.load()) heartbeat["received"] = link_->received();
+    // A send that fails shows as the link's loss on the next read (or is kept for the resend).
+    (void)send_signed(std::move(heartbeat));
   }
   const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_heartbeat_ - now);
   auto m = next_verified(std::clamp(wait, std::chrono::milliseconds(1), kFlowHeartbeatInterval));
@@ -149,13 +175,48 @@ Result<std::optional<json>> FlowSession::control_turn() {
   now = steady_clock::now();
   if (m->has_value()) {
     last_heard_ = now;
-    if (session::is(**m, session::MessageKind::kHeartbeat)) return std::optional<json>();
-    return m;
+    silence_failed_over_ = false;
+    if (!session::is(**m, session::MessageKind::kHeartbeat)) return m;
+    if (control_failover_.load()) {
+      const auto got = (**m).find("received");
+      if (got != (**m).end() && got->is_number_unsigned()) {
+        link_->acknowledged(got->get<uint64_t>());
+      } else if (!peer_heartbeat_seen_) {
+        // The peer's heartbeats say nothing: it does not fail the link over (an agent from
+        // before it, which confirmed failover of the data channels only). Nothing kept, then.
+        control_failover_.store(false);
+        link_->stop_failing_over();
+        LOG_INFO("kubevirt") << "session=" << id_
+                             << " the peer agent does not fail the control link over: a lost link fails the session";
+      }
+    }
+    peer_heartbeat_seen_ = true;
+    return std::optional<json>();
+  }
+  if (control_failover_.load()) {
+    // While the link is re-established (bounded by the failover deadline: past it next() fails
+    // naming the link) and once it is back, the peer's silence counts from its return.
+    const uint64_t failovers = link_->failovers();
+    if (link_->recovering() || failovers != link_failovers_seen_) {
+      link_failovers_seen_ = failovers;
+      last_heard_ = now;
+    }
   }
   if (watching_peer_.load() && now - last_heard_ > peer_timeout_) {
     const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard_).count();
-    return Error{Errc::kTimeout, "nothing on the control link for " + std::to_string(silent / 1000) + "." +
-                                     std::to_string(silent % 1000 / 100) + " s (no heartbeat)"};
+    const std::string how_long = std::to_string(silent / 1000) + "." + std::to_string(silent % 1000 / 100) + " s";
+    if (control_failover_.load() && !silence_failed_over_) {
+      // A link that went silent without an error (packets dropped): failed over like a lost one.
+      // Once only until the peer is heard again: a peer that stays silent on a fresh link is frozen.
+      silence_failed_over_ = true;
+      last_heard_ = now;
+      LOG_WARN("kubevirt") << "session=" << id_ << " nothing on the control link for " << how_long
+                           << " (no heartbeat): failing it over";
+      link_->interrupt();
+      return std::optional<json>();
+    }
+    return Error{Errc::kTimeout, "nothing on the control link for " + how_long + " (no heartbeat" +
+                                     (silence_failed_over_ ? ", not even after failing the link over)" : ")")};
   }
   return m;
 }

@@ -101,6 +101,20 @@ class FlowSession {
   // how long the peer may send nothing (kubevirt.heartbeatTimeoutSeconds).
   void set_link(std::unique_ptr<session::ControlLink> link, std::unique_ptr<FlowSigner> signer,
                 std::chrono::milliseconds peer_timeout);
+  // Failover of the control link (docs/failover.md; with failover on, both agents confirmed it:
+  // the welcome's "failoverControl"). Call after set_link(), before the control thread starts. A
+  // lost link is re-established through `reconnect` within the failover deadline
+  // (session::ControlLink: each end resends what the other did not receive, signed as it was, so
+  // the signers' sequences go on); each heartbeat carries how many messages this end received, so
+  // each end keeps only what the peer does not have yet; the peer's silence for the heartbeat
+  // timeout fails the link over once (the session fails when it stays silent after that).
+  void fail_over_control(session::ControlLink::Reconnect reconnect);
+  bool control_fails_over() const { return control_failover_.load(); }
+  // The peer re-dialled the control link (its proof checked): the link gives up its connection,
+  // maybe half-open, and takes the re-dial.
+  void interrupt_control() {
+    if (link_) link_->interrupt();
+  }
   // Signs and sends one control message (any thread).
   Status send_signed(nlohmann::json message);
   // The next control message, verified (seq and MAC removed); nullopt on timeout; an error when
@@ -155,6 +169,15 @@ class FlowSession {
   std::chrono::milliseconds peer_timeout_{0};
   std::chrono::steady_clock::time_point last_heard_, next_heartbeat_;
   std::atomic<bool> watching_peer_{true};
+  // Control link failover: set by fail_over_control(); turned off by the control thread when the
+  // peer's first heartbeat shows that it does not fail the link over (an agent from before it).
+  std::atomic<bool> control_failover_{false};
+  // The control thread only: the link's failovers seen, whether the peer's first heartbeat was
+  // looked at, and whether its silence failed the link over already (until it is heard again).
+  uint64_t link_failovers_seen_ = 0;
+  bool peer_heartbeat_seen_ = false;
+  bool silence_failed_over_ = false;
+  void on_control_failover(const std::string& reason, std::chrono::milliseconds took, uint64_t resent) EXCLUDES(mu_);
   // Failover: set by enable_failover() before any channel exists, read-only after.
   bool failover_ = false;
   std::string failover_peer_;

@@ -86,12 +86,18 @@ void KubevirtRelay::on_flow_data(UniqueFd fd, const json& raw) {
   }
   // The session id travels in clear: the channel proves the session's key (known only to the two
   // agents that proved the token) before it takes an index or any of the buffer budget.
-  auto welcome_proof = transport::check_channel(fd.get(), s->channel_terms(hello->index), hello->nonce,
+  // A re-dialled control link proves the key over its own index (no data channel has it).
+  const uint32_t proved = hello->control ? transport::kControlIndex : hello->index;
+  auto welcome_proof = transport::check_channel(fd.get(), s->channel_terms(proved), hello->nonce,
                                                 session::kHelloTimeout);
   if (!welcome_proof) {
     metrics_.transport_error("tcp", "auth");
     LOG_WARN("kubevirt") << "session=" << s->id() << " refused a channel from " << net::peer_address(fd.get())
                          << ": " << welcome_proof.error().message;
+    return;
+  }
+  if (hello->control) {
+    (void)s->resume_control_link(std::move(fd), welcome_proof.value());
     return;
   }
   if (hello->resume) {

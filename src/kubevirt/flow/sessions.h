@@ -98,6 +98,10 @@ class SourceSession final : public FlowSession {
   // Failover (docs/failover.md): channel `index` re-dialled to the target agent over TCP with a
   // flow-data hello marked resume, proved with the channel's key, resumed (this end's `taken`).
   Result<session::Resumed> redial(uint32_t index, uint64_t taken, std::chrono::steady_clock::time_point deadline);
+  // The control link's failover (fail_over_control): re-dialled to the target agent with a
+  // flow-data hello marked resume and control, proved over kControlIndex, resumed (this end's
+  // `received`); the connection and the target's count of this end's messages.
+  Result<std::pair<UniqueFd, uint64_t>> redial_control(uint64_t received, std::chrono::steady_clock::time_point deadline);
   // rdma_cm could not reach the target before any channel went over RDMA: tells the target
   // and carries this and every later connection over TCP (kPeerRdmaUnreachable); an error
   // naming why when that is not allowed (rdma required, or RDMA worked before).
@@ -165,6 +169,11 @@ class TargetSession final : public FlowSession {
   // `index` is live here (that channel then gives up its link and takes this one); refused
   // ("permission_denied") otherwise, displacing nothing.
   Status resume_tcp_channel(UniqueFd fd, uint32_t index, const std::string& welcome_proof, bool tls);
+  // The control link the source re-dialled to fail it over (hello resume and control; its proof,
+  // over kControlIndex, checked): admitted only while this session fails its control link over and
+  // has not ended (the link then gives up its connection and takes this one); refused
+  // ("permission_denied") otherwise, displacing nothing.
+  Status resume_control_link(UniqueFd fd, const std::string& welcome_proof);
   // Checks the request's proof (before any budget or index is taken), then admits the channel.
   Result<transport::rdma::AcceptPlan> rdma_plan(const transport::rdma::ConnectRequest& request);
 
@@ -181,6 +190,10 @@ class TargetSession final : public FlowSession {
   // (session::RedialSlots: waits until `deadline`), resumes it and runs its TLS again.
   Result<session::Resumed> reaccept(uint32_t index, uint64_t taken, std::chrono::steady_clock::time_point deadline,
                                     const std::function<bool()>& stopped);
+  // The control link's failover on this end: takes the source's re-dial from redials_ (waits until
+  // `deadline`) and resumes it with this end's `received`.
+  Result<std::pair<UniqueFd, uint64_t>> reaccept_control(uint64_t received, std::chrono::steady_clock::time_point deadline,
+                                                         const std::function<bool()>& stopped);
   Result<UniqueFd> dial_in_order(uint32_t index);
   void report_and_succeed();
   void wake() override;

@@ -20,6 +20,22 @@ namespace {
 // This agent's flows as a source: kubevirt.ringDepth, else by migration.chunkSize.
 uint32_t flow_depth(const AgentConfig& c) { return flow_ring_depth(c.kubevirt.ring_depth, c.migration.chunk_size); }
 
+// The token (of those this agent accepts) that one of the challenge's proofs proves over `hello`
+// and both nonces; empty when none does.
+std::string accepted_proof(const SessionContext& ctx, const json& challenge, const session::Hello& hello,
+                           const std::string& target_nonce) {
+  auto proofs = challenge.find("proofs");
+  if (proofs == challenge.end() || !proofs->is_array() || proofs->size() > session::kMaxChallengeProofs) return {};
+  std::string token;
+  for (const auto& mine : ctx.token->accepted()) {
+    const std::string want = flow_proof(mine, "target", hello, target_nonce);
+    for (const auto& p : *proofs) {
+      if (token.empty() && p.is_string() && constant_time_equal(p.get<std::string>(), want)) token = mine;
+    }
+  }
+  return token;
+}
+
 }  // namespace
 
 SourceSession::SourceSession(std::string id, FlowRecord record, const SessionContext& ctx, PeerInfo peer)
@@ -60,14 +76,21 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
   // The target proves the token first, over this hello and both nonces: an agent (or a relay)
   // without it learns nothing and gets no connection carried. During a rotation each side
   // may hold the new token before the other: any token both accept will do.
-  std::string token;
-  auto proofs = challenge->find("proofs");
-  if (proofs != challenge->end() && proofs->is_array() && proofs->size() <= 4) {
-    for (const auto& mine : ctx.token->accepted()) {
-      const std::string want = flow_proof(mine, "target", hello, nonce.value());
-      for (const auto& p : *proofs) {
-        if (token.empty() && p.is_string() && constant_time_equal(p.get<std::string>(), want)) token = mine;
-      }
+  std::string token = accepted_proof(ctx, challenge.value(), hello, nonce.value());
+  if (token.empty() && hello.failover) {
+    // An agent from before KubeVirt-mode failover reads no "failover" in the hello, so its proofs
+    // cover the hello without it: it holds the token but does not offer failover. Named, and
+    // declined rather than unhealthy (docs/failover.md, "During a rolling upgrade").
+    session::Hello without = hello;
+    without.failover = false;
+    if (auto found = accepted_proof(ctx, challenge.value(), without, nonce.value()); !found.empty()) {
+      ctx.metrics.transport_error(hello.transport, "handshake_rejected");
+      return Error{Errc::kFailedPrecondition,
+                   where + " does not offer failover: it proved the agents' token over the hello without its "
+                           "\"failover\" field, as an agent from before KubeVirt-mode failover does (flow protocol " +
+                       std::to_string(kFlowProtocolVersion) +
+                       " without failover there, with it here); not carried there. Turn dataPlane.failover off on "
+                       "this node until every node runs an agent that has it"};
     }
   }
   if (token.empty()) {
@@ -126,6 +149,12 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
   s->set_link(std::make_unique<session::ControlLink>(std::move(fd.value())),
               std::make_unique<FlowSigner>(flow_session_key(token, hello, nonce.value()), "source", "target"),
               std::chrono::seconds(ctx.config.kubevirt.heartbeat_timeout_seconds));
+  // The control link fails over too when the target says so (an agent from before it does not).
+  if (const auto fc = welcome->find("failoverControl");
+      s->failover() && fc != welcome->end() && fc->is_boolean() && fc->get<bool>()) {
+    s->fail_over_control([p = s.get()](uint64_t received, std::chrono::steady_clock::time_point deadline,
+                                       const std::function<bool()>&) { return p->redial_control(received, deadline); });
+  }
   s->reader_ = std::thread([p = s.get()] { p->reader_loop(); });
   return s;
 }
@@ -205,6 +234,26 @@ Result<session::Resumed> SourceSession::redial(uint32_t index, uint64_t taken,
                                           flow_depth(ctx_.config), ctx_.metrics.transport("tcp"), ctx_.config.tcp.splice,
                                           std::move(stream));
   return session::Resumed{std::move(ch), peer.value(), "tcp " + peer_.agent.to_string()};
+}
+
+Result<std::pair<UniqueFd, uint64_t>> SourceSession::redial_control(uint64_t received,
+                                                                     std::chrono::steady_clock::time_point deadline) {
+  using namespace std::chrono;
+  const auto left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(100),
+                               milliseconds(5000));
+  const std::string where = "control link re-dialled to " + peer_.agent.to_string();
+  // The same endpoint as the session's first connection; the proof is the channel key's, over the
+  // control link's own index (no data channel has it); no TLS, as on the first connection (every
+  // message on the link is signed).
+  auto fd = net::tcp_connect(peer_.agent, left);
+  if (!fd) return fd.error().with_context(where);
+  const transport::ChannelTerms terms{channel_key_, id_, transport::kControlIndex};
+  if (auto st = transport::prove_channel(fd->get(), flow_control_hello(id_).to_json(), terms, left); !st) {
+    return st.error().with_context(where);
+  }
+  auto peer = session::resume_as_dialler(fd->get(), terms, received, left);
+  if (!peer) return peer.error().with_context(where);
+  return std::make_pair(std::move(fd.value()), peer.value());
 }
 
 Status SourceSession::add_connection(UniqueFd fd, const net::Endpoint& destination) {

@@ -108,6 +108,7 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
   // Failover when both agents have it on: the source re-dials a channel whose link fails.
   if (hello.failover && ctx.config.data_plane.failover) {
     welcome["failover"] = true;
+    welcome["failoverControl"] = true;  // the control link too (a source from before it ignores this)
     s->enable_failover(net::peer_address(fd.get()), std::chrono::seconds(ctx.config.data_plane.failover_deadline_seconds));
   }
   if (transport == "rdma") {
@@ -131,6 +132,13 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
   s->set_link(std::make_unique<session::ControlLink>(std::move(fd)),
               std::make_unique<FlowSigner>(flow_session_key(token, hello, nonce), "target", "source"),
               std::chrono::seconds(ctx.config.kubevirt.heartbeat_timeout_seconds));
+  if (s->failover()) {
+    // Undone at the source's first heartbeat when that says nothing of it (a source from before it).
+    s->fail_over_control([p = s.get()](uint64_t received, std::chrono::steady_clock::time_point deadline,
+                                       const std::function<bool()>& stopped) {
+      return p->reaccept_control(received, deadline, stopped);
+    });
+  }
   return s;
 }
 
@@ -228,6 +236,31 @@ Result<session::Resumed> TargetSession::reaccept(uint32_t index, uint64_t taken,
                                           hello_.ring_depth, ctx_.metrics.transport("tcp"), ctx_.config.tcp.splice,
                                           std::move(stream));
   return session::Resumed{std::move(ch), r->peer_count, "tcp (re-dialled by the source)"};
+}
+
+Result<std::pair<UniqueFd, uint64_t>> TargetSession::reaccept_control(uint64_t received,
+                                                                       std::chrono::steady_clock::time_point deadline,
+                                                                       const std::function<bool()>& stopped) {
+  auto r = redials_.take(transport::kControlIndex, channel_terms(transport::kControlIndex), received, deadline,
+                         [&] { return stopped() || ended(); },
+                         std::chrono::duration_cast<std::chrono::milliseconds>(session::kHelloTimeout));
+  if (!r) return r.error();
+  return std::make_pair(std::move(r->fd), r->peer_count);
+}
+
+Status TargetSession::resume_control_link(UniqueFd fd, const std::string& welcome_proof) {
+  // Only the live control link of a session that fails it over: anything else is refused and
+  // displaces nothing (the link keeps its connection).
+  if (!control_fails_over() || ended()) {
+    const std::string why = "hello.control: session " + id() + " does not fail its control link over";
+    reject(fd.get(), "permission_denied", why);
+    LOG_WARN("kubevirt") << "session=" << id() << " refused a re-dial of the control link: " << why;
+    return Error{Errc::kPermissionDenied, why};
+  }
+  RDMIG_TRY(transport::send_message(fd.get(), session::message(session::MessageKind::kWelcome, json{{"proof", welcome_proof}})));
+  redials_.put(transport::kControlIndex, std::move(fd));  // the link's failover takes it (a newer one replaces it)
+  interrupt_control();
+  return ok_status();
 }
 
 Status TargetSession::resume_tcp_channel(UniqueFd fd, uint32_t index, const std::string& welcome_proof, bool tls) {

@@ -71,6 +71,9 @@ struct ConnectRequest {
   uint32_t ring_rkey = 0;
   uint32_t nonce = 0;
   Proof proof{};
+  // Not on the wire: this agent's rail (rdma.devices index) whose rdma_cm listener took the
+  // request, set by the data-plane server (a rail failover's target names it).
+  uint32_t rail = 0;
   std::vector<uint8_t> encode() const;
   // An older agent's request (another version) is refused naming both versions.
   static Result<ConnectRequest> decode(const std::vector<uint8_t>& raw);
