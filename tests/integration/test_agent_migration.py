@@ -532,7 +532,7 @@ class AgentMigrationTest(unittest.TestCase):
             t = self.dst_agent.wait(target["id"], timeout=60)
         print("\n[qmp-stall] held back %d query-migrate replies; source %s (%s); target %s; source VM %s, target VM %s"
               % (len(proxy.swallowed), s["phase"], s["result"]["reason"], t["phase"], src.status(),
-                 dst.status() if dst.alive() else "gone"), file=sys.stderr)
+                 dst.status() if dst.alive() else "gone (%s)" % dst.how_gone()), file=sys.stderr)
         self.assertTrue(proxy.triggered and proxy.swallowed, "the stall never happened")
         running = [name for name, vm in (("source", src), ("target", dst)) if vm.alive() and vm.status() == "running"]
         self.assertEqual(len(running), 1, "the VM must run in exactly one place, not %s" % running)

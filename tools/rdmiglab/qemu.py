@@ -280,9 +280,15 @@ class QemuVm:
                 self.proc.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 pass
-            raise QemuGone("QEMU %s: query-status failed (%s); alive: %s, exit code %s, stderr: %s"
-                                 % (self.name, e, self.alive(), self.proc.returncode,
-                                    self.stderr_text()[-2000:] or "(empty)")) from e
+            raise QemuGone("QEMU %s: query-status failed (%s); %s" % (self.name, e, self.how_gone())) from e
+
+    def how_gone(self):
+        """Why this QEMU is not there: alive or not, its exit code, its stderr tail and the guest's
+        last serial lines (a guest panic exits QEMU: panic=-1 with -no-reboot)."""
+        serial = self.serial_text().strip().splitlines()[-12:]
+        return "alive: %s, exit code %s, stderr: %s; guest serial tail: %s" % (
+            self.alive(), self.proc.returncode if self.proc else None, self.stderr_text()[-1500:].strip() or "(empty)",
+            " | ".join(serial) or "(empty)")
 
     def wait_for_status(self, wanted, timeout=30.0):
         wanted = (wanted,) if isinstance(wanted, str) else tuple(wanted)
