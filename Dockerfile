@@ -28,10 +28,10 @@ ARG RDMIG_REVISION=unknown
 # changed, although the layers from here on are rebuilt for every revision. Paths under /src are
 # hashed relative and the build directory is left out of the key, as scripts/cache-env.sh does for
 # a checkout: the same sources built by scripts/build.sh with the same packages and the same
-# locale give the same objects (the image test hands the host's cache in; the locale does not match
-# yet: tests/deploy/test_image_build.py). RelWithDebInfo as scripts/build.sh builds,
+# locale give the same objects (the image test hands the host's cache in; ccache hashes LANG, so
+# the build stage has the C.UTF-8 of Debian's hosts). RelWithDebInfo as scripts/build.sh builds,
 # so the image ships the code generation the test suite ran (the binaries are stripped below).
-ENV CCACHE_BASEDIR=/src CCACHE_NOHASHDIR=1
+ENV CCACHE_BASEDIR=/src CCACHE_NOHASHDIR=1 LANG=C.UTF-8
 RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRDMIG_BUILD_TESTS=OFF -DRDMIG_UNITY_BUILD=ON -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DRDMIG_REVISION="${RDMIG_REVISION}"
 RUN --mount=type=cache,target=/root/.cache/ccache,id=rdmig-ccache cmake --build build -j "$(nproc)" --target rdmig-agent rdmig-controller
 RUN install -D -m 0755 build/agent/rdmig-agent /out/usr/local/bin/rdmig-agent \

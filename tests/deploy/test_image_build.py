@@ -11,10 +11,10 @@ bookworm-security: debootstrap alone would give bookworm only, older than a real
 the project inside the image, with the checkout's git revision as the RDMIG_REVISION build argument.
 Its ccache cache mount is the host's ccache directory ($CCACHE_DIR, scripts/cache-env.sh) when one
 is set: the Dockerfile hashes paths as scripts/build.sh does, so with the same Debian packages on
-the host and in the image the compile could find the objects the suite's own build just made. Not yet so: in the
-cold run of 2026-12-05 21:11 it had 0 hits of 26, because ccache hashes the locale (LANG=C.UTF-8
-on the host, none in the build stage); setting LANG in the build stage (or sloppiness=locale on
-both sides) is the next step. Printed: its hits and misses.
+the host and in the image the compile finds the objects the suite's own build just made. ccache hashes the locale
+too: the build stage has LANG=C.UTF-8, as Debian's hosts (a host compile under another LANG
+misses). Without it, the cold run of 2026-12-05 21:11 had 0 hits of 26; with it, here after a
+whole run's build, 23 hits and 3 misses, the podman build 52 s. Printed: its hits and misses.
 
 Checked inside the built image (`podman create` + `podman mount`, then chroot, no runtime needed):
 both programs' `--version` names the version of CMakeLists.txt and the checkout's revision; the
