@@ -316,6 +316,12 @@ bool FlowSession::idle_for(std::chrono::steady_clock::duration idle) const {
   return !legs_.empty() && finished == legs_.size() && now - last_change_ >= idle;
 }
 
+void FlowSession::fail_control_link(const Error& error, const std::string& link, const std::string& peer) {
+  const bool forged = error.code == Errc::kPermissionDenied;
+  const bool silent = error.code == Errc::kTimeout;
+  fail(Error{Errc::kUnavailable, (forged ? link + ": " : peer + " is gone: ") + error.message}, !forged && !silent);
+}
+
 void FlowSession::fail(const Error& reported, bool from_peer) {
   Error error = reported;
   std::string migration_uid;

@@ -42,6 +42,10 @@ class FlowSession {
   // Idempotent: resets every leg, tells the peer unless `from_peer`, records the reason (the
   // cause set by set_cause() when there is one: what failed first here, not its echo).
   void fail(const Error& error, bool from_peer = false) EXCLUDES(mu_, legs_mu_);
+  // fail() for the control link's read error: a forged message names the link (`link`), any other
+  // error the peer agent gone (`peer`); the peer is told unless the link was forged or silent.
+  void fail_control_link(const Error& error, const std::string& link, const std::string& peer)
+      EXCLUDES(mu_, legs_mu_);
   // The first error of any leg, if one failed.
   std::optional<Error> leg_error() const EXCLUDES(legs_mu_);
   // True when every leg has finished and the last one finished more than `idle` ago.

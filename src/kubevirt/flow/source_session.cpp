@@ -463,12 +463,8 @@ void SourceSession::reader_loop() {
         MutexLock lock(reply_mu_);
         if (closing_) return;
       }
-      const bool forged = m.error().code == Errc::kPermissionDenied;
-      const bool silent = m.error().code == Errc::kTimeout;
-      fail(Error{Errc::kUnavailable, (forged ? "control link to the target agent on " + peer_.node + ": "
-                                             : "target agent on " + peer_.node + " is gone: ") +
-                                         m.error().message},
-           !forged && !silent);
+      fail_control_link(m.error(), "control link to the target agent on " + peer_.node,
+                        "target agent on " + peer_.node);
       return;
     }
     if (!m->has_value()) continue;

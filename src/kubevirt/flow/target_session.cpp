@@ -160,12 +160,8 @@ void TargetSession::reader_loop() {
   while (!ended()) {
     auto m = control_turn();
     if (!m) {
-      const bool forged = m.error().code == Errc::kPermissionDenied;
-      const bool silent = m.error().code == Errc::kTimeout;
-      fail(Error{Errc::kUnavailable, (forged ? "control link from the source agent on " + hello_.source_node + ": "
-                                             : "source agent on " + hello_.source_node + " is gone: ") +
-                                         m.error().message},
-           !forged && !silent);
+      fail_control_link(m.error(), "control link from the source agent on " + hello_.source_node,
+                        "source agent on " + hello_.source_node);
       return;
     }
     if (!m->has_value()) continue;
