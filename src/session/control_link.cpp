@@ -114,12 +114,25 @@ bool ControlLink::recover(const Error& why) {
     if (closing_) return false;  // this end closed it
     ::shutdown(fd_.get(), SHUT_RDWR);  // a send blocked on the old connection returns
   }
+  const auto started = Clock::now();
+  {
+    MutexLock lock(mu_);
+    recovery_why_ = why;
+    recovery_started_ = started;
+    recovery_tries_ = 0;
+    recovery_last_.reset();
+  }
   recovering_.store(true);
   struct Done {
-    std::atomic<bool>& flag;
-    ~Done() { flag.store(false); }
-  } done{recovering_};
-  const auto started = Clock::now();
+    ControlLink& link;
+    ~Done() {
+      {
+        MutexLock lock(link.mu_);
+        link.recovery_why_.reset();
+      }
+      link.recovering_.store(false);
+    }
+  } done{*this};
   const auto deadline = started + span;
   LOG_WARN("failover") << "control connection lost (" << why.message << "); received " << received
                        << ", reconnecting within " << span.count() << " ms";
@@ -174,6 +187,11 @@ bool ControlLink::recover(const Error& why) {
       last = r.error();
       if (last.code == Errc::kPermissionDenied) break;  // the peer refused: it is over
     }
+    {
+      MutexLock lock(mu_);
+      ++recovery_tries_;
+      recovery_last_ = last;
+    }
     if (Clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -182,6 +200,18 @@ bool ControlLink::recover(const Error& why) {
                                           std::to_string(span.count()) + " ms (" + last.message + ")"};
   cv_.notify_all();
   return false;
+}
+
+std::optional<std::string> ControlLink::recovery_state() const {
+  MutexLock lock(mu_);
+  if (!recovery_why_) return std::nullopt;
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                        recovery_started_);
+  std::string tries = recovery_tries_ == 0 ? "its first try under way"
+                                           : std::to_string(recovery_tries_) + (recovery_tries_ == 1 ? " try" : " tries") +
+                                                 ", the last: " + (recovery_last_ ? recovery_last_->message : "?");
+  return "control connection lost (" + recovery_why_->message + "), failing over for " + std::to_string(ms.count()) +
+         " ms (" + tries + ")";
 }
 
 void ControlLink::reader_loop() {

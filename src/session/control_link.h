@@ -57,6 +57,12 @@ class ControlLink {
   // Failover's state, for an owner that watches the peer's silence itself (a KubeVirt flow's
   // heartbeats): true while the reader re-establishes the connection; failovers done so far.
   bool recovering() const { return recovering_.load(); }
+  // While the reader re-establishes the connection: what was lost, for how long it has tried and
+  // how ("control connection lost (recv: ...), failing over for 1900 ms (2 tries, the last: ...)");
+  // nullopt otherwise. For an owner whose session fails meanwhile for another reason (the peer
+  // gave up on the link first and aborted over a data channel): its reason names this end's
+  // failover too, not only the peer's view of it.
+  std::optional<std::string> recovery_state() const EXCLUDES(mu_);
   uint64_t failovers() const { return failovers_.load(); }
   // The messages received so far (what this end would give in a resume exchange).
   uint64_t received() EXCLUDES(mu_);
@@ -95,9 +101,9 @@ class ControlLink {
   std::deque<nlohmann::json> sent_log_ GUARDED_BY(write_mu_);  // every message sent, with failover
   uint64_t sent_ GUARDED_BY(write_mu_) = 0;
   // Guards queue_ and closed_; cv_ signals either changing. Taken by reader_ (queueing each
-  // message, or the close) and by next()/unread() (the owner's worker thread). Never held
-  // across a socket read.
-  Mutex mu_;
+  // message, or the close; the failover's progress) and by next()/unread() (the owner's worker
+  // thread) and recovery_state(). Never held across a socket read.
+  mutable Mutex mu_;
   std::condition_variable cv_;
   std::deque<nlohmann::json> queue_ GUARDED_BY(mu_);
   std::optional<Error> closed_ GUARDED_BY(mu_);
@@ -106,6 +112,12 @@ class ControlLink {
   Reconnect reconnect_ GUARDED_BY(mu_);
   OnFailover on_failover_ GUARDED_BY(mu_);
   std::chrono::milliseconds deadline_ GUARDED_BY(mu_){0};
+  // The failover under way (recover()): the loss, its start, the tries that failed so far and
+  // the last one's error. recovery_why_ is set only while recover() runs.
+  std::optional<Error> recovery_why_ GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point recovery_started_ GUARDED_BY(mu_){};
+  uint32_t recovery_tries_ GUARDED_BY(mu_) = 0;
+  std::optional<Error> recovery_last_ GUARDED_BY(mu_);
   std::atomic<bool> failover_on_{false};  // set once, with the three above
   std::atomic<bool> recovering_{false};   // the reader is in recover()
   std::atomic<uint64_t> failovers_{0};    // recover() calls that resumed the connection

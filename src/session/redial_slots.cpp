@@ -45,7 +45,7 @@ Result<RedialSlots::Redialled> RedialSlots::take(uint32_t index, const transport
         break;
       }
       if (stopped()) return Error{Errc::kCancelled, "cancelled"};
-      if (steady_clock::now() >= deadline) return Error{Errc::kTimeout, peer + " agent did not re-dial " + what};
+      if (steady_clock::now() >= deadline) return Error{Errc::kTimeout, "no re-dial of " + what + " from " + peer + " agent arrived"};
       lock.wait_for(cv_, 50ms);
     }
   }

@@ -1060,14 +1060,27 @@ class KubevirtRelayTest(unittest.TestCase):
         # by nftables): past dataPlane.failoverDeadlineSeconds (2 s here) both agents fail the flow
         # naming the lost control link and the deadline, and the source resets the main connection
         # (QEMU fails there; the VM stays on the source).
+        self.control_link_down_past_the_deadline(2, 2)
+
+    @unittest.skipIf(shutil.which("nft") is None, "needs the nft command to keep the re-dials out")
+    @unittest.skipIf(TRANSPORT == "rdma", "the VM's agents require RDMA there, which leaves failover off")
+    def test_a_control_link_down_when_the_target_gives_up_first_the_source_names_its_failover_and_the_abort(self):
+        # The same with the target's deadline 1 s and the source's 3 s: the target gives up first and
+        # aborts over the data channels while the source still re-dials. The source's reason names
+        # its own failover under way (ControlLink::recovery_state) and then the target's abort, not
+        # only the target's view ("no re-dial ... arrived") of a link the source was re-dialling.
+        self.control_link_down_past_the_deadline(3, 1)
+
+    def control_link_down_past_the_deadline(self, src_deadline, dst_deadline):
         from rdmiglab import linkcut
         token = self.src.token
         for a in self.agents:
             a.stop()
-        fo = {"failover": "on", "failoverDeadlineSeconds": 2}
-        self.dst = self.agent("node-b", token, peers=[], data_plane=fo)
+        self.dst = self.agent("node-b", token, peers=[],
+                              data_plane={"failover": "on", "failoverDeadlineSeconds": dst_deadline})
         self.src = self.agent("node-a", token, peers=[{"node": "node-b", "agent": "127.0.0.1:%d" % self.dst.data_port}],
-                              hook=self.hook_socket, data_plane=fo)
+                              hook=self.hook_socket,
+                              data_plane={"failover": "on", "failoverDeadlineSeconds": src_deadline})
         mig = "mig-ctl-down"
         vmi = vmi_json("vmi-uid-ctl-down", mig, self.net.ip4["node-b"], self.sink_port)
         p = self.dial(3, 1 << 20, vmi=vmi, hold=45, wait=False)
@@ -1094,14 +1107,22 @@ class KubevirtRelayTest(unittest.TestCase):
         print("\n[relay] control link down: main connection ended in %.2f s; source: %s; target: %s"
               % (main["ended_at"] - cut_at, src["reason"], dst["reason"]), file=sys.stderr)
         self.assertIn("control connection lost", src["reason"])
-        self.assertIn("not back within 2000 ms", src["reason"])
+        self.assertIn("not back within %d ms" % (1000 * min(src_deadline, dst_deadline)), src["reason"])
         # The target's own deadline ends at the same moment: it names the link too, or the source's
         # abort that reached it first over a data channel.
         self.assertTrue("control connection lost" in dst["reason"] or "aborted" in dst["reason"], dst)
         for rec in (src, dst):
             self.assertEqual(rec["failover"]["failovers"], 0, rec)
         self.assertIn("node-b", src["reason"])
-        self.assertIn("control link re-dialled to 127.0.0.1:%d" % self.dst.data_port, src["reason"])
+        # Both ends' deadlines run out at about the same moment. When the source's ends first its
+        # reason names its own re-dials; when the target's ends first (its abort reaches the source
+        # over a data channel while the source still re-dials; seen in cold run P), the source's
+        # reason names its failover under way, then the target's abort.
+        if dst_deadline < src_deadline or "failing over for" in src["reason"]:
+            self.assertRegex(src["reason"], r"control connection lost \(.*\), failing over for \d+ ms \(.*\); "
+                                            r"meanwhile .*peer aborted.*not back within %d ms" % (1000 * dst_deadline))
+        else:
+            self.assertIn("control link re-dialled to 127.0.0.1:%d" % self.dst.data_port, src["reason"])
         self.assertIn(main["error"], RESET_ENDS, main)
         # The deadline, then a heartbeat turn: not the 30 s TCP would take, nor the flow's hold.
         self.assertLess(main["ended_at"] - cut_at, 6.0, main)
@@ -1348,6 +1369,50 @@ class KubevirtRelayTest(unittest.TestCase):
         self.addCleanup(lambda: [os.remove(f) for f in (flag, flag + ".held") if os.path.exists(f)])
         return flag, {"LD_PRELOAD": os.path.abspath(shim), "RDMIG_TEST_NFT_SLOW_MATCH": match,
                       "RDMIG_TEST_NFT_SLOW_SECONDS": str(seconds), "RDMIG_TEST_NFT_SLOW_FILE": flag}
+
+    @same_on_every_transport
+    def test_an_ended_sessions_clean_up_never_removes_the_redirect_a_newer_migration_armed(self):
+        # Two migrations to the same address and port, one after the other (as a suite run's
+        # case does; a target proxy's port can come round again). When the first session ends the
+        # maintenance loop removes its nftables element; made slow here (2 s, only that removal),
+        # while the second migration's hook call arms the same element. Before the fix the
+        # removal ran after the arm: the second migration's connections, dialled once it had run,
+        # went straight to the destination and its session waited for them (seen in cold run P:
+        # test_dataplane_tls_... "record of mig-tls-off to end Succeeded: not within 20s").
+        ip, port = self.net.ip4["node-b"], self.sink_port
+        removal = "add element inet rdmig carry4 { %s . %d }\ndelete element inet rdmig carry4 { %s . %d }\n" % (
+            ip, port, ip, port)
+        flag, env = self.slow_nft_env(removal, 2)
+        env["RDMIG_TEST_NFT_SLOW_WHOLE"] = "1"
+        token = self.src.token
+        self.src.stop()
+        # ruleTimeoutSeconds 60: the refresh (every 20 s) does not put a removed element back
+        # between the removal and the dial below.
+        self.src = self.agent("node-a", token, hook=self.hook_socket, env=env, rule_timeout=60,
+                              peers=[{"node": "node-b", "agent": "127.0.0.1:%d" % self.dst.data_port}])
+        open(flag, "w").close()
+        res = self.dial(2, 1 << 20, vmi=vmi_json("vmi-uid-re1", "mig-reuse-1", ip, port))
+        self.assertTrue(all(c["ok"] for c in res["connections"]), res)
+        wait_for(lambda: os.path.exists(flag + ".held"), 20, "the first session's element removal (held)")
+        path = os.path.join(self.tmp, "vmi-%s-2.json" % self._testMethodName)
+        with open(path, "w") as f:
+            json.dump(vmi_json("vmi-uid-re2", "mig-reuse-2", ip, port), f)
+        code = (AS_HANDLER + "import sys,json; sys.path.insert(0,%r); from rdmiglab import kvhook; "
+                "print(json.dumps(kvhook.call_node_hook(%r,'PreMigrationSource',open(%r).read(),'node-a',timeout=60)))"
+                % (os.path.join(HERE, "..", "..", "tools"), self.hook_socket, path))
+        hook = subprocess.run([kvnet.IP, "netns", "exec", self.net.netns["node-a"], sys.executable, "-c", code],
+                              capture_output=True, text=True, timeout=90)
+        self.assertEqual(hook.returncode, 0, hook.stderr)
+        time.sleep(2.5)  # past the held removal
+        res = self.dial(2, 1 << 20, hook=False)
+        self.assertTrue(all(c["ok"] for c in res["connections"]), res)
+        rec = wait_for(lambda: [r for r in self.records(self.src, migrationUid="mig-reuse-2")
+                                if r["phase"] != "Armed" and r["connections"] == 2], 20,
+                       "mig-reuse-2's connections to be carried (not straight to the destination)")[0]
+        self.assertTrue(rec["carried"], rec)
+        rec = wait_for(lambda: [r for r in self.records(self.src, migrationUid="mig-reuse-2")
+                                if r["phase"] == "Succeeded"], 20, "mig-reuse-2 to succeed")[0]
+        self.assertGreaterEqual(rec["bytesSent"], 2 << 20, rec)
 
     @same_on_every_transport
     def test_rest_and_scrapes_answer_while_a_hook_call_arms_slowly(self):

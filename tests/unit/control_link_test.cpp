@@ -3,6 +3,7 @@
 // many messages each received, and every message arrives once, in order.
 #include <sys/socket.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <optional>
@@ -213,6 +214,44 @@ TEST(ControlLinkFailover, ALinkThatStoppedFailingOverIsLostWithoutARedial) {
   EXPECT_EQ(m.error().message.find("control connection lost"), std::string::npos) << m.error().message;
   std::lock_guard lock(l.mu);
   EXPECT_EQ(l.redials, 0);
+}
+
+// While the link fails over, its state names the loss and the tries (a KubeVirt flow whose peer
+// gave up first puts it in its reason, FlowSession::leg_error); once the failover ends, none.
+TEST(ControlLinkFailover, WhileFailingOverItsStateNamesTheLossAndTheTries) {
+  auto [x, y] = socket_pair();
+  ControlLink a(std::move(x));
+  std::atomic<bool> release{false};
+  std::atomic<int> tries{0};
+  a.fail_over_with(
+      [&](uint64_t, std::chrono::steady_clock::time_point, const std::function<bool()>& stopped)
+          -> Result<std::pair<UniqueFd, uint64_t>> {
+        if (tries.fetch_add(1) == 0) {
+          while (!release.load() && !stopped()) std::this_thread::sleep_for(5ms);  // a dial into a dropped link
+        }
+        return Error{Errc::kUnavailable, "control link re-dialled to 10.0.0.2:7472: connect: timed out"};
+      },
+      1500ms);
+  EXPECT_FALSE(a.recovery_state().has_value());
+  y.reset();  // the peer's end is gone: the reader fails over
+  auto state_with = [&](const std::string& needle) {
+    for (int i = 0; i < 400; ++i) {
+      if (auto st = a.recovery_state(); st && st->find(needle) != std::string::npos) return *st;
+      std::this_thread::sleep_for(5ms);
+    }
+    return std::string("(never: ") + needle + ")";
+  };
+  const std::string first = state_with("its first try under way");
+  EXPECT_NE(first.find("control connection lost ("), std::string::npos) << first;
+  EXPECT_NE(first.find("), failing over for "), std::string::npos) << first;
+  release.store(true);
+  const std::string later = state_with("the last: control link re-dialled to 10.0.0.2:7472");
+  EXPECT_NE(later.find(" tr"), std::string::npos) << later;
+  auto m = a.next(5s);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.error().message.find("not back within 1500 ms"), std::string::npos) << m.error().message;
+  EXPECT_FALSE(a.recovery_state().has_value());
+  EXPECT_GE(tries.load(), 2);
 }
 
 }  // namespace

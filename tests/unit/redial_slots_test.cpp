@@ -58,7 +58,7 @@ TEST(RedialSlots, ARedialForAnotherIndexOrWithoutTheKeyIsNotTaken) {
   auto none = slots.take(2, kTerms, 0, std::chrono::steady_clock::now() + 200ms, [] { return false; }, 2000ms);
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.error().code, Errc::kTimeout);
-  EXPECT_EQ(none.error().message, "the source agent did not re-dial channel 2");
+  EXPECT_EQ(none.error().message, "no re-dial of channel 2 from the source agent arrived");
   // Channel 3's re-dial proves another key: the resume fails, no count is taken from it.
   const transport::ChannelTerms other{std::string(64, 'x'), kTerms.session, 3};
   std::thread peer([d = dial.get(), other] { (void)resume_as_dialler(d, other, 5, 2s); });

@@ -297,11 +297,19 @@ bool FlowSession::ended() const {
 }
 
 std::optional<Error> FlowSession::leg_error() const {
-  MutexLock lock(legs_mu_);
-  for (const auto& l : legs_) {
-    if (auto e = l.pump->error()) return l.rail.empty() ? *e : e->with_context("data plane (" + l.rail + ")");
+  std::optional<Error> first;
+  {
+    MutexLock lock(legs_mu_);
+    for (const auto& l : legs_) {
+      if (auto e = l.pump->error()) {
+        first = l.rail.empty() ? *e : e->with_context("data plane (" + l.rail + ")");
+        break;
+      }
+    }
   }
-  return std::nullopt;
+  if (!first || !link_) return first;
+  if (auto state = link_->recovery_state()) return Error{first->code, *state + "; meanwhile " + first->message};
+  return first;
 }
 
 bool FlowSession::idle_for(std::chrono::steady_clock::duration idle) const {

@@ -46,7 +46,9 @@ class FlowSession {
   // error the peer agent gone (`peer`); the peer is told unless the link was forged or silent.
   void fail_control_link(const Error& error, const std::string& link, const std::string& peer)
       EXCLUDES(mu_, legs_mu_);
-  // The first error of any leg, if one failed.
+  // The first error of any leg, if one failed; while the control link fails over, prefixed with
+  // that failover's state (ControlLink::recovery_state): the peer gave up on the link first and
+  // aborted over a data channel, and this end's reason says what it was doing meanwhile.
   std::optional<Error> leg_error() const EXCLUDES(legs_mu_);
   // True when every leg has finished and the last one finished more than `idle` ago.
   bool idle_for(std::chrono::steady_clock::duration idle) const EXCLUDES(legs_mu_);

@@ -318,7 +318,17 @@ void KubevirtRelay::maintain() {
     }
     kmetrics_.set_active(static_cast<double>(sources_.size() + targets_.size()));
   }
-  for (const auto& a : unarmed) (void)a.point->rules().uncarry(a.ip, a.port);
+  // An ended session's elements go, unless a newer migration armed the same address and port
+  // meanwhile (it owns the element now: InterceptPoint::elements_mu).
+  for (const auto& a : unarmed) {
+    MutexLock elements(a.point->elements_mu());
+    bool rearmed = false;
+    {
+      MutexLock lock(mu_);
+      rearmed = armed_.contains(key(a.ip, a.port));
+    }
+    if (!rearmed) (void)a.point->rules().uncarry(a.ip, a.port);
+  }
   // The last references of ended sessions (and of pruned points) go here, outside the lock:
   // their destructors join threads and remove tables.
   unarmed.clear();

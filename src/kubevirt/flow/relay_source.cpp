@@ -153,12 +153,24 @@ HookDecision KubevirtRelay::pre_migration_source(const json& vmi, const std::str
   const std::shared_ptr<InterceptPoint> p = point.value();
   const std::chrono::seconds ttl(config_.kubevirt.rule_timeout_seconds);
   std::vector<uint16_t> carried;
+  // From the first carry until the elements are recorded in armed_ (InterceptPoint::elements_mu):
+  // an ended session's clean-up cannot remove them in between.
+  MutexLock elements(p->elements_mu());
   auto uncarry_all = [&] {
-    for (uint16_t port : carried) (void)p->rules().uncarry(intent->target_address, port);
+    for (uint16_t port : carried) {
+      bool owned = false;  // by another session of the same address and port: it keeps it
+      {
+        MutexLock lock(mu_);
+        auto it = armed_.find(key(intent->target_address, port));
+        owned = it != armed_.end() && it->second.session != s;
+      }
+      if (!owned) (void)p->rules().uncarry(intent->target_address, port);
+    }
   };
   for (uint16_t port : carried_ports(intent.value())) {
     if (auto st = p->rules().carry(intent->target_address, port, ttl); !st) {
       uncarry_all();
+      elements.unlock();
       return not_armed(st.error());
     }
     carried.push_back(port);
@@ -180,8 +192,10 @@ HookDecision KubevirtRelay::pre_migration_source(const json& vmi, const std::str
   }
   if (refused) {
     uncarry_all();
+    elements.unlock();
     return not_armed(*refused);
   }
+  elements.unlock();
   kmetrics_.hook_call("carried");
   decide_multifd_on_failure(s);
   LOG_INFO("kubevirt") << "hook: carrying migration " << rec.migration_uid << " of " << rec.vmi.key() << " to "

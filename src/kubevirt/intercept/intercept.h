@@ -9,6 +9,7 @@
 #include <memory>
 #include <thread>
 
+#include "common/mutex.h"
 #include "kubevirt/intercept/netns.h"
 #include "kubevirt/intercept/nft_rules.h"
 
@@ -34,6 +35,14 @@ class InterceptPoint {
   const NetNs& ns() const { return *ns_; }
   std::shared_ptr<NetNs> ns_ptr() const { return ns_; }
   const NftRules& rules() const { return rules_; }
+  // Serialises changes of this point's carry elements with the relay's record of who owns them
+  // (KubevirtRelay::armed_): a hook call holds it from its first carry until its elements are
+  // recorded (or removed again), the maintenance loop while it checks that an element an ended
+  // session leaves has no newer owner and removes it. Without it a session that ended could
+  // remove the element a newer migration to the same address and port had just armed, and that
+  // migration's connections would go straight to the destination (seen in a suite run). Held
+  // across nftables; taken before the relay's mu_, never under it.
+  Mutex& elements_mu() const { return elements_mu_; }
   // Installs the table again (after it vanished), redirecting to the same listeners; its
   // elements are added back by their owners' next refresh.
   Status reinstall();
@@ -47,6 +56,7 @@ class InterceptPoint {
   UniqueFd listen4_;
   UniqueFd listen6_;
   NftRules rules_;
+  mutable Mutex elements_mu_;
   OnConnection on_connection_;
   uint16_t port4_ = 0, port6_ = 0;
   PassMark mark_;
