@@ -5,8 +5,10 @@ namespace rdmig::migration {
 RecoveryStep recovery_step(const std::string& qemu_status) {
   if (qemu_status == kPostcopyPaused) return RecoveryStep::kResume;
   if (qemu_status == "completed") return RecoveryStep::kComplete;
+  // "device": the source QEMU's stop-and-copy of the switch itself, which ends in post-copy (or
+  // in a failure that QEMU undoes by running the guest again, SourceJob::postcopy_fell_through).
   if (qemu_status == "postcopy-active" || qemu_status == "postcopy-recover" ||
-      qemu_status == "postcopy-recover-setup") {
+      qemu_status == "postcopy-recover-setup" || qemu_status == "device") {
     return RecoveryStep::kWait;
   }
   return RecoveryStep::kGiveUp;

@@ -19,7 +19,8 @@ inline constexpr const char* kPostcopyPaused = "postcopy-paused";
 // What a job does with its QEMU's migration status once its link was lost in post-copy.
 enum class RecoveryStep {
   kResume,    // postcopy-paused: recoverable, try a fresh channel
-  kWait,      // postcopy-active / -recover(-setup): QEMU has not noticed yet (or is mid-resume): ask again
+  kWait,      // postcopy-active / -recover(-setup), device (the switch under way): QEMU has not noticed
+              // yet, is mid-resume or mid-switch: ask again
   kComplete,  // completed: every page arrived after all, nothing to recover
   kGiveUp,    // failed, cancelled, none or anything else: QEMU cannot be resumed
 };

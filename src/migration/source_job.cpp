@@ -434,11 +434,20 @@ Result<json> SourceJob::wait_for_verdict() {
 
 void SourceJob::fail_and_protect_vm(const Error& error, bool cancelled) {
   LOG_WARN("migration") << log_prefix() << " stopping: " << error.message;
-  if (postcopy_switched_) {
-    fail_in_postcopy(error);
-    return;
-  }
   std::string notes;
+  if (postcopy_switched_) {
+    const auto fell_through = postcopy_fell_through();
+    if (!fell_through) {
+      fail_in_postcopy(error);
+      return;
+    }
+    // QEMU never switched, or undid the switch before the target QEMU loaded it: a pre-copy failure.
+    LOG_WARN("migration") << log_prefix() << " the switch to post-copy did not take effect (source QEMU "
+                          << *fell_through << "): the VM stays here";
+    notes = "; the switch to post-copy had not taken effect (the source QEMU: " + *fell_through +
+            "): the target QEMU never ran the VM";
+    update([](MigrationStatus& s) { s.post_copy.switched = false; });
+  }
   auto raw = qmp_->execute("query-migrate", {}, kQmpTimeout);
   if (!raw) {
     // QEMU's monitor can stall during the final stop-and-copy. If the run state says QEMU is in

@@ -62,6 +62,14 @@ class SourceJob final : public Job {
   void fail_and_protect_vm(const Error& error, bool cancelled);
   // A failure after the switch to post-copy: the VM's state is split between the two QEMUs.
   void fail_in_postcopy(const Error& error);
+  // After migrate-start-postcopy, whether the switch never took effect, so that the failure is a
+  // pre-copy one (fail_and_protect_vm's usual path: the VM stays here, running): QEMU is still
+  // in pre-copy ("active": its migration thread had not acted on the switch), or QEMU failed the
+  // switch itself and runs the guest again ("failed" or "cancelled" with run state "running":
+  // QEMU 10 does so when its stream breaks before the target QEMU has loaded the switch, seen in
+  // cold run P). Waits up to 10 s while QEMU is in "device" (the switch's stop-and-copy). Returns
+  // the state it saw for the reason. Anything else (post-copy, unreadable): nullopt.
+  std::optional<std::string> postcopy_fell_through();
   // Post-copy recovery (migration/postcopy_recovery.h) after `why` ended monitor() past the switch:
   // kResumed (the migration goes on over a fresh channel: monitor again), kFinished (the job
   // ended: failed at the deadline, naming each QEMU's state), or kNotRecoverable (recovery off,
@@ -111,7 +119,8 @@ class SourceJob final : public Job {
   std::optional<ClockOffset> clock_;  // the target host's clock minus this one's
   std::optional<nlohmann::json> verdict_;  // the target's result, when it came early
   // Set once migrate-start-postcopy succeeded: from then on the target runs the VM, and neither
-  // QEMU can be resumed alone (no migrate_cancel, no cont; docs/api.md).
+  // QEMU can be resumed alone (no migrate_cancel, no cont; docs/api.md), unless QEMU shows that
+  // the switch never took effect (postcopy_fell_through).
   bool postcopy_switched_ = false;
   bool target_agrees_ = false;  // the target's ready offered the post-copy switch agreement
   std::chrono::steady_clock::time_point postcopy_at_{};

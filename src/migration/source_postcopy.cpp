@@ -105,6 +105,23 @@ void SourceJob::record_postcopy_end(const qemu::MigrationInfo& info) {
   });
 }
 
+std::optional<std::string> SourceJob::postcopy_fell_through() {
+  using namespace std::chrono_literals;
+  if (!qmp_->connected()) return std::nullopt;
+  auto seen = qemu_state();
+  for (const auto until = std::chrono::steady_clock::now() + 10s;
+       seen.second == "device" && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(100ms);
+    seen = qemu_state();
+  }
+  if (seen.second == "active") return seen.first;
+  if (seen.second == "failed" || seen.second == "cancelled") {
+    auto run = run_state(*qmp_);
+    if (run && run.value() == "running") return seen.first;
+  }
+  return std::nullopt;
+}
+
 void SourceJob::fail_in_postcopy(const Error& error) {
   // The target ran the VM from the switch on; the source holds the pages it has not sent. Neither
   // migrate_cancel nor cont may run here, and neither QEMU is stopped: QEMU keeps both in
@@ -176,6 +193,9 @@ SourceJob::Recovery SourceJob::recover_postcopy(const Error& why) {
     std::tie(state, status) = qemu_state();
   }
   update([&](MigrationStatus& s) { s.post_copy.source_qemu = state; });
+  // QEMU undid the switch itself (the target QEMU had not loaded it): a pre-copy failure, the VM
+  // runs here (fail_and_protect_vm, through the caller).
+  if (recovery_step(status) == RecoveryStep::kGiveUp && postcopy_fell_through()) return Recovery::kNotRecoverable;
   if (recovery_step(status) != RecoveryStep::kResume) {
     // Failed, or stuck short of postcopy-paused: nothing a fresh channel can resume.
     finish(Phase::kFailed,

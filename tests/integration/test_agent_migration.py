@@ -1009,6 +1009,57 @@ class AgentMigrationTest(unittest.TestCase):
         dst.wait_for_verifier(last + 3, timeout=120)
         self.assert_verifier_clean(src, dst)
 
+    def test_postcopy_link_lost_before_the_switch_reached_the_target_is_a_pre_copy_failure_and_the_vm_runs_on_the_source(self):
+        # The source agent sets postCopy.switched once its QEMU took migrate-start-postcopy; QEMU then
+        # stops the guest and sends the switch down the stream. A link lost before the target QEMU
+        # has loaded the switch (seen in cold run P, a cut right after the source's switched) leaves
+        # the source QEMU either still in pre-copy (its migration thread blocked on a full stream)
+        # or failing the switch and running the guest again by itself (QEMU 10): a pre-copy failure
+        # with the VM on the source, not a post-copy split. Before the fix the source named it
+        # postcopy_split ("neither QEMU can run the VM alone"). Here channel 0 is black-holed
+        # (nftables drops its packets) before the switch, so the switch never reaches the target;
+        # new connections to the target agent are refused and, once the source switched, the control
+        # connection is reset: the link is gone past the 1 s failover deadline.
+        from rdmiglab import linkcut
+        a, b = self.recovery_agents(30)
+        src, dst = self.verifier_pair(target_paused=True)
+        target, source = start_migration(a, b, src.agent_qmp_path, dst.agent_qmp_path, vm="vm-pc-window",
+                                         postCopy="auto", postCopyAfterSeconds=4,
+                                         maxBandwidthBytesPerSecond=self.POSTCOPY_BW, completionTimeoutSeconds=240)
+        deadline = time.monotonic() + 60
+        while b.get(target["id"])["progress"]["dataBytesReceived"] < (2 << 20):
+            self.assertLess(time.monotonic(), deadline, "no bytes reached the target")
+            time.sleep(0.05)
+        conns = linkcut.data_connections(b.data_port, 1 << 20)
+        self.assertEqual(len(conns), 1, conns)
+        table = "rdmig_test_pcw_%d" % os.getpid()
+        subprocess.run(["nft", "-f", "-"], check=True, text=True, input=(
+            "table inet %s {\n chain out {\n type filter hook output priority -10; policy accept;\n"
+            "  tcp sport %d tcp dport %d drop\n }\n chain input {\n type filter hook input priority -10; policy accept;\n"
+            "  tcp dport %d tcp flags syn reject with tcp reset\n }\n}\n" % (table, conns[0][0], b.data_port, b.data_port)))
+        self.addCleanup(subprocess.run, ["nft", "delete", "table", "inet", table], capture_output=True)
+        while not a.get(source["id"])["postCopy"]["switched"]:
+            self.assertLess(time.monotonic(), deadline, "no switch to post-copy")
+            self.assertNotIn(a.get(source["id"])["phase"], ("Succeeded", "Failed", "Cancelled"))
+            time.sleep(0.05)
+        self.assertEqual(linkcut.cut_control_connection(b.data_port), 1)
+        s = a.wait(source["id"], timeout=120)
+        t = b.wait(target["id"], timeout=60)
+        print("\n[post-copy switch lost on the way] source: %s (%s); target: %s, switched %s" % (
+            s["result"]["reason"], s["result"]["failureKind"], t["result"]["reason"], t["postCopy"]["switched"]),
+              file=sys.stderr)
+        self.assertEqual(s["phase"], "Failed", s)
+        self.assertNotEqual(s["result"]["failureKind"], "postcopy_split", s["result"])
+        self.assertIn("the switch to post-copy had not taken effect", s["result"]["reason"])
+        self.assertIn("source VM is running", s["result"]["reason"])
+        self.assertFalse(s["postCopy"]["switched"], s["postCopy"])
+        self.assertEqual(t["phase"], "Failed", t)
+        self.assertFalse(t["postCopy"]["switched"], t["postCopy"])
+        self.assertEqual(src.status(), "running")
+        last = src.verifier()["counter"]
+        src.wait_for_verifier(last + 2, timeout=120)
+        self.assert_verifier_clean(src)
+
     def test_postcopy_link_that_never_returns_fails_at_the_recovery_deadline_naming_each_qemus_state(self):
         # The same cut, never undone: after postCopyRecoverySeconds each agent fails the migration
         # naming its QEMU's state and what to run; rdmig resumes neither QEMU, so the VM runs in

@@ -14,7 +14,7 @@ using migration::RecoveryStep;
 
 TEST(PostcopyRecovery, OnlyAPausedQemuIsResumedAndAQemuOnItsWayIsWaitedFor) {
   EXPECT_EQ(migration::recovery_step("postcopy-paused"), RecoveryStep::kResume);
-  for (const char* s : {"postcopy-active", "postcopy-recover", "postcopy-recover-setup"}) {
+  for (const char* s : {"postcopy-active", "postcopy-recover", "postcopy-recover-setup", "device"}) {
     EXPECT_EQ(migration::recovery_step(s), RecoveryStep::kWait) << s;
   }
   EXPECT_EQ(migration::recovery_step("completed"), RecoveryStep::kComplete);
