@@ -187,4 +187,43 @@ Calibration calibrate(const std::vector<json>& entries) {
   return c;
 }
 
+PathCheckStop path_check_to_stop(const json& check, const std::string& plan_uid) {
+  PathCheckStop out;
+  if (!check.is_object() || plan_uid.empty()) return out;
+  const json md = check.value("metadata", json::object());
+  if (!md.is_object() || md.contains("deletionTimestamp")) return out;
+  bool owned = false;
+  for (const auto& r : md.value("ownerReferences", json::array())) {
+    owned |= r.is_object() && r.value("uid", "") == plan_uid;
+  }
+  const json labels = md.value("labels", json::object());
+  owned |= labels.is_object() && labels.value(kPlanUidLabel, "") == plan_uid;
+  if (!owned) return out;
+  const json status = check.value("status", json::object());
+  const std::string phase = status.is_object() ? status.value("phase", "") : "";
+  if (phase != "" && phase != "Pending" && phase != "Running") return out;
+  size_t ended = 0, running = 0, pairs = 0;
+  if (status.is_object()) {
+    for (const auto& p : status.value("pairs", json::array())) {
+      const std::string pp = p.is_object() ? p.value("phase", "") : "";
+      ++pairs;
+      ended += pp == "Passed" || pp == "FellBack" || pp == "Failed";
+      running += pp == "Running";
+    }
+  }
+  out.stop = true;
+  out.where = pairs == 0 ? std::string("not started yet")
+                         : std::to_string(ended) + " of " + std::to_string(pairs) + " pair(s) ended, " +
+                               std::to_string(running) + " running";
+  return out;
+}
+
+std::string stopped_path_check_text(const json& status) {
+  if (!status.is_object()) return "";
+  const json r = status.value("createdPathCheck", json::object());
+  if (!r.is_object() || !r.contains("stopTime")) return "";
+  return "path check " + r.value("name", std::string("?")) + " stopped at " + r.value("stopTime", std::string()) +
+         " (" + r.value("stopped", std::string("running")) + "): deleted, its pairs cancelled on the agents";
+}
+
 }  // namespace rdmig::controller

@@ -69,6 +69,23 @@ nlohmann::json started_record(const std::vector<nlohmann::json>& entries);
 nlohmann::json gone_entry(const nlohmann::json& record, const nlohmann::json& previous, const std::string& migration,
                           const std::string& now);
 
+// The path check a plan created because no check had measured its path (<plan>-paths) and whether
+// the plan's cancel must stop it: stop when it is the plan's (an owner reference with `plan_uid`,
+// or the label rdmig.io/drain-plan-uid), has not ended (phase "", Pending or Running) and is not
+// being deleted already. RdmaPathCheck has no cancel of its own (its spec is immutable): deleting
+// it is its cancel, its finalizer cancels the pairs still running on both agents. `where` says how
+// far it got ("2 of 3 pairs ended, 1 running"), for the plan's status and Event.
+struct PathCheckStop {
+  bool stop = false;
+  std::string where;
+};
+PathCheckStop path_check_to_stop(const nlohmann::json& check, const std::string& plan_uid);
+
+// What a cancelled plan's conditions say of its path check from status.createdPathCheck: "path
+// check <ns/name> stopped at <stopTime>, <stopped>: deleted, its pairs cancelled on the agents",
+// or "" when the cancel stopped none.
+std::string stopped_path_check_text(const nlohmann::json& status);
+
 // Measured over predicted total time of the Succeeded entries that have both; the re-plan divides
 // the path's throughput by it (bounded to [0.1, 10]). measured 0: scale 1.
 struct Calibration {

@@ -20,9 +20,14 @@ Result<Next> DrainPlanReconciler::cancel_before_start(const json& obj) {
   json status = obj.value("status", json::object());
   if (!status.is_object()) status = json::object();
   const std::string was = status.value("phase", std::string("Pending"));
+  // The path check it started, if it still runs, stops with it; read from the API server, as the
+  // cache may not hold one created a moment ago. After this the plan is Cancelled and creates none.
+  auto stopped = stop_path_check(obj, status, /*fresh=*/true);
+  if (!stopped) return stopped.error();
   status["phase"] = "Cancelled";
-  const std::string message = "spec.cancel before the drain started (phase " + (was.empty() ? "Pending" : was) +
-                              "): no migration was started";
+  std::string message = "spec.cancel before the drain started (phase " + (was.empty() ? "Pending" : was) +
+                        "): no migration was started";
+  if (const std::string text = stopped_path_check_text(status); !text.empty()) message += "; " + text;
   set_condition(status, "Cancelled", "True", "Cancelled", message, detail::generation_of(obj), now_text());
   auto w = write_status(obj, status);
   if (!w) return w.error();

@@ -106,6 +106,10 @@ Result<Next> DrainPlanReconciler::execute(json obj) {
   auto in = read_spec(spec);
   if (!in) return fail(obj, "InvalidSpec", in.error().message);
   const CancelRequest cancel = read_cancel(obj.value("spec", json::object()));
+  if (cancel.requested) {
+    // Its own path check may still run (other pairs of a check the forecast took its first from).
+    if (auto stopped = stop_path_check(obj, status, /*fresh=*/false); !stopped) return stopped.error();
+  }
   const json& md = obj["metadata"];
   const std::string uid = md.value("uid", ""), plan_name = md.value("name", "");
   const int64_t gen = detail::generation_of(obj);
@@ -325,9 +329,11 @@ Result<Next> DrainPlanReconciler::execute(json obj) {
                   (cancel.cancel_running ? "being cancelled (spec.runningOnCancel Cancel)"
                                          : "left to finish (spec.runningOnCancel Finish)");
     if (!cancel.problem.empty()) cancel_text += "; " + cancel.problem + ": read as Finish";
+    if (const std::string pc = stopped_path_check_text(status); !pc.empty()) cancel_text += "; " + pc;
     status["phase"] = done ? "Cancelled" : "Cancelling";
-    set_condition(status, "Cancelled", "True", done ? "Cancelled" : "Cancelling", done ? ended : cancel_text, gen,
-                  now_text());
+    const std::string check_text = stopped_path_check_text(status);
+    set_condition(status, "Cancelled", "True", done ? "Cancelled" : "Cancelling",
+                  done ? ended + (check_text.empty() ? "" : "; " + check_text) : cancel_text, gen, now_text());
     set_condition(status, "Executed", done ? "False" : "Unknown", done ? "Cancelled" : "Cancelling",
                   done ? ended : cancel_text, gen, now_text());
   } else if (done) {

@@ -167,7 +167,19 @@ Result<Next> DrainPlanReconciler::reconcile(const std::string& key) {
   const json status = obj.value("status", json::object());
   const std::string phase = status.is_object() ? status.value("phase", "") : "";
   export_metrics(obj);
-  if (terminal(phase)) return Next::kDone;
+  if (terminal(phase)) {
+    // A plan that ended is left as it is on spec.cancel, but for its own path check if that still
+    // runs (a forecast can come from a check whose other pairs still run).
+    if (phase != "Cancelled" && read_cancel(obj.value("spec", json::object())).requested) {
+      json st = status.is_object() ? status : json::object();
+      auto stopped = stop_path_check(obj, st, /*fresh=*/false);
+      if (!stopped) return stopped.error();
+      if (stopped.value()) {
+        if (auto w = write_status(obj, st); !w) return w.error();
+      }
+    }
+    return Next::kDone;
+  }
   if (phase == "Executing" || phase == "Cancelling") return execute(obj);
   if (read_cancel(obj.value("spec", json::object())).requested) return cancel_before_start(obj);
   return forecast(obj);
@@ -183,11 +195,54 @@ Result<Next> DrainPlanReconciler::fail(const json& obj, const std::string& reaso
   return Next::kDone;
 }
 
+std::pair<std::string, std::string> DrainPlanReconciler::own_path_check(const json& obj) const {
+  const std::string ns = obj["metadata"].value("namespace", "");
+  return {config_.watch_namespace.empty() ? ns : config_.watch_namespace,
+          obj["metadata"].value("name", "").substr(0, 247) + "-paths"};
+}
+
+Result<bool> DrainPlanReconciler::stop_path_check(const json& obj, json& status, bool fresh) {
+  const json record = status.value("createdPathCheck", json::object());
+  if (record.is_object() && record.contains("stopTime")) return false;  // stopped already
+  const auto [check_ns, name] = own_path_check(obj);
+  const std::string key = check_ns + "/" + name;
+  const std::string path = pathcheck_collection(config_, obj["metadata"].value("namespace", "")) + "/" + name;
+  json check;
+  if (fresh) {
+    auto got = kube_.get(path);
+    if (!got) {
+      if (got.error().code == Errc::kNotFound) return false;
+      return got.error().with_context("reading path check " + key);
+    }
+    check = got.value();
+  } else {
+    auto cached = pathchecks_.get(key);
+    if (!cached) return false;
+    check = *cached;
+  }
+  const PathCheckStop stop = path_check_to_stop(check, obj["metadata"].value("uid", ""));
+  if (!stop.stop) return false;
+  auto removed = kube_.remove(path);
+  if (!removed) {
+    if (removed.error().code == Errc::kNotFound) return false;  // gone meanwhile: nothing left to stop
+    return removed.error().with_context("stopping path check " + key);
+  }
+  json next = record.is_object() ? record : json::object();
+  next["name"] = key;
+  next["stopTime"] = now_text();
+  next["stopped"] = stop.where;
+  status["createdPathCheck"] = next;
+  const std::string message = "spec.cancel: path check " + key + " still ran (" + stop.where +
+                              "): deleted, which cancels its pairs on the agents; the plan starts no other";
+  events_.record(obj, "Normal", "PathCheckStopped", message);
+  LOG_INFO("drainplan") << informer_.key_of(obj) << ": " << message;
+  return true;
+}
+
 Result<Next> DrainPlanReconciler::wait_for_path_check(const json& obj, const std::vector<std::string>& targets) {
   const json spec = obj["spec"];
   const std::string ns = obj["metadata"].value("namespace", "");
-  const std::string name = obj["metadata"].value("name", "").substr(0, 247) + "-paths";
-  const std::string check_ns = config_.watch_namespace.empty() ? ns : config_.watch_namespace;
+  const auto [check_ns, name] = own_path_check(obj);
   auto existing = pathchecks_.get(check_ns + "/" + name);
   if (existing) {
     const json st = existing->value("status", json::object());
@@ -207,7 +262,9 @@ Result<Next> DrainPlanReconciler::wait_for_path_check(const json& obj, const std
               {"metadata",
                {{"name", name},
                 {"namespace", check_ns},
-                {"labels", {{"rdmig.io/drain-plan", obj["metadata"].value("name", "").substr(0, 63)}}}}},
+                {"labels",
+                 {{kPlanLabel, obj["metadata"].value("name", "").substr(0, 63)},
+                  {kPlanUidLabel, obj["metadata"].value("uid", "")}}}}},
               {"spec",
                {{"source", spec.value("node", "")},
                 {"targets", targets_spec},
@@ -232,6 +289,7 @@ Result<Next> DrainPlanReconciler::wait_for_path_check(const json& obj, const std
   json status = obj.value("status", json::object());
   if (status.value("phase", "") == "WaitingForPathCheck") return Next::kPoll;
   status["phase"] = "WaitingForPathCheck";
+  status["createdPathCheck"] = json{{"name", check_ns + "/" + name}};
   set_condition(status, "Forecast", "False", "WaitingForPathCheck",
                 "no measured path from " + spec.value("node", "") + ": waiting for path check " + check_ns + "/" + name,
                 detail::generation_of(obj), now_text());

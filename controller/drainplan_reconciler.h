@@ -16,12 +16,16 @@
 //                       the running ones finish (spec.runningOnCancel Finish) or are cancelled
 //                       (Cancel: spec.cancel on each RdmaMigration)
 //   Cancelled           spec.cancel seen before the drain started, or Cancelling with none running
+// spec.cancel in any phase also stops the plan's own path check if it still runs (deleted, which
+// cancels its pairs on the agents; stop_path_check), and a cancelled plan never creates one.
 // Once executing, the plan keeps to the spec it started with (status.execution.spec): a change to
 // any field but cancel and runningOnCancel is not acted on and is named in condition SpecChanged
 // (the CRD's CEL rule refuses it where the API server runs it). status.execution.started names
 // every VM the plan started, so a VM whose RdmaMigration is deleted is not started again.
-// No finalizer: the plan itself starts nothing on the agents; its path check and (in its own
-// namespace) its migrations go with it (owner references). The executing state is read from
+// No finalizer: the plan itself starts nothing on the agents; a deleted plan's path check (always
+// in its namespace: checks and plans are watched in the same scope) and, in its own namespace, its
+// migrations go with it (owner references: the garbage collector deletes them, and deleting a
+// check cancels its pairs on the agents, deleting a migration aborts it). The executing state is read from
 // the objects each time (the migrations by label, the VMIs on the node, the plan's status), so a
 // restarted controller continues. Called from its worker's thread only.
 #pragma once
@@ -29,6 +33,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "controller/config.h"
 #include "controller/controller_metrics.h"
@@ -91,6 +96,14 @@ class DrainPlanReconciler final : public ObjectReconciler {
   void export_metrics(const nlohmann::json& obj);
   Result<Next> fail(const nlohmann::json& obj, const std::string& reason, const std::string& message);
   Result<Next> wait_for_path_check(const nlohmann::json& obj, const std::vector<std::string>& targets);
+  // The path check this plan creates when no check measured its path: {namespace, name}.
+  std::pair<std::string, std::string> own_path_check(const nlohmann::json& obj) const;
+  // spec.cancel: the plan's own path check, when it still runs (path_check_to_stop), is deleted
+  // (RdmaPathCheck has no cancel of its own; its finalizer cancels the pairs on both agents),
+  // recorded in status.createdPathCheck (stopTime, stopped) and Event PathCheckStopped; once.
+  // fresh: read the check from the API server (one created a moment ago may not be cached yet),
+  // else from the cache. Returns whether it stopped one now.
+  Result<bool> stop_path_check(const nlohmann::json& obj, nlohmann::json& status, bool fresh);
   Result<nlohmann::json> write_status(const nlohmann::json& obj, nlohmann::json status);
 
   const ControllerConfig& config_;

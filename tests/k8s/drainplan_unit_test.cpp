@@ -220,5 +220,44 @@ TEST(DrainPlan, DurationsReadAsPeopleWriteThem) {
   EXPECT_EQ(duration_text(7380), "2h03m");
 }
 
+TEST(DrainPlan, ACancelStopsThePlansOwnPathCheckOnlyWhileItRuns) {
+  json check = json::parse(R"({"metadata": {"namespace": "ops", "name": "drain-b-paths",
+      "ownerReferences": [{"kind": "RdmaDrainPlan", "name": "drain-b", "uid": "uid-b"}]},
+      "status": {"phase": "Running", "pairs": [{"target": "node-a", "phase": "Passed"},
+                                               {"target": "node-c", "phase": "Running"},
+                                               {"target": "node-d", "phase": "Pending"}]}})");
+  PathCheckStop s = path_check_to_stop(check, "uid-b");
+  EXPECT_TRUE(s.stop);
+  EXPECT_EQ(s.where, "1 of 3 pair(s) ended, 1 running");
+  EXPECT_FALSE(path_check_to_stop(check, "uid-other").stop);  // another plan's (or a person's) check
+  EXPECT_FALSE(path_check_to_stop(check, "").stop);
+  for (const char* phase : {"Succeeded", "Failed"}) {  // ended: nothing to stop, its figures kept
+    json ended = check;
+    ended["status"]["phase"] = phase;
+    EXPECT_FALSE(path_check_to_stop(ended, "uid-b").stop) << phase;
+  }
+  json fresh = check;  // created a moment ago: no status yet
+  fresh.erase("status");
+  s = path_check_to_stop(fresh, "uid-b");
+  EXPECT_TRUE(s.stop);
+  EXPECT_EQ(s.where, "not started yet");
+  json deleting = check;  // being deleted already (its finalizer cancels the pairs)
+  deleting["metadata"]["deletionTimestamp"] = "2026-12-05T10:00:00Z";
+  EXPECT_FALSE(path_check_to_stop(deleting, "uid-b").stop);
+  json by_label = check;  // no owner reference, the plan's uid label
+  by_label["metadata"].erase("ownerReferences");
+  EXPECT_FALSE(path_check_to_stop(by_label, "uid-b").stop);
+  by_label["metadata"]["labels"] = {{kPlanUidLabel, "uid-b"}};
+  EXPECT_TRUE(path_check_to_stop(by_label, "uid-b").stop);
+
+  EXPECT_EQ(stopped_path_check_text(json::object()), "");
+  EXPECT_EQ(stopped_path_check_text(json{{"createdPathCheck", {{"name", "ops/drain-b-paths"}}}}), "");  // not stopped
+  EXPECT_EQ(stopped_path_check_text(json{{"createdPathCheck", {{"name", "ops/drain-b-paths"},
+                                                               {"stopTime", "2026-12-05T10:00:01Z"},
+                                                               {"stopped", "0 of 1 pair(s) ended, 1 running"}}}}),
+            "path check ops/drain-b-paths stopped at 2026-12-05T10:00:01Z (0 of 1 pair(s) ended, 1 running): "
+            "deleted, its pairs cancelled on the agents");
+}
+
 }  // namespace
 }  // namespace rdmig::controller

@@ -219,6 +219,76 @@ class DrainPlanControllerTest(AgentsAndControllerTest):
         self.assertEqual(st["summary"]["withinLimits"], 1)
         self.assertIn(("Normal", "PathCheckCreated"), self.reasons("drain-b"))
 
+    def running_path_check(self, plan_name, source):
+        """Until the plan's own path check (<plan>-paths) runs a pair and bytes flow on the source
+        agent: (the check, its pair's check id)."""
+        def running():
+            check = self.get(plan_name + "-paths", "rdmapathchecks")
+            pairs = (check or {}).get("status", {}).get("pairs", [])
+            return check if pairs and pairs[0].get("phase") == "Running" and pairs[0].get("checkId") else None
+        check = wait_for(running, 30, plan_name + "'s path check to run")
+        cid = check["status"]["pairs"][0]["checkId"]
+        wait_for(lambda: self.agents[source].call("GET", "/v1/pathchecks/" + cid)["bytesSent"] > 16 * MiB, 20,
+                 "bytes to flow")
+        return check, cid
+
+    def assert_stopped_on_the_agents(self, cid, source, target):
+        src = self.agents[source].call("GET", "/v1/pathchecks/" + cid)
+        dst = self.agents[target].call("GET", "/v1/pathchecks/" + cid)
+        print("\nsource:", src, "\ntarget:", dst)
+        self.assertEqual(src["phase"], "Cancelled", src)
+        self.assertIn(dst["phase"], ("Cancelled", "Failed"))
+        self.assertIn("cancelled", dst["error"])
+        self.assertLess(src["bytesSent"], 48 << 30)
+
+    def test_a_plan_cancelled_while_its_path_check_runs_stops_that_check(self):
+        # node-b -> node-c was never checked: the plan runs a check of 48Gi (about half a minute
+        # or more here) and is cancelled while it runs.
+        self.add_vmi("on-b-cancel", "node-b", memory="256Mi", dirty=0)
+        obj = self.create(plan("cancel-b", "node-b", targets=["node-c"], pathCheckBytes="48Gi", execute=True))
+        try:
+            check, cid = self.running_path_check("cancel-b", "b")
+            self.assertEqual(self.get("cancel-b")["status"]["phase"], "WaitingForPathCheck")
+            code, body = self.edit_spec("cancel-b", cancel=True)
+            self.assertEqual(code, 200, body)
+            st = self.wait_phase("cancel-b", ("Cancelled", "Forecast", "Executing", "Failed"), timeout=20)["status"]
+            self.assertEqual(st["phase"], "Cancelled", st)
+            # The check goes (deleting it is its cancel: its finalizer cancels the pair on both agents).
+            wait_for(lambda: self.get("cancel-b-paths", "rdmapathchecks") is None, 20, "the path check to go")
+            self.assert_stopped_on_the_agents(cid, "b", "c")
+            pc = st["createdPathCheck"]
+            print("\ncancelled:", st)
+            self.assertEqual(pc["name"], NS + "/cancel-b-paths")
+            self.assertIn("stopTime", pc)
+            self.assertEqual(pc["stopped"], "0 of 1 pair(s) ended, 1 running")
+            cond = {c["type"]: c for c in st["conditions"]}["Cancelled"]
+            self.assertIn("path check %s/cancel-b-paths stopped at" % NS, cond["message"])
+            wait_for(lambda: ("Normal", "PathCheckStopped") in self.reasons("cancel-b"), 10, "the PathCheckStopped event")
+            # None started after the cancel (the controller polls every 250 ms), and nothing migrated.
+            time.sleep(3)
+            self.assertEqual([c["metadata"]["name"] for c in self.store.objects_of("rdmapathchecks")
+                              if c["metadata"].get("labels", {}).get(PLAN_UID_LABEL) == obj["metadata"]["uid"]
+                              or c["metadata"]["name"] == "cancel-b-paths"], [])
+            self.assertEqual(self.migrations_of(obj), [])
+            self.assertEqual(self.get("cancel-b")["status"]["phase"], "Cancelled")
+            self.assertEqual(check["metadata"]["labels"].get(PLAN_UID_LABEL), obj["metadata"]["uid"])
+        finally:
+            self.store.delete("rdmapathchecks", NS, "cancel-b-paths")  # not left running for the next cases
+
+    def test_a_forecast_only_plan_deleted_mid_check_takes_its_path_check_with_it(self):
+        # Deleting the plan: the garbage collector deletes the check it owns (owner reference),
+        # which cancels its pair on both agents; no finalizer on the plan is needed for that.
+        self.add_vmi("on-a-delete", "node-a", memory="256Mi", dirty=0)
+        self.create(plan("look-a", "node-a", targets=["node-c"], pathCheckBytes="48Gi"))
+        try:
+            check, cid = self.running_path_check("look-a", "a")
+            self.assertEqual(check["metadata"]["ownerReferences"][0]["name"], "look-a")
+            self.assertIn(self.store.delete("rdmadrainplans", NS, "look-a")[0], (200, 202))
+            wait_for(lambda: self.get("look-a-paths", "rdmapathchecks") is None, 20, "the path check to go")
+            self.assert_stopped_on_the_agents(cid, "a", "c")
+        finally:
+            self.store.delete("rdmapathchecks", NS, "look-a-paths")
+
     def test_a_node_without_an_agent_cannot_be_forecast(self):
         obj = self.wait_phase(self.create(plan("drain-x", "node-x"))["metadata"]["name"], ("Forecast", "Failed"))
         cond = {c["type"]: c for c in obj["status"]["conditions"]}["Forecast"]
