@@ -18,11 +18,18 @@ for ax, key in zip(axes[0], panels):
         rows = res["whole"]
         labels = ["%dM %s mf%d" % (r["mem_mib"], "idle" if r["dirty_mib_s"] == "idle" else "dirty", r["multifd"]) for r in rows]
         x = range(len(rows))
-        ax.bar([i - 0.2 for i in x], [r["direct"]["total_ms"] for r in rows], 0.4, label="direct (unix socket)")
-        ax.bar([i + 0.2 for i in x], [r["agents"]["total_ms"] for r in rows], 0.4, label="through rdmig agents (TCP)")
+        for off, way, label in ((-0.2, "direct", "direct (unix socket)"), (0.2, "agents", "through rdmig agents (TCP)")):
+            med = [r[way]["total_ms"] or 0 for r in rows]
+            # The spread (min-max) as error bars and every run as a dot, where results.json has them.
+            lo = [m - ((r.get("spread") or {}).get(way, {}).get("total_ms") or {"min": m})["min"] for m, r in zip(med, rows)]
+            hi = [((r.get("spread") or {}).get(way, {}).get("total_ms") or {"max": m})["max"] - m for m, r in zip(med, rows)]
+            ax.bar([i + off for i in x], med, 0.4, yerr=[lo, hi], capsize=3, label=label)
+            for i, r in enumerate(rows):
+                pts = [p["total_ms"] for p in r.get(way + "_runs", []) if p.get("total_ms") is not None]
+                ax.plot([i + off] * len(pts), pts, "k.", markersize=3)
         ax.set_xticks(list(x))
         ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
-        ax.set_ylabel("QEMU total time (ms), median")
+        ax.set_ylabel("QEMU total time (ms): median, min-max, each run")
         ax.set_title("Whole migrations")
         ax.legend(fontsize=8)
     elif key == "sweep_tcp":

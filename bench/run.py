@@ -396,8 +396,20 @@ def section_postcopy(work, args, results):
                                           fmt(med_of("agents", "per_request_us")), row["mismatches"]), flush=True)
 
 
+WHOLE_KEYS = ("total_ms", "downtime_ms", "switchover_ms", "e2e_ms", "bytes")
+
+
 def summarize(runs):
-    return {k: med([r[k] for r in runs]) for k in ("total_ms", "downtime_ms", "switchover_ms", "e2e_ms", "bytes")}
+    return {k: med([r[k] for r in runs]) for k in WHOLE_KEYS}
+
+
+def spreads(runs):
+    """Every figure's min and max over the runs (None where no run had it)."""
+    out = {}
+    for k in WHOLE_KEYS:
+        xs = [r[k] for r in runs if r.get(k) is not None]
+        out[k] = {"min": min(xs), "max": max(xs)} if xs else None
+    return out
 
 
 def section_whole(work, agents, args, results):
@@ -418,8 +430,13 @@ def section_whole(work, agents, args, results):
                         via.append(chain.run("agents", run_agents, agents, mf))
                         agent_bytes += via[-1]["bytes"] or 0
                     d, v = summarize(direct), summarize(via)
+                    # Every run's figures (in the order they ran, direct and agents interleaved) and
+                    # their spread, not only the medians: one run on a noisy machine means little.
                     row = {"mem_mib": mem, "dirty_mib_s": "idle" if dirty == 0 else "continuous %d MiB passes" % dirty,
                            "multifd": mf, "direct": d, "agents": v, "runs": args.runs,
+                           "direct_runs": [{k: r.get(k) for k in WHOLE_KEYS} for r in direct],
+                           "agents_runs": [{k: r.get(k) for k in WHOLE_KEYS} for r in via],
+                           "spread": {"direct": spreads(direct), "agents": spreads(via)},
                            "total_ratio": ratio(v["total_ms"], d["total_ms"]),
                            "downtime_ratio": ratio(v["downtime_ms"], d["downtime_ms"]),
                            "switchover_ratio": ratio(v["switchover_ms"], d["switchover_ms"]),
@@ -682,16 +699,22 @@ def write_markdown(results, path):
               "", "Failovers per cut run: %s. Last: %s" % (f["failovers"], f["last"]), ""]
     if "whole" in results:
         L += ["## Whole migrations: direct QEMU-to-QEMU (unix socket) vs through two rdmig agents (TCP)", "",
-              "Medians of %d interleaved runs each. total = QEMU's total-time; downtime = QEMU's figure; switchover = "
+              "Medians (min-max) of %d interleaved runs each; every run's figures are in results.json "
+              "(`direct_runs`, `agents_runs`). total = QEMU's total-time; downtime = QEMU's figure; switchover = "
               "source STOP to target RESUME; e2e = from the first command to the target's RESUME." % results["whole"][0]["runs"], "",
               "| guest | dirtying | multifd | total direct / agents (ms) | ratio | downtime direct / agents (ms) | ratio | switchover direct / agents (ms) | e2e ratio |",
               "|---|---|---|---|---|---|---|---|---|"]
+
+        def ranged(r, way, k, spec="%.0f"):
+            sp = (r.get("spread") or {}).get(way, {}).get(k)
+            v = fmt(r[way][k], spec)
+            return "%s (%s-%s)" % (v, fmt(sp["min"], spec), fmt(sp["max"], spec)) if sp else v
         for r in results["whole"]:
-            d, v = r["direct"], r["agents"]
             L.append("| %d MiB | %s | %d | %s / %s | %s | %s / %s | %s | %s / %s | %s |" % (
-                r["mem_mib"], r["dirty_mib_s"], r["multifd"], fmt(d["total_ms"]), fmt(v["total_ms"]), fmt(r["total_ratio"], "%.2f"),
-                fmt(d["downtime_ms"]), fmt(v["downtime_ms"]), fmt(r["downtime_ratio"], "%.2f"),
-                fmt(d["switchover_ms"], "%.1f"), fmt(v["switchover_ms"], "%.1f"), fmt(r["e2e_ratio"], "%.2f")))
+                r["mem_mib"], r["dirty_mib_s"], r["multifd"], ranged(r, "direct", "total_ms"), ranged(r, "agents", "total_ms"),
+                fmt(r["total_ratio"], "%.2f"), ranged(r, "direct", "downtime_ms"), ranged(r, "agents", "downtime_ms"),
+                fmt(r["downtime_ratio"], "%.2f"), ranged(r, "direct", "switchover_ms", "%.1f"),
+                ranged(r, "agents", "switchover_ms", "%.1f"), fmt(r["e2e_ratio"], "%.2f")))
         tr = [r["total_ratio"] for r in results["whole"] if r["total_ratio"]]
         dr = [r["downtime_ratio"] for r in results["whole"] if r["downtime_ratio"]]
         L += ["", "Median ratio over all rows: total %.2f (goal <= 1.10), downtime %.2f (goal <= 1.2)." % (
