@@ -1049,6 +1049,11 @@ class AgentMigrationTest(unittest.TestCase):
             self.assertLess(time.monotonic(), deadline, "no switch to post-copy")
             self.assertNotIn(a.get(source["id"])["phase"], ("Succeeded", "Failed", "Cancelled"))
             time.sleep(0.05)
+        # The target QEMU enters post-copy only once the switch reaches it through the stream; an
+        # incoming stream broken before that fails its migration and QEMU exits (nothing to recover).
+        while dst.qmp("query-migrate").get("status") != "postcopy-active":
+            self.assertLess(time.monotonic(), deadline, "the target QEMU did not enter post-copy")
+            time.sleep(0.05)
         killed, kmid, survivor, smid = (a, source["id"], b, target["id"]) if which == "source" else \
             (b, target["id"], a, source["id"])
         # What is on disk: 0600 in the 0700 stateDir, the session's name and channel key, never a token.
