@@ -123,6 +123,9 @@ Agent::Agent(Prepared prepared)
 Agent::~Agent() = default;
 
 int Agent::start(const std::string& ports_file) {
+  // Post-copy migrations this agent ran when it died are taken up before any peer can reach it:
+  // the other agent's recovery dials must find them (docs/api.md "Post-copy recovery").
+  manager_.restore_postcopy_records();
   if (auto st = data_plane_.start(); !st) {
     return fail(st.error().message, st.error().code == Errc::kFailedPrecondition ? 2 : 1);
   }

@@ -383,6 +383,13 @@ const char* Job::failure_of(Errc code) {
 }
 
 void Job::finish(Phase phase, const std::string& reason, const char* failure) {
+  // The migration's post-copy record goes before its end shows: nothing restores an ended one.
+  if (record_) {
+    remove_postcopy_record(ctx_.config.state_dir, spec_.id);
+    LOG_INFO("migration") << log_prefix() << " post-copy record " << postcopy_record_path(ctx_.config.state_dir, spec_.id)
+                          << " removed: the migration ends";
+    record_.reset();
+  }
   refresh_data_counters();
   std::string result;
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - created_).count();
@@ -414,6 +421,24 @@ void Job::finish(Phase phase, const std::string& reason, const char* failure) {
                           << " B, received " << r.bytes_received << " B";
   }
   if (qmp_) qmp_->close();  // free the monitor for other clients
+}
+
+void Job::save_record(const std::string& state) {
+  const uint32_t seconds = ctx_.config.migration.postcopy_recovery_seconds;
+  if (!record_ || seconds == 0 || spec_.multifd_channels > 0) return;
+  record_->state = state;
+  record_->recoveries = status().post_copy.recoveries;
+  record_->recovery_seconds = seconds;
+  record_->alive_at_ms = wall_clock_ms();
+  record_saved_ = std::chrono::steady_clock::now();
+  if (auto st = write_postcopy_record(ctx_.config.state_dir, *record_); !st) {
+    LOG_WARN("migration") << log_prefix() << " " << st.error().message
+                          << ": a restart of this agent during post-copy would not resume the migration";
+  }
+}
+
+void Job::keep_record_alive() {
+  if (record_ && std::chrono::steady_clock::now() - record_saved_ >= std::chrono::seconds(5)) save_record(record_->state);
 }
 
 Result<std::unique_ptr<transport::TlsStream>> Job::channel_tls(int fd, transport::TlsStream::Role role,

@@ -20,6 +20,7 @@
 #include "common/mutex.h"
 #include "config/agent_config.h"
 #include "metrics/metrics.h"
+#include "migration/postcopy_record.h"
 #include "migration/types.h"
 #include "qemu/qmp_client.h"
 #include "session/control_link.h"
@@ -206,6 +207,19 @@ class Job {
   // status and run state, "unreadable" for either it cannot read), and its migration status alone.
   std::pair<std::string, std::string> qemu_state();
   int qemu_pid_ = 0;  // set by derived constructors from the QMP connection
+
+  // Post-copy's record on disk (postcopy_record.h), so that this agent can take part in a recovery
+  // after it restarted: set by the derived job at the switch (record_), written with `state`
+  // ("postcopy", "recovering") by save_record, refreshed at most every 5 s by keep_record_alive,
+  // removed by finish(). Not kept when recovery is off (migration.postCopyRecoverySeconds 0) or
+  // with multifd (not recovered). A write that fails is logged, never fails the migration. Worker
+  // thread only.
+  void save_record(const std::string& state);
+  void keep_record_alive();
+  std::optional<PostcopyRecord> record_;
+  std::chrono::steady_clock::time_point record_saved_{};
+  // This job was restored from its record after the agent restarted (SourceJob/TargetJob::restore).
+  bool restored_ = false;
 
   // Owned by the worker thread (and torn down in this order: pumps, channels, link, qmp).
   std::unique_ptr<qemu::QmpClient> qmp_;

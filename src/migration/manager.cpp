@@ -1,6 +1,7 @@
 #include "migration/manager.h"
 
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <climits>
 #include <cstdlib>
@@ -279,14 +280,7 @@ Result<json> MigrationManager::create(MigrationSpec spec) {
     reserved_.erase(spec.id);
   };
 
-  JobContext ctx{config_, metrics_, server_.advertise_host(), server_.port(), server_.rdma(),
-                 [this](const std::string& done) {
-                   {
-                     MutexLock relock(mu_);
-                     reap_queue_.push_back(done);
-                   }
-                   reap_cv_.notify_one();
-                 }};
+  JobContext ctx = job_context();
   json body;
   std::shared_ptr<Job> job;
   if (spec.role == Role::kTarget) {
@@ -323,6 +317,89 @@ Result<json> MigrationManager::create(MigrationSpec spec) {
                         << " created channels=" << spec.channels() << " chunkSize=" << format_quantity(spec.chunk_size)
                         << " ringDepth=" << spec.ring_depth << " buffers=" << format_quantity(need);
   return body;
+}
+
+JobContext MigrationManager::job_context() {
+  return JobContext{config_, metrics_, server_.advertise_host(), server_.port(), server_.rdma(),
+                    [this](const std::string& done) {
+                      {
+                        MutexLock relock(mu_);
+                        reap_queue_.push_back(done);
+                      }
+                      reap_cv_.notify_one();
+                    }};
+}
+
+void MigrationManager::restore_postcopy_records() {
+  const std::string& dir = config_.state_dir;
+  for (const auto& id : postcopy_record_ids(dir)) {
+    const std::string path = postcopy_record_path(dir, id);
+    const auto drop = [&](const std::string& why) {
+      LOG_WARN("migration") << "post-copy record " << path << " not acted on, removed: " << why;
+      ::unlink(path.c_str());
+    };
+    auto record = read_postcopy_record(path, id);
+    if (!record) {
+      drop(record.error().message);
+      continue;
+    }
+    const auto& r = record.value();
+    const std::string what = "migration " + r.id + " (" + role_name(r.role) + ", vm " + r.vm + ", QEMU " + r.qmp_socket + ")";
+    if (config_.migration.postcopy_recovery_seconds == 0) {
+      drop(what + ": post-copy recovery is off on this agent (migration.postCopyRecoverySeconds 0)");
+      continue;
+    }
+    if (postcopy_record_expired(r, session::wall_clock_ms())) {
+      drop(what + ": older than its recovery deadline (last written " +
+           std::to_string((session::wall_clock_ms() - r.alive_at_ms) / 1000) + " s ago, deadline " +
+           std::to_string(r.recovery_seconds) + " s): the peer agent has given up; recover by hand "
+           "(docs/runbooks/RdmigPostcopySplit.md)");
+      continue;
+    }
+    auto resolved = resolve_qmp_socket(r.qmp_socket, config_.migration.qmp_socket_roots);
+    if (!resolved) {
+      drop(what + ": " + resolved.error().message);
+      continue;
+    }
+    if (resolved.value() != r.qmp_socket) {
+      drop(what + ": qmpSocket now resolves to '" + resolved.value() + "', not the socket the migration used");
+      continue;
+    }
+    std::shared_ptr<Job> job;
+    if (r.role == Role::kSource) {
+      auto s = SourceJob::restore(r, job_context());
+      if (!s) {
+        drop(what + ": its QEMU is gone (" + s.error().message + ")");
+        continue;
+      }
+      job = std::shared_ptr<Job>(std::move(s.value()));
+    } else {
+      auto t = TargetJob::restore(r, job_context());
+      if (!t) {
+        drop(what + ": its QEMU is gone (" + t.error().message + ")");
+        continue;
+      }
+      job = std::shared_ptr<Job>(std::move(t.value()));
+    }
+    bool taken = false;
+    {
+      MutexLock lock(mu_);
+      taken = taken_locked(r.id);
+      if (!taken) {
+        jobs_.emplace(r.id, job);
+        order_.push_back(r.id);
+      }
+    }
+    if (taken) {
+      drop(what + ": a migration with this id exists already");
+      continue;
+    }
+    LOG_WARN("migration") << "post-copy record " << path << ": " << what
+                          << " taken up again after this agent restarted (state " << r.state << ", "
+                          << r.recoveries << " recoveries before)";
+    if (auto* t = dynamic_cast<TargetJob*>(job.get())) t->start_restored();
+    if (auto* s = dynamic_cast<SourceJob*>(job.get())) s->start_restored();
+  }
 }
 
 uint64_t MigrationManager::buffer_bytes_in_use() const {

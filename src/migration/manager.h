@@ -33,6 +33,13 @@ class MigrationManager {
   MigrationManager(const MigrationManager&) = delete;
   MigrationManager& operator=(const MigrationManager&) = delete;
 
+  // At start-up, before the data plane serves: takes up the post-copy migrations whose records
+  // (postcopy_record.h) this agent left in stateDir when it died. A record that is unreadable,
+  // refused by its checks, older than its recovery deadline, or whose QEMU is gone is named in the
+  // log and removed, never acted on; every other becomes a job again that checks its QEMU is
+  // postcopy-paused and takes part in the recovery (docs/api.md "Post-copy recovery").
+  void restore_postcopy_records();
+
   // Starts a migration; answers the REST body for 201 (target: endpoint and token).
   Result<nlohmann::json> create(MigrationSpec spec);
   std::vector<MigrationStatus> list() const;
@@ -54,6 +61,7 @@ class MigrationManager {
 
  private:
   void handle_hello(UniqueFd fd, const nlohmann::json& raw);
+  JobContext job_context();
   std::shared_ptr<Job> find(const std::string& id) const EXCLUDES(mu_);
   // Drops the oldest finished jobs past the history size into `graveyard`, which the caller
   // destroys after releasing mu_ (destroying a job joins its worker).

@@ -43,4 +43,13 @@ std::string stuck_postcopy_reason(const StuckPostcopy& s) {
   return r;
 }
 
+std::string restart_not_recoverable_reason(Role role, const std::string& qemu) {
+  const std::string own = role == Role::kSource ? "source" : "target";
+  return "this agent restarted during post-copy and found its record of the migration, but the " + own +
+         " QEMU is in " + qemu + ", not '" + kPostcopyPaused +
+         "': there is nothing to resume, so rdmig leaves it exactly as it is (no cont, no migrate_cancel, no "
+         "migrate-pause). Look at both QEMUs (query-migrate, query-status) before acting; "
+         "docs/runbooks/RdmigPostcopySplit.md";
+}
+
 }  // namespace rdmig::migration

@@ -48,4 +48,9 @@ struct StuckPostcopy {
 };
 std::string stuck_postcopy_reason(const StuckPostcopy& s);
 
+// Why a job restored after this agent restarted (postcopy_record.h) is not resumed: its QEMU
+// (`qemu`: describe_qemu) is not postcopy-paused, so there is nothing a recovery can resume, and
+// rdmig leaves that QEMU exactly as it is.
+std::string restart_not_recoverable_reason(Role role, const std::string& qemu);
+
 }  // namespace rdmig::migration

@@ -210,6 +210,7 @@ Result<qemu::MigrationInfo> SourceJob::monitor() {
     if (auto st = maybe_switch_to_postcopy(info.value(), std::chrono::steady_clock::now() - started); !st) {
       return st.error();
     }
+    if (postcopy_switched_) keep_record_alive();
     if (info->status == "completed") {
       // QEMU 7.2 sets "completed" (and sends the event) just before it computes total-time
       // and downtime: ask again until they are filled in.
@@ -534,27 +535,31 @@ void SourceJob::run() {
     fail_and_protect_vm(st.error().with_context("starting the migration"), false);
   } else {
     set_phase(Phase::kMigrating);
-    auto info = monitor();
-    for (;;) {
-      if (info) {
-        complete(info.value());
-        break;
-      }
-      // Past the switch a lost link is recovered over a fresh channel where it can be.
-      const auto r = postcopy_switched_ ? recover_postcopy(info.error()) : Recovery::kNotRecoverable;
-      if (r == Recovery::kResumed) {
-        info = monitor();
-        continue;
-      }
-      if (r == Recovery::kNotRecoverable) {
-        fail_and_protect_vm(info.error(), info.error().code == Errc::kCancelled && cancel_requested());
-      }
-      break;
-    }
+    monitor_to_end();
   }
   stop_accepting();
   ::unlink(socket_path_.c_str());
   abort_data_plane(Error{Errc::kCancelled, "migration finished"});
+}
+
+void SourceJob::monitor_to_end() {
+  auto info = monitor();
+  for (;;) {
+    if (info) {
+      complete(info.value());
+      break;
+    }
+    // Past the switch a lost link is recovered over a fresh channel where it can be.
+    const auto r = postcopy_switched_ ? recover_postcopy(info.error()) : Recovery::kNotRecoverable;
+    if (r == Recovery::kResumed) {
+      info = monitor();
+      continue;
+    }
+    if (r == Recovery::kNotRecoverable) {
+      fail_and_protect_vm(info.error(), info.error().code == Errc::kCancelled && cancel_requested());
+    }
+    break;
+  }
 }
 
 }  // namespace rdmig::migration

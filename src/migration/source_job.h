@@ -15,13 +15,24 @@ class SourceJob final : public Job {
  public:
   // Connects to QMP and checks the VM can be migrated; errors are the caller's (REST 4xx).
   static Result<std::unique_ptr<SourceJob>> create(MigrationSpec spec, JobContext ctx);
+  // The job of a post-copy migration this agent ran before it restarted, from its record
+  // (postcopy_record.h): connected to its QEMU's monitor, with the session's name and channel key,
+  // switched. start_restored() then checks the QEMU is postcopy-paused and recovers (or reports
+  // what it sees and touches nothing). An error when the QEMU's monitor cannot be reached.
+  static Result<std::unique_ptr<SourceJob>> restore(const PostcopyRecord& record, JobContext ctx);
   ~SourceJob() override;
   void start();
+  void start_restored();
 
  private:
   SourceJob(MigrationSpec spec, JobContext ctx, std::unique_ptr<qemu::QmpClient> qmp,
             bool was_running);
   void run();
+  void run_restored();
+  // From the migration's start (or its recovery) to its end: monitor(), recovered past the switch
+  // where a lost link can be, then complete() or the failure.
+  void monitor_to_end();
+  PostcopyRecord make_record() const;
   // The session handshake and the dials (source_dial.cpp): control connection, welcome, channels.
   Status connect_data_plane();
   // One RDMA channel per QEMU connection to the target's rdmaEndpoint (from its welcome), each

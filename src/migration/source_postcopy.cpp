@@ -46,10 +46,17 @@ Status SourceJob::maybe_switch_to_postcopy(const qemu::MigrationInfo& info,
   // the switch (monitor() ends the migration, the VM stays here); once agreed, cancels are refused.
   if (!agree_postcopy_switch()) return ok_status();
   if (target_agrees_) RDMIG_TRY(agree_switch_with_target(trigger, info.dirty_sync_count));
+  // On disk before the switch: an agent that dies right after it can still take part in a recovery.
+  record_ = make_record();
+  save_record("postcopy");
   auto r = qmp_->execute("migrate-start-postcopy", {}, kQmpTimeout);
   if (!r) return r.error().with_context("postCopy: source QEMU's migrate-start-postcopy");
   postcopy_switched_ = true;
   postcopy_at_ = std::chrono::steady_clock::now();
+  if (record_) {
+    record_->switched_at_ms = wall_clock_ms();
+    save_record("postcopy");
+  }
   const auto after_ms = std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count();
   LOG_INFO("migration") << log_prefix() << " switched to post-copy (" << trigger << ") after " << after_ms
                         << " ms at pass " << info.dirty_sync_count;
@@ -177,6 +184,7 @@ SourceJob::Recovery SourceJob::recover_postcopy(const Error& why) {
     s.post_copy.source_qemu = first;
     s.post_copy.target_qemu.clear();
   });
+  save_record("recovering");
   stop_accepting();
   listener_.reset();
   retire_data_plane(why.message);
@@ -184,7 +192,8 @@ SourceJob::Recovery SourceJob::recover_postcopy(const Error& why) {
   std::string state = first, status = first_status;
   bool paused_by_hand = false;
   for (const auto wait_from = steady_clock::now(); recovery_step(status) == RecoveryStep::kWait;) {
-    if (!paused_by_hand && steady_clock::now() - wait_from > 5s) {
+    // A job restored after a restart only looks: its QEMU lost the agent's connection at once.
+    if (!paused_by_hand && !restored_ && steady_clock::now() - wait_from > 5s) {
       (void)qmp_->execute("migrate-pause", {}, kQmpTimeout);
       paused_by_hand = true;
     }
@@ -226,9 +235,11 @@ SourceJob::Recovery SourceJob::recover_postcopy(const Error& why) {
         s.post_copy.paused_ms = paused_before + took_ms;
         s.post_copy.source_qemu = qemu_state().first;
       });
+      save_record("postcopy");
       set_phase(Phase::kMigrating);
       return Recovery::kResumed;
     }
+    keep_record_alive();
     last = st.error().message;
     LOG_INFO("migration") << log_prefix() << " post-copy recovery try " << attempt << ": " << last;
     update([&](MigrationStatus& s) { s.post_copy.recovery_last_try = last; });
@@ -252,6 +263,82 @@ SourceJob::Recovery SourceJob::recover_postcopy(const Error& why) {
          stuck_postcopy_reason(StuckPostcopy{Role::kSource, why.message, seconds, attempt, last, now_state, ""}),
          "postcopy_split");
   return Recovery::kFinished;
+}
+
+PostcopyRecord SourceJob::make_record() const {
+  PostcopyRecord r;
+  r.id = spec_.id;
+  r.role = Role::kSource;
+  r.vm = spec_.vm;
+  r.qmp_socket = spec_.qmp_socket;
+  r.peer = net::format_endpoint(spec_.target.host, spec_.target.port);
+  r.target_migration_id = spec_.target.migration_id;
+  r.session = session_;
+  r.channel_key = channel_key_;
+  r.chunk_size = spec_.chunk_size;
+  r.ring_depth = spec_.ring_depth;
+  r.verify_chunks = spec_.verify_chunks;
+  r.post_copy_mode = post_copy_mode_name(spec_.post_copy.mode);
+  r.completion_timeout_seconds = spec_.completion_timeout_seconds;
+  r.no_progress_timeout_seconds = spec_.no_progress_timeout_seconds;
+  return r;
+}
+
+Result<std::unique_ptr<SourceJob>> SourceJob::restore(const PostcopyRecord& record, JobContext ctx) {
+  auto ep = net::parse_endpoint(record.peer, "peer");
+  if (!ep) return ep.error();
+  MigrationSpec spec;
+  spec.role = Role::kSource;
+  spec.id = record.id;
+  spec.vm = record.vm;
+  spec.qmp_socket = record.qmp_socket;
+  spec.chunk_size = record.chunk_size;
+  spec.ring_depth = record.ring_depth;
+  spec.transport = TransportKind::kTcp;  // a recovery's fresh channel runs over TCP
+  spec.verify_chunks = record.verify_chunks;
+  spec.target = TargetRef{ep->host, ep->port, record.target_migration_id, ""};
+  spec.completion_timeout_seconds = record.completion_timeout_seconds;
+  spec.no_progress_timeout_seconds = record.no_progress_timeout_seconds;
+  spec.post_copy.mode = record.post_copy_mode == "auto" ? PostCopyMode::kAuto : PostCopyMode::kAfter;
+  auto qmp = qemu::QmpClient::connect(spec.qmp_socket, 5s);
+  if (!qmp) return qmp_check_failed(spec.qmp_socket, "its greeting", qmp.error());
+  auto job = std::unique_ptr<SourceJob>(new SourceJob(std::move(spec), ctx, std::move(qmp.value()), true));
+  job->session_ = record.session;
+  job->channel_key_ = record.channel_key;
+  job->transport_ = "tcp";
+  job->postcopy_switched_ = true;
+  job->postcopy_at_ = std::chrono::steady_clock::now();
+  job->record_ = record;
+  job->restored_ = true;
+  (void)job->agree_postcopy_switch();  // cancels through the API are refused, as before the restart
+  job->update([&](MigrationStatus& s) {
+    s.transport = "tcp";
+    s.transport_reason = "post-copy recovery after a restart";
+    s.post_copy.switched = true;
+    s.post_copy.switched_at_ms = record.switched_at_ms;
+    s.post_copy.recoveries = record.recoveries;
+    s.post_copy.after_restart = true;
+  });
+  return job;
+}
+
+void SourceJob::start_restored() {
+  start_worker([this] { run_restored(); });
+}
+
+void SourceJob::run_restored() {
+  const Error why{Errc::kUnavailable, "this agent restarted during post-copy (its record " +
+                                          postcopy_record_path(ctx_.config.state_dir, spec_.id) + ")"};
+  LOG_WARN("migration") << log_prefix() << " restored from its post-copy record after a restart: source QEMU "
+                        << qemu_state().first << "; taking part in the recovery";
+  const auto r = recover_postcopy(why);
+  if (r == Recovery::kResumed) {
+    monitor_to_end();
+  } else if (r == Recovery::kNotRecoverable) {
+    finish(Phase::kFailed, restart_not_recoverable_reason(Role::kSource, qemu_state().first), "postcopy_split");
+  }
+  stop_accepting();
+  abort_data_plane(Error{Errc::kCancelled, "migration finished"});
 }
 
 Result<UniqueFd> SourceJob::dial_recovery(bool control, std::chrono::milliseconds left) {

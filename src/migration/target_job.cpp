@@ -162,6 +162,7 @@ void TargetJob::on_control(UniqueFd fd, const session::Hello& hello, const std::
     return;
   }
   token_used_ = true;
+  source_address_ = net::peer_address(fd.get());
   session_ = random_hex(16);  // names the session; its channels prove channel_key_
   channel_key_ = transport::channel_key(token_, hello.nonce, nonce, session_);
   transport_ = chosen;
@@ -214,6 +215,13 @@ void TargetJob::on_data(UniqueFd fd, const session::Hello& hello, const std::str
     MutexLock lock(conn_mu_);
     if (!token_used_ || !constant_time_equal(hello.session, session_)) {
       reject(fd.get(), "permission_denied", kHelloRefused);
+      return;
+    }
+    if (restored_ && !hello.recover) {
+      // Restored after a restart (restore()): only the recovery's fresh connections belong here.
+      reject(fd.get(), "permission_denied", "migration " + spec_.id +
+                                                " was taken up again after this agent restarted: only a post-copy "
+                                                "recovery's connections (hello.recover) are admitted");
       return;
     }
     if (hello.recover) {
@@ -627,6 +635,16 @@ Status TargetJob::monitor() {
     gauges_.transferred->Set(static_cast<double>(received));
     if (post_copy_) {
       record_postcopy(info.value());
+      if (status().post_copy.switched) {
+        if (!record_) {  // a source that switched without asking first
+          record_ = make_record();
+          save_record("postcopy");
+        } else if (record_->switched_at_ms == 0) {
+          record_->switched_at_ms = status().post_copy.switched_at_ms;
+          save_record(record_->state);
+        }
+        keep_record_alive();
+      }
       // In post-copy this QEMU runs the VM with pages still on the source: a cancel (the agent
       // shutting down) would lose them, so post-copy runs to its end (docs/api.md). Checked
       // after this poll's look at QEMU; with the switch agreement (source_asks_) a cancel accepted
@@ -686,6 +704,9 @@ Status TargetJob::monitor() {
       // wins, and its verdict (result ok:false) tells the source not to switch.
       if (!agree_postcopy_switch()) return Error{Errc::kCancelled, cancel_reason()};
       LOG_INFO("migration") << log_prefix() << " agreed to the source's post-copy switch: cancels are refused from now on";
+      // On disk before the source switches: an agent that dies right after can still recover.
+      record_ = make_record();
+      save_record("postcopy");
       RDMIG_TRY(link_->send(session::message(session::MessageKind::kPostcopySwitchOk)));
       continue;
     }
@@ -846,7 +867,11 @@ void TargetJob::run() {
     }
   }
   set_phase(Phase::kMigrating);
-  st = monitor();
+  monitor_to_end();
+}
+
+void TargetJob::monitor_to_end() {
+  Status st = monitor();
   while (!st && post_copy_ && status().post_copy.switched) {
     // Past the switch a lost link is recovered over a fresh channel where it can be.
     const auto r = recover_postcopy(st.error());

@@ -18,8 +18,15 @@ namespace rdmig::migration {
 class TargetJob final : public Job {
  public:
   static Result<std::unique_ptr<TargetJob>> create(MigrationSpec spec, JobContext ctx);
+  // The job of a post-copy migration this agent ran before it restarted, from its record
+  // (postcopy_record.h): connected to its QEMU's monitor and admitting the session's recovery
+  // connections (proved with the record's channel key). start_restored() then waits for the source
+  // agent's recovery as recover_postcopy() does, or reports its QEMU's state and touches nothing
+  // when that QEMU is not postcopy-paused. An error when the QEMU's monitor cannot be reached.
+  static Result<std::unique_ptr<TargetJob>> restore(const PostcopyRecord& record, JobContext ctx);
   ~TargetJob() override;
   void start();
+  void start_restored();
 
   const std::string& token() const { return token_; }
   // Called by the data-plane server's thread with a connection that said hello. Replies
@@ -45,6 +52,11 @@ class TargetJob final : public Job {
       REQUIRES(conn_mu_);
   TargetJob(MigrationSpec spec, JobContext ctx, std::unique_ptr<qemu::QmpClient> qmp);
   void run();
+  void run_restored();
+  // From the pumps' start (or a recovery) to the migration's end: monitor(), recovered past the
+  // switch where a lost link can be, then the verdict to the source.
+  void monitor_to_end();
+  PostcopyRecord make_record();
   Status wait_for_source();
   // While waiting for the channels: the source's "fallback" (RDMA to this agent failed: carry
   // the migration over TCP instead) or "abort". Called with conn_mu_ held.
@@ -106,6 +118,7 @@ class TargetJob final : public Job {
   std::string socket_path_;
   std::string transport_ GUARDED_BY(conn_mu_);
   std::string transport_reason_ GUARDED_BY(conn_mu_);
+  std::string source_address_ GUARDED_BY(conn_mu_);  // the source agent's control connection came from here
   bool verify_chunks_ GUARDED_BY(conn_mu_) = false;  // from the source's hello, set with transport_
   bool failover_ GUARDED_BY(conn_mu_) = false;  // confirmed in the welcome (both agents have dataPlane.failover on)
   // Confirmed in the welcome too ("failoverRails"): a channel's re-dial may come over another rail

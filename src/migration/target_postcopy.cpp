@@ -71,6 +71,7 @@ TargetJob::Recovery TargetJob::recover_postcopy(const Error& why) {
     s.post_copy.target_qemu = state;
     s.post_copy.source_qemu.clear();
   });
+  save_record("recovering");
   retire_data_plane(why.message);
   uint32_t attempt = 0;
   std::string last;
@@ -78,12 +79,17 @@ TargetJob::Recovery TargetJob::recover_postcopy(const Error& why) {
   while (steady_clock::now() < deadline && !refused) {
     std::unique_ptr<ControlLink> link;
     {
+      // Waits in slices: the record on disk says between them that this agent still recovers.
       MutexLock lock(conn_mu_);
-      while (!recover_control_fd_.valid() && steady_clock::now() < deadline) lock.wait_for(conn_cv_, 200ms);
-      if (!recover_control_fd_.valid()) break;
-      link = std::make_unique<ControlLink>(std::move(recover_control_fd_));
-      recover_asked_ = false;
+      const auto slice = std::min(deadline, steady_clock::now() + 2s);
+      while (!recover_control_fd_.valid() && steady_clock::now() < slice) lock.wait_for(conn_cv_, 200ms);
+      if (recover_control_fd_.valid()) {
+        link = std::make_unique<ControlLink>(std::move(recover_control_fd_));
+        recover_asked_ = false;
+      }
     }
+    keep_record_alive();
+    if (!link) continue;
     ++attempt;
     update([&](MigrationStatus& s) {
       s.post_copy.recovery_tries = attempt;
@@ -103,6 +109,7 @@ TargetJob::Recovery TargetJob::recover_postcopy(const Error& why) {
         s.post_copy.paused_ms = paused_before + took_ms;
         s.post_copy.target_qemu = after;
       });
+      save_record("postcopy");
       set_phase(Phase::kMigrating);
       return Recovery::kResumed;
     }
@@ -128,6 +135,98 @@ TargetJob::Recovery TargetJob::recover_postcopy(const Error& why) {
                                              now_state, ""}),
          "postcopy_split");
   return Recovery::kFinished;
+}
+
+PostcopyRecord TargetJob::make_record() {
+  PostcopyRecord r;
+  r.id = spec_.id;
+  r.role = Role::kTarget;
+  r.vm = spec_.vm;
+  r.qmp_socket = spec_.qmp_socket;
+  {
+    MutexLock lock(conn_mu_);
+    r.peer = source_address_;
+    r.session = session_;
+    r.channel_key = channel_key_;
+    r.verify_chunks = verify_chunks_;
+  }
+  r.chunk_size = spec_.chunk_size;
+  r.ring_depth = spec_.ring_depth;
+  r.post_copy_mode = "requested";
+  r.completion_timeout_seconds = spec_.completion_timeout_seconds;
+  r.no_progress_timeout_seconds = spec_.no_progress_timeout_seconds;
+  r.switched_at_ms = status().post_copy.switched_at_ms;
+  return r;
+}
+
+Result<std::unique_ptr<TargetJob>> TargetJob::restore(const PostcopyRecord& record, JobContext ctx) {
+  MigrationSpec spec;
+  spec.role = Role::kTarget;
+  spec.id = record.id;
+  spec.vm = record.vm;
+  spec.qmp_socket = record.qmp_socket;
+  spec.chunk_size = record.chunk_size;
+  spec.ring_depth = record.ring_depth;
+  spec.transport = TransportKind::kTcp;  // a recovery's fresh channel runs over TCP
+  spec.verify_chunks = record.verify_chunks;
+  spec.completion_timeout_seconds = record.completion_timeout_seconds;
+  spec.no_progress_timeout_seconds = record.no_progress_timeout_seconds;
+  auto qmp = qemu::QmpClient::connect(spec.qmp_socket, 5s);
+  if (!qmp) return qmp_check_failed(spec.qmp_socket, "its greeting", qmp.error());
+  std::unique_ptr<TargetJob> owned(new TargetJob(std::move(spec), ctx, std::move(qmp.value())));
+  TargetJob* job = owned.get();
+  {
+    MutexLock lock(job->conn_mu_);
+    // The session as before the restart: only a source that proves its channel key is admitted,
+    // and only for a recovery (recovery_open_, hello.recover).
+    job->token_used_ = true;
+    job->session_ = record.session;
+    job->channel_key_ = record.channel_key;
+    job->transport_ = "tcp";
+    job->transport_reason_ = "post-copy recovery after a restart";
+    job->verify_chunks_ = record.verify_chunks;
+    job->source_address_ = record.peer;
+    job->recovery_open_ = true;
+  }
+  job->post_copy_ = true;
+  job->incoming_started_ = true;
+  job->record_ = record;
+  job->restored_ = true;
+  (void)job->agree_postcopy_switch();  // cancels through the API are refused, as before the restart
+  job->update([&](MigrationStatus& s) {
+    s.transport = "tcp";
+    s.transport_reason = "post-copy recovery after a restart";
+    s.peer = record.peer;
+    s.post_copy.mode = "requested";
+    s.post_copy.switched = true;
+    s.post_copy.switched_at_ms = record.switched_at_ms;
+    s.post_copy.recoveries = record.recoveries;
+    s.post_copy.after_restart = true;
+  });
+  return owned;
+}
+
+void TargetJob::start_restored() {
+  start_worker([this] { run_restored(); });
+}
+
+void TargetJob::run_restored() {
+  const Error why{Errc::kUnavailable, "this agent restarted during post-copy (its record " +
+                                          postcopy_record_path(ctx_.config.state_dir, spec_.id) + ")"};
+  LOG_WARN("migration") << log_prefix() << " restored from its post-copy record after a restart: target QEMU "
+                        << qemu_state().first << "; waiting for the source agent's recovery";
+  const auto r = recover_postcopy(why);
+  if (r == Recovery::kResumed) {
+    monitor_to_end();
+    return;
+  }
+  if (r == Recovery::kNotRecoverable) {
+    {
+      MutexLock lock(conn_mu_);
+      recovery_open_ = false;
+    }
+    finish(Phase::kFailed, restart_not_recoverable_reason(Role::kTarget, qemu_state().first), "postcopy_split");
+  }
 }
 
 Status TargetJob::try_recovery(std::unique_ptr<ControlLink> link, uint32_t attempt,

@@ -51,7 +51,8 @@ nlohmann::json to_json(const PostCopyStatus& p) {
                                                                       {"tries", p.recovery_tries},
                                                                       {"lastTry", p.recovery_last_try.empty() ? json(nullptr) : json(p.recovery_last_try)},
                                                                       {"sourceQemu", p.source_qemu.empty() ? json(nullptr) : json(p.source_qemu)},
-                                                                      {"targetQemu", p.target_qemu.empty() ? json(nullptr) : json(p.target_qemu)}}}};
+                                                                      {"targetQemu", p.target_qemu.empty() ? json(nullptr) : json(p.target_qemu)},
+                                                                      {"afterRestart", p.after_restart}}}};
 }
 
 nlohmann::json to_json(const RailLeftOut& r) {

@@ -103,6 +103,9 @@ struct PostCopyStatus {
   std::string recovery_last_try;  // the last failed try's error
   std::string source_qemu;        // source QEMU's state during the recovery (its agent's view)
   std::string target_qemu;        // target QEMU's state during the recovery (its agent's view)
+  // This agent restarted during post-copy and took the migration up again from its record in
+  // stateDir (postcopy_record.h): the recovery that followed was after that restart.
+  bool after_restart = false;
 };
 nlohmann::json to_json(const PostCopyStatus& p);
 

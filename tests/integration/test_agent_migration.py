@@ -4,6 +4,7 @@ unprivileged as the chart runs them for bare QEMU (no capability; rdmiglab.profi
 Run from the repository root after building: python3 tests/integration/test_agent_migration.py -v
 (ctest runs it with label 'integration').
 """
+import json
 import os
 import shutil
 import signal
@@ -18,6 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from rdmiglab import Agent, QemuVm, cut_data_channels, ensure_guest, migrate_via_agents, parse_prometheus, start_migration  # noqa: E402
 from rdmiglab.linkcut import cut_control_connection, data_connections  # noqa: E402
 from rdmiglab.qemu import differing_pages, guest_fate, qemu_version, trixie_qemu  # noqa: E402
+from rdmiglab import wireproof  # noqa: E402
 
 MEM_MIB = 256
 # 256 MiB dirtying 16 MiB/s: a 512 MiB guest dirtying 64 MiB/s under QEMU 7.2 TCG (Debian
@@ -1089,6 +1091,87 @@ class AgentMigrationTest(unittest.TestCase):
         print("[post-copy recovery, link never back] run states: source %s, target %s"
               % (src.status(), dst.status()), file=sys.stderr)
         subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True)
+
+    # -- an agent killed (SIGKILL) during post-copy and restarted: its record in stateDir ------------
+    def kill_agent_in_postcopy_and_restart(self, which):
+        """A post-copy migration (stretched as above), its `which` agent ("source" or "target") killed
+        once it switched and started again on its data port with its stateDir: it takes the migration
+        up from its record, the other agent's recovery finds it, and the migration completes."""
+        a, b = self.recovery_agents(120)
+        src, dst = self.verifier_pair(target_paused=True)
+        src.qmp("migrate-set-parameters", **{"max-postcopy-bandwidth": 4 << 20})
+        target, source = start_migration(a, b, src.agent_qmp_path, dst.agent_qmp_path, vm="vm-pc-kill-" + which,
+                                         postCopy="after", maxBandwidthBytesPerSecond=self.POSTCOPY_BW,
+                                         completionTimeoutSeconds=240)
+        deadline = time.monotonic() + 120
+        while not a.get(source["id"])["postCopy"]["switched"]:
+            self.assertLess(time.monotonic(), deadline, "no switch to post-copy")
+            self.assertNotIn(a.get(source["id"])["phase"], ("Succeeded", "Failed", "Cancelled"))
+            time.sleep(0.05)
+        # The target QEMU enters post-copy only once the switch reaches it through the stream; an
+        # incoming stream broken before that fails its migration and QEMU exits (nothing to recover).
+        while dst.qmp("query-migrate").get("status") != "postcopy-active":
+            self.assertLess(time.monotonic(), deadline, "the target QEMU did not enter post-copy")
+            time.sleep(0.05)
+        killed, kmid, survivor, smid = (a, source["id"], b, target["id"]) if which == "source" else \
+            (b, target["id"], a, source["id"])
+        # What is on disk: 0600 in the 0700 stateDir, the session's name and channel key, never a token.
+        path = os.path.join(killed.state_dir, kmid + ".postcopy.json")
+        with open(path) as f:
+            text = f.read()
+        record = json.loads(text)
+        self.assertEqual(os.stat(path).st_mode & 0o777, 0o600)
+        self.assertEqual(os.stat(killed.state_dir).st_mode & 0o777, 0o700)
+        self.assertEqual((record["role"], record["id"]), (which, kmid))
+        self.assertEqual(len(record["channelKey"]), 64)
+        for secret in (a.token, b.token, target["token"]):
+            self.assertNotIn(secret, text)
+        killed.kill()
+        # The other agent recovers (both QEMUs pause); its tries fail while the killed agent is gone.
+        st = self.wait_recovering(survivor, smid)
+        self.assertEqual(st["phase"], "Recovering", st)
+        deadline = time.monotonic() + 30
+        while (src.qmp("query-migrate").get("status"), dst.qmp("query-migrate").get("status")) != \
+                ("postcopy-paused", "postcopy-paused"):
+            self.assertLess(time.monotonic(), deadline, "the QEMUs did not both pause")
+            time.sleep(0.1)
+        time.sleep(2)  # a few tries (the source's) against the dead agent
+        killed.restart()
+        self.assertIn("taken up again after this agent restarted", killed.log_text())
+        if which == "target":
+            # A re-dial that does not prove the persisted key: refused, nothing displaced.
+            hello = {"type": "hello", "protocol": wireproof.PROTOCOL, "kind": "data", "migrationId": kmid,
+                     "session": record["session"], "index": 0, "recover": True, "control": True}
+            sock, answer = wireproof.open_channel(b.data_port, hello, "00" * 32)
+            sock.close()
+            self.assertEqual((answer["type"], answer.get("code")), ("reject", "permission_denied"), answer)
+            self.assertIn("auth.proof", answer["message"])
+        s = a.wait(source["id"], timeout=240)
+        t = b.wait(target["id"], timeout=60)
+        print("\n[post-copy, %s agent killed and restarted] source %s\n[...] target %s"
+              % (which, s["postCopy"], t["postCopy"]), file=sys.stderr)
+        self.assertEqual(s["phase"], "Succeeded", s["result"]["reason"])
+        self.assertEqual(t["phase"], "Succeeded", t["result"]["reason"])
+        for st, restarted in ((s, which == "source"), (t, which == "target")):
+            self.assertEqual(st["postCopy"]["recovery"]["state"], "recovered", st["postCopy"])
+            self.assertGreaterEqual(st["postCopy"]["recovery"]["recoveries"], 1)
+            self.assertEqual(st["postCopy"]["recovery"]["afterRestart"], restarted, st["postCopy"])
+            self.assertTrue(st["postCopy"]["switched"])
+        self.assertIn("restarted during post-copy", (s if which == "source" else t)["postCopy"]["recovery"]["reason"])
+        self.assertEqual(s["result"]["targetState"], "paused")
+        for agent in (a, b):  # removed once the migration ended
+            self.assertEqual([n for n in os.listdir(agent.state_dir) if n.endswith(".postcopy.json")], [], agent.name)
+        last = src.verifier()["counter"]
+        dst.cont()
+        self.assertEqual(dst.status(), "running")
+        dst.wait_for_verifier(last + 3, timeout=120)
+        self.assert_verifier_clean(src, dst)
+
+    def test_postcopy_source_agent_killed_and_restarted_takes_the_migration_up_and_its_memory_verifies(self):
+        self.kill_agent_in_postcopy_and_restart("source")
+
+    def test_postcopy_target_agent_killed_and_restarted_takes_the_migration_up_and_its_memory_verifies(self):
+        self.kill_agent_in_postcopy_and_restart("target")
 
     def test_postcopy_after_the_first_pass_with_8_multifd_channels_and_its_memory_verifies(self):
         # QEMU allows post-copy with multifd from 10.1 on (the trixie root's 10.0 refuses the

@@ -185,6 +185,19 @@ class Agent:
             self.proc.wait(timeout=10)
         return self.proc.returncode
 
+    def kill(self):
+        """SIGKILL: the agent dies at once, nothing drained or cancelled (a crash, the OOM killer)."""
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def restart(self, timeout=20.0):
+        """Starts the agent again with its config, token and stateDir, on the data-plane port it had:
+        a node's agent comes back on its configured port, which the peer agent dials again."""
+        self.config["dataPlane"]["port"] = self.data_port
+        with open(self.config_file, "w") as f:
+            json.dump(self.config, f, indent=2)
+        return self.start(timeout)
+
     # -- HTTP ---------------------------------------------------------------------------
     def request(self, method, path, body=None, token=True, raw=None, timeout=30.0):
         """Returns (status, parsed JSON or text). ``token``: True = ours, str = that, None = none."""
