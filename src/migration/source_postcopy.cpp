@@ -335,7 +335,17 @@ void SourceJob::run_restored() {
   if (r == Recovery::kResumed) {
     monitor_to_end();
   } else if (r == Recovery::kNotRecoverable) {
-    finish(Phase::kFailed, restart_not_recoverable_reason(Role::kSource, qemu_state().first), "postcopy_split");
+    if (const auto fell_through = postcopy_fell_through()) {
+      // This agent died as the switch began, before the target QEMU loaded it: QEMU undid the switch
+      // when its stream to this agent broke and runs the guest again (postcopy_fell_through).
+      update([](MigrationStatus& s) { s.post_copy.switched = false; });
+      finish(Phase::kFailed,
+             why.message + "; the switch to post-copy had not taken effect (the source QEMU: " + *fell_through +
+                 "): the target QEMU never ran the VM; source VM is running",
+             "peer_lost");
+    } else {
+      finish(Phase::kFailed, restart_not_recoverable_reason(Role::kSource, qemu_state().first), "postcopy_split");
+    }
   }
   stop_accepting();
   abort_data_plane(Error{Errc::kCancelled, "migration finished"});
