@@ -14,6 +14,7 @@
 #include "common/net.h"
 #include "common/units.h"
 #include "session/protocol.h"
+#include "session/rail_failover.h"
 #include "session/resume.h"
 #include "session/transport_choice.h"
 #include "transport/channel_proof.h"
@@ -285,66 +286,29 @@ Result<session::Resumed> SourceJob::redial(uint32_t index, uint64_t taken, std::
     MutexLock lock(rail_mu_);
     if (index < channel_rail_.size()) current = channel_rail_[index];
   }
-  std::string tried;
-  std::optional<Error> last;
-  const auto note = [&](const Error& e) {
-    tried += (tried.empty() ? "" : "; ") + e.message;
-    last = e;
-  };
-  for (const auto& path : ctx_.config.data_plane.failover_paths) {
-    if (path == "rail" && failover_rails_) {
-      const auto rails = session::failover_rails(rail_pairs_.size(), current);
-      for (size_t k = 0; k < rails.size(); ++k) {
-        // Each rail gets its share of what is left, TCP (when it follows) the last share: a rail
-        // whose link is down too must not eat the whole deadline.
-        const auto now = std::chrono::steady_clock::now();
-        const size_t shares = rails.size() - k + (failover_tcp_ ? 1 : 0);
-        const auto until = now + (deadline - now) / static_cast<int>(shares);
-        auto r = redial_rail(index, rails[k], taken, until);
-        if (r) {
-          MutexLock lock(rail_mu_);
-          if (index < channel_rail_.size()) channel_rail_[index] = rails[k];
-          return r;
-        }
-        // A peer that answered and refused ends the tries (the FailoverChannel stops on these).
-        if (r.error().code == Errc::kPermissionDenied || r.error().code == Errc::kProtocol) return r.error();
-        note(r.error());
-      }
-    } else if (path == "tcp" && failover_tcp_) {
-      auto r = redial_tcp(index, taken, deadline);
-      if (r) {
-        MutexLock lock(rail_mu_);
-        if (index < channel_rail_.size()) channel_rail_[index].reset();
-        return r;
-      }
-      if (r.error().code == Errc::kPermissionDenied || r.error().code == Errc::kProtocol) return r.error();
-      note(r.error());
-    }
+  const session::FailoverPaths paths{ctx_.config.data_plane.failover_paths, failover_rails_ ? rail_pairs_.size() : 0,
+                                     failover_tcp_};
+  auto r = session::redial_over_paths(
+      index, paths, current, deadline,
+      [&](size_t rail, std::chrono::steady_clock::time_point until) { return redial_rail(index, rail, taken, until); },
+      [&](std::chrono::steady_clock::time_point until) { return redial_tcp(index, taken, until); });
+  if (r) {
+    MutexLock lock(rail_mu_);
+    if (index < channel_rail_.size()) channel_rail_[index] = current;
   }
-  if (!last) return Error{Errc::kUnavailable, "channel " + std::to_string(index) + ": no failover path (dataPlane.failoverPaths)"};
-  return Error{last->code, tried};
+  return r;
 }
 
 Result<session::Resumed> SourceJob::redial_rail(uint32_t index, size_t rail, uint64_t taken,
                                                 std::chrono::steady_clock::time_point deadline) {
-  using namespace std::chrono;
-  const auto left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(100),
-                               duration_cast<milliseconds>(kRdmaConnectTimeout));
-  const auto& pair = rail_pairs_.at(rail);
   auto id = transport::rdma::session_from_hex(session_);
   if (!id) return id.error();
   const transport::rdma::ChannelCredentials key{id.value(), channel_key_};
-  transport::rdma::RdmaChannelParams p{index, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
-                                       return_path_chunk(spec_.chunk_size), return_path_depth(spec_.ring_depth)};
-  auto ch = session::connect_over(pair, key, p, ctx_.metrics.transport("rdma"), left, [this] { return cancel_requested(); });
-  if (!ch) return ch.error();
-  const std::string path = "rdma " + session::rail_text(pair);
-  const transport::ChannelTerms terms{channel_key_, session_, index};
-  const auto rest = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(100),
-                               duration_cast<milliseconds>(kHandshakeTimeout));
-  auto peer = session::resume_as_dialler(*ch.value(), terms, taken, rest);
-  if (!peer) return peer.error().with_context("channel " + std::to_string(index) + " re-dialled over " + path);
-  return session::Resumed{std::move(ch.value()), peer.value(), path};
+  const transport::rdma::RdmaChannelParams p{index, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
+                                             return_path_chunk(spec_.chunk_size), return_path_depth(spec_.ring_depth)};
+  return session::redial_over_rail(rail_pairs_.at(rail), key, p, ctx_.metrics.transport("rdma"),
+                                   transport::ChannelTerms{channel_key_, session_, index}, taken, deadline,
+                                   [this] { return cancel_requested(); });
 }
 
 Result<session::Resumed> SourceJob::redial_tcp(uint32_t index, uint64_t taken,

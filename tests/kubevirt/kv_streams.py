@@ -12,7 +12,9 @@ rdmig finds KubeVirt's node agent:
          --block-dest/--block-count: the first connections go to a block (NBD) port instead,
          as libvirt copies disks before memory. --magic: every memory connection starts with
          QEMU's first bytes (the main one, --main-at, with the stream's "QEVM" header, the others
-         with the multifd magic), as they cross the wire when KubeVirt's TLS is off.
+         with the multifd magic), as they cross the wire when KubeVirt's TLS is off. --rate: each
+         connection's payload goes at most this many bytes a second (QEMU's max-bandwidth), so
+         that a fault injected mid-stream lands while it carries.
 """
 import argparse
 import ctypes
@@ -120,7 +122,16 @@ def dial(args):
             return {"index": i, "ok": False, "error": want, "seconds": 0.0}
         rec = {"index": i, "ok": False, "error": None}
         try:
-            s.sendall(payload)
+            if args.rate:
+                piece = 256 << 10
+                start = time.monotonic()
+                for off in range(0, len(payload), piece):
+                    s.sendall(payload[off:off + piece])
+                    ahead = start + (off + piece) / args.rate - time.monotonic()
+                    if ahead > 0:
+                        time.sleep(ahead)  # the pace (bytes a second), not a wait for anything
+            else:
+                s.sendall(payload)
             if args.hold:
                 # Keep the connection open (a migration in progress) until the far side ends it.
                 s.settimeout(args.hold)
@@ -191,6 +202,7 @@ def main():
     d.add_argument("--tls-head", action="store_true",
                    help="memory connections start with a TLS record's header (KubeVirt's migration TLS on)")
     d.add_argument("--main-at", type=int, default=0, help="with --magic: the connection that is QEMU's main channel")
+    d.add_argument("--rate", type=float, default=0, help="bytes a second per connection (0: as fast as it goes)")
     args = p.parse_args()
     name_process("virt-handler")
     sink(args) if args.cmd == "sink" else dial(args)

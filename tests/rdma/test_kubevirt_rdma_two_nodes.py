@@ -18,6 +18,13 @@ connections are striped over both (connection i on rail i mod 2, in both records
 rail node a's device sent, and node b's received, the packets that rail's bytes need.
 Then node b drops RoCE v2 (UDP 4791, nftables; TCP still works): the next migration is carried
 over TCP, byte-exact, both records naming auto-no-peer-rdma:unreachable.
+With two rails, rail 1 is cut mid-flow (node b drops RoCE v2 arriving on eth1 only) while the
+connections carry (each paced at RAIL_CUT_RATE, so the cut lands in connection 1, on rail 1):
+without failover the flow fails naming the channel, the connections reset; with
+dataPlane.failover on both agents (transport auto, failoverPaths [rail, tcp]) rail 1's channels are
+re-dialled over rail 0 and resume there (nothing over TCP; node b's rail-0 device receives their
+packets), and with both rails cut they resume over TCP; every connection arrives byte-exact, and
+both records and rdmig_failovers_total name the failover and where it went.
 Both agents run unprivileged as the chart runs them in KubeVirt mode with RDMA (rdmiglab.profile,
 "chart": DAC_OVERRIDE, IPC_LOCK, NET_ADMIN, SYS_ADMIN, SYS_PTRACE and no other capability, seccomp
 RuntimeDefault, a read-only root), checked once started from their /proc status.
@@ -25,6 +32,7 @@ RuntimeDefault, a read-only root), checked once started from their /proc status.
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -36,11 +44,12 @@ REPO = os.path.abspath(sys.argv.pop(1)) if len(sys.argv) > 1 and not sys.argv[1]
     os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 sys.path.insert(0, os.path.join(REPO, "tools"))
 sys.path.insert(0, os.path.join(REPO, "tests", "rdma"))
-from rdmiglab import Agent  # noqa: E402
+from rdmiglab import Agent, parse_prometheus  # noqa: E402
 from rdmiglab.kvhook import vmi_json  # noqa: E402
 from rdmiglab.kvpod import wait_for  # noqa: E402
-from test_agent_rdma_two_nodes import (ADDR, DEV, DEVS, NODE, PEER_ADDR, PeerAgent, await_, counters_delta,  # noqa: E402
-                                       cut_rdma, hw_counters, post, rail_counters, transferred_bytes, uncut_rdma)
+from test_agent_rdma_two_nodes import (ADDR, DEV, DEVS, NODE, PEER_ADDR, RAIL_CUT_TABLE, RDMA_CUT_RULE,  # noqa: E402
+                                       PeerAgent, await_, await_any, counters_delta, cut_rdma, hw_counters, post,
+                                       rail_counters, rail_cut_rule, transferred_bytes, uncut_rdma)
 
 IP = os.environ.get("RDMIG_IP", "ip")
 STREAMS = os.path.join(REPO, "tests", "kubevirt", "kv_streams.py")
@@ -49,8 +58,21 @@ HANDLER_NS = "virt-handler-pod"
 POD_IP = {"a": "10.98.1.10", "b": "10.98.2.10"}
 POD_GW = {"a": "10.98.1.1", "b": "10.98.2.1"}
 PEER = "b" if NODE == "a" else "a"
+# Node b's devices, one per rail (run-two-vms.sh names them rxe<node>, rxe<node>2).
+DEVS_PEER = ["rxe" + PEER] + (["rxe%s2" % PEER] if len(DEVS) > 1 else [])
 COUNT, BYTES = 4, 8 << 20
-CASES = 2  # node a's tests, in name order: carried over rdma, then with RoCE v2 dropped on node b
+# Node a's tests, in name order: carried over rdma, then with RoCE v2 dropped on node b; with two
+# rails, rail 1 cut mid-flow without failover, then with it (to rail 0), then both rails cut with it
+# (to TCP).
+CASES = 5 if len(DEVS) > 1 else 2
+# The rail-cut flows: each connection's payload at most this many bytes a second (as QEMU's
+# max-bandwidth paces a migration), so that the connections carry for RAIL_CUT_BYTES / rate
+# seconds each, one after the other, and the cut lands while connection 1 (rail 1) carries.
+RAIL_CUT_RATE = 2 << 20
+RAIL_CUT_BYTES = 8 << 20
+# Rail 1 carries connection 1 once its device sent this many packets (1 MiB at one packet per 4096
+# bytes or fewer; before it, only the connections' first bytes and rdma_cm's requests).
+RAIL_CUT_AFTER_PKTS = (1 << 20) // 4096
 
 
 def sh(*argv, ns=None):
@@ -74,13 +96,16 @@ def virt_handler_pod():
         f.write("1\n")
 
 
-def agent_config(peers=None, hook=""):
+def agent_config(peers=None, hook="", failover=False):
     # transport auto: RDMA is what the agents choose between the two devices, TCP when RoCE v2 is
     # dropped. The data plane on eth0's address, the REST API on every address (node a calls b's).
     # With two rails (run-two-vms.sh --rails 2) both devices, in the same order on both nodes.
     rdma = {"device": DEV} if len(DEVS) == 1 else {"devices": [{"device": d} for d in DEVS]}
+    data_plane = {"address": ADDR, "advertiseAddress": ADDR, "rdmaPort": 0}
+    if failover:
+        data_plane["failover"] = "on"
     return {"transport": "auto", "rdma": rdma, "api": {"address": "0.0.0.0"},
-            "dataPlane": {"address": ADDR, "advertiseAddress": ADDR, "rdmaPort": 0},
+            "dataPlane": data_plane,
             "kubevirt": {"enabled": True, "nodeName": "node-" + NODE, "hookSocket": hook, "peers": peers or [],
                          "ruleTimeoutSeconds": 30, "sessionIdleSeconds": 1}}
 
@@ -101,21 +126,36 @@ def serve_target():
         sink = subprocess.Popen([IP, "netns", "exec", HANDLER_NS, sys.executable, STREAMS, "sink", "--ready", ready,
                                  "--log", os.path.join(tmp, "sink.log")])
         port = wait_for(lambda: os.path.exists(ready) and json.load(open(ready))["port"], 20, "the proxy stand-in")
-        agent = Agent(tmp, "agent-b", config=agent_config(), log_level="debug", profile="chart")
+        # dataPlane.failover on: only a source agent that has it on too asks for it (the last case).
+        agent = Agent(tmp, "agent-b", config=agent_config(failover=True), log_level="debug", profile="chart")
         post("kv-agent-b", {"api": agent.api_port, "data": agent.data_port, "token": agent.token, "sink": port})
         for seq in range(CASES):
             want = await_("kv-want-%d" % seq, 600)
-            cut = want["cutRdma"]
+            cut, rail_cut = want["cutRdma"], False
             if cut:
                 cut_rdma()
             before, rails_before = hw_counters(), rail_counters()
             post("kv-ready-%d" % seq, True)
-            await_("kv-dialled-%d" % seq, 600)
-            after = hw_counters()
-            reply = {"sent": after["sent"] - before["sent"], "rcvd": after["rcvd"] - before["rcvd"],
-                     "byDevice": counters_delta(rails_before, rail_counters())}
-            if cut:
-                reply["rdmaDropped"] = uncut_rdma()
+            try:
+                if want.get("cutRail"):
+                    # Once node a sees rail 1 carry it asks for the cut (or says the flow ended first):
+                    # RoCE v2 arriving on rail 1's link dropped, or ("all") on both rails.
+                    got, _ = await_any(["kv-cut-%d" % seq, "kv-dialled-%d" % seq], 600)
+                    if got.startswith("kv-cut-"):
+                        cut_rdma(RDMA_CUT_RULE if want["cutRail"] == "all" else rail_cut_rule(), RAIL_CUT_TABLE)
+                        rail_cut = True
+                        post("kv-cut-applied-%d" % seq, True)
+                await_("kv-dialled-%d" % seq, 600)
+                after = hw_counters()
+                reply = {"sent": after["sent"] - before["sent"], "rcvd": after["rcvd"] - before["rcvd"],
+                         "byDevice": counters_delta(rails_before, rail_counters())}
+            finally:
+                if cut:
+                    dropped = uncut_rdma()
+                if rail_cut:
+                    dropped = uncut_rdma(RAIL_CUT_TABLE)
+            if cut or rail_cut:
+                reply["rdmaDropped"] = dropped
             post("kv-state-%d" % seq, reply)
         await_("kv-done", 300)
     except Exception as e:  # noqa: BLE001 - report and tell node a
@@ -143,8 +183,10 @@ class TwoNodeKubevirtRdmaTest(unittest.TestCase):
         b = await_("kv-agent-b", 300)
         cls.sink_port = b["sink"]
         cls.hook = os.path.join(cls.tmp, "hook.sock")
-        cls.a = Agent(cls.tmp, "agent-a", token=b["token"], log_level="debug", profile="chart", config=agent_config(
-            peers=[{"node": "node-b", "agent": "%s:%d" % (PEER_ADDR, b["data"])}], hook=cls.hook))
+        cls.b_data = b["data"]
+        cls.peers = [{"node": "node-b", "agent": "%s:%d" % (PEER_ADDR, b["data"])}]
+        cls.a = Agent(cls.tmp, "agent-a", token=b["token"], log_level="debug", profile="chart",
+                      config=agent_config(peers=cls.peers, hook=cls.hook))
         cls.b = PeerAgent(PEER_ADDR, b["api"], b["token"])
 
     @classmethod
@@ -208,6 +250,8 @@ class TwoNodeKubevirtRdmaTest(unittest.TestCase):
         self.assertGreaterEqual(sent_a, carried // 4096, "rxea sent too few packets")
         self.assertGreaterEqual(b["rcvd"], carried // 4096, "rxeb received too few packets")
         self.check_rails(src, dst, b)
+        # What each of node b's devices received for two 8 MiB connections (the rail-cut cases compare).
+        TwoNodeKubevirtRdmaTest.rail_rcvd = {d: b["byDevice"][d]["rcvd"] for d in DEVS_PEER}
 
     def check_rails(self, src, dst, b):
         """Connection i on rail i mod n on both agents (n = the rails both have); each rail's
@@ -239,6 +283,150 @@ class TwoNodeKubevirtRdmaTest(unittest.TestCase):
         self.assertGreaterEqual(moved["a/tcp"], src["bytesSent"])
         self.assertGreaterEqual(moved["b/tcp"], src["bytesSent"])
 
+    def rail_cut_flow(self, mig, cut="rail1"):
+        """One flow of prod/web-1 whose connections are paced (RAIL_CUT_RATE), rail 1 (cut "rail1") or
+        both rails ("all") cut on node b once rail 1 carried 1 MiB (the cut lasts until the dial ends).
+        Returns the dial's outcome, both agents' settled records, the agents' byte counters (moved
+        during the flow) and node b's reply (its devices' hw counters, the RoCE v2 packets dropped)."""
+        if len(DEVS) < 2:
+            self.skipTest("one rail per node (run-two-vms.sh without --rails 2)")
+        seq = TwoNodeKubevirtRdmaTest.asked
+        TwoNodeKubevirtRdmaTest.asked += 1
+        post("kv-want-%d" % seq, {"cutRdma": False, "cutRail": cut})
+        await_("kv-ready-%d" % seq, 120)
+        path = os.path.join(self.tmp, "vmi-%s.json" % mig)
+        with open(path, "w") as f:
+            json.dump(vmi_json("vmi-uid-2n", mig, POD_IP["b"], self.sink_port), f)
+        bytes_before, rails_before = self.counted(), rail_counters()
+        p = subprocess.Popen([IP, "netns", "exec", HANDLER_NS, sys.executable, STREAMS, "dial", "--dest",
+                              "%s:%d" % (POD_IP["b"], self.sink_port), "--count", str(COUNT), "--bytes",
+                              str(RAIL_CUT_BYTES), "--rate", str(RAIL_CUT_RATE), "--hook-socket", self.hook,
+                              "--vmi", path, "--timeout", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            # Rail 1 carries once node a's rail-1 device (rxea2) sent the packets of 1 MiB (its
+            # hw counter: live, where the records' per-rail figures are refreshed when read).
+            deadline, flowing = time.monotonic() + 120, 0
+            while flowing < RAIL_CUT_AFTER_PKTS:
+                if p.poll() is not None:  # (stderr read only then: it ends with the dial)
+                    self.fail("the flow ended before rail 1 carried 1 MiB: %s" % p.stderr.read())
+                self.assertLess(time.monotonic(), deadline, "rail 1 carried no MiB within 120 s: %d packets" % flowing)
+                time.sleep(0.05)
+                flowing = hw_counters(DEVS[1])["sent"] - rails_before[DEVS[1]]["sent"]
+            post("kv-cut-%d" % seq, True)
+            await_("kv-cut-applied-%d" % seq, 60)
+            t0 = time.monotonic()
+            out, err = p.communicate(timeout=300)
+            took = time.monotonic() - t0
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+            self.rails_moved = counters_delta(rails_before, rail_counters())
+            post("kv-dialled-%d" % seq, True)
+        self.assertEqual(p.returncode, 0, err)
+        res = json.loads(out)
+        src = wait_for(lambda: settled(self.a, mig), 60, "the source record of " + mig)[0]
+        dst = wait_for(lambda: settled(self.b, mig), 60, "the target record of " + mig)[0]
+        moved = {k: n - bytes_before[k] for k, n in self.counted().items()}
+        b = await_("kv-state-%d" % seq, 120)
+        print("%s: %s cut %.1f s before the dial ended (%s sent_pkts +%d at the cut; node b dropped %d RoCE v2 packets): "
+              "source %s (%s), target %s (%s); connections %s; failover source %s, target %s; agents' byte counters %s"
+              % (mig, cut, took, DEVS[1], flowing, b["rdmaDropped"], src["phase"], src["reason"], dst["phase"], dst["reason"],
+                 [(c["index"], c["ok"], c["error"]) for c in res["connections"]], src["failover"], dst["failover"],
+                 moved))
+        self.assertTrue(res["hook"]["ok"], res)
+        self.assertGreater(b["rdmaDropped"], 0, "node b dropped none of rail 1's RoCE v2 packets")
+        return res, src, dst, moved, b
+
+    def test_c_rail_cut_mid_flow_without_failover_fails_the_flow(self):
+        # Node a's agent without dataPlane.failover: rail 1's channel stalls (its writes unacknowledged,
+        # src/transport/rdma/ack_watch.h) and the flow fails on both agents, the connections reset:
+        # what the failover case below is measured against.
+        res, src, dst, _, _ = self.rail_cut_flow("mig-2n-railcut")
+        self.assertFalse(src["failover"]["enabled"], src["failover"])
+        self.assertEqual((src["phase"], dst["phase"]), ("Failed", "Failed"), (src, dst))
+        self.assertRegex(src["reason"], r"rail 1: |channel [13]: ")
+        self.assertNotEqual([c["ok"] for c in res["connections"]], [True] * COUNT, res)
+
+    def failover_agent(self):
+        """Node a's agent with dataPlane.failover on (failoverPaths: the default [rail, tcp]), in place of
+        the one without (once)."""
+        if not getattr(TwoNodeKubevirtRdmaTest, "fails_over", False):
+            self.a.stop()
+            TwoNodeKubevirtRdmaTest.a = Agent(self.tmp, "agent-a-fo", token=self.b.token, log_level="debug",
+                                              profile="chart", config=agent_config(peers=self.peers, hook=self.hook,
+                                                                                   failover=True))
+            TwoNodeKubevirtRdmaTest.fails_over = True
+
+    def failed_over(self, mig, cut, cut_channels, to):
+        """The rail-cut flow with failover on both agents: every connection byte-exact, both records
+        Succeeded over rdma naming the failover and where it went; returns both records, the agents'
+        byte counters and node b's reply."""
+        self.failover_agent()
+        seen = len(self.a.log_text().splitlines())  # the agent's log before this flow
+        res, src, dst, moved, b = self.rail_cut_flow(mig, cut)
+        self.assertEqual([c["ok"] for c in res["connections"]], [True] * COUNT, res)  # byte-exact digests
+        for rec in (src, dst):
+            self.assertTrue(rec["carried"], rec)
+            self.assertEqual(rec["phase"], "Succeeded", rec)
+            self.assertEqual(rec["connections"], COUNT, rec)
+            self.assertEqual((rec["transport"], rec["transportReason"]), ("rdma", "auto-both-rdma"), rec)
+            self.assertTrue(rec["failover"]["enabled"], rec)
+            self.assertGreaterEqual(rec["failover"]["failovers"], 1, rec)
+        self.assertGreaterEqual(src["bytesSent"], COUNT * RAIL_CUT_BYTES)
+        self.assertEqual(dst["bytesReceived"], src["bytesSent"])
+        # Only the cut rails' channels moved, each once, named by the link that failed.
+        moved_lines = [line for line in self.a.log_text().splitlines()[seen:] if " failover: channel " in line]
+        print("\n".join(moved_lines))
+        ids = [int(re.search(r" failover: channel (\d+): ", line).group(1)) for line in moved_lines]
+        self.assertTrue(ids and set(ids) <= set(cut_channels) and len(ids) == len(set(ids)), moved_lines)
+        self.assertEqual(src["failover"]["failovers"], len(ids))
+        self.assertRegex(src["failover"]["last"], r"^channel [%s]: " % "".join(str(c) for c in cut_channels))
+        for agent, role in ((self.a, "source"), (self.b, "target")):
+            samples, _ = parse_prometheus(agent.metrics())
+            n = sum(v for (name, labels), v in samples.items() if name == "rdmig_failovers_total" and
+                    ("role", role) in labels and ("transport", "rdma") in labels and ("to", to) in labels)
+            self.assertGreaterEqual(n, 1, "%s: rdmig_failovers_total{transport=rdma,to=%s}" % (role, to))
+        return src, dst, moved, b
+
+    def test_d_rail_cut_mid_flow_with_failover_moves_its_channels_to_rail_0(self):
+        # dataPlane.failover on both agents (failoverPaths [rail, tcp]), transport auto: rail 1's
+        # channels (connections 1 and 3) fail over when their link stalls, re-dialled over rail 0
+        # (rdma_cm from rxea to node b's rail-0 endpoint, the proved connect request of a first
+        # connect; node b's welcome offered failoverRails) and resumed there; nothing goes over TCP.
+        src, dst, moved, b = self.failed_over("mig-2n-railfo", "rail1", [1, 3], "rail")
+        self.assertRegex(src["failover"]["last"], r"; resumed on rdma rail 0: %s %s to %s:\d+ after \d+ ms"
+                         % (re.escape(DEVS[0]), re.escape(ADDR), re.escape(PEER_ADDR)))
+        # Node b names the rail the re-dial came in on, from its end (its device and address, then
+        # the source's address).
+        self.assertRegex(dst["failover"]["last"], r"resumed on rdma rail 0: \S+ %s to %s \(re-dialled by the source\)"
+                         % (re.escape(PEER_ADDR), re.escape(ADDR)))
+        self.assertEqual((moved["a/tcp"], moved["b/tcp"]), (0, 0), "nothing carried over tcp")
+        self.assertGreaterEqual(moved["a/rdma"], src["bytesSent"])
+        # The hw counters of node b's devices against case a's (the same four 8 MiB connections,
+        # two per rail): rail 0's device (rxeb) received the packets of its own two connections and
+        # of the ones it took over (connection 3 whole, the rest of connection 1: at least 1.4 times
+        # case a's); rail 1's (rxeb2) only what came before the cut (under half of case a's).
+        rail0_got, rail1_got = (b["byDevice"][d]["rcvd"] for d in DEVS_PEER)
+        base = getattr(TwoNodeKubevirtRdmaTest, "rail_rcvd", None)
+        print("node b: %s rcvd_pkts +%d, %s rcvd_pkts +%d (case a: %s)" % (DEVS_PEER[0], rail0_got, DEVS_PEER[1],
+                                                                           rail1_got, base))
+        self.assertGreaterEqual(rail0_got, 3 * RAIL_CUT_BYTES // 4096, "rail 0 received too few packets")
+        self.assertLess(rail1_got * 4, rail0_got, "rail 1 carried its connections despite the cut")
+        if base:  # case a ran in this process (not with -k)
+            self.assertGreaterEqual(rail0_got, 1.4 * base[DEVS_PEER[0]], "rail 0 did not take rail 1's channels")
+            self.assertLess(rail1_got, 0.5 * base[DEVS_PEER[1]], "rail 1 carried its connections despite the cut")
+
+    def test_e_every_rail_cut_mid_flow_with_failover_moves_the_channels_to_tcp(self):
+        # The same with RoCE v2 dropped on both rails: no rail takes a channel (each rail re-dial's
+        # connect request goes unanswered within its share of the deadline), so each channel that
+        # fails is resumed over TCP to node b's data port.
+        src, dst, moved, _ = self.failed_over("mig-2n-railsfo", "all", [0, 1, 2, 3], "tcp")
+        self.assertRegex(src["failover"]["last"], r"; resumed on tcp %s:%d after \d+ ms"
+                         % (re.escape(PEER_ADDR), self.b_data))
+        self.assertIn("resumed on tcp (re-dialled by the source)", dst["failover"]["last"])
+        self.assertGreater(moved["a/tcp"], 0, "nothing went over TCP after the failover")
+        self.assertGreater(moved["b/tcp"], 0, "nothing went over TCP after the failover")
 
 if __name__ == "__main__":
     if NODE == "b":

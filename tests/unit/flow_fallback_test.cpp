@@ -5,6 +5,8 @@
 // at once without an RDMA device (this machine), or is refused or unroutable with one (the
 // Soft-RoCE VM), always within the connect bound.
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <cerrno>
 #include <sys/socket.h>
 
 #include <thread>
@@ -14,6 +16,8 @@
 #include "kubevirt/flow/sessions.h"
 #include "session/transport_choice.h"
 #include "transport/channel_proof.h"
+#include "transport/rdma/cm.h"
+#include "transport/tcp/tcp_channel.h"
 #include "transport/wire.h"
 
 using nlohmann::json;
@@ -269,4 +273,145 @@ TEST(KubevirtFlowVerdict, TheSourceSucceedsOnlyWhenTheTargetsLibvirtHasTheVm) {
     }
     s.value().reset();
   }
+}
+
+// A rail failover's re-dial (docs/failover.md): an RDMA connect request for a channel that runs is
+// taken only where the target offered it (failoverRails in its welcome: failover on both agents,
+// "rail" in its failoverPaths) and proved with the session's channel key over a fresh nonce;
+// anything else is refused and displaces nothing. The channel that runs here stands in for an
+// RDMA one (delivered through the same plan over a TCP pair, no RDMA device needed); displaced,
+// its link is aborted, which its far end sees.
+namespace {
+
+struct LinkPair {
+  UniqueFd near, far;  // near: the channel's socket; far: the peer's end, watched
+};
+
+LinkPair link_pair() {
+  auto l = net::tcp_listen("127.0.0.1", 0);
+  EXPECT_TRUE(l.ok());
+  auto c = net::tcp_connect(net::Endpoint{"127.0.0.1", net::local_port(l->get()).value()}, 2s);
+  EXPECT_TRUE(c.ok());
+  auto a = net::accept_for(l->get(), 2s);
+  EXPECT_TRUE(a.ok());
+  return {std::move(a.value()), std::move(c.value())};
+}
+
+// True when `fd`'s connection ended (EOF or reset) within `within`; what the channel sent on it
+// (its credits) is read and dropped.
+bool ended_within(int fd, std::chrono::milliseconds within) {
+  const auto until = std::chrono::steady_clock::now() + within;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) return false;
+    char b[4096];
+    const ssize_t n = ::recv(fd, b, sizeof b, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return true;
+  }
+}
+
+transport::rdma::ConnectRequest connect_request(TargetSession& t, uint32_t index, const std::string& key) {
+  transport::rdma::ConnectRequest req;
+  req.session = transport::rdma::session_from_hex(t.session_key()).value();
+  req.index = static_cast<uint16_t>(index);
+  transport::rdma::sign_request(req, key);  // a fresh nonce each time
+  return req;
+}
+
+struct RailRedialCase {
+  Side src{TransportKind::kAuto}, dst{TransportKind::kAuto};
+  std::unique_ptr<TargetAgent> agent;
+  std::unique_ptr<SourceSession> source;
+  std::shared_ptr<TargetSession> target;
+  transport::rdma::ConnectRequest first;
+  LinkPair running;
+
+  // `dst_failover`, `dst_paths`: the target agent's dataPlane.failover and failoverPaths.
+  void open(bool dst_failover, std::vector<std::string> dst_paths = {"rail", "tcp"}) {
+    src.config.data_plane.failover = true;
+    dst.config.data_plane.failover = dst_failover;
+    dst.config.data_plane.failover_paths = std::move(dst_paths);
+    agent = std::make_unique<TargetAgent>(dst);
+    auto s = SourceSession::open(src.ctx(), peer(*agent), source_record(), 5s);
+    ASSERT_TRUE(s.ok()) << s.error().message;
+    source = std::move(s.value());
+    // The agent's thread publishes the session once accept() returned (after its welcome).
+    for (const auto until = std::chrono::steady_clock::now() + 5s; !target && std::chrono::steady_clock::now() < until;) {
+      target = agent->session();
+      if (!target) std::this_thread::sleep_for(10ms);  // polling a condition, with a deadline
+    }
+    ASSERT_TRUE(target);
+    ASSERT_EQ(target->record().transport, "rdma");
+    // Channel 0 connects as a first connect does, and runs (waiting for its destination).
+    first = connect_request(*target, 0, target->channel_terms(0).key);
+    auto plan = target->rdma_plan(first);
+    ASSERT_TRUE(plan.ok()) << plan.error().message;
+    running = link_pair();
+    plan->deliver(channel_over(std::move(running.near)));
+  }
+  // A channel with the session's chunk size and depth over `fd`.
+  std::unique_ptr<transport::Channel> channel_over(UniqueFd fd) {
+    const uint64_t chunk = src.config.migration.chunk_size;
+    return transport::TcpChannel::create(std::move(fd), 0, static_cast<uint32_t>(chunk),
+                                         flow_ring_depth(src.config.kubevirt.ring_depth, chunk),
+                                         dst.metrics.transport("tcp"));
+  }
+  ~RailRedialCase() {
+    source.reset();
+    target.reset();
+    agent.reset();
+  }
+};
+
+}  // namespace
+
+TEST(KubevirtFlowRailFailover, ARedialOfALiveChannelWhereTheTargetOfferedRailsDisplacesIt) {
+  RailRedialCase c;
+  ASSERT_NO_FATAL_FAILURE(c.open(true));
+  EXPECT_TRUE(c.target->record().failover);
+  auto plan = c.target->rdma_plan(connect_request(*c.target, 0, c.target->channel_terms(0).key));
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  EXPECT_FALSE(ended_within(c.running.far.get(), 300ms));  // admitted, not yet connected: nothing moved
+  auto redial = link_pair();
+  plan->deliver(c.channel_over(std::move(redial.near)));
+  // The running channel gave up its link for the re-dial (its failover takes it).
+  EXPECT_TRUE(ended_within(c.running.far.get(), 3000ms));
+}
+
+TEST(KubevirtFlowRailFailover, ARedialIsRefusedWhereTheTargetDoesNotFailOverAndDisplacesNothing) {
+  RailRedialCase c;
+  ASSERT_NO_FATAL_FAILURE(c.open(false));
+  EXPECT_FALSE(c.target->record().failover);
+  auto plan = c.target->rdma_plan(connect_request(*c.target, 0, c.target->channel_terms(0).key));
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.error().code, Errc::kAlreadyExists) << plan.error().message;
+  EXPECT_FALSE(ended_within(c.running.far.get(), 500ms));
+}
+
+TEST(KubevirtFlowRailFailover, ARedialIsRefusedWhereTheTargetsPathsLeaveRailsOutAndDisplacesNothing) {
+  // Failover on, but failoverPaths [tcp] here: no failoverRails in the welcome, so a connect
+  // request for a running channel is no re-dial this end takes (the source re-dials over TCP).
+  RailRedialCase c;
+  ASSERT_NO_FATAL_FAILURE(c.open(true, {"tcp"}));
+  EXPECT_TRUE(c.target->record().failover);
+  auto plan = c.target->rdma_plan(connect_request(*c.target, 0, c.target->channel_terms(0).key));
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.error().code, Errc::kAlreadyExists) << plan.error().message;
+  EXPECT_FALSE(ended_within(c.running.far.get(), 500ms));
+}
+
+TEST(KubevirtFlowRailFailover, ARedialWithoutTheKeyOrWithAReplayedProofIsRefusedAndDisplacesNothing) {
+  RailRedialCase c;
+  ASSERT_NO_FATAL_FAILURE(c.open(true));
+  // Not the session's key.
+  auto forged = c.target->rdma_plan(connect_request(*c.target, 0, c.target->channel_terms(0).key + "x"));
+  ASSERT_FALSE(forged.ok());
+  EXPECT_EQ(forged.error().code, Errc::kUnauthenticated) << forged.error().message;
+  // The first connect's request again: its proof was taken once.
+  auto replayed = c.target->rdma_plan(c.first);
+  ASSERT_FALSE(replayed.ok());
+  EXPECT_EQ(replayed.error().code, Errc::kUnauthenticated) << replayed.error().message;
+  EXPECT_FALSE(ended_within(c.running.far.get(), 500ms));
 }

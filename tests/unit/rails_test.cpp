@@ -2,8 +2,12 @@
 // status and failure reports name them (migration/job.h).
 #include <gtest/gtest.h>
 
+#include <optional>
+#include <set>
+
 #include "metrics/metrics.h"
 #include "migration/job.h"
+#include "session/rail_failover.h"
 #include "session/rails.h"
 
 namespace rdmig::migration {
@@ -341,3 +345,83 @@ TEST(Rails, WelcomeRailAddressesObeyThePeerDialPolicy) {
 
 }  // namespace
 }  // namespace rdmig::migration
+
+// session::redial_over_paths: the one failover loop of bare-QEMU source jobs and KubeVirt source
+// sessions (docs/failover.md): the paths in dataPlane.failoverPaths order, the rails after the one
+// that failed, a refusal ending the tries, and where the channel resumed kept for its next failure.
+namespace {
+struct PathLog {
+  std::vector<std::string> tried;
+  std::set<std::string> down;      // paths whose try fails (unreachable)
+  std::string refusing;            // a path whose peer answers and refuses
+  rdmig::session::RedialOverRail rail() {
+    return [this](size_t r, std::chrono::steady_clock::time_point) { return attempt("rail " + std::to_string(r)); };
+  }
+  rdmig::session::RedialOverTcp tcp() {
+    return [this](std::chrono::steady_clock::time_point) { return attempt("tcp"); };
+  }
+  rdmig::Result<rdmig::session::Resumed> attempt(const std::string& path) {
+    tried.push_back(path);
+    if (path == refusing) return rdmig::Error{rdmig::Errc::kPermissionDenied, path + ": refused"};
+    if (down.count(path)) return rdmig::Error{rdmig::Errc::kUnavailable, path + ": unreachable"};
+    return rdmig::session::Resumed{nullptr, 0, path};
+  }
+};
+std::chrono::steady_clock::time_point in_5s() { return std::chrono::steady_clock::now() + std::chrono::seconds(5); }
+}  // namespace
+
+TEST(RailFailover, TriesTheOtherRailsInOrderThenTcpAndKeepsWhereTheChannelWent) {
+  PathLog log;
+  log.down = {"rail 2", "rail 0"};
+  std::optional<size_t> current = 1;  // the channel ran over rail 1 of three
+  const rdmig::session::FailoverPaths paths{{"rail", "tcp"}, 3, true};
+  auto r = rdmig::session::redial_over_paths(5, paths, current, in_5s(), log.rail(), log.tcp());
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(log.tried, (std::vector<std::string>{"rail 2", "rail 0", "tcp"}));
+  EXPECT_EQ(r->path, "tcp");
+  EXPECT_FALSE(current.has_value());  // over TCP now
+  // Its next failure (over TCP) may go to any rail, the first one included.
+  log = PathLog{};
+  auto again = rdmig::session::redial_over_paths(5, paths, current, in_5s(), log.rail(), log.tcp());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(log.tried, (std::vector<std::string>{"rail 0"}));
+  EXPECT_EQ(current, std::optional<size_t>(0));
+}
+
+TEST(RailFailover, FollowsTheConfiguredOrderAndLeavesOutWhatTheTargetDidNotOffer) {
+  PathLog log;
+  log.down = {"tcp"};
+  std::optional<size_t> current = 0;
+  // [tcp, rail]: TCP first; the other rail once TCP fails.
+  auto r = rdmig::session::redial_over_paths(1, {{"tcp", "rail"}, 2, true}, current, in_5s(),
+                                             log.rail(), log.tcp());
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(log.tried, (std::vector<std::string>{"tcp", "rail 1"}));
+  // No failoverRails from the target (rails 0) and no TCP (RDMA required): nothing to try.
+  log = PathLog{};
+  current = 0;
+  auto none = rdmig::session::redial_over_paths(1, {{"rail", "tcp"}, 0, false}, current,
+                                                in_5s(), log.rail(), log.tcp());
+  ASSERT_FALSE(none.ok());
+  EXPECT_TRUE(log.tried.empty());
+  EXPECT_NE(none.error().message.find("no failover path"), std::string::npos) << none.error().message;
+  EXPECT_EQ(current, std::optional<size_t>(0));
+}
+
+TEST(RailFailover, APeerThatRefusesEndsTheTriesAndEveryFailureIsNamed) {
+  PathLog log;
+  log.refusing = "rail 0";
+  std::optional<size_t> current = 1;
+  auto r = rdmig::session::redial_over_paths(3, {{"rail", "tcp"}, 2, true}, current, in_5s(),
+                                             log.rail(), log.tcp());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, rdmig::Errc::kPermissionDenied);
+  EXPECT_EQ(log.tried, (std::vector<std::string>{"rail 0"}));  // not TCP after a refusal
+  log = PathLog{};
+  log.down = {"rail 0", "tcp"};
+  auto both = rdmig::session::redial_over_paths(3, {{"rail", "tcp"}, 2, true}, current, in_5s(),
+                                                log.rail(), log.tcp());
+  ASSERT_FALSE(both.ok());
+  EXPECT_EQ(both.error().message, "rail 0: unreachable; tcp: unreachable");
+  EXPECT_EQ(current, std::optional<size_t>(1));
+}

@@ -94,8 +94,19 @@ void FlowSession::on_failover(const session::FailoverEvent& ev) {
     ++record_.failovers;
     record_.last_failover = what;
   }
-  metrics_.failover(role, ev.from.empty() ? "tcp" : ev.from, failover_peer_);
+  // Where it went: another rail (an RDMA path) or TCP, as a bare-QEMU job counts it.
+  metrics_.failover(role, ev.from.empty() ? "tcp" : ev.from, failover_peer_, ev.path.starts_with("rdma") ? "rail" : "tcp");
   LOG_WARN("kubevirt") << "session=" << id_ << " failover: " << what;
+}
+
+bool FlowSession::leg_fails_over(uint32_t index) const {
+  MutexLock lock(legs_mu_);
+  for (const auto& l : legs_) {
+    if (l.channel->index() != index) continue;
+    const auto* fc = dynamic_cast<const session::FailoverChannel*>(l.channel.get());
+    return fc != nullptr && !fc->failed();
+  }
+  return false;
 }
 
 bool FlowSession::interrupt_leg(uint32_t index, const Error& why) {

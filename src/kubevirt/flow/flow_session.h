@@ -102,6 +102,9 @@ class FlowSession {
   // link now and fails over (taking the re-dial). False when no leg with that index fails over
   // (none, not a failover channel, or failed for good): the re-dial is then refused.
   bool interrupt_leg(uint32_t index, const Error& why) EXCLUDES(legs_mu_);
+  // Whether a leg with index `index` runs a FailoverChannel that has not failed for good (a re-dial
+  // of it may be admitted; nothing is interrupted by asking).
+  bool leg_fails_over(uint32_t index) const EXCLUDES(legs_mu_);
 
   // The control link with its signer (set together by the derived class after the hello), and
   // how long the peer may send nothing (kubevirt.heartbeatTimeoutSeconds).

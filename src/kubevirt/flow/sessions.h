@@ -9,8 +9,10 @@
 //     and QEMU 8+ tells its channels apart by their first bytes.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -95,9 +97,18 @@ class SourceSession final : public FlowSession {
   // heartbeats both ways; an abort from the peer, its loss or its silence fails the session.
   void reader_loop();
   Result<std::unique_ptr<transport::Channel>> connect_channel(uint32_t index);
-  // Failover (docs/failover.md): channel `index` re-dialled to the target agent over TCP with a
-  // flow-data hello marked resume, proved with the channel's key, resumed (this end's `taken`).
-  Result<session::Resumed> redial(uint32_t index, uint64_t taken, std::chrono::steady_clock::time_point deadline);
+  // Failover (docs/failover.md): one try of channel `index`'s re-dial over the paths
+  // dataPlane.failoverPaths lists (session::redial_over_paths): another rail (`current`: the rail
+  // it ran over, none for TCP; set to where it resumed), then TCP.
+  Result<session::Resumed> redial(uint32_t index, std::optional<size_t>& current, uint64_t taken,
+                                  std::chrono::steady_clock::time_point deadline, const std::function<bool()>& stopped);
+  // Over matched rail `rail`: an RDMA connect request proved as the channel's first connect, then
+  // the resume exchange over the new channel (session::redial_over_rail).
+  Result<session::Resumed> redial_rail(uint32_t index, size_t rail, uint64_t taken,
+                                       std::chrono::steady_clock::time_point deadline, const std::function<bool()>& stopped);
+  // Over TCP: the target agent's data port with a flow-data hello marked resume, proved with the
+  // channel's key, resumed (this end's `taken`).
+  Result<session::Resumed> redial_tcp(uint32_t index, uint64_t taken, std::chrono::steady_clock::time_point deadline);
   // The control link's failover (fail_over_control): re-dialled to the target agent with a
   // flow-data hello marked resume and control, proved over kControlIndex, resumed (this end's
   // `received`); the connection and the target's count of this end's messages.
@@ -117,6 +128,10 @@ class SourceSession final : public FlowSession {
   std::string transport_;  // the interception thread only, after open()
   bool rdma_settled_ = false;  // a channel went over RDMA (the interception thread only)
   std::optional<Error> no_rail_;  // no RDMA rail in common with the target (set in open())
+  // Where a failed channel may go (set in open(); failover_rails_ cleared by a fallback to TCP
+  // before any channel exists; read by the channels' failovers).
+  std::atomic<bool> failover_rails_{false};
+  bool failover_tcp_ = false;
   std::vector<BufferTicket> buffers_;  // one per channel (the interception thread only)
   uint32_t next_index_ = 0;  // the interception thread only
   bool drain_multifd_ GUARDED_BY(mu_) = true;
@@ -174,7 +189,10 @@ class TargetSession final : public FlowSession {
   // has not ended (the link then gives up its connection and takes this one); refused
   // ("permission_denied") otherwise, displacing nothing.
   Status resume_control_link(UniqueFd fd, const std::string& welcome_proof);
-  // Checks the request's proof (before any budget or index is taken), then admits the channel.
+  // Checks the request's proof (before any budget or index is taken), then admits the channel; for
+  // a channel that runs, only as a rail failover's re-dial where this end offered it
+  // (failoverRails) and the channel is live here (kAlreadyExists, kPermissionDenied otherwise:
+  // nothing displaced).
   Result<transport::rdma::AcceptPlan> rdma_plan(const transport::rdma::ConnectRequest& request);
 
  private:
@@ -194,6 +212,9 @@ class TargetSession final : public FlowSession {
   // `deadline`) and resumes it with this end's `received`.
   Result<std::pair<UniqueFd, uint64_t>> reaccept_control(uint64_t received, std::chrono::steady_clock::time_point deadline,
                                                          const std::function<bool()>& stopped);
+  // A rail failover's re-dial of live channel `index` that arrived on this agent's rail `rail`: its
+  // channel is handed to the channel's failover (redials_), which resumes it over the channel itself.
+  transport::rdma::AcceptPlan rail_redial_plan(uint32_t index, uint32_t rail);
   Result<UniqueFd> dial_in_order(uint32_t index);
   void report_and_succeed();
   void wake() override;
@@ -201,6 +222,9 @@ class TargetSession final : public FlowSession {
   SessionContext ctx_;
   session::Hello hello_;
   std::string channel_key_;  // set in accept(), read-only after
+  // This end offered failoverRails in its welcome: a connect request for a live channel is its
+  // rail failover's re-dial (set in accept() before the session is published, read-only after).
+  bool failover_rails_ = false;
   transport::ProofLedger rdma_proofs_;
   // Failover: the source's re-dials, until a channel's failover takes one (its own lock). Declared
   // before channels_: a channel not started yet may wait in it while channels_ is destroyed.

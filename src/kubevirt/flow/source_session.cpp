@@ -9,6 +9,7 @@
 #include "transport/tcp/tcp_channel.h"
 #include "transport/wire.h"
 #include "session/protocol.h"
+#include "session/rail_failover.h"
 
 namespace rdmig::kubevirt {
 
@@ -59,8 +60,12 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
   hello.transport = session::wire_name(offer->transport);
   hello.transport_required = offer->required;
   if (offer->transport == TransportKind::kRdma) hello.rdma_rails = session::rail_addresses(ctx.rdma);
-  // Failover re-dials a channel over TCP (docs/failover.md): not when RDMA is required.
-  hello.failover = ctx.config.data_plane.failover && !(offer->transport == TransportKind::kRdma && offer->required);
+  // Failover re-dials a channel over another rail or TCP (docs/failover.md, as bare-QEMU source
+  // jobs do): over TCP not when RDMA is required, so with RDMA required only when another rail may
+  // take it.
+  const bool rdma_required = offer->transport == TransportKind::kRdma && offer->required;
+  const auto& dp = ctx.config.data_plane;
+  hello.failover = dp.failover && (!rdma_required || dp.fails_over_to("rail"));
 
   const std::string where = "peer agent " + peer.node + " (" + peer.agent.to_string() + ")";
   auto fd = net::tcp_connect(peer.agent, timeout);
@@ -121,10 +126,19 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
   std::unique_ptr<SourceSession> s(new SourceSession(hello.session, std::move(record), ctx, peer));
   s->transport_ = chosen.value();
   s->channel_key_ = flow_channel_key(token, hello, nonce.value());
-  // Failover when the target confirms it (an agent with it off says nothing).
+  // Failover when the target confirms it (an agent with it off says nothing): over another rail
+  // when the target takes a channel's re-dial over RDMA (it says failoverRails; an agent from before
+  // rail failover in KubeVirt mode does not) and this agent's paths list it; over TCP unless RDMA
+  // is required. No path: no failover.
   if (const auto fo = welcome->find("failover");
       hello.failover && fo != welcome->end() && fo->is_boolean() && fo->get<bool>()) {
-    s->enable_failover(peer.agent.host, std::chrono::seconds(ctx.config.data_plane.failover_deadline_seconds));
+    const auto fr = welcome->find("failoverRails");
+    s->failover_rails_ = chosen.value() == "rdma" && dp.fails_over_to("rail") && fr != welcome->end() &&
+                         fr->is_boolean() && fr->get<bool>();
+    s->failover_tcp_ = !rdma_required && dp.fails_over_to("tcp");
+    if (s->failover_rails_ || s->failover_tcp_) {
+      s->enable_failover(peer.agent.host, std::chrono::seconds(ctx.config.data_plane.failover_deadline_seconds));
+    }
   }
   if (s->transport_ == "rdma") {
     // The rails both agents have, matched by index; channel i goes on rail i mod n. None in
@@ -208,8 +222,38 @@ Result<std::unique_ptr<transport::Channel>> SourceSession::connect_channel(uint3
                                                                            ctx_.config.tcp.splice, std::move(stream)));
 }
 
-Result<session::Resumed> SourceSession::redial(uint32_t index, uint64_t taken,
-                                               std::chrono::steady_clock::time_point deadline) {
+Result<session::Resumed> SourceSession::redial(uint32_t index, std::optional<size_t>& current, uint64_t taken,
+                                               std::chrono::steady_clock::time_point deadline,
+                                               const std::function<bool()>& stopped) {
+  // The paths of dataPlane.failoverPaths, in order, as a bare-QEMU source job tries them.
+  const session::FailoverPaths paths{ctx_.config.data_plane.failover_paths, failover_rails_ ? rails().size() : 0,
+                                     failover_tcp_};
+  return session::redial_over_paths(
+      index, paths, current, deadline,
+      [&](size_t rail, std::chrono::steady_clock::time_point until) {
+        return redial_rail(index, rail, taken, until, stopped);
+      },
+      [&](std::chrono::steady_clock::time_point until) { return redial_tcp(index, taken, until); });
+}
+
+Result<session::Resumed> SourceSession::redial_rail(uint32_t index, size_t rail, uint64_t taken,
+                                                    std::chrono::steady_clock::time_point deadline,
+                                                    const std::function<bool()>& stopped) {
+  // The same proved connect request as the channel's first connect (the session, the index and a
+  // fresh proof of the channel key), from this agent's device on `rail` to the target's endpoint.
+  auto id = transport::rdma::session_from_hex(id_);
+  if (!id) return id.error();
+  const auto chunk = static_cast<uint32_t>(ctx_.config.migration.chunk_size);
+  const uint32_t depth = flow_depth(ctx_.config);
+  const transport::rdma::RdmaChannelParams p{index, chunk, depth, session::return_path_chunk(chunk),
+                                             session::return_path_depth(depth)};
+  return session::redial_over_rail(rails().at(rail), transport::rdma::ChannelCredentials{id.value(), channel_key_}, p,
+                                   ctx_.metrics.transport("rdma"), transport::ChannelTerms{channel_key_, id_, index},
+                                   taken, deadline, stopped);
+}
+
+Result<session::Resumed> SourceSession::redial_tcp(uint32_t index, uint64_t taken,
+                                                   std::chrono::steady_clock::time_point deadline) {
   using namespace std::chrono;
   const auto left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(100),
                                milliseconds(5000));
@@ -290,10 +334,19 @@ Status SourceSession::add_connection(UniqueFd fd, const net::Endpoint& destinati
   }
   std::unique_ptr<transport::Channel> channel = std::move(ch.value());
   if (failover()) {
-    // A TCP or RDMA channel whose link fails is re-dialled over TCP and resumed (docs/failover.md).
-    channel = wrap_for_failover(std::move(channel), flow_depth(ctx_.config),
-                                [this, index](uint64_t taken, const Error&, std::chrono::steady_clock::time_point deadline,
-                                              const std::function<bool()>&) { return redial(index, taken, deadline); });
+    // A channel whose link fails is re-dialled over the paths dataPlane.failoverPaths lists (another
+    // rail, TCP) and resumed (docs/failover.md). `on` is the rail it runs over (none: TCP), this
+    // channel's own: its failovers run one at a time.
+    std::optional<size_t> on;
+    if (std::string_view(channel->transport()) == "rdma" && !rails().empty()) {
+      on = session::rail_of_channel(index, rails().size());
+    }
+    channel = wrap_for_failover(
+        std::move(channel), flow_depth(ctx_.config),
+        [this, index, on](uint64_t taken, const Error&, std::chrono::steady_clock::time_point deadline,
+                          const std::function<bool()>& stopped) mutable {
+          return redial(index, on, taken, deadline, stopped);
+        });
   }
   auto pump = std::make_unique<session::ChannelPump>(*channel, std::move(fd));
   const int kind = port_class(destination.port);
@@ -343,6 +396,7 @@ Status SourceSession::fall_back_to_tcp(const Error& rdma_error) {
                        << session::kPeerRdmaUnreachable << ")";
   RDMIG_TRY(send_signed(session::message(session::MessageKind::kFallback, json{{"transport", "tcp"}, {"error", rdma_error.message}})));
   transport_ = "tcp";
+  failover_rails_ = false;  // no channel runs over a rail
   {
     MutexLock lock(mu_);
     record_.transport = "tcp";

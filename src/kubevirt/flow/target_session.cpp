@@ -106,9 +106,19 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
   s->channel_key_ = flow_channel_key(token, hello, nonce);
   json welcome = session::message(session::MessageKind::kWelcome, json{{"transport", transport}, {"transportReason", choice->reason}});
   // Failover when both agents have it on: the source re-dials a channel whose link fails.
-  if (hello.failover && ctx.config.data_plane.failover) {
+  bool fails_over = hello.failover && ctx.config.data_plane.failover;
+  if (fails_over && transport == "rdma") {
+    // A channel may come back over another rail (its source re-dials over rdma_cm): taken only
+    // when this agent's failoverPaths list "rail", and the source does so only when it reads
+    // failoverRails (an agent from before it re-dials over TCP). RDMA required and no rail to
+    // fail over to here: no failover (never TCP), as a bare-QEMU target job decides.
+    s->failover_rails_ = ctx.config.data_plane.fails_over_to("rail");
+    if (hello.transport_required && !s->failover_rails_) fails_over = false;
+  }
+  if (fails_over) {
     welcome["failover"] = true;
     welcome["failoverControl"] = true;  // the control link too (a source from before it ignores this)
+    if (s->failover_rails_) welcome["failoverRails"] = true;
     s->enable_failover(net::peer_address(fd.get()), std::chrono::seconds(ctx.config.data_plane.failover_deadline_seconds));
   }
   if (transport == "rdma") {
@@ -221,6 +231,11 @@ Result<session::Resumed> TargetSession::reaccept(uint32_t index, uint64_t taken,
   auto r = redials_.take(index, channel_terms(index), taken, deadline, [&] { return stopped() || ended(); },
                          std::chrono::duration_cast<std::chrono::milliseconds>(session::kHelloTimeout));
   if (!r) return r.error();
+  // Over another rail (a connect request for the live channel, rdma_plan): resumed already.
+  if (r->channel) {
+    return session::Resumed{std::move(r->channel), r->peer_count,
+                            "rdma " + (r->via.empty() ? std::string("rail ?") : r->via) + " (re-dialled by the source)"};
+  }
   std::unique_ptr<transport::TlsStream> stream;
   if (ctx_.config.data_plane.tls) {
     auto made = transport::TlsStream::handshake(r->fd.get(), transport::TlsStream::Role::kAcceptor, channel_terms(index),
@@ -400,7 +415,17 @@ Result<transport::rdma::AcceptPlan> TargetSession::rdma_plan(const transport::rd
     return Error{Errc::kInvalidArgument, "channel index out of range or session not on rdma"};
   }
   if (index < channels_.size() && (channels_[index] || started_[index])) {
-    return Error{Errc::kAlreadyExists, "channel " + std::to_string(index) + " is already connected"};
+    // A connect request for a channel that runs: a rail failover's re-dial, taken only where this
+    // end offered it (failoverRails in the welcome) and only for a live channel (one that has not
+    // failed for good); refused otherwise, displacing nothing.
+    if (!failover_rails_) return Error{Errc::kAlreadyExists, "channel " + std::to_string(index) + " is already connected"};
+    const auto* waiting = dynamic_cast<const session::FailoverChannel*>(channels_[index].get());
+    const bool live = started_[index] ? leg_fails_over(index) : waiting != nullptr && !waiting->failed();
+    if (!live) {
+      return Error{Errc::kPermissionDenied, "channel " + std::to_string(index) + " of session " + id_ +
+                                                " is already connected and is not failed over here"};
+    }
+    return rail_redial_plan(index, request.rail);
   }
   auto buffers = ctx_.take_buffers(flow_channel_buffers(hello_.chunk_size, hello_.ring_depth, failover()),
                                    "channel " + std::to_string(index) + " of this carried migration");
@@ -431,6 +456,39 @@ Result<transport::rdma::AcceptPlan> TargetSession::rdma_plan(const transport::rd
     }
     channels_[index] = for_failover(std::move(ch.value()));
     try_start_locked(index);
+  };
+  return plan;
+}
+
+transport::rdma::AcceptPlan TargetSession::rail_redial_plan(uint32_t index, uint32_t rail) {
+  const auto chunk = static_cast<uint32_t>(hello_.chunk_size);
+  transport::rdma::AcceptPlan plan;
+  plan.key = channel_key_;
+  plan.params = transport::rdma::RdmaChannelParams{index, session::return_path_chunk(chunk),
+                                                   session::return_path_depth(hello_.ring_depth), chunk,
+                                                   hello_.ring_depth};
+  plan.metrics = &ctx_.metrics.transport("rdma");
+  // The rail it came over (this agent's listener on it), for the failover's words on this end.
+  plan.deliver = [this, index, via = session::arrival_rail_text(rails(), rail)](
+                     Result<std::unique_ptr<transport::Channel>> ch) mutable {
+    if (!ch) {
+      LOG_WARN("kubevirt") << "session=" << id_ << " channel " << index << " re-dialled over RDMA (" << via
+                           << "): " << ch.error().message;
+      return;  // the source tries again, or another path
+    }
+    // As a TCP re-dial (resume_tcp_channel): the live channel gives up its link and takes this one.
+    const Error why{Errc::kUnavailable, "the source agent re-dialled channel " + std::to_string(index) + " over RDMA"};
+    bool live = interrupt_leg(index, why);
+    if (!live) {
+      MutexLock lock(conn_mu_);  // not started yet: the channel waits in channels_
+      auto* fc = index < channels_.size() ? dynamic_cast<session::FailoverChannel*>(channels_[index].get()) : nullptr;
+      if (fc != nullptr && !fc->failed()) {
+        fc->interrupt(why);
+        live = true;
+      }
+    }
+    if (!live) return;  // ended meanwhile: the new channel just closes
+    redials_.put(index, std::move(ch.value()), std::move(via));  // a newer re-dial replaces one not yet taken
   };
   return plan;
 }
