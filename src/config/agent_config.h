@@ -57,7 +57,8 @@ struct DataPlaneConfig {
   uint32_t failover_deadline_seconds = 5;
   // Where a failed RDMA channel is re-dialled, in this order (docs/failover.md): "rail" (another
   // rail of the session, rdma_cm to the target's address on it) and "tcp" (the target's data port;
-  // only under transport auto). Each at most once, at least one. TCP channels fail over over TCP.
+  // only under transport auto). Each at most once, at least one. A TCP channel's only path is TCP:
+  // with no "tcp" in the list it does not fail over either (source_dial.cpp, source_session.cpp).
   std::vector<std::string> failover_paths{"rail", "tcp"};
   bool fails_over_to(const std::string& path) const {
     return std::find(failover_paths.begin(), failover_paths.end(), path) != failover_paths.end();
