@@ -156,7 +156,9 @@ def dial(args):
             if not rec["ok"]:
                 rec["error"] = "digest mismatch or no answer: %r" % got[:80]
         except OSError as e:
-            rec["error"] = "%s: %s" % (type(e).__name__, e)
+            # A reset met while sending is the same reset as one met while holding (recv above):
+            # name it alike (seen: the killed-target reset case in the Soft-RoCE VM, run S).
+            rec["error"] = "reset" if isinstance(e, ConnectionResetError) else "%s: %s" % (type(e).__name__, e)
             if args.hold:
                 rec["ended_at"] = time.time()
         rec["seconds"] = round(time.monotonic() - t0, 3)
