@@ -207,24 +207,41 @@ Result<bool> DrainPlanReconciler::stop_path_check(const json& obj, json& status,
   const auto [check_ns, name] = own_path_check(obj);
   const std::string key = check_ns + "/" + name;
   const std::string path = pathcheck_collection(config_, obj["metadata"].value("namespace", "")) + "/" + name;
-  json check;
-  if (fresh) {
-    auto got = kube_.get(path);
-    if (!got) {
-      if (got.error().code == Errc::kNotFound) return false;
-      return got.error().with_context("reading path check " + key);
+  PathCheckStop stop;
+  // The delete holds only for the check as read (preconditions uid and resourceVersion): one that
+  // changed meanwhile (it ended and its result was written, in that instant) is read again and
+  // judged again, so a finished check keeps its result. A few tries; then the reconcile retries.
+  for (int attempt = 0;; ++attempt) {
+    json check;
+    if (fresh || attempt > 0) {
+      auto got = kube_.get(path);
+      if (!got) {
+        if (got.error().code == Errc::kNotFound) return false;
+        return got.error().with_context("reading path check " + key);
+      }
+      check = got.value();
+    } else {
+      auto cached = pathchecks_.get(key);
+      if (!cached) return false;
+      check = *cached;
     }
-    check = got.value();
-  } else {
-    auto cached = pathchecks_.get(key);
-    if (!cached) return false;
-    check = *cached;
-  }
-  const PathCheckStop stop = path_check_to_stop(check, obj["metadata"].value("uid", ""));
-  if (!stop.stop) return false;
-  auto removed = kube_.remove(path);
-  if (!removed) {
+    stop = path_check_to_stop(check, obj["metadata"].value("uid", ""));
+    if (!stop.stop) return false;
+    const json md = check.value("metadata", json::object());
+    json preconditions = json::object();
+    for (const char* field : {"uid", "resourceVersion"}) {
+      if (const std::string v = md.value(field, ""); !v.empty()) preconditions[field] = v;
+    }
+    const json options = {{"apiVersion", "v1"}, {"kind", "DeleteOptions"}, {"preconditions", preconditions}};
+    auto removed = kube_.remove(path, options);
+    if (removed) break;
     if (removed.error().code == Errc::kNotFound) return false;  // gone meanwhile: nothing left to stop
+    if (removed.error().code == Errc::kFailedPrecondition && attempt < 2) {
+      LOG_INFO("drainplan") << informer_.key_of(obj) << ": path check " << key
+                            << " changed while it was being stopped; reading it again (" << removed.error().message
+                            << ")";
+      continue;
+    }
     return removed.error().with_context("stopping path check " + key);
   }
   json next = record.is_object() ? record : json::object();

@@ -102,7 +102,9 @@ class DrainPlanReconciler final : public ObjectReconciler {
   // (RdmaPathCheck has no cancel of its own; its finalizer cancels the pairs on both agents),
   // recorded in status.createdPathCheck (stopTime, stopped) and Event PathCheckStopped; once.
   // fresh: read the check from the API server (one created a moment ago may not be cached yet),
-  // else from the cache. Returns whether it stopped one now.
+  // else from the cache. The delete holds only for the check as read (preconditions uid and
+  // resourceVersion): one that changed meanwhile is read again and judged again, so a check that
+  // ended in that instant keeps its result. Returns whether it stopped one now.
   Result<bool> stop_path_check(const nlohmann::json& obj, nlohmann::json& status, bool fresh);
   Result<nlohmann::json> write_status(const nlohmann::json& obj, nlohmann::json status);
 

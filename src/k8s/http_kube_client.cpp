@@ -165,6 +165,7 @@ Result<json> HttpKubeClient::call(const char* method, const std::string& path, c
   httplib::Result res = m == "GET"    ? c.Get(full, headers)
                         : m == "POST" ? c.Post(full, headers, payload, "application/json")
                         : m == "PUT"  ? c.Put(full, headers, payload, "application/json")
+                        : body        ? c.Delete(full, headers, payload, "application/json")
                                       : c.Delete(full, headers);
   if (!res) {
     return Error{Errc::kUnavailable, what + ": " + httplib::to_string(res.error()) + " (" + config_.server + ")"};
@@ -178,7 +179,9 @@ Result<json> HttpKubeClient::call(const char* method, const std::string& path, c
 Result<json> HttpKubeClient::get(const std::string& path) { return call("GET", path, nullptr); }
 Result<json> HttpKubeClient::create(const std::string& path, const json& body) { return call("POST", path, &body); }
 Result<json> HttpKubeClient::replace(const std::string& path, const json& body) { return call("PUT", path, &body); }
-Result<json> HttpKubeClient::remove(const std::string& path) { return call("DELETE", path, nullptr); }
+Result<json> HttpKubeClient::remove(const std::string& path, const json& options) {
+  return call("DELETE", path, options.is_null() ? nullptr : &options);
+}
 
 Result<WatchEnd> HttpKubeClient::watch(const std::string& path,
                                        const std::function<bool(const WatchEvent&)>& on_event) {

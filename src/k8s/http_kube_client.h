@@ -34,7 +34,8 @@ class HttpKubeClient final : public KubeClient {
   Result<nlohmann::json> get(const std::string& path) override;
   Result<nlohmann::json> create(const std::string& path, const nlohmann::json& body) override;
   Result<nlohmann::json> replace(const std::string& path, const nlohmann::json& body) override;
-  Result<nlohmann::json> remove(const std::string& path) override;
+  Result<nlohmann::json> remove(const std::string& path, const nlohmann::json& options) override;
+  using KubeClient::remove;
   Result<WatchEnd> watch(const std::string& path,
                          const std::function<bool(const WatchEvent&)>& on_event) override;
   void stop_watches() override;

@@ -34,7 +34,11 @@ class KubeClient {
   virtual Result<nlohmann::json> get(const std::string& path) = 0;
   virtual Result<nlohmann::json> create(const std::string& path, const nlohmann::json& body) = 0;
   virtual Result<nlohmann::json> replace(const std::string& path, const nlohmann::json& body) = 0;
-  virtual Result<nlohmann::json> remove(const std::string& path) = 0;
+  // DELETE; `options` (a DeleteOptions object, e.g. preconditions on uid and resourceVersion)
+  // goes as the request's body when it is not null. A precondition that no longer holds is the
+  // API server's 409 Conflict (Errc::kFailedPrecondition), and nothing is deleted.
+  virtual Result<nlohmann::json> remove(const std::string& path, const nlohmann::json& options) = 0;
+  Result<nlohmann::json> remove(const std::string& path) { return remove(path, nullptr); }
 
   // Streams `path` (which carries ?watch=1&resourceVersion=..) and calls `on_event` for each
   // event, in order, until the stream ends. ERROR events with code 410 end it with kExpired.

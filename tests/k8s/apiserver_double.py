@@ -35,6 +35,10 @@ It is a test double, not an API server. It keeps the semantics the controller re
   * RdmaMigration, RdmaPathCheck and RdmaDrainPlan writes are checked against their CRDs'
     openAPIV3Schema, CEL rules included (transition rules against the stored object on updates;
     skipped for the plurals in without_transition_rules) (422 Invalid);
+  * DELETE with DeleteOptions preconditions (uid, resourceVersion): one that does not hold is a 409
+    Conflict naming both values, as the apiserver's registry answers (storage Preconditions.Check's
+    message in a Conflict) and nothing is deleted; before_delete (fault injection) runs a test's
+    function just before a DELETE of a path is served (a write that lands first, a slow request);
   * GETs answered late by delay_get (a slow API server), and publish_migration(): a VMI whose
     status.migrationState is written through the status subresource, as KubeVirt writes it;
   * kubevirt.io/v1 VirtualMachineInstance and VirtualMachineInstanceMigration like any other
@@ -330,12 +334,19 @@ class Store:
             self._bump(plural, ns, "MODIFIED", new)
             return 200, copy.deepcopy(new)
 
-    def delete(self, plural, ns, name):
+    def delete(self, plural, ns, name, preconditions=None):
         with self.cond:
             key = (plural, ns, name)
             stored = self.objects.get(key)
             if stored is None:
                 return 404, status_body(404, "NotFound", '%s "%s" not found' % (plural, name))
+            for field, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+                want = (preconditions or {}).get(field)
+                have = stored["metadata"].get(field)
+                if want is not None and want != have:
+                    return 409, status_body(409, "Conflict", 'Operation cannot be fulfilled on %s "%s": Precondition '
+                                            'failed: %s in precondition: %s, %s in object meta: %s'
+                                            % (plural, name, label, want, label, have))
             if stored["metadata"].get("finalizers"):
                 if not stored["metadata"].get("deletionTimestamp"):
                     stored["metadata"]["deletionTimestamp"] = now_rfc3339()
@@ -653,7 +664,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if r is None or not r[2]:
             return self._send(405, status_body(405, "MethodNotAllowed", "collection delete not supported"))
         plural, ns, name, sub, q = r
-        self._write(self.api.store.delete, plural, ns, name)
+        options = self._body()
+        if options is None:
+            return self._send(400, status_body(400, "BadRequest", "the DeleteOptions body is not JSON"))
+        if not isinstance(options, dict) or not isinstance(options.get("preconditions") or {}, dict):
+            return self._send(400, status_body(400, "BadRequest", "DeleteOptions: preconditions must be an object"))
+        if self.api.before_delete:
+            self.api.before_delete(self.path)
+        self._write(self.api.store.delete, plural, ns, name, options.get("preconditions"))
 
 
 class ApiServerDouble:
@@ -674,6 +692,7 @@ class ApiServerDouble:
         self.requests = []  # (method, path, user_agent, status)
         self.refuse_lists = {}  # plural -> (code, reason, message): lists of it answer that (fault injection)
         self.delay_get = None  # (path, user_agent) -> seconds a GET waits before it is answered (fault injection)
+        self.before_delete = None  # path -> None, called before a DELETE is served (fault injection)
         self._log_lock = threading.Lock()
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True

@@ -166,7 +166,7 @@ class ReviewingApi final : public k8s::KubeClient {
   }
   Result<json> get(const std::string& p) override { return Error{Errc::kNotFound, p}; }
   Result<json> replace(const std::string& p, const json&) override { return Error{Errc::kNotFound, p}; }
-  Result<json> remove(const std::string& p) override { return Error{Errc::kNotFound, p}; }
+  Result<json> remove(const std::string& p, const json&) override { return Error{Errc::kNotFound, p}; }
   Result<k8s::WatchEnd> watch(const std::string&, const std::function<bool(const k8s::WatchEvent&)>&) override {
     return k8s::WatchEnd::kStopped;
   }

@@ -275,6 +275,49 @@ class DrainPlanControllerTest(AgentsAndControllerTest):
         finally:
             self.store.delete("rdmapathchecks", NS, "cancel-b-paths")  # not left running for the next cases
 
+    def test_a_plan_cancelled_as_its_path_check_ends_leaves_the_check_and_its_result(self):
+        # The race of a cancel with the check's end: the controller read the check Running, and its
+        # DELETE reaches the API server only after the check ended and its result was written (the
+        # double holds the DELETE until then: a slow request). The delete's preconditions (uid,
+        # resourceVersion) no longer hold: 409, nothing deleted; the controller reads the check
+        # again, finds it ended, and leaves it with its result. Without preconditions the DELETE
+        # went through and the finished check was gone with its result.
+        self.add_vmi("on-a-race", "node-a", memory="256Mi", dirty=0)
+        self.create(plan("race-a", "node-a", targets=["node-c"], pathCheckBytes="8Gi", execute=True))
+        held = []
+
+        def hold_until_the_check_ended(path):
+            if not path.split("?")[0].endswith("/rdmapathchecks/race-a-paths"):
+                return
+            held.append(path)
+            wait_for(lambda: (self.get("race-a-paths", "rdmapathchecks") or {}).get("status", {}).get("phase")
+                     not in (None, "", "Pending", "Running"), 120, "the path check to end by itself")
+        try:
+            _, cid = self.running_path_check("race-a", "a")
+            self.api.before_delete = hold_until_the_check_ended
+            code, body = self.edit_spec("race-a", cancel=True)
+            self.assertEqual(code, 200, body)
+            st = self.wait_phase("race-a", ("Cancelled", "Forecast", "Executing", "Failed"), timeout=150)["status"]
+            self.assertEqual(st["phase"], "Cancelled", st)
+            self.assertEqual(len(held), 1, "the controller's DELETE of the check")
+            deletes = [(m, code) for m, p, _, code in self.api.requests
+                       if m == "DELETE" and p.split("?")[0].endswith("/rdmapathchecks/race-a-paths")]
+            self.assertEqual(deletes, [("DELETE", 409)], "refused by its preconditions, and not sent again")
+            check = self.get("race-a-paths", "rdmapathchecks")
+            print("\ncancelled:", st, "\ncheck:", check and check["status"])
+            self.assertIsNotNone(check, "the ended check is kept")
+            self.assertEqual(check["status"]["phase"], "Succeeded", check["status"])
+            pair = check["status"]["pairs"][0]
+            self.assertIn(pair["phase"], ("Passed", "FellBack"), pair)  # these agents carry TCP
+            self.assertEqual(pair["bytesVerified"], 8 * GiB, pair)
+            self.assertGreater(pair["throughputBytesPerSecond"], 0, pair)
+            self.assertNotIn("stopTime", st.get("createdPathCheck", {}), "nothing was stopped")
+            self.assertNotIn(("Normal", "PathCheckStopped"), self.reasons("race-a"))
+            self.assertEqual(self.agents["a"].call("GET", "/v1/pathchecks/" + cid)["phase"], "Succeeded")
+        finally:
+            self.api.before_delete = None
+            self.store.delete("rdmapathchecks", NS, "race-a-paths")  # its measurement is no other case's
+
     def test_a_forecast_only_plan_deleted_mid_check_takes_its_path_check_with_it(self):
         # Deleting the plan: the garbage collector deletes the check it owns (owner reference),
         # which cancels its pair on both agents; no finalizer on the plan is needed for that.
