@@ -343,7 +343,7 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
   }
   if (const auto r = root["rdma"]) {
     RDMIG_TRY(check_keys(r, "rdma", {"device", "netdev", "address", "resourceEnv", "network", "trafficClass",
-                                     "devices", "networkStatusFile", "networkWaitSeconds"}));
+                                     "devices", "networkStatusFile", "networkWaitSeconds", "connectTimeoutSeconds"}));
     RDMIG_TRY(parse_rdma_rail(r, "rdma", c.rdma));
     RDMIG_TRY(read_string(r, "rdma", "networkStatusFile", c.rdma.network_status_file));
     if (c.rdma.network_status_file.empty() || c.rdma.network_status_file.front() != '/') {
@@ -353,6 +353,8 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
     }
     // The liveness probe (first after 5 s, 6 failures 10 s apart) is served only after this wait.
     RDMIG_TRY(read_uint(r, "rdma", "networkWaitSeconds", c.rdma.network_wait_seconds, 0, 40));
+    // At most 60 s: a target waits for the source's channels migration.completionTimeoutSeconds.
+    RDMIG_TRY(read_uint(r, "rdma", "connectTimeoutSeconds", c.rdma.connect_timeout_seconds, 1, 60));
     if (const auto list = r["devices"]; list && !list.IsNull()) {
       if (!list.IsSequence()) return bad("rdma.devices", "expected a list of rails (device, netdev, address, ...)");
       if (list.size() == 0) return bad("rdma.devices", "must list at least one rail, or be left out");

@@ -129,6 +129,12 @@ struct RdmaConfig : RdmaRailConfig {
   // annotation). Kept below the agent's liveness window (the probe server starts after this).
   std::string network_status_file = "/etc/podinfo/network-status";
   uint32_t network_wait_seconds = 30;
+  // How long a source agent tries to connect one RDMA channel to the target (rdma_cm address and
+  // route resolution and the connect together) before the peer's RDMA counts as unreachable:
+  // transport auto then falls back to TCP (auto-no-peer-rdma:unreachable), rdma fails. A
+  // reachable peer answers in milliseconds; while RoCE is broken on a path every migration of a
+  // drain waits this long before it moves over TCP.
+  uint32_t connect_timeout_seconds = 15;
 
   // The rails in configured order: `devices`, or the single rail.
   std::vector<RdmaRailConfig> rails() const {

@@ -241,17 +241,13 @@ void Job::refresh_data_counters() {
     }
   }
   MutexLock lock(status_mu_);
-  // A channel that failed over to TCP counts on its rail what it carried until then (its first
-  // refresh after the failover, within a second of it), not what TCP carries since.
-  for (auto& [c, at] : off_rail_) {
-    if (c >= by_channel.bytes_sent.size()) continue;
-    std::array<uint64_t*, 4> now{&by_channel.bytes_sent[c], &by_channel.bytes_received[c], &by_channel.chunks_sent[c],
-                                 &by_channel.chunks_received[c]};
-    for (size_t k = 0; k < now.size(); ++k) {
-      if (at[k] == UINT64_MAX) at[k] = *now[k];
-      *now[k] = std::min(*now[k], at[k]);
-    }
+  // A channel that failed over off its rail counts there what it carried until then (its first
+  // refresh after the failover, within a second of it); what it carries since counts on the rail
+  // it moved to, or on none over TCP.
+  for (const auto& [c, to] : rail_moves_) {
+    session::move_channel_off_rail(status_.rails, rail_pairs_for_status_, c, to, by_channel);
   }
+  rail_moves_.clear();
   status_.progress.data_bytes_sent = sent;
   status_.progress.data_bytes_received = received;
   status_.progress.chunks_sent = chunks_sent;
@@ -274,10 +270,10 @@ void Job::set_rails(const std::vector<RailPair>& rails) {
                           << d.reason;
     left_out.push_back(RailLeftOut{d.rail, d.reason_code, d.reason});
   }
-  update([&](MigrationStatus& s) {
-    s.rails = std::move(usage);
-    s.rails_left_out = std::move(left_out);
-  });
+  MutexLock lock(status_mu_);
+  status_.rails = std::move(usage);
+  status_.rails_left_out = std::move(left_out);
+  rail_pairs_for_status_ = rails;
 }
 
 bool is_peer_abort(const Error& e) {
@@ -316,6 +312,14 @@ Error Job::data_plane_error(const Error& e, uint32_t channel) const {
   {
     MutexLock lock(status_mu_);
     rail = rail_of_channel_text(status_.rails, channel);
+    // A failover the counters have not applied yet moved it already: name where it runs now.
+    for (const auto& [c, to] : rail_moves_) {
+      if (c != channel) continue;
+      rail.clear();
+      for (const auto& p : rail_pairs_for_status_) {
+        if (to && p.rail == *to) rail = session::rail_text(p);
+      }
+    }
   }
   return e.with_context(rail.empty() ? "data plane" : "data plane (" + rail + ")");
 }
@@ -437,6 +441,42 @@ void Job::save_record(const std::string& state) {
   }
 }
 
+MigrationSpec Job::spec_from_record(const PostcopyRecord& record, Role role) {
+  MigrationSpec spec;
+  spec.role = role;
+  spec.id = record.id;
+  spec.vm = record.vm;
+  spec.qmp_socket = record.qmp_socket;
+  spec.chunk_size = record.chunk_size;
+  spec.ring_depth = record.ring_depth;
+  spec.transport = TransportKind::kTcp;  // a recovery's fresh channel runs over TCP
+  spec.verify_chunks = record.verify_chunks;
+  spec.completion_timeout_seconds = record.completion_timeout_seconds;
+  spec.no_progress_timeout_seconds = record.no_progress_timeout_seconds;
+  return spec;
+}
+
+void Job::mark_restored(const PostcopyRecord& record) {
+  record_ = record;
+  restored_ = true;
+  (void)agree_postcopy_switch();  // cancels through the API are refused, as before the restart
+  update([&](MigrationStatus& s) {
+    s.transport = "tcp";
+    s.transport_reason = "post-copy recovery after a restart";
+    s.post_copy.switched = true;
+    s.post_copy.switched_at_ms = record.switched_at_ms;
+    s.post_copy.recoveries = record.recoveries;
+    s.post_copy.after_restart = true;
+  });
+}
+
+Error Job::restored_why(const std::string& qemu_role, const std::string& next) {
+  LOG_WARN("migration") << log_prefix() << " restored from its post-copy record after a restart: " << qemu_role
+                        << " QEMU " << qemu_state().first << "; " << next;
+  return Error{Errc::kUnavailable, "this agent restarted during post-copy (its record " +
+                                       postcopy_record_path(ctx_.config.state_dir, spec_.id) + ")"};
+}
+
 void Job::keep_record_alive() {
   if (record_ && std::chrono::steady_clock::now() - record_saved_ >= std::chrono::seconds(5)) save_record(record_->state);
 }
@@ -480,7 +520,7 @@ void Job::on_failover(const session::FailoverEvent& ev) {
                         ev.path.starts_with("rdma") ? "rail" : "tcp");
   if (ev.from == "rdma") {
     MutexLock lock(status_mu_);
-    off_rail_.try_emplace(ev.index, std::array<uint64_t, 4>{UINT64_MAX, UINT64_MAX, UINT64_MAX, UINT64_MAX});
+    rail_moves_.emplace_back(ev.index, ev.rail);
   }
   // Most reasons name the channel already ("channel 3: send: ..."): say it once.
   const std::string tag = "channel " + std::to_string(ev.index) + ": ";

@@ -220,6 +220,13 @@ class Job {
   std::chrono::steady_clock::time_point record_saved_{};
   // This job was restored from its record after the agent restarted (SourceJob/TargetJob::restore).
   bool restored_ = false;
+  // What both roles' restore() share: the spec a record gives (`role`'s; the channel a recovery
+  // makes runs over TCP), and marking the job restored: record_ and restored_ set, cancels refused
+  // as before the restart (agree_postcopy_switch), the status switched with the record's switch
+  // time and recoveries, afterRestart. run_restored()'s reason and log line: restored_why().
+  static MigrationSpec spec_from_record(const PostcopyRecord& record, Role role);
+  void mark_restored(const PostcopyRecord& record) EXCLUDES(status_mu_);
+  Error restored_why(const std::string& qemu_role, const std::string& next);
 
   // Owned by the worker thread (and torn down in this order: pumps, channels, link, qmp).
   std::unique_ptr<qemu::QmpClient> qmp_;
@@ -260,9 +267,12 @@ class Job {
   bool postcopy_agreed_ GUARDED_BY(status_mu_) = false;
   bool metrics_finished_ GUARDED_BY(status_mu_) = false;
   std::vector<int> watched_fds_ GUARDED_BY(status_mu_);
-  // Channels that failed over off their RDMA rail (to TCP), and what each had carried then: its
-  // rail counts that much and no more (refresh_data_counters). Indexed by channel.
-  std::map<uint32_t, std::array<uint64_t, 4>> off_rail_ GUARDED_BY(status_mu_);
+  // Channels that failed over off their RDMA rail, to another rail (its number) or to TCP
+  // (nullopt), in order, not yet applied: the next refresh_data_counters moves each in
+  // status_.rails (session::move_channel_off_rail) with its totals then (within a second of the
+  // failover). The matched rails set_rails() was given, for that.
+  std::vector<std::pair<uint32_t, std::optional<uint32_t>>> rail_moves_ GUARDED_BY(status_mu_);
+  std::vector<session::RailPair> rail_pairs_for_status_ GUARDED_BY(status_mu_);
 };
 
 }  // namespace rdmig::migration

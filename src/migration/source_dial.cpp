@@ -29,7 +29,6 @@ using session::connect_on_rail;
 using session::ControlLink;
 using session::kHandshakeTimeout;
 using session::kPeerRdmaUnreachable;
-using session::kRdmaConnectTimeout;
 using session::offer_transport;
 using session::rail_addresses;
 using session::rails_from_welcome;
@@ -367,7 +366,8 @@ Status SourceJob::connect_rdma_channels(const json& welcome) {
   for (uint32_t i = 0; i < spec_.channels(); ++i) {
     transport::rdma::RdmaChannelParams p{i, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
                                          return_path_chunk(spec_.chunk_size), return_path_depth(spec_.ring_depth)};
-    auto ch = connect_on_rail(rails.value(), key, p, tm, kRdmaConnectTimeout, [this] { return cancel_requested(); });
+    auto ch = connect_on_rail(rails.value(), key, p, tm, std::chrono::seconds(ctx_.config.rdma.connect_timeout_seconds),
+                              [this] { return cancel_requested(); });
     if (!ch) return ch.error();
     MutexLock lock(data_mu_);
     channels_.push_back(std::move(ch.value()));

@@ -36,7 +36,7 @@ class SourceJob final : public Job {
   // The session handshake and the dials (source_dial.cpp): control connection, welcome, channels.
   Status connect_data_plane();
   // One RDMA channel per QEMU connection to the target's rdmaEndpoint (from its welcome), each
-  // within session::kRdmaConnectTimeout; the first failure ends it (the caller falls back or fails).
+  // within rdma.connectTimeoutSeconds; the first failure ends it (the caller falls back or fails).
   Status connect_rdma_channels(const nlohmann::json& welcome);
   // Failover (docs/failover.md): channel `index` re-dialled to the target agent over each path of
   // dataPlane.failoverPaths this migration allows, in order, until one resumes (this end's count

@@ -287,18 +287,8 @@ PostcopyRecord SourceJob::make_record() const {
 Result<std::unique_ptr<SourceJob>> SourceJob::restore(const PostcopyRecord& record, JobContext ctx) {
   auto ep = net::parse_endpoint(record.peer, "peer");
   if (!ep) return ep.error();
-  MigrationSpec spec;
-  spec.role = Role::kSource;
-  spec.id = record.id;
-  spec.vm = record.vm;
-  spec.qmp_socket = record.qmp_socket;
-  spec.chunk_size = record.chunk_size;
-  spec.ring_depth = record.ring_depth;
-  spec.transport = TransportKind::kTcp;  // a recovery's fresh channel runs over TCP
-  spec.verify_chunks = record.verify_chunks;
+  MigrationSpec spec = spec_from_record(record, Role::kSource);
   spec.target = TargetRef{ep->host, ep->port, record.target_migration_id, ""};
-  spec.completion_timeout_seconds = record.completion_timeout_seconds;
-  spec.no_progress_timeout_seconds = record.no_progress_timeout_seconds;
   spec.post_copy.mode = record.post_copy_mode == "auto" ? PostCopyMode::kAuto : PostCopyMode::kAfter;
   auto qmp = qemu::QmpClient::connect(spec.qmp_socket, 5s);
   if (!qmp) return qmp_check_failed(spec.qmp_socket, "its greeting", qmp.error());
@@ -308,17 +298,7 @@ Result<std::unique_ptr<SourceJob>> SourceJob::restore(const PostcopyRecord& reco
   job->transport_ = "tcp";
   job->postcopy_switched_ = true;
   job->postcopy_at_ = std::chrono::steady_clock::now();
-  job->record_ = record;
-  job->restored_ = true;
-  (void)job->agree_postcopy_switch();  // cancels through the API are refused, as before the restart
-  job->update([&](MigrationStatus& s) {
-    s.transport = "tcp";
-    s.transport_reason = "post-copy recovery after a restart";
-    s.post_copy.switched = true;
-    s.post_copy.switched_at_ms = record.switched_at_ms;
-    s.post_copy.recoveries = record.recoveries;
-    s.post_copy.after_restart = true;
-  });
+  job->mark_restored(record);
   return job;
 }
 
@@ -327,10 +307,7 @@ void SourceJob::start_restored() {
 }
 
 void SourceJob::run_restored() {
-  const Error why{Errc::kUnavailable, "this agent restarted during post-copy (its record " +
-                                          postcopy_record_path(ctx_.config.state_dir, spec_.id) + ")"};
-  LOG_WARN("migration") << log_prefix() << " restored from its post-copy record after a restart: source QEMU "
-                        << qemu_state().first << "; taking part in the recovery";
+  const Error why = restored_why("source", "taking part in the recovery");
   const auto r = recover_postcopy(why);
   if (r == Recovery::kResumed) {
     monitor_to_end();

@@ -80,6 +80,7 @@ class TargetJob final : public Job {
     std::chrono::milliseconds left{0};  // what is left of the deadline for the next step (TLS)
     std::string where;                  // "channel 3 re-dialled by the source", for errors
     std::string via;                    // a rail failover's re-dial: the rail it came over
+    std::optional<uint32_t> rail{};     // and that rail's number
   };
   Result<Redialled> take_redial(uint32_t index, uint64_t count, std::chrono::steady_clock::time_point deadline,
                                 const std::function<bool()>& stopped);

@@ -160,17 +160,7 @@ PostcopyRecord TargetJob::make_record() {
 }
 
 Result<std::unique_ptr<TargetJob>> TargetJob::restore(const PostcopyRecord& record, JobContext ctx) {
-  MigrationSpec spec;
-  spec.role = Role::kTarget;
-  spec.id = record.id;
-  spec.vm = record.vm;
-  spec.qmp_socket = record.qmp_socket;
-  spec.chunk_size = record.chunk_size;
-  spec.ring_depth = record.ring_depth;
-  spec.transport = TransportKind::kTcp;  // a recovery's fresh channel runs over TCP
-  spec.verify_chunks = record.verify_chunks;
-  spec.completion_timeout_seconds = record.completion_timeout_seconds;
-  spec.no_progress_timeout_seconds = record.no_progress_timeout_seconds;
+  MigrationSpec spec = spec_from_record(record, Role::kTarget);
   auto qmp = qemu::QmpClient::connect(spec.qmp_socket, 5s);
   if (!qmp) return qmp_check_failed(spec.qmp_socket, "its greeting", qmp.error());
   std::unique_ptr<TargetJob> owned(new TargetJob(std::move(spec), ctx, std::move(qmp.value())));
@@ -190,18 +180,10 @@ Result<std::unique_ptr<TargetJob>> TargetJob::restore(const PostcopyRecord& reco
   }
   job->post_copy_ = true;
   job->incoming_started_ = true;
-  job->record_ = record;
-  job->restored_ = true;
-  (void)job->agree_postcopy_switch();  // cancels through the API are refused, as before the restart
+  job->mark_restored(record);
   job->update([&](MigrationStatus& s) {
-    s.transport = "tcp";
-    s.transport_reason = "post-copy recovery after a restart";
     s.peer = record.peer;
     s.post_copy.mode = "requested";
-    s.post_copy.switched = true;
-    s.post_copy.switched_at_ms = record.switched_at_ms;
-    s.post_copy.recoveries = record.recoveries;
-    s.post_copy.after_restart = true;
   });
   return owned;
 }
@@ -211,10 +193,7 @@ void TargetJob::start_restored() {
 }
 
 void TargetJob::run_restored() {
-  const Error why{Errc::kUnavailable, "this agent restarted during post-copy (its record " +
-                                          postcopy_record_path(ctx_.config.state_dir, spec_.id) + ")"};
-  LOG_WARN("migration") << log_prefix() << " restored from its post-copy record after a restart: target QEMU "
-                        << qemu_state().first << "; waiting for the source agent's recovery";
+  const Error why = restored_why("target", "waiting for the source agent's recovery");
   const auto r = recover_postcopy(why);
   if (r == Recovery::kResumed) {
     monitor_to_end();

@@ -413,7 +413,7 @@ Status FailoverChannel::fail_over(const Error& first) {
       auto st = resend(*r->channel, r->peer_taken, upto);
       if (st) {
         FailoverEvent ev{index_, first.message, r->path, upto - r->peer_taken,
-                         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started), from};
+                         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started), from, r->rail};
         {
           std::lock_guard lock(mu_);
           retired_.emplace_back(gen_, std::move(cur_));

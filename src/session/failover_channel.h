@@ -55,6 +55,7 @@ struct Resumed {
   std::unique_ptr<transport::Channel> channel;
   uint64_t peer_taken = 0;
   std::string path;  // what the new link runs over, for logs and status ("tcp 10.0.0.2:7471")
+  std::optional<uint32_t> rail{};  // the rail (its number) the new link runs on; none over TCP
 };
 
 // One failover, as reported to the owner.
@@ -65,6 +66,7 @@ struct FailoverEvent {
   uint64_t resent = 0;  // elements resent
   std::chrono::milliseconds took{0};
   std::string from;  // the transport of the link that failed ("rdma", "tcp")
+  std::optional<uint32_t> rail{};  // the rail it resumed on (Resumed::rail); none over TCP
 };
 
 class FailoverChannel final : public transport::Channel {

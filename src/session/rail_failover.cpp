@@ -62,7 +62,7 @@ Result<Resumed> redial_over_rail(const RailPair& rail, const transport::rdma::Ch
                                duration_cast<milliseconds>(kHandshakeTimeout));
   auto peer = resume_as_dialler(*ch.value(), terms, taken, rest);
   if (!peer) return peer.error().with_context("channel " + std::to_string(params.index) + " re-dialled over " + path);
-  return Resumed{std::move(ch.value()), peer.value(), path};
+  return Resumed{std::move(ch.value()), peer.value(), path, rail.rail};
 }
 
 }  // namespace rdmig::session

@@ -168,21 +168,56 @@ std::string arrival_rail_text(const std::vector<RailPair>& rails, uint32_t rail)
   return "rail " + std::to_string(rail);
 }
 
-void add_channel_to_usage(std::vector<RailUsage>& usage, const std::vector<RailPair>& rails, uint32_t channel) {
-  if (rails.empty()) return;
-  const auto& p = rails[rail_of_channel(channel, rails.size())];
+static RailUsage& usage_of_rail(std::vector<RailUsage>& usage, const RailPair& p) {
   auto it = std::find_if(usage.begin(), usage.end(), [&](const RailUsage& u) { return u.rail >= p.rail; });
   if (it == usage.end() || it->rail != p.rail) {
     it = usage.insert(it, RailUsage{p.rail, p.local.device, p.local.gid, p.local.ip, p.peer, {}, 0, 0});
   }
-  it->channels.insert(std::upper_bound(it->channels.begin(), it->channels.end(), channel), channel);
+  return *it;
+}
+
+void add_channel_to_usage(std::vector<RailUsage>& usage, const std::vector<RailPair>& rails, uint32_t channel) {
+  if (rails.empty()) return;
+  auto& u = usage_of_rail(usage, rails[rail_of_channel(channel, rails.size())]);
+  u.channels.insert(std::upper_bound(u.channels.begin(), u.channels.end(), channel), channel);
+}
+
+static std::array<uint64_t, 4> totals_of(const ChannelTraffic& t, uint32_t c) {
+  auto at = [c](const std::vector<uint64_t>& v) { return c < v.size() ? v[c] : uint64_t{0}; };
+  return {at(t.bytes_sent), at(t.bytes_received), at(t.chunks_sent), at(t.chunks_received)};
+}
+
+void move_channel_off_rail(std::vector<RailUsage>& usage, const std::vector<RailPair>& rails, uint32_t channel,
+                           std::optional<uint32_t> to, const ChannelTraffic& now) {
+  const auto totals = totals_of(now, channel);
+  for (auto& u : usage) {
+    auto it = std::find(u.channels.begin(), u.channels.end(), channel);
+    if (it == u.channels.end()) continue;
+    const auto base = u.arrived_at.count(channel) ? u.arrived_at[channel] : std::array<uint64_t, 4>{};
+    for (size_t k = 0; k < totals.size(); ++k) u.departed[k] += totals[k] > base[k] ? totals[k] - base[k] : 0;
+    u.channels.erase(it);
+    u.arrived_at.erase(channel);
+  }
+  if (!to) return;
+  const auto p = std::find_if(rails.begin(), rails.end(), [&](const RailPair& r) { return r.rail == *to; });
+  if (p == rails.end()) return;
+  auto& u = usage_of_rail(usage, *p);
+  u.channels.insert(std::upper_bound(u.channels.begin(), u.channels.end(), channel), channel);
+  u.arrived_at[channel] = totals;
 }
 
 void account_rail_traffic(std::vector<RailUsage>& rails, const ChannelTraffic& by_channel, Metrics& metrics,
                           const std::string& traffic, std::chrono::steady_clock::time_point now) {
-  auto sum = [](const std::vector<uint64_t>& v, const std::vector<uint32_t>& channels) {
-    uint64_t total = 0;
-    for (const uint32_t c : channels) total += c < v.size() ? v[c] : 0;
+  // What the rail's channels carried while on it: each one's totals less what it had counted
+  // before it arrived, and what channels that left carried here.
+  auto sum = [](const RailUsage& r, const std::vector<uint64_t>& v, size_t k) {
+    uint64_t total = r.departed[k];
+    for (const uint32_t c : r.channels) {
+      const uint64_t carried = c < v.size() ? v[c] : 0;
+      const auto base = r.arrived_at.find(c);
+      const uint64_t before = base == r.arrived_at.end() ? 0 : base->second[k];
+      total += carried > before ? carried - before : 0;
+    }
     return total;
   };
   for (auto& r : rails) {
@@ -194,10 +229,10 @@ void account_rail_traffic(std::vector<RailUsage>& rails, const ChannelTraffic& b
       else metrics.add_rail_bytes(label, r.device, direction, traffic, now_total - total);
       total = now_total;
     };
-    grow(r.bytes_sent, sum(by_channel.bytes_sent, r.channels), "sent", false);
-    grow(r.bytes_received, sum(by_channel.bytes_received, r.channels), "received", false);
-    grow(r.chunks_sent, sum(by_channel.chunks_sent, r.channels), "sent", true);
-    grow(r.chunks_received, sum(by_channel.chunks_received, r.channels), "received", true);
+    grow(r.bytes_sent, sum(r, by_channel.bytes_sent, 0), "sent", false);
+    grow(r.bytes_received, sum(r, by_channel.bytes_received, 1), "received", false);
+    grow(r.chunks_sent, sum(r, by_channel.chunks_sent, 2), "sent", true);
+    grow(r.chunks_received, sum(r, by_channel.chunks_received, 3), "received", true);
     if (r.counted_since == std::chrono::steady_clock::time_point{}) {
       r.counted_since = now;
     } else if (const double s = std::chrono::duration<double>(now - r.counted_since).count(); s > 0) {

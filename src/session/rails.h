@@ -110,6 +110,13 @@ void add_channel_to_usage(std::vector<RailUsage>& usage, const std::vector<RailP
 struct ChannelTraffic {
   std::vector<uint64_t> bytes_sent, bytes_received, chunks_sent, chunks_received;
 };
+// A failover moved `channel` off the rail it ran on: to rail number `to` (a rail of `rails`,
+// another rail of the session) or to TCP (nullopt). What the channel carried so far (`now`, its
+// totals at the move) stays counted on the rail it left; what it carries from now on counts on
+// `to`, and rail_of_channel_text names `to` for it (nothing, over TCP). A channel no rail lists
+// (it ran over TCP) only arrives.
+void move_channel_off_rail(std::vector<RailUsage>& usage, const std::vector<RailPair>& rails, uint32_t channel,
+                           std::optional<uint32_t> to, const ChannelTraffic& now);
 // Sets each rail's byte and chunk totals from the channels it carries, adds what grew to
 // rdmig_rdma_rail_bytes_total and rdmig_rdma_rail_chunks_total{traffic}, and its throughput
 // (both ways, averaged since the first call for the rail, `now`).

@@ -16,11 +16,12 @@ void RedialSlots::put(uint32_t index, UniqueFd fd) {
   cv_.notify_all();
 }
 
-void RedialSlots::put(uint32_t index, std::unique_ptr<transport::Channel> channel, std::string via) {
+void RedialSlots::put(uint32_t index, std::unique_ptr<transport::Channel> channel, std::string via,
+                      std::optional<uint32_t> rail) {
   Slot older;  // a re-dial not yet taken: closed once the lock is released (a channel joins a thread)
   {
     MutexLock lock(mu_);
-    older = std::exchange(slots_[index], Slot{UniqueFd(), std::move(channel), std::move(via)});
+    older = std::exchange(slots_[index], Slot{UniqueFd(), std::move(channel), std::move(via), rail});
   }
   cv_.notify_all();
 }
@@ -41,6 +42,7 @@ Result<RedialSlots::Redialled> RedialSlots::take(uint32_t index, const transport
         r.fd = std::move(it->second.fd);
         r.channel = std::move(it->second.channel);
         r.via = std::move(it->second.via);
+        r.rail = it->second.rail;
         slots_.erase(it);
         break;
       }

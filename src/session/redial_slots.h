@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/fd.h"
@@ -32,13 +33,15 @@ class RedialSlots {
     std::chrono::milliseconds left{0};  // what is left of the deadline for the next step (TLS)
     std::string where;                  // "channel 3 re-dialled by the source", for errors
     std::string via;                    // an RDMA re-dial: the rail it came over, as put() named it
+    std::optional<uint32_t> rail{};     // and that rail's number
   };
   // A re-dialled connection for `index`, its proof checked and its welcome sent; a newer re-dial
   // replaces one not yet taken. Wakes the take() that waits for it.
   void put(uint32_t index, UniqueFd fd) EXCLUDES(mu_);
   // The same for a channel re-dialled over RDMA (connected, its proof checked by the listener);
-  // `via` names the rail it came over ("rail 1: mlx5_1 ..."), handed on to the take.
-  void put(uint32_t index, std::unique_ptr<transport::Channel> channel, std::string via = {}) EXCLUDES(mu_);
+  // `via` names the rail it came over ("rail 1: mlx5_1 ..."), `rail` its number, handed on to the take.
+  void put(uint32_t index, std::unique_ptr<transport::Channel> channel, std::string via = {},
+           std::optional<uint32_t> rail = std::nullopt) EXCLUDES(mu_);
   // Waits until `deadline` for the re-dial of `index` (polling `stopped` every 50 ms: kCancelled
   // once it turns true), takes it and runs the resume exchange as its acceptor over `terms` with
   // this end's `count`, bounded by the deadline (at least 100 ms, at most `max_step`). `peer`
@@ -56,6 +59,7 @@ class RedialSlots {
     UniqueFd fd;
     std::unique_ptr<transport::Channel> channel;
     std::string via;
+    std::optional<uint32_t> rail{};
   };
   std::map<uint32_t, Slot> slots_ GUARDED_BY(mu_);
 };

@@ -18,8 +18,8 @@ namespace rdmig::session {
 // transport auto the migration falls back to TCP under this reason; with rdma required it
 // fails naming it.
 inline constexpr const char* kPeerRdmaUnreachable = "auto-no-peer-rdma:unreachable";
-// How long the source tries one RDMA channel (resolution and connect together) before that
-// counts as unreachable.
+// The most a failover re-dial tries one RDMA channel (resolution and connect together); a first
+// connect tries rdma.connectTimeoutSeconds (default 15) before the peer counts as unreachable.
 inline constexpr std::chrono::seconds kRdmaConnectTimeout{15};
 
 struct TransportOffer {

@@ -4,8 +4,10 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -45,6 +47,11 @@ struct RailUsage {
   // (account_rail_traffic); 0 until a second count.
   uint64_t throughput_bytes_per_second = 0;
   std::chrono::steady_clock::time_point counted_since{};  // not reported
+  // Channels that failed over between rails (move_channel_off_rail; not reported): what each
+  // channel that arrived here had counted before it came (subtracted), and what the channels that
+  // left carried here until they left (bytes sent, received, chunks sent, received).
+  std::map<uint32_t, std::array<uint64_t, 4>> arrived_at{};
+  std::array<uint64_t, 4> departed{};
 };
 nlohmann::json to_json(const RailUsage& usage);
 

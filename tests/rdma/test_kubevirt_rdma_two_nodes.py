@@ -101,6 +101,7 @@ def agent_config(peers=None, hook="", failover=False):
     # dropped. The data plane on eth0's address, the REST API on every address (node a calls b's).
     # With two rails (run-two-vms.sh --rails 2) both devices, in the same order on both nodes.
     rdma = {"device": DEV} if len(DEVS) == 1 else {"devices": [{"device": d} for d in DEVS]}
+    rdma["connectTimeoutSeconds"] = 6  # RoCE v2 dropped: TCP after 6 s, not the default 15 (as in test_agent_rdma_two_nodes.py)
     data_plane = {"address": ADDR, "advertiseAddress": ADDR, "rdmaPort": 0}
     if failover:
         data_plane["failover"] = "on"
@@ -403,6 +404,16 @@ class TwoNodeKubevirtRdmaTest(unittest.TestCase):
                          % (re.escape(PEER_ADDR), re.escape(ADDR)))
         self.assertEqual((moved["a/tcp"], moved["b/tcp"]), (0, 0), "nothing carried over tcp")
         self.assertGreaterEqual(moved["a/rdma"], src["bytesSent"])
+        # Both records count a moved channel on the rail it carried on: rail 1 keeps what came before
+        # the cut (about 1 MiB of connection 1, give or take a second of its pace), rail 0 gets the
+        # rest and lists the channels it took over; every byte on exactly one rail.
+        for rec, key in ((src, "bytesSent"), (dst, "bytesReceived")):
+            rails = {r["rail"]: r for r in rec["rails"]}
+            print("%s record: %s" % (rec["role"], [(r["rail"], r["channels"], r[key]) for r in rec["rails"]]))
+            self.assertEqual(rails[0]["channels"], [0, 1, 2, 3], rec["rails"])
+            self.assertEqual(rails[1]["channels"], [], rec["rails"])
+            self.assertEqual(rails[0][key] + rails[1][key], rec[key], rec["rails"])
+            self.assertLess(rails[1][key] * 4, rails[0][key], "rail 1 counted what rail 0 carried: %s" % rec["rails"])
         # The hw counters of node b's devices against case a's (the same four 8 MiB connections,
         # two per rail): rail 0's device (rxeb) received the packets of its own two connections and
         # of the ones it took over (connection 3 whole, the rest of connection 1: at least 1.4 times
@@ -427,6 +438,10 @@ class TwoNodeKubevirtRdmaTest(unittest.TestCase):
         self.assertIn("resumed on tcp (re-dialled by the source)", dst["failover"]["last"])
         self.assertGreater(moved["a/tcp"], 0, "nothing went over TCP after the failover")
         self.assertGreater(moved["b/tcp"], 0, "nothing went over TCP after the failover")
+        # What TCP carried counts on no rail; a channel that moved there is on no rail's list.
+        for rec, key in ((src, "bytesSent"), (dst, "bytesReceived")):
+            print("%s record: %s" % (rec["role"], [(r["rail"], r["channels"], r[key]) for r in rec["rails"]]))
+            self.assertLess(sum(r[key] for r in rec["rails"]), rec[key], rec["rails"])
 
 if __name__ == "__main__":
     if NODE == "b":

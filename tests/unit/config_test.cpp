@@ -301,6 +301,7 @@ TEST(AgentConfig, RdmaNetworkNamesAMultusNetworkAndItsStatusFile) {
   ASSERT_TRUE(c.ok()) << c.error().message;
   EXPECT_EQ(c->rdma.network_status_file, "/run/podinfo/ns");
   EXPECT_EQ(c->rdma.network_wait_seconds, 0u);
+  EXPECT_EQ(c->rdma.connect_timeout_seconds, 15u) << "the default";
   ASSERT_EQ(c->rdma.rails().size(), 2u);
   EXPECT_EQ(c->rdma.rails()[1].network, "rdmig-system/rail1");
 }
@@ -331,6 +332,9 @@ TEST(AgentConfig, RdmaNetworkExcludesTheKeysItsEntryGives) {
   EXPECT_NE(error_of("rdma:\n  networkStatusFile: podinfo/ns\n").find("rdma.networkStatusFile"), std::string::npos);
   EXPECT_NE(error_of("rdma:\n  networkWaitSeconds: 60\n").find("rdma.networkWaitSeconds"), std::string::npos)
       << "longer than the liveness probe allows before the probe server starts";
+  EXPECT_NE(error_of("rdma:\n  connectTimeoutSeconds: 0\n").find("rdma.connectTimeoutSeconds"), std::string::npos);
+  EXPECT_NE(error_of("rdma:\n  connectTimeoutSeconds: 61\n").find("rdma.connectTimeoutSeconds"), std::string::npos)
+      << "beyond what a target waits for the source's channels";
 }
 
 TEST(AgentConfig, PathCheckLimitsDefaultToTheFormerConstantsAndTheShippedYamlSpellsThemOut) {

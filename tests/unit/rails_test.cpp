@@ -144,6 +144,55 @@ TEST(Rails, BytesChunksAndThroughputAreCountedPerRailAndOnlyTheGrowthReachesTheC
 }
 
 
+// A failover moves a channel off its rail: what it carried there stays there, what it carries
+// after counts on the rail it moved to (or on none over TCP), and its failure names where it runs.
+TEST(Rails, AChannelMovedByAFailoverCountsOnEachRailWhatItCarriedThereAndIsNamedWhereItRuns) {
+  Metrics metrics;
+  const auto local = support({rail(0, "rxea", "10.99.1.1"), rail(1, "rxea2", "10.99.2.1")});
+  const auto pairs = match_rails(local.rails, {{0, "10.99.1.2:7472"}, {1, "10.99.2.2:7472"}});
+  auto usage = rail_usage(pairs, 4);  // rail 0: channels 0, 2; rail 1: channels 1, 3
+  const auto t0 = std::chrono::steady_clock::now();
+  account_rail_traffic(usage, {{100, 200, 300, 400}, {1, 2, 3, 4}, {10, 20, 30, 40}, {}}, metrics, "migration", t0);
+  EXPECT_EQ(usage[1].bytes_sent, 600u);
+  // Channel 3 (rail 1) is cut after 450 bytes and resumes on rail 0.
+  move_channel_off_rail(usage, pairs, 3, 0, {{100, 200, 300, 450}, {1, 2, 3, 5}, {10, 20, 30, 45}, {}});
+  EXPECT_EQ(rail_of_channel_text(usage, 3), "rail 0: rxea 10.99.1.1 to 10.99.1.2:7472");
+  EXPECT_EQ(usage[0].channels, (std::vector<uint32_t>{0, 2, 3}));
+  EXPECT_EQ(usage[1].channels, (std::vector<uint32_t>{1}));
+  // It carries 1000 more, all on rail 0; rail 1 keeps its 450 and channel 1's.
+  account_rail_traffic(usage, {{100, 200, 300, 1450}, {1, 2, 3, 9}, {10, 20, 30, 145}, {}}, metrics, "migration",
+                       t0 + std::chrono::seconds(1));
+  EXPECT_EQ(usage[0].bytes_sent, 100u + 300 + 1000);
+  EXPECT_EQ(usage[1].bytes_sent, 200u + 450);
+  EXPECT_EQ(usage[0].bytes_received, 1u + 3 + 4);
+  EXPECT_EQ(usage[1].bytes_received, 2u + 5);
+  EXPECT_EQ(usage[0].chunks_sent, 10u + 30 + 100);
+  EXPECT_EQ(usage[1].chunks_sent, 20u + 45);
+  // Then rail 0 is cut too and it goes over TCP: no rail counts what TCP carries, each keeps its share.
+  move_channel_off_rail(usage, pairs, 3, std::nullopt, {{100, 200, 300, 1500}, {1, 2, 3, 9}, {10, 20, 30, 150}, {}});
+  EXPECT_EQ(rail_of_channel_text(usage, 3), "") << "over TCP: no rail";
+  account_rail_traffic(usage, {{100, 200, 300, 9000}, {1, 2, 3, 9}, {10, 20, 30, 900}, {}}, metrics, "migration",
+                       t0 + std::chrono::seconds(2));
+  EXPECT_EQ(usage[0].bytes_sent, 100u + 300 + 1050);
+  EXPECT_EQ(usage[1].bytes_sent, 200u + 450);
+  // Back onto rail 1 (its path returned): only what it carries from there on counts there.
+  move_channel_off_rail(usage, pairs, 3, 1, {{100, 200, 300, 9000}, {1, 2, 3, 9}, {10, 20, 30, 900}, {}});
+  account_rail_traffic(usage, {{100, 200, 300, 9100}, {1, 2, 3, 9}, {10, 20, 30, 910}, {}}, metrics, "migration",
+                       t0 + std::chrono::seconds(3));
+  EXPECT_EQ(usage[1].bytes_sent, 200u + 450 + 100);
+  EXPECT_EQ(usage[0].bytes_sent, 100u + 300 + 1050);
+  EXPECT_EQ(rail_of_channel_text(usage, 3), "rail 1: rxea2 10.99.2.1 to 10.99.2.2:7472");
+  const std::string text = metrics.serialize();
+  for (const char* sample :
+       {R"(rdmig_rdma_rail_bytes_total{device="rxea",direction="sent",rail="0",traffic="migration"} 1450)",
+        R"(rdmig_rdma_rail_bytes_total{device="rxea2",direction="sent",rail="1",traffic="migration"} 750)"}) {
+    EXPECT_NE(text.find(sample), std::string::npos) << sample << "\n" << text;
+  }
+  // A channel that ran over TCP from the start moves onto no rail's count until it arrives on one.
+  move_channel_off_rail(usage, pairs, 7, std::nullopt, {});
+  EXPECT_EQ(usage[0].channels, (std::vector<uint32_t>{0, 2}));
+}
+
 RdmaRail rail_with_mtu(uint32_t index, const std::string& device, const std::string& ip, uint32_t mtu) {
   auto r = rail(index, device, ip);
   r.mtu = mtu;

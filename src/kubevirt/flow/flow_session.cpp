@@ -88,11 +88,36 @@ void FlowSession::on_failover(const session::FailoverEvent& ev) {
                            " after " + std::to_string(ev.took.count()) + " ms, " + std::to_string(ev.resent) +
                            " chunk(s) resent";
   std::string role;
+  std::string now_on;  // the rail it runs on now, in the words of add_leg; empty over TCP
+  if (ev.rail && !rails_.empty()) {
+    for (const auto& p : rails_) {
+      if (p.rail == *ev.rail) now_on = session::rail_text(p);
+    }
+  }
   {
     MutexLock lock(mu_);
     role = record_.role;
     ++record_.failovers;
     record_.last_failover = what;
+    MutexLock llock(legs_mu_);
+    for (auto& l : legs_) {
+      if (l.channel->index() != ev.index) continue;
+      l.rail = now_on;  // its errors name where it runs now
+      // What it carried so far stays on the rail it left; from here on it counts on the rail it
+      // moved to (none over TCP). Now, with its counters now: a flow's record is counted only
+      // when read.
+      if (ev.from != "rdma") break;
+      session::ChannelTraffic now;
+      for (auto* v : {&now.bytes_sent, &now.bytes_received, &now.chunks_sent, &now.chunks_received}) {
+        v->assign(ev.index + 1, 0);
+      }
+      now.bytes_sent[ev.index] = l.pump->bytes_up();
+      now.bytes_received[ev.index] = l.pump->bytes_down();
+      now.chunks_sent[ev.index] = l.pump->chunks_up();
+      now.chunks_received[ev.index] = l.pump->chunks_down();
+      session::move_channel_off_rail(rail_usage_, rails_, ev.index, ev.rail, now);
+      break;
+    }
   }
   // Where it went: another rail (an RDMA path) or TCP, as a bare-QEMU job counts it.
   metrics_.failover(role, ev.from.empty() ? "tcp" : ev.from, failover_peer_, ev.path.starts_with("rdma") ? "rail" : "tcp");
@@ -270,17 +295,16 @@ void FlowSession::refresh_counters_locked(FlowRecord& r) const {
     down += l.pump->bytes_down();
     cu += l.pump->chunks_up();
     cd += l.pump->chunks_down();
-    if (!l.rail.empty()) {
-      const uint32_t i = l.channel->index();
-      for (auto* v : {&by_channel.bytes_sent, &by_channel.bytes_received, &by_channel.chunks_sent,
-                      &by_channel.chunks_received}) {
-        if (v->size() <= i) v->resize(i + 1, 0);
-      }
-      by_channel.bytes_sent[i] = l.pump->bytes_up();
-      by_channel.bytes_received[i] = l.pump->bytes_down();
-      by_channel.chunks_sent[i] = l.pump->chunks_up();
-      by_channel.chunks_received[i] = l.pump->chunks_down();
+    // Every leg (the rails count only the channels they list; a moved one's totals at its move).
+    const uint32_t i = l.channel->index();
+    for (auto* v : {&by_channel.bytes_sent, &by_channel.bytes_received, &by_channel.chunks_sent,
+                    &by_channel.chunks_received}) {
+      if (v->size() <= i) v->resize(i + 1, 0);
     }
+    by_channel.bytes_sent[i] = l.pump->bytes_up();
+    by_channel.bytes_received[i] = l.pump->bytes_down();
+    by_channel.chunks_sent[i] = l.pump->chunks_up();
+    by_channel.chunks_received[i] = l.pump->chunks_down();
   }
   if (legs_.empty()) return;  // keep the final figures once the legs are gone
   if (!rail_usage_.empty()) {

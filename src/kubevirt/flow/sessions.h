@@ -215,6 +215,9 @@ class TargetSession final : public FlowSession {
   // A rail failover's re-dial of live channel `index` that arrived on this agent's rail `rail`: its
   // channel is handed to the channel's failover (redials_), which resumes it over the channel itself.
   transport::rdma::AcceptPlan rail_redial_plan(uint32_t index, uint32_t rail);
+  // What a first accept and a rail re-dial of channel `index` share: the session's channel key, the
+  // channel's parameters (this end receives the stream, sends the return path), the RDMA metrics.
+  transport::rdma::AcceptPlan accept_plan(uint32_t index);
   Result<UniqueFd> dial_in_order(uint32_t index);
   void report_and_succeed();
   void wake() override;

@@ -195,7 +195,7 @@ Result<std::unique_ptr<transport::Channel>> SourceSession::connect_channel(uint3
     // Leave through the rail's device, with its traffic class (as bare-QEMU jobs do).
     if (no_rail_) return *no_rail_;
     auto ch = session::connect_on_rail(rails(), transport::rdma::ChannelCredentials{id.value(), channel_key_}, p, tm,
-                                         session::kRdmaConnectTimeout, {});
+                                         std::chrono::seconds(ctx_.config.rdma.connect_timeout_seconds), {});
     if (!ch) {
       ctx_.metrics.transport_error("rdma", "connect");
       return ch.error();

@@ -234,7 +234,8 @@ Result<session::Resumed> TargetSession::reaccept(uint32_t index, uint64_t taken,
   // Over another rail (a connect request for the live channel, rdma_plan): resumed already.
   if (r->channel) {
     return session::Resumed{std::move(r->channel), r->peer_count,
-                            "rdma " + (r->via.empty() ? std::string("rail ?") : r->via) + " (re-dialled by the source)"};
+                            "rdma " + (r->via.empty() ? std::string("rail ?") : r->via) + " (re-dialled by the source)",
+                            r->rail};
   }
   std::unique_ptr<transport::TlsStream> stream;
   if (ctx_.config.data_plane.tls) {
@@ -431,13 +432,7 @@ Result<transport::rdma::AcceptPlan> TargetSession::rdma_plan(const transport::rd
                                    "channel " + std::to_string(index) + " of this carried migration");
   if (!buffers) return buffers.error();
   buffers_.push_back(std::move(buffers.value()));
-  const auto chunk = static_cast<uint32_t>(hello_.chunk_size);
-  transport::rdma::AcceptPlan plan;
-  plan.key = channel_key_;
-  plan.params = transport::rdma::RdmaChannelParams{index, session::return_path_chunk(chunk),
-                                                   session::return_path_depth(hello_.ring_depth), chunk,
-                                                   hello_.ring_depth};
-  plan.metrics = &ctx_.metrics.transport("rdma");
+  auto plan = accept_plan(index);
   plan.deliver = [this, index](Result<std::unique_ptr<transport::Channel>> ch) {
     if (!ch) {
       fail(ch.error().with_context("RDMA channel " + std::to_string(index)));
@@ -460,7 +455,7 @@ Result<transport::rdma::AcceptPlan> TargetSession::rdma_plan(const transport::rd
   return plan;
 }
 
-transport::rdma::AcceptPlan TargetSession::rail_redial_plan(uint32_t index, uint32_t rail) {
+transport::rdma::AcceptPlan TargetSession::accept_plan(uint32_t index) {
   const auto chunk = static_cast<uint32_t>(hello_.chunk_size);
   transport::rdma::AcceptPlan plan;
   plan.key = channel_key_;
@@ -468,8 +463,13 @@ transport::rdma::AcceptPlan TargetSession::rail_redial_plan(uint32_t index, uint
                                                    session::return_path_depth(hello_.ring_depth), chunk,
                                                    hello_.ring_depth};
   plan.metrics = &ctx_.metrics.transport("rdma");
+  return plan;
+}
+
+transport::rdma::AcceptPlan TargetSession::rail_redial_plan(uint32_t index, uint32_t rail) {
+  auto plan = accept_plan(index);
   // The rail it came over (this agent's listener on it), for the failover's words on this end.
-  plan.deliver = [this, index, via = session::arrival_rail_text(rails(), rail)](
+  plan.deliver = [this, index, rail, via = session::arrival_rail_text(rails(), rail)](
                      Result<std::unique_ptr<transport::Channel>> ch) mutable {
     if (!ch) {
       LOG_WARN("kubevirt") << "session=" << id_ << " channel " << index << " re-dialled over RDMA (" << via
@@ -488,7 +488,7 @@ transport::rdma::AcceptPlan TargetSession::rail_redial_plan(uint32_t index, uint
       }
     }
     if (!live) return;  // ended meanwhile: the new channel just closes
-    redials_.put(index, std::move(ch.value()), std::move(via));  // a newer re-dial replaces one not yet taken
+    redials_.put(index, std::move(ch.value()), std::move(via), rail);  // a newer re-dial replaces one not yet taken
   };
   return plan;
 }
