@@ -236,7 +236,7 @@ Result<bool> DrainPlanReconciler::stop_path_check(const json& obj, json& status,
     auto removed = kube_.remove(path, options);
     if (removed) break;
     if (removed.error().code == Errc::kNotFound) return false;  // gone meanwhile: nothing left to stop
-    if (removed.error().code == Errc::kFailedPrecondition && attempt < 2) {
+    if (k8s::is_conflict(removed.error()) && attempt < 2) {
       LOG_INFO("drainplan") << informer_.key_of(obj) << ": path check " << key
                             << " changed while it was being stopped; reading it again (" << removed.error().message
                             << ")";

@@ -118,12 +118,12 @@ class Job {
     return cancel_requested() ? Error{Errc::kCancelled, cancel_reason()} : std::move(e);
   }
   // Copies the pumps' counters into the status.
-  void refresh_data_counters();
+  void refresh_data_counters() EXCLUDES(data_mu_, status_mu_);
   // The rails this job's RDMA channels are striped across: into status (and the log).
-  void set_rails(const std::vector<session::RailPair>& rails);
+  void set_rails(const std::vector<session::RailPair>& rails) EXCLUDES(status_mu_);
   // A data-plane failure of channel `channel`, named with the rail that carried it (over RDMA):
   // "data plane (rail 1: mlx5_1 10.10.1.1 to 10.10.1.2:7472): channel 1: work completion failed ...".
-  Error data_plane_error(const Error& e, uint32_t channel) const;
+  Error data_plane_error(const Error& e, uint32_t channel) const EXCLUDES(status_mu_);
   // QEMU said the migration failed (`what`: "source QEMU: migration failed", its text after a
   // colon): when a channel failed too (`failed`) the channel is the cause (QEMU only saw its
   // connection break in the same poll), so its error, named with its rail, comes first.
@@ -152,7 +152,7 @@ class Job {
   // can fail over (before wrap_for_failover), read by the channels' threads after.
   std::string failover_peer_;
   // One channel failed over: counted (rdmig_failovers_total), logged, put in the status.
-  void on_failover(const session::FailoverEvent& ev);
+  void on_failover(const session::FailoverEvent& ev) EXCLUDES(status_mu_);
   // The control connection failed over (session::ControlLink::fail_over_with): the same.
   void on_control_failover(const std::string& reason, std::chrono::milliseconds took, uint64_t resent);
   // Channel `index`'s FailoverChannel (nullptr when the job does not fail over); under data_mu_.

@@ -106,7 +106,7 @@ void FlowSession::on_failover(const session::FailoverEvent& ev) {
       // What it carried so far stays on the rail it left; from here on it counts on the rail it
       // moved to (none over TCP). Now, with its counters now: a flow's record is counted only
       // when read.
-      if (ev.from != "rdma") break;
+      if (ev.from != "rdma" && !ev.rail) break;  // TCP to TCP: no rail involved
       session::ChannelTraffic now;
       for (auto* v : {&now.bytes_sent, &now.bytes_received, &now.chunks_sent, &now.chunks_received}) {
         v->assign(ev.index + 1, 0);

@@ -191,7 +191,7 @@ class FlowSession {
   bool failover_ = false;
   std::string failover_peer_;
   std::chrono::milliseconds failover_deadline_{0};
-  void on_failover(const session::FailoverEvent& ev) EXCLUDES(mu_);
+  void on_failover(const session::FailoverEvent& ev) EXCLUDES(mu_, legs_mu_);
   // Guards legs_, finished_seen_ and last_change_. Taken by add_leg (after mu_), close_legs,
   // fail, with_pump/for_each_pump, idle_for, draining, leg_count, leg_error (relay and control
   // threads, pumps' first-bytes callbacks) and by refresh_counters_locked under mu_. Calls into
