@@ -4,6 +4,7 @@ import hashlib
 import hmac
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,7 @@ def rdma_present():
 class AgentStartupTest(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="rdmig-start-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
         self.token = os.path.join(self.tmp, "token")
         with open(self.token, "w") as f:
             f.write("0123456789abcdef0123\n")

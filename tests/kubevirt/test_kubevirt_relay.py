@@ -230,6 +230,7 @@ class KubevirtRelayTest(unittest.TestCase):
         self.agents = []
         token = "tok-" + os.urandom(16).hex()
         self.hook_socket = os.path.join(tempfile.mkdtemp(prefix="rdmig-hk-", dir="/tmp"), "hook.sock")
+        self.addCleanup(shutil.rmtree, os.path.dirname(self.hook_socket), True)
         self.dst = self.agent("node-b", token, peers=[])
         self.src = self.agent("node-a", token, peers=[{"node": "node-b", "agent": "127.0.0.1:%d" % self.dst.data_port}],
                               hook=self.hook_socket)
@@ -1088,6 +1089,12 @@ class KubevirtRelayTest(unittest.TestCase):
                  "three carried connections")
         wait_for(lambda: any(r["connections"] == 3 for r in self.records(self.dst, migrationUid=mig)), 20,
                  "three connections on the target")
+        # Each data channel past its MiB, so that the one connection to the data port under 64 KiB
+        # is the control link (cut_control_connection picks it so). Without this wait a channel
+        # that had not carried yet was taken for it (seen once in a full run: the flow then failed
+        # naming channel 1, not the control link).
+        wait_for(lambda: len(linkcut.data_connections(self.dst.data_port, 1 << 20)) == 3, 20,
+                 "the three data channels to carry their MiB")
         table = "rdmig_test_ctl_down"
         rules = ("table inet %s {\n  chain pre { type filter hook prerouting priority -300; policy accept;\n"
                  "    tcp dport %d tcp flags & (syn | ack) == syn drop\n  }\n}\n") % (table, self.dst.data_port)

@@ -1,6 +1,8 @@
 """Starts rdmig-agent processes and drives migrations through their REST API."""
+import atexit
 import json
 import os
+import shutil
 import signal
 import ssl
 import subprocess
@@ -22,6 +24,17 @@ def agent_binary():
         raise RuntimeError("rdmig-agent not found at %s (build first, or set RDMIG_AGENT)" % path)
     return path
 
+
+
+# Every agent's stateDir made by this process, removed when it exits (RDMIG_KEEP_TMP keeps them).
+_STATE_DIRS = []
+
+
+@atexit.register
+def _remove_state_dirs():
+    if not os.environ.get("RDMIG_KEEP_TMP"):
+        for d in _STATE_DIRS:
+            shutil.rmtree(d, ignore_errors=True)
 
 class ApiError(Exception):
     def __init__(self, status, body):
@@ -76,8 +89,10 @@ class Agent:
         self.config_file = os.path.join(self.workdir, name + ".yaml")
         self.ports_file = os.path.join(self.workdir, name + ".ports.json")
         self.log_file = os.path.join(self.workdir, name + ".log")
-        # Unix socket paths must stay short: keep the state dir under /tmp.
+        # Unix socket paths must stay short: keep the state dir under /tmp. It outlives stop() (a
+        # restarted agent finds its records there) and goes when this test process ends.
         self.state_dir = "/tmp/rdmig-%s-%s" % (name, os.urandom(3).hex())
+        _STATE_DIRS.append(self.state_dir)
         cfg = {
             "api": {"address": "127.0.0.1", "port": 0, "probePort": 0, "tokenFile": self.token_file},
             # Agents on one host reach each other on 127.0.0.1: a lab (dataPlane.allowLoopbackPeers,
