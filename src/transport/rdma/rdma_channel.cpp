@@ -231,6 +231,7 @@ void RdmaChannel::abort(const Error& reason) {
   {
     std::lock_guard lock(state_mu_);
     established = established_ && !error_;
+    if (!error_) aborting_ = reason;
   }
   // Tell the peer only if the send queue has room: an abort never waits behind writes a dead
   // or stalled peer will not complete. fail() then disconnects, which ends every waiter.
@@ -250,11 +251,14 @@ void RdmaChannel::fail(const Error& e, const char* kind) {
   {
     std::lock_guard lock(state_mu_);
     if (error_) return;
-    error_ = e;
+    // This end is aborting (abort()): whatever ends the link meanwhile, such as the peer's
+    // disconnect in answer to the abort, is that abort (seen in a full run under load: the peer's
+    // RDMA_CM_EVENT_DISCONNECTED reached this end's poller before abort() called fail()).
+    error_ = aborting_ ? *aborting_ : e;
     // What fail() is called with names the cause (`kind` is its metric): the link's kinds below;
     // an abort (either end's) passes none, a protocol error "protocol", a local call its own.
     const std::string_view k = kind ? kind : "";
-    link_failed_.store(e.code == Errc::kUnavailable &&
+    link_failed_.store(!aborting_ && e.code == Errc::kUnavailable &&
                        (k.starts_with("wc_") || k == "ack_stall" || k == "disconnected" || k == "device_removal"));
     if (established_) rdma_disconnect(id_.get());
   }

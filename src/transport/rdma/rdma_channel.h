@@ -170,6 +170,10 @@ class RdmaChannel final : public Channel {
   std::condition_variable state_cv_;
   bool established_ = false;
   std::optional<Error> error_;
+  // abort()'s reason from before it posts the abort until it fails the channel: a disconnect the
+  // peer answers the abort with, seen in between, ends the channel as that abort, not as a link
+  // failure (under state_mu_).
+  std::optional<Error> aborting_;
   std::atomic<bool> failed_{false};
   std::atomic<bool> link_failed_{false};  // set with error_, before failed_ (link_failed())
   std::atomic<bool> stopping_{false};
