@@ -315,10 +315,8 @@ Error Job::data_plane_error(const Error& e, uint32_t channel) const {
     // A failover the counters have not applied yet moved it already: name where it runs now.
     for (const auto& [c, to] : rail_moves_) {
       if (c != channel) continue;
-      rail.clear();
-      for (const auto& p : rail_pairs_for_status_) {
-        if (to && p.rail == *to) rail = session::rail_text(p);
-      }
+      const RailPair* p = to ? session::find_rail(rail_pairs_for_status_, *to) : nullptr;
+      rail = p ? session::rail_text(*p) : "";
     }
   }
   return e.with_context(rail.empty() ? "data plane" : "data plane (" + rail + ")");

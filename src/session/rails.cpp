@@ -161,11 +161,24 @@ std::string rail_of_channel_text(const std::vector<RailUsage>& rails, uint32_t c
 
 std::string rail_text(const RailPair& p) { return rail_words(p.rail, p.local.device, p.local.ip, p.peer); }
 
+const RailPair* find_rail(const std::vector<RailPair>& rails, uint32_t rail) {
+  const auto p = std::find_if(rails.begin(), rails.end(), [&](const RailPair& r) { return r.rail == rail; });
+  return p == rails.end() ? nullptr : &*p;
+}
+
 std::string arrival_rail_text(const std::vector<RailPair>& rails, uint32_t rail) {
-  for (const auto& p : rails) {
-    if (p.rail == rail) return rail_text(p);
+  const RailPair* p = find_rail(rails, rail);
+  return p ? rail_text(*p) : "rail " + std::to_string(rail);
+}
+
+void ChannelTraffic::set(uint32_t channel, uint64_t sent, uint64_t received, uint64_t chunks_out, uint64_t chunks_in) {
+  for (auto* v : {&bytes_sent, &bytes_received, &chunks_sent, &chunks_received}) {
+    if (v->size() <= channel) v->resize(channel + 1, 0);
   }
-  return "rail " + std::to_string(rail);
+  bytes_sent[channel] = sent;
+  bytes_received[channel] = received;
+  chunks_sent[channel] = chunks_out;
+  chunks_received[channel] = chunks_in;
 }
 
 static RailUsage& usage_of_rail(std::vector<RailUsage>& usage, const RailPair& p) {
@@ -198,9 +211,8 @@ void move_channel_off_rail(std::vector<RailUsage>& usage, const std::vector<Rail
     u.channels.erase(it);
     u.arrived_at.erase(channel);
   }
-  if (!to) return;
-  const auto p = std::find_if(rails.begin(), rails.end(), [&](const RailPair& r) { return r.rail == *to; });
-  if (p == rails.end()) return;
+  const RailPair* p = to ? find_rail(rails, *to) : nullptr;
+  if (p == nullptr) return;
   auto& u = usage_of_rail(usage, *p);
   u.channels.insert(std::upper_bound(u.channels.begin(), u.channels.end(), channel), channel);
   u.arrived_at[channel] = totals;

@@ -97,6 +97,8 @@ std::vector<RailUsage> rail_usage(const std::vector<RailPair>& rails, uint32_t c
 std::string rail_of_channel_text(const std::vector<RailUsage>& rails, uint32_t channel);
 // The same words for one matched rail.
 std::string rail_text(const RailPair& rail);
+// The matched rail numbered `rail` (RailPair::rail), or nullptr.
+const RailPair* find_rail(const std::vector<RailPair>& rails, uint32_t rail);
 // Target side: the rail a re-dial's connect request arrived on (`rail`: the index of this agent's
 // rail whose listener took it), in the same words from this end ("rail 1: mlx5_1 10.10.1.2 to
 // 10.10.1.1": this agent's device and address, the source's address); "rail 1" when no matched
@@ -109,6 +111,8 @@ void add_channel_to_usage(std::vector<RailUsage>& usage, const std::vector<RailP
 // Per-channel totals (channel c at index c); a vector shorter than the channel count counts 0.
 struct ChannelTraffic {
   std::vector<uint64_t> bytes_sent, bytes_received, chunks_sent, chunks_received;
+  // Channel `channel`'s totals (the vectors grown to hold it).
+  void set(uint32_t channel, uint64_t sent, uint64_t received, uint64_t chunks_out, uint64_t chunks_in);
 };
 // A failover moved `channel` off the rail it ran on: to rail number `to` (a rail of `rails`,
 // another rail of the session) or to TCP (nullopt). What the channel carried so far (`now`, its

@@ -88,12 +88,8 @@ void FlowSession::on_failover(const session::FailoverEvent& ev) {
                            " after " + std::to_string(ev.took.count()) + " ms, " + std::to_string(ev.resent) +
                            " chunk(s) resent";
   std::string role;
-  std::string now_on;  // the rail it runs on now, in the words of add_leg; empty over TCP
-  if (ev.rail && !rails_.empty()) {
-    for (const auto& p : rails_) {
-      if (p.rail == *ev.rail) now_on = session::rail_text(p);
-    }
-  }
+  const session::RailPair* to = ev.rail ? session::find_rail(rails_, *ev.rail) : nullptr;
+  const std::string now_on = to ? session::rail_text(*to) : "";  // as add_leg words it; empty over TCP
   {
     MutexLock lock(mu_);
     role = record_.role;
@@ -108,13 +104,7 @@ void FlowSession::on_failover(const session::FailoverEvent& ev) {
       // when read.
       if (ev.from != "rdma" && !ev.rail) break;  // TCP to TCP: no rail involved
       session::ChannelTraffic now;
-      for (auto* v : {&now.bytes_sent, &now.bytes_received, &now.chunks_sent, &now.chunks_received}) {
-        v->assign(ev.index + 1, 0);
-      }
-      now.bytes_sent[ev.index] = l.pump->bytes_up();
-      now.bytes_received[ev.index] = l.pump->bytes_down();
-      now.chunks_sent[ev.index] = l.pump->chunks_up();
-      now.chunks_received[ev.index] = l.pump->chunks_down();
+      now.set(ev.index, l.pump->bytes_up(), l.pump->bytes_down(), l.pump->chunks_up(), l.pump->chunks_down());
       session::move_channel_off_rail(rail_usage_, rails_, ev.index, ev.rail, now);
       break;
     }
@@ -291,20 +281,15 @@ void FlowSession::refresh_counters_locked(FlowRecord& r) const {
   uint64_t up = 0, down = 0, cu = 0, cd = 0;
   session::ChannelTraffic by_channel;
   for (const auto& l : legs_) {
-    up += l.pump->bytes_up();
-    down += l.pump->bytes_down();
-    cu += l.pump->chunks_up();
-    cd += l.pump->chunks_down();
+    // Each counter read once: the rails and the totals count the same bytes.
+    const uint64_t lu = l.pump->bytes_up(), ld = l.pump->bytes_down(), lcu = l.pump->chunks_up(),
+                   lcd = l.pump->chunks_down();
+    up += lu;
+    down += ld;
+    cu += lcu;
+    cd += lcd;
     // Every leg (the rails count only the channels they list; a moved one's totals at its move).
-    const uint32_t i = l.channel->index();
-    for (auto* v : {&by_channel.bytes_sent, &by_channel.bytes_received, &by_channel.chunks_sent,
-                    &by_channel.chunks_received}) {
-      if (v->size() <= i) v->resize(i + 1, 0);
-    }
-    by_channel.bytes_sent[i] = l.pump->bytes_up();
-    by_channel.bytes_received[i] = l.pump->bytes_down();
-    by_channel.chunks_sent[i] = l.pump->chunks_up();
-    by_channel.chunks_received[i] = l.pump->chunks_down();
+    by_channel.set(l.channel->index(), lu, ld, lcu, lcd);
   }
   if (legs_.empty()) return;  // keep the final figures once the legs are gone
   if (!rail_usage_.empty()) {
