@@ -220,7 +220,7 @@ void Job::update(const std::function<void(MigrationStatus&)>& fn) {
   fn(status_);
 }
 
-void Job::refresh_data_counters() {
+void Job::refresh_data_counters(bool retiring) {
   uint64_t sent = 0, received = 0, chunks_sent = 0, chunks_received = 0;
   ChannelTraffic by_channel;  // pumps_[c] carries channel c
   {
@@ -248,6 +248,7 @@ void Job::refresh_data_counters() {
     session::move_channel_off_rail(status_.rails, rail_pairs_for_status_, c, to, by_channel);
   }
   rail_moves_.clear();
+  if (retiring) session::take_channels_off_rails(status_.rails, by_channel);
   status_.progress.data_bytes_sent = sent;
   status_.progress.data_bytes_received = received;
   status_.progress.chunks_sent = chunks_sent;
@@ -348,8 +349,14 @@ void Job::retire_data_plane(const std::string& why) {
     MutexLock lock(data_mu_);
     for (auto& p : pumps_) p->abort(reason, /*reset=*/true);
     for (auto& c : channels_) c->abort(reason);
+    for (auto& p : pumps_) p->wait(std::chrono::seconds(5));
+  }
+  // The pumps have stopped: their final counts go on their rails, which then list none of them (a
+  // refresh from here on sees the same counts, or none once they are dropped below).
+  refresh_data_counters(/*retiring=*/true);
+  {
+    MutexLock lock(data_mu_);
     for (auto& p : pumps_) {
-      p->wait(std::chrono::seconds(5));
       retired_counts_[0] += p->bytes_up();
       retired_counts_[1] += p->bytes_down();
       retired_counts_[2] += p->chunks_up();

@@ -117,8 +117,10 @@ class Job {
   Error cancel_or(Error e) const {
     return cancel_requested() ? Error{Errc::kCancelled, cancel_reason()} : std::move(e);
   }
-  // Copies the pumps' counters into the status.
-  void refresh_data_counters() EXCLUDES(data_mu_, status_mu_);
+  // Copies the pumps' counters into the status. `retiring` (retire_data_plane, the pumps joined):
+  // also takes every channel off the rail it ran on, its totals staying counted there, so that a
+  // recovery's fresh channel 0 (over TCP) counts on no rail.
+  void refresh_data_counters(bool retiring = false) EXCLUDES(data_mu_, status_mu_);
   // The rails this job's RDMA channels are striped across: into status (and the log).
   void set_rails(const std::vector<session::RailPair>& rails) EXCLUDES(status_mu_);
   // A data-plane failure of channel `channel`, named with the rail that carried it (over RDMA):
@@ -137,8 +139,9 @@ class Job {
   void abort_data_plane(const Error& reason, bool keep_link = false);
   // Post-copy recovery: ends the data plane for good without an abort frame to the peer (the link
   // is gone; the peer recovers too): every pump and channel is aborted (QEMU's side reset, so QEMU
-  // pauses at once), joined and dropped, their counts kept for the status; the control link is
-  // closed and dropped. The recovery's fresh channel and link go in afterwards (adopt_channel).
+  // pauses at once), joined and dropped, their counts kept for the status (and on the rails they
+  // ran on, which list them no more); the control link is closed and dropped. The recovery's
+  // fresh channel and link go in afterwards (adopt_channel).
   void retire_data_plane(const std::string& why);
   // Post-copy recovery: `channel` becomes channel 0 with its pump, and `link` the control link.
   void adopt_channel(std::unique_ptr<transport::Channel> channel, std::unique_ptr<session::ChannelPump> pump,

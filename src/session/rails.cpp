@@ -218,6 +218,12 @@ void move_channel_off_rail(std::vector<RailUsage>& usage, const std::vector<Rail
   u.arrived_at[channel] = totals;
 }
 
+void take_channels_off_rails(std::vector<RailUsage>& usage, const ChannelTraffic& now) {
+  std::vector<uint32_t> listed;
+  for (const auto& u : usage) listed.insert(listed.end(), u.channels.begin(), u.channels.end());
+  for (const uint32_t c : listed) move_channel_off_rail(usage, {}, c, std::nullopt, now);
+}
+
 void account_rail_traffic(std::vector<RailUsage>& rails, const ChannelTraffic& by_channel, Metrics& metrics,
                           const std::string& traffic, std::chrono::steady_clock::time_point now) {
   // What the rail's channels carried while on it: each one's totals less what it had counted

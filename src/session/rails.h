@@ -121,6 +121,10 @@ struct ChannelTraffic {
 // (it ran over TCP) only arrives.
 void move_channel_off_rail(std::vector<RailUsage>& usage, const std::vector<RailPair>& rails, uint32_t channel,
                            std::optional<uint32_t> to, const ChannelTraffic& now);
+// Every channel `usage` lists leaves its rail for good (a post-copy recovery retired them all):
+// move_channel_off_rail to TCP with its totals `now`, so what each carried stays counted on its
+// rail and a fresh channel of the same number counts on none.
+void take_channels_off_rails(std::vector<RailUsage>& usage, const ChannelTraffic& now);
 // Sets each rail's byte and chunk totals from the channels it carries, adds what grew to
 // rdmig_rdma_rail_bytes_total and rdmig_rdma_rail_chunks_total{traffic}, and its throughput
 // (both ways, averaged since the first call for the rail, `now`).

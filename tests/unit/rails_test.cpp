@@ -193,6 +193,41 @@ TEST(Rails, AChannelMovedByAFailoverCountsOnEachRailWhatItCarriedThereAndIsNamed
   EXPECT_EQ(usage[0].channels, (std::vector<uint32_t>{0, 2}));
 }
 
+// A post-copy recovery retires every channel and resumes over one fresh TCP channel 0, whose
+// counters start again from 0: the rails keep what the retired channels carried and count none of
+// what the recovery carries (before, rail 0 counted channel 0's fresh bytes once they outgrew its
+// old total).
+TEST(Rails, ChannelsRetiredByAPostCopyRecoveryKeepTheirCountsAndTheFreshChannelCountsOnNoRail) {
+  Metrics metrics;
+  const auto local = support({rail(0, "rxea", "10.99.1.1"), rail(1, "rxea2", "10.99.2.1")});
+  const auto pairs = match_rails(local.rails, {{0, "10.99.1.2:7472"}, {1, "10.99.2.2:7472"}});
+  auto usage = rail_usage(pairs, 3);  // rail 0: channels 0, 2; rail 1: channel 1
+  const auto t0 = std::chrono::steady_clock::now();
+  account_rail_traffic(usage, {{100, 200, 300}, {5, 6, 7}, {1, 2, 3}, {1, 1, 1}}, metrics, "migration", t0);
+  // Channel 1 failed over to rail 0 before (its 250 bytes on rail 1 stay there).
+  move_channel_off_rail(usage, pairs, 1, 0, {{100, 250, 300}, {5, 6, 7}, {1, 3, 3}, {1, 1, 1}});
+  // The recovery: the pumps' final counts.
+  take_channels_off_rails(usage, {{150, 270, 330}, {9, 6, 8}, {2, 4, 4}, {2, 1, 2}});
+  EXPECT_TRUE(usage[0].channels.empty());
+  EXPECT_TRUE(usage[1].channels.empty());
+  EXPECT_EQ(rail_of_channel_text(usage, 0), "") << "the fresh channel 0 runs over TCP";
+  account_rail_traffic(usage, {{150, 270, 330}, {9, 6, 8}, {2, 4, 4}, {2, 1, 2}}, metrics, "migration",
+                       t0 + std::chrono::seconds(1));
+  EXPECT_EQ(usage[0].bytes_sent, 150u + 330 + 20);  // channels 0 and 2, and channel 1 since it came
+  EXPECT_EQ(usage[1].bytes_sent, 250u);
+  EXPECT_EQ(usage[0].bytes_received, 9u + 8);
+  EXPECT_EQ(usage[0].chunks_sent, 2u + 4 + 1);
+  // The fresh channel 0 carries 5000 bytes over TCP: no rail grows.
+  account_rail_traffic(usage, {{5000}, {40}, {50}, {4}}, metrics, "migration", t0 + std::chrono::seconds(2));
+  EXPECT_EQ(usage[0].bytes_sent, 500u);
+  EXPECT_EQ(usage[0].bytes_received, 17u);
+  EXPECT_EQ(usage[1].bytes_sent, 250u);
+  const std::string text = metrics.serialize();
+  EXPECT_NE(text.find(R"(rdmig_rdma_rail_bytes_total{device="rxea",direction="sent",rail="0",traffic="migration"} 500)"),
+            std::string::npos)
+      << text;
+}
+
 RdmaRail rail_with_mtu(uint32_t index, const std::string& device, const std::string& ip, uint32_t mtu) {
   auto r = rail(index, device, ip);
   r.mtu = mtu;
