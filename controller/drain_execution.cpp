@@ -221,7 +221,12 @@ PathCheckStop path_check_to_stop(const json& check, const std::string& plan_uid)
 std::string stopped_path_check_text(const json& status) {
   if (!status.is_object()) return "";
   const json r = status.value("createdPathCheck", json::object());
-  if (!r.is_object() || !r.contains("stopTime")) return "";
+  if (!r.is_object()) return "";
+  if (!r.contains("stopTime")) {
+    if (!r.contains("stopError")) return "";
+    return "path check " + r.value("name", std::string("?")) + " still runs: stopping it failed (" +
+           r.value("stopError", std::string()) + "); retried until it holds";
+  }
   return "path check " + r.value("name", std::string("?")) + " stopped at " + r.value("stopTime", std::string()) +
          " (" + r.value("stopped", std::string("running")) + "): deleted, its pairs cancelled on the agents";
 }

@@ -83,7 +83,8 @@ PathCheckStop path_check_to_stop(const nlohmann::json& check, const std::string&
 
 // What a cancelled plan's conditions say of its path check from status.createdPathCheck: "path
 // check <ns/name> stopped at <stopTime>, <stopped>: deleted, its pairs cancelled on the agents",
-// or "" when the cancel stopped none.
+// "path check <ns/name> still runs: stopping it failed (<stopError>); retried until it holds" while
+// a stop fails, or "" when the cancel stopped none.
 std::string stopped_path_check_text(const nlohmann::json& status);
 
 // Measured over predicted total time of the Succeeded entries that have both; the re-plan divides

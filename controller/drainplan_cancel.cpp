@@ -22,8 +22,8 @@ Result<Next> DrainPlanReconciler::cancel_before_start(const json& obj) {
   const std::string was = status.value("phase", std::string("Pending"));
   // The path check it started, if it still runs, stops with it; read from the API server, as the
   // cache may not hold one created a moment ago. After this the plan is Cancelled and creates none.
-  auto stopped = stop_path_check(obj, status, /*fresh=*/true);
-  if (!stopped) return stopped.error();
+  // One that cannot be stopped now is recorded and stopped later (the Cancelled plan's reconcile).
+  const auto stop = stop_path_check_for_cancel(obj, status, /*fresh=*/true);
   status["phase"] = "Cancelled";
   std::string message = "spec.cancel before the drain started (phase " + (was.empty() ? "Pending" : was) +
                         "): no migration was started";
@@ -33,6 +33,7 @@ Result<Next> DrainPlanReconciler::cancel_before_start(const json& obj) {
   if (!w) return w.error();
   events_.record(w.value(), "Warning", "DrainCancelled", message);
   export_metrics(w.value());
+  if (stop.failed) return *stop.failed;  // retried (a Cancelled plan with stopError)
   return Next::kDone;
 }
 

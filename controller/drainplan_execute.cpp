@@ -107,8 +107,9 @@ Result<Next> DrainPlanReconciler::execute(json obj) {
   if (!in) return fail(obj, "InvalidSpec", in.error().message);
   const CancelRequest cancel = read_cancel(obj.value("spec", json::object()));
   if (cancel.requested) {
-    // Its own path check may still run (other pairs of a check the forecast took its first from).
-    if (auto stopped = stop_path_check(obj, status, /*fresh=*/false); !stopped) return stopped.error();
+    // Its own path check may still run (other pairs of a check the forecast took its first from);
+    // a stop that fails is recorded and tried again, and holds up no part of the cancel.
+    (void)stop_path_check_for_cancel(obj, status, /*fresh=*/false);
   }
   const json& md = obj["metadata"];
   const std::string uid = md.value("uid", ""), plan_name = md.value("name", "");

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "common/log.h"
+#include "common/text.h"
 #include "common/units.h"
 #include "controller/drain_execution.h"
 #include "controller/kubevirt.h"
@@ -152,7 +153,11 @@ DrainPlanReconciler::DrainPlanReconciler(const ControllerConfig& config, std::st
 bool DrainPlanReconciler::needs_poll(const json& obj) const {
   if (obj["metadata"].contains("deletionTimestamp")) return false;
   const json status = obj.value("status", json::object());
-  return !terminal(status.is_object() ? status.value("phase", "") : "");
+  if (!status.is_object()) return true;
+  if (!terminal(status.value("phase", ""))) return true;
+  // Ended, but a cancel's stop of its path check failed: tried again each poll until it holds.
+  const json record = status.value("createdPathCheck", json::object());
+  return record.is_object() && record.contains("stopError");
 }
 
 Result<Next> DrainPlanReconciler::reconcile(const std::string& key) {
@@ -170,13 +175,30 @@ Result<Next> DrainPlanReconciler::reconcile(const std::string& key) {
   if (terminal(phase)) {
     // A plan that ended is left as it is on spec.cancel, but for its own path check if that still
     // runs (a forecast can come from a check whose other pairs still run).
-    if (phase != "Cancelled" && read_cancel(obj.value("spec", json::object())).requested) {
+    // A Cancelled plan did that as it was cancelled, unless that stop failed (stopError): retried
+    // (needs_poll polls such a plan).
+    const json record = status.is_object() ? status.value("createdPathCheck", json::object()) : json::object();
+    const bool stop_failed = record.is_object() && record.contains("stopError");
+    if ((phase != "Cancelled" || stop_failed) && read_cancel(obj.value("spec", json::object())).requested) {
       json st = status.is_object() ? status : json::object();
-      auto stopped = stop_path_check(obj, st, /*fresh=*/false);
-      if (!stopped) return stopped.error();
-      if (stopped.value()) {
+      // A retry reads the check from the API server: the cache may not hold one created a moment
+      // before the cancel, and a check missing there must not end the retries.
+      const auto stop = stop_path_check_for_cancel(obj, st, /*fresh=*/stop_failed);
+      if (stop.changed) {
+        // The Cancelled condition said the stop was failing: it says what holds now.
+        const std::string was = stopped_path_check_text(status), now = stopped_path_check_text(st);
+        if (!was.empty() && was != now && st.contains("conditions") && st["conditions"].is_array()) {
+          for (auto& c : st["conditions"]) {
+            if (!c.is_object() || c.value("type", "") != "Cancelled") continue;
+            std::string message = c.value("message", "");
+            if (const auto at = message.find(was); at != std::string::npos) {
+              c["message"] = message.replace(at, was.size(), now);
+            }
+          }
+        }
         if (auto w = write_status(obj, st); !w) return w.error();
       }
+      if (stop.failed) return *stop.failed;
     }
     return Next::kDone;
   }
@@ -236,7 +258,7 @@ Result<bool> DrainPlanReconciler::stop_path_check(const json& obj, json& status,
     auto removed = kube_.remove(path, options);
     if (removed) break;
     if (removed.error().code == Errc::kNotFound) return false;  // gone meanwhile: nothing left to stop
-    if (k8s::is_conflict(removed.error()) && attempt < 2) {
+    if (k8s::is_conflict(removed.error()) && attempt < 4) {
       LOG_INFO("drainplan") << informer_.key_of(obj) << ": path check " << key
                             << " changed while it was being stopped; reading it again (" << removed.error().message
                             << ")";
@@ -254,6 +276,35 @@ Result<bool> DrainPlanReconciler::stop_path_check(const json& obj, json& status,
   events_.record(obj, "Normal", "PathCheckStopped", message);
   LOG_INFO("drainplan") << informer_.key_of(obj) << ": " << message;
   return true;
+}
+
+DrainPlanReconciler::CancelStop DrainPlanReconciler::stop_path_check_for_cancel(const json& obj, json& status,
+                                                                                bool fresh) {
+  auto stopped = stop_path_check(obj, status, fresh);
+  json record = status.value("createdPathCheck", json::object());
+  if (!record.is_object()) record = json::object();
+  if (stopped) {
+    if (!record.contains("stopError")) return CancelStop{stopped.value(), std::nullopt};
+    record.erase("stopError");  // it holds now (stopped, or nothing left to stop)
+    status["createdPathCheck"] = record;
+    return CancelStop{true, std::nullopt};
+  }
+  const auto [check_ns, name] = own_path_check(obj);
+  const std::string error = utf8_prefix(stopped.error().message, 512);
+  // Unchanged since the last try: the worker logs the retry.
+  if (record.value("stopError", std::string()) == error) return CancelStop{false, stopped.error()};
+  LOG_WARN("drainplan") << informer_.key_of(obj) << ": spec.cancel: " << error
+                        << "; the cancel goes on, the stop is tried again";
+  if (!record.contains("name")) record["name"] = check_ns + "/" + name;
+  record["stopError"] = error;
+  status["createdPathCheck"] = record;
+  // A check whose status changed under each try (409 on the delete's preconditions: it is being
+  // written as it runs) is no failure to warn of: the next poll reads it again.
+  if (k8s::is_conflict(stopped.error())) return CancelStop{true, stopped.error()};
+  events_.record(obj, "Warning", "PathCheckStopFailed",
+                 "spec.cancel: path check " + check_ns + "/" + name + " still runs: " + error +
+                     "; the cancel goes on without it, and the stop is tried again until it holds");
+  return CancelStop{true, stopped.error()};
 }
 
 Result<Next> DrainPlanReconciler::wait_for_path_check(const json& obj, const std::vector<std::string>& targets) {

@@ -106,6 +106,17 @@ class DrainPlanReconciler final : public ObjectReconciler {
   // resourceVersion): one that changed meanwhile is read again and judged again, so a check that
   // ended in that instant keeps its result. Returns whether it stopped one now.
   Result<bool> stop_path_check(const nlohmann::json& obj, nlohmann::json& status, bool fresh);
+  // stop_path_check for a cancel, which a failed stop never holds up (an API server that refuses
+  // the delete, RBAC without it, must not keep a drain from being cancelled): the error goes in
+  // status.createdPathCheck.stopError (Event PathCheckStopFailed when it changes, but for a
+  // check that kept changing under the delete's preconditions) and the cancel
+  // goes on; later reconciles (polls, of the Cancelled plan too: needs_poll) try again until the stop holds. Returns
+  // whether status changed, and the failure (for the caller to be retried on) if any.
+  struct CancelStop {
+    bool changed = false;
+    std::optional<Error> failed;
+  };
+  CancelStop stop_path_check_for_cancel(const nlohmann::json& obj, nlohmann::json& status, bool fresh);
   Result<nlohmann::json> write_status(const nlohmann::json& obj, nlohmann::json status);
 
   const ControllerConfig& config_;

@@ -38,7 +38,8 @@ It is a test double, not an API server. It keeps the semantics the controller re
   * DELETE with DeleteOptions preconditions (uid, resourceVersion): one that does not hold is a 409
     Conflict naming both values, as the apiserver's registry answers (storage Preconditions.Check's
     message in a Conflict) and nothing is deleted; before_delete (fault injection) runs a test's
-    function just before a DELETE of a path is served (a write that lands first, a slow request);
+    function just before a DELETE of a path is served (a write that lands first, a slow request, or
+    a refusal it returns);
   * GETs answered late by delay_get (a slow API server), and publish_migration(): a VMI whose
     status.migrationState is written through the status subresource, as KubeVirt writes it;
   * kubevirt.io/v1 VirtualMachineInstance and VirtualMachineInstanceMigration like any other
@@ -670,7 +671,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if not isinstance(options, dict) or not isinstance(options.get("preconditions") or {}, dict):
             return self._send(400, status_body(400, "BadRequest", "DeleteOptions: preconditions must be an object"))
         if self.api.before_delete:
-            self.api.before_delete(self.path)
+            refused = self.api.before_delete(self.path)
+            if refused:  # (code, reason, message): the API server answers that and deletes nothing
+                return self._send(refused[0], status_body(*refused))
         self._write(self.api.store.delete, plural, ns, name, options.get("preconditions"))
 
 
@@ -692,7 +695,9 @@ class ApiServerDouble:
         self.requests = []  # (method, path, user_agent, status)
         self.refuse_lists = {}  # plural -> (code, reason, message): lists of it answer that (fault injection)
         self.delay_get = None  # (path, user_agent) -> seconds a GET waits before it is answered (fault injection)
-        self.before_delete = None  # path -> None, called before a DELETE is served (fault injection)
+        # path -> None, called before a DELETE is served (fault injection); a (code, reason,
+        # message) it returns is answered instead and nothing is deleted (an outage, RBAC).
+        self.before_delete = None
         self._log_lock = threading.Lock()
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True

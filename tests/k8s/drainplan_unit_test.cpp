@@ -257,6 +257,10 @@ TEST(DrainPlan, ACancelStopsThePlansOwnPathCheckOnlyWhileItRuns) {
                                                                {"stopped", "0 of 1 pair(s) ended, 1 running"}}}}),
             "path check ops/drain-b-paths stopped at 2026-12-05T10:00:01Z (0 of 1 pair(s) ended, 1 running): "
             "deleted, its pairs cancelled on the agents");
+  EXPECT_EQ(stopped_path_check_text(json{{"createdPathCheck", {{"name", "ops/drain-b-paths"},
+                                                               {"stopError", "stopping path check: 403 Forbidden"}}}}),
+            "path check ops/drain-b-paths still runs: stopping it failed (stopping path check: 403 Forbidden); "
+            "retried until it holds");
 }
 
 }  // namespace

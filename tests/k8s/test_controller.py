@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.join(REPO, "tools"))
 if not os.environ.get("RDMIG_AGENT"):
     os.environ["RDMIG_AGENT"] = os.path.join(REPO, "build-k8s", "agent", "rdmig-agent")
 from rdmiglab import Agent, QemuVm, ensure_guest  # noqa: E402
+from rdmiglab import timed  # noqa: E402
 from apiserver_double import ApiServerDouble  # noqa: E402
 from controllerlab import Controller, wait_for  # noqa: E402
 
@@ -488,4 +489,4 @@ class LeaderElectionTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    timed.main()

@@ -253,6 +253,11 @@ class DrainPlanControllerTest(AgentsAndControllerTest):
             self.assertEqual(code, 200, body)
             st = self.wait_phase("cancel-b", ("Cancelled", "Forecast", "Executing", "Failed"), timeout=20)["status"]
             self.assertEqual(st["phase"], "Cancelled", st)
+            # Stopped as it was cancelled, or (the check's status written under each of the delete's
+            # tries: 409 on its preconditions, seen with the rows beside it) at a poll soon after.
+            st = wait_for(lambda: (lambda s: s if "stopTime" in s.get("createdPathCheck", {}) else None)(
+                self.get("cancel-b")["status"]), 20, "the stop to be recorded")
+            self.assertNotIn("stopError", st["createdPathCheck"])
             # The check goes (deleting it is its cancel: its finalizer cancels the pair on both agents).
             wait_for(lambda: self.get("cancel-b-paths", "rdmapathchecks") is None, 20, "the path check to go")
             self.assert_stopped_on_the_agents(cid, "b", "c")
@@ -319,6 +324,61 @@ class DrainPlanControllerTest(AgentsAndControllerTest):
         finally:
             self.api.before_delete = None
             self.store.delete("rdmapathchecks", NS, "race-a-paths")  # its measurement is no other case's
+
+    def test_a_cancel_whose_path_check_stop_is_refused_still_cancels_and_stops_the_check_later(self):
+        # The API server refuses the controller's DELETE of the check (RBAC without delete on
+        # rdmapathchecks, fixed a few seconds later): the cancel is not held up by it; the plan is
+        # Cancelled at once, names the refusal, and stops the check once the delete is allowed.
+        self.add_vmi("on-b-refused", "node-b", memory="256Mi", dirty=0)
+        self.create(plan("refuse-b", "node-b", targets=["node-c"], pathCheckBytes="48Gi", execute=True))
+        refused = []
+
+        def forbid(path):
+            if path.split("?")[0].endswith("/rdmapathchecks/refuse-b-paths"):
+                refused.append(path)
+                return (403, "Forbidden", 'rdmapathchecks.rdmig.io "refuse-b-paths" is forbidden: User '
+                        '"system:serviceaccount:rdmig:rdmig-controller" cannot delete resource "rdmapathchecks"')
+            return None
+        try:
+            _, cid = self.running_path_check("refuse-b", "b")
+            self.api.before_delete = forbid
+            code, body = self.edit_spec("refuse-b", cancel=True)
+            self.assertEqual(code, 200, body)
+            st = self.wait_phase("refuse-b", ("Cancelled", "Forecast", "Executing", "Failed"), timeout=20)["status"]
+            self.assertEqual(st["phase"], "Cancelled", st)
+            self.assertGreaterEqual(len(refused), 1)
+            pc = st["createdPathCheck"]
+            print("\ncancelled while refused:", st)
+            self.assertNotIn("stopTime", pc)
+            self.assertIn("forbidden", pc["stopError"])
+            cond = {c["type"]: c for c in st["conditions"]}["Cancelled"]
+            self.assertIn("path check %s/refuse-b-paths still runs: stopping it failed (" % NS, cond["message"])
+            wait_for(lambda: ("Warning", "PathCheckStopFailed") in self.reasons("refuse-b"), 10,
+                     "the PathCheckStopFailed event")
+            check = self.get("refuse-b-paths", "rdmapathchecks")
+            self.assertIsNotNone(check, "refused: the check runs on")
+            self.assertNotIn(self.agents["b"].call("GET", "/v1/pathchecks/" + cid)["phase"],
+                             ("Succeeded", "Failed", "Cancelled"), "refused: its pair runs on")
+            # Tried again while refused (each poll, also of the Cancelled plan), then allowed: stopped.
+            wait_for(lambda: len(refused) >= 2, 20, "the stop to be tried again")
+            self.api.before_delete = None
+            wait_for(lambda: self.get("refuse-b-paths", "rdmapathchecks") is None, 60, "the path check to go")
+            self.assert_stopped_on_the_agents(cid, "b", "c")
+            st = wait_for(lambda: (lambda s: s if "stopTime" in s.get("createdPathCheck", {}) else None)(
+                self.get("refuse-b")["status"]), 20, "the stop to be recorded")
+            self.assertEqual(st["phase"], "Cancelled")
+            self.assertNotIn("stopError", st["createdPathCheck"])
+            self.assertEqual(st["createdPathCheck"]["stopped"], "0 of 1 pair(s) ended, 1 running")
+            cond = {c["type"]: c for c in st["conditions"]}["Cancelled"]
+            self.assertIn("path check %s/refuse-b-paths stopped at" % NS, cond["message"])
+            self.assertNotIn("stopping it failed", cond["message"])
+            wait_for(lambda: ("Normal", "PathCheckStopped") in self.reasons("refuse-b"), 10,
+                     "the PathCheckStopped event")
+            self.assertEqual(self.migrations_of(self.get("refuse-b")), [])
+        finally:
+            self.api.before_delete = None
+            self.store.delete("rdmapathchecks", NS, "refuse-b-paths")
+            self.store.delete("virtualmachineinstances", VM_NS, "on-b-refused")  # node-b's VMs are other cases'
 
     def test_a_forecast_only_plan_deleted_mid_check_takes_its_path_check_with_it(self):
         # Deleting the plan: the garbage collector deletes the check it owns (owner reference),

@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.join(REPO, "tools"))
 if not os.environ.get("RDMIG_AGENT"):
     os.environ["RDMIG_AGENT"] = os.path.join(REPO, "build-k8s", "agent", "rdmig-agent")
 from rdmiglab import Agent, QemuVm, ensure_guest  # noqa: E402
+from rdmiglab import timed  # noqa: E402
 from apiserver_double import ApiServerDouble  # noqa: E402
 from controllerlab import Controller, wait_for  # noqa: E402
 from kubevirt_standin import VMIM, AgentPairPerformer, FakePerformer, FigureServer, KubevirtStandin  # noqa: E402
@@ -515,4 +516,4 @@ class KubevirtPathTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    timed.main()
