@@ -72,18 +72,11 @@ class TargetJob final : public Job {
   // source re-dialled for `index` (a channel's, or transport::kControlIndex for the control
   // connection; on_data puts it in redials_), takes it, and runs the resume exchange over that
   // index's terms with this end's `count` (session::RedialSlots::take).
-  struct Redialled {
-    UniqueFd fd;
-    std::unique_ptr<transport::Channel> channel;  // a rail failover's re-dial (RDMA) instead of fd
-    transport::ChannelTerms terms;
-    uint64_t peer_count = 0;
-    std::chrono::milliseconds left{0};  // what is left of the deadline for the next step (TLS)
-    std::string where;                  // "channel 3 re-dialled by the source", for errors
-    std::string via;                    // a rail failover's re-dial: the rail it came over
-    std::optional<uint32_t> rail{};     // and that rail's number
-  };
-  Result<Redialled> take_redial(uint32_t index, uint64_t count, std::chrono::steady_clock::time_point deadline,
-                                const std::function<bool()>& stopped);
+  Result<session::RedialSlots::Redialled> take_redial(uint32_t index, uint64_t count,
+                                                      std::chrono::steady_clock::time_point deadline,
+                                                      const std::function<bool()>& stopped);
+  // Channel `index`'s terms (its proof and TLS identity) in this job's session.
+  transport::ChannelTerms channel_terms(uint32_t index) EXCLUDES(conn_mu_);
   // Failover of the control connection: waits until `deadline` for the source to re-dial it
   // (on_data puts it in redials_), then resumes it (this end's count `received`).
   Result<std::pair<UniqueFd, uint64_t>> reaccept_control(uint64_t received, std::chrono::steady_clock::time_point deadline,

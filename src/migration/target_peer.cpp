@@ -8,32 +8,22 @@
 
 #include "common/log.h"
 #include "session/protocol.h"
-#include "transport/tcp/tcp_channel.h"
 
 namespace rdmig::migration {
 
 using session::kHelloTimeout;
 using namespace std::chrono_literals;
 
-Result<TargetJob::Redialled> TargetJob::take_redial(uint32_t index, uint64_t count,
-                                                    std::chrono::steady_clock::time_point deadline,
-                                                    const std::function<bool()>& stopped) {
-  Redialled r;
-  {
-    MutexLock lock(conn_mu_);
-    r.terms = transport::ChannelTerms{channel_key_, session_, index};
-  }
-  auto got = redials_.take(index, r.terms, count, deadline, [&] { return stopped() || cancel_requested(); },
-                           std::chrono::duration_cast<std::chrono::milliseconds>(kHelloTimeout));
-  if (!got) return got.error();
-  r.fd = std::move(got->fd);
-  r.channel = std::move(got->channel);
-  r.peer_count = got->peer_count;
-  r.left = got->left;
-  r.where = std::move(got->where);
-  r.via = std::move(got->via);
-  r.rail = got->rail;
-  return r;
+Result<session::RedialSlots::Redialled> TargetJob::take_redial(uint32_t index, uint64_t count,
+                                                               std::chrono::steady_clock::time_point deadline,
+                                                               const std::function<bool()>& stopped) {
+  return redials_.take(index, channel_terms(index), count, deadline, [&] { return stopped() || cancel_requested(); },
+                       std::chrono::duration_cast<std::chrono::milliseconds>(kHelloTimeout));
+}
+
+transport::ChannelTerms TargetJob::channel_terms(uint32_t index) {
+  MutexLock lock(conn_mu_);
+  return transport::ChannelTerms{channel_key_, session_, index};
 }
 
 Result<session::Resumed> TargetJob::reaccept(uint32_t index, uint64_t taken,
@@ -41,21 +31,16 @@ Result<session::Resumed> TargetJob::reaccept(uint32_t index, uint64_t taken,
                                              const std::function<bool()>& stopped) {
   auto r = take_redial(index, taken, deadline, stopped);
   if (!r) return r.error();
-  // Over another rail (a connect request for the live channel, rdma_redial_plan): resumed already.
-  if (r->channel) {
-    return session::Resumed{std::move(r->channel), r->peer_count,
-                            "rdma " + (r->via.empty() ? std::string("rail ?") : r->via) + " (re-dialled by the source)",
-                            r->rail};
-  }
-  std::unique_ptr<transport::TlsStream> tls;
+  session::RedialTls tls;
   if (ctx_.config.data_plane.tls) {
-    auto stream = channel_tls(r->fd.get(), transport::TlsStream::Role::kAcceptor, r->terms, r->left);
-    if (!stream) return stream.error().with_context(r->where);
-    tls = std::move(stream.value());
+    tls = [this, index](int fd, std::chrono::milliseconds left) {
+      return channel_tls(fd, transport::TlsStream::Role::kAcceptor, channel_terms(index), left);
+    };
   }
-  auto ch = transport::TcpChannel::create(std::move(r->fd), index, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
-                                          ctx_.metrics.transport("tcp"), ctx_.config.tcp.splice, std::move(tls));
-  return session::Resumed{std::move(ch), r->peer_count, "tcp (re-dialled by the source)"};
+  return session::resumed_redial(std::move(r.value()), index,
+                                 session::TcpGeometry{static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
+                                                      &ctx_.metrics.transport("tcp"), ctx_.config.tcp.splice},
+                                 tls);
 }
 
 Result<std::pair<UniqueFd, uint64_t>> TargetJob::reaccept_control(uint64_t received,

@@ -60,4 +60,22 @@ Result<RedialSlots::Redialled> RedialSlots::take(uint32_t index, const transport
   return r;
 }
 
+Result<Resumed> resumed_redial(RedialSlots::Redialled r, uint32_t index, const TcpGeometry& geometry,
+                               const RedialTls& tls) {
+  // Over another rail (a connect request for the live channel): resumed already.
+  if (r.channel) {
+    return Resumed{std::move(r.channel), r.peer_count,
+                   "rdma " + (r.via.empty() ? std::string("rail ?") : r.via) + " (re-dialled by the source)", r.rail};
+  }
+  std::unique_ptr<transport::TlsStream> stream;
+  if (tls) {
+    auto made = tls(r.fd.get(), r.left);
+    if (!made) return made.error().with_context(r.where);
+    stream = std::move(made.value());
+  }
+  auto ch = transport::TcpChannel::create(std::move(r.fd), index, geometry.chunk_size, geometry.ring_depth,
+                                          *geometry.metrics, geometry.splice, std::move(stream));
+  return Resumed{std::move(ch), r.peer_count, "tcp (re-dialled by the source)"};
+}
+
 }  // namespace rdmig::session

@@ -231,23 +231,16 @@ Result<session::Resumed> TargetSession::reaccept(uint32_t index, uint64_t taken,
   auto r = redials_.take(index, channel_terms(index), taken, deadline, [&] { return stopped() || ended(); },
                          std::chrono::duration_cast<std::chrono::milliseconds>(session::kHelloTimeout));
   if (!r) return r.error();
-  // Over another rail (a connect request for the live channel, rdma_plan): resumed already.
-  if (r->channel) {
-    return session::Resumed{std::move(r->channel), r->peer_count,
-                            "rdma " + (r->via.empty() ? std::string("rail ?") : r->via) + " (re-dialled by the source)",
-                            r->rail};
-  }
-  std::unique_ptr<transport::TlsStream> stream;
+  session::RedialTls tls;
   if (ctx_.config.data_plane.tls) {
-    auto made = transport::TlsStream::handshake(r->fd.get(), transport::TlsStream::Role::kAcceptor, channel_terms(index),
-                                                r->left);
-    if (!made) return made.error().with_context(r->where);
-    stream = std::move(made.value());
+    tls = [this, index](int fd, std::chrono::milliseconds left) {
+      return transport::TlsStream::handshake(fd, transport::TlsStream::Role::kAcceptor, channel_terms(index), left);
+    };
   }
-  auto ch = transport::TcpChannel::create(std::move(r->fd), index, static_cast<uint32_t>(hello_.chunk_size),
-                                          hello_.ring_depth, ctx_.metrics.transport("tcp"), ctx_.config.tcp.splice,
-                                          std::move(stream));
-  return session::Resumed{std::move(ch), r->peer_count, "tcp (re-dialled by the source)"};
+  return session::resumed_redial(std::move(r.value()), index,
+                                 session::TcpGeometry{static_cast<uint32_t>(hello_.chunk_size), hello_.ring_depth,
+                                                      &ctx_.metrics.transport("tcp"), ctx_.config.tcp.splice},
+                                 tls);
 }
 
 Result<std::pair<UniqueFd, uint64_t>> TargetSession::reaccept_control(uint64_t received,
