@@ -39,6 +39,7 @@ from rdmiglab.agent import agent_binary  # noqa: E402
 from rdmiglab import kvnet  # noqa: E402
 from rdmiglab.kvhook import vmi_json  # noqa: E402
 from rdmiglab.kvpod import wait_for  # noqa: E402
+from rdmiglab import timed  # noqa: E402
 from test_agent_pathcheck import start_pair, wait_check  # noqa: E402
 
 MiB = 1 << 20
@@ -306,4 +307,4 @@ class MixedVersionsTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    timed.main()

@@ -22,6 +22,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 from rdmiglab import Agent, QemuVm, ensure_guest, start_migration  # noqa: E402
+from rdmiglab import timed  # noqa: E402
 
 MEM_MIB = 256
 DIRTY_MIB = 8
@@ -297,4 +298,4 @@ class AgentFaultsTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    timed.main(verbosity=2)

@@ -29,6 +29,7 @@ from rdmiglab import Agent, parse_prometheus  # noqa: E402
 from rdmiglab import wireproof  # noqa: E402
 from rdmiglab.netns import LoopbackNetns, NetnsAgent  # noqa: E402
 from rdmiglab.wireproof import PROTOCOL, control_proof, send_frame, recv_frame  # noqa: E402,F401
+from rdmiglab import timed  # noqa: E402
 
 
 def raw_request(port, data, timeout=10.0, read_all=True):
@@ -1369,4 +1370,4 @@ class DialPolicyMigrationTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    timed.main()

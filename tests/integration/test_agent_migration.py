@@ -20,6 +20,7 @@ from rdmiglab import Agent, QemuVm, cut_data_channels, ensure_guest, migrate_via
 from rdmiglab.linkcut import cut_control_connection, data_connections  # noqa: E402
 from rdmiglab.qemu import differing_pages, guest_fate, qemu_version, trixie_qemu  # noqa: E402
 from rdmiglab import wireproof  # noqa: E402
+from rdmiglab import timed  # noqa: E402
 
 MEM_MIB = 256
 # 256 MiB dirtying 16 MiB/s: a 512 MiB guest dirtying 64 MiB/s under QEMU 7.2 TCG (Debian
@@ -1296,4 +1297,4 @@ def load_tests(loader, tests, pattern):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    timed.main()

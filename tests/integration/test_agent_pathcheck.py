@@ -22,6 +22,7 @@ sys.path.insert(0, HERE)
 from rdmiglab import Agent, parse_prometheus  # noqa: E402
 from test_agent_hostile_http import DialPolicyNamespace, FakeIncomingQemu, control_hello, channel_key_of  # noqa: E402
 from rdmiglab import wireproof  # noqa: E402
+from rdmiglab import timed  # noqa: E402
 
 MiB = 1 << 20
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
@@ -507,4 +508,4 @@ class PathCheckRdmaTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    timed.main()

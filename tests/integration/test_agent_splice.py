@@ -14,6 +14,7 @@ import unittest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 from rdmiglab import Agent, QemuVm, ensure_guest, migrate_via_agents  # noqa: E402
 from rdmiglab.qemu import trixie_qemu  # noqa: E402
+from rdmiglab import timed  # noqa: E402
 
 MEM_MIB = 256
 DIRTY_MIB = 16  # the size and rate test_agent_migration.py checks byte-exact (see there)
@@ -107,4 +108,4 @@ class SpliceMigrationTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    timed.main()

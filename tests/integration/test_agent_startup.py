@@ -14,6 +14,7 @@ import unittest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 from rdmiglab import Agent  # noqa: E402
 from rdmiglab.agent import agent_binary  # noqa: E402
+from rdmiglab import timed  # noqa: E402
 
 
 def rdma_present():
@@ -269,4 +270,4 @@ class AgentStartupTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    timed.main()

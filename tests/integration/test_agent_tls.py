@@ -31,6 +31,7 @@ import urllib.request
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 from rdmiglab import Agent, make_agent_pki  # noqa: E402
 from rdmiglab.agent import agent_binary, agent_tls_context  # noqa: E402
+from rdmiglab import timed  # noqa: E402
 
 
 def served_certificate(port, ca, server_name="rdmig-agent"):
@@ -201,4 +202,4 @@ def http_client_errors():
 
 
 if __name__ == "__main__":
-    unittest.main()
+    timed.main()

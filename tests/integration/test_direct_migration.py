@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.join(REPO, "tools"))
 
 from rdmiglab import QemuVm, ensure_guest, migrate_direct  # noqa: E402
 from rdmiglab.qemu import differing_pages, guest_fate, qemu_version, trixie_qemu  # noqa: E402
+from rdmiglab import timed  # noqa: E402
 
 MEM_MIB = 256
 # 256 MiB dirtying 16 MiB/s: a 512 MiB guest dirtying 64 MiB/s under QEMU 7.2 TCG (Debian
@@ -127,4 +128,4 @@ class DirectMigrationTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    timed.main()

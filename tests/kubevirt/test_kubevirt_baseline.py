@@ -30,6 +30,7 @@ if __name__ == "__main__":
 
 from rdmiglab import kvhook  # noqa: E402
 from rdmiglab.kvpod import wait_for  # noqa: E402
+from rdmiglab import timed  # noqa: E402
 
 MEM_MIB = 256
 # 8 MiB/s: at 16 MiB/s a guest migrated with 8 multifd connections to a running target died
@@ -494,4 +495,4 @@ class KubevirtBlockBaselineTest(KubevirtChecks, BlockChecks, unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    timed.main()

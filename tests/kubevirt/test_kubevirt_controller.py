@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.join(REPO, "tests", "k8s"))
 sys.path.insert(0, os.path.join(REPO, "tools"))
 
 import test_kubevirt_baseline as base  # noqa: E402
+from rdmiglab import timed  # noqa: E402
 
 NODES = ("node-a", "node-b")
 NS, AGENT_NS = "prod", "rdmig-system"
@@ -128,4 +129,4 @@ class KubevirtControllerTest(unittest.TestCase):
 
 if __name__ == "__main__":
     base._reexec_with_system_python()
-    unittest.main()
+    timed.main()

@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "tools")
 sys.path.insert(0, HERE)
 
 from rdmiglab.system_python import reexec_with_system_python  # noqa: E402
+from rdmiglab import timed  # noqa: E402
 
 if __name__ == "__main__":
     reexec_with_system_python()
@@ -122,4 +123,4 @@ class KubevirtFailureTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    timed.main()

@@ -29,6 +29,7 @@ sys.path.insert(0, HERE)
 import test_kubevirt_baseline as base  # noqa: E402  (its checks of KubeVirt's connections)
 from rdmiglab.kvagents import FINAL_PHASES, KubevirtAgents  # noqa: E402
 from rdmiglab.kvpod import wait_for  # noqa: E402
+from rdmiglab import timed  # noqa: E402
 
 NODES = ("node-a", "node-b")
 
@@ -533,4 +534,4 @@ class KubevirtBlockMigrationTest(base.KubevirtChecks, base.BlockChecks, unittest
 
 if __name__ == "__main__":
     base._reexec_with_system_python()
-    unittest.main()
+    timed.main()

@@ -23,6 +23,7 @@ from rdmiglab import kvnet  # noqa: E402
 from rdmiglab.agent import parse_prometheus  # noqa: E402
 from rdmiglab.kvhook import vmi_json  # noqa: E402
 from rdmiglab import profile as lab_profile  # noqa: E402
+from rdmiglab import timed  # noqa: E402
 # tests/k8s: the API server double and the RBAC check, imported by the API tests only (the
 # Soft-RoCE VM runs this file without them and skips those tests).
 sys.path.insert(0, os.path.join(HERE, "..", "k8s"))
@@ -2308,4 +2309,4 @@ class KubevirtRelayTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    timed.main()

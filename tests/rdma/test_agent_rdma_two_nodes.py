@@ -50,6 +50,7 @@ import unittest
 sys.path.insert(0, os.environ.get("RDMIG_TOOLS", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools")))
 from rdmiglab import Agent, QemuVm, migrate_via_agents, parse_prometheus  # noqa: E402
 from rdmiglab.agent import TERMINAL, start_migration  # noqa: E402
+from rdmiglab import timed  # noqa: E402
 
 MEM_MIB = 128
 # Each agent as the chart runs it for RDMA (tools/rdmiglab/profile.py; the chart test checks the list).
@@ -913,7 +914,7 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
 if __name__ == "__main__":
     if NODE == "b":
         sys.exit(serve_target())
-    result = unittest.main(verbosity=2, exit=False).result
+    result = timed.main(verbosity=2, exit=False).result
     if not result.wasSuccessful():
         post("failed-a", "tests failed")
         sys.exit(1)

@@ -47,6 +47,7 @@ sys.path.insert(0, os.path.join(REPO, "tests", "rdma"))
 from rdmiglab import Agent, parse_prometheus  # noqa: E402
 from rdmiglab.kvhook import vmi_json  # noqa: E402
 from rdmiglab.kvpod import wait_for  # noqa: E402
+from rdmiglab import timed  # noqa: E402
 from test_agent_rdma_two_nodes import (ADDR, DEV, DEVS, NODE, PEER_ADDR, RAIL_CUT_TABLE, RDMA_CUT_RULE,  # noqa: E402
                                        PeerAgent, await_, await_any, counters_delta, cut_rdma, hw_counters, post,
                                        rail_counters, rail_cut_rule, transferred_bytes, uncut_rdma)
@@ -446,4 +447,4 @@ class TwoNodeKubevirtRdmaTest(unittest.TestCase):
 if __name__ == "__main__":
     if NODE == "b":
         sys.exit(serve_target())
-    unittest.main(verbosity=2)
+    timed.main(verbosity=2)

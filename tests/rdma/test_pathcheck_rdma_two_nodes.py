@@ -57,6 +57,7 @@ sys.path.insert(0, HERE)
 from test_agent_rdma_two_nodes import (ADDR, DEV, NODE, PEER_ADDR, PeerAgent, await_, cut_rdma,  # noqa: E402
                                        hw_counters, post, uncut_rdma)
 from rdmiglab import Agent, parse_prometheus  # noqa: E402
+from rdmiglab import timed  # noqa: E402
 
 BYTES = 128 << 20
 SMALL = 32 << 20
@@ -520,7 +521,7 @@ class TwoNodePathCheckTest(unittest.TestCase):
 if __name__ == "__main__":
     if NODE == "b":
         sys.exit(serve_target())
-    result = unittest.main(verbosity=2, exit=False).result
+    result = timed.main(verbosity=2, exit=False).result
     if not result.wasSuccessful():
         post("failed-a", "tests failed")
         sys.exit(1)
