@@ -18,14 +18,8 @@ scripts/build.sh
 cd build
 # Each suite prints its own failures; --output-on-failure shows them in the log.
 rc=0
-# One test per core; the machine's cores are a resource that the rows with guests or a busy core
-# hold one of, and the Soft-RoCE rows both of, so that nothing busy runs beside those
-# (tests/CMakeLists.txt). Run by hand, ctest without --resource-spec-file ignores the resources.
-jobs="${RDMIG_TEST_JOBS:-$(nproc)}"
-printf '{"version": {"major": 1, "minor": 0}, "local": [{"cores": [{"id": "host", "slots": %d}]}]}\n' \
-  "$(nproc)" > resource-spec.json
-ctest --output-on-failure --timeout 1800 -j "$jobs" --resource-spec-file resource-spec.json \
-  "${select[@]}" "$@" || rc=$?
+# One test per core: tests that keep the CPU busy hold a lock and never overlap (tests/CMakeLists.txt).
+ctest --output-on-failure --timeout 1800 -j "${RDMIG_TEST_JOBS:-$(nproc)}" "${select[@]}" "$@" || rc=$?
 if [ "$rc" -ne 0 ]; then
   # The why of each failure, last in the log (a CI log is often read from its tail).
   python3 ../scripts/failure-digest.py Testing/Temporary/LastTest.log || true
