@@ -139,6 +139,20 @@ json best_path_pair(const std::vector<json>& checks, const std::string& node, co
   return best;
 }
 
+namespace {
+
+// In condition `type`'s message, the text `was` becomes `now` (nothing when `was` is empty or absent).
+void reword_condition(json& status, const std::string& type, const std::string& was, const std::string& now) {
+  if (was.empty() || was == now || !status.contains("conditions") || !status["conditions"].is_array()) return;
+  for (auto& c : status["conditions"]) {
+    if (!c.is_object() || c.value("type", "") != type) continue;
+    std::string message = c.value("message", "");
+    if (const auto at = message.find(was); at != std::string::npos) c["message"] = message.replace(at, was.size(), now);
+  }
+}
+
+}  // namespace
+
 DrainPlanReconciler::DrainPlanReconciler(const ControllerConfig& config, std::string agent_namespace,
                                          k8s::KubeClient& kube, k8s::Informer& informer, k8s::Informer& pathchecks,
                                          k8s::EventRecorder& events, ControllerMetrics& metrics)
@@ -186,16 +200,7 @@ Result<Next> DrainPlanReconciler::reconcile(const std::string& key) {
       const auto stop = stop_path_check_for_cancel(obj, st, /*fresh=*/stop_failed);
       if (stop.changed) {
         // The Cancelled condition said the stop was failing: it says what holds now.
-        const std::string was = stopped_path_check_text(status), now = stopped_path_check_text(st);
-        if (!was.empty() && was != now && st.contains("conditions") && st["conditions"].is_array()) {
-          for (auto& c : st["conditions"]) {
-            if (!c.is_object() || c.value("type", "") != "Cancelled") continue;
-            std::string message = c.value("message", "");
-            if (const auto at = message.find(was); at != std::string::npos) {
-              c["message"] = message.replace(at, was.size(), now);
-            }
-          }
-        }
+        reword_condition(st, "Cancelled", stopped_path_check_text(status), stopped_path_check_text(st));
         if (auto w = write_status(obj, st); !w) return w.error();
       }
       if (stop.failed) return *stop.failed;

@@ -108,10 +108,10 @@ class DrainPlanReconciler final : public ObjectReconciler {
   Result<bool> stop_path_check(const nlohmann::json& obj, nlohmann::json& status, bool fresh);
   // stop_path_check for a cancel, which a failed stop never holds up (an API server that refuses
   // the delete, RBAC without it, must not keep a drain from being cancelled): the error goes in
-  // status.createdPathCheck.stopError (Event PathCheckStopFailed when it changes, but for a
-  // check that kept changing under the delete's preconditions) and the cancel
-  // goes on; later reconciles (polls, of the Cancelled plan too: needs_poll) try again until the stop holds. Returns
-  // whether status changed, and the failure (for the caller to be retried on) if any.
+  // status.createdPathCheck.stopError (Event PathCheckStopFailed when it changes, but for a check
+  // that kept changing under the delete's preconditions) and the cancel goes on; later reconciles
+  // (polls, of the Cancelled plan too: needs_poll) try again until the stop holds. Returns whether
+  // status changed, and the failure (for the caller to be retried on) if any.
   struct CancelStop {
     bool changed = false;
     std::optional<Error> failed;

@@ -66,11 +66,7 @@ class RedialSlots {
   std::map<uint32_t, Slot> slots_ GUARDED_BY(mu_);
 };
 
-// What the waiting end of a failover makes of the re-dial it took: an RDMA re-dial is the channel,
-// resumed already ("rdma rail 1: ... (re-dialled by the source)"); a TCP one becomes channel
-// `index` again (a TcpChannel of the session's `geometry`), its TLS run again first by `tls`
-// (given the fd and what is left of the deadline; null: the data plane has no TLS), "tcp
-// (re-dialled by the source)". Shared by TargetJob::reaccept and TargetSession::reaccept.
+// A session's TCP channel geometry, for the channel a TCP re-dial becomes (resumed_redial).
 struct TcpGeometry {
   uint32_t chunk_size = 0;
   uint32_t ring_depth = 0;
@@ -78,6 +74,11 @@ struct TcpGeometry {
   transport::SpliceMode splice = transport::SpliceMode::kOff;
 };
 using RedialTls = std::function<Result<std::unique_ptr<transport::TlsStream>>(int fd, std::chrono::milliseconds left)>;
+// What the waiting end of a failover makes of the re-dial it took: an RDMA re-dial is the channel,
+// resumed already ("rdma rail 1: ... (re-dialled by the source)"); a TCP one becomes channel
+// `index` again (a TcpChannel of the session's `geometry`), its TLS run again first by `tls`
+// (given the fd and what is left of the deadline; null: the data plane has no TLS), "tcp
+// (re-dialled by the source)". Shared by TargetJob::reaccept and TargetSession::reaccept.
 Result<Resumed> resumed_redial(RedialSlots::Redialled r, uint32_t index, const TcpGeometry& geometry,
                                const RedialTls& tls);
 

@@ -232,6 +232,19 @@ class DrainPlanControllerTest(AgentsAndControllerTest):
                  "bytes to flow")
         return check, cid
 
+    def cancel_and_wait(self, name, timeout):
+        """spec.cancel on plan `name`; its status once it ended, which must be Cancelled."""
+        code, body = self.edit_spec(name, cancel=True)
+        self.assertEqual(code, 200, body)
+        st = self.wait_phase(name, ("Cancelled", "Forecast", "Executing", "Failed"), timeout=timeout)["status"]
+        self.assertEqual(st["phase"], "Cancelled", st)
+        return st
+
+    def wait_stop_recorded(self, name):
+        """Plan `name`'s status once it records its path check's stop (stopTime)."""
+        return wait_for(lambda: (lambda s: s if "stopTime" in s.get("createdPathCheck", {}) else None)(
+            self.get(name)["status"]), 20, "the stop to be recorded")
+
     def assert_stopped_on_the_agents(self, cid, source, target):
         src = self.agents[source].call("GET", "/v1/pathchecks/" + cid)
         dst = self.agents[target].call("GET", "/v1/pathchecks/" + cid)
@@ -249,14 +262,10 @@ class DrainPlanControllerTest(AgentsAndControllerTest):
         try:
             check, cid = self.running_path_check("cancel-b", "b")
             self.assertEqual(self.get("cancel-b")["status"]["phase"], "WaitingForPathCheck")
-            code, body = self.edit_spec("cancel-b", cancel=True)
-            self.assertEqual(code, 200, body)
-            st = self.wait_phase("cancel-b", ("Cancelled", "Forecast", "Executing", "Failed"), timeout=20)["status"]
-            self.assertEqual(st["phase"], "Cancelled", st)
+            st = self.cancel_and_wait("cancel-b", timeout=20)
             # Stopped as it was cancelled, or (the check's status written under each of the delete's
             # tries: 409 on its preconditions, seen with the rows beside it) at a poll soon after.
-            st = wait_for(lambda: (lambda s: s if "stopTime" in s.get("createdPathCheck", {}) else None)(
-                self.get("cancel-b")["status"]), 20, "the stop to be recorded")
+            st = self.wait_stop_recorded("cancel-b")
             self.assertNotIn("stopError", st["createdPathCheck"])
             # The check goes (deleting it is its cancel: its finalizer cancels the pair on both agents).
             wait_for(lambda: self.get("cancel-b-paths", "rdmapathchecks") is None, 20, "the path check to go")
@@ -300,10 +309,7 @@ class DrainPlanControllerTest(AgentsAndControllerTest):
         try:
             _, cid = self.running_path_check("race-a", "a")
             self.api.before_delete = hold_until_the_check_ended
-            code, body = self.edit_spec("race-a", cancel=True)
-            self.assertEqual(code, 200, body)
-            st = self.wait_phase("race-a", ("Cancelled", "Forecast", "Executing", "Failed"), timeout=150)["status"]
-            self.assertEqual(st["phase"], "Cancelled", st)
+            st = self.cancel_and_wait("race-a", timeout=150)
             self.assertGreaterEqual(len(held), 1, "the controller's DELETE of the check")
             # Every DELETE refused by its preconditions: the first, and any the controller sent
             # again after its client gave up waiting on a held one (15 s) and read the check Running.
@@ -342,10 +348,7 @@ class DrainPlanControllerTest(AgentsAndControllerTest):
         try:
             _, cid = self.running_path_check("refuse-b", "b")
             self.api.before_delete = forbid
-            code, body = self.edit_spec("refuse-b", cancel=True)
-            self.assertEqual(code, 200, body)
-            st = self.wait_phase("refuse-b", ("Cancelled", "Forecast", "Executing", "Failed"), timeout=20)["status"]
-            self.assertEqual(st["phase"], "Cancelled", st)
+            st = self.cancel_and_wait("refuse-b", timeout=20)
             self.assertGreaterEqual(len(refused), 1)
             pc = st["createdPathCheck"]
             print("\ncancelled while refused:", st)
@@ -364,8 +367,7 @@ class DrainPlanControllerTest(AgentsAndControllerTest):
             self.api.before_delete = None
             wait_for(lambda: self.get("refuse-b-paths", "rdmapathchecks") is None, 60, "the path check to go")
             self.assert_stopped_on_the_agents(cid, "b", "c")
-            st = wait_for(lambda: (lambda s: s if "stopTime" in s.get("createdPathCheck", {}) else None)(
-                self.get("refuse-b")["status"]), 20, "the stop to be recorded")
+            st = self.wait_stop_recorded("refuse-b")
             self.assertEqual(st["phase"], "Cancelled")
             self.assertNotIn("stopError", st["createdPathCheck"])
             self.assertEqual(st["createdPathCheck"]["stopped"], "0 of 1 pair(s) ended, 1 running")
