@@ -8,9 +8,9 @@
 # the clone, as scripts/build.sh makes it), so ccache's direct mode hits across clones as it does
 # for single files.
 #
-# A target opts out with the target property RDMIG_NO_UNITY (the unit tests: every test file
-# brings its own `using namespace` and local helpers of the same names), or by its name in
-# RDMIG_UNITY_SKIP (tests/compat/build-agent.sh: an older tree whose sources clash in a batch).
+# A target opts out with the target property RDMIG_NO_UNITY (sources whose file-local names clash
+# in one batch; none of ours today), or by its name in RDMIG_UNITY_SKIP (tests/compat/build-agent.sh:
+# an older tree whose sources clash in a batch).
 set(RDMIG_UNITY_BATCH 8 CACHE STRING "sources per unity batch (RDMIG_UNITY_BUILD)")
 set(RDMIG_UNITY_SKIP "" CACHE STRING "targets compiled file by file in a unity build")
 

@@ -9,6 +9,7 @@
 
 #include "controller/migration_spec.h"
 #include "controller/status_mapping.h"
+#include "source_dir.h"
 
 using nlohmann::json;
 using namespace rdmig;
@@ -193,7 +194,7 @@ TEST(StatusMapping, VmLeftPausedOnTheSourceHasItsOwnReason) {
 // The controller recognises the case by the agent's wording (its REST status has no failure
 // kind): every failure the agent counts as vm_paused_on_source must use that wording.
 TEST(StatusMapping, EveryPausedOnSourceFailureOfTheAgentUsesTheWordsTheControllerReads) {
-  std::ifstream f(std::string(RDMIG_SOURCE_DIR) + "/src/migration/source_job.cpp");
+  std::ifstream f(rdmig_test::source_dir() + "/src/migration/source_job.cpp");
   ASSERT_TRUE(f) << "cannot read src/migration/source_job.cpp";
   std::stringstream ss;
   ss << f.rdbuf();

@@ -15,6 +15,7 @@
 #include "k8s/informer.h"
 #include "k8s/selectors.h"
 #include "k8s/time_format.h"
+#include "source_dir.h"
 
 using nlohmann::json;
 using namespace rdmig;
@@ -525,7 +526,7 @@ TEST(ControllerConfig, PlainMetricsListenOnLoopbackOnly) {
 }
 
 TEST(ControllerConfig, ShippedExampleParses) {
-  auto c = controller::load_controller_config_file(std::string(RDMIG_SOURCE_DIR) + "/controller/controller.yaml");
+  auto c = controller::load_controller_config_file(rdmig_test::source_dir() + "/controller/controller.yaml");
   ASSERT_TRUE(c.ok()) << c.error().message;
   EXPECT_TRUE(c->leader_election.enabled);
 }

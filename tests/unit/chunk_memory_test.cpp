@@ -14,12 +14,11 @@
 #include <string>
 
 #include "common/chunk_memory.h"
+#include "common/units.h"
 
 using namespace rdmig;
 
 namespace {
-
-constexpr size_t kMiB = size_t{1} << 20;
 
 // The smaps entry of the mapping that holds `p` (neighbouring mappings with the same flags may
 // have merged with it): its lines, or "" when no mapping holds it.

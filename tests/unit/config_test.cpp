@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "config/agent_config.h"
+#include "source_dir.h"
 
 using rdmig::parse_agent_config;
 
@@ -20,7 +21,7 @@ TEST(AgentConfig, EmptyDocumentGivesDocumentedDefaults) {
 }
 
 TEST(AgentConfig, ShippedAgentYamlLoadsAndEqualsDefaults) {
-  auto c = rdmig::load_agent_config_file(RDMIG_SOURCE_DIR "/agent/agent.yaml");
+  auto c = rdmig::load_agent_config_file(rdmig_test::source_dir() + "/agent/agent.yaml");
   ASSERT_TRUE(c.ok()) << c.error().message;
   const rdmig::AgentConfig d;
   EXPECT_EQ(c->migration.chunk_size, d.migration.chunk_size);
@@ -219,7 +220,7 @@ TEST(AgentConfig, RdmaDevicesWithOneAddressSpelledTwoWaysAreTheSameRail) {
 // dataPlane.allowLoopbackPeers: false unless the config says it is a lab; a boolean.
 TEST(AgentConfig, AllowLoopbackPeersIsOffByDefaultAndABoolean) {
   EXPECT_FALSE(parse_agent_config("")->data_plane.allow_loopback_peers);
-  EXPECT_FALSE(rdmig::load_agent_config_file(RDMIG_SOURCE_DIR "/agent/agent.yaml")->data_plane.allow_loopback_peers);
+  EXPECT_FALSE(rdmig::load_agent_config_file(rdmig_test::source_dir() + "/agent/agent.yaml")->data_plane.allow_loopback_peers);
   auto c = parse_agent_config("dataPlane:\n  allowLoopbackPeers: true\n");
   ASSERT_TRUE(c.ok()) << c.error().message;
   EXPECT_TRUE(c->data_plane.allow_loopback_peers);
@@ -235,7 +236,7 @@ TEST(AgentConfig, AllowLoopbackPeersIsOffByDefaultAndABoolean) {
 // dataPlane.tls: off by default (and in the shipped agent.yaml); off|on (YAML booleans too).
 TEST(AgentConfig, DataPlaneTlsIsOffByDefaultAndOffOrOn) {
   EXPECT_FALSE(parse_agent_config("")->data_plane.tls);
-  EXPECT_FALSE(rdmig::load_agent_config_file(RDMIG_SOURCE_DIR "/agent/agent.yaml")->data_plane.tls);
+  EXPECT_FALSE(rdmig::load_agent_config_file(rdmig_test::source_dir() + "/agent/agent.yaml")->data_plane.tls);
   for (const char* on : {"on", "'on'", "true"}) {
     auto c = parse_agent_config(std::string("dataPlane:\n  tls: ") + on + "\n");
     ASSERT_TRUE(c.ok()) << c.error().message;
@@ -257,7 +258,7 @@ TEST(AgentConfig, DataPlaneTlsIsOffByDefaultAndOffOrOn) {
 TEST(AgentConfig, FailoverPathsDefaultToRailThenTcpAndTakeEachOnce) {
   const std::vector<std::string> dflt{"rail", "tcp"};
   EXPECT_EQ(parse_agent_config("")->data_plane.failover_paths, dflt);
-  EXPECT_EQ(rdmig::load_agent_config_file(RDMIG_SOURCE_DIR "/agent/agent.yaml")->data_plane.failover_paths, dflt);
+  EXPECT_EQ(rdmig::load_agent_config_file(rdmig_test::source_dir() + "/agent/agent.yaml")->data_plane.failover_paths, dflt);
   for (const auto& [yaml, want] : std::vector<std::pair<std::string, std::vector<std::string>>>{
            {"[tcp]", {"tcp"}}, {"[rail]", {"rail"}}, {"[tcp, rail]", {"tcp", "rail"}}}) {
     auto c = parse_agent_config("dataPlane:\n  failoverPaths: " + yaml + "\n");
@@ -275,7 +276,7 @@ TEST(AgentConfig, FailoverPathsDefaultToRailThenTcpAndTakeEachOnce) {
 // kubevirt.plaintextMigrations: carry (default) or refuse.
 TEST(AgentConfig, KubevirtPlaintextMigrationsIsCarryOrRefuse) {
   EXPECT_EQ(parse_agent_config("")->kubevirt.plaintext_migrations, "carry");
-  EXPECT_EQ(rdmig::load_agent_config_file(RDMIG_SOURCE_DIR "/agent/agent.yaml")->kubevirt.plaintext_migrations, "carry");
+  EXPECT_EQ(rdmig::load_agent_config_file(rdmig_test::source_dir() + "/agent/agent.yaml")->kubevirt.plaintext_migrations, "carry");
   auto c = parse_agent_config("kubevirt:\n  plaintextMigrations: refuse\n");
   ASSERT_TRUE(c.ok()) << c.error().message;
   EXPECT_EQ(c->kubevirt.plaintext_migrations, "refuse");
@@ -350,7 +351,7 @@ TEST(AgentConfig, PathCheckLimitsDefaultToTheFormerConstantsAndTheShippedYamlSpe
   EXPECT_EQ(p.max_timeout_seconds, 3600u);
   EXPECT_EQ(p.stall_timeout_seconds, 10u);
   EXPECT_EQ(p.rtt_samples, 5u);
-  auto shipped = rdmig::load_agent_config_file(RDMIG_SOURCE_DIR "/agent/agent.yaml");
+  auto shipped = rdmig::load_agent_config_file(rdmig_test::source_dir() + "/agent/agent.yaml");
   ASSERT_TRUE(shipped.ok()) << shipped.error().message;
   const auto& s = shipped->path_check;
   EXPECT_EQ(std::tie(s.max_concurrent, s.history_size, s.default_bytes, s.max_bytes, s.max_channels,

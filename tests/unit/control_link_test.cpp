@@ -16,6 +16,7 @@
 #include "session/control_link.h"
 #include "session/protocol.h"
 #include "session/resume.h"
+#include "socket_pair.h"
 #include "transport/channel_proof.h"
 #include "transport/wire.h"
 
@@ -25,11 +26,7 @@ namespace {
 using namespace std::chrono_literals;
 using nlohmann::json;
 
-std::pair<UniqueFd, UniqueFd> socket_pair() {
-  int sv[2];
-  EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  return {UniqueFd(sv[0]), UniqueFd(sv[1])};
-}
+using rdmig_test::socket_pair;  // socket_pair.h
 
 // Two linked ends; `a` re-dials (as the source agent), `b` takes the re-dial (as the target).
 struct Linked {

@@ -134,7 +134,7 @@ class Ends {
 };
 
 // Sends `total` bytes from a seeded generator in chunks of random sizes; false on an error.
-Status send_stream(transport::Channel& ch, uint64_t total, uint32_t seed) {
+Status send_counted_stream(transport::Channel& ch, uint64_t total, uint32_t seed) {
   std::mt19937_64 gen(seed);
   std::mt19937 sizes(seed + 1);
   uint64_t sent = 0;
@@ -175,7 +175,7 @@ struct Direction {
   Result<uint64_t> received = uint64_t{0};
   uint64_t mismatch = UINT64_MAX;
   void start(transport::Channel& from, transport::Channel& to, uint64_t total, uint32_t seed) {
-    sender = std::thread([&, total, seed] { sent = send_stream(from, total, seed); });
+    sender = std::thread([&, total, seed] { sent = send_counted_stream(from, total, seed); });
     receiver = std::thread([&, seed] { received = receive_stream(to, seed, &mismatch); });
   }
   void join() {

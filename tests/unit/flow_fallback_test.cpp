@@ -15,6 +15,7 @@
 #include "common/token_source.h"
 #include "kubevirt/flow/sessions.h"
 #include "session/transport_choice.h"
+#include "socket_pair.h"
 #include "transport/channel_proof.h"
 #include "transport/rdma/cm.h"
 #include "transport/tcp/tcp_channel.h"
@@ -145,11 +146,7 @@ double selected(Metrics& m, const std::string& transport, const std::string& rea
   return at == std::string::npos ? -1 : std::stod(text.substr(at + line.size()));
 }
 
-std::pair<UniqueFd, UniqueFd> socket_pair() {
-  int fds[2];
-  EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
-  return {UniqueFd(fds[0]), UniqueFd(fds[1])};
-}
+using rdmig_test::socket_pair;  // socket_pair.h
 
 }  // namespace
 

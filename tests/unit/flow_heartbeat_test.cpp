@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "session/resume.h"
+#include "socket_pair.h"
 #include "transport/wire.h"
 
 #include "kubevirt/flow/flow_session.h"
@@ -44,11 +45,7 @@ class LinkEnd final : public FlowSession {
   }
 };
 
-std::pair<UniqueFd, UniqueFd> socket_pair() {
-  int fds[2];
-  EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
-  return {UniqueFd(fds[0]), UniqueFd(fds[1])};
-}
+using rdmig_test::socket_pair;  // socket_pair.h
 
 // The source re-dials the control link (a fresh socket pair whose far end the target takes), as
 // SourceSession::redial_control and TargetSession::reaccept_control do over TCP.

@@ -20,11 +20,11 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct Pair {
+struct CheckPair {
   std::unique_ptr<transport::TcpChannel> a, b;
 };
 
-Pair connect_pair(Metrics& m, uint32_t chunk, uint32_t depth) {
+CheckPair connect_check_pair(Metrics& m, uint32_t chunk, uint32_t depth) {
   auto l = net::tcp_listen("127.0.0.1", 0);
   EXPECT_TRUE(l.ok());
   const uint16_t port = net::local_port(l->get()).value();
@@ -33,7 +33,7 @@ Pair connect_pair(Metrics& m, uint32_t chunk, uint32_t depth) {
   auto s = net::accept_for(l->get(), 2s);
   EXPECT_TRUE(s.ok());
   auto& tm = m.transport("tcp", "pathcheck");
-  return Pair{transport::TcpChannel::create(std::move(c.value()), 0, chunk, depth, tm),
+  return CheckPair{transport::TcpChannel::create(std::move(c.value()), 0, chunk, depth, tm),
               transport::TcpChannel::create(std::move(s.value()), 0, chunk, depth, tm)};
 }
 
@@ -104,7 +104,7 @@ TEST(PathCheckPattern, NamesTheFirstFlippedByte) {
 
 TEST(PathCheckStream, CarriesAndVerifiesEveryByteOverTcp) {
   Metrics m;
-  auto p = connect_pair(m, 64 * 1024, 4);
+  auto p = connect_check_pair(m, 64 * 1024, 4);
   const uint64_t total = 3 * 1024 * 1024 + 123;  // not a whole number of chunks
   std::atomic<uint64_t> sent{0}, verified{0}, chunks_sent{0}, chunks_received{0};
   Status rx = ok_status();
@@ -121,7 +121,7 @@ TEST(PathCheckStream, CarriesAndVerifiesEveryByteOverTcp) {
 
 TEST(PathCheckStream, DetectsAByteCorruptedOnThePath) {
   Metrics m;
-  auto p = connect_pair(m, 64 * 1024, 4);
+  auto p = connect_check_pair(m, 64 * 1024, 4);
   const uint64_t total = 1024 * 1024;
   CorruptingChannel corrupt(*p.b, /*nth=*/5, /*at=*/321);
   std::atomic<uint64_t> sent{0}, verified{0}, chunks_sent{0}, chunks_received{0};
@@ -143,7 +143,7 @@ TEST(PathCheckStream, DetectsAByteCorruptedOnThePath) {
 
 TEST(PathCheckStream, FailsAStreamThatEndsShort) {
   Metrics m;
-  auto p = connect_pair(m, 64 * 1024, 4);
+  auto p = connect_check_pair(m, 64 * 1024, 4);
   std::atomic<uint64_t> sent{0}, verified{0}, chunks_sent{0}, chunks_received{0};
   Status rx = ok_status();
   std::thread receiver([&] { rx = receive_stream(*p.b, 1, 200000, verified, chunks_received); });

@@ -7,6 +7,7 @@
 #include "migration/postcopy_recovery.h"
 #include "migration/types.h"
 #include "session/protocol.h"
+#include "source_dir.h"
 #include "transport/wire.h"
 
 using namespace rdmig;
@@ -93,7 +94,7 @@ TEST(PostcopyRecovery, RecoverySecondsDefaultToFiveMinutesZeroTurnsItOffAndOutOf
     ASSERT_FALSE(c.ok()) << v;
     EXPECT_NE(c.error().message.find("migration.postCopyRecoverySeconds"), std::string::npos) << c.error().message;
   }
-  auto shipped = load_agent_config_file(RDMIG_SOURCE_DIR "/agent/agent.yaml");
+  auto shipped = load_agent_config_file(rdmig_test::source_dir() + "/agent/agent.yaml");
   ASSERT_TRUE(shipped.ok()) << shipped.error().message;
   EXPECT_EQ(shipped->migration.postcopy_recovery_seconds, AgentConfig{}.migration.postcopy_recovery_seconds);
 }

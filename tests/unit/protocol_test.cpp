@@ -303,10 +303,10 @@ TEST(ProtocolCodec, TypedHandshakeMessagesReadBackWhatTheyWrite) {
 // ---- Hostile input, in one place ----
 
 namespace {
-struct Pair {
+struct FdPair {
   UniqueFd a, b;
 };
-Pair socket_pair() {
+FdPair fd_pair() {
   int fds[2];
   EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
   return {UniqueFd(fds[0]), UniqueFd(fds[1])};
@@ -323,7 +323,7 @@ std::string length_prefix(uint32_t n) {
 
 TEST(ProtocolHostile, ATruncatedMessageIsRefused) {
   {  // the length says 100, 10 bytes come, the peer hangs up
-    auto p = socket_pair();
+    auto p = fd_pair();
     write_raw(p.a.get(), length_prefix(100) + R"({"type":"c)");
     p.a.reset();
     auto m = transport::recv_message(p.b.get(), std::chrono::seconds(2));
@@ -331,13 +331,13 @@ TEST(ProtocolHostile, ATruncatedMessageIsRefused) {
     EXPECT_EQ(m.error().code, Errc::kUnavailable) << m.error().message;
   }
   {  // half a length
-    auto p = socket_pair();
+    auto p = fd_pair();
     write_raw(p.a.get(), std::string("\x05\x00", 2));
     p.a.reset();
     EXPECT_FALSE(transport::recv_message(p.b.get(), std::chrono::seconds(2)).ok());
   }
   {  // a whole frame whose JSON is cut short
-    auto p = socket_pair();
+    auto p = fd_pair();
     const std::string body = R"({"type":"challenge","nonce":")";
     write_raw(p.a.get(), length_prefix(static_cast<uint32_t>(body.size())) + body);
     auto m = transport::recv_message(p.b.get(), std::chrono::seconds(2));
@@ -349,21 +349,21 @@ TEST(ProtocolHostile, ATruncatedMessageIsRefused) {
 
 TEST(ProtocolHostile, AnOversizedOrTooDeepMessageOrFieldIsRefused) {
   {
-    auto p = socket_pair();
+    auto p = fd_pair();
     write_raw(p.a.get(), length_prefix(transport::kMaxMessageBytes + 1));
     auto m = transport::recv_message(p.b.get(), std::chrono::seconds(2));
     ASSERT_FALSE(m.ok());
     EXPECT_EQ(m.error().message, "control message length 65537 out of range");
   }
   {
-    auto p = socket_pair();
+    auto p = fd_pair();
     write_raw(p.a.get(), length_prefix(0));
     auto m = transport::recv_message(p.b.get(), std::chrono::seconds(2));
     ASSERT_FALSE(m.ok());
     EXPECT_EQ(m.error().message, "control message length 0 out of range");
   }
   {  // 33 levels: refused before the parser sees it
-    auto p = socket_pair();
+    auto p = fd_pair();
     const std::string body = R"({"type":"auth","proof":)" + std::string(32, '[') + std::string(32, ']') + "}";
     write_raw(p.a.get(), length_prefix(static_cast<uint32_t>(body.size())) + body);
     auto m = transport::recv_message(p.b.get(), std::chrono::seconds(2));
@@ -371,7 +371,7 @@ TEST(ProtocolHostile, AnOversizedOrTooDeepMessageOrFieldIsRefused) {
     EXPECT_EQ(m.error().message, "control message is not a JSON object");
   }
   {
-    auto p = socket_pair();
+    auto p = fd_pair();
     EXPECT_EQ(transport::send_message(p.a.get(), json{{"x", std::string(transport::kMaxMessageBytes, 'x')}}).error().message,
               "control message too large");
   }
@@ -407,7 +407,7 @@ TEST(ProtocolHostile, AnUnknownOrMistypedKindIsNoKind) {
 
 TEST(ProtocolHostile, AMessageOutOfItsStateIsRefused) {
   // A channel's acceptor that gets a welcome where the auth belongs refuses the channel.
-  auto p = socket_pair();
+  auto p = fd_pair();
   const transport::ChannelTerms terms{std::string(64, 'k'), kNonceB, 1};
   std::thread dialler([&] {
     auto challenge = transport::recv_message(p.a.get(), std::chrono::seconds(5));

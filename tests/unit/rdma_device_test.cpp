@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "common/units.h"
+#include "source_dir.h"
 #include "transport/rdma/device.h"
 #include "transport/rdma/network_status.h"
 #include "transport/rdma/sysfs.h"
@@ -520,7 +521,7 @@ TEST(RdmaDeviceSelection, RealSysfsGivesTheRoceV2GidOfTheDevicesAddress) {
 // The design: src/transport knows channels only, never the agent's config. Options of its own
 // (transport/rdma/options.h) keep it so; this keeps it true.
 TEST(TransportLayering, NoFileUnderSrcTransportIncludesConfig) {
-  const fs::path dir = fs::path(RDMIG_SOURCE_DIR) / "src/transport";
+  const fs::path dir = fs::path(rdmig_test::source_dir()) / "src/transport";
   ASSERT_TRUE(fs::is_directory(dir)) << dir;
   const std::regex include_config(R"(^\s*#\s*include\s*["<]config/)");
   int files = 0;

@@ -199,18 +199,18 @@ std::string rdma_ip() {
   const char* ip = std::getenv("RDMIG_RDMA_IP");
   return ip ? ip : "";
 }
-struct Pair {
+struct RdmaPair {
   std::unique_ptr<transport::Channel> client, server;
 };
 // Both ends bound to the device's address with a traffic class (DSCP 26), as the agents run them:
 // rdma_set_option(RDMA_OPTION_ID_TOS) must be accepted on the listening, accepted and connecting ids.
 // The listener checks each request's proof of `key` as the agents' owners do; `dial_key` is what
 // the connecting side proves.
-Pair connect_pair(Metrics& m, uint32_t chunk, uint32_t depth, const std::array<uint8_t, 16>& session,
+RdmaPair connect_rdma_pair(Metrics& m, uint32_t chunk, uint32_t depth, const std::array<uint8_t, 16>& session,
                   int tos = 104, const std::string& dial_key = "k-test", std::string* rejected = nullptr) {
   std::mutex mu;
   std::condition_variable cv;
-  Pair p;
+  RdmaPair p;
   auto& tm = m.transport("rdma");
   const std::string key = "k-test";
   transport::ProofLedger ledger;
@@ -246,7 +246,7 @@ TEST(RdmaChannel, CarriesChunksBothWaysAndReturnsCredits) {
   if (rdma_ip().empty()) GTEST_SKIP() << "no RDMA device here (set RDMIG_RDMA_IP; runs in the Soft-RoCE VM)";
   Metrics m;
   std::array<uint8_t, 16> session{1, 2, 3};
-  auto p = connect_pair(m, 64 * 1024, 4, session);
+  auto p = connect_rdma_pair(m, 64 * 1024, 4, session);
   ASSERT_TRUE(p.client && p.server);
   for (int i = 0; i < 10; ++i) {  // more chunks than slots: credits must come back
     auto buf = p.client->acquire();
@@ -292,7 +292,7 @@ TEST(RdmaChannel, ListenerRejectsARequestThatDoesNotProveTheSessionsKey) {
   if (rdma_ip().empty()) GTEST_SKIP() << "no RDMA device here (set RDMIG_RDMA_IP; runs in the Soft-RoCE VM)";
   Metrics m;
   std::string why;
-  auto p = connect_pair(m, 64 * 1024, 4, std::array<uint8_t, 16>{5}, 104, "not the key", &why);
+  auto p = connect_rdma_pair(m, 64 * 1024, 4, std::array<uint8_t, 16>{5}, 104, "not the key", &why);
   EXPECT_EQ(p.server, nullptr) << "no QP was accepted";
   EXPECT_NE(why.find("rejected"), std::string::npos) << why;
   EXPECT_NE(why.find("does not prove"), std::string::npos) << why;
@@ -301,7 +301,7 @@ TEST(RdmaChannel, ListenerRejectsARequestThatDoesNotProveTheSessionsKey) {
 TEST(RdmaChannel, PeerGoneFailsTheOtherSideWithAReasonAndCountsIt) {
   if (rdma_ip().empty()) GTEST_SKIP() << "no RDMA device here (set RDMIG_RDMA_IP; runs in the Soft-RoCE VM)";
   Metrics m;
-  auto p = connect_pair(m, 64 * 1024, 4, std::array<uint8_t, 16>{7});
+  auto p = connect_rdma_pair(m, 64 * 1024, 4, std::array<uint8_t, 16>{7});
   ASSERT_TRUE(p.client && p.server);
   p.server.reset();  // disconnects without eof
   auto r = p.client->receive();
@@ -322,7 +322,7 @@ TEST(RdmaChannel, PeerGoneFailsTheOtherSideWithAReasonAndCountsIt) {
 TEST(RdmaChannel, AnAbortOfEitherEndIsNotALinkFailure) {
   if (rdma_ip().empty()) GTEST_SKIP() << "no RDMA device here (set RDMIG_RDMA_IP; runs in the Soft-RoCE VM)";
   Metrics m;
-  auto p = connect_pair(m, 64 * 1024, 4, std::array<uint8_t, 16>{8});
+  auto p = connect_rdma_pair(m, 64 * 1024, 4, std::array<uint8_t, 16>{8});
   ASSERT_TRUE(p.client && p.server);
   p.server->abort(Error{Errc::kQemu, "the target QEMU failed"});
   auto r = p.client->receive();

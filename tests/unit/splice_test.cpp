@@ -30,7 +30,7 @@ struct SocketPair {
   UniqueFd agent;  // what the agent's pump holds
 };
 
-SocketPair socket_pair() {
+SocketPair qemu_agent_pair() {
   int fds[2];
   EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
   return {UniqueFd(fds[0]), UniqueFd(fds[1])};
@@ -118,8 +118,8 @@ class PumpOverTcp : public ::testing::TestWithParam<Case> {
 TEST_P(PumpOverTcp, CarriesBothDirectionsByteExact) {
   const Case& c = GetParam();
   auto link = connect_link(c.chunk, c.depth, c.source, c.target);
-  auto src = socket_pair();
-  auto dst = socket_pair();
+  auto src = qemu_agent_pair();
+  auto dst = qemu_agent_pair();
   session::ChannelPump source_pump(*link->source, std::move(src.agent));
   UniqueFd dst_agent = std::move(dst.agent);
   session::ChannelPump target_pump(*link->target, [&]() -> Result<UniqueFd> { return std::move(dst_agent); });
@@ -221,8 +221,8 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(PumpOverTcpSplice, TargetQemuGoneIsAWriteToQemuError) {
   std::signal(SIGPIPE, SIG_IGN);
   auto link = connect_link(1 << 20, 16, SpliceMode::kOn, SpliceMode::kOn);
-  auto src = socket_pair();
-  auto dst = socket_pair();
+  auto src = qemu_agent_pair();
+  auto dst = qemu_agent_pair();
   session::ChannelPump source_pump(*link->source, std::move(src.agent));
   UniqueFd dst_agent = std::move(dst.agent);
   session::ChannelPump target_pump(*link->target, [&]() -> Result<UniqueFd> { return std::move(dst_agent); });
@@ -248,8 +248,8 @@ TEST(PumpOverTcpSplice, TargetQemuGoneIsAWriteToQemuError) {
 TEST(PumpOverTcpSplice, AbortEndsPumpsBlockedOnSplice) {
   std::signal(SIGPIPE, SIG_IGN);
   auto link = connect_link(1 << 20, 16, SpliceMode::kOn, SpliceMode::kOn);
-  auto src = socket_pair();
-  auto dst = socket_pair();
+  auto src = qemu_agent_pair();
+  auto dst = qemu_agent_pair();
   session::ChannelPump source_pump(*link->source, std::move(src.agent));
   UniqueFd dst_agent = std::move(dst.agent);
   session::ChannelPump target_pump(*link->target, [&]() -> Result<UniqueFd> { return std::move(dst_agent); });
@@ -282,8 +282,8 @@ TEST_P(StalledTargetQemu, DoesNotBlockTheReturnPath) {
   std::signal(SIGPIPE, SIG_IGN);
   const SpliceMode mode = GetParam();
   auto link = connect_link(256 << 10, 4, mode, mode);
-  auto src = socket_pair();
-  auto dst = socket_pair();
+  auto src = qemu_agent_pair();
+  auto dst = qemu_agent_pair();
   session::ChannelPump source_pump(*link->source, std::move(src.agent));
   UniqueFd dst_agent = std::move(dst.agent);
   session::ChannelPump target_pump(*link->target, [&]() -> Result<UniqueFd> { return std::move(dst_agent); });
@@ -391,8 +391,8 @@ struct DrainCase {
   explicit DrainCase(std::chrono::milliseconds drain, uint64_t write_limit = 0) {
     std::signal(SIGPIPE, SIG_IGN);
     link = connect_link(256 << 10, 4, SpliceMode::kOff, SpliceMode::kOff);
-    src = socket_pair();
-    dst = socket_pair();
+    src = qemu_agent_pair();
+    dst = qemu_agent_pair();
     source_pump = std::make_unique<session::ChannelPump>(*link->source, std::move(src.agent));
     if (drain.count() > 0) source_pump->drain_on_failure(drain);
     dst_agent = std::move(dst.agent);
@@ -583,8 +583,8 @@ TEST(PumpVerifyChunks, ACorruptedChunkFailsTheChannelAndNothingOfItReachesQemu) 
 
   auto source = TcpChannel::create(std::move(path->source), 0, 1 << 20, 8, tm, SpliceMode::kOff);
   auto target = TcpChannel::create(std::move(path->target), 0, 1 << 20, 8, tm, SpliceMode::kOff);
-  auto src = socket_pair();
-  auto dst = socket_pair();
+  auto src = qemu_agent_pair();
+  auto dst = qemu_agent_pair();
   session::ChannelPump source_pump(*source, std::move(src.agent));
   UniqueFd dst_agent = std::move(dst.agent);
   session::ChannelPump target_pump(*target, [&]() -> Result<UniqueFd> { return std::move(dst_agent); });
@@ -680,8 +680,8 @@ TEST(PumpVerifyChunks, ALostChunkIsNamedAndNothingAfterItReachesQemu) {
 
   auto source = TcpChannel::create(std::move(path->source), 0, 1 << 20, 8, tm, SpliceMode::kOff);
   auto target = TcpChannel::create(std::move(path->target), 0, 1 << 20, 8, tm, SpliceMode::kOff);
-  auto src = socket_pair();
-  auto dst = socket_pair();
+  auto src = qemu_agent_pair();
+  auto dst = qemu_agent_pair();
   session::ChannelPump source_pump(*source, std::move(src.agent));
   UniqueFd dst_agent = std::move(dst.agent);
   session::ChannelPump target_pump(*target, [&]() -> Result<UniqueFd> { return std::move(dst_agent); });
