@@ -120,8 +120,11 @@ Status PathCheck::connect_source() {
       transport::rdma::RdmaChannelParams p{i, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
                                            session::return_path_chunk(spec_.chunk_size),
                                            session::return_path_depth(spec_.ring_depth)};
+      // rdma.connectTimeoutSeconds bounds a check's RDMA connect as it bounds a migration's (it was a
+      // fixed 15 s here: a check over a broken fabric ignored the operator's shorter bound).
+      const std::chrono::milliseconds connect_bound = std::chrono::seconds(ctx_.config.rdma.connect_timeout_seconds);
       auto c = session::connect_on_rail(rails, transport::rdma::ChannelCredentials{id.value(), channel_key_}, p, tm,
-                                          std::min<std::chrono::milliseconds>(remaining(), 15s), [this] {
+                                          std::min(remaining(), connect_bound), [this] {
                                             std::lock_guard lock(mu_);
                                             return cancelled_;
                                           });

@@ -54,8 +54,8 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from test_agent_rdma_two_nodes import (ADDR, DEV, NODE, PEER_ADDR, PeerAgent, await_, cut_rdma,  # noqa: E402
-                                       hw_counters, post, uncut_rdma)
+from test_agent_rdma_two_nodes import (ADDR, CONNECT_TIMEOUT, DEV, NODE, PEER_ADDR, PeerAgent, await_,  # noqa: E402
+                                       cut_rdma, hw_counters, post, uncut_rdma)
 from rdmiglab import Agent, parse_prometheus  # noqa: E402
 from rdmiglab import timed  # noqa: E402
 
@@ -72,6 +72,9 @@ class Case:
         self.name, self.netdev, self.carries = name, netdev, carries
         self.addr, self.peer_addr = addr_fmt % N, addr_fmt % PEER_N
         self.rdma = {k: (v % N if "%" in v else v) for k, v in rdma.items()}
+        # The macvlan case's RDMA connect fails by this bound (6 s, not the default 15: rdma_cm's own
+        # retry of a lost request takes about 4 s); the others connect in milliseconds.
+        self.rdma["connectTimeoutSeconds"] = CONNECT_TIMEOUT
         self.data_plane = self.addr if data_plane_on_rdma_address else ADDR
 
     def config(self):
@@ -367,6 +370,9 @@ class TwoNodePathCheckTest(unittest.TestCase):
                 # The CM requests left rxea and reached node b's IP stack; rxeb took none.
                 self.assertEqual(src["phase"], "Failed", src)
                 self.assertIn("RDMA channel", src.get("error", ""), src)
+                # Within the agents' rdma.connectTimeoutSeconds (a check's connect took a fixed 15 s
+                # until 2026-12-06), plus the check's own set-up.
+                self.assertLess(src["durationMs"], (CONNECT_TIMEOUT + 4) * 1000, src)
                 self.assertGreater(sent, 0, "rxea sent no CM packet (neighbour: %s)" % neighbour(case.peer_addr))
                 self.assertGreaterEqual(b_roce_in, sent, "the CM packets did not all reach node b")
                 self.assertEqual(rcvd, 0, "rxeb received RoCE v2 on a macvlan: this kernel's rxe carries it, "
