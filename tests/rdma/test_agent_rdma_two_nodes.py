@@ -220,13 +220,15 @@ def await_any(names, timeout=300.0):
         time.sleep(0.2)
 
 
-def qemu_state(vm):
-    """query-status of a QEMU, or how it is gone (a target whose incoming migration broke exits)."""
+def qemu_state(vm, timeout=60.0):
+    """query-status of a QEMU, or how it is gone (a target whose incoming migration broke exits),
+    or that it gave no answer within `timeout` s (a target QEMU whose incoming multifd sync blocks
+    its main loop never answers: the rail-cut case asks with 10 s, not 60)."""
     if not vm.alive():
         return "exited (%s)" % vm.proc.returncode
     try:
-        return vm.status()
-    except Exception as e:  # noqa: BLE001 - its monitor went away as it exited
+        return vm.qmp("query-status", timeout=timeout)["status"]
+    except Exception as e:  # noqa: BLE001 - its monitor went away as it exited, or never answered
         return "no answer (%s: %s)" % (type(e).__name__, e)
 
 
@@ -345,7 +347,9 @@ def serve_target():
                         rail_cut = True
                         post("cut-applied-%s" % name, True)
                 outcome = await_("migrated-%s" % name, 600)
-                reply = {"counters": counters_delta(before, rail_counters()), "status": qemu_state(dst)}
+                # A migration that failed as the case wanted may have left the target QEMU stuck.
+                reply = {"counters": counters_delta(before, rail_counters()),
+                         "status": qemu_state(dst, timeout=60.0 if outcome == "ok" else 10.0)}
                 if capture:
                     reply["capture"] = capture.result()
                 if cut:
