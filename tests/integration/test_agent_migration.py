@@ -817,9 +817,9 @@ class AgentMigrationTest(unittest.TestCase):
     def test_a_migration_in_post_copy_cannot_be_cancelled_on_either_agent_and_completes(self):
         # QEMU's max-postcopy-bandwidth (set here on the source QEMU; the agents leave it alone)
         # stretches the post-copy phase to seconds: the guest runs on the target, faulting in the
-        # pages it touches through the agents while the rest follows at 2 MiB/s.
+        # pages it touches through the agents while the rest follows at 4 MiB/s.
         src, dst = self.verifier_pair()
-        src.qmp("migrate-set-parameters", **{"max-postcopy-bandwidth": 2 << 20})
+        src.qmp("migrate-set-parameters", **{"max-postcopy-bandwidth": 4 << 20})
         target, source = start_migration(self.src_agent, self.dst_agent, src.agent_qmp_path, dst.agent_qmp_path,
                                           vm="vm-pc-nocancel", postCopy="after",
                                           maxBandwidthBytesPerSecond=self.POSTCOPY_BW, completionTimeoutSeconds=240)
@@ -837,7 +837,7 @@ class AgentMigrationTest(unittest.TestCase):
             self.assertIn("post-copy", body["error"]["message"])
         s = self.src_agent.wait(source["id"], timeout=240)
         t = self.dst_agent.wait(target["id"], timeout=60)
-        print("[post-copy at 2 MiB/s] %s" % s["postCopy"], file=sys.stderr)
+        print("[post-copy at 4 MiB/s] %s" % s["postCopy"], file=sys.stderr)
         self.assertEqual(s["phase"], "Succeeded", s["result"]["reason"])
         self.assertEqual(t["phase"], "Succeeded", t["result"]["reason"])
         self.assertGreater(s["postCopy"]["phaseMs"], 1000)
@@ -863,7 +863,7 @@ class AgentMigrationTest(unittest.TestCase):
     def test_a_cancel_on_the_target_right_after_the_post_copy_switch_is_refused_on_both_agents(self):
         a, b = self.slow_target_agents()
         src, dst = self.verifier_pair()
-        src.qmp("migrate-set-parameters", **{"max-postcopy-bandwidth": 2 << 20})
+        src.qmp("migrate-set-parameters", **{"max-postcopy-bandwidth": 4 << 20})
         target, source = start_migration(a, b, src.agent_qmp_path, dst.agent_qmp_path, vm="vm-pc-switchcancel",
                                          postCopy="after", maxBandwidthBytesPerSecond=self.POSTCOPY_BW,
                                          completionTimeoutSeconds=240)
