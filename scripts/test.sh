@@ -18,14 +18,8 @@ scripts/build.sh
 cd build
 # Each suite prints its own failures; --output-on-failure shows them in the log.
 rc=0
-# One job more than the machine has cores; the cores are a resource that each row with guests or a
-# busy core holds one of, so at most one such row per core runs, and the third job takes the light
-# rows beside them (tests/CMakeLists.txt). Rows that hold a lock never overlap.
-cores="$(nproc)"
-printf '{"version": {"major": 1, "minor": 0}, "local": [{"cores": [{"id": "host", "slots": %d}]}]}\n' \
-  "$cores" > resource-spec.json
-ctest --output-on-failure --timeout 1800 -j "${RDMIG_TEST_JOBS:-$((cores + 1))}" --resource-spec-file resource-spec.json \
-  "${select[@]}" "$@" || rc=$?
+# One test per core: tests that keep the CPU busy hold a lock and never overlap (tests/CMakeLists.txt).
+ctest --output-on-failure --timeout 1800 -j "${RDMIG_TEST_JOBS:-$(nproc)}" "${select[@]}" "$@" || rc=$?
 if [ "$rc" -ne 0 ]; then
   # The why of each failure, last in the log (a CI log is often read from its tail).
   python3 ../scripts/failure-digest.py Testing/Temporary/LastTest.log || true
