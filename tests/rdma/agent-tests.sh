@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs in both VMs of run-two-vms.sh (two-node-rails-tests.sh, first): the two-node agent migration test
+# Runs in both VMs of run-two-vms.sh: the two-node agent migration test
 # (test_agent_rdma_two_nodes.py; node a = source, node b = target).
 #   agent-tests.sh REPO BUILD_DIR
 set -u

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs in both VMs of run-two-vms.sh (two-node-rails-tests.sh, second): KubeVirt mode's relay between the two nodes
+# Runs in both VMs of run-two-vms.sh: KubeVirt mode's relay between the two nodes
 # (test_kubevirt_rdma_two_nodes.py; node a = source, node b = target).
 #   kubevirt-two-nodes.sh REPO BUILD_DIR
 set -u
