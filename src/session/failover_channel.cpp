@@ -44,6 +44,7 @@ void FailoverChannel::watch() {
     cv_.wait_for(lock, kWatchEvery, [&] { return closing_ || interrupt_.has_value(); });
     if (closing_ || failed_) return;
     std::optional<Error> why = std::exchange(interrupt_, std::nullopt);
+    if (why && interrupt_gen_ != gen_) why.reset();  // that link was failed over since (see interrupt())
     if (failing_) continue;
     if (!why) {
       if (!cur_->link_failed()) continue;
@@ -340,6 +341,7 @@ void FailoverChannel::interrupt(const Error& why) {
   std::lock_guard lock(mu_);
   if (failed_ || failing_) return;
   interrupt_ = why;
+  interrupt_gen_ = gen_;
   cv_.notify_all();
 }
 

@@ -102,7 +102,9 @@ class FailoverChannel final : public transport::Channel {
 
   // The link is known gone (the peer re-dialled this channel): the watcher fails it over at once,
   // as if a call had failed with `why`. Never blocks; no-op while a failover runs or after the
-  // channel failed.
+  // channel failed, and dropped when a failover ends before the watcher gets to it (the link's own
+  // error started one, which took the re-dial this announced: failing over again would drop the
+  // new link, and the peer would fail over a second time for nothing).
   void interrupt(const Error& why);
 
   // True once the channel failed for good (aborted, refused, out of time): nothing resumes it.
@@ -175,6 +177,7 @@ class FailoverChannel final : public transport::Channel {
   std::optional<uint64_t> view_gen_;
   bool closing_ = false;  // the destructor runs: the watcher ends
   std::optional<Error> interrupt_;  // interrupt() asked the watcher to fail over
+  uint64_t interrupt_gen_ = 0;       // the link (generation) interrupt_ was raised for
 
   std::thread watcher_;  // last: started once everything above exists
 };

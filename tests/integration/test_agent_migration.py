@@ -363,7 +363,11 @@ class AgentMigrationTest(unittest.TestCase):
         self.assertEqual(t["phase"], "Succeeded", t["result"]["reason"])
         # Noticed by the 5 s user timeout (or keepalive), well before TCP's 30 s default here.
         self.assertLess(took, 15)
-        self.assertGreaterEqual(s["failover"]["failovers"], 1)
+        # Once: in run W9 the target's own timeout on the old link started a failover that took the
+        # source's re-dial, and the re-dial's announcement then started a second one, which dropped
+        # the new link ("channel 1: peer closed the connection" on the source, 2 failovers; fixed in
+        # FailoverChannel::interrupt: an announcement outlived by a failover is dropped).
+        self.assertEqual(s["failover"]["failovers"], 1, s["failover"])
         self.assertRegex(s["failover"]["last"], r"timed out|Connection timed out")
         self.assertEqual(s["progress"]["dataBytesSent"], t["progress"]["dataBytesReceived"])
         self.assert_byte_exact_and_continues(src, dst)
