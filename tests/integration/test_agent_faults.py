@@ -81,7 +81,7 @@ class AgentFaultsTest(unittest.TestCase):
         self.frozen.remove(pid)
 
     def assert_runs_in_one_place(self, src, dst, expect):
-        running = [name for name, vm in (("source", src), ("target", dst)) if vm.alive() and vm.status() == "running"]
+        running = [name for name, vm in (("source", src), ("target", dst)) if vm.runs()]
         self.assertEqual(running, [expect], "the VM must run in exactly one place")
 
     def assert_serving(self, *agents):
@@ -293,7 +293,7 @@ class AgentFaultsTest(unittest.TestCase):
                          "the reason names the source QEMU's process state")
         self.assertEqual(t["phase"], "Failed")
         # The VM's own process is gone: it must not appear on the target either.
-        self.assertFalse(dst.alive() and dst.status() == "running", "a half-migrated VM must not run")
+        self.assertFalse(dst.runs(), "a half-migrated VM must not run")
         self.assert_serving(self.src_agent, self.dst_agent)
 
 

@@ -547,7 +547,7 @@ class AgentMigrationTest(unittest.TestCase):
               % (len(proxy.swallowed), s["phase"], s["result"]["reason"], t["phase"], src.status(),
                  dst.status() if dst.alive() else "gone (%s)" % dst.how_gone()), file=sys.stderr)
         self.assertTrue(proxy.triggered and proxy.swallowed, "the stall never happened")
-        running = [name for name, vm in (("source", src), ("target", dst)) if vm.alive() and vm.status() == "running"]
+        running = [name for name, vm in (("source", src), ("target", dst)) if vm.runs()]
         self.assertEqual(len(running), 1, "the VM must run in exactly one place, not %s" % running)
         if t["phase"] == "Succeeded":
             # The target runs it: the source stays paused and says whether it knew.

@@ -282,6 +282,19 @@ class QemuVm:
                 pass
             raise QemuGone("QEMU %s: query-status failed (%s); %s" % (self.name, e, self.how_gone())) from e
 
+    def runs(self):
+        """Whether this QEMU runs its VM (query-status "running"). One that is gone, or exits while
+        asked (a target whose incoming migration failed may exit between alive() and the question:
+        run W10 of 2026-12-06), does not; a live one that cannot answer raises QemuGone."""
+        if not self.alive():
+            return False
+        try:
+            return self.status() == "running"
+        except QemuGone:
+            if self.alive():
+                raise
+            return False
+
     def how_gone(self):
         """Why this QEMU is not there: alive or not, its exit code, its stderr tail and the guest's
         last serial lines (a guest panic exits QEMU: panic=-1 with -no-reboot)."""
