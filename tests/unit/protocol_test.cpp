@@ -13,6 +13,7 @@
 #include "common/fd.h"
 #include "kubevirt/flow/flow_protocol.h"
 #include "session/protocol.h"
+#include "socket_pair.h"
 #include "transport/rdma/cm.h"
 #include "transport/channel_proof.h"
 #include "transport/wire.h"
@@ -307,9 +308,8 @@ struct FdPair {
   UniqueFd a, b;
 };
 FdPair fd_pair() {
-  int fds[2];
-  EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
-  return {UniqueFd(fds[0]), UniqueFd(fds[1])};
+  auto [a, b] = rdmig_test::socket_pair();
+  return {std::move(a), std::move(b)};
 }
 void write_raw(int fd, const std::string& bytes) {
   ASSERT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));

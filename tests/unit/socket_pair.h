@@ -1,5 +1,5 @@
 // A connected pair of Unix stream sockets for the unit tests that stand a socket in for a peer,
-// QEMU or a data channel (control links, flows, heartbeats).
+// QEMU or a data channel (control links, flows, heartbeats, protocol readers, splice pumps).
 #pragma once
 
 #include <gtest/gtest.h>

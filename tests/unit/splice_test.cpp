@@ -17,6 +17,7 @@
 #include "common/net.h"
 #include "metrics/metrics.h"
 #include "session/pump.h"
+#include "socket_pair.h"
 #include "transport/tcp/tcp_channel.h"
 
 using namespace rdmig;
@@ -31,9 +32,8 @@ struct SocketPair {
 };
 
 SocketPair qemu_agent_pair() {
-  int fds[2];
-  EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
-  return {UniqueFd(fds[0]), UniqueFd(fds[1])};
+  auto [qemu, agent] = rdmig_test::socket_pair();
+  return {std::move(qemu), std::move(agent)};
 }
 
 struct Link {
