@@ -106,6 +106,15 @@ class KubevirtChecks:
         print("\n[kubevirt %s] %s" % (name, json.dumps(r.summary(), sort_keys=True)),
               file=sys.stderr)
 
+    def tearDown(self):
+        # Every test leaves the class's VMI running where the harness says it is: a guest or
+        # QEMU that stopped during (or right after) a test fails that test, with what QEMU and
+        # the console left, instead of every later test on a bare "domain is not running".
+        vmi = self.cluster.vmi if self.cluster is not None else None
+        if vmi is not None and not self.cluster.domain_running(vmi.node):
+            self.fail("the VMI's domain no longer runs on %s after this test: %s"
+                      % (vmi.node, self.cluster.guest_diagnosis(vmi.node)))
+
     def qemu_version(self):
         """QEMU's version as the launcher's libvirt reports it: major*1e6 + minor*1e3 + micro."""
         conn = self.cluster.connect(self.cluster.vmi.node)

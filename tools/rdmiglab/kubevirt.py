@@ -339,7 +339,25 @@ class KubevirtCluster:
             parts.append("serial tail: %r" % tail.decode("utf-8", "replace"))
         except OSError as e:
             parts.append("serial: %s" % e)
+        # libvirt's log of the domain's QEMU: why a QEMU that is gone ended ("terminating on
+        # signal 15 from pid N", an abort, a guest panic's shutdown). /system logs under
+        # /var/log/libvirt/qemu, a session daemon under $XDG_CACHE_HOME/libvirt/qemu/log.
+        for in_pod in ("/var/log/libvirt/qemu/%s.log" % self.vmi.domain,
+                       "/run/kubevirt-private/cache/libvirt/qemu/log/%s.log" % self.vmi.domain):
+            try:
+                with open(self.pods[node].path(in_pod), "rb") as f:
+                    tail = f.read()[-800:]
+            except (OSError, ValueError):  # ValueError: not this flavour's pod dirs
+                continue
+            parts.append("QEMU log %s tail: %r" % (in_pod, tail.decode("utf-8", "replace")))
         return "; ".join(parts)
+
+    def domain_running(self, node):
+        """Whether the VMI's domain is active on the node (False when libvirt does not know it)."""
+        try:
+            return self.domain(node).isActive() == 1
+        except Exception:  # noqa: BLE001 - libvirtError: no such domain
+            return False
 
     # -- VMI ----------------------------------------------------------------------------
     def define_and_start_vmi(self, name="testvm", namespace="default", mem_mib=256, dirty_mib=16,
@@ -467,6 +485,13 @@ class KubevirtCluster:
         lv = libvirt_module()
         v = self.vmi
         source, target = v.node, self.other(v.node)
+        if not self.domain_running(source):
+            # The VMI stopped after an earlier migration (a guest that died after its resume,
+            # a QEMU that exited): say so with what QEMU and its console left, rather than
+            # libvirt's bare "domain is not running" from the migrate call.
+            raise RuntimeError("the VMI's domain is not running on %s before this migration "
+                               "(it stopped after an earlier one): %s"
+                               % (source, self.guest_diagnosis(source)))
         mig_uid = migration_uid or str(uuid.uuid4())  # KubeVirt's VMIM uid when a stand-in drives it
         self.migrations += 1
         mdir = os.path.join(self.workdir, "migration-%d" % self.migrations)
