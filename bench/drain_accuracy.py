@@ -117,7 +117,8 @@ def main():
     ap.add_argument("--switchover-ms", type=int, default=20)
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--path-bytes", default="256Mi")
-    ap.add_argument("--qemu", default="qemu-system-x86_64")
+    ap.add_argument("--qemu", default=None,
+                    help="QEMU binary (default: Debian 13's QEMU 10 with RDMIG_TEST_QEMU=10, as the suite runs, else the host's)")
     ap.add_argument("--max-bandwidth", type=float, default=0.0,
                     help="bytes/s: QEMU's own send rate on this host, as spec.maxBandwidth states it (0: none)")
     args = ap.parse_args()

@@ -87,7 +87,7 @@ class KubevirtMigrationTest(base.KubevirtChecks, unittest.TestCase):
         if failed:
             for n, a in self.agents.items():
                 print("---- agent %s log (tail) ----\n%s" % (n, a.log_text()[-6000:]), file=sys.stderr)
-        super().tearDown()
+        base.KubevirtChecks.tearDown(self)  # also KubevirtBlockMigrationTest's (it borrows this method)
 
     def setUp(self):
         self.cluster.migration_config_overrides = {}
