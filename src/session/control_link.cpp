@@ -198,6 +198,10 @@ bool ControlLink::recover(const Error& why) {
   MutexLock lock(mu_);
   closed_ = Error{Errc::kUnavailable, "control connection lost (" + why.message + ") and not back within " +
                                           std::to_string(span.count()) + " ms (" + last.message + ")"};
+  // Over before anyone is told: a reader woken by closed_ finds no failover under way (Done's
+  // reset, after this lock is let go, came too late for one in run C3).
+  recovery_why_.reset();
+  recovering_.store(false);
   cv_.notify_all();
   return false;
 }
