@@ -219,6 +219,22 @@ Status parse_rdma_rail(const YAML::Node& r, const std::string& prefix, RdmaRailC
     return bad(prefix + ".address", "expected an IPv4 or IPv6 address, got '" + rail.address + "'");
   }
   RDMIG_TRY(read_string(r, prefix, "resourceEnv", rail.resource_env));
+  RDMIG_TRY(read_string_list(r, prefix, "alternateAddresses", rail.alternate_addresses, kMaxAlternateAddresses));
+  const std::string alternates = prefix + ".alternateAddresses";
+  if (!rail.alternate_addresses.empty() && !rail.network.empty()) {
+    return bad(alternates, "cannot be set beside " + prefix + ".network (the network's entry gives one address)");
+  }
+  for (size_t i = 0; i < rail.alternate_addresses.size(); ++i) {
+    const auto& a = rail.alternate_addresses[i];
+    const std::string item = alternates + "[" + std::to_string(i) + "]";
+    if (!is_ip_address(a)) return bad(item, "expected an IPv4 or IPv6 address, got '" + a + "'");
+    if (!rail.address.empty() && same_address(a, rail.address)) {
+      return bad(item, "is the rail's own address (" + rail.address + "): list the device's other addresses");
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (same_address(a, rail.alternate_addresses[j])) return bad(item, "'" + a + "' listed twice");
+    }
+  }
   if (const auto tc = r["trafficClass"]; tc && !tc.IsNull()) {
     uint32_t v = 0;
     RDMIG_TRY(read_uint(r, prefix, "trafficClass", v, 0, 255));
@@ -272,12 +288,18 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
     RDMIG_TRY(on_off("tls", c.data_plane.tls));
     RDMIG_TRY(on_off("failover", c.data_plane.failover));
     RDMIG_TRY(read_uint(dp, "dataPlane", "failoverDeadlineSeconds", c.data_plane.failover_deadline_seconds, 1, 60));
-    RDMIG_TRY(read_string_list(dp, "dataPlane", "failoverPaths", c.data_plane.failover_paths, 2));
-    if (c.data_plane.failover_paths.empty()) return bad("dataPlane.failoverPaths", "expected rail, tcp or both, in order");
+    RDMIG_TRY(read_string_list(dp, "dataPlane", "failoverPaths", c.data_plane.failover_paths, 3));
+    if (c.data_plane.failover_paths.empty()) {
+      return bad("dataPlane.failoverPaths", "expected some of rail, address and tcp, in order");
+    }
     for (size_t i = 0; i < c.data_plane.failover_paths.size(); ++i) {
       const auto& p = c.data_plane.failover_paths[i];
-      if (p != "rail" && p != "tcp") return bad("dataPlane.failoverPaths", "expected rail or tcp, got '" + p + "'");
-      if (i > 0 && c.data_plane.failover_paths[0] == p) return bad("dataPlane.failoverPaths", "'" + p + "' listed twice");
+      if (p != "rail" && p != "address" && p != "tcp") {
+        return bad("dataPlane.failoverPaths", "expected rail, address or tcp, got '" + p + "'");
+      }
+      for (size_t j = 0; j < i; ++j) {
+        if (c.data_plane.failover_paths[j] == p) return bad("dataPlane.failoverPaths", "'" + p + "' listed twice");
+      }
     }
     RDMIG_TRY(read_uint(dp, "dataPlane", "rdmaPort", c.data_plane.rdma_port, 0, 65535));
     RDMIG_TRY(read_string(dp, "dataPlane", "address", c.data_plane.address));
@@ -343,7 +365,7 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
   }
   if (const auto r = root["rdma"]) {
     RDMIG_TRY(check_keys(r, "rdma", {"device", "netdev", "address", "resourceEnv", "network", "trafficClass",
-                                     "devices", "networkStatusFile", "networkWaitSeconds", "connectTimeoutSeconds"}));
+                                     "alternateAddresses", "devices", "networkStatusFile", "networkWaitSeconds", "connectTimeoutSeconds"}));
     RDMIG_TRY(parse_rdma_rail(r, "rdma", c.rdma));
     RDMIG_TRY(read_string(r, "rdma", "networkStatusFile", c.rdma.network_status_file));
     if (c.rdma.network_status_file.empty() || c.rdma.network_status_file.front() != '/') {
@@ -362,6 +384,9 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
         return bad("rdma.devices", "at most " + std::to_string(kMaxRdmaRails) + " rails, got " +
                                        std::to_string(list.size()));
       }
+      if (!c.rdma.alternate_addresses.empty()) {
+        return bad("rdma.alternateAddresses", "cannot be set beside rdma.devices: give each rail its own");
+      }
       for (const auto& [key, value] : {std::pair{"device", &c.rdma.device}, std::pair{"netdev", &c.rdma.netdev},
                                        std::pair{"address", &c.rdma.address},
                                        std::pair{"resourceEnv", &c.rdma.resource_env},
@@ -377,7 +402,8 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
         }
         RdmaRailConfig rail;
         rail.traffic_class = c.rdma.traffic_class;
-        RDMIG_TRY(check_keys(list[i], prefix, {"device", "netdev", "address", "resourceEnv", "network", "trafficClass"}));
+        RDMIG_TRY(check_keys(list[i], prefix, {"device", "netdev", "address", "resourceEnv", "network", "trafficClass",
+                                               "alternateAddresses"}));
         RDMIG_TRY(parse_rdma_rail(list[i], prefix, rail));
         if (rail.device.empty() && rail.netdev.empty() && rail.address.empty() && rail.resource_env.empty() &&
             rail.network.empty()) {
@@ -396,6 +422,18 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
           if (same) {
             return bad("rdma.devices[" + std::to_string(i) + "]",
                        "selects the same device as rdma.devices[" + std::to_string(j) + "]");
+          }
+          // An address is one rail's, as its own or as an alternate: listeners would collide.
+          std::vector<std::string> mine = b.alternate_addresses, theirs = a.alternate_addresses;
+          if (!b.address.empty()) mine.push_back(b.address);
+          if (!a.address.empty()) theirs.push_back(a.address);
+          for (const auto& x : mine) {
+            for (const auto& y : theirs) {
+              if (same_address(x, y)) {
+                return bad("rdma.devices[" + std::to_string(i) + "]", "address " + x + " is rdma.devices[" +
+                                                                          std::to_string(j) + "]'s too");
+              }
+            }
           }
         }
       }

@@ -56,10 +56,12 @@ struct DataPlaneConfig {
   bool failover = false;
   uint32_t failover_deadline_seconds = 5;
   // Where a failed RDMA channel is re-dialled, in this order (docs/failover.md): "rail" (another
-  // rail of the session, rdma_cm to the target's address on it) and "tcp" (the target's data port;
-  // only under transport auto). Each at most once, at least one. A TCP channel's only path is TCP:
-  // with no "tcp" in the list it does not fail over either (source_dial.cpp, source_session.cpp).
-  std::vector<std::string> failover_paths{"rail", "tcp"};
+  // rail of the session, rdma_cm to the target's address on it), "address" (another address of
+  // the same rail's device: rdma.devices[i].alternateAddresses on both agents) and "tcp" (the
+  // target's data port; only under transport auto). Each at most once, at least one. A TCP
+  // channel's only path is TCP: with no "tcp" in the list it does not fail over either
+  // (source_dial.cpp, source_session.cpp).
+  std::vector<std::string> failover_paths{"rail", "address", "tcp"};
   bool fails_over_to(const std::string& path) const {
     return std::find(failover_paths.begin(), failover_paths.end(), path) != failover_paths.end();
   }
@@ -116,6 +118,11 @@ struct RdmaRailConfig {
   std::string network;
   // IP ToS byte of RoCE v2 packets (DSCP x 4, e.g. 104 = DSCP 26); -1 = the kernel's default.
   int traffic_class = -1;
+  // Other addresses of the same device (another VLAN or subnet on its port: each has a GID of its
+  // own), listened on too and used only as failover paths ("address" in dataPlane.failoverPaths):
+  // a channel whose link on `address` fails is re-dialled from this rail's alternate k to the
+  // peer's alternate k of the same rail (docs/failover.md). Not beside `network`.
+  std::vector<std::string> alternate_addresses;
 };
 
 // Key `rdma`: either one rail from the keys device/netdev/address/resourceEnv/trafficClass, or
@@ -144,6 +151,8 @@ struct RdmaConfig : RdmaRailConfig {
 
 // At most this many rails per agent (nodes carry 2-8 RDMA NICs).
 inline constexpr size_t kMaxRdmaRails = 16;
+// At most this many alternate addresses per rail.
+inline constexpr size_t kMaxAlternateAddresses = 4;
 
 // A peer agent for KubeVirt mode: which node it runs on, where its data plane listens, and
 // (static mode) the addresses of that node's virt-handler pod.

@@ -137,7 +137,7 @@ class Metrics {
   void transport_error(const std::string& transport, const std::string& kind);
   // rdmig_failovers_total{role, transport, peer, to}: one data channel (or the control connection) of a
   // migration failed over (docs/failover.md); `transport` is the link that failed, `to` the path it
-  // resumed on (rail: another RDMA rail; tcp); `peer` is the other agent's data-plane address, so that
+  // resumed on (rail: an RDMA rail's own address; address: an alternate address of a rail's device; tcp); `peer` is the other agent's data-plane address, so that
   // a flapping node pair shows (alert RdmigRepeatedFailovers).
   void failover(const std::string& role, const std::string& transport, const std::string& peer,
                 const std::string& to = "tcp");

@@ -522,7 +522,7 @@ void Job::wrap_for_failover(const std::function<session::FailoverChannel::Reconn
 
 void Job::on_failover(const session::FailoverEvent& ev) {
   ctx_.metrics.failover(role_name(spec_.role), ev.from.empty() ? "tcp" : ev.from, failover_peer_,
-                        ev.path.starts_with("rdma") ? "rail" : "tcp");
+                        session::failover_destination(ev.path));
   if (ev.from == "rdma" || ev.rail) {  // off a rail, onto one (from TCP too: a rail re-dial), or both
     MutexLock lock(status_mu_);
     rail_moves_.emplace_back(ev.index, ev.rail);

@@ -133,8 +133,13 @@ Status SourceJob::connect_data_plane() {
   const auto fr = reply->find("failoverRails");
   failover_rails_ = failover_ && chosen.value() == "rdma" && dp.fails_over_to("rail") && fr != reply->end() &&
                     fr->is_boolean() && fr->get<bool>();
+  // Another address of a rail's device likewise, when the target says failoverAddresses (it lists
+  // its alternates in the welcome's rails; connect_rdma_channels matches them with this agent's).
+  const auto fa = reply->find("failoverAddresses");
+  failover_addresses_ = failover_ && chosen.value() == "rdma" && dp.fails_over_to("address") &&
+                        session::has_alternates(ctx_.rdma) && fa != reply->end() && fa->is_boolean() && fa->get<bool>();
   failover_tcp_ = failover_ && !rdma_required && dp.fails_over_to("tcp");
-  if (!failover_rails_ && !failover_tcp_) failover_ = false;  // no path to fail over to
+  if (!failover_rails_ && !failover_addresses_ && !failover_tcp_) failover_ = false;  // no path to fail over to
   failover_peer_ = spec_.target.host;
   std::string reason = reply->value("transportReason", std::string());
   if (reason.empty()) {
@@ -173,7 +178,7 @@ Status SourceJob::connect_data_plane() {
       }
       transport_ = "tcp";
       reason = kPeerRdmaUnreachable;
-      failover_rails_ = false;  // no channel runs over a rail
+      failover_rails_ = failover_addresses_ = false;  // no channel runs over a rail
       if (!failover_tcp_) failover_ = false;
     }
   }
@@ -280,16 +285,20 @@ session::Hello SourceJob::data_hello(uint32_t index, bool resume) const {
 
 Result<session::Resumed> SourceJob::redial(uint32_t index, uint64_t taken, std::chrono::steady_clock::time_point deadline) {
   // A channel that ran over TCP from the start (transport tcp, or a fallback) has no rail.
-  std::optional<size_t> current;
+  std::optional<session::RailSpot> current;
   {
     MutexLock lock(rail_mu_);
     if (index < channel_rail_.size()) current = channel_rail_[index];
   }
   const session::FailoverPaths paths{ctx_.config.data_plane.failover_paths, failover_rails_ ? rail_pairs_.size() : 0,
+                                     failover_addresses_ ? session::alternates_per_rail(rail_pairs_)
+                                                         : std::vector<size_t>{},
                                      failover_tcp_};
   auto r = session::redial_over_paths(
       index, paths, current, deadline,
-      [&](size_t rail, std::chrono::steady_clock::time_point until) { return redial_rail(index, rail, taken, until); },
+      [&](session::RailSpot spot, std::chrono::steady_clock::time_point until) {
+        return redial_rail(index, spot, taken, until);
+      },
       [&](std::chrono::steady_clock::time_point until) { return redial_tcp(index, taken, until); });
   if (r) {
     MutexLock lock(rail_mu_);
@@ -298,14 +307,16 @@ Result<session::Resumed> SourceJob::redial(uint32_t index, uint64_t taken, std::
   return r;
 }
 
-Result<session::Resumed> SourceJob::redial_rail(uint32_t index, size_t rail, uint64_t taken,
+Result<session::Resumed> SourceJob::redial_rail(uint32_t index, session::RailSpot spot, uint64_t taken,
                                                 std::chrono::steady_clock::time_point deadline) {
   auto id = transport::rdma::session_from_hex(session_);
   if (!id) return id.error();
   const transport::rdma::ChannelCredentials key{id.value(), channel_key_};
   const transport::rdma::RdmaChannelParams p{index, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
                                              return_path_chunk(spec_.chunk_size), return_path_depth(spec_.ring_depth)};
-  return session::redial_over_rail(rail_pairs_.at(rail), key, p, ctx_.metrics.transport("rdma"),
+  const auto& pair = rail_pairs_.at(spot.rail);
+  return session::redial_over_rail(spot.address == 0 ? pair : session::on_alternate(pair, spot.address - 1), key, p,
+                                   ctx_.metrics.transport("rdma"),
                                    transport::ChannelTerms{channel_key_, session_, index}, taken, deadline,
                                    [this] { return cancel_requested(); });
 }
@@ -376,7 +387,9 @@ Status SourceJob::connect_rdma_channels(const json& welcome) {
   {
     MutexLock lock(rail_mu_);
     channel_rail_.clear();
-    for (uint32_t i = 0; i < spec_.channels(); ++i) channel_rail_.push_back(session::rail_of_channel(i, rail_pairs_.size()));
+    for (uint32_t i = 0; i < spec_.channels(); ++i) {
+      channel_rail_.push_back(session::RailSpot{session::rail_of_channel(i, rail_pairs_.size()), 0});
+    }
   }
   set_rails(rails.value());
   return ok_status();

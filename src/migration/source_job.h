@@ -8,6 +8,7 @@
 
 #include "common/fd.h"
 #include "migration/job.h"
+#include "session/rail_failover.h"
 
 namespace rdmig::migration {
 
@@ -44,9 +45,9 @@ class SourceJob final : public Job {
   Result<session::Resumed> redial(uint32_t index, uint64_t taken, std::chrono::steady_clock::time_point deadline);
   // Over TCP: re-dialled to the target's data port, proved, resumed and its TLS run again.
   Result<session::Resumed> redial_tcp(uint32_t index, uint64_t taken, std::chrono::steady_clock::time_point deadline);
-  // Over the matched rail `rail` (rdma_cm to the target's address on it, proved in the connect
-  // request), resumed over the new channel itself (session/resume.h).
-  Result<session::Resumed> redial_rail(uint32_t index, size_t rail, uint64_t taken,
+  // Over a matched rail's address `spot` (rdma_cm to the target's address on it: its own, or an
+  // alternate; proved in the connect request), resumed over the new channel itself (session/resume.h).
+  Result<session::Resumed> redial_rail(uint32_t index, session::RailSpot spot, uint64_t taken,
                                        std::chrono::steady_clock::time_point deadline);
   // Failover of the control connection: re-dialled, proved (kControlIndex) and resumed (this end's
   // count of the target's messages `received`); one try, within `deadline`.
@@ -116,12 +117,14 @@ class SourceJob final : public Job {
   // rail (RDMA, the target confirmed "failoverRails"), TCP (not when RDMA is required). Set before
   // any channel can fail over, read by the channels' failovers after.
   bool failover_rails_ = false;
+  // Another address of the same rail's device (the target confirmed "failoverAddresses").
+  bool failover_addresses_ = false;
   bool failover_tcp_ = false;
   std::vector<session::RailPair> rail_pairs_;  // the matched rails, RDMA only
   // The matched rail each channel runs over now (nullopt: TCP), changed by its failovers (each
   // channel's failover runs on one thread at a time; the lock for the status reader).
   Mutex rail_mu_;
-  std::vector<std::optional<size_t>> channel_rail_ GUARDED_BY(rail_mu_);
+  std::vector<std::optional<session::RailSpot>> channel_rail_ GUARDED_BY(rail_mu_);
   std::string socket_path_;
   UniqueFd listener_;
   std::thread acceptor_;

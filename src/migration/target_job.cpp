@@ -187,8 +187,12 @@ void TargetJob::on_control(UniqueFd fd, const session::Hello& hello, const std::
     // fails over over rails only when it reads this (an agent from before it sends it over TCP).
     failover_rails_ = failover_ && ctx_.config.data_plane.fails_over_to("rail");
     if (failover_rails_) welcome["failoverRails"] = true;
-    // RDMA required and no rail to fail over to here: the source re-dials nothing (never TCP).
-    if (failover_ && hello.transport_required && !failover_rails_) {
+    // Likewise over another address of a rail's device: this agent's alternates (listed with
+    // their rails in the welcome) take re-dials of channels of the same rail.
+    failover_addresses_ = failover_ && ctx_.config.data_plane.fails_over_to("address") && session::has_alternates(ctx_.rdma);
+    if (failover_addresses_) welcome["failoverAddresses"] = true;
+    // RDMA required and no RDMA path to fail over to here: the source re-dials nothing (never TCP).
+    if (failover_ && hello.transport_required && !failover_rails_ && !failover_addresses_) {
       failover_ = false;
       welcome.erase("failover");
     }

@@ -118,6 +118,8 @@ class TargetJob final : public Job {
   // Confirmed in the welcome too ("failoverRails"): a channel's re-dial may come over another rail
   // (an rdma_cm connect request for a live channel, rdma_plan). With the rail each came over.
   bool failover_rails_ GUARDED_BY(conn_mu_) = false;
+  // And "failoverAddresses": over another address of a rail's device (this agent's alternates).
+  bool failover_addresses_ GUARDED_BY(conn_mu_) = false;
   std::vector<session::RailPair> rail_pairs_ GUARDED_BY(conn_mu_);  // the matched rails (RDMA), from the hello
   // The RDMA channels were handed to the pumps (wait_for_source): from then on a connect request
   // for a channel is a re-dial.

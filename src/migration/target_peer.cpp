@@ -58,14 +58,15 @@ Result<transport::rdma::AcceptPlan> TargetJob::rdma_redial_plan(const transport:
     auto* fc = failover_channel(index);
     // As a TCP re-dial (on_data): only a live channel of a migration that fails over over rails;
     // one this end ended is refused at once, so the source fails now, not at its deadline.
-    if (!failover_rails_ || finished() || cancel_requested() || fc == nullptr || fc->failed()) {
+    if (!(failover_rails_ || failover_addresses_) || finished() || cancel_requested() || fc == nullptr || fc->failed()) {
       return Error{Errc::kPermissionDenied, "channel " + std::to_string(index) + " of migration " + spec_.id +
                                                 " is already connected and is not failed over here"};
     }
   }
   auto plan = channel_plan(index);
   // The rail it came over (this agent's listener on it), for the failover's words on this end.
-  plan.deliver = [this, index, rail = request.rail, via = session::arrival_rail_text(rail_pairs_, request.rail)](
+  plan.deliver = [this, index, rail = request.rail,
+                  via = session::arrival_rail_text(rail_pairs_, request.rail, request.address)](
                      Result<std::unique_ptr<transport::Channel>> ch) mutable {
     if (!ch) {
       LOG_WARN("migration") << log_prefix() << " channel " << index << " re-dialled over RDMA (" << via

@@ -131,14 +131,7 @@ Result<RdmaRail> DataPlaneServer::init_rail(uint32_t index, const RdmaRailConfig
   if (!sel.ok()) return Error{sel.error.code, sel.reason + ": " + sel.error.message};
   const auto& dev = *sel.device;
   // Every rail listens on its own address; with a fixed rdmaPort they share the port number.
-  auto listener = transport::rdma::RdmaListener::create(
-      dev.ip, config_.data_plane.rdma_port,
-      [this, index](const transport::rdma::ConnectRequest& request) {
-        transport::rdma::ConnectRequest on_rail = request;
-        on_rail.rail = index;  // the rail this listener serves
-        return resolve_rdma(on_rail);
-      },
-      options.traffic_class);
+  auto listener = rail_listener(dev.ip, index, 0, options.traffic_class);
   if (!listener) {
     return Error{listener.error().code, std::string("listener-failed: rdma_cm listener on ") + dev.ip + " (" +
                                             dev.name + "): " + listener.error().message};
@@ -159,7 +152,76 @@ Result<RdmaRail> DataPlaneServer::init_rail(uint32_t index, const RdmaRailConfig
   LOG_INFO("dataplane") << "rail " << index << ": " << dev.name << " port=" << dev.port << " netdev=" << dev.netdev
                         << " gid=" << dev.gid << " address=" << rail.endpoint() << " (device chosen by " << dev.how
                         << ")";
+  init_alternates(rail, config, key);
   return rail;
+}
+
+Result<std::unique_ptr<transport::rdma::RdmaListener>> DataPlaneServer::rail_listener(const std::string& ip,
+                                                                                      uint32_t index, uint32_t slot,
+                                                                                      int traffic_class) {
+  return transport::rdma::RdmaListener::create(
+      ip, config_.data_plane.rdma_port,
+      [this, index, slot](const transport::rdma::ConnectRequest& request) {
+        transport::rdma::ConnectRequest on_rail = request;
+        on_rail.rail = index;  // the rail this listener serves
+        on_rail.address = slot;
+        return resolve_rdma(on_rail);
+      },
+      traffic_class);
+}
+
+void DataPlaneServer::init_alternates(RdmaRail& rail, const RdmaRailConfig& config, const std::string& key) {
+  for (size_t k = 0; k < config.alternate_addresses.size(); ++k) {
+    const std::string item = key + ".alternateAddresses[" + std::to_string(k) + "]";
+    const auto& address = config.alternate_addresses[k];
+    // The same device, any of its netdevs (a VLAN or macvlan on its port): the address's own GID.
+    transport::rdma::RdmaOptions options;
+    options.key = item;
+    options.device = rail.device;
+    options.address = address;
+    options.traffic_class = rail.traffic_class;
+    auto sel = transport::rdma::select_device(options, transport::rdma::process_environment(),
+                                              transport::rdma::SysfsView{});
+    std::string why;
+    if (!sel.ok()) {
+      why = sel.reason + ": " + sel.error.message;
+    } else if (sel.device->ip == rail.ip) {
+      why = "it is the rail's own address";
+    }
+    std::unique_ptr<transport::rdma::RdmaListener> listener;
+    if (why.empty()) {
+      auto l = rail_listener(sel.device->ip, rail.rail, static_cast<uint32_t>(k + 1), rail.traffic_class);
+      if (l) {
+        listener = std::move(l.value());
+      } else {
+        why = "listener-failed: " + l.error().message;
+      }
+    }
+    if (!why.empty()) {
+      // The rail works without it: the failover paths it would have given are missing (logged).
+      LOG_WARN("dataplane") << "rail " << rail.rail << ": alternate address " << address << " (" << item
+                            << ") left out: " << why;
+      continue;
+    }
+    const auto& dev = *sel.device;
+    RdmaRail alt;
+    alt.rail = rail.rail;
+    alt.device = dev.name;
+    alt.device_port = dev.port;
+    alt.netdev = dev.netdev;
+    alt.ip = dev.ip;
+    alt.port = listener->port();
+    alt.gid_index = dev.gid_index;
+    alt.gid = dev.gid;
+    alt.gid_type = dev.gid_type;
+    alt.traffic_class = rail.traffic_class;
+    alt.mtu = transport::rdma::port_active_mtu(dev.name, dev.port);
+    rdma_listeners_.push_back(std::move(listener));
+    LOG_INFO("dataplane") << "rail " << rail.rail << ": alternate address " << k << ": " << dev.name
+                          << " netdev=" << dev.netdev << " gid=" << dev.gid << " address=" << alt.endpoint();
+    rail.alternates.push_back(std::move(alt));
+    rail.alternate_slots.push_back(static_cast<uint32_t>(k));
+  }
 }
 
 void DataPlaneServer::init_rdma() {

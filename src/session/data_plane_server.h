@@ -43,6 +43,13 @@ struct RdmaRail {
   std::string gid_type;
   int traffic_class = -1;  // IP ToS byte set on every rdma_cm id (-1: the kernel's default)
   uint32_t mtu = 0;        // active MTU of the port in bytes (0: unknown)
+  // The device's other addresses that took (rdma.devices[i].alternateAddresses, in that order;
+  // one that could not be set up is left out, logged): each with its own GID and rdma_cm
+  // listener, `rail` the same, no alternates of its own. Failover paths only ("address").
+  std::vector<RdmaRail> alternates;
+  // Of the configured alternates, the index of each entry in `alternates` (the peers match
+  // alternate k with alternate k: a left-out one must not shift the rest).
+  std::vector<uint32_t> alternate_slots;
   std::string endpoint() const;  // ip:port, [ip]:port for IPv6
 };
 
@@ -124,6 +131,12 @@ class DataPlaneServer {
   // A rail with `network` first waits, until `network_deadline`, for its network-status entry.
   Result<RdmaRail> init_rail(uint32_t index, const RdmaRailConfig& config,
                              std::chrono::steady_clock::time_point network_deadline);
+  // The rail's alternate addresses that can be used (rail.alternates), each listening.
+  void init_alternates(RdmaRail& rail, const RdmaRailConfig& config, const std::string& key);
+  // An rdma_cm listener on `ip` whose requests are rail `index`'s (arriving on its address `slot`: 0
+  // its own, k its alternate k-1).
+  Result<std::unique_ptr<transport::rdma::RdmaListener>> rail_listener(const std::string& ip, uint32_t index,
+                                                                      uint32_t slot, int traffic_class);
   Result<transport::rdma::AcceptPlan> resolve_rdma(const transport::rdma::ConnectRequest& request);
 
   const AgentConfig& config_;

@@ -68,6 +68,11 @@ const char* FailoverChannel::transport() const {
   return cur_->transport();
 }
 
+std::string failover_destination(const std::string& path) {
+  if (!path.starts_with("rdma")) return "tcp";
+  return path.find("(alternate address ") != std::string::npos ? "address" : "rail";
+}
+
 std::string FailoverChannel::path() const {
   std::lock_guard lock(mu_);
   return path_;

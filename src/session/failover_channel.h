@@ -59,6 +59,10 @@ struct Resumed {
 };
 
 // One failover, as reported to the owner.
+// rdmig_failovers_total's `to` for a path a channel resumed on (Resumed::path): "address" (an
+// alternate address of a rail's device), "rail" (a rail's own address), "tcp".
+std::string failover_destination(const std::string& path);
+
 struct FailoverEvent {
   uint32_t index = 0;
   std::string reason;  // the failure that started it

@@ -157,6 +157,11 @@ json rails_to_json(const std::vector<RailAddress>& rails) {
   for (const auto& r : rails) {
     json j{{"rail", r.rail}, {"address", r.address}};
     if (r.mtu != 0) j["mtu"] = r.mtu;
+    if (!r.alternates.empty()) {
+      json alts = json::array();
+      for (const auto& alt : r.alternates) alts.push_back(json{{"index", alt.index}, {"address", alt.address}});
+      j["alternates"] = std::move(alts);
+    }
     a.push_back(std::move(j));
   }
   return a;
@@ -191,7 +196,30 @@ Result<std::vector<RailAddress>> parse_rails(const json& j, const char* key, con
       }
       mtu = static_cast<uint32_t>(m.value());
     }
-    rails.push_back(RailAddress{static_cast<uint32_t>(rail.value()), address.value(), mtu});
+    std::vector<AlternateAddress> alternates;
+    if (const auto alts = r.find("alternates"); alts != r.end()) {
+      const std::string list = item + ".alternates";
+      if (!alts->is_array() || alts->size() > kMaxRailAlternates) {
+        return Error{Errc::kInvalidArgument, list + ": expected a list of at most " +
+                                                 std::to_string(kMaxRailAlternates) + " addresses"};
+      }
+      for (size_t k = 0; k < alts->size(); ++k) {
+        const std::string entry = list + "[" + std::to_string(k) + "]";
+        const auto& a = (*alts)[k];
+        if (!a.is_object()) return Error{Errc::kInvalidArgument, entry + ": expected an object"};
+        auto index = get_uint(a, "index", entry, 0, kMaxRailAlternates - 1);
+        if (!index) return index.error();
+        auto endpoint = get_string(a, "address", entry, 300);
+        if (!endpoint) return endpoint.error();
+        for (const auto& seen : alternates) {
+          if (seen.index == index.value()) {
+            return Error{Errc::kInvalidArgument, entry + ".index: alternate " + std::to_string(seen.index) + " listed twice"};
+          }
+        }
+        alternates.push_back(AlternateAddress{static_cast<uint32_t>(index.value()), endpoint.value()});
+      }
+    }
+    rails.push_back(RailAddress{static_cast<uint32_t>(rail.value()), address.value(), mtu, std::move(alternates)});
   }
   return rails;
 }

@@ -123,12 +123,21 @@ inline constexpr uint32_t kControlIndex = kMaxChannels;
 // One RDMA rail of an agent as the other agent sees it: its index in that agent's config
 // (rdma.devices[rail]) and where it is: the source's hello gives the address its channels leave
 // from, the target's welcome the rdma_cm endpoint (ip:port) they connect to.
+// One of a rail's alternate addresses (rdma.devices[i].alternateAddresses[index]), as a target's
+// welcome lists it: {"index", "address": its rdma_cm endpoint}.
+struct AlternateAddress {
+  uint32_t index = 0;
+  std::string address;
+};
 struct RailAddress {
   uint32_t rail = 0;
   std::string address;
   uint32_t mtu = 0;  // "mtu", optional: the active MTU (bytes) of the agent's port on this rail; 0 = not given
+  // "alternates", optional (a welcome's rails only): the device's other addresses that listen.
+  std::vector<AlternateAddress> alternates{};
 };
 inline constexpr uint32_t kMaxRails = 16;
+inline constexpr uint32_t kMaxRailAlternates = 4;
 nlohmann::json rails_to_json(const std::vector<RailAddress>& rails);
 // `j[key]` (optional: an empty list when absent) as a list of rails; errors name `where.key[i]`.
 Result<std::vector<RailAddress>> parse_rails(const nlohmann::json& j, const char* key, const std::string& where);

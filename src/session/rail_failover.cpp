@@ -8,41 +8,43 @@
 
 namespace rdmig::session {
 
-Result<Resumed> redial_over_paths(uint32_t index, const FailoverPaths& paths, std::optional<size_t>& current,
+std::vector<std::optional<RailSpot>> failover_tries(const FailoverPaths& paths, std::optional<RailSpot> current) {
+  std::vector<std::optional<RailSpot>> tries;
+  for (const auto& path : paths.order) {
+    if (path == "rail") {
+      const auto from = current ? std::optional<size_t>(current->rail) : std::nullopt;
+      for (const size_t r : failover_rails(paths.rails, from)) tries.push_back(RailSpot{r, 0});
+    } else if (path == "address" && current && current->rail < paths.alternates.size()) {
+      // The rail's own address and its alternates, as one ring of addresses of its device.
+      const size_t addresses = paths.alternates[current->rail] + 1;
+      if (addresses < 2 || current->address >= addresses) continue;
+      for (const size_t a : failover_rails(addresses, current->address)) tries.push_back(RailSpot{current->rail, a});
+    } else if (path == "tcp" && paths.tcp) {
+      tries.push_back(std::nullopt);
+    }
+  }
+  return tries;
+}
+
+Result<Resumed> redial_over_paths(uint32_t index, const FailoverPaths& paths, std::optional<RailSpot>& current,
                                   std::chrono::steady_clock::time_point deadline, const RedialOverRail& over_rail,
                                   const RedialOverTcp& over_tcp) {
   std::string tried;
   std::optional<Error> last;
-  const auto note = [&](const Error& e) {
-    tried += (tried.empty() ? "" : "; ") + e.message;
-    last = e;
-  };
   // A peer that answered and refused ends the tries (the FailoverChannel stops on these).
   const auto refused = [](const Error& e) { return e.code == Errc::kPermissionDenied || e.code == Errc::kProtocol; };
-  for (const auto& path : paths.order) {
-    if (path == "rail" && paths.rails > 0) {
-      const auto rails = failover_rails(paths.rails, current);
-      for (size_t k = 0; k < rails.size(); ++k) {
-        const auto now = std::chrono::steady_clock::now();
-        const size_t shares = rails.size() - k + (paths.tcp ? 1 : 0);
-        const auto until = now + (deadline - now) / static_cast<int>(shares);
-        auto r = over_rail(rails[k], until);
-        if (r) {
-          current = rails[k];
-          return r;
-        }
-        if (refused(r.error())) return r.error();
-        note(r.error());
-      }
-    } else if (path == "tcp" && paths.tcp) {
-      auto r = over_tcp(deadline);
-      if (r) {
-        current.reset();
-        return r;
-      }
-      if (refused(r.error())) return r.error();
-      note(r.error());
+  const auto tries = failover_tries(paths, current);
+  for (size_t k = 0; k < tries.size(); ++k) {
+    const auto now = std::chrono::steady_clock::now();
+    const auto until = now + (deadline - now) / static_cast<int>(tries.size() - k);
+    auto r = tries[k] ? over_rail(*tries[k], until) : over_tcp(deadline);
+    if (r) {
+      current = tries[k];
+      return r;
     }
+    if (refused(r.error())) return r.error();
+    tried += (tried.empty() ? "" : "; ") + r.error().message;
+    last = r.error();
   }
   if (!last) return Error{Errc::kUnavailable, "channel " + std::to_string(index) + ": no failover path (dataPlane.failoverPaths)"};
   return Error{last->code, tried};

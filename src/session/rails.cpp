@@ -14,7 +14,17 @@ std::vector<RailPair> match_rails(const std::vector<RdmaRail>& local, const std:
   std::vector<RailPair> pairs;
   for (const auto& mine : local) {  // local is in configured (index) order
     for (const auto& theirs : peer) {
-      if (theirs.rail == mine.rail) pairs.push_back(RailPair{mine.rail, mine, theirs.address, theirs.mtu});
+      if (theirs.rail != mine.rail) continue;
+      RailPair pair{mine.rail, mine, theirs.address, theirs.mtu, {}, std::nullopt};
+      // Alternates by index: this agent's configured alternate k with the peer's k, both working.
+      for (size_t k = 0; k < mine.alternates.size() && k < mine.alternate_slots.size(); ++k) {
+        for (const auto& alt : theirs.alternates) {
+          if (alt.index == mine.alternate_slots[k]) {
+            pair.alternates.push_back(RailAlternate{alt.index, mine.alternates[k], alt.address});
+          }
+        }
+      }
+      pairs.push_back(std::move(pair));
     }
   }
   return pairs;
@@ -28,8 +38,29 @@ std::vector<session::RailAddress> rail_addresses(const RdmaSupport& rdma) {
 
 std::vector<session::RailAddress> rail_endpoints(const RdmaSupport& rdma) {
   std::vector<session::RailAddress> out;
-  for (const auto& r : rdma.rails) out.push_back({r.rail, r.endpoint(), r.mtu});
+  for (const auto& r : rdma.rails) {
+    session::RailAddress a{r.rail, r.endpoint(), r.mtu, {}};
+    for (size_t k = 0; k < r.alternates.size() && k < r.alternate_slots.size(); ++k) {
+      a.alternates.push_back({r.alternate_slots[k], r.alternates[k].endpoint()});
+    }
+    out.push_back(std::move(a));
+  }
   return out;
+}
+
+bool has_alternates(const RdmaSupport& rdma) {
+  return std::any_of(rdma.rails.begin(), rdma.rails.end(), [](const RdmaRail& r) { return !r.alternates.empty(); });
+}
+
+std::vector<size_t> alternates_per_rail(const std::vector<RailPair>& rails) {
+  std::vector<size_t> out;
+  for (const auto& p : rails) out.push_back(p.alternates.size());
+  return out;
+}
+
+RailPair on_alternate(const RailPair& pair, size_t k) {
+  const auto& alt = pair.alternates.at(k);
+  return RailPair{pair.rail, alt.local, alt.peer, pair.peer_mtu, {}, alt.index};
 }
 
 void add_rails_to_welcome(json& welcome, const RdmaSupport& rdma) {
@@ -40,7 +71,7 @@ void add_rails_to_welcome(json& welcome, const RdmaSupport& rdma) {
 // A one-device peer: its one address is this agent's first rail's partner.
 static std::vector<RailPair> legacy_pair(const RdmaSupport& rdma, const std::string& peer, uint32_t peer_mtu = 0) {
   if (rdma.rails.empty()) return {};
-  return {RailPair{rdma.rails.front().rail, rdma.rails.front(), peer, peer_mtu}};
+  return {RailPair{rdma.rails.front().rail, rdma.rails.front(), peer, peer_mtu, {}, std::nullopt}};
 }
 
 Result<std::vector<RailPair>> rails_from_welcome(const json& welcome, const RdmaSupport& rdma,
@@ -60,6 +91,12 @@ Result<std::vector<RailPair>> rails_from_welcome(const json& welcome, const Rdma
     auto ep = net::parse_endpoint(p.peer, field);
     if (!ep) return ep.error();
     if (auto ok = policy.check(ep->host, field); !ok) return ok.error();
+    for (const auto& alt : p.alternates) {
+      const std::string where = field + ".alternates[" + std::to_string(alt.index) + "]";
+      auto alt_ep = net::parse_endpoint(alt.peer, where);
+      if (!alt_ep) return alt_ep.error();
+      if (auto allowed = policy.check(alt_ep->host, where); !allowed) return allowed.error();
+    }
   }
   if (pairs.empty()) {
     std::string mine, theirs;
@@ -159,16 +196,29 @@ std::string rail_of_channel_text(const std::vector<RailUsage>& rails, uint32_t c
   return {};
 }
 
-std::string rail_text(const RailPair& p) { return rail_words(p.rail, p.local.device, p.local.ip, p.peer); }
+std::string rail_text(const RailPair& p) {
+  std::string text = rail_words(p.rail, p.local.device, p.local.ip, p.peer);
+  if (p.alternate) text += " (alternate address " + std::to_string(*p.alternate) + ")";
+  return text;
+}
 
 const RailPair* find_rail(const std::vector<RailPair>& rails, uint32_t rail) {
   const auto p = std::find_if(rails.begin(), rails.end(), [&](const RailPair& r) { return r.rail == rail; });
   return p == rails.end() ? nullptr : &*p;
 }
 
-std::string arrival_rail_text(const std::vector<RailPair>& rails, uint32_t rail) {
+std::string arrival_rail_text(const std::vector<RailPair>& rails, uint32_t rail, uint32_t address) {
   const RailPair* p = find_rail(rails, rail);
-  return p ? rail_text(*p) : "rail " + std::to_string(rail);
+  if (p == nullptr) return "rail " + std::to_string(rail);
+  if (address == 0) return rail_text(*p);
+  const auto& mine = p->local;
+  for (size_t k = 0; k < mine.alternates.size() && k < mine.alternate_slots.size(); ++k) {
+    if (mine.alternate_slots[k] + 1 == address) {
+      return rail_words(p->rail, mine.alternates[k].device, mine.alternates[k].ip, "") + " (alternate address " +
+             std::to_string(address - 1) + ")";
+    }
+  }
+  return "rail " + std::to_string(rail) + " (alternate address " + std::to_string(address - 1) + ")";
 }
 
 void ChannelTraffic::set(uint32_t channel, uint64_t sent, uint64_t received, uint64_t chunks_out, uint64_t chunks_in) {

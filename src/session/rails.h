@@ -30,12 +30,33 @@
 
 namespace rdmig::session {
 
+// An alternate address of a matched rail (rdma.devices[i].alternateAddresses[index] on both
+// agents): this agent's on the device, and the peer's rdma_cm endpoint (on the source).
+struct RailAlternate {
+  uint32_t index = 0;
+  RdmaRail local;
+  std::string peer;
+};
+
 struct RailPair {
   uint32_t rail = 0;   // the index both agents configured it under
   RdmaRail local;      // this agent's device on it
   std::string peer;    // the peer's address on it (the target's rdma_cm endpoint, on the source)
   uint32_t peer_mtu = 0;  // the peer's port's active MTU on it, when the peer said (0: unknown)
+  // The alternates both agents have working, by index (source side, from the target's welcome;
+  // empty on the target): failover paths of this rail's channels ("address").
+  std::vector<RailAlternate> alternates{};
+  // Set by on_alternate: this pair is the rail over its alternate address `*alternate`.
+  std::optional<uint32_t> alternate{};
 };
+// The same rail over its alternate `k` (an index into `pair.alternates`): the same rail number and
+// device, the alternate's local address, GID and the peer's endpoint on it.
+RailPair on_alternate(const RailPair& pair, size_t k);
+
+// Whether any of this agent's working rails has an alternate address that listens.
+bool has_alternates(const RdmaSupport& rdma);
+// Per matched rail, how many alternates it has (session::FailoverPaths::alternates).
+std::vector<size_t> alternates_per_rail(const std::vector<RailPair>& rails);
 
 // The matched rails (rule above). `peer` empty: nothing to match (the peer has no RDMA).
 std::vector<RailPair> match_rails(const std::vector<RdmaRail>& local, const std::vector<session::RailAddress>& peer);
@@ -95,7 +116,8 @@ std::vector<RailUsage> rail_usage(const std::vector<RailPair>& rails, uint32_t c
 // The rail that carries `channel`, in words for an error: "rail 1: mlx5_1 10.10.1.1 to
 // 10.10.1.2:7472"; empty when no rail lists the channel (TCP).
 std::string rail_of_channel_text(const std::vector<RailUsage>& rails, uint32_t channel);
-// The same words for one matched rail.
+// The same words for one matched rail; over an alternate address, followed by " (alternate
+// address k)".
 std::string rail_text(const RailPair& rail);
 // The matched rail numbered `rail` (RailPair::rail), or nullptr.
 const RailPair* find_rail(const std::vector<RailPair>& rails, uint32_t rail);
@@ -103,7 +125,9 @@ const RailPair* find_rail(const std::vector<RailPair>& rails, uint32_t rail);
 // rail whose listener took it), in the same words from this end ("rail 1: mlx5_1 10.10.1.2 to
 // 10.10.1.1": this agent's device and address, the source's address); "rail 1" when no matched
 // rail has that index.
-std::string arrival_rail_text(const std::vector<RailPair>& rails, uint32_t rail);
+// `address` > 0: it arrived on this agent's alternate address `address - 1` of that rail ("rail 0:
+// mlx5_0 10.20.0.2 (alternate address 0)").
+std::string arrival_rail_text(const std::vector<RailPair>& rails, uint32_t rail, uint32_t address = 0);
 // Adds `channel` to the usage entry of its rail among `rails` (made when it is the rail's first,
 // the entries kept in rail order): for sessions whose channels arrive one by one (KubeVirt's).
 void add_channel_to_usage(std::vector<RailUsage>& usage, const std::vector<RailPair>& rails, uint32_t channel);

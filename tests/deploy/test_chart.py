@@ -349,8 +349,9 @@ class ChartTest(unittest.TestCase):
                          ("https", {"serverName": "agents.rdmig.test", "ca": {"secret": {"name": "my-agent-tls",
                                                                                           "key": "ca.crt"}}}))
         self.assertEqual(agent_cfg["rdma"], {"device": "mlx5_0", "netdev": "ens1f0", "address": "192.0.2.10",
-                                             "resourceEnv": "PCIDEVICE_TEST", "trafficClass": 104},
-                         "an explicit resourceEnv wins over agent.rdma.resourceName")
+                                             "resourceEnv": "PCIDEVICE_TEST", "trafficClass": 104,
+                                             "alternateAddresses": ["198.51.100.10"]},
+                         "an explicit resourceEnv wins over agent.rdma.resourceName; alternates pass through")
         self.assertEqual((agent_cfg["transport"], agent_cfg["stateDir"], agent_cfg["logLevel"]),
                          ("tcp", "/var/run/rdmig-test", "debug"))
         self.assertEqual(one(t, "Service", "rdmig-agent-metrics")["spec"]["ports"][0]["port"], 17470)

@@ -26,6 +26,11 @@ bytes node b drops the RoCE v2 packets reaching it on eth1 only (nftables, iifna
 fails within its no-progress bound, both agents end it, the VM runs on node a and not on node b;
 the reason names rail 1 and its device (Soft-RoCE runs out of no retry: the channels'
 acknowledgement watch fails the stalled channel 5 s on).
+With dataPlane.failover on both agents: rail 1 cut moves its channels to rail 0 (RDMA only), every
+rail cut moves them to TCP, and (both nodes with VLAN 100 on eth0, eth0.100 10.100.0.N, a second
+address and GID of rail 0's device, listed as its alternateAddresses) rail 0's own address cut
+(node b drops the RoCE v2 reaching eth0 untagged) moves every channel of a one-rail migration to the
+VLAN addresses of the same devices; each byte-exact, each move named and counted.
 One rail down at start: with node a's eth1 down (rxea2's port DOWN), a second node a agent with
 both devices leaves rail 1 out, naming why (its log, rdmig_rdma_rail_up{rail="1",reason="no-device"}
 0); eth1 comes back, and an 8-channel migration from that agent uses rail 0 alone, byte-exact, its
@@ -65,8 +70,9 @@ DEV = os.environ["RDMIG_RDMA_DEV"]
 DEVS = [DEV] + ([os.environ["RDMIG_RDMA_DEV2"]] if os.environ.get("RDMIG_RDMA_DEV2") else [])
 # With two rails, five more: to a node b agent with one rail, one rail cut mid-stream (without
 # failover, and with it: over the other rail), every rail cut mid-stream with failover (over TCP),
-# and from a node a agent that started with one rail down.
-CASES = 9 if len(DEVS) > 1 else 4
+# and from a node a agent that started with one rail down. Then one more whatever the rails: rail
+# 0's own address cut mid-stream with failover (over its alternate address on VLAN 100).
+CASES = (9 if len(DEVS) > 1 else 4) + 1
 # The rail-cut migration: QEMU's max-bandwidth, so that it is still under way when rail 1 is cut.
 RAIL_CUT_BANDWIDTH = 4 << 20
 RAIL_CUT_NO_PROGRESS = 45  # s, both agents' noProgressTimeoutSeconds for it
@@ -78,6 +84,11 @@ PEER_ADDR = os.environ["RDMIG_VM_PEER_ADDR"]
 # Rail 1's addresses (--rails 2).
 ADDR2 = os.environ.get("RDMIG_VM_ADDR2", "")
 PEER_ADDR2 = os.environ.get("RDMIG_VM_PEER_ADDR2", "")
+# Rail 0's device's second address: VLAN 100 on eth0 (eth0.100, 10.100.0.1 on node a, .2 on b),
+# with a RoCE v2 GID of its own on the same rxe device (add_vlan_alternate): its alternateAddresses.
+ALT_NETDEV = os.environ["RDMIG_RDMA_NETDEV"] + ".100"
+ALT_ADDR = "10.100.0.%d" % (1 if NODE == "a" else 2)
+PEER_ALT_ADDR = "10.100.0.%d" % (2 if NODE == "a" else 1)
 RDV = os.path.join(os.environ["RDMIG_OUT"], "rdv")
 os.makedirs(RDV, exist_ok=True)
 
@@ -128,11 +139,16 @@ TRAFFIC_CLASS = 104
 CONNECT_TIMEOUT = 6
 
 
-def agent_config(rails=len(DEVS), failover=False):
+def agent_config(rails=len(DEVS), failover=False, alternate=False):
     # The REST API on every address (node a calls node b's); the data plane on eth0's address,
     # which is also what the target advertises to the source. One rail: the single rdma keys;
-    # more: rdma.devices, in the same order on both nodes (rails are matched by index).
-    rdma = {"device": DEV} if rails == 1 else {"devices": [{"device": d} for d in DEVS[:rails]]}
+    # more: rdma.devices, in the same order on both nodes (rails are matched by index). Each rail's
+    # address given (eth0 also holds the VLAN's address); `alternate`: rail 0's alternate address.
+    addresses = [ADDR, ADDR2]
+    devices = [{"device": d, "address": addresses[i]} for i, d in enumerate(DEVS[:rails])]
+    if alternate:
+        devices[0]["alternateAddresses"] = [ALT_ADDR]
+    rdma = dict(devices[0]) if rails == 1 else {"devices": devices}
     rdma["connectTimeoutSeconds"] = CONNECT_TIMEOUT
     if NODE == "a":
         rdma["trafficClass"] = TRAFFIC_CLASS
@@ -200,8 +216,8 @@ def uncut_rdma(table="rdmigcut"):
 RAIL_CUT_TABLE = "rdmigrailcut"
 
 
-def rail_cut_rule():
-    return 'iifname "%s" udp dport 4791 counter drop' % os.environ["RDMIG_RDMA_NETDEV2"]
+def rail_cut_rule(netdev=None):
+    return 'iifname "%s" udp dport 4791 counter drop' % (netdev or os.environ["RDMIG_RDMA_NETDEV2"])
 
 
 def await_any(names, timeout=300.0):
@@ -232,10 +248,24 @@ def qemu_state(vm, timeout=60.0):
         return "no answer (%s: %s)" % (type(e).__name__, e)
 
 
-def ip_link(*args):
+def ip(*args):
     """iproute2's ip (busybox's own applet shadows it in the VM: vm-init.sh)."""
-    ip = "/usr/sbin/iproute2-ip" if os.path.exists("/usr/sbin/iproute2-ip") else "ip"
-    subprocess.run([ip, "link"] + list(args), check=True)
+    prog = "/usr/sbin/iproute2-ip" if os.path.exists("/usr/sbin/iproute2-ip") else "ip"
+    subprocess.run([prog] + list(args), check=True)
+
+
+def ip_link(*args):
+    ip("link", *args)
+
+
+def add_vlan_alternate():
+    """VLAN 100 on eth0 with ALT_ADDR: rxe gives it a RoCE v2 GID on rail 0's device (the second
+    address of the same device that the address-failover case moves channels to)."""
+    netdev = os.environ["RDMIG_RDMA_NETDEV"]
+    ip_link("add", "link", netdev, "name", ALT_NETDEV, "type", "vlan", "id", "100")
+    ip("addr", "add", ALT_ADDR + "/24", "dev", ALT_NETDEV)
+    ip_link("set", ALT_NETDEV, "up")
+    wait_gid(DEV, ALT_ADDR)
 
 
 def wait_port_state(dev, state, timeout=30.0):
@@ -315,8 +345,10 @@ class Capture:
 def serve_target():
     """Node b: the target side of each migration node a runs. Returns the exit status."""
     tmp = tempfile.mkdtemp(prefix="rdmig-rdma-b-")
-    # dataPlane.failover on: only a source agent that has it on too asks for it (one case).
-    agent = Agent(tmp, "agent-b", config=agent_config(failover=True), log_level="debug", profile=PROFILE)
+    # dataPlane.failover on: only a source agent that has it on too asks for it (the failover cases);
+    # rail 0's alternate address listens too (only a source with one pairs with it).
+    agent = Agent(tmp, "agent-b", config=agent_config(failover=True, alternate=True), log_level="debug",
+                  profile=PROFILE)
     # With two rails here: a second agent with rail 0 only, the target of the 2-vs-1 case.
     one_rail = Agent(tmp, "agent-b1", config=agent_config(rails=1), log_level="debug", profile=PROFILE) if len(DEVS) > 1 else None
     ok = True
@@ -342,8 +374,12 @@ def serve_target():
                     # migration ended without it).
                     got, _ = await_any(["cut-%s" % name, "migrated-%s" % name], 600)
                     if got.startswith("cut-"):
-                        # Rail 1 only, or (cutRail "all") RoCE v2 on both rails.
-                        cut_rdma(RDMA_CUT_RULE if want["cutRail"] == "all" else rail_cut_rule(), RAIL_CUT_TABLE)
+                        # Rail 1 only, or (cutRail "all") RoCE v2 on both rails, or ("address") rail 0's
+                        # own address: what reaches eth0 untagged (VLAN 100's arrives on eth0.100).
+                        kind = want["cutRail"]
+                        rule = (RDMA_CUT_RULE if kind == "all" else
+                                rail_cut_rule(os.environ["RDMIG_RDMA_NETDEV"]) if kind == "address" else rail_cut_rule())
+                        cut_rdma(rule, RAIL_CUT_TABLE)
                         rail_cut = True
                         post("cut-applied-%s" % name, True)
                 outcome = await_("migrated-%s" % name, 600)
@@ -725,7 +761,7 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
         self.assertNotEqual(dst["status"], "running")
 
     def test_rail_cut_mid_stream_with_failover_and_rdma_required_moves_its_channels_to_rail_0(self):
-        # dataPlane.failover on both agents (failoverPaths: the default [rail, tcp]) and transport
+        # dataPlane.failover on both agents (failoverPaths: the default [rail, address, tcp]) and transport
         # rdma required: rail 1's channels are re-dialled over rail 0 (rdma_cm to node b's rail-0
         # address), resume there, and the migration completes over RDMA only (no TCP data byte),
         # every byte of the paused guest's RAM compared.
@@ -736,15 +772,26 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
         # each channel that fails (both rails' channels) is resumed over TCP (docs/failover.md).
         self.rail_failover("rails-failover-tcp", "auto", cut="all", to="tcp", agent_name="agent-a-fo-tcp")
 
+    def test_rail_address_cut_mid_stream_with_failover_moves_the_channels_to_the_alternate_address(self):
+        # One rail (rxea on eth0) on the source, rail 0's alternate address on VLAN 100 on both agents
+        # (rdma.alternateAddresses; failoverPaths the default [rail, address, tcp]) and transport rdma
+        # required: node b drops the RoCE v2 reaching eth0 untagged, so every channel's link on rail
+        # 0's own address dies while the device's VLAN address still works; each channel is
+        # re-dialled from node a's VLAN address to node b's (their own GIDs on the same devices),
+        # resumes there, and the migration completes over RDMA only, byte-exact.
+        self.rail_failover("address-failover", "rdma", cut="address", to="address", agent_name="agent-a-fo-addr")
+
     def rail_failover(self, name, transport, cut, to, agent_name):
         # agent_name: short (the agent's stateDir holds unix sockets: at most 40 characters).
-        if len(DEVS) < 2:
+        if len(DEVS) < 2 and cut != "address":
             self.skipTest("one rail per node (run-two-vms.sh without --rails 2)")
         outcome = "failed"
         rail1 = list(range(1, MULTIFD + 1, 2))
         cut_channels = rail1 if cut == "rail1" else list(range(MULTIFD + 1))
-        agent = Agent(self.tmp, agent_name, config=agent_config(failover=True), log_level="debug",
-                      profile=PROFILE)
+        # The address case: one rail (every channel on rail 0) with its alternate address.
+        one_rail = cut == "address"
+        config = agent_config(rails=1, failover=True, alternate=True) if one_rail else agent_config(failover=True)
+        agent = Agent(self.tmp, agent_name, config=config, log_level="debug", profile=PROFILE)
         try:
             try:
                 src, dst_qmp = self.ask(name, MULTIFD, cut_rail=cut)
@@ -761,10 +808,12 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
                 while True:
                     st = agent.get(source["id"])
                     flowing = {r["rail"]: r["bytesSent"] for r in st.get("rails", [])}
+                    if one_rail and flowing.get(0, 0) >= 1 << 20:
+                        break
                     if flowing.get(1, 0) >= 1 << 20 and flowing.get(0, 0) > 0:
                         break
-                    self.assertNotIn(st["phase"], TERMINAL, "ended before both rails carried bytes: %s" % st)
-                    self.assertLess(time.monotonic(), deadline, "rail 1 carried no MiB within 120 s: %s" % st)
+                    self.assertNotIn(st["phase"], TERMINAL, "ended before the rails carried bytes: %s" % st)
+                    self.assertLess(time.monotonic(), deadline, "the cut rail carried no MiB within 120 s: %s" % st)
                     time.sleep(0.1)
                 self.assertEqual(st["transport"], "rdma")
                 self.assertTrue(st["failover"]["enabled"], st["failover"])
@@ -806,7 +855,17 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
                 # on the channel; seen once in a full run) the watcher's words for it.
                 self.assertRegex(s["failover"]["last"],
                                  r"acknowledged nothing|work completion failed|disconnected|failed while the channel was idle")
-                if to == "rail":
+                if to == "address":
+                    # Resumed over rail 0's alternate: node a's VLAN address to node b's VLAN
+                    # listener, the same devices; node b names its alternate it arrived on.
+                    for line in moved:
+                        self.assertRegex(line, r"resumed on rdma rail 0: %s %s to %s:\d+ \(alternate address 0\)" % (
+                            re.escape(DEVS[0]), re.escape(ALT_ADDR), re.escape(PEER_ALT_ADDR)))
+                    self.assertRegex(t["failover"]["last"],
+                                     r"resumed on rdma rail 0: \S+ %s \(alternate address 0\) \(re-dialled by the source\)"
+                                     % re.escape(PEER_ALT_ADDR))
+                    self.assertEqual(tcp_bytes(agent, "sent") - tcp_a, 0)
+                elif to == "rail":
                     # Resumed over rail 0: node a's rail-0 device to node b's rail-0 rdma_cm endpoint.
                     for line in moved:
                         self.assertRegex(line, r"resumed on rdma rail 0: %s %s to %s:\d+ " % (
@@ -833,7 +892,7 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
                     on = {r["rail"]: r["channels"] for r in st_["rails"]}
                     print("%s rails: %s" % (key, [(r["rail"], r["channels"], r[key]) for r in st_["rails"]]))
                     counted = sum(r[key] for r in st_["rails"])
-                    if to == "rail":
+                    if to in ("rail", "address"):  # an alternate's channel stays counted on its rail
                         self.assertEqual(counted, moved_bytes, st_["rails"])
                         self.assertTrue(set(ids) <= set(on[0]) and not set(ids) & set(on.get(1, [])), on)
                     else:
@@ -916,6 +975,7 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
+    add_vlan_alternate()
     if NODE == "b":
         sys.exit(serve_target())
     result = timed.main(verbosity=2, exit=False).result

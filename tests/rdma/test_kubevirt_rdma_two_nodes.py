@@ -21,10 +21,13 @@ over TCP, byte-exact, both records naming auto-no-peer-rdma:unreachable.
 With two rails, rail 1 is cut mid-flow (node b drops RoCE v2 arriving on eth1 only) while the
 connections carry (each paced at RAIL_CUT_RATE, so the cut lands in connection 1, on rail 1):
 without failover the flow fails naming the channel, the connections reset; with
-dataPlane.failover on both agents (transport auto, failoverPaths [rail, tcp]) rail 1's channels are
+dataPlane.failover on both agents (transport auto, failoverPaths [rail, address, tcp]) rail 1's channels are
 re-dialled over rail 0 and resume there (nothing over TCP; node b's rail-0 device receives their
-packets), and with both rails cut they resume over TCP; every connection arrives byte-exact, and
-both records and rdmig_failovers_total name the failover and where it went.
+packets), and with both rails cut they resume over TCP; then (both nodes with VLAN 100 on eth0, a
+second address and GID of rail 0's device listed as its alternateAddresses; node a's failoverPaths
+[address, rail, tcp]) rail 0's own address cut moves rail 0's channels to the VLAN addresses of the
+same devices; every connection arrives byte-exact, and both records and rdmig_failovers_total name
+the failover and where it went.
 Both agents run unprivileged as the chart runs them in KubeVirt mode with RDMA (rdmiglab.profile,
 "chart": DAC_OVERRIDE, IPC_LOCK, NET_ADMIN, SYS_ADMIN, SYS_PTRACE and no other capability, seccomp
 RuntimeDefault, a read-only root), checked once started from their /proc status.
@@ -48,9 +51,10 @@ from rdmiglab import Agent, parse_prometheus  # noqa: E402
 from rdmiglab.kvhook import vmi_json  # noqa: E402
 from rdmiglab.kvpod import wait_for  # noqa: E402
 from rdmiglab import timed  # noqa: E402
-from test_agent_rdma_two_nodes import (ADDR, DEV, DEVS, NODE, PEER_ADDR, RAIL_CUT_TABLE, RDMA_CUT_RULE,  # noqa: E402
-                                       PeerAgent, await_, await_any, counters_delta, cut_rdma, hw_counters, post,
-                                       rail_counters, rail_cut_rule, transferred_bytes, uncut_rdma)
+from test_agent_rdma_two_nodes import (ADDR, ADDR2, ALT_ADDR, DEV, DEVS, NODE, PEER_ADDR, PEER_ALT_ADDR,  # noqa: E402
+                                       RAIL_CUT_TABLE, RDMA_CUT_RULE, PeerAgent, add_vlan_alternate, await_,
+                                       await_any, counters_delta, cut_rdma, hw_counters, post, rail_counters,
+                                       rail_cut_rule, transferred_bytes, uncut_rdma)
 
 IP = os.environ.get("RDMIG_IP", "ip")
 STREAMS = os.path.join(REPO, "tests", "kubevirt", "kv_streams.py")
@@ -64,8 +68,8 @@ DEVS_PEER = ["rxe" + PEER] + (["rxe%s2" % PEER] if len(DEVS) > 1 else [])
 COUNT, BYTES = 4, 8 << 20
 # Node a's tests, in name order: carried over rdma, then with RoCE v2 dropped on node b; with two
 # rails, rail 1 cut mid-flow without failover, then with it (to rail 0), then both rails cut with it
-# (to TCP).
-CASES = 5 if len(DEVS) > 1 else 2
+# (to TCP), then rail 0's own address cut with it (to rail 0's alternate address on VLAN 100).
+CASES = 6 if len(DEVS) > 1 else 2
 # The rail-cut flows: each connection's payload at most this many bytes a second (as QEMU's
 # max-bandwidth paces a migration), so that the connections carry for RAIL_CUT_BYTES / rate
 # seconds each, one after the other, and the cut lands while connection 1 (rail 1) carries.
@@ -97,15 +101,22 @@ def virt_handler_pod():
         f.write("1\n")
 
 
-def agent_config(peers=None, hook="", failover=False):
+def agent_config(peers=None, hook="", failover=False, alternate=False, paths=None):
     # transport auto: RDMA is what the agents choose between the two devices, TCP when RoCE v2 is
     # dropped. The data plane on eth0's address, the REST API on every address (node a calls b's).
-    # With two rails (run-two-vms.sh --rails 2) both devices, in the same order on both nodes.
-    rdma = {"device": DEV} if len(DEVS) == 1 else {"devices": [{"device": d} for d in DEVS]}
+    # With two rails (run-two-vms.sh --rails 2) both devices, in the same order on both nodes, each
+    # with its address (eth0 also holds VLAN 100's); `alternate`: rail 0's alternate address there;
+    # `paths`: dataPlane.failoverPaths.
+    devices = [{"device": d, "address": a} for d, a in zip(DEVS, [ADDR, ADDR2])]
+    if alternate:
+        devices[0]["alternateAddresses"] = [ALT_ADDR]
+    rdma = dict(devices[0]) if len(DEVS) == 1 else {"devices": devices}
     rdma["connectTimeoutSeconds"] = 6  # RoCE v2 dropped: TCP after 6 s, not the default 15 (as in test_agent_rdma_two_nodes.py)
     data_plane = {"address": ADDR, "advertiseAddress": ADDR, "rdmaPort": 0}
     if failover:
         data_plane["failover"] = "on"
+    if paths:
+        data_plane["failoverPaths"] = paths
     return {"transport": "auto", "rdma": rdma, "api": {"address": "0.0.0.0"},
             "dataPlane": data_plane,
             "kubevirt": {"enabled": True, "nodeName": "node-" + NODE, "hookSocket": hook, "peers": peers or [],
@@ -128,8 +139,10 @@ def serve_target():
         sink = subprocess.Popen([IP, "netns", "exec", HANDLER_NS, sys.executable, STREAMS, "sink", "--ready", ready,
                                  "--log", os.path.join(tmp, "sink.log")])
         port = wait_for(lambda: os.path.exists(ready) and json.load(open(ready))["port"], 20, "the proxy stand-in")
-        # dataPlane.failover on: only a source agent that has it on too asks for it (the last case).
-        agent = Agent(tmp, "agent-b", config=agent_config(failover=True), log_level="debug", profile="chart")
+        # dataPlane.failover on: only a source agent that has it on too asks for it (the last cases);
+        # rail 0's alternate address listens too (only a source with one pairs with it).
+        agent = Agent(tmp, "agent-b", config=agent_config(failover=True, alternate=True), log_level="debug",
+                      profile="chart")
         post("kv-agent-b", {"api": agent.api_port, "data": agent.data_port, "token": agent.token, "sink": port})
         for seq in range(CASES):
             want = await_("kv-want-%d" % seq, 600)
@@ -144,7 +157,11 @@ def serve_target():
                     # RoCE v2 arriving on rail 1's link dropped, or ("all") on both rails.
                     got, _ = await_any(["kv-cut-%d" % seq, "kv-dialled-%d" % seq], 600)
                     if got.startswith("kv-cut-"):
-                        cut_rdma(RDMA_CUT_RULE if want["cutRail"] == "all" else rail_cut_rule(), RAIL_CUT_TABLE)
+                        # ("address"): rail 0's own address, what reaches eth0 untagged.
+                        kind = want["cutRail"]
+                        rule = (RDMA_CUT_RULE if kind == "all" else
+                                rail_cut_rule(os.environ["RDMIG_RDMA_NETDEV"]) if kind == "address" else rail_cut_rule())
+                        cut_rdma(rule, RAIL_CUT_TABLE)
                         rail_cut = True
                         post("kv-cut-applied-%d" % seq, True)
                 await_("kv-dialled-%d" % seq, 600)
@@ -305,15 +322,17 @@ class TwoNodeKubevirtRdmaTest(unittest.TestCase):
                               str(RAIL_CUT_BYTES), "--rate", str(RAIL_CUT_RATE), "--hook-socket", self.hook,
                               "--vmi", path, "--timeout", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            # Rail 1 carries once node a's rail-1 device (rxea2) sent the packets of 1 MiB (its
-            # hw counter: live, where the records' per-rail figures are refreshed when read).
+            # The cut rail carries once node a's device on it (rxea2 for rail 1, rxea for rail 0's
+            # address) sent the packets of 1 MiB (its hw counter: live, where the records' per-rail
+            # figures are refreshed when read).
+            dev = DEVS[0] if cut == "address" else DEVS[1]
             deadline, flowing = time.monotonic() + 120, 0
             while flowing < RAIL_CUT_AFTER_PKTS:
                 if p.poll() is not None:  # (stderr read only then: it ends with the dial)
-                    self.fail("the flow ended before rail 1 carried 1 MiB: %s" % p.stderr.read())
-                self.assertLess(time.monotonic(), deadline, "rail 1 carried no MiB within 120 s: %d packets" % flowing)
+                    self.fail("the flow ended before %s carried 1 MiB: %s" % (dev, p.stderr.read()))
+                self.assertLess(time.monotonic(), deadline, "%s carried no MiB within 120 s: %d packets" % (dev, flowing))
                 time.sleep(0.05)
-                flowing = hw_counters(DEVS[1])["sent"] - rails_before[DEVS[1]]["sent"]
+                flowing = hw_counters(dev)["sent"] - rails_before[dev]["sent"]
             post("kv-cut-%d" % seq, True)
             await_("kv-cut-applied-%d" % seq, 60)
             t0 = time.monotonic()
@@ -333,7 +352,7 @@ class TwoNodeKubevirtRdmaTest(unittest.TestCase):
         b = await_("kv-state-%d" % seq, 120)
         print("%s: %s cut %.1f s before the dial ended (%s sent_pkts +%d at the cut; node b dropped %d RoCE v2 packets): "
               "source %s (%s), target %s (%s); connections %s; failover source %s, target %s; agents' byte counters %s"
-              % (mig, cut, took, DEVS[1], flowing, b["rdmaDropped"], src["phase"], src["reason"], dst["phase"], dst["reason"],
+              % (mig, cut, took, dev, flowing, b["rdmaDropped"], src["phase"], src["reason"], dst["phase"], dst["reason"],
                  [(c["index"], c["ok"], c["error"]) for c in res["connections"]], src["failover"], dst["failover"],
                  moved))
         self.assertTrue(res["hook"]["ok"], res)
@@ -350,21 +369,25 @@ class TwoNodeKubevirtRdmaTest(unittest.TestCase):
         self.assertRegex(src["reason"], r"rail 1: |channel [13]: ")
         self.assertNotEqual([c["ok"] for c in res["connections"]], [True] * COUNT, res)
 
-    def failover_agent(self):
-        """Node a's agent with dataPlane.failover on (failoverPaths: the default [rail, tcp]), in place of
-        the one without (once)."""
-        if not getattr(TwoNodeKubevirtRdmaTest, "fails_over", False):
+    def failover_agent(self, kind="rails"):
+        """Node a's agent with dataPlane.failover on, in place of the one running unless it is that
+        kind already: "rails" (failoverPaths: the default [rail, address, tcp], no alternate address),
+        "address" (rail 0's alternate address, failoverPaths [address, rail, tcp]: a channel of rail
+        0 tries the same device's other address before the other rail)."""
+        if getattr(TwoNodeKubevirtRdmaTest, "fails_over", None) != kind:
             self.a.stop()
-            TwoNodeKubevirtRdmaTest.a = Agent(self.tmp, "agent-a-fo", token=self.b.token, log_level="debug",
-                                              profile="chart", config=agent_config(peers=self.peers, hook=self.hook,
-                                                                                   failover=True))
-            TwoNodeKubevirtRdmaTest.fails_over = True
+            extra = {"alternate": True, "paths": ["address", "rail", "tcp"]} if kind == "address" else {}
+            TwoNodeKubevirtRdmaTest.a = Agent(self.tmp, "agent-a-fo-" + kind[:4], token=self.b.token,
+                                              log_level="debug", profile="chart",
+                                              config=agent_config(peers=self.peers, hook=self.hook, failover=True,
+                                                                  **extra))
+            TwoNodeKubevirtRdmaTest.fails_over = kind
 
     def failed_over(self, mig, cut, cut_channels, to):
         """The rail-cut flow with failover on both agents: every connection byte-exact, both records
         Succeeded over rdma naming the failover and where it went; returns both records, the agents'
         byte counters and node b's reply."""
-        self.failover_agent()
+        self.failover_agent("address" if cut == "address" else "rails")
         seen = len(self.a.log_text().splitlines())  # the agent's log before this flow
         res, src, dst, moved, b = self.rail_cut_flow(mig, cut)
         self.assertEqual([c["ok"] for c in res["connections"]], [True] * COUNT, res)  # byte-exact digests
@@ -392,7 +415,7 @@ class TwoNodeKubevirtRdmaTest(unittest.TestCase):
         return src, dst, moved, b
 
     def test_d_rail_cut_mid_flow_with_failover_moves_its_channels_to_rail_0(self):
-        # dataPlane.failover on both agents (failoverPaths [rail, tcp]), transport auto: rail 1's
+        # dataPlane.failover on both agents (failoverPaths [rail, address, tcp]), transport auto: rail 1's
         # channels (connections 1 and 3) fail over when their link stalls, re-dialled over rail 0
         # (rdma_cm from rxea to node b's rail-0 endpoint, the proved connect request of a first
         # connect; node b's welcome offered failoverRails) and resumed there; nothing goes over TCP.
@@ -444,7 +467,28 @@ class TwoNodeKubevirtRdmaTest(unittest.TestCase):
             print("%s record: %s" % (rec["role"], [(r["rail"], r["channels"], r[key]) for r in rec["rails"]]))
             self.assertLess(sum(r[key] for r in rec["rails"]), rec[key], rec["rails"])
 
+    def test_f_rail_address_cut_mid_flow_with_failover_moves_rail_0s_channels_to_its_alternate_address(self):
+        # Both agents with rail 0's alternate address on VLAN 100 (eth0.100, a GID of its own on rxea /
+        # rxeb), node a's failoverPaths [address, rail, tcp]: node b drops the RoCE v2 reaching eth0
+        # untagged, so rail 0's channels (connections 0 and 2) lose their link while the device's VLAN
+        # address works; each is re-dialled from node a's VLAN address to node b's alternate listener
+        # and resumes there; rail 1's channels stay; nothing goes over TCP.
+        src, dst, moved, _ = self.failed_over("mig-2n-addrfo", "address", [0, 2], "address")
+        self.assertRegex(src["failover"]["last"], r"; resumed on rdma rail 0: %s %s to %s:\d+ \(alternate address 0\) "
+                         r"after \d+ ms" % (re.escape(DEVS[0]), re.escape(ALT_ADDR), re.escape(PEER_ALT_ADDR)))
+        self.assertRegex(dst["failover"]["last"], r"resumed on rdma rail 0: \S+ %s \(alternate address 0\) "
+                         r"\(re-dialled by the source\)" % re.escape(PEER_ALT_ADDR))
+        self.assertEqual((moved["a/tcp"], moved["b/tcp"]), (0, 0), "nothing carried over tcp")
+        # Each channel stays counted on its rail (the same device): rail 0 keeps 0 and 2, rail 1 has 1 and 3.
+        for rec, key in ((src, "bytesSent"), (dst, "bytesReceived")):
+            rails = {r["rail"]: r for r in rec["rails"]}
+            print("%s record: %s" % (rec["role"], [(r["rail"], r["channels"], r[key]) for r in rec["rails"]]))
+            self.assertEqual((rails[0]["channels"], rails[1]["channels"]), ([0, 2], [1, 3]), rec["rails"])
+            self.assertEqual(rails[0][key] + rails[1][key], rec[key], rec["rails"])
+
+
 if __name__ == "__main__":
+    add_vlan_alternate()
     if NODE == "b":
         sys.exit(serve_target())
     timed.main(verbosity=2)

@@ -254,22 +254,54 @@ TEST(AgentConfig, DataPlaneTlsIsOffByDefaultAndOffOrOn) {
   }
 }
 
-// dataPlane.failoverPaths: [rail, tcp] by default; rail and/or tcp, each once, in order.
-TEST(AgentConfig, FailoverPathsDefaultToRailThenTcpAndTakeEachOnce) {
-  const std::vector<std::string> dflt{"rail", "tcp"};
+// dataPlane.failoverPaths: [rail, address, tcp] by default; some of them, each once, in order.
+TEST(AgentConfig, FailoverPathsDefaultToRailThenAddressThenTcpAndTakeEachOnce) {
+  const std::vector<std::string> dflt{"rail", "address", "tcp"};
   EXPECT_EQ(parse_agent_config("")->data_plane.failover_paths, dflt);
   EXPECT_EQ(rdmig::load_agent_config_file(rdmig_test::source_dir() + "/agent/agent.yaml")->data_plane.failover_paths, dflt);
   for (const auto& [yaml, want] : std::vector<std::pair<std::string, std::vector<std::string>>>{
-           {"[tcp]", {"tcp"}}, {"[rail]", {"rail"}}, {"[tcp, rail]", {"tcp", "rail"}}}) {
+           {"[tcp]", {"tcp"}}, {"[rail]", {"rail"}}, {"[tcp, rail]", {"tcp", "rail"}}, {"[address]", {"address"}},
+           {"[address, rail, tcp]", {"address", "rail", "tcp"}}}) {
     auto c = parse_agent_config("dataPlane:\n  failoverPaths: " + yaml + "\n");
     ASSERT_TRUE(c.ok()) << c.error().message;
     EXPECT_EQ(c->data_plane.failover_paths, want) << yaml;
     EXPECT_EQ(c->data_plane.fails_over_to("rail"), yaml.find("rail") != std::string::npos) << yaml;
   }
-  for (const char* bad : {"[]", "[rail, rail]", "[tcp, tcp]", "[gid]", "rail", "[rail, tcp, rail]", "[[rail]]"}) {
+  for (const char* bad : {"[]", "[rail, rail]", "[tcp, tcp]", "[gid]", "rail", "[rail, tcp, rail]", "[[rail]]",
+                          "[address, tcp, address]", "[rail, address, tcp, rail]"}) {
     auto r = parse_agent_config(std::string("dataPlane:\n  failoverPaths: ") + bad + "\n");
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_NE(r.error().message.find("dataPlane.failoverPaths"), std::string::npos) << r.error().message;
+  }
+}
+
+// rdma.alternateAddresses / rdma.devices[i].alternateAddresses: other addresses of the rail's
+// device (failover paths only); IP literals, at most 4, none twice, none another rail's.
+TEST(AgentConfig, AlternateAddressesAreOtherAddressesOfTheRailsDevice) {
+  auto one = parse_agent_config("rdma:\n  device: rxe0\n  address: 10.99.0.1\n  alternateAddresses: [10.100.0.1, fd00:100::1]\n");
+  ASSERT_TRUE(one.ok()) << one.error().message;
+  EXPECT_EQ(one->rdma.rails().front().alternate_addresses, (std::vector<std::string>{"10.100.0.1", "fd00:100::1"}));
+  EXPECT_TRUE(parse_agent_config("")->rdma.alternate_addresses.empty());
+  auto two = parse_agent_config(
+      "rdma:\n  devices:\n  - device: rxe0\n    alternateAddresses: [10.100.0.1]\n  - device: rxe1\n"
+      "    alternateAddresses: [10.101.0.1]\n");
+  ASSERT_TRUE(two.ok()) << two.error().message;
+  EXPECT_EQ(two->rdma.rails()[1].alternate_addresses, (std::vector<std::string>{"10.101.0.1"}));
+  for (const auto& [yaml, key] : std::vector<std::pair<std::string, std::string>>{
+           {"rdma:\n  alternateAddresses: [eth0]\n", "rdma.alternateAddresses[0]"},
+           {"rdma:\n  alternateAddresses: 10.100.0.1\n", "rdma.alternateAddresses"},
+           {"rdma:\n  alternateAddresses: [10.0.0.1, 10.0.0.2, 10.0.0.3, 10.0.0.4, 10.0.0.5]\n", "rdma.alternateAddresses"},
+           {"rdma:\n  alternateAddresses: [10.0.0.1, 10.0.0.1]\n", "rdma.alternateAddresses[1]"},
+           {"rdma:\n  address: 10.0.0.1\n  alternateAddresses: ['::ffff:10.0.0.1']\n", "rdma.alternateAddresses[0]"},
+           {"rdma:\n  network: rdma-net\n  alternateAddresses: [10.0.0.1]\n", "rdma.alternateAddresses"},
+           {"rdma:\n  alternateAddresses: [10.0.0.1]\n  devices:\n  - device: rxe0\n", "rdma.alternateAddresses"},
+           {"rdma:\n  devices:\n  - device: rxe0\n    alternateAddresses: [10.0.0.9]\n  - device: rxe1\n"
+            "    address: 10.0.0.9\n", "rdma.devices[1]"},
+           {"rdma:\n  devices:\n  - device: rxe0\n    alternateAddresses: [10.0.0.9]\n  - device: rxe1\n"
+            "    alternateAddresses: [10.0.0.9]\n", "rdma.devices[1]"}}) {
+    auto r = parse_agent_config(yaml);
+    ASSERT_FALSE(r.ok()) << yaml;
+    EXPECT_NE(r.error().message.find(key), std::string::npos) << yaml << ": " << r.error().message;
   }
 }
 

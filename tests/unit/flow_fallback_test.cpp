@@ -325,11 +325,18 @@ struct RailRedialCase {
   transport::rdma::ConnectRequest first;
   LinkPair running;
 
-  // `dst_failover`, `dst_paths`: the target agent's dataPlane.failover and failoverPaths.
-  void open(bool dst_failover, std::vector<std::string> dst_paths = {"rail", "tcp"}) {
+  // `dst_failover`, `dst_paths`: the target agent's dataPlane.failover and failoverPaths;
+  // `dst_alternate`: its rail 0 has an alternate address (rdma.alternateAddresses[0]).
+  void open(bool dst_failover, std::vector<std::string> dst_paths = {"rail", "tcp"}, bool dst_alternate = false) {
     src.config.data_plane.failover = true;
     dst.config.data_plane.failover = dst_failover;
     dst.config.data_plane.failover_paths = std::move(dst_paths);
+    if (dst_alternate) {
+      auto alt = dst.rdma.rails[0];
+      alt.ip = "127.0.0.2";
+      dst.rdma.rails[0].alternates.push_back(alt);
+      dst.rdma.rails[0].alternate_slots.push_back(0);
+    }
     agent = std::make_unique<TargetAgent>(dst);
     auto s = SourceSession::open(src.ctx(), peer(*agent), source_record(), 5s);
     ASSERT_TRUE(s.ok()) << s.error().message;
@@ -393,6 +400,31 @@ TEST(KubevirtFlowRailFailover, ARedialIsRefusedWhereTheTargetsPathsLeaveRailsOut
   RailRedialCase c;
   ASSERT_NO_FATAL_FAILURE(c.open(true, {"tcp"}));
   EXPECT_TRUE(c.target->record().failover);
+  auto plan = c.target->rdma_plan(connect_request(*c.target, 0, c.target->channel_terms(0).key));
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.error().code, Errc::kAlreadyExists) << plan.error().message;
+  EXPECT_FALSE(ended_within(c.running.far.get(), 500ms));
+}
+
+TEST(KubevirtFlowRailFailover, ARedialOnAnAlternateAddressIsTakenWhereTheTargetOfferedAddresses) {
+  // failoverPaths [address] and an alternate on rail 0: failoverAddresses in the welcome, so a
+  // connect request for the running channel that arrived on the alternate's listener is its re-dial.
+  RailRedialCase c;
+  ASSERT_NO_FATAL_FAILURE(c.open(true, {"address"}, true));
+  EXPECT_TRUE(c.target->record().failover);
+  auto req = connect_request(*c.target, 0, c.target->channel_terms(0).key);
+  req.address = 1;  // as the data-plane server marks a request its alternate 0's listener took
+  auto plan = c.target->rdma_plan(req);
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  auto redial = link_pair();
+  plan->deliver(c.channel_over(std::move(redial.near)));
+  EXPECT_TRUE(ended_within(c.running.far.get(), 3000ms));
+}
+
+TEST(KubevirtFlowRailFailover, ARedialIsRefusedWhereTheTargetListsAddressesButHasNoAlternate) {
+  // failoverPaths [address] without an alternate address here: no RDMA path to offer, nothing taken.
+  RailRedialCase c;
+  ASSERT_NO_FATAL_FAILURE(c.open(true, {"address"}));
   auto plan = c.target->rdma_plan(connect_request(*c.target, 0, c.target->channel_terms(0).key));
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.error().code, Errc::kAlreadyExists) << plan.error().message;

@@ -107,6 +107,90 @@ TEST(Rails, WelcomeAdvertisesEveryRailAndTheFirstForOneDevicePeers) {
   EXPECT_EQ(mirrored[1].peer, "10.99.2.1");
 }
 
+// rdma.devices[i].alternateAddresses: the target lists each working alternate (its configured
+// index, its rdma_cm endpoint) with its rail; the source pairs its alternate k with the target's
+// alternate k of the same rail, both working, and leaves out what only one side has.
+RdmaRail with_alternates(RdmaRail r, const std::vector<std::pair<uint32_t, std::string>>& alternates) {
+  for (const auto& [slot, ip] : alternates) {
+    r.alternates.push_back(rail(r.rail, r.device, ip));
+    r.alternate_slots.push_back(slot);
+  }
+  return r;
+}
+
+TEST(Rails, AlternateAddressesArePairedByTheirConfiguredIndexOnTheSameRail) {
+  // The target's rail 0 has alternates 0 and 2 working (1 was left out at start), rail 1 none.
+  const auto target = support({with_alternates(rail(0, "rxeb", "10.99.0.2"), {{0, "10.100.0.2"}, {2, "10.102.0.2"}}),
+                               rail(1, "rxeb2", "10.99.2.2")});
+  json welcome;
+  add_rails_to_welcome(welcome, target);
+  EXPECT_EQ(welcome["rdmaRails"][0]["alternates"],
+            json::parse(R"([{"index":0,"address":"10.100.0.2:7472"},{"index":2,"address":"10.102.0.2:7472"}])"));
+  EXPECT_FALSE(welcome["rdmaRails"][1].contains("alternates"));  // none: the wire as before
+  // The source has rail 0's alternates 1 and 2, and one on rail 1.
+  const auto source = support({with_alternates(rail(0, "rxea", "10.99.0.1"), {{1, "10.101.0.1"}, {2, "10.102.0.1"}}),
+                               with_alternates(rail(1, "rxea2", "10.99.2.1"), {{0, "10.103.0.1"}})});
+  auto pairs = rails_from_welcome(welcome, source, kPeers);
+  ASSERT_TRUE(pairs.ok()) << pairs.error().message;
+  ASSERT_EQ(pairs->size(), 2u);
+  ASSERT_EQ((*pairs)[0].alternates.size(), 1u);  // only index 2 on both
+  EXPECT_EQ((*pairs)[0].alternates[0].index, 2u);
+  EXPECT_EQ((*pairs)[0].alternates[0].local.ip, "10.102.0.1");
+  EXPECT_EQ((*pairs)[0].alternates[0].peer, "10.102.0.2:7472");
+  EXPECT_TRUE((*pairs)[1].alternates.empty());
+  EXPECT_EQ(alternates_per_rail(pairs.value()), (std::vector<size_t>{1, 0}));
+  EXPECT_TRUE(has_alternates(source));
+  EXPECT_FALSE(has_alternates(support({rail(0, "rxea", "10.99.0.1")})));
+  // Over the alternate: the same rail and device, the alternate's addresses, named as such.
+  const auto over = on_alternate((*pairs)[0], 0);
+  EXPECT_EQ(over.rail, 0u);
+  EXPECT_EQ(over.local.device, "rxea");
+  EXPECT_EQ(over.local.ip, "10.102.0.1");
+  EXPECT_EQ(over.peer, "10.102.0.2:7472");
+  EXPECT_TRUE(over.alternates.empty());
+  EXPECT_EQ(rail_text(over), "rail 0: rxea 10.102.0.1 to 10.102.0.2:7472 (alternate address 2)");
+  EXPECT_EQ(rail_text((*pairs)[0]), "rail 0: rxea 10.99.0.1 to 10.99.0.2:7472");
+  EXPECT_EQ(failover_destination("rdma " + rail_text(over)), "address");
+  EXPECT_EQ(failover_destination("rdma " + rail_text((*pairs)[0])), "rail");
+  EXPECT_EQ(failover_destination("tcp 10.99.0.2:7471"), "tcp");
+  // The target names where a re-dial arrived: its alternate 2 of rail 0 (address slot 3).
+  session::Hello hello;
+  hello.rdma_rails = rail_addresses(source);
+  const auto mirrored = rails_from_hello(hello, target);
+  EXPECT_EQ(arrival_rail_text(mirrored, 0, 3), "rail 0: rxeb 10.102.0.2 (alternate address 2)");
+  EXPECT_EQ(arrival_rail_text(mirrored, 0, 0), "rail 0: rxeb 10.99.0.2 to 10.99.0.1");
+  EXPECT_TRUE(mirrored[0].alternates.empty());  // the source's hello lists none: the target dials nothing
+}
+
+TEST(Rails, WelcomeAlternatesAreBoundedAndObeyThePeerDialPolicy) {
+  const auto source = support({with_alternates(rail(0, "rxea", "10.99.0.1"), {{0, "10.100.0.1"}})});
+  const auto welcome_with = [](const json& alternates) {
+    return json{{"rdmaRails", json::array({json{{"rail", 0}, {"address", "10.99.0.2:7472"}, {"alternates", alternates}}})}};
+  };
+  for (const char* bad : {"169.254.169.254:7472", "127.0.0.1:7472", "[::]:7472", "peer.example:7472"}) {
+    auto refused = rails_from_welcome(welcome_with(json::array({json{{"index", 0}, {"address", bad}}})), source, kPeers);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(refused.error().message.find("welcome.rdmaRails[rail 0].alternates[0]"), std::string::npos)
+        << refused.error().message;
+  }
+  for (const auto& bad : {json("10.100.0.2:7472"), json::array({"10.100.0.2:7472"}),
+                          json::array({json{{"index", 4}, {"address", "10.100.0.2:7472"}}}),
+                          json::array({json{{"index", 0}, {"address", "10.100.0.2:7472"}},
+                                       json{{"index", 0}, {"address", "10.100.0.3:7472"}}}),
+                          json::array({json{{"index", 0}}}),
+                          json::array({json{{"index", 0}, {"address", std::string(301, 'a')}}}),
+                          json(std::vector<json>(5, json{{"index", 0}, {"address", "10.100.0.2:7472"}}))}) {
+    auto refused = rails_from_welcome(welcome_with(bad), source, kPeers);
+    ASSERT_FALSE(refused.ok()) << bad.dump();
+    EXPECT_EQ(refused.error().code, Errc::kInvalidArgument) << bad.dump();
+    EXPECT_NE(refused.error().message.find("rdmaRails[0].alternates"), std::string::npos) << refused.error().message;
+  }
+  auto fine = rails_from_welcome(welcome_with(json::array({json{{"index", 0}, {"address", "10.100.0.2:7472"}}})),
+                                 source, kPeers);
+  ASSERT_TRUE(fine.ok()) << fine.error().message;
+  EXPECT_EQ(fine->front().alternates.size(), 1u);
+}
+
 TEST(Rails, BytesChunksAndThroughputAreCountedPerRailAndOnlyTheGrowthReachesTheCounters) {
   Metrics metrics;
   const auto local = support({rail(0, "rxea", "10.99.0.1"), rail(1, "rxea2", "10.99.2.1")});
@@ -439,7 +523,10 @@ struct PathLog {
   std::set<std::string> down;      // paths whose try fails (unreachable)
   std::string refusing;            // a path whose peer answers and refuses
   rdmig::session::RedialOverRail rail() {
-    return [this](size_t r, std::chrono::steady_clock::time_point) { return attempt("rail " + std::to_string(r)); };
+    return [this](rdmig::session::RailSpot at, std::chrono::steady_clock::time_point) {
+      return attempt("rail " + std::to_string(at.rail) +
+                     (at.address == 0 ? std::string() : " address " + std::to_string(at.address)));
+    };
   }
   rdmig::session::RedialOverTcp tcp() {
     return [this](std::chrono::steady_clock::time_point) { return attempt("tcp"); };
@@ -452,13 +539,15 @@ struct PathLog {
   }
 };
 std::chrono::steady_clock::time_point in_5s() { return std::chrono::steady_clock::now() + std::chrono::seconds(5); }
+using Spot = std::optional<rdmig::session::RailSpot>;
+Spot on_rail(size_t r, size_t address = 0) { return rdmig::session::RailSpot{r, address}; }
 }  // namespace
 
 TEST(RailFailover, TriesTheOtherRailsInOrderThenTcpAndKeepsWhereTheChannelWent) {
   PathLog log;
   log.down = {"rail 2", "rail 0"};
-  std::optional<size_t> current = 1;  // the channel ran over rail 1 of three
-  const rdmig::session::FailoverPaths paths{{"rail", "tcp"}, 3, true};
+  Spot current = on_rail(1);  // the channel ran over rail 1 of three
+  const rdmig::session::FailoverPaths paths{{"rail", "tcp"}, 3, {}, true};
   auto r = rdmig::session::redial_over_paths(5, paths, current, in_5s(), log.rail(), log.tcp());
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ(log.tried, (std::vector<std::string>{"rail 2", "rail 0", "tcp"}));
@@ -469,43 +558,73 @@ TEST(RailFailover, TriesTheOtherRailsInOrderThenTcpAndKeepsWhereTheChannelWent) 
   auto again = rdmig::session::redial_over_paths(5, paths, current, in_5s(), log.rail(), log.tcp());
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(log.tried, (std::vector<std::string>{"rail 0"}));
-  EXPECT_EQ(current, std::optional<size_t>(0));
+  EXPECT_EQ(current, on_rail(0));
 }
 
 TEST(RailFailover, FollowsTheConfiguredOrderAndLeavesOutWhatTheTargetDidNotOffer) {
   PathLog log;
   log.down = {"tcp"};
-  std::optional<size_t> current = 0;
+  Spot current = on_rail(0);
   // [tcp, rail]: TCP first; the other rail once TCP fails.
-  auto r = rdmig::session::redial_over_paths(1, {{"tcp", "rail"}, 2, true}, current, in_5s(),
+  auto r = rdmig::session::redial_over_paths(1, {{"tcp", "rail"}, 2, {}, true}, current, in_5s(),
                                              log.rail(), log.tcp());
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(log.tried, (std::vector<std::string>{"tcp", "rail 1"}));
   // No failoverRails from the target (rails 0) and no TCP (RDMA required): nothing to try.
   log = PathLog{};
-  current = 0;
-  auto none = rdmig::session::redial_over_paths(1, {{"rail", "tcp"}, 0, false}, current,
+  current = on_rail(0);
+  auto none = rdmig::session::redial_over_paths(1, {{"rail", "tcp"}, 0, {}, false}, current,
                                                 in_5s(), log.rail(), log.tcp());
   ASSERT_FALSE(none.ok());
   EXPECT_TRUE(log.tried.empty());
   EXPECT_NE(none.error().message.find("no failover path"), std::string::npos) << none.error().message;
-  EXPECT_EQ(current, std::optional<size_t>(0));
+  EXPECT_EQ(current, on_rail(0));
 }
 
 TEST(RailFailover, APeerThatRefusesEndsTheTriesAndEveryFailureIsNamed) {
   PathLog log;
   log.refusing = "rail 0";
-  std::optional<size_t> current = 1;
-  auto r = rdmig::session::redial_over_paths(3, {{"rail", "tcp"}, 2, true}, current, in_5s(),
+  Spot current = on_rail(1);
+  auto r = rdmig::session::redial_over_paths(3, {{"rail", "tcp"}, 2, {}, true}, current, in_5s(),
                                              log.rail(), log.tcp());
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code, rdmig::Errc::kPermissionDenied);
   EXPECT_EQ(log.tried, (std::vector<std::string>{"rail 0"}));  // not TCP after a refusal
   log = PathLog{};
   log.down = {"rail 0", "tcp"};
-  auto both = rdmig::session::redial_over_paths(3, {{"rail", "tcp"}, 2, true}, current, in_5s(),
+  auto both = rdmig::session::redial_over_paths(3, {{"rail", "tcp"}, 2, {}, true}, current, in_5s(),
                                                 log.rail(), log.tcp());
   ASSERT_FALSE(both.ok());
   EXPECT_EQ(both.error().message, "rail 0: unreachable; tcp: unreachable");
-  EXPECT_EQ(current, std::optional<size_t>(1));
+  EXPECT_EQ(current, on_rail(1));
+}
+
+// "address" (dataPlane.failoverPaths): the other addresses of the rail the channel runs on (its
+// alternates, and its own address once it runs on an alternate), after the current one; never
+// another rail's alternates, and nothing for a channel over TCP.
+TEST(RailFailover, AddressTriesTheSameRailsOtherAddressesAfterTheOtherRailsAndBeforeTcp) {
+  using rdmig::session::failover_tries;
+  const rdmig::session::FailoverPaths paths{{"rail", "address", "tcp"}, 2, {2, 1}, true};
+  // On rail 0's own address: rail 1, then rail 0's alternates 0 and 1 (addresses 1, 2), then TCP.
+  EXPECT_EQ(failover_tries(paths, on_rail(0)),
+            (std::vector<Spot>{on_rail(1), on_rail(0, 1), on_rail(0, 2), std::nullopt}));
+  // On rail 0's alternate 0: its alternate 1, then its own address again (wrapping around).
+  EXPECT_EQ(failover_tries({{"address"}, 2, {2, 1}, false}, on_rail(0, 1)),
+            (std::vector<Spot>{on_rail(0, 2), on_rail(0, 0)}));
+  // Over TCP: no rail's alternate (only the rails' own addresses, under "rail").
+  EXPECT_EQ(failover_tries(paths, std::nullopt), (std::vector<Spot>{on_rail(0), on_rail(1), std::nullopt}));
+  // The target offered no alternates (or "address" is not listed here): none tried.
+  EXPECT_EQ(failover_tries({{"address", "tcp"}, 2, {}, true}, on_rail(1)), (std::vector<Spot>{std::nullopt}));
+  EXPECT_EQ(failover_tries({{"address"}, 2, {0, 0}, false}, on_rail(1)), (std::vector<Spot>{}));
+  // [address, rail]: the same device's other address first.
+  EXPECT_EQ(failover_tries({{"address", "rail"}, 2, {0, 1}, false}, on_rail(1)),
+            (std::vector<Spot>{on_rail(1, 1), on_rail(0)}));
+
+  PathLog log;
+  log.down = {"rail 1", "rail 0 address 1"};
+  Spot current = on_rail(0);
+  auto r = rdmig::session::redial_over_paths(4, paths, current, in_5s(), log.rail(), log.tcp());
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(log.tried, (std::vector<std::string>{"rail 1", "rail 0 address 1", "rail 0 address 2"}));
+  EXPECT_EQ(current, on_rail(0, 2));  // its next failure starts from there
 }

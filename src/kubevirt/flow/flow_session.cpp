@@ -110,7 +110,7 @@ void FlowSession::on_failover(const session::FailoverEvent& ev) {
     }
   }
   // Where it went: another rail (an RDMA path) or TCP, as a bare-QEMU job counts it.
-  metrics_.failover(role, ev.from.empty() ? "tcp" : ev.from, failover_peer_, ev.path.starts_with("rdma") ? "rail" : "tcp");
+  metrics_.failover(role, ev.from.empty() ? "tcp" : ev.from, failover_peer_, session::failover_destination(ev.path));
   LOG_WARN("kubevirt") << "session=" << id_ << " failover: " << what;
 }
 

@@ -24,6 +24,7 @@
 #include "kubevirt/peers/peers.h"
 #include "common/token_source.h"
 #include "session/data_plane_server.h"
+#include "session/rail_failover.h"
 #include "session/redial_slots.h"
 #include "transport/rdma/rdma_listener.h"
 
@@ -100,11 +101,11 @@ class SourceSession final : public FlowSession {
   // Failover (docs/failover.md): one try of channel `index`'s re-dial over the paths
   // dataPlane.failoverPaths lists (session::redial_over_paths): another rail (`current`: the rail
   // it ran over, none for TCP; set to where it resumed), then TCP.
-  Result<session::Resumed> redial(uint32_t index, std::optional<size_t>& current, uint64_t taken,
+  Result<session::Resumed> redial(uint32_t index, std::optional<session::RailSpot>& current, uint64_t taken,
                                   std::chrono::steady_clock::time_point deadline, const std::function<bool()>& stopped);
   // Over matched rail `rail`: an RDMA connect request proved as the channel's first connect, then
   // the resume exchange over the new channel (session::redial_over_rail).
-  Result<session::Resumed> redial_rail(uint32_t index, size_t rail, uint64_t taken,
+  Result<session::Resumed> redial_rail(uint32_t index, session::RailSpot spot, uint64_t taken,
                                        std::chrono::steady_clock::time_point deadline, const std::function<bool()>& stopped);
   // Over TCP: the target agent's data port with a flow-data hello marked resume, proved with the
   // channel's key, resumed (this end's `taken`).
@@ -131,6 +132,7 @@ class SourceSession final : public FlowSession {
   // Where a failed channel may go (set in open(); failover_rails_ cleared by a fallback to TCP
   // before any channel exists; read by the channels' failovers).
   std::atomic<bool> failover_rails_{false};
+  std::atomic<bool> failover_addresses_{false};  // another address of a rail's device ("failoverAddresses")
   bool failover_tcp_ = false;
   std::vector<BufferTicket> buffers_;  // one per channel (the interception thread only)
   uint32_t next_index_ = 0;  // the interception thread only
@@ -212,9 +214,10 @@ class TargetSession final : public FlowSession {
   // `deadline`) and resumes it with this end's `received`.
   Result<std::pair<UniqueFd, uint64_t>> reaccept_control(uint64_t received, std::chrono::steady_clock::time_point deadline,
                                                          const std::function<bool()>& stopped);
-  // A rail failover's re-dial of live channel `index` that arrived on this agent's rail `rail`: its
-  // channel is handed to the channel's failover (redials_), which resumes it over the channel itself.
-  transport::rdma::AcceptPlan rail_redial_plan(uint32_t index, uint32_t rail);
+  // A rail failover's re-dial of live channel `index` that arrived on this agent's rail `rail` (its
+  // address `address`: 0 its own, k its alternate k-1): its channel is handed to the channel's
+  // failover (redials_), which resumes it over the channel itself.
+  transport::rdma::AcceptPlan rail_redial_plan(uint32_t index, uint32_t rail, uint32_t address);
   // What a first accept and a rail re-dial of channel `index` share: the session's channel key, the
   // channel's parameters (this end receives the stream, sends the return path), the RDMA metrics.
   transport::rdma::AcceptPlan accept_plan(uint32_t index);
@@ -228,6 +231,8 @@ class TargetSession final : public FlowSession {
   // This end offered failoverRails in its welcome: a connect request for a live channel is its
   // rail failover's re-dial (set in accept() before the session is published, read-only after).
   bool failover_rails_ = false;
+  // Likewise failoverAddresses: this agent's alternate addresses take re-dials of a rail's channels.
+  bool failover_addresses_ = false;
   transport::ProofLedger rdma_proofs_;
   // Failover: the source's re-dials, until a channel's failover takes one (its own lock). Declared
   // before channels_: a channel not started yet may wait in it while channels_ is destroyed.

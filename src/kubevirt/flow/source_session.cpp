@@ -135,8 +135,12 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
     const auto fr = welcome->find("failoverRails");
     s->failover_rails_ = chosen.value() == "rdma" && dp.fails_over_to("rail") && fr != welcome->end() &&
                          fr->is_boolean() && fr->get<bool>();
+    const auto fa = welcome->find("failoverAddresses");
+    s->failover_addresses_ = chosen.value() == "rdma" && dp.fails_over_to("address") &&
+                             session::has_alternates(ctx.rdma) && fa != welcome->end() && fa->is_boolean() &&
+                             fa->get<bool>();
     s->failover_tcp_ = !rdma_required && dp.fails_over_to("tcp");
-    if (s->failover_rails_ || s->failover_tcp_) {
+    if (s->failover_rails_ || s->failover_addresses_ || s->failover_tcp_) {
       s->enable_failover(peer.agent.host, std::chrono::seconds(ctx.config.data_plane.failover_deadline_seconds));
     }
   }
@@ -222,21 +226,22 @@ Result<std::unique_ptr<transport::Channel>> SourceSession::connect_channel(uint3
                                                                            ctx_.config.tcp.splice, std::move(stream)));
 }
 
-Result<session::Resumed> SourceSession::redial(uint32_t index, std::optional<size_t>& current, uint64_t taken,
+Result<session::Resumed> SourceSession::redial(uint32_t index, std::optional<session::RailSpot>& current, uint64_t taken,
                                                std::chrono::steady_clock::time_point deadline,
                                                const std::function<bool()>& stopped) {
   // The paths of dataPlane.failoverPaths, in order, as a bare-QEMU source job tries them.
   const session::FailoverPaths paths{ctx_.config.data_plane.failover_paths, failover_rails_ ? rails().size() : 0,
+                                     failover_addresses_ ? session::alternates_per_rail(rails()) : std::vector<size_t>{},
                                      failover_tcp_};
   return session::redial_over_paths(
       index, paths, current, deadline,
-      [&](size_t rail, std::chrono::steady_clock::time_point until) {
-        return redial_rail(index, rail, taken, until, stopped);
+      [&](session::RailSpot spot, std::chrono::steady_clock::time_point until) {
+        return redial_rail(index, spot, taken, until, stopped);
       },
       [&](std::chrono::steady_clock::time_point until) { return redial_tcp(index, taken, until); });
 }
 
-Result<session::Resumed> SourceSession::redial_rail(uint32_t index, size_t rail, uint64_t taken,
+Result<session::Resumed> SourceSession::redial_rail(uint32_t index, session::RailSpot spot, uint64_t taken,
                                                     std::chrono::steady_clock::time_point deadline,
                                                     const std::function<bool()>& stopped) {
   // The same proved connect request as the channel's first connect (the session, the index and a
@@ -247,7 +252,9 @@ Result<session::Resumed> SourceSession::redial_rail(uint32_t index, size_t rail,
   const uint32_t depth = flow_depth(ctx_.config);
   const transport::rdma::RdmaChannelParams p{index, chunk, depth, session::return_path_chunk(chunk),
                                              session::return_path_depth(depth)};
-  return session::redial_over_rail(rails().at(rail), transport::rdma::ChannelCredentials{id.value(), channel_key_}, p,
+  const auto& pair = rails().at(spot.rail);
+  return session::redial_over_rail(spot.address == 0 ? pair : session::on_alternate(pair, spot.address - 1),
+                                   transport::rdma::ChannelCredentials{id.value(), channel_key_}, p,
                                    ctx_.metrics.transport("rdma"), transport::ChannelTerms{channel_key_, id_, index},
                                    taken, deadline, stopped);
 }
@@ -337,9 +344,9 @@ Status SourceSession::add_connection(UniqueFd fd, const net::Endpoint& destinati
     // A channel whose link fails is re-dialled over the paths dataPlane.failoverPaths lists (another
     // rail, TCP) and resumed (docs/failover.md). `on` is the rail it runs over (none: TCP), this
     // channel's own: its failovers run one at a time.
-    std::optional<size_t> on;
+    std::optional<session::RailSpot> on;
     if (std::string_view(channel->transport()) == "rdma" && !rails().empty()) {
-      on = session::rail_of_channel(index, rails().size());
+      on = session::RailSpot{session::rail_of_channel(index, rails().size()), 0};
     }
     channel = wrap_for_failover(
         std::move(channel), flow_depth(ctx_.config),
@@ -397,6 +404,7 @@ Status SourceSession::fall_back_to_tcp(const Error& rdma_error) {
   RDMIG_TRY(send_signed(session::message(session::MessageKind::kFallback, json{{"transport", "tcp"}, {"error", rdma_error.message}})));
   transport_ = "tcp";
   failover_rails_ = false;  // no channel runs over a rail
+  failover_addresses_ = false;
   {
     MutexLock lock(mu_);
     record_.transport = "tcp";

@@ -113,12 +113,14 @@ Result<std::shared_ptr<TargetSession>> TargetSession::accept(const SessionContex
     // failoverRails (an agent from before it re-dials over TCP). RDMA required and no rail to
     // fail over to here: no failover (never TCP), as a bare-QEMU target job decides.
     s->failover_rails_ = ctx.config.data_plane.fails_over_to("rail");
-    if (hello.transport_required && !s->failover_rails_) fails_over = false;
+    s->failover_addresses_ = ctx.config.data_plane.fails_over_to("address") && session::has_alternates(ctx.rdma);
+    if (hello.transport_required && !s->failover_rails_ && !s->failover_addresses_) fails_over = false;
   }
   if (fails_over) {
     welcome["failover"] = true;
     welcome["failoverControl"] = true;  // the control link too (a source from before it ignores this)
     if (s->failover_rails_) welcome["failoverRails"] = true;
+    if (s->failover_addresses_) welcome["failoverAddresses"] = true;
     s->enable_failover(net::peer_address(fd.get()), std::chrono::seconds(ctx.config.data_plane.failover_deadline_seconds));
   }
   if (transport == "rdma") {
@@ -412,14 +414,14 @@ Result<transport::rdma::AcceptPlan> TargetSession::rdma_plan(const transport::rd
     // A connect request for a channel that runs: a rail failover's re-dial, taken only where this
     // end offered it (failoverRails in the welcome) and only for a live channel (one that has not
     // failed for good); refused otherwise, displacing nothing.
-    if (!failover_rails_) return Error{Errc::kAlreadyExists, "channel " + std::to_string(index) + " is already connected"};
+    if (!failover_rails_ && !failover_addresses_) return Error{Errc::kAlreadyExists, "channel " + std::to_string(index) + " is already connected"};
     const auto* waiting = dynamic_cast<const session::FailoverChannel*>(channels_[index].get());
     const bool live = started_[index] ? leg_fails_over(index) : waiting != nullptr && !waiting->failed();
     if (!live) {
       return Error{Errc::kPermissionDenied, "channel " + std::to_string(index) + " of session " + id_ +
                                                 " is already connected and is not failed over here"};
     }
-    return rail_redial_plan(index, request.rail);
+    return rail_redial_plan(index, request.rail, request.address);
   }
   auto buffers = ctx_.take_buffers(flow_channel_buffers(hello_.chunk_size, hello_.ring_depth, failover()),
                                    "channel " + std::to_string(index) + " of this carried migration");
@@ -459,10 +461,10 @@ transport::rdma::AcceptPlan TargetSession::accept_plan(uint32_t index) {
   return plan;
 }
 
-transport::rdma::AcceptPlan TargetSession::rail_redial_plan(uint32_t index, uint32_t rail) {
+transport::rdma::AcceptPlan TargetSession::rail_redial_plan(uint32_t index, uint32_t rail, uint32_t address) {
   auto plan = accept_plan(index);
   // The rail it came over (this agent's listener on it), for the failover's words on this end.
-  plan.deliver = [this, index, rail, via = session::arrival_rail_text(rails(), rail)](
+  plan.deliver = [this, index, rail, via = session::arrival_rail_text(rails(), rail, address)](
                      Result<std::unique_ptr<transport::Channel>> ch) mutable {
     if (!ch) {
       LOG_WARN("kubevirt") << "session=" << id_ << " channel " << index << " re-dialled over RDMA (" << via

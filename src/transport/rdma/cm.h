@@ -74,6 +74,8 @@ struct ConnectRequest {
   // Not on the wire: this agent's rail (rdma.devices index) whose rdma_cm listener took the
   // request, set by the data-plane server (a rail failover's target names it).
   uint32_t rail = 0;
+  // Likewise: which of that rail's addresses (0: its own; k: alternate address k-1).
+  uint32_t address = 0;
   std::vector<uint8_t> encode() const;
   // An older agent's request (another version) is refused naming both versions.
   static Result<ConnectRequest> decode(const std::vector<uint8_t>& raw);
