@@ -62,7 +62,8 @@ Status parse_kubevirt(const YAML::Node& k, KubevirtConfig& c) {
                         "multifdOnFailure", "ringDepth", "staticMode", "peers",
                         "discovery", "kubeconfig", "agentNamespace", "agentSelector", "handlerNamespace",
                         "handlerSelector", "discoveryIntervalSeconds", "socketMark", "socketMarkMask",
-                        "plaintextMigrations"}));
+                        "plaintextMigrations", "carryPostCopy"}));
+  RDMIG_TRY(read_bool(k, "kubevirt", "carryPostCopy", c.carry_post_copy));
   RDMIG_TRY(read_string(k, "kubevirt", "plaintextMigrations", c.plaintext_migrations));
   if (c.plaintext_migrations != "carry" && c.plaintext_migrations != "refuse") {
     return bad("kubevirt.plaintextMigrations", "expected carry or refuse, got '" + c.plaintext_migrations + "'");
@@ -440,6 +441,11 @@ Status parse_into(const YAML::Node& root, AgentConfig& c) {
     }
   }
   if (const auto k = root["kubevirt"]) RDMIG_TRY(parse_kubevirt(k, c.kubevirt));
+  if (c.kubevirt.carry_post_copy && !c.data_plane.failover) {
+    // After the switch a channel that cannot fail over leaves the VM split between two nodes.
+    return bad("kubevirt.carryPostCopy", "needs dataPlane.failover: on (a channel lost after the switch to post-copy "
+                                         "would pause the VM on both nodes)");
+  }
   if (const auto p = root["pathCheck"]) RDMIG_TRY(parse_path_check(p, c.path_check));
   RDMIG_TRY(read_string(root, "", "stateDir", c.state_dir));
   if (c.state_dir.empty() || c.state_dir.front() != '/') {

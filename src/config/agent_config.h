@@ -212,6 +212,15 @@ struct KubevirtConfig {
   // with a TLS record): "carry" it (a warning naming the VMI, a metric, the flow record says
   // so) or "refuse" it (not carried: docs/kubevirt.md says what KubeVirt then does).
   std::string plaintext_migrations = "carry";
+  // Carry migrations that may switch to post-copy (allowPostCopy in their migration
+  // configuration, or mode PostCopy). Off: they go KubeVirt's own way (NotCarried, reason
+  // post_copy). On: carried like any other, with dataPlane.failover required on both agents
+  // (this one: the config refuses carryPostCopy without it; the target: a session whose welcome
+  // does not confirm failover is not carried): after libvirt's switch the guest runs on the
+  // target and pulls its missing pages over the carried main channel, a channel lost beyond
+  // failover pauses both QEMUs (postcopy-paused) and KubeVirt has no post-copy recovery
+  // (kubevirt#15924: virt-handler shuts the paused VM down). docs/kubevirt.md "Post-copy".
+  bool carry_post_copy = false;
 };
 
 // Key `pathCheck`: the bounds this agent applies to the path checks it runs (docs/pathcheck.md).

@@ -95,7 +95,7 @@ Metrics::Metrics(std::string component)
                            .Register(*registry_)),
       postcopy_switches_(BuildCounter().Name("rdmig_postcopy_switches_total")
                              .Help("Migrations the source agent switched to post-copy, by transport and trigger "
-                                   "(after-first-pass, passes, seconds)")
+                                   "(after-first-pass, passes, seconds; kubevirt: a carried KubeVirt migration libvirt switched)")
                              .Register(*registry_)),
       postcopy_phase_(BuildHistogram().Name("rdmig_postcopy_phase_seconds")
                           .Help("Post-copy phase of completed migrations: the switch to completion, by transport")

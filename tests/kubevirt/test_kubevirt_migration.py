@@ -32,6 +32,7 @@ from rdmiglab.kvpod import wait_for  # noqa: E402
 from rdmiglab import timed  # noqa: E402
 
 NODES = ("node-a", "node-b")
+UFFD_SYSCTL = "/proc/sys/vm/unprivileged_userfaultfd"
 
 # The root row (kubevirt_migration_root): the host's QEMU 7.2 under TCG, whose dirty tracking
 # loses guest writes made during a migration (the TCG TLB is not brought up to date when the
@@ -531,6 +532,181 @@ class KubevirtBlockMigrationTest(base.KubevirtChecks, base.BlockChecks, unittest
 
     def test_block_killed_target_agent_while_memory_moves_source_keeps_vm(self):
         self._kill_target_agent_when("memory")
+
+
+class KubevirtPostCopyTest(base.KubevirtChecks, unittest.TestCase):
+    """kubevirt.carryPostCopy (docs/kubevirt.md "Post-copy"): a migration KubeVirt allows to
+    switch to post-copy (allowPostCopy), carried by the agents with failover on, libvirt's switch
+    made as KubeVirt's launcher makes it (MigrateStartPostCopy). After the switch the guest runs
+    on the target and pulls its missing pages through the agents, so no dump can be compared:
+    the guest's memory verifier (tools/guest/verify.c) checks every page against its own
+    description, before, during and after, and must find no mismatch. The trixie row only
+    (libvirt 11, QEMU 10, non-root launchers, as KubeVirt 1.9 ships); one connection, since
+    QEMU 10.0 refuses multifd together with post-copy (10.1 lifts it; docs/api.md)."""
+    cluster = None
+    uffd_before = None
+    setUp = KubevirtMigrationTest.setUp
+    tearDown = KubevirtMigrationTest.tearDown
+    record = KubevirtMigrationTest.record
+    migrate = KubevirtMigrationTest.migrate
+    restart_agents = KubevirtMigrationTest.restart_agents
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            KubevirtMigrationTest.__dict__["tearDownClass"].__func__(cls)
+        finally:
+            if getattr(cls, "uffd_before", None) is not None:
+                with open(UFFD_SYSCTL, "w") as f:
+                    f.write(cls.uffd_before)
+
+    @classmethod
+    def setUpClass(cls):
+        reason = base.missing_prereq()
+        if reason:
+            raise unittest.SkipTest(reason)
+        if ROOT_ROW:
+            raise unittest.SkipTest("post-copy runs on the trixie row (kubevirt_migration): libvirt 11 and QEMU 10 as "
+                                    "KubeVirt 1.9 ships them")
+        from rdmiglab.kubevirt import KubevirtCluster
+        cls.tmp = tempfile.mkdtemp(prefix="rdmig-kvpc-")
+        cls.kv = None
+        # The node prerequisite of KubeVirt's non-root post-copy (docs/kubevirt.md "Post-copy"):
+        # QEMU as uid 107 without capabilities may handle kernel page faults only with
+        # vm.unprivileged_userfaultfd = 1 (else libvirt fails with "Postcopy is not supported:
+        # Userfaultfd not available: Operation not permitted", with or without rdmig). Set for
+        # this class, restored after it.
+        cls.cluster = KubevirtCluster().__enter__()
+        try:
+            with open(UFFD_SYSCTL) as f:
+                cls.uffd_before = f.read().strip()
+            with open(UFFD_SYSCTL, "w") as f:
+                f.write("1")
+            cls.kv = KubevirtAgents(cls.tmp, NODES, profile="chart", data_plane={"failover": "on"},
+                                    kubevirt={"carryPostCopy": True})
+            cls.agents = cls.kv.agents
+            # 64 MiB of self-describing pages rewritten at 16 MiB/s: the first pass never catches
+            # up with all of it, and after the switch the target faults on pages it lacks.
+            cls.cluster.define_and_start_vmi("pcvm", "default", mem_mib=base.MEM_MIB, dirty_mib=0,
+                                             boot_counter=2, verify_mib=64, verify_rate_mib=16)
+            cls.cluster.wait_for_verifier(cls.cluster.vmi.node, 2, min_scans=1, timeout=120)
+        except BaseException:
+            cls.tearDownClass()
+            raise
+
+    def postcopy_migrate(self, **kw):
+        self.cluster.migration_config_overrides = {"allowPostCopy": True}
+        before = self.cluster.verifier(self.cluster.vmi.node)
+        self.assertEqual(before["mismatches"], 0, before)
+        r = self.migrate(parallel=0, tls=True, postcopy=True, **kw)
+        print("\n[kubevirt+rdmig post-copy] %s postcopy %s; source job: postcopy requests %s, total %s ms, "
+              "downtime %s ms" % (json.dumps(r.summary(), sort_keys=True), r.postcopy,
+                                  (r.source_job or {}).get("memory_postcopy_requests"),
+                                  (r.source_job or {}).get("time_elapsed"), (r.source_job or {}).get("downtime")),
+              file=sys.stderr)
+        self.assertTrue(r.success, r.error)
+        self.assertTrue(r.postcopy["switched"], "libvirt did not switch to post-copy: %s" % r.postcopy)
+        self.assertEqual(self.cluster.vmi.node, r.target_node)
+        return r, before
+
+    def assertVerifierWentOnClean(self, r, before):
+        # The counters live in guest memory: on the target they go on from the source's, and a
+        # full scan after the move checks every page the target pulled or received.
+        after = self.cluster.wait_for_verifier(r.target_node, before["counter"] + 3, min_scans=before["scans"] + 2,
+                                               timeout=120)
+        print("[kubevirt+rdmig post-copy] verifier before %s after %s" % (before, after), file=sys.stderr)
+        self.assertEqual(after["mismatches"], 0, after)
+        self.assertEqual(after["mismatch_lines"], [], after)
+
+    def assertCarriedPostCopy(self, r):
+        src = self.record(r.source_node, r.migration_uid)
+        dst = self.record(r.target_node, r.migration_uid)
+        print("[kubevirt+rdmig post-copy] source record: %s" % json.dumps(src, sort_keys=True), file=sys.stderr)
+        self.assertTrue(src["carried"], src)
+        self.assertEqual(src["phase"], "Succeeded", src)
+        self.assertEqual(dst["phase"], "Succeeded", dst)
+        self.assertTrue(src["failover"]["enabled"], src)
+        pc = src["postCopy"]
+        self.assertIsNotNone(pc, src)
+        self.assertTrue(pc["allowed"], pc)
+        self.assertTrue(pc["switched"], "the source agent did not see libvirt's switch: %s" % pc)
+        self.assertGreater(pc["switchedAtMs"], src["startedAtMs"], pc)
+        self.assertLessEqual(pc["switchedAtMs"], src["finishedAtMs"], pc)
+        # Every memory byte both ways went through the agents: the stream, and after the switch
+        # the target's page requests on the return path.
+        mem = [c for c in r.proxy_logs["source"]["connections"] if c["class"] == 49152]
+        self.assertEqual(src["bytesSent"], sum(c["dialed"]["tx_bytes"] for c in mem))
+        self.assertEqual(src["bytesReceived"], sum(c["dialed"]["rx_bytes"] for c in mem))
+        self.assertEqual(dst["bytesReceived"], src["bytesSent"])
+        from rdmiglab.agent import parse_prometheus
+        m = parse_prometheus(self.agents[r.source_node].metrics())[0]
+        self.assertGreaterEqual(sum(v for (name, labels), v in m.items() if name == "rdmig_postcopy_switches_total"
+                                    and ("trigger", "kubevirt") in labels), 1)
+        return src, dst
+
+    def test_a_post_copy_migration_is_carried_libvirt_switches_and_the_verifier_stays_clean(self):
+        r, before = self.postcopy_migrate()
+        src, _ = self.assertCarriedPostCopy(r)
+        self.assertVerifierWentOnClean(r, before)
+        self.assertEqual(src["failover"]["failovers"], 0, src)
+
+    def test_data_channels_reset_after_the_switch_fail_over_and_the_migration_completes(self):
+        # After the switch the guest runs on the target: a reset that failed the session now
+        # would pause the VM on both nodes. The channel is re-dialled and resumed byte-exact
+        # instead; the target's vCPUs wait on their page requests meanwhile.
+        from rdmiglab import linkcut
+        source = self.cluster.vmi.node
+        target = NODES[1 - NODES.index(source)]
+        cuts = {"n": 0, "switched_seen": False}
+
+        def reset_after_the_switch(ctx):
+            def run():
+                def switched():
+                    items = self.agents[source].call("GET", "/v1/kubevirt/migrations?migrationUid=" + ctx.migration_uid)
+                    return [i for i in items["items"] if (i.get("postCopy") or {}).get("switched")
+                            and i["phase"] == "Carrying"]
+                try:
+                    wait_for(switched, 60, "the source agent to see the switch", interval=0.02)
+                except (TimeoutError, OSError):  # OSError: the agent's API gone (a failed case's restart)
+                    return
+                cuts["switched_seen"] = True
+                for _ in range(2):
+                    cuts["n"] += linkcut.cut_data_channels(self.kv.ports[target], min_bytes=1 << 20)
+                    time.sleep(0.3)  # the rounds' pace, not a wait for anything
+            threading.Thread(target=run, daemon=True).start()
+
+        # The background copy after the switch held to 32 MiB/s, so the post-copy phase lasts seconds.
+        r, before = self.postcopy_migrate(before_dial=reset_after_the_switch, postcopy_bandwidth_mib=32)
+        print("[kubevirt+rdmig post-copy] %d channel reset(s) after the switch" % cuts["n"], file=sys.stderr)
+        self.assertTrue(cuts["switched_seen"], "the source agent never showed the switch while carrying")
+        self.assertGreaterEqual(cuts["n"], 1, "no channel was reset after the switch: the test proves nothing")
+        src, dst = self.assertCarriedPostCopy(r)
+        self.assertGreaterEqual(src["failover"]["failovers"], 1, src)
+        self.assertVerifierWentOnClean(r, before)
+
+    def test_a_target_agent_that_does_not_fail_over_gets_no_post_copy_migration(self):
+        # The target agent runs without failover (an agent from before it, or failover off): the
+        # source agent does not carry a migration that may switch, KubeVirt's own path moves it
+        # (post-copy, direct), the record says why.
+        source = self.cluster.vmi.node
+        target = NODES[1 - NODES.index(source)]
+        self.kv.data_plane = {}
+        self.kv.kubevirt.pop("carryPostCopy")
+        self.agents[target].stop()
+        self.kv.start(target)
+
+        def restore():
+            self.kv.data_plane = {"failover": "on"}
+            self.kv.kubevirt["carryPostCopy"] = True
+            self.agents[target].stop()
+            self.kv.start(target)
+        self.addCleanup(restore)
+        r, before = self.postcopy_migrate()
+        rec = self.record(r.source_node, r.migration_uid)
+        self.assertFalse(rec["carried"], rec)
+        self.assertEqual(rec["phase"], "NotCarried", rec)
+        self.assertIn("did not confirm failover", rec["reason"])
+        self.assertVerifierWentOnClean(r, before)
 
 
 if __name__ == "__main__":

@@ -319,6 +319,25 @@ TEST(AgentConfig, KubevirtPlaintextMigrationsIsCarryOrRefuse) {
   }
 }
 
+// kubevirt.carryPostCopy: off by default (agent.yaml too); on only with dataPlane.failover on.
+TEST(AgentConfig, KubevirtCarryPostCopyIsOffByDefaultAndNeedsFailover) {
+  EXPECT_FALSE(parse_agent_config("")->kubevirt.carry_post_copy);
+  EXPECT_FALSE(rdmig::load_agent_config_file(rdmig_test::source_dir() + "/agent/agent.yaml")->kubevirt.carry_post_copy);
+  auto c = parse_agent_config("dataPlane:\n  failover: on\nkubevirt:\n  carryPostCopy: true\n");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_TRUE(c->kubevirt.carry_post_copy);
+  for (const char* yaml : {"kubevirt:\n  carryPostCopy: true\n",
+                           "dataPlane:\n  failover: off\nkubevirt:\n  carryPostCopy: true\n",
+                           "dataPlane:\n  failover: on\nkubevirt:\n  carryPostCopy: sometimes\n",
+                           "dataPlane:\n  failover: on\nkubevirt:\n  carryPostCopy: [true]\n"}) {
+    auto r = parse_agent_config(yaml);
+    ASSERT_FALSE(r.ok()) << yaml;
+    EXPECT_NE(r.error().message.find("kubevirt.carryPostCopy"), std::string::npos) << r.error().message;
+  }
+  auto off = parse_agent_config("kubevirt:\n  carryPostCopy: false\n");
+  ASSERT_TRUE(off.ok()) << off.error().message;
+}
+
 TEST(AgentConfig, RdmaNetworkNamesAMultusNetworkAndItsStatusFile) {
   auto c = parse_agent_config("rdma:\n  network: sriov-rdma\n  trafficClass: 104\n");
   ASSERT_TRUE(c.ok()) << c.error().message;

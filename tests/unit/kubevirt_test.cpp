@@ -138,9 +138,18 @@ TEST(KubevirtVmi, SkipsPostCopySameNodeCrossClusterAndOtherNodes) {
   auto s = state();
   s["migrationConfiguration"] = {{"allowPostCopy", true}};
   EXPECT_NE(skip_reason(intent(s), "a")->find("post-copy"), std::string::npos);
+  EXPECT_NE(skip_reason(intent(s), "a")->find("kubevirt.carryPostCopy is off"), std::string::npos);
+  EXPECT_FALSE(skip_reason(intent(s), "a", /*carry_post_copy=*/true).has_value());
+  EXPECT_TRUE(may_post_copy(intent(s)));
+  EXPECT_FALSE(may_post_copy(intent(state())));
   s = state();
   s["mode"] = "PostCopy";
   EXPECT_NE(skip_reason(intent(s), "a")->find("post-copy"), std::string::npos);
+  EXPECT_FALSE(skip_reason(intent(s), "a", true).has_value());
+  EXPECT_TRUE(may_post_copy(intent(s)));
+  // carryPostCopy lifts only the post-copy rule.
+  s["targetNode"] = "a";
+  EXPECT_NE(skip_reason(intent(s), "a", true)->find("same-node"), std::string::npos);
   s = state();
   s["targetNode"] = "a";
   EXPECT_NE(skip_reason(intent(s), "a")->find("same-node"), std::string::npos);
@@ -360,6 +369,31 @@ TEST(KubevirtFlowRecord, TheFailureActionIsInTheRecord) {
   EXPECT_EQ(to_json(r)["onFailure"], (nlohmann::json{{"multifd", "reset"}, {"by", "qemu 10.0.13"}}));
 }
 
+// kubevirt.carryPostCopy: the record's postCopy is null unless the migration may switch; then it
+// says whether the source saw libvirt switch it, when, and libvirt's page requests where given.
+TEST(KubevirtFlowRecord, PostCopyIsNullUnlessAllowedThenSaysTheSwitchAndPageRequests) {
+  FlowRecord r;
+  EXPECT_TRUE(to_json(r)["postCopy"].is_null());
+  r.post_copy.allowed = true;
+  EXPECT_EQ(to_json(r)["postCopy"],
+            (json{{"allowed", true}, {"switched", false}, {"switchedAtMs", nullptr}, {"pageRequests", nullptr}}));
+  r.post_copy.switched = true;
+  r.post_copy.switched_at_ms = 1700000000123;
+  LibvirtJobStats stats;
+  stats.postcopy_requests = 1988;
+  r.libvirt = stats;
+  EXPECT_EQ(to_json(r)["postCopy"],
+            (json{{"allowed", true}, {"switched", true}, {"switchedAtMs", 1700000000123}, {"pageRequests", 1988}}));
+  // The target's figures travel to the source as JSON: an absent, negative, huge or mistyped
+  // count is "not given", never a number the record would show.
+  EXPECT_EQ(libvirt_stats_from_json(to_json(stats)).postcopy_requests, 1988);
+  EXPECT_EQ(libvirt_stats_from_json(json{{"downtimeMs", 5}}).postcopy_requests, -1);
+  EXPECT_EQ(libvirt_stats_from_json(json{{"postcopyRequests", -7}}).postcopy_requests, -1);
+  EXPECT_EQ(libvirt_stats_from_json(json{{"postcopyRequests", "12"}}).postcopy_requests, -1);
+  EXPECT_EQ(libvirt_stats_from_json(json{{"postcopyRequests", UINT64_MAX}}).postcopy_requests, -1);
+  EXPECT_TRUE(to_json(LibvirtJobStats{})["postcopyRequests"].is_null());
+}
+
 TEST(KubevirtLibvirtUri, SessionForAnUnprivilegedDaemonSystemForRootAndThePathEscaped) {
   // KubeVirt's default non-root launcher: an unprivileged daemon refuses /system.
   EXPECT_EQ(libvirt_uri("/proc/42/root/var/run/libvirt/virtqemud-sock", false),
@@ -533,6 +567,9 @@ TEST(KubevirtMetrics, EveryNotCarriedReasonHasItsCode) {
   s.erase("targetNodeAddress");
   EXPECT_EQ(not_carried_code(*skip_reason(intent(s), "a")), "no_target_address");
   // relay_source.cpp's own reasons (built there around an error message).
+  EXPECT_EQ(not_carried_code("post-copy is allowed for this migration and the agent on b did not confirm failover "
+                             "(dataPlane.failover): not carried"),
+            "post_copy");
   EXPECT_EQ(not_carried_code("no rdmig agent known for node b"), "no_peer_agent");
   EXPECT_EQ(not_carried_code("the path to the agent on b is unhealthy (x): KubeVirt's own path"), "peer_unhealthy");
   EXPECT_EQ(not_carried_code("the agent on b declined: the API has no VMI"), "peer_declined");
@@ -558,7 +595,7 @@ TEST(KubevirtMetrics, OneInfoSeriesPerVmiWithTheLastMigrationsNodesResultTranspo
   EXPECT_EQ(metric_lines(text, "rdmig_kubevirt_not_carried_total").size(), std::size(kNotCarriedReasons));
   EXPECT_EQ(metric_lines(text, "rdmig_kubevirt_carried_total").size(), 4u);
   k.finished(record("web-1", "Succeeded", true));
-  k.hook_not_carried("post-copy is allowed for this migration: rdmig never carries post-copy");
+  k.hook_not_carried("post-copy is allowed for this migration: kubevirt.carryPostCopy is off on this agent");
   k.finished(record("web-2", "NotCarried", false));
   text = m.serialize();
   auto info = metric_lines(text, "rdmig_kubevirt_migration_info");

@@ -36,6 +36,9 @@ from .qmp import QmpClient
 TOOLS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARE_DIR = "/var/run/kubevirt"  # virtShareDir inside the launcher
 COUNTER_RE = re.compile(rb"^rdmig-counter (\d+)\r?$", re.M)
+# The guest's memory verifier (tools/guest/verify.c, rdmig.verify_mib): the same lines rdmiglab.qemu reads.
+VERIFY_RE = re.compile(rb"^rdmig-verify-counter (\d+) checked=(\d+) scans=(\d+) writes=(\d+) mismatches=(\d+)\r?$", re.M)
+MISMATCH_RE = re.compile(rb"^rdmig-verify-mismatch .*$", re.M)
 DISK_RE = re.compile(rb"^rdmig-disk (\d+)\r?$", re.M)  # the guest's disk writer (rdmig.disk=1)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -167,6 +170,7 @@ class MigrationResult:
         self.target_cleanup = None
         self.source_failed_at = self.target_pod_deleted_at = None
         self.source_memory_error = None
+        self.postcopy = None
         self.__dict__.update(kw)
 
     def summary(self):
@@ -309,6 +313,35 @@ class KubevirtCluster:
     def serial_counter(self, node):
         return self._serial_max(node, COUNTER_RE)
 
+    def verifier(self, node):
+        """The guest's memory verifier on `node` (define_and_start_vmi(verify_mib=...)) from the
+        node's serial log: {"counter", "checked", "scans", "writes", "mismatches",
+        "mismatch_lines"} of its last complete line; counter None before any. The counts live in
+        guest memory, so on the target they go on from the source's (a migrated guest's log
+        starts anew in the target pod)."""
+        try:
+            with open(self.pods[node].path(self.vmi.serial_in_pod), "rb") as f:
+                data = f.read()
+        except OSError:
+            data = b""
+        data = data[:data.rfind(b"\n") + 1]
+        lines = VERIFY_RE.findall(data)
+        bad = [m.decode(errors="replace") for m in MISMATCH_RE.findall(data)]
+        if not lines:
+            return {"counter": None, "checked": 0, "scans": 0, "writes": 0, "mismatches": 0, "mismatch_lines": bad}
+        c, checked, scans, writes, mism = (int(x) for x in lines[-1])
+        return {"counter": c, "checked": checked, "scans": scans, "writes": writes,
+                "mismatches": max(mism, max(int(l[4]) for l in lines)), "mismatch_lines": bad}
+
+    def wait_for_verifier(self, node, min_counter, min_scans=0, timeout=60.0):
+        """Waits until the verifier on `node` reaches ``min_counter`` with ``min_scans`` full scans."""
+        try:
+            return wait_for(lambda: (lambda v: v["counter"] is not None and v["counter"] >= min_counter
+                                     and v["scans"] >= min_scans and v)(self.verifier(node)),
+                            timeout, "%s: guest verifier counter >= %d, scans >= %d" % (node, min_counter, min_scans))
+        except TimeoutError as e:
+            raise TimeoutError("%s; verifier %s; %s" % (e, self.verifier(node), self.guest_diagnosis(node))) from None
+
     def wait_for_counter(self, node, minimum, timeout=60.0):
         try:
             return wait_for(lambda: (self.serial_counter(node) or -1) >= minimum and self.serial_counter(node),
@@ -362,7 +395,7 @@ class KubevirtCluster:
     # -- VMI ----------------------------------------------------------------------------
     def define_and_start_vmi(self, name="testvm", namespace="default", mem_mib=256, dirty_mib=16,
                              interval=1, uid=None, boot_counter=1, boot_timeout=90.0,
-                             disk_mib=0, disk_interval=0.1):
+                             disk_mib=0, disk_interval=0.1, verify_mib=0, verify_rate_mib=8):
         """Defines and starts the VMI's domain on the first node (persistent, like
         virt-launcher) and starts virt-launcher-monitor for it in both launcher pods.
         Waits until the guest printed ``boot_counter``. Returns the Vmi.
@@ -371,7 +404,10 @@ class KubevirtCluster:
         /var/lib/libvirt/images (KubeVirt's hostDisk/emptyDisk: a file in the launcher pod,
         owned by 107 on the non-root row), filled with random bytes; the guest (rdmig.disk=1)
         then writes it without end (tools/guest/build-guest.sh), every ``disk_interval`` s.
-        Such a VMI migrates with KubeVirt's block migration (migrate(block=...))."""
+        Such a VMI migrates with KubeVirt's block migration (migrate(block=...)).
+
+        verify_mib: the guest's memory verifier (tools/guest/verify.c) over that many MiB,
+        rewritten at ``verify_rate_mib`` MiB/s and checked continuously (verifier())."""
         if self.vmi is not None:
             raise RuntimeError("this harness runs one VMI")
         node = self.nodes[0]
@@ -387,6 +423,8 @@ class KubevirtCluster:
             host = self._create_disk_image(node, fill=True)
             disks = disk_xml(vmi.disk_in_pod, "none" if direct_io_works(host) else "writethrough")
             cmdline += " rdmig.disk=1 rdmig.disk_interval=%s" % disk_interval
+        if verify_mib:
+            cmdline += " rdmig.verify_mib=%d rdmig.verify_rate_mib=%s" % (verify_mib, verify_rate_mib)
         xml = domain_xml(vmi.domain, vmi.uid, mem_mib, self.guest_paths[0], self.guest_paths[1], cmdline,
                          vmi.serial_in_pod, vmi.qmp_in_pod, disks)
         conn = self.connect(node)
@@ -458,7 +496,8 @@ class KubevirtCluster:
     def migrate(self, parallel=8, tls=True, hook_socket=None, hook_timeout=30.0,
                 hook_failure="Ignore", expect_success=True, target_paused=False, timeout=120.0,
                 family="ipv4", after_ports=None, before_dial=None, check_memory=None,
-                check_counter=True, migration_uid=None, dial_order=None, block=None):
+                check_counter=True, migration_uid=None, dial_order=None, block=None, postcopy=False,
+                postcopy_bandwidth_mib=None, postcopy_after_mib=32):
         """Migrates the VMI to the other node the way KubeVirt does. See MigrationResult.
 
         block (default: the VMI has a disk): KubeVirt's block migration
@@ -481,6 +520,15 @@ class KubevirtCluster:
         the target published its ports; before_dial(ctx) right before libvirt is called
         (ctx: the MigrationResult filled so far). dial_order: kvproxy's --dial-order for both
         proxies (default the class attribute, $RDMIG_KV_DIAL_ORDER, else "concurrent").
+        postcopy: KubeVirt's post-copy (allowPostCopy): VIR_MIGRATE_POSTCOPY, and the switch
+        the launcher's migration monitor makes (live-migration-source.go: MigrateStartPostCopy
+        once its completion deadline passes) made once libvirt's job shows ``postcopy_after_mib``
+        MiB of memory sent (memory_processed), early in the first pass, so that every run
+        switches with most of the memory still to move; r.postcopy says when (ms after the
+        call), at which iteration, what remained, what libvirt showed of the source domain after
+        it, and libvirt's own error if the switch failed.
+        postcopy_bandwidth_mib: libvirt's bandwidth.postcopy (QEMU's max-postcopy-bandwidth, MiB/s)
+        for the background copy after the switch (a test that needs the phase to last).
         Raises MigrationFailed when the migration fails and expect_success is set."""
         lv = libvirt_module()
         v = self.vmi
@@ -503,6 +551,8 @@ class KubevirtCluster:
             launcher_pids={"source": self.launcher_pid(source), "target": self.launcher_pid(target)},
             handler_pids={}, handler_cpu_s={})
         check_memory = target_paused if check_memory is None else check_memory
+        r.postcopy = {"switched": False, "bandwidth_mib": postcopy_bandwidth_mib,
+                      "after_mib": postcopy_after_mib} if postcopy else None
         r.block = bool(v.disk_mib) if block is None else bool(block)
         if r.block and not v.disk_mib:
             raise ValueError("block migration needs a VMI with a disk (define_and_start_vmi(disk_mib=...))")
@@ -573,6 +623,45 @@ class KubevirtCluster:
             raise MigrationFailed(r)
         return r
 
+    def _switch_to_postcopy(self, lv, node, domain, th, r, t0):
+        """KubeVirt's launcher's switch (MigrateStartPostCopy) once libvirt's job shows the first
+        pass over memory done; on a connection of its own, as the launcher's monitor runs beside
+        the migrate call."""
+        conn = None
+        try:
+            conn = self.connect(node)
+            dom = conn.lookupByName(domain)
+            while th.is_alive():
+                try:
+                    stats = dom.jobStats()
+                except lv.libvirtError:
+                    stats = {}
+                it = stats.get("memory_iteration", 0)
+                done_mib = stats.get("memory_processed", 0) >> 20
+                if stats.get("type") == lv.VIR_DOMAIN_JOB_UNBOUNDED and done_mib >= r.postcopy["after_mib"]:
+                    dom.migrateStartPostCopy(0)
+                    r.postcopy.update(switched=True, at_ms=round((time.monotonic() - t0) * 1000, 1), iteration=it,
+                                      remaining_bytes=stats.get("memory_remaining"))
+                    # What libvirt shows of the source domain after the switch: (state, reason)
+                    # pairs, each with the ms after the switch it was first seen.
+                    seen, t_sw = [], time.monotonic()
+                    while th.is_alive() and time.monotonic() - t_sw < 3:
+                        try:
+                            st = tuple(dom.state())
+                        except lv.libvirtError as e:
+                            st = ("error", str(e))
+                        if not seen or seen[-1][1] != st:
+                            seen.append((round((time.monotonic() - t_sw) * 1000), st))
+                        time.sleep(0.02)
+                    r.postcopy["source_states"] = seen
+                    return
+                time.sleep(0.05)
+        except lv.libvirtError as e:
+            r.postcopy["error"] = str(e)
+        finally:
+            if conn is not None:
+                conn.close()
+
     def _pmemsave(self, node, qmp_command, keep_as):
         """pmemsave of the guest's RAM into the node's /run/kubevirt, moved to ``keep_as``;
         returns its SHA-256."""
@@ -639,6 +728,10 @@ class KubevirtCluster:
                 params[lv.VIR_MIGRATE_PARAM_PARALLEL_CONNECTIONS] = int(parallel)
             if target_paused:
                 flags |= lv.VIR_MIGRATE_PAUSED
+            if r.postcopy is not None:
+                flags |= lv.VIR_MIGRATE_POSTCOPY
+                if r.postcopy["bandwidth_mib"]:
+                    params[lv.VIR_MIGRATE_PARAM_BANDWIDTH_POSTCOPY] = int(r.postcopy["bandwidth_mib"])
             # The source daemon reaches the TARGET daemon through the proxy: its mode decides.
             dconnuri = "qemu+unix://%s?socket=%s/migrationproxy/%s-source.sock" % (
                 self.pods[target].uri_path, SHARE_DIR, v.uid)
@@ -656,6 +749,9 @@ class KubevirtCluster:
             t0 = time.monotonic()
             th = threading.Thread(target=run, daemon=True)
             th.start()
+            if r.postcopy is not None:
+                threading.Thread(target=self._switch_to_postcopy, args=(lv, source, v.domain, th, r, t0),
+                                 daemon=True).start()
             source_digest = None
             if check_memory:
                 source_digest = self._source_memory_while_held(r, th, source_proc, t0 + timeout)

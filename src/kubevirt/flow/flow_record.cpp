@@ -9,6 +9,7 @@ json to_json(const LibvirtJobStats& s) {
   return json{{"downtimeMs", opt(s.downtime_ms)},
               {"totalTimeMs", opt(s.total_time_ms)},
               {"dataTotalBytes", s.data_total_bytes},
+              {"postcopyRequests", opt(s.postcopy_requests)},
               {"domain", s.domain}};
 }
 
@@ -23,6 +24,8 @@ LibvirtJobStats libvirt_stats_from_json(const json& j) {
   s.total_time_ms = num("totalTimeMs");
   const int64_t total = num("dataTotalBytes");
   s.data_total_bytes = total > 0 ? static_cast<uint64_t>(total) : 0;
+  s.postcopy_requests = num("postcopyRequests");
+  if (s.postcopy_requests < -1) s.postcopy_requests = -1;
   if (auto it = j.find("domain"); it != j.end() && it->is_string()) s.domain = it->get<std::string>().substr(0, 512);
   return s;
 }
@@ -65,6 +68,15 @@ json to_json(const FlowRecord& r) {
               {"failover", json{{"enabled", r.failover},
                                 {"failovers", r.failovers},
                                 {"last", r.last_failover.empty() ? json(nullptr) : json(r.last_failover)}}},
+              {"postCopy", !r.post_copy.allowed ? json(nullptr)
+                                               : json{{"allowed", true},
+                                                      {"switched", r.post_copy.switched},
+                                                      {"switchedAtMs", r.post_copy.switched_at_ms
+                                                                           ? json(r.post_copy.switched_at_ms)
+                                                                           : json(nullptr)},
+                                                      {"pageRequests", r.libvirt && r.libvirt->postcopy_requests >= 0
+                                                                           ? json(r.libvirt->postcopy_requests)
+                                                                           : json(nullptr)}}},
               {"switchoverMs", nullptr},
               {"startedAtMs", r.started_at_ms ? json(r.started_at_ms) : json(nullptr)},
               {"finishedAtMs", r.finished_at_ms ? json(r.finished_at_ms) : json(nullptr)}};

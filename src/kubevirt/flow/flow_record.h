@@ -19,7 +19,19 @@ struct LibvirtJobStats {
   int64_t downtime_ms = -1;
   int64_t total_time_ms = -1;
   uint64_t data_total_bytes = 0;
+  // Pages the target requested after the switch to post-copy (memory_postcopy_requests);
+  // -1 when libvirt does not give it.
+  int64_t postcopy_requests = -1;
   std::string domain;
+};
+
+// Source: a migration that may switch to post-copy (kubevirt.carryPostCopy, docs/kubevirt.md).
+// `switched` once the source's libvirt shows the domain paused for post-copy (KubeVirt's launcher
+// called MigrateStartPostCopy), `switched_at_ms` then (wall clock, as the agent saw it).
+struct FlowPostCopy {
+  bool allowed = false;
+  bool switched = false;
+  int64_t switched_at_ms = 0;
 };
 nlohmann::json to_json(const LibvirtJobStats& s);
 LibvirtJobStats libvirt_stats_from_json(const nlohmann::json& j);
@@ -71,6 +83,7 @@ struct FlowRecord {
   bool failover = false;
   uint64_t failovers = 0;
   std::string last_failover;
+  FlowPostCopy post_copy;
   int64_t started_at_ms = 0;
   int64_t finished_at_ms = 0;
 

@@ -365,6 +365,12 @@ void FlowSession::fail(const Error& reported, bool from_peer) {
     refresh_counters_locked(record_);
     record_.phase = "Failed";
     record_.reason = error.message;
+    if (record_.post_copy.switched) {
+      // What the reset below does once the guest runs on the target (docs/kubevirt.md "Post-copy").
+      record_.reason += " (after the switch to post-copy: QEMU pauses the migration on both nodes, postcopy-paused; "
+                        "KubeVirt has no post-copy recovery and fails the VMI)";
+      error = Error{error.code, record_.reason};
+    }
     record_.finished_at_ms = session::wall_clock_ms();
   }
   LOG_WARN("kubevirt") << "session=" << id_ << " migration=" << migration_uid << " failed: " << error.message;
@@ -380,7 +386,26 @@ void FlowSession::fail(const Error& reported, bool from_peer) {
   if (link_) link_->close();
 }
 
+void FlowSession::note_postcopy_switch() {
+  std::string transport;
+  std::string migration_uid;
+  {
+    MutexLock lock(mu_);
+    if (ended_ || !record_.post_copy.allowed || record_.post_copy.switched) return;
+    record_.post_copy.switched = true;
+    record_.post_copy.switched_at_ms = session::wall_clock_ms();
+    transport = record_.transport;
+    migration_uid = record_.migration_uid;
+  }
+  metrics_.postcopy_switched(transport.empty() ? "tcp" : transport, "kubevirt");
+  LOG_INFO("kubevirt") << "session=" << id_ << " migration=" << migration_uid
+                       << " switched to post-copy (libvirt, KubeVirt's launcher): the guest runs on the target node "
+                          "from now on and pulls its missing pages through this session";
+}
+
 void FlowSession::succeed() {
+  std::optional<std::pair<std::string, double>> postcopy;  // transport, phase seconds
+  uint64_t page_requests = 0;
   {
     MutexLock lock(mu_);
     if (ended_) return;
@@ -388,7 +413,16 @@ void FlowSession::succeed() {
     ended_ = true;
     record_.phase = "Succeeded";
     record_.finished_at_ms = session::wall_clock_ms();
+    if (record_.post_copy.switched) {
+      postcopy.emplace(record_.transport.empty() ? "tcp" : record_.transport,
+                       static_cast<double>(std::max<int64_t>(0, record_.finished_at_ms - record_.post_copy.switched_at_ms)) /
+                           1000.0);
+      if (record_.libvirt && record_.libvirt->postcopy_requests > 0) {
+        page_requests = static_cast<uint64_t>(record_.libvirt->postcopy_requests);
+      }
+    }
   }
+  if (postcopy) metrics_.postcopy_ended(postcopy->first, postcopy->second, page_requests);
   wake();
   close_legs();
 }

@@ -55,6 +55,13 @@ class FlowSession {
   size_t leg_count() const EXCLUDES(legs_mu_);
   // True while a failed session still drains legs (keep it alive until this turns false).
   bool draining() const EXCLUDES(legs_mu_);
+  // Whether this session's channels fail over (both agents confirmed dataPlane.failover).
+  bool failover() const { return failover_; }
+  // Source, for a migration that may switch to post-copy (record().post_copy.allowed): the
+  // relay's watcher saw libvirt switch it (KubeVirt's launcher called MigrateStartPostCopy).
+  // Recorded once (switched, switchedAtMs), logged, counted (rdmig_postcopy_switches_total
+  // {trigger="kubevirt"}); from then on a failure's reason says what it did to the VM.
+  void note_postcopy_switch() EXCLUDES(mu_);
 
  protected:
   FlowSession(std::string id, FlowRecord record, Metrics& metrics);
@@ -93,7 +100,6 @@ class FlowSession {
   // channel, with the other agent's address (rdmig_failovers_total's peer) and the deadline
   // (dataPlane.failoverDeadlineSeconds); the record says so.
   void enable_failover(std::string peer, std::chrono::milliseconds deadline) EXCLUDES(mu_);
-  bool failover() const { return failover_; }
   // Wraps a channel of this session in a session::FailoverChannel whose link `reconnect`
   // re-establishes; each failover is counted (metric, record) and logged.
   std::unique_ptr<transport::Channel> wrap_for_failover(std::unique_ptr<transport::Channel> channel,

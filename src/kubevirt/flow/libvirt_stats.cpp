@@ -7,7 +7,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
+#include <climits>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -22,6 +24,15 @@ using namespace std::chrono_literals;
 
 namespace {
 void quiet(void*, virErrorPtr) {}
+
+// The source domain's state once its migration switched to post-copy: paused for it, or paused
+// because post-copy failed (both QEMUs postcopy-paused). nullptr for any other state.
+const char* postcopy_state(int state, int reason) {
+  if (state != VIR_DOMAIN_PAUSED) return nullptr;
+  if (reason == VIR_DOMAIN_PAUSED_POSTCOPY) return "paused, post-copy";
+  if (reason == VIR_DOMAIN_PAUSED_POSTCOPY_FAILED) return "paused, post-copy failed";
+  return nullptr;
+}
 
 std::string last_error() {
   virErrorPtr e = virGetLastError();
@@ -74,6 +85,9 @@ Result<std::optional<LibvirtJobStats>> try_daemon(const std::string& socket, con
     if (virTypedParamsGetULLong(params, n, VIR_DOMAIN_JOB_DOWNTIME, &v) == 1) s.downtime_ms = static_cast<int64_t>(v);
     if (virTypedParamsGetULLong(params, n, VIR_DOMAIN_JOB_TIME_ELAPSED, &v) == 1) s.total_time_ms = static_cast<int64_t>(v);
     if (virTypedParamsGetULLong(params, n, VIR_DOMAIN_JOB_DATA_TOTAL, &v) == 1) s.data_total_bytes = v;
+    if (virTypedParamsGetULLong(params, n, VIR_DOMAIN_JOB_MEMORY_POSTCOPY_REQS, &v) == 1) {
+      s.postcopy_requests = static_cast<int64_t>(std::min<unsigned long long>(v, INT64_MAX));
+    }
     out = s;
   }
   virTypedParamsFree(params, n);
@@ -187,6 +201,17 @@ Result<std::string> abort_outgoing_job(const KubevirtConfig& config, const Launc
     if (!dom || virDomainIsActive(dom.get()) != 1) return;
     // On a node the launcher of the VMI is the source (or, when it is being migrated to this
     // node, the target, whose incoming job libvirt refuses to abort: harmless).
+    // After the switch to post-copy the guest runs on the target: libvirt refuses a plain abort
+    // then, and the flag that forces one (VIR_DOMAIN_ABORT_JOB_POSTCOPY) would pause the
+    // migration, never bring the VM back. rdmig does neither.
+    int state = 0;
+    int reason = 0;
+    if (virDomainGetState(dom.get(), &state, &reason, 0) == 0 && postcopy_state(state, reason)) {
+      done += (done.empty() ? "" : "; ") + std::string("the migration of ") + domain + " had switched to post-copy (" +
+              postcopy_state(state, reason) + "): not aborted (the guest runs on the target; KubeVirt has no post-copy "
+              "recovery)";
+      return;
+    }
     virDomainJobInfo info{};
     if (virDomainGetJobInfo(dom.get(), &info) != 0 || info.type == VIR_DOMAIN_JOB_NONE) return;
     const int64_t job_started_ms =
@@ -214,6 +239,41 @@ Result<std::string> abort_outgoing_job(const KubevirtConfig& config, const Launc
                                       (refused.empty() ? "" : " (" + refused + ")")};
   }
   return done;
+}
+
+Result<bool> outgoing_switched_to_postcopy(const KubevirtConfig& config, const LauncherIdentity& launchers,
+                                           const VmiRef& vmi) {
+  virSetErrorFunc(nullptr, quiet);
+  const std::string domain = vmi.namespace_ + "_" + vmi.name;
+  std::optional<bool> switched;
+  std::string refused;
+  std::string why;
+  for_each_daemon(config, launchers, vmi, refused, [&](const std::string& path) {
+    if (switched && *switched) return;
+    auto opened = open_daemon(path);
+    if (!opened) {
+      why = opened.error().message;
+      return;
+    }
+    std::unique_ptr<virDomain, DomFree> dom(virDomainLookupByName(opened.value().get(), domain.c_str()));
+    if (!dom) {
+      why = "domain " + domain + " is not defined in " + path;
+      return;
+    }
+    int state = 0;
+    int reason = 0;
+    if (virDomainGetState(dom.get(), &state, &reason, 0) != 0) {
+      why = "virDomainGetState via " + path + ": " + last_error();
+      return;
+    }
+    switched = postcopy_state(state, reason) != nullptr;
+  });
+  if (switched) return *switched;
+  if (why.empty()) {
+    why = "no " + config.launcher_program + " process with --uid " + vmi.uid + " and a libvirt socket" +
+          (refused.empty() ? "" : " (" + refused + ")");
+  }
+  return Error{Errc::kNotFound, why};
 }
 
 bool launcher_present(const KubevirtConfig& config, const LauncherIdentity& launchers, const VmiRef& vmi) {

@@ -37,6 +37,12 @@ inline constexpr std::chrono::milliseconds kGoneFor{1000};
 Result<LibvirtJobStats> read_completed_job(const KubevirtConfig& config, const LauncherIdentity& launchers,
                                            const VmiRef& vmi, std::chrono::milliseconds wait,
                                            bool launcher_was_here);
+// Whether the VMI's outgoing migration on this node switched to post-copy: its domain is paused
+// for post-copy (VIR_DOMAIN_PAUSED_POSTCOPY, or POSTCOPY_FAILED once it failed), as libvirt shows
+// it after KubeVirt's launcher called MigrateStartPostCopy. kNotFound when no launcher daemon of
+// the VMI answered with the domain.
+Result<bool> outgoing_switched_to_postcopy(const KubevirtConfig& config, const LauncherIdentity& launchers,
+                                           const VmiRef& vmi);
 // Whether a launcher of `vmi` with a libvirt socket runs on this node now.
 bool launcher_present(const KubevirtConfig& config, const LauncherIdentity& launchers, const VmiRef& vmi);
 
@@ -62,8 +68,9 @@ Result<unsigned long> launcher_qemu_version(const KubevirtConfig& config, const 
 // Aborts the outgoing migration job of the VMI's domain on this node (virDomainAbortJob on
 // the launcher's libvirt): QEMU cancels and the VM keeps running here. Used when the carrier
 // failed, so libvirt fails within seconds instead of waiting for KubeVirt's progress timeout
-// (QEMU 7.2 can hang when a multifd connection fails while it is being set up). Precopy only:
-// rdmig never carries post-copy. Returns what it did, for the log.
+// (QEMU 7.2 can hang when a multifd connection fails while it is being set up). Pre-copy only:
+// a migration that switched to post-copy is never aborted (the guest runs on the target), and
+// what was found is returned instead. Returns what it did, for the log.
 // Only the job the failed session carried is aborted: one that started between the session's
 // arming (`armed_at_ms`, wall clock; KubeVirt calls the hook before libvirt starts the job) and
 // its failure (`failed_at_ms`). An older job, or a later migration of the same VMI, is left alone.

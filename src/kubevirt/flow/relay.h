@@ -109,6 +109,11 @@ class KubevirtRelay {
   // kubevirt.multifdOnFailure "auto": asks the source launcher's libvirt for its QEMU version
   // (a worker) and sets what a failure of `s` does to its multifd connections.
   void decide_multifd_on_failure(const std::shared_ptr<SourceSession>& s);
+  // A carried migration that may switch to post-copy (kubevirt.carryPostCopy): a worker asks the
+  // source launcher's libvirt every kPostCopyWatchInterval whether the domain is paused for
+  // post-copy, and marks the session switched once it is (FlowSession::note_postcopy_switch).
+  static constexpr std::chrono::milliseconds kPostCopyWatchInterval{100};
+  void watch_postcopy_switch(const std::shared_ptr<SourceSession>& s);
   Result<BufferTicket> take_buffers(uint64_t bytes, const std::string& what) EXCLUDES(mu_, budget_mu_);
   void reap_workers();
 

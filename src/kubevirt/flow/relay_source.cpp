@@ -58,7 +58,8 @@ HookDecision KubevirtRelay::pre_migration_source(const json& vmi, const std::str
     rec.source_node = intent->source_node;
   }
   const std::string here = node.empty() ? node_ : node;
-  auto skip = skip_reason(intent.value(), here);
+  auto skip = skip_reason(intent.value(), here, config_.kubevirt.carry_post_copy);
+  rec.post_copy.allowed = may_post_copy(intent.value());
   std::optional<PeerInfo> peer;
   if (!skip) {
     peer = peers_.by_node(intent->target_node);
@@ -138,6 +139,15 @@ HookDecision KubevirtRelay::pre_migration_source(const json& vmi, const std::str
     return HookDecision{false, why};
   }
   std::shared_ptr<SourceSession> s = std::move(session.value());
+  if (rec.post_copy.allowed && !s->failover()) {
+    // An agent from before failover, or with it off: a channel lost after the switch could not
+    // be resumed, and the VM would pause on both nodes. KubeVirt's own path moves it instead.
+    const std::string why = "post-copy is allowed for this migration and the agent on " + peer->node +
+                            " did not confirm failover (dataPlane.failover): not carried";
+    s->fail(Error{Errc::kFailedPrecondition, why});
+    record_not_carried(rec, why);
+    return HookDecision{false, why};
+  }
   s->set_port_classes(intent->ports);
   // Arming enters virt-handler's namespace and talks to nftables there (the table when this
   // is the first migration in it, then one element per port), which can take seconds on a
@@ -198,6 +208,7 @@ HookDecision KubevirtRelay::pre_migration_source(const json& vmi, const std::str
   elements.unlock();
   kmetrics_.hook_call("carried");
   decide_multifd_on_failure(s);
+  if (rec.post_copy.allowed) watch_postcopy_switch(s);
   LOG_INFO("kubevirt") << "hook: carrying migration " << rec.migration_uid << " of " << rec.vmi.key() << " to "
                        << rec.target_node << " (" << intent->target_address << ") over " << s->record().transport
                        << " session=" << s->id();
@@ -228,6 +239,30 @@ void KubevirtRelay::decide_multifd_on_failure(const std::shared_ptr<SourceSessio
       return;
     }
     s->set_multifd_on_failure(drain_multifd_for_qemu(v.value()), "qemu " + qemu_version_string(v.value()));
+  });
+}
+
+void KubevirtRelay::watch_postcopy_switch(const std::shared_ptr<SourceSession>& s) {
+  // libvirt is asked every kPostCopyWatchInterval until it shows the switch or the session ends:
+  // the switch is KubeVirt's launcher's (MigrateStartPostCopy), never the agent's, and nothing
+  // on the carried bytes says it (they are KubeVirt's TLS).
+  run_worker([this, s, vmi = s->record().vmi] {
+    std::string last_error;
+    while (!s->ended() && !stopping_.load()) {
+      auto switched = outgoing_switched_to_postcopy(config_.kubevirt, launchers_, vmi);
+      if (switched && switched.value()) {
+        s->note_postcopy_switch();
+        return;
+      }
+      if (!switched && switched.error().message != last_error) {
+        // Named once per distinct error: without libvirt's answer the record cannot show the switch.
+        last_error = switched.error().message;
+        LOG_INFO("kubevirt") << "session=" << s->id() << " post-copy watch of " << vmi.key()
+                             << ": cannot read the domain's state: " << last_error;
+      }
+      MutexLock lock(stop_mu_);
+      lock.wait_for(stop_cv_, kPostCopyWatchInterval, [&] { return stopping_.load(); });
+    }
   });
 }
 

@@ -91,10 +91,10 @@ Result<MigrationIntent> parse_vmi(const json& vmi) {
   return in;
 }
 
-std::optional<std::string> skip_reason(const MigrationIntent& in, const std::string& this_node) {
-  if (in.allow_post_copy || in.mode == "PostCopy") {
-    return "post-copy is allowed for this migration: rdmig never carries post-copy (a transport failure after the "
-           "switch could lose the VM)";
+std::optional<std::string> skip_reason(const MigrationIntent& in, const std::string& this_node, bool carry_post_copy) {
+  if (may_post_copy(in) && !carry_post_copy) {
+    return "post-copy is allowed for this migration: kubevirt.carryPostCopy is off on this agent (a transport failure "
+           "after the switch could lose the VM)";
   }
   if (in.decentralized) return "cross-cluster (decentralized) migration: not carried";
   if (!in.source_node.empty() && in.source_node == in.target_node) return "same-node migration: nothing to carry";

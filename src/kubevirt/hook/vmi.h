@@ -44,8 +44,12 @@ struct MigrationIntent {
 Result<MigrationIntent> parse_vmi(const nlohmann::json& vmi);
 
 // Why this migration must not be carried, or nullopt when it may be. `this_node` is the
-// node the agent runs on (the hook's node context).
-std::optional<std::string> skip_reason(const MigrationIntent& intent, const std::string& this_node);
+// node the agent runs on (the hook's node context). A migration that may switch to post-copy is
+// skipped unless `carry_post_copy` (kubevirt.carryPostCopy).
+std::optional<std::string> skip_reason(const MigrationIntent& intent, const std::string& this_node,
+                                       bool carry_post_copy = false);
+// Whether the migration may switch to post-copy (allowPostCopy, or already in mode PostCopy).
+inline bool may_post_copy(const MigrationIntent& in) { return in.allow_post_copy || in.mode == "PostCopy"; }
 
 // Ports rdmig carries: memory and block. The libvirt control connection stays on KubeVirt's TCP.
 std::vector<uint16_t> carried_ports(const MigrationIntent& intent);
