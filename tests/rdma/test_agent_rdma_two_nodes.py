@@ -68,11 +68,12 @@ PEER = "b" if NODE == "a" else "a"
 DEV = os.environ["RDMIG_RDMA_DEV"]
 # This node's rxe devices, one per rail (rdma.devices[i]); a second one with --rails 2.
 DEVS = [DEV] + ([os.environ["RDMIG_RDMA_DEV2"]] if os.environ.get("RDMIG_RDMA_DEV2") else [])
-# With two rails, five more: to a node b agent with one rail, one rail cut mid-stream (without
+# With two rails, six more: to a node b agent with one rail, one rail cut mid-stream (without
 # failover, and with it: over the other rail), every rail cut mid-stream with failover (over TCP),
-# and from a node a agent that started with one rail down. Then one more whatever the rails: rail
+# rail 0 cut during post-copy with failover (over rail 1), and from a node a agent that started
+# with one rail down. Then one more whatever the rails: rail
 # 0's own address cut mid-stream with failover (over its alternate address on VLAN 100).
-CASES = (9 if len(DEVS) > 1 else 4) + 1
+CASES = (10 if len(DEVS) > 1 else 4) + 1
 # The rail-cut migration: QEMU's max-bandwidth, so that it is still under way when rail 1 is cut.
 RAIL_CUT_BANDWIDTH = 4 << 20
 RAIL_CUT_NO_PROGRESS = 45  # s, both agents' noProgressTimeoutSeconds for it
@@ -378,7 +379,8 @@ def serve_target():
                         # own address: what reaches eth0 untagged (VLAN 100's arrives on eth0.100).
                         kind = want["cutRail"]
                         rule = (RDMA_CUT_RULE if kind == "all" else
-                                rail_cut_rule(os.environ["RDMIG_RDMA_NETDEV"]) if kind == "address" else rail_cut_rule())
+                                rail_cut_rule(os.environ["RDMIG_RDMA_NETDEV"]) if kind in ("address", "rail0")
+                                else rail_cut_rule())
                         cut_rdma(rule, RAIL_CUT_TABLE)
                         rail_cut = True
                         post("cut-applied-%s" % name, True)
@@ -780,6 +782,86 @@ class TwoNodeAgentRdmaTest(unittest.TestCase):
         # re-dialled from node a's VLAN address to node b's (their own GIDs on the same devices),
         # resumes there, and the migration completes over RDMA only, byte-exact.
         self.rail_failover("address-failover", "rdma", cut="address", to="address", agent_name="agent-a-fo-addr")
+
+    def test_rail_cut_during_post_copy_with_failover_moves_the_channel_to_rail_1_byte_exact(self):
+        # After the switch to post-copy the VM's state is split between the nodes: a lost rail must
+        # not pause it. postCopy auto (switch after 1 s of pre-copy, early in the first pass), the
+        # background copy held to 4 MiB/s (QEMU's max-postcopy-bandwidth) so the post-copy phase is
+        # still under way when node b drops rail 0's RoCE v2 (one channel: no multifd, which QEMU
+        # 7.2's post-copy does not know). The channel is re-dialled over rail 1 and resumed; the
+        # migration completes in post-copy, RDMA only, every chunk checked, the paused guest's RAM
+        # equal on both nodes byte for byte.
+        if len(DEVS) < 2:
+            self.skipTest("one rail per node (run-two-vms.sh without --rails 2)")
+        name = "postcopy-rail"
+        outcome = "failed"
+        agent = Agent(self.tmp, "agent-a-fo-pc", config=agent_config(failover=True), log_level="debug", profile=PROFILE)
+        try:
+            try:
+                src, dst_qmp = self.ask(name, 0, cut_rail="rail0")
+                src.qmp("stop")
+                src.qmp("migrate-set-parameters", max_postcopy_bandwidth=4 << 20)
+                tcp_a = tcp_bytes(agent, "sent")
+                target, source = start_migration(agent, self.b, src.agent_qmp_path, dst_qmp, multifd_channels=0,
+                                                 chunk_size="1Mi", ring_depth=8, vm="two-node-vm-" + name,
+                                                 transport="rdma", verifyChunks=True,
+                                                 maxBandwidthBytesPerSecond=RAIL_CUT_BANDWIDTH,
+                                                 noProgressTimeoutSeconds=RAIL_CUT_NO_PROGRESS,
+                                                 postCopy="auto", postCopyAfterSeconds=1,
+                                                 target_options={"transport": "rdma",
+                                                                 "noProgressTimeoutSeconds": RAIL_CUT_NO_PROGRESS})
+                deadline = time.monotonic() + 120
+                while True:
+                    st = agent.get(source["id"])
+                    if (st.get("postCopy") or {}).get("switched") and st["progress"]["dataBytesSent"] >= 4 << 20:
+                        break
+                    self.assertNotIn(st["phase"], TERMINAL, "ended before post-copy carried bytes: %s" % st)
+                    self.assertLess(time.monotonic(), deadline, "no switch to post-copy within 120 s: %s" % st)
+                    time.sleep(0.1)
+                self.assertEqual(st["transport"], "rdma")
+                self.assertEqual([r["rail"] for r in st["rails"] if 0 in r["channels"]], [0], st["rails"])
+                post("cut-%s" % name, True)
+                await_("cut-applied-%s" % name, 60)
+                t0 = time.monotonic()
+                while agent.get(source["id"])["failover"]["failovers"] < 1:
+                    self.assertLess(time.monotonic() - t0, 60, "no failover within 60 s of the cut")
+                    self.assertNotIn(agent.get(source["id"])["phase"], TERMINAL)
+                    time.sleep(0.1)
+                first_s = time.monotonic() - t0
+                src.qmp("migrate-set-parameters", max_postcopy_bandwidth=0)  # unlimited: the rest at once
+                s = agent.wait(source["id"], timeout=300)
+                t = self.b.wait(target["id"], timeout=60)
+                if s["phase"] == "Succeeded" and t["phase"] == "Succeeded":
+                    outcome = "ok"
+                else:
+                    print(agent.log_text()[-6000:])
+            finally:
+                post("migrated-%s" % name, outcome)
+            try:
+                dst = await_("dst-state-%s" % name, 400)
+                print("rail 0 cut during post-copy: first failover %.1f s after the cut; source %s, target %s; "
+                      "post-copy %s; node b dropped %d RoCE v2 packets; failover source %s, target %s"
+                      % (first_s, s["phase"], t["phase"], s["postCopy"], dst["rdmaDropped"], s["failover"],
+                         t["failover"]))
+                self.assertEqual(s["phase"], "Succeeded", s["result"]["reason"])
+                self.assertEqual(t["phase"], "Succeeded", t["result"]["reason"])
+                self.assertTrue(s["postCopy"]["switched"], s["postCopy"])
+                self.assertIsNone(s["postCopy"]["recovery"], "recovered instead of failing over: %s" % s["postCopy"])
+                self.assertGreater(dst["rdmaDropped"], 0)
+                self.assertEqual(s["failover"]["failovers"], 1, s["failover"])
+                self.assertRegex(s["failover"]["last"], r"resumed on rdma rail 1: %s %s to %s:\d+" % (
+                    re.escape(DEVS[1]), re.escape(ADDR2), re.escape(PEER_ADDR2)))
+                self.assertEqual(tcp_bytes(agent, "sent") - tcp_a, 0, "RDMA only: no data byte over TCP")
+                self.assertEqual(s["progress"]["dataBytesSent"], t["progress"]["dataBytesReceived"])
+                self.assertEqual(src.status(), "postmigrate")
+                self.assertEqual(dst["status"], "paused")
+                self.assert_same_memory(src, dst["digest"], name)
+            finally:
+                if name not in self.dumped:
+                    post("compared-%s" % name, True)
+            self.assertEqual(await_("dst-resumed-%s" % name, 120), "running")
+        finally:
+            agent.stop()
 
     def rail_failover(self, name, transport, cut, to, agent_name):
         # agent_name: short (the agent's stateDir holds unix sockets: at most 40 characters).

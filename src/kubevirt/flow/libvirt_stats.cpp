@@ -276,6 +276,51 @@ Result<bool> outgoing_switched_to_postcopy(const KubevirtConfig& config, const L
   return Error{Errc::kNotFound, why};
 }
 
+Result<LibvirtJobStats> read_outgoing_completed_job(const KubevirtConfig& config, const LauncherIdentity& launchers,
+                                                    const VmiRef& vmi) {
+  virSetErrorFunc(nullptr, quiet);
+  const std::string domain = vmi.namespace_ + "_" + vmi.name;
+  std::optional<LibvirtJobStats> found;
+  std::string refused;
+  std::string why = "no " + config.launcher_program + " process with --uid " + vmi.uid + " and a libvirt socket";
+  for_each_daemon(config, launchers, vmi, refused, [&](const std::string& path) {
+    if (found) return;
+    auto opened = open_daemon(path);
+    if (!opened) {
+      why = opened.error().message;
+      return;
+    }
+    std::unique_ptr<virDomain, DomFree> dom(virDomainLookupByName(opened.value().get(), domain.c_str()));
+    // The source's domain after the move: defined, no longer running (a running one is the target's).
+    if (!dom || virDomainIsActive(dom.get()) != 0) return;
+    int type = 0;
+    virTypedParameterPtr params = nullptr;
+    int n = 0;
+    if (virDomainGetJobStats(dom.get(), &type, &params, &n,
+                             VIR_DOMAIN_JOB_STATS_COMPLETED | VIR_DOMAIN_JOB_STATS_KEEP_COMPLETED) != 0) {
+      why = "virDomainGetJobStats via " + path + ": " + last_error();
+      return;
+    }
+    if (type == VIR_DOMAIN_JOB_COMPLETED) {
+      LibvirtJobStats st;
+      st.domain = domain;
+      unsigned long long v = 0;
+      if (virTypedParamsGetULLong(params, n, VIR_DOMAIN_JOB_DOWNTIME, &v) == 1) st.downtime_ms = static_cast<int64_t>(v);
+      if (virTypedParamsGetULLong(params, n, VIR_DOMAIN_JOB_TIME_ELAPSED, &v) == 1) st.total_time_ms = static_cast<int64_t>(v);
+      if (virTypedParamsGetULLong(params, n, VIR_DOMAIN_JOB_DATA_TOTAL, &v) == 1) st.data_total_bytes = v;
+      if (virTypedParamsGetULLong(params, n, VIR_DOMAIN_JOB_MEMORY_POSTCOPY_REQS, &v) == 1) {
+        st.postcopy_requests = static_cast<int64_t>(std::min<unsigned long long>(v, INT64_MAX));
+      }
+      found = st;
+    } else {
+      why = "domain " + domain + " has no completed migration job in " + path;
+    }
+    virTypedParamsFree(params, n);
+  });
+  if (found) return *found;
+  return Error{Errc::kNotFound, why + (refused.empty() ? "" : " (" + refused + ")")};
+}
+
 bool launcher_present(const KubevirtConfig& config, const LauncherIdentity& launchers, const VmiRef& vmi) {
   std::string refused;
   bool found = false;

@@ -43,6 +43,12 @@ Result<LibvirtJobStats> read_completed_job(const KubevirtConfig& config, const L
 // the VMI answered with the domain.
 Result<bool> outgoing_switched_to_postcopy(const KubevirtConfig& config, const LauncherIdentity& launchers,
                                            const VmiRef& vmi);
+// The completed outgoing job of the VMI's domain on this node (the source, after the move: its
+// domain defined and no longer running): libvirt's figures as the source has them. After a
+// switch to post-copy the target's libvirt (11.3) keeps no completed job, so these are the only
+// figures there are. kNotFound when there is none.
+Result<LibvirtJobStats> read_outgoing_completed_job(const KubevirtConfig& config, const LauncherIdentity& launchers,
+                                                    const VmiRef& vmi);
 // Whether a launcher of `vmi` with a libvirt socket runs on this node now.
 bool launcher_present(const KubevirtConfig& config, const LauncherIdentity& launchers, const VmiRef& vmi);
 

@@ -334,7 +334,11 @@ void KubevirtRelay::maintain() {
   unarmed.clear();
   sources.clear();
   targets.clear();
-  for (auto& s : to_finish) run_worker([s] { s->finish(); });
+  for (auto& s : to_finish) {
+    run_worker([this, s] {
+      s->finish([this, vmi = s->record().vmi]() { return read_outgoing_completed_job(config_.kubevirt, launchers_, vmi); });
+    });
+  }
   for (auto& s : draining) {
     // Keeps the session (and its draining legs) alive off the maintenance thread; the
     // session's destructor then resets whatever is left.

@@ -87,8 +87,11 @@ class SourceSession final : public FlowSession {
   // `drain` false every connection, those carried already included, is reset on a failure
   // with the main channel. `by` says why, for the record and the log.
   void set_multifd_on_failure(bool drain, const std::string& by);
-  // Tells the target the migration is over; waits (bounded) for libvirt's figures.
-  void finish();
+  // Tells the target the migration is over; waits (bounded) for libvirt's figures. After a switch
+  // to post-copy the target's libvirt has none: `own_figures` (when given) then reads the source's
+  // completed job, and the record takes those.
+  using OwnFigures = std::function<Result<LibvirtJobStats>()>;
+  void finish(const OwnFigures& own_figures = {});
   const std::string& peer_node() const { return peer_.node; }
   ~SourceSession() override;
 

@@ -545,7 +545,7 @@ void SourceSession::reader_loop() {
   answer(Error{Errc::kCancelled, "the session ended"});
 }
 
-void SourceSession::finish() {
+void SourceSession::finish(const OwnFigures& own_figures) {
   if (ended()) return;
   const auto r = record();
   stop_watching_peer();  // the target reads libvirt's figures now, without heartbeats
@@ -577,6 +577,26 @@ void SourceSession::finish() {
     }
   } else {
     LOG_WARN("kubevirt") << "session=" << id_ << " no figures from the target: " << stats.error().message;
+  }
+  bool switched = false;
+  bool have_figures = false;
+  {
+    MutexLock lock(mu_);
+    switched = record_.post_copy.switched;
+    have_figures = record_.libvirt.has_value() && record_.libvirt->total_time_ms >= 0;
+  }
+  if (switched && !have_figures && own_figures) {
+    // libvirt keeps no completed job on the target after post-copy; the source's has the figures.
+    auto own = own_figures();
+    if (own) {
+      LOG_INFO("kubevirt") << "session=" << id_ << " libvirt's figures from the source's completed job (post-copy): "
+                           << own->downtime_ms << " ms downtime, " << own->total_time_ms << " ms, "
+                           << own->postcopy_requests << " page requests";
+      MutexLock lock(mu_);
+      record_.libvirt = own.value();
+    } else {
+      LOG_INFO("kubevirt") << "session=" << id_ << " no libvirt figures on either node: " << own.error().message;
+    }
   }
   succeed();
   link_->close();
