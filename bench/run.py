@@ -327,14 +327,14 @@ def run_postcopy_direct(chain):
             "per_request_us": per_request_us(r["target_blocktime_ms"], r["postcopy_requests"]), "mismatches": mismatches}
 
 
-def run_postcopy_agents(chain, agents):
+def run_postcopy_agents(chain, agents, ring_depth=None):
     a, b = agents
     dst = chain.next_target()
     src, since = chain.src, len(chain.src.events)
     try:
         target, source = start_migration(a, b, chain.src.agent_qmp_path, dst.agent_qmp_path, vm="bench-pc",
                                          postCopy="after", maxBandwidthBytesPerSecond=PC_BW, maxDowntimeMs=50,
-                                         completionTimeoutSeconds=240)
+                                         completionTimeoutSeconds=240, ring_depth=ring_depth)
     except Exception as e:
         raise_guest_death_or(e, chain, dst, check_target=False)
     s = a.wait(source["id"], timeout=300)
@@ -367,12 +367,17 @@ def section_postcopy(work, args, results):
     level = os.environ.get("RDMIG_BENCH_LOG", "warn")
     agents = [Agent(work, "bench-pc-a", log_level=level), Agent(work, "bench-pc-b", log_level=level)]
     chain = PostcopyChain(work, "pc")
-    runs = {"direct": [], "agents": []}
+    # --pc-ring-depths: more rows through the agents, each with that migration ringDepth (chunks in
+    # flight per channel): a requested page waits behind what is queued between the QEMUs.
+    depths = {"agents": None}
+    depths.update({"agents-ring%d" % d: d for d in args.pc_ring_depths})
+    ways = ["direct"] + list(depths)
+    runs = {w: [] for w in ways}
     try:
         for i in range(args.runs):
-            for path in (("direct", "agents") if i % 2 == 0 else ("agents", "direct")):
+            for path in (ways if i % 2 == 0 else ways[::-1]):
                 fn = run_postcopy_direct if path == "direct" else run_postcopy_agents
-                r = chain.run(path, fn) if path == "direct" else chain.run(path, fn, agents)
+                r = chain.run(path, fn) if path == "direct" else chain.run(path, fn, agents, depths[path])
                 runs[path].append(r)
                 print("  post-copy %s: %s" % (path, {k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items()}),
                       flush=True)
@@ -382,11 +387,15 @@ def section_postcopy(work, args, results):
             a.stop()
     row = {path: {k: spread([r[k] for r in rs]) for k in PC_KEYS} for path, rs in runs.items()}
     row["runs"] = args.runs
+    row["ways"] = ways
     row["raw"] = runs
     row["mismatches"] = {path: sum(r["mismatches"] for r in rs) for path, rs in runs.items()}
     for k in ("total_ms", "phase_ms", "per_request_us"):
         d, a = row["direct"][k], row["agents"][k]
         row[k + "_ratio"] = ratio(a["median"], d["median"]) if a and d else None
+        for w in ways[2:]:
+            x = row[w][k]
+            row.setdefault("ratios_" + w, {})[k] = ratio(x["median"], d["median"]) if x and d else None
     results["postcopy"] = row
     med_of = lambda p, k: (row[p][k] or {}).get("median")
     print("post-copy: total direct %s ms, agents %s ms (x%s); post-copy phase %s / %s ms; block time per page request "
@@ -682,12 +691,16 @@ def write_markdown(results, path):
               "machine line says of the host's QEMU." % PC_MEM, "",
               "| | total (ms) | downtime (ms) | switch after (ms) | post-copy phase (ms) | page requests | block time (ms) | per request (us) |",
               "|---|---|---|---|---|---|---|---|"]
-        for way in ("direct", "agents"):
+        for way in pc.get("ways", ("direct", "agents")):
             L.append("| %s | %s |" % (way, " | ".join(cell(way, k) for k in PC_KEYS)))
         L += ["", "Ratios agents / direct (medians): total %s, post-copy phase %s, block time per request %s. "
               "Stale or torn pages found by the verifier: %s." % (
                   fmt(pc["total_ms_ratio"], "%.2f"), fmt(pc["phase_ms_ratio"], "%.2f"), fmt(pc["per_request_us_ratio"], "%.2f"),
                   pc["mismatches"]), ""]
+        for way in pc.get("ways", ())[2:]:
+            q = pc["ratios_" + way]
+            L += ["%s / direct (medians): total %s, post-copy phase %s, block time per request %s." % (
+                way, fmt(q["total_ms"], "%.2f"), fmt(q["phase_ms"], "%.2f"), fmt(q["per_request_us"], "%.2f")), ""]
     if "failover" in results:
         f = results["failover"]
         L += ["## Failover (docs/failover.md): %d MiB guest dirtying 32 MiB passes, multifd 0, capped at 256 MiB/s, medians of %d interleaved runs" % (f["mem_mib"], f["runs"]), "",
@@ -802,8 +815,16 @@ def main():
     ap.add_argument("--dirty", default="0,32", help="MiB per dirtying pass (0 = idle), e.g. 0,32")
     ap.add_argument("--multifd", help="multifd channel counts for 'whole', e.g. 0,4,8")
     ap.add_argument("--sections", default="whole,defaults,dataplane,sweep,concurrent")
+    ap.add_argument("--pc-ring-depths", default="",
+                    help="postcopy: also through the agents with these migration ringDepth values, e.g. 4,2")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "latest"))
     args = ap.parse_args()
+    try:
+        args.pc_ring_depths = [int(x) for x in args.pc_ring_depths.split(",") if x]
+    except ValueError:
+        ap.error("--pc-ring-depths: integers, e.g. 4,2")
+    if any(d < 2 or d > 1024 for d in args.pc_ring_depths):
+        ap.error("--pc-ring-depths: each 2..1024 (migration ringDepth)")
     sections = args.sections.split(",")
     ensure_guest()
     os.makedirs(args.out, exist_ok=True)
