@@ -1107,7 +1107,9 @@ class AgentMigrationTest(unittest.TestCase):
     def kill_agent_in_postcopy_and_restart(self, which):
         """A post-copy migration (stretched as above), its `which` agent ("source" or "target") killed
         once it switched and started again on its data port with its stateDir: it takes the migration
-        up from its record, the other agent's recovery finds it, and the migration completes."""
+        up from its record, the other agent's recovery finds it, and the migration completes.
+        "both": both agents killed at once and restarted one after the other (the source first, its
+        tries failing until the target is back): each takes its side up from its own record."""
         a, b = self.recovery_agents(120)
         src, dst = self.verifier_pair(target_paused=True)
         src.qmp("migrate-set-parameters", **{"max-postcopy-bandwidth": 4 << 20})
@@ -1124,6 +1126,9 @@ class AgentMigrationTest(unittest.TestCase):
         while dst.qmp("query-migrate").get("status") != "postcopy-active":
             self.assertLess(time.monotonic(), deadline, "the target QEMU did not enter post-copy")
             time.sleep(0.05)
+        if which == "both":
+            self.kill_both_agents_in_postcopy_and_restart(a, b, source, target, src, dst)
+            return
         killed, kmid, survivor, smid = (a, source["id"], b, target["id"]) if which == "source" else \
             (b, target["id"], a, source["id"])
         # What is on disk: 0600 in the 0700 stateDir, the session's name and channel key, never a token.
@@ -1177,6 +1182,44 @@ class AgentMigrationTest(unittest.TestCase):
         self.assertEqual(dst.status(), "running")
         dst.wait_for_verifier(last + 3, timeout=120)
         self.assert_verifier_clean(src, dst)
+
+    def kill_both_agents_in_postcopy_and_restart(self, a, b, source, target, src, dst):
+        for agent, mid in ((a, source["id"]), (b, target["id"])):
+            self.assertTrue(os.path.exists(os.path.join(agent.state_dir, mid + ".postcopy.json")), agent.name)
+        a.kill()
+        b.kill()
+        # Both QEMUs lose their connections at once and pause; nothing resumes them meanwhile.
+        deadline = time.monotonic() + 30
+        while (src.qmp("query-migrate").get("status"), dst.qmp("query-migrate").get("status")) != \
+                ("postcopy-paused", "postcopy-paused"):
+            self.assertLess(time.monotonic(), deadline, "the QEMUs did not both pause")
+            time.sleep(0.1)
+        a.restart()
+        self.assertIn("taken up again after this agent restarted", a.log_text())
+        time.sleep(3)  # the source's tries against the target agent still down
+        self.assertEqual(a.get(source["id"])["phase"], "Recovering")
+        b.restart()
+        self.assertIn("taken up again after this agent restarted", b.log_text())
+        s = a.wait(source["id"], timeout=240)
+        t = b.wait(target["id"], timeout=60)
+        print("\n[post-copy, both agents killed and restarted] source %s\n[...] target %s"
+              % (s["postCopy"], t["postCopy"]), file=sys.stderr)
+        self.assertEqual(s["phase"], "Succeeded", s["result"]["reason"])
+        self.assertEqual(t["phase"], "Succeeded", t["result"]["reason"])
+        for st in (s, t):
+            self.assertEqual(st["postCopy"]["recovery"]["state"], "recovered", st["postCopy"])
+            self.assertGreaterEqual(st["postCopy"]["recovery"]["recoveries"], 1)
+            self.assertTrue(st["postCopy"]["recovery"]["afterRestart"], st["postCopy"])
+        self.assertGreaterEqual(s["postCopy"]["recovery"]["tries"], 2, "the source tried while the target was down")
+        for agent in (a, b):
+            self.assertEqual([n for n in os.listdir(agent.state_dir) if n.endswith(".postcopy.json")], [], agent.name)
+        last = src.verifier()["counter"]
+        dst.cont()
+        dst.wait_for_verifier(last + 3, timeout=120)
+        self.assert_verifier_clean(src, dst)
+
+    def test_postcopy_both_agents_killed_and_restarted_take_the_migration_up_and_its_memory_verifies(self):
+        self.kill_agent_in_postcopy_and_restart("both")
 
     def test_postcopy_source_agent_killed_and_restarted_takes_the_migration_up_and_its_memory_verifies(self):
         self.kill_agent_in_postcopy_and_restart("source")
