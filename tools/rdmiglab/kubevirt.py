@@ -32,13 +32,11 @@ from .kvnet import HandlerNetwork
 from .kvpki import make_test_pki
 from .kvpod import DEFAULT_FLAVOR, FLAVORS, QEMU_GID, QEMU_UID, LauncherPod, wait_for, _stop
 from .qmp import QmpClient
+from .qemu import verifier_state
 
 TOOLS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARE_DIR = "/var/run/kubevirt"  # virtShareDir inside the launcher
 COUNTER_RE = re.compile(rb"^rdmig-counter (\d+)\r?$", re.M)
-# The guest's memory verifier (tools/guest/verify.c, rdmig.verify_mib): the same lines rdmiglab.qemu reads.
-VERIFY_RE = re.compile(rb"^rdmig-verify-counter (\d+) checked=(\d+) scans=(\d+) writes=(\d+) mismatches=(\d+)\r?$", re.M)
-MISMATCH_RE = re.compile(rb"^rdmig-verify-mismatch .*$", re.M)
 DISK_RE = re.compile(rb"^rdmig-disk (\d+)\r?$", re.M)  # the guest's disk writer (rdmig.disk=1)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -319,19 +317,7 @@ class KubevirtCluster:
         "mismatch_lines"} of its last complete line; counter None before any. The counts live in
         guest memory, so on the target they go on from the source's (a migrated guest's log
         starts anew in the target pod)."""
-        try:
-            with open(self.pods[node].path(self.vmi.serial_in_pod), "rb") as f:
-                data = f.read()
-        except OSError:
-            data = b""
-        data = data[:data.rfind(b"\n") + 1]
-        lines = VERIFY_RE.findall(data)
-        bad = [m.decode(errors="replace") for m in MISMATCH_RE.findall(data)]
-        if not lines:
-            return {"counter": None, "checked": 0, "scans": 0, "writes": 0, "mismatches": 0, "mismatch_lines": bad}
-        c, checked, scans, writes, mism = (int(x) for x in lines[-1])
-        return {"counter": c, "checked": checked, "scans": scans, "writes": writes,
-                "mismatches": max(mism, max(int(l[4]) for l in lines)), "mismatch_lines": bad}
+        return verifier_state(self.pods[node].path(self.vmi.serial_in_pod))
 
     def wait_for_verifier(self, node, min_counter, min_scans=0, timeout=60.0):
         """Waits until the verifier on `node` reaches ``min_counter`` with ``min_scans`` full scans."""

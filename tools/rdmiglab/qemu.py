@@ -14,6 +14,24 @@ VERIFY_RE = re.compile(rb"^rdmig-verify-counter (\d+) checked=(\d+) scans=(\d+) 
 MISMATCH_RE = re.compile(rb"^rdmig-verify-mismatch .*$", re.M)
 
 
+def verifier_state(serial_log):
+    """The memory verifier's state from a guest's serial log: {"counter", "checked", "scans",
+    "writes", "mismatches", "mismatch_lines"} of its last complete line (counter None before any)."""
+    try:
+        with open(serial_log, "rb") as f:
+            data = f.read()
+    except OSError:
+        data = b""
+    data = data[:data.rfind(b"\n") + 1]
+    lines = VERIFY_RE.findall(data)
+    bad = [m.decode(errors="replace") for m in MISMATCH_RE.findall(data)]
+    if not lines:
+        return {"counter": None, "checked": 0, "scans": 0, "writes": 0, "mismatches": 0, "mismatch_lines": bad}
+    c, checked, scans, writes, mism = (int(x) for x in lines[-1])
+    return {"counter": c, "checked": checked, "scans": scans, "writes": writes,
+            "mismatches": max(mism, max(int(l[4]) for l in lines)), "mismatch_lines": bad}
+
+
 def trixie_qemu():
     """(argv prefix, extra environment) that run Debian 13's QEMU 10.0 on this host straight
     from the cached launcher root (``launcher_root.ensure_launcher_root()``, built once per
@@ -356,21 +374,8 @@ class QemuVm:
 
     # -- memory verifier (rdmig.verify_mib) -----------------------------------------------
     def verifier(self):
-        """The verifier's state from the serial log: {"counter", "checked", "scans", "writes",
-        "mismatches", "mismatch_lines"} of its last complete line (counter None before any)."""
-        try:
-            with open(self.serial_log, "rb") as f:
-                data = f.read()
-        except OSError:
-            data = b""
-        data = data[:data.rfind(b"\n") + 1]
-        lines = VERIFY_RE.findall(data)
-        bad = [m.decode(errors="replace") for m in MISMATCH_RE.findall(data)]
-        if not lines:
-            return {"counter": None, "checked": 0, "scans": 0, "writes": 0, "mismatches": 0, "mismatch_lines": bad}
-        c, checked, scans, writes, mism = (int(x) for x in lines[-1])
-        return {"counter": c, "checked": checked, "scans": scans, "writes": writes,
-                "mismatches": max(mism, max(int(l[4]) for l in lines)), "mismatch_lines": bad}
+        """The verifier's state from the serial log (verifier_state)."""
+        return verifier_state(self.serial_log)
 
     def wait_for_verifier(self, min_counter, min_scans=0, timeout=60.0):
         """Waits until the verifier's counter reaches ``min_counter`` with at least ``min_scans``

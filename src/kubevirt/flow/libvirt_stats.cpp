@@ -59,6 +59,20 @@ Result<Conn> open_daemon(const std::string& socket) {
   return conn;
 }
 
+// libvirt's figures of a completed job (virDomainGetJobStats' typed parameters).
+LibvirtJobStats completed_job(virTypedParameterPtr params, int n, const std::string& domain) {
+  LibvirtJobStats s;
+  s.domain = domain;
+  unsigned long long v = 0;
+  if (virTypedParamsGetULLong(params, n, VIR_DOMAIN_JOB_DOWNTIME, &v) == 1) s.downtime_ms = static_cast<int64_t>(v);
+  if (virTypedParamsGetULLong(params, n, VIR_DOMAIN_JOB_TIME_ELAPSED, &v) == 1) s.total_time_ms = static_cast<int64_t>(v);
+  if (virTypedParamsGetULLong(params, n, VIR_DOMAIN_JOB_DATA_TOTAL, &v) == 1) s.data_total_bytes = v;
+  if (virTypedParamsGetULLong(params, n, VIR_DOMAIN_JOB_MEMORY_POSTCOPY_REQS, &v) == 1) {
+    s.postcopy_requests = static_cast<int64_t>(std::min<unsigned long long>(v, INT64_MAX));
+  }
+  return s;
+}
+
 // One attempt on one daemon: the stats when the domain runs here and its job is complete;
 // `runs` tells whether the daemon answered with the domain active.
 Result<std::optional<LibvirtJobStats>> try_daemon(const std::string& socket, const std::string& domain, bool& runs) {
@@ -78,18 +92,7 @@ Result<std::optional<LibvirtJobStats>> try_daemon(const std::string& socket, con
     return Error{Errc::kUnavailable, "virDomainGetJobStats: " + last_error()};
   }
   std::optional<LibvirtJobStats> out;
-  if (type == VIR_DOMAIN_JOB_COMPLETED) {
-    LibvirtJobStats s;
-    s.domain = domain;
-    unsigned long long v = 0;
-    if (virTypedParamsGetULLong(params, n, VIR_DOMAIN_JOB_DOWNTIME, &v) == 1) s.downtime_ms = static_cast<int64_t>(v);
-    if (virTypedParamsGetULLong(params, n, VIR_DOMAIN_JOB_TIME_ELAPSED, &v) == 1) s.total_time_ms = static_cast<int64_t>(v);
-    if (virTypedParamsGetULLong(params, n, VIR_DOMAIN_JOB_DATA_TOTAL, &v) == 1) s.data_total_bytes = v;
-    if (virTypedParamsGetULLong(params, n, VIR_DOMAIN_JOB_MEMORY_POSTCOPY_REQS, &v) == 1) {
-      s.postcopy_requests = static_cast<int64_t>(std::min<unsigned long long>(v, INT64_MAX));
-    }
-    out = s;
-  }
+  if (type == VIR_DOMAIN_JOB_COMPLETED) out = completed_job(params, n, domain);
   virTypedParamsFree(params, n);
   return out;
 }
@@ -302,16 +305,7 @@ Result<LibvirtJobStats> read_outgoing_completed_job(const KubevirtConfig& config
       return;
     }
     if (type == VIR_DOMAIN_JOB_COMPLETED) {
-      LibvirtJobStats st;
-      st.domain = domain;
-      unsigned long long v = 0;
-      if (virTypedParamsGetULLong(params, n, VIR_DOMAIN_JOB_DOWNTIME, &v) == 1) st.downtime_ms = static_cast<int64_t>(v);
-      if (virTypedParamsGetULLong(params, n, VIR_DOMAIN_JOB_TIME_ELAPSED, &v) == 1) st.total_time_ms = static_cast<int64_t>(v);
-      if (virTypedParamsGetULLong(params, n, VIR_DOMAIN_JOB_DATA_TOTAL, &v) == 1) st.data_total_bytes = v;
-      if (virTypedParamsGetULLong(params, n, VIR_DOMAIN_JOB_MEMORY_POSTCOPY_REQS, &v) == 1) {
-        st.postcopy_requests = static_cast<int64_t>(std::min<unsigned long long>(v, INT64_MAX));
-      }
-      found = st;
+      found = completed_job(params, n, domain);
     } else {
       why = "domain " + domain + " has no completed migration job in " + path;
     }
