@@ -6,7 +6,9 @@
 #include <poll.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "common/hmac.h"
 
@@ -233,8 +235,17 @@ Status TlsStream::write_all(std::span<const std::byte> buf) {
 }
 
 bool TlsStream::try_write(std::span<const std::byte> buf) {
-  std::unique_lock lock(mu_, std::try_to_lock);
-  if (!lock.owns_lock()) return false;
+  // mu_ is held only across SSL calls on the non-blocking socket, never across a wait: a reader
+  // inside SSL_read (a TLS 1.3 session ticket right after the handshake) lets go within
+  // microseconds. One try_lock lost the abort frame to exactly that (the peer then saw "peer
+  // closed the connection" instead of the reason, 1 in 6 runs of the unit tests), so try for a
+  // little while, never longer than kTryWriteLockWait.
+  std::unique_lock lock(mu_, std::defer_lock);
+  const auto until = std::chrono::steady_clock::now() + kTryWriteLockWait;
+  while (!lock.try_lock()) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
   ERR_clear_error();
   size_t n = 0;
   const bool ok = SSL_write_ex(ssl_, buf.data(), buf.size(), &n) == 1 && n == buf.size();

@@ -55,7 +55,8 @@ class TlsStream {
   // Some bytes into `buf` (waits for at least one); 0 at the end of the stream.
   Result<size_t> read_some(std::span<std::byte> buf);
   Status write_all(std::span<const std::byte> buf);
-  // Best effort, never waits (an abort's reason): false when it could not write all of it.
+  // Best effort (an abort's reason): never waits for the socket, and for the lock at most
+  // kTryWriteLockWait; false when it could not write all of it.
   bool try_write(std::span<const std::byte> buf);
 
  private:
@@ -67,9 +68,12 @@ class TlsStream {
   bool ktls_recv_ = false;
   // Guards ssl_: every SSL call after the handshake (OpenSSL's SSL object is not safe for a
   // reader and a writer at once). Taken by the channel's reader thread (read_some) and its
-  // writers (write_all under TcpChannel's write_mu_; try_write only with try_lock). Released
-  // while read_some/write_all poll the socket, so neither direction waits for the other's I/O.
+  // writers (write_all under TcpChannel's write_mu_; try_write with try_lock, for at most
+  // kTryWriteLockWait). Released while read_some/write_all poll the socket, so neither
+  // direction waits for the other's I/O.
   std::mutex mu_;  // every SSL call after the handshake
+  // try_write's wait for mu_ (held only across one SSL call, never across I/O waits).
+  static constexpr std::chrono::milliseconds kTryWriteLockWait{50};
 };
 
 
