@@ -172,9 +172,11 @@ def main():
     res["summary"] = {}
     for path in PATHS:
         ok = [r for r in res["runs"] if r["valid"] and r["path"] == path]
-        res["summary"][path] = dict({k: {"median": med([r.get(k) for r in ok]),
-                                         "min": span([r.get(k) for r in ok])[0],
-                                         "max": span([r.get(k) for r in ok])[1]} for k in FIGURES}, n=len(ok))
+        res["summary"][path] = {"n": len(ok)}
+        for k in FIGURES:
+            xs = [r.get(k) for r in ok]
+            lo, hi = span(xs)
+            res["summary"][path][k] = {"median": med(xs), "min": lo, "max": hi}
     with open(base + ".json", "w") as f:
         json.dump(res, f, indent=1, sort_keys=True)
     write_markdown(res, base + ".md")

@@ -25,6 +25,16 @@ using namespace std::chrono_literals;
 namespace {
 void quiet(void*, virErrorPtr) {}
 
+// KubeVirt's name of a VMI's domain.
+std::string domain_of(const VmiRef& vmi) { return vmi.namespace_ + "_" + vmi.name; }
+
+// Why nothing was asked: no launcher daemon of `vmi` here (`refused`: the last process that named
+// the VMI but was not in its launcher pod, if any).
+std::string no_launcher(const KubevirtConfig& config, const VmiRef& vmi, const std::string& refused = "") {
+  return "no " + config.launcher_program + " process with --uid " + vmi.uid + " and a libvirt socket" +
+         (refused.empty() ? "" : " (" + refused + ")");
+}
+
 // The source domain's state once its migration switched to post-copy: paused for it, or paused
 // because post-copy failed (both QEMUs postcopy-paused). nullptr for any other state.
 const char* postcopy_state(int state, int reason) {
@@ -180,17 +190,14 @@ Result<unsigned long> launcher_qemu_version(const KubevirtConfig& config, const 
     version = v;
   });
   if (version) return *version;
-  if (why.empty()) {
-    why = "no " + config.launcher_program + " process with --uid " + vmi.uid + " and a libvirt socket" +
-          (refused.empty() ? "" : " (" + refused + ")");
-  }
+  if (why.empty()) why = no_launcher(config, vmi, refused);
   return Error{Errc::kNotFound, why};
 }
 
 Result<std::string> abort_outgoing_job(const KubevirtConfig& config, const LauncherIdentity& launchers,
                                        const VmiRef& vmi, int64_t armed_at_ms, int64_t failed_at_ms) {
   virSetErrorFunc(nullptr, quiet);
-  const std::string domain = vmi.namespace_ + "_" + vmi.name;
+  const std::string domain = domain_of(vmi);
   std::string done;
   std::string refused;
   for_each_daemon(config, launchers, vmi, refused, [&](const std::string& path) {
@@ -247,7 +254,7 @@ Result<std::string> abort_outgoing_job(const KubevirtConfig& config, const Launc
 Result<bool> outgoing_switched_to_postcopy(const KubevirtConfig& config, const LauncherIdentity& launchers,
                                            const VmiRef& vmi) {
   virSetErrorFunc(nullptr, quiet);
-  const std::string domain = vmi.namespace_ + "_" + vmi.name;
+  const std::string domain = domain_of(vmi);
   std::optional<bool> switched;
   std::string refused;
   std::string why;
@@ -272,20 +279,17 @@ Result<bool> outgoing_switched_to_postcopy(const KubevirtConfig& config, const L
     switched = postcopy_state(state, reason) != nullptr;
   });
   if (switched) return *switched;
-  if (why.empty()) {
-    why = "no " + config.launcher_program + " process with --uid " + vmi.uid + " and a libvirt socket" +
-          (refused.empty() ? "" : " (" + refused + ")");
-  }
+  if (why.empty()) why = no_launcher(config, vmi, refused);
   return Error{Errc::kNotFound, why};
 }
 
 Result<LibvirtJobStats> read_outgoing_completed_job(const KubevirtConfig& config, const LauncherIdentity& launchers,
                                                     const VmiRef& vmi) {
   virSetErrorFunc(nullptr, quiet);
-  const std::string domain = vmi.namespace_ + "_" + vmi.name;
+  const std::string domain = domain_of(vmi);
   std::optional<LibvirtJobStats> found;
   std::string refused;
-  std::string why = "no " + config.launcher_program + " process with --uid " + vmi.uid + " and a libvirt socket";
+  std::string why = no_launcher(config, vmi);
   for_each_daemon(config, launchers, vmi, refused, [&](const std::string& path) {
     if (found) return;
     auto opened = open_daemon(path);
@@ -326,10 +330,10 @@ Result<LibvirtJobStats> read_completed_job(const KubevirtConfig& config, const L
                                            const VmiRef& vmi, std::chrono::milliseconds wait,
                                            bool launcher_was_here) {
   virSetErrorFunc(nullptr, quiet);
-  const std::string domain = vmi.namespace_ + "_" + vmi.name;
+  const std::string domain = domain_of(vmi);
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + wait;
-  std::string why = "no " + config.launcher_program + " process with --uid " + vmi.uid + " and a libvirt socket";
+  std::string why = no_launcher(config, vmi);
   // Since when the domain has been seen running nowhere on this node while every launcher
   // daemon of the VMI answered (or, when one was here at the start, no launcher of the VMI is
   // left): the incoming migration failed or the target pod is gone.
