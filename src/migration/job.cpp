@@ -527,11 +527,7 @@ void Job::on_failover(const session::FailoverEvent& ev) {
     MutexLock lock(status_mu_);
     rail_moves_.emplace_back(ev.index, ev.rail);
   }
-  // Most reasons name the channel already ("channel 3: send: ..."): say it once.
-  const std::string tag = "channel " + std::to_string(ev.index) + ": ";
-  const std::string what = (ev.reason.starts_with(tag) ? "" : tag) + ev.reason + "; resumed on " + ev.path +
-                           " after " + std::to_string(ev.took.count()) + " ms, " + std::to_string(ev.resent) +
-                           " chunk(s) resent";
+  const std::string what = session::failover_words(ev);
   LOG_WARN("migration") << log_prefix() << " failover: " << what;
   update([&](MigrationStatus& s) {
     ++s.failovers;

@@ -73,6 +73,15 @@ std::string failover_destination(const std::string& path) {
   return path.find("(alternate address ") != std::string::npos ? "address" : "rail";
 }
 
+std::string failover_words(const FailoverEvent& ev) {
+  // Most reasons name the channel already ("channel 3: send: ..."): say it once.
+  const std::string tag = "channel " + std::to_string(ev.index) + ": ";
+  std::string what = (ev.reason.starts_with(tag) ? "" : tag) + ev.reason + "; resumed on " + ev.path + " after " +
+                     std::to_string(ev.took.count()) + " ms, " + std::to_string(ev.resent) + " chunk(s) resent";
+  if (!ev.passed_over.empty()) what += " (passed over: " + ev.passed_over + ")";
+  return what;
+}
+
 std::string FailoverChannel::path() const {
   std::lock_guard lock(mu_);
   return path_;
@@ -420,7 +429,8 @@ Status FailoverChannel::fail_over(const Error& first) {
       auto st = resend(*r->channel, r->peer_taken, upto);
       if (st) {
         FailoverEvent ev{index_, first.message, r->path, upto - r->peer_taken,
-                         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started), from, r->rail};
+                         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started), from, r->rail,
+                         r->passed_over};
         {
           std::lock_guard lock(mu_);
           retired_.emplace_back(gen_, std::move(cur_));

@@ -56,6 +56,9 @@ struct Resumed {
   uint64_t peer_taken = 0;
   std::string path;  // what the new link runs over, for logs and status ("tcp 10.0.0.2:7471")
   std::optional<uint32_t> rail{};  // the rail (its number) the new link runs on; none over TCP
+  // The paths of dataPlane.failoverPaths tried before this one, each with why it failed ("" when
+  // the first path took it): an operator sees why a preferred path was passed over.
+  std::string passed_over{};
 };
 
 // One failover, as reported to the owner.
@@ -71,7 +74,12 @@ struct FailoverEvent {
   std::chrono::milliseconds took{0};
   std::string from;  // the transport of the link that failed ("rdma", "tcp")
   std::optional<uint32_t> rail{};  // the rail it resumed on (Resumed::rail); none over TCP
+  std::string passed_over{};       // Resumed::passed_over
 };
+
+// The words a record and a log give a failover: "channel 3: <why>; resumed on <path> after N ms,
+// K chunk(s) resent", then the paths passed over before it, if any.
+std::string failover_words(const FailoverEvent& ev);
 
 class FailoverChannel final : public transport::Channel {
  public:

@@ -40,6 +40,7 @@ Result<Resumed> redial_over_paths(uint32_t index, const FailoverPaths& paths, st
     auto r = tries[k] ? over_rail(*tries[k], until) : over_tcp(deadline);
     if (r) {
       current = tries[k];
+      r->passed_over = tried;
       return r;
     }
     if (refused(r.error())) return r.error();

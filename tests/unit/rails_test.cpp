@@ -552,13 +552,25 @@ TEST(RailFailover, TriesTheOtherRailsInOrderThenTcpAndKeepsWhereTheChannelWent) 
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ(log.tried, (std::vector<std::string>{"rail 2", "rail 0", "tcp"}));
   EXPECT_EQ(r->path, "tcp");
+  // Why the preferred paths were passed over goes with it (the failover's record and log say it).
+  EXPECT_EQ(r->passed_over, "rail 2: unreachable; rail 0: unreachable");
   EXPECT_FALSE(current.has_value());  // over TCP now
   // Its next failure (over TCP) may go to any rail, the first one included.
   log = PathLog{};
   auto again = rdmig::session::redial_over_paths(5, paths, current, in_5s(), log.rail(), log.tcp());
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(log.tried, (std::vector<std::string>{"rail 0"}));
+  EXPECT_EQ(again->passed_over, "");
   EXPECT_EQ(current, on_rail(0));
+  // The words of the record and the log: the paths passed over follow, only when there were any.
+  rdmig::session::FailoverEvent ev{5, "channel 5: reset", "tcp 10.0.0.2:7471", 3, std::chrono::milliseconds(40),
+                                   "rdma", std::nullopt, r->passed_over};
+  EXPECT_EQ(rdmig::session::failover_words(ev),
+            "channel 5: reset; resumed on tcp 10.0.0.2:7471 after 40 ms, 3 chunk(s) resent (passed over: rail 2: "
+            "unreachable; rail 0: unreachable)");
+  ev.passed_over.clear();
+  ev.reason = "reset";
+  EXPECT_EQ(rdmig::session::failover_words(ev), "channel 5: reset; resumed on tcp 10.0.0.2:7471 after 40 ms, 3 chunk(s) resent");
 }
 
 TEST(RailFailover, FollowsTheConfiguredOrderAndLeavesOutWhatTheTargetDidNotOffer) {

@@ -83,10 +83,7 @@ std::unique_ptr<transport::Channel> FlowSession::wrap_for_failover(std::unique_p
 }
 
 void FlowSession::on_failover(const session::FailoverEvent& ev) {
-  const std::string tag = "channel " + std::to_string(ev.index) + ": ";
-  const std::string what = (ev.reason.starts_with(tag) ? "" : tag) + ev.reason + "; resumed on " + ev.path +
-                           " after " + std::to_string(ev.took.count()) + " ms, " + std::to_string(ev.resent) +
-                           " chunk(s) resent";
+  const std::string what = session::failover_words(ev);
   std::string role;
   const session::RailPair* to = ev.rail ? session::find_rail(rails_, *ev.rail) : nullptr;
   const std::string now_on = to ? session::rail_text(*to) : "";  // as add_leg words it; empty over TCP
