@@ -99,10 +99,12 @@ struct MigrationDefaults {
 };
 
 // TCP transport. splice: move payload between QEMU's socket and the peer's with splice(2)
-// (no copy through user space); see transport/tcp/splice_mode.h. Off by default: on the
-// machines measured so far splice cost the agents more CPU than copying (README "Benchmarks").
+// (no copy through user space); see transport/tcp/splice_mode.h. auto by default: since the
+// receiving agent splices chunks through to QEMU from its reader thread, it is the cheapest mode
+// on both paths (bench/relay_floor.py, README "Benchmarks"); channels that cannot splice
+// (user-space TLS, verifyChunks, failover) copy.
 struct TcpConfig {
-  transport::SpliceMode splice = transport::SpliceMode::kOff;
+  transport::SpliceMode splice = transport::SpliceMode::kAuto;
 };
 
 // One RDMA device the data plane uses (a "rail"); the data plane maps it onto

@@ -31,6 +31,46 @@ uint32_t chunk_crc(uint64_t seq, std::span<const std::byte> payload) {
   return crc32c(payload, crc32c(s));
 }
 
+// A splicing channel makes QEMU's socket non-blocking (Channel::set_inline_sink): the pump's own
+// reads and writes on it wait for readiness where a blocking socket would have waited in the call.
+void wait_ready(int fd, short events) {
+  pollfd p{fd, events, 0};
+  while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+  }
+}
+
+// One recv of what QEMU has ready (at least one byte, or its end or error), as on a blocking socket.
+ssize_t recv_ready(int fd, void* buf, size_t len, int flags) {
+  for (;;) {
+    const ssize_t n = ::recv(fd, buf, len, flags);
+    if (n >= 0) return n;
+    if (errno == EAGAIN) {
+      wait_ready(fd, POLLIN);
+    } else if (errno != EINTR) {
+      return n;
+    }
+  }
+}
+
+// All of buf into QEMU's socket, blocking or not.
+Status write_ready(int fd, std::span<const std::byte> buf) {
+  while (!buf.empty()) {
+    const ssize_t n = ::send(fd, buf.data(), buf.size(), MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) {
+        wait_ready(fd, POLLOUT);
+        continue;
+      }
+      auto e = errno_error("send", errno);
+      if (errno == ECONNRESET || errno == EPIPE) e.code = Errc::kUnavailable;
+      return e;
+    }
+    buf = buf.subspan(static_cast<size_t>(n));
+  }
+  return ok_status();
+}
+
 }  // namespace
 
 ChannelPump::ChannelPump(transport::Channel& channel, UniqueFd qemu_fd)
@@ -213,9 +253,7 @@ void ChannelPump::up_loop() {
   if (first_bytes_) {
     // One peek, once per connection: blocks exactly as the first read would have.
     std::array<std::byte, 8> head{};
-    ssize_t n;
-    do n = ::recv(fd, head.data(), head.size(), MSG_PEEK);
-    while (n < 0 && errno == EINTR);
+    const ssize_t n = recv_ready(fd, head.data(), head.size(), MSG_PEEK);
     if (n > 0) first_bytes_(std::span<const std::byte>(head.data(), static_cast<size_t>(n)));
   }
   for (;;) {
@@ -245,9 +283,7 @@ void ChannelPump::up_loop() {
       auto span = buf.value();
       // With verify_chunks() the slot's last bytes are kept for the payload's CRC32C.
       const size_t room = verify_ ? span.size() - kVerifyTrailer : span.size();
-      ssize_t n;
-      do n = ::recv(fd, span.data(), room, 0);
-      while (n < 0 && errno == EINTR);
+      const ssize_t n = recv_ready(fd, span.data(), room, 0);
       if (n > 0) {
         filled = static_cast<size_t>(n);
         size_t wire = filled;
@@ -393,7 +429,7 @@ void ChannelPump::down_loop() {
                                                 detail + "): " + what + "; nothing of it reached QEMU"});
         break;
       }
-      if (auto st = net::write_all(fd, payload); !st) {
+      if (auto st = write_ready(fd, payload); !st) {
         record_error(st.error().with_context(where + ": write to QEMU"));
         break;
       }
@@ -412,7 +448,7 @@ void ChannelPump::down_loop() {
         break;
       }
       written = moved->bytes;
-    } else if (auto st = net::write_all(fd, chunk->data); !st) {
+    } else if (auto st = write_ready(fd, chunk->data); !st) {
       record_error(st.error().with_context(where + ": write to QEMU"));
       break;
     }
@@ -429,8 +465,9 @@ void ChannelPump::down_loop() {
 }
 
 void ChannelPump::inline_sink(int fd) {
-  // Chunks checked here (verify_chunks) or spliced (deliver_to) go through this thread.
-  if (verify_ || channel_.splices()) return;
+  // Chunks checked here (verify_chunks) go through this thread. A splicing channel splices
+  // chunks into fd itself when nothing waits before them (and makes fd non-blocking).
+  if (verify_) return;
   channel_.set_inline_sink(fd, [this](size_t bytes, bool whole_chunk) {
     bytes_down_.fetch_add(bytes, std::memory_order_relaxed);
     if (whole_chunk) chunks_down_.fetch_add(1, std::memory_order_relaxed);

@@ -82,6 +82,9 @@ class Channel {
   // channel), calling `delivered(bytes, whole_chunk)`, and returning the slot's credit at once
   // when the whole chunk went. What it could not write is queued for receive() as before, from
   // the first byte not written. Writes that fail are left for receive()'s caller to meet.
+  // A splicing channel (splices()) splices deferred chunks into `fd` the same way and makes `fd`
+  // non-blocking for it: the caller's own reads and writes on `fd` must then wait for readiness
+  // (poll on EAGAIN); what it leaves comes out of receive_deferred() as pending for deliver_to().
   // clear_inline_sink() returns once no such write runs: call it before `fd` is closed.
   using Delivered = std::function<void(size_t bytes, bool whole_chunk)>;
   virtual bool set_inline_sink(int /*fd*/, Delivered /*delivered*/) { return false; }

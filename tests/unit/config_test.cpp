@@ -80,10 +80,10 @@ TEST(AgentConfig, RejectsUnknownTransport) {
   EXPECT_NE(c.error().message.find("infiniband"), std::string::npos);
 }
 
-TEST(AgentConfig, TcpSpliceDefaultsToOffAndTakesOnAndAuto) {
+TEST(AgentConfig, TcpSpliceDefaultsToAutoAndTakesOnAndOff) {
   auto d = parse_agent_config("");
   ASSERT_TRUE(d.ok());
-  EXPECT_EQ(d->tcp.splice, rdmig::transport::SpliceMode::kOff);
+  EXPECT_EQ(d->tcp.splice, rdmig::transport::SpliceMode::kAuto);
   for (auto [text, mode] : {std::pair{"on", rdmig::transport::SpliceMode::kOn}, std::pair{"off", rdmig::transport::SpliceMode::kOff},
                             std::pair{"auto", rdmig::transport::SpliceMode::kAuto}}) {
     auto c = parse_agent_config(std::string("tcp:\n  splice: ") + text + "\n");

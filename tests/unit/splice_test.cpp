@@ -181,6 +181,15 @@ TEST_P(PumpOverTcp, CarriesBothDirectionsByteExact) {
     EXPECT_TRUE(link->target->splices());
     // A receiver slow to come for a payload (over 200 ms) gets it copied; here it keeps up.
     EXPECT_GT(link->target->spliced_received(), kUp / 2);
+    // The reader splices chunks through to QEMU itself when nothing waits before them (no
+    // hand-off); a slow QEMU leaves chunks, or what its socket did not take of them, to the
+    // pump's thread, in order.
+    const uint64_t spliced_inline = link->target->inline_spliced();
+    EXPECT_GT(spliced_inline, 0u);
+    EXPECT_LE(spliced_inline, link->target->inline_chunks());
+    if (c.slow_target) {
+      EXPECT_LT(spliced_inline, target_pump.chunks_down()) << "a slow QEMU never made a chunk wait";
+    }
   }
   if (c.source == SpliceMode::kOff) {
     EXPECT_FALSE(link->source->splices());
@@ -207,6 +216,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"CopySenderSpliceReceiver", 1 << 20, 16, SpliceMode::kOff, SpliceMode::kOn},
                       // Small chunks and a short ring: many credits, many headers.
                       Case{"SpliceSmallChunksShallowRing", 64 << 10, 2, SpliceMode::kOn, SpliceMode::kOn},
+                      // A slow target QEMU under splice: chunks spliced through by the reader
+                      // whole, in part (the rest left in the pipe and the slot for the pump's
+                      // thread) and not at all, in order.
+                      Case{"SpliceSlowTargetQemu", 1 << 20, 16, SpliceMode::kOn, SpliceMode::kOn, false, true},
+                      Case{"SpliceSlowTargetQemuSmallChunksShallowRing", 64 << 10, 2, SpliceMode::kOn,
+                           SpliceMode::kOn, false, true},
                       // Chunks larger than the pipe (1 MiB): a payload takes several splices.
                       Case{"SpliceChunksLargerThanThePipe", 4 << 20, 4, SpliceMode::kOn, SpliceMode::kOn},
                       // verifyChunks: a CRC32C per chunk, both ways; on splice channels too

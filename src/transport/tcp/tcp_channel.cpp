@@ -28,19 +28,38 @@ constexpr auto kDeferWait = std::chrono::milliseconds(200);
 // to dial ..."), a broken pipe does not.
 constexpr auto kPeerReasonWait = std::chrono::milliseconds(250);
 
-ssize_t splice_retry(int in, int out, size_t len) {
-  for (;;) {
-    const ssize_t n = ::splice(in, nullptr, out, nullptr, len, SPLICE_F_MOVE);
-    if (n >= 0 || errno != EINTR) return n;
+// Waits until a local socket made non-blocking (set_inline_sink) is ready for `events`. An abort
+// shuts the socket (the pump), which wakes this as it woke a blocking call.
+void wait_local(int fd, short events) {
+  pollfd p{fd, events, 0};
+  while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
   }
 }
 
-// Writes all of buf to a local socket; 0 or the errno.
+// splice(2), retried on EINTR; `local` (the side that is QEMU's socket, may be non-blocking) is
+// waited for on EAGAIN. The pipe side never blocks here: pipes are emptied whole each chunk.
+ssize_t splice_retry(int in, int out, size_t len, int local = -1, short events = 0) {
+  for (;;) {
+    const ssize_t n = ::splice(in, nullptr, out, nullptr, len, SPLICE_F_MOVE);
+    if (n >= 0) return n;
+    if (errno == EAGAIN && local >= 0) {
+      wait_local(local, events);
+      continue;
+    }
+    if (errno != EINTR) return n;
+  }
+}
+
+// Writes all of buf to a local socket (blocking or not); 0 or the errno.
 int write_local(int fd, const std::byte* p, size_t n) {
   while (n > 0) {
     const ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
     if (k < 0) {
       if (errno == EINTR) continue;
+      if (errno == EAGAIN) {
+        wait_local(fd, POLLOUT);
+        continue;
+      }
       return errno;
     }
     p += k;
@@ -213,15 +232,23 @@ Result<LocalMove> TcpChannel::send_from(int fd) {
     // Copy: one recv takes what QEMU has ready, up to a chunk (early flush).
     if (!ensure_staging()) return abort_error();
     ssize_t n;
-    do n = ::recv(fd, staging_.data(), chunk_size_, 0);
-    while (n < 0 && errno == EINTR);
+    for (;;) {
+      n = ::recv(fd, staging_.data(), chunk_size_, 0);
+      if (n >= 0 || errno != EINTR) {
+        if (n < 0 && errno == EAGAIN) {  // made non-blocking as an inline splice sink
+          wait_local(fd, POLLIN);
+          continue;
+        }
+        break;
+      }
+    }
     if (n < 0) return LocalMove{0, false, errno};
     if (n == 0) return LocalMove{0, true, 0};
     RDMIG_TRY(send(static_cast<size_t>(n)));
     return LocalMove{static_cast<size_t>(n), false, 0};
   }
   // One splice takes what QEMU has ready, up to a chunk and the pipe's capacity.
-  const ssize_t n = splice_retry(fd, up_pipe_.w.get(), std::min<size_t>(chunk_size_, up_pipe_.capacity));
+  const ssize_t n = splice_retry(fd, up_pipe_.w.get(), std::min<size_t>(chunk_size_, up_pipe_.capacity), fd, POLLIN);
   if (n < 0) {
     const int err = errno;
     if ((err == EINVAL || err == ENOSYS || err == EOPNOTSUPP) && splice_mode_ == SpliceMode::kAuto &&
@@ -358,8 +385,10 @@ Result<ChunkView> TcpChannel::next_chunk(bool deferred) {
       lock.lock();
       payload_taken_locked(s);
     }
-    return ChunkView{std::span<const std::byte>(s.data + s.offset, s.pending > 0 ? 0 : s.size - s.offset),
-                     s.eof, s.pending};
+    // A leftover of the reader's inline splice is delivered by deliver_to() as a pending payload.
+    const size_t pending = s.pending + s.piped + (s.rest - std::min(s.rest, s.offset));
+    return ChunkView{std::span<const std::byte>(s.data + s.offset, pending > 0 ? 0 : s.size - s.offset), s.eof,
+                     pending};
   }
   lock.unlock();
   return abort_error();
@@ -371,6 +400,22 @@ Result<LocalMove> TcpChannel::deliver_to(int fd) {
   {
     std::unique_lock lock(rx_mu_);
     if (rx_holding_) s = &ring_[queued_[rx_head_ % ring_.size()]];
+    if (s != nullptr && (s->piped > 0 || s->rest > s->offset)) {
+      // What the reader's inline splice left: the pipe's bytes first, then the slot's. The slot
+      // is queued, so only this thread touches it and the pipe now.
+      lock.unlock();
+      size_t moved = 0;
+      while (s->piped > 0) {
+        const ssize_t k = splice_retry(down_pipe_.r.get(), fd, s->piped, fd, POLLOUT);
+        if (k <= 0) return LocalMove{moved, false, k < 0 ? errno : EPIPE};
+        s->piped -= static_cast<size_t>(k);
+        moved += static_cast<size_t>(k);
+      }
+      const size_t left = s->rest - s->offset;
+      if (const int err = write_local(fd, s->data + s->offset, left); err != 0) return LocalMove{moved, false, err};
+      s->rest = s->offset = 0;
+      return LocalMove{moved + left, false, 0};
+    }
     if (s != nullptr && !(claimed = claim_payload_locked(*s))) {
       // The reader may be taking the payload into memory right now: let it finish.
       rx_cv_.wait(lock, [&] { return s->pending == 0 || aborted_.load(); });
@@ -394,7 +439,7 @@ Result<LocalMove> TcpChannel::deliver_to(int fd) {
   size_t pulled = 0, written = 0;
   auto push = [&]() -> int {  // pipe -> QEMU, all of it; 0 or errno
     while (written < pulled) {
-      const ssize_t k = splice_retry(down_pipe_.r.get(), fd, pulled - written);
+      const ssize_t k = splice_retry(down_pipe_.r.get(), fd, pulled - written, fd, POLLOUT);
       if (k <= 0) return k < 0 ? errno : EPIPE;
       written += static_cast<size_t>(k);
     }
@@ -553,10 +598,17 @@ bool TcpChannel::set_inline_sink(int fd, Delivered delivered) {
       (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &want, sizeof want);
     }
   }
+  // Splicing into it must never block the reader: the socket is made non-blocking (this
+  // channel's own hops on it wait for readiness; so must its caller's).
+  bool nonblocking = false;
+  if (splices()) {
+    const int flags = ::fcntl(fd, F_GETFL);
+    nonblocking = flags >= 0 && ((flags & O_NONBLOCK) != 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0);
+  }
   std::lock_guard lock(rx_mu_);
-  if (deferred_) return false;  // payloads stay on the socket for deliver_to()
   sink_fd_ = fd;
   sink_ = std::move(delivered);
+  sink_nonblocking_ = nonblocking;
   return true;
 }
 
@@ -564,6 +616,114 @@ void TcpChannel::clear_inline_sink() {
   std::lock_guard lock(rx_mu_);
   sink_fd_ = -1;
   sink_ = nullptr;
+  sink_nonblocking_ = false;
+}
+
+bool TcpChannel::return_inline_credits(uint32_t credits) {
+  if (credits == 0) return true;
+  // Never wait for the write lock here (the sender may hold it, blocked on a full socket whose
+  // peer waits for this thread to read): leave the credits to the receiving thread.
+  std::unique_lock w(write_mu_, std::try_to_lock);
+  if (w.owns_lock()) {
+    if (auto st = write_frame_locked(FrameHeader{FrameType::kCredit, credits}, nullptr); !st) {
+      w.unlock();
+      fail(st.error().with_context("channel " + std::to_string(index_)));
+      return false;
+    }
+    return true;
+  }
+  {
+    std::lock_guard lock(rx_mu_);
+    owed_credits_ += credits;
+  }
+  rx_cv_.notify_all();
+  return true;
+}
+
+bool TcpChannel::splice_inline(Slot& s, uint32_t slot_index) {
+  const std::string where = "channel " + std::to_string(index_);
+  const size_t len = s.size;
+  // Pull: the whole payload off the socket into the pipe (empty: a leftover would be queued, and
+  // nothing is). The socket read waits for the payload's bytes; a full pipe (its slots hold page
+  // pieces, not bytes) leaves the rest for the slot's memory.
+  size_t pulled = 0;
+  while (pulled < len) {
+    ssize_t n;
+    do n = ::splice(fd_.get(), nullptr, down_pipe_.w.get(), nullptr, len - pulled, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+    while (n < 0 && errno == EINTR);
+    if (n > 0) {
+      pulled += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EAGAIN) {
+      if (pulled > 0) break;
+      pollfd p{fd_.get(), POLLIN, 0};
+      (void)::poll(&p, 1, 1000);
+      if (aborted_.load()) return false;
+      continue;
+    }
+    if (!aborted_.load()) {
+      fail(n == 0 ? Error{Errc::kUnavailable, where + ": peer closed the connection"}
+                  : errno_error(where + ": splice from peer", errno));
+    }
+    return false;
+  }
+  const size_t rest = len - pulled;
+  if (rest > 0) {
+    auto r = net::read_exact(fd_.get(), std::span(s.data, rest));
+    if (!r) {
+      fail(r.error().with_context(where));
+      return false;
+    }
+  }
+  metrics_.chunks_received->Increment();
+  metrics_.bytes_received->Increment(static_cast<double>(len));
+  spliced_received_.fetch_add(pulled, std::memory_order_relaxed);
+  // Push, without blocking (under rx_mu_: clear_inline_sink() waits for it): the pipe, then the
+  // slot's bytes. A partial write is not an error here: the receiver meets any error itself.
+  uint32_t credits = 0;
+  bool whole = false;
+  {
+    std::lock_guard lock(rx_mu_);
+    size_t pushed = 0, wrote = 0;
+    if (sink_fd_ >= 0 && sink_nonblocking_ && !aborted_.load()) {
+      while (pushed < pulled) {
+        ssize_t k;
+        do k = ::splice(down_pipe_.r.get(), nullptr, sink_fd_, nullptr, pulled - pushed, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+        while (k < 0 && errno == EINTR);
+        if (k <= 0) break;
+        pushed += static_cast<size_t>(k);
+      }
+      while (pushed == pulled && wrote < rest) {
+        ssize_t k;
+        do k = ::send(sink_fd_, s.data + wrote, rest - wrote, MSG_DONTWAIT | MSG_NOSIGNAL);
+        while (k < 0 && errno == EINTR);
+        if (k <= 0) break;
+        wrote += static_cast<size_t>(k);
+      }
+      if (pushed + wrote > 0) sink_(pushed + wrote, pushed + wrote == len);
+    }
+    whole = pushed + wrote == len;
+    if (whole) {
+      credits = batcher_.on_release(false);
+      rx_granted_ += credits;
+      inline_chunks_.fetch_add(1, std::memory_order_relaxed);
+      inline_spliced_.fetch_add(1, std::memory_order_relaxed);
+      unplace_locked(s);  // nothing queued: the next chunk goes where this one went
+      free_.push_back(slot_index);
+    } else {
+      s.piped = pulled - pushed;
+      s.rest = rest;
+      s.offset = wrote;
+      queued_[rx_tail_ % ring_.size()] = slot_index;
+      ++rx_tail_;
+    }
+  }
+  if (!whole) {
+    rx_cv_.notify_all();
+    return true;
+  }
+  return return_inline_credits(credits);
 }
 
 bool TcpChannel::deliver_inline_locked(Slot& slot, uint32_t& credits) {
@@ -658,6 +818,7 @@ void TcpChannel::reader_loop() {
         Slot* slot = nullptr;
         uint32_t slot_index = 0;
         bool defer = false;
+        bool inline_splice = false;
         bool placed = false;
         {
           std::unique_lock lock(rx_mu_);
@@ -694,6 +855,8 @@ void TcpChannel::reader_loop() {
             placed = h->type != FrameType::kData || place_locked(*slot);
             if (h->type == FrameType::kEof) peer_eof_ = true;
             defer = deferred_ && h->type == FrameType::kData && h->length <= defer_limit_ && ahead_len_ == 0;
+            // Nothing queued before it and QEMU's socket at hand: this thread splices it through.
+            inline_splice = defer && sink_fd_ >= 0 && sink_nonblocking_ && rx_head_ == rx_tail_;
           }
         }
         if (slot == nullptr) {
@@ -713,6 +876,12 @@ void TcpChannel::reader_loop() {
         slot->size = h->length;
         slot->offset = 0;
         slot->pending = 0;
+        slot->piped = 0;
+        slot->rest = 0;
+        if (inline_splice) {
+          if (!splice_inline(*slot, slot_index)) return;
+          break;
+        }
         if (defer) {
           // The payload stays on the socket for the receiver to splice (deliver_to). If the
           // receiver has not come for it within kDeferWait (QEMU is slow), take it into the
@@ -759,23 +928,8 @@ void TcpChannel::reader_loop() {
         }
         if (!inline_done) {
           rx_cv_.notify_all();
-        } else if (credits > 0) {
-          // Never wait for the write lock here (the sender may hold it, blocked on a full socket
-          // whose peer waits for this thread to read): leave the credits to the receiving thread.
-          std::unique_lock w(write_mu_, std::try_to_lock);
-          if (w.owns_lock()) {
-            if (auto st = write_frame_locked(FrameHeader{FrameType::kCredit, credits}, nullptr); !st) {
-              w.unlock();
-              fail(st.error().with_context(where));
-              return;
-            }
-          } else {
-            {
-              std::lock_guard lock(rx_mu_);
-              owed_credits_ += credits;
-            }
-            rx_cv_.notify_all();
-          }
+        } else if (!return_inline_credits(credits)) {
+          return;
         }
         // After an eof, keep reading: credits for our own direction still come back here.
         break;

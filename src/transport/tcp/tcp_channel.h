@@ -7,7 +7,11 @@
 // through a pipe with splice(2), so the bytes never pass through user space. Sending: one
 // splice from QEMU into the pipe takes what QEMU has ready (at most a chunk and the pipe's
 // capacity, 1 MiB), that becomes the chunk: header (MSG_MORE), then the pipe into the socket.
-// Receiving (receive_deferred): the reader thread reads a DATA header, hands the chunk to the
+// Receiving (receive_deferred): with an inline sink set (set_inline_sink: QEMU's socket, made
+// non-blocking) and nothing queued, the reader thread splices a DATA frame's payload from the
+// socket into the pipe and from the pipe into QEMU's socket itself, as the splice floor relay
+// does, with no hand-off between threads; what QEMU's socket does not take at once stays in the
+// pipe, queued for the receiver (deliver_to). Otherwise the reader hands the chunk to the
 // receiver and waits until deliver_to() has spliced its payload from the socket into QEMU's;
 // the socket's receive buffer is the ring then, credits and their batching are unchanged.
 //
@@ -77,8 +81,10 @@ class TcpChannel final : public Channel {
   void set_reader_hold_back(std::chrono::milliseconds t) { hold_back_ms_.store(t.count(), std::memory_order_relaxed); }
   // "off", or the TLS stream's mode ("kernel", "kernel send", "user space").
   const char* tls_mode() const { return tls_ ? tls_->mode() : "off"; }
-  // Chunks the reader wrote whole to the inline sink (set_inline_sink).
+  // Chunks the reader wrote whole to the inline sink (set_inline_sink), and of them the ones it
+  // spliced (splice mode).
   uint64_t inline_chunks() const { return inline_chunks_.load(std::memory_order_relaxed); }
+  uint64_t inline_spliced() const { return inline_spliced_.load(std::memory_order_relaxed); }
 
  private:
   struct Slot;
@@ -140,7 +146,9 @@ class TcpChannel final : public Channel {
   bool spliced_once_ = false;  // sender thread only
   std::atomic<uint64_t> spliced_sent_{0};
   std::atomic<uint64_t> spliced_received_{0};
-  Pipe down_pipe_;  // receiver thread only
+  // The receiver thread's, and the reader's while it splices a chunk inline (nothing queued then,
+  // so never both at once; a leftover it leaves is queued before the receiver touches the pipe).
+  Pipe down_pipe_;
 
   // Send side (sender thread only, plus the write lock shared with credit returns).
   // Buffers are mapped, not zero-filled: a 4 MiB chunk buffer that QEMU fills with 200 KiB must
@@ -161,6 +169,10 @@ class TcpChannel final : public Channel {
     size_t size = 0;
     size_t offset = 0;   // bytes of it the reader wrote to the inline sink already
     size_t pending = 0;  // deferred: payload bytes still on the socket
+    // Left by the reader's inline splice (QEMU's socket took only part): `piped` bytes in
+    // down_pipe_, then `rest` bytes at data (what did not fit the pipe), `offset` of them written.
+    size_t piped = 0;
+    size_t rest = 0;
     bool eof = false;
     int place = -1;  // its place in rx_mem_ (a DATA chunk), -1 for none
   };
@@ -225,9 +237,18 @@ class TcpChannel final : public Channel {
   // the reader never waits for it); the receiving thread sends them from next_chunk().
   uint32_t owed_credits_ = 0;
   std::atomic<uint64_t> inline_chunks_{0};
+  std::atomic<uint64_t> inline_spliced_{0};  // of them, spliced (splice_inline)
   // Writes the chunk in `slot` to the inline sink if it may; true when all of it went (the slot
   // stays free and `credits` says what to return). Under rx_mu_.
   bool deliver_inline_locked(Slot& slot, uint32_t& credits);
+  // Reader thread, a deferred DATA payload of `slot` on the socket, nothing queued and an inline
+  // sink set: pulls it into down_pipe_ (what does not fit: into the slot) and pushes it into the
+  // sink without blocking; a leftover is queued for deliver_to(). False when the channel failed.
+  bool splice_inline(Slot& slot, uint32_t slot_index);
+  // Reader thread: returns the credits of a chunk it delivered itself, never waiting for the
+  // write lock (else the receiving thread sends them). False when the channel failed.
+  bool return_inline_credits(uint32_t credits);
+  bool sink_nonblocking_ = false;  // sink_fd_ was made non-blocking (splice mode); under rx_mu_
   std::atomic<int64_t> outstanding_{0};  // chunks sent, credit not yet back (for the gauge)
 
   std::atomic<bool> aborted_{false};
