@@ -5,10 +5,13 @@
                        [--out DIR]
 
 Sections (all measured here, on this machine, in this run):
-  whole       real QEMU guests migrated directly QEMU->QEMU over a unix socket and through two
-              rdmig agents over TCP, interleaved, for guest sizes x dirty rates x multifd
-              channels: medians of QEMU total time, QEMU downtime and the true switchover
-              (source STOP -> target RESUME), and the agent/direct ratios; agent CPU per GiB.
+  whole       real QEMU guests migrated directly QEMU->QEMU over a unix socket, through two
+              rdmig agents over TCP, and (unless --no-floor) through the floor relay with the
+              agents' hops (rdmig-floor-relay: QEMU's unix socket -> a loopback TCP connection per
+              QEMU connection -> the target QEMU's, splice through a pipe, no framing, credits or
+              handshake), interleaved, for guest sizes x dirty rates x multifd channels: medians
+              (and every run) of QEMU total time, QEMU downtime and the true switchover (source
+              STOP -> target RESUME), the agents/direct and agents/floor ratios; agent CPU per GiB.
   defaults    the same dirtying guest through the agents at several chunk sizes and ring
               depths: what the defaults are chosen from.
   dataplane   rdmig's TCP transport (rdmig-stream) against iperf3 on loopback.
@@ -46,6 +49,7 @@ from rdmiglab.qmp import event_time  # noqa: E402
 
 STREAM = os.path.join(REPO, "build", "bench", "stream", "rdmig-stream")
 RELAY_CPU = os.path.join(REPO, "build", "bench", "stream", "rdmig-relay-cpu")
+FLOOR_RELAY = os.path.join(REPO, "build", "bench", "stream", "rdmig-floor-relay")
 BW = 10 << 30  # the same max-bandwidth on both paths (QEMU 7.2's default is 128 MiB/s)
 
 
@@ -76,7 +80,7 @@ class GuestDied(Exception):
     repeated."""
 
 
-DEATHS = {"direct": 0, "agents": 0}
+DEATHS = {"direct": 0, "agents": 0, "floor": 0}
 
 
 class Chain:
@@ -170,6 +174,52 @@ def run_direct(chain, multifd):
         dst.kill()
         chain.src.kill()
         raise GuestDied("direct migration failed: %s" % r["error"])
+    resume = wait_resume(chain, dst)
+    e2e = (event_time(resume) - t0) * 1000 if resume else None
+    chain.advance(dst)
+    return {"total_ms": r["total_time_ms"], "downtime_ms": r["downtime_ms"], "switchover_ms": r["switchover_ms"],
+            "e2e_ms": e2e, "bytes": r["transferred_bytes"]}
+
+
+class FloorRelay:
+    """The floor's two sides (rdmig-floor-relay), one process each as the agents are: the source
+    QEMU sends to `source_path`, the target side dials the target QEMU at `qemu_path`."""
+
+    def __init__(self, work, splice=True):
+        self.source_path = os.path.join(work, "floor-source.sock")
+        self.qemu_path = os.path.join(work, "floor-target-qemu.sock")
+        flags = ["--splice"] if splice else []
+        self.target = subprocess.Popen([FLOOR_RELAY, "target", "--listen", "127.0.0.1", "--qemu", self.qemu_path]
+                                       + flags, stdout=subprocess.PIPE, text=True)
+        port = int(self.target.stdout.readline().split()[1])
+        self.source = subprocess.Popen([FLOOR_RELAY, "source", "--listen", self.source_path, "--peer",
+                                        "127.0.0.1:%d" % port] + flags)
+        deadline = time.monotonic() + 10
+        while not os.path.exists(self.source_path):
+            if time.monotonic() > deadline:
+                raise RuntimeError("rdmig-floor-relay did not listen on %s" % self.source_path)
+            time.sleep(0.01)
+        self.procs = [self.source, self.target]
+
+    def stop(self):
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
+def run_floor(chain, floor, multifd):
+    """One migration through the floor relay: as run_direct, the source sending to the relay."""
+    dst = chain.next_target()
+    t0 = time.time()
+    try:
+        r = migrate_direct(chain.src, dst, multifd_channels=multifd, max_bandwidth=BW, socket_path=floor.qemu_path,
+                           source_uri="unix:" + floor.source_path)
+    except Exception as e:
+        raise_guest_death_or(e, chain, dst, check_target=True)
+    if r["status"] != "completed":
+        dst.kill()
+        chain.src.kill()
+        raise GuestDied("migration through the floor relay failed: %s" % r["error"])
     resume = wait_resume(chain, dst)
     e2e = (event_time(resume) - t0) * 1000 if resume else None
     chain.advance(dst)
@@ -426,18 +476,26 @@ def section_whole(work, agents, args, results):
     dirties = [int(x) for x in args.dirty.split(",")]
     multifds = [int(x) for x in args.multifd.split(",")] if args.multifd else ([0, 4] if args.quick else [0, 4, 8])
     rows = []
+    floor = None if args.no_floor else FloorRelay(work)
     cpu0 = [cpu_times(a.proc.pid) for a in agents]
-    agent_bytes = 0
+    floor_cpu0 = [cpu_times(p.pid) for p in floor.procs] if floor else []
+    agent_bytes = floor_bytes = 0
     for mem in sizes:
         for dirty in dirties:
             chain = Chain(work, "w%d-%d" % (mem, dirty), mem, dirty)
             try:
                 for mf in multifds:
-                    direct, via = [], []
-                    for _ in range(args.runs):  # interleaved, so drift hits both paths alike
-                        direct.append(chain.run("direct", run_direct, mf))
-                        via.append(chain.run("agents", run_agents, agents, mf))
+                    direct, via, fl = [], [], []
+                    for i in range(args.runs):  # interleaved, the order rotating, so drift hits every path alike
+                        ways = [("direct", lambda: direct.append(chain.run("direct", run_direct, mf))),
+                                ("agents", lambda: via.append(chain.run("agents", run_agents, agents, mf)))]
+                        if floor:
+                            ways.append(("floor", lambda: fl.append(chain.run("floor", run_floor, floor, mf))))
+                        for _, go in ways[i % len(ways):] + ways[:i % len(ways)]:
+                            go()
                         agent_bytes += via[-1]["bytes"] or 0
+                        if fl:
+                            floor_bytes += fl[-1]["bytes"] or 0
                     d, v = summarize(direct), summarize(via)
                     # Every run's figures (in the order they ran, direct and agents interleaved) and
                     # their spread, not only the medians: one run on a noisy machine means little.
@@ -450,6 +508,17 @@ def section_whole(work, agents, args, results):
                            "downtime_ratio": ratio(v["downtime_ms"], d["downtime_ms"]),
                            "switchover_ratio": ratio(v["switchover_ms"], d["switchover_ms"]),
                            "e2e_ratio": ratio(v["e2e_ms"], d["e2e_ms"])}
+                    if fl:
+                        f = summarize(fl)
+                        row.update({"floor": f, "floor_runs": [{k: r.get(k) for k in WHOLE_KEYS} for r in fl],
+                                    "total_vs_floor": ratio(v["total_ms"], f["total_ms"]),
+                                    "downtime_vs_floor": ratio(v["downtime_ms"], f["downtime_ms"]),
+                                    "floor_total_ratio": ratio(f["total_ms"], d["total_ms"]),
+                                    "floor_downtime_ratio": ratio(f["downtime_ms"], d["downtime_ms"])})
+                        row["spread"]["floor"] = spreads(fl)
+                        print("      floor total %6.0f ms (agents / floor x%.2f)  downtime %4.0f ms (agents / floor x%.2f)"
+                              % (f["total_ms"] or 0, row["total_vs_floor"] or 0, f["downtime_ms"] or 0,
+                                 row["downtime_vs_floor"] or 0), flush=True)
                     rows.append(row)
                     print("whole %4d MiB %-5s mf=%d  total %6.0f/%6.0f ms (x%.2f)  downtime %4.0f/%4.0f ms  "
                           "switchover %5.1f/%5.1f ms  e2e %6.0f/%6.0f ms (x%.2f)" % (
@@ -460,6 +529,12 @@ def section_whole(work, agents, args, results):
             finally:
                 chain.close()
     cpu1 = [cpu_times(a.proc.pid) for a in agents]
+    if floor:
+        floor_cpu1 = [cpu_times(p.pid) for p in floor.procs]
+        floor.stop()
+        fgib = floor_bytes / (1 << 30)
+        fcpu = sum(c1[0] - c0[0] + c1[1] - c0[1] for c0, c1 in zip(floor_cpu0, floor_cpu1))
+        results["floor_cpu_seconds_per_gib"] = fcpu / fgib if fgib else None
     results["whole"] = rows
     gib = agent_bytes / (1 << 30)
     user = sum(c1[0] - c0[0] for c0, c1 in zip(cpu0, cpu1))
@@ -728,6 +803,22 @@ def write_markdown(results, path):
                 fmt(r["total_ratio"], "%.2f"), ranged(r, "direct", "downtime_ms"), ranged(r, "agents", "downtime_ms"),
                 fmt(r["downtime_ratio"], "%.2f"), ranged(r, "direct", "switchover_ms", "%.1f"),
                 ranged(r, "agents", "switchover_ms", "%.1f"), fmt(r["e2e_ratio"], "%.2f")))
+        if any("floor" in r for r in results["whole"]):
+            L += ["", "Through the floor relay (rdmig-floor-relay: the agents' hops, splice, nothing else), the same "
+                  "runs interleaved: medians (min-max), and the agents against it (goal: total <= 1.10, downtime "
+                  "<= 1.10 of the floor relay's).", "",
+                  "| guest | dirtying | multifd | total floor (ms) | agents / floor | floor / direct | downtime floor (ms) "
+                  "| agents / floor | floor / direct |", "|---|---|---|---|---|---|---|---|---|"]
+            for r in results["whole"]:
+                if "floor" not in r:
+                    continue
+                L.append("| %d MiB | %s | %d | %s | **%s** | %s | %s | **%s** | %s |" % (
+                    r["mem_mib"], r["dirty_mib_s"], r["multifd"], ranged(r, "floor", "total_ms"),
+                    fmt(r["total_vs_floor"], "%.2f"), fmt(r["floor_total_ratio"], "%.2f"),
+                    ranged(r, "floor", "downtime_ms"), fmt(r["downtime_vs_floor"], "%.2f"),
+                    fmt(r["floor_downtime_ratio"], "%.2f")))
+            L += ["", "Floor relay CPU: %s CPU-seconds per GiB (both sides)." % fmt(
+                results.get("floor_cpu_seconds_per_gib"), "%.2f")]
         tr = [r["total_ratio"] for r in results["whole"] if r["total_ratio"]]
         dr = [r["downtime_ratio"] for r in results["whole"] if r["downtime_ratio"]]
         L += ["", "Median ratio over all rows: total %.2f (goal <= 1.10), downtime %.2f (goal <= 1.2)." % (
@@ -748,7 +839,7 @@ def write_markdown(results, path):
         d = results["guest_deaths_after_migration"]
         L += ["Runs repeated because the migration failed or the guest died right after it (kernel panics of "
               "QEMU 7.2 TCG guests under this load, on both paths; the chain is rebooted): direct %d, through "
-              "agents %d." % (d["direct"], d["agents"]), ""]
+              "agents %d, through the floor relay %d." % (d["direct"], d["agents"], d.get("floor", 0)), ""]
     if "dataplane" in results:
         L += ["## Data plane alone: rdmig-stream (TCP transport) vs iperf3 on loopback", "",
               "| streams | rdmig MiB/s | iperf3 MiB/s | ratio (goal >= 0.8) |", "|---|---|---|---|"]
@@ -814,6 +905,7 @@ def main():
     ap.add_argument("--sizes", help="guest sizes in MiB for 'whole', e.g. 256,512")
     ap.add_argument("--dirty", default="0,32", help="MiB per dirtying pass (0 = idle), e.g. 0,32")
     ap.add_argument("--multifd", help="multifd channel counts for 'whole', e.g. 0,4,8")
+    ap.add_argument("--no-floor", action="store_true", help="'whole' without the floor relay's row")
     ap.add_argument("--sections", default="whole,defaults,dataplane,sweep,concurrent")
     ap.add_argument("--pc-ring-depths", default="",
                     help="postcopy: also through the agents with these migration ringDepth values, e.g. 4,2")

@@ -7,7 +7,8 @@
 //
 //   rdmig-relay-cpu [--bytes 8Gi] [--chunk 1Mi] [--depth 16] [--splice auto|on|off]
 //                   [--splice-source MODE] [--splice-target MODE] [--write 512Ki] [--channels 1]
-//                   [--relay rdmig|floor|floor-splice] [--ends unix|tcp] [--no-verify] [--tls]
+//                   [--relay rdmig|floor|floor-splice] [--ends unix|tcp] [--bound-floor]
+//                   [--no-verify] [--tls]
 // --relay floor: the same hops (unix socket -> one loopback TCP connection per channel -> unix
 // socket) relayed by the simplest code that can do it, the benchmark's floor and not the
 // product: per connection and direction one thread per "agent" that reads up to --chunk bytes
@@ -19,7 +20,10 @@
 // --ends tcp: the stand-ins reach the agents over loopback TCP connections instead of unix
 // sockets, as KubeVirt's migration proxies do; with --write 16406 (a full TLS 1.3 record: 16 KiB
 // of data, 5 bytes of header, 1 of content type, a 16-byte tag) the source writes the stream
-// in the pieces KubeVirt's TLS proxy writes. --write may be any size.
+// in the pieces KubeVirt's TLS proxy writes. --write may be any size. rdmig's ends are bounded
+// to a chunk each way as the agents bound the proxy hops (net::bound_local_hop); the floor keeps
+// autotuning unless --bound-floor (the same bound: what the bound itself costs, apart from
+// rdmig's code).
 // Prints one JSON line: bytes, seconds, agents' user and system CPU seconds, QEMU stand-ins'.
 // Every byte is checked at the reader (8-byte words carry their stream offset) unless
 // --no-verify; a mismatch exits 1.
@@ -44,6 +48,7 @@
 #include "common/net.h"
 #include "common/thread_name.h"
 #include "common/units.h"
+#include "floor.h"
 #include "metrics/metrics.h"
 #include "session/pump.h"
 #include "transport/tcp/tcp_channel.h"
@@ -75,6 +80,7 @@ struct Options {
   std::string relay = "rdmig";                                         // or floor, floor-splice
   bool tls = false;
   bool tcp_ends = false;                                               // --ends tcp
+  bool bound_floor = false;                                            // --bound-floor
   bool verify = true;
 };
 
@@ -134,46 +140,6 @@ void reader(Stream& s, bool verify) {
   s.reader = {c1.user - c0.user, c1.sys - c0.sys};
 }
 
-// The floor: copies `from` to `to` until end of stream, then ends `to`'s write side. `buf`
-// bytes per read; with `pipe_splice` the bytes go through a pipe with splice(2) instead.
-void floor_copy(const char* name, int from, int to, size_t buf, bool pipe_splice) {
-  name_this_thread(name);
-  if (pipe_splice) {
-    int p[2];
-    if (::pipe2(p, O_CLOEXEC) == 0) {
-      ::fcntl(p[1], F_SETPIPE_SZ, static_cast<int>(std::min<size_t>(buf, 1u << 20)));
-      for (;;) {
-        const ssize_t n = ::splice(from, nullptr, p[1], nullptr, buf, SPLICE_F_MOVE);
-        if (n <= 0) break;
-        ssize_t left = n;
-        while (left > 0) {
-          const ssize_t m = ::splice(p[0], nullptr, to, nullptr, static_cast<size_t>(left), SPLICE_F_MOVE);
-          if (m <= 0) {
-            left = -1;
-            break;
-          }
-          left -= m;
-        }
-        if (left < 0) break;
-      }
-      ::close(p[0]);
-      ::close(p[1]);
-    }
-  } else {
-    // The same memory as rdmig's chunk buffers (ChunkMemory: not zero-filled, on huge pages; a
-    // buffer under 2 MiB on a 2 MiB page, as rdmig's receive ring is one mapping), so that the
-    // ratio counts the relays' own work and not how their buffers were allocated. (A zero-filled 4 MiB vector per
-    // thread once cost the floor 4 MiB of memset and page faults each.)
-    ChunkMemory b = ChunkMemory::map(std::max(buf, ChunkMemory::kHugePage));
-    for (;;) {
-      const ssize_t n = b ? ::read(from, b.data(), buf) : -1;
-      if (n <= 0) break;
-      if (!net::write_all(to, std::span(b.data(), static_cast<size_t>(n))).ok()) break;
-    }
-  }
-  ::shutdown(to, SHUT_WR);
-}
-
 int usage_error(const std::string& m) {
   std::cerr << "rdmig-relay-cpu: " << m << "\n"
             << "usage: rdmig-relay-cpu [--bytes 8Gi] [--chunk 1Mi] [--depth 16] [--splice auto|on|off]\n"
@@ -203,6 +169,7 @@ int main(int argc, char** argv) {
     else if (a == "--channels") o.channels = static_cast<uint32_t>(std::stoul(val()));
     else if (a == "--no-verify") o.verify = false;
     else if (a == "--tls") o.tls = true;
+    else if (a == "--bound-floor") o.bound_floor = true;
     else if (a == "--relay") o.relay = val();
     else if (a == "--ends") {
       const std::string e = val();
@@ -236,7 +203,7 @@ int main(int argc, char** argv) {
       if (!c || !a) return std::nullopt;
       net::tune_tcp_for_bulk(a->get());  // as the agents tune the connections they intercept and dial
       // and bound them to a chunk each way (net::bound_local_hop); the floor keeps autotuning.
-      if (o.relay == "rdmig") net::bound_local_hop(a->get(), o.chunk);
+      if (o.relay == "rdmig" || o.bound_floor) net::bound_local_hop(a->get(), o.chunk);
       return std::pair{std::move(c.value()), std::move(a.value())};
     }
     int sp[2];

@@ -31,7 +31,7 @@ def _set_caps(vm, multifd, postcopy=False, blocktime=False):
 
 def migrate_direct(src, dst, multifd_channels=0, max_bandwidth=10 * GiB,
                    downtime_limit_ms=None, socket_path=None, timeout=300.0,
-                   target_timeout=60.0, poll_interval=0.05, postcopy=False):
+                   target_timeout=60.0, poll_interval=0.05, postcopy=False, source_uri=None):
     """Migrates ``src`` (a running QemuVm) into ``dst`` (a QemuVm started with
     incoming_defer=True) over a unix socket.
 
@@ -59,6 +59,8 @@ def migrate_direct(src, dst, multifd_channels=0, max_bandwidth=10 * GiB,
     as an agent's `postCopy: after` does; the result then also has postcopy_requests (the source's
     ram.postcopy-requests) and target_blocktime_ms (the target's postcopy-blocktime). When the switch
     came and how long post-copy ran: the source's MIGRATION events (QEMU's own timestamps).
+    ``source_uri``: where the source QEMU sends (a relay in between, bench/run.py's floor); the
+    target still listens on ``socket_path``.
     """
     channels = int(multifd_channels or 0)
     if socket_path is None:
@@ -91,7 +93,7 @@ def migrate_direct(src, dst, multifd_channels=0, max_bandwidth=10 * GiB,
     src.qmp_raw("migrate-set-parameters", params)
 
     t0 = time.monotonic()
-    src.qmp_raw("migrate", {"uri": uri})
+    src.qmp_raw("migrate", {"uri": source_uri or uri})
     deadline = t0 + timeout
     switched = False
     while True:
