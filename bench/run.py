@@ -163,17 +163,20 @@ def raise_guest_death_or(e, chain, dst, check_target):
     raise GuestDied("a QEMU exited: %r" % e)
 
 
-def run_direct(chain, multifd):
+def run_direct(chain, multifd, floor=None):
+    """One migration QEMU to QEMU; with `floor` (a FloorRelay) through it: the source sends to
+    the relay, the relay dials the target QEMU."""
     dst = chain.next_target()
     t0 = time.time()
+    via = {"socket_path": floor.qemu_path, "source_uri": "unix:" + floor.source_path} if floor else {}
     try:
-        r = migrate_direct(chain.src, dst, multifd_channels=multifd, max_bandwidth=BW)
+        r = migrate_direct(chain.src, dst, multifd_channels=multifd, max_bandwidth=BW, **via)
     except Exception as e:
         raise_guest_death_or(e, chain, dst, check_target=True)
     if r["status"] != "completed":
         dst.kill()
         chain.src.kill()
-        raise GuestDied("direct migration failed: %s" % r["error"])
+        raise GuestDied("%s migration failed: %s" % ("floor relay" if floor else "direct", r["error"]))
     resume = wait_resume(chain, dst)
     e2e = (event_time(resume) - t0) * 1000 if resume else None
     chain.advance(dst)
@@ -205,26 +208,6 @@ class FloorRelay:
         for p in self.procs:
             p.kill()
             p.wait()
-
-
-def run_floor(chain, floor, multifd):
-    """One migration through the floor relay: as run_direct, the source sending to the relay."""
-    dst = chain.next_target()
-    t0 = time.time()
-    try:
-        r = migrate_direct(chain.src, dst, multifd_channels=multifd, max_bandwidth=BW, socket_path=floor.qemu_path,
-                           source_uri="unix:" + floor.source_path)
-    except Exception as e:
-        raise_guest_death_or(e, chain, dst, check_target=True)
-    if r["status"] != "completed":
-        dst.kill()
-        chain.src.kill()
-        raise GuestDied("migration through the floor relay failed: %s" % r["error"])
-    resume = wait_resume(chain, dst)
-    e2e = (event_time(resume) - t0) * 1000 if resume else None
-    chain.advance(dst)
-    return {"total_ms": r["total_time_ms"], "downtime_ms": r["downtime_ms"], "switchover_ms": r["switchover_ms"],
-            "e2e_ms": e2e, "bytes": r["transferred_bytes"]}
 
 
 def run_agents(chain, agents, multifd, chunk=None, depth=None, vm="bench", bw=BW, interval=0.05, on_status=None):
@@ -490,7 +473,7 @@ def section_whole(work, agents, args, results):
                         ways = [("direct", lambda: direct.append(chain.run("direct", run_direct, mf))),
                                 ("agents", lambda: via.append(chain.run("agents", run_agents, agents, mf)))]
                         if floor:
-                            ways.append(("floor", lambda: fl.append(chain.run("floor", run_floor, floor, mf))))
+                            ways.append(("floor", lambda: fl.append(chain.run("floor", run_direct, mf, floor))))
                         for _, go in ways[i % len(ways):] + ways[:i % len(ways)]:
                             go()
                         agent_bytes += via[-1]["bytes"] or 0

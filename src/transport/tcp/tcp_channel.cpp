@@ -435,8 +435,10 @@ Result<LocalMove> TcpChannel::deliver_to(int fd) {
   // Pull the whole payload into the pipe (what does not fit: into the slot), hand the socket
   // back to the reader, then push into QEMU: a slow QEMU holds up this chunk only, never the
   // connection.
-  const std::string where = "channel " + std::to_string(index_);
-  size_t pulled = 0, written = 0;
+  const auto got = pull_payload(len, s->data);
+  if (!got) return abort_error();
+  const size_t pulled = *got, rest = len - pulled;
+  size_t written = 0;
   auto push = [&]() -> int {  // pipe -> QEMU, all of it; 0 or errno
     while (written < pulled) {
       const ssize_t k = splice_retry(down_pipe_.r.get(), fd, pulled - written, fd, POLLOUT);
@@ -445,42 +447,6 @@ Result<LocalMove> TcpChannel::deliver_to(int fd) {
     }
     return 0;
   };
-  while (pulled < len) {
-    ssize_t n;
-    do n = ::splice(fd_.get(), nullptr, down_pipe_.w.get(), nullptr, len - pulled, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
-    while (n < 0 && errno == EINTR);
-    if (n > 0) {
-      pulled += static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EAGAIN) {
-      if (pulled > written) {
-        // The pipe is full (its slots hold page pieces, not bytes). Emptying it into QEMU
-        // could block on QEMU while holding the socket: read the rest into the slot instead.
-        break;
-      } else {
-        pollfd p{fd_.get(), POLLIN, 0};
-        (void)::poll(&p, 1, 1000);
-      }
-      continue;
-    }
-    if (!aborted_.load()) {
-      fail(n == 0 ? Error{Errc::kUnavailable, where + ": peer closed the connection"}
-                  : errno_error(where + ": splice from peer", errno));
-    }
-    return abort_error();
-  }
-  const size_t rest = len - pulled;  // what did not fit the pipe, read into the slot
-  if (rest > 0) {
-    auto r = net::read_exact(fd_.get(), std::span(s->data, rest));
-    if (!r) {
-      fail(r.error().with_context(where));
-      return abort_error();
-    }
-  }
-  metrics_.chunks_received->Increment();
-  metrics_.bytes_received->Increment(static_cast<double>(len));
-  spliced_received_.fetch_add(pulled, std::memory_order_relaxed);
   {
     std::lock_guard lock(rx_mu_);
     payload_taken_locked(*s);
@@ -640,12 +606,12 @@ bool TcpChannel::return_inline_credits(uint32_t credits) {
   return true;
 }
 
-bool TcpChannel::splice_inline(Slot& s, uint32_t slot_index) {
+std::optional<size_t> TcpChannel::pull_payload(size_t len, std::byte* rest_at) {
+  // Into the pipe (empty: the previous payload left it whole, or is still queued and then nobody
+  // pulls); the socket read waits for the payload's bytes. A full pipe (its slots hold page pieces,
+  // not bytes) leaves the rest for the slot's memory: emptying it into QEMU could block on QEMU
+  // while this thread holds the socket.
   const std::string where = "channel " + std::to_string(index_);
-  const size_t len = s.size;
-  // Pull: the whole payload off the socket into the pipe (empty: a leftover would be queued, and
-  // nothing is). The socket read waits for the payload's bytes; a full pipe (its slots hold page
-  // pieces, not bytes) leaves the rest for the slot's memory.
   size_t pulled = 0;
   while (pulled < len) {
     ssize_t n;
@@ -656,29 +622,36 @@ bool TcpChannel::splice_inline(Slot& s, uint32_t slot_index) {
       continue;
     }
     if (n < 0 && errno == EAGAIN) {
-      if (pulled > 0) break;
+      if (pulled > 0) break;  // the pipe is full
       pollfd p{fd_.get(), POLLIN, 0};
       (void)::poll(&p, 1, 1000);
-      if (aborted_.load()) return false;
+      if (aborted_.load()) return std::nullopt;
       continue;
     }
     if (!aborted_.load()) {
       fail(n == 0 ? Error{Errc::kUnavailable, where + ": peer closed the connection"}
                   : errno_error(where + ": splice from peer", errno));
     }
-    return false;
+    return std::nullopt;
   }
-  const size_t rest = len - pulled;
-  if (rest > 0) {
-    auto r = net::read_exact(fd_.get(), std::span(s.data, rest));
+  if (const size_t rest = len - pulled; rest > 0) {
+    auto r = net::read_exact(fd_.get(), std::span(rest_at, rest));
     if (!r) {
       fail(r.error().with_context(where));
-      return false;
+      return std::nullopt;
     }
   }
   metrics_.chunks_received->Increment();
   metrics_.bytes_received->Increment(static_cast<double>(len));
   spliced_received_.fetch_add(pulled, std::memory_order_relaxed);
+  return pulled;
+}
+
+bool TcpChannel::splice_inline(Slot& s, uint32_t slot_index) {
+  const size_t len = s.size;
+  const auto got = pull_payload(len, s.data);
+  if (!got) return false;
+  const size_t pulled = *got, rest = len - pulled;
   // Push, without blocking (under rx_mu_: clear_inline_sink() waits for it): the pipe, then the
   // slot's bytes. A partial write is not an error here: the receiver meets any error itself.
   uint32_t credits = 0;

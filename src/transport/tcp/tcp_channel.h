@@ -245,6 +245,10 @@ class TcpChannel final : public Channel {
   // sink set: pulls it into down_pipe_ (what does not fit: into the slot) and pushes it into the
   // sink without blocking; a leftover is queued for deliver_to(). False when the channel failed.
   bool splice_inline(Slot& slot, uint32_t slot_index);
+  // A deferred payload of `len` bytes off the socket (its puller: the reader's inline splice or
+  // deliver_to): into down_pipe_ as far as it takes, the rest into `rest_at`; counts it
+  // received. The bytes in the pipe; nullopt when the channel failed.
+  std::optional<size_t> pull_payload(size_t len, std::byte* rest_at);
   // Reader thread: returns the credits of a chunk it delivered itself, never waiting for the
   // write lock (else the receiving thread sends them). False when the channel failed.
   bool return_inline_credits(uint32_t credits);
