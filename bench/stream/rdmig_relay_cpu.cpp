@@ -24,7 +24,9 @@
 // to a chunk each way as the agents bound the proxy hops (net::bound_local_hop); the floor keeps
 // autotuning unless --bound-floor (the same bound: what the bound itself costs, apart from
 // rdmig's code).
-// Prints one JSON line: bytes, seconds, agents' user and system CPU seconds, QEMU stand-ins'.
+// Prints one JSON line: bytes, seconds, agents' user and system CPU seconds, QEMU stand-ins', the
+// chunks sent and, of them, those the target's reader wrote to QEMU itself (inlineChunks) and spliced
+// (inlineSpliced).
 // Every byte is checked at the reader (8-byte words carry their stream offset) unless
 // --no-verify; a mismatch exits 1.
 #include <fcntl.h>
@@ -296,7 +298,7 @@ int main(int argc, char** argv) {
   Cpu qemu_writer, qemu_reader;
   uint64_t received = 0;
   bool mismatch = false;
-  uint64_t spliced_sent = 0, spliced_received = 0, chunks = 0;
+  uint64_t spliced_sent = 0, spliced_received = 0, chunks = 0, inline_chunks = 0, inline_spliced = 0;
   for (auto& s : streams) {
     qemu_writer.user += s->writer.user;
     qemu_writer.sys += s->writer.sys;
@@ -308,6 +310,8 @@ int main(int argc, char** argv) {
     spliced_sent += s->src_ch->spliced_sent();
     chunks += s->src_pump->chunks_up();
     spliced_received += s->dst_ch->spliced_received();
+    inline_chunks += s->dst_ch->inline_chunks();
+    inline_spliced += s->dst_ch->inline_spliced();
   }
   const Cpu qemu{qemu_writer.user + qemu_reader.user, qemu_writer.sys + qemu_reader.sys};
   const double agents_user = (p1.user - p0.user) - qemu.user;
@@ -318,7 +322,8 @@ int main(int argc, char** argv) {
               "\"agentsCpuSecondsPerGiB\":%.4f,\"agentsUserPerGiB\":%.4f,\"agentsSystemPerGiB\":%.4f,"
               "\"qemuUserSeconds\":%.3f,\"qemuSystemSeconds\":%.3f,"
               "\"qemuWriterSeconds\":%.3f,\"qemuReaderSeconds\":%.3f,"
-              "\"splicedSent\":%llu,\"splicedReceived\":%llu,\"chunks\":%llu,\"tls\":\"%s\",\"verified\":%s}\n",
+              "\"splicedSent\":%llu,\"splicedReceived\":%llu,\"chunks\":%llu,\"inlineChunks\":%llu,\"inlineSpliced\":%llu,"
+              "\"tls\":\"%s\",\"verified\":%s}\n",
               o.relay.c_str(), o.tcp_ends ? "tcp" : "unix", static_cast<unsigned long long>(o.write),
               static_cast<unsigned long long>(o.chunk), o.channels,
               transport::splice_mode_name(o.splice), transport::splice_mode_name(o.splice_target), static_cast<unsigned long long>(received), secs,
@@ -327,7 +332,8 @@ int main(int argc, char** argv) {
               gib > 0 ? agents_sys / gib : 0.0, qemu.user, qemu.sys,
               qemu_writer.user + qemu_writer.sys, qemu_reader.user + qemu_reader.sys,
               static_cast<unsigned long long>(spliced_sent), static_cast<unsigned long long>(spliced_received),
-              static_cast<unsigned long long>(chunks), tls_mode.c_str(),
+              static_cast<unsigned long long>(chunks), static_cast<unsigned long long>(inline_chunks),
+              static_cast<unsigned long long>(inline_spliced), tls_mode.c_str(),
               o.verify ? "true" : "false");
   if (received != o.bytes / o.channels * o.channels) {
     std::cerr << "received " << received << " of " << o.bytes << " bytes\n";
