@@ -247,6 +247,41 @@ Result<bool> read_exact_ahead(int fd, std::span<std::byte> buf, std::span<std::b
   return true;
 }
 
+void wait_ready(int fd, short events) {
+  pollfd p{fd, events, 0};
+  while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+  }
+}
+
+ssize_t recv_ready(int fd, void* buf, size_t len, int flags) {
+  for (;;) {
+    const ssize_t n = ::recv(fd, buf, len, flags);
+    if (n >= 0) return n;
+    if (errno == EAGAIN) {
+      wait_ready(fd, POLLIN);
+    } else if (errno != EINTR) {
+      return n;
+    }
+  }
+}
+
+int send_all_ready(int fd, const std::byte* p, size_t n) {
+  while (n > 0) {
+    const ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) {
+        wait_ready(fd, POLLOUT);
+        continue;
+      }
+      return errno;
+    }
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return 0;
+}
+
 Status write_all(int fd, std::span<const std::byte> buf) {
   iovec iov{const_cast<std::byte*>(buf.data()), buf.size()};
   return writev_all(fd, &iov, 1);

@@ -77,6 +77,16 @@ Result<bool> read_exact_ahead(int fd, std::span<std::byte> buf, std::span<std::b
 Status write_all(int fd, std::span<const std::byte> buf);
 Status writev_all(int fd, iovec* iov, int iovcnt);
 
+// For a local socket that may have been made non-blocking (QEMU's socket once a splicing channel
+// takes it as its inline sink, transport::Channel::set_inline_sink): calls that wait for readiness
+// where a blocking socket's call would have waited. No timeout: shutting the socket down (an
+// abort) wakes them as it woke a blocking call.
+void wait_ready(int fd, short events);
+// One recv of what the socket has (at least one byte, or its end: 0), or -1 with errno.
+ssize_t recv_ready(int fd, void* buf, size_t len, int flags);
+// All of [p, p + n) into the socket (MSG_NOSIGNAL): 0, or the errno of the send that failed.
+int send_all_ready(int fd, const std::byte* p, size_t n);
+
 // The peer's address of a connected socket, without its port ("" when unknown): what
 // per-source limits count by.
 std::string peer_address(int fd);

@@ -31,44 +31,14 @@ uint32_t chunk_crc(uint64_t seq, std::span<const std::byte> payload) {
   return crc32c(payload, crc32c(s));
 }
 
-// A splicing channel makes QEMU's socket non-blocking (Channel::set_inline_sink): the pump's own
-// reads and writes on it wait for readiness where a blocking socket would have waited in the call.
-void wait_ready(int fd, short events) {
-  pollfd p{fd, events, 0};
-  while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
-  }
-}
-
-// One recv of what QEMU has ready (at least one byte, or its end or error), as on a blocking socket.
-ssize_t recv_ready(int fd, void* buf, size_t len, int flags) {
-  for (;;) {
-    const ssize_t n = ::recv(fd, buf, len, flags);
-    if (n >= 0) return n;
-    if (errno == EAGAIN) {
-      wait_ready(fd, POLLIN);
-    } else if (errno != EINTR) {
-      return n;
-    }
-  }
-}
-
-// All of buf into QEMU's socket, blocking or not.
+// All of buf into QEMU's socket, which a splicing channel makes non-blocking
+// (Channel::set_inline_sink), so every read and write of the pump on it waits for readiness.
 Status write_ready(int fd, std::span<const std::byte> buf) {
-  while (!buf.empty()) {
-    const ssize_t n = ::send(fd, buf.data(), buf.size(), MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN) {
-        wait_ready(fd, POLLOUT);
-        continue;
-      }
-      auto e = errno_error("send", errno);
-      if (errno == ECONNRESET || errno == EPIPE) e.code = Errc::kUnavailable;
-      return e;
-    }
-    buf = buf.subspan(static_cast<size_t>(n));
-  }
-  return ok_status();
+  const int err = net::send_all_ready(fd, buf.data(), buf.size());
+  if (err == 0) return ok_status();
+  auto e = errno_error("send", err);
+  if (err == ECONNRESET || err == EPIPE) e.code = Errc::kUnavailable;
+  return e;
 }
 
 }  // namespace
@@ -253,7 +223,7 @@ void ChannelPump::up_loop() {
   if (first_bytes_) {
     // One peek, once per connection: blocks exactly as the first read would have.
     std::array<std::byte, 8> head{};
-    const ssize_t n = recv_ready(fd, head.data(), head.size(), MSG_PEEK);
+    const ssize_t n = net::recv_ready(fd, head.data(), head.size(), MSG_PEEK);
     if (n > 0) first_bytes_(std::span<const std::byte>(head.data(), static_cast<size_t>(n)));
   }
   for (;;) {
@@ -283,7 +253,7 @@ void ChannelPump::up_loop() {
       auto span = buf.value();
       // With verify_chunks() the slot's last bytes are kept for the payload's CRC32C.
       const size_t room = verify_ ? span.size() - kVerifyTrailer : span.size();
-      const ssize_t n = recv_ready(fd, span.data(), room, 0);
+      const ssize_t n = net::recv_ready(fd, span.data(), room, 0);
       if (n > 0) {
         filled = static_cast<size_t>(n);
         size_t wire = filled;

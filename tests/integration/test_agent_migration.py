@@ -125,9 +125,10 @@ class AgentMigrationTest(unittest.TestCase):
         self.vms.append(vm)
         return vm
 
-    def pair(self, target_paused=True, dirty_mib=DIRTY_MIB, qemu10=False):
-        src = self.vm("src", qemu10, dirty_mib=dirty_mib)
-        dst = self.vm("dst", qemu10, incoming_defer=True, paused=target_paused)
+    def pair(self, target_paused=True, dirty_mib=DIRTY_MIB, qemu10=False, tag=""):
+        """A source guest and a target QEMU waiting for it; `tag` tells apart pairs of one case."""
+        src = self.vm("src" + tag, qemu10, dirty_mib=dirty_mib)
+        dst = self.vm("dst" + tag, qemu10, incoming_defer=True, paused=target_paused)
         src.wait_for_counter(2, timeout=90)
         return src, dst
 
@@ -572,9 +573,7 @@ class AgentMigrationTest(unittest.TestCase):
         import signal
         from rdmiglab.qmpfault import QmpFaultProxy
         for attempt in range(3):
-            src = self.vm("src%d" % attempt)
-            dst = self.vm("dst%d" % attempt, incoming_defer=True, paused=True)
-            src.wait_for_counter(2, timeout=90)
+            src, dst = self.pair(tag=str(attempt))
             frozen = []
 
             def freeze_target_agent():

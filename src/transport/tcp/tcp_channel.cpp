@@ -28,14 +28,6 @@ constexpr auto kDeferWait = std::chrono::milliseconds(200);
 // to dial ..."), a broken pipe does not.
 constexpr auto kPeerReasonWait = std::chrono::milliseconds(250);
 
-// Waits until a local socket made non-blocking (set_inline_sink) is ready for `events`. An abort
-// shuts the socket (the pump), which wakes this as it woke a blocking call.
-void wait_local(int fd, short events) {
-  pollfd p{fd, events, 0};
-  while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
-  }
-}
-
 // splice(2), retried on EINTR; `local` (the side that is QEMU's socket, may be non-blocking) is
 // waited for on EAGAIN. The pipe side never blocks here: pipes are emptied whole each chunk.
 ssize_t splice_retry(int in, int out, size_t len, int local = -1, short events = 0) {
@@ -43,29 +35,11 @@ ssize_t splice_retry(int in, int out, size_t len, int local = -1, short events =
     const ssize_t n = ::splice(in, nullptr, out, nullptr, len, SPLICE_F_MOVE);
     if (n >= 0) return n;
     if (errno == EAGAIN && local >= 0) {
-      wait_local(local, events);
+      net::wait_ready(local, events);
       continue;
     }
     if (errno != EINTR) return n;
   }
-}
-
-// Writes all of buf to a local socket (blocking or not); 0 or the errno.
-int write_local(int fd, const std::byte* p, size_t n) {
-  while (n > 0) {
-    const ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN) {
-        wait_local(fd, POLLOUT);
-        continue;
-      }
-      return errno;
-    }
-    p += k;
-    n -= static_cast<size_t>(k);
-  }
-  return 0;
 }
 
 }  // namespace
@@ -231,17 +205,7 @@ Result<LocalMove> TcpChannel::send_from(int fd) {
   if (!splices()) {
     // Copy: one recv takes what QEMU has ready, up to a chunk (early flush).
     if (!ensure_staging()) return abort_error();
-    ssize_t n;
-    for (;;) {
-      n = ::recv(fd, staging_.data(), chunk_size_, 0);
-      if (n >= 0 || errno != EINTR) {
-        if (n < 0 && errno == EAGAIN) {  // made non-blocking as an inline splice sink
-          wait_local(fd, POLLIN);
-          continue;
-        }
-        break;
-      }
-    }
+    const ssize_t n = net::recv_ready(fd, staging_.data(), chunk_size_, 0);  // fd may be an inline sink
     if (n < 0) return LocalMove{0, false, errno};
     if (n == 0) return LocalMove{0, true, 0};
     RDMIG_TRY(send(static_cast<size_t>(n)));
@@ -412,7 +376,7 @@ Result<LocalMove> TcpChannel::deliver_to(int fd) {
         moved += static_cast<size_t>(k);
       }
       const size_t left = s->rest - s->offset;
-      if (const int err = write_local(fd, s->data + s->offset, left); err != 0) return LocalMove{moved, false, err};
+      if (const int err = net::send_all_ready(fd, s->data + s->offset, left); err != 0) return LocalMove{moved, false, err};
       s->rest = s->offset = 0;
       return LocalMove{moved + left, false, 0};
     }
@@ -429,7 +393,7 @@ Result<LocalMove> TcpChannel::deliver_to(int fd) {
   const size_t len = s->size;
   if (!claimed) {
     // The reader took the payload into memory meanwhile (the receiver was slow to come).
-    if (const int err = write_local(fd, s->data, len); err != 0) return LocalMove{0, false, err};
+    if (const int err = net::send_all_ready(fd, s->data, len); err != 0) return LocalMove{0, false, err};
     return LocalMove{len, false, 0};
   }
   // Pull the whole payload into the pipe (what does not fit: into the slot), hand the socket
@@ -454,7 +418,7 @@ Result<LocalMove> TcpChannel::deliver_to(int fd) {
   // The socket is the reader's again; QEMU gets the pipe, then the rest, in order.
   if (const int err = push(); err != 0) return LocalMove{written, false, err};
   if (rest > 0) {
-    if (const int err = write_local(fd, s->data, rest); err != 0) return LocalMove{written, false, err};
+    if (const int err = net::send_all_ready(fd, s->data, rest); err != 0) return LocalMove{written, false, err};
   }
   return LocalMove{len, false, 0};
 }
