@@ -203,8 +203,8 @@ def main():
                                               "q3": quartile(paired, 0.75)} if paired else None
         if DEFAULT_KIND in kinds and all(f in kinds for f in FLOORS):
             # The default mode against the cheaper floor of the row (medians), and run by run.
-            cheapest = min(entry[f]["cpu"] for f in FLOORS)
             entry["cheapest-floor"] = min(FLOORS, key=lambda f: entry[f]["cpu"])
+            cheapest = entry[entry["cheapest-floor"]]["cpu"]
             entry["rdmig/cheapest-floor"] = entry[DEFAULT_KIND]["cpu"] / cheapest if cheapest > 0 else None
             paired = sorted(x["cpu"] / min(y["cpu"], z["cpu"]) for x, y, z in
                             zip(runs[(row, DEFAULT_KIND)], runs[(row, FLOORS[0])], runs[(row, FLOORS[1])])
