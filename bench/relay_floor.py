@@ -32,8 +32,9 @@ between the QEMUs, for downtime) is told apart from what rdmig's code costs.
 rdmig / cheapest-floor (`rdmig/cheapest-floor` in each JSON row): the agents' default mode
 (rdmig-splice) against the cheaper of the two floors per row, as medians and paired per run.
 --baseline: an rdmig-relay-cpu built from an earlier revision runs as one more kind, "baseline"
-(its rdmig relay, tcp.splice off), so a change to the relay is measured before and after in the
-same run: its column and baseline / floor sit beside rdmig's.
+(its rdmig relay in the agents' default mode, as rdmig-splice), so a change to the relay is
+measured before and after in the same run: its column, baseline / floor-splice and
+rdmig-splice / baseline (paired per run) sit beside rdmig-splice's.
 Kinds are interleaved (every run of every row takes each kind in turn, the order rotating), rows
 give medians and min-max spreads of CPU seconds per GiB (user and system apart) and the ratios
 rdmig / floor and rdmig-splice / floor-splice: the ratio of the medians, and the median of the
@@ -91,7 +92,7 @@ BASELINE = None  # --baseline: another build's rdmig-relay-cpu, kind "baseline"
 
 
 def one(kind, channels, chunk, nbytes, path="bare"):
-    binary, flags = (BASELINE, KINDS["rdmig"]) if kind == "baseline" else (RELAY_CPU, KINDS[kind])
+    binary, flags = (BASELINE, KINDS[DEFAULT_KIND]) if kind == "baseline" else (RELAY_CPU, KINDS[kind])
     out = subprocess.run([binary, "--bytes", nbytes, "--channels", str(channels), "--chunk", chunk] + flags
                          + path_flags(path, chunk),
                          capture_output=True, text=True, timeout=600)
@@ -114,7 +115,7 @@ def one(kind, channels, chunk, nbytes, path="bare"):
 
 
 def syscalls_per_gib(kind, nbytes="256Mi", path="bare"):
-    binary, flags = (BASELINE, KINDS["rdmig"]) if kind == "baseline" else (RELAY_CPU, KINDS[kind])
+    binary, flags = (BASELINE, KINDS[DEFAULT_KIND]) if kind == "baseline" else (RELAY_CPU, KINDS[kind])
     """strace -c -f of a short run: syscalls per GiB, all threads (the stand-ins' included, the
     same for every kind: compare kinds, not absolute figures)."""
     if not shutil.which("strace"):
@@ -176,7 +177,7 @@ def main():
         args.out = os.path.join(REPO, "bench", "results", "relay-floor" + ("" if args.path == "bare" else "-" + args.path))
     rows = [(int(c), k) for c in args.channels.split(",") for k in args.chunks.split(",")]
     kinds = [k for k in KINDS if k in chosen] + (["baseline"] if BASELINE else [])
-    pairs = [(a, b) for a, b in PAIRS + ((("baseline", "floor"),) if BASELINE else ()) if a in kinds and b in kinds]
+    pairs = [(a, b) for a, b in PAIRS + ((("baseline", "floor-splice"), (DEFAULT_KIND, "baseline")) if BASELINE else ()) if a in kinds and b in kinds]
     runs = {(row, kind): [] for row in rows for kind in kinds}
     for i in range(args.runs):
         for row in rows:
@@ -225,7 +226,7 @@ def main():
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
     kinds_md = [k for k in kinds if k != "baseline"]
-    main_pairs = [(a, b) for a, b in pairs if a != "baseline"]
+    main_pairs = [(a, b) for a, b in pairs if "baseline" not in (a, b)]
     pairs_md = []
     for a, b in main_pairs:
         pairs_md += ["%s / %s" % (a, b), "%s / %s paired (quartiles)" % (a, b)]
@@ -271,14 +272,18 @@ def main():
             " | ".join("%.3f / %.3f" % (e[k]["user"], e[k]["system"]) for k in uk), node,
             "%.0f" % e["rdmig"]["chunks"] if "rdmig" in e else "-"))
     if BASELINE:
+        d = DEFAULT_KIND
         lines += ["", "Before and after: `baseline` is %s, an earlier build, run interleaved with the others "
-                  "(tcp.splice off):" % os.path.basename(BASELINE), "",
-                  "| channels | chunk | baseline | rdmig | floor | baseline / floor | rdmig / floor |",
-                  "|---|---|---|---|---|---|---|"]
+                  "(in the default mode, as %s):" % (os.path.basename(BASELINE), d), "",
+                  "| channels | chunk | baseline | %s | floor-splice | baseline / floor-splice | %s / floor-splice "
+                  "| %s / baseline | paired (quartiles) |" % (d, d, d),
+                  "|---|---|---|---|---|---|---|---|---|"]
         for e in table:
-            lines.append("| %d | %s | %.3f (%.3f-%.3f) | %.3f | %.3f | %.2f | **%.2f** |" % (
+            p = e["%s/baseline paired" % d]
+            lines.append("| %d | %s | %.3f (%.3f-%.3f) | %.3f (%.3f-%.3f) | %.3f | %.2f | %.2f | **%.2f** | %.2f (%.2f-%.2f) |" % (
                 e["channels"], e["chunk"], e["baseline"]["cpu"], e["baseline"]["min"], e["baseline"]["max"],
-                e["rdmig"]["cpu"], e["floor"]["cpu"], e["baseline/floor"], e["rdmig/floor"]))
+                e[d]["cpu"], e[d]["min"], e[d]["max"], e["floor-splice"]["cpu"], e["baseline/floor-splice"],
+                e["%s/floor-splice" % d], e["%s/baseline" % d], p["median"], p["q1"], p["q3"]))
         lines += [""]
     tls_modes = sorted({r["tls"] for e in table for r in e["runs"].get("rdmig-tls", [])})
     if tls_modes:

@@ -5,8 +5,9 @@
 //
 // Splice (SpliceMode auto/on): the pump moves payload between QEMU's socket and this one
 // through a pipe with splice(2), so the bytes never pass through user space. Sending: one
-// splice from QEMU into the pipe takes what QEMU has ready (at most a chunk and the pipe's
-// capacity, 1 MiB), that becomes the chunk: header (MSG_MORE), then the pipe into the socket.
+// splice from QEMU into the pipe waits for QEMU's bytes, more splices that do not wait add what
+// else QEMU has ready (at most a chunk and the pipe's capacity, 1 MiB), and that becomes the
+// chunk: header (MSG_MORE), then the pipe into the socket.
 // Receiving (receive_deferred): with an inline sink set (set_inline_sink: QEMU's socket, made
 // non-blocking) and nothing queued, the reader thread splices a DATA frame's payload from the
 // socket into the pipe and from the pipe into QEMU's socket itself, as the splice floor relay
@@ -144,6 +145,11 @@ class TcpChannel final : public Channel {
   std::atomic<bool> splice_ok_;  // mode != off and no socket refused splice (auto)
   Pipe up_pipe_;    // sender thread only
   bool spliced_once_ = false;  // sender thread only
+  // Whether a splice from QEMU's socket can be told not to wait: a unix stream socket honours
+  // SPLICE_F_NONBLOCK, a TCP socket only its own O_NONBLOCK. Probed once per socket (sender thread).
+  bool takes_more_without_waiting(int fd);
+  int probed_fd_ = -1;     // sender thread only
+  bool take_more_ = false;  // sender thread only
   std::atomic<uint64_t> spliced_sent_{0};
   std::atomic<uint64_t> spliced_received_{0};
   // The receiver thread's, and the reader's while it splices a chunk inline (nothing queued then,
