@@ -29,6 +29,7 @@ Sections (all measured here, on this machine, in this run):
               (postCopy: after), interleaved on one chain of QEMU 10 guests: total time, the
               post-copy phase, page requests, the target's vCPU block time per request; the
               verifier must find no stale page on either path (each run is checked).
+              --pc-preempt adds both with QEMU's postcopy-preempt (postCopyPreempt: true).
 Writes DIR/results.json, DIR/results.md and DIR/bench.png. Never fails on speed.
 """
 import argparse
@@ -106,7 +107,7 @@ class Chain:
             try:
                 return fn(self, *args, **kw)
             except GuestDied as e:
-                DEATHS[path] += 1
+                DEATHS[path] = DEATHS.get(path, 0) + 1
                 print("  guest died after a %s migration (%s); rebooting the chain" % (path, e), flush=True)
                 self.boot()
         raise RuntimeError("guest died three times in a row")
@@ -341,11 +342,12 @@ def per_request_us(blocktime_ms, requests):
     return blocktime_ms * 1000.0 / requests if blocktime_ms is not None and requests else None
 
 
-def run_postcopy_direct(chain):
+def run_postcopy_direct(chain, preempt=False):
     dst = chain.next_target()
     src, since = chain.src, len(chain.src.events)
     try:
-        r = migrate_direct(chain.src, dst, max_bandwidth=PC_BW, postcopy=True, downtime_limit_ms=50, timeout=300)
+        r = migrate_direct(chain.src, dst, max_bandwidth=PC_BW, postcopy=True, downtime_limit_ms=50, timeout=300,
+                           preempt=preempt)
     except Exception as e:
         raise_guest_death_or(e, chain, dst, check_target=True)
     if r["status"] != "completed":
@@ -360,14 +362,15 @@ def run_postcopy_direct(chain):
             "per_request_us": per_request_us(r["target_blocktime_ms"], r["postcopy_requests"]), "mismatches": mismatches}
 
 
-def run_postcopy_agents(chain, agents, ring_depth=None):
+def run_postcopy_agents(chain, agents, ring_depth=None, preempt=False):
     a, b = agents
     dst = chain.next_target()
     src, since = chain.src, len(chain.src.events)
+    extra = {"postCopyPreempt": True} if preempt else {}
     try:
         target, source = start_migration(a, b, chain.src.agent_qmp_path, dst.agent_qmp_path, vm="bench-pc",
                                          postCopy="after", maxBandwidthBytesPerSecond=PC_BW, maxDowntimeMs=50,
-                                         completionTimeoutSeconds=240, ring_depth=ring_depth)
+                                         completionTimeoutSeconds=240, ring_depth=ring_depth, **extra)
     except Exception as e:
         raise_guest_death_or(e, chain, dst, check_target=False)
     s = a.wait(source["id"], timeout=300)
@@ -404,13 +407,21 @@ def section_postcopy(work, args, results):
     # flight per channel): a requested page waits behind what is queued between the QEMUs.
     depths = {"agents": None}
     depths.update({"agents-ring%d" % d: d for d in args.pc_ring_depths})
-    ways = ["direct"] + list(depths)
+    # --pc-preempt: QEMU's postcopy-preempt too, direct and through the agents (postCopyPreempt).
+    preempt_ways = ["direct-preempt", "agents-preempt"] if args.pc_preempt else []
+    ways = ["direct"] + list(depths) + preempt_ways
     runs = {w: [] for w in ways}
     try:
         for i in range(args.runs):
             for path in (ways if i % 2 == 0 else ways[::-1]):
-                fn = run_postcopy_direct if path == "direct" else run_postcopy_agents
-                r = chain.run(path, fn) if path == "direct" else chain.run(path, fn, agents, depths[path])
+                if path == "direct-preempt":
+                    r = chain.run(path, run_postcopy_direct, True)
+                elif path == "agents-preempt":
+                    r = chain.run(path, run_postcopy_agents, agents, None, True)
+                elif path == "direct":
+                    r = chain.run(path, run_postcopy_direct)
+                else:
+                    r = chain.run(path, run_postcopy_agents, agents, depths[path])
                 runs[path].append(r)
                 print("  post-copy %s: %s" % (path, {k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items()}),
                       flush=True)
@@ -428,7 +439,9 @@ def section_postcopy(work, args, results):
         row[k + "_ratio"] = ratio(a["median"], d["median"]) if a and d else None
         for w in ways[2:]:
             x = row[w][k]
-            row.setdefault("ratios_" + w, {})[k] = ratio(x["median"], d["median"]) if x and d else None
+            # The preempt rows against direct with preempt (the same QEMU settings), the others against direct.
+            base = row["direct-preempt"][k] if w == "agents-preempt" else d
+            row.setdefault("ratios_" + w, {})[k] = ratio(x["median"], base["median"]) if x and base else None
     results["postcopy"] = row
     med_of = lambda p, k: (row[p][k] or {}).get("median")
     print("post-copy: total direct %s ms, agents %s ms (x%s); post-copy phase %s / %s ms; block time per page request "
@@ -757,8 +770,9 @@ def write_markdown(results, path):
                   pc["mismatches"]), ""]
         for way in pc.get("ways", ())[2:]:
             q = pc["ratios_" + way]
-            L += ["%s / direct (medians): total %s, post-copy phase %s, block time per request %s." % (
-                way, fmt(q["total_ms"], "%.2f"), fmt(q["phase_ms"], "%.2f"), fmt(q["per_request_us"], "%.2f")), ""]
+            L += ["%s / %s (medians): total %s, post-copy phase %s, block time per request %s." % (
+                way, "direct-preempt" if way == "agents-preempt" else "direct", fmt(q["total_ms"], "%.2f"),
+                fmt(q["phase_ms"], "%.2f"), fmt(q["per_request_us"], "%.2f")), ""]
     if "failover" in results:
         f = results["failover"]
         L += ["## Failover (docs/failover.md): %d MiB guest dirtying 32 MiB passes, multifd 0, capped at 256 MiB/s, medians of %d interleaved runs" % (f["mem_mib"], f["runs"]), "",
@@ -892,6 +906,8 @@ def main():
     ap.add_argument("--sections", default="whole,defaults,dataplane,sweep,concurrent")
     ap.add_argument("--pc-ring-depths", default="",
                     help="postcopy: also through the agents with these migration ringDepth values, e.g. 4,2")
+    ap.add_argument("--pc-preempt", action="store_true",
+                    help="postcopy: also with QEMU's postcopy-preempt, direct and through the agents (postCopyPreempt)")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "latest"))
     args = ap.parse_args()
     try:

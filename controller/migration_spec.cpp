@@ -140,7 +140,7 @@ Result<VmiRequest> parse_vmi_spec(const json& spec) {
   }
   for (const char* tunable : {"transport", "chunkSize", "multifdChannels", "ringDepth", "maxDowntime", "maxDowntimeMs",
                               "maxBandwidth", "completionTimeoutSeconds", "postCopy", "postCopyAfterPasses",
-                              "postCopyAfterSeconds"}) {
+                              "postCopyAfterSeconds", "postCopyPreempt"}) {
     if (spec.contains(tunable) && !spec[tunable].is_null()) {
       return bad(std::string("spec.") + tunable,
                  "only for spec.source.qemu; under KubeVirt the agents' kubevirt config and KubeVirt's migration "
@@ -234,6 +234,14 @@ Result<MigrationRequest> parse_spec(const json& spec) {
   }
   if (passes.value()) r.post_copy_after_passes = static_cast<uint32_t>(**passes);
   if (seconds.value()) r.post_copy_after_seconds = static_cast<uint32_t>(**seconds);
+  if (auto it = spec.find("postCopyPreempt"); it != spec.end() && !it->is_null()) {
+    if (!it->is_boolean()) return bad("spec.postCopyPreempt", "must be true or false");
+    if (it->get<bool>() && r.post_copy.value_or("never") == "never") {
+      return bad("spec.postCopyPreempt", "only with spec.postCopy auto or after");
+    }
+    if (it->get<bool>() && r.multifd_channels > 0) return bad("spec.postCopyPreempt", "not with spec.multifdChannels");
+    r.post_copy_preempt = it->get<bool>();
+  }
   if (auto it = spec.find("cancel"); it != spec.end() && !it->is_null()) {
     if (!it->is_boolean()) return bad("spec.cancel", "must be true or false");
     r.cancel = it->get<bool>();
@@ -304,6 +312,7 @@ json source_request_body(const MigrationRequest& r, const std::string& id, const
   if (r.post_copy) b["postCopy"] = *r.post_copy;
   if (r.post_copy_after_passes) b["postCopyAfterPasses"] = *r.post_copy_after_passes;
   if (r.post_copy_after_seconds) b["postCopyAfterSeconds"] = *r.post_copy_after_seconds;
+  if (r.post_copy_preempt) b["postCopyPreempt"] = true;
   return b;
 }
 

@@ -33,6 +33,7 @@ struct MigrationRequest {
   std::optional<std::string> post_copy;
   std::optional<uint32_t> post_copy_after_passes;
   std::optional<uint32_t> post_copy_after_seconds;
+  bool post_copy_preempt = false;  // spec.postCopyPreempt: QEMU's postcopy-preempt, carried
   bool cancel = false;
 };
 

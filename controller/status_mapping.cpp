@@ -157,6 +157,7 @@ void copy_agent_status(json& status, const json& source, const json& target) {
   if (const json& pc = source.value("postCopy", json::object()); pc.is_object() && pc.value("mode", "") != "" &&
                                                                   pc.value("mode", "") != "never") {
     json out{{"mode", pc.value("mode", "")}, {"switched", pc.value("switched", false)}};
+    if (pc.contains("preempt") && pc["preempt"].is_boolean()) out["preempt"] = pc["preempt"];
     for (const char* key : {"switchAfterMs", "phaseMs", "pageRequests", "blocktimeMs"}) {
       if (pc.contains(key) && pc[key].is_number_integer()) out[key] = pc[key].get<int64_t>();
     }

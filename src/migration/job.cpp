@@ -29,6 +29,25 @@ Error qmp_check_failed(const std::string& socket, const std::string& what, const
   return Error{Errc::kFailedPrecondition, "qmpSocket: cannot talk to QEMU at '" + socket + "' (" + what + "): " + e.message};
 }
 
+std::string QemuVersion::text() const {
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(micro);
+}
+
+Result<QemuVersion> qemu_version(qemu::QmpClient& qmp) {
+  auto v = qmp.execute("query-version", {}, kQmpTimeout);
+  if (!v) return v.error();
+  if (!v->is_object()) return Error{Errc::kProtocol, "query-version: not an object"};
+  const auto q = v->value("qemu", nlohmann::json::object());
+  if (!q.is_object()) return Error{Errc::kProtocol, "query-version: 'qemu' is not an object"};
+  QemuVersion out;
+  for (auto [key, field] : {std::pair{"major", &out.major}, std::pair{"minor", &out.minor}, std::pair{"micro", &out.micro}}) {
+    const auto it = q.find(key);
+    if (it == q.end() || !it->is_number_integer()) return Error{Errc::kProtocol, std::string("query-version: no qemu.") + key};
+    *field = it->get<int>();
+  }
+  return out;
+}
+
 Job::Job(MigrationSpec spec, JobContext ctx)
     : spec_(std::move(spec)), ctx_(ctx), created_(std::chrono::steady_clock::now()) {
   status_.id = spec_.id;
@@ -377,7 +396,7 @@ void Job::adopt_channel(std::unique_ptr<transport::Channel> channel, std::unique
   MutexLock lock(data_mu_);
   channels_.push_back(std::move(channel));
   pumps_.push_back(std::move(pump));
-  link_ = std::move(link);
+  if (link) link_ = std::move(link);  // a recovery's further channels come without one
 }
 
 const char* Job::failure_of(Errc code) {
@@ -456,6 +475,7 @@ MigrationSpec Job::spec_from_record(const PostcopyRecord& record, Role role) {
   spec.ring_depth = record.ring_depth;
   spec.transport = TransportKind::kTcp;  // a recovery's fresh channel runs over TCP
   spec.verify_chunks = record.verify_chunks;
+  spec.post_copy.preempt = record.preempt;
   spec.completion_timeout_seconds = record.completion_timeout_seconds;
   spec.no_progress_timeout_seconds = record.no_progress_timeout_seconds;
   return spec;
@@ -472,6 +492,7 @@ void Job::mark_restored(const PostcopyRecord& record) {
     s.post_copy.switched_at_ms = record.switched_at_ms;
     s.post_copy.recoveries = record.recoveries;
     s.post_copy.after_restart = true;
+    s.post_copy.preempt = record.preempt;
   });
 }
 

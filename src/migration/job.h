@@ -44,6 +44,14 @@ Result<std::string> run_state(qemu::QmpClient& qmp);
 // 409). Never 500 (the agent's own fault) nor 503 (the agent shutting down).
 Error qmp_check_failed(const std::string& socket, const std::string& what, const Error& e);
 
+// A QEMU's version (query-version), and whether it is at least major.minor.
+struct QemuVersion {
+  int major = 0, minor = 0, micro = 0;
+  bool at_least(int ma, int mi) const { return major > ma || (major == ma && minor >= mi); }
+  std::string text() const;
+};
+Result<QemuVersion> qemu_version(qemu::QmpClient& qmp);
+
 // What a job needs from the agent around it.
 struct JobContext {
   const AgentConfig& config;
@@ -143,7 +151,8 @@ class Job {
   // ran on, which list them no more); the control link is closed and dropped. The recovery's
   // fresh channel and link go in afterwards (adopt_channel).
   void retire_data_plane(const std::string& why);
-  // Post-copy recovery: `channel` becomes channel 0 with its pump, and `link` the control link.
+  // Post-copy recovery: `channel` becomes the next channel (0, then the preempt channel) with its
+  // pump, and `link`, when given, the control link.
   void adopt_channel(std::unique_ptr<transport::Channel> channel, std::unique_ptr<session::ChannelPump> pump,
                      std::unique_ptr<session::ControlLink> link);
   std::string log_prefix() const;

@@ -78,6 +78,7 @@ json rec_body_of(const PostcopyRecord& r) {
          {"recoverySeconds", r.recovery_seconds},
          {"aliveAtMs", r.alive_at_ms}};
   if (r.role == Role::kSource) j["targetMigrationId"] = r.target_migration_id;
+  if (r.preempt) j["postCopyPreempt"] = true;
   return j;
 }
 
@@ -121,7 +122,7 @@ Result<PostcopyRecord> parse_postcopy_record(std::string_view text, const std::s
       "version",   "id",          "role",         "vm",          "qmpSocket",    "peer",
       "session",   "channelKey",  "chunkSize",    "ringDepth",   "verifyChunks", "postCopyMode",
       "completionTimeoutSeconds", "noProgressTimeoutSeconds",    "state",        "switchedAtMs",
-      "recoveries", "recoverySeconds", "aliveAtMs", "targetMigrationId", "digest"};
+      "recoveries", "recoverySeconds", "aliveAtMs", "targetMigrationId", "postCopyPreempt", "digest"};
   for (const auto& [key, v] : j.items()) {
     if (!known.contains(key)) return rec_bad(key.substr(0, 64), "unknown field");
   }
@@ -192,6 +193,10 @@ Result<PostcopyRecord> parse_postcopy_record(std::string_view text, const std::s
   const auto vc = j.find("verifyChunks");
   if (vc == j.end() || !vc->is_boolean()) return rec_bad("verifyChunks", "missing, or not true/false");
   r.verify_chunks = vc->get<bool>();
+  if (const auto pp = j.find("postCopyPreempt"); pp != j.end()) {
+    if (!pp->is_boolean()) return rec_bad("postCopyPreempt", "not true/false");
+    r.preempt = pp->get<bool>();
+  }
   auto mode = rec_str(j, "postCopyMode", 16);
   if (!mode) return mode.error();
   const bool mode_ok = r.role == Role::kSource ? (mode.value() == "after" || mode.value() == "auto")

@@ -42,6 +42,9 @@ struct PostcopyRecord {
   uint64_t chunk_size = 0;
   uint32_t ring_depth = 0;
   bool verify_chunks = false;
+  // postcopy-preempt's connection is carried too (the recovery opens it again); written only when
+  // true, so an agent from before it reads the records it can resume.
+  bool preempt = false;
   std::string post_copy_mode;  // source: after | auto; target: requested
   uint32_t completion_timeout_seconds = 0;
   uint32_t no_progress_timeout_seconds = 0;

@@ -71,6 +71,7 @@ Status SourceJob::connect_data_plane() {
   hello.chunk_size = spec_.chunk_size;
   hello.ring_depth = spec_.ring_depth;
   hello.verify_chunks = spec_.verify_chunks;
+  hello.post_copy_preempt = spec_.post_copy.preempt;
   hello.tls = ctx_.config.data_plane.tls;
   // Failover re-dials a channel over another rail or TCP (docs/failover.md): over TCP not when
   // RDMA is required, so with RDMA required only when another rail may take it.
@@ -126,18 +127,15 @@ Status SourceJob::connect_data_plane() {
   channel_key_ = transport::channel_key(spec_.target.token, hello.nonce, target_nonce, session_);
   transport_ = chosen.value();
   // Failover when the target confirms it (an agent without it, or with it off, says nothing).
-  const auto fo = reply->find("failover");
-  failover_ = hello.failover && fo != reply->end() && fo->is_boolean() && fo->get<bool>();
+  failover_ = hello.failover && session::says(reply.value(), "failover");
   // Another rail when the target takes a channel's re-dial over RDMA (an agent from before rail
   // failover does not say so) and this agent's paths list it; TCP unless RDMA is required.
-  const auto fr = reply->find("failoverRails");
-  failover_rails_ = failover_ && chosen.value() == "rdma" && dp.fails_over_to("rail") && fr != reply->end() &&
-                    fr->is_boolean() && fr->get<bool>();
+  failover_rails_ = failover_ && chosen.value() == "rdma" && dp.fails_over_to("rail") &&
+                    session::says(reply.value(), "failoverRails");
   // Another address of a rail's device likewise, when the target says failoverAddresses (it lists
   // its alternates in the welcome's rails; connect_rdma_channels matches them with this agent's).
-  const auto fa = reply->find("failoverAddresses");
   failover_addresses_ = failover_ && chosen.value() == "rdma" && dp.fails_over_to("address") &&
-                        session::has_alternates(ctx_.rdma) && fa != reply->end() && fa->is_boolean() && fa->get<bool>();
+                        session::has_alternates(ctx_.rdma) && session::says(reply.value(), "failoverAddresses");
   failover_tcp_ = failover_ && !rdma_required && dp.fails_over_to("tcp");
   if (!failover_rails_ && !failover_addresses_ && !failover_tcp_) failover_ = false;  // no path to fail over to
   failover_peer_ = spec_.target.host;
@@ -250,6 +248,7 @@ Status SourceJob::connect_data_plane() {
   if (post_copy) {
     start["postCopy"] = true;  // the target enables postcopy-ram on its QEMU too
     start[session::kPostcopySwitchAgreementField] = true;  // and this end asks before it switches
+    if (spec_.post_copy.preempt) start["postCopyPreempt"] = true;  // and postcopy-preempt
   }
   RDMIG_TRY(link_->send(session::message(session::MessageKind::kStart, start)));
   auto ready = link_->expect(session::to_string(session::MessageKind::kReady), kHandshakeTimeout);
@@ -268,6 +267,11 @@ Status SourceJob::connect_data_plane() {
       return Error{Errc::kFailedPrecondition, "target agent " + ep.to_string() +
                                                   " did not confirm postCopy (an rdmig agent from before it?): "
                                                   "upgrade it, or migrate with postCopy 'never'"};
+    }
+    if (spec_.post_copy.preempt && !session::says(ready.value(), "postCopyPreempt")) {
+      return Error{Errc::kFailedPrecondition, "target agent " + ep.to_string() +
+                                                  " did not confirm postCopyPreempt: upgrade it, or migrate with "
+                                                  "postCopyPreempt false"};
     }
     target_agrees_ = session::offers_postcopy_switch_agreement(ready.value());
   }

@@ -58,18 +58,21 @@ Result<std::unique_ptr<SourceJob>> SourceJob::create(MigrationSpec spec, JobCont
     return Error{Errc::kFailedPrecondition,
                  "qmpSocket: QEMU already has a migration in state '" + info->status + "'"};
   }
-  if (spec.post_copy.mode != PostCopyMode::kNever && spec.multifd_channels > 0) {
+  if (spec.post_copy.mode != PostCopyMode::kNever && (spec.multifd_channels > 0 || spec.post_copy.preempt)) {
+    auto v = qemu_version(*qmp.value());
+    if (!v) return qmp_check_failed(spec.qmp_socket, "query-version", v.error());
     // QEMU allows post-copy together with multifd from 10.1 on: 10.0 refuses the pair, and 7.2
     // accepts it although its post-copy does not know multifd's channels.
-    auto v = qmp.value()->execute("query-version", {}, kQmpTimeout);
-    if (!v) return qmp_check_failed(spec.qmp_socket, "query-version", v.error());
-    const auto q = v->value("qemu", json::object());
-    const int major = q.value("major", 0), minor = q.value("minor", 0);
-    if (major < 10 || (major == 10 && minor < 1)) {
+    if (spec.multifd_channels > 0 && !v->at_least(10, 1)) {
       return Error{Errc::kFailedPrecondition,
                    "postCopy: with multifdChannels it needs QEMU 10.1 or later on both nodes; the source QEMU is " +
-                       std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(q.value("micro", 0)) +
-                       " (migrate with multifdChannels 0, or postCopy 'never')"};
+                       v->text() + " (migrate with multifdChannels 0, or postCopy 'never')"};
+    }
+    // postcopy-preempt's connection opens at the switch, after the main one, from QEMU 8.0 on; a
+    // 7.x QEMU opens it at once, racing the main one to the target (rdmig keeps QEMU's order).
+    if (spec.post_copy.preempt && !v->at_least(8, 0)) {
+      return Error{Errc::kFailedPrecondition, "postCopyPreempt: needs QEMU 8.0 or later on both nodes; the source QEMU is " +
+                                                  v->text() + " (migrate with postCopyPreempt false)"};
     }
   }
   const bool running = state.value() == "running";
@@ -86,6 +89,7 @@ SourceJob::SourceJob(MigrationSpec spec, JobContext ctx, std::unique_ptr<qemu::Q
   update([&](MigrationStatus& s) {
     s.peer = net::format_endpoint(spec_.target.host, spec_.target.port);
     s.post_copy.mode = post_copy_mode_name(spec_.post_copy.mode);
+    s.post_copy.preempt = spec_.post_copy.preempt;
   });
 }
 
@@ -114,10 +118,11 @@ Status SourceJob::configure_qemu() {
   json caps = json::array({json{{"capability", "events"}, {"state", true}},
                            json{{"capability", "multifd"}, {"state", multifd}}});
   if (spec_.post_copy.mode != PostCopyMode::kNever) {
-    // postcopy-preempt (QEMU 7.1+) opens one more connection for urgent pages, which rdmig does not
-    // carry: it stays off, and the page requests share the main channel (docs/api.md).
+    // postcopy-preempt opens one more connection at the switch, for the pages the target's vCPUs
+    // wait on; carried as the last channel when asked (postCopyPreempt), else off: the page
+    // requests' answers then queue behind the background copy on the main channel (docs/api.md).
     caps.push_back(json{{"capability", "postcopy-ram"}, {"state", true}});
-    caps.push_back(json{{"capability", "postcopy-preempt"}, {"state", false}});
+    caps.push_back(json{{"capability", "postcopy-preempt"}, {"state", spec_.post_copy.preempt}});
   }
   auto r = qmp_->execute("migrate-set-capabilities", json{{"capabilities", caps}}, kQmpTimeout);
   if (!r) {

@@ -94,7 +94,9 @@ class SourceJob final : public Job {
   // kPermissionDenied when the target refused (it no longer knows the session, or its QEMU cannot
   // be recovered): no further try.
   Status try_recovery(uint32_t attempt, std::chrono::steady_clock::time_point deadline);
-  Result<UniqueFd> dial_recovery(bool control, std::chrono::milliseconds left);
+  // A recovery's fresh connection: its control connection, or channel `index` (0, and with
+  // postcopy-preempt the preempt channel).
+  Result<UniqueFd> dial_recovery(bool control, uint32_t index, std::chrono::milliseconds left);
   void apply_progress(const qemu::MigrationInfo& info);
   // postCopy: issues migrate-start-postcopy once the spec's condition holds (pre-copy running for
   // `elapsed`); an error only when QEMU refuses the switch.

@@ -278,6 +278,7 @@ PostcopyRecord SourceJob::make_record() const {
   r.chunk_size = spec_.chunk_size;
   r.ring_depth = spec_.ring_depth;
   r.verify_chunks = spec_.verify_chunks;
+  r.preempt = spec_.post_copy.preempt;
   r.post_copy_mode = post_copy_mode_name(spec_.post_copy.mode);
   r.completion_timeout_seconds = spec_.completion_timeout_seconds;
   r.no_progress_timeout_seconds = spec_.no_progress_timeout_seconds;
@@ -328,18 +329,18 @@ void SourceJob::run_restored() {
   abort_data_plane(Error{Errc::kCancelled, "migration finished"});
 }
 
-Result<UniqueFd> SourceJob::dial_recovery(bool control, std::chrono::milliseconds left) {
+Result<UniqueFd> SourceJob::dial_recovery(bool control, uint32_t index, std::chrono::milliseconds left) {
   const net::Endpoint ep{spec_.target.host, spec_.target.port};
-  const std::string where = std::string(control ? "recovery control connection" : "recovery channel 0") + " to " +
-                            ep.to_string();
+  const std::string where = (control ? std::string("recovery control connection") : "recovery channel " + std::to_string(index)) +
+                            " to " + ep.to_string();
   // The same endpoint and dial policy as the first dial; the session's keys prove it.
   auto fd = peer_dial_policy(ctx_.config.data_plane).connect(ep, "target.endpoint", left, [](int) { return ok_status(); });
   if (!fd) return fd.error().with_context(where);
-  session::Hello dh = data_hello(0, /*resume=*/false);
+  session::Hello dh = data_hello(control ? 0 : index, /*resume=*/false);
   dh.recover = true;
   dh.control = control;
   if (control) dh.tls = false;  // the control connection runs no TLS
-  const transport::ChannelTerms terms{channel_key_, session_, control ? transport::kControlIndex : 0};
+  const transport::ChannelTerms terms{channel_key_, session_, control ? transport::kControlIndex : index};
   if (auto st = transport::prove_channel(fd->get(), dh.to_json(), terms, left); !st) return st.error().with_context(where);
   return fd;
 }
@@ -348,22 +349,29 @@ Status SourceJob::try_recovery(uint32_t attempt, std::chrono::steady_clock::time
   using namespace std::chrono;
   const auto left = std::clamp(duration_cast<milliseconds>(deadline - steady_clock::now()), milliseconds(1000),
                                duration_cast<milliseconds>(kHandshakeTimeout));
-  auto cfd = dial_recovery(/*control=*/true, left);
+  auto cfd = dial_recovery(/*control=*/true, 0, left);
   if (!cfd) return cfd.error();
   auto link = std::make_unique<ControlLink>(std::move(cfd.value()));
   RDMIG_TRY(link->send(session::message(session::MessageKind::kRecover, json{{"attempt", attempt}})));
-  auto dfd = dial_recovery(/*control=*/false, left);
-  if (!dfd) return dfd.error();
-  std::unique_ptr<transport::TlsStream> tls;
-  if (ctx_.config.data_plane.tls) {
-    auto stream = channel_tls(dfd->get(), transport::TlsStream::Role::kDialler,
-                              transport::ChannelTerms{channel_key_, session_, 0}, left);
-    if (!stream) return stream.error().with_context("recovery channel 0");
-    tls = std::move(stream.value());
+  // QEMU resumes on its main channel and, with postcopy-preempt, opens its preempt connection again.
+  std::vector<uint32_t> indexes{0};
+  if (spec_.post_copy.preempt) indexes.push_back(spec_.preempt_index());
+  std::vector<std::unique_ptr<transport::TcpChannel>> channels;
+  for (const uint32_t index : indexes) {
+    const std::string what = "recovery channel " + std::to_string(index);
+    auto dfd = dial_recovery(/*control=*/false, index, left);
+    if (!dfd) return dfd.error();
+    std::unique_ptr<transport::TlsStream> tls;
+    if (ctx_.config.data_plane.tls) {
+      auto stream = channel_tls(dfd->get(), transport::TlsStream::Role::kDialler,
+                                transport::ChannelTerms{channel_key_, session_, index}, left);
+      if (!stream) return stream.error().with_context(what);
+      tls = std::move(stream.value());
+    }
+    channels.push_back(transport::TcpChannel::create(std::move(dfd.value()), index, static_cast<uint32_t>(spec_.chunk_size),
+                                                     spec_.ring_depth, ctx_.metrics.transport("tcp"), ctx_.config.tcp.splice,
+                                                     std::move(tls)));
   }
-  auto channel = transport::TcpChannel::create(std::move(dfd.value()), 0, static_cast<uint32_t>(spec_.chunk_size),
-                                               spec_.ring_depth, ctx_.metrics.transport("tcp"), ctx_.config.tcp.splice,
-                                               std::move(tls));
   auto ready = link->expect(session::to_string(session::MessageKind::kRecoverReady), left);
   if (!ready) {
     // The target's abort: it cannot recover (its QEMU, or the session is over there): final.
@@ -384,14 +392,28 @@ Status SourceJob::try_recovery(uint32_t attempt, std::chrono::steady_clock::time
     ::unlink(path.c_str());
     return r.error().with_context("source QEMU's migrate resume");
   }
-  auto qfd = net::accept_for(listener_.get(), 10s);
+  // QEMU's connections in its order: the main one at once, the preempt one once the resumed main
+  // channel's handshake (carried by the first pump) has run.
+  std::vector<std::unique_ptr<ChannelPump>> pumps;
+  for (size_t k = 0; k < channels.size(); ++k) {
+    auto qfd = net::accept_for(listener_.get(), 10s);
+    if (!qfd) {
+      ::unlink(path.c_str());
+      for (auto& p : pumps) p->abort(Error{Errc::kCancelled, "recovery try failed"}, /*reset=*/true);
+      return qfd.error().with_context(k == 0 ? "source QEMU's resumed connection" : "source QEMU's resumed preempt connection");
+    }
+    RDMIG_TRY(check_qemu_peer(qfd->get(), "migration socket " + path));
+    LOG_DEBUG("migration") << log_prefix() << " recovery try " << attempt << ": QEMU's resumed connection for channel "
+                           << indexes[k] << " accepted";
+    auto pump = std::make_unique<ChannelPump>(*channels[k], std::move(qfd.value()));
+    if (spec_.verify_chunks) pump->verify_chunks();
+    pump->start();
+    pumps.push_back(std::move(pump));
+  }
   ::unlink(path.c_str());
-  if (!qfd) return qfd.error().with_context("source QEMU's resumed connection");
-  RDMIG_TRY(check_qemu_peer(qfd->get(), "migration socket " + path));
-  auto pump = std::make_unique<ChannelPump>(*channel, std::move(qfd.value()));
-  if (spec_.verify_chunks) pump->verify_chunks();
-  pump->start();
-  adopt_channel(std::move(channel), std::move(pump), std::move(link));
+  for (size_t k = 0; k < channels.size(); ++k) {
+    adopt_channel(std::move(channels[k]), std::move(pumps[k]), k == 0 ? std::move(link) : nullptr);
+  }
   // QEMU leaves postcopy-paused once the resumed stream's handshake runs: until then monitor()
   // would take the pause for a new loss.
   for (const auto until = steady_clock::now() + 15s; steady_clock::now() < until;) {

@@ -131,9 +131,13 @@ void TargetJob::on_control(UniqueFd fd, const session::Hello& hello, const std::
     reject(fd.get(), "tls_mismatch", transport::tls_mismatch(hello.tls, ctx_.config.data_plane.tls));
     return;
   }
-  if (hello.channels != spec_.channels()) {
+  // post-copy's preempt connection is one more channel, the last (the source asks for it).
+  const uint32_t expected = spec_.channels() + (hello.post_copy_preempt ? 1 : 0);
+  if (hello.channels != expected) {
     mismatch = "hello.channels: source has " + std::to_string(hello.channels) + " QEMU channels, target expects " +
-               std::to_string(spec_.channels()) + " (multifdChannels must match)";
+               std::to_string(expected) + " (multifdChannels must match)";
+  } else if (hello.post_copy_preempt && spec_.multifd_channels > 0) {
+    mismatch = "hello.postCopyPreempt: not with multifdChannels";
   } else if (hello.chunk_size != spec_.chunk_size) {
     mismatch = "hello.chunkSize: source " + format_quantity(hello.chunk_size) + ", target " +
                format_quantity(spec_.chunk_size);
@@ -145,7 +149,7 @@ void TargetJob::on_control(UniqueFd fd, const session::Hello& hello, const std::
   if (mismatch.empty()) {
     auto offered = parse_wire_transport(hello.transport, "hello.transport");
     auto choice = offered ? choose_transport(TransportOffer{offered.value(), hello.transport_required},
-                                             spec_.transport, ctx_.rdma, rail_mtus(hello, ctx_.rdma, spec_.channels()))
+                                             spec_.transport, ctx_.rdma, rail_mtus(hello, ctx_.rdma, expected))
                           : Result<TransportChoice>(offered.error());
     if (choice) {
       chosen = wire_name(choice->transport);
@@ -162,6 +166,17 @@ void TargetJob::on_control(UniqueFd fd, const session::Hello& hello, const std::
     return;
   }
   token_used_ = true;
+  if (hello.post_copy_preempt) {
+    // Before any data channel is admitted (they need token_used_): from here channels() counts it.
+    spec_.post_copy.preempt = true;
+    data_fds_.resize(spec_.channels());
+    data_tls_.resize(spec_.channels());
+    rdma_channels_.resize(spec_.channels());
+    update([&](MigrationStatus& s) {
+      s.channels = spec_.channels();
+      s.post_copy.preempt = true;
+    });
+  }
   source_address_ = net::peer_address(fd.get());
   session_ = random_hex(16);  // names the session; its channels prove channel_key_
   channel_key_ = transport::channel_key(token_, hello.nonce, nonce, session_);
@@ -240,13 +255,21 @@ void TargetJob::on_data(UniqueFd fd, const session::Hello& hello, const std::str
         reject(fd.get(), "tls_mismatch", transport::tls_mismatch(hello.tls, tls));
         return;
       }
+      if (!hello.control && hello.index != 0 && !(spec_.post_copy.preempt && hello.index == spec_.preempt_index())) {
+        reject(fd.get(), "invalid_argument", "hello.index: a post-copy recovery resumes channel 0" +
+                                                 std::string(spec_.post_copy.preempt ? " and the preempt channel " +
+                                                                                           std::to_string(spec_.preempt_index())
+                                                                                     : "") +
+                                                 ", not " + std::to_string(hello.index));
+        return;
+      }
       reply(fd.get(), session::message(session::MessageKind::kWelcome, json{{"proof", welcome_proof}}));
       if (hello.control) {
         recover_control_fd_ = std::move(fd);  // a newer try replaces one not yet taken
-        recover_data_fd_.reset();             // a try's channel 0 follows its control connection
+        recover_data_fds_.clear();            // a try's channels follow its control connection
         recover_asked_ = true;                // a try begins: the source lost the link
       } else {
-        recover_data_fd_ = std::move(fd);
+        recover_data_fds_[hello.index] = std::move(fd);
       }
       conn_cv_.notify_all();
       return;
@@ -484,13 +507,29 @@ Status TargetJob::start_incoming() {
   const bool multifd = spec_.multifd_channels > 0;
   json caps = json::array({json{{"capability", "events"}, {"state", true}},
                            json{{"capability", "multifd"}, {"state", multifd}}});
-  if (const auto pc = start->find("postCopy"); pc != start->end() && pc->is_boolean() && pc->get<bool>()) {
-    // As the source: postcopy-ram, no postcopy-preempt (its extra channel is not carried), and
-    // postcopy-blocktime for the figure of how long the vCPUs waited on pages.
+  bool preempt = false;
+  {
+    MutexLock lock(conn_mu_);
+    preempt = spec_.post_copy.preempt;  // set by the source's hello, before any channel
+  }
+  if (preempt != session::says(start.value(), "postCopyPreempt") || (preempt && !session::says(start.value(), "postCopy"))) {
+    return Error{Errc::kProtocol, "start.postCopyPreempt: the source's hello and start disagree"};
+  }
+  if (preempt) {
+    auto v = qemu_version(*qmp_);
+    if (!v) return v.error().with_context("target QEMU's query-version");
+    if (!v->at_least(8, 0)) {
+      return Error{Errc::kFailedPrecondition, "postCopyPreempt: needs QEMU 8.0 or later on both nodes; the target QEMU is " +
+                                                  v->text() + " (migrate with postCopyPreempt false)"};
+    }
+  }
+  if (session::says(start.value(), "postCopy")) {
+    // As the source: postcopy-ram, postcopy-preempt as the source asks (its connection is the last
+    // channel), and postcopy-blocktime for the figure of how long the vCPUs waited on pages.
     post_copy_ = true;
     source_asks_ = session::offers_postcopy_switch_agreement(start.value());
     caps.push_back(json{{"capability", "postcopy-ram"}, {"state", true}});
-    caps.push_back(json{{"capability", "postcopy-preempt"}, {"state", false}});
+    caps.push_back(json{{"capability", "postcopy-preempt"}, {"state", preempt}});
     caps.push_back(json{{"capability", "postcopy-blocktime"}, {"state", true}});
     update([](MigrationStatus& s) { s.post_copy.mode = "requested"; });
   }
@@ -513,13 +552,17 @@ Status TargetJob::start_incoming() {
   if (post_copy_) {
     ready["postCopy"] = true;  // the source switches only with this confirmed
     ready[session::kPostcopySwitchAgreementField] = true;  // and asks this end first, if it offered to
+    if (preempt) ready["postCopyPreempt"] = true;
   }
   return link_->send(session::message(session::MessageKind::kReady, ready));
 }
 
 Result<UniqueFd> TargetJob::open_qemu_connection(uint32_t index) {
   MutexLock lock(order_mu_);
-  while (next_qemu_index_ != index && !order_aborted_) lock.wait(order_cv_);
+  while (next_qemu_index_ != index && !order_aborted_) {
+    lock.wait_for(order_cv_, std::chrono::milliseconds(200));
+    if (next_qemu_index_ != index && finished()) return Error{Errc::kCancelled, "migration ended"};
+  }
   if (order_aborted_) return Error{Errc::kCancelled, "migration stopped"};
   auto fd = net::unix_connect(socket_path_, 10s);
   if (!fd) return fd.error().with_context("connecting channel " + std::to_string(index) + " to the target QEMU");
@@ -724,6 +767,11 @@ void TargetJob::report_success() {
   }
   {
     MutexLock lock(data_mu_);
+    // Without a switch the source QEMU never opened its preempt connection: that channel carried
+    // nothing and ends with no eof from the source, so it is not waited for.
+    if (spec_.post_copy.preempt && !status().post_copy.switched && pumps_.size() > spec_.preempt_index()) {
+      pumps_[spec_.preempt_index()]->abort(Error{Errc::kCancelled, "the migration completed in pre-copy: no preempt connection"});
+    }
     for (auto& p : pumps_) p->wait(5s);
   }
   finish(Phase::kSucceeded, "");
@@ -750,7 +798,11 @@ void TargetJob::run() {
   {
     MutexLock lock(data_mu_);
     for (uint32_t i = 0; i < channels_.size(); ++i) {
-      auto pump = std::make_unique<ChannelPump>(*channels_[i], [this, i] { return open_qemu_connection(i); });
+      // The preempt connection opens as soon as the main one has (open_qemu_connection keeps the
+      // order): the target QEMU waits for it before it loads the switch, while the source QEMU
+      // sends nothing on it until a page is urgent.
+      const bool eager = spec_.post_copy.preempt && i == spec_.preempt_index();
+      auto pump = std::make_unique<ChannelPump>(*channels_[i], [this, i] { return open_qemu_connection(i); }, eager);
       if (verify_chunks) pump->verify_chunks();
       pump->start();
       pumps_.push_back(std::move(pump));

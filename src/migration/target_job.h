@@ -5,6 +5,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <map>
 #include <set>
 
 #include "common/fd.h"
@@ -153,7 +154,8 @@ class TargetJob final : public Job {
   // connections (hello.recover) the source dialled, until recover_postcopy() takes them.
   bool recovery_open_ GUARDED_BY(conn_mu_) = false;
   UniqueFd recover_control_fd_ GUARDED_BY(conn_mu_);
-  UniqueFd recover_data_fd_ GUARDED_BY(conn_mu_);
+  // The try's channels by index: 0, and with postcopy-preempt the preempt channel.
+  std::map<uint32_t, UniqueFd> recover_data_fds_ GUARDED_BY(conn_mu_);
   std::atomic<bool> recover_asked_{false};  // a recovery connection came: the source lost the link
   bool source_decided_ = false;  // the source aborted on purpose: never recovered (worker thread)
   std::chrono::steady_clock::duration paused_total_{};  // recovering, in all (worker thread)
@@ -161,7 +163,8 @@ class TargetJob final : public Job {
   // Guards next_qemu_index_ and order_aborted_; order_cv_ signals the next turn. Each pump's
   // opener (open_qemu_connection, on the pumps' threads) waits for its turn under it and
   // connects to QEMU's socket holding it (QEMU connections in channel order); the worker sets
-  // order_aborted_ under it. No other lock is taken under it.
+  // order_aborted_ under it. Only status_mu_ (finished(): a turn that never comes once the job
+  // ended, e.g. the preempt channel's eager opener when channel 0 never opened) is taken under it.
   Mutex order_mu_;  // QEMU connections in channel order
   std::condition_variable order_cv_;
   uint32_t next_qemu_index_ GUARDED_BY(order_mu_) = 0;

@@ -3,6 +3,9 @@
 #include "migration/target_job.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
 #include <thread>
 #include <tuple>
 
@@ -149,6 +152,7 @@ PostcopyRecord TargetJob::make_record() {
     r.session = session_;
     r.channel_key = channel_key_;
     r.verify_chunks = verify_chunks_;
+    r.preempt = spec_.post_copy.preempt;
   }
   r.chunk_size = spec_.chunk_size;
   r.ring_depth = spec_.ring_depth;
@@ -236,37 +240,89 @@ Status TargetJob::try_recovery(std::unique_ptr<ControlLink> link, uint32_t attem
     (void)link->send(session::message(session::MessageKind::kAbort, json{{"reason", e.message}}));
     return e;
   }
-  UniqueFd fd;
-  transport::ChannelTerms terms;
+  // Channel 0 and, with postcopy-preempt, the preempt channel: the source dials them after its
+  // control connection.
+  std::vector<uint32_t> indexes{0};
+  if (spec_.post_copy.preempt) indexes.push_back(spec_.preempt_index());
+  std::vector<UniqueFd> fds;
+  std::vector<transport::ChannelTerms> terms;
   bool verify_chunks = false;
   {
     MutexLock lock(conn_mu_);
     const auto until = std::min(deadline, steady_clock::now() + left);
-    while (!recover_data_fd_.valid() && steady_clock::now() < until) lock.wait_for(conn_cv_, 100ms);
-    if (!recover_data_fd_.valid()) return Error{Errc::kTimeout, "the source agent did not dial the recovery's channel 0"};
-    fd = std::move(recover_data_fd_);
-    terms = transport::ChannelTerms{channel_key_, session_, 0};
+    for (;;) {
+      size_t here = 0;
+      for (const uint32_t i : indexes) {
+        const auto it = recover_data_fds_.find(i);
+        if (it != recover_data_fds_.end() && it->second.valid()) ++here;
+      }
+      if (here == indexes.size() || steady_clock::now() >= until) break;
+      lock.wait_for(conn_cv_, 100ms);
+    }
+    for (const uint32_t i : indexes) {
+      auto it = recover_data_fds_.find(i);
+      if (it == recover_data_fds_.end() || !it->second.valid()) {
+        return Error{Errc::kTimeout, "the source agent did not dial the recovery's channel " + std::to_string(i)};
+      }
+      fds.push_back(std::move(it->second));
+      terms.push_back(transport::ChannelTerms{channel_key_, session_, i});
+    }
+    recover_data_fds_.clear();
     verify_chunks = verify_chunks_;
   }
-  std::unique_ptr<transport::TlsStream> tls;
-  if (ctx_.config.data_plane.tls) {
-    auto stream = channel_tls(fd.get(), transport::TlsStream::Role::kAcceptor, terms, left);
-    if (!stream) return stream.error().with_context("recovery channel 0");
-    tls = std::move(stream.value());
+  // The target QEMU takes the first connection to its recovery socket as the main channel, the
+  // next as the preempt one: channel 0 opens it when its first bytes come, the preempt channel at
+  // once after it (the target QEMU waits for it before it resumes; the source QEMU sends nothing on
+  // it until a page is urgent).
+  struct Order {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool main_open = false;
+  };
+  auto order = std::make_shared<Order>();
+  std::vector<std::unique_ptr<transport::TcpChannel>> channels;
+  std::vector<std::unique_ptr<ChannelPump>> pumps;
+  for (size_t k = 0; k < indexes.size(); ++k) {
+    const uint32_t index = indexes[k];
+    const std::string what = "recovery channel " + std::to_string(index);
+    std::unique_ptr<transport::TlsStream> tls;
+    if (ctx_.config.data_plane.tls) {
+      auto stream = channel_tls(fds[k].get(), transport::TlsStream::Role::kAcceptor, terms[k], left);
+      if (!stream) return stream.error().with_context(what);
+      tls = std::move(stream.value());
+    }
+    channels.push_back(transport::TcpChannel::create(std::move(fds[k]), index, static_cast<uint32_t>(spec_.chunk_size),
+                                                     spec_.ring_depth, ctx_.metrics.transport("tcp"), ctx_.config.tcp.splice,
+                                                     std::move(tls)));
+    const bool main = k == 0;
+    auto open = [this, path, what, main, order]() -> Result<UniqueFd> {
+      if (!main) {
+        std::unique_lock lock(order->mu);
+        // Bounded: a try that fails before its main channel opened retires this pump.
+        if (!order->cv.wait_for(lock, 30s, [&] { return order->main_open; })) {
+          return Error{Errc::kTimeout, what + ": the main channel did not open within 30 s"};
+        }
+      }
+      auto qfd = net::unix_connect(path, 10s);
+      if (!qfd) return qfd.error().with_context("connecting the " + what + " to the target QEMU");
+      RDMIG_TRY(check_qemu_peer(qfd->get(), what + ": " + path));
+      if (main) {
+        std::lock_guard lock(order->mu);
+        order->main_open = true;
+        order->cv.notify_all();
+      }
+      return qfd;
+    };
+    auto pump = std::make_unique<ChannelPump>(*channels.back(), std::move(open), /*open_first=*/!main);
+    if (verify_chunks) pump->verify_chunks();
+    pump->start();
+    pumps.push_back(std::move(pump));
   }
-  auto channel = transport::TcpChannel::create(std::move(fd), 0, static_cast<uint32_t>(spec_.chunk_size), spec_.ring_depth,
-                                               ctx_.metrics.transport("tcp"), ctx_.config.tcp.splice, std::move(tls));
-  auto pump = std::make_unique<ChannelPump>(*channel, [this, path]() -> Result<UniqueFd> {
-    auto qfd = net::unix_connect(path, 10s);
-    if (!qfd) return qfd.error().with_context("connecting the recovery's channel 0 to the target QEMU");
-    RDMIG_TRY(check_qemu_peer(qfd->get(), "recovery channel 0: " + path));
-    return qfd;
-  });
-  if (verify_chunks) pump->verify_chunks();
-  pump->start();
   RDMIG_TRY(link->send(session::message(session::MessageKind::kRecoverReady, json{{"attempt", attempt},
                                                                                   {"targetQemu", state}})));
-  adopt_channel(std::move(channel), std::move(pump), std::move(link));
+  for (size_t k = 0; k < channels.size(); ++k) {
+    adopt_channel(std::move(channels[k]), std::move(pumps[k]), k == 0 ? std::move(link) : nullptr);
+  }
   // QEMU leaves postcopy-paused once the source's resumed stream reaches it: until then monitor()
   // would take the pause for a new loss.
   for (const auto until = steady_clock::now() + 15s; steady_clock::now() < until;) {

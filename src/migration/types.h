@@ -32,6 +32,10 @@ struct PostCopySpec {
   // pre-copy has run this long, whichever comes first.
   uint32_t after_passes = 5;
   uint32_t after_seconds = 60;
+  // postcopy-preempt (QEMU 8.0+ on both nodes, without multifd): urgent pages on a connection of
+  // their own, one more channel the agents carry (channels()). The target learns it from the
+  // source's hello.
+  bool preempt = false;
 };
 
 struct MigrationSpec {
@@ -54,7 +58,10 @@ struct MigrationSpec {
   uint32_t no_progress_timeout_seconds = 0;
   PostCopySpec post_copy;
 
-  uint32_t channels() const { return 1 + multifd_channels; }
+  // QEMU's connections: the main one, the multifd ones, and post-copy's preempt connection (the
+  // last index; QEMU opens it at the switch).
+  uint32_t channels() const { return 1 + multifd_channels + (post_copy.preempt ? 1 : 0); }
+  uint32_t preempt_index() const { return 1 + multifd_channels; }
 };
 
 struct Progress {
@@ -83,7 +90,7 @@ nlohmann::json to_json(const RailLeftOut& rail);
 // What post-copy did (both roles; figures each agent's QEMU gives, nullopt where it gives none).
 struct PostCopyStatus {
   std::string mode = "never";  // the source's postCopy; the target: "requested" once the source asked
-  // postcopy-preempt stays off: its extra channel is not carried (docs/api.md).
+  // postcopy-preempt on both QEMUs, its connection carried as the last channel (docs/api.md).
   bool preempt = false;
   bool switched = false;
   std::string trigger;              // source: after-first-pass | passes | seconds

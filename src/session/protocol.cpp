@@ -50,11 +50,13 @@ json message(MessageKind kind, json fields) {
   return fields;
 }
 
-bool offers_postcopy_switch_agreement(const json& message) {
+bool says(const json& message, const char* field) {
   if (!message.is_object()) return false;
-  const auto it = message.find(kPostcopySwitchAgreementField);
+  const auto it = message.find(field);
   return it != message.end() && it->is_boolean() && it->get<bool>();
 }
+
+bool offers_postcopy_switch_agreement(const json& message) { return says(message, kPostcopySwitchAgreementField); }
 
 std::string_view name(HelloKind kind) { return kHelloNames[static_cast<size_t>(kind)]; }
 std::string to_string(HelloKind kind) { return std::string(name(kind)); }
@@ -321,6 +323,7 @@ Result<Hello> parse_data_plane(const json& j, Purpose purpose) {
     h.rdma_rails = std::move(rails.value());
     RDMIG_TRY(read_flag(j, "verifyChunks", h.verify_chunks));
     RDMIG_TRY(read_flag(j, "failover", h.failover));
+    RDMIG_TRY(read_flag(j, "postCopyPreempt", h.post_copy_preempt));
     return h;
   }
   RDMIG_TRY(read_flag(j, "resume", h.resume));
@@ -469,6 +472,7 @@ json Hello::to_json() const {
     if (!rdma_rails.empty()) j["rdmaRails"] = rails_to_json(rdma_rails);
     if (verify_chunks) j["verifyChunks"] = true;
     if (failover) j["failover"] = true;
+    if (post_copy_preempt) j["postCopyPreempt"] = true;
   } else {
     j["session"] = session;
     j["index"] = index;

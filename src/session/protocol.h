@@ -65,6 +65,9 @@ inline constexpr size_t kMessageKinds = 25;
 inline constexpr const char* kPostcopySwitchAgreementField = "postCopySwitchAgreement";
 // True when `message` (a "start" or a "ready") carries the field as true.
 bool offers_postcopy_switch_agreement(const nlohmann::json& message);
+// True when `message` (an object: a welcome, a start, a ready) carries `field` as true: how an
+// optional flag a peer confirms is read (an agent from before the flag leaves it out).
+bool says(const nlohmann::json& message, const char* field);
 
 std::string_view name(MessageKind kind);
 std::string to_string(MessageKind kind);
@@ -213,6 +216,9 @@ struct Hello {
   uint32_t rdma_mtu = 0;
   // control, optional ("verifyChunks"): every chunk ends in the CRC32C of its payload (session/pump.h).
   bool verify_chunks = false;
+  // control, optional ("postCopyPreempt", bare-QEMU migrations): the last of `channels` is post-copy's
+  // preempt connection; a target agent from before it refuses the count (its multifdChannels + 1).
+  bool post_copy_preempt = false;
   // data and flow-data, optional ("control", with resume (or, data only, recover), index 0):
   // re-establishes the control connection instead; its proof's terms name kControlIndex.
   bool control = false;

@@ -773,7 +773,11 @@ class AgentMigrationTest(unittest.TestCase):
                                                                    sorted(set(seen))), file=sys.stderr)
         self.assertEqual(pc["mode"], mode)
         self.assertTrue(pc["switched"], pc)
-        self.assertFalse(pc["preempt"])
+        preempt = kw.get("postCopyPreempt", False)
+        self.assertEqual(pc["preempt"], preempt)
+        self.assertEqual(t["postCopy"]["preempt"], preempt)
+        self.assertEqual(s["channels"], 1 + multifd + (1 if preempt else 0))
+        self.assertEqual(t["channels"], s["channels"])
         self.assertGreaterEqual(pc["switchAtPass"], 2)
         self.assertIsNotNone(pc["phaseMs"])
         self.assertIsNotNone(pc["pageRequests"])
@@ -835,6 +839,40 @@ class AgentMigrationTest(unittest.TestCase):
         s, _ = self.check_postcopy(0, "after")
         self.assertEqual(s["postCopy"]["trigger"], "after-first-pass")
         self.assertEqual(s["postCopy"]["switchAtPass"], 2)
+
+    def test_postcopy_with_preempt_carries_the_preempt_connection_and_its_memory_verifies(self):
+        # postcopy-preempt: at the switch the source QEMU opens one more connection for the pages the
+        # target's vCPUs fault on; the agents carry it as channel 1. The target agent connects it to
+        # its QEMU right after the main one (the target QEMU waits for it before it loads the switch).
+        s, t = self.check_postcopy(0, "after", postCopyPreempt=True)
+        self.assertEqual(s["postCopy"]["trigger"], "after-first-pass")
+        # The source QEMU opened its preempt connection (at the switch) and the source agent took it.
+        lines = [l for l in self.src_agent.log_text().splitlines() if s["id"] in l and "QEMU connection" in l]
+        self.assertTrue(any("QEMU connection 1 accepted" in l for l in lines), lines)
+
+    def test_postcopy_with_preempt_that_converges_in_pre_copy_completes_without_waiting_on_the_preempt_channel(self):
+        # An idle guest converges before any switch: the source QEMU never opens its preempt
+        # connection, and the channel the agents set up for it must not hold the end up.
+        src = self.vm("src", True, mem_mib=128, dirty_mib=0)
+        dst = self.vm("dst", True, mem_mib=128, dirty_mib=0, incoming_defer=True)
+        src.wait_for_counter(2, timeout=90)
+        t0 = time.monotonic()
+        s, t = migrate_via_agents(self.src_agent, self.dst_agent, src.agent_qmp_path, dst.agent_qmp_path,
+                                  vm="vm-pc-preempt-idle", postCopy="auto", postCopyPreempt=True,
+                                  postCopyAfterPasses=50, timeout=120)
+        took = time.monotonic() - t0
+        print("[post-copy preempt, converged] %.1f s (QEMU's total %s ms); %s" % (took, s["result"]["totalTimeMs"], s["postCopy"]),
+              file=sys.stderr)
+        self.assertEqual(s["phase"], "Succeeded", s["result"]["reason"])
+        self.assertEqual(t["phase"], "Succeeded", t["result"]["reason"])
+        self.assertFalse(s["postCopy"]["switched"])
+        self.assertTrue(s["postCopy"]["preempt"])
+        self.assertTrue(t["postCopy"]["preempt"])
+        self.assertEqual((s["channels"], t["channels"]), (2, 2))
+        # Both records end within seconds of QEMU's completion (a pump waited on would add 5 s each).
+        self.assertLess(took * 1000 - s["result"]["totalTimeMs"], 4000, (took, s["result"]["totalTimeMs"]))
+        self.assertEqual(dst.status(), "running")
+        dst.wait_for_counter(src.last_counter() + 1, timeout=60)
 
     def test_a_migration_in_post_copy_cannot_be_cancelled_on_either_agent_and_completes(self):
         # QEMU's max-postcopy-bandwidth (set here on the source QEMU; the agents leave it alone)
@@ -953,7 +991,7 @@ class AgentMigrationTest(unittest.TestCase):
         self.addCleanup(b.stop)
         return a, b
 
-    def cut_link_in_postcopy(self, src_agent, dst_agent, src, dst, vm):
+    def cut_link_in_postcopy(self, src_agent, dst_agent, src, dst, vm, **kw):
         """Starts a post-copy migration (its post-copy phase stretched by QEMU's max-postcopy-bandwidth),
         and once it switched cuts the link between the agents for good: every connection to the target
         agent's data port reset and every new one refused (nftables), past the 1 s failover deadline.
@@ -961,7 +999,7 @@ class AgentMigrationTest(unittest.TestCase):
         src.qmp("migrate-set-parameters", **{"max-postcopy-bandwidth": 4 << 20})
         target, source = start_migration(src_agent, dst_agent, src.agent_qmp_path, dst.agent_qmp_path, vm=vm,
                                          postCopy="after", maxBandwidthBytesPerSecond=self.POSTCOPY_BW,
-                                         completionTimeoutSeconds=240)
+                                         completionTimeoutSeconds=240, **kw)
         deadline = time.monotonic() + 120
         while not src_agent.get(source["id"])["postCopy"]["switched"]:
             self.assertLess(time.monotonic(), deadline, "no switch to post-copy")
@@ -999,12 +1037,25 @@ class AgentMigrationTest(unittest.TestCase):
     # faults without the lock). With its vCPUs stopped the target still switches, pulls every page
     # and is resumed with cont once the migration completed, when its verifier must go on clean.
     def test_postcopy_link_lost_past_the_failover_deadline_recovers_when_it_returns_and_its_memory_verifies(self):
+        self.check_link_lost_and_recovered("vm-pc-recover")
+
+    def test_postcopy_with_preempt_link_lost_recovers_both_channels_and_its_memory_verifies(self):
+        # With postcopy-preempt QEMU resumes its main channel and opens its preempt connection again
+        # (the target QEMU waits for it before it leaves postcopy-paused): the agents carry both.
+        s, t, a, _ = self.check_link_lost_and_recovered("vm-pc-recover-preempt", postCopyPreempt=True)
+        for st in (s, t):
+            self.assertTrue(st["postCopy"]["preempt"], st["postCopy"])
+            self.assertEqual(st["channels"], 2)
+        lines = [l for l in a.log_text().splitlines() if s["id"] in l and "resumed connection" in l]
+        self.assertTrue(any("for channel 1 accepted" in l for l in lines), lines)
+
+    def check_link_lost_and_recovered(self, vm, **kw):
         # Both QEMUs pause (postcopy-paused) once the link is gone past failover; the agents keep
         # trying a fresh channel, and once the link is back the target QEMU runs migrate-recover and
         # the source QEMU migrate with resume: true through them. The guest's verifier goes on clean.
         a, b = self.recovery_agents(120)
         src, dst = self.verifier_pair(target_paused=True)
-        target, source, table = self.cut_link_in_postcopy(a, b, src, dst, "vm-pc-recover")
+        target, source, table = self.cut_link_in_postcopy(a, b, src, dst, vm, **kw)
         s_mid = self.wait_recovering(a, source["id"])
         t_mid = self.wait_recovering(b, target["id"])
         self.assertEqual(s_mid["phase"], "Recovering", s_mid)
@@ -1039,6 +1090,7 @@ class AgentMigrationTest(unittest.TestCase):
         self.assertEqual(dst.status(), "running")
         dst.wait_for_verifier(last + 3, timeout=120)
         self.assert_verifier_clean(src, dst)
+        return s, t, a, b
 
     def test_postcopy_link_lost_before_the_switch_reached_the_target_is_a_pre_copy_failure_and_the_vm_runs_on_the_source(self):
         # The source agent sets postCopy.switched once its QEMU took migrate-start-postcopy; QEMU then
@@ -1122,7 +1174,7 @@ class AgentMigrationTest(unittest.TestCase):
         subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True)
 
     # -- an agent killed (SIGKILL) during post-copy and restarted: its record in stateDir ------------
-    def kill_agent_in_postcopy_and_restart(self, which):
+    def kill_agent_in_postcopy_and_restart(self, which, **kw):
         """A post-copy migration (stretched as above), its `which` agent ("source" or "target") killed
         once it switched and started again on its data port with its stateDir: it takes the migration
         up from its record, the other agent's recovery finds it, and the migration completes.
@@ -1133,7 +1185,7 @@ class AgentMigrationTest(unittest.TestCase):
         src.qmp("migrate-set-parameters", **{"max-postcopy-bandwidth": 4 << 20})
         target, source = start_migration(a, b, src.agent_qmp_path, dst.agent_qmp_path, vm="vm-pc-kill-" + which,
                                          postCopy="after", maxBandwidthBytesPerSecond=self.POSTCOPY_BW,
-                                         completionTimeoutSeconds=240)
+                                         completionTimeoutSeconds=240, **kw)
         deadline = time.monotonic() + 120
         while not a.get(source["id"])["postCopy"]["switched"]:
             self.assertLess(time.monotonic(), deadline, "no switch to post-copy")
@@ -1158,6 +1210,7 @@ class AgentMigrationTest(unittest.TestCase):
         self.assertEqual(os.stat(killed.state_dir).st_mode & 0o777, 0o700)
         self.assertEqual((record["role"], record["id"]), (which, kmid))
         self.assertEqual(len(record["channelKey"]), 64)
+        self.assertEqual(record.get("postCopyPreempt", False), kw.get("postCopyPreempt", False))
         for secret in (a.token, b.token, target["token"]):
             self.assertNotIn(secret, text)
         killed.kill()
@@ -1180,6 +1233,15 @@ class AgentMigrationTest(unittest.TestCase):
             sock.close()
             self.assertEqual((answer["type"], answer.get("code")), ("reject", "permission_denied"), answer)
             self.assertIn("auth.proof", answer["message"])
+            if kw.get("postCopyPreempt"):
+                # A recovery resumes channel 0 and the preempt channel (1) only: a channel 2 that
+                # proves the session's key is refused naming the index, nothing stored for it.
+                hello = dict(hello, index=2, control=False, tls=False)
+                sock, answer = wireproof.open_channel(b.data_port, hello, record["channelKey"])
+                sock.close()
+                self.assertEqual((answer["type"], answer.get("code")), ("reject", "invalid_argument"), answer)
+                self.assertIn("hello.index: a post-copy recovery resumes channel 0 and the preempt channel 1",
+                              answer["message"])
         s = a.wait(source["id"], timeout=240)
         t = b.wait(target["id"], timeout=60)
         print("\n[post-copy, %s agent killed and restarted] source %s\n[...] target %s"
@@ -1191,6 +1253,7 @@ class AgentMigrationTest(unittest.TestCase):
             self.assertGreaterEqual(st["postCopy"]["recovery"]["recoveries"], 1)
             self.assertEqual(st["postCopy"]["recovery"]["afterRestart"], restarted, st["postCopy"])
             self.assertTrue(st["postCopy"]["switched"])
+            self.assertEqual(st["postCopy"]["preempt"], kw.get("postCopyPreempt", False), st["postCopy"])
         self.assertIn("restarted during post-copy", (s if which == "source" else t)["postCopy"]["recovery"]["reason"])
         self.assertEqual(s["result"]["targetState"], "paused")
         for agent in (a, b):  # removed once the migration ended
@@ -1245,6 +1308,10 @@ class AgentMigrationTest(unittest.TestCase):
     def test_postcopy_target_agent_killed_and_restarted_takes_the_migration_up_and_its_memory_verifies(self):
         self.kill_agent_in_postcopy_and_restart("target")
 
+    def test_postcopy_with_preempt_target_agent_killed_and_restarted_recovers_both_channels(self):
+        # The record says postCopyPreempt: the restarted target expects the preempt channel again.
+        self.kill_agent_in_postcopy_and_restart("target", postCopyPreempt=True)
+
     def test_postcopy_after_the_first_pass_with_8_multifd_channels_and_its_memory_verifies(self):
         # QEMU allows post-copy with multifd from 10.1 on (the trixie root's 10.0 refuses the
         # capability pair: "Postcopy is not yet compatible with multifd").
@@ -1264,6 +1331,14 @@ class AgentMigrationTest(unittest.TestCase):
         self.assertEqual(status, 409, body)
         self.assertIn("postCopy", body["error"]["message"])
         self.assertIn("10.1", body["error"]["message"])
+        self.assertIn("7.2", body["error"]["message"])
+        # postcopy-preempt's connection opens at the switch from QEMU 8.0 on; 7.x opens it at once.
+        status, body = self.src_agent.request("POST", "/v1/migrations", {
+            "role": "source", "qmpSocket": src.agent_qmp_path, "postCopy": "after", "postCopyPreempt": True,
+            "target": {"endpoint": "127.0.0.1:9", "migrationId": "a", "token": "t"}})
+        self.assertEqual(status, 409, body)
+        self.assertIn("postCopyPreempt", body["error"]["message"])
+        self.assertIn("8.0", body["error"]["message"])
         self.assertIn("7.2", body["error"]["message"])
         self.assertEqual(src.qmp("query-migrate").get("status", "none"), "none")
         self.assertEqual(src.status(), "running")
@@ -1311,6 +1386,10 @@ class AgentMigrationTest(unittest.TestCase):
             (dict(pc_target, postCopy="auto", postCopyAfterSeconds=0), "postCopyAfterSeconds"),
             (dict(pc_target, postCopy="after", postCopyAfterSeconds=30), "postCopyAfterSeconds"),
             (dict(pc_target, postCopyAfterPasses=4), "postCopyAfterPasses"),
+            (dict(pc_target, postCopyPreempt=True), "postCopyPreempt"),
+            (dict(pc_target, postCopy="after", postCopyPreempt="yes"), "postCopyPreempt"),
+            (dict(pc_target, postCopy="after", postCopyPreempt=True, multifdChannels=2), "postCopyPreempt"),
+            ({"role": "target", "qmpSocket": "/x", "postCopyPreempt": True}, "postCopyPreempt"),
             ({"role": "target", "qmpSocket": "/x", "postCopy": "auto"}, "postCopy"),
         ]
         for body_in, field in cases:

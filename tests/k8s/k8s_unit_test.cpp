@@ -254,7 +254,17 @@ TEST(MigrationSpec, PostCopyIsValidatedAndPassedToTheSourceAgent) {
   EXPECT_EQ(src["postCopyAfterPasses"], 4);
   EXPECT_EQ(src["postCopyAfterSeconds"], 90);
   EXPECT_FALSE(controller::target_request_body(r.value(), "m-1", "ns/x").contains("postCopy"));
+  EXPECT_FALSE(src.contains("postCopyPreempt"));
+  // postcopy-preempt: to the source agent only (the target learns it from the source's hello).
+  s["postCopyPreempt"] = true;
+  r = controller::parse_spec(s);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(controller::source_request_body(r.value(), "m-1", "ns/x", json::object())["postCopyPreempt"], true);
+  EXPECT_FALSE(controller::target_request_body(r.value(), "m-1", "ns/x").contains("postCopyPreempt"));
   const std::vector<std::pair<json, std::string>> bad{
+      {{{"postCopyPreempt", true}}, "spec.postCopyPreempt: only with spec.postCopy auto or after"},
+      {{{"postCopy", "after"}, {"postCopyPreempt", "yes"}}, "spec.postCopyPreempt: must be true or false"},
+      {{{"postCopy", "after"}, {"postCopyPreempt", true}, {"multifdChannels", 4}}, "spec.postCopyPreempt: not with spec.multifdChannels"},
       {{{"postCopy", "sometimes"}}, "spec.postCopy: must be never, auto or after"},
       {{{"postCopy", 1}}, "spec.postCopy: must be a string"},
       {{{"postCopy", "auto"}, {"postCopyAfterPasses", 1}}, "spec.postCopyAfterPasses"},
@@ -278,10 +288,11 @@ TEST(StatusMapping, CopiesPostCopyFiguresOfTheSource) {
       json{{"phase", "Succeeded"},
            {"postCopy", {{"mode", "auto"}, {"switched", true}, {"trigger", "passes"}, {"switchAfterMs", 9000},
                          {"phaseMs", 1200}, {"pageRequests", 77}, {"blocktimeMs", 35}, {"pageLatencyUs", 81.4},
-                         {"preempt", false}}}},
+                         {"preempt", true}}}},
       json{{"phase", "Succeeded"}});
   EXPECT_EQ(status["postCopy"], (json{{"mode", "auto"}, {"switched", true}, {"trigger", "passes"}, {"switchAfterMs", 9000},
-                                      {"phaseMs", 1200}, {"pageRequests", 77}, {"blocktimeMs", 35}, {"pageLatencyUs", 81}}));
+                                      {"phaseMs", 1200}, {"pageRequests", 77}, {"blocktimeMs", 35}, {"pageLatencyUs", 81},
+                                      {"preempt", true}}));
   json never = json::object();
   controller::copy_agent_status(never, json{{"phase", "Succeeded"}, {"postCopy", {{"mode", "never"}, {"switched", false}}}},
                                 json{{"phase", "Succeeded"}});

@@ -215,6 +215,25 @@ class CrdSchemaTest(unittest.TestCase):
         errs = schema_validator.validate(changed, self.schema, old=self.good)
         self.assertTrue(any("immutable" in e for e in errs), errs)
 
+    def test_post_copy_preempt_needs_post_copy_and_no_multifd_and_is_immutable(self):
+        for mode in ("auto", "after"):
+            self.assertEqual(self.errors(self.mutated(lambda o: o["spec"].update(postCopy=mode, postCopyPreempt=True))), [])
+        self.assertEqual(self.errors(self.mutated(lambda o: o["spec"].update(postCopyPreempt=False))), [])
+        for change in (dict(postCopyPreempt=True), dict(postCopy="never", postCopyPreempt=True),
+                       dict(postCopy="after", postCopyPreempt=True, multifdChannels=4)):
+            errs = self.errors(self.mutated(lambda o: o["spec"].update(change)))
+            self.assertTrue(any("spec.postCopyPreempt: only with spec.postCopy auto or after" in e for e in errs),
+                            (change, errs))
+        errs = self.errors(self.mutated(lambda o: o["spec"].update(postCopy="after", postCopyPreempt="yes")))
+        self.assertTrue(any("postCopyPreempt" in e for e in errs), errs)
+        on_vmi = copy.deepcopy(self.vmi)
+        on_vmi["spec"]["postCopyPreempt"] = False
+        self.assertTrue(any("only for a qemu source" in e for e in self.errors(on_vmi)))
+        old = self.mutated(lambda o: o["spec"].update(postCopy="after"))
+        changed = self.mutated(lambda o: o["spec"].update(postCopy="after", postCopyPreempt=True))
+        errs = schema_validator.validate(changed, self.schema, old=old)
+        self.assertTrue(any("immutable" in e for e in errs), errs)
+
     def test_max_downtime_is_a_duration_and_the_old_field_is_still_accepted(self):
         for good in ("300ms", "1.5s", "1m30s", "2000s", "500us", "1h"):  # the controller checks the range
             self.assertEqual(self.errors(self.mutated(lambda o: o["spec"].update(maxDowntime=good))), [], good)

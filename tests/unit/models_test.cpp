@@ -227,3 +227,34 @@ TEST(CreateRequest, PostCopyModesAndThresholdsAreValidatedNamingTheField) {
   EXPECT_NE(error_of(json{{"role", "target"}, {"qmpSocket", "/q"}, {"postCopy", "auto"}}).find("postCopy: only for role 'source'"),
             std::string::npos);
 }
+
+TEST(CreateRequest, PostCopyPreemptAddsTheLastChannelOnlyWithPostCopyAndWithoutMultifd) {
+  auto b = source_body();
+  b["multifdChannels"] = 0;
+  b["postCopy"] = "after";
+  b["postCopyPreempt"] = true;
+  auto r = api::parse_create_request(b, AgentConfig{});
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_TRUE(r->post_copy.preempt);
+  EXPECT_EQ(r->channels(), 2u);  // QEMU's main connection and its preempt connection
+  EXPECT_EQ(r->preempt_index(), 1u);
+  b["postCopyPreempt"] = false;
+  r = api::parse_create_request(b, AgentConfig{});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->channels(), 1u);
+  const std::vector<std::pair<json, std::string>> bad{
+      {{{"postCopyPreempt", true}}, "postCopyPreempt: only with postCopy 'auto' or 'after'"},
+      {{{"postCopy", "never"}, {"postCopyPreempt", true}}, "postCopyPreempt: only with postCopy 'auto' or 'after'"},
+      {{{"postCopy", "after"}, {"postCopyPreempt", "yes"}}, "postCopyPreempt: must be true or false"},
+      {{{"postCopy", "after"}, {"postCopyPreempt", 1}}, "postCopyPreempt: must be true or false"},
+      {{{"postCopy", "auto"}, {"postCopyPreempt", true}, {"multifdChannels", 2}}, "postCopyPreempt: not with multifdChannels"},
+  };
+  for (const auto& [fields, want] : bad) {
+    b = source_body();
+    b["multifdChannels"] = 0;
+    b.update(fields);
+    EXPECT_NE(error_of(b).find(want), std::string::npos) << fields.dump() << " -> " << error_of(b);
+  }
+  EXPECT_NE(error_of(json{{"role", "target"}, {"qmpSocket", "/q"}, {"postCopyPreempt", true}}).find("postCopyPreempt"),
+            std::string::npos);
+}

@@ -85,6 +85,25 @@ TEST(PostcopyRecord, RoundTripsEveryFieldOfBothRoles) {
     EXPECT_EQ(back->recoveries, 1u);
     EXPECT_EQ(back->recovery_seconds, 300u);
     EXPECT_EQ(back->alive_at_ms, r.alive_at_ms);
+    EXPECT_FALSE(back->preempt);
+  }
+}
+
+TEST(PostcopyRecord, PostCopyPreemptIsWrittenOnlyWhenOnAndReadBack) {
+  // Written only when on: a record without it (an agent from before it, or preempt off) reads as off,
+  // and an agent from before it still reads the records it can resume.
+  auto r = sample();
+  EXPECT_EQ(migration::serialize_postcopy_record(r).find("postCopyPreempt"), std::string::npos);
+  r.preempt = true;
+  const std::string text = migration::serialize_postcopy_record(r);
+  EXPECT_NE(text.find("\"postCopyPreempt\": true"), std::string::npos) << text;
+  auto back = migration::parse_postcopy_record(text, r.id);
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_TRUE(back->preempt);
+  // Changed after it was written (off, or not a boolean): refused.
+  for (const auto& v : {nlohmann::json(false), nlohmann::json("yes")}) {
+    auto bad = migration::parse_postcopy_record(with_field(text, "postCopyPreempt", v), r.id);
+    ASSERT_FALSE(bad) << v.dump();
   }
 }
 

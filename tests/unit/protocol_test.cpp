@@ -265,6 +265,25 @@ TEST(ProtocolCodec, ThePostcopySwitchAgreementHasItsWireNamesAndIsOnOnlyWhenOffe
   EXPECT_FALSE(session::offers_postcopy_switch_agreement(nlohmann::json::array()));
 }
 
+TEST(ProtocolCodec, TheControlHellosPostCopyPreemptIsSentOnlyWhenOnAndReadStrictly) {
+  auto h = full_control_hello();
+  EXPECT_FALSE(h.to_json().contains("postCopyPreempt"));
+  h.post_copy_preempt = true;
+  auto j = h.to_json();
+  EXPECT_EQ(j["postCopyPreempt"], true);
+  auto back = session::Hello::parse(j, session::Purpose::kMigration);
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_TRUE(back->post_copy_preempt);
+  j["postCopyPreempt"] = "yes";
+  EXPECT_EQ(session::Hello::parse(j, session::Purpose::kMigration).error().message,
+            "hello.postCopyPreempt: expected a boolean");
+  // says(): what a ready or a welcome confirms; only a true boolean counts.
+  EXPECT_TRUE(session::says(nlohmann::json{{"postCopyPreempt", true}}, "postCopyPreempt"));
+  EXPECT_FALSE(session::says(nlohmann::json{{"postCopyPreempt", "true"}}, "postCopyPreempt"));
+  EXPECT_FALSE(session::says(nlohmann::json{{"postCopy", true}}, "postCopyPreempt"));
+  EXPECT_FALSE(session::says(nlohmann::json::array({1}), "postCopyPreempt"));
+}
+
 TEST(ProtocolCodec, TheHellosPurposeComesFromItsKind) {
   using session::HelloKind;
   using session::Purpose;

@@ -19,11 +19,12 @@ def switchover_ms(stop_event, resume_event):
     return (event_time(resume_event) - event_time(stop_event)) * 1000.0
 
 
-def _set_caps(vm, multifd, postcopy=False, blocktime=False):
+def _set_caps(vm, multifd, postcopy=False, blocktime=False, preempt=False):
     caps = [{"capability": "events", "state": True},
             {"capability": "multifd", "state": bool(multifd)}]
     if postcopy:
         caps.append({"capability": "postcopy-ram", "state": True})
+        caps.append({"capability": "postcopy-preempt", "state": bool(preempt)})
     if blocktime:  # the target's figure of how long its vCPUs waited on pages
         caps.append({"capability": "postcopy-blocktime", "state": True})
     vm.qmp_raw("migrate-set-capabilities", {"capabilities": caps})
@@ -31,7 +32,7 @@ def _set_caps(vm, multifd, postcopy=False, blocktime=False):
 
 def migrate_direct(src, dst, multifd_channels=0, max_bandwidth=10 * GiB,
                    downtime_limit_ms=None, socket_path=None, timeout=300.0,
-                   target_timeout=60.0, poll_interval=0.05, postcopy=False, source_uri=None):
+                   target_timeout=60.0, poll_interval=0.05, postcopy=False, source_uri=None, preempt=False):
     """Migrates ``src`` (a running QemuVm) into ``dst`` (a QemuVm started with
     incoming_defer=True) over a unix socket.
 
@@ -59,6 +60,7 @@ def migrate_direct(src, dst, multifd_channels=0, max_bandwidth=10 * GiB,
     as an agent's `postCopy: after` does; the result then also has postcopy_requests (the source's
     ram.postcopy-requests) and target_blocktime_ms (the target's postcopy-blocktime). When the switch
     came and how long post-copy ran: the source's MIGRATION events (QEMU's own timestamps).
+    ``preempt``: with postcopy, postcopy-preempt on both QEMUs too (one more connection at the switch).
     ``source_uri``: where the source QEMU sends (a relay in between, bench/run.py's floor); the
     target still listens on ``socket_path``.
     """
@@ -73,7 +75,7 @@ def migrate_direct(src, dst, multifd_channels=0, max_bandwidth=10 * GiB,
     dst_ev0 = len(dst.events)
 
     # Target side: capabilities must match the source's (multifd in particular).
-    _set_caps(dst, channels > 0, postcopy, blocktime=postcopy)
+    _set_caps(dst, channels > 0, postcopy, blocktime=postcopy, preempt=preempt)
     if channels > 0:
         dst.qmp_raw("migrate-set-parameters", {"multifd-channels": channels})
     dst.qmp_raw("migrate-incoming", {"uri": uri})
@@ -84,7 +86,7 @@ def migrate_direct(src, dst, multifd_channels=0, max_bandwidth=10 * GiB,
         time.sleep(0.01)
 
     # Source side.
-    _set_caps(src, channels > 0, postcopy)
+    _set_caps(src, channels > 0, postcopy, preempt=preempt)
     params = {"max-bandwidth": int(max_bandwidth)}
     if downtime_limit_ms is not None:
         params["downtime-limit"] = int(downtime_limit_ms)

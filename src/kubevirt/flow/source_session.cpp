@@ -130,15 +130,10 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
   // when the target takes a channel's re-dial over RDMA (it says failoverRails; an agent from before
   // rail failover in KubeVirt mode does not) and this agent's paths list it; over TCP unless RDMA
   // is required. No path: no failover.
-  if (const auto fo = welcome->find("failover");
-      hello.failover && fo != welcome->end() && fo->is_boolean() && fo->get<bool>()) {
-    const auto fr = welcome->find("failoverRails");
-    s->failover_rails_ = chosen.value() == "rdma" && dp.fails_over_to("rail") && fr != welcome->end() &&
-                         fr->is_boolean() && fr->get<bool>();
-    const auto fa = welcome->find("failoverAddresses");
+  if (hello.failover && session::says(welcome.value(), "failover")) {
+    s->failover_rails_ = chosen.value() == "rdma" && dp.fails_over_to("rail") && session::says(welcome.value(), "failoverRails");
     s->failover_addresses_ = chosen.value() == "rdma" && dp.fails_over_to("address") &&
-                             session::has_alternates(ctx.rdma) && fa != welcome->end() && fa->is_boolean() &&
-                             fa->get<bool>();
+                             session::has_alternates(ctx.rdma) && session::says(welcome.value(), "failoverAddresses");
     s->failover_tcp_ = !rdma_required && dp.fails_over_to("tcp");
     if (s->failover_rails_ || s->failover_addresses_ || s->failover_tcp_) {
       s->enable_failover(peer.agent.host, std::chrono::seconds(ctx.config.data_plane.failover_deadline_seconds));
@@ -168,8 +163,7 @@ Result<std::unique_ptr<SourceSession>> SourceSession::open(const SessionContext&
               std::make_unique<FlowSigner>(flow_session_key(token, hello, nonce.value()), "source", "target"),
               std::chrono::seconds(ctx.config.kubevirt.heartbeat_timeout_seconds));
   // The control link fails over too when the target says so (an agent from before it does not).
-  if (const auto fc = welcome->find("failoverControl");
-      s->failover() && fc != welcome->end() && fc->is_boolean() && fc->get<bool>()) {
+  if (s->failover() && session::says(welcome.value(), "failoverControl")) {
     s->fail_over_control([p = s.get()](uint64_t received, std::chrono::steady_clock::time_point deadline,
                                        const std::function<bool()>&) { return p->redial_control(received, deadline); });
   }
