@@ -161,7 +161,11 @@ qemu+=(${qargs[@]+"${qargs[@]}"})
 log="$run/console.log"
 echo "run-in-vm: booting (mem ${mem} MiB, smp $smp, timeout ${timeout_s}s): $(basename "$script") $*" >&2
 set +e
-timeout --kill-after=10 "$timeout_s" "${qemu[@]}" </dev/null 2>&1 | tee "$log"
+# --foreground: QEMU stays in this script's process group, so that stopping the group (run-two-vms.sh
+# stops a pair whose kernel locked up) stops QEMU too. Without it timeout puts QEMU in a group of its
+# own, and a stopped pair's QEMUs ran on beside the pair booted again, until their timeout (seen:
+# W23, 2026-12-07: node b's at 100% CPU for 9 minutes, the second boot's cases 1.7 times slower).
+timeout --foreground --kill-after=10 "$timeout_s" "${qemu[@]}" </dev/null 2>&1 | tee "$log"
 rc=("${PIPESTATUS[@]}")
 set -e
 t_end=$(date +%s.%N)

@@ -50,8 +50,23 @@ opts+=(--mem "$mem")
 
 run="$(mktemp -d "${TMPDIR:-/tmp}/rdmig-2vm.XXXXXX")"
 pids=()
-cleanup() {
+# Stops both nodes' sessions (run-in-vm.sh and its QEMU, which run-in-vm keeps in its process group)
+# and waits until nothing of them is left: SIGKILL after 15 s. A pair booted again never runs
+# beside the stopped one.
+stop_nodes() {
   for p in ${pids[@]+"${pids[@]}"}; do kill -TERM -- "-$p" 2>/dev/null || true; done
+  local alive
+  for _ in $(seq 1 150); do
+    alive=0
+    for p in ${pids[@]+"${pids[@]}"}; do kill -0 -- "-$p" 2>/dev/null && alive=1; done
+    [ "$alive" = 0 ] && return 0
+    sleep 0.1
+  done
+  echo "run-two-vms: a node did not stop within 15 s of SIGTERM: SIGKILL" >&2
+  for p in ${pids[@]+"${pids[@]}"}; do kill -KILL -- "-$p" 2>/dev/null || true; done
+}
+cleanup() {
+  stop_nodes
   wait 2>/dev/null || true
   rm -rf "$run"
 }
@@ -106,7 +121,7 @@ run_pair() {
       if [ -e "$run/$n.lockup" ] && [ -z "$lockup" ]; then
         lockup=$n
         echo "run-two-vms: node $n's kernel reports a soft lockup: stopping both nodes" >&2
-        for p in "${pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null || true; done
+        stop_nodes
       fi
       if [ -e "$run/$n.rc" ] && [ "$(cat "$run/$n.rc")" != 0 ] && [ -z "$failed_at" ]; then
         failed_at=$(date +%s)
@@ -116,7 +131,7 @@ run_pair() {
     [ -n "$lockup" ] && break
     if [ -n "$failed_at" ] && [ $(( $(date +%s) - failed_at )) -gt "$grace" ]; then
       echo "run-two-vms: stopping the remaining node" >&2
-      for p in "${pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null || true; done
+      stop_nodes
       break
     fi
     sleep 0.5
