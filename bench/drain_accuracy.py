@@ -13,10 +13,16 @@ at the timeout is "did not converge"). Timings need a quiet machine.
         [--mem 128,256,512,1024] [--dirty 0,8,32,128] [--channels 1,8] [--runs 1] [--max-bandwidth B]
         [--calibrate]
 
---touched: the model's memory input is the guest RAM QEMU holds resident (the Rss of the source
-QEMU's RAM mapping in /proc/<pid>/smaps) instead of the VM's size: pages a guest never wrote
-are sent as zero-page markers, almost free, so an idle or young guest moves far less than its
-size. An experiment of the bench: the agents do not measure this yet (docs/drain.md "Limits").
+--touched: the model's memory input is the guest RAM QEMU holds resident instead of the VM's size,
+as the source agent's POST /v1/dirtyrate reports it (residentRamBytes: the Rss of QEMU's RAM
+mapping in /proc/<pid>/smaps): pages a guest never wrote are sent as zero-page markers, almost
+free, so an idle or young guest moves far less than its size.
+
+--fill PCT: the guests hold PCT% of their RAM written (the memory verifier, tools/guest/verify.c,
+over that many MiB), and their dirty rate is the verifier's rewrite rate (--dirty, MiB/s) instead
+of the dirtier's per-tick passes: a guest whose memory is in use, as a VM's is, rather than the lab
+guest that touches 100-150 MiB of any size. The calibration guest is filled the same way (rewriting
+almost nothing).
 
 --calibrate: before the rows, one idle guest of the largest --mem is migrated per channel count,
 and QEMU's own send rate on this host (what it transferred over its total time less its setup
@@ -80,10 +86,9 @@ def err(pred, actual):
 def calibrate(tmp, src_agent, dst_agent, mem, channels, args, n):
     """QEMU's own send rate with `channels` channels: an idle guest of `mem` MiB migrated through the
     agents, transferred bytes over the time it sent (total less setup and downtime)."""
-    src = QemuVm(tmp, "cal%d" % n, mem_mib=mem, dirty_mib=0, qemu_binary=args.qemu)
-    dst = QemuVm(tmp, "cald%d" % n, mem_mib=mem, dirty_mib=0, qemu_binary=args.qemu, incoming_defer=True)
+    src, dst = guests(tmp, "cal%d" % n, mem, 0, args, calibration=True)
     try:
-        src.wait_for_counter(2, timeout=120)
+        ready(src, args)
         st, _ = migrate_via_agents(src_agent, dst_agent, src.agent_qmp_path, dst.agent_qmp_path,
                                    timeout=args.timeout + 120, multifd_channels=channels - 1)
         if st["phase"] != "Succeeded":
@@ -96,45 +101,40 @@ def calibrate(tmp, src_agent, dst_agent, mem, channels, args, n):
             vm.kill()
 
 
-def ram_resident_bytes(pid, mem_mib):
-    """Resident bytes of the guest RAM mapping (an anonymous mapping of mem_mib MiB or a little more)
-    of QEMU `pid` or of one of its descendants (a wrapper may have started it)."""
-    pids = [pid]
-    try:
-        with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
-            pids += [int(x) for x in f.read().split()]
-    except OSError:
-        pass
-    want = mem_mib * MiB
-    for p in pids:
-        try:
-            with open("/proc/%d/smaps" % p) as f:
-                lines = f.read().splitlines()
-        except OSError:
-            continue
-        size = None
-        for line in lines:
-            head = line.split()
-            if head and "-" in head[0] and len(head) >= 5:
-                lo, hi = (int(x, 16) for x in head[0].split("-"))
-                size = hi - lo
-            elif line.startswith("Rss:") and size is not None and want <= size <= want + 4 * MiB:
-                return int(line.split()[1]) * 1024
-    return None
+def fill_append(mem, rate_mib, args):
+    """The kernel command line words that fill args.fill % of `mem` MiB and rewrite `rate_mib` MiB/s."""
+    return "rdmig.verify_mib=%d rdmig.verify_rate_mib=%s" % (max(1, mem * args.fill // 100), rate_mib)
+
+
+def guests(tmp, name, mem, dirty, args, calibration=False):
+    """The source and the target QEMU of one row: with --fill the verifier holds the memory and its
+    rewrite rate is the row's dirty rate; otherwise the dirtier rewrites `dirty` MiB per tick."""
+    if args.fill:
+        append = fill_append(mem, 0.01 if calibration else dirty, args)
+        kw = dict(mem_mib=mem, dirty_mib=0, qemu_binary=args.qemu, extra_append=append)
+    else:
+        kw = dict(mem_mib=mem, dirty_mib=dirty, qemu_binary=args.qemu)
+    return QemuVm(tmp, name, **kw), QemuVm(tmp, name + "d", incoming_defer=True, **kw)
+
+
+def ready(src, args):
+    if args.fill:
+        src.wait_for_verifier(2, min_scans=1, timeout=600)  # every page written once
+    else:
+        src.wait_for_counter(2, timeout=120)
 
 
 def run_row(tmp, src_agent, dst_agent, mem, dirty, channels, args, n, max_bandwidth=None):
-    src = QemuVm(tmp, "src%d" % n, mem_mib=mem, dirty_mib=dirty, qemu_binary=args.qemu)
-    dst = QemuVm(tmp, "dst%d" % n, mem_mib=mem, dirty_mib=dirty, qemu_binary=args.qemu, incoming_defer=True)
+    src, dst = guests(tmp, "src%d" % n, mem, dirty, args)
     try:
-        src.wait_for_counter(2, timeout=120)
+        ready(src, args)
         dr = src_agent.call("POST", "/v1/dirtyrate", {"qmpSocket": src.agent_qmp_path, "calcSeconds": 1,
                                                       "samplePages": 4096})
         throughput, rtt = path_throughput(src_agent, dst_agent, channels, args.path_bytes)
         accepted, switchover = args.downtime_ms / 1000.0, args.switchover_ms / 1000.0
-        touched = ram_resident_bytes(src.pid, mem) if args.touched else None
+        touched = dr.get("residentRamBytes") if args.touched else None
         if args.touched and touched is None:
-            raise RuntimeError("no RAM mapping of %d MiB in QEMU %s's smaps" % (mem, src.pid))
+            raise RuntimeError("the agent measured no resident RAM: %s" % dr.get("residentRamError"))
         inputs = {"memory": min(mem * MiB, touched) if touched else mem * MiB, "dirtyRate": dr["dirtyRateBytesPerSecond"], "throughput": throughput,
                   "pathChannels": channels, "rttSeconds": rtt, "channels": channels,
                   "acceptedDowntime": accepted, "switchover": switchover, "completionTimeout": args.timeout,
@@ -151,9 +151,11 @@ def run_row(tmp, src_agent, dst_agent, mem, dirty, channels, args, n, max_bandwi
                   "downtimeSeconds": (res.get("downtimeMs") or 0) / 1000.0 if ok else None,
                   "passes": (st.get("progress") or {}).get("passes"),
                   "reason": res.get("reason", "")}
-        row = {"memMib": mem, "dirtyMibPerTick": dirty, "channels": channels,
+        row = {"memMib": mem, "dirtyMibPerTick": None if args.fill else dirty, "channels": channels,
+               "fillPercent": args.fill, "verifierRewriteMibPerSecond": dirty if args.fill else None,
                "maxBandwidthInput": inputs["maxBandwidth"],
                "memoryInput": inputs["memory"],
+               "residentRamBytes": dr.get("residentRamBytes"),
                "setupSeconds": (res.get("setupTimeMs") or 0) / 1000.0 if ok else None,
                "measuredDirtyRateBytesPerSecond": dr["dirtyRateBytesPerSecond"],
                "pathThroughputBytesPerSecond": throughput,
@@ -186,6 +188,8 @@ def main():
                     help="bytes/s: QEMU's own send rate on this host, as spec.maxBandwidth states it (0: none)")
     ap.add_argument("--touched", action="store_true",
                     help="the model's memory: the guest RAM QEMU holds resident, not the VM's size (an experiment)")
+    ap.add_argument("--fill", type=int, default=0,
+                    help="percent of each guest's RAM its memory verifier holds written; --dirty is then its rewrite rate in MiB/s")
     ap.add_argument("--calibrate", action="store_true",
                     help="measure QEMU's own send rate per channel count first (an idle guest) and use it as maxBandwidth")
     args = ap.parse_args()
@@ -213,8 +217,8 @@ def main():
                         n += 1
                         rows.append(row)
                         p, a = row["predicted"], row["actual"]
-                        print("%5d MiB (in %5d) %4d MiB/tick %2d ch | predicted %s %7.2fs down %6.3fs | actual %-9s %s %s" % (
-                            mem, row["memoryInput"] // MiB, dirty, ch, "conv" if p["converges"] else "NO  ", p["totalSeconds"],
+                        print("%5d MiB (in %5d) %4d MiB/%s %2d ch | predicted %s %7.2fs down %6.3fs | actual %-9s %s %s" % (
+                            mem, row["memoryInput"] // MiB, dirty, "s" if args.fill else "tick", ch, "conv" if p["converges"] else "NO  ", p["totalSeconds"],
                             p["downtimeSeconds"], a["result"],
                             "%7.2fs" % a["totalSeconds"] if a["totalSeconds"] is not None else "      -",
                             "down %6.3fs" % a["downtimeSeconds"] if a["downtimeSeconds"] is not None else ""),
@@ -227,7 +231,9 @@ def main():
     within = [r for r in both if r["errorTotal"] is not None and r["errorDowntime"] is not None
               and r["errorTotal"] <= 0.2 and r["errorDowntime"] <= 0.2]
     missed = [r for r in rows if not r["actual"]["converged"] and r["predicted"]["converges"]]
+    within_total = [r for r in both if r["errorTotal"] is not None and r["errorTotal"] <= 0.2]
     summary = {"rows": len(rows), "bothConverged": len(both), "within20Percent": len(within),
+               "totalWithin20Percent": len(within_total), "fillPercent": args.fill,
                "nonConvergingPredictedConverging": len(missed),
                "calibratedSendRateBytesPerSecond": {str(k): v for k, v in rates.items()}}
     with open(os.path.join(args.out, "rows.json"), "w") as f:

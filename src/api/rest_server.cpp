@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/units.h"
 #include "qemu/dirty_rate.h"
+#include "qemu/guest_ram.h"
 
 namespace rdmig::api {
 
@@ -374,11 +375,23 @@ void RestServer::routes() {
     if (!qmp) return send_error(res, qmp.error().with_context("qmpSocket '" + path.value() + "'"));
     auto rate = qemu::measure_dirty_rate(*qmp.value(), seconds, sample_pages);
     if (!rate) return send_error(res, rate.error());
-    send_json(res, 200, json{{"qmpSocket", path.value()},
-                             {"dirtyRateBytesPerSecond", rate->bytes_per_second},
-                             {"calcSeconds", rate->calc_seconds},
-                             {"samplePages", rate->sample_pages},
-                             {"mode", "page-sampling"}});
+    json out{{"qmpSocket", path.value()},
+             {"dirtyRateBytesPerSecond", rate->bytes_per_second},
+             {"calcSeconds", rate->calc_seconds},
+             {"samplePages", rate->sample_pages},
+             {"mode", "page-sampling"}};
+    // The guest RAM and the part of it QEMU holds resident (pages ever written), after the
+    // measurement: what a migration would send as pages, not zero-page markers (docs/drain.md).
+    if (auto ram = qemu::guest_ram(*qmp.value())) {
+      out["ramBytes"] = ram->size;
+      out["residentRamBytes"] = ram->resident;
+      out["residentRamSource"] = ram->source;
+    } else {
+      out["ramBytes"] = nullptr;
+      out["residentRamBytes"] = nullptr;
+      out["residentRamError"] = ram.error().message.substr(0, 512);
+    }
+    send_json(res, 200, out);
   });
 
   // KubeVirt migrations this agent saw (carried or not), filtered by KubeVirt migration UID

@@ -721,6 +721,17 @@ class AgentMigrationTest(unittest.TestCase):
         self.assertGreaterEqual(ticks, 1, "the guest did not run")
         self.assertGreater(rate, 0.3 * 32 * 2**20 / elapsed)
         self.assertLess(rate, 2.0 * ticks * 32 * 2**20 / elapsed + 8 * 2**20)
+        # The guest RAM and its resident part (the Rss of QEMU's RAM mapping, read by the agent from
+        # /proc/<pid>/smaps of the QMP socket's peer): the dirtier's 32 MiB at least, never more than the RAM.
+        print("guest RAM %d MiB, resident %.1f MiB (from %s)" % (body["ramBytes"] >> 20, body["residentRamBytes"] / 2**20,
+                                                              body["residentRamSource"]))
+        # This agent runs as the chart's bare-QEMU agent, with no capability: the kernel lets it read
+        # the smaps of a QEMU of its own user with no more capabilities than it has, else its status.
+        self.assertIn(body["residentRamSource"], ("smaps", "status"))
+        self.assertEqual(body["ramBytes"], vm.mem_mib << 20)
+        self.assertGreaterEqual(body["residentRamBytes"], 32 << 20)
+        self.assertLessEqual(body["residentRamBytes"], body["ramBytes"])
+        self.assertNotIn("residentRamError", body)
         # QEMU's defaults: one second, 512 pages per GiB.
         status, body = a.request("POST", "/v1/dirtyrate", {"qmpSocket": vm.agent_qmp_path}, timeout=30)
         self.assertEqual(status, 200, body)
@@ -830,25 +841,22 @@ class AgentMigrationTest(unittest.TestCase):
             vm.kill()
             os.unlink(mem)
 
-    def test_postcopy_auto_switches_a_guest_that_does_not_converge_and_its_memory_verifies(self):
-        s, _ = self.check_postcopy(0, "auto", postCopyAfterPasses=3, postCopyAfterSeconds=120)
+    def test_postcopy_auto_with_preempt_switches_a_guest_that_does_not_converge_and_its_memory_verifies(self):
+        # postcopy-preempt: at the switch the source QEMU opens one more connection for the pages the
+        # target's vCPUs fault on; the agents carry it as channel 1. The target agent connects it to
+        # its QEMU right after the main one (the target QEMU waits for it before it loads the switch).
+        # (Without preempt: test_postcopy_after_the_first_pass_*.)
+        s, _ = self.check_postcopy(0, "auto", postCopyAfterPasses=3, postCopyAfterSeconds=120, postCopyPreempt=True)
         self.assertEqual(s["postCopy"]["trigger"], "passes")
         self.assertGreaterEqual(s["postCopy"]["switchAtPass"], 3)
+        # The source QEMU opened its preempt connection (at the switch) and the source agent took it.
+        lines = [l for l in self.src_agent.log_text().splitlines() if s["id"] in l and "QEMU connection" in l]
+        self.assertTrue(any("QEMU connection 1 accepted" in l for l in lines), lines)
 
     def test_postcopy_after_the_first_pass_switches_and_its_memory_verifies(self):
         s, _ = self.check_postcopy(0, "after")
         self.assertEqual(s["postCopy"]["trigger"], "after-first-pass")
         self.assertEqual(s["postCopy"]["switchAtPass"], 2)
-
-    def test_postcopy_with_preempt_carries_the_preempt_connection_and_its_memory_verifies(self):
-        # postcopy-preempt: at the switch the source QEMU opens one more connection for the pages the
-        # target's vCPUs fault on; the agents carry it as channel 1. The target agent connects it to
-        # its QEMU right after the main one (the target QEMU waits for it before it loads the switch).
-        s, t = self.check_postcopy(0, "after", postCopyPreempt=True)
-        self.assertEqual(s["postCopy"]["trigger"], "after-first-pass")
-        # The source QEMU opened its preempt connection (at the switch) and the source agent took it.
-        lines = [l for l in self.src_agent.log_text().splitlines() if s["id"] in l and "QEMU connection" in l]
-        self.assertTrue(any("QEMU connection 1 accepted" in l for l in lines), lines)
 
     def test_postcopy_with_preempt_that_converges_in_pre_copy_completes_without_waiting_on_the_preempt_channel(self):
         # An idle guest converges before any switch: the source QEMU never opens its preempt
@@ -1036,12 +1044,10 @@ class AgentMigrationTest(unittest.TestCase):
     # qmp_capabilities) nor migrate-recover's listener can run (seen here with QEMU 10.0 TCG; KVM
     # faults without the lock). With its vCPUs stopped the target still switches, pulls every page
     # and is resumed with cont once the migration completed, when its verifier must go on clean.
-    def test_postcopy_link_lost_past_the_failover_deadline_recovers_when_it_returns_and_its_memory_verifies(self):
-        self.check_link_lost_and_recovered("vm-pc-recover")
-
-    def test_postcopy_with_preempt_link_lost_recovers_both_channels_and_its_memory_verifies(self):
+    def test_postcopy_with_preempt_link_lost_past_the_failover_deadline_recovers_both_channels_and_its_memory_verifies(self):
         # With postcopy-preempt QEMU resumes its main channel and opens its preempt connection again
         # (the target QEMU waits for it before it leaves postcopy-paused): the agents carry both.
+        # (Recoveries without preempt: the agents killed and restarted, below.)
         s, t, a, _ = self.check_link_lost_and_recovered("vm-pc-recover-preempt", postCopyPreempt=True)
         for st in (s, t):
             self.assertTrue(st["postCopy"]["preempt"], st["postCopy"])
@@ -1305,10 +1311,7 @@ class AgentMigrationTest(unittest.TestCase):
     def test_postcopy_source_agent_killed_and_restarted_takes_the_migration_up_and_its_memory_verifies(self):
         self.kill_agent_in_postcopy_and_restart("source")
 
-    def test_postcopy_target_agent_killed_and_restarted_takes_the_migration_up_and_its_memory_verifies(self):
-        self.kill_agent_in_postcopy_and_restart("target")
-
-    def test_postcopy_with_preempt_target_agent_killed_and_restarted_recovers_both_channels(self):
+    def test_postcopy_with_preempt_target_agent_killed_and_restarted_takes_the_migration_up_and_its_memory_verifies(self):
         # The record says postCopyPreempt: the restarted target expects the preempt channel again.
         self.kill_agent_in_postcopy_and_restart("target", postCopyPreempt=True)
 

@@ -1,5 +1,10 @@
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
+#include <cstdio>
+#include <cstring>
+
+#include "qemu/guest_ram.h"
 #include "qemu/qmp_protocol.h"
 
 using namespace rdmig;
@@ -94,4 +99,102 @@ TEST(QmpProtocol, ParsesPostCopyFiguresAndStates) {
   EXPECT_EQ(dst->postcopy_latency_ns, 81234);
   EXPECT_FALSE(migration_status_postcopy("active"));
   EXPECT_TRUE(migration_status_postcopy("postcopy-paused"));
+}
+
+namespace {
+// A QEMU's smaps as the kernel writes it: the guest RAM (128 MiB plus 2 MiB of alignment), a
+// smaller anonymous mapping, a file mapping; the fields each header is followed by.
+constexpr const char* kQemuSmaps =
+    "55d4a0000000-55d4a0400000 r-xp 00000000 08:01 1234 /usr/bin/qemu-system-x86_64\n"
+    "Size:               4096 kB\n"
+    "Rss:                2048 kB\n"
+    "VmFlags: rd ex mr mw me sd\n"
+    "7f3c00000000-7f3c08200000 rw-p 00000000 00:00 0 \n"
+    "Size:             133120 kB\n"
+    "KernelPageSize:        4 kB\n"
+    "Rss:               40960 kB\n"
+    "Pss:               40960 kB\n"
+    "7f3c10000000-7f3c10800000 rw-p 00000000 00:00 0 \n"
+    "Size:               8192 kB\n"
+    "Rss:                8192 kB\n";
+constexpr uint64_t kRamMiB = uint64_t{1} << 20;
+}  // namespace
+
+TEST(GuestRam, TheRamMappingsRssIsTheResidentPart) {
+  auto r = qemu::ram_resident_from_smaps(kQemuSmaps, 128 * kRamMiB);
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(r.value(), 40 * kRamMiB);
+  // No mapping of 128 MiB to 128 + 16 MiB: named.
+  auto none = qemu::ram_resident_from_smaps(kQemuSmaps, 512 * kRamMiB);
+  ASSERT_FALSE(none);
+  EXPECT_NE(none.error().message.find("no mapping of the guest RAM's size (512 MiB)"), std::string::npos);
+  EXPECT_FALSE(qemu::ram_resident_from_smaps(kQemuSmaps, 0));
+  EXPECT_FALSE(qemu::ram_resident_from_smaps("", 128 * kRamMiB));
+}
+
+TEST(GuestRam, MalformedSmapsIsRefusedNamingTheLineNeverMisread) {
+  const std::string good = kQemuSmaps;
+  // A header whose range does not read, an Rss not in kB, an Rss that does not read or overflows.
+  for (const auto& [bad, what] : std::vector<std::pair<std::string, std::string>>{
+           {"zz3c00000000-7f3c08200000 rw-p 0 00:00 0\n", "range does not read"},
+           {"7f3c08200000-7f3c00000000 rw-p 0 00:00 0\n", "range does not read"},
+           {"7f3c00000000-7f3c08200000 rw-p 0 00:00 0\nRss: 40960 MB\n", "Rss not in kB"},
+           {"7f3c00000000-7f3c08200000 rw-p 0 00:00 0\nRss: -5 kB\n", "Rss does not read"},
+           {"7f3c00000000-7f3c08200000 rw-p 0 00:00 0\nRss: 99999999999999999999999 kB\n", "Rss does not read"},
+           {"7f3c00000000-7f3c08200000 rw-p 0 00:00 0\nRss: 18014398509481984 kB\n", "Rss does not read"}}) {
+    auto r = qemu::ram_resident_from_smaps(bad, 128 * kRamMiB);
+    ASSERT_FALSE(r) << bad;
+    EXPECT_NE(r.error().message.find(what), std::string::npos) << bad << " -> " << r.error().message;
+    EXPECT_NE(r.error().message.find("smaps line "), std::string::npos) << r.error().message;
+  }
+  // Cut short, or lines it does not know: skipped, never taken for the RAM.
+  auto cut = qemu::ram_resident_from_smaps(good.substr(0, good.find("Rss:               40960")), 128 * kRamMiB);
+  EXPECT_FALSE(cut);
+  auto noisy = qemu::ram_resident_from_smaps("garbage\n\n\xff\xfe\n" + good + "THP: x\n", 128 * kRamMiB);
+  ASSERT_TRUE(noisy) << noisy.error().message;
+  EXPECT_EQ(noisy.value(), 40 * kRamMiB);
+  // More resident than the RAM (huge pages rounding): at most the RAM's size.
+  auto over = qemu::ram_resident_from_smaps("7f3c00000000-7f3c08200000 rw-p 0 00:00 0\nRss: 140000 kB\n", 128 * kRamMiB);
+  ASSERT_TRUE(over);
+  EXPECT_EQ(over.value(), 128 * kRamMiB);
+}
+
+TEST(GuestRam, ReadsThisProcesssOwnSmapsAsItWouldAQemus) {
+  // A real smaps from the kernel: a 96 MiB anonymous mapping of which 24 MiB were written.
+  // Between two inaccessible pages, so that the kernel cannot merge it with a neighbour.
+  const size_t size = 96 * kRamMiB, guard = 4096;
+  void* whole = ::mmap(nullptr, size + 2 * guard, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(whole, MAP_FAILED);
+  char* p = static_cast<char*>(whole) + guard;
+  ASSERT_EQ(::mprotect(p, size, PROT_READ | PROT_WRITE), 0);
+  std::memset(p, 0x5a, 24 * kRamMiB);
+  std::string text;
+  {
+    std::FILE* f = std::fopen("/proc/self/smaps", "r");
+    ASSERT_NE(f, nullptr);
+    char buf[65536];
+    size_t n = 0;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+    std::fclose(f);
+  }
+  auto r = qemu::ram_resident_from_smaps(text, size);
+  ::munmap(whole, size + 2 * guard);
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_GE(r.value(), 24 * kRamMiB);
+  EXPECT_LE(r.value(), 26 * kRamMiB);  // transparent huge pages may round a little up
+}
+
+TEST(GuestRam, StatusGivesAnonymousAndSharedResidentMemoryWhereSmapsMayNotBeRead) {
+  auto r = qemu::resident_from_status("Name:\tqemu-system-x86\nVmRSS:\t  200000 kB\nRssAnon:\t  150000 kB\n"
+                                      "RssFile:\t   40000 kB\nRssShmem:\t   10000 kB\nThreads:\t5\n");
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(r.value(), uint64_t{160000} * 1024);
+  EXPECT_FALSE(qemu::resident_from_status("Name:\tqemu\n"));
+  EXPECT_FALSE(qemu::resident_from_status(""));
+  for (const std::string bad : {"RssAnon:\t12 MB\n", "RssAnon:\t-1 kB\n", "RssShmem:\t99999999999999999999 kB\n",
+                                "RssAnon:\t18014398509481983 kB\nRssShmem:\t18014398509481983 kB\n"}) {
+    auto e = qemu::resident_from_status(bad);
+    ASSERT_FALSE(e) << bad;
+    EXPECT_NE(e.error().message.find("status line "), std::string::npos) << e.error().message;
+  }
 }
