@@ -110,7 +110,8 @@ def guests(tmp, name, mem, dirty, args, calibration=False):
     """The source and the target QEMU of one row: with --fill the verifier holds the memory and its
     rewrite rate is the row's dirty rate; otherwise the dirtier rewrites `dirty` MiB per tick."""
     if args.fill:
-        append = fill_append(mem, 0.01 if calibration else dirty, args)
+        # The verifier's counter goes on only while it rewrites: an idle row rewrites almost nothing.
+        append = fill_append(mem, 0.01 if calibration or not dirty else dirty, args)
         kw = dict(mem_mib=mem, dirty_mib=0, qemu_binary=args.qemu, extra_append=append)
     else:
         kw = dict(mem_mib=mem, dirty_mib=dirty, qemu_binary=args.qemu)
