@@ -40,6 +40,23 @@ std::optional<std::optional<uint64_t>> header_size(std::string_view line) {
   return std::optional<uint64_t>{*hi - *lo};
 }
 
+// Takes the next line off `text` (without its newline).
+std::string_view next_line(std::string_view& text) {
+  const auto nl = text.find('\n');
+  const std::string_view line = text.substr(0, nl);
+  text.remove_prefix(nl == std::string_view::npos ? text.size() : nl + 1);
+  return line;
+}
+
+// The value of a "<key>:   1234 kB" line of a /proc file, in bytes; `where` names the file and line.
+Result<uint64_t> kb_field(std::string_view line, std::string_view key, const std::string& where) {
+  std::string_view v = trim(line.substr(key.size() + 1));
+  if (v.size() < 3 || v.substr(v.size() - 3) != " kB") return Error{Errc::kProtocol, where + ": " + std::string(key) + " not in kB"};
+  const auto kb = parse_u64(trim(v.substr(0, v.size() - 3)), 10);
+  if (!kb || *kb > UINT64_MAX / 1024) return Error{Errc::kProtocol, where + ": " + std::string(key) + " does not read"};
+  return *kb * 1024;
+}
+
 }  // namespace
 
 Result<uint64_t> ram_resident_from_smaps(std::string_view smaps, uint64_t ram_size) {
@@ -50,9 +67,7 @@ Result<uint64_t> ram_resident_from_smaps(std::string_view smaps, uint64_t ram_si
   std::optional<uint64_t> best_rss;
   size_t line_no = 0;
   while (!smaps.empty()) {
-    const auto nl = smaps.find('\n');
-    const std::string_view line = smaps.substr(0, nl);
-    smaps.remove_prefix(nl == std::string_view::npos ? smaps.size() : nl + 1);
+    const std::string_view line = next_line(smaps);
     ++line_no;
     if (line.empty()) continue;
     if (const auto h = header_size(line)) {
@@ -61,15 +76,11 @@ Result<uint64_t> ram_resident_from_smaps(std::string_view smaps, uint64_t ram_si
       continue;
     }
     if (line.rfind("Rss:", 0) != 0 || !size || *size < ram_size || *size > most) continue;
-    std::string_view v = trim(line.substr(4));
-    if (v.size() < 3 || v.substr(v.size() - 3) != " kB") {
-      return Error{Errc::kProtocol, "smaps line " + std::to_string(line_no) + ": Rss not in kB"};
-    }
-    const auto kb = parse_u64(trim(v.substr(0, v.size() - 3)), 10);
-    if (!kb || *kb > UINT64_MAX / 1024) return Error{Errc::kProtocol, "smaps line " + std::to_string(line_no) + ": Rss does not read"};
+    auto rss = kb_field(line, "Rss", "smaps line " + std::to_string(line_no));
+    if (!rss) return rss.error();
     if (!best_rss || *size > best_size) {
       best_size = *size;
-      best_rss = *kb * 1024;
+      best_rss = rss.value();
     }
   }
   if (!best_rss) {
@@ -83,21 +94,15 @@ Result<uint64_t> resident_from_status(std::string_view status) {
   int seen = 0;
   size_t line_no = 0;
   while (!status.empty()) {
-    const auto nl = status.find('\n');
-    const std::string_view line = status.substr(0, nl);
-    status.remove_prefix(nl == std::string_view::npos ? status.size() : nl + 1);
+    const std::string_view line = next_line(status);
     ++line_no;
-    for (const std::string_view key : {std::string_view("RssAnon:"), std::string_view("RssShmem:")}) {
-      if (line.rfind(key, 0) != 0) continue;
-      std::string_view v = trim(line.substr(key.size()));
-      if (v.size() < 3 || v.substr(v.size() - 3) != " kB") {
-        return Error{Errc::kProtocol, "status line " + std::to_string(line_no) + ": " + std::string(key) + " not in kB"};
-      }
-      const auto kb = parse_u64(trim(v.substr(0, v.size() - 3)), 10);
-      if (!kb || *kb > (UINT64_MAX / 1024 - total / 1024)) {
-        return Error{Errc::kProtocol, "status line " + std::to_string(line_no) + ": " + std::string(key) + " does not read"};
-      }
-      total += *kb * 1024;
+    for (const std::string_view key : {std::string_view("RssAnon"), std::string_view("RssShmem")}) {
+      if (line.rfind(key, 0) != 0 || line.size() <= key.size() || line[key.size()] != ':') continue;
+      const std::string where = "status line " + std::to_string(line_no);
+      auto bytes = kb_field(line, key, where);
+      if (!bytes) return bytes.error();
+      if (bytes.value() > UINT64_MAX - total) return Error{Errc::kProtocol, where + ": " + std::string(key) + " does not read"};
+      total += bytes.value();
       ++seen;
     }
   }
