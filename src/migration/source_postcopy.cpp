@@ -354,8 +354,7 @@ Status SourceJob::try_recovery(uint32_t attempt, std::chrono::steady_clock::time
   auto link = std::make_unique<ControlLink>(std::move(cfd.value()));
   RDMIG_TRY(link->send(session::message(session::MessageKind::kRecover, json{{"attempt", attempt}})));
   // QEMU resumes on its main channel and, with postcopy-preempt, opens its preempt connection again.
-  std::vector<uint32_t> indexes{0};
-  if (spec_.post_copy.preempt) indexes.push_back(spec_.preempt_index());
+  const std::vector<uint32_t> indexes = spec_.recovery_channels();
   std::vector<std::unique_ptr<transport::TcpChannel>> channels;
   for (const uint32_t index : indexes) {
     const std::string what = "recovery channel " + std::to_string(index);

@@ -255,7 +255,8 @@ void TargetJob::on_data(UniqueFd fd, const session::Hello& hello, const std::str
         reject(fd.get(), "tls_mismatch", transport::tls_mismatch(hello.tls, tls));
         return;
       }
-      if (!hello.control && hello.index != 0 && !(spec_.post_copy.preempt && hello.index == spec_.preempt_index())) {
+      if (const auto ok = spec_.recovery_channels();
+          !hello.control && std::find(ok.begin(), ok.end(), hello.index) == ok.end()) {
         reject(fd.get(), "invalid_argument", "hello.index: a post-copy recovery resumes channel 0" +
                                                  std::string(spec_.post_copy.preempt ? " and the preempt channel " +
                                                                                            std::to_string(spec_.preempt_index())

@@ -242,8 +242,7 @@ Status TargetJob::try_recovery(std::unique_ptr<ControlLink> link, uint32_t attem
   }
   // Channel 0 and, with postcopy-preempt, the preempt channel: the source dials them after its
   // control connection.
-  std::vector<uint32_t> indexes{0};
-  if (spec_.post_copy.preempt) indexes.push_back(spec_.preempt_index());
+  const std::vector<uint32_t> indexes = spec_.recovery_channels();
   std::vector<UniqueFd> fds;
   std::vector<transport::ChannelTerms> terms;
   bool verify_chunks = false;

@@ -62,6 +62,11 @@ struct MigrationSpec {
   // last index; QEMU opens it at the switch).
   uint32_t channels() const { return 1 + multifd_channels + (post_copy.preempt ? 1 : 0); }
   uint32_t preempt_index() const { return 1 + multifd_channels; }
+  // The channels a post-copy recovery opens again, in QEMU's order: the main one, then the preempt one.
+  std::vector<uint32_t> recovery_channels() const {
+    if (post_copy.preempt) return {0, preempt_index()};
+    return {0};
+  }
 };
 
 struct Progress {
