@@ -239,7 +239,6 @@ Result<MigrationRequest> parse_spec(const json& spec) {
     if (it->get<bool>() && r.post_copy.value_or("never") == "never") {
       return bad("spec.postCopyPreempt", "only with spec.postCopy auto or after");
     }
-    if (it->get<bool>() && r.multifd_channels > 0) return bad("spec.postCopyPreempt", "not with spec.multifdChannels");
     r.post_copy_preempt = it->get<bool>();
   }
   if (auto it = spec.find("cancel"); it != spec.end() && !it->is_null()) {

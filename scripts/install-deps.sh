@@ -13,7 +13,8 @@ run_pkgs=(qemu-system-x86 busybox-static python3 rdma-core ibverbs-providers
 # Prometheus server that tests/deploy/test_dashboard_prometheus.py runs against live programs
 # podman, debootstrap: tests/deploy/test_image_build.py builds the Dockerfile (chroot isolation,
 # no OCI runtime needed; debootstrap makes the Debian 12 base images); debootstrap also builds
-# the cached Debian 13 root of the non-root KubeVirt launcher pods (tools/rdmiglab/launcher_root.py)
+# the cached Debian 13 root of the non-root KubeVirt launcher pods (tools/rdmiglab/launcher_root.py;
+# a copy of it with trixie-backports' QEMU serves the post-copy cases with multifd)
 # faketime: tests/integration/test_agent_migration.py runs a target agent and QEMU with their
 # wall clock 60 s off, as on a node whose clock disagrees (the switchover must not depend on it)
 # tcpdump: tests/rdma/transport-two-nodes.sh captures the RoCE v2 packets between two nodes

@@ -192,7 +192,7 @@ Result<MigrationSpec> parse_create_request(const json& body, const AgentConfig& 
   if (qmp->front() != '/') return bad("qmpSocket", "must be an absolute path");
   spec.qmp_socket = qmp.value();
 
-  auto mf = uint_field(body, "", "multifdChannels", 0, 0, 64);
+  auto mf = uint_field(body, "", "multifdChannels", 0, 0, migration::kMaxMultifdChannels);
   if (!mf) return mf.error();
   spec.multifd_channels = static_cast<uint32_t>(mf.value());
 
@@ -235,11 +235,6 @@ Result<MigrationSpec> parse_create_request(const json& body, const AgentConfig& 
     auto pc = parse_post_copy(body);
     if (!pc) return pc.error();
     spec.post_copy = pc.value();
-    if (spec.post_copy.preempt && spec.multifd_channels > 0) {
-      // QEMU 10.1's multifd post-copy tells its channels apart by their first bytes; the preempt
-      // connection sends none until a page is urgent, so rdmig cannot place it yet.
-      return bad("postCopyPreempt", "not with multifdChannels (not carried yet)");
-    }
   }
   return spec;
 }

@@ -453,7 +453,7 @@ void Job::finish(Phase phase, const std::string& reason, const char* failure) {
 
 void Job::save_record(const std::string& state) {
   const uint32_t seconds = ctx_.config.migration.postcopy_recovery_seconds;
-  if (!record_ || seconds == 0 || spec_.multifd_channels > 0) return;
+  if (!record_ || seconds == 0) return;
   record_->state = state;
   record_->recoveries = status().post_copy.recoveries;
   record_->recovery_seconds = seconds;
@@ -476,6 +476,7 @@ MigrationSpec Job::spec_from_record(const PostcopyRecord& record, Role role) {
   spec.transport = TransportKind::kTcp;  // a recovery's fresh channel runs over TCP
   spec.verify_chunks = record.verify_chunks;
   spec.post_copy.preempt = record.preempt;
+  spec.multifd_channels = record.multifd_channels;
   spec.completion_timeout_seconds = record.completion_timeout_seconds;
   spec.no_progress_timeout_seconds = record.no_progress_timeout_seconds;
   return spec;

@@ -79,6 +79,7 @@ json rec_body_of(const PostcopyRecord& r) {
          {"aliveAtMs", r.alive_at_ms}};
   if (r.role == Role::kSource) j["targetMigrationId"] = r.target_migration_id;
   if (r.preempt) j["postCopyPreempt"] = true;
+  if (r.multifd_channels > 0) j["multifdChannels"] = r.multifd_channels;
   return j;
 }
 
@@ -122,7 +123,7 @@ Result<PostcopyRecord> parse_postcopy_record(std::string_view text, const std::s
       "version",   "id",          "role",         "vm",          "qmpSocket",    "peer",
       "session",   "channelKey",  "chunkSize",    "ringDepth",   "verifyChunks", "postCopyMode",
       "completionTimeoutSeconds", "noProgressTimeoutSeconds",    "state",        "switchedAtMs",
-      "recoveries", "recoverySeconds", "aliveAtMs", "targetMigrationId", "postCopyPreempt", "digest"};
+      "recoveries", "recoverySeconds", "aliveAtMs", "targetMigrationId", "postCopyPreempt", "multifdChannels", "digest"};
   for (const auto& [key, v] : j.items()) {
     if (!known.contains(key)) return rec_bad(key.substr(0, 64), "unknown field");
   }
@@ -196,6 +197,11 @@ Result<PostcopyRecord> parse_postcopy_record(std::string_view text, const std::s
   if (const auto pp = j.find("postCopyPreempt"); pp != j.end()) {
     if (!pp->is_boolean()) return rec_bad("postCopyPreempt", "not true/false");
     r.preempt = pp->get<bool>();
+  }
+  if (j.contains("multifdChannels")) {
+    auto mf = rec_num(j, "multifdChannels", 1, kMaxMultifdChannels);
+    if (!mf) return mf.error();
+    r.multifd_channels = static_cast<uint32_t>(mf.value());
   }
   auto mode = rec_str(j, "postCopyMode", 16);
   if (!mode) return mode.error();

@@ -45,6 +45,10 @@ struct PostcopyRecord {
   // postcopy-preempt's connection is carried too (the recovery opens it again); written only when
   // true, so an agent from before it reads the records it can resume.
   bool preempt = false;
+  // QEMU's multifd channels (10.1+: post-copy with multifd); a recovery resumes the main channel
+  // (and the preempt one) only, but the preempt channel's index follows them. Written only when > 0:
+  // an agent from before it resumed no post-copy with multifd and refuses such a record whole.
+  uint32_t multifd_channels = 0;
   std::string post_copy_mode;  // source: after | auto; target: requested
   uint32_t completion_timeout_seconds = 0;
   uint32_t no_progress_timeout_seconds = 0;

@@ -183,6 +183,7 @@ Status SourceJob::start_migration() {
 void SourceJob::apply_progress(const qemu::MigrationInfo& info) {
   refresh_data_counters();
   const double dirty = static_cast<double>(info.dirty_pages_rate) * static_cast<double>(info.page_size);
+  passes_ = pass_counter_.observe(info);
   update([&](MigrationStatus& s) {
     s.progress.qemu_status = info.status;
     s.progress.transferred_bytes = info.transferred_bytes;
@@ -190,7 +191,7 @@ void SourceJob::apply_progress(const qemu::MigrationInfo& info) {
     s.progress.total_bytes = info.total_bytes;
     s.progress.throughput_bytes_per_second = info.throughput_bytes_per_second;
     s.progress.dirty_rate_bytes_per_second = dirty;
-    s.progress.passes = info.dirty_sync_count;
+    s.progress.passes = passes_;
   });
   gauges_.throughput->Set(info.throughput_bytes_per_second);
   gauges_.transferred->Set(static_cast<double>(info.transferred_bytes));

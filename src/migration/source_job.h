@@ -8,6 +8,7 @@
 
 #include "common/fd.h"
 #include "migration/job.h"
+#include "migration/passes.h"
 #include "session/rail_failover.h"
 
 namespace rdmig::migration {
@@ -138,6 +139,9 @@ class SourceJob final : public Job {
   // QEMU can be resumed alone (no migrate_cancel, no cont; docs/api.md), unless QEMU shows that
   // the switch never took effect (postcopy_fell_through).
   bool postcopy_switched_ = false;
+  // Passes over memory (migration/passes.h), from apply_progress(): what the post-copy switch acts on.
+  PassCounter pass_counter_;
+  uint64_t passes_ = 0;
   bool target_agrees_ = false;  // the target's ready offered the post-copy switch agreement
   std::chrono::steady_clock::time_point postcopy_at_{};
   bool target_decided_ = false;  // the target aborted or failed on purpose: never recovered (worker thread)

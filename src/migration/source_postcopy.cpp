@@ -33,9 +33,9 @@ Status SourceJob::maybe_switch_to_postcopy(const qemu::MigrationInfo& info,
   const auto& pc = spec_.post_copy;
   if (pc.mode == PostCopyMode::kNever || postcopy_switched_ || info.status != "active") return ok_status();
   std::string trigger;
-  if (pc.mode == PostCopyMode::kAfter && info.dirty_sync_count >= 2) {
+  if (pc.mode == PostCopyMode::kAfter && passes_ >= 2) {
     trigger = "after-first-pass";
-  } else if (pc.mode == PostCopyMode::kAuto && info.dirty_sync_count >= pc.after_passes) {
+  } else if (pc.mode == PostCopyMode::kAuto && passes_ >= pc.after_passes) {
     trigger = "passes";
   } else if (pc.mode == PostCopyMode::kAuto && elapsed >= std::chrono::seconds(pc.after_seconds)) {
     trigger = "seconds";
@@ -45,7 +45,7 @@ Status SourceJob::maybe_switch_to_postcopy(const qemu::MigrationInfo& info,
   // Either a cancel or the switch wins, on both agents alike: a cancel accepted here first stops
   // the switch (monitor() ends the migration, the VM stays here); once agreed, cancels are refused.
   if (!agree_postcopy_switch()) return ok_status();
-  if (target_agrees_) RDMIG_TRY(agree_switch_with_target(trigger, info.dirty_sync_count));
+  if (target_agrees_) RDMIG_TRY(agree_switch_with_target(trigger, passes_));
   // On disk before the switch: an agent that dies right after it can still take part in a recovery.
   record_ = make_record();
   save_record("postcopy");
@@ -59,14 +59,14 @@ Status SourceJob::maybe_switch_to_postcopy(const qemu::MigrationInfo& info,
   }
   const auto after_ms = std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count();
   LOG_INFO("migration") << log_prefix() << " switched to post-copy (" << trigger << ") after " << after_ms
-                        << " ms at pass " << info.dirty_sync_count;
+                        << " ms at pass " << passes_;
   ctx_.metrics.postcopy_switched(transport_, trigger);
   update([&](MigrationStatus& s) {
     s.post_copy.switched = true;
     s.post_copy.trigger = trigger;
     s.post_copy.switched_at_ms = wall_clock_ms();
     s.post_copy.switch_after_ms = after_ms;
-    s.post_copy.switch_at_pass = info.dirty_sync_count;
+    s.post_copy.switch_at_pass = passes_;
   });
   return ok_status();
 }
@@ -162,8 +162,9 @@ void SourceJob::fail_in_postcopy(const Error& error) {
 SourceJob::Recovery SourceJob::recover_postcopy(const Error& why) {
   using namespace std::chrono;
   const uint32_t seconds = ctx_.config.migration.postcopy_recovery_seconds;
-  // QEMU resumes post-copy on its main channel alone: with multifd (QEMU 10.1+) not tried yet.
-  if (seconds == 0 || target_decided_ || spec_.multifd_channels > 0 || !qmp_->connected()) {
+  // QEMU resumes post-copy on its main channel (and the preempt one): with multifd (QEMU 10.1+) its
+  // multifd channels are not opened again (spec_.recovery_channels()).
+  if (seconds == 0 || target_decided_ || !qmp_->connected()) {
     return Recovery::kNotRecoverable;
   }
   const auto first_seen = qemu_state();
@@ -279,6 +280,7 @@ PostcopyRecord SourceJob::make_record() const {
   r.ring_depth = spec_.ring_depth;
   r.verify_chunks = spec_.verify_chunks;
   r.preempt = spec_.post_copy.preempt;
+  r.multifd_channels = spec_.multifd_channels;
   r.post_copy_mode = post_copy_mode_name(spec_.post_copy.mode);
   r.completion_timeout_seconds = spec_.completion_timeout_seconds;
   r.no_progress_timeout_seconds = spec_.no_progress_timeout_seconds;

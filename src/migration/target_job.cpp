@@ -136,8 +136,6 @@ void TargetJob::on_control(UniqueFd fd, const session::Hello& hello, const std::
   if (hello.channels != expected) {
     mismatch = "hello.channels: source has " + std::to_string(hello.channels) + " QEMU channels, target expects " +
                std::to_string(expected) + " (multifdChannels must match)";
-  } else if (hello.post_copy_preempt && spec_.multifd_channels > 0) {
-    mismatch = "hello.postCopyPreempt: not with multifdChannels";
   } else if (hello.chunk_size != spec_.chunk_size) {
     mismatch = "hello.chunkSize: source " + format_quantity(hello.chunk_size) + ", target " +
                format_quantity(spec_.chunk_size);

@@ -52,7 +52,7 @@ void TargetJob::record_postcopy(const qemu::MigrationInfo& info) {
 TargetJob::Recovery TargetJob::recover_postcopy(const Error& why) {
   using namespace std::chrono;
   const uint32_t seconds = ctx_.config.migration.postcopy_recovery_seconds;
-  if (seconds == 0 || source_decided_ || spec_.multifd_channels > 0 || !qmp_->connected()) {
+  if (seconds == 0 || source_decided_ || !qmp_->connected()) {
     return Recovery::kNotRecoverable;
   }
   const auto seen = qemu_state();
@@ -153,6 +153,7 @@ PostcopyRecord TargetJob::make_record() {
     r.channel_key = channel_key_;
     r.verify_chunks = verify_chunks_;
     r.preempt = spec_.post_copy.preempt;
+    r.multifd_channels = spec_.multifd_channels;
   }
   r.chunk_size = spec_.chunk_size;
   r.ring_depth = spec_.ring_depth;

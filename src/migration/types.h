@@ -38,6 +38,9 @@ struct PostCopySpec {
   bool preempt = false;
 };
 
+// The most multifd channels a migration may ask for (REST multifdChannels, the post-copy record).
+inline constexpr uint32_t kMaxMultifdChannels = 64;
+
 struct MigrationSpec {
   Role role = Role::kSource;
   std::string id;  // empty: the agent picks one (source: the target's migration id)

@@ -88,6 +88,8 @@ Result<MigrationInfo> parse_migration_info(const json& value) {
     info.dirty_pages_rate = u64(*ram, "dirty-pages-rate");
     if (const auto ps = u64(*ram, "page-size"); ps != 0) info.page_size = ps;
     info.dirty_sync_count = u64(*ram, "dirty-sync-count");
+    info.normal_pages = u64(*ram, "normal");
+    info.duplicate_pages = u64(*ram, "duplicate");
     info.postcopy_requests = i64(*ram, "postcopy-requests");
   }
   info.postcopy_blocktime_ms = i64(value, "postcopy-blocktime");

@@ -36,7 +36,10 @@ struct MigrationInfo {
   double throughput_bytes_per_second = 0;  // ram.mbps (megabits) converted to bytes/s
   uint64_t dirty_pages_rate = 0;    // ram.dirty-pages-rate (pages/s)
   uint64_t page_size = 4096;        // ram.page-size
-  uint64_t dirty_sync_count = 0;    // ram.dirty-sync-count: QEMU's passes over memory
+  uint64_t dirty_sync_count = 0;    // ram.dirty-sync-count: QEMU's bitmap syncs (its passes up to 10.0:
+                                    // migration/passes.h)
+  uint64_t normal_pages = 0;        // ram.normal: pages sent whole
+  uint64_t duplicate_pages = 0;     // ram.duplicate: zero pages (sent as a marker, or skipped)
   int64_t total_time_ms = -1;       // total-time
   int64_t downtime_ms = -1;         // downtime (completed only)
   int64_t expected_downtime_ms = -1;

@@ -18,7 +18,7 @@ import unittest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 from rdmiglab import Agent, QemuVm, cut_data_channels, ensure_guest, migrate_via_agents, parse_prometheus, start_migration  # noqa: E402
 from rdmiglab.linkcut import cut_control_connection, data_connections  # noqa: E402
-from rdmiglab.qemu import differing_pages, guest_fate, qemu_version, trixie_qemu  # noqa: E402
+from rdmiglab.qemu import backports_qemu, differing_pages, guest_fate, qemu_version, trixie_qemu  # noqa: E402
 from rdmiglab import wireproof  # noqa: E402
 from rdmiglab import timed  # noqa: E402
 
@@ -115,8 +115,10 @@ class AgentMigrationTest(unittest.TestCase):
                 print("---- %s log (tail) ----\n%s" % (a.name, a.log_text()[-4000:]))
 
     def vm(self, name, qemu10=False, **kw):
+        """qemu10: True for the trixie root's QEMU 10.0, an (argv, env) pair for another (backports_qemu())."""
         if qemu10:
-            kw.update(qemu_binary=self.qemu10[0], env=self.qemu10[1])
+            argv, env = self.qemu10 if qemu10 is True else qemu10
+            kw.update(qemu_binary=argv, env=env)
         else:
             kw.setdefault("qemu_binary", "qemu-system-x86_64")  # the host's 7.2, whatever the default
         kw.setdefault("mem_mib", MEM_MIB)
@@ -769,8 +771,8 @@ class AgentMigrationTest(unittest.TestCase):
             self.assertEqual(v["mismatches"], 0, "%s: %s" % (vm.name, v["mismatch_lines"][:10]))
             self.assertEqual(v["mismatch_lines"], [], vm.name)
 
-    def check_postcopy(self, multifd, mode, **kw):
-        src, dst = self.verifier_pair()
+    def check_postcopy(self, multifd, mode, qemu=True, **kw):
+        src, dst = self.verifier_pair(qemu)
         seen = []
         s, t = migrate_via_agents(self.src_agent, self.dst_agent, src.agent_qmp_path, dst.agent_qmp_path,
                                   multifd_channels=multifd, vm="vm-pc%d" % multifd, postCopy=mode,
@@ -1021,6 +1023,7 @@ class AgentMigrationTest(unittest.TestCase):
             self.assertLess(time.monotonic(), deadline, "the target QEMU did not enter post-copy")
             self.assertNotIn(dst_agent.get(target["id"])["phase"], ("Succeeded", "Failed", "Cancelled"))
             time.sleep(0.02)
+        self.wait_both_in_postcopy(src, dst, deadline)
         table = "rdmig_test_pcr_%d" % os.getpid()
         subprocess.run(["nft", "-f", "-"], check=True, text=True, input=(
             "table inet %s {\n chain input {\n type filter hook input priority -10; policy accept;\n"
@@ -1028,6 +1031,14 @@ class AgentMigrationTest(unittest.TestCase):
         self.addCleanup(subprocess.run, ["nft", "delete", "table", "inet", table], capture_output=True)
         self.assertGreater(cut_data_channels(dst_agent.data_port, 0), 0)  # the control connection too
         return target, source, table
+
+    def wait_both_in_postcopy(self, src, dst, deadline):
+        """Until both QEMUs are postcopy-active: the target's once it loaded the switch's LISTEN, the
+        source's once it sent the whole switch (from then on it never runs the guest again)."""
+        while (src.qmp("query-migrate").get("status"), dst.qmp("query-migrate").get("status")) != \
+                ("postcopy-active", "postcopy-active"):
+            self.assertLess(time.monotonic(), deadline, "the QEMUs did not both enter post-copy")
+            time.sleep(0.02)
 
     def wait_recovering(self, agent, mid, timeout=60):
         deadline = time.monotonic() + timeout
@@ -1044,23 +1055,27 @@ class AgentMigrationTest(unittest.TestCase):
     # qmp_capabilities) nor migrate-recover's listener can run (seen here with QEMU 10.0 TCG; KVM
     # faults without the lock). With its vCPUs stopped the target still switches, pulls every page
     # and is resumed with cont once the migration completed, when its verifier must go on clean.
-    def test_postcopy_with_preempt_link_lost_past_the_failover_deadline_recovers_both_channels_and_its_memory_verifies(self):
+    def test_postcopy_with_preempt_and_8_multifd_channels_link_lost_past_the_failover_deadline_recovers_and_its_memory_verifies(self):
         # With postcopy-preempt QEMU resumes its main channel and opens its preempt connection again
-        # (the target QEMU waits for it before it leaves postcopy-paused): the agents carry both.
-        # (Recoveries without preempt: the agents killed and restarted, below.)
-        s, t, a, _ = self.check_link_lost_and_recovered("vm-pc-recover-preempt", postCopyPreempt=True)
+        # (the target QEMU waits for it before it leaves postcopy-paused): the agents carry both. With
+        # multifd (QEMU 10.1+: trixie-backports' QEMU) its multifd connections are not resumed: the
+        # agents keep their ends to QEMU open, so that QEMU pauses on the main channel and does not fail.
+        # (Preempt on QEMU 10.0: the target agent killed and restarted, below; recoveries without
+        # preempt: the agents killed and restarted.)
+        s, t, a, _ = self.check_link_lost_and_recovered("vm-pc-recover-preempt", qemu=backports_qemu(),
+                                                        multifd_channels=8, postCopyPreempt=True)
         for st in (s, t):
             self.assertTrue(st["postCopy"]["preempt"], st["postCopy"])
-            self.assertEqual(st["channels"], 2)
+            self.assertEqual(st["channels"], 10)
         lines = [l for l in a.log_text().splitlines() if s["id"] in l and "resumed connection" in l]
-        self.assertTrue(any("for channel 1 accepted" in l for l in lines), lines)
+        self.assertTrue(any("for channel 9 accepted" in l for l in lines), lines)
 
-    def check_link_lost_and_recovered(self, vm, **kw):
+    def check_link_lost_and_recovered(self, vm, qemu=True, **kw):
         # Both QEMUs pause (postcopy-paused) once the link is gone past failover; the agents keep
         # trying a fresh channel, and once the link is back the target QEMU runs migrate-recover and
         # the source QEMU migrate with resume: true through them. The guest's verifier goes on clean.
         a, b = self.recovery_agents(120)
-        src, dst = self.verifier_pair(target_paused=True)
+        src, dst = self.verifier_pair(qemu, target_paused=True)
         target, source, table = self.cut_link_in_postcopy(a, b, src, dst, vm, **kw)
         s_mid = self.wait_recovering(a, source["id"])
         t_mid = self.wait_recovering(b, target["id"])
@@ -1070,7 +1085,8 @@ class AgentMigrationTest(unittest.TestCase):
         deadline = time.monotonic() + 30
         while (src.qmp("query-migrate").get("status"), dst.qmp("query-migrate").get("status")) != \
                 ("postcopy-paused", "postcopy-paused"):
-            self.assertLess(time.monotonic(), deadline, "the QEMUs did not both pause")
+            self.assertLess(time.monotonic(), deadline, "the QEMUs did not both pause: source %s, target %s" % (
+                src.qmp("query-migrate").get("status"), dst.qmp("query-migrate").get("status")))
             time.sleep(0.1)
         while a.get(source["id"])["postCopy"]["recovery"]["tries"] < 2:  # refused tries while the link is down
             self.assertLess(time.monotonic(), deadline, "no recovery tries")
@@ -1180,14 +1196,14 @@ class AgentMigrationTest(unittest.TestCase):
         subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True)
 
     # -- an agent killed (SIGKILL) during post-copy and restarted: its record in stateDir ------------
-    def kill_agent_in_postcopy_and_restart(self, which, **kw):
+    def kill_agent_in_postcopy_and_restart(self, which, qemu=True, **kw):
         """A post-copy migration (stretched as above), its `which` agent ("source" or "target") killed
         once it switched and started again on its data port with its stateDir: it takes the migration
         up from its record, the other agent's recovery finds it, and the migration completes.
         "both": both agents killed at once and restarted one after the other (the source first, its
         tries failing until the target is back): each takes its side up from its own record."""
         a, b = self.recovery_agents(120)
-        src, dst = self.verifier_pair(target_paused=True)
+        src, dst = self.verifier_pair(qemu, target_paused=True)
         src.qmp("migrate-set-parameters", **{"max-postcopy-bandwidth": 4 << 20})
         target, source = start_migration(a, b, src.agent_qmp_path, dst.agent_qmp_path, vm="vm-pc-kill-" + which,
                                          postCopy="after", maxBandwidthBytesPerSecond=self.POSTCOPY_BW,
@@ -1199,11 +1215,12 @@ class AgentMigrationTest(unittest.TestCase):
             time.sleep(0.05)
         # The target QEMU enters post-copy only once the switch reaches it through the stream; an
         # incoming stream broken before that fails its migration and QEMU exits (nothing to recover).
-        while dst.qmp("query-migrate").get("status") != "postcopy-active":
-            self.assertLess(time.monotonic(), deadline, "the target QEMU did not enter post-copy")
-            time.sleep(0.05)
+        # And the source QEMU only once it has sent the whole switch (with multifd it flushes every
+        # multifd channel first): a link lost before that fails its switch and it runs the guest again,
+        # the VM never having run on the target (seen with 8 multifd channels on QEMU 11.1).
+        self.wait_both_in_postcopy(src, dst, deadline)
         if which == "both":
-            self.kill_both_agents_in_postcopy_and_restart(a, b, source, target, src, dst)
+            self.kill_both_agents_in_postcopy_and_restart(a, b, source, target, src, dst, kw.get("multifd_channels", 0))
             return
         killed, kmid, survivor, smid = (a, source["id"], b, target["id"]) if which == "source" else \
             (b, target["id"], a, source["id"])
@@ -1217,6 +1234,7 @@ class AgentMigrationTest(unittest.TestCase):
         self.assertEqual((record["role"], record["id"]), (which, kmid))
         self.assertEqual(len(record["channelKey"]), 64)
         self.assertEqual(record.get("postCopyPreempt", False), kw.get("postCopyPreempt", False))
+        self.assertEqual(record.get("multifdChannels", 0), kw.get("multifd_channels", 0))
         for secret in (a.token, b.token, target["token"]):
             self.assertNotIn(secret, text)
         killed.kill()
@@ -1226,7 +1244,8 @@ class AgentMigrationTest(unittest.TestCase):
         deadline = time.monotonic() + 30
         while (src.qmp("query-migrate").get("status"), dst.qmp("query-migrate").get("status")) != \
                 ("postcopy-paused", "postcopy-paused"):
-            self.assertLess(time.monotonic(), deadline, "the QEMUs did not both pause")
+            self.assertLess(time.monotonic(), deadline, "the QEMUs did not both pause: source %s, target %s" % (
+                src.qmp("query-migrate").get("status"), dst.qmp("query-migrate").get("status")))
             time.sleep(0.1)
         time.sleep(2)  # a few tries (the source's) against the dead agent
         killed.restart()
@@ -1270,16 +1289,18 @@ class AgentMigrationTest(unittest.TestCase):
         dst.wait_for_verifier(last + 3, timeout=120)
         self.assert_verifier_clean(src, dst)
 
-    def kill_both_agents_in_postcopy_and_restart(self, a, b, source, target, src, dst):
+    def kill_both_agents_in_postcopy_and_restart(self, a, b, source, target, src, dst, multifd):
         for agent, mid in ((a, source["id"]), (b, target["id"])):
-            self.assertTrue(os.path.exists(os.path.join(agent.state_dir, mid + ".postcopy.json")), agent.name)
+            with open(os.path.join(agent.state_dir, mid + ".postcopy.json")) as f:
+                self.assertEqual(json.load(f).get("multifdChannels", 0), multifd, agent.name)
         a.kill()
         b.kill()
         # Both QEMUs lose their connections at once and pause; nothing resumes them meanwhile.
         deadline = time.monotonic() + 30
         while (src.qmp("query-migrate").get("status"), dst.qmp("query-migrate").get("status")) != \
                 ("postcopy-paused", "postcopy-paused"):
-            self.assertLess(time.monotonic(), deadline, "the QEMUs did not both pause")
+            self.assertLess(time.monotonic(), deadline, "the QEMUs did not both pause: source %s, target %s" % (
+                src.qmp("query-migrate").get("status"), dst.qmp("query-migrate").get("status")))
             time.sleep(0.1)
         a.restart()
         self.assertIn("taken up again after this agent restarted", a.log_text())
@@ -1305,8 +1326,10 @@ class AgentMigrationTest(unittest.TestCase):
         dst.wait_for_verifier(last + 3, timeout=120)
         self.assert_verifier_clean(src, dst)
 
-    def test_postcopy_both_agents_killed_and_restarted_take_the_migration_up_and_its_memory_verifies(self):
-        self.kill_agent_in_postcopy_and_restart("both")
+    def test_postcopy_with_8_multifd_channels_both_agents_killed_and_restarted_take_the_migration_up_and_its_memory_verifies(self):
+        # Both records keep multifdChannels (QEMU 10.1+: trixie-backports' QEMU); the restarted agents
+        # resume the main channel alone. (Without multifd, on QEMU 10.0: the source agent killed, below.)
+        self.kill_agent_in_postcopy_and_restart("both", qemu=backports_qemu(), multifd_channels=8)
 
     def test_postcopy_source_agent_killed_and_restarted_takes_the_migration_up_and_its_memory_verifies(self):
         self.kill_agent_in_postcopy_and_restart("source")
@@ -1315,13 +1338,16 @@ class AgentMigrationTest(unittest.TestCase):
         # The record says postCopyPreempt: the restarted target expects the preempt channel again.
         self.kill_agent_in_postcopy_and_restart("target", postCopyPreempt=True)
 
-    def test_postcopy_after_the_first_pass_with_8_multifd_channels_and_its_memory_verifies(self):
+    def test_postcopy_after_the_first_pass_with_8_multifd_channels_and_preempt_and_its_memory_verifies(self):
         # QEMU allows post-copy with multifd from 10.1 on (the trixie root's 10.0 refuses the
-        # capability pair: "Postcopy is not yet compatible with multifd").
-        version = qemu_version(*self.qemu10)
-        if version < (10, 1):
-            self.skipTest("post-copy with multifd needs QEMU 10.1+; the trixie root's QEMU is %d.%d" % version)
-        self.check_postcopy(8, "after")
+        # capability pair: "Postcopy is not yet compatible with multifd"): trixie-backports' QEMU.
+        # With preempt its connection is channel 9, after the multifd ones: the target QEMU takes the
+        # connection that comes once the main and every multifd one are there as the preempt one.
+        qemu = backports_qemu()
+        self.assertGreaterEqual(qemu_version(*qemu), (10, 1))
+        s, _ = self.check_postcopy(8, "after", qemu=qemu, postCopyPreempt=True)
+        lines = [l for l in self.src_agent.log_text().splitlines() if s["id"] in l and "QEMU connection" in l]
+        self.assertTrue(any("QEMU connection 9 accepted" in l for l in lines), lines)
 
     def test_postcopy_with_multifd_on_an_older_qemu_is_refused_naming_it_and_touches_no_vm(self):
         # The host's QEMU 7.2 accepts postcopy-ram with multifd but its post-copy does not know
@@ -1391,7 +1417,6 @@ class AgentMigrationTest(unittest.TestCase):
             (dict(pc_target, postCopyAfterPasses=4), "postCopyAfterPasses"),
             (dict(pc_target, postCopyPreempt=True), "postCopyPreempt"),
             (dict(pc_target, postCopy="after", postCopyPreempt="yes"), "postCopyPreempt"),
-            (dict(pc_target, postCopy="after", postCopyPreempt=True, multifdChannels=2), "postCopyPreempt"),
             ({"role": "target", "qmpSocket": "/x", "postCopyPreempt": True}, "postCopyPreempt"),
             ({"role": "target", "qmpSocket": "/x", "postCopy": "auto"}, "postCopy"),
         ]

@@ -264,7 +264,6 @@ TEST(MigrationSpec, PostCopyIsValidatedAndPassedToTheSourceAgent) {
   const std::vector<std::pair<json, std::string>> bad{
       {{{"postCopyPreempt", true}}, "spec.postCopyPreempt: only with spec.postCopy auto or after"},
       {{{"postCopy", "after"}, {"postCopyPreempt", "yes"}}, "spec.postCopyPreempt: must be true or false"},
-      {{{"postCopy", "after"}, {"postCopyPreempt", true}, {"multifdChannels", 4}}, "spec.postCopyPreempt: not with spec.multifdChannels"},
       {{{"postCopy", "sometimes"}}, "spec.postCopy: must be never, auto or after"},
       {{{"postCopy", 1}}, "spec.postCopy: must be a string"},
       {{{"postCopy", "auto"}, {"postCopyAfterPasses", 1}}, "spec.postCopyAfterPasses"},

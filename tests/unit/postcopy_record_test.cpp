@@ -107,6 +107,23 @@ TEST(PostcopyRecord, PostCopyPreemptIsWrittenOnlyWhenOnAndReadBack) {
   }
 }
 
+TEST(PostcopyRecord, MultifdChannelsAreWrittenOnlyWhenUsedAndReadBackBounded) {
+  // Post-copy with multifd (QEMU 10.1+): the count is kept, so that a restarted agent knows the
+  // preempt channel's index (after the multifd ones). Written only when > 0: an agent from before it
+  // resumed no post-copy with multifd and refuses such a record whole (an unknown field).
+  auto r = sample();
+  EXPECT_EQ(migration::serialize_postcopy_record(r).find("multifdChannels"), std::string::npos);
+  r.multifd_channels = 8;
+  r.preempt = true;
+  auto back = migration::parse_postcopy_record(migration::serialize_postcopy_record(r), r.id);
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ(back->multifd_channels, 8u);
+  r.multifd_channels = migration::kMaxMultifdChannels + 1;
+  auto bad = migration::parse_postcopy_record(migration::serialize_postcopy_record(r), r.id);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("postcopy record: multifdChannels"), std::string::npos) << bad.error().message;
+}
+
 TEST(PostcopyRecord, RefusesARecordChangedAfterItWasWrittenNamingTheDigest) {
   const std::string text = migration::serialize_postcopy_record(sample());
   // Another QEMU's socket, another peer, a longer deadline: each a valid value, each refused.

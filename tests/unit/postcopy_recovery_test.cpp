@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "config/agent_config.h"
+#include "migration/passes.h"
 #include "migration/postcopy_recovery.h"
 #include "migration/types.h"
 #include "session/protocol.h"
@@ -99,3 +100,51 @@ TEST(PostcopyRecovery, RecoverySecondsDefaultToFiveMinutesZeroTurnsItOffAndOutOf
   EXPECT_EQ(shipped->migration.postcopy_recovery_seconds, AgentConfig{}.migration.postcopy_recovery_seconds);
 }
 
+
+// --- passes over memory (migration/passes.h) -------------------------------------------------
+
+namespace {
+
+qemu::MigrationInfo pass_sample(uint64_t syncs, uint64_t sent_pages, uint64_t remaining_pages) {
+  qemu::MigrationInfo i;
+  i.status = "active";
+  i.total_bytes = 49282ull * 4096;  // a 192 MiB guest's RAM as QEMU 10.0 and 11.1 report it
+  i.page_size = 4096;
+  i.dirty_sync_count = syncs;
+  i.normal_pages = sent_pages / 2;
+  i.duplicate_pages = sent_pages - sent_pages / 2;
+  i.remaining_bytes = remaining_pages * 4096;
+  return i;
+}
+
+}  // namespace
+
+TEST(PassCounter, FollowsQemu100WhoseSyncsArePasses) {
+  // Samples a second apart of a QEMU 10.0 source (192 MiB guest rewriting 32 MiB at 24 MiB/s, 12 MiB/s
+  // max-bandwidth, postcopy-ram on): (dirty-sync-count, normal + duplicate, remaining pages).
+  migration::PassCounter c;
+  EXPECT_EQ(c.observe(pass_sample(0, 0, 0)), 0u);  // setup: QEMU has not counted yet
+  EXPECT_EQ(c.observe(pass_sample(1, 5676, 43605)), 1u);
+  EXPECT_EQ(c.observe(pass_sample(1, 44114, 5167)), 1u);
+  EXPECT_EQ(c.observe(pass_sample(2, 48921, 8501)), 2u);  // QEMU synced at 99.3% of the pages
+  EXPECT_EQ(c.observe(pass_sample(2, 55437, 1985)), 2u);
+  EXPECT_EQ(c.observe(pass_sample(3, 58647, 6567)), 3u);  // 9726 sent since, 8501 were left
+  EXPECT_EQ(c.observe(pass_sample(3, 61847, 3367)), 3u);
+  EXPECT_EQ(c.observe(pass_sample(4, 65048, 7860)), 3u);  // QEMU one round ahead of the pages here:
+  EXPECT_EQ(c.observe(pass_sample(4, 68257, 4651)), 4u);  // counted once 6567 more were sent
+}
+
+TEST(PassCounter, IgnoresQemu111sBitmapSyncsWithinAPass) {
+  // QEMU 11.1 with postcopy-ram and 4 multifd channels: a sync every ~100 ms within the first pass.
+  migration::PassCounter c;
+  EXPECT_EQ(c.observe(pass_sample(4, 960 + 241, 47900)), 1u);  // after 250 ms ("after" used to switch here)
+  EXPECT_EQ(c.observe(pass_sample(12, 11776, 37577)), 1u);
+  EXPECT_EQ(c.observe(pass_sample(33, 29568, 25596)), 1u);
+  EXPECT_EQ(c.observe(pass_sample(45, 47872, 8407)), 1u);  // 97.1%: not yet
+  EXPECT_EQ(c.observe(pass_sample(55, 53122, 4741)), 2u);  // the first pass done
+  EXPECT_EQ(c.observe(pass_sample(65, 56000, 3565)), 2u);
+  EXPECT_EQ(c.observe(pass_sample(75, 57900, 3128)), 3u);  // 4778 more sent of the 4741 left
+  // Nothing left to send: no further pass is counted, however often QEMU syncs.
+  EXPECT_EQ(c.observe(pass_sample(80, 61100, 0)), 4u);
+  EXPECT_EQ(c.observe(pass_sample(90, 70000, 0)), 4u);
+}

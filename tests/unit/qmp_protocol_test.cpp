@@ -67,6 +67,8 @@ TEST(QmpProtocol, ParsesQueryMigrateOfQemu72) {
   EXPECT_EQ(info->transferred_bytes, 146800640u);
   EXPECT_EQ(info->total_bytes, 537395200u);
   EXPECT_EQ(info->dirty_sync_count, 3u);
+  EXPECT_EQ(info->normal_pages, 35000u);
+  EXPECT_EQ(info->duplicate_pages, 100u);
   EXPECT_DOUBLE_EQ(info->throughput_bytes_per_second, 800.5e6 / 8);
   EXPECT_EQ(info->dirty_pages_rate, 16384u);
   EXPECT_TRUE(migration_status_terminal(info->status));

@@ -9,11 +9,17 @@ machine reuse it: ``$RDMIG_LAUNCHER_CACHE`` (default /var/cache/rdmig) /launcher
 A build goes to a temporary dir next to it and is renamed into place when complete; a file
 lock keeps two builders apart. Bump ``VERSION`` whenever the recipe changes.
 
-Usage: PYTHONPATH=tools python3 -m rdmiglab.launcher_root [--rebuild]   (prints the path)
+A second root, ``qemu-trixie-backports-v<N>``, is the launcher root with QEMU from Debian 13's
+backports (11.1 on 2026-12-07) in place of 10.0: the rows about what only QEMU 10.1 and later
+do (post-copy together with multifd) run it (``ensure_backports_root()``; rdmiglab.qemu's
+``backports_qemu()``). KubeVirt 1.9's launchers ship 10.0, so every other row keeps 10.0.
+
+Usage: PYTHONPATH=tools python3 -m rdmiglab.launcher_root [--rebuild] [--backports]   (prints the path)
 """
 import fcntl
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -55,12 +61,40 @@ rm -f "$R/usr/sbin/policy-rc.d"
 """
 
 
+BACKPORTS_VERSION = 1
+BACKPORTS_NAME = "qemu-trixie-backports-v%d" % BACKPORTS_VERSION
+BACKPORTS_PACKAGES = ["qemu-system-x86", "seabios", "ipxe-qemu"]
+BACKPORTS_MIN_QEMU = (10, 1)
+
+# Runs inside a private mount namespace (unshare -m) over a copy of the launcher root.
+BACKPORTS_SCRIPT = r"""
+set -eu
+R="$1"; M="$2"; shift 2
+mount -t proc proc "$R/proc"
+mount --rbind /dev "$R/dev"
+printf '#!/bin/sh\nexit 101\n' > "$R/usr/sbin/policy-rc.d"
+chmod 755 "$R/usr/sbin/policy-rc.d"
+cp /etc/resolv.conf "$R/etc/resolv.conf" 2>/dev/null || true
+export DEBIAN_FRONTEND=noninteractive LC_ALL=C PATH=/usr/sbin:/usr/bin:/sbin:/bin
+echo "deb $M trixie-backports main" > "$R/etc/apt/sources.list.d/trixie-backports.list"
+chroot "$R" apt-get update
+chroot "$R" apt-get install -y --no-install-recommends -t trixie-backports "$@"
+chroot "$R" apt-get clean
+rm -rf "$R"/var/lib/apt/lists/*
+rm -f "$R/usr/sbin/policy-rc.d"
+"""
+
+
 def cache_dir():
     return os.environ.get("RDMIG_LAUNCHER_CACHE", "/var/cache/rdmig")
 
 
 def root_path():
     return os.path.join(cache_dir(), NAME)
+
+
+def backports_root_path():
+    return os.path.join(cache_dir(), BACKPORTS_NAME)
 
 
 def is_complete(path=None):
@@ -105,9 +139,7 @@ def build(dest, timeout=1800):
     _log("built %s in %.0f s" % (dest, time.monotonic() - t0))
 
 
-def ensure_launcher_root(rebuild=False):
-    """Returns the path of the cached trixie launcher root; builds it if missing."""
-    dest = root_path()
+def _ensure(dest, builder, rebuild):
     if not rebuild and is_complete(dest):  # fast path: no lock needed for a finished root
         return dest
     os.makedirs(cache_dir(), exist_ok=True)
@@ -122,13 +154,56 @@ def ensure_launcher_root(rebuild=False):
         _remove_stale(dest)
         if os.path.exists(dest):  # incomplete root without a stamp (should not happen)
             shutil.rmtree(dest)
-        build(dest)
+        builder(dest)
     return dest
+
+
+def ensure_launcher_root(rebuild=False):
+    """Returns the path of the cached trixie launcher root; builds it if missing."""
+    return _ensure(root_path(), build, rebuild)
+
+
+def _qemu_version(root):
+    libs = "%s/usr/lib/x86_64-linux-gnu:%s/lib/x86_64-linux-gnu" % (root, root)
+    out = subprocess.run([root + "/lib64/ld-linux-x86-64.so.2", "--library-path", libs,
+                          root + "/usr/bin/qemu-system-x86_64", "--version"],
+                         capture_output=True, text=True, check=True).stdout
+    m = re.search(r"version (\d+)\.(\d+)", out)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def build_backports(dest, timeout=1800):
+    """The launcher root copied, then QEMU from trixie-backports installed over its 10.0 (about
+    10 s and 40 MB of packages once the launcher root exists)."""
+    base = ensure_launcher_root()
+    tmp = "%s.tmp-%d" % (dest, os.getpid())
+    t0 = time.monotonic()
+    subprocess.run(["cp", "-a", base, tmp], check=True, timeout=timeout)
+    os.unlink(os.path.join(tmp, STAMP))
+    _log("installing %s from trixie-backports into a copy of %s" % (" ".join(BACKPORTS_PACKAGES), base))
+    subprocess.run(["unshare", "--mount", "--propagation", "private", "--",
+                    "sh", "-c", BACKPORTS_SCRIPT, "sh", tmp, MIRROR] + BACKPORTS_PACKAGES,
+                   check=True, timeout=timeout, stdout=sys.stderr)
+    version = _qemu_version(tmp)
+    if version < BACKPORTS_MIN_QEMU:
+        raise RuntimeError("trixie-backports gave QEMU %d.%d, older than %d.%d" % (version + BACKPORTS_MIN_QEMU))
+    with open(os.path.join(tmp, STAMP), "w") as f:
+        f.write("%s built %s from %s: QEMU %d.%d, %.0f s\n"
+                % (BACKPORTS_NAME, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), NAME,
+                   version[0], version[1], time.monotonic() - t0))
+    os.rename(tmp, dest)
+    _log("built %s (QEMU %d.%d) in %.0f s" % (dest, version[0], version[1], time.monotonic() - t0))
+
+
+def ensure_backports_root(rebuild=False):
+    """Returns the path of the cached root with trixie-backports' QEMU; builds it if missing."""
+    return _ensure(backports_root_path(), build_backports, rebuild)
 
 
 def main(argv):
     t0 = time.monotonic()
-    path = ensure_launcher_root(rebuild="--rebuild" in argv)
+    ensure = ensure_backports_root if "--backports" in argv else ensure_launcher_root
+    path = ensure(rebuild="--rebuild" in argv)
     _log("ready in %.3f s" % (time.monotonic() - t0))
     print(path)
     return 0

@@ -32,6 +32,13 @@ def verifier_state(serial_log):
             "mismatches": max(mism, max(int(l[4]) for l in lines)), "mismatch_lines": bad}
 
 
+def _root_qemu(r):
+    libs = "%s/usr/lib/x86_64-linux-gnu:%s/lib/x86_64-linux-gnu" % (r, r)
+    argv = [r + "/lib64/ld-linux-x86-64.so.2", "--library-path", libs, r + "/usr/bin/qemu-system-x86_64",
+            "-L", r + "/usr/share/qemu", "-L", r + "/usr/share/seabios"]
+    return argv, {"QEMU_MODULE_DIR": r + "/usr/lib/x86_64-linux-gnu/qemu"}
+
+
 def trixie_qemu():
     """(argv prefix, extra environment) that run Debian 13's QEMU 10.0 on this host straight
     from the cached launcher root (``launcher_root.ensure_launcher_root()``, built once per
@@ -42,11 +49,15 @@ def trixie_qemu():
     cap, on the direct path too), which would hide a difference rdmig made; QEMU 10.0 migrated
     those shapes byte-exact (test_direct_migration.py checks that control first)."""
     from .launcher_root import ensure_launcher_root
-    r = ensure_launcher_root()
-    libs = "%s/usr/lib/x86_64-linux-gnu:%s/lib/x86_64-linux-gnu" % (r, r)
-    argv = [r + "/lib64/ld-linux-x86-64.so.2", "--library-path", libs, r + "/usr/bin/qemu-system-x86_64",
-            "-L", r + "/usr/share/qemu", "-L", r + "/usr/share/seabios"]
-    return argv, {"QEMU_MODULE_DIR": r + "/usr/lib/x86_64-linux-gnu/qemu"}
+    return _root_qemu(ensure_launcher_root())
+
+
+def backports_qemu():
+    """(argv prefix, extra environment) that run trixie-backports' QEMU (11.1 on 2026-12-07, at
+    least 10.1) from its cached root (``launcher_root.ensure_backports_root()``): for what only
+    QEMU 10.1 and later do, post-copy together with multifd."""
+    from .launcher_root import ensure_backports_root
+    return _root_qemu(ensure_backports_root())
 
 
 def default_qemu():
