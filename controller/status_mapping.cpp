@@ -164,8 +164,10 @@ void copy_agent_status(json& status, const json& source, const json& target) {
     if (pc.contains("trigger") && pc["trigger"].is_string() && pc["trigger"].get<std::string>().size() <= 64) {
       out["trigger"] = pc["trigger"];
     }
-    if (pc.contains("pageLatencyUs") && pc["pageLatencyUs"].is_number()) {
-      out["pageLatencyUs"] = static_cast<int64_t>(std::llround(pc["pageLatencyUs"].get<double>()));
+    for (const char* key : {"pageLatencyUs", "pageLatencyP50Us", "pageLatencyP99Us"}) {
+      if (pc.contains(key) && pc[key].is_number() && pc[key].get<double>() >= 0 && pc[key].get<double>() <= 3.6e9) {
+        out[key] = static_cast<int64_t>(std::llround(pc[key].get<double>()));
+      }
     }
     status["postCopy"] = std::move(out);
   }

@@ -388,9 +388,15 @@ void SourceJob::complete(const qemu::MigrationInfo& info, const std::string& uns
     if (const auto b = v.find("postCopyBlocktimeMs"); b != v.end() && b->is_number_integer()) {
       s.post_copy.blocktime_ms = b->get<int64_t>();
     }
-    if (const auto l = v.find("postCopyPageLatencyUs"); l != v.end() && l->is_number()) {
-      s.post_copy.page_latency_us = l->get<double>();
-    }
+    // The target's figures, bounded (a page-fault wait over an hour is not one): an older target sends none.
+    const auto latency = [&](const char* key, std::optional<double>& out) {
+      if (const auto l = v.find(key); l != v.end() && l->is_number() && l->get<double>() >= 0 && l->get<double>() <= 3.6e9) {
+        out = l->get<double>();
+      }
+    };
+    latency("postCopyPageLatencyUs", s.post_copy.page_latency_us);
+    latency("postCopyPageLatencyP50Us", s.post_copy.page_latency_p50_us);
+    latency("postCopyPageLatencyP99Us", s.post_copy.page_latency_p99_us);
     s.target_state = state;
     s.switchover_ms = switchover;
     s.progress.remaining_bytes = 0;

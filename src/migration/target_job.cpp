@@ -750,6 +750,8 @@ void TargetJob::report_success() {
     const auto pc = status().post_copy;
     if (pc.blocktime_ms) result["postCopyBlocktimeMs"] = *pc.blocktime_ms;
     if (pc.page_latency_us) result["postCopyPageLatencyUs"] = *pc.page_latency_us;
+    if (pc.page_latency_p50_us) result["postCopyPageLatencyP50Us"] = *pc.page_latency_p50_us;
+    if (pc.page_latency_p99_us) result["postCopyPageLatencyP99Us"] = *pc.page_latency_p99_us;
     if (pc.blocktime_ms) ctx_.metrics.set_postcopy_blocktime(spec_.vm, static_cast<double>(*pc.blocktime_ms) / 1000.0);
   }
   if (link_) (void)link_->send(session::message(session::MessageKind::kResult, result));

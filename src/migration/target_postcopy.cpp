@@ -46,6 +46,8 @@ void TargetJob::record_postcopy(const qemu::MigrationInfo& info) {
     }
     if (info.postcopy_blocktime_ms >= 0) s.post_copy.blocktime_ms = info.postcopy_blocktime_ms;
     if (info.postcopy_latency_ns >= 0) s.post_copy.page_latency_us = static_cast<double>(info.postcopy_latency_ns) / 1e3;
+    if (auto p50 = qemu::latency_dist_quantile_us(info.postcopy_latency_dist, 0.5)) s.post_copy.page_latency_p50_us = p50;
+    if (auto p99 = qemu::latency_dist_quantile_us(info.postcopy_latency_dist, 0.99)) s.post_copy.page_latency_p99_us = p99;
   });
 }
 

@@ -44,6 +44,8 @@ nlohmann::json to_json(const PostCopyStatus& p) {
               {"pageRequests", opt(p.page_requests)},
               {"blocktimeMs", opt(p.blocktime_ms)},
               {"pageLatencyUs", opt(p.page_latency_us)},
+              {"pageLatencyP50Us", opt(p.page_latency_p50_us)},
+              {"pageLatencyP99Us", opt(p.page_latency_p99_us)},
               {"recovery", p.recovery.empty() ? json(nullptr) : json{{"state", p.recovery},
                                                                       {"recoveries", p.recoveries},
                                                                       {"pausedMs", p.paused_ms},

@@ -109,6 +109,10 @@ struct PostCopyStatus {
   std::optional<uint64_t> page_requests;   // source QEMU's ram.postcopy-requests: page requests served
   std::optional<int64_t> blocktime_ms;     // target QEMU's postcopy-blocktime: all vCPUs waiting on pages
   std::optional<double> page_latency_us;   // target QEMU's postcopy-latency (QEMU 10.1+): mean page-fault wait
+  // From the target QEMU's postcopy-latency-dist (QEMU 10.1+): the median and 99th percentile page-fault
+  // wait, each the upper edge of QEMU's power-of-two bucket (qemu::latency_dist_quantile_us).
+  std::optional<double> page_latency_p50_us;
+  std::optional<double> page_latency_p99_us;
   // Recovery (docs/api.md "Post-copy recovery"): the link lost beyond failover, both QEMUs paused.
   std::string recovery;           // "" (never needed), recovering, recovered, failed
   uint32_t recoveries = 0;        // times the migration was resumed over a fresh channel

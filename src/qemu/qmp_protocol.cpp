@@ -1,4 +1,7 @@
 #include "qemu/qmp_protocol.h"
+
+#include <cmath>
+#include <limits>
 #include "common/json_limits.h"
 
 namespace rdmig::qemu {
@@ -94,6 +97,13 @@ Result<MigrationInfo> parse_migration_info(const json& value) {
   }
   info.postcopy_blocktime_ms = i64(value, "postcopy-blocktime");
   info.postcopy_latency_ns = i64(value, "postcopy-latency");
+  if (auto d = value.find("postcopy-latency-dist"); d != value.end()) {
+    if (!d->is_array() || d->size() > 64) return Error{Errc::kProtocol, "query-migrate: postcopy-latency-dist is not a list of at most 64 counts"};
+    for (const auto& n : *d) {
+      if (!n.is_number_unsigned()) return Error{Errc::kProtocol, "query-migrate: postcopy-latency-dist holds a value that is not a count"};
+      info.postcopy_latency_dist.push_back(n.get<uint64_t>());
+    }
+  }
   info.total_time_ms = i64(value, "total-time");
   info.downtime_ms = i64(value, "downtime");
   info.expected_downtime_ms = i64(value, "expected-downtime");
@@ -102,6 +112,20 @@ Result<MigrationInfo> parse_migration_info(const json& value) {
     info.error_desc = e->get<std::string>();
   }
   return info;
+}
+
+std::optional<double> latency_dist_quantile_us(const std::vector<uint64_t>& dist, double q) {
+  uint64_t total = 0;  // saturating: the counts are QEMU's, not trusted to add up
+  for (const uint64_t n : dist) total = n > std::numeric_limits<uint64_t>::max() - total ? std::numeric_limits<uint64_t>::max() : total + n;
+  if (total == 0 || q <= 0 || q > 1) return std::nullopt;
+  // The rank of the q-th fault, 1-based: ceil(q * total).
+  const auto rank = static_cast<uint64_t>(std::ceil(q * static_cast<double>(total)));
+  uint64_t seen = 0;
+  for (size_t i = 0; i < dist.size(); ++i) {
+    seen = dist[i] > std::numeric_limits<uint64_t>::max() - seen ? std::numeric_limits<uint64_t>::max() : seen + dist[i];
+    if (seen >= rank) return std::ldexp(1.0, static_cast<int>(i) + 1);
+  }
+  return std::ldexp(1.0, static_cast<int>(dist.size()));
 }
 
 bool migration_status_terminal(const std::string& status) {

@@ -3,8 +3,10 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/result.h"
 
@@ -51,7 +53,15 @@ struct MigrationInfo {
   int64_t postcopy_requests = -1;
   int64_t postcopy_blocktime_ms = -1;
   int64_t postcopy_latency_ns = -1;
+  // postcopy-latency-dist (target, QEMU 10.1+): page faults per latency bucket, bucket N counting
+  // those that waited [2^N, 2^(N+1)) microseconds; empty where QEMU gives none. At most 64 buckets.
+  std::vector<uint64_t> postcopy_latency_dist;
 };
+
+// The q-quantile (0 < q <= 1) of postcopy-latency-dist, in microseconds: the upper edge of the
+// bucket the q-th fault falls in (so "p99 <= X us", power-of-two resolution); nullopt when no fault
+// is counted.
+std::optional<double> latency_dist_quantile_us(const std::vector<uint64_t>& dist, double q);
 
 // Validates types; unknown statuses are kept as text (QEMU adds states over time).
 Result<MigrationInfo> parse_migration_info(const nlohmann::json& value);

@@ -798,6 +798,15 @@ class AgentMigrationTest(unittest.TestCase):
         self.assertEqual(t["postCopy"]["mode"], "requested")
         self.assertEqual(s["result"]["targetState"], "running")
         self.assertEqual(s["progress"]["dataBytesSent"], t["progress"]["dataBytesReceived"])
+        # Page-fault latency percentiles from the target QEMU's postcopy-latency-dist (QEMU 10.1+),
+        # passed to the source in the target's verdict; none from 10.0.
+        if qemu_version(*(self.qemu10 if qemu is True else qemu)) >= (10, 1) and pc["pageRequests"]:
+            self.assertGreater(pc["pageLatencyP50Us"], 0, pc)
+            self.assertLessEqual(pc["pageLatencyP50Us"], pc["pageLatencyP99Us"])
+            self.assertEqual((t["postCopy"]["pageLatencyP50Us"], t["postCopy"]["pageLatencyP99Us"]),
+                             (pc["pageLatencyP50Us"], pc["pageLatencyP99Us"]))
+        else:
+            self.assertIsNone(pc["pageLatencyP99Us"], pc)
         # The guest runs on the target: its verifier goes on from where the source left it, every
         # page checked again, no page stale or torn.
         last = src.verifier()["counter"]

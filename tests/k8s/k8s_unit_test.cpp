@@ -287,10 +287,12 @@ TEST(StatusMapping, CopiesPostCopyFiguresOfTheSource) {
       json{{"phase", "Succeeded"},
            {"postCopy", {{"mode", "auto"}, {"switched", true}, {"trigger", "passes"}, {"switchAfterMs", 9000},
                          {"phaseMs", 1200}, {"pageRequests", 77}, {"blocktimeMs", 35}, {"pageLatencyUs", 81.4},
+                         {"pageLatencyP50Us", 64.0}, {"pageLatencyP99Us", 1024.0},
                          {"preempt", true}}}},
       json{{"phase", "Succeeded"}});
   EXPECT_EQ(status["postCopy"], (json{{"mode", "auto"}, {"switched", true}, {"trigger", "passes"}, {"switchAfterMs", 9000},
                                       {"phaseMs", 1200}, {"pageRequests", 77}, {"blocktimeMs", 35}, {"pageLatencyUs", 81},
+                                      {"pageLatencyP50Us", 64}, {"pageLatencyP99Us", 1024},
                                       {"preempt", true}}));
   json never = json::object();
   controller::copy_agent_status(never, json{{"phase", "Succeeded"}, {"postCopy", {{"mode", "never"}, {"switched", false}}}},

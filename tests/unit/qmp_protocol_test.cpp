@@ -1,4 +1,6 @@
 #include <gtest/gtest.h>
+
+#include <limits>
 #include <sys/mman.h>
 
 #include <cstdio>
@@ -101,6 +103,36 @@ TEST(QmpProtocol, ParsesPostCopyFiguresAndStates) {
   EXPECT_EQ(dst->postcopy_latency_ns, 81234);
   EXPECT_FALSE(migration_status_postcopy("active"));
   EXPECT_TRUE(migration_status_postcopy("postcopy-paused"));
+  EXPECT_TRUE(dst->postcopy_latency_dist.empty());  // QEMU 10.0: no distribution
+}
+
+TEST(QmpProtocol, PageLatencyPercentilesComeFromQemusPowerOfTwoBuckets) {
+  // QEMU 10.1+: postcopy-latency-dist, bucket N counting faults that waited [2^N, 2^(N+1)) us.
+  auto dst = parse_migration_info(nlohmann::json::parse(
+      R"({"status": "completed", "postcopy-latency": 900000, "postcopy-latency-dist": [0, 0, 0, 0, 0, 0, 3, 40, 50, 6, 0, 1]})"));
+  ASSERT_TRUE(dst.ok()) << dst.error().message;
+  ASSERT_EQ(dst->postcopy_latency_dist.size(), 12u);
+  // 100 faults: 43 in buckets up to 7, so the 50th is in bucket 8 ([256, 512) us); 93 up to 8, so the
+  // 99th is in bucket 9 ([512, 1024) us).
+  EXPECT_EQ(latency_dist_quantile_us(dst->postcopy_latency_dist, 0.5), 512.0);
+  EXPECT_EQ(latency_dist_quantile_us(dst->postcopy_latency_dist, 0.99), 1024.0);
+  EXPECT_EQ(latency_dist_quantile_us(dst->postcopy_latency_dist, 1.0), 4096.0);  // the slowest fault
+  EXPECT_FALSE(latency_dist_quantile_us({}, 0.5));
+  EXPECT_FALSE(latency_dist_quantile_us({0, 0, 0}, 0.99));  // no fault counted
+  // Counts that would overflow a sum saturate instead of wrapping round to a small total.
+  const uint64_t big = std::numeric_limits<uint64_t>::max();
+  EXPECT_EQ(latency_dist_quantile_us({big, big, 1}, 0.5), 2.0);
+  // Malformed: refused naming the field, not guessed at.
+  for (const char* bad : {R"({"status": "completed", "postcopy-latency-dist": 7})",
+                          R"({"status": "completed", "postcopy-latency-dist": [1, -2]})",
+                          R"({"status": "completed", "postcopy-latency-dist": [1, "x"]})"}) {
+    auto r = parse_migration_info(nlohmann::json::parse(bad));
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.error().message.find("postcopy-latency-dist"), std::string::npos) << r.error().message;
+  }
+  nlohmann::json many = nlohmann::json::parse(R"({"status": "completed"})");
+  many["postcopy-latency-dist"] = std::vector<uint64_t>(65, 1);
+  EXPECT_FALSE(parse_migration_info(many).ok());
 }
 
 namespace {
