@@ -29,7 +29,9 @@ Sections (all measured here, on this machine, in this run):
               (postCopy: after), interleaved on one chain of QEMU 10 guests: total time, the
               post-copy phase, page requests, the target's vCPU block time per request; the
               verifier must find no stale page on either path (each run is checked).
-              --pc-preempt adds both with QEMU's postcopy-preempt (postCopyPreempt: true).
+              --pc-preempt adds both with QEMU's postcopy-preempt (postCopyPreempt: true);
+              --pc-qemu 11 runs trixie-backports' QEMU 11.1 (page-fault p50/p99 from its
+              postcopy-latency-dist), --pc-multifd N adds N multifd channels to every way (11 only).
 Writes DIR/results.json, DIR/results.md and DIR/bench.png. Never fails on speed.
 """
 import argparse
@@ -47,6 +49,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tools"))
 from rdmiglab import Agent, QemuVm, cut_data_channels, ensure_guest, migrate_direct, start_migration  # noqa: E402
 from rdmiglab.qmp import event_time  # noqa: E402
+from rdmiglab.qemu import backports_qemu  # noqa: E402
 
 STREAM = os.path.join(REPO, "build", "bench", "stream", "rdmig-stream")
 RELAY_CPU = os.path.join(REPO, "build", "bench", "stream", "rdmig-relay-cpu")
@@ -297,21 +300,22 @@ PC_MEM = 192
 
 class PostcopyChain(Chain):
     """A chain of verifier guests (tools/guest/verify.c) on Debian 13's QEMU 10, which runs
-    post-copy with the agents as the suite does."""
+    post-copy with the agents as the suite does; or on ``qemu`` ((argv, env): backports_qemu())."""
 
-    def __init__(self, work, name):
+    def __init__(self, work, name, qemu=None):
+        self.qemu_kw = {"qemu_binary": qemu[0], "env": qemu[1]} if qemu else {}  # before Chain boots
         super().__init__(work, name, PC_MEM, 0)
 
     def boot(self):
         self.n += 1
         self.src = QemuVm(self.work, "%s-%d" % (self.name, self.n), mem_mib=PC_MEM, dirty_mib=0,
-                          extra_append=PC_VERIFY)
+                          extra_append=PC_VERIFY, **self.qemu_kw)
         self.src.wait_for_verifier(2, min_scans=1, timeout=180)
 
     def next_target(self):
         self.n += 1
         return QemuVm(self.work, "%s-%d" % (self.name, self.n), mem_mib=PC_MEM, dirty_mib=0,
-                      extra_append=PC_VERIFY, incoming_defer=True)
+                      extra_append=PC_VERIFY, incoming_defer=True, **self.qemu_kw)
 
 
 def verified_on_target(chain, dst):
@@ -342,12 +346,12 @@ def per_request_us(blocktime_ms, requests):
     return blocktime_ms * 1000.0 / requests if blocktime_ms is not None and requests else None
 
 
-def run_postcopy_direct(chain, preempt=False):
+def run_postcopy_direct(chain, preempt=False, multifd=0):
     dst = chain.next_target()
     src, since = chain.src, len(chain.src.events)
     try:
         r = migrate_direct(chain.src, dst, max_bandwidth=PC_BW, postcopy=True, downtime_limit_ms=50, timeout=300,
-                           preempt=preempt)
+                           preempt=preempt, multifd_channels=multifd)
     except Exception as e:
         raise_guest_death_or(e, chain, dst, check_target=True)
     if r["status"] != "completed":
@@ -359,10 +363,11 @@ def run_postcopy_direct(chain, preempt=False):
     chain.advance(dst)
     return {"total_ms": r["total_time_ms"], "downtime_ms": r["downtime_ms"], "switch_after_ms": switch_after,
             "phase_ms": phase, "requests": r["postcopy_requests"], "blocktime_ms": r["target_blocktime_ms"],
-            "per_request_us": per_request_us(r["target_blocktime_ms"], r["postcopy_requests"]), "mismatches": mismatches}
+            "per_request_us": per_request_us(r["target_blocktime_ms"], r["postcopy_requests"]),
+            "p50_us": r.get("target_latency_p50_us"), "p99_us": r.get("target_latency_p99_us"), "mismatches": mismatches}
 
 
-def run_postcopy_agents(chain, agents, ring_depth=None, preempt=False):
+def run_postcopy_agents(chain, agents, ring_depth=None, preempt=False, multifd=0):
     a, b = agents
     dst = chain.next_target()
     src, since = chain.src, len(chain.src.events)
@@ -370,7 +375,8 @@ def run_postcopy_agents(chain, agents, ring_depth=None, preempt=False):
     try:
         target, source = start_migration(a, b, chain.src.agent_qmp_path, dst.agent_qmp_path, vm="bench-pc",
                                          postCopy="after", maxBandwidthBytesPerSecond=PC_BW, maxDowntimeMs=50,
-                                         completionTimeoutSeconds=240, ring_depth=ring_depth, **extra)
+                                         completionTimeoutSeconds=240, ring_depth=ring_depth,
+                                         multifd_channels=multifd, **extra)
     except Exception as e:
         raise_guest_death_or(e, chain, dst, check_target=False)
     s = a.wait(source["id"], timeout=300)
@@ -388,10 +394,12 @@ def run_postcopy_agents(chain, agents, ring_depth=None, preempt=False):
     return {"total_ms": s["result"]["totalTimeMs"], "downtime_ms": s["result"]["downtimeMs"],
             "switch_after_ms": switch_after, "phase_ms": phase, "agent_phase_ms": pc["phaseMs"],
             "requests": requests, "blocktime_ms": blocktime,
-            "per_request_us": per_request_us(blocktime, requests), "mismatches": mismatches}
+            "per_request_us": per_request_us(blocktime, requests),
+            "p50_us": tpc.get("pageLatencyP50Us"), "p99_us": tpc.get("pageLatencyP99Us"), "mismatches": mismatches}
 
 
-PC_KEYS = ("total_ms", "downtime_ms", "switch_after_ms", "phase_ms", "requests", "blocktime_ms", "per_request_us")
+PC_KEYS = ("total_ms", "downtime_ms", "switch_after_ms", "phase_ms", "requests", "blocktime_ms", "per_request_us",
+           "p50_us", "p99_us")
 
 
 def spread(xs):
@@ -402,7 +410,10 @@ def spread(xs):
 def section_postcopy(work, args, results):
     level = os.environ.get("RDMIG_BENCH_LOG", "warn")
     agents = [Agent(work, "bench-pc-a", log_level=level), Agent(work, "bench-pc-b", log_level=level)]
-    chain = PostcopyChain(work, "pc")
+    # --pc-qemu 11: trixie-backports' QEMU (11.1), which post-copy with multifd (--pc-multifd) needs and
+    # whose target reports the page-fault latency distribution (p50/p99).
+    chain = PostcopyChain(work, "pc", qemu=backports_qemu() if args.pc_qemu == "11" else None)
+    mf = args.pc_multifd
     # --pc-ring-depths: more rows through the agents, each with that migration ringDepth (chunks in
     # flight per channel): a requested page waits behind what is queued between the QEMUs.
     depths = {"agents": None}
@@ -415,13 +426,13 @@ def section_postcopy(work, args, results):
         for i in range(args.runs):
             for path in (ways if i % 2 == 0 else ways[::-1]):
                 if path == "direct-preempt":
-                    r = chain.run(path, run_postcopy_direct, True)
+                    r = chain.run(path, run_postcopy_direct, True, mf)
                 elif path == "agents-preempt":
-                    r = chain.run(path, run_postcopy_agents, agents, None, True)
+                    r = chain.run(path, run_postcopy_agents, agents, None, True, mf)
                 elif path == "direct":
-                    r = chain.run(path, run_postcopy_direct)
+                    r = chain.run(path, run_postcopy_direct, False, mf)
                 else:
-                    r = chain.run(path, run_postcopy_agents, agents, depths[path])
+                    r = chain.run(path, run_postcopy_agents, agents, depths[path], False, mf)
                 runs[path].append(r)
                 print("  post-copy %s: %s" % (path, {k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items()}),
                       flush=True)
@@ -432,9 +443,11 @@ def section_postcopy(work, args, results):
     row = {path: {k: spread([r[k] for r in rs]) for k in PC_KEYS} for path, rs in runs.items()}
     row["runs"] = args.runs
     row["ways"] = ways
+    row["qemu"] = "11.1 (trixie-backports)" if args.pc_qemu == "11" else "10.0 (trixie)"
+    row["multifd"] = mf
     row["raw"] = runs
     row["mismatches"] = {path: sum(r["mismatches"] for r in rs) for path, rs in runs.items()}
-    for k in ("total_ms", "phase_ms", "per_request_us"):
+    for k in ("total_ms", "phase_ms", "per_request_us", "p50_us", "p99_us"):
         d, a = row["direct"][k], row["agents"][k]
         row[k + "_ratio"] = ratio(a["median"], d["median"]) if a and d else None
         for w in ways[2:]:
@@ -752,16 +765,18 @@ def write_markdown(results, path):
             v = pc[way][k]
             return "%s (%s-%s)" % (fmt(v["median"], spec), fmt(v["min"], spec), fmt(v["max"], spec)) if v else "-"
         L += ["## Post-copy: QEMU direct against through two agents, %d interleaved runs each" % pc["runs"], "",
+              "QEMU %s, %d multifd channels. " % (pc.get("qemu", "10.0 (trixie)"), pc.get("multifd", 0)) +
               "A %d MiB guest whose verifier rewrites 32 MiB at 24 MiB/s while the source may send 12 MiB/s "
               "(pre-copy never converges), switched to post-copy after the first pass; medians (min-max). "
               "Switch after and post-copy phase from the source QEMU's MIGRATION events (setup, postcopy-active, "
               "completed: QEMU's timestamps on both paths). "
               "Block time: the target QEMU's postcopy-blocktime (vCPUs waiting on pages), per page request: "
               "QEMU 10.0 has no per-request latency (postcopy-latency came in 10.1), so this is the mean wait "
-              "per request, not p50/p99. The guests run Debian 13's QEMU 10.0 ($RDMIG_TEST_QEMU=10), whatever the "
-              "machine line says of the host's QEMU." % PC_MEM, "",
-              "| | total (ms) | downtime (ms) | switch after (ms) | post-copy phase (ms) | page requests | block time (ms) | per request (us) |",
-              "|---|---|---|---|---|---|---|---|"]
+              "per request; QEMU 10.1+ also gives the distribution of fault waits (postcopy-latency-dist): p50 and p99 "
+              "are the upper edges of its power-of-two buckets (- on 10.0). The guests run the QEMU above "
+              "($RDMIG_TEST_QEMU=10, or --pc-qemu 11), whatever the machine line says of the host's QEMU." % PC_MEM, "",
+              "| | total (ms) | downtime (ms) | switch after (ms) | post-copy phase (ms) | page requests | block time (ms) | per request (us) | fault p50 (us) | fault p99 (us) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
         for way in pc.get("ways", ("direct", "agents")):
             L.append("| %s | %s |" % (way, " | ".join(cell(way, k) for k in PC_KEYS)))
         L += ["", "Ratios agents / direct (medians): total %s, post-copy phase %s, block time per request %s. "
@@ -906,6 +921,10 @@ def main():
     ap.add_argument("--sections", default="whole,defaults,dataplane,sweep,concurrent")
     ap.add_argument("--pc-ring-depths", default="",
                     help="postcopy: also through the agents with these migration ringDepth values, e.g. 4,2")
+    ap.add_argument("--pc-qemu", choices=("10", "11"), default="10",
+                    help="postcopy: the guests' QEMU: 10 (trixie's 10.0, as the suite) or 11 (trixie-backports' 11.1)")
+    ap.add_argument("--pc-multifd", type=int, default=0,
+                    help="postcopy: multifd channels on every way (QEMU 10.1+: needs --pc-qemu 11)")
     ap.add_argument("--pc-preempt", action="store_true",
                     help="postcopy: also with QEMU's postcopy-preempt, direct and through the agents (postCopyPreempt)")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "latest"))
@@ -916,6 +935,10 @@ def main():
         ap.error("--pc-ring-depths: integers, e.g. 4,2")
     if any(d < 2 or d > 1024 for d in args.pc_ring_depths):
         ap.error("--pc-ring-depths: each 2..1024 (migration ringDepth)")
+    if args.pc_multifd and args.pc_qemu != "11":
+        ap.error("--pc-multifd: post-copy with multifd needs QEMU 10.1+ (--pc-qemu 11)")
+    if not 0 <= args.pc_multifd <= 64:
+        ap.error("--pc-multifd: 0..64")
     sections = args.sections.split(",")
     ensure_guest()
     os.makedirs(args.out, exist_ok=True)

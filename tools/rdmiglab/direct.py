@@ -19,6 +19,43 @@ def switchover_ms(stop_event, resume_event):
     return (event_time(resume_event) - event_time(stop_event)) * 1000.0
 
 
+class PassCounter:
+    """Passes over memory as the agent counts them (src/migration/passes.h, which says why): QEMU's
+    dirty-sync-count, bounded by rounds counted from ram.normal + ram.duplicate, since QEMU 11.1 with
+    postcopy-ram syncs ten times a second within one pass. So the direct path switches where the
+    agents' `postCopy: after` does."""
+
+    def __init__(self):
+        self.rounds = self.base = self.need = 0
+
+    def observe(self, ram):
+        syncs, total, page = ram.get("dirty-sync-count", 0), ram.get("total", 0), ram.get("page-size", 4096) or 4096
+        if not syncs or not total:
+            return syncs
+        sent = ram.get("normal", 0) + ram.get("duplicate", 0)
+        if self.need == 0 and self.rounds == 0:
+            self.need = total // page
+        if self.need > 0 and sent >= self.base and sent - self.base >= self.need - self.need // 100:
+            self.rounds += 1
+            self.base = sent
+            self.need = ram.get("remaining", 0) // page
+        return min(syncs, 1 + self.rounds)
+
+
+def latency_quantile_us(dist, q):
+    """The q-quantile of QEMU's postcopy-latency-dist (bucket N: [2^N, 2^(N+1)) us) as its bucket's
+    upper edge, as the agent reports pageLatencyP50Us/P99Us; None without a fault (or before 10.1)."""
+    total = sum(dist or [])
+    if not total:
+        return None
+    rank, seen = -(-q * total // 1), 0
+    for i, n in enumerate(dist):
+        seen += n
+        if seen >= rank:
+            return float(2 ** (i + 1))
+    return float(2 ** len(dist))
+
+
 def _set_caps(vm, multifd, postcopy=False, blocktime=False, preempt=False):
     caps = [{"capability": "events", "state": True},
             {"capability": "multifd", "state": bool(multifd)}]
@@ -56,7 +93,7 @@ def migrate_direct(src, dst, multifd_channels=0, max_bandwidth=10 * GiB,
       multifd_channels, max_bandwidth, downtime_limit_ms
       source_info                  the source's final query-migrate reply
     ``postcopy``: postcopy-ram on both QEMUs (postcopy-blocktime on the target) and
-    migrate-start-postcopy once the first pass is done (the source's dirty-sync-count reaches 2),
+    migrate-start-postcopy once the first pass is done (PassCounter reaches 2),
     as an agent's `postCopy: after` does; the result then also has postcopy_requests (the source's
     ram.postcopy-requests) and target_blocktime_ms (the target's postcopy-blocktime). When the switch
     came and how long post-copy ran: the source's MIGRATION events (QEMU's own timestamps).
@@ -98,13 +135,13 @@ def migrate_direct(src, dst, multifd_channels=0, max_bandwidth=10 * GiB,
     src.qmp_raw("migrate", {"uri": source_uri or uri})
     deadline = t0 + timeout
     switched = False
+    passes = PassCounter()
     while True:
         info = src.qmp_raw("query-migrate")
         status = info.get("status")
         if status in ("completed", "failed", "cancelled"):
             break
-        if postcopy and not switched and status == "active" and \
-                (info.get("ram") or {}).get("dirty-sync-count", 0) >= 2:
+        if postcopy and not switched and status == "active" and passes.observe(info.get("ram") or {}) >= 2:
             src.qmp_raw("migrate-start-postcopy")
             switched = True
         if time.monotonic() > deadline:
@@ -158,7 +195,11 @@ def migrate_direct(src, dst, multifd_channels=0, max_bandwidth=10 * GiB,
         time.sleep(poll_interval)
     result["target_status"] = tst
     if postcopy:
-        result["target_blocktime_ms"] = dst.qmp_raw("query-migrate").get("postcopy-blocktime")
+        tinfo = dst.qmp_raw("query-migrate")
+        result["target_blocktime_ms"] = tinfo.get("postcopy-blocktime")
+        dist = tinfo.get("postcopy-latency-dist")  # QEMU 10.1+
+        result["target_latency_p50_us"] = latency_quantile_us(dist, 0.5)
+        result["target_latency_p99_us"] = latency_quantile_us(dist, 0.99)
 
     src.poll_events(0)
     stops = _events_since(src, src_ev0, "STOP")
