@@ -542,9 +542,10 @@ class KubevirtPostCopyTest(base.KubevirtChecks, unittest.TestCase):
     the guest's memory verifier (tools/guest/verify.c) checks every page against its own
     description, before, during and after, and must find no mismatch. The trixie row only
     (libvirt 11, QEMU 10, non-root launchers, as KubeVirt 1.9 ships); one connection, since
-    QEMU 10.0 refuses multifd together with post-copy (10.1 lifts it; docs/api.md)."""
+    QEMU 10.0 refuses multifd together with post-copy (10.1 lifts it: KubevirtPostCopyMultifdTest)."""
     cluster = None
     uffd_before = None
+    LAUNCHER_QEMU = None  # the trixie root's QEMU 10.0 (KubevirtPostCopyMultifdTest: 11.1)
     setUp = KubevirtMigrationTest.setUp
     tearDown = KubevirtMigrationTest.tearDown
     record = KubevirtMigrationTest.record
@@ -576,7 +577,7 @@ class KubevirtPostCopyTest(base.KubevirtChecks, unittest.TestCase):
         # vm.unprivileged_userfaultfd = 1 (else libvirt fails with "Postcopy is not supported:
         # Userfaultfd not available: Operation not permitted", with or without rdmig). Set for
         # this class, restored after it.
-        cls.cluster = KubevirtCluster().__enter__()
+        cls.cluster = KubevirtCluster(launcher_qemu=cls.LAUNCHER_QEMU).__enter__()
         try:
             with open(UFFD_SYSCTL) as f:
                 cls.uffd_before = f.read().strip()
@@ -594,11 +595,11 @@ class KubevirtPostCopyTest(base.KubevirtChecks, unittest.TestCase):
             cls.tearDownClass()
             raise
 
-    def postcopy_migrate(self, **kw):
+    def postcopy_migrate(self, parallel=0, **kw):
         self.cluster.migration_config_overrides = {"allowPostCopy": True}
         before = self.cluster.verifier(self.cluster.vmi.node)
         self.assertEqual(before["mismatches"], 0, before)
-        r = self.migrate(parallel=0, tls=True, postcopy=True, **kw)
+        r = self.migrate(parallel=parallel, tls=True, postcopy=True, **kw)
         print("\n[kubevirt+rdmig post-copy] %s postcopy %s; source job: postcopy requests %s, total %s ms, "
               "downtime %s ms" % (json.dumps(r.summary(), sort_keys=True), r.postcopy,
                                   (r.source_job or {}).get("memory_postcopy_requests"),
@@ -717,6 +718,36 @@ class KubevirtPostCopyTest(base.KubevirtChecks, unittest.TestCase):
         self.assertEqual(rec["phase"], "NotCarried", rec)
         self.assertIn("did not confirm failover", rec["reason"])
         self.assertVerifierWentOnClean(r, before)
+
+
+class KubevirtPostCopyMultifdTest(KubevirtPostCopyTest):
+    """KubeVirt v1.9 moves a post-copy migration with multifd too (kubevirt#17106: the main
+    connection and 8 parallel ones), which needs QEMU 10.1+ in the launchers: the non-root launchers
+    here run libvirt 11.3 with trixie-backports' QEMU 11.1 (the launcher root's copy, launcher_root.py)
+    instead of 10.0. KubeVirt 1.9's own launchers ship 10.0 on Debian 13; a release on a newer QEMU
+    migrates like this."""
+    LAUNCHER_QEMU = "backports"
+    # The one-connection cases run on QEMU 10.0 above.
+    test_a_post_copy_migration_is_carried_libvirt_switches_and_the_verifier_stays_clean = None
+    test_data_channels_reset_after_the_switch_fail_over_and_the_migration_completes = None
+    test_a_target_agent_that_does_not_fail_over_gets_no_post_copy_migration = None
+
+    def test_a_post_copy_migration_with_8_parallel_connections_is_carried_and_the_verifier_stays_clean(self):
+        r, before = self.postcopy_migrate(parallel=8)
+        src, dst = self.assertCarriedPostCopy(r)
+        self.assertVerifierWentOnClean(r, before)
+        # Every connection QEMU made went through the agents (assertCarriedPostCopy counts their bytes):
+        # the main one (QEMU's file magic), the 8 multifd ones (multifd's magic), and the postcopy-preempt
+        # one, which libvirt turns on where QEMU has it and QEMU opens at the switch, after the others.
+        mem = sorted((c for c in r.proxy_logs["source"]["connections"] if c["class"] == 49152),
+                     key=lambda c: c["accept_index"])
+        heads = [c["accepted"].get("rx_head", "")[:8] for c in mem]
+        self.assertEqual(heads[0], "5145564d", heads)  # "QEVM"
+        self.assertEqual(heads[1:9], ["11223344"] * 8, heads)
+        self.assertLessEqual(len(mem), 10, heads)
+        if len(mem) == 10:
+            self.assertNotIn(heads[9], ("5145564d", "11223344"), heads)
+        print("[kubevirt+rdmig post-copy, 8 parallel] source record: %s" % json.dumps(src, sort_keys=True), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -194,7 +194,8 @@ class KubevirtCluster:
     """Context manager. ``workdir``: where pods, logs and certificates go (a temp dir by
     default, removed on close unless ``keep``). ``nodes``: the two node names. ``flavor``:
     the launcher pods' flavour (kvpod.FLAVORS; default $RDMIG_KV_LAUNCHER, else
-    "trixie-nonroot")."""
+    "trixie-nonroot"). ``launcher_qemu``: "backports" for the non-root launchers with
+    trixie-backports' QEMU 11.1 instead of 10.0 (kvpod.LauncherPod)."""
 
     # kvproxy --dial-order for both proxies when migrate() is not given one: "concurrent"
     # (KubeVirt's goroutine per connection), "shuffle" (test: never the accept order) or
@@ -206,7 +207,7 @@ class KubevirtCluster:
     dial_order = os.environ.get("RDMIG_KV_DIAL_ORDER")
 
     def __init__(self, workdir=None, nodes=("node-a", "node-b"), keep=False, libvirt_log_level=3,
-                 kernel=None, initrd=None, flavor=None):
+                 kernel=None, initrd=None, flavor=None, launcher_qemu=None):
         self.keep = keep or bool(os.environ.get("RDMIG_KEEP_TMP"))
         if os.environ.get("RDMIG_LIBVIRT_LOG_FILTERS"):
             libvirt_log_level = 1  # the filters decide what is logged
@@ -220,7 +221,9 @@ class KubevirtCluster:
             raise ValueError("unknown launcher flavour %r (RDMIG_KV_LAUNCHER: one of %s)"
                              % (self.flavor, ", ".join(FLAVORS)))
         self.nonroot = self.flavor == "trixie-nonroot"
-        self.pods = {n: LauncherPod(n, os.path.join(self.workdir, n), libvirt_log_level, self.flavor)
+        if launcher_qemu and not self.nonroot:
+            raise ValueError("launcher_qemu: only the trixie-nonroot launchers have another QEMU")
+        self.pods = {n: LauncherPod(n, os.path.join(self.workdir, n), libvirt_log_level, self.flavor, launcher_qemu)
                      for n in self.nodes}
         self.guest_paths = None  # (kernel, initrd) as the domain XML names them
         self.pki_dir = os.path.join(self.workdir, "pki")

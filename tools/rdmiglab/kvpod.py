@@ -100,8 +100,12 @@ def wait_for(pred, timeout, what, alive=None, interval=0.05):
 
 
 class LauncherPod:
-    def __init__(self, name, pod_dir, log_level=3, flavor=None):
+    def __init__(self, name, pod_dir, log_level=3, flavor=None, launcher_qemu=None):
+        """launcher_qemu (non-root flavour): None for the trixie root's QEMU 10.0, "backports" for its
+        copy with trixie-backports' QEMU 11.1 (launcher_root.ensure_backports_root), where post-copy
+        with multifd needs QEMU 10.1+."""
         self.name = name
+        self.launcher_qemu = launcher_qemu
         self.dir = os.path.abspath(pod_dir)
         self.flavor = flavor or DEFAULT_FLAVOR
         if self.flavor not in FLAVORS:
@@ -160,8 +164,8 @@ class LauncherPod:
     # -- lifecycle ----------------------------------------------------------------------
     def start(self, timeout=30.0):
         if self.nonroot:
-            from .launcher_root import ensure_launcher_root
-            self.launcher_root = ensure_launcher_root()
+            from .launcher_root import ensure_backports_root, ensure_launcher_root
+            self.launcher_root = ensure_backports_root() if self.launcher_qemu == "backports" else ensure_launcher_root()
         else:
             ensure_libvirt_qemu_user()
         for m in self.mounts:
