@@ -19,7 +19,6 @@ Usage: PYTHONPATH=tools python3 -m rdmiglab.launcher_root [--rebuild] [--backpor
 import fcntl
 import glob
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -163,15 +162,6 @@ def ensure_launcher_root(rebuild=False):
     return _ensure(root_path(), build, rebuild)
 
 
-def _qemu_version(root):
-    libs = "%s/usr/lib/x86_64-linux-gnu:%s/lib/x86_64-linux-gnu" % (root, root)
-    out = subprocess.run([root + "/lib64/ld-linux-x86-64.so.2", "--library-path", libs,
-                          root + "/usr/bin/qemu-system-x86_64", "--version"],
-                         capture_output=True, text=True, check=True).stdout
-    m = re.search(r"version (\d+)\.(\d+)", out)
-    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
-
-
 def build_backports(dest, timeout=1800):
     """The launcher root copied, then QEMU from trixie-backports installed over its 10.0 (about
     10 s and 40 MB of packages once the launcher root exists)."""
@@ -184,7 +174,8 @@ def build_backports(dest, timeout=1800):
     subprocess.run(["unshare", "--mount", "--propagation", "private", "--",
                     "sh", "-c", BACKPORTS_SCRIPT, "sh", tmp, MIRROR] + BACKPORTS_PACKAGES,
                    check=True, timeout=timeout, stdout=sys.stderr)
-    version = _qemu_version(tmp)
+    from .qemu import _root_qemu, qemu_version  # its argv for a root (qemu imports this module lazily)
+    version = qemu_version(*_root_qemu(tmp))
     if version < BACKPORTS_MIN_QEMU:
         raise RuntimeError("trixie-backports gave QEMU %d.%d, older than %d.%d" % (version + BACKPORTS_MIN_QEMU))
     with open(os.path.join(tmp, STAMP), "w") as f:
