@@ -100,6 +100,36 @@ def is_complete(path=None):
     return os.path.isfile(os.path.join(path or root_path(), STAMP))
 
 
+def qemu_package_version(root):
+    """The version of qemu-system-x86 that dpkg in ``root`` says is installed, or None."""
+    try:
+        with open(os.path.join(root, "var/lib/dpkg/status"), encoding="utf-8", errors="replace") as f:
+            stanzas = f.read().split("\n\n")
+    except OSError:
+        return None
+    for st in stanzas:
+        fields = dict(l.split(": ", 1) for l in st.splitlines() if ": " in l and not l.startswith(" "))
+        if fields.get("Package") == "qemu-system-x86" and "installed" in fields.get("Status", ""):
+            return fields.get("Version")
+    return None
+
+
+def is_backports_version(version):
+    return version is not None and "bpo" in version
+
+
+def _launcher_root_sound(path):
+    """A stamped launcher root must still have trixie's own QEMU: a backports build that
+    reached it through a symlinked cache once put 11.1 there, and every row that means
+    KubeVirt 1.9's QEMU 10.0 then ran 11.1 (CI of 2026-12-07)."""
+    v = qemu_package_version(path)
+    return v is not None and not is_backports_version(v)
+
+
+def _backports_root_sound(path):
+    return is_backports_version(qemu_package_version(path))
+
+
 def _log(msg):
     sys.stderr.write("launcher_root: %s\n" % msg)
     sys.stderr.flush()
@@ -138,16 +168,23 @@ def build(dest, timeout=1800):
     _log("built %s in %.0f s" % (dest, time.monotonic() - t0))
 
 
-def _ensure(dest, builder, rebuild):
-    if not rebuild and is_complete(dest):  # fast path: no lock needed for a finished root
+def _ensure(dest, builder, rebuild, sound):
+    if not rebuild and is_complete(dest) and sound(dest):  # fast path: no lock for a finished root
         return dest
     os.makedirs(cache_dir(), exist_ok=True)
     with open(dest + ".lock", "w") as lk:
         fcntl.flock(lk, fcntl.LOCK_EX)  # another builder: wait for it, then reuse its root
-        if rebuild and os.path.isdir(dest):
-            old = "%s.tmp-old-%d" % (dest, os.getpid())
-            os.rename(dest, old)
-            shutil.rmtree(old)
+        if not rebuild and is_complete(dest) and not sound(dest):
+            _log("%s has qemu-system-x86 %s, not what its recipe installs: building it again"
+                 % (dest, qemu_package_version(dest)))
+            rebuild = True
+        if rebuild and os.path.lexists(dest):
+            if os.path.islink(dest):
+                os.unlink(dest)
+            else:
+                old = "%s.tmp-old-%d" % (dest, os.getpid())
+                os.rename(dest, old)
+                shutil.rmtree(old)
         if is_complete(dest):
             return dest
         _remove_stale(dest)
@@ -159,16 +196,20 @@ def _ensure(dest, builder, rebuild):
 
 def ensure_launcher_root(rebuild=False):
     """Returns the path of the cached trixie launcher root; builds it if missing."""
-    return _ensure(root_path(), build, rebuild)
+    return _ensure(root_path(), build, rebuild, _launcher_root_sound)
 
 
 def build_backports(dest, timeout=1800):
     """The launcher root copied, then QEMU from trixie-backports installed over its 10.0 (about
     10 s and 40 MB of packages once the launcher root exists)."""
-    base = ensure_launcher_root()
+    # realpath: with a symlinked launcher root, "cp -a" copies the link, and apt would install
+    # backports' QEMU into the launcher root itself
+    base = os.path.realpath(ensure_launcher_root())
     tmp = "%s.tmp-%d" % (dest, os.getpid())
     t0 = time.monotonic()
-    subprocess.run(["cp", "-a", base, tmp], check=True, timeout=timeout)
+    subprocess.run(["cp", "-a", base + "/.", tmp], check=True, timeout=timeout)
+    if os.path.islink(tmp) or not os.path.isdir(tmp):
+        raise RuntimeError("%s: the copy of %s is not a directory of its own" % (tmp, base))
     os.unlink(os.path.join(tmp, STAMP))
     _log("installing %s from trixie-backports into a copy of %s" % (" ".join(BACKPORTS_PACKAGES), base))
     subprocess.run(["unshare", "--mount", "--propagation", "private", "--",
@@ -178,6 +219,9 @@ def build_backports(dest, timeout=1800):
     version = qemu_version(*_root_qemu(tmp))
     if version < BACKPORTS_MIN_QEMU:
         raise RuntimeError("trixie-backports gave QEMU %d.%d, older than %d.%d" % (version + BACKPORTS_MIN_QEMU))
+    if not _launcher_root_sound(base):
+        raise RuntimeError("building %s changed the launcher root %s (qemu-system-x86 %s)"
+                           % (tmp, base, qemu_package_version(base)))
     with open(os.path.join(tmp, STAMP), "w") as f:
         f.write("%s built %s from %s: QEMU %d.%d, %.0f s\n"
                 % (BACKPORTS_NAME, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), NAME,
@@ -188,7 +232,7 @@ def build_backports(dest, timeout=1800):
 
 def ensure_backports_root(rebuild=False):
     """Returns the path of the cached root with trixie-backports' QEMU; builds it if missing."""
-    return _ensure(backports_root_path(), build_backports, rebuild)
+    return _ensure(backports_root_path(), build_backports, rebuild, _backports_root_sound)
 
 
 def main(argv):
