@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/json_limits.h"
 #include "common/text.h"
 #include "common/units.h"
 
@@ -165,7 +166,7 @@ void copy_agent_status(json& status, const json& source, const json& target) {
       out["trigger"] = pc["trigger"];
     }
     for (const char* key : {"pageLatencyUs", "pageLatencyP50Us", "pageLatencyP99Us"}) {
-      if (pc.contains(key) && pc[key].is_number() && pc[key].get<double>() >= 0 && pc[key].get<double>() <= 3.6e9) {
+      if (pc.contains(key) && page_latency_us_in_bounds(pc[key])) {
         out[key] = static_cast<int64_t>(std::llround(pc[key].get<double>()));
       }
     }

@@ -11,6 +11,15 @@ namespace rdmig {
 
 inline constexpr size_t kMaxJsonDepth = 32;  // every document rdmig reads is a few levels deep
 
+// The longest post-copy page-fault wait (µs) taken from a peer's document (the target agent's
+// verdict, an agent's status read by the controller): an hour. Anything longer, negative or not
+// a number is not a wait and is left out rather than shown.
+inline constexpr double kMaxPageLatencyUs = 3.6e9;
+
+inline bool page_latency_us_in_bounds(const nlohmann::json& v) {
+  return v.is_number() && v.get<double>() >= 0 && v.get<double>() <= kMaxPageLatencyUs;
+}
+
 // Deepest nesting of arrays and objects in `text` (strings skipped); stops counting once it
 // passes `stop_after`. Not a validator: the parser still checks the syntax.
 inline size_t json_nesting_depth(std::string_view text, size_t stop_after = kMaxJsonDepth) {

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <tuple>
 
+#include "common/json_limits.h"
 #include "common/log.h"
 #include "common/net.h"
 #include "common/units.h"
@@ -388,9 +389,9 @@ void SourceJob::complete(const qemu::MigrationInfo& info, const std::string& uns
     if (const auto b = v.find("postCopyBlocktimeMs"); b != v.end() && b->is_number_integer()) {
       s.post_copy.blocktime_ms = b->get<int64_t>();
     }
-    // The target's figures, bounded (a page-fault wait over an hour is not one): an older target sends none.
+    // The target's figures, bounded (kMaxPageLatencyUs): an older target sends none.
     const auto latency = [&](const char* key, std::optional<double>& out) {
-      if (const auto l = v.find(key); l != v.end() && l->is_number() && l->get<double>() >= 0 && l->get<double>() <= 3.6e9) {
+      if (const auto l = v.find(key); l != v.end() && page_latency_us_in_bounds(*l)) {
         out = l->get<double>();
       }
     };

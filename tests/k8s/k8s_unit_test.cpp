@@ -300,6 +300,29 @@ TEST(StatusMapping, CopiesPostCopyFiguresOfTheSource) {
   EXPECT_FALSE(never.contains("postCopy"));
 }
 
+// An agent's page-fault figures outside 0..kMaxPageLatencyUs (an hour), or not numbers, are left out
+// of the resource's status rather than shown; the hour itself is kept.
+TEST(StatusMapping, LeavesOutPageLatenciesOutsideTheirBound) {
+  json status = json::object();
+  controller::copy_agent_status(
+      status,
+      json{{"phase", "Succeeded"},
+           {"postCopy", {{"mode", "after"}, {"switched", true}, {"pageLatencyUs", -1.0},
+                         {"pageLatencyP50Us", 3.6e9}, {"pageLatencyP99Us", 3.6e9 + 1}}}},
+      json{{"phase", "Succeeded"}});
+  EXPECT_FALSE(status["postCopy"].contains("pageLatencyUs"));
+  EXPECT_EQ(status["postCopy"]["pageLatencyP50Us"], 3600000000);
+  EXPECT_FALSE(status["postCopy"].contains("pageLatencyP99Us"));
+  json words = json::object();
+  controller::copy_agent_status(
+      words,
+      json{{"phase", "Succeeded"},
+           {"postCopy", {{"mode", "after"}, {"switched", true}, {"pageLatencyUs", "81"}, {"pageLatencyP50Us", nullptr},
+                         {"pageLatencyP99Us", json::array({1024})}}}},
+      json{{"phase", "Succeeded"}});
+  EXPECT_EQ(words["postCopy"], (json{{"mode", "after"}, {"switched", true}}));
+}
+
 TEST(StatusMapping, CopiesProgressAndResultsFromAgentJson) {
   json source{{"phase", "Succeeded"},
               {"transport", "tcp"},
