@@ -19,6 +19,9 @@ namespace {
 
 constexpr uint64_t kDataFlag = uint64_t{1} << 63;
 constexpr uint64_t kTimeMask = (uint64_t{1} << 48) - 1;
+// How long abort() waits for the peer to acknowledge its abort before it disconnects (a dead peer
+// never does: the abort is that much later, never blocked).
+constexpr auto kAbortSendWait = std::chrono::milliseconds(250);
 
 uint64_t now_us() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
@@ -60,7 +63,7 @@ Status RdmaChannel::post_recv() {
 }
 
 Status RdmaChannel::post_write(uint32_t imm, const std::byte* local, uint32_t len, uint64_t remote_offset,
-                               bool wait) {
+                               bool wait, bool signal) {
   std::unique_lock lock(sq_mu_);
   if (!wait && sq_outstanding_ + 1 >= sq_cap_) return Error{Errc::kResourceExhausted, "send queue full"};
   sq_cv_.wait(lock, [&] { return sq_outstanding_ + 1 < sq_cap_ || failed_.load(); });
@@ -81,7 +84,7 @@ Status RdmaChannel::post_write(uint32_t imm, const std::byte* local, uint32_t le
     wr.sg_list = &sge;
     wr.num_sge = 1;
   }
-  return post_locked(wr, len > 0, false);
+  return post_locked(wr, len > 0, signal);
 }
 
 Status RdmaChannel::post_locked(ibv_send_wr& wr, bool data, bool force_signal) {
@@ -236,7 +239,17 @@ void RdmaChannel::abort(const Error& reason) {
   // Tell the peer only if the send queue has room: an abort never waits behind writes a dead
   // or stalled peer will not complete. fail() then disconnects, which ends every waiter.
   if (established && reason.code != Errc::kCancelled) {
-    (void)post_write(*encode_imm({ImmKind::kAbort, 0}), nullptr, 0, 0, /*wait=*/false);
+    if (post_write(*encode_imm({ImmKind::kAbort, 0}), nullptr, 0, 0, /*wait=*/false, /*signal=*/true).ok() &&
+        std::this_thread::get_id() != poller_.get_id()) {  // the poller would wait on itself
+      // The disconnect moves this end's QP to the error state, which flushes a write not yet
+      // sent: wait (at most kAbortSendWait) until the peer acknowledged the abort, or this end
+      // failed, so that the peer reads "peer aborted" before the disconnect. The disconnect is a CM
+      // message on another queue pair, with no order against the abort's write on the wire:
+      // Debian 13's rxe (6.12, its send queue run from a workqueue) flushed the abort every
+      // time without this wait, and the peer saw only "peer disconnected", a link failure.
+      std::unique_lock lock(sq_mu_);
+      sq_cv_.wait_for(lock, kAbortSendWait, [&] { return sq_outstanding_ == 0 || failed_.load(); });
+    }
   }
   fail(reason, nullptr);
 }

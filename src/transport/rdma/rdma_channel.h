@@ -93,7 +93,10 @@ class RdmaChannel final : public Channel {
   Status post_recv();
   // Posts one write; waits for room in the send queue unless `wait` is false (then a full
   // queue is kResourceExhausted and nothing is posted).
-  Status post_write(uint32_t imm, const std::byte* local, uint32_t len, uint64_t remote_offset, bool wait = true);
+  // `signal`: this write completes with a work completion of its own (which, on a reliable
+  // connection, also completes every write before it).
+  Status post_write(uint32_t imm, const std::byte* local, uint32_t len, uint64_t remote_offset, bool wait = true,
+                    bool signal = false);
   Status post_control(uint32_t imm);
   // Posts `wr` (sq_mu_ held, room checked): signalled when `force_signal` or when due.
   Status post_locked(ibv_send_wr& wr, bool data, bool force_signal);

@@ -150,10 +150,14 @@ Result<std::unique_ptr<RdmaChannel>> RdmaChannel::connect(const net::Endpoint& e
   if (src) freeaddrinfo(src);
   freeaddrinfo(ai);
   if (rc != 0) return verbs_error(what + ": rdma_resolve_addr", err);
-  RDMIG_TRY(expect_cm_event(events.get(), RDMA_CM_EVENT_ADDR_RESOLVED, left(), what, cancelled));
+  // Each wait names its step in the error: an address that does not resolve (no neighbour), a
+  // route, or a connect request the peer never answered are different faults for an operator.
+  RDMIG_TRY(expect_cm_event(events.get(), RDMA_CM_EVENT_ADDR_RESOLVED, left(), what + ": resolving the address",
+                            cancelled));
   LOG_DEBUG("rdma") << what << ": address resolved";
   if (rdma_resolve_route(id.get(), static_cast<int>(left().count())) != 0) return verbs_error(what + ": rdma_resolve_route", errno);
-  RDMIG_TRY(expect_cm_event(events.get(), RDMA_CM_EVENT_ROUTE_RESOLVED, left(), what, cancelled));
+  RDMIG_TRY(expect_cm_event(events.get(), RDMA_CM_EVENT_ROUTE_RESOLVED, left(), what + ": resolving the route",
+                            cancelled));
 
   LOG_DEBUG("rdma") << what << ": route resolved";
   std::unique_ptr<RdmaChannel> ch(new RdmaChannel(std::move(events), std::move(id), params, metrics));
@@ -169,7 +173,7 @@ Result<std::unique_ptr<RdmaChannel>> RdmaChannel::connect(const net::Endpoint& e
   rdma_conn_param cp = conn_param(pd);
   if (rdma_connect(ch->id_.get(), &cp) != 0) return verbs_error(what + ": rdma_connect", errno);
   auto ev = next_cm_event(ch->events_.get(), left(), cancelled);
-  if (!ev) return ev.error().with_context(what);
+  if (!ev) return ev.error().with_context(what + ": waiting for the answer to the connect request");
   if (ev->type == RDMA_CM_EVENT_REJECTED) {
     std::string why(ev->private_data.begin(), ev->private_data.end());
     why = why.c_str();  // stop at the first NUL of the padded private data
