@@ -36,17 +36,28 @@ PACKAGES = [
     "seabios", "ipxe-qemu",
 ]
 
-# Runs inside a private mount namespace (unshare -m), so the mounts vanish with it.
-CHROOT_SCRIPT = r"""
+# Both recipes run inside a private mount namespace (unshare -m), so the mounts vanish with it:
+# the root's /proc and /dev, no service started by a package (policy-rc.d), the host's resolver.
+# The script after it installs, then APT_EPILOGUE cleans up.
+APT_PROLOGUE = r"""
 set -eu
 R="$1"; shift
 mount -t proc proc "$R/proc"
 mount --rbind /dev "$R/dev"
-mount --rbind /sys "$R/sys"
 printf '#!/bin/sh\nexit 101\n' > "$R/usr/sbin/policy-rc.d"
 chmod 755 "$R/usr/sbin/policy-rc.d"
 cp /etc/resolv.conf "$R/etc/resolv.conf" 2>/dev/null || true
 export DEBIAN_FRONTEND=noninteractive LC_ALL=C PATH=/usr/sbin:/usr/bin:/sbin:/bin
+"""
+APT_EPILOGUE = r"""
+chroot "$R" apt-get clean
+rm -rf "$R"/var/lib/apt/lists/*
+rm -f "$R/usr/sbin/policy-rc.d"
+"""
+
+# The launcher root (after debootstrap): KubeVirt's qemu user, then the packages.
+CHROOT_SCRIPT = APT_PROLOGUE + r"""
+mount --rbind /sys "$R/sys"
 # KubeVirt's qemu user: created before libvirt's packages so none of their system
 # users takes uid/gid 107
 chroot "$R" groupadd --system --gid 107 qemu
@@ -54,10 +65,7 @@ chroot "$R" useradd --system --uid 107 --gid 107 --no-create-home --home-dir /va
     --shell /usr/sbin/nologin qemu
 chroot "$R" apt-get update
 chroot "$R" apt-get install -y --no-install-recommends "$@"
-chroot "$R" apt-get clean
-rm -rf "$R"/var/lib/apt/lists/*
-rm -f "$R/usr/sbin/policy-rc.d"
-"""
+""" + APT_EPILOGUE
 
 
 BACKPORTS_VERSION = 1
@@ -65,23 +73,14 @@ BACKPORTS_NAME = "qemu-trixie-backports-v%d" % BACKPORTS_VERSION
 BACKPORTS_PACKAGES = ["qemu-system-x86", "seabios", "ipxe-qemu"]
 BACKPORTS_MIN_QEMU = (10, 1)
 
-# Runs inside a private mount namespace (unshare -m) over a copy of the launcher root.
-BACKPORTS_SCRIPT = r"""
-set -eu
-R="$1"; M="$2"; shift 2
-mount -t proc proc "$R/proc"
-mount --rbind /dev "$R/dev"
-printf '#!/bin/sh\nexit 101\n' > "$R/usr/sbin/policy-rc.d"
-chmod 755 "$R/usr/sbin/policy-rc.d"
-cp /etc/resolv.conf "$R/etc/resolv.conf" 2>/dev/null || true
-export DEBIAN_FRONTEND=noninteractive LC_ALL=C PATH=/usr/sbin:/usr/bin:/sbin:/bin
+# Over a copy of the launcher root: backports' QEMU installed over trixie's (first argument after
+# the root: the mirror).
+BACKPORTS_SCRIPT = APT_PROLOGUE + r"""
+M="$1"; shift
 echo "deb $M trixie-backports main" > "$R/etc/apt/sources.list.d/trixie-backports.list"
 chroot "$R" apt-get update
 chroot "$R" apt-get install -y --no-install-recommends -t trixie-backports "$@"
-chroot "$R" apt-get clean
-rm -rf "$R"/var/lib/apt/lists/*
-rm -f "$R/usr/sbin/policy-rc.d"
-"""
+""" + APT_EPILOGUE
 
 
 def cache_dir():
