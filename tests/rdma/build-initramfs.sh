@@ -97,15 +97,18 @@ vmlinuz="$(ls "$kroot"/boot/vmlinuz-* 2>/dev/null | head -n1)"
 [ -n "$vmlinuz" ] || die "no boot/vmlinuz-* under $kroot"
 kver="${vmlinuz##*/vmlinuz-}"
 moddir="$kroot/lib/modules/$kver/kernel"
+[ -d "$moddir" ] || moddir="$kroot/usr/lib/modules/$kver/kernel"   # Debian 13's package: usr-merged
 [ -d "$moddir" ] || die "no $moddir"
 
-# Insertion order matters: each module after those it depends on. crc32_generic is
-# not a declared dependency of rdma_rxe, but without it adding an rxe link fails.
+# The modules wanted; each is inserted after the ones it depends on (its modinfo "depends=",
+# followed here), and one built into the kernel is skipped (Debian 13's 6.12 has virtio and ctr
+# built in, and fscache inside netfs). crc32_generic is not a declared dependency of rdma_rxe, but
+# without it adding an rxe link fails.
 modules=(crc32_generic configfs ib_core ib_uverbs udp_tunnel ip6_udp_tunnel rdma_rxe
          iw_cm ib_cm rdma_cm rdma_ucm veth
          virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci
          failover net_failover virtio_net
-         9pnet 9pnet_virtio netfs fscache 9p
+         netfs 9pnet 9pnet_virtio 9p
          nfnetlink crc32c_generic libcrc32c nf_defrag_ipv4 nf_defrag_ipv6 nf_conntrack nf_nat
          nf_tables nft_chain_nat nft_redir
          llc stp garp mrp 8021q macvlan
@@ -175,16 +178,32 @@ copy_bin /usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so
 copy_file /etc/libibverbs.d/rxe.driver
 [ -d /usr/share/perftest ] && { mkdir -p "$stage/usr/share"; cp -a /usr/share/perftest "$stage/usr/share/"; }
 
-# Kernel modules, uncompressed .ko in Debian's package, at their usual paths.
-: >"$out/modules.txt"
-for m in "${modules[@]}"; do
-  ko="$(find "$moddir" -name "$m.ko" -o -name "$m.ko.xz" -o -name "$m.ko.zst" | head -n1)"
-  [ -n "$ko" ] || die "module $m not found under $moddir"
-  case "$ko" in *.ko) ;; *) die "$ko is compressed; busybox insmod needs plain .ko" ;; esac
+# Kernel modules at their usual paths, as plain .ko (busybox's insmod reads no compressed module;
+# Debian 12's package ships plain ones, Debian 13's .ko.xz), in dependency order.
+modbase="$(dirname "$moddir")"
+declare -A mod_seen=()
+mod_find() { find "$moddir" \( -name "$1.ko" -o -name "$1.ko.xz" -o -name "$1.ko.zst" \) | head -n1; }
+mod_cat() { case "$1" in *.xz) xz -dc "$1" ;; *.zst) zstd -dc "$1" ;; *) cat "$1" ;; esac; }
+mod_builtin() { grep -q -e "/$1.ko\$" -e "/${1//_/-}.ko\$" -e "/${1//-/_}.ko\$" "$modbase/modules.builtin" 2>/dev/null; }
+add_module() {
+  local m="$1" ko dep rel
+  [ -n "${mod_seen[$m]:-}" ] && return 0
+  mod_seen[$m]=1
+  mod_builtin "$m" && return 0
+  ko="$(mod_find "$m")"; [ -n "$ko" ] || ko="$(mod_find "${m//_/-}")"; [ -n "$ko" ] || ko="$(mod_find "${m//-/_}")"
+  [ -n "$ko" ] || die "module $m is neither built into $kver nor under $moddir"
+  for dep in $(mod_cat "$ko" | tr '\0' '\n' | sed -n 's/^depends=//p' | head -n1 | tr ',' ' '); do
+    add_module "$dep"
+  done
   rel="/lib/modules/$kver/kernel/${ko#"$moddir"/}"
-  copy_file "$ko" "/usr$rel"
+  rel="${rel%.xz}"; rel="${rel%.zst}"
+  mkdir -p "$stage/usr$(dirname "$rel")"
+  mod_cat "$ko" >"$stage/usr$rel"
+  copied["/usr$rel"]=1
   echo "/usr$rel" >>"$out/modules.txt"
-done
+}
+: >"$out/modules.txt"
+for m in "${modules[@]}"; do add_module "$m"; done
 cp "$out/modules.txt" "$stage/etc/rdmig-vm/modules"
 
 # Minimal /etc.

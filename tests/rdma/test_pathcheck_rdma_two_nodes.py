@@ -21,7 +21,7 @@ Checked for each: both agents chose the GID whose sysfs entry holds their addres
 with type RoCE v2 (never index 0), and report it (the path check's localRdma/peerRdma gid and
 gidIndex, the rdmig_rdma_selected gauge's labels, the agent's start-up log line). Where RDMA
 carries: the pair passes over RDMA (auto-both-rdma) with every byte verified on node b, and rxea
-sent / rxeb received at least the packets the bytes need. On the macvlan, Debian 12's rxe (6.1)
+sent / rxeb received at least the packets the bytes need. On the macvlan, rxe (Debian 12's 6.1, 13's 6.12)
 drops every RoCE v2 packet for a macvlan's address (it takes a packet only from its netdev or a
 VLAN of it, rxe_udp_encap_recv, and only for a GID of the interface it arrived on, rxe_chk_dgid):
 the check must fail cleanly naming the RDMA channel, every CM packet rxea sent reaching node b's
@@ -33,7 +33,7 @@ Node a alone, last: an agent inside a network namespace standing for a Multus po
 net1 over eth0 moved into it, 10.102.0.1, no device-info: the shared-device way), given only
 rdma.network and a network-status file naming net1: it sees rxea from there (shared netns mode),
 and chooses net1, 10.102.0.1 and the GID the kernel gave that address on net1. No path check runs
-from there: Debian 12's rxe (6.1) opens its UDP sockets and looks up its routes in the initial
+from there: rxe (Debian 12's 6.1, 13's 6.12) opens its UDP sockets and looks up its routes in the initial
 namespace only, so RoCE v2 to or from an interface in another namespace never reaches it (a
 ConnectX VF moved into a pod by the rdma CNI carries RDMA there in hardware); the multus case
 above is the one that moves bytes, from the initial namespace.

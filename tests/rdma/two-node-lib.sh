@@ -61,7 +61,7 @@ upper_netdevs() {
     $_ip link add link eth0.100 name mv100 type macvlan mode bridge &&
     $_ip addr add "10.101.0.$_n/24" dev mv100 &&
     $_ip link set mv100 up || return 1
-  # rxe adds a GID per address of every upper device of its netdev (6.1: VLANs and macvlans alike).
+  # rxe adds a GID per address of every upper device of its netdev (6.1, 6.12: VLANs and macvlans alike).
   for _ in $(seq 1 100); do
     _seen="$(cat /sys/class/infiniband/"$RDMIG_RDMA_DEV"/ports/1/gid_attrs/ndevs/* 2>/dev/null | sort | uniq -c | tr -s ' ' | tr '\n' ';')"
     case "$_seen" in *" 3 eth0.100;"*" 2 mv100;"*) return 0 ;; esac
