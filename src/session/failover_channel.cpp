@@ -346,7 +346,9 @@ void FailoverChannel::abort(const Error& reason) {
   std::lock_guard lock(mu_);
   aborted_ = true;
   fail_locked(reason);
-  // Under the lock: a channel's abort never blocks nor calls back, and nothing can free one here.
+  // Under the lock: a channel's abort never calls back, and nothing can free one here. It blocks
+  // at most an RDMA channel's wait for the peer to acknowledge the abort (250 ms, none on a link
+  // already silent that long), while the sender and receiver it ends wait for this lock.
   cur_->abort(reason);
   for (auto& r : retired_) r.second->abort(reason);
 }

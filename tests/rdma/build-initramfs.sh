@@ -187,8 +187,8 @@ mod_cat() { case "$1" in *.xz) xz -dc "$1" ;; *.zst) zstd -dc "$1" ;; *) cat "$1
 mod_builtin() { grep -q -e "/$1.ko\$" -e "/${1//_/-}.ko\$" -e "/${1//-/_}.ko\$" "$modbase/modules.builtin" 2>/dev/null; }
 add_module() {
   local m="$1" ko dep rel
-  [ -n "${mod_seen[$m]:-}" ] && return 0
-  mod_seen[$m]=1
+  [ -n "${mod_seen[${m//-/_}]:-}" ] && return 0   # modinfo writes ghash_generic, the file ghash-generic
+  mod_seen[${m//-/_}]=1
   mod_builtin "$m" && return 0
   ko="$(mod_find "$m")"; [ -n "$ko" ] || ko="$(mod_find "${m//_/-}")"; [ -n "$ko" ] || ko="$(mod_find "${m//-/_}")"
   [ -n "$ko" ] || die "module $m is neither built into $kver nor under $moddir"

@@ -21,7 +21,11 @@
 #
 # SCRIPT (any executable with a shebang the VM can run: /bin/sh, bash) is copied to
 # its absolute path; ARGS are passed as given. The console is streamed to stdout.
-# The exit status is the script's; 124 on timeout; 125 when the VM's setup failed;
+# The VM's kernel: Debian 13's (RDMIG_VM_KERNEL_SUITE, default trixie; "host": this host's Debian
+# 12 kernel), or RDMIG_KERNEL_ROOT (an unpacked kernel package). A lone VM (no --node) whose kernel
+# reports a soft lockup is stopped and booted again, at most three boots within --timeout.
+# The exit status is the script's; 124 on timeout; 125 when the VM's setup failed or its kernel
+# locked up in three boots;
 # 126 when the VM ended without reporting (kernel panic, QEMU error).
 # Inside the VM: PATH has the rdma tools, $RDMIG_RDMA_DEV=rxe0, $RDMIG_RDMA_NETDEV=va,
 # $RDMIG_VM_ADDR=10.99.0.1, $RDMIG_VM_PEER_ADDR=10.99.0.2, $QEMU_MODULE_DIR with
@@ -188,18 +192,16 @@ while :; do
   # stops a pair whose kernel locked up) stops QEMU too. Without it timeout puts QEMU in a group of its
   # own, and a stopped pair's QEMUs ran on beside the pair booted again, until their timeout (seen:
   # W23, 2026-12-07: node b's at 100% CPU for 9 minutes, the second boot's cases 1.7 times slower).
+  # mawk (Debian's required awk) passes the console on line by line (-W interactive: without it,
+  # it holds its input until a buffer fills) and watches it only for a lone VM.
   timeout --foreground --kill-after=10 "$left" "${qemu[@]}" -pidfile "$run/qemu.pid" </dev/null 2>&1 |
-    while IFS= read -r line || [ -n "$line" ]; do
-      printf '%s\n' "$line"
-      case "$line" in
-        *"watchdog: BUG: soft lockup"*)
-          if [ -z "$node" ] && [ ! -e "$run/lockup" ]; then
-            : >"$run/lockup"
-            echo "run-in-vm: the VM's kernel reports a soft lockup: stopping it" >&2
-            kill "$(cat "$run/qemu.pid" 2>/dev/null)" 2>/dev/null
-          fi ;;
-      esac
-    done | tee "$log"
+    mawk -W interactive -v watch="$([ -z "$node" ] && echo 1 || echo 0)" -v lk="$run/lockup" -v pf="$run/qemu.pid" '
+      { print }
+      watch && !seen && /watchdog: BUG: soft lockup/ {
+        seen = 1
+        print "run-in-vm: the VM'"'"'s kernel reports a soft lockup: stopping it" > "/dev/stderr"
+        system("touch \"" lk "\"; kill \"$(cat \"" pf "\")\" 2>/dev/null")
+      }' | tee "$log"
   rc=("${PIPESTATUS[@]}")
   set -e
   [ -e "$run/lockup" ] || break

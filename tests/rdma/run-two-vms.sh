@@ -17,9 +17,9 @@
 # Each console line is prefixed "a| " or "b| ". The exit status is 0 when both scripts
 # exited 0, otherwise node a's status if non-zero, else node b's. When one node fails,
 # the other is stopped after a grace period (it would only wait for its peer).
-# A node whose kernel reports a soft lockup ("watchdog: BUG: soft lockup", Debian 12's 6.1 rxe, which the VMs
-# booted until 2026-12-07 (RDMIG_VM_KERNEL_SUITE=host boots it again; Debian 13's 6.12 runs rxe off softirq)
-# spinning in softirq after RoCE v2 was dropped mid-flow: runs W9 and C2 of 2026-12-06, each once
+# A node whose kernel reports a soft lockup ("watchdog: BUG: soft lockup": Debian 12's 6.1 rxe
+# spinning in softirq after RoCE v2 was dropped mid-flow; the VMs booted 6.1 until 2026-12-07, and
+# RDMIG_VM_KERNEL_SUITE=host boots it again, while Debian 13's 6.12 runs rxe off softirq; seen in runs W9 and C2 of 2026-12-06, each once
 # in about 15 runs of the rails rows) never ends its script: both VMs are stopped at once and the
 # pair boots again, at most twice, saying so (exit status 125 if that happens in three pairs). Nothing of rdmig runs
 # in softirq; a real NIC has no rxe.

@@ -5,8 +5,9 @@
 # CACHE_DIR defaults to $RDMIG_CACHE or ./.cache. Re-runs reuse the unpacked tree.
 # Without --suite: this host's release, through apt (Debian 12's 6.1 here). With --suite (e.g.
 # trixie): that release's kernel straight from the mirror ($RDMIG_DEBIAN_MIRROR, default
-# deb.debian.org), no apt source needed; which package is current is looked up at most once a
-# day (the answer is kept in CACHE_DIR/kernel/SUITE.current).
+# deb.debian.org), no apt source needed, checked against the SHA-256 its index gives; which package
+# is current is looked up at most once a day (the answer is kept in CACHE_DIR/kernel/SUITE.current;
+# when the mirror is out of reach, the kernel unpacked last time serves).
 set -euo pipefail
 suite=""
 if [ "${1:-}" = "--suite" ]; then suite="${2:?--suite needs a suite name}"; shift 2; fi
@@ -38,24 +39,37 @@ fi
 
 [[ "$suite" =~ ^[a-z][a-z0-9-]*$ ]] || { echo "fetch-kernel: bad suite name '$suite'" >&2; exit 2; }
 mirror="${RDMIG_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-current="$cache/kernel/$suite.current"   # "PACKAGE FILENAME" of the last lookup
+current="$cache/kernel/$suite.current"   # "PACKAGE FILENAME SHA256" of the last lookup
+cached_root() { [ -s "$current" ] && read -r p _ <"$current" && [ -e "$cache/kernel/$p/.done" ]; }
 if [ ! -s "$current" ] || [ -n "$(find "$current" -mmin +1440)" ]; then
-  idx="$(curl -fsS --retry 3 "$mirror/dists/$suite/main/binary-amd64/Packages.xz" | xz -dc)" ||
-    { echo "fetch-kernel: cannot read $suite's package index from $mirror" >&2; exit 1; }
-  pkg="$(awk '/^Package: linux-image-amd64$/{p=1} p && /^Depends:/{sub(/^Depends: /, ""); sub(/ .*/, ""); print; exit}' <<<"$idx")"
-  [ -n "$pkg" ] || { echo "fetch-kernel: $suite has no linux-image-amd64" >&2; exit 1; }
-  file="$(awk -v want="Package: $pkg" '$0 == want {p=1} p && /^Filename:/{print $2; exit}' <<<"$idx")"
-  [ -n "$file" ] || { echo "fetch-kernel: $suite's index has no file for $pkg" >&2; exit 1; }
-  echo "$pkg $file" >"$current.tmp" && mv "$current.tmp" "$current"
+  if idx="$(curl -fsS --retry 3 "$mirror/dists/$suite/main/binary-amd64/Packages.xz" | xz -dc)" && [ -n "$idx" ]; then
+    pkg="$(awk '/^Package: linux-image-amd64$/{p=1} p && /^Depends:/{sub(/^Depends: /, ""); sub(/ .*/, ""); print; exit}' <<<"$idx")"
+    [[ "$pkg" =~ ^linux-image-[0-9][a-z0-9.+~-]*$ ]] || { echo "fetch-kernel: $suite's linux-image-amd64 depends on '$pkg'" >&2; exit 1; }
+    read -r file sum < <(awk -v want="Package: $pkg" '$0 == want {p=1} p && /^Filename:/{f=$2} p && /^SHA256:/{s=$2} p && /^$/{exit} END{print f, s}' <<<"$idx")
+    [ -n "$file" ] && [ -n "$sum" ] || { echo "fetch-kernel: $suite's index has no file or checksum for $pkg" >&2; exit 1; }
+    echo "$pkg $file $sum" >"$current.tmp" && mv "$current.tmp" "$current"
+  elif cached_root; then
+    # The mirror is out of reach: the kernel unpacked last time serves (looked up again next time).
+    echo "fetch-kernel: cannot read $suite's package index from $mirror; using the cached $(cut -d' ' -f1 "$current")" >&2
+  else
+    echo "fetch-kernel: cannot read $suite's package index from $mirror" >&2; exit 1
+  fi
 fi
-read -r pkg file <"$current"
+read -r pkg file sum <"$current"
+[[ "$pkg" =~ ^linux-image-[0-9][a-z0-9.+~-]*$ ]] || { echo "fetch-kernel: bad package name '$pkg' in $current" >&2; exit 1; }
 root="$cache/kernel/$pkg"
 if [ ! -e "$root/.done" ]; then
   rm -rf "$root"; mkdir -p "$root"
-  curl -fsS --retry 3 -o "$cache/kernel/$pkg.deb" "$mirror/$file" ||
-    { echo "fetch-kernel: cannot download $mirror/$file" >&2; exit 1; }
-  dpkg -x "$cache/kernel/$pkg.deb" "$root"
-  rm -f "$cache/kernel/$pkg.deb"
+  deb="$cache/kernel/$pkg.deb"
+  if ! curl -fsS --retry 3 -o "$deb" "$mirror/$file"; then
+    rm -f "$current" "$deb"   # gone from the mirror (a newer kernel replaced it): look it up again next time
+    echo "fetch-kernel: cannot download $mirror/$file" >&2; exit 1
+  fi
+  if [ -n "${sum:-}" ] && [ "$(sha256sum "$deb" | cut -d' ' -f1)" != "$sum" ]; then
+    rm -f "$deb"; echo "fetch-kernel: $mirror/$file does not match the SHA-256 its index gives" >&2; exit 1
+  fi
+  dpkg -x "$deb" "$root"
+  rm -f "$deb"
   touch "$root/.done"
 fi
 echo "$root"

@@ -108,7 +108,7 @@ def qemu_package_version(root):
         return None
     for st in stanzas:
         fields = dict(l.split(": ", 1) for l in st.splitlines() if ": " in l and not l.startswith(" "))
-        if fields.get("Package") == "qemu-system-x86" and "installed" in fields.get("Status", ""):
+        if fields.get("Package") == "qemu-system-x86" and fields.get("Status", "").split()[-1:] == ["installed"]:
             return fields.get("Version")
     return None
 
@@ -174,6 +174,8 @@ def _ensure(dest, builder, rebuild, sound):
     with open(dest + ".lock", "w") as lk:
         fcntl.flock(lk, fcntl.LOCK_EX)  # another builder: wait for it, then reuse its root
         if not rebuild and is_complete(dest) and not sound(dest):
+            # A root that is already wrong is replaced even if a row runs from it now: that row
+            # runs the wrong QEMU either way, and every later one gets the right one.
             _log("%s has qemu-system-x86 %s, not what its recipe installs: building it again"
                  % (dest, qemu_package_version(dest)))
             rebuild = True
@@ -187,7 +189,9 @@ def _ensure(dest, builder, rebuild, sound):
         if is_complete(dest):
             return dest
         _remove_stale(dest)
-        if os.path.exists(dest):  # incomplete root without a stamp (should not happen)
+        if os.path.islink(dest):  # a link (dangling or to an incomplete root): the build puts a directory here
+            os.unlink(dest)
+        elif os.path.exists(dest):  # incomplete root without a stamp (should not happen)
             shutil.rmtree(dest)
         builder(dest)
     return dest

@@ -19,8 +19,8 @@ namespace {
 
 constexpr uint64_t kDataFlag = uint64_t{1} << 63;
 constexpr uint64_t kTimeMask = (uint64_t{1} << 48) - 1;
-// How long abort() waits for the peer to acknowledge its abort before it disconnects (a dead peer
-// never does: the abort is that much later, never blocked).
+// How long a close or an abort waits for the peer to acknowledge what this end wrote before it
+// disconnects (await_acknowledged; a dead peer never does: that much later, never blocked).
 constexpr auto kAbortSendWait = std::chrono::milliseconds(250);
 
 uint64_t now_us() {
@@ -40,6 +40,14 @@ RdmaChannel::RdmaChannel(EventChannelPtr events, CmIdPtr id, const RdmaChannelPa
       batcher_(params.recv_depth) {}
 
 RdmaChannel::~RdmaChannel() {
+  bool open = false;
+  {
+    std::lock_guard lock(state_mu_);
+    open = established_ && !error_;
+  }
+  // A close: the last credits this end posted reach the peer before the disconnect can flush
+  // them (the peer would take the close for a lost link: rdmig-stream's client on Debian 13's rxe).
+  if (open) await_acknowledged();
   stopping_ = true;
   {
     std::lock_guard lock(state_mu_);
@@ -106,6 +114,7 @@ Status RdmaChannel::post_locked(ibv_send_wr& wr, bool data, bool force_signal) {
     return verbs_error("ibv_post_send", err);
   }
   ++sq_outstanding_;
+  if (signaled) ++signaled_posted_;
   ack_watch_.posted(now, signaled);
   return ok_status();
 }
@@ -229,6 +238,27 @@ Status RdmaChannel::release() {
   return st;
 }
 
+void RdmaChannel::await_acknowledged() {
+  if (std::this_thread::get_id() == poller_.get_id()) return;  // it delivers the completions
+  std::unique_lock lock(sq_mu_);
+  if (sq_outstanding_ == 0 || failed_.load()) return;
+  // A peer that already left a write unacknowledged this long is not waited for (a dead link:
+  // each of a path check's channels would add the whole wait).
+  const auto bound_us = std::chrono::duration_cast<std::chrono::microseconds>(kAbortSendWait).count();
+  if (ack_watch_.oldest_wait_us(now_us()) >= bound_us) return;
+  if (unsignaled_ > 0 && sq_outstanding_ + 1 < sq_cap_) {
+    // The last writes asked for no completion: a zero-length write without immediate asks for one
+    // (nothing changes at the peer; as the acknowledgement probe).
+    ibv_send_wr wr{};
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.wr.rdma.remote_addr = peer_ring_addr_;
+    wr.wr.rdma.rkey = peer_ring_rkey_;
+    if (!post_locked(wr, false, true).ok()) return;
+  }
+  const uint64_t ticket = signaled_posted_;
+  sq_cv_.wait_for(lock, kAbortSendWait, [&] { return signaled_completed_ >= ticket || failed_.load(); });
+}
+
 void RdmaChannel::abort(const Error& reason) {
   bool established = false;
   {
@@ -236,19 +266,15 @@ void RdmaChannel::abort(const Error& reason) {
     established = established_ && !error_;
     if (!error_) aborting_ = reason;
   }
-  // Tell the peer only if the send queue has room: an abort never waits behind writes a dead
+  // Tell the peer only if the send queue has room: an abort never queues behind writes a dead
   // or stalled peer will not complete. fail() then disconnects, which ends every waiter.
   if (established && reason.code != Errc::kCancelled) {
-    if (post_write(*encode_imm({ImmKind::kAbort, 0}), nullptr, 0, 0, /*wait=*/false, /*signal=*/true).ok() &&
-        std::this_thread::get_id() != poller_.get_id()) {  // the poller would wait on itself
-      // The disconnect moves this end's QP to the error state, which flushes a write not yet
-      // sent: wait (at most kAbortSendWait) until the peer acknowledged the abort, or this end
-      // failed, so that the peer reads "peer aborted" before the disconnect. The disconnect is a CM
-      // message on another queue pair, with no order against the abort's write on the wire:
-      // Debian 13's rxe (6.12, its send queue run from a workqueue) flushed the abort every
-      // time without this wait, and the peer saw only "peer disconnected", a link failure.
-      std::unique_lock lock(sq_mu_);
-      sq_cv_.wait_for(lock, kAbortSendWait, [&] { return sq_outstanding_ == 0 || failed_.load(); });
+    // The disconnect (fail() below) moves this end's QP to the error state, which flushes a write
+    // not yet sent, and travels as a CM message on another queue pair, in no order with the
+    // abort's write: Debian 13's rxe (6.12, its send queue run from a workqueue) flushed the abort
+    // every time, and the peer saw only "peer disconnected", a link failure.
+    if (post_write(*encode_imm({ImmKind::kAbort, 0}), nullptr, 0, 0, /*wait=*/false, /*signal=*/true).ok()) {
+      await_acknowledged();
     }
   }
   fail(reason, nullptr);
@@ -365,6 +391,7 @@ bool RdmaChannel::handle_completion(const ibv_wc& wc) {
     }
     std::lock_guard lock(sq_mu_);
     sq_outstanding_ -= std::min(covered, sq_outstanding_);
+    ++signaled_completed_;
     ack_watch_.completed(now_us());
     sq_cv_.notify_all();
   }

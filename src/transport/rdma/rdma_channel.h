@@ -98,6 +98,10 @@ class RdmaChannel final : public Channel {
   Status post_write(uint32_t imm, const std::byte* local, uint32_t len, uint64_t remote_offset, bool wait = true,
                     bool signal = false);
   Status post_control(uint32_t imm);
+  // Waits (at most 250 ms) until the peer acknowledged every write posted so far, before a close
+  // or an abort disconnects (which would flush what is not yet sent); returns at once on the
+  // poller's thread, on a failed channel, or when the peer already stopped acknowledging.
+  void await_acknowledged();
   // Posts `wr` (sq_mu_ held, room checked): signalled when `force_signal` or when due.
   Status post_locked(ibv_send_wr& wr, bool data, bool force_signal);
   // Poller: fails the channel if the peer's NIC acknowledged nothing for kAckStall, or posts a
@@ -134,7 +138,7 @@ class RdmaChannel final : public Channel {
   // Send side.
   CreditGate credits_;
   uint64_t send_seq_ = 0;  // sender thread only
-  // Guards sq_outstanding_, unsignaled_ and ack_watch_ (sq_cap_ and signal_every_ are set in
+  // Guards sq_outstanding_, unsignaled_, the signalled counts and ack_watch_ (sq_cap_ and signal_every_ are set in
   // setup, before any thread, then only read); sq_cv_ signals room in the send queue. Taken by
   // the sender (post_write, post_locked) and the poller (completions, watch_acks). Lock order:
   // sq_mu_ -> state_mu_ (post_write reads error_ under both); released before fail().
@@ -142,6 +146,10 @@ class RdmaChannel final : public Channel {
   std::condition_variable sq_cv_;
   uint32_t sq_outstanding_ = 0;
   uint32_t unsignaled_ = 0;
+  // Signalled writes posted and completed: completions come in posting order on a reliable
+  // connection, so a write's number among the signalled ones tells when it was acknowledged (abort()).
+  uint64_t signaled_posted_ = 0;
+  uint64_t signaled_completed_ = 0;
   uint32_t sq_cap_ = 0;
   uint32_t signal_every_ = 1;
   AckWatch ack_watch_;  // under sq_mu_
