@@ -119,6 +119,16 @@ Status RdmaChannel::post_locked(ibv_send_wr& wr, bool data, bool force_signal) {
   return ok_status();
 }
 
+Status RdmaChannel::post_probe_locked() {
+  // A zero-length RDMA WRITE without immediate: the peer's NIC acknowledges it, and nothing
+  // there changes (no receive taken, no byte written; the address and key are valid anyway).
+  ibv_send_wr wr{};
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.wr.rdma.remote_addr = peer_ring_addr_;
+  wr.wr.rdma.rkey = peer_ring_rkey_;
+  return post_locked(wr, false, true);
+}
+
 void RdmaChannel::watch_acks(uint64_t now) {
   {
     std::lock_guard s(state_mu_);
@@ -130,13 +140,7 @@ void RdmaChannel::watch_acks(uint64_t now) {
       return;
     case AckWatch::Verdict::kProbe: {
       if (sq_outstanding_ + 1 >= sq_cap_) return;  // a full queue holds a signalled write already
-      // A zero-length RDMA WRITE without immediate: the peer's NIC acknowledges it, and nothing
-      // there changes (no receive taken, no byte written; the address and key are valid anyway).
-      ibv_send_wr wr{};
-      wr.opcode = IBV_WR_RDMA_WRITE;
-      wr.wr.rdma.remote_addr = peer_ring_addr_;
-      wr.wr.rdma.rkey = peer_ring_rkey_;
-      if (auto st = post_locked(wr, false, true); !st) {
+      if (auto st = post_probe_locked(); !st) {
         lock.unlock();
         fail(st.error().with_context("channel " + std::to_string(params_.index) + ": acknowledgement probe"),
              "post_send");
@@ -246,15 +250,8 @@ void RdmaChannel::await_acknowledged() {
   // each of a path check's channels would add the whole wait).
   const auto bound_us = std::chrono::duration_cast<std::chrono::microseconds>(kAbortSendWait).count();
   if (ack_watch_.oldest_wait_us(now_us()) >= bound_us) return;
-  if (unsignaled_ > 0 && sq_outstanding_ + 1 < sq_cap_) {
-    // The last writes asked for no completion: a zero-length write without immediate asks for one
-    // (nothing changes at the peer; as the acknowledgement probe).
-    ibv_send_wr wr{};
-    wr.opcode = IBV_WR_RDMA_WRITE;
-    wr.wr.rdma.remote_addr = peer_ring_addr_;
-    wr.wr.rdma.rkey = peer_ring_rkey_;
-    if (!post_locked(wr, false, true).ok()) return;
-  }
+  // The last writes asked for no completion: a probe asks for one.
+  if (unsignaled_ > 0 && sq_outstanding_ + 1 < sq_cap_ && !post_probe_locked().ok()) return;
   const uint64_t ticket = signaled_posted_;
   sq_cv_.wait_for(lock, kAbortSendWait, [&] { return signaled_completed_ >= ticket || failed_.load(); });
 }

@@ -104,6 +104,8 @@ class RdmaChannel final : public Channel {
   void await_acknowledged();
   // Posts `wr` (sq_mu_ held, room checked): signalled when `force_signal` or when due.
   Status post_locked(ibv_send_wr& wr, bool data, bool force_signal);
+  // Posts a signalled zero-length write (sq_mu_ held, room checked): the acknowledgement probe.
+  Status post_probe_locked();
   // Poller: fails the channel if the peer's NIC acknowledged nothing for kAckStall, or posts a
   // probe so that unsignalled writes get judged too (ack_watch.h).
   void watch_acks(uint64_t now_us);
