@@ -5,9 +5,11 @@
 # CACHE_DIR defaults to $RDMIG_CACHE or ./.cache. Re-runs reuse the unpacked tree.
 # Without --suite: this host's release, through apt (Debian 12's 6.1 here). With --suite (e.g.
 # trixie): that release's kernel straight from the mirror ($RDMIG_DEBIAN_MIRROR, default
-# deb.debian.org), no apt source needed, checked against the SHA-256 its index gives; which package
-# is current is looked up at most once a day (the answer is kept in CACHE_DIR/kernel/SUITE.current;
-# when the mirror is out of reach, the kernel unpacked last time serves).
+# deb.debian.org), no apt source needed: the suite's InRelease is checked against Debian's archive
+# keys (gpgv, debian-archive-keyring), the package index against the SHA-256 InRelease gives, the
+# .deb against the SHA-256 the index gives; which package is current is looked up at most once a
+# day (the answer is kept in CACHE_DIR/kernel/SUITE.current; when the mirror is out of reach, the
+# kernel unpacked last time serves).
 set -euo pipefail
 suite=""
 if [ "${1:-}" = "--suite" ]; then suite="${2:?--suite needs a suite name}"; shift 2; fi
@@ -40,9 +42,31 @@ fi
 [[ "$suite" =~ ^[a-z][a-z0-9-]*$ ]] || { echo "fetch-kernel: bad suite name '$suite'" >&2; exit 2; }
 mirror="${RDMIG_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 current="$cache/kernel/$suite.current"   # "PACKAGE FILENAME SHA256" of the last lookup
+keyring="${RDMIG_DEBIAN_KEYRING:-/usr/share/keyrings/debian-archive-keyring.gpg}"
 cached_root() { [ -s "$current" ] && read -r p _ <"$current" && [ -e "$cache/kernel/$p/.done" ]; }
+# The suite's package index, trusted only as far as Debian's signature reaches: InRelease verified
+# with gpgv against the archive keyring, then Packages.xz against the SHA-256 the signed text lists.
+# Prints the index; fails (naming why) when it cannot be read, and exits when it does not verify.
+signed_index() {
+  local tmp rel want
+  tmp="$(mktemp -d)"
+  # shellcheck disable=SC2064
+  trap "rm -rf '$tmp'" RETURN
+  curl -fsS --retry 3 -o "$tmp/InRelease" "$mirror/dists/$suite/InRelease" || return 1
+  if ! rel="$(gpgv --keyring "$keyring" --output - "$tmp/InRelease" 2>"$tmp/gpgv")"; then
+    echo "fetch-kernel: $mirror/dists/$suite/InRelease does not verify against $keyring:" >&2
+    cat "$tmp/gpgv" >&2; exit 1
+  fi
+  want="$(awk '/^SHA256:/{p=1; next} /^[^ ]/{p=0} p && $3 == "main/binary-amd64/Packages.xz" {print $1; exit}' <<<"$rel")"
+  [[ "$want" =~ ^[0-9a-f]{64}$ ]] || { echo "fetch-kernel: $suite's InRelease lists no SHA-256 for main/binary-amd64/Packages.xz" >&2; exit 1; }
+  curl -fsS --retry 3 -o "$tmp/Packages.xz" "$mirror/dists/$suite/main/binary-amd64/Packages.xz" || return 1
+  if [ "$(sha256sum "$tmp/Packages.xz" | cut -d' ' -f1)" != "$want" ]; then
+    echo "fetch-kernel: $mirror/dists/$suite/main/binary-amd64/Packages.xz does not match the SHA-256 its signed InRelease gives" >&2; exit 1
+  fi
+  xz -dc "$tmp/Packages.xz"
+}
 if [ ! -s "$current" ] || [ -n "$(find "$current" -mmin +1440)" ]; then
-  if idx="$(curl -fsS --retry 3 "$mirror/dists/$suite/main/binary-amd64/Packages.xz" | xz -dc)" && [ -n "$idx" ]; then
+  if idx="$(signed_index)" && [ -n "$idx" ]; then
     pkg="$(awk '/^Package: linux-image-amd64$/{p=1} p && /^Depends:/{sub(/^Depends: /, ""); sub(/ .*/, ""); print; exit}' <<<"$idx")"
     [[ "$pkg" =~ ^linux-image-[0-9][a-z0-9.+~-]*$ ]] || { echo "fetch-kernel: $suite's linux-image-amd64 depends on '$pkg'" >&2; exit 1; }
     read -r file sum < <(awk -v want="Package: $pkg" '$0 == want {p=1} p && /^Filename:/{f=$2} p && /^SHA256:/{s=$2} p && /^$/{exit} END{print f, s}' <<<"$idx")
@@ -50,9 +74,9 @@ if [ ! -s "$current" ] || [ -n "$(find "$current" -mmin +1440)" ]; then
     echo "$pkg $file $sum" >"$current.tmp" && mv "$current.tmp" "$current"
   elif cached_root; then
     # The mirror is out of reach: the kernel unpacked last time serves (looked up again next time).
-    echo "fetch-kernel: cannot read $suite's package index from $mirror; using the cached $(cut -d' ' -f1 "$current")" >&2
+    echo "fetch-kernel: no verified package index of $suite from $mirror; using the cached $(cut -d' ' -f1 "$current")" >&2
   else
-    echo "fetch-kernel: cannot read $suite's package index from $mirror" >&2; exit 1
+    echo "fetch-kernel: no verified package index of $suite from $mirror" >&2; exit 1
   fi
 fi
 read -r pkg file sum <"$current"
