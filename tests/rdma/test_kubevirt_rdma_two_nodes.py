@@ -27,7 +27,10 @@ packets), and with both rails cut they resume over TCP; then (both nodes with VL
 second address and GID of rail 0's device listed as its alternateAddresses; node a's failoverPaths
 [address, rail, tcp]) rail 0's own address cut moves rail 0's channels to the VLAN addresses of the
 same devices; every connection arrives byte-exact, and both records and rdmig_failovers_total name
-the failover and where it went.
+the failover and where it went. Last, post-copy's traffic (no launchers here: libvirt and QEMU
+cannot run in these VMs): the VMI allows post-copy, node a's agent carries it (carryPostCopy), the
+connections carry at once while node b's stand-in asks for pages on each one's return path
+(kv_streams.py --page-requests), and rail 1 is cut: every page arrives intact and in time.
 Both agents run unprivileged as the chart runs them in KubeVirt mode with RDMA (rdmiglab.profile,
 "chart": DAC_OVERRIDE, IPC_LOCK, NET_ADMIN, SYS_ADMIN, SYS_PTRACE and no other capability, seccomp
 RuntimeDefault, a read-only root), checked once started from their /proc status.
@@ -68,8 +71,9 @@ DEVS_PEER = ["rxe" + PEER] + (["rxe%s2" % PEER] if len(DEVS) > 1 else [])
 COUNT, BYTES = 4, 8 << 20
 # Node a's tests, in name order: carried over rdma, then with RoCE v2 dropped on node b; with two
 # rails, rail 1 cut mid-flow without failover, then with it (to rail 0), then both rails cut with it
-# (to TCP), then rail 0's own address cut with it (to rail 0's alternate address on VLAN 100).
-CASES = 6 if len(DEVS) > 1 else 2
+# (to TCP), then rail 0's own address cut with it (to rail 0's alternate address on VLAN 100), then a
+# migration that may switch to post-copy, its page requests flowing back, with rail 1 cut.
+CASES = 7 if len(DEVS) > 1 else 2
 # The rail-cut flows: each connection's payload at most this many bytes a second (as QEMU's
 # max-bandwidth paces a migration), so that the connections carry for RAIL_CUT_BYTES / rate
 # seconds each, one after the other, and the cut lands while connection 1 (rail 1) carries.
@@ -78,6 +82,18 @@ RAIL_CUT_BYTES = 8 << 20
 # Rail 1 carries connection 1 once its device sent this many packets (1 MiB at one packet per 4096
 # bytes or fewer; before it, only the connections' first bytes and rdma_cm's requests).
 RAIL_CUT_AFTER_PKTS = (1 << 20) // 4096
+# The post-copy case: the target's stand-in asks for a page every PAGE_REQUEST_MS ms on each
+# connection's return path (kv_streams.py --page-requests) while each connection carries
+# PAGE_FLOW_BYTES at PAGE_FLOW_RATE, all four at once: 2 MiB/s in all, well below what the agents
+# relay in these VMs (at 8 MiB/s, about their capacity here, the stream queued between the stand-ins
+# and the page requests waited 0.5-2 s behind it, 30 ms direct, with stand-ins then still with
+# Nagle). A request the relay held back (to
+# fill a chunk) waits for its stream's end, 4 s: on the rail not cut the median must stay under
+# PAGE_REQUEST_P50_BOUND_MS; on the cut one they wait out the failover.
+PAGE_REQUEST_MS = 5
+PAGE_FLOW_RATE = 512 << 10
+PAGE_FLOW_BYTES = 2 << 20
+PAGE_REQUEST_P50_BOUND_MS = 500
 # The address case's failover deadline (both agents; each of the source's three paths gets a third):
 # 8 s a path, past one retransmission of an unanswered connect request (rdma_cm on RoCE sends it
 # again after 2 x 256 ms packet lifetime + 4096 ms response time, about 4.6 s). The first re-dial
@@ -110,12 +126,13 @@ def virt_handler_pod():
         f.write("1\n")
 
 
-def agent_config(peers=None, hook="", failover=False, alternate=False, paths=None, deadline=None):
+def agent_config(peers=None, hook="", failover=False, alternate=False, paths=None, deadline=None, post_copy=False):
     # transport auto: RDMA is what the agents choose between the two devices, TCP when RoCE v2 is
     # dropped. The data plane on eth0's address, the REST API on every address (node a calls b's).
     # With two rails (run-two-vms.sh --rails 2) both devices, in the same order on both nodes, each
     # with its address (eth0 also holds VLAN 100's); `alternate`: rail 0's alternate address there;
-    # `paths`: dataPlane.failoverPaths; `deadline`: dataPlane.failoverDeadlineSeconds.
+    # `paths`: dataPlane.failoverPaths; `deadline`: dataPlane.failoverDeadlineSeconds; `post_copy`:
+    # kubevirt.carryPostCopy (which needs failover).
     devices = [{"device": d, "address": a} for d, a in zip(DEVS, [ADDR, ADDR2])]
     if alternate:
         devices[0]["alternateAddresses"] = [ALT_ADDR]
@@ -128,10 +145,12 @@ def agent_config(peers=None, hook="", failover=False, alternate=False, paths=Non
         data_plane["failoverPaths"] = paths
     if deadline:
         data_plane["failoverDeadlineSeconds"] = deadline
+    kubevirt = {"enabled": True, "nodeName": "node-" + NODE, "hookSocket": hook, "peers": peers or [],
+                "ruleTimeoutSeconds": 30, "sessionIdleSeconds": 1}
+    if post_copy:
+        kubevirt["carryPostCopy"] = True
     return {"transport": "auto", "rdma": rdma, "api": {"address": "0.0.0.0"},
-            "dataPlane": data_plane,
-            "kubevirt": {"enabled": True, "nodeName": "node-" + NODE, "hookSocket": hook, "peers": peers or [],
-                         "ruleTimeoutSeconds": 30, "sessionIdleSeconds": 1}}
+            "dataPlane": data_plane, "kubevirt": kubevirt}
 
 
 def settled(agent, mig):
@@ -143,20 +162,28 @@ def serve_target():
     """Node b: virt-handler's pod with the proxy stand-in, and the target agent."""
     tmp = tempfile.mkdtemp(prefix="rdmig-kv-b-")
     ok = True
-    sink = agent = None
+    sink = direct = agent = None
     try:
         virt_handler_pod()
         ready = os.path.join(tmp, "sink.json")
         sink = subprocess.Popen([IP, "netns", "exec", HANDLER_NS, sys.executable, STREAMS, "sink", "--ready", ready,
                                  "--log", os.path.join(tmp, "sink.log")])
         port = wait_for(lambda: os.path.exists(ready) and json.load(open(ready))["port"], 20, "the proxy stand-in")
+        # A second one on a port no migration publishes: node a's flows to it go pod to pod over
+        # the link, not through the agents (the post-copy case's side-by-side baseline).
+        ready_direct = os.path.join(tmp, "direct.json")
+        direct = subprocess.Popen([IP, "netns", "exec", HANDLER_NS, sys.executable, STREAMS, "sink", "--ready",
+                                   ready_direct, "--log", os.path.join(tmp, "direct.log")])
+        direct_port = wait_for(lambda: os.path.exists(ready_direct) and json.load(open(ready_direct))["port"], 20,
+                               "the direct proxy stand-in")
         # dataPlane.failover on: only a source agent that has it on too asks for it (the last cases);
         # rail 0's alternate address listens too (only a source with one pairs with it). It waits up
         # to ADDRESS_CASE_DEADLINE s for a re-dial, as long as the address case's source tries (failover_agent).
         agent = Agent(tmp, "agent-b", config=agent_config(failover=True, alternate=True, deadline=ADDRESS_CASE_DEADLINE),
                       log_level="debug",
                       profile="chart")
-        post("kv-agent-b", {"api": agent.api_port, "data": agent.data_port, "token": agent.token, "sink": port})
+        post("kv-agent-b", {"api": agent.api_port, "data": agent.data_port, "token": agent.token, "sink": port,
+                            "direct": direct_port})
         for seq in range(CASES):
             want = await_("kv-want-%d" % seq, 600)
             cut, rail_cut = want["cutRdma"], False
@@ -199,8 +226,9 @@ def serve_target():
     finally:
         if agent:
             agent.stop()
-        if sink:
-            sink.kill()
+        for p in (sink, direct):
+            if p:
+                p.kill()
         shutil.rmtree(tmp, ignore_errors=True)
     return 0 if ok else 1
 
@@ -213,7 +241,7 @@ class TwoNodeKubevirtRdmaTest(unittest.TestCase):
         cls.tmp = tempfile.mkdtemp(prefix="rdmig-kv-a-")
         virt_handler_pod()
         b = await_("kv-agent-b", 300)
-        cls.sink_port = b["sink"]
+        cls.sink_port, cls.direct_port = b["sink"], b["direct"]
         cls.hook = os.path.join(cls.tmp, "hook.sock")
         cls.b_data = b["data"]
         cls.peers = [{"node": "node-b", "agent": "%s:%d" % (PEER_ADDR, b["data"])}]
@@ -315,9 +343,11 @@ class TwoNodeKubevirtRdmaTest(unittest.TestCase):
         self.assertGreaterEqual(moved["a/tcp"], src["bytesSent"])
         self.assertGreaterEqual(moved["b/tcp"], src["bytesSent"])
 
-    def rail_cut_flow(self, mig, cut="rail1"):
+    def rail_cut_flow(self, mig, cut="rail1", post_copy=False):
         """One flow of prod/web-1 whose connections are paced (RAIL_CUT_RATE), rail 1 (cut "rail1") or
         both rails ("all") cut on node b once rail 1 carried 1 MiB (the cut lasts until the dial ends).
+        `post_copy`: the VMI's migration allows post-copy, and the connections carry at once with
+        page requests on their return paths (PAGE_REQUEST_MS).
         Returns the dial's outcome, both agents' settled records, the agents' byte counters (moved
         during the flow) and node b's reply (its devices' hw counters, the RoCE v2 packets dropped)."""
         if len(DEVS) < 2:
@@ -328,12 +358,15 @@ class TwoNodeKubevirtRdmaTest(unittest.TestCase):
         await_("kv-ready-%d" % seq, 120)
         path = os.path.join(self.tmp, "vmi-%s.json" % mig)
         with open(path, "w") as f:
-            json.dump(vmi_json("vmi-uid-2n", mig, POD_IP["b"], self.sink_port), f)
+            json.dump(vmi_json("vmi-uid-2n", mig, POD_IP["b"], self.sink_port, post_copy=post_copy), f)
         bytes_before, rails_before = self.counted(), rail_counters()
         p = subprocess.Popen([IP, "netns", "exec", HANDLER_NS, sys.executable, STREAMS, "dial", "--dest",
-                              "%s:%d" % (POD_IP["b"], self.sink_port), "--count", str(COUNT), "--bytes",
-                              str(RAIL_CUT_BYTES), "--rate", str(RAIL_CUT_RATE), "--hook-socket", self.hook,
-                              "--vmi", path, "--timeout", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              "%s:%d" % (POD_IP["b"], self.sink_port), "--count", str(COUNT), "--hook-socket", self.hook,
+                              "--vmi", path, "--timeout", "60"] +
+                             (["--bytes", str(PAGE_FLOW_BYTES), "--rate", str(PAGE_FLOW_RATE),
+                               "--page-requests", str(PAGE_REQUEST_MS)] if post_copy else
+                              ["--bytes", str(RAIL_CUT_BYTES), "--rate", str(RAIL_CUT_RATE)]),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             # The cut rail carries once node a's device on it (rxea2 for rail 1, rxea for rail 0's
             # address) sent the packets of 1 MiB (its hw counter: live, where the records' per-rail
@@ -386,26 +419,28 @@ class TwoNodeKubevirtRdmaTest(unittest.TestCase):
         """Node a's agent with dataPlane.failover on, in place of the one running unless it is that
         kind already: "rails" (failoverPaths: the default [rail, address, tcp], no alternate address),
         "address" (rail 0's alternate address, failoverPaths [address, rail, tcp]: a channel of rail
-        0 tries the same device's other address before the other rail)."""
+        0 tries the same device's other address before the other rail), "postcopy" (as "rails", with
+        kubevirt.carryPostCopy)."""
         if getattr(TwoNodeKubevirtRdmaTest, "fails_over", None) != kind:
             self.a.stop()
             # The address case's source gives each of its three paths ADDRESS_CASE_DEADLINE / 3 s, not
             # the default 5 s in all (see ADDRESS_CASE_DEADLINE).
             extra = ({"alternate": True, "paths": ["address", "rail", "tcp"], "deadline": ADDRESS_CASE_DEADLINE}
-                     if kind == "address" else {})
+                     if kind == "address" else {"post_copy": True} if kind == "postcopy" else {})
             TwoNodeKubevirtRdmaTest.a = Agent(self.tmp, "agent-a-fo-" + kind[:4], token=self.b.token,
                                               log_level="debug", profile="chart",
                                               config=agent_config(peers=self.peers, hook=self.hook, failover=True,
                                                                   **extra))
             TwoNodeKubevirtRdmaTest.fails_over = kind
 
-    def failed_over(self, mig, cut, cut_channels, to):
+    def failed_over(self, mig, cut, cut_channels, to, post_copy=False):
         """The rail-cut flow with failover on both agents: every connection byte-exact, both records
         Succeeded over rdma naming the failover and where it went; returns both records, the agents'
-        byte counters and node b's reply."""
-        self.failover_agent("address" if cut == "address" else "rails")
+        byte counters and node b's reply (and keeps the dial's outcome as self.dialled)."""
+        self.failover_agent("postcopy" if post_copy else "address" if cut == "address" else "rails")
         seen = len(self.a.log_text().splitlines())  # the agent's log before this flow
-        res, src, dst, moved, b = self.rail_cut_flow(mig, cut)
+        res, src, dst, moved, b = self.rail_cut_flow(mig, cut, post_copy)
+        self.dialled = res
         self.assertEqual([c["ok"] for c in res["connections"]], [True] * COUNT, res)  # byte-exact digests
         for rec in (src, dst):
             self.assertTrue(rec["carried"], rec)
@@ -414,7 +449,7 @@ class TwoNodeKubevirtRdmaTest(unittest.TestCase):
             self.assertEqual((rec["transport"], rec["transportReason"]), ("rdma", "auto-both-rdma"), rec)
             self.assertTrue(rec["failover"]["enabled"], rec)
             self.assertGreaterEqual(rec["failover"]["failovers"], 1, rec)
-        self.assertGreaterEqual(src["bytesSent"], COUNT * RAIL_CUT_BYTES)
+        self.assertGreaterEqual(src["bytesSent"], COUNT * (PAGE_FLOW_BYTES if post_copy else RAIL_CUT_BYTES))
         self.assertEqual(dst["bytesReceived"], src["bytesSent"])
         # Only the cut rails' channels moved, each once, named by the link that failed.
         moved_lines = [line for line in self.a.log_text().splitlines()[seen:] if " failover: channel " in line]
@@ -504,6 +539,49 @@ class TwoNodeKubevirtRdmaTest(unittest.TestCase):
                              "%s; failovers: %s" % (rec["rails"], self.moved_lines))
             self.assertEqual(rails[0][key] + rails[1][key], rec[key], rec["rails"])
 
+    def page_request_flow_direct(self):
+        """The post-copy case's flow pod to pod over the link, no agent in its path (node b's second
+        stand-in, on a port no migration publishes): the stand-ins' own latency on these VMs."""
+        p = subprocess.run([IP, "netns", "exec", HANDLER_NS, sys.executable, STREAMS, "dial", "--dest",
+                            "%s:%d" % (POD_IP["b"], self.direct_port), "--count", str(COUNT), "--bytes",
+                            str(PAGE_FLOW_BYTES), "--rate", str(PAGE_FLOW_RATE), "--page-requests", str(PAGE_REQUEST_MS),
+                            "--timeout", "60"], capture_output=True, text=True, timeout=300)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        res = json.loads(p.stdout)
+        self.assertEqual([c["ok"] for c in res["connections"]], [True] * COUNT, res)
+        return res
+
+    def test_g_a_post_copy_migration_carries_its_page_requests_over_rdma_through_a_rail_cut(self):
+        # kubevirt.carryPostCopy on node a (failover on both, as the agent requires): a migration
+        # whose VMI allows post-copy is carried; its connections carry at once, as after the switch,
+        # while the target's stand-in asks for pages on every connection's return path, each answered
+        # ahead of the stream (kv_streams.py: QEMU's MIG_RP_MSG_REQ_PAGES and the page it sends back).
+        # Rail 1 is cut mid-flow: its channels fail over to rail 0 with both directions resumed;
+        # every page asked for arrives intact, every byte of the stream too, nothing over TCP. No
+        # launcher's libvirt here, so the record cannot show the switch itself (docs/kubevirt.md).
+        direct = self.page_request_flow_direct()
+        src, dst, moved, _ = self.failed_over("mig-2n-postcopy", "rail1", [1, 3], "rail", post_copy=True)
+        self.assertEqual((moved["a/tcp"], moved["b/tcp"]), (0, 0), "nothing carried over tcp")
+        self.assertTrue(src["postCopy"] and src["postCopy"]["allowed"], src["postCopy"])
+        for way, res in (("direct", direct), ("carried", self.dialled)):
+            for c in res["connections"]:
+                rp = c["returnPath"]
+                print("%s connection %d (%.1f s): %d page requests, %d answered, p50 %.1f ms, p99 %.1f ms, max %.1f ms"
+                      % (way, c["index"], c["seconds"], rp["requests"], rp["pages"], rp["p50Ms"], rp["p99Ms"],
+                         rp["maxMs"]))
+        # Every request answered with its page intact, those of the cut rail's connections (1 and
+        # 3) after their failover; on rail 0's (0 and 2) the median within the bound. Measured on
+        # these VMs (2026-12-07, three runs): direct 6-11 ms, through the agents 55-80 ms (the
+        # agents, rxe and the stand-ins share the VMs' two TCG vCPUs; the agents' target leg
+        # without Nagle, tried once, changed nothing: 66-80 against 67-70), on the cut rail
+        # 1.5-1.8 s (the failover's stall, about 4 s, in most of them).
+        for c in self.dialled["connections"]:
+            rp = c["returnPath"]
+            self.assertGreater(rp["requests"], 0, c)
+            self.assertEqual((rp["pages"], rp["badPages"]), (rp["requests"], 0), c)
+            if c["index"] % 2 == 0:
+                self.assertLess(rp["p50Ms"], PAGE_REQUEST_P50_BOUND_MS, "page requests held back on connection %d: %s"
+                                % (c["index"], rp))
 
 if __name__ == "__main__":
     add_vlan_alternate()
