@@ -21,6 +21,11 @@ json figures(const forecast::Prediction& p) {
 
 }  // namespace
 
+uint64_t moved_memory(const DrainVm& vm) {
+  const uint64_t memory = vm.memory.value_or(0);
+  return vm.resident && *vm.resident > 0 ? std::min(memory, *vm.resident) : memory;
+}
+
 std::string duration_text(double seconds) {
   char buf[48];
   if (seconds < 120) {
@@ -55,12 +60,17 @@ json drain_forecast(const std::vector<DrainVm>& vms, const forecast::PathMeasure
       continue;
     }
     e["memoryBytes"] = *vm.memory;
+    e["memorySource"] = moved_memory(vm) < *vm.memory ? "resident" : "spec";  // what the model took
+    if (vm.resident) {
+      e["residentMemoryBytes"] = *vm.resident;
+      if (!vm.resident_time.empty()) e["residentMemoryTime"] = vm.resident_time.substr(0, 64);
+    }
     if (vm.dirty_source == "assumed") ++assumed;
     if (!vm.dirty_rate) ++unmeasured;
     e["dirtyRateBytesPerSecond"] = vm.dirty_rate.value_or(0.0);
     e["target"] = target;
     per_vm[i].completion_timeout = settings.timeout_per_gib * std::max(1.0, static_cast<double>(*vm.memory) / kGiB);
-    const forecast::VmInput in{*vm.memory, vm.dirty_rate.value_or(0.0)};
+    const forecast::VmInput in{moved_memory(vm), vm.dirty_rate.value_or(0.0)};
     forecast::PlanJob job{vm.ns + "/" + vm.name, {}};
     for (uint32_t k = 1; k <= K; ++k) {
       auto s = per_vm[i];
@@ -79,7 +89,7 @@ json drain_forecast(const std::vector<DrainVm>& vms, const forecast::PathMeasure
     const size_t i = job_vm[pj.job];
     auto s = per_vm[i];
     s.concurrent = pj.concurrency;
-    const auto p = forecast::predict(forecast::VmInput{*vms[i].memory, vms[i].dirty_rate.value_or(0.0)}, path, s);
+    const auto p = forecast::predict(forecast::VmInput{moved_memory(vms[i]), vms[i].dirty_rate.value_or(0.0)}, path, s);
     json& e = entries[i];
     e["order"] = n;
     e["concurrency"] = pj.concurrency;
@@ -93,7 +103,7 @@ json drain_forecast(const std::vector<DrainVm>& vms, const forecast::PathMeasure
     if (!vms[i].dirty_rate) e["reason"] = "no measured dirty rate: forecast at 0 B/s (best case)";
     rank[i] = static_cast<int64_t>(n);
     if (order) order->planned.push_back(PlannedVm{i, pj.concurrency, p.total_seconds, p.downtime_seconds});
-    bytes += static_cast<double>(*vms[i].memory);  // the bound covers the VMs the plan runs
+    bytes += static_cast<double>(moved_memory(vms[i]));  // the bound covers the VMs the plan runs
     max_k = std::max(max_k, pj.concurrency);
   }
   if (order) {
@@ -110,7 +120,7 @@ json drain_forecast(const std::vector<DrainVm>& vms, const forecast::PathMeasure
     ++not_converging;
     auto s = per_vm[i];
     s.concurrent = 1;
-    const forecast::VmInput in{*vms[i].memory, vms[i].dirty_rate.value_or(0.0)};
+    const forecast::VmInput in{moved_memory(vms[i]), vms[i].dirty_rate.value_or(0.0)};
     const auto p = forecast::predict(in, path, s);
     json& e = entries[i];
     e["throughputBytesPerSecond"] = std::round(p.throughput);

@@ -23,7 +23,15 @@ struct DrainVm {
   std::optional<double> dirty_rate;     // bytes/s
   std::string dirty_source = "none";    // annotation, assumed, none
   std::string dirty_time;               // when it was measured ("" unknown)
+  // The guest RAM its QEMU holds resident (bytes; the annotation, docs/drain.md "Inputs"): pages
+  // never written go as zero-page markers, so pass 0 moves at most this much. Unset: the memory.
+  std::optional<uint64_t> resident;
+  std::string resident_time;            // when it was measured ("" unknown)
 };
+
+// What pass 0 moves: the resident part where it was measured (at most the memory), else the
+// memory. The completion timeout stays on the memory, as KubeVirt's does.
+uint64_t moved_memory(const DrainVm& vm);
 
 struct DrainSettings {
   forecast::MigrationSettings migration;  // concurrent and completion_timeout are set per VM

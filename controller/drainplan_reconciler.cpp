@@ -74,6 +74,25 @@ std::string drainplan_path(const json& obj) {
   return "/apis/rdmig.io/v1alpha1/namespaces/" + md.value("namespace", "") + "/rdmadrainplans/" + md.value("name", "");
 }
 
+std::optional<uint64_t> vmi_resident_memory(const json& vmi) {
+  const json md = vmi.value("metadata", json::object());
+  const json ann = md.is_object() ? md.value("annotations", json::object()) : json::object();
+  if (!ann.is_object() || !ann.contains(kResidentMemoryAnnotation) || !ann[kResidentMemoryAnnotation].is_string()) {
+    return std::nullopt;
+  }
+  const std::string text = ann[kResidentMemoryAnnotation].get<std::string>();
+  if (text.empty() || text.size() > 32) return std::nullopt;
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (...) {
+    return std::nullopt;
+  }
+  if (used != text.size() || !std::isfinite(v) || v < 1 || v > 9007199254740992.0) return std::nullopt;
+  return static_cast<uint64_t>(v);
+}
+
 std::optional<uint64_t> vmi_memory(const json& vmi) {
   const json spec = vmi.value("spec", json::object());
   const json domain = spec.is_object() ? spec.value("domain", json::object()) : json::object();
@@ -460,6 +479,12 @@ Result<std::vector<DrainVm>> DrainPlanReconciler::node_vms(const json& spec, con
       }
     }
     if (!vm.dirty_rate && in.assumed_dirty_rate) vm.dirty_rate = *in.assumed_dirty_rate, vm.dirty_source = "assumed";
+    if (auto resident = vmi_resident_memory(vmi)) {
+      vm.resident = resident;
+      if (ann.is_object() && ann.contains(kResidentMemoryTimeAnnotation) && ann[kResidentMemoryTimeAnnotation].is_string()) {
+        vm.resident_time = ann[kResidentMemoryTimeAnnotation].get<std::string>();
+      }
+    }
     vms.push_back(std::move(vm));
   }
   std::sort(vms.begin(), vms.end(), [](const DrainVm& a, const DrainVm& b) {

@@ -47,12 +47,20 @@ namespace rdmig::controller {
 
 inline constexpr const char* kDirtyRateAnnotation = "rdmig.io/dirty-rate-bytes-per-second";
 inline constexpr const char* kDirtyRateTimeAnnotation = "rdmig.io/dirty-rate-time";
+// The guest RAM the VMI's QEMU holds resident (KubeVirt's kubevirt_vmi_memory_resident_bytes, or
+// the agent's residentRamBytes), copied onto the VMI as the dirty rate is; and when.
+inline constexpr const char* kResidentMemoryAnnotation = "rdmig.io/resident-memory-bytes";
+inline constexpr const char* kResidentMemoryTimeAnnotation = "rdmig.io/resident-memory-time";
 
 std::string drainplan_path(const nlohmann::json& obj);
 
 // A VMI's memory: spec.domain.memory.guest, else spec.domain.resources.requests.memory (binary
 // or decimal quantities: 1Gi, 1024Mi, 1G, 1073741824); unset when neither parses.
 std::optional<uint64_t> vmi_memory(const nlohmann::json& vmi);
+
+// A VMI's resident guest RAM from its annotation (kResidentMemoryAnnotation): a number of bytes
+// (as Prometheus writes it too: "1.34217728e+08"), above 0 and at most 2^53; unset otherwise.
+std::optional<uint64_t> vmi_resident_memory(const nlohmann::json& vmi);
 
 // The pair a drain from `node` would use: among the RdmaPathChecks given, the latest (by
 // completionTime) pair from `node` that Passed or FellBack, to one of `targets` (empty: any);

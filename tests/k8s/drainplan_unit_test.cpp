@@ -2,6 +2,8 @@
 // writes (bounded for 1000 VMIs), and what an executing plan reads from its migrations.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <nlohmann/json.hpp>
 
 #include "controller/drain_execution.h"
@@ -22,6 +24,51 @@ TEST(DrainPlan, ReadsVmiMemoryFromGuestThenRequestsInBinaryOrDecimal) {
   EXPECT_EQ(vmi_memory(json::parse(R"({"spec":{"domain":{"memory":{"guest":"1G"}}}})")), uint64_t(1000000000));
   EXPECT_EQ(vmi_memory(json::parse(R"({"spec":{"domain":{"devices":{}}}})")), std::nullopt);
   EXPECT_EQ(vmi_memory(json::parse(R"({"spec":{"domain":{"memory":{"guest":"lots"}}}})")), std::nullopt);
+}
+
+TEST(DrainPlan, ReadsTheResidentMemoryAnnotationAsBytesAndRefusesWhatDoesNotRead) {
+  auto vmi = [](json value) {
+    return json{{"metadata", {{"annotations", {{kResidentMemoryAnnotation, value}}}}}};
+  };
+  EXPECT_EQ(vmi_resident_memory(vmi("134217728")), uint64_t(128) << 20);
+  EXPECT_EQ(vmi_resident_memory(vmi("1.34217728e+08")), uint64_t(128) << 20);  // as Prometheus writes it
+  for (const json bad : {json("0"), json("-5"), json("lots"), json("12x"), json(""), json("nan"), json("inf"),
+                         json("1e300"), json(134217728), json(nullptr), json(std::string(40, '1'))}) {
+    EXPECT_EQ(vmi_resident_memory(vmi(bad)), std::nullopt) << bad.dump();
+  }
+  EXPECT_EQ(vmi_resident_memory(json{{"metadata", {{"annotations", "not an object"}}}}), std::nullopt);
+  EXPECT_EQ(vmi_resident_memory(json::object()), std::nullopt);
+}
+
+TEST(DrainPlan, AResidentMeasureIsWhatPassZeroMovesNeverMoreThanTheMemory) {
+  // 1 GiB VMs over 1 GiB/s, idle: without a resident measure pass 0 moves the whole GiB; with one
+  // of 128 MiB it moves that; a resident figure above the memory counts as the memory.
+  DrainVm spec{"ns", "spec", uint64_t(1) << 30, 0.0, "annotation", ""};
+  DrainVm resident = spec, above = spec;
+  resident.name = "resident", resident.resident = uint64_t(128) << 20, resident.resident_time = "2026-12-07T12:00:00Z";
+  above.name = "above", above.resident = uint64_t(3) << 30;
+  forecast::PathMeasure path;
+  path.throughput = 1 * GiB;
+  DrainSettings s;
+  s.max_concurrency = 1;
+  const json out = drain_forecast({above, resident, spec}, path, "n2", s);
+  std::map<std::string, json> by_name;
+  for (const auto& e : out["vms"]) by_name[e["name"].get<std::string>()] = e;
+  EXPECT_EQ(by_name["spec"]["memorySource"], "spec");
+  EXPECT_FALSE(by_name["spec"].contains("residentMemoryBytes"));
+  EXPECT_EQ(by_name["resident"]["memorySource"], "resident");
+  EXPECT_EQ(by_name["resident"]["residentMemoryBytes"], uint64_t(128) << 20);
+  EXPECT_EQ(by_name["resident"]["residentMemoryTime"], "2026-12-07T12:00:00Z");
+  EXPECT_EQ(by_name["resident"]["memoryBytes"], uint64_t(1) << 30);
+  const double t_spec = by_name["spec"]["totalSeconds"].get<double>();
+  EXPECT_NEAR(t_spec, 1.0 + 0.02, 0.01);
+  EXPECT_NEAR(by_name["resident"]["totalSeconds"].get<double>(), 0.125 + 0.02, 0.01);
+  EXPECT_NEAR(by_name["above"]["totalSeconds"].get<double>(), t_spec, 1e-6);
+  EXPECT_EQ(by_name["above"]["memorySource"], "spec");  // what the model took, the figure listed beside it
+  EXPECT_EQ(by_name["above"]["residentMemoryBytes"], uint64_t(3) << 30);
+  EXPECT_EQ(moved_memory(above), uint64_t(1) << 30);
+  // The lower bound counts what the planned VMs move: 1 + 0.125 + 1 GiB at 1 GiB/s.
+  EXPECT_NEAR(out["summary"]["lowerBoundSeconds"].get<double>(), 2.125, 1e-3);
 }
 
 json check(const std::string& name, const std::string& when, json pairs, int channels = 1) {

@@ -101,7 +101,7 @@ class DrainPlanControllerTest(AgentsAndControllerTest):
         cls.figures.stop()
 
     # -- helpers ---------------------------------------------------------------------------
-    def add_vmi(self, name, node, memory=None, dirty=None, labels=None, ns=VM_NS):
+    def add_vmi(self, name, node, memory=None, dirty=None, labels=None, ns=VM_NS, resident=None):
         domain = {"devices": {}}
         if memory:
             domain["memory"] = {"guest": memory}
@@ -109,6 +109,9 @@ class DrainPlanControllerTest(AgentsAndControllerTest):
         if dirty is not None:
             md["annotations"] = {"rdmig.io/dirty-rate-bytes-per-second": str(dirty),
                                  "rdmig.io/dirty-rate-time": "2026-12-05T09:00:00Z"}
+        if resident is not None:  # as a recording job copies kubevirt_vmi_memory_resident_bytes
+            md.setdefault("annotations", {}).update({"rdmig.io/resident-memory-bytes": resident,
+                                                     "rdmig.io/resident-memory-time": "2026-12-05T09:01:00Z"})
         code, obj = self.store.create("virtualmachineinstances", ns, {
             "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": md,
             "spec": {"domain": domain}})
@@ -165,6 +168,10 @@ class DrainPlanControllerTest(AgentsAndControllerTest):
         self.add_vmi("nomem", "node-c", dirty=0)                          # no memory in its spec
         self.add_vmi("unmeasured", "node-c", memory="256Mi")              # no dirty rate: 0.25 + 0.02 s
         self.add_vmi("elsewhere", "node-b", memory="1Gi", dirty=0)        # another node
+        # 2 GiB of which its QEMU holds 128 MiB resident (Prometheus' spelling): pass 0 moves 128 MiB,
+        # 0.125 + 0.02 s; a resident figure that does not read counts as the memory: 0.25 + 0.02 s.
+        self.add_vmi("young", "node-c", memory="2Gi", dirty=0, resident="1.34217728e+08")
+        self.add_vmi("badres", "node-c", memory="256Mi", dirty=0, resident="lots")
         self.create(plan("drain-c", "node-c", maxConcurrentPerPair=1, maxDowntime="300ms"))
         obj = self.wait_phase("drain-c", ("Forecast", "Failed"))
         st = obj["status"]
@@ -174,9 +181,10 @@ class DrainPlanControllerTest(AgentsAndControllerTest):
         self.assertEqual(st["path"]["throughputBytesPerSecond"], 1.0 * GiB)
         s = st["summary"]
         self.assertEqual((s["vms"], s["withinLimits"], s["notConverging"], s["noInput"], s["unmeasuredDirtyRate"]),
-                         (5, 3, 1, 1, 1))
-        self.assertAlmostEqual(s["predictedDrainSeconds"], 1.27 + 0.52 + 0.27, places=3)
-        self.assertAlmostEqual(s["lowerBoundSeconds"], 1.75, places=3)  # 1.75 GiB planned over 1 GiB/s
+                         (7, 5, 1, 1, 1))
+        self.assertAlmostEqual(s["predictedDrainSeconds"], 1.27 + 0.52 + 0.27 + 0.145 + 0.27, places=3)
+        # What the planned VMs move over 1 GiB/s: 1 + 0.5 + 0.25 + 0.125 (young's resident) + 0.25 GiB.
+        self.assertAlmostEqual(s["lowerBoundSeconds"], 2.125, places=3)
         vms = {v["name"]: v for v in st["vms"]}
         self.assertNotIn("elsewhere", vms)
         self.assertEqual([v["name"] for v in st["vms"]][:2], ["hot", "nomem"])  # attention first
@@ -193,6 +201,16 @@ class DrainPlanControllerTest(AgentsAndControllerTest):
         self.assertEqual(hot["remedies"]["largerDowntime"]["maxDowntimeSeconds"], 1.02)
         self.assertIn("memory", vms["nomem"]["reason"])
         self.assertEqual(vms["unmeasured"]["dirtyRateSource"], "none")
+        young = vms["young"]
+        self.assertEqual((young["memorySource"], young["memoryBytes"], young["residentMemoryBytes"]),
+                         ("resident", 2 * GiB, 128 * MiB))
+        self.assertEqual(young["residentMemoryTime"], "2026-12-05T09:01:00Z")
+        # 128 MiB fit within the downtime limit at 1 GiB/s: stopped before a pass, all of it paused.
+        self.assertEqual((young["passes"], young["totalSeconds"], young["downtimeSeconds"]), (0, 0.145, 0.145))
+        self.assertEqual(vms["badres"]["memorySource"], "spec")
+        self.assertNotIn("residentMemoryBytes", vms["badres"])
+        self.assertEqual(vms["badres"]["totalSeconds"], 0.27)
+        self.assertEqual(steady["memorySource"], "spec")
         self.assertIn("no measured dirty rate", vms["unmeasured"]["reason"])
         conds = {c["type"]: c for c in st["conditions"]}
         self.assertEqual(conds["Forecast"]["status"], "True")
