@@ -9,7 +9,7 @@
 # keys (gpgv, debian-archive-keyring), the package index against the SHA-256 InRelease gives, the
 # .deb against the SHA-256 the index gives; which package is current is looked up at most once a
 # day (the answer is kept in CACHE_DIR/kernel/SUITE.current; when the mirror is out of reach, the
-# kernel unpacked last time serves).
+# kernel unpacked last time serves). A kernel not used for 14 days is removed.
 set -euo pipefail
 suite=""
 if [ "${1:-}" = "--suite" ]; then suite="${2:?--suite needs a suite name}"; shift 2; fi
@@ -18,6 +18,24 @@ mkdir -p "$cache/kernel"
 cache="$(cd "$cache" && pwd)"
 exec 9>"$cache/kernel/.lock"
 flock 9   # one download at a time: tests run side by side
+
+# Each unpacked kernel (about 450 MB) is stamped when handed out (.used; one unpacked before the
+# stamps existed counts from its .done); one not handed out for RDMIG_KERNEL_KEEP_DAYS days
+# (default 14: a Debian kernel update replaced it) is removed.
+serve() {
+  local keep="${RDMIG_KERNEL_KEEP_DAYS:-14}" dir stamp
+  touch "$1/.used"
+  for dir in "$cache"/kernel/linux-image-*/; do
+    dir="${dir%/}"
+    [ "$dir" = "$1" ] && continue
+    stamp="$dir/.used"; [ -e "$stamp" ] || stamp="$dir/.done"
+    if [ -e "$stamp" ] && [ -n "$(find "$stamp" -mtime +"$keep")" ]; then
+      echo "fetch-kernel: removing $dir (not used for $keep days)" >&2
+      rm -rf "$dir"
+    fi
+  done
+  echo "$1"
+}
 
 if [ -z "$suite" ]; then
   if ! command -v apt-get >/dev/null; then echo "fetch-kernel: apt-get not found (Debian 12 expected)" >&2; exit 1; fi
@@ -35,7 +53,7 @@ if [ -z "$suite" ]; then
     rm -f "$cache/kernel/${pkg}"_*.deb
     touch "$root/.done"
   fi
-  echo "$root"
+  serve "$root"
   exit 0
 fi
 
@@ -96,4 +114,4 @@ if [ ! -e "$root/.done" ]; then
   rm -f "$deb"
   touch "$root/.done"
 fi
-echo "$root"
+serve "$root"
