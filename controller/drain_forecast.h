@@ -18,15 +18,15 @@ namespace rdmig::controller {
 inline constexpr size_t kMaxListedVms = 100;
 
 struct DrainVm {
-  std::string ns, name;
-  std::optional<uint64_t> memory;       // bytes; unset: the spec names none
-  std::optional<double> dirty_rate;     // bytes/s
+  std::string ns{}, name{};
+  std::optional<uint64_t> memory{};     // bytes; unset: the spec names none
+  std::optional<double> dirty_rate{};   // bytes/s
   std::string dirty_source = "none";    // annotation, assumed, none
-  std::string dirty_time;               // when it was measured ("" unknown)
+  std::string dirty_time{};             // when it was measured ("" unknown)
   // The guest RAM its QEMU holds resident (bytes; the annotation, docs/drain.md "Inputs"): pages
   // never written go as zero-page markers, so pass 0 moves at most this much. Unset: the memory.
-  std::optional<uint64_t> resident;
-  std::string resident_time;            // when it was measured ("" unknown)
+  std::optional<uint64_t> resident{};
+  std::string resident_time{};          // when it was measured ("" unknown)
 };
 
 // What pass 0 moves: the resident part where it was measured (at most the memory), else the

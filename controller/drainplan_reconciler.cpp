@@ -466,7 +466,7 @@ Result<std::vector<DrainVm>> DrainPlanReconciler::node_vms(const json& spec, con
     const json st = vmi.value("status", json::object());
     if (st.is_object() && st.contains("nodeName") && st.value("nodeName", "") != in.node) continue;
     const json md = vmi.value("metadata", json::object());
-    DrainVm vm{md.value("namespace", ""), md.value("name", ""), vmi_memory(vmi), std::nullopt, "none", ""};
+    DrainVm vm{.ns = md.value("namespace", ""), .name = md.value("name", ""), .memory = vmi_memory(vmi)};
     const json ann = md.value("annotations", json::object());
     if (ann.is_object() && ann.contains(kDirtyRateAnnotation) && ann[kDirtyRateAnnotation].is_string()) {
       try {

@@ -32,7 +32,7 @@ TEST(DrainPlan, ReadsTheResidentMemoryAnnotationAsBytesAndRefusesWhatDoesNotRead
   };
   EXPECT_EQ(vmi_resident_memory(vmi("134217728")), uint64_t(128) << 20);
   EXPECT_EQ(vmi_resident_memory(vmi("1.34217728e+08")), uint64_t(128) << 20);  // as Prometheus writes it
-  for (const json bad : {json("0"), json("-5"), json("lots"), json("12x"), json(""), json("nan"), json("inf"),
+  for (const json& bad : {json("0"), json("-5"), json("lots"), json("12x"), json(""), json("nan"), json("inf"),
                          json("1e300"), json(134217728), json(nullptr), json(std::string(40, '1'))}) {
     EXPECT_EQ(vmi_resident_memory(vmi(bad)), std::nullopt) << bad.dump();
   }
@@ -43,7 +43,7 @@ TEST(DrainPlan, ReadsTheResidentMemoryAnnotationAsBytesAndRefusesWhatDoesNotRead
 TEST(DrainPlan, AResidentMeasureIsWhatPassZeroMovesNeverMoreThanTheMemory) {
   // 1 GiB VMs over 1 GiB/s, idle: without a resident measure pass 0 moves the whole GiB; with one
   // of 128 MiB it moves that; a resident figure above the memory counts as the memory.
-  DrainVm spec{"ns", "spec", uint64_t(1) << 30, 0.0, "annotation", ""};
+  DrainVm spec{.ns = "ns", .name = "spec", .memory = uint64_t(1) << 30, .dirty_rate = 0.0, .dirty_source = "annotation"};
   DrainVm resident = spec, above = spec;
   resident.name = "resident", resident.resident = uint64_t(128) << 20, resident.resident_time = "2026-12-07T12:00:00Z";
   above.name = "above", above.resident = uint64_t(3) << 30;
@@ -107,7 +107,8 @@ TEST(DrainPlan, UsesTheLatestCheckThatCarriedItsBytesAndItsFastestAllowedPair) {
 TEST(DrainPlan, ThousandVmisGiveABoundedListAndAFullSummary) {
   std::vector<DrainVm> vms;
   for (int i = 0; i < 1000; ++i) {
-    DrainVm vm{"ns", "vm" + std::to_string(i), uint64_t(256) << 20, 10.0 * (1 << 20), "annotation", ""};
+    DrainVm vm{.ns = "ns", .name = "vm" + std::to_string(i), .memory = uint64_t(256) << 20,
+               .dirty_rate = 10.0 * (1 << 20), .dirty_source = "annotation"};
     if (i % 100 == 7) vm.memory = uint64_t(1) << 30, vm.dirty_rate = 4 * GiB;  // 10 never converge
     if (i == 500) vm.memory.reset();             // 1 names no memory
     if (i == 501) vm.dirty_rate.reset(), vm.dirty_source = "none";

@@ -4,7 +4,8 @@ rdmig finds KubeVirt's node agent:
 
   sink   (target side): listens on [::]:0, writes {"port": p} to --ready, then for every
          connection in accept order reads "<index>\\n" and the payload until EOF, answers the
-         SHA-256 of what it read and closes. Logs one JSON line per connection to --log.
+         SHA-256 of what it read and closes (a head line "<index> rp <MS>": post-copy's shape,
+         below). Logs one JSON line per connection to --log.
   dial   (source side): optionally calls the node hook (real gRPC, like virt-handler), then
          opens --count connections to --dest one after the other (like the proxy's dials for
          QEMU's main and multifd connections), sends "<index>\\n" + --bytes random bytes on
@@ -22,9 +23,10 @@ Post-copy's shape (--page-requests): after the switch QEMU's target sends page r
 return path of the main connection (small messages, MIG_RP_MSG_REQ_PAGES) while the source
 streams the rest, and answers each by sending that page ahead of the background stream; a page
 fault waits for it, so a request held anywhere (a relay filling a chunk) stalls the guest. Here
-the dial's head line is "<index> rp\n" and its stream is records: b"D" + u32 length + data (the
-payload), b"P" + u32 id + the 4096 bytes of page `id` (page_bytes), b"E" (the payload ended). The
-sink, from the head line on, sends b"R" + u32 id every MS ms until it sees b"E", checks every
+the dial's head line is "<index> rp <MS>\n" (MS taken as 1 to 1000) and its stream is records:
+b"D" + u32 length + data (the payload), b"P" + u32 id + the 4096 bytes of page `id`
+(page_bytes), b"E" (the payload ended). The sink, from the head line on, sends b"R" + u32 id
+every MS ms until it sees b"E", checks every
 page against its id and times each request to its page; once every request has its page it
 answers b"A" + u32 length + a JSON summary (the payload's SHA-256, requests, pages, bad pages,
 latency percentiles). The dial answers each request ahead of its next 64 KiB of payload, keeps
@@ -270,6 +272,7 @@ def dial(args):
         rec = {"index": i, "ok": False, "error": None}
         asked = queue.Queue()
         summary = {}
+        ended = threading.Event()  # the return path ended (the summary, EOF, an error): for good
 
         def reader():
             try:
@@ -279,29 +282,34 @@ def dial(args):
                         asked.put(struct.unpack(">I", read_exact(s, 4))[0])
                     elif kind == b"A":
                         (n,) = struct.unpack(">I", read_exact(s, 4))
-                        summary.update(json.loads(read_exact(s, min(n, RP_MAX_RECORD))))
+                        got = json.loads(read_exact(s, min(n, RP_MAX_RECORD)))
+                        if not isinstance(got, dict):
+                            raise ValueError("a summary that is not an object: %r" % got)
+                        summary.update(got)
                         break
                     else:
                         raise ValueError("unknown return-path record %r" % kind)
-            except (OSError, EOFError, ValueError) as e:
+            except Exception as e:  # noqa: BLE001 - any end of the reader ends the return path
                 summary.setdefault("readError", "%s: %s" % (type(e).__name__, e))
-            asked.put(None)  # wakes the writer: the return path ended
+            finally:
+                ended.set()
+                asked.put(None)  # wakes a writer waiting on the queue
 
         def answer(block_for):
             """Sends the page of every request waiting (waiting up to block_for s for the first);
-            False once the return path ended."""
+            False once the return path ended and nothing waits."""
             try:
                 pid = asked.get(timeout=block_for) if block_for > 0 else asked.get_nowait()
             except queue.Empty:
-                return True
+                return not ended.is_set()
             while pid is not None:
                 s.sendall(b"P" + struct.pack(">I", pid) + page_bytes(pid))
                 rec["pages"] = rec.get("pages", 0) + 1
                 try:
                     pid = asked.get_nowait()
                 except queue.Empty:
-                    return True
-            return False
+                    break
+            return not ended.is_set()
 
         t = threading.Thread(target=reader, daemon=True)
         t.start()
@@ -318,9 +326,13 @@ def dial(args):
                             break
                         answer(ahead)
             s.sendall(b"E")
-            while answer(args.timeout):
-                pass
-            t.join(args.timeout)
+            # The requests still coming until the summary, at most --timeout past the payload.
+            deadline = time.monotonic() + args.timeout
+            while answer(max(0.01, min(1.0, deadline - time.monotonic()))):
+                if time.monotonic() >= deadline:
+                    summary.setdefault("readError", "no summary within %.0f s of the payload's end" % args.timeout)
+                    break
+            t.join(max(0.0, deadline - time.monotonic()))
             if summary.get("readError"):
                 rec["error"] = summary["readError"]
             elif summary.get("sha256") != want:

@@ -87,13 +87,14 @@ RAIL_CUT_AFTER_PKTS = (1 << 20) // 4096
 # PAGE_FLOW_BYTES at PAGE_FLOW_RATE, all four at once: 2 MiB/s in all, well below what the agents
 # relay in these VMs (at 8 MiB/s, about their capacity here, the stream queued between the stand-ins
 # and the page requests waited 0.5-2 s behind it, 30 ms direct, with stand-ins then still with
-# Nagle). A request the relay held back (to
-# fill a chunk) waits for its stream's end, 4 s: on the rail not cut the median must stay under
-# PAGE_REQUEST_P50_BOUND_MS; on the cut one they wait out the failover.
+# Nagle). Requests the relay held back (to fill a chunk) would wait for their stream's end, asked
+# evenly over its 4 s: a median of about 2 s. On the rail not cut the median must stay under
+# PAGE_REQUEST_P50_BOUND_MS, 5 times the slowest median seen there; on the cut one they wait out
+# the failover.
 PAGE_REQUEST_MS = 5
 PAGE_FLOW_RATE = 512 << 10
 PAGE_FLOW_BYTES = 2 << 20
-PAGE_REQUEST_P50_BOUND_MS = 500
+PAGE_REQUEST_P50_BOUND_MS = 1000
 # The address case's failover deadline (both agents; each of the source's three paths gets a third):
 # 8 s a path, past one retransmission of an unanswered connect request (rdma_cm on RoCE sends it
 # again after 2 x 256 ms packet lifetime + 4096 ms response time, about 4.6 s). The first re-dial
@@ -566,15 +567,16 @@ class TwoNodeKubevirtRdmaTest(unittest.TestCase):
         for way, res in (("direct", direct), ("carried", self.dialled)):
             for c in res["connections"]:
                 rp = c["returnPath"]
-                print("%s connection %d (%.1f s): %d page requests, %d answered, p50 %.1f ms, p99 %.1f ms, max %.1f ms"
-                      % (way, c["index"], c["seconds"], rp["requests"], rp["pages"], rp["p50Ms"], rp["p99Ms"],
-                         rp["maxMs"]))
+                print("%s connection %d (%.1f s): %s page requests, %s answered, p50 %s ms, p99 %s ms, max %s ms"
+                      % (way, c["index"], c["seconds"], rp.get("requests"), rp.get("pages"),
+                         *("%.1f" % rp[k] if isinstance(rp.get(k), (int, float)) else "-"
+                           for k in ("p50Ms", "p99Ms", "maxMs"))))
         # Every request answered with its page intact, those of the cut rail's connections (1 and
         # 3) after their failover; on rail 0's (0 and 2) the median within the bound. Measured on
-        # these VMs (2026-12-07, three runs): direct 6-11 ms, through the agents 55-80 ms (the
+        # these VMs (2026-12-07, four runs): direct 6-18 ms, through the agents 55-202 ms (the
         # agents, rxe and the stand-ins share the VMs' two TCG vCPUs; the agents' target leg
         # without Nagle, tried once, changed nothing: 66-80 against 67-70), on the cut rail
-        # 1.5-1.8 s (the failover's stall, about 4 s, in most of them).
+        # 1.5-2.0 s (the failover's stall, about 4 s, in most of them).
         for c in self.dialled["connections"]:
             rp = c["returnPath"]
             self.assertGreater(rp["requests"], 0, c)

@@ -24,6 +24,7 @@ flock 9   # one download at a time: tests run side by side
 # (default 14: a Debian kernel update replaced it) is removed.
 serve() {
   local keep="${RDMIG_KERNEL_KEEP_DAYS:-14}" dir stamp
+  [[ "$keep" =~ ^[0-9]+$ ]] || keep=14
   touch "$1/.used"
   for dir in "$cache"/kernel/linux-image-*/; do
     dir="${dir%/}"
@@ -63,23 +64,38 @@ current="$cache/kernel/$suite.current"   # "PACKAGE FILENAME SHA256" of the last
 keyring="${RDMIG_DEBIAN_KEYRING:-/usr/share/keyrings/debian-archive-keyring.gpg}"
 cached_root() { [ -s "$current" ] && read -r p _ <"$current" && [ -e "$cache/kernel/$p/.done" ]; }
 # The suite's package index, trusted only as far as Debian's signature reaches: InRelease verified
-# with gpgv against the archive keyring, then Packages.xz against the SHA-256 the signed text lists.
-# Prints the index; fails (naming why) when it cannot be read, and exits when it does not verify.
+# with gpgv against the archive keyring (one good signature by a key there, none bad: Debian signs
+# with several keys, and a keyring older than one of them still knows the others), naming this
+# suite, then Packages.xz against the SHA-256 the signed text lists. Prints the index; returns 1
+# (naming why on stderr) when it cannot be read or does not verify: the caller falls back to the
+# kernel verified last time, if any.
 signed_index() {
-  local tmp rel want
-  tmp="$(mktemp -d)"
-  # shellcheck disable=SC2064
-  trap "rm -rf '$tmp'" RETURN
+  local tmp rc=0
+  tmp="$(mktemp -d)" || return 1
+  signed_index_in "$tmp" || rc=$?
+  rm -rf "$tmp"
+  return "$rc"
+}
+signed_index_in() {
+  local tmp="$1" rel want
   curl -fsS --retry 3 -o "$tmp/InRelease" "$mirror/dists/$suite/InRelease" || return 1
-  if ! rel="$(gpgv --keyring "$keyring" --output - "$tmp/InRelease" 2>"$tmp/gpgv")"; then
+  rel="$(gpgv --status-fd 3 --keyring "$keyring" --output - "$tmp/InRelease" 2>"$tmp/gpgv" 3>"$tmp/status")" || true
+  if ! grep -q '^\[GNUPG:\] VALIDSIG ' "$tmp/status"; then
     echo "fetch-kernel: $mirror/dists/$suite/InRelease does not verify against $keyring:" >&2
-    cat "$tmp/gpgv" >&2; exit 1
+    cat "$tmp/gpgv" >&2; return 1
+  fi
+  if grep -q '^\[GNUPG:\] BADSIG ' "$tmp/status"; then
+    echo "fetch-kernel: $mirror/dists/$suite/InRelease carries a bad signature:" >&2
+    cat "$tmp/gpgv" >&2; return 1
+  fi
+  if ! awk -v s="$suite" '/^$/{exit} ($1 == "Suite:" || $1 == "Codename:") && $2 == s {found=1} END{exit !found}' <<<"$rel"; then
+    echo "fetch-kernel: $mirror/dists/$suite/InRelease is signed but names another suite" >&2; return 1
   fi
   want="$(awk '/^SHA256:/{p=1; next} /^[^ ]/{p=0} p && $3 == "main/binary-amd64/Packages.xz" {print $1; exit}' <<<"$rel")"
-  [[ "$want" =~ ^[0-9a-f]{64}$ ]] || { echo "fetch-kernel: $suite's InRelease lists no SHA-256 for main/binary-amd64/Packages.xz" >&2; exit 1; }
+  [[ "$want" =~ ^[0-9a-f]{64}$ ]] || { echo "fetch-kernel: $suite's InRelease lists no SHA-256 for main/binary-amd64/Packages.xz" >&2; return 1; }
   curl -fsS --retry 3 -o "$tmp/Packages.xz" "$mirror/dists/$suite/main/binary-amd64/Packages.xz" || return 1
   if [ "$(sha256sum "$tmp/Packages.xz" | cut -d' ' -f1)" != "$want" ]; then
-    echo "fetch-kernel: $mirror/dists/$suite/main/binary-amd64/Packages.xz does not match the SHA-256 its signed InRelease gives" >&2; exit 1
+    echo "fetch-kernel: $mirror/dists/$suite/main/binary-amd64/Packages.xz does not match the SHA-256 its signed InRelease gives" >&2; return 1
   fi
   xz -dc "$tmp/Packages.xz"
 }
