@@ -573,7 +573,7 @@ class TwoNodeKubevirtRdmaTest(unittest.TestCase):
                            for k in ("p50Ms", "p99Ms", "maxMs"))))
         # Every request answered with its page intact, those of the cut rail's connections (1 and
         # 3) after their failover; on rail 0's (0 and 2) the median within the bound. Measured on
-        # these VMs (2026-12-07, four runs): direct 6-18 ms, through the agents 55-202 ms (the
+        # these VMs (2026-12-07, five runs): direct 6-24 ms, through the agents 55-202 ms (the
         # agents, rxe and the stand-ins share the VMs' two TCG vCPUs; the agents' target leg
         # without Nagle, tried once, changed nothing: 66-80 against 67-70), on the cut rail
         # 1.5-2.0 s (the failover's stall, about 4 s, in most of them).

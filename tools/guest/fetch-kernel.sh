@@ -7,10 +7,10 @@
 # trixie): that release's kernel straight from the mirror ($RDMIG_DEBIAN_MIRROR, default
 # deb.debian.org), no apt source needed: the suite's InRelease is checked against Debian's archive
 # keys (gpgv, debian-archive-keyring; $RDMIG_DEBIAN_KEYRING names another keyring), the package
-# index against the SHA-256 InRelease gives, the
-# .deb against the SHA-256 the index gives; which package is current is looked up at most once a
-# day (the answer is kept in CACHE_DIR/kernel/SUITE.current; when the mirror is out of reach, the
-# kernel unpacked last time serves). A kernel not used for 14 days is removed.
+# index against the SHA-256 InRelease gives, the .deb against the SHA-256 the index gives; which
+# package is current is looked up at most once a day (the answer is kept in
+# CACHE_DIR/kernel/SUITE.current; when the mirror is out of reach, the kernel unpacked last time
+# serves). A kernel not used for 14 days is removed.
 set -euo pipefail
 suite=""
 if [ "${1:-}" = "--suite" ]; then suite="${2:?--suite needs a suite name}"; shift 2; fi
