@@ -15,6 +15,9 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024 * 1024;
 
+// A VM's input to the model: what pass 0 moves (moved_memory) and its dirty rate (0 unmeasured).
+forecast::VmInput model_input(const DrainVm& vm) { return {moved_memory(vm), vm.dirty_rate.value_or(0.0)}; }
+
 json figures(const forecast::Prediction& p) {
   return json{{"totalSeconds", round3(p.total_seconds)}, {"downtimeSeconds", round3(p.downtime_seconds)}};
 }
@@ -70,7 +73,7 @@ json drain_forecast(const std::vector<DrainVm>& vms, const forecast::PathMeasure
     e["dirtyRateBytesPerSecond"] = vm.dirty_rate.value_or(0.0);
     e["target"] = target;
     per_vm[i].completion_timeout = settings.timeout_per_gib * std::max(1.0, static_cast<double>(*vm.memory) / kGiB);
-    const forecast::VmInput in{moved_memory(vm), vm.dirty_rate.value_or(0.0)};
+    const forecast::VmInput in = model_input(vm);
     forecast::PlanJob job{vm.ns + "/" + vm.name, {}};
     for (uint32_t k = 1; k <= K; ++k) {
       auto s = per_vm[i];
@@ -89,7 +92,7 @@ json drain_forecast(const std::vector<DrainVm>& vms, const forecast::PathMeasure
     const size_t i = job_vm[pj.job];
     auto s = per_vm[i];
     s.concurrent = pj.concurrency;
-    const auto p = forecast::predict(forecast::VmInput{moved_memory(vms[i]), vms[i].dirty_rate.value_or(0.0)}, path, s);
+    const auto p = forecast::predict(model_input(vms[i]), path, s);
     json& e = entries[i];
     e["order"] = n;
     e["concurrency"] = pj.concurrency;
@@ -120,7 +123,7 @@ json drain_forecast(const std::vector<DrainVm>& vms, const forecast::PathMeasure
     ++not_converging;
     auto s = per_vm[i];
     s.concurrent = 1;
-    const forecast::VmInput in{moved_memory(vms[i]), vms[i].dirty_rate.value_or(0.0)};
+    const forecast::VmInput in = model_input(vms[i]);
     const auto p = forecast::predict(in, path, s);
     json& e = entries[i];
     e["throughputBytesPerSecond"] = std::round(p.throughput);

@@ -26,10 +26,9 @@ fault waits for it, so a request held anywhere (a relay filling a chunk) stalls 
 the dial's head line is "<index> rp <MS>\n" (MS taken as 1 to 1000) and its stream is records:
 b"D" + u32 length + data (the payload), b"P" + u32 id + the 4096 bytes of page `id`
 (page_bytes), b"E" (the payload ended). The sink, from the head line on, sends b"R" + u32 id
-every MS ms until it sees b"E", checks every
-page against its id and times each request to its page; once every request has its page it
-answers b"A" + u32 length + a JSON summary (the payload's SHA-256, requests, pages, bad pages,
-latency percentiles). The dial answers each request ahead of its next 64 KiB of payload, keeps
+every MS ms until it sees b"E", checks every page against its id and times each request to its
+page; once every request has its page it answers b"A" + u32 length + a JSON summary (the
+payload's SHA-256, requests, pages, bad pages, latency percentiles). The dial answers each request ahead of its next 64 KiB of payload, keeps
 answering after b"E" until the summary comes, and is ok when the digest matches and every request
 got its page intact.
 """

@@ -100,7 +100,8 @@ signed_index_in() {
   fi
   xz -dc "$tmp/Packages.xz"
 }
-if [ ! -s "$current" ] || [ -n "$(find "$current" -mmin +1440)" ]; then
+# Looked up again after a day, or when the last lookup is from before checksums were kept.
+if [ ! -s "$current" ] || [ -n "$(find "$current" -mmin +1440)" ] || ! awk 'NF == 3 {ok = 1} END {exit !ok}' "$current"; then
   if idx="$(signed_index)" && [ -n "$idx" ]; then
     pkg="$(awk '/^Package: linux-image-amd64$/{p=1} p && /^Depends:/{sub(/^Depends: /, ""); sub(/ .*/, ""); print; exit}' <<<"$idx")"
     [[ "$pkg" =~ ^linux-image-[0-9][a-z0-9.+~-]*$ ]] || { echo "fetch-kernel: $suite's linux-image-amd64 depends on '$pkg'" >&2; exit 1; }
@@ -108,7 +109,8 @@ if [ ! -s "$current" ] || [ -n "$(find "$current" -mmin +1440)" ]; then
     [ -n "$file" ] && [ -n "$sum" ] || { echo "fetch-kernel: $suite's index has no file or checksum for $pkg" >&2; exit 1; }
     echo "$pkg $file $sum" >"$current.tmp" && mv "$current.tmp" "$current"
   elif cached_root; then
-    # The mirror is out of reach: the kernel unpacked last time serves (looked up again next time).
+    # The mirror is out of reach or did not verify: the kernel unpacked (and verified) last time
+    # serves; looked up again next time.
     echo "fetch-kernel: no verified package index of $suite from $mirror; using the cached $(cut -d' ' -f1 "$current")" >&2
   else
     echo "fetch-kernel: no verified package index of $suite from $mirror" >&2; exit 1
@@ -124,7 +126,7 @@ if [ ! -e "$root/.done" ]; then
     rm -f "$current" "$deb"   # gone from the mirror (a newer kernel replaced it): look it up again next time
     echo "fetch-kernel: cannot download $mirror/$file" >&2; exit 1
   fi
-  if [ -n "${sum:-}" ] && [ "$(sha256sum "$deb" | cut -d' ' -f1)" != "$sum" ]; then
+  if [ "$(sha256sum "$deb" | cut -d' ' -f1)" != "$sum" ]; then
     rm -f "$deb"; echo "fetch-kernel: $mirror/$file does not match the SHA-256 its index gives" >&2; exit 1
   fi
   dpkg -x "$deb" "$root"
