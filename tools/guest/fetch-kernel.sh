@@ -63,6 +63,9 @@ fi
 mirror="${RDMIG_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 current="$cache/kernel/$suite.current"   # "PACKAGE FILENAME SHA256" of the last lookup
 keyring="${RDMIG_DEBIAN_KEYRING:-/usr/share/keyrings/debian-archive-keyring.gpg}"
+# curl with bounds: a mirror that accepts and then stays silent (or crawls under 10 KiB/s for 30 s)
+# fails the try instead of holding the row until its ctest timeout; 3 retries.
+fetch() { curl -fsS --retry 3 --connect-timeout 20 --speed-limit 10240 --speed-time 30 -o "$1" "$2"; }
 cached_root() { [ -s "$current" ] && read -r p _ <"$current" && [ -e "$cache/kernel/$p/.done" ]; }
 # The suite's package index, trusted only as far as Debian's signature reaches: InRelease verified
 # with gpgv against the archive keyring (one good signature by a key there, none bad: Debian signs
@@ -79,7 +82,7 @@ signed_index() {
 }
 signed_index_in() {
   local tmp="$1" rel want
-  curl -fsS --retry 3 -o "$tmp/InRelease" "$mirror/dists/$suite/InRelease" || return 1
+  fetch "$tmp/InRelease" "$mirror/dists/$suite/InRelease" || return 1
   rel="$(gpgv --status-fd 3 --keyring "$keyring" --output - "$tmp/InRelease" 2>"$tmp/gpgv" 3>"$tmp/status")" || true
   if ! grep -q '^\[GNUPG:\] VALIDSIG ' "$tmp/status"; then
     echo "fetch-kernel: $mirror/dists/$suite/InRelease does not verify against $keyring:" >&2
@@ -94,7 +97,7 @@ signed_index_in() {
   fi
   want="$(awk '/^SHA256:/{p=1; next} /^[^ ]/{p=0} p && $3 == "main/binary-amd64/Packages.xz" {print $1; exit}' <<<"$rel")"
   [[ "$want" =~ ^[0-9a-f]{64}$ ]] || { echo "fetch-kernel: $suite's InRelease lists no SHA-256 for main/binary-amd64/Packages.xz" >&2; return 1; }
-  curl -fsS --retry 3 -o "$tmp/Packages.xz" "$mirror/dists/$suite/main/binary-amd64/Packages.xz" || return 1
+  fetch "$tmp/Packages.xz" "$mirror/dists/$suite/main/binary-amd64/Packages.xz" || return 1
   if [ "$(sha256sum "$tmp/Packages.xz" | cut -d' ' -f1)" != "$want" ]; then
     echo "fetch-kernel: $mirror/dists/$suite/main/binary-amd64/Packages.xz does not match the SHA-256 its signed InRelease gives" >&2; return 1
   fi
@@ -122,7 +125,7 @@ root="$cache/kernel/$pkg"
 if [ ! -e "$root/.done" ]; then
   rm -rf "$root"; mkdir -p "$root"
   deb="$cache/kernel/$pkg.deb"
-  if ! curl -fsS --retry 3 -o "$deb" "$mirror/$file"; then
+  if ! fetch "$deb" "$mirror/$file"; then
     rm -f "$current" "$deb"   # gone from the mirror (a newer kernel replaced it): look it up again next time
     echo "fetch-kernel: cannot download $mirror/$file" >&2; exit 1
   fi
