@@ -14,17 +14,25 @@ double round3(double seconds) { return std::round(seconds * 1000) / 1000; }
 
 using nlohmann::json;
 
-namespace {
-
 std::optional<double> annotation_number(const json& annotations, const char* key) {
   if (!annotations.is_object() || !annotations.contains(key) || !annotations[key].is_string()) return std::nullopt;
-  try {
-    const double v = std::stod(annotations[key].get<std::string>());
-    if (std::isfinite(v) && v >= 0) return v;
-  } catch (...) {
+  const std::string text = annotations[key].get<std::string>();
+  if (text.empty() || text.size() > 32 ||
+      text.find_first_not_of("0123456789.eE+-") != std::string::npos) {
+    return std::nullopt;
   }
-  return std::nullopt;
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (...) {
+    return std::nullopt;
+  }
+  if (used != text.size() || !std::isfinite(v) || v < 0) return std::nullopt;
+  return v;
 }
+
+namespace {
 
 std::optional<double> seconds_between(const std::string& from, const std::string& to) {
   const auto a = k8s::parse_time(from), b = k8s::parse_time(to);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,12 @@ namespace rdmig::controller {
 // Seconds as a plan's status shows them: rounded to the millisecond (the forecast's and the
 // execution's figures alike).
 double round3(double seconds);
+
+// A number in an annotation (the plan's own, and the figures copied onto a VMI: dirty rate,
+// resident memory): the whole text, at most 32 characters, decimal digits with an optional sign,
+// point and exponent ("1.34217728e+08", as Prometheus writes it), finite and not negative; unset
+// otherwise ("12x", " 5", "0x10", "inf", a number that is not a string).
+std::optional<double> annotation_number(const nlohmann::json& annotations, const char* key);
 
 // Labels and annotations on the RdmaMigrations a plan creates.
 inline constexpr const char* kPlanLabel = "rdmig.io/drain-plan";          // the plan's name (cut to 63)

@@ -77,20 +77,9 @@ std::string drainplan_path(const json& obj) {
 std::optional<uint64_t> vmi_resident_memory(const json& vmi) {
   const json md = vmi.value("metadata", json::object());
   const json ann = md.is_object() ? md.value("annotations", json::object()) : json::object();
-  if (!ann.is_object() || !ann.contains(kResidentMemoryAnnotation) || !ann[kResidentMemoryAnnotation].is_string()) {
-    return std::nullopt;
-  }
-  const std::string text = ann[kResidentMemoryAnnotation].get<std::string>();
-  if (text.empty() || text.size() > 32) return std::nullopt;
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (...) {
-    return std::nullopt;
-  }
-  if (used != text.size() || !std::isfinite(v) || v < 1 || v > 9007199254740992.0) return std::nullopt;
-  return static_cast<uint64_t>(v);
+  const auto v = annotation_number(ann, kResidentMemoryAnnotation);
+  if (!v || *v < 1 || *v > 9007199254740992.0) return std::nullopt;
+  return static_cast<uint64_t>(*v);
 }
 
 std::optional<uint64_t> vmi_memory(const json& vmi) {
@@ -468,15 +457,9 @@ Result<std::vector<DrainVm>> DrainPlanReconciler::node_vms(const json& spec, con
     const json md = vmi.value("metadata", json::object());
     DrainVm vm{.ns = md.value("namespace", ""), .name = md.value("name", ""), .memory = vmi_memory(vmi)};
     const json ann = md.value("annotations", json::object());
-    if (ann.is_object() && ann.contains(kDirtyRateAnnotation) && ann[kDirtyRateAnnotation].is_string()) {
-      try {
-        const double rate = std::stod(ann[kDirtyRateAnnotation].get<std::string>());
-        if (rate >= 0 && std::isfinite(rate)) {
-          vm.dirty_rate = rate, vm.dirty_source = "annotation";
-          vm.dirty_time = ann.value(kDirtyRateTimeAnnotation, std::string());
-        }
-      } catch (...) {
-      }
+    if (const auto rate = annotation_number(ann, kDirtyRateAnnotation)) {
+      vm.dirty_rate = *rate, vm.dirty_source = "annotation";
+      vm.dirty_time = ann.value(kDirtyRateTimeAnnotation, std::string());
     }
     if (!vm.dirty_rate && in.assumed_dirty_rate) vm.dirty_rate = *in.assumed_dirty_rate, vm.dirty_source = "assumed";
     if (auto resident = vmi_resident_memory(vmi)) {

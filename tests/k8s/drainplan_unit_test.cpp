@@ -26,6 +26,22 @@ TEST(DrainPlan, ReadsVmiMemoryFromGuestThenRequestsInBinaryOrDecimal) {
   EXPECT_EQ(vmi_memory(json::parse(R"({"spec":{"domain":{"memory":{"guest":"lots"}}}})")), std::nullopt);
 }
 
+// One reader for every number in an annotation (dirty rate, resident memory, the plan's own): the
+// whole text or nothing. The dirty rate once took "12x" as 12 (std::stod reads a prefix).
+TEST(DrainPlan, AnnotationNumbersReadWholeOrNotAtAll) {
+  auto ann = [](json value) { return json{{"n", value}}; };
+  EXPECT_EQ(annotation_number(ann("0"), "n"), 0.0);
+  EXPECT_EQ(annotation_number(ann("16777216"), "n"), 16777216.0);
+  EXPECT_EQ(annotation_number(ann("1.5e+06"), "n"), 1.5e6);
+  EXPECT_EQ(annotation_number(ann("2.5"), "n"), 2.5);
+  for (const json& bad : {json("12x"), json(" 5"), json("5 "), json("0x10"), json("-1"), json("inf"), json("nan"),
+                         json(""), json("1e999"), json("lots"), json(std::string(40, '1')), json(5), json(nullptr)}) {
+    EXPECT_EQ(annotation_number(ann(bad), "n"), std::nullopt) << bad.dump();
+  }
+  EXPECT_EQ(annotation_number(json::object(), "n"), std::nullopt);
+  EXPECT_EQ(annotation_number(json("not an object"), "n"), std::nullopt);
+}
+
 TEST(DrainPlan, ReadsTheResidentMemoryAnnotationAsBytesAndRefusesWhatDoesNotRead) {
   auto vmi = [](json value) {
     return json{{"metadata", {{"annotations", {{kResidentMemoryAnnotation, value}}}}}};
