@@ -4,6 +4,7 @@
   python3 bench/relay_floor.py [--path bare|kubevirt] [--runs 5] [--bytes 1Gi] [--channels 1,4,9]
                                [--chunks 256Ki,1Mi,4Mi] [--out bench/results/relay-floor[-kubevirt]]
                                [--baseline OLD-rdmig-relay-cpu] [--kinds rdmig,floor,...]
+                               [--reader-rate 256Mi]
   (kinds: rdmig, floor, rdmig-splice, floor-splice, rdmig-tls; on --path kubevirt also
   floor-bounded, floor-splice-bounded)
 
@@ -44,6 +45,12 @@ splice kinds out, for more runs of the main pair in the same time); results.json
 run's figures; "node" is the agents' and the stand-ins' CPU together (the kernel charges a
 hop's wake-ups to whichever side runs them, so the agents' figure alone can move work to or from
 QEMU's side), and rdmig's chunks per GiB say how full its chunks were.
+--reader-rate: the target stand-in reads as QEMU's QEMUFile does, 32 KiB at a time, at most this
+many bytes a second over all connections: a target QEMU slower than the link, as a real one is
+when the link is fast (on this machine QEMU sends and loads 100-250 MB/s). Every hop then fills,
+each chunk meets a full socket at the target, and what waits between the two QEMUs is measured
+(inflightSteadyBytes: the mean once half the stream is read; see rdmig-relay-cpu). Without it the
+stand-in reads 1 MiB at a time as fast as it can, and the relay is the slowest stage.
 Syscalls per GiB come from `strace -c -f` on a short run of each kind (channels 4, chunk 1Mi;
 strace slows the run, so only the counts are used).
 Writes OUT/results.json and OUT/results.md. Never fails on speed.
@@ -89,12 +96,13 @@ TITLES = {"bare": "bare-QEMU path: QEMU's unix socket -> one loopback TCP connec
 
 
 BASELINE = None  # --baseline: another build's rdmig-relay-cpu, kind "baseline"
+READER = []  # --reader-rate: the flags that pace the target stand-in
 
 
 def one(kind, channels, chunk, nbytes, path="bare"):
     binary, flags = (BASELINE, KINDS[DEFAULT_KIND]) if kind == "baseline" else (RELAY_CPU, KINDS[kind])
     out = subprocess.run([binary, "--bytes", nbytes, "--channels", str(channels), "--chunk", chunk] + flags
-                         + path_flags(path, chunk),
+                         + path_flags(path, chunk) + READER,
                          capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise RuntimeError("rdmig-relay-cpu %s failed: %s" % (kind, out.stderr))
@@ -111,7 +119,8 @@ def one(kind, channels, chunk, nbytes, path="bare"):
     # on which side sleeps where, so a relay can look cheaper by making QEMU's side dearer.
     node = (r["agentsUserSeconds"] + r["agentsSystemSeconds"] + r["qemuUserSeconds"] + r["qemuSystemSeconds"]) / gib
     return {"user": user, "system": system, "cpu": user + system, "node": node, "MBps": r["bytesPerSecond"] / 1e6,
-            "chunks": r.get("chunks", 0) / gib, "tls": r.get("tls", "off")}
+            "chunks": r.get("chunks", 0) / gib, "tls": r.get("tls", "off"),
+            "inflightMiB": r.get("inflightSteadyBytes", 0) / float(1 << 20)}
 
 
 def syscalls_per_gib(kind, nbytes="256Mi", path="bare"):
@@ -122,7 +131,7 @@ def syscalls_per_gib(kind, nbytes="256Mi", path="bare"):
         return None
     with tempfile.NamedTemporaryFile(suffix=".strace") as f:
         out = subprocess.run(["strace", "-c", "-f", "-o", f.name, binary, "--bytes", nbytes, "--channels", "4",
-                              "--chunk", "1Mi"] + flags + path_flags(path, "1Mi"), capture_output=True, text=True,
+                              "--chunk", "1Mi"] + flags + path_flags(path, "1Mi") + READER, capture_output=True, text=True,
                              timeout=600)
         if out.returncode != 0:
             return None
@@ -162,7 +171,10 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--baseline", help="an earlier build's rdmig-relay-cpu, run as the kind 'baseline'")
     ap.add_argument("--kinds", help="which of %s to run (default: all the path has)" % ", ".join(KINDS))
+    ap.add_argument("--reader-rate", help="pace the target stand-in: bytes a second over all connections (256Mi)")
     args = ap.parse_args()
+    if args.reader_rate:
+        READER.extend(["--reader-rate", args.reader_rate])
     if not args.kinds:
         args.kinds = ",".join(k for k in KINDS if args.path == "kubevirt" or k not in BOUNDED)
     chosen = args.kinds.split(",")
@@ -195,7 +207,8 @@ def main():
                            "system": statistics.median(r["system"] for r in rs),
                            "node": statistics.median(r["node"] for r in rs),
                            "chunks": statistics.median(r["chunks"] for r in rs),
-                           "MBps": statistics.median(r["MBps"] for r in rs)}
+                           "MBps": statistics.median(r["MBps"] for r in rs),
+                           "inflightMiB": statistics.median(r["inflightMiB"] for r in rs)}
         for a, b in pairs:
             entry["%s/%s" % (a, b)] = entry[a]["cpu"] / entry[b]["cpu"] if entry[b]["cpu"] > 0 else None
             entry["%s/%s node" % (a, b)] = entry[a]["node"] / entry[b]["node"] if entry[b]["node"] > 0 else None
@@ -207,6 +220,10 @@ def main():
             entry["cheapest-floor"] = min(FLOORS, key=lambda f: entry[f]["cpu"])
             cheapest = entry[entry["cheapest-floor"]]["cpu"]
             entry["rdmig/cheapest-floor"] = entry[DEFAULT_KIND]["cpu"] / cheapest if cheapest > 0 else None
+            # The node's CPU (the stand-ins' with the agents'): the kernel charges a hop's wake-ups
+            # to whichever side runs them, so a relay that sleeps less can look cheaper or dearer.
+            node_floor = entry[entry["cheapest-floor"]]["node"]
+            entry["rdmig/cheapest-floor node"] = entry[DEFAULT_KIND]["node"] / node_floor if node_floor > 0 else None
             paired = sorted(x["cpu"] / min(y["cpu"], z["cpu"]) for x, y, z in
                             zip(runs[(row, DEFAULT_KIND)], runs[(row, FLOORS[0])], runs[(row, FLOORS[1])])
                             if min(y["cpu"], z["cpu"]) > 0)
@@ -220,7 +237,8 @@ def main():
     m = machine()
     results = {"machine": "nproc %d (%s), %.1f GiB, kernel %s, %s" % (m["cpus"], m["cpu"], m["mem_gib"], m["kernel"],
                                                                      m["date"]), "command": "python3 bench/relay_floor.py " + " ".join(sys.argv[1:]),
-               "path": args.path, "runs": args.runs, "bytes": args.bytes, "rows": table, "syscalls": sc,
+               "path": args.path, "runs": args.runs, "bytes": args.bytes, "readerRate": args.reader_rate,
+               "rows": table, "syscalls": sc,
                "baseline": BASELINE, "default": DEFAULT_KIND}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
@@ -240,15 +258,25 @@ def main():
                        min(e["rdmig/cheapest-floor paired"]["median"] for e in cheap),
                        max(e["rdmig/cheapest-floor paired"]["median"] for e in cheap),
                        max(e["rdmig/cheapest-floor paired"]["max"] for e in cheap)), "",
-                   "| channels | chunk | %s | cheapest floor | %s / cheapest floor | paired (quartiles) |" % (
-                       DEFAULT_KIND, DEFAULT_KIND), "|---|---|---|---|---|---|"]
+                   "| channels | chunk | %s | cheapest floor | %s / cheapest floor | paired (quartiles) | node: %s / "
+                   "that floor |" % (DEFAULT_KIND, DEFAULT_KIND, DEFAULT_KIND), "|---|---|---|---|---|---|---|"]
         for e in cheap:
             p = e["rdmig/cheapest-floor paired"]
-            summary.append("| %d | %s | %.3f | %s %.3f | **%.2f** | %.2f (%.2f-%.2f) |" % (
+            summary.append("| %d | %s | %.3f | %s %.3f | **%.2f** | %.2f (%.2f-%.2f) | %.2f |" % (
                 e["channels"], e["chunk"], e[DEFAULT_KIND]["cpu"], e["cheapest-floor"], e[e["cheapest-floor"]]["cpu"],
-                e["rdmig/cheapest-floor"], p["median"], p["q1"], p["q3"]))
+                e["rdmig/cheapest-floor"], p["median"], p["q1"], p["q3"], e["rdmig/cheapest-floor node"]))
         summary.append("")
-    lines = ["# rdmig's relay against its floor", "", "Hops: %s." % TITLES[args.path], ""] + summary + [
+    paced = []
+    if args.reader_rate:
+        paced = ["The target stand-in reads 32 KiB at a time at %s bytes a second in all (`--reader-rate`): a target "
+                 "QEMU slower than the link." % args.reader_rate, "",
+                 "What waits between the two QEMUs behind it (MiB, the median of each row's steady means):", "",
+                 "| channels | chunk | " + " | ".join(kinds) + " |", "|---|---|" + "---|" * len(kinds)]
+        for e in table:
+            paced.append("| %d | %s | %s |" % (e["channels"], e["chunk"], " | ".join("%.1f" % e[k]["inflightMiB"]
+                                                                                    for k in kinds)))
+        paced.append("")
+    lines = ["# rdmig's relay against its floor", "", "Hops: %s." % TITLES[args.path], ""] + paced + summary + [
              "Machine: %s. Command: `%s`. %d interleaved runs of %s per kind and row; CPU seconds per GiB of "
              "both agents (the QEMU stand-ins' threads taken out), medians with min-max. A / B: the ratio of the "
              "medians; paired: the median of run i's A / run i's B, with the quartiles." % (

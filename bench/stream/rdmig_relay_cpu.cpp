@@ -8,7 +8,7 @@
 //   rdmig-relay-cpu [--bytes 8Gi] [--chunk 1Mi] [--depth 16] [--splice auto|on|off]
 //                   [--splice-source MODE] [--splice-target MODE] [--write 512Ki] [--channels 1]
 //                   [--relay rdmig|floor|floor-splice] [--ends unix|tcp] [--bound-floor]
-//                   [--no-verify] [--tls]
+//                   [--no-verify] [--tls] [--reader-rate 50M]
 // --relay floor: the same hops (unix socket -> one loopback TCP connection per channel -> unix
 // socket) relayed by the simplest code that can do it, the benchmark's floor and not the
 // product: per connection and direction one thread per "agent" that reads up to --chunk bytes
@@ -24,6 +24,14 @@
 // to a chunk each way as the agents bound the proxy hops (net::bound_local_hop); the floor keeps
 // autotuning unless --bound-floor (the same bound: what the bound itself costs, apart from
 // rdmig's code).
+// --reader-rate: the target stand-in reads at most this many bytes a second, in 32 KiB reads (the
+// size of QEMU's QEMUFile buffer): a target QEMU slower than the stream, so that whatever the hops
+// let wait between the two QEMUs fills up. Before each read the reader takes the bytes the source
+// stand-in has written (its socket took them: QEMU counts them as sent) less those it has read:
+// what waits between the QEMUs, and what a switchover must drain before the target can run.
+// inflightMaxBytes is the most of it, summed over the connections' own maxima (an upper bound of
+// the most at once); inflightSteadyBytes the mean of its samples once half the stream is read
+// (every hop full), summed over the connections.
 // Prints one JSON line: bytes, seconds, agents' user and system CPU seconds, QEMU stand-ins', the
 // chunks sent and, of them, those the target's reader wrote to QEMU itself (inlineChunks) and spliced
 // (inlineSpliced).
@@ -84,6 +92,7 @@ struct Options {
   bool tcp_ends = false;                                               // --ends tcp
   bool bound_floor = false;                                            // --bound-floor
   bool verify = true;
+  uint64_t reader_rate = 0;  // bytes a second per connection; 0: as fast as it can
 };
 
 struct Stream {
@@ -94,6 +103,10 @@ struct Stream {
   Cpu writer, reader;
   bool mismatch = false;
   uint64_t received = 0;
+  std::atomic<uint64_t> written{0};  // bytes the source stand-in's socket took
+  uint64_t inflight_max = 0;         // the reader's samples of written - received
+  double inflight_steady_sum = 0;
+  uint64_t inflight_steady_n = 0;
 };
 
 // Writes `total` bytes whose 8-byte words hold their offset, in writes of `write` bytes (any
@@ -111,20 +124,36 @@ void writer(Stream& s, uint64_t total, uint64_t write, bool verify) {
     const auto* from = reinterpret_cast<const std::byte*>(buf.data()) + (verify ? off % 8 : 0);
     if (!net::write_all(s.src_qemu.get(), std::span(from, n)).ok()) break;
     off += n;
+    s.written.store(off, std::memory_order_release);
   }
   ::shutdown(s.src_qemu.get(), SHUT_WR);
   const Cpu c1 = usage(RUSAGE_THREAD);
   s.writer = {c1.user - c0.user, c1.sys - c0.sys};
 }
 
-void reader(Stream& s, bool verify) {
+void reader(Stream& s, bool verify, uint64_t total, uint64_t rate) {
   name_this_thread("qemu-reader");
   const Cpu c0 = usage(RUSAGE_THREAD);
   std::vector<uint64_t> buf((1u << 20) / 8);
+  // Paced, it reads as QEMU's QEMUFile does, 32 KiB at a time.
+  const size_t want = rate ? size_t{32} << 10 : size_t{1} << 20;
+  const auto t0 = std::chrono::steady_clock::now();
   uint64_t off = 0;
   size_t carry = 0;  // bytes of a partial word at the start of buf
   for (;;) {
-    const ssize_t n = ::recv(s.dst_qemu.get(), reinterpret_cast<char*>(buf.data()) + carry, (1u << 20) - carry, 0);
+    if (rate) {
+      // On schedule: `received` bytes at `rate` a second from t0.
+      std::this_thread::sleep_until(t0 + std::chrono::nanoseconds(
+                                             static_cast<int64_t>(static_cast<double>(s.received) * 1e9 / static_cast<double>(rate))));
+      const uint64_t w = s.written.load(std::memory_order_acquire);
+      const uint64_t waiting = w > s.received ? w - s.received : 0;
+      s.inflight_max = std::max(s.inflight_max, waiting);
+      if (s.received >= total / 2) {
+        s.inflight_steady_sum += static_cast<double>(waiting);
+        ++s.inflight_steady_n;
+      }
+    }
+    const ssize_t n = ::recv(s.dst_qemu.get(), reinterpret_cast<char*>(buf.data()) + carry, want - carry, 0);
     if (n <= 0) break;
     const size_t have = carry + static_cast<size_t>(n);
     if (verify) {
@@ -147,7 +176,7 @@ int usage_error(const std::string& m) {
             << "usage: rdmig-relay-cpu [--bytes 8Gi] [--chunk 1Mi] [--depth 16] [--splice auto|on|off]\n"
                "                       [--splice-source MODE] [--splice-target MODE] [--write 512Ki]\n"
                "                       [--channels 1] [--relay rdmig|floor|floor-splice] [--ends unix|tcp]\n"
-               "                       [--no-verify]\n";
+               "                       [--no-verify] [--tls] [--bound-floor] [--reader-rate 50M]\n";
   return 2;
 }
 
@@ -171,6 +200,7 @@ int main(int argc, char** argv) {
     else if (a == "--channels") o.channels = static_cast<uint32_t>(std::stoul(val()));
     else if (a == "--no-verify") o.verify = false;
     else if (a == "--tls") o.tls = true;
+    else if (a == "--reader-rate") o.reader_rate = size("--reader-rate");
     else if (a == "--bound-floor") o.bound_floor = true;
     else if (a == "--relay") o.relay = val();
     else if (a == "--ends") {
@@ -275,7 +305,7 @@ int main(int argc, char** argv) {
       s->dst_pump->start();
     }
     threads.emplace_back(writer, std::ref(*s), o.bytes / o.channels, o.write, o.verify);
-    threads.emplace_back(reader, std::ref(*s), o.verify);
+    threads.emplace_back(reader, std::ref(*s), o.verify, o.bytes / o.channels, o.reader_rate / o.channels);
   }
   for (auto& t : threads) t.join();
   bool ok = true;
@@ -299,7 +329,11 @@ int main(int argc, char** argv) {
   uint64_t received = 0;
   bool mismatch = false;
   uint64_t spliced_sent = 0, spliced_received = 0, chunks = 0, inline_chunks = 0, inline_spliced = 0;
+  uint64_t inflight_max = 0;
+  double inflight_steady = 0;
   for (auto& s : streams) {
+    inflight_max += s->inflight_max;
+    if (s->inflight_steady_n) inflight_steady += s->inflight_steady_sum / static_cast<double>(s->inflight_steady_n);
     qemu_writer.user += s->writer.user;
     qemu_writer.sys += s->writer.sys;
     qemu_reader.user += s->reader.user;
@@ -323,6 +357,7 @@ int main(int argc, char** argv) {
               "\"qemuUserSeconds\":%.3f,\"qemuSystemSeconds\":%.3f,"
               "\"qemuWriterSeconds\":%.3f,\"qemuReaderSeconds\":%.3f,"
               "\"splicedSent\":%llu,\"splicedReceived\":%llu,\"chunks\":%llu,\"inlineChunks\":%llu,\"inlineSpliced\":%llu,"
+              "\"readerRate\":%llu,\"inflightMaxBytes\":%llu,\"inflightSteadyBytes\":%.0f,"
               "\"tls\":\"%s\",\"verified\":%s}\n",
               o.relay.c_str(), o.tcp_ends ? "tcp" : "unix", static_cast<unsigned long long>(o.write),
               static_cast<unsigned long long>(o.chunk), o.channels,
@@ -333,7 +368,8 @@ int main(int argc, char** argv) {
               qemu_writer.user + qemu_writer.sys, qemu_reader.user + qemu_reader.sys,
               static_cast<unsigned long long>(spliced_sent), static_cast<unsigned long long>(spliced_received),
               static_cast<unsigned long long>(chunks), static_cast<unsigned long long>(inline_chunks),
-              static_cast<unsigned long long>(inline_spliced), tls_mode.c_str(),
+              static_cast<unsigned long long>(inline_spliced), static_cast<unsigned long long>(o.reader_rate),
+              static_cast<unsigned long long>(inflight_max), inflight_steady, tls_mode.c_str(),
               o.verify ? "true" : "false");
   if (received != o.bytes / o.channels * o.channels) {
     std::cerr << "received " << received << " of " << o.bytes << " bytes\n";
