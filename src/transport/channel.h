@@ -85,7 +85,9 @@ class Channel {
   // A splicing channel (splices()) splices deferred chunks into `fd` the same way and makes `fd`
   // non-blocking for it: the caller's own reads and writes on `fd` must then wait for readiness
   // (poll on EAGAIN); what it leaves comes out of receive_deferred() as pending for deliver_to().
-  // clear_inline_sink() returns once no such write runs: call it before `fd` is closed.
+  // It may wait for room in `fd` a short while (TcpChannel: 50 ms a chunk) before it leaves the
+  // rest, calling `delivered` for each part written. clear_inline_sink() returns once no such
+  // write or wait runs: call it before `fd` is closed.
   using Delivered = std::function<void(size_t bytes, bool whole_chunk)>;
   virtual bool set_inline_sink(int /*fd*/, Delivered /*delivered*/) { return false; }
   virtual void clear_inline_sink() {}

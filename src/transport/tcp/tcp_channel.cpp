@@ -23,6 +23,14 @@ namespace {
 constexpr size_t kMaxPipeBytes = size_t{1} << 20;
 // How long the reader leaves a payload on the socket for the receiver to splice.
 constexpr auto kDeferWait = std::chrono::milliseconds(200);
+// How long the reader waits for room in QEMU's socket while it splices a chunk through itself,
+// before it hands the rest to the receiving thread. A target QEMU reads its stream 32 KiB at a
+// time (QEMUFile's buffer) and is often slower than the link: handing every such chunk to the
+// receiving thread cost two thread switches per chunk, and the next chunks' payloads were copied
+// through memory while the receiver was busy (bench/relay_floor.py --reader-rate). What waits
+// behind the chunk on the connection (credits for the other direction) waits at most this long,
+// and less than behind a deferred payload (kDeferWait).
+constexpr auto kInlineWait = std::chrono::milliseconds(50);
 // After a failed write, how long the reader may take to read why the peer closed (its abort
 // frame, sent just before it shut the connection): the peer's reason names the cause ("refusing
 // to dial ..."), a broken pipe does not.
@@ -572,10 +580,12 @@ bool TcpChannel::set_inline_sink(int fd, Delivered delivered) {
 }
 
 void TcpChannel::clear_inline_sink() {
-  std::lock_guard lock(rx_mu_);
+  std::unique_lock lock(rx_mu_);
   sink_fd_ = -1;
   sink_ = nullptr;
   sink_nonblocking_ = false;
+  // The reader may be waiting for room in the socket (at most kInlineWait): the caller closes it next.
+  rx_cv_.wait(lock, [&] { return !inline_pushing_; });
 }
 
 bool TcpChannel::return_inline_credits(uint32_t credits) {
@@ -645,29 +655,52 @@ bool TcpChannel::splice_inline(Slot& s, uint32_t slot_index) {
   const auto got = pull_payload(len, s.data);
   if (!got) return false;
   const size_t pulled = *got, rest = len - pulled;
-  // Push, without blocking (under rx_mu_: clear_inline_sink() waits for it): the pipe, then the
-  // slot's bytes. A partial write is not an error here: the receiver meets any error itself.
+  // Push: the pipe, then the slot's bytes, without blocking under rx_mu_. When QEMU's socket is
+  // full, wait for room without the lock (inline_pushing_ keeps the socket open: clear_inline_sink()
+  // waits for it) for up to kInlineWait in all, then leave the rest to the receiving thread. A
+  // partial write is not an error here: the receiver meets any error itself.
   uint32_t credits = 0;
   bool whole = false;
   {
-    std::lock_guard lock(rx_mu_);
+    std::unique_lock lock(rx_mu_);
     size_t pushed = 0, wrote = 0;
-    if (sink_fd_ >= 0 && sink_nonblocking_ && !aborted_.load()) {
+    const auto deadline = std::chrono::steady_clock::now() + kInlineWait;
+    while (sink_fd_ >= 0 && sink_nonblocking_ && !aborted_.load()) {
+      const size_t before = pushed + wrote;
+      int err = 0;
       while (pushed < pulled) {
         ssize_t k;
         do k = ::splice(down_pipe_.r.get(), nullptr, sink_fd_, nullptr, pulled - pushed, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
         while (k < 0 && errno == EINTR);
-        if (k <= 0) break;
+        if (k <= 0) {
+          err = k < 0 ? errno : EPIPE;
+          break;
+        }
         pushed += static_cast<size_t>(k);
       }
       while (pushed == pulled && wrote < rest) {
         ssize_t k;
         do k = ::send(sink_fd_, s.data + wrote, rest - wrote, MSG_DONTWAIT | MSG_NOSIGNAL);
         while (k < 0 && errno == EINTR);
-        if (k <= 0) break;
+        if (k <= 0) {
+          err = k < 0 ? errno : EPIPE;
+          break;
+        }
         wrote += static_cast<size_t>(k);
       }
-      if (pushed + wrote > 0) sink_(pushed + wrote, pushed + wrote == len);
+      if (pushed + wrote > before) sink_(pushed + wrote - before, pushed + wrote == len);
+      if (pushed + wrote == len || err != EAGAIN) break;
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) break;
+      const int sink = sink_fd_;
+      inline_pushing_ = true;
+      lock.unlock();
+      pollfd p{sink, POLLOUT, 0};
+      const int r = ::poll(&p, 1, static_cast<int>(left.count()));
+      lock.lock();
+      inline_pushing_ = false;
+      rx_cv_.notify_all();  // clear_inline_sink() may wait for it
+      if (r <= 0 || (p.revents & POLLOUT) == 0) break;  // timed out, or failing: the receiver meets it
     }
     whole = pushed + wrote == len;
     if (whole) {

@@ -11,8 +11,10 @@
 // Receiving (receive_deferred): with an inline sink set (set_inline_sink: QEMU's socket, made
 // non-blocking) and nothing queued, the reader thread splices a DATA frame's payload from the
 // socket into the pipe and from the pipe into QEMU's socket itself, as the splice floor relay
-// does, with no hand-off between threads; what QEMU's socket does not take at once stays in the
-// pipe, queued for the receiver (deliver_to). Otherwise the reader hands the chunk to the
+// does, with no hand-off between threads; when QEMU's socket is full it waits for room, up to
+// 50 ms a chunk (a target QEMU slower than the link reads 32 KiB at a time: most chunks meet a
+// full socket), and what is left then stays in the pipe, queued for the receiver (deliver_to).
+// Otherwise the reader hands the chunk to the
 // receiver and waits until deliver_to() has spliced its payload from the socket into QEMU's;
 // the socket's receive buffer is the ring then, credits and their batching are unchanged.
 //
@@ -259,6 +261,7 @@ class TcpChannel final : public Channel {
   // write lock (else the receiving thread sends them). False when the channel failed.
   bool return_inline_credits(uint32_t credits);
   bool sink_nonblocking_ = false;  // sink_fd_ was made non-blocking (splice mode); under rx_mu_
+  bool inline_pushing_ = false;    // the reader waits for room in sink_fd_ without rx_mu_; under rx_mu_
   std::atomic<int64_t> outstanding_{0};  // chunks sent, credit not yet back (for the gauge)
 
   std::atomic<bool> aborted_{false};
