@@ -29,9 +29,10 @@
 // let wait between the two QEMUs fills up. Before each read the reader takes the bytes the source
 // stand-in has written (its socket took them: QEMU counts them as sent) less those it has read:
 // what waits between the QEMUs, and what a switchover must drain before the target can run.
-// inflightMaxBytes is the most of it, summed over the connections' own maxima (an upper bound of
-// the most at once); inflightSteadyBytes the mean of its samples once half the stream is read
-// (every hop full), summed over the connections.
+// inflightMaxBytes is the most of it, summed over the connections' own maxima (at least the most
+// at once, as far as the samples saw it); inflightSteadyBytes the mean of its samples once half
+// the stream is read (every hop full), summed over the connections. The rate is over all
+// connections and must be at least one byte a second for each.
 // Prints one JSON line: bytes, seconds, agents' user and system CPU seconds, QEMU stand-ins', the
 // chunks sent and, of them, those the target's reader wrote to QEMU itself (inlineChunks) and spliced
 // (inlineSpliced).
@@ -43,6 +44,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -92,7 +94,7 @@ struct Options {
   bool tcp_ends = false;                                               // --ends tcp
   bool bound_floor = false;                                            // --bound-floor
   bool verify = true;
-  uint64_t reader_rate = 0;  // bytes a second per connection; 0: as fast as it can
+  uint64_t reader_rate = 0;  // bytes a second over all connections; 0: as fast as it can
 };
 
 struct Stream {
@@ -121,10 +123,21 @@ void writer(Stream& s, uint64_t total, uint64_t write, bool verify) {
     if (verify) {
       for (uint64_t i = 0; i < (off % 8 + n + 7) / 8; ++i) buf[i] = off / 8 + i;
     }
-    const auto* from = reinterpret_cast<const std::byte*>(buf.data()) + (verify ? off % 8 : 0);
-    if (!net::write_all(s.src_qemu.get(), std::span(from, n)).ok()) break;
+    const auto* from = reinterpret_cast<const char*>(buf.data()) + (verify ? off % 8 : 0);
+    // Counted as the socket takes them, a part at a time: a writer blocked in the middle of a
+    // write has written what the socket took (what QEMU counts as sent).
+    for (uint64_t done = 0; done < n;) {
+      const ssize_t k = ::send(s.src_qemu.get(), from + done, n - done, MSG_NOSIGNAL);
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) {
+        off = total;  // the relay failed: the main thread reports the bytes missing
+        break;
+      }
+      done += static_cast<uint64_t>(k);
+      s.written.store(off + done, std::memory_order_release);
+    }
+    if (off == total) break;
     off += n;
-    s.written.store(off, std::memory_order_release);
   }
   ::shutdown(s.src_qemu.get(), SHUT_WR);
   const Cpu c1 = usage(RUSAGE_THREAD);
@@ -221,6 +234,7 @@ int main(int argc, char** argv) {
   if (o.write < 1 || o.channels < 1 || o.channels > 64 || o.depth < 2) {
     return usage_error("bad --write, --channels or --depth");
   }
+  if (o.reader_rate > 0 && o.reader_rate < o.channels) return usage_error("--reader-rate below one byte a second a connection");
 
   Metrics metrics;
   auto& tm = metrics.transport("tcp");

@@ -78,8 +78,8 @@ class Channel {
   // Receiving straight into a local socket, optional (false: not offered; receive() only).
   // While a sink is set, the thread that takes chunks off the wire may write one to `fd`
   // itself, without a hand-off to the receiving thread: only when nothing is queued before it,
-  // only as much as `fd` takes without blocking (MSG_DONTWAIT: a slow QEMU never holds up the
-  // channel), calling `delivered(bytes, whole_chunk)`, and returning the slot's credit at once
+  // only as much as `fd` takes without blocking (MSG_DONTWAIT: a slow QEMU does not hold up the
+  // channel; a splicing channel may wait a bounded while, below), calling `delivered(bytes, whole_chunk)`, and returning the slot's credit at once
   // when the whole chunk went. What it could not write is queued for receive() as before, from
   // the first byte not written. Writes that fail are left for receive()'s caller to meet.
   // A splicing channel (splices()) splices deferred chunks into `fd` the same way and makes `fd`

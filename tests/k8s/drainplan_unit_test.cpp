@@ -180,6 +180,12 @@ TEST(DrainPlan, ExecutedEntryPutsMeasuredFiguresBesideTheForecast) {
   EXPECT_EQ(e["outcome"], "Running");
   EXPECT_EQ(e["order"], 2);
   EXPECT_FALSE(e.contains("finishTime"));
+  // An order someone else wrote that is no whole number up to 2^53 is left out, not cast.
+  for (const char* bad : {"1e300", "2.5", "12x"}) {
+    json edited = m;
+    edited["metadata"]["annotations"]["rdmig.io/drain-order"] = bad;
+    EXPECT_FALSE(executed_entry(edited, json(), "2026-12-05T10:00:05.000000Z").contains("order")) << bad;
+  }
   m["status"] = json{{"phase", "Succeeded"}, {"totalTimeMs", 2500}, {"downtimeMs", 50}};
   e = executed_entry(m, json{{"finishTime", "2026-12-05T10:00:03.000000Z"}}, "2026-12-05T10:00:05.000000Z");
   EXPECT_EQ(e["outcome"], "Succeeded");

@@ -23,14 +23,6 @@ namespace {
 constexpr size_t kMaxPipeBytes = size_t{1} << 20;
 // How long the reader leaves a payload on the socket for the receiver to splice.
 constexpr auto kDeferWait = std::chrono::milliseconds(200);
-// How long the reader waits for room in QEMU's socket while it splices a chunk through itself,
-// before it hands the rest to the receiving thread. A target QEMU reads its stream 32 KiB at a
-// time (QEMUFile's buffer) and is often slower than the link: handing every such chunk to the
-// receiving thread cost two thread switches per chunk, and the next chunks' payloads were copied
-// through memory while the receiver was busy (bench/relay_floor.py --reader-rate). What waits
-// behind the chunk on the connection (credits for the other direction) waits at most this long,
-// and less than behind a deferred payload (kDeferWait).
-constexpr auto kInlineWait = std::chrono::milliseconds(50);
 // After a failed write, how long the reader may take to read why the peer closed (its abort
 // frame, sent just before it shut the connection): the peer's reason names the cause ("refusing
 // to dial ..."), a broken pipe does not.
@@ -584,7 +576,7 @@ void TcpChannel::clear_inline_sink() {
   sink_fd_ = -1;
   sink_ = nullptr;
   sink_nonblocking_ = false;
-  // The reader may be waiting for room in the socket (at most kInlineWait): the caller closes it next.
+  // The reader may be waiting for room in the socket (at most kInlineWaitMs): the caller closes it next.
   rx_cv_.wait(lock, [&] { return !inline_pushing_; });
 }
 
@@ -657,14 +649,15 @@ bool TcpChannel::splice_inline(Slot& s, uint32_t slot_index) {
   const size_t pulled = *got, rest = len - pulled;
   // Push: the pipe, then the slot's bytes, without blocking under rx_mu_. When QEMU's socket is
   // full, wait for room without the lock (inline_pushing_ keeps the socket open: clear_inline_sink()
-  // waits for it) for up to kInlineWait in all, then leave the rest to the receiving thread. A
+  // waits for it) for up to kInlineWaitMs in all, then leave the rest to the receiving thread. A
   // partial write is not an error here: the receiver meets any error itself.
   uint32_t credits = 0;
   bool whole = false;
   {
     std::unique_lock lock(rx_mu_);
     size_t pushed = 0, wrote = 0;
-    const auto deadline = std::chrono::steady_clock::now() + kInlineWait;
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::milliseconds(inline_wait_ms_.load(std::memory_order_relaxed));
     while (sink_fd_ >= 0 && sink_nonblocking_ && !aborted_.load()) {
       const size_t before = pushed + wrote;
       int err = 0;
@@ -699,7 +692,9 @@ bool TcpChannel::splice_inline(Slot& s, uint32_t slot_index) {
       const int r = ::poll(&p, 1, static_cast<int>(left.count()));
       lock.lock();
       inline_pushing_ = false;
-      rx_cv_.notify_all();  // clear_inline_sink() may wait for it
+      // clear_inline_sink() waits for it (and set sink_fd_ first). Otherwise no one does: the
+      // receiving thread parked in next_chunk() must not be woken for nothing on every wait.
+      if (sink_fd_ != sink) rx_cv_.notify_all();
       if (r <= 0 || (p.revents & POLLOUT) == 0) break;  // timed out, or failing: the receiver meets it
     }
     whole = pushed + wrote == len;
@@ -884,7 +879,7 @@ void TcpChannel::reader_loop() {
         if (defer) {
           // The payload stays on the socket for the receiver to splice (deliver_to). If the
           // receiver has not come for it within kDeferWait (QEMU is slow), take it into the
-          // slot as without splice, so the connection never waits on QEMU.
+          // slot as without splice, so the connection waits on QEMU no longer than that.
           std::unique_lock lock(rx_mu_);
           slot->pending = h->length;
           payload_on_socket_ = true;

@@ -82,6 +82,9 @@ class TcpChannel final : public Channel {
   // How long the reader holds back (kReaderQueueLimit chunks queued) for a receiver that takes
   // nothing before it reads on as far as the credits go (tests make it long to see the limit).
   void set_reader_hold_back(std::chrono::milliseconds t) { hold_back_ms_.store(t.count(), std::memory_order_relaxed); }
+  // How long the reader waits for room in the inline sink before it hands a chunk's rest to the
+  // receiving thread (kInlineWaitMs; tests set 0 to hand off at the first full socket, as before).
+  void set_inline_wait(std::chrono::milliseconds t) { inline_wait_ms_.store(t.count(), std::memory_order_relaxed); }
   // "off", or the TLS stream's mode ("kernel", "kernel send", "user space").
   const char* tls_mode() const { return tls_ ? tls_->mode() : "off"; }
   // Chunks the reader wrote whole to the inline sink (set_inline_sink), and of them the ones it
@@ -211,7 +214,7 @@ class TcpChannel final : public Channel {
   // rx_cv_ signals any change. Taken by the reader thread and the receiving thread
   // (receive/next_chunk/release/the inline sink setters), and briefly by fail() to wake
   // waiters. Released before any write_mu_ wait (credits are sent after unlocking); the
-  // reader writes to the inline sink (MSG_DONTWAIT) under it.
+  // reader writes to the inline sink (MSG_DONTWAIT) under it, and waits for room in it without it.
   std::mutex rx_mu_;
   std::condition_variable rx_cv_;
   // The reader reads a chunk's payload off the socket only while fewer than this many are queued
@@ -223,6 +226,17 @@ class TcpChannel final : public Channel {
   // How long the reader waits for a receiver that takes nothing before reading on regardless.
   static constexpr int64_t kReaderHoldBackMs = 500;
   std::atomic<int64_t> hold_back_ms_{kReaderHoldBackMs};
+  // How long the reader waits for room in QEMU's socket while it splices a chunk through itself,
+  // before it hands the rest to the receiving thread. A target QEMU reads its stream 32 KiB at a
+  // time (QEMUFile's buffer) and is often slower than the link: handing every such chunk to the
+  // receiving thread cost two thread switches per chunk, and the next chunks' payloads were
+  // copied through memory while the receiver was busy (bench/relay_floor.py --reader-rate). Any
+  // frame behind the chunk on the connection (credits for the other direction, an abort) waits up
+  // to this long while QEMU's socket is full; before, a frame right behind a chunk that met a
+  // full socket was read at once, and one behind a second DATA frame waited up to kDeferWait (200
+  // ms). On the source, the sink is QEMU's return path, whose reader rarely lets its socket fill.
+  static constexpr int64_t kInlineWaitMs = 50;
+  std::atomic<int64_t> inline_wait_ms_{kInlineWaitMs};  // unless a test sets it (set_inline_wait)
   bool reader_unheld_ = false;  // held back that long: reads on until the queue is short (rx_mu_)
   uint64_t rx_data_ = 0;     // DATA frames the peer sent (under rx_mu_)
   uint64_t rx_granted_ = 0;  // credits for them decided (sent or about to be; under rx_mu_)
@@ -251,7 +265,8 @@ class TcpChannel final : public Channel {
   bool deliver_inline_locked(Slot& slot, uint32_t& credits);
   // Reader thread, a deferred DATA payload of `slot` on the socket, nothing queued and an inline
   // sink set: pulls it into down_pipe_ (what does not fit: into the slot) and pushes it into the
-  // sink without blocking; a leftover is queued for deliver_to(). False when the channel failed.
+  // sink, waiting for room (without rx_mu_) up to kInlineWaitMs in all; a leftover is queued for
+  // deliver_to(). False when the channel failed.
   bool splice_inline(Slot& slot, uint32_t slot_index);
   // A deferred payload of `len` bytes off the socket (its puller: the reader's inline splice or
   // deliver_to): into down_pipe_ as far as it takes, the rest into `rest_at`; counts it
