@@ -239,7 +239,7 @@ INSTANTIATE_TEST_SUITE_P(
 // at a steady pace: its socket is full whenever a chunk arrives, and the target's reader waits for
 // room and splices the chunk through itself rather than handing it to the pump's thread (two
 // thread switches a chunk, and the next payloads copied through memory while the pump is busy;
-// bench/results/relay-floor-slow-target: 0.86-1.01 of the agents' CPU before, paired per row).
+// bench/results/relay-floor-slow-target: 0.78-1.04 of the agents' CPU before, paired per row).
 TEST(PumpOverTcpSplice, SteadySlowTargetQemuIsSplicedInline) {
   std::signal(SIGPIPE, SIG_IGN);
   auto link = connect_link(1 << 20, 16, SpliceMode::kOn, SpliceMode::kOn);
