@@ -9,6 +9,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <random>
 #include <thread>
@@ -235,55 +236,70 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"VerifyChunksSmallChunksShallowRing", 64 << 10, 2, SpliceMode::kOff, SpliceMode::kOff, true}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
-// A target QEMU slower than the link, reading its stream 32 KiB at a time as QEMU's QEMUFile does,
-// at a steady pace: its socket is full whenever a chunk arrives, and the target's reader waits for
-// room and splices the chunk through itself rather than handing it to the pump's thread (two
-// thread switches a chunk, and the next payloads copied through memory while the pump is busy;
-// bench/results/relay-floor-slow-target: 0.78-1.04 of the agents' CPU before, paired per row).
-TEST(PumpOverTcpSplice, SteadySlowTargetQemuIsSplicedInline) {
-  std::signal(SIGPIPE, SIG_IGN);
-  auto link = connect_link(1 << 20, 16, SpliceMode::kOn, SpliceMode::kOn);
-  auto src = qemu_agent_pair();
-  auto dst = qemu_agent_pair();
-  session::ChannelPump source_pump(*link->source, std::move(src.agent));
+// A source QEMU's stream through two splicing pumps (1 MiB chunks, 16 deep) to a target QEMU
+// that reads 32 KiB at a time, as QEMU's QEMUFile does; before_read(bytes read so far) runs
+// before each read, to pace the target or stop it. Checks that every byte arrived, in order, and
+// that both pumps ended without an error.
+struct SplicedStream {
+  std::unique_ptr<Link> link = connect_link(1 << 20, 16, SpliceMode::kOn, SpliceMode::kOn);
+  SocketPair src = qemu_agent_pair();
+  SocketPair dst = qemu_agent_pair();
   UniqueFd dst_agent = std::move(dst.agent);
-  session::ChannelPump target_pump(*link->target, [&]() -> Result<UniqueFd> { return std::move(dst_agent); });
-  source_pump.start();
-  target_pump.start();
+  session::ChannelPump source_pump{*link->source, std::move(src.agent)};
+  session::ChannelPump target_pump{*link->target, [this]() -> Result<UniqueFd> { return std::move(dst_agent); }};
+
+  void carry(uint64_t total, uint32_t seed, const std::function<void(uint64_t)>& before_read) {
+    std::signal(SIGPIPE, SIG_IGN);
+    source_pump.start();
+    target_pump.start();
+    std::thread w([&] { write_stream(src.qemu.get(), total, seed); });
+    Received at_target;
+    std::mt19937_64 gen(seed);
+    std::vector<std::byte> buf(32 << 10);
+    for (;;) {
+      before_read(at_target.bytes);
+      const ssize_t n = ::recv(dst.qemu.get(), buf.data(), buf.size(), 0);
+      if (n <= 0) break;
+      for (ssize_t i = 0; i < n; ++i) {
+        if (buf[i] != static_cast<std::byte>(gen() & 0xff) && at_target.first_mismatch == UINT64_MAX) {
+          at_target.first_mismatch = at_target.bytes + static_cast<uint64_t>(i);
+        }
+      }
+      at_target.bytes += static_cast<uint64_t>(n);
+    }
+    w.join();
+    ::shutdown(dst.qemu.get(), SHUT_WR);  // the return path ends too
+    EXPECT_TRUE(source_pump.wait(20s));
+    EXPECT_TRUE(target_pump.wait(20s));
+    EXPECT_FALSE(source_pump.error()) << source_pump.error()->message;
+    EXPECT_FALSE(target_pump.error()) << target_pump.error()->message;
+    EXPECT_EQ(at_target.bytes, total);
+    EXPECT_EQ(at_target.first_mismatch, UINT64_MAX) << "first wrong byte at " << at_target.first_mismatch;
+    EXPECT_EQ(target_pump.bytes_down(), total);
+    EXPECT_EQ(target_pump.chunks_down(), source_pump.chunks_up());
+  }
+};
+
+// A target QEMU slower than the link, at a steady pace: its socket is full whenever a chunk
+// arrives, and the target's reader waits for room and splices the chunk through itself rather
+// than handing it to the pump's thread (two thread switches a chunk, and the next payloads copied
+// through memory while the pump is busy; bench/results/relay-floor-slow-target: 0.78-1.04 of the
+// agents' CPU before, paired per row).
+TEST(PumpOverTcpSplice, SteadySlowTargetQemuIsSplicedInline) {
+  SplicedStream s;
   constexpr uint64_t kTotal = 48ull << 20;
   constexpr double kRate = 192.0 * (1 << 20);  // bytes a second
-  std::thread w([&] { write_stream(src.qemu.get(), kTotal, 31); });
-  Received at_target;
-  std::mt19937_64 gen(31);
-  std::vector<std::byte> buf(32 << 10);
   const auto t0 = std::chrono::steady_clock::now();
-  for (;;) {
-    std::this_thread::sleep_until(t0 + std::chrono::nanoseconds(static_cast<int64_t>(static_cast<double>(at_target.bytes) * 1e9 / kRate)));
-    const ssize_t n = ::recv(dst.qemu.get(), buf.data(), buf.size(), 0);
-    if (n <= 0) break;
-    for (ssize_t i = 0; i < n; ++i) {
-      if (buf[i] != static_cast<std::byte>(gen() & 0xff) && at_target.first_mismatch == UINT64_MAX) {
-        at_target.first_mismatch = at_target.bytes + static_cast<uint64_t>(i);
-      }
-    }
-    at_target.bytes += static_cast<uint64_t>(n);
-  }
-  w.join();
-  ::shutdown(dst.qemu.get(), SHUT_WR);  // the return path ends too
-  ASSERT_TRUE(source_pump.wait(20s));
-  ASSERT_TRUE(target_pump.wait(20s));
-  EXPECT_FALSE(source_pump.error()) << source_pump.error()->message;
-  EXPECT_FALSE(target_pump.error()) << target_pump.error()->message;
-  EXPECT_EQ(at_target.bytes, kTotal);
-  EXPECT_EQ(at_target.first_mismatch, UINT64_MAX) << "first wrong byte at " << at_target.first_mismatch;
-  EXPECT_EQ(target_pump.chunks_down(), source_pump.chunks_up());
+  s.carry(kTotal, 31, [&](uint64_t read) {
+    std::this_thread::sleep_until(t0 + std::chrono::nanoseconds(static_cast<int64_t>(static_cast<double>(read) * 1e9 / kRate)));
+  });
   // Chunks met a full socket (QEMU reads 32 KiB, a chunk is about 200 KiB), yet the reader spliced
   // nearly all of them through (100% of 209 when quiet): a stall of the machine over 50 ms may
   // hand one off, and the chunks queued behind it. With the hand-off at the first full socket, as
   // before (set_inline_wait(0ms)), 53-67% here.
-  EXPECT_GT(link->target->spliced_received(), kTotal / 2);
-  EXPECT_GE(link->target->inline_spliced() * 10, target_pump.chunks_down() * 8)
-      << link->target->inline_spliced() << " of " << target_pump.chunks_down() << " chunks spliced through inline";
+  EXPECT_GT(s.link->target->spliced_received(), kTotal / 2);
+  EXPECT_GE(s.link->target->inline_spliced() * 10, s.target_pump.chunks_down() * 8)
+      << s.link->target->inline_spliced() << " of " << s.target_pump.chunks_down() << " chunks spliced through inline";
 }
 
 // A target QEMU that stops reading for longer than the reader waits for room (50 ms) at a quarter,
@@ -291,51 +307,20 @@ TEST(PumpOverTcpSplice, SteadySlowTargetQemuIsSplicedInline) {
 // what is left of it (in the pipe, in the slot), the chunks behind it follow in order, and the
 // reader splices chunks through itself again once the queue is empty. Byte-exact throughout.
 TEST(PumpOverTcpSplice, AChunkThatWaitsTooLongGoesToThePumpsThreadInOrder) {
-  std::signal(SIGPIPE, SIG_IGN);
-  auto link = connect_link(1 << 20, 16, SpliceMode::kOn, SpliceMode::kOn);
-  auto src = qemu_agent_pair();
-  auto dst = qemu_agent_pair();
-  session::ChannelPump source_pump(*link->source, std::move(src.agent));
-  UniqueFd dst_agent = std::move(dst.agent);
-  session::ChannelPump target_pump(*link->target, [&]() -> Result<UniqueFd> { return std::move(dst_agent); });
-  source_pump.start();
-  target_pump.start();
+  SplicedStream s;
   constexpr uint64_t kTotal = 48ull << 20;
-  std::thread w([&] { write_stream(src.qemu.get(), kTotal, 41); });
-  Received at_target;
-  std::mt19937_64 gen(41);
-  std::vector<std::byte> buf(32 << 10);
   uint64_t next_pause = kTotal / 4;
   uint64_t inline_before_last_pause = 0;
-  for (;;) {
-    if (at_target.bytes >= next_pause && next_pause < kTotal) {
-      std::this_thread::sleep_for(200ms);  // four times the reader's wait
-      next_pause += kTotal / 4;
-      if (next_pause >= kTotal) inline_before_last_pause = link->target->inline_spliced();
-    }
-    const ssize_t n = ::recv(dst.qemu.get(), buf.data(), buf.size(), 0);
-    if (n <= 0) break;
-    for (ssize_t i = 0; i < n; ++i) {
-      if (buf[i] != static_cast<std::byte>(gen() & 0xff) && at_target.first_mismatch == UINT64_MAX) {
-        at_target.first_mismatch = at_target.bytes + static_cast<uint64_t>(i);
-      }
-    }
-    at_target.bytes += static_cast<uint64_t>(n);
-  }
-  w.join();
-  ::shutdown(dst.qemu.get(), SHUT_WR);
-  ASSERT_TRUE(source_pump.wait(20s));
-  ASSERT_TRUE(target_pump.wait(20s));
-  EXPECT_FALSE(source_pump.error()) << source_pump.error()->message;
-  EXPECT_FALSE(target_pump.error()) << target_pump.error()->message;
-  EXPECT_EQ(at_target.bytes, kTotal);
-  EXPECT_EQ(at_target.first_mismatch, UINT64_MAX) << "first wrong byte at " << at_target.first_mismatch;
-  EXPECT_EQ(target_pump.bytes_down(), kTotal);
-  EXPECT_EQ(target_pump.chunks_down(), source_pump.chunks_up());
+  s.carry(kTotal, 41, [&](uint64_t read) {
+    if (read < next_pause || next_pause >= kTotal) return;
+    std::this_thread::sleep_for(200ms);  // four times the reader's wait
+    next_pause += kTotal / 4;
+    if (next_pause >= kTotal) inline_before_last_pause = s.link->target->inline_spliced();
+  });
   // Three pauses, each handing at least the chunk in hand to the pump's thread ...
-  EXPECT_LE(link->target->inline_spliced() + 3, target_pump.chunks_down());
+  EXPECT_LE(s.link->target->inline_spliced() + 3, s.target_pump.chunks_down());
   // ... and the reader splicing through again after the last one.
-  EXPECT_GT(link->target->inline_spliced(), inline_before_last_pause);
+  EXPECT_GT(s.link->target->inline_spliced(), inline_before_last_pause);
 }
 
 // A target QEMU that goes away mid-stream fails the pump with the QEMU side named, and the
