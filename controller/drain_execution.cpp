@@ -73,7 +73,7 @@ json executed_entry(const json& migration, const json& previous, const std::stri
   json e{{"namespace", md.value("namespace", "")}, {"name", vmi}, {"migration", md.value("name", "")}};
   // The order is a whole number the plan wrote; anyone who may edit the migration may write
   // another ("1e300" reads as a number, and casting it would be undefined): at most 2^53 or none.
-  if (const auto o = annotation_number(ann, kOrderAnnotation); o && *o <= 9007199254740992.0 && *o == std::floor(*o)) {
+  if (const auto o = annotation_number(ann, kOrderAnnotation); o && *o <= kMaxExactWhole && *o == std::floor(*o)) {
     e["order"] = static_cast<int64_t>(*o);
   }
   const auto predicted_total = annotation_number(ann, kPredictedTotalAnnotation);

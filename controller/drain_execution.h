@@ -21,6 +21,9 @@ double round3(double seconds);
 // point and exponent ("1.34217728e+08", as Prometheus writes it), finite and not negative; unset
 // otherwise ("12x", " 5", "0x10", "inf", a number that is not a string).
 std::optional<double> annotation_number(const nlohmann::json& annotations, const char* key);
+// The largest whole number a double holds exactly (2^53): the most a count or a byte figure read
+// from an annotation may be before it is cast.
+inline constexpr double kMaxExactWhole = 9007199254740992.0;
 
 // Labels and annotations on the RdmaMigrations a plan creates.
 inline constexpr const char* kPlanLabel = "rdmig.io/drain-plan";          // the plan's name (cut to 63)

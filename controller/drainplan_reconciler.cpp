@@ -78,7 +78,7 @@ std::optional<uint64_t> vmi_resident_memory(const json& vmi) {
   const json md = vmi.value("metadata", json::object());
   const json ann = md.is_object() ? md.value("annotations", json::object()) : json::object();
   const auto v = annotation_number(ann, kResidentMemoryAnnotation);
-  if (!v || *v < 1 || *v > 9007199254740992.0) return std::nullopt;
+  if (!v || *v < 1 || *v > kMaxExactWhole) return std::nullopt;
   return static_cast<uint64_t>(*v);
 }
 

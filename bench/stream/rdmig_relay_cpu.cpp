@@ -44,8 +44,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -118,7 +118,8 @@ void writer(Stream& s, uint64_t total, uint64_t write, bool verify) {
   const Cpu c0 = usage(RUSAGE_THREAD);
   std::vector<uint64_t> buf(write / 8 + 2);
   uint64_t off = 0;
-  while (off < total) {
+  bool failed = false;  // the relay failed: the main thread reports the bytes missing
+  while (off < total && !failed) {
     const uint64_t n = std::min<uint64_t>(write, total - off);
     if (verify) {
       for (uint64_t i = 0; i < (off % 8 + n + 7) / 8; ++i) buf[i] = off / 8 + i;
@@ -130,13 +131,12 @@ void writer(Stream& s, uint64_t total, uint64_t write, bool verify) {
       const ssize_t k = ::send(s.src_qemu.get(), from + done, n - done, MSG_NOSIGNAL);
       if (k < 0 && errno == EINTR) continue;
       if (k <= 0) {
-        off = total;  // the relay failed: the main thread reports the bytes missing
+        failed = true;
         break;
       }
       done += static_cast<uint64_t>(k);
       s.written.store(off + done, std::memory_order_release);
     }
-    if (off == total) break;
     off += n;
   }
   ::shutdown(s.src_qemu.get(), SHUT_WR);

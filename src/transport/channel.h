@@ -75,19 +75,20 @@ class Channel {
     return Error{Errc::kInternal, std::string(transport()) + " channel cannot deliver to a socket"};
   }
 
-  // Receiving straight into a local socket, optional (false: not offered; receive() only).
-  // While a sink is set, the thread that takes chunks off the wire may write one to `fd`
-  // itself, without a hand-off to the receiving thread: only when nothing is queued before it,
-  // only as much as `fd` takes without blocking (MSG_DONTWAIT: a slow QEMU does not hold up the
-  // channel; a splicing channel may wait a bounded while, below), calling `delivered(bytes, whole_chunk)`, and returning the slot's credit at once
-  // when the whole chunk went. What it could not write is queued for receive() as before, from
-  // the first byte not written. Writes that fail are left for receive()'s caller to meet.
-  // A splicing channel (splices()) splices deferred chunks into `fd` the same way and makes `fd`
-  // non-blocking for it: the caller's own reads and writes on `fd` must then wait for readiness
-  // (poll on EAGAIN); what it leaves comes out of receive_deferred() as pending for deliver_to().
-  // It may wait for room in `fd` a short while (TcpChannel: 50 ms a chunk) before it leaves the
-  // rest, calling `delivered` for each part written. clear_inline_sink() returns once no such
-  // write or wait runs: call it before `fd` is closed.
+  // Receiving straight into a local socket, optional (false: not offered; receive() only). While
+  // a sink is set, the thread that takes chunks off the wire may write one to `fd` itself,
+  // without a hand-off to the receiving thread: only when nothing is queued before it, only as
+  // much as `fd` takes without blocking (MSG_DONTWAIT: a slow QEMU does not hold up the channel;
+  // a splicing channel may wait a bounded while, below), calling `delivered(bytes, whole_chunk)`,
+  // and returning the slot's credit at once when the whole chunk went. What it could not write is
+  // queued for receive() as before, from the first byte not written. Writes that fail are left
+  // for receive()'s caller to meet. A splicing channel (splices()) splices deferred chunks into
+  // `fd` the same way and makes `fd` non-blocking for it: the caller's own reads and writes on
+  // `fd` must then wait for readiness (poll on EAGAIN); what it leaves comes out of
+  // receive_deferred() as pending for deliver_to(). It may wait for room in `fd` a short while
+  // (TcpChannel: 50 ms a chunk) before it leaves the rest, calling `delivered` for each part
+  // written. clear_inline_sink() returns once no such write or wait runs: call it before `fd` is
+  // closed.
   using Delivered = std::function<void(size_t bytes, bool whole_chunk)>;
   virtual bool set_inline_sink(int /*fd*/, Delivered /*delivered*/) { return false; }
   virtual void clear_inline_sink() {}

@@ -76,6 +76,13 @@ void write_stream(int fd, uint64_t total, uint32_t seed) {
 struct Received {
   uint64_t bytes = 0;
   uint64_t first_mismatch = UINT64_MAX;
+  // The next `n` bytes read, checked against write_stream's bytes (`gen`, seeded alike).
+  void take(std::mt19937_64& gen, const std::byte* data, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      if (data[i] != static_cast<std::byte>(gen() & 0xff) && first_mismatch == UINT64_MAX) first_mismatch = bytes + i;
+    }
+    bytes += n;
+  }
 };
 
 // With `slow`, a QEMU that reads in small pieces and now and then pauses, so its socket fills
@@ -94,12 +101,7 @@ Received read_stream(int fd, uint32_t seed, bool slow = false) {
     }
     const ssize_t n = ::recv(fd, buf.data(), want, 0);
     if (n <= 0) return r;
-    for (ssize_t i = 0; i < n; ++i) {
-      if (buf[i] != static_cast<std::byte>(gen() & 0xff) && r.first_mismatch == UINT64_MAX) {
-        r.first_mismatch = r.bytes + static_cast<uint64_t>(i);
-      }
-    }
-    r.bytes += static_cast<uint64_t>(n);
+    r.take(gen, buf.data(), static_cast<size_t>(n));
   }
 }
 
@@ -260,12 +262,7 @@ struct SplicedStream {
       before_read(at_target.bytes);
       const ssize_t n = ::recv(dst.qemu.get(), buf.data(), buf.size(), 0);
       if (n <= 0) break;
-      for (ssize_t i = 0; i < n; ++i) {
-        if (buf[i] != static_cast<std::byte>(gen() & 0xff) && at_target.first_mismatch == UINT64_MAX) {
-          at_target.first_mismatch = at_target.bytes + static_cast<uint64_t>(i);
-        }
-      }
-      at_target.bytes += static_cast<uint64_t>(n);
+      at_target.take(gen, buf.data(), static_cast<size_t>(n));
     }
     w.join();
     ::shutdown(dst.qemu.get(), SHUT_WR);  // the return path ends too

@@ -11,12 +11,12 @@
 // Receiving (receive_deferred): with an inline sink set (set_inline_sink: QEMU's socket, made
 // non-blocking) and nothing queued, the reader thread splices a DATA frame's payload from the
 // socket into the pipe and from the pipe into QEMU's socket itself, as the splice floor relay
-// does, with no hand-off between threads; when QEMU's socket is full it waits for room, up to
-// 50 ms a chunk (a target QEMU slower than the link reads 32 KiB at a time: most chunks meet a
-// full socket), and what is left then stays in the pipe, queued for the receiver (deliver_to).
-// Otherwise the reader hands the chunk to the
-// receiver and waits until deliver_to() has spliced its payload from the socket into QEMU's;
-// the socket's receive buffer is the ring then, credits and their batching are unchanged.
+// does, with no hand-off between threads; when QEMU's socket is full it waits for room, up to 50
+// ms a chunk (a target QEMU slower than the link reads 32 KiB at a time: most chunks meet a full
+// socket), and what is left then stays in the pipe, queued for the receiver (deliver_to).
+// Otherwise the reader hands the chunk to the receiver and waits until deliver_to() has spliced
+// its payload from the socket into QEMU's; the socket's receive buffer is the ring then, credits
+// and their batching are unchanged.
 //
 // TLS (dataPlane.tls: on, tls_stream.h): with the kernel doing both directions the socket is
 // used as above; otherwise every frame goes through the TlsStream and splice is off.
