@@ -22,11 +22,13 @@
 # SCRIPT (any executable with a shebang the VM can run: /bin/sh, bash) is copied to
 # its absolute path; ARGS are passed as given. The console is streamed to stdout.
 # The VM's kernel: Debian 13's (RDMIG_VM_KERNEL_SUITE, default trixie; "host": this host's Debian
-# 12 kernel), or RDMIG_KERNEL_ROOT (an unpacked kernel package). A lone VM (no --node) whose kernel
-# reports a soft lockup is stopped and booted again, at most three boots within --timeout.
-# The exit status is the script's; 124 on timeout; 125 when the VM's setup failed or its kernel
-# locked up in three boots;
-# 126 when the VM ended without reporting (kernel panic, QEMU error).
+# 12 kernel), or RDMIG_KERNEL_ROOT (an unpacked kernel package). A VM whose kernel's rxe fails
+# (console-watch.awk: a soft lockup, or a kernel panic in rdma_rxe) is stopped; a lone VM (no
+# --node) is booted again, at most three boots within --timeout, and a node exits 123 for
+# run-two-vms.sh to boot the pair again.
+# The exit status is the script's; 123 when a node's kernel's rxe failed; 124 on timeout; 125
+# when the VM's setup failed or its kernel's rxe failed in three boots;
+# 126 when the VM ended without reporting (any other kernel panic, QEMU error).
 # Inside the VM: PATH has the rdma tools, $RDMIG_RDMA_DEV=rxe0, $RDMIG_RDMA_NETDEV=va,
 # $RDMIG_VM_ADDR=10.99.0.1, $RDMIG_VM_PEER_ADDR=10.99.0.2, $QEMU_MODULE_DIR with
 # --with-qemu; / (and /tmp) is a tmpfs that may use 90% of the memory. The one rxe device serves both
@@ -178,10 +180,12 @@ qemu+=(${qargs[@]+"${qargs[@]}"})
 # --- boot, stream the console, collect the exit marker ---------------------------------
 log="$run/console.log"
 echo "run-in-vm: booting (mem ${mem} MiB, smp $smp, timeout ${timeout_s}s): $(basename "$script") $*" >&2
-# A lone VM (not a node of run-two-vms.sh, which stops and boots the pair itself) whose kernel
-# reports a soft lockup (Debian 12's 6.1 rxe under TCG, RDMIG_VM_KERNEL_SUITE=host; tests/rdma/README.md) is stopped at once
-# and booted again, at most twice, within the same --timeout: a locked-up kernel had sat out the
-# row's whole timeout (rdma_single_node, CI of 2026-12-07: 2100 s for a row of about 160 s).
+# A VM whose kernel's rxe fails (console-watch.awk: a soft lockup, Debian 12's 6.1 rxe under TCG,
+# RDMIG_VM_KERNEL_SUITE=host; or a kernel panic in rdma_rxe, Debian 13's 6.12: tests/rdma/README.md)
+# is stopped at once. A lone one is booted again, at most twice, within the same --timeout: a
+# locked-up kernel had sat out the row's whole timeout (rdma_single_node, CI of 2026-12-07: 2100 s
+# for a row of about 160 s). A node exits 123 and run-two-vms.sh, which stops and boots the pair,
+# decides.
 boots=0
 while :; do
   boots=$((boots + 1))
@@ -192,24 +196,21 @@ while :; do
   # stops a pair whose kernel locked up) stops QEMU too. Without it timeout puts QEMU in a group of its
   # own, and a stopped pair's QEMUs ran on beside the pair booted again, until their timeout (seen:
   # W23, 2026-12-07: node b's at 100% CPU for 9 minutes, the second boot's cases 1.7 times slower).
-  # mawk (Debian's required awk) passes the console on line by line (-W interactive: without it,
-  # it holds its input until a buffer fills) and watches it only for a lone VM.
   timeout --foreground --kill-after=10 "$left" "${qemu[@]}" -pidfile "$run/qemu.pid" </dev/null 2>&1 |
-    mawk -W interactive -v watch="$([ -z "$node" ] && echo 1 || echo 0)" -v lk="$run/lockup" -v pf="$run/qemu.pid" '
-      { print }
-      watch && !seen && /watchdog: BUG: soft lockup/ {
-        seen = 1
-        print "run-in-vm: the VM'"'"'s kernel reports a soft lockup: stopping it" > "/dev/stderr"
-        system("touch \"" lk "\"; kill \"$(cat \"" pf "\")\" 2>/dev/null")
-      }' | tee "$log"
+    mawk -W interactive -v lk="$run/lockup" -v pf="$run/qemu.pid" -f "$here/console-watch.awk" | tee "$log"
   rc=("${PIPESTATUS[@]}")
   set -e
   [ -e "$run/lockup" ] || break
+  why="$(cat "$run/lockup")"
+  if [ -n "$node" ]; then
+    echo "run-in-vm: FAILED: the VM kernel's rxe failed ($why): node $node stopped for run-two-vms.sh to boot the pair again" >&2
+    exit 123
+  fi
   if [ "$boots" -ge 3 ]; then
-    echo "run-in-vm: FAILED: a kernel soft lockup in $boots boots in a row" >&2
+    echo "run-in-vm: FAILED: the VM kernel's rxe failed in $boots boots in a row (the last: $why)" >&2
     exit 125
   fi
-  echo "run-in-vm: booting the VM again (boot $((boots + 1)) of at most 3; a soft lockup is the VM kernel's rxe, not the script's result)" >&2
+  echo "run-in-vm: booting the VM again (boot $((boots + 1)) of at most 3; $why is the VM kernel's rxe, not the script's result)" >&2
 done
 t_end=$(date +%s.%N)
 times="$(awk -v a="$t_start" -v b="$t_built" -v c="$t_end" 'BEGIN{printf "initramfs %.1fs, VM %.1fs, total %.1fs", b-a, c-b, c-a}')"
