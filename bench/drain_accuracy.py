@@ -11,23 +11,34 @@ at the timeout is "did not converge"). Timings need a quiet machine.
 
     python3 bench/drain_accuracy.py --out bench/results/drain-accuracy \\
         [--mem 128,256,512,1024] [--dirty 0,8,32,128] [--channels 1,8] [--runs 1] [--max-bandwidth B]
-        [--calibrate]
+        [--calibrate [--calibrate-over transferred|input] [--calibrate-mem MiB] [--calibrate-fill PCT] [--calibrate-runs N]]
+        [--touched] [--fill PCT[,PCT...]]
 
 --touched: the model's memory input is the guest RAM QEMU holds resident instead of the VM's size,
 as the source agent's POST /v1/dirtyrate reports it (residentRamBytes: the Rss of QEMU's RAM
 mapping in /proc/<pid>/smaps): pages a guest never wrote are sent as zero-page markers, almost
 free, so an idle or young guest moves far less than its size.
 
---fill PCT: the guests hold PCT% of their RAM written (the memory verifier, tools/guest/verify.c,
+--fill PCT[,PCT...]: the guests hold PCT% of their RAM written (the memory verifier, tools/guest/verify.c,
 over that many MiB), and their dirty rate is the verifier's rewrite rate (--dirty, MiB/s) instead
 of the dirtier's per-tick passes: a guest whose memory is in use, as a VM's is, rather than the lab
 guest that touches 100-150 MiB of any size. The calibration guest is filled the same way (rewriting
-almost nothing).
+almost nothing). A list: the rows are made for each percentage.
 
---calibrate: before the rows, one idle guest of the largest --mem is migrated per channel count,
-and QEMU's own send rate on this host (what it transferred over its total time less its setup
-time and downtime, as query-migrate reports them) becomes that channel count's maxBandwidth input,
-as an operator would state it in a plan's spec.maxBandwidth; each row records the rate it used.
+--calibrate: before the rows, one idle guest (--calibrate-mem MiB, default the largest --mem; with
+--fill, filled --calibrate-fill percent, default the first --fill) is migrated per channel count,
+and QEMU's own send rate on this host becomes that channel count's maxBandwidth input, as an
+operator would state it in a plan's spec.maxBandwidth; each row records the rate it used. The rate
+is bytes over the time QEMU sent (its total time less its setup time and downtime, as query-migrate
+reports them), and the bytes are, with --calibrate-over transferred (the default), what QEMU
+transferred; with --calibrate-over input, the calibration guest's memory as the model takes it
+(its resident RAM with --touched, else its size): the rate in the unit of the model's memory input,
+which counts the zero pages QEMU sends as markers as memory moved. Rows unlike the calibration
+guest (other sizes, fills, dirty rates, channel counts) then test what the model adds to it.
+
+--calibrate-runs N: the calibration guest is migrated N times per channel count and the median
+rate is taken. One migration is a noisy measure here: the same calibration guest took 1621 ms in
+one run and 1015 ms in the next (2026-12-07), and every row's forecast scales with it.
 
 Writes <out>/rows.json (one object per row: inputs, "predicted" and "actual" with totalSeconds and
 downtimeSeconds, errors) and prints the table and the share of converging rows within 20%.
@@ -36,6 +47,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -83,60 +95,97 @@ def err(pred, actual):
     return abs(pred - actual) / actual if actual > 0 else None
 
 
-def calibrate(tmp, src_agent, dst_agent, mem, channels, args, n):
-    """QEMU's own send rate with `channels` channels: an idle guest of `mem` MiB migrated through the
-    agents, transferred bytes over the time it sent (total less setup and downtime)."""
-    src, dst = guests(tmp, "cal%d" % n, mem, 0, args, calibration=True)
+def best_possible(rows, key):
+    """How many of the converged rows' actual `key` figures the best single forecast per setting
+    (memory, fill, dirty rate, channels: the model's inputs) could have within 20%, when each
+    setting ran more than once (--runs): a forecast F is within 20% of A when 0.8 A <= F <= 1.2 A,
+    so one F covers a set of runs only if its largest figure is at most 1.5 times its smallest.
+    The bound the machine's repeatability puts on any forecast; None with one run per setting."""
+    groups = {}
+    for r in rows:
+        if r["actual"]["converged"] and r["actual"][key] is not None:
+            k = (r["memMib"], r["fillPercent"], r["verifierRewriteMibPerSecond"], r["dirtyMibPerTick"], r["channels"])
+            groups.setdefault(k, []).append(r["actual"][key])
+    if not groups or max(len(v) for v in groups.values()) < 2:
+        return None
+    covered = 0
+    for values in groups.values():
+        v = sorted(values)
+        covered += max(sum(1 for b in v[i:] if b <= 1.5 * a) for i, a in enumerate(v)) if v[0] > 0 else 1
+    return covered
+
+
+def calibrate(tmp, src_agent, dst_agent, mem, fill, channels, args, n):
+    """QEMU's own send rate with `channels` channels: an idle guest of `mem` MiB (filled `fill`%)
+    migrated through the agents, bytes over the time it sent (total less setup and downtime): the
+    bytes it transferred, or (--calibrate-over input) its memory as the model's input takes it.
+    Returns (rate, query-migrate's result, the bytes counted)."""
+    src, dst = guests(tmp, "cal%d" % n, mem, 0, args, fill, calibration=True)
     try:
-        ready(src, args)
+        ready(src, args, fill)
+        counted = None
+        if args.calibrate_over == "input":
+            counted = memory_input(src_agent, src, mem, args)
         st, _ = migrate_via_agents(src_agent, dst_agent, src.agent_qmp_path, dst.agent_qmp_path,
                                    timeout=args.timeout + 120, multifd_channels=channels - 1)
         if st["phase"] != "Succeeded":
             raise RuntimeError("calibration migration %s: %s" % (st["phase"], st.get("result")))
         res = st["result"]
         sending = (res["totalTimeMs"] - (res.get("setupTimeMs") or 0) - (res.get("downtimeMs") or 0)) / 1000.0
-        return st["progress"]["transferredBytes"] / sending, res
+        if counted is None:
+            counted = st["progress"]["transferredBytes"]
+        return counted / sending, res, counted
     finally:
         for vm in (src, dst):
             vm.kill()
 
 
-def fill_append(mem, rate_mib, args):
-    """The kernel command line words that fill args.fill % of `mem` MiB and rewrite `rate_mib` MiB/s."""
-    return "rdmig.verify_mib=%d rdmig.verify_rate_mib=%s" % (max(1, mem * args.fill // 100), rate_mib)
+def fill_append(mem, fill, rate_mib):
+    """The kernel command line words that fill `fill` % of `mem` MiB and rewrite `rate_mib` MiB/s."""
+    return "rdmig.verify_mib=%d rdmig.verify_rate_mib=%s" % (max(1, mem * fill // 100), rate_mib)
 
 
-def guests(tmp, name, mem, dirty, args, calibration=False):
+def memory_input(agent, src, mem, args, dr=None):
+    """The model's memory input for a guest: its resident RAM as the agent measures it (--touched),
+    at most its size; else its size."""
+    if not args.touched:
+        return mem * MiB
+    if dr is None:
+        dr = agent.call("POST", "/v1/dirtyrate", {"qmpSocket": src.agent_qmp_path, "calcSeconds": 1, "samplePages": 4096})
+    touched = dr.get("residentRamBytes")
+    if touched is None:
+        raise RuntimeError("the agent measured no resident RAM: %s" % dr.get("residentRamError"))
+    return min(mem * MiB, touched)
+
+
+def guests(tmp, name, mem, dirty, args, fill, calibration=False):
     """The source and the target QEMU of one row: with --fill the verifier holds the memory and its
     rewrite rate is the row's dirty rate; otherwise the dirtier rewrites `dirty` MiB per tick."""
-    if args.fill:
+    if fill:
         # The verifier's counter goes on only while it rewrites: an idle row rewrites almost nothing.
-        append = fill_append(mem, 0.01 if calibration or not dirty else dirty, args)
+        append = fill_append(mem, fill, 0.01 if calibration or not dirty else dirty)
         kw = dict(mem_mib=mem, dirty_mib=0, qemu_binary=args.qemu, extra_append=append)
     else:
         kw = dict(mem_mib=mem, dirty_mib=dirty, qemu_binary=args.qemu)
     return QemuVm(tmp, name, **kw), QemuVm(tmp, name + "d", incoming_defer=True, **kw)
 
 
-def ready(src, args):
-    if args.fill:
+def ready(src, args, fill):
+    if fill:
         src.wait_for_verifier(2, min_scans=1, timeout=600)  # every page written once
     else:
         src.wait_for_counter(2, timeout=120)
 
 
-def run_row(tmp, src_agent, dst_agent, mem, dirty, channels, args, n, max_bandwidth=None):
-    src, dst = guests(tmp, "src%d" % n, mem, dirty, args)
+def run_row(tmp, src_agent, dst_agent, mem, fill, dirty, channels, args, n, max_bandwidth=None):
+    src, dst = guests(tmp, "src%d" % n, mem, dirty, args, fill)
     try:
-        ready(src, args)
+        ready(src, args, fill)
         dr = src_agent.call("POST", "/v1/dirtyrate", {"qmpSocket": src.agent_qmp_path, "calcSeconds": 1,
                                                       "samplePages": 4096})
         throughput, rtt = path_throughput(src_agent, dst_agent, channels, args.path_bytes)
         accepted, switchover = args.downtime_ms / 1000.0, args.switchover_ms / 1000.0
-        touched = dr.get("residentRamBytes") if args.touched else None
-        if args.touched and touched is None:
-            raise RuntimeError("the agent measured no resident RAM: %s" % dr.get("residentRamError"))
-        inputs = {"memory": min(mem * MiB, touched) if touched else mem * MiB, "dirtyRate": dr["dirtyRateBytesPerSecond"], "throughput": throughput,
+        inputs = {"memory": memory_input(src_agent, src, mem, args, dr), "dirtyRate": dr["dirtyRateBytesPerSecond"], "throughput": throughput,
                   "pathChannels": channels, "rttSeconds": rtt, "channels": channels,
                   "acceptedDowntime": accepted, "switchover": switchover, "completionTimeout": args.timeout,
                   "maxBandwidth": args.max_bandwidth if max_bandwidth is None else max_bandwidth}
@@ -152,8 +201,8 @@ def run_row(tmp, src_agent, dst_agent, mem, dirty, channels, args, n, max_bandwi
                   "downtimeSeconds": (res.get("downtimeMs") or 0) / 1000.0 if ok else None,
                   "passes": (st.get("progress") or {}).get("passes"),
                   "reason": res.get("reason", "")}
-        row = {"memMib": mem, "dirtyMibPerTick": None if args.fill else dirty, "channels": channels,
-               "fillPercent": args.fill, "verifierRewriteMibPerSecond": dirty if args.fill else None,
+        row = {"memMib": mem, "dirtyMibPerTick": None if fill else dirty, "channels": channels,
+               "fillPercent": fill, "verifierRewriteMibPerSecond": dirty if fill else None,
                "maxBandwidthInput": inputs["maxBandwidth"],
                "memoryInput": inputs["memory"],
                "residentRamBytes": dr.get("residentRamBytes"),
@@ -189,37 +238,57 @@ def main():
                     help="bytes/s: QEMU's own send rate on this host, as spec.maxBandwidth states it (0: none)")
     ap.add_argument("--touched", action="store_true",
                     help="the model's memory: the guest RAM QEMU holds resident, not the VM's size (an experiment)")
-    ap.add_argument("--fill", type=int, default=0,
-                    help="percent of each guest's RAM its memory verifier holds written; --dirty is then its rewrite rate in MiB/s")
+    ap.add_argument("--fill", default="0",
+                    help="percent of each guest's RAM its memory verifier holds written (a list: rows for each); "
+                         "--dirty is then its rewrite rate in MiB/s")
     ap.add_argument("--calibrate", action="store_true",
                     help="measure QEMU's own send rate per channel count first (an idle guest) and use it as maxBandwidth")
+    ap.add_argument("--calibrate-mem", type=int, default=0, help="the calibration guest's MiB (default: the largest --mem)")
+    ap.add_argument("--calibrate-fill", type=int, default=-1, help="its fill percent (default: the first --fill)")
+    ap.add_argument("--calibrate-over", choices=("transferred", "input"), default="transferred",
+                    help="the bytes of the calibrated rate: what QEMU transferred, or the guest's memory as the model's input")
+    ap.add_argument("--calibrate-runs", type=int, default=1, help="calibration migrations per channel count (the median rate)")
     args = ap.parse_args()
+    fills = [int(x) for x in args.fill.split(",")]
+    if any(f < 0 or f > 95 for f in fills) or (0 in fills and len(fills) > 1):
+        sys.exit("--fill: percentages from 1 to 95, or 0 alone")
     ensure_guest()
     os.makedirs(args.out, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="rdmig-drain-acc-")
     agents = [Agent(tmp, "agent-%s" % n) for n in ("a", "b")]
     rows = []
     rates = {}
+    calibration = []
     try:
         n = 0
         if args.calibrate:
-            biggest = max(int(x) for x in args.mem.split(","))
+            cal_mem = args.calibrate_mem or max(int(x) for x in args.mem.split(","))
+            cal_fill = fills[0] if args.calibrate_fill < 0 else args.calibrate_fill
             for ch in [int(x) for x in args.channels.split(",")]:
-                rates[ch], res = calibrate(tmp, agents[0], agents[1], biggest, ch, args, n)
-                n += 1
-                print("calibration: %d MiB idle, %d channel(s): QEMU sent %.0f MB/s (total %s ms, setup %s ms, "
-                      "downtime %s ms)" % (biggest, ch, rates[ch] / 1e6, res["totalTimeMs"], res.get("setupTimeMs"),
-                                           res.get("downtimeMs")), flush=True)
+                measured = []
+                for _ in range(args.calibrate_runs):
+                    rate, res, counted = calibrate(tmp, agents[0], agents[1], cal_mem, cal_fill, ch, args, n)
+                    n += 1
+                    measured.append(rate)
+                    calibration.append({"memMib": cal_mem, "fillPercent": cal_fill, "channels": ch, "over": args.calibrate_over,
+                                        "bytesCounted": counted, "rateBytesPerSecond": rate, "result": res})
+                    print("calibration: %d MiB idle (filled %d%%), %d channel(s): %.0f MB/s over %s (%.0f MiB; total %s ms, "
+                          "setup %s ms, downtime %s ms)" % (cal_mem, cal_fill, ch, rate / 1e6, args.calibrate_over,
+                                                            counted / MiB, res["totalTimeMs"], res.get("setupTimeMs"),
+                                                            res.get("downtimeMs")), flush=True)
+                rates[ch] = statistics.median(measured)
+                if len(measured) > 1:
+                    print("calibration: %d channel(s): the median, %.0f MB/s" % (ch, rates[ch] / 1e6), flush=True)
         for _ in range(args.runs):
-            for mem in [int(x) for x in args.mem.split(",")]:
+            for mem, fill in [(int(x), f) for x in args.mem.split(",") for f in fills]:
                 for dirty in [int(x) for x in args.dirty.split(",")]:
                     for ch in [int(x) for x in args.channels.split(",")]:
-                        row = run_row(tmp, agents[0], agents[1], mem, dirty, ch, args, n, rates.get(ch))
+                        row = run_row(tmp, agents[0], agents[1], mem, fill, dirty, ch, args, n, rates.get(ch))
                         n += 1
                         rows.append(row)
                         p, a = row["predicted"], row["actual"]
-                        print("%5d MiB (in %5d) %4d MiB/%s %2d ch | predicted %s %7.2fs down %6.3fs | actual %-9s %s %s" % (
-                            mem, row["memoryInput"] // MiB, dirty, "s" if args.fill else "tick", ch, "conv" if p["converges"] else "NO  ", p["totalSeconds"],
+                        print("%5d MiB %2d%% (in %5d) %4d MiB/%s %2d ch | predicted %s %7.2fs down %6.3fs | actual %-9s %s %s" % (
+                            mem, fill, row["memoryInput"] // MiB, dirty, "s" if fill else "tick", ch, "conv" if p["converges"] else "NO  ", p["totalSeconds"],
                             p["downtimeSeconds"], a["result"],
                             "%7.2fs" % a["totalSeconds"] if a["totalSeconds"] is not None else "      -",
                             "down %6.3fs" % a["downtimeSeconds"] if a["downtimeSeconds"] is not None else ""),
@@ -233,12 +302,17 @@ def main():
               and r["errorTotal"] <= 0.2 and r["errorDowntime"] <= 0.2]
     missed = [r for r in rows if not r["actual"]["converged"] and r["predicted"]["converges"]]
     within_total = [r for r in both if r["errorTotal"] is not None and r["errorTotal"] <= 0.2]
+    within_down = [r for r in both if r["errorDowntime"] is not None and r["errorDowntime"] <= 0.2]
     summary = {"rows": len(rows), "bothConverged": len(both), "within20Percent": len(within),
-               "totalWithin20Percent": len(within_total), "fillPercent": args.fill,
+               "totalWithin20Percent": len(within_total), "downtimeWithin20Percent": len(within_down),
+               "bestPossibleTotalWithin20Percent": best_possible(rows, "totalSeconds"),
+               "bestPossibleDowntimeWithin20Percent": best_possible(rows, "downtimeSeconds"),
+               "fillPercent": fills if len(fills) > 1 else fills[0],
                "nonConvergingPredictedConverging": len(missed),
-               "calibratedSendRateBytesPerSecond": {str(k): v for k, v in rates.items()}}
+               "calibratedSendRateBytesPerSecond": {str(k): v for k, v in rates.items()},
+               "calibrateOver": args.calibrate_over if args.calibrate else None}
     with open(os.path.join(args.out, "rows.json"), "w") as f:
-        json.dump({"summary": summary, "rows": rows}, f, indent=1)
+        json.dump({"summary": summary, "calibration": calibration, "rows": rows}, f, indent=1)
     print(json.dumps(summary))
 
 

@@ -388,6 +388,17 @@ class QemuVm:
         """The verifier's state from the serial log (verifier_state)."""
         return verifier_state(self.serial_log)
 
+    def verifier_killed(self):
+        """The guest kernel's line that killed the verifier (out of memory), or None."""
+        try:
+            with open(self.serial_log, "rb") as f:
+                for line in f:
+                    if b"Killed process" in line and b"(rdmig-verify)" in line:
+                        return line.decode(errors="replace").strip()
+        except OSError:
+            pass
+        return None
+
     def wait_for_verifier(self, min_counter, min_scans=0, timeout=60.0):
         """Waits until the verifier's counter reaches ``min_counter`` with at least ``min_scans``
         full scans; returns its state."""
@@ -399,6 +410,9 @@ class QemuVm:
             if not self.alive():
                 raise RuntimeError("%s: QEMU exited (rc %s) waiting for verifier %d; stderr: %s"
                                    % (self.name, self.proc.returncode, min_counter, self.stderr_text()))
+            killed = self.verifier_killed()
+            if killed:  # it never reports again: the guest's memory is too small for what it holds
+                raise RuntimeError("%s: the guest's kernel killed the verifier: %s" % (self.name, killed))
             if time.monotonic() > deadline:
                 raise TimeoutError("%s: verifier %s, wanted counter >= %d, scans >= %d within %.0fs"
                                    % (self.name, v, min_counter, min_scans, timeout))
