@@ -88,6 +88,14 @@ class KubevirtMigrationTest(base.KubevirtChecks, unittest.TestCase):
         if failed:
             for n, a in self.agents.items():
                 print("---- agent %s log (tail) ----\n%s" % (n, a.log_text()[-6000:]), file=sys.stderr)
+            # Each node's QEMU as the failure left it (its run and migration state, the serial
+            # tail, libvirt's log of it: why a QEMU that is gone ended). W34 (2026-12-07) saw one
+            # post-copy case fail with the target domain gone and only the agents' logs to read.
+            for n in NODES:
+                try:
+                    print("---- QEMU on %s: %s" % (n, self.cluster.guest_diagnosis(n)), file=sys.stderr)
+                except Exception as e:  # noqa: BLE001 - no VMI yet, or its pod gone: say so
+                    print("---- QEMU on %s: not read (%s)" % (n, e), file=sys.stderr)
         base.KubevirtChecks.tearDown(self)  # also KubevirtBlockMigrationTest's (it borrows this method)
 
     def setUp(self):
