@@ -200,6 +200,7 @@ def run_row(tmp, src_agent, dst_agent, mem, fill, dirty, channels, args, n, max_
                   "totalSeconds": (res.get("totalTimeMs") or 0) / 1000.0 if ok else None,
                   "downtimeSeconds": (res.get("downtimeMs") or 0) / 1000.0 if ok else None,
                   "passes": (st.get("progress") or {}).get("passes"),
+                  "transferredBytes": (st.get("progress") or {}).get("transferredBytes"),
                   "reason": res.get("reason", "")}
         row = {"memMib": mem, "dirtyMibPerTick": None if fill else dirty, "channels": channels,
                "fillPercent": fill, "verifierRewriteMibPerSecond": dirty if fill else None,
