@@ -22,6 +22,7 @@ function fault(why) {
 { print }
 /watchdog: BUG: soft lockup/ { fault("a soft lockup") }
 # The start of an oops report; the frames until the next one say where it happened.
-/(Oops:|BUG:|PANIC:|general protection fault|stack segment:)/ { oops = 1; rxe = 0 }
+# (6.12 prints "Oops:" lines; 6.1 starts a BUG_ON's with "kernel BUG at" and "invalid opcode:".)
+/(Oops:|BUG:|kernel BUG at|invalid opcode:|PANIC:|general protection fault|stack segment:)/ { oops = 1; rxe = 0 }
 oops && /\[rdma_rxe\]/ { rxe = 1 }
 rxe && /Kernel panic - not syncing/ { fault("a kernel panic in rdma_rxe") }

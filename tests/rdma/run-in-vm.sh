@@ -4,7 +4,7 @@
 #
 #   tests/rdma/run-in-vm.sh [--mem MiB] [--smp N] [--timeout S] [--with-qemu]
 #                           [--add PATH]... [--out DIR] [--verbose] [--qemu-arg ARG]...
-#                           [--node a|b] [--build-only] -- SCRIPT [ARGS]...
+#                           [--node a|b] [--fault-file F] [--build-only] -- SCRIPT [ARGS]...
 #
 #   --mem MiB     VM memory (default 1024; use 2048 with --with-qemu)
 #   --smp N       VM CPUs (default 2)
@@ -17,17 +17,20 @@
 #   --qemu-arg A  extra argument for QEMU (repeatable), e.g. --qemu-arg -cpu --qemu-arg max
 #   --node a|b    boot as node a or b of a two-VM run (see run-two-vms.sh, which passes the
 #                 virtio-net link with --qemu-arg): rxea/rxeb on eth0 instead of rxe0 on va
+#   --fault-file F  with --node: where to write why the VM kernel's rxe failed (run-two-vms.sh
+#                 reads it to boot the pair again; the exit status alone could be the script's)
 #   --build-only  build (or find in the cache) the initramfs and exit
 #
 # SCRIPT (any executable with a shebang the VM can run: /bin/sh, bash) is copied to
 # its absolute path; ARGS are passed as given. The console is streamed to stdout.
 # The VM's kernel: Debian 13's (RDMIG_VM_KERNEL_SUITE, default trixie; "host": this host's Debian
 # 12 kernel), or RDMIG_KERNEL_ROOT (an unpacked kernel package). A VM whose kernel's rxe fails
-# (console-watch.awk: a soft lockup, or a kernel panic in rdma_rxe) is stopped; a lone VM (no
-# --node) is booted again, at most three boots within --timeout, and a node exits 123 for
-# run-two-vms.sh to boot the pair again.
-# The exit status is the script's; 123 when a node's kernel's rxe failed; 124 on timeout; 125
-# when the VM's setup failed or its kernel's rxe failed in three boots;
+# (console-watch.awk: a soft lockup, or a kernel panic in rdma_rxe) before the script reported
+# its exit status is stopped; a lone VM (no --node) is booted again, at most three boots within
+# --timeout, and a node writes why to --fault-file and exits 123 for run-two-vms.sh to boot the
+# pair again.
+# The exit status is the script's; 123 when a node's kernel's rxe failed (with the fault file);
+# 124 on timeout; 125 when the VM's setup failed or its kernel's rxe failed in three boots;
 # 126 when the VM ended without reporting (any other kernel panic, QEMU error).
 # Inside the VM: PATH has the rdma tools, $RDMIG_RDMA_DEV=rxe0, $RDMIG_RDMA_NETDEV=va,
 # $RDMIG_VM_ADDR=10.99.0.1, $RDMIG_VM_PEER_ADDR=10.99.0.2, $QEMU_MODULE_DIR with
@@ -43,7 +46,7 @@ repo="$(cd "$here/../.." && pwd)"
 die() { echo "run-in-vm: $*" >&2; exit 2; }
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
 
-mem=1024 smp=2 timeout_s=600 with_qemu=0 verbose=0 outdir="" adds=() qargs=() node="" build_only=0
+mem=1024 smp=2 timeout_s=600 with_qemu=0 verbose=0 outdir="" adds=() qargs=() node="" build_only=0 fault_file=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --mem) mem="${2:?--mem needs MiB}"; shift 2 ;;
@@ -55,6 +58,7 @@ while [ $# -gt 0 ]; do
     --verbose) verbose=1; shift ;;
     --qemu-arg) qargs+=("${2:?--qemu-arg needs an argument}"); shift 2 ;;
     --node) node="${2:?--node needs a or b}"; shift 2 ;;
+    --fault-file) fault_file="${2:?--fault-file needs a path}"; shift 2 ;;
     --build-only) build_only=1; shift ;;
     -h|--help) usage ;;
     --) shift; break ;;
@@ -201,9 +205,15 @@ while :; do
   rc=("${PIPESTATUS[@]}")
   set -e
   [ -e "$run/lockup" ] || break
+  # A fault after the script reported its exit status (powering off) does not undo the result.
+  if tr -d '\r' <"$log" | grep -aq '^RDMIG-VM-EXIT [0-9]*$'; then
+    echo "run-in-vm: the VM kernel's rxe failed after the script ended ($(cat "$run/lockup")): its result stands" >&2
+    break
+  fi
   why="$(cat "$run/lockup")"
   if [ -n "$node" ]; then
     echo "run-in-vm: FAILED: the VM kernel's rxe failed ($why): node $node stopped for run-two-vms.sh to boot the pair again" >&2
+    if [ -n "$fault_file" ]; then printf '%s\n' "$why" >"$fault_file"; fi
     exit 123
   fi
   if [ "$boots" -ge 3 ]; then

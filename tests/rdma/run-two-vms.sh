@@ -17,7 +17,8 @@
 # Each console line is prefixed "a| " or "b| ". The exit status is 0 when both scripts
 # exited 0, otherwise node a's status if non-zero, else node b's. When one node fails,
 # the other is stopped after a grace period (it would only wait for its peer).
-# A node whose kernel's rxe fails (run-in-vm.sh exits 123: its console showed a soft lockup,
+# A node whose kernel's rxe fails (run-in-vm.sh writes why to the node's fault file and exits 123:
+# its console showed a soft lockup,
 # "watchdog: BUG: soft lockup", Debian 12's 6.1 rxe spinning in softirq after RoCE v2 was dropped
 # mid-flow, seen in runs W9 and C2 of 2026-12-06, each once in about 15 runs of the rails rows, the
 # VMs booting 6.1 until 2026-12-07 and again with RDMIG_VM_KERNEL_SUITE=host; or a kernel panic in
@@ -94,15 +95,25 @@ boot() { # NODE SERVER(on|off)
            --qemu-arg "virtio-net-pci,netdev=link$k,mac=52:54:00:99:0$k:0$([ "$node" = a ] && echo 1 || echo 2)")
   done
   # In a session of its own (setsid), so that stopping it reaches QEMU too: kill -- -PID.
+  # The status file appears whole (written aside, then renamed): a look between its creation and
+  # its write would read nothing.
   NODE="$node" RC_FILE="$run/$node.rc" setsid bash -c '
     "$@" 2>&1 | while IFS= read -r line || [ -n "$line" ]; do printf "%s| %s\n" "$NODE" "$line"; done
-    echo "${PIPESTATUS[0]}" >"$RC_FILE"' _ \
-    "$runner" "${opts[@]}" --node "$node" --out "$outdir" "${nics[@]}" -- "$@" &
+    rc="${PIPESTATUS[0]}"
+    echo "$rc" >"$RC_FILE.tmp" && mv "$RC_FILE.tmp" "$RC_FILE"' _ \
+    "$runner" "${opts[@]}" --node "$node" --fault-file "$run/$node.fault" --out "$outdir" "${nics[@]}" -- "$@" &
   pids+=($!)
+}
+# ", node X had exited N" for the other node of `$1` when it had ended: a failure of its own is
+# booted again with the pair, so say it.
+peer_status() {
+  local other=a
+  [ "$1" = a ] && other=b
+  if [ -e "$run/$other.rc" ]; then printf ', node %s had exited %s' "$other" "$(cat "$run/$other.rc")"; fi
 }
 # One boot of the pair: 0 when both nodes' scripts ended, 1 when a kernel's rxe failed (both stopped).
 run_pair() {
-  rm -f "$run"/a.rc "$run"/b.rc "${links[@]}"
+  rm -f "$run"/a.rc "$run"/b.rc "$run"/a.fault "$run"/b.fault "${links[@]}"
   rm -rf "$outdir/rdv"
   # Node a serves the links; node b connects, so b starts once a's sockets exist.
   boot a on "$@"
@@ -120,9 +131,9 @@ run_pair() {
   local grace=30 failed_at="" lockup=""
   while [ ! -e "$run/a.rc" ] || [ ! -e "$run/b.rc" ]; do
     for n in a b; do
-      if [ -e "$run/$n.rc" ] && [ "$(cat "$run/$n.rc")" = 123 ] && [ -z "$lockup" ]; then
+      if [ -e "$run/$n.rc" ] && [ -e "$run/$n.fault" ] && [ -z "$lockup" ]; then
         lockup=$n
-        echo "run-two-vms: node $n's kernel's rxe failed (its reason above): stopping both nodes" >&2
+        echo "run-two-vms: node $n's kernel's rxe failed ($(cat "$run/$n.fault")): stopping both nodes$(peer_status "$n")" >&2
         stop_nodes
         break
       fi
@@ -144,9 +155,9 @@ run_pair() {
   # Both may have ended between two looks: node a's script done (or failed waiting for b) and b's
   # kernel failed.
   for n in a b; do
-    if [ -z "$lockup" ] && [ "$(cat "$run/$n.rc" 2>/dev/null)" = 123 ]; then
+    if [ -z "$lockup" ] && [ -e "$run/$n.fault" ]; then
       lockup=$n
-      echo "run-two-vms: node $n's kernel's rxe failed (its reason above)" >&2
+      echo "run-two-vms: node $n's kernel's rxe failed ($(cat "$run/$n.fault"))$(peer_status "$n")" >&2
     fi
   done
   [ -z "$lockup" ]

@@ -62,6 +62,16 @@ class ConsoleWatchTest(unittest.TestCase):
                  "[  140.000002] Call Trace:\n[  140.000003]  virtnet_poll+0x10/0x20 [virtio_net]\n")
         self.assertIsNone(watch("".join(rxe_oops) + other + "".join(panic))[2])
 
+    def test_a_6_1_kernel_bug_in_rxe_that_panics_is_named(self):
+        # Debian 12's 6.1 starts a BUG_ON's report with "kernel BUG at" and "invalid opcode:" (a
+        # made-up report in that shape).
+        text = ("[   88.100001] kernel BUG at drivers/infiniband/sw/rxe/rxe_task.c:120!\n"
+                "[   88.100002] invalid opcode: 0000 [#1] PREEMPT SMP NOPTI\n"
+                "[   88.100003] Call Trace:\n"
+                "[   88.100004]  rxe_run_task+0x2a/0x40 [rdma_rxe]\n"
+                "[   88.100005] Kernel panic - not syncing: Fatal exception in interrupt\n")
+        self.assertEqual(watch(text)[2], "a kernel panic in rdma_rxe")
+
     def test_it_stops_qemu_once(self):
         sleeper = subprocess.Popen(["sleep", "60"])
         try:
@@ -79,8 +89,9 @@ class ConsoleWatchTest(unittest.TestCase):
 
 
 # A stand-in for run-in-vm.sh: --build-only succeeds; a node opens its link sockets (node a serves
-# them, as its QEMU does) and then does what line <boot> of $PLAN_DIR/<node>.plan says: an exit
-# status, or "sleep" (a script still running until the pair is stopped).
+# them, as its QEMU does) and then does what line <boot> of $PLAN_DIR/<node>.plan says: "rxe" (its
+# kernel's rxe failed: the reason in its fault file, exit 123, as run-in-vm.sh does), an exit
+# status (the script's own), or "sleep" (a script still running until the pair is stopped).
 FAKE_RUNNER = textwrap.dedent("""\
     #!/usr/bin/env bash
     node="" links=()
@@ -88,6 +99,7 @@ FAKE_RUNNER = textwrap.dedent("""\
       case "$1" in
         --build-only) exit 0 ;;
         --node) node="$2"; shift 2 ;;
+        --fault-file) fault="$2"; shift 2 ;;
         --qemu-arg) case "$2" in stream,*server=on*) links+=("${2##*addr.path=}") ;; esac; shift 2 ;;
         --) break ;;
         *) shift ;;
@@ -101,6 +113,8 @@ FAKE_RUNNER = textwrap.dedent("""\
     what="$(sed -n "${n}p" "$PLAN_DIR/$node.plan")"
     echo "node $node boot $n: $what"
     if [ "$what" = sleep ]; then sleep 300; exit 0; fi
+    if [ "$what" = sleep1 ]; then sleep 1; what=rxe; fi
+    if [ "$what" = rxe ]; then echo "a kernel panic in rdma_rxe" >"$fault"; exit 123; fi
     exit "$what"
     """)
 
@@ -133,19 +147,24 @@ class PairRebootTest(unittest.TestCase):
     def test_a_node_whose_rxe_failed_stops_both_and_the_pair_boots_again(self):
         # Node a's script still runs when node b's kernel fails: it is stopped at once, not after
         # the 30 s grace a failed script gives its peer.
-        rc, out, boots, took = self.pair(["sleep", "0"], ["123", "0"], rails=2)
+        rc, out, boots, took = self.pair(["sleep", "0"], ["rxe", "0"], rails=2)
         self.assertEqual(rc, 0, out)
         self.assertEqual(boots, {"a": 2, "b": 2})
-        self.assertIn("node b's kernel's rxe failed", out)
+        self.assertIn("node b's kernel's rxe failed (a kernel panic in rdma_rxe)", out)
         self.assertIn("booting both VMs again (pair 2 of at most 3", out)
         self.assertLess(took, 25, out)
 
     def test_both_ending_together_still_counts_the_failed_kernel(self):
-        rc, out, boots, _ = self.pair(["0", "0"], ["123", "0"])
+        rc, out, boots, _ = self.pair(["0", "0"], ["rxe", "0"])
         self.assertEqual((rc, boots), (0, {"a": 2, "b": 2}), out)
 
+    def test_the_other_nodes_own_failure_is_named_before_the_pair_boots_again(self):
+        rc, out, boots, _ = self.pair(["7", "0"], ["sleep1", "0"])
+        self.assertEqual((rc, boots), (0, {"a": 2, "b": 2}), out)
+        self.assertIn("node b's kernel's rxe failed (a kernel panic in rdma_rxe), node a had exited 7", out)
+
     def test_three_pairs_in_a_row_fail_the_row(self):
-        rc, out, boots, _ = self.pair(["0", "0", "0"], ["123", "123", "123"])
+        rc, out, boots, _ = self.pair(["0", "0", "0"], ["rxe", "rxe", "rxe"])
         self.assertEqual(rc, 125, out)
         self.assertEqual(boots, {"a": 3, "b": 3})
         self.assertIn("rxe failed in 3 pairs in a row", out)
@@ -153,6 +172,11 @@ class PairRebootTest(unittest.TestCase):
     def test_a_scripts_own_failure_is_not_booted_again(self):
         rc, out, boots, _ = self.pair(["0"], ["1"])
         self.assertEqual((rc, boots), (1, {"a": 1, "b": 1}), out)
+        self.assertNotIn("booting both VMs again", out)
+
+    def test_a_scripts_own_exit_status_123_is_not_taken_for_rxe(self):
+        rc, out, boots, _ = self.pair(["0"], ["123"])
+        self.assertEqual((rc, boots), (123, {"a": 1, "b": 1}), out)
         self.assertNotIn("booting both VMs again", out)
 
 
