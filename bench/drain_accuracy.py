@@ -100,7 +100,8 @@ def best_possible(rows, key):
     (memory, fill, dirty rate, channels: the model's inputs) could have within 20%, when each
     setting ran more than once (--runs): a forecast F is within 20% of A when 0.8 A <= F <= 1.2 A,
     so one F covers a set of runs only if its largest figure is at most 1.5 times its smallest.
-    The bound the machine's repeatability puts on any forecast; None with one run per setting."""
+    An actual figure of 0 is within 20% of nothing (err). The bound the machine's repeatability puts
+    on any forecast that gives a setting one figure; None with one run per setting."""
     groups = {}
     for r in rows:
         if r["actual"]["converged"] and r["actual"][key] is not None:
@@ -110,8 +111,8 @@ def best_possible(rows, key):
         return None
     covered = 0
     for values in groups.values():
-        v = sorted(values)
-        covered += max(sum(1 for b in v[i:] if b <= 1.5 * a) for i, a in enumerate(v)) if v[0] > 0 else 1
+        v = sorted(x for x in values if x > 0)
+        covered += max((sum(1 for b in v[i:] if b <= 1.5 * a) for i, a in enumerate(v)), default=0)
     return covered
 
 
