@@ -113,6 +113,12 @@ class AgentMigrationTest(unittest.TestCase):
         if failed:
             for a in (self.src_agent, self.dst_agent):
                 print("---- %s log (tail) ----\n%s" % (a.name, a.log_text()[-4000:]))
+            # The failover agents a case started (failover_agents; still up: cleanups run after
+            # tearDown): their failover lines, which W38's failed failover case did not show.
+            for a in getattr(self, "fo_agents", ()):
+                lines = [line for line in a.log_text().splitlines()
+                         if any(w in line for w in ("failover", "resum", "re-dial", "announce", "interrupt"))]
+                print("---- %s failover lines (last 80 of %d) ----\n%s" % (a.name, len(lines), "\n".join(lines[-80:])))
 
     def vm(self, name, qemu10=False, **kw):
         """qemu10: True for the trixie root's QEMU 10.0, an (argv, env) pair for another (backports_qemu())."""
@@ -252,6 +258,7 @@ class AgentMigrationTest(unittest.TestCase):
         self.addCleanup(a.stop)
         b = Agent(self.tmp, "agent-fo-b", log_level="debug", config={"dataPlane": dp})
         self.addCleanup(b.stop)
+        self.fo_agents = (a, b)
         return a, b
 
     def cut(self, port, min_bytes=1 << 20):
