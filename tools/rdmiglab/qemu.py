@@ -12,11 +12,14 @@ COUNTER_RE = re.compile(rb"^rdmig-counter (\d+)\r?$", re.M)
 # The memory verifier's lines (tools/guest/verify.c; a guest started with rdmig.verify_mib=N).
 VERIFY_RE = re.compile(rb"^rdmig-verify-counter (\d+) checked=(\d+) scans=(\d+) writes=(\d+) mismatches=(\d+)\r?$", re.M)
 MISMATCH_RE = re.compile(rb"^rdmig-verify-mismatch .*$", re.M)
+# The guest kernel killing the verifier (out of memory): it never reports again.
+VERIFY_KILLED_RE = re.compile(rb"^.*Killed process .*\(rdmig-verify\).*$", re.M)
 
 
 def verifier_state(serial_log):
     """The memory verifier's state from a guest's serial log: {"counter", "checked", "scans",
-    "writes", "mismatches", "mismatch_lines"} of its last complete line (counter None before any)."""
+    "writes", "mismatches", "mismatch_lines"} of its last complete line (counter None before any),
+    and "killed": the guest kernel's line that killed it (out of memory), or None."""
     try:
         with open(serial_log, "rb") as f:
             data = f.read()
@@ -25,11 +28,14 @@ def verifier_state(serial_log):
     data = data[:data.rfind(b"\n") + 1]
     lines = VERIFY_RE.findall(data)
     bad = [m.decode(errors="replace") for m in MISMATCH_RE.findall(data)]
+    killed = VERIFY_KILLED_RE.search(data)
+    killed = killed.group(0).decode(errors="replace").strip() if killed else None
     if not lines:
-        return {"counter": None, "checked": 0, "scans": 0, "writes": 0, "mismatches": 0, "mismatch_lines": bad}
+        return {"counter": None, "checked": 0, "scans": 0, "writes": 0, "mismatches": 0, "mismatch_lines": bad,
+                "killed": killed}
     c, checked, scans, writes, mism = (int(x) for x in lines[-1])
     return {"counter": c, "checked": checked, "scans": scans, "writes": writes,
-            "mismatches": max(mism, max(int(l[4]) for l in lines)), "mismatch_lines": bad}
+            "mismatches": max(mism, max(int(l[4]) for l in lines)), "mismatch_lines": bad, "killed": killed}
 
 
 def _root_qemu(r):
@@ -388,17 +394,6 @@ class QemuVm:
         """The verifier's state from the serial log (verifier_state)."""
         return verifier_state(self.serial_log)
 
-    def verifier_killed(self):
-        """The guest kernel's line that killed the verifier (out of memory), or None."""
-        try:
-            with open(self.serial_log, "rb") as f:
-                for line in f:
-                    if b"Killed process" in line and b"(rdmig-verify)" in line:
-                        return line.decode(errors="replace").strip()
-        except OSError:
-            pass
-        return None
-
     def wait_for_verifier(self, min_counter, min_scans=0, timeout=60.0):
         """Waits until the verifier's counter reaches ``min_counter`` with at least ``min_scans``
         full scans; returns its state."""
@@ -410,9 +405,8 @@ class QemuVm:
             if not self.alive():
                 raise RuntimeError("%s: QEMU exited (rc %s) waiting for verifier %d; stderr: %s"
                                    % (self.name, self.proc.returncode, min_counter, self.stderr_text()))
-            killed = self.verifier_killed()
-            if killed:  # it never reports again: the guest's memory is too small for what it holds
-                raise RuntimeError("%s: the guest's kernel killed the verifier: %s" % (self.name, killed))
+            if v["killed"]:  # it never reports again: the guest's memory is too small for what it holds
+                raise RuntimeError("%s: the guest's kernel killed the verifier: %s" % (self.name, v["killed"]))
             if time.monotonic() > deadline:
                 raise TimeoutError("%s: verifier %s, wanted counter >= %d, scans >= %d within %.0fs"
                                    % (self.name, v, min_counter, min_scans, timeout))
