@@ -204,9 +204,10 @@ while :; do
     mawk -W interactive -v lk="$run/lockup" -v pf="$run/qemu.pid" -f "$here/console-watch.awk" | tee "$log"
   rc=("${PIPESTATUS[@]}")
   set -e
+  marker="$(tr -d '\r' <"$log" | grep -a -o '^RDMIG-VM-EXIT [0-9]*$' | tail -n1 || true)"
   [ -e "$run/lockup" ] || break
   # A fault after the script reported its exit status (powering off) does not undo the result.
-  if tr -d '\r' <"$log" | grep -aq '^RDMIG-VM-EXIT [0-9]*$'; then
+  if [ -n "$marker" ]; then
     echo "run-in-vm: the VM kernel's rxe failed after the script ended ($(cat "$run/lockup")): its result stands" >&2
     break
   fi
@@ -224,7 +225,6 @@ while :; do
 done
 t_end=$(date +%s.%N)
 times="$(awk -v a="$t_start" -v b="$t_built" -v c="$t_end" 'BEGIN{printf "initramfs %.1fs, VM %.1fs, total %.1fs", b-a, c-b, c-a}')"
-marker="$(tr -d '\r' <"$log" | grep -a -o '^RDMIG-VM-EXIT [0-9]*$' | tail -n1 || true)"
 if [ "${rc[0]}" = 124 ] || [ "${rc[0]}" = 137 ]; then
   echo "run-in-vm: FAILED: timed out after ${timeout_s}s ($times); the console is above" >&2
   exit 124

@@ -104,12 +104,15 @@ boot() { # NODE SERVER(on|off)
     "$runner" "${opts[@]}" --node "$node" --fault-file "$run/$node.fault" --out "$outdir" "${nics[@]}" -- "$@" &
   pids+=($!)
 }
-# ", node X had exited N" for the other node of `$1` when it had ended: a failure of its own is
-# booted again with the pair, so say it.
-peer_status() {
+# Node `$1`'s kernel's rxe failed (its fault file): says so, with the other node's exit status
+# when that one had ended (a failure of its own is booted again with the pair), and marks the pair.
+name_fault() {
   local other=a
   [ "$1" = a ] && other=b
-  if [ -e "$run/$other.rc" ]; then printf ', node %s had exited %s' "$other" "$(cat "$run/$other.rc")"; fi
+  lockup=$1
+  printf "run-two-vms: node %s's kernel's rxe failed (%s)" "$1" "$(cat "$run/$1.fault")" >&2
+  if [ -e "$run/$other.rc" ]; then printf ', node %s had exited %s' "$other" "$(cat "$run/$other.rc")" >&2; fi
+  echo >&2
 }
 # One boot of the pair: 0 when both nodes' scripts ended, 1 when a kernel's rxe failed (both stopped).
 run_pair() {
@@ -132,8 +135,8 @@ run_pair() {
   while [ ! -e "$run/a.rc" ] || [ ! -e "$run/b.rc" ]; do
     for n in a b; do
       if [ -e "$run/$n.rc" ] && [ -e "$run/$n.fault" ] && [ -z "$lockup" ]; then
-        lockup=$n
-        echo "run-two-vms: node $n's kernel's rxe failed ($(cat "$run/$n.fault")): stopping both nodes$(peer_status "$n")" >&2
+        name_fault "$n"
+        echo "run-two-vms: stopping both nodes" >&2
         stop_nodes
         break
       fi
@@ -155,10 +158,7 @@ run_pair() {
   # Both may have ended between two looks: node a's script done (or failed waiting for b) and b's
   # kernel failed.
   for n in a b; do
-    if [ -z "$lockup" ] && [ -e "$run/$n.fault" ]; then
-      lockup=$n
-      echo "run-two-vms: node $n's kernel's rxe failed ($(cat "$run/$n.fault"))$(peer_status "$n")" >&2
-    fi
+    if [ -z "$lockup" ] && [ -e "$run/$n.fault" ]; then name_fault "$n"; fi
   done
   [ -z "$lockup" ]
 }

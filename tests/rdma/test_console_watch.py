@@ -161,8 +161,8 @@ class PairRebootTest(unittest.TestCase):
     def test_the_other_nodes_own_failure_is_named_before_the_pair_boots_again(self):
         rc, out, boots, _ = self.pair(["7", "0"], ["sleep1", "0"])
         self.assertEqual((rc, boots), (0, {"a": 2, "b": 2}), out)
-        # Seen while node a's status is there (": stopping both nodes, node a had exited 7") or
-        # after both ended (", node a had exited 7"): either names it.
+        # Whether run-two-vms.sh sees node b's fault in its loop or after both nodes ended, it
+        # names node a's status.
         self.assertRegex(out, r"node b's kernel's rxe failed \(a kernel panic in rdma_rxe\)[^\n]*, node a had exited 7\n")
 
     def test_three_pairs_in_a_row_fail_the_row(self):
