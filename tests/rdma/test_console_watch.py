@@ -18,6 +18,9 @@ WATCH = os.path.join(HERE, "console-watch.awk")
 RUN_TWO_VMS = os.path.join(HERE, "run-two-vms.sh")
 with open(os.path.join(HERE, "fixtures", "rxe-double-fault.console")) as f:
     RXE_PANIC = f.read()
+# The same console split: the rxe oops, and the "Kernel panic - not syncing" line after it.
+RXE_OOPS = "".join(line for line in RXE_PANIC.splitlines(True) if "Kernel panic" not in line)
+PANIC_LINE = "".join(line for line in RXE_PANIC.splitlines(True) if "Kernel panic" in line)
 # The kernel's own format (kernel/watchdog.c: "BUG: soft lockup - CPU#%d stuck for %us! [%s:%d]").
 SOFT_LOCKUP = "[  312.001122] watchdog: BUG: soft lockup - CPU#1 stuck for 26s! [ksoftirqd/1:22]\n"
 
@@ -52,15 +55,12 @@ class ConsoleWatchTest(unittest.TestCase):
         self.assertEqual(err, "")
 
     def test_an_rxe_oops_that_does_not_panic_is_left_alone(self):
-        lines = [line for line in RXE_PANIC.splitlines(True) if "Kernel panic" not in line]
-        self.assertIsNone(watch("".join(lines))[2])
+        self.assertIsNone(watch(RXE_OOPS)[2])
 
     def test_a_later_oops_elsewhere_that_panics_is_not_blamed_on_rxe(self):
-        panic = [line for line in RXE_PANIC.splitlines(True) if "Kernel panic" in line]
-        rxe_oops = [line for line in RXE_PANIC.splitlines(True) if "Kernel panic" not in line]
         other = ("[  140.000001] BUG: kernel NULL pointer dereference, address: 0000000000000008\n"
                  "[  140.000002] Call Trace:\n[  140.000003]  virtnet_poll+0x10/0x20 [virtio_net]\n")
-        self.assertIsNone(watch("".join(rxe_oops) + other + "".join(panic))[2])
+        self.assertIsNone(watch(RXE_OOPS + other + PANIC_LINE)[2])
 
     def test_a_6_1_kernel_bug_in_rxe_that_panics_is_named(self):
         # Debian 12's 6.1 starts a BUG_ON's report with "kernel BUG at" and "invalid opcode:" (a
