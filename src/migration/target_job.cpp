@@ -287,8 +287,8 @@ void TargetJob::on_data(UniqueFd fd, const session::Hello& hello, const std::str
         return;
       }
       reply(fd.get(), session::message(session::MessageKind::kWelcome, json{{"proof", welcome_proof}}));
-      redials_.put(transport::kControlIndex, std::move(fd));  // a newer re-dial replaces one not yet taken
-      link_->interrupt();
+      // A newer re-dial replaces one not yet taken.
+      redials_.hand_over(transport::kControlIndex, std::move(fd), [&] { link_->interrupt(); });
       return;
     }
     if (hello.resume) {
@@ -313,8 +313,9 @@ void TargetJob::on_data(UniqueFd fd, const session::Hello& hello, const std::str
         return;
       }
       reply(fd.get(), session::message(session::MessageKind::kWelcome, json{{"proof", welcome_proof}}));
-      redials_.put(hello.index, std::move(fd));  // a newer re-dial replaces one not yet taken
-      fc->interrupt(Error{Errc::kUnavailable, "the source agent re-dialled channel " + std::to_string(hello.index)});
+      redials_.hand_over(hello.index, std::move(fd), [&] {  // a newer re-dial replaces one not yet taken
+        fc->interrupt(Error{Errc::kUnavailable, "the source agent re-dialled channel " + std::to_string(hello.index)});
+      });
       return;
     }
     if (hello.tls != tls) {

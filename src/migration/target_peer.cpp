@@ -76,8 +76,9 @@ Result<transport::rdma::AcceptPlan> TargetJob::rdma_redial_plan(const transport:
     MutexLock dlock(data_mu_);
     auto* fc = failover_channel(index);
     if (fc == nullptr || fc->failed()) return;  // ended meanwhile: the new channel just closes
-    redials_.put(index, std::move(ch.value()), std::move(via), rail);  // a newer re-dial replaces one not yet taken
-    fc->interrupt(Error{Errc::kUnavailable, "the source agent re-dialled channel " + std::to_string(index) + " over RDMA"});
+    redials_.hand_over(index, std::move(ch.value()), std::move(via), rail, [&] {  // a newer one replaces one not taken
+      fc->interrupt(Error{Errc::kUnavailable, "the source agent re-dialled channel " + std::to_string(index) + " over RDMA"});
+    });
   };
   return plan;
 }

@@ -52,7 +52,8 @@ class ControlLink {
   // kept, and a lost connection is lost.
   void stop_failing_over() EXCLUDES(mu_, write_mu_);
   // The peer re-dialled (its side saw the loss first): this end's connection, maybe half-open, is
-  // given up now and the reader fails over. No-op without failover.
+  // given up now and the reader fails over. No-op without failover. Called before the re-dial is
+  // handed to the failover (RedialSlots::hand_over): after, it may shut down the new connection.
   void interrupt() EXCLUDES(fd_mu_);
   // Failover's state, for an owner that watches the peer's silence itself (a KubeVirt flow's
   // heartbeats): true while the reader re-establishes the connection; failovers done so far.

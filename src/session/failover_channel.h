@@ -116,7 +116,9 @@ class FailoverChannel final : public transport::Channel {
   // as if a call had failed with `why`. Never blocks; no-op while a failover runs or after the
   // channel failed, and dropped when a failover ends before the watcher gets to it (the link's own
   // error started one, which took the re-dial this announced: failing over again would drop the
-  // new link, and the peer would fail over a second time for nothing).
+  // new link, and the peer would fail over a second time for nothing). Called before the re-dial is
+  // handed to the failover (RedialSlots::hand_over), never after: that failover may have made it
+  // the live link by then.
   void interrupt(const Error& why);
 
   // True once the channel failed for good (aborted, refused, out of time): nothing resumes it.

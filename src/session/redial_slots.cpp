@@ -26,6 +26,17 @@ void RedialSlots::put(uint32_t index, std::unique_ptr<transport::Channel> channe
   cv_.notify_all();
 }
 
+void RedialSlots::hand_over(uint32_t index, UniqueFd fd, const std::function<void()>& give_up_live) {
+  give_up_live();
+  put(index, std::move(fd));
+}
+
+void RedialSlots::hand_over(uint32_t index, std::unique_ptr<transport::Channel> channel, std::string via,
+                            std::optional<uint32_t> rail, const std::function<void()>& give_up_live) {
+  give_up_live();
+  put(index, std::move(channel), std::move(via), rail);
+}
+
 Result<RedialSlots::Redialled> RedialSlots::take(uint32_t index, const transport::ChannelTerms& terms, uint64_t count,
                                                  std::chrono::steady_clock::time_point deadline,
                                                  const std::function<bool()>& stopped,

@@ -44,6 +44,14 @@ class RedialSlots {
   // `via` names the rail it came over ("rail 1: mlx5_1 ..."), `rail` its number, handed on to the take.
   void put(uint32_t index, std::unique_ptr<transport::Channel> channel, std::string via = {},
            std::optional<uint32_t> rail = std::nullopt) EXCLUDES(mu_);
+  // put(), after `give_up_live` told the live link of `index` that it is gone (a FailoverChannel's
+  // or ControlLink's interrupt()). In that order: a re-dial put first can be taken, resumed on and
+  // made the live link by a failover already under way before the interrupt runs, which then gives
+  // up that new link, and the peer fails over again for nothing (whole run W38: three failovers for
+  // one lost link). Called without this object's lock held.
+  void hand_over(uint32_t index, UniqueFd fd, const std::function<void()>& give_up_live) EXCLUDES(mu_);
+  void hand_over(uint32_t index, std::unique_ptr<transport::Channel> channel, std::string via,
+                 std::optional<uint32_t> rail, const std::function<void()>& give_up_live) EXCLUDES(mu_);
   // Waits until `deadline` for the re-dial of `index` (polling `stopped` every 50 ms: kCancelled
   // once it turns true), takes it and runs the resume exchange as its acceptor over `terms` with
   // this end's `count`, bounded by the deadline (at least 100 ms, at most `max_step`). `peer`

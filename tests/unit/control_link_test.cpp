@@ -57,13 +57,13 @@ struct Linked {
             if (refuse) return Error{Errc::kPermissionDenied, "refused"};
           }
           auto [mine, theirs] = socket_pair();
+          b->interrupt();  // before the hand-over, as the target does (RedialSlots::hand_over)
           {
             std::lock_guard lock(mu);
             for_b = std::move(theirs);
             ++redials;
           }
           cv.notify_all();
-          b->interrupt();
           auto peer = resume_as_dialler(mine.get(), terms, received, 2s);
           if (!peer) return peer.error();
           return std::make_pair(std::move(mine), peer.value());

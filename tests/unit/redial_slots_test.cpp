@@ -1,12 +1,18 @@
 // session::RedialSlots over real loopback connections: the accepting end of a failover waits for
 // the peer's re-dial, takes it and runs the proved resume exchange; a newer re-dial replaces one
-// not taken; no re-dial ends at the deadline naming what was awaited; a stop ends the wait.
+// not taken; no re-dial ends at the deadline naming what was awaited; a stop ends the wait. And
+// hand_over's order: a re-dial announced while this end's own failover of the same loss runs is
+// taken by that failover, and the announcement never gives up the link it brought.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <thread>
 
 #include "common/net.h"
+#include "metrics/metrics.h"
+#include "session/control_link.h"
+#include "session/failover_channel.h"
 #include "session/redial_slots.h"
 #include "session/resume.h"
 #include "transport/wire.h"
@@ -29,7 +35,152 @@ std::pair<UniqueFd, UniqueFd> connected() {
   return {std::move(c.value()), std::move(s.value())};
 }
 
+// The accepting agent's side of a re-dial, as TargetJob::on_data runs it: accepts on `listener`
+// and hands each connection over to the failover of `index` with `give_up_live`, which first waits
+// (up to 500 ms) for `resumed` to turn true. A hand-over that put the re-dial first would let this
+// end's own failover of the same loss take it and resume before the give-up runs, which would then
+// give up the new link: the wait makes that order fail every time, not once in thirty runs.
+class Acceptor {
+ public:
+  Acceptor(RedialSlots& slots, int listener, uint32_t index, std::function<bool()> resumed,
+           std::function<void()> give_up)
+      : thread_([this, &slots, listener, index, resumed = std::move(resumed), give_up = std::move(give_up)] {
+          while (!stop_.load()) {
+            auto fd = net::accept_for(listener, 50ms);
+            if (!fd) continue;
+            slots.hand_over(index, std::move(fd.value()), [&] {
+              const auto until = std::chrono::steady_clock::now() + 500ms;
+              while (!resumed() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+              give_up();
+            });
+          }
+        }) {}
+  ~Acceptor() {
+    stop_ = true;
+    thread_.join();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// Waits up to 5 s for `done`; then 500 ms more (five of the watcher's periods) for anything late.
+bool settles(const std::function<bool()>& done) {
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  while (!done() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+  std::this_thread::sleep_for(500ms);
+  return done();
+}
+
 }  // namespace
+
+TEST(RedialSlots, ARedialAnnouncedWhileTheSameLossIsFailedOverHereIsTakenOnceAndItsLinkKept) {
+  // A data channel: both ends lose the link; A (the source) re-dials, B (the target) fails over on
+  // its own and takes the re-dial; the announcement of the re-dial finds B's failover under way.
+  constexpr uint32_t kChunk = 64 * 1024, kDepth = 8;
+  Metrics metrics;
+  auto& tm = metrics.transport("tcp");
+  auto l = net::tcp_listen("127.0.0.1", 0);
+  ASSERT_TRUE(l.ok());
+  const uint16_t port = net::local_port(l->get()).value();
+  auto c = net::tcp_connect({"127.0.0.1", port}, 2s);
+  auto s = net::accept_for(l->get(), 2s);
+  ASSERT_TRUE(c.ok() && s.ok());
+  const int b_first = s->get();
+  const transport::ChannelTerms terms{kTerms.key, kTerms.session, 0};
+  RedialSlots slots;
+  auto make = [&](UniqueFd fd) { return transport::TcpChannel::create(std::move(fd), 0, kChunk, kDepth, tm); };
+  auto a = std::make_unique<FailoverChannel>(
+      make(std::move(c.value())), kDepth, 5s, [&](uint64_t taken, const Error&, auto, const auto&) -> Result<Resumed> {
+        auto fd = net::tcp_connect({"127.0.0.1", port}, 2s);
+        if (!fd) return fd.error();
+        auto peer = resume_as_dialler(fd->get(), terms, taken, 2s);
+        if (!peer) return peer.error();
+        return Resumed{make(std::move(fd.value())), peer.value(), "tcp (re-dialled)"};
+      });
+  std::unique_ptr<FailoverChannel> b;
+  b = std::make_unique<FailoverChannel>(
+      make(std::move(s.value())), kDepth, 5s,
+      [&](uint64_t taken, const Error&, auto deadline, const auto& stopped) -> Result<Resumed> {
+        auto r = slots.take(0, terms, taken, deadline, stopped, 2000ms);
+        if (!r) return r.error();
+        return resumed_redial(std::move(r.value()), 0, TcpGeometry{kChunk, kDepth, &tm}, nullptr);
+      });
+  {
+    Acceptor acceptor(slots, l->get(), 0, [&] { return b->failovers() >= 1; },
+                      [&] { b->interrupt(Error{Errc::kUnavailable, "the source agent re-dialled channel 0"}); });
+    ::shutdown(b_first, SHUT_RDWR);  // both ends see the link fail
+    EXPECT_TRUE(settles([&] { return a->failovers() == 1 && b->failovers() == 1; }))
+        << "failovers: A " << a->failovers() << ", B " << b->failovers() << "; A's last: "
+        << a->last_failover().value_or("none") << "; B's last: " << b->last_failover().value_or("none");
+  }
+  // The link B resumed on is the one A carries on: a chunk each way arrives.
+  for (auto [from, to] : {std::pair{a.get(), b.get()}, std::pair{b.get(), a.get()}}) {
+    auto buf = from->acquire();
+    ASSERT_TRUE(buf.ok()) << buf.error().message;
+    (*buf)[0] = std::byte{42};
+    ASSERT_TRUE(from->send(1).ok());
+    auto got = to->receive();
+    ASSERT_TRUE(got.ok()) << got.error().message;
+    ASSERT_EQ(got->data.size(), 1u);
+    EXPECT_EQ(got->data[0], std::byte{42});
+    ASSERT_TRUE(to->release().ok());
+  }
+  EXPECT_EQ(a->failovers(), 1u);
+  EXPECT_EQ(b->failovers(), 1u);
+  a.reset();
+  b.reset();
+}
+
+TEST(RedialSlots, AControlConnectionRedialAnnouncedWhileItsLossIsFailedOverHereIsTakenOnceAndKept) {
+  auto l = net::tcp_listen("127.0.0.1", 0);
+  ASSERT_TRUE(l.ok());
+  const uint16_t port = net::local_port(l->get()).value();
+  auto c = net::tcp_connect({"127.0.0.1", port}, 2s);
+  auto s = net::accept_for(l->get(), 2s);
+  ASSERT_TRUE(c.ok() && s.ok());
+  const int b_first = s->get();
+  const transport::ChannelTerms terms{kTerms.key, kTerms.session, transport::kControlIndex};
+  RedialSlots slots;
+  ControlLink a(std::move(c.value()));
+  ControlLink b(std::move(s.value()));
+  a.fail_over_with(
+      [&](uint64_t received, auto, const auto&) -> Result<std::pair<UniqueFd, uint64_t>> {
+        auto fd = net::tcp_connect({"127.0.0.1", port}, 2s);
+        if (!fd) return fd.error();
+        auto peer = resume_as_dialler(fd->get(), terms, received, 2s);
+        if (!peer) return peer.error();
+        return std::make_pair(std::move(fd.value()), peer.value());
+      },
+      5s);
+  b.fail_over_with(
+      [&](uint64_t received, auto deadline, const auto& stopped) -> Result<std::pair<UniqueFd, uint64_t>> {
+        auto r = slots.take(transport::kControlIndex, terms, received, deadline, stopped, 2000ms);
+        if (!r) return r.error();
+        return std::make_pair(std::move(r->fd), r->peer_count);
+      },
+      5s);
+  {
+    Acceptor acceptor(slots, l->get(), transport::kControlIndex, [&] { return b.failovers() >= 1; },
+                      [&] { b.interrupt(); });
+    ::shutdown(b_first, SHUT_RDWR);
+    EXPECT_TRUE(settles([&] { return a.failovers() == 1 && b.failovers() == 1; }))
+        << "failovers: A " << a.failovers() << ", B " << b.failovers();
+  }
+  ASSERT_TRUE(a.send(nlohmann::json{{"type", "ping"}}).ok());
+  ASSERT_TRUE(b.send(nlohmann::json{{"type", "pong"}}).ok());
+  for (auto [link, type] : {std::pair{&b, "ping"}, std::pair{&a, "pong"}}) {
+    auto m = link->next(2s);
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    ASSERT_TRUE(m->has_value()) << "nothing arrived within 2 s";
+    EXPECT_EQ((**m).value("type", ""), type);
+  }
+  EXPECT_EQ(a.failovers(), 1u);
+  EXPECT_EQ(b.failovers(), 1u);
+  a.close();  // first: A then re-dials nothing while B goes
+  b.close();
+}
 
 TEST(RedialSlots, TakesTheRedialPutLaterAndResumesItProved) {
   RedialSlots slots;

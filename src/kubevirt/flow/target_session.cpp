@@ -265,8 +265,8 @@ Status TargetSession::resume_control_link(UniqueFd fd, const std::string& welcom
     return Error{Errc::kPermissionDenied, why};
   }
   RDMIG_TRY(transport::send_message(fd.get(), session::message(session::MessageKind::kWelcome, json{{"proof", welcome_proof}})));
-  redials_.put(transport::kControlIndex, std::move(fd));  // the link's failover takes it (a newer one replaces it)
-  interrupt_control();
+  // The link's failover takes it (a newer one replaces it).
+  redials_.hand_over(transport::kControlIndex, std::move(fd), [this] { interrupt_control(); });
   return ok_status();
 }
 
@@ -298,7 +298,9 @@ Status TargetSession::resume_tcp_channel(UniqueFd fd, uint32_t index, const std:
                                            " is not live here");
   }
   RDMIG_TRY(transport::send_message(fd.get(), session::message(session::MessageKind::kWelcome, json{{"proof", welcome_proof}})));
-  redials_.put(index, std::move(fd));  // the channel's failover takes it (a newer re-dial replaces it)
+  // The channel's failover takes it (a newer re-dial replaces it); its link was given up first, as
+  // RedialSlots::hand_over does it.
+  redials_.put(index, std::move(fd));
   return ok_status();
 }
 
@@ -483,7 +485,8 @@ transport::rdma::AcceptPlan TargetSession::rail_redial_plan(uint32_t index, uint
       }
     }
     if (!live) return;  // ended meanwhile: the new channel just closes
-    redials_.put(index, std::move(ch.value()), std::move(via), rail);  // a newer re-dial replaces one not yet taken
+    // A newer re-dial replaces one not yet taken; the link was given up first (RedialSlots::hand_over).
+    redials_.put(index, std::move(ch.value()), std::move(via), rail);
   };
   return plan;
 }
