@@ -141,8 +141,10 @@ Status Job::check_qemu_peer(int fd, const std::string& what) const {
   if (qemu_pid_ <= 0) return ok_status();
   const int pid = net::peer_pid(fd);
   if (pid == qemu_pid_) return ok_status();
-  return Error{Errc::kPermissionDenied, what + ": the peer is pid " + std::to_string(pid) +
-                                            ", not the QEMU behind qmpSocket (pid " + std::to_string(qemu_pid_) + ")"};
+  // pid 0: the kernel named no process this agent's pid namespace can see.
+  const std::string peer = pid > 0 ? "pid " + std::to_string(pid) : "no process this agent can see (SO_PEERCRED pid 0)";
+  return Error{Errc::kPermissionDenied, what + ": the peer is " + peer + ", not the QEMU behind qmpSocket (pid " +
+                                            std::to_string(qemu_pid_) + ")"};
 }
 
 Job::CancelWatch::CancelWatch(Job& job, int fd) : job_(job), fd_(fd) {

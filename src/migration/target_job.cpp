@@ -702,16 +702,18 @@ void TargetJob::report_failure(const Error& error, bool cancelled, bool incoming
     const auto deadline = std::chrono::steady_clock::now() + 10s;
     while (std::chrono::steady_clock::now() < deadline) {
       auto raw = qmp_->execute("query-migrate", {}, kQmpTimeout);
-      if (!raw) break;
-      auto info = qemu::parse_migration_info(raw.value());
-      if (!info) break;
+      auto info = raw ? qemu::parse_migration_info(raw.value()) : Result<qemu::MigrationInfo>(raw.error());
+      if (!info) {
+        known = "unknown: " + info.error().message;  // why it is not known, for whoever reads the reason
+        break;
+      }
       if (info->status == "completed") {
         // Everything had arrived: QEMU has the VM after all.
         report_success();
         return;
       }
       if (info->status == "failed" || info->status == "none") {
-        known = "QEMU's incoming migration " + info->status;
+        known = "QEMU's incoming migration " + info->status + (info->error_desc.empty() ? "" : ": " + info->error_desc);
         safe = true;
         break;
       }

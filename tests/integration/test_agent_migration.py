@@ -106,10 +106,15 @@ class AgentMigrationTest(unittest.TestCase):
         self.vms = []
 
     def tearDown(self):
-        for vm in self.vms:
-            vm.kill()
         failed = any(e for _, e in (self._outcome.result.errors + self._outcome.result.failures)
                      if _ is self) if hasattr(self._outcome, "result") else False
+        if failed:
+            # Each QEMU's own words (a failed incoming migration says why only there), read while
+            # it may still be running.
+            for vm in self.vms:
+                print("---- %s QEMU stderr (tail) ----\n%s" % (vm.name, vm.stderr_text()[-2000:]))
+        for vm in self.vms:
+            vm.kill()
         if failed:
             for a in (self.src_agent, self.dst_agent):
                 print("---- %s log (tail) ----\n%s" % (a.name, a.log_text()[-4000:]))
