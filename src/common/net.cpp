@@ -7,6 +7,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 
 #include <algorithm>
@@ -190,20 +191,36 @@ Result<UniqueFd> unix_connect(const std::string& path, std::chrono::milliseconds
   }
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  // Blocking, bounded by SO_SNDTIMEO. A unix socket's connect never runs in the background: a
+  // non-blocking one whose listener's backlog is full fails with EAGAIN and leaves the socket
+  // unconnected (poll then says POLLOUT all the same, and SO_PEERCRED pid 0), while a blocking
+  // one waits for the listener to make room, as long as SO_SNDTIMEO lets it. A target QEMU listens
+  // with a backlog of its multifd channel count, and post-copy's preempt connection comes on top
+  // of the main and the multifd ones: under load it found the backlog full.
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return errno_error("socket", errno);
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    if (errno != EINPROGRESS && errno != EAGAIN) {
-      auto e = errno_error("connect " + path, errno);
-      e.code = Errc::kUnavailable;
-      return e;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto set_timeout = [&](std::chrono::microseconds t) {
+    const timeval tv{static_cast<time_t>(t.count() / 1000000), static_cast<suseconds_t>(t.count() % 1000000)};
+    return ::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) == 0;
+  };
+  for (;;) {
+    // At least 1 ms: a zero SO_SNDTIMEO waits for ever.
+    const auto left = std::max(std::chrono::duration_cast<std::chrono::microseconds>(
+                                   deadline - std::chrono::steady_clock::now()),
+                               std::chrono::microseconds(1000));
+    if (!set_timeout(left)) return errno_error("setsockopt SO_SNDTIMEO", errno);
+    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) break;
+    if (errno == EINTR && std::chrono::steady_clock::now() < deadline) continue;
+    if (errno == EAGAIN) {
+      return Error{Errc::kUnavailable, "connect " + path + ": its listener's backlog stayed full for " +
+                                           std::to_string(timeout.count()) + " ms"};
     }
-    if (auto w = wait_fd(fd.get(), POLLOUT, timeout); !w) {
-      return w.error().with_context("connect " + path);
-    }
+    auto e = errno_error("connect " + path, errno);
+    e.code = Errc::kUnavailable;
+    return e;
   }
-  const int flags = ::fcntl(fd.get(), F_GETFL);
-  ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
+  if (!set_timeout(std::chrono::microseconds(0))) return errno_error("setsockopt SO_SNDTIMEO", errno);  // sends block as before
   return fd;
 }
 
