@@ -25,14 +25,31 @@ namespace {
 
 const transport::ChannelTerms kTerms{std::string(64, 'k'), std::string(32, 'a'), 2};
 
-// A connected pair on loopback: first the dialler's end, second the acceptor's.
-std::pair<UniqueFd, UniqueFd> connected() {
+// A loopback listener and a first connection through it: the dialler's end, the acceptor's, and
+// the listener with its port (where re-dials come).
+struct FirstLink {
+  UniqueFd listener;
+  uint16_t port = 0;
+  UniqueFd dialled, accepted;
+};
+FirstLink first_link() {
+  FirstLink f;
   auto l = net::tcp_listen("127.0.0.1", 0);
   EXPECT_TRUE(l.ok());
-  auto c = net::tcp_connect({"127.0.0.1", net::local_port(l->get()).value()}, 2s);
-  auto s = net::accept_for(l->get(), 2s);
+  f.listener = std::move(l.value());
+  f.port = net::local_port(f.listener.get()).value();
+  auto c = net::tcp_connect({"127.0.0.1", f.port}, 2s);
+  auto s = net::accept_for(f.listener.get(), 2s);
   EXPECT_TRUE(c.ok() && s.ok());
-  return {std::move(c.value()), std::move(s.value())};
+  f.dialled = std::move(c.value());
+  f.accepted = std::move(s.value());
+  return f;
+}
+
+// A connected pair on loopback: first the dialler's end, second the acceptor's.
+std::pair<UniqueFd, UniqueFd> connected() {
+  auto f = first_link();
+  return {std::move(f.dialled), std::move(f.accepted)};
 }
 
 // The accepting agent's side of a re-dial, as TargetJob::on_data runs it: accepts on `listener`
@@ -81,18 +98,15 @@ TEST(RedialSlots, ARedialAnnouncedWhileTheSameLossIsFailedOverHereIsTakenOnceAnd
   constexpr uint32_t kChunk = 64 * 1024, kDepth = 8;
   Metrics metrics;
   auto& tm = metrics.transport("tcp");
-  auto l = net::tcp_listen("127.0.0.1", 0);
-  ASSERT_TRUE(l.ok());
-  const uint16_t port = net::local_port(l->get()).value();
-  auto c = net::tcp_connect({"127.0.0.1", port}, 2s);
-  auto s = net::accept_for(l->get(), 2s);
-  ASSERT_TRUE(c.ok() && s.ok());
-  const int b_first = s->get();
+  auto link = first_link();
+  ASSERT_TRUE(link.dialled.valid() && link.accepted.valid());
+  const uint16_t port = link.port;
+  const int b_first = link.accepted.get();
   const transport::ChannelTerms terms{kTerms.key, kTerms.session, 0};
   RedialSlots slots;
   auto make = [&](UniqueFd fd) { return transport::TcpChannel::create(std::move(fd), 0, kChunk, kDepth, tm); };
   auto a = std::make_unique<FailoverChannel>(
-      make(std::move(c.value())), kDepth, 5s, [&](uint64_t taken, const Error&, auto, const auto&) -> Result<Resumed> {
+      make(std::move(link.dialled)), kDepth, 5s, [&](uint64_t taken, const Error&, auto, const auto&) -> Result<Resumed> {
         auto fd = net::tcp_connect({"127.0.0.1", port}, 2s);
         if (!fd) return fd.error();
         auto peer = resume_as_dialler(fd->get(), terms, taken, 2s);
@@ -101,14 +115,14 @@ TEST(RedialSlots, ARedialAnnouncedWhileTheSameLossIsFailedOverHereIsTakenOnceAnd
       });
   std::unique_ptr<FailoverChannel> b;
   b = std::make_unique<FailoverChannel>(
-      make(std::move(s.value())), kDepth, 5s,
+      make(std::move(link.accepted)), kDepth, 5s,
       [&](uint64_t taken, const Error&, auto deadline, const auto& stopped) -> Result<Resumed> {
         auto r = slots.take(0, terms, taken, deadline, stopped, 2000ms);
         if (!r) return r.error();
         return resumed_redial(std::move(r.value()), 0, TcpGeometry{kChunk, kDepth, &tm}, nullptr);
       });
   {
-    Acceptor acceptor(slots, l->get(), 0, [&] { return b->failovers() >= 1; },
+    Acceptor acceptor(slots, link.listener.get(), 0, [&] { return b->failovers() >= 1; },
                       [&] { b->interrupt(Error{Errc::kUnavailable, "the source agent re-dialled channel 0"}); });
     ::shutdown(b_first, SHUT_RDWR);  // both ends see the link fail
     EXPECT_TRUE(settles([&] { return a->failovers() == 1 && b->failovers() == 1; }))
@@ -134,17 +148,14 @@ TEST(RedialSlots, ARedialAnnouncedWhileTheSameLossIsFailedOverHereIsTakenOnceAnd
 }
 
 TEST(RedialSlots, AControlConnectionRedialAnnouncedWhileItsLossIsFailedOverHereIsTakenOnceAndKept) {
-  auto l = net::tcp_listen("127.0.0.1", 0);
-  ASSERT_TRUE(l.ok());
-  const uint16_t port = net::local_port(l->get()).value();
-  auto c = net::tcp_connect({"127.0.0.1", port}, 2s);
-  auto s = net::accept_for(l->get(), 2s);
-  ASSERT_TRUE(c.ok() && s.ok());
-  const int b_first = s->get();
+  auto link = first_link();
+  ASSERT_TRUE(link.dialled.valid() && link.accepted.valid());
+  const uint16_t port = link.port;
+  const int b_first = link.accepted.get();
   const transport::ChannelTerms terms{kTerms.key, kTerms.session, transport::kControlIndex};
   RedialSlots slots;
-  ControlLink a(std::move(c.value()));
-  ControlLink b(std::move(s.value()));
+  ControlLink a(std::move(link.dialled));
+  ControlLink b(std::move(link.accepted));
   a.fail_over_with(
       [&](uint64_t received, auto, const auto&) -> Result<std::pair<UniqueFd, uint64_t>> {
         auto fd = net::tcp_connect({"127.0.0.1", port}, 2s);
@@ -162,7 +173,7 @@ TEST(RedialSlots, AControlConnectionRedialAnnouncedWhileItsLossIsFailedOverHereI
       },
       5s);
   {
-    Acceptor acceptor(slots, l->get(), transport::kControlIndex, [&] { return b.failovers() >= 1; },
+    Acceptor acceptor(slots, link.listener.get(), transport::kControlIndex, [&] { return b.failovers() >= 1; },
                       [&] { b.interrupt(); });
     ::shutdown(b_first, SHUT_RDWR);
     EXPECT_TRUE(settles([&] { return a.failovers() == 1 && b.failovers() == 1; }))
@@ -170,8 +181,8 @@ TEST(RedialSlots, AControlConnectionRedialAnnouncedWhileItsLossIsFailedOverHereI
   }
   ASSERT_TRUE(a.send(nlohmann::json{{"type", "ping"}}).ok());
   ASSERT_TRUE(b.send(nlohmann::json{{"type", "pong"}}).ok());
-  for (auto [link, type] : {std::pair{&b, "ping"}, std::pair{&a, "pong"}}) {
-    auto m = link->next(2s);
+  for (auto [end, type] : {std::pair{&b, "ping"}, std::pair{&a, "pong"}}) {
+    auto m = end->next(2s);
     ASSERT_TRUE(m.ok()) << m.error().message;
     ASSERT_TRUE(m->has_value()) << "nothing arrived within 2 s";
     EXPECT_EQ((**m).value("type", ""), type);
