@@ -108,14 +108,13 @@ class AgentMigrationTest(unittest.TestCase):
     def tearDown(self):
         failed = any(e for _, e in (self._outcome.result.errors + self._outcome.result.failures)
                      if _ is self) if hasattr(self._outcome, "result") else False
-        if failed:
-            # Each QEMU's own words (a failed incoming migration says why only there), read while
-            # it may still be running.
-            for vm in self.vms:
-                print("---- %s QEMU stderr (tail) ----\n%s" % (vm.name, vm.stderr_text()[-2000:]))
         for vm in self.vms:
             vm.kill()
         if failed:
+            # Each QEMU's own words (a failed incoming migration says why only there; its stderr log
+            # outlives it).
+            for vm in self.vms:
+                print("---- %s QEMU stderr (tail) ----\n%s" % (vm.name, vm.stderr_text()[-2000:]))
             for a in (self.src_agent, self.dst_agent):
                 print("---- %s log (tail) ----\n%s" % (a.name, a.log_text()[-4000:]))
             # The failover agents a case started (failover_agents; still up: cleanups run after
