@@ -601,12 +601,9 @@ bool TcpChannel::return_inline_credits(uint32_t credits) {
   return true;
 }
 
-std::optional<size_t> TcpChannel::pull_payload(size_t len, std::byte* rest_at) {
-  // Into the pipe (empty: the previous payload left it whole, or is still queued and then nobody
-  // pulls); the socket read waits for the payload's bytes. A full pipe (its slots hold page pieces,
-  // not bytes) leaves the rest for the slot's memory: emptying it into QEMU could block on QEMU
-  // while this thread holds the socket.
-  const std::string where = "channel " + std::to_string(index_);
+std::optional<size_t> TcpChannel::pull_into_pipe(size_t len) {
+  // The socket read waits for the payload's first byte; a full pipe ends the pull (the pipe is
+  // empty when it starts, so an EAGAIN before any byte is the socket's).
   size_t pulled = 0;
   while (pulled < len) {
     ssize_t n;
@@ -624,79 +621,108 @@ std::optional<size_t> TcpChannel::pull_payload(size_t len, std::byte* rest_at) {
       continue;
     }
     if (!aborted_.load()) {
+      const std::string where = "channel " + std::to_string(index_);
       fail(n == 0 ? Error{Errc::kUnavailable, where + ": peer closed the connection"}
                   : errno_error(where + ": splice from peer", errno));
     }
     return std::nullopt;
   }
-  if (const size_t rest = len - pulled; rest > 0) {
+  return pulled;
+}
+
+bool TcpChannel::finish_pull(size_t len, size_t piped, std::byte* rest_at) {
+  if (const size_t rest = len - piped; rest > 0) {
     auto r = net::read_exact(fd_.get(), std::span(rest_at, rest));
     if (!r) {
-      fail(r.error().with_context(where));
-      return std::nullopt;
+      fail(r.error().with_context("channel " + std::to_string(index_)));
+      return false;
     }
   }
   metrics_.chunks_received->Increment();
   metrics_.bytes_received->Increment(static_cast<double>(len));
-  spliced_received_.fetch_add(pulled, std::memory_order_relaxed);
+  spliced_received_.fetch_add(piped, std::memory_order_relaxed);
+  return true;
+}
+
+std::optional<size_t> TcpChannel::pull_payload(size_t len, std::byte* rest_at) {
+  // Into the pipe (empty: the previous payload left it whole, or is still queued and then nobody
+  // pulls). What a full pipe leaves goes into the slot's memory: emptying the pipe into QEMU could
+  // block on QEMU while this thread holds the socket.
+  const auto pulled = pull_into_pipe(len);
+  if (!pulled || !finish_pull(len, *pulled, rest_at)) return std::nullopt;
   return pulled;
+}
+
+void TcpChannel::push_inline_locked(std::unique_lock<std::mutex>& lock, const Slot& s, size_t pulled, size_t rest,
+                                    size_t& pushed, size_t& wrote, std::chrono::steady_clock::time_point deadline) {
+  // Without blocking under rx_mu_; when the sink is full, wait for room without the lock
+  // (inline_pushing_ keeps the socket open: clear_inline_sink() waits for it). A partial write
+  // is not an error here: the receiver meets any error itself.
+  while (sink_fd_ >= 0 && sink_nonblocking_ && !aborted_.load()) {
+    const size_t before = pushed + wrote;
+    int err = 0;
+    while (pushed < pulled) {
+      ssize_t k;
+      do k = ::splice(down_pipe_.r.get(), nullptr, sink_fd_, nullptr, pulled - pushed, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+      while (k < 0 && errno == EINTR);
+      if (k <= 0) {
+        err = k < 0 ? errno : EPIPE;
+        break;
+      }
+      pushed += static_cast<size_t>(k);
+    }
+    while (pushed == pulled && wrote < rest) {
+      ssize_t k;
+      do k = ::send(sink_fd_, s.data + wrote, rest - wrote, MSG_DONTWAIT | MSG_NOSIGNAL);
+      while (k < 0 && errno == EINTR);
+      if (k <= 0) {
+        err = k < 0 ? errno : EPIPE;
+        break;
+      }
+      wrote += static_cast<size_t>(k);
+    }
+    if (pushed + wrote > before) sink_(pushed + wrote - before, pushed + wrote == s.size);
+    if ((pushed == pulled && wrote == rest) || err != EAGAIN) return;
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return;
+    const int sink = sink_fd_;
+    inline_pushing_ = true;
+    lock.unlock();
+    pollfd p{sink, POLLOUT, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(left.count()));
+    lock.lock();
+    inline_pushing_ = false;
+    // clear_inline_sink() waits for it (and set sink_fd_ first). Otherwise no one does: the
+    // receiving thread parked in next_chunk() must not be woken for nothing on every wait.
+    if (sink_fd_ != sink) rx_cv_.notify_all();
+    if (r <= 0 || (p.revents & POLLOUT) == 0) return;  // timed out, or failing: the receiver meets it
+  }
 }
 
 bool TcpChannel::splice_inline(Slot& s, uint32_t slot_index) {
   const size_t len = s.size;
-  const auto got = pull_payload(len, s.data);
-  if (!got) return false;
-  const size_t pulled = *got, rest = len - pulled;
-  // Push: the pipe, then the slot's bytes, without blocking under rx_mu_. When QEMU's socket is
-  // full, wait for room without the lock (inline_pushing_ keeps the socket open: clear_inline_sink()
-  // waits for it) for up to kInlineWaitMs in all, then leave the rest to the receiving thread. A
-  // partial write is not an error here: the receiver meets any error itself.
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(inline_wait_ms_.load(std::memory_order_relaxed));
+  size_t pulled = 0, pushed = 0, wrote = 0;
+  for (;;) {
+    const auto got = pull_into_pipe(len - pulled);
+    if (!got) return false;
+    pulled += *got;
+    if (pulled == len) break;
+    // The pipe filled before the payload was in (pieces smaller than a page: a stream relayed
+    // from a TCP socket): empty it into the sink and pull on, rather than copy the rest through
+    // memory. If the sink does not take all of it in time, the rest goes into the slot.
+    std::unique_lock lock(rx_mu_);
+    push_inline_locked(lock, s, pulled, 0, pushed, wrote, deadline);
+    if (pushed < pulled) break;
+  }
+  const size_t rest = len - pulled;  // into the slot: the first `rest` bytes of its memory
+  if (!finish_pull(len, pulled, s.data)) return false;
   uint32_t credits = 0;
   bool whole = false;
   {
     std::unique_lock lock(rx_mu_);
-    size_t pushed = 0, wrote = 0;
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::milliseconds(inline_wait_ms_.load(std::memory_order_relaxed));
-    while (sink_fd_ >= 0 && sink_nonblocking_ && !aborted_.load()) {
-      const size_t before = pushed + wrote;
-      int err = 0;
-      while (pushed < pulled) {
-        ssize_t k;
-        do k = ::splice(down_pipe_.r.get(), nullptr, sink_fd_, nullptr, pulled - pushed, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
-        while (k < 0 && errno == EINTR);
-        if (k <= 0) {
-          err = k < 0 ? errno : EPIPE;
-          break;
-        }
-        pushed += static_cast<size_t>(k);
-      }
-      while (pushed == pulled && wrote < rest) {
-        ssize_t k;
-        do k = ::send(sink_fd_, s.data + wrote, rest - wrote, MSG_DONTWAIT | MSG_NOSIGNAL);
-        while (k < 0 && errno == EINTR);
-        if (k <= 0) {
-          err = k < 0 ? errno : EPIPE;
-          break;
-        }
-        wrote += static_cast<size_t>(k);
-      }
-      if (pushed + wrote > before) sink_(pushed + wrote - before, pushed + wrote == len);
-      if (pushed + wrote == len || err != EAGAIN) break;
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) break;
-      const int sink = sink_fd_;
-      inline_pushing_ = true;
-      lock.unlock();
-      pollfd p{sink, POLLOUT, 0};
-      const int r = ::poll(&p, 1, static_cast<int>(left.count()));
-      lock.lock();
-      inline_pushing_ = false;
-      // clear_inline_sink() waits for it (and set sink_fd_ first). Otherwise no one does: the
-      // receiving thread parked in next_chunk() must not be woken for nothing on every wait.
-      if (sink_fd_ != sink) rx_cv_.notify_all();
-      if (r <= 0 || (p.revents & POLLOUT) == 0) break;  // timed out, or failing: the receiver meets it
-    }
+    push_inline_locked(lock, s, pulled, rest, pushed, wrote, deadline);
     whole = pushed + wrote == len;
     if (whole) {
       credits = batcher_.on_release(false);

@@ -24,6 +24,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -264,14 +265,30 @@ class TcpChannel final : public Channel {
   // stays free and `credits` says what to return). Under rx_mu_.
   bool deliver_inline_locked(Slot& slot, uint32_t& credits);
   // Reader thread, a deferred DATA payload of `slot` on the socket, nothing queued and an inline
-  // sink set: pulls it into down_pipe_ (what does not fit: into the slot) and pushes it into the
-  // sink, waiting for room (without rx_mu_) up to kInlineWaitMs in all; a leftover is queued for
-  // deliver_to(). False when the channel failed.
+  // sink set: pulls it into down_pipe_ and pushes it into the sink, emptying the pipe into the
+  // sink whenever it fills before the payload is in; waits for room (without rx_mu_) up to
+  // kInlineWaitMs in all, after which what is still on the socket goes into the slot and the
+  // leftover is queued for deliver_to(). False when the channel failed.
   bool splice_inline(Slot& slot, uint32_t slot_index);
-  // A deferred payload of `len` bytes off the socket (its puller: the reader's inline splice or
-  // deliver_to): into down_pipe_ as far as it takes, the rest into `rest_at`; counts it
-  // received. The bytes in the pipe; nullopt when the channel failed.
+  // splice_inline's push, under rx_mu_ (`lock`): the pipe's bytes up to `pulled`, then the slot's
+  // first `rest` bytes, into the inline sink without blocking, `pushed` and `wrote` counting what
+  // went; while the sink is full, waits for room without the lock until `deadline`. Returns when
+  // all of it went, at the deadline, or on a sink error (the receiving thread meets it).
+  void push_inline_locked(std::unique_lock<std::mutex>& lock, const Slot& slot, size_t pulled, size_t rest,
+                          size_t& pushed, size_t& wrote, std::chrono::steady_clock::time_point deadline);
+  // Splices up to `len` bytes of a deferred payload off the socket into down_pipe_, which must be
+  // empty: waits for the first byte, then takes what has arrived until `len` or a full pipe (its
+  // slots hold page pieces, not bytes: a payload relayed from a TCP socket fills it in pieces
+  // smaller than a page). The bytes in the pipe; nullopt when the channel failed.
+  std::optional<size_t> pull_into_pipe(size_t len);
+  // A deferred payload of `len` bytes off the socket (deliver_to's pull): into down_pipe_ as far
+  // as it takes, the rest into `rest_at`; counts it received. The bytes in the pipe; nullopt when
+  // the channel failed.
   std::optional<size_t> pull_payload(size_t len, std::byte* rest_at);
+  // Reads the `rest` bytes of a deferred payload that the pipe did not take into `rest_at`, and
+  // counts the payload (`len` bytes, `piped` of them through the pipe) received. False when the
+  // channel failed.
+  bool finish_pull(size_t len, size_t piped, std::byte* rest_at);
   // Reader thread: returns the credits of a chunk it delivered itself, never waiting for the
   // write lock (else the receiving thread sends them). False when the channel failed.
   bool return_inline_credits(uint32_t credits);
