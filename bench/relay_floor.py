@@ -5,8 +5,9 @@
                                [--chunks 256Ki,1Mi,4Mi] [--out bench/results/relay-floor[-kubevirt]]
                                [--baseline OLD-rdmig-relay-cpu] [--kinds rdmig,floor,...]
                                [--reader-rate 256Mi]
-  (kinds: rdmig, floor, rdmig-splice, floor-splice, rdmig-tls; on --path kubevirt also
-  floor-bounded, floor-splice-bounded)
+  (kinds: rdmig, floor, rdmig-splice, floor-splice, floor-framed, rdmig-tls; on --path kubevirt
+  also floor-bounded, floor-splice-bounded, floor-framed-bounded, rdmig-unbounded,
+  rdmig-unbounded-deep)
 
 Both relays run inside rdmig-relay-cpu with the same QEMU stand-ins (a writer and a reader thread
 on unix sockets, every byte checked, their CPU taken out) and the same hops: QEMU's unix socket ->
@@ -17,6 +18,8 @@ one loopback TCP connection per channel -> the peer's unix socket.
   rdmig-splice   rdmig with tcp.splice on: what the agents run by default (tcp.splice auto splices
                  on these sockets)
   floor-splice   the floor with splice(2) through a pipe
+  floor-framed   floor-splice with rdmig's framing and nothing else of rdmig: an 8-byte header
+                 (MSG_MORE) before each payload, what one splice took, read apart at the target
   rdmig-tls      rdmig with dataPlane.tls on: every channel TLS 1.3 (kernel TLS when the kernel takes
                  both directions, else through OpenSSL in user space; results.json says which), its
                  ratio to plain rdmig (rdmig-tls / rdmig) is TLS's cost per GiB
@@ -29,7 +32,11 @@ carry a KubeVirt connection: the proxy hops bounded to a chunk each way (net::bo
 the flow's ring depth by the chunk size (about 4 MiB in flight, at least 4 chunks). The floor
 keeps autotuning on those hops; floor-bounded and floor-splice-bounded are the floors with
 rdmig's bound on them, so that what the bound costs (more, smaller hops: fewer bytes in flight
-between the QEMUs, for downtime) is told apart from what rdmig's code costs.
+between the QEMUs, for downtime) is told apart from what rdmig's code costs; floor-framed-bounded
+is the framed floor so bounded, rdmig-unbounded rdmig without the bound (not what the agents run)
+and rdmig-unbounded-deep that with 64 chunks in flight instead of about 4 MiB. With the framed
+kinds in the run, results.md gives the steps from the splice floor to rdmig's default, each
+paired against the one before it (framing, bound, the rest of rdmig).
 rdmig / cheapest-floor (`rdmig/cheapest-floor` in each JSON row): the agents' default mode
 (rdmig-splice) against the cheaper of the two floors per row, as medians and paired per run.
 --baseline: an rdmig-relay-cpu built from an earlier revision runs as one more kind, "baseline"
@@ -72,10 +79,23 @@ KINDS = {"rdmig": ["--relay", "rdmig", "--splice", "off"], "floor": ["--relay", 
          "rdmig-splice": ["--relay", "rdmig", "--splice", "on"], "floor-splice": ["--relay", "floor-splice"],
          "rdmig-tls": ["--relay", "rdmig", "--splice", "off", "--tls"],
          "floor-bounded": ["--relay", "floor", "--bound-floor"],
-         "floor-splice-bounded": ["--relay", "floor-splice", "--bound-floor"]}
-BOUNDED = ("floor-bounded", "floor-splice-bounded")  # only on the KubeVirt path (TCP ends)
+         "floor-splice-bounded": ["--relay", "floor-splice", "--bound-floor"],
+         "floor-framed": ["--relay", "floor-framed"],
+         "floor-framed-bounded": ["--relay", "floor-framed", "--bound-floor"],
+         "rdmig-unbounded": ["--relay", "rdmig", "--splice", "on", "--unbounded"],
+         "rdmig-unbounded-deep": ["--relay", "rdmig", "--splice", "on", "--unbounded", "--depth", "64"]}
+# Only on the KubeVirt path (TCP ends, whose hops the agents bound).
+BOUNDED = ("floor-bounded", "floor-splice-bounded", "floor-framed-bounded", "rdmig-unbounded", "rdmig-unbounded-deep")
 PAIRS = (("rdmig", "floor"), ("rdmig-splice", "floor-splice"), ("rdmig-tls", "rdmig"),
-         ("rdmig-splice", "floor-splice-bounded"))
+         ("rdmig-splice", "floor-splice-bounded"), ("floor-framed", "floor-splice"),
+         ("floor-framed-bounded", "floor-framed"), ("rdmig-splice", "floor-framed-bounded"),
+         ("rdmig-splice", "floor-framed"), ("rdmig-unbounded", "floor-framed"), ("rdmig-unbounded-deep", "floor-framed"))
+# What rdmig's default costs above the splice floor, step by step (the decomposition table): each
+# step's kind against the one before it, paired per run.
+STEPS = (("floor-framed", "floor-splice", "the framing (an 8-byte header a chunk, read apart)"),
+         ("floor-framed-bounded", "floor-framed", "the hop bound (KubeVirt path: SO_RCVBUF and TCP_NOTSENT_LOWAT of a chunk)"),
+         ("rdmig-splice", "floor-framed-bounded", "the rest of rdmig (window of credits, threads, metrics)"),
+         ("rdmig-unbounded-deep", "floor-framed", "rdmig without the bound, 64 chunks deep, against the framed floor"))
 DEFAULT_KIND = "rdmig-splice"  # tcp.splice's default, auto, splices unix and TCP sockets
 FLOORS = ("floor", "floor-splice")
 PATHS = {"bare": [], "kubevirt": ["--ends", "tcp", "--write", "16406"]}
@@ -101,8 +121,8 @@ READER = []  # --reader-rate: the flags that pace the target stand-in
 
 def one(kind, channels, chunk, nbytes, path="bare"):
     binary, flags = (BASELINE, KINDS[DEFAULT_KIND]) if kind == "baseline" else (RELAY_CPU, KINDS[kind])
-    out = subprocess.run([binary, "--bytes", nbytes, "--channels", str(channels), "--chunk", chunk] + flags
-                         + path_flags(path, chunk) + READER,
+    out = subprocess.run([binary, "--bytes", nbytes, "--channels", str(channels), "--chunk", chunk]
+                         + path_flags(path, chunk) + flags + READER,
                          capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise RuntimeError("rdmig-relay-cpu %s failed: %s" % (kind, out.stderr))
@@ -131,7 +151,7 @@ def syscalls_per_gib(kind, nbytes="256Mi", path="bare"):
         return None
     with tempfile.NamedTemporaryFile(suffix=".strace") as f:
         out = subprocess.run(["strace", "-c", "-f", "-o", f.name, binary, "--bytes", nbytes, "--channels", "4",
-                              "--chunk", "1Mi"] + flags + path_flags(path, "1Mi") + READER, capture_output=True, text=True,
+                              "--chunk", "1Mi"] + path_flags(path, "1Mi") + flags + READER, capture_output=True, text=True,
                              timeout=600)
         if out.returncode != 0:
             return None
@@ -265,6 +285,16 @@ def main():
             summary.append("| %d | %s | %.3f | %s %.3f | **%.2f** | %.2f (%.2f-%.2f) | %.2f |" % (
                 e["channels"], e["chunk"], e[DEFAULT_KIND]["cpu"], e["cheapest-floor"], e[e["cheapest-floor"]]["cpu"],
                 e["rdmig/cheapest-floor"], p["median"], p["q1"], p["q3"], e["rdmig/cheapest-floor node"]))
+        summary.append("")
+    steps = [st for st in STEPS if st[0] in kinds and st[1] in kinds]
+    if steps:
+        summary += ["**Where the default's cost above the splice floor goes** (paired per run, medians of the rows' "
+                    "paired medians with their range over the rows; each step against the kind before it):", "",
+                    "| step | kinds | per row (paired medians) | median over the rows |", "|---|---|---|---|"]
+        for a, b, what in steps:
+            meds = [e["%s/%s paired" % (a, b)]["median"] for e in table if e.get("%s/%s paired" % (a, b))]
+            summary.append("| %s | %s / %s | %s | **%.2f** |" % (what, a, b, ", ".join("%.2f" % x for x in meds),
+                                                               statistics.median(meds)))
         summary.append("")
     paced = []
     if args.reader_rate:

@@ -38,7 +38,7 @@ int usage_error(const std::string& m) {
 
 // Relays one connection both ways until both directions ended, then closes both sockets.
 void relay(UniqueFd a, UniqueFd b, size_t chunk, bool splice) {
-  std::thread fwd(floor_copy, "floor-fwd", a.get(), b.get(), chunk, splice);
+  std::thread fwd(floor_copy, "floor-fwd", a.get(), b.get(), chunk, splice, FloorFraming::kNone);
   floor_copy("floor-ret", b.get(), a.get(), chunk, splice);
   fwd.join();
 }

@@ -7,13 +7,15 @@
 //
 //   rdmig-relay-cpu [--bytes 8Gi] [--chunk 1Mi] [--depth 16] [--splice auto|on|off]
 //                   [--splice-source MODE] [--splice-target MODE] [--write 512Ki] [--channels 1]
-//                   [--relay rdmig|floor|floor-splice] [--ends unix|tcp] [--bound-floor]
-//                   [--no-verify] [--tls] [--reader-rate 50M]
+//                   [--relay rdmig|floor|floor-splice|floor-framed] [--ends unix|tcp] [--bound-floor]
+//                   [--unbounded] [--no-verify] [--tls] [--reader-rate 50M]
 // --relay floor: the same hops (unix socket -> one loopback TCP connection per channel -> unix
 // socket) relayed by the simplest code that can do it, the benchmark's floor and not the
 // product: per connection and direction one thread per "agent" that reads up to --chunk bytes
 // and writes them on (floor-splice: splice through a pipe), no framing, credits or metrics.
 // What rdmig spends above the floor is its own overhead; the floor is the kernel's price.
+// --relay floor-framed: floor-splice with rdmig's framing (an 8-byte header before each payload,
+// read apart at the target; floor.h), so that what the framing costs is told apart from the rest.
 // --splice sets both agents; --splice-source/--splice-target one of them.
 // --tls: rdmig's channels run TLS as with dataPlane.tls: on (transport/tcp/tls_stream.h; kernel TLS
 // when the kernel takes it, else user space, named in the output's "tls").
@@ -23,7 +25,7 @@
 // in the pieces KubeVirt's TLS proxy writes. --write may be any size. rdmig's ends are bounded
 // to a chunk each way as the agents bound the proxy hops (net::bound_local_hop); the floor keeps
 // autotuning unless --bound-floor (the same bound: what the bound itself costs, apart from
-// rdmig's code).
+// rdmig's code); --unbounded leaves rdmig's ends unbounded too (not what the agents run).
 // --reader-rate: the target stand-in reads at most this many bytes a second, in 32 KiB reads (the
 // size of QEMU's QEMUFile buffer): a target QEMU slower than the stream, so that whatever the hops
 // let wait between the two QEMUs fills up. Before each read the reader takes the bytes the source
@@ -93,6 +95,7 @@ struct Options {
   bool tls = false;
   bool tcp_ends = false;                                               // --ends tcp
   bool bound_floor = false;                                            // --bound-floor
+  bool unbounded = false;                                              // --unbounded
   bool verify = true;
   uint64_t reader_rate = 0;  // bytes a second over all connections; 0: as fast as it can
 };
@@ -188,8 +191,9 @@ int usage_error(const std::string& m) {
   std::cerr << "rdmig-relay-cpu: " << m << "\n"
             << "usage: rdmig-relay-cpu [--bytes 8Gi] [--chunk 1Mi] [--depth 16] [--splice auto|on|off]\n"
                "                       [--splice-source MODE] [--splice-target MODE] [--write 512Ki]\n"
-               "                       [--channels 1] [--relay rdmig|floor|floor-splice] [--ends unix|tcp]\n"
-               "                       [--no-verify] [--tls] [--bound-floor] [--reader-rate 50M]\n";
+               "                       [--channels 1] [--relay rdmig|floor|floor-splice|floor-framed]\n"
+               "                       [--ends unix|tcp] [--no-verify] [--tls] [--bound-floor] [--unbounded]\n"
+               "                       [--reader-rate 50M]\n";
   return 2;
 }
 
@@ -215,6 +219,7 @@ int main(int argc, char** argv) {
     else if (a == "--tls") o.tls = true;
     else if (a == "--reader-rate") o.reader_rate = size("--reader-rate");
     else if (a == "--bound-floor") o.bound_floor = true;
+    else if (a == "--unbounded") o.unbounded = true;
     else if (a == "--relay") o.relay = val();
     else if (a == "--ends") {
       const std::string e = val();
@@ -230,7 +235,9 @@ int main(int argc, char** argv) {
   }
   if (auto st = validate_chunk_size(o.chunk, "--chunk"); !st) return usage_error(st.error().message);
   const bool floor = o.relay != "rdmig";
-  if (floor && o.relay != "floor" && o.relay != "floor-splice") return usage_error("--relay must be rdmig, floor or floor-splice");
+  if (floor && o.relay != "floor" && o.relay != "floor-splice" && o.relay != "floor-framed") {
+    return usage_error("--relay must be rdmig, floor, floor-splice or floor-framed");
+  }
   if (o.write < 1 || o.channels < 1 || o.channels > 64 || o.depth < 2) {
     return usage_error("bad --write, --channels or --depth");
   }
@@ -249,7 +256,7 @@ int main(int argc, char** argv) {
       if (!c || !a) return std::nullopt;
       net::tune_tcp_for_bulk(a->get());  // as the agents tune the connections they intercept and dial
       // and bound them to a chunk each way (net::bound_local_hop); the floor keeps autotuning.
-      if (o.relay == "rdmig" || o.bound_floor) net::bound_local_hop(a->get(), o.chunk);
+      if ((o.relay == "rdmig" && !o.unbounded) || o.bound_floor) net::bound_local_hop(a->get(), o.chunk);
       return std::pair{std::move(c.value()), std::move(a.value())};
     }
     int sp[2];
@@ -308,12 +315,15 @@ int main(int argc, char** argv) {
   std::vector<std::thread> relays;  // --relay floor*: one per connection, direction and agent
   for (auto& s : streams) {
     if (floor) {
-      const bool sp = o.relay == "floor-splice";
+      const bool framed = o.relay == "floor-framed";
+      const bool sp = o.relay == "floor-splice" || framed;
       const size_t buf = static_cast<size_t>(o.chunk);
-      relays.emplace_back(floor_copy, "floor-src-fwd", s->src_agent.get(), s->src_tcp.get(), buf, sp);
-      relays.emplace_back(floor_copy, "floor-dst-fwd", s->dst_tcp.get(), s->dst_agent.get(), buf, sp);
-      relays.emplace_back(floor_copy, "floor-dst-ret", s->dst_agent.get(), s->dst_tcp.get(), buf, sp);
-      relays.emplace_back(floor_copy, "floor-src-ret", s->src_tcp.get(), s->src_agent.get(), buf, sp);
+      relays.emplace_back(floor_copy, "floor-src-fwd", s->src_agent.get(), s->src_tcp.get(), buf, sp,
+                          framed ? FloorFraming::kSend : FloorFraming::kNone);
+      relays.emplace_back(floor_copy, "floor-dst-fwd", s->dst_tcp.get(), s->dst_agent.get(), buf, sp,
+                          framed ? FloorFraming::kReceive : FloorFraming::kNone);
+      relays.emplace_back(floor_copy, "floor-dst-ret", s->dst_agent.get(), s->dst_tcp.get(), buf, sp, FloorFraming::kNone);
+      relays.emplace_back(floor_copy, "floor-src-ret", s->src_tcp.get(), s->src_agent.get(), buf, sp, FloorFraming::kNone);
     } else {
       s->src_pump->start();
       s->dst_pump->start();
