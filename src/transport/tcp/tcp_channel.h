@@ -268,7 +268,9 @@ class TcpChannel final : public Channel {
   // sink set: pulls it into down_pipe_ and pushes it into the sink, emptying the pipe into the
   // sink whenever it fills before the payload is in; waits for room (without rx_mu_) up to
   // kInlineWaitMs in all, after which what is still on the socket goes into the slot and the
-  // leftover is queued for deliver_to(). False when the channel failed.
+  // leftover is queued for deliver_to(). False when the channel failed. A chunk may so reach the
+  // sink in part before the rest of it has arrived: a channel that fails then fails its
+  // migration, never resends the chunk (FailoverChannel, which resends, sets no inline sink).
   bool splice_inline(Slot& slot, uint32_t slot_index);
   // splice_inline's push, under rx_mu_ (`lock`): the pipe's bytes up to `pulled`, then the slot's
   // first `rest` bytes, into the inline sink without blocking, `pushed` and `wrote` counting what
