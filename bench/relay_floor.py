@@ -85,7 +85,7 @@ KINDS = {"rdmig": ["--relay", "rdmig", "--splice", "off"], "floor": ["--relay", 
          "rdmig-unbounded": ["--relay", "rdmig", "--splice", "on", "--unbounded"],
          "rdmig-unbounded-deep": ["--relay", "rdmig", "--splice", "on", "--unbounded", "--depth", "64"]}
 # Only on the KubeVirt path (TCP ends, whose hops the agents bound).
-BOUNDED = ("floor-bounded", "floor-splice-bounded", "floor-framed-bounded", "rdmig-unbounded", "rdmig-unbounded-deep")
+KUBEVIRT_ONLY = ("floor-bounded", "floor-splice-bounded", "floor-framed-bounded", "rdmig-unbounded", "rdmig-unbounded-deep")
 PAIRS = (("rdmig", "floor"), ("rdmig-splice", "floor-splice"), ("rdmig-tls", "rdmig"),
          ("rdmig-splice", "floor-splice-bounded"), ("floor-framed", "floor-splice"),
          ("floor-framed-bounded", "floor-framed"), ("rdmig-splice", "floor-framed-bounded"),
@@ -196,7 +196,7 @@ def main():
     if args.reader_rate:
         READER.extend(["--reader-rate", args.reader_rate])
     if not args.kinds:
-        args.kinds = ",".join(k for k in KINDS if args.path == "kubevirt" or k not in BOUNDED)
+        args.kinds = ",".join(k for k in KINDS if args.path == "kubevirt" or k not in KUBEVIRT_ONLY)
     chosen = args.kinds.split(",")
     if not chosen or any(k not in KINDS for k in chosen):
         ap.error("--kinds: a comma-separated list of %s" % ", ".join(KINDS))

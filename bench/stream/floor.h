@@ -26,7 +26,7 @@ inline bool floor_drain_pipe(int r, int to, size_t n) {
   return true;
 }
 
-// The framed floor's two ends (floor_copy with `framed`): the splice floor with rdmig's framing
+// The framed floor's two ends (floor_copy with `framing`): the splice floor with rdmig's framing
 // and nothing else of rdmig. The sending end writes an 8-byte header (the payload's length,
 // MSG_MORE) before each payload, what one splice took (up to `buf` and the pipe), as rdmig's
 // TcpChannel::send_from does; the receiving end reads the header apart (recv) and splices exactly
@@ -39,54 +39,31 @@ enum class FloorFraming { kNone, kSend, kReceive };
 inline void floor_copy(const char* name, int from, int to, size_t buf, bool pipe_splice,
                        FloorFraming framing = FloorFraming::kNone) {
   name_this_thread(name);
-  if (pipe_splice && framing != FloorFraming::kNone) {
-    int p[2];
-    if (::pipe2(p, O_CLOEXEC) == 0) {
-      ::fcntl(p[1], F_SETPIPE_SZ, static_cast<int>(std::min<size_t>(buf, 1u << 20)));
-      const int cap = ::fcntl(p[1], F_GETPIPE_SZ);
-      const size_t take = std::min(buf, cap > 0 ? static_cast<size_t>(cap) : size_t{4096});
-      for (;;) {
-        uint64_t len = 0;
-        if (framing == FloorFraming::kSend) {
-          const ssize_t n = ::splice(from, nullptr, p[1], nullptr, take, SPLICE_F_MOVE);
-          if (n <= 0) break;
-          len = static_cast<uint64_t>(n);
-          if (::send(to, &len, sizeof len, MSG_MORE | MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof len)) break;
-          if (!floor_drain_pipe(p[0], to, static_cast<size_t>(n))) break;
-          continue;
-        }
-        if (::recv(from, &len, sizeof len, MSG_WAITALL) != static_cast<ssize_t>(sizeof len)) break;
-        bool ok = true;
-        while (ok && len > 0) {
-          const ssize_t n = ::splice(from, nullptr, p[1], nullptr, static_cast<size_t>(std::min<uint64_t>(len, take)), SPLICE_F_MOVE);
-          ok = n > 0 && floor_drain_pipe(p[0], to, static_cast<size_t>(n));
-          if (ok) len -= static_cast<uint64_t>(n);
-        }
-        if (!ok) break;
-      }
-      ::close(p[0]);
-      ::close(p[1]);
-    }
-    ::shutdown(to, SHUT_WR);
-    return;
-  }
   if (pipe_splice) {
     int p[2];
     if (::pipe2(p, O_CLOEXEC) == 0) {
       ::fcntl(p[1], F_SETPIPE_SZ, static_cast<int>(std::min<size_t>(buf, 1u << 20)));
+      // Each splice into the pipe takes at most what the pipe holds; the pipe is empty at each.
       for (;;) {
+        if (framing == FloorFraming::kReceive) {
+          uint64_t len = 0;
+          if (::recv(from, &len, sizeof len, MSG_WAITALL) != static_cast<ssize_t>(sizeof len)) break;
+          bool ok = true;
+          while (ok && len > 0) {
+            const ssize_t n = ::splice(from, nullptr, p[1], nullptr, static_cast<size_t>(std::min<uint64_t>(len, buf)), SPLICE_F_MOVE);
+            ok = n > 0 && floor_drain_pipe(p[0], to, static_cast<size_t>(n));
+            if (ok) len -= static_cast<uint64_t>(n);
+          }
+          if (!ok) break;
+          continue;
+        }
         const ssize_t n = ::splice(from, nullptr, p[1], nullptr, buf, SPLICE_F_MOVE);
         if (n <= 0) break;
-        ssize_t left = n;
-        while (left > 0) {
-          const ssize_t m = ::splice(p[0], nullptr, to, nullptr, static_cast<size_t>(left), SPLICE_F_MOVE);
-          if (m <= 0) {
-            left = -1;
-            break;
-          }
-          left -= m;
+        if (framing == FloorFraming::kSend) {
+          const auto len = static_cast<uint64_t>(n);
+          if (::send(to, &len, sizeof len, MSG_MORE | MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof len)) break;
         }
-        if (left < 0) break;
+        if (!floor_drain_pipe(p[0], to, static_cast<size_t>(n))) break;
       }
       ::close(p[0]);
       ::close(p[1]);
